@@ -1,0 +1,205 @@
+// Conformance runs: fork per test, a time limit per test, results gathered over pipes as JSON.
+#include "tessel/driver/conformance.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "tessel/driver/model_dir.h"
+#include "tessel/frontend/onnx/importer.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+namespace fs = std::filesystem;
+
+int ConformanceReport::count(const std::string& status) const {
+  int n = 0;
+  for (const auto& t : tests) n += t.status == status;
+  return n;
+}
+
+TestResult run_conformance_test(const std::string& dir, const Tolerance& tol) {
+  TestResult r;
+  r.name = dir;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    ModelPaths mp = resolve_model(dir);
+    if (mp.data_sets.empty()) throw Error(Location{.file = dir}, "no test_data_set_N folder");
+    std::vector<Tensor> first = read_data_set(mp.data_sets[0], "input");
+    ImportOptions io;
+    for (const auto& t : first) io.input_shapes.push_back(t.shape());
+    ImportedModel m = import_onnx(mp.model, io);
+    for (const auto& ds : mp.data_sets) {
+      std::vector<Tensor> ins = read_data_set(ds, "input");
+      std::vector<Tensor> refs = read_data_set(ds, "output");
+      std::vector<Tensor> outs = run_eager(*m.graph, ins);
+      if (outs.size() != refs.size())
+        throw Error(Location{.file = ds}, fmt::format("model has {} outputs but the data set has {}", outs.size(), refs.size()));
+      for (size_t i = 0; i < outs.size(); ++i) {
+        Comparison c = compare_tensors(outs[i], refs[i], tol);
+        r.max_abs = std::max(r.max_abs, c.max_abs);
+        r.rel = std::max(r.rel, c.rel);
+        if (!c.match && r.reason.empty())
+          r.reason = fmt::format("{}: output {} ('{}'): {}", fs::path(ds).filename().string(), i,
+                                 m.graph->outputs[i]->name, c.mismatch);
+      }
+    }
+    r.status = r.reason.empty() ? "passed" : "failed";
+  } catch (const Error& e) {
+    r.status = e.is_unsupported() ? "unsupported" : "failed";
+    r.reason = e.what();
+  } catch (const std::exception& e) {
+    r.status = "failed";
+    r.reason = std::string("internal error: ") + e.what();
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (r.reason.size() > 1500) r.reason = r.reason.substr(0, 1500) + "...";
+  return r;
+}
+
+std::vector<std::string> find_test_dirs(const std::string& root) {
+  std::vector<std::string> dirs;
+  if (fs::exists(fs::path(root) / "model.onnx")) return {root};
+  if (!fs::is_directory(root)) throw Error(Location{.file = root}, "not a folder");
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file() && e.path().filename() == "model.onnx") dirs.push_back(e.path().parent_path().string());
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+namespace {
+
+nlohmann::json result_json(const TestResult& t) {
+  nlohmann::json j = {{"name", t.name}, {"status", t.status}, {"seconds", t.seconds}};
+  if (!t.reason.empty()) j["reason"] = t.reason;
+  if (t.status == "passed" || t.status == "failed") {
+    j["max_abs_error"] = t.max_abs;
+    j["rel_error"] = t.rel;
+  }
+  return j;
+}
+
+struct Child {
+  pid_t pid;
+  int fd;
+  std::string dir;
+  std::string buf;
+  std::chrono::steady_clock::time_point start;
+  size_t index;
+};
+
+}  // namespace
+
+ConformanceReport run_conformance(const std::string& root, const ConformanceOptions& opts, bool progress) {
+  std::vector<std::string> dirs;
+  for (auto& d : find_test_dirs(root))
+    if (opts.filter.empty() || d.find(opts.filter) != std::string::npos) dirs.push_back(d);
+  ConformanceReport rep;
+  rep.tests.resize(dirs.size());
+  std::vector<Child> running;
+  size_t next = 0, done = 0;
+  auto rel_name = [&](const std::string& d) {
+    std::string r = fs::relative(d, root).string();
+    return r == "." ? fs::path(d).filename().string() : r;
+  };
+  while (done < dirs.size()) {
+    while (running.size() < static_cast<size_t>(std::max(1, opts.jobs)) && next < dirs.size()) {
+      int p[2];
+      if (pipe(p) != 0) throw Error(Location{.pass = "conformance"}, "pipe() failed");
+      fflush(nullptr);
+      pid_t pid = fork();
+      if (pid == 0) {
+        close(p[0]);
+        TestResult r = run_conformance_test(dirs[next], opts.tol);
+        std::string s = result_json(r).dump();
+        const char* q = s.data();
+        size_t left = s.size();
+        while (left > 0) {
+          ssize_t w = write(p[1], q, left);
+          if (w <= 0) break;
+          q += w;
+          left -= static_cast<size_t>(w);
+        }
+        _exit(0);
+      }
+      close(p[1]);
+      running.push_back(Child{pid, p[0], dirs[next], "", std::chrono::steady_clock::now(), next});
+      ++next;
+    }
+    std::vector<pollfd> fds;
+    for (auto& c : running) fds.push_back(pollfd{c.fd, POLLIN, 0});
+    poll(fds.data(), fds.size(), 100);
+    for (size_t k = 0; k < running.size();) {
+      Child& c = running[k];
+      char b[4096];
+      bool eof = false;
+      if (fds.size() > k && (fds[k].revents & (POLLIN | POLLHUP))) {
+        ssize_t n = read(c.fd, b, sizeof b);
+        if (n > 0) c.buf.append(b, static_cast<size_t>(n));
+        else eof = true;
+      }
+      double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start).count();
+      bool timed_out = !eof && el > opts.timeout_s;
+      if (!eof && !timed_out) {
+        ++k;
+        continue;
+      }
+      if (timed_out) kill(c.pid, SIGKILL);
+      int st = 0;
+      waitpid(c.pid, &st, 0);
+      close(c.fd);
+      TestResult r;
+      r.name = rel_name(c.dir);
+      r.seconds = el;
+      if (timed_out) {
+        r.status = "timeout";
+        r.reason = fmt::format("no result after {:.0f} s", opts.timeout_s);
+      } else if (WIFSIGNALED(st) || c.buf.empty()) {
+        r.status = "crashed";
+        r.reason = WIFSIGNALED(st) ? fmt::format("killed by signal {} ({})", WTERMSIG(st), strsignal(WTERMSIG(st)))
+                                   : "the test process produced no result";
+      } else {
+        auto j = nlohmann::json::parse(c.buf, nullptr, false);
+        if (j.is_discarded()) {
+          r.status = "crashed";
+          r.reason = "unreadable result";
+        } else {
+          r.status = j.value("status", "");
+          r.reason = j.value("reason", "");
+          r.seconds = j.value("seconds", 0.0);
+          r.max_abs = j.value("max_abs_error", 0.0);
+          r.rel = j.value("rel_error", 0.0);
+        }
+      }
+      if (progress) fmt::print(stderr, "[{}/{}] {} {}\n", done + 1, dirs.size(), r.status, r.name);
+      rep.tests[c.index] = std::move(r);
+      ++done;
+      running.erase(running.begin() + static_cast<long>(k));
+      fds.erase(fds.begin() + static_cast<long>(k));
+    }
+  }
+  return rep;
+}
+
+nlohmann::json report_json(const ConformanceReport& r) {
+  nlohmann::json tests = nlohmann::json::array();
+  for (const auto& t : r.tests) tests.push_back(result_json(t));
+  return {{"totals",
+           {{"tests", r.tests.size()},
+            {"passed", r.count("passed")},
+            {"failed", r.count("failed")},
+            {"unsupported", r.count("unsupported")},
+            {"crashed", r.count("crashed")},
+            {"timeout", r.count("timeout")}}},
+          {"tests", tests}};
+}
+
+}  // namespace tessel

@@ -1,0 +1,22 @@
+// Model locations: a .onnx file or a model-zoo folder (model.onnx + test_data_set_N/).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tessel/support/tensor.h"
+
+namespace tessel {
+
+struct ModelPaths {
+  std::string model;                   // path of the .onnx file
+  std::vector<std::string> data_sets;  // test_data_set_N folders next to it, in order
+};
+
+// Throws naming the path if it is neither an .onnx file nor a folder holding model.onnx.
+ModelPaths resolve_model(const std::string& path);
+
+// input_N.pb (or output_N.pb) files of a data set folder, in order of N.
+std::vector<Tensor> read_data_set(const std::string& dir, const std::string& prefix);
+
+}  // namespace tessel

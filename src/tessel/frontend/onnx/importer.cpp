@@ -1,0 +1,428 @@
+// ONNX importer over libonnx's protobuf classes.
+#include "tessel/frontend/onnx/importer.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "tessel/ir/infer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+namespace fs = std::filesystem;
+
+namespace {
+
+// ONNX TensorProto.DataType numbers (onnx.proto); the newer ones are not in the Debian libonnx enum.
+enum OnnxType {
+  kFloat = 1, kUint8 = 2, kInt8 = 3, kUint16 = 4, kInt16 = 5, kInt32 = 6, kInt64 = 7, kString = 8,
+  kBool = 9, kFloat16 = 10, kDouble = 11, kUint32 = 12, kUint64 = 13, kComplex64 = 14,
+  kComplex128 = 15, kBfloat16 = 16, kF8E4M3FN = 17, kF8E4M3FNUZ = 18, kF8E5M2 = 19,
+  kF8E5M2FNUZ = 20, kUint4 = 21, kInt4 = 22, kFloat4E2M1 = 23, kF8E8M0 = 24,
+};
+
+const char* onnx_type_name(int t) {
+  switch (t) {
+    case kString: return "string";
+    case kComplex64: return "complex64";
+    case kComplex128: return "complex128";
+    case kF8E8M0: return "float8e8m0";
+    default: return "unknown";
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("cannot open file");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool is_4bit(DType t) { return t == DType::i4 || t == DType::u4 || t == DType::f4e2m1; }
+
+// Fills `t` from little-endian packed bytes (ONNX raw_data / external data).
+void fill_from_raw(Tensor& t, const std::string& raw, const std::string& what) {
+  if (is_4bit(t.dtype())) {
+    size_t need = static_cast<size_t>((t.numel() + 1) / 2);
+    if (raw.size() != need) fail("{}: raw data has {} bytes, expected {}", what, raw.size(), need);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      uint8_t nib = (static_cast<uint8_t>(raw[i / 2]) >> (4 * (i % 2))) & 0xF;
+      if (t.dtype() == DType::f4e2m1) t.bytes()[i] = nib;
+      else t.set_i(i, wrap_to_int(t.dtype(), nib));
+    }
+    return;
+  }
+  if (raw.size() != t.nbytes()) fail("{}: raw data has {} bytes, expected {}", what, raw.size(), t.nbytes());
+  if (t.nbytes()) std::memcpy(t.bytes(), raw.data(), raw.size());
+}
+
+Tensor convert_tensor(const onnx::TensorProto& tp, const fs::path& base_dir) {
+  const std::string what = tp.name().empty() ? std::string("tensor") : "tensor '" + tp.name() + "'";
+  auto dt = dtype_from_onnx(tp.data_type());
+  if (!dt) unsupported("{}: data type {} ({}) is not supported", what, onnx_type_name(tp.data_type()), tp.data_type());
+  Shape shape;
+  for (int64_t d : tp.dims()) {
+    if (d < 0) fail("{}: negative dimension {}", what, d);
+    shape.push_back(d);
+  }
+  if (shape_numel(shape) > (int64_t{1} << 34)) fail("{}: {} elements is too large", what, shape_numel(shape));
+  Tensor t(*dt, shape);
+  const int64_t n = t.numel();
+  if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
+    std::string location;
+    int64_t offset = 0, length = -1;
+    for (const auto& kv : tp.external_data()) {
+      if (kv.key() == "location") location = kv.value();
+      else if (kv.key() == "offset") offset = std::stoll(kv.value());
+      else if (kv.key() == "length") length = std::stoll(kv.value());
+    }
+    if (location.empty()) fail("{}: external data without a location", what);
+    fs::path p = base_dir / location;
+    std::ifstream f(p, std::ios::binary);
+    if (!f) fail("{}: cannot open external data file '{}'", what, p.string());
+    size_t want = length >= 0 ? static_cast<size_t>(length) : (is_4bit(*dt) ? (n + 1) / 2 : t.nbytes());
+    std::string raw(want, '\0');
+    f.seekg(offset);
+    f.read(raw.data(), static_cast<std::streamsize>(want));
+    if (static_cast<size_t>(f.gcount()) != want) fail("{}: external data file '{}' is too short", what, p.string());
+    fill_from_raw(t, raw, what);
+    return t;
+  }
+  if (tp.has_raw_data()) {
+    fill_from_raw(t, tp.raw_data(), what);
+    return t;
+  }
+  auto check = [&](int64_t have, int64_t want) {
+    if (have != want) fail("{}: has {} values, its shape {} needs {}", what, have, shape_str(shape), want);
+  };
+  switch (*dt) {
+    case DType::f32:
+      check(tp.float_data_size(), n);
+      for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = tp.float_data(i);
+      break;
+    case DType::f64:
+      check(tp.double_data_size(), n);
+      for (int64_t i = 0; i < n; ++i) t.data<double>()[i] = tp.double_data(i);
+      break;
+    case DType::i64:
+      check(tp.int64_data_size(), n);
+      for (int64_t i = 0; i < n; ++i) t.data<int64_t>()[i] = tp.int64_data(i);
+      break;
+    case DType::u32:
+    case DType::u64:
+      check(tp.uint64_data_size(), n);
+      for (int64_t i = 0; i < n; ++i) t.set_i(i, static_cast<int64_t>(tp.uint64_data(i)));
+      break;
+    case DType::f16:
+    case DType::bf16:
+      check(tp.int32_data_size(), n);
+      for (int64_t i = 0; i < n; ++i) t.data<uint16_t>()[i] = static_cast<uint16_t>(tp.int32_data(i));
+      break;
+    case DType::f8e4m3fn:
+    case DType::f8e4m3fnuz:
+    case DType::f8e5m2:
+    case DType::f8e5m2fnuz:
+      check(tp.int32_data_size(), n);
+      for (int64_t i = 0; i < n; ++i) t.bytes()[i] = static_cast<uint8_t>(tp.int32_data(i));
+      break;
+    case DType::i4:
+    case DType::u4:
+    case DType::f4e2m1:
+      if (tp.int32_data_size() == n && n > 1) {
+        for (int64_t i = 0; i < n; ++i) t.bytes()[i] = static_cast<uint8_t>(tp.int32_data(i) & 0xF);
+      } else {
+        check(tp.int32_data_size(), (n + 1) / 2);
+        for (int64_t i = 0; i < n; ++i) t.bytes()[i] = static_cast<uint8_t>((tp.int32_data(i / 2) >> (4 * (i % 2))) & 0xF);
+      }
+      if (*dt == DType::i4)
+        for (int64_t i = 0; i < n; ++i) t.set_i(i, wrap_to_int(DType::i4, t.bytes()[i]));
+      break;
+    default:  // i32, i16, i8, u16, u8, bool
+      check(tp.int32_data_size(), n);
+      for (int64_t i = 0; i < n; ++i) t.set_i(i, tp.int32_data(i));
+      break;
+  }
+  return t;
+}
+
+// A value's declared type; nullopt for non-tensor types (sequence, map, optional).
+std::optional<TensorType> declared_type(const onnx::ValueInfoProto& vi, bool* has_elem_type) {
+  if (!vi.type().has_tensor_type()) return std::nullopt;
+  const auto& tt = vi.type().tensor_type();
+  TensorType t;
+  *has_elem_type = tt.elem_type() != 0;
+  if (*has_elem_type) {
+    auto dt = dtype_from_onnx(tt.elem_type());
+    if (!dt) unsupported("value '{}' has unsupported data type {} ({})", vi.name(), onnx_type_name(tt.elem_type()), tt.elem_type());
+    t.dtype = *dt;
+  }
+  if (tt.has_shape())
+    for (const auto& d : tt.shape().dim()) t.shape.push_back(d.has_dim_value() ? d.dim_value() : kUnknownDim);
+  return t;
+}
+
+const char* type_case_name(const onnx::TypeProto& t) {
+  if (t.has_sequence_type()) return "a sequence";
+  if (t.has_map_type()) return "a map";
+  if (t.has_optional_type()) return "an optional";
+  if (t.has_sparse_tensor_type()) return "a sparse tensor";
+  return "not a tensor";
+}
+
+Attr convert_attr(const onnx::AttributeProto& a, const AttrSpec* spec, const fs::path& base) {
+  using A = onnx::AttributeProto;
+  switch (a.type()) {
+    case A::FLOAT: return static_cast<double>(a.f());
+    case A::INT:
+      if (spec && spec->kind == AttrKind::f) return static_cast<double>(a.i());
+      return static_cast<int64_t>(a.i());
+    case A::STRING: return a.s();
+    case A::TENSOR: return convert_tensor(a.t(), base);
+    case A::FLOATS: return std::vector<double>(a.floats().begin(), a.floats().end());
+    case A::INTS:
+      if (spec && spec->kind == AttrKind::floats) return std::vector<double>(a.ints().begin(), a.ints().end());
+      return std::vector<int64_t>(a.ints().begin(), a.ints().end());
+    case A::STRINGS: return std::vector<std::string>(a.strings().begin(), a.strings().end());
+    case A::GRAPH:
+    case A::GRAPHS: unsupported("attribute '{}' is a subgraph; control flow is not supported", a.name());
+    default: unsupported("attribute '{}' has an unsupported attribute type {}", a.name(), static_cast<int>(a.type()));
+  }
+}
+
+AttrKind kind_of(const Attr& a) { return static_cast<AttrKind>(a.index()); }
+
+Tensor constant_node_value(const onnx::NodeProto& np, const fs::path& base) {
+  if (np.attribute_size() != 1) fail("Constant needs exactly one value attribute");
+  const auto& a = np.attribute(0);
+  const std::string& n = a.name();
+  if (n == "value") return convert_tensor(a.t(), base);
+  if (n == "value_float") return Tensor::scalar_f(DType::f32, a.f());
+  if (n == "value_int") return Tensor::scalar_i(DType::i64, a.i());
+  if (n == "value_floats") {
+    std::vector<double> v(a.floats().begin(), a.floats().end());
+    return Tensor::from_f64(DType::f32, {static_cast<int64_t>(v.size())}, v);
+  }
+  if (n == "value_ints") {
+    std::vector<int64_t> v(a.ints().begin(), a.ints().end());
+    return Tensor::from_i64(DType::i64, {static_cast<int64_t>(v.size())}, v);
+  }
+  unsupported("Constant attribute '{}' is not supported (string and sparse constants)", n);
+}
+
+}  // namespace
+
+std::optional<DType> dtype_from_onnx(int t) {
+  switch (t) {
+    case kFloat: return DType::f32;
+    case kUint8: return DType::u8;
+    case kInt8: return DType::i8;
+    case kUint16: return DType::u16;
+    case kInt16: return DType::i16;
+    case kInt32: return DType::i32;
+    case kInt64: return DType::i64;
+    case kBool: return DType::boolean;
+    case kFloat16: return DType::f16;
+    case kDouble: return DType::f64;
+    case kUint32: return DType::u32;
+    case kUint64: return DType::u64;
+    case kBfloat16: return DType::bf16;
+    case kF8E4M3FN: return DType::f8e4m3fn;
+    case kF8E4M3FNUZ: return DType::f8e4m3fnuz;
+    case kF8E5M2: return DType::f8e5m2;
+    case kF8E5M2FNUZ: return DType::f8e5m2fnuz;
+    case kUint4: return DType::u4;
+    case kInt4: return DType::i4;
+    case kFloat4E2M1: return DType::f4e2m1;
+    default: return std::nullopt;
+  }
+}
+
+int dtype_to_onnx(DType t) {
+  for (int i = 1; i <= kF8E8M0; ++i)
+    if (auto d = dtype_from_onnx(i); d && *d == t) return i;
+  return 0;
+}
+
+Tensor read_tensor_pb(const std::string& path) {
+  try {
+    std::string bytes = read_file(path);
+    onnx::TensorProto tp;
+    if (!tp.ParseFromString(bytes)) fail("not a valid serialized TensorProto (truncated or corrupt)");
+    return convert_tensor(tp, fs::path(path).parent_path());
+  } catch (const Error& e) {
+    throw e.with_context(Location{.file = path, .pass = "read"});
+  }
+}
+
+void write_tensor_pb(const Tensor& t, const std::string& name, const std::string& path) {
+  onnx::TensorProto tp;
+  tp.set_name(name);
+  tp.set_data_type(dtype_to_onnx(t.dtype()));
+  for (int64_t d : t.shape()) tp.add_dims(d);
+  std::string raw;
+  if (is_4bit(t.dtype())) {
+    raw.assign(static_cast<size_t>((t.numel() + 1) / 2), '\0');
+    for (int64_t i = 0; i < t.numel(); ++i) raw[i / 2] |= static_cast<char>((t.bytes()[i] & 0xF) << (4 * (i % 2)));
+  } else {
+    raw.assign(reinterpret_cast<const char*>(t.bytes()), t.nbytes());
+  }
+  tp.set_raw_data(raw);
+  std::ofstream f(path, std::ios::binary);
+  if (!f || !tp.SerializeToOstream(&f)) throw Error(Location{.file = path, .pass = "write"}, "cannot write tensor file");
+}
+
+ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
+  Location file_loc{.file = path, .pass = "import"};
+  try {
+    if (fs::is_directory(path)) fail("is a directory; expected a .onnx file");
+    std::string bytes = read_file(path);
+    onnx::ModelProto model;
+    if (bytes.empty() || !model.ParseFromString(bytes) || !model.has_graph())
+      fail("not a valid ONNX model (truncated or corrupt protobuf)");
+    const fs::path base = fs::path(path).parent_path();
+    const auto& gp = model.graph();
+    const OpRegistry& reg = OpRegistry::get();
+
+    ImportedModel out;
+    out.producer = model.producer_name() + (model.producer_version().empty() ? "" : " " + model.producer_version());
+    std::map<std::string, int> opsets;
+    for (const auto& o : model.opset_import()) opsets[o.domain() == "ai.onnx" ? "" : o.domain()] = static_cast<int>(o.version());
+    out.opset = opsets.count("") ? opsets[""] : 1;
+
+    // Every unsupported op in one message.
+    std::map<std::string, std::vector<std::string>> missing_ops;
+    for (int k = 0; k < gp.node_size(); ++k) {
+      const auto& np = gp.node(k);
+      std::string domain = np.domain() == "ai.onnx" ? "" : np.domain();
+      if (np.op_type() == "Constant" && domain.empty()) continue;
+      const OpDef* def = reg.find(np.op_type());
+      std::string label = np.op_type() + (domain.empty() ? "" : " (" + domain + ")");
+      std::string nname = np.name().empty() ? fmt::format("#{}", k) : np.name();
+      int ver = opsets.count(domain) ? opsets[domain] : 1;
+      if (!def || def->domain != domain || (ver < def->since && !def->upgrade))
+        missing_ops[label].push_back(ver < (def ? def->since : 0) ? nname + " @opset " + std::to_string(ver) : nname);
+    }
+    if (!missing_ops.empty()) {
+      std::string msg = "unsupported ops: ";
+      bool first = true;
+      for (const auto& [op, names] : missing_ops) {
+        if (!first) msg += "; ";
+        first = false;
+        msg += op + " (node" + (names.size() > 1 ? "s " : " ");
+        for (size_t i = 0; i < names.size() && i < 5; ++i) msg += (i ? ", '" : "'") + names[i] + "'";
+        if (names.size() > 5) msg += fmt::format(" and {} more", names.size() - 5);
+        msg += ")";
+      }
+      unsupported("{}", msg);
+    }
+
+    auto g = std::make_unique<Graph>();
+    g->name = gp.name().empty() ? "main" : gp.name();
+    std::map<std::string, Value*> env;
+    for (const auto& init : gp.initializer()) {
+      if (init.name().empty()) fail("an initializer has no name");
+      try {
+        env[init.name()] = g->add_constant(init.name(), convert_tensor(init, base));
+      } catch (const Error& e) {
+        throw e.with_context(Location{.node = init.name(), .pass = "import"});
+      }
+    }
+    int input_index = 0;
+    for (const auto& vi : gp.input()) {
+      if (env.count(vi.name())) continue;  // an initializer listed as input: a constant here
+      bool has_elem = false;
+      auto t = declared_type(vi, &has_elem);
+      if (!t) unsupported("graph input '{}' is {}; only tensors are supported", vi.name(), type_case_name(vi.type()));
+      if (!has_elem) fail("graph input '{}' has no element type", vi.name());
+      if (input_index < static_cast<int>(opts.input_shapes.size()) && opts.input_shapes[input_index]) {
+        const Shape& given = *opts.input_shapes[input_index];
+        bool ok = given.size() == t->shape.size() || !vi.type().tensor_type().has_shape();
+        for (size_t d = 0; ok && d < t->shape.size(); ++d) ok = t->shape[d] < 0 || t->shape[d] == given[d];
+        if (!ok) fail("graph input '{}' is declared {} but was given shape {}", vi.name(), t->str(), shape_str(given));
+        t->shape = given;
+      }
+      env[vi.name()] = g->add_input(vi.name(), *t);
+      ++input_index;
+    }
+
+    for (int k = 0; k < gp.node_size(); ++k) {
+      const auto& np = gp.node(k);
+      const std::string nname = np.name().empty() ? fmt::format("{}_{}", np.op_type(), k) : np.name();
+      try {
+        if (np.op_type() == "Constant" && (np.domain().empty() || np.domain() == "ai.onnx")) {
+          if (np.output_size() != 1) fail("Constant must have one output");
+          env[np.output(0)] = g->add_constant(np.output(0), constant_node_value(np, base));
+          continue;
+        }
+        const OpDef* def = reg.find(np.op_type());
+        std::vector<Value*> ins;
+        for (const auto& in : np.input()) {
+          if (in.empty()) {
+            ins.push_back(nullptr);
+            continue;
+          }
+          auto it = env.find(in);
+          if (it == env.end()) fail("uses undefined value '{}' (missing initializer or input, or nodes out of order)", in);
+          ins.push_back(it->second);
+        }
+        while (!ins.empty() && !ins.back()) ins.pop_back();
+        std::map<std::string, Attr> attrs;
+        for (const auto& a : np.attribute()) {
+          const AttrSpec* spec = nullptr;
+          for (const auto& s : def->attrs)
+            if (s.name == a.name()) spec = &s;
+          if (!spec) unsupported("unsupported attribute '{}'", a.name());
+          Attr v = convert_attr(a, spec, base);
+          if (kind_of(v) != spec->kind)
+            fail("attribute '{}' must be {} but is {}", a.name(), attr_kind_name(spec->kind), attr_kind_name(kind_of(v)));
+          attrs[a.name()] = std::move(v);
+        }
+        std::vector<std::string> outs(np.output().begin(), np.output().end());
+        while (!outs.empty() && outs.back().empty()) outs.pop_back();
+        for (const auto& o : outs)
+          if (!o.empty() && env.count(o)) fail("redefines value '{}'", o);
+        Node* n = g->add_node(def, nname, std::move(ins), outs, std::move(attrs));
+        int ver = opsets.count(def->domain) ? opsets[def->domain] : 1;
+        if (ver < def->since) def->upgrade(*g, *n, ver);
+        if (static_cast<int>(n->inputs.size()) < def->min_inputs)
+          fail("needs at least {} inputs, got {}", def->min_inputs, n->inputs.size());
+        if (def->max_inputs >= 0 && static_cast<int>(n->inputs.size()) > def->max_inputs)
+          fail("takes at most {} inputs, got {}", def->max_inputs, n->inputs.size());
+        if (static_cast<int>(n->outputs.size()) > def->max_outputs)
+          fail("has at most {} outputs, got {}", def->max_outputs, n->outputs.size());
+        for (const auto& s : def->attrs)
+          if (s.required && !n->has_attr(s.name)) fail("missing required attribute '{}'", s.name);
+        for (size_t i = 0; i < outs.size(); ++i)
+          if (!outs[i].empty()) env[outs[i]] = n->outputs[i];
+      } catch (const Error& e) {
+        throw e.with_context(Location{.node = nname, .op = np.op_type(), .pass = "import"});
+      }
+    }
+    for (const auto& vi : gp.output()) {
+      auto it = env.find(vi.name());
+      if (it == env.end()) fail("graph output '{}' is not produced by any node", vi.name());
+      g->outputs.push_back(it->second);
+    }
+    infer_graph(*g);
+    for (const auto& vi : gp.output()) {
+      bool has_elem = false;
+      auto t = declared_type(vi, &has_elem);
+      if (!t) unsupported("graph output '{}' is {}; only tensors are supported", vi.name(), type_case_name(vi.type()));
+      const Value* v = env[vi.name()];
+      if (has_elem && t->dtype != v->type.dtype)
+        fail("graph output '{}' is declared {} but computes {}", vi.name(), dtype_name(t->dtype), v->type.str());
+    }
+    out.graph = std::move(g);
+    return out;
+  } catch (const Error& e) {
+    throw e.with_context(file_loc);
+  }
+}
+
+}  // namespace tessel

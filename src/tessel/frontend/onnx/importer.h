@@ -1,0 +1,38 @@
+// ONNX frontend: model files (libonnx protobuf) into the graph level, and TensorProto files into
+// tensors.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessel/ir/graph.h"
+
+namespace tessel {
+
+struct ImportOptions {
+  // Shapes for the graph inputs, used where the model leaves dims symbolic (dim_param) and checked
+  // against the model where it fixes them. Empty: keep the model's declared shapes.
+  std::vector<std::optional<Shape>> input_shapes;
+};
+
+struct ImportedModel {
+  std::unique_ptr<Graph> graph;
+  int opset = 0;                 // default-domain opset
+  std::string producer;          // producer_name + version
+};
+
+// Throws tessel::Error naming the file (and node) on any problem: unreadable or corrupt file,
+// unsupported ops (all of them listed with their node names), unsupported dtypes, bad attributes.
+ImportedModel import_onnx(const std::string& path, const ImportOptions& opts = {});
+
+// Reads a serialized onnx TensorProto (the model zoo's input_N.pb / output_N.pb).
+Tensor read_tensor_pb(const std::string& path);
+// Writes a tensor as a serialized onnx TensorProto.
+void write_tensor_pb(const Tensor& t, const std::string& name, const std::string& path);
+
+// ONNX TensorProto data type number <-> tessel dtype.
+std::optional<DType> dtype_from_onnx(int onnx_type);
+int dtype_to_onnx(DType t);
+
+}  // namespace tessel

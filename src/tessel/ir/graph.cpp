@@ -1,0 +1,118 @@
+// Graph construction and attribute access.
+#include "tessel/ir/graph.h"
+
+#include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+
+const std::string& Node::op_name() const { return op->name; }
+
+namespace {
+template <typename T>
+const T& get_attr(const Node& n, const std::string& name, std::string_view kind) {
+  auto it = n.attrs.find(name);
+  if (it == n.attrs.end()) fail("missing required attribute '{}'", name);
+  const T* v = std::get_if<T>(&it->second);
+  if (!v) fail("attribute '{}' must be {}", name, kind);
+  return *v;
+}
+template <typename T>
+T get_attr_or(const Node& n, const std::string& name, const T& dflt, std::string_view kind) {
+  return n.has_attr(name) ? get_attr<T>(n, name, kind) : dflt;
+}
+}  // namespace
+
+int64_t Node::attr_i(const std::string& n) const { return get_attr<int64_t>(*this, n, "an int"); }
+int64_t Node::attr_i(const std::string& n, int64_t d) const { return get_attr_or<int64_t>(*this, n, d, "an int"); }
+double Node::attr_f(const std::string& n) const { return get_attr<double>(*this, n, "a float"); }
+double Node::attr_f(const std::string& n, double d) const { return get_attr_or<double>(*this, n, d, "a float"); }
+std::string Node::attr_s(const std::string& n) const { return get_attr<std::string>(*this, n, "a string"); }
+std::string Node::attr_s(const std::string& n, const std::string& d) const {
+  return get_attr_or<std::string>(*this, n, d, "a string");
+}
+std::vector<int64_t> Node::attr_ints(const std::string& n) const {
+  return get_attr<std::vector<int64_t>>(*this, n, "a list of ints");
+}
+std::vector<int64_t> Node::attr_ints(const std::string& n, const std::vector<int64_t>& d) const {
+  return get_attr_or<std::vector<int64_t>>(*this, n, d, "a list of ints");
+}
+std::vector<double> Node::attr_floats(const std::string& n) const {
+  return get_attr<std::vector<double>>(*this, n, "a list of floats");
+}
+std::vector<double> Node::attr_floats(const std::string& n, const std::vector<double>& d) const {
+  return get_attr_or<std::vector<double>>(*this, n, d, "a list of floats");
+}
+std::vector<std::string> Node::attr_strings(const std::string& n) const {
+  return get_attr<std::vector<std::string>>(*this, n, "a list of strings");
+}
+const Tensor& Node::attr_t(const std::string& n) const { return get_attr<Tensor>(*this, n, "a tensor"); }
+
+Value* Graph::add_value(std::string name, TensorType type) {
+  if (name.empty() || by_name_.count(name)) name = unique_name(name.empty() ? "v" : name);
+  auto v = std::make_unique<Value>();
+  v->id = static_cast<int>(values_.size());
+  v->name = std::move(name);
+  v->type = std::move(type);
+  Value* p = v.get();
+  by_name_[p->name] = p;
+  values_.push_back(std::move(v));
+  return p;
+}
+
+Value* Graph::add_input(std::string name, TensorType type) {
+  Value* v = add_value(std::move(name), std::move(type));
+  v->is_input = true;
+  inputs.push_back(v);
+  return v;
+}
+
+Value* Graph::add_constant(std::string name, Tensor t) {
+  Value* v = add_value(std::move(name), TensorType{t.dtype(), t.shape()});
+  v->constant = std::move(t);
+  return v;
+}
+
+Node* Graph::add_node(const OpDef* op, std::string node_name, std::vector<Value*> ins,
+                      const std::vector<std::string>& output_names, std::map<std::string, Attr> attrs) {
+  auto n = std::make_unique<Node>();
+  n->op = op;
+  n->name = std::move(node_name);
+  n->inputs = std::move(ins);
+  n->attrs = std::move(attrs);
+  for (size_t i = 0; i < output_names.size(); ++i) {
+    if (output_names[i].empty()) {
+      n->outputs.push_back(nullptr);  // omitted optional output
+      continue;
+    }
+    Value* v = add_value(output_names[i], TensorType{});
+    v->producer = n.get();
+    v->producer_output = static_cast<int>(i);
+    n->outputs.push_back(v);
+  }
+  Node* p = n.get();
+  nodes_.push_back(std::move(n));
+  return p;
+}
+
+Value* Graph::find_value(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+std::string Graph::unique_name(const std::string& base) const {
+  if (!by_name_.count(base)) return base;
+  for (int i = 1;; ++i) {
+    std::string c = base + "_" + std::to_string(i);
+    if (!by_name_.count(c)) return c;
+  }
+}
+
+std::vector<Value*> Graph::constants() const {
+  std::vector<Value*> out;
+  for (const auto& v : values_)
+    if (v->constant) out.push_back(v.get());
+  return out;
+}
+
+}  // namespace tessel

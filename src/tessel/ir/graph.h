@@ -1,0 +1,87 @@
+// The graph level: a Graph of Nodes connected by Values, in topological order.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "tessel/support/tensor.h"
+
+namespace tessel {
+
+struct OpDef;
+class Node;
+
+// An attribute value. The variant index is its kind (see AttrKind in op_registry.h).
+using Attr = std::variant<int64_t, double, std::string, std::vector<int64_t>, std::vector<double>,
+                          std::vector<std::string>, Tensor>;
+
+// An SSA value: a graph input, a constant, or one output of a node.
+struct Value {
+  int id = 0;
+  std::string name;                  // unique within the graph
+  TensorType type;
+  Node* producer = nullptr;          // null for inputs and constants
+  int producer_output = 0;
+  std::optional<Tensor> constant;    // set for constants (initializers, folded values)
+  bool is_input = false;
+};
+
+class Node {
+ public:
+  const OpDef* op = nullptr;         // never null once inserted in a graph
+  std::string name;                  // provenance: the source node's name
+  std::vector<Value*> inputs;        // null entries are omitted optional inputs
+  std::vector<Value*> outputs;
+  std::map<std::string, Attr> attrs;
+
+  const std::string& op_name() const;
+  bool has_input(int i) const { return i < static_cast<int>(inputs.size()) && inputs[i] != nullptr; }
+  bool has_attr(const std::string& n) const { return attrs.count(n) != 0; }
+  // Typed attribute access; the forms without a default throw naming the attribute when missing.
+  int64_t attr_i(const std::string& n) const;
+  int64_t attr_i(const std::string& n, int64_t dflt) const;
+  double attr_f(const std::string& n) const;
+  double attr_f(const std::string& n, double dflt) const;
+  std::string attr_s(const std::string& n) const;
+  std::string attr_s(const std::string& n, const std::string& dflt) const;
+  std::vector<int64_t> attr_ints(const std::string& n) const;
+  std::vector<int64_t> attr_ints(const std::string& n, const std::vector<int64_t>& dflt) const;
+  std::vector<double> attr_floats(const std::string& n) const;
+  std::vector<double> attr_floats(const std::string& n, const std::vector<double>& dflt) const;
+  std::vector<std::string> attr_strings(const std::string& n) const;
+  const Tensor& attr_t(const std::string& n) const;
+};
+
+class Graph {
+ public:
+  std::string name = "main";
+  std::vector<Value*> inputs;
+  std::vector<Value*> outputs;
+
+  Value* add_value(std::string name, TensorType type);
+  Value* add_input(std::string name, TensorType type);
+  Value* add_constant(std::string name, Tensor t);
+  // Appends a node; outputs are new values with the given names (types filled by inference).
+  Node* add_node(const OpDef* op, std::string node_name, std::vector<Value*> inputs,
+                 const std::vector<std::string>& output_names, std::map<std::string, Attr> attrs = {});
+
+  const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
+  std::vector<std::unique_ptr<Node>>& mutable_nodes() { return nodes_; }
+  const std::vector<std::unique_ptr<Value>>& values() const { return values_; }
+  Value* find_value(const std::string& name) const;
+  // A value name not yet used in the graph, derived from `base`.
+  std::string unique_name(const std::string& base) const;
+  // Constants in order of creation.
+  std::vector<Value*> constants() const;
+
+ private:
+  std::vector<std::unique_ptr<Value>> values_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::map<std::string, Value*> by_name_;
+};
+
+}  // namespace tessel

@@ -1,0 +1,148 @@
+// The op registry: one entry per op with its operand/attribute schema, shape and dtype rule,
+// reference kernel, legacy-opset upgrade, decomposition hook, fusion kind and cost.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessel/ir/graph.h"
+
+namespace tessel {
+
+enum class AttrKind { i = 0, f = 1, s = 2, ints = 3, floats = 4, strings = 5, tensor = 6 };
+std::string_view attr_kind_name(AttrKind k);
+
+struct AttrSpec {
+  std::string name;
+  AttrKind kind;
+  bool required = false;
+};
+
+// How the fusion pass may treat the op.
+enum class FusionKind { pointwise, reduction, injective, matmul, opaque };
+std::string_view fusion_kind_name(FusionKind k);
+
+struct Cost {
+  double flops = 0;
+  double bytes = 0;   // bytes read + written if nothing is fused
+};
+
+// Shape and dtype inference for one node. Input types are always known; input *values* are known
+// when they are constants or were folded (shape arithmetic). Rules set every output's type, and
+// may set an output's value when it only depends on static facts (e.g. Shape).
+class InferCtx {
+ public:
+  InferCtx(const Node& node, const std::vector<const Tensor*>& known_values);
+  const Node& node() const { return node_; }
+  int num_inputs() const { return static_cast<int>(node_.inputs.size()); }
+  int num_outputs() const { return static_cast<int>(node_.outputs.size()); }
+  bool has_in(int i) const { return node_.has_input(i); }
+  const TensorType& in(int i) const;        // throws if the input is absent
+  const Tensor* value(int i) const;         // the input's value when statically known, else null
+  void set_out(int i, TensorType t);
+  void set_out_value(int i, Tensor t);      // also sets the type
+  const std::vector<TensorType>& outs() const { return outs_; }
+  const std::vector<std::optional<Tensor>>& out_values() const { return out_values_; }
+  bool out_set(int i) const { return set_[i]; }
+
+ private:
+  const Node& node_;
+  const std::vector<const Tensor*>& known_;
+  std::vector<TensorType> outs_;
+  std::vector<bool> set_;
+  std::vector<std::optional<Tensor>> out_values_;
+};
+
+// Reference execution of one node on concrete tensors.
+class KernelCtx {
+ public:
+  KernelCtx(const Node& node, std::vector<const Tensor*> inputs);
+  const Node& node() const { return node_; }
+  int num_inputs() const { return static_cast<int>(inputs_.size()); }
+  int num_outputs() const { return static_cast<int>(node_.outputs.size()); }
+  bool has_in(int i) const { return i < num_inputs() && inputs_[i] != nullptr; }
+  // Whether output i is consumed at all (optional ONNX outputs may be omitted).
+  bool wants_out(int i) const { return i < num_outputs() && node_.outputs[i] != nullptr; }
+  const Tensor& in(int i) const;
+  void set_out(int i, Tensor t);
+  std::vector<Tensor>& outs() { return outs_; }
+
+ private:
+  const Node& node_;
+  std::vector<const Tensor*> inputs_;
+  std::vector<Tensor> outs_;
+};
+
+using InferFn = std::function<void(InferCtx&)>;
+using KernelFn = std::function<void(KernelCtx&)>;
+// Rewrites a node imported at an older opset into this entry's semantics (for example, moving an
+// `axes` attribute into an input). Throws tessel::Error if the old form cannot be expressed.
+using UpgradeFn = std::function<void(Graph&, Node&, int opset)>;
+// Replaces a node by core ops (filled in by the core-level work).
+using DecomposeFn = std::function<void(Graph&, Node&)>;
+using CostFn = std::function<Cost(const Node&)>;
+
+struct OpDef {
+  std::string name;                 // ONNX op type at graph level ("MatMul", "LayerNormalization")
+  std::string domain;               // ONNX domain ("" = ai.onnx)
+  int min_inputs = 1, max_inputs = 1;     // max_inputs -1: variadic
+  int min_outputs = 1, max_outputs = 1;
+  std::vector<AttrSpec> attrs;
+  int since = 1;                    // oldest ONNX opset whose semantics this entry implements as is
+  UpgradeFn upgrade;                // called for opsets < since; absent: those opsets are unsupported
+  InferFn infer;
+  KernelFn kernel;
+  DecomposeFn decompose;
+  FusionKind fusion = FusionKind::opaque;
+  CostFn cost;                      // default: one FLOP per output element, bytes of all operands
+  bool deterministic = true;        // false for random ops: never folded at compile time
+};
+
+class OpRegistry {
+ public:
+  static OpRegistry& get();          // the process-wide registry with every op family loaded
+  void add(OpDef def);               // throws if the name is already registered
+  const OpDef* find(const std::string& name) const;
+  std::vector<const OpDef*> all() const;
+
+ private:
+  std::map<std::string, OpDef> ops_;
+};
+
+Cost op_cost(const Node& node);
+
+// ---- helpers shared by the op families -------------------------------------------------------
+
+// Type rules.
+void infer_same_as_input(InferCtx& ctx, int input = 0);        // output 0 = type of input
+void infer_broadcast(InferCtx& ctx, std::optional<DType> out_dtype = std::nullopt);
+// Reads a statically known int64 tensor input as a vector, or nullopt if unknown/absent.
+std::optional<std::vector<int64_t>> known_ints(const InferCtx& ctx, int input);
+
+// Elementwise kernels over double (float types) or int64 (integer/bool types), with numpy
+// broadcasting across every input. The output dtype defaults to input 0's.
+using UnaryF = std::function<double(double)>;
+using UnaryI = std::function<int64_t(int64_t)>;
+using BinaryF = std::function<double(double, double)>;
+using BinaryI = std::function<int64_t(int64_t, int64_t)>;
+Tensor map_unary(const Tensor& x, const UnaryF& f, const UnaryI& fi = nullptr,
+                 std::optional<DType> out = std::nullopt);
+Tensor map_binary(const Tensor& a, const Tensor& b, const BinaryF& f, const BinaryI& fi = nullptr,
+                  std::optional<DType> out = std::nullopt);
+
+// Registration of the op families (one function per file in src/tessel/ops/).
+void register_elementwise_ops(OpRegistry& r);
+void register_activation_ops(OpRegistry& r);
+void register_reduction_ops(OpRegistry& r);
+void register_normalization_ops(OpRegistry& r);
+void register_matmul_ops(OpRegistry& r);
+void register_conv_pool_ops(OpRegistry& r);
+void register_attention_ops(OpRegistry& r);
+void register_shape_ops(OpRegistry& r);
+void register_index_ops(OpRegistry& r);
+void register_quantize_ops(OpRegistry& r);
+void register_misc_ops(OpRegistry& r);
+
+}  // namespace tessel

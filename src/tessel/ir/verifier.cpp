@@ -1,0 +1,63 @@
+// Structural and type checks of a graph.
+#include "tessel/ir/verifier.h"
+
+#include <set>
+
+#include "tessel/ir/infer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+
+void verify_graph(const Graph& g) {
+  std::set<const Value*> defined;
+  for (const Value* v : g.inputs) {
+    if (!v->is_input) throw Error(Location{.pass = "verify"}, fmt::format("graph input '{}' is not marked as input", v->name));
+    defined.insert(v);
+  }
+  for (const Value* c : g.constants()) {
+    if (c->constant->dtype() != c->type.dtype || c->constant->shape() != c->type.shape)
+      throw Error(Location{.pass = "verify"}, fmt::format("constant '{}' data does not match its type {}", c->name, c->type.str()));
+    defined.insert(c);
+  }
+  for (const auto& np : g.nodes()) {
+    const Node& n = *np;
+    Location loc{.node = n.name, .op = n.op ? n.op->name : "", .pass = "verify"};
+    try {
+      if (!n.op) fail("has no op");
+      const OpDef& d = *n.op;
+      const int nin = static_cast<int>(n.inputs.size());
+      if (nin < d.min_inputs) fail("has {} inputs, needs at least {}", nin, d.min_inputs);
+      if (d.max_inputs >= 0 && nin > d.max_inputs) fail("has {} inputs, takes at most {}", nin, d.max_inputs);
+      if (static_cast<int>(n.outputs.size()) > d.max_outputs) fail("has {} outputs, at most {}", n.outputs.size(), d.max_outputs);
+      for (int i = 0; i < nin; ++i)
+        if (n.inputs[i] && !defined.count(n.inputs[i]))
+          fail("input {} ('{}') is used before it is defined", i, n.inputs[i]->name);
+      for (const auto& [name, a] : n.attrs) {
+        const AttrSpec* spec = nullptr;
+        for (const auto& s : d.attrs)
+          if (s.name == name) spec = &s;
+        if (!spec) fail("attribute '{}' is not in the op's schema", name);
+        if (static_cast<AttrKind>(a.index()) != spec->kind)
+          fail("attribute '{}' must be {}", name, attr_kind_name(spec->kind));
+      }
+      for (const auto& s : d.attrs)
+        if (s.required && !n.has_attr(s.name)) fail("missing required attribute '{}'", s.name);
+      for (size_t i = 0; i < n.outputs.size(); ++i) {
+        const Value* v = n.outputs[i];
+        if (!v) continue;
+        if (v->producer != &n || v->producer_output != static_cast<int>(i))
+          fail("output {} ('{}') does not point back to its node", i, v->name);
+        if (!defined.insert(v).second) fail("output '{}' is defined twice", v->name);
+      }
+    } catch (const Error& e) {
+      throw e.with_context(loc);
+    }
+  }
+  for (const Value* v : g.outputs)
+    if (!defined.count(v)) throw Error(Location{.pass = "verify"}, fmt::format("graph output '{}' is not defined", v->name));
+  // Types: re-run every shape rule and compare.
+  infer_graph(const_cast<Graph&>(g), 1 << 16, /*verify_only=*/true);
+}
+
+}  // namespace tessel

@@ -1,0 +1,41 @@
+// Element types: names, sizes, classes, and correctly rounded conversions for the small float formats.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tessel {
+
+enum class DType : uint8_t {
+  f64, f32, f16, bf16,
+  f8e4m3fn, f8e4m3fnuz, f8e5m2, f8e5m2fnuz, f4e2m1,
+  i64, i32, i16, i8, u64, u32, u16, u8, i4, u4,
+  boolean,
+};
+inline constexpr int kNumDTypes = 20;
+
+std::string_view dtype_name(DType t);              // "f32", "bf16", "bool", ...
+std::optional<DType> dtype_from_name(std::string_view name);
+// Bytes one element occupies in a tessel Tensor (int4/uint4/f4 take one byte each, unpacked).
+int dtype_size(DType t);
+bool is_float(DType t);       // every floating format, f8 and f4 included
+bool is_small_float(DType t); // f16, bf16, f8*, f4: stored as bits, computed in f32 or wider
+bool is_signed_int(DType t);
+bool is_unsigned_int(DType t);
+inline bool is_int(DType t) { return is_signed_int(t) || is_unsigned_int(t); }
+inline bool is_bool(DType t) { return t == DType::boolean; }
+int dtype_bits(DType t);      // logical bit width (4 for int4)
+
+// Small float formats: round-to-nearest-even encoding from double, exact decoding to double.
+// saturate: out-of-range finite values (and, for the f8 formats, infinities) clamp to the largest
+// finite value instead of becoming inf/NaN (ONNX Cast's `saturate` attribute).
+uint32_t encode_float_bits(DType t, double x, bool saturate = false);
+double decode_float_bits(DType t, uint32_t bits);
+double max_finite(DType t);
+
+// Integer range helpers for casts (wrap-around like C for out-of-range integers).
+int64_t wrap_to_int(DType t, int64_t v);
+
+}  // namespace tessel

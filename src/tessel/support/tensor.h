@@ -1,0 +1,74 @@
+// Tensor: a dense row-major array of one dtype, with value semantics for contents (kernels never
+// write into their inputs), plus element access helpers that kernels use.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessel/support/dtype.h"
+#include "tessel/support/shape.h"
+
+namespace tessel {
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DType dtype, Shape shape);  // zero-filled; every dim must be known
+
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int i) const { return shape_[i]; }
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  bool valid() const { return data_ != nullptr; }
+
+  template <typename T> T* data() { return reinterpret_cast<T*>(bytes()); }
+  template <typename T> const T* data() const { return reinterpret_cast<const T*>(bytes()); }
+  uint8_t* bytes() { return data_ ? data_->data() : nullptr; }
+  const uint8_t* bytes() const { return data_ ? data_->data() : nullptr; }
+
+  // Element access converting through double (floats) or int64 (ints, bool). Stores round
+  // correctly for f16/bf16/f8 and wrap for integers.
+  double get_f(int64_t i) const;
+  void set_f(int64_t i, double v);
+  int64_t get_i(int64_t i) const;
+  void set_i(int64_t i, int64_t v);
+
+  // Whole-tensor conversions, the convenient form for reference kernels.
+  std::vector<double> to_f64() const;
+  std::vector<int64_t> to_i64() const;
+  static Tensor from_f64(DType dtype, Shape shape, std::span<const double> values);
+  static Tensor from_i64(DType dtype, Shape shape, std::span<const int64_t> values);
+  static Tensor scalar_f(DType dtype, double v);
+  static Tensor scalar_i(DType dtype, int64_t v);
+
+  // Same contents, new shape of equal element count (shares storage).
+  Tensor reshaped(Shape shape) const;
+
+  // A deep copy (storage not shared).
+  Tensor clone() const;
+
+  // Exact equality of dtype, shape and bytes.
+  bool same_as(const Tensor& other) const;
+
+ private:
+  DType dtype_ = DType::f32;
+  Shape shape_;
+  int64_t numel_ = 0;
+  std::shared_ptr<std::vector<uint8_t>> data_;
+};
+
+// A tensor's static type: dtype and shape (dims may be unknown, kUnknownDim).
+struct TensorType {
+  DType dtype = DType::f32;
+  Shape shape;
+  bool operator==(const TensorType&) const = default;
+  std::string str() const;  // "f32[1,128,256]"
+};
+
+}  // namespace tessel

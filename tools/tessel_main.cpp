@@ -1,0 +1,181 @@
+// The `tessel` command line.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tessel/driver/compare.h"
+#include "tessel/driver/conformance.h"
+#include "tessel/driver/model_dir.h"
+#include "tessel/frontend/onnx/importer.h"
+#include "tessel/ir/printer.h"
+#include "tessel/ir/verifier.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/support/error.h"
+
+using namespace tessel;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string type_list(const std::vector<Value*>& vs) {
+  std::string s;
+  for (const Value* v : vs) s += fmt::format("{}{}: {}", s.empty() ? "" : ", ", v->name, v->type.str());
+  return s;
+}
+
+void print_summary(const Graph& g, const ImportedModel& m) {
+  std::map<std::string, int> ops;
+  for (const auto& n : g.nodes()) ops[n->op_name()]++;
+  size_t weight_bytes = 0;
+  int nconst = 0;
+  for (const Value* v : g.constants()) {
+    weight_bytes += v->constant->nbytes();
+    ++nconst;
+  }
+  fmt::print("graph '{}' (opset {}, from {})\n", g.name, m.opset, m.producer.empty() ? "unknown" : m.producer);
+  fmt::print("  inputs:  {}\n  outputs: {}\n", type_list(g.inputs), type_list(g.outputs));
+  fmt::print("  {} nodes, {} constants ({:.2f} MB)\n  ops:", g.nodes().size(), nconst, weight_bytes / 1e6);
+  for (const auto& [op, n] : ops) fmt::print(" {}×{}", op, n);
+  fmt::print("\n");
+}
+
+int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary) {
+  ModelPaths mp = resolve_model(model);
+  if (inputs_dir.empty()) {
+    if (mp.data_sets.empty())
+      throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
+    inputs_dir = mp.data_sets[0];
+  }
+  std::vector<Tensor> ins = read_data_set(inputs_dir, "input");
+  ImportOptions io;
+  for (const auto& t : ins) io.input_shapes.push_back(t.shape());
+  ImportedModel m = import_onnx(mp.model, io);
+  verify_graph(*m.graph);
+  if (summary) print_summary(*m.graph, m);
+  auto t0 = std::chrono::steady_clock::now();
+  RunStats stats;
+  std::vector<Tensor> outs = run_eager(*m.graph, ins, &stats);
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("ran eager in {:.1f} ms (peak intermediate memory {:.2f} MB)\n", ms, stats.peak_bytes / 1e6);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Tensor& t = outs[i];
+    fmt::print("  output {} '{}': {}", i, m.graph->outputs[i]->name, TensorType{t.dtype(), t.shape()}.str());
+    if (t.numel() > 0) {
+      fmt::print(" [");
+      for (int64_t k = 0; k < std::min<int64_t>(t.numel(), 4); ++k)
+        fmt::print("{}{:.6g}", k ? ", " : "", t.get_f(k));
+      fmt::print("{}]", t.numel() > 4 ? ", ..." : "");
+    }
+    fmt::print("\n");
+  }
+  if (!check) return 0;
+  std::vector<Tensor> refs = read_data_set(inputs_dir, "output");
+  if (refs.size() != outs.size())
+    throw Error(Location{.file = inputs_dir}, fmt::format("{} reference outputs for {} model outputs", refs.size(), outs.size()));
+  bool ok = true;
+  Tolerance tol;
+  tol.max_rel = max_rel;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    Comparison c = compare_tensors(outs[i], refs[i], tol);
+    fmt::print("check output {}: max abs error {:.3g}, relative error {:.3g} -> {}{}\n", i, c.max_abs, c.rel,
+               c.match ? "PASS" : "FAIL", c.match ? "" : " (" + c.mismatch + ")");
+    ok = ok && c.match;
+  }
+  fmt::print("{}\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide) {
+  std::string path = resolve_model(model).model;
+  ImportedModel m = import_onnx(path);
+  verify_graph(*m.graph);
+  if (emit != "graph") throw Error(Location{.pass = "compile"}, fmt::format("unknown --emit level '{}'", emit));
+  PrintOptions po;
+  po.elide_constants = elide;
+  std::string text = print_graph(*m.graph, po);
+  if (out.empty() || out == "-") {
+    fmt::print("{}", text);
+  } else {
+    std::ofstream f(out);
+    f << text;
+    if (!f) throw Error(Location{.file = out}, "cannot write output file");
+  }
+  return 0;
+}
+
+int cmd_conformance(const std::string& dir, const std::string& json_path, int jobs, double timeout,
+                    const std::string& filter, bool verbose) {
+  ConformanceOptions o;
+  o.jobs = jobs;
+  o.timeout_s = timeout;
+  o.filter = filter;
+  auto t0 = std::chrono::steady_clock::now();
+  ConformanceReport r = run_conformance(dir, o, verbose);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << report_json(r).dump(1) << "\n";
+    if (!f) throw Error(Location{.file = json_path}, "cannot write the JSON report");
+  }
+  for (const auto& t : r.tests)
+    if (t.status == "failed" || t.status == "crashed" || t.status == "timeout")
+      if (verbose) fmt::print("{}: {}: {}\n", t.status, t.name, t.reason);
+  fmt::print("conformance {}: {} tests, {} passed, {} failed, {} unsupported, {} crashed, {} timed out ({:.0f} s)\n",
+             dir, r.tests.size(), r.count("passed"), r.count("failed"), r.count("unsupported"),
+             r.count("crashed"), r.count("timeout"), s);
+  return r.count("crashed") + r.count("timeout") > 0 ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessel: a compiler for dataflow ML accelerators"};
+  app.require_subcommand(1);
+
+  auto* run = app.add_subcommand("run", "Run a model with the eager interpreter");
+  std::string run_model, run_inputs;
+  bool run_check = false;
+  double run_rel = 1e-4;
+  run->add_option("MODEL", run_model, "a .onnx file or a model-zoo folder")->required();
+  run->add_option("--inputs", run_inputs, "folder with input_N.pb (default: the model's test_data_set_0)");
+  run->add_flag("--check", run_check, "compare with output_N.pb; exit 1 on FAIL");
+  run->add_option("--max-rel", run_rel, "relative error bound for --check (max|out-ref|/max|ref|)");
+
+  auto* comp = app.add_subcommand("compile", "Import and lower a model, printing one IR level");
+  std::string comp_model, comp_emit = "graph", comp_out;
+  bool comp_elide = false;
+  comp->add_option("MODEL", comp_model, "a .onnx file or a model-zoo folder")->required();
+  comp->add_option("--emit", comp_emit, "IR level to print: graph")->check(CLI::IsMember({"graph"}));
+  comp->add_option("-o,--output", comp_out, "write the text here instead of stdout");
+  comp->add_flag("--elide-constants", comp_elide, "print large constants as a size, not their data (not parseable)");
+
+  auto* conf = app.add_subcommand("conformance", "Run the ONNX backend test folders under DIR");
+  std::string conf_dir, conf_json, conf_filter;
+  int conf_jobs = 2;
+  double conf_timeout = 120;
+  bool conf_verbose = false;
+  conf->add_option("DIR", conf_dir, "folder of test folders (model.onnx + test_data_set_N)")->required();
+  conf->add_option("--json", conf_json, "write per-test results and totals to this file");
+  conf->add_option("-j,--jobs", conf_jobs, "tests run at once");
+  conf->add_option("--timeout", conf_timeout, "seconds per test before it counts as a hang");
+  conf->add_option("--filter", conf_filter, "only tests whose path contains this");
+  conf->add_flag("-v,--verbose", conf_verbose, "progress and each failure's reason");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true);
+    if (*comp) return cmd_compile(comp_model, comp_emit, comp_out, comp_elide);
+    if (*conf) return cmd_conformance(conf_dir, conf_json, conf_jobs, conf_timeout, conf_filter, conf_verbose);
+  } catch (const Error& e) {
+    fmt::print(stderr, "tessel: error: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tessel: internal error: {}\n", e.what());
+    return 3;
+  }
+  return 0;
+}
