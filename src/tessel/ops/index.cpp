@@ -1,8 +1,554 @@
-// Op family: index (see docs/ops.md).
+// Op family: indexing ops (Gather*, Scatter*, NonZero, Compress, OneHot, Unique, TensorScatter).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
 #include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
 
 namespace tessel {
+namespace {
 
-void register_index_ops(OpRegistry& r) { (void)r; }
+// These kernels move elements without converting them, so copying raw bytes keeps every dtype
+// (small floats, bool, 4-bit) exact.
+void copy_elems(Tensor& dst, int64_t di, const Tensor& src, int64_t si, int64_t n) {
+  if (n <= 0) return;
+  const size_t esz = dtype_size(src.dtype());
+  std::memcpy(dst.bytes() + di * esz, src.bytes() + si * esz, n * esz);
+}
+
+int64_t prod(const Shape& s, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < to && i < s.size(); ++i) p *= s[i];
+  return p;
+}
+
+void check_index_dtype(DType t, const char* what) {
+  if (t != DType::i32 && t != DType::i64)
+    fail("{} must be int32 or int64, got {}", what, dtype_name(t));
+}
+
+// ONNX indices may be negative (counting from the end); anything else out of range is bad input.
+int64_t fix_index(int64_t idx, int64_t dim, const char* what) {
+  if (idx < -dim || idx >= dim) fail("{} {} is out of range for a dimension of size {}", what, idx, dim);
+  return idx < 0 ? idx + dim : idx;
+}
+
+int64_t dim_or_unknown(int64_t a, int64_t b) { return a >= 0 ? a : b; }
+
+// ---- Gather ---------------------------------------------------------------------------------
+
+void gather_infer(InferCtx& c) {
+  const auto& d = c.in(0);
+  const auto& ix = c.in(1);
+  check_index_dtype(ix.dtype, "Gather indices");
+  const int r = static_cast<int>(d.shape.size());
+  if (r < 1) fail("Gather data must have rank >= 1");
+  const int axis = normalize_axis(c.node().attr_i("axis", 0), r);
+  Shape s(d.shape.begin(), d.shape.begin() + axis);
+  s.insert(s.end(), ix.shape.begin(), ix.shape.end());
+  s.insert(s.end(), d.shape.begin() + axis + 1, d.shape.end());
+  c.set_out(0, {d.dtype, s});
+}
+
+void gather_kernel(KernelCtx& c) {
+  const Tensor& d = c.in(0);
+  const Tensor& ix = c.in(1);
+  const int axis = normalize_axis(c.node().attr_i("axis", 0), d.rank());
+  const int64_t outer = prod(d.shape(), 0, axis), n = d.dim(axis);
+  const int64_t inner = prod(d.shape(), axis + 1, d.rank());
+  Shape s(d.shape().begin(), d.shape().begin() + axis);
+  s.insert(s.end(), ix.shape().begin(), ix.shape().end());
+  s.insert(s.end(), d.shape().begin() + axis + 1, d.shape().end());
+  Tensor y(d.dtype(), s);
+  const int64_t m = ix.numel();
+  std::vector<int64_t> idx(m);
+  for (int64_t j = 0; j < m; ++j) idx[j] = fix_index(ix.get_i(j), n, "Gather index");
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < m; ++j) copy_elems(y, (o * m + j) * inner, d, (o * n + idx[j]) * inner, inner);
+  c.set_out(0, std::move(y));
+}
+
+// ---- GatherElements -------------------------------------------------------------------------
+
+void gather_elements_infer(InferCtx& c) {
+  const auto& d = c.in(0);
+  const auto& ix = c.in(1);
+  check_index_dtype(ix.dtype, "GatherElements indices");
+  if (d.shape.size() != ix.shape.size() || d.shape.empty())
+    fail("GatherElements data and indices must have the same rank >= 1, got {} and {}", d.shape.size(), ix.shape.size());
+  normalize_axis(c.node().attr_i("axis", 0), static_cast<int>(d.shape.size()));
+  c.set_out(0, {d.dtype, ix.shape});
+}
+
+void gather_elements_kernel(KernelCtx& c) {
+  const Tensor& d = c.in(0);
+  const Tensor& ix = c.in(1);
+  const int r = d.rank();
+  const int axis = normalize_axis(c.node().attr_i("axis", 0), r);
+  for (int k = 0; k < r; ++k)
+    if (k != axis && ix.dim(k) > d.dim(k))
+      fail("GatherElements indices dim {} is {} but data's is only {}", k, ix.dim(k), d.dim(k));
+  Tensor y(d.dtype(), ix.shape());
+  const auto ds = strides_of(d.shape());
+  std::vector<int64_t> pos(r, 0);
+  for (int64_t i = 0; i < ix.numel(); ++i) {
+    int64_t off = 0;
+    for (int k = 0; k < r; ++k)
+      off += (k == axis ? fix_index(ix.get_i(i), d.dim(axis), "GatherElements index") : pos[k]) * ds[k];
+    copy_elems(y, i, d, off, 1);
+    for (int k = r - 1; k >= 0; --k) {
+      if (++pos[k] < ix.dim(k)) break;
+      pos[k] = 0;
+    }
+  }
+  c.set_out(0, std::move(y));
+}
+
+// ---- GatherND -------------------------------------------------------------------------------
+
+Shape gathernd_shape(const Shape& d, const Shape& ix, int64_t b) {
+  const int64_t r = static_cast<int64_t>(d.size()), q = static_cast<int64_t>(ix.size());
+  if (r < 1 || q < 1) fail("GatherND data and indices must have rank >= 1");
+  if (b < 0 || b >= std::min(r, q)) fail("GatherND batch_dims {} must be less than both ranks", b);
+  const int64_t k = ix.back();
+  if (k < 0) unsupported("GatherND needs a static last dimension of indices");
+  if (k < 1 || k > r - b) fail("GatherND indices last dim {} must be in [1, {}]", k, r - b);
+  for (int64_t i = 0; i < b; ++i)
+    if (d[i] >= 0 && ix[i] >= 0 && d[i] != ix[i]) fail("GatherND batch dim {} differs: {} vs {}", i, d[i], ix[i]);
+  Shape s(ix.begin(), ix.end() - 1);
+  for (int64_t i = 0; i < b; ++i) s[i] = dim_or_unknown(s[i], d[i]);
+  s.insert(s.end(), d.begin() + b + k, d.end());
+  return s;
+}
+
+void gathernd_infer(InferCtx& c) {
+  check_index_dtype(c.in(1).dtype, "GatherND indices");
+  c.set_out(0, {c.in(0).dtype, gathernd_shape(c.in(0).shape, c.in(1).shape, c.node().attr_i("batch_dims", 0))});
+}
+
+void gathernd_kernel(KernelCtx& c) {
+  const Tensor& d = c.in(0);
+  const Tensor& ix = c.in(1);
+  const int64_t b = c.node().attr_i("batch_dims", 0);
+  Tensor y(d.dtype(), gathernd_shape(d.shape(), ix.shape(), b));
+  const int64_t k = ix.shape().back();
+  const int64_t batches = prod(d.shape(), 0, b);
+  const int64_t per_batch_data = prod(d.shape(), b, d.rank());
+  const int64_t slice = prod(d.shape(), b + k, d.rank());
+  const int64_t tuples = batches ? ix.numel() / k / batches : 0;
+  const auto ds = strides_of(d.shape());
+  for (int64_t bi = 0; bi < batches; ++bi)
+    for (int64_t t = 0; t < tuples; ++t) {
+      const int64_t base = (bi * tuples + t) * k;
+      int64_t off = bi * per_batch_data;
+      for (int64_t j = 0; j < k; ++j) off += fix_index(ix.get_i(base + j), d.dim(b + j), "GatherND index") * ds[b + j];
+      copy_elems(y, (bi * tuples + t) * slice, d, off, slice);
+    }
+  c.set_out(0, std::move(y));
+}
+
+// ---- Scatter family -------------------------------------------------------------------------
+
+enum class Reduce { none, add, mul, max, min };
+
+Reduce parse_reduction(const Node& n) {
+  std::string s = n.attr_s("reduction", "none");
+  if (s == "none") return Reduce::none;
+  if (s == "add") return Reduce::add;
+  if (s == "mul") return Reduce::mul;
+  if (s == "max") return Reduce::max;
+  if (s == "min") return Reduce::min;
+  fail("unknown reduction '{}'", s);
+}
+
+// Combines update element `ui` into output element `oi` (the output starts as a copy of data).
+void scatter_one(Tensor& y, int64_t oi, const Tensor& u, int64_t ui, Reduce red) {
+  if (red == Reduce::none) return copy_elems(y, oi, u, ui, 1);
+  if (is_float(y.dtype())) {
+    double a = y.get_f(oi), b = u.get_f(ui);
+    double v = red == Reduce::add ? a + b : red == Reduce::mul ? a * b : red == Reduce::max ? std::max(a, b) : std::min(a, b);
+    y.set_f(oi, v);
+  } else {
+    int64_t a = y.get_i(oi), b = u.get_i(ui);
+    uint64_t ua = static_cast<uint64_t>(a), ub = static_cast<uint64_t>(b);
+    int64_t v = red == Reduce::add   ? static_cast<int64_t>(ua + ub)
+                : red == Reduce::mul ? static_cast<int64_t>(ua * ub)
+                : red == Reduce::max ? std::max(a, b)
+                                     : std::min(a, b);
+    if (is_bool(y.dtype()) && red == Reduce::add) v = a || b;
+    y.set_i(oi, v);
+  }
+}
+
+void scatter_elements_infer(InferCtx& c) {
+  const auto& d = c.in(0);
+  check_index_dtype(c.in(1).dtype, "scatter indices");
+  if (c.in(2).dtype != d.dtype) fail("updates dtype {} differs from data {}", dtype_name(c.in(2).dtype), dtype_name(d.dtype));
+  if (c.in(1).shape.size() != d.shape.size() || c.in(2).shape != c.in(1).shape)
+    fail("data, indices and updates must have the same rank, and updates the shape of indices");
+  if (d.shape.empty()) fail("data must have rank >= 1");
+  normalize_axis(c.node().attr_i("axis", 0), static_cast<int>(d.shape.size()));
+  parse_reduction(c.node());
+  c.set_out(0, d);
+}
+
+void scatter_elements_kernel(KernelCtx& c) {
+  const Tensor& d = c.in(0);
+  const Tensor& ix = c.in(1);
+  const Tensor& u = c.in(2);
+  const int r = d.rank();
+  const int axis = normalize_axis(c.node().attr_i("axis", 0), r);
+  const Reduce red = parse_reduction(c.node());
+  if (ix.shape() != u.shape()) fail("updates shape {} differs from indices {}", shape_str(u.shape()), shape_str(ix.shape()));
+  for (int k = 0; k < r; ++k)
+    if (k != axis && ix.dim(k) > d.dim(k)) fail("indices dim {} is {} but data's is only {}", k, ix.dim(k), d.dim(k));
+  Tensor y = d.clone();
+  const auto ds = strides_of(d.shape());
+  std::vector<int64_t> pos(r, 0);
+  for (int64_t i = 0; i < ix.numel(); ++i) {
+    int64_t off = 0;
+    for (int k = 0; k < r; ++k)
+      off += (k == axis ? fix_index(ix.get_i(i), d.dim(axis), "scatter index") : pos[k]) * ds[k];
+    scatter_one(y, off, u, i, red);
+    for (int k = r - 1; k >= 0; --k) {
+      if (++pos[k] < ix.dim(k)) break;
+      pos[k] = 0;
+    }
+  }
+  c.set_out(0, std::move(y));
+}
+
+void scatternd_infer(InferCtx& c) {
+  const auto& d = c.in(0);
+  const auto& ix = c.in(1);
+  const auto& u = c.in(2);
+  if (ix.dtype != DType::i64) fail("ScatterND indices must be int64");
+  if (u.dtype != d.dtype) fail("updates dtype {} differs from data {}", dtype_name(u.dtype), dtype_name(d.dtype));
+  if (ix.shape.empty()) fail("ScatterND indices must have rank >= 1");
+  const int64_t k = ix.shape.back();
+  if (k >= 0) {
+    if (k > static_cast<int64_t>(d.shape.size())) fail("ScatterND indices last dim {} exceeds data rank {}", k, d.shape.size());
+    Shape want(ix.shape.begin(), ix.shape.end() - 1);
+    want.insert(want.end(), d.shape.begin() + k, d.shape.end());
+    bool ok = want.size() == u.shape.size();
+    for (size_t i = 0; ok && i < want.size(); ++i) ok = want[i] < 0 || u.shape[i] < 0 || want[i] == u.shape[i];
+    if (!ok) fail("ScatterND updates shape {} should be {}", shape_str(u.shape), shape_str(want));
+  }
+  parse_reduction(c.node());
+  c.set_out(0, d);
+}
+
+void scatternd_kernel(KernelCtx& c) {
+  const Tensor& d = c.in(0);
+  const Tensor& ix = c.in(1);
+  const Tensor& u = c.in(2);
+  const Reduce red = parse_reduction(c.node());
+  const int64_t k = ix.shape().back();
+  if (k > d.rank()) fail("ScatterND indices last dim {} exceeds data rank {}", k, d.rank());
+  Shape want(ix.shape().begin(), ix.shape().end() - 1);
+  want.insert(want.end(), d.shape().begin() + k, d.shape().end());
+  if (u.shape() != want) fail("ScatterND updates shape {} should be {}", shape_str(u.shape()), shape_str(want));
+  const int64_t slice = prod(d.shape(), k, d.rank());
+  const int64_t tuples = prod(ix.shape(), 0, ix.rank() - 1);
+  const auto ds = strides_of(d.shape());
+  Tensor y = d.clone();
+  for (int64_t t = 0; t < tuples; ++t) {
+    int64_t off = 0;
+    for (int64_t j = 0; j < k; ++j) off += fix_index(ix.get_i(t * k + j), d.dim(j), "ScatterND index") * ds[j];
+    if (red == Reduce::none) {
+      copy_elems(y, off, u, t * slice, slice);
+    } else {
+      for (int64_t e = 0; e < slice; ++e) scatter_one(y, off + e, u, t * slice + e, red);
+    }
+  }
+  c.set_out(0, std::move(y));
+}
+
+// ---- TensorScatter --------------------------------------------------------------------------
+
+void tensor_scatter_infer(InferCtx& c) {
+  const auto& p = c.in(0);
+  const auto& u = c.in(1);
+  const int r = static_cast<int>(p.shape.size());
+  if (r < 2) fail("TensorScatter past_cache must have rank >= 2");
+  if (u.dtype != p.dtype || u.shape.size() != p.shape.size()) fail("update must match past_cache's dtype and rank");
+  const int axis = normalize_axis(c.node().attr_i("axis", -2), r);
+  if (axis == 0) fail("TensorScatter axis cannot be the batch axis");
+  std::string mode = c.node().attr_s("mode", "linear");
+  if (mode != "linear" && mode != "circular") fail("unknown mode '{}'", mode);
+  if (c.has_in(2) && c.in(2).dtype != DType::i64) fail("write_indices must be int64");
+  c.set_out(0, p);
+}
+
+void tensor_scatter_kernel(KernelCtx& c) {
+  const Tensor& p = c.in(0);
+  const Tensor& u = c.in(1);
+  const int r = p.rank();
+  const int axis = normalize_axis(c.node().attr_i("axis", -2), r);
+  const bool circular = c.node().attr_s("mode", "linear") == "circular";
+  for (int k = 0; k < r; ++k)
+    if (k != axis && u.dim(k) != p.dim(k)) fail("update dim {} is {} but past_cache's is {}", k, u.dim(k), p.dim(k));
+  const int64_t maxlen = p.dim(axis), len = u.dim(axis);
+  if (len > maxlen) fail("update sequence length {} exceeds the cache's {}", len, maxlen);
+  const int64_t batch = p.dim(0);
+  std::vector<int64_t> wi(batch, 0);
+  if (c.has_in(2)) {
+    const Tensor& w = c.in(2);
+    if (w.numel() != batch) fail("write_indices has {} entries, batch is {}", w.numel(), batch);
+    for (int64_t i = 0; i < batch; ++i) wi[i] = w.get_i(i);
+  }
+  Tensor y = p.clone();
+  const int64_t outer = prod(p.shape(), 0, axis);
+  const int64_t per_batch = batch ? outer / batch : 0;
+  const int64_t inner = prod(p.shape(), axis + 1, r);
+  for (int64_t o = 0; o < outer; ++o) {
+    const int64_t b = per_batch ? o / per_batch : 0;
+    for (int64_t s = 0; s < len; ++s) {
+      int64_t dst = wi[b] + s;
+      if (circular) dst = ((dst % maxlen) + maxlen) % maxlen;
+      else if (dst < 0 || dst >= maxlen) fail("write index {} + {} is outside the cache length {}", wi[b], s, maxlen);
+      copy_elems(y, (o * maxlen + dst) * inner, u, (o * len + s) * inner, inner);
+    }
+  }
+  c.set_out(0, std::move(y));
+}
+
+// ---- NonZero --------------------------------------------------------------------------------
+
+Tensor nonzero_of(const Tensor& x) {
+  std::vector<int64_t> hits;
+  const bool fl = is_float(x.dtype());
+  for (int64_t i = 0; i < x.numel(); ++i)
+    if (fl ? x.get_f(i) != 0 : x.get_i(i) != 0) hits.push_back(i);
+  const int r = x.rank();
+  const int64_t n = static_cast<int64_t>(hits.size());
+  Tensor y(DType::i64, {r, n});
+  const auto st = strides_of(x.shape());
+  int64_t* yp = y.data<int64_t>();
+  for (int64_t j = 0; j < n; ++j)
+    for (int k = 0; k < r; ++k) yp[k * n + j] = (hits[j] / st[k]) % x.dim(k);
+  return y;
+}
+
+void nonzero_infer(InferCtx& c) {
+  if (const Tensor* v = c.value(0)) return c.set_out_value(0, nonzero_of(*v));
+  c.set_out(0, {DType::i64, {static_cast<int64_t>(c.in(0).shape.size()), kUnknownDim}});
+}
+
+// ---- Compress -------------------------------------------------------------------------------
+
+void compress_infer(InferCtx& c) {
+  const auto& x = c.in(0);
+  if (c.in(1).dtype != DType::boolean) fail("Compress condition must be bool");
+  if (c.in(1).shape.size() != 1) fail("Compress condition must be 1-D");
+  if (!c.node().has_attr("axis")) return c.set_out(0, {x.dtype, {kUnknownDim}});
+  Shape s = x.shape;
+  s[normalize_axis(c.node().attr_i("axis"), static_cast<int>(s.size()))] = kUnknownDim;
+  c.set_out(0, {x.dtype, s});
+}
+
+void compress_kernel(KernelCtx& c) {
+  Tensor x = c.in(0);
+  const Tensor& cond = c.in(1);
+  int axis = 0;
+  if (c.node().has_attr("axis")) axis = normalize_axis(c.node().attr_i("axis"), x.rank());
+  else x = x.reshaped({x.numel()});
+  const int64_t n = x.dim(axis);
+  std::vector<int64_t> keep;
+  for (int64_t i = 0; i < cond.numel(); ++i)
+    if (cond.get_i(i)) {
+      if (i >= n) fail("Compress condition selects index {} but the axis has size {}", i, n);
+      keep.push_back(i);
+    }
+  const int64_t outer = prod(x.shape(), 0, axis), inner = prod(x.shape(), axis + 1, x.rank());
+  Shape s = x.shape();
+  s[axis] = static_cast<int64_t>(keep.size());
+  Tensor y(x.dtype(), s);
+  const int64_t m = s[axis];
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < m; ++j) copy_elems(y, (o * m + j) * inner, x, (o * n + keep[j]) * inner, inner);
+  c.set_out(0, std::move(y));
+}
+
+// ---- OneHot ---------------------------------------------------------------------------------
+
+int64_t onehot_depth(const Tensor& t) {
+  if (t.numel() != 1) fail("OneHot depth must have one element, got {}", t.numel());
+  double d = t.get_f(0);
+  if (!(d >= 1) || d > 1e12) fail("OneHot depth must be positive, got {}", d);
+  return static_cast<int64_t>(d);
+}
+
+void onehot_infer(InferCtx& c) {
+  const auto& ix = c.in(0);
+  if (c.in(2).shape.size() != 1 || (c.in(2).shape[0] >= 0 && c.in(2).shape[0] != 2))
+    fail("OneHot values must be a 2-element vector");
+  const int r = static_cast<int>(ix.shape.size());
+  const int axis = normalize_axis(c.node().attr_i("axis", -1), r + 1);
+  int64_t depth = kUnknownDim;
+  if (const Tensor* d = c.value(1)) depth = onehot_depth(*d);
+  Shape s = ix.shape;
+  s.insert(s.begin() + axis, depth);
+  c.set_out(0, {c.in(2).dtype, s});
+}
+
+void onehot_kernel(KernelCtx& c) {
+  const Tensor& ix = c.in(0);
+  const int64_t depth = onehot_depth(c.in(1));
+  const Tensor& vals = c.in(2);
+  if (vals.numel() != 2) fail("OneHot values must have 2 elements");
+  const int axis = normalize_axis(c.node().attr_i("axis", -1), ix.rank() + 1);
+  Shape s = ix.shape();
+  s.insert(s.begin() + axis, depth);
+  Tensor y(vals.dtype(), s);
+  const int64_t outer = prod(ix.shape(), 0, axis), inner = prod(ix.shape(), axis, ix.rank());
+  for (int64_t i = 0; i < y.numel(); ++i) copy_elems(y, i, vals, 0, 1);
+  const bool fl = is_float(ix.dtype());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t in = 0; in < inner; ++in) {
+      const int64_t src = o * inner + in;
+      // Float indices are truncated toward zero, like a cast to int.
+      int64_t k = fl ? static_cast<int64_t>(std::trunc(ix.get_f(src))) : ix.get_i(src);
+      if (k < 0) k += depth;
+      if (k < 0 || k >= depth) continue;  // out-of-range indices give an all-"off" row
+      copy_elems(y, (o * depth + k) * inner + in, vals, 1, 1);
+    }
+  c.set_out(0, std::move(y));
+}
+
+// ---- Unique ---------------------------------------------------------------------------------
+
+void unique_infer(InferCtx& c) {
+  const auto& x = c.in(0);
+  const auto& n = c.node();
+  Shape ys = {kUnknownDim};
+  int64_t len = shape_numel(x.shape);
+  if (n.has_attr("axis")) {
+    const int axis = normalize_axis(n.attr_i("axis"), static_cast<int>(x.shape.size()));
+    ys = x.shape;
+    ys[axis] = kUnknownDim;
+    len = x.shape[axis];
+  }
+  c.set_out(0, {x.dtype, ys});
+  c.set_out(1, {DType::i64, {kUnknownDim}});
+  c.set_out(2, {DType::i64, {len < 0 ? kUnknownDim : len}});
+  c.set_out(3, {DType::i64, {kUnknownDim}});
+}
+
+void unique_kernel(KernelCtx& c) {
+  Tensor x = c.in(0);
+  const auto& node = c.node();
+  const bool sorted = node.attr_i("sorted", 1) != 0;
+  int axis = 0;
+  if (node.has_attr("axis")) axis = normalize_axis(node.attr_i("axis"), x.rank());
+  else x = x.reshaped({x.numel()});
+  const int64_t n = x.dim(axis);
+  const int64_t outer = prod(x.shape(), 0, axis), inner = prod(x.shape(), axis + 1, x.rank());
+  const bool fl = is_float(x.dtype());
+  // Slice j along the axis, as a comparable key (row-major over the remaining dims).
+  auto cmp = [&](int64_t a, int64_t b) -> int {
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t in = 0; in < inner; ++in) {
+        const int64_t ia = (o * n + a) * inner + in, ib = (o * n + b) * inner + in;
+        if (fl) {
+          double va = x.get_f(ia), vb = x.get_f(ib);
+          if (va < vb) return -1;
+          if (va > vb) return 1;
+        } else {
+          int64_t va = x.get_i(ia), vb = x.get_i(ib);
+          if (x.dtype() == DType::u64) {
+            uint64_t ua = static_cast<uint64_t>(va), ub = static_cast<uint64_t>(vb);
+            if (ua != ub) return ua < ub ? -1 : 1;
+          } else if (va != vb) {
+            return va < vb ? -1 : 1;
+          }
+        }
+      }
+    return 0;
+  };
+  // First occurrences in input order, each with its count and the inverse mapping.
+  std::vector<int64_t> firsts, inverse(n), counts;
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cmp(a, b) < 0; });
+  std::vector<int64_t> group_of(n);
+  std::vector<int64_t> group_first;  // in sorted order
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == 0 || cmp(order[i - 1], order[i]) != 0) group_first.push_back(order[i]);
+    group_of[order[i]] = static_cast<int64_t>(group_first.size()) - 1;
+  }
+  const int64_t g = static_cast<int64_t>(group_first.size());
+  // Output position of each group: sorted order, or order of first appearance.
+  std::vector<int64_t> pos(g);
+  if (sorted) {
+    std::iota(pos.begin(), pos.end(), 0);
+  } else {
+    std::vector<int64_t> gs(g);
+    std::iota(gs.begin(), gs.end(), 0);
+    std::sort(gs.begin(), gs.end(), [&](int64_t a, int64_t b) { return group_first[a] < group_first[b]; });
+    for (int64_t i = 0; i < g; ++i) pos[gs[i]] = i;
+  }
+  std::vector<int64_t> first(g), count(g, 0);
+  for (int64_t gi = 0; gi < g; ++gi) first[pos[gi]] = group_first[gi];
+  for (int64_t i = 0; i < n; ++i) {
+    inverse[i] = pos[group_of[i]];
+    ++count[inverse[i]];
+  }
+  Shape ys = x.shape();
+  ys[axis] = g;
+  Tensor y(x.dtype(), ys);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < g; ++j) copy_elems(y, (o * g + j) * inner, x, (o * n + first[j]) * inner, inner);
+  c.set_out(0, std::move(y));
+  if (c.wants_out(1)) c.set_out(1, Tensor::from_i64(DType::i64, {g}, first));
+  if (c.wants_out(2)) c.set_out(2, Tensor::from_i64(DType::i64, {n}, inverse));
+  if (c.wants_out(3)) c.set_out(3, Tensor::from_i64(DType::i64, {g}, count));
+}
+
+OpDef make(std::string name, int since, int min_in, int max_in, std::vector<AttrSpec> attrs, InferFn inf,
+           KernelFn k, FusionKind fk = FusionKind::opaque) {
+  OpDef d;
+  d.name = std::move(name);
+  d.since = since;
+  d.min_inputs = min_in;
+  d.max_inputs = max_in;
+  d.attrs = std::move(attrs);
+  d.infer = std::move(inf);
+  d.kernel = std::move(k);
+  d.fusion = fk;
+  return d;
+}
+
+}  // namespace
+
+void register_index_ops(OpRegistry& r) {
+  // Gather, GatherElements and GatherND only widened their index ranges (negative indices)
+  // and dtypes across opsets, which this entry accepts, so the oldest forms import as is.
+  r.add(make("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel, FusionKind::injective));
+  r.add(make("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}}, gather_elements_infer, gather_elements_kernel,
+             FusionKind::injective));
+  {
+    OpDef d = make("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer, gathernd_kernel,
+                   FusionKind::injective);
+    r.add(std::move(d));
+  }
+  // ScatterElements 11 (no reduction) and 16 (add/mul) are subsets of 18.
+  r.add(make("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}}, scatter_elements_infer,
+             scatter_elements_kernel));
+  r.add(make("Scatter", 9, 3, 3, {{"axis", AttrKind::i}}, scatter_elements_infer, scatter_elements_kernel));
+  r.add(make("ScatterND", 11, 3, 3, {{"reduction", AttrKind::s}}, scatternd_infer, scatternd_kernel));
+  r.add(make("TensorScatter", 24, 2, 3, {{"axis", AttrKind::i}, {"mode", AttrKind::s}}, tensor_scatter_infer,
+             tensor_scatter_kernel));
+  r.add(make("NonZero", 9, 1, 1, {}, nonzero_infer, [](KernelCtx& c) { c.set_out(0, nonzero_of(c.in(0))); }));
+  r.add(make("Compress", 9, 2, 2, {{"axis", AttrKind::i}}, compress_infer, compress_kernel));
+  r.add(make("OneHot", 9, 3, 3, {{"axis", AttrKind::i}}, onehot_infer, onehot_kernel));
+  {
+    OpDef d = make("Unique", 11, 1, 1, {{"axis", AttrKind::i}, {"sorted", AttrKind::i}}, unique_infer, unique_kernel);
+    d.max_outputs = 4;
+    r.add(std::move(d));
+  }
+}
 
 }  // namespace tessel
