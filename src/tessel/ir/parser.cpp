@@ -1,0 +1,493 @@
+// Parser for the graph-level text form (.tsl). Errors carry line:column.
+#include <cmath>
+#include <cstring>
+
+#include "tessel/ir/op_registry.h"
+#include "tessel/ir/printer.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+namespace {
+
+int b64_digit(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+
+class Parser {
+ public:
+  Parser(const std::string& text, const std::string& file) : s_(text), file_(file) {}
+
+  std::unique_ptr<Graph> parse() {
+    g_ = std::make_unique<Graph>();
+    skip_ws();
+    expect_word("graph");
+    expect('@');
+    g_->name = name_token();
+    expect('(');
+    if (!peek(')')) {
+      do {
+        std::string n = value_name();
+        expect(':');
+        TensorType t = type();
+        if (values_.count(n)) error("value '" + n + "' is defined twice");
+        values_[n] = g_->add_input(n, t);
+      } while (accept(','));
+    }
+    expect(')');
+    expect('{');
+    while (true) {
+      skip_ws();
+      if (peek_word("return")) break;
+      if (peek_word("const")) constant();
+      else node();
+    }
+    expect_word("return");
+    do {
+      g_->outputs.push_back(use(value_name()));
+    } while (accept(','));
+    expect('}');
+    skip_ws();
+    if (peek_word("blobs")) blobs();
+    skip_ws();
+    if (pos_ < s_.size()) error("unexpected text after the graph");
+    for (const auto& p : pending_)
+      if (!p.filled) error_at(p.line, p.col, fmt::format("blob<{}> is not defined in the blobs section", p.index));
+    return std::move(g_);
+  }
+
+ private:
+  struct PendingBlob {
+    int index;
+    TensorType type;
+    Value* value = nullptr;   // a constant
+    Node* node = nullptr;     // or a tensor attribute of a node
+    std::string attr;
+    int line, col;
+    bool filled = false;
+  };
+
+  [[noreturn]] void error(const std::string& msg) {
+    auto [l, c] = line_col(pos_);
+    error_at(l, c, msg);
+  }
+  [[noreturn]] void error_at(int line, int col, const std::string& msg) {
+    throw Error(Location{.file = file_, .pass = "parse", .line = line, .column = col}, msg);
+  }
+  std::pair<int, int> line_col(size_t p) const {
+    int line = 1, col = 1;
+    for (size_t i = 0; i < p && i < s_.size(); ++i) {
+      if (s_[i] == '\n') {
+        ++line;
+        col = 1;
+      } else {
+        ++col;
+      }
+    }
+    return {line, col};
+  }
+
+  void skip_ws() {
+    while (pos_ < s_.size()) {
+      char c = s_[pos_];
+      if (c == '#') {
+        while (pos_ < s_.size() && s_[pos_] != '\n') ++pos_;
+      } else if (std::isspace(static_cast<unsigned char>(c))) {
+        ++pos_;
+      } else {
+        break;
+      }
+    }
+  }
+  bool peek(char c) {
+    skip_ws();
+    return pos_ < s_.size() && s_[pos_] == c;
+  }
+  bool accept(char c) {
+    if (!peek(c)) return false;
+    ++pos_;
+    return true;
+  }
+  void expect(char c) {
+    if (!accept(c)) {
+      std::string got = pos_ < s_.size() ? std::string("'") + s_[pos_] + "'" : std::string("end of input");
+      error(fmt::format("expected '{}' but found {}", c, got));
+    }
+  }
+  static bool word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+  bool peek_word(const char* w) {
+    skip_ws();
+    size_t n = std::strlen(w);
+    return s_.compare(pos_, n, w) == 0 && (pos_ + n >= s_.size() || !word_char(s_[pos_ + n]));
+  }
+  void expect_word(const char* w) {
+    if (!peek_word(w)) error(fmt::format("expected '{}'", w));
+    pos_ += std::strlen(w);
+  }
+  std::string word() {
+    skip_ws();
+    size_t b = pos_;
+    while (pos_ < s_.size() && word_char(s_[pos_])) ++pos_;
+    if (b == pos_) error("expected a name");
+    return s_.substr(b, pos_ - b);
+  }
+  std::string string_literal() {
+    skip_ws();
+    if (pos_ >= s_.size() || s_[pos_] != '"') error("expected a string");
+    ++pos_;
+    std::string out;
+    while (true) {
+      if (pos_ >= s_.size()) error("unterminated string");
+      char c = s_[pos_++];
+      if (c == '"') break;
+      if (c == '\n') error("newline in string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (pos_ >= s_.size()) error("unterminated string");
+      char e = s_[pos_++];
+      if (e == 'n') out += '\n';
+      else if (e == '"' || e == '\\') out += e;
+      else if (e == 'x' && pos_ + 2 <= s_.size()) {
+        out += static_cast<char>(std::stoi(s_.substr(pos_, 2), nullptr, 16));
+        pos_ += 2;
+      } else {
+        error(fmt::format("unknown escape '\\{}'", e));
+      }
+    }
+    return out;
+  }
+  // Names after '%' or '@': bare characters or a quoted string.
+  std::string name_token() {
+    if (pos_ < s_.size() && s_[pos_] == '"') return string_literal();
+    size_t b = pos_;
+    while (pos_ < s_.size() && (word_char(s_[pos_]) || s_[pos_] == '.' || s_[pos_] == '/' || s_[pos_] == '-')) ++pos_;
+    if (b == pos_) error("expected a name");
+    return s_.substr(b, pos_ - b);
+  }
+  std::string value_name() {
+    expect('%');
+    return name_token();
+  }
+  Value* use(const std::string& n) {
+    auto it = values_.find(n);
+    if (it == values_.end()) error("use of undefined value '%" + n + "'");
+    return it->second;
+  }
+
+  TensorType type() {
+    skip_ws();
+    auto [l, c] = line_col(pos_);
+    std::string dt = word();
+    auto d = dtype_from_name(dt);
+    if (!d) error_at(l, c, "unknown dtype '" + dt + "'");
+    TensorType t{*d, {}};
+    expect('[');
+    if (!peek(']')) {
+      do {
+        if (accept('?')) t.shape.push_back(kUnknownDim);
+        else t.shape.push_back(integer());
+      } while (accept(','));
+    }
+    expect(']');
+    return t;
+  }
+
+  int64_t integer() {
+    skip_ws();
+    size_t b = pos_;
+    if (pos_ < s_.size() && (s_[pos_] == '-' || s_[pos_] == '+')) ++pos_;
+    while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+    if (b == pos_ || (pos_ == b + 1 && !std::isdigit(static_cast<unsigned char>(s_[b])))) error("expected an integer");
+    try {
+      return std::stoll(s_.substr(b, pos_ - b));
+    } catch (const std::exception&) {
+      error("integer out of range");
+    }
+  }
+
+  // A number token: returns its text; is_float tells whether it was spelled as a float.
+  std::string number(bool* is_float) {
+    skip_ws();
+    size_t b = pos_;
+    if (pos_ < s_.size() && (s_[pos_] == '-' || s_[pos_] == '+')) ++pos_;
+    if (s_.compare(pos_, 3, "nan") == 0 || s_.compare(pos_, 3, "inf") == 0) {
+      pos_ += 3;
+      *is_float = true;
+      return s_.substr(b, pos_ - b);
+    }
+    *is_float = false;
+    size_t digits = pos_;
+    while (pos_ < s_.size()) {
+      char c = s_[pos_];
+      if (std::isdigit(static_cast<unsigned char>(c))) {
+        ++pos_;
+      } else if (c == '.' || c == 'e' || c == 'E') {
+        *is_float = true;
+        ++pos_;
+        if ((c == 'e' || c == 'E') && pos_ < s_.size() && (s_[pos_] == '-' || s_[pos_] == '+')) ++pos_;
+      } else {
+        break;
+      }
+    }
+    if (pos_ == digits) error("expected a number");
+    return s_.substr(b, pos_ - b);
+  }
+  double to_double(const std::string& t) {
+    if (t == "nan" || t == "+nan" || t == "-nan") return std::nan("");
+    if (t == "inf" || t == "+inf") return INFINITY;
+    if (t == "-inf") return -INFINITY;
+    try {
+      return std::stod(t);
+    } catch (const std::out_of_range&) {
+      return std::strtod(t.c_str(), nullptr);  // subnormals and overflow as strtod rounds them
+    } catch (const std::exception&) {
+      error("bad number '" + t + "'");
+    }
+  }
+
+  // '[' elements ']' for a tensor of type t, or blob<N> (resolved after the blobs section).
+  std::optional<Tensor> literal(const TensorType& t, PendingBlob* blob_ref) {
+    if (!shape_known(t.shape)) error("a constant needs a fully known shape");
+    skip_ws();
+    if (peek_word("blob")) {
+      auto [l, c] = line_col(pos_);
+      expect_word("blob");
+      expect('<');
+      if (peek_word("elided")) error("constant data was elided when printed (--elide-constants); the text cannot be parsed");
+      blob_ref->index = static_cast<int>(integer());
+      blob_ref->type = t;
+      blob_ref->line = l;
+      blob_ref->col = c;
+      expect('>');
+      return std::nullopt;
+    }
+    Tensor out(t.dtype, t.shape);
+    expect('[');
+    int64_t i = 0;
+    if (!peek(']')) {
+      do {
+        if (i >= out.numel()) error(fmt::format("too many elements for {}", t.str()));
+        if (t.dtype == DType::boolean) {
+          if (peek_word("true")) {
+            expect_word("true");
+            out.set_i(i, 1);
+          } else {
+            expect_word("false");
+            out.set_i(i, 0);
+          }
+        } else {
+          bool isf = false;
+          std::string tok = number(&isf);
+          if (is_float(t.dtype)) out.set_f(i, to_double(tok));
+          else if (isf) error("expected an integer element for " + t.str());
+          else if (t.dtype == DType::u64) out.set_i(i, static_cast<int64_t>(std::stoull(tok)));
+          else out.set_i(i, std::stoll(tok));
+        }
+        ++i;
+      } while (accept(','));
+    }
+    expect(']');
+    if (i != out.numel()) error(fmt::format("{} elements given for {}", i, t.str()));
+    return out;
+  }
+
+  void constant() {
+    expect_word("const");
+    std::string n = value_name();
+    expect(':');
+    TensorType t = type();
+    expect('=');
+    PendingBlob pb{};
+    auto lit = literal(t, &pb);
+    if (values_.count(n)) error("value '%" + n + "' is defined twice");
+    Value* v = g_->add_constant(n, lit ? std::move(*lit) : Tensor(t.dtype, t.shape));
+    values_[n] = v;
+    if (!lit) {
+      pb.value = v;
+      pending_.push_back(pb);
+    }
+  }
+
+  Attr attr_value(Node* n, const std::string& name) {
+    skip_ws();
+    if (peek_word("ints")) {
+      expect_word("ints"); expect('['); expect(']');
+      return std::vector<int64_t>{};
+    }
+    if (peek_word("floats")) {
+      expect_word("floats"); expect('['); expect(']');
+      return std::vector<double>{};
+    }
+    if (peek_word("strings")) {
+      expect_word("strings"); expect('['); expect(']');
+      return std::vector<std::string>{};
+    }
+    if (peek_word("tensor")) {
+      expect_word("tensor");
+      expect('<');
+      TensorType t = type();
+      expect('>');
+      PendingBlob pb{};
+      auto lit = literal(t, &pb);
+      if (lit) return std::move(*lit);
+      pb.node = n;
+      pb.attr = name;
+      pending_.push_back(pb);
+      return Tensor(t.dtype, t.shape);
+    }
+    if (peek('"')) return string_literal();
+    if (accept('[')) {
+      skip_ws();
+      if (peek('"')) {
+        std::vector<std::string> v;
+        do v.push_back(string_literal());
+        while (accept(','));
+        expect(']');
+        return v;
+      }
+      std::vector<std::string> toks;
+      bool any_float = false;
+      do {
+        bool f = false;
+        toks.push_back(number(&f));
+        any_float = any_float || f;
+      } while (accept(','));
+      expect(']');
+      if (any_float) {
+        std::vector<double> v;
+        for (auto& t : toks) v.push_back(to_double(t));
+        return v;
+      }
+      std::vector<int64_t> v;
+      for (auto& t : toks) v.push_back(std::stoll(t));
+      return v;
+    }
+    bool f = false;
+    std::string tok = number(&f);
+    if (f) return to_double(tok);
+    return static_cast<int64_t>(std::stoll(tok));
+  }
+
+  void node() {
+    struct Result {
+      std::string name;
+      TensorType type;
+      bool omitted;
+    };
+    std::vector<Result> results;
+    do {
+      skip_ws();
+      if (accept('_')) {
+        results.push_back({"", {}, true});
+        continue;
+      }
+      std::string n = value_name();
+      expect(':');
+      results.push_back({n, type(), false});
+    } while (accept(','));
+    expect('=');
+    skip_ws();
+    auto [ol, oc] = line_col(pos_);
+    std::string opname = word();
+    const OpDef* op = OpRegistry::get().find(opname);
+    if (!op) error_at(ol, oc, "unknown op '" + opname + "'");
+    expect('(');
+    std::vector<Value*> ins;
+    if (!peek(')')) {
+      do {
+        skip_ws();
+        if (pos_ < s_.size() && s_[pos_] == '_' ) {
+          ++pos_;
+          ins.push_back(nullptr);
+        } else {
+          ins.push_back(use(value_name()));
+        }
+      } while (accept(','));
+    }
+    expect(')');
+    std::vector<std::string> names;
+    for (const auto& r : results) {
+      if (!r.omitted && values_.count(r.name)) error("value '%" + r.name + "' is defined twice");
+      names.push_back(r.omitted ? "" : r.name);
+    }
+    Node* n = g_->add_node(op, "", std::move(ins), names);
+    if (accept('{')) {
+      do {
+        std::string an = word();
+        expect('=');
+        if (n->attrs.count(an)) error("attribute '" + an + "' is given twice");
+        n->attrs[an] = attr_value(n, an);
+      } while (accept(','));
+      expect('}');
+    }
+    expect_word("loc");
+    expect('(');
+    n->name = string_literal();
+    expect(')');
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (results[i].omitted) continue;
+      n->outputs[i]->type = results[i].type;
+      values_[results[i].name] = n->outputs[i];
+    }
+  }
+
+  void blobs() {
+    expect_word("blobs");
+    expect('{');
+    while (!accept('}')) {
+      int idx = static_cast<int>(integer());
+      expect(':');
+      skip_ws();
+      auto [l, c] = line_col(pos_);
+      std::string text = string_literal();
+      std::vector<uint8_t> bytes;
+      uint32_t acc = 0;
+      int bits = 0;
+      for (char ch : text) {
+        if (ch == '=') break;
+        int d = b64_digit(ch);
+        if (d < 0) error_at(l, c, "bad base64 data");
+        acc = acc << 6 | static_cast<uint32_t>(d);
+        bits += 6;
+        if (bits >= 8) {
+          bits -= 8;
+          bytes.push_back(static_cast<uint8_t>(acc >> bits));
+        }
+      }
+      bool used = false;
+      for (auto& p : pending_) {
+        if (p.index != idx) continue;
+        used = true;
+        Tensor t(p.type.dtype, p.type.shape);
+        if (bytes.size() != t.nbytes())
+          error_at(l, c, fmt::format("blob {} has {} bytes but {} needs {}", idx, bytes.size(), p.type.str(), t.nbytes()));
+        if (!bytes.empty()) std::memcpy(t.bytes(), bytes.data(), bytes.size());
+        if (p.value) p.value->constant = std::move(t);
+        else p.node->attrs[p.attr] = std::move(t);
+        p.filled = true;
+      }
+      if (!used) error_at(l, c, fmt::format("blob {} is not used", idx));
+    }
+  }
+
+  const std::string& s_;
+  std::string file_;
+  size_t pos_ = 0;
+  std::unique_ptr<Graph> g_;
+  std::map<std::string, Value*> values_;
+  std::vector<PendingBlob> pending_;
+};
+
+}  // namespace
+
+std::unique_ptr<Graph> parse_graph(const std::string& text, const std::string& file) {
+  return Parser(text, file).parse();
+}
+
+}  // namespace tessel
