@@ -1,8 +1,402 @@
-// Op family: normalization (see docs/ops.md).
+// Op family: normalization (LayerNorm, RMSNorm, Instance/Batch/Group norm, Lp, MVN, LRN).
+#include <cmath>
+
 #include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
 
 namespace tessel {
+namespace {
 
-void register_normalization_ops(OpRegistry& r) { (void)r; }
+void check_float(const TensorType& t, const char* what) {
+  if (!is_float(t.dtype)) fail("{} must be float, got {}", what, dtype_name(t.dtype));
+}
+
+// The ONNX dtype code of `stash_type` as a tessel dtype.
+DType stash_dtype(int64_t code) {
+  switch (code) {
+    case 1: return DType::f32;
+    case 10: return DType::f16;
+    case 11: return DType::f64;
+    case 16: return DType::bf16;
+    default: fail("stash_type {} is not a float type", code);
+  }
+}
+
+// Values of `t` broadcast to `shape` (unidirectionally), as doubles.
+std::vector<double> broadcast_to(const Tensor& t, const Shape& shape, const char* what) {
+  Shape b;
+  try {
+    b = broadcast_shapes(t.shape(), shape);
+  } catch (const Error&) {
+    fail("{} of shape {} does not broadcast to {}", what, shape_str(t.shape()), shape_str(shape));
+  }
+  if (b != shape) fail("{} of shape {} does not broadcast to {}", what, shape_str(t.shape()), shape_str(shape));
+  const std::vector<double> v = t.to_f64();
+  if (t.shape() == shape) return v;
+  const std::vector<int64_t> idx = broadcast_index(t.shape(), shape);
+  std::vector<double> out(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) out[i] = v[idx[i]];
+  return out;
+}
+
+// Per-channel parameter of a [N, C, ...] op: must be 1-D with C entries.
+std::vector<double> per_channel(const Tensor& t, int64_t c, const char* what) {
+  if (t.rank() != 1 || t.dim(0) != c) fail("{} must have shape [{}], got {}", what, c, shape_str(t.shape()));
+  return t.to_f64();
+}
+
+void check_per_channel(const InferCtx& ctx, int i, int64_t c, const char* what) {
+  const Shape& s = ctx.in(i).shape;
+  if (s.size() != 1 || (c >= 0 && s[0] >= 0 && s[0] != c))
+    fail("{} must have shape [{}], got {}", what, c, shape_str(s));
+}
+
+// ---- LayerNormalization / RMSNormalization ---------------------------------------------------
+
+// Normalizes each row of X flattened to [prod(dims[:axis]), prod(dims[axis:])].
+OpDef last_axes_norm(std::string name, int since, bool rms) {
+  OpDef d;
+  d.name = std::move(name);
+  d.min_inputs = 2;
+  d.max_inputs = rms ? 2 : 3;
+  d.max_outputs = rms ? 1 : 3;
+  d.since = since;
+  d.attrs = {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}, {"stash_type", AttrKind::i}};
+  d.infer = [](InferCtx& ctx) {
+    const TensorType& x = ctx.in(0);
+    check_float(x, "X");
+    int r = static_cast<int>(x.shape.size());
+    int axis = normalize_axis(ctx.node().attr_i("axis", -1), r);
+    ctx.set_out(0, x);
+    Shape s = x.shape;
+    for (int i = axis; i < r; ++i) s[i] = 1;
+    DType st = stash_dtype(ctx.node().attr_i("stash_type", 1));
+    for (int i = 1; i < ctx.num_outputs(); ++i) ctx.set_out(i, TensorType{st, s});
+  };
+  d.kernel = [rms](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    int r = x.rank();
+    int axis = normalize_axis(c.node().attr_i("axis", -1), r);
+    const double eps = c.node().attr_f("epsilon", 1e-5);
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < axis; ++i) outer *= x.dim(i);
+    for (int i = axis; i < r; ++i) inner *= x.dim(i);
+    const std::vector<double> v = x.to_f64();
+    const std::vector<double> sc = broadcast_to(c.in(1), x.shape(), "Scale");
+    std::vector<double> bias;
+    if (c.has_in(2)) bias = broadcast_to(c.in(2), x.shape(), "B");
+    std::vector<double> y(v.size()), mean(outer), inv(outer);
+    for (int64_t o = 0; o < outer; ++o) {
+      const double* row = v.data() + o * inner;
+      double m = 0;
+      if (!rms) {
+        for (int64_t j = 0; j < inner; ++j) m += row[j];
+        m /= static_cast<double>(inner);
+      }
+      double var = 0;
+      for (int64_t j = 0; j < inner; ++j) var += (row[j] - m) * (row[j] - m);
+      var /= static_cast<double>(inner);
+      const double is = 1.0 / std::sqrt(var + eps);
+      mean[o] = m;
+      inv[o] = is;
+      for (int64_t j = 0; j < inner; ++j) {
+        int64_t p = o * inner + j;
+        y[p] = (row[j] - m) * is * sc[p] + (bias.empty() ? 0.0 : bias[p]);
+      }
+    }
+    c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
+    Shape s = x.shape();
+    for (int i = axis; i < r; ++i) s[i] = 1;
+    DType st = stash_dtype(c.node().attr_i("stash_type", 1));
+    if (c.wants_out(1)) c.set_out(1, Tensor::from_f64(st, s, mean));
+    if (c.wants_out(2)) c.set_out(2, Tensor::from_f64(st, s, inv));
+  };
+  return d;
+}
+
+// ---- InstanceNormalization / GroupNormalization ----------------------------------------------
+
+// Normalizes X [N, C, ...] over groups of `C / groups` channels and all spatial positions, then
+// applies a per-channel (or, for GroupNormalization-18, per-group) scale and bias.
+Tensor group_norm(const Tensor& x, int64_t groups, const std::vector<double>& sc,
+                  const std::vector<double>& bias, bool per_group, double eps) {
+  const int64_t n = x.dim(0), ch = x.dim(1);
+  if (groups <= 0 || ch % groups != 0) fail("{} channels do not split into {} groups", ch, groups);
+  int64_t spatial = 1;
+  for (int i = 2; i < x.rank(); ++i) spatial *= x.dim(i);
+  const int64_t cpg = ch / groups, block = cpg * spatial;
+  const std::vector<double> v = x.to_f64();
+  std::vector<double> y(v.size());
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t base = (b * groups + g) * block;
+      double m = 0, var = 0;
+      for (int64_t j = 0; j < block; ++j) m += v[base + j];
+      m /= static_cast<double>(block);
+      for (int64_t j = 0; j < block; ++j) var += (v[base + j] - m) * (v[base + j] - m);
+      var /= static_cast<double>(block);
+      const double is = 1.0 / std::sqrt(var + eps);
+      for (int64_t j = 0; j < block; ++j) {
+        int64_t k = per_group ? g : g * cpg + j / spatial;
+        y[base + j] = (v[base + j] - m) * is * sc[k] + bias[k];
+      }
+    }
+  return Tensor::from_f64(x.dtype(), x.shape(), y);
+}
+
+void infer_nc(InferCtx& ctx) {
+  const TensorType& x = ctx.in(0);
+  check_float(x, "X");
+  if (x.shape.size() < 2) fail("X must have rank >= 2 ([N, C, ...]), got {}", shape_str(x.shape));
+}
+
+OpDef instance_norm() {
+  OpDef d;
+  d.name = "InstanceNormalization";
+  d.min_inputs = d.max_inputs = 3;
+  d.since = 6;
+  d.attrs = {{"epsilon", AttrKind::f}};
+  d.infer = [](InferCtx& ctx) {
+    infer_nc(ctx);
+    check_per_channel(ctx, 1, ctx.in(0).shape[1], "scale");
+    check_per_channel(ctx, 2, ctx.in(0).shape[1], "B");
+    ctx.set_out(0, ctx.in(0));
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const int64_t ch = x.dim(1);
+    c.set_out(0, group_norm(x, ch, per_channel(c.in(1), ch, "scale"), per_channel(c.in(2), ch, "B"), false,
+                            c.node().attr_f("epsilon", 1e-5)));
+  };
+  return d;
+}
+
+OpDef group_norm_op() {
+  OpDef d;
+  d.name = "GroupNormalization";
+  d.min_inputs = d.max_inputs = 3;
+  d.since = 21;
+  // per_group_scale is set only by the upgrade: opset 18 takes scale and bias per group.
+  d.attrs = {{"epsilon", AttrKind::f}, {"num_groups", AttrKind::i, true}, {"stash_type", AttrKind::i},
+             {"per_group_scale", AttrKind::i}};
+  d.upgrade = [](Graph&, Node& n, int) { n.attrs["per_group_scale"] = int64_t{1}; };
+  d.infer = [](InferCtx& ctx) {
+    infer_nc(ctx);
+    const Node& n = ctx.node();
+    stash_dtype(n.attr_i("stash_type", 1));
+    int64_t g = n.attr_i("num_groups");
+    bool pg = n.attr_i("per_group_scale", 0) != 0;
+    int64_t ch = ctx.in(0).shape[1];
+    if (g <= 0 || (ch >= 0 && ch % g != 0)) fail("{} channels do not split into {} groups", ch, g);
+    check_per_channel(ctx, 1, pg ? g : ch, "scale");
+    check_per_channel(ctx, 2, pg ? g : ch, "bias");
+    ctx.set_out(0, ctx.in(0));
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const Node& n = c.node();
+    int64_t g = n.attr_i("num_groups");
+    bool pg = n.attr_i("per_group_scale", 0) != 0;
+    int64_t k = pg ? g : x.dim(1);
+    c.set_out(0, group_norm(x, g, per_channel(c.in(1), k, "scale"), per_channel(c.in(2), k, "bias"), pg,
+                            n.attr_f("epsilon", 1e-5)));
+  };
+  return d;
+}
+
+// ---- BatchNormalization ----------------------------------------------------------------------
+
+OpDef batch_norm() {
+  OpDef d;
+  d.name = "BatchNormalization";
+  d.min_inputs = d.max_inputs = 5;
+  d.max_outputs = 3;
+  d.since = 9;  // 9..15 agree in inference mode; training_mode (14) defaults to off
+  d.attrs = {{"epsilon", AttrKind::f}, {"momentum", AttrKind::f}, {"training_mode", AttrKind::i}};
+  d.infer = [](InferCtx& ctx) {
+    infer_nc(ctx);
+    int64_t ch = ctx.in(0).shape[1];
+    const char* names[] = {"", "scale", "B", "input_mean", "input_var"};
+    for (int i = 1; i < 5; ++i) check_per_channel(ctx, i, ch, names[i]);
+    bool train = ctx.node().attr_i("training_mode", 0) != 0;
+    if (!train && ctx.num_outputs() > 1) fail("running_mean/running_var outputs need training_mode=1");
+    ctx.set_out(0, ctx.in(0));
+    for (int i = 1; i < ctx.num_outputs(); ++i) ctx.set_out(i, ctx.in(i + 2));
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const Node& n = c.node();
+    const int64_t nb = x.dim(0), ch = x.dim(1);
+    int64_t spatial = 1;
+    for (int i = 2; i < x.rank(); ++i) spatial *= x.dim(i);
+    const double eps = n.attr_f("epsilon", 1e-5);
+    const double mom = n.attr_f("momentum", 0.9);
+    const bool train = n.attr_i("training_mode", 0) != 0;
+    const std::vector<double> sc = per_channel(c.in(1), ch, "scale");
+    const std::vector<double> b = per_channel(c.in(2), ch, "B");
+    std::vector<double> mean = per_channel(c.in(3), ch, "input_mean");
+    std::vector<double> var = per_channel(c.in(4), ch, "input_var");
+    const std::vector<double> v = x.to_f64();
+    std::vector<double> run_mean = mean, run_var = var;
+    if (train) {
+      const double cnt = static_cast<double>(nb * spatial);
+      for (int64_t k = 0; k < ch; ++k) {
+        double m = 0, s = 0;
+        for (int64_t i = 0; i < nb; ++i)
+          for (int64_t j = 0; j < spatial; ++j) m += v[(i * ch + k) * spatial + j];
+        m /= cnt;
+        for (int64_t i = 0; i < nb; ++i)
+          for (int64_t j = 0; j < spatial; ++j) {
+            double t = v[(i * ch + k) * spatial + j] - m;
+            s += t * t;
+          }
+        s /= cnt;
+        run_mean[k] = mean[k] * mom + m * (1 - mom);
+        run_var[k] = var[k] * mom + s * (1 - mom);
+        mean[k] = m;
+        var[k] = s;
+      }
+    }
+    std::vector<double> y(v.size());
+    for (int64_t i = 0; i < nb; ++i)
+      for (int64_t k = 0; k < ch; ++k) {
+        const double is = 1.0 / std::sqrt(var[k] + eps);
+        for (int64_t j = 0; j < spatial; ++j) {
+          int64_t p = (i * ch + k) * spatial + j;
+          y[p] = (v[p] - mean[k]) * is * sc[k] + b[k];
+        }
+      }
+    c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
+    if (c.wants_out(1)) c.set_out(1, Tensor::from_f64(c.in(3).dtype(), c.in(3).shape(), run_mean));
+    if (c.wants_out(2)) c.set_out(2, Tensor::from_f64(c.in(4).dtype(), c.in(4).shape(), run_var));
+  };
+  return d;
+}
+
+// ---- LpNormalization, MeanVarianceNormalization, LRN -----------------------------------------
+
+OpDef lp_norm() {
+  OpDef d;
+  d.name = "LpNormalization";
+  d.since = 1;
+  d.attrs = {{"axis", AttrKind::i}, {"p", AttrKind::i}};
+  d.infer = [](InferCtx& ctx) {
+    check_float(ctx.in(0), "input");
+    normalize_axis(ctx.node().attr_i("axis", -1), static_cast<int>(ctx.in(0).shape.size()));
+    int64_t p = ctx.node().attr_i("p", 2);
+    if (p != 1 && p != 2) fail("p must be 1 or 2, got {}", p);
+    ctx.set_out(0, ctx.in(0));
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    int axis = normalize_axis(c.node().attr_i("axis", -1), x.rank());
+    const bool l1 = c.node().attr_i("p", 2) == 1;
+    int64_t outer = 1, len = x.dim(axis), inner = 1;
+    for (int i = 0; i < axis; ++i) outer *= x.dim(i);
+    for (int i = axis + 1; i < x.rank(); ++i) inner *= x.dim(i);
+    const std::vector<double> v = x.to_f64();
+    std::vector<double> y(v.size());
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t in = 0; in < inner; ++in) {
+        const int64_t base = o * len * inner + in;
+        double s = 0;
+        for (int64_t j = 0; j < len; ++j) {
+          double a = v[base + j * inner];
+          s += l1 ? std::fabs(a) : a * a;
+        }
+        const double norm = l1 ? s : std::sqrt(s);
+        for (int64_t j = 0; j < len; ++j) y[base + j * inner] = v[base + j * inner] / norm;
+      }
+    c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
+  };
+  return d;
+}
+
+OpDef mvn() {
+  OpDef d;
+  d.name = "MeanVarianceNormalization";
+  d.since = 9;
+  d.attrs = {{"axes", AttrKind::ints}};
+  d.infer = [](InferCtx& ctx) {
+    check_float(ctx.in(0), "X");
+    int r = static_cast<int>(ctx.in(0).shape.size());
+    for (int64_t a : ctx.node().attr_ints("axes", {0, 2, 3})) normalize_axis(a, r);
+    ctx.set_out(0, ctx.in(0));
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const int r = x.rank();
+    std::vector<bool> mask(r, false);
+    for (int64_t a : c.node().attr_ints("axes", {0, 2, 3})) mask[normalize_axis(a, r)] = true;
+    // Map each element to its statistics slot (the reduced dims collapsed).
+    Shape ks = x.shape();
+    for (int i = 0; i < r; ++i)
+      if (mask[i]) ks[i] = 1;
+    const int64_t slots = shape_numel(ks);
+    const std::vector<int64_t> slot = broadcast_index(ks, x.shape());
+    const std::vector<double> v = x.to_f64();
+    std::vector<double> m(slots, 0), var(slots, 0), cnt(slots, 0), y(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      m[slot[i]] += v[i];
+      cnt[slot[i]] += 1;
+    }
+    for (int64_t s = 0; s < slots; ++s) m[s] /= cnt[s];
+    for (size_t i = 0; i < v.size(); ++i) var[slot[i]] += (v[i] - m[slot[i]]) * (v[i] - m[slot[i]]);
+    for (int64_t s = 0; s < slots; ++s) var[s] = std::sqrt(var[s] / cnt[s]) + 1e-9;  // ONNX's epsilon
+    for (size_t i = 0; i < v.size(); ++i) y[i] = (v[i] - m[slot[i]]) / var[slot[i]];
+    c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
+  };
+  return d;
+}
+
+OpDef lrn() {
+  OpDef d;
+  d.name = "LRN";
+  d.since = 1;
+  d.attrs = {{"alpha", AttrKind::f}, {"beta", AttrKind::f}, {"bias", AttrKind::f}, {"size", AttrKind::i, true}};
+  d.infer = [](InferCtx& ctx) {
+    infer_nc(ctx);
+    if (ctx.node().attr_i("size") <= 0) fail("size must be positive");
+    ctx.set_out(0, ctx.in(0));
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const Node& n = c.node();
+    const double alpha = n.attr_f("alpha", 1e-4), beta = n.attr_f("beta", 0.75), bias = n.attr_f("bias", 1.0);
+    const int64_t size = n.attr_i("size");
+    const int64_t lo = (size - 1) / 2, hi = size - 1 - lo;  // floor and ceil of (size-1)/2
+    const int64_t nb = x.dim(0), ch = x.dim(1);
+    int64_t spatial = 1;
+    for (int i = 2; i < x.rank(); ++i) spatial *= x.dim(i);
+    const std::vector<double> v = x.to_f64();
+    std::vector<double> y(v.size());
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t k = 0; k < ch; ++k)
+        for (int64_t j = 0; j < spatial; ++j) {
+          double s = 0;
+          for (int64_t i = std::max<int64_t>(0, k - lo); i <= std::min(ch - 1, k + hi); ++i) {
+            double a = v[(b * ch + i) * spatial + j];
+            s += a * a;
+          }
+          int64_t p = (b * ch + k) * spatial + j;
+          y[p] = v[p] / std::pow(bias + alpha / static_cast<double>(size) * s, beta);
+        }
+    c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
+  };
+  return d;
+}
+
+}  // namespace
+
+void register_normalization_ops(OpRegistry& r) {
+  r.add(last_axes_norm("LayerNormalization", 17, false));
+  r.add(last_axes_norm("RMSNormalization", 23, true));
+  r.add(instance_norm());
+  r.add(batch_norm());
+  r.add(group_norm_op());
+  r.add(lp_norm());
+  r.add(mvn());
+  r.add(lrn());
+}
 
 }  // namespace tessel

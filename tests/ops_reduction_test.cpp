@@ -1,0 +1,158 @@
+// Reduction and normalization reference kernels, checked against hand-computed values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tessel/ir/infer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/support/error.h"
+
+using namespace tessel;
+
+namespace {
+
+// Runs one node on the given inputs (all graph inputs) and returns its outputs.
+std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& ins, int num_outs,
+                           std::map<std::string, Attr> attrs = {}) {
+  Graph g;
+  std::vector<Value*> vs;
+  for (size_t i = 0; i < ins.size(); ++i)
+    vs.push_back(g.add_input("x" + std::to_string(i), TensorType{ins[i].dtype(), ins[i].shape()}));
+  std::vector<std::string> outs;
+  for (int i = 0; i < num_outs; ++i) outs.push_back("y" + std::to_string(i));
+  Node* n = g.add_node(OpRegistry::get().find(op), "n", vs, outs, std::move(attrs));
+  for (Value* v : n->outputs) g.outputs.push_back(v);
+  infer_graph(g);
+  return run_eager(g, ins);
+}
+
+Tensor f32(Shape s, std::vector<double> v) { return Tensor::from_f64(DType::f32, std::move(s), v); }
+Tensor i64(Shape s, std::vector<int64_t> v) { return Tensor::from_i64(DType::i64, std::move(s), v); }
+
+void expect_near(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
+  std::vector<double> got = t.to_f64();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
+}
+
+}  // namespace
+
+TEST(Reduction, ReduceSumAxesInput) {
+  // [[1,2,3],[4,5,6]] summed over axis 1: [6, 15].
+  auto y = run_op("ReduceSum", {f32({2, 3}, {1, 2, 3, 4, 5, 6}), i64({1}, {1})}, 1, {{"keepdims", int64_t{0}}});
+  EXPECT_EQ(y[0].shape(), (Shape{2}));
+  expect_near(y[0], {6, 15});
+}
+
+TEST(Reduction, ReduceMeanAllAndEmptySet) {
+  auto y = run_op("ReduceMean", {f32({2, 2}, {1, 2, 3, 6})}, 1);
+  EXPECT_EQ(y[0].shape(), (Shape{1, 1}));
+  expect_near(y[0], {3});
+  // Reducing a zero-size axis: sum is 0, max is -inf.
+  auto s = run_op("ReduceSum", {f32({2, 0}, {}), i64({1}, {1})}, 1);
+  expect_near(s[0], {0, 0});
+  auto m = run_op("ReduceMax", {f32({2, 0}, {}), i64({1}, {1})}, 1);
+  EXPECT_TRUE(std::isinf(m[0].get_f(0)) && m[0].get_f(0) < 0);
+}
+
+TEST(Reduction, ReduceLogSumExpAndL2) {
+  // log(e^1 + e^1) = 1 + ln 2; sqrt(3^2 + 4^2) = 5.
+  auto y = run_op("ReduceLogSumExp", {f32({2}, {1, 1})}, 1, {{"keepdims", int64_t{0}}});
+  expect_near(y[0], {1 + std::log(2.0)});
+  auto l2 = run_op("ReduceL2", {f32({2}, {3, 4})}, 1);
+  expect_near(l2[0], {5});
+}
+
+TEST(Reduction, NoopWithEmptyAxes) {
+  auto y = run_op("ReduceSum", {f32({2}, {1, 2}), i64({0}, {})}, 1, {{"noop_with_empty_axes", int64_t{1}}});
+  expect_near(y[0], {1, 2});
+}
+
+TEST(Reduction, ArgMaxSelectLast) {
+  auto a = run_op("ArgMax", {f32({4}, {1, 3, 3, 2})}, 1);
+  EXPECT_EQ(a[0].get_i(0), 1);
+  auto b = run_op("ArgMax", {f32({4}, {1, 3, 3, 2})}, 1, {{"select_last_index", int64_t{1}}});
+  EXPECT_EQ(b[0].get_i(0), 2);
+}
+
+TEST(Reduction, SoftmaxAndLogSoftmax) {
+  // softmax([0, ln 3]) = [0.25, 0.75].
+  auto y = run_op("Softmax", {f32({1, 2}, {0, std::log(3.0)})}, 1);
+  expect_near(y[0], {0.25, 0.75});
+  auto l = run_op("LogSoftmax", {f32({1, 2}, {0, std::log(3.0)})}, 1);
+  expect_near(l[0], {std::log(0.25), std::log(0.75)});
+  auto h = run_op("Hardmax", {f32({1, 3}, {1, 5, 5})}, 1);
+  expect_near(h[0], {0, 1, 0});
+}
+
+TEST(Reduction, CumSumExclusiveReverse) {
+  Tensor axis = i64({}, {0});
+  auto y = run_op("CumSum", {f32({3}, {1, 2, 3}), axis}, 1);
+  expect_near(y[0], {1, 3, 6});
+  auto e = run_op("CumSum", {f32({3}, {1, 2, 3}), axis}, 1, {{"exclusive", int64_t{1}}, {"reverse", int64_t{1}}});
+  expect_near(e[0], {5, 3, 0});
+}
+
+TEST(Reduction, TopKStableTies) {
+  auto y = run_op("TopK", {f32({4}, {2, 5, 5, 1}), i64({1}, {3})}, 2);
+  expect_near(y[0], {5, 5, 2});
+  EXPECT_EQ(y[1].to_i64(), (std::vector<int64_t>{1, 2, 0}));
+  auto s = run_op("TopK", {f32({4}, {2, 5, 5, 1}), i64({1}, {2})}, 2, {{"largest", int64_t{0}}});
+  EXPECT_EQ(s[1].to_i64(), (std::vector<int64_t>{3, 0}));
+}
+
+TEST(Reduction, NllLossMeanWithWeights) {
+  // log-probs [[-1, -2], [-3, -4]], targets [1, 0], weights [1, 3]:
+  // losses 2*3 = 6 and 3*1 = 3; mean = 9 / (3 + 1).
+  auto y = run_op("NegativeLogLikelihoodLoss", {f32({2, 2}, {-1, -2, -3, -4}), i64({2}, {1, 0}), f32({2}, {1, 3})}, 1);
+  expect_near(y[0], {9.0 / 4});
+  auto n = run_op("NegativeLogLikelihoodLoss", {f32({2, 2}, {-1, -2, -3, -4}), i64({2}, {1, 0})}, 1,
+                  {{"reduction", std::string("none")}, {"ignore_index", int64_t{0}}});
+  expect_near(n[0], {2, 0});
+}
+
+TEST(Reduction, SoftmaxCrossEntropy) {
+  // Equal scores: log_prob = -ln 2 everywhere; the loss is ln 2.
+  auto y = run_op("SoftmaxCrossEntropyLoss", {f32({1, 2}, {7, 7}), i64({1}, {1})}, 2);
+  expect_near(y[0], {std::log(2.0)});
+  expect_near(y[1], {-std::log(2.0), -std::log(2.0)});
+}
+
+TEST(Normalization, LayerNorm) {
+  // Row [1, 3]: mean 2, var 1 -> [-1, 1] (eps 0), scaled by [2, 2] and shifted by [1, 0].
+  auto y = run_op("LayerNormalization", {f32({1, 2}, {1, 3}), f32({2}, {2, 2}), f32({2}, {1, 0})}, 3,
+                  {{"epsilon", 0.0}});
+  expect_near(y[0], {-1, 2});
+  expect_near(y[1], {2});
+  expect_near(y[2], {1});
+}
+
+TEST(Normalization, RmsNorm) {
+  // [3, 4]: mean square 12.5 -> divide by sqrt(12.5).
+  auto y = run_op("RMSNormalization", {f32({2}, {3, 4}), f32({2}, {1, 1})}, 1, {{"epsilon", 0.0}});
+  expect_near(y[0], {3 / std::sqrt(12.5), 4 / std::sqrt(12.5)});
+}
+
+TEST(Normalization, BatchNormInference) {
+  // (x - 1) / sqrt(4) * 3 + 0.5.
+  auto y = run_op("BatchNormalization",
+                  {f32({1, 1, 2}, {1, 5}), f32({1}, {3}), f32({1}, {0.5}), f32({1}, {1}), f32({1}, {4})}, 1,
+                  {{"epsilon", 0.0}});
+  expect_near(y[0], {0.5, 6.5});
+}
+
+TEST(Normalization, InstanceAndLrn) {
+  auto y = run_op("InstanceNormalization", {f32({1, 1, 2}, {0, 2}), f32({1}, {1}), f32({1}, {0})}, 1,
+                  {{"epsilon", 0.0}});
+  expect_near(y[0], {-1, 1});
+  // size 1: y = x / (1 + 1 * x^2)^1.
+  auto l = run_op("LRN", {f32({1, 1, 1, 1}, {2})}, 1,
+                  {{"size", int64_t{1}}, {"alpha", 1.0}, {"beta", 1.0}, {"bias", 1.0}});
+  expect_near(l[0], {0.4});
+}
+
+TEST(Normalization, BadInputFails) {
+  EXPECT_THROW(run_op("LayerNormalization", {f32({2}, {1, 2}), f32({3}, {1, 1, 1})}, 1), Error);
+  EXPECT_THROW(run_op("ReduceSum", {f32({2}, {1, 2}), i64({1}, {3})}, 1), Error);
+}
