@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "tessel/driver/compare.h"
@@ -20,6 +21,36 @@ using namespace tessel;
 namespace fs = std::filesystem;
 
 namespace {
+
+bool is_text_model(const std::string& path) { return fs::path(path).extension() == ".tsl"; }
+
+// A model from an .onnx file / model-zoo folder (imported) or from .tsl text (parsed).
+ImportedModel load_model(const std::string& path, const std::vector<Tensor>& inputs) {
+  if (is_text_model(path)) {
+    std::ifstream f(path);
+    if (!f) throw Error(Location{.file = path}, "cannot open file");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    ImportedModel m;
+    m.graph = parse_graph(ss.str(), path);
+    m.producer = "tessel text";
+    try {
+      verify_graph(*m.graph);
+    } catch (const Error& e) {
+      throw e.with_context(Location{.file = path});
+    }
+    return m;
+  }
+  ImportOptions io;
+  for (const auto& t : inputs) io.input_shapes.push_back(t.shape());
+  ImportedModel m = import_onnx(resolve_model(path).model, io);
+  try {
+    verify_graph(*m.graph);
+  } catch (const Error& e) {
+    throw e.with_context(Location{.file = path});
+  }
+  return m;
+}
 
 std::string type_list(const std::vector<Value*>& vs) {
   std::string s;
@@ -44,17 +75,15 @@ void print_summary(const Graph& g, const ImportedModel& m) {
 }
 
 int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary) {
-  ModelPaths mp = resolve_model(model);
   if (inputs_dir.empty()) {
+    ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
     if (mp.data_sets.empty())
       throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
     inputs_dir = mp.data_sets[0];
   }
+  if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
   std::vector<Tensor> ins = read_data_set(inputs_dir, "input");
-  ImportOptions io;
-  for (const auto& t : ins) io.input_shapes.push_back(t.shape());
-  ImportedModel m = import_onnx(mp.model, io);
-  verify_graph(*m.graph);
+  ImportedModel m = load_model(model, ins);
   if (summary) print_summary(*m.graph, m);
   auto t0 = std::chrono::steady_clock::now();
   RunStats stats;
@@ -90,9 +119,7 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
 }
 
 int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide) {
-  std::string path = resolve_model(model).model;
-  ImportedModel m = import_onnx(path);
-  verify_graph(*m.graph);
+  ImportedModel m = load_model(model, {});
   if (emit != "graph") throw Error(Location{.pass = "compile"}, fmt::format("unknown --emit level '{}'", emit));
   PrintOptions po;
   po.elide_constants = elide;
@@ -140,7 +167,7 @@ int main(int argc, char** argv) {
   std::string run_model, run_inputs;
   bool run_check = false;
   double run_rel = 1e-4;
-  run->add_option("MODEL", run_model, "a .onnx file or a model-zoo folder")->required();
+  run->add_option("MODEL", run_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
   run->add_option("--inputs", run_inputs, "folder with input_N.pb (default: the model's test_data_set_0)");
   run->add_flag("--check", run_check, "compare with output_N.pb; exit 1 on FAIL");
   run->add_option("--max-rel", run_rel, "relative error bound for --check (max|out-ref|/max|ref|)");
@@ -148,7 +175,7 @@ int main(int argc, char** argv) {
   auto* comp = app.add_subcommand("compile", "Import and lower a model, printing one IR level");
   std::string comp_model, comp_emit = "graph", comp_out;
   bool comp_elide = false;
-  comp->add_option("MODEL", comp_model, "a .onnx file or a model-zoo folder")->required();
+  comp->add_option("MODEL", comp_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
   comp->add_option("--emit", comp_emit, "IR level to print: graph")->check(CLI::IsMember({"graph"}));
   comp->add_option("-o,--output", comp_out, "write the text here instead of stdout");
   comp->add_flag("--elide-constants", comp_elide, "print large constants as a size, not their data (not parseable)");

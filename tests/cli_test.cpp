@@ -1,0 +1,101 @@
+// The `tessel` command line: help, exit codes, one-line errors naming the place, and --check.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "tessel/frontend/onnx/importer.h"
+#include "test_util.h"
+
+using namespace tessel;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  std::string cmd = testenv::tessel_binary() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+fs::path tmp() {
+  fs::path d = fs::temp_directory_path() / ("tessel_cli_test_" + std::to_string(getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+const std::string kModel = testenv::source_dir() + "/examples/tblock_s";
+
+}  // namespace
+
+TEST(Cli, HelpOnEverySubcommand) {
+  for (const char* sub : {"", "run", "compile", "conformance"}) {
+    Result r = run(std::string(sub) + " --help");
+    EXPECT_EQ(r.code, 0) << sub;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << r.out;
+  }
+}
+
+TEST(Cli, RunCheckPasses) {
+  Result r = run("run " + kModel + " --check");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("relative error"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
+}
+
+TEST(Cli, CheckFailsAgainstAWrongReference) {
+  fs::path d = tmp() / "wrong_ref";
+  fs::create_directories(d);
+  fs::copy_file(kModel + "/test_data_set_0/input_0.pb", d / "input_0.pb", fs::copy_options::overwrite_existing);
+  Tensor ref = read_tensor_pb(kModel + "/test_data_set_0/output_0.pb").clone();
+  ref.set_f(5, ref.get_f(5) + 1.0);
+  write_tensor_pb(ref, "out", (d / "output_0.pb").string());
+  Result r = run("run " + kModel + " --inputs " + d.string() + " --check");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("FAIL"), std::string::npos) << r.out;
+}
+
+TEST(Cli, WrongInputShapeAndDtypeNameTheInput) {
+  fs::path d = tmp() / "bad_shape";
+  fs::create_directories(d);
+  write_tensor_pb(Tensor(DType::f32, {1, 64, 256}), "x", (d / "input_0.pb").string());
+  Result r = run("run " + kModel + "/model.onnx --inputs " + d.string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("graph input 'x' is declared f32[1,128,256] but was given shape [1,64,256]"), std::string::npos)
+      << r.out;
+  write_tensor_pb(Tensor(DType::f64, {1, 128, 256}), "x", (d / "input_0.pb").string());
+  r = run("run " + kModel + "/model.onnx --inputs " + d.string());
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("input 'x' must be f32[1,128,256] but got f64[1,128,256]"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ErrorsAreOneLineNamingTheFile) {
+  Result r = run("run /nonexistent/model.onnx");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "tessel: error: /nonexistent/model.onnx: no such file or folder\n");
+  r = run("compile " + kModel + " --emit kernel");
+  EXPECT_NE(r.code, 0);
+}
+
+TEST(Cli, CompiledTextRunsLikeTheModel) {
+  fs::path t = tmp() / "tblock_s.tsl";
+  Result r = run("compile " + kModel + " --emit graph -o " + t.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  Result again = run("compile " + t.string() + " --emit graph");
+  EXPECT_EQ(again.code, 0);
+  EXPECT_EQ(again.out, testenv::read_text(t.string()));
+  r = run("run " + t.string() + " --inputs " + kModel + "/test_data_set_0 --check");
+  EXPECT_EQ(r.code, 0) << r.out;
+}
