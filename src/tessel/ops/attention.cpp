@@ -1,8 +1,328 @@
-// Op family: attention (see docs/ops.md).
+// Op family: ONNX Attention (opset 23/24, MHA/GQA/MQA with KV cache) and RotaryEmbedding (opset 23).
+#include <algorithm>
+#include <cmath>
+
 #include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
 
 namespace tessel {
+namespace {
 
-void register_attention_ops(OpRegistry& r) { (void)r; }
+// Q/K/V geometry after the 3-D (B, S, H*D) inputs are viewed as 4-D (B, H, S, D).
+struct AttnDims {
+  int64_t b = 0, hq = 0, hkv = 0, s = 0, l = 0, p = 0, t = 0, d = 0, dv = 0;
+  bool three_d = false;
+};
+
+// Dims of Q/K/V (with unknown extents allowed during inference).
+AttnDims attn_dims(const Node& n, const Shape& q, const Shape& k, const Shape& v, const Shape* past) {
+  AttnDims a;
+  if (q.size() != k.size() || q.size() != v.size() || (q.size() != 3 && q.size() != 4))
+    fail("Attention Q, K, V must all be 3-D or all 4-D, got {} {} {}", shape_str(q), shape_str(k), shape_str(v));
+  a.three_d = q.size() == 3;
+  a.b = q[0];
+  if (a.three_d) {
+    a.hq = n.attr_i("q_num_heads", 0);
+    a.hkv = n.attr_i("kv_num_heads", 0);
+    if (a.hq <= 0 || a.hkv <= 0) fail("3-D Attention needs positive q_num_heads and kv_num_heads");
+    a.s = q[1];
+    a.l = k[1];
+    auto split = [](int64_t hidden, int64_t heads, const char* what) {
+      if (hidden == kUnknownDim) return kUnknownDim;
+      if (hidden % heads != 0) fail("Attention {} hidden size {} is not divisible by {} heads", what, hidden, heads);
+      return hidden / heads;
+    };
+    a.d = split(q[2], a.hq, "Q");
+    const int64_t dk = split(k[2], a.hkv, "K");
+    if (a.d != kUnknownDim && dk != kUnknownDim && a.d != dk) fail("Attention Q and K head sizes differ");
+    a.dv = split(v[2], a.hkv, "V");
+  } else {
+    a.hq = q[1];
+    a.hkv = k[1];
+    a.s = q[2];
+    a.l = k[2];
+    a.d = q[3];
+    if (k[3] != kUnknownDim && a.d != kUnknownDim && k[3] != a.d) fail("Attention Q and K head sizes differ");
+    a.dv = v[3];
+    if (v[1] != kUnknownDim && a.hkv != kUnknownDim && v[1] != a.hkv) fail("Attention K and V head counts differ");
+  }
+  if (a.hq != kUnknownDim && a.hkv != kUnknownDim && (a.hkv <= 0 || a.hq % a.hkv != 0))
+    fail("Attention q heads {} must be a multiple of kv heads {}", a.hq, a.hkv);
+  a.p = 0;
+  if (past) {
+    if (past->size() != 4) fail("Attention past_key must be 4-D, got {}", shape_str(*past));
+    a.p = (*past)[2];
+  }
+  a.t = (a.l == kUnknownDim || a.p == kUnknownDim) ? kUnknownDim : a.l + a.p;
+  return a;
+}
+
+OpDef attention_def() {
+  OpDef d;
+  d.name = "Attention";
+  d.min_inputs = 3;
+  d.max_inputs = 7;
+  d.min_outputs = 1;
+  d.max_outputs = 4;
+  d.since = 23;
+  d.attrs = {{"is_causal", AttrKind::i},         {"kv_num_heads", AttrKind::i},
+             {"q_num_heads", AttrKind::i},       {"qk_matmul_output_mode", AttrKind::i},
+             {"scale", AttrKind::f},             {"softcap", AttrKind::f},
+             {"softmax_precision", AttrKind::i}};
+  d.infer = [](InferCtx& c) {
+    const DType dt = c.in(0).dtype;
+    if (!is_float(dt)) fail("Attention needs float Q, got {}", dtype_name(dt));
+    if (c.in(1).dtype != dt || c.in(2).dtype != dt) fail("Attention Q, K, V dtypes differ");
+    if (c.has_in(4) != c.has_in(5)) fail("Attention needs both past_key and past_value or neither");
+    AttnDims a = attn_dims(c.node(), c.in(0).shape, c.in(1).shape, c.in(2).shape, c.has_in(4) ? &c.in(4).shape : nullptr);
+    const int64_t mode = c.node().attr_i("qk_matmul_output_mode", 0);
+    if (mode < 0 || mode > 3) fail("qk_matmul_output_mode must be 0..3, got {}", mode);
+    if (c.has_in(6) && c.in(6).dtype != DType::i64) fail("nonpad_kv_seqlen must be int64");
+    if (a.three_d) {
+      const int64_t h = a.dv == kUnknownDim ? kUnknownDim : a.hq * a.dv;
+      c.set_out(0, {dt, {a.b, a.s, h}});
+    } else {
+      c.set_out(0, {dt, {a.b, a.hq, a.s, a.dv}});
+    }
+    if (c.num_outputs() > 1 && c.node().outputs[1]) c.set_out(1, {dt, {a.b, a.hkv, a.t, a.d}});
+    if (c.num_outputs() > 2 && c.node().outputs[2]) c.set_out(2, {dt, {a.b, a.hkv, a.t, a.dv}});
+    if (c.num_outputs() > 3 && c.node().outputs[3]) c.set_out(3, {dt, {a.b, a.hq, a.s, a.t}});
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Node& node = c.node();
+    const Tensor& q = c.in(0);
+    const Tensor& k = c.in(1);
+    const Tensor& v = c.in(2);
+    const bool has_past = c.has_in(4) && c.has_in(5);
+    if (c.has_in(4) != c.has_in(5)) fail("Attention needs both past_key and past_value or neither");
+    AttnDims a = attn_dims(node, q.shape(), k.shape(), v.shape(), has_past ? &c.in(4).shape() : nullptr);
+    if (k.dim(0) != a.b || v.dim(0) != a.b) fail("Attention batch sizes differ");
+    if (a.three_d ? v.dim(1) != a.l : v.dim(2) != a.l) fail("Attention K and V sequence lengths differ");
+    const int64_t B = a.b, HQ = a.hq, HKV = a.hkv, S = a.s, L = a.l, P = a.p, T = a.t, D = a.d, DV = a.dv;
+    const int64_t group = HQ / HKV;
+    if (has_past) {
+      const Shape& pk = c.in(4).shape();
+      const Shape& pv = c.in(5).shape();
+      if (pk != Shape{B, HKV, P, D} || pv.size() != 4 || pv[0] != B || pv[1] != HKV || pv[2] != P || pv[3] != DV)
+        fail("Attention past_key {} / past_value {} do not match K/V", shape_str(pk), shape_str(pv));
+    }
+    const std::vector<double> qv = q.to_f64(), kv = k.to_f64(), vv = v.to_f64();
+    const std::vector<double> pk = has_past ? c.in(4).to_f64() : std::vector<double>{};
+    const std::vector<double> pvv = has_past ? c.in(5).to_f64() : std::vector<double>{};
+    // Element (b, h, s, x) of a 4-D view of a 3-D or 4-D Q/K/V input with `heads` heads of `dim`.
+    auto at = [&](const std::vector<double>& src, int64_t heads, int64_t seq, int64_t dim, int64_t b, int64_t h,
+                  int64_t s, int64_t x) {
+      return a.three_d ? src[(b * seq + s) * heads * dim + h * dim + x] : src[((b * heads + h) * seq + s) * dim + x];
+    };
+    // The present caches: past followed by the new keys/values.
+    std::vector<double> kc(static_cast<size_t>(B * HKV * T * D)), vc(static_cast<size_t>(B * HKV * T * DV));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < HKV; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          for (int64_t x = 0; x < D; ++x)
+            kc[((b * HKV + h) * T + t) * D + x] =
+                t < P ? pk[((b * HKV + h) * P + t) * D + x] : at(kv, HKV, L, D, b, h, t - P, x);
+          for (int64_t x = 0; x < DV; ++x)
+            vc[((b * HKV + h) * T + t) * DV + x] =
+                t < P ? pvv[((b * HKV + h) * P + t) * DV + x] : at(vv, HKV, L, DV, b, h, t - P, x);
+        }
+    // Additive mask, broadcast (right-aligned) to (B, HQ, S, T); a shorter last dim is padded
+    // with -inf.
+    std::vector<double> mask;
+    Shape ms;
+    std::vector<int64_t> mstr;
+    if (c.has_in(3)) {
+      const Tensor& m = c.in(3);
+      ms = m.shape();
+      if (ms.size() < 2 || ms.size() > 4) fail("Attention attn_mask must have rank 2..4, got {}", shape_str(ms));
+      if (ms.back() > T) fail("Attention attn_mask last dim {} exceeds total sequence length {}", ms.back(), T);
+      if (m.dtype() == DType::boolean) {
+        mask.resize(static_cast<size_t>(m.numel()));
+        for (int64_t i = 0; i < m.numel(); ++i) mask[i] = m.get_i(i) ? 0.0 : -INFINITY;
+      } else {
+        if (m.dtype() != q.dtype()) fail("Attention float attn_mask must have Q's dtype");
+        mask = m.to_f64();
+      }
+      while (ms.size() < 4) ms.insert(ms.begin(), 1);
+      const Shape full = {B, HQ, S, ms[3]};
+      for (int i = 0; i < 3; ++i)
+        if (ms[i] != 1 && ms[i] != full[i]) fail("Attention attn_mask {} does not broadcast to {}", shape_str(m.shape()), shape_str(full));
+      mstr = strides_of(ms);
+      for (int i = 0; i < 4; ++i)
+        if (ms[i] == 1) mstr[i] = 0;
+    }
+    std::vector<int64_t> nonpad;
+    if (c.has_in(6)) {
+      nonpad = c.in(6).to_i64();
+      if (static_cast<int64_t>(nonpad.size()) != B) fail("nonpad_kv_seqlen must have {} values", B);
+    }
+    const bool causal = node.attr_i("is_causal", 0) != 0;
+    const double scale = node.has_attr("scale") ? node.attr_f("scale") : 1.0 / std::sqrt(static_cast<double>(D));
+    const double softcap = node.attr_f("softcap", 0.0);
+    const int64_t mode = node.attr_i("qk_matmul_output_mode", 0);
+    const bool want_qk = c.wants_out(3);
+
+    std::vector<double> y(static_cast<size_t>(B * HQ * S * DV));
+    std::vector<double> qk(want_qk ? static_cast<size_t>(B * HQ * S * T) : 0);
+    std::vector<double> sc(static_cast<size_t>(T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < HQ; ++h) {
+        const int64_t kh = h / group;
+        const double* kb = kc.data() + (b * HKV + kh) * T * D;
+        const double* vb = vc.data() + (b * HKV + kh) * T * DV;
+        for (int64_t i = 0; i < S; ++i) {
+          double* qko = want_qk ? qk.data() + ((b * HQ + h) * S + i) * T : nullptr;
+          for (int64_t j = 0; j < T; ++j) {
+            double s = 0;
+            for (int64_t x = 0; x < D; ++x) s += at(qv, HQ, S, D, b, h, i, x) * kb[j * D + x];
+            sc[j] = s * scale;
+          }
+          if (qko && mode == 0) std::copy(sc.begin(), sc.end(), qko);
+          if (softcap > 0)
+            for (double& s : sc) s = softcap * std::tanh(s / softcap);
+          if (qko && mode == 1) std::copy(sc.begin(), sc.end(), qko);
+          // Causal rows see keys up to their own position, offset by the cached prefix (or, with
+          // nonpad_kv_seqlen, by the per-batch valid length).
+          const int64_t offset = nonpad.empty() ? P : nonpad[b] - S;
+          double bias_max = -INFINITY;
+          for (int64_t j = 0; j < T; ++j) {
+            double bj = 0;
+            if (!mask.empty()) {
+              bj += j < ms[3] ? mask[b * mstr[0] + h * mstr[1] + i * mstr[2] + j * mstr[3]] : -INFINITY;
+            }
+            if (causal && j > i + offset) bj += -INFINITY;
+            if (!nonpad.empty() && j >= nonpad[b]) bj += -INFINITY;
+            bias_max = std::max(bias_max, bj);
+            sc[j] += bj;
+          }
+          if (qko && mode == 2) std::copy(sc.begin(), sc.end(), qko);
+          // Softmax; a row whose every key is masked attends to nothing (zeros, not NaN).
+          if (bias_max == -INFINITY) {
+            std::fill(sc.begin(), sc.end(), 0.0);
+          } else {
+            double mx = -INFINITY;
+            for (double s : sc) mx = std::max(mx, s);
+            double sum = 0;
+            for (double& s : sc) {
+              s = std::exp(s - mx);
+              sum += s;
+            }
+            for (double& s : sc) s /= sum;
+          }
+          if (qko && mode == 3) std::copy(sc.begin(), sc.end(), qko);
+          double* yo = y.data() + ((b * HQ + h) * S + i) * DV;
+          for (int64_t j = 0; j < T; ++j) {
+            if (sc[j] == 0.0) continue;
+            for (int64_t x = 0; x < DV; ++x) yo[x] += sc[j] * vb[j * DV + x];
+          }
+        }
+      }
+    const DType dt = q.dtype();
+    if (a.three_d) {
+      // (B, HQ, S, DV) -> (B, S, HQ*DV)
+      std::vector<double> y3(y.size());
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < HQ; ++h)
+          for (int64_t i = 0; i < S; ++i)
+            for (int64_t x = 0; x < DV; ++x)
+              y3[((b * S + i) * HQ + h) * DV + x] = y[((b * HQ + h) * S + i) * DV + x];
+      c.set_out(0, Tensor::from_f64(dt, {B, S, HQ * DV}, y3));
+    } else {
+      c.set_out(0, Tensor::from_f64(dt, {B, HQ, S, DV}, y));
+    }
+    if (c.wants_out(1)) c.set_out(1, Tensor::from_f64(dt, {B, HKV, T, D}, kc));
+    if (c.wants_out(2)) c.set_out(2, Tensor::from_f64(dt, {B, HKV, T, DV}, vc));
+    if (want_qk) c.set_out(3, Tensor::from_f64(dt, {B, HQ, S, T}, qk));
+  };
+  return d;
+}
+
+// ---- RotaryEmbedding ----------------------------------------------------------------------------
+
+OpDef rotary_embedding_def() {
+  OpDef d;
+  d.name = "RotaryEmbedding";
+  d.min_inputs = 3;
+  d.max_inputs = 4;
+  d.since = 23;
+  d.attrs = {{"interleaved", AttrKind::i}, {"num_heads", AttrKind::i}, {"rotary_embedding_dim", AttrKind::i}};
+  d.infer = [](InferCtx& c) {
+    const TensorType& x = c.in(0);
+    if (!is_float(x.dtype)) fail("RotaryEmbedding needs a float input");
+    if (x.shape.size() != 3 && x.shape.size() != 4) fail("RotaryEmbedding input must be 3-D or 4-D, got {}", shape_str(x.shape));
+    if (x.shape.size() == 3 && c.node().attr_i("num_heads", 0) <= 0) fail("3-D RotaryEmbedding needs num_heads");
+    if (c.in(1).dtype != x.dtype || c.in(2).dtype != x.dtype) fail("RotaryEmbedding caches must have the input's dtype");
+    c.set_out(0, x);
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const Tensor& cosc = c.in(1);
+    const Tensor& sinc = c.in(2);
+    const bool interleaved = c.node().attr_i("interleaved", 0) != 0;
+    // View the input as (B, S, H, D): 4-D inputs are (B, H, S, D), 3-D ones (B, S, H*D).
+    int64_t B, S, H, D;
+    const bool three_d = x.rank() == 3;
+    if (three_d) {
+      H = c.node().attr_i("num_heads", 0);
+      if (H <= 0 || x.dim(2) % H != 0) fail("RotaryEmbedding hidden size {} not divisible by num_heads {}", x.dim(2), H);
+      B = x.dim(0);
+      S = x.dim(1);
+      D = x.dim(2) / H;
+    } else if (x.rank() == 4) {
+      B = x.dim(0);
+      H = x.dim(1);
+      S = x.dim(2);
+      D = x.dim(3);
+    } else {
+      fail("RotaryEmbedding input must be 3-D or 4-D");
+    }
+    int64_t rot = c.node().attr_i("rotary_embedding_dim", 0);
+    if (rot == 0) rot = D;
+    if (rot < 0 || rot > D || rot % 2 != 0) fail("rotary_embedding_dim {} must be even and <= head size {}", rot, D);
+    const int64_t half = rot / 2;
+    const bool has_pos = c.has_in(3);
+    std::vector<int64_t> pos;
+    if (has_pos) {
+      pos = c.in(3).to_i64();
+      if (c.in(3).shape() != Shape{B, S}) fail("position_ids must have shape [{}, {}]", B, S);
+      if (cosc.rank() != 2 || sinc.shape() != cosc.shape() || cosc.dim(1) < half)
+        fail("cos/sin caches must be [max_pos, >= {}] with position_ids", half);
+    } else if (cosc.rank() != 3 || sinc.shape() != cosc.shape() || cosc.dim(0) != B || cosc.dim(1) != S || cosc.dim(2) < half) {
+      fail("cos/sin caches must be [{}, {}, >= {}] without position_ids", B, S, half);
+    }
+    const int64_t cw = cosc.dim(cosc.rank() - 1);
+    const std::vector<double> xv = x.to_f64(), cv = cosc.to_f64(), sv = sinc.to_f64();
+    std::vector<double> y = xv;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s) {
+        int64_t row = b * S + s;
+        if (has_pos) {
+          row = pos[b * S + s];
+          if (row < 0 || row >= cosc.dim(0)) fail("position id {} out of range [0, {})", row, cosc.dim(0));
+        }
+        const double* cr = cv.data() + row * cw;
+        const double* sr = sv.data() + row * cw;
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t base = three_d ? (b * S + s) * H * D + h * D : ((b * H + h) * S + s) * D;
+          for (int64_t i = 0; i < half; ++i) {
+            const int64_t i1 = interleaved ? base + 2 * i : base + i;
+            const int64_t i2 = interleaved ? base + 2 * i + 1 : base + i + half;
+            const double x1 = xv[i1], x2 = xv[i2];
+            y[i1] = cr[i] * x1 - sr[i] * x2;
+            y[i2] = sr[i] * x1 + cr[i] * x2;
+          }
+        }
+      }
+    c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
+  };
+  return d;
+}
+
+}  // namespace
+
+void register_attention_ops(OpRegistry& r) {
+  r.add(attention_def());
+  r.add(rotary_embedding_def());
+}
 
 }  // namespace tessel

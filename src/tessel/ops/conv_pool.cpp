@@ -1,8 +1,775 @@
-// Op family: conv_pool (see docs/ops.md).
+// Op family: convolutions (Conv, ConvTranspose, ConvInteger, Col2Im) and pooling (Max/Average/Lp,
+// global pools, MaxUnpool), sharing one N-D window geometry.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
 
 namespace tessel {
+namespace {
 
-void register_conv_pool_ops(OpRegistry& r) { (void)r; }
+// The window geometry along the spatial dims: kernel, strides, dilations, begin/end pads and the
+// resulting output extents (kUnknownDim when the input extent is unknown).
+struct Window {
+  int nd = 0;
+  std::vector<int64_t> k, s, d, pb, pe, in, out;
+  int64_t eff(int i) const { return (k[i] - 1) * d[i] + 1; }
+};
+
+std::vector<int64_t> ints_or(const Node& n, const std::string& name, int nd, int64_t dflt) {
+  std::vector<int64_t> v = n.attr_ints(name, std::vector<int64_t>(static_cast<size_t>(nd), dflt));
+  if (static_cast<int>(v.size()) != nd) fail("attribute '{}' has {} values, expected {}", name, v.size(), nd);
+  return v;
+}
+
+// Forward geometry (conv and pools): the input is pooled/convolved over windows of `k`.
+Window forward_window(const Node& n, const Shape& in_spatial, const std::vector<int64_t>& k, bool ceil_mode) {
+  Window w;
+  w.nd = static_cast<int>(in_spatial.size());
+  w.k = k;
+  w.in = in_spatial;
+  w.s = ints_or(n, "strides", w.nd, 1);
+  w.d = ints_or(n, "dilations", w.nd, 1);
+  for (int i = 0; i < w.nd; ++i) {
+    if (w.k[i] < 1) fail("kernel extent must be >= 1, got {}", w.k[i]);
+    if (w.s[i] < 1) fail("strides must be >= 1, got {}", w.s[i]);
+    if (w.d[i] < 1) fail("dilations must be >= 1, got {}", w.d[i]);
+  }
+  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(static_cast<size_t>(2 * w.nd), 0));
+  if (static_cast<int>(pads.size()) != 2 * w.nd) fail("pads has {} values, expected {}", pads.size(), 2 * w.nd);
+  for (int64_t p : pads)
+    if (p < 0) fail("pads must be >= 0");
+  w.pb.assign(pads.begin(), pads.begin() + w.nd);
+  w.pe.assign(pads.begin() + w.nd, pads.end());
+  const std::string ap = n.attr_s("auto_pad", "NOTSET");
+  if (ap != "NOTSET" && ap != "SAME_UPPER" && ap != "SAME_LOWER" && ap != "VALID")
+    fail("bad auto_pad '{}'", ap);
+  w.out.assign(static_cast<size_t>(w.nd), kUnknownDim);
+  for (int i = 0; i < w.nd; ++i) {
+    const int64_t in = w.in[i];
+    if (ap == "VALID") {
+      w.pb[i] = w.pe[i] = 0;
+    } else if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
+      if (in == kUnknownDim) continue;
+      const int64_t o = (in + w.s[i] - 1) / w.s[i];
+      const int64_t total = std::max<int64_t>(0, (o - 1) * w.s[i] + w.eff(i) - in);
+      const int64_t small = total / 2;
+      w.pb[i] = ap == "SAME_UPPER" ? small : total - small;
+      w.pe[i] = total - w.pb[i];
+      w.out[i] = o;
+      continue;
+    }
+    if (in == kUnknownDim) continue;
+    const int64_t span = in + w.pb[i] + w.pe[i] - w.eff(i);
+    if (span < 0) fail("window of extent {} does not fit the padded input extent {}", w.eff(i), in + w.pb[i] + w.pe[i]);
+    int64_t o = (ceil_mode ? (span + w.s[i] - 1) / w.s[i] : span / w.s[i]) + 1;
+    // A last window that would start in the end padding is dropped.
+    if (ceil_mode && (o - 1) * w.s[i] >= in + w.pb[i]) --o;
+    w.out[i] = o;
+  }
+  return w;
+}
+
+int64_t prod(const std::vector<int64_t>& v) {
+  int64_t p = 1;
+  for (int64_t x : v) p *= x;
+  return p;
+}
+
+// Visits every position g of a grid (row-major) for one kernel tap `kt`: the matching target
+// coordinate along dim i is g_i * s_i - pb_i + kt_i * d_i. fn(grid_flat, target_flat, in_pad)
+// gets target_flat = -1 when outside the target, and in_pad = whether it lies within the padded
+// range [-pb, T + pe).
+template <typename Fn>
+void for_each_tap(const std::vector<int64_t>& grid, const std::vector<int64_t>& target, const Window& w,
+                  const std::vector<int64_t>& kt, Fn&& fn) {
+  const int nd = static_cast<int>(grid.size());
+  std::vector<std::vector<int64_t>> coord(nd);
+  std::vector<std::vector<char>> padok(nd);
+  for (int i = 0; i < nd; ++i) {
+    coord[i].resize(static_cast<size_t>(grid[i]));
+    padok[i].resize(static_cast<size_t>(grid[i]));
+    for (int64_t g = 0; g < grid[i]; ++g) {
+      const int64_t t = g * w.s[i] - w.pb[i] + kt[i] * w.d[i];
+      coord[i][g] = (t >= 0 && t < target[i]) ? t : -1;
+      padok[i][g] = t >= -w.pb[i] && t < target[i] + w.pe[i];
+    }
+  }
+  const int64_t total = prod(grid);
+  if (total == 0) return;
+  const int64_t inner = grid[nd - 1];
+  const std::vector<int64_t> tstr = strides_of(target);
+  std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
+  for (int64_t base = 0; base < total; base += inner) {
+    int64_t off = 0;
+    bool valid = true, pad = true;
+    for (int i = 0; i < nd - 1; ++i) {
+      const int64_t c = coord[i][idx[i]];
+      if (c < 0) valid = false;
+      else off += c * tstr[i];
+      if (!padok[i][idx[i]]) pad = false;
+    }
+    const std::vector<int64_t>& cl = coord[nd - 1];
+    const std::vector<char>& pl = padok[nd - 1];
+    for (int64_t g = 0; g < inner; ++g) {
+      const bool ok = valid && cl[g] >= 0;
+      fn(base + g, ok ? off + cl[g] : int64_t{-1}, pad && pl[g]);
+    }
+    for (int i = nd - 2; i >= 0; --i) {
+      if (++idx[i] < grid[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
+// Row-major decomposition of a flat kernel-tap index.
+std::vector<int64_t> unflatten(int64_t flat, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> r(dims.size());
+  for (size_t i = dims.size(); i-- > 0;) {
+    r[i] = flat % dims[i];
+    flat /= dims[i];
+  }
+  return r;
+}
+
+Shape spatial_of(const Shape& s) { return Shape(s.begin() + 2, s.end()); }
+
+// ---- Conv -----------------------------------------------------------------------------------------
+
+// One grouped N-D convolution with double accumulation: y[n, m, out] = b[m] + sum w * x.
+template <typename T>
+void conv_core(const T* x, const T* wt, const T* bias, T* y, int64_t batch, int64_t c_in, int64_t m_out,
+               int64_t group, const Window& w) {
+  const int64_t cg = c_in / group, mg = m_out / group;
+  const int64_t kp = prod(w.k), op = prod(w.out), ip = prod(w.in);
+  bool identity = true;  // 1x1, stride 1, no padding: the input already is the column matrix
+  for (int i = 0; i < w.nd; ++i)
+    identity = identity && w.k[i] == 1 && w.s[i] == 1 && w.pb[i] == 0 && w.pe[i] == 0;
+  std::vector<T> col(identity ? 0 : static_cast<size_t>(cg * kp * op));
+  std::vector<double> acc(static_cast<size_t>(op));
+  std::vector<std::vector<int64_t>> taps(static_cast<size_t>(kp));
+  for (int64_t t = 0; t < kp; ++t) taps[t] = unflatten(t, w.k);
+  for (int64_t n = 0; n < batch; ++n) {
+    for (int64_t g = 0; g < group; ++g) {
+      const T* xg = x + (n * c_in + g * cg) * ip;
+      const T* cm = xg;
+      if (!identity) {
+        for (int64_t c = 0; c < cg; ++c)
+          for (int64_t t = 0; t < kp; ++t) {
+            T* row = col.data() + (c * kp + t) * op;
+            const T* xc = xg + c * ip;
+            for_each_tap(w.out, w.in, w, taps[t],
+                         [&](int64_t o, int64_t i, bool) { row[o] = i >= 0 ? xc[i] : T(0); });
+          }
+        cm = col.data();
+      }
+      for (int64_t m = 0; m < mg; ++m) {
+        const int64_t mo = g * mg + m;
+        std::fill(acc.begin(), acc.end(), bias ? static_cast<double>(bias[mo]) : 0.0);
+        const T* wr = wt + mo * cg * kp;
+        double* ap = acc.data();
+        for (int64_t r = 0; r < cg * kp; ++r) {
+          const double wv = static_cast<double>(wr[r]);
+          if (wv == 0.0) continue;
+          const T* cr = cm + r * op;
+          for (int64_t o = 0; o < op; ++o) ap[o] += wv * static_cast<double>(cr[o]);
+        }
+        T* yr = y + (n * m_out + mo) * op;
+        for (int64_t o = 0; o < op; ++o) yr[o] = static_cast<T>(ap[o]);
+      }
+    }
+  }
+}
+
+// Kernel extents of a conv: from W's shape, cross-checked with kernel_shape when given.
+std::vector<int64_t> conv_kernel(const Node& n, const Shape& wshape, int nd) {
+  std::vector<int64_t> k(wshape.begin() + 2, wshape.end());
+  if (n.has_attr("kernel_shape")) {
+    std::vector<int64_t> ks = n.attr_ints("kernel_shape");
+    if (static_cast<int>(ks.size()) != nd) fail("kernel_shape has {} values, expected {}", ks.size(), nd);
+    for (int i = 0; i < nd; ++i) {
+      if (k[i] != kUnknownDim && k[i] != ks[i]) fail("kernel_shape {} disagrees with W {}", shape_str(ks), shape_str(wshape));
+      k[i] = ks[i];
+    }
+  }
+  return k;
+}
+
+void check_conv_operands(const Shape& x, const Shape& wt, int64_t group) {
+  if (x.size() < 3) fail("Conv input must have rank >= 3 (N, C, spatial...), got {}", shape_str(x));
+  if (wt.size() != x.size()) fail("Conv weight rank {} differs from input rank {}", wt.size(), x.size());
+  if (group < 1) fail("group must be >= 1, got {}", group);
+}
+
+TensorType infer_conv_type(InferCtx& c, DType out_dt) {
+  const Shape& x = c.in(0).shape;
+  const Shape& wt = c.in(1).shape;
+  const int64_t group = c.node().attr_i("group", 1);
+  check_conv_operands(x, wt, group);
+  const int nd = static_cast<int>(x.size()) - 2;
+  if (x[1] != kUnknownDim && wt[1] != kUnknownDim && x[1] != wt[1] * group)
+    fail("Conv input has {} channels but W expects {} x group {}", x[1], wt[1], group);
+  if (wt[0] != kUnknownDim && wt[0] % group != 0) fail("Conv output channels {} not divisible by group {}", wt[0], group);
+  std::vector<int64_t> k = conv_kernel(c.node(), wt, nd);
+  for (int64_t v : k)
+    if (v == kUnknownDim) unsupported("Conv with an unknown kernel extent");
+  Window w = forward_window(c.node(), spatial_of(x), k, false);
+  Shape out = {x[0], wt[0]};
+  out.insert(out.end(), w.out.begin(), w.out.end());
+  return {out_dt, out};
+}
+
+// Runs a float or (zero-point-shifted) integer conv in double, or natively in f32.
+Tensor run_conv(const Node& node, const Tensor& x, const Tensor& wt, const Tensor* bias, DType out_dt,
+                const std::vector<double>* xv_in = nullptr, const std::vector<double>* wv_in = nullptr) {
+  const int64_t group = node.attr_i("group", 1);
+  check_conv_operands(x.shape(), wt.shape(), group);
+  const int nd = x.rank() - 2;
+  const int64_t batch = x.dim(0), c_in = x.dim(1), m_out = wt.dim(0);
+  if (c_in != wt.dim(1) * group) fail("Conv input has {} channels but W expects {} x group {}", c_in, wt.dim(1), group);
+  if (m_out % group != 0) fail("Conv output channels {} not divisible by group {}", m_out, group);
+  if (bias && (bias->rank() != 1 || bias->dim(0) != m_out)) fail("Conv bias must have shape [{}]", m_out);
+  Window w = forward_window(node, spatial_of(x.shape()), conv_kernel(node, wt.shape(), nd), false);
+  Shape out = {batch, m_out};
+  out.insert(out.end(), w.out.begin(), w.out.end());
+  if (out_dt == DType::f32 && !xv_in) {
+    Tensor y(DType::f32, out);
+    conv_core<float>(x.data<float>(), wt.data<float>(), bias ? bias->data<float>() : nullptr, y.data<float>(), batch,
+                     c_in, m_out, group, w);
+    return y;
+  }
+  const std::vector<double> xv = xv_in ? *xv_in : x.to_f64();
+  const std::vector<double> wv = wv_in ? *wv_in : wt.to_f64();
+  const std::vector<double> bv = bias ? bias->to_f64() : std::vector<double>{};
+  std::vector<double> yv(static_cast<size_t>(shape_numel(out)));
+  conv_core<double>(xv.data(), wv.data(), bias ? bv.data() : nullptr, yv.data(), batch, c_in, m_out, group, w);
+  if (is_float(out_dt)) return Tensor::from_f64(out_dt, out, yv);
+  std::vector<int64_t> yi(yv.size());
+  for (size_t i = 0; i < yv.size(); ++i) yi[i] = static_cast<int64_t>(std::llround(yv[i]));
+  return Tensor::from_i64(out_dt, out, yi);
+}
+
+const std::vector<AttrSpec> kConvAttrs = {{"auto_pad", AttrKind::s}, {"dilations", AttrKind::ints},
+                                          {"group", AttrKind::i},    {"kernel_shape", AttrKind::ints},
+                                          {"pads", AttrKind::ints},  {"strides", AttrKind::ints}};
+
+Cost conv_cost(const Node& n) {
+  Cost c;
+  if (!n.inputs[1] || !n.outputs[0]) return c;
+  const Shape& wt = n.inputs[1]->type.shape;
+  const int64_t per = std::max<int64_t>(shape_numel(wt), 0) / std::max<int64_t>(wt.empty() ? 1 : wt[0], 1);
+  const int64_t outn = std::max<int64_t>(shape_numel(n.outputs[0]->type.shape), 0);
+  c.flops = 2.0 * static_cast<double>(per) * static_cast<double>(outn);
+  for (const Value* v : n.inputs)
+    if (v) c.bytes += std::max<int64_t>(shape_numel(v->type.shape), 0) * dtype_size(v->type.dtype);
+  c.bytes += outn * dtype_size(n.outputs[0]->type.dtype);
+  return c;
+}
+
+OpDef conv_def() {
+  OpDef d;
+  d.name = "Conv";
+  d.min_inputs = 2;
+  d.max_inputs = 3;
+  d.since = 1;
+  d.attrs = kConvAttrs;
+  d.cost = conv_cost;
+  d.infer = [](InferCtx& c) {
+    const DType dt = c.in(0).dtype;
+    if (dt != DType::f32 && dt != DType::f64 && dt != DType::f16 && dt != DType::bf16)
+      fail("Conv needs a float input, got {}", dtype_name(dt));
+    if (c.in(1).dtype != dt || (c.has_in(2) && c.in(2).dtype != dt)) fail("Conv operands have different dtypes");
+    c.set_out(0, infer_conv_type(c, dt));
+  };
+  d.kernel = [](KernelCtx& c) {
+    c.set_out(0, run_conv(c.node(), c.in(0), c.in(1), c.has_in(2) ? &c.in(2) : nullptr, c.in(0).dtype()));
+  };
+  return d;
+}
+
+// Integer input minus its zero point (scalar, or per leading-dim slice for the weights).
+std::vector<double> shifted(const Tensor& x, const Tensor* zp) {
+  std::vector<double> v = x.to_f64();
+  if (!zp) return v;
+  if (zp->dtype() != x.dtype()) fail("zero point dtype {} differs from input {}", dtype_name(zp->dtype()), dtype_name(x.dtype()));
+  if (zp->numel() == 1) {
+    const double z = zp->get_f(0);
+    for (double& e : v) e -= z;
+    return v;
+  }
+  if (zp->numel() != x.dim(0)) fail("zero point has {} values, expected 1 or {}", zp->numel(), x.dim(0));
+  const int64_t per = x.numel() / std::max<int64_t>(x.dim(0), 1);
+  for (int64_t i = 0; i < x.numel(); ++i) v[i] -= zp->get_f(i / per);
+  return v;
+}
+
+OpDef conv_integer_def() {
+  OpDef d;
+  d.name = "ConvInteger";
+  d.min_inputs = 2;
+  d.max_inputs = 4;
+  d.since = 10;
+  d.attrs = kConvAttrs;
+  d.cost = conv_cost;
+  d.infer = [](InferCtx& c) {
+    for (int i : {0, 1})
+      if (c.in(i).dtype != DType::u8 && c.in(i).dtype != DType::i8)
+        fail("ConvInteger input {} must be uint8 or int8", i);
+    c.set_out(0, infer_conv_type(c, DType::i32));
+  };
+  d.kernel = [](KernelCtx& c) {
+    if (c.has_in(2) && c.in(2).numel() != 1) fail("ConvInteger x_zero_point must be a scalar");
+    const std::vector<double> xv = shifted(c.in(0), c.has_in(2) ? &c.in(2) : nullptr);
+    const std::vector<double> wv = shifted(c.in(1), c.has_in(3) ? &c.in(3) : nullptr);
+    c.set_out(0, run_conv(c.node(), c.in(0), c.in(1), nullptr, DType::i32, &xv, &wv));
+  };
+  return d;
+}
+
+// ---- ConvTranspose ------------------------------------------------------------------------------
+
+// Geometry of a transposed conv: `w.in` is the input grid, `w.out` the produced image extents.
+Window transpose_window(const Node& n, const Shape& in_spatial, const std::vector<int64_t>& k) {
+  Window w;
+  w.nd = static_cast<int>(in_spatial.size());
+  w.k = k;
+  w.in = in_spatial;
+  w.s = ints_or(n, "strides", w.nd, 1);
+  w.d = ints_or(n, "dilations", w.nd, 1);
+  std::vector<int64_t> op = ints_or(n, "output_padding", w.nd, 0);
+  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(static_cast<size_t>(2 * w.nd), 0));
+  if (static_cast<int>(pads.size()) != 2 * w.nd) fail("pads has {} values, expected {}", pads.size(), 2 * w.nd);
+  w.pb.assign(pads.begin(), pads.begin() + w.nd);
+  w.pe.assign(pads.begin() + w.nd, pads.end());
+  const std::string ap = n.attr_s("auto_pad", "NOTSET");
+  if (ap != "NOTSET" && ap != "SAME_UPPER" && ap != "SAME_LOWER" && ap != "VALID") fail("bad auto_pad '{}'", ap);
+  std::vector<int64_t> oshape;
+  if (n.has_attr("output_shape")) {
+    oshape = n.attr_ints("output_shape");
+    // output_shape may list all dims or just the spatial ones.
+    if (static_cast<int>(oshape.size()) == w.nd + 2) oshape.erase(oshape.begin(), oshape.begin() + 2);
+    if (static_cast<int>(oshape.size()) != w.nd) fail("output_shape has {} values, expected {}", oshape.size(), w.nd);
+  }
+  w.out.assign(static_cast<size_t>(w.nd), kUnknownDim);
+  for (int i = 0; i < w.nd; ++i) {
+    if (w.s[i] < 1 || w.d[i] < 1 || w.k[i] < 1) fail("strides, dilations and kernel extents must be >= 1");
+    if (w.in[i] == kUnknownDim) continue;
+    const int64_t full = w.s[i] * (w.in[i] - 1) + op[i] + w.eff(i);
+    if (ap == "VALID") w.pb[i] = w.pe[i] = 0;
+    int64_t target = -1;
+    if (!oshape.empty()) target = oshape[i];
+    else if (ap == "SAME_UPPER" || ap == "SAME_LOWER") target = w.in[i] * w.s[i];
+    if (target >= 0) {
+      // A target beyond the full output gives negative pads: extra output at the edges.
+      const int64_t total = full - target;
+      const int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);  // floor division
+      if (ap == "SAME_UPPER") {
+        w.pb[i] = half;
+        w.pe[i] = total - half;
+      } else {
+        w.pb[i] = total - half;
+        w.pe[i] = half;
+      }
+    }
+    w.out[i] = full - w.pb[i] - w.pe[i];
+    if (w.out[i] < 0) fail("ConvTranspose output extent is negative");
+  }
+  return w;
+}
+
+OpDef conv_transpose_def() {
+  OpDef d;
+  d.name = "ConvTranspose";
+  d.min_inputs = 2;
+  d.max_inputs = 3;
+  d.since = 1;
+  d.attrs = kConvAttrs;
+  d.attrs.push_back({"output_padding", AttrKind::ints});
+  d.attrs.push_back({"output_shape", AttrKind::ints});
+  d.infer = [](InferCtx& c) {
+    const Shape& x = c.in(0).shape;
+    const Shape& wt = c.in(1).shape;
+    const int64_t group = c.node().attr_i("group", 1);
+    check_conv_operands(x, wt, group);
+    const DType dt = c.in(0).dtype;
+    if (!is_float(dt) || c.in(1).dtype != dt) fail("ConvTranspose needs float operands of one dtype");
+    if (x[1] != kUnknownDim && wt[0] != kUnknownDim && x[1] != wt[0])
+      fail("ConvTranspose input has {} channels but W has {}", x[1], wt[0]);
+    const int nd = static_cast<int>(x.size()) - 2;
+    std::vector<int64_t> k = conv_kernel(c.node(), wt, nd);
+    for (int64_t v : k)
+      if (v == kUnknownDim) unsupported("ConvTranspose with an unknown kernel extent");
+    Window w = transpose_window(c.node(), spatial_of(x), k);
+    Shape out = {x[0], wt[1] == kUnknownDim ? kUnknownDim : wt[1] * group};
+    out.insert(out.end(), w.out.begin(), w.out.end());
+    c.set_out(0, {dt, out});
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const Tensor& wt = c.in(1);
+    const int64_t group = c.node().attr_i("group", 1);
+    check_conv_operands(x.shape(), wt.shape(), group);
+    const int nd = x.rank() - 2;
+    const int64_t batch = x.dim(0), c_in = x.dim(1), mg = wt.dim(1), m_out = mg * group;
+    if (c_in != wt.dim(0) || c_in % group != 0) fail("ConvTranspose channel mismatch");
+    const int64_t cg = c_in / group;
+    Window w = transpose_window(c.node(), spatial_of(x.shape()), conv_kernel(c.node(), wt.shape(), nd));
+    const int64_t kp = prod(w.k), ip = prod(w.in), op = prod(w.out);
+    const std::vector<double> xv = x.to_f64(), wv = wt.to_f64();
+    std::vector<double> bv(static_cast<size_t>(m_out), 0.0);
+    if (c.has_in(2)) {
+      if (c.in(2).numel() != m_out) fail("ConvTranspose bias must have {} values", m_out);
+      bv = c.in(2).to_f64();
+    }
+    Shape oshape = {batch, m_out};
+    oshape.insert(oshape.end(), w.out.begin(), w.out.end());
+    std::vector<double> yv(static_cast<size_t>(shape_numel(oshape)));
+    std::vector<double> col(static_cast<size_t>(ip));
+    for (int64_t t = 0; t < kp; ++t) {
+      const std::vector<int64_t> kt = unflatten(t, w.k);
+      for (int64_t n = 0; n < batch; ++n)
+        for (int64_t g = 0; g < group; ++g)
+          for (int64_t m = 0; m < mg; ++m) {
+            // col[i] = sum_c x[n, c, i] * w[c, m, tap], scattered to the tap's output positions.
+            std::fill(col.begin(), col.end(), 0.0);
+            for (int64_t ci = 0; ci < cg; ++ci) {
+              const int64_t ch = g * cg + ci;
+              const double wk = wv[(ch * mg + m) * kp + t];
+              if (wk == 0.0) continue;
+              const double* xr = xv.data() + (n * c_in + ch) * ip;
+              for (int64_t i = 0; i < ip; ++i) col[i] += wk * xr[i];
+            }
+            double* yr = yv.data() + (n * m_out + g * mg + m) * op;
+            for_each_tap(w.in, w.out, w, kt, [&](int64_t i, int64_t o, bool) {
+              if (o >= 0) yr[o] += col[i];
+            });
+          }
+    }
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t m = 0; m < m_out; ++m)
+        for (int64_t o = 0; o < op; ++o) yv[(n * m_out + m) * op + o] += bv[m];
+    c.set_out(0, Tensor::from_f64(x.dtype(), oshape, yv));
+  };
+  return d;
+}
+
+// ---- Col2Im -------------------------------------------------------------------------------------
+
+OpDef col2im_def() {
+  OpDef d;
+  d.name = "Col2Im";
+  d.min_inputs = d.max_inputs = 3;
+  d.since = 18;
+  d.attrs = {{"dilations", AttrKind::ints}, {"pads", AttrKind::ints}, {"strides", AttrKind::ints}};
+  d.infer = [](InferCtx& c) {
+    const Shape& x = c.in(0).shape;
+    if (x.size() != 3) fail("Col2Im input must be [N, C*prod(block), L], got {}", shape_str(x));
+    auto img = known_ints(c, 1);
+    auto blk = known_ints(c, 2);
+    if (!img || !blk) {
+      const int64_t nd = c.in(1).shape.empty() ? kUnknownDim : c.in(1).shape[0];
+      if (nd == kUnknownDim) unsupported("Col2Im with an image_shape of unknown length");
+      Shape out = {x[0], kUnknownDim};
+      out.resize(static_cast<size_t>(2 + nd), kUnknownDim);
+      c.set_out(0, {c.in(0).dtype, out});
+      return;
+    }
+    if (img->size() != blk->size()) fail("Col2Im image_shape and block_shape lengths differ");
+    const int64_t kp = prod(*blk);
+    if (kp <= 0) fail("Col2Im block_shape must be positive");
+    if (x[1] != kUnknownDim && x[1] % kp != 0) fail("Col2Im input dim 1 ({}) is not a multiple of {}", x[1], kp);
+    Shape out = {x[0], x[1] == kUnknownDim ? kUnknownDim : x[1] / kp};
+    out.insert(out.end(), img->begin(), img->end());
+    c.set_out(0, {c.in(0).dtype, out});
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const std::vector<int64_t> img = c.in(1).to_i64(), blk = c.in(2).to_i64();
+    if (x.rank() != 3 || img.size() != blk.size() || img.empty()) fail("Col2Im: bad operand shapes");
+    // The block grid is the forward window of a conv over the image.
+    Window w = forward_window(c.node(), Shape(img.begin(), img.end()), blk, false);
+    const int64_t kp = prod(blk), lp = prod(w.out), ip = prod(img);
+    if (x.dim(1) % kp != 0 || x.dim(2) != lp)
+      fail("Col2Im input {} does not match {} blocks of {} values", shape_str(x.shape()), lp, kp);
+    const int64_t batch = x.dim(0), ch = x.dim(1) / kp;
+    const std::vector<double> xv = x.to_f64();
+    Shape oshape = {batch, ch};
+    oshape.insert(oshape.end(), img.begin(), img.end());
+    std::vector<double> yv(static_cast<size_t>(shape_numel(oshape)));
+    for (int64_t t = 0; t < kp; ++t) {
+      const std::vector<int64_t> kt = unflatten(t, blk);
+      for (int64_t n = 0; n < batch; ++n)
+        for (int64_t cc = 0; cc < ch; ++cc) {
+          const double* xr = xv.data() + ((n * ch + cc) * kp + t) * lp;
+          double* yr = yv.data() + (n * ch + cc) * ip;
+          for_each_tap(w.out, w.in, w, kt, [&](int64_t l, int64_t o, bool) {
+            if (o >= 0) yr[o] += xr[l];
+          });
+        }
+    }
+    c.set_out(0, Tensor::from_f64(x.dtype(), oshape, yv));
+  };
+  return d;
+}
+
+// ---- Pools --------------------------------------------------------------------------------------
+
+enum class PoolKind { max, avg, lp };
+
+std::vector<int64_t> pool_kernel(const Node& n, int nd) {
+  std::vector<int64_t> k = n.attr_ints("kernel_shape");
+  if (static_cast<int>(k.size()) != nd) fail("kernel_shape has {} values, expected {}", k.size(), nd);
+  return k;
+}
+
+std::vector<AttrSpec> pool_attrs(PoolKind kind) {
+  std::vector<AttrSpec> a = {{"auto_pad", AttrKind::s},       {"ceil_mode", AttrKind::i},
+                             {"dilations", AttrKind::ints},   {"kernel_shape", AttrKind::ints, true},
+                             {"pads", AttrKind::ints},        {"strides", AttrKind::ints}};
+  if (kind == PoolKind::max) a.push_back({"storage_order", AttrKind::i});
+  if (kind == PoolKind::avg) a.push_back({"count_include_pad", AttrKind::i});
+  if (kind == PoolKind::lp) a.push_back({"p", AttrKind::i});
+  return a;
+}
+
+OpDef pool_def(const std::string& name, PoolKind kind, int since) {
+  OpDef d;
+  d.name = name;
+  d.since = since;
+  d.max_outputs = kind == PoolKind::max ? 2 : 1;
+  d.attrs = pool_attrs(kind);
+  d.fusion = FusionKind::reduction;
+  d.infer = [kind](InferCtx& c) {
+    const TensorType& x = c.in(0);
+    if (x.shape.size() < 3) fail("pool input must have rank >= 3, got {}", shape_str(x.shape));
+    const bool int_ok = kind == PoolKind::max && (x.dtype == DType::u8 || x.dtype == DType::i8);
+    if (!is_float(x.dtype) && !int_ok) fail("pooling on {} is not allowed", dtype_name(x.dtype));
+    const int nd = static_cast<int>(x.shape.size()) - 2;
+    Window w = forward_window(c.node(), spatial_of(x.shape), pool_kernel(c.node(), nd),
+                              c.node().attr_i("ceil_mode", 0) != 0);
+    Shape out = {x.shape[0], x.shape[1]};
+    out.insert(out.end(), w.out.begin(), w.out.end());
+    c.set_out(0, {x.dtype, out});
+    if (c.num_outputs() > 1 && c.node().outputs[1]) c.set_out(1, {DType::i64, out});
+  };
+  d.kernel = [kind](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const int nd = x.rank() - 2;
+    if (nd < 1) fail("pool input must have rank >= 3");
+    Window w = forward_window(c.node(), spatial_of(x.shape()), pool_kernel(c.node(), nd),
+                              c.node().attr_i("ceil_mode", 0) != 0);
+    const int64_t planes = x.dim(0) * x.dim(1), ip = prod(w.in), op = prod(w.out), kp = prod(w.k);
+    const bool include_pad = c.node().attr_i("count_include_pad", 0) != 0;
+    const int64_t p = c.node().attr_i("p", 2);
+    const bool col_major = c.node().attr_i("storage_order", 0) != 0;
+    if (kind == PoolKind::lp && p <= 0) fail("LpPool p must be positive, got {}", p);
+    Shape oshape = {x.dim(0), x.dim(1)};
+    oshape.insert(oshape.end(), w.out.begin(), w.out.end());
+    const std::vector<double> xv = x.to_f64();
+    const int64_t on = planes * op;
+    std::vector<double> acc(static_cast<size_t>(on), kind == PoolKind::max ? -INFINITY : 0.0);
+    std::vector<int64_t> cnt(static_cast<size_t>(on), 0), arg(static_cast<size_t>(on), -1);
+    // Column-major flat positions for storage_order = 1.
+    std::vector<int64_t> cm_of;
+    if (kind == PoolKind::max && col_major && c.wants_out(1)) {
+      cm_of.resize(static_cast<size_t>(ip));
+      const std::vector<int64_t> rm = strides_of(w.in);
+      for (int64_t i = 0; i < ip; ++i) {
+        int64_t rest = i, cmi = 0, cs = 1;
+        for (int dd = 0; dd < nd; ++dd) {
+          const int64_t coord = rest / rm[dd];
+          rest %= rm[dd];
+          cmi += coord * cs;
+          cs *= w.in[dd];
+        }
+        cm_of[i] = cmi;
+      }
+    }
+    for (int64_t t = 0; t < kp; ++t) {
+      const std::vector<int64_t> kt = unflatten(t, w.k);
+      for (int64_t pl = 0; pl < planes; ++pl) {
+        const double* xr = xv.data() + pl * ip;
+        double* ar = acc.data() + pl * op;
+        int64_t* cr = cnt.data() + pl * op;
+        int64_t* gr = arg.data() + pl * op;
+        for_each_tap(w.out, w.in, w, kt, [&](int64_t o, int64_t i, bool in_pad) {
+          if (i < 0) {
+            if (in_pad && include_pad) ++cr[o];
+            return;
+          }
+          const double v = xr[i];
+          switch (kind) {
+            case PoolKind::max:
+              if (v > ar[o] || gr[o] < 0) {
+                ar[o] = v;
+                gr[o] = i;
+              }
+              break;
+            case PoolKind::avg:
+              ar[o] += v;
+              ++cr[o];
+              break;
+            case PoolKind::lp:
+              ar[o] += std::pow(std::fabs(v), static_cast<double>(p));
+              break;
+          }
+        });
+      }
+    }
+    for (int64_t o = 0; o < on; ++o) {
+      if (kind == PoolKind::avg) acc[o] = cnt[o] > 0 ? acc[o] / static_cast<double>(cnt[o]) : NAN;
+      if (kind == PoolKind::lp) acc[o] = std::pow(acc[o], 1.0 / static_cast<double>(p));
+    }
+    if (is_float(x.dtype())) {
+      c.set_out(0, Tensor::from_f64(x.dtype(), oshape, acc));
+    } else {
+      std::vector<int64_t> iv(acc.size());
+      for (size_t i = 0; i < acc.size(); ++i) iv[i] = static_cast<int64_t>(acc[i]);
+      c.set_out(0, Tensor::from_i64(x.dtype(), oshape, iv));
+    }
+    if (kind == PoolKind::max && c.wants_out(1)) {
+      std::vector<int64_t> idx(static_cast<size_t>(on));
+      for (int64_t o = 0; o < on; ++o) {
+        const int64_t pl = o / std::max<int64_t>(op, 1);
+        const int64_t local = arg[o] < 0 ? 0 : (col_major ? cm_of[arg[o]] : arg[o]);
+        idx[o] = pl * ip + local;
+      }
+      c.set_out(1, Tensor::from_i64(DType::i64, oshape, idx));
+    }
+  };
+  return d;
+}
+
+OpDef global_pool_def(const std::string& name, bool is_max) {
+  OpDef d;
+  d.name = name;
+  d.since = 1;
+  d.fusion = FusionKind::reduction;
+  d.infer = [](InferCtx& c) {
+    const TensorType& x = c.in(0);
+    if (x.shape.size() < 3) fail("global pool input must have rank >= 3, got {}", shape_str(x.shape));
+    if (!is_float(x.dtype)) fail("global pooling needs a float input");
+    Shape out = {x.shape[0], x.shape[1]};
+    out.resize(x.shape.size(), 1);
+    c.set_out(0, {x.dtype, out});
+  };
+  d.kernel = [is_max](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    if (x.rank() < 3) fail("global pool input must have rank >= 3");
+    const int64_t planes = x.dim(0) * x.dim(1), ip = x.numel() / std::max<int64_t>(planes, 1);
+    Shape out = {x.dim(0), x.dim(1)};
+    out.resize(x.shape().size(), 1);
+    std::vector<double> r(static_cast<size_t>(planes));
+    if (x.dtype() == DType::f32) {
+      const float* p = x.data<float>();
+      for (int64_t pl = 0; pl < planes; ++pl) {
+        double a = is_max ? -INFINITY : 0.0;
+        for (int64_t i = 0; i < ip; ++i) a = is_max ? std::max(a, static_cast<double>(p[pl * ip + i])) : a + p[pl * ip + i];
+        r[pl] = is_max ? a : a / static_cast<double>(ip);
+      }
+    } else {
+      const std::vector<double> v = x.to_f64();
+      for (int64_t pl = 0; pl < planes; ++pl) {
+        double a = is_max ? -INFINITY : 0.0;
+        for (int64_t i = 0; i < ip; ++i) a = is_max ? std::max(a, v[pl * ip + i]) : a + v[pl * ip + i];
+        r[pl] = is_max ? a : a / static_cast<double>(ip);
+      }
+    }
+    c.set_out(0, Tensor::from_f64(x.dtype(), out, r));
+  };
+  return d;
+}
+
+// ---- MaxUnpool ----------------------------------------------------------------------------------
+
+Shape unpool_default_shape(const Node& n, const Shape& x) {
+  const int nd = static_cast<int>(x.size()) - 2;
+  std::vector<int64_t> k = pool_kernel(n, nd);
+  std::vector<int64_t> s = ints_or(n, "strides", nd, 1);
+  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(static_cast<size_t>(2 * nd), 0));
+  if (static_cast<int>(pads.size()) != 2 * nd) fail("pads has {} values, expected {}", pads.size(), 2 * nd);
+  Shape out = {x[0], x[1]};
+  for (int i = 0; i < nd; ++i)
+    out.push_back(x[i + 2] == kUnknownDim ? kUnknownDim : (x[i + 2] - 1) * s[i] + k[i] - pads[i] - pads[i + nd]);
+  return out;
+}
+
+OpDef max_unpool_def() {
+  OpDef d;
+  d.name = "MaxUnpool";
+  d.min_inputs = 2;
+  d.max_inputs = 3;
+  d.since = 9;
+  d.attrs = {{"kernel_shape", AttrKind::ints, true}, {"pads", AttrKind::ints}, {"strides", AttrKind::ints}};
+  d.infer = [](InferCtx& c) {
+    const TensorType& x = c.in(0);
+    if (x.shape.size() < 3) fail("MaxUnpool input must have rank >= 3");
+    if (c.in(1).dtype != DType::i64) fail("MaxUnpool indices must be int64");
+    if (c.has_in(2)) {
+      auto os = known_ints(c, 2);
+      if (os) {
+        if (os->size() != x.shape.size()) fail("MaxUnpool output_shape has {} values, expected {}", os->size(), x.shape.size());
+        c.set_out(0, {x.dtype, Shape(os->begin(), os->end())});
+      } else {
+        c.set_out(0, {x.dtype, Shape(x.shape.size(), kUnknownDim)});
+      }
+      return;
+    }
+    c.set_out(0, {x.dtype, unpool_default_shape(c.node(), x.shape)});
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const Tensor& ix = c.in(1);
+    if (x.rank() < 3) fail("MaxUnpool input must have rank >= 3");
+    if (ix.shape() != x.shape()) fail("MaxUnpool indices shape {} differs from X {}", shape_str(ix.shape()), shape_str(x.shape()));
+    Shape out;
+    if (c.has_in(2)) {
+      const std::vector<int64_t> os = c.in(2).to_i64();
+      out.assign(os.begin(), os.end());
+      if (out.size() != x.shape().size()) fail("MaxUnpool output_shape has the wrong length");
+    } else {
+      out = unpool_default_shape(c.node(), x.shape());
+    }
+    Tensor y(x.dtype(), out);
+    const std::vector<int64_t> idx = ix.to_i64();
+    // Indices are flat positions in a tensor of the default unpooled shape (MaxPool's output
+    // convention); an explicit output_shape keeps each element at the same coordinates.
+    const Shape dflt = unpool_default_shape(c.node(), x.shape());
+    const std::vector<int64_t> ds = strides_of(dflt), os = strides_of(out);
+    const int64_t dn = shape_numel(dflt);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      int64_t t = idx[i];
+      if (t < 0 || t >= dn) fail("MaxUnpool index {} out of range [0, {})", t, dn);
+      int64_t dst = 0;
+      for (size_t dd = 0; dd < dflt.size(); ++dd) {
+        const int64_t coord = t / ds[dd];
+        t %= ds[dd];
+        if (coord >= out[dd]) fail("MaxUnpool index {} falls outside output_shape {}", idx[i], shape_str(out));
+        dst += coord * os[dd];
+      }
+      if (is_float(x.dtype())) y.set_f(dst, x.get_f(i));
+      else y.set_i(dst, x.get_i(i));
+    }
+    c.set_out(0, std::move(y));
+  };
+  return d;
+}
+
+}  // namespace
+
+void register_conv_pool_ops(OpRegistry& r) {
+  r.add(conv_def());
+  r.add(conv_integer_def());
+  r.add(conv_transpose_def());
+  r.add(col2im_def());
+  r.add(pool_def("MaxPool", PoolKind::max, 1));
+  r.add(pool_def("AveragePool", PoolKind::avg, 7));
+  r.add(pool_def("LpPool", PoolKind::lp, 2));
+  r.add(global_pool_def("GlobalAveragePool", false));
+  r.add(global_pool_def("GlobalMaxPool", true));
+  r.add(max_unpool_def());
+}
 
 }  // namespace tessel

@@ -1,8 +1,578 @@
-// Op family: matmul (see docs/ops.md).
+// Op family: matrix products (MatMul, Gemm, MatMulInteger, Einsum) and Det, with a fast f32 path.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <string>
+
 #include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
 
 namespace tessel {
+namespace {
 
-void register_matmul_ops(OpRegistry& r) { (void)r; }
+// Wrapping integer arithmetic: ONNX integer matmuls overflow like C unsigned math.
+int64_t wrap_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+
+// C[m,n] = sum_k A[m,k] * B[k,n] for one matrix pair; f32 accumulates every output row in double
+// so the reference stays accurate for long K.
+void gemm_f32(const float* a, const float* b, float* c, int64_t m, int64_t k, int64_t n,
+              std::vector<double>& acc) {
+  acc.assign(static_cast<size_t>(n), 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    double* ap = acc.data();
+    for (int64_t p = 0; p < k; ++p) {
+      const double av = a[i * k + p];
+      if (av == 0.0) continue;
+      const float* bp = b + p * n;
+      for (int64_t j = 0; j < n; ++j) ap[j] += av * static_cast<double>(bp[j]);
+    }
+    for (int64_t j = 0; j < n; ++j) c[i * n + j] = static_cast<float>(ap[j]);
+  }
+}
+
+void gemm_f64(const double* a, const double* b, double* c, int64_t m, int64_t k, int64_t n) {
+  for (int64_t i = 0; i < m; ++i) {
+    double* cp = c + i * n;
+    std::fill(cp, cp + n, 0.0);
+    for (int64_t p = 0; p < k; ++p) {
+      const double av = a[i * k + p];
+      const double* bp = b + p * n;
+      for (int64_t j = 0; j < n; ++j) cp[j] += av * bp[j];
+    }
+  }
+}
+
+void gemm_i64(const int64_t* a, const int64_t* b, int64_t* c, int64_t m, int64_t k, int64_t n) {
+  for (int64_t i = 0; i < m; ++i) {
+    int64_t* cp = c + i * n;
+    std::fill(cp, cp + n, 0);
+    for (int64_t p = 0; p < k; ++p) {
+      const int64_t av = a[i * k + p];
+      const int64_t* bp = b + p * n;
+      for (int64_t j = 0; j < n; ++j) cp[j] = wrap_add(cp[j], wrap_mul(av, bp[j]));
+    }
+  }
+}
+
+// numpy matmul shape rule. Dims may be unknown; mismatched known K is an error.
+struct MatMulShape {
+  Shape out;          // final output shape
+  Shape batch;        // broadcast batch shape
+  Shape a_batch, b_batch;
+  int64_t m = 1, k = 1, n = 1;
+};
+
+MatMulShape matmul_shape(const Shape& a, const Shape& b) {
+  if (a.empty() || b.empty()) fail("MatMul operands must have rank >= 1, got {} and {}", shape_str(a), shape_str(b));
+  MatMulShape s;
+  Shape a2 = a, b2 = b;
+  const bool a1 = a.size() == 1, b1 = b.size() == 1;
+  if (a1) a2.insert(a2.begin(), 1);
+  if (b1) b2.push_back(1);
+  const int64_t ka = a2[a2.size() - 1], kb = b2[b2.size() - 2];
+  if (ka != kUnknownDim && kb != kUnknownDim && ka != kb)
+    fail("MatMul inner dimensions differ: {} and {}", shape_str(a), shape_str(b));
+  s.m = a2[a2.size() - 2];
+  s.k = ka != kUnknownDim ? ka : kb;
+  s.n = b2[b2.size() - 1];
+  s.a_batch.assign(a2.begin(), a2.end() - 2);
+  s.b_batch.assign(b2.begin(), b2.end() - 2);
+  // broadcast_shapes handles unknown dims conservatively only when both known; do it by hand.
+  const size_t r = std::max(s.a_batch.size(), s.b_batch.size());
+  s.batch.assign(r, 1);
+  for (size_t i = 0; i < r; ++i) {
+    const int64_t da = i + s.a_batch.size() >= r ? s.a_batch[i + s.a_batch.size() - r] : 1;
+    const int64_t db = i + s.b_batch.size() >= r ? s.b_batch[i + s.b_batch.size() - r] : 1;
+    if (da == 1) s.batch[i] = db;
+    else if (db == 1) s.batch[i] = da;
+    else if (da == kUnknownDim) s.batch[i] = db;
+    else if (db == kUnknownDim || da == db) s.batch[i] = da;
+    else fail("MatMul batch dimensions do not broadcast: {} and {}", shape_str(a), shape_str(b));
+  }
+  s.out = s.batch;
+  if (!a1) s.out.push_back(s.m);
+  if (!b1) s.out.push_back(s.n);
+  return s;
+}
+
+bool is_matmul_dtype(DType t) {
+  return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16 || is_int(t);
+}
+
+// Batched matmul with numpy semantics; the output dtype is `out_dt`. Integer inputs are offset by
+// the zero points (already expanded to full-size vectors along M and N) for MatMulInteger.
+Tensor batched_matmul(const Tensor& a, const Tensor& b, DType out_dt) {
+  MatMulShape s = matmul_shape(a.shape(), b.shape());
+  Tensor out(out_dt, s.out);
+  const int64_t m = s.m, k = s.k, n = s.n;
+  const std::vector<int64_t> ia = broadcast_index(s.a_batch, s.batch);
+  const std::vector<int64_t> ib = broadcast_index(s.b_batch, s.batch);
+  const int64_t nb = static_cast<int64_t>(ia.size());
+  if (a.dtype() == DType::f32 && b.dtype() == DType::f32 && out_dt == DType::f32) {
+    std::vector<double> acc;
+    for (int64_t t = 0; t < nb; ++t)
+      gemm_f32(a.data<float>() + ia[t] * m * k, b.data<float>() + ib[t] * k * n,
+               out.data<float>() + t * m * n, m, k, n, acc);
+    return out;
+  }
+  if (is_float(a.dtype())) {
+    const std::vector<double> av = a.to_f64(), bv = b.to_f64();
+    std::vector<double> ov(static_cast<size_t>(out.numel()));
+    for (int64_t t = 0; t < nb; ++t)
+      gemm_f64(av.data() + ia[t] * m * k, bv.data() + ib[t] * k * n, ov.data() + t * m * n, m, k, n);
+    return Tensor::from_f64(out_dt, s.out, ov);
+  }
+  const std::vector<int64_t> av = a.to_i64(), bv = b.to_i64();
+  std::vector<int64_t> ov(static_cast<size_t>(out.numel()));
+  for (int64_t t = 0; t < nb; ++t)
+    gemm_i64(av.data() + ia[t] * m * k, bv.data() + ib[t] * k * n, ov.data() + t * m * n, m, k, n);
+  return Tensor::from_i64(out_dt, s.out, ov);
+}
+
+Cost matmul_cost(const Node& n) {
+  Cost c;
+  if (!n.inputs[0] || !n.inputs[1] || !n.outputs[0]) return c;
+  const Shape& a = n.inputs[0]->type.shape;
+  const int64_t k = a.empty() ? 1 : a.back();
+  const int64_t outn = shape_numel(n.outputs[0]->type.shape);
+  c.flops = 2.0 * static_cast<double>(std::max<int64_t>(k, 1)) * static_cast<double>(std::max<int64_t>(outn, 0));
+  for (const Value* v : n.inputs)
+    if (v) c.bytes += std::max<int64_t>(shape_numel(v->type.shape), 0) * dtype_size(v->type.dtype);
+  c.bytes += std::max<int64_t>(outn, 0) * dtype_size(n.outputs[0]->type.dtype);
+  return c;
+}
+
+OpDef matmul_def() {
+  OpDef d;
+  d.name = "MatMul";
+  d.min_inputs = d.max_inputs = 2;
+  d.since = 1;
+  d.fusion = FusionKind::matmul;
+  d.cost = matmul_cost;
+  d.infer = [](InferCtx& c) {
+    const TensorType& a = c.in(0);
+    const TensorType& b = c.in(1);
+    if (a.dtype != b.dtype) fail("MatMul operands have different dtypes {} and {}", dtype_name(a.dtype), dtype_name(b.dtype));
+    if (!is_matmul_dtype(a.dtype)) unsupported("MatMul on {}", dtype_name(a.dtype));
+    c.set_out(0, {a.dtype, matmul_shape(a.shape, b.shape).out});
+  };
+  d.kernel = [](KernelCtx& c) { c.set_out(0, batched_matmul(c.in(0), c.in(1), c.in(0).dtype())); };
+  return d;
+}
+
+// ---- Gemm ---------------------------------------------------------------------------------------
+
+OpDef gemm_def() {
+  OpDef d;
+  d.name = "Gemm";
+  d.min_inputs = 2;
+  d.max_inputs = 3;
+  d.since = 7;  // 7..13 only differ in allowed dtypes and C becoming optional (11)
+  d.fusion = FusionKind::matmul;
+  d.attrs = {{"alpha", AttrKind::f}, {"beta", AttrKind::f}, {"transA", AttrKind::i}, {"transB", AttrKind::i}};
+  d.infer = [](InferCtx& c) {
+    const TensorType& a = c.in(0);
+    const TensorType& b = c.in(1);
+    if (a.shape.size() != 2 || b.shape.size() != 2)
+      fail("Gemm operands must be 2-D, got {} and {}", shape_str(a.shape), shape_str(b.shape));
+    if (a.dtype != b.dtype) fail("Gemm operands have different dtypes");
+    if (!is_matmul_dtype(a.dtype)) unsupported("Gemm on {}", dtype_name(a.dtype));
+    const bool ta = c.node().attr_i("transA", 0) != 0, tb = c.node().attr_i("transB", 0) != 0;
+    const int64_t m = ta ? a.shape[1] : a.shape[0], ka = ta ? a.shape[0] : a.shape[1];
+    const int64_t kb = tb ? b.shape[1] : b.shape[0], n = tb ? b.shape[0] : b.shape[1];
+    if (ka != kUnknownDim && kb != kUnknownDim && ka != kb)
+      fail("Gemm inner dimensions differ: A {} B {}", shape_str(a.shape), shape_str(b.shape));
+    if (c.has_in(2)) {
+      const Shape& cs = c.in(2).shape;
+      if (cs.size() > 2) fail("Gemm C must have rank <= 2, got {}", shape_str(cs));
+      if (shape_known(cs) && m != kUnknownDim && n != kUnknownDim) broadcast_shapes(cs, {m, n});
+    }
+    c.set_out(0, {a.dtype, {m, n}});
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& a = c.in(0);
+    const Tensor& b = c.in(1);
+    const bool ta = c.node().attr_i("transA", 0) != 0, tb = c.node().attr_i("transB", 0) != 0;
+    const double alpha = c.node().attr_f("alpha", 1.0), beta = c.node().attr_f("beta", 1.0);
+    const int64_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1);
+    const int64_t n = tb ? b.dim(0) : b.dim(1);
+    if ((tb ? b.dim(1) : b.dim(0)) != k) fail("Gemm inner dimensions differ");
+    const DType dt = a.dtype();
+    Tensor out(dt, {m, n});
+    std::vector<int64_t> cidx;
+    if (c.has_in(2)) cidx = broadcast_index(c.in(2).shape(), {m, n});
+    if (dt == DType::f32) {
+      // Transpose into contiguous row-major copies so the fast kernel applies.
+      const float* ap = a.data<float>();
+      const float* bp = b.data<float>();
+      std::vector<float> at, bt;
+      if (ta) {
+        at.resize(static_cast<size_t>(m * k));
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t p = 0; p < k; ++p) at[i * k + p] = ap[p * m + i];
+        ap = at.data();
+      }
+      if (tb) {
+        bt.resize(static_cast<size_t>(k * n));
+        for (int64_t p = 0; p < k; ++p)
+          for (int64_t j = 0; j < n; ++j) bt[p * n + j] = bp[j * k + p];
+        bp = bt.data();
+      }
+      std::vector<float> prod(static_cast<size_t>(m * n));
+      std::vector<double> acc;
+      gemm_f32(ap, bp, prod.data(), m, k, n, acc);
+      float* o = out.data<float>();
+      if (c.has_in(2) && c.in(2).dtype() != DType::f32) fail("Gemm C dtype differs from A");
+      const float* cv = c.has_in(2) ? c.in(2).data<float>() : nullptr;
+      for (int64_t i = 0; i < m * n; ++i) {
+        double v = alpha * static_cast<double>(prod[i]);
+        if (cv) v += beta * static_cast<double>(cv[cidx[i]]);
+        o[i] = static_cast<float>(v);
+      }
+      c.set_out(0, std::move(out));
+      return;
+    }
+    const bool fl = is_float(dt);
+    const std::vector<double> af = fl ? a.to_f64() : std::vector<double>{};
+    const std::vector<double> bf = fl ? b.to_f64() : std::vector<double>{};
+    const std::vector<int64_t> ai = fl ? std::vector<int64_t>{} : a.to_i64();
+    const std::vector<int64_t> bi = fl ? std::vector<int64_t>{} : b.to_i64();
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        if (fl) {
+          double s = 0;
+          for (int64_t p = 0; p < k; ++p)
+            s += af[ta ? p * m + i : i * k + p] * bf[tb ? j * k + p : p * n + j];
+          s *= alpha;
+          if (c.has_in(2)) s += beta * c.in(2).get_f(cidx[i * n + j]);
+          out.set_f(i * n + j, s);
+        } else {
+          int64_t s = 0;
+          for (int64_t p = 0; p < k; ++p)
+            s = wrap_add(s, wrap_mul(ai[ta ? p * m + i : i * k + p], bi[tb ? j * k + p : p * n + j]));
+          double v = alpha * static_cast<double>(s);
+          if (c.has_in(2)) v += beta * static_cast<double>(c.in(2).get_i(cidx[i * n + j]));
+          out.set_i(i * n + j, static_cast<int64_t>(v));
+        }
+      }
+    c.set_out(0, std::move(out));
+  };
+  return d;
+}
+
+// ---- MatMulInteger ------------------------------------------------------------------------------
+
+OpDef matmul_integer_def() {
+  OpDef d;
+  d.name = "MatMulInteger";
+  d.min_inputs = 2;
+  d.max_inputs = 4;
+  d.since = 10;
+  d.fusion = FusionKind::matmul;
+  d.cost = matmul_cost;
+  d.infer = [](InferCtx& c) {
+    for (int i : {0, 1})
+      if (c.in(i).dtype != DType::u8 && c.in(i).dtype != DType::i8)
+        fail("MatMulInteger input {} must be uint8 or int8, got {}", i, dtype_name(c.in(i).dtype));
+    c.set_out(0, {DType::i32, matmul_shape(c.in(0).shape, c.in(1).shape).out});
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& a = c.in(0);
+    const Tensor& b = c.in(1);
+    MatMulShape s = matmul_shape(a.shape(), b.shape());
+    // Subtract the zero points into int64 copies; a's zero point is scalar or per row (M),
+    // b's is scalar or per column (N).
+    auto shifted = [&](const Tensor& x, int zp_in, bool per_row) {
+      std::vector<int64_t> v = x.to_i64();
+      if (!c.has_in(zp_in)) return v;
+      const Tensor& zp = c.in(zp_in);
+      if (zp.dtype() != x.dtype()) fail("zero point dtype differs from its input");
+      const int64_t inner = x.rank() >= 1 ? x.dim(x.rank() - 1) : 1;
+      const int64_t rows = x.rank() >= 2 ? x.dim(x.rank() - 2) : 1;
+      const int64_t along = per_row ? rows : inner;
+      if (zp.numel() != 1 && zp.numel() != along)
+        fail("zero point has {} elements, expected 1 or {}", zp.numel(), along);
+      for (size_t i = 0; i < v.size(); ++i) {
+        int64_t idx = 0;
+        if (zp.numel() != 1) {
+          const int64_t pos = static_cast<int64_t>(i);
+          idx = per_row ? (pos / inner) % rows : pos % inner;
+        }
+        v[i] -= zp.get_i(idx);
+      }
+      return v;
+    };
+    const bool a1 = a.rank() == 1;
+    const std::vector<int64_t> av = shifted(a, 2, !a1);
+    const std::vector<int64_t> bv = shifted(b, 3, false);
+    const std::vector<int64_t> ia = broadcast_index(s.a_batch, s.batch);
+    const std::vector<int64_t> ib = broadcast_index(s.b_batch, s.batch);
+    std::vector<int64_t> ov(static_cast<size_t>(shape_numel(s.out)));
+    for (size_t t = 0; t < ia.size(); ++t)
+      gemm_i64(av.data() + ia[t] * s.m * s.k, bv.data() + ib[t] * s.k * s.n, ov.data() + t * s.m * s.n,
+               s.m, s.k, s.n);
+    c.set_out(0, Tensor::from_i64(DType::i32, s.out, ov));
+  };
+  return d;
+}
+
+// ---- Einsum -------------------------------------------------------------------------------------
+
+// A parsed equation. Labels are letters; the ellipsis becomes the pseudo-labels 256.. (one per
+// broadcast dim, right-aligned across operands).
+struct EinsumPlan {
+  std::vector<std::vector<int>> in_labels;  // per input, one label per dim
+  std::vector<int> out_labels;
+  std::map<int, int64_t> size;              // label -> extent
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts(1);
+  for (char ch : s) {
+    if (ch == sep) parts.emplace_back();
+    else parts.back() += ch;
+  }
+  return parts;
+}
+
+EinsumPlan plan_einsum(const std::string& eq_raw, const std::vector<Shape>& shapes) {
+  std::string eq;
+  for (char ch : eq_raw)
+    if (ch != ' ') eq += ch;
+  std::string lhs = eq, rhs;
+  const bool explicit_out = eq.find("->") != std::string::npos;
+  if (explicit_out) {
+    lhs = eq.substr(0, eq.find("->"));
+    rhs = eq.substr(eq.find("->") + 2);
+  }
+  std::vector<std::string> terms = split(lhs, ',');
+  if (terms.size() != shapes.size())
+    fail("Einsum equation '{}' has {} operands but {} inputs were given", eq_raw, terms.size(), shapes.size());
+  EinsumPlan p;
+  // Parse each term into letters with an optional ellipsis marker (-1).
+  auto parse = [&](const std::string& t) {
+    std::vector<int> out;
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (t[i] == '.') {
+        if (t.compare(i, 3, "...") != 0) fail("Einsum: bad ellipsis in '{}'", eq_raw);
+        for (int x : out)
+          if (x == -1) fail("Einsum: two ellipses in one term of '{}'", eq_raw);
+        out.push_back(-1);
+        i += 2;
+      } else if (std::isalpha(static_cast<unsigned char>(t[i]))) {
+        out.push_back(static_cast<unsigned char>(t[i]));
+      } else {
+        fail("Einsum: unexpected character '{}' in '{}'", t[i], eq_raw);
+      }
+    }
+    return out;
+  };
+  int ell_rank = 0;
+  std::vector<std::vector<int>> raw(terms.size());
+  for (size_t i = 0; i < terms.size(); ++i) {
+    raw[i] = parse(terms[i]);
+    const bool has_ell = std::count(raw[i].begin(), raw[i].end(), -1) > 0;
+    const int named = static_cast<int>(raw[i].size()) - (has_ell ? 1 : 0);
+    const int r = static_cast<int>(shapes[i].size());
+    if (has_ell ? r < named : r != named)
+      fail("Einsum operand {} has rank {} but term '{}' needs {}", i, r, terms[i], named);
+    if (has_ell) ell_rank = std::max(ell_rank, r - named);
+  }
+  std::map<int, int> count;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    const int r = static_cast<int>(shapes[i].size());
+    const int named = static_cast<int>(raw[i].size()) - (std::count(raw[i].begin(), raw[i].end(), -1) ? 1 : 0);
+    const int er = r - named;
+    std::vector<int> labels;
+    for (int x : raw[i]) {
+      if (x == -1) {
+        for (int e = 0; e < er; ++e) labels.push_back(256 + ell_rank - er + e);
+      } else {
+        labels.push_back(x);
+        ++count[x];
+      }
+    }
+    for (size_t dpos = 0; dpos < labels.size(); ++dpos) {
+      const int l = labels[dpos];
+      const int64_t ext = shapes[i][dpos];
+      auto it = p.size.find(l);
+      if (it == p.size.end()) {
+        p.size[l] = ext;
+      } else if (it->second != ext) {
+        if (l >= 256 && (it->second == 1 || ext == 1)) it->second = std::max(it->second, ext);
+        else fail("Einsum: label '{}' has extents {} and {}", l < 256 ? std::string(1, static_cast<char>(l)) : "...", it->second, ext);
+      }
+    }
+    p.in_labels.push_back(std::move(labels));
+  }
+  if (explicit_out) {
+    std::vector<int> o = parse(rhs);
+    for (int x : o) {
+      if (x == -1) {
+        for (int e = 0; e < ell_rank; ++e) p.out_labels.push_back(256 + e);
+      } else {
+        if (!p.size.count(x)) fail("Einsum: output label '{}' does not appear in the inputs", static_cast<char>(x));
+        if (std::count(o.begin(), o.end(), x) > 1) fail("Einsum: output label '{}' repeated", static_cast<char>(x));
+        p.out_labels.push_back(x);
+      }
+    }
+  } else {
+    for (int e = 0; e < ell_rank; ++e) p.out_labels.push_back(256 + e);
+    for (auto [l, n] : count)
+      if (n == 1) p.out_labels.push_back(l);  // std::map iterates letters alphabetically
+  }
+  for (int e = 0; e < ell_rank; ++e)
+    if (!p.size.count(256 + e)) p.size[256 + e] = 1;
+  return p;
+}
+
+OpDef einsum_def() {
+  OpDef d;
+  d.name = "Einsum";
+  d.min_inputs = 1;
+  d.max_inputs = -1;
+  d.since = 12;
+  d.attrs = {{"equation", AttrKind::s, true}};
+  d.infer = [](InferCtx& c) {
+    std::vector<Shape> shapes;
+    for (int i = 0; i < c.num_inputs(); ++i) {
+      if (c.in(i).dtype != c.in(0).dtype) fail("Einsum inputs have different dtypes");
+      shapes.push_back(c.in(i).shape);
+    }
+    EinsumPlan p = plan_einsum(c.node().attr_s("equation"), shapes);
+    Shape out;
+    for (int l : p.out_labels) out.push_back(p.size.at(l));
+    c.set_out(0, {c.in(0).dtype, out});
+  };
+  d.kernel = [](KernelCtx& c) {
+    std::vector<Shape> shapes;
+    for (int i = 0; i < c.num_inputs(); ++i) shapes.push_back(c.in(i).shape());
+    EinsumPlan p = plan_einsum(c.node().attr_s("equation"), shapes);
+    // Loop labels: output labels first, then the summed ones.
+    std::vector<int> loop = p.out_labels;
+    for (const auto& [l, ext] : p.size)
+      if (std::find(loop.begin(), loop.end(), l) == loop.end()) loop.push_back(l);
+    const size_t nl = loop.size(), ni = p.in_labels.size();
+    std::vector<int64_t> ext(nl);
+    for (size_t j = 0; j < nl; ++j) ext[j] = p.size.at(loop[j]);
+    // Per input, the element stride of each loop label (summed over repeated labels, which
+    // walks the diagonal; zero for broadcast ellipsis dims of extent 1).
+    std::vector<std::vector<int64_t>> st(ni, std::vector<int64_t>(nl, 0));
+    for (size_t i = 0; i < ni; ++i) {
+      const std::vector<int64_t> s = strides_of(shapes[i]);
+      for (size_t dpos = 0; dpos < p.in_labels[i].size(); ++dpos) {
+        if (shapes[i][dpos] == 1 && p.size.at(p.in_labels[i][dpos]) != 1) continue;
+        const size_t j = std::find(loop.begin(), loop.end(), p.in_labels[i][dpos]) - loop.begin();
+        st[i][j] += s[dpos];
+      }
+    }
+    Shape oshape;
+    for (int l : p.out_labels) oshape.push_back(p.size.at(l));
+    const int64_t onum = shape_numel(oshape);
+    const size_t no = p.out_labels.size();
+    int64_t inner = 1;
+    for (size_t j = no; j < nl; ++j) inner *= ext[j];
+    const bool fl = is_float(c.in(0).dtype());
+    std::vector<std::vector<double>> vf(ni);
+    std::vector<std::vector<int64_t>> vi(ni);
+    for (size_t i = 0; i < ni; ++i) {
+      if (fl) vf[i] = c.in(static_cast<int>(i)).to_f64();
+      else vi[i] = c.in(static_cast<int>(i)).to_i64();
+    }
+    std::vector<double> of(fl ? onum : 0);
+    std::vector<int64_t> oi(fl ? 0 : onum);
+    std::vector<int64_t> idx(nl, 0), off(ni, 0);
+    const int64_t total = onum * inner;
+    for (int64_t t = 0; t < total; ++t) {
+      const int64_t o = t / std::max<int64_t>(inner, 1);
+      if (fl) {
+        double v = 1;
+        for (size_t i = 0; i < ni; ++i) v *= vf[i][off[i]];
+        of[o] += v;
+      } else {
+        int64_t v = 1;
+        for (size_t i = 0; i < ni; ++i) v = wrap_mul(v, vi[i][off[i]]);
+        oi[o] = wrap_add(oi[o], v);
+      }
+      for (size_t j = nl; j-- > 0;) {
+        if (++idx[j] < ext[j]) {
+          for (size_t i = 0; i < ni; ++i) off[i] += st[i][j];
+          break;
+        }
+        for (size_t i = 0; i < ni; ++i) off[i] -= st[i][j] * (ext[j] - 1);
+        idx[j] = 0;
+      }
+    }
+    c.set_out(0, fl ? Tensor::from_f64(c.in(0).dtype(), oshape, of)
+                    : Tensor::from_i64(c.in(0).dtype(), oshape, oi));
+  };
+  return d;
+}
+
+// ---- Det ----------------------------------------------------------------------------------------
+
+OpDef det_def() {
+  OpDef d;
+  d.name = "Det";
+  d.since = 11;
+  d.infer = [](InferCtx& c) {
+    const TensorType& x = c.in(0);
+    if (!is_float(x.dtype)) fail("Det needs a float input, got {}", dtype_name(x.dtype));
+    if (x.shape.size() < 2) fail("Det needs rank >= 2, got {}", shape_str(x.shape));
+    const int64_t a = x.shape[x.shape.size() - 2], b = x.shape.back();
+    if (a != kUnknownDim && b != kUnknownDim && a != b) fail("Det needs square matrices, got {}", shape_str(x.shape));
+    c.set_out(0, {x.dtype, Shape(x.shape.begin(), x.shape.end() - 2)});
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const int64_t n = x.dim(x.rank() - 1);
+    const Shape os(x.shape().begin(), x.shape().end() - 2);
+    const std::vector<double> v = x.to_f64();
+    const int64_t nb = shape_numel(os);
+    std::vector<double> res(static_cast<size_t>(nb));
+    std::vector<double> a(static_cast<size_t>(n * n));
+    for (int64_t t = 0; t < nb; ++t) {
+      std::copy(v.begin() + t * n * n, v.begin() + (t + 1) * n * n, a.begin());
+      // LU decomposition with partial pivoting; the determinant is the signed pivot product.
+      double det = 1;
+      for (int64_t col = 0; col < n && det != 0; ++col) {
+        int64_t piv = col;
+        for (int64_t r = col + 1; r < n; ++r)
+          if (std::fabs(a[r * n + col]) > std::fabs(a[piv * n + col])) piv = r;
+        if (a[piv * n + col] == 0) { det = 0; break; }
+        if (piv != col) {
+          for (int64_t j = 0; j < n; ++j) std::swap(a[piv * n + j], a[col * n + j]);
+          det = -det;
+        }
+        const double pv = a[col * n + col];
+        det *= pv;
+        for (int64_t r = col + 1; r < n; ++r) {
+          const double f = a[r * n + col] / pv;
+          for (int64_t j = col; j < n; ++j) a[r * n + j] -= f * a[col * n + j];
+        }
+      }
+      res[t] = det;
+    }
+    c.set_out(0, Tensor::from_f64(x.dtype(), os, res));
+  };
+  return d;
+}
+
+}  // namespace
+
+void register_matmul_ops(OpRegistry& r) {
+  r.add(matmul_def());
+  r.add(gemm_def());
+  r.add(matmul_integer_def());
+  r.add(einsum_def());
+  r.add(det_def());
+}
 
 }  // namespace tessel
