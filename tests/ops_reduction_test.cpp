@@ -156,3 +156,28 @@ TEST(Normalization, BadInputFails) {
   EXPECT_THROW(run_op("LayerNormalization", {f32({2}, {1, 2}), f32({3}, {1, 1, 1})}, 1), Error);
   EXPECT_THROW(run_op("ReduceSum", {f32({2}, {1, 2}), i64({1}, {3})}, 1), Error);
 }
+
+TEST(Reduction, LegacyUpgrades) {
+  // ReduceMean-13 with an axes attribute becomes the axes-input form.
+  Graph g;
+  Value* x = g.add_input("x", TensorType{DType::f32, {2, 2}});
+  const OpDef* rm = OpRegistry::get().find("ReduceMean");
+  Node* n = g.add_node(rm, "n", {x}, {"y"}, {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
+  rm->upgrade(g, *n, 13);
+  g.outputs.push_back(n->outputs[0]);
+  infer_graph(g);
+  EXPECT_FALSE(n->has_attr("axes"));
+  auto y = run_eager(g, {f32({2, 2}, {1, 2, 3, 6})});
+  expect_near(y[0], {2, 4});
+
+  // Softmax-11 at axis 1 of a [1, 2, 2] input normalizes over the flattened trailing 4 values.
+  Graph g2;
+  Value* x2 = g2.add_input("x", TensorType{DType::f32, {1, 2, 2}});
+  const OpDef* sm = OpRegistry::get().find("Softmax");
+  Node* s = g2.add_node(sm, "s", {x2}, {"y"});
+  sm->upgrade(g2, *s, 11);
+  g2.outputs.push_back(s->outputs[0]);
+  infer_graph(g2);
+  auto z = run_eager(g2, {f32({1, 2, 2}, {0, 0, 0, 0})});
+  expect_near(z[0], {0.25, 0.25, 0.25, 0.25});
+}

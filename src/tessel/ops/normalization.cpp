@@ -210,11 +210,22 @@ OpDef batch_norm() {
   OpDef d;
   d.name = "BatchNormalization";
   d.min_inputs = d.max_inputs = 5;
-  d.max_outputs = 3;
-  d.since = 9;  // 9..15 agree in inference mode; training_mode (14) defaults to off
-  d.attrs = {{"epsilon", AttrKind::f}, {"momentum", AttrKind::f}, {"training_mode", AttrKind::i}};
+  d.max_outputs = 5;  // opsets < 14 list 5 outputs in training mode
+  d.since = 14;
+  d.attrs = {{"epsilon", AttrKind::f}, {"momentum", AttrKind::f}, {"training_mode", AttrKind::i},
+             {"spatial", AttrKind::i}};
+  d.upgrade = [](Graph&, Node& n, int opset) {
+    // Before 14, extra outputs meant training mode with a different output list; in inference
+    // mode opsets 7..13 agree with 14 (spatial=1 is per-channel statistics, the only form here).
+    if (opset < 7) unsupported("BatchNormalization before opset 7");
+    if (n.outputs.size() > 1) unsupported("training-mode BatchNormalization before opset 14");
+    if (n.attr_i("spatial", 1) != 1) unsupported("BatchNormalization with spatial=0");
+    n.attrs.erase("spatial");
+  };
   d.infer = [](InferCtx& ctx) {
     infer_nc(ctx);
+    if (ctx.node().has_attr("spatial")) fail("spatial is not an attribute at opset >= 9");
+    if (ctx.num_outputs() > 3) fail("has at most 3 outputs at opset >= 14");
     int64_t ch = ctx.in(0).shape[1];
     const char* names[] = {"", "scale", "B", "input_mean", "input_var"};
     for (int i = 1; i < 5; ++i) check_per_channel(ctx, i, ch, names[i]);
