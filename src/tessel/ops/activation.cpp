@@ -1,8 +1,180 @@
-// Op family: activation (see docs/ops.md).
+// Op family: activation functions (Relu, Sigmoid, Gelu, ...), pointwise over one input.
+#include <algorithm>
+#include <cmath>
+
 #include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
 
 namespace tessel {
+namespace {
 
-void register_activation_ops(OpRegistry& r) { (void)r; }
+// Builds the element function from the node's attributes (read once per kernel call).
+using MakeFn = std::function<UnaryF(const Node&)>;
+
+double sigmoid(double x) {
+  // Written so that exp never overflows.
+  if (x >= 0) return 1.0 / (1.0 + std::exp(-x));
+  double e = std::exp(x);
+  return e / (1.0 + e);
+}
+
+double softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
+
+// With `fi`, the op is also defined for signed integers and computes them exactly.
+OpDef activation(std::string name, int since, std::vector<AttrSpec> attrs, MakeFn make, UnaryI fi = nullptr) {
+  OpDef d;
+  d.name = std::move(name);
+  d.since = since;
+  d.attrs = std::move(attrs);
+  d.fusion = FusionKind::pointwise;
+  const bool ints_ok = static_cast<bool>(fi);
+  d.infer = [ints_ok](InferCtx& ctx) {
+    DType t = ctx.in(0).dtype;
+    if (!is_float(t) && !(ints_ok && is_signed_int(t)))
+      fail("{} is not defined for dtype {}", ctx.node().op_name(), dtype_name(t));
+    infer_same_as_input(ctx);
+  };
+  d.kernel = [make, fi](KernelCtx& c) { c.set_out(0, map_unary(c.in(0), make(c.node()), fi)); };
+  return d;
+}
+
+// An activation without attributes.
+OpDef plain(std::string name, int since, double (*f)(double), UnaryI fi = nullptr) {
+  UnaryF fn = f;
+  return activation(std::move(name), since, {}, [fn](const Node&) { return fn; }, std::move(fi));
+}
+
+Tensor prelu_kernel(const Tensor& x, const Tensor& slope) {
+  Tensor y(x.dtype(), x.shape());
+  const int64_t n = x.numel();
+  std::vector<int64_t> idx;
+  const bool same = slope.shape() == x.shape();
+  if (!same) idx = broadcast_index(slope.shape(), x.shape());
+  auto at = [&](int64_t i) { return same ? i : idx[i]; };
+  if (x.dtype() == DType::f32) {
+    const float* xp = x.data<float>();
+    const float* sp = slope.data<float>();
+    float* yp = y.data<float>();
+    for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] < 0 ? xp[i] * sp[at(i)] : xp[i];
+  } else if (is_float(x.dtype())) {
+    for (int64_t i = 0; i < n; ++i) {
+      double v = x.get_f(i);
+      y.set_f(i, v < 0 ? v * slope.get_f(at(i)) : v);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t v = x.get_i(i);
+      y.set_i(i, v < 0 ? static_cast<int64_t>(static_cast<uint64_t>(v) * static_cast<uint64_t>(slope.get_i(at(i)))) : v);
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
+void register_activation_ops(OpRegistry& r) {
+  using A = AttrSpec;
+  const auto F = AttrKind::f;
+  r.add(plain("Relu", 6, [](double x) { return x > 0 ? x : (std::isnan(x) ? x : 0.0); },
+              [](int64_t x) -> int64_t { return x > 0 ? x : 0; }));
+  r.add(plain("Tanh", 6, [](double x) { return std::tanh(x); }));
+  r.add(plain("Sigmoid", 6, sigmoid));
+  r.add(plain("Softplus", 1, softplus));
+  r.add(plain("Softsign", 1, [](double x) { return x / (1.0 + std::fabs(x)); }));
+  r.add(plain("HardSwish", 14, [](double x) { return x * std::max(0.0, std::min(1.0, x / 6.0 + 0.5)); }));
+  r.add(plain("Mish", 18, [](double x) { return x * std::tanh(softplus(x)); }));
+  r.add(activation("LeakyRelu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+    double a = n.attr_f("alpha", 0.01);
+    return [a](double x) { return x < 0 ? a * x : x; };
+  }));
+  r.add(activation("Elu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+    double a = n.attr_f("alpha", 1.0);
+    return [a](double x) { return x < 0 ? a * std::expm1(x) : x; };
+  }));
+  r.add(activation("Selu", 6, {A{"alpha", F}, A{"gamma", F}}, [](const Node& n) -> UnaryF {
+    double a = n.attr_f("alpha", 1.67326319217681884765625);
+    double g = n.attr_f("gamma", 1.05070102214813232421875);
+    return [a, g](double x) { return x > 0 ? g * x : g * a * std::expm1(x); };
+  }));
+  r.add(activation("Celu", 12, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+    double a = n.attr_f("alpha", 1.0);
+    if (a == 0) fail("Celu alpha must be non-zero");
+    return [a](double x) { return std::max(0.0, x) + std::min(0.0, a * std::expm1(x / a)); };
+  }));
+  r.add(activation("HardSigmoid", 6, {A{"alpha", F}, A{"beta", F}}, [](const Node& n) -> UnaryF {
+    double a = n.attr_f("alpha", 0.2), b = n.attr_f("beta", 0.5);
+    return [a, b](double x) { return std::max(0.0, std::min(1.0, a * x + b)); };
+  }));
+  r.add(activation("ThresholdedRelu", 10, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+    double a = n.attr_f("alpha", 1.0);
+    return [a](double x) { return x > a ? x : 0.0; };
+  }));
+  r.add(activation("Swish", 24, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+    double a = n.attr_f("alpha", 1.0);
+    return [a](double x) { return x * sigmoid(a * x); };
+  }));
+  {
+    OpDef d = activation("Gelu", 20, {A{"approximate", AttrKind::s}}, [](const Node& n) -> UnaryF {
+      std::string mode = n.attr_s("approximate", "none");
+      if (mode == "tanh") {
+        const double k = std::sqrt(2.0 / M_PI);
+        return [k](double x) { return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x))); };
+      }
+      if (mode != "none") fail("Gelu approximate must be 'none' or 'tanh', got '{}'", mode);
+      return [](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); };
+    });
+    r.add(std::move(d));
+  }
+  {
+    // Shrink is defined for every numeric type; integers go through double (exact below 2^53).
+    OpDef d = activation("Shrink", 9, {A{"bias", F}, A{"lambd", F}}, [](const Node& n) -> UnaryF {
+      double b = n.attr_f("bias", 0.0), l = n.attr_f("lambd", 0.5);
+      return [b, l](double x) { return x < -l ? x + b : x > l ? x - b : 0.0; };
+    });
+    d.infer = [](InferCtx& ctx) {
+      DType t = ctx.in(0).dtype;
+      if (!is_float(t) && !is_int(t)) fail("Shrink is not defined for dtype {}", dtype_name(t));
+      infer_same_as_input(ctx);
+    };
+    d.kernel = [](KernelCtx& c) {
+      const Node& n = c.node();
+      const double b = n.attr_f("bias", 0.0), l = n.attr_f("lambd", 0.5);
+      const Tensor& x = c.in(0);
+      Tensor y(x.dtype(), x.shape());
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        double v = x.get_f(i);
+        y.set_f(i, v < -l ? v + b : v > l ? v - b : 0.0);
+      }
+      c.set_out(0, std::move(y));
+    };
+    r.add(std::move(d));
+  }
+  {
+    OpDef d;
+    d.name = "PRelu";
+    d.since = 7;
+    d.min_inputs = d.max_inputs = 2;
+    d.fusion = FusionKind::pointwise;
+    d.infer = [](InferCtx& ctx) {
+      DType t = ctx.in(0).dtype;
+      if (!is_float(t) && !is_int(t)) fail("PRelu is not defined for dtype {}", dtype_name(t));
+      if (ctx.in(1).dtype != t)
+        fail("X and slope have different dtypes {} and {}", dtype_name(t), dtype_name(ctx.in(1).dtype));
+      // The slope broadcasts to X (unidirectionally): the result keeps X's shape.
+      Shape s = broadcast_shapes(ctx.in(0).shape, ctx.in(1).shape);
+      if (s.size() != ctx.in(0).shape.size()) fail("slope {} has a higher rank than X {}", shape_str(ctx.in(1).shape), shape_str(ctx.in(0).shape));
+      for (size_t i = 0; i < s.size(); ++i)
+        if (ctx.in(0).shape[i] >= 0 && s[i] >= 0 && s[i] != ctx.in(0).shape[i])
+          fail("slope {} does not broadcast to X {}", shape_str(ctx.in(1).shape), shape_str(ctx.in(0).shape));
+      infer_same_as_input(ctx);
+    };
+    d.kernel = [](KernelCtx& c) {
+      Shape s = broadcast_shapes(c.in(0).shape(), c.in(1).shape());
+      if (s != c.in(0).shape()) fail("slope {} does not broadcast to X {}", shape_str(c.in(1).shape()), shape_str(c.in(0).shape()));
+      c.set_out(0, prelu_kernel(c.in(0), c.in(1)));
+    };
+    r.add(std::move(d));
+  }
+}
 
 }  // namespace tessel

@@ -1,5 +1,9 @@
 // Op family: elementwise arithmetic, math functions, comparisons, logical and bitwise ops, casts.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
@@ -7,37 +11,844 @@
 namespace tessel {
 namespace {
 
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ---- dtype classes ---------------------------------------------------------------------------
+
+// How a kernel must read an element: get_i reinterprets u64 as int64, so unsigned types need
+// their own comparisons and division.
+enum class Cls { f, s, u };
+Cls cls_of(DType t) { return is_float(t) ? Cls::f : is_signed_int(t) ? Cls::s : Cls::u; }
+
+enum class Types { floats, signed_or_float, numeric, ints, unsigned_ints, boolean, any };
+
+bool types_ok(Types ts, DType t) {
+  switch (ts) {
+    case Types::floats: return is_float(t);
+    case Types::signed_or_float: return is_float(t) || is_signed_int(t);
+    case Types::numeric: return is_float(t) || is_int(t);
+    case Types::ints: return is_int(t);
+    case Types::unsigned_ints: return is_unsigned_int(t);
+    case Types::boolean: return is_bool(t);
+    case Types::any: return true;
+  }
+  return false;
+}
+
+void check_types(const InferCtx& ctx, Types ts, int input) {
+  DType t = ctx.in(input).dtype;
+  if (!types_ok(ts, t)) fail("{} is not defined for input {} of dtype {}", ctx.node().op_name(), input, dtype_name(t));
+}
+
+void check_same_dtype(const InferCtx& ctx) {
+  for (int i = 1; i < ctx.num_inputs(); ++i)
+    if (ctx.has_in(i) && ctx.in(i).dtype != ctx.in(0).dtype)
+      fail("operands have different dtypes {} and {}", dtype_name(ctx.in(0).dtype), dtype_name(ctx.in(i).dtype));
+}
+
+// ONNX TensorProto.DataType numbers; the ones tessel cannot hold map to nullopt.
+std::optional<DType> dtype_of_onnx(int64_t t) {
+  switch (t) {
+    case 1: return DType::f32;
+    case 2: return DType::u8;
+    case 3: return DType::i8;
+    case 4: return DType::u16;
+    case 5: return DType::i16;
+    case 6: return DType::i32;
+    case 7: return DType::i64;
+    case 9: return DType::boolean;
+    case 10: return DType::f16;
+    case 11: return DType::f64;
+    case 12: return DType::u32;
+    case 13: return DType::u64;
+    case 16: return DType::bf16;
+    case 17: return DType::f8e4m3fn;
+    case 18: return DType::f8e4m3fnuz;
+    case 19: return DType::f8e5m2;
+    case 20: return DType::f8e5m2fnuz;
+    case 21: return DType::u4;
+    case 22: return DType::i4;
+    case 23: return DType::f4e2m1;
+    default: return std::nullopt;
+  }
+}
+
+DType to_attr_dtype(const Node& n) {
+  int64_t to = n.attr_i("to");
+  auto dt = dtype_of_onnx(to);
+  if (!dt) {
+    if (to == 8) unsupported("string tensors are not supported");
+    if (to >= 1 && to <= 26) unsupported("ONNX data type {} is not supported", to);
+    fail("'to' = {} is not an ONNX data type", to);
+  }
+  return *dt;
+}
+
+// ---- broadcasting loops ----------------------------------------------------------------------
+
+// Calls f(out_index, a_index, b_index) over the numpy broadcast of shapes a and b into `out`.
+template <typename F>
+void for_each_bcast(const Shape& a, const Shape& b, const Shape& out, F&& f) {
+  const int64_t n = shape_numel(out);
+  if (a == out && b == out) {
+    for (int64_t i = 0; i < n; ++i) f(i, i, i);
+    return;
+  }
+  const std::vector<int64_t> ia = broadcast_index(a, out), ib = broadcast_index(b, out);
+  for (int64_t i = 0; i < n; ++i) f(i, ia[i], ib[i]);
+}
+
+uint64_t get_u(const Tensor& t, int64_t i) { return static_cast<uint64_t>(t.get_i(i)); }
+void set_u(Tensor& t, int64_t i, uint64_t v) { t.set_i(i, static_cast<int64_t>(v)); }
+
+// A binary kernel with separate element functions per dtype class. Output dtype defaults to a's.
+struct BinaryFns {
+  BinaryF f;                                       // floats, in double
+  std::function<int64_t(int64_t, int64_t)> s;      // signed ints
+  std::function<uint64_t(uint64_t, uint64_t)> u;   // unsigned ints and bool
+};
+
+Tensor apply_binary(const Tensor& a, const Tensor& b, const BinaryFns& fns) {
+  Shape s = broadcast_shapes(a.shape(), b.shape());
+  Tensor y(a.dtype(), s);
+  switch (cls_of(a.dtype())) {
+    case Cls::f:
+      if (!fns.f) fail("op is not defined for {}", dtype_name(a.dtype()));
+      if (a.dtype() == DType::f32) {
+        const float* ap = a.data<float>();
+        const float* bp = b.data<float>();
+        float* yp = y.data<float>();
+        for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
+          yp[i] = static_cast<float>(fns.f(ap[j], bp[k]));
+        });
+      } else {
+        for_each_bcast(a.shape(), b.shape(), s,
+                       [&](int64_t i, int64_t j, int64_t k) { y.set_f(i, fns.f(a.get_f(j), b.get_f(k))); });
+      }
+      break;
+    case Cls::s:
+      if (!fns.s) fail("op is not defined for {}", dtype_name(a.dtype()));
+      for_each_bcast(a.shape(), b.shape(), s,
+                     [&](int64_t i, int64_t j, int64_t k) { y.set_i(i, fns.s(a.get_i(j), b.get_i(k))); });
+      break;
+    case Cls::u:
+      if (!fns.u) fail("op is not defined for {}", dtype_name(a.dtype()));
+      for_each_bcast(a.shape(), b.shape(), s,
+                     [&](int64_t i, int64_t j, int64_t k) { set_u(y, i, fns.u(get_u(a, j), get_u(b, k))); });
+      break;
+  }
+  return y;
+}
+
 // Both operands of an arithmetic binary op share one dtype (ONNX has no implicit promotion).
 void infer_binary_same(InferCtx& ctx) {
-  if (ctx.in(0).dtype != ctx.in(1).dtype)
-    fail("operands have different dtypes {} and {}", dtype_name(ctx.in(0).dtype), dtype_name(ctx.in(1).dtype));
+  check_same_dtype(ctx);
   infer_broadcast(ctx);
 }
 
-OpDef binary(std::string name, int since, BinaryF f, BinaryI fi) {
+OpDef binary(std::string name, int since, Types ts, BinaryFns fns) {
   OpDef d;
   d.name = std::move(name);
   d.min_inputs = d.max_inputs = 2;
   d.since = since;
   d.fusion = FusionKind::pointwise;
-  d.infer = infer_binary_same;
-  d.kernel = [f, fi](KernelCtx& c) { c.set_out(0, map_binary(c.in(0), c.in(1), f, fi)); };
+  d.infer = [ts](InferCtx& ctx) {
+    check_types(ctx, ts, 0);
+    infer_binary_same(ctx);
+  };
+  d.kernel = [fns](KernelCtx& c) { c.set_out(0, apply_binary(c.in(0), c.in(1), fns)); };
   return d;
+}
+
+// Wrapping integer arithmetic: computed in uint64 so overflow is defined, then narrowed by set_i.
+int64_t wrap_add(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }
+int64_t wrap_sub(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b)); }
+int64_t wrap_mul(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }
+
+// ---- unary ops -------------------------------------------------------------------------------
+
+using UnaryKernel = std::function<Tensor(const Tensor&)>;
+
+OpDef unary(std::string name, int since, Types ts, UnaryKernel k, std::optional<DType> out = std::nullopt) {
+  OpDef d;
+  d.name = std::move(name);
+  d.since = since;
+  d.fusion = FusionKind::pointwise;
+  d.infer = [ts, out](InferCtx& ctx) {
+    check_types(ctx, ts, 0);
+    ctx.set_out(0, TensorType{out.value_or(ctx.in(0).dtype), ctx.in(0).shape});
+  };
+  d.kernel = [k](KernelCtx& c) { c.set_out(0, k(c.in(0))); };
+  return d;
+}
+
+// A float-only math function.
+OpDef unary_f(std::string name, int since, double (*f)(double)) {
+  UnaryF fn = f;
+  return unary(std::move(name), since, Types::floats, [fn](const Tensor& x) { return map_unary(x, fn); });
+}
+
+// Per-element function for each dtype class of one tensor.
+Tensor map_by_class(const Tensor& x, const UnaryF& f, const UnaryI& s, const std::function<uint64_t(uint64_t)>& u) {
+  switch (cls_of(x.dtype())) {
+    case Cls::f: return map_unary(x, f);
+    case Cls::s: return map_unary(x, f, s);
+    case Cls::u: {
+      Tensor y(x.dtype(), x.shape());
+      for (int64_t i = 0; i < x.numel(); ++i) set_u(y, i, u(get_u(x, i)));
+      return y;
+    }
+  }
+  return x;
+}
+
+double sign_f(double v) { return std::isnan(v) ? v : v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0; }
+double round_even(double v) { return std::nearbyint(v); }  // default rounding mode: ties to even
+double reciprocal(double v) { return 1.0 / v; }
+double neg_f(double v) { return -v; }
+double abs_f(double v) { return std::fabs(v); }
+
+void register_unary(OpRegistry& r) {
+  r.add(unary("Abs", 6, Types::numeric, [](const Tensor& x) {
+    return map_by_class(x, abs_f, [](int64_t v) { return v < 0 ? wrap_sub(0, v) : v; }, [](uint64_t v) { return v; });
+  }));
+  r.add(unary("Neg", 6, Types::signed_or_float, [](const Tensor& x) {
+    return map_unary(x, neg_f, [](int64_t v) { return wrap_sub(0, v); });
+  }));
+  r.add(unary("Sign", 9, Types::numeric, [](const Tensor& x) {
+    return map_by_class(x, sign_f, [](int64_t v) -> int64_t { return v > 0 ? 1 : v < 0 ? -1 : 0; },
+                        [](uint64_t v) -> uint64_t { return v != 0; });
+  }));
+  r.add(unary_f("Reciprocal", 6, reciprocal));
+  r.add(unary_f("Sqrt", 6, [](double v) { return std::sqrt(v); }));
+  r.add(unary_f("Exp", 6, [](double v) { return std::exp(v); }));
+  r.add(unary_f("Log", 6, [](double v) { return std::log(v); }));
+  r.add(unary_f("Ceil", 6, [](double v) { return std::ceil(v); }));
+  r.add(unary_f("Floor", 6, [](double v) { return std::floor(v); }));
+  r.add(unary_f("Round", 11, round_even));
+  r.add(unary_f("Sin", 7, [](double v) { return std::sin(v); }));
+  r.add(unary_f("Cos", 7, [](double v) { return std::cos(v); }));
+  r.add(unary_f("Tan", 7, [](double v) { return std::tan(v); }));
+  r.add(unary_f("Asin", 7, [](double v) { return std::asin(v); }));
+  r.add(unary_f("Acos", 7, [](double v) { return std::acos(v); }));
+  r.add(unary_f("Atan", 7, [](double v) { return std::atan(v); }));
+  r.add(unary_f("Sinh", 9, [](double v) { return std::sinh(v); }));
+  r.add(unary_f("Cosh", 9, [](double v) { return std::cosh(v); }));
+  r.add(unary_f("Asinh", 9, [](double v) { return std::asinh(v); }));
+  r.add(unary_f("Acosh", 9, [](double v) { return std::acosh(v); }));
+  r.add(unary_f("Atanh", 9, [](double v) { return std::atanh(v); }));
+  r.add(unary_f("Erf", 9, [](double v) { return std::erf(v); }));
+  r.add(unary("Not", 1, Types::boolean, [](const Tensor& x) {
+    Tensor y(DType::boolean, x.shape());
+    for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = x.bytes()[i] ? 0 : 1;
+    return y;
+  }));
+  r.add(unary("BitwiseNot", 18, Types::ints, [](const Tensor& x) {
+    Tensor y(x.dtype(), x.shape());
+    for (int64_t i = 0; i < x.numel(); ++i) y.set_i(i, ~x.get_i(i));  // set_i narrows to the width
+    return y;
+  }));
+  r.add(unary("IsNaN", 9, Types::floats, [](const Tensor& x) {
+    Tensor y(DType::boolean, x.shape());
+    for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = std::isnan(x.get_f(i));
+    return y;
+  }, DType::boolean));
+  {
+    OpDef d = unary("IsInf", 10, Types::floats, nullptr, DType::boolean);
+    d.attrs = {{"detect_negative", AttrKind::i}, {"detect_positive", AttrKind::i}};
+    d.kernel = [](KernelCtx& c) {
+      const Tensor& x = c.in(0);
+      const bool neg = c.node().attr_i("detect_negative", 1) != 0;
+      const bool pos = c.node().attr_i("detect_positive", 1) != 0;
+      Tensor y(DType::boolean, x.shape());
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        double v = x.get_f(i);
+        y.bytes()[i] = std::isinf(v) && (v > 0 ? pos : neg);
+      }
+      c.set_out(0, std::move(y));
+    };
+    r.add(std::move(d));
+  }
+}
+
+// ---- binary arithmetic -----------------------------------------------------------------------
+
+int64_t div_s(int64_t a, int64_t b) {
+  if (b == 0) fail("integer division by zero");
+  if (b == -1) return wrap_sub(0, a);  // INT64_MIN / -1 overflows in C++
+  return a / b;                         // truncates toward zero, as ONNX integer Div does
+}
+
+uint64_t div_u(uint64_t a, uint64_t b) {
+  if (b == 0) fail("integer division by zero");
+  return a / b;
+}
+
+// Integer power by squaring, wrapping like repeated multiplication would.
+int64_t ipow(int64_t base, int64_t e) {
+  if (e < 0) {
+    // Truncated 1 / base^|e|: only |base| == 1 gives a non-zero result.
+    if (base == 1) return 1;
+    if (base == -1) return (e % 2 == 0) ? 1 : -1;
+    if (base == 0) fail("integer Pow: zero to a negative power");
+    return 0;
+  }
+  uint64_t result = 1, b = static_cast<uint64_t>(base);
+  uint64_t ue = static_cast<uint64_t>(e);
+  while (ue) {
+    if (ue & 1) result *= b;
+    b *= b;
+    ue >>= 1;
+  }
+  return static_cast<int64_t>(result);
+}
+
+Tensor pow_kernel(const Tensor& a, const Tensor& b) {
+  Shape s = broadcast_shapes(a.shape(), b.shape());
+  Tensor y(a.dtype(), s);
+  const bool af = is_float(a.dtype()), bf = is_float(b.dtype());
+  if (a.dtype() == DType::f32 && b.dtype() == DType::f32) {
+    const float* ap = a.data<float>();
+    const float* bp = b.data<float>();
+    float* yp = y.data<float>();
+    for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
+      yp[i] = static_cast<float>(std::pow(static_cast<double>(ap[j]), static_cast<double>(bp[k])));
+    });
+  } else if (af || bf) {
+    // Float base or float exponent: real power, then converted to the base dtype.
+    for_each_bcast(a.shape(), b.shape(), s,
+                   [&](int64_t i, int64_t j, int64_t k) { y.set_f(i, std::pow(a.get_f(j), b.get_f(k))); });
+  } else {
+    const bool ua = cls_of(a.dtype()) == Cls::u, ub = cls_of(b.dtype()) == Cls::u;
+    for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
+      int64_t base = a.get_i(j), e = b.get_i(k);
+      if (ub && e < 0) e = std::numeric_limits<int64_t>::max();  // huge unsigned exponent
+      if (ua && base < 0) fail("integer Pow: u64 base beyond int64 is not supported");
+      y.set_i(i, ipow(base, e));
+    });
+  }
+  return y;
+}
+
+Tensor mod_kernel(const Tensor& a, const Tensor& b, bool fmod) {
+  BinaryFns fns;
+  fns.f = [](double x, double y) { return std::fmod(x, y); };
+  if (fmod) {
+    fns.s = [](int64_t x, int64_t y) -> int64_t {
+      if (y == 0) fail("integer modulo by zero");
+      if (y == -1) return 0;
+      return x % y;
+    };
+  } else {
+    // Result takes the divisor's sign (Python's %).
+    fns.s = [](int64_t x, int64_t y) -> int64_t {
+      if (y == 0) fail("integer modulo by zero");
+      if (y == -1) return 0;
+      int64_t m = x % y;
+      if (m != 0 && ((m < 0) != (y < 0))) m += y;
+      return m;
+    };
+  }
+  fns.u = [](uint64_t x, uint64_t y) -> uint64_t {
+    if (y == 0) fail("integer modulo by zero");
+    return x % y;
+  };
+  return apply_binary(a, b, fns);
+}
+
+void register_binary(OpRegistry& r) {
+  r.add(binary("Add", 7, Types::numeric, {[](double a, double b) { return a + b; }, wrap_add,
+                                          [](uint64_t a, uint64_t b) { return a + b; }}));
+  r.add(binary("Sub", 7, Types::numeric, {[](double a, double b) { return a - b; }, wrap_sub,
+                                          [](uint64_t a, uint64_t b) { return a - b; }}));
+  r.add(binary("Mul", 7, Types::numeric, {[](double a, double b) { return a * b; }, wrap_mul,
+                                          [](uint64_t a, uint64_t b) { return a * b; }}));
+  r.add(binary("Div", 7, Types::numeric, {[](double a, double b) { return a / b; }, div_s, div_u}));
+  {
+    OpDef d = binary("Mod", 10, Types::numeric, {});
+    d.attrs = {{"fmod", AttrKind::i}};
+    d.infer = [](InferCtx& ctx) {
+      check_types(ctx, Types::numeric, 0);
+      int64_t fm = ctx.node().attr_i("fmod", 0);
+      if (fm != 0 && fm != 1) fail("fmod must be 0 or 1, got {}", fm);
+      if (is_float(ctx.in(0).dtype) && fm == 0) fail("Mod on floating point inputs requires fmod=1");
+      infer_binary_same(ctx);
+    };
+    d.kernel = [](KernelCtx& c) { c.set_out(0, mod_kernel(c.in(0), c.in(1), c.node().attr_i("fmod", 0) != 0)); };
+    r.add(std::move(d));
+  }
+  {
+    OpDef d = binary("Pow", 7, Types::numeric, {});
+    d.infer = [](InferCtx& ctx) {
+      check_types(ctx, Types::numeric, 0);
+      check_types(ctx, Types::numeric, 1);
+      infer_broadcast(ctx);
+    };
+    d.kernel = [](KernelCtx& c) { c.set_out(0, pow_kernel(c.in(0), c.in(1))); };
+    r.add(std::move(d));
+  }
+  {
+    OpDef d = binary("BitShift", 11, Types::unsigned_ints, {});
+    d.attrs = {{"direction", AttrKind::s, true}};
+    d.infer = [](InferCtx& ctx) {
+      check_types(ctx, Types::unsigned_ints, 0);
+      std::string dir = ctx.node().attr_s("direction");
+      if (dir != "LEFT" && dir != "RIGHT") fail("direction must be LEFT or RIGHT, got '{}'", dir);
+      infer_binary_same(ctx);
+    };
+    d.kernel = [](KernelCtx& c) {
+      const bool left = c.node().attr_s("direction") == "LEFT";
+      BinaryFns fns;
+      fns.u = [left](uint64_t x, uint64_t n) -> uint64_t {
+        if (n >= 64) return 0;
+        return left ? x << n : x >> n;  // set_u narrows left shifts to the width
+      };
+      c.set_out(0, apply_binary(c.in(0), c.in(1), fns));
+    };
+    r.add(std::move(d));
+  }
+  auto bitwise = [](uint64_t (*f)(uint64_t, uint64_t)) {
+    // Two's complement bit patterns are the same through int64 and uint64.
+    return BinaryFns{nullptr, [f](int64_t a, int64_t b) {
+                       return static_cast<int64_t>(f(static_cast<uint64_t>(a), static_cast<uint64_t>(b)));
+                     }, f};
+  };
+  r.add(binary("BitwiseAnd", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a & b; })));
+  r.add(binary("BitwiseOr", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a | b; })));
+  r.add(binary("BitwiseXor", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a ^ b; })));
+  r.add(binary("And", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a && b; }}));
+  r.add(binary("Or", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a || b; }}));
+  r.add(binary("Xor", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return (a != 0) != (b != 0); }}));
+}
+
+// ---- comparisons -----------------------------------------------------------------------------
+
+enum class Cmp { eq, lt, le, gt, ge };
+
+template <typename T>
+bool compare(Cmp op, T a, T b) {
+  switch (op) {
+    case Cmp::eq: return a == b;
+    case Cmp::lt: return a < b;
+    case Cmp::le: return a <= b;
+    case Cmp::gt: return a > b;
+    case Cmp::ge: return a >= b;
+  }
+  return false;
+}
+
+Tensor compare_kernel(const Tensor& a, const Tensor& b, Cmp op) {
+  Shape s = broadcast_shapes(a.shape(), b.shape());
+  Tensor y(DType::boolean, s);
+  uint8_t* yp = y.bytes();
+  switch (cls_of(a.dtype())) {
+    case Cls::f:
+      for_each_bcast(a.shape(), b.shape(), s,
+                     [&](int64_t i, int64_t j, int64_t k) { yp[i] = compare(op, a.get_f(j), b.get_f(k)); });
+      break;
+    case Cls::s:
+      for_each_bcast(a.shape(), b.shape(), s,
+                     [&](int64_t i, int64_t j, int64_t k) { yp[i] = compare(op, a.get_i(j), b.get_i(k)); });
+      break;
+    case Cls::u:
+      for_each_bcast(a.shape(), b.shape(), s,
+                     [&](int64_t i, int64_t j, int64_t k) { yp[i] = compare(op, get_u(a, j), get_u(b, k)); });
+      break;
+  }
+  return y;
+}
+
+OpDef comparison(std::string name, int since, Cmp op) {
+  OpDef d;
+  d.name = std::move(name);
+  d.min_inputs = d.max_inputs = 2;
+  d.since = since;
+  d.fusion = FusionKind::pointwise;
+  d.infer = [op](InferCtx& ctx) {
+    check_types(ctx, op == Cmp::eq ? Types::any : Types::numeric, 0);
+    check_same_dtype(ctx);
+    infer_broadcast(ctx, DType::boolean);
+  };
+  d.kernel = [op](KernelCtx& c) { c.set_out(0, compare_kernel(c.in(0), c.in(1), op)); };
+  return d;
+}
+
+// ---- variadic Max / Min / Sum / Mean ---------------------------------------------------------
+
+enum class Fold { max, min, sum, mean };
+
+template <typename T>
+T fold_step(Fold op, T acc, T v) {
+  switch (op) {
+    case Fold::max: return v > acc ? v : acc;
+    case Fold::min: return v < acc ? v : acc;
+    case Fold::sum:
+    case Fold::mean: return acc + v;
+  }
+  return acc;
+}
+
+double fold_step_f(Fold op, double acc, double v) {
+  if ((op == Fold::max || op == Fold::min) && (std::isnan(acc) || std::isnan(v))) return kNaN;
+  return fold_step(op, acc, v);
+}
+
+Tensor fold_kernel(const KernelCtx& c, Fold op) {
+  Shape s = c.in(0).shape();
+  for (int k = 1; k < c.num_inputs(); ++k) s = broadcast_shapes(s, c.in(k).shape());
+  const DType dt = c.in(0).dtype();
+  Tensor y(dt, s);
+  const int64_t n = y.numel();
+  auto indices = [&](const Tensor& x) {
+    return x.shape() == s ? std::vector<int64_t>{} : broadcast_index(x.shape(), s);
+  };
+  auto at = [](const std::vector<int64_t>& idx, int64_t i) { return idx.empty() ? i : idx[i]; };
+  const Cls cls = cls_of(dt);
+  if (cls == Cls::f) {
+    std::vector<double> acc(n);
+    for (int k = 0; k < c.num_inputs(); ++k) {
+      const Tensor& x = c.in(k);
+      auto idx = indices(x);
+      for (int64_t i = 0; i < n; ++i) {
+        double v = x.get_f(at(idx, i));
+        acc[i] = k == 0 ? v : fold_step_f(op, acc[i], v);
+      }
+    }
+    const double scale = op == Fold::mean ? 1.0 / c.num_inputs() : 1.0;
+    for (int64_t i = 0; i < n; ++i) y.set_f(i, op == Fold::mean ? acc[i] * scale : acc[i]);
+  } else if (cls == Cls::s) {
+    std::vector<int64_t> acc(n);
+    for (int k = 0; k < c.num_inputs(); ++k) {
+      const Tensor& x = c.in(k);
+      auto idx = indices(x);
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t v = x.get_i(at(idx, i));
+        acc[i] = k == 0 ? v : op == Fold::max || op == Fold::min ? fold_step(op, acc[i], v) : wrap_add(acc[i], v);
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) y.set_i(i, op == Fold::mean ? acc[i] / c.num_inputs() : acc[i]);
+  } else {
+    std::vector<uint64_t> acc(n);
+    for (int k = 0; k < c.num_inputs(); ++k) {
+      const Tensor& x = c.in(k);
+      auto idx = indices(x);
+      for (int64_t i = 0; i < n; ++i) {
+        uint64_t v = get_u(x, at(idx, i));
+        acc[i] = k == 0 ? v : fold_step(op, acc[i], v);
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) set_u(y, i, op == Fold::mean ? acc[i] / c.num_inputs() : acc[i]);
+  }
+  return y;
+}
+
+OpDef variadic(std::string name, int since, Fold op, Types ts) {
+  OpDef d;
+  d.name = std::move(name);
+  d.min_inputs = 1;
+  d.max_inputs = -1;
+  d.since = since;
+  d.fusion = FusionKind::pointwise;
+  d.infer = [ts](InferCtx& ctx) {
+    check_types(ctx, ts, 0);
+    for (int i = 0; i < ctx.num_inputs(); ++i)
+      if (!ctx.has_in(i)) fail("input {} is missing", i);
+    check_same_dtype(ctx);
+    infer_broadcast(ctx);
+  };
+  d.kernel = [op](KernelCtx& c) { c.set_out(0, fold_kernel(c, op)); };
+  return d;
+}
+
+// ---- casts -----------------------------------------------------------------------------------
+
+bool is_f8(DType t) {
+  return t == DType::f8e4m3fn || t == DType::f8e4m3fnuz || t == DType::f8e5m2 || t == DType::f8e5m2fnuz;
+}
+
+Tensor cast_tensor(const Tensor& x, DType to, bool saturate) {
+  if (x.dtype() == to) return x;
+  Tensor y(to, x.shape());
+  const int64_t n = x.numel();
+  const DType from = x.dtype();
+  if (is_f8(to)) {
+    // saturate clamps infinities too; without it, they become inf (e5m2) or NaN (the rest).
+    for (int64_t i = 0; i < n; ++i) y.bytes()[i] = static_cast<uint8_t>(encode_float_bits(to, x.get_f(i), saturate));
+  } else if (to == DType::f4e2m1) {
+    // float4 has neither inf nor NaN: inf saturates, and NaN becomes -0 (0x8) as the ONNX
+    // conformance data has it.
+    for (int64_t i = 0; i < n; ++i) {
+      double v = x.get_f(i);
+      y.bytes()[i] = std::isnan(v) ? 0x8 : static_cast<uint8_t>(encode_float_bits(to, v, true));
+    }
+  } else if (from == DType::f32 && to == DType::f64) {
+    const float* xp = x.data<float>();
+    double* yp = y.data<double>();
+    for (int64_t i = 0; i < n; ++i) yp[i] = xp[i];
+  } else if (is_float(to)) {
+    for (int64_t i = 0; i < n; ++i) y.set_f(i, x.get_f(i));
+  } else if (is_bool(to)) {
+    for (int64_t i = 0; i < n; ++i) y.bytes()[i] = is_float(from) ? x.get_f(i) != 0 : x.get_i(i) != 0;
+  } else if (is_float(from)) {
+    for (int64_t i = 0; i < n; ++i) y.set_f(i, x.get_f(i));  // truncates toward zero
+  } else {
+    for (int64_t i = 0; i < n; ++i) y.set_i(i, x.get_i(i));  // wraps to the target width
+  }
+  return y;
+}
+
+void register_casts(OpRegistry& r) {
+  {
+    OpDef d;
+    d.name = "Cast";
+    d.since = 6;
+    d.fusion = FusionKind::pointwise;
+    d.attrs = {{"to", AttrKind::i, true}, {"saturate", AttrKind::i}, {"round_mode", AttrKind::s}};
+    d.infer = [](InferCtx& ctx) {
+      ctx.set_out(0, TensorType{to_attr_dtype(ctx.node()), ctx.in(0).shape});
+    };
+    d.kernel = [](KernelCtx& c) {
+      c.set_out(0, cast_tensor(c.in(0), to_attr_dtype(c.node()), c.node().attr_i("saturate", 1) != 0));
+    };
+    r.add(std::move(d));
+  }
+  {
+    OpDef d;
+    d.name = "CastLike";
+    d.since = 15;
+    d.min_inputs = d.max_inputs = 2;
+    d.fusion = FusionKind::pointwise;
+    d.attrs = {{"saturate", AttrKind::i}, {"round_mode", AttrKind::s}};
+    d.infer = [](InferCtx& ctx) { ctx.set_out(0, TensorType{ctx.in(1).dtype, ctx.in(0).shape}); };
+    d.kernel = [](KernelCtx& c) {
+      c.set_out(0, cast_tensor(c.in(0), c.in(1).dtype(), c.node().attr_i("saturate", 1) != 0));
+    };
+    r.add(std::move(d));
+  }
+  {
+    OpDef d;
+    d.name = "BitCast";
+    d.since = 26;
+    d.fusion = FusionKind::pointwise;
+    d.attrs = {{"to", AttrKind::i, true}};
+    d.infer = [](InferCtx& ctx) {
+      DType to = to_attr_dtype(ctx.node());
+      DType from = ctx.in(0).dtype;
+      if (dtype_bits(to) != dtype_bits(from))
+        fail("BitCast from {} ({} bits) to {} ({} bits): bit widths differ", dtype_name(from), dtype_bits(from),
+             dtype_name(to), dtype_bits(to));
+      ctx.set_out(0, TensorType{to, ctx.in(0).shape});
+    };
+    d.kernel = [](KernelCtx& c) {
+      const Tensor& x = c.in(0);
+      DType to = to_attr_dtype(c.node());
+      Tensor y(to, x.shape());
+      if (dtype_bits(to) == 4) {
+        // 4-bit values are stored one per byte: int4 sign-extended, uint4 and float4 as the nibble.
+        for (int64_t i = 0; i < x.numel(); ++i) {
+          uint8_t nib = x.bytes()[i] & 0xF;
+          y.bytes()[i] = to == DType::i4 ? static_cast<uint8_t>(wrap_to_int(to, nib)) : nib;
+        }
+      } else if (to == DType::boolean) {
+        for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = x.bytes()[i] != 0;
+      } else if (x.nbytes()) {
+        std::memcpy(y.bytes(), x.bytes(), x.nbytes());
+      }
+      c.set_out(0, std::move(y));
+    };
+    r.add(std::move(d));
+  }
+}
+
+// ---- selection and clamping ------------------------------------------------------------------
+
+Tensor where_kernel(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  Shape s = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape()), b.shape());
+  Tensor y(a.dtype(), s);
+  const int64_t n = y.numel();
+  const size_t es = static_cast<size_t>(dtype_size(a.dtype()));
+  auto idx = [&](const Tensor& t) { return t.shape() == s ? std::vector<int64_t>{} : broadcast_index(t.shape(), s); };
+  const auto ic = idx(cond), ia = idx(a), ib = idx(b);
+  auto at = [](const std::vector<int64_t>& v, int64_t i) { return v.empty() ? i : v[i]; };
+  const uint8_t* cp = cond.bytes();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* src = cp[at(ic, i)] ? a.bytes() + at(ia, i) * es : b.bytes() + at(ib, i) * es;
+    std::memcpy(y.bytes() + i * es, src, es);
+  }
+  return y;
+}
+
+Tensor clip_kernel(const KernelCtx& c) {
+  const Tensor& x = c.in(0);
+  auto bound = [&](int i) -> const Tensor* {
+    if (!c.has_in(i)) return nullptr;
+    if (c.in(i).numel() != 1) fail("Clip bound {} must be a scalar, got shape {}", i == 1 ? "min" : "max", shape_str(c.in(i).shape()));
+    return &c.in(i);
+  };
+  const Tensor* lo = bound(1);
+  const Tensor* hi = bound(2);
+  switch (cls_of(x.dtype())) {
+    case Cls::f: {
+      const double l = lo ? lo->get_f(0) : -INFINITY, h = hi ? hi->get_f(0) : INFINITY;
+      // min > max yields max everywhere, as the spec asks.
+      return map_unary(x, [l, h](double v) { return std::isnan(v) ? v : std::min(std::max(v, l), h); });
+    }
+    case Cls::s: {
+      const int64_t l = lo ? lo->get_i(0) : std::numeric_limits<int64_t>::min();
+      const int64_t h = hi ? hi->get_i(0) : std::numeric_limits<int64_t>::max();
+      return map_unary(x, nullptr, [l, h](int64_t v) { return std::min(std::max(v, l), h); });
+    }
+    case Cls::u: {
+      const uint64_t l = lo ? get_u(*lo, 0) : 0;
+      const uint64_t h = hi ? get_u(*hi, 0) : std::numeric_limits<uint64_t>::max();
+      return map_by_class(x, nullptr, nullptr, [l, h](uint64_t v) { return std::min(std::max(v, l), h); });
+    }
+  }
+  return x;
+}
+
+// Clip-6 took min/max as attributes; they become constant inputs.
+void upgrade_clip(Graph& g, Node& n, int opset) {
+  if (opset < 6) unsupported("Clip before opset 6 (consumed_inputs) is not supported");
+  const double lo = n.attr_f("min", -std::numeric_limits<float>::max());
+  const double hi = n.attr_f("max", std::numeric_limits<float>::max());
+  n.attrs.erase("min");
+  n.attrs.erase("max");
+  // Clip-6 only takes float types; the kernel converts the bounds to the input's dtype.
+  n.inputs.resize(3, nullptr);
+  n.inputs[1] = g.add_constant(g.unique_name(n.name + "_min"), Tensor::scalar_f(DType::f32, lo));
+  n.inputs[2] = g.add_constant(g.unique_name(n.name + "_max"), Tensor::scalar_f(DType::f32, hi));
+}
+
+// Dropout before opset 12 took `ratio` as an attribute; inference mode makes it an identity.
+void upgrade_dropout(Graph& g, Node& n, int opset) {
+  if (opset < 7) unsupported("Dropout before opset 7 (is_test) is not supported");
+  if (opset < 10 && n.outputs.size() > 1 && n.outputs[1])
+    unsupported("Dropout before opset 10 returns a mask of the input dtype; not supported");
+  const double ratio = n.attr_f("ratio", 0.5);
+  n.attrs.erase("ratio");
+  n.inputs.resize(2, nullptr);
+  n.inputs[1] = g.add_constant(g.unique_name(n.name + "_ratio"), Tensor::scalar_f(DType::f32, ratio));
+}
+
+Tensor dropout_mask_all(const Shape& s) {
+  Tensor m(DType::boolean, s);
+  if (m.nbytes()) std::memset(m.bytes(), 1, m.nbytes());
+  return m;
+}
+
+void register_selection(OpRegistry& r) {
+  {
+    OpDef d;
+    d.name = "Where";
+    d.since = 9;
+    d.min_inputs = d.max_inputs = 3;
+    d.fusion = FusionKind::pointwise;
+    d.infer = [](InferCtx& ctx) {
+      if (!is_bool(ctx.in(0).dtype)) fail("condition must be bool, got {}", dtype_name(ctx.in(0).dtype));
+      if (ctx.in(1).dtype != ctx.in(2).dtype)
+        fail("X and Y have different dtypes {} and {}", dtype_name(ctx.in(1).dtype), dtype_name(ctx.in(2).dtype));
+      Shape s = broadcast_shapes(broadcast_shapes(ctx.in(0).shape, ctx.in(1).shape), ctx.in(2).shape);
+      ctx.set_out(0, TensorType{ctx.in(1).dtype, s});
+    };
+    d.kernel = [](KernelCtx& c) { c.set_out(0, where_kernel(c.in(0), c.in(1), c.in(2))); };
+    r.add(std::move(d));
+  }
+  {
+    OpDef d;
+    d.name = "Clip";
+    d.since = 11;
+    d.min_inputs = 1;
+    d.max_inputs = 3;
+    d.fusion = FusionKind::pointwise;
+    d.attrs = {{"min", AttrKind::f}, {"max", AttrKind::f}};  // opset 6 only; upgraded to inputs
+    d.upgrade = upgrade_clip;
+    d.infer = [](InferCtx& ctx) {
+      if (ctx.node().has_attr("min") || ctx.node().has_attr("max"))
+        fail("Clip from opset 11 takes min and max as inputs, not attributes");
+      check_types(ctx, Types::numeric, 0);
+      for (int i = 1; i < 3; ++i)
+        if (ctx.has_in(i) && shape_numel(ctx.in(i).shape) > 1)
+          fail("Clip bound {} must be a scalar, got shape {}", i, shape_str(ctx.in(i).shape));
+      infer_same_as_input(ctx);
+    };
+    d.kernel = [](KernelCtx& c) { c.set_out(0, clip_kernel(c)); };
+    r.add(std::move(d));
+  }
+  {
+    OpDef d;
+    d.name = "Identity";
+    d.since = 1;
+    d.fusion = FusionKind::injective;
+    d.infer = [](InferCtx& ctx) { infer_same_as_input(ctx); };
+    d.kernel = [](KernelCtx& c) { c.set_out(0, c.in(0)); };  // kernels never write into inputs
+    r.add(std::move(d));
+  }
+  {
+    OpDef d;
+    d.name = "Dropout";
+    d.since = 12;
+    d.min_inputs = 1;
+    d.max_inputs = 3;
+    d.max_outputs = 2;
+    d.deterministic = false;
+    d.attrs = {{"seed", AttrKind::i}, {"ratio", AttrKind::f}};  // ratio: opsets 7-11, upgraded
+    d.upgrade = upgrade_dropout;
+    d.infer = [](InferCtx& ctx) {
+      if (ctx.node().has_attr("ratio")) fail("Dropout from opset 12 takes ratio as an input, not an attribute");
+      check_types(ctx, Types::numeric, 0);
+      if (ctx.has_in(1) && (!is_float(ctx.in(1).dtype) || shape_numel(ctx.in(1).shape) > 1))
+        fail("ratio must be a float scalar, got {}", ctx.in(1).str());
+      if (ctx.has_in(2) && (!is_bool(ctx.in(2).dtype) || shape_numel(ctx.in(2).shape) > 1))
+        fail("training_mode must be a bool scalar, got {}", ctx.in(2).str());
+      infer_same_as_input(ctx);
+      ctx.set_out(1, TensorType{DType::boolean, ctx.in(0).shape});
+    };
+    d.kernel = [](KernelCtx& c) {
+      const Tensor& x = c.in(0);
+      const double ratio = c.has_in(1) ? c.in(1).get_f(0) : 0.5;
+      const bool training = c.has_in(2) && c.in(2).get_i(0) != 0;
+      if (!training || ratio == 0) {
+        c.set_out(0, x);
+        if (c.wants_out(1)) c.set_out(1, dropout_mask_all(x.shape()));
+        return;
+      }
+      if (!(ratio >= 0 && ratio < 1)) fail("ratio must be in [0, 1), got {}", ratio);
+      // Training mode: a fresh random mask, so outputs cannot match any other implementation's.
+      std::mt19937_64 rng(c.node().has_attr("seed") ? static_cast<uint64_t>(c.node().attr_i("seed"))
+                                                    : std::random_device{}());
+      std::uniform_real_distribution<double> uni(0.0, 1.0);
+      const double scale = 1.0 / (1.0 - ratio);
+      Tensor y(x.dtype(), x.shape());
+      Tensor m(DType::boolean, x.shape());
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        bool keep = uni(rng) >= ratio;
+        m.bytes()[i] = keep;
+        y.set_f(i, keep ? x.get_f(i) * scale : 0.0);
+      }
+      c.set_out(0, std::move(y));
+      if (c.wants_out(1)) c.set_out(1, std::move(m));
+    };
+    r.add(std::move(d));
+  }
 }
 
 }  // namespace
 
 void register_elementwise_ops(OpRegistry& r) {
-  r.add(binary("Add", 7, [](double a, double b) { return a + b; },
-               [](int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }));
-  r.add(binary("Sub", 7, [](double a, double b) { return a - b; },
-               [](int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b)); }));
-  r.add(binary("Mul", 7, [](double a, double b) { return a * b; },
-               [](int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }));
-  r.add(binary("Div", 7, [](double a, double b) { return a / b; }, [](int64_t a, int64_t b) -> int64_t {
-    if (b == 0) fail("integer division by zero");
-    return a / b;
-  }));
+  register_unary(r);
+  register_binary(r);
+  r.add(comparison("Equal", 7, Cmp::eq));
+  r.add(comparison("Less", 7, Cmp::lt));
+  r.add(comparison("LessOrEqual", 12, Cmp::le));
+  r.add(comparison("Greater", 7, Cmp::gt));
+  r.add(comparison("GreaterOrEqual", 12, Cmp::ge));
+  r.add(variadic("Max", 6, Fold::max, Types::numeric));
+  r.add(variadic("Min", 6, Fold::min, Types::numeric));
+  r.add(variadic("Sum", 6, Fold::sum, Types::floats));
+  r.add(variadic("Mean", 6, Fold::mean, Types::floats));
+  register_casts(r);
+  register_selection(r);
 }
 
 }  // namespace tessel
