@@ -814,17 +814,23 @@ void register_selection(OpRegistry& r) {
         return;
       }
       if (!(ratio >= 0 && ratio < 1)) fail("ratio must be in [0, 1), got {}", ratio);
-      // Training mode: a fresh random mask, so outputs cannot match any other implementation's.
-      std::mt19937_64 rng(c.node().has_attr("seed") ? static_cast<uint64_t>(c.node().attr_i("seed"))
-                                                    : std::random_device{}());
-      std::uniform_real_distribution<double> uni(0.0, 1.0);
+      // Training mode. With a seed, the mask draws uniform doubles from MT19937 seeded like
+      // numpy's legacy RandomState (53 bits from two 32-bit outputs), so seeded runs agree with the
+      // ONNX reference outputs; without one, every run draws a fresh mask.
+      std::mt19937 rng(c.node().has_attr("seed") ? static_cast<uint32_t>(c.node().attr_i("seed"))
+                                                 : std::random_device{}());
+      auto uniform = [&rng]() {
+        const uint32_t a = rng() >> 5, b = rng() >> 6;
+        return (a * 67108864.0 + b) / 9007199254740992.0;
+      };
       const double scale = 1.0 / (1.0 - ratio);
       Tensor y(x.dtype(), x.shape());
       Tensor m(DType::boolean, x.shape());
       for (int64_t i = 0; i < x.numel(); ++i) {
-        bool keep = uni(rng) >= ratio;
+        const bool keep = uniform() >= ratio;
+        const double v = x.get_f(i);
         m.bytes()[i] = keep;
-        y.set_f(i, keep ? x.get_f(i) * scale : 0.0);
+        y.set_f(i, keep ? v * scale : v * 0.0);  // a dropped element is 0 * x, as mask * x is
       }
       c.set_out(0, std::move(y));
       if (c.wants_out(1)) c.set_out(1, std::move(m));
