@@ -316,7 +316,8 @@ OpDef lp_norm() {
           s += l1 ? std::fabs(a) : a * a;
         }
         const double norm = l1 ? s : std::sqrt(s);
-        for (int64_t j = 0; j < len; ++j) y[base + j * inner] = v[base + j * inner] / norm;
+        // An all-zero slice stays zero (the reference output) rather than 0/0.
+        for (int64_t j = 0; j < len; ++j) y[base + j * inner] = norm == 0 ? 0.0 : v[base + j * inner] / norm;
       }
     c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
   };
