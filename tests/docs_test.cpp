@@ -4,6 +4,7 @@
 
 #include <regex>
 
+#include "tessel/driver/op_table.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/runtime/interpreter.h"
@@ -44,4 +45,9 @@ TEST(Docs, GraphLevelWorkedExample) {
   ASSERT_EQ(x.size(), 6u);
   auto out = run_eager(*g, {Tensor::from_f64(DType::f32, {2, 3}, x)});
   EXPECT_EQ(out[0].to_f64(), numbers_after(md, "expected output: `y = "));
+}
+
+TEST(Docs, OpTableMatchesRegistry) {
+  std::string md = testenv::read_text(testenv::source_dir() + "/docs/ops.md");
+  EXPECT_TRUE(md == op_table_markdown()) << "docs/ops.md is out of date: regenerate it with `tessel ops > docs/ops.md`";
 }

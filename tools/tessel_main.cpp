@@ -11,6 +11,7 @@
 #include "tessel/driver/compare.h"
 #include "tessel/driver/conformance.h"
 #include "tessel/driver/model_dir.h"
+#include "tessel/driver/op_table.h"
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
@@ -192,10 +193,16 @@ int main(int argc, char** argv) {
   conf->add_option("--filter", conf_filter, "only tests whose path contains this");
   conf->add_flag("-v,--verbose", conf_verbose, "progress and each failure's reason");
 
+  auto* ops = app.add_subcommand("ops", "List the registered ops (the text of docs/ops.md)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true);
     if (*comp) return cmd_compile(comp_model, comp_emit, comp_out, comp_elide);
+    if (*ops) {
+      fmt::print("{}", op_table_markdown());
+      return 0;
+    }
     if (*conf) return cmd_conformance(conf_dir, conf_json, conf_jobs, conf_timeout, conf_filter, conf_verbose);
   } catch (const Error& e) {
     fmt::print(stderr, "tessel: error: {}\n", e.what());

@@ -33,7 +33,15 @@ TestResult run_conformance_test(const std::string& dir, const Tolerance& tol) {
   try {
     ModelPaths mp = resolve_model(dir);
     if (mp.data_sets.empty()) throw Error(Location{.file = dir}, "no test_data_set_N folder");
-    std::vector<Tensor> first = read_data_set(mp.data_sets[0], "input");
+    std::vector<Tensor> first;
+    try {
+      first = read_data_set(mp.data_sets[0], "input");
+    } catch (const Error&) {
+      // Inputs that are not tensors (sequences, optionals) fail to read; importing the model says
+      // why in its own terms (an unsupported input type) before the read error is reported.
+      import_onnx(mp.model);
+      throw;
+    }
     ImportOptions io;
     for (const auto& t : first) io.input_shapes.push_back(t.shape());
     ImportedModel m = import_onnx(mp.model, io);

@@ -32,6 +32,8 @@ const char* onnx_type_name(int t) {
     case kComplex64: return "complex64";
     case kComplex128: return "complex128";
     case kF8E8M0: return "float8e8m0";
+    case 25: return "uint2";
+    case 26: return "int2";
     default: return "unknown";
   }
 }
