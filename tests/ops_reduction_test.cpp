@@ -181,3 +181,18 @@ TEST(Reduction, LegacyUpgrades) {
   auto z = run_eager(g2, {f32({1, 2, 2}, {0, 0, 0, 0})});
   expect_near(z[0], {0.25, 0.25, 0.25, 0.25});
 }
+
+TEST(Reduction, IntegerReductions) {
+  // u64 values above 2^63 must still order as unsigned.
+  const int64_t big = static_cast<int64_t>((uint64_t{1} << 63) + 5);
+  Tensor u = Tensor::from_i64(DType::u64, {2}, std::vector<int64_t>{1, big});
+  auto m = run_op("ReduceMax", {u}, 1, {{"keepdims", int64_t{0}}});
+  EXPECT_EQ(m[0].get_i(0), big);
+  auto a = run_op("ArgMin", {u}, 1);
+  EXPECT_EQ(a[0].get_i(0), 0);
+  Tensor i = Tensor::from_i64(DType::i32, {3}, std::vector<int64_t>{-2, 5, 4});
+  auto s = run_op("ReduceL1", {i}, 1);
+  EXPECT_EQ(s[0].get_i(0), 11);
+  auto p = run_op("ReduceProd", {i}, 1);
+  EXPECT_EQ(p[0].get_i(0), -40);
+}

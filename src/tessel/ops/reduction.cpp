@@ -59,6 +59,16 @@ std::pair<int64_t, int64_t> int_range(DType t) {
   }
 }
 
+// Integer values as int64 in an order-preserving form: u64 has its sign bit flipped so that
+// signed comparison orders it correctly (flip again to get the bits back).
+constexpr int64_t kSignBit = std::numeric_limits<int64_t>::min();
+std::vector<int64_t> ordered_ints(const Tensor& t) {
+  std::vector<int64_t> v = t.to_i64();
+  if (t.dtype() == DType::u64)
+    for (auto& a : v) a ^= kSignBit;
+  return v;
+}
+
 // Reads a scalar-like int input (shape [] or [1]), e.g. CumSum's axis or TopK's k.
 int64_t scalar_int(const Tensor& t, const char* what) {
   if (t.numel() != 1) fail("{} must hold exactly one value, got shape {}", what, shape_str(t.shape()));
@@ -202,8 +212,10 @@ Tensor reduce_int(const Tensor& x, const std::vector<bool>& mask, RK k, const Sh
   int64_t count = 1;
   for (size_t d = 0; d < mask.size(); ++d)
     if (mask[d]) count *= x.dim(static_cast<int>(d));
-  const std::vector<int64_t> v = x.to_i64();
+  const bool u64 = x.dtype() == DType::u64 && (k == RK::max || k == RK::min);
+  const std::vector<int64_t> v = u64 ? ordered_ints(x) : x.to_i64();
   auto [lo, hi] = int_range(x.dtype());
+  if (u64) lo = kSignBit, hi = std::numeric_limits<int64_t>::max();
   std::vector<uint64_t> acc(on, 0);  // unsigned: wrap-around instead of UB
   std::vector<int64_t> mm(on, k == RK::max ? lo : hi);
   if (k == RK::prod) std::fill(acc.begin(), acc.end(), 1);
@@ -212,7 +224,7 @@ Tensor reduce_int(const Tensor& x, const std::vector<bool>& mask, RK k, const Sh
     switch (k) {
       case RK::sum: case RK::mean: acc[o] += static_cast<uint64_t>(a); break;
       case RK::prod: acc[o] *= static_cast<uint64_t>(a); break;
-      case RK::l1: acc[o] += static_cast<uint64_t>(a < 0 ? -a : a); break;
+      case RK::l1: acc[o] += a < 0 ? uint64_t{0} - static_cast<uint64_t>(a) : static_cast<uint64_t>(a); break;
       case RK::sum_square: acc[o] += static_cast<uint64_t>(a) * static_cast<uint64_t>(a); break;
       case RK::max: mm[o] = std::max(mm[o], a); break;
       case RK::min: mm[o] = std::min(mm[o], a); break;
@@ -221,7 +233,7 @@ Tensor reduce_int(const Tensor& x, const std::vector<bool>& mask, RK k, const Sh
   });
   std::vector<int64_t> res(on);
   for (int64_t o = 0; o < on; ++o) {
-    if (k == RK::max || k == RK::min) res[o] = mm[o];
+    if (k == RK::max || k == RK::min) res[o] = u64 ? mm[o] ^ kSignBit : mm[o];
     else if (k == RK::mean) res[o] = count ? static_cast<int64_t>(acc[o]) / count : 0;
     else res[o] = static_cast<int64_t>(acc[o]);
   }
@@ -301,7 +313,7 @@ OpDef arg_op(std::string name, bool is_max) {
     std::vector<int64_t> res(outer * inner);
     const bool fl = is_float(x.dtype());
     const std::vector<double> vf = fl ? x.to_f64() : std::vector<double>{};
-    const std::vector<int64_t> vi = fl ? std::vector<int64_t>{} : x.to_i64();
+    const std::vector<int64_t> vi = fl ? std::vector<int64_t>{} : ordered_ints(x);
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t in = 0; in < inner; ++in) {
         int64_t base = o * len * inner + in, best = 0;
@@ -501,7 +513,7 @@ OpDef topk_op() {
     s[axis] = k;
     const bool fl = is_float(x.dtype());
     std::vector<double> vf = fl ? x.to_f64() : std::vector<double>{};
-    std::vector<int64_t> vi = fl ? std::vector<int64_t>{} : x.to_i64();
+    std::vector<int64_t> vi = fl ? std::vector<int64_t>{} : ordered_ints(x);
     std::vector<double> yf(fl ? outer * k * inner : 0);
     std::vector<int64_t> yi(fl ? 0 : outer * k * inner), ix(outer * k * inner);
     std::vector<int64_t> order(len);
@@ -529,6 +541,8 @@ OpDef topk_op() {
           else yi[p] = vi[base + order[j] * inner];
         }
       }
+    if (x.dtype() == DType::u64)
+      for (auto& a : yi) a ^= kSignBit;
     c.set_out(0, fl ? Tensor::from_f64(x.dtype(), s, yf) : Tensor::from_i64(x.dtype(), s, yi));
     c.set_out(1, Tensor::from_i64(DType::i64, s, ix));
   };
