@@ -28,10 +28,11 @@ OpDef activation(std::string name, int since, std::vector<AttrSpec> attrs, MakeF
   d.attrs = std::move(attrs);
   d.fusion = FusionKind::pointwise;
   const bool ints_ok = static_cast<bool>(fi);
-  d.infer = [ints_ok](InferCtx& ctx) {
+  d.infer = [ints_ok, make](InferCtx& ctx) {
     DType t = ctx.in(0).dtype;
     if (!is_float(t) && !(ints_ok && is_signed_int(t)))
       fail("{} is not defined for dtype {}", ctx.node().op_name(), dtype_name(t));
+    make(ctx.node());  // rejects bad attribute values before anything runs
     infer_same_as_input(ctx);
   };
   d.kernel = [make, fi](KernelCtx& c) { c.set_out(0, map_unary(c.in(0), make(c.node()), fi)); };

@@ -73,12 +73,25 @@ std::optional<DType> dtype_of_onnx(int64_t t) {
   }
 }
 
+// round_mode only steers casts to float8e8m0, which tessel does not hold; still checked.
+void check_round_mode(const Node& n) {
+  std::string m = n.attr_s("round_mode", "up");
+  if (m != "up" && m != "down" && m != "nearest") fail("round_mode must be up, down or nearest, got '{}'", m);
+}
+
 DType to_attr_dtype(const Node& n) {
   int64_t to = n.attr_i("to");
   auto dt = dtype_of_onnx(to);
   if (!dt) {
-    if (to == 8) unsupported("string tensors are not supported");
-    if (to >= 1 && to <= 26) unsupported("ONNX data type {} is not supported", to);
+    switch (to) {
+      case 8: unsupported("casts to or from string tensors are not supported");
+      case 14: unsupported("complex64 tensors are not supported");
+      case 15: unsupported("complex128 tensors are not supported");
+      case 24: unsupported("float8e8m0 tensors are not supported");
+      case 25: unsupported("uint2 tensors are not supported");
+      case 26: unsupported("int2 tensors are not supported");
+      default: break;
+    }
     fail("'to' = {} is not an ONNX data type", to);
   }
   return *dt;
@@ -605,6 +618,7 @@ void register_casts(OpRegistry& r) {
     d.fusion = FusionKind::pointwise;
     d.attrs = {{"to", AttrKind::i, true}, {"saturate", AttrKind::i}, {"round_mode", AttrKind::s}};
     d.infer = [](InferCtx& ctx) {
+      check_round_mode(ctx.node());
       ctx.set_out(0, TensorType{to_attr_dtype(ctx.node()), ctx.in(0).shape});
     };
     d.kernel = [](KernelCtx& c) {
@@ -619,7 +633,10 @@ void register_casts(OpRegistry& r) {
     d.min_inputs = d.max_inputs = 2;
     d.fusion = FusionKind::pointwise;
     d.attrs = {{"saturate", AttrKind::i}, {"round_mode", AttrKind::s}};
-    d.infer = [](InferCtx& ctx) { ctx.set_out(0, TensorType{ctx.in(1).dtype, ctx.in(0).shape}); };
+    d.infer = [](InferCtx& ctx) {
+      check_round_mode(ctx.node());
+      ctx.set_out(0, TensorType{ctx.in(1).dtype, ctx.in(0).shape});
+    };
     d.kernel = [](KernelCtx& c) {
       c.set_out(0, cast_tensor(c.in(0), c.in(1).dtype(), c.node().attr_i("saturate", 1) != 0));
     };
@@ -806,6 +823,9 @@ void register_selection(OpRegistry& r) {
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);
+      for (int i = 1; i < 3; ++i)
+        if (c.has_in(i) && c.in(i).numel() != 1)
+          fail("{} must be a scalar, got shape {}", i == 1 ? "ratio" : "training_mode", shape_str(c.in(i).shape()));
       const double ratio = c.has_in(1) ? c.in(1).get_f(0) : 0.5;
       const bool training = c.has_in(2) && c.in(2).get_i(0) != 0;
       if (!training || ratio == 0) {
