@@ -1158,8 +1158,11 @@ double resize_coord(const ResizeAttrs& a, double x, double scale, int64_t in_len
     return offset + (x + 0.5) / scale - 0.5;
   }
   if (m == "pytorch_half_pixel") return out_len > 1 ? (x + 0.5) / scale - 0.5 : 0.0;
-  if (m == "align_corners")
-    return out_len == 1 ? 0.0 : x * static_cast<double>(in_len - 1) / static_cast<double>(out_len - 1);
+  if (m == "align_corners") {
+    // The resized length here is the unrounded in_len * scale, as the ONNX reference computes it.
+    double len = static_cast<double>(in_len) * scale;
+    return out_len == 1 || len <= 1 ? 0.0 : x * static_cast<double>(in_len - 1) / (len - 1);
+  }
   if (m == "asymmetric") return x / scale;
   if (m == "tf_half_pixel_for_nn") return (x + 0.5) / scale;
   // tf_crop_and_resize
@@ -1201,15 +1204,15 @@ std::vector<Tap> resize_taps(const ResizeAttrs& a, int64_t x, double scale, int6
   double support = cubic ? 2.0 : 1.0;
   auto kern = [&](double d) { return cubic ? cubic_weight(d, a.cubic_a) : std::max(0.0, 1.0 - std::fabs(d)); };
   if (a.antialias && scale < 1.0) {
-    // The filter is stretched by 1/scale; taps outside the input are dropped and the rest renormalised.
+    // The filter is stretched by 1/scale; taps outside the input take the edge value (or are dropped
+    // with exclude_outside), and the weights are renormalised.
     double sup = support / scale;
     int64_t lo = static_cast<int64_t>(std::floor(xo - sup)), hi = static_cast<int64_t>(std::ceil(xo + sup));
     double sum = 0;
     for (int64_t i = lo; i <= hi; ++i) {
-      if (i < 0 || i >= in_len) continue;
       double w = kern((static_cast<double>(i) - xo) * scale);
-      if (w == 0) continue;
-      taps.push_back({i, w});
+      if (w == 0 || (a.exclude_outside && (i < 0 || i >= in_len))) continue;
+      taps.push_back({clampi(i), w});
       sum += w;
     }
     if (sum != 0)
