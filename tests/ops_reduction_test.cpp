@@ -196,3 +196,11 @@ TEST(Reduction, IntegerReductions) {
   auto p = run_op("ReduceProd", {i}, 1);
   EXPECT_EQ(p[0].get_i(0), -40);
 }
+
+TEST(Normalization, LayerNormBroadcastScale) {
+  // Normalized over all of [[1,3],[5,7]] (mean 4, var 5); scale [1,2] broadcasts along columns.
+  auto y = run_op("LayerNormalization", {f32({2, 2}, {1, 3, 5, 7}), f32({2}, {1, 2})}, 1,
+                  {{"axis", int64_t{0}}, {"epsilon", 0.0}});
+  const double s = std::sqrt(5.0);
+  expect_near(y[0], {-3 / s, -2 / s, 1 / s, 6 / s});
+}

@@ -39,6 +39,20 @@ std::vector<double> broadcast_to(const Tensor& t, const Shape& shape, const char
   return out;
 }
 
+// A LayerNorm-style parameter broadcast to X. When it only varies along the normalized dims
+// (the common case) it comes back with one entry per row position (`inner` values) so that no
+// full-size copy is made; `per_row` tells which form was returned.
+std::vector<double> row_param(const Tensor& t, const Shape& xs, int axis, int64_t inner, const char* what,
+                              bool& per_row) {
+  Shape ts = t.shape();
+  while (!ts.empty() && ts.front() == 1) ts.erase(ts.begin());
+  Shape tail(xs.begin() + axis, xs.end());
+  while (!tail.empty() && tail.front() == 1) tail.erase(tail.begin());
+  per_row = ts == tail && t.numel() == inner && t.rank() <= static_cast<int>(xs.size());
+  if (per_row) return t.to_f64();
+  return broadcast_to(t, xs, what);
+}
+
 // Per-channel parameter of a [N, C, ...] op: must be 1-D with C entries.
 std::vector<double> per_channel(const Tensor& t, int64_t c, const char* what) {
   if (t.rank() != 1 || t.dim(0) != c) fail("{} must have shape [{}], got {}", what, c, shape_str(t.shape()));
@@ -82,9 +96,10 @@ OpDef last_axes_norm(std::string name, int since, bool rms) {
     for (int i = 0; i < axis; ++i) outer *= x.dim(i);
     for (int i = axis; i < r; ++i) inner *= x.dim(i);
     const std::vector<double> v = x.to_f64();
-    const std::vector<double> sc = broadcast_to(c.in(1), x.shape(), "Scale");
+    bool sc_row = false, b_row = false;
+    const std::vector<double> sc = row_param(c.in(1), x.shape(), axis, inner, "Scale", sc_row);
     std::vector<double> bias;
-    if (c.has_in(2)) bias = broadcast_to(c.in(2), x.shape(), "B");
+    if (c.has_in(2)) bias = row_param(c.in(2), x.shape(), axis, inner, "B", b_row);
     std::vector<double> y(v.size()), mean(outer), inv(outer);
     for (int64_t o = 0; o < outer; ++o) {
       const double* row = v.data() + o * inner;
@@ -101,7 +116,7 @@ OpDef last_axes_norm(std::string name, int since, bool rms) {
       inv[o] = is;
       for (int64_t j = 0; j < inner; ++j) {
         int64_t p = o * inner + j;
-        y[p] = (row[j] - m) * is * sc[p] + (bias.empty() ? 0.0 : bias[p]);
+        y[p] = (row[j] - m) * is * sc[sc_row ? j : p] + (bias.empty() ? 0.0 : bias[b_row ? j : p]);
       }
     }
     c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
