@@ -318,11 +318,138 @@ OpDef rotary_embedding_def() {
   return d;
 }
 
+// ---- LinearAttention ----------------------------------------------------------------------------
+
+// Recurrent linear attention: a per-(batch, kv head) state S of [dk, dv] is updated once per step
+// by the update rule and read by every query head of the group as scale * q^T S.
+OpDef linear_attention_def() {
+  OpDef d;
+  d.name = "LinearAttention";
+  d.min_inputs = 3;
+  d.max_inputs = 6;
+  d.min_outputs = 1;
+  d.max_outputs = 2;
+  d.since = 27;
+  d.attrs = {{"kv_num_heads", AttrKind::i, true}, {"q_num_heads", AttrKind::i, true},
+             {"scale", AttrKind::f},              {"update_rule", AttrKind::s}};
+  struct Dims {
+    int64_t b, t, hq, hkv, dk, dv;
+  };
+  auto dims = [](const Node& n, const Shape& q, const Shape& k, const Shape& v) {
+    if (q.size() != 3 || k.size() != 3 || v.size() != 3)
+      fail("LinearAttention query/key/value must be 3-D [B, T, H*D], got {} {} {}", shape_str(q), shape_str(k), shape_str(v));
+    Dims r{q[0], q[1], n.attr_i("q_num_heads"), n.attr_i("kv_num_heads"), kUnknownDim, kUnknownDim};
+    if (r.hq <= 0 || r.hkv <= 0 || r.hq % r.hkv != 0) fail("LinearAttention q heads {} must be a multiple of kv heads {}", r.hq, r.hkv);
+    if (q[2] != kUnknownDim) {
+      if (q[2] % r.hq != 0) fail("LinearAttention query width {} not divisible by {} heads", q[2], r.hq);
+      r.dk = q[2] / r.hq;
+      if (k[2] != kUnknownDim && k[2] != r.dk * r.hkv) fail("LinearAttention key width {} should be {}", k[2], r.dk * r.hkv);
+    }
+    if (v[2] != kUnknownDim) {
+      if (v[2] % r.hkv != 0) fail("LinearAttention value width {} not divisible by {} heads", v[2], r.hkv);
+      r.dv = v[2] / r.hkv;
+    }
+    return r;
+  };
+  auto rule_of = [](const Node& n) {
+    const std::string r = n.attr_s("update_rule", "gated_delta");
+    if (r != "linear" && r != "gated" && r != "delta" && r != "gated_delta") fail("LinearAttention update_rule '{}' is unknown", r);
+    return r;
+  };
+  d.infer = [dims, rule_of](InferCtx& c) {
+    const DType dt = c.in(0).dtype;
+    if (!is_float(dt) || c.in(1).dtype != dt || c.in(2).dtype != dt) fail("LinearAttention needs float q/k/v of one dtype");
+    Dims a = dims(c.node(), c.in(0).shape, c.in(1).shape, c.in(2).shape);
+    const std::string rule = rule_of(c.node());
+    if ((rule == "gated" || rule == "gated_delta") && !c.has_in(4)) fail("update_rule '{}' needs decay", rule);
+    if ((rule == "delta" || rule == "gated_delta") && !c.has_in(5)) fail("update_rule '{}' needs beta", rule);
+    c.set_out(0, {dt, {a.b, a.t, a.dv == kUnknownDim ? kUnknownDim : a.hq * a.dv}});
+    if (c.num_outputs() > 1 && c.node().outputs[1]) c.set_out(1, {dt, {a.b, a.hkv, a.dk, a.dv}});
+  };
+  d.kernel = [dims, rule_of](KernelCtx& c) {
+    const Node& node = c.node();
+    Dims a = dims(node, c.in(0).shape(), c.in(1).shape(), c.in(2).shape());
+    const int64_t B = a.b, T = a.t, HQ = a.hq, HKV = a.hkv, DK = a.dk, DV = a.dv, G = HQ / HKV;
+    if (c.in(1).dim(0) != B || c.in(1).dim(1) != T || c.in(2).dim(0) != B || c.in(2).dim(1) != T)
+      fail("LinearAttention query/key/value batch or length differ");
+    const std::string rule = rule_of(node);
+    const bool gated = rule == "gated" || rule == "gated_delta", delta = rule == "delta" || rule == "gated_delta";
+    const std::vector<double> q = c.in(0).to_f64(), k = c.in(1).to_f64(), v = c.in(2).to_f64();
+    std::vector<double> st(static_cast<size_t>(B * HKV * DK * DV), 0.0);
+    if (c.has_in(3)) {
+      if (c.in(3).shape() != Shape{B, HKV, DK, DV}) fail("LinearAttention past_state must be [{}, {}, {}, {}]", B, HKV, DK, DV);
+      st = c.in(3).to_f64();
+    }
+    // decay: [B, T, HKV * DK] (per key dim) or [B, T, HKV] (per head), in log space.
+    std::vector<double> dec;
+    int64_t dw = 0;
+    if (gated) {
+      const Tensor& dt = c.in(4);
+      if (dt.rank() != 3 || dt.dim(0) != B || dt.dim(1) != T || (dt.dim(2) != HKV * DK && dt.dim(2) != HKV))
+        fail("LinearAttention decay must be [B, T, {}] or [B, T, {}]", HKV * DK, HKV);
+      dec = dt.to_f64();
+      dw = dt.dim(2) / HKV;
+    }
+    // beta: [B, T, HKV] or [B, T, 1].
+    std::vector<double> bet;
+    int64_t bw = 0;
+    if (delta) {
+      const Tensor& bt = c.in(5);
+      if (bt.rank() != 3 || bt.dim(0) != B || bt.dim(1) != T || (bt.dim(2) != HKV && bt.dim(2) != 1))
+        fail("LinearAttention beta must be [B, T, {}] or [B, T, 1]", HKV);
+      bet = bt.to_f64();
+      bw = bt.dim(2);
+    }
+    const double scale = node.has_attr("scale") && node.attr_f("scale") != 0.0 ? node.attr_f("scale")
+                                                                               : 1.0 / std::sqrt(static_cast<double>(DK));
+    std::vector<double> out(static_cast<size_t>(B * T * HQ * DV)), ret(static_cast<size_t>(DV));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t bt = b * T + t;
+        for (int64_t h = 0; h < HKV; ++h) {
+          double* S = st.data() + (b * HKV + h) * DK * DV;
+          const double* kt = k.data() + bt * HKV * DK + h * DK;
+          const double* vt = v.data() + bt * HKV * DV + h * DV;
+          if (gated)
+            for (int64_t i = 0; i < DK; ++i) {
+              const double g = std::exp(dec[bt * HKV * dw + h * dw + (dw == 1 ? 0 : i)]);
+              for (int64_t j = 0; j < DV; ++j) S[i * DV + j] *= g;
+            }
+          if (delta) {
+            // Write beta * (v - S^T k) instead of v: the delta rule corrects what S recalls for k.
+            const double be = bet[bt * bw + (bw == 1 ? 0 : h)];
+            std::fill(ret.begin(), ret.end(), 0.0);
+            for (int64_t i = 0; i < DK; ++i)
+              for (int64_t j = 0; j < DV; ++j) ret[j] += S[i * DV + j] * kt[i];
+            for (int64_t j = 0; j < DV; ++j) ret[j] = be * (vt[j] - ret[j]);
+          } else {
+            std::copy(vt, vt + DV, ret.begin());
+          }
+          for (int64_t i = 0; i < DK; ++i)
+            for (int64_t j = 0; j < DV; ++j) S[i * DV + j] += kt[i] * ret[j];
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t hq = h * G + g;
+            const double* qt = q.data() + bt * HQ * DK + hq * DK;
+            double* o = out.data() + bt * HQ * DV + hq * DV;
+            for (int64_t i = 0; i < DK; ++i)
+              for (int64_t j = 0; j < DV; ++j) o[j] += qt[i] * S[i * DV + j];
+            for (int64_t j = 0; j < DV; ++j) o[j] *= scale;
+          }
+        }
+      }
+    const DType dt = c.in(0).dtype();
+    c.set_out(0, Tensor::from_f64(dt, {B, T, HQ * DV}, out));
+    if (c.wants_out(1)) c.set_out(1, Tensor::from_f64(dt, {B, HKV, DK, DV}, st));
+  };
+  return d;
+}
+
 }  // namespace
 
 void register_attention_ops(OpRegistry& r) {
   r.add(attention_def());
   r.add(rotary_embedding_def());
+  r.add(linear_attention_def());
 }
 
 }  // namespace tessel

@@ -757,6 +757,174 @@ OpDef max_unpool_def() {
   return d;
 }
 
+// ---- CausalConvWithState ------------------------------------------------------------------------
+
+// Depthwise causal 1-D conv over [past_state, input] (opset 27), optionally followed by SiLU; the
+// last K-1 steps of that concatenation become the next state.
+OpDef causal_conv_with_state_def() {
+  OpDef d;
+  d.name = "CausalConvWithState";
+  d.min_inputs = 2;
+  d.max_inputs = 4;
+  d.min_outputs = 1;
+  d.max_outputs = 2;
+  d.since = 27;
+  d.attrs = {{"activation", AttrKind::s}};
+  d.infer = [](InferCtx& c) {
+    const TensorType& x = c.in(0);
+    const Shape& w = c.in(1).shape;
+    if (!is_float(x.dtype) || c.in(1).dtype != x.dtype) fail("CausalConvWithState needs float operands of one dtype");
+    if (x.shape.size() != 3 || w.size() != 3) unsupported("CausalConvWithState only for 1-D inputs [N, C, L]");
+    if (w[1] != 1 && w[1] != kUnknownDim) unsupported("CausalConvWithState weights must be depthwise [C, 1, K]");
+    if (w[0] != kUnknownDim && x.shape[1] != kUnknownDim && w[0] != x.shape[1])
+      fail("CausalConvWithState weight has {} channels, input {}", w[0], x.shape[1]);
+    const std::string act = c.node().attr_s("activation", "none");
+    if (act != "none" && act != "silu" && act != "swish") unsupported("CausalConvWithState activation '{}'", act);
+    c.set_out(0, x);
+    if (c.num_outputs() > 1 && c.node().outputs[1])
+      c.set_out(1, {x.dtype, {x.shape[0], x.shape[1], w[2] == kUnknownDim ? kUnknownDim : w[2] - 1}});
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& x = c.in(0);
+    const Tensor& wt = c.in(1);
+    if (x.rank() != 3 || wt.rank() != 3 || wt.dim(1) != 1 || wt.dim(0) != x.dim(1) || wt.dim(2) < 1)
+      fail("CausalConvWithState needs input [N, C, L] and weight [C, 1, K]");
+    const int64_t n = x.dim(0), ch = x.dim(1), len = x.dim(2), k = wt.dim(2), st = k - 1, full = st + len;
+    const std::vector<double> xv = x.to_f64(), wv = wt.to_f64();
+    const std::vector<double> bv = c.has_in(2) ? c.in(2).to_f64() : std::vector<double>(static_cast<size_t>(ch), 0.0);
+    if (static_cast<int64_t>(bv.size()) != ch) fail("CausalConvWithState bias must have {} values", ch);
+    std::vector<double> pv(static_cast<size_t>(n * ch * st), 0.0);
+    if (c.has_in(3)) {
+      if (c.in(3).shape() != Shape{n, ch, st}) fail("CausalConvWithState past_state must be [{}, {}, {}]", n, ch, st);
+      pv = c.in(3).to_f64();
+    }
+    const std::string act = c.node().attr_s("activation", "none");
+    const bool silu = act == "silu" || act == "swish";
+    std::vector<double> y(static_cast<size_t>(n * ch * len)), ns(static_cast<size_t>(n * ch * st));
+    std::vector<double> row(static_cast<size_t>(full));
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t cc = 0; cc < ch; ++cc) {
+        const int64_t plane = b * ch + cc;
+        for (int64_t t = 0; t < st; ++t) row[t] = pv[plane * st + t];
+        for (int64_t t = 0; t < len; ++t) row[st + t] = xv[plane * len + t];
+        for (int64_t t = 0; t < len; ++t) {
+          double a = bv[cc];
+          for (int64_t j = 0; j < k; ++j) a += wv[cc * k + j] * row[t + j];
+          y[plane * len + t] = silu ? a / (1.0 + std::exp(-a)) : a;
+        }
+        for (int64_t t = 0; t < st; ++t) ns[plane * st + t] = row[full - st + t];
+      }
+    c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
+    if (c.wants_out(1)) c.set_out(1, Tensor::from_f64(x.dtype(), {n, ch, st}, ns));
+  };
+  return d;
+}
+
+// ---- DeformConv ---------------------------------------------------------------------------------
+
+// Conv whose taps sample the input at learned fractional offsets (multilinear interpolation, zero
+// outside the input), optionally scaled by a per-tap mask (deformable conv v2).
+OpDef deform_conv_def() {
+  OpDef d;
+  d.name = "DeformConv";
+  d.min_inputs = 3;
+  d.max_inputs = 5;
+  d.since = 19;
+  d.attrs = {{"dilations", AttrKind::ints}, {"group", AttrKind::i},   {"kernel_shape", AttrKind::ints},
+             {"offset_group", AttrKind::i}, {"pads", AttrKind::ints}, {"strides", AttrKind::ints}};
+  d.cost = conv_cost;
+  d.infer = [](InferCtx& c) {
+    const DType dt = c.in(0).dtype;
+    if (!is_float(dt) || c.in(1).dtype != dt || c.in(2).dtype != dt) fail("DeformConv needs float operands of one dtype");
+    c.set_out(0, infer_conv_type(c, dt));
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Node& node = c.node();
+    const Tensor& x = c.in(0);
+    const Tensor& wt = c.in(1);
+    const int64_t group = node.attr_i("group", 1), og = node.attr_i("offset_group", 1);
+    check_conv_operands(x.shape(), wt.shape(), group);
+    const int nd = x.rank() - 2;
+    const int64_t batch = x.dim(0), c_in = x.dim(1), m_out = wt.dim(0);
+    if (c_in != wt.dim(1) * group || m_out % group != 0) fail("DeformConv channel/group mismatch");
+    if (og < 1 || c_in % og != 0) fail("DeformConv offset_group {} must divide {} channels", og, c_in);
+    Window w = forward_window(node, spatial_of(x.shape()), conv_kernel(node, wt.shape(), nd), false);
+    const int64_t kp = prod(w.k), op = prod(w.out), ip = prod(w.in);
+    Shape oshape = {batch, m_out};
+    oshape.insert(oshape.end(), w.out.begin(), w.out.end());
+    Shape off_shape = {batch, og * nd * kp};
+    off_shape.insert(off_shape.end(), w.out.begin(), w.out.end());
+    if (c.in(2).shape() != off_shape) fail("DeformConv offset must have shape {}, got {}", shape_str(off_shape), shape_str(c.in(2).shape()));
+    const bool has_mask = c.has_in(4);
+    if (has_mask) {
+      Shape ms = off_shape;
+      ms[1] = og * kp;
+      if (c.in(4).shape() != ms) fail("DeformConv mask must have shape {}", shape_str(ms));
+    }
+    const std::vector<double> xv = x.to_f64(), wv = wt.to_f64(), ov = c.in(2).to_f64();
+    const std::vector<double> mv = has_mask ? c.in(4).to_f64() : std::vector<double>{};
+    std::vector<double> bv(static_cast<size_t>(m_out), 0.0);
+    if (c.has_in(3)) {
+      if (c.in(3).numel() != m_out) fail("DeformConv bias must have {} values", m_out);
+      bv = c.in(3).to_f64();
+    }
+    const std::vector<int64_t> istr = strides_of(w.in);
+    const int64_t cpg = c_in / og, cg = c_in / group, mg = m_out / group;
+    std::vector<double> col(static_cast<size_t>(c_in * kp * op));
+    std::vector<double> pos(static_cast<size_t>(nd));
+    std::vector<double> y(static_cast<size_t>(shape_numel(oshape)));
+    for (int64_t n = 0; n < batch; ++n) {
+      for (int64_t t = 0; t < kp; ++t) {
+        const std::vector<int64_t> kt = unflatten(t, w.k);
+        for (int64_t o = 0; o < op; ++o) {
+          const std::vector<int64_t> oc = unflatten(o, w.out);
+          for (int64_t g = 0; g < og; ++g) {
+            for (int i = 0; i < nd; ++i) {
+              const double delta = ov[((n * og + g) * nd * kp + t * nd + i) * op + o];
+              pos[i] = static_cast<double>(oc[i] * w.s[i] - w.pb[i] + kt[i] * w.d[i]) + delta;
+            }
+            const double mk = has_mask ? mv[((n * og + g) * kp + t) * op + o] : 1.0;
+            for (int64_t ci = g * cpg; ci < (g + 1) * cpg; ++ci) {
+              const double* xc = xv.data() + (n * c_in + ci) * ip;
+              // Sum over the 2^nd corners of the cell holding `pos`.
+              double val = 0;
+              for (int corner = 0; corner < (1 << nd); ++corner) {
+                double wgt = 1;
+                int64_t off = 0;
+                bool inside = true;
+                for (int i = 0; i < nd && inside; ++i) {
+                  const double fl = std::floor(pos[i]);
+                  const bool up = (corner >> i) & 1;
+                  const int64_t q = static_cast<int64_t>(fl) + (up ? 1 : 0);
+                  const double fr = pos[i] - fl;
+                  wgt *= up ? fr : 1.0 - fr;
+                  if (q < 0 || q >= w.in[i]) inside = false;
+                  else off += q * istr[i];
+                }
+                if (inside && wgt != 0.0) val += wgt * xc[off];
+              }
+              col[(ci * kp + t) * op + o] = val * mk;
+            }
+          }
+        }
+      }
+      for (int64_t m = 0; m < m_out; ++m) {
+        const int64_t g = m / mg;
+        double* yr = y.data() + (n * m_out + m) * op;
+        std::fill(yr, yr + op, bv[m]);
+        for (int64_t cl = 0; cl < cg; ++cl)
+          for (int64_t t = 0; t < kp; ++t) {
+            const double wk = wv[(m * cg + cl) * kp + t];
+            const double* cr = col.data() + ((g * cg + cl) * kp + t) * op;
+            for (int64_t o = 0; o < op; ++o) yr[o] += wk * cr[o];
+          }
+      }
+    }
+    c.set_out(0, Tensor::from_f64(x.dtype(), oshape, y));
+  };
+  return d;
+}
+
 }  // namespace
 
 void register_conv_pool_ops(OpRegistry& r) {
@@ -765,11 +933,13 @@ void register_conv_pool_ops(OpRegistry& r) {
   r.add(conv_transpose_def());
   r.add(col2im_def());
   r.add(pool_def("MaxPool", PoolKind::max, 1));
-  r.add(pool_def("AveragePool", PoolKind::avg, 7));
+  r.add(pool_def("AveragePool", PoolKind::avg, 1));  // opset 1 lacks count_include_pad only
   r.add(pool_def("LpPool", PoolKind::lp, 2));
   r.add(global_pool_def("GlobalAveragePool", false));
   r.add(global_pool_def("GlobalMaxPool", true));
   r.add(max_unpool_def());
+  r.add(causal_conv_with_state_def());
+  r.add(deform_conv_def());
 }
 
 }  // namespace tessel

@@ -176,8 +176,19 @@ OpDef gemm_def() {
   d.max_inputs = 3;
   d.since = 7;  // 7..13 only differ in allowed dtypes and C becoming optional (11)
   d.fusion = FusionKind::matmul;
-  d.attrs = {{"alpha", AttrKind::f}, {"beta", AttrKind::f}, {"transA", AttrKind::i}, {"transB", AttrKind::i}};
+  d.cost = [](const Node& n) {
+    Cost c = matmul_cost(n);
+    const Shape& a = n.inputs[0]->type.shape;
+    if (a.size() == 2 && n.attr_i("transA", 0) != 0 && a.back() > 0)
+      c.flops = c.flops / static_cast<double>(a.back()) * static_cast<double>(std::max<int64_t>(a[0], 1));
+    return c;
+  };
+  // `broadcast` only exists before opset 7; the upgrade drops it since C always broadcasts now.
+  d.attrs = {{"alpha", AttrKind::f}, {"beta", AttrKind::f}, {"transA", AttrKind::i}, {"transB", AttrKind::i},
+             {"broadcast", AttrKind::i}};
+  d.upgrade = [](Graph&, Node& n, int) { n.attrs.erase("broadcast"); };
   d.infer = [](InferCtx& c) {
+    if (c.node().has_attr("broadcast")) fail("Gemm attribute 'broadcast' was removed in opset 7");
     const TensorType& a = c.in(0);
     const TensorType& b = c.in(1);
     if (a.shape.size() != 2 || b.shape.size() != 2)
