@@ -173,3 +173,38 @@ TEST(Activation, HandComputedValues) {
   expect_f(run1("PRelu", {f32({2, 2}, {-1, -2, 3, -4}), f32({2}, {0.5, 0.25})})[0], {-0.5, -0.5, 3, -1});
   expect_i(run1("Relu", {ints(DType::i32, {2}, {-3, 4})})[0], {0, 4});
 }
+
+TEST(Elementwise, LegacyUpgrades) {
+  // Clip-6: min/max attributes become constant inputs.
+  Graph g;
+  Value* x = g.add_input("x", TensorType{DType::f32, {3}});
+  const OpDef* clip = OpRegistry::get().find("Clip");
+  Node* n = g.add_node(clip, "c", {x}, {"y"}, {{"min", -1.0}, {"max", 2.0}});
+  g.outputs.push_back(n->outputs[0]);
+  clip->upgrade(g, *n, 6);
+  EXPECT_FALSE(n->has_attr("min"));
+  ASSERT_EQ(n->inputs.size(), 3u);
+  infer_graph(g);
+  expect_f(run_eager(g, {f32({3}, {-5, 0.5, 5})})[0], {-1, 0.5, 2});
+
+  // Dropout-10: the ratio attribute becomes an input; inference mode is an identity.
+  Graph g2;
+  Value* x2 = g2.add_input("x", TensorType{DType::f32, {2}});
+  const OpDef* drop = OpRegistry::get().find("Dropout");
+  Node* d = g2.add_node(drop, "d", {x2}, {"y", "mask"}, {{"ratio", 0.3}});
+  g2.outputs = {d->outputs[0], d->outputs[1]};
+  drop->upgrade(g2, *d, 10);
+  infer_graph(g2);
+  auto out = run_eager(g2, {f32({2}, {3, -4})});
+  expect_f(out[0], {3, -4});
+  expect_i(out[1], {1, 1});
+}
+
+TEST(Elementwise, SeededTrainingDropoutIsReproducible) {
+  std::map<std::string, Attr> attrs{{"seed", int64_t{7}}};
+  std::vector<Tensor> in{f32({64}, std::vector<double>(64, 1.0)), f32({}, {0.5}), ints(DType::boolean, {}, {1})};
+  auto a = run1("Dropout", in, attrs, 2);
+  auto b = run1("Dropout", in, attrs, 2);
+  EXPECT_TRUE(a[0].same_as(b[0]));
+  for (int64_t i = 0; i < 64; ++i) EXPECT_DOUBLE_EQ(a[0].get_f(i), a[1].get_i(i) ? 2.0 : 0.0);
+}

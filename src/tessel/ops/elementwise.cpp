@@ -107,6 +107,15 @@ void for_each_bcast(const Shape& a, const Shape& b, const Shape& out, F&& f) {
     for (int64_t i = 0; i < n; ++i) f(i, i, i);
     return;
   }
+  // A scalar operand (bias, epsilon, exponent) needs no index table.
+  if (a == out && shape_numel(b) == 1) {
+    for (int64_t i = 0; i < n; ++i) f(i, i, int64_t{0});
+    return;
+  }
+  if (b == out && shape_numel(a) == 1) {
+    for (int64_t i = 0; i < n; ++i) f(i, int64_t{0}, i);
+    return;
+  }
   const std::vector<int64_t> ia = broadcast_index(a, out), ib = broadcast_index(b, out);
   for (int64_t i = 0; i < n; ++i) f(i, ia[i], ib[i]);
 }
