@@ -1056,7 +1056,9 @@ ResizeAttrs resize_attrs(const Node& n) {
                                  "asymmetric", "tf_crop_and_resize", "tf_half_pixel_for_nn"};
   if (std::find(std::begin(coords), std::end(coords), a.coord) == std::end(coords))
     fail("unknown coordinate_transformation_mode '{}'", a.coord);
-  static const char* nm[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"};
+  // "simple" is not an ONNX value: upgrade() sets it for Resize-10/Upsample, whose nearest
+  // neighbour truncates when upsampling and rounds up when downsampling (as ONNX Runtime does).
+  static const char* nm[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple"};
   if (std::find(std::begin(nm), std::end(nm), a.nearest) == std::end(nm)) fail("unknown nearest_mode '{}'", a.nearest);
   if (a.policy != "stretch" && a.policy != "not_larger" && a.policy != "not_smaller")
     fail("unknown keep_aspect_ratio_policy '{}'", a.policy);
@@ -1194,6 +1196,7 @@ std::vector<Tap> resize_taps(const ResizeAttrs& a, int64_t x, double scale, int6
     double f = std::floor(xo);
     int64_t i;
     if (a.nearest == "floor") i = static_cast<int64_t>(f);
+    else if (a.nearest == "simple") i = static_cast<int64_t>(scale < 1.0 ? std::ceil(xo) : f);
     else if (a.nearest == "ceil") i = static_cast<int64_t>(std::ceil(xo));
     else if (xo - f == 0.5) i = static_cast<int64_t>(a.nearest == "round_prefer_floor" ? f : f + 1);
     else i = static_cast<int64_t>(std::round(xo));
@@ -1326,12 +1329,12 @@ std::vector<AttrSpec> resize_attr_specs() {
 OpDef resize_op() {
   OpDef d = make_op("Resize", 1, 4, 11, resize_attr_specs());
   d.fusion = FusionKind::opaque;
-  // Resize-10: (X, scales) with asymmetric coordinates and floor-rounded nearest neighbours.
+  // Resize-10: (X, scales) with asymmetric coordinates and "simple" nearest neighbours.
   d.upgrade = [](Graph&, Node& n, int) {
     if (n.inputs.size() != 2) fail("Resize-10 takes X and scales");
     n.inputs = {n.inputs[0], nullptr, n.inputs[1]};
     n.attrs["coordinate_transformation_mode"] = std::string("asymmetric");
-    n.attrs["nearest_mode"] = std::string("floor");
+    n.attrs["nearest_mode"] = std::string("simple");
   };
   d.infer = [](InferCtx& c) {
     reject_attr(c.node(), "scales");
@@ -1388,7 +1391,7 @@ OpDef upsample_op() {
     if (a.mode == "bilinear") a.mode = "linear";
     if (a.mode != "nearest" && a.mode != "linear") fail("unknown Upsample mode '{}'", a.mode);
     a.coord = "asymmetric";
-    a.nearest = "floor";
+    a.nearest = "simple";
     return a;
   };
   d.infer = [attrs](InferCtx& c) {
