@@ -204,3 +204,10 @@ TEST(Normalization, LayerNormBroadcastScale) {
   const double s = std::sqrt(5.0);
   expect_near(y[0], {-3 / s, -2 / s, 1 / s, 6 / s});
 }
+
+TEST(Reduction, ArgMaxNaNWins) {
+  auto a = run_op("ArgMax", {f32({3}, {1, NAN, 5})}, 1);
+  EXPECT_EQ(a[0].get_i(0), 1);
+  auto b = run_op("ArgMin", {f32({3}, {1, NAN, -5})}, 1);
+  EXPECT_EQ(b[0].get_i(0), 1);
+}

@@ -321,8 +321,10 @@ OpDef arg_op(std::string name, bool is_max) {
           int64_t a = base + j * inner, b = base + best * inner;
           bool better, equal;
           if (fl) {
-            better = is_max ? vf[a] > vf[b] : vf[a] < vf[b];
-            equal = vf[a] == vf[b];
+            // Like numpy, the first NaN wins both ArgMax and ArgMin.
+            const bool na = std::isnan(vf[a]), nb = std::isnan(vf[b]);
+            better = (na && !nb) || (!nb && (is_max ? vf[a] > vf[b] : vf[a] < vf[b]));
+            equal = vf[a] == vf[b] || (na && nb);
           } else {
             better = is_max ? vi[a] > vi[b] : vi[a] < vi[b];
             equal = vi[a] == vi[b];
