@@ -18,13 +18,14 @@ struct OneNode {
   Graph g;
   Node* node = nullptr;
 
-  OneNode(const std::string& op, const std::vector<Tensor>& inputs, std::map<std::string, Attr> attrs = {},
-          int num_outputs = 1) {
+  OneNode(const std::string& op, const std::vector<Tensor>& inputs,
+          std::map<std::string, Attr> attrs = {}, int num_outputs = 1) {
     const OpDef* def = OpRegistry::get().find(op);
     if (!def) throw std::runtime_error("no op " + op);
     std::vector<Value*> ins;
     for (size_t i = 0; i < inputs.size(); ++i)
-      ins.push_back(g.add_input("in" + std::to_string(i), TensorType{inputs[i].dtype(), inputs[i].shape()}));
+      ins.push_back(
+          g.add_input("in" + std::to_string(i), TensorType{inputs[i].dtype(), inputs[i].shape()}));
     std::vector<std::string> outs;
     for (int i = 0; i < num_outputs; ++i) outs.push_back("out" + std::to_string(i));
     node = g.add_node(def, "n", ins, outs, std::move(attrs));
@@ -40,8 +41,12 @@ std::vector<Tensor> run1(const std::string& op, const std::vector<Tensor>& input
   return n.run(inputs);
 }
 
-Tensor f32(Shape s, std::vector<double> v) { return Tensor::from_f64(DType::f32, std::move(s), v); }
-Tensor ints(DType t, Shape s, std::vector<int64_t> v) { return Tensor::from_i64(t, std::move(s), v); }
+Tensor f32(Shape s, std::vector<double> v) {
+  return Tensor::from_f64(DType::f32, std::move(s), v);
+}
+Tensor ints(DType t, Shape s, std::vector<int64_t> v) {
+  return Tensor::from_i64(t, std::move(s), v);
+}
 
 void expect_f(const Tensor& t, std::vector<double> want, double tol = 1e-6) {
   ASSERT_EQ(t.numel(), static_cast<int64_t>(want.size()));
@@ -74,7 +79,8 @@ TEST(Elementwise, IntegerAbsNegWrap) {
 }
 
 TEST(Elementwise, DivAndModIntegers) {
-  auto y = run1("Div", {ints(DType::i32, {4}, {7, -7, 7, -7}), ints(DType::i32, {4}, {2, 2, -2, -2})});
+  auto y =
+      run1("Div", {ints(DType::i32, {4}, {7, -7, 7, -7}), ints(DType::i32, {4}, {2, 2, -2, -2})});
   expect_i(y[0], {3, -3, -3, 3});  // truncation toward zero
   y = run1("Mod", {ints(DType::i32, {4}, {7, -7, 7, -7}), ints(DType::i32, {4}, {3, 3, -3, -3})});
   expect_i(y[0], {1, 2, -2, -1});  // sign of the divisor
@@ -139,7 +145,8 @@ TEST(Elementwise, WhereAndClip) {
   expect_f(y[0], {1, 2, 9, 9});
   y = run1("Clip", {f32({4}, {-3, 0.5, 7, NAN}), f32({}, {-1}), f32({}, {1})});
   expect_f(y[0], {-1, 0.5, 1, NAN});
-  y = run1("Clip", {ints(DType::i8, {3}, {-100, 5, 100}), ints(DType::i8, {}, {-10}), ints(DType::i8, {}, {10})});
+  y = run1("Clip", {ints(DType::i8, {3}, {-100, 5, 100}), ints(DType::i8, {}, {-10}),
+                    ints(DType::i8, {}, {10})});
   expect_i(y[0], {-10, 5, 10});
 }
 
@@ -166,11 +173,14 @@ TEST(Activation, HandComputedValues) {
   expect_f(run1("HardSigmoid", {x})[0], {0.3, 0.5, 0.9});
   expect_f(run1("HardSwish", {x})[0], {-1.0 / 3, 0, 2 * (2.0 / 6 + 0.5)});
   expect_f(run1("Softsign", {x})[0], {-0.5, 0, 2.0 / 3});
-  expect_f(run1("Softplus", {x})[0], {std::log(1 + std::exp(-1.0)), std::log(2.0), std::log(1 + std::exp(2.0))});
+  expect_f(run1("Softplus", {x})[0],
+           {std::log(1 + std::exp(-1.0)), std::log(2.0), std::log(1 + std::exp(2.0))});
   expect_f(run1("ThresholdedRelu", {x}, {{"alpha", 1.5}})[0], {0, 0, 2});
-  expect_f(run1("Shrink", {f32({3}, {-2, 0.3, 2})}, {{"bias", 0.5}, {"lambd", 1.0}})[0], {-1.5, 0, 1.5});
+  expect_f(run1("Shrink", {f32({3}, {-2, 0.3, 2})}, {{"bias", 0.5}, {"lambd", 1.0}})[0],
+           {-1.5, 0, 1.5});
   expect_f(run1("Gelu", {x})[0], {-0.15865525393145707, 0, 1.9544997361036416});
-  expect_f(run1("PRelu", {f32({2, 2}, {-1, -2, 3, -4}), f32({2}, {0.5, 0.25})})[0], {-0.5, -0.5, 3, -1});
+  expect_f(run1("PRelu", {f32({2, 2}, {-1, -2, 3, -4}), f32({2}, {0.5, 0.25})})[0],
+           {-0.5, -0.5, 3, -1});
   expect_i(run1("Relu", {ints(DType::i32, {2}, {-3, 4})})[0], {0, 4});
 }
 
@@ -202,7 +212,8 @@ TEST(Elementwise, LegacyUpgrades) {
 
 TEST(Elementwise, SeededTrainingDropoutIsReproducible) {
   std::map<std::string, Attr> attrs{{"seed", int64_t{7}}};
-  std::vector<Tensor> in{f32({64}, std::vector<double>(64, 1.0)), f32({}, {0.5}), ints(DType::boolean, {}, {1})};
+  std::vector<Tensor> in{f32({64}, std::vector<double>(64, 1.0)), f32({}, {0.5}),
+                         ints(DType::boolean, {}, {1})};
   auto a = run1("Dropout", in, attrs, 2);
   auto b = run1("Dropout", in, attrs, 2);
   EXPECT_TRUE(a[0].same_as(b[0]));

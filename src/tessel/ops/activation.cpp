@@ -18,10 +18,13 @@ double sigmoid(double x) {
   return e / (1.0 + e);
 }
 
-double softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
+double softplus(double x) {
+  return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+}
 
 // With `fi`, the op is also defined for signed integers and computes them exactly.
-OpDef activation(std::string name, int since, std::vector<AttrSpec> attrs, MakeFn make, UnaryI fi = nullptr) {
+OpDef activation(std::string name, int since, std::vector<AttrSpec> attrs, MakeFn make,
+                 UnaryI fi = nullptr) {
   OpDef d;
   d.name = std::move(name);
   d.since = since;
@@ -42,7 +45,8 @@ OpDef activation(std::string name, int since, std::vector<AttrSpec> attrs, MakeF
 // An activation without attributes.
 OpDef plain(std::string name, int since, double (*f)(double), UnaryI fi = nullptr) {
   UnaryF fn = f;
-  return activation(std::move(name), since, {}, [fn](const Node&) { return fn; }, std::move(fi));
+  return activation(
+      std::move(name), since, {}, [fn](const Node&) { return fn; }, std::move(fi));
 }
 
 Tensor prelu_kernel(const Tensor& x, const Tensor& slope) {
@@ -65,7 +69,9 @@ Tensor prelu_kernel(const Tensor& x, const Tensor& slope) {
   } else {
     for (int64_t i = 0; i < n; ++i) {
       int64_t v = x.get_i(i);
-      y.set_i(i, v < 0 ? static_cast<int64_t>(static_cast<uint64_t>(v) * static_cast<uint64_t>(slope.get_i(at(i)))) : v);
+      y.set_i(i, v < 0 ? static_cast<int64_t>(static_cast<uint64_t>(v) *
+                                              static_cast<uint64_t>(slope.get_i(at(i))))
+                       : v);
     }
   }
   return y;
@@ -76,13 +82,15 @@ Tensor prelu_kernel(const Tensor& x, const Tensor& slope) {
 void register_activation_ops(OpRegistry& r) {
   using A = AttrSpec;
   const auto F = AttrKind::f;
-  r.add(plain("Relu", 6, [](double x) { return x > 0 ? x : (std::isnan(x) ? x : 0.0); },
-              [](int64_t x) -> int64_t { return x > 0 ? x : 0; }));
+  r.add(plain(
+      "Relu", 6, [](double x) { return x > 0 ? x : (std::isnan(x) ? x : 0.0); },
+      [](int64_t x) -> int64_t { return x > 0 ? x : 0; }));
   r.add(plain("Tanh", 6, [](double x) { return std::tanh(x); }));
   r.add(plain("Sigmoid", 6, sigmoid));
   r.add(plain("Softplus", 1, softplus));
   r.add(plain("Softsign", 1, [](double x) { return x / (1.0 + std::fabs(x)); }));
-  r.add(plain("HardSwish", 14, [](double x) { return x * std::max(0.0, std::min(1.0, x / 6.0 + 0.5)); }));
+  r.add(plain("HardSwish", 14,
+              [](double x) { return x * std::max(0.0, std::min(1.0, x / 6.0 + 0.5)); }));
   r.add(plain("Mish", 18, [](double x) { return x * std::tanh(softplus(x)); }));
   r.add(activation("LeakyRelu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
     double a = n.attr_f("alpha", 0.01);
@@ -119,7 +127,8 @@ void register_activation_ops(OpRegistry& r) {
       std::string mode = n.attr_s("approximate", "none");
       if (mode == "tanh") {
         const double k = std::sqrt(2.0 / M_PI);
-        return [k](double x) { return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x))); };
+        return
+            [k](double x) { return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x))); };
       }
       if (mode != "none") fail("Gelu approximate must be 'none' or 'tanh', got '{}'", mode);
       return [](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); };
@@ -160,18 +169,24 @@ void register_activation_ops(OpRegistry& r) {
       DType t = ctx.in(0).dtype;
       if (!is_float(t) && !is_int(t)) fail("PRelu is not defined for dtype {}", dtype_name(t));
       if (ctx.in(1).dtype != t)
-        fail("X and slope have different dtypes {} and {}", dtype_name(t), dtype_name(ctx.in(1).dtype));
+        fail("X and slope have different dtypes {} and {}", dtype_name(t),
+             dtype_name(ctx.in(1).dtype));
       // The slope broadcasts to X (unidirectionally): the result keeps X's shape.
       Shape s = broadcast_shapes(ctx.in(0).shape, ctx.in(1).shape);
-      if (s.size() != ctx.in(0).shape.size()) fail("slope {} has a higher rank than X {}", shape_str(ctx.in(1).shape), shape_str(ctx.in(0).shape));
+      if (s.size() != ctx.in(0).shape.size())
+        fail("slope {} has a higher rank than X {}", shape_str(ctx.in(1).shape),
+             shape_str(ctx.in(0).shape));
       for (size_t i = 0; i < s.size(); ++i)
         if (ctx.in(0).shape[i] >= 0 && s[i] >= 0 && s[i] != ctx.in(0).shape[i])
-          fail("slope {} does not broadcast to X {}", shape_str(ctx.in(1).shape), shape_str(ctx.in(0).shape));
+          fail("slope {} does not broadcast to X {}", shape_str(ctx.in(1).shape),
+               shape_str(ctx.in(0).shape));
       infer_same_as_input(ctx);
     };
     d.kernel = [](KernelCtx& c) {
       Shape s = broadcast_shapes(c.in(0).shape(), c.in(1).shape());
-      if (s != c.in(0).shape()) fail("slope {} does not broadcast to X {}", shape_str(c.in(1).shape()), shape_str(c.in(0).shape()));
+      if (s != c.in(0).shape())
+        fail("slope {} does not broadcast to X {}", shape_str(c.in(1).shape()),
+             shape_str(c.in(0).shape()));
       c.set_out(0, prelu_kernel(c.in(0), c.in(1)));
     };
     r.add(std::move(d));

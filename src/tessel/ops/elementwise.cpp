@@ -18,65 +18,98 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // How a kernel must read an element: get_i reinterprets u64 as int64, so unsigned types need
 // their own comparisons and division.
 enum class Cls { f, s, u };
-Cls cls_of(DType t) { return is_float(t) ? Cls::f : is_signed_int(t) ? Cls::s : Cls::u; }
+Cls cls_of(DType t) {
+  return is_float(t) ? Cls::f : is_signed_int(t) ? Cls::s : Cls::u;
+}
 
 enum class Types { floats, signed_or_float, numeric, ints, unsigned_ints, boolean, any };
 
 bool types_ok(Types ts, DType t) {
   switch (ts) {
-    case Types::floats: return is_float(t);
-    case Types::signed_or_float: return is_float(t) || is_signed_int(t);
-    case Types::numeric: return is_float(t) || is_int(t);
-    case Types::ints: return is_int(t);
-    case Types::unsigned_ints: return is_unsigned_int(t);
-    case Types::boolean: return is_bool(t);
-    case Types::any: return true;
+    case Types::floats:
+      return is_float(t);
+    case Types::signed_or_float:
+      return is_float(t) || is_signed_int(t);
+    case Types::numeric:
+      return is_float(t) || is_int(t);
+    case Types::ints:
+      return is_int(t);
+    case Types::unsigned_ints:
+      return is_unsigned_int(t);
+    case Types::boolean:
+      return is_bool(t);
+    case Types::any:
+      return true;
   }
   return false;
 }
 
 void check_types(const InferCtx& ctx, Types ts, int input) {
   DType t = ctx.in(input).dtype;
-  if (!types_ok(ts, t)) fail("{} is not defined for input {} of dtype {}", ctx.node().op_name(), input, dtype_name(t));
+  if (!types_ok(ts, t))
+    fail("{} is not defined for input {} of dtype {}", ctx.node().op_name(), input, dtype_name(t));
 }
 
 void check_same_dtype(const InferCtx& ctx) {
   for (int i = 1; i < ctx.num_inputs(); ++i)
     if (ctx.has_in(i) && ctx.in(i).dtype != ctx.in(0).dtype)
-      fail("operands have different dtypes {} and {}", dtype_name(ctx.in(0).dtype), dtype_name(ctx.in(i).dtype));
+      fail("operands have different dtypes {} and {}", dtype_name(ctx.in(0).dtype),
+           dtype_name(ctx.in(i).dtype));
 }
 
 // ONNX TensorProto.DataType numbers; the ones tessel cannot hold map to nullopt.
 std::optional<DType> dtype_of_onnx(int64_t t) {
   switch (t) {
-    case 1: return DType::f32;
-    case 2: return DType::u8;
-    case 3: return DType::i8;
-    case 4: return DType::u16;
-    case 5: return DType::i16;
-    case 6: return DType::i32;
-    case 7: return DType::i64;
-    case 9: return DType::boolean;
-    case 10: return DType::f16;
-    case 11: return DType::f64;
-    case 12: return DType::u32;
-    case 13: return DType::u64;
-    case 16: return DType::bf16;
-    case 17: return DType::f8e4m3fn;
-    case 18: return DType::f8e4m3fnuz;
-    case 19: return DType::f8e5m2;
-    case 20: return DType::f8e5m2fnuz;
-    case 21: return DType::u4;
-    case 22: return DType::i4;
-    case 23: return DType::f4e2m1;
-    default: return std::nullopt;
+    case 1:
+      return DType::f32;
+    case 2:
+      return DType::u8;
+    case 3:
+      return DType::i8;
+    case 4:
+      return DType::u16;
+    case 5:
+      return DType::i16;
+    case 6:
+      return DType::i32;
+    case 7:
+      return DType::i64;
+    case 9:
+      return DType::boolean;
+    case 10:
+      return DType::f16;
+    case 11:
+      return DType::f64;
+    case 12:
+      return DType::u32;
+    case 13:
+      return DType::u64;
+    case 16:
+      return DType::bf16;
+    case 17:
+      return DType::f8e4m3fn;
+    case 18:
+      return DType::f8e4m3fnuz;
+    case 19:
+      return DType::f8e5m2;
+    case 20:
+      return DType::f8e5m2fnuz;
+    case 21:
+      return DType::u4;
+    case 22:
+      return DType::i4;
+    case 23:
+      return DType::f4e2m1;
+    default:
+      return std::nullopt;
   }
 }
 
 // round_mode only steers casts to float8e8m0, which tessel does not hold; still checked.
 void check_round_mode(const Node& n) {
   std::string m = n.attr_s("round_mode", "up");
-  if (m != "up" && m != "down" && m != "nearest") fail("round_mode must be up, down or nearest, got '{}'", m);
+  if (m != "up" && m != "down" && m != "nearest")
+    fail("round_mode must be up, down or nearest, got '{}'", m);
 }
 
 DType to_attr_dtype(const Node& n) {
@@ -84,13 +117,20 @@ DType to_attr_dtype(const Node& n) {
   auto dt = dtype_of_onnx(to);
   if (!dt) {
     switch (to) {
-      case 8: unsupported("casts to or from string tensors are not supported");
-      case 14: unsupported("complex64 tensors are not supported");
-      case 15: unsupported("complex128 tensors are not supported");
-      case 24: unsupported("float8e8m0 tensors are not supported");
-      case 25: unsupported("uint2 tensors are not supported");
-      case 26: unsupported("int2 tensors are not supported");
-      default: break;
+      case 8:
+        unsupported("casts to or from string tensors are not supported");
+      case 14:
+        unsupported("complex64 tensors are not supported");
+      case 15:
+        unsupported("complex128 tensors are not supported");
+      case 24:
+        unsupported("float8e8m0 tensors are not supported");
+      case 25:
+        unsupported("uint2 tensors are not supported");
+      case 26:
+        unsupported("int2 tensors are not supported");
+      default:
+        break;
     }
     fail("'to' = {} is not an ONNX data type", to);
   }
@@ -120,14 +160,18 @@ void for_each_bcast(const Shape& a, const Shape& b, const Shape& out, F&& f) {
   for (int64_t i = 0; i < n; ++i) f(i, ia[i], ib[i]);
 }
 
-uint64_t get_u(const Tensor& t, int64_t i) { return static_cast<uint64_t>(t.get_i(i)); }
-void set_u(Tensor& t, int64_t i, uint64_t v) { t.set_i(i, static_cast<int64_t>(v)); }
+uint64_t get_u(const Tensor& t, int64_t i) {
+  return static_cast<uint64_t>(t.get_i(i));
+}
+void set_u(Tensor& t, int64_t i, uint64_t v) {
+  t.set_i(i, static_cast<int64_t>(v));
+}
 
 // A binary kernel with separate element functions per dtype class. Output dtype defaults to a's.
 struct BinaryFns {
-  BinaryF f;                                       // floats, in double
-  std::function<int64_t(int64_t, int64_t)> s;      // signed ints
-  std::function<uint64_t(uint64_t, uint64_t)> u;   // unsigned ints and bool
+  BinaryF f;                                      // floats, in double
+  std::function<int64_t(int64_t, int64_t)> s;     // signed ints
+  std::function<uint64_t(uint64_t, uint64_t)> u;  // unsigned ints and bool
 };
 
 Tensor apply_binary(const Tensor& a, const Tensor& b, const BinaryFns& fns) {
@@ -144,19 +188,22 @@ Tensor apply_binary(const Tensor& a, const Tensor& b, const BinaryFns& fns) {
           yp[i] = static_cast<float>(fns.f(ap[j], bp[k]));
         });
       } else {
-        for_each_bcast(a.shape(), b.shape(), s,
-                       [&](int64_t i, int64_t j, int64_t k) { y.set_f(i, fns.f(a.get_f(j), b.get_f(k))); });
+        for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
+          y.set_f(i, fns.f(a.get_f(j), b.get_f(k)));
+        });
       }
       break;
     case Cls::s:
       if (!fns.s) fail("op is not defined for {}", dtype_name(a.dtype()));
-      for_each_bcast(a.shape(), b.shape(), s,
-                     [&](int64_t i, int64_t j, int64_t k) { y.set_i(i, fns.s(a.get_i(j), b.get_i(k))); });
+      for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
+        y.set_i(i, fns.s(a.get_i(j), b.get_i(k)));
+      });
       break;
     case Cls::u:
       if (!fns.u) fail("op is not defined for {}", dtype_name(a.dtype()));
-      for_each_bcast(a.shape(), b.shape(), s,
-                     [&](int64_t i, int64_t j, int64_t k) { set_u(y, i, fns.u(get_u(a, j), get_u(b, k))); });
+      for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
+        set_u(y, i, fns.u(get_u(a, j), get_u(b, k)));
+      });
       break;
   }
   return y;
@@ -183,15 +230,22 @@ OpDef binary(std::string name, int since, Types ts, BinaryFns fns) {
 }
 
 // Wrapping integer arithmetic: computed in uint64 so overflow is defined, then narrowed by set_i.
-int64_t wrap_add(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }
-int64_t wrap_sub(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b)); }
-int64_t wrap_mul(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }
+int64_t wrap_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+int64_t wrap_sub(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
+}
+int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
 
 // ---- unary ops -------------------------------------------------------------------------------
 
 using UnaryKernel = std::function<Tensor(const Tensor&)>;
 
-OpDef unary(std::string name, int since, Types ts, UnaryKernel k, std::optional<DType> out = std::nullopt) {
+OpDef unary(std::string name, int since, Types ts, UnaryKernel k,
+            std::optional<DType> out = std::nullopt) {
   OpDef d;
   d.name = std::move(name);
   d.since = since;
@@ -207,14 +261,18 @@ OpDef unary(std::string name, int since, Types ts, UnaryKernel k, std::optional<
 // A float-only math function.
 OpDef unary_f(std::string name, int since, double (*f)(double)) {
   UnaryF fn = f;
-  return unary(std::move(name), since, Types::floats, [fn](const Tensor& x) { return map_unary(x, fn); });
+  return unary(std::move(name), since, Types::floats,
+               [fn](const Tensor& x) { return map_unary(x, fn); });
 }
 
 // Per-element function for each dtype class of one tensor.
-Tensor map_by_class(const Tensor& x, const UnaryF& f, const UnaryI& s, const std::function<uint64_t(uint64_t)>& u) {
+Tensor map_by_class(const Tensor& x, const UnaryF& f, const UnaryI& s,
+                    const std::function<uint64_t(uint64_t)>& u) {
   switch (cls_of(x.dtype())) {
-    case Cls::f: return map_unary(x, f);
-    case Cls::s: return map_unary(x, f, s);
+    case Cls::f:
+      return map_unary(x, f);
+    case Cls::s:
+      return map_unary(x, f, s);
     case Cls::u: {
       Tensor y(x.dtype(), x.shape());
       for (int64_t i = 0; i < x.numel(); ++i) set_u(y, i, u(get_u(x, i)));
@@ -224,22 +282,37 @@ Tensor map_by_class(const Tensor& x, const UnaryF& f, const UnaryI& s, const std
   return x;
 }
 
-double sign_f(double v) { return std::isnan(v) ? v : v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0; }
-double round_even(double v) { return std::nearbyint(v); }  // default rounding mode: ties to even
-double reciprocal(double v) { return 1.0 / v; }
-double neg_f(double v) { return -v; }
-double abs_f(double v) { return std::fabs(v); }
+double sign_f(double v) {
+  return std::isnan(v) ? v : v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0;
+}
+double round_even(double v) {
+  return std::nearbyint(v);
+}  // default rounding mode: ties to even
+double reciprocal(double v) {
+  return 1.0 / v;
+}
+double neg_f(double v) {
+  return -v;
+}
+double abs_f(double v) {
+  return std::fabs(v);
+}
 
 void register_unary(OpRegistry& r) {
   r.add(unary("Abs", 6, Types::numeric, [](const Tensor& x) {
-    return map_by_class(x, abs_f, [](int64_t v) { return v < 0 ? wrap_sub(0, v) : v; }, [](uint64_t v) { return v; });
+    return map_by_class(
+        x, abs_f, [](int64_t v) { return v < 0 ? wrap_sub(0, v) : v; },
+        [](uint64_t v) { return v; });
   }));
   r.add(unary("Neg", 6, Types::signed_or_float, [](const Tensor& x) {
     return map_unary(x, neg_f, [](int64_t v) { return wrap_sub(0, v); });
   }));
   r.add(unary("Sign", 9, Types::numeric, [](const Tensor& x) {
-    return map_by_class(x, sign_f, [](int64_t v) -> int64_t { return v > 0 ? 1 : v < 0 ? -1 : 0; },
-                        [](uint64_t v) -> uint64_t { return v != 0; });
+    return map_by_class(
+        x, sign_f, [](int64_t v) -> int64_t { return v > 0   ? 1
+                                                     : v < 0 ? -1
+                                                             : 0; },
+        [](uint64_t v) -> uint64_t { return v != 0; });
   }));
   r.add(unary_f("Reciprocal", 6, reciprocal));
   r.add(unary_f("Sqrt", 6, [](double v) { return std::sqrt(v); }));
@@ -270,11 +343,14 @@ void register_unary(OpRegistry& r) {
     for (int64_t i = 0; i < x.numel(); ++i) y.set_i(i, ~x.get_i(i));  // set_i narrows to the width
     return y;
   }));
-  r.add(unary("IsNaN", 9, Types::floats, [](const Tensor& x) {
-    Tensor y(DType::boolean, x.shape());
-    for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = std::isnan(x.get_f(i));
-    return y;
-  }, DType::boolean));
+  r.add(unary(
+      "IsNaN", 9, Types::floats,
+      [](const Tensor& x) {
+        Tensor y(DType::boolean, x.shape());
+        for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = std::isnan(x.get_f(i));
+        return y;
+      },
+      DType::boolean));
   {
     OpDef d = unary("IsInf", 10, Types::floats, nullptr, DType::boolean);
     d.attrs = {{"detect_negative", AttrKind::i}, {"detect_positive", AttrKind::i}};
@@ -298,7 +374,7 @@ void register_unary(OpRegistry& r) {
 int64_t div_s(int64_t a, int64_t b) {
   if (b == 0) fail("integer division by zero");
   if (b == -1) return wrap_sub(0, a);  // INT64_MIN / -1 overflows in C++
-  return a / b;                         // truncates toward zero, as ONNX integer Div does
+  return a / b;                        // truncates toward zero, as ONNX integer Div does
 }
 
 uint64_t div_u(uint64_t a, uint64_t b) {
@@ -338,8 +414,9 @@ Tensor pow_kernel(const Tensor& a, const Tensor& b) {
     });
   } else if (af || bf) {
     // Float base or float exponent: real power, then converted to the base dtype.
-    for_each_bcast(a.shape(), b.shape(), s,
-                   [&](int64_t i, int64_t j, int64_t k) { y.set_f(i, std::pow(a.get_f(j), b.get_f(k))); });
+    for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
+      y.set_f(i, std::pow(a.get_f(j), b.get_f(k)));
+    });
   } else {
     const bool ua = cls_of(a.dtype()) == Cls::u, ub = cls_of(b.dtype()) == Cls::u;
     for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
@@ -379,12 +456,15 @@ Tensor mod_kernel(const Tensor& a, const Tensor& b, bool fmod) {
 }
 
 void register_binary(OpRegistry& r) {
-  r.add(binary("Add", 7, Types::numeric, {[](double a, double b) { return a + b; }, wrap_add,
-                                          [](uint64_t a, uint64_t b) { return a + b; }}));
-  r.add(binary("Sub", 7, Types::numeric, {[](double a, double b) { return a - b; }, wrap_sub,
-                                          [](uint64_t a, uint64_t b) { return a - b; }}));
-  r.add(binary("Mul", 7, Types::numeric, {[](double a, double b) { return a * b; }, wrap_mul,
-                                          [](uint64_t a, uint64_t b) { return a * b; }}));
+  r.add(binary("Add", 7, Types::numeric,
+               {[](double a, double b) { return a + b; }, wrap_add,
+                [](uint64_t a, uint64_t b) { return a + b; }}));
+  r.add(binary("Sub", 7, Types::numeric,
+               {[](double a, double b) { return a - b; }, wrap_sub,
+                [](uint64_t a, uint64_t b) { return a - b; }}));
+  r.add(binary("Mul", 7, Types::numeric,
+               {[](double a, double b) { return a * b; }, wrap_mul,
+                [](uint64_t a, uint64_t b) { return a * b; }}));
   r.add(binary("Div", 7, Types::numeric, {[](double a, double b) { return a / b; }, div_s, div_u}));
   {
     OpDef d = binary("Mod", 10, Types::numeric, {});
@@ -393,10 +473,13 @@ void register_binary(OpRegistry& r) {
       check_types(ctx, Types::numeric, 0);
       int64_t fm = ctx.node().attr_i("fmod", 0);
       if (fm != 0 && fm != 1) fail("fmod must be 0 or 1, got {}", fm);
-      if (is_float(ctx.in(0).dtype) && fm == 0) fail("Mod on floating point inputs requires fmod=1");
+      if (is_float(ctx.in(0).dtype) && fm == 0)
+        fail("Mod on floating point inputs requires fmod=1");
       infer_binary_same(ctx);
     };
-    d.kernel = [](KernelCtx& c) { c.set_out(0, mod_kernel(c.in(0), c.in(1), c.node().attr_i("fmod", 0) != 0)); };
+    d.kernel = [](KernelCtx& c) {
+      c.set_out(0, mod_kernel(c.in(0), c.in(1), c.node().attr_i("fmod", 0) != 0));
+    };
     r.add(std::move(d));
   }
   {
@@ -431,16 +514,26 @@ void register_binary(OpRegistry& r) {
   }
   auto bitwise = [](uint64_t (*f)(uint64_t, uint64_t)) {
     // Two's complement bit patterns are the same through int64 and uint64.
-    return BinaryFns{nullptr, [f](int64_t a, int64_t b) {
-                       return static_cast<int64_t>(f(static_cast<uint64_t>(a), static_cast<uint64_t>(b)));
-                     }, f};
+    return BinaryFns{
+        nullptr,
+        [f](int64_t a, int64_t b) {
+          return static_cast<int64_t>(f(static_cast<uint64_t>(a), static_cast<uint64_t>(b)));
+        },
+        f};
   };
-  r.add(binary("BitwiseAnd", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a & b; })));
-  r.add(binary("BitwiseOr", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a | b; })));
-  r.add(binary("BitwiseXor", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a ^ b; })));
-  r.add(binary("And", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a && b; }}));
-  r.add(binary("Or", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a || b; }}));
-  r.add(binary("Xor", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return (a != 0) != (b != 0); }}));
+  r.add(
+      binary("BitwiseAnd", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a & b; })));
+  r.add(
+      binary("BitwiseOr", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a | b; })));
+  r.add(
+      binary("BitwiseXor", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a ^ b; })));
+  r.add(binary("And", 7, Types::boolean,
+               {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a && b; }}));
+  r.add(binary("Or", 7, Types::boolean,
+               {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a || b; }}));
+  r.add(binary("Xor", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t {
+                                            return (a != 0) != (b != 0);
+                                          }}));
 }
 
 // ---- comparisons -----------------------------------------------------------------------------
@@ -450,11 +543,16 @@ enum class Cmp { eq, lt, le, gt, ge };
 template <typename T>
 bool compare(Cmp op, T a, T b) {
   switch (op) {
-    case Cmp::eq: return a == b;
-    case Cmp::lt: return a < b;
-    case Cmp::le: return a <= b;
-    case Cmp::gt: return a > b;
-    case Cmp::ge: return a >= b;
+    case Cmp::eq:
+      return a == b;
+    case Cmp::lt:
+      return a < b;
+    case Cmp::le:
+      return a <= b;
+    case Cmp::gt:
+      return a > b;
+    case Cmp::ge:
+      return a >= b;
   }
   return false;
 }
@@ -465,16 +563,19 @@ Tensor compare_kernel(const Tensor& a, const Tensor& b, Cmp op) {
   uint8_t* yp = y.bytes();
   switch (cls_of(a.dtype())) {
     case Cls::f:
-      for_each_bcast(a.shape(), b.shape(), s,
-                     [&](int64_t i, int64_t j, int64_t k) { yp[i] = compare(op, a.get_f(j), b.get_f(k)); });
+      for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
+        yp[i] = compare(op, a.get_f(j), b.get_f(k));
+      });
       break;
     case Cls::s:
-      for_each_bcast(a.shape(), b.shape(), s,
-                     [&](int64_t i, int64_t j, int64_t k) { yp[i] = compare(op, a.get_i(j), b.get_i(k)); });
+      for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
+        yp[i] = compare(op, a.get_i(j), b.get_i(k));
+      });
       break;
     case Cls::u:
-      for_each_bcast(a.shape(), b.shape(), s,
-                     [&](int64_t i, int64_t j, int64_t k) { yp[i] = compare(op, get_u(a, j), get_u(b, k)); });
+      for_each_bcast(a.shape(), b.shape(), s, [&](int64_t i, int64_t j, int64_t k) {
+        yp[i] = compare(op, get_u(a, j), get_u(b, k));
+      });
       break;
   }
   return y;
@@ -502,10 +603,13 @@ enum class Fold { max, min, sum, mean };
 template <typename T>
 T fold_step(Fold op, T acc, T v) {
   switch (op) {
-    case Fold::max: return v > acc ? v : acc;
-    case Fold::min: return v < acc ? v : acc;
+    case Fold::max:
+      return v > acc ? v : acc;
+    case Fold::min:
+      return v < acc ? v : acc;
     case Fold::sum:
-    case Fold::mean: return acc + v;
+    case Fold::mean:
+      return acc + v;
   }
   return acc;
 }
@@ -545,7 +649,9 @@ Tensor fold_kernel(const KernelCtx& c, Fold op) {
       auto idx = indices(x);
       for (int64_t i = 0; i < n; ++i) {
         int64_t v = x.get_i(at(idx, i));
-        acc[i] = k == 0 ? v : op == Fold::max || op == Fold::min ? fold_step(op, acc[i], v) : wrap_add(acc[i], v);
+        acc[i] = k == 0                               ? v
+                 : op == Fold::max || op == Fold::min ? fold_step(op, acc[i], v)
+                                                      : wrap_add(acc[i], v);
       }
     }
     for (int64_t i = 0; i < n; ++i) y.set_i(i, op == Fold::mean ? acc[i] / c.num_inputs() : acc[i]);
@@ -559,7 +665,8 @@ Tensor fold_kernel(const KernelCtx& c, Fold op) {
         acc[i] = k == 0 ? v : fold_step(op, acc[i], v);
       }
     }
-    for (int64_t i = 0; i < n; ++i) set_u(y, i, op == Fold::mean ? acc[i] / c.num_inputs() : acc[i]);
+    for (int64_t i = 0; i < n; ++i)
+      set_u(y, i, op == Fold::mean ? acc[i] / c.num_inputs() : acc[i]);
   }
   return y;
 }
@@ -585,7 +692,8 @@ OpDef variadic(std::string name, int since, Fold op, Types ts) {
 // ---- casts -----------------------------------------------------------------------------------
 
 bool is_f8(DType t) {
-  return t == DType::f8e4m3fn || t == DType::f8e4m3fnuz || t == DType::f8e5m2 || t == DType::f8e5m2fnuz;
+  return t == DType::f8e4m3fn || t == DType::f8e4m3fnuz || t == DType::f8e5m2 ||
+         t == DType::f8e5m2fnuz;
 }
 
 Tensor cast_tensor(const Tensor& x, DType to, bool saturate) {
@@ -595,7 +703,8 @@ Tensor cast_tensor(const Tensor& x, DType to, bool saturate) {
   const DType from = x.dtype();
   if (is_f8(to)) {
     // saturate clamps infinities too; without it, they become inf (e5m2) or NaN (the rest).
-    for (int64_t i = 0; i < n; ++i) y.bytes()[i] = static_cast<uint8_t>(encode_float_bits(to, x.get_f(i), saturate));
+    for (int64_t i = 0; i < n; ++i)
+      y.bytes()[i] = static_cast<uint8_t>(encode_float_bits(to, x.get_f(i), saturate));
   } else if (to == DType::f4e2m1) {
     // float4 has neither inf nor NaN: inf saturates, and NaN becomes -0 (0x8) as the ONNX
     // conformance data has it.
@@ -610,7 +719,8 @@ Tensor cast_tensor(const Tensor& x, DType to, bool saturate) {
   } else if (is_float(to)) {
     for (int64_t i = 0; i < n; ++i) y.set_f(i, x.get_f(i));
   } else if (is_bool(to)) {
-    for (int64_t i = 0; i < n; ++i) y.bytes()[i] = is_float(from) ? x.get_f(i) != 0 : x.get_i(i) != 0;
+    for (int64_t i = 0; i < n; ++i)
+      y.bytes()[i] = is_float(from) ? x.get_f(i) != 0 : x.get_i(i) != 0;
   } else if (is_float(from)) {
     for (int64_t i = 0; i < n; ++i) y.set_f(i, x.get_f(i));  // truncates toward zero
   } else {
@@ -631,7 +741,8 @@ void register_casts(OpRegistry& r) {
       ctx.set_out(0, TensorType{to_attr_dtype(ctx.node()), ctx.in(0).shape});
     };
     d.kernel = [](KernelCtx& c) {
-      c.set_out(0, cast_tensor(c.in(0), to_attr_dtype(c.node()), c.node().attr_i("saturate", 1) != 0));
+      c.set_out(0,
+                cast_tensor(c.in(0), to_attr_dtype(c.node()), c.node().attr_i("saturate", 1) != 0));
     };
     r.add(std::move(d));
   }
@@ -661,8 +772,8 @@ void register_casts(OpRegistry& r) {
       DType to = to_attr_dtype(ctx.node());
       DType from = ctx.in(0).dtype;
       if (dtype_bits(to) != dtype_bits(from))
-        fail("BitCast from {} ({} bits) to {} ({} bits): bit widths differ", dtype_name(from), dtype_bits(from),
-             dtype_name(to), dtype_bits(to));
+        fail("BitCast from {} ({} bits) to {} ({} bits): bit widths differ", dtype_name(from),
+             dtype_bits(from), dtype_name(to), dtype_bits(to));
       ctx.set_out(0, TensorType{to, ctx.in(0).shape});
     };
     d.kernel = [](KernelCtx& c) {
@@ -693,7 +804,9 @@ Tensor where_kernel(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor y(a.dtype(), s);
   const int64_t n = y.numel();
   const size_t es = static_cast<size_t>(dtype_size(a.dtype()));
-  auto idx = [&](const Tensor& t) { return t.shape() == s ? std::vector<int64_t>{} : broadcast_index(t.shape(), s); };
+  auto idx = [&](const Tensor& t) {
+    return t.shape() == s ? std::vector<int64_t>{} : broadcast_index(t.shape(), s);
+  };
   const auto ic = idx(cond), ia = idx(a), ib = idx(b);
   auto at = [](const std::vector<int64_t>& v, int64_t i) { return v.empty() ? i : v[i]; };
   const uint8_t* cp = cond.bytes();
@@ -708,7 +821,9 @@ Tensor clip_kernel(const KernelCtx& c) {
   const Tensor& x = c.in(0);
   auto bound = [&](int i) -> const Tensor* {
     if (!c.has_in(i)) return nullptr;
-    if (c.in(i).numel() != 1) fail("Clip bound {} must be a scalar, got shape {}", i == 1 ? "min" : "max", shape_str(c.in(i).shape()));
+    if (c.in(i).numel() != 1)
+      fail("Clip bound {} must be a scalar, got shape {}", i == 1 ? "min" : "max",
+           shape_str(c.in(i).shape()));
     return &c.in(i);
   };
   const Tensor* lo = bound(1);
@@ -717,7 +832,8 @@ Tensor clip_kernel(const KernelCtx& c) {
     case Cls::f: {
       const double l = lo ? lo->get_f(0) : -INFINITY, h = hi ? hi->get_f(0) : INFINITY;
       // min > max yields max everywhere, as the spec asks.
-      return map_unary(x, [l, h](double v) { return std::isnan(v) ? v : std::min(std::max(v, l), h); });
+      return map_unary(
+          x, [l, h](double v) { return std::isnan(v) ? v : std::min(std::max(v, l), h); });
     }
     case Cls::s: {
       const int64_t l = lo ? lo->get_i(0) : std::numeric_limits<int64_t>::min();
@@ -727,7 +843,8 @@ Tensor clip_kernel(const KernelCtx& c) {
     case Cls::u: {
       const uint64_t l = lo ? get_u(*lo, 0) : 0;
       const uint64_t h = hi ? get_u(*hi, 0) : std::numeric_limits<uint64_t>::max();
-      return map_by_class(x, nullptr, nullptr, [l, h](uint64_t v) { return std::min(std::max(v, l), h); });
+      return map_by_class(x, nullptr, nullptr,
+                          [l, h](uint64_t v) { return std::min(std::max(v, l), h); });
     }
   }
   return x;
@@ -754,7 +871,8 @@ void upgrade_dropout(Graph& g, Node& n, int opset) {
   const double ratio = n.attr_f("ratio", 0.5);
   n.attrs.erase("ratio");
   n.inputs.resize(2, nullptr);
-  n.inputs[1] = g.add_constant(g.unique_name(n.name + "_ratio"), Tensor::scalar_f(DType::f32, ratio));
+  n.inputs[1] =
+      g.add_constant(g.unique_name(n.name + "_ratio"), Tensor::scalar_f(DType::f32, ratio));
 }
 
 Tensor dropout_mask_all(const Shape& s) {
@@ -771,10 +889,13 @@ void register_selection(OpRegistry& r) {
     d.min_inputs = d.max_inputs = 3;
     d.fusion = FusionKind::pointwise;
     d.infer = [](InferCtx& ctx) {
-      if (!is_bool(ctx.in(0).dtype)) fail("condition must be bool, got {}", dtype_name(ctx.in(0).dtype));
+      if (!is_bool(ctx.in(0).dtype))
+        fail("condition must be bool, got {}", dtype_name(ctx.in(0).dtype));
       if (ctx.in(1).dtype != ctx.in(2).dtype)
-        fail("X and Y have different dtypes {} and {}", dtype_name(ctx.in(1).dtype), dtype_name(ctx.in(2).dtype));
-      Shape s = broadcast_shapes(broadcast_shapes(ctx.in(0).shape, ctx.in(1).shape), ctx.in(2).shape);
+        fail("X and Y have different dtypes {} and {}", dtype_name(ctx.in(1).dtype),
+             dtype_name(ctx.in(2).dtype));
+      Shape s =
+          broadcast_shapes(broadcast_shapes(ctx.in(0).shape, ctx.in(1).shape), ctx.in(2).shape);
       ctx.set_out(0, TensorType{ctx.in(1).dtype, s});
     };
     d.kernel = [](KernelCtx& c) { c.set_out(0, where_kernel(c.in(0), c.in(1), c.in(2))); };
@@ -821,7 +942,8 @@ void register_selection(OpRegistry& r) {
     d.attrs = {{"seed", AttrKind::i}, {"ratio", AttrKind::f}};  // ratio: opsets 7-11, upgraded
     d.upgrade = upgrade_dropout;
     d.infer = [](InferCtx& ctx) {
-      if (ctx.node().has_attr("ratio")) fail("Dropout from opset 12 takes ratio as an input, not an attribute");
+      if (ctx.node().has_attr("ratio"))
+        fail("Dropout from opset 12 takes ratio as an input, not an attribute");
       check_types(ctx, Types::numeric, 0);
       if (ctx.has_in(1) && (!is_float(ctx.in(1).dtype) || shape_numel(ctx.in(1).shape) > 1))
         fail("ratio must be a float scalar, got {}", ctx.in(1).str());
@@ -834,7 +956,8 @@ void register_selection(OpRegistry& r) {
       const Tensor& x = c.in(0);
       for (int i = 1; i < 3; ++i)
         if (c.has_in(i) && c.in(i).numel() != 1)
-          fail("{} must be a scalar, got shape {}", i == 1 ? "ratio" : "training_mode", shape_str(c.in(i).shape()));
+          fail("{} must be a scalar, got shape {}", i == 1 ? "ratio" : "training_mode",
+               shape_str(c.in(i).shape()));
       const double ratio = c.has_in(1) ? c.in(1).get_f(0) : 0.5;
       const bool training = c.has_in(2) && c.in(2).get_i(0) != 0;
       if (!training || ratio == 0) {
