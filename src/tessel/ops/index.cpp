@@ -186,8 +186,10 @@ void scatter_elements_infer(InferCtx& c) {
   const auto& d = c.in(0);
   check_index_dtype(c.in(1).dtype, "scatter indices");
   if (c.in(2).dtype != d.dtype) fail("updates dtype {} differs from data {}", dtype_name(c.in(2).dtype), dtype_name(d.dtype));
-  if (c.in(1).shape.size() != d.shape.size() || c.in(2).shape != c.in(1).shape)
-    fail("data, indices and updates must have the same rank, and updates the shape of indices");
+  const Shape &is = c.in(1).shape, &us = c.in(2).shape;
+  bool ok = is.size() == d.shape.size() && us.size() == is.size();
+  for (size_t i = 0; ok && i < is.size(); ++i) ok = is[i] < 0 || us[i] < 0 || is[i] == us[i];
+  if (!ok) fail("data, indices and updates must have the same rank, and updates the shape of indices");
   if (d.shape.empty()) fail("data must have rank >= 1");
   normalize_axis(c.node().attr_i("axis", 0), static_cast<int>(d.shape.size()));
   parse_reduction(c.node());
@@ -410,7 +412,9 @@ void onehot_kernel(KernelCtx& c) {
     for (int64_t in = 0; in < inner; ++in) {
       const int64_t src = o * inner + in;
       // Float indices are truncated toward zero, like a cast to int.
-      int64_t k = fl ? static_cast<int64_t>(std::trunc(ix.get_f(src))) : ix.get_i(src);
+      int64_t k = -depth - 1;  // NaN/inf/huge float indices are out of range
+      if (!fl) k = ix.get_i(src);
+      else if (double f = ix.get_f(src); std::isfinite(f) && std::fabs(f) < 9e18) k = static_cast<int64_t>(std::trunc(f));
       if (k < 0) k += depth;
       if (k < 0 || k >= depth) continue;  // out-of-range indices give an all-"off" row
       copy_elems(y, (o * depth + k) * inner + in, vals, 1, 1);

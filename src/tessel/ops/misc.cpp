@@ -85,7 +85,7 @@ double reflect(double x, double lo, double hi) {
   double d = std::fabs(x - lo);
   const double flips = std::floor(d / span);
   const double extra = d - flips * span;
-  return static_cast<int64_t>(flips) % 2 == 0 ? lo + extra : hi - extra;
+  return std::fmod(flips, 2.0) == 0 ? lo + extra : hi - extra;
 }
 
 // Applies border/reflection padding to a pixel coordinate along a dim of size len.
@@ -155,6 +155,12 @@ void grid_sample_kernel(KernelCtx& c) {
         coord[d] = cfg.align ? (gv + 1) / 2 * (len - 1) : ((gv + 1) * len - 1) / 2;
         if (cfg.mode != Interp::cubic) coord[d] = pad_coord(coord[d], len, cfg);
       }
+      // Far-outside coordinates only read padding; bounding them keeps the integer casts defined.
+      bool finite = true;
+      for (int d = 0; d < sp; ++d) {
+        finite = finite && std::isfinite(coord[d]);
+        coord[d] = std::clamp(coord[d], -1e12, 1e12);
+      }
       for (int64_t ch = 0; ch < C; ++ch) {
         const int64_t xbase = n * xst[0] + ch * xst[1];
         auto read = [&](const std::vector<int64_t>& idx) -> double {
@@ -167,9 +173,11 @@ void grid_sample_kernel(KernelCtx& c) {
         };
         double v = 0;
         std::vector<int64_t> idx(sp);
-        if (cfg.mode == Interp::nearest) {
+        if (!finite) {
+          v = 0;
+        } else if (cfg.mode == Interp::nearest) {
           for (int d = 0; d < sp; ++d) idx[d] = static_cast<int64_t>(std::nearbyint(coord[d]));
-          v = std::isfinite(coord[0]) ? read(idx) : 0.0;
+          v = read(idx);
         } else if (cfg.mode == Interp::linear) {
           for (int d = 0; d < sp; ++d) {
             base[d] = static_cast<int64_t>(std::floor(coord[d]));
@@ -304,6 +312,7 @@ void roi_align_kernel(KernelCtx& c) {
   const double scale = n.attr_f("spatial_scale", 1.0);
   const int64_t R = rois.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3);
   if (rois.rank() != 2 || rois.dim(1) != 4) fail("rois must be [num_rois, 4]");
+  if (H < 1 || W < 1) fail("RoiAlign input has an empty spatial dim");
   if (bidx.numel() != R) fail("batch_indices has {} entries for {} rois", bidx.numel(), R);
   Tensor y(x.dtype(), {R, C, oh, ow});
   std::vector<double> xin = x.to_f64();
@@ -319,9 +328,11 @@ void roi_align_kernel(KernelCtx& c) {
       rw = std::max(rw, 1.0);
       rh = std::max(rh, 1.0);
     }
+    if (!std::isfinite(rw) || !std::isfinite(rh)) fail("roi {} has non-finite coordinates", r);
     const double bh = rh / oh, bw = rw / ow;
     const int64_t gh = ratio > 0 ? ratio : static_cast<int64_t>(std::ceil(rh / oh));
     const int64_t gw = ratio > 0 ? ratio : static_cast<int64_t>(std::ceil(rw / ow));
+    if (gh > (1 << 20) || gw > (1 << 20) || gh * gw > (1 << 24)) fail("roi {} needs too many sampling points", r);
     const double count = static_cast<double>(std::max<int64_t>(gh * gw, 1));
     for (int64_t ch = 0; ch < C; ++ch) {
       const double* plane = xin.data() + (b * C + ch) * H * W;
@@ -336,7 +347,7 @@ void roi_align_kernel(KernelCtx& c) {
               double w[4] = {0, 0, 0, 0};
               int64_t pos[4] = {0, 0, 0, 0};
               // Samples more than one pixel outside the map contribute zero.
-              if (!(yy < -1.0 || yy > H || xx < -1.0 || xx > W)) {
+              if (!(yy < -1.0 || yy > H || xx < -1.0 || xx > W) && std::isfinite(yy) && std::isfinite(xx)) {
                 yy = std::max(yy, 0.0);
                 xx = std::max(xx, 0.0);
                 int64_t ylo = static_cast<int64_t>(yy), xlo = static_cast<int64_t>(xx), yhi, xhi;
@@ -415,7 +426,7 @@ void nms_kernel(KernelCtx& c) {
       std::vector<int64_t> cand;
       const double* s = sc.data() + (b * C + k) * S;
       for (int64_t i = 0; i < S; ++i)
-        if (!has_score_th || s[i] > score_th) cand.push_back(i);
+        if (!std::isnan(s[i]) && (!has_score_th || s[i] > score_th)) cand.push_back(i);
       // Highest score first; ties keep the lower box index first.
       std::stable_sort(cand.begin(), cand.end(), [&](int64_t i, int64_t j) { return s[i] > s[j]; });
       std::vector<int64_t> kept;
@@ -544,7 +555,7 @@ void dft_kernel(KernelCtx& c) {
   if (c.has_in(1)) len = int_scalar_of(c.in(1), "dft_length");
   const int64_t axis = c.has_in(2) ? int_scalar_of(c.in(2), "axis") : -2;
   const DftCfg cfg = dft_cfg(c.node(), x.shape(), len, axis);
-  const bool inverse = c.node().attr_i("inverse", 0) != 0, onesided = c.node().attr_i("onesided", 0) != 0;
+  const bool inverse = c.node().attr_i("inverse", 0) != 0;
   if (cfg.n < 1) fail("DFT length must be positive");
   const int r = x.rank();
   const int64_t comp = x.dim(r - 1);
@@ -576,7 +587,6 @@ void dft_kernel(KernelCtx& c) {
         }
       }
       std::vector<cplx> res = dft_line(line, cfg.n, cfg.len_out, inverse);
-      (void)onesided;
       for (int64_t k = 0; k < cfg.len_out; ++k) {
         const int64_t dst = ((o * cfg.len_out + k) * inner + i) * ocomp;
         y.set_f(dst, res[k].real());
@@ -626,6 +636,7 @@ void stft_kernel(KernelCtx& c) {
   if (win && win->numel() != flen) fail("window has {} elements but frame_length is {}", win->numel(), flen);
   if (step < 1 || flen < 1) fail("frame_step and frame_length must be positive");
   const int64_t B = x.dim(0), L = x.dim(1), comp = x.dim(2);
+  if (comp != 1 && comp != 2) fail("STFT signal's last dim must be 1 or 2, got {}", comp);
   if (flen > L) fail("frame_length {} exceeds the signal length {}", flen, L);
   const bool onesided = c.node().attr_i("onesided", 1) != 0;
   const int64_t frames = (L - flen) / step + 1, bins = onesided ? flen / 2 + 1 : flen;
@@ -665,7 +676,7 @@ void mel_kernel(KernelCtx& c) {
   const int64_t rate = int_scalar_of(c.in(2), "sample_rate");
   const double lo = scalar_of(c.in(3), "lower_edge_hertz"), hi = scalar_of(c.in(4), "upper_edge_hertz");
   if (nmel < 1 || dft < 1 || rate < 1) fail("num_mel_bins, dft_length and sample_rate must be positive");
-  if (!(lo >= 0 && lo < hi)) fail("need 0 <= lower_edge_hertz < upper_edge_hertz");
+  if (!(lo >= 0 && lo < hi && std::isfinite(hi))) fail("need 0 <= lower_edge_hertz < upper_edge_hertz (finite)");
   const int64_t nspec = dft / 2 + 1;
   auto to_mel = [](double f) { return 2595.0 * std::log10(1 + f / 700.0); };
   const double mlo = to_mel(lo), mhi = to_mel(hi);
@@ -676,7 +687,8 @@ void mel_kernel(KernelCtx& c) {
   std::vector<int64_t> edge(nmel + 2);
   for (int64_t i = 0; i < nmel + 2; ++i) {
     const double hz = 700.0 * (std::pow(10.0, (i * step + mlo) / 2595.0) - 1);
-    edge[i] = static_cast<int64_t>(std::floor((dft + 1) * hz / rate));
+    const double e = std::floor((dft + 1) * hz / rate);
+    edge[i] = static_cast<int64_t>(std::min(e, static_cast<double>(nspec + 1)));
   }
   Tensor y(float_dtype_attr(c.node(), "output_datatype"), {nspec, nmel});
   auto put = [&](int64_t row, int64_t col, double v) {

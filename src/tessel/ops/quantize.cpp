@@ -312,6 +312,8 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w) {
   if (static_cast<int>(g.kernel.size()) != sp || static_cast<int>(g.strides.size()) != sp ||
       static_cast<int>(g.dilations.size()) != sp || static_cast<int>(pads.size()) != 2 * sp)
     fail("kernel_shape, strides, dilations and pads must match the {} spatial dims", sp);
+  for (int d = 0; d < sp; ++d)
+    if (g.kernel[d] != w[d + 2]) fail("kernel_shape {} does not match the weight shape", shape_str(g.kernel));
   const std::string ap = n.attr_s("auto_pad", "NOTSET");
   for (int d = 0; d < sp; ++d) {
     if (g.strides[d] < 1 || g.dilations[d] < 1 || g.kernel[d] < 1) fail("strides, dilations and kernel must be positive");
