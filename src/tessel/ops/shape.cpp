@@ -127,7 +127,7 @@ Shape reshape_target(const Shape& in, const Ints& target, bool allowzero) {
     for (size_t i = 0; i < out.size(); ++i)
       if (static_cast<int>(i) != infer_at) {
         if (out[i] < 0) known = false;
-        else rest *= out[i];
+        else rest = checked_mul(rest, out[i]);
       }
     if (known) {
       if (rest == 0 || in_n % rest != 0)
@@ -268,6 +268,7 @@ OpDef squeeze_op(bool un) {
     const Tensor& x = c.in(0);
     std::optional<Ints> axes;
     if (c.has_in(1)) axes = tensor_ints(c.in(1));
+    else if (un) fail("Unsqueeze needs axes");
     c.set_out(0, x.reshaped(un ? unsqueeze_shape(x.shape(), *axes) : squeeze_shape(x.shape(), axes)));
   };
   return d;
@@ -900,7 +901,7 @@ OpDef depth_space_op(bool to_space) {
   auto out_shape = [to_space](const Node& n, const Shape& in) {
     if (in.size() != 4) fail("{} needs a 4-D input, got {}", n.op_name(), shape_str(in));
     int64_t b = n.attr_i("blocksize");
-    if (b <= 0) fail("blocksize must be positive");
+    if (b <= 0 || b > (1 << 20)) fail("blocksize {} is out of range", b);
     std::string m = n.attr_s("mode", "DCR");
     if (m != "DCR" && m != "CRD") fail("unknown DepthToSpace mode '{}'", m);
     Shape s = in;
@@ -1109,7 +1110,7 @@ ResizePlan resize_plan(const Node& n, const ResizeAttrs& a, const Shape& in, con
     for (size_t i = 0; i < na; ++i) {
       int ax = static_cast<int>(axes[i]);
       double s = (*scales)[i];
-      if (!(s > 0)) fail("Resize scale {} is not positive", s);
+      if (!(s > 0) || !std::isfinite(s)) fail("Resize scale {} is not a positive finite number", s);
       p.scale[ax] = s;
       if (in[ax] >= 0) p.out[ax] = static_cast<int64_t>(std::floor(in[ax] * (p.roi_end[ax] - p.roi_start[ax]) * s));
     }
@@ -1251,6 +1252,8 @@ std::vector<Tap> resize_taps(const ResizeAttrs& a, int64_t x, double scale, int6
 
 Tensor resize_run(const Tensor& x, const ResizeAttrs& a, const ResizePlan& p) {
   int r = x.rank();
+  int64_t total = 1;
+  for (int64_t d : p.out) total = checked_mul(total, d);
   for (int k = 0; k < r; ++k)
     if (x.dim(k) == 0 && p.out[k] > 0) fail("cannot resize an empty axis");
   // Per axis, per output position: taps (input index, weight).
