@@ -57,52 +57,19 @@ void check_same_dtype(const InferCtx& ctx) {
            dtype_name(ctx.in(i).dtype));
 }
 
-// ONNX TensorProto.DataType numbers; the ones tessel cannot hold map to nullopt.
+// ONNX TensorProto.DataType numbers of the dtypes tessel holds.
+constexpr std::pair<int64_t, DType> kOnnxDTypes[] = {
+    {1, DType::f32},         {2, DType::u8},        {3, DType::i8},          {4, DType::u16},
+    {5, DType::i16},         {6, DType::i32},       {7, DType::i64},         {9, DType::boolean},
+    {10, DType::f16},        {11, DType::f64},      {12, DType::u32},        {13, DType::u64},
+    {16, DType::bf16},       {17, DType::f8e4m3fn}, {18, DType::f8e4m3fnuz}, {19, DType::f8e5m2},
+    {20, DType::f8e5m2fnuz}, {21, DType::u4},       {22, DType::i4},         {23, DType::f4e2m1},
+};
+
 std::optional<DType> dtype_of_onnx(int64_t t) {
-  switch (t) {
-    case 1:
-      return DType::f32;
-    case 2:
-      return DType::u8;
-    case 3:
-      return DType::i8;
-    case 4:
-      return DType::u16;
-    case 5:
-      return DType::i16;
-    case 6:
-      return DType::i32;
-    case 7:
-      return DType::i64;
-    case 9:
-      return DType::boolean;
-    case 10:
-      return DType::f16;
-    case 11:
-      return DType::f64;
-    case 12:
-      return DType::u32;
-    case 13:
-      return DType::u64;
-    case 16:
-      return DType::bf16;
-    case 17:
-      return DType::f8e4m3fn;
-    case 18:
-      return DType::f8e4m3fnuz;
-    case 19:
-      return DType::f8e5m2;
-    case 20:
-      return DType::f8e5m2fnuz;
-    case 21:
-      return DType::u4;
-    case 22:
-      return DType::i4;
-    case 23:
-      return DType::f4e2m1;
-    default:
-      return std::nullopt;
-  }
+  for (const auto& [code, dt] : kOnnxDTypes)
+    if (code == t) return dt;
+  return std::nullopt;
 }
 
 // round_mode only steers casts to float8e8m0, which tessel does not hold; still checked.
@@ -282,45 +249,29 @@ Tensor map_by_class(const Tensor& x, const UnaryF& f, const UnaryI& s,
   return x;
 }
 
-double sign_f(double v) {
-  return std::isnan(v) ? v : v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0;
-}
-double round_even(double v) {
-  return std::nearbyint(v);
-}  // default rounding mode: ties to even
-double reciprocal(double v) {
-  return 1.0 / v;
-}
-double neg_f(double v) {
-  return -v;
-}
-double abs_f(double v) {
-  return std::fabs(v);
-}
-
 void register_unary(OpRegistry& r) {
   r.add(unary("Abs", 6, Types::numeric, [](const Tensor& x) {
-    return map_by_class(
-        x, abs_f, [](int64_t v) { return v < 0 ? wrap_sub(0, v) : v; },
-        [](uint64_t v) { return v; });
+    auto f = [](double v) { return std::fabs(v); };
+    auto s = [](int64_t v) { return v < 0 ? wrap_sub(0, v) : v; };  // |INT_MIN| wraps, as in C
+    return map_by_class(x, f, s, [](uint64_t v) { return v; });
   }));
   r.add(unary("Neg", 6, Types::signed_or_float, [](const Tensor& x) {
-    return map_unary(x, neg_f, [](int64_t v) { return wrap_sub(0, v); });
+    return map_unary(
+        x, [](double v) { return -v; }, [](int64_t v) { return wrap_sub(0, v); });
   }));
   r.add(unary("Sign", 9, Types::numeric, [](const Tensor& x) {
-    return map_by_class(
-        x, sign_f, [](int64_t v) -> int64_t { return v > 0   ? 1
-                                                     : v < 0 ? -1
-                                                             : 0; },
-        [](uint64_t v) -> uint64_t { return v != 0; });
+    auto f = [](double v) { return std::isnan(v) || v == 0 ? v : v > 0 ? 1.0 : -1.0; };
+    auto s = [](int64_t v) -> int64_t { return (v > 0) - (v < 0); };
+    return map_by_class(x, f, s, [](uint64_t v) -> uint64_t { return v != 0; });
   }));
-  r.add(unary_f("Reciprocal", 6, reciprocal));
+  r.add(unary_f("Reciprocal", 6, [](double v) { return 1.0 / v; }));
   r.add(unary_f("Sqrt", 6, [](double v) { return std::sqrt(v); }));
   r.add(unary_f("Exp", 6, [](double v) { return std::exp(v); }));
   r.add(unary_f("Log", 6, [](double v) { return std::log(v); }));
   r.add(unary_f("Ceil", 6, [](double v) { return std::ceil(v); }));
   r.add(unary_f("Floor", 6, [](double v) { return std::floor(v); }));
-  r.add(unary_f("Round", 11, round_even));
+  // nearbyint in the default rounding mode rounds halfway cases to even, as ONNX Round asks.
+  r.add(unary_f("Round", 11, [](double v) { return std::nearbyint(v); }));
   r.add(unary_f("Sin", 7, [](double v) { return std::sin(v); }));
   r.add(unary_f("Cos", 7, [](double v) { return std::cos(v); }));
   r.add(unary_f("Tan", 7, [](double v) { return std::tan(v); }));
