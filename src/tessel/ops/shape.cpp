@@ -393,7 +393,7 @@ std::optional<Ints> split_sizes(const Node& n, int64_t dim, const std::optional<
 
 OpDef split_op() {
   OpDef d = make_op("Split", 1, 2, 13, {{"axis", AttrKind::i}, {"num_outputs", AttrKind::i}, {"split", AttrKind::ints}});
-  d.max_outputs = 1 << 20;
+  d.max_outputs = 1 << 16;
   d.upgrade = [](Graph& g, Node& n, int opset) {
     if (opset < 2 && n.inputs.size() > 1) unsupported("Split-1 with a split input");
     attr_to_input(g, n, "split", 1);
@@ -1326,7 +1326,7 @@ std::vector<AttrSpec> resize_attr_specs() {
           {"coordinate_transformation_mode", AttrKind::s}, {"cubic_coeff_a", AttrKind::f},
           {"exclude_outside", AttrKind::i},  {"extrapolation_value", AttrKind::f},
           {"keep_aspect_ratio_policy", AttrKind::s}, {"mode", AttrKind::s},
-          {"nearest_mode", AttrKind::s},     {"scales", AttrKind::floats}};
+          {"nearest_mode", AttrKind::s}};
 }
 
 OpDef resize_op() {
@@ -1340,7 +1340,6 @@ OpDef resize_op() {
     n.attrs["nearest_mode"] = std::string("simple");
   };
   d.infer = [](InferCtx& c) {
-    reject_attr(c.node(), "scales");
     ResizeAttrs a = resize_attrs(c.node());
     const TensorType& x = c.in(0);
     std::optional<std::vector<double>> roi, scales;
