@@ -186,3 +186,34 @@ TEST(Misc, HannWindowAndDft) {
   EXPECT_EQ(d[0].shape(), (Shape{1, 4, 2}));
   expect_near(d[0], {10, 0, -2, 2, -2, 0, -2, -2});
 }
+
+TEST(Quantize, BlockedAndFloat8Saturation) {
+  // Blocks of 2 along axis 1 with scales 1 and 2: [1/1, 2/1, 3/2, 4/2] -> [1, 2, 2 (1.5 to even), 2].
+  auto y = run_op("QuantizeLinear", {f32({1, 4}, {1, 2, 3, 4}), f32({1, 2}, {1, 2})}, 1,
+                  {{"axis", int64_t{1}}, {"block_size", int64_t{2}}, {"output_dtype", int64_t{3}}});
+  EXPECT_EQ(y[0].dtype(), DType::i8);
+  expect_ints(y[0], {1, 2, 2, 2});
+  // 1000 is beyond float8e4m3fn's 448: saturates to 448 (0x7E) by default, NaN (0x7F) without.
+  Tensor zp(DType::f8e4m3fn, {});
+  auto s = run_op("QuantizeLinear", {f32({1}, {1000}), f32({}, {1}), zp}, 1);
+  EXPECT_EQ(s[0].bytes()[0], 0x7E);
+  auto n = run_op("QuantizeLinear", {f32({1}, {1000}), f32({}, {1}), zp}, 1, {{"saturate", int64_t{0}}});
+  EXPECT_EQ(n[0].bytes()[0], 0x7F);
+}
+
+TEST(Quantize, QLinearMatMulRequantizes) {
+  // (a - 0) = [2, 4], (b - 1) = [0, 2]: acc 8, real 8 * 0.5 * 1 = 4, 4 / 0.25 + 10 = 26.
+  auto y = run_op("QLinearMatMul", {u8({1, 2}, {2, 4}), f32({}, {0.5}), u8({}, {0}), u8({2, 1}, {1, 3}),
+                                    f32({}, {1}), u8({}, {1}), f32({}, {0.25}), u8({}, {10})},
+                  1);
+  EXPECT_EQ(y[0].shape(), (Shape{1, 1}));
+  expect_ints(y[0], {26});
+}
+
+TEST(Misc, InverseOnesidedDftIsRealInverse) {
+  // The one-sided spectrum of [1,2,3,4] is [10, -2+2i, -2]; its 4-point inverse gives back the signal.
+  auto y = run_op("DFT", {f32({1, 3, 2}, {10, 0, -2, 2, -2, 0}), i64({}, {4}), i64({}, {1})}, 1,
+                  {{"inverse", int64_t{1}}, {"onesided", int64_t{1}}});
+  EXPECT_EQ(y[0].shape(), (Shape{1, 4, 1}));
+  expect_near(y[0], {1, 2, 3, 4});
+}
