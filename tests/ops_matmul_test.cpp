@@ -1,4 +1,5 @@
-// Matmul, conv/pool and attention ops: shape rules and reference kernels against hand-computed values.
+// Matmul, conv/pool and attention ops: shape rules and reference kernels against hand-computed
+// values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,7 +21,8 @@ std::vector<Tensor> run1(const std::string& op, const std::vector<Tensor>& input
   Graph g;
   std::vector<Value*> ins;
   for (size_t i = 0; i < inputs.size(); ++i)
-    ins.push_back(g.add_input("in" + std::to_string(i), TensorType{inputs[i].dtype(), inputs[i].shape()}));
+    ins.push_back(
+        g.add_input("in" + std::to_string(i), TensorType{inputs[i].dtype(), inputs[i].shape()}));
   std::vector<std::string> outs;
   for (int i = 0; i < num_outputs; ++i) outs.push_back("out" + std::to_string(i));
   Node* n = g.add_node(def, "n", ins, outs, std::move(attrs));
@@ -29,8 +31,12 @@ std::vector<Tensor> run1(const std::string& op, const std::vector<Tensor>& input
   return run_eager(g, inputs);
 }
 
-Tensor f32(Shape s, std::vector<double> v) { return Tensor::from_f64(DType::f32, std::move(s), v); }
-Tensor ints(DType t, Shape s, std::vector<int64_t> v) { return Tensor::from_i64(t, std::move(s), v); }
+Tensor f32(Shape s, std::vector<double> v) {
+  return Tensor::from_f64(DType::f32, std::move(s), v);
+}
+Tensor ints(DType t, Shape s, std::vector<int64_t> v) {
+  return Tensor::from_i64(t, std::move(s), v);
+}
 
 void expect_f(const Tensor& t, const Shape& shape, std::vector<double> want, double tol = 1e-5) {
   EXPECT_EQ(t.shape(), shape);
@@ -54,7 +60,8 @@ TEST(OpsMatMul, MatMulBatchBroadcastAndInt) {
   Tensor a = f32({2, 1, 2}, {1, 2, 3, 4});
   Tensor b = f32({2, 2}, {1, 2, 3, 4});
   expect_f(run1("MatMul", {a, b})[0], {2, 1, 2}, {7, 10, 15, 22});
-  Tensor r = run1("MatMul", {ints(DType::i32, {1, 2}, {2, -3}), ints(DType::i32, {2, 1}, {5, 7})})[0];
+  Tensor r =
+      run1("MatMul", {ints(DType::i32, {1, 2}, {2, -3}), ints(DType::i32, {2, 1}, {5, 7})})[0];
   EXPECT_EQ(r.dtype(), DType::i32);
   EXPECT_EQ(r.get_i(0), 10 - 21);
 }
@@ -71,7 +78,8 @@ TEST(OpsMatMul, GemmTransposeAlphaBeta) {
   Tensor y = run1("Gemm", {a, b, c}, {{"transA", int64_t{1}}, {"alpha", 2.0}, {"beta", 0.5}})[0];
   expect_f(y, {2, 2}, {2 + 5, 4 + 10, 6 + 5, 8 + 10});
   // No C, transB.
-  Tensor y2 = run1("Gemm", {f32({1, 2}, {1, 2}), f32({3, 2}, {1, 0, 0, 1, 1, 1})}, {{"transB", int64_t{1}}})[0];
+  Tensor y2 = run1("Gemm", {f32({1, 2}, {1, 2}), f32({3, 2}, {1, 0, 0, 1, 1, 1})},
+                   {{"transB", int64_t{1}}})[0];
   expect_f(y2, {1, 3}, {1, 2, 3});
 }
 
@@ -89,7 +97,8 @@ TEST(OpsMatMul, EinsumTraceTransposeAndImplicit) {
   expect_f(run1("Einsum", {m}, {{"equation", std::string("ii->")}})[0], {}, {5});
   expect_f(run1("Einsum", {m}, {{"equation", std::string("ij->ji")}})[0], {2, 2}, {1, 3, 2, 4});
   // Implicit output: "ij,jk" sums j and keeps i,k alphabetically -> matmul.
-  expect_f(run1("Einsum", {m, m}, {{"equation", std::string("ij,jk")}})[0], {2, 2}, {7, 10, 15, 22});
+  expect_f(run1("Einsum", {m, m}, {{"equation", std::string("ij,jk")}})[0], {2, 2},
+           {7, 10, 15, 22});
   // Ellipsis batch dims.
   expect_f(run1("Einsum", {f32({2, 2}, {1, 2, 3, 4}), f32({2, 2}, {1, 1, 2, 2})},
                 {{"equation", std::string("...i,...i->...")}})[0],
@@ -107,8 +116,9 @@ TEST(OpsConv, ConvPaddedAndStrided) {
   Tensor w = f32({1, 1, 2, 2}, {1, 1, 1, 1});
   expect_f(run1("Conv", {x, w})[0], {1, 1, 2, 2}, {12, 16, 24, 28});
   // pads 1 all round, stride 2: out 2x2 at rows/cols {-1,1}: [1, 2+3, 4+7, 5+6+8+9] plus bias 1.
-  Tensor y = run1("Conv", {x, w, f32({1}, {1})},
-                  {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"strides", std::vector<int64_t>{2, 2}}})[0];
+  Tensor y = run1(
+      "Conv", {x, w, f32({1}, {1})},
+      {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"strides", std::vector<int64_t>{2, 2}}})[0];
   expect_f(y, {1, 1, 2, 2}, {2, 6, 12, 29});
 }
 
@@ -116,10 +126,12 @@ TEST(OpsConv, DepthwiseGroupsAndSameUpper) {
   // Two channels, group 2, 1-D kernel [1,2]; SAME_UPPER pads one at the end.
   Tensor x = f32({1, 2, 3}, {1, 2, 3, 10, 20, 30});
   Tensor w = f32({2, 1, 2}, {1, 2, 1, -1});
-  Tensor y = run1("Conv", {x, w}, {{"group", int64_t{2}}, {"auto_pad", std::string("SAME_UPPER")}})[0];
+  Tensor y =
+      run1("Conv", {x, w}, {{"group", int64_t{2}}, {"auto_pad", std::string("SAME_UPPER")}})[0];
   // ch0: 1+4, 2+6, 3+0; ch1: 10-20, 20-30, 30-0
   expect_f(y, {1, 2, 3}, {5, 8, 3, -10, -10, 30});
-  EXPECT_THROW(run1("Conv", {f32({1, 3, 3}, std::vector<double>(9, 1)), w}, {{"group", int64_t{2}}}), Error);
+  EXPECT_THROW(
+      run1("Conv", {f32({1, 3, 3}, std::vector<double>(9, 1)), w}, {{"group", int64_t{2}}}), Error);
 }
 
 TEST(OpsConv, ConvTransposeStride2) {
@@ -144,14 +156,17 @@ TEST(OpsPool, MaxPoolWithIndicesAndAveragePool) {
   at["count_include_pad"] = int64_t{1};
   expect_f(run1("AveragePool", {x}, at)[0], {1, 1, 1, 2}, {13.0 / 4, 2});
   expect_f(run1("GlobalAveragePool", {x})[0], {1, 1, 1, 1}, {21.0 / 6});
-  expect_f(run1("LpPool", {f32({1, 1, 2}, {3, 4})}, {{"kernel_shape", std::vector<int64_t>{2}}})[0], {1, 1, 1}, {5});
+  expect_f(run1("LpPool", {f32({1, 1, 2}, {3, 4})}, {{"kernel_shape", std::vector<int64_t>{2}}})[0],
+           {1, 1, 1}, {5});
 }
 
 TEST(OpsPool, MaxPoolCeilMode) {
   // Length 4, kernel 2, stride 2 with ceil: windows {0,1},{2,3}; length 5 adds a partial {4}.
   Tensor x = f32({1, 1, 5}, {1, 2, 3, 4, 5});
-  Tensor y = run1("MaxPool", {x}, {{"kernel_shape", std::vector<int64_t>{2}}, {"strides", std::vector<int64_t>{2}},
-                                   {"ceil_mode", int64_t{1}}})[0];
+  Tensor y = run1("MaxPool", {x},
+                  {{"kernel_shape", std::vector<int64_t>{2}},
+                   {"strides", std::vector<int64_t>{2}},
+                   {"ceil_mode", int64_t{1}}})[0];
   expect_f(y, {1, 1, 3}, {2, 4, 5});
 }
 
@@ -161,7 +176,8 @@ TEST(OpsAttention, SingleHeadUniformAndCausal) {
   Tensor k = f32({1, 1, 2, 2}, {1, 0, 0, 1});
   Tensor v = f32({1, 1, 2, 2}, {2, 4, 6, 8});
   expect_f(run1("Attention", {q, k, v})[0], {1, 1, 2, 2}, {4, 6, 4, 6});
-  expect_f(run1("Attention", {q, k, v}, {{"is_causal", int64_t{1}}})[0], {1, 1, 2, 2}, {2, 4, 4, 6});
+  expect_f(run1("Attention", {q, k, v}, {{"is_causal", int64_t{1}}})[0], {1, 1, 2, 2},
+           {2, 4, 4, 6});
   // A boolean mask that hides key 1 everywhere.
   Tensor m = Tensor::from_i64(DType::boolean, {2, 2}, std::vector<int64_t>{1, 0, 1, 0});
   expect_f(run1("Attention", {q, k, v, m})[0], {1, 1, 2, 2}, {2, 4, 2, 4});
@@ -177,9 +193,10 @@ TEST(OpsAttention, RotaryEmbeddingHalfSplit) {
 
 TEST(OpsConv, CausalConvWithStateUsesPastState) {
   // Row [past=5, 1, 2, 3] with kernel [1, 10]: [5+10, 1+20, 2+30]; the new state is the last step.
-  std::vector<Tensor> r = run1("CausalConvWithState",
-                               {f32({1, 1, 3}, {1, 2, 3}), f32({1, 1, 2}, {1, 10}), f32({1}, {0}), f32({1, 1, 1}, {5})},
-                               {}, 2);
+  std::vector<Tensor> r =
+      run1("CausalConvWithState",
+           {f32({1, 1, 3}, {1, 2, 3}), f32({1, 1, 2}, {1, 10}), f32({1}, {0}), f32({1, 1, 1}, {5})},
+           {}, 2);
   expect_f(r[0], {1, 1, 3}, {15, 21, 32});
   expect_f(r[1], {1, 1, 1}, {3});
 }
@@ -194,10 +211,12 @@ TEST(OpsConv, DeformConvHalfPixelOffset) {
 
 TEST(OpsAttention, LinearAttentionAccumulatesState) {
   // One head, dk = dv = 1, scale 1: S = 1*3 = 3 then 3 + 2*4 = 11; outputs q*S.
-  std::vector<Tensor> r = run1("LinearAttention", {f32({1, 2, 1}, {1, 1}), f32({1, 2, 1}, {1, 2}), f32({1, 2, 1}, {3, 4})},
-                               {{"q_num_heads", int64_t{1}}, {"kv_num_heads", int64_t{1}},
-                                {"update_rule", std::string("linear")}},
-                               2);
+  std::vector<Tensor> r = run1(
+      "LinearAttention", {f32({1, 2, 1}, {1, 1}), f32({1, 2, 1}, {1, 2}), f32({1, 2, 1}, {3, 4})},
+      {{"q_num_heads", int64_t{1}},
+       {"kv_num_heads", int64_t{1}},
+       {"update_rule", std::string("linear")}},
+      2);
   expect_f(r[0], {1, 2, 1}, {3, 11});
   expect_f(r[1], {1, 1, 1, 1}, {11});
 }

@@ -1,4 +1,5 @@
-// Op family: ONNX Attention (opset 23/24, MHA/GQA/MQA with KV cache) and RotaryEmbedding (opset 23).
+// Op family: ONNX Attention (opset 23/24, MHA/GQA/MQA with KV cache) and RotaryEmbedding (opset
+// 23).
 #include <algorithm>
 #include <cmath>
 
@@ -15,10 +16,12 @@ struct AttnDims {
 };
 
 // Dims of Q/K/V (with unknown extents allowed during inference).
-AttnDims attn_dims(const Node& n, const Shape& q, const Shape& k, const Shape& v, const Shape* past) {
+AttnDims attn_dims(const Node& n, const Shape& q, const Shape& k, const Shape& v,
+                   const Shape* past) {
   AttnDims a;
   if (q.size() != k.size() || q.size() != v.size() || (q.size() != 3 && q.size() != 4))
-    fail("Attention Q, K, V must all be 3-D or all 4-D, got {} {} {}", shape_str(q), shape_str(k), shape_str(v));
+    fail("Attention Q, K, V must all be 3-D or all 4-D, got {} {} {}", shape_str(q), shape_str(k),
+         shape_str(v));
   a.three_d = q.size() == 3;
   a.b = q[0];
   if (a.three_d) {
@@ -29,12 +32,14 @@ AttnDims attn_dims(const Node& n, const Shape& q, const Shape& k, const Shape& v
     a.l = k[1];
     auto split = [](int64_t hidden, int64_t heads, const char* what) {
       if (hidden == kUnknownDim) return kUnknownDim;
-      if (hidden % heads != 0) fail("Attention {} hidden size {} is not divisible by {} heads", what, hidden, heads);
+      if (hidden % heads != 0)
+        fail("Attention {} hidden size {} is not divisible by {} heads", what, hidden, heads);
       return hidden / heads;
     };
     a.d = split(q[2], a.hq, "Q");
     const int64_t dk = split(k[2], a.hkv, "K");
-    if (a.d != kUnknownDim && dk != kUnknownDim && a.d != dk) fail("Attention Q and K head sizes differ");
+    if (a.d != kUnknownDim && dk != kUnknownDim && a.d != dk)
+      fail("Attention Q and K head sizes differ");
     a.dv = split(v[2], a.hkv, "V");
   } else {
     a.hq = q[1];
@@ -42,9 +47,11 @@ AttnDims attn_dims(const Node& n, const Shape& q, const Shape& k, const Shape& v
     a.s = q[2];
     a.l = k[2];
     a.d = q[3];
-    if (k[3] != kUnknownDim && a.d != kUnknownDim && k[3] != a.d) fail("Attention Q and K head sizes differ");
+    if (k[3] != kUnknownDim && a.d != kUnknownDim && k[3] != a.d)
+      fail("Attention Q and K head sizes differ");
     a.dv = v[3];
-    if (v[1] != kUnknownDim && a.hkv != kUnknownDim && v[1] != a.hkv) fail("Attention K and V head counts differ");
+    if (v[1] != kUnknownDim && a.hkv != kUnknownDim && v[1] != a.hkv)
+      fail("Attention K and V head counts differ");
   }
   if (a.hq != kUnknownDim && a.hkv != kUnknownDim && (a.hkv <= 0 || a.hq % a.hkv != 0))
     fail("Attention q heads {} must be a multiple of kv heads {}", a.hq, a.hkv);
@@ -65,16 +72,20 @@ OpDef attention_def() {
   d.min_outputs = 1;
   d.max_outputs = 4;
   d.since = 23;
-  d.attrs = {{"is_causal", AttrKind::i},         {"kv_num_heads", AttrKind::i},
-             {"q_num_heads", AttrKind::i},       {"qk_matmul_output_mode", AttrKind::i},
-             {"scale", AttrKind::f},             {"softcap", AttrKind::f},
+  d.attrs = {{"is_causal", AttrKind::i},
+             {"kv_num_heads", AttrKind::i},
+             {"q_num_heads", AttrKind::i},
+             {"qk_matmul_output_mode", AttrKind::i},
+             {"scale", AttrKind::f},
+             {"softcap", AttrKind::f},
              {"softmax_precision", AttrKind::i}};
   d.infer = [](InferCtx& c) {
     const DType dt = c.in(0).dtype;
     if (!is_float(dt)) fail("Attention needs float Q, got {}", dtype_name(dt));
     if (c.in(1).dtype != dt || c.in(2).dtype != dt) fail("Attention Q, K, V dtypes differ");
     if (c.has_in(4) != c.has_in(5)) fail("Attention needs both past_key and past_value or neither");
-    AttnDims a = attn_dims(c.node(), c.in(0).shape, c.in(1).shape, c.in(2).shape, c.has_in(4) ? &c.in(4).shape : nullptr);
+    AttnDims a = attn_dims(c.node(), c.in(0).shape, c.in(1).shape, c.in(2).shape,
+                           c.has_in(4) ? &c.in(4).shape : nullptr);
     const int64_t mode = c.node().attr_i("qk_matmul_output_mode", 0);
     if (mode < 0 || mode > 3) fail("qk_matmul_output_mode must be 0..3, got {}", mode);
     if (c.has_in(6) && c.in(6).dtype != DType::i64) fail("nonpad_kv_seqlen must be int64");
@@ -95,27 +106,34 @@ OpDef attention_def() {
     const Tensor& v = c.in(2);
     const bool has_past = c.has_in(4) && c.has_in(5);
     if (c.has_in(4) != c.has_in(5)) fail("Attention needs both past_key and past_value or neither");
-    AttnDims a = attn_dims(node, q.shape(), k.shape(), v.shape(), has_past ? &c.in(4).shape() : nullptr);
+    AttnDims a =
+        attn_dims(node, q.shape(), k.shape(), v.shape(), has_past ? &c.in(4).shape() : nullptr);
     if (k.dim(0) != a.b || v.dim(0) != a.b) fail("Attention batch sizes differ");
-    if (a.three_d ? v.dim(1) != a.l : v.dim(2) != a.l) fail("Attention K and V sequence lengths differ");
-    const int64_t B = a.b, HQ = a.hq, HKV = a.hkv, S = a.s, L = a.l, P = a.p, T = a.t, D = a.d, DV = a.dv;
+    if (a.three_d ? v.dim(1) != a.l : v.dim(2) != a.l)
+      fail("Attention K and V sequence lengths differ");
+    const int64_t B = a.b, HQ = a.hq, HKV = a.hkv, S = a.s, L = a.l, P = a.p, T = a.t, D = a.d,
+                  DV = a.dv;
     const int64_t group = HQ / HKV;
     if (has_past) {
       const Shape& pk = c.in(4).shape();
       const Shape& pv = c.in(5).shape();
-      if (pk != Shape{B, HKV, P, D} || pv.size() != 4 || pv[0] != B || pv[1] != HKV || pv[2] != P || pv[3] != DV)
-        fail("Attention past_key {} / past_value {} do not match K/V", shape_str(pk), shape_str(pv));
+      if (pk != Shape{B, HKV, P, D} || pv.size() != 4 || pv[0] != B || pv[1] != HKV || pv[2] != P ||
+          pv[3] != DV)
+        fail("Attention past_key {} / past_value {} do not match K/V", shape_str(pk),
+             shape_str(pv));
     }
     const std::vector<double> qv = q.to_f64(), kv = k.to_f64(), vv = v.to_f64();
     const std::vector<double> pk = has_past ? c.in(4).to_f64() : std::vector<double>{};
     const std::vector<double> pvv = has_past ? c.in(5).to_f64() : std::vector<double>{};
     // Element (b, h, s, x) of a 4-D view of a 3-D or 4-D Q/K/V input with `heads` heads of `dim`.
-    auto at = [&](const std::vector<double>& src, int64_t heads, int64_t seq, int64_t dim, int64_t b, int64_t h,
-                  int64_t s, int64_t x) {
-      return a.three_d ? src[(b * seq + s) * heads * dim + h * dim + x] : src[((b * heads + h) * seq + s) * dim + x];
+    auto at = [&](const std::vector<double>& src, int64_t heads, int64_t seq, int64_t dim,
+                  int64_t b, int64_t h, int64_t s, int64_t x) {
+      return a.three_d ? src[(b * seq + s) * heads * dim + h * dim + x]
+                       : src[((b * heads + h) * seq + s) * dim + x];
     };
     // The present caches: past followed by the new keys/values.
-    std::vector<double> kc(static_cast<size_t>(B * HKV * T * D)), vc(static_cast<size_t>(B * HKV * T * DV));
+    std::vector<double> kc(static_cast<size_t>(B * HKV * T * D)),
+        vc(static_cast<size_t>(B * HKV * T * DV));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < HKV; ++h)
         for (int64_t t = 0; t < T; ++t) {
@@ -134,8 +152,10 @@ OpDef attention_def() {
     if (c.has_in(3)) {
       const Tensor& m = c.in(3);
       ms = m.shape();
-      if (ms.size() < 2 || ms.size() > 4) fail("Attention attn_mask must have rank 2..4, got {}", shape_str(ms));
-      if (ms.back() > T) fail("Attention attn_mask last dim {} exceeds total sequence length {}", ms.back(), T);
+      if (ms.size() < 2 || ms.size() > 4)
+        fail("Attention attn_mask must have rank 2..4, got {}", shape_str(ms));
+      if (ms.back() > T)
+        fail("Attention attn_mask last dim {} exceeds total sequence length {}", ms.back(), T);
       if (m.dtype() == DType::boolean) {
         mask.resize(static_cast<size_t>(m.numel()));
         for (int64_t i = 0; i < m.numel(); ++i) mask[i] = m.get_i(i) ? 0.0 : -INFINITY;
@@ -146,7 +166,9 @@ OpDef attention_def() {
       while (ms.size() < 4) ms.insert(ms.begin(), 1);
       const Shape full = {B, HQ, S, ms[3]};
       for (int i = 0; i < 3; ++i)
-        if (ms[i] != 1 && ms[i] != full[i]) fail("Attention attn_mask {} does not broadcast to {}", shape_str(m.shape()), shape_str(full));
+        if (ms[i] != 1 && ms[i] != full[i])
+          fail("Attention attn_mask {} does not broadcast to {}", shape_str(m.shape()),
+               shape_str(full));
       mstr = strides_of(ms);
       for (int i = 0; i < 4; ++i)
         if (ms[i] == 1) mstr[i] = 0;
@@ -157,7 +179,8 @@ OpDef attention_def() {
       if (static_cast<int64_t>(nonpad.size()) != B) fail("nonpad_kv_seqlen must have {} values", B);
     }
     const bool causal = node.attr_i("is_causal", 0) != 0;
-    const double scale = node.has_attr("scale") ? node.attr_f("scale") : 1.0 / std::sqrt(static_cast<double>(D));
+    const double scale =
+        node.has_attr("scale") ? node.attr_f("scale") : 1.0 / std::sqrt(static_cast<double>(D));
     const double softcap = node.attr_f("softcap", 0.0);
     const int64_t mode = node.attr_i("qk_matmul_output_mode", 0);
     const bool want_qk = c.wants_out(3);
@@ -188,7 +211,8 @@ OpDef attention_def() {
           for (int64_t j = 0; j < T; ++j) {
             double bj = 0;
             if (!mask.empty()) {
-              bj += j < ms[3] ? mask[b * mstr[0] + h * mstr[1] + i * mstr[2] + j * mstr[3]] : -INFINITY;
+              bj += j < ms[3] ? mask[b * mstr[0] + h * mstr[1] + i * mstr[2] + j * mstr[3]]
+                              : -INFINITY;
             }
             if (causal && j > i + offset) bj += -INFINITY;
             if (!nonpad.empty() && j >= nonpad[b]) bj += -INFINITY;
@@ -245,13 +269,18 @@ OpDef rotary_embedding_def() {
   d.min_inputs = 3;
   d.max_inputs = 4;
   d.since = 23;
-  d.attrs = {{"interleaved", AttrKind::i}, {"num_heads", AttrKind::i}, {"rotary_embedding_dim", AttrKind::i}};
+  d.attrs = {{"interleaved", AttrKind::i},
+             {"num_heads", AttrKind::i},
+             {"rotary_embedding_dim", AttrKind::i}};
   d.infer = [](InferCtx& c) {
     const TensorType& x = c.in(0);
     if (!is_float(x.dtype)) fail("RotaryEmbedding needs a float input");
-    if (x.shape.size() != 3 && x.shape.size() != 4) fail("RotaryEmbedding input must be 3-D or 4-D, got {}", shape_str(x.shape));
-    if (x.shape.size() == 3 && c.node().attr_i("num_heads", 0) <= 0) fail("3-D RotaryEmbedding needs num_heads");
-    if (c.in(1).dtype != x.dtype || c.in(2).dtype != x.dtype) fail("RotaryEmbedding caches must have the input's dtype");
+    if (x.shape.size() != 3 && x.shape.size() != 4)
+      fail("RotaryEmbedding input must be 3-D or 4-D, got {}", shape_str(x.shape));
+    if (x.shape.size() == 3 && c.node().attr_i("num_heads", 0) <= 0)
+      fail("3-D RotaryEmbedding needs num_heads");
+    if (c.in(1).dtype != x.dtype || c.in(2).dtype != x.dtype)
+      fail("RotaryEmbedding caches must have the input's dtype");
     c.set_out(0, x);
   };
   d.kernel = [](KernelCtx& c) {
@@ -264,7 +293,8 @@ OpDef rotary_embedding_def() {
     const bool three_d = x.rank() == 3;
     if (three_d) {
       H = c.node().attr_i("num_heads", 0);
-      if (H <= 0 || x.dim(2) % H != 0) fail("RotaryEmbedding hidden size {} not divisible by num_heads {}", x.dim(2), H);
+      if (H <= 0 || x.dim(2) % H != 0)
+        fail("RotaryEmbedding hidden size {} not divisible by num_heads {}", x.dim(2), H);
       B = x.dim(0);
       S = x.dim(1);
       D = x.dim(2) / H;
@@ -278,7 +308,8 @@ OpDef rotary_embedding_def() {
     }
     int64_t rot = c.node().attr_i("rotary_embedding_dim", 0);
     if (rot == 0) rot = D;
-    if (rot < 0 || rot > D || rot % 2 != 0) fail("rotary_embedding_dim {} must be even and <= head size {}", rot, D);
+    if (rot < 0 || rot > D || rot % 2 != 0)
+      fail("rotary_embedding_dim {} must be even and <= head size {}", rot, D);
     const int64_t half = rot / 2;
     const bool has_pos = c.has_in(3);
     std::vector<int64_t> pos;
@@ -287,7 +318,8 @@ OpDef rotary_embedding_def() {
       if (c.in(3).shape() != Shape{B, S}) fail("position_ids must have shape [{}, {}]", B, S);
       if (cosc.rank() != 2 || sinc.shape() != cosc.shape() || cosc.dim(1) < half)
         fail("cos/sin caches must be [max_pos, >= {}] with position_ids", half);
-    } else if (cosc.rank() != 3 || sinc.shape() != cosc.shape() || cosc.dim(0) != B || cosc.dim(1) != S || cosc.dim(2) < half) {
+    } else if (cosc.rank() != 3 || sinc.shape() != cosc.shape() || cosc.dim(0) != B ||
+               cosc.dim(1) != S || cosc.dim(2) < half) {
       fail("cos/sin caches must be [{}, {}, >= {}] without position_ids", B, S, half);
     }
     const int64_t cw = cosc.dim(cosc.rank() - 1);
@@ -298,7 +330,8 @@ OpDef rotary_embedding_def() {
         int64_t row = b * S + s;
         if (has_pos) {
           row = pos[b * S + s];
-          if (row < 0 || row >= cosc.dim(0)) fail("position id {} out of range [0, {})", row, cosc.dim(0));
+          if (row < 0 || row >= cosc.dim(0))
+            fail("position id {} out of range [0, {})", row, cosc.dim(0));
         }
         const double* cr = cv.data() + row * cw;
         const double* sr = sv.data() + row * cw;
@@ -330,39 +363,50 @@ OpDef linear_attention_def() {
   d.min_outputs = 1;
   d.max_outputs = 2;
   d.since = 27;
-  d.attrs = {{"kv_num_heads", AttrKind::i, true}, {"q_num_heads", AttrKind::i, true},
-             {"scale", AttrKind::f},              {"update_rule", AttrKind::s}};
+  d.attrs = {{"kv_num_heads", AttrKind::i, true},
+             {"q_num_heads", AttrKind::i, true},
+             {"scale", AttrKind::f},
+             {"update_rule", AttrKind::s}};
   struct Dims {
     int64_t b, t, hq, hkv, dk, dv;
   };
   auto dims = [](const Node& n, const Shape& q, const Shape& k, const Shape& v) {
     if (q.size() != 3 || k.size() != 3 || v.size() != 3)
-      fail("LinearAttention query/key/value must be 3-D [B, T, H*D], got {} {} {}", shape_str(q), shape_str(k), shape_str(v));
+      fail("LinearAttention query/key/value must be 3-D [B, T, H*D], got {} {} {}", shape_str(q),
+           shape_str(k), shape_str(v));
     Dims r{q[0], q[1], n.attr_i("q_num_heads"), n.attr_i("kv_num_heads"), kUnknownDim, kUnknownDim};
-    if (r.hq <= 0 || r.hkv <= 0 || r.hq % r.hkv != 0) fail("LinearAttention q heads {} must be a multiple of kv heads {}", r.hq, r.hkv);
+    if (r.hq <= 0 || r.hkv <= 0 || r.hq % r.hkv != 0)
+      fail("LinearAttention q heads {} must be a multiple of kv heads {}", r.hq, r.hkv);
     if (q[2] != kUnknownDim) {
-      if (q[2] % r.hq != 0) fail("LinearAttention query width {} not divisible by {} heads", q[2], r.hq);
+      if (q[2] % r.hq != 0)
+        fail("LinearAttention query width {} not divisible by {} heads", q[2], r.hq);
       r.dk = q[2] / r.hq;
-      if (k[2] != kUnknownDim && k[2] != r.dk * r.hkv) fail("LinearAttention key width {} should be {}", k[2], r.dk * r.hkv);
+      if (k[2] != kUnknownDim && k[2] != r.dk * r.hkv)
+        fail("LinearAttention key width {} should be {}", k[2], r.dk * r.hkv);
     }
     if (v[2] != kUnknownDim) {
-      if (v[2] % r.hkv != 0) fail("LinearAttention value width {} not divisible by {} heads", v[2], r.hkv);
+      if (v[2] % r.hkv != 0)
+        fail("LinearAttention value width {} not divisible by {} heads", v[2], r.hkv);
       r.dv = v[2] / r.hkv;
     }
     return r;
   };
   auto rule_of = [](const Node& n) {
     const std::string r = n.attr_s("update_rule", "gated_delta");
-    if (r != "linear" && r != "gated" && r != "delta" && r != "gated_delta") fail("LinearAttention update_rule '{}' is unknown", r);
+    if (r != "linear" && r != "gated" && r != "delta" && r != "gated_delta")
+      fail("LinearAttention update_rule '{}' is unknown", r);
     return r;
   };
   d.infer = [dims, rule_of](InferCtx& c) {
     const DType dt = c.in(0).dtype;
-    if (!is_float(dt) || c.in(1).dtype != dt || c.in(2).dtype != dt) fail("LinearAttention needs float q/k/v of one dtype");
+    if (!is_float(dt) || c.in(1).dtype != dt || c.in(2).dtype != dt)
+      fail("LinearAttention needs float q/k/v of one dtype");
     Dims a = dims(c.node(), c.in(0).shape, c.in(1).shape, c.in(2).shape);
     const std::string rule = rule_of(c.node());
-    if ((rule == "gated" || rule == "gated_delta") && !c.has_in(4)) fail("update_rule '{}' needs decay", rule);
-    if ((rule == "delta" || rule == "gated_delta") && !c.has_in(5)) fail("update_rule '{}' needs beta", rule);
+    if ((rule == "gated" || rule == "gated_delta") && !c.has_in(4))
+      fail("update_rule '{}' needs decay", rule);
+    if ((rule == "delta" || rule == "gated_delta") && !c.has_in(5))
+      fail("update_rule '{}' needs beta", rule);
     c.set_out(0, {dt, {a.b, a.t, a.dv == kUnknownDim ? kUnknownDim : a.hq * a.dv}});
     if (c.num_outputs() > 1 && c.node().outputs[1]) c.set_out(1, {dt, {a.b, a.hkv, a.dk, a.dv}});
   };
@@ -373,11 +417,13 @@ OpDef linear_attention_def() {
     if (c.in(1).dim(0) != B || c.in(1).dim(1) != T || c.in(2).dim(0) != B || c.in(2).dim(1) != T)
       fail("LinearAttention query/key/value batch or length differ");
     const std::string rule = rule_of(node);
-    const bool gated = rule == "gated" || rule == "gated_delta", delta = rule == "delta" || rule == "gated_delta";
+    const bool gated = rule == "gated" || rule == "gated_delta",
+               delta = rule == "delta" || rule == "gated_delta";
     const std::vector<double> q = c.in(0).to_f64(), k = c.in(1).to_f64(), v = c.in(2).to_f64();
     std::vector<double> st(static_cast<size_t>(B * HKV * DK * DV), 0.0);
     if (c.has_in(3)) {
-      if (c.in(3).shape() != Shape{B, HKV, DK, DV}) fail("LinearAttention past_state must be [{}, {}, {}, {}]", B, HKV, DK, DV);
+      if (c.in(3).shape() != Shape{B, HKV, DK, DV})
+        fail("LinearAttention past_state must be [{}, {}, {}, {}]", B, HKV, DK, DV);
       st = c.in(3).to_f64();
     }
     // decay: [B, T, HKV * DK] (per key dim) or [B, T, HKV] (per head), in log space.
@@ -385,7 +431,8 @@ OpDef linear_attention_def() {
     int64_t dw = 0;
     if (gated) {
       const Tensor& dt = c.in(4);
-      if (dt.rank() != 3 || dt.dim(0) != B || dt.dim(1) != T || (dt.dim(2) != HKV * DK && dt.dim(2) != HKV))
+      if (dt.rank() != 3 || dt.dim(0) != B || dt.dim(1) != T ||
+          (dt.dim(2) != HKV * DK && dt.dim(2) != HKV))
         fail("LinearAttention decay must be [B, T, {}] or [B, T, {}]", HKV * DK, HKV);
       dec = dt.to_f64();
       dw = dt.dim(2) / HKV;
@@ -395,13 +442,15 @@ OpDef linear_attention_def() {
     int64_t bw = 0;
     if (delta) {
       const Tensor& bt = c.in(5);
-      if (bt.rank() != 3 || bt.dim(0) != B || bt.dim(1) != T || (bt.dim(2) != HKV && bt.dim(2) != 1))
+      if (bt.rank() != 3 || bt.dim(0) != B || bt.dim(1) != T ||
+          (bt.dim(2) != HKV && bt.dim(2) != 1))
         fail("LinearAttention beta must be [B, T, {}] or [B, T, 1]", HKV);
       bet = bt.to_f64();
       bw = bt.dim(2);
     }
-    const double scale = node.has_attr("scale") && node.attr_f("scale") != 0.0 ? node.attr_f("scale")
-                                                                               : 1.0 / std::sqrt(static_cast<double>(DK));
+    const double scale = node.has_attr("scale") && node.attr_f("scale") != 0.0
+                             ? node.attr_f("scale")
+                             : 1.0 / std::sqrt(static_cast<double>(DK));
     std::vector<double> out(static_cast<size_t>(B * T * HQ * DV)), ret(static_cast<size_t>(DV));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t) {

@@ -20,12 +20,14 @@ struct Window {
 
 std::vector<int64_t> ints_or(const Node& n, const std::string& name, int nd, int64_t dflt) {
   std::vector<int64_t> v = n.attr_ints(name, std::vector<int64_t>(static_cast<size_t>(nd), dflt));
-  if (static_cast<int>(v.size()) != nd) fail("attribute '{}' has {} values, expected {}", name, v.size(), nd);
+  if (static_cast<int>(v.size()) != nd)
+    fail("attribute '{}' has {} values, expected {}", name, v.size(), nd);
   return v;
 }
 
 // Forward geometry (conv and pools): the input is pooled/convolved over windows of `k`.
-Window forward_window(const Node& n, const Shape& in_spatial, const std::vector<int64_t>& k, bool ceil_mode) {
+Window forward_window(const Node& n, const Shape& in_spatial, const std::vector<int64_t>& k,
+                      bool ceil_mode) {
   Window w;
   w.nd = static_cast<int>(in_spatial.size());
   w.k = k;
@@ -37,8 +39,10 @@ Window forward_window(const Node& n, const Shape& in_spatial, const std::vector<
     if (w.s[i] < 1) fail("strides must be >= 1, got {}", w.s[i]);
     if (w.d[i] < 1) fail("dilations must be >= 1, got {}", w.d[i]);
   }
-  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(static_cast<size_t>(2 * w.nd), 0));
-  if (static_cast<int>(pads.size()) != 2 * w.nd) fail("pads has {} values, expected {}", pads.size(), 2 * w.nd);
+  std::vector<int64_t> pads =
+      n.attr_ints("pads", std::vector<int64_t>(static_cast<size_t>(2 * w.nd), 0));
+  if (static_cast<int>(pads.size()) != 2 * w.nd)
+    fail("pads has {} values, expected {}", pads.size(), 2 * w.nd);
   for (int64_t p : pads)
     if (p < 0) fail("pads must be >= 0");
   w.pb.assign(pads.begin(), pads.begin() + w.nd);
@@ -63,7 +67,9 @@ Window forward_window(const Node& n, const Shape& in_spatial, const std::vector<
     }
     if (in == kUnknownDim) continue;
     const int64_t span = in + w.pb[i] + w.pe[i] - w.eff(i);
-    if (span < 0) fail("window of extent {} does not fit the padded input extent {}", w.eff(i), in + w.pb[i] + w.pe[i]);
+    if (span < 0)
+      fail("window of extent {} does not fit the padded input extent {}", w.eff(i),
+           in + w.pb[i] + w.pe[i]);
     int64_t o = (ceil_mode ? (span + w.s[i] - 1) / w.s[i] : span / w.s[i]) + 1;
     // A last window that would start in the end padding is dropped.
     if (ceil_mode && (o - 1) * w.s[i] >= in + w.pb[i]) --o;
@@ -83,8 +89,8 @@ int64_t prod(const std::vector<int64_t>& v) {
 // gets target_flat = -1 when outside the target, and in_pad = whether it lies within the padded
 // range [-pb, T + pe).
 template <typename Fn>
-void for_each_tap(const std::vector<int64_t>& grid, const std::vector<int64_t>& target, const Window& w,
-                  const std::vector<int64_t>& kt, Fn&& fn) {
+void for_each_tap(const std::vector<int64_t>& grid, const std::vector<int64_t>& target,
+                  const Window& w, const std::vector<int64_t>& kt, Fn&& fn) {
   const int nd = static_cast<int>(grid.size());
   std::vector<std::vector<int64_t>> coord(nd);
   std::vector<std::vector<char>> padok(nd);
@@ -107,8 +113,10 @@ void for_each_tap(const std::vector<int64_t>& grid, const std::vector<int64_t>& 
     bool valid = true, pad = true;
     for (int i = 0; i < nd - 1; ++i) {
       const int64_t c = coord[i][idx[i]];
-      if (c < 0) valid = false;
-      else off += c * tstr[i];
+      if (c < 0)
+        valid = false;
+      else
+        off += c * tstr[i];
       if (!padok[i][idx[i]]) pad = false;
     }
     const std::vector<int64_t>& cl = coord[nd - 1];
@@ -134,14 +142,17 @@ std::vector<int64_t> unflatten(int64_t flat, const std::vector<int64_t>& dims) {
   return r;
 }
 
-Shape spatial_of(const Shape& s) { return Shape(s.begin() + 2, s.end()); }
+Shape spatial_of(const Shape& s) {
+  return Shape(s.begin() + 2, s.end());
+}
 
-// ---- Conv -----------------------------------------------------------------------------------------
+// ---- Conv
+// -----------------------------------------------------------------------------------------
 
 // One grouped N-D convolution with double accumulation: y[n, m, out] = b[m] + sum w * x.
 template <typename T>
-void conv_core(const T* x, const T* wt, const T* bias, T* y, int64_t batch, int64_t c_in, int64_t m_out,
-               int64_t group, const Window& w) {
+void conv_core(const T* x, const T* wt, const T* bias, T* y, int64_t batch, int64_t c_in,
+               int64_t m_out, int64_t group, const Window& w) {
   const int64_t cg = c_in / group, mg = m_out / group;
   const int64_t kp = prod(w.k), op = prod(w.out), ip = prod(w.in);
   bool identity = true;  // 1x1, stride 1, no padding: the input already is the column matrix
@@ -188,9 +199,11 @@ std::vector<int64_t> conv_kernel(const Node& n, const Shape& wshape, int nd) {
   std::vector<int64_t> k(wshape.begin() + 2, wshape.end());
   if (n.has_attr("kernel_shape")) {
     std::vector<int64_t> ks = n.attr_ints("kernel_shape");
-    if (static_cast<int>(ks.size()) != nd) fail("kernel_shape has {} values, expected {}", ks.size(), nd);
+    if (static_cast<int>(ks.size()) != nd)
+      fail("kernel_shape has {} values, expected {}", ks.size(), nd);
     for (int i = 0; i < nd; ++i) {
-      if (k[i] != kUnknownDim && k[i] != ks[i]) fail("kernel_shape {} disagrees with W {}", shape_str(ks), shape_str(wshape));
+      if (k[i] != kUnknownDim && k[i] != ks[i])
+        fail("kernel_shape {} disagrees with W {}", shape_str(ks), shape_str(wshape));
       k[i] = ks[i];
     }
   }
@@ -199,7 +212,8 @@ std::vector<int64_t> conv_kernel(const Node& n, const Shape& wshape, int nd) {
 
 void check_conv_operands(const Shape& x, const Shape& wt, int64_t group) {
   if (x.size() < 3) fail("Conv input must have rank >= 3 (N, C, spatial...), got {}", shape_str(x));
-  if (wt.size() != x.size()) fail("Conv weight rank {} differs from input rank {}", wt.size(), x.size());
+  if (wt.size() != x.size())
+    fail("Conv weight rank {} differs from input rank {}", wt.size(), x.size());
   if (group < 1) fail("group must be >= 1, got {}", group);
 }
 
@@ -211,7 +225,8 @@ TensorType infer_conv_type(InferCtx& c, DType out_dt) {
   const int nd = static_cast<int>(x.size()) - 2;
   if (x[1] != kUnknownDim && wt[1] != kUnknownDim && x[1] != wt[1] * group)
     fail("Conv input has {} channels but W expects {} x group {}", x[1], wt[1], group);
-  if (wt[0] != kUnknownDim && wt[0] % group != 0) fail("Conv output channels {} not divisible by group {}", wt[0], group);
+  if (wt[0] != kUnknownDim && wt[0] % group != 0)
+    fail("Conv output channels {} not divisible by group {}", wt[0], group);
   std::vector<int64_t> k = conv_kernel(c.node(), wt, nd);
   for (int64_t v : k)
     if (v == kUnknownDim) unsupported("Conv with an unknown kernel extent");
@@ -222,44 +237,49 @@ TensorType infer_conv_type(InferCtx& c, DType out_dt) {
 }
 
 // Runs a float or (zero-point-shifted) integer conv in double, or natively in f32.
-Tensor run_conv(const Node& node, const Tensor& x, const Tensor& wt, const Tensor* bias, DType out_dt,
-                const std::vector<double>* xv_in = nullptr, const std::vector<double>* wv_in = nullptr) {
+Tensor run_conv(const Node& node, const Tensor& x, const Tensor& wt, const Tensor* bias,
+                DType out_dt, const std::vector<double>* xv_in = nullptr,
+                const std::vector<double>* wv_in = nullptr) {
   const int64_t group = node.attr_i("group", 1);
   check_conv_operands(x.shape(), wt.shape(), group);
   const int nd = x.rank() - 2;
   const int64_t batch = x.dim(0), c_in = x.dim(1), m_out = wt.dim(0);
-  if (c_in != wt.dim(1) * group) fail("Conv input has {} channels but W expects {} x group {}", c_in, wt.dim(1), group);
+  if (c_in != wt.dim(1) * group)
+    fail("Conv input has {} channels but W expects {} x group {}", c_in, wt.dim(1), group);
   if (m_out % group != 0) fail("Conv output channels {} not divisible by group {}", m_out, group);
-  if (bias && (bias->rank() != 1 || bias->dim(0) != m_out)) fail("Conv bias must have shape [{}]", m_out);
+  if (bias && (bias->rank() != 1 || bias->dim(0) != m_out))
+    fail("Conv bias must have shape [{}]", m_out);
   Window w = forward_window(node, spatial_of(x.shape()), conv_kernel(node, wt.shape(), nd), false);
   Shape out = {batch, m_out};
   out.insert(out.end(), w.out.begin(), w.out.end());
   if (out_dt == DType::f32 && !xv_in) {
     Tensor y(DType::f32, out);
-    conv_core<float>(x.data<float>(), wt.data<float>(), bias ? bias->data<float>() : nullptr, y.data<float>(), batch,
-                     c_in, m_out, group, w);
+    conv_core<float>(x.data<float>(), wt.data<float>(), bias ? bias->data<float>() : nullptr,
+                     y.data<float>(), batch, c_in, m_out, group, w);
     return y;
   }
   const std::vector<double> xv = xv_in ? *xv_in : x.to_f64();
   const std::vector<double> wv = wv_in ? *wv_in : wt.to_f64();
   const std::vector<double> bv = bias ? bias->to_f64() : std::vector<double>{};
   std::vector<double> yv(static_cast<size_t>(shape_numel(out)));
-  conv_core<double>(xv.data(), wv.data(), bias ? bv.data() : nullptr, yv.data(), batch, c_in, m_out, group, w);
+  conv_core<double>(xv.data(), wv.data(), bias ? bv.data() : nullptr, yv.data(), batch, c_in, m_out,
+                    group, w);
   if (is_float(out_dt)) return Tensor::from_f64(out_dt, out, yv);
   std::vector<int64_t> yi(yv.size());
   for (size_t i = 0; i < yv.size(); ++i) yi[i] = static_cast<int64_t>(std::llround(yv[i]));
   return Tensor::from_i64(out_dt, out, yi);
 }
 
-const std::vector<AttrSpec> kConvAttrs = {{"auto_pad", AttrKind::s}, {"dilations", AttrKind::ints},
-                                          {"group", AttrKind::i},    {"kernel_shape", AttrKind::ints},
-                                          {"pads", AttrKind::ints},  {"strides", AttrKind::ints}};
+const std::vector<AttrSpec> kConvAttrs = {
+    {"auto_pad", AttrKind::s},        {"dilations", AttrKind::ints}, {"group", AttrKind::i},
+    {"kernel_shape", AttrKind::ints}, {"pads", AttrKind::ints},      {"strides", AttrKind::ints}};
 
 Cost conv_cost(const Node& n) {
   Cost c;
   if (!n.inputs[1] || !n.outputs[0]) return c;
   const Shape& wt = n.inputs[1]->type.shape;
-  const int64_t per = std::max<int64_t>(shape_numel(wt), 0) / std::max<int64_t>(wt.empty() ? 1 : wt[0], 1);
+  const int64_t per =
+      std::max<int64_t>(shape_numel(wt), 0) / std::max<int64_t>(wt.empty() ? 1 : wt[0], 1);
   const int64_t outn = std::max<int64_t>(shape_numel(n.outputs[0]->type.shape), 0);
   c.flops = 2.0 * static_cast<double>(per) * static_cast<double>(outn);
   for (const Value* v : n.inputs)
@@ -280,11 +300,13 @@ OpDef conv_def() {
     const DType dt = c.in(0).dtype;
     if (dt != DType::f32 && dt != DType::f64 && dt != DType::f16 && dt != DType::bf16)
       fail("Conv needs a float input, got {}", dtype_name(dt));
-    if (c.in(1).dtype != dt || (c.has_in(2) && c.in(2).dtype != dt)) fail("Conv operands have different dtypes");
+    if (c.in(1).dtype != dt || (c.has_in(2) && c.in(2).dtype != dt))
+      fail("Conv operands have different dtypes");
     c.set_out(0, infer_conv_type(c, dt));
   };
   d.kernel = [](KernelCtx& c) {
-    c.set_out(0, run_conv(c.node(), c.in(0), c.in(1), c.has_in(2) ? &c.in(2) : nullptr, c.in(0).dtype()));
+    c.set_out(
+        0, run_conv(c.node(), c.in(0), c.in(1), c.has_in(2) ? &c.in(2) : nullptr, c.in(0).dtype()));
   };
   return d;
 }
@@ -293,13 +315,16 @@ OpDef conv_def() {
 std::vector<double> shifted(const Tensor& x, const Tensor* zp) {
   std::vector<double> v = x.to_f64();
   if (!zp) return v;
-  if (zp->dtype() != x.dtype()) fail("zero point dtype {} differs from input {}", dtype_name(zp->dtype()), dtype_name(x.dtype()));
+  if (zp->dtype() != x.dtype())
+    fail("zero point dtype {} differs from input {}", dtype_name(zp->dtype()),
+         dtype_name(x.dtype()));
   if (zp->numel() == 1) {
     const double z = zp->get_f(0);
     for (double& e : v) e -= z;
     return v;
   }
-  if (zp->numel() != x.dim(0)) fail("zero point has {} values, expected 1 or {}", zp->numel(), x.dim(0));
+  if (zp->numel() != x.dim(0))
+    fail("zero point has {} values, expected 1 or {}", zp->numel(), x.dim(0));
   const int64_t per = x.numel() / std::max<int64_t>(x.dim(0), 1);
   for (int64_t i = 0; i < x.numel(); ++i) v[i] -= zp->get_f(i / per);
   return v;
@@ -339,28 +364,36 @@ Window transpose_window(const Node& n, const Shape& in_spatial, const std::vecto
   w.s = ints_or(n, "strides", w.nd, 1);
   w.d = ints_or(n, "dilations", w.nd, 1);
   std::vector<int64_t> op = ints_or(n, "output_padding", w.nd, 0);
-  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(static_cast<size_t>(2 * w.nd), 0));
-  if (static_cast<int>(pads.size()) != 2 * w.nd) fail("pads has {} values, expected {}", pads.size(), 2 * w.nd);
+  std::vector<int64_t> pads =
+      n.attr_ints("pads", std::vector<int64_t>(static_cast<size_t>(2 * w.nd), 0));
+  if (static_cast<int>(pads.size()) != 2 * w.nd)
+    fail("pads has {} values, expected {}", pads.size(), 2 * w.nd);
   w.pb.assign(pads.begin(), pads.begin() + w.nd);
   w.pe.assign(pads.begin() + w.nd, pads.end());
   const std::string ap = n.attr_s("auto_pad", "NOTSET");
-  if (ap != "NOTSET" && ap != "SAME_UPPER" && ap != "SAME_LOWER" && ap != "VALID") fail("bad auto_pad '{}'", ap);
+  if (ap != "NOTSET" && ap != "SAME_UPPER" && ap != "SAME_LOWER" && ap != "VALID")
+    fail("bad auto_pad '{}'", ap);
   std::vector<int64_t> oshape;
   if (n.has_attr("output_shape")) {
     oshape = n.attr_ints("output_shape");
     // output_shape may list all dims or just the spatial ones.
-    if (static_cast<int>(oshape.size()) == w.nd + 2) oshape.erase(oshape.begin(), oshape.begin() + 2);
-    if (static_cast<int>(oshape.size()) != w.nd) fail("output_shape has {} values, expected {}", oshape.size(), w.nd);
+    if (static_cast<int>(oshape.size()) == w.nd + 2)
+      oshape.erase(oshape.begin(), oshape.begin() + 2);
+    if (static_cast<int>(oshape.size()) != w.nd)
+      fail("output_shape has {} values, expected {}", oshape.size(), w.nd);
   }
   w.out.assign(static_cast<size_t>(w.nd), kUnknownDim);
   for (int i = 0; i < w.nd; ++i) {
-    if (w.s[i] < 1 || w.d[i] < 1 || w.k[i] < 1) fail("strides, dilations and kernel extents must be >= 1");
+    if (w.s[i] < 1 || w.d[i] < 1 || w.k[i] < 1)
+      fail("strides, dilations and kernel extents must be >= 1");
     if (w.in[i] == kUnknownDim) continue;
     const int64_t full = w.s[i] * (w.in[i] - 1) + op[i] + w.eff(i);
     if (ap == "VALID") w.pb[i] = w.pe[i] = 0;
     int64_t target = -1;
-    if (!oshape.empty()) target = oshape[i];
-    else if (ap == "SAME_UPPER" || ap == "SAME_LOWER") target = w.in[i] * w.s[i];
+    if (!oshape.empty())
+      target = oshape[i];
+    else if (ap == "SAME_UPPER" || ap == "SAME_LOWER")
+      target = w.in[i] * w.s[i];
     if (target >= 0) {
       // A target beyond the full output gives negative pads: extra output at the edges.
       const int64_t total = full - target;
@@ -394,7 +427,8 @@ OpDef conv_transpose_def() {
     const int64_t group = c.node().attr_i("group", 1);
     check_conv_operands(x, wt, group);
     const DType dt = c.in(0).dtype;
-    if (!is_float(dt) || c.in(1).dtype != dt) fail("ConvTranspose needs float operands of one dtype");
+    if (!is_float(dt) || c.in(1).dtype != dt)
+      fail("ConvTranspose needs float operands of one dtype");
     if (x[1] != kUnknownDim && wt[0] != kUnknownDim && x[1] != wt[0])
       fail("ConvTranspose input has {} channels but W has {}", x[1], wt[0]);
     const int nd = static_cast<int>(x.size()) - 2;
@@ -415,7 +449,8 @@ OpDef conv_transpose_def() {
     const int64_t batch = x.dim(0), c_in = x.dim(1), mg = wt.dim(1), m_out = mg * group;
     if (c_in != wt.dim(0) || c_in % group != 0) fail("ConvTranspose channel mismatch");
     const int64_t cg = c_in / group;
-    Window w = transpose_window(c.node(), spatial_of(x.shape()), conv_kernel(c.node(), wt.shape(), nd));
+    Window w =
+        transpose_window(c.node(), spatial_of(x.shape()), conv_kernel(c.node(), wt.shape(), nd));
     const int64_t kp = prod(w.k), ip = prod(w.in), op = prod(w.out);
     const std::vector<double> xv = x.to_f64(), wv = wt.to_f64();
     std::vector<double> bv(static_cast<size_t>(m_out), 0.0);
@@ -479,7 +514,8 @@ OpDef col2im_def() {
     if (img->size() != blk->size()) fail("Col2Im image_shape and block_shape lengths differ");
     const int64_t kp = prod(*blk);
     if (kp <= 0) fail("Col2Im block_shape must be positive");
-    if (x[1] != kUnknownDim && x[1] % kp != 0) fail("Col2Im input dim 1 ({}) is not a multiple of {}", x[1], kp);
+    if (x[1] != kUnknownDim && x[1] % kp != 0)
+      fail("Col2Im input dim 1 ({}) is not a multiple of {}", x[1], kp);
     Shape out = {x[0], x[1] == kUnknownDim ? kUnknownDim : x[1] / kp};
     out.insert(out.end(), img->begin(), img->end());
     c.set_out(0, {c.in(0).dtype, out});
@@ -487,7 +523,8 @@ OpDef col2im_def() {
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
     const std::vector<int64_t> img = c.in(1).to_i64(), blk = c.in(2).to_i64();
-    if (x.rank() != 3 || img.size() != blk.size() || img.empty()) fail("Col2Im: bad operand shapes");
+    if (x.rank() != 3 || img.size() != blk.size() || img.empty())
+      fail("Col2Im: bad operand shapes");
     // The block grid is the forward window of a conv over the image.
     Window w = forward_window(c.node(), Shape(img.begin(), img.end()), blk, false);
     const int64_t kp = prod(blk), lp = prod(w.out), ip = prod(img);
@@ -520,14 +557,15 @@ enum class PoolKind { max, avg, lp };
 
 std::vector<int64_t> pool_kernel(const Node& n, int nd) {
   std::vector<int64_t> k = n.attr_ints("kernel_shape");
-  if (static_cast<int>(k.size()) != nd) fail("kernel_shape has {} values, expected {}", k.size(), nd);
+  if (static_cast<int>(k.size()) != nd)
+    fail("kernel_shape has {} values, expected {}", k.size(), nd);
   return k;
 }
 
 std::vector<AttrSpec> pool_attrs(PoolKind kind) {
-  std::vector<AttrSpec> a = {{"auto_pad", AttrKind::s},       {"ceil_mode", AttrKind::i},
-                             {"dilations", AttrKind::ints},   {"kernel_shape", AttrKind::ints, true},
-                             {"pads", AttrKind::ints},        {"strides", AttrKind::ints}};
+  std::vector<AttrSpec> a = {{"auto_pad", AttrKind::s},     {"ceil_mode", AttrKind::i},
+                             {"dilations", AttrKind::ints}, {"kernel_shape", AttrKind::ints, true},
+                             {"pads", AttrKind::ints},      {"strides", AttrKind::ints}};
   if (kind == PoolKind::max) a.push_back({"storage_order", AttrKind::i});
   if (kind == PoolKind::avg) a.push_back({"count_include_pad", AttrKind::i});
   if (kind == PoolKind::lp) a.push_back({"p", AttrKind::i});
@@ -649,7 +687,8 @@ OpDef global_pool_def(const std::string& name, bool is_max) {
   d.fusion = FusionKind::reduction;
   d.infer = [](InferCtx& c) {
     const TensorType& x = c.in(0);
-    if (x.shape.size() < 3) fail("global pool input must have rank >= 3, got {}", shape_str(x.shape));
+    if (x.shape.size() < 3)
+      fail("global pool input must have rank >= 3, got {}", shape_str(x.shape));
     if (!is_float(x.dtype)) fail("global pooling needs a float input");
     Shape out = {x.shape[0], x.shape[1]};
     out.resize(x.shape.size(), 1);
@@ -666,14 +705,16 @@ OpDef global_pool_def(const std::string& name, bool is_max) {
       const float* p = x.data<float>();
       for (int64_t pl = 0; pl < planes; ++pl) {
         double a = is_max ? -INFINITY : 0.0;
-        for (int64_t i = 0; i < ip; ++i) a = is_max ? std::max(a, static_cast<double>(p[pl * ip + i])) : a + p[pl * ip + i];
+        for (int64_t i = 0; i < ip; ++i)
+          a = is_max ? std::max(a, static_cast<double>(p[pl * ip + i])) : a + p[pl * ip + i];
         r[pl] = is_max ? a : a / static_cast<double>(ip);
       }
     } else {
       const std::vector<double> v = x.to_f64();
       for (int64_t pl = 0; pl < planes; ++pl) {
         double a = is_max ? -INFINITY : 0.0;
-        for (int64_t i = 0; i < ip; ++i) a = is_max ? std::max(a, v[pl * ip + i]) : a + v[pl * ip + i];
+        for (int64_t i = 0; i < ip; ++i)
+          a = is_max ? std::max(a, v[pl * ip + i]) : a + v[pl * ip + i];
         r[pl] = is_max ? a : a / static_cast<double>(ip);
       }
     }
@@ -688,11 +729,14 @@ Shape unpool_default_shape(const Node& n, const Shape& x) {
   const int nd = static_cast<int>(x.size()) - 2;
   std::vector<int64_t> k = pool_kernel(n, nd);
   std::vector<int64_t> s = ints_or(n, "strides", nd, 1);
-  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(static_cast<size_t>(2 * nd), 0));
-  if (static_cast<int>(pads.size()) != 2 * nd) fail("pads has {} values, expected {}", pads.size(), 2 * nd);
+  std::vector<int64_t> pads =
+      n.attr_ints("pads", std::vector<int64_t>(static_cast<size_t>(2 * nd), 0));
+  if (static_cast<int>(pads.size()) != 2 * nd)
+    fail("pads has {} values, expected {}", pads.size(), 2 * nd);
   Shape out = {x[0], x[1]};
   for (int i = 0; i < nd; ++i)
-    out.push_back(x[i + 2] == kUnknownDim ? kUnknownDim : (x[i + 2] - 1) * s[i] + k[i] - pads[i] - pads[i + nd]);
+    out.push_back(x[i + 2] == kUnknownDim ? kUnknownDim
+                                          : (x[i + 2] - 1) * s[i] + k[i] - pads[i] - pads[i + nd]);
   return out;
 }
 
@@ -702,7 +746,9 @@ OpDef max_unpool_def() {
   d.min_inputs = 2;
   d.max_inputs = 3;
   d.since = 9;
-  d.attrs = {{"kernel_shape", AttrKind::ints, true}, {"pads", AttrKind::ints}, {"strides", AttrKind::ints}};
+  d.attrs = {{"kernel_shape", AttrKind::ints, true},
+             {"pads", AttrKind::ints},
+             {"strides", AttrKind::ints}};
   d.infer = [](InferCtx& c) {
     const TensorType& x = c.in(0);
     if (x.shape.size() < 3) fail("MaxUnpool input must have rank >= 3");
@@ -710,7 +756,8 @@ OpDef max_unpool_def() {
     if (c.has_in(2)) {
       auto os = known_ints(c, 2);
       if (os) {
-        if (os->size() != x.shape.size()) fail("MaxUnpool output_shape has {} values, expected {}", os->size(), x.shape.size());
+        if (os->size() != x.shape.size())
+          fail("MaxUnpool output_shape has {} values, expected {}", os->size(), x.shape.size());
         c.set_out(0, {x.dtype, Shape(os->begin(), os->end())});
       } else {
         c.set_out(0, {x.dtype, Shape(x.shape.size(), kUnknownDim)});
@@ -723,7 +770,9 @@ OpDef max_unpool_def() {
     const Tensor& x = c.in(0);
     const Tensor& ix = c.in(1);
     if (x.rank() < 3) fail("MaxUnpool input must have rank >= 3");
-    if (ix.shape() != x.shape()) fail("MaxUnpool indices shape {} differs from X {}", shape_str(ix.shape()), shape_str(x.shape()));
+    if (ix.shape() != x.shape())
+      fail("MaxUnpool indices shape {} differs from X {}", shape_str(ix.shape()),
+           shape_str(x.shape()));
     Shape out;
     if (c.has_in(2)) {
       const std::vector<int64_t> os = c.in(2).to_i64();
@@ -746,11 +795,14 @@ OpDef max_unpool_def() {
       for (size_t dd = 0; dd < dflt.size(); ++dd) {
         const int64_t coord = t / ds[dd];
         t %= ds[dd];
-        if (coord >= out[dd]) fail("MaxUnpool index {} falls outside output_shape {}", idx[i], shape_str(out));
+        if (coord >= out[dd])
+          fail("MaxUnpool index {} falls outside output_shape {}", idx[i], shape_str(out));
         dst += coord * os[dd];
       }
-      if (is_float(x.dtype())) y.set_f(dst, x.get_f(i));
-      else y.set_i(dst, x.get_i(i));
+      if (is_float(x.dtype()))
+        y.set_f(dst, x.get_f(i));
+      else
+        y.set_i(dst, x.get_i(i));
     }
     c.set_out(0, std::move(y));
   };
@@ -773,29 +825,38 @@ OpDef causal_conv_with_state_def() {
   d.infer = [](InferCtx& c) {
     const TensorType& x = c.in(0);
     const Shape& w = c.in(1).shape;
-    if (!is_float(x.dtype) || c.in(1).dtype != x.dtype) fail("CausalConvWithState needs float operands of one dtype");
-    if (x.shape.size() != 3 || w.size() != 3) unsupported("CausalConvWithState only for 1-D inputs [N, C, L]");
-    if (w[1] != 1 && w[1] != kUnknownDim) unsupported("CausalConvWithState weights must be depthwise [C, 1, K]");
+    if (!is_float(x.dtype) || c.in(1).dtype != x.dtype)
+      fail("CausalConvWithState needs float operands of one dtype");
+    if (x.shape.size() != 3 || w.size() != 3)
+      unsupported("CausalConvWithState only for 1-D inputs [N, C, L]");
+    if (w[1] != 1 && w[1] != kUnknownDim)
+      unsupported("CausalConvWithState weights must be depthwise [C, 1, K]");
     if (w[0] != kUnknownDim && x.shape[1] != kUnknownDim && w[0] != x.shape[1])
       fail("CausalConvWithState weight has {} channels, input {}", w[0], x.shape[1]);
     const std::string act = c.node().attr_s("activation", "none");
-    if (act != "none" && act != "silu" && act != "swish") unsupported("CausalConvWithState activation '{}'", act);
+    if (act != "none" && act != "silu" && act != "swish")
+      unsupported("CausalConvWithState activation '{}'", act);
     c.set_out(0, x);
     if (c.num_outputs() > 1 && c.node().outputs[1])
-      c.set_out(1, {x.dtype, {x.shape[0], x.shape[1], w[2] == kUnknownDim ? kUnknownDim : w[2] - 1}});
+      c.set_out(1,
+                {x.dtype, {x.shape[0], x.shape[1], w[2] == kUnknownDim ? kUnknownDim : w[2] - 1}});
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
     const Tensor& wt = c.in(1);
     if (x.rank() != 3 || wt.rank() != 3 || wt.dim(1) != 1 || wt.dim(0) != x.dim(1) || wt.dim(2) < 1)
       fail("CausalConvWithState needs input [N, C, L] and weight [C, 1, K]");
-    const int64_t n = x.dim(0), ch = x.dim(1), len = x.dim(2), k = wt.dim(2), st = k - 1, full = st + len;
+    const int64_t n = x.dim(0), ch = x.dim(1), len = x.dim(2), k = wt.dim(2), st = k - 1,
+                  full = st + len;
     const std::vector<double> xv = x.to_f64(), wv = wt.to_f64();
-    const std::vector<double> bv = c.has_in(2) ? c.in(2).to_f64() : std::vector<double>(static_cast<size_t>(ch), 0.0);
-    if (static_cast<int64_t>(bv.size()) != ch) fail("CausalConvWithState bias must have {} values", ch);
+    const std::vector<double> bv =
+        c.has_in(2) ? c.in(2).to_f64() : std::vector<double>(static_cast<size_t>(ch), 0.0);
+    if (static_cast<int64_t>(bv.size()) != ch)
+      fail("CausalConvWithState bias must have {} values", ch);
     std::vector<double> pv(static_cast<size_t>(n * ch * st), 0.0);
     if (c.has_in(3)) {
-      if (c.in(3).shape() != Shape{n, ch, st}) fail("CausalConvWithState past_state must be [{}, {}, {}]", n, ch, st);
+      if (c.in(3).shape() != Shape{n, ch, st})
+        fail("CausalConvWithState past_state must be [{}, {}, {}]", n, ch, st);
       pv = c.in(3).to_f64();
     }
     const std::string act = c.node().attr_s("activation", "none");
@@ -830,12 +891,14 @@ OpDef deform_conv_def() {
   d.min_inputs = 3;
   d.max_inputs = 5;
   d.since = 19;
-  d.attrs = {{"dilations", AttrKind::ints}, {"group", AttrKind::i},   {"kernel_shape", AttrKind::ints},
-             {"offset_group", AttrKind::i}, {"pads", AttrKind::ints}, {"strides", AttrKind::ints}};
+  d.attrs = {{"dilations", AttrKind::ints},    {"group", AttrKind::i},
+             {"kernel_shape", AttrKind::ints}, {"offset_group", AttrKind::i},
+             {"pads", AttrKind::ints},         {"strides", AttrKind::ints}};
   d.cost = conv_cost;
   d.infer = [](InferCtx& c) {
     const DType dt = c.in(0).dtype;
-    if (!is_float(dt) || c.in(1).dtype != dt || c.in(2).dtype != dt) fail("DeformConv needs float operands of one dtype");
+    if (!is_float(dt) || c.in(1).dtype != dt || c.in(2).dtype != dt)
+      fail("DeformConv needs float operands of one dtype");
     c.set_out(0, infer_conv_type(c, dt));
   };
   d.kernel = [](KernelCtx& c) {
@@ -847,14 +910,18 @@ OpDef deform_conv_def() {
     const int nd = x.rank() - 2;
     const int64_t batch = x.dim(0), c_in = x.dim(1), m_out = wt.dim(0);
     if (c_in != wt.dim(1) * group || m_out % group != 0) fail("DeformConv channel/group mismatch");
-    if (og < 1 || c_in % og != 0) fail("DeformConv offset_group {} must divide {} channels", og, c_in);
-    Window w = forward_window(node, spatial_of(x.shape()), conv_kernel(node, wt.shape(), nd), false);
+    if (og < 1 || c_in % og != 0)
+      fail("DeformConv offset_group {} must divide {} channels", og, c_in);
+    Window w =
+        forward_window(node, spatial_of(x.shape()), conv_kernel(node, wt.shape(), nd), false);
     const int64_t kp = prod(w.k), op = prod(w.out), ip = prod(w.in);
     Shape oshape = {batch, m_out};
     oshape.insert(oshape.end(), w.out.begin(), w.out.end());
     Shape off_shape = {batch, og * nd * kp};
     off_shape.insert(off_shape.end(), w.out.begin(), w.out.end());
-    if (c.in(2).shape() != off_shape) fail("DeformConv offset must have shape {}, got {}", shape_str(off_shape), shape_str(c.in(2).shape()));
+    if (c.in(2).shape() != off_shape)
+      fail("DeformConv offset must have shape {}, got {}", shape_str(off_shape),
+           shape_str(c.in(2).shape()));
     const bool has_mask = c.has_in(4);
     if (has_mask) {
       Shape ms = off_shape;
@@ -898,8 +965,10 @@ OpDef deform_conv_def() {
                   const int64_t q = static_cast<int64_t>(fl) + (up ? 1 : 0);
                   const double fr = pos[i] - fl;
                   wgt *= up ? fr : 1.0 - fr;
-                  if (q < 0 || q >= w.in[i]) inside = false;
-                  else off += q * istr[i];
+                  if (q < 0 || q >= w.in[i])
+                    inside = false;
+                  else
+                    off += q * istr[i];
                 }
                 if (inside && wgt != 0.0) val += wgt * xc[off];
               }

@@ -63,14 +63,15 @@ void gemm_i64(const int64_t* a, const int64_t* b, int64_t* c, int64_t m, int64_t
 
 // numpy matmul shape rule. Dims may be unknown; mismatched known K is an error.
 struct MatMulShape {
-  Shape out;          // final output shape
-  Shape batch;        // broadcast batch shape
+  Shape out;    // final output shape
+  Shape batch;  // broadcast batch shape
   Shape a_batch, b_batch;
   int64_t m = 1, k = 1, n = 1;
 };
 
 MatMulShape matmul_shape(const Shape& a, const Shape& b) {
-  if (a.empty() || b.empty()) fail("MatMul operands must have rank >= 1, got {} and {}", shape_str(a), shape_str(b));
+  if (a.empty() || b.empty())
+    fail("MatMul operands must have rank >= 1, got {} and {}", shape_str(a), shape_str(b));
   MatMulShape s;
   Shape a2 = a, b2 = b;
   const bool a1 = a.size() == 1, b1 = b.size() == 1;
@@ -90,11 +91,16 @@ MatMulShape matmul_shape(const Shape& a, const Shape& b) {
   for (size_t i = 0; i < r; ++i) {
     const int64_t da = i + s.a_batch.size() >= r ? s.a_batch[i + s.a_batch.size() - r] : 1;
     const int64_t db = i + s.b_batch.size() >= r ? s.b_batch[i + s.b_batch.size() - r] : 1;
-    if (da == 1) s.batch[i] = db;
-    else if (db == 1) s.batch[i] = da;
-    else if (da == kUnknownDim) s.batch[i] = db;
-    else if (db == kUnknownDim || da == db) s.batch[i] = da;
-    else fail("MatMul batch dimensions do not broadcast: {} and {}", shape_str(a), shape_str(b));
+    if (da == 1)
+      s.batch[i] = db;
+    else if (db == 1)
+      s.batch[i] = da;
+    else if (da == kUnknownDim)
+      s.batch[i] = db;
+    else if (db == kUnknownDim || da == db)
+      s.batch[i] = da;
+    else
+      fail("MatMul batch dimensions do not broadcast: {} and {}", shape_str(a), shape_str(b));
   }
   s.out = s.batch;
   if (!a1) s.out.push_back(s.m);
@@ -126,7 +132,8 @@ Tensor batched_matmul(const Tensor& a, const Tensor& b, DType out_dt) {
     const std::vector<double> av = a.to_f64(), bv = b.to_f64();
     std::vector<double> ov(static_cast<size_t>(out.numel()));
     for (int64_t t = 0; t < nb; ++t)
-      gemm_f64(av.data() + ia[t] * m * k, bv.data() + ib[t] * k * n, ov.data() + t * m * n, m, k, n);
+      gemm_f64(av.data() + ia[t] * m * k, bv.data() + ib[t] * k * n, ov.data() + t * m * n, m, k,
+               n);
     return Tensor::from_f64(out_dt, s.out, ov);
   }
   const std::vector<int64_t> av = a.to_i64(), bv = b.to_i64();
@@ -142,7 +149,8 @@ Cost matmul_cost(const Node& n) {
   const Shape& a = n.inputs[0]->type.shape;
   const int64_t k = a.empty() ? 1 : a.back();
   const int64_t outn = shape_numel(n.outputs[0]->type.shape);
-  c.flops = 2.0 * static_cast<double>(std::max<int64_t>(k, 1)) * static_cast<double>(std::max<int64_t>(outn, 0));
+  c.flops = 2.0 * static_cast<double>(std::max<int64_t>(k, 1)) *
+            static_cast<double>(std::max<int64_t>(outn, 0));
   for (const Value* v : n.inputs)
     if (v) c.bytes += std::max<int64_t>(shape_numel(v->type.shape), 0) * dtype_size(v->type.dtype);
   c.bytes += std::max<int64_t>(outn, 0) * dtype_size(n.outputs[0]->type.dtype);
@@ -159,7 +167,9 @@ OpDef matmul_def() {
   d.infer = [](InferCtx& c) {
     const TensorType& a = c.in(0);
     const TensorType& b = c.in(1);
-    if (a.dtype != b.dtype) fail("MatMul operands have different dtypes {} and {}", dtype_name(a.dtype), dtype_name(b.dtype));
+    if (a.dtype != b.dtype)
+      fail("MatMul operands have different dtypes {} and {}", dtype_name(a.dtype),
+           dtype_name(b.dtype));
     if (!is_matmul_dtype(a.dtype)) unsupported("MatMul on {}", dtype_name(a.dtype));
     c.set_out(0, {a.dtype, matmul_shape(a.shape, b.shape).out});
   };
@@ -180,11 +190,15 @@ OpDef gemm_def() {
     Cost c = matmul_cost(n);
     const Shape& a = n.inputs[0]->type.shape;
     if (a.size() == 2 && n.attr_i("transA", 0) != 0 && a.back() > 0)
-      c.flops = c.flops / static_cast<double>(a.back()) * static_cast<double>(std::max<int64_t>(a[0], 1));
+      c.flops =
+          c.flops / static_cast<double>(a.back()) * static_cast<double>(std::max<int64_t>(a[0], 1));
     return c;
   };
   // `broadcast` only exists before opset 7; the upgrade drops it since C always broadcasts now.
-  d.attrs = {{"alpha", AttrKind::f}, {"beta", AttrKind::f}, {"transA", AttrKind::i}, {"transB", AttrKind::i},
+  d.attrs = {{"alpha", AttrKind::f},
+             {"beta", AttrKind::f},
+             {"transA", AttrKind::i},
+             {"transB", AttrKind::i},
              {"broadcast", AttrKind::i}};
   d.upgrade = [](Graph&, Node& n, int) { n.attrs.erase("broadcast"); };
   d.infer = [](InferCtx& c) {
@@ -267,7 +281,8 @@ OpDef gemm_def() {
         } else {
           int64_t s = 0;
           for (int64_t p = 0; p < k; ++p)
-            s = wrap_add(s, wrap_mul(ai[ta ? p * m + i : i * k + p], bi[tb ? j * k + p : p * n + j]));
+            s = wrap_add(s,
+                         wrap_mul(ai[ta ? p * m + i : i * k + p], bi[tb ? j * k + p : p * n + j]));
           double v = alpha * static_cast<double>(s);
           if (c.has_in(2)) v += beta * static_cast<double>(c.in(2).get_i(cidx[i * n + j]));
           out.set_i(i * n + j, static_cast<int64_t>(v));
@@ -327,8 +342,8 @@ OpDef matmul_integer_def() {
     const std::vector<int64_t> ib = broadcast_index(s.b_batch, s.batch);
     std::vector<int64_t> ov(static_cast<size_t>(shape_numel(s.out)));
     for (size_t t = 0; t < ia.size(); ++t)
-      gemm_i64(av.data() + ia[t] * s.m * s.k, bv.data() + ib[t] * s.k * s.n, ov.data() + t * s.m * s.n,
-               s.m, s.k, s.n);
+      gemm_i64(av.data() + ia[t] * s.m * s.k, bv.data() + ib[t] * s.k * s.n,
+               ov.data() + t * s.m * s.n, s.m, s.k, s.n);
     c.set_out(0, Tensor::from_i64(DType::i32, s.out, ov));
   };
   return d;
@@ -341,14 +356,16 @@ OpDef matmul_integer_def() {
 struct EinsumPlan {
   std::vector<std::vector<int>> in_labels;  // per input, one label per dim
   std::vector<int> out_labels;
-  std::map<int, int64_t> size;              // label -> extent
+  std::map<int, int64_t> size;  // label -> extent
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> parts(1);
   for (char ch : s) {
-    if (ch == sep) parts.emplace_back();
-    else parts.back() += ch;
+    if (ch == sep)
+      parts.emplace_back();
+    else
+      parts.back() += ch;
   }
   return parts;
 }
@@ -365,7 +382,8 @@ EinsumPlan plan_einsum(const std::string& eq_raw, const std::vector<Shape>& shap
   }
   std::vector<std::string> terms = split(lhs, ',');
   if (terms.size() != shapes.size())
-    fail("Einsum equation '{}' has {} operands but {} inputs were given", eq_raw, terms.size(), shapes.size());
+    fail("Einsum equation '{}' has {} operands but {} inputs were given", eq_raw, terms.size(),
+         shapes.size());
   EinsumPlan p;
   // Parse each term into letters with an optional ellipsis marker (-1).
   auto parse = [&](const std::string& t) {
@@ -399,7 +417,8 @@ EinsumPlan plan_einsum(const std::string& eq_raw, const std::vector<Shape>& shap
   std::map<int, int> count;
   for (size_t i = 0; i < terms.size(); ++i) {
     const int r = static_cast<int>(shapes[i].size());
-    const int named = static_cast<int>(raw[i].size()) - (std::count(raw[i].begin(), raw[i].end(), -1) ? 1 : 0);
+    const int named =
+        static_cast<int>(raw[i].size()) - (std::count(raw[i].begin(), raw[i].end(), -1) ? 1 : 0);
     const int er = r - named;
     std::vector<int> labels;
     for (int x : raw[i]) {
@@ -417,8 +436,11 @@ EinsumPlan plan_einsum(const std::string& eq_raw, const std::vector<Shape>& shap
       if (it == p.size.end()) {
         p.size[l] = ext;
       } else if (it->second != ext) {
-        if (l >= 256 && (it->second == 1 || ext == 1)) it->second = std::max(it->second, ext);
-        else fail("Einsum: label '{}' has extents {} and {}", l < 256 ? std::string(1, static_cast<char>(l)) : "...", it->second, ext);
+        if (l >= 256 && (it->second == 1 || ext == 1))
+          it->second = std::max(it->second, ext);
+        else
+          fail("Einsum: label '{}' has extents {} and {}",
+               l < 256 ? std::string(1, static_cast<char>(l)) : "...", it->second, ext);
       }
     }
     p.in_labels.push_back(std::move(labels));
@@ -429,8 +451,10 @@ EinsumPlan plan_einsum(const std::string& eq_raw, const std::vector<Shape>& shap
       if (x == -1) {
         for (int e = 0; e < ell_rank; ++e) p.out_labels.push_back(256 + e);
       } else {
-        if (!p.size.count(x)) fail("Einsum: output label '{}' does not appear in the inputs", static_cast<char>(x));
-        if (std::count(o.begin(), o.end(), x) > 1) fail("Einsum: output label '{}' repeated", static_cast<char>(x));
+        if (!p.size.count(x))
+          fail("Einsum: output label '{}' does not appear in the inputs", static_cast<char>(x));
+        if (std::count(o.begin(), o.end(), x) > 1)
+          fail("Einsum: output label '{}' repeated", static_cast<char>(x));
         p.out_labels.push_back(x);
       }
     }
@@ -494,8 +518,10 @@ OpDef einsum_def() {
     std::vector<std::vector<double>> vf(ni);
     std::vector<std::vector<int64_t>> vi(ni);
     for (size_t i = 0; i < ni; ++i) {
-      if (fl) vf[i] = c.in(static_cast<int>(i)).to_f64();
-      else vi[i] = c.in(static_cast<int>(i)).to_i64();
+      if (fl)
+        vf[i] = c.in(static_cast<int>(i)).to_f64();
+      else
+        vi[i] = c.in(static_cast<int>(i)).to_i64();
     }
     std::vector<double> of(fl ? onum : 0);
     std::vector<int64_t> oi(fl ? 0 : onum);
@@ -538,7 +564,8 @@ OpDef det_def() {
     if (!is_float(x.dtype)) fail("Det needs a float input, got {}", dtype_name(x.dtype));
     if (x.shape.size() < 2) fail("Det needs rank >= 2, got {}", shape_str(x.shape));
     const int64_t a = x.shape[x.shape.size() - 2], b = x.shape.back();
-    if (a != kUnknownDim && b != kUnknownDim && a != b) fail("Det needs square matrices, got {}", shape_str(x.shape));
+    if (a != kUnknownDim && b != kUnknownDim && a != b)
+      fail("Det needs square matrices, got {}", shape_str(x.shape));
     c.set_out(0, {x.dtype, Shape(x.shape.begin(), x.shape.end() - 2)});
   };
   d.kernel = [](KernelCtx& c) {
@@ -557,7 +584,10 @@ OpDef det_def() {
         int64_t piv = col;
         for (int64_t r = col + 1; r < n; ++r)
           if (std::fabs(a[r * n + col]) > std::fabs(a[piv * n + col])) piv = r;
-        if (a[piv * n + col] == 0) { det = 0; break; }
+        if (a[piv * n + col] == 0) {
+          det = 0;
+          break;
+        }
         if (piv != col) {
           for (int64_t j = 0; j < n; ++j) std::swap(a[piv * n + j], a[col * n + j]);
           det = -det;
