@@ -94,6 +94,13 @@ int64_t flat_of(const Ints& idx, const Ints& strides) {
   return f;
 }
 
+// An int list for messages; unlike shape_str, -1 prints as -1 (it is a value, not an unknown dim).
+std::string ints_str(const Ints& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
 Tensor i64_vector(const Ints& v) { return Tensor::from_i64(DType::i64, {static_cast<int64_t>(v.size())}, v); }
 
 // ---- Reshape -----------------------------------------------------------------------------------
@@ -105,21 +112,21 @@ Shape reshape_target(const Shape& in, const Ints& target, bool allowzero) {
   for (size_t i = 0; i < target.size(); ++i) {
     int64_t t = target[i];
     if (t == -1) {
-      if (infer_at >= 0) fail("reshape target {} has more than one -1", shape_str(target));
+      if (infer_at >= 0) fail("reshape target {} has more than one -1", ints_str(target));
       infer_at = static_cast<int>(i);
       out[i] = kUnknownDim;
     } else if (t == 0 && !allowzero) {
-      if (i >= in.size()) fail("reshape target {} copies dim {} but the input has rank {}", shape_str(target), i, in.size());
+      if (i >= in.size()) fail("reshape target {} copies dim {} but the input has rank {}", ints_str(target), i, in.size());
       out[i] = in[i];
     } else if (t < 0) {
-      fail("reshape target {} has a negative dim", shape_str(target));
+      fail("reshape target {} has a negative dim", ints_str(target));
     } else {
       out[i] = t;
     }
   }
   if (allowzero && infer_at >= 0)
     for (int64_t t : target)
-      if (t == 0) fail("reshape target {} mixes 0 and -1 with allowzero=1", shape_str(target));
+      if (t == 0) fail("reshape target {} mixes 0 and -1 with allowzero=1", ints_str(target));
   int64_t in_n = shape_numel(in);
   if (infer_at >= 0) {
     int64_t rest = 1;
@@ -131,7 +138,7 @@ Shape reshape_target(const Shape& in, const Ints& target, bool allowzero) {
       }
     if (known) {
       if (rest == 0 || in_n % rest != 0)
-        fail("cannot reshape {} into {}", shape_str(in), shape_str(target));
+        fail("cannot reshape {} into {}", shape_str(in), ints_str(target));
       out[infer_at] = in_n / rest;
     }
   }
@@ -541,7 +548,7 @@ OpDef expand_op() {
     const TensorType& x = c.in(0);
     if (auto s = known_ints(c, 1)) {
       for (int64_t v : *s)
-        if (v < 0) fail("Expand shape {} has a negative dim", shape_str(*s));
+        if (v < 0) fail("Expand shape {} has a negative dim", ints_str(*s));
       c.set_out(0, {x.dtype, broadcast_shapes(x.shape, *s)});
       return;
     }
@@ -553,7 +560,7 @@ OpDef expand_op() {
     const Tensor& x = c.in(0);
     Ints target = tensor_ints(c.in(1));
     for (int64_t v : target)
-      if (v < 0) fail("Expand shape {} has a negative dim", shape_str(target));
+      if (v < 0) fail("Expand shape {} has a negative dim", ints_str(target));
     Shape out = broadcast_shapes(x.shape(), target);
     Ints bi = broadcast_index(x.shape(), out);
     int64_t i = 0;
@@ -618,7 +625,7 @@ Shape pad_shape(const Shape& in, const Ints& full) {
       continue;
     }
     s[i] = in[i] + full[i] + full[i + r];
-    if (s[i] < 0) fail("pads {} remove more than the input {} has", shape_str(full), shape_str(in));
+    if (s[i] < 0) fail("pads {} remove more than the input {} has", ints_str(full), shape_str(in));
   }
   return s;
 }
@@ -754,7 +761,7 @@ OpDef size_op() {
 
 Shape cos_shape(const Ints& v) {
   for (int64_t x : v)
-    if (x < 0) fail("ConstantOfShape shape {} has a negative dim", shape_str(v));
+    if (x < 0) fail("ConstantOfShape shape {} has a negative dim", ints_str(v));
   return v;
 }
 
