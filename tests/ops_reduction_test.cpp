@@ -27,8 +27,12 @@ std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& ins
   return run_eager(g, ins);
 }
 
-Tensor f32(Shape s, std::vector<double> v) { return Tensor::from_f64(DType::f32, std::move(s), v); }
-Tensor i64(Shape s, std::vector<int64_t> v) { return Tensor::from_i64(DType::i64, std::move(s), v); }
+Tensor f32(Shape s, std::vector<double> v) {
+  return Tensor::from_f64(DType::f32, std::move(s), v);
+}
+Tensor i64(Shape s, std::vector<int64_t> v) {
+  return Tensor::from_i64(DType::i64, std::move(s), v);
+}
 
 void expect_near(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
   std::vector<double> got = t.to_f64();
@@ -40,7 +44,8 @@ void expect_near(const Tensor& t, const std::vector<double>& want, double tol = 
 
 TEST(Reduction, ReduceSumAxesInput) {
   // [[1,2,3],[4,5,6]] summed over axis 1: [6, 15].
-  auto y = run_op("ReduceSum", {f32({2, 3}, {1, 2, 3, 4, 5, 6}), i64({1}, {1})}, 1, {{"keepdims", int64_t{0}}});
+  auto y = run_op("ReduceSum", {f32({2, 3}, {1, 2, 3, 4, 5, 6}), i64({1}, {1})}, 1,
+                  {{"keepdims", int64_t{0}}});
   EXPECT_EQ(y[0].shape(), (Shape{2}));
   expect_near(y[0], {6, 15});
 }
@@ -65,7 +70,8 @@ TEST(Reduction, ReduceLogSumExpAndL2) {
 }
 
 TEST(Reduction, NoopWithEmptyAxes) {
-  auto y = run_op("ReduceSum", {f32({2}, {1, 2}), i64({0}, {})}, 1, {{"noop_with_empty_axes", int64_t{1}}});
+  auto y = run_op("ReduceSum", {f32({2}, {1, 2}), i64({0}, {})}, 1,
+                  {{"noop_with_empty_axes", int64_t{1}}});
   expect_near(y[0], {1, 2});
 }
 
@@ -90,7 +96,8 @@ TEST(Reduction, CumSumExclusiveReverse) {
   Tensor axis = i64({}, {0});
   auto y = run_op("CumSum", {f32({3}, {1, 2, 3}), axis}, 1);
   expect_near(y[0], {1, 3, 6});
-  auto e = run_op("CumSum", {f32({3}, {1, 2, 3}), axis}, 1, {{"exclusive", int64_t{1}}, {"reverse", int64_t{1}}});
+  auto e = run_op("CumSum", {f32({3}, {1, 2, 3}), axis}, 1,
+                  {{"exclusive", int64_t{1}}, {"reverse", int64_t{1}}});
   expect_near(e[0], {5, 3, 0});
 }
 
@@ -105,7 +112,8 @@ TEST(Reduction, TopKStableTies) {
 TEST(Reduction, NllLossMeanWithWeights) {
   // log-probs [[-1, -2], [-3, -4]], targets [1, 0], weights [1, 3]:
   // losses 2*3 = 6 and 3*1 = 3; mean = 9 / (3 + 1).
-  auto y = run_op("NegativeLogLikelihoodLoss", {f32({2, 2}, {-1, -2, -3, -4}), i64({2}, {1, 0}), f32({2}, {1, 3})}, 1);
+  auto y = run_op("NegativeLogLikelihoodLoss",
+                  {f32({2, 2}, {-1, -2, -3, -4}), i64({2}, {1, 0}), f32({2}, {1, 3})}, 1);
   expect_near(y[0], {9.0 / 4});
   auto n = run_op("NegativeLogLikelihoodLoss", {f32({2, 2}, {-1, -2, -3, -4}), i64({2}, {1, 0})}, 1,
                   {{"reduction", std::string("none")}, {"ignore_index", int64_t{0}}});
@@ -121,8 +129,8 @@ TEST(Reduction, SoftmaxCrossEntropy) {
 
 TEST(Normalization, LayerNorm) {
   // Row [1, 3]: mean 2, var 1 -> [-1, 1] (eps 0), scaled by [2, 2] and shifted by [1, 0].
-  auto y = run_op("LayerNormalization", {f32({1, 2}, {1, 3}), f32({2}, {2, 2}), f32({2}, {1, 0})}, 3,
-                  {{"epsilon", 0.0}});
+  auto y = run_op("LayerNormalization", {f32({1, 2}, {1, 3}), f32({2}, {2, 2}), f32({2}, {1, 0})},
+                  3, {{"epsilon", 0.0}});
   expect_near(y[0], {-1, 2});
   expect_near(y[1], {2});
   expect_near(y[2], {1});
@@ -136,15 +144,16 @@ TEST(Normalization, RmsNorm) {
 
 TEST(Normalization, BatchNormInference) {
   // (x - 1) / sqrt(4) * 3 + 0.5.
-  auto y = run_op("BatchNormalization",
-                  {f32({1, 1, 2}, {1, 5}), f32({1}, {3}), f32({1}, {0.5}), f32({1}, {1}), f32({1}, {4})}, 1,
-                  {{"epsilon", 0.0}});
+  auto y =
+      run_op("BatchNormalization",
+             {f32({1, 1, 2}, {1, 5}), f32({1}, {3}), f32({1}, {0.5}), f32({1}, {1}), f32({1}, {4})},
+             1, {{"epsilon", 0.0}});
   expect_near(y[0], {0.5, 6.5});
 }
 
 TEST(Normalization, InstanceAndLrn) {
-  auto y = run_op("InstanceNormalization", {f32({1, 1, 2}, {0, 2}), f32({1}, {1}), f32({1}, {0})}, 1,
-                  {{"epsilon", 0.0}});
+  auto y = run_op("InstanceNormalization", {f32({1, 1, 2}, {0, 2}), f32({1}, {1}), f32({1}, {0})},
+                  1, {{"epsilon", 0.0}});
   expect_near(y[0], {-1, 1});
   // size 1: y = x / (1 + 1 * x^2)^1.
   auto l = run_op("LRN", {f32({1, 1, 1, 1}, {2})}, 1,
@@ -162,7 +171,8 @@ TEST(Reduction, LegacyUpgrades) {
   Graph g;
   Value* x = g.add_input("x", TensorType{DType::f32, {2, 2}});
   const OpDef* rm = OpRegistry::get().find("ReduceMean");
-  Node* n = g.add_node(rm, "n", {x}, {"y"}, {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
+  Node* n = g.add_node(rm, "n", {x}, {"y"},
+                       {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
   rm->upgrade(g, *n, 13);
   g.outputs.push_back(n->outputs[0]);
   infer_graph(g);

@@ -17,11 +17,14 @@ CostFn input_cost(double per_elem) {
   return [per_elem](const Node& n) {
     Cost c;
     for (const Value* v : n.inputs)
-      if (v && shape_known(v->type.shape)) c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
+      if (v && shape_known(v->type.shape))
+        c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
     for (const Value* v : n.outputs)
-      if (v && shape_known(v->type.shape)) c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
+      if (v && shape_known(v->type.shape))
+        c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
     const Value* x = n.inputs.empty() ? nullptr : n.inputs[0];
-    if (x && shape_known(x->type.shape)) c.flops = per_elem * static_cast<double>(shape_numel(x->type.shape));
+    if (x && shape_known(x->type.shape))
+      c.flops = per_elem * static_cast<double>(shape_numel(x->type.shape));
     return c;
   };
 }
@@ -29,11 +32,16 @@ CostFn input_cost(double per_elem) {
 // The ONNX dtype code of `stash_type` as a tessel dtype.
 DType stash_dtype(int64_t code) {
   switch (code) {
-    case 1: return DType::f32;
-    case 10: return DType::f16;
-    case 11: return DType::f64;
-    case 16: return DType::bf16;
-    default: fail("stash_type {} is not a float type", code);
+    case 1:
+      return DType::f32;
+    case 10:
+      return DType::f16;
+    case 11:
+      return DType::f64;
+    case 16:
+      return DType::bf16;
+    default:
+      fail("stash_type {} is not a float type", code);
   }
 }
 
@@ -45,7 +53,8 @@ std::vector<double> broadcast_to(const Tensor& t, const Shape& shape, const char
   } catch (const Error&) {
     fail("{} of shape {} does not broadcast to {}", what, shape_str(t.shape()), shape_str(shape));
   }
-  if (b != shape) fail("{} of shape {} does not broadcast to {}", what, shape_str(t.shape()), shape_str(shape));
+  if (b != shape)
+    fail("{} of shape {} does not broadcast to {}", what, shape_str(t.shape()), shape_str(shape));
   const std::vector<double> v = t.to_f64();
   if (t.shape() == shape) return v;
   const std::vector<int64_t> idx = broadcast_index(t.shape(), shape);
@@ -57,8 +66,8 @@ std::vector<double> broadcast_to(const Tensor& t, const Shape& shape, const char
 // A LayerNorm-style parameter broadcast to X. When it only varies along the normalized dims
 // (the common case) it comes back with one entry per row position (`inner` values) so that no
 // full-size copy is made; `per_row` tells which form was returned.
-std::vector<double> row_param(const Tensor& t, const Shape& xs, int axis, int64_t inner, const char* what,
-                              bool& per_row) {
+std::vector<double> row_param(const Tensor& t, const Shape& xs, int axis, int64_t inner,
+                              const char* what, bool& per_row) {
   Shape ts = t.shape();
   while (!ts.empty() && ts.front() == 1) ts.erase(ts.begin());
   Shape tail(xs.begin() + axis, xs.end());
@@ -70,7 +79,8 @@ std::vector<double> row_param(const Tensor& t, const Shape& xs, int axis, int64_
 
 // Per-channel parameter of a [N, C, ...] op: must be 1-D with C entries.
 std::vector<double> per_channel(const Tensor& t, int64_t c, const char* what) {
-  if (t.rank() != 1 || t.dim(0) != c) fail("{} must have shape [{}], got {}", what, c, shape_str(t.shape()));
+  if (t.rank() != 1 || t.dim(0) != c)
+    fail("{} must have shape [{}], got {}", what, c, shape_str(t.shape()));
   return t.to_f64();
 }
 
@@ -197,8 +207,8 @@ OpDef instance_norm() {
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
     const int64_t ch = x.dim(1);
-    c.set_out(0, group_norm(x, ch, per_channel(c.in(1), ch, "scale"), per_channel(c.in(2), ch, "B"), false,
-                            c.node().attr_f("epsilon", 1e-5)));
+    c.set_out(0, group_norm(x, ch, per_channel(c.in(1), ch, "scale"), per_channel(c.in(2), ch, "B"),
+                            false, c.node().attr_f("epsilon", 1e-5)));
   };
   return d;
 }
@@ -210,7 +220,9 @@ OpDef group_norm_op() {
   d.min_inputs = d.max_inputs = 3;
   d.since = 21;
   // per_group_scale is set only by the upgrade: opset 18 takes scale and bias per group.
-  d.attrs = {{"epsilon", AttrKind::f}, {"num_groups", AttrKind::i, true}, {"stash_type", AttrKind::i},
+  d.attrs = {{"epsilon", AttrKind::f},
+             {"num_groups", AttrKind::i, true},
+             {"stash_type", AttrKind::i},
              {"per_group_scale", AttrKind::i}};
   d.upgrade = [](Graph&, Node& n, int) { n.attrs["per_group_scale"] = int64_t{1}; };
   d.infer = [](InferCtx& ctx) {
@@ -231,8 +243,8 @@ OpDef group_norm_op() {
     int64_t g = n.attr_i("num_groups");
     bool pg = n.attr_i("per_group_scale", 0) != 0;
     int64_t k = pg ? g : x.dim(1);
-    c.set_out(0, group_norm(x, g, per_channel(c.in(1), k, "scale"), per_channel(c.in(2), k, "bias"), pg,
-                            n.attr_f("epsilon", 1e-5)));
+    c.set_out(0, group_norm(x, g, per_channel(c.in(1), k, "scale"), per_channel(c.in(2), k, "bias"),
+                            pg, n.attr_f("epsilon", 1e-5)));
   };
   return d;
 }
@@ -246,7 +258,9 @@ OpDef batch_norm() {
   d.min_inputs = d.max_inputs = 5;
   d.max_outputs = 5;  // opsets < 14 list 5 outputs in training mode
   d.since = 14;
-  d.attrs = {{"epsilon", AttrKind::f}, {"momentum", AttrKind::f}, {"training_mode", AttrKind::i},
+  d.attrs = {{"epsilon", AttrKind::f},
+             {"momentum", AttrKind::f},
+             {"training_mode", AttrKind::i},
              {"spatial", AttrKind::i}};
   d.upgrade = [](Graph&, Node& n, int opset) {
     // Before 14, extra outputs meant training mode with a different output list; in inference
@@ -264,7 +278,8 @@ OpDef batch_norm() {
     const char* names[] = {"", "scale", "B", "input_mean", "input_var"};
     for (int i = 1; i < 5; ++i) check_per_channel(ctx, i, ch, names[i]);
     bool train = ctx.node().attr_i("training_mode", 0) != 0;
-    if (!train && ctx.num_outputs() > 1) fail("running_mean/running_var outputs need training_mode=1");
+    if (!train && ctx.num_outputs() > 1)
+      fail("running_mean/running_var outputs need training_mode=1");
     ctx.set_out(0, ctx.in(0));
     for (int i = 1; i < ctx.num_outputs(); ++i) ctx.set_out(i, ctx.in(i + 2));
   };
@@ -352,7 +367,8 @@ OpDef lp_norm() {
         }
         const double norm = l1 ? s : std::sqrt(s);
         // An all-zero slice stays zero (the reference output) rather than 0/0.
-        for (int64_t j = 0; j < len; ++j) y[base + j * inner] = norm == 0 ? 0.0 : v[base + j * inner] / norm;
+        for (int64_t j = 0; j < len; ++j)
+          y[base + j * inner] = norm == 0 ? 0.0 : v[base + j * inner] / norm;
       }
     c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
   };
@@ -390,7 +406,8 @@ OpDef mvn() {
     }
     for (int64_t s = 0; s < slots; ++s) m[s] /= cnt[s];
     for (size_t i = 0; i < v.size(); ++i) var[slot[i]] += (v[i] - m[slot[i]]) * (v[i] - m[slot[i]]);
-    for (int64_t s = 0; s < slots; ++s) var[s] = std::sqrt(var[s] / cnt[s]) + 1e-9;  // ONNX's epsilon
+    for (int64_t s = 0; s < slots; ++s)
+      var[s] = std::sqrt(var[s] / cnt[s]) + 1e-9;  // ONNX's epsilon
     for (size_t i = 0; i < v.size(); ++i) y[i] = (v[i] - m[slot[i]]) / var[slot[i]];
     c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
   };
@@ -401,7 +418,10 @@ OpDef lrn() {
   OpDef d;
   d.name = "LRN";
   d.since = 1;
-  d.attrs = {{"alpha", AttrKind::f}, {"beta", AttrKind::f}, {"bias", AttrKind::f}, {"size", AttrKind::i, true}};
+  d.attrs = {{"alpha", AttrKind::f},
+             {"beta", AttrKind::f},
+             {"bias", AttrKind::f},
+             {"size", AttrKind::i, true}};
   d.infer = [](InferCtx& ctx) {
     infer_nc(ctx);
     if (ctx.node().attr_i("size") <= 0) fail("size must be positive");
@@ -410,7 +430,8 @@ OpDef lrn() {
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
     const Node& n = c.node();
-    const double alpha = n.attr_f("alpha", 1e-4), beta = n.attr_f("beta", 0.75), bias = n.attr_f("bias", 1.0);
+    const double alpha = n.attr_f("alpha", 1e-4), beta = n.attr_f("beta", 0.75),
+                 bias = n.attr_f("bias", 1.0);
     const int64_t size = n.attr_i("size");
     const int64_t lo = (size - 1) / 2, hi = size - 1 - lo;  // floor and ceil of (size-1)/2
     const int64_t nb = x.dim(0), ch = x.dim(1);

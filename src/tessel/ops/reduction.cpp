@@ -47,11 +47,14 @@ CostFn input_cost(double per_elem) {
   return [per_elem](const Node& n) {
     Cost c;
     for (const Value* v : n.inputs)
-      if (v && shape_known(v->type.shape)) c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
+      if (v && shape_known(v->type.shape))
+        c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
     for (const Value* v : n.outputs)
-      if (v && shape_known(v->type.shape)) c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
+      if (v && shape_known(v->type.shape))
+        c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
     const Value* x = n.inputs.empty() ? nullptr : n.inputs[0];
-    if (x && shape_known(x->type.shape)) c.flops = per_elem * static_cast<double>(shape_numel(x->type.shape));
+    if (x && shape_known(x->type.shape))
+      c.flops = per_elem * static_cast<double>(shape_numel(x->type.shape));
     return c;
   };
 }
@@ -59,18 +62,30 @@ CostFn input_cost(double per_elem) {
 // Integer range of an integer or bool dtype, as int64 (u64 max is clamped to int64 max).
 std::pair<int64_t, int64_t> int_range(DType t) {
   switch (t) {
-    case DType::i64: return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
-    case DType::i32: return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
-    case DType::i16: return {std::numeric_limits<int16_t>::min(), std::numeric_limits<int16_t>::max()};
-    case DType::i8: return {-128, 127};
-    case DType::i4: return {-8, 7};
-    case DType::u64: return {0, std::numeric_limits<int64_t>::max()};
-    case DType::u32: return {0, std::numeric_limits<uint32_t>::max()};
-    case DType::u16: return {0, 65535};
-    case DType::u8: return {0, 255};
-    case DType::u4: return {0, 15};
-    case DType::boolean: return {0, 1};
-    default: return {0, 0};
+    case DType::i64:
+      return {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()};
+    case DType::i32:
+      return {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()};
+    case DType::i16:
+      return {std::numeric_limits<int16_t>::min(), std::numeric_limits<int16_t>::max()};
+    case DType::i8:
+      return {-128, 127};
+    case DType::i4:
+      return {-8, 7};
+    case DType::u64:
+      return {0, std::numeric_limits<int64_t>::max()};
+    case DType::u32:
+      return {0, std::numeric_limits<uint32_t>::max()};
+    case DType::u16:
+      return {0, 65535};
+    case DType::u8:
+      return {0, 255};
+    case DType::u4:
+      return {0, 15};
+    case DType::boolean:
+      return {0, 1};
+    default:
+      return {0, 0};
   }
 }
 
@@ -86,7 +101,8 @@ std::vector<int64_t> ordered_ints(const Tensor& t) {
 
 // Reads a scalar-like int input (shape [] or [1]), e.g. CumSum's axis or TopK's k.
 int64_t scalar_int(const Tensor& t, const char* what) {
-  if (t.numel() != 1) fail("{} must hold exactly one value, got shape {}", what, shape_str(t.shape()));
+  if (t.numel() != 1)
+    fail("{} must hold exactly one value, got shape {}", what, shape_str(t.shape()));
   if (!is_int(t.dtype())) fail("{} must be an integer tensor", what);
   return t.get_i(0);
 }
@@ -96,7 +112,8 @@ int64_t scalar_int(const Tensor& t, const char* what) {
 enum class RK { sum, mean, max, min, prod, l1, l2, log_sum, log_sum_exp, sum_square };
 
 // Resolves axes into a per-dim mask; nullopt means "noop" (identity).
-std::optional<std::vector<bool>> reduce_mask(const std::vector<int64_t>& axes, int rank, bool noop) {
+std::optional<std::vector<bool>> reduce_mask(const std::vector<int64_t>& axes, int rank,
+                                             bool noop) {
   std::vector<bool> mask(rank, false);
   if (axes.empty()) {
     if (noop) return std::nullopt;
@@ -114,8 +131,10 @@ std::optional<std::vector<bool>> reduce_mask(const std::vector<int64_t>& axes, i
 Shape reduced_shape(const Shape& s, const std::vector<bool>& mask, bool keepdims) {
   Shape out;
   for (size_t d = 0; d < s.size(); ++d) {
-    if (!mask[d]) out.push_back(s[d]);
-    else if (keepdims) out.push_back(1);
+    if (!mask[d])
+      out.push_back(s[d]);
+    else if (keepdims)
+      out.push_back(1);
   }
   return out;
 }
@@ -144,8 +163,10 @@ void infer_reduce(InferCtx& ctx) {
         // Axes only known at run time: the rank is still static, the sizes are not.
         if (na > r) fail("{} axes given for a rank-{} input", na, r);
         Shape out;
-        if (keep) out.assign(r, kUnknownDim);
-        else out.assign(r - na, kUnknownDim);
+        if (keep)
+          out.assign(r, kUnknownDim);
+        else
+          out.assign(r - na, kUnknownDim);
         for (size_t d = 0; keep && d < out.size(); ++d)
           if (x.shape[d] == 1) out[d] = 1;
         ctx.set_out(0, TensorType{x.dtype, out});
@@ -176,15 +197,24 @@ Tensor reduce_float(const Tensor& x, const std::vector<bool>& mask, RK k, const 
     if (b > a || std::isnan(b)) a = std::isnan(a) ? a : b;
   };
   switch (k) {
-    case RK::sum: case RK::mean: case RK::log_sum:
+    case RK::sum:
+    case RK::mean:
+    case RK::log_sum:
       for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) { acc[o] += v[i]; });
       break;
-    case RK::prod: for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) { acc[o] *= v[i]; }); break;
-    case RK::l1: for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) { acc[o] += std::fabs(v[i]); }); break;
-    case RK::l2: case RK::sum_square:
+    case RK::prod:
+      for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) { acc[o] *= v[i]; });
+      break;
+    case RK::l1:
+      for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) { acc[o] += std::fabs(v[i]); });
+      break;
+    case RK::l2:
+    case RK::sum_square:
       for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) { acc[o] += v[i] * v[i]; });
       break;
-    case RK::max: for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) { take_max(acc[o], v[i]); }); break;
+    case RK::max:
+      for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) { take_max(acc[o], v[i]); });
+      break;
     case RK::min:
       for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) {
         if (v[i] < acc[o] || std::isnan(v[i])) acc[o] = std::isnan(acc[o]) ? acc[o] : v[i];
@@ -198,14 +228,18 @@ Tensor reduce_float(const Tensor& x, const std::vector<bool>& mask, RK k, const 
       for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) {
         if (std::isfinite(m[o])) acc[o] += std::exp(v[i] - m[o]);
       });
-      for (int64_t o = 0; o < on; ++o) acc[o] = std::isfinite(m[o]) ? m[o] + std::log(acc[o]) : m[o];
+      for (int64_t o = 0; o < on; ++o)
+        acc[o] = std::isfinite(m[o]) ? m[o] + std::log(acc[o]) : m[o];
       break;
     }
   }
   for (int64_t o = 0; o < on; ++o) {
-    if (k == RK::mean) acc[o] = acc[o] / static_cast<double>(count);
-    else if (k == RK::l2) acc[o] = std::sqrt(acc[o]);
-    else if (k == RK::log_sum) acc[o] = std::log(acc[o]);
+    if (k == RK::mean)
+      acc[o] = acc[o] / static_cast<double>(count);
+    else if (k == RK::l2)
+      acc[o] = std::sqrt(acc[o]);
+    else if (k == RK::log_sum)
+      acc[o] = std::log(acc[o]);
   }
   return Tensor::from_f64(x.dtype(), out_shape, acc);
 }
@@ -237,20 +271,37 @@ Tensor reduce_int(const Tensor& x, const std::vector<bool>& mask, RK k, const Sh
   for_each_reduced(x.shape(), mask, [&](int64_t i, int64_t o) {
     const int64_t a = v[i];
     switch (k) {
-      case RK::sum: case RK::mean: acc[o] += static_cast<uint64_t>(a); break;
-      case RK::prod: acc[o] *= static_cast<uint64_t>(a); break;
-      case RK::l1: acc[o] += a < 0 ? uint64_t{0} - static_cast<uint64_t>(a) : static_cast<uint64_t>(a); break;
-      case RK::sum_square: acc[o] += static_cast<uint64_t>(a) * static_cast<uint64_t>(a); break;
-      case RK::max: mm[o] = std::max(mm[o], a); break;
-      case RK::min: mm[o] = std::min(mm[o], a); break;
-      default: break;
+      case RK::sum:
+      case RK::mean:
+        acc[o] += static_cast<uint64_t>(a);
+        break;
+      case RK::prod:
+        acc[o] *= static_cast<uint64_t>(a);
+        break;
+      case RK::l1:
+        acc[o] += a < 0 ? uint64_t{0} - static_cast<uint64_t>(a) : static_cast<uint64_t>(a);
+        break;
+      case RK::sum_square:
+        acc[o] += static_cast<uint64_t>(a) * static_cast<uint64_t>(a);
+        break;
+      case RK::max:
+        mm[o] = std::max(mm[o], a);
+        break;
+      case RK::min:
+        mm[o] = std::min(mm[o], a);
+        break;
+      default:
+        break;
     }
   });
   std::vector<int64_t> res(on);
   for (int64_t o = 0; o < on; ++o) {
-    if (k == RK::max || k == RK::min) res[o] = u64 ? mm[o] ^ kSignBit : mm[o];
-    else if (k == RK::mean) res[o] = count ? static_cast<int64_t>(acc[o]) / count : 0;
-    else res[o] = static_cast<int64_t>(acc[o]);
+    if (k == RK::max || k == RK::min)
+      res[o] = u64 ? mm[o] ^ kSignBit : mm[o];
+    else if (k == RK::mean)
+      res[o] = count ? static_cast<int64_t>(acc[o]) / count : 0;
+    else
+      res[o] = static_cast<int64_t>(acc[o]);
   }
   return Tensor::from_i64(x.dtype(), out_shape, res);
 }
@@ -262,7 +313,8 @@ OpDef reduce_op(std::string name, int since, RK k) {
   d.max_inputs = 2;
   d.since = since;
   d.fusion = FusionKind::reduction;
-  d.attrs = {{"keepdims", AttrKind::i}, {"noop_with_empty_axes", AttrKind::i}, {"axes", AttrKind::ints}};
+  d.attrs = {
+      {"keepdims", AttrKind::i}, {"noop_with_empty_axes", AttrKind::i}, {"axes", AttrKind::ints}};
   d.upgrade = [](Graph& g, Node& n, int) {
     // Older opsets carry axes as an attribute; the current form takes them as an input.
     if (n.inputs.size() > 1) fail("takes one input before axes became an input");
@@ -289,8 +341,10 @@ OpDef reduce_op(std::string name, int since, RK k) {
       return;
     }
     Shape out_shape = reduced_shape(x.shape(), *mask, keep);
-    if (is_float(x.dtype())) c.set_out(0, reduce_float(x, *mask, k, out_shape));
-    else c.set_out(0, reduce_int(x, *mask, k, out_shape));
+    if (is_float(x.dtype()))
+      c.set_out(0, reduce_float(x, *mask, k, out_shape));
+    else
+      c.set_out(0, reduce_int(x, *mask, k, out_shape));
   };
   return d;
 }
@@ -311,7 +365,8 @@ OpDef arg_op(std::string name, bool is_max) {
     if (x.shape[axis] == 0) fail("cannot take the arg of an empty axis");
     std::vector<bool> mask(r, false);
     mask[axis] = true;
-    ctx.set_out(0, TensorType{DType::i64, reduced_shape(x.shape, mask, ctx.node().attr_i("keepdims", 1) != 0)});
+    ctx.set_out(0, TensorType{DType::i64,
+                              reduced_shape(x.shape, mask, ctx.node().attr_i("keepdims", 1) != 0)});
   };
   d.kernel = [is_max](KernelCtx& c) {
     const Tensor& x = c.in(0);
@@ -361,7 +416,8 @@ enum class SM { softmax, log_softmax, hardmax };
 
 // Splits a shape into outer x len x inner around `axis`; with coerce_2d (opsets < 13) everything
 // from axis on is one flattened row.
-void split_at(const Shape& s, int axis, bool coerce_2d, int64_t& outer, int64_t& len, int64_t& inner) {
+void split_at(const Shape& s, int axis, bool coerce_2d, int64_t& outer, int64_t& len,
+              int64_t& inner) {
   outer = 1;
   len = 1;
   inner = 1;
@@ -476,12 +532,14 @@ OpDef cum_op(std::string name, int since, bool prod) {
     };
     if (is_float(x.dtype())) {
       std::vector<double> v = x.to_f64();
-      auto y = run(v, prod ? 1.0 : 0.0, [prod](double a, double b) { return prod ? a * b : a + b; });
+      auto y =
+          run(v, prod ? 1.0 : 0.0, [prod](double a, double b) { return prod ? a * b : a + b; });
       c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
     } else {
       std::vector<int64_t> v = x.to_i64();
       std::vector<uint64_t> vu(v.begin(), v.end());
-      auto y = run(vu, uint64_t{prod ? 1u : 0u}, [prod](uint64_t a, uint64_t b) { return prod ? a * b : a + b; });
+      auto y = run(vu, uint64_t{prod ? 1u : 0u},
+                   [prod](uint64_t a, uint64_t b) { return prod ? a * b : a + b; });
       std::vector<int64_t> yi(y.begin(), y.end());
       c.set_out(0, Tensor::from_i64(x.dtype(), x.shape(), yi));
     }
@@ -497,7 +555,8 @@ OpDef topk_op() {
   d.min_inputs = d.max_inputs = 2;
   d.min_outputs = d.max_outputs = 2;
   d.since = 10;  // 11 added `largest` and `sorted` whose defaults are the opset-10 behaviour
-  d.attrs = {{"axis", AttrKind::i}, {"largest", AttrKind::i}, {"sorted", AttrKind::i}, {"k", AttrKind::i}};
+  d.attrs = {
+      {"axis", AttrKind::i}, {"largest", AttrKind::i}, {"sorted", AttrKind::i}, {"k", AttrKind::i}};
   d.upgrade = [](Graph& g, Node& n, int) {
     if (!n.has_attr("k")) fail("missing required attribute 'k'");
     Tensor t = Tensor::from_i64(DType::i64, {1}, std::vector<int64_t>{n.attr_i("k")});
@@ -507,7 +566,8 @@ OpDef topk_op() {
   };
   d.infer = [](InferCtx& ctx) {
     const TensorType& x = ctx.in(0);
-    if (ctx.node().has_attr("k")) fail("the k attribute is not allowed at this opset; k is an input");
+    if (ctx.node().has_attr("k"))
+      fail("the k attribute is not allowed at this opset; k is an input");
     int r = static_cast<int>(x.shape.size());
     int axis = normalize_axis(ctx.node().attr_i("axis", -1), r);
     Shape s = x.shape;
@@ -545,21 +605,25 @@ OpDef topk_op() {
         // Ties keep the lower index first (stable sort); NaN counts as the largest value.
         auto less_f = [&](int64_t a, int64_t b) {
           double va = vf[base + a * inner], vb = vf[base + b * inner];
-          if (std::isnan(va) || std::isnan(vb)) return largest ? std::isnan(va) && !std::isnan(vb)
-                                                               : std::isnan(vb) && !std::isnan(va);
+          if (std::isnan(va) || std::isnan(vb))
+            return largest ? std::isnan(va) && !std::isnan(vb) : std::isnan(vb) && !std::isnan(va);
           return largest ? va > vb : va < vb;
         };
         auto less_i = [&](int64_t a, int64_t b) {
           int64_t va = vi[base + a * inner], vb = vi[base + b * inner];
           return largest ? va > vb : va < vb;
         };
-        if (fl) std::stable_sort(order.begin(), order.end(), less_f);
-        else std::stable_sort(order.begin(), order.end(), less_i);
+        if (fl)
+          std::stable_sort(order.begin(), order.end(), less_f);
+        else
+          std::stable_sort(order.begin(), order.end(), less_i);
         for (int64_t j = 0; j < k; ++j) {
           int64_t p = o * k * inner + j * inner + in;
           ix[p] = order[j];
-          if (fl) yf[p] = vf[base + order[j] * inner];
-          else yi[p] = vi[base + order[j] * inner];
+          if (fl)
+            yf[p] = vf[base + order[j] * inner];
+          else
+            yi[p] = vi[base + order[j] * inner];
         }
       }
     if (x.dtype() == DType::u64)
@@ -584,7 +648,8 @@ TensorType infer_loss(InferCtx& ctx) {
   if (ctx.has_in(2)) {
     const TensorType& w = ctx.in(2);
     if (w.shape.size() != 1) fail("weight must be 1-D, got {}", shape_str(w.shape));
-    if (w.dtype != x.dtype) fail("weight dtype {} differs from input {}", dtype_name(w.dtype), dtype_name(x.dtype));
+    if (w.dtype != x.dtype)
+      fail("weight dtype {} differs from input {}", dtype_name(w.dtype), dtype_name(x.dtype));
   }
   std::string red = ctx.node().attr_s("reduction", "mean");
   if (red == "none") {
@@ -600,8 +665,8 @@ TensorType infer_loss(InferCtx& ctx) {
 }
 
 // The loss from log-probabilities `lp` shaped [N, C, d...] (as doubles).
-Tensor nll(const std::vector<double>& lp, const Shape& xs, const Tensor& target, const Tensor* weight,
-           const Node& n, DType out_dtype) {
+Tensor nll(const std::vector<double>& lp, const Shape& xs, const Tensor& target,
+           const Tensor* weight, const Node& n, DType out_dtype) {
   const int64_t N = xs[0], C = xs[1];
   int64_t D = 1;
   for (size_t d = 2; d < xs.size(); ++d) D *= xs[d];
@@ -649,7 +714,8 @@ OpDef nll_op() {
   d.infer = [](InferCtx& ctx) { ctx.set_out(0, infer_loss(ctx)); };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
-    c.set_out(0, nll(x.to_f64(), x.shape(), c.in(1), c.has_in(2) ? &c.in(2) : nullptr, c.node(), x.dtype()));
+    c.set_out(0, nll(x.to_f64(), x.shape(), c.in(1), c.has_in(2) ? &c.in(2) : nullptr, c.node(),
+                     x.dtype()));
   };
   return d;
 }
