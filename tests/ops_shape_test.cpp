@@ -142,3 +142,34 @@ TEST(ShapeOps, ConcatAndTile) {
   EXPECT_EQ(vals(run_eager(g, {f32({1, 2}, {1, 2}), f32({1, 1}, {3})})[0]), (std::vector<double>{1, 2, 3}));
   EXPECT_EQ(vals(run1("Tile", f32({2}, {1, 2}), {i64v({2})})), (std::vector<double>{1, 2, 1, 2}));
 }
+
+TEST(ShapeOps, LegacyAttrFormsUpgrade) {
+  // Slice-9 keeps starts/ends/axes as attributes; upgrade() moves them into inputs.
+  Graph g;
+  Value* x = g.add_input("x", TensorType{DType::f32, {2, 4}});
+  const OpDef* slice = OpRegistry::get().find("Slice");
+  Node* n = g.add_node(slice, "s", {x}, {"y"},
+                       {{"starts", std::vector<int64_t>{1}}, {"ends", std::vector<int64_t>{-1}},
+                        {"axes", std::vector<int64_t>{1}}});
+  slice->upgrade(g, *n, 9);
+  EXPECT_FALSE(n->has_attr("starts"));
+  ASSERT_EQ(n->inputs.size(), 4u);
+  // Pad-10: pads and value attributes.
+  const OpDef* pad = OpRegistry::get().find("Pad");
+  Node* p = g.add_node(pad, "p", {n->outputs[0]}, {"z"},
+                       {{"pads", std::vector<int64_t>{0, 1, 0, 0}}, {"value", 7.0}});
+  pad->upgrade(g, *p, 10);
+  g.outputs.push_back(p->outputs[0]);
+  infer_graph(g);
+  EXPECT_EQ(p->outputs[0]->type.shape, (Shape{2, 3}));
+  Tensor out = run_eager(g, {f32({2, 4}, {0, 1, 2, 3, 4, 5, 6, 7})})[0];
+  EXPECT_EQ(vals(out), (std::vector<double>{7, 1, 2, 7, 5, 6}));
+}
+
+TEST(ShapeOps, SqueezeUnsqueeze) {
+  Tensor x(DType::f32, {1, 3, 1});
+  EXPECT_EQ(run1("Squeeze", x).shape(), (Shape{3}));
+  EXPECT_EQ(run1("Squeeze", x, {i64v({-1})}).shape(), (Shape{1, 3}));
+  EXPECT_EQ(run1("Unsqueeze", x, {i64v({0, 4})}).shape(), (Shape{1, 1, 3, 1, 1}));
+  EXPECT_THROW(run1("Squeeze", x, {i64v({1})}), Error);
+}
