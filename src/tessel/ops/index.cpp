@@ -31,11 +31,14 @@ void check_index_dtype(DType t, const char* what) {
 
 // ONNX indices may be negative (counting from the end); anything else out of range is bad input.
 int64_t fix_index(int64_t idx, int64_t dim, const char* what) {
-  if (idx < -dim || idx >= dim) fail("{} {} is out of range for a dimension of size {}", what, idx, dim);
+  if (idx < -dim || idx >= dim)
+    fail("{} {} is out of range for a dimension of size {}", what, idx, dim);
   return idx < 0 ? idx + dim : idx;
 }
 
-int64_t dim_or_unknown(int64_t a, int64_t b) { return a >= 0 ? a : b; }
+int64_t dim_or_unknown(int64_t a, int64_t b) {
+  return a >= 0 ? a : b;
+}
 
 // ---- Gather ---------------------------------------------------------------------------------
 
@@ -66,7 +69,8 @@ void gather_kernel(KernelCtx& c) {
   std::vector<int64_t> idx(m);
   for (int64_t j = 0; j < m; ++j) idx[j] = fix_index(ix.get_i(j), n, "Gather index");
   for (int64_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < m; ++j) copy_elems(y, (o * m + j) * inner, d, (o * n + idx[j]) * inner, inner);
+    for (int64_t j = 0; j < m; ++j)
+      copy_elems(y, (o * m + j) * inner, d, (o * n + idx[j]) * inner, inner);
   c.set_out(0, std::move(y));
 }
 
@@ -77,7 +81,8 @@ void gather_elements_infer(InferCtx& c) {
   const auto& ix = c.in(1);
   check_index_dtype(ix.dtype, "GatherElements indices");
   if (d.shape.size() != ix.shape.size() || d.shape.empty())
-    fail("GatherElements data and indices must have the same rank >= 1, got {} and {}", d.shape.size(), ix.shape.size());
+    fail("GatherElements data and indices must have the same rank >= 1, got {} and {}",
+         d.shape.size(), ix.shape.size());
   normalize_axis(c.node().attr_i("axis", 0), static_cast<int>(d.shape.size()));
   c.set_out(0, {d.dtype, ix.shape});
 }
@@ -96,7 +101,8 @@ void gather_elements_kernel(KernelCtx& c) {
   for (int64_t i = 0; i < ix.numel(); ++i) {
     int64_t off = 0;
     for (int k = 0; k < r; ++k)
-      off += (k == axis ? fix_index(ix.get_i(i), d.dim(axis), "GatherElements index") : pos[k]) * ds[k];
+      off += (k == axis ? fix_index(ix.get_i(i), d.dim(axis), "GatherElements index") : pos[k]) *
+             ds[k];
     copy_elems(y, i, d, off, 1);
     for (int k = r - 1; k >= 0; --k) {
       if (++pos[k] < ix.dim(k)) break;
@@ -116,7 +122,8 @@ Shape gathernd_shape(const Shape& d, const Shape& ix, int64_t b) {
   if (k < 0) unsupported("GatherND needs a static last dimension of indices");
   if (k < 1 || k > r - b) fail("GatherND indices last dim {} must be in [1, {}]", k, r - b);
   for (int64_t i = 0; i < b; ++i)
-    if (d[i] >= 0 && ix[i] >= 0 && d[i] != ix[i]) fail("GatherND batch dim {} differs: {} vs {}", i, d[i], ix[i]);
+    if (d[i] >= 0 && ix[i] >= 0 && d[i] != ix[i])
+      fail("GatherND batch dim {} differs: {} vs {}", i, d[i], ix[i]);
   Shape s(ix.begin(), ix.end() - 1);
   for (int64_t i = 0; i < b; ++i) s[i] = dim_or_unknown(s[i], d[i]);
   s.insert(s.end(), d.begin() + b + k, d.end());
@@ -125,7 +132,8 @@ Shape gathernd_shape(const Shape& d, const Shape& ix, int64_t b) {
 
 void gathernd_infer(InferCtx& c) {
   check_index_dtype(c.in(1).dtype, "GatherND indices");
-  c.set_out(0, {c.in(0).dtype, gathernd_shape(c.in(0).shape, c.in(1).shape, c.node().attr_i("batch_dims", 0))});
+  c.set_out(0, {c.in(0).dtype,
+                gathernd_shape(c.in(0).shape, c.in(1).shape, c.node().attr_i("batch_dims", 0))});
 }
 
 void gathernd_kernel(KernelCtx& c) {
@@ -143,7 +151,8 @@ void gathernd_kernel(KernelCtx& c) {
     for (int64_t t = 0; t < tuples; ++t) {
       const int64_t base = (bi * tuples + t) * k;
       int64_t off = bi * per_batch_data;
-      for (int64_t j = 0; j < k; ++j) off += fix_index(ix.get_i(base + j), d.dim(b + j), "GatherND index") * ds[b + j];
+      for (int64_t j = 0; j < k; ++j)
+        off += fix_index(ix.get_i(base + j), d.dim(b + j), "GatherND index") * ds[b + j];
       copy_elems(y, (bi * tuples + t) * slice, d, off, slice);
     }
   c.set_out(0, std::move(y));
@@ -168,7 +177,10 @@ void scatter_one(Tensor& y, int64_t oi, const Tensor& u, int64_t ui, Reduce red)
   if (red == Reduce::none) return copy_elems(y, oi, u, ui, 1);
   if (is_float(y.dtype())) {
     double a = y.get_f(oi), b = u.get_f(ui);
-    double v = red == Reduce::add ? a + b : red == Reduce::mul ? a * b : red == Reduce::max ? std::max(a, b) : std::min(a, b);
+    double v = red == Reduce::add   ? a + b
+               : red == Reduce::mul ? a * b
+               : red == Reduce::max ? std::max(a, b)
+                                    : std::min(a, b);
     y.set_f(oi, v);
   } else {
     int64_t a = y.get_i(oi), b = u.get_i(ui);
@@ -185,11 +197,13 @@ void scatter_one(Tensor& y, int64_t oi, const Tensor& u, int64_t ui, Reduce red)
 void scatter_elements_infer(InferCtx& c) {
   const auto& d = c.in(0);
   check_index_dtype(c.in(1).dtype, "scatter indices");
-  if (c.in(2).dtype != d.dtype) fail("updates dtype {} differs from data {}", dtype_name(c.in(2).dtype), dtype_name(d.dtype));
+  if (c.in(2).dtype != d.dtype)
+    fail("updates dtype {} differs from data {}", dtype_name(c.in(2).dtype), dtype_name(d.dtype));
   const Shape &is = c.in(1).shape, &us = c.in(2).shape;
   bool ok = is.size() == d.shape.size() && us.size() == is.size();
   for (size_t i = 0; ok && i < is.size(); ++i) ok = is[i] < 0 || us[i] < 0 || is[i] == us[i];
-  if (!ok) fail("data, indices and updates must have the same rank, and updates the shape of indices");
+  if (!ok)
+    fail("data, indices and updates must have the same rank, and updates the shape of indices");
   if (d.shape.empty()) fail("data must have rank >= 1");
   normalize_axis(c.node().attr_i("axis", 0), static_cast<int>(d.shape.size()));
   parse_reduction(c.node());
@@ -203,9 +217,11 @@ void scatter_elements_kernel(KernelCtx& c) {
   const int r = d.rank();
   const int axis = normalize_axis(c.node().attr_i("axis", 0), r);
   const Reduce red = parse_reduction(c.node());
-  if (ix.shape() != u.shape()) fail("updates shape {} differs from indices {}", shape_str(u.shape()), shape_str(ix.shape()));
+  if (ix.shape() != u.shape())
+    fail("updates shape {} differs from indices {}", shape_str(u.shape()), shape_str(ix.shape()));
   for (int k = 0; k < r; ++k)
-    if (k != axis && ix.dim(k) > d.dim(k)) fail("indices dim {} is {} but data's is only {}", k, ix.dim(k), d.dim(k));
+    if (k != axis && ix.dim(k) > d.dim(k))
+      fail("indices dim {} is {} but data's is only {}", k, ix.dim(k), d.dim(k));
   Tensor y = d.clone();
   const auto ds = strides_of(d.shape());
   std::vector<int64_t> pos(r, 0);
@@ -227,15 +243,18 @@ void scatternd_infer(InferCtx& c) {
   const auto& ix = c.in(1);
   const auto& u = c.in(2);
   if (ix.dtype != DType::i64) fail("ScatterND indices must be int64");
-  if (u.dtype != d.dtype) fail("updates dtype {} differs from data {}", dtype_name(u.dtype), dtype_name(d.dtype));
+  if (u.dtype != d.dtype)
+    fail("updates dtype {} differs from data {}", dtype_name(u.dtype), dtype_name(d.dtype));
   if (ix.shape.empty()) fail("ScatterND indices must have rank >= 1");
   const int64_t k = ix.shape.back();
   if (k >= 0) {
-    if (k > static_cast<int64_t>(d.shape.size())) fail("ScatterND indices last dim {} exceeds data rank {}", k, d.shape.size());
+    if (k > static_cast<int64_t>(d.shape.size()))
+      fail("ScatterND indices last dim {} exceeds data rank {}", k, d.shape.size());
     Shape want(ix.shape.begin(), ix.shape.end() - 1);
     want.insert(want.end(), d.shape.begin() + k, d.shape.end());
     bool ok = want.size() == u.shape.size();
-    for (size_t i = 0; ok && i < want.size(); ++i) ok = want[i] < 0 || u.shape[i] < 0 || want[i] == u.shape[i];
+    for (size_t i = 0; ok && i < want.size(); ++i)
+      ok = want[i] < 0 || u.shape[i] < 0 || want[i] == u.shape[i];
     if (!ok) fail("ScatterND updates shape {} should be {}", shape_str(u.shape), shape_str(want));
   }
   parse_reduction(c.node());
@@ -251,14 +270,16 @@ void scatternd_kernel(KernelCtx& c) {
   if (k > d.rank()) fail("ScatterND indices last dim {} exceeds data rank {}", k, d.rank());
   Shape want(ix.shape().begin(), ix.shape().end() - 1);
   want.insert(want.end(), d.shape().begin() + k, d.shape().end());
-  if (u.shape() != want) fail("ScatterND updates shape {} should be {}", shape_str(u.shape()), shape_str(want));
+  if (u.shape() != want)
+    fail("ScatterND updates shape {} should be {}", shape_str(u.shape()), shape_str(want));
   const int64_t slice = prod(d.shape(), k, d.rank());
   const int64_t tuples = prod(ix.shape(), 0, ix.rank() - 1);
   const auto ds = strides_of(d.shape());
   Tensor y = d.clone();
   for (int64_t t = 0; t < tuples; ++t) {
     int64_t off = 0;
-    for (int64_t j = 0; j < k; ++j) off += fix_index(ix.get_i(t * k + j), d.dim(j), "ScatterND index") * ds[j];
+    for (int64_t j = 0; j < k; ++j)
+      off += fix_index(ix.get_i(t * k + j), d.dim(j), "ScatterND index") * ds[j];
     if (red == Reduce::none) {
       copy_elems(y, off, u, t * slice, slice);
     } else {
@@ -275,7 +296,8 @@ void tensor_scatter_infer(InferCtx& c) {
   const auto& u = c.in(1);
   const int r = static_cast<int>(p.shape.size());
   if (r < 2) fail("TensorScatter past_cache must have rank >= 2");
-  if (u.dtype != p.dtype || u.shape.size() != p.shape.size()) fail("update must match past_cache's dtype and rank");
+  if (u.dtype != p.dtype || u.shape.size() != p.shape.size())
+    fail("update must match past_cache's dtype and rank");
   const int axis = normalize_axis(c.node().attr_i("axis", -2), r);
   if (axis == 0) fail("TensorScatter axis cannot be the batch axis");
   std::string mode = c.node().attr_s("mode", "linear");
@@ -291,7 +313,8 @@ void tensor_scatter_kernel(KernelCtx& c) {
   const int axis = normalize_axis(c.node().attr_i("axis", -2), r);
   const bool circular = c.node().attr_s("mode", "linear") == "circular";
   for (int k = 0; k < r; ++k)
-    if (k != axis && u.dim(k) != p.dim(k)) fail("update dim {} is {} but past_cache's is {}", k, u.dim(k), p.dim(k));
+    if (k != axis && u.dim(k) != p.dim(k))
+      fail("update dim {} is {} but past_cache's is {}", k, u.dim(k), p.dim(k));
   const int64_t maxlen = p.dim(axis), len = u.dim(axis);
   if (len > maxlen) fail("update sequence length {} exceeds the cache's {}", len, maxlen);
   const int64_t batch = p.dim(0);
@@ -309,8 +332,10 @@ void tensor_scatter_kernel(KernelCtx& c) {
     const int64_t b = per_batch ? o / per_batch : 0;
     for (int64_t s = 0; s < len; ++s) {
       int64_t dst = wi[b] + s;
-      if (circular) dst = ((dst % maxlen) + maxlen) % maxlen;
-      else if (dst < 0 || dst >= maxlen) fail("write index {} + {} is outside the cache length {}", wi[b], s, maxlen);
+      if (circular)
+        dst = ((dst % maxlen) + maxlen) % maxlen;
+      else if (dst < 0 || dst >= maxlen)
+        fail("write index {} + {} is outside the cache length {}", wi[b], s, maxlen);
       copy_elems(y, (o * maxlen + dst) * inner, u, (o * len + s) * inner, inner);
     }
   }
@@ -355,8 +380,10 @@ void compress_kernel(KernelCtx& c) {
   Tensor x = c.in(0);
   const Tensor& cond = c.in(1);
   int axis = 0;
-  if (c.node().has_attr("axis")) axis = normalize_axis(c.node().attr_i("axis"), x.rank());
-  else x = x.reshaped({x.numel()});
+  if (c.node().has_attr("axis"))
+    axis = normalize_axis(c.node().attr_i("axis"), x.rank());
+  else
+    x = x.reshaped({x.numel()});
   const int64_t n = x.dim(axis);
   std::vector<int64_t> keep;
   for (int64_t i = 0; i < cond.numel(); ++i)
@@ -370,7 +397,8 @@ void compress_kernel(KernelCtx& c) {
   Tensor y(x.dtype(), s);
   const int64_t m = s[axis];
   for (int64_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < m; ++j) copy_elems(y, (o * m + j) * inner, x, (o * n + keep[j]) * inner, inner);
+    for (int64_t j = 0; j < m; ++j)
+      copy_elems(y, (o * m + j) * inner, x, (o * n + keep[j]) * inner, inner);
   c.set_out(0, std::move(y));
 }
 
@@ -413,8 +441,10 @@ void onehot_kernel(KernelCtx& c) {
       const int64_t src = o * inner + in;
       // Float indices are truncated toward zero, like a cast to int.
       int64_t k = -depth - 1;  // NaN/inf/huge float indices are out of range
-      if (!fl) k = ix.get_i(src);
-      else if (double f = ix.get_f(src); std::isfinite(f) && std::fabs(f) < 9e18) k = static_cast<int64_t>(std::trunc(f));
+      if (!fl)
+        k = ix.get_i(src);
+      else if (double f = ix.get_f(src); std::isfinite(f) && std::fabs(f) < 9e18)
+        k = static_cast<int64_t>(std::trunc(f));
       if (k < 0) k += depth;
       if (k < 0 || k >= depth) continue;  // out-of-range indices give an all-"off" row
       copy_elems(y, (o * depth + k) * inner + in, vals, 1, 1);
@@ -446,8 +476,10 @@ void unique_kernel(KernelCtx& c) {
   const auto& node = c.node();
   const bool sorted = node.attr_i("sorted", 1) != 0;
   int axis = 0;
-  if (node.has_attr("axis")) axis = normalize_axis(node.attr_i("axis"), x.rank());
-  else x = x.reshaped({x.numel()});
+  if (node.has_attr("axis"))
+    axis = normalize_axis(node.attr_i("axis"), x.rank());
+  else
+    x = x.reshaped({x.numel()});
   const int64_t n = x.dim(axis);
   const int64_t outer = prod(x.shape(), 0, axis), inner = prod(x.shape(), axis + 1, x.rank());
   const bool fl = is_float(x.dtype());
@@ -491,7 +523,8 @@ void unique_kernel(KernelCtx& c) {
   } else {
     std::vector<int64_t> gs(g);
     std::iota(gs.begin(), gs.end(), 0);
-    std::sort(gs.begin(), gs.end(), [&](int64_t a, int64_t b) { return group_first[a] < group_first[b]; });
+    std::sort(gs.begin(), gs.end(),
+              [&](int64_t a, int64_t b) { return group_first[a] < group_first[b]; });
     for (int64_t i = 0; i < g; ++i) pos[gs[i]] = i;
   }
   std::vector<int64_t> first(g), count(g, 0);
@@ -504,15 +537,16 @@ void unique_kernel(KernelCtx& c) {
   ys[axis] = g;
   Tensor y(x.dtype(), ys);
   for (int64_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < g; ++j) copy_elems(y, (o * g + j) * inner, x, (o * n + first[j]) * inner, inner);
+    for (int64_t j = 0; j < g; ++j)
+      copy_elems(y, (o * g + j) * inner, x, (o * n + first[j]) * inner, inner);
   c.set_out(0, std::move(y));
   if (c.wants_out(1)) c.set_out(1, Tensor::from_i64(DType::i64, {g}, first));
   if (c.wants_out(2)) c.set_out(2, Tensor::from_i64(DType::i64, {n}, inverse));
   if (c.wants_out(3)) c.set_out(3, Tensor::from_i64(DType::i64, {g}, count));
 }
 
-OpDef make(std::string name, int since, int min_in, int max_in, std::vector<AttrSpec> attrs, InferFn inf,
-           KernelFn k, FusionKind fk = FusionKind::opaque) {
+OpDef make(std::string name, int since, int min_in, int max_in, std::vector<AttrSpec> attrs,
+           InferFn inf, KernelFn k, FusionKind fk = FusionKind::opaque) {
   OpDef d;
   d.name = std::move(name);
   d.since = since;
@@ -530,26 +564,31 @@ OpDef make(std::string name, int since, int min_in, int max_in, std::vector<Attr
 void register_index_ops(OpRegistry& r) {
   // Gather, GatherElements and GatherND only widened their index ranges (negative indices)
   // and dtypes across opsets, which this entry accepts, so the oldest forms import as is.
-  r.add(make("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel, FusionKind::injective));
-  r.add(make("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}}, gather_elements_infer, gather_elements_kernel,
+  r.add(make("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel,
              FusionKind::injective));
+  r.add(make("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}}, gather_elements_infer,
+             gather_elements_kernel, FusionKind::injective));
   {
-    OpDef d = make("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer, gathernd_kernel,
-                   FusionKind::injective);
+    OpDef d = make("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer,
+                   gathernd_kernel, FusionKind::injective);
     r.add(std::move(d));
   }
   // ScatterElements 11 (no reduction) and 16 (add/mul) are subsets of 18.
-  r.add(make("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}}, scatter_elements_infer,
+  r.add(make("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}},
+             scatter_elements_infer, scatter_elements_kernel));
+  r.add(make("Scatter", 9, 3, 3, {{"axis", AttrKind::i}}, scatter_elements_infer,
              scatter_elements_kernel));
-  r.add(make("Scatter", 9, 3, 3, {{"axis", AttrKind::i}}, scatter_elements_infer, scatter_elements_kernel));
-  r.add(make("ScatterND", 11, 3, 3, {{"reduction", AttrKind::s}}, scatternd_infer, scatternd_kernel));
-  r.add(make("TensorScatter", 24, 2, 3, {{"axis", AttrKind::i}, {"mode", AttrKind::s}}, tensor_scatter_infer,
-             tensor_scatter_kernel));
-  r.add(make("NonZero", 9, 1, 1, {}, nonzero_infer, [](KernelCtx& c) { c.set_out(0, nonzero_of(c.in(0))); }));
+  r.add(
+      make("ScatterND", 11, 3, 3, {{"reduction", AttrKind::s}}, scatternd_infer, scatternd_kernel));
+  r.add(make("TensorScatter", 24, 2, 3, {{"axis", AttrKind::i}, {"mode", AttrKind::s}},
+             tensor_scatter_infer, tensor_scatter_kernel));
+  r.add(make("NonZero", 9, 1, 1, {}, nonzero_infer,
+             [](KernelCtx& c) { c.set_out(0, nonzero_of(c.in(0))); }));
   r.add(make("Compress", 9, 2, 2, {{"axis", AttrKind::i}}, compress_infer, compress_kernel));
   r.add(make("OneHot", 9, 3, 3, {{"axis", AttrKind::i}}, onehot_infer, onehot_kernel));
   {
-    OpDef d = make("Unique", 11, 1, 1, {{"axis", AttrKind::i}, {"sorted", AttrKind::i}}, unique_infer, unique_kernel);
+    OpDef d = make("Unique", 11, 1, 1, {{"axis", AttrKind::i}, {"sorted", AttrKind::i}},
+                   unique_infer, unique_kernel);
     d.max_outputs = 4;
     r.add(std::move(d));
   }

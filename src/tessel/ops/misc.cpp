@@ -15,8 +15,8 @@ namespace {
 using cplx = std::complex<double>;
 constexpr double kPi = std::numbers::pi;
 
-OpDef make(std::string name, int since, int min_in, int max_in, std::vector<AttrSpec> attrs, InferFn inf,
-           KernelFn k) {
+OpDef make(std::string name, int since, int min_in, int max_in, std::vector<AttrSpec> attrs,
+           InferFn inf, KernelFn k) {
   OpDef d;
   d.name = std::move(name);
   d.since = since;
@@ -65,15 +65,23 @@ struct GridSampleCfg {
 GridSampleCfg grid_sample_cfg(const Node& n) {
   GridSampleCfg g{};
   std::string m = n.attr_s("mode", "linear");
-  if (m == "linear" || m == "bilinear") g.mode = Interp::linear;
-  else if (m == "nearest") g.mode = Interp::nearest;
-  else if (m == "cubic" || m == "bicubic") g.mode = Interp::cubic;
-  else fail("unknown GridSample mode '{}'", m);
+  if (m == "linear" || m == "bilinear")
+    g.mode = Interp::linear;
+  else if (m == "nearest")
+    g.mode = Interp::nearest;
+  else if (m == "cubic" || m == "bicubic")
+    g.mode = Interp::cubic;
+  else
+    fail("unknown GridSample mode '{}'", m);
   std::string p = n.attr_s("padding_mode", "zeros");
-  if (p == "zeros") g.pad = Pad::zeros;
-  else if (p == "border") g.pad = Pad::border;
-  else if (p == "reflection") g.pad = Pad::reflection;
-  else fail("unknown GridSample padding_mode '{}'", p);
+  if (p == "zeros")
+    g.pad = Pad::zeros;
+  else if (p == "border")
+    g.pad = Pad::border;
+  else if (p == "reflection")
+    g.pad = Pad::reflection;
+  else
+    fail("unknown GridSample padding_mode '{}'", p);
   g.align = n.attr_i("align_corners", 0) != 0;
   return g;
 }
@@ -121,7 +129,8 @@ void grid_sample_infer(InferCtx& c) {
     fail("grid's last dim must be {}, got {}", r - 2, g.shape.back());
   if (!is_float(x.dtype) || !is_float(g.dtype)) fail("GridSample needs float input and grid");
   GridSampleCfg cfg = grid_sample_cfg(c.node());
-  if (cfg.mode == Interp::cubic && r != 4) unsupported("GridSample cubic mode is only defined for 4-D input");
+  if (cfg.mode == Interp::cubic && r != 4)
+    unsupported("GridSample cubic mode is only defined for 4-D input");
   Shape s = {x.shape[0], x.shape[1]};
   s.insert(s.end(), g.shape.begin() + 1, g.shape.end() - 1);
   c.set_out(0, {x.dtype, s});
@@ -132,9 +141,12 @@ void grid_sample_kernel(KernelCtx& c) {
   const Tensor& grid = c.in(1);
   const GridSampleCfg cfg = grid_sample_cfg(c.node());
   const int sp = x.rank() - 2;
-  if (grid.rank() != x.rank() || grid.shape().back() != sp) fail("grid shape {} does not fit the input", shape_str(grid.shape()));
-  if (grid.dim(0) != x.dim(0)) fail("grid batch {} differs from input batch {}", grid.dim(0), x.dim(0));
-  if (cfg.mode == Interp::cubic && sp != 2) unsupported("GridSample cubic mode is only defined for 4-D input");
+  if (grid.rank() != x.rank() || grid.shape().back() != sp)
+    fail("grid shape {} does not fit the input", shape_str(grid.shape()));
+  if (grid.dim(0) != x.dim(0))
+    fail("grid batch {} differs from input batch {}", grid.dim(0), x.dim(0));
+  if (cfg.mode == Interp::cubic && sp != 2)
+    unsupported("GridSample cubic mode is only defined for 4-D input");
   const int64_t N = x.dim(0), C = x.dim(1);
   Shape os = {N, C};
   os.insert(os.end(), grid.shape().begin() + 1, grid.shape().end() - 1);
@@ -223,7 +235,8 @@ void affine_grid_infer(InferCtx& c) {
   const auto& th = c.in(0);
   if (th.shape.size() != 3) fail("AffineGrid theta must be [N, 2, 3] or [N, 3, 4]");
   const auto& sz = c.in(1);
-  if (sz.shape.size() != 1 || sz.shape[0] < 0) fail("AffineGrid size must be a 1-D tensor of static length");
+  if (sz.shape.size() != 1 || sz.shape[0] < 0)
+    fail("AffineGrid size must be a 1-D tensor of static length");
   const int64_t r = sz.shape[0];
   if (r != 4 && r != 5) fail("AffineGrid size must have 4 or 5 elements");
   Shape s(r, kUnknownDim);
@@ -287,13 +300,15 @@ void roi_align_infer(InferCtx& c) {
   const auto& x = c.in(0);
   const auto& rois = c.in(1);
   if (x.shape.size() != 4) fail("RoiAlign input must be 4-D");
-  if (rois.shape.size() != 2 || (rois.shape[1] >= 0 && rois.shape[1] != 4)) fail("rois must be [num_rois, 4]");
+  if (rois.shape.size() != 2 || (rois.shape[1] >= 0 && rois.shape[1] != 4))
+    fail("rois must be [num_rois, 4]");
   if (c.in(2).shape.size() != 1) fail("batch_indices must be 1-D");
   const auto& n = c.node();
   std::string mode = n.attr_s("mode", "avg");
   if (mode != "avg" && mode != "max") fail("unknown RoiAlign mode '{}'", mode);
   std::string ct = n.attr_s("coordinate_transformation_mode", "half_pixel");
-  if (ct != "half_pixel" && ct != "output_half_pixel") fail("unknown coordinate_transformation_mode '{}'", ct);
+  if (ct != "half_pixel" && ct != "output_half_pixel")
+    fail("unknown coordinate_transformation_mode '{}'", ct);
   const int64_t oh = n.attr_i("output_height", 1), ow = n.attr_i("output_width", 1);
   if (oh < 1 || ow < 1) fail("output_height and output_width must be positive");
   int64_t R = rois.shape[0] >= 0 ? rois.shape[0] : c.in(2).shape[0];
@@ -332,7 +347,8 @@ void roi_align_kernel(KernelCtx& c) {
     const double bh = rh / oh, bw = rw / ow;
     const int64_t gh = ratio > 0 ? ratio : static_cast<int64_t>(std::ceil(rh / oh));
     const int64_t gw = ratio > 0 ? ratio : static_cast<int64_t>(std::ceil(rw / ow));
-    if (gh > (1 << 20) || gw > (1 << 20) || gh * gw > (1 << 24)) fail("roi {} needs too many sampling points", r);
+    if (gh > (1 << 20) || gw > (1 << 20) || gh * gw > (1 << 24))
+      fail("roi {} needs too many sampling points", r);
     const double count = static_cast<double>(std::max<int64_t>(gh * gw, 1));
     for (int64_t ch = 0; ch < C; ++ch) {
       const double* plane = xin.data() + (b * C + ch) * H * W;
@@ -347,26 +363,33 @@ void roi_align_kernel(KernelCtx& c) {
               double w[4] = {0, 0, 0, 0};
               int64_t pos[4] = {0, 0, 0, 0};
               // Samples more than one pixel outside the map contribute zero.
-              if (!(yy < -1.0 || yy > H || xx < -1.0 || xx > W) && std::isfinite(yy) && std::isfinite(xx)) {
+              if (!(yy < -1.0 || yy > H || xx < -1.0 || xx > W) && std::isfinite(yy) &&
+                  std::isfinite(xx)) {
                 yy = std::max(yy, 0.0);
                 xx = std::max(xx, 0.0);
                 int64_t ylo = static_cast<int64_t>(yy), xlo = static_cast<int64_t>(xx), yhi, xhi;
-                if (ylo >= H - 1) yhi = ylo = H - 1, yy = static_cast<double>(ylo);
-                else yhi = ylo + 1;
-                if (xlo >= W - 1) xhi = xlo = W - 1, xx = static_cast<double>(xlo);
-                else xhi = xlo + 1;
+                if (ylo >= H - 1)
+                  yhi = ylo = H - 1, yy = static_cast<double>(ylo);
+                else
+                  yhi = ylo + 1;
+                if (xlo >= W - 1)
+                  xhi = xlo = W - 1, xx = static_cast<double>(xlo);
+                else
+                  xhi = xlo + 1;
                 const double ly = yy - ylo, lx = xx - xlo, hy = 1 - ly, hx = 1 - lx;
                 w[0] = hy * hx, w[1] = hy * lx, w[2] = ly * hx, w[3] = ly * lx;
-                pos[0] = ylo * W + xlo, pos[1] = ylo * W + xhi, pos[2] = yhi * W + xlo, pos[3] = yhi * W + xhi;
+                pos[0] = ylo * W + xlo, pos[1] = ylo * W + xhi, pos[2] = yhi * W + xlo,
+                pos[3] = yhi * W + xhi;
               }
               if (is_max) {
                 // Max mode takes the largest weighted corner, as the reference runtimes do.
-                double m = std::max({w[0] * plane[pos[0]], w[1] * plane[pos[1]], w[2] * plane[pos[2]],
-                                     w[3] * plane[pos[3]]});
+                double m = std::max({w[0] * plane[pos[0]], w[1] * plane[pos[1]],
+                                     w[2] * plane[pos[2]], w[3] * plane[pos[3]]});
                 acc = first ? m : std::max(acc, m);
                 first = false;
               } else {
-                acc += w[0] * plane[pos[0]] + w[1] * plane[pos[1]] + w[2] * plane[pos[2]] + w[3] * plane[pos[3]];
+                acc += w[0] * plane[pos[0]] + w[1] * plane[pos[1]] + w[2] * plane[pos[2]] +
+                       w[3] * plane[pos[3]];
               }
             }
           y.set_f(((r * C + ch) * oh + ph) * ow + pw, is_max ? acc : acc / count);
@@ -397,10 +420,14 @@ void nms_kernel(KernelCtx& c) {
   const bool center = c.node().attr_i("center_point_box", 0) == 1;
   const int64_t B = boxes.dim(0), S = boxes.dim(1);
   if (boxes.dim(2) != 4) fail("boxes last dim must be 4");
-  if (scores.dim(0) != B || scores.dim(2) != S) fail("scores shape {} does not fit boxes {}", shape_str(scores.shape()), shape_str(boxes.shape()));
+  if (scores.dim(0) != B || scores.dim(2) != S)
+    fail("scores shape {} does not fit boxes {}", shape_str(scores.shape()),
+         shape_str(boxes.shape()));
   const int64_t C = scores.dim(1);
-  const int64_t max_out = c.has_in(2) && c.in(2).numel() > 0 ? int_scalar_of(c.in(2), "max_output_boxes_per_class") : 0;
-  const double iou_th = c.has_in(3) && c.in(3).numel() > 0 ? scalar_of(c.in(3), "iou_threshold") : 0.0;
+  const int64_t max_out =
+      c.has_in(2) && c.in(2).numel() > 0 ? int_scalar_of(c.in(2), "max_output_boxes_per_class") : 0;
+  const double iou_th =
+      c.has_in(3) && c.in(3).numel() > 0 ? scalar_of(c.in(3), "iou_threshold") : 0.0;
   const bool has_score_th = c.has_in(4) && c.in(4).numel() > 0;
   const double score_th = has_score_th ? scalar_of(c.in(4), "score_threshold") : 0.0;
   std::vector<double> bx = boxes.to_f64(), sc = scores.to_f64();
@@ -469,7 +496,8 @@ OpDef window_op(std::string name, double a0, double a1, double a2) {
     }
     c.set_out(0, std::move(y));
   };
-  return make(std::move(name), 17, 1, 1, {{"output_datatype", AttrKind::i}, {"periodic", AttrKind::i}}, infer, kernel);
+  return make(std::move(name), 17, 1, 1,
+              {{"output_datatype", AttrKind::i}, {"periodic", AttrKind::i}}, infer, kernel);
 }
 
 // ---- DFT ------------------------------------------------------------------------------------
@@ -499,7 +527,8 @@ struct DftCfg {
 
 DftCfg dft_cfg(const Node& node, const Shape& x, std::optional<int64_t> dft_len, int64_t axis_in) {
   const int r = static_cast<int>(x.size());
-  if (r < 2 || (x.back() >= 0 && x.back() != 1 && x.back() != 2)) fail("DFT input's last dim must be 1 or 2");
+  if (r < 2 || (x.back() >= 0 && x.back() != 1 && x.back() != 2))
+    fail("DFT input's last dim must be 1 or 2");
   int64_t a = axis_in < 0 ? axis_in + r : axis_in;
   if (a < 0 || a > r - 2) fail("DFT axis {} is out of range for rank {}", axis_in, r);
   const bool inverse = node.attr_i("inverse", 0) != 0, onesided = node.attr_i("onesided", 0) != 0;
@@ -621,7 +650,8 @@ void stft_infer(InferCtx& c) {
   const bool onesided = c.node().attr_i("onesided", 1) != 0;
   int64_t frames = kUnknownDim, bins = kUnknownDim;
   if (flen) bins = onesided ? *flen / 2 + 1 : *flen;
-  if (flen && step && *step > 0 && x.shape[1] >= 0) frames = (x.shape[1] - *flen) / static_cast<int64_t>(*step) + 1;
+  if (flen && step && *step > 0 && x.shape[1] >= 0)
+    frames = (x.shape[1] - *flen) / static_cast<int64_t>(*step) + 1;
   c.set_out(0, {x.dtype, {x.shape[0], frames, bins, 2}});
 }
 
@@ -630,10 +660,14 @@ void stft_kernel(KernelCtx& c) {
   const int64_t step = int_scalar_of(c.in(1), "frame_step");
   const Tensor* win = c.has_in(2) ? &c.in(2) : nullptr;
   int64_t flen = 0;
-  if (c.has_in(3)) flen = int_scalar_of(c.in(3), "frame_length");
-  else if (win) flen = win->numel();
-  else fail("STFT needs a window or a frame_length");
-  if (win && win->numel() != flen) fail("window has {} elements but frame_length is {}", win->numel(), flen);
+  if (c.has_in(3))
+    flen = int_scalar_of(c.in(3), "frame_length");
+  else if (win)
+    flen = win->numel();
+  else
+    fail("STFT needs a window or a frame_length");
+  if (win && win->numel() != flen)
+    fail("window has {} elements but frame_length is {}", win->numel(), flen);
   if (step < 1 || flen < 1) fail("frame_step and frame_length must be positive");
   const int64_t B = x.dim(0), L = x.dim(1), comp = x.dim(2);
   if (comp != 1 && comp != 2) fail("STFT signal's last dim must be 1 or 2, got {}", comp);
@@ -667,16 +701,21 @@ void mel_infer(InferCtx& c) {
   if (!is_float(t)) fail("output_datatype must be a float type");
   auto bins = known_scalar(c, 0);
   auto dft = known_scalar(c, 1);
-  c.set_out(0, {t, {dft ? static_cast<int64_t>(*dft) / 2 + 1 : kUnknownDim, bins ? static_cast<int64_t>(*bins) : kUnknownDim}});
+  c.set_out(0, {t,
+                {dft ? static_cast<int64_t>(*dft) / 2 + 1 : kUnknownDim,
+                 bins ? static_cast<int64_t>(*bins) : kUnknownDim}});
 }
 
 void mel_kernel(KernelCtx& c) {
   const int64_t nmel = int_scalar_of(c.in(0), "num_mel_bins");
   const int64_t dft = int_scalar_of(c.in(1), "dft_length");
   const int64_t rate = int_scalar_of(c.in(2), "sample_rate");
-  const double lo = scalar_of(c.in(3), "lower_edge_hertz"), hi = scalar_of(c.in(4), "upper_edge_hertz");
-  if (nmel < 1 || dft < 1 || rate < 1) fail("num_mel_bins, dft_length and sample_rate must be positive");
-  if (!(lo >= 0 && lo < hi && std::isfinite(hi))) fail("need 0 <= lower_edge_hertz < upper_edge_hertz (finite)");
+  const double lo = scalar_of(c.in(3), "lower_edge_hertz"),
+               hi = scalar_of(c.in(4), "upper_edge_hertz");
+  if (nmel < 1 || dft < 1 || rate < 1)
+    fail("num_mel_bins, dft_length and sample_rate must be positive");
+  if (!(lo >= 0 && lo < hi && std::isfinite(hi)))
+    fail("need 0 <= lower_edge_hertz < upper_edge_hertz (finite)");
   const int64_t nspec = dft / 2 + 1;
   auto to_mel = [](double f) { return 2595.0 * std::log10(1 + f / 700.0); };
   const double mlo = to_mel(lo), mhi = to_mel(hi);
@@ -696,11 +735,14 @@ void mel_kernel(KernelCtx& c) {
   };
   for (int64_t m = 0; m < nmel; ++m) {
     const int64_t a = edge[m], ctr = edge[m + 1], b = edge[m + 2];
-    if (ctr == a) put(ctr, m, 1.0);
+    if (ctr == a)
+      put(ctr, m, 1.0);
     else
-      for (int64_t j = a; j <= ctr; ++j) put(j, m, static_cast<double>(j - a) / static_cast<double>(ctr - a));
+      for (int64_t j = a; j <= ctr; ++j)
+        put(j, m, static_cast<double>(j - a) / static_cast<double>(ctr - a));
     if (b > ctr)
-      for (int64_t j = ctr; j < b; ++j) put(j, m, static_cast<double>(b - j) / static_cast<double>(b - ctr));
+      for (int64_t j = ctr; j < b; ++j)
+        put(j, m, static_cast<double>(b - j) / static_cast<double>(b - ctr));
   }
   c.set_out(0, std::move(y));
 }
@@ -709,34 +751,42 @@ void mel_kernel(KernelCtx& c) {
 
 void register_misc_ops(OpRegistry& r) {
   {
-    OpDef d = make("GridSample", 20, 2, 2,
-                   {{"align_corners", AttrKind::i}, {"mode", AttrKind::s}, {"padding_mode", AttrKind::s}},
-                   grid_sample_infer, grid_sample_kernel);
+    OpDef d =
+        make("GridSample", 20, 2, 2,
+             {{"align_corners", AttrKind::i}, {"mode", AttrKind::s}, {"padding_mode", AttrKind::s}},
+             grid_sample_infer, grid_sample_kernel);
     d.upgrade = grid_sample_upgrade;
     r.add(std::move(d));
   }
-  r.add(make("AffineGrid", 20, 2, 2, {{"align_corners", AttrKind::i}}, affine_grid_infer, affine_grid_kernel));
+  r.add(make("AffineGrid", 20, 2, 2, {{"align_corners", AttrKind::i}}, affine_grid_infer,
+             affine_grid_kernel));
   {
     OpDef d = make("RoiAlign", 16, 3, 3,
-                   {{"coordinate_transformation_mode", AttrKind::s}, {"mode", AttrKind::s},
-                    {"output_height", AttrKind::i}, {"output_width", AttrKind::i}, {"sampling_ratio", AttrKind::i},
+                   {{"coordinate_transformation_mode", AttrKind::s},
+                    {"mode", AttrKind::s},
+                    {"output_height", AttrKind::i},
+                    {"output_width", AttrKind::i},
+                    {"sampling_ratio", AttrKind::i},
                     {"spatial_scale", AttrKind::f}},
                    roi_align_infer, roi_align_kernel);
     d.upgrade = roi_align_upgrade;
     r.add(std::move(d));
   }
-  r.add(make("NonMaxSuppression", 10, 2, 5, {{"center_point_box", AttrKind::i}}, nms_infer, nms_kernel));
+  r.add(make("NonMaxSuppression", 10, 2, 5, {{"center_point_box", AttrKind::i}}, nms_infer,
+             nms_kernel));
   r.add(window_op("HannWindow", 0.5, 0.5, 0.0));
   r.add(window_op("HammingWindow", 25.0 / 46.0, 21.0 / 46.0, 0.0));
   r.add(window_op("BlackmanWindow", 0.42, 0.5, 0.08));
   {
-    OpDef d = make("DFT", 20, 1, 3, {{"inverse", AttrKind::i}, {"onesided", AttrKind::i}, {"axis", AttrKind::i}},
+    OpDef d = make("DFT", 20, 1, 3,
+                   {{"inverse", AttrKind::i}, {"onesided", AttrKind::i}, {"axis", AttrKind::i}},
                    dft_infer, dft_kernel);
     d.upgrade = dft_upgrade;
     r.add(std::move(d));
   }
   r.add(make("STFT", 17, 2, 4, {{"onesided", AttrKind::i}}, stft_infer, stft_kernel));
-  r.add(make("MelWeightMatrix", 17, 5, 5, {{"output_datatype", AttrKind::i}}, mel_infer, mel_kernel));
+  r.add(
+      make("MelWeightMatrix", 17, 5, 5, {{"output_datatype", AttrKind::i}}, mel_infer, mel_kernel));
 }
 
 }  // namespace tessel

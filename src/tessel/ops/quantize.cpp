@@ -12,27 +12,42 @@ namespace {
 
 bool is_int_quant(DType t) {
   switch (t) {
-    case DType::i4: case DType::u4: case DType::i8: case DType::u8:
-    case DType::i16: case DType::u16: case DType::i32: return true;
-    default: return false;
+    case DType::i4:
+    case DType::u4:
+    case DType::i8:
+    case DType::u8:
+    case DType::i16:
+    case DType::u16:
+    case DType::i32:
+      return true;
+    default:
+      return false;
   }
 }
 
 bool is_float_quant(DType t) {
-  return t == DType::f8e4m3fn || t == DType::f8e4m3fnuz || t == DType::f8e5m2 || t == DType::f8e5m2fnuz ||
-         t == DType::f4e2m1;
+  return t == DType::f8e4m3fn || t == DType::f8e4m3fnuz || t == DType::f8e5m2 ||
+         t == DType::f8e5m2fnuz || t == DType::f4e2m1;
 }
 
 std::pair<int64_t, int64_t> int_range(DType t) {
   switch (t) {
-    case DType::i4: return {-8, 7};
-    case DType::u4: return {0, 15};
-    case DType::i8: return {-128, 127};
-    case DType::u8: return {0, 255};
-    case DType::i16: return {-32768, 32767};
-    case DType::u16: return {0, 65535};
-    case DType::i32: return {INT32_MIN, INT32_MAX};
-    default: fail("{} is not a quantized integer type", dtype_name(t));
+    case DType::i4:
+      return {-8, 7};
+    case DType::u4:
+      return {0, 15};
+    case DType::i8:
+      return {-128, 127};
+    case DType::u8:
+      return {0, 255};
+    case DType::i16:
+      return {-32768, 32767};
+    case DType::u16:
+      return {0, 65535};
+    case DType::i32:
+      return {INT32_MIN, INT32_MAX};
+    default:
+      fail("{} is not a quantized integer type", dtype_name(t));
   }
 }
 
@@ -59,13 +74,14 @@ std::vector<int64_t> param_index(const Shape& x, const Shape& p, int64_t axis_at
   const int r = static_cast<int>(x.size());
   const int64_t pn = shape_numel(p);
   if (block > 0) {
-    if (p.size() != x.size()) fail("blocked {} must have the rank of the input ({}), got {}", what, r, p.size());
+    if (p.size() != x.size())
+      fail("blocked {} must have the rank of the input ({}), got {}", what, r, p.size());
     const int axis = normalize_axis(axis_attr, r);
     for (int d = 0; d < r; ++d) {
       if (d == axis) {
         if (p[d] < 1 || block * (p[d] - 1) >= x[d] || block * p[d] < x[d])
-          fail("{} has {} blocks on axis {} but the input dim {} with block_size {} needs {}", what, p[d], d, x[d],
-               block, (x[d] + block - 1) / block);
+          fail("{} has {} blocks on axis {} but the input dim {} with block_size {} needs {}", what,
+               p[d], d, x[d], block, (x[d] + block - 1) / block);
       } else if (p[d] != x[d]) {
         fail("blocked {} dim {} is {} but the input's is {}", what, d, p[d], x[d]);
       }
@@ -84,9 +100,12 @@ std::vector<int64_t> param_index(const Shape& x, const Shape& p, int64_t axis_at
     return idx;
   }
   if (pn == 1 && p.size() <= 1) return std::vector<int64_t>(n, 0);
-  if (p.size() != 1) fail("{} must be a scalar or 1-D (per axis) without block_size, got shape {}", what, shape_str(p));
+  if (p.size() != 1)
+    fail("{} must be a scalar or 1-D (per axis) without block_size, got shape {}", what,
+         shape_str(p));
   const int axis = normalize_axis(axis_attr, r);
-  if (p[0] != x[axis]) fail("per-axis {} has {} elements but input axis {} has {}", what, p[0], axis, x[axis]);
+  if (p[0] != x[axis])
+    fail("per-axis {} has {} elements but input axis {} has {}", what, p[0], axis, x[axis]);
   std::vector<int64_t> idx(n);
   const auto xs = strides_of(x);
   for (int64_t i = 0; i < n; ++i) idx[i] = (i / xs[axis]) % x[axis];
@@ -97,7 +116,8 @@ std::vector<int64_t> param_index(const Shape& x, const Shape& p, int64_t axis_at
 void store_quantized(Tensor& y, int64_t i, double v, double zp, bool saturate) {
   const DType t = y.dtype();
   if (is_float_quant(t)) {
-    y.bytes()[i] = static_cast<uint8_t>(encode_float_bits(t, v + zp, saturate || t == DType::f4e2m1));
+    y.bytes()[i] =
+        static_cast<uint8_t>(encode_float_bits(t, v + zp, saturate || t == DType::f4e2m1));
     return;
   }
   auto [lo, hi] = int_range(t);
@@ -122,10 +142,12 @@ DType quantize_out_dtype(const Node& n, const TensorType* zp) {
 
 void quantize_infer(InferCtx& c) {
   const auto& x = c.in(0);
-  if (!is_float(x.dtype) && x.dtype != DType::i32) fail("QuantizeLinear input must be float or int32");
+  if (!is_float(x.dtype) && x.dtype != DType::i32)
+    fail("QuantizeLinear input must be float or int32");
   if (!is_float(c.in(1).dtype)) fail("y_scale must be a float type");
   DType t = quantize_out_dtype(c.node(), c.has_in(2) ? &c.in(2) : nullptr);
-  if (!is_int_quant(t) && !is_float_quant(t)) unsupported("QuantizeLinear to {} is not supported", dtype_name(t));
+  if (!is_int_quant(t) && !is_float_quant(t))
+    unsupported("QuantizeLinear to {} is not supported", dtype_name(t));
   if (c.node().has_attr("precision")) onnx_dtype_attr(c.node().attr_i("precision"), "precision");
   c.set_out(0, {t, x.shape});
 }
@@ -139,11 +161,13 @@ void quantize_kernel(KernelCtx& c) {
   const DType t = quantize_out_dtype(n, zp ? &zpt : nullptr);
   const int64_t axis = n.attr_i("axis", 1), block = n.attr_i("block_size", 0);
   const bool saturate = n.attr_i("saturate", 1) != 0;
-  const DType prec = n.has_attr("precision") ? onnx_dtype_attr(n.attr_i("precision"), "precision") : s.dtype();
+  const DType prec =
+      n.has_attr("precision") ? onnx_dtype_attr(n.attr_i("precision"), "precision") : s.dtype();
   auto si = param_index(x.shape(), s.shape(), axis, block, "y_scale");
   std::vector<int64_t> zi;
   if (zp) {
-    if (zp->numel() != s.numel()) fail("y_zero_point has {} elements but y_scale has {}", zp->numel(), s.numel());
+    if (zp->numel() != s.numel())
+      fail("y_zero_point has {} elements but y_scale has {}", zp->numel(), s.numel());
     zi = param_index(x.shape(), zp->shape(), axis, block, "y_zero_point");
   }
   Tensor y(t, x.shape());
@@ -164,7 +188,8 @@ DType dequantize_out_dtype(const Node& n, DType scale) {
 
 void dequantize_infer(InferCtx& c) {
   const auto& x = c.in(0);
-  if (!is_int_quant(x.dtype) && !is_float_quant(x.dtype)) unsupported("DequantizeLinear of {} is not supported", dtype_name(x.dtype));
+  if (!is_int_quant(x.dtype) && !is_float_quant(x.dtype))
+    unsupported("DequantizeLinear of {} is not supported", dtype_name(x.dtype));
   if (c.has_in(2) && c.in(2).dtype != x.dtype) fail("x_zero_point must have the type of x");
   if (!is_float(c.in(1).dtype)) fail("x_scale must be a float type");
   DType t = dequantize_out_dtype(c.node(), c.in(1).dtype);
@@ -182,7 +207,8 @@ void dequantize_kernel(KernelCtx& c) {
   auto si = param_index(x.shape(), s.shape(), axis, block, "x_scale");
   std::vector<int64_t> zi;
   if (zp) {
-    if (zp->numel() != s.numel()) fail("x_zero_point has {} elements but x_scale has {}", zp->numel(), s.numel());
+    if (zp->numel() != s.numel())
+      fail("x_zero_point has {} elements but x_scale has {}", zp->numel(), s.numel());
     zi = param_index(x.shape(), zp->shape(), axis, block, "x_zero_point");
   }
   Tensor y(t, x.shape());
@@ -244,26 +270,32 @@ Shape matmul_shape(Shape a, Shape b) {
 double qparam(const Tensor& p, int64_t row_or_col, const char* what) {
   if (p.numel() == 1) return p.get_f(0);
   if (row_or_col < p.numel() && p.rank() == 1) return p.get_f(row_or_col);
-  unsupported("{} of shape {} is not supported (only per-tensor or per-row/column)", what, shape_str(p.shape()));
+  unsupported("{} of shape {} is not supported (only per-tensor or per-row/column)", what,
+              shape_str(p.shape()));
 }
 
 void qlinear_matmul_infer(InferCtx& c) {
   const auto& a = c.in(0);
   const auto& b = c.in(3);
-  if (c.in(2).dtype != a.dtype || c.in(5).dtype != b.dtype) fail("zero points must match their operands' types");
-  if (!is_int_quant(a.dtype) || !is_int_quant(b.dtype)) fail("QLinearMatMul operands must be 8-bit integers");
+  if (c.in(2).dtype != a.dtype || c.in(5).dtype != b.dtype)
+    fail("zero points must match their operands' types");
+  if (!is_int_quant(a.dtype) || !is_int_quant(b.dtype))
+    fail("QLinearMatMul operands must be 8-bit integers");
   c.set_out(0, {c.in(7).dtype, matmul_shape(a.shape, b.shape)});
 }
 
 void qlinear_matmul_kernel(KernelCtx& c) {
   Tensor a = c.in(0), b = c.in(3);
-  const Tensor &as = c.in(1), &az = c.in(2), &bs = c.in(4), &bz = c.in(5), &ys = c.in(6), &yz = c.in(7);
-  if (ys.numel() != 1 || yz.numel() != 1) unsupported("QLinearMatMul needs a per-tensor output scale");
+  const Tensor &as = c.in(1), &az = c.in(2), &bs = c.in(4), &bz = c.in(5), &ys = c.in(6),
+               &yz = c.in(7);
+  if (ys.numel() != 1 || yz.numel() != 1)
+    unsupported("QLinearMatMul needs a per-tensor output scale");
   Shape out = matmul_shape(a.shape(), b.shape());
   if (a.rank() == 1) a = a.reshaped({1, a.dim(0)});
   if (b.rank() == 1) b = b.reshaped({b.dim(0), 1});
   const int64_t M = a.dim(a.rank() - 2), K = a.dim(a.rank() - 1), N = b.dim(b.rank() - 1);
-  Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2), Shape(b.shape().begin(), b.shape().end() - 2));
+  Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
+                                 Shape(b.shape().begin(), b.shape().end() - 2));
   auto ai = broadcast_index(Shape(a.shape().begin(), a.shape().end() - 2), batch);
   auto bi = broadcast_index(Shape(b.shape().begin(), b.shape().end() - 2), batch);
   Tensor y(yz.dtype(), out);
@@ -279,7 +311,8 @@ void qlinear_matmul_kernel(KernelCtx& c) {
         const double bsc = qparam(bs, nn, "b_scale");
         int64_t acc = 0;
         for (int64_t k = 0; k < K; ++k)
-          acc += (a.get_i((ai[bt] * M + m) * K + k) - azp) * (b.get_i((bi[bt] * K + k) * N + nn) - bzp);
+          acc += (a.get_i((ai[bt] * M + m) * K + k) - azp) *
+                 (b.get_i((bi[bt] * K + k) * N + nn) - bzp);
         // The combined scale is formed in the scales' precision, the product in float32.
         const double mult = round_to(sdt, round_to(sdt, asc * bsc) / ysc);
         const double v = round_to(DType::f32, static_cast<double>(acc) * mult);
@@ -303,7 +336,8 @@ struct ConvGeom {
 
 ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w) {
   const int sp = static_cast<int>(x.size()) - 2;
-  if (sp < 1 || w.size() != x.size()) fail("QLinearConv input and weight must have the same rank >= 3");
+  if (sp < 1 || w.size() != x.size())
+    fail("QLinearConv input and weight must have the same rank >= 3");
   ConvGeom g;
   g.kernel = n.attr_ints("kernel_shape", Shape(w.begin() + 2, w.end()));
   g.strides = n.attr_ints("strides", std::vector<int64_t>(sp, 1));
@@ -313,10 +347,12 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w) {
       static_cast<int>(g.dilations.size()) != sp || static_cast<int>(pads.size()) != 2 * sp)
     fail("kernel_shape, strides, dilations and pads must match the {} spatial dims", sp);
   for (int d = 0; d < sp; ++d)
-    if (g.kernel[d] != w[d + 2]) fail("kernel_shape {} does not match the weight shape", shape_str(g.kernel));
+    if (g.kernel[d] != w[d + 2])
+      fail("kernel_shape {} does not match the weight shape", shape_str(g.kernel));
   const std::string ap = n.attr_s("auto_pad", "NOTSET");
   for (int d = 0; d < sp; ++d) {
-    if (g.strides[d] < 1 || g.dilations[d] < 1 || g.kernel[d] < 1) fail("strides, dilations and kernel must be positive");
+    if (g.strides[d] < 1 || g.dilations[d] < 1 || g.kernel[d] < 1)
+      fail("strides, dilations and kernel must be positive");
     const int64_t ek = (g.kernel[d] - 1) * g.dilations[d] + 1;
     int64_t pb = pads[d], pe = pads[d + sp];
     if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
@@ -341,7 +377,8 @@ ConvGeom conv_geometry(const Node& n, const Shape& x, const Shape& w) {
 void qlinear_conv_infer(InferCtx& c) {
   const auto& x = c.in(0);
   const auto& w = c.in(3);
-  if (!shape_known(x.shape) || !shape_known(w.shape)) unsupported("QLinearConv needs static shapes");
+  if (!shape_known(x.shape) || !shape_known(w.shape))
+    unsupported("QLinearConv needs static shapes");
   ConvGeom g = conv_geometry(c.node(), x.shape, w.shape);
   Shape s = {x.shape[0], w.shape[0]};
   s.insert(s.end(), g.out.begin(), g.out.end());
@@ -349,14 +386,16 @@ void qlinear_conv_infer(InferCtx& c) {
 }
 
 void qlinear_conv_kernel(KernelCtx& c) {
-  const Tensor &x = c.in(0), &xs = c.in(1), &xz = c.in(2), &w = c.in(3), &ws = c.in(4), &wz = c.in(5);
+  const Tensor &x = c.in(0), &xs = c.in(1), &xz = c.in(2), &w = c.in(3), &ws = c.in(4),
+               &wz = c.in(5);
   const Tensor &ys = c.in(6), &yz = c.in(7);
   const Tensor* bias = c.has_in(8) ? &c.in(8) : nullptr;
   ConvGeom g = conv_geometry(c.node(), x.shape(), w.shape());
   const int sp = x.rank() - 2;
   const int64_t group = c.node().attr_i("group", 1);
   const int64_t N = x.dim(0), C = x.dim(1), M = w.dim(0), CG = w.dim(1);
-  if (group < 1 || C != CG * group || M % group != 0) fail("channels {} / weight {}x{} do not fit group {}", C, M, CG, group);
+  if (group < 1 || C != CG * group || M % group != 0)
+    fail("channels {} / weight {}x{} do not fit group {}", C, M, CG, group);
   if (xs.numel() != 1 || xz.numel() != 1 || ys.numel() != 1 || yz.numel() != 1)
     fail("x and y scales and zero points must be per-tensor");
   if ((ws.numel() != 1 && ws.numel() != M) || (wz.numel() != 1 && wz.numel() != M))
@@ -375,7 +414,8 @@ void qlinear_conv_kernel(KernelCtx& c) {
     for (int64_t m = 0; m < M; ++m) {
       const int64_t gi = m / (M / group);
       const int64_t wzp = wz.get_i(wz.numel() == 1 ? 0 : m);
-      const double mult = round_to(sdt, round_to(sdt, xs.get_f(0) * ws.get_f(ws.numel() == 1 ? 0 : m)) / ys.get_f(0));
+      const double mult = round_to(
+          sdt, round_to(sdt, xs.get_f(0) * ws.get_f(ws.numel() == 1 ? 0 : m)) / ys.get_f(0));
       for (int64_t o = 0; o < out_sp; ++o) {
         int64_t t = o;
         for (int d = sp - 1; d >= 0; --d) {
@@ -412,8 +452,8 @@ void qlinear_conv_kernel(KernelCtx& c) {
   c.set_out(0, std::move(y));
 }
 
-OpDef make(std::string name, int since, int min_in, int max_in, std::vector<AttrSpec> attrs, InferFn inf,
-           KernelFn k, FusionKind fk = FusionKind::opaque) {
+OpDef make(std::string name, int since, int min_in, int max_in, std::vector<AttrSpec> attrs,
+           InferFn inf, KernelFn k, FusionKind fk = FusionKind::opaque) {
   OpDef d;
   d.name = std::move(name);
   d.since = since;
@@ -432,21 +472,30 @@ void register_quantize_ops(OpRegistry& r) {
   // Each opset of QuantizeLinear/DequantizeLinear (10, 13, 19, 21, 23, 25) only added types,
   // granularities and attributes with backward-compatible defaults, so opset 10 imports as is.
   r.add(make("QuantizeLinear", 10, 2, 3,
-             {{"axis", AttrKind::i}, {"block_size", AttrKind::i}, {"output_dtype", AttrKind::i},
-              {"precision", AttrKind::i}, {"saturate", AttrKind::i}},
+             {{"axis", AttrKind::i},
+              {"block_size", AttrKind::i},
+              {"output_dtype", AttrKind::i},
+              {"precision", AttrKind::i},
+              {"saturate", AttrKind::i}},
              quantize_infer, quantize_kernel, FusionKind::pointwise));
   r.add(make("DequantizeLinear", 10, 2, 3,
-             {{"axis", AttrKind::i}, {"block_size", AttrKind::i}, {"output_dtype", AttrKind::i}}, dequantize_infer,
-             dequantize_kernel, FusionKind::pointwise));
+             {{"axis", AttrKind::i}, {"block_size", AttrKind::i}, {"output_dtype", AttrKind::i}},
+             dequantize_infer, dequantize_kernel, FusionKind::pointwise));
   {
-    OpDef d = make("DynamicQuantizeLinear", 11, 1, 1, {}, dynamic_quantize_infer, dynamic_quantize_kernel);
+    OpDef d = make("DynamicQuantizeLinear", 11, 1, 1, {}, dynamic_quantize_infer,
+                   dynamic_quantize_kernel);
     d.min_outputs = d.max_outputs = 3;
     r.add(std::move(d));
   }
-  r.add(make("QLinearMatMul", 10, 8, 8, {}, qlinear_matmul_infer, qlinear_matmul_kernel, FusionKind::matmul));
+  r.add(make("QLinearMatMul", 10, 8, 8, {}, qlinear_matmul_infer, qlinear_matmul_kernel,
+             FusionKind::matmul));
   r.add(make("QLinearConv", 10, 8, 9,
-             {{"auto_pad", AttrKind::s}, {"dilations", AttrKind::ints}, {"group", AttrKind::i},
-              {"kernel_shape", AttrKind::ints}, {"pads", AttrKind::ints}, {"strides", AttrKind::ints}},
+             {{"auto_pad", AttrKind::s},
+              {"dilations", AttrKind::ints},
+              {"group", AttrKind::i},
+              {"kernel_shape", AttrKind::ints},
+              {"pads", AttrKind::ints},
+              {"strides", AttrKind::ints}},
              qlinear_conv_infer, qlinear_conv_kernel));
 }
 
