@@ -1257,6 +1257,23 @@ std::vector<Tap> resize_taps(const ResizeAttrs& a, int64_t x, double scale, int6
   return taps;
 }
 
+// Interpolated values for integer data truncate toward zero (as the ONNX reference and ONNX Runtime
+// do), clamped to the type's range so that cubic overshoot does not wrap around.
+int64_t to_int_saturated(double v, DType dt) {
+  int bits = dtype_bits(dt);
+  double lo = 0, hi = 0;
+  if (is_signed_int(dt)) {
+    lo = -std::ldexp(1.0, bits - 1);
+    hi = std::ldexp(1.0, bits - 1) - 1;
+  } else {
+    hi = std::ldexp(1.0, bits) - 1;
+  }
+  if (std::isnan(v)) return 0;
+  v = std::trunc(std::clamp(v, lo, hi));
+  if (v >= 9.2e18) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(v);
+}
+
 Tensor resize_run(const Tensor& x, const ResizeAttrs& a, const ResizePlan& p) {
   int r = x.rank();
   int64_t total = 1;
@@ -1315,7 +1332,7 @@ Tensor resize_run(const Tensor& x, const ResizeAttrs& a, const ResizePlan& p) {
         if (k < 0) break;
       }
     }
-    if (integral) y.set_i(i, static_cast<int64_t>(std::nearbyint(acc)));
+    if (integral) y.set_i(i, to_int_saturated(acc, x.dtype()));
     else y.set_f(i, acc);
     next_index(idx, p.out);
   }
