@@ -493,12 +493,80 @@ OpDef linear_attention_def() {
   return d;
 }
 
+// ---- FlexAttention (ai.onnx.preview) ------------------------------------------------------------
+
+// Plain scaled dot-product attention over 4-D inputs; the score_mod/prob_mod subgraphs are not
+// supported (the importer rejects graph attributes).
+OpDef flex_attention_def() {
+  OpDef d;
+  d.name = "FlexAttention";
+  d.domain = "ai.onnx.preview";
+  d.min_inputs = d.max_inputs = 3;
+  d.since = 1;
+  d.attrs = {{"scale", AttrKind::f}};
+  d.infer = [](InferCtx& c) {
+    const DType dt = c.in(0).dtype;
+    const Shape& q = c.in(0).shape;
+    const Shape& k = c.in(1).shape;
+    const Shape& v = c.in(2).shape;
+    if (!is_float(dt) || c.in(1).dtype != dt || c.in(2).dtype != dt)
+      fail("FlexAttention needs float Q, K, V of one dtype");
+    if (q.size() != 4 || k.size() != 4 || v.size() != 4) fail("FlexAttention inputs must be 4-D");
+    if (q[1] != kUnknownDim && k[1] != kUnknownDim && (k[1] <= 0 || q[1] % k[1] != 0))
+      fail("FlexAttention q heads {} must be a multiple of kv heads {}", q[1], k[1]);
+    c.set_out(0, {dt, {q[0], q[1], q[2], v[3]}});
+  };
+  d.kernel = [](KernelCtx& c) {
+    const Tensor& q = c.in(0);
+    const Tensor& k = c.in(1);
+    const Tensor& v = c.in(2);
+    if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) fail("FlexAttention inputs must be 4-D");
+    const int64_t B = q.dim(0), HQ = q.dim(1), S = q.dim(2), D = q.dim(3);
+    const int64_t HKV = k.dim(1), T = k.dim(2), DV = v.dim(3);
+    if (k.dim(0) != B || v.dim(0) != B || v.dim(1) != HKV || v.dim(2) != T || k.dim(3) != D ||
+        HKV <= 0 || HQ % HKV != 0)
+      fail("FlexAttention Q {} K {} V {} do not match", shape_str(q.shape()), shape_str(k.shape()),
+           shape_str(v.shape()));
+    const int64_t G = HQ / HKV;
+    const double scale = c.node().has_attr("scale") ? c.node().attr_f("scale")
+                                                    : 1.0 / std::sqrt(static_cast<double>(D));
+    const std::vector<double> qv = q.to_f64(), kv = k.to_f64(), vv = v.to_f64();
+    std::vector<double> y(static_cast<size_t>(B * HQ * S * DV)), p(static_cast<size_t>(T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < HQ; ++h) {
+        const double* kb = kv.data() + (b * HKV + h / G) * T * D;
+        const double* vb = vv.data() + (b * HKV + h / G) * T * DV;
+        for (int64_t i = 0; i < S; ++i) {
+          const double* qr = qv.data() + ((b * HQ + h) * S + i) * D;
+          double mx = -INFINITY;
+          for (int64_t j = 0; j < T; ++j) {
+            double s = 0;
+            for (int64_t x = 0; x < D; ++x) s += qr[x] * kb[j * D + x];
+            p[j] = s * scale;
+            mx = std::max(mx, p[j]);
+          }
+          double sum = 0;
+          for (double& e : p) {
+            e = std::exp(e - mx);
+            sum += e;
+          }
+          double* yo = y.data() + ((b * HQ + h) * S + i) * DV;
+          for (int64_t j = 0; j < T; ++j)
+            for (int64_t x = 0; x < DV; ++x) yo[x] += p[j] / sum * vb[j * DV + x];
+        }
+      }
+    c.set_out(0, Tensor::from_f64(q.dtype(), {B, HQ, S, DV}, y));
+  };
+  return d;
+}
+
 }  // namespace
 
 void register_attention_ops(OpRegistry& r) {
   r.add(attention_def());
   r.add(rotary_embedding_def());
   r.add(linear_attention_def());
+  r.add(flex_attention_def());
 }
 
 }  // namespace tessel
