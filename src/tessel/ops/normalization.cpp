@@ -158,9 +158,9 @@ OpDef last_axes_norm(std::string name, int since, bool rms) {
 // ---- InstanceNormalization / GroupNormalization ----------------------------------------------
 
 // Normalizes X [N, C, ...] over groups of `C / groups` channels and all spatial positions, then
-// applies a per-channel (or, for GroupNormalization-18, per-group) scale and bias.
+// applies a per-channel scale and bias.
 Tensor group_norm(const Tensor& x, int64_t groups, const std::vector<double>& sc,
-                  const std::vector<double>& bias, bool per_group, double eps) {
+                  const std::vector<double>& bias, double eps) {
   const int64_t n = x.dim(0), ch = x.dim(1);
   if (groups <= 0 || ch % groups != 0) fail("{} channels do not split into {} groups", ch, groups);
   int64_t spatial = 1;
@@ -178,7 +178,7 @@ Tensor group_norm(const Tensor& x, int64_t groups, const std::vector<double>& sc
       var /= static_cast<double>(block);
       const double is = 1.0 / std::sqrt(var + eps);
       for (int64_t j = 0; j < block; ++j) {
-        int64_t k = per_group ? g : g * cpg + j / spatial;
+        const int64_t k = g * cpg + j / spatial;
         y[base + j] = (v[base + j] - m) * is * sc[k] + bias[k];
       }
     }
@@ -208,9 +208,37 @@ OpDef instance_norm() {
     const Tensor& x = c.in(0);
     const int64_t ch = x.dim(1);
     c.set_out(0, group_norm(x, ch, per_channel(c.in(1), ch, "scale"), per_channel(c.in(2), ch, "B"),
-                            false, c.node().attr_f("epsilon", 1e-5)));
+                            c.node().attr_f("epsilon", 1e-5)));
   };
   return d;
+}
+
+// GroupNormalization-18 takes scale and bias per group; 21 takes them per channel. The channel
+// count must be static to rewrite: either it equals num_groups (the forms agree), or scale and
+// bias are constants that can be repeated per channel.
+void upgrade_group_norm_18(Graph& g, Node& n, int) {
+  if (!n.has_input(0) || !n.has_input(1) || !n.has_input(2)) fail("needs 3 inputs");
+  const Value* x = n.inputs[0];
+  const int64_t groups = n.attr_i("num_groups");
+  const Shape& xs = x->type.shape;
+  if (x->producer || xs.size() < 2 || xs[1] < 0)
+    unsupported("GroupNormalization-18 needs a statically known channel count");
+  const int64_t ch = xs[1];
+  if (ch == groups) return;
+  if (groups <= 0 || ch % groups != 0) fail("{} channels do not split into {} groups", ch, groups);
+  for (int i = 1; i <= 2; ++i) {
+    const Value* v = n.inputs[i];
+    if (!v->constant)
+      unsupported("GroupNormalization-18 with a non-constant per-group scale or bias");
+    const Tensor& t = *v->constant;
+    if (t.rank() != 1 || t.dim(0) != groups)
+      fail("input {} must have shape [{}], got {}", i, groups, shape_str(t.shape()));
+    const std::vector<double> per_group = t.to_f64();
+    std::vector<double> per_chan(ch);
+    for (int64_t c = 0; c < ch; ++c) per_chan[c] = per_group[c / (ch / groups)];
+    n.inputs[i] = g.add_constant(g.unique_name(v->name + "_per_channel"),
+                                 Tensor::from_f64(t.dtype(), {ch}, per_chan));
+  }
 }
 
 OpDef group_norm_op() {
@@ -219,32 +247,26 @@ OpDef group_norm_op() {
   d.cost = input_cost(7);
   d.min_inputs = d.max_inputs = 3;
   d.since = 21;
-  // per_group_scale is set only by the upgrade: opset 18 takes scale and bias per group.
-  d.attrs = {{"epsilon", AttrKind::f},
-             {"num_groups", AttrKind::i, true},
-             {"stash_type", AttrKind::i},
-             {"per_group_scale", AttrKind::i}};
-  d.upgrade = [](Graph&, Node& n, int) { n.attrs["per_group_scale"] = int64_t{1}; };
+  d.attrs = {
+      {"epsilon", AttrKind::f}, {"num_groups", AttrKind::i, true}, {"stash_type", AttrKind::i}};
+  d.upgrade = upgrade_group_norm_18;
   d.infer = [](InferCtx& ctx) {
     infer_nc(ctx);
     const Node& n = ctx.node();
     stash_dtype(n.attr_i("stash_type", 1));
     int64_t g = n.attr_i("num_groups");
-    bool pg = n.attr_i("per_group_scale", 0) != 0;
     int64_t ch = ctx.in(0).shape[1];
     if (g <= 0 || (ch >= 0 && ch % g != 0)) fail("{} channels do not split into {} groups", ch, g);
-    check_per_channel(ctx, 1, pg ? g : ch, "scale");
-    check_per_channel(ctx, 2, pg ? g : ch, "bias");
+    check_per_channel(ctx, 1, ch, "scale");
+    check_per_channel(ctx, 2, ch, "bias");
     ctx.set_out(0, ctx.in(0));
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
     const Node& n = c.node();
-    int64_t g = n.attr_i("num_groups");
-    bool pg = n.attr_i("per_group_scale", 0) != 0;
-    int64_t k = pg ? g : x.dim(1);
-    c.set_out(0, group_norm(x, g, per_channel(c.in(1), k, "scale"), per_channel(c.in(2), k, "bias"),
-                            pg, n.attr_f("epsilon", 1e-5)));
+    const int64_t ch = x.dim(1);
+    c.set_out(0, group_norm(x, n.attr_i("num_groups"), per_channel(c.in(1), ch, "scale"),
+                            per_channel(c.in(2), ch, "bias"), n.attr_f("epsilon", 1e-5)));
   };
   return d;
 }

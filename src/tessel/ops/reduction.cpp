@@ -414,33 +414,64 @@ OpDef arg_op(std::string name, bool is_max) {
 
 enum class SM { softmax, log_softmax, hardmax };
 
-// Splits a shape into outer x len x inner around `axis`; with coerce_2d (opsets < 13) everything
-// from axis on is one flattened row.
-void split_at(const Shape& s, int axis, bool coerce_2d, int64_t& outer, int64_t& len,
-              int64_t& inner) {
+// Splits a shape into outer x len x inner around `axis`.
+void split_at(const Shape& s, int axis, int64_t& outer, int64_t& len, int64_t& inner) {
   outer = 1;
-  len = 1;
+  len = s[axis];
   inner = 1;
   for (int d = 0; d < axis; ++d) outer *= s[d];
-  if (coerce_2d) {
-    for (size_t d = axis; d < s.size(); ++d) len *= s[d];
-  } else {
-    len = s[axis];
-    for (size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
+  for (size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
+}
+
+// Opsets < 13 normalize the input flattened to 2-D at `axis` (default 1). That is the opset-13
+// op along the last axis when every dim after `axis` is 1, which is checked when the input's
+// shape is already known (graph inputs, constants); otherwise the node becomes
+// Flatten -> op(axis=-1) -> Reshape(Shape(x)), ending in an Identity that keeps this node's
+// output value (the importer maps the ONNX output name to it).
+void upgrade_softmax_2d(Graph& g, Node& n, int) {
+  const int64_t axis = n.attr_i("axis", 1);
+  n.attrs["axis"] = axis;
+  if (!n.has_input(0)) fail("missing input 0");
+  Value* x = n.inputs[0];
+  if (!x->producer) {
+    const Shape& s = x->type.shape;
+    const int a = normalize_axis(axis, static_cast<int>(s.size()));
+    bool trailing_ones = true;
+    for (size_t d = a + 1; d < s.size(); ++d) trailing_ones = trailing_ones && s[d] == 1;
+    if (trailing_ones) return;
   }
+  const OpRegistry& reg = OpRegistry::get();
+  const OpDef* flatten = reg.find("Flatten");
+  const OpDef* shape = reg.find("Shape");
+  const OpDef* reshape = reg.find("Reshape");
+  const OpDef* identity = reg.find("Identity");
+  if (!flatten || !shape || !reshape || !identity)
+    unsupported("{} before opset 13 needs Flatten, Shape, Reshape and Identity", n.op_name());
+  const std::string base = n.name.empty() ? n.op_name() : n.name;
+  Node* shp = g.add_node(shape, base + "_shape", {x}, {g.unique_name(base + "_shape")});
+  Node* flat = g.add_node(flatten, base + "_flatten", {x}, {g.unique_name(base + "_flat")},
+                          {{"axis", axis}});
+  Node* op = g.add_node(n.op, base + "_2d", {flat->outputs[0]}, {g.unique_name(base + "_2d")},
+                        {{"axis", int64_t{-1}}});
+  Node* back = g.add_node(reshape, base + "_reshape", {op->outputs[0], shp->outputs[0]},
+                          {g.unique_name(base + "_restored")}, {{"allowzero", int64_t{1}}});
+  n.op = identity;
+  n.inputs = {back->outputs[0]};
+  n.attrs.clear();
+  // The new nodes were appended after `n`; move `n` behind them to keep topological order.
+  auto& nodes = g.mutable_nodes();
+  auto it = std::find_if(nodes.begin(), nodes.end(), [&](const auto& p) { return p.get() == &n; });
+  if (it == nodes.end()) fail("upgrade: node not in its graph");
+  std::rotate(it, it + 1, nodes.end());
 }
 
 OpDef softmax_op(std::string name, SM kind) {
   OpDef d;
   d.name = std::move(name);
   d.since = 13;
-  // coerce_2d is set only by the upgrade: opsets < 13 flatten the input to 2-D at `axis`.
-  d.attrs = {{"axis", AttrKind::i}, {"coerce_2d", AttrKind::i}};
+  d.attrs = {{"axis", AttrKind::i}};
   d.cost = input_cost(kind == SM::hardmax ? 2 : 5);  // max, subtract, exp, sum, divide
-  d.upgrade = [](Graph&, Node& n, int) {
-    n.attrs["axis"] = n.attr_i("axis", 1);  // the old default was 1, the new one -1
-    n.attrs["coerce_2d"] = int64_t{1};
-  };
+  d.upgrade = upgrade_softmax_2d;
   d.infer = [](InferCtx& ctx) {
     const TensorType& x = ctx.in(0);
     if (!is_float(x.dtype)) fail("needs a float input, got {}", dtype_name(x.dtype));
@@ -453,7 +484,7 @@ OpDef softmax_op(std::string name, SM kind) {
     const Tensor& x = c.in(0);
     int axis = normalize_axis(c.node().attr_i("axis", -1), x.rank());
     int64_t outer, len, inner;
-    split_at(x.shape(), axis, c.node().attr_i("coerce_2d", 0) != 0, outer, len, inner);
+    split_at(x.shape(), axis, outer, len, inner);
     std::vector<double> v = x.to_f64();
     std::vector<double> y(v.size());
     for (int64_t o = 0; o < outer; ++o)
@@ -509,7 +540,7 @@ OpDef cum_op(std::string name, int since, bool prod) {
     bool excl = c.node().attr_i("exclusive", 0) != 0;
     bool rev = c.node().attr_i("reverse", 0) != 0;
     int64_t outer, len, inner;
-    split_at(x.shape(), axis, false, outer, len, inner);
+    split_at(x.shape(), axis, outer, len, inner);
     auto run = [&](auto& v, auto ident, auto op) {
       using T = std::decay_t<decltype(ident)>;
       std::vector<T> y(v.size());
@@ -588,7 +619,7 @@ OpDef topk_op() {
     bool largest = c.node().attr_i("largest", 1) != 0;
     int64_t k = scalar_int(c.in(1), "k");
     int64_t outer, len, inner;
-    split_at(x.shape(), axis, false, outer, len, inner);
+    split_at(x.shape(), axis, outer, len, inner);
     if (k < 0 || k > len) fail("k = {} is out of range for axis size {}", k, len);
     Shape s = x.shape();
     s[axis] = k;
@@ -735,7 +766,7 @@ OpDef sce_op() {
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
     int64_t outer, len, inner;
-    split_at(x.shape(), 1, false, outer, len, inner);
+    split_at(x.shape(), 1, outer, len, inner);
     std::vector<double> v = x.to_f64();
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t in = 0; in < inner; ++in) {
