@@ -219,3 +219,25 @@ TEST(Elementwise, SeededTrainingDropoutIsReproducible) {
   EXPECT_TRUE(a[0].same_as(b[0]));
   for (int64_t i = 0; i < 64; ++i) EXPECT_DOUBLE_EQ(a[0].get_f(i), a[1].get_i(i) ? 2.0 : 0.0);
 }
+
+TEST(Elementwise, LegacyAxisBroadcast) {
+  // Add-6 with broadcast=1, axis=1: B [3] lines up with A's dim 1, not its last dim.
+  Graph g;
+  Value* a = g.add_input("a", TensorType{DType::f32, {2, 3, 2}});
+  Value* b = g.add_constant("b", f32({3}, {10, 20, 30}));
+  const OpDef* add = OpRegistry::get().find("Add");
+  Node* n = g.add_node(add, "n", {a, b}, {"y"}, {{"broadcast", int64_t{1}}, {"axis", int64_t{1}}});
+  g.outputs.push_back(n->outputs[0]);
+  add->upgrade(g, *n, 6);
+  EXPECT_FALSE(n->has_attr("axis"));
+  infer_graph(g);
+  auto y = run_eager(g, {f32({2, 3, 2}, std::vector<double>(12, 1.0))});
+  expect_f(y[0], {11, 11, 21, 21, 31, 31, 11, 11, 21, 21, 31, 31});
+
+  // From opset 7 on, the legacy attributes are an error rather than silently ignored.
+  Graph g2;
+  Value* a2 = g2.add_input("a", TensorType{DType::f32, {2}});
+  g2.add_node(OpRegistry::get().find("Relu"), "r", {a2}, {"y"},
+              {{"consumed_inputs", std::vector<int64_t>{0}}});
+  EXPECT_THROW(infer_graph(g2), Error);
+}

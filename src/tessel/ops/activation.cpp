@@ -50,6 +50,7 @@ OpDef plain(std::string name, int since, double (*f)(double), UnaryI fi = nullpt
 }
 
 Tensor prelu_kernel(const Tensor& x, const Tensor& slope) {
+  if (is_unsigned_int(x.dtype())) return x;  // never negative (and get_i would misread u64)
   Tensor y(x.dtype(), x.shape());
   const int64_t n = x.numel();
   std::vector<int64_t> idx;
@@ -77,51 +78,70 @@ Tensor prelu_kernel(const Tensor& x, const Tensor& slope) {
   return y;
 }
 
+// Ops whose opset-1 form carried `consumed_inputs`, an in-place hint that never changed results.
+constexpr std::string_view kConsumedInputsOps[] = {"Relu", "Tanh", "Sigmoid",     "LeakyRelu",
+                                                   "Elu",  "Selu", "HardSigmoid", "PRelu"};
+
+// Registers `d`, with the upgrade from its opset-1 form where it has one.
+void add(OpRegistry& r, OpDef d) {
+  if (std::find(std::begin(kConsumedInputsOps), std::end(kConsumedInputsOps), d.name) !=
+      std::end(kConsumedInputsOps)) {
+    d.attrs.push_back({"consumed_inputs", AttrKind::ints});
+    d.upgrade = [](Graph&, Node& n, int) { n.attrs.erase("consumed_inputs"); };
+    d.infer = [inner = std::move(d.infer)](InferCtx& ctx) {
+      if (ctx.node().has_attr("consumed_inputs"))
+        fail("attribute 'consumed_inputs' only exists before opset 6");
+      inner(ctx);
+    };
+  }
+  r.add(std::move(d));
+}
+
 }  // namespace
 
 void register_activation_ops(OpRegistry& r) {
   using A = AttrSpec;
   const auto F = AttrKind::f;
-  r.add(plain(
-      "Relu", 6, [](double x) { return x > 0 ? x : (std::isnan(x) ? x : 0.0); },
-      [](int64_t x) -> int64_t { return x > 0 ? x : 0; }));
-  r.add(plain("Tanh", 6, [](double x) { return std::tanh(x); }));
-  r.add(plain("Sigmoid", 6, sigmoid));
-  r.add(plain("Softplus", 1, softplus));
-  r.add(plain("Softsign", 1, [](double x) { return x / (1.0 + std::fabs(x)); }));
-  r.add(plain("HardSwish", 14,
-              [](double x) { return x * std::max(0.0, std::min(1.0, x / 6.0 + 0.5)); }));
-  r.add(plain("Mish", 18, [](double x) { return x * std::tanh(softplus(x)); }));
-  r.add(activation("LeakyRelu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
-    double a = n.attr_f("alpha", 0.01);
-    return [a](double x) { return x < 0 ? a * x : x; };
-  }));
-  r.add(activation("Elu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
-    double a = n.attr_f("alpha", 1.0);
-    return [a](double x) { return x < 0 ? a * std::expm1(x) : x; };
-  }));
-  r.add(activation("Selu", 6, {A{"alpha", F}, A{"gamma", F}}, [](const Node& n) -> UnaryF {
-    double a = n.attr_f("alpha", 1.67326319217681884765625);
-    double g = n.attr_f("gamma", 1.05070102214813232421875);
-    return [a, g](double x) { return x > 0 ? g * x : g * a * std::expm1(x); };
-  }));
-  r.add(activation("Celu", 12, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
-    double a = n.attr_f("alpha", 1.0);
-    if (a == 0) fail("Celu alpha must be non-zero");
-    return [a](double x) { return std::max(0.0, x) + std::min(0.0, a * std::expm1(x / a)); };
-  }));
-  r.add(activation("HardSigmoid", 6, {A{"alpha", F}, A{"beta", F}}, [](const Node& n) -> UnaryF {
-    double a = n.attr_f("alpha", 0.2), b = n.attr_f("beta", 0.5);
-    return [a, b](double x) { return std::max(0.0, std::min(1.0, a * x + b)); };
-  }));
-  r.add(activation("ThresholdedRelu", 10, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
-    double a = n.attr_f("alpha", 1.0);
-    return [a](double x) { return x > a ? x : 0.0; };
-  }));
-  r.add(activation("Swish", 24, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
-    double a = n.attr_f("alpha", 1.0);
-    return [a](double x) { return x * sigmoid(a * x); };
-  }));
+  add(r, plain(
+             "Relu", 6, [](double x) { return x > 0 ? x : (std::isnan(x) ? x : 0.0); },
+             [](int64_t x) -> int64_t { return x > 0 ? x : 0; }));
+  add(r, plain("Tanh", 6, [](double x) { return std::tanh(x); }));
+  add(r, plain("Sigmoid", 6, sigmoid));
+  add(r, plain("Softplus", 1, softplus));
+  add(r, plain("Softsign", 1, [](double x) { return x / (1.0 + std::fabs(x)); }));
+  add(r, plain("HardSwish", 14,
+               [](double x) { return x * std::max(0.0, std::min(1.0, x / 6.0 + 0.5)); }));
+  add(r, plain("Mish", 18, [](double x) { return x * std::tanh(softplus(x)); }));
+  add(r, activation("LeakyRelu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+        double a = n.attr_f("alpha", 0.01);
+        return [a](double x) { return x < 0 ? a * x : x; };
+      }));
+  add(r, activation("Elu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+        double a = n.attr_f("alpha", 1.0);
+        return [a](double x) { return x < 0 ? a * std::expm1(x) : x; };
+      }));
+  add(r, activation("Selu", 6, {A{"alpha", F}, A{"gamma", F}}, [](const Node& n) -> UnaryF {
+        double a = n.attr_f("alpha", 1.67326319217681884765625);
+        double g = n.attr_f("gamma", 1.05070102214813232421875);
+        return [a, g](double x) { return x > 0 ? g * x : g * a * std::expm1(x); };
+      }));
+  add(r, activation("Celu", 12, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+        double a = n.attr_f("alpha", 1.0);
+        if (a == 0) fail("Celu alpha must be non-zero");
+        return [a](double x) { return std::max(0.0, x) + std::min(0.0, a * std::expm1(x / a)); };
+      }));
+  add(r, activation("HardSigmoid", 6, {A{"alpha", F}, A{"beta", F}}, [](const Node& n) -> UnaryF {
+        double a = n.attr_f("alpha", 0.2), b = n.attr_f("beta", 0.5);
+        return [a, b](double x) { return std::max(0.0, std::min(1.0, a * x + b)); };
+      }));
+  add(r, activation("ThresholdedRelu", 10, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+        double a = n.attr_f("alpha", 1.0);
+        return [a](double x) { return x > a ? x : 0.0; };
+      }));
+  add(r, activation("Swish", 24, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+        double a = n.attr_f("alpha", 1.0);
+        return [a](double x) { return x * sigmoid(a * x); };
+      }));
   {
     OpDef d = activation("Gelu", 20, {A{"approximate", AttrKind::s}}, [](const Node& n) -> UnaryF {
       std::string mode = n.attr_s("approximate", "none");
@@ -133,7 +153,7 @@ void register_activation_ops(OpRegistry& r) {
       if (mode != "none") fail("Gelu approximate must be 'none' or 'tanh', got '{}'", mode);
       return [](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); };
     });
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
   {
     // Shrink is defined for every numeric type; integers go through double (exact below 2^53).
@@ -157,7 +177,7 @@ void register_activation_ops(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
   {
     OpDef d;
@@ -189,7 +209,7 @@ void register_activation_ops(OpRegistry& r) {
              shape_str(c.in(0).shape()));
       c.set_out(0, prelu_kernel(c.in(0), c.in(1)));
     };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
 }
 

@@ -249,59 +249,129 @@ Tensor map_by_class(const Tensor& x, const UnaryF& f, const UnaryI& s,
   return x;
 }
 
+// ---- legacy opsets --------------------------------------------------------------------------
+
+// Ops whose opset-1 form carried `consumed_inputs`, an in-place hint that never changed results.
+constexpr std::string_view kConsumedInputsOps[] = {
+    "Abs", "Neg", "Reciprocal", "Sqrt", "Exp", "Log", "Ceil", "Floor", "Max", "Min", "Sum", "Mean"};
+// Ops whose forms before opset 7 broadcast only when asked (`broadcast`), aligning B with A at
+// `axis`; Add/Sub/Mul/Div also had `consumed_inputs` in opset 1.
+constexpr std::string_view kLegacyBroadcastOps[] = {"Add",  "Sub",     "Mul", "Div", "Pow", "Equal",
+                                                    "Less", "Greater", "And", "Or",  "Xor"};
+
+template <size_t N>
+bool listed(const std::string_view (&names)[N], const std::string& name) {
+  return std::find(std::begin(names), std::end(names), name) != std::end(names);
+}
+
+void upgrade_legacy_broadcast(Graph& g, Node& n, int /*opset*/) {
+  n.attrs.erase("consumed_inputs");
+  const bool bcast = n.attr_i("broadcast", 0) != 0;
+  const bool has_axis = n.has_attr("axis");
+  const int64_t axis = n.attr_i("axis", 0);
+  n.attrs.erase("broadcast");
+  n.attrs.erase("axis");
+  // Equal shapes, or B matched against A's trailing dims: numpy broadcasting does the same.
+  if (!bcast || !has_axis || n.inputs.size() < 2 || !n.inputs[0] || !n.inputs[1]) return;
+  // B lines up with A from `axis` on: trailing ones on B make numpy align it the same way. That
+  // needs A's rank now (before inference) and B as a constant to reshape.
+  const Value* a = n.inputs[0];
+  const Value* b = n.inputs[1];
+  if (b->constant && b->constant->numel() == 1) return;  // a one-element B broadcasts anywhere
+  if (!(a->is_input || a->constant) || !b->constant)
+    unsupported("legacy broadcast with axis={} needs a graph-input or constant A and a constant B",
+                axis);
+  const int ra = static_cast<int>(a->type.shape.size());
+  const int rb = static_cast<int>(b->type.shape.size());
+  const int64_t ax = axis < 0 ? axis + ra : axis;
+  if (ax < 0 || ax + rb > ra)
+    fail("broadcast axis {} does not fit B {} into A {}", axis, shape_str(b->type.shape),
+         shape_str(a->type.shape));
+  Shape s = b->type.shape;
+  s.resize(static_cast<size_t>(ra - ax), 1);
+  n.inputs[1] = g.add_constant(g.unique_name(b->name + "_aligned"), b->constant->reshaped(s));
+}
+
+// Rejects an attribute that only legacy opsets define (the upgrade removes it from those).
+InferFn reject_legacy_attrs(InferFn inner, std::vector<std::string> names) {
+  return [inner = std::move(inner), names = std::move(names)](InferCtx& ctx) {
+    for (const auto& a : names)
+      if (ctx.node().has_attr(a))
+        fail("attribute '{}' only exists before opset {}", a, ctx.node().op->since);
+    inner(ctx);
+  };
+}
+
+// Registers `d`, adding the upgrade from its legacy forms where it has one.
+void add(OpRegistry& r, OpDef d) {
+  if (listed(kConsumedInputsOps, d.name)) {
+    d.attrs.push_back({"consumed_inputs", AttrKind::ints});
+    d.upgrade = [](Graph&, Node& n, int) { n.attrs.erase("consumed_inputs"); };
+    d.infer = reject_legacy_attrs(std::move(d.infer), {"consumed_inputs"});
+  } else if (listed(kLegacyBroadcastOps, d.name)) {
+    d.attrs.push_back({"broadcast", AttrKind::i});
+    d.attrs.push_back({"axis", AttrKind::i});
+    d.attrs.push_back({"consumed_inputs", AttrKind::ints});
+    d.upgrade = upgrade_legacy_broadcast;
+    d.infer = reject_legacy_attrs(std::move(d.infer), {"broadcast", "axis", "consumed_inputs"});
+  }
+  r.add(std::move(d));
+}
+
 void register_unary(OpRegistry& r) {
-  r.add(unary("Abs", 6, Types::numeric, [](const Tensor& x) {
-    auto f = [](double v) { return std::fabs(v); };
-    auto s = [](int64_t v) { return v < 0 ? wrap_sub(0, v) : v; };  // |INT_MIN| wraps, as in C
-    return map_by_class(x, f, s, [](uint64_t v) { return v; });
-  }));
-  r.add(unary("Neg", 6, Types::signed_or_float, [](const Tensor& x) {
-    return map_unary(
-        x, [](double v) { return -v; }, [](int64_t v) { return wrap_sub(0, v); });
-  }));
-  r.add(unary("Sign", 9, Types::numeric, [](const Tensor& x) {
-    auto f = [](double v) { return std::isnan(v) || v == 0 ? v : v > 0 ? 1.0 : -1.0; };
-    auto s = [](int64_t v) -> int64_t { return (v > 0) - (v < 0); };
-    return map_by_class(x, f, s, [](uint64_t v) -> uint64_t { return v != 0; });
-  }));
-  r.add(unary_f("Reciprocal", 6, [](double v) { return 1.0 / v; }));
-  r.add(unary_f("Sqrt", 6, [](double v) { return std::sqrt(v); }));
-  r.add(unary_f("Exp", 6, [](double v) { return std::exp(v); }));
-  r.add(unary_f("Log", 6, [](double v) { return std::log(v); }));
-  r.add(unary_f("Ceil", 6, [](double v) { return std::ceil(v); }));
-  r.add(unary_f("Floor", 6, [](double v) { return std::floor(v); }));
+  add(r, unary("Abs", 6, Types::numeric, [](const Tensor& x) {
+        auto f = [](double v) { return std::fabs(v); };
+        auto s = [](int64_t v) { return v < 0 ? wrap_sub(0, v) : v; };  // |INT_MIN| wraps, as in C
+        return map_by_class(x, f, s, [](uint64_t v) { return v; });
+      }));
+  add(r, unary("Neg", 6, Types::signed_or_float, [](const Tensor& x) {
+        return map_unary(
+            x, [](double v) { return -v; }, [](int64_t v) { return wrap_sub(0, v); });
+      }));
+  add(r, unary("Sign", 9, Types::numeric, [](const Tensor& x) {
+        auto f = [](double v) { return std::isnan(v) || v == 0 ? v : v > 0 ? 1.0 : -1.0; };
+        auto s = [](int64_t v) -> int64_t { return (v > 0) - (v < 0); };
+        return map_by_class(x, f, s, [](uint64_t v) -> uint64_t { return v != 0; });
+      }));
+  add(r, unary_f("Reciprocal", 6, [](double v) { return 1.0 / v; }));
+  add(r, unary_f("Sqrt", 6, [](double v) { return std::sqrt(v); }));
+  add(r, unary_f("Exp", 6, [](double v) { return std::exp(v); }));
+  add(r, unary_f("Log", 6, [](double v) { return std::log(v); }));
+  add(r, unary_f("Ceil", 6, [](double v) { return std::ceil(v); }));
+  add(r, unary_f("Floor", 6, [](double v) { return std::floor(v); }));
   // nearbyint in the default rounding mode rounds halfway cases to even, as ONNX Round asks.
-  r.add(unary_f("Round", 11, [](double v) { return std::nearbyint(v); }));
-  r.add(unary_f("Sin", 7, [](double v) { return std::sin(v); }));
-  r.add(unary_f("Cos", 7, [](double v) { return std::cos(v); }));
-  r.add(unary_f("Tan", 7, [](double v) { return std::tan(v); }));
-  r.add(unary_f("Asin", 7, [](double v) { return std::asin(v); }));
-  r.add(unary_f("Acos", 7, [](double v) { return std::acos(v); }));
-  r.add(unary_f("Atan", 7, [](double v) { return std::atan(v); }));
-  r.add(unary_f("Sinh", 9, [](double v) { return std::sinh(v); }));
-  r.add(unary_f("Cosh", 9, [](double v) { return std::cosh(v); }));
-  r.add(unary_f("Asinh", 9, [](double v) { return std::asinh(v); }));
-  r.add(unary_f("Acosh", 9, [](double v) { return std::acosh(v); }));
-  r.add(unary_f("Atanh", 9, [](double v) { return std::atanh(v); }));
-  r.add(unary_f("Erf", 9, [](double v) { return std::erf(v); }));
-  r.add(unary("Not", 1, Types::boolean, [](const Tensor& x) {
-    Tensor y(DType::boolean, x.shape());
-    for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = x.bytes()[i] ? 0 : 1;
-    return y;
-  }));
-  r.add(unary("BitwiseNot", 18, Types::ints, [](const Tensor& x) {
-    Tensor y(x.dtype(), x.shape());
-    for (int64_t i = 0; i < x.numel(); ++i) y.set_i(i, ~x.get_i(i));  // set_i narrows to the width
-    return y;
-  }));
-  r.add(unary(
-      "IsNaN", 9, Types::floats,
-      [](const Tensor& x) {
+  add(r, unary_f("Round", 11, [](double v) { return std::nearbyint(v); }));
+  add(r, unary_f("Sin", 7, [](double v) { return std::sin(v); }));
+  add(r, unary_f("Cos", 7, [](double v) { return std::cos(v); }));
+  add(r, unary_f("Tan", 7, [](double v) { return std::tan(v); }));
+  add(r, unary_f("Asin", 7, [](double v) { return std::asin(v); }));
+  add(r, unary_f("Acos", 7, [](double v) { return std::acos(v); }));
+  add(r, unary_f("Atan", 7, [](double v) { return std::atan(v); }));
+  add(r, unary_f("Sinh", 9, [](double v) { return std::sinh(v); }));
+  add(r, unary_f("Cosh", 9, [](double v) { return std::cosh(v); }));
+  add(r, unary_f("Asinh", 9, [](double v) { return std::asinh(v); }));
+  add(r, unary_f("Acosh", 9, [](double v) { return std::acosh(v); }));
+  add(r, unary_f("Atanh", 9, [](double v) { return std::atanh(v); }));
+  add(r, unary_f("Erf", 9, [](double v) { return std::erf(v); }));
+  add(r, unary("Not", 1, Types::boolean, [](const Tensor& x) {
         Tensor y(DType::boolean, x.shape());
-        for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = std::isnan(x.get_f(i));
+        for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = x.bytes()[i] ? 0 : 1;
         return y;
-      },
-      DType::boolean));
+      }));
+  add(r, unary("BitwiseNot", 18, Types::ints, [](const Tensor& x) {
+        Tensor y(x.dtype(), x.shape());
+        for (int64_t i = 0; i < x.numel(); ++i)
+          y.set_i(i, ~x.get_i(i));  // set_i narrows to the width
+        return y;
+      }));
+  add(r, unary(
+             "IsNaN", 9, Types::floats,
+             [](const Tensor& x) {
+               Tensor y(DType::boolean, x.shape());
+               for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = std::isnan(x.get_f(i));
+               return y;
+             },
+             DType::boolean));
   {
     OpDef d = unary("IsInf", 10, Types::floats, nullptr, DType::boolean);
     d.attrs = {{"detect_negative", AttrKind::i}, {"detect_positive", AttrKind::i}};
@@ -316,7 +386,7 @@ void register_unary(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
 }
 
@@ -407,16 +477,17 @@ Tensor mod_kernel(const Tensor& a, const Tensor& b, bool fmod) {
 }
 
 void register_binary(OpRegistry& r) {
-  r.add(binary("Add", 7, Types::numeric,
-               {[](double a, double b) { return a + b; }, wrap_add,
-                [](uint64_t a, uint64_t b) { return a + b; }}));
-  r.add(binary("Sub", 7, Types::numeric,
-               {[](double a, double b) { return a - b; }, wrap_sub,
-                [](uint64_t a, uint64_t b) { return a - b; }}));
-  r.add(binary("Mul", 7, Types::numeric,
-               {[](double a, double b) { return a * b; }, wrap_mul,
-                [](uint64_t a, uint64_t b) { return a * b; }}));
-  r.add(binary("Div", 7, Types::numeric, {[](double a, double b) { return a / b; }, div_s, div_u}));
+  add(r, binary("Add", 7, Types::numeric,
+                {[](double a, double b) { return a + b; }, wrap_add,
+                 [](uint64_t a, uint64_t b) { return a + b; }}));
+  add(r, binary("Sub", 7, Types::numeric,
+                {[](double a, double b) { return a - b; }, wrap_sub,
+                 [](uint64_t a, uint64_t b) { return a - b; }}));
+  add(r, binary("Mul", 7, Types::numeric,
+                {[](double a, double b) { return a * b; }, wrap_mul,
+                 [](uint64_t a, uint64_t b) { return a * b; }}));
+  add(r,
+      binary("Div", 7, Types::numeric, {[](double a, double b) { return a / b; }, div_s, div_u}));
   {
     OpDef d = binary("Mod", 10, Types::numeric, {});
     d.attrs = {{"fmod", AttrKind::i}};
@@ -431,7 +502,7 @@ void register_binary(OpRegistry& r) {
     d.kernel = [](KernelCtx& c) {
       c.set_out(0, mod_kernel(c.in(0), c.in(1), c.node().attr_i("fmod", 0) != 0));
     };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
   {
     OpDef d = binary("Pow", 7, Types::numeric, {});
@@ -441,7 +512,7 @@ void register_binary(OpRegistry& r) {
       infer_broadcast(ctx);
     };
     d.kernel = [](KernelCtx& c) { c.set_out(0, pow_kernel(c.in(0), c.in(1))); };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
   {
     OpDef d = binary("BitShift", 11, Types::unsigned_ints, {});
@@ -461,7 +532,7 @@ void register_binary(OpRegistry& r) {
       };
       c.set_out(0, apply_binary(c.in(0), c.in(1), fns));
     };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
   auto bitwise = [](uint64_t (*f)(uint64_t, uint64_t)) {
     // Two's complement bit patterns are the same through int64 and uint64.
@@ -472,19 +543,20 @@ void register_binary(OpRegistry& r) {
         },
         f};
   };
-  r.add(
+  add(r,
       binary("BitwiseAnd", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a & b; })));
-  r.add(
+  add(r,
       binary("BitwiseOr", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a | b; })));
-  r.add(
+  add(r,
       binary("BitwiseXor", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a ^ b; })));
-  r.add(binary("And", 7, Types::boolean,
-               {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a && b; }}));
-  r.add(binary("Or", 7, Types::boolean,
-               {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a || b; }}));
-  r.add(binary("Xor", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t {
-                                            return (a != 0) != (b != 0);
-                                          }}));
+  add(r, binary("And", 7, Types::boolean,
+                {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a && b; }}));
+  add(r, binary("Or", 7, Types::boolean,
+                {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a || b; }}));
+  add(r,
+      binary("Xor", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t {
+                                          return (a != 0) != (b != 0);
+                                        }}));
 }
 
 // ---- comparisons -----------------------------------------------------------------------------
@@ -695,7 +767,7 @@ void register_casts(OpRegistry& r) {
       c.set_out(0,
                 cast_tensor(c.in(0), to_attr_dtype(c.node()), c.node().attr_i("saturate", 1) != 0));
     };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
   {
     OpDef d;
@@ -711,7 +783,7 @@ void register_casts(OpRegistry& r) {
     d.kernel = [](KernelCtx& c) {
       c.set_out(0, cast_tensor(c.in(0), c.in(1).dtype(), c.node().attr_i("saturate", 1) != 0));
     };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
   {
     OpDef d;
@@ -744,7 +816,7 @@ void register_casts(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
 }
 
@@ -801,9 +873,9 @@ Tensor clip_kernel(const KernelCtx& c) {
   return x;
 }
 
-// Clip-6 took min/max as attributes; they become constant inputs.
-void upgrade_clip(Graph& g, Node& n, int opset) {
-  if (opset < 6) unsupported("Clip before opset 6 (consumed_inputs) is not supported");
+// Clip before opset 11 took min/max as attributes; they become constant inputs.
+void upgrade_clip(Graph& g, Node& n, int /*opset*/) {
+  n.attrs.erase("consumed_inputs");
   const double lo = n.attr_f("min", -std::numeric_limits<float>::max());
   const double hi = n.attr_f("max", std::numeric_limits<float>::max());
   n.attrs.erase("min");
@@ -814,16 +886,22 @@ void upgrade_clip(Graph& g, Node& n, int opset) {
   n.inputs[2] = g.add_constant(g.unique_name(n.name + "_max"), Tensor::scalar_f(DType::f32, hi));
 }
 
-// Dropout before opset 12 took `ratio` as an attribute; inference mode makes it an identity.
+// Dropout before opset 12 took `ratio` as an attribute, and before opset 7 trained unless
+// `is_test` was set; both become constant inputs.
 void upgrade_dropout(Graph& g, Node& n, int opset) {
-  if (opset < 7) unsupported("Dropout before opset 7 (is_test) is not supported");
   if (opset < 10 && n.outputs.size() > 1 && n.outputs[1])
     unsupported("Dropout before opset 10 returns a mask of the input dtype; not supported");
   const double ratio = n.attr_f("ratio", 0.5);
+  const bool training = opset < 7 && n.attr_i("is_test", 0) == 0;
   n.attrs.erase("ratio");
-  n.inputs.resize(2, nullptr);
+  n.attrs.erase("is_test");
+  n.attrs.erase("consumed_inputs");
+  n.inputs.resize(training ? 3 : 2, nullptr);
   n.inputs[1] =
       g.add_constant(g.unique_name(n.name + "_ratio"), Tensor::scalar_f(DType::f32, ratio));
+  if (training)
+    n.inputs[2] = g.add_constant(g.unique_name(n.name + "_training_mode"),
+                                 Tensor::scalar_i(DType::boolean, 1));
 }
 
 Tensor dropout_mask_all(const Shape& s) {
@@ -850,7 +928,7 @@ void register_selection(OpRegistry& r) {
       ctx.set_out(0, TensorType{ctx.in(1).dtype, s});
     };
     d.kernel = [](KernelCtx& c) { c.set_out(0, where_kernel(c.in(0), c.in(1), c.in(2))); };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
   {
     OpDef d;
@@ -859,11 +937,13 @@ void register_selection(OpRegistry& r) {
     d.min_inputs = 1;
     d.max_inputs = 3;
     d.fusion = FusionKind::pointwise;
-    d.attrs = {{"min", AttrKind::f}, {"max", AttrKind::f}};  // opset 6 only; upgraded to inputs
+    // Attributes of the forms before opset 11, which the upgrade turns into inputs.
+    d.attrs = {{"min", AttrKind::f}, {"max", AttrKind::f}, {"consumed_inputs", AttrKind::ints}};
     d.upgrade = upgrade_clip;
     d.infer = [](InferCtx& ctx) {
-      if (ctx.node().has_attr("min") || ctx.node().has_attr("max"))
-        fail("Clip from opset 11 takes min and max as inputs, not attributes");
+      for (const char* a : {"min", "max", "consumed_inputs"})
+        if (ctx.node().has_attr(a))
+          fail("Clip from opset 11 takes no '{}' attribute (min and max are inputs)", a);
       check_types(ctx, Types::numeric, 0);
       for (int i = 1; i < 3; ++i)
         if (ctx.has_in(i) && shape_numel(ctx.in(i).shape) > 1)
@@ -871,7 +951,7 @@ void register_selection(OpRegistry& r) {
       infer_same_as_input(ctx);
     };
     d.kernel = [](KernelCtx& c) { c.set_out(0, clip_kernel(c)); };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
   {
     OpDef d;
@@ -880,7 +960,7 @@ void register_selection(OpRegistry& r) {
     d.fusion = FusionKind::injective;
     d.infer = [](InferCtx& ctx) { infer_same_as_input(ctx); };
     d.kernel = [](KernelCtx& c) { c.set_out(0, c.in(0)); };  // kernels never write into inputs
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
   {
     OpDef d;
@@ -890,11 +970,16 @@ void register_selection(OpRegistry& r) {
     d.max_inputs = 3;
     d.max_outputs = 2;
     d.deterministic = false;
-    d.attrs = {{"seed", AttrKind::i}, {"ratio", AttrKind::f}};  // ratio: opsets 7-11, upgraded
+    // ratio, is_test and consumed_inputs belong to the forms before opset 12 (upgraded).
+    d.attrs = {{"seed", AttrKind::i},
+               {"ratio", AttrKind::f},
+               {"is_test", AttrKind::i},
+               {"consumed_inputs", AttrKind::ints}};
     d.upgrade = upgrade_dropout;
     d.infer = [](InferCtx& ctx) {
-      if (ctx.node().has_attr("ratio"))
-        fail("Dropout from opset 12 takes ratio as an input, not an attribute");
+      for (const char* a : {"ratio", "is_test", "consumed_inputs"})
+        if (ctx.node().has_attr(a))
+          fail("Dropout from opset 12 takes no '{}' attribute (ratio is an input)", a);
       check_types(ctx, Types::numeric, 0);
       if (ctx.has_in(1) && (!is_float(ctx.in(1).dtype) || shape_numel(ctx.in(1).shape) > 1))
         fail("ratio must be a float scalar, got {}", ctx.in(1).str());
@@ -938,7 +1023,7 @@ void register_selection(OpRegistry& r) {
       c.set_out(0, std::move(y));
       if (c.wants_out(1)) c.set_out(1, std::move(m));
     };
-    r.add(std::move(d));
+    add(r, std::move(d));
   }
 }
 
@@ -947,15 +1032,15 @@ void register_selection(OpRegistry& r) {
 void register_elementwise_ops(OpRegistry& r) {
   register_unary(r);
   register_binary(r);
-  r.add(comparison("Equal", 7, Cmp::eq));
-  r.add(comparison("Less", 7, Cmp::lt));
-  r.add(comparison("LessOrEqual", 12, Cmp::le));
-  r.add(comparison("Greater", 7, Cmp::gt));
-  r.add(comparison("GreaterOrEqual", 12, Cmp::ge));
-  r.add(variadic("Max", 6, Fold::max, Types::numeric));
-  r.add(variadic("Min", 6, Fold::min, Types::numeric));
-  r.add(variadic("Sum", 6, Fold::sum, Types::floats));
-  r.add(variadic("Mean", 6, Fold::mean, Types::floats));
+  add(r, comparison("Equal", 7, Cmp::eq));
+  add(r, comparison("Less", 7, Cmp::lt));
+  add(r, comparison("LessOrEqual", 12, Cmp::le));
+  add(r, comparison("Greater", 7, Cmp::gt));
+  add(r, comparison("GreaterOrEqual", 12, Cmp::ge));
+  add(r, variadic("Max", 6, Fold::max, Types::numeric));
+  add(r, variadic("Min", 6, Fold::min, Types::numeric));
+  add(r, variadic("Sum", 6, Fold::sum, Types::floats));
+  add(r, variadic("Mean", 6, Fold::mean, Types::floats));
   register_casts(r);
   register_selection(r);
 }
