@@ -512,6 +512,8 @@ OpDef col2im_def() {
       return;
     }
     if (img->size() != blk->size()) fail("Col2Im image_shape and block_shape lengths differ");
+    for (int64_t v : *img)
+      if (v < 1) fail("Col2Im image_shape must be positive, got {}", shape_str(*img));
     const int64_t kp = prod(*blk);
     if (kp <= 0) fail("Col2Im block_shape must be positive");
     if (x[1] != kUnknownDim && x[1] % kp != 0)
@@ -734,9 +736,14 @@ Shape unpool_default_shape(const Node& n, const Shape& x) {
   if (static_cast<int>(pads.size()) != 2 * nd)
     fail("pads has {} values, expected {}", pads.size(), 2 * nd);
   Shape out = {x[0], x[1]};
-  for (int i = 0; i < nd; ++i)
-    out.push_back(x[i + 2] == kUnknownDim ? kUnknownDim
-                                          : (x[i + 2] - 1) * s[i] + k[i] - pads[i] - pads[i + nd]);
+  for (int i = 0; i < nd; ++i) {
+    if (s[i] < 1 || k[i] < 1) fail("MaxUnpool strides and kernel_shape must be >= 1");
+    const int64_t o = x[i + 2] == kUnknownDim
+                          ? kUnknownDim
+                          : (x[i + 2] - 1) * s[i] + k[i] - pads[i] - pads[i + nd];
+    if (x[i + 2] != kUnknownDim && o < 0) fail("MaxUnpool output extent is negative");
+    out.push_back(o);
+  }
   return out;
 }
 
@@ -758,6 +765,8 @@ OpDef max_unpool_def() {
       if (os) {
         if (os->size() != x.shape.size())
           fail("MaxUnpool output_shape has {} values, expected {}", os->size(), x.shape.size());
+        for (int64_t v : *os)
+          if (v < 0) fail("MaxUnpool output_shape {} has a negative dim", shape_str(*os));
         c.set_out(0, {x.dtype, Shape(os->begin(), os->end())});
       } else {
         c.set_out(0, {x.dtype, Shape(x.shape.size(), kUnknownDim)});
@@ -778,6 +787,8 @@ OpDef max_unpool_def() {
       const std::vector<int64_t> os = c.in(2).to_i64();
       out.assign(os.begin(), os.end());
       if (out.size() != x.shape().size()) fail("MaxUnpool output_shape has the wrong length");
+      for (int64_t v : out)
+        if (v < 0) fail("MaxUnpool output_shape {} has a negative dim", shape_str(out));
     } else {
       out = unpool_default_shape(c.node(), x.shape());
     }
