@@ -10,9 +10,15 @@ using namespace tessel;
 
 namespace {
 
-Tensor f32(Shape s, std::vector<double> v) { return Tensor::from_f64(DType::f32, std::move(s), v); }
-Tensor i64(Shape s, std::vector<int64_t> v) { return Tensor::from_i64(DType::i64, std::move(s), v); }
-Tensor i64v(std::vector<int64_t> v) { return i64({static_cast<int64_t>(v.size())}, v); }
+Tensor f32(Shape s, std::vector<double> v) {
+  return Tensor::from_f64(DType::f32, std::move(s), v);
+}
+Tensor i64(Shape s, std::vector<int64_t> v) {
+  return Tensor::from_i64(DType::i64, std::move(s), v);
+}
+Tensor i64v(std::vector<int64_t> v) {
+  return i64({static_cast<int64_t>(v.size())}, v);
+}
 
 // Runs one op whose first input is a graph input `x` and the rest are constants.
 Tensor run1(const std::string& op, const Tensor& x, std::vector<std::optional<Tensor>> consts = {},
@@ -28,7 +34,9 @@ Tensor run1(const std::string& op, const Tensor& x, std::vector<std::optional<Te
   return run_eager(g, {x})[0];
 }
 
-std::vector<double> vals(const Tensor& t) { return t.to_f64(); }
+std::vector<double> vals(const Tensor& t) {
+  return t.to_f64();
+}
 
 }  // namespace
 
@@ -84,7 +92,8 @@ TEST(ShapeOps, ShapeIsFoldedStatically) {
 TEST(ShapeOps, SplitNumOutputsUneven) {
   Graph g;
   Value* x = g.add_input("x", TensorType{DType::f32, {5}});
-  Node* n = g.add_node(OpRegistry::get().find("Split"), "s", {x}, {"a", "b"}, {{"num_outputs", int64_t{2}}});
+  Node* n = g.add_node(OpRegistry::get().find("Split"), "s", {x}, {"a", "b"},
+                       {{"num_outputs", int64_t{2}}});
   g.outputs = {n->outputs[0], n->outputs[1]};
   infer_graph(g);
   auto out = run_eager(g, {f32({5}, {1, 2, 3, 4, 5})});
@@ -106,20 +115,24 @@ TEST(ShapeOps, RangeAndTrilu) {
   EXPECT_EQ(run_eager(g, {Tensor(DType::f32, {1})})[0].to_i64(), (std::vector<int64_t>{10, 7}));
 
   Tensor m = f32({2, 3}, {1, 2, 3, 4, 5, 6});
-  EXPECT_EQ(vals(run1("Trilu", m, {}, {{"upper", int64_t{0}}})), (std::vector<double>{1, 0, 0, 4, 5, 0}));
+  EXPECT_EQ(vals(run1("Trilu", m, {}, {{"upper", int64_t{0}}})),
+            (std::vector<double>{1, 0, 0, 4, 5, 0}));
   EXPECT_EQ(vals(run1("Trilu", m, {i64({}, {1})})), (std::vector<double>{0, 2, 3, 0, 0, 6}));
 }
 
 TEST(ShapeOps, DepthToSpaceDcrAndCrd) {
-  // C=4, H=W=1, blocksize 2: DCR puts channel (i*2+j) at (i, j); CRD does the same for 1 output channel.
+  // C=4, H=W=1, blocksize 2: DCR puts channel (i*2+j) at (i, j); CRD does the same for 1 output
+  // channel.
   Tensor x = f32({1, 4, 1, 1}, {1, 2, 3, 4});
-  EXPECT_EQ(vals(run1("DepthToSpace", x, {}, {{"blocksize", int64_t{2}}})), (std::vector<double>{1, 2, 3, 4}));
+  EXPECT_EQ(vals(run1("DepthToSpace", x, {}, {{"blocksize", int64_t{2}}})),
+            (std::vector<double>{1, 2, 3, 4}));
   Tensor x2 = f32({1, 8, 1, 1}, {0, 1, 2, 3, 4, 5, 6, 7});
   // DCR: out[c, i, j] = in[(i*2+j)*2 + c] -> c=0: 0,2,4,6; c=1: 1,3,5,7.
   EXPECT_EQ(vals(run1("DepthToSpace", x2, {}, {{"blocksize", int64_t{2}}})),
             (std::vector<double>{0, 2, 4, 6, 1, 3, 5, 7}));
-  EXPECT_EQ(vals(run1("DepthToSpace", x2, {}, {{"blocksize", int64_t{2}}, {"mode", std::string("CRD")}})),
-            (std::vector<double>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(
+      vals(run1("DepthToSpace", x2, {}, {{"blocksize", int64_t{2}}, {"mode", std::string("CRD")}})),
+      (std::vector<double>{0, 1, 2, 3, 4, 5, 6, 7}));
 }
 
 TEST(ShapeOps, ResizeLinearAndNearest) {
@@ -136,10 +149,12 @@ TEST(ShapeOps, ConcatAndTile) {
   Graph g;
   Value* a = g.add_input("a", TensorType{DType::f32, {1, 2}});
   Value* b = g.add_input("b", TensorType{DType::f32, {1, 1}});
-  Node* n = g.add_node(OpRegistry::get().find("Concat"), "c", {a, b}, {"y"}, {{"axis", int64_t{-1}}});
+  Node* n =
+      g.add_node(OpRegistry::get().find("Concat"), "c", {a, b}, {"y"}, {{"axis", int64_t{-1}}});
   g.outputs.push_back(n->outputs[0]);
   infer_graph(g);
-  EXPECT_EQ(vals(run_eager(g, {f32({1, 2}, {1, 2}), f32({1, 1}, {3})})[0]), (std::vector<double>{1, 2, 3}));
+  EXPECT_EQ(vals(run_eager(g, {f32({1, 2}, {1, 2}), f32({1, 1}, {3})})[0]),
+            (std::vector<double>{1, 2, 3}));
   EXPECT_EQ(vals(run1("Tile", f32({2}, {1, 2}), {i64v({2})})), (std::vector<double>{1, 2, 1, 2}));
 }
 
@@ -149,7 +164,8 @@ TEST(ShapeOps, LegacyAttrFormsUpgrade) {
   Value* x = g.add_input("x", TensorType{DType::f32, {2, 4}});
   const OpDef* slice = OpRegistry::get().find("Slice");
   Node* n = g.add_node(slice, "s", {x}, {"y"},
-                       {{"starts", std::vector<int64_t>{1}}, {"ends", std::vector<int64_t>{-1}},
+                       {{"starts", std::vector<int64_t>{1}},
+                        {"ends", std::vector<int64_t>{-1}},
                         {"axes", std::vector<int64_t>{1}}});
   slice->upgrade(g, *n, 9);
   EXPECT_FALSE(n->has_attr("starts"));

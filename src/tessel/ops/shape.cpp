@@ -16,7 +16,8 @@ using Ints = std::vector<int64_t>;
 
 // ---- small helpers -----------------------------------------------------------------------------
 
-OpDef make_op(std::string name, int min_in, int max_in, int since, std::vector<AttrSpec> attrs = {}) {
+OpDef make_op(std::string name, int min_in, int max_in, int since,
+              std::vector<AttrSpec> attrs = {}) {
   OpDef d;
   d.name = std::move(name);
   d.min_inputs = min_in;
@@ -101,7 +102,9 @@ std::string ints_str(const Ints& v) {
   return s + "]";
 }
 
-Tensor i64_vector(const Ints& v) { return Tensor::from_i64(DType::i64, {static_cast<int64_t>(v.size())}, v); }
+Tensor i64_vector(const Ints& v) {
+  return Tensor::from_i64(DType::i64, {static_cast<int64_t>(v.size())}, v);
+}
 
 // ---- Reshape -----------------------------------------------------------------------------------
 
@@ -116,7 +119,9 @@ Shape reshape_target(const Shape& in, const Ints& target, bool allowzero) {
       infer_at = static_cast<int>(i);
       out[i] = kUnknownDim;
     } else if (t == 0 && !allowzero) {
-      if (i >= in.size()) fail("reshape target {} copies dim {} but the input has rank {}", ints_str(target), i, in.size());
+      if (i >= in.size())
+        fail("reshape target {} copies dim {} but the input has rank {}", ints_str(target), i,
+             in.size());
       out[i] = in[i];
     } else if (t < 0) {
       fail("reshape target {} has a negative dim", ints_str(target));
@@ -133,8 +138,10 @@ Shape reshape_target(const Shape& in, const Ints& target, bool allowzero) {
     bool known = in_n >= 0;
     for (size_t i = 0; i < out.size(); ++i)
       if (static_cast<int>(i) != infer_at) {
-        if (out[i] < 0) known = false;
-        else rest = checked_mul(rest, out[i]);
+        if (out[i] < 0)
+          known = false;
+        else
+          rest = checked_mul(rest, out[i]);
       }
     if (known) {
       if (rest == 0 || in_n % rest != 0)
@@ -177,7 +184,8 @@ Ints transpose_perm(const Node& n, int rank) {
   Ints perm;
   if (n.has_attr("perm")) {
     perm = n.attr_ints("perm");
-    if (static_cast<int>(perm.size()) != rank) fail("perm has {} entries for rank {}", perm.size(), rank);
+    if (static_cast<int>(perm.size()) != rank)
+      fail("perm has {} entries for rank {}", perm.size(), rank);
     std::vector<bool> seen(rank, false);
     for (auto& p : perm) {
       p = normalize_axis(p, rank);
@@ -225,7 +233,8 @@ Shape squeeze_shape(const Shape& in, const std::optional<Ints>& axes) {
     }
   } else {
     for (int i = 0; i < r; ++i) {
-      if (in[i] < 0) unsupported("Squeeze without axes on an input of unknown dims {}", shape_str(in));
+      if (in[i] < 0)
+        unsupported("Squeeze without axes on an input of unknown dims {}", shape_str(in));
       drop[i] = in[i] == 1;
     }
   }
@@ -274,9 +283,12 @@ OpDef squeeze_op(bool un) {
   d.kernel = [un](KernelCtx& c) {
     const Tensor& x = c.in(0);
     std::optional<Ints> axes;
-    if (c.has_in(1)) axes = tensor_ints(c.in(1));
-    else if (un) fail("Unsqueeze needs axes");
-    c.set_out(0, x.reshaped(un ? unsqueeze_shape(x.shape(), *axes) : squeeze_shape(x.shape(), axes)));
+    if (c.has_in(1))
+      axes = tensor_ints(c.in(1));
+    else if (un)
+      fail("Unsqueeze needs axes");
+    c.set_out(0,
+              x.reshaped(un ? unsqueeze_shape(x.shape(), *axes) : squeeze_shape(x.shape(), axes)));
   };
   return d;
 }
@@ -290,8 +302,10 @@ Shape flatten_shape(const Shape& in, int64_t axis) {
   int64_t a = 1, b = 1;
   for (int i = 0; i < r; ++i) {
     int64_t& t = i < axis ? a : b;
-    if (t < 0 || in[i] < 0) t = kUnknownDim;
-    else t *= in[i];
+    if (t < 0 || in[i] < 0)
+      t = kUnknownDim;
+    else
+      t *= in[i];
   }
   return {a, b};
 }
@@ -322,14 +336,17 @@ OpDef concat_op() {
     Shape out = x0.shape;
     for (int i = 1; i < c.num_inputs(); ++i) {
       const TensorType& t = c.in(i);
-      if (t.dtype != x0.dtype) fail("Concat inputs have dtypes {} and {}", dtype_name(x0.dtype), dtype_name(t.dtype));
-      if (static_cast<int>(t.shape.size()) != r) fail("Concat inputs have ranks {} and {}", r, t.shape.size());
+      if (t.dtype != x0.dtype)
+        fail("Concat inputs have dtypes {} and {}", dtype_name(x0.dtype), dtype_name(t.dtype));
+      if (static_cast<int>(t.shape.size()) != r)
+        fail("Concat inputs have ranks {} and {}", r, t.shape.size());
       for (int d2 = 0; d2 < r; ++d2) {
         if (d2 == ax) {
           out[d2] = (out[d2] < 0 || t.shape[d2] < 0) ? kUnknownDim : out[d2] + t.shape[d2];
         } else if (t.shape[d2] >= 0) {
           if (out[d2] >= 0 && out[d2] != t.shape[d2])
-            fail("Concat inputs {} and {} differ off the axis", shape_str(x0.shape), shape_str(t.shape));
+            fail("Concat inputs {} and {} differ off the axis", shape_str(x0.shape),
+                 shape_str(t.shape));
           out[d2] = t.shape[d2];
         }
       }
@@ -346,7 +363,9 @@ OpDef concat_op() {
       const Tensor& t = c.in(i);
       if (t.rank() != r || t.dtype() != x0.dtype()) fail("Concat inputs differ in rank or dtype");
       for (int d2 = 0; d2 < r; ++d2)
-        if (d2 != ax && t.dim(d2) != x0.dim(d2)) fail("Concat inputs {} and {} differ off the axis", shape_str(x0.shape()), shape_str(t.shape()));
+        if (d2 != ax && t.dim(d2) != x0.dim(d2))
+          fail("Concat inputs {} and {} differ off the axis", shape_str(x0.shape()),
+               shape_str(t.shape()));
       out[ax] += t.dim(ax);
     }
     Tensor y(x0.dtype(), out);
@@ -361,7 +380,8 @@ OpDef concat_op() {
       const Tensor& t = c.in(i);
       size_t chunk = static_cast<size_t>(t.dim(ax) * inner) * es;
       if (chunk)
-        for (int64_t o = 0; o < outer; ++o) std::memcpy(yp + o * row + off, t.bytes() + o * chunk, chunk);
+        for (int64_t o = 0; o < outer; ++o)
+          std::memcpy(yp + o * row + off, t.bytes() + o * chunk, chunk);
       off += chunk;
     }
     c.set_out(0, std::move(y));
@@ -372,9 +392,11 @@ OpDef concat_op() {
 // ---- Split -------------------------------------------------------------------------------------
 
 // Sizes of the pieces along the axis; nullopt when they depend on an unknown value.
-std::optional<Ints> split_sizes(const Node& n, int64_t dim, const std::optional<Ints>& split, int nout) {
+std::optional<Ints> split_sizes(const Node& n, int64_t dim, const std::optional<Ints>& split,
+                                int nout) {
   if (split) {
-    if (static_cast<int>(split->size()) != nout) fail("split has {} entries for {} outputs", split->size(), nout);
+    if (static_cast<int>(split->size()) != nout)
+      fail("split has {} entries for {} outputs", split->size(), nout);
     int64_t sum = 0;
     for (int64_t s : *split) {
       if (s < 0) fail("split has a negative size");
@@ -389,7 +411,8 @@ std::optional<Ints> split_sizes(const Node& n, int64_t dim, const std::optional<
     int64_t k = n.attr_i("num_outputs");
     if (k != nout) fail("num_outputs is {} but the node has {} outputs", k, nout);
     int64_t chunk = (dim + k - 1) / k;
-    for (int64_t i = 0; i < k; ++i) out.push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
+    for (int64_t i = 0; i < k; ++i)
+      out.push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
     if (chunk * (k - 1) >= dim && dim > 0) fail("cannot split {} into {} non-empty pieces", dim, k);
   } else {
     if (dim % nout) fail("cannot split an axis of {} into {} equal parts", dim, nout);
@@ -399,7 +422,9 @@ std::optional<Ints> split_sizes(const Node& n, int64_t dim, const std::optional<
 }
 
 OpDef split_op() {
-  OpDef d = make_op("Split", 1, 2, 13, {{"axis", AttrKind::i}, {"num_outputs", AttrKind::i}, {"split", AttrKind::ints}});
+  OpDef d =
+      make_op("Split", 1, 2, 13,
+              {{"axis", AttrKind::i}, {"num_outputs", AttrKind::i}, {"split", AttrKind::ints}});
   d.max_outputs = 1 << 16;
   d.upgrade = [](Graph& g, Node& n, int opset) {
     if (opset < 2 && n.inputs.size() > 1) unsupported("Split-1 with a split input");
@@ -416,7 +441,8 @@ OpDef split_op() {
       split = known_ints(c, 1);
       unknown = !split;
     }
-    auto sizes = unknown ? std::nullopt : split_sizes(c.node(), x.shape[ax], split, c.num_outputs());
+    auto sizes =
+        unknown ? std::nullopt : split_sizes(c.node(), x.shape[ax], split, c.num_outputs());
     for (int i = 0; i < c.num_outputs(); ++i) {
       Shape s = x.shape;
       s[ax] = sizes ? (*sizes)[i] : kUnknownDim;
@@ -451,7 +477,8 @@ struct SliceAxis {
 };
 
 // Per-axis start/step/count for data of shape `in`; axes not sliced take everything.
-std::vector<SliceAxis> slice_plan(const Shape& in, const Ints& starts, const Ints& ends, const std::optional<Ints>& axes_in,
+std::vector<SliceAxis> slice_plan(const Shape& in, const Ints& starts, const Ints& ends,
+                                  const std::optional<Ints>& axes_in,
                                   const std::optional<Ints>& steps_in) {
   int r = static_cast<int>(in.size());
   size_t n = starts.size();
@@ -490,8 +517,10 @@ std::vector<SliceAxis> slice_plan(const Shape& in, const Ints& starts, const Int
       s = std::clamp<int64_t>(s, 0, dim - 1);
       e = std::clamp<int64_t>(e, -1, dim - 1);
       // (s - e) / (-step) rounded up; -step cannot overflow for step > INT64_MIN.
-      if (step == std::numeric_limits<int64_t>::min()) count = s > e ? 1 : 0;
-      else count = s > e ? (s - e + (-step) - 1) / (-step) : 0;
+      if (step == std::numeric_limits<int64_t>::min())
+        count = s > e ? 1 : 0;
+      else
+        count = s > e ? (s - e + (-step) - 1) / (-step) : 0;
     }
     plan[ax] = {s, step, count};
   }
@@ -499,7 +528,9 @@ std::vector<SliceAxis> slice_plan(const Shape& in, const Ints& starts, const Int
 }
 
 OpDef slice_op() {
-  OpDef d = make_op("Slice", 3, 5, 10, {{"starts", AttrKind::ints}, {"ends", AttrKind::ints}, {"axes", AttrKind::ints}});
+  OpDef d =
+      make_op("Slice", 3, 5, 10,
+              {{"starts", AttrKind::ints}, {"ends", AttrKind::ints}, {"axes", AttrKind::ints}});
   d.upgrade = [](Graph& g, Node& n, int) {
     if (!n.has_attr("starts") || !n.has_attr("ends")) fail("Slice needs starts and ends");
     attr_to_input(g, n, "starts", 1);
@@ -532,10 +563,11 @@ OpDef slice_op() {
     for (const auto& p : plan) s.push_back(p.count);
     Ints st = strides_of(x.shape());
     c.set_out(0, remap(x, s, [&](const Ints& o) {
-      int64_t f = 0;
-      for (size_t k = 0; k < o.size(); ++k) f += (plan[k].start + o[k] * plan[k].step) * st[k];
-      return f;
-    }));
+                int64_t f = 0;
+                for (size_t k = 0; k < o.size(); ++k)
+                  f += (plan[k].start + o[k] * plan[k].step) * st[k];
+                return f;
+              }));
   };
   return d;
 }
@@ -572,7 +604,8 @@ OpDef expand_op() {
 OpDef tile_op() {
   OpDef d = make_op("Tile", 2, 2, 6);
   auto out_shape = [](const Shape& in, const Ints& rep) {
-    if (rep.size() != in.size()) fail("Tile repeats has {} entries for rank {}", rep.size(), in.size());
+    if (rep.size() != in.size())
+      fail("Tile repeats has {} entries for rank {}", rep.size(), in.size());
     Shape s;
     for (size_t i = 0; i < in.size(); ++i) {
       if (rep[i] < 0) fail("Tile repeat {} is negative", rep[i]);
@@ -582,18 +615,21 @@ OpDef tile_op() {
   };
   d.infer = [out_shape](InferCtx& c) {
     const TensorType& x = c.in(0);
-    if (auto r = known_ints(c, 1)) c.set_out(0, {x.dtype, out_shape(x.shape, *r)});
-    else c.set_out(0, {x.dtype, Shape(x.shape.size(), kUnknownDim)});
+    if (auto r = known_ints(c, 1))
+      c.set_out(0, {x.dtype, out_shape(x.shape, *r)});
+    else
+      c.set_out(0, {x.dtype, Shape(x.shape.size(), kUnknownDim)});
   };
   d.kernel = [out_shape](KernelCtx& c) {
     const Tensor& x = c.in(0);
     Shape s = out_shape(x.shape(), tensor_ints(c.in(1)));
     Ints st = strides_of(x.shape());
     c.set_out(0, remap(x, s, [&](const Ints& o) {
-      int64_t f = 0;
-      for (size_t k = 0; k < o.size(); ++k) f += (o[k] % x.dim(static_cast<int>(k))) * st[k];
-      return f;
-    }));
+                int64_t f = 0;
+                for (size_t k = 0; k < o.size(); ++k)
+                  f += (o[k] % x.dim(static_cast<int>(k))) * st[k];
+                return f;
+              }));
   };
   return d;
 }
@@ -603,9 +639,12 @@ OpDef tile_op() {
 // Full per-axis [begin..., end...] pads from the pads input and optional axes.
 Ints full_pads(int r, const Ints& pads, const std::optional<Ints>& axes_in) {
   Ints axes;
-  if (axes_in) axes = *axes_in;
-  else for (int i = 0; i < r; ++i) axes.push_back(i);
-  if (pads.size() != 2 * axes.size()) fail("pads has {} entries for {} axes", pads.size(), axes.size());
+  if (axes_in)
+    axes = *axes_in;
+  else
+    for (int i = 0; i < r; ++i) axes.push_back(i);
+  if (pads.size() != 2 * axes.size())
+    fail("pads has {} entries for {} axes", pads.size(), axes.size());
   Ints full(2 * r, 0);
   size_t n = axes.size();
   for (size_t i = 0; i < n; ++i) {
@@ -634,20 +673,24 @@ Shape pad_shape(const Shape& in, const Ints& full) {
 int64_t pad_source(int64_t p, int64_t d, int mode) {
   if (p >= 0 && p < d) return p;
   switch (mode) {
-    case 0: return -1;  // constant
-    case 1: return std::clamp<int64_t>(p, 0, d - 1);  // edge
-    case 2: {  // reflect, mirrored about the edge elements
+    case 0:
+      return -1;  // constant
+    case 1:
+      return std::clamp<int64_t>(p, 0, d - 1);  // edge
+    case 2: {                                   // reflect, mirrored about the edge elements
       if (d == 1) return 0;
       int64_t period = 2 * (d - 1);
       int64_t m = ((p % period) + period) % period;
       return m < d ? m : period - m;
     }
-    default: return ((p % d) + d) % d;  // wrap
+    default:
+      return ((p % d) + d) % d;  // wrap
   }
 }
 
 OpDef pad_op() {
-  OpDef d = make_op("Pad", 2, 4, 11, {{"mode", AttrKind::s}, {"pads", AttrKind::ints}, {"value", AttrKind::f}});
+  OpDef d = make_op("Pad", 2, 4, 11,
+                    {{"mode", AttrKind::s}, {"pads", AttrKind::ints}, {"value", AttrKind::f}});
   d.upgrade = [](Graph& g, Node& n, int opset) {
     if (opset < 2) unsupported("Pad-1 (paddings attribute)");
     if (!n.has_attr("pads")) fail("Pad needs pads");
@@ -673,7 +716,9 @@ OpDef pad_op() {
     reject_attr(c.node(), "value");
     mode_of(c.node());
     const TensorType& x = c.in(0);
-    if (c.has_in(2) && c.in(2).dtype != x.dtype) fail("Pad constant_value has dtype {} for data {}", dtype_name(c.in(2).dtype), dtype_name(x.dtype));
+    if (c.has_in(2) && c.in(2).dtype != x.dtype)
+      fail("Pad constant_value has dtype {} for data {}", dtype_name(c.in(2).dtype),
+           dtype_name(x.dtype));
     int r = static_cast<int>(x.shape.size());
     auto pads = known_ints(c, 1);
     std::optional<Ints> axes;
@@ -701,17 +746,21 @@ OpDef pad_op() {
       std::memcpy(fill.bytes(), v.bytes(), static_cast<size_t>(dtype_size(x.dtype())));
     }
     for (int i = 0; i < r; ++i)
-      if (mode != 0 && x.dim(i) == 0 && s[i] > 0) fail("cannot {} pad an empty axis", c.node().attr_s("mode"));
+      if (mode != 0 && x.dim(i) == 0 && s[i] > 0)
+        fail("cannot {} pad an empty axis", c.node().attr_s("mode"));
     Ints st = strides_of(x.shape());
-    c.set_out(0, remap(x, s, [&](const Ints& o) {
-      int64_t f = 0;
-      for (int k = 0; k < r; ++k) {
-        int64_t src = pad_source(o[k] - full[k], x.dim(k), mode);
-        if (src < 0) return int64_t{-1};
-        f += src * st[k];
-      }
-      return f;
-    }, fill.bytes()));
+    c.set_out(0, remap(
+                     x, s,
+                     [&](const Ints& o) {
+                       int64_t f = 0;
+                       for (int k = 0; k < r; ++k) {
+                         int64_t src = pad_source(o[k] - full[k], x.dim(k), mode);
+                         if (src < 0) return int64_t{-1};
+                         f += src * st[k];
+                       }
+                       return f;
+                     },
+                     fill.bytes()));
   };
   return d;
 }
@@ -733,8 +782,10 @@ OpDef shape_op() {
     const Shape& in = c.in(0).shape;
     auto [s, e] = shape_range(c.node(), static_cast<int64_t>(in.size()));
     Ints v(in.begin() + s, in.begin() + e);
-    if (shape_known(v)) c.set_out_value(0, i64_vector(v));
-    else c.set_out(0, {DType::i64, {e - s}});
+    if (shape_known(v))
+      c.set_out_value(0, i64_vector(v));
+    else
+      c.set_out(0, {DType::i64, {e - s}});
   };
   d.kernel = [](KernelCtx& c) {
     const Shape& in = c.in(0).shape();
@@ -749,8 +800,10 @@ OpDef size_op() {
   OpDef d = make_op("Size", 1, 1, 1);
   d.infer = [](InferCtx& c) {
     int64_t n = shape_numel(c.in(0).shape);
-    if (n >= 0) c.set_out_value(0, Tensor::scalar_i(DType::i64, n));
-    else c.set_out(0, {DType::i64, {}});
+    if (n >= 0)
+      c.set_out_value(0, Tensor::scalar_i(DType::i64, n));
+    else
+      c.set_out(0, {DType::i64, {}});
   };
   d.kernel = [](KernelCtx& c) { c.set_out(0, Tensor::scalar_i(DType::i64, c.in(0).numel())); };
   d.cost = [](const Node&) { return Cost{}; };
@@ -821,8 +874,10 @@ OpDef range_op() {
     DType dt = c.in(0).dtype;
     if (c.in(1).dtype != dt || c.in(2).dtype != dt) fail("Range inputs must share one dtype");
     const Tensor *a = c.value(0), *b = c.value(1), *e = c.value(2);
-    if (a && b && e) c.set_out(0, {dt, {range_count(*a, *b, *e)}});
-    else c.set_out(0, {dt, {kUnknownDim}});
+    if (a && b && e)
+      c.set_out(0, {dt, {range_count(*a, *b, *e)}});
+    else
+      c.set_out(0, {dt, {kUnknownDim}});
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor &s = c.in(0), &dl = c.in(2);
@@ -889,12 +944,15 @@ OpDef trilu_op() {
     bool upper = c.node().attr_i("upper", 1) != 0;
     int64_t rows = x.dim(x.rank() - 2), cols = x.dim(x.rank() - 1);
     int64_t i = 0;
-    c.set_out(0, remap(x, x.shape(), [&](const Ints&) {
-      int64_t f = i++;
-      int64_t rr = (f / cols) % rows, cc = f % cols;
-      bool keep = upper ? (cc - rr >= k) : (cc - rr <= k);
-      return keep ? f : int64_t{-1};
-    }, Tensor(x.dtype(), {1}).bytes()));
+    c.set_out(0, remap(
+                     x, x.shape(),
+                     [&](const Ints&) {
+                       int64_t f = i++;
+                       int64_t rr = (f / cols) % rows, cc = f % cols;
+                       bool keep = upper ? (cc - rr >= k) : (cc - rr <= k);
+                       return keep ? f : int64_t{-1};
+                     },
+                     Tensor(x.dtype(), {1}).bytes()));
   };
   return d;
 }
@@ -919,14 +977,17 @@ OpDef depth_space_op(bool to_space) {
       s[2] = scale(in[2], true);
       s[3] = scale(in[3], true);
     } else {
-      if ((in[2] >= 0 && in[2] % b) || (in[3] >= 0 && in[3] % b)) fail("spatial dims {} not divisible by blocksize", shape_str(in));
+      if ((in[2] >= 0 && in[2] % b) || (in[3] >= 0 && in[3] % b))
+        fail("spatial dims {} not divisible by blocksize", shape_str(in));
       s[1] = in[1] < 0 ? kUnknownDim : in[1] * b * b;
       s[2] = scale(in[2], false);
       s[3] = scale(in[3], false);
     }
     return s;
   };
-  d.infer = [out_shape](InferCtx& c) { c.set_out(0, {c.in(0).dtype, out_shape(c.node(), c.in(0).shape)}); };
+  d.infer = [out_shape](InferCtx& c) {
+    c.set_out(0, {c.in(0).dtype, out_shape(c.node(), c.in(0).shape)});
+  };
   d.kernel = [out_shape, to_space](KernelCtx& c) {
     const Tensor& x = c.in(0);
     Shape s = out_shape(c.node(), x.shape());
@@ -934,16 +995,16 @@ OpDef depth_space_op(bool to_space) {
     bool crd = c.node().attr_s("mode", "DCR") == "CRD";
     Ints st = strides_of(x.shape());
     c.set_out(0, remap(x, s, [&](const Ints& o) {
-      if (to_space) {
-        int64_t i = o[2] % b, j = o[3] % b;
-        int64_t ch = crd ? o[1] * b * b + i * b + j : (i * b + j) * s[1] + o[1];
-        return o[0] * st[0] + ch * st[1] + (o[2] / b) * st[2] + (o[3] / b) * st[3];
-      }
-      int64_t cin = x.dim(1);
-      int64_t blk = o[1] / cin, ch = o[1] % cin;
-      int64_t i = blk / b, j = blk % b;
-      return o[0] * st[0] + ch * st[1] + (o[2] * b + i) * st[2] + (o[3] * b + j) * st[3];
-    }));
+                if (to_space) {
+                  int64_t i = o[2] % b, j = o[3] % b;
+                  int64_t ch = crd ? o[1] * b * b + i * b + j : (i * b + j) * s[1] + o[1];
+                  return o[0] * st[0] + ch * st[1] + (o[2] / b) * st[2] + (o[3] / b) * st[3];
+                }
+                int64_t cin = x.dim(1);
+                int64_t blk = o[1] / cin, ch = o[1] % cin;
+                int64_t i = blk / b, j = blk % b;
+                return o[0] * st[0] + ch * st[1] + (o[2] * b + i) * st[2] + (o[3] * b + j) * st[3];
+              }));
   };
   return d;
 }
@@ -957,7 +1018,8 @@ Ints ccp_axes(const Node& n, int r, size_t nshape) {
   } else {
     for (int i = 0; i < r; ++i) axes.push_back(i);
   }
-  if (axes.size() != nshape) fail("CenterCropPad shape has {} entries for {} axes", nshape, axes.size());
+  if (axes.size() != nshape)
+    fail("CenterCropPad shape has {} entries for {} axes", nshape, axes.size());
   return axes;
 }
 
@@ -994,43 +1056,50 @@ OpDef center_crop_pad_op() {
     }
     Ints st = strides_of(x.shape());
     Tensor zero(x.dtype(), {1});
-    c.set_out(0, remap(x, s, [&](const Ints& o) {
-      int64_t f = 0;
-      for (int k = 0; k < r; ++k) {
-        int64_t p = o[k] + shift[k];
-        if (p < 0 || p >= x.dim(k)) return int64_t{-1};
-        f += p * st[k];
-      }
-      return f;
-    }, zero.bytes()));
+    c.set_out(0, remap(
+                     x, s,
+                     [&](const Ints& o) {
+                       int64_t f = 0;
+                       for (int k = 0; k < r; ++k) {
+                         int64_t p = o[k] + shift[k];
+                         if (p < 0 || p >= x.dim(k)) return int64_t{-1};
+                         f += p * st[k];
+                       }
+                       return f;
+                     },
+                     zero.bytes()));
   };
   return d;
 }
 
 OpDef reverse_sequence_op() {
-  OpDef d = make_op("ReverseSequence", 2, 2, 10, {{"batch_axis", AttrKind::i}, {"time_axis", AttrKind::i}});
+  OpDef d = make_op("ReverseSequence", 2, 2, 10,
+                    {{"batch_axis", AttrKind::i}, {"time_axis", AttrKind::i}});
   d.infer = [](InferCtx& c) {
     int r = static_cast<int>(c.in(0).shape.size());
     if (r < 2) fail("ReverseSequence needs rank >= 2");
-    int b = normalize_axis(c.node().attr_i("batch_axis", 1), r), t = normalize_axis(c.node().attr_i("time_axis", 0), r);
+    int b = normalize_axis(c.node().attr_i("batch_axis", 1), r),
+        t = normalize_axis(c.node().attr_i("time_axis", 0), r);
     if (b == t || b > 1 || t > 1) fail("ReverseSequence batch_axis/time_axis must be 0 and 1");
     infer_same_as_input(c);
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
     int r = x.rank();
-    int b = normalize_axis(c.node().attr_i("batch_axis", 1), r), t = normalize_axis(c.node().attr_i("time_axis", 0), r);
+    int b = normalize_axis(c.node().attr_i("batch_axis", 1), r),
+        t = normalize_axis(c.node().attr_i("time_axis", 0), r);
     Ints lens = tensor_ints(c.in(1));
-    if (static_cast<int64_t>(lens.size()) != x.dim(b)) fail("sequence_lens has {} entries for batch {}", lens.size(), x.dim(b));
+    if (static_cast<int64_t>(lens.size()) != x.dim(b))
+      fail("sequence_lens has {} entries for batch {}", lens.size(), x.dim(b));
     for (int64_t l : lens)
       if (l < 0 || l > x.dim(t)) fail("sequence length {} is out of range [0, {}]", l, x.dim(t));
     Ints st = strides_of(x.shape());
     c.set_out(0, remap(x, x.shape(), [&](const Ints& o) {
-      int64_t f = flat_of(o, st);
-      int64_t len = lens[o[b]], tt = o[t];
-      if (tt < len) f += (len - 1 - 2 * tt) * st[t];
-      return f;
-    }));
+                int64_t f = flat_of(o, st);
+                int64_t len = lens[o[b]], tt = o[t];
+                if (tt < len) f += (len - 1 - 2 * tt) * st[t];
+                return f;
+              }));
   };
   return d;
 }
@@ -1059,15 +1128,18 @@ ResizeAttrs resize_attrs(const Node& n) {
   a.exclude_outside = n.attr_i("exclude_outside", 0) != 0;
   a.antialias = n.attr_i("antialias", 0) != 0;
   a.extrapolation = n.attr_f("extrapolation_value", 0.0);
-  if (a.mode != "nearest" && a.mode != "linear" && a.mode != "cubic") fail("unknown Resize mode '{}'", a.mode);
-  static const char* coords[] = {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
-                                 "asymmetric", "tf_crop_and_resize", "tf_half_pixel_for_nn"};
+  if (a.mode != "nearest" && a.mode != "linear" && a.mode != "cubic")
+    fail("unknown Resize mode '{}'", a.mode);
+  static const char* coords[] = {
+      "half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",  "align_corners",
+      "asymmetric", "tf_crop_and_resize",   "tf_half_pixel_for_nn"};
   if (std::find(std::begin(coords), std::end(coords), a.coord) == std::end(coords))
     fail("unknown coordinate_transformation_mode '{}'", a.coord);
   // "simple" is not an ONNX value: upgrade() sets it for Resize-10/Upsample, whose nearest
   // neighbour truncates when upsampling and rounds up when downsampling (as ONNX Runtime does).
   static const char* nm[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple"};
-  if (std::find(std::begin(nm), std::end(nm), a.nearest) == std::end(nm)) fail("unknown nearest_mode '{}'", a.nearest);
+  if (std::find(std::begin(nm), std::end(nm), a.nearest) == std::end(nm))
+    fail("unknown nearest_mode '{}'", a.nearest);
   if (a.policy != "stretch" && a.policy != "not_larger" && a.policy != "not_smaller")
     fail("unknown keep_aspect_ratio_policy '{}'", a.policy);
   return a;
@@ -1081,8 +1153,10 @@ struct ResizePlan {
 
 // Builds the plan from the data shape and the (possibly absent or empty) roi/scales/sizes values.
 // Returns nullopt if neither scales nor sizes is usable yet (unknown values).
-ResizePlan resize_plan(const Node& n, const ResizeAttrs& a, const Shape& in, const std::optional<std::vector<double>>& roi,
-                       const std::optional<std::vector<double>>& scales, const std::optional<Ints>& sizes) {
+ResizePlan resize_plan(const Node& n, const ResizeAttrs& a, const Shape& in,
+                       const std::optional<std::vector<double>>& roi,
+                       const std::optional<std::vector<double>>& scales,
+                       const std::optional<Ints>& sizes) {
   int r = static_cast<int>(in.size());
   Ints axes;
   if (n.has_attr("axes")) {
@@ -1119,7 +1193,9 @@ ResizePlan resize_plan(const Node& n, const ResizeAttrs& a, const Shape& in, con
       double s = (*scales)[i];
       if (!(s > 0) || !std::isfinite(s)) fail("Resize scale {} is not a positive finite number", s);
       p.scale[ax] = s;
-      if (in[ax] >= 0) p.out[ax] = static_cast<int64_t>(std::floor(in[ax] * (p.roi_end[ax] - p.roi_start[ax]) * s));
+      if (in[ax] >= 0)
+        p.out[ax] =
+            static_cast<int64_t>(std::floor(in[ax] * (p.roi_end[ax] - p.roi_start[ax]) * s));
     }
   } else {
     if (sizes->size() != na) fail("sizes has {} entries for {} axes", sizes->size(), na);
@@ -1129,7 +1205,8 @@ ResizePlan resize_plan(const Node& n, const ResizeAttrs& a, const Shape& in, con
       for (size_t i = 0; i < na; ++i) {
         int ax = static_cast<int>(axes[i]);
         p.out[ax] = (*sizes)[i];
-        if (in[ax] > 0) p.scale[ax] = static_cast<double>((*sizes)[i]) / static_cast<double>(in[ax]);
+        if (in[ax] > 0)
+          p.scale[ax] = static_cast<double>((*sizes)[i]) / static_cast<double>(in[ax]);
       }
     } else {
       bool known = true;
@@ -1158,7 +1235,8 @@ ResizePlan resize_plan(const Node& n, const ResizeAttrs& a, const Shape& in, con
 }
 
 // Maps an output coordinate to the input coordinate along one axis.
-double resize_coord(const ResizeAttrs& a, double x, double scale, int64_t in_len, int64_t out_len, double rs, double re) {
+double resize_coord(const ResizeAttrs& a, double x, double scale, int64_t in_len, int64_t out_len,
+                    double rs, double re) {
   const std::string& m = a.coord;
   if (m == "half_pixel") return (x + 0.5) / scale - 0.5;
   if (m == "half_pixel_symmetric") {
@@ -1194,31 +1272,40 @@ struct Tap {
 };
 
 // Interpolation taps along one axis for output position x; empty means "extrapolate".
-std::vector<Tap> resize_taps(const ResizeAttrs& a, int64_t x, double scale, int64_t in_len, int64_t out_len, double rs,
-                             double re) {
+std::vector<Tap> resize_taps(const ResizeAttrs& a, int64_t x, double scale, int64_t in_len,
+                             int64_t out_len, double rs, double re) {
   double xo = resize_coord(a, static_cast<double>(x), scale, in_len, out_len, rs, re);
   std::vector<Tap> taps;
-  if (a.coord == "tf_crop_and_resize" && (xo < 0 || xo > static_cast<double>(in_len - 1))) return taps;
+  if (a.coord == "tf_crop_and_resize" && (xo < 0 || xo > static_cast<double>(in_len - 1)))
+    return taps;
   auto clampi = [&](int64_t i) { return std::clamp<int64_t>(i, 0, in_len - 1); };
   if (a.mode == "nearest") {
     double f = std::floor(xo);
     int64_t i;
-    if (a.nearest == "floor") i = static_cast<int64_t>(f);
-    else if (a.nearest == "simple") i = static_cast<int64_t>(scale < 1.0 ? std::ceil(xo) : f);
-    else if (a.nearest == "ceil") i = static_cast<int64_t>(std::ceil(xo));
-    else if (xo - f == 0.5) i = static_cast<int64_t>(a.nearest == "round_prefer_floor" ? f : f + 1);
-    else i = static_cast<int64_t>(std::round(xo));
+    if (a.nearest == "floor")
+      i = static_cast<int64_t>(f);
+    else if (a.nearest == "simple")
+      i = static_cast<int64_t>(scale < 1.0 ? std::ceil(xo) : f);
+    else if (a.nearest == "ceil")
+      i = static_cast<int64_t>(std::ceil(xo));
+    else if (xo - f == 0.5)
+      i = static_cast<int64_t>(a.nearest == "round_prefer_floor" ? f : f + 1);
+    else
+      i = static_cast<int64_t>(std::round(xo));
     taps.push_back({clampi(i), 1.0});
     return taps;
   }
   bool cubic = a.mode == "cubic";
   double support = cubic ? 2.0 : 1.0;
-  auto kern = [&](double d) { return cubic ? cubic_weight(d, a.cubic_a) : std::max(0.0, 1.0 - std::fabs(d)); };
+  auto kern = [&](double d) {
+    return cubic ? cubic_weight(d, a.cubic_a) : std::max(0.0, 1.0 - std::fabs(d));
+  };
   if (a.antialias && scale < 1.0) {
-    // The filter is stretched by 1/scale; taps outside the input take the edge value (or are dropped
-    // with exclude_outside), and the weights are renormalised.
+    // The filter is stretched by 1/scale; taps outside the input take the edge value (or are
+    // dropped with exclude_outside), and the weights are renormalised.
     double sup = support / scale;
-    int64_t lo = static_cast<int64_t>(std::floor(xo - sup)), hi = static_cast<int64_t>(std::ceil(xo + sup));
+    int64_t lo = static_cast<int64_t>(std::floor(xo - sup)),
+            hi = static_cast<int64_t>(std::ceil(xo + sup));
     double sum = 0;
     for (int64_t i = lo; i <= hi; ++i) {
       double w = kern((static_cast<double>(i) - xo) * scale);
@@ -1287,22 +1374,26 @@ Tensor resize_run(const Tensor& x, const ResizeAttrs& a, const ResizePlan& p) {
     bool identity = p.out[k] == x.dim(k) && p.scale[k] == 1.0 && a.coord != "tf_crop_and_resize";
     for (int64_t o = 0; o < p.out[k]; ++o)
       taps[k][o] = identity ? std::vector<Tap>{{o, 1.0}}
-                            : resize_taps(a, o, p.scale[k], x.dim(k), p.out[k], p.roi_start[k], p.roi_end[k]);
+                            : resize_taps(a, o, p.scale[k], x.dim(k), p.out[k], p.roi_start[k],
+                                          p.roi_end[k]);
   }
   Ints st = strides_of(x.shape());
   Tensor y(x.dtype(), p.out);
   if (y.numel() == 0) return y;
   if (a.mode == "nearest") {
     Tensor fill = Tensor::scalar_f(x.dtype(), a.extrapolation).reshaped({1});
-    return remap(x, p.out, [&](const Ints& o) {
-      int64_t f = 0;
-      for (int k = 0; k < r; ++k) {
-        const auto& t = taps[k][o[k]];
-        if (t.empty()) return int64_t{-1};
-        f += t[0].index * st[k];
-      }
-      return f;
-    }, fill.bytes());
+    return remap(
+        x, p.out,
+        [&](const Ints& o) {
+          int64_t f = 0;
+          for (int k = 0; k < r; ++k) {
+            const auto& t = taps[k][o[k]];
+            if (t.empty()) return int64_t{-1};
+            f += t[0].index * st[k];
+          }
+          return f;
+        },
+        fill.bytes());
   }
   std::vector<double> xv = x.to_f64();
   Ints idx(r, 0), tsel(r, 0);
@@ -1332,8 +1423,10 @@ Tensor resize_run(const Tensor& x, const ResizeAttrs& a, const ResizePlan& p) {
         if (k < 0) break;
       }
     }
-    if (integral) y.set_i(i, to_int_saturated(acc, x.dtype()));
-    else y.set_f(i, acc);
+    if (integral)
+      y.set_i(i, to_int_saturated(acc, x.dtype()));
+    else
+      y.set_f(i, acc);
     next_index(idx, p.out);
   }
   return y;
@@ -1346,10 +1439,14 @@ std::optional<std::vector<double>> known_doubles(const InferCtx& c, int i) {
 }
 
 std::vector<AttrSpec> resize_attr_specs() {
-  return {{"antialias", AttrKind::i},        {"axes", AttrKind::ints},
-          {"coordinate_transformation_mode", AttrKind::s}, {"cubic_coeff_a", AttrKind::f},
-          {"exclude_outside", AttrKind::i},  {"extrapolation_value", AttrKind::f},
-          {"keep_aspect_ratio_policy", AttrKind::s}, {"mode", AttrKind::s},
+  return {{"antialias", AttrKind::i},
+          {"axes", AttrKind::ints},
+          {"coordinate_transformation_mode", AttrKind::s},
+          {"cubic_coeff_a", AttrKind::f},
+          {"exclude_outside", AttrKind::i},
+          {"extrapolation_value", AttrKind::f},
+          {"keep_aspect_ratio_policy", AttrKind::s},
+          {"mode", AttrKind::s},
           {"nearest_mode", AttrKind::s}};
 }
 
@@ -1398,8 +1495,11 @@ OpDef resize_op() {
 }
 
 OpDef upsample_op() {
-  OpDef d = make_op("Upsample", 1, 2, 9, {{"mode", AttrKind::s}, {"scales", AttrKind::floats}, {"height_scale", AttrKind::f},
-                                           {"width_scale", AttrKind::f}});
+  OpDef d = make_op("Upsample", 1, 2, 9,
+                    {{"mode", AttrKind::s},
+                     {"scales", AttrKind::floats},
+                     {"height_scale", AttrKind::f},
+                     {"width_scale", AttrKind::f}});
   d.fusion = FusionKind::opaque;
   d.upgrade = [](Graph& g, Node& n, int opset) {
     if (opset < 7) unsupported("Upsample-1");
@@ -1436,7 +1536,9 @@ OpDef upsample_op() {
     ResizeAttrs a = attrs(c.node());
     const Tensor& x = c.in(0);
     Node dummy;
-    c.set_out(0, resize_run(x, a, resize_plan(dummy, a, x.shape(), std::nullopt, c.in(1).to_f64(), std::nullopt)));
+    c.set_out(0, resize_run(x, a,
+                            resize_plan(dummy, a, x.shape(), std::nullopt, c.in(1).to_f64(),
+                                        std::nullopt)));
   };
   return d;
 }
