@@ -221,3 +221,19 @@ TEST(Reduction, ArgMaxNaNWins) {
   auto b = run_op("ArgMin", {f32({3}, {1, NAN, -5})}, 1);
   EXPECT_EQ(b[0].get_i(0), 1);
 }
+
+TEST(Normalization, GroupNorm18PerGroupScaleUpgrade) {
+  // Two groups of two channels: [0, 2 | 4, 8] normalize to [-1, 1 | -1, 1]; the per-group
+  // scale [1, 3] and bias [0, 10] become per-channel [1, 1, 3, 3] and [0, 0, 10, 10].
+  Graph g;
+  Value* x = g.add_input("x", TensorType{DType::f32, {1, 4, 1}});
+  Value* s = g.add_constant("s", f32({2}, {1, 3}));
+  Value* b = g.add_constant("b", f32({2}, {0, 10}));
+  const OpDef* gn = OpRegistry::get().find("GroupNormalization");
+  Node* n = g.add_node(gn, "n", {x, s, b}, {"y"}, {{"num_groups", int64_t{2}}, {"epsilon", 0.0}});
+  gn->upgrade(g, *n, 18);
+  g.outputs.push_back(n->outputs[0]);
+  infer_graph(g);
+  auto y = run_eager(g, {f32({1, 4, 1}, {0, 2, 4, 8})});
+  expect_near(y[0], {-1, 1, 7, 13});
+}
