@@ -70,6 +70,9 @@ bool next_index(Ints& idx, const Shape& shape) {
 // every dtype is moved exactly.
 template <typename F>
 Tensor remap(const Tensor& x, const Shape& out, F&& src, const uint8_t* fill = nullptr) {
+  int64_t total = 1;
+  for (int64_t d : out) total = checked_mul(total, d);
+  if (total > (int64_t{1} << 34)) fail("output of {} elements is too large", total);
   Tensor y(x.dtype(), out);
   const int64_t n = y.numel();
   if (n == 0) return y;
@@ -663,7 +666,9 @@ Shape pad_shape(const Shape& in, const Ints& full) {
       s[i] = kUnknownDim;
       continue;
     }
-    s[i] = in[i] + full[i] + full[i + r];
+    if (__builtin_add_overflow(in[i], full[i], &s[i]) ||
+        __builtin_add_overflow(s[i], full[i + r], &s[i]))
+      fail("pads {} overflow", ints_str(full));
     if (s[i] < 0) fail("pads {} remove more than the input {} has", ints_str(full), shape_str(in));
   }
   return s;
