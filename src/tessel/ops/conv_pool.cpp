@@ -580,7 +580,7 @@ OpDef pool_def(const std::string& name, PoolKind kind, int since) {
   d.since = since;
   d.max_outputs = kind == PoolKind::max ? 2 : 1;
   d.attrs = pool_attrs(kind);
-  d.fusion = FusionKind::reduction;
+  d.fusion = FusionKind::opaque;  // windowed, not a reduction over whole axes
   d.infer = [kind](InferCtx& c) {
     const TensorType& x = c.in(0);
     if (x.shape.size() < 3) fail("pool input must have rank >= 3, got {}", shape_str(x.shape));
