@@ -236,3 +236,15 @@ TEST(Misc, InverseOnesidedDftIsRealInverse) {
   EXPECT_EQ(y[0].shape(), (Shape{1, 4, 1}));
   expect_near(y[0], {1, 2, 3, 4});
 }
+
+TEST(Index, DataDependentShapesFoldWhenInputsAreKnown) {
+  // With a constant input the data-dependent sizes are exact: 4 distinct values, 3 non-zeros.
+  EXPECT_EQ(inferred_type("Unique", {f32({6}, {2, 1, 1, 3, 4, 3})}, 0).shape, (Shape{4}));
+  EXPECT_EQ(inferred_type("NonZero", {f32({2, 2}, {1, 0, 1, 1})}, 0).shape, (Shape{2, 3}));
+  // NaNs sort after the numbers and count as one value.
+  auto y = run_op("Unique", {f32({4}, {NAN, 1, NAN, 0})}, 4);
+  EXPECT_EQ(y[0].shape(), (Shape{3}));
+  EXPECT_EQ(y[0].get_f(0), 0);
+  EXPECT_EQ(y[0].get_f(1), 1);
+  EXPECT_TRUE(std::isnan(y[0].get_f(2)));
+}
