@@ -197,9 +197,13 @@ OpDef instance_norm() {
   d.cost = input_cost(7);
   d.min_inputs = d.max_inputs = 3;
   d.since = 6;
-  d.attrs = {{"epsilon", AttrKind::f}};
+  d.attrs = {{"epsilon", AttrKind::f}, {"consumed_inputs", AttrKind::ints}};
+  // Opset 1 differs only by the legacy consumed_inputs attribute.
+  d.upgrade = [](Graph&, Node& n, int) { n.attrs.erase("consumed_inputs"); };
   d.infer = [](InferCtx& ctx) {
     infer_nc(ctx);
+    if (ctx.node().has_attr("consumed_inputs"))
+      fail("consumed_inputs is not an attribute at opset >= 6");
     check_per_channel(ctx, 1, ctx.in(0).shape[1], "scale");
     check_per_channel(ctx, 2, ctx.in(0).shape[1], "B");
     ctx.set_out(0, ctx.in(0));
@@ -280,21 +284,25 @@ OpDef batch_norm() {
   d.min_inputs = d.max_inputs = 5;
   d.max_outputs = 5;  // opsets < 14 list 5 outputs in training mode
   d.since = 14;
-  d.attrs = {{"epsilon", AttrKind::f},
-             {"momentum", AttrKind::f},
-             {"training_mode", AttrKind::i},
-             {"spatial", AttrKind::i}};
+  d.attrs = {{"epsilon", AttrKind::f},       {"momentum", AttrKind::f},
+             {"training_mode", AttrKind::i}, {"spatial", AttrKind::i},
+             {"is_test", AttrKind::i},       {"consumed_inputs", AttrKind::ints}};
   d.upgrade = [](Graph&, Node& n, int opset) {
     // Before 14, extra outputs meant training mode with a different output list; in inference
-    // mode opsets 7..13 agree with 14 (spatial=1 is per-channel statistics, the only form here).
-    if (opset < 7) unsupported("BatchNormalization before opset 7");
+    // mode opsets 1..13 agree with 14 (spatial=1 is per-channel statistics, the only form here).
+    // Before 7, is_test (default 0: training, batch statistics) selected the mode.
+    if (opset < 7 && n.attr_i("is_test", 0) != 1)
+      unsupported("training-mode BatchNormalization (is_test=0) before opset 7");
     if (n.outputs.size() > 1) unsupported("training-mode BatchNormalization before opset 14");
     if (n.attr_i("spatial", 1) != 1) unsupported("BatchNormalization with spatial=0");
     n.attrs.erase("spatial");
+    n.attrs.erase("is_test");
+    n.attrs.erase("consumed_inputs");
   };
   d.infer = [](InferCtx& ctx) {
     infer_nc(ctx);
-    if (ctx.node().has_attr("spatial")) fail("spatial is not an attribute at opset >= 9");
+    for (const char* a : {"spatial", "is_test", "consumed_inputs"})
+      if (ctx.node().has_attr(a)) fail("{} is not an attribute at opset >= 9", a);
     if (ctx.num_outputs() > 3) fail("has at most 3 outputs at opset >= 14");
     int64_t ch = ctx.in(0).shape[1];
     const char* names[] = {"", "scale", "B", "input_mean", "input_var"};
