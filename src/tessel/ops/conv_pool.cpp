@@ -302,7 +302,14 @@ OpDef conv_def() {
       fail("Conv needs a float input, got {}", dtype_name(dt));
     if (c.in(1).dtype != dt || (c.has_in(2) && c.in(2).dtype != dt))
       fail("Conv operands have different dtypes");
-    c.set_out(0, infer_conv_type(c, dt));
+    TensorType out = infer_conv_type(c, dt);
+    if (c.has_in(2)) {
+      const Shape& b = c.in(2).shape;
+      if (b.size() != 1 ||
+          (b[0] != kUnknownDim && out.shape[1] != kUnknownDim && b[0] != out.shape[1]))
+        fail("Conv bias must have shape [{}], got {}", out.shape[1], shape_str(b));
+    }
+    c.set_out(0, out);
   };
   d.kernel = [](KernelCtx& c) {
     c.set_out(
@@ -431,6 +438,8 @@ OpDef conv_transpose_def() {
       fail("ConvTranspose needs float operands of one dtype");
     if (x[1] != kUnknownDim && wt[0] != kUnknownDim && x[1] != wt[0])
       fail("ConvTranspose input has {} channels but W has {}", x[1], wt[0]);
+    if (x[1] != kUnknownDim && x[1] % group != 0)
+      fail("ConvTranspose input channels {} not divisible by group {}", x[1], group);
     const int nd = static_cast<int>(x.size()) - 2;
     std::vector<int64_t> k = conv_kernel(c.node(), wt, nd);
     for (int64_t v : k)
