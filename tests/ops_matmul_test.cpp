@@ -221,4 +221,47 @@ TEST(OpsAttention, LinearAttentionAccumulatesState) {
   expect_f(r[1], {1, 1, 1, 1}, {11});
 }
 
+TEST(OpsPool, MaxUnpoolAndCol2Im) {
+  // Index 3 of the default 2x2 output is its bottom-right element.
+  Tensor y = run1(
+      "MaxUnpool", {f32({1, 1, 1, 1}, {7}), ints(DType::i64, {1, 1, 1, 1}, {3})},
+      {{"kernel_shape", std::vector<int64_t>{2, 2}}, {"strides", std::vector<int64_t>{2, 2}}})[0];
+  expect_f(y, {1, 1, 2, 2}, {0, 0, 0, 7});
+  // 1x3 image, 1x2 blocks at positions 0 and 1: the middle pixel sums two taps (10 + 2).
+  Tensor im = run1("Col2Im", {f32({1, 2, 2}, {1, 2, 10, 20}), ints(DType::i64, {2}, {1, 3}),
+                              ints(DType::i64, {2}, {1, 2})})[0];
+  expect_f(im, {1, 1, 1, 3}, {1, 12, 20});
+}
+
+TEST(OpsConv, ConvIntegerSubtractsZeroPoint) {
+  Tensor y = run1("ConvInteger", {ints(DType::u8, {1, 1, 2}, {5, 7}),
+                                  ints(DType::u8, {1, 1, 1}, {2}), ints(DType::u8, {}, {3})})[0];
+  EXPECT_EQ(y.dtype(), DType::i32);
+  EXPECT_EQ(y.get_i(0), 4);
+  EXPECT_EQ(y.get_i(1), 8);
+}
+
+TEST(OpsAttention, GroupedQueryWithPastCache) {
+  // Two query heads share one kv head; zero queries weigh past (v=2) and new (v=4) equally.
+  Tensor q = f32({1, 2, 1, 1}, {0, 0});
+  Tensor k = f32({1, 1, 1, 1}, {1});
+  Tensor v = f32({1, 1, 1, 1}, {4});
+  Tensor pk = f32({1, 1, 1, 1}, {5});
+  Tensor pv = f32({1, 1, 1, 1}, {2});
+  Graph g;
+  std::vector<Value*> ins;
+  std::vector<Tensor> vals = {q, k, v, pk, pv};
+  for (size_t i = 0; i < vals.size(); ++i)
+    ins.push_back(g.add_input("in" + std::to_string(i), {DType::f32, vals[i].shape()}));
+  // attn_mask (input 3) omitted.
+  Node* n = g.add_node(OpRegistry::get().find("Attention"), "n",
+                       {ins[0], ins[1], ins[2], nullptr, ins[3], ins[4]}, {"y", "pk", "pv"});
+  for (Value* o : n->outputs) g.outputs.push_back(o);
+  infer_graph(g);
+  std::vector<Tensor> r = run_eager(g, vals);
+  expect_f(r[0], {1, 2, 1, 1}, {3, 3});
+  expect_f(r[1], {1, 1, 2, 1}, {5, 1});
+  expect_f(r[2], {1, 1, 2, 1}, {2, 4});
+}
+
 }  // namespace
