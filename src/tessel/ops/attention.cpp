@@ -1,5 +1,4 @@
-// Op family: ONNX Attention (opset 23/24, MHA/GQA/MQA with KV cache) and RotaryEmbedding (opset
-// 23).
+// Op family: attention (Attention 23/24 with KV cache, LinearAttention, FlexAttention) and RoPE.
 #include <algorithm>
 #include <cmath>
 

@@ -1,5 +1,4 @@
-// Op family: convolutions (Conv, ConvTranspose, ConvInteger, Col2Im) and pooling (Max/Average/Lp,
-// global pools, MaxUnpool), sharing one N-D window geometry.
+// Op family: convolutions, Col2Im and pooling, sharing one N-D window geometry (see for_each_tap).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -146,8 +145,7 @@ Shape spatial_of(const Shape& s) {
   return Shape(s.begin() + 2, s.end());
 }
 
-// ---- Conv
-// -----------------------------------------------------------------------------------------
+// ---- Conv ---------------------------------------------------------------------------------------
 
 // One grouped N-D convolution with double accumulation: y[n, m, out] = b[m] + sum w * x.
 template <typename T>

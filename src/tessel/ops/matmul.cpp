@@ -112,8 +112,8 @@ bool is_matmul_dtype(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16 || is_int(t);
 }
 
-// Batched matmul with numpy semantics; the output dtype is `out_dt`. Integer inputs are offset by
-// the zero points (already expanded to full-size vectors along M and N) for MatMulInteger.
+// Batched matmul with numpy semantics; the output dtype is `out_dt`. f32 takes the fast path,
+// other floats go through double and integers through wrapping int64.
 Tensor batched_matmul(const Tensor& a, const Tensor& b, DType out_dt) {
   MatMulShape s = matmul_shape(a.shape(), b.shape());
   Tensor out(out_dt, s.out);
