@@ -57,20 +57,7 @@ void check_same_dtype(const InferCtx& ctx) {
            dtype_name(ctx.in(i).dtype));
 }
 
-// ONNX TensorProto.DataType numbers of the dtypes tessel holds.
-constexpr std::pair<int64_t, DType> kOnnxDTypes[] = {
-    {1, DType::f32},         {2, DType::u8},        {3, DType::i8},          {4, DType::u16},
-    {5, DType::i16},         {6, DType::i32},       {7, DType::i64},         {9, DType::boolean},
-    {10, DType::f16},        {11, DType::f64},      {12, DType::u32},        {13, DType::u64},
-    {16, DType::bf16},       {17, DType::f8e4m3fn}, {18, DType::f8e4m3fnuz}, {19, DType::f8e5m2},
-    {20, DType::f8e5m2fnuz}, {21, DType::u4},       {22, DType::i4},         {23, DType::f4e2m1},
-};
-
-std::optional<DType> dtype_of_onnx(int64_t t) {
-  for (const auto& [code, dt] : kOnnxDTypes)
-    if (code == t) return dt;
-  return std::nullopt;
-}
+std::optional<DType> dtype_of_onnx(int64_t t) { return dtype_from_onnx(static_cast<int>(t)); }
 
 // round_mode only steers casts to float8e8m0, which tessel does not hold; still checked.
 void check_round_mode(const Node& n) {

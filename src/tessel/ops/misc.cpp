@@ -5,7 +5,6 @@
 #include <complex>
 #include <numbers>
 
-#include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
 

@@ -5,7 +5,6 @@
 #include <limits>
 #include <numeric>
 
-#include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
 

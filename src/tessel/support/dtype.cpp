@@ -71,7 +71,42 @@ double max_finite_of(const FloatFormat& f) {
   return 0;
 }
 
+// ONNX TensorProto.DataType numbers of the dtypes tessel holds (onnx.proto).
+constexpr std::pair<int, DType> kOnnxCodes[] = {
+    {1, DType::f32},         {2, DType::u8},        {3, DType::i8},          {4, DType::u16},
+    {5, DType::i16},         {6, DType::i32},       {7, DType::i64},         {9, DType::boolean},
+    {10, DType::f16},        {11, DType::f64},      {12, DType::u32},        {13, DType::u64},
+    {16, DType::bf16},       {17, DType::f8e4m3fn}, {18, DType::f8e4m3fnuz}, {19, DType::f8e5m2},
+    {20, DType::f8e5m2fnuz}, {21, DType::u4},       {22, DType::i4},         {23, DType::f4e2m1},
+};
+
 }  // namespace
+
+std::optional<DType> dtype_from_onnx(int t) {
+  for (const auto& [code, dt] : kOnnxCodes)
+    if (code == t) return dt;
+  return std::nullopt;
+}
+
+int dtype_to_onnx(DType t) {
+  for (const auto& [code, dt] : kOnnxCodes)
+    if (dt == t) return code;
+  return 0;
+}
+
+std::string_view onnx_dtype_name(int t) {
+  switch (t) {
+    case 8: return "string";
+    case 14: return "complex64";
+    case 15: return "complex128";
+    case 24: return "float8e8m0";
+    case 25: return "uint2";
+    case 26: return "int2";
+    default:
+      if (auto d = dtype_from_onnx(t)) return dtype_name(*d);
+      return "unknown";
+  }
+}
 
 std::string_view dtype_name(DType t) { return kInfo[static_cast<int>(t)].name; }
 

@@ -35,6 +35,12 @@ uint32_t encode_float_bits(DType t, double x, bool saturate = false);
 double decode_float_bits(DType t, uint32_t bits);
 double max_finite(DType t);
 
+// ONNX TensorProto.DataType numbers <-> dtypes (the numbers are also used by op attributes such as
+// Cast's `to`); onnx_dtype_name names the codes tessel does not hold, for error messages.
+std::optional<DType> dtype_from_onnx(int onnx_type);
+int dtype_to_onnx(DType t);
+std::string_view onnx_dtype_name(int onnx_type);
+
 // Integer range helpers for casts (wrap-around like C for out-of-range integers).
 int64_t wrap_to_int(DType t, int64_t v);
 

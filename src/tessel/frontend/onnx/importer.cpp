@@ -18,25 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// ONNX TensorProto.DataType numbers (onnx.proto); the newer ones are not in the Debian libonnx enum.
-enum OnnxType {
-  kFloat = 1, kUint8 = 2, kInt8 = 3, kUint16 = 4, kInt16 = 5, kInt32 = 6, kInt64 = 7, kString = 8,
-  kBool = 9, kFloat16 = 10, kDouble = 11, kUint32 = 12, kUint64 = 13, kComplex64 = 14,
-  kComplex128 = 15, kBfloat16 = 16, kF8E4M3FN = 17, kF8E4M3FNUZ = 18, kF8E5M2 = 19,
-  kF8E5M2FNUZ = 20, kUint4 = 21, kInt4 = 22, kFloat4E2M1 = 23, kF8E8M0 = 24,
-};
-
-const char* onnx_type_name(int t) {
-  switch (t) {
-    case kString: return "string";
-    case kComplex64: return "complex64";
-    case kComplex128: return "complex128";
-    case kF8E8M0: return "float8e8m0";
-    case 25: return "uint2";
-    case 26: return "int2";
-    default: return "unknown";
-  }
-}
+std::string_view onnx_type_name(int t) { return onnx_dtype_name(t); }
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -219,38 +201,6 @@ Tensor constant_node_value(const onnx::NodeProto& np, const fs::path& base) {
 
 }  // namespace
 
-std::optional<DType> dtype_from_onnx(int t) {
-  switch (t) {
-    case kFloat: return DType::f32;
-    case kUint8: return DType::u8;
-    case kInt8: return DType::i8;
-    case kUint16: return DType::u16;
-    case kInt16: return DType::i16;
-    case kInt32: return DType::i32;
-    case kInt64: return DType::i64;
-    case kBool: return DType::boolean;
-    case kFloat16: return DType::f16;
-    case kDouble: return DType::f64;
-    case kUint32: return DType::u32;
-    case kUint64: return DType::u64;
-    case kBfloat16: return DType::bf16;
-    case kF8E4M3FN: return DType::f8e4m3fn;
-    case kF8E4M3FNUZ: return DType::f8e4m3fnuz;
-    case kF8E5M2: return DType::f8e5m2;
-    case kF8E5M2FNUZ: return DType::f8e5m2fnuz;
-    case kUint4: return DType::u4;
-    case kInt4: return DType::i4;
-    case kFloat4E2M1: return DType::f4e2m1;
-    default: return std::nullopt;
-  }
-}
-
-int dtype_to_onnx(DType t) {
-  for (int i = 1; i <= kF8E8M0; ++i)
-    if (auto d = dtype_from_onnx(i); d && *d == t) return i;
-  return 0;
-}
-
 Tensor read_tensor_pb(const std::string& path) {
   try {
     std::string bytes = read_file(path);
@@ -392,13 +342,15 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
         Node* n = g->add_node(def, nname, std::move(ins), outs, std::move(attrs));
         int ver = opsets.count(def->domain) ? opsets[def->domain] : 1;
         if (ver < def->since) def->upgrade(*g, *n, ver);
-        if (static_cast<int>(n->inputs.size()) < def->min_inputs)
-          fail("needs at least {} inputs, got {}", def->min_inputs, n->inputs.size());
-        if (def->max_inputs >= 0 && static_cast<int>(n->inputs.size()) > def->max_inputs)
-          fail("takes at most {} inputs, got {}", def->max_inputs, n->inputs.size());
-        if (static_cast<int>(n->outputs.size()) > def->max_outputs)
-          fail("has at most {} outputs, got {}", def->max_outputs, n->outputs.size());
-        for (const auto& s : def->attrs)
+        // The upgrade may have replaced the node's op: check against the op it has now.
+        const OpDef* cur = n->op;
+        if (static_cast<int>(n->inputs.size()) < cur->min_inputs)
+          fail("needs at least {} inputs, got {}", cur->min_inputs, n->inputs.size());
+        if (cur->max_inputs >= 0 && static_cast<int>(n->inputs.size()) > cur->max_inputs)
+          fail("takes at most {} inputs, got {}", cur->max_inputs, n->inputs.size());
+        if (static_cast<int>(n->outputs.size()) > cur->max_outputs)
+          fail("has at most {} outputs, got {}", cur->max_outputs, n->outputs.size());
+        for (const auto& s : cur->attrs)
           if (s.required && !n->has_attr(s.name)) fail("missing required attribute '{}'", s.name);
         for (size_t i = 0; i < outs.size(); ++i)
           if (!outs[i].empty()) env[outs[i]] = n->outputs[i];

@@ -31,8 +31,5 @@ Tensor read_tensor_pb(const std::string& path);
 // Writes a tensor as a serialized onnx TensorProto.
 void write_tensor_pb(const Tensor& t, const std::string& name, const std::string& path);
 
-// ONNX TensorProto data type number <-> tessel dtype.
-std::optional<DType> dtype_from_onnx(int onnx_type);
-int dtype_to_onnx(DType t);
 
 }  // namespace tessel
