@@ -7,6 +7,7 @@
 namespace tessel {
 
 namespace {
+
 Location node_loc(const Node& n, const char* pass) {
   Location l;
   l.node = n.name;
@@ -14,26 +15,41 @@ Location node_loc(const Node& n, const char* pass) {
   l.pass = pass;
   return l;
 }
+
+// What the op's rule says about one node: its output types, and values where they are static.
+struct NodeFacts {
+  std::vector<TensorType> types;
+  std::vector<std::optional<Tensor>> values;
+};
+
+NodeFacts run_rule(const Node& n, const std::vector<const Tensor*>& known) {
+  InferCtx ctx(n, known);
+  n.op->infer(ctx);
+  for (size_t i = 0; i < n.outputs.size(); ++i)
+    if (n.outputs[i] && !ctx.out_set(static_cast<int>(i))) fail("shape rule did not set output {}", i);
+  return {ctx.outs(), ctx.out_values()};
+}
+
+void apply(Node& n, const NodeFacts& f, bool verify_only) {
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    Value* v = n.outputs[i];
+    if (!v) continue;
+    if (!verify_only) {
+      v->type = f.types[i];
+    } else if (v->type != f.types[i]) {
+      fail("output '{}' has type {} but the op's shape rule gives {}", v->name, v->type.str(), f.types[i].str());
+    }
+  }
+}
+
 }  // namespace
-
-
 
 void infer_node(Node& n, const std::vector<const Tensor*>& known, std::vector<std::optional<Tensor>>* out_values,
                 bool verify_only) {
   try {
-    InferCtx ctx(n, known);
-    n.op->infer(ctx);
-    for (size_t i = 0; i < n.outputs.size(); ++i) {
-      if (!n.outputs[i]) continue;
-      if (!ctx.out_set(i)) fail("shape rule did not set output {}", i);
-      if (!verify_only) {
-        n.outputs[i]->type = ctx.outs()[i];
-      } else if (n.outputs[i]->type != ctx.outs()[i]) {
-        fail("output '{}' has type {} but the op's shape rule gives {}", n.outputs[i]->name,
-             n.outputs[i]->type.str(), ctx.outs()[i].str());
-      }
-    }
-    if (out_values) *out_values = ctx.out_values();
+    NodeFacts f = run_rule(n, known);
+    apply(n, f, verify_only);
+    if (out_values) *out_values = std::move(f.values);
   } catch (const Error& e) {
     throw e.with_context(node_loc(n, verify_only ? "verify" : "infer"));
   }
@@ -75,30 +91,44 @@ InferResult infer_graph(Graph& g, int64_t fold_limit, bool verify_only) {
   };
   for (auto& np : g.mutable_nodes()) {
     Node& n = *np;
-    std::vector<const Tensor*> known;
-    bool all_known = true;
-    int64_t elems = 0;
-    for (const Value* v : n.inputs) {
-      known.push_back(known_of(v));
-      if (v && !known.back()) all_known = false;
-      if (known.back()) elems += known.back()->numel();
-    }
-    std::vector<std::optional<Tensor>> out_values;
-    infer_node(n, known, &out_values, verify_only);
-    bool any_value = false;
-    for (size_t i = 0; i < n.outputs.size(); ++i)
-      if (n.outputs[i] && out_values[i]) {
-        r.folded[n.outputs[i]] = std::move(*out_values[i]);
-        any_value = true;
+    try {
+      std::vector<const Tensor*> known;
+      bool all_known = true;
+      int64_t elems = 0;
+      for (const Value* v : n.inputs) {
+        known.push_back(known_of(v));
+        if (v && !known.back()) all_known = false;
+        if (known.back()) elems += known.back()->numel();
       }
-    if (any_value || !all_known || !n.op->deterministic || elems > fold_limit) continue;
-    bool small = true;
-    for (const Value* v : n.outputs)
-      if (v && (!shape_known(v->type.shape) || shape_numel(v->type.shape) > fold_limit)) small = false;
-    if (!small) continue;
-    auto outs = run_node(n, known);
-    for (size_t i = 0; i < n.outputs.size(); ++i)
-      if (n.outputs[i]) r.folded[n.outputs[i]] = std::move(outs[i]);
+      NodeFacts f = run_rule(n, known);
+      bool any_value = false;
+      for (const auto& v : f.values) any_value = any_value || v.has_value();
+      // A deterministic node whose inputs are all small and known is evaluated now: later rules see
+      // its values (shape arithmetic), and data-dependent output sizes (NonZero, Unique of a
+      // constant) become exact.
+      if (!any_value && all_known && n.op->deterministic && elems <= fold_limit) {
+        bool small = true;
+        for (const auto& t : f.types) small = small && (!shape_known(t.shape) || shape_numel(t.shape) <= fold_limit);
+        if (small) {
+          // The kernel's results are checked against the outputs' types, so the rule's types go in
+          // first (when verifying, the stored types are what is checked).
+          if (!verify_only)
+            for (size_t i = 0; i < n.outputs.size(); ++i)
+              if (n.outputs[i]) n.outputs[i]->type = f.types[i];
+          auto outs = run_node(n, known);
+          for (size_t i = 0; i < n.outputs.size(); ++i) {
+            if (!n.outputs[i]) continue;
+            f.types[i] = TensorType{outs[i].dtype(), outs[i].shape()};
+            if (outs[i].numel() <= fold_limit) f.values[i] = std::move(outs[i]);
+          }
+        }
+      }
+      apply(n, f, verify_only);
+      for (size_t i = 0; i < n.outputs.size(); ++i)
+        if (n.outputs[i] && f.values[i]) r.folded[n.outputs[i]] = std::move(*f.values[i]);
+    } catch (const Error& e) {
+      throw e.with_context(node_loc(n, verify_only ? "verify" : "infer"));
+    }
   }
   return r;
 }

@@ -106,6 +106,19 @@ Cost op_cost(const Node& node) {
   return c;
 }
 
+CostFn cost_per_input_element(double per_elem) {
+  return [per_elem](const Node& n) {
+    Cost c;
+    for (const Value* v : n.inputs)
+      if (v && shape_known(v->type.shape)) c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
+    for (const Value* v : n.outputs)
+      if (v && shape_known(v->type.shape)) c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
+    const Value* x = n.inputs.empty() ? nullptr : n.inputs[0];
+    if (x && shape_known(x->type.shape)) c.flops = per_elem * static_cast<double>(shape_numel(x->type.shape));
+    return c;
+  };
+}
+
 void infer_same_as_input(InferCtx& ctx, int input) { ctx.set_out(0, ctx.in(input)); }
 
 void infer_broadcast(InferCtx& ctx, std::optional<DType> out_dtype) {

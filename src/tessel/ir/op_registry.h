@@ -112,6 +112,9 @@ class OpRegistry {
 };
 
 Cost op_cost(const Node& node);
+// A cost of `flops_per_element` FLOPs per element of input 0, bytes as the default counts them: for
+// ops that read far more than they write (reductions, normalisations).
+CostFn cost_per_input_element(double flops_per_element);
 
 // ---- helpers shared by the op families -------------------------------------------------------
 

@@ -366,33 +366,10 @@ void nonzero_infer(InferCtx& c) {
 
 // ---- Compress -------------------------------------------------------------------------------
 
-// Data-dependent output shapes become exact when every input is a small known value: the rule
-// evaluates the kernel then, so later shape rules see real sizes. Returns whether it did.
-bool fold_known(InferCtx& c, const KernelFn& kernel) {
-  std::vector<const Tensor*> ins;
-  for (int i = 0; i < c.num_inputs(); ++i) {
-    if (!c.has_in(i)) {
-      ins.push_back(nullptr);
-      continue;
-    }
-    const Tensor* v = c.value(i);
-    if (!v || v->numel() > (1 << 16)) return false;
-    ins.push_back(v);
-  }
-  KernelCtx k(c.node(), ins);
-  kernel(k);
-  for (int i = 0; i < c.num_outputs(); ++i)
-    if (k.wants_out(i)) c.set_out_value(i, std::move(k.outs()[i]));
-  return true;
-}
-
-void compress_kernel(KernelCtx& c);
-
 void compress_infer(InferCtx& c) {
   const auto& x = c.in(0);
   if (c.in(1).dtype != DType::boolean) fail("Compress condition must be bool");
   if (c.in(1).shape.size() != 1) fail("Compress condition must be 1-D");
-  if (fold_known(c, compress_kernel)) return;
   if (!c.node().has_attr("axis")) return c.set_out(0, {x.dtype, {kUnknownDim}});
   Shape s = x.shape;
   s[normalize_axis(c.node().attr_i("axis"), static_cast<int>(s.size()))] = kUnknownDim;
@@ -477,12 +454,9 @@ void onehot_kernel(KernelCtx& c) {
 
 // ---- Unique ---------------------------------------------------------------------------------
 
-void unique_kernel(KernelCtx& c);
-
 void unique_infer(InferCtx& c) {
   const auto& x = c.in(0);
   const auto& n = c.node();
-  if (fold_known(c, unique_kernel)) return;
   Shape ys = {kUnknownDim};
   int64_t len = shape_numel(x.shape);
   if (n.has_attr("axis")) {

@@ -406,33 +406,10 @@ void roi_align_upgrade(Graph&, Node& n, int) {
 
 // ---- NonMaxSuppression ----------------------------------------------------------------------
 
-// Data-dependent output shapes become exact when every input is a small known value: the rule
-// evaluates the kernel then, so later shape rules see real sizes. Returns whether it did.
-bool fold_known(InferCtx& c, const KernelFn& kernel) {
-  std::vector<const Tensor*> ins;
-  for (int i = 0; i < c.num_inputs(); ++i) {
-    if (!c.has_in(i)) {
-      ins.push_back(nullptr);
-      continue;
-    }
-    const Tensor* v = c.value(i);
-    if (!v || v->numel() > (1 << 16)) return false;
-    ins.push_back(v);
-  }
-  KernelCtx k(c.node(), ins);
-  kernel(k);
-  for (int i = 0; i < c.num_outputs(); ++i)
-    if (k.wants_out(i)) c.set_out_value(i, std::move(k.outs()[i]));
-  return true;
-}
-
-void nms_kernel(KernelCtx& c);
-
 void nms_infer(InferCtx& c) {
   if (c.in(0).shape.size() != 3 || c.in(1).shape.size() != 3) fail("boxes and scores must be 3-D");
   const int64_t cpb = c.node().attr_i("center_point_box", 0);
   if (cpb != 0 && cpb != 1) fail("center_point_box must be 0 or 1");
-  if (fold_known(c, nms_kernel)) return;
   c.set_out(0, {DType::i64, {kUnknownDim, 3}});
 }
 

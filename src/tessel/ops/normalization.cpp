@@ -11,24 +11,6 @@ void check_float(const TensorType& t, const char* what) {
   if (!is_float(t.dtype)) fail("{} must be float, got {}", what, dtype_name(t.dtype));
 }
 
-// Cost: `per_elem` FLOPs per element of input 0 (these ops read far more than they write, so
-// the registry's per-output-element default undercounts them); bytes as the default counts them.
-CostFn input_cost(double per_elem) {
-  return [per_elem](const Node& n) {
-    Cost c;
-    for (const Value* v : n.inputs)
-      if (v && shape_known(v->type.shape))
-        c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
-    for (const Value* v : n.outputs)
-      if (v && shape_known(v->type.shape))
-        c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
-    const Value* x = n.inputs.empty() ? nullptr : n.inputs[0];
-    if (x && shape_known(x->type.shape))
-      c.flops = per_elem * static_cast<double>(shape_numel(x->type.shape));
-    return c;
-  };
-}
-
 // The ONNX dtype code of `stash_type` as a tessel dtype.
 DType stash_dtype(int64_t code) {
   switch (code) {
@@ -101,7 +83,7 @@ OpDef last_axes_norm(std::string name, int since, bool rms) {
   d.max_outputs = rms ? 1 : 3;
   d.since = since;
   d.attrs = {{"axis", AttrKind::i}, {"epsilon", AttrKind::f}, {"stash_type", AttrKind::i}};
-  d.cost = input_cost(rms ? 5 : 7);  // statistics passes, then normalize, scale, shift
+  d.cost = cost_per_input_element(rms ? 5 : 7);  // statistics passes, then normalize, scale, shift
   d.infer = [](InferCtx& ctx) {
     const TensorType& x = ctx.in(0);
     check_float(x, "X");
@@ -194,7 +176,7 @@ void infer_nc(InferCtx& ctx) {
 OpDef instance_norm() {
   OpDef d;
   d.name = "InstanceNormalization";
-  d.cost = input_cost(7);
+  d.cost = cost_per_input_element(7);
   d.min_inputs = d.max_inputs = 3;
   d.since = 6;
   d.attrs = {{"epsilon", AttrKind::f}, {"consumed_inputs", AttrKind::ints}};
@@ -248,7 +230,7 @@ void upgrade_group_norm_18(Graph& g, Node& n, int) {
 OpDef group_norm_op() {
   OpDef d;
   d.name = "GroupNormalization";
-  d.cost = input_cost(7);
+  d.cost = cost_per_input_element(7);
   d.min_inputs = d.max_inputs = 3;
   d.since = 21;
   d.attrs = {
@@ -280,7 +262,7 @@ OpDef group_norm_op() {
 OpDef batch_norm() {
   OpDef d;
   d.name = "BatchNormalization";
-  d.cost = input_cost(7);
+  d.cost = cost_per_input_element(7);
   d.min_inputs = d.max_inputs = 5;
   d.max_outputs = 5;  // opsets < 14 list 5 outputs in training mode
   d.since = 14;
@@ -368,7 +350,7 @@ OpDef batch_norm() {
 OpDef lp_norm() {
   OpDef d;
   d.name = "LpNormalization";
-  d.cost = input_cost(3);
+  d.cost = cost_per_input_element(3);
   d.since = 1;
   d.attrs = {{"axis", AttrKind::i}, {"p", AttrKind::i}};
   d.infer = [](InferCtx& ctx) {
@@ -408,7 +390,7 @@ OpDef lp_norm() {
 OpDef mvn() {
   OpDef d;
   d.name = "MeanVarianceNormalization";
-  d.cost = input_cost(7);
+  d.cost = cost_per_input_element(7);
   d.since = 9;
   d.attrs = {{"axes", AttrKind::ints}};
   d.infer = [](InferCtx& ctx) {

@@ -41,24 +41,6 @@ void for_each_reduced(const Shape& shape, const std::vector<bool>& reduced, F&& 
   }
 }
 
-// Cost: `per_elem` FLOPs per element of input 0 (these ops read far more than they write, so
-// the registry's per-output-element default undercounts them); bytes as the default counts them.
-CostFn input_cost(double per_elem) {
-  return [per_elem](const Node& n) {
-    Cost c;
-    for (const Value* v : n.inputs)
-      if (v && shape_known(v->type.shape))
-        c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
-    for (const Value* v : n.outputs)
-      if (v && shape_known(v->type.shape))
-        c.bytes += shape_numel(v->type.shape) * dtype_size(v->type.dtype);
-    const Value* x = n.inputs.empty() ? nullptr : n.inputs[0];
-    if (x && shape_known(x->type.shape))
-      c.flops = per_elem * static_cast<double>(shape_numel(x->type.shape));
-    return c;
-  };
-}
-
 // Integer range of an integer or bool dtype, as int64 (u64 max is clamped to int64 max).
 std::pair<int64_t, int64_t> int_range(DType t) {
   switch (t) {
@@ -327,7 +309,7 @@ OpDef reduce_op(std::string name, int since, RK k) {
     }
   };
   d.infer = infer_reduce;
-  d.cost = input_cost(k == RK::log_sum_exp ? 4 : 1);
+  d.cost = cost_per_input_element(k == RK::log_sum_exp ? 4 : 1);
   d.kernel = [k](KernelCtx& c) {
     const Tensor& x = c.in(0);
     const Node& n = c.node();
@@ -357,7 +339,7 @@ OpDef arg_op(std::string name, bool is_max) {
   d.since = 1;  // later opsets only added negative axes and select_last_index
   d.fusion = FusionKind::reduction;
   d.attrs = {{"axis", AttrKind::i}, {"keepdims", AttrKind::i}, {"select_last_index", AttrKind::i}};
-  d.cost = input_cost(1);
+  d.cost = cost_per_input_element(1);
   d.infer = [](InferCtx& ctx) {
     const TensorType& x = ctx.in(0);
     int r = static_cast<int>(x.shape.size());
@@ -470,7 +452,7 @@ OpDef softmax_op(std::string name, SM kind) {
   d.name = std::move(name);
   d.since = 13;
   d.attrs = {{"axis", AttrKind::i}};
-  d.cost = input_cost(kind == SM::hardmax ? 2 : 5);  // max, subtract, exp, sum, divide
+  d.cost = cost_per_input_element(kind == SM::hardmax ? 2 : 5);  // max, subtract, exp, sum, divide
   d.upgrade = upgrade_softmax_2d;
   d.infer = [](InferCtx& ctx) {
     const TensorType& x = ctx.in(0);
@@ -524,7 +506,7 @@ OpDef cum_op(std::string name, int since, bool prod) {
   d.min_inputs = d.max_inputs = 2;
   d.since = since;
   d.attrs = {{"exclusive", AttrKind::i}, {"reverse", AttrKind::i}};
-  d.cost = input_cost(1);
+  d.cost = cost_per_input_element(1);
   d.infer = [](InferCtx& ctx) {
     const TensorType& x = ctx.in(0);
     if (!is_int(ctx.in(1).dtype)) fail("axis must be int32 or int64");
