@@ -7,33 +7,12 @@
 #include "tessel/ir/op_registry.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
+#include "op_test_util.h"
 
 using namespace tessel;
+using namespace tessel::testenv;
 
 namespace {
-
-// Runs one node on the given inputs (graph inputs; an invalid Tensor is an omitted optional input)
-// and returns its outputs.
-std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& ins, int num_outs,
-                           std::map<std::string, Attr> attrs = {}) {
-  Graph g;
-  std::vector<Value*> vs;
-  std::vector<Tensor> given;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    if (!ins[i].valid()) {
-      vs.push_back(nullptr);
-      continue;
-    }
-    vs.push_back(g.add_input("x" + std::to_string(i), TensorType{ins[i].dtype(), ins[i].shape()}));
-    given.push_back(ins[i]);
-  }
-  std::vector<std::string> outs;
-  for (int i = 0; i < num_outs; ++i) outs.push_back("y" + std::to_string(i));
-  Node* n = g.add_node(OpRegistry::get().find(op), "n", vs, outs, std::move(attrs));
-  for (Value* v : n->outputs) g.outputs.push_back(v);
-  infer_graph(g);
-  return run_eager(g, given);
-}
 
 // The inferred type of output 0 when input `const_in` is a constant (the others are inputs).
 TensorType inferred_type(const std::string& op, const std::vector<Tensor>& ins, int const_in) {
@@ -50,21 +29,10 @@ TensorType inferred_type(const std::string& op, const std::vector<Tensor>& ins, 
   return n->outputs[0]->type;
 }
 
-Tensor f32(Shape s, std::vector<double> v) {
-  return Tensor::from_f64(DType::f32, std::move(s), v);
-}
-Tensor i64(Shape s, std::vector<int64_t> v) {
-  return Tensor::from_i64(DType::i64, std::move(s), v);
-}
 Tensor u8(Shape s, std::vector<int64_t> v) {
   return Tensor::from_i64(DType::u8, std::move(s), v);
 }
 
-void expect_near(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
-  std::vector<double> got = t.to_f64();
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
-}
 
 void expect_ints(const Tensor& t, const std::vector<int64_t>& want) {
   EXPECT_EQ(t.to_i64(), want);

@@ -4,38 +4,21 @@
 
 #include <cmath>
 
+#include "op_test_util.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 
 using namespace tessel;
+using namespace tessel::testenv;
 
 namespace {
 
-// A one-node graph over the given inputs, inferred and run eagerly.
+// One node over graph inputs, attributes before the output count (the order these tests read best in).
 std::vector<Tensor> run1(const std::string& op, const std::vector<Tensor>& inputs,
                          std::map<std::string, Attr> attrs = {}, int num_outputs = 1) {
-  const OpDef* def = OpRegistry::get().find(op);
-  if (!def) throw std::runtime_error("no op " + op);
-  Graph g;
-  std::vector<Value*> ins;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    ins.push_back(
-        g.add_input("in" + std::to_string(i), TensorType{inputs[i].dtype(), inputs[i].shape()}));
-  std::vector<std::string> outs;
-  for (int i = 0; i < num_outputs; ++i) outs.push_back("out" + std::to_string(i));
-  Node* n = g.add_node(def, "n", ins, outs, std::move(attrs));
-  for (Value* v : n->outputs) g.outputs.push_back(v);
-  infer_graph(g);
-  return run_eager(g, inputs);
-}
-
-Tensor f32(Shape s, std::vector<double> v) {
-  return Tensor::from_f64(DType::f32, std::move(s), v);
-}
-Tensor ints(DType t, Shape s, std::vector<int64_t> v) {
-  return Tensor::from_i64(t, std::move(s), v);
+  return run_op(op, inputs, num_outputs, std::move(attrs));
 }
 
 void expect_f(const Tensor& t, const Shape& shape, std::vector<double> want, double tol = 1e-5) {

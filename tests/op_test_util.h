@@ -1,0 +1,52 @@
+// Helpers for the op-family tests: run one node eagerly, build small tensors, compare values.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessel/ir/infer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/support/error.h"
+
+namespace tessel::testenv {
+
+// Runs one `op` node whose inputs are graph inputs (an invalid Tensor is an omitted optional
+// input) and returns its `num_outs` outputs.
+inline std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& ins, int num_outs = 1,
+                                  std::map<std::string, Attr> attrs = {}) {
+  const OpDef* def = OpRegistry::get().find(op);
+  if (!def) fail("no op {}", op);
+  Graph g;
+  std::vector<Value*> vs;
+  std::vector<Tensor> given;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (!ins[i].valid()) {
+      vs.push_back(nullptr);
+      continue;
+    }
+    vs.push_back(g.add_input("x" + std::to_string(i), TensorType{ins[i].dtype(), ins[i].shape()}));
+    given.push_back(ins[i]);
+  }
+  std::vector<std::string> outs;
+  for (int i = 0; i < num_outs; ++i) outs.push_back("y" + std::to_string(i));
+  Node* n = g.add_node(def, "n", vs, outs, std::move(attrs));
+  for (Value* v : n->outputs) g.outputs.push_back(v);
+  infer_graph(g);
+  return run_eager(g, given);
+}
+
+inline Tensor f32(Shape s, std::vector<double> v) { return Tensor::from_f64(DType::f32, std::move(s), v); }
+inline Tensor i64(Shape s, std::vector<int64_t> v) { return Tensor::from_i64(DType::i64, std::move(s), v); }
+inline Tensor ints(DType t, Shape s, std::vector<int64_t> v) { return Tensor::from_i64(t, std::move(s), v); }
+
+inline void expect_near(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
+  std::vector<double> got = t.to_f64();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
+}
+
+}  // namespace tessel::testenv
