@@ -194,3 +194,50 @@ TEST(TensorFiles, RoundTrip) {
   Tensor back = read_tensor_pb(p);
   EXPECT_EQ(back.to_i64(), (std::vector<int64_t>{-8, 7, -1}));
 }
+
+TEST(TensorFiles, TwoBitPackingAndE8M0) {
+  std::string p = (tmp_dir() / "t2.pb").string();
+  // Five int2 values pack four to a byte, lowest bits first: -2,1,0,-1 -> 0b11'00'01'10 = 0xC6,
+  // then 1 -> 0x01.
+  Tensor i2 = Tensor::from_i64(DType::i2, {5}, std::vector<int64_t>{-2, 1, 0, -1, 1});
+  write_tensor_pb(i2, "i2", p);
+  {
+    onnx::TensorProto tp;
+    std::ifstream f(p, std::ios::binary);
+    ASSERT_TRUE(tp.ParseFromIstream(&f));
+    EXPECT_EQ(tp.data_type(), 26);
+    EXPECT_EQ(tp.raw_data(), std::string("\xC6\x01", 2));
+  }
+  EXPECT_TRUE(read_tensor_pb(p).same_as(i2));
+  EXPECT_EQ(read_tensor_pb(p).to_i64(), (std::vector<int64_t>{-2, 1, 0, -1, 1}));
+  Tensor u2 = Tensor::from_i64(DType::u2, {2, 2}, std::vector<int64_t>{3, 0, 2, 1});
+  write_tensor_pb(u2, "u2", p);
+  EXPECT_EQ(read_tensor_pb(p).to_i64(), (std::vector<int64_t>{3, 0, 2, 1}));
+
+  // int32_data holds one packed byte per entry: 228 = 0b11'10'01'00 -> uint2 0, 1, 2, 3.
+  onnx::TensorProto tp;
+  tp.set_data_type(25);
+  tp.add_dims(4);
+  tp.add_int32_data(228);
+  {
+    std::ofstream f(p, std::ios::binary);
+    tp.SerializeToOstream(&f);
+  }
+  EXPECT_EQ(read_tensor_pb(p).to_i64(), (std::vector<int64_t>{0, 1, 2, 3}));
+  // A wrong count of packed entries is an error, not a crash.
+  tp.add_int32_data(0);
+  tp.add_int32_data(0);
+  {
+    std::ofstream f(p, std::ios::binary);
+    tp.SerializeToOstream(&f);
+  }
+  EXPECT_THROW(read_tensor_pb(p), Error);
+
+  // float8e8m0: one byte per element.
+  Tensor e = Tensor::from_f64(DType::f8e8m0, {3}, std::vector<double>{1, 0.125, 256});
+  write_tensor_pb(e, "e", p);
+  Tensor eb = read_tensor_pb(p);
+  EXPECT_EQ(eb.dtype(), DType::f8e8m0);
+  EXPECT_EQ(eb.to_f64(), (std::vector<double>{1, 0.125, 256}));
+  EXPECT_EQ(eb.bytes()[2], 0x87);
+}

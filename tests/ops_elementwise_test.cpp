@@ -138,6 +138,44 @@ TEST(Elementwise, CastSaturatesFloat8) {
   expect_i(y[0], {1, 1, 0});
 }
 
+TEST(Elementwise, CastSubByteAndE8M0) {
+  // To int2 wraps (-3 -> 1, 2 -> -2); to uint2 wraps modulo 4.
+  Tensor x = f32({7}, {-3, -2, -1, 0, 1, 2, 3});
+  auto y = run1("Cast", {x}, {{"to", int64_t{26}}});
+  EXPECT_EQ(y[0].dtype(), DType::i2);
+  expect_i(y[0], {1, -2, -1, 0, 1, -2, -1});
+  y = run1("Cast", {x}, {{"to", int64_t{25}}});
+  EXPECT_EQ(y[0].dtype(), DType::u2);
+  expect_i(y[0], {1, 2, 3, 0, 1, 2, 3});
+  // To float8e8m0: 3 lies midway between 2 and 4, 0.3 between 0.25 and 0.5.
+  Tensor z = f32({3}, {3, 0.3, -8});
+  y = run1("Cast", {z}, {{"to", int64_t{24}}});  // round_mode "up" by default
+  EXPECT_EQ(y[0].dtype(), DType::f8e8m0);
+  expect_f(y[0], {4, 0.5, 8});
+  y = run1("Cast", {z}, {{"to", int64_t{24}}, {"round_mode", std::string("down")}});
+  expect_f(y[0], {2, 0.25, 8});
+  y = run1("Cast", {z}, {{"to", int64_t{24}}, {"round_mode", std::string("nearest")}});
+  expect_f(y[0], {4, 0.25, 8});
+  EXPECT_THROW(OneNode("Cast", {z}, {{"to", int64_t{24}}, {"round_mode", std::string("odd")}}),
+               Error);
+  // And back: every code is a power of two.
+  y = run1("Cast", {y[0]}, {{"to", int64_t{1}}});
+  expect_f(y[0], {4, 0.25, 8});
+}
+
+TEST(Elementwise, QuantizeTwoBit) {
+  // y = saturate(round(x / 2) + zp): int2 clamps to [-2, 1], uint2 to [0, 3].
+  Tensor x = f32({5}, {-9, -2, 1, 2, 9});
+  auto y = run1("QuantizeLinear", {x, f32({}, {2}), ints(DType::i2, {}, {0})});
+  EXPECT_EQ(y[0].dtype(), DType::i2);
+  expect_i(y[0], {-2, -1, 0, 1, 1});  // -4.5 -> -2 (clamped), -1, 0.5 -> 0 (even), 1, 4.5 -> 1
+  y = run1("QuantizeLinear", {x, f32({}, {2}), ints(DType::u2, {}, {1})});
+  expect_i(y[0], {0, 0, 1, 2, 3});
+  auto d = run1("DequantizeLinear", {ints(DType::u2, {4}, {0, 1, 2, 3}), f32({}, {2}),
+                                     ints(DType::u2, {1}, {1})});
+  expect_f(d[0], {-2, 0, 2, 4});
+}
+
 TEST(Elementwise, WhereAndClip) {
   Tensor c = ints(DType::boolean, {2, 1}, {1, 0});
   auto y = run1("Where", {c, f32({2}, {1, 2}), f32({}, {9})});
@@ -182,6 +220,13 @@ TEST(Activation, HandComputedValues) {
   expect_f(run1("PRelu", {f32({2, 2}, {-1, -2, 3, -4}), f32({2}, {0.5, 0.25})})[0],
            {-0.5, -0.5, 3, -1});
   expect_i(run1("Relu", {ints(DType::i32, {2}, {-3, 4})})[0], {0, 4});
+  // SwiGLU: A * sigmoid(alpha * A) * B. With A = 0 the gate is 0; A = 2, alpha = 1, B = 3:
+  // 2 * 3 / (1 + e^-2); A = -1, alpha = 0.5, B = 4: -4 / (1 + e^0.5).
+  expect_f(run1("SwiGLU", {f32({2}, {0, 2}), f32({2}, {5, 3})})[0], {0, 6 / (1 + std::exp(-2.0))});
+  expect_f(run1("SwiGLU", {f32({1}, {-1}), f32({1}, {4})}, {{"alpha", 0.5}})[0],
+           {-4 / (1 + std::exp(0.5))});
+  EXPECT_THROW(OneNode("SwiGLU", {f32({2}, {1, 2}), f32({1}, {1})}), Error);  // no broadcasting
+  EXPECT_THROW(OneNode("SwiGLU", {ints(DType::i32, {1}, {1}), ints(DType::i32, {1}, {1})}), Error);
 }
 
 TEST(Elementwise, LegacyUpgrades) {
@@ -232,6 +277,22 @@ TEST(Elementwise, LegacyAxisBroadcast) {
   EXPECT_FALSE(n->has_attr("axis"));
   infer_graph(g);
   auto y = run_eager(g, {f32({2, 3, 2}, std::vector<double>(12, 1.0))});
+  expect_f(y[0], {11, 11, 21, 21, 31, 31, 11, 11, 21, 21, 31, 31});
+
+  // The same with B a graph input: a Reshape of B to [3, 1] is inserted before the Add.
+  Graph g3;
+  Value* a3 = g3.add_input("a", TensorType{DType::f32, {2, 3, 2}});
+  Value* b3 = g3.add_input("b", TensorType{DType::f32, {3}});
+  Node* n3 =
+      g3.add_node(add, "n", {a3, b3}, {"y"}, {{"broadcast", int64_t{1}}, {"axis", int64_t{1}}});
+  g3.outputs.push_back(n3->outputs[0]);
+  add->upgrade(g3, *n3, 6);
+  ASSERT_EQ(g3.nodes().size(), 2u);
+  EXPECT_EQ(g3.nodes()[0]->op_name(), "Reshape");
+  EXPECT_EQ(g3.nodes()[1].get(), n3);
+  infer_graph(g3);
+  EXPECT_EQ(n3->inputs[1]->type.str(), "f32[3,1]");
+  y = run_eager(g3, {f32({2, 3, 2}, std::vector<double>(12, 1.0)), f32({3}, {10, 20, 30})});
   expect_f(y[0], {11, 11, 21, 21, 31, 31, 11, 11, 21, 21, 31, 31});
 
   // From opset 7 on, the legacy attributes are an error rather than silently ignored.

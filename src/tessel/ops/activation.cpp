@@ -143,6 +143,48 @@ void register_activation_ops(OpRegistry& r) {
         return [a](double x) { return x * sigmoid(a * x); };
       }));
   {
+    // SwiGLU (opset 28): Y = Swish_alpha(A) * B = A * sigmoid(alpha * A) * B, with A and B of one
+    // shape (no broadcasting).
+    OpDef d;
+    d.name = "SwiGLU";
+    d.since = 28;
+    d.min_inputs = d.max_inputs = 2;
+    d.attrs = {A{"alpha", F}};
+    d.fusion = FusionKind::pointwise;
+    d.infer = [](InferCtx& ctx) {
+      const TensorType& a = ctx.in(0);
+      const TensorType& b = ctx.in(1);
+      if (!is_float(a.dtype)) fail("SwiGLU is not defined for dtype {}", dtype_name(a.dtype));
+      if (b.dtype != a.dtype)
+        fail("A and B have different dtypes {} and {}", dtype_name(a.dtype), dtype_name(b.dtype));
+      bool same = a.shape.size() == b.shape.size();
+      for (size_t i = 0; same && i < a.shape.size(); ++i)
+        same = a.shape[i] < 0 || b.shape[i] < 0 || a.shape[i] == b.shape[i];
+      if (!same)
+        fail("A {} and B {} must have the same shape (SwiGLU does not broadcast)",
+             shape_str(a.shape), shape_str(b.shape));
+      Shape s = a.shape;
+      for (size_t i = 0; i < s.size(); ++i)
+        if (s[i] < 0) s[i] = b.shape[i];
+      ctx.set_out(0, TensorType{a.dtype, s});
+    };
+    d.kernel = [](KernelCtx& c) {
+      const Tensor& a = c.in(0);
+      const Tensor& b = c.in(1);
+      if (a.shape() != b.shape())
+        fail("A {} and B {} must have the same shape (SwiGLU does not broadcast)",
+             shape_str(a.shape()), shape_str(b.shape()));
+      const double alpha = c.node().attr_f("alpha", 1.0);
+      Tensor y(a.dtype(), a.shape());
+      for (int64_t i = 0; i < a.numel(); ++i) {
+        const double x = a.get_f(i);
+        y.set_f(i, x * sigmoid(alpha * x) * b.get_f(i));
+      }
+      c.set_out(0, std::move(y));
+    };
+    add(r, std::move(d));
+  }
+  {
     OpDef d = activation("Gelu", 20, {A{"approximate", AttrKind::s}}, [](const Node& n) -> UnaryF {
       std::string mode = n.attr_s("approximate", "none");
       if (mode == "tanh") {

@@ -59,12 +59,15 @@ void check_same_dtype(const InferCtx& ctx) {
 
 std::optional<DType> dtype_of_onnx(int64_t t) { return dtype_from_onnx(static_cast<int>(t)); }
 
-// round_mode only steers casts to float8e8m0, which tessel does not hold; still checked.
-void check_round_mode(const Node& n) {
+// round_mode only steers casts to float8e8m0 (default "up").
+E8M0Round round_mode_of(const Node& n) {
   std::string m = n.attr_s("round_mode", "up");
-  if (m != "up" && m != "down" && m != "nearest")
-    fail("round_mode must be up, down or nearest, got '{}'", m);
+  if (m == "up") return E8M0Round::up;
+  if (m == "down") return E8M0Round::down;
+  if (m == "nearest") return E8M0Round::nearest;
+  fail("round_mode must be up, down or nearest, got '{}'", m);
 }
+void check_round_mode(const Node& n) { round_mode_of(n); }
 
 DType to_attr_dtype(const Node& n) {
   int64_t to = n.attr_i("to");
@@ -77,12 +80,6 @@ DType to_attr_dtype(const Node& n) {
         unsupported("complex64 tensors are not supported");
       case 15:
         unsupported("complex128 tensors are not supported");
-      case 24:
-        unsupported("float8e8m0 tensors are not supported");
-      case 25:
-        unsupported("uint2 tensors are not supported");
-      case 26:
-        unsupported("int2 tensors are not supported");
       default:
         break;
     }
@@ -261,12 +258,13 @@ void upgrade_legacy_broadcast(Graph& g, Node& n, int /*opset*/) {
   // Equal shapes, or B matched against A's trailing dims: numpy broadcasting does the same.
   if (!bcast || !has_axis || n.inputs.size() < 2 || !n.inputs[0] || !n.inputs[1]) return;
   // B lines up with A from `axis` on: trailing ones on B make numpy align it the same way. That
-  // needs A's rank now (before inference) and B as a constant to reshape.
-  const Value* a = n.inputs[0];
-  const Value* b = n.inputs[1];
+  // needs the ranks of A and B now (before inference): known for graph inputs and constants.
+  Value* a = n.inputs[0];
+  Value* b = n.inputs[1];
   if (b->constant && b->constant->numel() == 1) return;  // a one-element B broadcasts anywhere
-  if (!(a->is_input || a->constant) || !b->constant)
-    unsupported("legacy broadcast with axis={} needs a graph-input or constant A and a constant B",
+  if (!(a->is_input || a->constant) || !(b->is_input || b->constant))
+    unsupported("legacy broadcast with axis={} needs A and B to be graph inputs or constants (their "
+                "ranks are not known before inference)",
                 axis);
   const int ra = static_cast<int>(a->type.shape.size());
   const int rb = static_cast<int>(b->type.shape.size());
@@ -274,9 +272,30 @@ void upgrade_legacy_broadcast(Graph& g, Node& n, int /*opset*/) {
   if (ax < 0 || ax + rb > ra)
     fail("broadcast axis {} does not fit B {} into A {}", axis, shape_str(b->type.shape),
          shape_str(a->type.shape));
+  if (ra - ax == rb) return;  // B already ends at A's last dim
   Shape s = b->type.shape;
   s.resize(static_cast<size_t>(ra - ax), 1);
-  n.inputs[1] = g.add_constant(g.unique_name(b->name + "_aligned"), b->constant->reshaped(s));
+  if (b->constant) {
+    n.inputs[1] = g.add_constant(g.unique_name(b->name + "_aligned"), b->constant->reshaped(s));
+    return;
+  }
+  // B is a graph input: Reshape it in the graph. A dim not known yet is given as 0, which Reshape
+  // (allowzero = 0) copies from B.
+  const OpDef* reshape = OpRegistry::get().find("Reshape");
+  if (!reshape) unsupported("legacy broadcast with axis={} needs the Reshape op", axis);
+  for (auto& d : s)
+    if (d < 0) d = 0;
+  const int64_t rank = static_cast<int64_t>(s.size());
+  Value* target = g.add_constant(g.unique_name(b->name + "_aligned_shape"),
+                                 Tensor::from_i64(DType::i64, {rank}, s));
+  const std::string base = n.name.empty() ? n.op_name() : n.name;
+  Node* rs = g.add_node(reshape, base + "_align_b", {b, target}, {g.unique_name(b->name + "_aligned")});
+  n.inputs[1] = rs->outputs[0];
+  // The Reshape was appended after `n`; move it in front of `n` to keep topological order.
+  auto& nodes = g.mutable_nodes();
+  auto it = std::find_if(nodes.begin(), nodes.end(), [&](const auto& p) { return p.get() == &n; });
+  if (it == nodes.end()) fail("upgrade: node not in its graph");
+  std::rotate(it, nodes.end() - 1, nodes.end());
 }
 
 // Rejects an attribute that only legacy opsets define (the upgrade removes it from those).
@@ -706,12 +725,15 @@ bool is_f8(DType t) {
          t == DType::f8e5m2fnuz;
 }
 
-Tensor cast_tensor(const Tensor& x, DType to, bool saturate) {
+Tensor cast_tensor(const Tensor& x, DType to, bool saturate, E8M0Round round) {
   if (x.dtype() == to) return x;
   Tensor y(to, x.shape());
   const int64_t n = x.numel();
   const DType from = x.dtype();
-  if (is_f8(to)) {
+  if (to == DType::f8e8m0) {
+    // Through float32, the sign dropped; NaN and inf become NaN (0xFF) even with saturate.
+    for (int64_t i = 0; i < n; ++i) y.bytes()[i] = encode_e8m0(x.get_f(i), saturate, round);
+  } else if (is_f8(to)) {
     // saturate clamps infinities too; without it, they become inf (e5m2) or NaN (the rest).
     for (int64_t i = 0; i < n; ++i)
       y.bytes()[i] = static_cast<uint8_t>(encode_float_bits(to, x.get_f(i), saturate));
@@ -752,7 +774,8 @@ void register_casts(OpRegistry& r) {
     };
     d.kernel = [](KernelCtx& c) {
       c.set_out(0,
-                cast_tensor(c.in(0), to_attr_dtype(c.node()), c.node().attr_i("saturate", 1) != 0));
+                cast_tensor(c.in(0), to_attr_dtype(c.node()), c.node().attr_i("saturate", 1) != 0,
+                            round_mode_of(c.node())));
     };
     add(r, std::move(d));
   }
@@ -768,7 +791,8 @@ void register_casts(OpRegistry& r) {
       ctx.set_out(0, TensorType{ctx.in(1).dtype, ctx.in(0).shape});
     };
     d.kernel = [](KernelCtx& c) {
-      c.set_out(0, cast_tensor(c.in(0), c.in(1).dtype(), c.node().attr_i("saturate", 1) != 0));
+      c.set_out(0, cast_tensor(c.in(0), c.in(1).dtype(), c.node().attr_i("saturate", 1) != 0,
+                               round_mode_of(c.node())));
     };
     add(r, std::move(d));
   }
@@ -790,11 +814,13 @@ void register_casts(OpRegistry& r) {
       const Tensor& x = c.in(0);
       DType to = to_attr_dtype(c.node());
       Tensor y(to, x.shape());
-      if (dtype_bits(to) == 4) {
-        // 4-bit values are stored one per byte: int4 sign-extended, uint4 and float4 as the nibble.
+      if (const int bits = dtype_bits(to); bits < 8) {
+        // 4- and 2-bit values are stored one per byte: int4/int2 sign-extended, uint4/uint2 and
+        // float4 as the bare field.
+        const uint8_t mask = static_cast<uint8_t>((1u << bits) - 1);
         for (int64_t i = 0; i < x.numel(); ++i) {
-          uint8_t nib = x.bytes()[i] & 0xF;
-          y.bytes()[i] = to == DType::i4 ? static_cast<uint8_t>(wrap_to_int(to, nib)) : nib;
+          uint8_t v = x.bytes()[i] & mask;
+          y.bytes()[i] = is_signed_int(to) ? static_cast<uint8_t>(wrap_to_int(to, v)) : v;
         }
       } else if (to == DType::boolean) {
         for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = x.bytes()[i] != 0;

@@ -11,6 +11,8 @@ namespace {
 
 bool is_int_quant(DType t) {
   switch (t) {
+    case DType::i2:
+    case DType::u2:
     case DType::i4:
     case DType::u4:
     case DType::i8:
@@ -31,6 +33,10 @@ bool is_float_quant(DType t) {
 
 std::pair<int64_t, int64_t> int_range(DType t) {
   switch (t) {
+    case DType::i2:
+      return {-2, 1};
+    case DType::u2:
+      return {0, 3};
     case DType::i4:
       return {-8, 7};
     case DType::u4:

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace tessel {
@@ -20,12 +21,14 @@ constexpr std::array<DTypeInfo, kNumDTypes> kInfo = {{
     {DType::f16, "f16", 2, 16},           {DType::bf16, "bf16", 2, 16},
     {DType::f8e4m3fn, "f8e4m3fn", 1, 8},  {DType::f8e4m3fnuz, "f8e4m3fnuz", 1, 8},
     {DType::f8e5m2, "f8e5m2", 1, 8},      {DType::f8e5m2fnuz, "f8e5m2fnuz", 1, 8},
-    {DType::f4e2m1, "f4e2m1", 1, 4},      {DType::i64, "i64", 8, 64},
+    {DType::f4e2m1, "f4e2m1", 1, 4},      {DType::f8e8m0, "f8e8m0", 1, 8},
+    {DType::i64, "i64", 8, 64},
     {DType::i32, "i32", 4, 32},           {DType::i16, "i16", 2, 16},
     {DType::i8, "i8", 1, 8},              {DType::u64, "u64", 8, 64},
     {DType::u32, "u32", 4, 32},           {DType::u16, "u16", 2, 16},
     {DType::u8, "u8", 1, 8},              {DType::i4, "i4", 1, 4},
-    {DType::u4, "u4", 1, 4},              {DType::boolean, "bool", 1, 8},
+    {DType::u4, "u4", 1, 4},              {DType::i2, "i2", 1, 2},
+    {DType::u2, "u2", 1, 2},              {DType::boolean, "bool", 1, 8},
 }};
 
 // A binary floating format: exponent and mantissa widths, bias, and how it spells inf and NaN.
@@ -78,6 +81,7 @@ constexpr std::pair<int, DType> kOnnxCodes[] = {
     {10, DType::f16},        {11, DType::f64},      {12, DType::u32},        {13, DType::u64},
     {16, DType::bf16},       {17, DType::f8e4m3fn}, {18, DType::f8e4m3fnuz}, {19, DType::f8e5m2},
     {20, DType::f8e5m2fnuz}, {21, DType::u4},       {22, DType::i4},         {23, DType::f4e2m1},
+    {24, DType::f8e8m0},     {25, DType::u2},       {26, DType::i2},
 };
 
 }  // namespace
@@ -99,9 +103,6 @@ std::string_view onnx_dtype_name(int t) {
     case 8: return "string";
     case 14: return "complex64";
     case 15: return "complex128";
-    case 24: return "float8e8m0";
-    case 25: return "uint2";
-    case 26: return "int2";
     default:
       if (auto d = dtype_from_onnx(t)) return dtype_name(*d);
       return "unknown";
@@ -119,22 +120,48 @@ std::optional<DType> dtype_from_name(std::string_view name) {
 int dtype_size(DType t) { return kInfo[static_cast<int>(t)].size; }
 int dtype_bits(DType t) { return kInfo[static_cast<int>(t)].bits; }
 
-bool is_float(DType t) { return t <= DType::f4e2m1; }
-bool is_small_float(DType t) { return t >= DType::f16 && t <= DType::f4e2m1; }
+bool is_float(DType t) { return t <= DType::f8e8m0; }
+bool is_small_float(DType t) { return t >= DType::f16 && t <= DType::f8e8m0; }
 bool is_signed_int(DType t) {
-  return t == DType::i64 || t == DType::i32 || t == DType::i16 || t == DType::i8 || t == DType::i4;
+  return t == DType::i64 || t == DType::i32 || t == DType::i16 || t == DType::i8 || t == DType::i4 ||
+         t == DType::i2;
 }
 bool is_unsigned_int(DType t) {
-  return t == DType::u64 || t == DType::u32 || t == DType::u16 || t == DType::u8 || t == DType::u4;
+  return t == DType::u64 || t == DType::u32 || t == DType::u16 || t == DType::u8 || t == DType::u4 ||
+         t == DType::u2;
 }
 
 double max_finite(DType t) {
   if (t == DType::f64) return std::numeric_limits<double>::max();
   if (t == DType::f32) return std::numeric_limits<float>::max();
+  if (t == DType::f8e8m0) return std::ldexp(1.0, 127);
   return max_finite_of(format_of(t));
 }
 
+uint8_t encode_e8m0(double x, bool saturate, E8M0Round mode) {
+  const float f = static_cast<float>(x);  // ONNX converts to float32 first
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  const uint32_t exp = (b >> 23) & 0xFF;
+  const uint32_t mant = b & 0x7FFFFF;
+  if (exp == 0xFF) return 0xFF;  // NaN, +-inf
+  bool round_up = false;
+  switch (mode) {
+    case E8M0Round::up: round_up = mant != 0; break;
+    case E8M0Round::down: break;
+    case E8M0Round::nearest:
+      // At or past the midpoint 1.5 * 2^e. For exponent field 0 (code 0 = 2^-127, while the float32
+      // value is 0.m * 2^-126) the exact midpoint 2^-127 itself stays down.
+      round_up = (mant & 0x400000) && (exp != 0 || (mant & 0x3FFFFF));
+      break;
+  }
+  uint32_t code = exp + (round_up ? 1 : 0);
+  if (code == 0xFF && saturate) code = 0xFE;
+  return static_cast<uint8_t>(code);
+}
+
 uint32_t encode_float_bits(DType t, double x, bool saturate) {
+  if (t == DType::f8e8m0) return encode_e8m0(x, saturate, E8M0Round::nearest);
   const FloatFormat f = format_of(t);
   const uint32_t sign = std::signbit(x) ? 1u << (f.ebits + f.mbits) : 0u;
   if (std::isnan(x)) return f.kind == FloatFormat::finite_only ? sign | ((1u << (f.ebits + f.mbits)) - 1) : nan_bits(f);
@@ -172,6 +199,11 @@ uint32_t encode_float_bits(DType t, double x, bool saturate) {
 }
 
 double decode_float_bits(DType t, uint32_t bits) {
+  if (t == DType::f8e8m0) {
+    bits &= 0xFF;
+    if (bits == 0xFF) return std::numeric_limits<double>::quiet_NaN();
+    return std::ldexp(1.0, static_cast<int>(bits) - 127);
+  }
   const FloatFormat f = format_of(t);
   const int nb = total_bits(f);
   bits &= (1u << nb) - 1;
@@ -212,6 +244,8 @@ int64_t wrap_to_int(DType t, int64_t v) {
     case DType::u8: return static_cast<uint8_t>(v);
     case DType::i4: return static_cast<int64_t>(static_cast<uint64_t>(v) << 60) >> 60;
     case DType::u4: return v & 0xF;
+    case DType::i2: return static_cast<int64_t>(static_cast<uint64_t>(v) << 62) >> 62;
+    case DType::u2: return v & 0x3;
     case DType::boolean: return v != 0;
     default: return v;
   }

@@ -25,7 +25,8 @@ double Tensor::get_f(int64_t i) const {
     case DType::f8e4m3fnuz:
     case DType::f8e5m2:
     case DType::f8e5m2fnuz:
-    case DType::f4e2m1: return decode_float_bits(dtype_, p[i]);
+    case DType::f4e2m1:
+    case DType::f8e8m0: return decode_float_bits(dtype_, p[i]);
     case DType::u64: return static_cast<double>(reinterpret_cast<const uint64_t*>(p)[i]);
     default: return static_cast<double>(get_i(i));
   }
@@ -44,7 +45,8 @@ void Tensor::set_f(int64_t i, double v) {
     case DType::f8e4m3fnuz:
     case DType::f8e5m2:
     case DType::f8e5m2fnuz:
-    case DType::f4e2m1: p[i] = static_cast<uint8_t>(encode_float_bits(dtype_, v)); return;
+    case DType::f4e2m1:
+    case DType::f8e8m0: p[i] = static_cast<uint8_t>(encode_float_bits(dtype_, v)); return;
     case DType::boolean: p[i] = v != 0; return;
     case DType::u64: {
       // C conversion semantics for in-range values; NaN and out-of-range become 0 / wrap.
@@ -77,8 +79,10 @@ int64_t Tensor::get_i(int64_t i) const {
     case DType::u32: return reinterpret_cast<const uint32_t*>(p)[i];
     case DType::u16: return reinterpret_cast<const uint16_t*>(p)[i];
     case DType::u8: return p[i];
-    case DType::i4: return static_cast<int8_t>(p[i]);
-    case DType::u4: return p[i];
+    case DType::i4:
+    case DType::i2: return static_cast<int8_t>(p[i]);
+    case DType::u4:
+    case DType::u2: return p[i];
     case DType::boolean: return p[i] != 0;
     default: {
       double v = get_f(i);
@@ -100,7 +104,9 @@ void Tensor::set_i(int64_t i, int64_t v) {
     case DType::u16: reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); return;
     case DType::u8: p[i] = static_cast<uint8_t>(v); return;
     case DType::i4:
-    case DType::u4: p[i] = static_cast<uint8_t>(wrap_to_int(dtype_, v)); return;
+    case DType::u4:
+    case DType::i2:
+    case DType::u2: p[i] = static_cast<uint8_t>(wrap_to_int(dtype_, v)); return;
     case DType::boolean: p[i] = v != 0; return;
     default: set_f(i, static_cast<double>(v));
   }

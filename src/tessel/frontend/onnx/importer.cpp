@@ -28,18 +28,41 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-bool is_4bit(DType t) { return t == DType::i4 || t == DType::u4 || t == DType::f4e2m1; }
+// Bits per element of the types ONNX packs several to a byte (raw_data and int32_data), else 0.
+int packed_bits(DType t) {
+  switch (t) {
+    case DType::i4:
+    case DType::u4:
+    case DType::f4e2m1: return 4;
+    case DType::i2:
+    case DType::u2: return 2;
+    default: return 0;
+  }
+}
 
-// Fills `t` from little-endian packed bytes (ONNX raw_data / external data).
+// Bytes `n` elements of a packed type take (the last byte padded with zero bits).
+int64_t packed_bytes(DType t, int64_t n) {
+  const int per = 8 / packed_bits(t);
+  return (n + per - 1) / per;
+}
+
+// Stores the unpacked field `v` (the low bits of one packed element) as element i: integers
+// sign-extended or zero-extended to their one-byte form, float4 as its bit pattern.
+void set_packed(Tensor& t, int64_t i, uint8_t v) {
+  if (t.dtype() == DType::f4e2m1) t.bytes()[i] = v;
+  else t.set_i(i, wrap_to_int(t.dtype(), v));
+}
+
+// Fills `t` from little-endian packed bytes (ONNX raw_data / external data). Sub-byte types are
+// packed lowest bits first: two 4-bit or four 2-bit elements a byte.
 void fill_from_raw(Tensor& t, const std::string& raw, const std::string& what) {
-  if (is_4bit(t.dtype())) {
-    size_t need = static_cast<size_t>((t.numel() + 1) / 2);
+  if (int bits = packed_bits(t.dtype())) {
+    const size_t need = static_cast<size_t>(packed_bytes(t.dtype(), t.numel()));
     if (raw.size() != need) fail("{}: raw data has {} bytes, expected {}", what, raw.size(), need);
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      uint8_t nib = (static_cast<uint8_t>(raw[i / 2]) >> (4 * (i % 2))) & 0xF;
-      if (t.dtype() == DType::f4e2m1) t.bytes()[i] = nib;
-      else t.set_i(i, wrap_to_int(t.dtype(), nib));
-    }
+    const int per = 8 / bits;
+    const uint8_t mask = static_cast<uint8_t>((1u << bits) - 1);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      set_packed(t, i, (static_cast<uint8_t>(raw[i / per]) >> (bits * (i % per))) & mask);
     return;
   }
   if (raw.size() != t.nbytes()) fail("{}: raw data has {} bytes, expected {}", what, raw.size(), t.nbytes());
@@ -70,7 +93,7 @@ Tensor convert_tensor(const onnx::TensorProto& tp, const fs::path& base_dir) {
     fs::path p = base_dir / location;
     std::ifstream f(p, std::ios::binary);
     if (!f) fail("{}: cannot open external data file '{}'", what, p.string());
-    size_t want = length >= 0 ? static_cast<size_t>(length) : (is_4bit(*dt) ? (n + 1) / 2 : t.nbytes());
+    size_t want = length >= 0 ? static_cast<size_t>(length) : (packed_bits(*dt) ? packed_bytes(*dt, n) : t.nbytes());
     std::string raw(want, '\0');
     f.seekg(offset);
     f.read(raw.data(), static_cast<std::streamsize>(want));
@@ -112,21 +135,28 @@ Tensor convert_tensor(const onnx::TensorProto& tp, const fs::path& base_dir) {
     case DType::f8e4m3fnuz:
     case DType::f8e5m2:
     case DType::f8e5m2fnuz:
+    case DType::f8e8m0:
       check(tp.int32_data_size(), n);
       for (int64_t i = 0; i < n; ++i) t.bytes()[i] = static_cast<uint8_t>(tp.int32_data(i));
       break;
     case DType::i4:
     case DType::u4:
     case DType::f4e2m1:
+    case DType::i2:
+    case DType::u2: {
+      // Packed like raw_data, one byte's worth of elements per int32_data entry. Some writers store
+      // one element per entry instead; take that form when the count says so.
+      const int bits = packed_bits(*dt), per = 8 / bits;
+      const uint32_t mask = (1u << bits) - 1;
       if (tp.int32_data_size() == n && n > 1) {
-        for (int64_t i = 0; i < n; ++i) t.bytes()[i] = static_cast<uint8_t>(tp.int32_data(i) & 0xF);
+        for (int64_t i = 0; i < n; ++i) set_packed(t, i, static_cast<uint8_t>(tp.int32_data(i) & mask));
       } else {
-        check(tp.int32_data_size(), (n + 1) / 2);
-        for (int64_t i = 0; i < n; ++i) t.bytes()[i] = static_cast<uint8_t>((tp.int32_data(i / 2) >> (4 * (i % 2))) & 0xF);
+        check(tp.int32_data_size(), packed_bytes(*dt, n));
+        for (int64_t i = 0; i < n; ++i)
+          set_packed(t, i, static_cast<uint8_t>((static_cast<uint32_t>(tp.int32_data(i / per)) >> (bits * (i % per))) & mask));
       }
-      if (*dt == DType::i4)
-        for (int64_t i = 0; i < n; ++i) t.set_i(i, wrap_to_int(DType::i4, t.bytes()[i]));
       break;
+    }
     default:  // i32, i16, i8, u16, u8, bool
       check(tp.int32_data_size(), n);
       for (int64_t i = 0; i < n; ++i) t.set_i(i, tp.int32_data(i));
@@ -218,9 +248,12 @@ void write_tensor_pb(const Tensor& t, const std::string& name, const std::string
   tp.set_data_type(dtype_to_onnx(t.dtype()));
   for (int64_t d : t.shape()) tp.add_dims(d);
   std::string raw;
-  if (is_4bit(t.dtype())) {
-    raw.assign(static_cast<size_t>((t.numel() + 1) / 2), '\0');
-    for (int64_t i = 0; i < t.numel(); ++i) raw[i / 2] |= static_cast<char>((t.bytes()[i] & 0xF) << (4 * (i % 2)));
+  if (int bits = packed_bits(t.dtype())) {
+    const int per = 8 / bits;
+    const unsigned mask = (1u << bits) - 1;
+    raw.assign(static_cast<size_t>(packed_bytes(t.dtype(), t.numel())), '\0');
+    for (int64_t i = 0; i < t.numel(); ++i)
+      raw[i / per] = static_cast<char>(static_cast<uint8_t>(raw[i / per]) | ((t.bytes()[i] & mask) << (bits * (i % per))));
   } else {
     raw.assign(reinterpret_cast<const char*>(t.bytes()), t.nbytes());
   }
