@@ -7,6 +7,7 @@
 #include "tessel/driver/op_table.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
+#include "tessel/passes/pass.h"
 #include "tessel/runtime/interpreter.h"
 #include "test_util.h"
 
@@ -50,4 +51,23 @@ TEST(Docs, GraphLevelWorkedExample) {
 TEST(Docs, OpTableMatchesRegistry) {
   std::string md = testenv::read_text(testenv::source_dir() + "/docs/ops.md");
   EXPECT_TRUE(md == op_table_markdown()) << "docs/ops.md is out of date: regenerate it with `tessel ops > docs/ops.md`";
+}
+
+// docs/passes/<pass>.md: the ```tsl before block, run through the pass, prints as the ```tsl after block.
+TEST(Docs, PassWorkedExamples) {
+  for (const char* pass : {"fold-constants", "cse", "dce"}) {
+    std::string md = testenv::read_text(testenv::source_dir() + "/docs/passes/" + pass + ".md");
+    auto block = [&](const std::string& tag) {
+      auto b = md.find("```tsl " + tag + "\n");
+      if (b == std::string::npos) return std::string();
+      b += 8 + tag.size();
+      return md.substr(b, md.find("```", b) - b);
+    };
+    std::string before = block("before"), after = block("after");
+    ASSERT_FALSE(before.empty() || after.empty()) << pass;
+    auto g = parse_graph(before, std::string("docs/passes/") + pass + ".md");
+    verify_graph(*g);
+    run_pipeline(*g, parse_pipeline(pass), PassOptions{});
+    EXPECT_EQ(print_graph(*g), after) << pass;
+  }
 }

@@ -15,6 +15,7 @@
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
+#include "tessel/passes/pass.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 
@@ -75,7 +76,23 @@ void print_summary(const Graph& g, const ImportedModel& m) {
   fmt::print("\n");
 }
 
-int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary) {
+// Runs the passes named by `spec` (if any) on the model, reporting each pass's note and time.
+void apply_passes(Graph& g, const std::string& spec, const std::string& dump_dir, const std::string& print_after,
+                  bool time_passes) {
+  auto pipeline = parse_pipeline(spec);
+  if (pipeline.empty() && dump_dir.empty() && print_after.empty()) return;
+  PassOptions po;
+  po.dump_dir = dump_dir;
+  po.print_after = print_after;
+  po.print = [](const std::string& text) { fmt::print("{}", text); };
+  auto records = run_pipeline(g, pipeline, po);
+  if (time_passes)
+    for (const auto& r : records)
+      fmt::print(stderr, "pass {:<16} {:8.2f} ms  {:5} nodes after  {}\n", r.pass, r.seconds * 1e3, r.nodes_after, r.note);
+}
+
+int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary,
+            const std::string& passes) {
   if (inputs_dir.empty()) {
     ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
     if (mp.data_sets.empty())
@@ -85,6 +102,7 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
   if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
   std::vector<Tensor> ins = read_data_set(inputs_dir, "input");
   ImportedModel m = load_model(model, ins);
+  apply_passes(*m.graph, passes, "", "", false);
   if (summary) print_summary(*m.graph, m);
   auto t0 = std::chrono::steady_clock::now();
   RunStats stats;
@@ -119,8 +137,12 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
   return ok ? 0 : 1;
 }
 
-int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide) {
+int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide,
+                const std::string& passes, const std::string& dump_dir, const std::string& print_after,
+                bool time_passes) {
   ImportedModel m = load_model(model, {});
+  apply_passes(*m.graph, passes, dump_dir, print_after, time_passes);
+  if (!print_after.empty()) return 0;
   if (emit != "graph") throw Error(Location{.pass = "compile"}, fmt::format("unknown --emit level '{}'", emit));
   PrintOptions po;
   po.elide_constants = elide;
@@ -172,6 +194,8 @@ int main(int argc, char** argv) {
   run->add_option("--inputs", run_inputs, "folder with input_N.pb (default: the model's test_data_set_0)");
   run->add_flag("--check", run_check, "compare with output_N.pb; exit 1 on FAIL");
   run->add_option("--max-rel", run_rel, "relative error bound for --check (max|out-ref|/max|ref|)");
+  std::string run_passes;
+  run->add_option("--passes", run_passes, "passes to run before executing: simplify, or a comma list (see `tessel passes`)");
 
   auto* comp = app.add_subcommand("compile", "Import and lower a model, printing one IR level");
   std::string comp_model, comp_emit = "graph", comp_out;
@@ -180,6 +204,14 @@ int main(int argc, char** argv) {
   comp->add_option("--emit", comp_emit, "IR level to print: graph")->check(CLI::IsMember({"graph"}));
   comp->add_option("-o,--output", comp_out, "write the text here instead of stdout");
   comp->add_flag("--elide-constants", comp_elide, "print large constants as a size, not their data (not parseable)");
+  std::string comp_passes, comp_dump, comp_print_after;
+  bool comp_time = false;
+  comp->add_option("--passes", comp_passes, "passes to run: simplify, or a comma list (see `tessel passes`)");
+  comp->add_option("--dump-ir", comp_dump, "write every stage as NN-<stage>.tsl into this folder");
+  comp->add_option("--print-after", comp_print_after, "print the graph after this pass (and nothing else)");
+  comp->add_flag("--time-passes", comp_time, "print each pass's wall time and note to stderr");
+
+  auto* passes = app.add_subcommand("passes", "List the passes and pipelines");
 
   auto* conf = app.add_subcommand("conformance", "Run the ONNX backend test folders under DIR");
   std::string conf_dir, conf_json, conf_filter;
@@ -197,8 +229,15 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true);
-    if (*comp) return cmd_compile(comp_model, comp_emit, comp_out, comp_elide);
+    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes);
+    if (*comp)
+      return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
+                         comp_time);
+    if (*passes) {
+      fmt::print("pipelines:\n  simplify = fold-constants,cse,dce\npasses:\n");
+      for (const auto& p : all_passes()) fmt::print("  {:<16} {}\n", p.name, p.summary);
+      return 0;
+    }
     if (*ops) {
       fmt::print("{}", op_table_markdown());
       return 0;

@@ -115,4 +115,45 @@ std::vector<Value*> Graph::constants() const {
   return out;
 }
 
+void Graph::replace_all_uses(Value* from, Value* to) {
+  for (auto& n : nodes_)
+    for (auto& v : n->inputs)
+      if (v == from) v = to;
+  for (auto& v : outputs)
+    if (v == from) v = to;
+}
+
+std::vector<int> Graph::use_counts() const {
+  std::vector<int> uses(values_.size(), 0);
+  for (const auto& n : nodes_)
+    for (const Value* v : n->inputs)
+      if (v) uses[v->id]++;
+  for (const Value* v : outputs) uses[v->id]++;
+  return uses;
+}
+
+void Graph::erase_nodes_if(const std::function<bool(const Node&)>& dead) {
+  std::erase_if(nodes_, [&](const std::unique_ptr<Node>& n) {
+    if (!dead(*n)) return false;
+    for (Value* v : n->outputs)
+      if (v) v->producer = nullptr;  // now undefined; compact() drops it
+    return true;
+  });
+}
+
+void Graph::compact() {
+  std::vector<int> uses = use_counts();
+  std::vector<std::unique_ptr<Value>> kept;
+  by_name_.clear();
+  for (auto& v : values_) {
+    // A value still used but no longer defined is kept, so the verifier reports it (not a crash).
+    bool keep = v->is_input || v->producer != nullptr || uses[v->id] > 0;
+    if (!keep) continue;
+    v->id = static_cast<int>(kept.size());
+    by_name_[v->name] = v.get();
+    kept.push_back(std::move(v));
+  }
+  values_ = std::move(kept);
+}
+
 }  // namespace tessel

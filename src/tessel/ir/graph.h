@@ -1,6 +1,7 @@
 // The graph level: a Graph of Nodes connected by Values, in topological order.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -77,6 +78,17 @@ class Graph {
   std::string unique_name(const std::string& base) const;
   // Constants in order of creation.
   std::vector<Value*> constants() const;
+
+  // ---- rewriting (used by passes) ----
+  // Points every use of `from` (node inputs, graph outputs) at `to`.
+  void replace_all_uses(Value* from, Value* to);
+  // Number of node inputs and graph outputs that use each value, indexed by Value::id.
+  std::vector<int> use_counts() const;
+  // Removes the nodes for which `dead` is true (their outputs must be unused).
+  void erase_nodes_if(const std::function<bool(const Node&)>& dead);
+  // Drops values nothing defines or uses any more (unused constants, outputs of erased nodes) and
+  // renumbers Value::id densely in the surviving order. Graph inputs are always kept.
+  void compact();
 
  private:
   std::vector<std::unique_ptr<Value>> values_;

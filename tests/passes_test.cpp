@@ -1,0 +1,102 @@
+// The simplification pipeline on the corpus: results unchanged, shape arithmetic gone, every dumped
+// stage parses back; and the pass manager's errors.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "tessel/driver/compare.h"
+#include "tessel/driver/model_dir.h"
+#include "tessel/frontend/onnx/importer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/ir/printer.h"
+#include "tessel/ir/verifier.h"
+#include "tessel/passes/pass.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/support/error.h"
+#include "test_util.h"
+
+using namespace tessel;
+namespace fs = std::filesystem;
+
+namespace {
+
+class Simplify : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(Simplify, KeepsResultsAndFoldsShapeArithmetic) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared/models";
+  ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + GetParam());
+  std::vector<Tensor> ins = read_data_set(mp.data_sets[0], "input");
+  std::vector<Tensor> refs = read_data_set(mp.data_sets[0], "output");
+  ImportOptions io;
+  for (const auto& t : ins) io.input_shapes.push_back(t.shape());
+  ImportedModel m = import_onnx(mp.model, io);
+  const size_t before = m.graph->nodes().size();
+  fs::path dump = fs::temp_directory_path() / ("tessel_passes_" + GetParam() + std::to_string(getpid()));
+  PassOptions po;
+  po.dump_dir = dump.string();
+  auto records = run_pipeline(*m.graph, parse_pipeline("simplify"), po);
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_LE(m.graph->nodes().size(), before);
+  // Nothing left whose value depends only on constants and shapes.
+  for (const auto& n : m.graph->nodes()) {
+    EXPECT_NE(n->op_name(), "Shape") << n->name;
+    EXPECT_NE(n->op_name(), "Size") << n->name;
+    bool all_const = !n->inputs.empty();
+    for (const Value* v : n->inputs) all_const = all_const && (!v || v->constant);
+    EXPECT_FALSE(all_const && n->op->deterministic && shape_numel(n->outputs[0]->type.shape) <= (1 << 16))
+        << "foldable node left: " << n->name << " (" << n->op_name() << ")";
+  }
+  std::vector<Tensor> outs = run_eager(*m.graph, ins);
+  Tolerance tol;
+  tol.max_rel = 1e-4;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    Comparison c = compare_tensors(outs[i], refs[i], tol);
+    EXPECT_TRUE(c.match) << c.mismatch;
+  }
+  // Every stage was dumped and parses back.
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dump)) {
+    auto g = parse_graph(testenv::read_text(e.path().string()), e.path().string());
+    verify_graph(*g);
+    ++files;
+  }
+  EXPECT_EQ(files, 4);
+  fs::remove_all(dump);
+}
+
+INSTANTIATE_TEST_SUITE_P(Corpus, Simplify,
+                         ::testing::Values("bert_tiny", "gpt2_tiny", "tblock_s", "tblock_s_dynamo", "attn_s", "ffn_s",
+                                           "mobilenet_v2", "nonzero_break"),
+                         [](const auto& info) { return info.param; });
+
+TEST(PassManager, UnknownPassesAreErrors) {
+  try {
+    parse_pipeline("fold-constants,frobnicate");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown pass 'frobnicate'"), std::string::npos) << e.what();
+  }
+  Graph g;
+  PassOptions po;
+  po.print_after = "nope";
+  EXPECT_THROW(run_pipeline(g, parse_pipeline("dce"), po), Error);
+}
+
+TEST(PassManager, VerifierNamesTheBrokenPass) {
+  auto g = parse_graph(
+      "graph @g(%x: f32[2]) {\n  %y: f32[2] = Relu(%x) loc(\"r\")\n  return %y\n}\n");
+  Pass breaker{"breaker", "breaks the graph", [](Graph& gr) {
+                 gr.mutable_nodes()[0]->outputs[0]->type.shape = {3};
+                 return std::string("broke it");
+               }};
+  try {
+    run_pipeline(*g, {&breaker}, PassOptions{});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[verify after breaker]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("node 'r' (Relu)"), std::string::npos) << e.what();
+  }
+}
