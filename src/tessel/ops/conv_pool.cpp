@@ -24,6 +24,12 @@ std::vector<int64_t> ints_or(const Node& n, const std::string& name, int nd, int
   return v;
 }
 
+// Sanity bounds on window geometry: far above any real model, low enough that the extent
+// arithmetic cannot overflow int64.
+constexpr int64_t kMaxWindowExtent = int64_t{1} << 31;
+constexpr int64_t kMaxWindowTaps = int64_t{1} << 24;
+constexpr int64_t kMaxPoolSteps = int64_t{1} << 34;
+
 // Forward geometry (conv and pools): the input is pooled/convolved over windows of `k`.
 Window forward_window(const Node& n, const Shape& in_spatial, const std::vector<int64_t>& k,
                       bool ceil_mode) {
@@ -33,17 +39,28 @@ Window forward_window(const Node& n, const Shape& in_spatial, const std::vector<
   w.in = in_spatial;
   w.s = ints_or(n, "strides", w.nd, 1);
   w.d = ints_or(n, "dilations", w.nd, 1);
+  int64_t taps = 1;
   for (int i = 0; i < w.nd; ++i) {
     if (w.k[i] < 1) fail("kernel extent must be >= 1, got {}", w.k[i]);
     if (w.s[i] < 1) fail("strides must be >= 1, got {}", w.s[i]);
     if (w.d[i] < 1) fail("dilations must be >= 1, got {}", w.d[i]);
+    // Bounds that keep the window arithmetic below from overflowing (and a huge kernel under
+    // SAME padding from looping over ~forever taps).
+    if (w.k[i] > kMaxWindowExtent || w.s[i] > kMaxWindowExtent || w.d[i] > kMaxWindowExtent ||
+        w.eff(i) > kMaxWindowExtent)
+      fail("window along spatial dim {} is too large (kernel {}, stride {}, dilation {})", i, w.k[i],
+           w.s[i], w.d[i]);
+    taps *= w.k[i];
+    if (taps > kMaxWindowTaps) fail("kernel {} has too many taps (more than {})", shape_str(w.k), kMaxWindowTaps);
   }
   std::vector<int64_t> pads =
       n.attr_ints("pads", std::vector<int64_t>(static_cast<size_t>(2 * w.nd), 0));
   if (static_cast<int>(pads.size()) != 2 * w.nd)
     fail("pads has {} values, expected {}", pads.size(), 2 * w.nd);
-  for (int64_t p : pads)
+  for (int64_t p : pads) {
     if (p < 0) fail("pads must be >= 0");
+    if (p > kMaxWindowExtent) fail("pad {} is too large", p);
+  }
   w.pb.assign(pads.begin(), pads.begin() + w.nd);
   w.pe.assign(pads.begin() + w.nd, pads.end());
   const std::string ap = n.attr_s("auto_pad", "NOTSET");
@@ -608,6 +625,11 @@ OpDef pool_def(const std::string& name, PoolKind kind, int since) {
     Window w = forward_window(c.node(), spatial_of(x.shape()), pool_kernel(c.node(), nd),
                               c.node().attr_i("ceil_mode", 0) != 0);
     const int64_t planes = x.dim(0) * x.dim(1), ip = prod(w.in), op = prod(w.out), kp = prod(w.k);
+    // kp <= kMaxWindowTaps and planes * op is an output size, so this cannot overflow.
+    if (static_cast<double>(kp) * static_cast<double>(planes) * static_cast<double>(op) >
+        static_cast<double>(kMaxPoolSteps))
+      fail("pool of {} outputs over a {}-tap window is too much work (more than {} steps)",
+           planes * op, kp, kMaxPoolSteps);
     const bool include_pad = c.node().attr_i("count_include_pad", 0) != 0;
     const int64_t p = c.node().attr_i("p", 2);
     const bool col_major = c.node().attr_i("storage_order", 0) != 0;

@@ -343,6 +343,7 @@ OpDef arg_op(std::string name, bool is_max) {
   d.infer = [](InferCtx& ctx) {
     const TensorType& x = ctx.in(0);
     int r = static_cast<int>(x.shape.size());
+    if (r == 0) fail("{} needs an input of rank >= 1, got a scalar", ctx.node().op->name);
     int axis = normalize_axis(ctx.node().attr_i("axis", 0), r);
     if (x.shape[axis] == 0) fail("cannot take the arg of an empty axis");
     std::vector<bool> mask(r, false);
@@ -354,6 +355,7 @@ OpDef arg_op(std::string name, bool is_max) {
     const Tensor& x = c.in(0);
     const Node& n = c.node();
     int r = x.rank();
+    if (r == 0) fail("{} needs an input of rank >= 1, got a scalar", n.op->name);
     int axis = normalize_axis(n.attr_i("axis", 0), r);
     bool last = n.attr_i("select_last_index", 0) != 0;
     int64_t len = x.dim(axis);

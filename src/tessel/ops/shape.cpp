@@ -436,6 +436,7 @@ OpDef split_op() {
     reject_attr(c.node(), "split");
     const TensorType& x = c.in(0);
     int r = static_cast<int>(x.shape.size());
+    if (r == 0) fail("Split needs an input of rank >= 1, got a scalar");
     int ax = normalize_axis(c.node().attr_i("axis", 0), r);
     std::optional<Ints> split;
     bool unknown = false;
@@ -453,6 +454,7 @@ OpDef split_op() {
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
+    if (x.rank() == 0) fail("Split needs an input of rank >= 1, got a scalar");
     int ax = normalize_axis(c.node().attr_i("axis", 0), x.rank());
     std::optional<Ints> split;
     if (c.has_in(1)) split = tensor_ints(c.in(1));

@@ -1,0 +1,52 @@
+// Robustness: tiny bad graphs found by mutation fuzzing of the ONNX node tests. Each must give a
+// clear tessel::Error (at inference or at run time), never a crash, abort or huge allocation.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "op_test_util.h"
+
+using namespace tessel;
+using namespace tessel::testenv;
+
+namespace {
+
+// ArgMax/ArgMin of a scalar indexed shape[0] of an empty shape.
+TEST(Robustness, ArgMaxOfScalarIsAnError) {
+  EXPECT_THROW(run_op("ArgMax", {f32({}, {1.0})}), Error);
+  EXPECT_THROW(run_op("ArgMin", {f32({}, {1.0})}), Error);
+}
+
+}  // namespace
+
+namespace {
+
+// A huge kernel_shape under SAME padding looped over 2^41 taps (a hang); huge extents also
+// overflowed the window arithmetic.
+TEST(Robustness, PoolWithHugeKernelIsAnError) {
+  Tensor x = Tensor::from_f64(DType::f32, {1, 1, 4, 4}, std::vector<double>(16, 1.0));
+  EXPECT_THROW(run_op("MaxPool", {x}, 1,
+                      {{"kernel_shape", std::vector<int64_t>{int64_t{1} << 40, 2}},
+                       {"auto_pad", std::string("SAME_LOWER")}}),
+               Error);
+  EXPECT_THROW(run_op("AveragePool", {x}, 1,
+                      {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                       {"strides", std::vector<int64_t>{INT64_MAX, 1}},
+                       {"auto_pad", std::string("SAME_UPPER")}}),
+               Error);
+  EXPECT_THROW(run_op("MaxPool", {x}, 1,
+                      {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                       {"dilations", std::vector<int64_t>{int64_t{1} << 62, 1}}}),
+               Error);
+}
+
+}  // namespace
+
+namespace {
+
+// Split of a scalar indexed shape[0] of an empty shape.
+TEST(Robustness, SplitOfScalarIsAnError) {
+  EXPECT_THROW(run_op("Split", {f32({}, {1.0}), i64({2}, {0, 0})}, 2), Error);
+}
+
+}  // namespace
