@@ -70,6 +70,7 @@ OpRegistry& OpRegistry::get() {
     register_index_ops(*r);
     register_quantize_ops(*r);
     register_misc_ops(*r);
+    register_core_ops(*r);
     return r;
   }();
   return *reg;

@@ -147,5 +147,6 @@ void register_shape_ops(OpRegistry& r);
 void register_index_ops(OpRegistry& r);
 void register_quantize_ops(OpRegistry& r);
 void register_misc_ops(OpRegistry& r);
+void register_core_ops(OpRegistry& r);
 
 }  // namespace tessel
