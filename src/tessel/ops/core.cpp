@@ -3,6 +3,8 @@
 // Semantics (to become docs/ir/core.md). Everything here is explicit: no implicit broadcasting,
 // no type promotion, static shapes only (an unknown dim is rejected: "... needs static shapes").
 //
+// The ops are registered in the domain "tessel.core" (never imported from ONNX).
+//
 // Elementwise (fusion pointwise)
 //   unary  neg exp log sqrt sin atan erf tanh floor round_even
 //          one operand; result has its type. neg: floats and integers (ints wrap); the rest: floats
@@ -88,6 +90,13 @@ namespace tessel {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Core ops live in their own domain: the ONNX importer never resolves a node to one of them, and
+// the op table does not list them as ai.onnx.
+void add_core(OpRegistry& r, OpDef d) {
+  d.domain = "tessel.core";
+  r.add(std::move(d));
+}
 
 // ---- shared checks ---------------------------------------------------------------------------
 
@@ -305,26 +314,26 @@ double round_even(double x) {
 }
 
 void register_elementwise(OpRegistry& r) {
-  r.add(unary_def("neg", [](double x) { return -x; }, true));
-  r.add(unary_def("exp", [](double x) { return std::exp(x); }, false));
-  r.add(unary_def("log", [](double x) { return std::log(x); }, false));
-  r.add(unary_def("sqrt", [](double x) { return std::sqrt(x); }, false));
-  r.add(unary_def("sin", [](double x) { return std::sin(x); }, false));
-  r.add(unary_def("atan", [](double x) { return std::atan(x); }, false));
-  r.add(unary_def("erf", [](double x) { return std::erf(x); }, false));
-  r.add(unary_def("tanh", [](double x) { return std::tanh(x); }, false));
-  r.add(unary_def("floor", [](double x) { return std::floor(x); }, false));
-  r.add(unary_def("round_even", round_even, false));
-  r.add(binary_def("add", Bin::add));
-  r.add(binary_def("mul", Bin::mul));
-  r.add(binary_def("div", Bin::div));
-  r.add(binary_def("rem", Bin::rem));
-  r.add(binary_def("pow", Bin::pow));
-  r.add(binary_def("max", Bin::max));
-  r.add(binary_def("min", Bin::min));
-  r.add(binary_def("and", Bin::and_));
-  r.add(binary_def("or", Bin::or_));
-  r.add(binary_def("xor", Bin::xor_));
+  add_core(r, unary_def("neg", [](double x) { return -x; }, true));
+  add_core(r, unary_def("exp", [](double x) { return std::exp(x); }, false));
+  add_core(r, unary_def("log", [](double x) { return std::log(x); }, false));
+  add_core(r, unary_def("sqrt", [](double x) { return std::sqrt(x); }, false));
+  add_core(r, unary_def("sin", [](double x) { return std::sin(x); }, false));
+  add_core(r, unary_def("atan", [](double x) { return std::atan(x); }, false));
+  add_core(r, unary_def("erf", [](double x) { return std::erf(x); }, false));
+  add_core(r, unary_def("tanh", [](double x) { return std::tanh(x); }, false));
+  add_core(r, unary_def("floor", [](double x) { return std::floor(x); }, false));
+  add_core(r, unary_def("round_even", round_even, false));
+  add_core(r, binary_def("add", Bin::add));
+  add_core(r, binary_def("mul", Bin::mul));
+  add_core(r, binary_def("div", Bin::div));
+  add_core(r, binary_def("rem", Bin::rem));
+  add_core(r, binary_def("pow", Bin::pow));
+  add_core(r, binary_def("max", Bin::max));
+  add_core(r, binary_def("min", Bin::min));
+  add_core(r, binary_def("and", Bin::and_));
+  add_core(r, binary_def("or", Bin::or_));
+  add_core(r, binary_def("xor", Bin::xor_));
 
   {
     OpDef d;
@@ -374,7 +383,7 @@ void register_elementwise(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -399,7 +408,7 @@ void register_elementwise(OpRegistry& r) {
       for (int64_t i = 0; i < t.numel(); ++i) copy_elem(y, i, p.bytes()[i] ? t : f, i, es);
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
 }
 
@@ -451,7 +460,7 @@ void register_casts(OpRegistry& r) {
     d.kernel = [](KernelCtx& c) {
       c.set_out(0, convert_tensor(c.in(0), dtype_attr(c.node(), "dtype"), c.node().attr_i("saturate", 1) != 0));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -486,7 +495,7 @@ void register_casts(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
 }
 
@@ -678,7 +687,7 @@ void register_reductions(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -731,7 +740,7 @@ void register_reductions(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
 }
 
@@ -935,7 +944,7 @@ void register_contractions(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -1016,7 +1025,7 @@ void register_contractions(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
 }
 
@@ -1156,7 +1165,7 @@ void register_movement_ops(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -1178,7 +1187,7 @@ void register_movement_ops(OpRegistry& r) {
       if (shape_numel(out) != c.in(0).numel()) fail("reshape: element counts differ");
       c.set_out(0, c.in(0).reshaped(out));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -1211,7 +1220,7 @@ void register_movement_ops(OpRegistry& r) {
       for (int64_t i = 0; i < y.numel(); ++i) copy_elem(y, i, x, offs[i], es);
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -1239,7 +1248,7 @@ void register_movement_ops(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -1280,7 +1289,7 @@ void register_movement_ops(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -1331,7 +1340,7 @@ void register_movement_ops(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -1353,7 +1362,7 @@ void register_movement_ops(OpRegistry& r) {
       for (int64_t i = 0; i < y.numel(); ++i) copy_elem(y, i, x, offs[i], es);
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -1404,7 +1413,7 @@ void register_movement_ops(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
   {
     OpDef d;
@@ -1441,7 +1450,7 @@ void register_movement_ops(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
-    r.add(std::move(d));
+    add_core(r, std::move(d));
   }
 }
 
@@ -1512,7 +1521,7 @@ void register_sort(OpRegistry& r) {
     c.set_out(0, std::move(y));
     c.set_out(1, std::move(ix));
   };
-  r.add(std::move(d));
+  add_core(r, std::move(d));
 }
 
 }  // namespace
