@@ -450,3 +450,54 @@ TEST(Core, Costs) {
   infer_graph(g);
   EXPECT_DOUBLE_EQ(op_cost(*n).flops, 2.0 * 4 * 5 * 8);
 }
+
+TEST(Core, IntegerEdgeCases) {
+  // u64 orders as unsigned: 2^63 > 1.
+  const int64_t big = std::numeric_limits<int64_t>::min();  // bits of 2^63 as u64
+  auto a = ints(DType::u64, {2}, {big, 1});
+  auto b = ints(DType::u64, {2}, {1, 2});
+  EXPECT_EQ(as_ints(run_op("max", {a, b})[0]), (Ints{big, 2}));
+  EXPECT_EQ(as_ints(run_op("compare", {a, b}, 1, {{"direction", s("gt")}})[0]), (Ints{1, 0}));
+  auto m = run_op("reduce", {a}, 1, {{"kind", s("max")}, {"axes", Ints{0}}});
+  EXPECT_EQ(m[0].get_i(0), big);
+  // int64 min / -1 wraps instead of trapping; its remainder is 0.
+  const int64_t lo = std::numeric_limits<int64_t>::min();
+  EXPECT_EQ(run_op("div", {i64({1}, {lo}), i64({1}, {-1})})[0].get_i(0), lo);
+  EXPECT_EQ(run_op("rem", {i64({1}, {lo}), i64({1}, {-1})})[0].get_i(0), 0);
+  // int8 pow wraps: 2^7 = 128 -> -128.
+  EXPECT_EQ(run_op("pow", {ints(DType::i8, {1}, {2}), ints(DType::i8, {1}, {7})})[0].get_i(0), -128);
+}
+
+TEST(Core, SmallFloatsRoundOnce) {
+  // f16: 2048 + 1 is not representable (spacing 2 there) and ties to even: 2048.
+  auto h = Tensor::from_f64(DType::f16, {2}, std::vector<double>{2048, 1});
+  auto o = Tensor::from_f64(DType::f16, {2}, std::vector<double>{1, 1});
+  auto y = run_op("add", {h, o});
+  EXPECT_EQ(y[0].dtype(), DType::f16);
+  expect_near(y[0], {2048, 2});
+  // Dot in f16 accumulates in double and rounds once: 2048 + 1 + 1 = 2050 exactly.
+  auto d = run_op("dot_general", {Tensor::from_f64(DType::f16, {3}, std::vector<double>{2048, 1, 1}),
+                                  Tensor::from_f64(DType::f16, {3}, std::vector<double>{1, 1, 1})},
+                  1, {{"lhs_contract", Ints{0}}, {"rhs_contract", Ints{0}}});
+  expect_near(d[0], {2050});
+}
+
+TEST(Core, BadAttributesAreErrors) {
+  auto x = f32({4}, {1, 2, 3, 4});
+  EXPECT_THROW(run_op("reduce_window", {x}, 1, {{"kind", s("sum")}, {"window", Ints{2}}, {"strides", Ints{0}}}),
+               Error);
+  EXPECT_THROW(run_op("reduce_window", {x}, 1, {{"kind", s("sum")}, {"window", Ints{2}}, {"padding", Ints{-3, -3}}}),
+               Error);
+  EXPECT_THROW(run_op("reduce", {x}, 1, {{"kind", s("sum")}}), Error);  // axes required
+  EXPECT_THROW(run_op("convolution", {f32({1, 1, 4}, {1, 2, 3, 4}), f32({1, 1, 2}, {1, 1})}, 1,
+                      {{"strides", Ints{0}}}),
+               Error);
+  EXPECT_THROW(run_op("convolution", {f32({1, 2, 2}, {1, 2, 3, 4}), f32({1, 1, 1}, {1})}, 1, {{"groups", i(3)}}),
+               Error);
+  EXPECT_THROW(run_op("sort", {x}, 2, {{"axis", i(1)}}), Error);
+  EXPECT_THROW(run_op("scatter", {x, i64({1}, {0}), f32({1}, {1})}, 1, {{"axis", i(0)}, {"reduction", s("sub")}}),
+               Error);
+  // A window longer than the input gives an empty output, not an error.
+  auto e = run_op("reduce_window", {x}, 1, {{"kind", s("sum")}, {"window", Ints{5}}});
+  EXPECT_EQ(e[0].shape(), (Shape{0}));
+}
