@@ -50,3 +50,29 @@ TEST(Robustness, SplitOfScalarIsAnError) {
 }
 
 }  // namespace
+
+namespace {
+
+// CumSum of a scalar read shape[0] of an empty shape in split_at.
+TEST(Robustness, CumSumOfScalarIsAnError) {
+  EXPECT_THROW(run_op("CumSum", {f32({}, {1.0}), i64({}, {0})}), Error);
+}
+
+// A window op with an absurd size tried to allocate it.
+TEST(Robustness, WindowOfHugeSizeIsAnError) {
+  EXPECT_THROW(run_op("HannWindow", {i64({}, {int64_t{1} << 62})}), Error);
+}
+
+}  // namespace
+
+namespace {
+
+// Scalar inputs reached shape[axis] / shape.back() of an empty shape.
+TEST(Robustness, CompressDftLpNormalizationOfScalarAreErrors) {
+  Tensor cond = ints(DType::boolean, {1}, {1});
+  EXPECT_THROW(run_op("Compress", {f32({}, {1.0}), cond}, 1, {{"axis", int64_t{0}}}), Error);
+  EXPECT_THROW(run_op("DFT", {f32({}, {1.0})}), Error);
+  EXPECT_THROW(run_op("LpNormalization", {f32({}, {1.0})}, 1, {{"axis", int64_t{0}}}), Error);
+}
+
+}  // namespace

@@ -372,6 +372,7 @@ void compress_infer(InferCtx& c) {
   if (c.in(1).shape.size() != 1) fail("Compress condition must be 1-D");
   if (!c.node().has_attr("axis")) return c.set_out(0, {x.dtype, {kUnknownDim}});
   Shape s = x.shape;
+  if (s.empty()) fail("Compress with an axis needs an input of rank >= 1, got a scalar");
   s[normalize_axis(c.node().attr_i("axis"), static_cast<int>(s.size()))] = kUnknownDim;
   c.set_out(0, {x.dtype, s});
 }
@@ -380,10 +381,12 @@ void compress_kernel(KernelCtx& c) {
   Tensor x = c.in(0);
   const Tensor& cond = c.in(1);
   int axis = 0;
-  if (c.node().has_attr("axis"))
+  if (c.node().has_attr("axis")) {
+    if (x.rank() == 0) fail("Compress with an axis needs an input of rank >= 1, got a scalar");
     axis = normalize_axis(c.node().attr_i("axis"), x.rank());
-  else
+  } else {
     x = x.reshaped({x.numel()});
+  }
   const int64_t n = x.dim(axis);
   std::vector<int64_t> keep;
   for (int64_t i = 0; i < cond.numel(); ++i)

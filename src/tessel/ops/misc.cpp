@@ -486,6 +486,7 @@ OpDef window_op(std::string name, double a0, double a1, double a2) {
   auto kernel = [a0, a1, a2](KernelCtx& c) {
     const int64_t n = int_scalar_of(c.in(0), "size");
     if (n < 0) fail("window size must be non-negative, got {}", n);
+    if (n > (int64_t{1} << 34)) fail("window size {} is too large", n);
     const bool periodic = c.node().attr_i("periodic", 1) != 0;
     const double denom = periodic ? static_cast<double>(n) : static_cast<double>(n - 1);
     Tensor y(float_dtype_attr(c.node(), "output_datatype"), {n});
@@ -548,6 +549,7 @@ DftCfg dft_cfg(const Node& node, const Shape& x, std::optional<int64_t> dft_len,
 void dft_infer(InferCtx& c) {
   const auto& x = c.in(0);
   if (!is_float(x.dtype)) fail("DFT input must be a float type");
+  if (x.shape.size() < 2) fail("DFT input must have rank >= 2, got {}", shape_str(x.shape));
   std::optional<int64_t> len;
   if (c.has_in(1)) {
     auto v = known_scalar(c, 1);

@@ -355,6 +355,7 @@ OpDef lp_norm() {
   d.attrs = {{"axis", AttrKind::i}, {"p", AttrKind::i}};
   d.infer = [](InferCtx& ctx) {
     check_float(ctx.in(0), "input");
+    if (ctx.in(0).shape.empty()) fail("LpNormalization needs an input of rank >= 1, got a scalar");
     normalize_axis(ctx.node().attr_i("axis", -1), static_cast<int>(ctx.in(0).shape.size()));
     int64_t p = ctx.node().attr_i("p", 2);
     if (p != 1 && p != 2) fail("p must be 1 or 2, got {}", p);
@@ -362,6 +363,7 @@ OpDef lp_norm() {
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
+    if (x.rank() == 0) fail("LpNormalization needs an input of rank >= 1, got a scalar");
     int axis = normalize_axis(c.node().attr_i("axis", -1), x.rank());
     const bool l1 = c.node().attr_i("p", 2) == 1;
     int64_t outer = 1, len = x.dim(axis), inner = 1;

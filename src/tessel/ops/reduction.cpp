@@ -512,6 +512,7 @@ OpDef cum_op(std::string name, int since, bool prod) {
   d.infer = [](InferCtx& ctx) {
     const TensorType& x = ctx.in(0);
     if (!is_int(ctx.in(1).dtype)) fail("axis must be int32 or int64");
+    if (x.shape.empty()) fail("{} needs an input of rank >= 1, got a scalar", ctx.node().op->name);
     if (auto a = known_ints(ctx, 1)) {
       if (a->size() != 1) fail("axis must hold one value");
       normalize_axis((*a)[0], static_cast<int>(x.shape.size()));
@@ -520,6 +521,7 @@ OpDef cum_op(std::string name, int since, bool prod) {
   };
   d.kernel = [prod](KernelCtx& c) {
     const Tensor& x = c.in(0);
+    if (x.rank() == 0) fail("{} needs an input of rank >= 1, got a scalar", c.node().op->name);
     int axis = normalize_axis(scalar_int(c.in(1), "axis"), x.rank());
     bool excl = c.node().attr_i("exclusive", 0) != 0;
     bool rev = c.node().attr_i("reverse", 0) != 0;
