@@ -55,7 +55,7 @@ TEST(Docs, OpTableMatchesRegistry) {
 
 // docs/passes/<pass>.md: the ```tsl before block, run through the pass, prints as the ```tsl after block.
 TEST(Docs, PassWorkedExamples) {
-  for (const char* pass : {"fold-constants", "cse", "dce"}) {
+  for (const char* pass : {"decompose", "fold-constants", "cse", "dce"}) {
     std::string md = testenv::read_text(testenv::source_dir() + "/docs/passes/" + pass + ".md");
     auto block = [&](const std::string& tag) {
       auto b = md.find("```tsl " + tag + "\n");

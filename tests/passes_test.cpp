@@ -72,6 +72,28 @@ INSTANTIATE_TEST_SUITE_P(Corpus, Simplify,
                                            "mobilenet_v2", "nonzero_break"),
                          [](const auto& info) { return info.param; });
 
+// decompose + simplify: graph-level and core ops mixed (the decompositions written so far) still
+// compute the reference outputs, and only core ops or ops without a hook remain.
+TEST_P(Simplify, CorePipelineKeepsResults) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared/models";
+  ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + GetParam());
+  std::vector<Tensor> ins = read_data_set(mp.data_sets[0], "input");
+  std::vector<Tensor> refs = read_data_set(mp.data_sets[0], "output");
+  ImportOptions io;
+  for (const auto& t : ins) io.input_shapes.push_back(t.shape());
+  ImportedModel m = import_onnx(mp.model, io);
+  run_pipeline(*m.graph, parse_pipeline("core"), PassOptions{});
+  for (const auto& n : m.graph->nodes())
+    EXPECT_TRUE(n->op->domain == "tessel.core" || !n->op->decompose) << n->name << " (" << n->op_name() << ")";
+  std::vector<Tensor> outs = run_eager(*m.graph, ins);
+  Tolerance tol;
+  tol.max_rel = 1e-4;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    Comparison c = compare_tensors(outs[i], refs[i], tol);
+    EXPECT_TRUE(c.match) << c.mismatch;
+  }
+}
+
 TEST(PassManager, UnknownPassesAreErrors) {
   try {
     parse_pipeline("fold-constants,frobnicate");

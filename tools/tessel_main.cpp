@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
                          comp_time);
     if (*passes) {
-      fmt::print("pipelines:\n  simplify = fold-constants,cse,dce\npasses:\n");
+      fmt::print("pipelines:\n  simplify = fold-constants,cse,dce\n  core     = decompose,fold-constants,cse,dce\npasses:\n");
       for (const auto& p : all_passes()) fmt::print("  {:<16} {}\n", p.name, p.summary);
       return 0;
     }

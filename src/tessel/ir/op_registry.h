@@ -80,8 +80,10 @@ using KernelFn = std::function<void(KernelCtx&)>;
 // Rewrites a node imported at an older opset into this entry's semantics (for example, moving an
 // `axes` attribute into an input). Throws tessel::Error if the old form cannot be expressed.
 using UpgradeFn = std::function<void(Graph&, Node&, int opset)>;
-// Replaces a node by core ops (filled in by the core-level work).
-using DecomposeFn = std::function<void(Graph&, Node&)>;
+class CoreBuilder;
+// Expresses a node in core ops (docs/ir/core-plan.md): emits them through the builder and returns
+// one value per output of the node (null for omitted outputs).
+using DecomposeFn = std::function<std::vector<Value*>(CoreBuilder&, const Node&)>;
 using CostFn = std::function<Cost(const Node&)>;
 
 struct OpDef {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -94,6 +95,13 @@ void add(OpRegistry& r, OpDef d) {
       inner(ctx);
     };
   }
+  if (d.name == "Tanh") d.decompose = decompose_as("tanh");
+  if (d.name == "Relu")
+    d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+      Value* x = n.inputs[0];
+      Value* zero = b.broadcast_to(b.scalar(x->type.dtype, 0.0), x->type.shape);
+      return {b.emit("max", {x, zero})};
+    };
   r.add(std::move(d));
 }
 

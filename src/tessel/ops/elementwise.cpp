@@ -6,6 +6,7 @@
 #include <random>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -177,6 +178,16 @@ OpDef binary(std::string name, int since, Types ts, BinaryFns fns) {
     infer_binary_same(ctx);
   };
   d.kernel = [fns](KernelCtx& c) { c.set_out(0, apply_binary(c.in(0), c.in(1), fns)); };
+  if (d.name == "Add" || d.name == "Mul" || d.name == "Div") {
+    std::string core = d.name == "Add" ? "add" : d.name == "Mul" ? "mul" : "div";
+    d.decompose = decompose_as(core);
+  } else if (d.name == "Sub") {
+    d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+      const Shape& out = n.outputs[0]->type.shape;
+      Value* rhs = b.emit("neg", {b.broadcast_to(n.inputs[1], out)});
+      return {b.emit("add", {b.broadcast_to(n.inputs[0], out), rhs})};
+    };
+  }
   return d;
 }
 
@@ -212,8 +223,13 @@ OpDef unary(std::string name, int since, Types ts, UnaryKernel k,
 // A float-only math function.
 OpDef unary_f(std::string name, int since, double (*f)(double)) {
   UnaryF fn = f;
-  return unary(std::move(name), since, Types::floats,
-               [fn](const Tensor& x) { return map_unary(x, fn); });
+  OpDef d = unary(name, since, Types::floats, [fn](const Tensor& x) { return map_unary(x, fn); });
+  // The math functions that are core primitives themselves.
+  static const std::map<std::string, std::string> kCore = {{"Sqrt", "sqrt"}, {"Exp", "exp"},  {"Log", "log"},
+                                                           {"Erf", "erf"},   {"Sin", "sin"},  {"Atan", "atan"},
+                                                           {"Floor", "floor"}, {"Tanh", "tanh"}};
+  if (auto it = kCore.find(name); it != kCore.end()) d.decompose = decompose_as(it->second);
+  return d;
 }
 
 // Per-element function for each dtype class of one tensor.
@@ -330,10 +346,14 @@ void register_unary(OpRegistry& r) {
         auto s = [](int64_t v) { return v < 0 ? wrap_sub(0, v) : v; };  // |INT_MIN| wraps, as in C
         return map_by_class(x, f, s, [](uint64_t v) { return v; });
       }));
-  add(r, unary("Neg", 6, Types::signed_or_float, [](const Tensor& x) {
-        return map_unary(
-            x, [](double v) { return -v; }, [](int64_t v) { return wrap_sub(0, v); });
-      }));
+  {
+    OpDef d = unary("Neg", 6, Types::signed_or_float, [](const Tensor& x) {
+      return map_unary(
+          x, [](double v) { return -v; }, [](int64_t v) { return wrap_sub(0, v); });
+    });
+    d.decompose = decompose_as("neg");
+    add(r, std::move(d));
+  }
   add(r, unary("Sign", 9, Types::numeric, [](const Tensor& x) {
         auto f = [](double v) { return std::isnan(v) || v == 0 ? v : v > 0 ? 1.0 : -1.0; };
         auto s = [](int64_t v) -> int64_t { return (v > 0) - (v < 0); };
@@ -973,6 +993,7 @@ void register_selection(OpRegistry& r) {
     d.fusion = FusionKind::injective;
     d.infer = [](InferCtx& ctx) { infer_same_as_input(ctx); };
     d.kernel = [](KernelCtx& c) { c.set_out(0, c.in(0)); };  // kernels never write into inputs
+    d.decompose = [](CoreBuilder&, const Node& n) -> std::vector<Value*> { return {n.inputs[0]}; };
     add(r, std::move(d));
   }
   {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -174,6 +175,34 @@ OpDef matmul_def() {
     c.set_out(0, {a.dtype, matmul_shape(a.shape, b.shape).out});
   };
   d.kernel = [](KernelCtx& c) { c.set_out(0, batched_matmul(c.in(0), c.in(1), c.in(0).dtype())); };
+  // numpy matmul as dot_general: 1-D operands become matrices, batch dims are broadcast explicitly,
+  // then one batched contraction of a's last dim with b's second-to-last.
+  d.decompose = [](CoreBuilder& bld, const Node& n) -> std::vector<Value*> {
+    auto as_matrix = [&](Value* v, bool row) {
+      if (v->type.shape.size() != 1) return v;
+      Shape s = row ? Shape{1, v->type.shape[0]} : Shape{v->type.shape[0], 1};
+      return bld.emit("reshape", {v}, {{"shape", std::vector<int64_t>(s)}});
+    };
+    Value* a = as_matrix(n.inputs[0], true);
+    Value* b = as_matrix(n.inputs[1], false);
+    const Shape& as = a->type.shape;
+    const Shape& bs = b->type.shape;
+    Shape batch = broadcast_shapes(Shape(as.begin(), as.end() - 2), Shape(bs.begin(), bs.end() - 2));
+    const int64_t nb = static_cast<int64_t>(batch.size());
+    Shape a_full = batch, b_full = batch;
+    a_full.insert(a_full.end(), as.end() - 2, as.end());
+    b_full.insert(b_full.end(), bs.end() - 2, bs.end());
+    std::vector<int64_t> batch_dims;
+    for (int64_t i = 0; i < nb; ++i) batch_dims.push_back(i);
+    Value* y = bld.emit("dot_general", {bld.broadcast_to(a, a_full), bld.broadcast_to(b, b_full)},
+                        {{"lhs_batch", batch_dims},
+                         {"rhs_batch", batch_dims},
+                         {"lhs_contract", std::vector<int64_t>{nb + 1}},
+                         {"rhs_contract", std::vector<int64_t>{nb}}});
+    const Shape& want = n.outputs[0]->type.shape;
+    if (y->type.shape != want) y = bld.emit("reshape", {y}, {{"shape", std::vector<int64_t>(want)}});
+    return {y};
+  };
   return d;
 }
 

@@ -21,7 +21,8 @@ struct Pass {
 const std::vector<Pass>& all_passes();
 const Pass* find_pass(const std::string& name);
 
-// Named pipelines: "simplify" = fold-constants, cse, dce. A comma list of pass names also works.
+// Named pipelines: "simplify" = fold-constants, cse, dce; "core" = decompose then simplify. A comma
+// list of pass names also works.
 std::vector<const Pass*> parse_pipeline(const std::string& spec);
 
 struct PassRecord {
@@ -42,6 +43,7 @@ struct PassOptions {
 std::vector<PassRecord> run_pipeline(Graph& g, const std::vector<const Pass*>& pipeline, const PassOptions& opts);
 
 // The passes (one file each in src/tessel/passes/).
+std::string decompose(Graph& g);
 std::string fold_constants(Graph& g);
 std::string eliminate_common_subexpressions(Graph& g);
 std::string eliminate_dead_code(Graph& g);

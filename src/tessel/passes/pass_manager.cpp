@@ -15,6 +15,8 @@ namespace fs = std::filesystem;
 
 const std::vector<Pass>& all_passes() {
   static const std::vector<Pass> passes = {
+      {"decompose", "replace graph-level ops by core primitives (ops without a decomposition stay, listed)",
+       decompose},
       {"fold-constants", "evaluate nodes whose inputs are all known (shape arithmetic included) into constants",
        fold_constants},
       {"cse", "merge nodes that compute the same op on the same inputs, and identical constants",
@@ -34,6 +36,7 @@ std::vector<const Pass*> parse_pipeline(const std::string& spec) {
   std::vector<const Pass*> out;
   if (spec.empty()) return out;
   if (spec == "simplify") return {find_pass("fold-constants"), find_pass("cse"), find_pass("dce")};
+  if (spec == "core") return {find_pass("decompose"), find_pass("fold-constants"), find_pass("cse"), find_pass("dce")};
   size_t b = 0;
   while (b <= spec.size()) {
     size_t e = spec.find(',', b);
@@ -43,7 +46,7 @@ std::vector<const Pass*> parse_pipeline(const std::string& spec) {
     if (!p) {
       std::string known;
       for (const auto& q : all_passes()) known += (known.empty() ? "" : ", ") + q.name;
-      throw Error(Location{.pass = "pipeline"}, fmt::format("unknown pass '{}' (known: simplify, {})", name, known));
+      throw Error(Location{.pass = "pipeline"}, fmt::format("unknown pass '{}' (known: simplify, core, {})", name, known));
     }
     out.push_back(p);
     b = e + 1;

@@ -1,0 +1,22 @@
+// Shared pieces of the graph -> core decomposition hooks (the hooks themselves sit in each op's entry).
+#pragma once
+
+#include <string>
+
+#include "tessel/ir/op_registry.h"
+#include "tessel/passes/core_builder.h"
+
+namespace tessel {
+
+// An elementwise graph op that is one core op once broadcasting is explicit: every input is
+// broadcast to the node's output shape, then `core_op` is emitted.
+inline DecomposeFn decompose_as(std::string core_op) {
+  return [core_op](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    const Shape& out = n.outputs[0]->type.shape;
+    std::vector<Value*> ins;
+    for (Value* v : n.inputs) ins.push_back(b.broadcast_to(v, out));
+    return {b.emit(core_op, ins)};
+  };
+}
+
+}  // namespace tessel
