@@ -76,3 +76,9 @@ TEST(Robustness, CompressDftLpNormalizationOfScalarAreErrors) {
 }
 
 }  // namespace
+
+TEST(Robustness, AbsurdTensorSizeIsAnError) {
+  // 2^40 f32 elements: refused by name instead of attempted.
+  EXPECT_THROW(tessel::Tensor(tessel::DType::f32, {int64_t{1} << 20, int64_t{1} << 20}), tessel::Error);
+  EXPECT_THROW(tessel::Tensor(tessel::DType::u8, {int64_t{1} << 62, 4}), tessel::Error);  // the product overflows
+}

@@ -54,6 +54,10 @@ std::pair<int64_t, int64_t> int_range(DType t) {
       return {-128, 127};
     case DType::i4:
       return {-8, 7};
+    case DType::i2:
+      return {-2, 1};
+    case DType::u2:
+      return {0, 3};
     case DType::u64:
       return {0, std::numeric_limits<int64_t>::max()};
     case DType::u32:
