@@ -3,17 +3,24 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "tessel/support/error.h"
 
 namespace tessel {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
+  bool overflow = false;
   for (int64_t d : s) {
     if (d < 0) return kUnknownDim;
-    n *= d;
+    overflow = overflow || __builtin_mul_overflow(n, d, &n);
   }
-  return n;
+  // An empty dim makes the product 0 even after an overflow; otherwise overflow saturates, so
+  // size checks downstream (Tensor's limit) reject it.
+  for (int64_t d : s)
+    if (d == 0) return 0;
+  return overflow ? std::numeric_limits<int64_t>::max() : n;
 }
 
 bool shape_known(const Shape& s) {

@@ -10,7 +10,7 @@ namespace tessel {
 using Shape = std::vector<int64_t>;
 inline constexpr int64_t kUnknownDim = -1;
 
-int64_t shape_numel(const Shape& s);          // product of dims; -1 if any unknown
+int64_t shape_numel(const Shape& s);  // product of dims; -1 if any unknown; saturates on overflow
 bool shape_known(const Shape& s);
 std::string shape_str(const Shape& s);        // "[1,128,?]"
 std::vector<int64_t> strides_of(const Shape& s);  // row-major element strides

@@ -14,9 +14,7 @@ Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape
   // Absurd sizes (a mutated Resize `sizes`, a huge pad) are an error naming the shape, not an
   // attempt to allocate them; the limit is far above anything the corpus needs.
   constexpr int64_t kMaxTensorBytes = int64_t{8} << 30;
-  for (int64_t d : shape_)
-    if (d > 0 && numel_ / d > kMaxTensorBytes) numel_ = -1;  // the product overflowed
-  if (numel_ < 0 || numel_ > kMaxTensorBytes / dtype_size(dtype_))
+  if (numel_ > kMaxTensorBytes / dtype_size(dtype_))
     fail("a tensor of shape {} and dtype {} exceeds the 8 GiB limit", shape_str(shape_), dtype_name(dtype_));
   data_ = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(numel_) * dtype_size(dtype_));
 }
