@@ -107,6 +107,20 @@ Cost op_cost(const Node& node) {
   return c;
 }
 
+OpDef make_op(std::string name, int since, int min_inputs, int max_inputs, std::vector<AttrSpec> attrs,
+              InferFn infer, KernelFn kernel, FusionKind fusion) {
+  OpDef d;
+  d.name = std::move(name);
+  d.since = since;
+  d.min_inputs = min_inputs;
+  d.max_inputs = max_inputs;
+  d.attrs = std::move(attrs);
+  d.infer = std::move(infer);
+  d.kernel = std::move(kernel);
+  d.fusion = fusion;
+  return d;
+}
+
 CostFn cost_per_input_element(double per_elem) {
   return [per_elem](const Node& n) {
     Cost c;

@@ -120,6 +120,10 @@ CostFn cost_per_input_element(double flops_per_element);
 
 // ---- helpers shared by the op families -------------------------------------------------------
 
+// An entry with the fields most ops set; the caller adds upgrade, cost, decompose as needed.
+OpDef make_op(std::string name, int since, int min_inputs, int max_inputs, std::vector<AttrSpec> attrs,
+              InferFn infer, KernelFn kernel, FusionKind fusion = FusionKind::opaque);
+
 // Type rules.
 void infer_same_as_input(InferCtx& ctx, int input = 0);        // output 0 = type of input
 void infer_broadcast(InferCtx& ctx, std::optional<DType> out_dtype = std::nullopt);

@@ -554,49 +554,35 @@ void unique_kernel(KernelCtx& c) {
   if (c.wants_out(3)) c.set_out(3, Tensor::from_i64(DType::i64, {g}, count));
 }
 
-OpDef make(std::string name, int since, int min_in, int max_in, std::vector<AttrSpec> attrs,
-           InferFn inf, KernelFn k, FusionKind fk = FusionKind::opaque) {
-  OpDef d;
-  d.name = std::move(name);
-  d.since = since;
-  d.min_inputs = min_in;
-  d.max_inputs = max_in;
-  d.attrs = std::move(attrs);
-  d.infer = std::move(inf);
-  d.kernel = std::move(k);
-  d.fusion = fk;
-  return d;
-}
-
 }  // namespace
 
 void register_index_ops(OpRegistry& r) {
   // Gather, GatherElements and GatherND only widened their index ranges (negative indices)
   // and dtypes across opsets, which this entry accepts, so the oldest forms import as is.
-  r.add(make("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel,
+  r.add(make_op("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel,
              FusionKind::injective));
-  r.add(make("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}}, gather_elements_infer,
+  r.add(make_op("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}}, gather_elements_infer,
              gather_elements_kernel, FusionKind::injective));
   {
-    OpDef d = make("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer,
+    OpDef d = make_op("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer,
                    gathernd_kernel, FusionKind::injective);
     r.add(std::move(d));
   }
   // ScatterElements 11 (no reduction) and 16 (add/mul) are subsets of 18.
-  r.add(make("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}},
+  r.add(make_op("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}},
              scatter_elements_infer, scatter_elements_kernel));
-  r.add(make("Scatter", 9, 3, 3, {{"axis", AttrKind::i}}, scatter_elements_infer,
+  r.add(make_op("Scatter", 9, 3, 3, {{"axis", AttrKind::i}}, scatter_elements_infer,
              scatter_elements_kernel));
   r.add(
-      make("ScatterND", 11, 3, 3, {{"reduction", AttrKind::s}}, scatternd_infer, scatternd_kernel));
-  r.add(make("TensorScatter", 24, 2, 3, {{"axis", AttrKind::i}, {"mode", AttrKind::s}},
+      make_op("ScatterND", 11, 3, 3, {{"reduction", AttrKind::s}}, scatternd_infer, scatternd_kernel));
+  r.add(make_op("TensorScatter", 24, 2, 3, {{"axis", AttrKind::i}, {"mode", AttrKind::s}},
              tensor_scatter_infer, tensor_scatter_kernel));
-  r.add(make("NonZero", 9, 1, 1, {}, nonzero_infer,
+  r.add(make_op("NonZero", 9, 1, 1, {}, nonzero_infer,
              [](KernelCtx& c) { c.set_out(0, nonzero_of(c.in(0))); }));
-  r.add(make("Compress", 9, 2, 2, {{"axis", AttrKind::i}}, compress_infer, compress_kernel));
-  r.add(make("OneHot", 9, 3, 3, {{"axis", AttrKind::i}}, onehot_infer, onehot_kernel));
+  r.add(make_op("Compress", 9, 2, 2, {{"axis", AttrKind::i}}, compress_infer, compress_kernel));
+  r.add(make_op("OneHot", 9, 3, 3, {{"axis", AttrKind::i}}, onehot_infer, onehot_kernel));
   {
-    OpDef d = make("Unique", 11, 1, 1, {{"axis", AttrKind::i}, {"sorted", AttrKind::i}},
+    OpDef d = make_op("Unique", 11, 1, 1, {{"axis", AttrKind::i}, {"sorted", AttrKind::i}},
                    unique_infer, unique_kernel);
     d.max_outputs = 4;
     r.add(std::move(d));

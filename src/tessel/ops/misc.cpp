@@ -14,19 +14,6 @@ namespace {
 using cplx = std::complex<double>;
 constexpr double kPi = std::numbers::pi;
 
-OpDef make(std::string name, int since, int min_in, int max_in, std::vector<AttrSpec> attrs,
-           InferFn inf, KernelFn k) {
-  OpDef d;
-  d.name = std::move(name);
-  d.since = since;
-  d.min_inputs = min_in;
-  d.max_inputs = max_in;
-  d.attrs = std::move(attrs);
-  d.infer = std::move(inf);
-  d.kernel = std::move(k);
-  return d;
-}
-
 // A statically known scalar input (a one-element tensor), or nullopt.
 std::optional<double> known_scalar(const InferCtx& c, int i) {
   const Tensor* t = c.value(i);
@@ -496,7 +483,7 @@ OpDef window_op(std::string name, double a0, double a1, double a2) {
     }
     c.set_out(0, std::move(y));
   };
-  return make(std::move(name), 17, 1, 1,
+  return make_op(std::move(name), 17, 1, 1,
               {{"output_datatype", AttrKind::i}, {"periodic", AttrKind::i}}, infer, kernel);
 }
 
@@ -753,16 +740,16 @@ void mel_kernel(KernelCtx& c) {
 void register_misc_ops(OpRegistry& r) {
   {
     OpDef d =
-        make("GridSample", 20, 2, 2,
+        make_op("GridSample", 20, 2, 2,
              {{"align_corners", AttrKind::i}, {"mode", AttrKind::s}, {"padding_mode", AttrKind::s}},
              grid_sample_infer, grid_sample_kernel);
     d.upgrade = grid_sample_upgrade;
     r.add(std::move(d));
   }
-  r.add(make("AffineGrid", 20, 2, 2, {{"align_corners", AttrKind::i}}, affine_grid_infer,
+  r.add(make_op("AffineGrid", 20, 2, 2, {{"align_corners", AttrKind::i}}, affine_grid_infer,
              affine_grid_kernel));
   {
-    OpDef d = make("RoiAlign", 16, 3, 3,
+    OpDef d = make_op("RoiAlign", 16, 3, 3,
                    {{"coordinate_transformation_mode", AttrKind::s},
                     {"mode", AttrKind::s},
                     {"output_height", AttrKind::i},
@@ -773,21 +760,21 @@ void register_misc_ops(OpRegistry& r) {
     d.upgrade = roi_align_upgrade;
     r.add(std::move(d));
   }
-  r.add(make("NonMaxSuppression", 10, 2, 5, {{"center_point_box", AttrKind::i}}, nms_infer,
+  r.add(make_op("NonMaxSuppression", 10, 2, 5, {{"center_point_box", AttrKind::i}}, nms_infer,
              nms_kernel));
   r.add(window_op("HannWindow", 0.5, 0.5, 0.0));
   r.add(window_op("HammingWindow", 25.0 / 46.0, 21.0 / 46.0, 0.0));
   r.add(window_op("BlackmanWindow", 0.42, 0.5, 0.08));
   {
-    OpDef d = make("DFT", 20, 1, 3,
+    OpDef d = make_op("DFT", 20, 1, 3,
                    {{"inverse", AttrKind::i}, {"onesided", AttrKind::i}, {"axis", AttrKind::i}},
                    dft_infer, dft_kernel);
     d.upgrade = dft_upgrade;
     r.add(std::move(d));
   }
-  r.add(make("STFT", 17, 2, 4, {{"onesided", AttrKind::i}}, stft_infer, stft_kernel));
+  r.add(make_op("STFT", 17, 2, 4, {{"onesided", AttrKind::i}}, stft_infer, stft_kernel));
   r.add(
-      make("MelWeightMatrix", 17, 5, 5, {{"output_datatype", AttrKind::i}}, mel_infer, mel_kernel));
+      make_op("MelWeightMatrix", 17, 5, 5, {{"output_datatype", AttrKind::i}}, mel_infer, mel_kernel));
 }
 
 }  // namespace tessel

@@ -457,44 +457,30 @@ void qlinear_conv_kernel(KernelCtx& c) {
   c.set_out(0, std::move(y));
 }
 
-OpDef make(std::string name, int since, int min_in, int max_in, std::vector<AttrSpec> attrs,
-           InferFn inf, KernelFn k, FusionKind fk = FusionKind::opaque) {
-  OpDef d;
-  d.name = std::move(name);
-  d.since = since;
-  d.min_inputs = min_in;
-  d.max_inputs = max_in;
-  d.attrs = std::move(attrs);
-  d.infer = std::move(inf);
-  d.kernel = std::move(k);
-  d.fusion = fk;
-  return d;
-}
-
 }  // namespace
 
 void register_quantize_ops(OpRegistry& r) {
   // Each opset of QuantizeLinear/DequantizeLinear (10, 13, 19, 21, 23, 25) only added types,
   // granularities and attributes with backward-compatible defaults, so opset 10 imports as is.
-  r.add(make("QuantizeLinear", 10, 2, 3,
+  r.add(make_op("QuantizeLinear", 10, 2, 3,
              {{"axis", AttrKind::i},
               {"block_size", AttrKind::i},
               {"output_dtype", AttrKind::i},
               {"precision", AttrKind::i},
               {"saturate", AttrKind::i}},
              quantize_infer, quantize_kernel, FusionKind::pointwise));
-  r.add(make("DequantizeLinear", 10, 2, 3,
+  r.add(make_op("DequantizeLinear", 10, 2, 3,
              {{"axis", AttrKind::i}, {"block_size", AttrKind::i}, {"output_dtype", AttrKind::i}},
              dequantize_infer, dequantize_kernel, FusionKind::pointwise));
   {
-    OpDef d = make("DynamicQuantizeLinear", 11, 1, 1, {}, dynamic_quantize_infer,
+    OpDef d = make_op("DynamicQuantizeLinear", 11, 1, 1, {}, dynamic_quantize_infer,
                    dynamic_quantize_kernel);
     d.min_outputs = d.max_outputs = 3;
     r.add(std::move(d));
   }
-  r.add(make("QLinearMatMul", 10, 8, 8, {}, qlinear_matmul_infer, qlinear_matmul_kernel,
+  r.add(make_op("QLinearMatMul", 10, 8, 8, {}, qlinear_matmul_infer, qlinear_matmul_kernel,
              FusionKind::matmul));
-  r.add(make("QLinearConv", 10, 8, 9,
+  r.add(make_op("QLinearConv", 10, 8, 9,
              {{"auto_pad", AttrKind::s},
               {"dilations", AttrKind::ints},
               {"group", AttrKind::i},
