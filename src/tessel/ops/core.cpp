@@ -78,11 +78,13 @@
 //          stable (equal keys keep input order in either direction); NaN counts as larger than
 //          every number, so it sorts last ascending and first descending. fusion opaque.
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 
+#include "tessel/ops/kernel_util.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
 
@@ -151,8 +153,6 @@ std::pair<int64_t, int64_t> int_limits(DType t) {
   }
 }
 
-int64_t wrap_add(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }
-int64_t wrap_mul(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }
 
 // Element-size copy of one element (any dtype; sub-byte types are one byte each).
 inline void copy_elem(Tensor& dst, int64_t di, const Tensor& src, int64_t si, int es) {
@@ -915,32 +915,22 @@ void register_contractions(OpRegistry& r) {
       const std::vector<int64_t> rb = permuted_offsets(b.shape(), ro);
       Tensor y(a.dtype(), g.out);
       const int64_t B = g.B, M = g.M, N = g.N, K = g.K;
+      // Pack both operands through the offset tables into [B, M, K] and [B, K, N], then multiply.
+      auto pack = [](const auto& v, const std::vector<int64_t>& offsets) {
+        std::remove_cvref_t<decltype(v)> out(offsets.size());
+        for (size_t i = 0; i < offsets.size(); ++i) out[i] = v[offsets[i]];
+        return out;
+      };
       if (is_float(a.dtype())) {
-        const std::vector<double> av = a.to_f64(), bv = b.to_f64();
-        std::vector<double> row(static_cast<size_t>(N));
-        for (int64_t t = 0; t < B; ++t)
-          for (int64_t i = 0; i < M; ++i) {
-            std::fill(row.begin(), row.end(), 0.0);
-            for (int64_t k = 0; k < K; ++k) {
-              const double x = av[la[(t * M + i) * K + k]];
-              const int64_t* rp = rb.data() + (t * K + k) * N;
-              for (int64_t j = 0; j < N; ++j) row[j] += x * bv[rp[j]];
-            }
-            for (int64_t j = 0; j < N; ++j) y.set_f((t * M + i) * N + j, row[j]);
-          }
+        const std::vector<double> av = pack(a.to_f64(), la), bv = pack(b.to_f64(), rb);
+        std::vector<double> yv(static_cast<size_t>(B * M * N));
+        for (int64_t t = 0; t < B; ++t) gemm_f64(av.data() + t * M * K, bv.data() + t * K * N, yv.data() + t * M * N, M, K, N);
+        for (int64_t i = 0; i < B * M * N; ++i) y.set_f(i, yv[i]);
       } else {
-        const std::vector<int64_t> av = a.to_i64(), bv = b.to_i64();
-        std::vector<int64_t> row(static_cast<size_t>(N));
-        for (int64_t t = 0; t < B; ++t)
-          for (int64_t i = 0; i < M; ++i) {
-            std::fill(row.begin(), row.end(), 0);
-            for (int64_t k = 0; k < K; ++k) {
-              const int64_t x = av[la[(t * M + i) * K + k]];
-              const int64_t* rp = rb.data() + (t * K + k) * N;
-              for (int64_t j = 0; j < N; ++j) row[j] = wrap_add(row[j], wrap_mul(x, bv[rp[j]]));
-            }
-            for (int64_t j = 0; j < N; ++j) y.set_i((t * M + i) * N + j, row[j]);
-          }
+        const std::vector<int64_t> av = pack(a.to_i64(), la), bv = pack(b.to_i64(), rb);
+        std::vector<int64_t> yv(static_cast<size_t>(B * M * N));
+        for (int64_t t = 0; t < B; ++t) gemm_i64(av.data() + t * M * K, bv.data() + t * K * N, yv.data() + t * M * N, M, K, N);
+        for (int64_t i = 0; i < B * M * N; ++i) y.set_i(i, yv[i]);
       }
       c.set_out(0, std::move(y));
     };

@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 
+#include "tessel/ops/kernel_util.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
@@ -189,17 +190,6 @@ OpDef binary(std::string name, int since, Types ts, BinaryFns fns) {
     };
   }
   return d;
-}
-
-// Wrapping integer arithmetic: computed in uint64 so overflow is defined, then narrowed by set_i.
-int64_t wrap_add(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-}
-int64_t wrap_sub(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
-}
-int64_t wrap_mul(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
 }
 
 // ---- unary ops -------------------------------------------------------------------------------

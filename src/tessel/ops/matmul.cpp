@@ -5,20 +5,13 @@
 #include <map>
 #include <string>
 
+#include "tessel/ops/kernel_util.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
 namespace {
-
-// Wrapping integer arithmetic: ONNX integer matmuls overflow like C unsigned math.
-int64_t wrap_add(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
-}
-int64_t wrap_mul(int64_t a, int64_t b) {
-  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
-}
 
 // C[m,n] = sum_k A[m,k] * B[k,n] for one matrix pair; f32 accumulates every output row in double
 // so the reference stays accurate for long K.
@@ -35,30 +28,6 @@ void gemm_f32(const float* a, const float* b, float* c, int64_t m, int64_t k, in
       for (int64_t j = 0; j < n; ++j) ap[j] += av * static_cast<double>(bp[j]);
     }
     for (int64_t j = 0; j < n; ++j) c[i * n + j] = static_cast<float>(ap[j]);
-  }
-}
-
-void gemm_f64(const double* a, const double* b, double* c, int64_t m, int64_t k, int64_t n) {
-  for (int64_t i = 0; i < m; ++i) {
-    double* cp = c + i * n;
-    std::fill(cp, cp + n, 0.0);
-    for (int64_t p = 0; p < k; ++p) {
-      const double av = a[i * k + p];
-      const double* bp = b + p * n;
-      for (int64_t j = 0; j < n; ++j) cp[j] += av * bp[j];
-    }
-  }
-}
-
-void gemm_i64(const int64_t* a, const int64_t* b, int64_t* c, int64_t m, int64_t k, int64_t n) {
-  for (int64_t i = 0; i < m; ++i) {
-    int64_t* cp = c + i * n;
-    std::fill(cp, cp + n, 0);
-    for (int64_t p = 0; p < k; ++p) {
-      const int64_t av = a[i * k + p];
-      const int64_t* bp = b + p * n;
-      for (int64_t j = 0; j < n; ++j) cp[j] = wrap_add(cp[j], wrap_mul(av, bp[j]));
-    }
   }
 }
 
