@@ -10,7 +10,7 @@
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/runtime/interpreter.h"
-#include "test_util.h"
+#include "corpus_util.h"
 
 using namespace tessel;
 namespace fs = std::filesystem;
@@ -24,37 +24,18 @@ std::vector<std::string> corpus() {
           "tblock_bert", "tblock_s", "tblock_s_dynamo"};
 }
 
-ImportedModel load(const ModelPaths& mp, const std::vector<Tensor>& ins) {
-  ImportOptions io;
-  for (const auto& t : ins) io.input_shapes.push_back(t.shape());
-  return import_onnx(mp.model, io);
-}
-
 }  // namespace
 
 TEST_P(CorpusModel, EagerMatchesReference) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared/models";
-  ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + GetParam());
-  ASSERT_FALSE(mp.data_sets.empty());
-  std::vector<Tensor> ins = read_data_set(mp.data_sets[0], "input");
-  std::vector<Tensor> refs = read_data_set(mp.data_sets[0], "output");
-  ImportedModel m = load(mp, ins);
+  auto [m, ins, refs] = testenv::load_corpus_model(GetParam());
   verify_graph(*m.graph);
-  std::vector<Tensor> outs = run_eager(*m.graph, ins);
-  ASSERT_EQ(outs.size(), refs.size());
-  Tolerance tol;
-  tol.max_rel = 1e-4;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    Comparison c = compare_tensors(outs[i], refs[i], tol);
-    EXPECT_TRUE(c.match) << GetParam() << " output " << i << ": " << c.mismatch << " (max abs " << c.max_abs
-                         << ", rel " << c.rel << ")";
-  }
+  testenv::expect_matches_reference(run_eager(*m.graph, ins), refs, GetParam());
 }
 
 TEST_P(CorpusModel, TextRoundTrips) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared/models";
-  ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + GetParam());
-  ImportedModel m = load(mp, read_data_set(mp.data_sets[0], "input"));
+  ImportedModel m = testenv::load_corpus_model(GetParam()).model;
   std::string p1 = print_graph(*m.graph);
   auto g2 = parse_graph(p1, GetParam() + ".tsl");
   verify_graph(*g2);

@@ -14,7 +14,7 @@
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
-#include "test_util.h"
+#include "corpus_util.h"
 
 using namespace tessel;
 namespace fs = std::filesystem;
@@ -27,12 +27,7 @@ class Simplify : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Simplify, KeepsResultsAndFoldsShapeArithmetic) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared/models";
-  ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + GetParam());
-  std::vector<Tensor> ins = read_data_set(mp.data_sets[0], "input");
-  std::vector<Tensor> refs = read_data_set(mp.data_sets[0], "output");
-  ImportOptions io;
-  for (const auto& t : ins) io.input_shapes.push_back(t.shape());
-  ImportedModel m = import_onnx(mp.model, io);
+  auto [m, ins, refs] = testenv::load_corpus_model(GetParam());
   const size_t before = m.graph->nodes().size();
   fs::path dump = fs::temp_directory_path() / ("tessel_passes_" + GetParam() + std::to_string(getpid()));
   PassOptions po;
@@ -49,13 +44,7 @@ TEST_P(Simplify, KeepsResultsAndFoldsShapeArithmetic) {
     EXPECT_FALSE(all_const && n->op->deterministic && shape_numel(n->outputs[0]->type.shape) <= (1 << 16))
         << "foldable node left: " << n->name << " (" << n->op_name() << ")";
   }
-  std::vector<Tensor> outs = run_eager(*m.graph, ins);
-  Tolerance tol;
-  tol.max_rel = 1e-4;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    Comparison c = compare_tensors(outs[i], refs[i], tol);
-    EXPECT_TRUE(c.match) << c.mismatch;
-  }
+  testenv::expect_matches_reference(run_eager(*m.graph, ins), refs, GetParam());
   // Every stage was dumped and parses back.
   int files = 0;
   for (const auto& e : fs::directory_iterator(dump)) {
@@ -76,22 +65,11 @@ INSTANTIATE_TEST_SUITE_P(Corpus, Simplify,
 // compute the reference outputs, and only core ops or ops without a hook remain.
 TEST_P(Simplify, CorePipelineKeepsResults) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared/models";
-  ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + GetParam());
-  std::vector<Tensor> ins = read_data_set(mp.data_sets[0], "input");
-  std::vector<Tensor> refs = read_data_set(mp.data_sets[0], "output");
-  ImportOptions io;
-  for (const auto& t : ins) io.input_shapes.push_back(t.shape());
-  ImportedModel m = import_onnx(mp.model, io);
+  auto [m, ins, refs] = testenv::load_corpus_model(GetParam());
   run_pipeline(*m.graph, parse_pipeline("core"), PassOptions{});
   for (const auto& n : m.graph->nodes())
     EXPECT_TRUE(n->op->domain == "tessel.core" || !n->op->decompose) << n->name << " (" << n->op_name() << ")";
-  std::vector<Tensor> outs = run_eager(*m.graph, ins);
-  Tolerance tol;
-  tol.max_rel = 1e-4;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    Comparison c = compare_tensors(outs[i], refs[i], tol);
-    EXPECT_TRUE(c.match) << c.mismatch;
-  }
+  testenv::expect_matches_reference(run_eager(*m.graph, ins), refs, GetParam());
 }
 
 TEST(PassManager, UnknownPassesAreErrors) {
