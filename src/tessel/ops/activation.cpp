@@ -95,13 +95,6 @@ void add(OpRegistry& r, OpDef d) {
       inner(ctx);
     };
   }
-  if (d.name == "Tanh") d.decompose = decompose_as("tanh");
-  if (d.name == "Relu")
-    d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
-      Value* x = n.inputs[0];
-      Value* zero = b.broadcast_to(b.scalar(x->type.dtype, 0.0), x->type.shape);
-      return {b.emit("max", {x, zero})};
-    };
   r.add(std::move(d));
 }
 
@@ -110,10 +103,16 @@ void add(OpRegistry& r, OpDef d) {
 void register_activation_ops(OpRegistry& r) {
   using A = AttrSpec;
   const auto F = AttrKind::f;
-  add(r, plain(
-             "Relu", 6, [](double x) { return x > 0 ? x : (std::isnan(x) ? x : 0.0); },
-             [](int64_t x) -> int64_t { return x > 0 ? x : 0; }));
-  add(r, plain("Tanh", 6, [](double x) { return std::tanh(x); }));
+  // Relu as core ops: max(x, 0) with the zero broadcast.
+  auto relu_core = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    return {b.emit("max", {x, b.broadcast_to(b.scalar(x->type.dtype, 0.0), x->type.shape)})};
+  };
+  add(r, with_decomposition(plain(
+                                "Relu", 6, [](double x) { return x > 0 ? x : (std::isnan(x) ? x : 0.0); },
+                                [](int64_t x) -> int64_t { return x > 0 ? x : 0; }),
+                            relu_core));
+  add(r, with_decomposition(plain("Tanh", 6, [](double x) { return std::tanh(x); }), decompose_as("tanh")));
   add(r, plain("Sigmoid", 6, sigmoid));
   add(r, plain("Softplus", 1, softplus));
   add(r, plain("Softsign", 1, [](double x) { return x / (1.0 + std::fabs(x)); }));

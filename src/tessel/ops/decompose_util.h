@@ -19,4 +19,17 @@ inline DecomposeFn decompose_as(std::string core_op) {
   };
 }
 
+// `d` with its decomposition hook set, for use at the registration site.
+inline OpDef with_decomposition(OpDef d, DecomposeFn f) {
+  d.decompose = std::move(f);
+  return d;
+}
+
+// Sub as core ops: a + (-b), both broadcast to the output shape.
+inline std::vector<Value*> decompose_sub(CoreBuilder& b, const Node& n) {
+  const Shape& out = n.outputs[0]->type.shape;
+  Value* rhs = b.emit("neg", {b.broadcast_to(n.inputs[1], out)});
+  return {b.emit("add", {b.broadcast_to(n.inputs[0], out), rhs})};
+}
+
 }  // namespace tessel

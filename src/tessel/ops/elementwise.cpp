@@ -179,16 +179,6 @@ OpDef binary(std::string name, int since, Types ts, BinaryFns fns) {
     infer_binary_same(ctx);
   };
   d.kernel = [fns](KernelCtx& c) { c.set_out(0, apply_binary(c.in(0), c.in(1), fns)); };
-  if (d.name == "Add" || d.name == "Mul" || d.name == "Div") {
-    std::string core = d.name == "Add" ? "add" : d.name == "Mul" ? "mul" : "div";
-    d.decompose = decompose_as(core);
-  } else if (d.name == "Sub") {
-    d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
-      const Shape& out = n.outputs[0]->type.shape;
-      Value* rhs = b.emit("neg", {b.broadcast_to(n.inputs[1], out)});
-      return {b.emit("add", {b.broadcast_to(n.inputs[0], out), rhs})};
-    };
-  }
   return d;
 }
 
@@ -213,13 +203,7 @@ OpDef unary(std::string name, int since, Types ts, UnaryKernel k,
 // A float-only math function.
 OpDef unary_f(std::string name, int since, double (*f)(double)) {
   UnaryF fn = f;
-  OpDef d = unary(name, since, Types::floats, [fn](const Tensor& x) { return map_unary(x, fn); });
-  // The math functions that are core primitives themselves.
-  static const std::map<std::string, std::string> kCore = {{"Sqrt", "sqrt"}, {"Exp", "exp"},  {"Log", "log"},
-                                                           {"Erf", "erf"},   {"Sin", "sin"},  {"Atan", "atan"},
-                                                           {"Floor", "floor"}, {"Tanh", "tanh"}};
-  if (auto it = kCore.find(name); it != kCore.end()) d.decompose = decompose_as(it->second);
-  return d;
+  return unary(std::move(name), since, Types::floats, [fn](const Tensor& x) { return map_unary(x, fn); });
 }
 
 // Per-element function for each dtype class of one tensor.
@@ -350,25 +334,25 @@ void register_unary(OpRegistry& r) {
         return map_by_class(x, f, s, [](uint64_t v) -> uint64_t { return v != 0; });
       }));
   add(r, unary_f("Reciprocal", 6, [](double v) { return 1.0 / v; }));
-  add(r, unary_f("Sqrt", 6, [](double v) { return std::sqrt(v); }));
-  add(r, unary_f("Exp", 6, [](double v) { return std::exp(v); }));
-  add(r, unary_f("Log", 6, [](double v) { return std::log(v); }));
+  add(r, with_decomposition(unary_f("Sqrt", 6, [](double v) { return std::sqrt(v); }), decompose_as("sqrt")));
+  add(r, with_decomposition(unary_f("Exp", 6, [](double v) { return std::exp(v); }), decompose_as("exp")));
+  add(r, with_decomposition(unary_f("Log", 6, [](double v) { return std::log(v); }), decompose_as("log")));
   add(r, unary_f("Ceil", 6, [](double v) { return std::ceil(v); }));
-  add(r, unary_f("Floor", 6, [](double v) { return std::floor(v); }));
+  add(r, with_decomposition(unary_f("Floor", 6, [](double v) { return std::floor(v); }), decompose_as("floor")));
   // nearbyint in the default rounding mode rounds halfway cases to even, as ONNX Round asks.
   add(r, unary_f("Round", 11, [](double v) { return std::nearbyint(v); }));
-  add(r, unary_f("Sin", 7, [](double v) { return std::sin(v); }));
+  add(r, with_decomposition(unary_f("Sin", 7, [](double v) { return std::sin(v); }), decompose_as("sin")));
   add(r, unary_f("Cos", 7, [](double v) { return std::cos(v); }));
   add(r, unary_f("Tan", 7, [](double v) { return std::tan(v); }));
   add(r, unary_f("Asin", 7, [](double v) { return std::asin(v); }));
   add(r, unary_f("Acos", 7, [](double v) { return std::acos(v); }));
-  add(r, unary_f("Atan", 7, [](double v) { return std::atan(v); }));
+  add(r, with_decomposition(unary_f("Atan", 7, [](double v) { return std::atan(v); }), decompose_as("atan")));
   add(r, unary_f("Sinh", 9, [](double v) { return std::sinh(v); }));
   add(r, unary_f("Cosh", 9, [](double v) { return std::cosh(v); }));
   add(r, unary_f("Asinh", 9, [](double v) { return std::asinh(v); }));
   add(r, unary_f("Acosh", 9, [](double v) { return std::acosh(v); }));
   add(r, unary_f("Atanh", 9, [](double v) { return std::atanh(v); }));
-  add(r, unary_f("Erf", 9, [](double v) { return std::erf(v); }));
+  add(r, with_decomposition(unary_f("Erf", 9, [](double v) { return std::erf(v); }), decompose_as("erf")));
   add(r, unary("Not", 1, Types::boolean, [](const Tensor& x) {
         Tensor y(DType::boolean, x.shape());
         for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = x.bytes()[i] ? 0 : 1;
@@ -493,17 +477,19 @@ Tensor mod_kernel(const Tensor& a, const Tensor& b, bool fmod) {
 }
 
 void register_binary(OpRegistry& r) {
-  add(r, binary("Add", 7, Types::numeric,
+  add(r, with_decomposition(binary("Add", 7, Types::numeric,
                 {[](double a, double b) { return a + b; }, wrap_add,
-                 [](uint64_t a, uint64_t b) { return a + b; }}));
-  add(r, binary("Sub", 7, Types::numeric,
-                {[](double a, double b) { return a - b; }, wrap_sub,
-                 [](uint64_t a, uint64_t b) { return a - b; }}));
-  add(r, binary("Mul", 7, Types::numeric,
+                 [](uint64_t a, uint64_t b) { return a + b; }}), decompose_as("add")));
+  add(r, with_decomposition(binary("Sub", 7, Types::numeric,
+                                   {[](double a, double b) { return a - b; }, wrap_sub,
+                                    [](uint64_t a, uint64_t b) { return a - b; }}),
+                            decompose_sub));
+  add(r, with_decomposition(binary("Mul", 7, Types::numeric,
                 {[](double a, double b) { return a * b; }, wrap_mul,
-                 [](uint64_t a, uint64_t b) { return a * b; }}));
+                 [](uint64_t a, uint64_t b) { return a * b; }}), decompose_as("mul")));
   add(r,
-      binary("Div", 7, Types::numeric, {[](double a, double b) { return a / b; }, div_s, div_u}));
+      with_decomposition(binary("Div", 7, Types::numeric, {[](double a, double b) { return a / b; }, div_s, div_u}),
+                         decompose_as("div")));
   {
     OpDef d = binary("Mod", 10, Types::numeric, {});
     d.attrs = {{"fmod", AttrKind::i}};
