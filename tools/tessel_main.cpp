@@ -158,8 +158,10 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
 }
 
 int cmd_conformance(const std::string& dir, const std::string& json_path, int jobs, double timeout,
-                    const std::string& filter, bool verbose) {
+                    const std::string& filter, bool verbose, const std::string& passes, bool require_core) {
   ConformanceOptions o;
+  o.passes = passes;
+  o.require_core = require_core;
   o.jobs = jobs;
   o.timeout_s = timeout;
   o.filter = filter;
@@ -224,6 +226,10 @@ int main(int argc, char** argv) {
   conf->add_option("--timeout", conf_timeout, "seconds per test before it counts as a hang");
   conf->add_option("--filter", conf_filter, "only tests whose path contains this");
   conf->add_flag("-v,--verbose", conf_verbose, "progress and each failure's reason");
+  std::string conf_passes;
+  bool conf_require_core = false;
+  conf->add_option("--passes", conf_passes, "passes to run on each model before it executes: simplify, core, or a comma list");
+  conf->add_flag("--require-core", conf_require_core, "fail a test whose graph still holds a non-core op after the passes");
 
   auto* ops = app.add_subcommand("ops", "List the registered ops (the text of docs/ops.md)");
 
@@ -242,7 +248,8 @@ int main(int argc, char** argv) {
       fmt::print("{}", op_table_markdown());
       return 0;
     }
-    if (*conf) return cmd_conformance(conf_dir, conf_json, conf_jobs, conf_timeout, conf_filter, conf_verbose);
+    if (*conf) return cmd_conformance(conf_dir, conf_json, conf_jobs, conf_timeout, conf_filter, conf_verbose,
+                                      conf_passes, conf_require_core);
   } catch (const Error& e) {
     fmt::print(stderr, "tessel: error: {}\n", e.what());
     return 2;

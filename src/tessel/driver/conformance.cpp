@@ -10,10 +10,13 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "tessel/driver/model_dir.h"
 #include "tessel/frontend/onnx/importer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/passes/pass.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 
@@ -26,7 +29,8 @@ int ConformanceReport::count(const std::string& status) const {
   return n;
 }
 
-TestResult run_conformance_test(const std::string& dir, const Tolerance& tol) {
+TestResult run_conformance_test(const std::string& dir, const ConformanceOptions& opts) {
+  const Tolerance& tol = opts.tol;
   TestResult r;
   r.name = dir;
   auto t0 = std::chrono::steady_clock::now();
@@ -45,6 +49,17 @@ TestResult run_conformance_test(const std::string& dir, const Tolerance& tol) {
     ImportOptions io;
     for (const auto& t : first) io.input_shapes.push_back(t.shape());
     ImportedModel m = import_onnx(mp.model, io);
+    if (!opts.passes.empty()) run_pipeline(*m.graph, parse_pipeline(opts.passes), PassOptions{});
+    if (opts.require_core) {
+      std::set<std::string> left;
+      for (const auto& n : m.graph->nodes())
+        if (n->op->domain != "tessel.core") left.insert(n->op->name);
+      if (!left.empty()) {
+        std::string names;
+        for (const auto& o : left) names += (names.empty() ? "" : ", ") + o;
+        throw Error(Location{.file = mp.model, .pass = "require-core"}, "not decomposed to core ops: " + names);
+      }
+    }
     for (const auto& ds : mp.data_sets) {
       std::vector<Tensor> ins = read_data_set(ds, "input");
       std::vector<Tensor> refs = read_data_set(ds, "output");
@@ -126,7 +141,7 @@ ConformanceReport run_conformance(const std::string& root, const ConformanceOpti
       pid_t pid = fork();
       if (pid == 0) {
         close(p[0]);
-        TestResult r = run_conformance_test(dirs[next], opts.tol);
+        TestResult r = run_conformance_test(dirs[next], opts);
         std::string s = result_json(r).dump();
         const char* q = s.data();
         size_t left = s.size();

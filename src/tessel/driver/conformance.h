@@ -15,6 +15,8 @@ struct ConformanceOptions {
   double timeout_s = 120;
   std::string filter;   // substring a test name must contain (empty: all)
   Tolerance tol;
+  std::string passes;        // pipeline run on each model before it executes (empty: none)
+  bool require_core = false; // after the passes, a node outside tessel.core fails the test
 };
 
 struct TestResult {
@@ -31,7 +33,7 @@ struct ConformanceReport {
 };
 
 // One test folder (model.onnx + test_data_set_N), in this process.
-TestResult run_conformance_test(const std::string& dir, const Tolerance& tol);
+TestResult run_conformance_test(const std::string& dir, const ConformanceOptions& opts);
 // Every folder under `root` that holds a model.onnx, sorted by path.
 std::vector<std::string> find_test_dirs(const std::string& root);
 ConformanceReport run_conformance(const std::string& root, const ConformanceOptions& opts,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,36 @@ class CoreBuilder {
   Value* broadcast_to(Value* v, const Shape& shape);
   // `v` unchanged if it already has dtype `t`, else convert.
   Value* convert(Value* v, DType t);
+  // A constant of dtype t and `shape` filled with v (a scalar constant broadcast_in_dim'ed).
+  Value* full(DType t, const Shape& shape, double v);
+
+  // ---- sugar over emit (operands are numpy-broadcast to their common shape first) ----
+  Value* unary(const std::string& op, Value* v) { return emit(op, {v}); }
+  Value* binary(const std::string& op, Value* a, Value* b);
+  Value* add(Value* a, Value* b) { return binary("add", a, b); }
+  Value* sub(Value* a, Value* b);  // a + (-b)
+  Value* mul(Value* a, Value* b) { return binary("mul", a, b); }
+  Value* div(Value* a, Value* b) { return binary("div", a, b); }
+  Value* max(Value* a, Value* b) { return binary("max", a, b); }
+  Value* min(Value* a, Value* b) { return binary("min", a, b); }
+  Value* compare(const std::string& direction, Value* a, Value* b);  // eq ne lt le gt ge -> bool
+  Value* select(Value* pred, Value* on_true, Value* on_false);
+  Value* reshape(Value* v, const Shape& shape);                       // v unchanged if same shape
+  Value* transpose(Value* v, const std::vector<int64_t>& perm);       // v unchanged if identity
+  // reduce {kind} over `axes` (any order, negative allowed); keepdims adds a reshape back to rank.
+  Value* reduce(Value* v, const std::string& kind, std::vector<int64_t> axes, bool keepdims);
+  Value* slice(Value* v, std::vector<int64_t> starts, std::vector<int64_t> stops,
+               std::vector<int64_t> strides = {});
+  Value* concat(std::vector<Value*> vs, int64_t axis);
+  Value* iota(DType t, const Shape& shape, int64_t axis);
+
+  // The value of input `i` of the origin node when it is known at compile time (a constant or a
+  // folded value), else nullopt. need_constant throws an "unsupported" error naming the input
+  // (`what`) when it is not known: the static-shape core level cannot express it.
+  std::optional<Tensor> known(int i) const;
+  const Tensor& need_constant(int i, const std::string& what) const;
+
+  Graph& graph() { return g_; }
   const Node& origin() const { return origin_; }
 
  private:
