@@ -16,6 +16,7 @@
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/passes/pass.h"
+#include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 
@@ -91,8 +92,80 @@ void apply_passes(Graph& g, const std::string& spec, const std::string& dump_dir
       fmt::print(stderr, "pass {:<16} {:8.2f} ms  {:5} nodes after  {}\n", r.pass, r.seconds * 1e3, r.nodes_after, r.note);
 }
 
+std::string op_counts(const std::map<std::string, int>& m) {
+  std::string s;
+  for (const auto& [op, n] : m) s += fmt::format("{}{}×{}", s.empty() ? "" : ", ", op, n);
+  return s;
+}
+
+std::vector<std::string> names_of(const std::vector<Value*>& vs) {
+  std::vector<std::string> names;
+  for (const Value* v : vs) names.push_back(v->name);
+  return names;
+}
+
+void print_outputs(const std::vector<Tensor>& outs, const std::vector<std::string>& names) {
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Tensor& t = outs[i];
+    fmt::print("  output {} '{}': {}", i, i < names.size() ? names[i] : "?", TensorType{t.dtype(), t.shape()}.str());
+    if (t.numel() > 0) {
+      fmt::print(" [");
+      for (int64_t k = 0; k < std::min<int64_t>(t.numel(), 4); ++k)
+        fmt::print("{}{:.6g}", k ? ", " : "", t.get_f(k));
+      fmt::print("{}]", t.numel() > 4 ? ", ..." : "");
+    }
+    fmt::print("\n");
+  }
+}
+
+// Runs the model `repeat` times with the eager interpreter; returns the outputs of the last run.
+std::vector<Tensor> run_with_eager(const Graph& g, const std::vector<Tensor>& ins, int repeat) {
+  std::vector<Tensor> outs;
+  double best = 1e300;
+  RunStats stats;
+  for (int r = 0; r < repeat; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    outs = run_eager(g, ins, &stats);
+    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  fmt::print("ran eager in {:.1f} ms{} (peak intermediate memory {:.2f} MB)\n", best, repeat > 1 ? " (best of runs)" : "",
+             stats.peak_bytes / 1e6);
+  return outs;
+}
+
+// Compiles the model for the graph backend and runs it `repeat` times, printing what compiling
+// decided (kernels, fallbacks, dynamic region) and the memory of a run.
+std::vector<Tensor> run_with_graph(std::unique_ptr<Graph> g, const std::vector<Tensor>& ins, int repeat,
+                                   std::vector<std::string>& out_names) {
+  auto exe = compile_graph(std::move(g), ins);
+  const GraphCompileStats& cs = exe->stats();
+  fmt::print("compiled for the graph backend in {:.1f} ms (passes {:.1f} ms): {} core-pipeline nodes, {} typed kernels, "
+             "{} aliased reshapes, {} in place\n",
+             cs.compile_seconds * 1e3, cs.pass_seconds * 1e3, cs.nodes, cs.typed, cs.aliased, cs.in_place);
+  fmt::print("  reference fallbacks (core ops without a typed kernel): {}{}\n", cs.fallback_count(),
+             cs.fallback.empty() ? "" : " (" + op_counts(cs.fallback) + ")");
+  fmt::print("  dynamic region (not core ops or dynamic shapes): {}{}\n", cs.dynamic_count(),
+             cs.dynamic.empty() ? "" : " (" + op_counts(cs.dynamic) + ")");
+  if (!cs.baked_inputs.empty()) {
+    std::string names;
+    for (const auto& n : cs.baked_inputs) names += (names.empty() ? "" : ", ") + n;
+    fmt::print("  specialised on the values of: {} (guarded)\n", names);
+  }
+  std::vector<Tensor> outs;
+  GraphRunStats rs;
+  double best = 1e300;
+  for (int r = 0; r < repeat; ++r) {
+    outs = exe->run(ins, &rs);
+    best = std::min(best, rs.seconds * 1e3);
+  }
+  fmt::print("ran graph in {:.1f} ms{} (arena {:.2f} MB, dynamic-region peak {:.2f} MB, peak intermediate memory {:.2f} MB)\n",
+             best, repeat > 1 ? " (best of runs)" : "", rs.arena_bytes / 1e6, rs.heap_peak_bytes / 1e6, rs.peak_bytes / 1e6);
+  out_names = names_of(exe->graph().outputs);
+  return outs;
+}
+
 int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary,
-            const std::string& passes) {
+            const std::string& passes, const std::string& backend, int repeat) {
   if (inputs_dir.empty()) {
     ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
     if (mp.data_sets.empty())
@@ -104,22 +177,11 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
   ImportedModel m = load_model(model, ins);
   apply_passes(*m.graph, passes, "", "", false);
   if (summary) print_summary(*m.graph, m);
-  auto t0 = std::chrono::steady_clock::now();
-  RunStats stats;
-  std::vector<Tensor> outs = run_eager(*m.graph, ins, &stats);
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("ran eager in {:.1f} ms (peak intermediate memory {:.2f} MB)\n", ms, stats.peak_bytes / 1e6);
-  for (size_t i = 0; i < outs.size(); ++i) {
-    const Tensor& t = outs[i];
-    fmt::print("  output {} '{}': {}", i, m.graph->outputs[i]->name, TensorType{t.dtype(), t.shape()}.str());
-    if (t.numel() > 0) {
-      fmt::print(" [");
-      for (int64_t k = 0; k < std::min<int64_t>(t.numel(), 4); ++k)
-        fmt::print("{}{:.6g}", k ? ", " : "", t.get_f(k));
-      fmt::print("{}]", t.numel() > 4 ? ", ..." : "");
-    }
-    fmt::print("\n");
-  }
+  std::vector<Tensor> outs;
+  std::vector<std::string> out_names = names_of(m.graph->outputs);
+  if (backend == "graph") outs = run_with_graph(std::move(m.graph), ins, std::max(1, repeat), out_names);
+  else outs = run_with_eager(*m.graph, ins, std::max(1, repeat));
+  print_outputs(outs, out_names);
   if (!check) return 0;
   std::vector<Tensor> refs = read_data_set(inputs_dir, "output");
   if (refs.size() != outs.size())
@@ -158,8 +220,10 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
 }
 
 int cmd_conformance(const std::string& dir, const std::string& json_path, int jobs, double timeout,
-                    const std::string& filter, bool verbose, const std::string& passes, bool require_core) {
+                    const std::string& filter, bool verbose, const std::string& passes, bool require_core,
+                    const std::string& backend) {
   ConformanceOptions o;
+  o.backend = backend;
   o.passes = passes;
   o.require_core = require_core;
   o.jobs = jobs;
@@ -176,8 +240,8 @@ int cmd_conformance(const std::string& dir, const std::string& json_path, int jo
   for (const auto& t : r.tests)
     if (t.status == "failed" || t.status == "crashed" || t.status == "timeout")
       if (verbose) fmt::print("{}: {}: {}\n", t.status, t.name, t.reason);
-  fmt::print("conformance {}: {} tests, {} passed, {} failed, {} unsupported, {} crashed, {} timed out ({:.0f} s)\n",
-             dir, r.tests.size(), r.count("passed"), r.count("failed"), r.count("unsupported"),
+  fmt::print("conformance {} ({} backend): {} tests, {} passed, {} failed, {} unsupported, {} crashed, {} timed out ({:.0f} s)\n",
+             dir, backend, r.tests.size(), r.count("passed"), r.count("failed"), r.count("unsupported"),
              r.count("crashed"), r.count("timeout"), s);
   return r.count("crashed") + r.count("timeout") > 0 ? 1 : 0;
 }
@@ -188,7 +252,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tessel: a compiler for dataflow ML accelerators"};
   app.require_subcommand(1);
 
-  auto* run = app.add_subcommand("run", "Run a model with the eager interpreter");
+  auto* run = app.add_subcommand("run", "Run a model (eager interpreter or graph backend)");
   std::string run_model, run_inputs;
   bool run_check = false;
   double run_rel = 1e-4;
@@ -198,6 +262,11 @@ int main(int argc, char** argv) {
   run->add_option("--max-rel", run_rel, "relative error bound for --check (max|out-ref|/max|ref|)");
   std::string run_passes;
   run->add_option("--passes", run_passes, "passes to run before executing: simplify, or a comma list (see `tessel passes`)");
+  std::string run_backend = "eager";
+  int run_repeat = 1;
+  run->add_option("--backend", run_backend, "eager (reference kernels) or graph (core ops, precompiled kernels, planned arena)")
+      ->check(CLI::IsMember({"eager", "graph"}));
+  run->add_option("--repeat", run_repeat, "run this many times and report the best time");
 
   auto* comp = app.add_subcommand("compile", "Import and lower a model, printing one IR level");
   std::string comp_model, comp_emit = "graph", comp_out;
@@ -230,12 +299,15 @@ int main(int argc, char** argv) {
   bool conf_require_core = false;
   conf->add_option("--passes", conf_passes, "passes to run on each model before it executes: simplify, core, or a comma list");
   conf->add_flag("--require-core", conf_require_core, "fail a test whose graph still holds a non-core op after the passes");
+  std::string conf_backend = "eager";
+  conf->add_option("--backend", conf_backend, "eager, or graph (the \"core\" pipeline and the graph backend)")
+      ->check(CLI::IsMember({"eager", "graph"}));
 
   auto* ops = app.add_subcommand("ops", "List the registered ops (the text of docs/ops.md)");
 
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes);
+    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat);
     if (*comp)
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
                          comp_time);
@@ -249,7 +321,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*conf) return cmd_conformance(conf_dir, conf_json, conf_jobs, conf_timeout, conf_filter, conf_verbose,
-                                      conf_passes, conf_require_core);
+                                      conf_passes, conf_require_core, conf_backend);
   } catch (const Error& e) {
     fmt::print(stderr, "tessel: error: {}\n", e.what());
     return 2;

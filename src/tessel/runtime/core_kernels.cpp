@@ -1,0 +1,973 @@
+// Typed kernels for the core ops, chosen per node when the graph backend compiles (core_kernels.h).
+// Each maker parses the node's attributes and shapes once and returns a closure over raw memory; the
+// semantics are those of the reference kernels in src/tessel/ops/core.cpp (floats computed in double
+// and rounded once to the storage type, integers wrapping), except dot_general and convolution on
+// f32, f16 and bf16, which accumulate in f32.
+#include "tessel/runtime/core_kernels.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#include "tessel/ir/op_registry.h"
+#include "tessel/ops/kernel_util.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+namespace {
+
+// ---- element types -------------------------------------------------------------------------------
+// Storage types with a compute type C (double for floats, int64 for integers and bool), a load into
+// C and a store from C that rounds (floats) or wraps (integers) like Tensor::set_f / set_i.
+
+struct F16 { uint16_t bits; };
+struct BF16 { uint16_t bits; };
+struct Bool { uint8_t b; };
+
+const float* f16_to_float_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t i = 0; i < 65536; ++i) t[i] = static_cast<float>(decode_float_bits(DType::f16, i));
+    return t;
+  }();
+  return table.data();
+}
+
+template <class T> struct Elem;
+template <> struct Elem<double> {
+  using C = double;
+  static constexpr bool fl = true;
+  static double load(double x) { return x; }
+  static double store(double c) { return c; }
+};
+template <> struct Elem<float> {
+  using C = double;
+  static constexpr bool fl = true;
+  static double load(float x) { return x; }
+  static float store(double c) { return static_cast<float>(c); }
+};
+template <> struct Elem<F16> {
+  using C = double;
+  static constexpr bool fl = true;
+  static double load(F16 x) { return f16_to_float_table()[x.bits]; }
+  static F16 store(double c) { return F16{static_cast<uint16_t>(encode_float_bits(DType::f16, c))}; }
+};
+template <> struct Elem<BF16> {
+  using C = double;
+  static constexpr bool fl = true;
+  static double load(BF16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
+  static BF16 store(double c) { return BF16{static_cast<uint16_t>(encode_float_bits(DType::bf16, c))}; }
+};
+template <class I> struct IntElem {
+  using C = int64_t;
+  static constexpr bool fl = false;
+  static int64_t load(I x) { return static_cast<int64_t>(x); }
+  static I store(int64_t c) { return static_cast<I>(c); }  // wraps (C++20 conversion)
+};
+template <> struct Elem<int64_t> : IntElem<int64_t> {};
+template <> struct Elem<int32_t> : IntElem<int32_t> {};
+template <> struct Elem<int8_t> : IntElem<int8_t> {};
+template <> struct Elem<uint8_t> : IntElem<uint8_t> {};
+template <> struct Elem<Bool> {
+  using C = int64_t;
+  static constexpr bool fl = false;
+  static int64_t load(Bool x) { return x.b != 0; }
+  static Bool store(int64_t c) { return Bool{static_cast<uint8_t>(c != 0)}; }
+};
+
+// Calls f(T* tag) with the storage type of `t`; false when `t` has no typed kernels.
+template <class F> bool with_type(DType t, F&& f) {
+  switch (t) {
+    case DType::f64: f(static_cast<double*>(nullptr)); return true;
+    case DType::f32: f(static_cast<float*>(nullptr)); return true;
+    case DType::f16: f(static_cast<F16*>(nullptr)); return true;
+    case DType::bf16: f(static_cast<BF16*>(nullptr)); return true;
+    case DType::i64: f(static_cast<int64_t*>(nullptr)); return true;
+    case DType::i32: f(static_cast<int32_t*>(nullptr)); return true;
+    case DType::i8: f(static_cast<int8_t*>(nullptr)); return true;
+    case DType::u8: f(static_cast<uint8_t*>(nullptr)); return true;
+    case DType::boolean: f(static_cast<Bool*>(nullptr)); return true;
+    default: return false;
+  }
+}
+
+// Calls f(U* tag) with an unsigned integer type of `bytes` bytes (data movement ignores the dtype).
+template <class F> bool with_size(int bytes, F&& f) {
+  switch (bytes) {
+    case 1: f(static_cast<uint8_t*>(nullptr)); return true;
+    case 2: f(static_cast<uint16_t*>(nullptr)); return true;
+    case 4: f(static_cast<uint32_t*>(nullptr)); return true;
+    case 8: f(static_cast<uint64_t*>(nullptr)); return true;
+    default: return false;
+  }
+}
+
+template <class T> using Tag = std::remove_pointer_t<T>;
+
+Shape static_shape(const Value* v) { return v->type.shape; }
+int64_t numel_of(const Value* v) { return shape_numel(v->type.shape); }
+std::vector<int64_t> strides_of(const Shape& s) {
+  std::vector<int64_t> st(s.size(), 1);
+  for (int d = static_cast<int>(s.size()) - 2; d >= 0; --d) st[d] = st[d + 1] * s[d + 1];
+  return st;
+}
+
+template <class T> const T* in_ptr(KernelEnv& e, int id) { return reinterpret_cast<const T*>(e.ptr[id]); }
+template <class T> T* out_ptr(KernelEnv& e, int id) { return reinterpret_cast<T*>(e.ptr[id]); }
+
+// ---- strided copies --------------------------------------------------------------------------------
+// dst[dst_off + sum i_d*dst[d]] = src[src_off + sum i_d*src[d]] over the index space `shape`.
+
+struct CopyPlan {
+  std::vector<int64_t> shape, src, dst;
+  int64_t src_off = 0, dst_off = 0;
+  bool empty() const {
+    for (int64_t n : shape)
+      if (n == 0) return true;
+    return false;
+  }
+};
+
+// Drops unit dims and merges neighbours that are contiguous in both source and destination.
+CopyPlan simplify(const CopyPlan& p) {
+  CopyPlan q;
+  q.src_off = p.src_off;
+  q.dst_off = p.dst_off;
+  for (size_t d = 0; d < p.shape.size(); ++d) {
+    if (p.shape[d] == 1) continue;
+    if (!q.shape.empty() && q.src.back() == p.src[d] * p.shape[d] && q.dst.back() == p.dst[d] * p.shape[d]) {
+      q.shape.back() *= p.shape[d];
+      q.src.back() = p.src[d];
+      q.dst.back() = p.dst[d];
+      continue;
+    }
+    q.shape.push_back(p.shape[d]);
+    q.src.push_back(p.src[d]);
+    q.dst.push_back(p.dst[d]);
+  }
+  return q;
+}
+
+// Copies with a conversion D(load(S)) (identity when S and D are the same type).
+template <class S, class D> inline D convert_elem(S x) {
+  if constexpr (std::is_same_v<S, D>) return x;
+  else return static_cast<D>(Elem<S>::load(x));
+}
+
+template <class S, class D> void run_copy(const CopyPlan& p, const S* s, D* d) {
+  if (p.empty()) return;
+  const int r = static_cast<int>(p.shape.size());
+  if (r == 0) {
+    d[p.dst_off] = convert_elem<S, D>(s[p.src_off]);
+    return;
+  }
+  const int64_t n = p.shape[r - 1], ss = p.src[r - 1], ds = p.dst[r - 1];
+  std::vector<int64_t> idx(r, 0);
+  int64_t so = p.src_off, dof = p.dst_off;
+  while (true) {
+    const S* sp = s + so;
+    D* dp = d + dof;
+    if constexpr (std::is_same_v<S, D>) {
+      if (ss == 1 && ds == 1) std::memcpy(dp, sp, static_cast<size_t>(n) * sizeof(S));
+      else
+        for (int64_t i = 0; i < n; ++i) dp[i * ds] = sp[i * ss];
+    } else {
+      for (int64_t i = 0; i < n; ++i) dp[i * ds] = convert_elem<S, D>(sp[i * ss]);
+    }
+    int dd = r - 2;
+    for (; dd >= 0; --dd) {
+      so += p.src[dd];
+      dof += p.dst[dd];
+      if (++idx[dd] < p.shape[dd]) break;
+      so -= p.src[dd] * p.shape[dd];
+      dof -= p.dst[dd] * p.shape[dd];
+      idx[dd] = 0;
+    }
+    if (dd < 0) return;
+  }
+}
+
+// A kernel made of strided copies of whole elements from operands into the result.
+struct PlannedCopy {
+  int src_id;
+  CopyPlan plan;
+};
+
+CoreKernel copies_kernel(int out_id, int elem_bytes, std::vector<PlannedCopy> copies) {
+  CoreKernel k;
+  with_size(elem_bytes, [&](auto tag) {
+    using U = Tag<decltype(tag)>;
+    k = [out_id, copies = std::move(copies)](KernelEnv& e) {
+      for (const auto& c : copies) run_copy(c.plan, in_ptr<U>(e, c.src_id), out_ptr<U>(e, out_id));
+    };
+  });
+  return k;
+}
+
+CoreKernel make_broadcast(const Node& n) {
+  const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
+  const std::vector<int64_t> dims = n.attr_ints("dims");
+  const auto ist = strides_of(in);
+  CopyPlan p;
+  p.shape = out;
+  p.dst = strides_of(out);
+  p.src.assign(out.size(), 0);
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (!(in[i] == 1 && out[dims[i]] != 1)) p.src[dims[i]] = ist[i];
+  return copies_kernel(n.outputs[0]->id, dtype_size(n.outputs[0]->type.dtype),
+                       {{n.inputs[0]->id, simplify(p)}});
+}
+
+CoreKernel make_transpose(const Node& n) {
+  const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
+  const std::vector<int64_t> perm = n.attr_ints("perm");
+  const auto ist = strides_of(in);
+  CopyPlan p;
+  p.shape = out;
+  p.dst = strides_of(out);
+  for (int64_t d : perm) p.src.push_back(ist[d]);
+  return copies_kernel(n.outputs[0]->id, dtype_size(n.outputs[0]->type.dtype),
+                       {{n.inputs[0]->id, simplify(p)}});
+}
+
+CoreKernel make_slice(const Node& n) {
+  const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
+  const std::vector<int64_t> starts = n.attr_ints("starts");
+  const std::vector<int64_t> steps = n.attr_ints("strides", std::vector<int64_t>(in.size(), 1));
+  const auto ist = strides_of(in);
+  CopyPlan p;
+  p.shape = out;
+  p.dst = strides_of(out);
+  for (size_t d = 0; d < in.size(); ++d) {
+    p.src.push_back(steps[d] * ist[d]);
+    if (out[d] > 0) p.src_off += starts[d] * ist[d];
+  }
+  return copies_kernel(n.outputs[0]->id, dtype_size(n.outputs[0]->type.dtype),
+                       {{n.inputs[0]->id, simplify(p)}});
+}
+
+CoreKernel make_concatenate(const Node& n) {
+  const Shape out = static_shape(n.outputs[0]);
+  const int64_t axis = n.attr_i("axis");
+  const auto ost = strides_of(out);
+  std::vector<PlannedCopy> copies;
+  int64_t at = 0;
+  for (const Value* v : n.inputs) {
+    CopyPlan p;
+    p.shape = v->type.shape;
+    p.src = strides_of(p.shape);
+    p.dst = ost;
+    p.dst_off = at * ost[axis];
+    at += p.shape[axis];
+    copies.push_back({v->id, simplify(p)});
+  }
+  return copies_kernel(n.outputs[0]->id, dtype_size(n.outputs[0]->type.dtype), std::move(copies));
+}
+
+// pad: the result is filled with the padding value, then the kept operand elements are copied in.
+CoreKernel make_pad(const Node& n) {
+  const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
+  const size_t r = in.size();
+  const auto low = n.attr_ints("low");
+  const auto interior = n.attr_ints("interior", std::vector<int64_t>(r, 0));
+  const auto ist = strides_of(in), ost = strides_of(out);
+  CopyPlan p;
+  for (size_t d = 0; d < r; ++d) {
+    const int64_t step = interior[d] + 1;
+    // operand index j lands at low + j*step; keep those inside [0, out)
+    int64_t j0 = low[d] >= 0 ? 0 : (-low[d] + step - 1) / step;
+    int64_t j1 = out[d] - 1 - low[d] < 0 ? 0 : std::min(in[d], (out[d] - 1 - low[d]) / step + 1);
+    const int64_t count = std::max<int64_t>(0, j1 - j0);
+    p.shape.push_back(count);
+    p.src.push_back(ist[d]);
+    p.dst.push_back(step * ost[d]);
+    p.src_off += j0 * ist[d];
+    p.dst_off += (low[d] + j0 * step) * ost[d];
+  }
+  const int x = n.inputs[0]->id, pv = n.inputs[1]->id, y = n.outputs[0]->id;
+  const int64_t total = numel_of(n.outputs[0]);
+  CopyPlan plan = simplify(p);
+  if (p.empty()) plan.shape = {0};
+  CoreKernel k;
+  with_size(dtype_size(n.outputs[0]->type.dtype), [&](auto tag) {
+    using U = Tag<decltype(tag)>;
+    k = [=](KernelEnv& e) {
+      U* yp = out_ptr<U>(e, y);
+      std::fill(yp, yp + total, *in_ptr<U>(e, pv));
+      run_copy(plan, in_ptr<U>(e, x), yp);
+    };
+  });
+  return k;
+}
+
+// ---- elementwise ----------------------------------------------------------------------------------
+
+template <class T, class F> void map1(const T* x, T* y, int64_t n, F f) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Elem<T>::store(f(Elem<T>::load(x[i])));
+}
+template <class T, class F> void map2(const T* a, const T* b, T* y, int64_t n, F f) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Elem<T>::store(f(Elem<T>::load(a[i]), Elem<T>::load(b[i])));
+}
+
+template <class T> CoreKernel unary_typed(const std::string& op, int x, int y, int64_t n) {
+  using E = Elem<T>;
+  auto make = [=](auto f) -> CoreKernel {
+    return [=](KernelEnv& e) { map1(in_ptr<T>(e, x), out_ptr<T>(e, y), n, f); };
+  };
+  if constexpr (E::fl) {
+    if (op == "neg") return make([](double v) { return -v; });
+    if (op == "exp") return make([](double v) { return std::exp(v); });
+    if (op == "log") return make([](double v) { return std::log(v); });
+    if (op == "sqrt") return make([](double v) { return std::sqrt(v); });
+    if (op == "sin") return make([](double v) { return std::sin(v); });
+    if (op == "atan") return make([](double v) { return std::atan(v); });
+    if (op == "erf") return make([](double v) { return std::erf(v); });
+    if (op == "tanh") return make([](double v) { return std::tanh(v); });
+    if (op == "floor") return make([](double v) { return std::floor(v); });
+    if (op == "round_even") return make([](double v) { return std::nearbyint(v); });  // ties to even
+  } else if (!std::is_same_v<T, Bool>) {
+    if (op == "neg") return make([](int64_t v) { return static_cast<int64_t>(0 - static_cast<uint64_t>(v)); });
+  }
+  return {};
+}
+
+double nan_max(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
+  return std::max(a, b);
+}
+double nan_min(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
+  return std::min(a, b);
+}
+
+int64_t int_div(int64_t a, int64_t b) {
+  if (b == 0) fail("integer division by zero");
+  if (b == -1) return static_cast<int64_t>(0 - static_cast<uint64_t>(a));
+  return a / b;
+}
+int64_t int_rem(int64_t a, int64_t b) {
+  if (b == 0) fail("integer remainder by zero");
+  if (b == -1) return 0;
+  return a % b;
+}
+int64_t int_pow(int64_t a, int64_t b) {
+  if (b < 0) fail("pow on integers needs an exponent >= 0, got {}", b);
+  uint64_t base = static_cast<uint64_t>(a), e = static_cast<uint64_t>(b), r = 1;
+  while (e) {
+    if (e & 1) r *= base;
+    base *= base;
+    e >>= 1;
+  }
+  return static_cast<int64_t>(r);
+}
+
+template <class T> CoreKernel binary_typed(const std::string& op, int a, int b, int y, int64_t n) {
+  using E = Elem<T>;
+  auto make = [=](auto f) -> CoreKernel {
+    return [=](KernelEnv& e) { map2(in_ptr<T>(e, a), in_ptr<T>(e, b), out_ptr<T>(e, y), n, f); };
+  };
+  if constexpr (E::fl) {
+    if (op == "add") return make([](double u, double v) { return u + v; });
+    if (op == "mul") return make([](double u, double v) { return u * v; });
+    if (op == "div") return make([](double u, double v) { return u / v; });
+    if (op == "rem") return make([](double u, double v) { return std::fmod(u, v); });
+    if (op == "pow") return make([](double u, double v) { return std::pow(u, v); });
+    if (op == "max") return make(nan_max);
+    if (op == "min") return make(nan_min);
+    return {};
+  } else {
+    if (op == "and") return make([](int64_t u, int64_t v) { return u & v; });
+    if (op == "or") return make([](int64_t u, int64_t v) { return u | v; });
+    if (op == "xor") return make([](int64_t u, int64_t v) { return u ^ v; });
+    if (op == "max") return make([](int64_t u, int64_t v) { return std::max(u, v); });
+    if (op == "min") return make([](int64_t u, int64_t v) { return std::min(u, v); });
+    if (std::is_same_v<T, Bool>) return {};
+    if (op == "add") return make(wrap_add);
+    if (op == "mul") return make(wrap_mul);
+    if (op == "div") return make(int_div);
+    if (op == "rem") return make(int_rem);
+    if (op == "pow") return make(int_pow);
+    return {};
+  }
+}
+
+CoreKernel make_compare(const Node& n) {
+  static const std::vector<std::string> dirs = {"eq", "ne", "lt", "le", "gt", "ge"};
+  auto it = std::find(dirs.begin(), dirs.end(), n.attr_s("direction"));
+  if (it == dirs.end()) return {};
+  const int dir = static_cast<int>(it - dirs.begin());
+  const int a = n.inputs[0]->id, b = n.inputs[1]->id, y = n.outputs[0]->id;
+  const int64_t count = numel_of(n.outputs[0]);
+  CoreKernel k;
+  with_type(n.inputs[0]->type.dtype, [&](auto tag) {
+    using T = Tag<decltype(tag)>;
+    using E = Elem<T>;
+    k = [=](KernelEnv& e) {
+      const T* ap = in_ptr<T>(e, a);
+      const T* bp = in_ptr<T>(e, b);
+      uint8_t* yp = out_ptr<uint8_t>(e, y);
+      for (int64_t i = 0; i < count; ++i) {
+        const auto u = E::load(ap[i]), v = E::load(bp[i]);
+        bool r = false;
+        switch (dir) {
+          case 0: r = u == v; break;
+          case 1: r = !(u == v); break;
+          case 2: r = u < v; break;
+          case 3: r = u <= v; break;
+          case 4: r = u > v; break;
+          default: r = u >= v; break;
+        }
+        yp[i] = r ? 1 : 0;
+      }
+    };
+  });
+  return k;
+}
+
+CoreKernel make_select(const Node& n) {
+  const int p = n.inputs[0]->id, t = n.inputs[1]->id, f = n.inputs[2]->id, y = n.outputs[0]->id;
+  const int64_t count = numel_of(n.outputs[0]);
+  CoreKernel k;
+  with_size(dtype_size(n.outputs[0]->type.dtype), [&](auto tag) {
+    using U = Tag<decltype(tag)>;
+    k = [=](KernelEnv& e) {
+      const uint8_t* pp = in_ptr<uint8_t>(e, p);
+      const U* tp = in_ptr<U>(e, t);
+      const U* fp = in_ptr<U>(e, f);
+      U* yp = out_ptr<U>(e, y);
+      for (int64_t i = 0; i < count; ++i) yp[i] = pp[i] ? tp[i] : fp[i];
+    };
+  });
+  return k;
+}
+
+// One element of convert, with the reference's rules (float -> int truncates, NaN/inf give 0 and
+// out-of-range values clamp to int64 before wrapping; anything -> bool is "!= 0").
+template <class S, class D> D convert_one(S s) {
+  using ES = Elem<S>;
+  using ED = Elem<D>;
+  if constexpr (std::is_same_v<D, Bool>) {
+    return Bool{static_cast<uint8_t>(ES::load(s) != 0)};
+  } else if constexpr (ED::fl) {
+    return ED::store(static_cast<double>(ES::load(s)));
+  } else if constexpr (ES::fl) {
+    const double v = ES::load(s);
+    int64_t iv = 0;
+    if (std::isfinite(v)) {
+      const double t = std::trunc(v);
+      if (t >= 9.2233720368547758e18) iv = std::numeric_limits<int64_t>::max();
+      else if (t <= -9.2233720368547758e18) iv = std::numeric_limits<int64_t>::min();
+      else iv = static_cast<int64_t>(t);
+    }
+    return ED::store(iv);
+  } else {
+    return ED::store(ES::load(s));
+  }
+}
+
+CoreKernel make_convert(const Node& n) {
+  const DType from = n.inputs[0]->type.dtype, to = n.outputs[0]->type.dtype;
+  const int x = n.inputs[0]->id, y = n.outputs[0]->id;
+  const int64_t count = numel_of(n.outputs[0]);
+  CoreKernel k;
+  if (from == to) {
+    const size_t bytes = static_cast<size_t>(count) * dtype_size(to);
+    return [=](KernelEnv& e) {
+      if (bytes && e.ptr[x] != e.ptr[y]) std::memmove(e.ptr[y], e.ptr[x], bytes);
+    };
+  }
+  with_type(from, [&](auto stag) {
+    using S = Tag<decltype(stag)>;
+    with_type(to, [&](auto dtag) {
+      using D = Tag<decltype(dtag)>;
+      k = [=](KernelEnv& e) {
+        const S* xp = in_ptr<S>(e, x);
+        D* yp = out_ptr<D>(e, y);
+        for (int64_t i = 0; i < count; ++i) yp[i] = convert_one<S, D>(xp[i]);
+      };
+    });
+  });
+  return k;
+}
+
+// ---- iota, gather ----------------------------------------------------------------------------------
+
+CoreKernel make_iota(const Node& n) {
+  const Shape out = static_shape(n.outputs[0]);
+  const int64_t axis = n.attr_i("axis");
+  if (n.outputs[0]->type.dtype == DType::boolean || axis < 0 || axis >= static_cast<int64_t>(out.size())) return {};
+  const int64_t inner = strides_of(out)[axis], dim = out[axis], count = shape_numel(out);
+  const int y = n.outputs[0]->id;
+  CoreKernel k;
+  with_type(n.outputs[0]->type.dtype, [&](auto tag) {
+    using T = Tag<decltype(tag)>;
+    using E = Elem<T>;
+    k = [=](KernelEnv& e) {
+      T* yp = out_ptr<T>(e, y);
+      for (int64_t i = 0; i < count; ++i) yp[i] = E::store(static_cast<typename E::C>((i / inner) % dim));
+    };
+  });
+  return k;
+}
+
+template <class U, class I>
+void gather_loop(const U* data, const I* idx, U* out, const Shape& ishape, const std::vector<int64_t>& dstride,
+                 int64_t axis, int64_t axis_dim) {
+  const int r = static_cast<int>(ishape.size());
+  const int64_t count = shape_numel(ishape);
+  std::vector<int64_t> pos(r, 0);
+  int64_t base = 0;  // offset in data of pos without the axis term
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t j = static_cast<int64_t>(idx[i]);
+    if (j < 0) j += axis_dim;
+    if (j < 0 || j >= axis_dim) fail("gather index {} is out of range for a dim of {}", static_cast<int64_t>(idx[i]), axis_dim);
+    out[i] = data[base + j * dstride[axis]];
+    for (int d = r - 1; d >= 0; --d) {
+      if (d != axis) base += dstride[d];
+      if (++pos[d] < ishape[d]) break;
+      if (d != axis) base -= dstride[d] * ishape[d];
+      pos[d] = 0;
+    }
+  }
+}
+
+CoreKernel make_gather(const Node& n) {
+  const Shape data = static_shape(n.inputs[0]), ishape = static_shape(n.inputs[1]);
+  const int64_t axis = n.attr_i("axis");
+  const DType it = n.inputs[1]->type.dtype;
+  if (axis < 0 || axis >= static_cast<int64_t>(data.size()) || (it != DType::i64 && it != DType::i32)) return {};
+  const auto dstride = strides_of(data);
+  const int64_t axis_dim = data[axis];
+  const int d = n.inputs[0]->id, ix = n.inputs[1]->id, y = n.outputs[0]->id;
+  CoreKernel k;
+  with_size(dtype_size(n.outputs[0]->type.dtype), [&](auto tag) {
+    using U = Tag<decltype(tag)>;
+    k = [=](KernelEnv& e) {
+      if (it == DType::i64)
+        gather_loop(in_ptr<U>(e, d), in_ptr<int64_t>(e, ix), out_ptr<U>(e, y), ishape, dstride, axis, axis_dim);
+      else
+        gather_loop(in_ptr<U>(e, d), in_ptr<int32_t>(e, ix), out_ptr<U>(e, y), ishape, dstride, axis, axis_dim);
+    };
+  });
+  return k;
+}
+
+// ---- reductions ------------------------------------------------------------------------------------
+
+enum class RK { sum, max, min, prod };
+
+std::optional<RK> reduce_kind(const Node& n) {
+  const std::string k = n.attr_s("kind");
+  if (k == "sum") return RK::sum;
+  if (k == "max") return RK::max;
+  if (k == "min") return RK::min;
+  if (k == "prod") return RK::prod;
+  return std::nullopt;
+}
+
+// The accumulator of one reduction kind in compute type C (double or int64).
+template <class T> struct Reducer {
+  using E = Elem<T>;
+  using C = typename E::C;
+  RK k;
+  C identity() const {
+    if constexpr (E::fl) {
+      constexpr double inf = std::numeric_limits<double>::infinity();
+      return k == RK::sum ? 0.0 : k == RK::prod ? 1.0 : k == RK::max ? -inf : inf;
+    } else if constexpr (std::is_same_v<T, Bool>) {
+      return k == RK::min ? 1 : 0;
+    } else {
+      return k == RK::sum ? 0 : k == RK::prod ? 1
+             : k == RK::max ? static_cast<C>(std::numeric_limits<T>::min())
+                            : static_cast<C>(std::numeric_limits<T>::max());
+    }
+  }
+  void add(C& a, C v) const {
+    if constexpr (E::fl) {
+      switch (k) {
+        case RK::sum: a += v; break;
+        case RK::prod: a *= v; break;
+        case RK::max:
+          if (!std::isnan(a) && (std::isnan(v) || v > a)) a = v;
+          break;
+        case RK::min:
+          if (!std::isnan(a) && (std::isnan(v) || v < a)) a = v;
+          break;
+      }
+    } else {
+      switch (k) {
+        case RK::sum: a = wrap_add(a, v); break;
+        case RK::prod: a = wrap_mul(a, v); break;
+        case RK::max: a = std::max(a, v); break;
+        case RK::min: a = std::min(a, v); break;
+      }
+    }
+  }
+};
+
+// Offsets (in elements) of every position of `shape` walked with `strides`, row-major.
+std::vector<int64_t> offsets_of(const Shape& shape, const std::vector<int64_t>& strides) {
+  std::vector<int64_t> offs(static_cast<size_t>(shape_numel(shape)));
+  std::vector<int64_t> pos(shape.size(), 0);
+  int64_t o = 0;
+  for (size_t i = 0; i < offs.size(); ++i) {
+    offs[i] = o;
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      o += strides[d];
+      if (++pos[d] < shape[d]) break;
+      o -= strides[d] * shape[d];
+      pos[d] = 0;
+    }
+  }
+  return offs;
+}
+
+CoreKernel make_reduce(const Node& n) {
+  const auto kind = reduce_kind(n);
+  if (!kind) return {};
+  const Shape in = static_shape(n.inputs[0]);
+  const auto ist = strides_of(in);
+  std::vector<bool> reduced(in.size(), false);
+  for (int64_t a : n.attr_ints("axes")) {
+    if (a < 0 || a >= static_cast<int64_t>(in.size())) return {};
+    reduced[a] = true;
+  }
+  Shape kept_shape, red_shape;
+  std::vector<int64_t> kept_st, red_st;
+  for (size_t d = 0; d < in.size(); ++d) {
+    (reduced[d] ? red_shape : kept_shape).push_back(in[d]);
+    (reduced[d] ? red_st : kept_st).push_back(ist[d]);
+  }
+  auto outer = std::make_shared<std::vector<int64_t>>(offsets_of(kept_shape, kept_st));
+  const int64_t red_count = shape_numel(red_shape);
+  // Reducing a contiguous trailing block needs no offset table.
+  const bool contiguous = !red_shape.empty() && red_st.back() == 1 && red_count * 1 == red_count &&
+                          [&] {
+                            int64_t s = 1;
+                            for (int d = static_cast<int>(red_shape.size()) - 1; d >= 0; --d) {
+                              if (red_st[d] != s) return false;
+                              s *= red_shape[d];
+                            }
+                            return true;
+                          }();
+  auto inner = std::make_shared<std::vector<int64_t>>(contiguous ? std::vector<int64_t>{} : offsets_of(red_shape, red_st));
+  const int x = n.inputs[0]->id, y = n.outputs[0]->id;
+  const DType t = n.inputs[0]->type.dtype;
+  if (t == DType::boolean && (*kind == RK::sum || *kind == RK::prod)) return {};
+  CoreKernel k;
+  with_type(t, [&](auto tag) {
+    using T = Tag<decltype(tag)>;
+    const Reducer<T> red{*kind};
+    k = [=](KernelEnv& e) {
+      const T* xp = in_ptr<T>(e, x);
+      T* yp = out_ptr<T>(e, y);
+      for (size_t o = 0; o < outer->size(); ++o) {
+        const T* base = xp + (*outer)[o];
+        auto acc = red.identity();
+        if (contiguous)
+          for (int64_t i = 0; i < red_count; ++i) red.add(acc, Elem<T>::load(base[i]));
+        else
+          for (int64_t off : *inner) red.add(acc, Elem<T>::load(base[off]));
+        yp[o] = Elem<T>::store(acc);
+      }
+    };
+  });
+  return k;
+}
+
+// reduce_window on float types: for every result position, the window's in-range operand positions.
+CoreKernel make_reduce_window(const Node& n) {
+  const auto kind = reduce_kind(n);
+  const DType t = n.inputs[0]->type.dtype;
+  if (!kind || !is_float(t)) return {};
+  const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
+  const size_t r = in.size();
+  const auto window = n.attr_ints("window");
+  const auto strides = n.attr_ints("strides", std::vector<int64_t>(r, 1));
+  const auto dil = n.attr_ints("dilations", std::vector<int64_t>(r, 1));
+  const auto pad = n.attr_ints("padding", std::vector<int64_t>(2 * r, 0));
+  const auto ist = strides_of(in);
+  const int x = n.inputs[0]->id, y = n.outputs[0]->id;
+  const int64_t count = shape_numel(out), wcount = shape_numel(window);
+  CoreKernel k;
+  with_type(t, [&](auto tag) {
+    using T = Tag<decltype(tag)>;
+    const Reducer<T> red{*kind};
+    k = [=](KernelEnv& e) {
+      const T* xp = in_ptr<T>(e, x);
+      T* yp = out_ptr<T>(e, y);
+      std::vector<int64_t> opos(r, 0), wpos(r, 0);
+      for (int64_t o = 0; o < count; ++o) {
+        auto acc = red.identity();
+        std::fill(wpos.begin(), wpos.end(), 0);
+        for (int64_t w = 0; w < wcount; ++w) {
+          int64_t off = 0;
+          bool inside = true;
+          for (size_t d = 0; d < r && inside; ++d) {
+            const int64_t c = opos[d] * strides[d] - pad[2 * d] + wpos[d] * dil[d];
+            inside = c >= 0 && c < in[d];
+            off += c * ist[d];
+          }
+          if (inside) red.add(acc, Elem<T>::load(xp[off]));
+          for (int d = static_cast<int>(r) - 1; d >= 0; --d) {
+            if (++wpos[d] < window[d]) break;
+            wpos[d] = 0;
+          }
+        }
+        yp[o] = Elem<T>::store(acc);
+        for (int d = static_cast<int>(r) - 1; d >= 0; --d) {
+          if (++opos[d] < out[d]) break;
+          opos[d] = 0;
+        }
+      }
+    };
+  });
+  return k;
+}
+
+// ---- matrix products -------------------------------------------------------------------------------
+
+// C[M,N] = A[M,K] * B[K,N] (row-major, C overwritten), blocked over K and N so that a panel of B
+// stays in cache while every row of A passes over it.
+template <class A>
+__attribute__((optimize("O3"))) void gemm(const A* __restrict a, const A* __restrict b, A* __restrict c,
+                                          int64_t m, int64_t k, int64_t n) {
+  constexpr int64_t KB = 128, NB = 512;
+  std::fill(c, c + m * n, A(0));
+  for (int64_t k0 = 0; k0 < k; k0 += KB) {
+    const int64_t k1 = std::min(k, k0 + KB);
+    for (int64_t j0 = 0; j0 < n; j0 += NB) {
+      const int64_t nb = std::min(n, j0 + NB) - j0;
+      for (int64_t i = 0; i < m; ++i) {
+        A* __restrict cr = c + i * n + j0;
+        const A* ar = a + i * k;
+        for (int64_t p = k0; p < k1; ++p) {
+          const A av = ar[p];
+          const A* __restrict br = b + p * n + j0;
+          for (int64_t j = 0; j < nb; ++j) cr[j] += av * br[j];
+        }
+      }
+    }
+  }
+}
+
+// An operand of a product in canonical layout ([batch, rows, cols] contiguous, compute type A):
+// either the operand itself, a copy packed once at compile time (constants), or packed per call.
+template <class T, class A> struct Operand {
+  int id = 0;
+  bool direct = false;                       // the operand's memory is already canonical
+  std::shared_ptr<std::vector<A>> packed;    // constant operand, packed at compile time
+  CopyPlan plan;                             // operand -> canonical
+  int64_t numel = 0;
+
+  const A* get(KernelEnv& e, std::vector<A>& scratch) const {
+    if (direct) return reinterpret_cast<const A*>(e.ptr[id]);
+    if (packed) return packed->data();
+    scratch.resize(static_cast<size_t>(numel));
+    run_copy<T, A>(plan, in_ptr<T>(e, id), scratch.data());
+    return scratch.data();
+  }
+};
+
+// Canonical layout of `v` with its dims in the order `order`.
+template <class T, class A> Operand<T, A> make_operand(const Value* v, const std::vector<int64_t>& order) {
+  Operand<T, A> op;
+  op.id = v->id;
+  const Shape s = v->type.shape;
+  const auto st = strides_of(s);
+  CopyPlan p;
+  for (int64_t d : order) {
+    p.shape.push_back(s[d]);
+    p.src.push_back(st[d]);
+  }
+  p.dst = strides_of(p.shape);
+  op.plan = simplify(p);
+  op.numel = shape_numel(s);
+  bool identity = true;
+  for (size_t i = 0; i < order.size(); ++i) identity = identity && order[i] == static_cast<int64_t>(i);
+  if (std::is_same_v<T, A> && identity) {
+    op.direct = true;
+  } else if (v->constant) {
+    op.packed = std::make_shared<std::vector<A>>(static_cast<size_t>(op.numel));
+    run_copy<T, A>(op.plan, v->constant->template data<T>(), op.packed->data());
+  }
+  return op;
+}
+
+template <class T, class A> CoreKernel dot_typed(const Node& n) {
+  const Value* lv = n.inputs[0];
+  const Value* rv = n.inputs[1];
+  const Shape ls = lv->type.shape, rs = rv->type.shape;
+  const auto lb = n.attr_ints("lhs_batch", {}), rb = n.attr_ints("rhs_batch", {});
+  const auto lc = n.attr_ints("lhs_contract"), rc = n.attr_ints("rhs_contract");
+  auto free_dims = [](size_t rank, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+    std::vector<int64_t> f;
+    for (int64_t d = 0; d < static_cast<int64_t>(rank); ++d)
+      if (std::find(a.begin(), a.end(), d) == a.end() && std::find(b.begin(), b.end(), d) == b.end()) f.push_back(d);
+    return f;
+  };
+  const auto lf = free_dims(ls.size(), lb, lc), rf = free_dims(rs.size(), rb, rc);
+  int64_t B = 1, M = 1, K = 1, N = 1;
+  for (int64_t d : lb) B *= ls[d];
+  for (int64_t d : lf) M *= ls[d];
+  for (int64_t d : lc) K *= ls[d];
+  for (int64_t d : rf) N *= rs[d];
+  std::vector<int64_t> lorder = lb, rorder = rb;
+  lorder.insert(lorder.end(), lf.begin(), lf.end());
+  lorder.insert(lorder.end(), lc.begin(), lc.end());
+  rorder.insert(rorder.end(), rc.begin(), rc.end());
+  rorder.insert(rorder.end(), rf.begin(), rf.end());
+  const auto L = make_operand<T, A>(lv, lorder);
+  const auto R = make_operand<T, A>(rv, rorder);
+  const int y = n.outputs[0]->id;
+  return [=](KernelEnv& e) {
+    std::vector<A> ls_buf, rs_buf, out_buf;
+    const A* a = L.get(e, ls_buf);
+    const A* b = R.get(e, rs_buf);
+    A* c = nullptr;
+    if constexpr (std::is_same_v<T, A>) c = out_ptr<A>(e, y);
+    else {
+      out_buf.resize(static_cast<size_t>(B * M * N));
+      c = out_buf.data();
+    }
+    for (int64_t i = 0; i < B; ++i) gemm(a + i * M * K, b + i * K * N, c + i * M * N, M, K, N);
+    if constexpr (!std::is_same_v<T, A>) {
+      T* yp = out_ptr<T>(e, y);
+      for (int64_t i = 0; i < B * M * N; ++i) yp[i] = Elem<T>::store(c[i]);
+    }
+  };
+}
+
+CoreKernel make_dot(const Node& n) {
+  switch (n.inputs[0]->type.dtype) {
+    case DType::f32: return dot_typed<float, float>(n);
+    case DType::f64: return dot_typed<double, double>(n);
+    case DType::f16: return dot_typed<F16, float>(n);
+    case DType::bf16: return dot_typed<BF16, float>(n);
+    default: return {};
+  }
+}
+
+// 2-d convolution (f32 / f64) as im2col + gemm per image and group; 1x1 kernels with stride 1 and
+// no padding use the image directly.
+template <class T> CoreKernel conv2d_typed(const Node& n) {
+  const Shape xs = n.inputs[0]->type.shape, ws = n.inputs[1]->type.shape, ys = n.outputs[0]->type.shape;
+  const auto st = n.attr_ints("strides", {1, 1}), dl = n.attr_ints("dilations", {1, 1});
+  const auto pd = n.attr_ints("padding", {0, 0, 0, 0});
+  const int64_t G = n.attr_i("groups", 1);
+  const int64_t Nn = xs[0], C = xs[1], H = xs[2], W = xs[3], O = ys[1], OH = ys[2], OW = ys[3];
+  const int64_t KH = ws[2], KW = ws[3], Cg = C / G, Og = O / G;
+  const int64_t rows = Cg * KH * KW, cols = OH * OW;
+  const bool direct = KH == 1 && KW == 1 && st[0] == 1 && st[1] == 1 && pd[0] == 0 && pd[1] == 0 && pd[2] == 0 &&
+                      pd[3] == 0 && OH == H && OW == W;
+  const int x = n.inputs[0]->id, w = n.inputs[1]->id, y = n.outputs[0]->id;
+  return [=](KernelEnv& e) {
+    const T* xp = in_ptr<T>(e, x);
+    const T* wp = in_ptr<T>(e, w);
+    T* yp = out_ptr<T>(e, y);
+    std::vector<T> colbuf(direct ? 0 : static_cast<size_t>(rows * cols));
+    for (int64_t img = 0; img < Nn; ++img)
+      for (int64_t g = 0; g < G; ++g) {
+        const T* xg = xp + (img * C + g * Cg) * H * W;
+        const T* b = xg;
+        if (!direct) {
+          T* cb = colbuf.data();
+          for (int64_t c = 0; c < Cg; ++c)
+            for (int64_t kh = 0; kh < KH; ++kh)
+              for (int64_t kw = 0; kw < KW; ++kw) {
+                T* row = cb + ((c * KH + kh) * KW + kw) * cols;
+                for (int64_t oh = 0; oh < OH; ++oh) {
+                  const int64_t ih = oh * st[0] - pd[0] + kh * dl[0];
+                  T* dst = row + oh * OW;
+                  if (ih < 0 || ih >= H) {
+                    std::fill(dst, dst + OW, T(0));
+                    continue;
+                  }
+                  const T* src = xg + (c * H + ih) * W;
+                  for (int64_t ow = 0; ow < OW; ++ow) {
+                    const int64_t iw = ow * st[1] - pd[2] + kw * dl[1];
+                    dst[ow] = (iw >= 0 && iw < W) ? src[iw] : T(0);
+                  }
+                }
+              }
+          b = cb;
+        }
+        gemm(wp + g * Og * rows, b, yp + (img * O + g * Og) * cols, Og, rows, cols);
+      }
+  };
+}
+
+CoreKernel make_convolution(const Node& n) {
+  if (n.inputs[0]->type.shape.size() != 4) return {};
+  switch (n.inputs[0]->type.dtype) {
+    case DType::f32: return conv2d_typed<float>(n);
+    case DType::f64: return conv2d_typed<double>(n);
+    default: return {};
+  }
+}
+
+bool is_unary(const std::string& op) {
+  static const std::vector<std::string> ops = {"neg", "exp", "log", "sqrt", "sin", "atan", "erf", "tanh", "floor", "round_even"};
+  return std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+bool is_binary(const std::string& op) {
+  static const std::vector<std::string> ops = {"add", "mul", "div", "rem", "pow", "max", "min", "and", "or", "xor"};
+  return std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+
+CoreKernel make_elementwise(const Node& n) {
+  const std::string& op = n.op->name;
+  const int64_t count = numel_of(n.outputs[0]);
+  CoreKernel k;
+  with_type(n.outputs[0]->type.dtype, [&](auto tag) {
+    using T = Tag<decltype(tag)>;
+    if (is_unary(op)) k = unary_typed<T>(op, n.inputs[0]->id, n.outputs[0]->id, count);
+    else k = binary_typed<T>(op, n.inputs[0]->id, n.inputs[1]->id, n.outputs[0]->id, count);
+  });
+  return k;
+}
+
+}  // namespace
+
+CoreKernel make_core_kernel(const Node& n) {
+  if (n.op->domain != "tessel.core") return {};
+  const std::string& op = n.op->name;
+  try {
+    if (is_unary(op) || is_binary(op)) return make_elementwise(n);
+    if (op == "compare") return make_compare(n);
+    if (op == "select") return make_select(n);
+    if (op == "convert") return make_convert(n);
+    if (op == "broadcast_in_dim") return make_broadcast(n);
+    if (op == "transpose") return make_transpose(n);
+    if (op == "slice") return make_slice(n);
+    if (op == "pad") return make_pad(n);
+    if (op == "concatenate") return make_concatenate(n);
+    if (op == "gather") return make_gather(n);
+    if (op == "iota") return make_iota(n);
+    if (op == "reduce") return make_reduce(n);
+    if (op == "reduce_window") return make_reduce_window(n);
+    if (op == "dot_general") return make_dot(n);
+    if (op == "convolution") return make_convolution(n);
+  } catch (const Error&) {
+    return {};  // an attribute the typed kernel cannot read: the reference kernel reports it
+  }
+  return {};
+}
+
+bool can_run_in_place(const Node& n, int input) {
+  if (n.op->domain != "tessel.core" || n.outputs.size() != 1 || !n.has_input(input)) return false;
+  const std::string& op = n.op->name;
+  const Value* in = n.inputs[input];
+  const Value* out = n.outputs[0];
+  if (dtype_size(in->type.dtype) != dtype_size(out->type.dtype) || in->type.shape != out->type.shape) return false;
+  if (is_unary(op) || is_binary(op)) return true;
+  if (op == "select") return input > 0;
+  if (op == "convert") return in->type.dtype == out->type.dtype;
+  return false;
+}
+
+}  // namespace tessel

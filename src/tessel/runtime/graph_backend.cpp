@@ -1,0 +1,419 @@
+// The graph backend: specialisation with guards, the "core" pipeline, kernel selection, arena
+// planning by liveness, and the executor that runs the steps over the arena (graph_backend.h).
+#include "tessel/runtime/graph_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <set>
+
+#include "tessel/ir/infer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/passes/pass.h"
+#include "tessel/runtime/core_kernels.h"
+
+namespace tessel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+bool is_static(const Value* v) { return v && shape_known(v->type.shape); }
+
+// ---- specialisation --------------------------------------------------------------------------------
+
+// A graph input whose value was baked into a constant at compile time.
+struct Guard {
+  size_t input_index;
+  std::string name;
+  Tensor value;
+};
+
+// Binds unknown input dims to the examples' shapes.
+void bind_input_shapes(Graph& g, const std::vector<Tensor>& ex) {
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    Value* v = g.inputs[i];
+    const Tensor& t = ex[i];
+    if (t.dtype() != v->type.dtype || t.rank() != static_cast<int>(v->type.shape.size()))
+      throw Error(Location{.pass = "compile"}, fmt::format("example input '{}' is {}, the model takes {}", v->name,
+                                                           TensorType{t.dtype(), t.shape()}.str(), v->type.str()));
+    for (int d = 0; d < t.rank(); ++d) {
+      if (v->type.shape[d] >= 0 && v->type.shape[d] != t.dim(d))
+        throw Error(Location{.pass = "compile"}, fmt::format("example input '{}' has shape {}, the model takes {}",
+                                                             v->name, shape_str(t.shape()), v->type.str()));
+      v->type.shape[d] = t.dim(d);
+    }
+  }
+}
+
+// Whether some node reached from `v` has a result whose shape is unknown.
+bool reaches_unknown_shape(const Graph& g, const Value* v) {
+  std::set<const Value*> reached = {v};
+  for (const auto& n : g.nodes()) {
+    bool hit = false;
+    for (const Value* in : n->inputs) hit = hit || (in && reached.count(in));
+    if (!hit) continue;
+    for (const Value* out : n->outputs) {
+      if (!out) continue;
+      if (!shape_known(out->type.shape)) return true;
+      reached.insert(out);
+    }
+  }
+  return false;
+}
+
+// Bakes small integer inputs that determine shapes into constants; returns the guards.
+std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const GraphBackendOptions& opts) {
+  if (ex.empty()) return {};
+  if (ex.size() != g.inputs.size())
+    throw Error(Location{.pass = "compile"},
+                fmt::format("the model takes {} inputs but {} example inputs were given", g.inputs.size(), ex.size()));
+  bind_input_shapes(g, ex);
+  infer_graph(g);
+  std::vector<Guard> guards;
+  std::vector<Value*> kept;
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    Value* v = g.inputs[i];
+    const bool small_int = is_int(v->type.dtype) && ex[i].numel() <= opts.max_baked_elements;
+    if (small_int && reaches_unknown_shape(g, v)) {
+      guards.push_back(Guard{i, v->name, ex[i].clone()});
+      v->constant = ex[i].clone();
+      v->is_input = false;
+    } else {
+      kept.push_back(v);
+    }
+  }
+  if (!guards.empty()) {
+    g.inputs = kept;
+    infer_graph(g);
+  }
+  return guards;
+}
+
+// ---- steps ---------------------------------------------------------------------------------------
+
+enum class StepKind { typed, alias, fallback, dynamic };
+
+struct Step {
+  const Node* node = nullptr;
+  StepKind kind = StepKind::typed;
+  CoreKernel kernel;
+  std::vector<int> release;  // heap values (roots) whose last use is this step
+};
+
+std::string dtype_label(const Node& n) {
+  const Value* v = !n.outputs.empty() && n.outputs[0] ? n.outputs[0] : nullptr;
+  return v ? std::string(dtype_name(v->type.dtype)) : "?";
+}
+
+}  // namespace
+
+int GraphCompileStats::fallback_count() const {
+  int n = 0;
+  for (const auto& [op, c] : fallback) n += c;
+  return n;
+}
+int GraphCompileStats::dynamic_count() const {
+  int n = 0;
+  for (const auto& [op, c] : dynamic) n += c;
+  return n;
+}
+
+// Where each value lives while the executable runs.
+enum class Home { none, input, constant, arena, heap };
+
+struct GraphExecutable::Impl {
+  std::vector<Step> steps;
+  std::vector<Guard> guards;
+  size_t num_inputs = 0;                // inputs of the model as given (baked ones included)
+  std::vector<int> input_slot;          // per given input: index into the graph's inputs, -1 if baked
+  std::vector<const Value*> value_of;   // per value id
+  std::vector<Home> home;               // per value id (meaningful for roots)
+  std::vector<int> root;                // per value id: the value whose memory it uses
+  std::vector<uint8_t*> fixed_ptr;      // per value id: constants and arena values
+  std::vector<uint8_t> arena;
+  KernelEnv env;
+  std::vector<Tensor> heap;             // per root id: dynamic-region tensors
+  std::vector<const Tensor*> given;     // per value id: the caller's input tensors, during a run
+
+  Tensor tensor_of(const Value* v) const;
+  void store_result(const Value* v, Tensor t, size_t& live);
+  void run_step(const Step& s, size_t& live, size_t& peak);
+};
+
+GraphExecutable::GraphExecutable() : impl_(std::make_unique<Impl>()) {}
+GraphExecutable::~GraphExecutable() = default;
+
+// The value as a Tensor for the reference kernels and the results: storage shared with inputs,
+// constants and heap tensors; a copy of arena memory.
+Tensor GraphExecutable::Impl::tensor_of(const Value* v) const {
+  const int r = root[v->id];
+  auto view = [&](const Tensor& t) { return r == v->id ? t : t.reshaped(v->type.shape); };
+  switch (home[r]) {
+    case Home::constant: return view(*value_of[r]->constant);
+    case Home::input: return view(*given[r]);
+    case Home::heap: return view(heap[r]);
+    case Home::arena: {
+      Tensor t(v->type.dtype, v->type.shape);
+      if (t.nbytes()) std::memcpy(t.bytes(), env.ptr[v->id], t.nbytes());
+      return t;
+    }
+    case Home::none: break;
+  }
+  throw Error(Location{.pass = "run"}, fmt::format("value '{}' has no memory", v->name));
+}
+
+void GraphExecutable::Impl::store_result(const Value* v, Tensor t, size_t& live) {
+  const int id = v->id;
+  if (home[root[id]] == Home::arena) {
+    const size_t want = static_cast<size_t>(shape_numel(v->type.shape)) * dtype_size(v->type.dtype);
+    if (t.nbytes() != want)
+      fail("result '{}' has {} bytes, {} were planned", v->name, t.nbytes(), want);
+    if (want) std::memcpy(env.ptr[id], t.bytes(), want);
+    return;
+  }
+  live += t.nbytes();
+  heap[id] = std::move(t);
+  env.ptr[id] = heap[id].bytes();
+}
+
+void GraphExecutable::Impl::run_step(const Step& s, size_t& live, size_t& peak) {
+  const Node& n = *s.node;
+  switch (s.kind) {
+    case StepKind::typed: s.kernel(env); break;
+    case StepKind::alias: env.ptr[n.outputs[0]->id] = env.ptr[n.inputs[0]->id]; break;
+    case StepKind::fallback:
+    case StepKind::dynamic: {
+      std::vector<Tensor> ins;
+      ins.reserve(n.inputs.size());
+      for (const Value* v : n.inputs) ins.push_back(v ? tensor_of(v) : Tensor());
+      std::vector<const Tensor*> ptrs;
+      for (size_t i = 0; i < ins.size(); ++i) ptrs.push_back(n.inputs[i] ? &ins[i] : nullptr);
+      std::vector<Tensor> outs = run_node(n, ptrs);
+      for (size_t i = 0; i < outs.size() && i < n.outputs.size(); ++i)
+        if (n.outputs[i]) store_result(n.outputs[i], std::move(outs[i]), live);
+      break;
+    }
+  }
+  peak = std::max(peak, live);
+  for (int r : s.release) {
+    live -= heap[r].nbytes();
+    heap[r] = Tensor();
+  }
+}
+
+namespace {
+
+// Liveness facts per value id: defining step, last use (graph outputs: past the last step).
+struct Liveness {
+  std::vector<int> def, last;
+};
+
+Liveness liveness(const Graph& g, size_t nv) {
+  Liveness l;
+  l.def.assign(nv, -1);
+  l.last.assign(nv, -1);
+  const auto& nodes = g.nodes();
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    for (const Value* v : nodes[k]->inputs)
+      if (v) l.last[v->id] = static_cast<int>(k);
+    for (const Value* v : nodes[k]->outputs)
+      if (v) l.def[v->id] = static_cast<int>(k);
+  }
+  for (const Value* v : g.outputs) l.last[v->id] = static_cast<int>(nodes.size());
+  for (size_t i = 0; i < nv; ++i) l.last[i] = std::max(l.last[i], l.def[i]);
+  return l;
+}
+
+bool core_with_static_shapes(const Node& n) {
+  if (n.op->domain != "tessel.core") return false;
+  for (const Value* v : n.inputs)
+    if (v && !is_static(v)) return false;
+  for (const Value* v : n.outputs)
+    if (v && !is_static(v)) return false;
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
+                                               const GraphBackendOptions& opts) {
+  const auto t0 = Clock::now();
+  std::unique_ptr<GraphExecutable> exe(new GraphExecutable());
+  GraphExecutable::Impl& im = *exe->impl_;
+  GraphCompileStats& st = exe->stats_;
+  im.num_inputs = g->inputs.size();
+
+  im.guards = specialise(*g, ex, opts);
+  for (size_t i = 0, slot = 0; i < im.num_inputs; ++i) {
+    const bool baked = std::any_of(im.guards.begin(), im.guards.end(), [&](const Guard& gd) { return gd.input_index == i; });
+    im.input_slot.push_back(baked ? -1 : static_cast<int>(slot++));
+  }
+  for (const Guard& gd : im.guards) st.baked_inputs.push_back(gd.name);
+
+  const auto tp = Clock::now();
+  run_pipeline(*g, parse_pipeline(opts.pipeline), PassOptions{});
+  st.pass_seconds = seconds_since(tp);
+
+  // Homes, aliases and in-place decisions, node by node.
+  size_t nv = 0;
+  for (const auto& v : g->values()) nv = std::max(nv, static_cast<size_t>(v->id) + 1);
+  im.value_of.assign(nv, nullptr);
+  im.home.assign(nv, Home::none);
+  im.root.resize(nv);
+  for (size_t i = 0; i < nv; ++i) im.root[i] = static_cast<int>(i);
+  im.fixed_ptr.assign(nv, nullptr);
+  for (const auto& v : g->values()) {
+    im.value_of[v->id] = v.get();
+    if (v->constant) {
+      im.home[v->id] = Home::constant;
+      im.fixed_ptr[v->id] = const_cast<uint8_t*>(v->constant->bytes());
+    } else if (v->is_input) {
+      im.home[v->id] = Home::input;
+    }
+  }
+  const Liveness lv = liveness(*g, nv);
+  std::vector<int> group_last = lv.last;  // per root: last use of any value sharing its memory
+  const auto& nodes = g->nodes();
+  st.nodes = static_cast<int>(nodes.size());
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const Node& n = *nodes[k];
+    Step s;
+    s.node = &n;
+    if (!core_with_static_shapes(n)) {
+      s.kind = StepKind::dynamic;
+      st.dynamic[n.op->name]++;
+      for (const Value* v : n.outputs)  // results with a static shape still get arena memory
+        if (v) im.home[v->id] = is_static(v) ? Home::arena : Home::heap;
+      im.steps.push_back(std::move(s));
+      continue;
+    }
+    if (n.op->name == "reshape") {
+      s.kind = StepKind::alias;
+      const int r = im.root[n.inputs[0]->id], out = n.outputs[0]->id;
+      im.root[out] = r;
+      group_last[r] = std::max(group_last[r], lv.last[out]);
+      st.aliased++;
+      im.steps.push_back(std::move(s));
+      continue;
+    }
+    s.kernel = make_core_kernel(n);
+    if (s.kernel) {
+      s.kind = StepKind::typed;
+      st.typed++;
+    } else {
+      s.kind = StepKind::fallback;
+      st.fallback[n.op->name + " " + dtype_label(n)]++;
+    }
+    for (const Value* v : n.outputs)
+      if (v) im.home[v->id] = Home::arena;
+    if (s.kind == StepKind::typed && n.outputs.size() == 1 && n.outputs[0]) {
+      for (int i = 0; i < static_cast<int>(n.inputs.size()); ++i) {
+        if (!can_run_in_place(n, i)) continue;
+        const int r = im.root[n.inputs[i]->id];
+        if (im.home[r] != Home::arena || group_last[r] != static_cast<int>(k)) continue;
+        const int out = n.outputs[0]->id;
+        im.root[out] = r;
+        group_last[r] = std::max(group_last[r], lv.last[out]);
+        st.in_place++;
+        break;
+      }
+    }
+    im.steps.push_back(std::move(s));
+  }
+
+  // One buffer per arena root; heap roots are released after their group's last use.
+  for (size_t id = 0; id < nv; ++id) {
+    if (im.root[id] != static_cast<int>(id) || !im.value_of[id]) continue;
+    if (im.home[id] == Home::arena) {
+      const Value* v = im.value_of[id];
+      exe->requests_.push_back(BufferRequest{static_cast<size_t>(shape_numel(v->type.shape)) * dtype_size(v->type.dtype),
+                                             lv.def[id], group_last[id]});
+      exe->buffer_values_.push_back(v);
+    } else if (im.home[id] == Home::heap && group_last[id] < static_cast<int>(nodes.size())) {
+      im.steps[static_cast<size_t>(std::max(group_last[id], lv.def[id]))].release.push_back(static_cast<int>(id));
+    }
+  }
+  exe->plan_ = plan_arena(exe->requests_, opts.align);
+  im.arena.assign(exe->plan_.size + opts.align, 0);
+  const uintptr_t raw = reinterpret_cast<uintptr_t>(im.arena.data());
+  uint8_t* base = im.arena.data() + ((opts.align - raw % opts.align) % opts.align);
+  for (size_t b = 0; b < exe->requests_.size(); ++b) im.fixed_ptr[exe->buffer_values_[b]->id] = base + exe->plan_.offsets[b];
+  for (size_t id = 0; id < nv; ++id)
+    if (im.home[im.root[id]] == Home::arena) im.fixed_ptr[id] = im.fixed_ptr[im.root[id]];
+  st.arena_bytes = exe->plan_.size;
+  st.arena_lower_bound = exe->plan_.lower_bound;
+  exe->graph_ = std::move(g);
+  st.compile_seconds = seconds_since(t0);
+  return exe;
+}
+
+std::vector<Tensor> GraphExecutable::run(const std::vector<Tensor>& inputs, GraphRunStats* stats) {
+  const auto t0 = Clock::now();
+  Impl& im = *impl_;
+  if (inputs.size() != im.num_inputs)
+    throw Error(Location{.pass = "run"}, fmt::format("the model takes {} inputs but {} were given", im.num_inputs, inputs.size()));
+  for (const Guard& gd : im.guards)
+    if (!inputs[gd.input_index].same_as(gd.value))
+      throw GuardFailure(Location{.pass = "guard"},
+                         fmt::format("input '{}' was specialised to the value it had when the model was compiled "
+                                     "(it determines shapes) and this call passes a different value; recompile with "
+                                     "these inputs", gd.name));
+  im.env.ptr = im.fixed_ptr;
+  im.given.assign(im.value_of.size(), nullptr);
+  im.heap.assign(im.value_of.size(), Tensor());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (im.input_slot[i] < 0) continue;
+    const Value* v = graph_->inputs[static_cast<size_t>(im.input_slot[i])];
+    const Tensor& t = inputs[i];
+    bool ok = t.dtype() == v->type.dtype && t.rank() == static_cast<int>(v->type.shape.size());
+    for (int d = 0; ok && d < t.rank(); ++d) ok = v->type.shape[d] < 0 || v->type.shape[d] == t.dim(d);
+    if (!ok)
+      throw GuardFailure(Location{.pass = "guard"}, fmt::format("input '{}' must be {} (compiled for it) but got {}",
+                                                                v->name, v->type.str(), TensorType{t.dtype(), t.shape()}.str()));
+    im.given[v->id] = &t;
+    im.env.ptr[v->id] = const_cast<uint8_t*>(t.bytes());
+  }
+  size_t live = 0, peak = 0;
+  for (const Step& s : im.steps) {
+    try {
+      im.run_step(s, live, peak);
+    } catch (const Error& e) {
+      throw e.with_context(Location{.node = s.node->name, .op = s.node->op->name, .pass = "run"});
+    }
+  }
+  std::vector<Tensor> outs;
+  for (const Value* v : graph_->outputs) outs.push_back(im.tensor_of(v));
+  im.heap.assign(im.value_of.size(), Tensor());
+  if (stats) {
+    stats->seconds = seconds_since(t0);
+    stats->arena_bytes = stats_.arena_bytes;
+    stats->heap_peak_bytes = peak;
+    stats->peak_bytes = stats_.arena_bytes + peak;
+  }
+  return outs;
+}
+
+}  // namespace tessel
+
+namespace tessel {
+
+std::string describe_plan(const GraphExecutable& exe) {
+  const auto& reqs = exe.buffer_requests();
+  const auto& vals = exe.buffer_values();
+  std::vector<size_t> order(reqs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (exe.plan().offsets[a] != exe.plan().offsets[b]) return exe.plan().offsets[a] < exe.plan().offsets[b];
+    return reqs[a].first < reqs[b].first;
+  });
+  std::string s = "| value | type | bytes | live steps | offset |\n|---|---|---|---|---|\n";
+  for (size_t i : order)
+    s += fmt::format("| %{} | {} | {} | {}-{} | {} |\n", vals[i]->name, vals[i]->type.str(), reqs[i].bytes, reqs[i].first,
+                     reqs[i].last, exe.plan().offsets[i]);
+  s += fmt::format("\narena: {} bytes (most bytes alive at one step, aligned: {})\n", exe.plan().size,
+                   exe.plan().lower_bound);
+  return s;
+}
+
+}  // namespace tessel

@@ -1,0 +1,97 @@
+// The `graph` backend (the middle rung of eager / graph / compiled, like PyTorch's aot_eager): a
+// model is decomposed to core ops and simplified by the "core" pipeline, every core node gets a
+// precompiled typed kernel, and every intermediate with a static shape gets an offset in one arena
+// planned by liveness. Nodes that are not core ops, or whose shapes are only known when they run,
+// run through the reference kernels on heap tensors (the dynamic region). docs/runtime/graph-backend.md.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/ir/graph.h"
+#include "tessel/runtime/arena_plan.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+
+struct GraphBackendOptions {
+  std::string pipeline = "core";  // the pass pipeline run before planning (by name)
+  size_t align = 64;              // arena offsets are multiples of this
+  int64_t max_baked_elements = 16;  // integer inputs up to this size may be specialised (baked)
+};
+
+// What compiling found and decided.
+struct GraphCompileStats {
+  double compile_seconds = 0;     // passes + kernel selection + planning
+  double pass_seconds = 0;
+  size_t arena_bytes = 0;         // the planned arena (peak intermediate bytes of the arena region)
+  size_t arena_lower_bound = 0;   // most bytes alive at one step: what a perfect packing would need
+  int nodes = 0;                  // nodes after the pipeline
+  int typed = 0;                  // core nodes with a precompiled typed kernel
+  int aliased = 0;                // reshapes that alias their operand (no copy)
+  int in_place = 0;               // elementwise results written over a dead operand
+  std::map<std::string, int> fallback;  // "op dtype" -> core nodes run by the reference kernel in the arena
+  std::map<std::string, int> dynamic;   // op -> nodes in the dynamic region (not core, or dynamic shapes)
+  std::vector<std::string> baked_inputs;  // inputs specialised into constants (guarded)
+  int fallback_count() const;
+  int dynamic_count() const;
+};
+
+struct GraphRunStats {
+  double seconds = 0;
+  size_t arena_bytes = 0;
+  size_t heap_peak_bytes = 0;     // peak bytes of live dynamic-region tensors
+  size_t peak_bytes = 0;          // arena + heap peak: comparable with eager's RunStats::peak_bytes
+};
+
+// A call whose input differs from what the executable was specialised on (a baked input's value,
+// or an input's dtype or shape). The caller may recompile with those inputs.
+class GuardFailure : public Error {
+ public:
+  using Error::Error;
+};
+
+class GraphExecutable;
+
+// Takes the graph, runs the pipeline and builds the executable. `example_inputs` (optional, one per
+// graph input) bind unknown input dims and allow small integer inputs that determine shapes to be
+// baked in as constants. Errors are tessel::Error naming the node, op or pass.
+std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const std::vector<Tensor>& example_inputs = {},
+                                               const GraphBackendOptions& opts = {});
+
+class GraphExecutable {
+ public:
+  ~GraphExecutable();
+  // Runs the model; one tensor per graph output. Not reentrant (one arena per executable).
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs, GraphRunStats* stats = nullptr);
+  const GraphCompileStats& stats() const { return stats_; }
+  const Graph& graph() const { return *graph_; }
+  // The arena plan: one request per planned buffer, with the value it holds.
+  const std::vector<BufferRequest>& buffer_requests() const { return requests_; }
+  const std::vector<const Value*>& buffer_values() const { return buffer_values_; }
+  const ArenaPlan& plan() const { return plan_; }
+
+ private:
+  friend std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph>, const std::vector<Tensor>&,
+                                                        const GraphBackendOptions&);
+  struct Impl;
+  GraphExecutable();
+  std::unique_ptr<Graph> graph_;
+  GraphCompileStats stats_;
+  std::vector<BufferRequest> requests_;
+  std::vector<const Value*> buffer_values_;
+  ArenaPlan plan_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessel
+
+namespace tessel {
+
+// The arena plan as a markdown table (value, type, bytes, live steps, offset; by offset) followed by
+// the arena size: the form docs/runtime/graph-backend.md shows for its worked example.
+std::string describe_plan(const GraphExecutable& exe);
+
+}  // namespace tessel
