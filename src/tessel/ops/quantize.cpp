@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -457,37 +458,204 @@ void qlinear_conv_kernel(KernelCtx& c) {
   c.set_out(0, std::move(y));
 }
 
+
+// ---- decomposition hooks ---------------------------------------------------------------------
+
+// A scale or zero point broadcast to x's shape: per tensor, per `axis`, or per block of `block`
+// elements along `axis` (the blocks are repeated, then cut to x's length).
+Value* expand_param(CoreBuilder& b, Value* p, const Shape& x, int64_t axis_attr, int64_t block) {
+  const Shape& ps = p->type.shape;
+  if (block <= 0 && shape_numel(ps) == 1 && ps.size() <= 1) return b.broadcast_to(b.reshape(p, {}), x);
+  const int axis = normalize_axis(axis_attr, static_cast<int>(x.size()));
+  if (block <= 0)
+    return b.emit("broadcast_in_dim", {p},
+                  {{"shape", std::vector<int64_t>(x)}, {"dims", std::vector<int64_t>{axis}}});
+  Shape one = ps, rep = ps;
+  one.insert(one.begin() + axis + 1, 1);
+  rep.insert(rep.begin() + axis + 1, block);
+  Shape flat = ps;
+  flat[axis] *= block;
+  Value* r = b.reshape(b.broadcast_to(b.reshape(p, one), rep), flat);
+  std::vector<int64_t> stops(x.begin(), x.end());
+  return b.slice(r, std::vector<int64_t>(x.size(), 0), stops);
+}
+
+Value* clamp(CoreBuilder& b, Value* v, double lo, double hi) {
+  const DType t = v->type.dtype;
+  return b.min(b.max(v, b.scalar(t, lo)), b.scalar(t, hi));
+}
+
+// store_quantized for integer targets: `v` (float, already divided by the scale) rounded half to
+// even (NaN -> 0), plus the zero point `zp` (x-shaped or null), clamped to t's range, converted.
+// The add and clamp run in f32, exact for every target but int32, which needs f64.
+Value* requantize(CoreBuilder& b, Value* v, Value* zp, DType t) {
+  Value* q = b.unary("round_even", v);
+  q = b.select(b.compare("ne", q, q), b.scalar(q->type.dtype, 0), q);
+  const DType ct = t == DType::i32 ? DType::f64 : DType::f32;
+  q = b.convert(q, ct);
+  if (zp) q = b.add(q, b.convert(zp, ct));
+  auto [lo, hi] = int_range(t);
+  return b.convert(clamp(b, q, static_cast<double>(lo), static_cast<double>(hi)), t);
+}
+
+bool known_zero(const Value* v) {
+  if (!v->constant) return false;
+  for (int64_t i = 0; i < v->constant->numel(); ++i)
+    if (v->constant->get_f(i) != 0) return false;
+  return true;
+}
+
+std::vector<Value*> quantize_decompose(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape& xs = x->type.shape;
+  const DType t = n.outputs[0]->type.dtype;
+  const int64_t axis = n.attr_i("axis", 1), block = n.attr_i("block_size", 0);
+  const DType prec = n.has_attr("precision") ? onnx_dtype_attr(n.attr_i("precision"), "precision")
+                                             : n.inputs[1]->type.dtype;
+  Value* v = b.div(b.convert(x, prec), expand_param(b, b.convert(n.inputs[1], prec), xs, axis, block));
+  Value* zp = n.has_input(2) ? expand_param(b, n.inputs[2], xs, axis, block) : nullptr;
+  if (!is_float_quant(t)) return {requantize(b, v, zp, t)};
+  // Float targets: one rounding of v + zp (in double, as the kernel) with the saturate flag.
+  if (zp && !known_zero(n.inputs[2])) v = b.add(b.convert(v, DType::f64), b.convert(zp, DType::f64));
+  const bool sat = n.attr_i("saturate", 1) != 0 || t == DType::f4e2m1;
+  return {b.emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{sat}}})};
+}
+
+// (x - zero point) is exact in a wider integer type (or f32 for the float8 inputs) and rounded
+// once to the output type, then multiplied by the scale in the output type.
+std::vector<Value*> dequantize_decompose(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape& xs = x->type.shape;
+  const DType t = n.outputs[0]->type.dtype;
+  const int64_t axis = n.attr_i("axis", 1), block = n.attr_i("block_size", 0);
+  Value* d = x;
+  if (n.has_input(2) && !known_zero(n.inputs[2])) {
+    const DType wide = is_float(x->type.dtype) ? DType::f32 : x->type.dtype == DType::i32 ? DType::i64 : DType::i32;
+    d = b.sub(b.convert(x, wide), b.convert(expand_param(b, n.inputs[2], xs, axis, block), wide));
+  }
+  Value* s = expand_param(b, b.convert(n.inputs[1], t), xs, axis, block);
+  return {b.mul(b.convert(d, t), s)};
+}
+
+std::vector<Value*> dynamic_quantize_decompose(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  std::vector<int64_t> all(x->type.shape.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  Value* zero = b.scalar(DType::f32, 0);
+  // The range always includes 0 so that 0 is exactly representable.
+  Value* lo = b.min(b.reduce(x, "min", all, false), zero);
+  Value* hi = b.max(b.reduce(x, "max", all, false), zero);
+  Value* scale = b.div(b.sub(hi, lo), b.scalar(DType::f32, 255));
+  Value* degenerate = b.compare("eq", scale, zero);
+  Value* zpf = b.unary("round_even", clamp(b, b.unary("neg", b.div(lo, scale)), 0, 255));
+  zpf = b.select(degenerate, zero, zpf);
+  Value* q = clamp(b, b.add(b.unary("round_even", b.div(x, scale)), zpf), 0, 255);
+  q = b.select(degenerate, zero, q);
+  return {b.convert(q, DType::u8), scale, b.convert(zpf, DType::u8)};
+}
+
+// A per-tensor quantization parameter as a scalar, or a 1-D one laid along dim `dim` of `shape`.
+Value* lay_param(CoreBuilder& b, Value* p, const Shape& shape, int64_t dim) {
+  if (shape_numel(p->type.shape) == 1) return b.broadcast_to(b.reshape(p, {}), shape);
+  return b.emit("broadcast_in_dim", {p}, {{"shape", std::vector<int64_t>(shape)}, {"dims", std::vector<int64_t>{dim}}});
+}
+
+// v - zero point in i32 (exact for the 8-bit operands).
+Value* centred(CoreBuilder& b, Value* v, Value* zp, int64_t dim) {
+  Value* z = lay_param(b, b.convert(zp, DType::i32), v->type.shape, dim);
+  return b.sub(b.convert(v, DType::i32), z);
+}
+
+// The combined scale sa * sb / sy formed in the scales' precision (sy's dtype), then as f32.
+Value* combined_scale(CoreBuilder& b, Value* sa, Value* sb, Value* sy) {
+  const DType sdt = sy->type.dtype;
+  return b.convert(b.div(b.mul(b.convert(sa, sdt), b.convert(sb, sdt)), b.reshape(sy, {})), DType::f32);
+}
+
+// numpy matmul of two i32 operands as one dot_general (rank-1 operands become matrices, batch
+// dims broadcast), reshaped to `out`.
+Value* int_matmul(CoreBuilder& b, Value* a, Value* w, const Shape& out) {
+  if (a->type.shape.size() == 1) a = b.reshape(a, {1, a->type.shape[0]});
+  if (w->type.shape.size() == 1) w = b.reshape(w, {w->type.shape[0], 1});
+  const Shape &as = a->type.shape, &ws = w->type.shape;
+  Shape batch = broadcast_shapes(Shape(as.begin(), as.end() - 2), Shape(ws.begin(), ws.end() - 2));
+  Shape af = batch, wf = batch;
+  af.insert(af.end(), as.end() - 2, as.end());
+  wf.insert(wf.end(), ws.end() - 2, ws.end());
+  std::vector<int64_t> bd(batch.size());
+  for (size_t i = 0; i < bd.size(); ++i) bd[i] = static_cast<int64_t>(i);
+  const int64_t nb = static_cast<int64_t>(batch.size());
+  Value* y = b.emit("dot_general", {b.broadcast_to(a, af), b.broadcast_to(w, wf)},
+                    {{"lhs_batch", bd}, {"rhs_batch", bd}, {"lhs_contract", std::vector<int64_t>{nb + 1}},
+                     {"rhs_contract", std::vector<int64_t>{nb}}});
+  return b.reshape(y, out);
+}
+
+// Integer product of the centred operands, then requantized with the per-row (a) / per-column
+// (b) scales: v = acc * (sa * sb / sy), rounded, plus y's zero point, saturated.
+std::vector<Value*> qlinear_matmul_decompose(CoreBuilder& b, const Node& n) {
+  const Shape& out = n.outputs[0]->type.shape;
+  const int64_t ra = static_cast<int64_t>(n.inputs[0]->type.shape.size());
+  const int64_t rb = static_cast<int64_t>(n.inputs[3]->type.shape.size());
+  const int64_t ro = static_cast<int64_t>(out.size());
+  Value* acc = int_matmul(b, centred(b, n.inputs[0], n.inputs[2], ra - 2), centred(b, n.inputs[3], n.inputs[5], rb - 1), out);
+  // Rows of a are dim -2 of the output (-1 when b is a vector); columns of b are dim -1.
+  Value* sa = lay_param(b, n.inputs[1], out, ro - (rb == 1 ? 1 : 2));
+  Value* sb = lay_param(b, n.inputs[4], out, ro - 1);
+  Value* v = b.mul(b.convert(acc, DType::f32), combined_scale(b, sa, sb, n.inputs[6]));
+  return {requantize(b, v, b.reshape(n.inputs[7], {}), n.outputs[0]->type.dtype)};
+}
+
+// Integer convolution of the centred operands (padding reads real zero), plus the i32 bias,
+// then requantized with the per-output-channel combined scale.
+std::vector<Value*> qlinear_conv_decompose(CoreBuilder& b, const Node& n) {
+  Value *x = n.inputs[0], *w = n.inputs[3];
+  const Shape& out = n.outputs[0]->type.shape;
+  ConvGeom g = conv_geometry(n, x->type.shape, w->type.shape);
+  std::vector<int64_t> padding;
+  for (size_t d = 0; d < g.pads_begin.size(); ++d) padding.insert(padding.end(), {g.pads_begin[d], g.pads_end[d]});
+  Value* acc = b.emit("convolution", {centred(b, x, n.inputs[2], 0), centred(b, w, n.inputs[5], 0)},
+                      {{"strides", g.strides}, {"dilations", g.dilations}, {"padding", padding},
+                       {"groups", n.attr_i("group", 1)}});
+  if (n.has_input(8)) acc = b.add(acc, lay_param(b, n.inputs[8], out, 1));
+  Value* sx = b.reshape(n.inputs[1], {});
+  Value* v = b.mul(b.convert(acc, DType::f32), combined_scale(b, sx, lay_param(b, n.inputs[4], out, 1), n.inputs[6]));
+  return {requantize(b, v, b.reshape(n.inputs[7], {}), n.outputs[0]->type.dtype)};
+}
+
 }  // namespace
 
 void register_quantize_ops(OpRegistry& r) {
   // Each opset of QuantizeLinear/DequantizeLinear (10, 13, 19, 21, 23, 25) only added types,
   // granularities and attributes with backward-compatible defaults, so opset 10 imports as is.
-  r.add(make_op("QuantizeLinear", 10, 2, 3,
+  r.add(with_decomposition(make_op("QuantizeLinear", 10, 2, 3,
              {{"axis", AttrKind::i},
               {"block_size", AttrKind::i},
               {"output_dtype", AttrKind::i},
               {"precision", AttrKind::i},
               {"saturate", AttrKind::i}},
-             quantize_infer, quantize_kernel, FusionKind::pointwise));
-  r.add(make_op("DequantizeLinear", 10, 2, 3,
+             quantize_infer, quantize_kernel, FusionKind::pointwise), quantize_decompose));
+  r.add(with_decomposition(make_op("DequantizeLinear", 10, 2, 3,
              {{"axis", AttrKind::i}, {"block_size", AttrKind::i}, {"output_dtype", AttrKind::i}},
-             dequantize_infer, dequantize_kernel, FusionKind::pointwise));
+             dequantize_infer, dequantize_kernel, FusionKind::pointwise), dequantize_decompose));
   {
     OpDef d = make_op("DynamicQuantizeLinear", 11, 1, 1, {}, dynamic_quantize_infer,
                    dynamic_quantize_kernel);
     d.min_outputs = d.max_outputs = 3;
+    d.decompose = dynamic_quantize_decompose;
     r.add(std::move(d));
   }
-  r.add(make_op("QLinearMatMul", 10, 8, 8, {}, qlinear_matmul_infer, qlinear_matmul_kernel,
-             FusionKind::matmul));
-  r.add(make_op("QLinearConv", 10, 8, 9,
+  r.add(with_decomposition(make_op("QLinearMatMul", 10, 8, 8, {}, qlinear_matmul_infer,
+                                   qlinear_matmul_kernel, FusionKind::matmul),
+                           qlinear_matmul_decompose));
+  r.add(with_decomposition(make_op("QLinearConv", 10, 8, 9,
              {{"auto_pad", AttrKind::s},
               {"dilations", AttrKind::ints},
               {"group", AttrKind::i},
               {"kernel_shape", AttrKind::ints},
               {"pads", AttrKind::ints},
               {"strides", AttrKind::ints}},
-             qlinear_conv_infer, qlinear_conv_kernel));
+             qlinear_conv_infer, qlinear_conv_kernel), qlinear_conv_decompose));
 }
 
 }  // namespace tessel
