@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -162,6 +164,72 @@ Shape spatial_of(const Shape& s) {
   return Shape(s.begin() + 2, s.end());
 }
 
+// ---- decomposition helpers ----------------------------------------------------------------------
+
+// Floats narrower than f32 do multi-step math in f32 and round once at the end.
+DType math_dtype(DType t) { return is_float(t) && dtype_size(t) < 4 ? DType::f32 : t; }
+
+// Per-dim low/high lists as core's interleaved padding (low0, high0, low1, high1, ...).
+std::vector<int64_t> interleave(const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
+  std::vector<int64_t> r;
+  for (size_t i = 0; i < lo.size(); ++i) {
+    r.push_back(lo[i]);
+    r.push_back(hi[i]);
+  }
+  return r;
+}
+
+// y + bias[C] along dim 1.
+Value* add_channel_bias(CoreBuilder& b, Value* y, Value* bias) {
+  Shape s(y->type.shape.size(), 1);
+  s[1] = y->type.shape[1];
+  return b.add(y, b.reshape(b.convert(bias, y->type.dtype), s));
+}
+
+// Core convolution with a window's geometry (its begin/end pads as padding).
+Value* core_conv(CoreBuilder& b, Value* x, Value* w, const Window& win, int64_t groups) {
+  return b.emit("convolution", {x, w},
+                {{"strides", win.s}, {"dilations", win.d}, {"padding", interleave(win.pb, win.pe)}, {"groups", groups}});
+}
+
+// A transposed convolution as a core convolution: x interior-padded with stride - 1 zeros, the
+// weight [C, M/g, k...] regrouped to [M, C/g, k...] and flipped spatially, stride 1, the same
+// dilation, and low/high padding that yields the spatial extents `out`.
+Value* core_conv_transpose(CoreBuilder& b, Value* x, Value* w, int64_t groups, const Window& win,
+                           const Shape& out) {
+  const Shape& ws = w->type.shape;
+  const size_t r = ws.size();
+  const int64_t c = ws[0], mg = ws[1];
+  Shape g4 = {groups, c / groups, mg};
+  g4.insert(g4.end(), ws.begin() + 2, ws.end());
+  std::vector<int64_t> perm(r + 1);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::swap(perm[1], perm[2]);
+  Shape regrouped = {groups * mg, c / groups};
+  regrouped.insert(regrouped.end(), ws.begin() + 2, ws.end());
+  w = b.reshape(b.transpose(b.reshape(w, g4), perm), regrouped);
+  std::vector<int64_t> starts(r, 0), stops(regrouped.begin(), regrouped.end()), strides(r, 1);
+  for (size_t i = 2; i < r; ++i) {
+    starts[i] = regrouped[i] - 1;
+    stops[i] = -1;
+    strides[i] = -1;
+  }
+  w = b.slice(w, starts, stops, strides);
+  std::vector<int64_t> zeros(r, 0), interior(r, 0), lo, hi;
+  bool strided = false;
+  for (int i = 0; i < win.nd; ++i) {
+    interior[i + 2] = win.s[i] - 1;
+    strided = strided || win.s[i] > 1;
+    const int64_t len = win.s[i] * (win.in[i] - 1) + 1;
+    lo.push_back(win.eff(i) - 1 - win.pb[i]);
+    hi.push_back(out[i] - 1 + win.eff(i) - len - lo.back());
+  }
+  if (strided)
+    x = b.emit("pad", {x, b.scalar(x->type.dtype, 0)}, {{"low", zeros}, {"high", zeros}, {"interior", interior}});
+  return b.emit("convolution", {x, w},
+                {{"dilations", win.d}, {"padding", interleave(lo, hi)}, {"groups", groups}});
+}
+
 // ---- Conv ---------------------------------------------------------------------------------------
 
 // One grouped N-D convolution with double accumulation: y[n, m, out] = b[m] + sum w * x.
@@ -303,6 +371,20 @@ Cost conv_cost(const Node& n) {
   return c;
 }
 
+// Conv: core convolution with auto_pad resolved from the static shapes, then the bias added
+// (in f32 for narrow floats, so the result rounds once).
+std::vector<Value*> decompose_conv(CoreBuilder& b, const Node& n) {
+  const DType dt = n.outputs[0]->type.dtype, ct = n.has_input(2) ? math_dtype(dt) : dt;
+  Value* x = b.convert(n.inputs[0], ct);
+  Value* w = b.convert(n.inputs[1], ct);
+  const Shape& xs = x->type.shape;
+  const int nd = static_cast<int>(xs.size()) - 2;
+  const Window win = forward_window(n, spatial_of(xs), conv_kernel(n, w->type.shape, nd), false);
+  Value* y = core_conv(b, x, w, win, n.attr_i("group", 1));
+  if (n.has_input(2)) y = add_channel_bias(b, y, n.inputs[2]);
+  return {b.convert(y, dt)};
+}
+
 OpDef conv_def() {
   OpDef d;
   d.name = "Conv";
@@ -350,6 +432,26 @@ std::vector<double> shifted(const Tensor& x, const Tensor* zp) {
   const int64_t per = x.numel() / std::max<int64_t>(x.dim(0), 1);
   for (int64_t i = 0; i < x.numel(); ++i) v[i] -= zp->get_f(i / per);
   return v;
+}
+
+// ConvInteger: operands widened to i32 minus their zero points (x's scalar, w's scalar or per
+// output channel), then an i32 convolution (padding with zeros = the shifted zero point).
+std::vector<Value*> decompose_conv_integer(CoreBuilder& b, const Node& n) {
+  auto shifted = [&](int i, int zp) {
+    Value* v = b.convert(n.inputs[i], DType::i32);
+    if (!n.has_input(zp)) return v;
+    Value* z = b.convert(n.inputs[zp], DType::i32);
+    const int64_t cnt = shape_numel(z->type.shape);
+    Shape s(v->type.shape.size(), 1);
+    s[0] = cnt;
+    return b.sub(v, b.reshape(z, cnt == 1 ? Shape{} : s));
+  };
+  Value* x = shifted(0, 2);
+  Value* w = shifted(1, 3);
+  const Shape& xs = x->type.shape;
+  const int nd = static_cast<int>(xs.size()) - 2;
+  const Window win = forward_window(n, spatial_of(xs), conv_kernel(n, w->type.shape, nd), false);
+  return {core_conv(b, x, w, win, n.attr_i("group", 1))};
 }
 
 OpDef conv_integer_def() {
@@ -434,6 +536,20 @@ Window transpose_window(const Node& n, const Shape& in_spatial, const std::vecto
   return w;
 }
 
+// ConvTranspose: see core_conv_transpose; output_padding, output_shape and auto_pad only change
+// the output extents, read from the node's output type.
+std::vector<Value*> decompose_conv_transpose(CoreBuilder& b, const Node& n) {
+  const DType dt = n.outputs[0]->type.dtype, ct = n.has_input(2) ? math_dtype(dt) : dt;
+  Value* x = b.convert(n.inputs[0], ct);
+  Value* w = b.convert(n.inputs[1], ct);
+  const Shape& xs = x->type.shape;
+  const int nd = static_cast<int>(xs.size()) - 2;
+  const Window win = transpose_window(n, spatial_of(xs), conv_kernel(n, w->type.shape, nd));
+  Value* y = core_conv_transpose(b, x, w, n.attr_i("group", 1), win, spatial_of(n.outputs[0]->type.shape));
+  if (n.has_input(2)) y = add_channel_bias(b, y, n.inputs[2]);
+  return {b.convert(y, dt)};
+}
+
 OpDef conv_transpose_def() {
   OpDef d;
   d.name = "ConvTranspose";
@@ -515,6 +631,36 @@ OpDef conv_transpose_def() {
 }
 
 // ---- Col2Im -------------------------------------------------------------------------------------
+
+// Col2Im: every block tap t holds a [N, C, blocks...] grid that lands on the image at offset
+// t * dilation - pad with the stride between blocks: one interior pad (negative low/high crop) per
+// tap, summed.
+std::vector<Value*> decompose_col2im(CoreBuilder& b, const Node& n) {
+  const Shape& out = n.outputs[0]->type.shape;
+  if (!shape_known(out)) b.need_constant(1, "image_shape");
+  const std::vector<int64_t> blk = b.need_constant(2, "block_shape").to_i64();
+  const Shape img = spatial_of(out);
+  const Window win = forward_window(n, img, blk, false);
+  const int64_t kp = prod(blk), nb = out[0], ch = out[1];
+  Shape grid = {nb, ch};
+  grid.insert(grid.end(), win.out.begin(), win.out.end());
+  Value* x = b.reshape(n.inputs[0], {nb, ch, kp, prod(win.out)});
+  Value* zero = b.scalar(x->type.dtype, 0);
+  Value* sum = nullptr;
+  for (int64_t t = 0; t < kp; ++t) {
+    const std::vector<int64_t> kt = unflatten(t, blk);
+    std::vector<int64_t> lo(2, 0), hi(2, 0), interior(2, 0);
+    for (int i = 0; i < win.nd; ++i) {
+      lo.push_back(kt[i] * win.d[i] - win.pb[i]);
+      hi.push_back(img[i] - lo.back() - ((win.out[i] - 1) * win.s[i] + 1));
+      interior.push_back(win.s[i] - 1);
+    }
+    Value* xt = b.reshape(b.slice(x, {0, 0, t, 0}, {nb, ch, t + 1, prod(win.out)}), grid);
+    Value* placed = b.emit("pad", {xt, zero}, {{"low", lo}, {"high", hi}, {"interior", interior}});
+    sum = sum ? b.add(sum, placed) : placed;
+  }
+  return {sum};
+}
 
 OpDef col2im_def() {
   OpDef d;
@@ -711,6 +857,149 @@ OpDef pool_def(const std::string& name, PoolKind kind, int since) {
   return d;
 }
 
+// ---- pool decompositions ----
+
+// The node's pool window over x's spatial dims.
+Window pool_window_of(const Node& n, const Shape& xs) {
+  return forward_window(n, spatial_of(xs), pool_kernel(n, static_cast<int>(xs.size()) - 2),
+                        n.attr_i("ceil_mode", 0) != 0);
+}
+
+// High padding that gives exactly `w.out` windows along spatial dim i (more than pe for
+// ceil_mode's partial last window, possibly less when trailing input is never read).
+int64_t pool_high(const Window& w, int i) { return (w.out[i] - 1) * w.s[i] + w.eff(i) - w.in[i] - w.pb[i]; }
+
+// reduce_window {kind} over the spatial dims of [N, C, spatial...]; padded taps hold the kind's
+// identity.
+Value* pool_reduce(CoreBuilder& b, Value* x, const std::string& kind, const Window& w) {
+  std::vector<int64_t> win = {1, 1}, str = {1, 1}, dil = {1, 1}, pad = {0, 0, 0, 0};
+  for (int i = 0; i < w.nd; ++i) {
+    win.push_back(w.k[i]);
+    str.push_back(w.s[i]);
+    dil.push_back(w.d[i]);
+    pad.push_back(w.pb[i]);
+    pad.push_back(pool_high(w, i));
+  }
+  return b.emit("reduce_window", {x},
+                {{"kind", kind}, {"window", win}, {"strides", str}, {"dilations", dil}, {"padding", pad}});
+}
+
+// Per output position of one plane (shape [1, 1, out...]), the number of taps AveragePool divides
+// by: the taps inside the input, or inside the padded range with count_include_pad.
+Tensor pool_counts(const Window& w, bool include_pad, DType dt) {
+  std::vector<double> cnt(static_cast<size_t>(prod(w.out)), 0.0);
+  for (int64_t t = 0; t < prod(w.k); ++t)
+    for_each_tap(w.out, w.in, w, unflatten(t, w.k), [&](int64_t o, int64_t i, bool in_pad) {
+      if (i >= 0 || (include_pad && in_pad)) cnt[o] += 1;
+    });
+  Shape s = {1, 1};
+  s.insert(s.end(), w.out.begin(), w.out.end());
+  return Tensor::from_f64(dt, s, cnt);
+}
+
+// MaxPool's Indices: a running first-maximum over the window taps in the kernel's order (a tap
+// wins when strictly larger, or when no tap inside the input was seen yet), each tap a strided
+// slice of x padded with the lowest value. A tap's position is a compile-time table (-1 in the
+// padding); storage_order 1 numbers the plane column-major. Plane offsets (n * C + c) * plane
+// come from iotas.
+Value* pool_argmax(CoreBuilder& b, Value* x, const Window& w, bool col_major) {
+  const Shape& xs = x->type.shape;
+  const DType dt = x->type.dtype;
+  const double lowest = is_float(dt) ? -INFINITY : dt == DType::u8 ? 0.0 : -128.0;
+  std::vector<int64_t> lo = {0, 0}, hi = {0, 0};
+  for (int i = 0; i < w.nd; ++i) {
+    lo.push_back(w.pb[i]);
+    hi.push_back(pool_high(w, i));
+  }
+  Value* padded = b.emit("pad", {x, b.scalar(dt, lowest)}, {{"low", lo}, {"high", hi}});
+  Shape plane_out = {1, 1};
+  plane_out.insert(plane_out.end(), w.out.begin(), w.out.end());
+  const std::vector<int64_t> rm = strides_of(w.in);
+  Value *best = nullptr, *arg = nullptr;
+  for (int64_t t = 0; t < prod(w.k); ++t) {
+    const std::vector<int64_t> kt = unflatten(t, w.k);
+    std::vector<int64_t> pos(static_cast<size_t>(prod(w.out)), -1);
+    for_each_tap(w.out, w.in, w, kt, [&](int64_t o, int64_t i, bool) {
+      if (i < 0 || !col_major) {
+        pos[o] = i;
+        return;
+      }
+      int64_t cm = 0, scale = 1;
+      for (int dd = 0; dd < w.nd; ++dd) {
+        cm += (i / rm[dd]) % w.in[dd] * scale;
+        scale *= w.in[dd];
+      }
+      pos[o] = cm;
+    });
+    std::vector<int64_t> starts = {0, 0}, stops = {xs[0], xs[1]}, strides = {1, 1};
+    for (int i = 0; i < w.nd; ++i) {
+      starts.push_back(kt[i] * w.d[i]);
+      stops.push_back(starts.back() + (w.out[i] - 1) * w.s[i] + 1);
+      strides.push_back(w.s[i]);
+    }
+    Value* v = b.slice(padded, starts, stops, strides);
+    Value* p = b.broadcast_to(b.constant(Tensor::from_i64(DType::i64, plane_out, pos)), v->type.shape);
+    if (!best) {
+      best = v;
+      arg = p;
+      continue;
+    }
+    Value* none = b.scalar(DType::i64, -1);
+    Value* take = b.binary("or", b.compare("gt", v, best),
+                           b.binary("and", b.compare("eq", arg, none), b.compare("ne", p, none)));
+    best = b.select(take, v, best);
+    arg = b.select(take, p, arg);
+  }
+  const Shape& os = arg->type.shape;
+  Value* plane = b.add(b.mul(b.iota(DType::i64, os, 0), b.scalar(DType::i64, static_cast<double>(xs[1]))),
+                       b.iota(DType::i64, os, 1));
+  return b.add(arg, b.mul(plane, b.scalar(DType::i64, static_cast<double>(prod(w.in)))));
+}
+
+DecomposeFn decompose_pool(PoolKind kind) {
+  return [kind](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    const DType dt = n.outputs[0]->type.dtype;
+    const Window w = pool_window_of(n, n.inputs[0]->type.shape);
+    if (kind == PoolKind::max) {
+      Value* idx = nullptr;
+      if (n.outputs.size() > 1 && n.outputs[1])
+        idx = pool_argmax(b, n.inputs[0], w, n.attr_i("storage_order", 0) != 0);
+      std::vector<Value*> r = {pool_reduce(b, n.inputs[0], "max", w)};
+      if (n.outputs.size() > 1) r.push_back(idx);
+      return r;
+    }
+    const DType ct = math_dtype(dt);
+    Value* x = b.convert(n.inputs[0], ct);
+    if (kind == PoolKind::avg) {
+      Value* cnt = b.constant(pool_counts(w, n.attr_i("count_include_pad", 0) != 0, ct));
+      return {b.convert(b.div(pool_reduce(b, x, "sum", w), cnt), dt)};
+    }
+    // LpPool: (sum |x|^p)^(1/p); p = 1 and 2 without pow.
+    const int64_t p = n.attr_i("p", 2);
+    if (p <= 0) fail("LpPool p must be positive, got {}", p);
+    Value* ax = b.max(x, b.emit("neg", {x}));
+    Value* xp = p == 1 ? ax : p == 2 ? b.mul(ax, ax) : b.binary("pow", ax, b.scalar(ct, static_cast<double>(p)));
+    Value* sum = pool_reduce(b, xp, "sum", w);
+    Value* y = p == 1   ? sum
+               : p == 2 ? b.unary("sqrt", sum)
+                        : b.binary("pow", sum, b.scalar(ct, 1.0 / static_cast<double>(p)));
+    return {b.convert(y, dt)};
+  };
+}
+
+// GlobalAveragePool / GlobalMaxPool: a reduce over every spatial dim, kept as 1s.
+std::vector<Value*> decompose_global_pool(CoreBuilder& b, const Node& n, bool is_max) {
+  const Shape& xs = n.inputs[0]->type.shape;
+  std::vector<int64_t> axes(xs.size() - 2);
+  std::iota(axes.begin(), axes.end(), 2);
+  const DType dt = n.outputs[0]->type.dtype;
+  if (is_max) return {b.reduce(n.inputs[0], "max", axes, true)};
+  const DType ct = math_dtype(dt);
+  Value* sum = b.reduce(b.convert(n.inputs[0], ct), "sum", axes, true);
+  const double cnt = static_cast<double>(shape_numel(xs) / std::max<int64_t>(xs[0] * xs[1], 1));
+  return {b.convert(b.div(sum, b.scalar(ct, cnt)), dt)};
+}
+
 OpDef global_pool_def(const std::string& name, bool is_max) {
   OpDef d;
   d.name = name;
@@ -774,6 +1063,31 @@ Shape unpool_default_shape(const Node& n, const Shape& x) {
     out.push_back(o);
   }
   return out;
+}
+
+// MaxUnpool: a scatter of x into a zero tensor of the output shape, both flattened. Indices are
+// flat positions in the default unpooled shape; an explicit (static) output_shape keeps their
+// coordinates, so they are re-linearised with div/rem.
+std::vector<Value*> decompose_max_unpool(CoreBuilder& b, const Node& n) {
+  const Shape& out = n.outputs[0]->type.shape;
+  if (!shape_known(out)) b.need_constant(2, "output_shape");
+  const Shape dflt = unpool_default_shape(n, n.inputs[0]->type.shape);
+  const int64_t cnt = shape_numel(n.inputs[0]->type.shape);
+  Value* idx = b.reshape(n.inputs[1], {cnt});
+  if (out != dflt) {
+    const std::vector<int64_t> ds = strides_of(dflt), os = strides_of(out);
+    Value* dst = nullptr;
+    for (size_t d = 0; d < dflt.size(); ++d) {
+      Value* coord = b.binary("rem", b.div(idx, b.scalar(DType::i64, static_cast<double>(ds[d]))),
+                              b.scalar(DType::i64, static_cast<double>(dflt[d])));
+      Value* term = b.mul(coord, b.scalar(DType::i64, static_cast<double>(os[d])));
+      dst = dst ? b.add(dst, term) : term;
+    }
+    idx = dst;
+  }
+  Value* zeros = b.full(n.outputs[0]->type.dtype, {shape_numel(out)}, 0);
+  Value* y = b.emit("scatter", {zeros, idx, b.reshape(n.inputs[0], {cnt})}, {{"axis", int64_t{0}}});
+  return {b.reshape(y, out)};
 }
 
 OpDef max_unpool_def() {
@@ -853,6 +1167,27 @@ OpDef max_unpool_def() {
 
 // Depthwise causal 1-D conv over [past_state, input] (opset 27), optionally followed by SiLU; the
 // last K-1 steps of that concatenation become the next state.
+// CausalConvWithState: a depthwise convolution over [past_state (zeros when absent), x], the
+// bias and SiLU after it (in f32 for narrow floats); the new state is the last K - 1 steps.
+std::vector<Value*> decompose_causal_conv_with_state(CoreBuilder& b, const Node& n) {
+  const DType dt = n.outputs[0]->type.dtype, ct = math_dtype(dt);
+  Value* x = b.convert(n.inputs[0], ct);
+  Value* w = b.convert(n.inputs[1], ct);
+  const Shape& xs = x->type.shape;
+  const int64_t st = w->type.shape[2] - 1, len = xs[2];
+  Value* past = n.has_input(3) ? b.convert(n.inputs[3], ct) : b.full(ct, {xs[0], xs[1], st}, 0);
+  Value* full = st > 0 ? b.concat({past, x}, 2) : x;
+  Value* y = b.emit("convolution", {full, w}, {{"groups", xs[1]}});
+  if (n.has_input(2)) y = add_channel_bias(b, y, n.inputs[2]);
+  const std::string act = n.attr_s("activation", "none");
+  if (act == "silu" || act == "swish")
+    y = b.div(y, b.add(b.scalar(ct, 1), b.unary("exp", b.emit("neg", {y}))));
+  std::vector<Value*> r = {b.convert(y, dt)};
+  if (n.outputs.size() > 1)
+    r.push_back(b.convert(b.slice(full, {0, 0, len}, {xs[0], xs[1], len + st}), dt));
+  return r;
+}
+
 OpDef causal_conv_with_state_def() {
   OpDef d;
   d.name = "CausalConvWithState";
@@ -1037,17 +1372,20 @@ OpDef deform_conv_def() {
 }  // namespace
 
 void register_conv_pool_ops(OpRegistry& r) {
-  r.add(conv_def());
-  r.add(conv_integer_def());
-  r.add(conv_transpose_def());
-  r.add(col2im_def());
-  r.add(pool_def("MaxPool", PoolKind::max, 1));
-  r.add(pool_def("AveragePool", PoolKind::avg, 1));  // opset 1 lacks count_include_pad only
-  r.add(pool_def("LpPool", PoolKind::lp, 2));
-  r.add(global_pool_def("GlobalAveragePool", false));
-  r.add(global_pool_def("GlobalMaxPool", true));
-  r.add(max_unpool_def());
-  r.add(causal_conv_with_state_def());
+  r.add(with_decomposition(conv_def(), decompose_conv));
+  r.add(with_decomposition(conv_integer_def(), decompose_conv_integer));
+  r.add(with_decomposition(conv_transpose_def(), decompose_conv_transpose));
+  r.add(with_decomposition(col2im_def(), decompose_col2im));
+  r.add(with_decomposition(pool_def("MaxPool", PoolKind::max, 1), decompose_pool(PoolKind::max)));
+  // opset 1 lacks count_include_pad only
+  r.add(with_decomposition(pool_def("AveragePool", PoolKind::avg, 1), decompose_pool(PoolKind::avg)));
+  r.add(with_decomposition(pool_def("LpPool", PoolKind::lp, 2), decompose_pool(PoolKind::lp)));
+  r.add(with_decomposition(global_pool_def("GlobalAveragePool", false),
+                           [](CoreBuilder& b, const Node& n) { return decompose_global_pool(b, n, false); }));
+  r.add(with_decomposition(global_pool_def("GlobalMaxPool", true),
+                           [](CoreBuilder& b, const Node& n) { return decompose_global_pool(b, n, true); }));
+  r.add(with_decomposition(max_unpool_def(), decompose_max_unpool));
+  r.add(with_decomposition(causal_conv_with_state_def(), decompose_causal_conv_with_state));
   r.add(deform_conv_def());
 }
 

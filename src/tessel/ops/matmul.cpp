@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <string>
 
 #include "tessel/ops/kernel_util.h"
@@ -113,6 +114,38 @@ Tensor batched_matmul(const Tensor& a, const Tensor& b, DType out_dt) {
   return Tensor::from_i64(out_dt, s.out, ov);
 }
 
+// ---- decomposition helpers ----------------------------------------------------------------------
+
+// Floats narrower than f32 do multi-step math in f32 and round once at the end.
+DType math_dtype(DType t) { return is_float(t) && dtype_size(t) < 4 ? DType::f32 : t; }
+
+// numpy matmul as dot_general: 1-D operands become matrices, batch dims are broadcast explicitly,
+// then one batched contraction of a's last dim with b's second-to-last, reshaped to `want`.
+Value* core_matmul(CoreBuilder& b, Value* x, Value* y, const Shape& want) {
+  auto as_matrix = [&](Value* v, bool row) {
+    if (v->type.shape.size() != 1) return v;
+    const int64_t k = v->type.shape[0];
+    return b.reshape(v, row ? Shape{1, k} : Shape{k, 1});
+  };
+  x = as_matrix(x, true);
+  y = as_matrix(y, false);
+  const Shape& xs = x->type.shape;
+  const Shape& ys = y->type.shape;
+  Shape batch = broadcast_shapes(Shape(xs.begin(), xs.end() - 2), Shape(ys.begin(), ys.end() - 2));
+  const int64_t nb = static_cast<int64_t>(batch.size());
+  Shape x_full = batch, y_full = batch;
+  x_full.insert(x_full.end(), xs.end() - 2, xs.end());
+  y_full.insert(y_full.end(), ys.end() - 2, ys.end());
+  std::vector<int64_t> batch_dims(static_cast<size_t>(nb));
+  std::iota(batch_dims.begin(), batch_dims.end(), 0);
+  Value* r = b.emit("dot_general", {b.broadcast_to(x, x_full), b.broadcast_to(y, y_full)},
+                    {{"lhs_batch", batch_dims},
+                     {"rhs_batch", batch_dims},
+                     {"lhs_contract", std::vector<int64_t>{nb + 1}},
+                     {"rhs_contract", std::vector<int64_t>{nb}}});
+  return b.reshape(r, want);
+}
+
 Cost matmul_cost(const Node& n) {
   Cost c;
   if (!n.inputs[0] || !n.inputs[1] || !n.outputs[0]) return c;
@@ -144,38 +177,35 @@ OpDef matmul_def() {
     c.set_out(0, {a.dtype, matmul_shape(a.shape, b.shape).out});
   };
   d.kernel = [](KernelCtx& c) { c.set_out(0, batched_matmul(c.in(0), c.in(1), c.in(0).dtype())); };
-  // numpy matmul as dot_general: 1-D operands become matrices, batch dims are broadcast explicitly,
-  // then one batched contraction of a's last dim with b's second-to-last.
-  d.decompose = [](CoreBuilder& bld, const Node& n) -> std::vector<Value*> {
-    auto as_matrix = [&](Value* v, bool row) {
-      if (v->type.shape.size() != 1) return v;
-      Shape s = row ? Shape{1, v->type.shape[0]} : Shape{v->type.shape[0], 1};
-      return bld.emit("reshape", {v}, {{"shape", std::vector<int64_t>(s)}});
-    };
-    Value* a = as_matrix(n.inputs[0], true);
-    Value* b = as_matrix(n.inputs[1], false);
-    const Shape& as = a->type.shape;
-    const Shape& bs = b->type.shape;
-    Shape batch = broadcast_shapes(Shape(as.begin(), as.end() - 2), Shape(bs.begin(), bs.end() - 2));
-    const int64_t nb = static_cast<int64_t>(batch.size());
-    Shape a_full = batch, b_full = batch;
-    a_full.insert(a_full.end(), as.end() - 2, as.end());
-    b_full.insert(b_full.end(), bs.end() - 2, bs.end());
-    std::vector<int64_t> batch_dims;
-    for (int64_t i = 0; i < nb; ++i) batch_dims.push_back(i);
-    Value* y = bld.emit("dot_general", {bld.broadcast_to(a, a_full), bld.broadcast_to(b, b_full)},
-                        {{"lhs_batch", batch_dims},
-                         {"rhs_batch", batch_dims},
-                         {"lhs_contract", std::vector<int64_t>{nb + 1}},
-                         {"rhs_contract", std::vector<int64_t>{nb}}});
-    const Shape& want = n.outputs[0]->type.shape;
-    if (y->type.shape != want) y = bld.emit("reshape", {y}, {{"shape", std::vector<int64_t>(want)}});
-    return {y};
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    return {core_matmul(b, n.inputs[0], n.inputs[1], n.outputs[0]->type.shape)};
   };
   return d;
 }
 
 // ---- Gemm ---------------------------------------------------------------------------------------
+
+// alpha * op(A) op(B) + beta * C. Integer Gemm with a scale computes the scaled sum in f64 and
+// truncates (the kernel's rule); narrow floats compute in f32.
+std::vector<Value*> decompose_gemm(CoreBuilder& b, const Node& n) {
+  const DType dt = n.outputs[0]->type.dtype;
+  const double alpha = n.attr_f("alpha", 1.0), beta = n.attr_f("beta", 1.0);
+  const bool has_c = n.has_input(2);
+  const bool int_scaled = is_int(dt) && (alpha != 1.0 || (has_c && beta != 1.0));
+  const DType ct = int_scaled ? DType::f64 : math_dtype(dt);
+  auto operand = [&](int i) { return is_int(dt) ? n.inputs[i] : b.convert(n.inputs[i], ct); };
+  const int64_t ka = n.attr_i("transA", 0) != 0 ? 0 : 1, kb = n.attr_i("transB", 0) != 0 ? 1 : 0;
+  Value* y = b.emit("dot_general", {operand(0), operand(1)},
+                    {{"lhs_contract", std::vector<int64_t>{ka}}, {"rhs_contract", std::vector<int64_t>{kb}}});
+  y = b.convert(y, ct);
+  if (alpha != 1.0) y = b.mul(y, b.scalar(ct, alpha));
+  if (has_c) {
+    Value* c = b.convert(n.inputs[2], ct);
+    if (beta != 1.0) c = b.mul(c, b.scalar(ct, beta));
+    y = b.add(y, b.broadcast_to(c, y->type.shape));
+  }
+  return {b.convert(y, dt)};
+}
 
 OpDef gemm_def() {
   OpDef d;
@@ -292,6 +322,22 @@ OpDef gemm_def() {
 }
 
 // ---- MatMulInteger ------------------------------------------------------------------------------
+
+// Both operands widened to i32 minus their zero points (a's per row, b's per column), then a
+// numpy matmul in i32 (wrapping like the kernel's int64 sum truncated to i32).
+std::vector<Value*> decompose_matmul_integer(CoreBuilder& b, const Node& n) {
+  auto shifted = [&](int i, int zp, bool per_row) {
+    Value* x = b.convert(n.inputs[i], DType::i32);
+    if (!n.has_input(zp)) return x;
+    Value* z = b.convert(n.inputs[zp], DType::i32);
+    const int64_t cnt = shape_numel(z->type.shape);
+    z = b.reshape(z, cnt == 1 ? Shape{} : per_row ? Shape{cnt, 1} : Shape{cnt});
+    return b.sub(x, b.broadcast_to(z, x->type.shape));
+  };
+  Value* a = shifted(0, 2, n.inputs[0]->type.shape.size() >= 2);
+  Value* c = shifted(1, 3, false);
+  return {core_matmul(b, a, c, n.outputs[0]->type.shape)};
+}
 
 OpDef matmul_integer_def() {
   OpDef d;
@@ -466,6 +512,89 @@ EinsumPlan plan_einsum(const std::string& eq_raw, const std::vector<Shape>& shap
   return p;
 }
 
+// Einsum as core ops: per operand, repeated labels take the diagonal (select on an iota mask, then
+// a sum), every dim is broadcast to its label's extent (ellipsis dims of size 1) and labels no
+// other operand nor the output uses are summed; then the operands are folded left to right with
+// one dot_general each (shared labels still needed later are batch dims, the others are
+// contracted), and a transpose puts the labels in output order.
+std::vector<Value*> decompose_einsum(CoreBuilder& b, const Node& n) {
+  std::vector<Shape> shapes;
+  for (const Value* v : n.inputs) shapes.push_back(v->type.shape);
+  const EinsumPlan p = plan_einsum(n.attr_s("equation"), shapes);
+  struct Term {
+    Value* v;
+    std::vector<int> labels;
+  };
+  auto pos = [](const std::vector<int>& ls, int l) {
+    return static_cast<int64_t>(std::find(ls.begin(), ls.end(), l) - ls.begin());
+  };
+  auto has = [&](const std::vector<int>& ls, int l) { return pos(ls, l) < static_cast<int64_t>(ls.size()); };
+  std::vector<Term> terms;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    Term t{n.inputs[i], p.in_labels[i]};
+    for (size_t d = 0; d < t.labels.size(); ++d) {
+      const int64_t e = pos(std::vector<int>(t.labels.begin() + d + 1, t.labels.end()), t.labels[d]);
+      if (d + 1 + e >= t.labels.size()) continue;
+      const int64_t j = static_cast<int64_t>(d + 1) + e;
+      const Shape& s = t.v->type.shape;
+      Value* on_diag = b.compare("eq", b.iota(DType::i64, s, static_cast<int64_t>(d)), b.iota(DType::i64, s, j));
+      t.v = b.reduce(b.select(on_diag, t.v, b.full(t.v->type.dtype, s, 0)), "sum", {j}, false);
+      t.labels.erase(t.labels.begin() + j);
+      --d;  // the label may repeat a third time
+    }
+    Shape full;
+    for (int l : t.labels) full.push_back(p.size.at(l));
+    t.v = b.broadcast_to(t.v, full);
+    terms.push_back(std::move(t));
+  }
+  // Is label l used by the output or by a term other than `self`, from term `from` on?
+  auto used_elsewhere = [&](int l, size_t self, size_t from) {
+    if (has(p.out_labels, l)) return true;
+    for (size_t k = from; k < terms.size(); ++k)
+      if (k != self && has(terms[k].labels, l)) return true;
+    return false;
+  };
+  for (size_t i = 0; i < terms.size(); ++i) {
+    std::vector<int64_t> axes;
+    std::vector<int> kept;
+    for (size_t d = 0; d < terms[i].labels.size(); ++d) {
+      if (used_elsewhere(terms[i].labels[d], i, 0))
+        kept.push_back(terms[i].labels[d]);
+      else
+        axes.push_back(static_cast<int64_t>(d));
+    }
+    if (!axes.empty()) terms[i] = {b.reduce(terms[i].v, "sum", axes, false), kept};
+  }
+  Term cur = terms[0];
+  for (size_t k = 1; k < terms.size(); ++k) {
+    const Term& o = terms[k];
+    std::vector<int64_t> lb, rb, lc, rc;
+    std::vector<int> batch, lfree, rfree;
+    for (int l : cur.labels) {
+      if (!has(o.labels, l)) {
+        lfree.push_back(l);
+      } else if (used_elsewhere(l, k, k + 1)) {
+        batch.push_back(l);
+        lb.push_back(pos(cur.labels, l));
+        rb.push_back(pos(o.labels, l));
+      } else {
+        lc.push_back(pos(cur.labels, l));
+        rc.push_back(pos(o.labels, l));
+      }
+    }
+    for (int l : o.labels)
+      if (!has(cur.labels, l)) rfree.push_back(l);
+    cur.v = b.emit("dot_general", {cur.v, o.v},
+                   {{"lhs_batch", lb}, {"rhs_batch", rb}, {"lhs_contract", lc}, {"rhs_contract", rc}});
+    cur.labels = batch;
+    cur.labels.insert(cur.labels.end(), lfree.begin(), lfree.end());
+    cur.labels.insert(cur.labels.end(), rfree.begin(), rfree.end());
+  }
+  std::vector<int64_t> perm;
+  for (int l : p.out_labels) perm.push_back(pos(cur.labels, l));
+  return {b.reshape(b.transpose(cur.v, perm), n.outputs[0]->type.shape)};
+}
+
 OpDef einsum_def() {
   OpDef d;
   d.name = "Einsum";
@@ -553,6 +682,43 @@ OpDef einsum_def() {
 
 // ---- Det ----------------------------------------------------------------------------------------
 
+// Det by the Leibniz formula over the n! permutations, unrolled on per-element slices. Only small
+// matrices: larger ones need pivoted elimination, whose pivot choice is data-dependent.
+constexpr int64_t kMaxUnrolledDet = 4;
+
+std::vector<Value*> decompose_det(CoreBuilder& b, const Node& n) {
+  const DType dt = n.outputs[0]->type.dtype, ct = math_dtype(dt);
+  Value* x = b.convert(n.inputs[0], ct);
+  const Shape s = x->type.shape;
+  const Shape batch = n.outputs[0]->type.shape;
+  const int64_t m = s.back();
+  if (m > kMaxUnrolledDet)
+    unsupported("Det of {}x{} matrices (the core form unrolls the Leibniz formula up to {}x{})", m, m,
+                kMaxUnrolledDet, kMaxUnrolledDet);
+  auto elem = [&](int64_t i, int64_t j) {
+    std::vector<int64_t> starts(s.size(), 0), stops(s.begin(), s.end());
+    starts[s.size() - 2] = i;
+    stops[s.size() - 2] = i + 1;
+    starts[s.size() - 1] = j;
+    stops[s.size() - 1] = j + 1;
+    return b.reshape(b.slice(x, starts, stops), batch);
+  };
+  std::vector<int64_t> perm(static_cast<size_t>(m));
+  std::iota(perm.begin(), perm.end(), 0);
+  if (m == 0) return {b.convert(b.full(ct, batch, 1), dt)};
+  Value* sum = nullptr;
+  do {
+    Value* t = elem(0, perm[0]);
+    for (int64_t r = 1; r < m; ++r) t = b.mul(t, elem(r, perm[r]));
+    int inversions = 0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = i + 1; j < m; ++j) inversions += perm[i] > perm[j];
+    if (inversions % 2) t = b.emit("neg", {t});
+    sum = sum ? b.add(sum, t) : t;
+  } while (std::next_permutation(perm.begin(), perm.end()));
+  return {b.convert(sum, dt)};
+}
+
 OpDef det_def() {
   OpDef d;
   d.name = "Det";
@@ -608,10 +774,10 @@ OpDef det_def() {
 
 void register_matmul_ops(OpRegistry& r) {
   r.add(matmul_def());
-  r.add(gemm_def());
-  r.add(matmul_integer_def());
-  r.add(einsum_def());
-  r.add(det_def());
+  r.add(with_decomposition(gemm_def(), decompose_gemm));
+  r.add(with_decomposition(matmul_integer_def(), decompose_matmul_integer));
+  r.add(with_decomposition(einsum_def(), decompose_einsum));
+  r.add(with_decomposition(det_def(), decompose_det));
 }
 
 }  // namespace tessel
