@@ -5,9 +5,16 @@
 #include <numeric>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
+
+// Decomposition helpers defined in shape.cpp.
+Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims);
+Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int64_t>& idx);
+OpDef with_static_decomposition(OpDef d, DecomposeFn f, bool dynamic_inputs = false);
+
 namespace {
 
 // These kernels move elements without converting them, so copying raw bytes keeps every dtype
@@ -74,6 +81,28 @@ void gather_kernel(KernelCtx& c) {
   c.set_out(0, std::move(y));
 }
 
+// data [outer, n, inner] gathered along axis 1 with the indices flattened to [m] and broadcast to
+// [outer, m, inner] (core gather wraps negative indices once, as Gather does); constant indices
+// become slices where they can.
+std::vector<Value*> decompose_gather(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape& ds = x->type.shape;
+  const Shape& out = n.outputs[0]->type.shape;
+  const int r = static_cast<int>(ds.size());
+  const int axis = normalize_axis(n.attr_i("axis", 0), r);
+  if (auto c = b.known(1)) {
+    std::vector<int64_t> idx = c->to_i64();
+    for (auto& i : idx) i = fix_index(i, ds[axis], "Gather index");
+    return {b.reshape(take_along_axis(b, x, axis, idx), out)};
+  }
+  const int64_t outer = prod(ds, 0, axis), inner = prod(ds, axis + 1, r);
+  const int64_t m = shape_numel(n.inputs[1]->type.shape);
+  Value* idx = b.reshape(n.inputs[1], {m});
+  Value* data = b.reshape(x, {outer, ds[axis], inner});
+  Value* y = b.emit("gather", {data, broadcast_into(b, idx, {outer, m, inner}, {1})}, {{"axis", int64_t{1}}});
+  return {b.reshape(y, out)};
+}
+
 // ---- GatherElements -------------------------------------------------------------------------
 
 void gather_elements_infer(InferCtx& c) {
@@ -110,6 +139,42 @@ void gather_elements_kernel(KernelCtx& c) {
     }
   }
   c.set_out(0, std::move(y));
+}
+
+// Core gather is GatherElements (negative indices wrap once in both).
+std::vector<Value*> decompose_gather_elements(CoreBuilder& b, const Node& n) {
+  const int r = static_cast<int>(n.inputs[0]->type.shape.size());
+  const int64_t axis = normalize_axis(n.attr_i("axis", 0), r);
+  return {b.emit("gather", {n.inputs[0], n.inputs[1]}, {{"axis", axis}})};
+}
+
+// Index tuples along idx's last axis, each a position in `dims` (negative components count from
+// the end), as row-major linear positions (i64, shape idx.shape[:-1]).
+Value* linear_index(CoreBuilder& b, Value* idx, const Shape& dims) {
+  Value* i = b.convert(idx, DType::i64);
+  const Shape& s = i->type.shape;
+  const int64_t k = static_cast<int64_t>(dims.size()), last = static_cast<int64_t>(s.size()) - 1;
+  auto along_last = [&](const std::vector<int64_t>& v) {
+    return broadcast_into(b, b.constant(Tensor::from_i64(DType::i64, {k}, v)), s, {last});
+  };
+  i = b.select(b.compare("lt", i, b.full(DType::i64, s, 0)), b.add(i, along_last(dims)), i);
+  return b.reduce(b.mul(i, along_last(strides_of(dims))), "sum", {last}, false);
+}
+
+// data flattened to [batch, indexed positions, rest] and gathered along axis 1 with the linear
+// positions broadcast over `rest`.
+std::vector<Value*> decompose_gathernd(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape& ds = x->type.shape;
+  const Shape& out = n.outputs[0]->type.shape;
+  const size_t bd = static_cast<size_t>(n.attr_i("batch_dims", 0));
+  const size_t k = static_cast<size_t>(n.inputs[1]->type.shape.back()), r = ds.size();
+  const int64_t nb = prod(ds, 0, bd), rest = prod(ds, bd + k, r);
+  Value* lin = linear_index(b, n.inputs[1], Shape(ds.begin() + bd, ds.begin() + bd + k));
+  const int64_t m = nb ? shape_numel(lin->type.shape) / nb : 0;
+  Value* data = b.reshape(x, {nb, prod(ds, bd, bd + k), rest});
+  Value* idx = broadcast_into(b, b.reshape(lin, {nb, m}), {nb, m, rest}, {0, 1});
+  return {b.reshape(b.emit("gather", {data, idx}, {{"axis", int64_t{1}}}), out)};
 }
 
 // ---- GatherND -------------------------------------------------------------------------------
@@ -238,6 +303,14 @@ void scatter_elements_kernel(KernelCtx& c) {
   c.set_out(0, std::move(y));
 }
 
+// Core scatter is ScatterElements with the same reductions.
+std::vector<Value*> decompose_scatter_elements(CoreBuilder& b, const Node& n) {
+  const int r = static_cast<int>(n.inputs[0]->type.shape.size());
+  const int64_t axis = normalize_axis(n.attr_i("axis", 0), r);
+  return {b.emit("scatter", {n.inputs[0], n.inputs[1], n.inputs[2]},
+                 {{"axis", axis}, {"reduction", n.attr_s("reduction", "none")}})};
+}
+
 void scatternd_infer(InferCtx& c) {
   const auto& d = c.in(0);
   const auto& ix = c.in(1);
@@ -287,6 +360,20 @@ void scatternd_kernel(KernelCtx& c) {
     }
   }
   c.set_out(0, std::move(y));
+}
+
+// data flattened to [indexed positions, rest]; each update row scatters to its linear position.
+std::vector<Value*> decompose_scatternd(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape& ds = x->type.shape;
+  const size_t k = static_cast<size_t>(n.inputs[1]->type.shape.back());
+  const int64_t rest = prod(ds, k, ds.size());
+  Value* lin = linear_index(b, n.inputs[1], Shape(ds.begin(), ds.begin() + k));
+  const int64_t m = shape_numel(lin->type.shape);
+  Value* idx = broadcast_into(b, b.reshape(lin, {m}), {m, rest}, {0});
+  Value* y = b.emit("scatter", {b.reshape(x, {prod(ds, 0, k), rest}), idx, b.reshape(n.inputs[2], {m, rest})},
+                    {{"axis", int64_t{0}}, {"reduction", n.attr_s("reduction", "none")}});
+  return {b.reshape(y, ds)};
 }
 
 // ---- TensorScatter --------------------------------------------------------------------------
@@ -342,6 +429,20 @@ void tensor_scatter_kernel(KernelCtx& c) {
   c.set_out(0, std::move(y));
 }
 
+// A scatter along the axis at positions write_indices[batch] + s (mod the cache length if circular).
+std::vector<Value*> decompose_tensor_scatter(CoreBuilder& b, const Node& n) {
+  Value* cache = n.inputs[0];
+  const Shape& us = n.inputs[1]->type.shape;
+  const int64_t axis = normalize_axis(n.attr_i("axis", -2), static_cast<int>(us.size()));
+  Value* pos = b.iota(DType::i64, us, axis);
+  if (n.has_input(2)) pos = b.add(pos, broadcast_into(b, n.inputs[2], us, {0}));
+  if (n.attr_s("mode", "linear") == "circular") {
+    Value* len = b.full(DType::i64, us, static_cast<double>(cache->type.shape[axis]));
+    pos = b.binary("rem", b.add(b.binary("rem", pos, len), len), len);
+  }
+  return {b.emit("scatter", {cache, pos, n.inputs[1]}, {{"axis", axis}})};
+}
+
 // ---- NonZero --------------------------------------------------------------------------------
 
 Tensor nonzero_of(const Tensor& x) {
@@ -359,6 +460,7 @@ Tensor nonzero_of(const Tensor& x) {
   return y;
 }
 
+// NonZero has no decomposition: its output length is the number of non-zeros, known only at run time.
 void nonzero_infer(InferCtx& c) {
   if (const Tensor* v = c.value(0)) return c.set_out_value(0, nonzero_of(*v));
   c.set_out(0, {DType::i64, {static_cast<int64_t>(c.in(0).shape.size()), kUnknownDim}});
@@ -366,15 +468,44 @@ void nonzero_infer(InferCtx& c) {
 
 // ---- Compress -------------------------------------------------------------------------------
 
+// The positions a condition keeps along an axis of size n (unknown: -1).
+std::vector<int64_t> compress_positions(const Tensor& cond, int64_t n) {
+  std::vector<int64_t> keep;
+  for (int64_t i = 0; i < cond.numel(); ++i)
+    if (cond.get_i(i)) {
+      if (n >= 0 && i >= n) fail("Compress condition selects index {} but the axis has size {}", i, n);
+      keep.push_back(i);
+    }
+  return keep;
+}
+
+// The output length is static only when the condition is known at compile time.
 void compress_infer(InferCtx& c) {
   const auto& x = c.in(0);
   if (c.in(1).dtype != DType::boolean) fail("Compress condition must be bool");
   if (c.in(1).shape.size() != 1) fail("Compress condition must be 1-D");
-  if (!c.node().has_attr("axis")) return c.set_out(0, {x.dtype, {kUnknownDim}});
-  Shape s = x.shape;
-  if (s.empty()) fail("Compress with an axis needs an input of rank >= 1, got a scalar");
-  s[normalize_axis(c.node().attr_i("axis"), static_cast<int>(s.size()))] = kUnknownDim;
+  Shape s = {shape_numel(x.shape)};
+  int axis = 0;
+  if (c.node().has_attr("axis")) {
+    s = x.shape;
+    if (s.empty()) fail("Compress with an axis needs an input of rank >= 1, got a scalar");
+    axis = normalize_axis(c.node().attr_i("axis"), static_cast<int>(s.size()));
+  }
+  const Tensor* cond = c.value(1);
+  s[axis] = cond ? static_cast<int64_t>(compress_positions(*cond, s[axis]).size()) : kUnknownDim;
   c.set_out(0, {x.dtype, s});
+}
+
+// Called only when the condition is a compile-time constant (else the output length is unknown).
+std::vector<Value*> decompose_compress(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  int axis = 0;
+  if (n.has_attr("axis"))
+    axis = normalize_axis(n.attr_i("axis"), static_cast<int>(x->type.shape.size()));
+  else
+    x = b.reshape(x, {shape_numel(x->type.shape)});
+  const Tensor& cond = b.need_constant(1, "Compress condition");
+  return {take_along_axis(b, x, axis, compress_positions(cond, x->type.shape[axis]))};
 }
 
 void compress_kernel(KernelCtx& c) {
@@ -388,12 +519,7 @@ void compress_kernel(KernelCtx& c) {
     x = x.reshaped({x.numel()});
   }
   const int64_t n = x.dim(axis);
-  std::vector<int64_t> keep;
-  for (int64_t i = 0; i < cond.numel(); ++i)
-    if (cond.get_i(i)) {
-      if (i >= n) fail("Compress condition selects index {} but the axis has size {}", i, n);
-      keep.push_back(i);
-    }
+  const std::vector<int64_t> keep = compress_positions(cond, n);
   const int64_t outer = prod(x.shape(), 0, axis), inner = prod(x.shape(), axis + 1, x.rank());
   Shape s = x.shape();
   s[axis] = static_cast<int64_t>(keep.size());
@@ -455,8 +581,27 @@ void onehot_kernel(KernelCtx& c) {
   c.set_out(0, std::move(y));
 }
 
+// The on value where the iota along the new axis equals the index (negative ones wrapped once;
+// float indices truncate toward zero), else the off value.
+std::vector<Value*> decompose_onehot(CoreBuilder& b, const Node& n) {
+  const Shape& is = n.inputs[0]->type.shape;
+  const Shape& out = n.outputs[0]->type.shape;
+  const int axis = normalize_axis(n.attr_i("axis", -1), static_cast<int>(is.size()) + 1);
+  const int64_t depth = out[axis];
+  Value* k = b.convert(n.inputs[0], DType::i64);
+  k = b.select(b.compare("lt", k, b.full(DType::i64, is, 0)), b.add(k, b.full(DType::i64, is, static_cast<double>(depth))), k);
+  Shape ks = is;
+  ks.insert(ks.begin() + axis, 1);
+  Value* hit = b.compare("eq", b.broadcast_to(b.reshape(k, ks), out), b.iota(DType::i64, out, axis));
+  Value* vals = n.inputs[2];
+  Value* off = b.reshape(b.slice(vals, {0}, {1}), {});
+  Value* on = b.reshape(b.slice(vals, {1}, {2}), {});
+  return {b.select(hit, on, off)};
+}
+
 // ---- Unique ---------------------------------------------------------------------------------
 
+// Unique has no decomposition: the number of distinct values is only known at run time.
 void unique_infer(InferCtx& c) {
   const auto& x = c.in(0);
   const auto& n = c.node();
@@ -559,28 +704,34 @@ void unique_kernel(KernelCtx& c) {
 void register_index_ops(OpRegistry& r) {
   // Gather, GatherElements and GatherND only widened their index ranges (negative indices)
   // and dtypes across opsets, which this entry accepts, so the oldest forms import as is.
-  r.add(make_op("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel,
-             FusionKind::injective));
-  r.add(make_op("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}}, gather_elements_infer,
-             gather_elements_kernel, FusionKind::injective));
-  {
-    OpDef d = make_op("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer,
-                   gathernd_kernel, FusionKind::injective);
-    r.add(std::move(d));
-  }
+  r.add(with_static_decomposition(make_op("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel,
+                                   FusionKind::injective),
+                           decompose_gather));
+  r.add(with_static_decomposition(make_op("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}}, gather_elements_infer,
+                                   gather_elements_kernel, FusionKind::injective),
+                           decompose_gather_elements));
+  r.add(with_static_decomposition(make_op("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer,
+                                   gathernd_kernel, FusionKind::injective),
+                           decompose_gathernd));
   // ScatterElements 11 (no reduction) and 16 (add/mul) are subsets of 18.
-  r.add(make_op("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}},
-             scatter_elements_infer, scatter_elements_kernel));
-  r.add(make_op("Scatter", 9, 3, 3, {{"axis", AttrKind::i}}, scatter_elements_infer,
-             scatter_elements_kernel));
-  r.add(
-      make_op("ScatterND", 11, 3, 3, {{"reduction", AttrKind::s}}, scatternd_infer, scatternd_kernel));
-  r.add(make_op("TensorScatter", 24, 2, 3, {{"axis", AttrKind::i}, {"mode", AttrKind::s}},
-             tensor_scatter_infer, tensor_scatter_kernel));
+  r.add(with_static_decomposition(make_op("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}},
+                                   scatter_elements_infer, scatter_elements_kernel),
+                           decompose_scatter_elements));
+  r.add(with_static_decomposition(
+      make_op("Scatter", 9, 3, 3, {{"axis", AttrKind::i}}, scatter_elements_infer, scatter_elements_kernel),
+      decompose_scatter_elements));
+  r.add(with_static_decomposition(
+      make_op("ScatterND", 11, 3, 3, {{"reduction", AttrKind::s}}, scatternd_infer, scatternd_kernel),
+      decompose_scatternd));
+  r.add(with_static_decomposition(make_op("TensorScatter", 24, 2, 3, {{"axis", AttrKind::i}, {"mode", AttrKind::s}},
+                                   tensor_scatter_infer, tensor_scatter_kernel),
+                           decompose_tensor_scatter));
   r.add(make_op("NonZero", 9, 1, 1, {}, nonzero_infer,
              [](KernelCtx& c) { c.set_out(0, nonzero_of(c.in(0))); }));
-  r.add(make_op("Compress", 9, 2, 2, {{"axis", AttrKind::i}}, compress_infer, compress_kernel));
-  r.add(make_op("OneHot", 9, 3, 3, {{"axis", AttrKind::i}}, onehot_infer, onehot_kernel));
+  r.add(with_static_decomposition(
+      make_op("Compress", 9, 2, 2, {{"axis", AttrKind::i}}, compress_infer, compress_kernel), decompose_compress));
+  r.add(with_static_decomposition(make_op("OneHot", 9, 3, 3, {{"axis", AttrKind::i}}, onehot_infer, onehot_kernel),
+                           decompose_onehot));
   {
     OpDef d = make_op("Unique", 11, 1, 1, {{"axis", AttrKind::i}, {"sorted", AttrKind::i}},
                    unique_infer, unique_kernel);

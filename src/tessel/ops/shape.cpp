@@ -6,10 +6,82 @@
 #include <numeric>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
+
+// ---- decomposition helpers (index.cpp declares and uses them too) ------------------------------
+
+// `d` with hook `f`, which the core level can only apply where shapes are static: a result (and,
+// unless `dynamic_inputs`, an operand) with an unknown dim makes the node unsupported there.
+OpDef with_static_decomposition(OpDef d, DecomposeFn f, bool dynamic_inputs = false) {
+  return with_decomposition(std::move(d), [f, dynamic_inputs](CoreBuilder& b, const Node& n) {
+    std::vector<Value*> vs = n.outputs;
+    if (!dynamic_inputs) vs.insert(vs.end(), n.inputs.begin(), n.inputs.end());
+    for (const Value* v : vs)
+      if (v && !shape_known(v->type.shape))
+        unsupported("'{}' has type {}: the core level needs static shapes", v->name, v->type.str());
+    return f(b, n);
+  });
+}
+
+// `v` broadcast_in_dim'ed to `shape`, operand dim i going to output dim dims[i]; `v` if unchanged.
+Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims) {
+  if (v->type.shape == shape) return v;
+  return b.emit("broadcast_in_dim", {v}, {{"shape", std::vector<int64_t>(shape)}, {"dims", dims}});
+}
+
+// x's slices at the compile-time positions `idx` (each in [0, dim)) along `axis`, in order. Runs
+// of evenly spaced positions become strided slices (a repeated position: a slice broadcast), which
+// are concatenated; when that takes many pieces, one gather with the positions broadcast over the
+// other dims instead.
+Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int64_t>& idx) {
+  const Shape& s = x->type.shape;
+  const int64_t m = static_cast<int64_t>(idx.size());
+  std::vector<int64_t> starts(s.size(), 0), stops = s, strides(s.size(), 1);
+  struct Run {
+    int64_t first, step, len;
+  };
+  std::vector<Run> runs;
+  for (int64_t i = 0; i < m;) {
+    int64_t step = i + 1 < m ? idx[i + 1] - idx[i] : 1, len = 1;
+    while (i + len < m && idx[i + len] - idx[i + len - 1] == step) ++len;
+    runs.push_back({idx[i], len == 1 ? 1 : step, len});
+    i += len;
+  }
+  if (runs.size() > 8) {
+    Value* pos = b.constant(Tensor::from_i64(DType::i64, {m}, idx));
+    Shape is = s;
+    is[axis] = m;
+    return b.emit("gather", {x, broadcast_into(b, pos, is, {axis})}, {{"axis", int64_t{axis}}});
+  }
+  if (runs.empty()) {  // nothing taken: an empty slice
+    stops[axis] = 0;
+    return b.slice(x, starts, stops);
+  }
+  std::vector<Value*> parts;
+  for (const Run& r : runs) {
+    starts[axis] = r.first;
+    strides[axis] = r.step == 0 ? 1 : r.step;
+    stops[axis] = r.step == 0 ? r.first + 1 : r.first + (r.len - 1) * r.step + (r.step > 0 ? 1 : -1);
+    Value* piece = b.slice(x, starts, stops, strides);
+    if (r.step == 0) {
+      Shape ps = piece->type.shape;
+      ps[axis] = r.len;
+      piece = b.broadcast_to(piece, ps);
+    }
+    parts.push_back(piece);
+  }
+  return b.concat(parts, axis);
+}
+
 namespace {
+
+// The node's output as a reshape of its input 0 (Reshape, Flatten, Squeeze, Unsqueeze).
+std::vector<Value*> decompose_reshape(CoreBuilder& b, const Node& n) {
+  return {b.reshape(n.inputs[0], n.outputs[0]->type.shape)};
+}
 
 using Ints = std::vector<int64_t>;
 
@@ -222,6 +294,11 @@ OpDef transpose_op() {
   return d;
 }
 
+std::vector<Value*> decompose_transpose(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  return {b.transpose(x, transpose_perm(n, static_cast<int>(x->type.shape.size())))};
+}
+
 // ---- Squeeze / Unsqueeze -----------------------------------------------------------------------
 
 Shape squeeze_shape(const Shape& in, const std::optional<Ints>& axes) {
@@ -391,6 +468,11 @@ OpDef concat_op() {
   return d;
 }
 
+std::vector<Value*> decompose_concat(CoreBuilder& b, const Node& n) {
+  const int r = static_cast<int>(n.inputs[0]->type.shape.size());
+  return {b.concat(n.inputs, normalize_axis(n.attr_i("axis"), r))};
+}
+
 // ---- Split -------------------------------------------------------------------------------------
 
 // Sizes of the pieces along the axis; nullopt when they depend on an unknown value.
@@ -472,6 +554,25 @@ OpDef split_op() {
     }
   };
   return d;
+}
+
+// One slice per output (the sizes come from the split input or the attributes, so that omitted
+// outputs, which have no type, are skipped correctly).
+std::vector<Value*> decompose_split(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape& s = x->type.shape;
+  const int ax = normalize_axis(n.attr_i("axis", 0), static_cast<int>(s.size()));
+  std::optional<Ints> split;
+  if (n.has_input(1)) split = tensor_ints(b.need_constant(1, "Split sizes"));
+  Ints starts(s.size(), 0), stops = s;
+  std::vector<Value*> outs;
+  const Ints sizes = *split_sizes(n, s[ax], split, static_cast<int>(n.outputs.size()));
+  for (int64_t size : sizes) {
+    stops[ax] = starts[ax] + size;
+    outs.push_back(b.slice(x, starts, stops));
+    starts[ax] = stops[ax];
+  }
+  return outs;
 }
 
 // ---- Slice -------------------------------------------------------------------------------------
@@ -576,6 +677,24 @@ OpDef slice_op() {
   return d;
 }
 
+// One core slice; a negative step is a negative stride (stop -1 reaches element 0).
+std::vector<Value*> decompose_slice(CoreBuilder& b, const Node& n) {
+  std::optional<Ints> axes, steps;
+  if (n.has_input(3)) axes = tensor_ints(b.need_constant(3, "Slice axes"));
+  if (n.has_input(4)) steps = tensor_ints(b.need_constant(4, "Slice steps"));
+  Value* x = n.inputs[0];
+  auto plan = slice_plan(x->type.shape, tensor_ints(b.need_constant(1, "Slice starts")),
+                         tensor_ints(b.need_constant(2, "Slice ends")), axes, steps);
+  Ints starts, stops, strides;
+  for (const SliceAxis& p : plan) {
+    const int64_t step = p.count > 1 ? p.step : 1, start = p.count > 0 ? p.start : 0;
+    starts.push_back(start);
+    strides.push_back(step);
+    stops.push_back(p.count > 0 ? start + (p.count - 1) * step + (step > 0 ? 1 : -1) : start);
+  }
+  return {b.slice(x, starts, stops, strides)};
+}
+
 // ---- Expand / Tile -----------------------------------------------------------------------------
 
 OpDef expand_op() {
@@ -638,6 +757,24 @@ OpDef tile_op() {
   return d;
 }
 
+std::vector<Value*> decompose_expand(CoreBuilder& b, const Node& n) {
+  return {b.broadcast_to(n.inputs[0], n.outputs[0]->type.shape)};
+}
+
+// x [d0, d1, ...] broadcast to [r0, d0, r1, d1, ...] (r = repeats), then merged into [r0*d0, ...].
+std::vector<Value*> decompose_tile(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape &in = x->type.shape, &out = n.outputs[0]->type.shape;
+  Shape wide;
+  Ints dims;
+  for (size_t i = 0; i < in.size(); ++i) {
+    wide.push_back(in[i] == 0 ? 1 : out[i] / in[i]);
+    dims.push_back(static_cast<int64_t>(wide.size()));
+    wide.push_back(in[i]);
+  }
+  return {b.reshape(broadcast_into(b, x, wide, dims), out)};
+}
+
 // ---- Pad ---------------------------------------------------------------------------------------
 
 // Full per-axis [begin..., end...] pads from the pads input and optional axes.
@@ -694,6 +831,40 @@ int64_t pad_source(int64_t p, int64_t d, int mode) {
   }
 }
 
+int pad_mode(const Node& n) {
+  std::string m = n.attr_s("mode", "constant");
+  if (m == "constant") return 0;
+  if (m == "edge") return 1;
+  if (m == "reflect") return 2;
+  if (m == "wrap") return 3;
+  fail("unknown Pad mode '{}'", m);
+}
+
+// constant: one core pad (negative pads crop); edge, reflect, wrap: per axis, the source positions
+// of the padded axis taken with slices and concatenated.
+std::vector<Value*> decompose_pad(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape &in = x->type.shape, &out = n.outputs[0]->type.shape;
+  const int r = static_cast<int>(in.size()), mode = pad_mode(n);
+  std::optional<Ints> axes;
+  if (n.has_input(3)) axes = tensor_ints(b.need_constant(3, "Pad axes"));
+  Ints full = full_pads(r, tensor_ints(b.need_constant(1, "pads")), axes);
+  if (mode == 0) {
+    if (std::all_of(full.begin(), full.end(), [](int64_t p) { return p == 0; })) return {x};
+    Value* v = n.has_input(2) ? b.reshape(n.inputs[2], {}) : b.scalar(x->type.dtype, 0);
+    return {b.emit("pad", {x, v},
+                   {{"low", Ints(full.begin(), full.begin() + r)}, {"high", Ints(full.begin() + r, full.end())}})};
+  }
+  Value* y = x;
+  for (int k = 0; k < r; ++k) {
+    if (in[k] == 0 && out[k] > 0) fail("cannot {} pad an empty axis", n.attr_s("mode"));
+    Ints idx;
+    for (int64_t o = 0; o < out[k]; ++o) idx.push_back(pad_source(o - full[k], in[k], mode));
+    y = take_along_axis(b, y, k, idx);
+  }
+  return {y};
+}
+
 OpDef pad_op() {
   OpDef d = make_op("Pad", 2, 4, 11,
                     {{"mode", AttrKind::s}, {"pads", AttrKind::ints}, {"value", AttrKind::f}});
@@ -709,14 +880,7 @@ OpDef pad_op() {
       n.inputs[2] = g.add_constant(g.unique_name(n.name + "_value"), Tensor::scalar_f(dt, v));
     }
   };
-  auto mode_of = [](const Node& n) {
-    std::string m = n.attr_s("mode", "constant");
-    if (m == "constant") return 0;
-    if (m == "edge") return 1;
-    if (m == "reflect") return 2;
-    if (m == "wrap") return 3;
-    fail("unknown Pad mode '{}'", m);
-  };
+  auto mode_of = pad_mode;
   d.infer = [mode_of](InferCtx& c) {
     reject_attr(c.node(), "pads");
     reject_attr(c.node(), "value");
@@ -816,6 +980,21 @@ OpDef size_op() {
   return d;
 }
 
+// The value is known from the static input shape.
+std::vector<Value*> decompose_shape(CoreBuilder& b, const Node& n) {
+  const Shape& in = n.inputs[0]->type.shape;
+  auto [s, e] = shape_range(n, static_cast<int64_t>(in.size()));
+  Ints v(in.begin() + s, in.begin() + e);
+  if (!shape_known(v)) unsupported("Shape of {}, which has unknown dims", shape_str(in));
+  return {b.constant(i64_vector(v))};
+}
+
+std::vector<Value*> decompose_size(CoreBuilder& b, const Node& n) {
+  const int64_t numel = shape_numel(n.inputs[0]->type.shape);
+  if (numel < 0) unsupported("Size of {}, which has unknown dims", shape_str(n.inputs[0]->type.shape));
+  return {b.constant(Tensor::scalar_i(DType::i64, numel))};
+}
+
 // ---- ConstantOfShape / Range / EyeLike / Trilu -------------------------------------------------
 
 Shape cos_shape(const Ints& v) {
@@ -851,6 +1030,10 @@ OpDef constant_of_shape_op() {
     c.set_out(0, remap(v, s, [](const Ints&) { return int64_t{0}; }));
   };
   return d;
+}
+
+std::vector<Value*> decompose_constant_of_shape(CoreBuilder& b, const Node& n) {
+  return {b.broadcast_to(b.constant(cos_fill(n).reshaped({})), n.outputs[0]->type.shape)};
 }
 
 int64_t range_count(const Tensor& s, const Tensor& l, const Tensor& dl) {
@@ -905,6 +1088,20 @@ OpDef range_op() {
   return d;
 }
 
+// start + iota * delta (start and delta may be run-time scalars; the length is static).
+std::vector<Value*> decompose_range(CoreBuilder& b, const Node& n) {
+  const TensorType& t = n.outputs[0]->type;
+  Value* iota = b.iota(t.dtype, t.shape, 0);
+  return {b.add(b.mul(iota, b.reshape(n.inputs[2], {})), b.reshape(n.inputs[0], {}))};
+}
+
+Value* i64_scalar(CoreBuilder& b, int64_t v) { return b.constant(Tensor::scalar_i(DType::i64, v)); }
+
+// col - row over a [rows, cols] grid (i64).
+Value* diagonal_offset(CoreBuilder& b, const Shape& rows_cols) {
+  return b.sub(b.iota(DType::i64, rows_cols, 1), b.iota(DType::i64, rows_cols, 0));
+}
+
 DType eyelike_dtype(const Node& n, DType in) {
   if (!n.has_attr("dtype")) return in;
   auto dt = dtype_from_onnx(static_cast<int>(n.attr_i("dtype")));
@@ -931,6 +1128,22 @@ OpDef eyelike_op() {
     c.set_out(0, std::move(y));
   };
   return d;
+}
+
+std::vector<Value*> decompose_eyelike(CoreBuilder& b, const Node& n) {
+  const TensorType& t = n.outputs[0]->type;
+  Value* on = b.compare("eq", diagonal_offset(b, t.shape), i64_scalar(b, n.attr_i("k", 0)));
+  return {b.convert(on, t.dtype)};
+}
+
+// x where col - row >= k (upper) or <= k (lower), else 0; k may be a run-time scalar.
+std::vector<Value*> decompose_trilu(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape& s = x->type.shape;
+  Value* k = n.has_input(1) ? b.reshape(b.convert(n.inputs[1], DType::i64), {}) : i64_scalar(b, 0);
+  Value* diag = diagonal_offset(b, Shape(s.end() - 2, s.end()));
+  Value* keep = b.compare(n.attr_i("upper", 1) ? "ge" : "le", diag, k);
+  return {b.select(keep, x, b.full(x->type.dtype, s, 0))};
 }
 
 OpDef trilu_op() {
@@ -1015,6 +1228,23 @@ OpDef depth_space_op(bool to_space) {
   return d;
 }
 
+// reshape (split the channels or the spatial dims into blocks), transpose, reshape.
+DecomposeFn decompose_depth_space(bool to_space) {
+  return [to_space](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const Shape& s = x->type.shape;
+    const int64_t k = n.attr_i("blocksize"), N = s[0], C = s[1], H = s[2], W = s[3];
+    Value* y;
+    if (!to_space)
+      y = b.transpose(b.reshape(x, {N, C, H / k, k, W / k, k}), {0, 3, 5, 1, 2, 4});
+    else if (n.attr_s("mode", "DCR") == "CRD")
+      y = b.transpose(b.reshape(x, {N, C / (k * k), k, k, H, W}), {0, 1, 4, 2, 5, 3});
+    else
+      y = b.transpose(b.reshape(x, {N, k, k, C / (k * k), H, W}), {0, 3, 4, 1, 5, 2});
+    return {b.reshape(y, n.outputs[0]->type.shape)};
+  };
+}
+
 // ---- CenterCropPad / ReverseSequence -----------------------------------------------------------
 
 Ints ccp_axes(const Node& n, int r, size_t nshape) {
@@ -1076,6 +1306,33 @@ OpDef center_crop_pad_op() {
                      zero.bytes()));
   };
   return d;
+}
+
+// One core pad of zeros: negative low/high crop.
+std::vector<Value*> decompose_center_crop_pad(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape &in = x->type.shape, &out = n.outputs[0]->type.shape;
+  Ints low, high;
+  for (size_t k = 0; k < in.size(); ++k) {
+    const int64_t shift = in[k] >= out[k] ? (in[k] - out[k]) / 2 : -((out[k] - in[k]) / 2);
+    low.push_back(-shift);
+    high.push_back(out[k] - in[k] + shift);
+  }
+  return {b.emit("pad", {x, b.scalar(x->type.dtype, 0)}, {{"low", low}, {"high", high}})};
+}
+
+// A gather along the time axis: position t of sequence b reads len[b]-1-t when t < len[b], else t.
+std::vector<Value*> decompose_reverse_sequence(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape& s = x->type.shape;
+  const int r = static_cast<int>(s.size());
+  const int ba = normalize_axis(n.attr_i("batch_axis", 1), r), ta = normalize_axis(n.attr_i("time_axis", 0), r);
+  const Shape tb = {s[0], s[1]};
+  Value* t = b.iota(DType::i64, tb, ta);
+  Value* len = broadcast_into(b, b.convert(n.inputs[1], DType::i64), tb, {ba});
+  Value* rev = b.sub(b.sub(len, i64_scalar(b, 1)), t);
+  Value* idx = b.select(b.compare("lt", t, len), rev, t);
+  return {b.emit("gather", {x, broadcast_into(b, idx, s, {0, 1})}, {{"axis", int64_t{ta}}})};
 }
 
 OpDef reverse_sequence_op() {
@@ -1438,6 +1695,63 @@ Tensor resize_run(const Tensor& x, const ResizeAttrs& a, const ResizePlan& p) {
   return y;
 }
 
+// Resize in core ops, separable per axis: along each resized axis, the taps (input positions and
+// weights, computed here from the static shapes) become one gather of the positions per tap
+// (slices where they run evenly) and a weighted sum of those. Interpolation computes in f32 (f64
+// for f64 and integer data) and converts once at the end; integer results are clamped to the
+// type's range and truncate, like the kernel. Positions that tf_crop_and_resize places outside the
+// input take extrapolation_value.
+Value* resize_core(CoreBuilder& b, Value* x, const ResizeAttrs& a, const ResizePlan& p) {
+  const Shape& in = x->type.shape;
+  const DType dt = x->type.dtype;
+  const bool nearest = a.mode == "nearest";
+  const DType ct = dt == DType::f64 || !is_float(dt) ? DType::f64 : DType::f32;
+  Value* y = nearest ? x : b.convert(x, ct);
+  std::vector<std::pair<int, Tensor>> outside;  // per axis: the output positions to extrapolate
+  for (int k = 0; k < static_cast<int>(in.size()); ++k) {
+    if (in[k] == 0 && p.out[k] > 0) fail("cannot resize an empty axis");
+    if (p.out[k] == in[k] && p.scale[k] == 1.0 && a.coord != "tf_crop_and_resize") continue;
+    std::vector<std::vector<Tap>> taps;
+    size_t width = 1;
+    Ints extrapolate;
+    for (int64_t o = 0; o < p.out[k]; ++o) {
+      taps.push_back(resize_taps(a, o, p.scale[k], in[k], p.out[k], p.roi_start[k], p.roi_end[k]));
+      width = std::max(width, taps.back().size());
+      extrapolate.push_back(taps.back().empty());
+    }
+    Value* sum = nullptr;
+    for (size_t t = 0; t < width; ++t) {
+      Ints idx;
+      std::vector<double> w;
+      for (const auto& tp : taps) {
+        idx.push_back(t < tp.size() ? tp[t].index : 0);
+        w.push_back(t < tp.size() ? tp[t].weight : 0.0);
+      }
+      Value* term = take_along_axis(b, y, k, idx);
+      if (!std::all_of(w.begin(), w.end(), [](double v) { return v == 1.0; })) {
+        Value* wv = b.constant(Tensor::from_f64(ct, {p.out[k]}, w));
+        term = b.mul(term, broadcast_into(b, wv, term->type.shape, {k}));
+      }
+      sum = sum ? b.add(sum, term) : term;
+    }
+    y = sum;
+    if (std::find(extrapolate.begin(), extrapolate.end(), 1) != extrapolate.end())
+      outside.push_back({k, Tensor::from_i64(DType::boolean, {p.out[k]}, extrapolate)});
+  }
+  if (!nearest) {
+    if (!is_float(dt)) {
+      const int bits = dtype_bits(dt);
+      const bool sgn = is_signed_int(dt);
+      y = b.max(y, b.scalar(ct, sgn ? -std::ldexp(1.0, bits - 1) : 0.0));
+      y = b.min(y, b.scalar(ct, std::ldexp(1.0, sgn ? bits - 1 : bits) - 1));
+    }
+    y = b.convert(y, dt);
+  }
+  for (const auto& [k, mask] : outside)
+    y = b.select(broadcast_into(b, b.constant(mask), p.out, {k}), b.full(dt, p.out, a.extrapolation), y);
+  return y;
+}
+
 std::optional<std::vector<double>> known_doubles(const InferCtx& c, int i) {
   const Tensor* t = c.value(i);
   if (!t) return std::nullopt;
@@ -1454,6 +1768,19 @@ std::vector<AttrSpec> resize_attr_specs() {
           {"keep_aspect_ratio_policy", AttrKind::s},
           {"mode", AttrKind::s},
           {"nearest_mode", AttrKind::s}};
+}
+
+std::vector<Value*> decompose_resize(CoreBuilder& b, const Node& n) {
+  ResizeAttrs a = resize_attrs(n);
+  Value* x = n.inputs[0];
+  std::optional<std::vector<double>> roi, scales;
+  std::optional<Ints> sizes;
+  if (n.has_input(1) && a.coord == "tf_crop_and_resize") roi = b.need_constant(1, "Resize roi").to_f64();
+  if (n.has_input(2))
+    scales = shape_numel(n.inputs[2]->type.shape) == 0 ? std::vector<double>{}
+                                                        : b.need_constant(2, "Resize scales").to_f64();
+  if (n.has_input(3)) sizes = tensor_ints(b.need_constant(3, "Resize sizes"));
+  return {resize_core(b, x, a, resize_plan(n, a, x->type.shape, roi, scales, sizes))};
 }
 
 OpDef resize_op() {
@@ -1500,6 +1827,25 @@ OpDef resize_op() {
   return d;
 }
 
+ResizeAttrs upsample_attrs(const Node& n) {
+  for (const char* k : {"scales", "height_scale", "width_scale"}) reject_attr(n, k);
+  ResizeAttrs a;
+  a.mode = n.attr_s("mode", "nearest");
+  if (a.mode == "bilinear") a.mode = "linear";
+  if (a.mode != "nearest" && a.mode != "linear") fail("unknown Upsample mode '{}'", a.mode);
+  a.coord = "asymmetric";
+  a.nearest = "simple";
+  return a;
+}
+
+std::vector<Value*> decompose_upsample(CoreBuilder& b, const Node& n) {
+  ResizeAttrs a = upsample_attrs(n);
+  Value* x = n.inputs[0];
+  Node all_axes;
+  auto scales = b.need_constant(1, "Upsample scales").to_f64();
+  return {resize_core(b, x, a, resize_plan(all_axes, a, x->type.shape, std::nullopt, scales, std::nullopt))};
+}
+
 OpDef upsample_op() {
   OpDef d = make_op("Upsample", 1, 2, 9,
                     {{"mode", AttrKind::s},
@@ -1516,16 +1862,7 @@ OpDef upsample_op() {
     n.inputs[1] = g.add_constant(g.unique_name(n.name + "_scales"),
                                  Tensor::from_f64(DType::f32, {static_cast<int64_t>(s.size())}, s));
   };
-  auto attrs = [](const Node& n) {
-    for (const char* k : {"scales", "height_scale", "width_scale"}) reject_attr(n, k);
-    ResizeAttrs a;
-    a.mode = n.attr_s("mode", "nearest");
-    if (a.mode == "bilinear") a.mode = "linear";
-    if (a.mode != "nearest" && a.mode != "linear") fail("unknown Upsample mode '{}'", a.mode);
-    a.coord = "asymmetric";
-    a.nearest = "simple";
-    return a;
-  };
+  auto attrs = upsample_attrs;
   d.infer = [attrs](InferCtx& c) {
     ResizeAttrs a = attrs(c.node());
     const TensorType& x = c.in(0);
@@ -1552,29 +1889,29 @@ OpDef upsample_op() {
 }  // namespace
 
 void register_shape_ops(OpRegistry& r) {
-  r.add(reshape_op());
-  r.add(transpose_op());
-  r.add(squeeze_op(false));
-  r.add(squeeze_op(true));
-  r.add(flatten_op());
-  r.add(concat_op());
-  r.add(split_op());
-  r.add(slice_op());
-  r.add(expand_op());
-  r.add(tile_op());
-  r.add(pad_op());
-  r.add(shape_op());
-  r.add(size_op());
-  r.add(constant_of_shape_op());
-  r.add(range_op());
-  r.add(eyelike_op());
-  r.add(trilu_op());
-  r.add(depth_space_op(true));
-  r.add(depth_space_op(false));
-  r.add(center_crop_pad_op());
-  r.add(reverse_sequence_op());
-  r.add(resize_op());
-  r.add(upsample_op());
+  r.add(with_static_decomposition(reshape_op(), decompose_reshape));
+  r.add(with_static_decomposition(transpose_op(), decompose_transpose));
+  r.add(with_static_decomposition(squeeze_op(false), decompose_reshape));
+  r.add(with_static_decomposition(squeeze_op(true), decompose_reshape));
+  r.add(with_static_decomposition(flatten_op(), decompose_reshape));
+  r.add(with_static_decomposition(concat_op(), decompose_concat));
+  r.add(with_static_decomposition(split_op(), decompose_split));
+  r.add(with_static_decomposition(slice_op(), decompose_slice));
+  r.add(with_static_decomposition(expand_op(), decompose_expand));
+  r.add(with_static_decomposition(tile_op(), decompose_tile));
+  r.add(with_static_decomposition(pad_op(), decompose_pad));
+  r.add(with_static_decomposition(shape_op(), decompose_shape, true));
+  r.add(with_static_decomposition(size_op(), decompose_size, true));
+  r.add(with_static_decomposition(constant_of_shape_op(), decompose_constant_of_shape));
+  r.add(with_static_decomposition(range_op(), decompose_range));
+  r.add(with_static_decomposition(eyelike_op(), decompose_eyelike));
+  r.add(with_static_decomposition(trilu_op(), decompose_trilu));
+  r.add(with_static_decomposition(depth_space_op(true), decompose_depth_space(true)));
+  r.add(with_static_decomposition(depth_space_op(false), decompose_depth_space(false)));
+  r.add(with_static_decomposition(center_crop_pad_op(), decompose_center_crop_pad));
+  r.add(with_static_decomposition(reverse_sequence_op(), decompose_reverse_sequence));
+  r.add(with_static_decomposition(resize_op(), decompose_resize));
+  r.add(with_static_decomposition(upsample_op(), decompose_upsample));
 }
 
 }  // namespace tessel
