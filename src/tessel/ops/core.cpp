@@ -1,82 +1,8 @@
-// Op family: the core level's 38 primitives (docs/ir/core-plan.md), lowercase names.
+// Op family: the core level's 38 primitives (docs/ir/core.md), lowercase names.
 //
-// Semantics (to become docs/ir/core.md). Everything here is explicit: no implicit broadcasting,
-// no type promotion, static shapes only (an unknown dim is rejected: "... needs static shapes").
-//
+// The semantics of every primitive (operands, attributes, shape rules, rounding, NaN and integer
+// behaviour) are specified in docs/ir/core.md, "Semantics"; the entries below implement exactly that.
 // The ops are registered in the domain "tessel.core" (never imported from ONNX).
-//
-// Elementwise (fusion pointwise)
-//   unary  neg exp log sqrt sin atan erf tanh floor round_even
-//          one operand; result has its type. neg: floats and integers (ints wrap); the rest: floats
-//          only. round_even rounds to the nearest integer, ties to even.
-//   binary add mul div rem pow max min and or xor
-//          two operands of IDENTICAL shape and dtype; result has that type. Floats compute in double
-//          and round once to the storage type; integers wrap like two's complement. div on ints
-//          truncates; rem: C fmod for floats, truncated remainder for ints; integer division or
-//          remainder by zero is an error. pow on ints needs an exponent >= 0. max/min propagate NaN.
-//          and/or/xor: bitwise on ints, logical on bool, not defined for floats. The arithmetic ops
-//          are not defined on bool.
-//   compare {direction: string eq|ne|lt|le|gt|ge, required}
-//          identical operand shapes and dtypes; result bool of that shape; NaN compares like C
-//          (every comparison false except ne).
-//   select (pred, on_true, on_false)
-//          pred is bool; all three have one shape; on_true and on_false one dtype (the result's).
-//   convert {dtype: string (tessel dtype name, "f16"), required; saturate: int 0/1, default 1}
-//          like ONNX Cast without strings: float -> int truncates toward zero, int -> int wraps,
-//          anything -> bool is "!= 0"; saturate clamps out-of-range values (and inf) for the float8
-//          targets; float4 always saturates and maps NaN to -0; f8e8m0 rounds up (Cast's default).
-//   bitcast_convert {dtype: string, required}
-//          reinterprets the bits; source and target must have the same bit width (which implies the
-//          same bytes per element). Sub-byte results keep their low bits (signed ones sign-extended);
-//          a bool result is "byte != 0".
-// Reductions (fusion reduction)
-//   reduce {kind: string sum|max|min|prod, required; axes: ints, required}
-//          axes sorted, unique, each in [0, rank); the reduced axes are removed (no keepdims: a
-//          reshape does that). Empty set: sum 0, prod 1, max -inf, min +inf (ints: the type's
-//          min / max). Floats accumulate in double; max/min propagate NaN; ints wrap. bool only for
-//          max/min.
-//   reduce_window {kind (as reduce), required; window: ints, required; strides, dilations: ints,
-//          default all 1; padding: ints, 2*rank entries low0, high0, low1, high1, ..., default 0}
-//          one entry per input dim; padded positions hold the kind's identity;
-//          out dim = floor((in + low + high - (dilation*(window-1)+1)) / stride) + 1 (0 when the
-//          padded input is shorter than the dilated window; in + low + high must be >= 0).
-// Contractions (fusion matmul)
-//   dot_general {lhs_batch, rhs_batch: ints, default empty; lhs_contract, rhs_contract: ints, required}
-//          batch lists have equal length and paired sizes, contract lists likewise; no dim listed
-//          twice in one operand. Output dims: batch dims (lhs_batch order), lhs free dims in order,
-//          rhs free dims in order (XLA's convention). Operand dtypes identical (not bool); floats
-//          accumulate in double, ints wrap.
-//   convolution {strides, dilations: ints per spatial dim, default 1; padding: ints, 2 per spatial
-//          dim (low0, high0, low1, high1, ...), default 0; groups: int, default 1}
-//          input [N, C, spatial...], weight [O, C/groups, k...] (same rank >= 3, same dtype),
-//          output [N, O, out...] with out as for reduce_window; O divisible by groups; no bias.
-// Shape and data movement (fusion injective unless noted)
-//   broadcast_in_dim {shape: ints, required; dims: ints, required}
-//          dims[i] is the output dim operand dim i maps to; strictly increasing, in range; operand
-//          dim size equals the output dim or is 1.
-//   reshape {shape: ints, required}: all dims >= 0, same element count; row-major order kept.
-//   transpose {perm: ints, required}: a permutation of [0, rank); out.shape[i] = in.shape[perm[i]].
-//   slice {starts, stops: ints, required; strides: ints, default all 1; one entry per dim}
-//          stride > 0: 0 <= start <= stop <= dim; stride < 0: -1 <= stop <= start <= dim - 1 (stop
-//          -1 means "through element 0"); elements start, start+stride, ... strictly before stop.
-//   pad (operand, padding_value) {low, high: ints, required; interior: ints, default 0}
-//          padding_value is a rank-0 tensor of the operand's dtype; low/high may be negative
-//          (cropping), interior >= 0; out dim = low + high + n + max(n-1, 0)*interior, must be >= 0.
-//   concatenate {axis: int, required}: >= 1 operands (variadic) of one dtype and rank; dims
-//          equal except at axis (in [0, rank)).
-//   gather (data, indices) {axis: int, required}: ONNX GatherElements: indices of an integer dtype
-//          and data's rank, indices.shape[d] <= data.shape[d] for d != axis; output shape =
-//          indices' shape; out[i..] = data[i.. with indices[i..] at axis]. Negative indices wrap
-//          once; out of range is an error.
-//   scatter (data, indices, updates) {axis: int, required; reduction: string none|add|mul|max|min,
-//          default none}: ONNX ScatterElements; updates have indices' shape and data's dtype; the
-//          updates apply in row-major order (with none, the last write to an element wins).
-//          fusion opaque.
-//   iota {shape: ints, required; axis: int, required; dtype: string, required} no operands;
-//          out[...] = the index along axis (dtype not bool).
-//   sort (operand) {axis: int, required; descending: int 0/1, default 0} -> (values, indices i64)
-//          stable (equal keys keep input order in either direction); NaN counts as larger than
-//          every number, so it sorts last ascending and first descending. fusion opaque.
 #include <algorithm>
 #include <type_traits>
 #include <cmath>

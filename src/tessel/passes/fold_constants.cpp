@@ -1,6 +1,7 @@
 // fold-constants: nodes whose inputs are all known at compile time become constants. Known means
 // constant data, or a static fact such as a shape (`Shape` of a statically shaped value), so the ONNX
-// shape arithmetic chains (Shape -> Gather -> Unsqueeze -> Concat -> Reshape) fold away.
+// shape arithmetic chains (Shape -> Gather -> Unsqueeze -> Concat -> Reshape) fold away. Broadcasts
+// are never materialised.
 #include <fmt/format.h>
 
 #include <set>
@@ -16,6 +17,9 @@ std::string fold_constants(Graph& g) {
   std::set<const Node*> folded;
   for (const auto& n : g.nodes()) {
     if (!n->op->deterministic) continue;
+    // A broadcast of a known value stays a broadcast: materialising it only costs memory (the
+    // canonical form of a splat is a rank-0 constant and a broadcast_in_dim).
+    if (n->op->domain == "tessel.core" && n->op->name == "broadcast_in_dim") continue;
     bool all = true;
     for (const Value* v : n->outputs)
       if (v && !r.folded.count(v)) all = false;

@@ -21,8 +21,8 @@ struct Pass {
 const std::vector<Pass>& all_passes();
 const Pass* find_pass(const std::string& name);
 
-// Named pipelines: "simplify" = fold-constants, cse, dce; "core" = decompose then simplify. A comma
-// list of pass names also works.
+// Named pipelines: "simplify" = fold-constants, algebraic, canonicalize, fold-constants, cse, dce;
+// "core" = decompose then simplify. A comma list of pass names also works.
 std::vector<const Pass*> parse_pipeline(const std::string& spec);
 
 struct PassRecord {
@@ -47,5 +47,7 @@ std::string decompose(Graph& g);
 std::string fold_constants(Graph& g);
 std::string eliminate_common_subexpressions(Graph& g);
 std::string eliminate_dead_code(Graph& g);
+std::string simplify_algebra(Graph& g);
+std::string canonicalize(Graph& g);
 
 }  // namespace tessel

@@ -19,6 +19,10 @@ const std::vector<Pass>& all_passes() {
        decompose},
       {"fold-constants", "evaluate nodes whose inputs are all known (shape arithmetic included) into constants",
        fold_constants},
+      {"algebraic", "rewrite core ops by identities that never change a result (x*1, x+0, transpose∘transpose, ...)",
+       simplify_algebra},
+      {"canonicalize", "put core ops in the canonical forms later passes match (splats, operand order, unit dims)",
+       canonicalize},
       {"cse", "merge nodes that compute the same op on the same inputs, and identical constants",
        eliminate_common_subexpressions},
       {"dce", "remove nodes and constants nothing uses", eliminate_dead_code},
@@ -35,8 +39,15 @@ const Pass* find_pass(const std::string& name) {
 std::vector<const Pass*> parse_pipeline(const std::string& spec) {
   std::vector<const Pass*> out;
   if (spec.empty()) return out;
-  if (spec == "simplify") return {find_pass("fold-constants"), find_pass("cse"), find_pass("dce")};
-  if (spec == "core") return {find_pass("decompose"), find_pass("fold-constants"), find_pass("cse"), find_pass("dce")};
+  const std::vector<const Pass*> simplify = {find_pass("fold-constants"), find_pass("algebraic"),
+                                             find_pass("canonicalize"), find_pass("fold-constants"),
+                                             find_pass("cse"), find_pass("dce")};
+  if (spec == "simplify") return simplify;
+  if (spec == "core") {
+    std::vector<const Pass*> core = {find_pass("decompose")};
+    core.insert(core.end(), simplify.begin(), simplify.end());
+    return core;
+  }
   size_t b = 0;
   while (b <= spec.size()) {
     size_t e = spec.find(',', b);
