@@ -33,13 +33,14 @@ TEST_P(Simplify, KeepsResultsAndFoldsShapeArithmetic) {
   PassOptions po;
   po.dump_dir = dump.string();
   auto records = run_pipeline(*m.graph, parse_pipeline("simplify"), po);
-  ASSERT_EQ(records.size(), 3u);
+  ASSERT_EQ(records.size(), parse_pipeline("simplify").size());
   EXPECT_LE(m.graph->nodes().size(), before);
   // Nothing left whose value depends only on constants and shapes.
   for (const auto& n : m.graph->nodes()) {
     EXPECT_NE(n->op_name(), "Shape") << n->name;
     EXPECT_NE(n->op_name(), "Size") << n->name;
-    bool all_const = !n->inputs.empty();
+    // A broadcast of a constant is the canonical form of a splat (docs/ir/core.md), never folded.
+    bool all_const = !n->inputs.empty() && n->op_name() != "broadcast_in_dim";
     for (const Value* v : n->inputs) all_const = all_const && (!v || v->constant);
     EXPECT_FALSE(all_const && n->op->deterministic && shape_numel(n->outputs[0]->type.shape) <= (1 << 16))
         << "foldable node left: " << n->name << " (" << n->op_name() << ")";
@@ -52,7 +53,7 @@ TEST_P(Simplify, KeepsResultsAndFoldsShapeArithmetic) {
     verify_graph(*g);
     ++files;
   }
-  EXPECT_EQ(files, 4);
+  EXPECT_EQ(files, static_cast<int>(records.size()) + 1);
   fs::remove_all(dump);
 }
 
@@ -66,10 +67,21 @@ INSTANTIATE_TEST_SUITE_P(Corpus, Simplify,
 TEST_P(Simplify, CorePipelineKeepsResults) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared/models";
   auto [m, ins, refs] = testenv::load_corpus_model(GetParam());
-  run_pipeline(*m.graph, parse_pipeline("core"), PassOptions{});
+  fs::path dump = fs::temp_directory_path() / ("tessel_core_" + GetParam() + std::to_string(getpid()));
+  PassOptions po;
+  po.dump_dir = dump.string();
+  auto records = run_pipeline(*m.graph, parse_pipeline("core"), po);
   for (const auto& n : m.graph->nodes())
     EXPECT_TRUE(n->op->domain == "tessel.core" || !n->op->decompose) << n->name << " (" << n->op_name() << ")";
   testenv::expect_matches_reference(run_eager(*m.graph, ins), refs, GetParam());
+  // Every stage, numbered in pipeline order, parses back and verifies.
+  for (size_t i = 0; i <= records.size(); ++i) {
+    const std::string stage = i == 0 ? "input" : records[i - 1].pass;
+    const fs::path f = dump / fmt::format("{:02d}-{}.tsl", i, stage);
+    ASSERT_TRUE(fs::exists(f)) << f;
+    verify_graph(*parse_graph(testenv::read_text(f.string()), f.string()));
+  }
+  fs::remove_all(dump);
 }
 
 TEST(PassManager, UnknownPassesAreErrors) {
