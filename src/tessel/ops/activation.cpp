@@ -1,6 +1,7 @@
 // Op family: activation functions (Relu, Sigmoid, Gelu, ...), pointwise over one input.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
@@ -98,6 +99,74 @@ void add(OpRegistry& r, OpDef d) {
   r.add(std::move(d));
 }
 
+// ---- decomposition into core ops ---------------------------------------------------------------
+
+// Activation math runs in f32 for the narrow floats (f16, bf16, f8) and in f64 for integer Shrink,
+// then is rounded to the storage type once, as the reference kernels (which compute in double) do.
+DType compute_type(DType t) { return !is_float(t) ? DType::f64 : dtype_bits(t) < 32 ? DType::f32 : t; }
+
+// `v` stored as `t` the way kernels store results (set_f: no float8 saturation).
+Value* store_as(CoreBuilder& b, Value* v, DType t) {
+  if (v->type.dtype == t) return v;
+  return b.emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{0}}});
+}
+
+// A rank-0 constant of `like`'s dtype (the binary sugar broadcasts it).
+Value* k(CoreBuilder& b, Value* like, double v) { return b.scalar(like->type.dtype, v); }
+Value* abs_of(CoreBuilder& b, Value* x) { return b.max(x, b.unary("neg", x)); }
+Value* expm1_of(CoreBuilder& b, Value* x) { return b.sub(b.unary("exp", x), k(b, x, 1)); }
+Value* clamp01(CoreBuilder& b, Value* x) { return b.max(k(b, x, 0), b.min(x, k(b, x, 1))); }
+
+// exp of -|x| only, so nothing overflows: 1 / (1 + e) for x >= 0, e / (1 + e) below.
+Value* sigmoid_of(CoreBuilder& b, Value* x) {
+  Value* e = b.unary("exp", b.unary("neg", abs_of(b, x)));
+  Value* d = b.add(k(b, x, 1), e);
+  return b.select(b.compare("ge", x, k(b, x, 0)), b.div(k(b, x, 1), d), b.div(e, d));
+}
+
+// max(x, 0) + log(1 + exp(-|x|)): no overflow for large |x|.
+Value* softplus_of(CoreBuilder& b, Value* x) {
+  Value* e = b.unary("exp", b.unary("neg", abs_of(b, x)));
+  return b.add(b.max(x, k(b, x, 0)), b.unary("log", b.add(k(b, x, 1), e)));
+}
+
+// An activation of one input: `f` computes on x in compute_type; the result is stored back once.
+using ActMath = std::function<Value*(CoreBuilder&, const Node&, Value*)>;
+DecomposeFn act_core(ActMath f) {
+  return [f](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    const DType t = n.inputs[0]->type.dtype;
+    return {store_as(b, f(b, n, b.convert(n.inputs[0], compute_type(t))), t)};
+  };
+}
+
+// Gelu: x (1 + erf(x / √2)) / 2, or with approximate = "tanh" x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2.
+Value* gelu_of(CoreBuilder& b, const Node& n, Value* x) {
+  Value* inner;
+  if (n.attr_s("approximate", "none") == "tanh") {
+    Value* cubic = b.add(x, b.mul(k(b, x, 0.044715), b.mul(x, b.mul(x, x))));
+    inner = b.unary("tanh", b.mul(k(b, x, std::sqrt(2.0 / M_PI)), cubic));
+  } else {
+    inner = b.unary("erf", b.div(x, k(b, x, std::sqrt(2.0))));
+  }
+  return b.mul(b.mul(k(b, x, 0.5), x), b.add(k(b, x, 1), inner));
+}
+
+// SwiGLU: A sigmoid(alpha A) B, A and B of one shape.
+std::vector<Value*> decompose_swiglu(CoreBuilder& b, const Node& n) {
+  const DType t = n.outputs[0]->type.dtype, ct = compute_type(t);
+  Value* a = b.convert(n.inputs[0], ct);
+  Value* gate = b.mul(a, sigmoid_of(b, b.mul(k(b, a, n.attr_f("alpha", 1.0)), a)));
+  return {store_as(b, b.mul(gate, b.convert(n.inputs[1], ct)), t)};
+}
+
+// PRelu: x < 0 ? x * slope : x, the slope broadcast to x (integers multiply wrapping, in their type).
+std::vector<Value*> decompose_prelu(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  if (is_unsigned_int(x->type.dtype)) return {x};
+  Value* slope = b.broadcast_to(n.inputs[1], x->type.shape);
+  return {b.select(b.compare("lt", x, k(b, x, 0)), b.mul(x, slope), x)};
+}
+
 }  // namespace
 
 void register_activation_ops(OpRegistry& r) {
@@ -113,42 +182,71 @@ void register_activation_ops(OpRegistry& r) {
                                 [](int64_t x) -> int64_t { return x > 0 ? x : 0; }),
                             relu_core));
   add(r, with_decomposition(plain("Tanh", 6, [](double x) { return std::tanh(x); }), decompose_as("tanh")));
-  add(r, plain("Sigmoid", 6, sigmoid));
-  add(r, plain("Softplus", 1, softplus));
-  add(r, plain("Softsign", 1, [](double x) { return x / (1.0 + std::fabs(x)); }));
-  add(r, plain("HardSwish", 14,
-               [](double x) { return x * std::max(0.0, std::min(1.0, x / 6.0 + 0.5)); }));
-  add(r, plain("Mish", 18, [](double x) { return x * std::tanh(softplus(x)); }));
-  add(r, activation("LeakyRelu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+  add(r, with_decomposition(plain("Sigmoid", 6, sigmoid),
+                            act_core([](CoreBuilder& b, const Node&, Value* x) { return sigmoid_of(b, x); })));
+  add(r, with_decomposition(plain("Softplus", 1, softplus),
+                            act_core([](CoreBuilder& b, const Node&, Value* x) { return softplus_of(b, x); })));
+  add(r, with_decomposition(plain("Softsign", 1, [](double x) { return x / (1.0 + std::fabs(x)); }),
+                            act_core([](CoreBuilder& b, const Node&, Value* x) {
+                              return b.div(x, b.add(k(b, x, 1), abs_of(b, x)));
+                            })));
+  add(r, with_decomposition(plain("HardSwish", 14,
+                                  [](double x) { return x * std::max(0.0, std::min(1.0, x / 6.0 + 0.5)); }),
+                            act_core([](CoreBuilder& b, const Node&, Value* x) {
+                              return b.mul(x, clamp01(b, b.add(b.div(x, k(b, x, 6)), k(b, x, 0.5))));
+                            })));
+  add(r, with_decomposition(plain("Mish", 18, [](double x) { return x * std::tanh(softplus(x)); }),
+                            act_core([](CoreBuilder& b, const Node&, Value* x) {
+                              return b.mul(x, b.unary("tanh", softplus_of(b, x)));
+                            })));
+  add(r, with_decomposition(activation("LeakyRelu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
         double a = n.attr_f("alpha", 0.01);
         return [a](double x) { return x < 0 ? a * x : x; };
-      }));
-  add(r, activation("Elu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+      }), act_core([](CoreBuilder& b, const Node& n, Value* x) {
+        return b.select(b.compare("lt", x, k(b, x, 0)), b.mul(k(b, x, n.attr_f("alpha", 0.01)), x), x);
+      })));
+  add(r, with_decomposition(activation("Elu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
         double a = n.attr_f("alpha", 1.0);
         return [a](double x) { return x < 0 ? a * std::expm1(x) : x; };
-      }));
-  add(r, activation("Selu", 6, {A{"alpha", F}, A{"gamma", F}}, [](const Node& n) -> UnaryF {
+      }), act_core([](CoreBuilder& b, const Node& n, Value* x) {
+        return b.select(b.compare("lt", x, k(b, x, 0)), b.mul(k(b, x, n.attr_f("alpha", 1.0)), expm1_of(b, x)), x);
+      })));
+  add(r, with_decomposition(activation("Selu", 6, {A{"alpha", F}, A{"gamma", F}}, [](const Node& n) -> UnaryF {
         double a = n.attr_f("alpha", 1.67326319217681884765625);
         double g = n.attr_f("gamma", 1.05070102214813232421875);
         return [a, g](double x) { return x > 0 ? g * x : g * a * std::expm1(x); };
-      }));
-  add(r, activation("Celu", 12, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+      }), act_core([](CoreBuilder& b, const Node& n, Value* x) {
+        const double a = n.attr_f("alpha", 1.67326319217681884765625);
+        const double g = n.attr_f("gamma", 1.05070102214813232421875);
+        return b.select(b.compare("gt", x, k(b, x, 0)), b.mul(k(b, x, g), x), b.mul(k(b, x, g * a), expm1_of(b, x)));
+      })));
+  add(r, with_decomposition(activation("Celu", 12, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
         double a = n.attr_f("alpha", 1.0);
         if (a == 0) fail("Celu alpha must be non-zero");
         return [a](double x) { return std::max(0.0, x) + std::min(0.0, a * std::expm1(x / a)); };
-      }));
-  add(r, activation("HardSigmoid", 6, {A{"alpha", F}, A{"beta", F}}, [](const Node& n) -> UnaryF {
+      }), act_core([](CoreBuilder& b, const Node& n, Value* x) {
+        Value* a = k(b, x, n.attr_f("alpha", 1.0));
+        Value* neg_part = b.min(k(b, x, 0), b.mul(a, expm1_of(b, b.div(x, a))));
+        return b.add(b.max(k(b, x, 0), x), neg_part);
+      })));
+  add(r, with_decomposition(activation("HardSigmoid", 6, {A{"alpha", F}, A{"beta", F}}, [](const Node& n) -> UnaryF {
         double a = n.attr_f("alpha", 0.2), b = n.attr_f("beta", 0.5);
         return [a, b](double x) { return std::max(0.0, std::min(1.0, a * x + b)); };
-      }));
-  add(r, activation("ThresholdedRelu", 10, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+      }), act_core([](CoreBuilder& b, const Node& n, Value* x) {
+        return clamp01(b, b.add(b.mul(k(b, x, n.attr_f("alpha", 0.2)), x), k(b, x, n.attr_f("beta", 0.5))));
+      })));
+  add(r, with_decomposition(activation("ThresholdedRelu", 10, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
         double a = n.attr_f("alpha", 1.0);
         return [a](double x) { return x > a ? x : 0.0; };
-      }));
-  add(r, activation("Swish", 24, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
+      }), act_core([](CoreBuilder& b, const Node& n, Value* x) {
+        return b.select(b.compare("gt", x, k(b, x, n.attr_f("alpha", 1.0))), x, k(b, x, 0));
+      })));
+  add(r, with_decomposition(activation("Swish", 24, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
         double a = n.attr_f("alpha", 1.0);
         return [a](double x) { return x * sigmoid(a * x); };
-      }));
+      }), act_core([](CoreBuilder& b, const Node& n, Value* x) {
+        return b.mul(x, sigmoid_of(b, b.mul(k(b, x, n.attr_f("alpha", 1.0)), x)));
+      })));
   {
     // SwiGLU (opset 28): Y = Swish_alpha(A) * B = A * sigmoid(alpha * A) * B, with A and B of one
     // shape (no broadcasting).
@@ -189,6 +287,7 @@ void register_activation_ops(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
+    d.decompose = decompose_swiglu;
     add(r, std::move(d));
   }
   {
@@ -202,6 +301,7 @@ void register_activation_ops(OpRegistry& r) {
       if (mode != "none") fail("Gelu approximate must be 'none' or 'tanh', got '{}'", mode);
       return [](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); };
     });
+    d.decompose = act_core(gelu_of);
     add(r, std::move(d));
   }
   {
@@ -226,6 +326,11 @@ void register_activation_ops(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
+    d.decompose = act_core([](CoreBuilder& b, const Node& n, Value* x) {
+      const double bias = n.attr_f("bias", 0.0), l = n.attr_f("lambd", 0.5);
+      Value* mid = b.select(b.compare("gt", x, k(b, x, l)), b.sub(x, k(b, x, bias)), k(b, x, 0));
+      return b.select(b.compare("lt", x, k(b, x, -l)), b.add(x, k(b, x, bias)), mid);
+    });
     add(r, std::move(d));
   }
   {
@@ -258,6 +363,7 @@ void register_activation_ops(OpRegistry& r) {
              shape_str(c.in(0).shape()));
       c.set_out(0, prelu_kernel(c.in(0), c.in(1)));
     };
+    d.decompose = decompose_prelu;
     add(r, std::move(d));
   }
 }

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -14,6 +15,7 @@ namespace tessel {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // ---- dtype classes ---------------------------------------------------------------------------
 
@@ -223,6 +225,189 @@ Tensor map_by_class(const Tensor& x, const UnaryF& f, const UnaryI& s,
   return x;
 }
 
+// ---- decomposition into core ops ---------------------------------------------------------------
+
+// Math of several steps on a narrow float (f16, bf16, f8, f4) runs in f32 and is rounded to the
+// storage type once at the end, as the reference kernels (which compute in double) do.
+DType math_type(DType t) { return is_float(t) && dtype_bits(t) < 32 ? DType::f32 : t; }
+
+// `v` stored as `t` the way kernels store results (set_f: no float8 saturation).
+Value* store_as(CoreBuilder& b, Value* v, DType t) {
+  if (v->type.dtype == t) return v;
+  return b.emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{0}}});
+}
+
+// A rank-0 constant of `like`'s dtype (the binary sugar broadcasts it).
+Value* k(CoreBuilder& b, Value* like, double v) { return b.scalar(like->type.dtype, v); }
+Value* neg(CoreBuilder& b, Value* x) { return b.unary("neg", x); }
+Value* abs_of(CoreBuilder& b, Value* x) { return is_unsigned_int(x->type.dtype) ? x : b.max(x, neg(b, x)); }
+
+// An op of one input computed by `f` in the input's own dtype (exact or singly rounded math).
+DecomposeFn elementwise(std::function<Value*(CoreBuilder&, Value*)> f) {
+  return [f](CoreBuilder& b, const Node& n) -> std::vector<Value*> { return {f(b, n.inputs[0])}; };
+}
+
+// An op of one float input computed by `f` on the input in math_type, stored back once.
+DecomposeFn float_math(std::function<Value*(CoreBuilder&, Value*)> f) {
+  return [f](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    DType t = n.inputs[0]->type.dtype;
+    return {store_as(b, f(b, b.convert(n.inputs[0], math_type(t))), t)};
+  };
+}
+
+// cos x = sin(π/2 − |x|), with π/2 split into a head (rounded to x's dtype) and a tail: near the
+// zeros of cos (|x| ≈ π/2) the head minus |x| is exact, so the result keeps its relative accuracy.
+Value* cos_of(CoreBuilder& b, Value* x) {
+  const long double half_pi = 1.57079632679489661923132169163975144L;
+  const double hi = Tensor::scalar_f(x->type.dtype, static_cast<double>(half_pi)).get_f(0);
+  Value* r = b.add(b.sub(k(b, x, hi), abs_of(b, x)), k(b, x, static_cast<double>(half_pi - hi)));
+  return b.unary("sin", r);
+}
+
+// (1 - x)(1 + x): 1 - x² without the cancellation near |x| = 1.
+Value* one_minus_sq(CoreBuilder& b, Value* x) { return b.mul(b.sub(k(b, x, 1), x), b.add(k(b, x, 1), x)); }
+
+Value* sinh_cosh(CoreBuilder& b, Value* x, bool sinh) {
+  Value* ep = b.unary("exp", x);
+  Value* em = b.unary("exp", neg(b, x));
+  return b.mul(sinh ? b.sub(ep, em) : b.add(ep, em), k(b, x, 0.5));
+}
+
+// Sign: 1, -1, or x itself (0, -0 and NaN pass through).
+std::vector<Value*> decompose_sign(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  Value* zero = k(b, x, 0);
+  Value* r = is_unsigned_int(x->type.dtype) ? x : b.select(b.compare("lt", x, zero), k(b, x, -1), x);
+  return {b.select(b.compare("gt", x, zero), k(b, x, 1), r)};
+}
+
+// x XOR all-ones: bitwise NOT on ints, logical NOT on bool.
+std::vector<Value*> decompose_not(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  return {b.binary("xor", x, b.constant(Tensor::scalar_i(x->type.dtype, -1)))};
+}
+
+std::vector<Value*> decompose_isinf(CoreBuilder& b, const Node& n) {
+  Value* x = b.convert(n.inputs[0], math_type(n.inputs[0]->type.dtype));  // f8 types may lack inf
+  Value* r = b.full(DType::boolean, x->type.shape, 0);
+  for (double inf : {kInf, -kInf})
+    if (n.attr_i(inf > 0 ? "detect_positive" : "detect_negative", 1) != 0)
+      r = b.binary("or", r, b.compare("eq", x, k(b, x, inf)));
+  return {r};
+}
+
+// Mod: fmod=1 is core rem (C fmod, truncated integer remainder). fmod=0 (integers) gives the
+// remainder the divisor's sign: a non-zero remainder whose sign differs gets the divisor added.
+std::vector<Value*> decompose_mod(CoreBuilder& b, const Node& n) {
+  const Shape& s = n.outputs[0]->type.shape;
+  Value* y = b.broadcast_to(n.inputs[1], s);
+  Value* r = b.emit("rem", {b.broadcast_to(n.inputs[0], s), y});
+  if (n.attr_i("fmod", 0) != 0 || is_unsigned_int(r->type.dtype)) return {r};
+  Value* zero = k(b, r, 0);
+  Value* sign_differs = b.compare("ne", b.compare("lt", r, zero), b.compare("lt", y, zero));
+  return {b.select(b.binary("and", b.compare("ne", r, zero), sign_differs), b.add(r, y), r)};
+}
+
+// Pow as the kernel computes it. Floats: in the wider float of the two, or in f64 when an integer
+// base meets a float exponent (the real power then truncates to the base's type). Integers: in the
+// base's type; a negative exponent gives the truncated 1 / base^|e|, non-zero only for base ±1.
+std::vector<Value*> decompose_pow(CoreBuilder& b, const Node& n) {
+  const Shape& s = n.outputs[0]->type.shape;
+  Value* x = b.broadcast_to(n.inputs[0], s);
+  Value* e = b.broadcast_to(n.inputs[1], s);
+  const DType t = x->type.dtype, te = e->type.dtype;
+  if (is_float(t) || is_float(te)) {
+    const DType ct = !is_float(t) ? DType::f64 : is_float(te) && dtype_bits(te) > dtype_bits(t) ? te : t;
+    return {store_as(b, b.emit("pow", {b.convert(x, ct), b.convert(e, ct)}), t)};
+  }
+  e = b.convert(e, t);
+  auto known = b.known(1);
+  bool maybe_negative = is_signed_int(t);
+  if (known) {
+    std::vector<int64_t> v = known->to_i64();
+    maybe_negative = maybe_negative && std::any_of(v.begin(), v.end(), [](int64_t i) { return i < 0; });
+  }
+  if (!maybe_negative) return {b.emit("pow", {x, e})};
+  Value* zero = k(b, e, 0);
+  Value* unit = b.binary("or", b.compare("eq", x, k(b, x, 1)), b.compare("eq", x, k(b, x, -1)));
+  Value* inverse = b.select(unit, b.emit("pow", {x, b.binary("and", e, k(b, e, 1))}), zero);
+  return {b.select(b.compare("lt", e, zero), inverse, b.emit("pow", {x, b.max(e, zero)}))};
+}
+
+// BitShift on unsigned ints: LEFT multiplies by 2^n (wrapping to 0 once n reaches the width),
+// RIGHT divides by 2^n (0 once n reaches the width; the divisor is kept from wrapping to 0).
+std::vector<Value*> decompose_bitshift(CoreBuilder& b, const Node& n) {
+  const Shape& s = n.outputs[0]->type.shape;
+  Value* x = b.broadcast_to(n.inputs[0], s);
+  Value* sh = b.convert(b.broadcast_to(n.inputs[1], s), x->type.dtype);
+  Value* two = k(b, x, 2);
+  if (n.attr_s("direction") == "LEFT") return {b.mul(x, b.binary("pow", two, sh))};
+  const int w = dtype_bits(x->type.dtype);
+  Value* q = b.div(x, b.binary("pow", two, b.min(sh, k(b, sh, w - 1))));
+  return {b.select(b.compare("ge", sh, k(b, sh, w)), k(b, x, 0), q)};
+}
+
+DecomposeFn compare_as(std::string direction) {
+  return [direction](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    return {b.compare(direction, n.inputs[0], n.inputs[1])};
+  };
+}
+
+// Variadic Max/Min/Sum/Mean with numpy broadcasting: a chain of binary core ops. Sums of narrow
+// floats accumulate in f32.
+DecomposeFn fold_as(std::string op, bool mean = false) {
+  return [op, mean](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    const DType t = n.outputs[0]->type.dtype;
+    const DType ct = op == "add" ? math_type(t) : t;
+    Value* acc = b.convert(n.inputs[0], ct);
+    for (size_t i = 1; i < n.inputs.size(); ++i) acc = b.binary(op, acc, b.convert(n.inputs[i], ct));
+    if (mean) acc = b.div(acc, k(b, acc, static_cast<double>(n.inputs.size())));
+    return {store_as(b, b.broadcast_to(acc, n.outputs[0]->type.shape), t)};
+  };
+}
+
+// Cast and CastLike: convert to the output's dtype, with the node's `saturate`.
+std::vector<Value*> decompose_cast(CoreBuilder& b, const Node& n) {
+  const DType to = n.outputs[0]->type.dtype;
+  if (to == DType::f8e8m0 && round_mode_of(n) != E8M0Round::up)
+    unsupported("core convert rounds float8e8m0 up only; round_mode '{}' has no core form", n.attr_s("round_mode"));
+  if (n.inputs[0]->type.dtype == to) return {n.inputs[0]};
+  return {b.emit("convert", {n.inputs[0]},
+                 {{"dtype", std::string(dtype_name(to))}, {"saturate", n.attr_i("saturate", 1)}})};
+}
+
+std::vector<Value*> decompose_bitcast(CoreBuilder& b, const Node& n) {
+  const DType to = n.outputs[0]->type.dtype;
+  if (n.inputs[0]->type.dtype == to) return {n.inputs[0]};
+  return {b.emit("bitcast_convert", {n.inputs[0]}, {{"dtype", std::string(dtype_name(to))}})};
+}
+
+std::vector<Value*> decompose_where(CoreBuilder& b, const Node& n) {
+  Value* r = b.select(n.inputs[0], n.inputs[1], n.inputs[2]);
+  return {b.broadcast_to(r, n.outputs[0]->type.shape)};
+}
+
+// Clip: max with the lower bound, then min with the upper one (NaN stays NaN; min > max gives max).
+// A bound may be [1]-shaped, and after the opset-11 upgrade f32 for any float input.
+std::vector<Value*> decompose_clip(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  for (int i = 1; i < 3; ++i)
+    if (n.has_input(i)) x = b.binary(i == 1 ? "max" : "min", x, b.convert(b.reshape(n.inputs[i], {}), x->type.dtype));
+  return {x};
+}
+
+// Dropout at inference is the identity with an all-true mask. Training mode with a ratio > 0 draws
+// a random mask: no core form.
+std::vector<Value*> decompose_dropout(CoreBuilder& b, const Node& n) {
+  if (n.has_input(2) && b.need_constant(2, "Dropout's training_mode").get_i(0) != 0 &&
+      (!n.has_input(1) || b.need_constant(1, "Dropout's ratio").get_f(0) != 0))
+    unsupported("Dropout in training mode draws a random mask: no core form");
+  std::vector<Value*> r = {n.inputs[0]};
+  if (n.outputs.size() > 1)
+    r.push_back(n.outputs[1] ? b.full(DType::boolean, n.inputs[0]->type.shape, 1) : nullptr);
+  return r;
+}
+
 // ---- legacy opsets --------------------------------------------------------------------------
 
 // Ops whose opset-1 form carried `consumed_inputs`, an in-place hint that never changed results.
@@ -315,11 +500,11 @@ void add(OpRegistry& r, OpDef d) {
 }
 
 void register_unary(OpRegistry& r) {
-  add(r, unary("Abs", 6, Types::numeric, [](const Tensor& x) {
+  add(r, with_decomposition(unary("Abs", 6, Types::numeric, [](const Tensor& x) {
         auto f = [](double v) { return std::fabs(v); };
         auto s = [](int64_t v) { return v < 0 ? wrap_sub(0, v) : v; };  // |INT_MIN| wraps, as in C
         return map_by_class(x, f, s, [](uint64_t v) { return v; });
-      }));
+      }), elementwise(abs_of)));
   {
     OpDef d = unary("Neg", 6, Types::signed_or_float, [](const Tensor& x) {
       return map_unary(
@@ -328,50 +513,81 @@ void register_unary(OpRegistry& r) {
     d.decompose = decompose_as("neg");
     add(r, std::move(d));
   }
-  add(r, unary("Sign", 9, Types::numeric, [](const Tensor& x) {
+  add(r, with_decomposition(unary("Sign", 9, Types::numeric, [](const Tensor& x) {
         auto f = [](double v) { return std::isnan(v) || v == 0 ? v : v > 0 ? 1.0 : -1.0; };
         auto s = [](int64_t v) -> int64_t { return (v > 0) - (v < 0); };
         return map_by_class(x, f, s, [](uint64_t v) -> uint64_t { return v != 0; });
-      }));
-  add(r, unary_f("Reciprocal", 6, [](double v) { return 1.0 / v; }));
+      }), decompose_sign));
+  add(r, with_decomposition(unary_f("Reciprocal", 6, [](double v) { return 1.0 / v; }),
+                            elementwise([](CoreBuilder& b, Value* x) { return b.div(k(b, x, 1), x); })));
   add(r, with_decomposition(unary_f("Sqrt", 6, [](double v) { return std::sqrt(v); }), decompose_as("sqrt")));
   add(r, with_decomposition(unary_f("Exp", 6, [](double v) { return std::exp(v); }), decompose_as("exp")));
   add(r, with_decomposition(unary_f("Log", 6, [](double v) { return std::log(v); }), decompose_as("log")));
-  add(r, unary_f("Ceil", 6, [](double v) { return std::ceil(v); }));
+  add(r, with_decomposition(unary_f("Ceil", 6, [](double v) { return std::ceil(v); }),
+                            elementwise([](CoreBuilder& b, Value* x) { return neg(b, b.unary("floor", neg(b, x))); })));
   add(r, with_decomposition(unary_f("Floor", 6, [](double v) { return std::floor(v); }), decompose_as("floor")));
   // nearbyint in the default rounding mode rounds halfway cases to even, as ONNX Round asks.
-  add(r, unary_f("Round", 11, [](double v) { return std::nearbyint(v); }));
+  add(r, with_decomposition(unary_f("Round", 11, [](double v) { return std::nearbyint(v); }), decompose_as("round_even")));
   add(r, with_decomposition(unary_f("Sin", 7, [](double v) { return std::sin(v); }), decompose_as("sin")));
-  add(r, unary_f("Cos", 7, [](double v) { return std::cos(v); }));
-  add(r, unary_f("Tan", 7, [](double v) { return std::tan(v); }));
-  add(r, unary_f("Asin", 7, [](double v) { return std::asin(v); }));
-  add(r, unary_f("Acos", 7, [](double v) { return std::acos(v); }));
+  add(r, with_decomposition(unary_f("Cos", 7, [](double v) { return std::cos(v); }), float_math(cos_of)));
+  add(r, with_decomposition(unary_f("Tan", 7, [](double v) { return std::tan(v); }),
+                            float_math([](CoreBuilder& b, Value* x) { return b.div(b.unary("sin", x), cos_of(b, x)); })));
+  // asin x = atan(x / sqrt(1 - x²)) (±inf at |x| = 1 gives ±π/2); acos x = 2 atan(sqrt((1 - x) / (1 + x))).
+  add(r, with_decomposition(unary_f("Asin", 7, [](double v) { return std::asin(v); }),
+                            float_math([](CoreBuilder& b, Value* x) {
+                              return b.unary("atan", b.div(x, b.unary("sqrt", one_minus_sq(b, x))));
+                            })));
+  add(r, with_decomposition(unary_f("Acos", 7, [](double v) { return std::acos(v); }),
+                            float_math([](CoreBuilder& b, Value* x) {
+                              Value* q = b.div(b.sub(k(b, x, 1), x), b.add(k(b, x, 1), x));
+                              return b.mul(k(b, x, 2), b.unary("atan", b.unary("sqrt", q)));
+                            })));
   add(r, with_decomposition(unary_f("Atan", 7, [](double v) { return std::atan(v); }), decompose_as("atan")));
-  add(r, unary_f("Sinh", 9, [](double v) { return std::sinh(v); }));
-  add(r, unary_f("Cosh", 9, [](double v) { return std::cosh(v); }));
-  add(r, unary_f("Asinh", 9, [](double v) { return std::asinh(v); }));
-  add(r, unary_f("Acosh", 9, [](double v) { return std::acosh(v); }));
-  add(r, unary_f("Atanh", 9, [](double v) { return std::atanh(v); }));
+  add(r, with_decomposition(unary_f("Sinh", 9, [](double v) { return std::sinh(v); }),
+                            float_math([](CoreBuilder& b, Value* x) { return sinh_cosh(b, x, true); })));
+  add(r, with_decomposition(unary_f("Cosh", 9, [](double v) { return std::cosh(v); }),
+                            float_math([](CoreBuilder& b, Value* x) { return sinh_cosh(b, x, false); })));
+  // asinh x = sign(x) log(|x| + sqrt(x² + 1)): the odd form stays accurate for negative x.
+  add(r, with_decomposition(unary_f("Asinh", 9, [](double v) { return std::asinh(v); }),
+                            float_math([](CoreBuilder& b, Value* x) {
+                              Value* a = abs_of(b, x);
+                              Value* r = b.unary("log", b.add(a, b.unary("sqrt", b.add(b.mul(a, a), k(b, x, 1)))));
+                              return b.select(b.compare("lt", x, k(b, x, 0)), neg(b, r), r);
+                            })));
+  // acosh x = log(x + sqrt((x - 1)(x + 1))); atanh x = log((1 + x) / (1 - x)) / 2.
+  add(r, with_decomposition(unary_f("Acosh", 9, [](double v) { return std::acosh(v); }),
+                            float_math([](CoreBuilder& b, Value* x) {
+                              Value* s = b.unary("sqrt", b.mul(b.sub(x, k(b, x, 1)), b.add(x, k(b, x, 1))));
+                              return b.unary("log", b.add(x, s));
+                            })));
+  add(r, with_decomposition(unary_f("Atanh", 9, [](double v) { return std::atanh(v); }),
+                            float_math([](CoreBuilder& b, Value* x) {
+                              Value* q = b.div(b.add(k(b, x, 1), x), b.sub(k(b, x, 1), x));
+                              return b.mul(k(b, x, 0.5), b.unary("log", q));
+                            })));
   add(r, with_decomposition(unary_f("Erf", 9, [](double v) { return std::erf(v); }), decompose_as("erf")));
-  add(r, unary("Not", 1, Types::boolean, [](const Tensor& x) {
+  add(r, with_decomposition(unary("Not", 1, Types::boolean, [](const Tensor& x) {
         Tensor y(DType::boolean, x.shape());
         for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = x.bytes()[i] ? 0 : 1;
         return y;
-      }));
-  add(r, unary("BitwiseNot", 18, Types::ints, [](const Tensor& x) {
+      }), decompose_not));
+  add(r, with_decomposition(unary("BitwiseNot", 18, Types::ints, [](const Tensor& x) {
         Tensor y(x.dtype(), x.shape());
         for (int64_t i = 0; i < x.numel(); ++i)
           y.set_i(i, ~x.get_i(i));  // set_i narrows to the width
         return y;
-      }));
-  add(r, unary(
+      }), decompose_not));
+  add(r, with_decomposition(unary(
              "IsNaN", 9, Types::floats,
              [](const Tensor& x) {
                Tensor y(DType::boolean, x.shape());
                for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = std::isnan(x.get_f(i));
                return y;
              },
-             DType::boolean));
+             DType::boolean),
+         [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+           return {b.compare("ne", n.inputs[0], n.inputs[0])};
+         }));
   {
     OpDef d = unary("IsInf", 10, Types::floats, nullptr, DType::boolean);
     d.attrs = {{"detect_negative", AttrKind::i}, {"detect_positive", AttrKind::i}};
@@ -386,6 +602,7 @@ void register_unary(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
+    d.decompose = decompose_isinf;
     add(r, std::move(d));
   }
 }
@@ -504,6 +721,7 @@ void register_binary(OpRegistry& r) {
     d.kernel = [](KernelCtx& c) {
       c.set_out(0, mod_kernel(c.in(0), c.in(1), c.node().attr_i("fmod", 0) != 0));
     };
+    d.decompose = decompose_mod;
     add(r, std::move(d));
   }
   {
@@ -514,6 +732,7 @@ void register_binary(OpRegistry& r) {
       infer_broadcast(ctx);
     };
     d.kernel = [](KernelCtx& c) { c.set_out(0, pow_kernel(c.in(0), c.in(1))); };
+    d.decompose = decompose_pow;
     add(r, std::move(d));
   }
   {
@@ -534,6 +753,7 @@ void register_binary(OpRegistry& r) {
       };
       c.set_out(0, apply_binary(c.in(0), c.in(1), fns));
     };
+    d.decompose = decompose_bitshift;
     add(r, std::move(d));
   }
   auto bitwise = [](uint64_t (*f)(uint64_t, uint64_t)) {
@@ -545,20 +765,22 @@ void register_binary(OpRegistry& r) {
         },
         f};
   };
-  add(r,
-      binary("BitwiseAnd", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a & b; })));
-  add(r,
-      binary("BitwiseOr", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a | b; })));
-  add(r,
-      binary("BitwiseXor", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a ^ b; })));
-  add(r, binary("And", 7, Types::boolean,
-                {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a && b; }}));
-  add(r, binary("Or", 7, Types::boolean,
-                {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a || b; }}));
-  add(r,
-      binary("Xor", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t {
-                                          return (a != 0) != (b != 0);
-                                        }}));
+  add(r, with_decomposition(binary("BitwiseAnd", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a & b; })),
+                            decompose_as("and")));
+  add(r, with_decomposition(binary("BitwiseOr", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a | b; })),
+                            decompose_as("or")));
+  add(r, with_decomposition(binary("BitwiseXor", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a ^ b; })),
+                            decompose_as("xor")));
+  add(r, with_decomposition(binary("And", 7, Types::boolean,
+                                   {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a && b; }}),
+                            decompose_as("and")));
+  add(r, with_decomposition(binary("Or", 7, Types::boolean,
+                                   {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a || b; }}),
+                            decompose_as("or")));
+  add(r, with_decomposition(binary("Xor", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t {
+                                                                return (a != 0) != (b != 0);
+                                                              }}),
+                            decompose_as("xor")));
 }
 
 // ---- comparisons -----------------------------------------------------------------------------
@@ -773,6 +995,7 @@ void register_casts(OpRegistry& r) {
                 cast_tensor(c.in(0), to_attr_dtype(c.node()), c.node().attr_i("saturate", 1) != 0,
                             round_mode_of(c.node())));
     };
+    d.decompose = decompose_cast;
     add(r, std::move(d));
   }
   {
@@ -790,6 +1013,7 @@ void register_casts(OpRegistry& r) {
       c.set_out(0, cast_tensor(c.in(0), c.in(1).dtype(), c.node().attr_i("saturate", 1) != 0,
                                round_mode_of(c.node())));
     };
+    d.decompose = decompose_cast;
     add(r, std::move(d));
   }
   {
@@ -825,6 +1049,7 @@ void register_casts(OpRegistry& r) {
       }
       c.set_out(0, std::move(y));
     };
+    d.decompose = decompose_bitcast;
     add(r, std::move(d));
   }
 }
@@ -937,6 +1162,7 @@ void register_selection(OpRegistry& r) {
       ctx.set_out(0, TensorType{ctx.in(1).dtype, s});
     };
     d.kernel = [](KernelCtx& c) { c.set_out(0, where_kernel(c.in(0), c.in(1), c.in(2))); };
+    d.decompose = decompose_where;
     add(r, std::move(d));
   }
   {
@@ -960,6 +1186,7 @@ void register_selection(OpRegistry& r) {
       infer_same_as_input(ctx);
     };
     d.kernel = [](KernelCtx& c) { c.set_out(0, clip_kernel(c)); };
+    d.decompose = decompose_clip;
     add(r, std::move(d));
   }
   {
@@ -1033,6 +1260,7 @@ void register_selection(OpRegistry& r) {
       c.set_out(0, std::move(y));
       if (c.wants_out(1)) c.set_out(1, std::move(m));
     };
+    d.decompose = decompose_dropout;
     add(r, std::move(d));
   }
 }
@@ -1042,15 +1270,15 @@ void register_selection(OpRegistry& r) {
 void register_elementwise_ops(OpRegistry& r) {
   register_unary(r);
   register_binary(r);
-  add(r, comparison("Equal", 7, Cmp::eq));
-  add(r, comparison("Less", 7, Cmp::lt));
-  add(r, comparison("LessOrEqual", 12, Cmp::le));
-  add(r, comparison("Greater", 7, Cmp::gt));
-  add(r, comparison("GreaterOrEqual", 12, Cmp::ge));
-  add(r, variadic("Max", 6, Fold::max, Types::numeric));
-  add(r, variadic("Min", 6, Fold::min, Types::numeric));
-  add(r, variadic("Sum", 6, Fold::sum, Types::floats));
-  add(r, variadic("Mean", 6, Fold::mean, Types::floats));
+  add(r, with_decomposition(comparison("Equal", 7, Cmp::eq), compare_as("eq")));
+  add(r, with_decomposition(comparison("Less", 7, Cmp::lt), compare_as("lt")));
+  add(r, with_decomposition(comparison("LessOrEqual", 12, Cmp::le), compare_as("le")));
+  add(r, with_decomposition(comparison("Greater", 7, Cmp::gt), compare_as("gt")));
+  add(r, with_decomposition(comparison("GreaterOrEqual", 12, Cmp::ge), compare_as("ge")));
+  add(r, with_decomposition(variadic("Max", 6, Fold::max, Types::numeric), fold_as("max")));
+  add(r, with_decomposition(variadic("Min", 6, Fold::min, Types::numeric), fold_as("min")));
+  add(r, with_decomposition(variadic("Sum", 6, Fold::sum, Types::floats), fold_as("add")));
+  add(r, with_decomposition(variadic("Mean", 6, Fold::mean, Types::floats), fold_as("add", true)));
   register_casts(r);
   register_selection(r);
 }
