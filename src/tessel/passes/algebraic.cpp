@@ -118,6 +118,31 @@ class Simplifier {
       n.attrs["dims"] = dims = composed;
       rule = "broadcast∘broadcast";
     }
+    if (const Node* p = producer_is(n.inputs[0], "reshape")) {
+      // A reshape that only inserts or drops size-1 dims (the keepdims of a reduction) folds into the
+      // broadcast: each non-unit source dim keeps its place in order.
+      const Shape& src = p->inputs[0]->type.shape;
+      const Shape& mid = n.inputs[0]->type.shape;
+      std::vector<int64_t> composed;
+      size_t j = 0;
+      bool ok = true;
+      for (size_t i = 0; i < src.size() && ok; ++i) {
+        if (src[i] == 1) {  // a unit source dim may go anywhere a broadcast can put it
+          while (j < mid.size() && mid[j] != 1) ++j;
+        } else {
+          while (j < mid.size() && mid[j] == 1) ++j;
+          ok = j < mid.size() && mid[j] == src[i];
+        }
+        if (j >= mid.size()) ok = false;
+        if (ok) composed.push_back(dims[j++]);
+      }
+      for (; ok && j < mid.size(); ++j) ok = mid[j] == 1;
+      if (ok) {
+        n.inputs[0] = p->inputs[0];
+        n.attrs["dims"] = dims = composed;
+        rule = "broadcast∘reshape";
+      }
+    }
     if (n.inputs[0]->type.shape == n.outputs[0]->type.shape && is_identity(dims) &&
         forward(n.outputs[0], n.inputs[0]))
       return "broadcast to the same shape";
