@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -61,6 +62,51 @@ AttnDims attn_dims(const Node& n, const Shape& q, const Shape& k, const Shape& v
   }
   a.t = (a.l == kUnknownDim || a.p == kUnknownDim) ? kUnknownDim : a.l + a.p;
   return a;
+}
+
+
+// ---- decomposition helpers ----------------------------------------------------------------------
+
+// Attention math runs in f32 for f16/bf16/f8 inputs and rounds once at the end.
+DType compute_dtype(DType t) { return is_small_float(t) ? DType::f32 : t; }
+
+// A [B, S, H*D] input viewed as [B, H, S, D]; 4-D inputs are already in that layout.
+Value* heads_first(CoreBuilder& b, Value* x, int64_t heads) {
+  const Shape& s = x->type.shape;
+  if (s.size() == 4) return x;
+  return b.transpose(b.reshape(x, {s[0], s[1], heads, s[2] / heads}), {0, 2, 1, 3});
+}
+
+// [B, HKV, T, D] repeated to [B, HKV*G, T, D]: query head h reads kv head h / G.
+Value* repeat_kv(CoreBuilder& b, Value* x, int64_t group) {
+  if (group == 1) return x;
+  const Shape& s = x->type.shape;
+  Value* e = b.emit("broadcast_in_dim", {x},
+                    {{"shape", std::vector<int64_t>{s[0], s[1], group, s[2], s[3]}},
+                     {"dims", std::vector<int64_t>{0, 1, 3, 4}}});
+  return b.reshape(e, {s[0], s[1] * group, s[2], s[3]});
+}
+
+// Batched over dims 0, 1 of two 4-D operands: contract lhs dim 3 with rhs dim `rc`.
+Value* bmm(CoreBuilder& b, Value* lhs, Value* rhs, int64_t rc) {
+  return b.emit("dot_general", {lhs, rhs},
+                {{"lhs_batch", std::vector<int64_t>{0, 1}},
+                 {"rhs_batch", std::vector<int64_t>{0, 1}},
+                 {"lhs_contract", std::vector<int64_t>{3}},
+                 {"rhs_contract", std::vector<int64_t>{rc}}});
+}
+
+// Softmax over the last axis of a 4-D score tensor.
+Value* softmax_last(CoreBuilder& b, Value* x) {
+  Value* e = b.emit("exp", {b.sub(x, b.reduce(x, "max", {3}, true))});
+  return b.div(e, b.reduce(e, "sum", {3}, true));
+}
+
+// [B, H, S, DV] back to the layout of the query: [B, S, H*DV] for 3-D inputs.
+Value* heads_back(CoreBuilder& b, Value* y, bool three_d) {
+  if (!three_d) return y;
+  const Shape& s = y->type.shape;
+  return b.reshape(b.transpose(y, {0, 2, 1, 3}), {s[0], s[2], s[1] * s[3]});
 }
 
 OpDef attention_def() {
@@ -257,6 +303,81 @@ OpDef attention_def() {
     if (c.wants_out(2)) c.set_out(2, Tensor::from_f64(dt, {B, HKV, T, DV}, vc));
     if (want_qk) c.set_out(3, Tensor::from_f64(dt, {B, HQ, S, T}, qk));
   };
+
+  // Scores, softcap, masks and softmax as the kernel orders them; present key/value are the past
+  // concatenated with the new keys/values. Only the outputs the node uses are produced.
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    const DType dt = n.inputs[0]->type.dtype, ct = compute_dtype(dt);
+    const bool has_past = n.has_input(4);
+    AttnDims a = attn_dims(n, n.inputs[0]->type.shape, n.inputs[1]->type.shape, n.inputs[2]->type.shape,
+                           has_past ? &n.inputs[4]->type.shape : nullptr);
+    Value* q = heads_first(b, n.inputs[0], a.hq);
+    Value* k = heads_first(b, n.inputs[1], a.hkv);
+    Value* v = heads_first(b, n.inputs[2], a.hkv);
+    if (has_past) {
+      k = b.concat({n.inputs[4], k}, 2);
+      v = b.concat({n.inputs[5], v}, 2);
+    }
+    std::vector<Value*> out(n.outputs.size(), nullptr);
+    if (out.size() > 1) out[1] = k;
+    if (out.size() > 2) out[2] = v;
+    const int64_t group = a.hq / a.hkv;
+    const double scale = n.has_attr("scale") ? n.attr_f("scale") : 1.0 / std::sqrt(static_cast<double>(a.d));
+    Value* sc = b.mul(bmm(b, b.convert(q, ct), repeat_kv(b, b.convert(k, ct), group), 3), b.scalar(ct, scale));
+    const int64_t mode = n.attr_i("qk_matmul_output_mode", 0);
+    std::vector<Value*> stage(4, nullptr);  // the scores after each step, for qk_matmul_output
+    stage[0] = sc;
+    const double softcap = n.attr_f("softcap", 0.0);
+    if (softcap > 0) {
+      Value* cap = b.scalar(ct, softcap);
+      sc = b.mul(b.emit("tanh", {b.div(sc, cap)}), cap);
+    }
+    stage[1] = sc;
+    // The additive bias: attn_mask (bool: 0 / -inf; a short last dim padded with -inf), causal
+    // and nonpad_kv_seqlen masks.
+    const Shape full = {a.b, a.hq, a.s, a.t};
+    Value* ninf = b.scalar(ct, -INFINITY);
+    Value* bias = nullptr;
+    auto add_bias = [&](Value* t) { bias = bias ? b.add(bias, t) : b.broadcast_to(t, full); };
+    if (n.has_input(3)) {
+      Value* m = n.inputs[3];
+      m = m->type.dtype == DType::boolean ? b.select(m, b.scalar(ct, 0.0), ninf) : b.convert(m, ct);
+      const Shape& ms = m->type.shape;
+      if (ms.back() < a.t) {
+        std::vector<int64_t> lo(ms.size(), 0), hi(ms.size(), 0);
+        hi.back() = a.t - ms.back();
+        m = b.emit("pad", {m, ninf}, {{"low", lo}, {"high", hi}});
+      }
+      add_bias(m);
+    }
+    Value* nonpad = n.has_input(6) ? n.inputs[6] : nullptr;
+    auto per_batch = [&](Value* t) {  // [B] i64 -> full
+      return b.emit("broadcast_in_dim", {t}, {{"shape", std::vector<int64_t>(full)}, {"dims", std::vector<int64_t>{0}}});
+    };
+    Value* col = (n.attr_i("is_causal", 0) != 0 || nonpad) ? b.iota(DType::i64, full, 3) : nullptr;
+    if (n.attr_i("is_causal", 0) != 0) {
+      // Row i sees keys j <= i + offset (the cached prefix, or nonpad_kv_seqlen - S).
+      Value* limit = b.iota(DType::i64, full, 2);
+      limit = nonpad ? b.add(limit, per_batch(b.sub(nonpad, b.scalar(DType::i64, static_cast<double>(a.s)))))
+                     : b.add(limit, b.scalar(DType::i64, static_cast<double>(a.p)));
+      add_bias(b.select(b.compare("gt", col, limit), ninf, b.scalar(ct, 0.0)));
+    }
+    if (nonpad) add_bias(b.select(b.compare("ge", col, per_batch(nonpad)), ninf, b.scalar(ct, 0.0)));
+    if (bias) sc = b.add(sc, bias);
+    stage[2] = sc;
+    Value* p = softmax_last(b, sc);
+    if (bias) {
+      // A row whose every key is masked attends to nothing (zeros, not NaN).
+      Value* dead = b.compare("eq", b.reduce(bias, "max", {3}, true), ninf);
+      p = b.select(dead, b.scalar(ct, 0.0), p);
+    }
+    stage[3] = p;
+    out[0] = b.convert(heads_back(b, bmm(b, p, repeat_kv(b, b.convert(v, ct), group), 2), a.three_d), dt);
+    if (out.size() > 3 && n.outputs[3]) out[3] = b.convert(stage[mode], dt);
+    for (size_t i = 1; i < out.size(); ++i)
+      if (!n.outputs[i]) out[i] = nullptr;
+    return out;
+  };
   return d;
 }
 
@@ -346,6 +467,64 @@ OpDef rotary_embedding_def() {
         }
       }
     c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
+  };
+  // Rotate pairs (first/second half, or even/odd when interleaved) of the first
+  // rotary_embedding_dim features by the cached cos/sin of each position.
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const Shape xs = x->type.shape;
+    const DType dt = x->type.dtype, ct = compute_dtype(dt);
+    const bool three_d = xs.size() == 3;
+    // View as [B, S, H, D] (3-D) or keep [B, H, S, D].
+    const int64_t H = three_d ? n.attr_i("num_heads") : xs[1];
+    const Shape vs = three_d ? Shape{xs[0], xs[1], H, xs[2] / H} : xs;
+    const int64_t B = vs[0], S = three_d ? vs[1] : vs[2], D = vs[3];
+    int64_t rot = n.attr_i("rotary_embedding_dim", 0);
+    if (rot == 0) rot = D;
+    const int64_t half = rot / 2;
+    // cos/sin as [B, S, half], from the [max_pos, w] caches through position_ids or directly.
+    auto table = [&](Value* cache) {
+      cache = b.convert(cache, ct);
+      const Shape& cs = cache->type.shape;
+      if (n.has_input(3)) {
+        Value* pos = b.broadcast_to(b.reshape(n.inputs[3], {B * S, 1}), {B * S, half});
+        return b.reshape(b.emit("gather", {cache, pos}, {{"axis", int64_t{0}}}), {B, S, half});
+      }
+      return b.slice(cache, {0, 0, 0}, {cs[0], cs[1], half});
+    };
+    // Broadcast [B, S, half] against the view's [.., half] slices.
+    const Shape hs = three_d ? Shape{B, S, H, half} : Shape{B, H, S, half};
+    const std::vector<int64_t> dims = three_d ? std::vector<int64_t>{0, 1, 3} : std::vector<int64_t>{0, 2, 3};
+    auto spread = [&](Value* t) {
+      return b.emit("broadcast_in_dim", {t}, {{"shape", std::vector<int64_t>(hs)}, {"dims", dims}});
+    };
+    Value* cs = spread(table(n.inputs[1]));
+    Value* sn = spread(table(n.inputs[2]));
+    Value* v = b.reshape(b.convert(x, ct), vs);
+    const bool inter = n.attr_i("interleaved", 0) != 0;
+    std::vector<int64_t> st(4, 0), sp(vs.begin(), vs.end()), stride(4, 1);
+    auto part = [&](int64_t start, int64_t stop, int64_t step) {
+      st[3] = start;
+      sp[3] = stop;
+      stride[3] = step;
+      return b.slice(v, st, sp, stride);
+    };
+    Value* x1 = inter ? part(0, rot, 2) : part(0, half, 1);
+    Value* x2 = inter ? part(1, rot, 2) : part(half, rot, 1);
+    Value* y1 = b.sub(b.mul(cs, x1), b.mul(sn, x2));
+    Value* y2 = b.add(b.mul(sn, x1), b.mul(cs, x2));
+    Value* y;
+    if (inter) {
+      Shape one = hs;
+      one.push_back(1);
+      Shape rs = hs;
+      rs[3] = rot;
+      y = b.reshape(b.concat({b.reshape(y1, one), b.reshape(y2, one)}, 4), rs);
+    } else {
+      y = b.concat({y1, y2}, 3);
+    }
+    if (rot < D) y = b.concat({y, part(rot, D, 1)}, 3);
+    return {b.convert(b.reshape(y, xs), dt)};
   };
   return d;
 }
@@ -489,6 +668,61 @@ OpDef linear_attention_def() {
     c.set_out(0, Tensor::from_f64(dt, {B, T, HQ * DV}, out));
     if (c.wants_out(1)) c.set_out(1, Tensor::from_f64(dt, {B, HKV, DK, DV}, st));
   };
+  // The recurrence unrolled over the (static) T steps, each a few batched products on the
+  // [B, HKV, DK, DV] state.
+  d.decompose = [dims, rule_of](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    const DType dt = n.inputs[0]->type.dtype, ct = compute_dtype(dt);
+    Dims a = dims(n, n.inputs[0]->type.shape, n.inputs[1]->type.shape, n.inputs[2]->type.shape);
+    const int64_t B = a.b, T = a.t, HKV = a.hkv, DK = a.dk, DV = a.dv, G = a.hq / a.hkv;
+    const std::string rule = rule_of(n);
+    const bool gated = rule == "gated" || rule == "gated_delta", delta = rule == "delta" || rule == "gated_delta";
+    const double scale = n.has_attr("scale") && n.attr_f("scale") != 0.0 ? n.attr_f("scale")
+                                                                         : 1.0 / std::sqrt(static_cast<double>(DK));
+    // [B, T, W] -> time-major [T, B, W]; step t is then a slice reshaped to `per_step`.
+    auto time_major = [&](Value* x) { return b.transpose(b.convert(x, ct), {1, 0, 2}); };
+    auto step = [&](Value* x, int64_t t, const Shape& per_step) {
+      const Shape& s = x->type.shape;
+      return b.reshape(b.slice(x, {t, 0, 0}, {t + 1, s[1], s[2]}), per_step);
+    };
+    auto spread = [&](Value* x, std::vector<int64_t> to) {
+      return b.emit("broadcast_in_dim", {x}, {{"shape", std::vector<int64_t>{B, HKV, DK, DV}}, {"dims", to}});
+    };
+    Value* q = time_major(n.inputs[0]);
+    Value* k = time_major(n.inputs[1]);
+    Value* v = time_major(n.inputs[2]);
+    Value* decay = gated ? time_major(n.inputs[4]) : nullptr;
+    Value* beta = delta ? time_major(n.inputs[5]) : nullptr;
+    Value* st = n.has_input(3) ? b.convert(n.inputs[3], ct) : b.full(ct, {B, HKV, DK, DV}, 0.0);
+    std::vector<Value*> outs;
+    for (int64_t t = 0; t < T; ++t) {
+      Value* kt = step(k, t, {B, HKV, DK});
+      if (gated) {
+        const int64_t dw = decay->type.shape[2] / HKV;
+        Value* g = b.emit("exp", {step(decay, t, {B, HKV, dw})});
+        st = b.mul(st, dw == 1 ? spread(b.reshape(g, {B, HKV}), {0, 1}) : spread(g, {0, 1, 2}));
+      }
+      Value* w = step(v, t, {B, HKV, DV});
+      if (delta) {
+        // Write beta * (v - S^T k): the delta rule corrects what S recalls for k.
+        Value* recall = b.emit("dot_general", {st, kt},
+                               {{"lhs_batch", std::vector<int64_t>{0, 1}}, {"rhs_batch", std::vector<int64_t>{0, 1}},
+                                {"lhs_contract", std::vector<int64_t>{2}}, {"rhs_contract", std::vector<int64_t>{2}}});
+        const int64_t bw = beta->type.shape[2];
+        Value* be = b.emit("broadcast_in_dim", {step(beta, t, {B, bw})},
+                           {{"shape", std::vector<int64_t>{B, HKV, DV}}, {"dims", std::vector<int64_t>{0, 1}}});
+        w = b.mul(be, b.sub(w, recall));
+      }
+      st = b.add(st, b.mul(spread(kt, {0, 1, 2}), spread(w, {0, 1, 3})));
+      Value* qt = step(q, t, {B, HKV, G, DK});
+      Value* o = b.emit("dot_general", {qt, st},
+                        {{"lhs_batch", std::vector<int64_t>{0, 1}}, {"rhs_batch", std::vector<int64_t>{0, 1}},
+                         {"lhs_contract", std::vector<int64_t>{3}}, {"rhs_contract", std::vector<int64_t>{2}}});
+      outs.push_back(b.reshape(b.mul(o, b.scalar(ct, scale)), {B, 1, a.hq * DV}));
+    }
+    std::vector<Value*> out = {b.convert(b.concat(outs, 1), dt)};
+    if (n.outputs.size() > 1) out.push_back(n.outputs[1] ? b.convert(st, dt) : nullptr);
+    return out;
+  };
   return d;
 }
 
@@ -555,6 +789,16 @@ OpDef flex_attention_def() {
         }
       }
     c.set_out(0, Tensor::from_f64(q.dtype(), {B, HQ, S, DV}, y));
+  };
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    const DType dt = n.inputs[0]->type.dtype, ct = compute_dtype(dt);
+    const Shape& qs = n.inputs[0]->type.shape;
+    const int64_t group = qs[1] / n.inputs[1]->type.shape[1];
+    const double scale = n.has_attr("scale") ? n.attr_f("scale") : 1.0 / std::sqrt(static_cast<double>(qs[3]));
+    Value* q = b.convert(n.inputs[0], ct);
+    Value* sc = b.mul(bmm(b, q, repeat_kv(b, b.convert(n.inputs[1], ct), group), 3), b.scalar(ct, scale));
+    Value* y = bmm(b, softmax_last(b, sc), repeat_kv(b, b.convert(n.inputs[2], ct), group), 2);
+    return {b.convert(y, dt)};
   };
   return d;
 }

@@ -1,7 +1,10 @@
 // Op family: normalization (LayerNorm, RMSNorm, Instance/Batch/Group norm, Lp, MVN, LRN).
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -72,6 +75,60 @@ void check_per_channel(const InferCtx& ctx, int i, int64_t c, const char* what) 
     fail("{} must have shape [{}], got {}", what, c, shape_str(s));
 }
 
+
+// ---- decomposition helpers -------------------------------------------------------------------
+
+// Statistics run in f32 (f64 when the input or stash type is f64) and round once at the end.
+DType compute_dtype(DType x, DType stash = DType::f32) {
+  return x == DType::f64 || stash == DType::f64 ? DType::f64 : DType::f32;
+}
+
+// Mean over `axes` (keepdims), x minus it, and the mean of its square (the biased variance).
+// Without centering (RMS) the mean is absent and the "variance" is the mean square of x.
+struct Moments {
+  Value* mean = nullptr;
+  Value* diff = nullptr;
+  Value* var = nullptr;
+};
+
+Moments moments(CoreBuilder& b, Value* x, const std::vector<int64_t>& axes, bool center = true) {
+  int64_t count = 1;
+  for (int64_t a : axes) count *= x->type.shape[a];
+  Value* cnt = b.scalar(x->type.dtype, static_cast<double>(count));
+  Moments m;
+  if (center) m.mean = b.div(b.reduce(x, "sum", axes, true), cnt);
+  m.diff = center ? b.sub(x, m.mean) : x;
+  m.var = b.div(b.reduce(b.mul(m.diff, m.diff), "sum", axes, true), cnt);
+  return m;
+}
+
+// 1 / sqrt(var + eps), the reference kernels' order.
+Value* inv_std(CoreBuilder& b, Value* var, double eps) {
+  const DType t = var->type.dtype;
+  return b.div(b.scalar(t, 1.0), b.emit("sqrt", {b.add(var, b.scalar(t, eps))}));
+}
+
+// A per-channel [C] parameter as [C, 1, ...] for an [N, C, ...] input of rank r, in dtype t.
+Value* per_channel_view(CoreBuilder& b, Value* p, size_t r, DType t) {
+  Shape s(r - 1, 1);
+  s[0] = p->type.shape[0];
+  return b.reshape(b.convert(p, t), s);
+}
+
+// GroupNormalization on [N, C, ...] (InstanceNormalization: groups == C).
+Value* group_norm_core(CoreBuilder& b, const Node& n, int64_t groups) {
+  Value* x = n.inputs[0];
+  const Shape& xs = x->type.shape;
+  const DType ct = compute_dtype(x->type.dtype);
+  const int64_t block = shape_numel(xs) / (xs[0] * groups);
+  Value* v = b.reshape(b.convert(x, ct), {xs[0], groups, block});
+  Moments m = moments(b, v, {2});
+  Value* y = b.reshape(b.mul(m.diff, inv_std(b, m.var, n.attr_f("epsilon", 1e-5))), xs);
+  y = b.mul(y, per_channel_view(b, n.inputs[1], xs.size(), ct));
+  y = b.add(y, per_channel_view(b, n.inputs[2], xs.size(), ct));
+  return b.convert(y, x->type.dtype);
+}
+
 // ---- LayerNormalization / RMSNormalization ---------------------------------------------------
 
 // Normalizes each row of X flattened to [prod(dims[:axis]), prod(dims[axis:])].
@@ -133,6 +190,23 @@ OpDef last_axes_norm(std::string name, int since, bool rms) {
     DType st = stash_dtype(c.node().attr_i("stash_type", 1));
     if (c.wants_out(1)) c.set_out(1, Tensor::from_f64(st, s, mean));
     if (c.wants_out(2)) c.set_out(2, Tensor::from_f64(st, s, inv));
+  };
+  d.decompose = [rms](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const int r = static_cast<int>(x->type.shape.size());
+    const int axis = normalize_axis(n.attr_i("axis", -1), r);
+    const DType st = stash_dtype(n.attr_i("stash_type", 1));
+    const DType ct = compute_dtype(x->type.dtype, st);
+    std::vector<int64_t> axes(r - axis);
+    std::iota(axes.begin(), axes.end(), axis);
+    Moments m = moments(b, b.convert(x, ct), axes, !rms);
+    Value* is = inv_std(b, m.var, n.attr_f("epsilon", 1e-5));
+    Value* y = b.mul(b.mul(m.diff, is), b.convert(n.inputs[1], ct));
+    if (n.has_input(2)) y = b.add(y, b.convert(n.inputs[2], ct));
+    std::vector<Value*> out = {b.convert(y, x->type.dtype)};
+    if (n.outputs.size() > 1) out.push_back(n.outputs[1] ? b.convert(m.mean, st) : nullptr);
+    if (n.outputs.size() > 2) out.push_back(n.outputs[2] ? b.convert(is, st) : nullptr);
+    return out;
   };
   return d;
 }
@@ -196,6 +270,9 @@ OpDef instance_norm() {
     c.set_out(0, group_norm(x, ch, per_channel(c.in(1), ch, "scale"), per_channel(c.in(2), ch, "B"),
                             c.node().attr_f("epsilon", 1e-5)));
   };
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    return {group_norm_core(b, n, n.inputs[0]->type.shape[1])};
+  };
   return d;
 }
 
@@ -253,6 +330,9 @@ OpDef group_norm_op() {
     const int64_t ch = x.dim(1);
     c.set_out(0, group_norm(x, n.attr_i("num_groups"), per_channel(c.in(1), ch, "scale"),
                             per_channel(c.in(2), ch, "bias"), n.attr_f("epsilon", 1e-5)));
+  };
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    return {group_norm_core(b, n, n.attr_i("num_groups"))};
   };
   return d;
 }
@@ -342,6 +422,36 @@ OpDef batch_norm() {
     if (c.wants_out(1)) c.set_out(1, Tensor::from_f64(c.in(3).dtype(), c.in(3).shape(), run_mean));
     if (c.wants_out(2)) c.set_out(2, Tensor::from_f64(c.in(4).dtype(), c.in(4).shape(), run_var));
   };
+  // Inference: the given statistics; training: the batch's (over N and the spatial dims), with the
+  // running statistics blended by momentum as extra outputs.
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const size_t r = x->type.shape.size();
+    const DType ct = compute_dtype(x->type.dtype);
+    Value* v = b.convert(x, ct);
+    Value* mean = per_channel_view(b, n.inputs[3], r, ct);
+    Value* var = per_channel_view(b, n.inputs[4], r, ct);
+    std::vector<Value*> out(n.outputs.size(), nullptr);
+    if (n.attr_i("training_mode", 0) != 0) {
+      std::vector<int64_t> axes = {0};
+      for (size_t i = 2; i < r; ++i) axes.push_back(static_cast<int64_t>(i));
+      Moments m = moments(b, v, axes);
+      const double mom = n.attr_f("momentum", 0.9);
+      for (int i = 1; i < static_cast<int>(out.size()); ++i) {
+        if (!n.outputs[i]) continue;
+        Value* given = b.convert(n.inputs[i + 2], ct);
+        Value* batch = b.reshape(i == 1 ? m.mean : m.var, given->type.shape);
+        Value* blend = b.add(b.mul(given, b.scalar(ct, mom)), b.mul(batch, b.scalar(ct, 1 - mom)));
+        out[i] = b.convert(blend, n.outputs[i]->type.dtype);
+      }
+      mean = m.mean;
+      var = m.var;
+    }
+    Value* y = b.mul(b.sub(v, mean), inv_std(b, var, n.attr_f("epsilon", 1e-5)));
+    y = b.add(b.mul(y, per_channel_view(b, n.inputs[1], r, ct)), per_channel_view(b, n.inputs[2], r, ct));
+    out[0] = b.convert(y, x->type.dtype);
+    return out;
+  };
   return d;
 }
 
@@ -386,6 +496,17 @@ OpDef lp_norm() {
       }
     c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
   };
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const DType ct = compute_dtype(x->type.dtype);
+    const int axis = normalize_axis(n.attr_i("axis", -1), static_cast<int>(x->type.shape.size()));
+    Value* v = b.convert(x, ct);
+    Value* norm = n.attr_i("p", 2) == 1 ? b.reduce(b.max(v, b.emit("neg", {v})), "sum", {axis}, true)
+                                        : b.emit("sqrt", {b.reduce(b.mul(v, v), "sum", {axis}, true)});
+    Value* zero = b.scalar(ct, 0.0);
+    Value* y = b.select(b.compare("eq", norm, zero), zero, b.div(v, norm));
+    return {b.convert(y, x->type.dtype)};
+  };
   return d;
 }
 
@@ -424,6 +545,17 @@ OpDef mvn() {
       var[s] = std::sqrt(var[s] / cnt[s]) + 1e-9;  // ONNX's epsilon
     for (size_t i = 0; i < v.size(); ++i) y[i] = (v[i] - m[slot[i]]) / var[slot[i]];
     c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
+  };
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const int r = static_cast<int>(x->type.shape.size());
+    const DType ct = compute_dtype(x->type.dtype);
+    std::vector<int64_t> axes;
+    for (int64_t a : n.attr_ints("axes", {0, 2, 3})) axes.push_back(normalize_axis(a, r));
+    std::sort(axes.begin(), axes.end());
+    Moments m = moments(b, b.convert(x, ct), axes);
+    Value* sd = b.add(b.emit("sqrt", {m.var}), b.scalar(ct, 1e-9));
+    return {b.convert(b.div(m.diff, sd), x->type.dtype)};
   };
   return d;
 }
@@ -465,6 +597,24 @@ OpDef lrn() {
           y[p] = v[p] / std::pow(bias + alpha / static_cast<double>(size) * s, beta);
         }
     c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
+  };
+  // The channel-window sum of squares is a reduce_window over dim 1.
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const size_t r = x->type.shape.size();
+    const DType ct = compute_dtype(x->type.dtype);
+    const int64_t size = n.attr_i("size");
+    Value* v = b.convert(x, ct);
+    std::vector<int64_t> window(r, 1), padding(2 * r, 0);
+    window[1] = size;
+    padding[2] = (size - 1) / 2;
+    padding[3] = size - 1 - padding[2];
+    Value* s = b.emit("reduce_window", {b.mul(v, v)},
+                      {{"kind", std::string("sum")}, {"window", window}, {"padding", padding}});
+    const double alpha = n.attr_f("alpha", 1e-4), beta = n.attr_f("beta", 0.75), bias = n.attr_f("bias", 1.0);
+    Value* base = b.add(b.mul(s, b.scalar(ct, alpha / static_cast<double>(size))), b.scalar(ct, bias));
+    Value* y = b.div(v, b.binary("pow", base, b.scalar(ct, beta)));
+    return {b.convert(y, x->type.dtype)};
   };
   return d;
 }

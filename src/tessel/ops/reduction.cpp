@@ -3,8 +3,10 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -91,6 +93,40 @@ int64_t scalar_int(const Tensor& t, const char* what) {
     fail("{} must hold exactly one value, got shape {}", what, shape_str(t.shape()));
   if (!is_int(t.dtype())) fail("{} must be an integer tensor", what);
   return t.get_i(0);
+}
+
+
+// ---- decomposition helpers -------------------------------------------------------------------
+
+// Multi-step float math on f16/bf16/f8 runs in f32 and rounds once at the end (like XLA).
+DType compute_dtype(DType t) { return is_small_float(t) ? DType::f32 : t; }
+
+// |x| from core ops (unsigned ints are their own absolute value).
+Value* abs_of(CoreBuilder& b, Value* x) {
+  return is_unsigned_int(x->type.dtype) ? x : b.max(x, b.emit("neg", {x}));
+}
+
+// isnan(x) as bool (always false for integers).
+Value* nan_mask(CoreBuilder& b, Value* x) { return b.compare("ne", x, x); }
+
+// Index along `axis` (keepdims, i64) of the first (or last) max/min of x; NaN wins like numpy.
+Value* arg_index(CoreBuilder& b, Value* x, int axis, bool is_max, bool last) {
+  const Shape& s = x->type.shape;
+  Value* m = b.broadcast_to(b.reduce(x, is_max ? "max" : "min", {axis}, true), s);
+  Value* hit = b.compare("eq", x, m);
+  if (is_float(x->type.dtype)) hit = b.emit("or", {hit, nan_mask(b, x)});
+  Value* none = b.full(DType::i64, s, last ? -1.0 : static_cast<double>(s[axis]));
+  Value* idx = b.select(hit, b.iota(DType::i64, s, axis), none);
+  return b.reduce(idx, last ? "max" : "min", {axis}, true);
+}
+
+// Softmax (or log-softmax) of x along `axis` in x's dtype: subtract the max, exp, sum, divide.
+Value* softmax_core(CoreBuilder& b, Value* x, int axis, bool log) {
+  Value* m = b.reduce(x, "max", {axis}, true);
+  Value* z = b.sub(x, m);
+  Value* e = b.emit("exp", {z});
+  Value* s = b.reduce(e, "sum", {axis}, true);
+  return log ? b.sub(z, b.emit("log", {s})) : b.div(e, s);
 }
 
 // ---- Reduce* ---------------------------------------------------------------------------------
@@ -292,6 +328,96 @@ Tensor reduce_int(const Tensor& x, const std::vector<bool>& mask, RK k, const Sh
   return Tensor::from_i64(x.dtype(), out_shape, res);
 }
 
+
+// Axes computed at run time, recovered from the static input and output shapes when they can
+// only be one set (reducing a size-1 dim or not gives the same values, so those dims do not count).
+std::optional<std::vector<int64_t>> axes_from_shapes(const Shape& in, const Shape& out, bool keep) {
+  const int r = static_cast<int>(in.size());
+  if (!shape_known(out)) return std::nullopt;
+  if (keep) {
+    if (out.size() != in.size()) return std::nullopt;
+    std::vector<int64_t> axes;
+    for (int d = 0; d < r; ++d)
+      if (out[d] != in[d]) axes.push_back(d);
+    return axes;
+  }
+  if (r > 16 || static_cast<int>(out.size()) > r) return std::nullopt;
+  std::optional<std::vector<int64_t>> found;
+  for (uint32_t set = 0; set < (1u << r); ++set) {
+    Shape kept;
+    std::vector<int64_t> axes;
+    for (int d = 0; d < r; ++d) {
+      if (set >> d & 1u) {
+        if (in[d] != 1) axes.push_back(d);
+      } else {
+        kept.push_back(in[d]);
+      }
+    }
+    if (kept != out) continue;
+    if (found && *found != axes) return std::nullopt;  // ambiguous: the values would differ
+    found = axes;
+  }
+  return found;
+}
+
+// Reduce* as core reduce (+ elementwise pre/post steps); the axes input must be a constant.
+DecomposeFn reduce_decomposition(RK k) {
+  return [k](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const DType dt = x->type.dtype;
+    const int r = static_cast<int>(x->type.shape.size());
+    const bool keep = n.attr_i("keepdims", 1) != 0;
+    std::vector<int64_t> axes;
+    if (auto known = b.known(1); known || !n.has_input(1)) {
+      if (known) axes = known->to_i64();
+      auto mask = reduce_mask(axes, r, n.attr_i("noop_with_empty_axes", 0) != 0);
+      if (!mask) return {x};
+      axes.clear();
+      for (int d = 0; d < r; ++d)
+        if ((*mask)[d]) axes.push_back(d);
+    } else if (auto inferred = axes_from_shapes(x->type.shape, n.outputs[0]->type.shape, keep)) {
+      axes = *inferred;
+    } else {
+      b.need_constant(1, "axes");
+    }
+    // Irrational results on ints are computed in f64 and truncated back (the reference's cast);
+    // an integer mean sums in i64 before the truncating divide.
+    const bool irrational = k == RK::l2 || k == RK::log_sum || k == RK::log_sum_exp;
+    DType ct = compute_dtype(dt);
+    if (!is_float(dt) && irrational) ct = DType::f64;
+    if (k == RK::mean && is_int(dt)) ct = DType::i64;
+    Value* v = b.convert(x, ct);
+    Value* y = nullptr;
+    switch (k) {
+      case RK::max: y = b.reduce(v, "max", axes, keep); break;
+      case RK::min: y = b.reduce(v, "min", axes, keep); break;
+      case RK::prod: y = b.reduce(v, "prod", axes, keep); break;
+      case RK::sum: y = b.reduce(v, "sum", axes, keep); break;
+      case RK::l1: y = b.reduce(abs_of(b, v), "sum", axes, keep); break;
+      case RK::sum_square: y = b.reduce(b.mul(v, v), "sum", axes, keep); break;
+      case RK::l2: y = b.emit("sqrt", {b.reduce(b.mul(v, v), "sum", axes, keep)}); break;
+      case RK::log_sum: y = b.emit("log", {b.reduce(v, "sum", axes, keep)}); break;
+      case RK::mean: {
+        int64_t count = 1;
+        for (int64_t a : axes) count *= x->type.shape[a];
+        y = b.div(b.reduce(v, "sum", axes, keep), b.scalar(ct, static_cast<double>(count)));
+        break;
+      }
+      case RK::log_sum_exp: {
+        // Shift by the max where it is finite (an all -inf or +inf slice keeps its max).
+        Value* m = b.reduce(v, "max", axes, true);
+        Value* finite = b.compare("lt", abs_of(b, m), b.scalar(ct, kInf));
+        m = b.select(finite, m, b.scalar(ct, 0.0));
+        Value* s = b.reduce(b.emit("exp", {b.sub(v, m)}), "sum", axes, true);
+        y = b.add(b.emit("log", {s}), m);
+        y = b.reshape(y, n.outputs[0]->type.shape);
+        break;
+      }
+    }
+    return {b.convert(y, dt)};
+  };
+}
+
 OpDef reduce_op(std::string name, int since, RK k) {
   OpDef d;
   d.name = std::move(name);
@@ -314,6 +440,7 @@ OpDef reduce_op(std::string name, int since, RK k) {
   };
   d.infer = infer_reduce;
   d.cost = cost_per_input_element(k == RK::log_sum_exp ? 4 : 1);
+  d.decompose = reduce_decomposition(k);
   d.kernel = [k](KernelCtx& c) {
     const Tensor& x = c.in(0);
     const Node& n = c.node();
@@ -394,6 +521,12 @@ OpDef arg_op(std::string name, bool is_max) {
         res[o * inner + in] = best;
       }
     c.set_out(0, Tensor::from_i64(DType::i64, os, res));
+  };
+  d.decompose = [is_max](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const int axis = normalize_axis(n.attr_i("axis", 0), static_cast<int>(x->type.shape.size()));
+    Value* idx = arg_index(b, x, axis, is_max, n.attr_i("select_last_index", 0) != 0);
+    return {b.reshape(idx, n.outputs[0]->type.shape)};
   };
   return d;
 }
@@ -501,6 +634,18 @@ OpDef softmax_op(std::string name, SM kind) {
       }
     c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
   };
+  d.decompose = [kind](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const DType dt = x->type.dtype;
+    const int axis = normalize_axis(n.attr_i("axis", -1), static_cast<int>(x->type.shape.size()));
+    if (kind == SM::hardmax) {
+      Value* idx = arg_index(b, x, axis, true, false);
+      Value* hot = b.compare("eq", b.iota(DType::i64, x->type.shape, axis), idx);
+      return {b.select(hot, b.scalar(dt, 1.0), b.scalar(dt, 0.0))};
+    }
+    Value* y = softmax_core(b, b.convert(x, compute_dtype(dt)), axis, kind == SM::log_softmax);
+    return {b.convert(y, dt)};
+  };
   return d;
 }
 
@@ -564,6 +709,47 @@ OpDef cum_op(std::string name, int since, bool prod) {
       std::vector<int64_t> yi(y.begin(), y.end());
       c.set_out(0, Tensor::from_i64(x.dtype(), x.shape(), yi));
     }
+  };
+  // A window of the whole axis padded with the identity on the leading side (trailing when
+  // reversed); exclusive first shifts the input by one along the axis. An axis computed at run time
+  // selects among the per-axis results.
+  d.decompose = [prod](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const DType dt = x->type.dtype;
+    const Shape& s = x->type.shape;
+    const size_t r = s.size();
+    const bool rev = n.attr_i("reverse", 0) != 0, excl = n.attr_i("exclusive", 0) != 0;
+    const DType ct = compute_dtype(dt);
+    Value* v = b.convert(x, ct);
+    auto along = [&](int axis) {
+      const int64_t len = s[axis];
+      if (len == 0) return v;
+      Value* u = v;
+      if (excl) {
+        std::vector<int64_t> lo(r, 0), hi(r, 0);
+        (rev ? hi : lo)[axis] = 1;
+        (rev ? lo : hi)[axis] = -1;
+        u = b.emit("pad", {u, b.scalar(ct, prod ? 1.0 : 0.0)}, {{"low", lo}, {"high", hi}});
+      }
+      std::vector<int64_t> window(r, 1), padding(2 * r, 0);
+      window[axis] = len;
+      padding[2 * axis + (rev ? 1 : 0)] = len - 1;
+      return b.emit("reduce_window", {u},
+                    {{"kind", std::string(prod ? "prod" : "sum")}, {"window", window}, {"padding", padding}});
+    };
+    Value* y = nullptr;
+    if (auto known = b.known(1)) {
+      y = along(normalize_axis(scalar_int(*known, "axis"), static_cast<int>(r)));
+    } else if (r == 1) {
+      y = along(0);
+    } else {
+      // The axis is only known at run time: every candidate, picked by comparing with it.
+      Value* a = b.convert(b.reshape(n.inputs[1], {}), DType::i64);
+      a = b.select(b.compare("lt", a, b.scalar(DType::i64, 0.0)), b.add(a, b.scalar(DType::i64, static_cast<double>(r))), a);
+      for (int d = 0; d < static_cast<int>(r); ++d)
+        y = y ? b.select(b.compare("eq", a, b.scalar(DType::i64, d)), along(d), y) : along(d);
+    }
+    return {b.convert(y, dt)};
   };
   return d;
 }
@@ -652,6 +838,19 @@ OpDef topk_op() {
     c.set_out(0, fl ? Tensor::from_f64(x.dtype(), s, yf) : Tensor::from_i64(x.dtype(), s, yi));
     c.set_out(1, Tensor::from_i64(DType::i64, s, ix));
   };
+  // Stable sort along the axis, then the first k (read from the output shape, else k must be known).
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    Value* x = n.inputs[0];
+    const Shape& s = x->type.shape;
+    const int axis = normalize_axis(n.attr_i("axis", -1), static_cast<int>(s.size()));
+    std::vector<Value*> sorted = b.emit_multi("sort", {x}, 2,
+                                              {{"axis", int64_t{axis}},
+                                               {"descending", int64_t{n.attr_i("largest", 1) != 0}}});
+    std::vector<int64_t> starts(s.size(), 0), stops(s.begin(), s.end());
+    stops[axis] = n.outputs[0]->type.shape[axis];
+    if (stops[axis] == kUnknownDim) stops[axis] = scalar_int(b.need_constant(1, "k"), "k");
+    return {b.slice(sorted[0], starts, stops), b.slice(sorted[1], starts, stops)};
+  };
   return d;
 }
 
@@ -725,6 +924,38 @@ Tensor nll(const std::vector<double>& lp, const Shape& xs, const Tensor& target,
   fail("reduction must be none, sum or mean, got '{}'", red);
 }
 
+
+// The loss from log-probabilities lp [N, C, d...] (in the compute dtype): gather the target class,
+// weight it, zero ignored positions, then reduce. Returns the loss in the output dtype.
+Value* nll_core(CoreBuilder& b, const Node& n, Value* lp) {
+  const DType ct = lp->type.dtype;
+  Value* t = n.inputs[1];
+  const Shape& ts = t->type.shape;
+  Value* valid = nullptr;
+  if (n.has_attr("ignore_index")) {
+    Value* ign = b.scalar(t->type.dtype, static_cast<double>(n.attr_i("ignore_index")));
+    valid = b.compare("ne", t, ign);
+    t = b.select(valid, t, b.scalar(t->type.dtype, 0.0));
+  }
+  Shape ts1 = ts;
+  ts1.insert(ts1.begin() + 1, 1);
+  Value* picked = b.reshape(b.emit("gather", {lp, b.reshape(t, ts1)}, {{"axis", int64_t{1}}}), ts);
+  Value* w = b.full(ct, ts, 1.0);
+  if (n.has_input(2)) {
+    const int64_t numel = shape_numel(ts);
+    Value* g = b.emit("gather", {b.convert(n.inputs[2], ct), b.reshape(t, {numel})}, {{"axis", int64_t{0}}});
+    w = b.reshape(g, ts);
+  }
+  if (valid) w = b.select(valid, w, b.scalar(ct, 0.0));
+  Value* loss = b.mul(b.emit("neg", {picked}), w);
+  std::vector<int64_t> all(ts.size());
+  std::iota(all.begin(), all.end(), 0);
+  const std::string red = n.attr_s("reduction", "mean");
+  if (red == "sum") loss = b.reduce(loss, "sum", all, false);
+  if (red == "mean") loss = b.div(b.reduce(loss, "sum", all, false), b.reduce(w, "sum", all, false));
+  return b.convert(loss, n.outputs[0]->type.dtype);
+}
+
 OpDef nll_op() {
   OpDef d;
   d.name = "NegativeLogLikelihoodLoss";
@@ -737,6 +968,9 @@ OpDef nll_op() {
     const Tensor& x = c.in(0);
     c.set_out(0, nll(x.to_f64(), x.shape(), c.in(1), c.has_in(2) ? &c.in(2) : nullptr, c.node(),
                      x.dtype()));
+  };
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    return {nll_core(b, n, b.convert(n.inputs[0], compute_dtype(n.inputs[0]->type.dtype)))};
   };
   return d;
 }
@@ -770,6 +1004,13 @@ OpDef sce_op() {
       }
     c.set_out(0, nll(v, x.shape(), c.in(1), c.has_in(2) ? &c.in(2) : nullptr, c.node(), x.dtype()));
     if (c.wants_out(1)) c.set_out(1, Tensor::from_f64(x.dtype(), x.shape(), v));
+  };
+  d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    const DType dt = n.inputs[0]->type.dtype;
+    Value* lp = softmax_core(b, b.convert(n.inputs[0], compute_dtype(dt)), 1, true);
+    std::vector<Value*> out = {nll_core(b, n, lp)};
+    if (n.outputs.size() > 1) out.push_back(n.outputs[1] ? b.convert(lp, dt) : nullptr);
+    return out;
   };
   return d;
 }
