@@ -639,7 +639,9 @@ OpDef softmax_op(std::string name, SM kind) {
     const DType dt = x->type.dtype;
     const int axis = normalize_axis(n.attr_i("axis", -1), static_cast<int>(x->type.shape.size()));
     if (kind == SM::hardmax) {
-      Value* idx = arg_index(b, x, axis, true, false);
+      // The kernel's first strict maximum skips NaN (an all-NaN slice picks index 0).
+      Value* ninf = b.scalar(dt, -kInf);
+      Value* idx = arg_index(b, b.select(nan_mask(b, x), ninf, x), axis, true, false);
       Value* hot = b.compare("eq", b.iota(DType::i64, x->type.shape, axis), idx);
       return {b.select(hot, b.scalar(dt, 1.0), b.scalar(dt, 0.0))};
     }
