@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <complex>
+#include <limits>
 #include <numbers>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/ops/decompose_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -13,6 +15,7 @@ namespace {
 
 using cplx = std::complex<double>;
 constexpr double kPi = std::numbers::pi;
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // A statically known scalar input (a one-element tensor), or nullopt.
 std::optional<double> known_scalar(const InferCtx& c, int i) {
@@ -35,6 +38,74 @@ DType float_dtype_attr(const Node& n, const char* attr) {
   auto d = dtype_from_onnx(static_cast<int>(n.attr_i(attr, 1)));
   if (!d) unsupported("{} {} is not a supported data type", attr, n.attr_i(attr, 1));
   return *d;
+}
+
+// ---- decomposition helpers --------------------------------------------------------------------
+
+// `f` where the core level can express the node: an operand or result with an unknown dim (a
+// run-time size, e.g. a window length or a DFT length given as a graph input) makes it unsupported.
+DecomposeFn static_only(DecomposeFn f) {
+  return [f](CoreBuilder& b, const Node& n) {
+    for (const auto* vs : {&n.inputs, &n.outputs})
+      for (const Value* v : *vs)
+        if (v && !shape_known(v->type.shape))
+          unsupported("'{}' has type {}: the core level needs static shapes", v->name,
+                      v->type.str());
+    return f(b, n);
+  };
+}
+
+// Multi-step float math runs in f32 (f64 stays f64) and is converted back once.
+DType compute_type(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
+
+Value* add_c(CoreBuilder& b, Value* v, double c) {
+  return b.add(v, b.scalar(v->type.dtype, c));
+}
+Value* mul_c(CoreBuilder& b, Value* v, double c) {
+  return b.mul(v, b.scalar(v->type.dtype, c));
+}
+Value* div_c(CoreBuilder& b, Value* v, double c) {
+  return b.div(v, b.scalar(v->type.dtype, c));
+}
+Value* clamp_c(CoreBuilder& b, Value* v, double lo, double hi) {
+  return b.min(b.max(v, b.scalar(v->type.dtype, lo)), b.scalar(v->type.dtype, hi));
+}
+Value* cos_of(CoreBuilder& b, Value* v) {
+  return b.unary("sin", add_c(b, v, kPi / 2));
+}
+Value* abs_of(CoreBuilder& b, Value* v) {
+  return b.max(v, b.unary("neg", v));
+}
+Value* and_of(CoreBuilder& b, Value* p, Value* q) {
+  return p ? b.binary("and", p, q) : q;
+}
+// lo <= v <= hi as a bool tensor (false for NaN).
+Value* within(CoreBuilder& b, Value* v, double lo, double hi) {
+  return b.binary("and", b.compare("ge", v, b.scalar(v->type.dtype, lo)),
+                  b.compare("le", v, b.scalar(v->type.dtype, hi)));
+}
+// Component `k` of the last dim of `v`, with that dim dropped.
+Value* component(CoreBuilder& b, Value* v, int64_t k) {
+  Shape s = v->type.shape;
+  std::vector<int64_t> starts(s.size(), 0), stops(s.begin(), s.end());
+  starts.back() = k;
+  stops.back() = k + 1;
+  s.pop_back();
+  return b.reshape(b.slice(v, starts, stops), s);
+}
+Value* dims_of(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims) {
+  return b.emit("broadcast_in_dim", {v},
+                {{"shape", std::vector<int64_t>(shape)}, {"dims", std::move(dims)}});
+}
+Value* dot(CoreBuilder& b, Value* lhs, Value* rhs, std::vector<int64_t> lc, std::vector<int64_t> rc,
+           std::vector<int64_t> lb = {}, std::vector<int64_t> rb = {}) {
+  return b.emit("dot_general", {lhs, rhs},
+                {{"lhs_batch", std::move(lb)},
+                 {"rhs_batch", std::move(rb)},
+                 {"lhs_contract", std::move(lc)},
+                 {"rhs_contract", std::move(rc)}});
 }
 
 // ---- GridSample -----------------------------------------------------------------------------
@@ -213,6 +284,127 @@ void grid_sample_kernel(KernelCtx& c) {
 void grid_sample_upgrade(Graph&, Node& n, int) {
   std::string m = n.attr_s("mode", "bilinear");
   n.attrs["mode"] = std::string(m == "bilinear" ? "linear" : m == "bicubic" ? "cubic" : m);
+}
+
+// ---- GridSample as core ops: the grid is run-time data, so each tap's source index is computed
+// in-graph (floor, clamp, convert), its value gathered from the flattened spatial dims, masked to
+// zero outside the input, weighted and summed.
+
+// reflect() in-graph (span is static).
+Value* reflect_v(CoreBuilder& b, Value* x, double lo, double hi) {
+  const double span = hi - lo;
+  if (span <= 0) return b.full(x->type.dtype, x->type.shape, lo);
+  Value* d = abs_of(b, add_c(b, x, -lo));
+  Value* flips = b.unary("floor", div_c(b, d, span));
+  Value* extra = b.sub(d, mul_c(b, flips, span));
+  Value* even = b.compare("eq", b.binary("rem", flips, b.scalar(x->type.dtype, 2)),
+                          b.scalar(x->type.dtype, 0));
+  return b.select(even, add_c(b, extra, lo), b.sub(b.scalar(x->type.dtype, hi), extra));
+}
+
+// pad_coord() in-graph.
+Value* pad_coord_v(CoreBuilder& b, Value* x, int64_t len, const GridSampleCfg& g) {
+  const double last = static_cast<double>(len - 1);
+  if (g.pad == Pad::border) return clamp_c(b, x, 0, last);
+  if (g.pad == Pad::reflection) {
+    x = g.align ? reflect_v(b, x, 0, last) : reflect_v(b, x, -0.5, len - 0.5);
+    return clamp_c(b, x, 0, last);
+  }
+  return x;
+}
+
+// c0 t^3 + c1 t^2 + c2 t + c3.
+Value* cubic_poly(CoreBuilder& b, Value* t, double c0, double c1, double c2, double c3) {
+  Value* r = add_c(b, mul_c(b, t, c0), c1);
+  r = add_c(b, b.mul(r, t), c2);
+  return add_c(b, b.mul(r, t), c3);
+}
+
+struct Tap {
+  Value* pos;  // integral float position along one dim
+  Value* w;    // weight, nullptr for 1
+};
+
+std::vector<Tap> grid_taps(CoreBuilder& b, Value* c, int64_t len, const GridSampleCfg& g) {
+  if (g.mode == Interp::nearest) return {{b.unary("round_even", c), nullptr}};
+  Value* base = b.unary("floor", c);
+  Value* f = b.sub(c, base);
+  Value* one = b.scalar(c->type.dtype, 1);
+  if (g.mode == Interp::linear) return {{base, b.sub(one, f)}, {add_c(b, base, 1), f}};
+  // cubic_weight(f + 1 - a) for a = 0..3, each on its own branch of the piecewise polynomial.
+  constexpr double A = -0.75;
+  auto inner = [&](Value* t) { return cubic_poly(b, t, A + 2, -(A + 3), 0, 1); };
+  auto outer = [&](Value* t) { return cubic_poly(b, t, A, -5 * A, 8 * A, -4 * A); };
+  Value* w[4] = {outer(add_c(b, f, 1)), inner(f), inner(b.sub(one, f)),
+                 outer(b.sub(b.scalar(c->type.dtype, 2), f))};
+  std::vector<Tap> taps;
+  for (int a = 0; a < 4; ++a) {
+    Value* pos = add_c(b, base, a - 1);
+    // tap_index(): border/reflection move each integer tap inside (then truncate, >= 0 here).
+    if (g.pad != Pad::zeros) pos = b.unary("floor", pad_coord_v(b, pos, len, g));
+    taps.push_back({pos, w[a]});
+  }
+  return taps;
+}
+
+std::vector<Value*> grid_sample_decompose(CoreBuilder& b, const Node& n) {
+  const GridSampleCfg cfg = grid_sample_cfg(n);
+  Value* x = n.inputs[0];
+  const Shape& xs = x->type.shape;
+  const Shape& out = n.outputs[0]->type.shape;
+  const int sp = static_cast<int>(xs.size()) - 2;
+  const int64_t N = xs[0], C = xs[1];
+  const int64_t S = shape_numel(Shape(xs.begin() + 2, xs.end())),
+                P = shape_numel(Shape(out.begin() + 2, out.end()));
+  const DType ct = x->type.dtype == DType::f64 || n.inputs[1]->type.dtype == DType::f64
+                       ? DType::f64
+                       : DType::f32;
+  Value* grid = b.convert(b.reshape(n.inputs[1], {N, P, sp}), ct);
+  Value* all_finite = nullptr;
+  std::vector<std::vector<Tap>> taps;
+  for (int d = 0; d < sp; ++d) {
+    // Grid components are ordered (x, y[, z]) = innermost spatial dim first.
+    Value* gv = component(b, grid, sp - 1 - d);
+    const int64_t len = xs[d + 2];
+    Value* c =
+        cfg.align
+            ? mul_c(b, add_c(b, gv, 1), (len - 1) / 2.0)
+            : mul_c(b, add_c(b, mul_c(b, add_c(b, gv, 1), static_cast<double>(len)), -1), 0.5);
+    if (cfg.mode != Interp::cubic) c = pad_coord_v(b, c, len, cfg);
+    // Non-finite coordinates give 0; far-outside ones are bounded so the integer conversions
+    // stay defined.
+    Value* finite = b.compare("lt", abs_of(b, c), b.scalar(ct, kInf));
+    all_finite = and_of(b, all_finite, finite);
+    c = b.select(finite, clamp_c(b, c, -(1 << 22), 1 << 22), b.scalar(ct, 0));
+    taps.push_back(grid_taps(b, c, len, cfg));
+  }
+  Value* xf = b.convert(b.reshape(x, {N, C, S}), ct);
+  const Shape ncp = {N, C, P};
+  Value* acc = nullptr;
+  for (std::vector<size_t> pick(sp, 0);;) {
+    Value *flat = nullptr, *inside = nullptr, *w = nullptr;
+    int64_t stride = 1;
+    for (int d = sp - 1; d >= 0; --d) {
+      const Tap& t = taps[d][pick[d]];
+      const int64_t len = xs[d + 2];
+      inside = and_of(b, inside, within(b, t.pos, 0, static_cast<double>(len - 1)));
+      Value* i = mul_c(b, b.convert(clamp_c(b, t.pos, 0, static_cast<double>(len - 1)), DType::i32),
+                       static_cast<double>(stride));
+      flat = flat ? b.add(flat, i) : i;
+      if (t.w) w = w ? b.mul(w, t.w) : t.w;
+      stride *= len;
+    }
+    Value* v = b.emit("gather", {xf, dims_of(b, flat, ncp, {0, 2})}, {{"axis", int64_t{2}}});
+    v = b.select(dims_of(b, inside, ncp, {0, 2}), v, b.scalar(ct, 0));
+    if (w) v = b.mul(v, dims_of(b, w, ncp, {0, 2}));
+    acc = acc ? b.add(acc, v) : v;
+    // Next combination of taps (odometer over the spatial dims).
+    int d = 0;
+    while (d < sp && ++pick[d] == taps[d].size()) pick[d++] = 0;
+    if (d == sp) break;
+  }
+  acc = b.select(dims_of(b, all_finite, ncp, {0, 2}), acc, b.scalar(ct, 0));
+  return {b.convert(b.reshape(acc, out), x->type.dtype)};
 }
 
 // ---- AffineGrid -----------------------------------------------------------------------------
@@ -483,8 +675,20 @@ OpDef window_op(std::string name, double a0, double a1, double a2) {
     }
     c.set_out(0, std::move(y));
   };
-  return make_op(std::move(name), 17, 1, 1,
-              {{"output_datatype", AttrKind::i}, {"periodic", AttrKind::i}}, infer, kernel);
+  // The size is static when the output type is: iota phases, cos x = sin(x + pi/2).
+  auto decompose = [a0, a1, a2](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    const Shape& s = n.outputs[0]->type.shape;
+    const DType ct = compute_type(n.outputs[0]->type.dtype);
+    const double denom = static_cast<double>(n.attr_i("periodic", 1) != 0 ? s[0] : s[0] - 1);
+    Value* ph = mul_c(b, b.iota(ct, s, 0), denom > 0 ? 2 * kPi / denom : 0.0);
+    Value* y = add_c(b, mul_c(b, cos_of(b, ph), -a1), a0);
+    if (a2 != 0) y = b.add(y, mul_c(b, cos_of(b, mul_c(b, ph, 2)), a2));
+    return {b.convert(y, n.outputs[0]->type.dtype)};
+  };
+  return with_decomposition(
+      make_op(std::move(name), 17, 1, 1,
+              {{"output_datatype", AttrKind::i}, {"periodic", AttrKind::i}}, infer, kernel),
+      static_only(decompose));
 }
 
 // ---- DFT ------------------------------------------------------------------------------------
@@ -735,6 +939,256 @@ void mel_kernel(KernelCtx& c) {
   c.set_out(0, std::move(y));
 }
 
+// ---- decomposition hooks (GridSample's sits with its kernel) ----------------------------------
+
+// The normalised coordinate of every index along dim `axis` of `shape` (AffineGrid's norm()).
+Value* affine_coord(CoreBuilder& b, DType t, const Shape& shape, int axis, bool align) {
+  const int64_t len = shape[axis];
+  Value* i = b.iota(t, shape, axis);
+  if (align)
+    return len > 1 ? add_c(b, mul_c(b, i, 2.0 / static_cast<double>(len - 1)), -1)
+                   : b.full(t, shape, 0);
+  return add_c(b, b.div(add_c(b, mul_c(b, i, 2), 1), b.scalar(t, static_cast<double>(len))), -1);
+}
+
+// The homogeneous base grid [points, sp + 1] (x innermost, then y[, z], then 1) contracted with
+// theta [N, sp, sp + 1]. The output shape carries `size`, which is therefore not needed.
+std::vector<Value*> affine_grid_decompose(CoreBuilder& b, const Node& n) {
+  const Shape& out = n.outputs[0]->type.shape;
+  const int sp = static_cast<int>(out.back());
+  const Shape spatial(out.begin() + 1, out.end() - 1);
+  const int64_t pts = shape_numel(spatial);
+  const DType ct = compute_type(n.outputs[0]->type.dtype);
+  const bool align = n.attr_i("align_corners", 0) != 0;
+  std::vector<Value*> cols;
+  for (int d = sp - 1; d >= 0; --d)
+    cols.push_back(b.reshape(affine_coord(b, ct, spatial, d, align), {pts, 1}));
+  cols.push_back(b.full(ct, {pts, 1}, 1));
+  Value* base = b.concat(cols, 1);
+  Value* y = dot(b, b.convert(n.inputs[0], ct), base, {2}, {1});  // [N, sp, points]
+  y = b.transpose(y, {0, 2, 1});
+  return {b.convert(b.reshape(y, out), n.outputs[0]->type.dtype)};
+}
+
+// RoiAlign's sample positions along one axis (y or x) of every roi: for samples
+// start + p * bin + (i + 0.5) * bin / g, the two neighbouring pixels (i32, 0 where the sample is
+// more than one pixel outside the map) and their bilinear weights (0 there), each [R, out, g].
+struct RoiAxis {
+  Value *lo, *hi, *wlo, *whi;
+};
+
+RoiAxis roi_axis(CoreBuilder& b, Value* start, Value* bin, int64_t out, int64_t g, int64_t len) {
+  const DType t = start->type.dtype;
+  const int64_t R = start->type.shape[0];
+  const Shape s = {R, out, g};
+  Value* p = b.iota(t, s, 1);
+  Value* i = add_c(b, b.iota(t, s, 2), 0.5);
+  Value* st = dims_of(b, start, s, {0});
+  Value* bn = dims_of(b, bin, s, {0});
+  Value* v = b.add(b.add(st, b.mul(p, bn)), div_c(b, b.mul(i, bn), static_cast<double>(g)));
+  Value* valid = within(b, v, -1, static_cast<double>(len));
+  v = b.select(valid, b.max(v, b.scalar(t, 0)), b.scalar(t, 0));
+  Value* lo = b.unary("floor", v);
+  Value* at_end = b.compare("ge", lo, b.scalar(t, static_cast<double>(len - 1)));
+  Value* last = b.scalar(t, static_cast<double>(len - 1));
+  lo = b.select(at_end, last, lo);
+  Value* hi = b.select(at_end, last, add_c(b, lo, 1));
+  Value* l = b.sub(b.select(at_end, lo, v), lo);
+  Value* zero = b.scalar(t, 0);
+  return {b.convert(lo, DType::i32), b.convert(hi, DType::i32),
+          b.select(valid, b.sub(b.scalar(t, 1), l), zero), b.select(valid, l, zero)};
+}
+
+// Every sample's four corners gathered from its roi's image plane, weighted, then summed (avg)
+// or maxed (max) over corners and samples. The number of samples per bin must be static, so an
+// adaptive sampling_ratio (0: ceil(roi size / output size), a run-time value) is unsupported.
+std::vector<Value*> roi_align_decompose(CoreBuilder& b, const Node& n) {
+  Value *x = n.inputs[0], *rois = n.inputs[1];
+  const Shape& xs = x->type.shape;
+  const int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], R = rois->type.shape[0];
+  const int64_t oh = n.attr_i("output_height", 1), ow = n.attr_i("output_width", 1);
+  const int64_t g = n.attr_i("sampling_ratio", 0);
+  if (g <= 0)
+    unsupported(
+        "RoiAlign with sampling_ratio 0 takes ceil(roi size / output size) samples per bin, known "
+        "only at run time");
+  const bool is_max = n.attr_s("mode", "avg") == "max";
+  const bool half_pixel = n.attr_s("coordinate_transformation_mode", "half_pixel") == "half_pixel";
+  const DType ct = compute_type(x->type.dtype);
+  Value* r = add_c(b, mul_c(b, b.convert(rois, ct), n.attr_f("spatial_scale", 1.0)),
+                   half_pixel ? -0.5 : 0.0);
+  Value* x0 = component(b, r, 0);
+  Value* y0 = component(b, r, 1);
+  Value* rw = b.sub(component(b, r, 2), x0);
+  Value* rh = b.sub(component(b, r, 3), y0);
+  if (!half_pixel) {
+    // The legacy mode forces at least a 1x1 region.
+    rw = b.max(rw, b.scalar(ct, 1));
+    rh = b.max(rh, b.scalar(ct, 1));
+  }
+  RoiAxis ya = roi_axis(b, y0, div_c(b, rh, static_cast<double>(oh)), oh, g, H);
+  RoiAxis xa = roi_axis(b, x0, div_c(b, rw, static_cast<double>(ow)), ow, g, W);
+  const Shape grid = {R, oh, g, ow, g};
+  auto on_y = [&](Value* v) { return dims_of(b, v, grid, {0, 1, 2}); };
+  auto on_x = [&](Value* v) { return dims_of(b, v, grid, {0, 3, 4}); };
+  const int64_t samples = oh * g * ow * g;
+  const Shape rcs = {R, C, samples};
+  Value* planes = b.emit(
+      "gather",
+      {b.convert(b.reshape(x, {N, C, H * W}), ct), dims_of(b, n.inputs[2], {R, C, H * W}, {0})},
+      {{"axis", int64_t{0}}});
+  Value* acc = nullptr;
+  for (Value* yi : {ya.lo, ya.hi})
+    for (Value* xi : {xa.lo, xa.hi}) {
+      Value* pos = b.add(mul_c(b, on_y(yi), static_cast<double>(W)), on_x(xi));
+      Value* w = b.mul(on_y(yi == ya.lo ? ya.wlo : ya.whi), on_x(xi == xa.lo ? xa.wlo : xa.whi));
+      Value* v = b.emit("gather", {planes, dims_of(b, b.reshape(pos, {R, samples}), rcs, {0, 2})},
+                        {{"axis", int64_t{2}}});
+      v = b.mul(v, dims_of(b, b.reshape(w, {R, samples}), rcs, {0, 2}));
+      acc = !acc ? v : is_max ? b.max(acc, v) : b.add(acc, v);
+    }
+  Value* y = b.reduce(b.reshape(acc, {R, C, oh, g, ow, g}), is_max ? "max" : "sum", {3, 5}, false);
+  if (!is_max) y = div_c(b, y, static_cast<double>(g * g));
+  return {b.convert(y, x->type.dtype)};
+}
+
+// W[j, c, k, o]: the weight of component c (re, im) of input sample j in component o of bin k of
+// an n-point transform (samples beyond the J given are zero). `hermitian`: the J samples are the
+// first bins of a Hermitian spectrum whose mirrored conjugates contribute too (onesided inverse).
+// Built in double, angles reduced modulo n as the kernel does.
+Tensor dft_matrix(DType t, int64_t J, int64_t comp, int64_t n, int64_t K, int64_t ocomp,
+                  bool inverse, bool hermitian) {
+  std::vector<double> w(static_cast<size_t>(J * comp * K * ocomp), 0.0);
+  auto at = [&](int64_t j, int64_t c, int64_t k, int64_t o) -> double& {
+    return w[((j * comp + c) * K + k) * ocomp + o];
+  };
+  const double sign = inverse ? 1.0 : -1.0, scale = inverse ? 1.0 / static_cast<double>(n) : 1.0;
+  for (int64_t j = 0; j < J; ++j) {
+    std::vector<std::pair<int64_t, bool>> uses = {{j, false}};
+    if (hermitian && j >= 1 && n - j >= n / 2 + 1) uses.push_back({n - j, true});
+    for (auto [m, conj] : uses)
+      for (int64_t k = 0; k < K; ++k) {
+        const double ang =
+            sign * 2 * kPi * static_cast<double>((k * m) % n) / static_cast<double>(n);
+        const double co = std::cos(ang) * scale, si = std::sin(ang) * scale;
+        // (re + i im') (co + i si) with im' = -im for a conjugate.
+        at(j, 0, k, 0) += co;
+        if (ocomp == 2) at(j, 0, k, 1) += si;
+        if (comp == 2) {
+          at(j, 1, k, 0) += conj ? si : -si;
+          if (ocomp == 2) at(j, 1, k, 1) += conj ? -co : co;
+        }
+      }
+  }
+  return Tensor::from_f64(t, {J, comp, K, ocomp}, w);
+}
+
+// v [..., J at axis, ..., comp] contracted with W [J, comp, K, ocomp]: [..., K at axis, ...,
+// ocomp].
+Value* dft_along(CoreBuilder& b, Value* v, int axis, Tensor w) {
+  const int r = static_cast<int>(v->type.shape.size());
+  Value* y = dot(b, v, b.constant(std::move(w)), {axis, r - 1}, {0, 1});
+  std::vector<int64_t> perm;
+  for (int d = 0; d < r - 1; ++d) perm.push_back(d < axis ? d : d == axis ? r - 2 : d - 1);
+  perm.push_back(r - 1);
+  return b.transpose(y, perm);
+}
+
+// A dot_general with a compile-time DFT matrix. A run-time axis (the output type is static only
+// when the transform keeps the length) transforms along every axis that fits and selects.
+std::vector<Value*> dft_decompose(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape& xs = x->type.shape;
+  const Shape& out = n.outputs[0]->type.shape;
+  const int r = static_cast<int>(xs.size());
+  std::optional<int64_t> len;
+  if (n.has_input(1)) len = int_scalar_of(b.need_constant(1, "dft_length"), "dft_length");
+  const bool inverse = n.attr_i("inverse", 0) != 0;
+  const DType ct = compute_type(x->type.dtype);
+  Value* xc = b.convert(x, ct);
+  auto transform = [&](int64_t axis) -> Value* {
+    const DftCfg cfg = dft_cfg(n, xs, len, axis);
+    Shape s = xs;
+    s[cfg.axis] = cfg.len_out;
+    s.back() = cfg.real_out ? 1 : 2;
+    if (s != out) return nullptr;
+    const int64_t J = std::min(xs[cfg.axis], cfg.real_out ? cfg.n / 2 + 1 : cfg.n);
+    std::vector<int64_t> stops(xs.begin(), xs.end());
+    stops[cfg.axis] = J;
+    Value* v = b.slice(xc, std::vector<int64_t>(r, 0), stops);
+    return dft_along(
+        b, v, cfg.axis,
+        dft_matrix(ct, J, xs.back(), cfg.n, cfg.len_out, s.back(), inverse, cfg.real_out));
+  };
+  Value* y = nullptr;
+  if (!n.has_input(2) || b.known(2)) {
+    y = transform(n.has_input(2) ? int_scalar_of(*b.known(2), "axis") : -2);
+  } else {
+    Value* ax = b.convert(b.reshape(n.inputs[2], {}), DType::i64);
+    ax = b.select(b.compare("lt", ax, b.scalar(DType::i64, 0)), add_c(b, ax, r), ax);
+    for (int64_t a = 0; a < r - 1; ++a)
+      if (Value* v = transform(a))
+        y = y ? b.select(b.compare("eq", ax, b.scalar(DType::i64, static_cast<double>(a))), v, y)
+              : v;
+  }
+  if (!y) fail("no DFT axis gives the output type {}", n.outputs[0]->type.str());
+  return {b.convert(y, x->type.dtype)};
+}
+
+// Frames gathered with iota indices (frame * step + offset), windowed, then one DFT contraction.
+std::vector<Value*> stft_decompose(CoreBuilder& b, const Node& n) {
+  Value* x = n.inputs[0];
+  const Shape& xs = x->type.shape;
+  const Shape& out = n.outputs[0]->type.shape;
+  const int64_t step = int_scalar_of(b.need_constant(1, "frame_step"), "frame_step");
+  const int64_t flen = n.has_input(3)
+                           ? int_scalar_of(b.need_constant(3, "frame_length"), "frame_length")
+                           : n.inputs[2]->type.shape.at(0);
+  const int64_t B = xs[0], F = out[1], C = xs[2];
+  const DType ct = compute_type(x->type.dtype);
+  const Shape fs = {B, F, flen, C};
+  Value* idx = b.add(mul_c(b, b.iota(DType::i32, fs, 1), static_cast<double>(step)),
+                     b.iota(DType::i32, fs, 2));
+  Value* frames = b.emit("gather", {x, b.reshape(idx, {B, F * flen, C})}, {{"axis", int64_t{1}}});
+  frames = b.convert(b.reshape(frames, fs), ct);
+  if (n.has_input(2)) frames = b.mul(frames, dims_of(b, b.convert(n.inputs[2], ct), fs, {2}));
+  Value* y = dft_along(b, frames, 2, dft_matrix(ct, flen, C, flen, out[2], 2, false, false));
+  return {b.convert(y, x->type.dtype)};
+}
+
+// Mel band edges from the (possibly run-time) rate and frequency range, computed in f64 as the
+// kernel does, then each column's rising and falling ramps by comparisons with a row iota.
+std::vector<Value*> mel_decompose(CoreBuilder& b, const Node& n) {
+  const Shape& out = n.outputs[0]->type.shape;
+  const int64_t nspec = out[0], nmel = out[1];
+  const int64_t dft = int_scalar_of(b.need_constant(1, "dft_length"), "dft_length");
+  const DType t = DType::f64;
+  auto scalar_in = [&](int i) { return b.convert(b.reshape(n.inputs[i], {}), t); };
+  const double ln10 = std::log(10.0);
+  auto to_mel = [&](Value* f) {
+    return mul_c(b, b.unary("log", add_c(b, div_c(b, f, 700), 1)), 2595 / ln10);
+  };
+  Value* mlo = to_mel(scalar_in(3));
+  Value* step = div_c(b, b.sub(to_mel(scalar_in(4)), mlo), static_cast<double>(nmel + 2));
+  Value* mel = b.add(b.mul(b.iota(t, {nmel + 2}, 0), step), mlo);
+  Value* hz = mul_c(b, add_c(b, b.unary("exp", mul_c(b, div_c(b, mel, 2595), ln10)), -1), 700);
+  Value* edge = b.unary("floor", b.div(mul_c(b, hz, static_cast<double>(dft + 1)), scalar_in(2)));
+  edge = b.min(edge, b.scalar(t, static_cast<double>(nspec + 1)));
+  auto band = [&](int64_t k) { return dims_of(b, b.slice(edge, {k}, {k + nmel}), out, {1}); };
+  Value *lo = band(0), *ctr = band(1), *hi = band(2);
+  Value* j = b.iota(t, out, 0);
+  Value* rise =
+      b.select(b.compare("eq", ctr, lo), b.scalar(t, 1), b.div(b.sub(j, lo), b.sub(ctr, lo)));
+  Value* fall = b.div(b.sub(hi, j), b.sub(hi, ctr));
+  Value* in_rise = b.binary("and", b.compare("ge", j, lo), b.compare("le", j, ctr));
+  Value* in_fall = b.binary("and", b.compare("gt", j, ctr), b.compare("lt", j, hi));
+  Value* y = b.select(in_rise, rise, b.select(in_fall, fall, b.scalar(t, 0)));
+  return {b.convert(y, n.outputs[0]->type.dtype)};
+}
+
+// NonMaxSuppression has no decomposition: how many boxes it keeps is data-dependent (output
+// shape [?, 3]), so it has no static-shape core form.
+
 }  // namespace
 
 void register_misc_ops(OpRegistry& r) {
@@ -744,10 +1198,12 @@ void register_misc_ops(OpRegistry& r) {
              {{"align_corners", AttrKind::i}, {"mode", AttrKind::s}, {"padding_mode", AttrKind::s}},
              grid_sample_infer, grid_sample_kernel);
     d.upgrade = grid_sample_upgrade;
+    d.decompose = static_only(grid_sample_decompose);
     r.add(std::move(d));
   }
-  r.add(make_op("AffineGrid", 20, 2, 2, {{"align_corners", AttrKind::i}}, affine_grid_infer,
-             affine_grid_kernel));
+  r.add(with_decomposition(make_op("AffineGrid", 20, 2, 2, {{"align_corners", AttrKind::i}},
+                                   affine_grid_infer, affine_grid_kernel),
+                           static_only(affine_grid_decompose)));
   {
     OpDef d = make_op("RoiAlign", 16, 3, 3,
                    {{"coordinate_transformation_mode", AttrKind::s},
@@ -758,6 +1214,7 @@ void register_misc_ops(OpRegistry& r) {
                     {"spatial_scale", AttrKind::f}},
                    roi_align_infer, roi_align_kernel);
     d.upgrade = roi_align_upgrade;
+    d.decompose = static_only(roi_align_decompose);
     r.add(std::move(d));
   }
   r.add(make_op("NonMaxSuppression", 10, 2, 5, {{"center_point_box", AttrKind::i}}, nms_infer,
@@ -770,11 +1227,15 @@ void register_misc_ops(OpRegistry& r) {
                    {{"inverse", AttrKind::i}, {"onesided", AttrKind::i}, {"axis", AttrKind::i}},
                    dft_infer, dft_kernel);
     d.upgrade = dft_upgrade;
+    d.decompose = static_only(dft_decompose);
     r.add(std::move(d));
   }
-  r.add(make_op("STFT", 17, 2, 4, {{"onesided", AttrKind::i}}, stft_infer, stft_kernel));
-  r.add(
-      make_op("MelWeightMatrix", 17, 5, 5, {{"output_datatype", AttrKind::i}}, mel_infer, mel_kernel));
+  r.add(with_decomposition(
+      make_op("STFT", 17, 2, 4, {{"onesided", AttrKind::i}}, stft_infer, stft_kernel),
+      static_only(stft_decompose)));
+  r.add(with_decomposition(make_op("MelWeightMatrix", 17, 5, 5, {{"output_datatype", AttrKind::i}},
+                                   mel_infer, mel_kernel),
+                           static_only(mel_decompose)));
 }
 
 }  // namespace tessel

@@ -458,14 +458,27 @@ void qlinear_conv_kernel(KernelCtx& c) {
   c.set_out(0, std::move(y));
 }
 
-
 // ---- decomposition hooks ---------------------------------------------------------------------
+
+// `f` where the core level can express the node: an operand or result with an unknown dim (a
+// dynamic batch, say) makes it unsupported.
+DecomposeFn static_only(DecomposeFn f) {
+  return [f](CoreBuilder& b, const Node& n) {
+    for (const auto* vs : {&n.inputs, &n.outputs})
+      for (const Value* v : *vs)
+        if (v && !shape_known(v->type.shape))
+          unsupported("'{}' has type {}: the core level needs static shapes", v->name,
+                      v->type.str());
+    return f(b, n);
+  };
+}
 
 // A scale or zero point broadcast to x's shape: per tensor, per `axis`, or per block of `block`
 // elements along `axis` (the blocks are repeated, then cut to x's length).
 Value* expand_param(CoreBuilder& b, Value* p, const Shape& x, int64_t axis_attr, int64_t block) {
   const Shape& ps = p->type.shape;
-  if (block <= 0 && shape_numel(ps) == 1 && ps.size() <= 1) return b.broadcast_to(b.reshape(p, {}), x);
+  if (block <= 0 && shape_numel(ps) == 1 && ps.size() <= 1)
+    return b.broadcast_to(b.reshape(p, {}), x);
   const int axis = normalize_axis(axis_attr, static_cast<int>(x.size()));
   if (block <= 0)
     return b.emit("broadcast_in_dim", {p},
@@ -512,13 +525,18 @@ std::vector<Value*> quantize_decompose(CoreBuilder& b, const Node& n) {
   const int64_t axis = n.attr_i("axis", 1), block = n.attr_i("block_size", 0);
   const DType prec = n.has_attr("precision") ? onnx_dtype_attr(n.attr_i("precision"), "precision")
                                              : n.inputs[1]->type.dtype;
-  Value* v = b.div(b.convert(x, prec), expand_param(b, b.convert(n.inputs[1], prec), xs, axis, block));
+  Value* v =
+      b.div(b.convert(x, prec), expand_param(b, b.convert(n.inputs[1], prec), xs, axis, block));
   Value* zp = n.has_input(2) ? expand_param(b, n.inputs[2], xs, axis, block) : nullptr;
   if (!is_float_quant(t)) return {requantize(b, v, zp, t)};
   // Float targets: one rounding of v + zp (in double, as the kernel) with the saturate flag.
-  if (zp && !known_zero(n.inputs[2])) v = b.add(b.convert(v, DType::f64), b.convert(zp, DType::f64));
+  if (zp && !known_zero(n.inputs[2]))
+    v = b.add(b.convert(v, DType::f64), b.convert(zp, DType::f64));
+  // float4 has no NaN: the kernel (as ONNX's reference) stores it as +6, where convert gives -0.
+  if (t == DType::f4e2m1) v = b.select(b.compare("ne", v, v), b.scalar(v->type.dtype, 6), v);
   const bool sat = n.attr_i("saturate", 1) != 0 || t == DType::f4e2m1;
-  return {b.emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{sat}}})};
+  return {
+      b.emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{sat}}})};
 }
 
 // (x - zero point) is exact in a wider integer type (or f32 for the float8 inputs) and rounded
@@ -530,7 +548,9 @@ std::vector<Value*> dequantize_decompose(CoreBuilder& b, const Node& n) {
   const int64_t axis = n.attr_i("axis", 1), block = n.attr_i("block_size", 0);
   Value* d = x;
   if (n.has_input(2) && !known_zero(n.inputs[2])) {
-    const DType wide = is_float(x->type.dtype) ? DType::f32 : x->type.dtype == DType::i32 ? DType::i64 : DType::i32;
+    const DType wide = is_float(x->type.dtype)       ? DType::f32
+                       : x->type.dtype == DType::i32 ? DType::i64
+                                                     : DType::i32;
     d = b.sub(b.convert(x, wide), b.convert(expand_param(b, n.inputs[2], xs, axis, block), wide));
   }
   Value* s = expand_param(b, b.convert(n.inputs[1], t), xs, axis, block);
@@ -557,7 +577,8 @@ std::vector<Value*> dynamic_quantize_decompose(CoreBuilder& b, const Node& n) {
 // A per-tensor quantization parameter as a scalar, or a 1-D one laid along dim `dim` of `shape`.
 Value* lay_param(CoreBuilder& b, Value* p, const Shape& shape, int64_t dim) {
   if (shape_numel(p->type.shape) == 1) return b.broadcast_to(b.reshape(p, {}), shape);
-  return b.emit("broadcast_in_dim", {p}, {{"shape", std::vector<int64_t>(shape)}, {"dims", std::vector<int64_t>{dim}}});
+  return b.emit("broadcast_in_dim", {p},
+                {{"shape", std::vector<int64_t>(shape)}, {"dims", std::vector<int64_t>{dim}}});
 }
 
 // v - zero point in i32 (exact for the 8-bit operands).
@@ -569,7 +590,8 @@ Value* centred(CoreBuilder& b, Value* v, Value* zp, int64_t dim) {
 // The combined scale sa * sb / sy formed in the scales' precision (sy's dtype), then as f32.
 Value* combined_scale(CoreBuilder& b, Value* sa, Value* sb, Value* sy) {
   const DType sdt = sy->type.dtype;
-  return b.convert(b.div(b.mul(b.convert(sa, sdt), b.convert(sb, sdt)), b.reshape(sy, {})), DType::f32);
+  return b.convert(b.div(b.mul(b.convert(sa, sdt), b.convert(sb, sdt)), b.reshape(sy, {})),
+                   DType::f32);
 }
 
 // numpy matmul of two i32 operands as one dot_general (rank-1 operands become matrices, batch
@@ -586,7 +608,9 @@ Value* int_matmul(CoreBuilder& b, Value* a, Value* w, const Shape& out) {
   for (size_t i = 0; i < bd.size(); ++i) bd[i] = static_cast<int64_t>(i);
   const int64_t nb = static_cast<int64_t>(batch.size());
   Value* y = b.emit("dot_general", {b.broadcast_to(a, af), b.broadcast_to(w, wf)},
-                    {{"lhs_batch", bd}, {"rhs_batch", bd}, {"lhs_contract", std::vector<int64_t>{nb + 1}},
+                    {{"lhs_batch", bd},
+                     {"rhs_batch", bd},
+                     {"lhs_contract", std::vector<int64_t>{nb + 1}},
                      {"rhs_contract", std::vector<int64_t>{nb}}});
   return b.reshape(y, out);
 }
@@ -598,7 +622,8 @@ std::vector<Value*> qlinear_matmul_decompose(CoreBuilder& b, const Node& n) {
   const int64_t ra = static_cast<int64_t>(n.inputs[0]->type.shape.size());
   const int64_t rb = static_cast<int64_t>(n.inputs[3]->type.shape.size());
   const int64_t ro = static_cast<int64_t>(out.size());
-  Value* acc = int_matmul(b, centred(b, n.inputs[0], n.inputs[2], ra - 2), centred(b, n.inputs[3], n.inputs[5], rb - 1), out);
+  Value* acc = int_matmul(b, centred(b, n.inputs[0], n.inputs[2], ra - 2),
+                          centred(b, n.inputs[3], n.inputs[5], rb - 1), out);
   // Rows of a are dim -2 of the output (-1 when b is a vector); columns of b are dim -1.
   Value* sa = lay_param(b, n.inputs[1], out, ro - (rb == 1 ? 1 : 2));
   Value* sb = lay_param(b, n.inputs[4], out, ro - 1);
@@ -613,13 +638,17 @@ std::vector<Value*> qlinear_conv_decompose(CoreBuilder& b, const Node& n) {
   const Shape& out = n.outputs[0]->type.shape;
   ConvGeom g = conv_geometry(n, x->type.shape, w->type.shape);
   std::vector<int64_t> padding;
-  for (size_t d = 0; d < g.pads_begin.size(); ++d) padding.insert(padding.end(), {g.pads_begin[d], g.pads_end[d]});
+  for (size_t d = 0; d < g.pads_begin.size(); ++d)
+    padding.insert(padding.end(), {g.pads_begin[d], g.pads_end[d]});
   Value* acc = b.emit("convolution", {centred(b, x, n.inputs[2], 0), centred(b, w, n.inputs[5], 0)},
-                      {{"strides", g.strides}, {"dilations", g.dilations}, {"padding", padding},
+                      {{"strides", g.strides},
+                       {"dilations", g.dilations},
+                       {"padding", padding},
                        {"groups", n.attr_i("group", 1)}});
   if (n.has_input(8)) acc = b.add(acc, lay_param(b, n.inputs[8], out, 1));
   Value* sx = b.reshape(n.inputs[1], {});
-  Value* v = b.mul(b.convert(acc, DType::f32), combined_scale(b, sx, lay_param(b, n.inputs[4], out, 1), n.inputs[6]));
+  Value* v = b.mul(b.convert(acc, DType::f32),
+                   combined_scale(b, sx, lay_param(b, n.inputs[4], out, 1), n.inputs[6]));
   return {requantize(b, v, b.reshape(n.inputs[7], {}), n.outputs[0]->type.dtype)};
 }
 
@@ -629,33 +658,37 @@ void register_quantize_ops(OpRegistry& r) {
   // Each opset of QuantizeLinear/DequantizeLinear (10, 13, 19, 21, 23, 25) only added types,
   // granularities and attributes with backward-compatible defaults, so opset 10 imports as is.
   r.add(with_decomposition(make_op("QuantizeLinear", 10, 2, 3,
-             {{"axis", AttrKind::i},
-              {"block_size", AttrKind::i},
-              {"output_dtype", AttrKind::i},
-              {"precision", AttrKind::i},
-              {"saturate", AttrKind::i}},
-             quantize_infer, quantize_kernel, FusionKind::pointwise), quantize_decompose));
-  r.add(with_decomposition(make_op("DequantizeLinear", 10, 2, 3,
-             {{"axis", AttrKind::i}, {"block_size", AttrKind::i}, {"output_dtype", AttrKind::i}},
-             dequantize_infer, dequantize_kernel, FusionKind::pointwise), dequantize_decompose));
+                                   {{"axis", AttrKind::i},
+                                    {"block_size", AttrKind::i},
+                                    {"output_dtype", AttrKind::i},
+                                    {"precision", AttrKind::i},
+                                    {"saturate", AttrKind::i}},
+                                   quantize_infer, quantize_kernel, FusionKind::pointwise),
+                           static_only(quantize_decompose)));
+  r.add(with_decomposition(
+      make_op("DequantizeLinear", 10, 2, 3,
+              {{"axis", AttrKind::i}, {"block_size", AttrKind::i}, {"output_dtype", AttrKind::i}},
+              dequantize_infer, dequantize_kernel, FusionKind::pointwise),
+      static_only(dequantize_decompose)));
   {
     OpDef d = make_op("DynamicQuantizeLinear", 11, 1, 1, {}, dynamic_quantize_infer,
                    dynamic_quantize_kernel);
     d.min_outputs = d.max_outputs = 3;
-    d.decompose = dynamic_quantize_decompose;
+    d.decompose = static_only(dynamic_quantize_decompose);
     r.add(std::move(d));
   }
   r.add(with_decomposition(make_op("QLinearMatMul", 10, 8, 8, {}, qlinear_matmul_infer,
                                    qlinear_matmul_kernel, FusionKind::matmul),
-                           qlinear_matmul_decompose));
+                           static_only(qlinear_matmul_decompose)));
   r.add(with_decomposition(make_op("QLinearConv", 10, 8, 9,
-             {{"auto_pad", AttrKind::s},
-              {"dilations", AttrKind::ints},
-              {"group", AttrKind::i},
-              {"kernel_shape", AttrKind::ints},
-              {"pads", AttrKind::ints},
-              {"strides", AttrKind::ints}},
-             qlinear_conv_infer, qlinear_conv_kernel), qlinear_conv_decompose));
+                                   {{"auto_pad", AttrKind::s},
+                                    {"dilations", AttrKind::ints},
+                                    {"group", AttrKind::i},
+                                    {"kernel_shape", AttrKind::ints},
+                                    {"pads", AttrKind::ints},
+                                    {"strides", AttrKind::ints}},
+                                   qlinear_conv_infer, qlinear_conv_kernel),
+                           static_only(qlinear_conv_decompose)));
 }
 
 }  // namespace tessel
