@@ -5,6 +5,7 @@
 #include <regex>
 
 #include "tessel/driver/op_table.h"
+#include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/passes/pass.h"
@@ -73,5 +74,33 @@ TEST(Docs, PassWorkedExamples) {
     verify_graph(*g);
     run_pipeline(*g, parse_pipeline(pipeline), PassOptions{});
     EXPECT_EQ(print_graph(*g), after) << pass << " (pipeline " << pipeline << ")";
+  }
+}
+
+// docs/ir/core.md: the graph-level example, through the core pipeline, prints as the page's after block,
+// and both graphs compute the numbers the page states.
+TEST(Docs, CoreLevelWorkedExample) {
+  std::string md = testenv::read_text(testenv::source_dir() + "/docs/ir/core.md");
+  auto block = [&](const std::string& fence) {
+    auto b = md.find(fence + "\n");
+    if (b == std::string::npos) return std::string();
+    b += fence.size() + 1;
+    return md.substr(b, md.find("```", b) - b);
+  };
+  std::string before = block("```tsl before"), after = block("```tsl after");
+  ASSERT_FALSE(before.empty() || after.empty()) << "docs/ir/core.md needs ```tsl before and after blocks";
+  auto g = parse_graph(before, "docs/ir/core.md");
+  auto reference = parse_graph(before, "docs/ir/core.md");
+  run_pipeline(*g, parse_pipeline("core"), PassOptions{});
+  EXPECT_EQ(print_graph(*g), after);
+  for (const auto& n : g->nodes()) EXPECT_EQ(n->op->domain, "tessel.core") << n->name;
+  std::vector<double> x = numbers_after(md, "With input\n`x = ");
+  ASSERT_EQ(x.size(), 8u);
+  std::vector<double> want = numbers_after(md, "`y = ");
+  ASSERT_EQ(want.size(), 8u);
+  Tensor in = Tensor::from_f64(DType::f32, {2, 4}, x);
+  for (const Graph* graph : {reference.get(), g.get()}) {
+    std::vector<double> got = run_eager(*graph, {in})[0].to_f64();
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 5e-5) << i;
   }
 }
