@@ -1,4 +1,4 @@
-// Core-level primitives (docs/ir/core-plan.md): reference kernels checked against hand-computed
+// Core-level primitives (docs/ir/core.md): reference kernels checked against hand-computed
 // values, and the shape/dtype rules that reject anything implicit.
 #include <gtest/gtest.h>
 

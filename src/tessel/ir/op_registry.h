@@ -81,7 +81,7 @@ using KernelFn = std::function<void(KernelCtx&)>;
 // `axes` attribute into an input). Throws tessel::Error if the old form cannot be expressed.
 using UpgradeFn = std::function<void(Graph&, Node&, int opset)>;
 class CoreBuilder;
-// Expresses a node in core ops (docs/ir/core-plan.md): emits them through the builder and returns
+// Expresses a node in core ops (docs/ir/core.md): emits them through the builder and returns
 // one value per output of the node (null for omitted outputs).
 using DecomposeFn = std::function<std::vector<Value*>(CoreBuilder&, const Node&)>;
 using CostFn = std::function<Cost(const Node&)>;
