@@ -19,8 +19,9 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Runs one `op` node with the given inputs (graph inputs, or constants where `constant[i]`) after
 // the decompose pass; every node left must be a core op.
-std::vector<Tensor> run_decomposed(const std::string& op, const std::vector<Tensor>& ins, int num_outs = 1,
-                                   std::map<std::string, Attr> attrs = {}, std::vector<bool> constant = {}) {
+std::vector<Tensor> run_decomposed(const std::string& op, const std::vector<Tensor>& ins,
+                                   int num_outs = 1, std::map<std::string, Attr> attrs = {},
+                                   std::vector<bool> constant = {}) {
   const OpDef* def = OpRegistry::get().find(op);
   if (!def) fail("no op {}", op);
   Graph g;
@@ -32,7 +33,8 @@ std::vector<Tensor> run_decomposed(const std::string& op, const std::vector<Tens
     } else if (i < constant.size() && constant[i]) {
       vs.push_back(g.add_constant("c" + std::to_string(i), ins[i]));
     } else {
-      vs.push_back(g.add_input("x" + std::to_string(i), TensorType{ins[i].dtype(), ins[i].shape()}));
+      vs.push_back(
+          g.add_input("x" + std::to_string(i), TensorType{ins[i].dtype(), ins[i].shape()}));
       given.push_back(ins[i]);
     }
   }
@@ -57,7 +59,8 @@ void expect_same(const Tensor& got, const Tensor& want, double rtol, const std::
     }
     const double g = got.get_f(i), w = want.get_f(i);
     if (std::isnan(w) || std::isinf(w)) {
-      EXPECT_TRUE(std::isnan(w) ? std::isnan(g) : g == w) << what << " element " << i << ": " << g << " vs " << w;
+      EXPECT_TRUE(std::isnan(w) ? std::isnan(g) : g == w)
+          << what << " element " << i << ": " << g << " vs " << w;
     } else {
       EXPECT_NEAR(g, w, 1e-7 + rtol * std::fabs(w)) << what << " element " << i;
     }
@@ -65,18 +68,25 @@ void expect_same(const Tensor& got, const Tensor& want, double rtol, const std::
 }
 
 // The decomposed node against the op's reference kernel, output by output.
-void check(const std::string& op, const std::vector<Tensor>& ins, std::map<std::string, Attr> attrs = {},
-           double rtol = 1e-6, int num_outs = 1, std::vector<bool> constant = {}) {
+void check(const std::string& op, const std::vector<Tensor>& ins,
+           std::map<std::string, Attr> attrs = {}, double rtol = 1e-6, int num_outs = 1,
+           std::vector<bool> constant = {}) {
   std::vector<Tensor> want = run_op(op, ins, num_outs, attrs);
   std::vector<Tensor> got = run_decomposed(op, ins, num_outs, attrs, constant);
   ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) expect_same(got[i], want[i], rtol, op + " output " + std::to_string(i));
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_same(got[i], want[i], rtol, op + " output " + std::to_string(i));
 }
 
-Tensor f16(Shape s, std::vector<double> v) { return Tensor::from_f64(DType::f16, std::move(s), v); }
-Tensor f64(Shape s, std::vector<double> v) { return Tensor::from_f64(DType::f64, std::move(s), v); }
+Tensor f16(Shape s, std::vector<double> v) {
+  return Tensor::from_f64(DType::f16, std::move(s), v);
+}
+Tensor f64(Shape s, std::vector<double> v) {
+  return Tensor::from_f64(DType::f64, std::move(s), v);
+}
 
-const std::vector<double> kSpecial = {0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 1e-4, -3e-3, 7.25, -40.0, kInf, -kInf, kNaN};
+const std::vector<double> kSpecial = {0.0,   -0.0, 1.0,   -1.0, 0.5,   -2.5, 1e-4,
+                                      -3e-3, 7.25, -40.0, kInf, -kInf, kNaN};
 
 }  // namespace
 
@@ -113,12 +123,14 @@ TEST(DecomposeElementwise, IsInfHonoursItsFlags) {
   check("IsInf", {x});
   check("IsInf", {x}, {{"detect_negative", int64_t{0}}});
   check("IsInf", {x}, {{"detect_positive", int64_t{0}}});
-  auto none = run_decomposed("IsInf", {x}, 1, {{"detect_positive", int64_t{0}}, {"detect_negative", int64_t{0}}});
+  auto none = run_decomposed("IsInf", {x}, 1,
+                             {{"detect_positive", int64_t{0}}, {"detect_negative", int64_t{0}}});
   for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(none[0].get_i(i), 0);
 }
 
 TEST(DecomposeElementwise, LogicalAndBitwise) {
-  const Tensor p = ints(DType::boolean, {4}, {0, 0, 1, 1}), q = ints(DType::boolean, {4}, {0, 1, 0, 1});
+  const Tensor p = ints(DType::boolean, {4}, {0, 0, 1, 1}),
+               q = ints(DType::boolean, {4}, {0, 1, 0, 1});
   for (const char* op : {"And", "Or", "Xor"}) check(op, {p, q});
   check("Not", {p});
   const Tensor a = ints(DType::i16, {3}, {-1, 0x1234, -32768}), b = ints(DType::i16, {1}, {0x0ff0});
@@ -130,10 +142,12 @@ TEST(DecomposeElementwise, LogicalAndBitwise) {
 TEST(DecomposeElementwise, BitShiftAtAndBeyondTheWidth) {
   const Tensor x = ints(DType::u8, {6}, {0xff, 0x81, 1, 200, 0xff, 3});
   const Tensor n = ints(DType::u8, {6}, {0, 1, 7, 8, 9, 200});
-  for (const char* dir : {"LEFT", "RIGHT"}) check("BitShift", {x, n}, {{"direction", std::string(dir)}});
+  for (const char* dir : {"LEFT", "RIGHT"})
+    check("BitShift", {x, n}, {{"direction", std::string(dir)}});
   const Tensor y = ints(DType::u64, {3}, {-1, 12345, 1});
   const Tensor m = ints(DType::u64, {3}, {63, 3, 64});
-  for (const char* dir : {"LEFT", "RIGHT"}) check("BitShift", {y, m}, {{"direction", std::string(dir)}});
+  for (const char* dir : {"LEFT", "RIGHT"})
+    check("BitShift", {y, m}, {{"direction", std::string(dir)}});
 }
 
 TEST(DecomposeElementwise, ModTakesTheDivisorsSign) {
@@ -151,7 +165,8 @@ TEST(DecomposeElementwise, PowWithMixedDtypes) {
   // Integer base, float exponent: the real power truncated (not the exponent truncated).
   check("Pow", {ints(DType::i32, {3}, {2, 3, -3}), f32({3}, {1.5, 0.5, 2.0})});
   // Negative integer exponents: 1 / base^|e| truncated, non-zero only for base ±1.
-  check("Pow", {ints(DType::i64, {6}, {1, -1, -1, 2, 3, -2}), ints(DType::i64, {6}, {-2, -3, -2, -1, 2, 3})});
+  check("Pow", {ints(DType::i64, {6}, {1, -1, -1, 2, 3, -2}),
+                ints(DType::i64, {6}, {-2, -3, -2, -1, 2, 3})});
   check("Pow", {ints(DType::i32, {3}, {2, 3, 4}), ints(DType::i64, {1}, {3})});
   check("Pow", {f16({3}, {2.0, 0.5, 9.0}), f32({3}, {0.1, 3.0, 0.5})});
   check("Pow", {f32({3}, {2.0, -2.0, 0.0}), ints(DType::i32, {3}, {10, 3, 0})});
@@ -168,7 +183,8 @@ TEST(DecomposeElementwise, VariadicWithBroadcasting) {
 
 TEST(DecomposeElementwise, ComparisonsWhereAndClip) {
   const Tensor a = f32({4}, {1.0, kNaN, -2.0, 3.0}), b = f32({1}, {1.0});
-  for (const char* op : {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"}) check(op, {a, b});
+  for (const char* op : {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
+    check(op, {a, b});
   check("Equal", {ints(DType::boolean, {2}, {0, 1}), ints(DType::boolean, {2}, {1, 1})});
   check("Where", {ints(DType::boolean, {2, 1}, {1, 0}), a, f32({}, {9.0})});
   const Tensor x = f32({5}, {-5.0, 0.0, 2.0, 9.0, kNaN});
@@ -181,7 +197,8 @@ TEST(DecomposeElementwise, ComparisonsWhereAndClip) {
 TEST(DecomposeElementwise, CastsAndBitCast) {
   const Tensor x = f32({5}, {1.7, -2.5, 1000.0, kInf, kNaN});
   check("Cast", {x}, {{"to", int64_t{7}}});  // int64, truncating
-  for (int64_t sat : {0, 1}) check("Cast", {x}, {{"to", int64_t{17}}, {"saturate", sat}});  // float8e4m3fn
+  for (int64_t sat : {0, 1})
+    check("Cast", {x}, {{"to", int64_t{17}}, {"saturate", sat}});  // float8e4m3fn
   check("CastLike", {x, f16({1}, {0.0})});
   check("CastLike", {x, ints(DType::boolean, {1}, {0})});
   check("BitCast", {f32({2}, {1.0, -0.5})}, {{"to", int64_t{6}}});  // int32
@@ -190,11 +207,14 @@ TEST(DecomposeElementwise, CastsAndBitCast) {
 TEST(DecomposeElementwise, DropoutAtInferenceIsTheIdentity) {
   const Tensor x = f32({3}, {1.0, -2.0, 3.0});
   check("Dropout", {x}, {}, 0, 2);
-  check("Dropout", {x, f32({}, {0.5}), ints(DType::boolean, {}, {0})}, {}, 0, 2, {false, true, true});
-  check("Dropout", {x, f32({}, {0.0}), ints(DType::boolean, {}, {1})}, {}, 0, 2, {false, true, true});
+  check("Dropout", {x, f32({}, {0.5}), ints(DType::boolean, {}, {0})}, {}, 0, 2,
+        {false, true, true});
+  check("Dropout", {x, f32({}, {0.0}), ints(DType::boolean, {}, {1})}, {}, 0, 2,
+        {false, true, true});
   // Training with a ratio > 0 draws a random mask: no core form, and the error says so.
   try {
-    run_decomposed("Dropout", {x, f32({}, {0.5}), ints(DType::boolean, {}, {1})}, 1, {}, {false, true, true});
+    run_decomposed("Dropout", {x, f32({}, {0.5}), ints(DType::boolean, {}, {1})}, 1, {},
+                   {false, true, true});
     FAIL() << "training Dropout decomposed";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("training"), std::string::npos) << e.what();
@@ -208,11 +228,12 @@ TEST(DecomposeActivation, MatchTheKernelsOnSpecialValues) {
     v.push_back(-100.0);
     return v;
   }());
-  const Tensor y = f32({static_cast<int64_t>(kSpecial.size()) - 1},
-                      std::vector<double>(kSpecial.begin(), kSpecial.end() - 1));  // without the NaN
+  const Tensor y =
+      f32({static_cast<int64_t>(kSpecial.size()) - 1},
+          std::vector<double>(kSpecial.begin(), kSpecial.end() - 1));  // without the NaN
   for (const char* op : {"Celu", "HardSigmoid"}) check(op, {y}, {}, 1e-5);
-  for (const char* op : {"Sigmoid", "Softplus", "Softsign", "HardSwish", "Mish", "LeakyRelu", "Elu", "Selu",
-                         "ThresholdedRelu", "Swish", "Gelu"})
+  for (const char* op : {"Sigmoid", "Softplus", "Softsign", "HardSwish", "Mish", "LeakyRelu", "Elu",
+                         "Selu", "ThresholdedRelu", "Swish", "Gelu"})
     check(op, {x}, {}, 1e-5);
   // NaN: the core forms propagate it where the kernels' std::max/std::min drop it (Celu gives 0,
   // HardSigmoid 1), as numpy (the ONNX reference) would.
@@ -228,7 +249,8 @@ TEST(DecomposeActivation, MatchTheKernelsOnSpecialValues) {
 
 TEST(DecomposeActivation, NarrowFloatsAndIntegers) {
   const Tensor h = f16({5}, {-8.0, -0.75, 0.0, 0.5, 11.0});
-  for (const char* op : {"Sigmoid", "Gelu", "Mish", "Elu", "HardSwish", "Swish"}) check(op, {h}, {}, 1e-3);
+  for (const char* op : {"Sigmoid", "Gelu", "Mish", "Elu", "HardSwish", "Swish"})
+    check(op, {h}, {}, 1e-3);
   check("SwiGLU", {h, f16({5}, {1.0, 2.0, -3.0, 0.25, 0.5})}, {{"alpha", 1.702}}, 1e-3);
   check("Shrink", {ints(DType::i32, {5}, {-5, -1, 0, 1, 5})}, {{"bias", 1.5}, {"lambd", 1.0}});
   check("PRelu", {ints(DType::i8, {2, 2}, {-3, 4, -100, 0}), ints(DType::i8, {2}, {2, 3})});
