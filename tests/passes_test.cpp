@@ -34,7 +34,10 @@ TEST_P(Simplify, KeepsResultsAndFoldsShapeArithmetic) {
   po.dump_dir = dump.string();
   auto records = run_pipeline(*m.graph, parse_pipeline("simplify"), po);
   ASSERT_EQ(records.size(), parse_pipeline("simplify").size());
-  EXPECT_LE(m.graph->nodes().size(), before);
+  // canonicalize may add broadcasts (splat constants become scalar + broadcast); nothing else grows.
+  size_t after = 0;
+  for (const auto& n : m.graph->nodes()) after += n->op_name() != "broadcast_in_dim";
+  EXPECT_LE(after, before);
   // Nothing left whose value depends only on constants and shapes.
   for (const auto& n : m.graph->nodes()) {
     EXPECT_NE(n->op_name(), "Shape") << n->name;
@@ -71,8 +74,14 @@ TEST_P(Simplify, CorePipelineKeepsResults) {
   PassOptions po;
   po.dump_dir = dump.string();
   auto records = run_pipeline(*m.graph, parse_pipeline("core"), po);
-  for (const auto& n : m.graph->nodes())
-    EXPECT_TRUE(n->op->domain == "tessel.core" || !n->op->decompose) << n->name << " (" << n->op_name() << ")";
+  // Only core ops remain, or ops in a dynamic region (an unknown dim: downstream of NonZero).
+  for (const auto& n : m.graph->nodes()) {
+    bool dynamic = false;
+    for (const auto* vs : {&n->inputs, &n->outputs})
+      for (const Value* v : *vs)
+        for (int64_t d : v ? v->type.shape : Shape{}) dynamic = dynamic || d < 0;
+    EXPECT_TRUE(n->op->domain == "tessel.core" || !n->op->decompose || dynamic) << n->name << " (" << n->op_name() << ")";
+  }
   testenv::expect_matches_reference(run_eager(*m.graph, ins), refs, GetParam());
   // Every stage, numbered in pipeline order, parses back and verifies.
   for (size_t i = 0; i <= records.size(); ++i) {

@@ -1,6 +1,8 @@
 // decompose: replaces every graph-level node whose op has a decomposition hook by core ops. Nodes
 // without a hook stay as they are and are listed in the pass's note (the core level is complete
-// when that list is empty).
+// when that list is empty). The core level is static: a node with an unknown dim in any operand or
+// result (downstream of a data-dependent op such as NonZero) stays a graph-level node too, listed
+// as dynamic; those nodes are the graph break the backends run through the reference kernels.
 #include <fmt/format.h>
 
 #include <map>
@@ -15,12 +17,20 @@ namespace tessel {
 std::string decompose(Graph& g) {
   std::vector<std::unique_ptr<Node>> pending = std::move(g.mutable_nodes());
   g.mutable_nodes().clear();
-  std::map<std::string, int> left;
+  std::map<std::string, int> left, dynamic;
   int done = 0;
+  auto has_unknown_dim = [](const std::vector<Value*>& vs) {
+    for (const Value* v : vs)
+      if (v)
+        for (int64_t d : v->type.shape)
+          if (d < 0) return true;
+    return false;
+  };
   for (size_t k = 0; k < pending.size(); ++k) {
     std::unique_ptr<Node>& n = pending[k];
-    if (!n->op->decompose) {
-      if (n->op->domain != "tessel.core") left[n->op->name]++;
+    const bool is_dynamic = has_unknown_dim(n->inputs) || has_unknown_dim(n->outputs);
+    if (!n->op->decompose || is_dynamic) {
+      if (n->op->domain != "tessel.core") (is_dynamic ? dynamic : left)[n->op->name]++;
       g.mutable_nodes().push_back(std::move(n));
       continue;
     }
@@ -57,9 +67,15 @@ std::string decompose(Graph& g) {
     ++done;
   }
   g.compact();
-  std::string rest;
-  for (const auto& [op, count] : left) rest += fmt::format("{}{}×{}", rest.empty() ? "" : ", ", op, count);
-  return fmt::format("decomposed {} nodes{}", done, rest.empty() ? "" : "; no decomposition yet for " + rest);
+  auto list = [](const std::map<std::string, int>& m) {
+    std::string s;
+    for (const auto& [op, count] : m) s += fmt::format("{}{}×{}", s.empty() ? "" : ", ", op, count);
+    return s;
+  };
+  std::string note = fmt::format("decomposed {} nodes", done);
+  if (!left.empty()) note += "; no core form for " + list(left);
+  if (!dynamic.empty()) note += "; dynamic shapes (graph break) in " + list(dynamic);
+  return note;
 }
 
 }  // namespace tessel
