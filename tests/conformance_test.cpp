@@ -1,6 +1,7 @@
-// The ONNX backend conformance data (../shared/onnx-tests): the number of passing tests must not
-// drop below the committed baseline (tests/conformance_baseline.json), nothing may crash or hang,
-// and every test that does not pass carries a reason.
+// The ONNX backend conformance data (../shared/onnx-tests): for each backend (eager, and graph:
+// the "core" pipeline and the graph backend), the number of passing tests must not drop below the
+// committed baseline (tests/conformance_baseline.json), nothing may crash or hang, and every test
+// that does not pass carries a reason.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -13,16 +14,19 @@ using namespace tessel;
 
 namespace {
 
-class ConformanceSuite : public ::testing::TestWithParam<std::string> {};
+// (backend, suite)
+class ConformanceSuite : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 }  // namespace
 
 TEST_P(ConformanceSuite, PassCountAtLeastBaseline) {
-  const std::string root = testenv::shared_dir() + "/onnx-tests/" + GetParam();
+  const auto& [backend, suite] = GetParam();
+  const std::string root = testenv::shared_dir() + "/onnx-tests/" + suite;
   if (!std::filesystem::exists(root)) GTEST_SKIP() << "needs " << root;
   auto baseline = nlohmann::json::parse(testenv::read_text(testenv::source_dir() + "/tests/conformance_baseline.json"));
-  const int want = baseline.at("eager").at(GetParam()).get<int>();
+  const int want = baseline.at(backend).at(suite).get<int>();
   ConformanceOptions o;
+  o.backend = backend;
   o.jobs = 2;
   o.timeout_s = 300;
   ConformanceReport r = run_conformance(root, o);
@@ -33,14 +37,16 @@ TEST_P(ConformanceSuite, PassCountAtLeastBaseline) {
     if (t.status != "passed" && t.reason.empty()) bad += "\n  no reason: " + t.name;
   }
   EXPECT_TRUE(bad.empty()) << bad;
-  std::printf("%s: %zu tests, %d passed, %d failed, %d unsupported (baseline %d)\n", GetParam().c_str(),
+  std::printf("%s (%s): %zu tests, %d passed, %d failed, %d unsupported (baseline %d)\n", suite.c_str(), backend.c_str(),
               r.tests.size(), passed, r.count("failed"), r.count("unsupported"), want);
-  EXPECT_GE(passed, want) << "conformance regressed below the baseline for " << GetParam();
+  EXPECT_GE(passed, want) << "conformance regressed below the baseline for " << suite << " with " << backend;
 }
 
-INSTANTIATE_TEST_SUITE_P(Onnx, ConformanceSuite, ::testing::Values("node", "simple", "pytorch-operator"),
+INSTANTIATE_TEST_SUITE_P(Onnx, ConformanceSuite,
+                         ::testing::Combine(::testing::Values("eager", "graph"),
+                                            ::testing::Values("node", "simple", "pytorch-operator")),
                          [](const auto& info) {
-                           std::string n = info.param;
+                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
                            for (char& c : n)
                              if (c == '-') c = '_';
                            return n;

@@ -128,8 +128,8 @@ std::vector<Tensor> run_with_eager(const Graph& g, const std::vector<Tensor>& in
     outs = run_eager(g, ins, &stats);
     best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  fmt::print("ran eager in {:.1f} ms{} (peak intermediate memory {:.2f} MB)\n", best, repeat > 1 ? " (best of runs)" : "",
-             stats.peak_bytes / 1e6);
+  fmt::print("ran eager in {:.1f} ms{} (peak intermediate memory {:.2f} MB = {} bytes)\n", best,
+             repeat > 1 ? " (best of runs)" : "", stats.peak_bytes / 1e6, stats.peak_bytes);
   return outs;
 }
 
@@ -140,12 +140,15 @@ std::vector<Tensor> run_with_graph(std::unique_ptr<Graph> g, const std::vector<T
   auto exe = compile_graph(std::move(g), ins);
   const GraphCompileStats& cs = exe->stats();
   fmt::print("compiled for the graph backend in {:.1f} ms (passes {:.1f} ms): {} core-pipeline nodes, {} typed kernels, "
-             "{} aliased reshapes, {} in place\n",
-             cs.compile_seconds * 1e3, cs.pass_seconds * 1e3, cs.nodes, cs.typed, cs.aliased, cs.in_place);
+             "{} aliased reshapes, {} broadcast views, {} in place\n",
+             cs.compile_seconds * 1e3, cs.pass_seconds * 1e3, cs.nodes, cs.typed, cs.aliased, cs.views, cs.in_place);
   fmt::print("  reference fallbacks (core ops without a typed kernel): {}{}\n", cs.fallback_count(),
              cs.fallback.empty() ? "" : " (" + op_counts(cs.fallback) + ")");
   fmt::print("  dynamic region (not core ops or dynamic shapes): {}{}\n", cs.dynamic_count(),
              cs.dynamic.empty() ? "" : " (" + op_counts(cs.dynamic) + ")");
+  if (!cs.pipeline_error.empty())
+    fmt::print("  graph break: the core pipeline could not lower the model, so it runs undecomposed ({})\n",
+               cs.pipeline_error);
   if (!cs.baked_inputs.empty()) {
     std::string names;
     for (const auto& n : cs.baked_inputs) names += (names.empty() ? "" : ", ") + n;
@@ -158,8 +161,11 @@ std::vector<Tensor> run_with_graph(std::unique_ptr<Graph> g, const std::vector<T
     outs = exe->run(ins, &rs);
     best = std::min(best, rs.seconds * 1e3);
   }
-  fmt::print("ran graph in {:.1f} ms{} (arena {:.2f} MB, dynamic-region peak {:.2f} MB, peak intermediate memory {:.2f} MB)\n",
-             best, repeat > 1 ? " (best of runs)" : "", rs.arena_bytes / 1e6, rs.heap_peak_bytes / 1e6, rs.peak_bytes / 1e6);
+  fmt::print("ran graph in {:.1f} ms{} (arena {:.2f} MB, dynamic-region peak {:.2f} MB, peak intermediate memory {:.2f} MB = {} bytes)\n",
+             best, repeat > 1 ? " (best of runs)" : "", rs.arena_bytes / 1e6, rs.heap_peak_bytes / 1e6, rs.peak_bytes / 1e6,
+             rs.peak_bytes);
+  fmt::print("  arena plan: {} buffers, {} bytes (most bytes alive at one step: {})\n", exe->buffer_requests().size(),
+             cs.arena_bytes, cs.arena_lower_bound);
   out_names = names_of(exe->graph().outputs);
   return outs;
 }

@@ -6,6 +6,7 @@
 #include "tessel/runtime/core_kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -110,7 +111,7 @@ template <class T> using Tag = std::remove_pointer_t<T>;
 
 Shape static_shape(const Value* v) { return v->type.shape; }
 int64_t numel_of(const Value* v) { return shape_numel(v->type.shape); }
-std::vector<int64_t> strides_of(const Shape& s) {
+std::vector<int64_t> row_strides(const Shape& s) {
   std::vector<int64_t> st(s.size(), 1);
   for (int d = static_cast<int>(s.size()) - 2; d >= 0; --d) st[d] = st[d + 1] * s[d + 1];
   return st;
@@ -191,6 +192,84 @@ template <class S, class D> void run_copy(const CopyPlan& p, const S* s, D* d) {
   }
 }
 
+// ---- strided pointwise walks ------------------------------------------------------------------------
+// N arrays walked together over one index space (array 0 is the result, contiguous): the dims are
+// merged where every array is contiguous across them, and `inner` gets the offsets of each run of
+// the last dim.
+
+template <int N> struct Walk {
+  std::vector<int64_t> shape;
+  std::array<std::vector<int64_t>, N> st;
+};
+
+template <int N> Walk<N> simplify_walk(const Walk<N>& w) {
+  Walk<N> q;
+  for (size_t d = 0; d < w.shape.size(); ++d) {
+    if (w.shape[d] == 1) continue;
+    bool merge = !q.shape.empty();
+    for (int k = 0; k < N && merge; ++k) merge = q.st[k].back() == w.st[k][d] * w.shape[d];
+    if (merge) {
+      q.shape.back() *= w.shape[d];
+      for (int k = 0; k < N; ++k) q.st[k].back() = w.st[k][d];
+      continue;
+    }
+    q.shape.push_back(w.shape[d]);
+    for (int k = 0; k < N; ++k) q.st[k].push_back(w.st[k][d]);
+  }
+  return q;
+}
+
+template <int N, class F> void walk(const Walk<N>& w, F inner) {
+  const int r = static_cast<int>(w.shape.size());
+  std::array<int64_t, N> off{};
+  std::array<int64_t, N> step{};
+  if (r == 0) {
+    inner(off, step, int64_t{1});
+    return;
+  }
+  for (int64_t n : w.shape)
+    if (n == 0) return;
+  for (int k = 0; k < N; ++k) step[k] = w.st[k][r - 1];
+  std::vector<int64_t> idx(r, 0);
+  while (true) {
+    inner(off, step, w.shape[r - 1]);
+    int d = r - 2;
+    for (; d >= 0; --d) {
+      for (int k = 0; k < N; ++k) off[k] += w.st[k][d];
+      if (++idx[d] < w.shape[d]) break;
+      for (int k = 0; k < N; ++k) off[k] -= w.st[k][d] * w.shape[d];
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+// Operand k of a pointwise node as (memory id, strides over the result's shape).
+struct PointwiseOperand {
+  int id;
+  std::vector<int64_t> strides;
+};
+
+PointwiseOperand operand_access(const Value* v, const ViewMap& views) {
+  auto it = views.find(v->id);
+  if (it != views.end()) return {it->second.src_id, it->second.strides};
+  return {v->id, row_strides(v->type.shape)};
+}
+
+bool any_view(const Node& n, const ViewMap& views) {
+  for (const Value* v : n.inputs)
+    if (v && views.count(v->id)) return true;
+  return false;
+}
+
+template <int N> Walk<N> pointwise_walk(const Node& n, const std::array<PointwiseOperand, N - 1>& ops) {
+  Walk<N> w;
+  w.shape = n.outputs[0]->type.shape;
+  w.st[0] = row_strides(w.shape);
+  for (int k = 1; k < N; ++k) w.st[k] = ops[k - 1].strides;
+  return simplify_walk(w);
+}
+
 // A kernel made of strided copies of whole elements from operands into the result.
 struct PlannedCopy {
   int src_id;
@@ -211,10 +290,10 @@ CoreKernel copies_kernel(int out_id, int elem_bytes, std::vector<PlannedCopy> co
 CoreKernel make_broadcast(const Node& n) {
   const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
   const std::vector<int64_t> dims = n.attr_ints("dims");
-  const auto ist = strides_of(in);
+  const auto ist = row_strides(in);
   CopyPlan p;
   p.shape = out;
-  p.dst = strides_of(out);
+  p.dst = row_strides(out);
   p.src.assign(out.size(), 0);
   for (size_t i = 0; i < dims.size(); ++i)
     if (!(in[i] == 1 && out[dims[i]] != 1)) p.src[dims[i]] = ist[i];
@@ -225,10 +304,10 @@ CoreKernel make_broadcast(const Node& n) {
 CoreKernel make_transpose(const Node& n) {
   const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
   const std::vector<int64_t> perm = n.attr_ints("perm");
-  const auto ist = strides_of(in);
+  const auto ist = row_strides(in);
   CopyPlan p;
   p.shape = out;
-  p.dst = strides_of(out);
+  p.dst = row_strides(out);
   for (int64_t d : perm) p.src.push_back(ist[d]);
   return copies_kernel(n.outputs[0]->id, dtype_size(n.outputs[0]->type.dtype),
                        {{n.inputs[0]->id, simplify(p)}});
@@ -238,10 +317,10 @@ CoreKernel make_slice(const Node& n) {
   const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
   const std::vector<int64_t> starts = n.attr_ints("starts");
   const std::vector<int64_t> steps = n.attr_ints("strides", std::vector<int64_t>(in.size(), 1));
-  const auto ist = strides_of(in);
+  const auto ist = row_strides(in);
   CopyPlan p;
   p.shape = out;
-  p.dst = strides_of(out);
+  p.dst = row_strides(out);
   for (size_t d = 0; d < in.size(); ++d) {
     p.src.push_back(steps[d] * ist[d]);
     if (out[d] > 0) p.src_off += starts[d] * ist[d];
@@ -253,13 +332,13 @@ CoreKernel make_slice(const Node& n) {
 CoreKernel make_concatenate(const Node& n) {
   const Shape out = static_shape(n.outputs[0]);
   const int64_t axis = n.attr_i("axis");
-  const auto ost = strides_of(out);
+  const auto ost = row_strides(out);
   std::vector<PlannedCopy> copies;
   int64_t at = 0;
   for (const Value* v : n.inputs) {
     CopyPlan p;
     p.shape = v->type.shape;
-    p.src = strides_of(p.shape);
+    p.src = row_strides(p.shape);
     p.dst = ost;
     p.dst_off = at * ost[axis];
     at += p.shape[axis];
@@ -274,7 +353,7 @@ CoreKernel make_pad(const Node& n) {
   const size_t r = in.size();
   const auto low = n.attr_ints("low");
   const auto interior = n.attr_ints("interior", std::vector<int64_t>(r, 0));
-  const auto ist = strides_of(in), ost = strides_of(out);
+  const auto ist = row_strides(in), ost = row_strides(out);
   CopyPlan p;
   for (size_t d = 0; d < r; ++d) {
     const int64_t step = interior[d] + 1;
@@ -365,9 +444,33 @@ int64_t int_pow(int64_t a, int64_t b) {
   return static_cast<int64_t>(r);
 }
 
-template <class T> CoreKernel binary_typed(const std::string& op, int a, int b, int y, int64_t n) {
+// y = f(a, b) with a and b read through strides (views); the runs where one operand is a broadcast
+// scalar or both are contiguous get their own loops.
+template <class T, class F> void map2_walk(const Walk<3>& w, const T* a, const T* b, T* y, F f) {
+  using E = Elem<T>;
+  walk(w, [&](const std::array<int64_t, 3>& off, const std::array<int64_t, 3>& st, int64_t n) {
+    const T* ap = a + off[1];
+    const T* bp = b + off[2];
+    T* yp = y + off[0];
+    if (st[1] == 1 && st[2] == 1) {
+      map2(ap, bp, yp, n, f);
+    } else if (st[1] == 1 && st[2] == 0) {
+      const auto bv = E::load(*bp);
+      for (int64_t i = 0; i < n; ++i) yp[i] = E::store(f(E::load(ap[i]), bv));
+    } else if (st[1] == 0 && st[2] == 1) {
+      const auto av = E::load(*ap);
+      for (int64_t i = 0; i < n; ++i) yp[i] = E::store(f(av, E::load(bp[i])));
+    } else {
+      for (int64_t i = 0; i < n; ++i) yp[i] = E::store(f(E::load(ap[i * st[1]]), E::load(bp[i * st[2]])));
+    }
+  });
+}
+
+template <class T> CoreKernel binary_typed(const std::string& op, int a, int b, int y, int64_t n,
+                                           std::shared_ptr<const Walk<3>> w = nullptr) {
   using E = Elem<T>;
   auto make = [=](auto f) -> CoreKernel {
+    if (w) return [=](KernelEnv& e) { map2_walk(*w, in_ptr<T>(e, a), in_ptr<T>(e, b), out_ptr<T>(e, y), f); };
     return [=](KernelEnv& e) { map2(in_ptr<T>(e, a), in_ptr<T>(e, b), out_ptr<T>(e, y), n, f); };
   };
   if constexpr (E::fl) {
@@ -395,13 +498,14 @@ template <class T> CoreKernel binary_typed(const std::string& op, int a, int b, 
   }
 }
 
-CoreKernel make_compare(const Node& n) {
+CoreKernel make_compare(const Node& n, const ViewMap& views) {
   static const std::vector<std::string> dirs = {"eq", "ne", "lt", "le", "gt", "ge"};
   auto it = std::find(dirs.begin(), dirs.end(), n.attr_s("direction"));
   if (it == dirs.end()) return {};
   const int dir = static_cast<int>(it - dirs.begin());
-  const int a = n.inputs[0]->id, b = n.inputs[1]->id, y = n.outputs[0]->id;
-  const int64_t count = numel_of(n.outputs[0]);
+  const std::array<PointwiseOperand, 2> ops = {operand_access(n.inputs[0], views), operand_access(n.inputs[1], views)};
+  const Walk<3> w = pointwise_walk<3>(n, ops);
+  const int a = ops[0].id, b = ops[1].id, y = n.outputs[0]->id;
   CoreKernel k;
   with_type(n.inputs[0]->type.dtype, [&](auto tag) {
     using T = Tag<decltype(tag)>;
@@ -410,27 +514,31 @@ CoreKernel make_compare(const Node& n) {
       const T* ap = in_ptr<T>(e, a);
       const T* bp = in_ptr<T>(e, b);
       uint8_t* yp = out_ptr<uint8_t>(e, y);
-      for (int64_t i = 0; i < count; ++i) {
-        const auto u = E::load(ap[i]), v = E::load(bp[i]);
-        bool r = false;
-        switch (dir) {
-          case 0: r = u == v; break;
-          case 1: r = !(u == v); break;
-          case 2: r = u < v; break;
-          case 3: r = u <= v; break;
-          case 4: r = u > v; break;
-          default: r = u >= v; break;
+      walk(w, [&](const std::array<int64_t, 3>& off, const std::array<int64_t, 3>& st, int64_t count) {
+        for (int64_t i = 0; i < count; ++i) {
+          const auto u = E::load(ap[off[1] + i * st[1]]), v = E::load(bp[off[2] + i * st[2]]);
+          bool r = false;
+          switch (dir) {
+            case 0: r = u == v; break;
+            case 1: r = !(u == v); break;
+            case 2: r = u < v; break;
+            case 3: r = u <= v; break;
+            case 4: r = u > v; break;
+            default: r = u >= v; break;
+          }
+          yp[off[0] + i] = r ? 1 : 0;
         }
-        yp[i] = r ? 1 : 0;
-      }
+      });
     };
   });
   return k;
 }
 
-CoreKernel make_select(const Node& n) {
-  const int p = n.inputs[0]->id, t = n.inputs[1]->id, f = n.inputs[2]->id, y = n.outputs[0]->id;
-  const int64_t count = numel_of(n.outputs[0]);
+CoreKernel make_select(const Node& n, const ViewMap& views) {
+  const std::array<PointwiseOperand, 3> ops = {operand_access(n.inputs[0], views), operand_access(n.inputs[1], views),
+                                               operand_access(n.inputs[2], views)};
+  const Walk<4> w = pointwise_walk<4>(n, ops);
+  const int p = ops[0].id, t = ops[1].id, f = ops[2].id, y = n.outputs[0]->id;
   CoreKernel k;
   with_size(dtype_size(n.outputs[0]->type.dtype), [&](auto tag) {
     using U = Tag<decltype(tag)>;
@@ -439,7 +547,10 @@ CoreKernel make_select(const Node& n) {
       const U* tp = in_ptr<U>(e, t);
       const U* fp = in_ptr<U>(e, f);
       U* yp = out_ptr<U>(e, y);
-      for (int64_t i = 0; i < count; ++i) yp[i] = pp[i] ? tp[i] : fp[i];
+      walk(w, [&](const std::array<int64_t, 4>& off, const std::array<int64_t, 4>& st, int64_t count) {
+        for (int64_t i = 0; i < count; ++i)
+          yp[off[0] + i] = pp[off[1] + i * st[1]] ? tp[off[2] + i * st[2]] : fp[off[3] + i * st[3]];
+      });
     };
   });
   return k;
@@ -500,7 +611,7 @@ CoreKernel make_iota(const Node& n) {
   const Shape out = static_shape(n.outputs[0]);
   const int64_t axis = n.attr_i("axis");
   if (n.outputs[0]->type.dtype == DType::boolean || axis < 0 || axis >= static_cast<int64_t>(out.size())) return {};
-  const int64_t inner = strides_of(out)[axis], dim = out[axis], count = shape_numel(out);
+  const int64_t inner = row_strides(out)[axis], dim = out[axis], count = shape_numel(out);
   const int y = n.outputs[0]->id;
   CoreKernel k;
   with_type(n.outputs[0]->type.dtype, [&](auto tag) {
@@ -540,7 +651,7 @@ CoreKernel make_gather(const Node& n) {
   const int64_t axis = n.attr_i("axis");
   const DType it = n.inputs[1]->type.dtype;
   if (axis < 0 || axis >= static_cast<int64_t>(data.size()) || (it != DType::i64 && it != DType::i32)) return {};
-  const auto dstride = strides_of(data);
+  const auto dstride = row_strides(data);
   const int64_t axis_dim = data[axis];
   const int d = n.inputs[0]->id, ix = n.inputs[1]->id, y = n.outputs[0]->id;
   CoreKernel k;
@@ -630,7 +741,7 @@ CoreKernel make_reduce(const Node& n) {
   const auto kind = reduce_kind(n);
   if (!kind) return {};
   const Shape in = static_shape(n.inputs[0]);
-  const auto ist = strides_of(in);
+  const auto ist = row_strides(in);
   std::vector<bool> reduced(in.size(), false);
   for (int64_t a : n.attr_ints("axes")) {
     if (a < 0 || a >= static_cast<int64_t>(in.size())) return {};
@@ -690,7 +801,7 @@ CoreKernel make_reduce_window(const Node& n) {
   const auto strides = n.attr_ints("strides", std::vector<int64_t>(r, 1));
   const auto dil = n.attr_ints("dilations", std::vector<int64_t>(r, 1));
   const auto pad = n.attr_ints("padding", std::vector<int64_t>(2 * r, 0));
-  const auto ist = strides_of(in);
+  const auto ist = row_strides(in);
   const int x = n.inputs[0]->id, y = n.outputs[0]->id;
   const int64_t count = shape_numel(out), wcount = shape_numel(window);
   CoreKernel k;
@@ -778,13 +889,13 @@ template <class T, class A> Operand<T, A> make_operand(const Value* v, const std
   Operand<T, A> op;
   op.id = v->id;
   const Shape s = v->type.shape;
-  const auto st = strides_of(s);
+  const auto st = row_strides(s);
   CopyPlan p;
   for (int64_t d : order) {
     p.shape.push_back(s[d]);
     p.src.push_back(st[d]);
   }
-  p.dst = strides_of(p.shape);
+  p.dst = row_strides(p.shape);
   op.plan = simplify(p);
   op.numel = shape_numel(s);
   bool identity = true;
@@ -919,27 +1030,74 @@ bool is_binary(const std::string& op) {
   return std::find(ops.begin(), ops.end(), op) != ops.end();
 }
 
-CoreKernel make_elementwise(const Node& n) {
+CoreKernel make_elementwise(const Node& n, const ViewMap& views) {
   const std::string& op = n.op->name;
   const int64_t count = numel_of(n.outputs[0]);
   CoreKernel k;
   with_type(n.outputs[0]->type.dtype, [&](auto tag) {
     using T = Tag<decltype(tag)>;
-    if (is_unary(op)) k = unary_typed<T>(op, n.inputs[0]->id, n.outputs[0]->id, count);
-    else k = binary_typed<T>(op, n.inputs[0]->id, n.inputs[1]->id, n.outputs[0]->id, count);
+    if (is_unary(op)) {
+      if (!any_view(n, views)) k = unary_typed<T>(op, n.inputs[0]->id, n.outputs[0]->id, count);
+    } else if (!any_view(n, views)) {
+      k = binary_typed<T>(op, n.inputs[0]->id, n.inputs[1]->id, n.outputs[0]->id, count);
+    } else {
+      const std::array<PointwiseOperand, 2> ops = {operand_access(n.inputs[0], views), operand_access(n.inputs[1], views)};
+      auto w = std::make_shared<const Walk<3>>(pointwise_walk<3>(n, ops));
+      k = binary_typed<T>(op, ops[0].id, ops[1].id, n.outputs[0]->id, count, w);
+    }
   });
   return k;
 }
 
 }  // namespace
 
-CoreKernel make_core_kernel(const Node& n) {
+StridedView broadcast_view(const Node& n) {
+  const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
+  const std::vector<int64_t> dims = n.attr_ints("dims");
+  const auto ist = row_strides(in);
+  StridedView v;
+  v.src_id = n.inputs[0]->id;
+  v.strides.assign(out.size(), 0);
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (!(in[i] == 1 && out[dims[i]] != 1)) v.strides[dims[i]] = ist[i];
+  return v;
+}
+
+bool is_elementwise_unary(const Node& n) { return n.op->domain == "tessel.core" && is_unary(n.op->name); }
+
+CoreKernel make_unary_on_source(const Node& n, const StridedView& operand, int64_t count) {
+  CoreKernel k;
+  with_type(n.outputs[0]->type.dtype, [&](auto tag) {
+    using T = Tag<decltype(tag)>;
+    k = unary_typed<T>(n.op->name, operand.src_id, n.outputs[0]->id, count);
+  });
+  return k;
+}
+
+bool reads_views(const Node& n) {
+  return n.op->domain == "tessel.core" && (is_binary(n.op->name) || n.op->name == "compare" || n.op->name == "select");
+}
+
+void materialize_view(const StridedView& v, const uint8_t* src, const Shape& shape, int elem_bytes, uint8_t* dst) {
+  CopyPlan p;
+  p.shape = shape;
+  p.src = v.strides;
+  p.dst = row_strides(shape);
+  p = simplify(p);
+  with_size(elem_bytes, [&](auto tag) {
+    using U = Tag<decltype(tag)>;
+    run_copy(p, reinterpret_cast<const U*>(src), reinterpret_cast<U*>(dst));
+  });
+}
+
+CoreKernel make_core_kernel(const Node& n, const ViewMap& views) {
   if (n.op->domain != "tessel.core") return {};
   const std::string& op = n.op->name;
+  if (!reads_views(n) && any_view(n, views)) return {};
   try {
-    if (is_unary(op) || is_binary(op)) return make_elementwise(n);
-    if (op == "compare") return make_compare(n);
-    if (op == "select") return make_select(n);
+    if (is_unary(op) || is_binary(op)) return make_elementwise(n, views);
+    if (op == "compare") return make_compare(n, views);
+    if (op == "select") return make_select(n, views);
     if (op == "convert") return make_convert(n);
     if (op == "broadcast_in_dim") return make_broadcast(n);
     if (op == "transpose") return make_transpose(n);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "tessel/ir/graph.h"
@@ -19,11 +20,33 @@ struct KernelEnv {
 
 using CoreKernel = std::function<void(KernelEnv&)>;
 
+// A value that is never materialised: a broadcast_in_dim result read straight from its operand's
+// memory. Element i (a multi-index over the value's shape) is at src[sum_d i_d * strides[d]].
+struct StridedView {
+  int src_id = 0;
+  std::vector<int64_t> strides;   // in elements, one per dim of the viewed value (0: broadcast)
+};
+using ViewMap = std::map<int, StridedView>;  // by Value::id of the viewed value
+
+// The view that stands for the result of broadcast_in_dim node `n`.
+StridedView broadcast_view(const Node& n);
+// Whether the typed kernels of `n` read operands through views (elementwise binary, compare, select).
+bool reads_views(const Node& n);
+// Copies a view of a value of `shape` (elements of `elem_bytes`) into contiguous memory.
+void materialize_view(const StridedView& v, const uint8_t* src, const Shape& shape, int elem_bytes, uint8_t* dst);
+
+// For an elementwise unary node whose operand is a view: the kernel that applies the op to the
+// view's source only (unary ops commute with broadcasting), writing `count` elements to the
+// memory of the node's result, which then stands for a view with the operand's strides.
+CoreKernel make_unary_on_source(const Node& n, const StridedView& operand, int64_t count);
+bool is_elementwise_unary(const Node& n);
+
 // A typed kernel for `n` (a tessel.core node whose operands and results have static shapes), or an
 // empty function when there is none for this op and dtype (the caller then runs the reference
-// kernel). Errors that only the data can reveal (an index out of range, integer division by zero)
-// are thrown as tessel::Error when the kernel runs.
-CoreKernel make_core_kernel(const Node& n);
+// kernel). Operands listed in `views` are read through their views (only where reads_views(n)).
+// Errors that only the data can reveal (an index out of range, integer division by zero) are thrown
+// as tessel::Error when the kernel runs.
+CoreKernel make_core_kernel(const Node& n, const ViewMap& views = {});
 
 // Whether result 0 of `n` may be written over operand `input` (same bytes per element and element
 // count, each element read before the same position is written), once that operand is dead.

@@ -46,22 +46,6 @@ void bind_input_shapes(Graph& g, const std::vector<Tensor>& ex) {
   }
 }
 
-// Whether some node reached from `v` has a result whose shape is unknown.
-bool reaches_unknown_shape(const Graph& g, const Value* v) {
-  std::set<const Value*> reached = {v};
-  for (const auto& n : g.nodes()) {
-    bool hit = false;
-    for (const Value* in : n->inputs) hit = hit || (in && reached.count(in));
-    if (!hit) continue;
-    for (const Value* out : n->outputs) {
-      if (!out) continue;
-      if (!shape_known(out->type.shape)) return true;
-      reached.insert(out);
-    }
-  }
-  return false;
-}
-
 // Bakes small integer inputs that determine shapes into constants; returns the guards.
 std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const GraphBackendOptions& opts) {
   if (ex.empty()) return {};
@@ -74,8 +58,10 @@ std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const Gra
   std::vector<Value*> kept;
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     Value* v = g.inputs[i];
-    const bool small_int = is_int(v->type.dtype) && ex[i].numel() <= opts.max_baked_elements;
-    if (small_int && reaches_unknown_shape(g, v)) {
+    // Shape-like operands: a rank-0/1 integer tensor of a few elements (axes, pads, k, a shape, a
+    // limit), which decides result shapes or what a decomposition emits.
+    const bool small = ex[i].rank() <= 1 && ex[i].numel() <= opts.max_baked_elements;
+    if (small && is_int(v->type.dtype)) {
       guards.push_back(Guard{i, v->name, ex[i].clone()});
       v->constant = ex[i].clone();
       v->is_input = false;
@@ -88,6 +74,52 @@ std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const Gra
     infer_graph(g);
   }
   return guards;
+}
+
+// A copy of `g` (values, nodes, attributes; constants share storage), through the public interface.
+std::unique_ptr<Graph> copy_graph(const Graph& g) {
+  auto c = std::make_unique<Graph>();
+  c->name = g.name;
+  std::map<const Value*, Value*> map;
+  for (const auto& v : g.values()) {
+    Value* nv = c->add_value(v->name, v->type);
+    nv->constant = v->constant;
+    nv->is_input = v->is_input;
+    map[v.get()] = nv;
+  }
+  auto mapped = [&](Value* v) { return v ? map.at(v) : nullptr; };
+  for (const auto& n : g.nodes()) {
+    auto nn = std::make_unique<Node>();
+    nn->op = n->op;
+    nn->name = n->name;
+    nn->attrs = n->attrs;
+    for (Value* v : n->inputs) nn->inputs.push_back(mapped(v));
+    for (size_t i = 0; i < n->outputs.size(); ++i) {
+      Value* v = mapped(n->outputs[i]);
+      nn->outputs.push_back(v);
+      if (v) {
+        v->producer = nn.get();
+        v->producer_output = static_cast<int>(i);
+      }
+    }
+    c->mutable_nodes().push_back(std::move(nn));
+  }
+  for (Value* v : g.inputs) c->inputs.push_back(mapped(v));
+  for (Value* v : g.outputs) c->outputs.push_back(mapped(v));
+  return c;
+}
+
+// Runs the pipeline. When a pass fails (typically a decomposition that needs a value or a shape only
+// known at run time), the model runs undecomposed instead: every node through the reference kernels
+// (a graph break of the whole model), with the reason kept in the stats and printed by the CLI.
+void run_core_pipeline(std::unique_ptr<Graph>& g, const std::string& pipeline, GraphCompileStats& st) {
+  std::unique_ptr<Graph> backup = copy_graph(*g);
+  try {
+    run_pipeline(*g, parse_pipeline(pipeline), PassOptions{});
+  } catch (const Error& e) {
+    st.pipeline_error = e.what();
+    g = std::move(backup);
+  }
 }
 
 // ---- steps ---------------------------------------------------------------------------------------
@@ -135,6 +167,7 @@ struct GraphExecutable::Impl {
   KernelEnv env;
   std::vector<Tensor> heap;             // per root id: dynamic-region tensors
   std::vector<const Tensor*> given;     // per value id: the caller's input tensors, during a run
+  ViewMap views;                        // broadcast results read in place by their consumers
 
   Tensor tensor_of(const Value* v) const;
   void store_result(const Value* v, Tensor t, size_t& live);
@@ -148,6 +181,11 @@ GraphExecutable::~GraphExecutable() = default;
 // constants and heap tensors; a copy of arena memory.
 Tensor GraphExecutable::Impl::tensor_of(const Value* v) const {
   const int r = root[v->id];
+  if (auto it = views.find(v->id); it != views.end()) {
+    Tensor t(v->type.dtype, v->type.shape);
+    materialize_view(it->second, env.ptr[it->second.src_id], v->type.shape, dtype_size(v->type.dtype), t.bytes());
+    return t;
+  }
   auto view = [&](const Tensor& t) { return r == v->id ? t : t.reshaped(v->type.shape); };
   switch (home[r]) {
     case Home::constant: return view(*value_of[r]->constant);
@@ -225,6 +263,31 @@ Liveness liveness(const Graph& g, size_t nv) {
   return l;
 }
 
+// Nodes reading each value, by Value::id.
+std::vector<std::vector<const Node*>> consumers_of(const Graph& g, size_t nv) {
+  std::vector<std::vector<const Node*>> c(nv);
+  for (const auto& n : g.nodes())
+    for (const Value* v : n->inputs)
+      if (v) c[v->id].push_back(n.get());
+  return c;
+}
+
+bool core_with_static_shapes(const Node& n);
+
+// A broadcast_in_dim whose result is only read by kernels that take strided operands is not
+// materialised: its consumers read the operand through a view.
+bool can_be_view(const Node& n, const Graph& g, const std::vector<std::vector<const Node*>>& consumers) {
+  const Value* out = n.outputs[0];
+  if (std::find(g.outputs.begin(), g.outputs.end(), out) != g.outputs.end()) return false;
+  for (const Node* c : consumers[out->id]) {
+    if (!core_with_static_shapes(*c)) return false;
+    // an elementwise unary consumer is computed on the view's source and is a view itself
+    const bool ok = reads_views(*c) || (is_elementwise_unary(*c) && can_be_view(*c, g, consumers));
+    if (!ok) return false;
+  }
+  return !consumers[out->id].empty();
+}
+
 bool core_with_static_shapes(const Node& n) {
   if (n.op->domain != "tessel.core") return false;
   for (const Value* v : n.inputs)
@@ -252,7 +315,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   for (const Guard& gd : im.guards) st.baked_inputs.push_back(gd.name);
 
   const auto tp = Clock::now();
-  run_pipeline(*g, parse_pipeline(opts.pipeline), PassOptions{});
+  run_core_pipeline(g, opts.pipeline, st);
   st.pass_seconds = seconds_since(tp);
 
   // Homes, aliases and in-place decisions, node by node.
@@ -273,6 +336,8 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     }
   }
   const Liveness lv = liveness(*g, nv);
+  const auto consumers = consumers_of(*g, nv);
+  std::map<int, size_t> bytes_override;  // results that hold fewer elements than their type (views)
   std::vector<int> group_last = lv.last;  // per root: last use of any value sharing its memory
   const auto& nodes = g->nodes();
   st.nodes = static_cast<int>(nodes.size());
@@ -283,8 +348,10 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     if (!core_with_static_shapes(n)) {
       s.kind = StepKind::dynamic;
       st.dynamic[n.op->name]++;
-      for (const Value* v : n.outputs)  // results with a static shape still get arena memory
-        if (v) im.home[v->id] = is_static(v) ? Home::arena : Home::heap;
+      // Results with a static shape still get arena memory, unless the model runs undecomposed
+      // (then it is the eager graph, and heap tensors freed after their last use are as good).
+      for (const Value* v : n.outputs)
+        if (v) im.home[v->id] = is_static(v) && st.pipeline_error.empty() ? Home::arena : Home::heap;
       im.steps.push_back(std::move(s));
       continue;
     }
@@ -297,7 +364,34 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
       im.steps.push_back(std::move(s));
       continue;
     }
-    s.kernel = make_core_kernel(n);
+    if (n.op->name == "broadcast_in_dim" && can_be_view(n, *g, consumers)) {
+      s.kind = StepKind::alias;
+      const int r = im.root[n.inputs[0]->id], out = n.outputs[0]->id;
+      im.views[out] = broadcast_view(n);
+      im.root[out] = r;
+      group_last[r] = std::max(group_last[r], lv.last[out]);
+      st.views++;
+      im.steps.push_back(std::move(s));
+      continue;
+    }
+    if (is_elementwise_unary(n) && im.views.count(n.inputs[0]->id) && can_be_view(n, *g, consumers)) {
+      // op(broadcast(s)) = broadcast(op(s)): computed on the source's elements, read as a view.
+      const StridedView src = im.views.at(n.inputs[0]->id);
+      const Value* sv = im.value_of[src.src_id];
+      const int out = n.outputs[0]->id;
+      s.kernel = make_unary_on_source(n, src, shape_numel(sv->type.shape));
+      if (s.kernel) {
+        s.kind = StepKind::typed;
+        st.typed++;
+        st.views++;
+        im.home[out] = Home::arena;
+        im.views[out] = StridedView{out, src.strides};
+        bytes_override[out] = static_cast<size_t>(shape_numel(sv->type.shape)) * dtype_size(sv->type.dtype);
+        im.steps.push_back(std::move(s));
+        continue;
+      }
+    }
+    s.kernel = make_core_kernel(n, im.views);
     if (s.kernel) {
       s.kind = StepKind::typed;
       st.typed++;
@@ -309,9 +403,13 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
       if (v) im.home[v->id] = Home::arena;
     if (s.kind == StepKind::typed && n.outputs.size() == 1 && n.outputs[0]) {
       for (int i = 0; i < static_cast<int>(n.inputs.size()); ++i) {
-        if (!can_run_in_place(n, i)) continue;
+        if (!can_run_in_place(n, i) || im.views.count(n.inputs[i]->id)) continue;
         const int r = im.root[n.inputs[i]->id];
         if (im.home[r] != Home::arena || group_last[r] != static_cast<int>(k)) continue;
+        // A view of the same memory is read at other positions than the one being written.
+        bool clash = false;
+        for (const Value* o : n.inputs) clash = clash || (o && im.views.count(o->id) && im.root[o->id] == r);
+        if (clash) continue;
         const int out = n.outputs[0]->id;
         im.root[out] = r;
         group_last[r] = std::max(group_last[r], lv.last[out]);
@@ -327,8 +425,11 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     if (im.root[id] != static_cast<int>(id) || !im.value_of[id]) continue;
     if (im.home[id] == Home::arena) {
       const Value* v = im.value_of[id];
-      exe->requests_.push_back(BufferRequest{static_cast<size_t>(shape_numel(v->type.shape)) * dtype_size(v->type.dtype),
-                                             lv.def[id], group_last[id]});
+      auto over = bytes_override.find(static_cast<int>(id));
+      const size_t bytes = over != bytes_override.end()
+                               ? over->second
+                               : static_cast<size_t>(shape_numel(v->type.shape)) * dtype_size(v->type.dtype);
+      exe->requests_.push_back(BufferRequest{bytes, lv.def[id], group_last[id]});
       exe->buffer_values_.push_back(v);
     } else if (im.home[id] == Home::heap && group_last[id] < static_cast<int>(nodes.size())) {
       im.steps[static_cast<size_t>(std::max(group_last[id], lv.def[id]))].release.push_back(static_cast<int>(id));

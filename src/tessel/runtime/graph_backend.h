@@ -19,7 +19,7 @@ namespace tessel {
 struct GraphBackendOptions {
   std::string pipeline = "core";  // the pass pipeline run before planning (by name)
   size_t align = 64;              // arena offsets are multiples of this
-  int64_t max_baked_elements = 16;  // integer inputs up to this size may be specialised (baked)
+  int64_t max_baked_elements = 16;  // rank-0/1 inputs up to this size may be specialised (baked)
 };
 
 // What compiling found and decided.
@@ -31,10 +31,12 @@ struct GraphCompileStats {
   int nodes = 0;                  // nodes after the pipeline
   int typed = 0;                  // core nodes with a precompiled typed kernel
   int aliased = 0;                // reshapes that alias their operand (no copy)
+  int views = 0;                  // broadcasts read through strides by their consumers (no copy)
   int in_place = 0;               // elementwise results written over a dead operand
   std::map<std::string, int> fallback;  // "op dtype" -> core nodes run by the reference kernel in the arena
   std::map<std::string, int> dynamic;   // op -> nodes in the dynamic region (not core, or dynamic shapes)
   std::vector<std::string> baked_inputs;  // inputs specialised into constants (guarded)
+  std::string pipeline_error;     // set when the pipeline could not lower the model (it then runs undecomposed)
   int fallback_count() const;
   int dynamic_count() const;
 };
