@@ -10,6 +10,15 @@ namespace {
 
 size_t round_up(size_t n, size_t align) { return (n + align - 1) & ~(align - 1); }
 
+// Buffers of at least `align` bytes are aligned to it; smaller ones to the power of two that holds
+// them (at least 8), so that tiny results (scalars, row statistics) do not each cost `align` bytes.
+size_t align_of(size_t bytes, size_t align) {
+  size_t a = 8;
+  while (a < bytes && a < align) a *= 2;
+  return std::min(a, align);
+}
+size_t padded(size_t bytes, size_t align) { return round_up(bytes, align_of(bytes, align)); }
+
 bool overlaps(const BufferRequest& a, const BufferRequest& b) { return a.first <= b.last && b.first <= a.last; }
 
 // The most bytes alive at one step: the bound any placement must reach.
@@ -17,7 +26,7 @@ size_t live_peak(const std::vector<BufferRequest>& reqs, size_t align) {
   std::vector<std::pair<int, long long>> events;  // (step, +bytes at first / -bytes after last)
   for (const auto& r : reqs) {
     if (r.bytes == 0) continue;
-    long long b = static_cast<long long>(round_up(r.bytes, align));
+    long long b = static_cast<long long>(padded(r.bytes, align));
     events.push_back({r.first, b});
     events.push_back({r.last + 1, -b});
   }
@@ -47,23 +56,24 @@ ArenaPlan plan_arena(const std::vector<BufferRequest>& requests, size_t align) {
   for (size_t i : order) {
     const BufferRequest& r = requests[i];
     if (r.bytes == 0) continue;
-    const size_t need = round_up(r.bytes, align);
+    const size_t need = padded(r.bytes, align), a = align_of(r.bytes, align);
     // Occupied ranges of the placed buffers alive at the same time, sorted by offset.
     std::vector<std::pair<size_t, size_t>> busy;
     for (size_t j : placed)
-      if (overlaps(r, requests[j])) busy.push_back({plan.offsets[j], plan.offsets[j] + round_up(requests[j].bytes, align)});
+      if (overlaps(r, requests[j])) busy.push_back({plan.offsets[j], plan.offsets[j] + padded(requests[j].bytes, align)});
     std::sort(busy.begin(), busy.end());
     size_t best = 0, best_gap = SIZE_MAX, cursor = 0;
     bool found = false;
     for (const auto& [lo, hi] : busy) {
-      if (lo > cursor && lo - cursor >= need && lo - cursor < best_gap) {
-        best = cursor;
+      const size_t start = round_up(cursor, a);
+      if (lo > start && lo - start >= need && lo - cursor < best_gap) {
+        best = start;
         best_gap = lo - cursor;
         found = true;
       }
       cursor = std::max(cursor, hi);
     }
-    plan.offsets[i] = found ? best : cursor;
+    plan.offsets[i] = found ? best : round_up(cursor, a);
     plan.size = std::max(plan.size, plan.offsets[i] + need);
     placed.push_back(i);
   }

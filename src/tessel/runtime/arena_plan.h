@@ -24,7 +24,8 @@ struct ArenaPlan {
 
 // Greedy best-fit: the buffers are placed largest first (ties: earlier first); each goes into the
 // smallest gap left between the already placed buffers whose lifetimes it overlaps, or on top of
-// them when no gap fits. Sizes are rounded up to `align` (a power of two).
+// them when no gap fits. Buffers of `align` bytes or more (a power of two) are aligned to it, smaller
+// ones to the smallest power of two >= 8 that holds them.
 ArenaPlan plan_arena(const std::vector<BufferRequest>& requests, size_t align = 64);
 
 // Whether any two requests with overlapping lifetimes share a byte in `plan` (a self-check used by

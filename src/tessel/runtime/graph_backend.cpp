@@ -341,6 +341,10 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   std::vector<int> group_last = lv.last;  // per root: last use of any value sharing its memory
   const auto& nodes = g->nodes();
   st.nodes = static_cast<int>(nodes.size());
+  // With a dynamic region, the reference steps keep all their results on the heap (freed after the
+  // last use, like eager) instead of splitting them between the arena and the heap.
+  bool has_dynamic = false;
+  for (const auto& v : g->values()) has_dynamic = has_dynamic || (v->producer && !is_static(v.get()));
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node& n = *nodes[k];
     Step s;
@@ -351,7 +355,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
       // Results with a static shape still get arena memory, unless the model runs undecomposed
       // (then it is the eager graph, and heap tensors freed after their last use are as good).
       for (const Value* v : n.outputs)
-        if (v) im.home[v->id] = is_static(v) && st.pipeline_error.empty() ? Home::arena : Home::heap;
+        if (v) im.home[v->id] = is_static(v) && st.pipeline_error.empty() && !has_dynamic ? Home::arena : Home::heap;
       im.steps.push_back(std::move(s));
       continue;
     }
