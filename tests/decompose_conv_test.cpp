@@ -123,7 +123,7 @@ TEST(DecomposeMatmul, MatMulIntegerZeroPointsPerRowAndColumn) {
 
 TEST(DecomposeMatmul, EinsumDiagonalsEllipsisChainsAndSums) {
   same_after_core("Einsum", {{noise(DType::f32, {3, 3, 3})}}, 1, {{"equation", std::string("iii->i")}});
-  auto d = same_after_core("Einsum", {{Tensor::from_f64(DType::f32, {2, 2}, {1, 2, 3, 4})}}, 1,
+  auto d = same_after_core("Einsum", {{f32({2, 2}, {1, 2, 3, 4})}}, 1,
                            {{"equation", std::string("ii")}});
   expect_near(d[0], {5});  // implicit output of a diagonal: the trace
   same_after_core("Einsum", {{noise(DType::f32, {2, 4, 4})}}, 1, {{"equation", std::string("...ii->...i")}});
@@ -135,14 +135,14 @@ TEST(DecomposeMatmul, EinsumDiagonalsEllipsisChainsAndSums) {
                   {{"equation", std::string("ij,jk->k")}});
   same_after_core("Einsum", {{noise(DType::f32, {2, 3}, 1)}, {noise(DType::f32, {4}, 2)}}, 1,
                   {{"equation", std::string("ij,k")}});
-  same_after_core("Einsum", {{small_ints(DType::i32, {2, 3, 2}, -5, 5)}, {small_ints(DType::i32, {2, 3}, -5, 5, 2)}}, 1,
+  same_after_core("Einsum", {{small_ints(DType::i32, {2, 3, 2}, -5, 5)}, {small_ints(DType::i32, {2, 2}, -5, 5, 2)}}, 1,
                   {{"equation", std::string("bij , bj -> bi")}});
 }
 
 TEST(DecomposeMatmul, DetSmallMatrices) {
   same_after_core("Det", {{noise(DType::f32, {2, 3, 3})}}, 1, {}, 1e-4);
   same_after_core("Det", {{noise(DType::f64, {4, 4})}});
-  auto y = same_after_core("Det", {{Tensor::from_f64(DType::f32, {2, 2}, {1, 2, 3, 4})}});
+  auto y = same_after_core("Det", {{f32({2, 2}, {1, 2, 3, 4})}});
   expect_near(y[0], {-2});
 }
 
@@ -172,9 +172,9 @@ TEST(DecomposeConv, ConvTransposeStridesPadsGroupsOutputShape) {
 }
 
 TEST(DecomposeConv, Col2ImAndCausalConvWithState) {
-  // image 5x6, block 2x3, dilation (2, 1), stride (1, 2), pads (1, 0, 0, 1): L = 3 * 2 blocks.
-  Tensor img = Tensor::from_i64(DType::i64, {2}, {5, 6}), blk = Tensor::from_i64(DType::i64, {2}, {2, 3});
-  same_after_core("Col2Im", {{noise(DType::f32, {1, 2 * 6, 3 * 2})}, {img, true}, {blk, true}}, 1,
+  // image 5x6, block 2x3, dilation (2, 1), stride (1, 2), pads (1, 0, 0, 1): L = 4 * 3 blocks.
+  Tensor img = i64({2}, {5, 6}), blk = i64({2}, {2, 3});
+  same_after_core("Col2Im", {{noise(DType::f32, {1, 2 * 6, 4 * 3})}, {img, true}, {blk, true}}, 1,
                   {{"dilations", V{2, 1}}, {"strides", V{1, 2}}, {"pads", V{1, 0, 0, 1}}});
   Tensor x = noise(DType::f32, {2, 3, 5}, 1), w = noise(DType::f32, {3, 1, 4}, 2);
   same_after_core("CausalConvWithState", {{x}, {w}, {noise(DType::f32, {3}, 3)}, {noise(DType::f32, {2, 3, 3}, 4)}}, 2,
@@ -211,6 +211,20 @@ TEST(DecomposePool, MaxPoolIndicesAndUnpool) {
   Tensor xs = noise(DType::f32, {1, 2, 4, 4}, 3);
   std::vector<Tensor> pooled = run_op("MaxPool", {xs}, 2, {{"kernel_shape", V{2, 2}}, {"strides", V{2, 2}}});
   same_after_core("MaxUnpool", {{pooled[0]}, {pooled[1]}}, 1, {{"kernel_shape", V{2, 2}}, {"strides", V{2, 2}}});
-  same_after_core("MaxUnpool", {{pooled[0]}, {pooled[1]}, {Tensor::from_i64(DType::i64, {4}, {1, 2, 5, 5}), true}}, 1,
+  same_after_core("MaxUnpool", {{pooled[0]}, {pooled[1]}, {i64({4}, {1, 2, 5, 5}), true}}, 1,
                   {{"kernel_shape", V{2, 2}}, {"strides", V{2, 2}}});
+}
+
+TEST(DecomposeConv, DeformConvOffsetGroupsMaskBias) {
+  // Offsets up to +-2 move taps across cell borders and outside the input.
+  Tensor x = noise(DType::f32, {2, 4, 5, 4}, 1), w = noise(DType::f32, {6, 2, 2, 3}, 2);
+  const Shape out = {2, 6, 3, 4};  // pads (1, 1, 0, 1), stride (2, 1)
+  Tensor off = noise(DType::f32, {2, 2 * 2 * 6, 3, 4}, 3), mask = noise(DType::f32, {2, 2 * 6, 3, 4}, 4);
+  auto y = same_after_core("DeformConv", {{x}, {w}, {off}, {noise(DType::f32, {6}, 5)}, {mask}}, 1,
+                           {{"group", int64_t{2}}, {"offset_group", int64_t{2}}, {"pads", V{1, 1, 0, 1}},
+                            {"strides", V{2, 1}}},
+                           1e-4);
+  EXPECT_EQ(y[0].shape(), out);
+  same_after_core("DeformConv", {{noise(DType::f32, {1, 2, 6}, 6)}, {noise(DType::f32, {3, 2, 3}, 7)}, {noise(DType::f32, {1, 3, 4}, 8)}},
+                  1, {{"dilations", V{2}}, {"pads", V{1, 1}}}, 1e-4);
 }

@@ -1260,6 +1260,72 @@ OpDef causal_conv_with_state_def() {
 
 // Conv whose taps sample the input at learned fractional offsets (multilinear interpolation, zero
 // outside the input), optionally scaled by a per-tap mask (deformable conv v2).
+// DeformConv: the kernel's column matrix built from gathers. Per tap and output position the
+// sampling point is the regular tap position plus the learned offset; each of its 2^nd cell corners
+// is one gather (flat index into the plane, taps outside the input masked to 0) scaled by its
+// multilinear weight. The columns (times the optional mask) then contract with the weight in one
+// dot_general batched over the conv groups.
+std::vector<Value*> decompose_deform_conv(CoreBuilder& b, const Node& n) {
+  const DType dt = n.outputs[0]->type.dtype, ct = math_dtype(dt);
+  Value* x = b.convert(n.inputs[0], ct);
+  Value* w = b.convert(n.inputs[1], ct);
+  const Shape& xs = x->type.shape;
+  const int nd = static_cast<int>(xs.size()) - 2;
+  const Window win = forward_window(n, spatial_of(xs), conv_kernel(n, w->type.shape, nd), false);
+  const int64_t nb = xs[0], c = xs[1], m = w->type.shape[0], groups = n.attr_i("group", 1);
+  const int64_t og = n.attr_i("offset_group", 1), kp = prod(win.k), op = prod(win.out), ip = prod(win.in);
+  const int64_t cpg = c / og, cg = c / groups;
+  Value* off = b.reshape(b.convert(n.inputs[2], ct), {nb, og, kp, nd, op});
+  const Shape grid = {nb, og, kp, op}, cols = {nb, og, cpg, kp * op};
+  const std::vector<int64_t> istr = strides_of(win.in);
+  Value* i0 = b.scalar(DType::i64, 0);
+  std::vector<Value*> lo(nd), frac(nd);
+  for (int i = 0; i < nd; ++i) {
+    std::vector<double> base(static_cast<size_t>(kp * op));
+    for (int64_t t = 0; t < kp; ++t) {
+      const std::vector<int64_t> kt = unflatten(t, win.k);
+      for (int64_t o = 0; o < op; ++o)
+        base[t * op + o] = static_cast<double>(unflatten(o, win.out)[i] * win.s[i] - win.pb[i] + kt[i] * win.d[i]);
+    }
+    Value* delta = b.reshape(b.slice(off, {0, 0, 0, i, 0}, {nb, og, kp, i + 1, op}), grid);
+    Value* pos = b.add(delta, b.constant(Tensor::from_f64(ct, {1, 1, kp, op}, base)));
+    Value* fl = b.unary("floor", pos);
+    frac[i] = b.sub(pos, fl);
+    lo[i] = b.convert(fl, DType::i64);
+  }
+  Value* xg = b.reshape(x, {nb, og, cpg, ip});
+  Value* col = nullptr;
+  for (int corner = 0; corner < (1 << nd); ++corner) {
+    Value *inside = nullptr, *flat = nullptr, *wgt = nullptr;
+    for (int i = 0; i < nd; ++i) {
+      const bool up = (corner >> i) & 1;
+      Value* q = up ? b.add(lo[i], b.scalar(DType::i64, 1)) : lo[i];
+      Value* ok = b.binary("and", b.compare("ge", q, i0), b.compare("lt", q, b.scalar(DType::i64, static_cast<double>(win.in[i]))));
+      Value* wi = up ? frac[i] : b.sub(b.scalar(ct, 1), frac[i]);
+      Value* fi = b.mul(q, b.scalar(DType::i64, static_cast<double>(istr[i])));
+      inside = inside ? b.binary("and", inside, ok) : ok;
+      flat = flat ? b.add(flat, fi) : fi;
+      wgt = wgt ? b.mul(wgt, wi) : wi;
+    }
+    auto per_col = [&](Value* v) { return b.broadcast_to(b.reshape(v, {nb, og, 1, kp * op}), cols); };
+    Value* idx = per_col(b.select(inside, flat, i0));
+    Value* v = b.emit("gather", {xg, idx}, {{"axis", int64_t{3}}});
+    v = b.mul(b.select(per_col(inside), v, b.full(ct, cols, 0)), per_col(wgt));
+    col = col ? b.add(col, v) : v;
+  }
+  if (n.has_input(4)) col = b.mul(col, b.reshape(b.convert(n.inputs[4], ct), {nb, og, 1, kp * op}));
+  col = b.reshape(col, {nb, groups, cg, kp, op});
+  Value* wr = b.reshape(w, {groups, m / groups, cg, kp});
+  Value* y = b.emit("dot_general", {col, wr},
+                    {{"lhs_batch", std::vector<int64_t>{1}},
+                     {"rhs_batch", std::vector<int64_t>{0}},
+                     {"lhs_contract", std::vector<int64_t>{2, 3}},
+                     {"rhs_contract", std::vector<int64_t>{2, 3}}});  // [G, N, op, M/G]
+  y = b.reshape(b.transpose(y, {1, 0, 3, 2}), n.outputs[0]->type.shape);
+  if (n.has_input(3)) y = add_channel_bias(b, y, n.inputs[3]);
+  return {b.convert(y, dt)};
+}
+
 OpDef deform_conv_def() {
   OpDef d;
   d.name = "DeformConv";
@@ -1386,7 +1452,7 @@ void register_conv_pool_ops(OpRegistry& r) {
                            [](CoreBuilder& b, const Node& n) { return decompose_global_pool(b, n, true); }));
   r.add(with_decomposition(max_unpool_def(), decompose_max_unpool));
   r.add(with_decomposition(causal_conv_with_state_def(), decompose_causal_conv_with_state));
-  r.add(deform_conv_def());
+  r.add(with_decomposition(deform_conv_def(), decompose_deform_conv));
 }
 
 }  // namespace tessel
