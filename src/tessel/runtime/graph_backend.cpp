@@ -218,7 +218,15 @@ void GraphExecutable::Impl::store_result(const Value* v, Tensor t, size_t& live)
 void GraphExecutable::Impl::run_step(const Step& s, size_t& live, size_t& peak) {
   const Node& n = *s.node;
   switch (s.kind) {
-    case StepKind::typed: s.kernel(env); break;
+    case StepKind::typed:
+      for (const Value* v : n.outputs)  // results on the heap (models with a dynamic region)
+        if (v && home[root[v->id]] == Home::heap && root[v->id] == v->id) {
+          heap[v->id] = Tensor(v->type.dtype, v->type.shape);
+          env.ptr[v->id] = heap[v->id].bytes();
+          live += heap[v->id].nbytes();
+        }
+      s.kernel(env);
+      break;
     case StepKind::alias: env.ptr[n.outputs[0]->id] = env.ptr[n.inputs[0]->id]; break;
     case StepKind::fallback:
     case StepKind::dynamic: {
@@ -341,8 +349,8 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   std::vector<int> group_last = lv.last;  // per root: last use of any value sharing its memory
   const auto& nodes = g->nodes();
   st.nodes = static_cast<int>(nodes.size());
-  // With a dynamic region, the reference steps keep all their results on the heap (freed after the
-  // last use, like eager) instead of splitting them between the arena and the heap.
+  // With a dynamic region, every result lives on the heap (allocated by its step, freed after its
+  // last use, like eager) instead of splitting the memory between an arena and the heap.
   bool has_dynamic = false;
   for (const auto& v : g->values()) has_dynamic = has_dynamic || (v->producer && !is_static(v.get()));
   for (size_t k = 0; k < nodes.size(); ++k) {
@@ -378,7 +386,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
       im.steps.push_back(std::move(s));
       continue;
     }
-    if (is_elementwise_unary(n) && im.views.count(n.inputs[0]->id) && can_be_view(n, *g, consumers)) {
+    if (!has_dynamic && is_elementwise_unary(n) && im.views.count(n.inputs[0]->id) && can_be_view(n, *g, consumers)) {
       // op(broadcast(s)) = broadcast(op(s)): computed on the source's elements, read as a view.
       const StridedView src = im.views.at(n.inputs[0]->id);
       const Value* sv = im.value_of[src.src_id];
@@ -404,7 +412,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
       st.fallback[n.op->name + " " + dtype_label(n)]++;
     }
     for (const Value* v : n.outputs)
-      if (v) im.home[v->id] = Home::arena;
+      if (v) im.home[v->id] = has_dynamic ? Home::heap : Home::arena;
     if (s.kind == StepKind::typed && n.outputs.size() == 1 && n.outputs[0]) {
       for (int i = 0; i < static_cast<int>(n.inputs.size()); ++i) {
         if (!can_run_in_place(n, i) || im.views.count(n.inputs[i]->id)) continue;
