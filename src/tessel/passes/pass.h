@@ -22,7 +22,7 @@ const std::vector<Pass>& all_passes();
 const Pass* find_pass(const std::string& name);
 
 // Named pipelines: "simplify" = fold-constants, algebraic, canonicalize, fold-constants, cse, dce;
-// "core" = decompose then simplify. A comma list of pass names also works.
+// "core" = fold-constants, decompose, then simplify. A comma list of pass names also works.
 std::vector<const Pass*> parse_pipeline(const std::string& spec);
 
 struct PassRecord {

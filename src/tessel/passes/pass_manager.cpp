@@ -44,7 +44,9 @@ std::vector<const Pass*> parse_pipeline(const std::string& spec) {
                                              find_pass("cse"), find_pass("dce")};
   if (spec == "simplify") return simplify;
   if (spec == "core") {
-    std::vector<const Pass*> core = {find_pass("decompose")};
+    // Folding first: operands a decomposition needs as constants (Pad's pads, Slice's starts) are
+    // often shape arithmetic that only folding turns into constants.
+    std::vector<const Pass*> core = {find_pass("fold-constants"), find_pass("decompose")};
     core.insert(core.end(), simplify.begin(), simplify.end());
     return core;
   }

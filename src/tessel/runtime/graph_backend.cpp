@@ -46,7 +46,29 @@ void bind_input_shapes(Graph& g, const std::vector<Tensor>& ex) {
   }
 }
 
-// Bakes small integer inputs that determine shapes into constants; returns the guards.
+std::unique_ptr<Graph> copy_graph(const Graph& g);
+
+int unknown_dims(const Graph& g) {
+  int n = 0;
+  for (const auto& v : g.values())
+    for (int64_t d : v->type.shape) n += d < 0;
+  return n;
+}
+
+// Whether fixing the inputs `which` to their example values makes some unknown dim known: together
+// their values decide a shape.
+bool decide_shapes(const Graph& g, const std::vector<size_t>& which, const std::vector<Tensor>& ex) {
+  if (which.empty()) return false;
+  auto c = copy_graph(g);
+  for (size_t i : which) c->inputs[i]->constant = ex[i];
+  infer_graph(*c);
+  return unknown_dims(*c) < unknown_dims(g);
+}
+
+// Bakes small inputs that determine shapes into constants; returns the guards. Integer inputs of a
+// few elements (axes, pads, k, a shape, a limit) are always baked, since decompositions need them
+// as constants; float and bool inputs (Resize scales, Range bounds, a training flag) only when their
+// value decides a result's shape.
 std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const GraphBackendOptions& opts) {
   if (ex.empty()) return {};
   if (ex.size() != g.inputs.size())
@@ -54,14 +76,22 @@ std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const Gra
                 fmt::format("the model takes {} inputs but {} example inputs were given", g.inputs.size(), ex.size()));
   bind_input_shapes(g, ex);
   infer_graph(g);
+  // Which inputs to bake: small integer ones always; small float/bool ones whose value decides a
+  // shape alone (Resize scales), or together with the other such inputs (Range's start, limit, delta).
+  std::vector<bool> bake(g.inputs.size(), false);
+  std::vector<size_t> rest;
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    if (ex[i].rank() > 1 || ex[i].numel() > opts.max_baked_elements) continue;
+    if (is_int(g.inputs[i]->type.dtype) || decide_shapes(g, {i}, ex)) bake[i] = true;
+    else rest.push_back(i);
+  }
+  if (decide_shapes(g, rest, ex))
+    for (size_t i : rest) bake[i] = true;
   std::vector<Guard> guards;
   std::vector<Value*> kept;
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     Value* v = g.inputs[i];
-    // Shape-like operands: a rank-0/1 integer tensor of a few elements (axes, pads, k, a shape, a
-    // limit), which decides result shapes or what a decomposition emits.
-    const bool small = ex[i].rank() <= 1 && ex[i].numel() <= opts.max_baked_elements;
-    if (small && is_int(v->type.dtype)) {
+    if (bake[i]) {
       guards.push_back(Guard{i, v->name, ex[i].clone()});
       v->constant = ex[i].clone();
       v->is_input = false;
