@@ -318,7 +318,13 @@ int main(int argc, char** argv) {
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
                          comp_time);
     if (*passes) {
-      fmt::print("pipelines:\n  simplify = fold-constants,cse,dce\n  core     = decompose,fold-constants,cse,dce\npasses:\n");
+      fmt::print("pipelines:\n");
+      for (const char* name : {"simplify", "core"}) {
+        std::string list;
+        for (const Pass* p : parse_pipeline(name)) list += (list.empty() ? "" : ",") + p->name;
+        fmt::print("  {:<8} = {}\n", name, list);
+      }
+      fmt::print("passes:\n");
       for (const auto& p : all_passes()) fmt::print("  {:<16} {}\n", p.name, p.summary);
       return 0;
     }
