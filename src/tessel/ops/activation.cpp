@@ -105,15 +105,9 @@ void add(OpRegistry& r, OpDef d) {
 // then is rounded to the storage type once, as the reference kernels (which compute in double) do.
 DType compute_type(DType t) { return !is_float(t) ? DType::f64 : dtype_bits(t) < 32 ? DType::f32 : t; }
 
-// `v` stored as `t` the way kernels store results (set_f: no float8 saturation).
-Value* store_as(CoreBuilder& b, Value* v, DType t) {
-  if (v->type.dtype == t) return v;
-  return b.emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{0}}});
-}
 
 // A rank-0 constant of `like`'s dtype (the binary sugar broadcasts it).
 Value* k(CoreBuilder& b, Value* like, double v) { return b.scalar(like->type.dtype, v); }
-Value* abs_of(CoreBuilder& b, Value* x) { return b.max(x, b.unary("neg", x)); }
 Value* expm1_of(CoreBuilder& b, Value* x) { return b.sub(b.unary("exp", x), k(b, x, 1)); }
 Value* clamp01(CoreBuilder& b, Value* x) { return b.max(k(b, x, 0), b.min(x, k(b, x, 1))); }
 

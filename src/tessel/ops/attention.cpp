@@ -67,8 +67,6 @@ AttnDims attn_dims(const Node& n, const Shape& q, const Shape& k, const Shape& v
 
 // ---- decomposition helpers ----------------------------------------------------------------------
 
-// Attention math runs in f32 for f16/bf16/f8 inputs and rounds once at the end.
-DType compute_dtype(DType t) { return is_small_float(t) ? DType::f32 : t; }
 
 // A [B, S, H*D] input viewed as [B, H, S, D]; 4-D inputs are already in that layout.
 Value* heads_first(CoreBuilder& b, Value* x, int64_t heads) {
@@ -307,7 +305,7 @@ OpDef attention_def() {
   // Scores, softcap, masks and softmax as the kernel orders them; present key/value are the past
   // concatenated with the new keys/values. Only the outputs the node uses are produced.
   d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
-    const DType dt = n.inputs[0]->type.dtype, ct = compute_dtype(dt);
+    const DType dt = n.inputs[0]->type.dtype, ct = math_type(dt);
     const bool has_past = n.has_input(4);
     AttnDims a = attn_dims(n, n.inputs[0]->type.shape, n.inputs[1]->type.shape, n.inputs[2]->type.shape,
                            has_past ? &n.inputs[4]->type.shape : nullptr);
@@ -473,7 +471,7 @@ OpDef rotary_embedding_def() {
   d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
     Value* x = n.inputs[0];
     const Shape xs = x->type.shape;
-    const DType dt = x->type.dtype, ct = compute_dtype(dt);
+    const DType dt = x->type.dtype, ct = math_type(dt);
     const bool three_d = xs.size() == 3;
     // View as [B, S, H, D] (3-D) or keep [B, H, S, D].
     const int64_t H = three_d ? n.attr_i("num_heads") : xs[1];
@@ -671,7 +669,7 @@ OpDef linear_attention_def() {
   // The recurrence unrolled over the (static) T steps, each a few batched products on the
   // [B, HKV, DK, DV] state.
   d.decompose = [dims, rule_of](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
-    const DType dt = n.inputs[0]->type.dtype, ct = compute_dtype(dt);
+    const DType dt = n.inputs[0]->type.dtype, ct = math_type(dt);
     Dims a = dims(n, n.inputs[0]->type.shape, n.inputs[1]->type.shape, n.inputs[2]->type.shape);
     const int64_t B = a.b, T = a.t, HKV = a.hkv, DK = a.dk, DV = a.dv, G = a.hq / a.hkv;
     const std::string rule = rule_of(n);
@@ -791,7 +789,7 @@ OpDef flex_attention_def() {
     c.set_out(0, Tensor::from_f64(q.dtype(), {B, HQ, S, DV}, y));
   };
   d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
-    const DType dt = n.inputs[0]->type.dtype, ct = compute_dtype(dt);
+    const DType dt = n.inputs[0]->type.dtype, ct = math_type(dt);
     const Shape& qs = n.inputs[0]->type.shape;
     const int64_t group = qs[1] / n.inputs[1]->type.shape[1];
     const double scale = n.has_attr("scale") ? n.attr_f("scale") : 1.0 / std::sqrt(static_cast<double>(qs[3]));

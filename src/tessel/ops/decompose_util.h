@@ -19,6 +19,28 @@ inline DecomposeFn decompose_as(std::string core_op) {
   };
 }
 
+// Multi-step float math on the narrow floats (f16, bf16, f8, f4) runs in f32 and is rounded to the
+// storage type once at the end (as XLA and Inductor do); other types compute as themselves.
+inline DType math_type(DType t) { return is_small_float(t) ? DType::f32 : t; }
+
+// `v` stored as `t` the way the reference kernels store results (no float8 saturation).
+inline Value* store_as(CoreBuilder& b, Value* v, DType t) {
+  if (v->type.dtype == t) return v;
+  return b.emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{0}}});
+}
+
+// |x| as max(x, -x); unsigned integers are their own absolute value.
+inline Value* abs_of(CoreBuilder& b, Value* x) {
+  return is_unsigned_int(x->type.dtype) ? x : b.max(x, b.emit("neg", {x}));
+}
+
+// `v` broadcast_in_dim'ed to `shape`, operand dim i going to output dim dims[i]; `v` if unchanged.
+Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims);
+
+// x's slices at the compile-time positions `idx` (each in [0, dim)) along `axis`, in order: strided
+// slices and a concatenate, or one gather when that would take many pieces.
+Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int64_t>& idx);
+
 // `d` with its decomposition hook set, for use at the registration site.
 inline OpDef with_decomposition(OpDef d, DecomposeFn f) {
   d.decompose = std::move(f);

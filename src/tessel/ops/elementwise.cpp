@@ -227,20 +227,11 @@ Tensor map_by_class(const Tensor& x, const UnaryF& f, const UnaryI& s,
 
 // ---- decomposition into core ops ---------------------------------------------------------------
 
-// Math of several steps on a narrow float (f16, bf16, f8, f4) runs in f32 and is rounded to the
-// storage type once at the end, as the reference kernels (which compute in double) do.
-DType math_type(DType t) { return is_float(t) && dtype_bits(t) < 32 ? DType::f32 : t; }
 
-// `v` stored as `t` the way kernels store results (set_f: no float8 saturation).
-Value* store_as(CoreBuilder& b, Value* v, DType t) {
-  if (v->type.dtype == t) return v;
-  return b.emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{0}}});
-}
 
 // A rank-0 constant of `like`'s dtype (the binary sugar broadcasts it).
 Value* k(CoreBuilder& b, Value* like, double v) { return b.scalar(like->type.dtype, v); }
 Value* neg(CoreBuilder& b, Value* x) { return b.unary("neg", x); }
-Value* abs_of(CoreBuilder& b, Value* x) { return is_unsigned_int(x->type.dtype) ? x : b.max(x, neg(b, x)); }
 
 // An op of one input computed by `f` in the input's own dtype (exact or singly rounded math).
 DecomposeFn elementwise(std::function<Value*(CoreBuilder&, Value*)> f) {

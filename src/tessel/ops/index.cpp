@@ -10,11 +10,6 @@
 
 namespace tessel {
 
-// Decomposition helpers defined in shape.cpp.
-Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims);
-Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int64_t>& idx);
-OpDef with_static_decomposition(OpDef d, DecomposeFn f, bool dynamic_inputs = false);
-
 namespace {
 
 // These kernels move elements without converting them, so copying raw bytes keeps every dtype
@@ -704,33 +699,33 @@ void unique_kernel(KernelCtx& c) {
 void register_index_ops(OpRegistry& r) {
   // Gather, GatherElements and GatherND only widened their index ranges (negative indices)
   // and dtypes across opsets, which this entry accepts, so the oldest forms import as is.
-  r.add(with_static_decomposition(make_op("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel,
+  r.add(with_decomposition(make_op("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel,
                                    FusionKind::injective),
                            decompose_gather));
-  r.add(with_static_decomposition(make_op("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}}, gather_elements_infer,
+  r.add(with_decomposition(make_op("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}}, gather_elements_infer,
                                    gather_elements_kernel, FusionKind::injective),
                            decompose_gather_elements));
-  r.add(with_static_decomposition(make_op("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer,
+  r.add(with_decomposition(make_op("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer,
                                    gathernd_kernel, FusionKind::injective),
                            decompose_gathernd));
   // ScatterElements 11 (no reduction) and 16 (add/mul) are subsets of 18.
-  r.add(with_static_decomposition(make_op("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}},
+  r.add(with_decomposition(make_op("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}},
                                    scatter_elements_infer, scatter_elements_kernel),
                            decompose_scatter_elements));
-  r.add(with_static_decomposition(
+  r.add(with_decomposition(
       make_op("Scatter", 9, 3, 3, {{"axis", AttrKind::i}}, scatter_elements_infer, scatter_elements_kernel),
       decompose_scatter_elements));
-  r.add(with_static_decomposition(
+  r.add(with_decomposition(
       make_op("ScatterND", 11, 3, 3, {{"reduction", AttrKind::s}}, scatternd_infer, scatternd_kernel),
       decompose_scatternd));
-  r.add(with_static_decomposition(make_op("TensorScatter", 24, 2, 3, {{"axis", AttrKind::i}, {"mode", AttrKind::s}},
+  r.add(with_decomposition(make_op("TensorScatter", 24, 2, 3, {{"axis", AttrKind::i}, {"mode", AttrKind::s}},
                                    tensor_scatter_infer, tensor_scatter_kernel),
                            decompose_tensor_scatter));
   r.add(make_op("NonZero", 9, 1, 1, {}, nonzero_infer,
              [](KernelCtx& c) { c.set_out(0, nonzero_of(c.in(0))); }));
-  r.add(with_static_decomposition(
+  r.add(with_decomposition(
       make_op("Compress", 9, 2, 2, {{"axis", AttrKind::i}}, compress_infer, compress_kernel), decompose_compress));
-  r.add(with_static_decomposition(make_op("OneHot", 9, 3, 3, {{"axis", AttrKind::i}}, onehot_infer, onehot_kernel),
+  r.add(with_decomposition(make_op("OneHot", 9, 3, 3, {{"axis", AttrKind::i}}, onehot_infer, onehot_kernel),
                            decompose_onehot));
   {
     OpDef d = make_op("Unique", 11, 1, 1, {{"axis", AttrKind::i}, {"sorted", AttrKind::i}},

@@ -42,19 +42,6 @@ DType float_dtype_attr(const Node& n, const char* attr) {
 
 // ---- decomposition helpers --------------------------------------------------------------------
 
-// `f` where the core level can express the node: an operand or result with an unknown dim (a
-// run-time size, e.g. a window length or a DFT length given as a graph input) makes it unsupported.
-DecomposeFn static_only(DecomposeFn f) {
-  return [f](CoreBuilder& b, const Node& n) {
-    for (const auto* vs : {&n.inputs, &n.outputs})
-      for (const Value* v : *vs)
-        if (v && !shape_known(v->type.shape))
-          unsupported("'{}' has type {}: the core level needs static shapes", v->name,
-                      v->type.str());
-    return f(b, n);
-  };
-}
-
 // Multi-step float math runs in f32 (f64 stays f64) and is converted back once.
 DType compute_type(DType t) {
   return t == DType::f64 ? DType::f64 : DType::f32;
@@ -74,9 +61,6 @@ Value* clamp_c(CoreBuilder& b, Value* v, double lo, double hi) {
 }
 Value* cos_of(CoreBuilder& b, Value* v) {
   return b.unary("sin", add_c(b, v, kPi / 2));
-}
-Value* abs_of(CoreBuilder& b, Value* v) {
-  return b.max(v, b.unary("neg", v));
 }
 Value* and_of(CoreBuilder& b, Value* p, Value* q) {
   return p ? b.binary("and", p, q) : q;
@@ -688,7 +672,7 @@ OpDef window_op(std::string name, double a0, double a1, double a2) {
   return with_decomposition(
       make_op(std::move(name), 17, 1, 1,
               {{"output_datatype", AttrKind::i}, {"periodic", AttrKind::i}}, infer, kernel),
-      static_only(decompose));
+      decompose);
 }
 
 // ---- DFT ------------------------------------------------------------------------------------
@@ -1198,12 +1182,12 @@ void register_misc_ops(OpRegistry& r) {
              {{"align_corners", AttrKind::i}, {"mode", AttrKind::s}, {"padding_mode", AttrKind::s}},
              grid_sample_infer, grid_sample_kernel);
     d.upgrade = grid_sample_upgrade;
-    d.decompose = static_only(grid_sample_decompose);
+    d.decompose = grid_sample_decompose;
     r.add(std::move(d));
   }
   r.add(with_decomposition(make_op("AffineGrid", 20, 2, 2, {{"align_corners", AttrKind::i}},
                                    affine_grid_infer, affine_grid_kernel),
-                           static_only(affine_grid_decompose)));
+                           affine_grid_decompose));
   {
     OpDef d = make_op("RoiAlign", 16, 3, 3,
                    {{"coordinate_transformation_mode", AttrKind::s},
@@ -1214,7 +1198,7 @@ void register_misc_ops(OpRegistry& r) {
                     {"spatial_scale", AttrKind::f}},
                    roi_align_infer, roi_align_kernel);
     d.upgrade = roi_align_upgrade;
-    d.decompose = static_only(roi_align_decompose);
+    d.decompose = roi_align_decompose;
     r.add(std::move(d));
   }
   r.add(make_op("NonMaxSuppression", 10, 2, 5, {{"center_point_box", AttrKind::i}}, nms_infer,
@@ -1227,15 +1211,15 @@ void register_misc_ops(OpRegistry& r) {
                    {{"inverse", AttrKind::i}, {"onesided", AttrKind::i}, {"axis", AttrKind::i}},
                    dft_infer, dft_kernel);
     d.upgrade = dft_upgrade;
-    d.decompose = static_only(dft_decompose);
+    d.decompose = dft_decompose;
     r.add(std::move(d));
   }
   r.add(with_decomposition(
       make_op("STFT", 17, 2, 4, {{"onesided", AttrKind::i}}, stft_infer, stft_kernel),
-      static_only(stft_decompose)));
+      stft_decompose));
   r.add(with_decomposition(make_op("MelWeightMatrix", 17, 5, 5, {{"output_datatype", AttrKind::i}},
                                    mel_infer, mel_kernel),
-                           static_only(mel_decompose)));
+                           mel_decompose));
 }
 
 }  // namespace tessel

@@ -460,19 +460,6 @@ void qlinear_conv_kernel(KernelCtx& c) {
 
 // ---- decomposition hooks ---------------------------------------------------------------------
 
-// `f` where the core level can express the node: an operand or result with an unknown dim (a
-// dynamic batch, say) makes it unsupported.
-DecomposeFn static_only(DecomposeFn f) {
-  return [f](CoreBuilder& b, const Node& n) {
-    for (const auto* vs : {&n.inputs, &n.outputs})
-      for (const Value* v : *vs)
-        if (v && !shape_known(v->type.shape))
-          unsupported("'{}' has type {}: the core level needs static shapes", v->name,
-                      v->type.str());
-    return f(b, n);
-  };
-}
-
 // A scale or zero point broadcast to x's shape: per tensor, per `axis`, or per block of `block`
 // elements along `axis` (the blocks are repeated, then cut to x's length).
 Value* expand_param(CoreBuilder& b, Value* p, const Shape& x, int64_t axis_attr, int64_t block) {
@@ -664,22 +651,22 @@ void register_quantize_ops(OpRegistry& r) {
                                     {"precision", AttrKind::i},
                                     {"saturate", AttrKind::i}},
                                    quantize_infer, quantize_kernel, FusionKind::pointwise),
-                           static_only(quantize_decompose)));
+                           quantize_decompose));
   r.add(with_decomposition(
       make_op("DequantizeLinear", 10, 2, 3,
               {{"axis", AttrKind::i}, {"block_size", AttrKind::i}, {"output_dtype", AttrKind::i}},
               dequantize_infer, dequantize_kernel, FusionKind::pointwise),
-      static_only(dequantize_decompose)));
+      dequantize_decompose));
   {
     OpDef d = make_op("DynamicQuantizeLinear", 11, 1, 1, {}, dynamic_quantize_infer,
                    dynamic_quantize_kernel);
     d.min_outputs = d.max_outputs = 3;
-    d.decompose = static_only(dynamic_quantize_decompose);
+    d.decompose = dynamic_quantize_decompose;
     r.add(std::move(d));
   }
   r.add(with_decomposition(make_op("QLinearMatMul", 10, 8, 8, {}, qlinear_matmul_infer,
                                    qlinear_matmul_kernel, FusionKind::matmul),
-                           static_only(qlinear_matmul_decompose)));
+                           qlinear_matmul_decompose));
   r.add(with_decomposition(make_op("QLinearConv", 10, 8, 9,
                                    {{"auto_pad", AttrKind::s},
                                     {"dilations", AttrKind::ints},
@@ -688,7 +675,7 @@ void register_quantize_ops(OpRegistry& r) {
                                     {"pads", AttrKind::ints},
                                     {"strides", AttrKind::ints}},
                                    qlinear_conv_infer, qlinear_conv_kernel),
-                           static_only(qlinear_conv_decompose)));
+                           qlinear_conv_decompose));
 }
 
 }  // namespace tessel

@@ -98,13 +98,7 @@ int64_t scalar_int(const Tensor& t, const char* what) {
 
 // ---- decomposition helpers -------------------------------------------------------------------
 
-// Multi-step float math on f16/bf16/f8 runs in f32 and rounds once at the end (like XLA).
-DType compute_dtype(DType t) { return is_small_float(t) ? DType::f32 : t; }
 
-// |x| from core ops (unsigned ints are their own absolute value).
-Value* abs_of(CoreBuilder& b, Value* x) {
-  return is_unsigned_int(x->type.dtype) ? x : b.max(x, b.emit("neg", {x}));
-}
 
 // isnan(x) as bool (always false for integers).
 Value* nan_mask(CoreBuilder& b, Value* x) { return b.compare("ne", x, x); }
@@ -383,7 +377,7 @@ DecomposeFn reduce_decomposition(RK k) {
     // Irrational results on ints are computed in f64 and truncated back (the reference's cast);
     // an integer mean sums in i64 before the truncating divide.
     const bool irrational = k == RK::l2 || k == RK::log_sum || k == RK::log_sum_exp;
-    DType ct = compute_dtype(dt);
+    DType ct = math_type(dt);
     if (!is_float(dt) && irrational) ct = DType::f64;
     if (k == RK::mean && is_int(dt)) ct = DType::i64;
     Value* v = b.convert(x, ct);
@@ -645,7 +639,7 @@ OpDef softmax_op(std::string name, SM kind) {
       Value* hot = b.compare("eq", b.iota(DType::i64, x->type.shape, axis), idx);
       return {b.select(hot, b.scalar(dt, 1.0), b.scalar(dt, 0.0))};
     }
-    Value* y = softmax_core(b, b.convert(x, compute_dtype(dt)), axis, kind == SM::log_softmax);
+    Value* y = softmax_core(b, b.convert(x, math_type(dt)), axis, kind == SM::log_softmax);
     return {b.convert(y, dt)};
   };
   return d;
@@ -721,7 +715,7 @@ OpDef cum_op(std::string name, int since, bool prod) {
     const Shape& s = x->type.shape;
     const size_t r = s.size();
     const bool rev = n.attr_i("reverse", 0) != 0, excl = n.attr_i("exclusive", 0) != 0;
-    const DType ct = compute_dtype(dt);
+    const DType ct = math_type(dt);
     Value* v = b.convert(x, ct);
     auto along = [&](int axis) {
       const int64_t len = s[axis];
@@ -972,7 +966,7 @@ OpDef nll_op() {
                      x.dtype()));
   };
   d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
-    return {nll_core(b, n, b.convert(n.inputs[0], compute_dtype(n.inputs[0]->type.dtype)))};
+    return {nll_core(b, n, b.convert(n.inputs[0], math_type(n.inputs[0]->type.dtype)))};
   };
   return d;
 }
@@ -1009,7 +1003,7 @@ OpDef sce_op() {
   };
   d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
     const DType dt = n.inputs[0]->type.dtype;
-    Value* lp = softmax_core(b, b.convert(n.inputs[0], compute_dtype(dt)), 1, true);
+    Value* lp = softmax_core(b, b.convert(n.inputs[0], math_type(dt)), 1, true);
     std::vector<Value*> out = {nll_core(b, n, lp)};
     if (n.outputs.size() > 1) out.push_back(n.outputs[1] ? b.convert(lp, dt) : nullptr);
     return out;

@@ -10,72 +10,6 @@
 #include "tessel/support/error.h"
 
 namespace tessel {
-
-// ---- decomposition helpers (index.cpp declares and uses them too) ------------------------------
-
-// `d` with hook `f`, which the core level can only apply where shapes are static: a result (and,
-// unless `dynamic_inputs`, an operand) with an unknown dim makes the node unsupported there.
-OpDef with_static_decomposition(OpDef d, DecomposeFn f, bool dynamic_inputs = false) {
-  return with_decomposition(std::move(d), [f, dynamic_inputs](CoreBuilder& b, const Node& n) {
-    std::vector<Value*> vs = n.outputs;
-    if (!dynamic_inputs) vs.insert(vs.end(), n.inputs.begin(), n.inputs.end());
-    for (const Value* v : vs)
-      if (v && !shape_known(v->type.shape))
-        unsupported("'{}' has type {}: the core level needs static shapes", v->name, v->type.str());
-    return f(b, n);
-  });
-}
-
-// `v` broadcast_in_dim'ed to `shape`, operand dim i going to output dim dims[i]; `v` if unchanged.
-Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims) {
-  if (v->type.shape == shape) return v;
-  return b.emit("broadcast_in_dim", {v}, {{"shape", std::vector<int64_t>(shape)}, {"dims", dims}});
-}
-
-// x's slices at the compile-time positions `idx` (each in [0, dim)) along `axis`, in order. Runs
-// of evenly spaced positions become strided slices (a repeated position: a slice broadcast), which
-// are concatenated; when that takes many pieces, one gather with the positions broadcast over the
-// other dims instead.
-Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int64_t>& idx) {
-  const Shape& s = x->type.shape;
-  const int64_t m = static_cast<int64_t>(idx.size());
-  std::vector<int64_t> starts(s.size(), 0), stops = s, strides(s.size(), 1);
-  struct Run {
-    int64_t first, step, len;
-  };
-  std::vector<Run> runs;
-  for (int64_t i = 0; i < m;) {
-    int64_t step = i + 1 < m ? idx[i + 1] - idx[i] : 1, len = 1;
-    while (i + len < m && idx[i + len] - idx[i + len - 1] == step) ++len;
-    runs.push_back({idx[i], len == 1 ? 1 : step, len});
-    i += len;
-  }
-  if (runs.size() > 8) {
-    Value* pos = b.constant(Tensor::from_i64(DType::i64, {m}, idx));
-    Shape is = s;
-    is[axis] = m;
-    return b.emit("gather", {x, broadcast_into(b, pos, is, {axis})}, {{"axis", int64_t{axis}}});
-  }
-  if (runs.empty()) {  // nothing taken: an empty slice
-    stops[axis] = 0;
-    return b.slice(x, starts, stops);
-  }
-  std::vector<Value*> parts;
-  for (const Run& r : runs) {
-    starts[axis] = r.first;
-    strides[axis] = r.step == 0 ? 1 : r.step;
-    stops[axis] = r.step == 0 ? r.first + 1 : r.first + (r.len - 1) * r.step + (r.step > 0 ? 1 : -1);
-    Value* piece = b.slice(x, starts, stops, strides);
-    if (r.step == 0) {
-      Shape ps = piece->type.shape;
-      ps[axis] = r.len;
-      piece = b.broadcast_to(piece, ps);
-    }
-    parts.push_back(piece);
-  }
-  return b.concat(parts, axis);
-}
-
 namespace {
 
 // The node's output as a reshape of its input 0 (Reshape, Flatten, Squeeze, Unsqueeze).
@@ -1889,29 +1823,29 @@ OpDef upsample_op() {
 }  // namespace
 
 void register_shape_ops(OpRegistry& r) {
-  r.add(with_static_decomposition(reshape_op(), decompose_reshape));
-  r.add(with_static_decomposition(transpose_op(), decompose_transpose));
-  r.add(with_static_decomposition(squeeze_op(false), decompose_reshape));
-  r.add(with_static_decomposition(squeeze_op(true), decompose_reshape));
-  r.add(with_static_decomposition(flatten_op(), decompose_reshape));
-  r.add(with_static_decomposition(concat_op(), decompose_concat));
-  r.add(with_static_decomposition(split_op(), decompose_split));
-  r.add(with_static_decomposition(slice_op(), decompose_slice));
-  r.add(with_static_decomposition(expand_op(), decompose_expand));
-  r.add(with_static_decomposition(tile_op(), decompose_tile));
-  r.add(with_static_decomposition(pad_op(), decompose_pad));
-  r.add(with_static_decomposition(shape_op(), decompose_shape, true));
-  r.add(with_static_decomposition(size_op(), decompose_size, true));
-  r.add(with_static_decomposition(constant_of_shape_op(), decompose_constant_of_shape));
-  r.add(with_static_decomposition(range_op(), decompose_range));
-  r.add(with_static_decomposition(eyelike_op(), decompose_eyelike));
-  r.add(with_static_decomposition(trilu_op(), decompose_trilu));
-  r.add(with_static_decomposition(depth_space_op(true), decompose_depth_space(true)));
-  r.add(with_static_decomposition(depth_space_op(false), decompose_depth_space(false)));
-  r.add(with_static_decomposition(center_crop_pad_op(), decompose_center_crop_pad));
-  r.add(with_static_decomposition(reverse_sequence_op(), decompose_reverse_sequence));
-  r.add(with_static_decomposition(resize_op(), decompose_resize));
-  r.add(with_static_decomposition(upsample_op(), decompose_upsample));
+  r.add(with_decomposition(reshape_op(), decompose_reshape));
+  r.add(with_decomposition(transpose_op(), decompose_transpose));
+  r.add(with_decomposition(squeeze_op(false), decompose_reshape));
+  r.add(with_decomposition(squeeze_op(true), decompose_reshape));
+  r.add(with_decomposition(flatten_op(), decompose_reshape));
+  r.add(with_decomposition(concat_op(), decompose_concat));
+  r.add(with_decomposition(split_op(), decompose_split));
+  r.add(with_decomposition(slice_op(), decompose_slice));
+  r.add(with_decomposition(expand_op(), decompose_expand));
+  r.add(with_decomposition(tile_op(), decompose_tile));
+  r.add(with_decomposition(pad_op(), decompose_pad));
+  r.add(with_decomposition(shape_op(), decompose_shape));
+  r.add(with_decomposition(size_op(), decompose_size));
+  r.add(with_decomposition(constant_of_shape_op(), decompose_constant_of_shape));
+  r.add(with_decomposition(range_op(), decompose_range));
+  r.add(with_decomposition(eyelike_op(), decompose_eyelike));
+  r.add(with_decomposition(trilu_op(), decompose_trilu));
+  r.add(with_decomposition(depth_space_op(true), decompose_depth_space(true)));
+  r.add(with_decomposition(depth_space_op(false), decompose_depth_space(false)));
+  r.add(with_decomposition(center_crop_pad_op(), decompose_center_crop_pad));
+  r.add(with_decomposition(reverse_sequence_op(), decompose_reverse_sequence));
+  r.add(with_decomposition(resize_op(), decompose_resize));
+  r.add(with_decomposition(upsample_op(), decompose_upsample));
 }
 
 }  // namespace tessel

@@ -1,0 +1,56 @@
+// The shared pieces of the decomposition hooks that are too large to live inline in the header.
+#include "tessel/ops/decompose_util.h"
+
+namespace tessel {
+
+// `v` broadcast_in_dim'ed to `shape`, operand dim i going to output dim dims[i]; `v` if unchanged.
+Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims) {
+  if (v->type.shape == shape) return v;
+  return b.emit("broadcast_in_dim", {v}, {{"shape", std::vector<int64_t>(shape)}, {"dims", dims}});
+}
+
+// x's slices at the compile-time positions `idx` (each in [0, dim)) along `axis`, in order. Runs
+// of evenly spaced positions become strided slices (a repeated position: a slice broadcast), which
+// are concatenated; when that takes many pieces, one gather with the positions broadcast over the
+// other dims instead.
+Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int64_t>& idx) {
+  const Shape& s = x->type.shape;
+  const int64_t m = static_cast<int64_t>(idx.size());
+  std::vector<int64_t> starts(s.size(), 0), stops = s, strides(s.size(), 1);
+  struct Run {
+    int64_t first, step, len;
+  };
+  std::vector<Run> runs;
+  for (int64_t i = 0; i < m;) {
+    int64_t step = i + 1 < m ? idx[i + 1] - idx[i] : 1, len = 1;
+    while (i + len < m && idx[i + len] - idx[i + len - 1] == step) ++len;
+    runs.push_back({idx[i], len == 1 ? 1 : step, len});
+    i += len;
+  }
+  if (runs.size() > 8) {
+    Value* pos = b.constant(Tensor::from_i64(DType::i64, {m}, idx));
+    Shape is = s;
+    is[axis] = m;
+    return b.emit("gather", {x, broadcast_into(b, pos, is, {axis})}, {{"axis", int64_t{axis}}});
+  }
+  if (runs.empty()) {  // nothing taken: an empty slice
+    stops[axis] = 0;
+    return b.slice(x, starts, stops);
+  }
+  std::vector<Value*> parts;
+  for (const Run& r : runs) {
+    starts[axis] = r.first;
+    strides[axis] = r.step == 0 ? 1 : r.step;
+    stops[axis] = r.step == 0 ? r.first + 1 : r.first + (r.len - 1) * r.step + (r.step > 0 ? 1 : -1);
+    Value* piece = b.slice(x, starts, stops, strides);
+    if (r.step == 0) {
+      Shape ps = piece->type.shape;
+      ps[axis] = r.len;
+      piece = b.broadcast_to(piece, ps);
+    }
+    parts.push_back(piece);
+  }
+  return b.concat(parts, axis);
+}
+
+}  // namespace tessel
