@@ -27,26 +27,10 @@ using Attrs = std::map<std::string, Attr>;
 // A graph holding one `op` node; `feeds` receives the values of its graph inputs.
 Graph single(const std::string& op, const std::vector<Arg>& args, int outs, const Attrs& attrs,
              std::vector<Tensor>& feeds) {
-  Graph g;
-  feeds.clear();
-  std::vector<Value*> ins;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string name = "in" + std::to_string(i);
-    if (!args[i].t.valid()) {
-      ins.push_back(nullptr);
-    } else if (args[i].known) {
-      ins.push_back(g.add_constant(name, args[i].t));
-    } else {
-      ins.push_back(g.add_input(name, TensorType{args[i].t.dtype(), args[i].t.shape()}));
-      feeds.push_back(args[i].t);
-    }
-  }
-  std::vector<std::string> names;
-  for (int i = 0; i < outs; ++i) names.push_back("out" + std::to_string(i));
-  Node* n = g.add_node(OpRegistry::get().find(op), "node", ins, names, attrs);
-  for (Value* v : n->outputs) g.outputs.push_back(v);
-  infer_graph(g);
-  return g;
+  std::vector<Tensor> ts;
+  std::vector<bool> known;
+  for (const Arg& a : args) ts.push_back(a.t), known.push_back(a.known);
+  return one_node_graph(op, ts, known, outs, attrs, feeds);
 }
 
 // Runs the node eagerly and after the core pipeline; the two must agree (relative tolerance).

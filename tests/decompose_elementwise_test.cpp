@@ -22,27 +22,8 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 std::vector<Tensor> run_decomposed(const std::string& op, const std::vector<Tensor>& ins,
                                    int num_outs = 1, std::map<std::string, Attr> attrs = {},
                                    std::vector<bool> constant = {}) {
-  const OpDef* def = OpRegistry::get().find(op);
-  if (!def) fail("no op {}", op);
-  Graph g;
-  std::vector<Value*> vs;
   std::vector<Tensor> given;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    if (!ins[i].valid()) {
-      vs.push_back(nullptr);
-    } else if (i < constant.size() && constant[i]) {
-      vs.push_back(g.add_constant("c" + std::to_string(i), ins[i]));
-    } else {
-      vs.push_back(
-          g.add_input("x" + std::to_string(i), TensorType{ins[i].dtype(), ins[i].shape()}));
-      given.push_back(ins[i]);
-    }
-  }
-  std::vector<std::string> outs;
-  for (int i = 0; i < num_outs; ++i) outs.push_back("y" + std::to_string(i));
-  Node* n = g.add_node(def, "n", vs, outs, std::move(attrs));
-  for (Value* v : n->outputs) g.outputs.push_back(v);
-  infer_graph(g);
+  Graph g = one_node_graph(op, ins, constant, num_outs, std::move(attrs), given);
   decompose(g);
   for (const auto& node : g.nodes()) EXPECT_EQ(node->op->domain, "tessel.core") << node->op_name();
   return run_eager(g, given);

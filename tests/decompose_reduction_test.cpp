@@ -24,26 +24,10 @@ struct In {
 
 Graph one_node(const std::string& op, const std::vector<In>& ins, int num_outs,
                const std::map<std::string, Attr>& attrs, std::vector<Tensor>& given) {
-  Graph g;
-  std::vector<Value*> vs;
-  given.clear();
-  for (size_t i = 0; i < ins.size(); ++i) {
-    const std::string name = "x" + std::to_string(i);
-    if (!ins[i].t.valid()) {
-      vs.push_back(nullptr);
-    } else if (ins[i].constant) {
-      vs.push_back(g.add_constant(name, ins[i].t));
-    } else {
-      vs.push_back(g.add_input(name, TensorType{ins[i].t.dtype(), ins[i].t.shape()}));
-      given.push_back(ins[i].t);
-    }
-  }
-  std::vector<std::string> outs;
-  for (int i = 0; i < num_outs; ++i) outs.push_back("y" + std::to_string(i));
-  Node* n = g.add_node(OpRegistry::get().find(op), "n", vs, outs, attrs);
-  for (Value* v : n->outputs) g.outputs.push_back(v);
-  infer_graph(g);
-  return g;
+  std::vector<Tensor> ts;
+  std::vector<bool> constant;
+  for (const In& in : ins) ts.push_back(in.t), constant.push_back(in.constant);
+  return one_node_graph(op, ts, constant, num_outs, attrs, given);
 }
 
 // Eager reference vs the core pipeline's graph; returns the decomposed outputs.

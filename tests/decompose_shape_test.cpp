@@ -33,25 +33,10 @@ Tensor iota_f32(Shape s) {
 // Runs one `op` node, after the decompose pass when `decomposed` (then every node left must be core).
 std::vector<Tensor> run(const std::string& op, const std::vector<In>& ins, const std::map<std::string, Attr>& attrs,
                         int num_outs, bool decomposed) {
-  Graph g;
-  std::vector<Value*> vs;
-  std::vector<Tensor> given;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    const std::string name = "x" + std::to_string(i);
-    if (!ins[i].t.valid()) {
-      vs.push_back(nullptr);
-    } else if (ins[i].constant) {
-      vs.push_back(g.add_constant(name, ins[i].t));
-    } else {
-      vs.push_back(g.add_input(name, TensorType{ins[i].t.dtype(), ins[i].t.shape()}));
-      given.push_back(ins[i].t);
-    }
-  }
-  std::vector<std::string> outs;
-  for (int i = 0; i < num_outs; ++i) outs.push_back("y" + std::to_string(i));
-  Node* n = g.add_node(OpRegistry::get().find(op), "n", vs, outs, attrs);
-  for (Value* v : n->outputs) g.outputs.push_back(v);
-  infer_graph(g);
+  std::vector<Tensor> ts, given;
+  std::vector<bool> constant;
+  for (const In& in : ins) ts.push_back(in.t), constant.push_back(in.constant);
+  Graph g = one_node_graph(op, ts, constant, num_outs, attrs, given);
   if (decomposed) {
     decompose(g);
     for (const auto& node : g.nodes()) EXPECT_EQ(node->op->domain, "tessel.core") << op << ": " << node->op_name();

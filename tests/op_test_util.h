@@ -14,29 +14,42 @@
 
 namespace tessel::testenv {
 
-// Runs one `op` node whose inputs are graph inputs (an invalid Tensor is an omitted optional
-// input) and returns its `num_outs` outputs.
-inline std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& ins, int num_outs = 1,
-                                  std::map<std::string, Attr> attrs = {}) {
+// A graph holding one `op` node with outputs y0.. (all graph outputs). An invalid Tensor in `ins` is
+// an omitted optional input; input i is a graph constant when constant[i] is set, otherwise a graph
+// input whose value is appended to `feeds`.
+inline Graph one_node_graph(const std::string& op, const std::vector<Tensor>& ins, const std::vector<bool>& constant,
+                            int num_outs, std::map<std::string, Attr> attrs, std::vector<Tensor>& feeds) {
   const OpDef* def = OpRegistry::get().find(op);
   if (!def) fail("no op {}", op);
   Graph g;
   std::vector<Value*> vs;
-  std::vector<Tensor> given;
+  feeds.clear();
   for (size_t i = 0; i < ins.size(); ++i) {
+    const std::string name = "x" + std::to_string(i);
     if (!ins[i].valid()) {
       vs.push_back(nullptr);
-      continue;
+    } else if (i < constant.size() && constant[i]) {
+      vs.push_back(g.add_constant(name, ins[i]));
+    } else {
+      vs.push_back(g.add_input(name, TensorType{ins[i].dtype(), ins[i].shape()}));
+      feeds.push_back(ins[i]);
     }
-    vs.push_back(g.add_input("x" + std::to_string(i), TensorType{ins[i].dtype(), ins[i].shape()}));
-    given.push_back(ins[i]);
   }
   std::vector<std::string> outs;
   for (int i = 0; i < num_outs; ++i) outs.push_back("y" + std::to_string(i));
   Node* n = g.add_node(def, "n", vs, outs, std::move(attrs));
   for (Value* v : n->outputs) g.outputs.push_back(v);
   infer_graph(g);
-  return run_eager(g, given);
+  return g;
+}
+
+// Runs one `op` node whose inputs are graph inputs (an invalid Tensor is an omitted optional
+// input) and returns its `num_outs` outputs.
+inline std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& ins, int num_outs = 1,
+                                  std::map<std::string, Attr> attrs = {}) {
+  std::vector<Tensor> feeds;
+  Graph g = one_node_graph(op, ins, {}, num_outs, std::move(attrs), feeds);
+  return run_eager(g, feeds);
 }
 
 inline Tensor f32(Shape s, std::vector<double> v) { return Tensor::from_f64(DType::f32, std::move(s), v); }
