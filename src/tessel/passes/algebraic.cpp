@@ -34,13 +34,7 @@ class Simplifier {
       if (n.op->domain != "tessel.core") continue;
       if (const char* rule = simplify(n)) ++applied_[rule];
     }
-    int total = 0;
-    std::string detail;
-    for (const auto& [rule, count] : applied_) {
-      total += count;
-      detail += fmt::format("{}{} ×{}", detail.empty() ? "" : ", ", rule, count);
-    }
-    return fmt::format("applied {} rewrites{}", total, detail.empty() ? "" : " (" + detail + ")");
+    return rewrite_note(applied_);
   }
 
  private:

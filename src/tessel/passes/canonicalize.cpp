@@ -39,13 +39,7 @@ class Canonicalizer {
     unsplat_constants();
     for (const auto& np : g_.nodes())
       if (np->op->domain == "tessel.core") canonicalize(*np);
-    std::string detail;
-    int total = 0;
-    for (const auto& [rule, count] : applied_) {
-      total += count;
-      detail += fmt::format("{}{} ×{}", detail.empty() ? "" : ", ", rule, count);
-    }
-    return fmt::format("applied {} rewrites{}", total, detail.empty() ? "" : " (" + detail + ")");
+    return rewrite_note(applied_);
   }
 
  private:
