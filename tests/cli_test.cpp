@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "tessel/frontend/onnx/importer.h"
 #include "test_util.h"
@@ -41,7 +42,7 @@ const std::string kModel = testenv::source_dir() + "/examples/tblock_s";
 }  // namespace
 
 TEST(Cli, HelpOnEverySubcommand) {
-  for (const char* sub : {"", "run", "compile", "conformance"}) {
+  for (const char* sub : {"", "run", "compile", "conformance", "bench"}) {
     Result r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << r.out;
@@ -98,4 +99,30 @@ TEST(Cli, CompiledTextRunsLikeTheModel) {
   EXPECT_EQ(again.out, testenv::read_text(t.string()));
   r = run("run " + t.string() + " --inputs " + kModel + "/test_data_set_0 --check");
   EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// `tessel bench` measures each backend in one run and writes the figures as JSON; the memory figures
+// are the same accounting as `tessel run` (graph ≤ eager on the bundled model). No timing assertions.
+TEST(Cli, BenchWritesEveryFigurePerBackend) {
+  fs::path json = tmp() / "bench.json";
+  Result r = run("bench " + kModel + " --iters 2 --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("median ms"), std::string::npos) << r.out;
+  auto j = nlohmann::json::parse(testenv::read_text(json.string()));
+  ASSERT_EQ(j.at("backends").size(), 2u);
+  for (const auto& b : j.at("backends"))
+    for (const char* k : {"cold_compile_s", "cached_compile_s", "median_ms", "p10_ms", "p90_ms", "speedup_vs_eager",
+                          "break_even_iters", "peak_mem_bytes"})
+      EXPECT_TRUE(b.contains(k)) << k;
+  const auto& eager = j["backends"][0];
+  const auto& graph = j["backends"][1];
+  EXPECT_EQ(eager["backend"], "eager");
+  EXPECT_EQ(graph["backend"], "graph");
+  EXPECT_DOUBLE_EQ(eager["speedup_vs_eager"].get<double>(), 1.0);
+  EXPECT_GT(graph["cold_compile_s"].get<double>(), 0.0);
+  EXPECT_LE(graph["p10_ms"].get<double>(), graph["p90_ms"].get<double>());
+  EXPECT_LE(graph["peak_mem_bytes"].get<size_t>(), eager["peak_mem_bytes"].get<size_t>());
+  Result bad = run("bench " + kModel + " --backends eager,warp");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("unknown backend 'warp'"), std::string::npos) << bad.out;
 }

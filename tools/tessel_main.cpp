@@ -8,6 +8,7 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "tessel/driver/bench.h"
 #include "tessel/driver/compare.h"
 #include "tessel/driver/conformance.h"
 #include "tessel/driver/model_dir.h"
@@ -309,6 +310,14 @@ int main(int argc, char** argv) {
   conf->add_option("--backend", conf_backend, "eager, or graph (the \"core\" pipeline and the graph backend)")
       ->check(CLI::IsMember({"eager", "graph"}));
 
+  auto* bench = app.add_subcommand("bench", "Time each backend on MODEL: compile latency, call time, speedup, memory");
+  std::string bench_model_path, bench_backends = "eager,graph", bench_json_path;
+  int bench_iters = 10;
+  bench->add_option("MODEL", bench_model_path, "a model-zoo folder or .onnx file with a test_data_set_0 (its inputs)")->required();
+  bench->add_option("--backends", bench_backends, "comma list of backends: eager, graph");
+  bench->add_option("--iters", bench_iters, "timed calls per backend (after one warm-up call)");
+  bench->add_option("--json", bench_json_path, "also write the figures as JSON to this file");
+
   auto* ops = app.add_subcommand("ops", "List the registered ops (the text of docs/ops.md)");
 
   CLI11_PARSE(app, argc, argv);
@@ -330,6 +339,24 @@ int main(int argc, char** argv) {
     }
     if (*ops) {
       fmt::print("{}", op_table_markdown());
+      return 0;
+    }
+    if (*bench) {
+      BenchOptions bo;
+      bo.iters = bench_iters;
+      bo.backends.clear();
+      for (size_t b = 0; b <= bench_backends.size();) {
+        size_t e = std::min(bench_backends.find(',', b), bench_backends.size());
+        if (e > b) bo.backends.push_back(bench_backends.substr(b, e - b));
+        b = e + 1;
+      }
+      BenchReport r = bench_model(bench_model_path, bo);
+      fmt::print("{}", bench_table(r));
+      if (!bench_json_path.empty()) {
+        std::ofstream f(bench_json_path);
+        f << bench_json(r).dump(1) << "\n";
+        if (!f) throw Error(Location{.file = bench_json_path}, "cannot write the JSON report");
+      }
       return 0;
     }
     if (*conf) return cmd_conformance(conf_dir, conf_json, conf_jobs, conf_timeout, conf_filter, conf_verbose,

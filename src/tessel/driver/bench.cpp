@@ -1,0 +1,123 @@
+// Measuring the backend ladder on one model (docs/BENCHMARKS.md says how the figures were taken).
+#include "tessel/driver/bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "tessel/driver/model_dir.h"
+#include "tessel/frontend/onnx/importer.h"
+#include "tessel/runtime/graph_backend.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The q-quantile of sorted samples (nearest rank).
+double quantile(const std::vector<double>& sorted, double q) {
+  size_t i = static_cast<size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5);
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+// Times `iters` calls of `call` (after one warm-up) and fills the percentiles.
+template <typename F>
+void time_calls(BackendBench& b, int iters, F call) {
+  call();
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = Clock::now();
+    call();
+    ms.push_back(since(t0) * 1e3);
+  }
+  std::sort(ms.begin(), ms.end());
+  b.median_ms = quantile(ms, 0.5);
+  b.p10_ms = quantile(ms, 0.1);
+  b.p90_ms = quantile(ms, 0.9);
+}
+
+}  // namespace
+
+BenchReport bench_model(const std::string& model, const BenchOptions& opts) {
+  if (opts.iters < 1) throw Error(Location{.pass = "bench"}, "--iters must be at least 1");
+  for (const std::string& b : opts.backends)
+    if (b != "eager" && b != "graph")
+      throw Error(Location{.pass = "bench"}, fmt::format("unknown backend '{}' (known: eager, graph)", b));
+  ModelPaths mp = resolve_model(model);
+  if (mp.data_sets.empty()) throw Error(Location{.file = model}, "bench needs a test_data_set_0 next to the model (its inputs)");
+  const std::vector<Tensor> ins = read_data_set(mp.data_sets[0], "input");
+  ImportOptions io;
+  for (const auto& t : ins) io.input_shapes.push_back(t.shape());
+  auto import = [&](double& seconds) {
+    auto t0 = Clock::now();
+    ImportedModel m = import_onnx(mp.model, io);
+    seconds = since(t0);
+    return m;
+  };
+
+  BenchReport rep;
+  rep.model = model;
+  rep.iters = opts.iters;
+  for (const std::string& backend : opts.backends) {
+    BackendBench b;
+    b.backend = backend;
+    ImportedModel m = import(b.import_s);
+    if (backend == "eager") {
+      RunStats st;
+      time_calls(b, opts.iters, [&] { run_eager(*m.graph, ins, &st); });
+      b.peak_mem_bytes = st.peak_bytes;
+    } else {  // graph
+      auto t0 = Clock::now();
+      auto exe = compile_graph(std::move(m.graph), ins);
+      b.cold_compile_s = since(t0);
+      GraphRunStats st;
+      time_calls(b, opts.iters, [&] { exe->run(ins, &st); });
+      b.peak_mem_bytes = st.peak_bytes;
+    }
+    rep.backends.push_back(b);
+  }
+  // Ratios against eager, measured in this same run (eager is measured even when not listed first).
+  const BackendBench* eager = nullptr;
+  for (const auto& b : rep.backends)
+    if (b.backend == "eager") eager = &b;
+  for (auto& b : rep.backends) {
+    if (!eager) break;
+    b.speedup_vs_eager = eager->median_ms / b.median_ms;
+    const double saved_s = (eager->median_ms - b.median_ms) / 1e3;
+    if (b.backend != "eager" && saved_s > 0) b.break_even_iters = b.cold_compile_s / saved_s;
+  }
+  return rep;
+}
+
+nlohmann::json bench_json(const BenchReport& r) {
+  nlohmann::json j = {{"model", r.model}, {"iters", r.iters}, {"backends", nlohmann::json::array()}};
+  for (const auto& b : r.backends) {
+    nlohmann::json e = {{"backend", b.backend},       {"import_s", b.import_s},   {"cold_compile_s", b.cold_compile_s},
+                        {"median_ms", b.median_ms},   {"p10_ms", b.p10_ms},       {"p90_ms", b.p90_ms},
+                        {"peak_mem_bytes", b.peak_mem_bytes}};
+    e["cached_compile_s"] = b.cached_compile_s ? nlohmann::json(*b.cached_compile_s) : nlohmann::json(nullptr);
+    e["speedup_vs_eager"] = b.speedup_vs_eager > 0 ? nlohmann::json(b.speedup_vs_eager) : nlohmann::json(nullptr);
+    e["break_even_iters"] = b.break_even_iters ? nlohmann::json(*b.break_even_iters) : nlohmann::json(nullptr);
+    j["backends"].push_back(e);
+  }
+  return j;
+}
+
+std::string bench_table(const BenchReport& r) {
+  std::string s = fmt::format("{} ({} timed calls per backend, after one warm-up)\n", r.model, r.iters);
+  s += fmt::format("{:<8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>11} {:>12}\n", "backend", "import s", "compile s",
+                   "median ms", "p10 ms", "p90 ms", "speedup", "break-even", "peak MB");
+  for (const auto& b : r.backends)
+    s += fmt::format("{:<8} {:>10.3f} {:>10.3f} {:>10.2f} {:>10.2f} {:>10.2f} {:>9} {:>11} {:>12.2f}\n", b.backend,
+                     b.import_s, b.cold_compile_s, b.median_ms, b.p10_ms, b.p90_ms,
+                     b.speedup_vs_eager > 0 ? fmt::format("{:.2f}x", b.speedup_vs_eager) : "-",
+                     b.break_even_iters ? fmt::format("{:.1f}", *b.break_even_iters) : "-", b.peak_mem_bytes / 1e6);
+  return s;
+}
+
+}  // namespace tessel

@@ -1,0 +1,40 @@
+// `tessel bench`: each backend of the ladder (eager, graph; compiled comes with issue 4) on one model,
+// measured in one process: compile latency, call time percentiles, speedup over eager, the number of
+// calls after which compiling pays off, and peak intermediate memory.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tessel {
+
+struct BenchOptions {
+  std::vector<std::string> backends = {"eager", "graph"};
+  int iters = 10;   // timed calls per backend (after one warm-up call)
+};
+
+struct BackendBench {
+  std::string backend;
+  double import_s = 0;                     // reading the model (the same work for every backend)
+  double cold_compile_s = 0;               // import done → callable (0 for eager: nothing to compile)
+  std::optional<double> cached_compile_s;  // with a warm compile cache; none for backends without one
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  double speedup_vs_eager = 0;             // eager median / this median
+  std::optional<double> break_even_iters;  // compile time / time saved per call (when it saves time)
+  size_t peak_mem_bytes = 0;               // peak bytes of live intermediates in one call
+};
+
+struct BenchReport {
+  std::string model;
+  int iters = 0;
+  std::vector<BackendBench> backends;
+};
+
+// MODEL: a model-zoo folder or .onnx file with a test_data_set_0 next to it (its inputs are used).
+BenchReport bench_model(const std::string& model, const BenchOptions& opts);
+nlohmann::json bench_json(const BenchReport& r);
+std::string bench_table(const BenchReport& r);
+
+}  // namespace tessel
