@@ -16,30 +16,17 @@ using namespace tessel::testenv;
 
 namespace {
 
-// One operand of the node under test; `known` makes it a graph constant instead of an input.
-struct Arg {
-  Tensor t;
-  bool known = false;
-};
+using Arg = NodeInput;
 
 using Attrs = std::map<std::string, Attr>;
-
-// A graph holding one `op` node; `feeds` receives the values of its graph inputs.
-Graph single(const std::string& op, const std::vector<Arg>& args, int outs, const Attrs& attrs,
-             std::vector<Tensor>& feeds) {
-  std::vector<Tensor> ts;
-  std::vector<bool> known;
-  for (const Arg& a : args) ts.push_back(a.t), known.push_back(a.known);
-  return one_node_graph(op, ts, known, outs, attrs, feeds);
-}
 
 // Runs the node eagerly and after the core pipeline; the two must agree (relative tolerance).
 std::vector<Tensor> same_after_core(const std::string& op, const std::vector<Arg>& args, int outs = 1,
                                     const Attrs& attrs = {}, double tol = 1e-5) {
   std::vector<Tensor> feeds;
-  Graph ref = single(op, args, outs, attrs, feeds);
+  Graph ref = one_node_graph(op, args, outs, attrs, feeds);
   const std::vector<Tensor> want = run_eager(ref, feeds);
-  Graph g = single(op, args, outs, attrs, feeds);
+  Graph g = one_node_graph(op, args, outs, attrs, feeds);
   run_pipeline(g, parse_pipeline("core"), PassOptions{});
   for (const auto& n : g.nodes()) EXPECT_EQ(n->op->domain, "tessel.core") << op << " left " << n->op_name();
   const std::vector<Tensor> got = run_eager(g, feeds);

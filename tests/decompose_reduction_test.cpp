@@ -16,27 +16,15 @@ using namespace tessel::testenv;
 
 namespace {
 
-// An input of the node: a graph input, or (constant = true) a compile-time constant.
-struct In {
-  Tensor t;
-  bool constant = false;
-};
-
-Graph one_node(const std::string& op, const std::vector<In>& ins, int num_outs,
-               const std::map<std::string, Attr>& attrs, std::vector<Tensor>& given) {
-  std::vector<Tensor> ts;
-  std::vector<bool> constant;
-  for (const In& in : ins) ts.push_back(in.t), constant.push_back(in.constant);
-  return one_node_graph(op, ts, constant, num_outs, attrs, given);
-}
+using In = NodeInput;
 
 // Eager reference vs the core pipeline's graph; returns the decomposed outputs.
 std::vector<Tensor> check_decomposes(const std::string& op, const std::vector<In>& ins, int num_outs = 1,
                                      const std::map<std::string, Attr>& attrs = {}, double tol = 1e-5) {
   std::vector<Tensor> given;
-  Graph ref = one_node(op, ins, num_outs, attrs, given);
+  Graph ref = one_node_graph(op, ins, num_outs, attrs, given);
   std::vector<Tensor> want = run_eager(ref, given);
-  Graph g = one_node(op, ins, num_outs, attrs, given);
+  Graph g = one_node_graph(op, ins, num_outs, attrs, given);
   run_pipeline(g, parse_pipeline("core"), PassOptions{});
   for (const auto& n : g.nodes()) EXPECT_EQ(n->op->domain, "tessel.core") << n->name << " (" << n->op_name() << ")";
   std::vector<Tensor> got = run_eager(g, given);

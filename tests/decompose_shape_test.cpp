@@ -14,11 +14,7 @@ using namespace tessel::testenv;
 
 namespace {
 
-// One input of the node under test: a graph input (known only at run time) or a constant.
-struct In {
-  Tensor t;
-  bool constant = false;
-};
+using In = NodeInput;
 In rt(Tensor t) { return {std::move(t), false}; }
 In cst(Tensor t) { return {std::move(t), true}; }
 In none() { return {}; }
@@ -33,10 +29,8 @@ Tensor iota_f32(Shape s) {
 // Runs one `op` node, after the decompose pass when `decomposed` (then every node left must be core).
 std::vector<Tensor> run(const std::string& op, const std::vector<In>& ins, const std::map<std::string, Attr>& attrs,
                         int num_outs, bool decomposed) {
-  std::vector<Tensor> ts, given;
-  std::vector<bool> constant;
-  for (const In& in : ins) ts.push_back(in.t), constant.push_back(in.constant);
-  Graph g = one_node_graph(op, ts, constant, num_outs, attrs, given);
+  std::vector<Tensor> given;
+  Graph g = one_node_graph(op, ins, num_outs, attrs, given);
   if (decomposed) {
     decompose(g);
     for (const auto& node : g.nodes()) EXPECT_EQ(node->op->domain, "tessel.core") << op << ": " << node->op_name();

@@ -43,6 +43,21 @@ inline Graph one_node_graph(const std::string& op, const std::vector<Tensor>& in
   return g;
 }
 
+// One input of a node under test: a graph input (known only at run time) or, with constant set, a
+// graph constant; an invalid Tensor is an omitted optional input.
+struct NodeInput {
+  Tensor t;
+  bool constant = false;
+};
+
+inline Graph one_node_graph(const std::string& op, const std::vector<NodeInput>& ins, int num_outs,
+                            std::map<std::string, Attr> attrs, std::vector<Tensor>& feeds) {
+  std::vector<Tensor> ts;
+  std::vector<bool> constant;
+  for (const NodeInput& in : ins) ts.push_back(in.t), constant.push_back(in.constant);
+  return one_node_graph(op, ts, constant, num_outs, std::move(attrs), feeds);
+}
+
 // Runs one `op` node whose inputs are graph inputs (an invalid Tensor is an omitted optional
 // input) and returns its `num_outs` outputs.
 inline std::vector<Tensor> run_op(const std::string& op, const std::vector<Tensor>& ins, int num_outs = 1,

@@ -166,8 +166,6 @@ Shape spatial_of(const Shape& s) {
 
 // ---- decomposition helpers ----------------------------------------------------------------------
 
-// Floats narrower than f32 do multi-step math in f32 and round once at the end.
-DType math_dtype(DType t) { return is_float(t) && dtype_size(t) < 4 ? DType::f32 : t; }
 
 // Per-dim low/high lists as core's interleaved padding (low0, high0, low1, high1, ...).
 std::vector<int64_t> interleave(const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
@@ -374,7 +372,7 @@ Cost conv_cost(const Node& n) {
 // Conv: core convolution with auto_pad resolved from the static shapes, then the bias added
 // (in f32 for narrow floats, so the result rounds once).
 std::vector<Value*> decompose_conv(CoreBuilder& b, const Node& n) {
-  const DType dt = n.outputs[0]->type.dtype, ct = n.has_input(2) ? math_dtype(dt) : dt;
+  const DType dt = n.outputs[0]->type.dtype, ct = n.has_input(2) ? math_type(dt) : dt;
   Value* x = b.convert(n.inputs[0], ct);
   Value* w = b.convert(n.inputs[1], ct);
   const Shape& xs = x->type.shape;
@@ -539,7 +537,7 @@ Window transpose_window(const Node& n, const Shape& in_spatial, const std::vecto
 // ConvTranspose: see core_conv_transpose; output_padding, output_shape and auto_pad only change
 // the output extents, read from the node's output type.
 std::vector<Value*> decompose_conv_transpose(CoreBuilder& b, const Node& n) {
-  const DType dt = n.outputs[0]->type.dtype, ct = n.has_input(2) ? math_dtype(dt) : dt;
+  const DType dt = n.outputs[0]->type.dtype, ct = n.has_input(2) ? math_type(dt) : dt;
   Value* x = b.convert(n.inputs[0], ct);
   Value* w = b.convert(n.inputs[1], ct);
   const Shape& xs = x->type.shape;
@@ -968,7 +966,7 @@ DecomposeFn decompose_pool(PoolKind kind) {
       if (n.outputs.size() > 1) r.push_back(idx);
       return r;
     }
-    const DType ct = math_dtype(dt);
+    const DType ct = math_type(dt);
     Value* x = b.convert(n.inputs[0], ct);
     if (kind == PoolKind::avg) {
       Value* cnt = b.constant(pool_counts(w, n.attr_i("count_include_pad", 0) != 0, ct));
@@ -994,7 +992,7 @@ std::vector<Value*> decompose_global_pool(CoreBuilder& b, const Node& n, bool is
   std::iota(axes.begin(), axes.end(), 2);
   const DType dt = n.outputs[0]->type.dtype;
   if (is_max) return {b.reduce(n.inputs[0], "max", axes, true)};
-  const DType ct = math_dtype(dt);
+  const DType ct = math_type(dt);
   Value* sum = b.reduce(b.convert(n.inputs[0], ct), "sum", axes, true);
   const double cnt = static_cast<double>(shape_numel(xs) / std::max<int64_t>(xs[0] * xs[1], 1));
   return {b.convert(b.div(sum, b.scalar(ct, cnt)), dt)};
@@ -1170,7 +1168,7 @@ OpDef max_unpool_def() {
 // CausalConvWithState: a depthwise convolution over [past_state (zeros when absent), x], the
 // bias and SiLU after it (in f32 for narrow floats); the new state is the last K - 1 steps.
 std::vector<Value*> decompose_causal_conv_with_state(CoreBuilder& b, const Node& n) {
-  const DType dt = n.outputs[0]->type.dtype, ct = math_dtype(dt);
+  const DType dt = n.outputs[0]->type.dtype, ct = math_type(dt);
   Value* x = b.convert(n.inputs[0], ct);
   Value* w = b.convert(n.inputs[1], ct);
   const Shape& xs = x->type.shape;
@@ -1266,7 +1264,7 @@ OpDef causal_conv_with_state_def() {
 // multilinear weight. The columns (times the optional mask) then contract with the weight in one
 // dot_general batched over the conv groups.
 std::vector<Value*> decompose_deform_conv(CoreBuilder& b, const Node& n) {
-  const DType dt = n.outputs[0]->type.dtype, ct = math_dtype(dt);
+  const DType dt = n.outputs[0]->type.dtype, ct = math_type(dt);
   Value* x = b.convert(n.inputs[0], ct);
   Value* w = b.convert(n.inputs[1], ct);
   const Shape& xs = x->type.shape;

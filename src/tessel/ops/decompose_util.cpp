@@ -3,6 +3,14 @@
 
 namespace tessel {
 
+Value* cos_of(CoreBuilder& b, Value* x) {
+  const long double half_pi = 1.57079632679489661923132169163975144L;
+  const DType t = x->type.dtype;
+  const double hi = Tensor::scalar_f(t, static_cast<double>(half_pi)).get_f(0);
+  Value* r = b.add(b.sub(b.scalar(t, hi), abs_of(b, x)), b.scalar(t, static_cast<double>(half_pi - hi)));
+  return b.unary("sin", r);
+}
+
 // `v` broadcast_in_dim'ed to `shape`, operand dim i going to output dim dims[i]; `v` if unchanged.
 Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims) {
   if (v->type.shape == shape) return v;

@@ -34,6 +34,10 @@ inline Value* abs_of(CoreBuilder& b, Value* x) {
   return is_unsigned_int(x->type.dtype) ? x : b.max(x, b.emit("neg", {x}));
 }
 
+// cos x as sin(π/2 − |x|), with π/2 split into the storage type's nearest value plus the remainder,
+// so the result stays accurate near ±π/2 (core has sin, not cos).
+Value* cos_of(CoreBuilder& b, Value* x);
+
 // `v` broadcast_in_dim'ed to `shape`, operand dim i going to output dim dims[i]; `v` if unchanged.
 Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims);
 

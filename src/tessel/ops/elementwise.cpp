@@ -246,14 +246,6 @@ DecomposeFn float_math(std::function<Value*(CoreBuilder&, Value*)> f) {
   };
 }
 
-// cos x = sin(π/2 − |x|), with π/2 split into a head (rounded to x's dtype) and a tail: near the
-// zeros of cos (|x| ≈ π/2) the head minus |x| is exact, so the result keeps its relative accuracy.
-Value* cos_of(CoreBuilder& b, Value* x) {
-  const long double half_pi = 1.57079632679489661923132169163975144L;
-  const double hi = Tensor::scalar_f(x->type.dtype, static_cast<double>(half_pi)).get_f(0);
-  Value* r = b.add(b.sub(k(b, x, hi), abs_of(b, x)), k(b, x, static_cast<double>(half_pi - hi)));
-  return b.unary("sin", r);
-}
 
 // (1 - x)(1 + x): 1 - x² without the cancellation near |x| = 1.
 Value* one_minus_sq(CoreBuilder& b, Value* x) { return b.mul(b.sub(k(b, x, 1), x), b.add(k(b, x, 1), x)); }

@@ -116,8 +116,6 @@ Tensor batched_matmul(const Tensor& a, const Tensor& b, DType out_dt) {
 
 // ---- decomposition helpers ----------------------------------------------------------------------
 
-// Floats narrower than f32 do multi-step math in f32 and round once at the end.
-DType math_dtype(DType t) { return is_float(t) && dtype_size(t) < 4 ? DType::f32 : t; }
 
 // numpy matmul as dot_general: 1-D operands become matrices, batch dims are broadcast explicitly,
 // then one batched contraction of a's last dim with b's second-to-last, reshaped to `want`.
@@ -192,7 +190,7 @@ std::vector<Value*> decompose_gemm(CoreBuilder& b, const Node& n) {
   const double alpha = n.attr_f("alpha", 1.0), beta = n.attr_f("beta", 1.0);
   const bool has_c = n.has_input(2);
   const bool int_scaled = is_int(dt) && (alpha != 1.0 || (has_c && beta != 1.0));
-  const DType ct = int_scaled ? DType::f64 : math_dtype(dt);
+  const DType ct = int_scaled ? DType::f64 : math_type(dt);
   auto operand = [&](int i) { return is_int(dt) ? n.inputs[i] : b.convert(n.inputs[i], ct); };
   const int64_t ka = n.attr_i("transA", 0) != 0 ? 0 : 1, kb = n.attr_i("transB", 0) != 0 ? 1 : 0;
   Value* y = b.emit("dot_general", {operand(0), operand(1)},
@@ -687,7 +685,7 @@ OpDef einsum_def() {
 constexpr int64_t kMaxUnrolledDet = 4;
 
 std::vector<Value*> decompose_det(CoreBuilder& b, const Node& n) {
-  const DType dt = n.outputs[0]->type.dtype, ct = math_dtype(dt);
+  const DType dt = n.outputs[0]->type.dtype, ct = math_type(dt);
   Value* x = b.convert(n.inputs[0], ct);
   const Shape s = x->type.shape;
   const Shape batch = n.outputs[0]->type.shape;

@@ -59,9 +59,6 @@ Value* div_c(CoreBuilder& b, Value* v, double c) {
 Value* clamp_c(CoreBuilder& b, Value* v, double lo, double hi) {
   return b.min(b.max(v, b.scalar(v->type.dtype, lo)), b.scalar(v->type.dtype, hi));
 }
-Value* cos_of(CoreBuilder& b, Value* v) {
-  return b.unary("sin", add_c(b, v, kPi / 2));
-}
 Value* and_of(CoreBuilder& b, Value* p, Value* q) {
   return p ? b.binary("and", p, q) : q;
 }
