@@ -1,0 +1,3 @@
+/* tessel_rt.h: math for generated CPU kernels (placeholder). */
+#pragma once
+#include <stdint.h>

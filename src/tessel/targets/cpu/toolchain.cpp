@@ -1,0 +1,346 @@
+// Compiling generated C++ to a shared object, the content-hash disk cache and dlopen.
+#include "tessel/targets/cpu/toolchain.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "tessel/support/error.h"
+#include "tessel/targets/cpu/rt_header.h"
+
+extern char** environ;
+
+namespace tessel::cpu {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Bump when the cache layout or the meaning of a key changes.
+constexpr const char* kCacheFormat = "tessel-cpu-cache-1";
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+// A unique suffix for temporary files of this process (other processes differ in the pid).
+std::string temp_suffix() {
+  static std::atomic<unsigned> counter{0};
+  return ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+}
+
+struct CacheDir {
+  std::string path;
+  std::string chosen_by;  // what chose it, for error messages
+};
+
+CacheDir resolve_cache_dir(const ToolchainOptions& o) {
+  if (!o.cache_dir.empty()) return {o.cache_dir, "ToolchainOptions::cache_dir"};
+  if (auto v = env("TESSEL_CACHE_DIR"); !v.empty()) return {v, "$TESSEL_CACHE_DIR"};
+  if (auto v = env("XDG_CACHE_HOME"); !v.empty()) return {v + "/tessel", "$XDG_CACHE_HOME"};
+  if (auto v = env("HOME"); !v.empty()) return {v + "/.cache/tessel", "$HOME"};
+  fail("no cache directory for compiled kernels: set $TESSEL_CACHE_DIR (none of $TESSEL_CACHE_DIR, "
+       "$XDG_CACHE_HOME, $HOME is set)");
+}
+
+std::string resolve_cxx(const ToolchainOptions& o) {
+  if (!o.cxx.empty()) return o.cxx;
+  if (auto v = env("TESSEL_CXX"); !v.empty()) return v;
+  return "c++";
+}
+
+// The file a command name runs: itself when it contains '/', else the first match on $PATH.
+std::string find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
+  std::stringstream dirs(env("PATH"));
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    std::string p = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(p.c_str(), X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// Runs argv without a shell, stdin from /dev/null, stdout+stderr to `out_fd`; returns the wait status.
+int run_program(const std::vector<std::string>& argv, int out_fd) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
+  posix_spawn_file_actions_adddup2(&actions, out_fd, 2);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) fail("cannot start the compiler '{}': {}", argv[0], std::strerror(rc));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) fail("waiting for the compiler '{}': {}", argv[0], std::strerror(errno));
+  }
+  return status;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+// "<path>\n<first line of --version>", computed once per compiler per process (it costs a fork).
+std::string compiler_identity(const std::string& cxx, const std::string& chosen_by) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> known;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(cxx); it != known.end()) return it->second;
+  std::string path = find_program(cxx);
+  if (path.empty()) fail("C++ compiler '{}' (from {}) not found or not executable", cxx, chosen_by);
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) fail("pipe: {}", std::strerror(errno));
+  int status = 0;
+  std::string out;
+  try {
+    status = run_program({path, "--version"}, fds[1]);
+  } catch (...) {
+    close(fds[0]);
+    close(fds[1]);
+    throw;
+  }
+  close(fds[1]);
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  if (status != 0) fail("C++ compiler '{}' (from {}): '--version' failed ({})", path, chosen_by, describe_status(status));
+  std::error_code ec;
+  fs::path canonical = fs::canonical(path, ec);
+  std::string id = (ec ? path : canonical.string()) + "\n" + out.substr(0, out.find('\n'));
+  known.emplace(cxx, id);
+  return id;
+}
+
+std::vector<std::string> flag_list(const ToolchainOptions& o) {
+  std::vector<std::string> f = {"-std=c++17", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
+                                "-fno-trapping-math", "-Wall", "-Wextra", "-Werror"};
+  if (!o.opt.empty()) f.push_back(o.opt);
+  if (o.native) {
+    f.push_back("-march=native");
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) f.push_back("-mprefer-vector-width=512");
+#endif
+  }
+  return f;
+}
+
+std::string hex_key(const std::vector<std::string_view>& parts) {
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) fail("out of memory hashing a kernel source");
+  XXH3_128bits_reset(st);
+  for (std::string_view p : parts) {
+    uint64_t n = p.size();  // length-prefixed so part boundaries cannot shift
+    XXH3_128bits_update(st, &n, sizeof n);
+    XXH3_128bits_update(st, p.data(), p.size());
+  }
+  XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, h);
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : c.digest) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+// Writes `text` to `path` through a temporary file and rename(), so readers never see a partial file.
+void write_atomically(const fs::path& path, std::string_view text, const CacheDir& cache) {
+  std::string tmp = path.string() + temp_suffix();
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      fail("cannot write '{}' in the kernel cache directory '{}' (chosen by {})", path.string(), cache.path,
+           cache.chosen_by);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    std::remove(tmp.c_str());
+    fail("cannot rename '{}' to '{}': {}", tmp, path.string(), std::strerror(e));
+  }
+}
+
+std::string first_lines(const std::string& path, int n) {
+  std::ifstream f(path);
+  std::string out, line;
+  int count = 0;
+  while (std::getline(f, line)) {
+    if (count++ == n) {
+      out += "  ...\n";
+      break;
+    }
+    out += "  " + line + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::shared_ptr<SharedObject> SharedObject::open(const std::string& path) {
+  dlerror();
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = dlerror();
+    fail("cannot load compiled kernels '{}': {}", path, e ? e : "dlopen failed");
+  }
+  return std::shared_ptr<SharedObject>(new SharedObject(h, path));
+}
+
+SharedObject::~SharedObject() { dlclose(handle_); }
+
+void* SharedObject::symbol(const std::string& name) const {
+  dlerror();
+  void* p = dlsym(handle_, name.c_str());
+  const char* e = dlerror();
+  if (e || !p) fail("symbol '{}' not found in compiled kernels '{}'{}{}", name, path_, e ? ": " : "", e ? e : "");
+  return p;
+}
+
+std::string compile_flags(const ToolchainOptions& options) {
+  std::string out;
+  for (const auto& f : flag_list(options)) out += (out.empty() ? "" : " ") + f;
+  return out;
+}
+
+std::string cpu_features() {
+  std::string out;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+#define TESSEL_FEATURE(name) \
+  if (__builtin_cpu_supports(name)) out += (out.empty() ? "" : " ") + std::string(name);
+  TESSEL_FEATURE("avx512f")
+  TESSEL_FEATURE("avx512bw")
+  TESSEL_FEATURE("avx512dq")
+  TESSEL_FEATURE("avx512vl")
+  TESSEL_FEATURE("avx512vnni")
+  TESSEL_FEATURE("avx512bf16")
+  TESSEL_FEATURE("avx512fp16")
+  TESSEL_FEATURE("avx2")
+  TESSEL_FEATURE("fma")
+  TESSEL_FEATURE("f16c")
+  TESSEL_FEATURE("sse4.2")
+#undef TESSEL_FEATURE
+#endif
+  return out;
+}
+
+BuildResult build_shared_object(const std::string& source, const std::string& name_hint,
+                                const ToolchainOptions& options) {
+  const CacheDir cache = resolve_cache_dir(options);
+  const std::string cxx = resolve_cxx(options);
+  const std::string identity =
+      compiler_identity(cxx, options.cxx.empty() && !env("TESSEL_CXX").empty() ? "$TESSEL_CXX" : "ToolchainOptions::cxx");
+  const std::vector<std::string> flags = flag_list(options);
+  const std::string flags_text = compile_flags(options);
+  // The CPU's features are part of the key: -march=native code must not be loaded on another CPU
+  // that shares the cache directory.
+  const std::string cpu = options.native ? cpu_features() : "";
+  const std::string_view header = rt_header_text();
+
+  BuildResult r;
+  r.key = hex_key({kCacheFormat, identity, flags_text, cpu, header, source});
+  const fs::path dir = fs::path(cache.path) / r.key;
+  const fs::path src = dir / "kernels.cpp";
+  const fs::path so = dir / "kernels.so";
+  r.source_path = src.string();
+  r.so_path = so.string();
+
+  if (options.use_cache && access(so.c_str(), R_OK) == 0) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      r.so = SharedObject::open(r.so_path);
+      r.load_seconds = seconds_since(t0);
+      r.cache_hit = true;
+      return r;
+    } catch (const Error&) {
+      // A damaged entry (e.g. a disk that filled up): rebuild it below.
+    }
+  }
+
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || access(dir.c_str(), W_OK) != 0) {
+    fail("cannot create or write the kernel cache directory '{}' (chosen by {}): {}", dir.string(),
+         cache.chosen_by, ec ? ec.message() : std::strerror(errno));
+  }
+  write_atomically(dir / "tessel_rt.h", header, cache);
+  write_atomically(src, source, cache);
+
+  const std::string tmp_so = r.so_path + temp_suffix();
+  const std::string log = (dir / "compile.log").string() + temp_suffix();
+  std::vector<std::string> argv = {find_program(cxx)};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), {"-o", tmp_so, r.source_path, "-lm"});
+
+  int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) fail("cannot write '{}' (kernel cache chosen by {}): {}", log, cache.chosen_by, std::strerror(errno));
+  auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  try {
+    status = run_program(argv, log_fd);
+  } catch (...) {
+    ::close(log_fd);
+    throw;
+  }
+  ::close(log_fd);
+  r.compile_seconds = seconds_since(t0);
+  const std::string final_log = (dir / "compile.log").string();
+  std::rename(log.c_str(), final_log.c_str());
+
+  if (status != 0) {
+    std::remove(tmp_so.c_str());
+    fail("the C++ compiler failed ({}) on the kernels of '{}'; source kept at {}\n  command: {} {} -o {} {} -lm\n"
+         "  diagnostics ({}):\n{}",
+         describe_status(status), name_hint, r.source_path, argv[0], flags_text, so.string(), r.source_path,
+         final_log, first_lines(final_log, 20));
+  }
+  if (std::rename(tmp_so.c_str(), r.so_path.c_str()) != 0) {
+    int e = errno;
+    std::remove(tmp_so.c_str());
+    fail("cannot rename '{}' to '{}': {}", tmp_so, r.so_path, std::strerror(e));
+  }
+  t0 = std::chrono::steady_clock::now();
+  r.so = SharedObject::open(r.so_path);
+  r.load_seconds = seconds_since(t0);
+  return r;
+}
+
+}  // namespace tessel::cpu
