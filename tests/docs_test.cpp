@@ -10,6 +10,8 @@
 #include "tessel/ir/verifier.h"
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/interpreter.h"
+#include "corpus_util.h"
+#include "tessel/kernel/kernel.h"
 #include "test_util.h"
 
 using namespace tessel;
@@ -103,4 +105,58 @@ TEST(Docs, CoreLevelWorkedExample) {
     std::vector<double> got = run_eager(*graph, {in})[0].to_f64();
     for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 5e-5) << i;
   }
+}
+
+// docs/ir/kernel.md: the kernel-level graph of tblock_s and the kernels the page shows are exactly what
+// fusion prints for it.
+TEST(Docs, KernelLevelWorkedExample) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  std::string md = testenv::read_text(testenv::source_dir() + "/docs/ir/kernel.md");
+  auto blocks = [&](const std::string& fence) {
+    std::vector<std::string> out;
+    for (size_t b = md.find(fence + "\n"); b != std::string::npos; b = md.find(fence + "\n", b)) {
+      b += fence.size() + 1;
+      out.push_back(md.substr(b, md.find("```", b) - b));
+    }
+    return out;
+  };
+  testenv::CorpusCase c = testenv::load_corpus_model("tblock_s");
+  run_pipeline(*c.model.graph, parse_pipeline("core"), PassOptions{});
+  KernelModule m = fuse(std::move(c.model.graph));
+  PrintOptions po;
+  po.elide_constants = true;
+  std::string graph;
+  std::istringstream lines(print_graph(*m.graph, po));
+  bool in_graph = false;
+  for (std::string l; std::getline(lines, l);) {
+    if (l.rfind("graph ", 0) == 0) in_graph = true;
+    if (in_graph && l.rfind("  const ", 0) != 0) graph += l + "\n";
+    if (l == "}") in_graph = false;
+  }
+  std::vector<std::string> g = blocks("```tsl kernel-graph");
+  ASSERT_EQ(g.size(), 1u) << "docs/ir/kernel.md needs one ```tsl kernel-graph block";
+  EXPECT_EQ(g[0], graph);
+  std::vector<std::string> ks = blocks("```kernel");
+  ASSERT_GE(ks.size(), 2u);
+  for (const std::string& block : ks) {
+    bool found = false;
+    for (const Kernel& k : m.kernels) found = found || print_kernel(k) == block;
+    EXPECT_TRUE(found) << "no kernel of tblock_s prints as\n" << block;
+  }
+}
+
+// docs/passes/fuse.md: the ```tsl before block, fused, prints as the ```kernel-module after block.
+TEST(Docs, FuseWorkedExample) {
+  std::string md = testenv::read_text(testenv::source_dir() + "/docs/passes/fuse.md");
+  auto block = [&](const std::string& fence) {
+    auto b = md.find(fence + "\n");
+    if (b == std::string::npos) return std::string();
+    b += fence.size() + 1;
+    return md.substr(b, md.find("```", b) - b);
+  };
+  std::string before = block("```tsl before"), after = block("```kernel-module after");
+  ASSERT_FALSE(before.empty() || after.empty());
+  KernelModule m = fuse(parse_graph(before, "docs/passes/fuse.md"));
+  verify_kernel_module(m);
+  EXPECT_EQ(print_kernel_module(m), after);
 }

@@ -18,6 +18,9 @@
 #include "tessel/ir/verifier.h"
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/graph_backend.h"
+#include "tessel/runtime/compiled_backend.h"
+#include "tessel/kernel/kernel.h"
+#include "tessel/targets/cpu/codegen.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 
@@ -171,8 +174,38 @@ std::vector<Tensor> run_with_graph(std::unique_ptr<Graph> g, const std::vector<T
   return outs;
 }
 
+// Compiles the model for the compiled backend and runs it `repeat` times.
+std::vector<Tensor> run_with_compiled(std::unique_ptr<Graph> g, const std::vector<Tensor>& ins, int repeat, int threads,
+                                      const std::string& model, std::vector<std::string>& out_names) {
+  CompiledBackendOptions o;
+  o.threads = threads;
+  o.model_name = fs::path(model).filename().string();
+  auto exe = compile_cpu(std::move(g), ins, o);
+  const CompiledCompileStats& cs = exe->stats();
+  fmt::print("compiled for the CPU in {:.1f} ms (passes {:.1f}, fusion {:.1f}, codegen {:.1f}, C++ compiler {:.1f}{}, "
+             "load {:.1f}, oneDNN setup {:.1f} ms), {} threads\n",
+             cs.compile_seconds * 1e3, cs.graph.pass_seconds * 1e3, cs.fuse_seconds * 1e3, cs.codegen_seconds * 1e3,
+             cs.cxx_seconds * 1e3, cs.cache_hit ? " (cache hit)" : "", cs.load_seconds * 1e3, cs.library_seconds * 1e3,
+             cs.threads);
+  fmt::print("  {} kernels ({} loop, {} matmul, {} conv), {} core nodes outside kernels, fusion traffic {} -> {} bytes\n",
+             cs.kernels, cs.loop_kernels, cs.matmul_kernels, cs.conv_kernels, cs.core_nodes_left, cs.bytes_unfused,
+             cs.bytes_fused);
+  if (!cs.source_path.empty()) fmt::print("  generated C++: {}\n", cs.source_path);
+  std::vector<Tensor> outs;
+  GraphRunStats rs;
+  double best = 1e300;
+  for (int r = 0; r < repeat; ++r) {
+    outs = exe->run(ins, &rs);
+    best = std::min(best, rs.seconds * 1e3);
+  }
+  fmt::print("ran compiled in {:.2f} ms{} (arena {:.2f} MB, peak intermediate memory {:.2f} MB = {} bytes)\n", best,
+             repeat > 1 ? " (best of runs)" : "", rs.arena_bytes / 1e6, rs.peak_bytes / 1e6, rs.peak_bytes);
+  out_names = names_of(exe->graph().outputs);
+  return outs;
+}
+
 int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary,
-            const std::string& passes, const std::string& backend, int repeat) {
+            const std::string& passes, const std::string& backend, int repeat, int threads) {
   if (inputs_dir.empty()) {
     ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
     if (mp.data_sets.empty())
@@ -187,6 +220,7 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
   std::vector<Tensor> outs;
   std::vector<std::string> out_names = names_of(m.graph->outputs);
   if (backend == "graph") outs = run_with_graph(std::move(m.graph), ins, std::max(1, repeat), out_names);
+  else if (backend == "compiled") outs = run_with_compiled(std::move(m.graph), ins, std::max(1, repeat), threads, model, out_names);
   else outs = run_with_eager(*m.graph, ins, std::max(1, repeat));
   print_outputs(outs, out_names);
   if (!check) return 0;
@@ -210,12 +244,21 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
                 const std::string& passes, const std::string& dump_dir, const std::string& print_after,
                 bool time_passes) {
   ImportedModel m = load_model(model, {});
-  apply_passes(*m.graph, passes, dump_dir, print_after, time_passes);
+  const bool lower = emit == "kernel" || emit == "cpp";
+  apply_passes(*m.graph, lower && passes.empty() ? "core" : passes, dump_dir, print_after, time_passes);
   if (!print_after.empty()) return 0;
-  if (emit != "graph") throw Error(Location{.pass = "compile"}, fmt::format("unknown --emit level '{}'", emit));
-  PrintOptions po;
-  po.elide_constants = elide;
-  std::string text = print_graph(*m.graph, po);
+  std::string text;
+  if (lower) {
+    std::vector<FusionDecision> decisions;
+    KernelModule km = fuse(std::move(m.graph), {}, &decisions);
+    verify_kernel_module(km);
+    text = emit == "kernel" ? print_kernel_module(km, elide) : cpu::generate_cpp(km, fs::path(model).filename().string());
+  } else {
+    if (emit != "graph") throw Error(Location{.pass = "compile"}, fmt::format("unknown --emit level '{}'", emit));
+    PrintOptions po;
+    po.elide_constants = elide;
+    text = print_graph(*m.graph, po);
+  }
   if (out.empty() || out == "-") {
     fmt::print("{}", text);
   } else {
@@ -259,7 +302,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tessel: a compiler for dataflow ML accelerators"};
   app.require_subcommand(1);
 
-  auto* run = app.add_subcommand("run", "Run a model (eager interpreter or graph backend)");
+  auto* run = app.add_subcommand("run", "Run a model (eager interpreter, graph backend or compiled backend)");
   std::string run_model, run_inputs;
   bool run_check = false;
   double run_rel = 1e-4;
@@ -271,15 +314,17 @@ int main(int argc, char** argv) {
   run->add_option("--passes", run_passes, "passes to run before executing: simplify, or a comma list (see `tessel passes`)");
   std::string run_backend = "eager";
   int run_repeat = 1;
-  run->add_option("--backend", run_backend, "eager (reference kernels) or graph (core ops, precompiled kernels, planned arena)")
-      ->check(CLI::IsMember({"eager", "graph"}));
+  run->add_option("--backend", run_backend, "eager (reference kernels), graph (core ops, precompiled kernels, planned arena) or compiled (fused kernels, generated C++, oneDNN)")
+      ->check(CLI::IsMember({"eager", "graph", "compiled"}));
   run->add_option("--repeat", run_repeat, "run this many times and report the best time");
+  int run_threads = 0;
+  run->add_option("--threads", run_threads, "threads for the compiled backend (default: all hardware threads)");
 
   auto* comp = app.add_subcommand("compile", "Import and lower a model, printing one IR level");
   std::string comp_model, comp_emit = "graph", comp_out;
   bool comp_elide = false;
   comp->add_option("MODEL", comp_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
-  comp->add_option("--emit", comp_emit, "IR level to print: graph")->check(CLI::IsMember({"graph"}));
+  comp->add_option("--emit", comp_emit, "what to print: graph (the graph level, or core after --passes core), kernel (the kernel level after fusion), cpp (the generated C++)")->check(CLI::IsMember({"graph", "kernel", "cpp"}));
   comp->add_option("-o,--output", comp_out, "write the text here instead of stdout");
   comp->add_flag("--elide-constants", comp_elide, "print large constants as a size, not their data (not parseable)");
   std::string comp_passes, comp_dump, comp_print_after;
@@ -307,14 +352,16 @@ int main(int argc, char** argv) {
   conf->add_option("--passes", conf_passes, "passes to run on each model before it executes: simplify, core, or a comma list");
   conf->add_flag("--require-core", conf_require_core, "fail a test whose graph still holds a non-core op after the passes");
   std::string conf_backend = "eager";
-  conf->add_option("--backend", conf_backend, "eager, or graph (the \"core\" pipeline and the graph backend)")
-      ->check(CLI::IsMember({"eager", "graph"}));
+  conf->add_option("--backend", conf_backend, "eager, graph (the \"core\" pipeline and the graph backend) or compiled (fused, generated C++)")
+      ->check(CLI::IsMember({"eager", "graph", "compiled"}));
 
   auto* bench = app.add_subcommand("bench", "Time each backend on MODEL: compile latency, call time, speedup, memory");
   std::string bench_model_path, bench_backends = "eager,graph", bench_json_path;
   int bench_iters = 10;
   bench->add_option("MODEL", bench_model_path, "a model-zoo folder or .onnx file with a test_data_set_0 (its inputs)")->required();
-  bench->add_option("--backends", bench_backends, "comma list of backends: eager, graph");
+  bench->add_option("--backends", bench_backends, "comma list of backends: eager, graph, compiled");
+  int bench_threads = 0;
+  bench->add_option("--threads", bench_threads, "threads for the compiled backend (default: all hardware threads)");
   bench->add_option("--iters", bench_iters, "timed calls per backend (after one warm-up call)");
   bench->add_option("--json", bench_json_path, "also write the figures as JSON to this file");
 
@@ -322,7 +369,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat);
+    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
     if (*comp)
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
                          comp_time);
@@ -344,6 +391,7 @@ int main(int argc, char** argv) {
     if (*bench) {
       BenchOptions bo;
       bo.iters = bench_iters;
+      bo.threads = bench_threads;
       bo.backends.clear();
       for (size_t b = 0; b <= bench_backends.size();) {
         size_t e = std::min(bench_backends.find(',', b), bench_backends.size());

@@ -1,6 +1,6 @@
-// `tessel bench`: each backend of the ladder (eager, graph; compiled comes with issue 4) on one model,
-// measured in one process: compile latency, call time percentiles, speedup over eager, the number of
-// calls after which compiling pays off, and peak intermediate memory.
+// `tessel bench`: each backend of the ladder (eager, graph, compiled) on one model, measured in one
+// process: compile latency (cold: an empty compile cache; cached: a warm one), call time percentiles,
+// speedup over eager, the number of calls after which compiling pays off, and peak intermediate memory.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -13,13 +13,16 @@ namespace tessel {
 struct BenchOptions {
   std::vector<std::string> backends = {"eager", "graph"};
   int iters = 10;   // timed calls per backend (after one warm-up call)
+  int threads = 0;  // compiled backend threads (0: all hardware threads); eager and graph use one
 };
 
 struct BackendBench {
   std::string backend;
   double import_s = 0;                     // reading the model (the same work for every backend)
-  double cold_compile_s = 0;               // import done → callable (0 for eager: nothing to compile)
-  std::optional<double> cached_compile_s;  // with a warm compile cache; none for backends without one
+  double cold_compile_s = 0;               // import → callable, compile cache empty (eager: import only)
+  std::optional<double> cached_compile_s;  // import → callable with a warm compile cache (compiled only)
+  double compile_only_s = 0;               // the cold compile without the import
+  int threads = 1;
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
   double speedup_vs_eager = 0;             // eager median / this median
   std::optional<double> break_even_iters;  // compile time / time saved per call (when it saves time)

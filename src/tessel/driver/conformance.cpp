@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,7 @@
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/pass.h"
+#include "tessel/runtime/compiled_backend.h"
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
@@ -61,29 +63,40 @@ TestResult run_conformance_test(const std::string& dir, const ConformanceOptions
         throw Error(Location{.file = mp.model, .pass = "require-core"}, "not decomposed to core ops: " + names);
       }
     }
-    if (opts.backend != "eager" && opts.backend != "graph")
+    if (opts.backend != "eager" && opts.backend != "graph" && opts.backend != "compiled")
       throw Error(Location{.pass = "conformance"}, fmt::format("unknown backend '{}'", opts.backend));
     std::vector<std::string> out_names;
     for (const Value* v : m.graph->outputs) out_names.push_back(v->name);
-    // The graph backend compiles on the first data set's inputs and recompiles (from a fresh import)
-    // when a later data set fails a guard: other shapes, or another value of a baked input.
-    std::unique_ptr<GraphExecutable> exe;
+    // The graph and compiled backends compile on the first data set's inputs and recompile (from a
+    // fresh import) when a later data set fails a guard: other shapes, or another value of a baked input.
+    using Callable = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+    Callable exe;
+    auto compile = [&](std::unique_ptr<Graph> g, const std::vector<Tensor>& ins) -> Callable {
+      if (opts.backend == "graph") {
+        std::shared_ptr<GraphExecutable> e = compile_graph(std::move(g), ins);
+        return [e](const std::vector<Tensor>& x) { return e->run(x); };
+      }
+      CompiledBackendOptions co;
+      co.threads = 1;  // tests run in parallel processes
+      std::shared_ptr<CompiledExecutable> e = compile_cpu(std::move(g), ins, co);
+      return [e](const std::vector<Tensor>& x) { return e->run(x); };
+    };
     auto compile_for = [&](const std::vector<Tensor>& ins) {
       ImportOptions iso;
       for (const auto& t : ins) iso.input_shapes.push_back(t.shape());
       ImportedModel fresh = import_onnx(mp.model, iso);
       if (!opts.passes.empty()) run_pipeline(*fresh.graph, parse_pipeline(opts.passes), PassOptions{});
-      exe = compile_graph(std::move(fresh.graph), ins);
+      exe = compile(std::move(fresh.graph), ins);
     };
     auto run_model = [&](const std::vector<Tensor>& ins) {
       if (opts.backend == "eager") return run_eager(*m.graph, ins);
-      if (!exe && m.graph) exe = compile_graph(std::move(m.graph), ins);  // imported for these inputs
+      if (!exe && m.graph) exe = compile(std::move(m.graph), ins);  // imported for these inputs
       if (!exe) compile_for(ins);
       try {
-        return exe->run(ins);
+        return exe(ins);
       } catch (const GuardFailure&) {
         compile_for(ins);
-        return exe->run(ins);
+        return exe(ins);
       }
     };
     for (const auto& ds : mp.data_sets) {

@@ -17,7 +17,7 @@ struct ConformanceOptions {
   Tolerance tol;
   std::string passes;        // pipeline run on each model before it executes (empty: none)
   bool require_core = false; // after the passes, a node outside tessel.core fails the test
-  std::string backend = "eager";  // eager | graph (compiled per model; recompiled when a guard fails)
+  std::string backend = "eager";  // eager | graph | compiled (compiled per model; recompiled when a guard fails)
 };
 
 struct TestResult {

@@ -71,6 +71,7 @@ OpRegistry& OpRegistry::get() {
     register_quantize_ops(*r);
     register_misc_ops(*r);
     register_core_ops(*r);
+    register_kernel_ops(*r);
     return r;
   }();
   return *reg;

@@ -154,5 +154,6 @@ void register_index_ops(OpRegistry& r);
 void register_quantize_ops(OpRegistry& r);
 void register_misc_ops(OpRegistry& r);
 void register_core_ops(OpRegistry& r);
+void register_kernel_ops(OpRegistry& r);  // the kernel level's `kernel` node (src/tessel/kernel)
 
 }  // namespace tessel

@@ -3,6 +3,7 @@
 #include "tessel/runtime/graph_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <set>
@@ -327,7 +328,7 @@ bool can_be_view(const Node& n, const Graph& g, const std::vector<std::vector<co
 }
 
 bool core_with_static_shapes(const Node& n) {
-  if (n.op->domain != "tessel.core") return false;
+  if (n.op->domain != "tessel.core" && n.op->domain != "tessel.kernel") return false;
   for (const Value* v : n.inputs)
     if (v && !is_static(v)) return false;
   for (const Value* v : n.outputs)
@@ -355,6 +356,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   const auto tp = Clock::now();
   run_core_pipeline(g, opts.pipeline, st);
   st.pass_seconds = seconds_since(tp);
+  if (opts.after_pipeline) opts.after_pipeline(g);
 
   // Homes, aliases and in-place decisions, node by node.
   size_t nv = 0;
@@ -433,7 +435,8 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
         continue;
       }
     }
-    s.kernel = make_core_kernel(n, im.views);
+    if (opts.custom_kernel) s.kernel = opts.custom_kernel(n);
+    if (!s.kernel && n.op->domain == "tessel.core") s.kernel = make_core_kernel(n, im.views);
     if (s.kernel) {
       s.kind = StepKind::typed;
       st.typed++;
@@ -518,12 +521,15 @@ std::vector<Tensor> GraphExecutable::run(const std::vector<Tensor>& inputs, Grap
     im.env.ptr[v->id] = const_cast<uint8_t*>(t.bytes());
   }
   size_t live = 0, peak = 0;
+  static const bool profile = std::getenv("TESSEL_PROFILE") != nullptr;
   for (const Step& s : im.steps) {
+    const auto ts = Clock::now();
     try {
       im.run_step(s, live, peak);
     } catch (const Error& e) {
       throw e.with_context(Location{.node = s.node->name, .op = s.node->op->name, .pass = "run"});
     }
+    if (profile) fmt::print(stderr, "profile {:>9.3f} ms  {} {}\n", seconds_since(ts) * 1e3, s.node->op->name, s.node->name);
   }
   std::vector<Tensor> outs;
   for (const Value* v : graph_->outputs) outs.push_back(im.tensor_of(v));

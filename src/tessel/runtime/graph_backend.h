@@ -5,6 +5,7 @@
 // run through the reference kernels on heap tensors (the dynamic region). docs/runtime/graph-backend.md.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "tessel/ir/graph.h"
 #include "tessel/runtime/arena_plan.h"
+#include "tessel/runtime/core_kernels.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -20,6 +22,11 @@ struct GraphBackendOptions {
   std::string pipeline = "core";  // the pass pipeline run before planning (by name)
   size_t align = 64;              // arena offsets are multiples of this
   int64_t max_baked_elements = 16;  // rank-0/1 inputs up to this size may be specialised (baked)
+  // Extension points for backends built on this one (the compiled backend): a rewrite of the graph
+  // after the pipeline (fusion into kernel nodes), and kernels for nodes the typed kernels do not
+  // cover (kernel nodes). custom_kernel returns an empty function for nodes it does not handle.
+  std::function<void(std::unique_ptr<Graph>&)> after_pipeline;
+  std::function<CoreKernel(const Node&)> custom_kernel;
 };
 
 // What compiling found and decided.

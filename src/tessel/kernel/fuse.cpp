@@ -1,0 +1,1120 @@
+// Fusion: the core graph -> the kernel level (docs/passes/fuse.md).
+//
+// 1. Views. transpose, slice, broadcast_in_dim and reshape results are described as strided views
+//    of a root value (offset + strides per dim); they cost nothing: loads read the root through them.
+// 2. Groups. In topological order every fusible node joins the group of a producer when the
+//    iteration spaces agree (vertical fusion), or starts a group:
+//      loop groups: pointwise ops over one shape F, plus reductions over axes R of F; values are
+//        element values (shape F) or row values (F without R: one per outer point). Layer norm,
+//        RMS norm and softmax become one loop group each.
+//      matmul / conv groups: the library call plus pointwise consumers of its result (epilogue).
+//    A join is refused if it would make the group depend on itself through another group.
+// 3. Materialisation. A group stores a value when something outside it (or a graph output) uses it.
+// 4. Lowering. Each group becomes a Kernel: loop space (outer = kept dims, inner = reduced dims or
+//    the last dim), accesses with composed strides, SSA instructions per phase, and one `kernel`
+//    node in the graph in place of the group's nodes.
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "tessel/ir/op_registry.h"
+#include "tessel/kernel/kernel.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+namespace {
+
+bool is_core(const Node& n) { return n.op->domain == "tessel.core"; }
+
+// Static and non-empty: kernels are not generated for values without elements.
+bool static_value(const Value* v) { return v && shape_known(v->type.shape) && shape_numel(v->type.shape) > 0; }
+
+bool static_node(const Node& n) {
+  for (const Value* v : n.inputs)
+    if (v && !static_value(v)) return false;
+  for (const Value* v : n.outputs)
+    if (!v || !static_value(v)) return false;
+  return !n.outputs.empty();
+}
+
+// ---- views ---------------------------------------------------------------------------------------
+
+struct View {
+  const Value* root = nullptr;
+  int64_t offset = 0;
+  std::vector<int64_t> strides;  // per dim of the viewed value
+};
+
+bool is_view_op(const std::string& op) {
+  return op == "reshape" || op == "transpose" || op == "broadcast_in_dim" || op == "slice";
+}
+
+// Strides for `to` when a value of shape `from` with strides `st` is reshaped, if the reshape is
+// expressible as a view (every group of dims that merges is contiguous with itself).
+std::optional<std::vector<int64_t>> restride(const Shape& from, const std::vector<int64_t>& st, const Shape& to) {
+  std::vector<int64_t> out(to.size(), 0);
+  // drop size-1 dims of the source
+  std::vector<int64_t> fs, fst;
+  for (size_t i = 0; i < from.size(); ++i)
+    if (from[i] != 1) {
+      fs.push_back(from[i]);
+      fst.push_back(st[i]);
+    }
+  size_t fi = 0, ti = 0;
+  while (ti < to.size()) {
+    if (to[ti] == 1) {
+      out[ti++] = 0;
+      continue;
+    }
+    if (fi >= fs.size()) return std::nullopt;
+    // take source dims [fi, fe) and target dims [ti, te) with equal products
+    int64_t fp = fs[fi], tp = to[ti];
+    size_t fe = fi + 1, te = ti + 1;
+    while (fp != tp) {
+      if (fp < tp) {
+        if (fe >= fs.size()) return std::nullopt;
+        fp *= fs[fe++];
+      } else {
+        while (te < to.size() && to[te] == 1) ++te;
+        if (te >= to.size()) return std::nullopt;
+        tp *= to[te++];
+      }
+    }
+    for (size_t k = fi; k + 1 < fe; ++k)
+      if (fst[k] != fst[k + 1] * fs[k + 1]) return std::nullopt;  // not contiguous within the group
+    int64_t s = fst[fe - 1];
+    for (size_t k = te; k-- > ti;) {
+      out[k] = to[k] == 1 ? 0 : s;
+      s *= to[k];
+    }
+    fi = fe;
+    ti = te;
+  }
+  if (fi != fs.size()) return std::nullopt;
+  return out;
+}
+
+std::optional<View> view_of(const Node& n, const View& src) {
+  const std::string& op = n.op->name;
+  const Shape& in = n.inputs[0]->type.shape;
+  const Shape& out = n.outputs[0]->type.shape;
+  View v{src.root, src.offset, {}};
+  if (op == "reshape") {
+    auto s = restride(in, src.strides, out);
+    if (!s) return std::nullopt;
+    v.strides = *s;
+  } else if (op == "transpose") {
+    for (int64_t p : n.attr_ints("perm")) v.strides.push_back(src.strides[static_cast<size_t>(p)]);
+  } else if (op == "broadcast_in_dim") {
+    v.strides.assign(out.size(), 0);
+    auto dims = n.attr_ints("dims");
+    for (size_t k = 0; k < dims.size(); ++k)
+      if (in[k] == out[static_cast<size_t>(dims[k])]) v.strides[static_cast<size_t>(dims[k])] = src.strides[k];
+  } else if (op == "slice") {
+    auto starts = n.attr_ints("starts");
+    auto steps = n.attr_ints("strides", std::vector<int64_t>(in.size(), 1));
+    for (size_t d = 0; d < in.size(); ++d) {
+      if (steps[d] <= 0) return std::nullopt;
+      v.offset += starts[d] * src.strides[d];
+      v.strides.push_back(src.strides[d] * steps[d]);
+    }
+  } else {
+    return std::nullopt;
+  }
+  for (size_t d = 0; d < out.size(); ++d)
+    if (out[d] == 1) v.strides[d] = 0;
+  return v;
+}
+
+// ---- what the code generators handle ---------------------------------------------------------------
+
+bool loop_dtype(DType t) {
+  return t == DType::f32 || t == DType::f64 || t == DType::i32 || t == DType::i64 || t == DType::boolean;
+}
+
+const std::set<std::string>& float_unary() {
+  static const std::set<std::string> s = {"neg", "exp", "log", "sqrt", "sin", "atan", "erf", "tanh", "floor", "round_even"};
+  return s;
+}
+
+bool pointwise_ok(const Node& n) {
+  const std::string& op = n.op->name;
+  for (const Value* v : n.inputs)
+    if (!v || !loop_dtype(v->type.dtype)) return false;
+  if (n.outputs.size() != 1 || !loop_dtype(n.outputs[0]->type.dtype)) return false;
+  const DType t = n.inputs.empty() ? DType::f32 : n.inputs[0]->type.dtype;
+  const bool fl = t == DType::f32 || t == DType::f64;
+  if (float_unary().count(op)) return fl;
+  if (op == "add" || op == "mul" || op == "max" || op == "min") return t != DType::boolean || op != "add";
+  if (op == "div" || op == "rem" || op == "pow") return fl;
+  if (op == "and" || op == "or" || op == "xor") return !fl;
+  if (op == "compare") return true;
+  if (op == "select") return true;
+  if (op == "convert") {
+    const DType to = n.outputs[0]->type.dtype;
+    if (to == DType::boolean || to == DType::f32 || to == DType::f64) return true;
+    return !fl;  // integer <-> integer wraps; float -> integer stays with the reference semantics
+  }
+  return false;
+}
+
+bool reduce_ok(const Node& n) {
+  if (n.op->name != "reduce") return false;
+  const DType t = n.inputs[0]->type.dtype;
+  const std::string k = n.attr_s("kind");
+  return (t == DType::f32 || t == DType::f64) && (k == "sum" || k == "max" || k == "min" || k == "prod");
+}
+
+// ---- groups --------------------------------------------------------------------------------------
+
+enum class GKind { loop, matmul, conv };
+
+struct Group {
+  GKind kind = GKind::loop;
+  Shape F;                       // the iteration space
+  std::vector<bool> R;           // reduced dims of F (loop groups)
+  bool reduces = false;
+  const Node* anchor = nullptr;  // matmul / conv node
+  std::vector<const Node*> nodes;
+};
+
+enum class Level { elem, row };
+
+struct Fuser {
+  Graph& g;
+  const FuseOptions& opts;
+  std::vector<View> views;                 // per value id: its view (root = itself when not a view)
+  std::vector<bool> is_view;               // per value id: produced by a folded view node
+  std::vector<int> group_of_value;         // per value id: the group computing it (-1)
+  std::vector<Level> level;                // per value id: level inside its group
+  std::vector<std::set<int>> deps;         // per value id: groups it depends on
+  std::vector<Group> groups;
+  std::map<const Node*, int> node_group;
+
+  Fuser(Graph& graph, const FuseOptions& o) : g(graph), opts(o) {}
+
+  size_t nv() const {
+    size_t n = 0;
+    for (const auto& v : g.values()) n = std::max(n, static_cast<size_t>(v->id) + 1);
+    return n;
+  }
+
+  void init() {
+    const size_t n = nv();
+    views.resize(n);
+    is_view.assign(n, false);
+    group_of_value.assign(n, -1);
+    level.assign(n, Level::elem);
+    deps.assign(n, {});
+    for (const auto& v : g.values()) {
+      views[v->id].root = v.get();
+      if (static_value(v.get())) views[v->id].strides = strides_of(v->type.shape);
+      for (size_t d = 0; d < v->type.shape.size() && static_value(v.get()); ++d)
+        if (v->type.shape[d] == 1) views[v->id].strides[d] = 0;
+    }
+  }
+
+  // The row value a view chain starts from, when `v` is a chain of reshapes of a row value of
+  // group `gi`, optionally ending in a broadcast_in_dim that maps the row dims onto the non-reduced
+  // dims of the group's space in order (a row value read at every element).
+  bool row_root(const Value* v, int gi, const Value** root) const {
+    const Value* cur = v;
+    bool first = true;
+    while (cur->producer && is_view[cur->id]) {
+      const Node& n = *cur->producer;
+      if (n.op->name == "broadcast_in_dim") {
+        if (!first) return false;
+        const Group& gr = groups[static_cast<size_t>(gi)];
+        const Shape& in = n.inputs[0]->type.shape;
+        auto dims = n.attr_ints("dims");
+        std::vector<int64_t> want;
+        if (in.size() == gr.F.size()) {
+          for (size_t d = 0; d < in.size(); ++d) want.push_back(static_cast<int64_t>(d));
+        } else {
+          for (size_t d = 0; d < gr.F.size(); ++d)
+            if (!gr.R[d]) want.push_back(static_cast<int64_t>(d));
+        }
+        if (dims != want || !is_row_shape(gr, in) || cur->type.shape != gr.F) return false;
+      } else if (n.op->name != "reshape") {
+        return false;
+      }
+      first = false;
+      cur = n.inputs[0];
+    }
+    if (cur == v || group_of_value[cur->id] != gi || level[cur->id] != Level::row) return false;
+    *root = cur;
+    return true;
+  }
+
+  Shape row_shape(const Group& gr) const {
+    Shape s;
+    for (size_t d = 0; d < gr.F.size(); ++d)
+      if (!gr.R[d]) s.push_back(gr.F[d]);
+    return s;
+  }
+  bool is_row_shape(const Group& gr, const Shape& s) const {
+    if (!gr.reduces) return false;
+    if (s == row_shape(gr)) return true;
+    if (s.size() != gr.F.size()) return false;
+    for (size_t d = 0; d < s.size(); ++d)
+      if (s[d] != (gr.R[d] ? 1 : gr.F[d])) return false;
+    return true;
+  }
+
+  // How operand `u` of a node placed in group gi at `lv` is read: inline (a member value at a
+  // compatible level) or from memory. Returns false if it cannot be read there at all.
+  bool operand_ok(const Value* u, int gi, Level lv, bool* inline_read) const {
+    const Group& gr = groups[gi];
+    *inline_read = false;
+    if (group_of_value[u->id] == gi && !is_view[u->id]) {
+      if (level[u->id] == lv) {
+        *inline_read = true;
+        return true;
+      }
+      return false;
+    }
+    const Value* rr = nullptr;
+    if (is_view[u->id] && row_root(u, gi, &rr)) {
+      // a row value reshaped (row level) or broadcast to the full space (element level)
+      const Shape& s = u->type.shape;
+      if (lv == Level::row ? is_row_shape(gr, s) : s == gr.F) {
+        *inline_read = true;
+        return true;
+      }
+      return false;
+    }
+    // from memory: the root must not be computed by this group
+    const Value* root = views[u->id].root;
+    if (group_of_value[root->id] == gi) return false;
+    const Shape& s = u->type.shape;
+    if (lv == Level::elem) return s == gr.F;
+    return is_row_shape(gr, s);
+  }
+
+  // Groups each group reads from (directly, through values computed outside it), kept up to date
+  // as groups grow.
+  std::vector<std::set<int>> gdeps;
+
+  bool reaches(const std::set<int>& from, int target) const {
+    std::vector<int> stack(from.begin(), from.end());
+    std::set<int> seen(from.begin(), from.end());
+    while (!stack.empty()) {
+      const int h = stack.back();
+      stack.pop_back();
+      if (h == target) return true;
+      for (int d : gdeps[static_cast<size_t>(h)])
+        if (seen.insert(d).second) stack.push_back(d);
+    }
+    return false;
+  }
+
+  void add_group_deps(const Node& n, int gi) {
+    for (const Value* u : n.inputs) {
+      if (!u) continue;
+      for (int d : deps[u->id])
+        if (d != gi) gdeps[static_cast<size_t>(gi)].insert(d);
+    }
+  }
+
+  // Whether node n may join group gi; sets the level it would have.
+  bool can_join(const Node& n, int gi, Level* lv_out) const {
+    const Group& gr = groups[gi];
+    const Shape& out = n.outputs[0]->type.shape;
+    Level lv;
+    if (n.op->name == "reduce") {
+      if (gr.kind != GKind::loop) return false;
+      const Shape& x = n.inputs[0]->type.shape;
+      if (x != gr.F) return false;
+      std::vector<bool> mask(x.size(), false);
+      for (int64_t a : n.attr_ints("axes")) mask[static_cast<size_t>(a)] = true;
+      if (gr.reduces && mask != gr.R) return false;
+      int64_t inner = 1;
+      for (size_t d = 0; d < x.size(); ++d)
+        if (mask[d]) inner *= x[d];
+      if (inner <= 1) return false;
+      lv = Level::row;
+      // operand at element level
+      bool inl = false;
+      if (!operand_ok(n.inputs[0], gi, Level::elem, &inl) || !inl) return false;
+    } else {
+      if (out == gr.F && !(gr.kind == GKind::loop && gr.reduces && is_row_shape(gr, out)))
+        lv = Level::elem;
+      else if (gr.kind == GKind::loop && is_row_shape(gr, out))
+        lv = Level::row;
+      else
+        return false;
+      bool any_inline = false;
+      for (const Value* u : n.inputs) {
+        bool inl = false;
+        if (!operand_ok(u, gi, lv, &inl)) return false;
+        any_inline = any_inline || inl;
+      }
+      if (!any_inline) return false;
+    }
+    // No path from the group to n through another group or node: no group that n's other operands
+    // depend on may itself (now, transitively) depend on this group.
+    std::set<int> from;
+    for (const Value* u : n.inputs) {
+      const Value* rr = nullptr;
+      const bool member = group_of_value[u->id] == gi && !is_view[u->id];
+      if (member || (is_view[u->id] && row_root(u, gi, &rr))) continue;
+      from.insert(deps[u->id].begin(), deps[u->id].end());
+    }
+    if (reaches(from, gi)) return false;
+    *lv_out = lv;
+    return true;
+  }
+
+  // Groups that produce the operands of n (directly or through a row view), in operand order.
+  std::vector<int> candidate_groups(const Node& n) const {
+    std::vector<int> c;
+    for (const Value* u : n.inputs) {
+      const Value* cur = u;
+      while (cur->producer && is_view[cur->id]) cur = cur->producer->inputs[0];
+      const int gi = group_of_value[cur->id];
+      if (gi >= 0 && std::find(c.begin(), c.end(), gi) == c.end()) c.push_back(gi);
+    }
+    return c;
+  }
+
+  void assign(const Node& n, int gi, Level lv) {
+    if (gdeps.size() < groups.size()) gdeps.resize(groups.size());
+    add_group_deps(n, gi);
+    groups[gi].nodes.push_back(&n);
+    node_group[&n] = gi;
+    for (const Value* v : n.outputs) {
+      group_of_value[v->id] = gi;
+      level[v->id] = lv;
+    }
+  }
+
+  void propagate_deps(const Node& n) {
+    std::set<int> d;
+    for (const Value* u : n.inputs)
+      if (u) d.insert(deps[u->id].begin(), deps[u->id].end());
+    auto it = node_group.find(&n);
+    if (it != node_group.end()) d.insert(it->second);
+    for (const Value* v : n.outputs)
+      if (v) deps[v->id] = d;
+  }
+
+  std::optional<MatmulSpec> matmul_spec(const Node& n) const;
+  std::optional<ConvSpec> conv_spec(const Node& n) const;
+
+  void run() {
+    init();
+    for (const auto& up : g.nodes()) {
+      const Node& n = *up;
+      if (is_core(n) && static_node(n) && is_view_op(n.op->name) && n.inputs[0]) {
+        if (auto v = view_of(n, views[n.inputs[0]->id])) {
+          views[n.outputs[0]->id] = *v;
+          is_view[n.outputs[0]->id] = true;
+          group_of_value[n.outputs[0]->id] = -1;
+          propagate_deps(n);
+          continue;
+        }
+      }
+      if (!is_core(n) || !static_node(n)) {
+        propagate_deps(n);
+        continue;
+      }
+      const std::string& op = n.op->name;
+      if (opts.matmul && op == "dot_general" && matmul_spec(n)) {
+        start_group(n, GKind::matmul, n.outputs[0]->type.shape, {});
+      } else if (opts.matmul && op == "convolution" && conv_spec(n)) {
+        start_group(n, GKind::conv, n.outputs[0]->type.shape, {});
+      } else if (pointwise_ok(n) || reduce_ok(n)) {
+        bool joined = false;
+        if (opts.fuse) {
+          for (int gi : candidate_groups(n)) {
+            Level lv;
+            if (can_join(n, gi, &lv)) {
+              if (op == "reduce" && !groups[gi].reduces) {
+                groups[gi].reduces = true;
+                std::vector<bool> mask(groups[gi].F.size(), false);
+                for (int64_t a : n.attr_ints("axes")) mask[static_cast<size_t>(a)] = true;
+                groups[gi].R = mask;
+              }
+              assign(n, gi, lv);
+              joined = true;
+              break;
+            }
+          }
+        }
+        if (!joined) {
+          if (op == "reduce") {
+            const Shape& x = n.inputs[0]->type.shape;
+            std::vector<bool> mask(x.size(), false);
+            for (int64_t a : n.attr_ints("axes")) mask[static_cast<size_t>(a)] = true;
+            int64_t inner = 1;
+            for (size_t d = 0; d < x.size(); ++d)
+              if (mask[d]) inner *= x[d];
+            if (inner > 1) {
+              start_group(n, GKind::loop, x, mask, Level::row);
+              groups.back().reduces = true;
+            }
+          } else {
+            start_group(n, GKind::loop, n.outputs[0]->type.shape, std::vector<bool>(n.outputs[0]->type.shape.size(), false));
+          }
+        }
+      }
+      propagate_deps(n);
+    }
+  }
+
+  void start_group(const Node& n, GKind kind, Shape F, std::vector<bool> R, Level lv = Level::elem) {
+    Group gr;
+    gr.kind = kind;
+    gr.F = std::move(F);
+    gr.R = R.empty() ? std::vector<bool>(gr.F.size(), false) : std::move(R);
+    if (kind != GKind::loop) gr.anchor = &n;
+    groups.push_back(std::move(gr));
+    assign(n, static_cast<int>(groups.size()) - 1, lv);
+  }
+};
+
+// Collapses a run of dims (sizes, strides) into one (size, stride), if they form a single stride.
+std::optional<std::pair<int64_t, int64_t>> collapse(const std::vector<int64_t>& sizes, const std::vector<int64_t>& st) {
+  int64_t size = 1, stride = 0;
+  bool first = true;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] == 1) continue;
+    if (first) {
+      stride = st[i];
+      first = false;
+    } else if (st[i] != stride * size) {
+      return std::nullopt;
+    }
+    size *= sizes[i];
+  }
+  if (first) stride = 0;
+  return std::make_pair(size, stride);
+}
+
+std::optional<MatmulSpec> Fuser::matmul_spec(const Node& n) const {
+  const Value* a = n.inputs[0];
+  const Value* b = n.inputs[1];
+  if (a->type.dtype != DType::f32 || b->type.dtype != DType::f32) return std::nullopt;
+  auto lb = n.attr_ints("lhs_batch", {}), rb = n.attr_ints("rhs_batch", {});
+  auto lc = n.attr_ints("lhs_contract"), rc = n.attr_ints("rhs_contract");
+  const Shape& as = a->type.shape;
+  const Shape& bs = b->type.shape;
+  auto pick = [](const Shape& s, const std::vector<int64_t>& st, const std::vector<int64_t>& dims, std::vector<int64_t>* sz,
+                 std::vector<int64_t>* sd) {
+    for (int64_t d : dims) {
+      sz->push_back(s[static_cast<size_t>(d)]);
+      sd->push_back(st[static_cast<size_t>(d)]);
+    }
+  };
+  auto free_dims = [](size_t rank, const std::vector<int64_t>& x, const std::vector<int64_t>& y) {
+    std::vector<int64_t> f;
+    for (size_t d = 0; d < rank; ++d)
+      if (std::find(x.begin(), x.end(), static_cast<int64_t>(d)) == x.end() &&
+          std::find(y.begin(), y.end(), static_cast<int64_t>(d)) == y.end())
+        f.push_back(static_cast<int64_t>(d));
+    return f;
+  };
+  const View& av = views[a->id];
+  const View& bv = views[b->id];
+  if (av.root->type.dtype != DType::f32 || bv.root->type.dtype != DType::f32) return std::nullopt;
+  std::vector<int64_t> s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, s6, t6;
+  pick(as, av.strides, lb, &s1, &t1);
+  pick(as, av.strides, free_dims(as.size(), lb, lc), &s2, &t2);
+  pick(as, av.strides, lc, &s3, &t3);
+  pick(bs, bv.strides, rb, &s4, &t4);
+  pick(bs, bv.strides, rc, &s5, &t5);
+  pick(bs, bv.strides, free_dims(bs.size(), rb, rc), &s6, &t6);
+  auto ab = collapse(s1, t1), am = collapse(s2, t2), ak = collapse(s3, t3);
+  auto bb = collapse(s4, t4), bk = collapse(s5, t5), bn = collapse(s6, t6);
+  if (!ab || !am || !ak || !bb || !bk || !bn) return std::nullopt;
+  if (ak->first != bk->first) return std::nullopt;
+  if (ab->first != bb->first && bb->first != 1) return std::nullopt;
+  MatmulSpec m;
+  m.batch = ab->first;
+  m.m = am->first;
+  m.k = ak->first;
+  m.n = bn->first;
+  m.a_offset = av.offset;
+  m.a_batch = ab->second;
+  m.a_m = am->second;
+  m.a_k = ak->second;
+  m.b_offset = bv.offset;
+  m.b_batch = bb->first == 1 ? 0 : bb->second;
+  m.b_k = bk->second;
+  m.b_n = bn->second;
+  if (m.m <= 0 || m.n <= 0 || m.k <= 0 || m.batch <= 0) return std::nullopt;
+  return m;
+}
+
+std::optional<ConvSpec> Fuser::conv_spec(const Node& n) const {
+  const Value* x = n.inputs[0];
+  const Value* w = n.inputs[1];
+  const Value* y = n.outputs[0];
+  if (x->type.dtype != DType::f32 || w->type.dtype != DType::f32) return std::nullopt;
+  if (x->type.shape.size() != 4 || w->type.shape.size() != 4) return std::nullopt;
+  // both operands read contiguously from their roots; the weights are a constant
+  const View& xv = views[x->id];
+  const View& wv = views[w->id];
+  if (!wv.root->constant || wv.offset != 0 || xv.offset != 0) return std::nullopt;
+  if (wv.root->type.shape != w->type.shape || xv.root->type.shape != x->type.shape) return std::nullopt;
+  ConvSpec c;
+  const Shape& xs = x->type.shape;
+  const Shape& ws = w->type.shape;
+  const Shape& ys = y->type.shape;
+  c.n = xs[0], c.c = xs[1], c.h = xs[2], c.wd = xs[3];
+  c.oc = ws[0], c.kh = ws[2], c.kw = ws[3];
+  c.oh = ys[2], c.ow = ys[3];
+  auto st = n.attr_ints("strides", {1, 1});
+  auto dl = n.attr_ints("dilations", {1, 1});
+  auto pd = n.attr_ints("padding", {0, 0, 0, 0});
+  if (st.size() != 2 || dl.size() != 2 || pd.size() != 4) return std::nullopt;
+  c.stride_h = st[0], c.stride_w = st[1];
+  c.dil_h = dl[0], c.dil_w = dl[1];
+  // padding: (low, high) per spatial dim, as [h_low, h_high, w_low, w_high]
+  c.pad_top = pd[0], c.pad_bottom = pd[1], c.pad_left = pd[2], c.pad_right = pd[3];
+  c.groups = n.attr_i("groups", 1);
+  if (c.groups <= 0 || c.c % c.groups || c.oc % c.groups || ws[1] != c.c / c.groups) return std::nullopt;
+  for (int64_t p : pd)
+    if (p < 0) return std::nullopt;
+  return c;
+}
+
+// ---- lowering ------------------------------------------------------------------------------------
+
+struct Lowering {
+  Fuser& fz;
+  const Group& gr;
+  int gi;
+  Kernel k;
+  std::vector<const Value*> ins;          // node inputs (roots read from memory)
+  std::vector<const Value*> outs;         // node outputs (materialised member values)
+  std::vector<int> loop_of_dim;           // F dim -> loop dim (-1: size 1, dropped)
+  std::map<std::pair<int, int>, int> elem_memo;  // (value id, phase) -> instr
+  std::map<int, int> row_memo;                    // value id -> instr
+  std::map<int, int> phase_of;                    // value id -> phase where an element value is computable / row value available
+
+  Lowering(Fuser& f, int g_index) : fz(f), gr(f.groups[g_index]), gi(g_index) {}
+
+  int arg_of_input(const Value* root) {
+    for (size_t i = 0; i < ins.size(); ++i)
+      if (ins[i] == root) return static_cast<int>(i);
+    ins.push_back(root);
+    return static_cast<int>(ins.size()) - 1;
+  }
+
+  // Access over the loop space for value u read at F-indexing (elem) or row indexing.
+  int access_for(const Value* u, Level lv) {
+    const View& v = fz.views[u->id];
+    std::vector<int64_t> fstr(gr.F.size(), 0);  // stride per F dim
+    const Shape& s = u->type.shape;
+    if (lv == Level::elem || s.size() == gr.F.size()) {
+      for (size_t d = 0; d < s.size(); ++d) fstr[d] = s[d] == 1 ? 0 : v.strides[d];
+    } else {
+      size_t j = 0;
+      for (size_t d = 0; d < gr.F.size(); ++d)
+        if (!gr.R[d]) {
+          fstr[d] = s[j] == 1 ? 0 : v.strides[j];
+          ++j;
+        }
+    }
+    KAccess a;
+    a.arg = arg_of_input(v.root);  // fixed up to the output index later for stores
+    a.offset = v.offset;
+    a.strides.assign(static_cast<size_t>(k.loop_rank()), 0);
+    for (size_t d = 0; d < gr.F.size(); ++d)
+      if (loop_of_dim[d] >= 0) a.strides[static_cast<size_t>(loop_of_dim[d])] += fstr[d];
+    return intern_access(a);
+  }
+
+  int store_access(const Value* v, Level lv) {
+    std::vector<int64_t> st = strides_of(v->type.shape);
+    std::vector<int64_t> fstr(gr.F.size(), 0);
+    const Shape& s = v->type.shape;
+    if (lv == Level::elem || s.size() == gr.F.size()) {
+      for (size_t d = 0; d < s.size(); ++d) fstr[d] = s[d] == 1 ? 0 : st[d];
+    } else {
+      size_t j = 0;
+      for (size_t d = 0; d < gr.F.size(); ++d)
+        if (!gr.R[d]) {
+          fstr[d] = s[j] == 1 ? 0 : st[j];
+          ++j;
+        }
+    }
+    KAccess a;
+    a.arg = -1 - static_cast<int>(std::find(outs.begin(), outs.end(), v) - outs.begin());  // fixed up later
+    a.strides.assign(static_cast<size_t>(k.loop_rank()), 0);
+    for (size_t d = 0; d < gr.F.size(); ++d)
+      if (loop_of_dim[d] >= 0) a.strides[static_cast<size_t>(loop_of_dim[d])] += fstr[d];
+    return intern_access(a);
+  }
+
+  int add(KInstr in) {
+    k.body.push_back(std::move(in));
+    return static_cast<int>(k.body.size()) - 1;
+  }
+
+  // A one-element constant read through any view is a literal of the body.
+  std::optional<KInstr> scalar_constant(const Value* u) const {
+    const Value* root = fz.views[u->id].root;
+    if (!root->constant || root->constant->numel() != 1) return std::nullopt;
+    KInstr in;
+    in.op = "const";
+    in.dtype = u->type.dtype;
+    const DType t = u->type.dtype;
+    in.value = (t == DType::f32 || t == DType::f64) ? root->constant->get_f(0) : static_cast<double>(root->constant->get_i(0));
+    in.row = true;
+    in.phase = 0;
+    return in;
+  }
+
+  // Accesses are shared by loads and stores that read or write the same elements.
+  int intern_access(const KAccess& a) {
+    for (size_t i = 0; i < k.accesses.size(); ++i) {
+      const KAccess& b = k.accesses[i];
+      if (b.arg == a.arg && b.offset == a.offset && b.strides == a.strides) return static_cast<int>(i);
+    }
+    k.accesses.push_back(a);
+    return static_cast<int>(k.accesses.size()) - 1;
+  }
+
+  const Value* strip_row_view(const Value* u) const {
+    const Value* cur = u;
+    while (cur->producer && fz.is_view[cur->id]) cur = cur->producer->inputs[0];
+    return cur;
+  }
+
+  bool is_member(const Value* u) const { return fz.group_of_value[u->id] == gi && !fz.is_view[u->id]; }
+
+  // Phase from which value u (read at level lv) is available.
+  int phase_needed(const Value* u) {
+    const Value* base = strip_row_view(u);
+    if (!is_member(base) && !(is_member(u))) return 0;
+    if (fz.group_of_value[base->id] != gi) return 0;
+    return phase_of.at(base->id);
+  }
+
+  void compute_phases() {
+    for (const Node* n : gr.nodes) {
+      int p = 0;
+      for (const Value* u : n->inputs) p = std::max(p, phase_needed(u));
+      if (n->op->name == "reduce") p += 1;  // the result is available after the loop
+      if (n == gr.anchor) p = 0;
+      phase_of[n->outputs[0]->id] = p;
+    }
+  }
+
+  KInstr from_node(const Node& n, std::vector<int> args) {
+    KInstr in;
+    in.op = n.op->name;
+    in.dtype = n.outputs[0]->type.dtype;
+    in.args = std::move(args);
+    if (in.op == "compare") in.attr = n.attr_s("direction");
+    if (in.op == "reduce") in.attr = n.attr_s("kind");
+    return in;
+  }
+
+  // Element value u in phase p.
+  int elem(const Value* u, int p) {
+    auto key = std::make_pair(u->id, p);
+    if (auto it = elem_memo.find(key); it != elem_memo.end()) return it->second;
+    int id;
+    const Value* base = strip_row_view(u);
+    if (fz.is_view[u->id] && fz.group_of_value[base->id] == gi && fz.level[base->id] == Level::row) {
+      id = row(base);  // a row value broadcast to every element
+    } else if (is_member(u) && u->producer != gr.anchor) {
+      const Node& n = *u->producer;
+      std::vector<int> args;
+      for (const Value* x : n.inputs) args.push_back(elem(x, p));
+      KInstr in = from_node(n, args);
+      in.phase = p;
+      id = add(in);
+    } else if (!is_member(u) && scalar_constant(u)) {
+      id = row(u);
+    } else {
+      KInstr in;
+      in.op = "load";
+      in.dtype = u->type.dtype;
+      in.access = (is_member(u) && u->producer == gr.anchor) ? store_access_for_acc() : access_for(u, Level::elem);
+      in.phase = p;
+      // a load that does not vary along the inner dims is a row value
+      const KAccess& a = k.accesses[static_cast<size_t>(in.access)];
+      bool row_load = true;
+      for (size_t d = k.outer.size(); d < a.strides.size(); ++d) row_load = row_load && a.strides[d] == 0;
+      if (row_load && gr.kind == GKind::loop && !k.outer.empty()) {
+        in.row = true;
+        in.phase = 0;
+      }
+      id = add(in);
+    }
+    elem_memo[key] = id;
+    return id;
+  }
+
+  int acc_access = -1;
+  int store_access_for_acc() { return acc_access; }
+
+  // Row value u (a member at row level, or a row view of one, or a row-shaped value in memory).
+  int row(const Value* u) {
+    const Value* base = strip_row_view(u);
+    if (fz.group_of_value[base->id] == gi && fz.level[base->id] == Level::row) {
+      if (auto it = row_memo.find(base->id); it != row_memo.end()) return it->second;
+      const Node& n = *base->producer;
+      int id;
+      if (n.op->name == "reduce") {
+        const int p = phase_of.at(base->id) - 1;
+        KInstr in = from_node(n, {elem(n.inputs[0], p)});
+        in.phase = p;
+        id = add(in);
+      } else {
+        std::vector<int> args;
+        for (const Value* x : n.inputs) args.push_back(row(x));
+        KInstr in = from_node(n, args);
+        in.row = true;
+        in.phase = phase_of.at(base->id);
+        id = add(in);
+      }
+      row_memo[base->id] = id;
+      return id;
+    }
+    if (auto it = row_memo.find(-1 - u->id); it != row_memo.end()) return it->second;
+    if (auto c = scalar_constant(u)) {
+      const int id = add(*c);
+      row_memo[-1 - u->id] = id;
+      return id;
+    }
+    KInstr in;
+    in.op = "load";
+    in.dtype = u->type.dtype;
+    in.access = access_for(u, Level::row);
+    in.row = true;
+    in.phase = 0;
+    const int id = add(in);
+    row_memo[-1 - u->id] = id;
+    return id;
+  }
+
+  void lower();
+};
+
+void Lowering::lower() {
+  // Library operands first, so they are args 0 and 1.
+  if (gr.anchor) {
+    arg_of_input(fz.views[gr.anchor->inputs[0]->id].root);
+    arg_of_input(fz.views[gr.anchor->inputs[1]->id].root);
+  }
+  // Outputs: member values something outside the group reads (directly or through views).
+  std::map<const Value*, std::vector<const Node*>> consumers;
+  for (const auto& n : fz.g.nodes())
+    for (const Value* u : n->inputs)
+      if (u) consumers[u].push_back(n.get());
+  std::function<bool(const Value*)> inside_only = [&](const Value* u) {
+    if (std::find(fz.g.outputs.begin(), fz.g.outputs.end(), u) != fz.g.outputs.end()) return false;
+    for (const Node* c : consumers[u]) {
+      auto it = fz.node_group.find(c);
+      if (it != fz.node_group.end() && it->second == gi) continue;
+      if (fz.is_view[c->outputs[0]->id] && inside_only(c->outputs[0])) continue;
+      return false;
+    }
+    return true;
+  };
+  for (const Node* n : gr.nodes)
+    if (!inside_only(n->outputs[0])) outs.push_back(n->outputs[0]);
+  // View values consumed inside (row views) may themselves be used outside: those are handled by
+  // the view nodes that stay in the graph, reading the stored root.
+
+  // Loop space.
+  const int rank = static_cast<int>(gr.F.size());
+  std::vector<int> outer_dims, inner_dims;
+  for (int d = 0; d < rank; ++d) {
+    if (gr.F[static_cast<size_t>(d)] == 1) continue;
+    if (gr.kind == GKind::loop && gr.reduces ? gr.R[static_cast<size_t>(d)] : false)
+      inner_dims.push_back(d);
+    else
+      outer_dims.push_back(d);
+  }
+  if (!(gr.kind == GKind::loop && gr.reduces) && !outer_dims.empty()) {
+    inner_dims.push_back(outer_dims.back());
+    outer_dims.pop_back();
+  }
+  loop_of_dim.assign(static_cast<size_t>(rank), -1);
+  for (size_t i = 0; i < outer_dims.size(); ++i) {
+    loop_of_dim[static_cast<size_t>(outer_dims[i])] = static_cast<int>(i);
+    k.outer.push_back(gr.F[static_cast<size_t>(outer_dims[i])]);
+  }
+  for (size_t i = 0; i < inner_dims.size(); ++i) {
+    loop_of_dim[static_cast<size_t>(inner_dims[i])] = static_cast<int>(outer_dims.size() + i);
+    k.inner.push_back(gr.F[static_cast<size_t>(inner_dims[i])]);
+  }
+  if (k.inner.empty()) k.inner.push_back(1);
+  if (loop_of_dim.empty() || std::all_of(loop_of_dim.begin(), loop_of_dim.end(), [](int x) { return x < 0; })) {
+    // rank-0 or all-ones space: one inner point
+  }
+
+  compute_phases();
+  if (gr.kind != GKind::loop) {
+    // the library result in memory: the dot/conv value; if it is not an output, it lives in an
+    // output of the same shape that the epilogue overwrites in place, or in a scratch buffer
+    const Value* acc = gr.anchor->outputs[0];
+    const bool stored = std::find(outs.begin(), outs.end(), acc) != outs.end();
+    int acc_arg = -1;  // fixed below
+    if (stored) {
+      acc_access = store_access(acc, Level::elem);
+    } else {
+      const Value* host = nullptr;
+      for (const Value* o : outs)
+        if (o->type == acc->type && phase_of.at(o->id) == 0 && fz.level[o->id] == Level::elem) host = o;
+      if (host) {
+        acc_access = store_access(host, Level::elem);
+      } else {
+        KAccess a;
+        a.arg = -1000;  // scratch
+        a.strides.assign(static_cast<size_t>(k.loop_rank()), 0);
+        std::vector<int64_t> st = strides_of(acc->type.shape);
+        for (size_t d = 0; d < gr.F.size(); ++d)
+          if (loop_of_dim[d] >= 0) a.strides[static_cast<size_t>(loop_of_dim[d])] = st[d];
+        k.accesses.push_back(a);
+        acc_access = static_cast<int>(k.accesses.size()) - 1;
+      }
+    }
+    (void)acc_arg;
+  }
+  // Stores.
+  int max_phase = 0;
+  for (const Value* v : outs) {
+    if (gr.anchor && v == gr.anchor->outputs[0]) continue;  // written by the library call
+    const Level lv = fz.level[v->id];
+    const int p = phase_of.at(v->id);
+    KInstr st;
+    st.op = "store";
+    st.dtype = v->type.dtype;
+    if (lv == Level::elem) {
+      st.args = {elem(v, p)};
+      st.phase = p;
+      max_phase = std::max(max_phase, p);
+    } else {
+      st.args = {row(v)};
+      st.row = true;
+      st.phase = p;
+      max_phase = std::max(max_phase, p - 1);
+    }
+    st.access = store_access(v, lv);
+    add(st);
+  }
+  for (const KInstr& in : k.body)
+    if (!in.row) max_phase = std::max(max_phase, in.phase);
+  k.phases = max_phase + 1;
+  for (KInstr& in : k.body)
+    if (in.row) in.phase = std::min(in.phase, k.phases);
+
+  // Args: inputs, outputs, scratch; fix access arg indices.
+  const int nin = static_cast<int>(ins.size());
+  for (const Value* v : ins) k.args.push_back(KArg{v->name, v->type, KArg::Role::in});
+  for (const Value* v : outs) k.args.push_back(KArg{v->name, v->type, KArg::Role::out});
+  int scratch = -1;
+  for (KAccess& a : k.accesses) {
+    if (a.arg == -1000) {
+      if (scratch < 0) {
+        scratch = static_cast<int>(k.args.size());
+        k.args.push_back(KArg{"scratch0", gr.anchor->outputs[0]->type, KArg::Role::scratch});
+      }
+      a.arg = scratch;
+    } else if (a.arg < 0) {
+      a.arg = nin + (-1 - a.arg);
+    }
+  }
+  if (gr.kind != GKind::loop) {
+    const int c = k.accesses[static_cast<size_t>(acc_access)].arg;
+    if (gr.kind == GKind::matmul) {
+      k.kind = KernelKind::matmul;
+      k.mm = *fz.matmul_spec(*gr.anchor);
+      k.mm.a = arg_of_input(fz.views[gr.anchor->inputs[0]->id].root);
+      k.mm.b = arg_of_input(fz.views[gr.anchor->inputs[1]->id].root);
+      k.mm.c = c;
+    } else {
+      k.kind = KernelKind::conv;
+      k.conv = *fz.conv_spec(*gr.anchor);
+      k.conv.x = arg_of_input(fz.views[gr.anchor->inputs[0]->id].root);
+      k.conv.w = arg_of_input(fz.views[gr.anchor->inputs[1]->id].root);
+      k.conv.y = c;
+    }
+  }
+
+  // Provenance and traffic.
+  std::set<std::string> seen;
+  for (const Node* n : gr.nodes) {
+    if (seen.insert(n->name).second) k.sources.push_back(n->name);
+    const Cost c = op_cost(*n);
+    k.bytes_unfused += static_cast<int64_t>(c.bytes);
+  }
+  k.fused_nodes = static_cast<int>(gr.nodes.size());
+  for (const KArg& a : k.args)
+    if (a.role != KArg::Role::scratch) k.bytes_fused += shape_numel(a.type.shape) * dtype_size(a.type.dtype);
+}
+
+// Merges adjacent loop dims that every access walks as one (stride[d] == stride[d+1] * size[d+1]),
+// within the outer dims and within the inner dims.
+void collapse_loops(Kernel& k) {
+  auto try_merge = [&](std::vector<int64_t>& dims, size_t base) {
+    for (size_t i = dims.size(); i-- > 1;) {
+      const size_t d = base + i - 1;  // merge loop dims d and d+1
+      bool ok = true;
+      for (const KAccess& a : k.accesses) ok = ok && a.strides[d] == a.strides[d + 1] * dims[i];
+      if (!ok) continue;
+      dims[i - 1] *= dims[i];
+      dims.erase(dims.begin() + static_cast<long>(i));
+      for (KAccess& a : k.accesses) {
+        a.strides[d] = a.strides[d + 1];
+        a.strides.erase(a.strides.begin() + static_cast<long>(d) + 1);
+      }
+    }
+  };
+  try_merge(k.inner, k.outer.size());
+  try_merge(k.outer, 0);
+  // a pointwise kernel that collapsed to one outer and one inner dim may become one inner dim
+  if (k.phases == 1 && k.kind == KernelKind::loop && k.outer.size() == 1 && k.inner.size() == 1) {
+    bool reduce = false;
+    for (const KInstr& in : k.body) reduce = reduce || in.op == "reduce" || (in.row && in.op != "const");
+    bool ok = !reduce;
+    for (const KAccess& a : k.accesses) ok = ok && a.strides[0] == a.strides[1] * k.inner[0];
+    if (ok) {
+      k.inner[0] *= k.outer[0];
+      k.outer.clear();
+      for (KAccess& a : k.accesses) a.strides.erase(a.strides.begin());
+    }
+  }
+}
+
+// Orders nodes so every value is defined before use, keeping the original order where possible.
+void topo_sort(Graph& g) {
+  auto& nodes = g.mutable_nodes();
+  std::map<const Value*, size_t> producer;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (const Value* v : nodes[i]->outputs)
+      if (v) producer[v] = i;
+  std::vector<int> indeg(nodes.size(), 0);
+  std::vector<std::vector<size_t>> users(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::set<size_t> preds;
+    for (const Value* v : nodes[i]->inputs)
+      if (v)
+        if (auto it = producer.find(v); it != producer.end() && it->second != i) preds.insert(it->second);
+    indeg[i] = static_cast<int>(preds.size());
+    for (size_t p : preds) users[p].push_back(i);
+  }
+  std::set<size_t> ready;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (indeg[i] == 0) ready.insert(i);
+  std::vector<size_t> order;
+  while (!ready.empty()) {
+    const size_t i = *ready.begin();
+    ready.erase(ready.begin());
+    for (size_t u : users[i])
+      if (--indeg[u] == 0) ready.insert(u);
+    order.push_back(i);
+  }
+  if (order.size() != nodes.size()) {
+    std::string left;
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (indeg[i] > 0) left += (left.empty() ? "" : ", ") + nodes[i]->name + " (" + nodes[i]->op->name + ")";
+    fail("fusion produced a cycle between kernels; nodes on it: {}", left);
+  }
+  std::vector<std::unique_ptr<Node>> out;
+  for (size_t i : order) out.push_back(std::move(nodes[i]));
+  nodes = std::move(out);
+}
+
+}  // namespace
+
+KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts, std::vector<FusionDecision>* decisions) {
+  KernelModule m;
+  Fuser fz(*core, opts);
+  fz.run();
+  std::vector<Kernel> kernels;
+  std::vector<std::vector<const Value*>> node_ins, node_outs;
+  for (size_t gi = 0; gi < fz.groups.size(); ++gi) {
+    Lowering lw(fz, static_cast<int>(gi));
+    lw.lower();
+    collapse_loops(lw.k);
+    lw.k.name = "k" + std::to_string(gi);
+    node_ins.push_back(lw.ins);
+    node_outs.push_back(lw.outs);
+    kernels.push_back(std::move(lw.k));
+  }
+  // Rewrite: drop grouped nodes, add one kernel node per group (its outputs are the stored values).
+  Graph& g = *core;
+  std::set<const Node*> grouped;
+  for (const auto& gr : fz.groups)
+    for (const Node* n : gr.nodes) grouped.insert(n);
+  std::vector<std::unique_ptr<Node>> kept;
+  for (auto& n : g.mutable_nodes())
+    if (!grouped.count(n.get())) kept.push_back(std::move(n));
+  for (size_t gi = 0; gi < kernels.size(); ++gi) {
+    auto nd = std::make_unique<Node>();
+    nd->op = &kernel_op();
+    nd->name = kernels[gi].sources.empty() ? kernels[gi].name : kernels[gi].sources.front();
+    nd->attrs["kernel"] = static_cast<int64_t>(gi);
+    for (const Value* v : node_ins[gi]) nd->inputs.push_back(const_cast<Value*>(v));
+    int o = 0;
+    for (const Value* v : node_outs[gi]) {
+      Value* mv = const_cast<Value*>(v);
+      mv->producer = nd.get();
+      mv->producer_output = o++;
+      nd->outputs.push_back(mv);
+    }
+    kept.push_back(std::move(nd));
+  }
+  // Outputs of grouped nodes that no kernel stores lose their producer (nothing reads them).
+  for (const auto& gr : fz.groups)
+    for (const Node* n : gr.nodes)
+      for (Value* v : n->outputs)
+        if (v->producer == n) v->producer = nullptr;
+  g.mutable_nodes() = std::move(kept);
+  if (std::getenv("TESSEL_DEBUG_FUSE")) {
+    for (const auto& n : g.nodes()) {
+      std::string s = n->op->name + " " + n->name + " (";
+      for (const Value* v : n->inputs) s += v ? v->name + " " : "- ";
+      s += ") -> (";
+      for (const Value* v : n->outputs) s += v->name + " ";
+      fmt::print(stderr, "{})\n", s);
+    }
+  }
+  topo_sort(g);
+  // Views and other nodes whose results nobody reads.
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::vector<int> uses = g.use_counts();
+    const size_t before = g.nodes().size();
+    g.erase_nodes_if([&](const Node& n) {
+      if (is_kernel_node(n)) return false;
+      for (const Value* v : n.outputs)
+        if (v && uses[v->id] > 0) return false;
+      return n.op->deterministic;
+    });
+    changed = g.nodes().size() != before;
+  }
+  // Values without producer that are still read would be a lowering bug.
+  for (const auto& n : g.nodes())
+    for (const Value* v : n->inputs)
+      if (v && !v->producer && !v->constant && !v->is_input)
+        throw Error(Location{.node = n->name, .op = n->op->name, .pass = "fuse"},
+                    fmt::format("value '{}' is read but no longer computed after fusion", v->name));
+  g.compact();
+  if (decisions) {
+    for (const Kernel& k : kernels) {
+      std::string what = k.kind == KernelKind::loop ? (k.phases > 1 || k.body.end() != std::find_if(k.body.begin(), k.body.end(), [](const KInstr& i) { return i.op == "reduce"; }) ? "reduction" : "pointwise")
+                                                    : std::string(kernel_kind_name(k.kind));
+      decisions->push_back(FusionDecision{
+          k.name, fmt::format("{} kernel of {} core nodes from {}: {} bytes unfused -> {} fused ({} saved)", what,
+                              k.fused_nodes, k.sources.empty() ? "?" : k.sources.front(), k.bytes_unfused,
+                              k.bytes_fused, k.bytes_unfused - k.bytes_fused)});
+    }
+  }
+  m.graph = std::move(core);
+  m.kernels = std::move(kernels);
+  return m;
+}
+
+}  // namespace tessel

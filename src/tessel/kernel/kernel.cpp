@@ -1,0 +1,526 @@
+// The kernel level's data structure: the kernel op, text form (print and parse) and verifier.
+#include "tessel/kernel/kernel.h"
+
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
+#include "tessel/ir/op_registry.h"
+#include "tessel/ir/printer.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+
+std::string_view kernel_kind_name(KernelKind k) {
+  switch (k) {
+    case KernelKind::loop: return "loop";
+    case KernelKind::matmul: return "matmul";
+    case KernelKind::conv: return "conv";
+  }
+  return "?";
+}
+
+int Kernel::num_inputs() const {
+  int n = 0;
+  for (const KArg& a : args) n += a.role == KArg::Role::in;
+  return n;
+}
+int Kernel::num_outputs() const {
+  int n = 0;
+  for (const KArg& a : args) n += a.role == KArg::Role::out;
+  return n;
+}
+int64_t Kernel::outer_count() const {
+  int64_t n = 1;
+  for (int64_t d : outer) n *= d;
+  return n;
+}
+int64_t Kernel::inner_count() const {
+  int64_t n = 1;
+  for (int64_t d : inner) n *= d;
+  return n;
+}
+bool Kernel::splits_inner() const {
+  if (!outer.empty() || phases != 1 || inner.size() != 1) return false;
+  for (const KInstr& in : body)
+    if ((in.row && in.op != "const") || in.op == "reduce") return false;
+  return true;
+}
+int64_t Kernel::parallel_extent() const { return splits_inner() ? inner[0] : outer_count(); }
+
+void register_kernel_ops(OpRegistry& r) {
+  OpDef d;
+  d.name = "kernel";
+  d.domain = "tessel.kernel";
+  d.min_inputs = 0;
+  d.max_inputs = -1;
+  d.min_outputs = 0;
+  d.max_outputs = -1;
+  d.attrs = {{"kernel", AttrKind::i, true}};
+  d.infer = [](InferCtx& ctx) {
+    // The kernel's body defines its results; the node records their types.
+    for (int i = 0; i < ctx.num_outputs(); ++i) ctx.set_out(i, ctx.node().outputs[static_cast<size_t>(i)]->type);
+  };
+  d.kernel = [](KernelCtx& c) {
+    fail("kernel node {} has no reference kernel: it runs in the compiled backend only", c.node().attr_i("kernel"));
+  };
+  r.add(std::move(d));
+}
+
+const OpDef& kernel_op() {
+  static const OpDef* op = OpRegistry::get().find("kernel");
+  return *op;
+}
+
+bool is_kernel_node(const Node& n) { return n.op->domain == "tessel.kernel"; }
+
+// ---- printing ------------------------------------------------------------------------------------
+
+namespace {
+
+std::string ints(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string role_name(KArg::Role r) {
+  switch (r) {
+    case KArg::Role::in: return "in";
+    case KArg::Role::out: return "out";
+    case KArg::Role::scratch: return "scratch";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string print_kernel(const Kernel& k) {
+  std::string s = fmt::format("kernel {} {} outer {} inner {} phases {} {{\n", k.name, kernel_kind_name(k.kind), ints(k.outer),
+                              ints(k.inner), k.phases);
+  s += "  from";
+  for (size_t i = 0; i < k.sources.size(); ++i) s += (i ? ", " : " ") + quote_string(k.sources[i]);
+  s += "\n";
+  s += fmt::format("  fused {} nodes, traffic {} -> {} bytes\n", k.fused_nodes, k.bytes_unfused, k.bytes_fused);
+  for (size_t i = 0; i < k.args.size(); ++i)
+    s += fmt::format("  arg {} {} {}: {}\n", i, role_name(k.args[i].role), format_value_name(k.args[i].name),
+                     k.args[i].type.str());
+  if (k.kind == KernelKind::matmul) {
+    const MatmulSpec& m = k.mm;
+    s += fmt::format("  matmul a {} b {} c {} batch {} m {} n {} k {} a_map {} {} b_map {} {}\n", m.a, m.b, m.c, m.batch, m.m,
+                     m.n, m.k, m.a_offset, ints({m.a_batch, m.a_m, m.a_k}), m.b_offset, ints({m.b_batch, m.b_k, m.b_n}));
+  } else if (k.kind == KernelKind::conv) {
+    const ConvSpec& c = k.conv;
+    s += fmt::format("  conv x {} w {} y {} input {} output {} kernel {} stride {} pad {} dilation {} groups {}\n", c.x, c.w,
+                     c.y, ints({c.n, c.c, c.h, c.wd}), ints({c.oc, c.oh, c.ow}), ints({c.kh, c.kw}),
+                     ints({c.stride_h, c.stride_w}), ints({c.pad_top, c.pad_left, c.pad_bottom, c.pad_right}),
+                     ints({c.dil_h, c.dil_w}), c.groups);
+  }
+  for (size_t i = 0; i < k.accesses.size(); ++i)
+    s += fmt::format("  access #{} arg {} offset {} strides {}\n", i, k.accesses[i].arg, k.accesses[i].offset,
+                     ints(k.accesses[i].strides));
+  for (size_t i = 0; i < k.body.size(); ++i) {
+    const KInstr& in = k.body[i];
+    std::string args;
+    for (size_t j = 0; j < in.args.size(); ++j) args += (j ? ", %" : "%") + std::to_string(in.args[j]);
+    s += fmt::format("  %{} = {}{} {} ({})", i, in.op, in.attr.empty() ? "" : "." + in.attr, dtype_name(in.dtype), args);
+    if (in.access >= 0) s += fmt::format(" #{}", in.access);
+    if (in.op == "const") s += fmt::format(" = {:.17g}", in.value);
+    s += fmt::format(" {}@{}\n", in.row ? "row" : "", in.phase);
+  }
+  return s + "}\n";
+}
+
+std::string print_kernel_module(const KernelModule& m, bool elide_constants) {
+  PrintOptions po;
+  po.elide_constants = elide_constants;
+  std::string s = "# tessel kernel level\n" + print_graph(*m.graph, po);
+  s += "# kernels\n";
+  for (const Kernel& k : m.kernels) s += print_kernel(k);
+  return s;
+}
+
+// ---- parsing -------------------------------------------------------------------------------------
+
+namespace {
+
+class KernelParser {
+ public:
+  KernelParser(const std::string& text, std::string file, int first_line)
+      : text_(text), file_(std::move(file)), line_(first_line) {}
+
+  std::vector<Kernel> parse_all() {
+    std::vector<Kernel> ks;
+    skip_space();
+    while (pos_ < text_.size()) {
+      ks.push_back(parse_kernel());
+      skip_space();
+    }
+    return ks;
+  }
+
+ private:
+  const std::string& text_;
+  std::string file_;
+  size_t pos_ = 0;
+  int line_;
+
+  [[noreturn]] void error(const std::string& msg) {
+    throw Error(Location{.file = file_, .pass = "parse", .line = line_}, msg);
+  }
+  void skip_space() {
+    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) {
+      if (text_[pos_] == '\n') ++line_;
+      ++pos_;
+    }
+  }
+  // Spaces and tabs only (instructions end at the end of their line).
+  void skip_blank() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t')) ++pos_;
+  }
+  bool peek(char c) {
+    skip_blank();
+    return pos_ < text_.size() && text_[pos_] == c;
+  }
+  void expect(const std::string& tok) {
+    skip_blank();
+    if (text_.compare(pos_, tok.size(), tok) != 0)
+      error(fmt::format("expected '{}' but found '{}'", tok, text_.substr(pos_, std::min<size_t>(20, text_.size() - pos_))));
+    pos_ += tok.size();
+  }
+  bool accept(const std::string& tok) {
+    skip_blank();
+    if (text_.compare(pos_, tok.size(), tok) != 0) return false;
+    pos_ += tok.size();
+    return true;
+  }
+  std::string word() {
+    skip_blank();
+    size_t b = pos_;
+    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
+    if (b == pos_) error("expected a name");
+    return text_.substr(b, pos_ - b);
+  }
+  int64_t integer() {
+    skip_blank();
+    const char* b = text_.c_str() + pos_;
+    char* e = nullptr;
+    long long v = std::strtoll(b, &e, 10);
+    if (e == b) error("expected an integer");
+    pos_ += static_cast<size_t>(e - b);
+    return v;
+  }
+  double number() {
+    skip_blank();
+    const char* b = text_.c_str() + pos_;
+    char* e = nullptr;
+    double v = std::strtod(b, &e);
+    if (e == b) error("expected a number");
+    pos_ += static_cast<size_t>(e - b);
+    return v;
+  }
+  std::vector<int64_t> int_list() {
+    expect("[");
+    std::vector<int64_t> v;
+    if (accept("]")) return v;
+    do v.push_back(integer());
+    while (accept(","));
+    expect("]");
+    return v;
+  }
+  std::string quoted() {
+    skip_blank();
+    if (pos_ >= text_.size() || text_[pos_] != '"') error("expected a quoted string");
+    std::string s;
+    ++pos_;
+    while (pos_ < text_.size() && text_[pos_] != '"') {
+      char c = text_[pos_++];
+      if (c == '\\' && pos_ < text_.size()) {
+        char n = text_[pos_++];
+        s += n == 'n' ? '\n' : n;
+      } else {
+        s += c;
+      }
+    }
+    expect("\"");
+    return s;
+  }
+  std::string value_name() {
+    expect("%");
+    if (peek('"')) return quoted();
+    skip_blank();
+    size_t b = pos_;
+    while (pos_ < text_.size() && !std::isspace(static_cast<unsigned char>(text_[pos_])) && text_[pos_] != ':' &&
+           text_[pos_] != ',' && text_[pos_] != ')')
+      ++pos_;
+    return text_.substr(b, pos_ - b);
+  }
+  DType dtype() {
+    std::string w = word();
+    auto t = dtype_from_name(w);
+    if (!t) error(fmt::format("unknown dtype '{}'", w));
+    return *t;
+  }
+  TensorType type() {
+    TensorType t;
+    t.dtype = dtype();
+    t.shape = int_list();
+    return t;
+  }
+  void end_line() {
+    skip_blank();
+    if (pos_ < text_.size() && text_[pos_] != '\n') error("unexpected text at the end of the line");
+    skip_space();
+  }
+
+  Kernel parse_kernel() {
+    Kernel k;
+    expect("kernel");
+    k.name = word();
+    std::string kind = word();
+    if (kind == "loop") k.kind = KernelKind::loop;
+    else if (kind == "matmul") k.kind = KernelKind::matmul;
+    else if (kind == "conv") k.kind = KernelKind::conv;
+    else error(fmt::format("unknown kernel kind '{}'", kind));
+    expect("outer");
+    k.outer = int_list();
+    expect("inner");
+    k.inner = int_list();
+    expect("phases");
+    k.phases = static_cast<int>(integer());
+    expect("{");
+    end_line();
+    expect("from");
+    if (peek('"')) {
+      do k.sources.push_back(quoted());
+      while (accept(","));
+    }
+    end_line();
+    expect("fused");
+    k.fused_nodes = static_cast<int>(integer());
+    expect("nodes, traffic");
+    k.bytes_unfused = integer();
+    expect("->");
+    k.bytes_fused = integer();
+    expect("bytes");
+    end_line();
+    while (accept("arg")) {
+      if (integer() != static_cast<int64_t>(k.args.size())) error("args must be numbered in order");
+      KArg a;
+      std::string role = word();
+      if (role == "in") a.role = KArg::Role::in;
+      else if (role == "out") a.role = KArg::Role::out;
+      else if (role == "scratch") a.role = KArg::Role::scratch;
+      else error(fmt::format("unknown arg role '{}'", role));
+      a.name = value_name();
+      expect(":");
+      a.type = type();
+      k.args.push_back(a);
+      end_line();
+    }
+    if (accept("matmul")) {
+      MatmulSpec& m = k.mm;
+      expect("a"); m.a = static_cast<int>(integer());
+      expect("b"); m.b = static_cast<int>(integer());
+      expect("c"); m.c = static_cast<int>(integer());
+      expect("batch"); m.batch = integer();
+      expect("m"); m.m = integer();
+      expect("n"); m.n = integer();
+      expect("k"); m.k = integer();
+      expect("a_map"); m.a_offset = integer();
+      auto as = int_list();
+      expect("b_map"); m.b_offset = integer();
+      auto bs = int_list();
+      if (as.size() != 3 || bs.size() != 3) error("matmul maps take 3 strides");
+      m.a_batch = as[0], m.a_m = as[1], m.a_k = as[2];
+      m.b_batch = bs[0], m.b_k = bs[1], m.b_n = bs[2];
+      end_line();
+    } else if (accept("conv")) {
+      ConvSpec& c = k.conv;
+      expect("x"); c.x = static_cast<int>(integer());
+      expect("w"); c.w = static_cast<int>(integer());
+      expect("y"); c.y = static_cast<int>(integer());
+      expect("input"); auto in = int_list();
+      expect("output"); auto out = int_list();
+      expect("kernel"); auto ks = int_list();
+      expect("stride"); auto st = int_list();
+      expect("pad"); auto pd = int_list();
+      expect("dilation"); auto dl = int_list();
+      expect("groups"); c.groups = integer();
+      if (in.size() != 4 || out.size() != 3 || ks.size() != 2 || st.size() != 2 || pd.size() != 4 || dl.size() != 2)
+        error("conv: wrong number of values in a list");
+      c.n = in[0], c.c = in[1], c.h = in[2], c.wd = in[3];
+      c.oc = out[0], c.oh = out[1], c.ow = out[2];
+      c.kh = ks[0], c.kw = ks[1];
+      c.stride_h = st[0], c.stride_w = st[1];
+      c.pad_top = pd[0], c.pad_left = pd[1], c.pad_bottom = pd[2], c.pad_right = pd[3];
+      c.dil_h = dl[0], c.dil_w = dl[1];
+      end_line();
+    }
+    while (accept("access")) {
+      expect("#");
+      if (integer() != static_cast<int64_t>(k.accesses.size())) error("accesses must be numbered in order");
+      KAccess a;
+      expect("arg");
+      a.arg = static_cast<int>(integer());
+      expect("offset");
+      a.offset = integer();
+      expect("strides");
+      a.strides = int_list();
+      k.accesses.push_back(a);
+      end_line();
+    }
+    while (accept("%")) {
+      if (integer() != static_cast<int64_t>(k.body.size())) error("instructions must be numbered in order");
+      expect("=");
+      KInstr in;
+      in.op = word();
+      if (accept(".")) in.attr = word();
+      in.dtype = dtype();
+      expect("(");
+      if (!accept(")")) {
+        do {
+          expect("%");
+          in.args.push_back(static_cast<int>(integer()));
+        } while (accept(","));
+        expect(")");
+      }
+      if (accept("#")) in.access = static_cast<int>(integer());
+      if (accept("=")) in.value = number();
+      if (accept("row")) in.row = true;
+      expect("@");
+      in.phase = static_cast<int>(integer());
+      k.body.push_back(in);
+      end_line();
+    }
+    expect("}");
+    return k;
+  }
+};
+
+}  // namespace
+
+KernelModule parse_kernel_module(const std::string& text, const std::string& file) {
+  const std::string marker = "# kernels\n";
+  const size_t at = text.find(marker);
+  if (at == std::string::npos)
+    throw Error(Location{.file = file, .pass = "parse"}, "no '# kernels' section: not the kernel level's text form");
+  KernelModule m;
+  m.graph = parse_graph(text.substr(0, at), file);
+  int line = 1;
+  for (size_t i = 0; i < at + marker.size(); ++i) line += text[i] == '\n';
+  const std::string rest = text.substr(at + marker.size());
+  m.kernels = KernelParser(rest, file, line).parse_all();
+  verify_kernel_module(m);
+  return m;
+}
+
+// ---- verification --------------------------------------------------------------------------------
+
+namespace {
+
+bool is_float_t(DType t) { return t == DType::f32 || t == DType::f64; }
+
+}  // namespace
+
+void verify_kernel(const Kernel& k) {
+  auto bad = [&](const std::string& msg) { throw Error(Location{.node = k.name, .op = "kernel", .pass = "verify"}, msg); };
+  if (k.phases < 1) bad("a kernel has at least one phase");
+  for (int64_t d : k.outer)
+    if (d < 1) bad("loop dims must be positive");
+  for (int64_t d : k.inner)
+    if (d < 1) bad("loop dims must be positive");
+  const int rank = k.loop_rank();
+  auto check_arg = [&](int a, const char* what) {
+    if (a < 0 || a >= static_cast<int>(k.args.size())) bad(fmt::format("{} refers to arg {} of {}", what, a, k.args.size()));
+  };
+  // every access stays inside its buffer
+  for (size_t i = 0; i < k.accesses.size(); ++i) {
+    const KAccess& a = k.accesses[i];
+    check_arg(a.arg, "an access");
+    if (static_cast<int>(a.strides.size()) != rank)
+      bad(fmt::format("access #{} has {} strides for a loop space of rank {}", i, a.strides.size(), rank));
+    int64_t lo = a.offset, hi = a.offset;
+    for (int d = 0; d < rank; ++d) {
+      const int64_t ext = d < static_cast<int>(k.outer.size()) ? k.outer[static_cast<size_t>(d)]
+                                                                 : k.inner[static_cast<size_t>(d) - k.outer.size()];
+      const int64_t span = a.strides[static_cast<size_t>(d)] * (ext - 1);
+      (span < 0 ? lo : hi) += span;
+    }
+    const int64_t n = shape_numel(k.args[static_cast<size_t>(a.arg)].type.shape);
+    if (lo < 0 || hi >= std::max<int64_t>(n, 1))
+      bad(fmt::format("access #{} reaches elements [{}, {}] of arg {} which has {}", i, lo, hi, a.arg, n));
+  }
+  for (size_t i = 0; i < k.body.size(); ++i) {
+    const KInstr& in = k.body[i];
+    auto where = [&](const std::string& msg) { bad(fmt::format("%{} ({}): {}", i, in.op, msg)); };
+    for (int a : in.args) {
+      if (a < 0 || a >= static_cast<int>(i)) where("uses a value that is not defined before it");
+      const KInstr& src = k.body[static_cast<size_t>(a)];
+      const bool src_row = src.row || src.op == "reduce";
+      const int avail = src.op == "reduce" ? src.phase + 1 : src.phase;
+      if (src_row && avail > in.phase) where(fmt::format("uses row value %{} before it is available", a));
+      if (!src_row && !in.row && src.phase != in.phase) where(fmt::format("uses %{} of another phase", a));
+      if (!src_row && in.row && in.op != "reduce") where(fmt::format("a row instruction uses element value %{}", a));
+    }
+    if (in.phase < 0 || in.phase > k.phases || (!in.row && in.phase >= k.phases)) where("phase out of range");
+    if (in.op == "load" || in.op == "store") {
+      if (in.access < 0 || in.access >= static_cast<int>(k.accesses.size())) where("needs an access");
+      const KArg& a = k.args[static_cast<size_t>(k.accesses[static_cast<size_t>(in.access)].arg)];
+      if (a.type.dtype != in.dtype) where(fmt::format("dtype {} but its buffer holds {}", dtype_name(in.dtype), dtype_name(a.type.dtype)));
+      if (in.op == "store" && a.role == KArg::Role::in) where("stores into an input");
+      if (in.op == "store" && in.args.size() != 1) where("store takes one value");
+    } else if (in.op == "reduce") {
+      if (in.row) where("a reduce accumulates inside a loop (not a row instruction)");
+      if (in.args.size() != 1 || !is_float_t(in.dtype)) where("reduce takes one float value");
+    } else if (in.op == "compare") {
+      if (in.dtype != DType::boolean || in.args.size() != 2) where("compare takes two values and gives bool");
+    } else if (in.op == "select") {
+      if (in.args.size() != 3 || k.body[static_cast<size_t>(in.args[0])].dtype != DType::boolean) where("select takes a bool and two values");
+    } else if (in.op != "const" && in.op != "convert") {
+      for (int a : in.args)
+        if (k.body[static_cast<size_t>(a)].dtype != in.dtype) where("operand dtype differs from the result dtype");
+    }
+  }
+  if (k.kind == KernelKind::matmul) {
+    check_arg(k.mm.a, "matmul a");
+    check_arg(k.mm.b, "matmul b");
+    check_arg(k.mm.c, "matmul c");
+    if (shape_numel(k.args[static_cast<size_t>(k.mm.c)].type.shape) != k.mm.batch * k.mm.m * k.mm.n)
+      bad("matmul result buffer does not hold batch x m x n elements");
+  } else if (k.kind == KernelKind::conv) {
+    check_arg(k.conv.x, "conv x");
+    check_arg(k.conv.w, "conv w");
+    check_arg(k.conv.y, "conv y");
+  }
+}
+
+void verify_kernel_module(const KernelModule& m) {
+  if (!m.graph) fail("kernel module without a graph");
+  std::set<int64_t> used;
+  for (const auto& n : m.graph->nodes()) {
+    if (!is_kernel_node(*n)) continue;
+    const int64_t id = n->attr_i("kernel");
+    const Location loc{.node = n->name, .op = "kernel", .pass = "verify"};
+    if (id < 0 || id >= static_cast<int64_t>(m.kernels.size()))
+      throw Error(loc, fmt::format("kernel index {} out of range ({} kernels)", id, m.kernels.size()));
+    if (!used.insert(id).second) throw Error(loc, fmt::format("kernel {} is launched twice", id));
+    const Kernel& k = m.kernels[static_cast<size_t>(id)];
+    size_t in = 0, out = 0;
+    for (const KArg& a : k.args) {
+      const Value* v = nullptr;
+      if (a.role == KArg::Role::in) v = in < n->inputs.size() ? n->inputs[in++] : nullptr;
+      if (a.role == KArg::Role::out) v = out < n->outputs.size() ? n->outputs[out++] : nullptr;
+      if (a.role == KArg::Role::scratch) continue;
+      if (!v) throw Error(loc, fmt::format("{} has more args than its node has values", k.name));
+      if (v->name != a.name || !(v->type == a.type))
+        throw Error(loc, fmt::format("{} arg %{}: {} does not match node value %{}: {}", k.name, a.name, a.type.str(),
+                                     v->name, v->type.str()));
+    }
+    if (in != n->inputs.size() || out != n->outputs.size())
+      throw Error(loc, fmt::format("{} has fewer args than its node has values", k.name));
+    verify_kernel(k);
+  }
+}
+
+}  // namespace tessel

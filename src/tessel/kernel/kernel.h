@@ -1,0 +1,144 @@
+// The kernel level (docs/ir/kernel.md): the core graph after fusion. Every fusion group became one
+// `kernel` node (domain tessel.kernel) of the graph; its inputs and outputs are the buffers the
+// kernel reads and writes. The node's attribute `kernel` indexes a Kernel of the module, which holds
+// the group as a loop nest: loads and stores through affine index maps over the loop space (views
+// such as transpose, slice, broadcast and reshape are folded into those maps), scalar instructions,
+// and reductions that keep their accumulator in a register. Matmul and convolution kernels are a
+// library call (oneDNN) followed by their fused epilogue as a loop nest over the call's result.
+// Core nodes that no kernel covers stay in the graph and run as in the graph backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/ir/graph.h"
+
+namespace tessel {
+
+// An affine index map: loop point (i_0 .. i_{n-1}) of the kernel's loop space (outer dims, then
+// inner dims) reads or writes element  offset + sum_d strides[d] * i_d  of buffer `arg`.
+struct KAccess {
+  int arg = 0;
+  int64_t offset = 0;
+  std::vector<int64_t> strides;
+};
+
+// One scalar instruction of a loop body, in SSA form (ids are positions in Kernel::body).
+//   load     access            -> the element the access map selects
+//   store    access, args[0]   -> writes args[0]
+//   const    value             -> a scalar of `dtype`
+//   reduce   attr = sum|max|min|prod, args[0]: accumulates an element value of phase p; the result is
+//            a row value, available from phase p + 1 on
+//   a core op name (add, mul, exp, compare, select, convert, ...) with its operands; attr holds
+//   compare's direction.
+// Element instructions run inside the loop of phase `phase`; row instructions (row = true) run
+// once per outer point, before the loop of phase `phase` (phase == Kernel::phases: after the last).
+struct KInstr {
+  std::string op;
+  DType dtype = DType::f32;
+  std::vector<int> args;
+  int access = -1;
+  std::string attr;
+  double value = 0;
+  int phase = 0;
+  bool row = false;
+};
+
+enum class KernelKind { loop, matmul, conv };
+std::string_view kernel_kind_name(KernelKind k);
+
+// A buffer the kernel touches: one input or output of its node, or a scratch buffer of its own.
+struct KArg {
+  std::string name;        // the graph value (inputs and outputs), or "scratchN"
+  TensorType type;
+  enum class Role { in, out, scratch } role = Role::in;
+};
+
+// C[b] = A[b] · B[b] with A [batch, M, K] and B [batch, K, N] read through strides (elements);
+// C is contiguous [batch, M, N] in arg `c`.
+struct MatmulSpec {
+  int a = 0, b = 0, c = 0;
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  int64_t a_offset = 0, a_batch = 0, a_m = 0, a_k = 0;
+  int64_t b_offset = 0, b_batch = 0, b_k = 0, b_n = 0;
+};
+
+// 2-D convolution, NCHW, weights [OC, C/groups, KH, KW] (a constant arg), result NCHW in arg `y`.
+struct ConvSpec {
+  int x = 0, w = 0, y = 0;
+  int64_t n = 0, c = 0, h = 0, wd = 0, oc = 0, kh = 0, kw = 0, oh = 0, ow = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  int64_t dil_h = 1, dil_w = 1, groups = 1;
+};
+
+struct Kernel {
+  std::string name;                    // k0, k1, ... (the generated function is tsl_<name>)
+  KernelKind kind = KernelKind::loop;
+  std::vector<std::string> sources;    // provenance: names of the fused core nodes' source nodes
+  int fused_nodes = 0;                 // core nodes the kernel covers (views included)
+  std::vector<KArg> args;              // node inputs, then node outputs, then scratch buffers
+  std::vector<int64_t> outer;          // parallel loop dims (may be empty)
+  std::vector<int64_t> inner;          // loop dims every phase iterates (innermost last)
+  int phases = 1;
+  std::vector<KAccess> accesses;
+  std::vector<KInstr> body;            // the loop body; for matmul/conv: the epilogue
+  MatmulSpec mm;
+  ConvSpec conv;
+  // Fusion traffic: bytes read and written from memory if every fused core node ran alone
+  // (operands and results of each), and as this kernel runs (its buffers once each).
+  int64_t bytes_unfused = 0, bytes_fused = 0;
+
+  int num_inputs() const;
+  int num_outputs() const;
+  int64_t outer_count() const;
+  int64_t inner_count() const;
+  // The range a call of the generated function splits across threads: the outer points, or for a
+  // kernel without outer dims (pointwise) the innermost dim.
+  int64_t parallel_extent() const;
+  // Whether the parallel range is the innermost dim (a single-phase pointwise kernel without
+  // outer dims) rather than the outer points.
+  bool splits_inner() const;
+  int loop_rank() const { return static_cast<int>(outer.size() + inner.size()); }
+};
+
+struct KernelModule {
+  std::unique_ptr<Graph> graph;        // core ops and kernel nodes
+  std::vector<Kernel> kernels;
+};
+
+// The op of kernel nodes: attribute `kernel` = index into KernelModule::kernels.
+const OpDef& kernel_op();
+bool is_kernel_node(const Node& n);
+
+// Text form (docs/ir/kernel.md): the graph in the graph level's text form followed by one block per
+// kernel. parse_kernel_module(print_kernel_module(m)) prints back identically.
+std::string print_kernel(const Kernel& k);
+std::string print_kernel_module(const KernelModule& m, bool elide_constants = false);
+KernelModule parse_kernel_module(const std::string& text, const std::string& file = "<text>");
+
+// Checks every kernel against its node and itself: arg types equal the node's values, accesses stay
+// inside their buffers, instructions are well typed and only use values available where they run.
+// Throws tessel::Error naming the kernel.
+void verify_kernel_module(const KernelModule& m);
+void verify_kernel(const Kernel& k);
+
+// ---- fusion (core -> kernel) -------------------------------------------------------------------
+
+struct FuseOptions {
+  bool matmul = true;                  // matmul/conv kernels through the library with fused epilogues
+  bool fuse = true;                    // false: one kernel per core node (the fusion ablation)
+};
+
+struct FusionDecision {
+  std::string kernel;
+  std::string note;                    // one line: what was fused and why, traffic saved
+};
+
+// Rewrites a core graph (after the "core" pipeline) into a kernel module. Nodes it cannot lower
+// (non-core ops, dynamic shapes, dtypes or ops the code generators do not handle) stay as they are.
+KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts = {},
+                  std::vector<FusionDecision>* decisions = nullptr);
+
+}  // namespace tessel

@@ -1,0 +1,189 @@
+// The compiled backend (see compiled_backend.h).
+#include "tessel/runtime/compiled_backend.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tessel/ir/op_registry.h"
+#include "tessel/ir/printer.h"
+#include "tessel/support/error.h"
+#include "tessel/targets/cpu/codegen.h"
+#include "tessel/targets/cpu/dnnl_ops.h"
+
+namespace tessel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+using GeneratedFn = void(void* const*, long, long);
+
+// Kernels with fewer elements than this run on one thread: waking the others costs more.
+constexpr int64_t kParallelMinElements = 16384;
+
+}  // namespace
+
+// Everything one kernel node needs when it runs.
+struct CompiledExecutable::Launch {
+  const Kernel* kernel = nullptr;
+  GeneratedFn* fn = nullptr;
+  std::vector<int> value_ids;                  // per non-scratch arg: the graph value id
+  std::vector<std::vector<uint8_t>> scratch;   // per scratch arg
+  std::vector<int> scratch_arg;
+  std::unique_ptr<cpu::Matmul> matmul;
+  std::unique_ptr<cpu::Conv2d> conv;
+  int threads = 1;
+
+  void operator()(KernelEnv& env) {
+    const Kernel& k = *kernel;
+    void* ptrs[64];
+    std::vector<void*> big;
+    void** args = ptrs;
+    if (k.args.size() > 64) {
+      big.resize(k.args.size());
+      args = big.data();
+    }
+    for (size_t i = 0; i < value_ids.size(); ++i) args[i] = value_ids[i] >= 0 ? env.ptr[static_cast<size_t>(value_ids[i])] : nullptr;
+    for (size_t s = 0; s < scratch_arg.size(); ++s) args[scratch_arg[s]] = scratch[s].data();
+    if (matmul) {
+      const float* a = static_cast<const float*>(args[k.mm.a]) + k.mm.a_offset;
+      const float* b = static_cast<const float*>(args[k.mm.b]) + k.mm.b_offset;
+      matmul->run(a, b, static_cast<float*>(args[k.mm.c]));
+    }
+    if (conv) conv->run(static_cast<const float*>(args[k.conv.x]), static_cast<float*>(args[k.conv.y]));
+    if (!fn) return;
+    const int64_t n = k.parallel_extent();
+    const int64_t work = k.outer_count() * k.inner_count() * k.phases;
+    if (threads <= 1 || n < 2 || work < kParallelMinElements) {
+      fn(args, 0, static_cast<long>(n));
+      return;
+    }
+    GeneratedFn* f = fn;
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+      const int64_t lo = n * t / T, hi = n * (t + 1) / T;
+      if (lo < hi) f(args, static_cast<long>(lo), static_cast<long>(hi));
+    }
+  }
+};
+
+CompiledExecutable::CompiledExecutable() = default;
+CompiledExecutable::~CompiledExecutable() = default;
+
+std::string CompiledExecutable::kernel_text(bool elide_constants) const {
+  std::string s = "# tessel kernel level\n";
+  PrintOptions po;
+  po.elide_constants = elide_constants;
+  s += print_graph(exe_->graph(), po);
+  s += "# kernels\n";
+  for (const Kernel& k : kernels_) s += print_kernel(k);
+  return s;
+}
+
+std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
+                                                const CompiledBackendOptions& opts) {
+  const auto t0 = Clock::now();
+  std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
+  CompiledCompileStats& st = ce->stats_;
+  st.threads = opts.threads > 0 ? opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::string model = opts.model_name;
+
+  GraphBackendOptions go;
+  go.pipeline = opts.pipeline;
+  // After the pipeline: fuse, generate, compile, load.
+  go.after_pipeline = [&](std::unique_ptr<Graph>& cg) {
+    auto tf = Clock::now();
+    KernelModule m = fuse(std::move(cg), opts.fuse, &ce->decisions_);
+    verify_kernel_module(m);
+    st.fuse_seconds = seconds_since(tf);
+    auto tc = Clock::now();
+    ce->source_ = cpu::generate_cpp(m, model);
+    st.codegen_seconds = seconds_since(tc);
+    bool any_fn = false;
+    for (const Kernel& k : m.kernels) any_fn = any_fn || cpu::has_generated_function(k);
+    if (any_fn) {
+      cpu::BuildResult br = cpu::build_shared_object(ce->source_, model, opts.toolchain);
+      ce->so_ = br.so;
+      st.cache_hit = br.cache_hit;
+      st.cxx_seconds = br.compile_seconds;
+      st.load_seconds = br.load_seconds;
+      st.cache_key = br.key;
+      st.source_path = br.source_path;
+      st.so_path = br.so_path;
+    }
+    ce->kernels_ = std::move(m.kernels);
+    cg = std::move(m.graph);
+  };
+  // Kernel nodes: library objects, function pointers, scratch buffers.
+  go.custom_kernel = [&](const Node& n) -> CoreKernel {
+    if (!is_kernel_node(n)) return {};
+    const Kernel& k = ce->kernels_.at(static_cast<size_t>(n.attr_i("kernel")));
+    auto L = std::make_unique<CompiledExecutable::Launch>();
+    L->kernel = &k;
+    L->threads = st.threads;
+    size_t in = 0, out = 0;
+    for (size_t i = 0; i < k.args.size(); ++i) {
+      const KArg& a = k.args[i];
+      if (a.role == KArg::Role::scratch) {
+        L->value_ids.push_back(-1);
+        L->scratch_arg.push_back(static_cast<int>(i));
+        L->scratch.emplace_back(static_cast<size_t>(shape_numel(a.type.shape)) * dtype_size(a.type.dtype));
+      } else {
+        const Value* v = a.role == KArg::Role::in ? n.inputs[in++] : n.outputs[out++];
+        L->value_ids.push_back(v->id);
+      }
+    }
+    if (cpu::has_generated_function(k)) L->fn = ce->so_->function<GeneratedFn>(cpu::kernel_symbol(k));
+    auto tl = Clock::now();
+    try {
+      if (k.kind == KernelKind::matmul) {
+        cpu::MatmulDesc d;
+        d.batch = k.mm.batch, d.M = k.mm.m, d.N = k.mm.n, d.K = k.mm.k;
+        d.a_batch = k.mm.a_batch, d.a_m = k.mm.a_m, d.a_k = k.mm.a_k;
+        d.b_batch = k.mm.b_batch, d.b_k = k.mm.b_k, d.b_n = k.mm.b_n;
+        const Value* bv = n.inputs[static_cast<size_t>(k.mm.b)];
+        if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset;
+        L->matmul = std::make_unique<cpu::Matmul>(d);
+      } else if (k.kind == KernelKind::conv) {
+        const ConvSpec& c = k.conv;
+        cpu::ConvDesc d{};
+        d.N = c.n, d.C = c.c, d.H = c.h, d.W = c.wd, d.OC = c.oc, d.KH = c.kh, d.KW = c.kw, d.OH = c.oh, d.OW = c.ow;
+        d.stride_h = c.stride_h, d.stride_w = c.stride_w;
+        d.pad_top = c.pad_top, d.pad_left = c.pad_left, d.pad_bottom = c.pad_bottom, d.pad_right = c.pad_right;
+        d.dil_h = c.dil_h, d.dil_w = c.dil_w, d.groups = c.groups;
+        d.weights = n.inputs[static_cast<size_t>(c.w)]->constant->data<float>();
+        d.bias = nullptr;
+        L->conv = std::make_unique<cpu::Conv2d>(d);
+      }
+    } catch (const Error& e) {
+      throw e.with_context(Location{.node = n.name, .op = std::string(kernel_kind_name(k.kind)), .pass = "compile"});
+    }
+    st.library_seconds += seconds_since(tl);
+    CompiledExecutable::Launch* raw = L.get();
+    ce->launches_.push_back(std::move(L));
+    return [raw](KernelEnv& env) { (*raw)(env); };
+  };
+  ce->exe_ = compile_graph(std::move(g), ex, go);
+  st.graph = ce->exe_->stats();
+  for (const Kernel& k : ce->kernels_) {
+    st.kernels++;
+    st.loop_kernels += k.kind == KernelKind::loop;
+    st.matmul_kernels += k.kind == KernelKind::matmul;
+    st.conv_kernels += k.kind == KernelKind::conv;
+    st.bytes_unfused += k.bytes_unfused;
+    st.bytes_fused += k.bytes_fused;
+  }
+  for (const auto& n : ce->exe_->graph().nodes()) st.core_nodes_left += n->op->domain == "tessel.core";
+  st.compile_seconds = seconds_since(t0);
+  return ce;
+}
+
+std::vector<Tensor> CompiledExecutable::run(const std::vector<Tensor>& inputs, GraphRunStats* stats) {
+  omp_set_num_threads(stats_.threads);  // oneDNN's OpenMP runtime follows it
+  return exe_->run(inputs, stats);
+}
+
+}  // namespace tessel

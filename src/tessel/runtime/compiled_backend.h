@@ -1,0 +1,76 @@
+// The `compiled` backend (the top rung of eager / graph / compiled, like PyTorch's inductor): the
+// core graph is fused into the kernel level, every loop kernel becomes a generated C++ function,
+// the translation unit is compiled by the system compiler into a shared object (cached on disk by
+// content hash) and loaded with dlopen; matmuls and convolutions run through oneDNN with their
+// epilogues fused. Everything else (memory planned into one arena, graph breaks in a dynamic
+// region, guards on inputs) is the graph backend's. docs/runtime/compiled-backend.md.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/kernel/kernel.h"
+#include "tessel/runtime/graph_backend.h"
+#include "tessel/targets/cpu/toolchain.h"
+
+namespace tessel {
+
+struct CompiledBackendOptions {
+  int threads = 0;                     // 0: the machine's hardware threads
+  std::string pipeline = "core";
+  FuseOptions fuse;
+  cpu::ToolchainOptions toolchain;
+  std::string model_name = "model";    // for the banner of the generated file
+};
+
+struct CompiledCompileStats {
+  GraphCompileStats graph;             // passes, arena, dynamic region (of the kernel-level graph)
+  double compile_seconds = 0;          // everything: passes, fusion, codegen, compiler/cache, library setup
+  double fuse_seconds = 0;
+  double codegen_seconds = 0;
+  double cxx_seconds = 0;              // the C++ compiler (0 on a cache hit)
+  double load_seconds = 0;             // dlopen
+  double library_seconds = 0;          // oneDNN primitives and packed weights
+  bool cache_hit = false;
+  std::string cache_key, source_path, so_path;
+  int kernels = 0, loop_kernels = 0, matmul_kernels = 0, conv_kernels = 0;
+  int core_nodes_left = 0;             // core nodes not covered by a kernel (run by typed kernels)
+  int64_t bytes_unfused = 0, bytes_fused = 0;
+  int threads = 1;
+};
+
+class CompiledExecutable;
+
+// Compiles `g` (as imported; example inputs as for compile_graph). Errors are tessel::Error naming
+// the node, kernel or stage; a C++ compiler failure names the kept source file.
+std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const std::vector<Tensor>& example_inputs = {},
+                                                const CompiledBackendOptions& opts = {});
+
+class CompiledExecutable {
+ public:
+  ~CompiledExecutable();
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs, GraphRunStats* stats = nullptr);
+  const CompiledCompileStats& stats() const { return stats_; }
+  const std::vector<Kernel>& kernels() const { return kernels_; }
+  const std::vector<FusionDecision>& decisions() const { return decisions_; }
+  const Graph& graph() const { return exe_->graph(); }
+  const std::string& source() const { return source_; }
+  // The kernel level as text (graph + kernels).
+  std::string kernel_text(bool elide_constants = true) const;
+
+ private:
+  friend std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph>, const std::vector<Tensor>&,
+                                                         const CompiledBackendOptions&);
+  struct Launch;
+  CompiledExecutable();
+  std::unique_ptr<GraphExecutable> exe_;
+  std::vector<Kernel> kernels_;
+  std::vector<FusionDecision> decisions_;
+  std::vector<std::unique_ptr<Launch>> launches_;
+  std::shared_ptr<cpu::SharedObject> so_;
+  std::string source_;
+  CompiledCompileStats stats_;
+};
+
+}  // namespace tessel

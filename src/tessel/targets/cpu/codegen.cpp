@@ -1,0 +1,323 @@
+// Kernel level -> C++ (see codegen.h).
+#include "tessel/targets/cpu/codegen.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "tessel/support/error.h"
+
+namespace tessel::cpu {
+namespace {
+
+std::string ctype(DType t) {
+  switch (t) {
+    case DType::f32: return "float";
+    case DType::f64: return "double";
+    case DType::i32: return "int32_t";
+    case DType::i64: return "int64_t";
+    case DType::boolean: return "bool";
+    default: break;
+  }
+  fail("the CPU code generator has no C++ type for {}", dtype_name(t));
+}
+
+// The element type of a buffer of dtype t.
+std::string storage_type(DType t) { return t == DType::boolean ? "uint8_t" : ctype(t); }
+
+std::string unsigned_of(DType t) { return t == DType::i32 ? "uint32_t" : "uint64_t"; }
+
+std::string literal(DType t, double v) {
+  if (t == DType::boolean) return v != 0 ? "true" : "false";
+  if (t == DType::i32 || t == DType::i64) {
+    const int64_t i = static_cast<int64_t>(v);
+    if (t == DType::i64 && i == INT64_MIN) return "(-9223372036854775807L - 1)";
+    if (t == DType::i32 && i == INT32_MIN) return "(-2147483647 - 1)";
+    return t == DType::i64 ? std::to_string(i) + "L" : std::to_string(i);
+  }
+  const bool f = t == DType::f32;
+  if (std::isnan(v)) return f ? "__builtin_nanf(\"\")" : "__builtin_nan(\"\")";
+  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + (f ? "__builtin_inff()" : "__builtin_inf()");
+  // shortest decimal that reads back exactly, else a hex float
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::string s = fmt::format("{:.{}g}", v, prec);
+    const double back = std::strtod(s.c_str(), nullptr);
+    if (f ? static_cast<float>(back) == static_cast<float>(v) : back == v) {
+      if (s.find_first_of(".e") == std::string::npos) s += ".0";
+      return f ? s + "f" : s;
+    }
+  }
+  return fmt::format("{:a}{}", v, f ? "f" : "");
+}
+
+std::string math_fn(const std::string& name, DType t) { return "tsl_" + name + (t == DType::f64 ? "_f64" : ""); }
+
+struct Emitter {
+  const Kernel& k;
+  std::string out;
+  std::vector<std::string> val;  // C++ expression / variable of each instruction
+
+  explicit Emitter(const Kernel& kk) : k(kk), val(kk.body.size()) {}
+
+  void line(int indent, const std::string& s) { out += std::string(static_cast<size_t>(indent) * 2, ' ') + s + "\n"; }
+
+  std::string v(int i) const { return "v" + std::to_string(i); }
+
+  // The element index of access a at the current loop point.
+  std::string index(int a) const {
+    const KAccess& acc = k.accesses[static_cast<size_t>(a)];
+    std::string s;
+    if (k.splits_inner()) {
+      s = acc.offset ? std::to_string(acc.offset) : "";
+      const int64_t st = acc.strides[0];
+      if (st) s += (s.empty() ? "" : " + ") + (st == 1 ? std::string("i0") : fmt::format("i0 * {}", st));
+      return s.empty() ? "0" : s;
+    }
+    s = "b" + std::to_string(a);
+    for (size_t d = 0; d < k.inner.size(); ++d) {
+      const int64_t st = acc.strides[k.outer.size() + d];
+      if (st == 0) continue;
+      s += st == 1 ? fmt::format(" + i{}", d) : fmt::format(" + i{} * {}", d, st);
+    }
+    return s;
+  }
+
+  std::string load(const KInstr& in) const {
+    const std::string e = fmt::format("a{}[{}]", k.accesses[static_cast<size_t>(in.access)].arg, index(in.access));
+    return in.dtype == DType::boolean ? "(" + e + " != 0)" : e;
+  }
+
+  std::string expr(const KInstr& in) const {
+    auto a = [&](int j) { return v(in.args[static_cast<size_t>(j)]); };
+    const DType t = in.dtype;
+    const bool fl = t == DType::f32 || t == DType::f64;
+    const std::string& op = in.op;
+    if (op == "load") return load(in);
+    if (op == "const") return literal(t, in.value);
+    if (op == "neg") return fl ? "-" + a(0) : fmt::format("({})(0 - ({}){})", ctype(t), unsigned_of(t), a(0));
+    if (op == "exp" || op == "log" || op == "sqrt" || op == "sin" || op == "atan" || op == "erf" || op == "tanh" ||
+        op == "floor" || op == "round_even")
+      return fmt::format("{}({})", math_fn(op, t), a(0));
+    if (op == "add" || op == "mul") {
+      const char* o = op == "add" ? "+" : "*";
+      if (fl) return fmt::format("{} {} {}", a(0), o, a(1));
+      if (t == DType::boolean) return fmt::format("({} && {})", a(0), a(1));  // mul of bools
+      return fmt::format("({})(({}){} {} ({}){})", ctype(t), unsigned_of(t), a(0), o, unsigned_of(t), a(1));
+    }
+    if (op == "div") return fmt::format("{} / {}", a(0), a(1));
+    if (op == "rem") return fmt::format("{}({}, {})", math_fn("fmod", t), a(0), a(1));
+    if (op == "pow") return fmt::format("{}({}, {})", math_fn("pow", t), a(0), a(1));
+    if (op == "max" || op == "min") {
+      if (fl) return fmt::format("{}({}, {})", math_fn(op, t), a(0), a(1));
+      if (t == DType::boolean) return fmt::format("({} {} {})", a(0), op == "max" ? "||" : "&&", a(1));
+      return fmt::format("({0} {2} {1} ? {0} : {1})", a(0), a(1), op == "max" ? ">" : "<");
+    }
+    if (op == "and" || op == "or" || op == "xor") {
+      if (t == DType::boolean) return fmt::format("({} {} {})", a(0), op == "and" ? "&&" : op == "or" ? "||" : "!=", a(1));
+      return fmt::format("({} {} {})", a(0), op == "and" ? "&" : op == "or" ? "|" : "^", a(1));
+    }
+    if (op == "compare") {
+      static const std::map<std::string, std::string> ops = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
+                                                              {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
+      auto it = ops.find(in.attr);
+      if (it == ops.end()) fail("compare direction '{}'", in.attr);
+      return fmt::format("({} {} {})", a(0), it->second, a(1));
+    }
+    if (op == "select") return fmt::format("({} ? {} : {})", a(0), a(1), a(2));
+    if (op == "convert") {
+      const DType from = k.body[static_cast<size_t>(in.args[0])].dtype;
+      if (t == DType::boolean) return fmt::format("({} != 0)", a(0));
+      if (from == t) return a(0);
+      return fmt::format("({}){}", ctype(t), a(0));
+    }
+    fail("the CPU code generator cannot emit '{}'", op);
+  }
+
+  // Statement(s) for instruction i inside a loop or at row level.
+  void emit(int indent, int i) {
+    const KInstr& in = k.body[static_cast<size_t>(i)];
+    if (in.op == "store") {
+      const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
+      const std::string x = v(in.args[0]);
+      line(indent, fmt::format("a{}[{}] = {};", acc.arg, index(in.access), in.dtype == DType::boolean ? "(uint8_t)" + x : x));
+      return;
+    }
+    if (in.op == "reduce") {
+      const std::string x = v(in.args[0]);
+      if (in.attr == "sum") line(indent, fmt::format("{} += {};", v(i), x));
+      else if (in.attr == "prod") line(indent, fmt::format("{} *= {};", v(i), x));
+      else {
+        line(indent, fmt::format("{0} = {1} {2} {0} ? {1} : {0};", v(i), x, in.attr == "max" ? ">" : "<"));
+        line(indent, fmt::format("{0}_nan |= {1} != {1};", v(i), x));
+      }
+      return;
+    }
+    line(indent, fmt::format("const {} {} = {};", ctype(in.dtype), v(i), expr(in)));
+  }
+
+  std::string reduction_clause(const std::vector<int>& reduces) const {
+    std::string s;
+    for (int r : reduces) {
+      const KInstr& in = k.body[static_cast<size_t>(r)];
+      const std::string op = in.attr == "sum" ? "+" : in.attr == "prod" ? "*" : in.attr;
+      s += fmt::format(" reduction({}:{})", op, v(r));
+      if (in.attr == "max" || in.attr == "min") s += fmt::format(" reduction(|:{}_nan)", v(r));
+    }
+    return s;
+  }
+
+  void phase_loop(int indent, int p) {
+    std::vector<int> reduces, body;
+    for (size_t i = 0; i < k.body.size(); ++i) {
+      const KInstr& in = k.body[i];
+      if (in.row || in.phase != p) continue;
+      body.push_back(static_cast<int>(i));
+      if (in.op == "reduce") reduces.push_back(static_cast<int>(i));
+    }
+    if (body.empty()) return;
+    line(indent, fmt::format("// phase {}", p));
+    for (int r : reduces) {
+      const KInstr& in = k.body[static_cast<size_t>(r)];
+      const double id = in.attr == "sum" ? 0.0 : in.attr == "prod" ? 1.0 : in.attr == "max" ? -INFINITY : INFINITY;
+      line(indent, fmt::format("{} {} = {};", ctype(in.dtype), v(r), literal(in.dtype, id)));
+      if (in.attr == "max" || in.attr == "min") line(indent, fmt::format("int {}_nan = 0;", v(r)));
+    }
+    const int n = static_cast<int>(k.inner.size());
+    for (int d = 0; d < n; ++d) {
+      if (d == n - 1) line(indent + d, "#pragma omp simd" + reduction_clause(reduces));
+      line(indent + d, fmt::format("for (long i{0} = 0; i{0} < {1}; ++i{0}) {{", d, k.inner[static_cast<size_t>(d)]));
+    }
+    for (int i : body) emit(indent + n, i);
+    for (int d = n; d-- > 0;) line(indent + d, "}");
+    for (int r : reduces) {
+      const KInstr& in = k.body[static_cast<size_t>(r)];
+      if (in.attr == "max" || in.attr == "min")
+        line(indent, fmt::format("{0} = {0}_nan ? {1} : {0};", v(r), literal(in.dtype, NAN)));
+    }
+  }
+
+  void row_instrs(int indent, int p) {
+    for (size_t i = 0; i < k.body.size(); ++i)
+      if (k.body[i].row && k.body[i].phase == p) emit(indent, static_cast<int>(i));
+  }
+
+  std::string header_comment() const {
+    std::string s = fmt::format("// kernel {}: {}, outer {} inner {}, {} phase{}\n", k.name, kernel_kind_name(k.kind),
+                                fmt::format("[{}]", fmt::join(k.outer, ", ")), fmt::format("[{}]", fmt::join(k.inner, ", ")),
+                                k.phases, k.phases == 1 ? "" : "s");
+    s += fmt::format("// fuses {} core nodes; traffic {} bytes unfused -> {} fused\n", k.fused_nodes, k.bytes_unfused,
+                     k.bytes_fused);
+    std::string src;
+    for (size_t i = 0; i < k.sources.size(); ++i) {
+      if (i == 8) {
+        src += fmt::format(", ... ({} more)", k.sources.size() - 8);
+        break;
+      }
+      src += (i ? ", " : "") + k.sources[i];
+    }
+    s += "// from: " + src + "\n";
+    for (size_t i = 0; i < k.args.size(); ++i) {
+      const KArg& a = k.args[i];
+      const char* role = a.role == KArg::Role::in ? "in" : a.role == KArg::Role::out ? "out" : "scratch";
+      s += fmt::format("//   a{} {} %{}: {}\n", i, role, a.name, a.type.str());
+    }
+    if (k.kind == KernelKind::matmul)
+      s += fmt::format("// the runtime first computes a{} = a{} . a{} ({} x [{} x {}] . [{} x {}]) through oneDNN; this is the epilogue\n",
+                       k.mm.c, k.mm.a, k.mm.b, k.mm.batch, k.mm.m, k.mm.k, k.mm.k, k.mm.n);
+    if (k.kind == KernelKind::conv)
+      s += fmt::format("// the runtime first computes a{} = conv(a{}, a{}) through oneDNN; this is the epilogue\n", k.conv.y,
+                       k.conv.x, k.conv.w);
+    return s;
+  }
+
+  std::string generate() {
+    out = header_comment();
+    line(0, fmt::format("extern \"C\" void {}(void* const* args, long lo, long hi) {{", kernel_symbol(k)));
+    // which args are touched
+    std::set<int> loaded, stored;
+    for (const KInstr& in : k.body) {
+      if (in.op == "load") loaded.insert(k.accesses[static_cast<size_t>(in.access)].arg);
+      if (in.op == "store") stored.insert(k.accesses[static_cast<size_t>(in.access)].arg);
+    }
+    for (size_t i = 0; i < k.args.size(); ++i) {
+      const int a = static_cast<int>(i);
+      if (!loaded.count(a) && !stored.count(a)) continue;
+      const std::string t = storage_type(k.args[i].type.dtype);
+      if (stored.count(a))
+        line(1, fmt::format("{0}* a{1} = ({0}*)args[{1}];", t, a));
+      else
+        line(1, fmt::format("const {0}* __restrict a{1} = (const {0}*)args[{1}];", t, a));
+    }
+    if (k.splits_inner()) {
+      line(1, "#pragma omp simd");
+      line(1, "for (long i0 = lo; i0 < hi; ++i0) {");
+      for (size_t i = 0; i < k.body.size(); ++i) emit(2, static_cast<int>(i));
+      line(1, "}");
+      line(0, "}");
+      return out;
+    }
+    line(1, "for (long o = lo; o < hi; ++o) {");
+    // outer indices
+    const size_t no = k.outer.size();
+    if (no == 0) {
+      line(2, "(void)o;");
+    } else if (no == 1) {
+      line(2, "const long o0 = o;");
+    } else {
+      line(2, "long r = o;");
+      for (size_t d = no; d-- > 0;) {
+        if (d == 0)
+          line(2, "const long o0 = r;");
+        else
+          line(2, fmt::format("const long o{0} = r % {1}; r /= {1};", d, k.outer[d]));
+      }
+    }
+    // row base of every access
+    for (size_t a = 0; a < k.accesses.size(); ++a) {
+      const KAccess& acc = k.accesses[a];
+      std::string s = acc.offset ? std::to_string(acc.offset) : "";
+      for (size_t d = 0; d < no; ++d)
+        if (acc.strides[d])
+          s += (s.empty() ? "" : " + ") + (acc.strides[d] == 1 ? fmt::format("o{}", d) : fmt::format("o{} * {}", d, acc.strides[d]));
+      if (s.empty()) s = "0";
+      bool used = false;
+      for (const KInstr& in : k.body) used = used || in.access == static_cast<int>(a);
+      if (used) line(2, fmt::format("const long b{} = {};", a, s));
+    }
+    for (size_t d = 0; d < no; ++d) line(2, fmt::format("(void)o{};", d));
+    for (int p = 0; p < k.phases; ++p) {
+      row_instrs(2, p);
+      phase_loop(2, p);
+    }
+    row_instrs(2, k.phases);
+    line(1, "}");
+    line(0, "}");
+    return out;
+  }
+};
+
+}  // namespace
+
+std::string kernel_symbol(const Kernel& k) { return "tsl_" + k.name; }
+
+bool has_generated_function(const Kernel& k) { return !k.body.empty(); }
+
+std::string generate_kernel(const Kernel& k) {
+  try {
+    return Emitter(k).generate();
+  } catch (const Error& e) {
+    throw e.with_context(Location{.node = k.name, .op = "kernel", .pass = "codegen-cpu"});
+  }
+}
+
+std::string generate_cpp(const KernelModule& m, const std::string& model_name) {
+  std::string s = fmt::format("// Generated by tessel from {} (kernel level -> C++ for the host CPU).\n", model_name);
+  s += "// One function per kernel; comments name the source nodes each kernel fuses.\n";
+  s += "#include \"tessel_rt.h\"\n";
+  for (const Kernel& k : m.kernels)
+    if (has_generated_function(k)) s += "\n" + generate_kernel(k);
+  return s;
+}
+
+}  // namespace tessel::cpu

@@ -1,0 +1,28 @@
+// C++ generation for the CPU target (docs/targets/cpu.md): one readable function per kernel of a
+// kernel module, with provenance comments naming the fused source nodes.
+//
+//   extern "C" void tsl_<kernel>(void* const* args, long lo, long hi);
+//
+// args holds one pointer per kernel arg (inputs, outputs, scratch); [lo, hi) is the part of the
+// kernel's parallel range (Kernel::parallel_extent) this call computes, so calls on disjoint ranges
+// may run on different threads. Matmul and convolution kernels get a function for their epilogue
+// only (the library call runs first, from the runtime); a kernel without epilogue gets none.
+// Inner loops are marked `#pragma omp simd`; math comes from tessel_rt.h, written to vectorise.
+#pragma once
+
+#include <string>
+
+#include "tessel/kernel/kernel.h"
+
+namespace tessel::cpu {
+
+std::string kernel_symbol(const Kernel& k);        // "tsl_k3"
+bool has_generated_function(const Kernel& k);      // false for a library call without epilogue
+
+// The whole translation unit: a banner, the runtime header include and every kernel's function.
+std::string generate_cpp(const KernelModule& m, const std::string& model_name);
+
+// One kernel's function (used by the docs and tests).
+std::string generate_kernel(const Kernel& k);
+
+}  // namespace tessel::cpu
