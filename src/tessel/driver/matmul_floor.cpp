@@ -1,0 +1,129 @@
+// The matmul floor: a model's fp32 dot_general nodes as oneDNN matmuls, timed back to back.
+#include "tessel/driver/matmul_floor.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+
+#include "tessel/driver/model_dir.h"
+#include "tessel/frontend/onnx/importer.h"
+#include "tessel/ir/graph.h"
+#include "tessel/passes/pass.h"
+#include "tessel/support/error.h"
+#include "tessel/targets/cpu/dnnl_ops.h"
+
+namespace tessel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A constant reached through views that only relabel or repeat its elements: the backend packs it.
+bool is_constant_operand(const Value* v) {
+  while (v && !v->constant) {
+    const Node* p = v->producer;
+    if (!p || !p->has_input(0)) return false;
+    const std::string& op = p->op_name();
+    if (op != "reshape" && op != "broadcast_in_dim" && op != "transpose") return false;
+    v = p->inputs[0];
+  }
+  return v != nullptr;
+}
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+double quantile(const std::vector<double>& sorted, double q) {
+  size_t i = static_cast<size_t>(q * static_cast<double>(sorted.size() - 1) + 0.5);
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+struct Job {
+  std::vector<float> a, b, c;
+  std::unique_ptr<cpu::Matmul> mm;
+};
+
+// Restores the OpenMP thread count on every exit path.
+struct ThreadScope {
+  int saved = omp_get_max_threads();
+  explicit ThreadScope(int n) { omp_set_num_threads(n); }
+  ~ThreadScope() { omp_set_num_threads(saved); }
+};
+
+}  // namespace
+
+FloorResult measure_matmul_floor(const Graph& core_graph, int threads, int iters) {
+  const Location loc{.pass = "matmul floor"};
+  if (threads < 1) throw Error(loc, fmt::format("threads = {} must be at least 1", threads));
+  if (iters < 1) throw Error(loc, fmt::format("iters = {} must be at least 1", iters));
+  if (!cpu::dnnl_available()) throw Error(loc, "oneDNN has no usable CPU engine here", true);
+  ThreadScope scope(threads);
+  FloorResult r;
+  r.threads = threads;
+  std::mt19937 rng(1234);
+  std::vector<Job> jobs;
+  std::map<std::string, int> impls;
+  for (const auto& n : core_graph.nodes()) {
+    if (n->op_name() != "dot_general") continue;
+    std::optional<cpu::MatmulDesc> d = cpu::dot_general_matmul(*n);
+    if (!d) continue;  // not fp32, or unknown dims
+    Job j;
+    const bool shared = d->b_batch == 0;
+    j.a = random_floats(static_cast<size_t>(d->batch * d->M * d->K), rng);
+    j.b = random_floats(static_cast<size_t>((shared ? 1 : d->batch) * d->K * d->N), rng);
+    j.c.assign(static_cast<size_t>(d->batch * d->M * d->N), 0.0f);
+    const bool packed = is_constant_operand(n->inputs[1]);
+    if (packed) d->constant_b = j.b.data();
+    try {
+      j.mm = std::make_unique<cpu::Matmul>(*d);
+    } catch (const Error& e) {
+      throw e.with_context(Location{.node = n->name, .op = "dot_general", .pass = "matmul floor"});
+    }
+    ++impls[j.mm->impl()];
+    r.shapes.push_back(fmt::format("{}{}  {}", cpu::matmul_str(*d), packed ? " packed" : "", n->name));
+    r.flops += 2.0 * static_cast<double>(d->batch * d->M) * static_cast<double>(d->N * d->K);
+    jobs.push_back(std::move(j));
+  }
+  r.matmuls = static_cast<int>(jobs.size());
+  for (const auto& [name, count] : impls) r.impls += fmt::format("{}{} x{}", r.impls.empty() ? "" : ", ", name, count);
+  if (jobs.empty()) return r;
+  auto pass = [&] {
+    for (Job& j : jobs) j.mm->run(j.a.data(), j.b.data(), j.c.data());
+  };
+  pass();
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    pass();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  r.median_ms = quantile(ms, 0.5);
+  r.p10_ms = quantile(ms, 0.1);
+  r.p90_ms = quantile(ms, 0.9);
+  return r;
+}
+
+FloorResult measure_model_matmul_floor(const std::string& model, int threads, int iters) {
+  const ModelPaths mp = resolve_model(model);
+  ImportOptions io;
+  if (!mp.data_sets.empty())
+    for (const Tensor& t : read_data_set(mp.data_sets[0], "input")) io.input_shapes.push_back(t.shape());
+  ImportedModel m = import_onnx(mp.model, io);
+  run_pipeline(*m.graph, parse_pipeline("core"), PassOptions{.verify = false});
+  return measure_matmul_floor(*m.graph, threads, iters);
+}
+
+std::string floor_summary(const FloorResult& r) {
+  return fmt::format("{} matmuls, {:.3f} GFLOP, median {:.3f} ms (p10 {:.3f}, p90 {:.3f}), {:.0f} GFLOP/s, {} threads",
+                     r.matmuls, r.flops / 1e9, r.median_ms, r.p10_ms, r.p90_ms, r.gflops(), r.threads);
+}
+
+}  // namespace tessel

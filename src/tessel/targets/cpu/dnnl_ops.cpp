@@ -1,0 +1,456 @@
+// oneDNN matmul and convolution primitives: descriptors checked and primitives built once, run() executes.
+#include "tessel/targets/cpu/dnnl_ops.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <vector>
+
+#include "tessel/ir/graph.h"
+#include "tessel/support/error.h"
+
+namespace tessel::cpu {
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+constexpr memory::data_type kF32 = memory::data_type::f32;
+
+// One engine and stream for the process (oneDNN's CPU engine is cheap to share).
+struct Runtime {
+  dnnl::engine eng;
+  dnnl::stream strm;
+};
+
+Runtime& runtime() {
+  static Runtime rt = [] {
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    return Runtime{eng, dnnl::stream(eng)};
+  }();
+  return rt;
+}
+
+dnnl::algorithm eltwise_alg(Activation a) {
+  switch (a) {
+    case Activation::relu: return dnnl::algorithm::eltwise_relu;
+    case Activation::clip: return dnnl::algorithm::eltwise_clip;
+    case Activation::gelu_erf: return dnnl::algorithm::eltwise_gelu_erf;
+    case Activation::gelu_tanh: return dnnl::algorithm::eltwise_gelu_tanh;
+    case Activation::sigmoid: return dnnl::algorithm::eltwise_logistic;
+    case Activation::tanh: return dnnl::algorithm::eltwise_tanh;
+    case Activation::none: break;
+  }
+  return dnnl::algorithm::undef;
+}
+
+// alpha as oneDNN's output scale (applied to product + bias), then sum (accumulate), then the activation.
+dnnl::primitive_attr make_attr(const Epilogue& e) {
+  dnnl::primitive_attr attr;
+  if (e.alpha != 1.0f) attr.set_output_scales(0, {e.alpha});
+  dnnl::post_ops po;
+  if (e.accumulate) po.append_sum(1.0f);
+  if (e.act != Activation::none) {
+    const bool clip = e.act == Activation::clip;
+    po.append_eltwise(1.0f, eltwise_alg(e.act), clip ? e.clip_lo : 0.0f, clip ? e.clip_hi : 0.0f);
+  }
+  attr.set_post_ops(po);
+  return attr;
+}
+
+int threads_now() { return omp_get_max_threads(); }
+
+// Binds `m` to a caller's buffer (oneDNN takes non-const handles; inputs are only read).
+void bind(const memory& m, const float* p) { m.set_data_handle(const_cast<float*>(p)); }
+
+void reorder_now(const memory& from, const memory& to) {
+  Runtime& rt = runtime();
+  dnnl::reorder(from, to).execute(rt.strm, const_cast<memory&>(from), const_cast<memory&>(to));
+  rt.strm.wait();
+}
+
+std::string dims_str(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  for (int64_t d : dims) s += (s.size() > 1 ? "x" : "") + std::to_string(d);
+  return s + "]";
+}
+
+// A row-major [rows, cols] view: a dim of size 1 gets the stride that keeps the view plain (oneDNN
+// then recognises it as a row-major or transposed matrix instead of an arbitrary strided one).
+void normalize_2d(int64_t rows, int64_t cols, int64_t& s_rows, int64_t& s_cols) {
+  if (rows == 1 && cols == 1) {
+    s_rows = s_cols = 1;
+  } else if (rows == 1) {
+    s_rows = s_cols == 1 ? cols : 1;
+  } else if (cols == 1) {
+    s_cols = s_rows == 1 ? rows : 1;
+  }
+}
+
+// The oneDNN memory descriptors of a matmul after folding a shared-B batch into M.
+struct MatmulPlan {
+  memory::desc a, b, c, bias;
+  bool folded = false;  // batch folded into M (a 2-D problem)
+};
+
+MatmulPlan plan_matmul(MatmulDesc& d) {
+  const std::string name = matmul_str(d);
+  if (d.batch <= 0 || d.M <= 0 || d.N <= 0 || d.K <= 0)
+    fail("matmul {}: dims must be positive (batch {}, M {}, N {}, K {})", name, d.batch, d.M, d.N, d.K);
+  if (d.c_batch == 0 && d.c_m == 0 && d.c_n == 0) {
+    d.c_batch = d.M * d.N;
+    d.c_m = d.N;
+    d.c_n = 1;
+  }
+  for (int64_t s : {d.a_batch, d.a_m, d.a_k, d.b_batch, d.b_k, d.b_n, d.c_batch, d.c_m, d.c_n})
+    if (s < 0) fail("matmul {}: negative strides are not supported", name);
+  normalize_2d(d.M, d.K, d.a_m, d.a_k);
+  normalize_2d(d.K, d.N, d.b_k, d.b_n);
+  normalize_2d(d.M, d.N, d.c_m, d.c_n);
+  if (d.a_m == 0 || d.a_k == 0 || d.b_k == 0 || d.b_n == 0 || d.c_m == 0 || d.c_n == 0)
+    unsupported("matmul {}: a zero stride inside a matrix (a broadcast row or column) is not supported", name);
+  if (d.batch > 1 && d.c_batch == 0) fail("matmul {}: C's batch stride is 0, so the batch results overlap", name);
+  if (d.batch == 1) d.a_batch = d.b_batch = d.c_batch = 0;
+
+  MatmulPlan p;
+  const bool b_shared = d.batch == 1 || d.b_batch == 0;
+  auto merges = [&](int64_t s_batch, int64_t s_m) { return d.batch == 1 || d.M == 1 || s_batch == d.M * s_m; };
+  int64_t M = d.M, a_m = d.a_m, c_m = d.c_m;
+  if (b_shared && merges(d.a_batch, d.a_m) && merges(d.c_batch, d.c_m)) {
+    p.folded = true;
+    M = d.batch * d.M;
+    // A merged [batch*M] dim of size M*batch whose single stride is a_m (or a_batch when M == 1).
+    if (d.M == 1 && d.batch > 1) a_m = d.a_batch, c_m = d.c_batch;
+    normalize_2d(M, d.K, a_m, d.a_k);
+  }
+  if (p.folded) {
+    p.a = memory::desc({M, d.K}, kF32, memory::dims{a_m, d.a_k});
+    p.b = memory::desc({d.K, d.N}, kF32, memory::dims{d.b_k, d.b_n});
+    p.c = memory::desc({M, d.N}, kF32, memory::dims{c_m, d.c_n});
+    p.bias = memory::desc({1, d.N}, kF32, Tag::ab);
+  } else {
+    // A dim of size 1 broadcasts over the batch; its stride is then irrelevant but must be positive.
+    const int64_t ab = d.a_batch == 0 ? 1 : d.batch, bb = d.b_batch == 0 ? 1 : d.batch;
+    p.a = memory::desc({ab, d.M, d.K}, kF32, memory::dims{d.a_batch == 0 ? d.M * d.K : d.a_batch, d.a_m, d.a_k});
+    p.b = memory::desc({bb, d.K, d.N}, kF32, memory::dims{d.b_batch == 0 ? d.K * d.N : d.b_batch, d.b_k, d.b_n});
+    p.c = memory::desc({d.batch, d.M, d.N}, kF32, memory::dims{d.c_batch, d.c_m, d.c_n});
+    p.bias = memory::desc({1, 1, d.N}, kF32, Tag::abc);
+  }
+  return p;
+}
+
+dnnl::matmul::primitive_desc matmul_pd(const MatmulPlan& p, bool pack_b, bool bias, const dnnl::primitive_attr& attr) {
+  const memory::desc b = pack_b ? memory::desc(p.b.dims(), kF32, Tag::any) : p.b;
+  const dnnl::matmul::desc md = bias ? dnnl::matmul::desc(p.a, b, p.bias, p.c) : dnnl::matmul::desc(p.a, b, p.c);
+  return dnnl::matmul::primitive_desc(md, attr, runtime().eng);
+}
+
+}  // namespace
+
+bool dnnl_available() {
+  static const bool ok = [] {
+    try {
+      runtime();
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+std::string dnnl_version() {
+  const dnnl_version_t* v = dnnl::version();
+  std::string isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: isa = "sse41"; break;
+    case dnnl::cpu_isa::avx: isa = "avx"; break;
+    case dnnl::cpu_isa::avx2: isa = "avx2"; break;
+    case dnnl::cpu_isa::avx2_vnni: isa = "avx2_vnni"; break;
+    case dnnl::cpu_isa::avx512_core: isa = "avx512_core"; break;
+    case dnnl::cpu_isa::avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl::cpu_isa::avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
+    default: isa = "other"; break;
+  }
+  return fmt::format("oneDNN {}.{}.{} (isa {}, {} threads)", v->major, v->minor, v->patch, isa, threads_now());
+}
+
+MatmulDesc contiguous_matmul(int64_t batch, int64_t M, int64_t N, int64_t K, bool b_shared) {
+  MatmulDesc d;
+  d.batch = batch, d.M = M, d.N = N, d.K = K;
+  d.a_batch = M * K, d.a_m = K, d.a_k = 1;
+  d.b_batch = b_shared ? 0 : K * N, d.b_k = N, d.b_n = 1;
+  return d;
+}
+
+std::optional<MatmulDesc> dot_general_matmul(const Node& dot) {
+  if (dot.op_name() != "dot_general" || dot.inputs.size() != 2 || !dot.inputs[0] || !dot.inputs[1]) return std::nullopt;
+  const TensorType& a = dot.inputs[0]->type;
+  const TensorType& b = dot.inputs[1]->type;
+  if (a.dtype != DType::f32 || b.dtype != DType::f32) return std::nullopt;
+  for (const Shape* s : {&a.shape, &b.shape})
+    for (int64_t x : *s)
+      if (x < 0) return std::nullopt;
+  const std::vector<int64_t> lb = dot.attr_ints("lhs_batch", {}), lc = dot.attr_ints("lhs_contract");
+  const std::vector<int64_t> rb = dot.attr_ints("rhs_batch", {}), rc = dot.attr_ints("rhs_contract");
+  auto product = [](const Shape& s, const std::vector<int64_t>& dims) {
+    int64_t p = 1;
+    for (int64_t d : dims) p *= s.at(static_cast<size_t>(d));
+    return p;
+  };
+  const int64_t batch = product(a.shape, lb), K = product(a.shape, lc);
+  const int64_t M = shape_numel(a.shape) / std::max<int64_t>(1, batch * K);
+  const int64_t N = shape_numel(b.shape) / std::max<int64_t>(1, product(b.shape, rb) * K);
+  // The rhs is the same for every batch when it is broadcast along all batch dims of size > 1.
+  bool shared = batch == 1;
+  const Node* p = dot.inputs[1]->producer;
+  if (!shared && p && p->op_name() == "broadcast_in_dim" && p->has_input(0)) {
+    const std::vector<int64_t> dims = p->attr_ints("dims", {});
+    const Shape& src = p->inputs[0]->type.shape;
+    shared = true;
+    for (int64_t d : rb) {
+      if (b.shape[static_cast<size_t>(d)] == 1) continue;
+      auto it = std::find(dims.begin(), dims.end(), d);
+      if (it != dims.end() && src[static_cast<size_t>(it - dims.begin())] != 1) shared = false;
+    }
+  }
+  return contiguous_matmul(batch, M, N, K, shared);
+}
+
+std::string matmul_str(const MatmulDesc& d) {
+  if (d.batch == 1) return dims_str({d.M, d.K}) + "·" + dims_str({d.K, d.N});
+  return dims_str({d.batch, d.M, d.K}) + "·" + (d.b_batch == 0 && !d.constant_b ? dims_str({d.K, d.N}) : dims_str({d.batch, d.K, d.N}));
+}
+
+// ---- Matmul -------------------------------------------------------------------------------------
+
+struct Matmul::Impl {
+  MatmulDesc d;
+  std::string name;
+  MatmulPlan plan;
+  dnnl::primitive_attr attr;
+  bool pack = false;
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  int threads = 0;
+  memory a, b, c, bias;
+  std::vector<float> bias_data;
+  std::vector<dnnl_exec_arg_t> args;
+
+  void build() {
+    threads = threads_now();
+    pd = matmul_pd(plan, pack, d.bias != nullptr, attr);
+    prim = dnnl::matmul(pd);
+    const dnnl::engine& eng = runtime().eng;
+    a = memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
+    c = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
+    if (!pack) {
+      b = memory(pd.weights_desc(), eng, DNNL_MEMORY_NONE);
+    } else if (!b || b.get_desc() != pd.weights_desc()) {
+      memory packed(pd.weights_desc(), eng);
+      reorder_now(b ? b : memory(plan.b, eng, const_cast<float*>(d.constant_b)), packed);
+      b = packed;
+    }
+    args = {{DNNL_ARG_SRC, a.get()}, {DNNL_ARG_WEIGHTS, b.get()}, {DNNL_ARG_DST, c.get()}};
+    if (d.bias) {
+      bias = memory(plan.bias, eng, bias_data.data());
+      args.push_back({DNNL_ARG_BIAS, bias.get()});
+    }
+  }
+};
+
+Matmul::Matmul(const MatmulDesc& desc) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.d = desc;
+  m.name = matmul_str(desc);
+  try {
+    m.plan = plan_matmul(m.d);
+    m.attr = make_attr(m.d.epilogue);
+    m.pack = m.d.constant_b != nullptr;
+    if (m.d.bias) m.bias_data.assign(m.d.bias, m.d.bias + m.d.N);
+    m.build();
+  } catch (const dnnl::error& e) {
+    fail("matmul {}: oneDNN: {}", m.name, e.what());
+  }
+  m.d.constant_b = nullptr;  // the caller's buffers are not kept
+  m.d.bias = nullptr;
+}
+
+Matmul::~Matmul() = default;
+Matmul::Matmul(Matmul&&) noexcept = default;
+Matmul& Matmul::operator=(Matmul&&) noexcept = default;
+
+bool Matmul::supported(const MatmulDesc& desc) {
+  try {
+    MatmulDesc d = desc;
+    const MatmulPlan p = plan_matmul(d);
+    const std::string impl = matmul_pd(p, false, false, dnnl::primitive_attr()).impl_info_str();
+    return impl.rfind("ref", 0) != 0;
+  } catch (const Error&) {
+    return false;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+void Matmul::run(const float* a, const float* b, float* c) const {
+  Impl& m = *impl_;
+  if (!a || !c || (!m.pack && !b)) fail("matmul {}: an operand pointer is null", m.name);
+  try {
+    if (m.threads != threads_now()) m.build();
+    bind(m.a, a);
+    if (!m.pack) bind(m.b, b);
+    bind(m.c, c);
+    Runtime& rt = runtime();
+    dnnl::error::wrap_c_api(
+        dnnl_primitive_execute(m.prim.get(), rt.strm.get(), static_cast<int>(m.args.size()), m.args.data()),
+        "could not execute");
+    rt.strm.wait();
+  } catch (const dnnl::error& e) {
+    fail("matmul {}: oneDNN: {}", m.name, e.what());
+  }
+}
+
+const MatmulDesc& Matmul::desc() const { return impl_->d; }
+bool Matmul::packed_b() const { return impl_->pack; }
+std::string Matmul::impl() const { return impl_->pd.impl_info_str(); }
+
+// ---- Conv2d -------------------------------------------------------------------------------------
+
+std::string conv_str(const ConvDesc& d) {
+  std::string s = dims_str({d.N, d.C, d.H, d.W}) + "*" + dims_str({d.OC, d.groups > 0 ? d.C / d.groups : d.C, d.KH, d.KW});
+  s += fmt::format(" s{}", d.stride_h == d.stride_w ? std::to_string(d.stride_h) : fmt::format("{},{}", d.stride_h, d.stride_w));
+  if (d.pad_top || d.pad_left || d.pad_bottom || d.pad_right)
+    s += fmt::format(" p{},{},{},{}", d.pad_top, d.pad_left, d.pad_bottom, d.pad_right);
+  if (d.dil_h != 1 || d.dil_w != 1) s += fmt::format(" d{},{}", d.dil_h, d.dil_w);
+  if (d.groups != 1) s += fmt::format(" g{}", d.groups);
+  return s;
+}
+
+namespace {
+
+void check_conv(const ConvDesc& d, const std::string& name) {
+  for (int64_t v : {d.N, d.C, d.H, d.W, d.OC, d.KH, d.KW, d.OH, d.OW})
+    if (v <= 0) fail("conv2d {}: dims must be positive", name);
+  if (d.stride_h < 1 || d.stride_w < 1) fail("conv2d {}: strides must be >= 1", name);
+  if (d.dil_h < 1 || d.dil_w < 1) fail("conv2d {}: dilations must be >= 1", name);
+  if (d.pad_top < 0 || d.pad_left < 0 || d.pad_bottom < 0 || d.pad_right < 0) fail("conv2d {}: pads must be >= 0", name);
+  if (d.groups < 1 || d.C % d.groups || d.OC % d.groups)
+    fail("conv2d {}: groups = {} must divide C = {} and OC = {}", name, d.groups, d.C, d.OC);
+  if (!d.weights) fail("conv2d {}: the weights are required (a constant)", name);
+  const int64_t oh = (d.H + d.pad_top + d.pad_bottom - (d.KH - 1) * d.dil_h - 1) / d.stride_h + 1;
+  const int64_t ow = (d.W + d.pad_left + d.pad_right - (d.KW - 1) * d.dil_w - 1) / d.stride_w + 1;
+  if (oh != d.OH || ow != d.OW)
+    fail("conv2d {}: the output is {}x{} but the shapes give {}x{}", name, d.OH, d.OW, oh, ow);
+}
+
+}  // namespace
+
+struct Conv2d::Impl {
+  ConvDesc d;
+  std::string name;
+  bool blocked = false;
+  dnnl::primitive_attr attr;
+  memory::desc x_md, y_md, w_md, bias_md;  // NCHW activations, [G,] OIHW weights
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward prim;
+  dnnl::reorder to_src, from_dst, to_dst;  // only where the primitive's layout differs from NCHW
+  bool reorder_src = false, reorder_dst = false;
+  int threads = 0;
+  memory x, y, src, dst, w, bias;
+  std::vector<float> bias_data;
+  std::vector<dnnl_exec_arg_t> args;
+
+  void build() {
+    threads = threads_now();
+    const dnnl::engine& eng = runtime().eng;
+    const memory::desc act_x = blocked ? memory::desc(x_md.dims(), kF32, Tag::any) : x_md;
+    const memory::desc act_y = blocked ? memory::desc(y_md.dims(), kF32, Tag::any) : y_md;
+    const memory::desc wany(w_md.dims(), kF32, Tag::any);
+    const memory::dims strides{d.stride_h, d.stride_w}, dil{d.dil_h - 1, d.dil_w - 1};
+    const memory::dims pl{d.pad_top, d.pad_left}, pr{d.pad_bottom, d.pad_right};
+    const auto fwd = dnnl::prop_kind::forward_inference;
+    const auto alg = dnnl::algorithm::convolution_direct;
+    const dnnl::convolution_forward::desc cd =
+        d.bias ? dnnl::convolution_forward::desc(fwd, alg, act_x, wany, bias_md, act_y, strides, dil, pl, pr)
+               : dnnl::convolution_forward::desc(fwd, alg, act_x, wany, act_y, strides, dil, pl, pr);
+    pd = dnnl::convolution_forward::primitive_desc(cd, attr, eng);
+    prim = dnnl::convolution_forward(pd);
+    x = memory(x_md, eng, DNNL_MEMORY_NONE);
+    y = memory(y_md, eng, DNNL_MEMORY_NONE);
+    reorder_src = pd.src_desc() != x_md;
+    reorder_dst = pd.dst_desc() != y_md;
+    src = reorder_src ? memory(pd.src_desc(), eng) : x;
+    dst = reorder_dst ? memory(pd.dst_desc(), eng) : y;
+    if (reorder_src) to_src = dnnl::reorder(x, src);
+    if (reorder_dst) from_dst = dnnl::reorder(dst, y);
+    if (reorder_dst && d.epilogue.accumulate) to_dst = dnnl::reorder(y, dst);
+    if (!w || w.get_desc() != pd.weights_desc()) {
+      memory packed(pd.weights_desc(), eng);
+      reorder_now(w ? w : memory(w_md, eng, const_cast<float*>(d.weights)), packed);
+      w = packed;
+    }
+    args = {{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_WEIGHTS, w.get()}, {DNNL_ARG_DST, dst.get()}};
+    if (d.bias) {
+      bias = memory(bias_md, eng, bias_data.data());
+      args.push_back({DNNL_ARG_BIAS, bias.get()});
+    }
+  }
+};
+
+Conv2d::Conv2d(const ConvDesc& desc) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.d = desc;
+  m.name = conv_str(desc);
+  check_conv(m.d, m.name);
+  // Blocked won on every mobilenet_v2 layer, reorders included (bench/matmul_floor.md): with NCHW
+  // activations oneDNN 2.6 has only its im2col gemm convolution.
+  m.blocked = m.d.layout != ConvLayout::nchw;
+  try {
+    m.attr = make_attr(m.d.epilogue);
+    m.x_md = memory::desc({m.d.N, m.d.C, m.d.H, m.d.W}, kF32, Tag::nchw);
+    m.y_md = memory::desc({m.d.N, m.d.OC, m.d.OH, m.d.OW}, kF32, Tag::nchw);
+    const int64_t g = m.d.groups;
+    m.w_md = g == 1 ? memory::desc({m.d.OC, m.d.C, m.d.KH, m.d.KW}, kF32, Tag::oihw)
+                    : memory::desc({g, m.d.OC / g, m.d.C / g, m.d.KH, m.d.KW}, kF32, Tag::goihw);
+    m.bias_md = memory::desc({m.d.OC}, kF32, Tag::x);
+    if (m.d.bias) m.bias_data.assign(m.d.bias, m.d.bias + m.d.OC);
+    m.build();
+  } catch (const dnnl::error& e) {
+    fail("conv2d {}: oneDNN: {}", m.name, e.what());
+  }
+  m.d.weights = nullptr;  // the caller's buffers are not kept
+  m.d.bias = nullptr;
+}
+
+Conv2d::~Conv2d() = default;
+Conv2d::Conv2d(Conv2d&&) noexcept = default;
+Conv2d& Conv2d::operator=(Conv2d&&) noexcept = default;
+
+void Conv2d::run(const float* x, float* y) const {
+  Impl& m = *impl_;
+  if (!x || !y) fail("conv2d {}: an operand pointer is null", m.name);
+  try {
+    if (m.threads != threads_now()) m.build();
+    Runtime& rt = runtime();
+    bind(m.x, x);
+    bind(m.y, y);
+    if (m.reorder_src) m.to_src.execute(rt.strm, m.x, m.src);
+    if (m.reorder_dst && m.d.epilogue.accumulate) m.to_dst.execute(rt.strm, m.y, m.dst);
+    dnnl::error::wrap_c_api(
+        dnnl_primitive_execute(m.prim.get(), rt.strm.get(), static_cast<int>(m.args.size()), m.args.data()),
+        "could not execute");
+    if (m.reorder_dst) m.from_dst.execute(rt.strm, m.dst, m.y);
+    rt.strm.wait();
+  } catch (const dnnl::error& e) {
+    fail("conv2d {}: oneDNN: {}", m.name, e.what());
+  }
+}
+
+const ConvDesc& Conv2d::desc() const { return impl_->d; }
+bool Conv2d::blocked() const { return impl_->reorder_src || impl_->reorder_dst; }
+std::string Conv2d::impl() const { return impl_->pd.impl_info_str(); }
+
+}  // namespace tessel::cpu

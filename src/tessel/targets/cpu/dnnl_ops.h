@@ -1,0 +1,123 @@
+// fp32 matmul and 2-D convolution through oneDNN for the compiled CPU backend: everything that does
+// not depend on the data (primitive creation, packing constant weights into oneDNN's blocked layout)
+// happens in the constructor; run() only executes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace tessel {
+class Node;
+}
+
+namespace tessel::cpu {
+
+// Whether oneDNN can run here (a CPU engine can be created); cheap after the first call.
+bool dnnl_available();
+// "oneDNN 2.6.3 (isa avx512_core, omp)".
+std::string dnnl_version();
+
+// An activation applied to the result (oneDNN eltwise post-op).
+enum class Activation { none, relu, clip, gelu_erf, gelu_tanh, sigmoid, tanh };
+
+// Fused epilogue: y = act(alpha · (x·w + bias) + (accumulate ? y_old : 0)), where y_old is what the
+// output buffer holds when run() is called (a residual add in place). clip is min(max(v, lo), hi).
+struct Epilogue {
+  float alpha = 1;
+  bool accumulate = false;
+  Activation act = Activation::none;
+  float clip_lo = 0, clip_hi = 6;
+};
+
+// C[b] = A[b] · B[b] for b in [0, batch): fp32. A is [batch, M, K] and B is [batch, K, N], both given by
+// strides in elements (transposed operands are just strides; a batch stride of 0 shares the operand
+// across the batch). C is contiguous [batch, M, N] unless c strides are given.
+struct MatmulDesc {
+  int64_t batch = 1, M = 0, N = 0, K = 0;
+  int64_t a_batch = 0, a_m = 0, a_k = 0;  // strides of A in elements
+  int64_t b_batch = 0, b_k = 0, b_n = 0;  // strides of B
+  int64_t c_batch = 0, c_m = 0, c_n = 0;  // strides of C (all 0 = contiguous)
+  const float* constant_b = nullptr;      // B's data when it is a constant: packed (copied) by the constructor
+  const float* bias = nullptr;            // optional [N] bias, copied by the constructor
+  Epilogue epilogue;
+};
+
+// A MatmulDesc with contiguous row-major operands: A [batch, M, K], B [batch, K, N] (b_shared: [K, N]).
+MatmulDesc contiguous_matmul(int64_t batch, int64_t M, int64_t N, int64_t K, bool b_shared = false);
+
+// A fp32 dot_general node of the core level as a matmul over contiguous operands: lhs permuted to
+// [batch, M, K] (batch dims, free dims, contracting dims) and rhs to [batch, K, N]. b_shared when the
+// rhs has no batch dims of size > 1 (a weight): then the batch folds into M. nullopt for other dtypes
+// or unknown dims.
+std::optional<MatmulDesc> dot_general_matmul(const Node& dot);
+
+// "[12x128x64]·[12x64x128]" (the batch is left out when it is 1).
+std::string matmul_str(const MatmulDesc& d);
+
+class Matmul {
+ public:
+  // Throws tessel::Error naming the shapes on an invalid descriptor or a oneDNN failure. Build it
+  // after omp_set_num_threads(T): if run() finds another thread count it rebuilds the primitive.
+  explicit Matmul(const MatmulDesc& d);
+  ~Matmul();
+  Matmul(Matmul&&) noexcept;
+  Matmul& operator=(Matmul&&) noexcept;
+
+  // True when the descriptor is valid and oneDNN has an optimised (not reference) kernel for its
+  // strides; otherwise the caller should copy operands into a plain layout first.
+  static bool supported(const MatmulDesc& d);
+
+  // b is ignored when the descriptor had constant_b. Not reentrant: one call at a time per object.
+  void run(const float* a, const float* b, float* c) const;
+
+  const MatmulDesc& desc() const;
+  bool packed_b() const;     // B was pre-packed into oneDNN's preferred layout
+  std::string impl() const;  // oneDNN's implementation name ("brg:avx512_core", "gemm:jit", ...)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// How Conv2d keeps activations: plain NCHW, or oneDNN's preferred blocked layout with reorders from
+// and to NCHW inside run(). automatic is blocked: 10x faster on mobilenet_v2 (bench/matmul_floor.md).
+enum class ConvLayout { automatic, nchw, blocked };
+
+// 2-D convolution, NCHW fp32: grouped and depthwise (groups == C == OC), strides, pads, dilations.
+struct ConvDesc {
+  int64_t N = 0, C = 0, H = 0, W = 0, OC = 0, KH = 0, KW = 0, OH = 0, OW = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  int64_t dil_h = 1, dil_w = 1, groups = 1;
+  const float* weights = nullptr;  // [OC, C/groups, KH, KW], packed (copied) by the constructor
+  const float* bias = nullptr;     // [OC] or null, copied by the constructor
+  Epilogue epilogue;
+  ConvLayout layout = ConvLayout::automatic;
+};
+
+// "[1x32x112x112]*[32x1x3x3] s1 p1,1,1,1 g32".
+std::string conv_str(const ConvDesc& d);
+
+class Conv2d {
+ public:
+  // Throws tessel::Error naming the shapes on an invalid descriptor (including OH/OW that do not
+  // follow from the others) or a oneDNN failure.
+  explicit Conv2d(const ConvDesc& d);
+  ~Conv2d();
+  Conv2d(Conv2d&&) noexcept;
+  Conv2d& operator=(Conv2d&&) noexcept;
+
+  // x [N, C, H, W] -> y [N, OC, OH, OW], both NCHW. Not reentrant.
+  void run(const float* x, float* y) const;
+
+  const ConvDesc& desc() const;
+  bool blocked() const;      // activations go through oneDNN's blocked layout
+  std::string impl() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessel::cpu
