@@ -1,4 +1,6 @@
-// oneDNN matmul and convolution wrappers against naive float64 loops, and the matmul floor's counting.
+// The oneDNN matmul and convolution wrappers against float64 loops; the matmul floor's counts.
+#include "tessel/targets/cpu/dnnl_ops.h"
+
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -11,7 +13,6 @@
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
-#include "tessel/targets/cpu/dnnl_ops.h"
 
 namespace tessel::cpu {
 namespace {
@@ -26,37 +27,46 @@ std::vector<float> random_floats(size_t n, unsigned seed) {
 
 double activate(const Epilogue& e, double v) {
   switch (e.act) {
-    case Activation::none: return v;
-    case Activation::relu: return std::max(v, 0.0);
-    case Activation::clip: return std::min(std::max(v, static_cast<double>(e.clip_lo)), static_cast<double>(e.clip_hi));
-    case Activation::gelu_erf: return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
-    case Activation::gelu_tanh: return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
-    case Activation::sigmoid: return 1 / (1 + std::exp(-v));
-    case Activation::tanh: return std::tanh(v);
+    case Activation::none:
+      return v;
+    case Activation::relu:
+      return std::max(v, 0.0);
+    case Activation::clip:
+      return std::min(std::max(v, static_cast<double>(e.clip_lo)), static_cast<double>(e.clip_hi));
+    case Activation::gelu_erf:
+      return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    case Activation::gelu_tanh:
+      return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    case Activation::sigmoid:
+      return 1 / (1 + std::exp(-v));
+    case Activation::tanh:
+      return std::tanh(v);
   }
   return v;
 }
 
-// One expected element: the float64 value and its tolerance (fp32 accumulation: relative to the sum of
-// |terms|, plus a little for the activation's approximation).
+// One expected element: the float64 value and its tolerance (fp32 accumulation: relative to the sum
+// of |terms|, plus a little for the activation's approximation).
 struct Want {
   double v = 0, tol = 0;
 };
 
 Want finish(const Epilogue& e, double acc, double abs_sum, double bias, double old) {
   double v = e.alpha * (acc + bias) + (e.accumulate ? old : 0.0);
-  double mag = std::abs(e.alpha) * (abs_sum + std::abs(bias)) + (e.accumulate ? std::abs(old) : 0.0);
+  double mag =
+      std::abs(e.alpha) * (abs_sum + std::abs(bias)) + (e.accumulate ? std::abs(old) : 0.0);
   return {activate(e, v), 1e-4 * mag + 1e-5};
 }
 
 // C through the descriptor's strides (contiguous when its c strides are 0), as a float64 loop.
-std::vector<Want> reference_matmul(const MatmulDesc& d, const float* a, const float* b, const float* bias,
-                                   const std::vector<float>& c_old) {
+std::vector<Want> reference_matmul(const MatmulDesc& d, const float* a, const float* b,
+                                   const float* bias, const std::vector<float>& c_old) {
   const int64_t cb = d.c_m || d.c_n || d.c_batch ? d.c_batch : d.M * d.N;
   const int64_t cm = d.c_m || d.c_n || d.c_batch ? d.c_m : d.N;
   const int64_t cn = d.c_m || d.c_n || d.c_batch ? d.c_n : 1;
   std::vector<Want> out(c_old.size());
-  for (size_t i = 0; i < c_old.size(); ++i) out[i] = {c_old[i], 0};  // elements outside C stay as they were
+  for (size_t i = 0; i < c_old.size(); ++i)
+    out[i] = {c_old[i], 0};  // elements outside C stay as they were
   for (int64_t t = 0; t < d.batch; ++t)
     for (int64_t m = 0; m < d.M; ++m)
       for (int64_t n = 0; n < d.N; ++n) {
@@ -73,12 +83,14 @@ std::vector<Want> reference_matmul(const MatmulDesc& d, const float* a, const fl
   return out;
 }
 
-void expect_close(const std::vector<float>& got, const std::vector<Want>& want, const std::string& what) {
+void expect_close(const std::vector<float>& got, const std::vector<Want>& want,
+                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
   int bad = 0;
   for (size_t i = 0; i < got.size() && bad < 5; ++i)
     if (!(std::abs(got[i] - want[i].v) <= want[i].tol)) {
-      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", want " << want[i].v << " ± " << want[i].tol;
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", want " << want[i].v
+                    << " ± " << want[i].tol;
       ++bad;
     }
 }
@@ -96,12 +108,14 @@ void check_matmul(MatmulDesc d, const std::string& what, bool constant_b = false
   std::vector<float> bv = random_floats(static_cast<size_t>(d.N), 3);
   if (c_size == 0) c_size = static_cast<size_t>(d.batch * d.M * d.N);
   std::vector<float> c = random_floats(c_size, 4);
-  const std::vector<Want> want = reference_matmul(d, a.data(), b.data(), bias ? bv.data() : nullptr, c);
+  const std::vector<Want> want =
+      reference_matmul(d, a.data(), b.data(), bias ? bv.data() : nullptr, c);
   if (constant_b) d.constant_b = b.data();
   if (bias) d.bias = bv.data();
   Matmul mm(d);
   EXPECT_EQ(mm.packed_b(), constant_b);
-  if (constant_b) std::fill(b.begin(), b.end(), 0.0f);  // packed at construction: the buffer is not read again
+  if (constant_b)
+    std::fill(b.begin(), b.end(), 0.0f);  // packed at construction: the buffer is not read again
   mm.run(a.data(), constant_b ? nullptr : b.data(), c.data());
   expect_close(c, want, what + " " + matmul_str(d) + " (" + mm.impl() + ")");
 }
@@ -124,10 +138,12 @@ TEST(DnnlMatmul, VectorEdges) {
   check_matmul(contiguous_matmul(3, 1, 8, 5), "batched M=1");
 }
 
-TEST(DnnlMatmul, BatchedContiguous) { check_matmul(contiguous_matmul(5, 19, 23, 29), "batched"); }
+TEST(DnnlMatmul, BatchedContiguous) {
+  check_matmul(contiguous_matmul(5, 19, 23, 29), "batched");
+}
 
-// Attention: Q and K are column blocks of one [T, 3·H·D] qkv buffer; head h of Q is A[h] with row stride
-// 3·H·D, and K^T is B[h] read through strides (k along a row, n down the rows).
+// Attention: Q and K are column blocks of one [T, 3·H·D] qkv buffer; head h of Q is A[h] with row
+// stride 3·H·D, and K^T is B[h] read through strides (k along a row, n down the rows).
 TEST(DnnlMatmul, AttentionStrides) {
   const int64_t H = 4, T = 33, D = 16, row = 3 * H * D;
   MatmulDesc qk;
@@ -192,7 +208,8 @@ TEST(DnnlMatmul, ConstantBiasEpilogues) {
 
 TEST(DnnlMatmul, StridedOutput) {
   MatmulDesc d = contiguous_matmul(2, 12, 10, 8);
-  d.c_batch = 12 * 25, d.c_m = 25, d.c_n = 1;  // C inside a wider buffer; the rest must stay untouched
+  // C inside a wider buffer; the rest must stay untouched.
+  d.c_batch = 12 * 25, d.c_m = 25, d.c_n = 1;
   check_matmul(d, "strided C", false, false, static_cast<size_t>(2 * 12 * 25));
 }
 
@@ -227,11 +244,14 @@ TEST(DnnlMatmul, Errors) {
     return std::string("no error");
   };
   MatmulDesc zero = contiguous_matmul(1, 0, 4, 4);
-  EXPECT_NE(message(zero).find("matmul [0x4]·[4x4]: dims must be positive"), std::string::npos) << message(zero);
+  EXPECT_NE(message(zero).find("matmul [0x4]·[4x4]: dims must be positive"), std::string::npos)
+      << message(zero);
   EXPECT_FALSE(Matmul::supported(zero));
   MatmulDesc neg = contiguous_matmul(12, 128, 128, 64);
   neg.a_m = -64;
-  EXPECT_NE(message(neg).find("matmul [12x128x64]·[12x64x128]: negative strides"), std::string::npos) << message(neg);
+  EXPECT_NE(message(neg).find("matmul [12x128x64]·[12x64x128]: negative strides"),
+            std::string::npos)
+      << message(neg);
   MatmulDesc bcast = contiguous_matmul(1, 4, 4, 4);
   bcast.a_k = 0;
   EXPECT_NE(message(bcast).find("zero stride"), std::string::npos);
@@ -250,8 +270,8 @@ TEST(DnnlMatmul, Errors) {
 
 // ---- convolution ----
 
-std::vector<Want> reference_conv(const ConvDesc& d, const float* x, const float* w, const float* bias,
-                                 const std::vector<float>& y_old) {
+std::vector<Want> reference_conv(const ConvDesc& d, const float* x, const float* w,
+                                 const float* bias, const std::vector<float>& y_old) {
   const int64_t cg = d.C / d.groups, og = d.OC / d.groups;
   std::vector<Want> out(y_old.size());
   for (int64_t n = 0; n < d.N; ++n)
@@ -266,8 +286,9 @@ std::vector<Want> reference_conv(const ConvDesc& d, const float* x, const float*
                 const int64_t ih = oh * d.stride_h - d.pad_top + kh * d.dil_h;
                 const int64_t iw = ow * d.stride_w - d.pad_left + kw * d.dil_w;
                 if (ih < 0 || ih >= d.H || iw < 0 || iw >= d.W) continue;
-                const double p = static_cast<double>(x[((n * d.C + g * cg + c) * d.H + ih) * d.W + iw]) *
-                                 static_cast<double>(w[((o * cg + c) * d.KH + kh) * d.KW + kw]);
+                const double p =
+                    static_cast<double>(x[((n * d.C + g * cg + c) * d.H + ih) * d.W + iw]) *
+                    static_cast<double>(w[((o * cg + c) * d.KH + kh) * d.KW + kw]);
                 acc += p;
                 abs_sum += std::abs(p);
               }
@@ -277,8 +298,8 @@ std::vector<Want> reference_conv(const ConvDesc& d, const float* x, const float*
   return out;
 }
 
-ConvDesc conv(int64_t N, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t k, int64_t stride, int64_t pad,
-              int64_t groups = 1) {
+ConvDesc conv(int64_t N, int64_t C, int64_t H, int64_t W, int64_t OC, int64_t k, int64_t stride,
+              int64_t pad, int64_t groups = 1) {
   ConvDesc d;
   d.N = N, d.C = C, d.H = H, d.W = W, d.OC = OC, d.KH = d.KW = k;
   d.stride_h = d.stride_w = stride;
@@ -293,16 +314,20 @@ void check_conv(ConvDesc d, const std::string& what, bool bias) {
   for (ConvLayout layout : {ConvLayout::nchw, ConvLayout::blocked, ConvLayout::automatic}) {
     d.layout = layout;
     std::vector<float> x = random_floats(static_cast<size_t>(d.N * d.C * d.H * d.W), 11);
-    std::vector<float> w = random_floats(static_cast<size_t>(d.OC * (d.C / d.groups) * d.KH * d.KW), 12);
+    std::vector<float> w =
+        random_floats(static_cast<size_t>(d.OC * (d.C / d.groups) * d.KH * d.KW), 12);
     std::vector<float> bv = random_floats(static_cast<size_t>(d.OC), 13);
     std::vector<float> y = random_floats(static_cast<size_t>(d.N * d.OC * d.OH * d.OW), 14);
-    const std::vector<Want> want = reference_conv(d, x.data(), w.data(), bias ? bv.data() : nullptr, y);
+    const std::vector<Want> want =
+        reference_conv(d, x.data(), w.data(), bias ? bv.data() : nullptr, y);
     d.weights = w.data();
     d.bias = bias ? bv.data() : nullptr;
     Conv2d cv(d);
     std::fill(w.begin(), w.end(), 0.0f);  // packed at construction
     cv.run(x.data(), y.data());
-    const char* lname = layout == ConvLayout::nchw ? "nchw" : layout == ConvLayout::blocked ? "blocked" : "auto";
+    const char* lname = layout == ConvLayout::nchw      ? "nchw"
+                        : layout == ConvLayout::blocked ? "blocked"
+                                                        : "auto";
     expect_close(y, want, what + " " + conv_str(d) + " " + lname + " (" + cv.impl() + ")");
   }
 }
@@ -356,11 +381,14 @@ TEST(DnnlConv, Errors) {
   };
   ConvDesc bad_out = conv(1, 8, 13, 13, 16, 3, 1, 1);
   bad_out.OH = 12;
-  EXPECT_NE(message(bad_out).find("conv2d [1x8x13x13]*[16x8x3x3] s1 p1,1,1,1: the output is 12x13 but the shapes give 13x13"),
+  EXPECT_NE(message(bad_out).find("conv2d [1x8x13x13]*[16x8x3x3] s1 p1,1,1,1: the output is 12x13 "
+                                  "but the shapes give 13x13"),
             std::string::npos)
       << message(bad_out);
-  EXPECT_NE(message(conv(1, 8, 13, 13, 16, 3, 1, 1, 3)).find("groups = 3 must divide"), std::string::npos);
-  EXPECT_NE(message(conv(1, 0, 13, 13, 16, 3, 1, 1)).find("dims must be positive"), std::string::npos);
+  EXPECT_NE(message(conv(1, 8, 13, 13, 16, 3, 1, 1, 3)).find("groups = 3 must divide"),
+            std::string::npos);
+  EXPECT_NE(message(conv(1, 0, 13, 13, 16, 3, 1, 1)).find("dims must be positive"),
+            std::string::npos);
   ConvDesc no_w = conv(1, 8, 13, 13, 16, 3, 1, 1);
   EXPECT_THROW(Conv2d{no_w}, Error);
 }
@@ -372,17 +400,22 @@ TEST(MatmulFloor, CountsTheFloatMatmulsOfAGraph) {
   Graph g;
   Value* x = g.add_input("x", TensorType{DType::f32, {1, 6, 8}});
   Value* w = g.add_constant("w", Tensor(DType::f32, {8, 5}));
-  Node* wr = g.add_node(reg.find("reshape"), "wr", {w}, {"w3"}, {{"shape", std::vector<int64_t>{1, 8, 5}}});
+  Node* wr = g.add_node(reg.find("reshape"), "wr", {w}, {"w3"},
+                        {{"shape", std::vector<int64_t>{1, 8, 5}}});
   const std::vector<int64_t> b0{0}, c1{1}, c2{2}, b01{0, 1}, c3{3};
-  Node* mm = g.add_node(reg.find("dot_general"), "proj", {x, wr->outputs[0]}, {"y"},
-                        {{"lhs_batch", b0}, {"lhs_contract", c2}, {"rhs_batch", b0}, {"rhs_contract", c1}});
+  Node* mm = g.add_node(
+      reg.find("dot_general"), "proj", {x, wr->outputs[0]}, {"y"},
+      {{"lhs_batch", b0}, {"lhs_contract", c2}, {"rhs_batch", b0}, {"rhs_contract", c1}});
   Value* q = g.add_input("q", TensorType{DType::f32, {2, 3, 4, 7}});
   Value* k = g.add_input("k", TensorType{DType::f32, {2, 3, 9, 7}});
-  Node* qk = g.add_node(reg.find("dot_general"), "qk", {q, k}, {"s"},
-                        {{"lhs_batch", b01}, {"lhs_contract", c3}, {"rhs_batch", b01}, {"rhs_contract", c3}});
+  Node* qk = g.add_node(
+      reg.find("dot_general"), "qk", {q, k}, {"s"},
+      {{"lhs_batch", b01}, {"lhs_contract", c3}, {"rhs_batch", b01}, {"rhs_contract", c3}});
   Value* i = g.add_input("i", TensorType{DType::i64, {3, 4}});
   Node* imm = g.add_node(reg.find("dot_general"), "int", {i, i}, {"ii"},
-                         {{"lhs_batch", std::vector<int64_t>{}}, {"lhs_contract", c1}, {"rhs_batch", std::vector<int64_t>{}},
+                         {{"lhs_batch", std::vector<int64_t>{}},
+                          {"lhs_contract", c1},
+                          {"rhs_batch", std::vector<int64_t>{}},
                           {"rhs_contract", c1}});
   g.outputs = {mm->outputs[0], qk->outputs[0], imm->outputs[0]};
   infer_graph(g);

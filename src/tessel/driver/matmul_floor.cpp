@@ -87,12 +87,14 @@ FloorResult measure_matmul_floor(const Graph& core_graph, int threads, int iters
       throw e.with_context(Location{.node = n->name, .op = "dot_general", .pass = "matmul floor"});
     }
     ++impls[j.mm->impl()];
-    r.shapes.push_back(fmt::format("{}{}  {}", cpu::matmul_str(*d), packed ? " packed" : "", n->name));
+    r.shapes.push_back(
+        fmt::format("{}{}  {}", cpu::matmul_str(*d), packed ? " packed" : "", n->name));
     r.flops += 2.0 * static_cast<double>(d->batch * d->M) * static_cast<double>(d->N * d->K);
     jobs.push_back(std::move(j));
   }
   r.matmuls = static_cast<int>(jobs.size());
-  for (const auto& [name, count] : impls) r.impls += fmt::format("{}{} x{}", r.impls.empty() ? "" : ", ", name, count);
+  for (const auto& [name, count] : impls)
+    r.impls += fmt::format("{}{} x{}", r.impls.empty() ? "" : ", ", name, count);
   if (jobs.empty()) return r;
   auto pass = [&] {
     for (Job& j : jobs) j.mm->run(j.a.data(), j.b.data(), j.c.data());
@@ -115,15 +117,17 @@ FloorResult measure_model_matmul_floor(const std::string& model, int threads, in
   const ModelPaths mp = resolve_model(model);
   ImportOptions io;
   if (!mp.data_sets.empty())
-    for (const Tensor& t : read_data_set(mp.data_sets[0], "input")) io.input_shapes.push_back(t.shape());
+    for (const Tensor& t : read_data_set(mp.data_sets[0], "input"))
+      io.input_shapes.push_back(t.shape());
   ImportedModel m = import_onnx(mp.model, io);
   run_pipeline(*m.graph, parse_pipeline("core"), PassOptions{.verify = false});
   return measure_matmul_floor(*m.graph, threads, iters);
 }
 
 std::string floor_summary(const FloorResult& r) {
-  return fmt::format("{} matmuls, {:.3f} GFLOP, median {:.3f} ms (p10 {:.3f}, p90 {:.3f}), {:.0f} GFLOP/s, {} threads",
-                     r.matmuls, r.flops / 1e9, r.median_ms, r.p10_ms, r.p90_ms, r.gflops(), r.threads);
+  return fmt::format("{} matmuls, {:.3f} GFLOP, median {:.3f} ms (p10 {:.3f}, p90 {:.3f}), ",
+                     r.matmuls, r.flops / 1e9, r.median_ms, r.p10_ms, r.p90_ms) +
+         fmt::format("{:.0f} GFLOP/s, {} threads", r.gflops(), r.threads);
 }
 
 }  // namespace tessel

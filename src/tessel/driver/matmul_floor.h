@@ -11,11 +11,12 @@ class Graph;
 
 struct FloorResult {
   int matmuls = 0;
-  double flops = 0;                 // 2·batch·M·N·K summed over the matmuls
-  double median_ms = 0, p10_ms = 0, p90_ms = 0;  // all matmuls back to back, one sample per pass
+  double flops = 0;  // 2·batch·M·N·K summed over the matmuls
+  // One sample per pass of all matmuls back to back.
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;
   std::vector<std::string> shapes;  // one per matmul: "[128x768]·[768x2304] packed  /qkv/MatMul"
   int threads = 0;
-  std::string impls;                // oneDNN implementations used, e.g. "brg:avx512_core x6"
+  std::string impls;  // oneDNN implementations used, e.g. "brg:avx512_core x6"
   double gflops() const { return median_ms > 0 ? flops / median_ms / 1e6 : 0; }
 };
 

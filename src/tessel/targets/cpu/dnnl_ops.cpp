@@ -1,4 +1,5 @@
-// oneDNN matmul and convolution primitives: descriptors checked and primitives built once, run() executes.
+// oneDNN matmul and convolution primitives: descriptors checked and primitives built once, run()
+// executes.
 #include "tessel/targets/cpu/dnnl_ops.h"
 
 #include <fmt/format.h>
@@ -34,18 +35,26 @@ Runtime& runtime() {
 
 dnnl::algorithm eltwise_alg(Activation a) {
   switch (a) {
-    case Activation::relu: return dnnl::algorithm::eltwise_relu;
-    case Activation::clip: return dnnl::algorithm::eltwise_clip;
-    case Activation::gelu_erf: return dnnl::algorithm::eltwise_gelu_erf;
-    case Activation::gelu_tanh: return dnnl::algorithm::eltwise_gelu_tanh;
-    case Activation::sigmoid: return dnnl::algorithm::eltwise_logistic;
-    case Activation::tanh: return dnnl::algorithm::eltwise_tanh;
-    case Activation::none: break;
+    case Activation::relu:
+      return dnnl::algorithm::eltwise_relu;
+    case Activation::clip:
+      return dnnl::algorithm::eltwise_clip;
+    case Activation::gelu_erf:
+      return dnnl::algorithm::eltwise_gelu_erf;
+    case Activation::gelu_tanh:
+      return dnnl::algorithm::eltwise_gelu_tanh;
+    case Activation::sigmoid:
+      return dnnl::algorithm::eltwise_logistic;
+    case Activation::tanh:
+      return dnnl::algorithm::eltwise_tanh;
+    case Activation::none:
+      break;
   }
   return dnnl::algorithm::undef;
 }
 
-// alpha as oneDNN's output scale (applied to product + bias), then sum (accumulate), then the activation.
+// alpha as oneDNN's output scale (applied to product + bias), then sum (accumulate), then the
+// activation.
 dnnl::primitive_attr make_attr(const Epilogue& e) {
   dnnl::primitive_attr attr;
   if (e.alpha != 1.0f) attr.set_output_scales(0, {e.alpha});
@@ -59,10 +68,14 @@ dnnl::primitive_attr make_attr(const Epilogue& e) {
   return attr;
 }
 
-int threads_now() { return omp_get_max_threads(); }
+int threads_now() {
+  return omp_get_max_threads();
+}
 
 // Binds `m` to a caller's buffer (oneDNN takes non-const handles; inputs are only read).
-void bind(const memory& m, const float* p) { m.set_data_handle(const_cast<float*>(p)); }
+void bind(const memory& m, const float* p) {
+  m.set_data_handle(const_cast<float*>(p));
+}
 
 void reorder_now(const memory& from, const memory& to) {
   Runtime& rt = runtime();
@@ -97,7 +110,8 @@ struct MatmulPlan {
 MatmulPlan plan_matmul(MatmulDesc& d) {
   const std::string name = matmul_str(d);
   if (d.batch <= 0 || d.M <= 0 || d.N <= 0 || d.K <= 0)
-    fail("matmul {}: dims must be positive (batch {}, M {}, N {}, K {})", name, d.batch, d.M, d.N, d.K);
+    fail("matmul {}: dims must be positive (batch {}, M {}, N {}, K {})", name, d.batch, d.M, d.N,
+         d.K);
   if (d.c_batch == 0 && d.c_m == 0 && d.c_n == 0) {
     d.c_batch = d.M * d.N;
     d.c_m = d.N;
@@ -109,13 +123,18 @@ MatmulPlan plan_matmul(MatmulDesc& d) {
   normalize_2d(d.K, d.N, d.b_k, d.b_n);
   normalize_2d(d.M, d.N, d.c_m, d.c_n);
   if (d.a_m == 0 || d.a_k == 0 || d.b_k == 0 || d.b_n == 0 || d.c_m == 0 || d.c_n == 0)
-    unsupported("matmul {}: a zero stride inside a matrix (a broadcast row or column) is not supported", name);
-  if (d.batch > 1 && d.c_batch == 0) fail("matmul {}: C's batch stride is 0, so the batch results overlap", name);
+    unsupported(
+        "matmul {}: a zero stride inside a matrix (a broadcast row or column) is not supported",
+        name);
+  if (d.batch > 1 && d.c_batch == 0)
+    fail("matmul {}: C's batch stride is 0, so the batch results overlap", name);
   if (d.batch == 1) d.a_batch = d.b_batch = d.c_batch = 0;
 
   MatmulPlan p;
   const bool b_shared = d.batch == 1 || d.b_batch == 0;
-  auto merges = [&](int64_t s_batch, int64_t s_m) { return d.batch == 1 || d.M == 1 || s_batch == d.M * s_m; };
+  auto merges = [&](int64_t s_batch, int64_t s_m) {
+    return d.batch == 1 || d.M == 1 || s_batch == d.M * s_m;
+  };
   int64_t M = d.M, a_m = d.a_m, c_m = d.c_m;
   if (b_shared && merges(d.a_batch, d.a_m) && merges(d.c_batch, d.c_m)) {
     p.folded = true;
@@ -130,19 +149,24 @@ MatmulPlan plan_matmul(MatmulDesc& d) {
     p.c = memory::desc({M, d.N}, kF32, memory::dims{c_m, d.c_n});
     p.bias = memory::desc({1, d.N}, kF32, Tag::ab);
   } else {
-    // A dim of size 1 broadcasts over the batch; its stride is then irrelevant but must be positive.
+    // A dim of size 1 broadcasts over the batch; its stride is then irrelevant but must be
+    // positive.
     const int64_t ab = d.a_batch == 0 ? 1 : d.batch, bb = d.b_batch == 0 ? 1 : d.batch;
-    p.a = memory::desc({ab, d.M, d.K}, kF32, memory::dims{d.a_batch == 0 ? d.M * d.K : d.a_batch, d.a_m, d.a_k});
-    p.b = memory::desc({bb, d.K, d.N}, kF32, memory::dims{d.b_batch == 0 ? d.K * d.N : d.b_batch, d.b_k, d.b_n});
+    p.a = memory::desc({ab, d.M, d.K}, kF32,
+                       memory::dims{d.a_batch == 0 ? d.M * d.K : d.a_batch, d.a_m, d.a_k});
+    p.b = memory::desc({bb, d.K, d.N}, kF32,
+                       memory::dims{d.b_batch == 0 ? d.K * d.N : d.b_batch, d.b_k, d.b_n});
     p.c = memory::desc({d.batch, d.M, d.N}, kF32, memory::dims{d.c_batch, d.c_m, d.c_n});
     p.bias = memory::desc({1, 1, d.N}, kF32, Tag::abc);
   }
   return p;
 }
 
-dnnl::matmul::primitive_desc matmul_pd(const MatmulPlan& p, bool pack_b, bool bias, const dnnl::primitive_attr& attr) {
+dnnl::matmul::primitive_desc matmul_pd(const MatmulPlan& p, bool pack_b, bool bias,
+                                       const dnnl::primitive_attr& attr) {
   const memory::desc b = pack_b ? memory::desc(p.b.dims(), kF32, Tag::any) : p.b;
-  const dnnl::matmul::desc md = bias ? dnnl::matmul::desc(p.a, b, p.bias, p.c) : dnnl::matmul::desc(p.a, b, p.c);
+  const dnnl::matmul::desc md =
+      bias ? dnnl::matmul::desc(p.a, b, p.bias, p.c) : dnnl::matmul::desc(p.a, b, p.c);
   return dnnl::matmul::primitive_desc(md, attr, runtime().eng);
 }
 
@@ -164,17 +188,36 @@ std::string dnnl_version() {
   const dnnl_version_t* v = dnnl::version();
   std::string isa;
   switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::sse41: isa = "sse41"; break;
-    case dnnl::cpu_isa::avx: isa = "avx"; break;
-    case dnnl::cpu_isa::avx2: isa = "avx2"; break;
-    case dnnl::cpu_isa::avx2_vnni: isa = "avx2_vnni"; break;
-    case dnnl::cpu_isa::avx512_core: isa = "avx512_core"; break;
-    case dnnl::cpu_isa::avx512_core_vnni: isa = "avx512_core_vnni"; break;
-    case dnnl::cpu_isa::avx512_core_bf16: isa = "avx512_core_bf16"; break;
-    case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
-    default: isa = "other"; break;
+    case dnnl::cpu_isa::sse41:
+      isa = "sse41";
+      break;
+    case dnnl::cpu_isa::avx:
+      isa = "avx";
+      break;
+    case dnnl::cpu_isa::avx2:
+      isa = "avx2";
+      break;
+    case dnnl::cpu_isa::avx2_vnni:
+      isa = "avx2_vnni";
+      break;
+    case dnnl::cpu_isa::avx512_core:
+      isa = "avx512_core";
+      break;
+    case dnnl::cpu_isa::avx512_core_vnni:
+      isa = "avx512_core_vnni";
+      break;
+    case dnnl::cpu_isa::avx512_core_bf16:
+      isa = "avx512_core_bf16";
+      break;
+    case dnnl::cpu_isa::avx512_core_amx:
+      isa = "avx512_core_amx";
+      break;
+    default:
+      isa = "other";
+      break;
   }
-  return fmt::format("oneDNN {}.{}.{} (isa {}, {} threads)", v->major, v->minor, v->patch, isa, threads_now());
+  return fmt::format("oneDNN {}.{}.{} (isa {}, {} threads)", v->major, v->minor, v->patch, isa,
+                     threads_now());
 }
 
 MatmulDesc contiguous_matmul(int64_t batch, int64_t M, int64_t N, int64_t K, bool b_shared) {
@@ -186,15 +229,18 @@ MatmulDesc contiguous_matmul(int64_t batch, int64_t M, int64_t N, int64_t K, boo
 }
 
 std::optional<MatmulDesc> dot_general_matmul(const Node& dot) {
-  if (dot.op_name() != "dot_general" || dot.inputs.size() != 2 || !dot.inputs[0] || !dot.inputs[1]) return std::nullopt;
+  if (dot.op_name() != "dot_general" || dot.inputs.size() != 2 || !dot.inputs[0] || !dot.inputs[1])
+    return std::nullopt;
   const TensorType& a = dot.inputs[0]->type;
   const TensorType& b = dot.inputs[1]->type;
   if (a.dtype != DType::f32 || b.dtype != DType::f32) return std::nullopt;
   for (const Shape* s : {&a.shape, &b.shape})
     for (int64_t x : *s)
       if (x < 0) return std::nullopt;
-  const std::vector<int64_t> lb = dot.attr_ints("lhs_batch", {}), lc = dot.attr_ints("lhs_contract");
-  const std::vector<int64_t> rb = dot.attr_ints("rhs_batch", {}), rc = dot.attr_ints("rhs_contract");
+  const std::vector<int64_t> lb = dot.attr_ints("lhs_batch", {}),
+                             lc = dot.attr_ints("lhs_contract");
+  const std::vector<int64_t> rb = dot.attr_ints("rhs_batch", {}),
+                             rc = dot.attr_ints("rhs_contract");
   auto product = [](const Shape& s, const std::vector<int64_t>& dims) {
     int64_t p = 1;
     for (int64_t d : dims) p *= s.at(static_cast<size_t>(d));
@@ -221,7 +267,8 @@ std::optional<MatmulDesc> dot_general_matmul(const Node& dot) {
 
 std::string matmul_str(const MatmulDesc& d) {
   if (d.batch == 1) return dims_str({d.M, d.K}) + "·" + dims_str({d.K, d.N});
-  return dims_str({d.batch, d.M, d.K}) + "·" + (d.b_batch == 0 && !d.constant_b ? dims_str({d.K, d.N}) : dims_str({d.batch, d.K, d.N}));
+  return dims_str({d.batch, d.M, d.K}) + "·" +
+         (d.b_batch == 0 && !d.constant_b ? dims_str({d.K, d.N}) : dims_str({d.batch, d.K, d.N}));
 }
 
 // ---- Matmul -------------------------------------------------------------------------------------
@@ -304,24 +351,32 @@ void Matmul::run(const float* a, const float* b, float* c) const {
     if (!m.pack) bind(m.b, b);
     bind(m.c, c);
     Runtime& rt = runtime();
-    dnnl::error::wrap_c_api(
-        dnnl_primitive_execute(m.prim.get(), rt.strm.get(), static_cast<int>(m.args.size()), m.args.data()),
-        "could not execute");
+    dnnl::error::wrap_c_api(dnnl_primitive_execute(m.prim.get(), rt.strm.get(),
+                                                   static_cast<int>(m.args.size()), m.args.data()),
+                            "could not execute");
     rt.strm.wait();
   } catch (const dnnl::error& e) {
     fail("matmul {}: oneDNN: {}", m.name, e.what());
   }
 }
 
-const MatmulDesc& Matmul::desc() const { return impl_->d; }
-bool Matmul::packed_b() const { return impl_->pack; }
-std::string Matmul::impl() const { return impl_->pd.impl_info_str(); }
+const MatmulDesc& Matmul::desc() const {
+  return impl_->d;
+}
+bool Matmul::packed_b() const {
+  return impl_->pack;
+}
+std::string Matmul::impl() const {
+  return impl_->pd.impl_info_str();
+}
 
 // ---- Conv2d -------------------------------------------------------------------------------------
 
 std::string conv_str(const ConvDesc& d) {
-  std::string s = dims_str({d.N, d.C, d.H, d.W}) + "*" + dims_str({d.OC, d.groups > 0 ? d.C / d.groups : d.C, d.KH, d.KW});
-  s += fmt::format(" s{}", d.stride_h == d.stride_w ? std::to_string(d.stride_h) : fmt::format("{},{}", d.stride_h, d.stride_w));
+  std::string s = dims_str({d.N, d.C, d.H, d.W}) + "*" +
+                  dims_str({d.OC, d.groups > 0 ? d.C / d.groups : d.C, d.KH, d.KW});
+  s += fmt::format(" s{}", d.stride_h == d.stride_w ? std::to_string(d.stride_h)
+                                                    : fmt::format("{},{}", d.stride_h, d.stride_w));
   if (d.pad_top || d.pad_left || d.pad_bottom || d.pad_right)
     s += fmt::format(" p{},{},{},{}", d.pad_top, d.pad_left, d.pad_bottom, d.pad_right);
   if (d.dil_h != 1 || d.dil_w != 1) s += fmt::format(" d{},{}", d.dil_h, d.dil_w);
@@ -336,7 +391,8 @@ void check_conv(const ConvDesc& d, const std::string& name) {
     if (v <= 0) fail("conv2d {}: dims must be positive", name);
   if (d.stride_h < 1 || d.stride_w < 1) fail("conv2d {}: strides must be >= 1", name);
   if (d.dil_h < 1 || d.dil_w < 1) fail("conv2d {}: dilations must be >= 1", name);
-  if (d.pad_top < 0 || d.pad_left < 0 || d.pad_bottom < 0 || d.pad_right < 0) fail("conv2d {}: pads must be >= 0", name);
+  if (d.pad_top < 0 || d.pad_left < 0 || d.pad_bottom < 0 || d.pad_right < 0)
+    fail("conv2d {}: pads must be >= 0", name);
   if (d.groups < 1 || d.C % d.groups || d.OC % d.groups)
     fail("conv2d {}: groups = {} must divide C = {} and OC = {}", name, d.groups, d.C, d.OC);
   if (!d.weights) fail("conv2d {}: the weights are required (a constant)", name);
@@ -374,8 +430,10 @@ struct Conv2d::Impl {
     const auto fwd = dnnl::prop_kind::forward_inference;
     const auto alg = dnnl::algorithm::convolution_direct;
     const dnnl::convolution_forward::desc cd =
-        d.bias ? dnnl::convolution_forward::desc(fwd, alg, act_x, wany, bias_md, act_y, strides, dil, pl, pr)
-               : dnnl::convolution_forward::desc(fwd, alg, act_x, wany, act_y, strides, dil, pl, pr);
+        d.bias
+            ? dnnl::convolution_forward::desc(fwd, alg, act_x, wany, bias_md, act_y, strides, dil,
+                                              pl, pr)
+            : dnnl::convolution_forward::desc(fwd, alg, act_x, wany, act_y, strides, dil, pl, pr);
     pd = dnnl::convolution_forward::primitive_desc(cd, attr, eng);
     prim = dnnl::convolution_forward(pd);
     x = memory(x_md, eng, DNNL_MEMORY_NONE);
@@ -439,9 +497,9 @@ void Conv2d::run(const float* x, float* y) const {
     bind(m.y, y);
     if (m.reorder_src) m.to_src.execute(rt.strm, m.x, m.src);
     if (m.reorder_dst && m.d.epilogue.accumulate) m.to_dst.execute(rt.strm, m.y, m.dst);
-    dnnl::error::wrap_c_api(
-        dnnl_primitive_execute(m.prim.get(), rt.strm.get(), static_cast<int>(m.args.size()), m.args.data()),
-        "could not execute");
+    dnnl::error::wrap_c_api(dnnl_primitive_execute(m.prim.get(), rt.strm.get(),
+                                                   static_cast<int>(m.args.size()), m.args.data()),
+                            "could not execute");
     if (m.reorder_dst) m.from_dst.execute(rt.strm, m.dst, m.y);
     rt.strm.wait();
   } catch (const dnnl::error& e) {
@@ -449,8 +507,14 @@ void Conv2d::run(const float* x, float* y) const {
   }
 }
 
-const ConvDesc& Conv2d::desc() const { return impl_->d; }
-bool Conv2d::blocked() const { return impl_->reorder_src || impl_->reorder_dst; }
-std::string Conv2d::impl() const { return impl_->pd.impl_info_str(); }
+const ConvDesc& Conv2d::desc() const {
+  return impl_->d;
+}
+bool Conv2d::blocked() const {
+  return impl_->reorder_src || impl_->reorder_dst;
+}
+std::string Conv2d::impl() const {
+  return impl_->pd.impl_info_str();
+}
 
 }  // namespace tessel::cpu

@@ -1,6 +1,6 @@
 // fp32 matmul and 2-D convolution through oneDNN for the compiled CPU backend: everything that does
-// not depend on the data (primitive creation, packing constant weights into oneDNN's blocked layout)
-// happens in the constructor; run() only executes.
+// not depend on the data (primitive creation, packing constant weights into oneDNN's blocked
+// layout) happens in the constructor; run() only executes.
 #pragma once
 
 #include <cstdint>
@@ -31,26 +31,28 @@ struct Epilogue {
   float clip_lo = 0, clip_hi = 6;
 };
 
-// C[b] = A[b] · B[b] for b in [0, batch): fp32. A is [batch, M, K] and B is [batch, K, N], both given by
-// strides in elements (transposed operands are just strides; a batch stride of 0 shares the operand
-// across the batch). C is contiguous [batch, M, N] unless c strides are given.
+// C[b] = A[b] · B[b] for b in [0, batch): fp32. A is [batch, M, K] and B is [batch, K, N], both
+// given by strides in elements (transposed operands are just strides; a batch stride of 0 shares
+// the operand across the batch). C is contiguous [batch, M, N] unless c strides are given.
 struct MatmulDesc {
   int64_t batch = 1, M = 0, N = 0, K = 0;
   int64_t a_batch = 0, a_m = 0, a_k = 0;  // strides of A in elements
   int64_t b_batch = 0, b_k = 0, b_n = 0;  // strides of B
   int64_t c_batch = 0, c_m = 0, c_n = 0;  // strides of C (all 0 = contiguous)
-  const float* constant_b = nullptr;      // B's data when it is a constant: packed (copied) by the constructor
-  const float* bias = nullptr;            // optional [N] bias, copied by the constructor
+  // B's data when it is a constant: packed (copied) by the constructor, never read again.
+  const float* constant_b = nullptr;
+  const float* bias = nullptr;  // optional [N] bias, copied by the constructor
   Epilogue epilogue;
 };
 
-// A MatmulDesc with contiguous row-major operands: A [batch, M, K], B [batch, K, N] (b_shared: [K, N]).
+// A MatmulDesc with contiguous row-major operands: A [batch, M, K], and B [batch, K, N] or, when
+// b_shared, one [K, N] for every batch.
 MatmulDesc contiguous_matmul(int64_t batch, int64_t M, int64_t N, int64_t K, bool b_shared = false);
 
 // A fp32 dot_general node of the core level as a matmul over contiguous operands: lhs permuted to
-// [batch, M, K] (batch dims, free dims, contracting dims) and rhs to [batch, K, N]. b_shared when the
-// rhs has no batch dims of size > 1 (a weight): then the batch folds into M. nullopt for other dtypes
-// or unknown dims.
+// [batch, M, K] (batch dims, free dims, contracting dims) and rhs to [batch, K, N]. b_shared when
+// the rhs has no batch dims of size > 1 (a weight): then the batch folds into M. nullopt for other
+// dtypes or unknown dims.
 std::optional<MatmulDesc> dot_general_matmul(const Node& dot);
 
 // "[12x128x64]·[12x64x128]" (the batch is left out when it is 1).
@@ -82,7 +84,8 @@ class Matmul {
 };
 
 // How Conv2d keeps activations: plain NCHW, or oneDNN's preferred blocked layout with reorders from
-// and to NCHW inside run(). automatic is blocked: 10x faster on mobilenet_v2 (bench/matmul_floor.md).
+// and to NCHW inside run(). automatic is blocked, ten times faster on mobilenet_v2's layers
+// (bench/matmul_floor.md).
 enum class ConvLayout { automatic, nchw, blocked };
 
 // 2-D convolution, NCHW fp32: grouped and depthwise (groups == C == OC), strides, pads, dilations.
@@ -112,7 +115,7 @@ class Conv2d {
   void run(const float* x, float* y) const;
 
   const ConvDesc& desc() const;
-  bool blocked() const;      // activations go through oneDNN's blocked layout
+  bool blocked() const;  // activations go through oneDNN's blocked layout
   std::string impl() const;
 
  private:
