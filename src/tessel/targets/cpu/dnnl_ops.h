@@ -14,6 +14,9 @@ class Node;
 
 namespace tessel::cpu {
 
+// All objects share one oneDNN engine and stream: call run() from one thread at a time (each call
+// spreads its work over the OpenMP threads itself).
+
 // Whether oneDNN can run here (a CPU engine can be created); cheap after the first call.
 bool dnnl_available();
 // "oneDNN 2.6.3 (isa avx512_core, omp)".
