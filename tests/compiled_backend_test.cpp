@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "corpus_util.h"
 #include "tessel/runtime/compiled_backend.h"
@@ -65,24 +66,38 @@ TEST(CompiledBackend, ThreadCountsAgree) {
   testenv::expect_matches_reference(x, y, "1 vs 2 threads", 1e-6);
 }
 
-// A cache hit loads the shared object without starting the compiler (a compiler that does not
-// exist would fail), and runs correctly.
+// A cache hit loads the shared object without starting the compiler: the compiler here is a
+// wrapper that logs every start, and the second compile of the same model adds no line.
 TEST(CompiledBackend, CacheHitNeverStartsTheCompiler) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   const std::string dir = fresh_dir("cache-hit");
+  const std::string log = dir + "/starts.log", wrapper = dir + "/cxx-wrapper";
+  {
+    std::ofstream w(wrapper);
+    w << "#!/bin/sh\necho started >> '" << log << "'\nexec c++ \"$@\"\n";
+  }
+  fs::permissions(wrapper, fs::perms::owner_all);
+  auto starts = [&] {
+    std::ifstream f(log);
+    int n = 0;
+    for (std::string l; std::getline(f, l);) ++n;
+    return n;
+  };
   CompiledBackendOptions o = options();
-  o.toolchain.cache_dir = dir;
+  o.toolchain.cache_dir = dir + "/cache";
+  o.toolchain.cxx = wrapper;
   testenv::CorpusCase c = testenv::load_corpus_model("ffn_s");
   auto cold = compile_cpu(std::move(c.model.graph), c.inputs, o);
   EXPECT_FALSE(cold->stats().cache_hit);
   EXPECT_GT(cold->stats().cxx_seconds, 0);
   EXPECT_TRUE(fs::exists(cold->stats().so_path));
+  EXPECT_EQ(starts(), 1);
   testenv::CorpusCase d = testenv::load_corpus_model("ffn_s");
-  o.toolchain.cxx = "/nonexistent/c++";
   auto warm = compile_cpu(std::move(d.model.graph), d.inputs, o);
   EXPECT_TRUE(warm->stats().cache_hit);
   EXPECT_EQ(warm->stats().cxx_seconds, 0);
   EXPECT_EQ(warm->stats().cache_key, cold->stats().cache_key);
+  EXPECT_EQ(starts(), 1) << "the compiler was started on a cache hit";
   testenv::expect_matches_reference(warm->run(d.inputs), d.refs, "ffn_s from the cache");
   fs::remove_all(dir);
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "tessel/driver/matmul_floor.h"
 #include "tessel/driver/model_dir.h"
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/runtime/compiled_backend.h"
@@ -114,6 +115,10 @@ BenchReport bench_model(const std::string& model, const BenchOptions& opts) {
       GraphRunStats st;
       time_calls(b, opts.iters, [&] { exe->run(ins, &st); });
       b.peak_mem_bytes = st.peak_bytes;
+      if (opts.floor) {
+        FloorResult fr = measure_model_matmul_floor(model, b.threads, opts.iters);
+        rep.floor = FloorBench{fr.matmuls, fr.flops, fr.gflops(), fr.median_ms, fr.p10_ms, fr.p90_ms, fr.threads};
+      }
     }
     rep.backends.push_back(b);
   }
@@ -140,8 +145,13 @@ nlohmann::json bench_json(const BenchReport& r) {
     e["cached_compile_s"] = b.cached_compile_s ? nlohmann::json(*b.cached_compile_s) : nlohmann::json(nullptr);
     e["speedup_vs_eager"] = b.speedup_vs_eager > 0 ? nlohmann::json(b.speedup_vs_eager) : nlohmann::json(nullptr);
     e["break_even_iters"] = b.break_even_iters ? nlohmann::json(*b.break_even_iters) : nlohmann::json(nullptr);
+    if (b.backend == "compiled" && r.floor && r.floor->median_ms > 0) e["vs_matmul_floor"] = b.median_ms / r.floor->median_ms;
     j["backends"].push_back(e);
   }
+  if (r.floor)
+    j["matmul_floor"] = {{"matmuls", r.floor->matmuls}, {"flops", r.floor->flops},     {"gflops", r.floor->gflops},
+                         {"median_ms", r.floor->median_ms}, {"p10_ms", r.floor->p10_ms}, {"p90_ms", r.floor->p90_ms},
+                         {"threads", r.floor->threads}};
   return j;
 }
 
@@ -156,6 +166,13 @@ std::string bench_table(const BenchReport& r) {
                      b.cached_compile_s ? fmt::format("{:.3f}", *b.cached_compile_s) : "-", b.median_ms, b.p10_ms, b.p90_ms,
                      b.speedup_vs_eager > 0 ? fmt::format("{:.2f}x", b.speedup_vs_eager) : "-",
                      b.break_even_iters ? fmt::format("{:.1f}", *b.break_even_iters) : "-", b.peak_mem_bytes / 1e6);
+  if (r.floor && r.floor->matmuls > 0) {
+    s += fmt::format("matmul floor: {} matmuls alone through oneDNN, {} threads: {:.3f} ms median ({:.0f} GFLOP/s)", r.floor->matmuls,
+                     r.floor->threads, r.floor->median_ms, r.floor->gflops);
+    for (const auto& b : r.backends)
+      if (b.backend == "compiled") s += fmt::format("; compiled / floor = {:.2f}", b.median_ms / r.floor->median_ms);
+    s += "\n";
+  }
   return s;
 }
 

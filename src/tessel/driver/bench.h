@@ -14,6 +14,7 @@ struct BenchOptions {
   std::vector<std::string> backends = {"eager", "graph"};
   int iters = 10;   // timed calls per backend (after one warm-up call)
   int threads = 0;  // compiled backend threads (0: all hardware threads); eager and graph use one
+  bool floor = true; // with the compiled backend: also measure the matmul floor
 };
 
 struct BackendBench {
@@ -29,10 +30,20 @@ struct BackendBench {
   size_t peak_mem_bytes = 0;               // peak bytes of live intermediates in one call
 };
 
+// The model's matmuls alone through oneDNN at the compiled backend's threads (bench/matmul_floor.md):
+// what the compiled backend cannot beat without faster matmuls.
+struct FloorBench {
+  int matmuls = 0;
+  double flops = 0, gflops = 0;
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  int threads = 0;
+};
+
 struct BenchReport {
   std::string model;
   int iters = 0;
   std::vector<BackendBench> backends;
+  std::optional<FloorBench> floor;           // measured with the compiled backend (opts.floor)
 };
 
 // MODEL: a model-zoo folder or .onnx file with a test_data_set_0 next to it (its inputs are used).

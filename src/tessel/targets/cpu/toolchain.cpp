@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -107,39 +108,18 @@ std::string describe_status(int status) {
   return "status " + std::to_string(status);
 }
 
-// "<path>\n<first line of --version>", computed once per compiler per process (it costs a fork).
+// The compiler's resolved path, size and modification time: enough to tell compilers and compiler
+// upgrades apart without starting it (a cache hit never runs the compiler, not even --version).
 std::string compiler_identity(const std::string& cxx, const std::string& chosen_by) {
-  static std::mutex mu;
-  static std::map<std::string, std::string> known;
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = known.find(cxx); it != known.end()) return it->second;
   std::string path = find_program(cxx);
   if (path.empty()) fail("C++ compiler '{}' (from {}) not found or not executable", cxx, chosen_by);
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) fail("pipe: {}", std::strerror(errno));
-  int status = 0;
-  std::string out;
-  try {
-    status = run_program({path, "--version"}, fds[1]);
-  } catch (...) {
-    close(fds[0]);
-    close(fds[1]);
-    throw;
-  }
-  close(fds[1]);
-  char buf[4096];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  close(fds[0]);
-  if (status != 0) fail("C++ compiler '{}' (from {}): '--version' failed ({})", path, chosen_by, describe_status(status));
   std::error_code ec;
   fs::path canonical = fs::canonical(path, ec);
-  std::string id = (ec ? path : canonical.string()) + "\n" + out.substr(0, out.find('\n'));
-  known.emplace(cxx, id);
-  return id;
+  const std::string real = ec ? path : canonical.string();
+  struct stat st {};
+  if (::stat(real.c_str(), &st) != 0) fail("C++ compiler '{}' (from {}): {}", real, chosen_by, std::strerror(errno));
+  return fmt::format("{}\n{} bytes, modified {}.{:09d}", real, static_cast<long long>(st.st_size),
+                     static_cast<long long>(st.st_mtim.tv_sec), static_cast<long>(st.st_mtim.tv_nsec));
 }
 
 std::vector<std::string> flag_list(const ToolchainOptions& o) {
