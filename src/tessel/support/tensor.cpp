@@ -8,15 +8,43 @@
 
 namespace tessel {
 
-Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
-  numel_ = shape_numel(shape_);
-  if (numel_ < 0) fail("cannot allocate a tensor of unknown shape {}", shape_str(shape_));
+namespace {
+// The element count of `shape`, checked: every dim known and the bytes within the limit.
+int64_t checked_numel(DType dtype, const Shape& shape) {
+  int64_t n = shape_numel(shape);
+  if (n < 0) fail("cannot allocate a tensor of unknown shape {}", shape_str(shape));
   // Absurd sizes (a mutated Resize `sizes`, a huge pad) are an error naming the shape, not an
   // attempt to allocate them; the limit is far above anything the corpus needs.
   constexpr int64_t kMaxTensorBytes = int64_t{8} << 30;
-  if (numel_ > kMaxTensorBytes / dtype_size(dtype_))
-    fail("a tensor of shape {} and dtype {} exceeds the 8 GiB limit", shape_str(shape_), dtype_name(dtype_));
-  data_ = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(numel_) * dtype_size(dtype_));
+  if (n > kMaxTensorBytes / dtype_size(dtype))
+    fail("a tensor of shape {} and dtype {} exceeds the 8 GiB limit", shape_str(shape), dtype_name(dtype));
+  return n;
+}
+
+// Zero-filled storage of `n` bytes; `data` points at it.
+std::shared_ptr<void> zeroed_storage(size_t n, uint8_t*& data) {
+  auto v = std::make_shared<std::vector<uint8_t>>(n);
+  data = v->data();
+  return v;
+}
+}  // namespace
+
+Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+  numel_ = checked_numel(dtype_, shape_);
+  owner_ = zeroed_storage(static_cast<size_t>(numel_) * dtype_size(dtype_), data_);
+}
+
+Tensor Tensor::adopt(DType dtype, Shape shape, std::shared_ptr<void> owner, uint8_t* data) {
+  TESSEL_CHECK(owner != nullptr, "adopt: no owner for the bytes");
+  Tensor t;
+  t.dtype_ = dtype;
+  t.numel_ = checked_numel(dtype, shape);
+  t.shape_ = std::move(shape);
+  TESSEL_CHECK(reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0 || t.numel_ == 0,
+               "adopt: bytes not aligned for {}", dtype_name(dtype));
+  t.owner_ = std::move(owner);
+  t.data_ = data;
+  return t;
 }
 
 double Tensor::get_f(int64_t i) const {
@@ -176,7 +204,11 @@ Tensor Tensor::reshaped(Shape shape) const {
 
 Tensor Tensor::clone() const {
   Tensor t = *this;
-  if (data_) t.data_ = std::make_shared<std::vector<uint8_t>>(*data_);
+  if (owner_) {
+    auto v = std::make_shared<std::vector<uint8_t>>(data_, data_ + nbytes());
+    t.data_ = v->data();
+    t.owner_ = std::move(v);
+  }
   return t;
 }
 

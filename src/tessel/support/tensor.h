@@ -25,12 +25,17 @@ class Tensor {
   int64_t dim(int i) const { return shape_[i]; }
   int64_t numel() const { return numel_; }
   size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
-  bool valid() const { return data_ != nullptr; }
+  bool valid() const { return owner_ != nullptr; }
 
   template <typename T> T* data() { return reinterpret_cast<T*>(bytes()); }
   template <typename T> const T* data() const { return reinterpret_cast<const T*>(bytes()); }
-  uint8_t* bytes() { return data_ ? data_->data() : nullptr; }
-  const uint8_t* bytes() const { return data_ ? data_->data() : nullptr; }
+  uint8_t* bytes() { return owner_ ? data_ : nullptr; }
+  const uint8_t* bytes() const { return owner_ ? data_ : nullptr; }
+
+  // A tensor over nbytes() bytes at `data` that already hold its contents (no copy, no zero fill),
+  // kept alive by `owner` (shared by every tensor that shares the bytes): e.g. a window of one
+  // buffer holding all of a model's weights. `data` must be aligned for the dtype.
+  static Tensor adopt(DType dtype, Shape shape, std::shared_ptr<void> owner, uint8_t* data);
 
   // Element access converting through double (floats) or int64 (ints, bool). Stores round
   // correctly for f16/bf16/f8 and wrap for integers.
@@ -60,7 +65,8 @@ class Tensor {
   DType dtype_ = DType::f32;
   Shape shape_;
   int64_t numel_ = 0;
-  std::shared_ptr<std::vector<uint8_t>> data_;
+  std::shared_ptr<void> owner_;  // keeps data_ alive; null for an empty (invalid) tensor
+  uint8_t* data_ = nullptr;
 };
 
 // A tensor's static type: dtype and shape (dims may be unknown, kUnknownDim).

@@ -1,13 +1,22 @@
 // ONNX importer over libonnx's protobuf classes.
 #include "tessel/frontend/onnx/importer.h"
 
+#include <fcntl.h>
 #include <onnx/onnx_pb.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <algorithm>
+#include <climits>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <new>
+#include <optional>
 #include <set>
-#include <sstream>
 
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
@@ -20,13 +29,326 @@ namespace {
 
 std::string_view onnx_type_name(int t) { return onnx_dtype_name(t); }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open file");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+// ---- reading model and tensor files ----
+//
+// Most of a model file is the initializers' raw_data. Parsing the file with protobuf copies each of
+// them into a std::string, and converting copies it again into the tensor; on a virtual machine
+// every fresh 4 KiB page costs a fault, which made importing a 28 MB model take ~0.6 s. Instead the
+// file is read as a stream of protobuf fields (FileReader, split_*): everything but the
+// initializers' raw_data is copied into a small buffer that protobuf parses, and each raw_data is
+// left in the file as a span (offset, length) that is then read straight into one buffer holding
+// every initializer (WeightBuffer, huge pages when large), which the tensors share without a copy.
+// Anything the stream reader does not expect falls back to protobuf parsing the whole file, so a
+// corrupt file gives the same errors as before.
+
+// An open file descriptor, closed on scope exit.
+class Fd {
+ public:
+  explicit Fd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd_ < 0) fail("cannot open file");
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) fail("cannot open file");
+    if (S_ISDIR(st.st_mode)) fail("is a directory; expected a file");
+    regular_ = S_ISREG(st.st_mode);
+    size_ = regular_ ? static_cast<uint64_t>(st.st_size) : 0;
+  }
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  bool regular() const { return regular_; }
+  uint64_t size() const { return size_; }
+
+  // Reads up to `n` bytes at `offset` into `dst`; returns how many (fewer only at the end of file).
+  size_t read_at(void* dst, size_t n, uint64_t offset) const {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(fd_, static_cast<char*>(dst) + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) fail("cannot read file: {}", std::strerror(errno));
+      if (r == 0) break;
+      done += static_cast<size_t>(r);
+    }
+    return done;
+  }
+
+  // The whole file (also pipes and other non-regular files).
+  std::string read_all() const {
+    std::string out;
+    if (regular_) {
+      out.resize(size_);
+      out.resize(read_at(out.data(), out.size(), 0));
+      return out;
+    }
+    char buf[1 << 16];
+    for (;;) {
+      ssize_t r = ::read(fd_, buf, sizeof buf);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) fail("cannot read file: {}", std::strerror(errno));
+      if (r == 0) break;
+      out.append(buf, static_cast<size_t>(r));
+    }
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+  bool regular_ = false;
+  uint64_t size_ = 0;
+};
+
+// Sequential reading of a file's bytes through a small buffer; skip() passes over bytes without
+// reading them. Every read is bounded by `limit`: false means the bytes end before it.
+class FileReader {
+ public:
+  explicit FileReader(const Fd& fd) : fd_(fd), size_(fd.size()), buf_(kBuf) {}
+  uint64_t pos() const { return pos_; }
+  uint64_t size() const { return size_; }
+
+  bool byte(uint8_t& b, uint64_t limit) {
+    if (pos_ >= limit || !fill()) return false;
+    b = static_cast<uint8_t>(buf_[pos_ - buf_pos_]);
+    ++pos_;
+    return true;
+  }
+  bool varint(uint64_t& v, uint64_t limit) {
+    v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b = 0;
+      if (!byte(b, limit)) return false;
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;  // more than 10 bytes: not a varint
+  }
+  // Appends the next `n` bytes to `out`.
+  bool copy(uint64_t n, uint64_t limit, std::string& out) {
+    if (n > limit - std::min(limit, pos_)) return false;
+    while (n > 0) {
+      if (!fill()) return false;
+      size_t avail = static_cast<size_t>(buf_pos_ + buf_len_ - pos_);
+      size_t k = static_cast<size_t>(std::min<uint64_t>(n, avail));
+      out.append(buf_.data() + (pos_ - buf_pos_), k);
+      pos_ += k;
+      n -= k;
+    }
+    return true;
+  }
+  bool skip(uint64_t n, uint64_t limit) {
+    if (n > limit - std::min(limit, pos_)) return false;
+    pos_ += n;
+    return true;
+  }
+
+ private:
+  static constexpr size_t kBuf = 64 << 10;
+  // Makes the byte at pos_ available in the buffer; false at the end of the file.
+  bool fill() {
+    if (pos_ >= buf_pos_ && pos_ < buf_pos_ + buf_len_) return true;
+    if (pos_ >= size_) return false;
+    buf_pos_ = pos_;
+    buf_len_ = fd_.read_at(buf_.data(), static_cast<size_t>(std::min<uint64_t>(kBuf, size_ - pos_)), pos_);
+    return buf_len_ > 0;
+  }
+  const Fd& fd_;
+  uint64_t size_;
+  uint64_t pos_ = 0;
+  std::vector<char> buf_;
+  uint64_t buf_pos_ = 0;
+  size_t buf_len_ = 0;
+};
+
+void append_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
 }
+
+// Where a TensorProto's raw_data is in the file.
+struct RawSpan {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+enum class WireType { varint = 0, i64 = 1, len = 2, i32 = 5 };
+
+// Reads one field's tag. False at a malformed tag or a wire type other than the four above
+// (groups: left to protobuf).
+bool read_tag(FileReader& r, uint64_t end, uint64_t& tag, uint64_t& field, WireType& wt) {
+  if (!r.varint(tag, end)) return false;
+  field = tag >> 3;
+  const uint64_t w = tag & 7;
+  if (field == 0 || field > 0x1fffffff || (w != 0 && w != 1 && w != 2 && w != 5)) return false;
+  wt = static_cast<WireType>(w);
+  return true;
+}
+
+// Copies the payload of a field whose tag (already copied) was just read.
+bool copy_payload(FileReader& r, uint64_t end, WireType wt, std::string& out) {
+  switch (wt) {
+    case WireType::varint: {
+      uint64_t v = 0;
+      if (!r.varint(v, end)) return false;
+      append_varint(out, v);
+      return true;
+    }
+    case WireType::i64: return r.copy(8, end, out);
+    case WireType::i32: return r.copy(4, end, out);
+    case WireType::len: {
+      uint64_t n = 0;
+      if (!r.varint(n, end)) return false;
+      append_varint(out, n);
+      return r.copy(n, end, out);
+    }
+  }
+  return false;
+}
+
+// A length-delimited submessage: its fields are filtered by `inner` into a buffer, then written
+// with its new length.
+template <typename F>
+bool filter_submessage(FileReader& r, uint64_t end, uint64_t tag, std::string& out, F&& inner) {
+  uint64_t n = 0;
+  if (!r.varint(n, end) || n > end - r.pos()) return false;
+  std::string sub;
+  if (!inner(r, r.pos() + n, sub)) return false;
+  append_varint(out, tag);
+  append_varint(out, sub.size());
+  out += sub;
+  return true;
+}
+
+// Field numbers of onnx.proto.
+constexpr uint64_t kModelGraph = 7, kGraphInitializer = 5, kTensorRawData = 9;
+
+// A TensorProto up to `end`, without its raw_data, which goes to `span` (the last one wins, as in
+// protobuf).
+bool split_tensor(FileReader& r, uint64_t end, std::string& out, std::optional<RawSpan>& span) {
+  while (r.pos() < end) {
+    uint64_t tag = 0, field = 0;
+    WireType wt{};
+    if (!read_tag(r, end, tag, field, wt)) return false;
+    if (field == kTensorRawData && wt == WireType::len) {
+      uint64_t n = 0;
+      if (!r.varint(n, end)) return false;
+      span = RawSpan{r.pos(), n};
+      if (!r.skip(n, end)) return false;
+      continue;
+    }
+    append_varint(out, tag);
+    if (!copy_payload(r, end, wt, out)) return false;
+  }
+  return r.pos() == end;
+}
+
+// A GraphProto: initializers without their raw_data, whose spans are appended to `spans` in the
+// order protobuf will hold the initializers.
+bool split_graph(FileReader& r, uint64_t end, std::string& out, std::vector<std::optional<RawSpan>>& spans) {
+  while (r.pos() < end) {
+    uint64_t tag = 0, field = 0;
+    WireType wt{};
+    if (!read_tag(r, end, tag, field, wt)) return false;
+    if (field == kGraphInitializer && wt == WireType::len) {
+      std::optional<RawSpan> span;
+      auto inner = [&](FileReader& rr, uint64_t e, std::string& o) { return split_tensor(rr, e, o, span); };
+      if (!filter_submessage(r, end, tag, out, inner)) return false;
+      spans.push_back(span);
+      continue;
+    }
+    append_varint(out, tag);
+    if (!copy_payload(r, end, wt, out)) return false;
+  }
+  return r.pos() == end;
+}
+
+// A ModelProto (graph fields repeated are merged by protobuf, their initializers concatenated).
+bool split_model(FileReader& r, std::string& out, std::vector<std::optional<RawSpan>>& spans) {
+  const uint64_t end = r.size();
+  while (r.pos() < end) {
+    uint64_t tag = 0, field = 0;
+    WireType wt{};
+    if (!read_tag(r, end, tag, field, wt)) return false;
+    if (field == kModelGraph && wt == WireType::len) {
+      auto inner = [&](FileReader& rr, uint64_t e, std::string& o) { return split_graph(rr, e, o, spans); };
+      if (!filter_submessage(r, end, tag, out, inner)) return false;
+      continue;
+    }
+    append_varint(out, tag);
+    if (!copy_payload(r, end, wt, out)) return false;
+  }
+  return true;
+}
+
+// One buffer for the raw bytes of many tensors, 64-byte aligned slots, shared by the tensors made
+// over it (Tensor::adopt). Large buffers are mapped with huge pages: filling fresh 4 KiB pages one
+// fault at a time is most of the cost of loading weights on a virtual machine.
+class WeightBuffer {
+ public:
+  static constexpr uint64_t kAlign = 64;
+  static uint64_t slot(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+  explicit WeightBuffer(uint64_t bytes) : size_(bytes) {
+    if (bytes == 0) return;
+    constexpr size_t kHuge = size_t{2} << 20;
+    if (bytes >= kHuge) {
+      // Over-map by one huge page and trim so the buffer starts on a huge-page boundary.
+      const size_t len = static_cast<size_t>(bytes);
+      const size_t map_len = len + kHuge;
+      void* m = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m != MAP_FAILED) {
+        const uintptr_t b = reinterpret_cast<uintptr_t>(m);
+        const uintptr_t a = (b + kHuge - 1) & ~(uintptr_t{kHuge} - 1);
+        const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+        const size_t keep = (len + page - 1) / page * page;
+        if (a > b) ::munmap(m, a - b);
+        if (b + map_len > a + keep) ::munmap(reinterpret_cast<void*>(a + keep), b + map_len - (a + keep));
+#ifdef MADV_HUGEPAGE
+        ::madvise(reinterpret_cast<void*>(a), keep, MADV_HUGEPAGE);
+#endif
+        base_ = reinterpret_cast<uint8_t*>(a);
+        owner_ = std::shared_ptr<void>(base_, [keep](void* p) { ::munmap(p, keep); });
+        return;
+      }
+    }
+    base_ = static_cast<uint8_t*>(::operator new(static_cast<size_t>(bytes), std::align_val_t{kAlign}, std::nothrow));
+    if (!base_) fail("out of memory for {} bytes of weights", bytes);
+    owner_ = std::shared_ptr<void>(base_, [](void* p) { ::operator delete(p, std::align_val_t{kAlign}); });
+  }
+
+  // A slot for `n` bytes; null when the buffer is full (the caller then allocates on its own).
+  uint8_t* take(uint64_t n) {
+    if (slot(n) > size_ - used_) return nullptr;
+    uint8_t* p = base_ + used_;
+    used_ += slot(n);
+    return p;
+  }
+  const std::shared_ptr<void>& owner() const { return owner_; }
+
+ private:
+  uint64_t size_ = 0;
+  uint64_t used_ = 0;
+  uint8_t* base_ = nullptr;
+  std::shared_ptr<void> owner_;
+};
+
+// A TensorProto's raw_data left in the file by split_model / split_tensor, to be read into a
+// WeightBuffer.
+struct FileRaw {
+  const Fd* fd = nullptr;
+  RawSpan span;
+  WeightBuffer* weights = nullptr;
+
+  // The bytes, into a string (for the cases that convert them).
+  std::string read() const {
+    std::string s(static_cast<size_t>(span.length), '\0');
+    if (fd->read_at(s.data(), s.size(), span.offset) != s.size()) fail("file is truncated");
+    return s;
+  }
+};
 
 // Bits per element of the types ONNX packs several to a byte (raw_data and int32_data), else 0.
 int packed_bits(DType t) {
@@ -69,7 +391,9 @@ void fill_from_raw(Tensor& t, const std::string& raw, const std::string& what) {
   if (t.nbytes()) std::memcpy(t.bytes(), raw.data(), raw.size());
 }
 
-Tensor convert_tensor(const onnx::TensorProto& tp, const fs::path& base_dir) {
+// `file_raw`: the tensor's raw_data, left in the file by split_model / split_tensor (the TensorProto
+// then has none of its own).
+Tensor convert_tensor(const onnx::TensorProto& tp, const fs::path& base_dir, const FileRaw* file_raw = nullptr) {
   const std::string what = tp.name().empty() ? std::string("tensor") : "tensor '" + tp.name() + "'";
   auto dt = dtype_from_onnx(tp.data_type());
   if (!dt) unsupported("{}: data type {} ({}) is not supported", what, onnx_type_name(tp.data_type()), tp.data_type());
@@ -79,6 +403,16 @@ Tensor convert_tensor(const onnx::TensorProto& tp, const fs::path& base_dir) {
     shape.push_back(d);
   }
   if (shape_numel(shape) > (int64_t{1} << 34)) fail("{}: {} elements is too large", what, shape_numel(shape));
+  if (file_raw && tp.data_location() != onnx::TensorProto::EXTERNAL && !packed_bits(*dt)) {
+    // The common case, read from the file straight into the weight buffer: no copy, no zero fill.
+    const uint64_t nbytes = static_cast<uint64_t>(shape_numel(shape)) * static_cast<uint64_t>(dtype_size(*dt));
+    uint8_t* p = file_raw->span.length == nbytes && file_raw->weights ? file_raw->weights->take(nbytes) : nullptr;
+    if (p) {
+      if (file_raw->fd->read_at(p, static_cast<size_t>(nbytes), file_raw->span.offset) != nbytes)
+        fail("{}: raw data is cut short (the file changed while it was read)", what);
+      return Tensor::adopt(*dt, std::move(shape), file_raw->weights->owner(), p);
+    }
+  }
   Tensor t(*dt, shape);
   const int64_t n = t.numel();
   if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
@@ -99,6 +433,10 @@ Tensor convert_tensor(const onnx::TensorProto& tp, const fs::path& base_dir) {
     f.read(raw.data(), static_cast<std::streamsize>(want));
     if (static_cast<size_t>(f.gcount()) != want) fail("{}: external data file '{}' is too short", what, p.string());
     fill_from_raw(t, raw, what);
+    return t;
+  }
+  if (file_raw) {
+    fill_from_raw(t, file_raw->read(), what);
     return t;
   }
   if (tp.has_raw_data()) {
@@ -233,10 +571,24 @@ Tensor constant_node_value(const onnx::NodeProto& np, const fs::path& base) {
 
 Tensor read_tensor_pb(const std::string& path) {
   try {
-    std::string bytes = read_file(path);
+    Fd fd(path);
     onnx::TensorProto tp;
-    if (!tp.ParseFromString(bytes)) fail("not a valid serialized TensorProto (truncated or corrupt)");
-    return convert_tensor(tp, fs::path(path).parent_path());
+    const fs::path base = fs::path(path).parent_path();
+    if (fd.regular()) {
+      FileReader r(fd);
+      std::string rest;
+      std::optional<RawSpan> span;
+      if (split_tensor(r, fd.size(), rest, span)) {
+        if (!tp.ParseFromString(rest)) fail("not a valid serialized TensorProto (truncated or corrupt)");
+        if (!span) return convert_tensor(tp, base);
+        WeightBuffer weights(WeightBuffer::slot(span->length));
+        FileRaw raw{&fd, *span, &weights};
+        return convert_tensor(tp, base, &raw);
+      }
+    }
+    // Not what split_tensor expects: protobuf parses the whole file (and reports what is wrong).
+    if (!tp.ParseFromString(fd.read_all())) fail("not a valid serialized TensorProto (truncated or corrupt)");
+    return convert_tensor(tp, base);
   } catch (const Error& e) {
     throw e.with_context(Location{.file = path, .pass = "read"});
   }
@@ -266,10 +618,25 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
   Location file_loc{.file = path, .pass = "import"};
   try {
     if (fs::is_directory(path)) fail("is a directory; expected a .onnx file");
-    std::string bytes = read_file(path);
+    Fd fd(path);
     onnx::ModelProto model;
-    if (bytes.empty() || !model.ParseFromString(bytes) || !model.has_graph())
-      fail("not a valid ONNX model (truncated or corrupt protobuf)");
+    // The initializers' raw_data stays in the file (spans, in initializer order) unless the file
+    // is not what split_model expects; then protobuf parses all of it and reports what is wrong.
+    std::vector<std::optional<RawSpan>> spans;
+    bool split = false;
+    if (fd.regular() && fd.size() > 0) {
+      FileReader r(fd);
+      std::string rest;
+      split = split_model(r, rest, spans) && rest.size() <= INT_MAX;
+      if (split && (!model.ParseFromString(rest) || !model.has_graph()))
+        fail("not a valid ONNX model (truncated or corrupt protobuf)");
+    }
+    if (!split) {
+      spans.clear();
+      std::string bytes = fd.read_all();
+      if (bytes.empty() || bytes.size() > INT_MAX || !model.ParseFromString(bytes) || !model.has_graph())
+        fail("not a valid ONNX model (truncated or corrupt protobuf)");
+    }
     const fs::path base = fs::path(path).parent_path();
     const auto& gp = model.graph();
     const OpRegistry& reg = OpRegistry::get();
@@ -310,10 +677,19 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
     auto g = std::make_unique<Graph>();
     g->name = gp.name().empty() ? "main" : gp.name();
     std::map<std::string, Value*> env;
-    for (const auto& init : gp.initializer()) {
+    if (split && spans.size() != static_cast<size_t>(gp.initializer_size()))
+      fail("internal: {} raw data spans for {} initializers", spans.size(), gp.initializer_size());
+    uint64_t weight_bytes = 0;
+    for (const auto& sp : spans)
+      if (sp) weight_bytes += WeightBuffer::slot(sp->length);
+    WeightBuffer weights(weight_bytes);
+    for (int i = 0; i < gp.initializer_size(); ++i) {
+      const auto& init = gp.initializer(i);
       if (init.name().empty()) fail("an initializer has no name");
       try {
-        env[init.name()] = g->add_constant(init.name(), convert_tensor(init, base));
+        std::optional<FileRaw> raw;
+        if (split && spans[i]) raw = FileRaw{&fd, *spans[i], &weights};
+        env[init.name()] = g->add_constant(init.name(), convert_tensor(init, base, raw ? &*raw : nullptr));
       } catch (const Error& e) {
         throw e.with_context(Location{.node = init.name(), .pass = "import"});
       }
