@@ -86,7 +86,7 @@ TEST(Cli, ErrorsAreOneLineNamingTheFile) {
   Result r = run("run /nonexistent/model.onnx");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "tessel: error: /nonexistent/model.onnx: no such file or folder\n");
-  r = run("compile " + kModel + " --emit kernel");
+  r = run("compile " + kModel + " --emit tile");
   EXPECT_NE(r.code, 0);
 }
 
