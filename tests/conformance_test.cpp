@@ -1,7 +1,7 @@
-// The ONNX backend conformance data (../shared/onnx-tests): for each backend (eager, and graph:
-// the "core" pipeline and the graph backend), the number of passing tests must not drop below the
-// committed baseline (tests/conformance_baseline.json), nothing may crash or hang, and every test
-// that does not pass carries a reason.
+// The ONNX backend conformance data (../shared/onnx-tests): for each backend (eager; graph: the
+// "core" pipeline and the graph backend; compiled: fused kernels as generated C++), the number of
+// passing tests must not drop below the committed baseline (tests/conformance_baseline.json),
+// nothing may crash or hang, and every test that does not pass carries a reason.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -25,6 +25,9 @@ TEST_P(ConformanceSuite, PassCountAtLeastBaseline) {
   if (!std::filesystem::exists(root)) GTEST_SKIP() << "needs " << root;
   auto baseline = nlohmann::json::parse(testenv::read_text(testenv::source_dir() + "/tests/conformance_baseline.json"));
   const int want = baseline.at(backend).at(suite).get<int>();
+  // The compiled backend's shared objects go to a cache in the build tree, not the user's.
+  const std::string cache = (std::filesystem::path(testenv::tessel_binary()).parent_path() / "test-compile-cache").string();
+  setenv("TESSEL_CACHE_DIR", cache.c_str(), 1);
   ConformanceOptions o;
   o.backend = backend;
   o.jobs = 2;
@@ -43,7 +46,7 @@ TEST_P(ConformanceSuite, PassCountAtLeastBaseline) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Onnx, ConformanceSuite,
-                         ::testing::Combine(::testing::Values("eager", "graph"),
+                         ::testing::Combine(::testing::Values("eager", "graph", "compiled"),
                                             ::testing::Values("node", "simple", "pytorch-operator")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
