@@ -225,8 +225,10 @@ TEST(DnnlMatmul, FollowsThreadCountChanges) {
   omp_set_num_threads(1);
   MatmulDesc d = contiguous_matmul(1, 64, 96, 128);
   std::vector<float> a = random_floats(64 * 128, 7), b = random_floats(128 * 96, 8), c(64 * 96);
-  const std::vector<Want> want = reference_matmul(d, a.data(), b.data(), nullptr, c);
+  std::vector<float> bias = random_floats(96, 9);
+  const std::vector<Want> want = reference_matmul(d, a.data(), b.data(), bias.data(), c);
   d.constant_b = b.data();
+  d.bias = bias.data();  // the bias must survive the rebuild
   Matmul mm(d);
   omp_set_num_threads(2);
   mm.run(a.data(), nullptr, c.data());
@@ -329,6 +331,38 @@ void check_conv(ConvDesc d, const std::string& what, bool bias) {
                         : layout == ConvLayout::blocked ? "blocked"
                                                         : "auto";
     expect_close(y, want, what + " " + conv_str(d) + " " + lname + " (" + cv.impl() + ")");
+  }
+  // Channels-last activations (the compiled backend's layout between convolutions), in and out.
+  auto to_nhwc = [](const std::vector<float>& a, int64_t n, int64_t c, int64_t h, int64_t w) {
+    std::vector<float> b(a.size());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < c; ++j)
+        for (int64_t k = 0; k < h * w; ++k) b[static_cast<size_t>((i * h * w + k) * c + j)] = a[static_cast<size_t>((i * c + j) * h * w + k)];
+    return b;
+  };
+  auto from_nhwc = [](const std::vector<float>& b, int64_t n, int64_t c, int64_t h, int64_t w) {
+    std::vector<float> a(b.size());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < c; ++j)
+        for (int64_t k = 0; k < h * w; ++k) a[static_cast<size_t>((i * c + j) * h * w + k)] = b[static_cast<size_t>((i * h * w + k) * c + j)];
+    return a;
+  };
+  for (auto [sn, dn] : {std::pair{false, true}, std::pair{true, true}, std::pair{true, false}}) {
+    d.layout = ConvLayout::automatic;
+    d.src_nhwc = sn, d.dst_nhwc = dn;
+    std::vector<float> x = random_floats(static_cast<size_t>(d.N * d.C * d.H * d.W), 21);
+    std::vector<float> w = random_floats(static_cast<size_t>(d.OC * (d.C / d.groups) * d.KH * d.KW), 22);
+    std::vector<float> bv = random_floats(static_cast<size_t>(d.OC), 23);
+    std::vector<float> y = random_floats(static_cast<size_t>(d.N * d.OC * d.OH * d.OW), 24);
+    const std::vector<Want> want = reference_conv(d, x.data(), w.data(), bias ? bv.data() : nullptr, y);
+    d.weights = w.data();
+    d.bias = bias ? bv.data() : nullptr;
+    Conv2d cv(d);
+    std::vector<float> xin = sn ? to_nhwc(x, d.N, d.C, d.H, d.W) : x;
+    std::vector<float> yout = dn ? to_nhwc(y, d.N, d.OC, d.OH, d.OW) : y;
+    cv.run(xin.data(), yout.data());
+    if (dn) yout = from_nhwc(yout, d.N, d.OC, d.OH, d.OW);
+    expect_close(yout, want, what + " " + conv_str(d) + (sn ? " nhwc" : " nchw") + " -> " + (dn ? "nhwc" : "nchw") + " (" + cv.impl() + ")");
   }
 }
 

@@ -187,9 +187,10 @@ std::vector<Tensor> run_with_compiled(std::unique_ptr<Graph> g, const std::vecto
              cs.compile_seconds * 1e3, cs.graph.pass_seconds * 1e3, cs.fuse_seconds * 1e3, cs.codegen_seconds * 1e3,
              cs.cxx_seconds * 1e3, cs.cache_hit ? " (cache hit)" : "", cs.load_seconds * 1e3, cs.library_seconds * 1e3,
              cs.threads);
-  fmt::print("  {} kernels ({} loop, {} matmul, {} conv), {} core nodes outside kernels, fusion traffic {} -> {} bytes\n",
-             cs.kernels, cs.loop_kernels, cs.matmul_kernels, cs.conv_kernels, cs.core_nodes_left, cs.bytes_unfused,
-             cs.bytes_fused);
+  fmt::print("  {} kernels ({} loop, {} matmul, {} conv; {} epilogues inside oneDNN), {} core nodes outside kernels, "
+             "fusion traffic {} -> {} bytes\n",
+             cs.kernels, cs.loop_kernels, cs.matmul_kernels, cs.conv_kernels, cs.library_epilogues, cs.core_nodes_left,
+             cs.bytes_unfused, cs.bytes_fused);
   if (!cs.source_path.empty()) fmt::print("  generated C++: {}\n", cs.source_path);
   std::vector<Tensor> outs;
   GraphRunStats rs;

@@ -202,16 +202,64 @@ struct Fuser {
     return n;
   }
 
+  // Layout: 4-D activations between convolutions are stored channels-last (NHWC) when every
+  // reader is a kernel that reads through index maps (pointwise, reduce, a convolution's input).
+  std::vector<bool> nhwc;  // per value id
+
+  std::vector<int64_t> physical_strides(const Value* v) const {
+    const Shape& s = v->type.shape;
+    if (!nhwc[v->id]) return strides_of(s);
+    // [N, C, H, W] laid out as [N, H, W, C]
+    return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
+  }
+
+  void decide_layouts() {
+    std::map<const Value*, std::vector<const Node*>> consumers;
+    for (const auto& n : g.nodes())
+      for (const Value* u : n->inputs)
+        if (u) consumers[u].push_back(n.get());
+    auto is_conv = [&](const Node& n) {
+      return opts.matmul && is_core(n) && static_node(n) && n.op->name == "convolution" && conv_spec(n).has_value();
+    };
+    auto readers_ok = [&](const Value* v) {
+      if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return false;
+      auto it = consumers.find(v);
+      if (it == consumers.end()) return false;
+      for (const Node* c : it->second) {
+        if (!is_core(*c) || !static_node(*c)) return false;
+        if (is_conv(*c) && c->inputs[0] == v && c->inputs[1] != v) continue;
+        if (pointwise_ok(*c) || reduce_ok(*c)) continue;
+        return false;
+      }
+      return true;
+    };
+    for (const auto& up : g.nodes()) {
+      const Node& n = *up;
+      if (n.outputs.size() != 1 || !n.outputs[0]) continue;
+      const Value* v = n.outputs[0];
+      if (!static_value(v) || v->type.shape.size() != 4 || v->type.dtype != DType::f32) continue;
+      bool source = false;
+      if (is_conv(n)) {
+        source = true;
+      } else if (is_core(n) && static_node(n) && pointwise_ok(n)) {
+        for (const Value* u : n.inputs) source = source || (nhwc[u->id] && u->type.shape == v->type.shape);
+      }
+      if (source && readers_ok(v)) nhwc[v->id] = true;
+    }
+  }
+
   void init() {
     const size_t n = nv();
+    nhwc.assign(n, false);
     views.resize(n);
     is_view.assign(n, false);
     group_of_value.assign(n, -1);
     level.assign(n, Level::elem);
     deps.assign(n, {});
+    for (const auto& v : g.values()) views[v->id].root = v.get();
+    decide_layouts();  // reads roots and offsets only
     for (const auto& v : g.values()) {
-      views[v->id].root = v.get();
-      if (static_value(v.get())) views[v->id].strides = strides_of(v->type.shape);
+      if (static_value(v.get())) views[v->id].strides = physical_strides(v.get());
       for (size_t d = 0; d < v->type.shape.size() && static_value(v.get()); ++d)
         if (v->type.shape[d] == 1) views[v->id].strides[d] = 0;
     }
@@ -575,6 +623,7 @@ std::optional<ConvSpec> Fuser::conv_spec(const Node& n) const {
   c.dil_h = dl[0], c.dil_w = dl[1];
   // padding: (low, high) per spatial dim, as [h_low, h_high, w_low, w_high]
   c.pad_top = pd[0], c.pad_bottom = pd[1], c.pad_left = pd[2], c.pad_right = pd[3];
+  c.x_nhwc = nhwc[xv.root->id];
   c.groups = n.attr_i("groups", 1);
   if (c.groups <= 0 || c.c % c.groups || c.oc % c.groups || ws[1] != c.c / c.groups) return std::nullopt;
   for (int64_t p : pd)
@@ -630,7 +679,7 @@ struct Lowering {
   }
 
   int store_access(const Value* v, Level lv) {
-    std::vector<int64_t> st = strides_of(v->type.shape);
+    std::vector<int64_t> st = fz.physical_strides(v);
     std::vector<int64_t> fstr(gr.F.size(), 0);
     const Shape& s = v->type.shape;
     if (lv == Level::elem || s.size() == gr.F.size()) {
@@ -836,6 +885,15 @@ void Lowering::lower() {
       outer_dims.push_back(d);
   }
   if (!(gr.kind == GKind::loop && gr.reduces) && !outer_dims.empty()) {
+    // Walk the memory of the first stored value in order: channels-last outputs put C innermost.
+    for (const Value* o : outs)
+      if (fz.nhwc[o->id] && o->type.shape == gr.F) {
+        std::vector<int> order;
+        for (int d : {0, 2, 3, 1})
+          if (std::find(outer_dims.begin(), outer_dims.end(), d) != outer_dims.end()) order.push_back(d);
+        outer_dims = order;
+        break;
+      }
     inner_dims.push_back(outer_dims.back());
     outer_dims.pop_back();
   }
@@ -939,6 +997,8 @@ void Lowering::lower() {
       k.conv.x = arg_of_input(fz.views[gr.anchor->inputs[0]->id].root);
       k.conv.w = arg_of_input(fz.views[gr.anchor->inputs[1]->id].root);
       k.conv.y = c;
+      const int nin_now = static_cast<int>(ins.size());
+      k.conv.y_nhwc = c >= nin_now && c < nin_now + static_cast<int>(outs.size()) && fz.nhwc[outs[static_cast<size_t>(c - nin_now)]->id];
     }
   }
 

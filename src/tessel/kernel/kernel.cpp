@@ -111,8 +111,8 @@ std::string print_kernel(const Kernel& k) {
                      m.n, m.k, m.a_offset, ints({m.a_batch, m.a_m, m.a_k}), m.b_offset, ints({m.b_batch, m.b_k, m.b_n}));
   } else if (k.kind == KernelKind::conv) {
     const ConvSpec& c = k.conv;
-    s += fmt::format("  conv x {} w {} y {} input {} output {} kernel {} stride {} pad {} dilation {} groups {}\n", c.x, c.w,
-                     c.y, ints({c.n, c.c, c.h, c.wd}), ints({c.oc, c.oh, c.ow}), ints({c.kh, c.kw}),
+    s += fmt::format("  conv x {} w {} y {} layout {} -> {} input {} output {} kernel {} stride {} pad {} dilation {} groups {}\n",
+                     c.x, c.w, c.y, c.x_nhwc ? "nhwc" : "nchw", c.y_nhwc ? "nhwc" : "nchw", ints({c.n, c.c, c.h, c.wd}), ints({c.oc, c.oh, c.ow}), ints({c.kh, c.kw}),
                      ints({c.stride_h, c.stride_w}), ints({c.pad_top, c.pad_left, c.pad_bottom, c.pad_right}),
                      ints({c.dil_h, c.dil_w}), c.groups);
   }
@@ -340,6 +340,15 @@ class KernelParser {
       expect("x"); c.x = static_cast<int>(integer());
       expect("w"); c.w = static_cast<int>(integer());
       expect("y"); c.y = static_cast<int>(integer());
+      expect("layout");
+      auto layout = [&] {
+        std::string l = word();
+        if (l != "nchw" && l != "nhwc") error(fmt::format("unknown layout '{}'", l));
+        return l == "nhwc";
+      };
+      c.x_nhwc = layout();
+      expect("->");
+      c.y_nhwc = layout();
       expect("input"); auto in = int_list();
       expect("output"); auto out = int_list();
       expect("kernel"); auto ks = int_list();

@@ -65,9 +65,11 @@ struct MatmulSpec {
   int64_t b_offset = 0, b_batch = 0, b_k = 0, b_n = 0;
 };
 
-// 2-D convolution, NCHW, weights [OC, C/groups, KH, KW] (a constant arg), result NCHW in arg `y`.
+// 2-D convolution of logical NCHW activations, weights [OC, C/groups, KH, KW] (a constant arg), result
+// in arg `y`. Each activation buffer is laid out NCHW or NHWC (channels last) in memory.
 struct ConvSpec {
   int x = 0, w = 0, y = 0;
+  bool x_nhwc = false, y_nhwc = false;
   int64_t n = 0, c = 0, h = 0, wd = 0, oc = 0, kh = 0, kw = 0, oh = 0, ow = 0;
   int64_t stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
   int64_t dil_h = 1, dil_w = 1, groups = 1;

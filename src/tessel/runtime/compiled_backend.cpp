@@ -11,6 +11,7 @@
 #include "tessel/support/error.h"
 #include "tessel/targets/cpu/codegen.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
+#include "tessel/targets/cpu/library_epilogue.h"
 
 namespace tessel {
 namespace {
@@ -137,6 +138,18 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
       }
     }
     if (cpu::has_generated_function(k)) L->fn = ce->so_->function<GeneratedFn>(cpu::kernel_symbol(k));
+    // An epilogue oneDNN applies itself (bias, scale, relu/clip/GELU) replaces the generated one.
+    std::optional<cpu::LibraryEpilogue> lib = cpu::match_library_epilogue(k);
+    const float* bias = nullptr;
+    if (lib && lib->bias_arg >= 0) {
+      const Value* bv = n.inputs[static_cast<size_t>(lib->bias_arg)];
+      if (bv->constant && bv->type.dtype == DType::f32) bias = bv->constant->data<float>();
+      else lib.reset();
+    }
+    if (lib) {
+      L->fn = nullptr;
+      st.library_epilogues++;
+    }
     auto tl = Clock::now();
     try {
       if (k.kind == KernelKind::matmul) {
@@ -146,6 +159,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
         d.b_batch = k.mm.b_batch, d.b_k = k.mm.b_k, d.b_n = k.mm.b_n;
         const Value* bv = n.inputs[static_cast<size_t>(k.mm.b)];
         if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset;
+        if (lib) d.bias = bias, d.epilogue = lib->epilogue;
         L->matmul = std::make_unique<cpu::Matmul>(d);
       } else if (k.kind == KernelKind::conv) {
         const ConvSpec& c = k.conv;
@@ -154,8 +168,10 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
         d.stride_h = c.stride_h, d.stride_w = c.stride_w;
         d.pad_top = c.pad_top, d.pad_left = c.pad_left, d.pad_bottom = c.pad_bottom, d.pad_right = c.pad_right;
         d.dil_h = c.dil_h, d.dil_w = c.dil_w, d.groups = c.groups;
+        d.src_nhwc = c.x_nhwc, d.dst_nhwc = c.y_nhwc;
         d.weights = n.inputs[static_cast<size_t>(c.w)]->constant->data<float>();
         d.bias = nullptr;
+        if (lib) d.bias = bias, d.epilogue = lib->epilogue;
         L->conv = std::make_unique<cpu::Conv2d>(d);
       }
     } catch (const Error& e) {
@@ -166,6 +182,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
     ce->launches_.push_back(std::move(L));
     return [raw](KernelEnv& env) { (*raw)(env); };
   };
+  omp_set_num_threads(st.threads);  // library primitives are created for the threads they run with
   ce->exe_ = compile_graph(std::move(g), ex, go);
   st.graph = ce->exe_->stats();
   for (const Kernel& k : ce->kernels_) {

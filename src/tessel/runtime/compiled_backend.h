@@ -36,6 +36,7 @@ struct CompiledCompileStats {
   std::string cache_key, source_path, so_path;
   int kernels = 0, loop_kernels = 0, matmul_kernels = 0, conv_kernels = 0;
   int core_nodes_left = 0;             // core nodes not covered by a kernel (run by typed kernels)
+  int library_epilogues = 0;           // matmul/conv epilogues oneDNN applies itself (no generated pass)
   int64_t bytes_unfused = 0, bytes_fused = 0;
   int threads = 1;
 };

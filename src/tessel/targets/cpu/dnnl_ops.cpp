@@ -288,7 +288,7 @@ struct Matmul::Impl {
 
   void build() {
     threads = threads_now();
-    pd = matmul_pd(plan, pack, d.bias != nullptr, attr);
+    pd = matmul_pd(plan, pack, !bias_data.empty(), attr);  // d.bias is cleared after construction
     prim = dnnl::matmul(pd);
     const dnnl::engine& eng = runtime().eng;
     a = memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
@@ -301,7 +301,7 @@ struct Matmul::Impl {
       b = packed;
     }
     args = {{DNNL_ARG_SRC, a.get()}, {DNNL_ARG_WEIGHTS, b.get()}, {DNNL_ARG_DST, c.get()}};
-    if (d.bias) {
+    if (!bias_data.empty()) {
       bias = memory(plan.bias, eng, bias_data.data());
       args.push_back({DNNL_ARG_BIAS, bias.get()});
     }
@@ -422,7 +422,10 @@ struct Conv2d::Impl {
   void build() {
     threads = threads_now();
     const dnnl::engine& eng = runtime().eng;
-    const memory::desc act_x = blocked ? memory::desc(x_md.dims(), kF32, Tag::any) : x_md;
+    // Mixed layouts (an NCHW model input into channels-last activations) have only a reference
+    // kernel in oneDNN 2.6: let the primitive choose the input layout and reorder into it.
+    const bool mixed = d.src_nhwc != d.dst_nhwc;
+    const memory::desc act_x = blocked || mixed ? memory::desc(x_md.dims(), kF32, Tag::any) : x_md;
     const memory::desc act_y = blocked ? memory::desc(y_md.dims(), kF32, Tag::any) : y_md;
     const memory::desc wany(w_md.dims(), kF32, Tag::any);
     const memory::dims strides{d.stride_h, d.stride_w}, dil{d.dil_h - 1, d.dil_w - 1};
@@ -430,7 +433,7 @@ struct Conv2d::Impl {
     const auto fwd = dnnl::prop_kind::forward_inference;
     const auto alg = dnnl::algorithm::convolution_direct;
     const dnnl::convolution_forward::desc cd =
-        d.bias
+        !bias_data.empty()  // d.bias is cleared after construction
             ? dnnl::convolution_forward::desc(fwd, alg, act_x, wany, bias_md, act_y, strides, dil,
                                               pl, pr)
             : dnnl::convolution_forward::desc(fwd, alg, act_x, wany, act_y, strides, dil, pl, pr);
@@ -451,7 +454,7 @@ struct Conv2d::Impl {
       w = packed;
     }
     args = {{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_WEIGHTS, w.get()}, {DNNL_ARG_DST, dst.get()}};
-    if (d.bias) {
+    if (!bias_data.empty()) {
       bias = memory(bias_md, eng, bias_data.data());
       args.push_back({DNNL_ARG_BIAS, bias.get()});
     }
@@ -465,11 +468,11 @@ Conv2d::Conv2d(const ConvDesc& desc) : impl_(std::make_unique<Impl>()) {
   check_conv(m.d, m.name);
   // Blocked won on every mobilenet_v2 layer, reorders included (bench/matmul_floor.md): with NCHW
   // activations oneDNN 2.6 has only its im2col gemm convolution.
-  m.blocked = m.d.layout != ConvLayout::nchw;
+  m.blocked = m.d.layout != ConvLayout::nchw && !m.d.src_nhwc && !m.d.dst_nhwc;
   try {
     m.attr = make_attr(m.d.epilogue);
-    m.x_md = memory::desc({m.d.N, m.d.C, m.d.H, m.d.W}, kF32, Tag::nchw);
-    m.y_md = memory::desc({m.d.N, m.d.OC, m.d.OH, m.d.OW}, kF32, Tag::nchw);
+    m.x_md = memory::desc({m.d.N, m.d.C, m.d.H, m.d.W}, kF32, m.d.src_nhwc ? Tag::nhwc : Tag::nchw);
+    m.y_md = memory::desc({m.d.N, m.d.OC, m.d.OH, m.d.OW}, kF32, m.d.dst_nhwc ? Tag::nhwc : Tag::nchw);
     const int64_t g = m.d.groups;
     m.w_md = g == 1 ? memory::desc({m.d.OC, m.d.C, m.d.KH, m.d.KW}, kF32, Tag::oihw)
                     : memory::desc({g, m.d.OC / g, m.d.C / g, m.d.KH, m.d.KW}, kF32, Tag::goihw);

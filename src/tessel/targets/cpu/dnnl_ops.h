@@ -100,6 +100,10 @@ struct ConvDesc {
   const float* bias = nullptr;     // [OC] or null, copied by the constructor
   Epilogue epilogue;
   ConvLayout layout = ConvLayout::automatic;
+  // Physical layout of the activations in memory: NCHW (default) or NHWC (channels last, which the
+  // compiled backend's layout decision keeps between convolutions). With either in NHWC, the
+  // primitive works on the caller's buffers directly (no reorders).
+  bool src_nhwc = false, dst_nhwc = false;
 };
 
 // "[1x32x112x112]*[32x1x3x3] s1 p1,1,1,1 g32".

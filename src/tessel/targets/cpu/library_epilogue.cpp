@@ -1,0 +1,172 @@
+// Matching a kernel's epilogue onto oneDNN's bias and post-ops (see library_epilogue.h).
+#include "tessel/targets/cpu/library_epilogue.h"
+
+#include <cmath>
+#include <set>
+
+namespace tessel::cpu {
+namespace {
+
+struct Matcher {
+  const Kernel& k;
+  int acc_arg;
+  int64_t channels;
+  std::set<int> used;  // instructions the pattern accounts for
+
+  const KInstr& at(int i) const { return k.body[static_cast<size_t>(i)]; }
+  bool is(int i, const char* op) const { return at(i).op == op; }
+  bool is_const(int i, double v, double tol = 0) const {
+    return is(i, "const") && std::fabs(at(i).value - v) <= tol * std::fabs(v);
+  }
+  std::optional<double> const_value(int i) const {
+    if (!is(i, "const")) return std::nullopt;
+    return at(i).value;
+  }
+  int arg(int i, int j) const { return at(i).args[static_cast<size_t>(j)]; }
+  void take(int i) { used.insert(i); }
+
+  // The library result itself.
+  bool acc(int i) {
+    if (!is(i, "load") || k.accesses[static_cast<size_t>(at(i).access)].arg != acc_arg) return false;
+    take(i);
+    return true;
+  }
+
+  // A load of a constant [channels] vector indexed by the channel only.
+  bool bias(int i, int* bias_arg) {
+    if (!is(i, "load")) return false;
+    const KAccess& b = k.accesses[static_cast<size_t>(at(i).access)];
+    const KArg& a = k.args[static_cast<size_t>(b.arg)];
+    if (a.role != KArg::Role::in || shape_numel(a.type.shape) != channels || b.offset != 0) return false;
+    // exactly one loop dim moves through the bias, with stride 1, and it is the channel dim of the result
+    int dim = -1;
+    for (size_t d = 0; d < b.strides.size(); ++d) {
+      if (b.strides[d] == 0) continue;
+      if (dim >= 0 || b.strides[d] != 1) return false;
+      dim = static_cast<int>(d);
+    }
+    if (dim < 0) return false;
+    const int64_t extent = static_cast<size_t>(dim) < k.outer.size() ? k.outer[static_cast<size_t>(dim)]
+                                                                      : k.inner[static_cast<size_t>(dim) - k.outer.size()];
+    if (extent != channels) return false;
+    // the result's stride along that dim is the channel stride
+    int64_t want = 1;
+    if (k.kind == KernelKind::conv && !k.conv.y_nhwc) want = k.conv.oh * k.conv.ow;
+    for (const KAccess& r : k.accesses)
+      if (r.arg == acc_arg && r.strides[static_cast<size_t>(dim)] != want) return false;
+    *bias_arg = b.arg;
+    take(i);
+    return true;
+  }
+
+  // acc, acc + bias, scale · acc, scale · (acc + bias)
+  bool linear(int i, LibraryEpilogue& e) {
+    if (acc(i)) return true;
+    if (is(i, "add")) {
+      for (int s = 0; s < 2; ++s)
+        if (acc(arg(i, s)) && bias(arg(i, 1 - s), &e.bias_arg)) {
+          take(i);
+          e.summary += "bias";
+          return true;
+        }
+      return false;
+    }
+    if ((is(i, "mul") || is(i, "div")) && const_value(arg(i, 1))) {
+      const double c = *const_value(arg(i, 1));
+      if (c == 0 || !std::isfinite(c)) return false;
+      if (!linear(arg(i, 0), e)) return false;
+      e.epilogue.alpha = static_cast<float>(is(i, "mul") ? c : 1.0 / c);
+      take(i);
+      take(arg(i, 1));
+      e.summary += (e.summary.empty() ? "" : " + ") + std::string("scale");
+      return true;
+    }
+    return false;
+  }
+
+  // x · (erf(x / sqrt 2) + 1) · 0.5, in the order the decomposition writes it
+  bool gelu(int i, LibraryEpilogue& e) {
+    if (!is(i, "mul") || !is_const(arg(i, 1), 0.5)) return false;
+    const int m = arg(i, 0);
+    if (!is(m, "mul")) return false;
+    for (int s = 0; s < 2; ++s) {
+      const int x = arg(m, s), a = arg(m, 1 - s);
+      if (!is(a, "add") || !is_const(arg(a, 1), 1.0)) continue;
+      const int er = arg(a, 0);
+      if (!is(er, "erf")) continue;
+      const int t = arg(er, 0);
+      const bool scaled = (is(t, "div") && is_const(arg(t, 1), std::sqrt(2.0), 1e-6)) ||
+                          (is(t, "mul") && is_const(arg(t, 1), 1 / std::sqrt(2.0), 1e-6));
+      if (!scaled || arg(t, 0) != x) continue;
+      if (!linear(x, e)) return false;
+      for (int j : {i, arg(i, 1), m, a, arg(a, 1), er, t, arg(t, 1)}) take(j);
+      e.epilogue.act = Activation::gelu_erf;
+      return true;
+    }
+    return false;
+  }
+
+  bool activation(int i, LibraryEpilogue& e) {
+    if (gelu(i, e)) return true;
+    // clip: min(max(x, lo), hi) or max(min(x, hi), lo); relu: max(x, 0)
+    if ((is(i, "min") || is(i, "max")) && const_value(arg(i, 1))) {
+      const bool outer_min = is(i, "min");
+      const int in = arg(i, 0);
+      const double c1 = *const_value(arg(i, 1));
+      if ((is(in, outer_min ? "max" : "min")) && const_value(arg(in, 1))) {
+        const double c0 = *const_value(arg(in, 1));
+        const double lo = outer_min ? c0 : c1, hi = outer_min ? c1 : c0;
+        if (lo <= hi && linear(arg(in, 0), e)) {
+          for (int j : {i, arg(i, 1), in, arg(in, 1)}) take(j);
+          e.epilogue.act = Activation::clip;
+          e.epilogue.clip_lo = static_cast<float>(lo);
+          e.epilogue.clip_hi = static_cast<float>(hi);
+          return true;
+        }
+      }
+      if (!outer_min && c1 == 0 && linear(in, e)) {
+        take(i);
+        take(arg(i, 1));
+        e.epilogue.act = Activation::relu;
+        return true;
+      }
+      return false;
+    }
+    return linear(i, e);
+  }
+};
+
+}  // namespace
+
+std::optional<LibraryEpilogue> match_library_epilogue(const Kernel& k) {
+  if (k.kind == KernelKind::loop || k.body.empty()) return std::nullopt;
+  const int acc_arg = k.kind == KernelKind::matmul ? k.mm.c : k.conv.y;
+  const int64_t channels = k.kind == KernelKind::matmul ? k.mm.n : k.conv.oc;
+  int store = -1;
+  for (size_t i = 0; i < k.body.size(); ++i) {
+    if (k.body[i].op != "store") continue;
+    if (store >= 0) return std::nullopt;  // one result only
+    store = static_cast<int>(i);
+  }
+  if (store < 0) return std::nullopt;
+  const KInstr& st = k.body[static_cast<size_t>(store)];
+  if (k.accesses[static_cast<size_t>(st.access)].arg != acc_arg || st.dtype != DType::f32) return std::nullopt;
+  Matcher m{k, acc_arg, channels, {}};
+  LibraryEpilogue e;
+  if (!m.activation(st.args[0], e)) return std::nullopt;
+  m.take(store);
+  if (m.used.size() != k.body.size()) return std::nullopt;  // something else is computed
+  // the result is written where the library wrote it
+  for (int i : m.used)
+    if (k.body[static_cast<size_t>(i)].op == "load" && k.accesses[static_cast<size_t>(k.body[static_cast<size_t>(i)].access)].arg == acc_arg &&
+        k.body[static_cast<size_t>(i)].access != st.access)
+      return std::nullopt;
+  if (e.epilogue.act != Activation::none) {
+    static const char* names[] = {"none", "relu", "clip", "gelu_erf", "gelu_tanh", "sigmoid", "tanh"};
+    e.summary += (e.summary.empty() ? "" : " + ") + std::string(names[static_cast<int>(e.epilogue.act)]);
+  }
+  if (e.summary.empty()) return std::nullopt;
+  return e;
+}
+
+}  // namespace tessel::cpu
