@@ -9,6 +9,8 @@
 #include "tessel/ir/printer.h"
 #include "tessel/kernel/kernel.h"
 #include "tessel/passes/pass.h"
+#include "tessel/runtime/compiled_backend.h"
+#include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 
 using namespace tessel;
@@ -168,4 +170,33 @@ TEST(KernelLevel, VerifierNamesTheKernel) {
   e = parse_error(replace(kSmall, "phases 1", "phases one"));
   EXPECT_NE(e.find("bad.tsl"), std::string::npos) << e;
   EXPECT_NE(e.find("expected an integer"), std::string::npos) << e;
+}
+
+// Sibling fusion: a reduction of x and a reduction of exp(x) over the same rows are one kernel that
+// loads x once, and compute what the eager interpreter computes.
+TEST(KernelLevel, SiblingFusionSharesTheLoad) {
+  const char* text = R"(# tessel graph level
+graph @siblings(%x: f32[4,16]) {
+  %s: f32[4] = reduce(%x) {axes = [1], kind = "sum"} loc("/sum")
+  %e: f32[4,16] = exp(%x) loc("/exp")
+  %m: f32[4] = reduce(%e) {axes = [1], kind = "max"} loc("/max")
+  return %s, %m
+}
+)";
+  KernelModule m = fuse(parse_graph(text));
+  verify_kernel_module(m);
+  ASSERT_EQ(m.kernels.size(), 1u);
+  const Kernel& k = m.kernels[0];
+  EXPECT_EQ(k.num_outputs(), 2);
+  EXPECT_EQ(count_op(k, "load"), 1) << print_kernel(k);
+  EXPECT_EQ(count_op(k, "reduce"), 2);
+  std::vector<double> xs(64);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37 * static_cast<double>(i)) * 3;
+  Tensor x = Tensor::from_f64(DType::f32, {4, 16}, xs);
+  std::vector<Tensor> want = run_eager(*parse_graph(text), {x});
+  CompiledBackendOptions o;
+  o.threads = 1;
+  o.toolchain.cache_dir = (std::filesystem::path(testenv::tessel_binary()).parent_path() / "test-compile-cache").string();
+  std::vector<Tensor> got = compile_cpu(parse_graph(text), {x}, o)->run({x});
+  testenv::expect_matches_reference(got, want, "siblings", 1e-6);
 }

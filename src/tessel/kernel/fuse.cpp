@@ -511,6 +511,53 @@ struct Fuser {
       }
       propagate_deps(n);
     }
+    if (opts.fuse) merge_siblings();
+  }
+
+  // Sibling (horizontal) fusion: loop kernels over the same iteration space that read a common
+  // buffer and do not depend on each other become one kernel, so the buffer is read once.
+  int siblings_merged = 0;
+  void merge_siblings() {
+    auto roots_read = [&](const Group& gr, int gi) {
+      std::set<const Value*> r;
+      for (const Node* n : gr.nodes)
+        for (const Value* u : n->inputs) {
+          const Value* root = views[u->id].root;
+          if (group_of_value[root->id] != gi && !root->constant) r.insert(root);
+        }
+      return r;
+    };
+    for (size_t a = 0; a < groups.size(); ++a) {
+      if (groups[a].kind != GKind::loop || groups[a].nodes.empty()) continue;
+      for (size_t b = a + 1; b < groups.size(); ++b) {
+        Group& ga = groups[a];
+        Group& gb = groups[b];
+        if (gb.kind != GKind::loop || gb.nodes.empty() || ga.F != gb.F || ga.R != gb.R || ga.reduces != gb.reduces) continue;
+        const std::set<const Value*> ra = roots_read(ga, static_cast<int>(a)), rb = roots_read(gb, static_cast<int>(b));
+        bool shared = false;
+        for (const Value* v : ra) shared = shared || rb.count(v);
+        if (!shared) continue;
+        if (reaches(gdeps[a], static_cast<int>(b)) || reaches(gdeps[b], static_cast<int>(a))) continue;
+        // b joins a
+        for (const Node* n : gb.nodes) {
+          node_group[n] = static_cast<int>(a);
+          for (const Value* v : n->outputs) group_of_value[v->id] = static_cast<int>(a);
+          ga.nodes.push_back(n);
+        }
+        gb.nodes.clear();
+        gdeps[a].insert(gdeps[b].begin(), gdeps[b].end());
+        gdeps[a].erase(static_cast<int>(a));
+        for (auto& d : gdeps)
+          if (d.erase(static_cast<int>(b))) d.insert(static_cast<int>(a));
+        gdeps[a].erase(static_cast<int>(a));
+        ++siblings_merged;
+      }
+    }
+    // keep every group's nodes in graph order
+    std::map<const Node*, size_t> pos;
+    for (size_t i = 0; i < g.nodes().size(); ++i) pos[g.nodes()[i].get()] = i;
+    for (Group& gr : groups)
+      std::sort(gr.nodes.begin(), gr.nodes.end(), [&](const Node* x, const Node* y) { return pos[x] < pos[y]; });
   }
 
   void start_group(const Node& n, GKind kind, Shape F, std::vector<bool> R, Level lv = Level::elem) {
@@ -1095,10 +1142,11 @@ KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts, std::vec
   std::vector<Kernel> kernels;
   std::vector<std::vector<const Value*>> node_ins, node_outs;
   for (size_t gi = 0; gi < fz.groups.size(); ++gi) {
+    if (fz.groups[gi].nodes.empty()) continue;  // merged into a sibling
     Lowering lw(fz, static_cast<int>(gi));
     lw.lower();
     collapse_loops(lw.k);
-    lw.k.name = "k" + std::to_string(gi);
+    lw.k.name = "k" + std::to_string(kernels.size());
     node_ins.push_back(lw.ins);
     node_outs.push_back(lw.outs);
     kernels.push_back(std::move(lw.k));
