@@ -701,50 +701,39 @@ struct Lowering {
     return static_cast<int>(ins.size()) - 1;
   }
 
-  // Access over the loop space for value u read at F-indexing (elem) or row indexing.
-  int access_for(const Value* u, Level lv) {
-    const View& v = fz.views[u->id];
-    std::vector<int64_t> fstr(gr.F.size(), 0);  // stride per F dim
-    const Shape& s = u->type.shape;
+  // The access for a value of shape `s` whose elements sit at `strides` (offset `offset`) in
+  // buffer `arg`, read at element level (shape F) or row level (F without, or with unit, reduced dims).
+  int access(int arg, int64_t offset, const Shape& s, const std::vector<int64_t>& strides, Level lv) {
+    std::vector<int64_t> fstr(gr.F.size(), 0);  // stride per dim of F
     if (lv == Level::elem || s.size() == gr.F.size()) {
-      for (size_t d = 0; d < s.size(); ++d) fstr[d] = s[d] == 1 ? 0 : v.strides[d];
+      for (size_t d = 0; d < s.size(); ++d) fstr[d] = s[d] == 1 ? 0 : strides[d];
     } else {
       size_t j = 0;
       for (size_t d = 0; d < gr.F.size(); ++d)
         if (!gr.R[d]) {
-          fstr[d] = s[j] == 1 ? 0 : v.strides[j];
+          fstr[d] = s[j] == 1 ? 0 : strides[j];
           ++j;
         }
     }
     KAccess a;
-    a.arg = arg_of_input(v.root);  // fixed up to the output index later for stores
-    a.offset = v.offset;
+    a.arg = arg;
+    a.offset = offset;
     a.strides.assign(static_cast<size_t>(k.loop_rank()), 0);
     for (size_t d = 0; d < gr.F.size(); ++d)
       if (loop_of_dim[d] >= 0) a.strides[static_cast<size_t>(loop_of_dim[d])] += fstr[d];
     return intern_access(a);
   }
 
+  // Reading value u (through its view of a root buffer).
+  int access_for(const Value* u, Level lv) {
+    const View& v = fz.views[u->id];
+    return access(arg_of_input(v.root), v.offset, u->type.shape, v.strides, lv);
+  }
+
+  // Writing member value v into its own buffer (arg numbers of outputs are fixed up later).
   int store_access(const Value* v, Level lv) {
-    std::vector<int64_t> st = fz.physical_strides(v);
-    std::vector<int64_t> fstr(gr.F.size(), 0);
-    const Shape& s = v->type.shape;
-    if (lv == Level::elem || s.size() == gr.F.size()) {
-      for (size_t d = 0; d < s.size(); ++d) fstr[d] = s[d] == 1 ? 0 : st[d];
-    } else {
-      size_t j = 0;
-      for (size_t d = 0; d < gr.F.size(); ++d)
-        if (!gr.R[d]) {
-          fstr[d] = s[j] == 1 ? 0 : st[j];
-          ++j;
-        }
-    }
-    KAccess a;
-    a.arg = -1 - static_cast<int>(std::find(outs.begin(), outs.end(), v) - outs.begin());  // fixed up later
-    a.strides.assign(static_cast<size_t>(k.loop_rank()), 0);
-    for (size_t d = 0; d < gr.F.size(); ++d)
-      if (loop_of_dim[d] >= 0) a.strides[static_cast<size_t>(loop_of_dim[d])] += fstr[d];
-    return intern_access(a);
+    const int out = static_cast<int>(std::find(outs.begin(), outs.end(), v) - outs.begin());
+    return access(-1 - out, 0, v->type.shape, fz.physical_strides(v), lv);
   }
 
   int add(KInstr in) {
