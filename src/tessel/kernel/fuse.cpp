@@ -14,6 +14,7 @@
 //    the last dim), accesses with composed strides, SSA instructions per phase, and one `kernel`
 //    node in the graph in place of the group's nodes.
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -183,6 +184,9 @@ struct Group {
 
 enum class Level { elem, row };
 
+// Collapses a run of dims (sizes, strides) into one (size, stride), if they form a single stride.
+std::optional<std::pair<int64_t, int64_t>> collapse(const std::vector<int64_t>& sizes, const std::vector<int64_t>& st);
+
 struct Fuser {
   Graph& g;
   const FuseOptions& opts;
@@ -205,12 +209,37 @@ struct Fuser {
   // Layout: 4-D activations between convolutions are stored channels-last (NHWC) when every
   // reader is a kernel that reads through index maps (pointwise, reduce, a convolution's input).
   std::vector<bool> nhwc;  // per value id
+  // A matmul result read only through one transpose (attention heads merged back) is stored in the
+  // transpose's order, so the transpose and the reshape after it become views: physical dim i holds
+  // logical dim order[i]. Empty: row-major.
+  std::vector<std::vector<int64_t>> order;  // per value id
 
   std::vector<int64_t> physical_strides(const Value* v) const {
     const Shape& s = v->type.shape;
-    if (!nhwc[v->id]) return strides_of(s);
-    // [N, C, H, W] laid out as [N, H, W, C]
-    return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
+    if (nhwc[v->id]) return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};  // [N, C, H, W] laid out as [N, H, W, C]
+    const std::vector<int64_t>& o = order[v->id];
+    if (o.empty()) return strides_of(s);
+    Shape ps;
+    for (int64_t d : o) ps.push_back(s[static_cast<size_t>(d)]);
+    const std::vector<int64_t> rs = strides_of(ps);
+    std::vector<int64_t> st(s.size());
+    for (size_t i = 0; i < o.size(); ++i) st[static_cast<size_t>(o[i])] = rs[i];
+    return st;
+  }
+
+  // The strides of a dot_general result's [batch, M, N] if its layout lets each group collapse.
+  std::optional<std::array<int64_t, 3>> matmul_result_strides(const Node& dot, const std::vector<int64_t>& st) const {
+    const size_t nb = dot.attr_ints("lhs_batch", {}).size();
+    const size_t rank = dot.outputs[0]->type.shape.size();
+    const Shape& s = dot.outputs[0]->type.shape;
+    const size_t nm = dot.inputs[0]->type.shape.size() - nb - dot.attr_ints("lhs_contract").size();
+    auto group = [&](size_t b, size_t e) {
+      return collapse(std::vector<int64_t>(s.begin() + static_cast<long>(b), s.begin() + static_cast<long>(e)),
+                      std::vector<int64_t>(st.begin() + static_cast<long>(b), st.begin() + static_cast<long>(e)));
+    };
+    auto gb = group(0, nb), gm = group(nb, nb + nm), gn = group(nb + nm, rank);
+    if (!gb || !gm || !gn) return std::nullopt;
+    return std::array<int64_t, 3>{gb->second, gm->second, gn->second};
   }
 
   void decide_layouts() {
@@ -246,11 +275,30 @@ struct Fuser {
       }
       if (source && readers_ok(v)) nhwc[v->id] = true;
     }
+    for (const auto& up : g.nodes()) {
+      const Node& n = *up;
+      if (!opts.matmul || !is_core(n) || !static_node(n) || n.op->name != "dot_general") continue;
+      const Value* v = n.outputs[0];
+      if (v->type.dtype != DType::f32 || std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) continue;
+      auto it = consumers.find(v);
+      if (it == consumers.end() || it->second.size() != 1) continue;
+      const Node& t = *it->second[0];
+      if (!is_core(t) || t.op->name != "transpose" || !static_node(t)) continue;
+      const Value* tv = t.outputs[0];
+      auto jt = consumers.find(tv);
+      if (jt == consumers.end() || std::find(g.outputs.begin(), g.outputs.end(), tv) != g.outputs.end()) continue;
+      bool reshapes = true;
+      for (const Node* c : jt->second) reshapes = reshapes && is_core(*c) && c->op->name == "reshape";
+      if (!reshapes) continue;
+      order[v->id] = t.attr_ints("perm");
+      if (!matmul_result_strides(n, physical_strides(v))) order[v->id].clear();
+    }
   }
 
   void init() {
     const size_t n = nv();
     nhwc.assign(n, false);
+    order.assign(n, {});
     views.resize(n);
     is_view.assign(n, false);
     group_of_value.assign(n, -1);
@@ -1027,6 +1075,14 @@ void Lowering::lower() {
       k.mm.a = arg_of_input(fz.views[gr.anchor->inputs[0]->id].root);
       k.mm.b = arg_of_input(fz.views[gr.anchor->inputs[1]->id].root);
       k.mm.c = c;
+      const int nin_now = static_cast<int>(ins.size());
+      if (c >= nin_now && c < nin_now + static_cast<int>(outs.size())) {
+        const Value* cv = outs[static_cast<size_t>(c - nin_now)];
+        if (!fz.order[cv->id].empty()) {
+          auto cs = fz.matmul_result_strides(*gr.anchor, fz.physical_strides(cv));
+          k.mm.c_batch = (*cs)[0], k.mm.c_m = (*cs)[1], k.mm.c_n = (*cs)[2];
+        }
+      }
     } else {
       k.kind = KernelKind::conv;
       k.conv = *fz.conv_spec(*gr.anchor);

@@ -107,8 +107,10 @@ std::string print_kernel(const Kernel& k) {
                      k.args[i].type.str());
   if (k.kind == KernelKind::matmul) {
     const MatmulSpec& m = k.mm;
-    s += fmt::format("  matmul a {} b {} c {} batch {} m {} n {} k {} a_map {} {} b_map {} {}\n", m.a, m.b, m.c, m.batch, m.m,
+    s += fmt::format("  matmul a {} b {} c {} batch {} m {} n {} k {} a_map {} {} b_map {} {}", m.a, m.b, m.c, m.batch, m.m,
                      m.n, m.k, m.a_offset, ints({m.a_batch, m.a_m, m.a_k}), m.b_offset, ints({m.b_batch, m.b_k, m.b_n}));
+    if (m.c_batch || m.c_m || m.c_n) s += " c_map " + ints({m.c_batch, m.c_m, m.c_n});
+    s += "\n";
   } else if (k.kind == KernelKind::conv) {
     const ConvSpec& c = k.conv;
     s += fmt::format("  conv x {} w {} y {} layout {} -> {} input {} output {} kernel {} stride {} pad {} dilation {} groups {}\n",
@@ -334,6 +336,11 @@ class KernelParser {
       if (as.size() != 3 || bs.size() != 3) error("matmul maps take 3 strides");
       m.a_batch = as[0], m.a_m = as[1], m.a_k = as[2];
       m.b_batch = bs[0], m.b_k = bs[1], m.b_n = bs[2];
+      if (accept("c_map")) {
+        auto cs = int_list();
+        if (cs.size() != 3) error("matmul maps take 3 strides");
+        m.c_batch = cs[0], m.c_m = cs[1], m.c_n = cs[2];
+      }
       end_line();
     } else if (accept("conv")) {
       ConvSpec& c = k.conv;

@@ -57,12 +57,14 @@ struct KArg {
 };
 
 // C[b] = A[b] · B[b] with A [batch, M, K] and B [batch, K, N] read through strides (elements);
-// C is contiguous [batch, M, N] in arg `c`.
+// C [batch, M, N] in arg `c`, contiguous unless c strides are set (a result stored in another
+// order, e.g. attention heads written straight into the merged [T, H·D] layout).
 struct MatmulSpec {
   int a = 0, b = 0, c = 0;
   int64_t batch = 1, m = 0, n = 0, k = 0;
   int64_t a_offset = 0, a_batch = 0, a_m = 0, a_k = 0;
   int64_t b_offset = 0, b_batch = 0, b_k = 0, b_n = 0;
+  int64_t c_batch = 0, c_m = 0, c_n = 0;  // all 0: contiguous
 };
 
 // 2-D convolution of logical NCHW activations, weights [OC, C/groups, KH, KW] (a constant arg), result

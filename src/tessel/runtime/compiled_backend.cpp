@@ -157,6 +157,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
         d.batch = k.mm.batch, d.M = k.mm.m, d.N = k.mm.n, d.K = k.mm.k;
         d.a_batch = k.mm.a_batch, d.a_m = k.mm.a_m, d.a_k = k.mm.a_k;
         d.b_batch = k.mm.b_batch, d.b_k = k.mm.b_k, d.b_n = k.mm.b_n;
+        d.c_batch = k.mm.c_batch, d.c_m = k.mm.c_m, d.c_n = k.mm.c_n;
         const Value* bv = n.inputs[static_cast<size_t>(k.mm.b)];
         if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset;
         if (lib) d.bias = bias, d.epilogue = lib->epilogue;
