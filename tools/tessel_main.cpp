@@ -137,6 +137,18 @@ std::vector<Tensor> run_with_eager(const Graph& g, const std::vector<Tensor>& in
   return outs;
 }
 
+// Runs an executable `repeat` times; the outputs of the last run, the stats and best time (ms) of all.
+template <typename Exe>
+std::vector<Tensor> run_repeatedly(Exe& exe, const std::vector<Tensor>& ins, int repeat, GraphRunStats& rs, double& best_ms) {
+  std::vector<Tensor> outs;
+  best_ms = 1e300;
+  for (int r = 0; r < repeat; ++r) {
+    outs = exe.run(ins, &rs);
+    best_ms = std::min(best_ms, rs.seconds * 1e3);
+  }
+  return outs;
+}
+
 // Compiles the model for the graph backend and runs it `repeat` times, printing what compiling
 // decided (kernels, fallbacks, dynamic region) and the memory of a run.
 std::vector<Tensor> run_with_graph(std::unique_ptr<Graph> g, const std::vector<Tensor>& ins, int repeat,
@@ -158,13 +170,9 @@ std::vector<Tensor> run_with_graph(std::unique_ptr<Graph> g, const std::vector<T
     for (const auto& n : cs.baked_inputs) names += (names.empty() ? "" : ", ") + n;
     fmt::print("  specialised on the values of: {} (guarded)\n", names);
   }
-  std::vector<Tensor> outs;
   GraphRunStats rs;
-  double best = 1e300;
-  for (int r = 0; r < repeat; ++r) {
-    outs = exe->run(ins, &rs);
-    best = std::min(best, rs.seconds * 1e3);
-  }
+  double best = 0;
+  std::vector<Tensor> outs = run_repeatedly(*exe, ins, repeat, rs, best);
   fmt::print("ran graph in {:.1f} ms{} (arena {:.2f} MB, dynamic-region peak {:.2f} MB, peak intermediate memory {:.2f} MB = {} bytes)\n",
              best, repeat > 1 ? " (best of runs)" : "", rs.arena_bytes / 1e6, rs.heap_peak_bytes / 1e6, rs.peak_bytes / 1e6,
              rs.peak_bytes);
@@ -192,13 +200,9 @@ std::vector<Tensor> run_with_compiled(std::unique_ptr<Graph> g, const std::vecto
              cs.kernels, cs.loop_kernels, cs.matmul_kernels, cs.conv_kernels, cs.library_epilogues, cs.core_nodes_left,
              cs.bytes_unfused, cs.bytes_fused);
   if (!cs.source_path.empty()) fmt::print("  generated C++: {}\n", cs.source_path);
-  std::vector<Tensor> outs;
   GraphRunStats rs;
-  double best = 1e300;
-  for (int r = 0; r < repeat; ++r) {
-    outs = exe->run(ins, &rs);
-    best = std::min(best, rs.seconds * 1e3);
-  }
+  double best = 0;
+  std::vector<Tensor> outs = run_repeatedly(*exe, ins, repeat, rs, best);
   fmt::print("ran compiled in {:.2f} ms{} (arena {:.2f} MB, peak intermediate memory {:.2f} MB = {} bytes)\n", best,
              repeat > 1 ? " (best of runs)" : "", rs.arena_bytes / 1e6, rs.peak_bytes / 1e6, rs.peak_bytes);
   out_names = names_of(exe->graph().outputs);
@@ -241,11 +245,27 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
   return ok ? 0 : 1;
 }
 
+// Per kernel: what it fuses and the bytes its nodes would move alone vs as one kernel.
+std::string fusion_report(const KernelModule& km) {
+  std::string t = fmt::format("{:<6} {:<7} {:>6} {:>13} {:>13} {:>13}  {}\n", "kernel", "kind", "nodes", "unfused B",
+                              "fused B", "saved B", "from");
+  int64_t u = 0, f = 0;
+  for (const Kernel& k : km.kernels) {
+    t += fmt::format("{:<6} {:<7} {:>6} {:>13} {:>13} {:>13}  {}{}\n", k.name, kernel_kind_name(k.kind), k.fused_nodes,
+                     k.bytes_unfused, k.bytes_fused, k.bytes_unfused - k.bytes_fused, k.sources.empty() ? "" : k.sources[0],
+                     k.sources.size() > 1 ? fmt::format(" (+{})", k.sources.size() - 1) : "");
+    u += k.bytes_unfused;
+    f += k.bytes_fused;
+  }
+  t += fmt::format("{:<6} {:<7} {:>6} {:>13} {:>13} {:>13}\n", "total", "", "", u, f, u - f);
+  return t;
+}
+
 int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide,
                 const std::string& passes, const std::string& dump_dir, const std::string& print_after,
                 bool time_passes) {
   ImportedModel m = load_model(model, {});
-  const bool lower = emit == "kernel" || emit == "cpp";
+  const bool lower = emit == "kernel" || emit == "cpp" || emit == "fusion";
   apply_passes(*m.graph, lower && passes.empty() ? "core" : passes, dump_dir, print_after, time_passes);
   if (!print_after.empty()) return 0;
   std::string text;
@@ -253,7 +273,9 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
     std::vector<FusionDecision> decisions;
     KernelModule km = fuse(std::move(m.graph), {}, &decisions);
     verify_kernel_module(km);
-    text = emit == "kernel" ? print_kernel_module(km, elide) : cpu::generate_cpp(km, fs::path(model).filename().string());
+    if (emit == "kernel") text = print_kernel_module(km, elide);
+    else if (emit == "cpp") text = cpu::generate_cpp(km, fs::path(model).filename().string());
+    else text = fusion_report(km);
   } else {
     if (emit != "graph") throw Error(Location{.pass = "compile"}, fmt::format("unknown --emit level '{}'", emit));
     PrintOptions po;
@@ -325,7 +347,7 @@ int main(int argc, char** argv) {
   std::string comp_model, comp_emit = "graph", comp_out;
   bool comp_elide = false;
   comp->add_option("MODEL", comp_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
-  comp->add_option("--emit", comp_emit, "what to print: graph (the graph level, or core after --passes core), kernel (the kernel level after fusion), cpp (the generated C++)")->check(CLI::IsMember({"graph", "kernel", "cpp"}));
+  comp->add_option("--emit", comp_emit, "what to print: graph (the graph level, or core after --passes core), kernel (the kernel level after fusion), cpp (the generated C++), fusion (per kernel: fused nodes and DRAM traffic unfused vs fused)")->check(CLI::IsMember({"graph", "kernel", "cpp", "fusion"}));
   comp->add_option("-o,--output", comp_out, "write the text here instead of stdout");
   comp->add_flag("--elide-constants", comp_elide, "print large constants as a size, not their data (not parseable)");
   std::string comp_passes, comp_dump, comp_print_after;

@@ -1102,8 +1102,41 @@ void Lowering::lower() {
     k.bytes_unfused += static_cast<int64_t>(c.bytes);
   }
   k.fused_nodes = static_cast<int>(gr.nodes.size());
-  for (const KArg& a : k.args)
-    if (a.role != KArg::Role::scratch) k.bytes_fused += shape_numel(a.type.shape) * dtype_size(a.type.dtype);
+}
+
+// Bytes the kernel moves: every output written once, and of every input the elements its loads and
+// the library call touch (a view of part of a buffer reads only that part).
+int64_t fused_traffic(const Kernel& k) {
+  std::vector<int64_t> touched(k.args.size(), 0);
+  auto extent = [&](size_t d) { return d < k.outer.size() ? k.outer[d] : k.inner[d - k.outer.size()]; };
+  for (const KAccess& a : k.accesses) {
+    int64_t n = 1;
+    for (size_t d = 0; d < a.strides.size(); ++d)
+      if (a.strides[d] != 0) n *= extent(d);
+    touched[static_cast<size_t>(a.arg)] = std::max(touched[static_cast<size_t>(a.arg)], n);
+  }
+  if (k.kind == KernelKind::matmul) {
+    const MatmulSpec& m = k.mm;
+    const int64_t ea = (m.a_batch ? m.batch : 1) * m.m * m.k, eb = (m.b_batch ? m.batch : 1) * m.k * m.n;
+    if (m.a == m.b) {  // two parts of one buffer (attention: Q and K out of the qkv result)
+      touched[static_cast<size_t>(m.a)] = std::max(touched[static_cast<size_t>(m.a)], ea + eb);
+    } else {
+      touched[static_cast<size_t>(m.a)] = std::max(touched[static_cast<size_t>(m.a)], ea);
+      touched[static_cast<size_t>(m.b)] = std::max(touched[static_cast<size_t>(m.b)], eb);
+    }
+  } else if (k.kind == KernelKind::conv) {
+    touched[static_cast<size_t>(k.conv.x)] = shape_numel(k.args[static_cast<size_t>(k.conv.x)].type.shape);
+    touched[static_cast<size_t>(k.conv.w)] = shape_numel(k.args[static_cast<size_t>(k.conv.w)].type.shape);
+  }
+  int64_t bytes = 0;
+  for (size_t i = 0; i < k.args.size(); ++i) {
+    const KArg& a = k.args[i];
+    if (a.role == KArg::Role::scratch) continue;
+    const int64_t numel = shape_numel(a.type.shape);
+    const int64_t n = a.role == KArg::Role::out ? numel : std::min(touched[i], numel);
+    bytes += n * dtype_size(a.type.dtype);
+  }
+  return bytes;
 }
 
 // Merges adjacent loop dims that every access walks as one (stride[d] == stride[d+1] * size[d+1]),
@@ -1191,6 +1224,7 @@ KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts, std::vec
     Lowering lw(fz, static_cast<int>(gi));
     lw.lower();
     collapse_loops(lw.k);
+    lw.k.bytes_fused = fused_traffic(lw.k);
     lw.k.name = "k" + std::to_string(kernels.size());
     node_ins.push_back(lw.ins);
     node_outs.push_back(lw.outs);
