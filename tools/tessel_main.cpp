@@ -21,6 +21,7 @@
 #include "tessel/runtime/compiled_backend.h"
 #include "tessel/kernel/kernel.h"
 #include "tessel/targets/cpu/codegen.h"
+#include "tessel/targets/cpu/library_epilogue.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 
@@ -274,7 +275,7 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
     KernelModule km = fuse(std::move(m.graph), {}, &decisions);
     verify_kernel_module(km);
     if (emit == "kernel") text = print_kernel_module(km, elide);
-    else if (emit == "cpp") text = cpu::generate_cpp(km, fs::path(model).filename().string());
+    else if (emit == "cpp") text = cpu::generate_cpp(km, fs::path(model).filename().string(), cpu::library_epilogues(km));
     else text = fusion_report(km);
   } else {
     if (emit != "graph") throw Error(Location{.pass = "compile"}, fmt::format("unknown --emit level '{}'", emit));

@@ -100,11 +100,14 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
     KernelModule m = fuse(std::move(cg), opts.fuse, &ce->decisions_);
     verify_kernel_module(m);
     st.fuse_seconds = seconds_since(tf);
+    // Epilogues oneDNN applies itself (bias, scale, relu/clip/GELU) get no generated function.
+    ce->in_library_ = cpu::library_epilogues(m, &ce->library_);
+    const std::vector<bool>& in_library = ce->in_library_;
     auto tc = Clock::now();
-    ce->source_ = cpu::generate_cpp(m, model);
+    ce->source_ = cpu::generate_cpp(m, model, in_library);
     st.codegen_seconds = seconds_since(tc);
     bool any_fn = false;
-    for (const Kernel& k : m.kernels) any_fn = any_fn || cpu::has_generated_function(k);
+    for (size_t i = 0; i < m.kernels.size(); ++i) any_fn = any_fn || cpu::has_generated_function(m.kernels[i], in_library[i]);
     if (any_fn) {
       cpu::BuildResult br = cpu::build_shared_object(ce->source_, model, opts.toolchain);
       ce->so_ = br.so;
@@ -137,19 +140,12 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
         L->value_ids.push_back(v->id);
       }
     }
-    if (cpu::has_generated_function(k)) L->fn = ce->so_->function<GeneratedFn>(cpu::kernel_symbol(k));
-    // An epilogue oneDNN applies itself (bias, scale, relu/clip/GELU) replaces the generated one.
-    std::optional<cpu::LibraryEpilogue> lib = cpu::match_library_epilogue(k);
-    const float* bias = nullptr;
-    if (lib && lib->bias_arg >= 0) {
-      const Value* bv = n.inputs[static_cast<size_t>(lib->bias_arg)];
-      if (bv->constant && bv->type.dtype == DType::f32) bias = bv->constant->data<float>();
-      else lib.reset();
-    }
-    if (lib) {
-      L->fn = nullptr;
-      st.library_epilogues++;
-    }
+    const size_t kid = static_cast<size_t>(n.attr_i("kernel"));
+    const bool lib = ce->in_library_.at(kid);
+    const cpu::LibraryEpilogue& le = ce->library_.at(kid);
+    if (cpu::has_generated_function(k, lib)) L->fn = ce->so_->function<GeneratedFn>(cpu::kernel_symbol(k));
+    const float* bias = lib && le.bias_arg >= 0 ? n.inputs[static_cast<size_t>(le.bias_arg)]->constant->data<float>() : nullptr;
+    if (lib) st.library_epilogues++;
     auto tl = Clock::now();
     try {
       if (k.kind == KernelKind::matmul) {
@@ -160,7 +156,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
         d.c_batch = k.mm.c_batch, d.c_m = k.mm.c_m, d.c_n = k.mm.c_n;
         const Value* bv = n.inputs[static_cast<size_t>(k.mm.b)];
         if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset;
-        if (lib) d.bias = bias, d.epilogue = lib->epilogue;
+        if (lib) d.bias = bias, d.epilogue = le.epilogue;
         L->matmul = std::make_unique<cpu::Matmul>(d);
       } else if (k.kind == KernelKind::conv) {
         const ConvSpec& c = k.conv;
@@ -172,7 +168,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
         d.src_nhwc = c.x_nhwc, d.dst_nhwc = c.y_nhwc;
         d.weights = n.inputs[static_cast<size_t>(c.w)]->constant->data<float>();
         d.bias = nullptr;
-        if (lib) d.bias = bias, d.epilogue = lib->epilogue;
+        if (lib) d.bias = bias, d.epilogue = le.epilogue;
         L->conv = std::make_unique<cpu::Conv2d>(d);
       }
     } catch (const Error& e) {

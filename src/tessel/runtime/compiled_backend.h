@@ -7,11 +7,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tessel/kernel/kernel.h"
 #include "tessel/runtime/graph_backend.h"
+#include "tessel/targets/cpu/library_epilogue.h"
 #include "tessel/targets/cpu/toolchain.h"
 
 namespace tessel {
@@ -69,6 +71,8 @@ class CompiledExecutable {
   std::vector<Kernel> kernels_;
   std::vector<FusionDecision> decisions_;
   std::vector<std::unique_ptr<Launch>> launches_;
+  std::vector<bool> in_library_;                  // per kernel: its epilogue runs inside oneDNN
+  std::vector<cpu::LibraryEpilogue> library_;     // per kernel: that epilogue
   std::shared_ptr<cpu::SharedObject> so_;
   std::string source_;
   CompiledCompileStats stats_;

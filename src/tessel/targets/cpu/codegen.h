@@ -6,21 +6,25 @@
 // args holds one pointer per kernel arg (inputs, outputs, scratch); [lo, hi) is the part of the
 // kernel's parallel range (Kernel::parallel_extent) this call computes, so calls on disjoint ranges
 // may run on different threads. Matmul and convolution kernels get a function for their epilogue
-// only (the library call runs first, from the runtime); a kernel without epilogue gets none.
+// only (the library call runs first, from the runtime); a kernel without epilogue, or whose epilogue
+// oneDNN applies as bias and post-ops, gets none.
 // Inner loops are marked `#pragma omp simd`; math comes from tessel_rt.h, written to vectorise.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "tessel/kernel/kernel.h"
 
 namespace tessel::cpu {
 
 std::string kernel_symbol(const Kernel& k);        // "tsl_k3"
-bool has_generated_function(const Kernel& k);      // false for a library call without epilogue
+// False for a library call without epilogue, or whose epilogue runs inside oneDNN.
+bool has_generated_function(const Kernel& k, bool epilogue_in_library = false);
 
-// The whole translation unit: a banner, the runtime header include and every kernel's function.
-std::string generate_cpp(const KernelModule& m, const std::string& model_name);
+// The whole translation unit: a banner, the runtime header include and every kernel's function
+// (in_library[i]: kernel i's epilogue runs inside oneDNN, so it gets no function).
+std::string generate_cpp(const KernelModule& m, const std::string& model_name, const std::vector<bool>& in_library = {});
 
 // One kernel's function (used by the docs and tests).
 std::string generate_kernel(const Kernel& k);

@@ -169,4 +169,21 @@ std::optional<LibraryEpilogue> match_library_epilogue(const Kernel& k) {
   return e;
 }
 
+std::vector<bool> library_epilogues(const KernelModule& m, std::vector<LibraryEpilogue>* epilogues) {
+  std::vector<bool> in(m.kernels.size(), false);
+  if (epilogues) epilogues->assign(m.kernels.size(), LibraryEpilogue{});
+  for (const auto& n : m.graph->nodes()) {
+    if (!is_kernel_node(*n)) continue;
+    const size_t id = static_cast<size_t>(n->attr_i("kernel"));
+    auto lib = match_library_epilogue(m.kernels[id]);
+    if (!lib) continue;
+    // oneDNN takes the bias as a constant it copies
+    const Value* bv = lib->bias_arg >= 0 ? n->inputs[static_cast<size_t>(lib->bias_arg)] : nullptr;
+    if (bv && (!bv->constant || bv->type.dtype != DType::f32)) continue;
+    in[id] = true;
+    if (epilogues) (*epilogues)[id] = *lib;
+  }
+  return in;
+}
+
 }  // namespace tessel::cpu

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "tessel/kernel/kernel.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
@@ -20,5 +21,9 @@ struct LibraryEpilogue {
 // store(act(scale · (acc + bias))) written back over the library result; otherwise nullopt and the
 // generated epilogue runs after the call.
 std::optional<LibraryEpilogue> match_library_epilogue(const Kernel& k);
+
+// For every kernel of the module: whether its epilogue runs inside oneDNN (matched, and its bias, if
+// any, is an f32 constant of the graph), with the matched epilogue in `epilogues`.
+std::vector<bool> library_epilogues(const KernelModule& m, std::vector<LibraryEpilogue>* epilogues = nullptr);
 
 }  // namespace tessel::cpu
