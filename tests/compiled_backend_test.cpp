@@ -86,19 +86,19 @@ TEST(CompiledBackend, CacheHitNeverStartsTheCompiler) {
   CompiledBackendOptions o = options();
   o.toolchain.cache_dir = dir + "/cache";
   o.toolchain.cxx = wrapper;
-  testenv::CorpusCase c = testenv::load_corpus_model("ffn_s");
+  testenv::CorpusCase c = testenv::load_corpus_model("tblock_s");
   auto cold = compile_cpu(std::move(c.model.graph), c.inputs, o);
   EXPECT_FALSE(cold->stats().cache_hit);
   EXPECT_GT(cold->stats().cxx_seconds, 0);
   EXPECT_TRUE(fs::exists(cold->stats().so_path));
   EXPECT_EQ(starts(), 1);
-  testenv::CorpusCase d = testenv::load_corpus_model("ffn_s");
+  testenv::CorpusCase d = testenv::load_corpus_model("tblock_s");
   auto warm = compile_cpu(std::move(d.model.graph), d.inputs, o);
   EXPECT_TRUE(warm->stats().cache_hit);
   EXPECT_EQ(warm->stats().cxx_seconds, 0);
   EXPECT_EQ(warm->stats().cache_key, cold->stats().cache_key);
   EXPECT_EQ(starts(), 1) << "the compiler was started on a cache hit";
-  testenv::expect_matches_reference(warm->run(d.inputs), d.refs, "ffn_s from the cache");
+  testenv::expect_matches_reference(warm->run(d.inputs), d.refs, "tblock_s from the cache");
   fs::remove_all(dir);
 }
 
