@@ -83,23 +83,43 @@ def tessel_caps(tessel):
     return {"backends": backends, "threads_flag": "--threads" in text, "help": text}, None
 
 
-def run_tessel(tessel, caps, model, a):
-    backends = a.tessel_backends.split(",") if a.tessel_backends else caps["backends"]
+def tessel_once(tessel, caps, model, backends, a):
     with tempfile.TemporaryDirectory() as td:
         jf = os.path.join(td, "tessel.json")
         cmd = [tessel, "bench", model, "--backends", ",".join(backends), "--iters", str(a.iters), "--json", jf]
         if caps["threads_flag"]:
             cmd += ["--threads", str(a.threads)]
         rc, out, err = run(cmd, a.timeout)
-        res = {"cmd": " ".join(cmd)}
         if rc != 0 or not os.path.exists(jf):
-            res["error"] = f"exit {rc}: {tail(err or out)}"
-            return res
+            return " ".join(cmd), None, f"exit {rc}: {tail(err or out)}"
         with open(jf) as f:
-            raw = json.load(f)
-    res["raw"] = raw
-    res["backends"] = {b["backend"]: b for b in raw.get("backends", [])}
-    res["threads"] = a.threads if caps["threads_flag"] else None
+            return " ".join(cmd), json.load(f), None
+
+
+def run_tessel(tessel, caps, model, a):
+    """All backends in one `tessel bench`; if that fails, each backend alone, so one broken backend
+    does not hide the others (its error is kept in backend_errors)."""
+    backends = a.tessel_backends.split(",") if a.tessel_backends else caps["backends"]
+    cmd, raw, err = tessel_once(tessel, caps, model, backends, a)
+    res = {"cmd": cmd, "threads": a.threads if caps["threads_flag"] else None, "backends": {}}
+    if raw is not None:
+        res["raw"] = [raw]
+        res["backends"] = {b["backend"]: b for b in raw.get("backends", [])}
+        return res
+    if len(backends) == 1:
+        res["backend_errors"] = {backends[0]: err}
+        res["error"] = err
+        return res
+    res["raw"], res["backend_errors"] = [], {}
+    for b in backends:
+        cmd, raw, err = tessel_once(tessel, caps, model, [b], a)
+        if raw is None:
+            res["backend_errors"][b] = err
+        else:
+            res["raw"].append(raw)
+            res["backends"].update({r["backend"]: r for r in raw.get("backends", [])})
+    if not res["backends"]:
+        res["error"] = "; ".join(f"{b}: {e}" for b, e in res["backend_errors"].items())
     return res
 
 
@@ -247,6 +267,30 @@ def run_torch(a, blas_dir, model):
 
 
 # ---------------------------------------------------------------- report
+def merge_rounds(rs):
+    """One result from several rounds of the same peer: the median of each figure, the worst error."""
+    ok = [r for r in rs if "error" not in r and "skipped" not in r]
+    if not ok:
+        return rs[0]
+    if len(ok) == 1:
+        return ok[0]
+
+    def merge(vals):
+        first = vals[0]
+        if isinstance(first, dict):
+            return {k: merge([v[k] for v in vals if isinstance(v, dict) and k in v]) for k in first}
+        if isinstance(first, (int, float)) and not isinstance(first, bool):
+            nums = sorted(v for v in vals if isinstance(v, (int, float)) and v is not None)
+            return nums[(len(nums) - 1) // 2]  # the lower median for an even count: interference only adds time
+        return first
+    out = merge(ok)
+    for r in ok:  # max_abs_err: the worst round, not the median
+        for key in ("max_abs_err",):
+            if key in r and r[key] is not None:
+                out[key] = max(out.get(key) or 0.0, r[key])
+    return out
+
+
 def fmt(v, w=8, p=2):
     if v is None:
         return "-".rjust(w)
@@ -296,6 +340,9 @@ def main():
     ap.add_argument("--torch-blas", default="auto",
                     help="auto: if torch links the netlib reference BLAS, run it with Debian's OpenBLAS unpacked "
                          "into CACHE/openblas; system: as installed; or a folder holding libblas.so.3")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the peers of each model this many times, interleaved, and report the median of "
+                         "the rounds' medians (for noisy shared machines; default 1)")
     ap.add_argument("--skip", default="", help="comma list of peers to leave out: tessel, ort, torch")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per peer and model (default 1200)")
     a = ap.parse_args()
@@ -311,7 +358,7 @@ def main():
 
     report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
               "cpu": cpu_name(), "cpus": os.cpu_count(), "threads": a.threads, "iters": a.iters,
-              "warmup": a.warmup, "loadavg_start": loadavg(), "peers": {}, "models": []}
+              "warmup": a.warmup, "rounds": a.rounds, "loadavg_start": loadavg(), "peers": {}, "models": []}
 
     # --- set up each peer once
     tessel = None
@@ -353,12 +400,22 @@ def main():
     for m in models:
         name = os.path.basename(m)
         row = {"model": name, "path": os.path.abspath(m)}
-        log(f"[peers] {name}: tessel")
-        row["tessel"] = run_tessel(tessel, caps, m, a) if tessel else {"skipped": report["peers"]["tessel"]["skipped"]}
-        log(f"[peers] {name}: onnxruntime")
-        row["ort"] = run_ort(node_modules, m, a) if node_modules else {"skipped": report["peers"]["ort"]["skipped"]}
-        log(f"[peers] {name}: torch")
-        row["torch"] = run_torch(a, blas_dir, m) if torch_ok else {"skipped": report["peers"]["torch"]["skipped"]}
+        rounds = {"tessel": [], "ort": [], "torch": []}
+        for k in range(a.rounds):
+            rn = f" (round {k + 1}/{a.rounds})" if a.rounds > 1 else ""
+            log(f"[peers] {name}: tessel{rn}")
+            rounds["tessel"].append(run_tessel(tessel, caps, m, a) if tessel
+                                    else {"skipped": report["peers"]["tessel"]["skipped"]})
+            log(f"[peers] {name}: onnxruntime{rn}")
+            rounds["ort"].append(run_ort(node_modules, m, a) if node_modules
+                                 else {"skipped": report["peers"]["ort"]["skipped"]})
+            log(f"[peers] {name}: torch{rn}")
+            rounds["torch"].append(run_torch(a, blas_dir, m) if torch_ok
+                                   else {"skipped": report["peers"]["torch"]["skipped"]})
+        for k, rs in rounds.items():
+            row[k] = dict(merge_rounds(rs))
+            if a.rounds > 1:
+                row[k]["rounds"] = rs
 
         tb = row["tessel"].get("backends", {})
         best = next((b for b in ("compiled", "graph") if b in tb), None)
@@ -375,6 +432,11 @@ def main():
                                     "vs_torch": ms / torch_ms if torch_ms else None}
         report["models"].append(row)
     report["loadavg_end"] = loadavg()
+    if tessel:
+        end = datetime.datetime.fromtimestamp(os.path.getmtime(tessel)).isoformat(timespec="seconds")
+        if end != report["peers"]["tessel"]["binary_mtime"]:
+            report["peers"]["tessel"]["warning"] = f"{tessel} was rebuilt during the run (now {end}): " \
+                                                   "its figures mix two binaries"
 
     print_table(report)
     if a.json:
@@ -388,16 +450,22 @@ def print_table(report):
     rows = report["models"]
     backends = []
     for r in rows:
-        for b in r["tessel"].get("backends", {}):
+        for b in list(r["tessel"].get("backends", {})) + list(r["tessel"].get("backend_errors", {})):
             if b not in backends:
                 backends.append(b)
+    order = {"eager": 0, "graph": 1, "compiled": 2}
+    backends.sort(key=lambda b: order.get(b, 3))
     p = report["peers"]
     print(f"\n{report['date']}  {report['cpu']} ({report['cpus']} cpus)  threads={report['threads']}  "
-          f"iters={report['iters']}  loadavg start {fmt_load(report['loadavg_start'])} end {fmt_load(report['loadavg_end'])}")
+          f"iters={report['iters']} rounds={report['rounds']}  loadavg start {fmt_load(report['loadavg_start'])} end {fmt_load(report['loadavg_end'])}")
     for k in ("tessel", "ort", "torch"):
         v = p.get(k, {})
         if "skipped" in v:
             print(f"  {k}: SKIPPED ({v['skipped']})")
+    t = p.get("tessel", {})
+    if "binary" in t:
+        print(f"  tessel {t['binary']} (built {t['binary_mtime']})" + (f"  WARNING: {t['warning']}" if t.get("warning") else "") +
+              (f"  note: {t['note']}" if t.get("note") else ""))
     if "torch" in p and "torch" in p["torch"]:
         blas = [os.path.basename(x) for x in p["torch"].get("blas", [])]
         print(f"  torch {p['torch']['torch']} BLAS {', '.join(blas)}" +
@@ -409,7 +477,10 @@ def print_table(report):
     print("-" * len(head))
     for r in rows:
         tb = r["tessel"].get("backends", {})
-        line = f"{r['model']:<16}" + "".join(fmt((tb.get(b) or {}).get("median_ms"), 11) for b in backends)
+        be = r["tessel"].get("backend_errors", {})
+        line = f"{r['model']:<16}" + "".join(
+            "FAIL".rjust(11) if b in be and b not in tb else fmt((tb.get(b) or {}).get("median_ms"), 11)
+            for b in backends)
         o, t = r["ort"], r["torch"]
         te, tn = t.get("onnx_eager") or {}, t.get("native_block") or {}
         line += fmt(o.get("median_ms"), 9) + fmt(o.get("create_ms"), 8, 0)
@@ -418,12 +489,22 @@ def print_table(report):
         line += fmt(rt.get("vs_ort"), 7) + fmt(rt.get("vs_torch"), 8)
         line += f"  {fmt_err(o.get('max_abs_err')):>7} {fmt_err(max([v for v in (te.get('max_abs_err'), tn.get('max_abs_err')) if v is not None], default=None)):>6}"
         print(line)
-        for k in ("tessel", "ort", "torch"):
+        for b, e in r["tessel"].get("backend_errors", {}).items():
+            if b not in tb:
+                print(f"    tessel {b} failed: {first_error(e)}")
+        for k in ("ort", "torch"):
             if "error" in r[k]:
-                print(f"    {k} failed: {r[k]['error'][:300]}")
+                print(f"    {k} failed: {first_error(r[k]['error'])}")
     hb = {r["headline_backend"] for r in rows if r["headline_backend"]}
     if hb:
         print(f"  ratios use tessel backend: {', '.join(sorted(hb))}")
+
+
+def first_error(e):
+    """The most telling line of an error text, short enough for the table."""
+    lines = [x.strip() for x in (e or "").splitlines() if x.strip()]
+    pick = next((x for x in lines if "error" in x.lower()), lines[0] if lines else "")
+    return pick[:160]
 
 
 def fmt_load(l):
