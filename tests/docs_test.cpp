@@ -18,12 +18,21 @@ using namespace tessel;
 
 namespace {
 
-std::string tsl_block(const std::string& md) {
-  auto b = md.find("```tsl\n");
-  if (b == std::string::npos) return "";
-  b += 7;
-  return md.substr(b, md.find("```", b) - b);
+// The text of every fenced block of `md` that opens with the line `fence` (e.g. "```tsl before").
+std::vector<std::string> fenced_blocks(const std::string& md, const std::string& fence) {
+  std::vector<std::string> out;
+  for (size_t b = md.find(fence + "\n"); b != std::string::npos; b = md.find(fence + "\n", b)) {
+    b += fence.size() + 1;
+    out.push_back(md.substr(b, md.find("```", b) - b));
+  }
+  return out;
 }
+std::string fenced_block(const std::string& md, const std::string& fence) {
+  std::vector<std::string> all = fenced_blocks(md, fence);
+  return all.empty() ? std::string() : all.front();
+}
+
+std::string tsl_block(const std::string& md) { return fenced_block(md, "```tsl"); }
 
 std::vector<double> numbers_after(const std::string& md, const std::string& marker) {
   auto p = md.find(marker);
@@ -83,12 +92,7 @@ TEST(Docs, PassWorkedExamples) {
 // and both graphs compute the numbers the page states.
 TEST(Docs, CoreLevelWorkedExample) {
   std::string md = testenv::read_text(testenv::source_dir() + "/docs/ir/core.md");
-  auto block = [&](const std::string& fence) {
-    auto b = md.find(fence + "\n");
-    if (b == std::string::npos) return std::string();
-    b += fence.size() + 1;
-    return md.substr(b, md.find("```", b) - b);
-  };
+  auto block = [&](const std::string& fence) { return fenced_block(md, fence); };
   std::string before = block("```tsl before"), after = block("```tsl after");
   ASSERT_FALSE(before.empty() || after.empty()) << "docs/ir/core.md needs ```tsl before and after blocks";
   auto g = parse_graph(before, "docs/ir/core.md");
@@ -112,14 +116,7 @@ TEST(Docs, CoreLevelWorkedExample) {
 TEST(Docs, KernelLevelWorkedExample) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   std::string md = testenv::read_text(testenv::source_dir() + "/docs/ir/kernel.md");
-  auto blocks = [&](const std::string& fence) {
-    std::vector<std::string> out;
-    for (size_t b = md.find(fence + "\n"); b != std::string::npos; b = md.find(fence + "\n", b)) {
-      b += fence.size() + 1;
-      out.push_back(md.substr(b, md.find("```", b) - b));
-    }
-    return out;
-  };
+  auto blocks = [&](const std::string& fence) { return fenced_blocks(md, fence); };
   testenv::CorpusCase c = testenv::load_corpus_model("tblock_s");
   run_pipeline(*c.model.graph, parse_pipeline("core"), PassOptions{});
   KernelModule m = fuse(std::move(c.model.graph));
@@ -148,12 +145,7 @@ TEST(Docs, KernelLevelWorkedExample) {
 // docs/passes/fuse.md: the ```tsl before block, fused, prints as the ```kernel-module after block.
 TEST(Docs, FuseWorkedExample) {
   std::string md = testenv::read_text(testenv::source_dir() + "/docs/passes/fuse.md");
-  auto block = [&](const std::string& fence) {
-    auto b = md.find(fence + "\n");
-    if (b == std::string::npos) return std::string();
-    b += fence.size() + 1;
-    return md.substr(b, md.find("```", b) - b);
-  };
+  auto block = [&](const std::string& fence) { return fenced_block(md, fence); };
   std::string before = block("```tsl before"), after = block("```kernel-module after");
   ASSERT_FALSE(before.empty() || after.empty());
   KernelModule m = fuse(parse_graph(before, "docs/passes/fuse.md"));
