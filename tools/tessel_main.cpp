@@ -271,8 +271,7 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
   if (!print_after.empty()) return 0;
   std::string text;
   if (lower) {
-    std::vector<FusionDecision> decisions;
-    KernelModule km = fuse(std::move(m.graph), {}, &decisions);
+    KernelModule km = fuse(std::move(m.graph));
     verify_kernel_module(km);
     if (emit == "kernel") text = print_kernel_module(km, elide);
     else if (emit == "cpp") text = cpu::generate_cpp(km, fs::path(model).filename().string(), cpu::library_epilogues(km));

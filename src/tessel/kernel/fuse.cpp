@@ -15,7 +15,6 @@
 //    node in the graph in place of the group's nodes.
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -728,6 +727,8 @@ std::optional<ConvSpec> Fuser::conv_spec(const Node& n) const {
 
 // ---- lowering ------------------------------------------------------------------------------------
 
+constexpr int kScratchArg = -1000;  // an access's arg before args are numbered: the scratch buffer
+
 struct Lowering {
   Fuser& fz;
   const Group& gr;
@@ -784,6 +785,12 @@ struct Lowering {
     return access(-1 - out, 0, v->type.shape, fz.physical_strides(v), lv);
   }
 
+  // The stored value behind arg index `arg` once args are numbered (inputs, outputs, scratch), or null.
+  const Value* output_value(int arg) const {
+    const int i = arg - static_cast<int>(ins.size());
+    return i >= 0 && i < static_cast<int>(outs.size()) ? outs[static_cast<size_t>(i)] : nullptr;
+  }
+
   int add(KInstr in) {
     k.body.push_back(std::move(in));
     return static_cast<int>(k.body.size()) - 1;
@@ -821,12 +828,10 @@ struct Lowering {
 
   bool is_member(const Value* u) const { return fz.group_of_value[u->id] == gi && !fz.is_view[u->id]; }
 
-  // Phase from which value u (read at level lv) is available.
+  // Phase from which operand u is available: 0 from memory, else its member's phase.
   int phase_needed(const Value* u) {
     const Value* base = strip_row_view(u);
-    if (!is_member(base) && !(is_member(u))) return 0;
-    if (fz.group_of_value[base->id] != gi) return 0;
-    return phase_of.at(base->id);
+    return is_member(base) ? phase_of.at(base->id) : 0;
   }
 
   void compute_phases() {
@@ -870,7 +875,7 @@ struct Lowering {
       KInstr in;
       in.op = "load";
       in.dtype = u->type.dtype;
-      in.access = (is_member(u) && u->producer == gr.anchor) ? store_access_for_acc() : access_for(u, Level::elem);
+      in.access = (is_member(u) && u->producer == gr.anchor) ? acc_access : access_for(u, Level::elem);
       in.phase = p;
       // a load that does not vary along the inner dims is a row value
       const KAccess& a = k.accesses[static_cast<size_t>(in.access)];
@@ -886,8 +891,7 @@ struct Lowering {
     return id;
   }
 
-  int acc_access = -1;
-  int store_access_for_acc() { return acc_access; }
+  int acc_access = -1;  // where the library result is read (matmul / conv kernels)
 
   // Row value u (a member at row level, or a row view of one, or a row-shaped value in memory).
   int row(const Value* u) {
@@ -991,9 +995,6 @@ void Lowering::lower() {
     k.inner.push_back(gr.F[static_cast<size_t>(inner_dims[i])]);
   }
   if (k.inner.empty()) k.inner.push_back(1);
-  if (loop_of_dim.empty() || std::all_of(loop_of_dim.begin(), loop_of_dim.end(), [](int x) { return x < 0; })) {
-    // rank-0 or all-ones space: one inner point
-  }
 
   compute_phases();
   if (gr.kind != GKind::loop) {
@@ -1001,7 +1002,6 @@ void Lowering::lower() {
     // output of the same shape that the epilogue overwrites in place, or in a scratch buffer
     const Value* acc = gr.anchor->outputs[0];
     const bool stored = std::find(outs.begin(), outs.end(), acc) != outs.end();
-    int acc_arg = -1;  // fixed below
     if (stored) {
       acc_access = store_access(acc, Level::elem);
     } else {
@@ -1011,17 +1011,9 @@ void Lowering::lower() {
       if (host) {
         acc_access = store_access(host, Level::elem);
       } else {
-        KAccess a;
-        a.arg = -1000;  // scratch
-        a.strides.assign(static_cast<size_t>(k.loop_rank()), 0);
-        std::vector<int64_t> st = strides_of(acc->type.shape);
-        for (size_t d = 0; d < gr.F.size(); ++d)
-          if (loop_of_dim[d] >= 0) a.strides[static_cast<size_t>(loop_of_dim[d])] = st[d];
-        k.accesses.push_back(a);
-        acc_access = static_cast<int>(k.accesses.size()) - 1;
+        acc_access = access(kScratchArg, 0, acc->type.shape, strides_of(acc->type.shape), Level::elem);
       }
     }
-    (void)acc_arg;
   }
   // Stores.
   int max_phase = 0;
@@ -1057,7 +1049,7 @@ void Lowering::lower() {
   for (const Value* v : outs) k.args.push_back(KArg{v->name, v->type, KArg::Role::out});
   int scratch = -1;
   for (KAccess& a : k.accesses) {
-    if (a.arg == -1000) {
+    if (a.arg == kScratchArg) {
       if (scratch < 0) {
         scratch = static_cast<int>(k.args.size());
         k.args.push_back(KArg{"scratch0", gr.anchor->outputs[0]->type, KArg::Role::scratch});
@@ -1075,13 +1067,9 @@ void Lowering::lower() {
       k.mm.a = arg_of_input(fz.views[gr.anchor->inputs[0]->id].root);
       k.mm.b = arg_of_input(fz.views[gr.anchor->inputs[1]->id].root);
       k.mm.c = c;
-      const int nin_now = static_cast<int>(ins.size());
-      if (c >= nin_now && c < nin_now + static_cast<int>(outs.size())) {
-        const Value* cv = outs[static_cast<size_t>(c - nin_now)];
-        if (!fz.order[cv->id].empty()) {
-          auto cs = fz.matmul_result_strides(*gr.anchor, fz.physical_strides(cv));
-          k.mm.c_batch = (*cs)[0], k.mm.c_m = (*cs)[1], k.mm.c_n = (*cs)[2];
-        }
+      if (const Value* cv = output_value(c); cv && !fz.order[cv->id].empty()) {
+        auto cs = fz.matmul_result_strides(*gr.anchor, fz.physical_strides(cv));
+        k.mm.c_batch = (*cs)[0], k.mm.c_m = (*cs)[1], k.mm.c_n = (*cs)[2];
       }
     } else {
       k.kind = KernelKind::conv;
@@ -1089,8 +1077,8 @@ void Lowering::lower() {
       k.conv.x = arg_of_input(fz.views[gr.anchor->inputs[0]->id].root);
       k.conv.w = arg_of_input(fz.views[gr.anchor->inputs[1]->id].root);
       k.conv.y = c;
-      const int nin_now = static_cast<int>(ins.size());
-      k.conv.y_nhwc = c >= nin_now && c < nin_now + static_cast<int>(outs.size()) && fz.nhwc[outs[static_cast<size_t>(c - nin_now)]->id];
+      const Value* yv = output_value(c);
+      k.conv.y_nhwc = yv && fz.nhwc[yv->id];
     }
   }
 
@@ -1213,7 +1201,7 @@ void topo_sort(Graph& g) {
 
 }  // namespace
 
-KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts, std::vector<FusionDecision>* decisions) {
+KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts) {
   KernelModule m;
   Fuser fz(*core, opts);
   fz.run();
@@ -1259,15 +1247,6 @@ KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts, std::vec
       for (Value* v : n->outputs)
         if (v->producer == n) v->producer = nullptr;
   g.mutable_nodes() = std::move(kept);
-  if (std::getenv("TESSEL_DEBUG_FUSE")) {
-    for (const auto& n : g.nodes()) {
-      std::string s = n->op->name + " " + n->name + " (";
-      for (const Value* v : n->inputs) s += v ? v->name + " " : "- ";
-      s += ") -> (";
-      for (const Value* v : n->outputs) s += v->name + " ";
-      fmt::print(stderr, "{})\n", s);
-    }
-  }
   topo_sort(g);
   // Views and other nodes whose results nobody reads.
   for (bool changed = true; changed;) {
@@ -1289,16 +1268,6 @@ KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts, std::vec
         throw Error(Location{.node = n->name, .op = n->op->name, .pass = "fuse"},
                     fmt::format("value '{}' is read but no longer computed after fusion", v->name));
   g.compact();
-  if (decisions) {
-    for (const Kernel& k : kernels) {
-      std::string what = k.kind == KernelKind::loop ? (k.phases > 1 || k.body.end() != std::find_if(k.body.begin(), k.body.end(), [](const KInstr& i) { return i.op == "reduce"; }) ? "reduction" : "pointwise")
-                                                    : std::string(kernel_kind_name(k.kind));
-      decisions->push_back(FusionDecision{
-          k.name, fmt::format("{} kernel of {} core nodes from {}: {} bytes unfused -> {} fused ({} saved)", what,
-                              k.fused_nodes, k.sources.empty() ? "?" : k.sources.front(), k.bytes_unfused,
-                              k.bytes_fused, k.bytes_unfused - k.bytes_fused)});
-    }
-  }
   m.graph = std::move(core);
   m.kernels = std::move(kernels);
   return m;

@@ -135,14 +135,10 @@ struct FuseOptions {
   bool fuse = true;                    // false: one kernel per core node (the fusion ablation)
 };
 
-struct FusionDecision {
-  std::string kernel;
-  std::string note;                    // one line: what was fused and why, traffic saved
-};
 
 // Rewrites a core graph (after the "core" pipeline) into a kernel module. Nodes it cannot lower
 // (non-core ops, dynamic shapes, dtypes or ops the code generators do not handle) stay as they are.
-KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts = {},
-                  std::vector<FusionDecision>* decisions = nullptr);
+// What fused and the traffic each kernel saves are in the kernels (sources, fused_nodes, bytes_*).
+KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts = {});
 
 }  // namespace tessel

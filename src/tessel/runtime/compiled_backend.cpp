@@ -7,7 +7,6 @@
 #include <thread>
 
 #include "tessel/ir/op_registry.h"
-#include "tessel/ir/printer.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/cpu/codegen.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
@@ -74,16 +73,6 @@ struct CompiledExecutable::Launch {
 CompiledExecutable::CompiledExecutable() = default;
 CompiledExecutable::~CompiledExecutable() = default;
 
-std::string CompiledExecutable::kernel_text(bool elide_constants) const {
-  std::string s = "# tessel kernel level\n";
-  PrintOptions po;
-  po.elide_constants = elide_constants;
-  s += print_graph(exe_->graph(), po);
-  s += "# kernels\n";
-  for (const Kernel& k : kernels_) s += print_kernel(k);
-  return s;
-}
-
 std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
                                                 const CompiledBackendOptions& opts) {
   const auto t0 = Clock::now();
@@ -97,7 +86,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   // After the pipeline: fuse, generate, compile, load.
   go.after_pipeline = [&](std::unique_ptr<Graph>& cg) {
     auto tf = Clock::now();
-    KernelModule m = fuse(std::move(cg), opts.fuse, &ce->decisions_);
+    KernelModule m = fuse(std::move(cg), opts.fuse);
     verify_kernel_module(m);
     st.fuse_seconds = seconds_since(tf);
     // Epilogues oneDNN applies itself (bias, scale, relu/clip/GELU) get no generated function.

@@ -56,11 +56,8 @@ class CompiledExecutable {
   std::vector<Tensor> run(const std::vector<Tensor>& inputs, GraphRunStats* stats = nullptr);
   const CompiledCompileStats& stats() const { return stats_; }
   const std::vector<Kernel>& kernels() const { return kernels_; }
-  const std::vector<FusionDecision>& decisions() const { return decisions_; }
   const Graph& graph() const { return exe_->graph(); }
   const std::string& source() const { return source_; }
-  // The kernel level as text (graph + kernels).
-  std::string kernel_text(bool elide_constants = true) const;
 
  private:
   friend std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph>, const std::vector<Tensor>&,
@@ -69,7 +66,6 @@ class CompiledExecutable {
   CompiledExecutable();
   std::unique_ptr<GraphExecutable> exe_;
   std::vector<Kernel> kernels_;
-  std::vector<FusionDecision> decisions_;
   std::vector<std::unique_ptr<Launch>> launches_;
   std::vector<bool> in_library_;                  // per kernel: its epilogue runs inside oneDNN
   std::vector<cpu::LibraryEpilogue> library_;     // per kernel: that epilogue
