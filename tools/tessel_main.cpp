@@ -11,6 +11,7 @@
 #include "tessel/driver/bench.h"
 #include "tessel/driver/compare.h"
 #include "tessel/driver/conformance.h"
+#include "tessel/driver/explain.h"
 #include "tessel/driver/model_dir.h"
 #include "tessel/driver/op_table.h"
 #include "tessel/frontend/onnx/importer.h"
@@ -390,8 +391,22 @@ int main(int argc, char** argv) {
 
   auto* ops = app.add_subcommand("ops", "List the registered ops (the text of docs/ops.md)");
 
+  // explain: graph breaks, their reasons and repairs (src/tessel/driver/explain.cpp).
+  auto* explain = app.add_subcommand("explain", "Report graph breaks: partitions, each break's op, reason, location and a repair");
+  std::string explain_model;
+  ExplainOptions explain_opts;
+  explain->add_option("MODEL", explain_model, "a .onnx file or a model-zoo folder")->required();
+  explain->add_flag("--json", explain_opts.json, "print the report as JSON");
+  explain->add_flag("--repair", explain_opts.repair, "apply the auto-repairs first (docs/graph-breaks.md)");
+  explain->add_flag("--check", explain_opts.check, "run partitioned on test_data_set_0 and compare with its outputs; exit 1 on FAIL");
+  explain->add_option("--backend", explain_opts.backend, "backend of the compiled partitions for --check")
+      ->check(CLI::IsMember({"eager", "graph", "compiled"}));
+  explain->add_option("--threads", explain_opts.threads, "threads for the compiled backend (default: all hardware threads)");
+  explain->add_option("--max-rel", explain_opts.max_rel, "relative error bound for --check");
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (*explain) return cmd_explain(explain_model, explain_opts);
     if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
     if (*comp)
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
