@@ -1,0 +1,369 @@
+// Reading a hardware file: JSON -> HwSpec, with every problem reported at its JSON path.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "tessel/support/error.h"
+#include "tessel/targets/dataflow/hw.h"
+
+namespace tessel::dataflow {
+
+namespace {
+
+using json = nlohmann::json;
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The closest of `options` to `word`, when close enough to be a likely typo.
+std::string suggestion(const std::string& word, const std::vector<std::string>& options) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  for (const std::string& o : options) {
+    const size_t d = edit_distance(word, o);
+    if (d < best_d) best_d = d, best = o;
+  }
+  return best.empty() ? std::string() : fmt::format(" (did you mean '{}'?)", best);
+}
+
+std::string shown(const json& j) {
+  std::string s = j.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+const char* type_name(const json& j) {
+  if (j.is_null()) return "null";
+  if (j.is_boolean()) return "a boolean";
+  if (j.is_number()) return "a number";
+  if (j.is_string()) return "a string";
+  if (j.is_array()) return "an array";
+  return "an object";
+}
+
+// One JSON object being read: hands out its fields by name and remembers which were read, so that
+// finish() can reject the rest as unknown.
+class Obj {
+ public:
+  Obj(const json& j, std::string path, const std::string& origin) : j_(j), path_(std::move(path)), origin_(origin) {}
+
+  [[noreturn]] void fail_at(const std::string& key, const std::string& reason) const {
+    throw Error(Location{.file = origin_}, fmt::format("{}: {}", at(key), reason));
+  }
+  std::string at(const std::string& key) const { return key.empty() ? (path_.empty() ? "/" : path_) : path_ + "/" + key; }
+  bool has(const std::string& key) {
+    known_.push_back(key);
+    return j_.contains(key);
+  }
+  const json& get(const std::string& key) {
+    if (!has(key)) fail_at(key, "missing (required)");
+    return j_.at(key);
+  }
+
+  enum class Range { positive, non_negative, fraction_open, fraction_closed, unit_interval_open_low };
+  double number(const std::string& key, Range r) { return check_number(key, get(key), r); }
+  double number_or(const std::string& key, Range r, double dflt) {
+    return has(key) ? check_number(key, j_.at(key), r) : dflt;
+  }
+  int64_t integer(const std::string& key, int64_t min) { return check_integer(key, get(key), min); }
+  int64_t integer_or(const std::string& key, int64_t min, int64_t dflt) {
+    return has(key) ? check_integer(key, j_.at(key), min) : dflt;
+  }
+  std::string string(const std::string& key) {
+    const json& v = get(key);
+    if (!v.is_string()) fail_at(key, fmt::format("must be a string (got {})", type_name(v)));
+    return v.get<std::string>();
+  }
+  std::string string_or(const std::string& key, const std::string& dflt) { return has(key) ? string(key) : dflt; }
+  std::string choice(const std::string& key, const std::vector<std::string>& options) {
+    const std::string v = string(key);
+    if (std::find(options.begin(), options.end(), v) == options.end()) {
+      std::string all;
+      for (const auto& o : options) all += (all.empty() ? "" : ", ") + fmt::format("'{}'", o);
+      fail_at(key, fmt::format("must be one of {} (got '{}'){}", all, v, suggestion(v, options)));
+    }
+    return v;
+  }
+  Obj object(const std::string& key) {
+    const json& v = get(key);
+    if (!v.is_object()) fail_at(key, fmt::format("must be an object (got {})", type_name(v)));
+    return Obj(v, at(key), origin_);
+  }
+  const json& array(const std::string& key) {
+    const json& v = get(key);
+    if (!v.is_array()) fail_at(key, fmt::format("must be an array (got {})", type_name(v)));
+    return v;
+  }
+  // The keys of a free-form map object (e.g. dtype -> rate): all count as read.
+  std::vector<std::string> keys() const {
+    std::vector<std::string> out;
+    for (auto it = j_.begin(); it != j_.end(); ++it) out.push_back(it.key());
+    return out;
+  }
+  const json& raw() const { return j_; }
+  const std::string& path() const { return path_; }
+
+  // Unknown fields are errors (they are usually typos of known ones).
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it) {
+      if (std::find(known_.begin(), known_.end(), it.key()) != known_.end()) continue;
+      fail_at(it.key(), fmt::format("unknown field{}", suggestion(it.key(), known_)));
+    }
+  }
+
+  double check_number(const std::string& key, const json& v, Range r) const {
+    if (!v.is_number()) fail_at(key, fmt::format("must be a number (got {})", type_name(v)));
+    const double x = v.get<double>();
+    switch (r) {
+      case Range::positive:
+        if (!(x > 0)) fail_at(key, fmt::format("must be a positive number (got {})", shown(v)));
+        break;
+      case Range::non_negative:
+        if (!(x >= 0)) fail_at(key, fmt::format("must be a number >= 0 (got {})", shown(v)));
+        break;
+      case Range::fraction_open:
+        if (!(x >= 0 && x < 1)) fail_at(key, fmt::format("must be a fraction in [0, 1) (got {})", shown(v)));
+        break;
+      case Range::fraction_closed:
+        if (!(x >= 0 && x <= 1)) fail_at(key, fmt::format("must be a fraction in [0, 1] (got {})", shown(v)));
+        break;
+      case Range::unit_interval_open_low:
+        if (!(x > 0 && x <= 1)) fail_at(key, fmt::format("must be a fraction in (0, 1] (got {})", shown(v)));
+        break;
+    }
+    return x;
+  }
+  int64_t check_integer(const std::string& key, const json& v, int64_t min) const {
+    if (!v.is_number()) fail_at(key, fmt::format("must be an integer (got {})", type_name(v)));
+    int64_t x = 0;
+    if (v.is_number_unsigned()) {
+      x = int64_t(std::min<uint64_t>(v.get<uint64_t>(), uint64_t(INT64_MAX)));
+    } else if (v.is_number_integer()) {
+      x = v.get<int64_t>();
+    } else {
+      const double d = v.get<double>();
+      if (d != std::floor(d) || std::abs(d) > 9e15) fail_at(key, fmt::format("must be an integer (got {})", shown(v)));
+      x = int64_t(d);
+    }
+    if (x < min) fail_at(key, fmt::format("must be an integer >= {} (got {})", min, shown(v)));
+    return x;
+  }
+
+ private:
+  const json& j_;
+  std::string path_;
+  const std::string& origin_;
+  std::vector<std::string> known_;
+};
+
+using R = Obj::Range;
+
+std::vector<std::string> dtype_names() {
+  std::vector<std::string> out;
+  for (int i = 0; i < kNumDTypes; ++i) out.emplace_back(dtype_name(DType(i)));
+  return out;
+}
+
+DType read_dtype(const Obj& o, const std::string& key, const json& v) {
+  if (!v.is_string()) o.fail_at(key, fmt::format("must be a dtype name (got {})", type_name(v)));
+  const std::string s = v.get<std::string>();
+  auto t = dtype_from_name(s);
+  if (!t) o.fail_at(key, fmt::format("unknown dtype '{}'{}", s, suggestion(s, dtype_names())));
+  return *t;
+}
+
+void read_scratchpad(Obj o, HwSpec& hw) {
+  hw.scratchpad_bytes = o.integer("bytes_per_core", 1);
+  hw.scratchpad_reserved_fraction = o.number("reserved_fraction", R::fraction_open);
+  hw.effective_working_set_bytes = o.integer_or("effective_working_set_bytes", 1, 0);
+  if (hw.effective_working_set_bytes > hw.scratchpad_bytes)
+    o.fail_at("effective_working_set_bytes", fmt::format("must not exceed bytes_per_core ({}) (got {})",
+                                                          hw.scratchpad_bytes, hw.effective_working_set_bytes));
+  o.finish();
+}
+
+void read_layout(Obj o, HwSpec& hw) {
+  LayoutSpec& l = hw.layout;
+  const std::string kind = o.choice("kind", {"stick", "tiled"});
+  l.alignment_bytes = o.integer("alignment_bytes", 1);
+  if (kind == "stick") {
+    l.kind = LayoutKind::stick;
+    l.stick_bytes = o.integer("stick_bytes", 1);
+  } else {
+    l.kind = LayoutKind::tiled;
+    l.tile_rows = o.integer("tile_rows", 1);
+    l.tile_lanes = o.integer("tile_lanes", 1);
+    l.word_bytes = o.integer("word_bytes", 1);
+  }
+  o.finish();
+}
+
+void read_matrix(Obj o, HwSpec& hw) {
+  MatrixUnitSpec& m = hw.matrix;
+  m.rows = o.integer("rows", 1);
+  m.cols = o.integer("cols", 1);
+  m.count = o.integer("count", 1);
+  m.macs_per_cycle = o.number("macs_per_cycle", R::positive);
+  m.pass_rows = o.integer("pass_rows", 1);
+  m.fill_cycles = o.number("fill_cycles", R::non_negative);
+  m.drain_cycles = o.number("drain_cycles", R::non_negative);
+  m.dataflow = o.choice("dataflow", {"weight_stationary", "output_stationary"}) == "weight_stationary"
+                   ? Dataflow::weight_stationary
+                   : Dataflow::output_stationary;
+  m.min_rows_full_efficiency = o.integer_or("min_rows_full_efficiency", 1, 0);
+  m.sustained_fraction = o.number_or("sustained_fraction", R::unit_interval_open_low, 1.0);
+  Obj rates = o.object("dtype_rate");
+  for (const std::string& k : rates.keys()) {
+    const DType t = read_dtype(rates, k, json(k));
+    m.dtype_rate[t] = rates.check_number(k, rates.raw().at(k), R::positive);
+  }
+  if (m.dtype_rate.empty()) o.fail_at("dtype_rate", "must name at least one dtype");
+  if (m.macs_per_cycle < double(m.rows * m.cols * m.count))
+    o.fail_at("macs_per_cycle", fmt::format("must be at least count x rows x cols = {} (one MAC per PE per cycle) (got {})",
+                                            m.rows * m.cols * m.count, m.macs_per_cycle));
+  o.finish();
+}
+
+void read_vector(Obj o, HwSpec& hw) {
+  Obj rates = o.object("elements_per_cycle");
+  for (int i = 0; i < kNumVectorOps; ++i)
+    hw.vector.elements_per_cycle[i] = rates.number(vector_op_name(VectorOp(i)), R::positive);
+  rates.finish();
+  hw.vector.latency_cycles = o.number_or("latency_cycles", R::non_negative, 0);
+  o.finish();
+}
+
+void read_dram(Obj o, HwSpec& hw) {
+  DramSpec& d = hw.dram;
+  d.read_gbps = o.number("read_gbps", R::positive);
+  d.write_gbps = o.number("write_gbps", R::positive);
+  d.mixed_efficiency = o.number("mixed_efficiency", R::unit_interval_open_low);
+  d.latency_cycles = o.number("latency_cycles", R::non_negative);
+  d.capacity_bytes = o.number_or("capacity_bytes", R::positive, 0);
+  d.datasheet_gbps = o.number_or("datasheet_gbps", R::positive, 0);
+  o.finish();
+}
+
+void read_interconnect(Obj o, HwSpec& hw) {
+  InterconnectSpec& ic = hw.interconnect;
+  const std::string topo = o.choice("topology", {"ring", "mesh", "none"});
+  ic.topology = topo == "ring" ? Topology::ring : topo == "mesh" ? Topology::mesh : Topology::none;
+  const std::string path = o.choice("reduce_path", {"ring", "separate_reduce_ring", "dram"});
+  ic.reduce_path = path == "ring" ? ReducePath::ring : path == "dram" ? ReducePath::dram : ReducePath::separate_reduce_ring;
+  ic.broadcast_limit = o.integer_or("broadcast_limit", 1, 0);
+  if (ic.topology == Topology::none) {
+    if (ic.reduce_path != ReducePath::dram)
+      o.fail_at("reduce_path", fmt::format("must be 'dram' when topology is 'none' (got '{}')", path));
+  } else {
+    ic.bytes_per_cycle = o.number("bytes_per_cycle", R::positive);
+    ic.hop_latency_cycles = o.number("hop_latency_cycles", R::non_negative);
+    ic.reduce_cycles_per_element_hop = o.number_or("reduce_cycles_per_element_hop", R::positive, 0);
+    if (ic.reduce_path == ReducePath::separate_reduce_ring && ic.topology != Topology::ring)
+      o.fail_at("reduce_path", "'separate_reduce_ring' needs topology 'ring'");
+  }
+  if (ic.topology == Topology::mesh) {
+    const json& shape = o.array("mesh_shape");
+    if (shape.size() != 2) o.fail_at("mesh_shape", fmt::format("must be [rows, cols] (got {})", shown(shape)));
+    for (size_t i = 0; i < 2; ++i) ic.mesh_shape.push_back(o.check_integer("mesh_shape/" + std::to_string(i), shape[i], 1));
+    if (ic.mesh_shape[0] * ic.mesh_shape[1] != hw.cores)
+      o.fail_at("mesh_shape", fmt::format("rows x cols must equal cores ({}) (got {} x {})", hw.cores,
+                                          ic.mesh_shape[0], ic.mesh_shape[1]));
+  }
+  o.finish();
+}
+
+void read_limits(Obj o, HwSpec& hw) {
+  hw.limits.max_dram_span_bytes = o.integer_or("max_dram_span_bytes", 1, 0);
+  hw.limits.max_loop_iterations = o.integer_or("max_loop_iterations", 1, 0);
+  o.finish();
+}
+
+void read_strings(Obj& o, const std::string& key, std::vector<std::string>& out) {
+  const json& a = o.array(key);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].is_string()) o.fail_at(fmt::format("{}/{}", key, i), fmt::format("must be a string (got {})", type_name(a[i])));
+    out.push_back(a[i].get<std::string>());
+  }
+}
+
+}  // namespace
+
+HwSpec parse_hw_json(const std::string& text, const std::string& origin) {
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    // nlohmann reports the byte count read when it stopped: the line:column of the last character of the
+    // offending token.
+    std::string why = e.what();
+    if (auto p = why.find(": "); p != std::string::npos) why = why.substr(p + 2);
+    Location loc{.file = origin};
+    int line = 1, col = 1;
+    for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
+      if (text[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    loc.line = line;
+    loc.column = col;
+    throw Error(loc, "invalid JSON: " + why);
+  }
+  if (!root.is_object()) throw Error(Location{.file = origin}, fmt::format("/: must be an object (got {})", type_name(root)));
+
+  HwSpec hw;
+  hw.origin = origin;
+  Obj o(root, "", origin);
+  o.has("$schema");  // allowed, ignored
+  hw.name = o.string("name");
+  hw.description = o.string_or("description", "");
+  hw.clock_ghz = o.number("clock_ghz", R::positive);
+  hw.cores = o.integer("cores", 1);
+  read_scratchpad(o.object("scratchpad"), hw);
+  read_layout(o.object("layout"), hw);
+  read_matrix(o.object("matrix_unit"), hw);
+  read_vector(o.object("vector_unit"), hw);
+  {
+    Obj dma = o.object("dma");
+    hw.dma_engines = dma.integer("engines_per_core", 1);
+    dma.finish();
+  }
+  read_dram(o.object("dram"), hw);
+  read_interconnect(o.object("interconnect"), hw);
+  {
+    const json& a = o.array("dtypes");
+    if (a.empty()) o.fail_at("dtypes", "must name at least one dtype");
+    for (size_t i = 0; i < a.size(); ++i) hw.dtypes.push_back(read_dtype(o, fmt::format("dtypes/{}", i), a[i]));
+  }
+  for (const auto& [t, rate] : hw.matrix.dtype_rate)
+    if (!hw.supports(t))
+      o.fail_at(fmt::format("matrix_unit/dtype_rate/{}", dtype_name(t)), "dtype is not listed in /dtypes");
+  hw.kernel_overhead_ns = o.number("kernel_overhead_ns", R::non_negative);
+  hw.overlap_factor = o.number("overlap_factor", R::fraction_closed);
+  if (o.has("limits")) read_limits(o.object("limits"), hw);
+  if (o.has("notes")) read_strings(o, "notes", hw.notes);
+  if (o.has("sources")) {
+    Obj s = o.object("sources");
+    for (const std::string& k : s.keys()) {
+      const json& v = s.raw().at(k);
+      if (!v.is_string()) s.fail_at(k, fmt::format("must be a string (got {})", type_name(v)));
+      hw.sources[k] = v.get<std::string>();
+    }
+  }
+  o.finish();
+  return hw;
+}
+
+}  // namespace tessel::dataflow
