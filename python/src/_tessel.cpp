@@ -1,0 +1,321 @@
+// tessel._tessel: the pybind11 extension behind the Python package. A graph builder (inputs,
+// constants adopted from numpy buffers without copying, nodes by op name with attributes, TorchFallback
+// nodes, outputs), the auto-repairs, the partitioner's report, and a partitioned executable whose
+// break nodes call back into Python. tessel::Error becomes tessel.TesselError. docs/python.md.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "tessel/driver/explain.h"
+#include "tessel/ir/infer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/ir/printer.h"
+#include "tessel/ir/verifier.h"
+#include "tessel/runtime/graph_backend.h"
+#include "tessel/runtime/partition.h"
+#include "tessel/support/error.h"
+
+namespace py = pybind11;
+using namespace tessel;
+
+namespace {
+
+DType parse_dtype(const std::string& name) {
+  auto d = dtype_from_name(name);
+  if (!d) throw Error(Location{.pass = "python"}, fmt::format("unknown dtype '{}'", name), true);
+  return *d;
+}
+
+// The numpy dtype that holds a tessel dtype's bytes (bf16 travels as uint16).
+py::dtype numpy_dtype(DType d) {
+  switch (d) {
+    case DType::f64: return py::dtype::of<double>();
+    case DType::f32: return py::dtype::of<float>();
+    case DType::f16: return py::dtype("float16");
+    case DType::bf16: return py::dtype::of<uint16_t>();
+    case DType::i64: return py::dtype::of<int64_t>();
+    case DType::i32: return py::dtype::of<int32_t>();
+    case DType::i16: return py::dtype::of<int16_t>();
+    case DType::i8: return py::dtype::of<int8_t>();
+    case DType::u8: return py::dtype::of<uint8_t>();
+    case DType::boolean: return py::dtype::of<bool>();
+    default:
+      throw Error(Location{.pass = "python"}, fmt::format("dtype {} has no numpy form", dtype_name(d)), true);
+  }
+}
+
+// A tensor over a C-contiguous numpy array's buffer, keeping the array alive (no copy).
+Tensor from_array(const py::array& a, const std::string& dtype) {
+  DType d = parse_dtype(dtype);
+  if (!(a.flags() & py::array::c_style))
+    throw Error(Location{.pass = "python"}, "array must be C-contiguous");
+  if (a.itemsize() != dtype_size(d))
+    throw Error(Location{.pass = "python"},
+                fmt::format("array items are {} bytes but {} takes {}", a.itemsize(), dtype_name(d), dtype_size(d)));
+  Shape s(a.shape(), a.shape() + a.ndim());
+  auto* keep = new py::object(a);
+  std::shared_ptr<void> owner(keep, [](void* p) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<py::object*>(p);
+  });
+  return Tensor::adopt(d, s, owner, static_cast<uint8_t*>(const_cast<void*>(a.data())));
+}
+
+// A numpy array over a tensor's storage (shared, no copy) and its dtype name.
+py::tuple to_array(const Tensor& t) {
+  if (!t.valid() && t.numel() != 0) return py::make_tuple(py::none(), "");
+  auto* keep = new Tensor(t);
+  py::capsule base(keep, [](void* p) { delete static_cast<Tensor*>(p); });
+  std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
+  std::vector<py::ssize_t> strides(shape.size());
+  py::ssize_t st = dtype_size(t.dtype());
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    strides[i] = st;
+    st *= std::max<py::ssize_t>(shape[i], 1);
+  }
+  void* data = keep->valid() ? static_cast<void*>(keep->bytes()) : nullptr;
+  if (!data) {
+    // An empty tensor: numpy still wants a pointer; give it a fresh empty array.
+    return py::make_tuple(py::array(numpy_dtype(t.dtype()), shape), std::string(dtype_name(t.dtype())));
+  }
+  return py::make_tuple(py::array(numpy_dtype(t.dtype()), shape, strides, data, base), std::string(dtype_name(t.dtype())));
+}
+
+Attr to_attr(const OpDef& op, const std::string& name, const py::handle& v) {
+  const AttrSpec* spec = nullptr;
+  for (const auto& s : op.attrs)
+    if (s.name == name) spec = &s;
+  if (!spec) throw Error(Location{.op = op.name, .pass = "python"}, fmt::format("{} has no attribute '{}'", op.name, name));
+  switch (spec->kind) {
+    case AttrKind::i: return py::cast<int64_t>(v);
+    case AttrKind::f: return py::cast<double>(v);
+    case AttrKind::s: return py::cast<std::string>(v);
+    case AttrKind::ints: return py::cast<std::vector<int64_t>>(v);
+    case AttrKind::floats: return py::cast<std::vector<double>>(v);
+    case AttrKind::strings: return py::cast<std::vector<std::string>>(v);
+    case AttrKind::tensor: {
+      auto t = py::cast<py::tuple>(v);
+      return from_array(py::cast<py::array>(t[0]), py::cast<std::string>(t[1])).clone();
+    }
+  }
+  throw Error(Location{}, "unreachable");
+}
+
+class Builder {
+ public:
+  explicit Builder(const std::string& name) : g_(std::make_unique<Graph>()) { g_->name = name; }
+
+  Graph& graph() {
+    if (!g_) throw Error(Location{.pass = "python"}, "the builder's graph was already built into an executable");
+    return *g_;
+  }
+  Value* value(const std::string& name) {
+    Value* v = graph().find_value(name);
+    if (!v) throw Error(Location{.pass = "python"}, fmt::format("no value named '{}'", name));
+    return v;
+  }
+  std::string input(const std::string& name, const std::string& dtype, const Shape& shape) {
+    return graph().add_input(graph().unique_name(name), TensorType{parse_dtype(dtype), shape})->name;
+  }
+  std::string constant(const std::string& name, const py::array& a, const std::string& dtype) {
+    return graph().add_constant(graph().unique_name(name), from_array(a, dtype))->name;
+  }
+  std::vector<std::string> node(const std::string& opname, const std::string& name,
+                                const std::vector<std::optional<std::string>>& inputs, int outputs, const py::dict& attrs) {
+    const OpDef* op = OpRegistry::get().find(opname);
+    if (!op) throw Error(Location{.node = name, .op = opname, .pass = "python"}, fmt::format("no tessel op named '{}'", opname));
+    std::map<std::string, Attr> a;
+    for (auto kv : attrs) {
+      std::string k = py::cast<std::string>(kv.first);
+      try {
+        a[k] = to_attr(*op, k, kv.second);
+      } catch (const py::cast_error&) {
+        throw Error(Location{.node = name, .op = opname, .pass = "python"},
+                    fmt::format("attribute '{}' has the wrong kind", k));
+      }
+    }
+    return add(op, name, inputs, outputs, std::move(a));
+  }
+  std::vector<std::string> fallback(const std::string& name, const std::string& target, const std::string& reason,
+                                    const std::vector<std::optional<std::string>>& inputs,
+                                    const std::vector<std::pair<std::string, Shape>>& out_types) {
+    std::vector<std::string> dtypes;
+    std::vector<int64_t> ranks, dims;
+    for (const auto& [dt, s] : out_types) {
+      parse_dtype(dt);
+      dtypes.push_back(dt);
+      ranks.push_back(static_cast<int64_t>(s.size()));
+      dims.insert(dims.end(), s.begin(), s.end());
+    }
+    std::map<std::string, Attr> a{{"target", target}, {"out_dtypes", dtypes}, {"out_ranks", ranks}, {"out_shapes", dims}};
+    if (!reason.empty()) a["reason"] = reason;
+    return add(torch_fallback_op(), name, inputs, static_cast<int>(out_types.size()), std::move(a));
+  }
+  void set_outputs(const std::vector<std::string>& names) {
+    graph().outputs.clear();
+    for (const auto& n : names) graph().outputs.push_back(value(n));
+  }
+  void infer() { infer_graph(graph()); }
+  py::tuple type(const std::string& name) {
+    const Value* v = value(name);
+    return py::make_tuple(std::string(dtype_name(v->type.dtype)), v->type.shape);
+  }
+  std::optional<py::tuple> known(const std::string& name) {
+    const Value* v = value(name);
+    if (v->constant) return to_array(*v->constant);
+    return std::nullopt;
+  }
+  std::string text(bool elide) {
+    PrintOptions po;
+    po.elide_constants = elide;
+    return print_graph(graph(), po);
+  }
+  std::vector<std::tuple<std::string, std::string, std::string>> repair() {
+    std::vector<std::tuple<std::string, std::string, std::string>> out;
+    for (auto& r : repair_breaks(graph())) out.emplace_back(r.pattern, r.node, r.detail);
+    return out;
+  }
+  std::string explain() {
+    PartitionPlan plan = partition_graph(graph());
+    return explain_json(plan, {}).dump();
+  }
+  std::unique_ptr<Graph> take() {
+    graph();
+    return std::move(g_);
+  }
+
+ private:
+  std::vector<std::string> add(const OpDef* op, const std::string& name, const std::vector<std::optional<std::string>>& inputs,
+                               int outputs, std::map<std::string, Attr> attrs) {
+    std::vector<Value*> ins;
+    for (const auto& i : inputs) ins.push_back(i ? value(*i) : nullptr);
+    while (!ins.empty() && !ins.back()) ins.pop_back();
+    std::vector<std::string> outs;
+    for (int k = 0; k < outputs; ++k) outs.push_back(graph().unique_name(outputs == 1 ? name : fmt::format("{}.{}", name, k)));
+    Node* n = graph().add_node(op, name, std::move(ins), outs, std::move(attrs));
+    // Types as the node is added, so that the caller (the aten lowerings) can read them.
+    std::vector<const Tensor*> known;
+    for (const Value* v : n->inputs) {
+      const Tensor* t = nullptr;
+      if (v && v->constant) t = &*v->constant;
+      if (v && !t)
+        if (auto it = known_.find(v); it != known_.end()) t = &it->second;
+      known.push_back(t);
+    }
+    std::vector<std::optional<Tensor>> values;
+    try {
+      infer_node(*n, known, &values);
+    } catch (const Error& e) {
+      throw e.with_context(Location{.node = n->name, .op = n->op_name(), .pass = "infer"});
+    }
+    for (size_t i = 0; i < values.size() && i < n->outputs.size(); ++i)
+      if (values[i] && n->outputs[i]) known_[n->outputs[i]] = *values[i];
+    return outs;
+  }
+  std::unique_ptr<Graph> g_;
+  std::map<const Value*, Tensor> known_;   // values inference knew while building (shape arithmetic)
+};
+
+class Executable {
+ public:
+  Executable(Builder& b, const std::string& backend, int threads) {
+    PartitionedOptions po;
+    po.backend = backend;
+    po.threads = threads;
+    std::unique_ptr<Graph> g = b.take();
+    py::gil_scoped_release nogil;
+    exe_ = PartitionedExecutable::build(std::move(g), po);
+  }
+  // inputs: (array, dtype) pairs; runner(node_name, op, inputs) -> list of (array, dtype) or None.
+  py::list run(const std::vector<std::pair<py::array, std::string>>& inputs, const py::object& runner) {
+    std::vector<Tensor> ins;
+    for (const auto& [a, d] : inputs) ins.push_back(from_array(a, d));
+    BreakRunner br;
+    if (!runner.is_none()) {
+      br = [&runner](const Node& n, const std::vector<Tensor>& args) -> std::vector<Tensor> {
+        py::gil_scoped_acquire gil;
+        py::list pyargs;
+        for (const Tensor& t : args) pyargs.append(to_array(t));
+        py::object r = runner(n.name, n.op_name(), pyargs);
+        if (r.is_none()) return {};
+        std::vector<Tensor> outs;
+        for (auto item : r) {
+          auto t = py::cast<py::tuple>(item);
+          outs.push_back(from_array(py::cast<py::array>(t[0]), py::cast<std::string>(t[1])));
+        }
+        return outs;
+      };
+    }
+    std::vector<Tensor> outs;
+    {
+      py::gil_scoped_release nogil;
+      outs = exe_->run(ins, br);
+    }
+    py::list result;
+    for (const Tensor& t : outs) result.append(to_array(t));
+    return result;
+  }
+  std::string explain() const { return explain_json(exe_->plan(), {}).dump(); }
+  double compile_seconds() const { return exe_->compile_seconds(); }
+  std::string text(bool elide) const {
+    PrintOptions po;
+    po.elide_constants = elide;
+    return print_graph(exe_->graph(), po);
+  }
+
+ private:
+  std::unique_ptr<PartitionedExecutable> exe_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_tessel, m) {
+  m.doc() = "tessel's C++ core: graph builder, partitioner, repairs and partitioned executables";
+  static py::exception<Error> tessel_error(m, "TesselError", PyExc_RuntimeError);
+  static py::exception<GuardFailure> guard_error(m, "GuardFailure", tessel_error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const GuardFailure& e) {
+      guard_error(e.what());
+    } catch (const Error& e) {
+      tessel_error(e.what());
+    }
+  });
+
+  py::class_<Builder>(m, "GraphBuilder")
+      .def(py::init<const std::string&>(), py::arg("name") = "main")
+      .def("input", &Builder::input, py::arg("name"), py::arg("dtype"), py::arg("shape"))
+      .def("constant", &Builder::constant, py::arg("name"), py::arg("array"), py::arg("dtype"),
+           "a constant over the array's buffer (kept alive, not copied)")
+      .def("node", &Builder::node, py::arg("op"), py::arg("name"), py::arg("inputs"), py::arg("outputs") = 1,
+           py::arg("attrs") = py::dict())
+      .def("fallback", &Builder::fallback, py::arg("name"), py::arg("target"), py::arg("reason"), py::arg("inputs"),
+           py::arg("out_types"))
+      .def("set_outputs", &Builder::set_outputs)
+      .def("infer", &Builder::infer)
+      .def("type", &Builder::type)
+      .def("known", &Builder::known, "the value's contents when it is a constant, else None")
+      .def("text", &Builder::text, py::arg("elide_constants") = true)
+      .def("repair", &Builder::repair)
+      .def("explain", &Builder::explain);
+
+  py::class_<Executable>(m, "Executable")
+      .def(py::init<Builder&, const std::string&, int>(), py::arg("builder"), py::arg("backend") = "compiled",
+           py::arg("threads") = 0)
+      .def("run", &Executable::run, py::arg("inputs"), py::arg("runner") = py::none())
+      .def("explain", &Executable::explain)
+      .def("text", &Executable::text, py::arg("elide_constants") = true)
+      .def_property_readonly("compile_seconds", &Executable::compile_seconds);
+
+  m.def("ops", [] {
+    std::vector<std::string> names;
+    for (const OpDef* d : OpRegistry::get().all()) names.push_back(d->name);
+    return names;
+  });
+  m.def("hardware_threads", [] { return static_cast<int>(std::thread::hardware_concurrency()); });
+}

@@ -1,0 +1,22 @@
+"""tessel: a compiler for dataflow ML accelerators -- the Python package.
+
+    import tessel
+    fast = tessel.compile(module, (x,))          # a guarded, recompiling callable
+    y = fast(x)
+    print(fast.stats, fast.explanation)
+    print(tessel.explain(module, (x,)))           # graph breaks, reasons, locations, repairs
+
+and, on torch >= 2.0, torch.compile(module, backend="tessel"). docs/python.md.
+"""
+from ._tessel import TesselError, GuardFailure, GraphBuilder, Executable, ops  # noqa: F401
+from ._convert import TesselCaptureError  # noqa: F401
+from ._compile import (CompiledModule, Explanation, Stats, TesselRecompileLimit, capture,  # noqa: F401
+                       compile, explain)
+from . import aten_table  # noqa: F401
+from ._dynamo import dynamo_options, tessel_backend  # noqa: F401
+from ._dynamo import register as _register_dynamo
+
+dynamo_registered = _register_dynamo()
+
+__all__ = ["compile", "explain", "CompiledModule", "Explanation", "Stats", "TesselError", "TesselCaptureError",
+           "TesselRecompileLimit", "GuardFailure", "dynamo_options", "tessel_backend", "dynamo_registered"]

@@ -1,0 +1,289 @@
+"""Building a tessel graph from an aten FX graph, and running its graph breaks in PyTorch.
+
+The FX graph comes from capture (make_fx). Every call_function node is looked up in the aten table
+(aten_table.py); a node whose inputs are all constants is evaluated by PyTorch once and becomes a
+constant; a node with no lowering becomes a TorchFallback node that the partitioner reports as a graph
+break and that runs in PyTorch eager when the executable runs.
+"""
+import operator
+import os
+
+import numpy as np
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from . import _tessel
+from .aten_table import LOWERINGS, DATA_DEPENDENT, Unsupported
+
+TORCH_TO_TESSEL = {
+    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+    torch.bool: "bool",
+}
+TESSEL_TO_TORCH = {v: k for k, v in TORCH_TO_TESSEL.items()}
+
+
+class TesselCaptureError(_tessel.TesselError):
+    """The module could not be captured into an aten graph (data-dependent control flow, .item(), ...)."""
+
+
+def tessel_dtype(dt, what):
+    if dt not in TORCH_TO_TESSEL:
+        raise _tessel.TesselError(f"{what} has dtype {dt}, which tessel does not support "
+                                  f"(supported: {', '.join(str(d) for d in TORCH_TO_TESSEL)})")
+    return TORCH_TO_TESSEL[dt]
+
+
+def to_buffer(t):
+    """A (numpy array, tessel dtype) pair over a CPU tensor's memory (copied only if not contiguous)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    d = tessel_dtype(t.dtype, "a tensor")
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy(), d
+    return t.numpy(), d
+
+
+def from_buffer(arr, d):
+    if d == "bf16":
+        return torch.from_numpy(np.ascontiguousarray(arr).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def _meta_list(node):
+    """The traced output types of an FX node: [(torch dtype, shape)], one per tensor output."""
+    tm = node.meta.get("tensor_meta")
+    if tm is None:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return [(val.dtype, list(val.shape))]
+        if isinstance(val, (list, tuple)):
+            return [(v.dtype, list(v.shape)) for v in val if isinstance(v, torch.Tensor)]
+        return None
+    if isinstance(tm, (list, tuple)):
+        return [(m.dtype, list(m.shape)) for m in tm]
+    return [(tm.dtype, list(tm.shape))]
+
+
+class _Lowerer:
+    """What a lowering sees: the builder, helpers to add constants and nodes, and value types."""
+
+    def __init__(self, builder, name):
+        self.b = builder
+        self.name = name
+        self._k = 0
+
+    def _n(self, suffix=""):
+        # "module/fx_name:Op[#k] @ file:line `code`": the module path and source line reach the reports.
+        self._k += 1
+        base, sep, src = self.name.partition(" @ ")
+        tag = f":{suffix}" if suffix else ""
+        return f"{base}{tag}{'#' + str(self._k) if self._k > 1 else ''}{sep}{src}"
+
+    def type(self, v):
+        return self.b.type(v)
+
+    def dtype(self, v):
+        return self.b.type(v)[0]
+
+    def shape(self, v):
+        return self.b.type(v)[1]
+
+    def rank(self, v):
+        return len(self.b.type(v)[1])
+
+    def const(self, value, dtype):
+        t = torch.as_tensor(value, dtype=TESSEL_TO_TORCH[dtype])
+        arr, d = to_buffer(t)
+        return self.b.constant(self.name + ".c", arr, d)
+
+    def ints(self, values):
+        return self.const(list(values), "i64")
+
+    def op(self, op, inputs, attrs=None, outputs=1, suffix=""):
+        outs = self.b.node(op, self._n(suffix or op), list(inputs), outputs, attrs or {})
+        return outs[0] if outputs == 1 else outs
+
+
+def _source_of(node):
+    src = node.meta.get("tessel_source")
+    mod = node.meta.get("tessel_module")
+    path = mod if mod else "<root>"
+    return f"{path}/{node.name}" + (f" @ {src}" if src else "")
+
+
+class Converted:
+    """A tessel graph builder made from an FX graph, plus the PyTorch side of its graph breaks."""
+
+    def __init__(self, gm, example_inputs, name="torch"):
+        self.gm = gm
+        self.builder = _tessel.GraphBuilder(name)
+        self.fallbacks = {}          # tessel node name -> callable(list of torch tensors) -> list of tensors
+        self.input_dtypes = []
+        self.lowered = 0
+        self._build(example_inputs)
+
+    def _build(self, example_inputs):
+        gm, b = self.gm, self.builder
+        graph = gm.graph
+        out_node = next(n for n in graph.nodes if n.op == "output")
+        # Nodes the outputs depend on (others, e.g. unused detach/getitem results, are skipped).
+        live = set()
+        stack = [out_node]
+        while stack:
+            n = stack.pop()
+            if n in live:
+                continue
+            live.add(n)
+            stack.extend(n.all_input_nodes)
+        env = {}        # fx node -> tessel value name (or tuple of names), or ("const", tensor)
+        consts = {}     # fx node -> torch value for nodes that depend only on constants
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(example_inputs):
+            raise _tessel.TesselError(f"captured graph takes {len(placeholders)} inputs but {len(example_inputs)} "
+                                      "example inputs were given")
+        for i, (n, t) in enumerate(zip(placeholders, example_inputs)):
+            if not isinstance(t, torch.Tensor):
+                raise _tessel.TesselError(f"example input {i} is a {type(t).__name__}; tessel.compile takes tensors")
+            d = tessel_dtype(t.dtype, f"input {i} ('{n.name}')")
+            self.input_dtypes.append(d)
+            env[n] = b.input(n.name, d, list(t.shape))
+
+        def tensor_value(n):
+            """The tessel value of an FX argument that is a tensor."""
+            if n in env:
+                return env[n]
+            if n in consts:
+                v = consts[n]
+                arr, d = to_buffer(v)
+                env[n] = b.constant(n.name, arr, d)
+                return env[n]
+            raise _tessel.TesselError(f"value '{n.name}' is used before it is defined")
+
+        for n in graph.nodes:
+            if n.op in ("placeholder", "output") or n not in live:
+                continue
+            if n.op == "get_attr":
+                consts[n] = getattr(gm, n.target)
+                continue
+            if n.op != "call_function":
+                raise _tessel.TesselError(f"unsupported FX node {n.op} '{n.name}' ({_source_of(n)})")
+            ins = n.all_input_nodes
+            if all(i in consts for i in ins) and n.target not in DATA_DEPENDENT and _deterministic(n.target):
+                args, kwargs = pytree.tree_map(lambda a: consts[a] if isinstance(a, torch.fx.Node) else a, (n.args, n.kwargs))
+                with torch.no_grad():
+                    consts[n] = n.target(*args, **kwargs)
+                continue
+            if n.target is operator.getitem:
+                src, idx = n.args
+                if src in consts:
+                    consts[n] = consts[src][idx]
+                    continue
+                val = env[src]
+                if not isinstance(val, (list, tuple)):
+                    raise _tessel.TesselError(f"getitem on a single value at '{n.name}' ({_source_of(n)})")
+                env[n] = val[idx]
+                continue
+            # Tensor arguments become tessel value names; constants are added on first use.
+            def arg(a):
+                if isinstance(a, torch.fx.Node):
+                    return tensor_value(a)
+                return a
+            args, kwargs = pytree.tree_map(arg, (n.args, n.kwargs))
+            name = _source_of(n)
+            lower = LOWERINGS.get(n.target)
+            result = None
+            reason = None
+            if lower is not None:
+                try:
+                    result = lower(_Lowerer(b, name), n, *args, **kwargs)
+                except Unsupported as e:
+                    reason = f"aten op {_op_name(n.target)}: {e}"
+            else:
+                reason = f"unsupported aten op {_op_name(n.target)}: no tessel lowering"
+            if result is None:
+                result = self._fallback(n, name, args, kwargs, reason)
+            else:
+                self.lowered += 1
+            env[n] = result
+
+        outs, self.out_spec = pytree.tree_flatten(out_node.args[0])
+        names = []
+        self.out_literals = {}
+        for i, o in enumerate(outs):
+            if isinstance(o, torch.fx.Node):
+                v = tensor_value(o)
+                if isinstance(v, (list, tuple)):
+                    raise _tessel.TesselError(f"output {i} is a tuple value")
+                names.append(v)
+            else:
+                self.out_literals[i] = o
+        b.set_outputs(names)
+        b.infer()
+
+    def _fallback(self, n, name, args, kwargs, reason):
+        """A TorchFallback node: the aten op runs in PyTorch eager on the tensors it gets."""
+        metas = _meta_list(n)
+        if metas is None:
+            raise _tessel.TesselError(f"{reason}, and its output types are unknown ({name})")
+        tensor_args = []
+
+        def collect(a):
+            if isinstance(a, str) and self._is_value(a):
+                tensor_args.append(a)
+                return ("__tessel_arg__", len(tensor_args) - 1)
+            return a
+        template = pytree.tree_map(collect, (args, kwargs))
+        dynamic = n.target in DATA_DEPENDENT or any(d < 0 for a in tensor_args for d in self.builder.type(a)[1])
+        out_types = []
+        for dt, shape in metas:
+            out_types.append((tessel_dtype(dt, f"output of {name}"), [-1] * len(shape) if dynamic else shape))
+        target = n.target
+        single = not isinstance(n.meta.get("tensor_meta"), (list, tuple))
+
+        def run(tensors):
+            def put(a):
+                if isinstance(a, tuple) and len(a) == 2 and a[0] == "__tessel_arg__":
+                    return tensors[a[1]]
+                return a
+            a, k = pytree.tree_map(put, template)
+            r = target(*a, **k)
+            return [r] if single else [x for x in r if isinstance(x, torch.Tensor)]
+        outs = self.builder.fallback(name, _op_name(target), reason, tensor_args, out_types)
+        self.fallbacks[name] = run
+        return outs[0] if single else outs
+
+    def _is_value(self, s):
+        try:
+            self.builder.type(s)
+            return True
+        except _tessel.TesselError:
+            return False
+
+    # ---- running breaks in PyTorch --------------------------------------------------------------
+    def runner(self, node_name, op, inputs):
+        ts = [None if a is None else from_buffer(a, d) for a, d in inputs]
+        with torch.no_grad():
+            if node_name in self.fallbacks:
+                outs = self.fallbacks[node_name](ts)
+            elif op == "NonZero":
+                outs = [torch.nonzero(ts[0]).t().contiguous()]
+            elif op == "Compress" and ts[1].dtype == torch.bool and ts[0].dim() == 1:
+                outs = [torch.masked_select(ts[0], ts[1])]
+            else:
+                return None  # tessel's reference kernel runs it
+        return [to_buffer(t) for t in outs]
+
+
+def _deterministic(target):
+    name = _op_name(target)
+    return not any(s in name for s in ("rand", "uniform", "normal", "bernoulli", "dropout", "empty"))
+
+
+def _op_name(target):
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", None) or str(target)
