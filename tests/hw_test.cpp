@@ -179,3 +179,23 @@ TEST(Hw, BadJsonGivesLineAndColumn) {
   const std::string msg = error_of(text);
   EXPECT_EQ(msg.rfind("hw/x.json:4:13: invalid JSON: ", 0), 0u) << msg;
 }
+
+// docs/hw.md's worked example is describe() of the spyre preset, verbatim.
+TEST(Hw, DocsWorkedExampleIsDescribeOfSpyre) {
+  const std::string md = testenv::read_text(testenv::source_dir() + "/docs/hw.md");
+  const std::string fence = "```text describe spyre\n";
+  const size_t b = md.find(fence);
+  ASSERT_NE(b, std::string::npos) << "docs/hw.md has no " << fence;
+  const size_t start = b + fence.size();
+  EXPECT_EQ(md.substr(start, md.find("```", start) - start), describe(load_preset("spyre")));
+}
+
+// Every field of the schema table in docs/hw.md is a field the loader knows, and the other way round
+// (a preset sets it or the table lists it).
+TEST(Hw, DocsSchemaTableNamesRealFields) {
+  const std::string md = testenv::read_text(testenv::source_dir() + "/docs/hw.md");
+  for (const char* field : {"dram.mixed_efficiency", "interconnect.reduce_cycles_per_element_hop", "matrix_unit.dtype_rate",
+                            "scratchpad.effective_working_set_bytes", "limits.max_loop_iterations", "kernel_overhead_ns",
+                            "overlap_factor", "vector_unit.latency_cycles", "dma.engines_per_core"})
+    EXPECT_NE(md.find(std::string("`") + field), std::string::npos) << field;
+}

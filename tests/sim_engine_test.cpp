@@ -394,3 +394,69 @@ TEST(SimEngine, LargeGraphThroughput) {
   EXPECT_GT(r.cycles, 0);
   expect_lanes_add_up(r);
 }
+
+TEST(SimEngine, BroadcastLoadReadsDramOnce) {
+  const HwSpec hw = toy();
+  TaskGraph g;
+  const TaskId b = g.add(broadcast_load_task(0, 1000, 4));
+  g.add(matmul_task(3, 5), {b});
+  SimResult r = simulate(g, hw);
+  EXPECT_DOUBLE_EQ(r.cycles, 15);
+  EXPECT_EQ(r.dram_read_bytes, 1000);
+  EXPECT_EQ(r.scratchpad_bytes, 4000);
+  HwSpec limited = hw;
+  limited.interconnect.broadcast_limit = 2;
+  EXPECT_THROW(simulate(g, limited), Error);
+}
+
+// The bar, at the engine level: the Granite-3.3-8B MLP prefill product [512,4096] x [4096,12800]
+// f16 on spyre, split (m,n,k) = (8,4,1) as torch-spyre's cost model chose, B tiles of [1024,128]
+// (256 KiB) broadcast to the 8 cores of an N group with three buffers (+ A's 512 KiB: 1.25 MiB of the
+// 1.6 MiB usable), one B load per group in flight, reaches >= 80 % of the roofline bound with this
+// hand-written schedule (89 % when written). The tile level produces such schedules; this checks that
+// the cost model and engine allow it. (With two buffers and B loads unchained it was 65-79 %.)
+TEST(SimEngine, GraniteMlpPrefillReachesTheRoofline) {
+  const HwSpec hw = load_preset("spyre");
+  const int64_t M = 512, K = 4096, N = 12800, Ms = 8, Ns = 4, Kt = 1024, Nt = 128;
+  const int64_t mc = M / Ms, nc = N / Ns, KT = K / Kt, NT = nc / Nt;  // 64 rows, 3200 cols per core
+  auto core = [&](int64_t m, int64_t n) { return int(m * Ns + n); };
+  TaskGraph g;
+  std::vector<TaskId> a_load(size_t(Ms * KT));
+  for (int64_t m = 0; m < Ms; ++m)  // A rows of an M group, K chunk by chunk, to the 4 cores of the group
+    for (int64_t k = 0; k < KT; ++k) a_load[size_t(m * KT + k)] = g.add(broadcast_load_task(core(m, 0), mc * Kt * 2, int(Ns)));
+  const double mm_cycles = matmul_cycles(hw, mc, Kt, Nt, DType::f16);
+  std::vector<std::vector<TaskId>> mm(size_t(NT * KT), std::vector<TaskId>(size_t(Ms * Ns)));
+  std::vector<TaskId> prev_b(static_cast<size_t>(Ns), -1);
+  for (int64_t i = 0; i < NT * KT; ++i) {
+    const int64_t k = i % KT;
+    std::vector<TaskId> b_load(static_cast<size_t>(Ns));
+    for (int64_t n = 0; n < Ns; ++n) {
+      std::vector<TaskId> deps;  // the buffer of tile i - 3 is free once its 8 readers are done
+      if (i >= 3)
+        for (int64_t m = 0; m < Ms; ++m) deps.push_back(mm[size_t(i - 3)][size_t(core(m, n))]);
+      // One B load of a group in flight at a time: DRAM is shared equally among transfers in flight,
+      // so a load needed later would otherwise slow down the one needed next.
+      if (i >= 1) deps.push_back(prev_b[size_t(n)]);
+      b_load[size_t(n)] = prev_b[size_t(n)] = g.add(broadcast_load_task(core(0, n), Kt * Nt * 2, int(Ms)), deps);
+    }
+    for (int64_t m = 0; m < Ms; ++m)
+      for (int64_t n = 0; n < Ns; ++n)
+        mm[size_t(i)][size_t(core(m, n))] =
+            g.add(matmul_task(core(m, n), mm_cycles), {b_load[size_t(n)], a_load[size_t(m * KT + k)]});
+    // The output tile finished by tile i - 1 is stored after tile i's loads were queued: in-order DMA
+    // queues, so a store queued earlier would hold back the next load behind a later matmul.
+    if (i >= 1 && (i - 1) % KT == KT - 1)
+      for (int c = 0; c < Ms * Ns; ++c) g.add(store_task(c, mc * Nt * 2), {mm[size_t(i - 1)][size_t(c)]});
+  }
+  for (int c = 0; c < Ms * Ns; ++c) g.add(store_task(c, mc * Nt * 2), {mm.back()[size_t(c)]});
+  SimResult r = simulate(g, hw);
+  const double flops = 2.0 * double(M * K * N);
+  const double bytes = 2.0 * double(M * K + K * N + M * N);
+  const Roofline roof = roofline(hw, flops, bytes, DType::f16);
+  EXPECT_EQ(r.dram_read_bytes + r.dram_write_bytes, int64_t(bytes));
+  const double fraction = roof.bound_s / r.seconds;
+  std::printf("granite mlp prefill on spyre: %.1f us simulated, roofline %.1f us (%s-bound): %.1f %%\n", r.seconds * 1e6,
+              roof.bound_s * 1e6, roof.memory_bound() ? "memory" : "compute", 100 * fraction);
+  EXPECT_GE(fraction, 0.8);
+  EXPECT_LE(fraction, 1.0);
+}

@@ -123,10 +123,11 @@ std::string describe(const HwSpec& hw) {
   line("clock", fmt::format("{:g} GHz", hw.clock_ghz));
   line("cores", fmt::format("{}", hw.cores));
   line("matrix unit",
-       fmt::format("{} x {}x{} {} per core, {:g} MAC/cycle/core peak, passes of {} rows, fill {:g} + drain {:g} cycles",
-                   m.count, m.rows, m.cols,
+       fmt::format("{} x {}x{} arrays per core, {}, {:g} MAC/cycle/core peak ({:g} per PE)", m.count, m.rows, m.cols,
                    m.dataflow == Dataflow::weight_stationary ? "weight-stationary" : "output-stationary",
-                   m.macs_per_cycle, m.pass_rows, m.fill_cycles, m.drain_cycles));
+                   m.macs_per_cycle, m.macs_per_pe()));
+  line("", fmt::format("M in passes of {} rows; fill {:g} + drain {:g} cycles per fold", m.pass_rows, m.fill_cycles,
+                       m.drain_cycles));
   if (m.sustained_fraction < 1 || m.min_rows_full_efficiency > 0)
     line("", fmt::format("sustained {:.1f} % of peak{}", 100 * m.sustained_fraction,
                          m.min_rows_full_efficiency > 0

@@ -118,6 +118,12 @@ class Engine {
           task_error(g_, id, fmt::format("peer core {} is out of range (the hardware has {} cores)", t.peer, cores));
         if (t.peer == t.core) task_error(g_, id, fmt::format("sends to its own core {}", t.core));
       }
+      if (t.fanout < 1 || (t.fanout > 1 && t.kind != TaskKind::dma_load))
+        task_error(g_, id, fmt::format("fanout {} (only a dma_load may broadcast, to >= 1 cores)", t.fanout));
+      if (t.fanout > cores) task_error(g_, id, fmt::format("fanout {} exceeds the {} cores", t.fanout, cores));
+      const int64_t limit = hw_.interconnect.broadcast_limit;
+      if (limit > 0 && t.fanout > limit)
+        task_error(g_, id, fmt::format("fanout {} exceeds the broadcast limit of {} cores", t.fanout, limit));
       if (t.kind == TaskKind::reduce && (t.elements <= 0 || t.bytes % t.elements != 0))
         task_error(g_, id, fmt::format("needs elements > 0 dividing bytes (got {} elements, {} bytes)", t.elements, t.bytes));
     }
@@ -247,7 +253,7 @@ class Engine {
         break;
       case TaskKind::dma_load:
       case TaskKind::dma_store:
-        r_.scratchpad_bytes += t.bytes;
+        r_.scratchpad_bytes += t.bytes * t.fanout;
         (t.kind == TaskKind::dma_load ? r_.dram_read_bytes : r_.dram_write_bytes) += t.bytes;
         if (t.bytes == 0) push(now_, ev_done, id);
         else push(now_ + lat, ev_flow_join, id);

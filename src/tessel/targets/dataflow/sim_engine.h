@@ -19,7 +19,7 @@ namespace tessel::dataflow {
 enum class TaskKind : uint8_t {
   matmul,     // core's matrix engine, `cycles` long
   vector,     // core's vector engine, `cycles` long
-  dma_load,   // DRAM -> core's scratchpad, `bytes`, on one of the core's DMA engines
+  dma_load,   // DRAM -> core's scratchpad (or `fanout` cores'), `bytes`, on one of the core's DMA engines
   dma_store,  // core's scratchpad -> DRAM, `bytes`, on one of the core's DMA engines
   transfer,   // core's scratchpad -> peer's scratchpad, `bytes`, a DMA engine of `core` + the links
   reduce,     // core's partial sums (`elements`, `bytes`) added into peer's, on the reduce path
@@ -38,6 +38,8 @@ struct Task {
   int64_t bytes = 0;       // dma_load / dma_store / transfer / reduce: bytes moved
   int64_t elements = 0;    // reduce: partial-sum elements (their size is bytes / elements)
   int64_t spad_bytes = 0;  // matmul / vector: scratchpad bytes the op reads and writes (bytes report only)
+  int32_t fanout = 1;      // dma_load: cores the bytes are broadcast to (read from DRAM once; at most the
+                           // hw's broadcast_limit when it has one). Receivers depend on this task.
   int32_t kernel = -1;     // the kernel it belongs to (trace args, per-kernel reports)
   int32_t label = -1;      // TaskGraph::intern id of its trace name; -1: the kind's name
 };
@@ -79,6 +81,9 @@ inline Task vector_task(int core, double cycles, int kernel = -1) {
 }
 inline Task load_task(int core, int64_t bytes, int kernel = -1) {
   return {.kind = TaskKind::dma_load, .core = core, .bytes = bytes, .kernel = kernel};
+}
+inline Task broadcast_load_task(int core, int64_t bytes, int fanout, int kernel = -1) {
+  return {.kind = TaskKind::dma_load, .core = core, .bytes = bytes, .fanout = fanout, .kernel = kernel};
 }
 inline Task store_task(int core, int64_t bytes, int kernel = -1) {
   return {.kind = TaskKind::dma_store, .core = core, .bytes = bytes, .kernel = kernel};
