@@ -460,3 +460,34 @@ TEST(SimEngine, GraniteMlpPrefillReachesTheRoofline) {
   EXPECT_GE(fraction, 0.8);
   EXPECT_LE(fraction, 1.0);
 }
+
+TEST(SimEngine, MeshRoutesXYAndHoldsLinks) {
+  HwSpec hw = toy();
+  hw.interconnect.topology = Topology::mesh;
+  hw.interconnect.mesh_shape = {2, 2};
+  hw.interconnect.reduce_path = ReducePath::ring;
+  TaskGraph g;
+  // 0 -> 3 goes 0 -> 1 (along the row) then 1 -> 3 (down): 2 x 5 + 100 / 10 = 20. 1 -> 3 needs the
+  // second link: it waits until 20, then 5 + 10. 2 -> 3 uses its own link: 15.
+  const TaskId a = g.add(transfer_task(0, 3, 100));
+  const TaskId b = g.add(transfer_task(1, 3, 100));
+  const TaskId c = g.add(transfer_task(2, 3, 100));
+  SimResult r = simulate(g, hw);
+  EXPECT_DOUBLE_EQ(r.finish[size_t(a)], 20);
+  EXPECT_DOUBLE_EQ(r.finish[size_t(b)], 35);
+  EXPECT_DOUBLE_EQ(r.finish[size_t(c)], 15);
+  expect_lanes_add_up(r);
+}
+
+TEST(SimEngine, WaitingOnATransferIsAnInterconnectStall) {
+  const HwSpec hw = toy();
+  TaskGraph g;
+  const TaskId t = g.add(transfer_task(0, 1, 100));  // 15 cycles
+  g.add(matmul_task(1, 4), {t});
+  SimResult r = simulate(g, hw);
+  const LaneStats& mx = r.lane(1, int(Lane::matrix));
+  EXPECT_DOUBLE_EQ(mx.wait_interconnect, 15);
+  EXPECT_DOUBLE_EQ(mx.busy, 4);
+  EXPECT_DOUBLE_EQ(r.cycles, 19);
+  EXPECT_EQ(r.scratchpad_bytes, 200);  // read at the sender, written at the receiver
+}
