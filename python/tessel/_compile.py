@@ -27,7 +27,8 @@ def _user_frame(frames=None):
         fn = os.path.abspath(f.filename)
         if fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/lib/python3" in fn or fn.startswith("<"):
             continue
-        return f"{os.path.basename(fn)}:{f.lineno} `{(f.line or '').strip()}`"
+        code = (f.line or "").strip()
+        return f"{os.path.basename(fn)}:{f.lineno}" + (f" `{code}`" if code else "")
     return ""
 
 

@@ -63,9 +63,9 @@ def _meta_list(node):
         if isinstance(val, (list, tuple)):
             return [(v.dtype, list(v.shape)) for v in val if isinstance(v, torch.Tensor)]
         return None
-    if isinstance(tm, (list, tuple)):
-        return [(m.dtype, list(m.shape)) for m in tm]
-    return [(tm.dtype, list(tm.shape))]
+    if hasattr(tm, "dtype"):  # one TensorMetadata (a NamedTuple, so test it before sequences)
+        return [(tm.dtype, list(tm.shape))]
+    return [(m.dtype, list(m.shape)) for m in tm if hasattr(m, "dtype")]
 
 
 class _Lowerer:
@@ -234,7 +234,7 @@ class Converted:
         def collect(a):
             if isinstance(a, str) and self._is_value(a):
                 tensor_args.append(a)
-                return ("__tessel_arg__", len(tensor_args) - 1)
+                return _Arg(len(tensor_args) - 1)
             return a
         template = pytree.tree_map(collect, (args, kwargs))
         dynamic = n.target in DATA_DEPENDENT or any(d < 0 for a in tensor_args for d in self.builder.type(a)[1])
@@ -242,12 +242,12 @@ class Converted:
         for dt, shape in metas:
             out_types.append((tessel_dtype(dt, f"output of {name}"), [-1] * len(shape) if dynamic else shape))
         target = n.target
-        single = not isinstance(n.meta.get("tensor_meta"), (list, tuple))
+        single = hasattr(n.meta.get("tensor_meta"), "dtype") or isinstance(n.meta.get("val"), torch.Tensor)
 
         def run(tensors):
             def put(a):
-                if isinstance(a, tuple) and len(a) == 2 and a[0] == "__tessel_arg__":
-                    return tensors[a[1]]
+                if isinstance(a, _Arg):
+                    return tensors[a.index]
                 return a
             a, k = pytree.tree_map(put, template)
             r = target(*a, **k)
@@ -276,6 +276,13 @@ class Converted:
             else:
                 return None  # tessel's reference kernel runs it
         return [to_buffer(t) for t in outs]
+
+
+class _Arg:
+    """The place of the i-th tensor argument in a TorchFallback node's captured arguments."""
+
+    def __init__(self, index):
+        self.index = index
 
 
 def _deterministic(target):

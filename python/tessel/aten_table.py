@@ -58,7 +58,7 @@ def _scalar(L, a, like):
 
 def _out_dtype(node):
     tm = node.meta.get("tensor_meta")
-    if tm is None or isinstance(tm, (list, tuple)):
+    if not hasattr(tm, "dtype"):
         return None
     from ._convert import TORCH_TO_TESSEL
     return TORCH_TO_TESSEL.get(tm.dtype)

@@ -1,0 +1,374 @@
+"""The PyTorch frontend (python/tessel), checked against PyTorch eager.
+
+Run through ctest (python_frontend) or by hand:
+    PYTHONPATH=build/python /usr/bin/python3 -m unittest discover -s tests/python -v
+"""
+import math
+import os
+import re
+import subprocess
+import unittest
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tessel
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.path.dirname(os.path.dirname(HERE))
+SHARED_DIR = os.environ.get("TESSEL_SHARED_DIR", os.path.join(SOURCE_DIR, "..", "shared"))
+TESSEL_BINARY = os.environ.get("TESSEL_BINARY", os.path.join(SOURCE_DIR, "build", "tessel"))
+
+torch.set_num_threads(2)
+
+
+def max_rel(out, ref):
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+class Block(nn.Module):
+    """The pre-LN transformer block of ../shared/models/tblock_s (d=256) and tblock_bert (d=768)."""
+
+    def __init__(self, d=256, heads=4, mlp=1024):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, mlp)
+        self.fc2 = nn.Linear(mlp, d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=-1)
+        q = q.view(b, t, h, c // h).transpose(1, 2)
+        k = k.view(b, t, h, c // h).transpose(1, 2)
+        v = v.view(b, t, h, c // h).transpose(1, 2)
+        a = ((q @ k.transpose(-2, -1)) / math.sqrt(c // h)).softmax(-1)
+        y = (a @ v).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class NonZeroBreak(nn.Module):
+    """The PyTorch form of ../shared/models/nonzero_break: Linear -> ReLU -> nonzero -> rows -> Linear -> sums."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 64)
+        self.b = nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        idx = (h.sum(-1) > 0).nonzero().squeeze(1)
+        return self.b(h[idx]).sum(0, keepdim=True) + h.mean(0, keepdim=True)
+
+
+class BoolMaskBreak(nn.Module):
+    """Boolean indexing on the first dim (the same break, written as x[mask])."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return torch.sigmoid(h[x[:, 0] > 0]).sum(0) * 2.0 + h.sum(0)
+
+
+class MaskedSelectSum(nn.Module):
+    def forward(self, x):
+        return x.masked_select(x > 0.5).sum() * x + 1.0
+
+
+class CumsumInTheMiddle(nn.Module):
+    """torch.cumsum has no tessel lowering: it becomes a TorchFallback break run by PyTorch."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.a(torch.cumsum(torch.relu(x), dim=1)))
+
+
+class DataDependentIf(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x
+
+
+class ItemInArithmetic(nn.Module):
+    def forward(self, x):
+        return x / x.abs().max().item()
+
+
+class TransformerBlockTest(unittest.TestCase):
+    def check_block(self, d, heads, mlp, seed):
+        torch.manual_seed(seed)
+        m = Block(d, heads, mlp).eval()
+        x = torch.randn(1, 128, d)
+        fast = tessel.compile(m, (x,), threads=2)
+        self.assertEqual(fast.explanation.break_count, 0)
+        self.assertEqual(fast.explanation.graph_count, 1)
+        for _ in range(2):
+            x = torch.randn(1, 128, d)
+            with torch.no_grad():
+                ref = m(x)
+            out = fast(x)
+            self.assertEqual(out.shape, ref.shape)
+            self.assertLessEqual(max_rel(out, ref), 1e-4)
+
+    def test_block_d256(self):
+        self.check_block(256, 4, 1024, 0)
+
+    def test_block_bert_base(self):
+        self.check_block(768, 12, 3072, 1)
+
+
+class GraphBreakTest(unittest.TestCase):
+    def test_nonzero_break_explained(self):
+        torch.manual_seed(0)
+        m = NonZeroBreak().eval()
+        e = tessel.explain(m, (torch.randn(32, 64),))
+        self.assertEqual(e.break_count, 1)
+        self.assertEqual(e.graph_count, 2)
+        b = e.breaks[0]
+        self.assertEqual(b["op"], "NonZero")
+        self.assertEqual(b["kind"], "data-dependent shape")
+        self.assertIn("data-dependent output shape", b["reason"])
+        # Location: the aten node, its module path (root here) and the source line of this file.
+        self.assertIn("<root>/nonzero", b["location"])
+        self.assertRegex(b["location"], r"test_torch_frontend\.py:\d+ `idx = \(h\.sum\(-1\) > 0\)\.nonzero\(\)")
+        self.assertIn("nonzero-gather-reduce", b["repair"])
+        self.assertIn("torch.where", b["repair"])
+        text = str(e)
+        self.assertIn("2 graph(s), 1 break(s)", text)
+        self.assertIn("break 1: NonZero (data-dependent shape), after graph 0", text)
+
+    def test_nonzero_break_runs_partitioned_and_matches_eager(self):
+        torch.manual_seed(0)
+        m = NonZeroBreak().eval()
+        fast = tessel.compile(m, (torch.randn(32, 64),), threads=2)
+        self.assertEqual(fast.explanation.break_count, 1)
+        for seed in range(3):
+            torch.manual_seed(100 + seed)
+            x = torch.randn(32, 64)
+            with torch.no_grad():
+                ref = m(x)
+            self.assertLessEqual(max_rel(fast(x), ref), 1e-5)
+        self.assertEqual(fast.stats.compiles, 1)   # the break does not recompile
+
+    def test_nonzero_break_repaired(self):
+        torch.manual_seed(0)
+        m = NonZeroBreak().eval()
+        x = torch.randn(32, 64)
+        e = tessel.explain(m, (x,), repair=True)
+        self.assertEqual(e.break_count, 0)
+        self.assertEqual([r["pattern"] for r in e.repairs], ["nonzero-gather-reduce"])
+        fast = tessel.compile(m, (x,), threads=2, repair=True)
+        self.assertEqual(fast.explanation.break_count, 0)
+        self.assertEqual(fast.explanation.graph_count, 1)
+        for seed in range(3):
+            torch.manual_seed(200 + seed)
+            x = torch.randn(32, 64)
+            with torch.no_grad():
+                ref = m(x)
+            self.assertLessEqual(max_rel(fast(x), ref), 1e-5)
+
+    def test_boolean_mask_indexing(self):
+        torch.manual_seed(0)
+        m = BoolMaskBreak().eval()
+        x = torch.randn(10, 16)
+        plain = tessel.compile(m, (x,), backend="graph")
+        self.assertEqual(plain.explanation.break_count, 1)
+        repaired = tessel.compile(m, (x,), backend="graph", repair=True)
+        self.assertEqual(repaired.explanation.break_count, 0)
+        for seed in range(3):
+            torch.manual_seed(300 + seed)
+            x = torch.randn(10, 16)
+            with torch.no_grad():
+                ref = m(x)
+            self.assertLessEqual(max_rel(plain(x), ref), 1e-5)
+            self.assertLessEqual(max_rel(repaired(x), ref), 1e-5)
+
+    def test_masked_select_sum_repaired(self):
+        m = MaskedSelectSum()
+        x = torch.rand(6, 7)
+        e = tessel.explain(m, (x,))
+        self.assertEqual(e.break_count, 1)
+        self.assertEqual(e.breaks[0]["op"], "Compress")
+        self.assertIn("compress-reduce", e.breaks[0]["repair"])
+        plain = tessel.compile(m, (x,), backend="graph")
+        repaired = tessel.compile(m, (x,), backend="graph", repair=True)
+        self.assertEqual(repaired.explanation.break_count, 0)
+        self.assertEqual([r["pattern"] for r in repaired.explanation.repairs], ["compress-reduce"])
+        for seed in range(3):
+            torch.manual_seed(400 + seed)
+            x = torch.rand(6, 7)
+            ref = m(x)
+            self.assertLessEqual(max_rel(plain(x), ref), 1e-5)
+            self.assertLessEqual(max_rel(repaired(x), ref), 1e-5)
+
+    def test_unsupported_aten_op_runs_in_torch(self):
+        torch.manual_seed(0)
+        m = CumsumInTheMiddle().eval()
+        x = torch.randn(4, 8)
+        fast = tessel.compile(m, (x,), threads=2)
+        e = fast.explanation
+        self.assertEqual(e.break_count, 1)
+        b = e.breaks[0]
+        self.assertEqual(b["kind"], "torch fallback")
+        self.assertEqual(b["op"], "aten.cumsum.default")
+        self.assertIn("unsupported aten op aten.cumsum.default: no tessel lowering", b["reason"])
+        self.assertIn("aten_table.py", b["repair"])
+        self.assertEqual(e.graph_count, 2)
+        for seed in range(2):
+            torch.manual_seed(500 + seed)
+            x = torch.randn(4, 8)
+            with torch.no_grad():
+                ref = m(x)
+            self.assertLessEqual(max_rel(fast(x), ref), 1e-5)
+
+
+class GuardTest(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+        self.m = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16)).eval()
+
+    def check(self, fast, x):
+        with torch.no_grad():
+            ref = self.m(x)
+        self.assertLessEqual(max_rel(fast(x), ref), 1e-5)
+
+    def test_recompile_on_new_shape_and_cache_hit_on_repeat(self):
+        fast = tessel.compile(self.m, (torch.randn(4, 32),), backend="graph")
+        self.assertEqual(fast.stats.compiles, 1)
+        self.check(fast, torch.randn(4, 32))
+        self.assertEqual((fast.stats.compiles, fast.stats.cache_hits), (1, 1))
+        self.check(fast, torch.randn(9, 32))          # a new shape: recompiles
+        self.assertEqual((fast.stats.compiles, fast.stats.cache_hits), (2, 1))
+        self.assertEqual(fast.stats.recompiles, ["input 0 shape [4, 32] -> [9, 32]"])
+        self.check(fast, torch.randn(9, 32))          # repeated: a cache hit
+        self.check(fast, torch.randn(4, 32))          # the first shape is still cached
+        self.assertEqual((fast.stats.compiles, fast.stats.cache_hits), (2, 3))
+        self.assertGreater(fast.stats.compile_seconds, 0)
+        d = fast.stats.as_dict()
+        self.assertEqual(d["compiles"], 2)
+        self.assertEqual(d["calls"], 4)
+
+    def test_dtype_change_recompiles(self):
+        fast = tessel.compile(self.m, (torch.randn(4, 32),), backend="graph")
+        m64 = self.m.double()
+        x = torch.randn(4, 32, dtype=torch.float64)
+        # The module's weights are now f64 too: the new compilation captures them.
+        out = fast(x)
+        self.assertEqual(out.dtype, torch.float64)
+        self.assertLessEqual(max_rel(out, m64(x).detach()), 1e-10)
+        self.assertEqual(fast.stats.compiles, 2)
+        self.assertIn("dtype torch.float32 -> torch.float64", fast.stats.recompiles[0])
+
+    def test_recompile_limit_raises(self):
+        fast = tessel.compile(self.m, (torch.randn(1, 32),), backend="graph", cache_limit=2)
+        fast(torch.randn(2, 32))
+        with self.assertRaises(tessel.TesselRecompileLimit) as cm:
+            fast(torch.randn(3, 32))
+        self.assertIn("cache_limit=2", str(cm.exception))
+        self.assertIn("input 0 shape [2, 32] -> [3, 32]", str(cm.exception))
+        self.assertEqual(fast.stats.compiles, 2)
+
+    def test_recompile_limit_falls_back_to_eager(self):
+        fast = tessel.compile(self.m, (torch.randn(1, 32),), backend="graph", cache_limit=1, on_limit="eager")
+        self.check(fast, torch.randn(5, 32))
+        self.assertEqual((fast.stats.compiles, fast.stats.eager_calls), (1, 1))
+
+
+class BadInputTest(unittest.TestCase):
+    def test_unsupported_dtype(self):
+        with self.assertRaises(tessel.TesselError) as cm:
+            tessel.compile(nn.Identity(), (torch.zeros(3, dtype=torch.complex64),))
+        self.assertIn("complex64", str(cm.exception))
+
+    def test_untraceable_module(self):
+        with self.assertRaises(tessel.TesselCaptureError) as cm:
+            tessel.compile(DataDependentIf(), (torch.randn(4),))
+        msg = str(cm.exception)
+        self.assertIn("DataDependentIf", msg)
+        self.assertRegex(msg, r"test_torch_frontend\.py:\d+ `if x\.sum\(\) > 0:`")
+        self.assertIn("torch.where", msg)
+
+    def test_item_names_the_line(self):
+        with self.assertRaises(tessel.TesselCaptureError) as cm:
+            tessel.explain(ItemInArithmetic(), (torch.randn(4),))
+        self.assertIn(".item()", str(cm.exception))
+        self.assertIn("x.abs().max().item()", str(cm.exception))
+
+    def test_non_tensor_inputs_and_options(self):
+        with self.assertRaises(tessel.TesselError):
+            tessel.compile(nn.Identity(), (3,))
+        with self.assertRaises(tessel.TesselError):
+            tessel.compile(nn.ReLU(), (torch.randn(2),), backend="fast")
+        with self.assertRaises(tessel.TesselError):
+            tessel.compile(nn.ReLU(), (torch.randn(2),), target="tpu")
+        fast = tessel.compile(nn.ReLU(), (torch.randn(2),), backend="graph")
+        with self.assertRaises(tessel.TesselError):
+            fast(torch.zeros(2, dtype=torch.complex64))
+
+    def test_errors_are_one_class(self):
+        self.assertTrue(issubclass(tessel.TesselCaptureError, tessel.TesselError))
+        self.assertTrue(issubclass(tessel.TesselRecompileLimit, tessel.TesselError))
+        self.assertTrue(issubclass(tessel.TesselError, RuntimeError))
+
+
+class DynamoTest(unittest.TestCase):
+    def test_registration_matches_torch_version(self):
+        major = int(torch.__version__.split(".")[0])
+        self.assertEqual(tessel.dynamo_registered, major >= 2)
+
+    @unittest.skipUnless(int(torch.__version__.split(".")[0]) >= 2, "torch.compile needs torch >= 2")
+    def test_torch_compile_backend(self):
+        torch.manual_seed(0)
+        m = NonZeroBreak().eval()
+        opt = torch.compile(m, backend="tessel")
+        x = torch.randn(32, 64)
+        with torch.no_grad():
+            self.assertLessEqual(max_rel(opt(x), m(x)), 1e-5)
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def fenced_blocks(path, lang):
+    text = read(path)
+    return re.findall(r"```" + lang + r"\n(.*?)```", text, re.S)
+
+
+class DocsTest(unittest.TestCase):
+    def test_python_md_example_runs(self):
+        blocks = fenced_blocks(os.path.join(SOURCE_DIR, "docs", "python.md"), "python")
+        self.assertTrue(blocks)
+        for code in blocks:
+            exec(compile(code, "docs/python.md", "exec"), {"__name__": "docs_example"})
+
+    @unittest.skipUnless(os.path.isdir(os.path.join(SHARED_DIR, "models", "nonzero_break")), "needs ../shared")
+    def test_graph_breaks_md_cli_example(self):
+        """docs/graph-breaks.md shows `tessel explain` on nonzero_break; the command prints exactly that."""
+        text = read(os.path.join(SOURCE_DIR, "docs", "graph-breaks.md"))
+        examples = re.findall(r"```\n\$ (tessel explain [^\n]*)\n(.*?)```", text, re.S)
+        self.assertEqual(len(examples), 2)
+        for cmd, expected in examples:
+            args = cmd.split()[1:]
+            args = [os.path.join(SHARED_DIR, "models", "nonzero_break") if a == "../shared/models/nonzero_break" else a
+                    for a in args]
+            out = subprocess.run([TESSEL_BINARY] + args, capture_output=True, text=True, check=True).stdout
+            self.assertEqual(out, expected, cmd)
+
+
+if __name__ == "__main__":
+    unittest.main()
