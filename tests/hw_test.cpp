@@ -158,6 +158,15 @@ TEST(Hw, ErrorsNameFileAndField) {
   EXPECT_EQ(error_setting("/notes/1", 5), "hw/x.json: /notes/1: must be a string (got a number)");
   EXPECT_EQ(error_of(edited("/dram/read_gbps", nullptr)), "hw/x.json: /dram/read_gbps: missing (required)");
   EXPECT_EQ(error_of(edited("/layout/stick_bytes", nullptr)), "hw/x.json: /layout/stick_bytes: missing (required)");
+  EXPECT_EQ(error_setting("/layout/tile_rows", 8), "hw/x.json: /layout/tile_rows: only for layout kind 'tiled'");
+  EXPECT_EQ(error_setting("/interconnect/mesh_shape", nlohmann::json::array({4, 8})),
+            "hw/x.json: /interconnect/mesh_shape: only for topology 'mesh'");
+  {
+    auto j = nlohmann::json::parse(preset_file("spyre"));
+    j["interconnect"]["topology"] = "none";
+    j["interconnect"]["reduce_path"] = "dram";
+    EXPECT_EQ(error_of(j.dump()), "hw/x.json: /interconnect/bytes_per_cycle: only for topology 'ring' or 'mesh'");
+  }
   EXPECT_EQ(error_of("[1, 2]"), "hw/x.json: /: must be an object (got an array)");
 }
 

@@ -108,6 +108,10 @@ class Obj {
     if (!v.is_array()) fail_at(key, fmt::format("must be an array (got {})", type_name(v)));
     return v;
   }
+  // A field that exists in the schema but does not apply here (e.g. stick_bytes of a tiled layout).
+  void forbid(const std::string& key, const std::string& why) {
+    if (has(key)) fail_at(key, why);
+  }
   // The keys of a free-form map object (e.g. dtype -> rate): all count as read.
   std::vector<std::string> keys() const {
     std::vector<std::string> out;
@@ -203,7 +207,9 @@ void read_layout(Obj o, HwSpec& hw) {
   if (kind == "stick") {
     l.kind = LayoutKind::stick;
     l.stick_bytes = o.integer("stick_bytes", 1);
+    for (const char* k : {"tile_rows", "tile_lanes", "word_bytes"}) o.forbid(k, "only for layout kind 'tiled'");
   } else {
+    o.forbid("stick_bytes", "only for layout kind 'stick'");
     l.kind = LayoutKind::tiled;
     l.tile_rows = o.integer("tile_rows", 1);
     l.tile_lanes = o.integer("tile_lanes", 1);
@@ -268,6 +274,8 @@ void read_interconnect(Obj o, HwSpec& hw) {
   if (ic.topology == Topology::none) {
     if (ic.reduce_path != ReducePath::dram)
       o.fail_at("reduce_path", fmt::format("must be 'dram' when topology is 'none' (got '{}')", path));
+    for (const char* k : {"bytes_per_cycle", "hop_latency_cycles", "reduce_cycles_per_element_hop"})
+      o.forbid(k, "only for topology 'ring' or 'mesh'");
   } else {
     ic.bytes_per_cycle = o.number("bytes_per_cycle", R::positive);
     ic.hop_latency_cycles = o.number("hop_latency_cycles", R::non_negative);
@@ -275,6 +283,7 @@ void read_interconnect(Obj o, HwSpec& hw) {
     if (ic.reduce_path == ReducePath::separate_reduce_ring && ic.topology != Topology::ring)
       o.fail_at("reduce_path", "'separate_reduce_ring' needs topology 'ring'");
   }
+  if (ic.topology != Topology::mesh) o.forbid("mesh_shape", "only for topology 'mesh'");
   if (ic.topology == Topology::mesh) {
     const json& shape = o.array("mesh_shape");
     if (shape.size() != 2) o.fail_at("mesh_shape", fmt::format("must be [rows, cols] (got {})", shown(shape)));
