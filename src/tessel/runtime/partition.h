@@ -25,7 +25,7 @@ struct OpDef;
 // Attributes: `target` (the aten op), `reason`, and the output types recorded at capture time:
 // `out_dtypes` (dtype names) and `out_shapes` (dims of every output concatenated, -1 for a dim only
 // known at run time) with `out_ranks`. Its reference kernel throws: only the caller can run it.
-// Registered in the op registry on first use.
+// It is not in the op registry (it never appears in a model file; `tessel ops` does not list it).
 const OpDef* torch_fallback_op();
 
 enum class BreakKind { data_dependent, no_core_form, torch_fallback };
