@@ -24,6 +24,8 @@ def _user_frame(frames=None):
     """'file.py:LINE `code`' of the innermost frame outside torch, tessel and the standard library."""
     frames = frames if frames is not None else traceback.extract_stack()
     for f in reversed(frames):
+        if f.filename.startswith("<") and f.filename != "<stdin>":
+            continue
         fn = os.path.abspath(f.filename)
         if fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/lib/python3" in fn or fn.startswith("<"):
             continue

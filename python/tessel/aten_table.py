@@ -234,6 +234,16 @@ def _batch_norm(L, node, x, w, b, mean, var, *rest):
             raise Unsupported("training-mode batch norm")
     else:
         momentum, eps = rest
+    consts = [L.b.known(v) if isinstance(v, str) else None for v in (w, b, mean, var)]
+    if all(c is not None for c in consts) and L.rank(x) >= 2:
+        # Eval-mode statistics are constants: one per-channel scale and shift (y = x * scale + shift).
+        w_, b_, m_, v_ = (torch.from_numpy(c[0].copy()).double() for c in consts)
+        scale = w_ / torch.sqrt(v_ + eps)
+        shift = b_ - m_ * scale
+        shape = [-1] + [1] * (L.rank(x) - 2)
+        d = L.dtype(x)
+        y = L.op("Mul", [x, L.const(scale.reshape(shape), d)])
+        return (L.op("Add", [y, L.const(shift.reshape(shape), d)]), None, None)
     return (L.op("BatchNormalization", [x, w, b, mean, var], {"epsilon": float(eps)}), None, None)
 
 

@@ -235,6 +235,55 @@ class GraphBreakTest(unittest.TestCase):
             self.assertLessEqual(max_rel(fast(x), ref), 1e-5)
 
 
+class LoweringTest(unittest.TestCase):
+    """Convolutions, pooling, batch norm, embeddings, masks and views through the aten table."""
+
+    def test_small_cnn(self):
+        torch.manual_seed(0)
+        cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6(), nn.MaxPool2d(2),
+                            nn.Conv2d(8, 8, 3, groups=8, stride=2, padding=1), nn.AvgPool2d(2),
+                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4), nn.Softmax(-1)).eval()
+        bn = cnn[1]
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.normal_()
+            bn.running_mean.normal_()
+            bn.running_var.uniform_(0.5, 2)
+        x = torch.randn(2, 3, 32, 32)
+        fast = tessel.compile(cnn, (x,), threads=2)
+        self.assertEqual(fast.explanation.break_count, 0)
+        with torch.no_grad():
+            self.assertLessEqual(max_rel(fast(x), cnn(x)), 1e-5)
+
+    def test_embedding_masks_views(self):
+        torch.manual_seed(0)
+
+        class Emb(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.e = nn.Embedding(100, 32)
+                self.ln = nn.LayerNorm(32)
+                self.out = nn.Linear(32, 100)
+
+            def forward(self, ids, mask):
+                h = self.ln(self.e(ids)) * mask.unsqueeze(-1).float()
+                h = h.masked_fill(mask.unsqueeze(-1) == 0, -1.0)
+                return F.log_softmax(self.out(h), -1).mean(1), h.permute(0, 2, 1).contiguous().view(2, -1)[:, 3:10]
+
+        m = Emb().eval()
+        ids = torch.randint(0, 100, (2, 16))
+        mask = (torch.rand(2, 16) > 0.3).long()
+        fast = tessel.compile(m, (ids, mask), threads=2)
+        self.assertEqual(fast.explanation.break_count, 0)
+        outs = fast(ids, mask)
+        with torch.no_grad():
+            refs = m(ids, mask)
+        self.assertIsInstance(outs, tuple)
+        for o, r in zip(outs, refs):
+            self.assertEqual(o.shape, r.shape)
+            self.assertLessEqual(max_rel(o, r), 1e-5)
+
+
 class GuardTest(unittest.TestCase):
     def setUp(self):
         torch.manual_seed(0)
