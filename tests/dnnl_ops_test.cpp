@@ -429,6 +429,70 @@ TEST(DnnlConv, Errors) {
 
 // ---- matmul floor ----
 
+// Packed weights handed to a second primitive (what the executable cache does across processes):
+// used without a reorder when the layout matches, repacked from the plain weights when it does not,
+// and a clear error when it does not and there are no plain weights.
+TEST(DnnlMatmul, PrepackedWeights) {
+  MatmulDesc d = contiguous_matmul(1, 64, 96, 80, true);
+  std::vector<float> a = random_floats(static_cast<size_t>(d.M * d.K), 1);
+  std::vector<float> b = random_floats(static_cast<size_t>(d.K * d.N), 2);
+  std::vector<float> c0(static_cast<size_t>(d.M * d.N), 0.0f);
+  const std::vector<Want> want = reference_matmul(d, a.data(), b.data(), nullptr, c0);
+  MatmulDesc first = d;
+  first.constant_b = b.data();
+  Matmul packer(first);
+  const PackedWeights pw = packer.packed_weights();
+  ASSERT_TRUE(pw.valid());
+  EXPECT_FALSE(pw.layout.empty());
+  const std::vector<uint8_t> bytes(static_cast<const uint8_t*>(pw.data), static_cast<const uint8_t*>(pw.data) + pw.nbytes);
+
+  MatmulDesc reuse = d;
+  reuse.prepacked_b = {bytes.data(), bytes.size(), pw.layout, nullptr};
+  Matmul m2(reuse);  // no plain weights at all: only the stored bytes
+  EXPECT_TRUE(m2.used_prepacked());
+  std::vector<float> c = c0;
+  m2.run(a.data(), nullptr, c.data());
+  expect_close(c, want, "prepacked");
+
+  MatmulDesc other = d;
+  other.constant_b = b.data();
+  other.prepacked_b = {bytes.data(), bytes.size(), pw.layout + " (another layout)", nullptr};
+  Matmul m3(other);
+  EXPECT_FALSE(m3.used_prepacked());
+  c = c0;
+  m3.run(a.data(), nullptr, c.data());
+  expect_close(c, want, "repacked after a layout mismatch");
+
+  other.constant_b = nullptr;
+  try {
+    Matmul bad(other);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stored packed weights do not fit"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DnnlConv, PrepackedWeights) {
+  ConvDesc d = conv(1, 16, 12, 12, 32, 3, 1, 1);
+  std::vector<float> x = random_floats(static_cast<size_t>(d.N * d.C * d.H * d.W), 31);
+  std::vector<float> w = random_floats(static_cast<size_t>(d.OC * d.C * d.KH * d.KW), 32);
+  std::vector<float> y0(static_cast<size_t>(d.N * d.OC * d.OH * d.OW), 0.0f);
+  const std::vector<Want> want = reference_conv(d, x.data(), w.data(), nullptr, y0);
+  ConvDesc first = d;
+  first.weights = w.data();
+  Conv2d packer(first);
+  const PackedWeights pw = packer.packed_weights();
+  ASSERT_TRUE(pw.valid());
+  const std::vector<uint8_t> bytes(static_cast<const uint8_t*>(pw.data), static_cast<const uint8_t*>(pw.data) + pw.nbytes);
+  ConvDesc reuse = d;
+  reuse.prepacked = {bytes.data(), bytes.size(), pw.layout, nullptr};
+  Conv2d c2(reuse);
+  EXPECT_TRUE(c2.used_prepacked());
+  std::vector<float> y = y0;
+  c2.run(x.data(), y.data());
+  expect_close(y, want, "prepacked conv");
+}
+
 TEST(MatmulFloor, CountsTheFloatMatmulsOfAGraph) {
   const OpRegistry& reg = OpRegistry::get();
   Graph g;

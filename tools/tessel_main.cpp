@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/driver/bench.h"
+#include "tessel/driver/compile_model.h"
 #include "tessel/driver/compare.h"
 #include "tessel/driver/conformance.h"
 #include "tessel/driver/explain.h"
@@ -184,31 +185,80 @@ std::vector<Tensor> run_with_graph(std::unique_ptr<Graph> g, const std::vector<T
   return outs;
 }
 
-// Compiles the model for the compiled backend and runs it `repeat` times.
-std::vector<Tensor> run_with_compiled(std::unique_ptr<Graph> g, const std::vector<Tensor>& ins, int repeat, int threads,
-                                      const std::string& model, std::vector<std::string>& out_names) {
-  CompiledBackendOptions o;
-  o.threads = threads;
-  o.model_name = fs::path(model).filename().string();
-  auto exe = compile_cpu(std::move(g), ins, o);
-  const CompiledCompileStats& cs = exe->stats();
-  fmt::print("compiled for the CPU in {:.1f} ms (passes {:.1f}, fusion {:.1f}, codegen {:.1f}, C++ compiler {:.1f}{}, "
-             "load {:.1f}, oneDNN setup {:.1f} ms), {} threads\n",
-             cs.compile_seconds * 1e3, cs.graph.pass_seconds * 1e3, cs.fuse_seconds * 1e3, cs.codegen_seconds * 1e3,
-             cs.cxx_seconds * 1e3, cs.cache_hit ? " (cache hit)" : "", cs.load_seconds * 1e3, cs.library_seconds * 1e3,
-             cs.threads);
+// The compile line of `run` and `load`: where the time went, or that the executable cache had it.
+void print_compile(const ModelCompile& mc) {
+  const CompiledCompileStats& cs = mc.exe->stats();
+  if (mc.entry_hit) {
+    fmt::print("compiled for the CPU in {:.1f} ms: executable cache hit (model hash {:.1f}, shared object {:.1f}, oneDNN "
+               "setup {:.1f} ms, {} of {} weights prepacked), {} threads\n",
+               mc.seconds * 1e3, mc.key_seconds * 1e3, cs.load_seconds * 1e3, cs.library_seconds * 1e3, cs.prepacked,
+               cs.matmul_kernels + cs.conv_kernels, cs.threads);
+  } else {
+    fmt::print("compiled for the CPU in {:.1f} ms (passes {:.1f}, fusion {:.1f}, codegen {:.1f}, C++ compiler {:.1f}{}, "
+               "load {:.1f}, oneDNN setup {:.1f} ms), {} threads\n",
+               cs.compile_seconds * 1e3, cs.graph.pass_seconds * 1e3, cs.fuse_seconds * 1e3, cs.codegen_seconds * 1e3,
+               cs.cxx_seconds * 1e3, cs.cache_hit ? " (cache hit)" : "", cs.load_seconds * 1e3, cs.library_seconds * 1e3,
+               cs.threads);
+  }
   fmt::print("  {} kernels ({} loop, {} matmul, {} conv; {} epilogues inside oneDNN), {} core nodes outside kernels, "
              "fusion traffic {} -> {} bytes\n",
              cs.kernels, cs.loop_kernels, cs.matmul_kernels, cs.conv_kernels, cs.library_epilogues, cs.core_nodes_left,
              cs.bytes_unfused, cs.bytes_fused);
   if (!cs.source_path.empty()) fmt::print("  generated C++: {}\n", cs.source_path);
+  if (!mc.load_error.empty()) fmt::print("  executable cache: the stored entry could not be used ({}); compiled again\n", mc.load_error);
+  if (mc.entry_hit) fmt::print("  executable cache entry: {}\n", mc.entry_dir);
+  else if (!mc.entry_dir.empty()) fmt::print("  stored in the executable cache: {}\n", mc.entry_dir);
+  else if (!mc.not_stored.empty()) fmt::print("  not stored in the executable cache: {}\n", mc.not_stored);
+}
+
+// Compiles the model for the compiled backend (through the executable cache unless passes were
+// applied to the imported graph) and runs it `repeat` times.
+std::vector<Tensor> run_with_compiled(ImportedModel& m, bool passes_applied, const std::vector<Tensor>& ins, int repeat,
+                                      int threads, const std::string& model, std::vector<std::string>& out_names) {
+  ModelCompileOptions o;
+  o.backend.threads = threads;
+  o.backend.model_name = fs::path(model).filename().string();
+  o.executable_cache = !passes_applied;  // the entry is keyed by the file, not by what --passes did to it
+  ModelCompile mc = compile_model_cpu(model, ins, o, &m);
+  print_compile(mc);
+  CompiledExecutable& exe = *mc.exe;
   GraphRunStats rs;
   double best = 0;
-  std::vector<Tensor> outs = run_repeatedly(*exe, ins, repeat, rs, best);
+  std::vector<Tensor> outs = run_repeatedly(exe, ins, repeat, rs, best);
   fmt::print("ran compiled in {:.2f} ms{} (arena {:.2f} MB, peak intermediate memory {:.2f} MB = {} bytes)\n", best,
              repeat > 1 ? " (best of runs)" : "", rs.arena_bytes / 1e6, rs.peak_bytes / 1e6, rs.peak_bytes);
-  out_names = names_of(exe->graph().outputs);
+  out_names = names_of(exe.graph().outputs);
   return outs;
+}
+
+// `tessel load`: a warm start as a user's program sees it (file to callable, then the first call).
+int cmd_load(const std::string& model, int threads, const std::string& cache_dir, bool json) {
+  ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
+  std::vector<Tensor> ins;
+  if (!mp.data_sets.empty()) ins = read_data_set(mp.data_sets[0], "input");
+  ModelCompileOptions o;
+  o.backend.threads = threads;
+  o.backend.toolchain.cache_dir = cache_dir;
+  o.backend.model_name = fs::path(model).filename().string();
+  ModelCompile mc = compile_model_cpu(model, ins, o);
+  double first_call = -1;
+  if (!ins.empty()) {
+    GraphRunStats rs;
+    auto t0 = std::chrono::steady_clock::now();
+    mc.exe->run(ins, &rs);
+    first_call = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (json) {
+    nlohmann::json j = {{"model", model}, {"seconds", mc.seconds}, {"entry_hit", mc.entry_hit}, {"entry", mc.entry_dir},
+                        {"key_seconds", mc.key_seconds}, {"import_seconds", mc.import_seconds},
+                        {"threads", mc.exe->stats().threads}, {"prepacked", mc.exe->stats().prepacked},
+                        {"first_call_seconds", first_call >= 0 ? nlohmann::json(first_call) : nlohmann::json(nullptr)}};
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
+  print_compile(mc);
+  if (first_call >= 0) fmt::print("first call: {:.2f} ms\n", first_call * 1e3);
+  return 0;
 }
 
 int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary,
@@ -227,7 +277,7 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
   std::vector<Tensor> outs;
   std::vector<std::string> out_names = names_of(m.graph->outputs);
   if (backend == "graph") outs = run_with_graph(std::move(m.graph), ins, std::max(1, repeat), out_names);
-  else if (backend == "compiled") outs = run_with_compiled(std::move(m.graph), ins, std::max(1, repeat), threads, model, out_names);
+  else if (backend == "compiled") outs = run_with_compiled(m, !passes.empty(), ins, std::max(1, repeat), threads, model, out_names);
   else outs = run_with_eager(*m.graph, ins, std::max(1, repeat));
   print_outputs(outs, out_names);
   if (!check) return 0;
@@ -404,6 +454,15 @@ int main(int argc, char** argv) {
   explain->add_option("--threads", explain_opts.threads, "threads for the compiled backend (default: all hardware threads)");
   explain->add_option("--max-rel", explain_opts.max_rel, "relative error bound for --check");
 
+  auto* load = app.add_subcommand("load", "Load MODEL for the compiled backend through the executable cache: time to a callable and of the first call");
+  std::string load_model_path, load_cache;
+  int load_threads = 0;
+  bool load_json = false;
+  load->add_option("MODEL", load_model_path, "a .onnx file, a model-zoo folder or a .tsl file")->required();
+  load->add_option("--threads", load_threads, "threads (default: all hardware threads)");
+  load->add_option("--cache-dir", load_cache, "the compile cache (default: $TESSEL_CACHE_DIR, else ~/.cache/tessel)");
+  load->add_flag("--json", load_json, "print one line of JSON");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*explain) return cmd_explain(explain_model, explain_opts);
@@ -426,8 +485,10 @@ int main(int argc, char** argv) {
       fmt::print("{}", op_table_markdown());
       return 0;
     }
+    if (*load) return cmd_load(load_model_path, load_threads, load_cache, load_json);
     if (*bench) {
       BenchOptions bo;
+      bo.tessel_exe = fs::read_symlink("/proc/self/exe").string();
       bo.iters = bench_iters;
       bo.threads = bench_threads;
       bo.backends.clear();

@@ -15,13 +15,19 @@ struct BenchOptions {
   int iters = 10;   // timed calls per backend (after one warm-up call)
   int threads = 0;  // compiled backend threads (0: all hardware threads); eager and graph use one
   bool floor = true; // with the compiled backend: also measure the matmul floor
+  // The tessel executable, to measure the cached compile in a fresh process (`tessel load`): in the
+  // measuring process oneDNN's primitive cache and the loaded shared object would make it look
+  // cheaper than a user's warm start. Empty: measured in this process (and marked so).
+  std::string tessel_exe;
 };
 
 struct BackendBench {
   std::string backend;
   double import_s = 0;                     // reading the model (the same work for every backend)
   double cold_compile_s = 0;               // import → callable, compile cache empty (eager: import only)
-  std::optional<double> cached_compile_s;  // import → callable with a warm compile cache (compiled only)
+  std::optional<double> cached_compile_s;  // file → callable with a warm cache (compiled only): the executable cache
+  bool cached_in_fresh_process = false;    // cached_compile_s was measured by a fresh `tessel load`
+  std::optional<double> first_call_ms;     // the first call after that warm start (fresh process only)
   double compile_only_s = 0;               // the cold compile without the import
   int threads = 1;
   double median_ms = 0, p10_ms = 0, p90_ms = 0;

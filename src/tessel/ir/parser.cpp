@@ -20,7 +20,8 @@ int b64_digit(char c) {
 
 class Parser {
  public:
-  Parser(const std::string& text, const std::string& file) : s_(text), file_(file) {}
+  Parser(const std::string& text, const std::string& file, const BlobSource& source)
+      : s_(text), file_(file), source_(source) {}
 
   std::unique_ptr<Graph> parse() {
     g_ = std::make_unique<Graph>();
@@ -55,8 +56,10 @@ class Parser {
     if (peek_word("blobs")) blobs();
     skip_ws();
     if (pos_ < s_.size()) error("unexpected text after the graph");
-    for (const auto& p : pending_)
+    for (auto& p : pending_) {
+      if (!p.filled && source_) fill_from_source(p);
       if (!p.filled) error_at(p.line, p.col, fmt::format("blob<{}> is not defined in the blobs section", p.index));
+    }
     return std::move(g_);
   }
 
@@ -306,10 +309,15 @@ class Parser {
     PendingBlob pb{};
     auto lit = literal(t, &pb);
     if (values_.count(n)) error("value '%" + n + "' is defined twice");
-    Value* v = g_->add_constant(n, lit ? std::move(*lit) : Tensor(t.dtype, t.shape));
+    // A blob stored outside the text is bound right away (no zero-filled placeholder to replace).
+    Tensor external = !lit && source_ ? source_(pb.index, t) : Tensor();
+    if (external.valid() && (external.dtype() != t.dtype || external.shape() != t.shape)) external = Tensor();
+    const bool bound = external.valid();
+    Value* v = g_->add_constant(n, lit ? std::move(*lit) : bound ? std::move(external) : Tensor(t.dtype, t.shape));
     values_[n] = v;
     if (!lit) {
       pb.value = v;
+      pb.filled = bound;
       pending_.push_back(pb);
     }
   }
@@ -476,8 +484,21 @@ class Parser {
     }
   }
 
+  // A blob stored outside the text (PrintOptions::external_blobs).
+  void fill_from_source(PendingBlob& p) {
+    Tensor t = source_(p.index, p.type);
+    if (!t.valid()) return;
+    if (t.dtype() != p.type.dtype || t.shape() != p.type.shape)
+      error_at(p.line, p.col, fmt::format("blob<{}> holds {} but {} is needed", p.index,
+                                          TensorType{t.dtype(), t.shape()}.str(), p.type.str()));
+    if (p.value) p.value->constant = std::move(t);
+    else p.node->attrs[p.attr] = std::move(t);
+    p.filled = true;
+  }
+
   const std::string& s_;
   std::string file_;
+  const BlobSource& source_;
   size_t pos_ = 0;
   std::unique_ptr<Graph> g_;
   std::map<std::string, Value*> values_;
@@ -486,8 +507,8 @@ class Parser {
 
 }  // namespace
 
-std::unique_ptr<Graph> parse_graph(const std::string& text, const std::string& file) {
-  return Parser(text, file).parse();
+std::unique_ptr<Graph> parse_graph(const std::string& text, const std::string& file, const BlobSource& blobs) {
+  return Parser(text, file, blobs).parse();
 }
 
 }  // namespace tessel

@@ -61,6 +61,10 @@ struct Printer {
   std::string tensor_literal(const Tensor& t) {
     if (t.numel() <= opts.inline_limit) return tensor_elements(t);
     if (opts.elide_constants) return fmt::format("blob<elided {} bytes>", t.nbytes());
+    if (opts.external_blobs) {
+      opts.external_blobs->push_back(&t);
+      return fmt::format("blob<{}>", opts.external_blobs->size() - 1);
+    }
     blobs.push_back(&t);
     return fmt::format("blob<{}>", blobs.size() - 1);
   }

@@ -1,7 +1,9 @@
 // The text form of the graph level (.tsl): printing and parsing. print(parse(print(g))) == print(g).
 #pragma once
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "tessel/ir/graph.h"
 
@@ -10,12 +12,22 @@ namespace tessel {
 struct PrintOptions {
   int64_t inline_limit = 8;       // constants with at most this many elements are printed inline
   bool elide_constants = false;   // larger constants printed as their size only (not parseable)
+  // When set, larger constants are appended here (blob<N> is their index) instead of being printed
+  // in a base64 `blobs` section: the caller stores their bytes elsewhere (the compile cache) and
+  // hands them back to parse_graph through a BlobSource.
+  std::vector<const Tensor*>* external_blobs = nullptr;
 };
 
 std::string print_graph(const Graph& g, const PrintOptions& opts = {});
 
-// Parses .tsl text. Errors carry file, line and column. `file` is only used in messages.
-std::unique_ptr<Graph> parse_graph(const std::string& text, const std::string& file = "<text>");
+// The data of blob<index> of type `type` for a text printed with external blobs; an empty Tensor when
+// it has none (a parse error then names the blob).
+using BlobSource = std::function<Tensor(int index, const TensorType& type)>;
+
+// Parses .tsl text. Errors carry file, line and column. `file` is only used in messages. Blobs the
+// text does not define in a `blobs` section come from `blobs` when given.
+std::unique_ptr<Graph> parse_graph(const std::string& text, const std::string& file = "<text>",
+                                   const BlobSource& blobs = {});
 
 // Pieces shared by the printer and the parser.
 std::string format_value_name(const std::string& name);   // %x or %"needs quotes"

@@ -133,13 +133,27 @@ std::string print_kernel(const Kernel& k) {
   return s + "}\n";
 }
 
-std::string print_kernel_module(const KernelModule& m, bool elide_constants) {
-  PrintOptions po;
-  po.elide_constants = elide_constants;
+namespace {
+
+std::string print_module(const KernelModule& m, const PrintOptions& po) {
   std::string s = "# tessel kernel level\n" + print_graph(*m.graph, po);
   s += "# kernels\n";
   for (const Kernel& k : m.kernels) s += print_kernel(k);
   return s;
+}
+
+}  // namespace
+
+std::string print_kernel_module(const KernelModule& m, bool elide_constants) {
+  PrintOptions po;
+  po.elide_constants = elide_constants;
+  return print_module(m, po);
+}
+
+std::string print_kernel_module(const KernelModule& m, std::vector<const Tensor*>* external_blobs) {
+  PrintOptions po;
+  po.external_blobs = external_blobs;
+  return print_module(m, po);
 }
 
 // ---- parsing -------------------------------------------------------------------------------------
@@ -417,12 +431,16 @@ class KernelParser {
 }  // namespace
 
 KernelModule parse_kernel_module(const std::string& text, const std::string& file) {
+  return parse_kernel_module(text, file, BlobSource{});
+}
+
+KernelModule parse_kernel_module(const std::string& text, const std::string& file, const BlobSource& blobs) {
   const std::string marker = "# kernels\n";
   const size_t at = text.find(marker);
   if (at == std::string::npos)
     throw Error(Location{.file = file, .pass = "parse"}, "no '# kernels' section: not the kernel level's text form");
   KernelModule m;
-  m.graph = parse_graph(text.substr(0, at), file);
+  m.graph = parse_graph(text.substr(0, at), file, blobs);
   int line = 1;
   for (size_t i = 0; i < at + marker.size(); ++i) line += text[i] == '\n';
   const std::string rest = text.substr(at + marker.size());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tessel/ir/graph.h"
+#include "tessel/ir/printer.h"
 
 namespace tessel {
 
@@ -121,6 +122,10 @@ bool is_kernel_node(const Node& n);
 std::string print_kernel(const Kernel& k);
 std::string print_kernel_module(const KernelModule& m, bool elide_constants = false);
 KernelModule parse_kernel_module(const std::string& text, const std::string& file = "<text>");
+// The same with larger constants kept outside the text (PrintOptions::external_blobs): the form the
+// compile cache stores, with the constants' bytes in a file of their own.
+std::string print_kernel_module(const KernelModule& m, std::vector<const Tensor*>* external_blobs);
+KernelModule parse_kernel_module(const std::string& text, const std::string& file, const BlobSource& blobs);
 
 // Checks every kernel against its node and itself: arg types equal the node's values, accesses stay
 // inside their buffers, instructions are well typed and only use values available where they run.

@@ -4,9 +4,12 @@
 #include <omp.h>
 
 #include <chrono>
+#include <filesystem>
+#include <map>
 #include <thread>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/runtime/exe_entry.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/cpu/codegen.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
@@ -35,6 +38,7 @@ struct CompiledExecutable::Launch {
   std::unique_ptr<cpu::Matmul> matmul;
   std::unique_ptr<cpu::Conv2d> conv;
   int threads = 1;
+  size_t kernel_index = 0;
 
   void operator()(KernelEnv& env) {
     const Kernel& k = *kernel;
@@ -73,13 +77,109 @@ struct CompiledExecutable::Launch {
 CompiledExecutable::CompiledExecutable() = default;
 CompiledExecutable::~CompiledExecutable() = default;
 
+// What compile_cpu and load_cpu share: the library objects, function pointers and scratch buffers
+// of each kernel node (GraphBackendOptions::custom_kernel), and the statistics after planning.
+struct CompiledExecutable::Builder {
+  CompiledExecutable& ce;
+  std::map<size_t, cpu::PackedWeights> prepacked;  // per kernel index (load_cpu)
+
+  CoreKernel launch(const Node& n) {
+    if (!is_kernel_node(n)) return {};
+    CompiledCompileStats& st = ce.stats_;
+    const size_t kid = static_cast<size_t>(n.attr_i("kernel"));
+    const Kernel& k = ce.kernels_.at(kid);
+    auto L = std::make_unique<CompiledExecutable::Launch>();
+    L->kernel = &k;
+    L->threads = st.threads;
+    size_t in = 0, out = 0;
+    for (size_t i = 0; i < k.args.size(); ++i) {
+      const KArg& a = k.args[i];
+      if (a.role == KArg::Role::scratch) {
+        L->value_ids.push_back(-1);
+        L->scratch_arg.push_back(static_cast<int>(i));
+        L->scratch.emplace_back(static_cast<size_t>(shape_numel(a.type.shape)) * dtype_size(a.type.dtype));
+      } else {
+        const Value* v = a.role == KArg::Role::in ? n.inputs[in++] : n.outputs[out++];
+        L->value_ids.push_back(v->id);
+      }
+    }
+    const bool lib = ce.in_library_.at(kid);
+    const cpu::LibraryEpilogue& le = ce.library_.at(kid);
+    if (cpu::has_generated_function(k, lib)) L->fn = ce.so_->function<GeneratedFn>(cpu::kernel_symbol(k));
+    const float* bias = lib && le.bias_arg >= 0 ? n.inputs[static_cast<size_t>(le.bias_arg)]->constant->data<float>() : nullptr;
+    if (lib) st.library_epilogues++;
+    auto pre = prepacked.find(kid);
+    const cpu::PackedWeights packed = pre != prepacked.end() ? pre->second : cpu::PackedWeights{};
+    auto tl = Clock::now();
+    try {
+      if (k.kind == KernelKind::matmul) {
+        cpu::MatmulDesc d;
+        d.batch = k.mm.batch, d.M = k.mm.m, d.N = k.mm.n, d.K = k.mm.k;
+        d.a_batch = k.mm.a_batch, d.a_m = k.mm.a_m, d.a_k = k.mm.a_k;
+        d.b_batch = k.mm.b_batch, d.b_k = k.mm.b_k, d.b_n = k.mm.b_n;
+        d.c_batch = k.mm.c_batch, d.c_m = k.mm.c_m, d.c_n = k.mm.c_n;
+        const Value* bv = n.inputs[static_cast<size_t>(k.mm.b)];
+        if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset, d.prepacked_b = packed;
+        if (lib) d.bias = bias, d.epilogue = le.epilogue;
+        L->matmul = std::make_unique<cpu::Matmul>(d);
+        st.prepacked += L->matmul->used_prepacked();
+      } else if (k.kind == KernelKind::conv) {
+        const ConvSpec& c = k.conv;
+        cpu::ConvDesc d{};
+        d.N = c.n, d.C = c.c, d.H = c.h, d.W = c.wd, d.OC = c.oc, d.KH = c.kh, d.KW = c.kw, d.OH = c.oh, d.OW = c.ow;
+        d.stride_h = c.stride_h, d.stride_w = c.stride_w;
+        d.pad_top = c.pad_top, d.pad_left = c.pad_left, d.pad_bottom = c.pad_bottom, d.pad_right = c.pad_right;
+        d.dil_h = c.dil_h, d.dil_w = c.dil_w, d.groups = c.groups;
+        d.src_nhwc = c.x_nhwc, d.dst_nhwc = c.y_nhwc;
+        d.weights = n.inputs[static_cast<size_t>(c.w)]->constant->data<float>();
+        d.prepacked = packed;
+        d.bias = nullptr;
+        if (lib) d.bias = bias, d.epilogue = le.epilogue;
+        L->conv = std::make_unique<cpu::Conv2d>(d);
+        st.prepacked += L->conv->used_prepacked();
+      }
+    } catch (const Error& e) {
+      throw e.with_context(Location{.node = n.name, .op = std::string(kernel_kind_name(k.kind)), .pass = "compile"});
+    }
+    st.library_seconds += seconds_since(tl);
+    L->kernel_index = kid;
+    CompiledExecutable::Launch* raw = L.get();
+    ce.launches_.push_back(std::move(L));
+    return [raw](KernelEnv& env) { (*raw)(env); };
+  }
+
+  void finish() {
+    CompiledCompileStats& st = ce.stats_;
+    st.graph = ce.exe_->stats();
+    for (const Kernel& k : ce.kernels_) {
+      st.kernels++;
+      st.loop_kernels += k.kind == KernelKind::loop;
+      st.matmul_kernels += k.kind == KernelKind::matmul;
+      st.conv_kernels += k.kind == KernelKind::conv;
+      st.bytes_unfused += k.bytes_unfused;
+      st.bytes_fused += k.bytes_fused;
+    }
+    for (const auto& n : ce.exe_->graph().nodes()) st.core_nodes_left += n->op->domain == "tessel.core";
+  }
+};
+
+namespace {
+
+int thread_count(const CompiledBackendOptions& opts) {
+  return opts.threads > 0 ? opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+
 std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
                                                 const CompiledBackendOptions& opts) {
   const auto t0 = Clock::now();
   std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
   CompiledCompileStats& st = ce->stats_;
-  st.threads = opts.threads > 0 ? opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  st.threads = thread_count(opts);
+  st.model = opts.model_name;
   const std::string model = opts.model_name;
+  CompiledExecutable::Builder b{*ce, {}};
 
   GraphBackendOptions go;
   go.pipeline = opts.pipeline;
@@ -89,6 +189,11 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
     KernelModule m = fuse(std::move(cg), opts.fuse);
     verify_kernel_module(m);
     st.fuse_seconds = seconds_since(tf);
+    if (opts.keep_module) {
+      std::vector<const Tensor*> blobs;
+      ce->module_text_ = print_kernel_module(m, &blobs);
+      for (const Tensor* t : blobs) ce->module_blobs_.push_back(*t);
+    }
     // Epilogues oneDNN applies itself (bias, scale, relu/clip/GELU) get no generated function.
     ce->in_library_ = cpu::library_epilogues(m, &ce->library_);
     const std::vector<bool>& in_library = ce->in_library_;
@@ -110,76 +215,80 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
     ce->kernels_ = std::move(m.kernels);
     cg = std::move(m.graph);
   };
-  // Kernel nodes: library objects, function pointers, scratch buffers.
-  go.custom_kernel = [&](const Node& n) -> CoreKernel {
-    if (!is_kernel_node(n)) return {};
-    const Kernel& k = ce->kernels_.at(static_cast<size_t>(n.attr_i("kernel")));
-    auto L = std::make_unique<CompiledExecutable::Launch>();
-    L->kernel = &k;
-    L->threads = st.threads;
-    size_t in = 0, out = 0;
-    for (size_t i = 0; i < k.args.size(); ++i) {
-      const KArg& a = k.args[i];
-      if (a.role == KArg::Role::scratch) {
-        L->value_ids.push_back(-1);
-        L->scratch_arg.push_back(static_cast<int>(i));
-        L->scratch.emplace_back(static_cast<size_t>(shape_numel(a.type.shape)) * dtype_size(a.type.dtype));
-      } else {
-        const Value* v = a.role == KArg::Role::in ? n.inputs[in++] : n.outputs[out++];
-        L->value_ids.push_back(v->id);
-      }
-    }
-    const size_t kid = static_cast<size_t>(n.attr_i("kernel"));
-    const bool lib = ce->in_library_.at(kid);
-    const cpu::LibraryEpilogue& le = ce->library_.at(kid);
-    if (cpu::has_generated_function(k, lib)) L->fn = ce->so_->function<GeneratedFn>(cpu::kernel_symbol(k));
-    const float* bias = lib && le.bias_arg >= 0 ? n.inputs[static_cast<size_t>(le.bias_arg)]->constant->data<float>() : nullptr;
-    if (lib) st.library_epilogues++;
-    auto tl = Clock::now();
-    try {
-      if (k.kind == KernelKind::matmul) {
-        cpu::MatmulDesc d;
-        d.batch = k.mm.batch, d.M = k.mm.m, d.N = k.mm.n, d.K = k.mm.k;
-        d.a_batch = k.mm.a_batch, d.a_m = k.mm.a_m, d.a_k = k.mm.a_k;
-        d.b_batch = k.mm.b_batch, d.b_k = k.mm.b_k, d.b_n = k.mm.b_n;
-        d.c_batch = k.mm.c_batch, d.c_m = k.mm.c_m, d.c_n = k.mm.c_n;
-        const Value* bv = n.inputs[static_cast<size_t>(k.mm.b)];
-        if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset;
-        if (lib) d.bias = bias, d.epilogue = le.epilogue;
-        L->matmul = std::make_unique<cpu::Matmul>(d);
-      } else if (k.kind == KernelKind::conv) {
-        const ConvSpec& c = k.conv;
-        cpu::ConvDesc d{};
-        d.N = c.n, d.C = c.c, d.H = c.h, d.W = c.wd, d.OC = c.oc, d.KH = c.kh, d.KW = c.kw, d.OH = c.oh, d.OW = c.ow;
-        d.stride_h = c.stride_h, d.stride_w = c.stride_w;
-        d.pad_top = c.pad_top, d.pad_left = c.pad_left, d.pad_bottom = c.pad_bottom, d.pad_right = c.pad_right;
-        d.dil_h = c.dil_h, d.dil_w = c.dil_w, d.groups = c.groups;
-        d.src_nhwc = c.x_nhwc, d.dst_nhwc = c.y_nhwc;
-        d.weights = n.inputs[static_cast<size_t>(c.w)]->constant->data<float>();
-        d.bias = nullptr;
-        if (lib) d.bias = bias, d.epilogue = le.epilogue;
-        L->conv = std::make_unique<cpu::Conv2d>(d);
-      }
-    } catch (const Error& e) {
-      throw e.with_context(Location{.node = n.name, .op = std::string(kernel_kind_name(k.kind)), .pass = "compile"});
-    }
-    st.library_seconds += seconds_since(tl);
-    CompiledExecutable::Launch* raw = L.get();
-    ce->launches_.push_back(std::move(L));
-    return [raw](KernelEnv& env) { (*raw)(env); };
-  };
+  go.custom_kernel = [&](const Node& n) { return b.launch(n); };
   omp_set_num_threads(st.threads);  // library primitives are created for the threads they run with
   ce->exe_ = compile_graph(std::move(g), ex, go);
-  st.graph = ce->exe_->stats();
-  for (const Kernel& k : ce->kernels_) {
-    st.kernels++;
-    st.loop_kernels += k.kind == KernelKind::loop;
-    st.matmul_kernels += k.kind == KernelKind::matmul;
-    st.conv_kernels += k.kind == KernelKind::conv;
-    st.bytes_unfused += k.bytes_unfused;
-    st.bytes_fused += k.bytes_fused;
+  b.finish();
+  st.compile_seconds = seconds_since(t0);
+  return ce;
+}
+
+std::string CompiledExecutable::unsaveable_reason() const {
+  const GraphCompileStats& g = stats_.graph;
+  if (module_text_.empty()) return "the kernel module was not kept (CompiledBackendOptions::keep_module)";
+  if (!g.baked_inputs.empty()) return "it is specialised on the values of inputs";
+  if (!g.pipeline_error.empty()) return "the core pipeline could not lower the model";
+  return {};
+}
+
+void CompiledExecutable::save(const std::string& dir) const {
+  if (std::string why = unsaveable_reason(); !why.empty())
+    throw Error(Location{.file = dir, .pass = "executable cache"}, "cannot store this executable: " + why);
+  std::vector<BlobToStore> blobs;
+  for (const Tensor& t : module_blobs_) blobs.push_back({t.bytes(), t.nbytes()});
+  std::vector<PackedToStore> packed;
+  for (const auto& L : launches_) {
+    cpu::PackedWeights w = L->matmul ? L->matmul->packed_weights() : L->conv ? L->conv->packed_weights() : cpu::PackedWeights{};
+    if (w.valid()) packed.push_back({L->kernel_index, w.data, w.nbytes, w.layout});
   }
-  for (const auto& n : ce->exe_->graph().nodes()) st.core_nodes_left += n->op->domain == "tessel.core";
+  EntryManifest m;
+  m.format = kEntryFormat;
+  m.model = stats_.model;
+  m.so_path = stats_.so_path;
+  m.threads = stats_.threads;
+  write_entry(dir, module_text_, blobs, packed, m);
+}
+
+std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::vector<Tensor>& ex,
+                                             const CompiledBackendOptions& opts) {
+  const auto t0 = Clock::now();
+  LoadedEntry e = read_entry(dir);
+  std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
+  CompiledCompileStats& st = ce->stats_;
+  st.threads = thread_count(opts);
+  st.loaded = true;
+  st.model = e.manifest.model;
+  const FileBytes& cb = e.constants;
+  const BlobSource blobs = [&](int i, const TensorType& t) -> Tensor {
+    if (i < 0 || static_cast<size_t>(i) >= e.manifest.blobs.size()) return {};
+    const EntryBlob& b = e.manifest.blobs[static_cast<size_t>(i)];
+    if (b.nbytes != static_cast<uint64_t>(shape_numel(t.shape)) * dtype_size(t.dtype)) return {};
+    return Tensor::adopt(t.dtype, t.shape, cb.owner, const_cast<uint8_t*>(cb.data + b.offset));
+  };
+  KernelModule m = parse_kernel_module(e.module_text, e.module_path, blobs);
+  CompiledExecutable::Builder b{*ce, {}};
+  for (const EntryPacked& p : e.manifest.packed)
+    b.prepacked[p.kernel] = cpu::PackedWeights{e.packed.data + p.offset, p.nbytes, p.layout, e.packed.owner};
+  ce->in_library_ = cpu::library_epilogues(m, &ce->library_);
+  bool any_fn = false;
+  for (size_t i = 0; i < m.kernels.size(); ++i) any_fn = any_fn || cpu::has_generated_function(m.kernels[i], ce->in_library_[i]);
+  if (any_fn) {
+    if (e.manifest.so_path.empty())
+      throw Error(Location{.file = dir, .pass = "executable cache"}, "the manifest names no shared object for the generated kernels");
+    auto tl = Clock::now();
+    ce->so_ = cpu::SharedObject::open(e.manifest.so_path);
+    st.load_seconds = seconds_since(tl);
+    st.cache_hit = true;
+    st.so_path = e.manifest.so_path;
+    st.source_path = std::filesystem::path(e.manifest.so_path).replace_extension(".cpp").string();
+  }
+  ce->kernels_ = std::move(m.kernels);
+  GraphBackendOptions go;
+  go.pipeline = "";  // the module is already the kernel level
+  go.custom_kernel = [&](const Node& n) { return b.launch(n); };
+  omp_set_num_threads(st.threads);
+  ce->exe_ = compile_graph(std::move(m.graph), ex, go);
+  b.finish();
   st.compile_seconds = seconds_since(t0);
   return ce;
 }

@@ -24,6 +24,7 @@ struct CompiledBackendOptions {
   FuseOptions fuse;
   cpu::ToolchainOptions toolchain;
   std::string model_name = "model";    // for the banner of the generated file
+  bool keep_module = false;            // keep what save() needs (the kernel module's text and constants)
 };
 
 struct CompiledCompileStats {
@@ -36,6 +37,10 @@ struct CompiledCompileStats {
   double library_seconds = 0;          // oneDNN primitives and packed weights
   bool cache_hit = false;
   std::string cache_key, source_path, so_path;
+  std::string model;                   // CompiledBackendOptions::model_name
+  // Loaded from an executable-cache entry (load_cpu): no import, passes, fusion or packing ran.
+  bool loaded = false;
+  int prepacked = 0;                   // library kernels whose packed weights came from the entry
   int kernels = 0, loop_kernels = 0, matmul_kernels = 0, conv_kernels = 0;
   int core_nodes_left = 0;             // core nodes not covered by a kernel (run by typed kernels)
   int library_epilogues = 0;           // matmul/conv epilogues oneDNN applies itself (no generated pass)
@@ -50,9 +55,26 @@ class CompiledExecutable;
 std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const std::vector<Tensor>& example_inputs = {},
                                                 const CompiledBackendOptions& opts = {});
 
+// Builds the executable an executable-cache entry (CompiledExecutable::save) describes: the kernel
+// module is parsed from its text with the constants mapped from the entry's file, the shared object
+// is loaded from the path the entry names and oneDNN's weights come prepacked. `example_inputs` as
+// for compile_cpu (shapes only: entries are not written for models specialised on input values).
+// Throws tessel::Error naming the entry's file on anything missing or damaged; the caller then
+// compiles from the model instead.
+std::unique_ptr<CompiledExecutable> load_cpu(const std::string& entry_dir, const std::vector<Tensor>& example_inputs = {},
+                                             const CompiledBackendOptions& opts = {});
+
 class CompiledExecutable {
  public:
   ~CompiledExecutable();
+  // Writes an executable-cache entry into the existing empty folder `dir`: the kernel module's text
+  // (module.tkl), its larger constants (constants.bin), oneDNN's packed weights (packed.bin) and a
+  // manifest.json naming the shared object. Needs CompiledBackendOptions::keep_module. Throws when
+  // the executable cannot be stored (specialised on input values, a graph break of the whole model)
+  // or a file cannot be written. docs/runtime/compiled-backend.md, "The executable cache".
+  void save(const std::string& dir) const;
+  // Why save() would refuse, or empty when it can store this executable.
+  std::string unsaveable_reason() const;
   std::vector<Tensor> run(const std::vector<Tensor>& inputs, GraphRunStats* stats = nullptr);
   const CompiledCompileStats& stats() const { return stats_; }
   const std::vector<Kernel>& kernels() const { return kernels_; }
@@ -62,7 +84,10 @@ class CompiledExecutable {
  private:
   friend std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph>, const std::vector<Tensor>&,
                                                          const CompiledBackendOptions&);
+  friend std::unique_ptr<CompiledExecutable> load_cpu(const std::string&, const std::vector<Tensor>&,
+                                                      const CompiledBackendOptions&);
   struct Launch;
+  struct Builder;
   CompiledExecutable();
   std::unique_ptr<GraphExecutable> exe_;
   std::vector<Kernel> kernels_;
@@ -71,6 +96,8 @@ class CompiledExecutable {
   std::vector<cpu::LibraryEpilogue> library_;     // per kernel: that epilogue
   std::shared_ptr<cpu::SharedObject> so_;
   std::string source_;
+  std::string module_text_;                       // with keep_module: the kernel module, blobs external
+  std::vector<Tensor> module_blobs_;              // its blob<N> constants
   CompiledCompileStats stats_;
 };
 

@@ -12,6 +12,7 @@
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/core_kernels.h"
+#include "tessel/support/pages.h"
 
 namespace tessel {
 namespace {
@@ -144,6 +145,7 @@ std::unique_ptr<Graph> copy_graph(const Graph& g) {
 // known at run time), the model runs undecomposed instead: every node through the reference kernels
 // (a graph break of the whole model), with the reason kept in the stats and printed by the CLI.
 void run_core_pipeline(std::unique_ptr<Graph>& g, const std::string& pipeline, GraphCompileStats& st) {
+  if (pipeline.empty()) return;
   std::unique_ptr<Graph> backup = copy_graph(*g);
   try {
     run_pipeline(*g, parse_pipeline(pipeline), PassOptions{});
@@ -194,7 +196,7 @@ struct GraphExecutable::Impl {
   std::vector<Home> home;               // per value id (meaningful for roots)
   std::vector<int> root;                // per value id: the value whose memory it uses
   std::vector<uint8_t*> fixed_ptr;      // per value id: constants and arena values
-  std::vector<uint8_t> arena;
+  Pages arena;  // zeroed pages, materialised by the first run
   KernelEnv env;
   std::vector<Tensor> heap;             // per root id: dynamic-region tensors
   std::vector<const Tensor*> given;     // per value id: the caller's input tensors, during a run
@@ -481,9 +483,9 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     }
   }
   exe->plan_ = plan_arena(exe->requests_, opts.align);
-  im.arena.assign(exe->plan_.size + opts.align, 0);
-  const uintptr_t raw = reinterpret_cast<uintptr_t>(im.arena.data());
-  uint8_t* base = im.arena.data() + ((opts.align - raw % opts.align) % opts.align);
+  im.arena = allocate_pages(exe->plan_.size + opts.align);
+  const uintptr_t raw = reinterpret_cast<uintptr_t>(im.arena.get());
+  uint8_t* base = im.arena.get() + ((opts.align - raw % opts.align) % opts.align);
   for (size_t b = 0; b < exe->requests_.size(); ++b) im.fixed_ptr[exe->buffer_values_[b]->id] = base + exe->plan_.offsets[b];
   for (size_t id = 0; id < nv; ++id)
     if (im.home[im.root[id]] == Home::arena) im.fixed_ptr[id] = im.fixed_ptr[im.root[id]];

@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <onnx/onnx_pb.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +20,7 @@
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
+#include "tessel/support/pages.h"
 
 namespace tessel {
 namespace fs = std::filesystem;
@@ -284,8 +284,8 @@ bool split_model(FileReader& r, std::string& out, std::vector<std::optional<RawS
 }
 
 // One buffer for the raw bytes of many tensors, 64-byte aligned slots, shared by the tensors made
-// over it (Tensor::adopt). Large buffers are mapped with huge pages: filling fresh 4 KiB pages one
-// fault at a time is most of the cost of loading weights on a virtual machine.
+// over it (Tensor::adopt). Its pages come from allocate_pages (huge pages for large buffers: filling
+// fresh 4 KiB pages one fault at a time is most of the cost of loading weights on a virtual machine).
 class WeightBuffer {
  public:
   static constexpr uint64_t kAlign = 64;
@@ -293,30 +293,9 @@ class WeightBuffer {
 
   explicit WeightBuffer(uint64_t bytes) : size_(bytes) {
     if (bytes == 0) return;
-    constexpr size_t kHuge = size_t{2} << 20;
-    if (bytes >= kHuge) {
-      // Over-map by one huge page and trim so the buffer starts on a huge-page boundary.
-      const size_t len = static_cast<size_t>(bytes);
-      const size_t map_len = len + kHuge;
-      void* m = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (m != MAP_FAILED) {
-        const uintptr_t b = reinterpret_cast<uintptr_t>(m);
-        const uintptr_t a = (b + kHuge - 1) & ~(uintptr_t{kHuge} - 1);
-        const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-        const size_t keep = (len + page - 1) / page * page;
-        if (a > b) ::munmap(m, a - b);
-        if (b + map_len > a + keep) ::munmap(reinterpret_cast<void*>(a + keep), b + map_len - (a + keep));
-#ifdef MADV_HUGEPAGE
-        ::madvise(reinterpret_cast<void*>(a), keep, MADV_HUGEPAGE);
-#endif
-        base_ = reinterpret_cast<uint8_t*>(a);
-        owner_ = std::shared_ptr<void>(base_, [keep](void* p) { ::munmap(p, keep); });
-        return;
-      }
-    }
-    base_ = static_cast<uint8_t*>(::operator new(static_cast<size_t>(bytes), std::align_val_t{kAlign}, std::nothrow));
-    if (!base_) fail("out of memory for {} bytes of weights", bytes);
-    owner_ = std::shared_ptr<void>(base_, [](void* p) { ::operator delete(p, std::align_val_t{kAlign}); });
+    Pages pages = allocate_pages(static_cast<size_t>(bytes));
+    base_ = pages.get();
+    owner_ = std::shared_ptr<void>(pages.release(), pages.get_deleter());
   }
 
   // A slot for `n` bytes; null when the buffer is full (the caller then allocates on its own).

@@ -5,8 +5,6 @@
 #include <fmt/format.h>
 #include <omp.h>
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -15,6 +13,7 @@
 
 #include "tessel/ir/graph.h"
 #include "tessel/support/error.h"
+#include "tessel/support/pages.h"
 
 namespace tessel::cpu {
 namespace {
@@ -87,21 +86,70 @@ void reorder_now(const memory& from, const memory& to) {
   rt.strm.wait();
 }
 
-// Memory for packed weights. Fresh pages cost a fault each on these VMs (~25 us per 4 KiB), so large
-// buffers ask for transparent huge pages: packing tblock_bert's 28 MB of weights is then bound by the
-// copy, not by page faults.
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-using PackedBuffer = std::unique_ptr<void, FreeDeleter>;
+// Memory for packed weights: fresh pages (huge pages for large buffers, so packing tblock_bert's
+// 28 MB of weights is bound by the copy, not by page faults).
+using PackedBuffer = Pages;
 
 PackedBuffer allocate_packed(size_t bytes) {
-  const size_t huge = size_t{2} << 20;
-  const size_t align = bytes >= huge ? huge : 64;
-  void* p = std::aligned_alloc(align, (bytes + align - 1) / align * align);
-  if (!p) fail("cannot allocate {} bytes for packed weights", bytes);
-  if (align == huge) madvise(p, bytes, MADV_HUGEPAGE);
-  return PackedBuffer(p);
+  return allocate_pages(bytes);
+}
+
+// A blocked memory descriptor as text: everything that decides where each element's bytes are.
+// Empty for other format kinds (those weights are not stored).
+std::string layout_text(const memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.format_kind != dnnl_blocked) return {};
+  auto list = [](const dnnl_dim_t* v, int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s;
+  };
+  const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+  return fmt::format("dt{} dims[{}] padded[{}] offsets[{}] off{} strides[{}] blocks[{}] idxs[{}] extra{},{},{} size{}",
+                     static_cast<int>(d.data_type), list(d.dims, d.ndims), list(d.padded_dims, d.ndims),
+                     list(d.padded_offsets, d.ndims), d.offset0, list(b.strides, d.ndims),
+                     list(b.inner_blks, b.inner_nblks), list(b.inner_idxs, b.inner_nblks),
+                     static_cast<unsigned>(d.extra.flags), d.extra.compensation_mask, d.extra.scale_adjust,
+                     md.get_size());
+}
+
+// The weights memory of a primitive that wants `want`: the caller's prepacked bytes when their layout
+// is `want`, else `from` (plain or an earlier packing) reordered into fresh huge-page memory.
+struct WeightsMemory {
+  memory mem;
+  PackedBuffer storage;                // owns a fresh packing
+  std::shared_ptr<const void> owner;   // or keeps the prepacked bytes alive
+  bool prepacked = false;
+};
+
+WeightsMemory weights_memory(const memory::desc& want, const PackedWeights& pre, const memory& from,
+                             const std::string& what) {
+  const dnnl::engine& eng = runtime().eng;
+  WeightsMemory w;
+  if (pre.valid() && pre.nbytes == want.get_size() && pre.layout == layout_text(want) && !pre.layout.empty()) {
+    w.mem = memory(want, eng, const_cast<void*>(pre.data));  // only read by the primitive
+    w.owner = pre.owner;
+    w.prepacked = true;
+    return w;
+  }
+  if (!from)
+    fail("{}: the stored packed weights do not fit this primitive (layout '{}', stored '{}') and the plain "
+         "weights were not given",
+         what, layout_text(want), pre.layout);
+  w.storage = allocate_packed(want.get_size());
+  w.mem = memory(want, eng, w.storage.get());
+  reorder_now(from, w.mem);
+  return w;
+}
+
+PackedWeights packed_view(const memory& m) {
+  PackedWeights p;
+  if (!m) return p;
+  p.layout = layout_text(m.get_desc());
+  if (p.layout.empty()) return p;
+  p.data = m.get_data_handle();
+  p.nbytes = m.get_desc().get_size();
+  return p;
 }
 
 std::string dims_str(std::initializer_list<int64_t> dims) {
@@ -205,7 +253,7 @@ bool dnnl_available() {
   return ok;
 }
 
-std::string dnnl_version() {
+std::string dnnl_version(bool with_threads) {
   const dnnl_version_t* v = dnnl::version();
   std::string isa;
   switch (dnnl::get_effective_cpu_isa()) {
@@ -237,8 +285,8 @@ std::string dnnl_version() {
       isa = "other";
       break;
   }
-  return fmt::format("oneDNN {}.{}.{} (isa {}, {} threads)", v->major, v->minor, v->patch, isa,
-                     threads_now());
+  if (!with_threads) return fmt::format("oneDNN {}.{}.{} (isa {})", v->major, v->minor, v->patch, isa);
+  return fmt::format("oneDNN {}.{}.{} (isa {}, {} threads)", v->major, v->minor, v->patch, isa, threads_now());
 }
 
 MatmulDesc contiguous_matmul(int64_t batch, int64_t M, int64_t N, int64_t K, bool b_shared) {
@@ -305,7 +353,10 @@ struct Matmul::Impl {
   int threads = 0;
   memory a, b, c, bias;
   std::vector<float> bias_data;
-  PackedBuffer packed_storage;  // owns the packed weights' memory
+  PackedBuffer packed_storage;               // owns the packed weights' memory
+  std::shared_ptr<const void> packed_owner;  // or keeps prepacked bytes alive
+  PackedWeights prepacked;                   // from the descriptor, until the first build
+  bool used_prepacked = false;
   std::vector<dnnl_exec_arg_t> args;
 
   void build() {
@@ -318,11 +369,13 @@ struct Matmul::Impl {
     if (!pack) {
       b = memory(pd.weights_desc(), eng, DNNL_MEMORY_NONE);
     } else if (!b || b.get_desc() != pd.weights_desc()) {
-      PackedBuffer buf = allocate_packed(pd.weights_desc().get_size());
-      memory packed(pd.weights_desc(), eng, buf.get());
-      reorder_now(b ? b : memory(plan.b, eng, const_cast<float*>(d.constant_b)), packed);
-      b = packed;
-      packed_storage = std::move(buf);  // after the reorder: it may have read the previous packing
+      const memory from = b ? b : d.constant_b ? memory(plan.b, eng, const_cast<float*>(d.constant_b)) : memory();
+      WeightsMemory w = weights_memory(pd.weights_desc(), b ? PackedWeights{} : prepacked, from, "matmul " + name);
+      b = w.mem;
+      used_prepacked = used_prepacked || w.prepacked;
+      // after the reorder: it may have read the previous packing
+      packed_storage = std::move(w.storage);
+      packed_owner = std::move(w.owner);
     }
     args = {{DNNL_ARG_SRC, a.get()}, {DNNL_ARG_WEIGHTS, b.get()}, {DNNL_ARG_DST, c.get()}};
     if (!bias_data.empty()) {
@@ -339,7 +392,8 @@ Matmul::Matmul(const MatmulDesc& desc) : impl_(std::make_unique<Impl>()) {
   try {
     m.plan = plan_matmul(m.d);
     m.attr = make_attr(m.d.epilogue);
-    m.pack = m.d.constant_b != nullptr;
+    m.pack = m.d.constant_b != nullptr || m.d.prepacked_b.valid();
+    m.prepacked = m.d.prepacked_b;
     if (m.d.bias) m.bias_data.assign(m.d.bias, m.d.bias + m.d.N);
     m.build();
   } catch (const dnnl::error& e) {
@@ -347,6 +401,8 @@ Matmul::Matmul(const MatmulDesc& desc) : impl_(std::make_unique<Impl>()) {
   }
   m.d.constant_b = nullptr;  // the caller's buffers are not kept
   m.d.bias = nullptr;
+  m.d.prepacked_b = {};
+  m.prepacked = {};
 }
 
 Matmul::~Matmul() = default;
@@ -390,6 +446,12 @@ const MatmulDesc& Matmul::desc() const {
 bool Matmul::packed_b() const {
   return impl_->pack;
 }
+PackedWeights Matmul::packed_weights() const {
+  return impl_->pack ? packed_view(impl_->b) : PackedWeights{};
+}
+bool Matmul::used_prepacked() const {
+  return impl_->used_prepacked;
+}
 std::string Matmul::impl() const {
   return impl_->pd.impl_info_str();
 }
@@ -419,7 +481,7 @@ void check_conv(const ConvDesc& d, const std::string& name) {
     fail("conv2d {}: pads must be >= 0", name);
   if (d.groups < 1 || d.C % d.groups || d.OC % d.groups)
     fail("conv2d {}: groups = {} must divide C = {} and OC = {}", name, d.groups, d.C, d.OC);
-  if (!d.weights) fail("conv2d {}: the weights are required (a constant)", name);
+  if (!d.weights && !d.prepacked.valid()) fail("conv2d {}: the weights are required (a constant)", name);
   const int64_t oh = (d.H + d.pad_top + d.pad_bottom - (d.KH - 1) * d.dil_h - 1) / d.stride_h + 1;
   const int64_t ow = (d.W + d.pad_left + d.pad_right - (d.KW - 1) * d.dil_w - 1) / d.stride_w + 1;
   if (oh != d.OH || ow != d.OW)
@@ -441,7 +503,10 @@ struct Conv2d::Impl {
   int threads = 0;
   memory x, y, src, dst, w, bias;
   std::vector<float> bias_data;
-  PackedBuffer packed_storage;  // owns the packed weights' memory
+  PackedBuffer packed_storage;               // owns the packed weights' memory
+  std::shared_ptr<const void> packed_owner;  // or keeps prepacked bytes alive
+  PackedWeights prepacked;                   // from the descriptor, until the first build
+  bool used_prepacked = false;
   std::vector<dnnl_exec_arg_t> args;
 
   void build() {
@@ -474,11 +539,12 @@ struct Conv2d::Impl {
     if (reorder_dst) from_dst = dnnl::reorder(dst, y);
     if (reorder_dst && d.epilogue.accumulate) to_dst = dnnl::reorder(y, dst);
     if (!w || w.get_desc() != pd.weights_desc()) {
-      PackedBuffer buf = allocate_packed(pd.weights_desc().get_size());
-      memory packed(pd.weights_desc(), eng, buf.get());
-      reorder_now(w ? w : memory(w_md, eng, const_cast<float*>(d.weights)), packed);
-      w = packed;
-      packed_storage = std::move(buf);
+      const memory from = w ? w : d.weights ? memory(w_md, eng, const_cast<float*>(d.weights)) : memory();
+      WeightsMemory wm = weights_memory(pd.weights_desc(), w ? PackedWeights{} : prepacked, from, "conv2d " + name);
+      w = wm.mem;
+      used_prepacked = used_prepacked || wm.prepacked;
+      packed_storage = std::move(wm.storage);
+      packed_owner = std::move(wm.owner);
     }
     args = {{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_WEIGHTS, w.get()}, {DNNL_ARG_DST, dst.get()}};
     if (!bias_data.empty()) {
@@ -504,6 +570,7 @@ Conv2d::Conv2d(const ConvDesc& desc) : impl_(std::make_unique<Impl>()) {
     m.w_md = g == 1 ? memory::desc({m.d.OC, m.d.C, m.d.KH, m.d.KW}, kF32, Tag::oihw)
                     : memory::desc({g, m.d.OC / g, m.d.C / g, m.d.KH, m.d.KW}, kF32, Tag::goihw);
     m.bias_md = memory::desc({m.d.OC}, kF32, Tag::x);
+    m.prepacked = m.d.prepacked;
     if (m.d.bias) m.bias_data.assign(m.d.bias, m.d.bias + m.d.OC);
     m.build();
   } catch (const dnnl::error& e) {
@@ -511,6 +578,8 @@ Conv2d::Conv2d(const ConvDesc& desc) : impl_(std::make_unique<Impl>()) {
   }
   m.d.weights = nullptr;  // the caller's buffers are not kept
   m.d.bias = nullptr;
+  m.d.prepacked = {};
+  m.prepacked = {};
 }
 
 Conv2d::~Conv2d() = default;
@@ -539,6 +608,12 @@ void Conv2d::run(const float* x, float* y) const {
 
 const ConvDesc& Conv2d::desc() const {
   return impl_->d;
+}
+PackedWeights Conv2d::packed_weights() const {
+  return packed_view(impl_->w);
+}
+bool Conv2d::used_prepacked() const {
+  return impl_->used_prepacked;
 }
 bool Conv2d::blocked() const {
   return impl_->reorder_src || impl_->reorder_dst;

@@ -19,8 +19,8 @@ namespace tessel::cpu {
 
 // Whether oneDNN can run here (a CPU engine can be created); cheap after the first call.
 bool dnnl_available();
-// "oneDNN 2.6.3 (isa avx512_core, omp)".
-std::string dnnl_version();
+// "oneDNN 2.6.3 (isa avx512_core, 2 threads)"; without the threads when with_threads is false.
+std::string dnnl_version(bool with_threads = true);
 
 // An activation applied to the result (oneDNN eltwise post-op).
 enum class Activation { none, relu, clip, gelu_erf, gelu_tanh, sigmoid, tanh };
@@ -34,6 +34,17 @@ struct Epilogue {
   float clip_lo = 0, clip_hi = 6;
 };
 
+// Constant weights packed into oneDNN's preferred (blocked) layout, as a primitive holds them. The
+// compile cache stores them and hands them back to a primitive built in another process, which then
+// skips the reorder (docs/runtime/compiled-backend.md, "The executable cache").
+struct PackedWeights {
+  const void* data = nullptr;         // nbytes bytes in the layout below
+  size_t nbytes = 0;
+  std::string layout;                 // the oneDNN memory descriptor as text: used only when equal
+  std::shared_ptr<const void> owner;  // kept alive by the primitive that uses data (may be null)
+  bool valid() const { return data != nullptr; }
+};
+
 // C[b] = A[b] · B[b] for b in [0, batch): fp32. A is [batch, M, K] and B is [batch, K, N], both
 // given by strides in elements (transposed operands are just strides; a batch stride of 0 shares
 // the operand across the batch). C is contiguous [batch, M, N] unless c strides are given.
@@ -44,6 +55,9 @@ struct MatmulDesc {
   int64_t c_batch = 0, c_m = 0, c_n = 0;  // strides of C (all 0 = contiguous)
   // B's data when it is a constant: packed (copied) by the constructor, never read again.
   const float* constant_b = nullptr;
+  // B already packed (from the compile cache): used without a reorder when its layout is the one the
+  // primitive wants; otherwise constant_b is packed (and an error is thrown when it is null).
+  PackedWeights prepacked_b;
   const float* bias = nullptr;  // optional [N] bias, copied by the constructor
   Epilogue epilogue;
 };
@@ -79,6 +93,10 @@ class Matmul {
 
   const MatmulDesc& desc() const;
   bool packed_b() const;     // B was pre-packed into oneDNN's preferred layout
+  // The packed B (valid while this object lives; owner is null), or an invalid one when B is not
+  // packed or its layout cannot be described (then it is not worth storing).
+  PackedWeights packed_weights() const;
+  bool used_prepacked() const;  // the constructor took MatmulDesc::prepacked_b
   std::string impl() const;  // oneDNN's implementation name ("brg:avx512_core", "gemm:jit", ...)
 
  private:
@@ -97,6 +115,7 @@ struct ConvDesc {
   int64_t stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
   int64_t dil_h = 1, dil_w = 1, groups = 1;
   const float* weights = nullptr;  // [OC, C/groups, KH, KW], packed (copied) by the constructor
+  PackedWeights prepacked;         // as MatmulDesc::prepacked_b
   const float* bias = nullptr;     // [OC] or null, copied by the constructor
   Epilogue epilogue;
   ConvLayout layout = ConvLayout::automatic;
@@ -123,6 +142,8 @@ class Conv2d {
 
   const ConvDesc& desc() const;
   bool blocked() const;  // activations go through oneDNN's blocked layout
+  PackedWeights packed_weights() const;  // as Matmul::packed_weights
+  bool used_prepacked() const;
   std::string impl() const;
 
  private:

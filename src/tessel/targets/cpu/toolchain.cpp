@@ -214,6 +214,14 @@ void* SharedObject::symbol(const std::string& name) const {
   return p;
 }
 
+std::string cache_directory(const ToolchainOptions& options) {
+  return resolve_cache_dir(options).path;
+}
+
+std::string content_key(const std::vector<std::string_view>& parts) {
+  return hex_key(parts);
+}
+
 std::string compile_flags(const ToolchainOptions& options) {
   std::string out;
   for (const auto& f : flag_list(options)) out += (out.empty() ? "" : " ") + f;

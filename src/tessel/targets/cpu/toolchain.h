@@ -4,6 +4,8 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace tessel::cpu {
 
@@ -56,6 +58,13 @@ BuildResult build_shared_object(const std::string& source, const std::string& na
 
 // The compiler flags a build with these options uses (without source, output and libraries).
 std::string compile_flags(const ToolchainOptions& options);
+
+// The cache directory these options choose (ToolchainOptions::cache_dir, $TESSEL_CACHE_DIR,
+// $XDG_CACHE_HOME/tessel, $HOME/.cache/tessel); throws when none can be chosen.
+std::string cache_directory(const ToolchainOptions& options);
+
+// Hex XXH3-128 of the parts (each length-prefixed, so ("ab","c") and ("a","bc") differ).
+std::string content_key(const std::vector<std::string_view>& parts);
 
 // The host CPU's vector features, e.g. "avx512f avx512bw avx512vl avx2 fma" (for reports).
 std::string cpu_features();

@@ -1,0 +1,197 @@
+// Model file -> compiled executable through the executable cache (see compile_model.h).
+#include "tessel/driver/compile_model.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "tessel/driver/model_dir.h"
+#include "tessel/ir/printer.h"
+#include "tessel/ir/verifier.h"
+#include "tessel/runtime/exe_entry.h"
+#include "tessel/targets/cpu/dnnl_ops.h"
+#include "tessel/targets/cpu/toolchain.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+bool is_text_model(const std::string& path) { return fs::path(path).extension() == ".tsl"; }
+
+// The file holding this code (the tessel executable, or a library linking tessel_core) by size and
+// modification time: a rebuilt tessel never loads entries an older build wrote.
+std::string build_identity() {
+  static const std::string id = [] {
+    Dl_info info{};
+    if (!dladdr(reinterpret_cast<void*>(&build_identity), &info) || !info.dli_fname) return std::string("unknown");
+    std::string path = info.dli_fname;
+    if (path.find('/') == std::string::npos) path = fs::read_symlink("/proc/self/exe").string();
+    struct stat sb {};
+    if (::stat(path.c_str(), &sb) != 0) return path;
+    return fmt::format("{} {} {}.{}", path, sb.st_size, sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+  }();
+  return id;
+}
+
+// XXH3-128 of a file's bytes, read in chunks through one small buffer: mapping the file instead
+// costs a page fault per few pages, which on a virtual machine is slower than the copy.
+std::string file_hash(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(Location{.file = path}, fmt::format("cannot open: {}", std::strerror(errno)));
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  static thread_local std::vector<char> buf(size_t{1} << 20);
+  ssize_t n = 0;
+  while ((n = ::read(fd, buf.data(), buf.size())) > 0) XXH3_128bits_update(st, buf.data(), static_cast<size_t>(n));
+  const int e = errno;
+  ::close(fd);
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  if (n < 0) throw Error(Location{.file = path}, fmt::format("cannot read: {}", std::strerror(e)));
+  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+// The content hash of a model file, remembered by the file's identity (device, inode, size, mtime,
+// ctime) the way git's index and make do: a warm start then reads none of the model's bytes. A file
+// modified less than a second before its hash was recorded is hashed again every time (git's "racy"
+// rule: a later change within the same timestamp tick would go unseen).
+std::string model_hash(const std::string& file, const fs::path& index_dir, bool trust_stat) {
+  struct stat sb {};
+  if (::stat(file.c_str(), &sb) != 0) throw Error(Location{.file = file}, fmt::format("cannot stat: {}", std::strerror(errno)));
+  auto ns = [](const timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec; };
+  const std::string identity = fmt::format("{} {} {} {} {}", sb.st_dev, sb.st_ino, sb.st_size, ns(sb.st_mtim), ns(sb.st_ctim));
+  std::error_code ec;
+  const fs::path abs = fs::absolute(file, ec);
+  const fs::path idx = index_dir / (cpu::content_key({abs.string()}) + ".txt");
+  if (trust_stat) {
+    std::ifstream f(idx);
+    std::string line_identity, hash;
+    int64_t recorded = 0;
+    if (std::getline(f, line_identity) && std::getline(f, hash) && (f >> recorded) && line_identity == identity &&
+        ns(sb.st_mtim) + 1000000000 < recorded && hash.size() == 32)
+      return hash;
+  }
+  const std::string hash = file_hash(file);
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  fs::create_directories(index_dir, ec);
+  const std::string tmp = idx.string() + fmt::format(".tmp.{}", ::getpid());
+  {
+    std::ofstream f(tmp);
+    f << identity << "\n" << hash << "\n" << now << "\n";
+  }
+  if (::rename(tmp.c_str(), idx.c_str()) != 0) fs::remove(tmp, ec);  // best effort: only a shortcut
+  return hash;
+}
+
+std::string options_text(const CompiledBackendOptions& o, int threads) {
+  return fmt::format("threads={} pipeline={} fuse.matmul={} fuse.fuse={} cxx={} native={} opt={} name={}", threads,
+                     o.pipeline, o.fuse.matmul, o.fuse.fuse, o.toolchain.cxx, o.toolchain.native, o.toolchain.opt,
+                     o.model_name);
+}
+
+std::string inputs_text(const std::vector<Tensor>& ins) {
+  std::string s;
+  for (const Tensor& t : ins) s += TensorType{t.dtype(), t.shape()}.str() + ";";
+  return s;
+}
+
+}  // namespace
+
+ImportedModel import_model_file(const std::string& path, const std::vector<Tensor>& inputs) {
+  ImportedModel m;
+  if (is_text_model(path)) {
+    std::ifstream f(path);
+    if (!f) throw Error(Location{.file = path}, "cannot open file");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    m.graph = parse_graph(ss.str(), path);
+    m.producer = "tessel text";
+  } else {
+    ImportOptions io;
+    for (const auto& t : inputs) io.input_shapes.push_back(t.shape());
+    m = import_onnx(resolve_model(path).model, io);
+  }
+  try {
+    verify_graph(*m.graph);
+  } catch (const Error& e) {
+    throw e.with_context(Location{.file = path});
+  }
+  return m;
+}
+
+ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor>& ex, const ModelCompileOptions& opts,
+                               ImportedModel* imported) {
+  const auto t0 = Clock::now();
+  ModelCompile r;
+  CompiledBackendOptions bo = opts.backend;
+  const int threads = bo.threads > 0 ? bo.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  fs::path entry;
+  if (opts.executable_cache) {
+    const auto tk = Clock::now();
+    const std::string file = is_text_model(path) ? path : resolve_model(path).model;
+    const fs::path exe_dir = fs::path(cpu::cache_directory(bo.toolchain)) / "exe";
+    const std::string key = cpu::content_key({kEntryFormat, build_identity(), model_hash(file, exe_dir / "files", opts.trust_file_stat),
+                                              inputs_text(ex), options_text(bo, threads), cpu::cpu_features(),
+                                              cpu::dnnl_version(false)});
+    entry = exe_dir / key;
+    r.key_seconds = since(tk);
+    if (fs::exists(entry / "manifest.json")) {
+      try {
+        r.exe = load_cpu(entry.string(), ex, bo);
+        r.entry_hit = true;
+        r.entry_dir = entry.string();
+        r.seconds = since(t0);
+        return r;
+      } catch (const Error& e) {
+        r.load_error = e.what();  // a damaged or stale entry: compile and replace it
+      }
+    }
+  }
+  std::unique_ptr<Graph> g;
+  if (imported && imported->graph) {
+    g = std::move(imported->graph);
+  } else {
+    const auto ti = Clock::now();
+    g = import_model_file(path, ex).graph;
+    r.import_seconds = since(ti);
+  }
+  bo.keep_module = opts.executable_cache;
+  r.exe = compile_cpu(std::move(g), ex, bo);
+  if (opts.executable_cache) {
+    r.not_stored = r.exe->unsaveable_reason();
+    if (r.not_stored.empty()) {
+      // Written under a temporary name and renamed into place: readers never see half an entry.
+      const fs::path tmp = entry.string() + fmt::format(".tmp.{}", ::getpid());
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      if (ec) throw Error(Location{.file = tmp.string(), .pass = "executable cache"}, "cannot create: " + ec.message());
+      try {
+        r.exe->save(tmp.string());
+      } catch (...) {
+        fs::remove_all(tmp, ec);
+        throw;
+      }
+      fs::remove_all(entry, ec);  // a damaged entry, if any
+      if (::rename(tmp.c_str(), entry.c_str()) != 0) fs::remove_all(tmp, ec);  // another process won the race
+      r.entry_dir = entry.string();
+    }
+  }
+  r.seconds = since(t0);
+  return r;
+}
+
+}  // namespace tessel

@@ -1,0 +1,45 @@
+// From a model file to a compiled CPU executable, through the executable cache: a warm start maps
+// what an earlier compile stored (kernel module, constants, oneDNN's packed weights, the shared
+// object) instead of importing, lowering, fusing and packing again. The entry is keyed by the model
+// file's content, the example inputs' types, the options, the CPU and this build of tessel.
+// docs/runtime/compiled-backend.md, "The executable cache".
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/frontend/onnx/importer.h"
+#include "tessel/runtime/compiled_backend.h"
+
+namespace tessel {
+
+// A .tsl text file, a .onnx file or a model-zoo folder; `inputs` (optional) give shapes for symbolic
+// dims. The graph is verified; errors name the file.
+ImportedModel import_model_file(const std::string& path, const std::vector<Tensor>& inputs = {});
+
+struct ModelCompileOptions {
+  CompiledBackendOptions backend;
+  bool executable_cache = true;  // false: always import and compile (the kernel cache still applies)
+  // Reuse the model file's content hash while its identity (inode, size, mtime, ctime) is unchanged;
+  // false: hash the file's bytes on every call.
+  bool trust_file_stat = true;
+};
+
+struct ModelCompile {
+  std::unique_ptr<CompiledExecutable> exe;
+  bool entry_hit = false;          // loaded from the executable cache
+  std::string entry_dir;           // the entry loaded or written (empty: none)
+  std::string not_stored;          // why no entry was written on a miss (empty: written or hit)
+  std::string load_error;          // an entry that existed but could not be loaded (then recompiled)
+  double key_seconds = 0;          // hashing the model file
+  double import_seconds = 0;       // 0 on a hit
+  double seconds = 0;              // everything, file to callable
+};
+
+// `imported`: the model already imported from `path` by the caller (used on a miss instead of
+// importing again; left alone on a hit).
+ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor>& example_inputs = {},
+                               const ModelCompileOptions& opts = {}, ImportedModel* imported = nullptr);
+
+}  // namespace tessel
