@@ -145,7 +145,10 @@ BenchReport bench_model(const std::string& model, const BenchOptions& opts) {
         const nlohmann::json j = nlohmann::json::parse(
             run_capture({opts.tessel_exe, "load", mp.model, "--threads", std::to_string(opts.threads), "--cache-dir", tmpl, "--json"}));
         if (!j.at("entry_hit").get<bool>())
-          throw Error(Location{.file = mp.model, .pass = "bench"}, "the warm start did not hit the executable cache");
+          throw Error(Location{.file = mp.model, .pass = "bench"},
+                      fmt::format("the warm start did not hit the executable cache (stored {}, looked for {}{})",
+                                  cold.entry_dir.empty() ? "nothing: " + cold.not_stored : cold.entry_dir,
+                                  j.at("entry").get<std::string>(), cold.load_error.empty() ? "" : "; " + cold.load_error));
         b.cached_compile_s = j.at("seconds").get<double>();
         b.cached_in_fresh_process = true;
         if (!j.at("first_call_seconds").is_null()) b.first_call_ms = j.at("first_call_seconds").get<double>() * 1e3;

@@ -37,11 +37,10 @@ std::string build_identity() {
   static const std::string id = [] {
     Dl_info info{};
     if (!dladdr(reinterpret_cast<void*>(&build_identity), &info) || !info.dli_fname) return std::string("unknown");
-    std::string path = info.dli_fname;
-    if (path.find('/') == std::string::npos) path = fs::read_symlink("/proc/self/exe").string();
+    // By inode, not by name: the same binary started through another path is the same build.
     struct stat sb {};
-    if (::stat(path.c_str(), &sb) != 0) return path;
-    return fmt::format("{} {} {}.{}", path, sb.st_size, sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
+    if (::stat(info.dli_fname, &sb) != 0 && ::stat("/proc/self/exe", &sb) != 0) return std::string("unknown");
+    return fmt::format("{} {} {} {}.{}", sb.st_dev, sb.st_ino, sb.st_size, sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec);
   }();
   return id;
 }
@@ -97,9 +96,9 @@ std::string model_hash(const std::string& file, const fs::path& index_dir, bool 
 }
 
 std::string options_text(const CompiledBackendOptions& o, int threads) {
-  return fmt::format("threads={} pipeline={} fuse.matmul={} fuse.fuse={} cxx={} native={} opt={} name={}", threads,
-                     o.pipeline, o.fuse.matmul, o.fuse.fuse, o.toolchain.cxx, o.toolchain.native, o.toolchain.opt,
-                     o.model_name);
+  // Not the model name: it only labels the generated file, and two names for one file share an entry.
+  return fmt::format("threads={} pipeline={} fuse.matmul={} fuse.fuse={} cxx={} native={} opt={}", threads, o.pipeline,
+                     o.fuse.matmul, o.fuse.fuse, o.toolchain.cxx, o.toolchain.native, o.toolchain.opt);
 }
 
 std::string inputs_text(const std::vector<Tensor>& ins) {

@@ -19,9 +19,7 @@ struct FileBytes {
 };
 
 // mmap (MAP_PRIVATE: writes through the view never reach the file). Throws naming the file.
-FileBytes map_file(const std::string& path, bool populate = false);
-// The file read into fresh pages (huge pages when large).
-FileBytes read_file_pages(const std::string& path);
+FileBytes map_file(const std::string& path);
 
 struct EntryBlob {
   uint64_t offset = 0, nbytes = 0;                // in constants.bin
@@ -52,12 +50,13 @@ struct PackedToStore {
   std::string layout;
 };
 
-// Writes module.tkl, constants.bin (each blob 64-byte aligned), packed.bin (each 4 KiB aligned) and
-// manifest.json (last) into `dir`, which must exist. `m.blobs` and `m.packed` are filled in.
 struct BlobToStore {
   const void* data = nullptr;
   uint64_t nbytes = 0;
 };
+
+// Writes module.tkl, constants.bin (each blob 64-byte aligned), packed.bin (each 4 KiB aligned) and
+// manifest.json (last) into `dir`, which must exist. `m.blobs` and `m.packed` are filled in.
 void write_entry(const std::string& dir, const std::string& module_text, const std::vector<BlobToStore>& blobs,
                  const std::vector<PackedToStore>& packed, EntryManifest m);
 
