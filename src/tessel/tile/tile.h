@@ -1,0 +1,124 @@
+// The tile level (docs/ir/tile.md): the kernel level mapped onto one dataflow target. For every kernel
+// it records what the target's compiler decides before execution and a GPU leaves to caches and
+// runtime: the device layout of every tensor in DRAM (padded to whole sticks or tiles) and its DRAM
+// offset, how the kernel's iteration space is divided over the cores (which core computes which
+// slice, K-splits included), the tile each core brings into its scratchpad per step, the scratchpad
+// offset of every tile buffer (double-buffered where loads overlap compute), and the loop order.
+// What it no longer records: the global iteration space as one loop (each core sees its slice).
+// Nodes the target cannot run (data-dependent shapes, ops without a tile form) are host steps.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessel/kernel/kernel.h"
+#include "tessel/targets/dataflow/hw.h"
+
+namespace tessel::tile {
+
+// A tensor in device DRAM, in the target's layout: the innermost dim padded to whole sticks (stick
+// layouts) or the two innermost dims padded to whole (rows, lanes) tiles (tiled layouts).
+struct Global {
+  enum class Kind { input, output, constant, temp };
+  std::string name;     // the kernel-level value
+  Kind kind = Kind::temp;
+  DType dtype = DType::f16;       // device storage type
+  DType logical = DType::f32;     // the model's type
+  Shape shape;                    // logical dims
+  Shape padded;                   // dims in DRAM
+  int64_t offset = -1;            // DRAM offset (planned by liveness; constants and inputs too)
+  int64_t bytes() const;          // padded
+  int64_t logical_bytes() const;  // shape's elements in the device dtype
+};
+
+// One dim of a kernel's iteration space: its extent, how many cores it is split over, the slice each
+// core gets (whole alignment units: sticks, matrix passes) and the tile a core brings in per step.
+struct Dim {
+  std::string name;      // matmul: b m n k; conv: n oc s r (s = output pixels, r = C/g·KH·KW); vector: p (outer points), e (inner elements)
+  int64_t size = 0;
+  int64_t split = 1;     // cores along this dim
+  int64_t slice = 0;     // per-core extent: ceil(size / split) rounded up to `align`
+  int64_t tile = 0;      // per-step extent (the last step of a slice may be partial)
+  int64_t align = 1;
+  bool reduction = false;
+  int64_t steps() const { return tile > 0 ? (slice + tile - 1) / tile : 0; }
+};
+
+// A buffer a kernel reads or writes: its Global, the dims that index it, and its tile buffer in each
+// core's scratchpad.
+struct Operand {
+  std::string role;            // matmul: a b c; conv: x w y; vector: in/out; epilogue inputs: "epi"
+  int global = -1;             // index into TileProgram::globals
+  bool out = false;
+  std::vector<int> dims;       // indices into the kernel's dims that index this operand
+  DType spad_dtype = DType::f16;  // f32 for accumulators
+  int copies = 1;              // 2: double-buffered (the next tile loads while this one computes)
+  int64_t tile_bytes = 0;      // one copy
+  int64_t spad_offset = 0;     // in every core's scratchpad
+  int fanout = 1;              // cores that load the same tile at once (one DRAM read, broadcast)
+};
+
+enum class TileKind { matmul, conv, vector, host };
+std::string_view tile_kind_name(TileKind k);
+
+struct TileKernel {
+  std::string name;              // t0, t1, ...
+  TileKind kind = TileKind::vector;
+  int kernel = -1;               // the kernel-level kernel (-1 for host steps)
+  std::string node;              // the kernel-level node (provenance; host steps: the core node)
+  std::vector<std::string> sources;
+  std::vector<Dim> dims;
+  std::vector<int> order;        // tile loop order on each core, outermost first (indices into dims)
+  std::vector<Operand> operands;
+  std::vector<int> host_inputs, host_outputs;  // host steps: globals read and written
+  int cores = 1;                 // product of the splits
+  int64_t spad_peak = 0;         // bytes of each core's scratchpad the kernel uses
+  double flops = 0;              // 2 per MAC plus one per vector element operation
+  int64_t dram_bytes = 0;        // DRAM traffic of the plan (a broadcast tile counted once)
+  int64_t bytes_unfused = 0, bytes_fused = 0;  // the kernel level's fusion traffic (logical dtype)
+  double estimate_cycles = 0;    // the mapper's analytical estimate
+  std::string decision;          // why this split: the chosen candidate and the runner-up
+};
+
+struct TileProgram {
+  std::string name;              // the model
+  std::string target;            // HwSpec::name
+  DType float_dtype = DType::f16;  // device storage of float tensors
+  int64_t cores = 0;
+  int64_t usable_spad = 0;       // HwSpec::usable_scratchpad_bytes
+  std::vector<Global> globals;
+  std::vector<TileKernel> kernels;
+  std::vector<int> inputs, outputs;  // globals of the model's inputs and outputs
+  int64_t dram_peak = 0;         // DRAM bytes planned (constants + inputs + outputs + temp peak)
+  int find_global(const std::string& name) const;  // -1 when absent
+};
+
+// Text form (docs/ir/tile.md). parse_tile_program(print_tile_program(p)) prints back identically.
+std::string print_tile_program(const TileProgram& p);
+TileProgram parse_tile_program(const std::string& text, const std::string& file = "<text>");
+
+// Checks the invariants every mapping keeps; throws tessel::Error naming the kernel: splits multiply
+// to the cores used and fit the target; slices are whole alignment units and cover their dims;
+// tiles fit their slices; operand dims exist; scratchpad buffers are aligned, inside the usable
+// scratchpad and do not overlap; every global is padded to whole sticks or tiles.
+void verify_tile_program(const TileProgram& p, const dataflow::HwSpec& hw);
+
+// ---- mapping (kernel level -> tile level) --------------------------------------------------------
+
+struct MapOptions {
+  DType float_dtype = DType::f16;  // storage of float tensors on the device (f16 or bf16)
+  bool double_buffer = true;
+  int max_cores = 0;               // 0: all of the target's cores
+};
+
+// Runs the dataflow passes on a kernel module for `hw`: layout (device dtypes, padding), work
+// division (per kernel, the split the cost model finds fastest), tiling for the scratchpad (an
+// over-capacity plan is an Error naming the kernel and tensor), scheduling (loop order, double
+// buffering) and allocation (scratchpad offsets; DRAM offsets by liveness).
+TileProgram map_to_tiles(const KernelModule& m, const dataflow::HwSpec& hw, const MapOptions& opts = {});
+
+// Padded shape of `shape` stored as `t` in hw's layout.
+Shape padded_shape(const Shape& shape, DType t, const dataflow::HwSpec& hw);
+
+}  // namespace tessel::tile
