@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <unordered_map>
 
 #include "tessel/ir/infer.h"
@@ -137,6 +138,11 @@ class Simulator {
       if (r.first_flush.empty() && stored_.flushed > flushed_before) r.first_flush = label;
       if (r.first_overflow.empty() && stored_.overflowed > overflowed_before) r.first_overflow = label;
     }
+    for (const auto& [kid, node] : kernel_node_)
+      if (!ran_.count(kid))
+        throw Error(Location{.node = node->name, .op = "kernel", .pass = "functional-sim"},
+                    fmt::format("kernel {} of the kernel module is run by no tile kernel of {}",
+                                m_.kernels.at(static_cast<size_t>(kid)).name, p_.name));
     for (const Value* v : g.outputs) {
       if (v->constant) {
         r.outputs.push_back(value(v, "the model's outputs"));
@@ -211,6 +217,7 @@ class Simulator {
     if (tk.kernel < 0 || static_cast<size_t>(tk.kernel) >= m_.kernels.size())
       fail("names kernel {}, but the module has {} kernels", tk.kernel, m_.kernels.size());
     const Kernel& k = m_.kernels[static_cast<size_t>(tk.kernel)];
+    if (!ran_.insert(tk.kernel).second) fail("runs kernel {} a second time", k.name);
     auto kn = kernel_node_.find(tk.kernel);
     if (kn == kernel_node_.end()) fail("no node of the kernel module runs kernel {}", k.name);
     const Node& node = *kn->second;
@@ -454,6 +461,7 @@ class Simulator {
   std::vector<Tensor> env_;
   std::vector<DType> device_;
   std::map<int64_t, const Node*> kernel_node_;
+  std::set<int64_t> ran_;
   std::unordered_map<std::string, std::vector<const Node*>> host_nodes_;
   std::shared_ptr<cpu::SharedObject> so_;
   std::vector<GeneratedFn*> fns_;
