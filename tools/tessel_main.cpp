@@ -10,6 +10,7 @@
 
 #include "tessel/driver/bench.h"
 #include "tessel/driver/compile_model.h"
+#include "tessel/driver/dataflow.h"
 #include "tessel/driver/compare.h"
 #include "tessel/driver/conformance.h"
 #include "tessel/driver/explain.h"
@@ -370,6 +371,86 @@ int cmd_conformance(const std::string& dir, const std::string& json_path, int jo
   return r.count("crashed") + r.count("timeout") > 0 ? 1 : 0;
 }
 
+// Models on dataflow targets: `compile --target T` (tile level, report), `sim`, `hw`.
+tile::MapOptions map_options(const std::string& dtype) {
+  tile::MapOptions o;
+  if (dtype.empty()) return o;  // the target's default
+  auto t = dtype_from_name(dtype);
+  if (!t || (*t != DType::f16 && *t != DType::bf16))
+    throw Error(Location{.pass = "tile"}, fmt::format("--dtype must be f16 or bf16, not '{}'", dtype));
+  o.float_dtype = *t;
+  return o;
+}
+
+std::vector<Tensor> model_inputs(const std::string& model) {
+  ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
+  return mp.data_sets.empty() ? std::vector<Tensor>{} : read_data_set(mp.data_sets[0], "input");
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  if (path.empty() || path == "-") {
+    fmt::print("{}", text);
+    return;
+  }
+  std::ofstream f(path);
+  f << text;
+  if (!f) throw Error(Location{.file = path}, "cannot write output file");
+}
+
+int cmd_compile_dataflow(const std::string& model, const std::string& target, const std::string& emit,
+                         const std::string& out, const std::string& report, const std::string& dtype) {
+  const dataflow::HwSpec hw = dataflow::resolve_target(target);
+  DataflowCompile dc = compile_dataflow(model, model_inputs(model), hw, map_options(dtype));
+  if (emit == "tile") write_text(out, tile::print_tile_program(dc.program));
+  else if (emit == "kernel") write_text(out, print_kernel_module(dc.module, true));
+  else if (emit != "none") throw Error(Location{.pass = "compile"}, fmt::format("--emit {} is not available for --target {} (tile, kernel)", emit, target));
+  if (!report.empty()) {
+    auto t0 = std::chrono::steady_clock::now();
+    tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw);
+    DataflowReport r = dataflow_report(dc, sp, hw);
+    r.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ofstream f(report);
+    f << report_json(r).dump(1) << "\n";
+    if (!f) throw Error(Location{.file = report}, "cannot write the report");
+    fmt::print(stderr, "{}", report_table(r));
+  }
+  return 0;
+}
+
+int cmd_sim(const std::string& model, const std::string& target, const std::string& trace, const std::string& json,
+            const std::string& dtype) {
+  const dataflow::HwSpec hw = dataflow::resolve_target(target);
+  DataflowCompile dc = compile_dataflow(model, model_inputs(model), hw, map_options(dtype));
+  auto t0 = std::chrono::steady_clock::now();
+  dataflow::SimOptions so;
+  so.record_dram_samples = !trace.empty();
+  tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw, so);
+  DataflowReport r = dataflow_report(dc, sp, hw);
+  r.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("{}", report_table(r));
+  fmt::print("compiled in {:.1f} ms (import, core pipeline, fusion {:.1f}; tile mapping {:.1f}); timed simulation of {} tasks "
+             "in {:.1f} ms\n",
+             r.compile_seconds * 1e3, dc.lower_seconds * 1e3, dc.map_seconds * 1e3, sp.timeline.graph.size(),
+             r.sim_seconds * 1e3);
+  if (!trace.empty()) {
+    write_text(trace, dataflow::chrome_trace_json(sp.timeline.graph, hw, sp.result));
+    fmt::print("trace: {} (open in ui.perfetto.dev or chrome://tracing)\n", trace);
+  }
+  if (!json.empty()) write_text(json, report_json(r).dump(1) + "\n");
+  return 0;
+}
+
+int cmd_hw(const std::string& what) {
+  if (what.empty()) {
+    fmt::print("presets:");
+    for (const std::string& n : dataflow::preset_names()) fmt::print(" {}", n);
+    fmt::print("\n(tessel hw NAME or tessel hw FILE.json describes one; docs/hw.md has the schema)\n");
+    return 0;
+  }
+  fmt::print("{}", dataflow::describe(dataflow::resolve_target(what)));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -398,7 +479,7 @@ int main(int argc, char** argv) {
   std::string comp_model, comp_emit = "graph", comp_out;
   bool comp_elide = false;
   comp->add_option("MODEL", comp_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
-  comp->add_option("--emit", comp_emit, "what to print: graph (the graph level, or core after --passes core), kernel (the kernel level after fusion), cpp (the generated C++), fusion (per kernel: fused nodes and DRAM traffic unfused vs fused)")->check(CLI::IsMember({"graph", "kernel", "cpp", "fusion"}));
+  comp->add_option("--emit", comp_emit, "what to print: graph (the graph level, or core after --passes core), kernel (the kernel level after fusion), cpp (the generated C++), fusion (per kernel: fused nodes and DRAM traffic unfused vs fused); with a dataflow --target: tile (default), kernel or none")->check(CLI::IsMember({"graph", "kernel", "cpp", "fusion", "tile", "none"}));
   comp->add_option("-o,--output", comp_out, "write the text here instead of stdout");
   comp->add_flag("--elide-constants", comp_elide, "print large constants as a size, not their data (not parseable)");
   std::string comp_passes, comp_dump, comp_print_after;
@@ -407,6 +488,23 @@ int main(int argc, char** argv) {
   comp->add_option("--dump-ir", comp_dump, "write every stage as NN-<stage>.tsl into this folder");
   comp->add_option("--print-after", comp_print_after, "print the graph after this pass (and nothing else)");
   comp->add_flag("--time-passes", comp_time, "print each pass's wall time and note to stderr");
+  std::string comp_target = "cpu", comp_report, comp_dtype;
+  comp->add_option("--target", comp_target, "cpu, a dataflow preset (spyre, tpu-v5e, tpu-v4) or a hardware file (.json); "
+                                            "dataflow targets: --emit tile (the tile level) or kernel");
+  comp->add_option("--report", comp_report, "dataflow targets: write the per-kernel report (JSON) here and print its table");
+  comp->add_option("--dtype", comp_dtype, "dataflow targets: storage of float tensors on the device (f16, bf16; default: f16 where the target stores it, else bf16)");
+
+  auto* sim = app.add_subcommand("sim", "Map MODEL onto a dataflow target and simulate it: time, per-kernel roofline, stalls");
+  std::string sim_model, sim_hw, sim_trace, sim_json, sim_dtype;
+  sim->add_option("MODEL", sim_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
+  sim->add_option("--hw", sim_hw, "a preset (spyre, tpu-v5e, tpu-v4) or a hardware file (.json)")->required();
+  sim->add_option("--trace", sim_trace, "write a Chrome/Perfetto trace (JSON) here");
+  sim->add_option("--json", sim_json, "write the report as JSON here");
+  sim->add_option("--dtype", sim_dtype, "storage of float tensors on the device (f16, bf16; default: f16 where the target stores it, else bf16)");
+
+  auto* hwc = app.add_subcommand("hw", "List the hardware presets, or describe one (or a hardware file)");
+  std::string hw_what;
+  hwc->add_option("TARGET", hw_what, "a preset name or a .json hardware file");
 
   auto* passes = app.add_subcommand("passes", "List the passes and pipelines");
 
@@ -467,6 +565,11 @@ int main(int argc, char** argv) {
   try {
     if (*explain) return cmd_explain(explain_model, explain_opts);
     if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
+    if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype);
+    if (*hwc) return cmd_hw(hw_what);
+    if (*comp && comp_target != "cpu")
+      return cmd_compile_dataflow(comp_model, comp_target, comp_emit == "graph" ? "tile" : comp_emit, comp_out, comp_report,
+                                  comp_dtype);
     if (*comp)
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
                          comp_time);

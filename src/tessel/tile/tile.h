@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,8 @@ struct Global {
   DType dtype = DType::f16;       // device storage type
   DType logical = DType::f32;     // the model's type
   Shape shape;                    // logical dims
-  Shape padded;                   // dims in DRAM
+  Shape padded;                   // dims in DRAM (in logical order; the physically innermost is padded)
+  std::vector<int64_t> perm;      // physical dim order, outermost first (empty: row-major); NHWC activations: 0 2 3 1
   int64_t offset = -1;            // DRAM offset (planned by liveness; constants and inputs too)
   int64_t bytes() const;          // padded
   int64_t logical_bytes() const;  // shape's elements in the device dtype
@@ -78,6 +80,9 @@ struct TileKernel {
   int64_t dram_bytes = 0;        // DRAM traffic of the plan (a broadcast tile counted once)
   int64_t bytes_unfused = 0, bytes_fused = 0;  // the kernel level's fusion traffic (logical dtype)
   double estimate_cycles = 0;    // the mapper's analytical estimate
+  // Vector-unit element operations per point by class (dataflow::VectorOp order): per p-point for
+  // vector kernels, per output element for matmul and conv epilogues (conv: depthwise MACs too).
+  std::vector<double> vector_ops;
   std::string decision;          // why this split: the chosen candidate and the runner-up
 };
 
@@ -107,7 +112,7 @@ void verify_tile_program(const TileProgram& p, const dataflow::HwSpec& hw);
 // ---- mapping (kernel level -> tile level) --------------------------------------------------------
 
 struct MapOptions {
-  DType float_dtype = DType::f16;  // storage of float tensors on the device (f16 or bf16)
+  std::optional<DType> float_dtype;  // storage of float tensors on the device (f16 or bf16); default: the target's
   bool double_buffer = true;
   int max_cores = 0;               // 0: all of the target's cores
 };
@@ -118,7 +123,12 @@ struct MapOptions {
 // buffering) and allocation (scratchpad offsets; DRAM offsets by liveness).
 TileProgram map_to_tiles(const KernelModule& m, const dataflow::HwSpec& hw, const MapOptions& opts = {});
 
-// Padded shape of `shape` stored as `t` in hw's layout.
-Shape padded_shape(const Shape& shape, DType t, const dataflow::HwSpec& hw);
+// Padded shape of `shape` stored as `t` in hw's layout, with the physical dim order `perm` (empty:
+// row-major): the innermost physical dim to whole sticks (or lanes), and for tiled layouts the one
+// before it to whole tile rows.
+Shape padded_shape(const Shape& shape, DType t, const dataflow::HwSpec& hw, const std::vector<int64_t>& perm = {});
+
+// Default device dtype of float tensors on `hw`: f16 when it stores f16, else bf16.
+DType default_float_dtype(const dataflow::HwSpec& hw);
 
 }  // namespace tessel::tile

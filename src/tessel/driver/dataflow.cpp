@@ -1,0 +1,209 @@
+// Models on dataflow targets (see dataflow.h).
+#include "tessel/driver/dataflow.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "tessel/driver/compile_model.h"
+#include "tessel/passes/pass.h"
+#include "tessel/support/error.h"
+#include "tessel/targets/dataflow/cost.h"
+
+namespace tessel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts) {
+  DataflowCompile dc;
+  dc.module = std::move(module);
+  const auto t0 = Clock::now();
+  dc.program = tile::map_to_tiles(dc.module, hw, opts);
+  dc.map_seconds = since(t0);
+  return dc;
+}
+
+DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const dataflow::HwSpec& hw,
+                                 const tile::MapOptions& opts) {
+  const auto t0 = Clock::now();
+  ImportedModel m = import_model_file(model, inputs);
+  run_pipeline(*m.graph, parse_pipeline("core"), PassOptions{});
+  KernelModule km = fuse(std::move(m.graph));
+  verify_kernel_module(km);
+  const double lower = since(t0);
+  DataflowCompile dc = compile_dataflow(std::move(km), hw, opts);
+  dc.lower_seconds = lower;
+  return dc;
+}
+
+DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp, const dataflow::HwSpec& hw) {
+  const tile::TileProgram& p = dc.program;
+  DataflowReport r;
+  r.model = p.name;
+  r.target = p.target;
+  r.cores = p.cores;
+  r.sim_us = sp.result.seconds * 1e6;
+  r.dram_peak = p.dram_peak;
+  for (const tile::Global& g : p.globals) {
+    r.padded_bytes += g.bytes();
+    r.logical_bytes += g.logical_bytes();
+  }
+  for (size_t i = 0; i < p.kernels.size(); ++i) {
+    const tile::TileKernel& t = p.kernels[i];
+    const tile::KernelTime& kt = sp.kernels[i];
+    KernelReport k;
+    k.name = t.name;
+    k.kind = std::string(tile::tile_kind_name(t.kind));
+    k.node = t.node;
+    k.sources = t.sources;
+    k.decision = t.decision;
+    k.cores = t.cores;
+    for (const tile::Dim& d : t.dims)
+      if (d.split > 1) k.split += fmt::format("{}{}{}", k.split.empty() ? "" : " ", d.name, d.split);
+    if (k.split.empty()) k.split = t.kind == tile::TileKind::host ? "host" : "1 core";
+    k.flops = t.flops;
+    k.dram_bytes = static_cast<double>(t.dram_bytes);
+    k.min_dram_bytes = kt.min_dram_bytes;
+    k.intensity = kt.min_dram_bytes > 0 ? t.flops / kt.min_dram_bytes : 0;
+    k.bound_us = kt.bound_seconds * 1e6;
+    k.sim_us = kt.seconds * 1e6;
+    k.pct_of_bound = 100 * kt.fraction_of_bound;
+    k.fusion_unfused = t.bytes_unfused;
+    k.fusion_fused = t.bytes_fused;
+    k.spad_peak = t.spad_peak;
+    std::vector<int> seen;
+    auto touch = [&](int gi) {
+      if (gi < 0 || std::find(seen.begin(), seen.end(), gi) != seen.end()) return;
+      seen.push_back(gi);
+      k.logical_bytes += p.globals[static_cast<size_t>(gi)].logical_bytes();
+      k.padded_bytes += p.globals[static_cast<size_t>(gi)].bytes();
+    };
+    for (const tile::Operand& op : t.operands) {
+      touch(op.global);
+      TensorSlice s;
+      s.tensor = op.global >= 0 ? p.globals[static_cast<size_t>(op.global)].name : op.role;
+      s.tile_bytes = op.tile_bytes;
+      s.copies = op.copies;
+      // one core's slice: the tile scaled up by the steps of the dims that index the operand
+      double slice = static_cast<double>(op.tile_bytes);
+      for (int d : op.dims) {
+        const tile::Dim& dm = t.dims[static_cast<size_t>(d)];
+        slice *= static_cast<double>(dm.slice) / static_cast<double>(dm.tile);
+      }
+      s.slice_bytes = static_cast<int64_t>(slice);
+      k.slices.push_back(s);
+    }
+    for (int gi : t.host_inputs) touch(gi);
+    for (int gi : t.host_outputs) touch(gi);
+    r.flops += k.flops;
+    r.dram_bytes += k.dram_bytes;
+    r.bound_us += k.bound_us;
+    r.spad_peak = std::max(r.spad_peak, k.spad_peak);
+    r.fusion_saved += t.bytes_unfused - t.bytes_fused;
+    r.host_steps += t.kind == tile::TileKind::host;
+    r.kernels.push_back(std::move(k));
+  }
+  const double peak = hw.peak_flops(p.float_dtype);
+  r.utilisation = peak > 0 && sp.result.seconds > 0 ? r.flops / (sp.result.seconds * peak) : 0;
+  const int lanes = dataflow::lanes_per_core(hw);
+  for (int c = 0; c < hw.cores; ++c) r.core_busy.push_back(sp.result.core_busy_fraction(c));
+  for (int c = 0; c < hw.cores; ++c)
+    for (int l = 0; l < lanes; ++l) {
+      const dataflow::LaneStats& s = sp.result.lanes[static_cast<size_t>(c * lanes + l)];
+      r.stall_compute += hw.seconds(s.wait_compute) * 1e6;
+      r.stall_dma += hw.seconds(s.wait_dma) * 1e6;
+      r.stall_interconnect += hw.seconds(s.wait_interconnect) * 1e6;
+      r.stall_dependency += hw.seconds(s.wait_dependency) * 1e6;
+    }
+  r.compile_seconds = dc.lower_seconds + dc.map_seconds;
+  return r;
+}
+
+nlohmann::json report_json(const DataflowReport& r) {
+  nlohmann::json j = {{"model", r.model},
+                      {"target", r.target},
+                      {"cores", r.cores},
+                      {"simulated_us", r.sim_us},
+                      {"roofline_us", r.bound_us},
+                      {"pct_of_roofline", r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0},
+                      {"flops", r.flops},
+                      {"dram_bytes", r.dram_bytes},
+                      {"utilisation", r.utilisation},
+                      {"padded_bytes", r.padded_bytes},
+                      {"logical_bytes", r.logical_bytes},
+                      {"padding_waste_bytes", r.padded_bytes - r.logical_bytes},
+                      {"fusion_traffic_saved_bytes", r.fusion_saved},
+                      {"scratchpad_peak_bytes", r.spad_peak},
+                      {"dram_peak_bytes", r.dram_peak},
+                      {"host_steps", r.host_steps},
+                      {"compile_seconds", r.compile_seconds},
+                      {"sim_seconds", r.sim_seconds},
+                      {"core_busy", r.core_busy},
+                      {"stalls_us",
+                       {{"compute", r.stall_compute},
+                        {"dma", r.stall_dma},
+                        {"interconnect", r.stall_interconnect},
+                        {"dependency", r.stall_dependency}}}};
+  j["kernels"] = nlohmann::json::array();
+  for (const KernelReport& k : r.kernels) {
+    nlohmann::json e = {{"name", k.name},
+                        {"kind", k.kind},
+                        {"node", k.node},
+                        {"sources", k.sources},
+                        {"split", k.split},
+                        {"cores", k.cores},
+                        {"decision", k.decision},
+                        {"flops", k.flops},
+                        {"dram_bytes", k.dram_bytes},
+                        {"min_dram_bytes", k.min_dram_bytes},
+                        {"arithmetic_intensity", k.intensity},
+                        {"roofline_us", k.bound_us},
+                        {"simulated_us", k.sim_us},
+                        {"pct_of_roofline", k.pct_of_bound},
+                        {"fusion_bytes_unfused", k.fusion_unfused},
+                        {"fusion_bytes_fused", k.fusion_fused},
+                        {"logical_bytes", k.logical_bytes},
+                        {"padded_bytes", k.padded_bytes},
+                        {"scratchpad_peak_bytes", k.spad_peak}};
+    e["slices"] = nlohmann::json::array();
+    for (const TensorSlice& s : k.slices)
+      e["slices"].push_back({{"tensor", s.tensor}, {"slice_bytes", s.slice_bytes}, {"tile_bytes", s.tile_bytes}, {"copies", s.copies}});
+    j["kernels"].push_back(e);
+  }
+  return j;
+}
+
+std::string report_table(const DataflowReport& r) {
+  std::string s = fmt::format("{} on {} ({} cores): {:.1f} us simulated, roofline {:.1f} us ({:.0f} %), utilisation {:.1f} %\n",
+                              r.model, r.target, r.cores, r.sim_us, r.bound_us, r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0,
+                              100 * r.utilisation);
+  s += fmt::format("{:<5} {:<7} {:<26} {:<14} {:>10} {:>10} {:>6} {:>9} {:>9} {:>6} {:>10} {:>9} {:>9}\n", "kern", "kind",
+                   "node", "split", "MFLOP", "DRAM KB", "FLOP/B", "bound us", "sim us", "% bnd", "fused KB", "pad KB",
+                   "spad KB");
+  for (const KernelReport& k : r.kernels) {
+    std::string node = k.node.size() > 26 ? k.node.substr(k.node.size() - 26) : k.node;
+    s += fmt::format("{:<5} {:<7} {:<26} {:<14} {:>10.3f} {:>10.1f} {:>6.1f} {:>9.2f} {:>9.2f} {:>6.0f} {:>10.1f} {:>9.1f} {:>9.1f}\n",
+                     k.name, k.kind, node, k.split, k.flops / 1e6, k.dram_bytes / 1e3, k.intensity, k.bound_us, k.sim_us,
+                     k.pct_of_bound, static_cast<double>(k.fusion_unfused - k.fusion_fused) / 1e3,
+                     static_cast<double>(k.padded_bytes - k.logical_bytes) / 1e3, static_cast<double>(k.spad_peak) / 1e3);
+  }
+  s += fmt::format("totals: {:.3f} GFLOP, {:.2f} MB DRAM traffic, fusion saved {:.2f} MB, padding waste {:.2f} MB of {:.2f} MB, "
+                   "scratchpad peak {:.1f} KB per core, DRAM planned {:.2f} MB, {} host steps\n",
+                   r.flops / 1e9, r.dram_bytes / 1e6, static_cast<double>(r.fusion_saved) / 1e6,
+                   static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6, static_cast<double>(r.padded_bytes) / 1e6,
+                   static_cast<double>(r.spad_peak) / 1e3, static_cast<double>(r.dram_peak) / 1e6, r.host_steps);
+  double busy = 0;
+  for (double b : r.core_busy) busy += b;
+  s += fmt::format("cores busy {:.0f} % on average; stalls (summed over engines): compute {:.1f} us, DMA {:.1f} us, "
+                   "interconnect {:.1f} us, dependency {:.1f} us\n",
+                   r.core_busy.empty() ? 0.0 : 100 * busy / static_cast<double>(r.core_busy.size()), r.stall_compute,
+                   r.stall_dma, r.stall_interconnect, r.stall_dependency);
+  return s;
+}
+
+}  // namespace tessel

@@ -1,0 +1,68 @@
+// Models on dataflow targets: import -> core pipeline -> fusion -> map_to_tiles, the simulated time
+// of the tile program, and the course's reports (per kernel: FLOPs, bytes, arithmetic intensity,
+// roofline bound, simulated time and % of bound, fusion traffic saved, padding waste, the work split,
+// per-core slice sizes, scratchpad peak; per model: totals). docs/ir/tile.md, docs/sim.md.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "tessel/kernel/kernel.h"
+#include "tessel/targets/dataflow/hw.h"
+#include "tessel/tile/tile.h"
+#include "tessel/tile/timing.h"
+
+namespace tessel {
+
+struct DataflowCompile {
+  KernelModule module;
+  tile::TileProgram program;
+  double lower_seconds = 0;   // import, core pipeline, fusion
+  double map_seconds = 0;     // map_to_tiles
+};
+
+// MODEL as for `tessel run` (.onnx, model-zoo folder, .tsl); `inputs` bind symbolic dims.
+DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const dataflow::HwSpec& hw,
+                                 const tile::MapOptions& opts = {});
+// The same from a kernel module already in hand.
+DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts = {});
+
+struct TensorSlice {
+  std::string tensor;
+  int64_t slice_bytes = 0;     // one core's slice in DRAM terms (padded)
+  int64_t tile_bytes = 0;      // one tile buffer in the scratchpad
+  int copies = 1;
+};
+
+struct KernelReport {
+  std::string name, kind, node, split, decision;
+  std::vector<std::string> sources;
+  int cores = 0;
+  double flops = 0, dram_bytes = 0, min_dram_bytes = 0, intensity = 0;
+  double bound_us = 0, sim_us = 0, pct_of_bound = 0;
+  int64_t fusion_unfused = 0, fusion_fused = 0;   // logical dtype bytes (kernel level)
+  int64_t logical_bytes = 0, padded_bytes = 0;    // of the tensors it touches
+  int64_t spad_peak = 0;
+  std::vector<TensorSlice> slices;
+};
+
+struct DataflowReport {
+  std::string model, target;
+  int64_t cores = 0;
+  double sim_us = 0, bound_us = 0, flops = 0, dram_bytes = 0;
+  double utilisation = 0;       // flops / (time x peak matrix FLOP/s)
+  int64_t padded_bytes = 0, logical_bytes = 0, spad_peak = 0, dram_peak = 0;
+  int64_t fusion_saved = 0;
+  int host_steps = 0;
+  double compile_seconds = 0, sim_seconds = 0;
+  std::vector<double> core_busy;  // per core, busy fraction
+  double stall_compute = 0, stall_dma = 0, stall_interconnect = 0, stall_dependency = 0;  // summed over lanes, us
+  std::vector<KernelReport> kernels;
+};
+
+DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp, const dataflow::HwSpec& hw);
+nlohmann::json report_json(const DataflowReport& r);
+std::string report_table(const DataflowReport& r);
+
+}  // namespace tessel
