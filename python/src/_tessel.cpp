@@ -280,10 +280,10 @@ PYBIND11_MODULE(_tessel, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const GuardFailure& e) {
-      guard_error(e.what());
+    } catch (const GuardFailure& e) {  // (PyErr_SetString: exception::operator() is deprecated in pybind11 2.12)
+      PyErr_SetString(guard_error.ptr(), e.what());
     } catch (const Error& e) {
-      tessel_error(e.what());
+      PyErr_SetString(tessel_error.ptr(), e.what());
     }
   });
 

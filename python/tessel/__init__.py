@@ -13,10 +13,10 @@ from ._convert import TesselCaptureError  # noqa: F401
 from ._compile import (CompiledModule, Explanation, Stats, TesselRecompileLimit, capture,  # noqa: F401
                        compile, explain)
 from . import aten_table  # noqa: F401
-from ._dynamo import dynamo_options, tessel_backend  # noqa: F401
+from ._dynamo import dynamo_graphs, dynamo_options, tessel_backend  # noqa: F401
 from ._dynamo import register as _register_dynamo
 
 dynamo_registered = _register_dynamo()
 
 __all__ = ["compile", "explain", "CompiledModule", "Explanation", "Stats", "TesselError", "TesselCaptureError",
-           "TesselRecompileLimit", "GuardFailure", "dynamo_options", "tessel_backend", "dynamo_registered"]
+           "TesselRecompileLimit", "GuardFailure", "dynamo_options", "dynamo_graphs", "tessel_backend", "dynamo_registered"]

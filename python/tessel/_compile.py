@@ -34,6 +34,19 @@ def _user_frame(frames=None):
     return ""
 
 
+@contextlib.contextmanager
+def _torch_threads_kept():
+    """tessel's compiled backend sets OpenMP's thread count, which is PyTorch's intra-op thread count
+    too when both use the same libgomp (Debian's torch 1.13; the torch 2.11 wheels): put PyTorch's back,
+    so compiling or running never changes torch.get_num_threads() (dynamo guards on it)."""
+    n = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+
+
 def _pop(stack):
     if stack:
         stack.pop()
@@ -184,7 +197,8 @@ class _Entry:
             if a.requires_grad:
                 a = a.detach()
             ins.append(to_buffer(a))
-        outs = self.exe.run(ins, self.conv.runner if self.explanation.breaks else None)
+        with _torch_threads_kept():
+            outs = self.exe.run(ins, self.conv.runner if self.explanation.breaks else None)
         flat = []
         k = 0
         n = len(outs) + len(self.conv.out_literals)
@@ -210,7 +224,8 @@ def _build(module, example_inputs, target, backend, threads, repair):
     gm = capture(module, example_inputs)
     conv = Converted(gm, example_inputs, name=type(module).__name__)
     repairs = conv.builder.repair() if repair else []
-    exe = _tessel.Executable(conv.builder, backend, threads)
+    with _torch_threads_kept():
+        exe = _tessel.Executable(conv.builder, backend, threads)
     return _Entry(conv, exe, repairs)
 
 

@@ -11,6 +11,9 @@ from ._compile import CompiledModule
 # Options for the backend, set with tessel.dynamo_options.update(threads=2, backend="graph", ...).
 dynamo_options = dict(backend="compiled", threads=None, repair=False, cache_limit=8, on_limit="raise")
 
+# The CompiledModules the backend made, oldest first (their .stats and .explanation); clear() it at will.
+dynamo_graphs = []
+
 
 def _real(t):
     """A real tensor with the example's shape and dtype (dynamo may hand over fake tensors)."""
@@ -36,10 +39,12 @@ def tessel_backend(gm, example_inputs, **kwargs):
         warnings.warn("tessel: the graph takes non-tensor inputs (dynamic shapes?); it runs in PyTorch")
         return gm.forward
     try:
-        return CompiledModule(gm, tuple(_real(t) for t in example_inputs), **dynamo_options)
+        compiled = CompiledModule(gm, tuple(_real(t) for t in example_inputs), **dynamo_options)
     except _tessel.TesselError as e:
         warnings.warn(f"tessel: could not compile a graph ({e}); it runs in PyTorch")
         return gm.forward
+    dynamo_graphs.append(compiled)
+    return compiled
 
 
 def register():

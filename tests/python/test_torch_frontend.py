@@ -21,6 +21,7 @@ SHARED_DIR = os.environ.get("TESSEL_SHARED_DIR", os.path.join(SOURCE_DIR, "..", 
 TESSEL_BINARY = os.environ.get("TESSEL_BINARY", os.path.join(SOURCE_DIR, "build", "tessel"))
 
 torch.set_num_threads(2)
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 
 
 def max_rel(out, ref):
@@ -105,6 +106,20 @@ class DataDependentIf(nn.Module):
 class ItemInArithmetic(nn.Module):
     def forward(self, x):
         return x / x.abs().max().item()
+
+
+class ItemBreak(nn.Module):
+    """.item() between two Linear layers: a real graph break (dynamo's on torch 2; the frontend's split on 1.13)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+        self.b = nn.Linear(32, 32)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        s = h.abs().max().item()
+        return self.b(h / s)
 
 
 class TransformerBlockTest(unittest.TestCase):
@@ -336,6 +351,24 @@ class GuardTest(unittest.TestCase):
         self.assertEqual((fast.stats.compiles, fast.stats.eager_calls), (1, 1))
 
 
+class ThreadsTest(unittest.TestCase):
+    def test_torch_thread_count_is_kept(self):
+        """The compiled backend sets OpenMP's thread count; PyTorch's stays what it was."""
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+        x = torch.randn(4, 16)
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            fast = tessel.compile(m, (x,), threads=2)
+            self.assertEqual(torch.get_num_threads(), 1)
+            with torch.no_grad():
+                self.assertLessEqual(max_rel(fast(x), m(x)), 1e-5)
+            self.assertEqual(torch.get_num_threads(), 1)
+        finally:
+            torch.set_num_threads(before)
+
+
 class BadInputTest(unittest.TestCase):
     def test_unsupported_dtype(self):
         with self.assertRaises(tessel.TesselError) as cm:
@@ -378,7 +411,7 @@ class DynamoTest(unittest.TestCase):
         major = int(torch.__version__.split(".")[0])
         self.assertEqual(tessel.dynamo_registered, major >= 2)
 
-    @unittest.skipUnless(int(torch.__version__.split(".")[0]) >= 2, "torch.compile needs torch >= 2")
+    @unittest.skipUnless(TORCH2, "torch.compile needs torch >= 2")
     def test_torch_compile_backend(self):
         torch.manual_seed(0)
         m = NonZeroBreak().eval()
@@ -386,6 +419,36 @@ class DynamoTest(unittest.TestCase):
         x = torch.randn(32, 64)
         with torch.no_grad():
             self.assertLessEqual(max_rel(opt(x), m(x)), 1e-5)
+
+    @unittest.skipUnless(TORCH2, "torch.compile needs torch >= 2")
+    def test_torch_compile_block_is_one_tessel_graph(self):
+        torch._dynamo.reset()
+        tessel.dynamo_graphs.clear()
+        torch.manual_seed(0)
+        m = Block(256, 4, 1024).eval()
+        opt = torch.compile(m, backend="tessel")
+        for _ in range(2):
+            x = torch.randn(1, 128, 256)
+            with torch.no_grad():
+                self.assertLessEqual(max_rel(opt(x), m(x)), 1e-4)
+        self.assertEqual(len(tessel.dynamo_graphs), 1)
+        g = tessel.dynamo_graphs[0]
+        self.assertEqual((g.explanation.graph_count, g.explanation.break_count), (1, 0))
+        self.assertEqual((g.stats.compiles, g.stats.calls), (1, 2))
+
+    @unittest.skipUnless(TORCH2, "torch.compile needs torch >= 2")
+    def test_torch_compile_item_break(self):
+        """dynamo breaks the graph at .item(); the pieces either side compile in tessel."""
+        torch._dynamo.reset()
+        tessel.dynamo_graphs.clear()
+        torch.manual_seed(0)
+        m = ItemBreak().eval()
+        opt = torch.compile(m, backend="tessel")
+        for _ in range(2):
+            x = torch.randn(8, 32)
+            with torch.no_grad():
+                self.assertLessEqual(max_rel(opt(x), m(x)), 1e-5)
+        self.assertGreaterEqual(len(tessel.dynamo_graphs), 2)
 
 
 def read(path):

@@ -1,0 +1,20 @@
+#!/bin/bash
+# Packs what python/box/build_ext.sh needs on a machine without Debian's dev packages (the GPU box:
+# Ubuntu 24.04, Python 3.12, torch 2.11) into the git-ignored folder .pybox of the checkout: the
+# tessel_core static library of BUILD (default build), the fmt and nlohmann-json headers and the
+# shared libraries it links (oneDNN, onnx_proto, protobuf, fmt, xxhash, OpenCL; libgomp in extra/),
+# stripped of debug info and xz-compressed (~10 MB). Name .pybox in the device tool's `carry`.
+set -e
+R=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${1:-$R/build}
+P=$R/.pybox
+grep -qx '/.pybox/' "$R/.git/info/exclude" 2>/dev/null || echo '/.pybox/' >> "$R/.git/info/exclude"
+rm -rf "$P" && mkdir -p "$P/include" "$P/stage/extra"
+cp -r /usr/include/nlohmann /usr/include/fmt "$P/include/"
+for l in libfmt.so.9 libdnnl.so.2 libxxhash.so.0 libonnx_proto.so.1 libprotobuf.so.32 libOpenCL.so.1; do
+  cp -L "/lib/x86_64-linux-gnu/$l" "$P/stage/" && strip --strip-debug "$P/stage/$l"
+done
+cp -L /lib/x86_64-linux-gnu/libgomp.so.1 "$P/stage/extra/"
+tar cJf "$P/libs.tar.xz" -C "$P/stage" . && rm -rf "$P/stage"
+cp "$BUILD/libtessel_core.a" "$P/" && strip --strip-debug "$P/libtessel_core.a" && xz -T2 "$P/libtessel_core.a"
+du -sh "$P"
