@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "tessel/driver/compile_model.h"
@@ -38,6 +39,12 @@ DataflowCompile compile_dataflow(const std::string& model, const std::vector<Ten
   const double lower = since(t0);
   DataflowCompile dc = compile_dataflow(std::move(km), hw, opts);
   dc.lower_seconds = lower;
+  // the model's name as the user calls it: its folder (model zoo), else the file's stem
+  std::filesystem::path mp(model);
+  while (!mp.empty() && !mp.has_filename()) mp = mp.parent_path();
+  dc.program.name = std::filesystem::is_directory(mp) ? mp.filename().string()
+                    : mp.stem() == "model"             ? mp.parent_path().filename().string()
+                                                       : mp.stem().string();
   return dc;
 }
 

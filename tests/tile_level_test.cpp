@@ -1,0 +1,203 @@
+// The tile level on every corpus model and dataflow preset: the text form round-trips, the verifier's
+// invariants hold (splits, whole sticks or tiles, scratchpad capacity), the timed simulation is never
+// faster than the hardware file's roofline and stores every result once; golden tile text for ffn_s
+// and attn_s; the Granite-8B MLP prefill product reaches the bar; over-capacity plans and
+// bad text are errors naming the place.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "corpus_util.h"
+#include "tessel/driver/dataflow.h"
+#include "tessel/ir/printer.h"
+#include "tessel/support/error.h"
+#include "tessel/targets/dataflow/cost.h"
+#include "tessel/tile/timing.h"
+
+using namespace tessel;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Case {
+  std::string model, target;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (const char* m : {"tblock_s", "tblock_s_dynamo", "tblock_bert", "ffn_s", "attn_s", "bert_tiny", "gpt2_tiny",
+                        "mobilenet_v2", "nonzero_break"})
+    for (const char* t : {"spyre", "tpu-v5e", "tpu-v4"}) v.push_back({m, t});
+  return v;
+}
+
+DataflowCompile compile_corpus(const std::string& model, const dataflow::HwSpec& hw) {
+  testenv::CorpusCase c = testenv::load_corpus_model(model);
+  ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + model);
+  return compile_dataflow(mp.model, c.inputs, hw);
+}
+
+class TileCorpus : public ::testing::TestWithParam<Case> {};
+
+}  // namespace
+
+TEST_P(TileCorpus, RoundTripsAndKeepsItsInvariants) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  const Case& c = GetParam();
+  const dataflow::HwSpec hw = dataflow::load_preset(c.target);
+  DataflowCompile dc = compile_corpus(c.model, hw);
+  const tile::TileProgram& p = dc.program;
+  ASSERT_FALSE(p.kernels.empty());
+  // text form
+  const std::string text = tile::print_tile_program(p);
+  const tile::TileProgram back = tile::parse_tile_program(text, c.model + ".tile");
+  EXPECT_EQ(tile::print_tile_program(back), text);
+  EXPECT_NO_THROW(tile::verify_tile_program(back, hw));
+  // every core's scratchpad, every slice in whole units (also checked by the verifier)
+  for (const tile::TileKernel& t : p.kernels) {
+    EXPECT_LE(t.spad_peak, hw.usable_scratchpad_bytes()) << t.name;
+    EXPECT_LE(t.cores, hw.cores) << t.name;
+    for (const tile::Dim& d : t.dims) {
+      if (d.split > 1) {
+        EXPECT_EQ(d.slice % d.align, 0) << t.name << " dim " << d.name;
+      }
+    }
+  }
+  // timing
+  tile::SimulatedProgram sp = tile::simulate_program(p, hw);
+  ASSERT_EQ(sp.kernels.size(), p.kernels.size());
+  double bound = 0;
+  for (size_t i = 0; i < p.kernels.size(); ++i) {
+    const tile::TileKernel& t = p.kernels[i];
+    const tile::KernelTime& kt = sp.kernels[i];
+    EXPECT_GE(kt.seconds * (1 + 1e-9), kt.bound_seconds) << c.model << " " << t.name << " (" << t.node << ") is faster than its roofline";
+    bound += kt.bound_seconds;
+    if (t.kind == tile::TileKind::host) continue;
+    // every result element stored once: store bytes between the logical and the padded size
+    int64_t stored = 0, logical = 0, padded = 0;
+    for (size_t id = 0; id < sp.timeline.graph.size(); ++id) {
+      const dataflow::Task& task = sp.timeline.graph.task(static_cast<dataflow::TaskId>(id));
+      if (task.kernel == static_cast<int>(i) && task.kind == dataflow::TaskKind::dma_store) stored += task.bytes;
+    }
+    for (const tile::Operand& op : t.operands)
+      if (op.out && op.global >= 0) {
+        logical += p.globals[static_cast<size_t>(op.global)].logical_bytes();
+        padded += p.globals[static_cast<size_t>(op.global)].bytes();
+      }
+    const int64_t slack = 64;  // rounding of partial tiles to whole bytes
+    EXPECT_GE(stored + slack * static_cast<int64_t>(t.cores), logical) << c.model << " " << t.name << ": results not all stored";
+    EXPECT_LE(stored, padded + slack) << c.model << " " << t.name << ": results stored more than once";
+  }
+  EXPECT_GE(sp.result.seconds * (1 + 1e-9), bound) << c.model << " is faster than the sum of its kernels' roofline bounds";
+  EXPECT_EQ(sp.result.dram_read_bytes + sp.result.dram_write_bytes > 0, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TileCorpus, ::testing::ValuesIn(cases()), [](const auto& info) {
+  std::string n = info.param.model + "_" + info.param.target;
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+});
+
+// Golden tile text: ffn_s and attn_s on spyre. After an intended change, regenerate with
+// TESSEL_UPDATE_GOLDEN=1 and review the diff like code.
+TEST(TileGolden, FfnAndAttentionOnSpyre) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  const dataflow::HwSpec hw = dataflow::load_preset("spyre");
+  for (const char* m : {"ffn_s", "attn_s"}) {
+    const std::string got = tile::print_tile_program(compile_corpus(m, hw).program);
+    const std::string path = testenv::source_dir() + "/tests/golden_tile/" + m + ".spyre.tile";
+    if (std::getenv("TESSEL_UPDATE_GOLDEN")) {
+      std::ofstream(path) << got;
+      continue;
+    }
+    ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run with TESSEL_UPDATE_GOLDEN=1)";
+    EXPECT_EQ(got, testenv::read_text(path)) << m;
+  }
+}
+
+// The bar: the Granite-3.3-8B MLP prefill product [1,512,4096] x [4096,12800], f16 on the spyre
+// preset, reaches >= 80 % of its roofline bound in the simulator, and the report explains the split.
+TEST(TileBar, GraniteMlpPrefillOnSpyre) {
+  const std::string text =
+      "graph @granite_mlp(%x: f32[1,512,4096], %w: f32[4096,12800]) {\n"
+      "  %y: f32[1,512,12800] = MatMul(%x, %w) loc(\"mlp/up_proj\")\n"
+      "  return %y\n}\n";
+  const std::string path = (fs::temp_directory_path() / fmt::format("granite-{}.tsl", getpid())).string();
+  std::ofstream(path) << text;
+  const dataflow::HwSpec hw = dataflow::load_preset("spyre");
+  DataflowCompile dc = compile_dataflow(path, {}, hw);
+  fs::remove(path);
+  ASSERT_EQ(dc.program.kernels.size(), 1u);
+  const tile::TileKernel& t = dc.program.kernels[0];
+  EXPECT_EQ(t.kind, tile::TileKind::matmul);
+  EXPECT_EQ(t.cores, 32);
+  EXPECT_NE(t.decision.find("best of"), std::string::npos) << t.decision;
+  tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw);
+  const double flops = 2.0 * 512 * 4096 * 12800;
+  const double bytes = 2.0 * (512.0 * 4096 + 4096.0 * 12800 + 512.0 * 12800);
+  const dataflow::Roofline roof = dataflow::roofline(hw, flops, bytes, DType::f16);
+  const double fraction = roof.bound_s / sp.result.seconds;
+  std::printf("granite mlp prefill on spyre: %.1f us simulated, roofline %.1f us: %.1f %% (%s)\n", sp.result.seconds * 1e6,
+              roof.bound_s * 1e6, 100 * fraction, t.decision.c_str());
+  EXPECT_GE(fraction, 0.8);
+  EXPECT_LE(fraction, 1.0 + 1e-9);
+  EXPECT_NEAR(sp.kernels[0].bound_seconds, roof.bound_s, roof.bound_s * 1e-9);
+}
+
+// A scratchpad too small for any tile: a compile error naming the kernel's node and a tensor.
+TEST(TileErrors, OverCapacityNamesKernelAndTensor) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  dataflow::HwSpec hw = dataflow::load_preset("spyre");
+  hw.scratchpad_bytes = 2048;
+  try {
+    compile_corpus("ffn_s", hw);
+    FAIL() << "expected an over-capacity error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("/fc1/MatMul"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tensor"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("scratchpad"), std::string::npos) << msg;
+  }
+}
+
+TEST(TileErrors, BadTextNamesLine) {
+  const std::string bad =
+      "# tessel tile level\n"
+      "tile_program \"m\" target \"spyre\" cores 32 spad 1000 float f16 dram 0 {\n"
+      "  global %x: f16[4] from f32 padded [64] input dram 0\n"
+      "  inputs %y\n"
+      "}\n";
+  try {
+    tile::parse_tile_program(bad, "bad.tile");
+    FAIL() << "expected a parse error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("bad.tile:4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unknown global %y"), std::string::npos) << msg;
+  }
+  // the verifier catches a slice that is not whole sticks
+  if (!testenv::have_shared()) return;
+  const dataflow::HwSpec hw = dataflow::load_preset("spyre");
+  tile::TileProgram p = compile_corpus("ffn_s", hw).program;
+  for (tile::Dim& d : p.kernels[0].dims)
+    if (d.name == "n") d.slice -= 1;
+  EXPECT_THROW(tile::verify_tile_program(p, hw), Error);
+}
+
+// docs/ir/tile.md's worked example is what the mapper prints for ffn_s on spyre.
+TEST(TileDocs, WorkedExampleMatches) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  const std::string doc = testenv::read_text(testenv::source_dir() + "/docs/ir/tile.md");
+  const std::string marker = "<!-- ffn_s on spyre: checked by tests/tile_level_test.cpp -->\n```\n";
+  const size_t at = doc.find(marker);
+  ASSERT_NE(at, std::string::npos) << "docs/ir/tile.md lost its worked example marker";
+  const size_t b = at + marker.size(), e = doc.find("```", b);
+  const std::string block = doc.substr(b, e - b);
+  const std::string got = tile::print_tile_program(compile_corpus("ffn_s", dataflow::load_preset("spyre")).program);
+  EXPECT_EQ(block, got);
+}
