@@ -11,6 +11,7 @@
 #include "tessel/driver/bench.h"
 #include "tessel/driver/compile_model.h"
 #include "tessel/driver/dataflow.h"
+#include "tessel/tile/functional.h"
 #include "tessel/driver/compare.h"
 #include "tessel/driver/conformance.h"
 #include "tessel/driver/explain.h"
@@ -417,10 +418,41 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
   return 0;
 }
 
+// Runs the tile program with real values and compares with the eager interpreter on the same inputs:
+// within 2e-2 (f16 storage) or 5e-2 (bf16) of max|ref| (docs/sim.md). Returns whether it matched.
+bool check_functional(const std::string& model, const DataflowCompile& dc, const std::vector<Tensor>& ins, int threads) {
+  tile::FunctionalOptions fo;
+  fo.threads = threads > 0 ? threads : 1;
+  tile::FunctionalResult fr = tile::run_functional(dc.program, dc.module, ins, fo);
+  ImportedModel ref = import_model_file(model, ins);
+  std::vector<Tensor> want = run_eager(*ref.graph, ins);
+  Tolerance tol;
+  tol.max_rel = dc.program.float_dtype == DType::bf16 ? 5e-2 : 2e-2;
+  bool ok = want.size() == fr.outputs.size();
+  double worst = 0;
+  for (size_t i = 0; ok && i < want.size(); ++i) {
+    Comparison c = compare_tensors(fr.outputs[i], want[i], tol);
+    ok = ok && c.match;
+    worst = std::max(worst, c.rel);
+  }
+  fmt::print("functional simulation ({} storage, fp32 accumulation): {} tiles, {} host steps in {:.1f} ms (kernels built "
+             "{:.1f} ms); vs eager: relative error {:.2e} (tolerance {:.0e}) -> {}\n",
+             dtype_name(dc.program.float_dtype), fr.tiles_executed, fr.host_steps, fr.seconds * 1e3, fr.compile_seconds * 1e3,
+             worst, tol.max_rel, ok ? "PASS" : "FAIL");
+  if (fr.flushed + fr.entry_flushed > 0)
+    fmt::print("  {} values fell below {}'s range and became 0 (first: {})\n", fr.flushed + fr.entry_flushed,
+               dtype_name(dc.program.float_dtype), fr.first_flush.empty() ? "on entry" : fr.first_flush);
+  if (fr.overflowed + fr.entry_overflowed > 0)
+    fmt::print("  {} values overflowed {} to inf (first: {})\n", fr.overflowed + fr.entry_overflowed,
+               dtype_name(dc.program.float_dtype), fr.first_overflow.empty() ? "on entry" : fr.first_overflow);
+  return ok;
+}
+
 int cmd_sim(const std::string& model, const std::string& target, const std::string& trace, const std::string& json,
-            const std::string& dtype) {
+            const std::string& dtype, bool functional, int threads) {
   const dataflow::HwSpec hw = dataflow::resolve_target(target);
-  DataflowCompile dc = compile_dataflow(model, model_inputs(model), hw, map_options(dtype));
+  const std::vector<Tensor> ins = model_inputs(model);
+  DataflowCompile dc = compile_dataflow(model, ins, hw, map_options(dtype));
   auto t0 = std::chrono::steady_clock::now();
   dataflow::SimOptions so;
   so.record_dram_samples = !trace.empty();
@@ -437,6 +469,60 @@ int cmd_sim(const std::string& model, const std::string& target, const std::stri
     fmt::print("trace: {} (open in ui.perfetto.dev or chrome://tracing)\n", trace);
   }
   if (!json.empty()) write_text(json, report_json(r).dump(1) + "\n");
+  if (functional && !ins.empty()) return check_functional(model, dc, ins, threads) ? 0 : 1;
+  if (functional) fmt::print("functional simulation skipped: the model has no test_data_set_0 inputs\n");
+  return 0;
+}
+
+// The Accelerator Landscape Map: one row per target for one model.
+int cmd_landscape(const std::string& model, const std::string& targets, int threads, const std::string& json) {
+  const std::vector<Tensor> ins = model_inputs(model);
+  nlohmann::json rows = nlohmann::json::array();
+  fmt::print("{:<10} {:>11} {:>8} {:>11} {:>11} {:>11} {:>11} {:>10}\n", "target", "time us", "util %", "DRAM MB",
+             "padding MB", "spad KB", "compile ms", "of roof %");
+  for (size_t b = 0; b <= targets.size();) {
+    const size_t e = std::min(targets.find(',', b), targets.size());
+    const std::string t = targets.substr(b, e - b);
+    b = e + 1;
+    if (t.empty()) continue;
+    if (t == "cpu") {
+      if (ins.empty()) throw Error(Location{.file = model}, "landscape's cpu row runs the model: it needs test_data_set_0 inputs");
+      ModelCompileOptions o;
+      o.backend.threads = threads;
+      auto t0 = std::chrono::steady_clock::now();
+      ModelCompile mc = compile_model_cpu(model, ins, o);
+      const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::vector<double> ms;
+      for (int i = 0; i < 21; ++i) {
+        GraphRunStats rs;
+        mc.exe->run(ins, &rs);
+        if (i > 0) ms.push_back(rs.seconds * 1e3);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2];
+      const double dram = static_cast<double>(mc.exe->stats().bytes_fused) / 1e6;
+      fmt::print("{:<10} {:>11.1f} {:>8} {:>11.2f} {:>11} {:>11} {:>11.1f} {:>10}   ({} threads; DRAM: the fused kernels' "
+                 "buffers; compile {})\n",
+                 "cpu", med * 1e3, "-", dram, "0", "-", compile_ms, "-", mc.exe->stats().threads,
+                 mc.entry_hit ? "from the executable cache" : "cold");
+      rows.push_back({{"target", "cpu"}, {"time_us", med * 1e3}, {"dram_mb", dram}, {"compile_ms", compile_ms},
+                      {"threads", mc.exe->stats().threads}, {"executable_cache_hit", mc.entry_hit}});
+      continue;
+    }
+    const dataflow::HwSpec hw = dataflow::resolve_target(t);
+    DataflowCompile dc = compile_dataflow(model, ins, hw, tile::MapOptions{});
+    tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw);
+    DataflowReport r = dataflow_report(dc, sp, hw);
+    const double pad = static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6;
+    fmt::print("{:<10} {:>11.1f} {:>8.1f} {:>11.2f} {:>11.2f} {:>11.1f} {:>11.1f} {:>10.0f}   ({} cores, {})\n", t, r.sim_us,
+               100 * r.utilisation, r.dram_bytes / 1e6, pad, static_cast<double>(r.spad_peak) / 1e3, r.compile_seconds * 1e3,
+               r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0.0, r.cores, dtype_name(dc.program.float_dtype));
+    rows.push_back({{"target", t}, {"time_us", r.sim_us}, {"utilisation", r.utilisation}, {"dram_mb", r.dram_bytes / 1e6},
+                    {"padding_mb", pad}, {"scratchpad_peak_kb", static_cast<double>(r.spad_peak) / 1e3},
+                    {"compile_ms", r.compile_seconds * 1e3}, {"roofline_us", r.bound_us}, {"cores", r.cores},
+                    {"dtype", std::string(dtype_name(dc.program.float_dtype))}});
+  }
+  if (!json.empty()) write_text(json, rows.dump(1) + "\n");
   return 0;
 }
 
@@ -500,7 +586,19 @@ int main(int argc, char** argv) {
   sim->add_option("--hw", sim_hw, "a preset (spyre, tpu-v5e, tpu-v4) or a hardware file (.json)")->required();
   sim->add_option("--trace", sim_trace, "write a Chrome/Perfetto trace (JSON) here");
   sim->add_option("--json", sim_json, "write the report as JSON here");
+  bool sim_no_functional = false;
+  int sim_threads = 0;
+  sim->add_flag("--no-functional", sim_no_functional, "only the timed simulation (no run with real values)");
+  sim->add_option("--threads", sim_threads, "host threads for the functional simulation's library calls");
   sim->add_option("--dtype", sim_dtype, "storage of float tensors on the device (f16, bf16; default: f16 where the target stores it, else bf16)");
+
+  auto* land = app.add_subcommand("landscape", "One row per target for MODEL: time, utilisation, DRAM traffic, padding waste, scratchpad peak, compile time (the Accelerator Landscape Map)");
+  std::string land_model, land_targets = "spyre,tpu-v5e,cpu", land_json;
+  int land_threads = 0;
+  land->add_option("MODEL", land_model, "a .onnx file or a model-zoo folder (cpu runs its test_data_set_0)")->required();
+  land->add_option("--targets", land_targets, "comma list: dataflow presets or hardware files, and cpu (measured on this machine)");
+  land->add_option("--threads", land_threads, "threads for the cpu row (default: all hardware threads)");
+  land->add_option("--json", land_json, "write the rows as JSON here");
 
   auto* hwc = app.add_subcommand("hw", "List the hardware presets, or describe one (or a hardware file)");
   std::string hw_what;
@@ -565,8 +663,9 @@ int main(int argc, char** argv) {
   try {
     if (*explain) return cmd_explain(explain_model, explain_opts);
     if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
-    if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype);
+    if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_threads);
     if (*hwc) return cmd_hw(hw_what);
+    if (*land) return cmd_landscape(land_model, land_targets, land_threads, land_json);
     if (*comp && comp_target != "cpu")
       return cmd_compile_dataflow(comp_model, comp_target, comp_emit == "graph" ? "tile" : comp_emit, comp_out, comp_report,
                                   comp_dtype);
