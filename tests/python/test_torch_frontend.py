@@ -270,6 +270,25 @@ class LoweringTest(unittest.TestCase):
         with torch.no_grad():
             self.assertLessEqual(max_rel(fast(x), cnn(x)), 1e-5)
 
+    def test_fresh_batch_norm_and_all_equal_weights(self):
+        """All-equal constants feeding a conv or a matmul (a fresh BatchNorm folded after a conv, a Linear
+        filled with one value, x @ ones): the simplifier makes them a scalar and a broadcast, and the
+        compiled backend must still give oneDNN dense weights."""
+        torch.manual_seed(0)
+        cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                            nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)).eval()   # fresh statistics
+        lin = nn.Linear(16, 8).eval()
+        with torch.no_grad():
+            cnn[3].weight.fill_(0.05)       # all-equal conv weights
+            lin.weight.fill_(0.5)
+            lin.bias.fill_(0.1)
+        cases = [(cnn, torch.randn(2, 3, 16, 16)), (lin, torch.randn(4, 16)),
+                 (lambda x: x @ torch.ones(16, 8) + 1.0, torch.randn(4, 16))]
+        for m, x in cases:
+            fast = tessel.compile(m, (x,), threads=2)
+            with torch.no_grad():
+                self.assertLessEqual(max_rel(fast(x), m(x)), 1e-5)
+
     def test_embedding_masks_views(self):
         torch.manual_seed(0)
 

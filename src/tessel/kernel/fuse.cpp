@@ -15,6 +15,7 @@
 //    node in the graph in place of the group's nodes.
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -127,6 +128,74 @@ std::optional<View> view_of(const Node& n, const View& src) {
   for (size_t d = 0; d < out.size(); ++d)
     if (out[d] == 1) v.strides[d] = 0;
   return v;
+}
+
+// A constant operand of a matmul (either side) or a convolution (the weights) that is a view of a
+// smaller constant -- canonicalize makes an all-equal constant a scalar and a broadcast_in_dim --
+// reads through zero strides, which oneDNN takes neither as a matrix nor as weights. Such an operand
+// becomes a dense constant of its full shape (the same bytes the model had before canonicalize).
+void densify_library_constants(Graph& g) {
+  for (const auto& np : g.nodes()) {
+    Node& n = *np;
+    if (!is_core(n) || !static_node(n)) continue;
+    std::vector<size_t> operands;
+    if (n.op->name == "dot_general") {
+      operands = {0, 1};
+    } else if (n.op->name == "convolution") {
+      operands = {1};
+    } else {
+      continue;
+    }
+    for (size_t i : operands) {
+      Value* v = i < n.inputs.size() ? n.inputs[i] : nullptr;
+      if (!v || v->constant) continue;
+      std::vector<const Node*> chain;
+      const Value* root = v;
+      while (root->producer && is_core(*root->producer) && is_view_op(root->producer->op->name)) {
+        chain.push_back(root->producer);
+        root = root->producer->inputs[0];
+      }
+      if (chain.empty() || !root->constant || !static_value(root)) continue;
+      View view{root, 0, std::vector<int64_t>(root->type.shape.size(), 0)};
+      for (size_t d = root->type.shape.size(), st = 1; d-- > 0;) {
+        view.strides[d] = root->type.shape[d] == 1 ? 0 : static_cast<int64_t>(st);
+        st *= static_cast<size_t>(root->type.shape[d]);
+      }
+      bool ok = true;
+      for (auto it = chain.rbegin(); it != chain.rend() && ok; ++it) {
+        auto next = view_of(**it, view);
+        ok = next.has_value();
+        if (ok) view = *next;
+      }
+      if (!ok) continue;
+      // a matmul's batch dims may broadcast (B shared across the batch); its matrix dims may not
+      const Shape& shape = v->type.shape;
+      const auto skip = n.op->name == "dot_general"
+                            ? n.attr_ints(i == 0 ? "lhs_batch" : "rhs_batch", {})
+                            : std::vector<int64_t>{};
+      bool broadcast = n.op->name == "convolution";  // conv weights are read from a dense root only
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (shape[d] > 1 && view.strides[d] == 0 &&
+            std::find(skip.begin(), skip.end(), static_cast<int64_t>(d)) == skip.end())
+          broadcast = true;
+      if (!broadcast) continue;
+      Tensor dense(v->type.dtype, shape);
+      const size_t es = static_cast<size_t>(dtype_size(v->type.dtype));
+      const uint8_t* src = root->constant->bytes();
+      uint8_t* dst = dense.bytes();
+      std::vector<int64_t> idx(shape.size(), 0);
+      for (int64_t e = 0, numel = shape_numel(shape); e < numel; ++e) {
+        int64_t at = view.offset;
+        for (size_t d = 0; d < shape.size(); ++d) at += idx[d] * view.strides[d];
+        std::memcpy(dst + static_cast<size_t>(e) * es, src + static_cast<size_t>(at) * es, es);
+        for (size_t d = shape.size(); d-- > 0;) {
+          if (++idx[d] < shape[d]) break;
+          idx[d] = 0;
+        }
+      }
+      n.inputs[i] = g.add_constant(g.unique_name(v->name + ".dense"), std::move(dense));
+    }
+  }
 }
 
 // ---- what the code generators handle ---------------------------------------------------------------
@@ -1203,6 +1272,7 @@ void topo_sort(Graph& g) {
 
 KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts) {
   KernelModule m;
+  if (opts.matmul) densify_library_constants(*core);
   Fuser fz(*core, opts);
   fz.run();
   std::vector<Kernel> kernels;

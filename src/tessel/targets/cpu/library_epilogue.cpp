@@ -71,7 +71,9 @@ struct Matcher {
         }
       return false;
     }
-    if ((is(i, "mul") || is(i, "div")) && const_value(arg(i, 1))) {
+    // A scale is oneDNN's output scale, which its f32 convolutions reject ("could not create a
+    // primitive descriptor"): for a convolution the generated epilogue applies it.
+    if ((is(i, "mul") || is(i, "div")) && const_value(arg(i, 1)) && k.kind == KernelKind::matmul) {
       const double c = *const_value(arg(i, 1));
       if (c == 0 || !std::isfinite(c)) return false;
       if (!linear(arg(i, 0), e)) return false;
