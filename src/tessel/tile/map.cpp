@@ -372,6 +372,7 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
             {"r", r, 1, r, r, 1, true}};
   t.order = {0, 1, 2, 3};
   t.cores = static_cast<int>(c.sn * c.so * c.ss);
+  t.on_vector_unit = depthwise;
   auto add = [&](std::string role, const Value* v, bool out, std::vector<int> dims, DType sd, int copies, int64_t bytes) {
     Operand op;
     op.role = std::move(role);
@@ -482,6 +483,7 @@ void map_vector(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   t.dims = {{"p", P, c.split, c.slice, c.tile, align, false}, {"e", e, 1, e, e, 1, false}};
   t.order = {0, 1};
   t.cores = static_cast<int>(c.split);
+  t.on_vector_unit = true;
   for (const Opnd& o : ops) {
     Operand op;
     op.role = o.out ? "out" : "in";

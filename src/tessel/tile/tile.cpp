@@ -77,8 +77,9 @@ std::string print_tile_program(const TileProgram& p) {
   s += "  inputs " + list(p.inputs) + "\n";
   s += "  outputs " + list(p.outputs) + "\n";
   for (const TileKernel& t : p.kernels) {
-    s += fmt::format("  kernel @{} {} k{} node {} cores {} spad {} flops {} dram_bytes {} fusion {} {} estimate {} {{\n",
-                     t.name, tile_kind_name(t.kind), t.kernel, quote_string(t.node), t.cores, t.spad_peak, num(t.flops),
+    s += fmt::format("  kernel @{} {} k{} node {} {}cores {} spad {} flops {} dram_bytes {} fusion {} {} estimate {} {{\n",
+                     t.name, tile_kind_name(t.kind), t.kernel, quote_string(t.node),
+                     t.on_vector_unit && t.kind != TileKind::vector ? "vector_unit " : "", t.cores, t.spad_peak, num(t.flops),
                      t.dram_bytes, t.bytes_unfused, t.bytes_fused, num(t.estimate_cycles));
     if (!t.sources.empty()) {
       s += "    sources";
@@ -204,6 +205,11 @@ class TileParser {
     t.kernel = std::stoi(kref.substr(1));
     expect("node");
     t.node = string_tok();
+    t.on_vector_unit = t.kind == TileKind::vector;
+    if (at_word("vector_unit")) {
+      take();
+      t.on_vector_unit = true;
+    }
     expect("cores");
     t.cores = static_cast<int>(integer());
     expect("spad");

@@ -75,6 +75,7 @@ struct TileKernel {
   std::vector<Operand> operands;
   std::vector<int> host_inputs, host_outputs;  // host steps: globals read and written
   int cores = 1;                 // product of the splits
+  bool on_vector_unit = false;   // the main work runs on the vector unit (vector kernels, depthwise convolutions)
   int64_t spad_peak = 0;         // bytes of each core's scratchpad the kernel uses
   double flops = 0;              // 2 per MAC plus one per vector element operation
   int64_t dram_bytes = 0;        // DRAM traffic of the plan (a broadcast tile counted once)

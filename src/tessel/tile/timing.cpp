@@ -226,10 +226,7 @@ class KernelTasks {
     return 0;
   }
 
-  bool conv_depthwise() const {
-    // the mapper marks depthwise convolutions by giving them vector multiply-adds per output element
-    return t_.kind == TileKind::conv && t_.decision.find("on the vector unit") != std::string::npos;
-  }
+  bool conv_depthwise() const { return t_.kind == TileKind::conv && t_.on_vector_unit; }
 
   TaskId compute(int c, const Step& st) {
     std::vector<TaskId> deps{begin_};
@@ -415,7 +412,7 @@ SimulatedProgram simulate_program(const TileProgram& p, const HwSpec& hw, const 
     for (int gi : t.host_inputs) add_bytes(gi);
     for (int gi : t.host_outputs) add_bytes(gi);
     if (t.kind != TileKind::host) {
-      const bool matrix = t.kind == TileKind::matmul || (t.kind == TileKind::conv && t.decision.find("vector unit") == std::string::npos);
+      const bool matrix = !t.on_vector_unit;
       const dataflow::Roofline r = dataflow::roofline(hw, matrix ? t.flops : 0.0, kt.min_dram_bytes, p.float_dtype);
       kt.bound_seconds = r.bound_s;
       if (!matrix) {
