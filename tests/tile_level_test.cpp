@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -200,4 +201,21 @@ TEST(TileDocs, WorkedExampleMatches) {
   const std::string block = doc.substr(b, e - b);
   const std::string got = tile::print_tile_program(compile_corpus("ffn_s", dataflow::load_preset("spyre")).program);
   EXPECT_EQ(block, got);
+}
+
+// docs/passes/dataflow.md: every line of each worked example is a line of ffn_s's tile text on spyre.
+TEST(TileDocs, PassExamples) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  const std::string doc = testenv::read_text(testenv::source_dir() + "/docs/passes/dataflow.md");
+  const std::string text = tile::print_tile_program(compile_corpus("ffn_s", dataflow::load_preset("spyre")).program);
+  const std::string marker = "<!-- tile lines: ffn_s spyre -->\n```\n";
+  int blocks = 0;
+  for (size_t at = doc.find(marker); at != std::string::npos; at = doc.find(marker, at + 1)) {
+    const size_t b = at + marker.size(), e = doc.find("```", b);
+    std::istringstream lines(doc.substr(b, e - b));
+    for (std::string line; std::getline(lines, line);)
+      EXPECT_NE(text.find(line + "\n"), std::string::npos) << "docs/passes/dataflow.md: not in the tile text: " << line;
+    ++blocks;
+  }
+  EXPECT_EQ(blocks, 5) << "one worked example per pass";
 }
