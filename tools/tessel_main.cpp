@@ -12,6 +12,7 @@
 #include "tessel/driver/compile_model.h"
 #include "tessel/driver/dataflow.h"
 #include "tessel/tile/functional.h"
+#include "tessel/tile/ktir.h"
 #include "tessel/driver/compare.h"
 #include "tessel/driver/conformance.h"
 #include "tessel/driver/explain.h"
@@ -404,7 +405,8 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
   DataflowCompile dc = compile_dataflow(model, model_inputs(model), hw, map_options(dtype));
   if (emit == "tile") write_text(out, tile::print_tile_program(dc.program));
   else if (emit == "kernel") write_text(out, print_kernel_module(dc.module, true));
-  else if (emit != "none") throw Error(Location{.pass = "compile"}, fmt::format("--emit {} is not available for --target {} (tile, kernel)", emit, target));
+  else if (emit == "ktir") write_text(out, tile::export_ktir(dc.program, dc.module));
+  else if (emit != "none") throw Error(Location{.pass = "compile"}, fmt::format("--emit {} is not available for --target {} (tile, kernel, ktir)", emit, target));
   if (!report.empty()) {
     auto t0 = std::chrono::steady_clock::now();
     tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw);
@@ -565,7 +567,7 @@ int main(int argc, char** argv) {
   std::string comp_model, comp_emit = "graph", comp_out;
   bool comp_elide = false;
   comp->add_option("MODEL", comp_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
-  comp->add_option("--emit", comp_emit, "what to print: graph (the graph level, or core after --passes core), kernel (the kernel level after fusion), cpp (the generated C++), fusion (per kernel: fused nodes and DRAM traffic unfused vs fused); with a dataflow --target: tile (default), kernel or none")->check(CLI::IsMember({"graph", "kernel", "cpp", "fusion", "tile", "none"}));
+  comp->add_option("--emit", comp_emit, "what to print: graph (the graph level, or core after --passes core), kernel (the kernel level after fusion), cpp (the generated C++), fusion (per kernel: fused nodes and DRAM traffic unfused vs fused); with a dataflow --target: tile (default), kernel, ktir (ktdp MLIR of the kernels KTIR can express) or none")->check(CLI::IsMember({"graph", "kernel", "cpp", "fusion", "tile", "ktir", "none"}));
   comp->add_option("-o,--output", comp_out, "write the text here instead of stdout");
   comp->add_flag("--elide-constants", comp_elide, "print large constants as a size, not their data (not parseable)");
   std::string comp_passes, comp_dump, comp_print_after;

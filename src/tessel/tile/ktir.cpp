@@ -1,0 +1,880 @@
+// KTIR export (see ktir.h, docs/ktir.md). Every index map of the kernel level is re-derived over the
+// tile dims (b m n k, or p e) and checked to be affine there before it becomes a strided memory view;
+// a kernel whose maps, partition or ops KTIR cannot state is skipped with the reason, never
+// approximated.
+#include "tessel/tile/ktir.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "tessel/support/error.h"
+
+namespace tessel::tile {
+namespace {
+
+// Thrown inside one kernel's export when KTIR (or this exporter) cannot state it: the kernel is skipped.
+struct Unsupported {
+  std::string why;
+};
+[[noreturn]] void cannot(std::string why) { throw Unsupported{std::move(why)}; }
+
+std::string elem_type(DType t) {
+  switch (t) {
+    case DType::f64: return "f64";
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::i64: return "i64";
+    case DType::i32: return "i32";
+    case DType::i16: return "i16";
+    case DType::i8: return "i8";
+    case DType::boolean: return "i1";
+    default: cannot(fmt::format("no KTIR element type for {}", dtype_name(t)));
+  }
+}
+bool is_fp(DType t) { return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+
+std::string dims_x(const std::vector<int64_t>& s) {
+  std::string r;
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? "x" : "") + std::to_string(s[i]);
+  return r;
+}
+std::string tensor_ty(const std::vector<int64_t>& s, DType t) { return fmt::format("tensor<{}x{}>", dims_x(s), elem_type(t)); }
+std::string list(const std::vector<int64_t>& v) {
+  std::string r;
+  for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
+  return r;
+}
+std::string list(const std::vector<std::string>& v) {
+  std::string r;
+  for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + v[i];
+  return r;
+}
+// affine_set of the box [0, ext) in every dim
+std::string box_set(const std::vector<int64_t>& ext) {
+  std::vector<std::string> ds, cs;
+  for (size_t i = 0; i < ext.size(); ++i) {
+    ds.push_back(fmt::format("d{}", i));
+    cs.push_back(fmt::format("d{} >= 0", i));
+    cs.push_back(fmt::format("-d{} + {} >= 0", i, ext[i] - 1));
+  }
+  return fmt::format("affine_set<({}) : ({})>", list(ds), list(cs));
+}
+std::string identity_map(size_t r) {
+  std::vector<std::string> ds;
+  for (size_t i = 0; i < r; ++i) ds.push_back(fmt::format("d{}", i));
+  return fmt::format("affine_map<({0}) -> ({0})>", list(ds));
+}
+std::string comment_safe(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+// Element attribute text of a constant of type t.
+std::string literal(double v, DType t) {
+  if (t == DType::boolean) return v != 0 ? "true" : "false";
+  if (!is_fp(t)) return fmt::format("{}", static_cast<int64_t>(v));
+  if (std::isfinite(v)) return fmt::format("{:.9e}", v);
+  // non-finite floats as their bit pattern
+  if (t == DType::f32) {
+    const float f = static_cast<float>(v);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    return fmt::format("0x{:08X}", bits);
+  }
+  if (t == DType::f64) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    return fmt::format("0x{:016X}", bits);
+  }
+  if (t == DType::f16) return std::isnan(v) ? "0x7E00" : v > 0 ? "0x7C00" : "0xFC00";
+  return std::isnan(v) ? "0x7FC0" : v > 0 ? "0x7F80" : "0xFF80";  // bf16
+}
+
+// ---- index maps over the tile dims -----------------------------------------------------------------
+
+struct Affine {
+  int64_t base = 0;
+  std::vector<int64_t> strides;
+};
+
+// Fits f(point) = base + sum strides[d]·point[d] over the box `ext` and checks it: every point when the
+// box is small, else every line along each dim through the two extreme corners.
+Affine fit(const std::vector<int64_t>& ext, const std::function<int64_t(const std::vector<int64_t>&)>& f,
+           const std::string& what) {
+  const size_t r = ext.size();
+  std::vector<int64_t> pt(r, 0);
+  Affine a;
+  a.base = f(pt);
+  a.strides.assign(r, 0);
+  for (size_t d = 0; d < r; ++d)
+    if (ext[d] > 1) {
+      pt[d] = 1;
+      a.strides[d] = f(pt) - a.base;
+      pt[d] = 0;
+    }
+  auto check = [&](const std::vector<int64_t>& q) {
+    int64_t want = a.base;
+    for (size_t d = 0; d < r; ++d) want += a.strides[d] * q[d];
+    if (f(q) != want) cannot(fmt::format("{} is not affine over the tile dims", what));
+  };
+  int64_t total = 1;
+  for (int64_t e : ext) total *= std::max<int64_t>(1, e);
+  if (total <= (int64_t{1} << 18)) {
+    std::vector<int64_t> q(r, 0);
+    for (int64_t i = 0; i < total; ++i) {
+      check(q);
+      for (size_t d = r; d-- > 0;) {
+        if (++q[d] < ext[d]) break;
+        q[d] = 0;
+      }
+    }
+  } else {
+    for (int corner = 0; corner < 2; ++corner)
+      for (size_t d = 0; d < r; ++d) {
+        std::vector<int64_t> q(r);
+        for (size_t j = 0; j < r; ++j) q[j] = corner ? std::max<int64_t>(0, ext[j] - 1) : 0;
+        for (int64_t i = 0; i < ext[d]; ++i) q[d] = i, check(q);
+      }
+  }
+  return a;
+}
+
+// Element `linear` of the kernel's loop space (outer dims, then inner, row-major) through `acc`.
+int64_t access_at(const Kernel& k, const KAccess& acc, int64_t linear) {
+  std::vector<int64_t> ext = k.outer;
+  ext.insert(ext.end(), k.inner.begin(), k.inner.end());
+  int64_t off = acc.offset;
+  for (size_t d = ext.size(); d-- > 0;) {
+    const int64_t i = linear % ext[d];
+    linear /= ext[d];
+    off += acc.strides[d] * i;
+  }
+  return off;
+}
+
+// Padded DRAM element address of logical element `l` of a global (the physical dim order `perm`,
+// the innermost dims padded).
+struct Layout {
+  Shape shape;
+  std::vector<int64_t> pstride;
+  explicit Layout(const Global& g) : shape(g.shape) {
+    const size_t r = shape.size();
+    pstride.assign(r, 1);
+    int64_t s = 1;
+    for (size_t i = r; i-- > 0;) {
+      const size_t d = g.perm.size() == r ? static_cast<size_t>(g.perm[i]) : i;
+      pstride[d] = s;
+      s *= g.padded[d];
+    }
+  }
+  int64_t at(int64_t l) const {
+    int64_t a = 0;
+    for (size_t d = shape.size(); d-- > 0;) {
+      a += (l % shape[d]) * pstride[d];
+      l /= shape[d];
+    }
+    return a;
+  }
+};
+
+// ---- one function ----------------------------------------------------------------------------------
+
+struct View {
+  std::string name, memref;
+  int global = -1;
+  std::vector<int> tdims;          // the tile dims its dims are (broadcast and extent-1 dims dropped)
+  std::vector<int64_t> sizes, strides;
+  int64_t base = 0;
+  DType dtype = DType::f16;
+};
+
+class FuncEmitter {
+ public:
+  FuncEmitter(const TileProgram& p, const KernelModule& m, const TileKernel& t, const Kernel& k)
+      : p_(p), m_(m), t_(t), k_(k) {}
+
+  std::string run();
+
+ private:
+  const TileProgram& p_;
+  const KernelModule& m_;
+  const TileKernel& t_;
+  const Kernel& k_;
+  std::ostringstream consts_, views_, body_;
+  std::map<int64_t, std::string> idx_consts_;
+  std::map<int, std::string> arg_of_global_;
+  std::vector<int> arg_globals_;
+  std::deque<View> views_list_;  // stable references
+  std::map<std::string, int> counters_;
+  int depth_ = 2;
+  std::vector<std::string> offset_;   // per tile dim: the SSA index of the current tile's start
+  std::vector<int64_t> tile_ext_;     // per tile dim: the tile's extent
+  std::vector<int> compute_;          // the tile dims of the compute tensors (ordered)
+  std::map<std::pair<int, int>, std::string> vals_;  // (instr, 0 elem / 1 row) -> SSA
+  std::map<int, std::string> loaded_;                // access -> element tensor (f32 compute)
+  std::string acc_;                                  // matmul: the accumulator tile
+  int c_access_ = -1;                                // matmul: the epilogue access of c
+  std::vector<int> target_;                          // the tile dims the kernel's loop space is over
+  std::function<int64_t(const std::vector<int64_t>&)> linear_of_;  // target point -> loop-space element
+  std::vector<std::string> lo_;                      // per tile dim: the core's slice start
+
+  std::string fresh(const std::string& prefix) { return fmt::format("%{}{}", prefix, counters_[prefix]++); }
+  void line(const std::string& s) { body_ << std::string(static_cast<size_t>(depth_) * 2, ' ') << s << '\n'; }
+  std::string idx(int64_t v) {
+    auto it = idx_consts_.find(v);
+    if (it != idx_consts_.end()) return it->second;
+    const std::string n = fmt::format("%c{}", v);
+    consts_ << fmt::format("    {} = arith.constant {} : index\n", n, v);
+    return idx_consts_[v] = n;
+  }
+  int dim_index(const std::string& name) const {
+    for (size_t i = 0; i < t_.dims.size(); ++i)
+      if (t_.dims[i].name == name) return static_cast<int>(i);
+    throw Error(Location{.node = t_.node, .pass = "ktir"}, fmt::format("tile kernel {} has no dim '{}'", t_.name, name));
+  }
+  int arg_of(int global) const {
+    const std::string& name = p_.globals.at(static_cast<size_t>(global)).name;
+    for (size_t i = 0; i < k_.args.size(); ++i)
+      if (k_.args[i].name == name) return static_cast<int>(i);
+    throw Error(Location{.node = t_.node, .pass = "ktir"},
+                fmt::format("tile kernel {}: global '{}' is no arg of kernel {}", t_.name, name, k_.name));
+  }
+  int global_of_arg(int arg) const {
+    const int g = p_.find_global(k_.args.at(static_cast<size_t>(arg)).name);
+    if (g < 0)
+      throw Error(Location{.node = t_.node, .pass = "ktir"},
+                  fmt::format("tile kernel {}: arg {} of kernel {} ('{}') has no global", t_.name, arg, k_.name,
+                              k_.args[static_cast<size_t>(arg)].name));
+    return g;
+  }
+
+  const View& view(int global, const std::vector<int>& tdims, const std::function<int64_t(const std::vector<int64_t>&)>& logical,
+                   const std::string& what);
+  std::string load(const View& v, const std::vector<int>& compute, DType compute_dtype);
+  void store(const View& v, const std::string& value, DType value_dtype);
+  std::string broadcast_row(const std::string& row, DType t);
+  std::string value(int id, bool row);
+  std::string constant(double v, DType t, bool row);
+  std::vector<int64_t> shape(bool row) const {
+    std::vector<int64_t> s;
+    for (size_t i = 0; i + (row ? 1 : 0) < compute_.size(); ++i) s.push_back(tile_ext_[static_cast<size_t>(compute_[i])]);
+    return s;
+  }
+  void emit_body_stores();
+  std::string emit_matmul();
+  std::string emit_vector();
+  void open_loops(const std::vector<int>& dims);
+  void close_loops(size_t n);
+  std::string header(const std::string& kind);
+  size_t loops_open_ = 0;
+};
+
+// A memory view of `global` indexed by the tile dims `tdims` (their full extents), where tile point
+// x is logical element logical(x) of the global; its strides are in padded DRAM elements.
+const View& FuncEmitter::view(int global, const std::vector<int>& tdims,
+                              const std::function<int64_t(const std::vector<int64_t>&)>& logical, const std::string& what) {
+  const Global& g = p_.globals.at(static_cast<size_t>(global));
+  const Layout lay(g);
+  std::vector<int64_t> ext;
+  for (int d : tdims) ext.push_back(t_.dims[static_cast<size_t>(d)].size);
+  const Affine a = fit(ext, [&](const std::vector<int64_t>& x) { return lay.at(logical(x)); }, what);
+  View v;
+  v.global = global;
+  v.base = a.base;
+  v.dtype = g.dtype;
+  for (size_t i = 0; i < tdims.size(); ++i)
+    if (ext[i] > 1 && a.strides[i] != 0) {
+      v.tdims.push_back(tdims[i]);
+      v.sizes.push_back(ext[i]);
+      v.strides.push_back(a.strides[i]);
+    }
+  if (v.sizes.empty()) v.sizes = {1}, v.strides = {1};
+  for (const View& o : views_list_)
+    if (o.global == v.global && o.base == v.base && o.sizes == v.sizes && o.strides == v.strides && o.tdims == v.tdims) return o;
+  v.memref = fmt::format("memref<{}x{}>", dims_x(v.sizes), elem_type(v.dtype));
+  std::string ptr = arg_of_global_.at(global);
+  if (v.base != 0) {
+    const std::string b = fresh("base");
+    views_ << fmt::format("    {} = arith.addi {}, {} : index\n", b, ptr, idx(v.base));
+    ptr = b;
+  }
+  v.name = fresh("view");
+  std::vector<std::string> names;
+  for (int d : v.tdims) names.push_back(t_.dims[static_cast<size_t>(d)].name);
+  views_ << fmt::format("    // {}: {} over [{}]\n", v.name, what, list(names));
+  views_ << fmt::format("    {} = ktdp.construct_memory_view {}, sizes: [{}], strides: [{}] {{\n", v.name, ptr, list(v.sizes),
+                        list(v.strides));
+  views_ << fmt::format("      coordinate_set = {}, memory_space = #ktdp.spyre_memory_space<HBM>\n", box_set(v.sizes));
+  views_ << fmt::format("    }} : {}\n", v.memref);
+  views_list_.push_back(v);
+  return views_list_.back();
+}
+
+// Loads the current tile of `v` and returns it as a tensor over the tile dims `compute` (dims the view
+// lacks broadcast, extent-1 dims it has but `compute` lacks collapsed) in `compute_dtype`.
+std::string FuncEmitter::load(const View& v, const std::vector<int>& compute, DType compute_dtype) {
+  std::vector<std::string> at;
+  std::vector<int64_t> tile;
+  for (int d : v.tdims) at.push_back(offset_[static_cast<size_t>(d)]), tile.push_back(tile_ext_[static_cast<size_t>(d)]);
+  if (v.tdims.empty()) at.push_back(idx(0)), tile.push_back(1);
+  const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(tile));
+  const std::string acc = fresh("tile");
+  line(fmt::format("{} = ktdp.construct_access_tile {}[{}] {{", acc, v.name, list(at)));
+  line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(tile), identity_map(tile.size())));
+  line(fmt::format("}} : {} -> {}", v.memref, at_ty));
+  std::string x = fresh("ld");
+  line(fmt::format("{} = ktdp.load {} : {} -> {}", x, acc, at_ty, tensor_ty(tile, v.dtype)));
+  // keep the view dims that are compute dims
+  std::vector<int64_t> kept;
+  std::vector<int> kept_dims;
+  std::vector<std::vector<int64_t>> groups;
+  std::vector<int64_t> pending;
+  for (size_t i = 0; i < v.tdims.size(); ++i) {
+    pending.push_back(static_cast<int64_t>(i));
+    const bool keep = std::find(compute.begin(), compute.end(), v.tdims[i]) != compute.end();
+    if (!keep && tile[i] != 1)
+      cannot(fmt::format("operand tile of '{}' varies along dim {} the computation does not index",
+                         p_.globals[static_cast<size_t>(v.global)].name, t_.dims[static_cast<size_t>(v.tdims[i])].name));
+    if (keep) groups.push_back(pending), pending.clear(), kept.push_back(tile[i]), kept_dims.push_back(v.tdims[i]);
+  }
+  const std::vector<int64_t> full = [&] {
+    std::vector<int64_t> s;
+    for (int d : compute) s.push_back(tile_ext_[static_cast<size_t>(d)]);
+    return s;
+  }();
+  if (kept.empty()) {
+    // a single element: extract it and splat it over the compute tile
+    if (tile.size() > 1) {
+      std::vector<std::string> all;
+      for (size_t i = 0; i < tile.size(); ++i) all.push_back(std::to_string(i));
+      const std::string c = fresh("one");
+      line(fmt::format("{} = tensor.collapse_shape {} [[{}]] : {} into {}", c, x, list(all), tensor_ty(tile, v.dtype),
+                       tensor_ty({1}, v.dtype)));
+      x = c;
+    }
+    const std::string s = fresh("s");
+    line(fmt::format("{} = tensor.extract {}[{}] : {}", s, x, idx(0), tensor_ty({1}, v.dtype)));
+    std::string sc = s;
+    if (v.dtype != compute_dtype) {
+      sc = fresh("s");
+      line(fmt::format("{} = arith.{} {} : {} to {}", sc, dtype_size(compute_dtype) > dtype_size(v.dtype) ? "extf" : "truncf", s,
+                       elem_type(v.dtype), elem_type(compute_dtype)));
+    }
+    const std::string r = fresh("splat");
+    line(fmt::format("{} = tensor.splat {} : {}", r, sc, tensor_ty(full, compute_dtype)));
+    return r;
+  }
+  if (!pending.empty()) groups.back().insert(groups.back().end(), pending.begin(), pending.end());
+  if (kept.size() != tile.size()) {
+    std::vector<std::string> gs;
+    for (const auto& g : groups) gs.push_back("[" + list(g) + "]");
+    const std::string c = fresh("ld");
+    line(fmt::format("{} = tensor.collapse_shape {} [{}] : {} into {}", c, x, list(gs), tensor_ty(tile, v.dtype),
+                     tensor_ty(kept, v.dtype)));
+    x = c;
+  }
+  if (v.dtype != compute_dtype) {
+    if (!is_fp(v.dtype) || !is_fp(compute_dtype)) cannot("integer operands stored in another type");
+    const std::string c = fresh("cv");
+    line(fmt::format("{} = arith.{} {} : {} to {}", c, dtype_size(compute_dtype) > dtype_size(v.dtype) ? "extf" : "truncf", x,
+                     tensor_ty(kept, v.dtype), tensor_ty(kept, compute_dtype)));
+    x = c;
+  }
+  if (kept.size() != full.size()) {
+    std::vector<int64_t> added;
+    for (size_t i = 0; i < compute.size(); ++i)
+      if (std::find(kept_dims.begin(), kept_dims.end(), compute[i]) == kept_dims.end()) added.push_back(static_cast<int64_t>(i));
+    const std::string e = fresh("empty"), b = fresh("bc");
+    line(fmt::format("{} = tensor.empty() : {}", e, tensor_ty(full, compute_dtype)));
+    line(fmt::format("{} = linalg.broadcast ins({} : {}) outs({} : {}) dimensions = [{}]", b, x, tensor_ty(kept, compute_dtype), e,
+                     tensor_ty(full, compute_dtype), list(added)));
+    x = b;
+  }
+  return x;
+}
+
+// Stores `value` (a tensor over compute_ in value_dtype) into the current tile of `v`.
+void FuncEmitter::store(const View& v, const std::string& value, DType value_dtype) {
+  std::vector<int64_t> full = shape(false);
+  std::vector<std::string> at;
+  std::vector<int64_t> tile;
+  for (int d : v.tdims) at.push_back(offset_[static_cast<size_t>(d)]), tile.push_back(tile_ext_[static_cast<size_t>(d)]);
+  if (v.tdims.empty()) cannot("a store of a single element over the whole tile");
+  for (int d : compute_)
+    if (std::find(v.tdims.begin(), v.tdims.end(), d) == v.tdims.end() && tile_ext_[static_cast<size_t>(d)] > 1)
+      cannot(fmt::format("a store that does not index dim {}", t_.dims[static_cast<size_t>(d)].name));
+  std::string x = value;
+  if (value_dtype != v.dtype) {
+    if (!is_fp(v.dtype) || !is_fp(value_dtype)) cannot("integer results stored in another type");
+    const std::string c = fresh("cv");
+    line(fmt::format("{} = arith.{} {} : {} to {}", c, dtype_size(v.dtype) < dtype_size(value_dtype) ? "truncf" : "extf", x,
+                     tensor_ty(full, value_dtype), tensor_ty(full, v.dtype)));
+    x = c;
+  }
+  // reshape the compute tensor to the view's tile (extent-1 dims added or dropped)
+  std::vector<int64_t> nz_full, nz_tile;
+  for (int64_t e : full)
+    if (e != 1) nz_full.push_back(e);
+  for (int64_t e : tile)
+    if (e != 1) nz_tile.push_back(e);
+  if (nz_full != nz_tile) cannot("a store whose tile is not the compute tile");
+  if (full != tile) {
+    const std::string c = fresh("st");
+    const std::string all = [&] {
+      std::vector<std::string> a;
+      for (size_t i = 0; i < full.size(); ++i) a.push_back(std::to_string(i));
+      return list(a);
+    }();
+    const std::string all_t = [&] {
+      std::vector<std::string> a;
+      for (size_t i = 0; i < tile.size(); ++i) a.push_back(std::to_string(i));
+      return list(a);
+    }();
+    // through one flat dim: collapse, then expand
+    const int64_t n = [&] {
+      int64_t r = 1;
+      for (int64_t e : full) r *= e;
+      return r;
+    }();
+    std::string flat = x;
+    if (full.size() != 1) {
+      flat = fresh("st");
+      line(fmt::format("{} = tensor.collapse_shape {} [[{}]] : {} into {}", flat, x, all, tensor_ty(full, v.dtype),
+                       tensor_ty({n}, v.dtype)));
+    }
+    if (tile.size() != 1)
+      line(fmt::format("{} = tensor.expand_shape {} [[{}]] output_shape [{}] : {} into {}", c, flat, all_t, list(tile),
+                       tensor_ty({n}, v.dtype), tensor_ty(tile, v.dtype)));
+    else
+      line(fmt::format("{} = tensor.collapse_shape {} [] : {} into {}", c, flat, tensor_ty({n}, v.dtype), tensor_ty(tile, v.dtype)));
+    x = tile.size() != 1 ? c : flat;
+  }
+  const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(tile));
+  const std::string acc = fresh("tile");
+  line(fmt::format("{} = ktdp.construct_access_tile {}[{}] {{", acc, v.name, list(at)));
+  line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(tile), identity_map(tile.size())));
+  line(fmt::format("}} : {} -> {}", v.memref, at_ty));
+  line(fmt::format("ktdp.store {}, {} : {}, {}", x, acc, tensor_ty(tile, v.dtype), at_ty));
+}
+
+std::string FuncEmitter::broadcast_row(const std::string& row, DType t) {
+  const std::string e = fresh("empty"), b = fresh("bc");
+  line(fmt::format("{} = tensor.empty() : {}", e, tensor_ty(shape(false), t)));
+  line(fmt::format("{} = linalg.broadcast ins({} : {}) outs({} : {}) dimensions = [{}]", b, row, tensor_ty(shape(true), t), e,
+                   tensor_ty(shape(false), t), compute_.size() - 1));
+  return b;
+}
+
+std::string FuncEmitter::constant(double v, DType t, bool row) {
+  const std::string n = fresh("cst");
+  line(fmt::format("{} = arith.constant dense<{}> : {}", n, literal(v, t), tensor_ty(shape(row), t)));
+  return n;
+}
+
+// The SSA tensor of instruction `id` at element shape (row = false) or row shape (row = true).
+std::string FuncEmitter::value(int id, bool row) {
+  if (id < 0 || id >= static_cast<int>(k_.body.size()))
+    throw Error(Location{.node = t_.node, .pass = "ktir"}, fmt::format("kernel {}: instruction %{} out of range", k_.name, id));
+  auto key = std::make_pair(id, row ? 1 : 0);
+  auto it = vals_.find(key);
+  if (it != vals_.end()) return it->second;
+  const KInstr& in = k_.body[static_cast<size_t>(id)];
+  const DType t = in.dtype;
+  std::string r;
+  const bool is_row_value = in.row || in.op == "reduce";
+  if (in.op == "const") {
+    r = constant(in.value, t, row);
+  } else if (!row && is_row_value) {
+    if (compute_.size() < 2) cannot("a row value in a kernel without rows");
+    r = broadcast_row(value(id, true), t);
+  } else if (row && !is_row_value) {
+    cannot(fmt::format("element value %{} used as a row value", id));
+  } else if (in.op == "load") {
+    if (row) cannot("a row-level load");
+    const KAccess& acc = k_.accesses.at(static_cast<size_t>(in.access));
+    if (!acc_.empty() && acc.arg == k_.mm.c) {
+      const KAccess& ca = k_.accesses.at(static_cast<size_t>(c_access_));
+      if (acc.offset != ca.offset || acc.strides != ca.strides) cannot("the epilogue reads the product through another map than it stores it");
+      r = acc_;
+      if (t != DType::f32) cannot("a matmul product read as a non-f32 value");
+    } else {
+      auto lit = loaded_.find(in.access);
+      if (lit != loaded_.end()) {
+        r = lit->second;
+      } else {
+        const int g = global_of_arg(acc.arg);
+        const View& v = *[&] {
+          const std::function<int64_t(const std::vector<int64_t>&)> f = [&](const std::vector<int64_t>& x) {
+            return access_at(k_, acc, linear_of_(x));
+          };
+          return &view(g, target_, f, fmt::format("access #{} of {}", in.access, k_.name));
+        }();
+        r = loaded_[in.access] = load(v, compute_, t);
+      }
+    }
+  } else if (in.op == "reduce") {
+    static const std::map<std::string, std::pair<std::string, double>> kinds = {
+        {"sum", {"addf", 0.0}}, {"prod", {"mulf", 1.0}}, {"max", {"maximumf", -INFINITY}}, {"min", {"minimumf", INFINITY}}};
+    auto kit = kinds.find(in.attr);
+    if (kit == kinds.end() || !is_fp(t)) cannot(fmt::format("reduce.{} on {}", in.attr, dtype_name(t)));
+    const std::string x = value(in.args.at(0), false);
+    const std::string init = constant(kit->second.second, t, true);
+    r = fresh("red");
+    line(fmt::format("{} = linalg.reduce {{ arith.{} }} ins({} : {}) outs({} : {}) dimensions = [{}]", r, kit->second.first, x,
+                     tensor_ty(shape(false), t), init, tensor_ty(shape(true), t), compute_.size() - 1));
+  } else {
+    const std::string ty = tensor_ty(shape(row), t);
+    std::vector<std::string> a;
+    for (int x : in.args) a.push_back(value(x, row));
+    auto arg_dtype = [&](size_t i) { return k_.body.at(static_cast<size_t>(in.args.at(i))).dtype; };
+    const bool fl = is_fp(t);
+    r = fresh("v");
+    static const std::map<std::string, std::string> unary_math = {
+        {"exp", "math.exp"},     {"log", "math.log"},     {"sqrt", "math.sqrt"},   {"sin", "math.sin"},
+        {"atan", "math.atan"},   {"erf", "math.erf"},     {"tanh", "math.tanh"},   {"floor", "math.floor"},
+        {"round_even", "math.roundeven"}};
+    const std::string& op = in.op;
+    if (op == "neg" && fl) {
+      line(fmt::format("{} = arith.negf {} : {}", r, a.at(0), ty));
+    } else if (op == "neg") {
+      const std::string z = constant(0, t, row);
+      line(fmt::format("{} = arith.subi {}, {} : {}", r, z, a.at(0), ty));
+    } else if (unary_math.count(op)) {
+      if (!fl) cannot(fmt::format("{} on {}", op, dtype_name(t)));
+      line(fmt::format("{} = {} {} : {}", r, unary_math.at(op), a.at(0), ty));
+    } else if (op == "add" || op == "mul" || op == "div" || op == "rem" || op == "pow" || op == "max" || op == "min" ||
+               op == "and" || op == "or" || op == "xor") {
+      std::string name;
+      if (fl) {
+        static const std::map<std::string, std::string> f = {{"add", "arith.addf"},     {"mul", "arith.mulf"},
+                                                             {"div", "arith.divf"},     {"rem", "arith.remf"},
+                                                             {"pow", "math.powf"},      {"max", "arith.maximumf"},
+                                                             {"min", "arith.minimumf"}};
+        auto fit_ = f.find(op);
+        if (fit_ == f.end()) cannot(fmt::format("{} on {}", op, dtype_name(t)));
+        name = fit_->second;
+      } else if (t == DType::boolean) {
+        static const std::map<std::string, std::string> b = {{"mul", "arith.andi"}, {"max", "arith.ori"}, {"min", "arith.andi"},
+                                                             {"and", "arith.andi"}, {"or", "arith.ori"},  {"xor", "arith.xori"}};
+        auto bit = b.find(op);
+        if (bit == b.end()) cannot(fmt::format("{} on bool", op));
+        name = bit->second;
+      } else {
+        static const std::map<std::string, std::string> i = {{"add", "arith.addi"}, {"mul", "arith.muli"}, {"max", "arith.maxsi"},
+                                                             {"min", "arith.minsi"}, {"and", "arith.andi"}, {"or", "arith.ori"},
+                                                             {"xor", "arith.xori"}};
+        auto iit = i.find(op);
+        if (iit == i.end()) cannot(fmt::format("{} on {}", op, dtype_name(t)));
+        name = iit->second;
+      }
+      line(fmt::format("{} = {} {}, {} : {}", r, name, a.at(0), a.at(1), ty));
+    } else if (op == "compare") {
+      const DType at = arg_dtype(0);
+      const std::string aty = tensor_ty(shape(row), at);
+      static const std::map<std::string, std::string> fp = {{"eq", "oeq"}, {"ne", "une"}, {"lt", "olt"},
+                                                            {"le", "ole"}, {"gt", "ogt"}, {"ge", "oge"}};
+      static const std::map<std::string, std::string> ip = {{"eq", "eq"},   {"ne", "ne"},   {"lt", "slt"},
+                                                            {"le", "sle"}, {"gt", "sgt"}, {"ge", "sge"}};
+      const auto& tbl = is_fp(at) ? fp : ip;
+      auto cit = tbl.find(in.attr);
+      if (cit == tbl.end()) cannot(fmt::format("compare direction '{}'", in.attr));
+      line(fmt::format("{} = arith.{} {}, {}, {} : {}", r, is_fp(at) ? "cmpf" : "cmpi", cit->second, a.at(0), a.at(1), aty));
+    } else if (op == "select") {
+      line(fmt::format("{} = arith.select {}, {}, {} : {}, {}", r, a.at(0), a.at(1), a.at(2), tensor_ty(shape(row), DType::boolean), ty));
+    } else if (op == "convert") {
+      const DType from = arg_dtype(0);
+      const std::string fty = tensor_ty(shape(row), from);
+      if (from == t) {
+        r = a.at(0);
+      } else if (is_fp(from) && is_fp(t)) {
+        line(fmt::format("{} = arith.{} {} : {} to {}", r, dtype_size(t) > dtype_size(from) ? "extf" : "truncf", a.at(0), fty, ty));
+      } else if (t == DType::boolean) {
+        const std::string z = constant(0, from, row);
+        line(fmt::format("{} = arith.{} {}, {}, {} : {}", r, is_fp(from) ? "cmpf" : "cmpi", is_fp(from) ? "une" : "ne", a.at(0), z, fty));
+      } else if (is_fp(t)) {
+        line(fmt::format("{} = arith.{} {} : {} to {}", r, from == DType::boolean ? "uitofp" : "sitofp", a.at(0), fty, ty));
+      } else if (is_fp(from)) {
+        line(fmt::format("{} = arith.fptosi {} : {} to {}", r, a.at(0), fty, ty));
+      } else {
+        const char* o = from == DType::boolean ? "extui" : dtype_size(t) > dtype_size(from) ? "extsi" : "trunci";
+        line(fmt::format("{} = arith.{} {} : {} to {}", r, o, a.at(0), fty, ty));
+      }
+    } else {
+      cannot(fmt::format("no KTIR form for '{}' ({})", op, dtype_name(t)));
+    }
+  }
+  vals_[key] = r;
+  return r;
+}
+
+}  // namespace
+}  // namespace tessel::tile
+
+namespace tessel::tile {
+namespace {
+
+void FuncEmitter::open_loops(const std::vector<int>& dims) {
+  for (int d : dims) {
+    const Dim& dm = t_.dims[static_cast<size_t>(d)];
+    if (dm.steps() <= 1) {
+      offset_[static_cast<size_t>(d)] = lo_[static_cast<size_t>(d)];
+      continue;
+    }
+    std::string hi = idx(dm.slice);
+    if (dm.split > 1) {
+      hi = fresh("hi_" + dm.name);
+      line(fmt::format("{} = arith.addi {}, {} : index", hi, lo_[static_cast<size_t>(d)], idx(dm.slice)));
+    }
+    const std::string iv = fresh("i" + dm.name);
+    line(fmt::format("scf.for {} = {} to {} step {} {{", iv, lo_[static_cast<size_t>(d)], hi, idx(dm.tile)));
+    ++depth_;
+    ++loops_open_;
+    offset_[static_cast<size_t>(d)] = iv;
+  }
+}
+
+void FuncEmitter::close_loops(size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    line("scf.yield");
+    --depth_;
+    line("}");
+  }
+}
+
+void FuncEmitter::emit_body_stores() {
+  for (size_t i = 0; i < k_.body.size(); ++i) {
+    const KInstr& in = k_.body[i];
+    if (in.op != "store") continue;
+    if (in.row) cannot("a row-level store");
+    const KAccess& acc = k_.accesses.at(static_cast<size_t>(in.access));
+    const int g = global_of_arg(acc.arg);
+    const std::function<int64_t(const std::vector<int64_t>&)> f = [&](const std::vector<int64_t>& x) {
+      return access_at(k_, acc, linear_of_(x));
+    };
+    const View& v = view(g, target_, f, fmt::format("access #{} of {}", in.access, k_.name));
+    const std::string x = value(in.args.at(0), false);
+    store(v, x, k_.body.at(static_cast<size_t>(in.args.at(0))).dtype);
+  }
+}
+
+std::string FuncEmitter::emit_vector() {
+  const int p = dim_index("p"), e = dim_index("e");
+  const Dim& dp = t_.dims[static_cast<size_t>(p)];
+  const Dim& de = t_.dims[static_cast<size_t>(e)];
+  if (de.split != 1 || de.tile != de.size) cannot("the e dim is split or tiled");
+  const int64_t P = dp.size, E = de.size;
+  if (k_.outer_count() * k_.inner_count() != P * E)
+    throw Error(Location{.node = t_.node, .pass = "ktir"},
+                fmt::format("tile kernel {}: p {} x e {} is not kernel {}'s loop space", t_.name, P, E, k_.name));
+  const bool inner = k_.splits_inner();
+  target_ = {p, e};
+  compute_ = {p, e};
+  linear_of_ = [=](const std::vector<int64_t>& x) { return inner ? x[1] * P + x[0] : x[0] * E + x[1]; };
+  if (inner && E > 1) cannot("a pointwise kernel split along its innermost dim with more than one element per point");
+  open_loops(t_.order);
+  emit_body_stores();
+  close_loops(loops_open_);
+  return "vector";
+}
+
+std::string FuncEmitter::emit_matmul() {
+  const MatmulSpec& mm = k_.mm;
+  const int b = dim_index("b"), m = dim_index("m"), n = dim_index("n"), kd = dim_index("k");
+  const Dim& dk = t_.dims[static_cast<size_t>(kd)];
+  if (dk.split > 1) cannot(fmt::format("K is split over {} cores (the partial sums need ktdp.inter_tile_reduce)", dk.split));
+  if (t_.dims[static_cast<size_t>(b)].tile != 1) cannot("batch tiles of more than one matrix");
+  if (t_.order.empty() || t_.order.back() != kd) cannot("a loop order without k innermost");
+  const int ga = global_of_arg(mm.a), gb = global_of_arg(mm.b);
+  const View& va = view(ga, {b, m, kd}, [&](const std::vector<int64_t>& x) {
+    return mm.a_offset + mm.a_batch * x[0] + mm.a_m * x[1] + mm.a_k * x[2];
+  }, "matmul A");
+  const View& vb = view(gb, {b, kd, n}, [&](const std::vector<int64_t>& x) {
+    return mm.b_offset + mm.b_batch * x[0] + mm.b_k * x[1] + mm.b_n * x[2];
+  }, "matmul B");
+  const std::vector<int> outer(t_.order.begin(), t_.order.end() - 1);
+  open_loops(outer);
+  const int64_t tm = tile_ext_[static_cast<size_t>(m)], tn = tile_ext_[static_cast<size_t>(n)], tk = tile_ext_[static_cast<size_t>(kd)];
+  const std::string acc_ty = tensor_ty({tm, tn}, DType::f32);
+  const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
+  line(fmt::format("{} = arith.constant 0.000000000e+00 : f32", z));
+  line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
+  line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
+  const DType dta = p_.globals[static_cast<size_t>(ga)].dtype, dtb = p_.globals[static_cast<size_t>(gb)].dtype;
+  auto product = [&](const std::string& into) {
+    const std::string at = load(va, {m, kd}, dta), bt = load(vb, {kd, n}, dtb);
+    const std::string r = fresh("mm");
+    line(fmt::format("{} = linalg.matmul ins({}, {} : {}, {}) outs({} : {}) -> {}", r, at, bt, tensor_ty({tm, tk}, dta),
+                     tensor_ty({tk, tn}, dtb), into, acc_ty, acc_ty));
+    return r;
+  };
+  if (dk.steps() > 1) {
+    acc_ = fresh("acc");
+    const std::string iv = fresh("ik"), it = fresh("acc_in");
+    line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", acc_, iv, lo_[static_cast<size_t>(kd)],
+                     idx(dk.slice), idx(dk.tile), it, a0, acc_ty));
+    ++depth_;
+    offset_[static_cast<size_t>(kd)] = iv;
+    const std::string r = product(it);
+    line(fmt::format("scf.yield {} : {}", r, acc_ty));
+    --depth_;
+    line("}");
+  } else {
+    offset_[static_cast<size_t>(kd)] = lo_[static_cast<size_t>(kd)];
+    acc_ = product(a0);
+  }
+  // epilogue over the product tile (b m n), or the product stored as it is
+  target_ = {b, m, n};
+  compute_ = {m, n};
+  const int64_t B = mm.batch, M = mm.m, N = mm.n;
+  linear_of_ = [=](const std::vector<int64_t>& x) { return (x[0] * M + x[1]) * N + x[2]; };
+  if (k_.body.empty()) {
+    const int gc = global_of_arg(mm.c);
+    const bool contiguous = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
+    const View& vc = view(gc, target_, [&](const std::vector<int64_t>& x) {
+      return contiguous ? linear_of_(x) : mm.c_batch * x[0] + mm.c_m * x[1] + mm.c_n * x[2];
+    }, "matmul C");
+    store(vc, acc_, DType::f32);
+  } else {
+    if (k_.outer_count() * k_.inner_count() != B * M * N)
+      throw Error(Location{.node = t_.node, .pass = "ktir"},
+                  fmt::format("kernel {}: the epilogue's loop space is not the product's {}x{}x{}", k_.name, B, M, N));
+    for (size_t i = 0; i < k_.body.size(); ++i)
+      if (k_.body[i].op == "store" && k_.accesses.at(static_cast<size_t>(k_.body[i].access)).arg == mm.c) c_access_ = k_.body[i].access;
+    if (c_access_ < 0) cannot("an epilogue that does not store the product's buffer");
+    emit_body_stores();
+  }
+  close_loops(loops_open_);
+  return "matmul";
+}
+
+std::string FuncEmitter::run() {
+  const size_t nd = t_.dims.size();
+  for (const Dim& d : t_.dims) {
+    if (d.split < 1 || d.slice <= 0 || d.tile <= 0)
+      throw Error(Location{.node = t_.node, .pass = "ktir"}, fmt::format("tile kernel {}: dim {} is not mapped", t_.name, d.name));
+    if (d.split * d.slice != d.size || d.slice % d.tile != 0)
+      cannot(fmt::format("partial tiles: dim {} of {} over {} cores x slice {} in tiles of {}", d.name, d.size, d.split, d.slice,
+                         d.tile));
+  }
+  offset_.assign(nd, "");
+  lo_.assign(nd, "");
+  tile_ext_.clear();
+  for (const Dim& d : t_.dims) tile_ext_.push_back(d.tile);
+  // arguments: the globals of the operands, each once
+  for (const Operand& op : t_.operands) {
+    if (op.global < 0 || arg_of_global_.count(op.global)) continue;
+    (void)arg_of(op.global);  // every operand is a buffer of the kernel
+    arg_of_global_[op.global] = fmt::format("%arg{}", arg_globals_.size());
+    arg_globals_.push_back(op.global);
+  }
+  // the layout of every global: its padded shape in DRAM
+  for (int g : arg_globals_) {
+    const Global& gl = p_.globals[static_cast<size_t>(g)];
+    const Layout lay(gl);
+    const std::string n = fmt::format("%g{}", arg_of_global_[g].substr(4));
+    views_ << fmt::format("    // {}: {} {}[{}] in DRAM as {}[{}]{}\n", n, comment_safe(gl.name), dtype_name(gl.logical),
+                          list(gl.shape), dtype_name(gl.dtype), list(gl.padded),
+                          gl.perm.empty() ? "" : fmt::format(", physical order [{}]", list(gl.perm)));
+    views_ << fmt::format("    {} = ktdp.construct_memory_view {}, sizes: [{}], strides: [{}] {{\n", n, arg_of_global_[g],
+                          list(gl.padded), list(lay.pstride));
+    views_ << fmt::format("      coordinate_set = {}, memory_space = #ktdp.spyre_memory_space<HBM>\n", box_set(gl.padded));
+    views_ << fmt::format("    }} : memref<{}x{}>\n", dims_x(gl.padded), elem_type(gl.dtype));
+  }
+  // the core grid: the split dims, in dim order
+  std::vector<int64_t> grid;
+  std::vector<std::string> tids;
+  for (size_t d = 0; d < nd; ++d)
+    if (t_.dims[d].split > 1) {
+      grid.push_back(t_.dims[d].split);
+      tids.push_back("%tid_" + t_.dims[d].name);
+    }
+  std::string tid_line;
+  if (grid.empty()) {
+    grid = {1};
+    tid_line = "    %tid = ktdp.get_compute_tile_id : index\n";
+  } else {
+    std::vector<std::string> tys(tids.size(), "index");
+    tid_line = fmt::format("    {} = ktdp.get_compute_tile_id : {}\n", list(tids), list(tys));
+  }
+  for (size_t d = 0; d < nd; ++d) {
+    const Dim& dm = t_.dims[d];
+    if (dm.split > 1) {
+      lo_[d] = "%lo_" + dm.name;
+      line(fmt::format("{} = arith.muli %tid_{}, {} : index", lo_[d], dm.name, idx(dm.slice)));
+    } else {
+      lo_[d] = idx(0);
+    }
+  }
+  const std::string kind = t_.kind == TileKind::matmul ? emit_matmul() : emit_vector();
+  std::ostringstream out;
+  out << fmt::format("  // {}: {} kernel {} of node \"{}\"\n", t_.name, kind, k_.name, comment_safe(t_.node));
+  std::vector<std::string> src;
+  for (const auto& s : t_.sources) src.push_back("\"" + comment_safe(s) + "\"");
+  out << fmt::format("  //   sources {}\n", list(src));
+  std::vector<std::string> ds;
+  for (const Dim& d : t_.dims)
+    ds.push_back(fmt::format("{} {}/{}x{} tile {}", d.name, d.size, d.split, d.slice, d.tile));
+  std::vector<std::string> ord;
+  for (int o : t_.order) ord.push_back(t_.dims[static_cast<size_t>(o)].name);
+  out << fmt::format("  //   dims (size/split x slice) {}; loop order {}; {} cores\n", list(ds), list(ord), t_.cores);
+  out << fmt::format("  func.func @{}(\n", t_.name);
+  for (size_t i = 0; i < arg_globals_.size(); ++i) {
+    const Global& g = p_.globals[static_cast<size_t>(arg_globals_[i])];
+    out << fmt::format("      %arg{}: index{}  // {} {}[{}]\n", i, i + 1 < arg_globals_.size() ? "," : "", comment_safe(g.name),
+                       dtype_name(g.dtype), list(g.padded));
+  }
+  out << fmt::format("  ) attributes {{grid = [{}]}} {{\n", list(grid));
+  out << tid_line << consts_.str() << views_.str() << body_.str();
+  out << "    return\n  }\n";
+  return out.str();
+}
+
+}  // namespace
+
+std::string export_ktir(const TileProgram& p, const KernelModule& m, std::vector<std::string>* skipped) {
+  std::vector<std::string> skip, funcs;
+  for (const TileKernel& t : p.kernels) {
+    if (t.kind == TileKind::host) {
+      skip.push_back(fmt::format("{}: host step \"{}\"", t.name, t.node));
+      continue;
+    }
+    if (t.kind == TileKind::conv) {
+      skip.push_back(fmt::format("{}: convolution \"{}\" (no KTIR export of conv tiles yet)", t.name, t.node));
+      continue;
+    }
+    if (t.kernel < 0 || t.kernel >= static_cast<int>(m.kernels.size()))
+      throw Error(Location{.node = t.node, .pass = "ktir"},
+                  fmt::format("tile kernel {} refers to kernel {} of a module with {}", t.name, t.kernel, m.kernels.size()));
+    const Kernel& k = m.kernels[static_cast<size_t>(t.kernel)];
+    if ((t.kind == TileKind::matmul) != (k.kind == KernelKind::matmul))
+      throw Error(Location{.node = t.node, .pass = "ktir"},
+                  fmt::format("tile kernel {} is {} but kernel {} is {}", t.name, tile_kind_name(t.kind), k.name, kernel_kind_name(k.kind)));
+    try {
+      FuncEmitter f(p, m, t, k);
+      funcs.push_back(f.run());
+    } catch (const Unsupported& u) {
+      skip.push_back(fmt::format("{}: {} \"{}\": {}", t.name, tile_kind_name(t.kind), t.node, u.why));
+    }
+  }
+  std::ostringstream out;
+  out << fmt::format("// KTIR (ktdp dialect, torch-spyre/RFCs 0682-KtirSpec) exported by tessel from the tile level\n");
+  out << fmt::format("// model \"{}\", target {}, {} cores; {} of {} tile kernels exported\n", comment_safe(p.name), p.target, p.cores,
+                     funcs.size(), p.kernels.size());
+  for (const std::string& s : skip) out << "// skipped " << comment_safe(s) << '\n';
+  out << "module {\n";
+  for (size_t i = 0; i < funcs.size(); ++i) out << (i ? "\n" : "") << funcs[i];
+  out << "}\n";
+  if (skipped) skipped->insert(skipped->end(), skip.begin(), skip.end());
+  return out.str();
+}
+
+}  // namespace tessel::tile

@@ -1,0 +1,270 @@
+// KTIR export (docs/ktir.md): the ffn_s module checked structurally against its tile program, and
+// other corpus models exported with their skipped kernels named.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "corpus_util.h"
+#include "tessel/driver/dataflow.h"
+#include "tessel/driver/model_dir.h"
+#include "tessel/targets/dataflow/hw.h"
+#include "tessel/tile/ktir.h"
+
+using namespace tessel;
+
+namespace {
+
+DataflowCompile compile_spyre(const std::string& model) {
+  testenv::CorpusCase c = testenv::load_corpus_model(model);
+  ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + model);
+  return compile_dataflow(mp.model, c.inputs, dataflow::load_preset("spyre"));
+}
+
+std::string join(const std::vector<int64_t>& v, const char* sep) {
+  std::string r;
+  for (size_t i = 0; i < v.size(); ++i) r += (i ? sep : "") + std::to_string(v[i]);
+  return r;
+}
+
+// The functions of a module: name -> text (from "func.func @name(" to its closing "  }").
+std::map<std::string, std::string> functions(const std::string& text) {
+  std::map<std::string, std::string> f;
+  std::istringstream in(text);
+  std::string line, name, body;
+  while (std::getline(in, line)) {
+    static const std::regex head(R"(^\s*func\.func @([A-Za-z0-9_]+)\()");
+    std::smatch mt;
+    if (std::regex_search(line, mt, head)) name = mt[1], body.clear();
+    if (!name.empty()) body += line + "\n";
+    if (!name.empty() && line == "  }") f[name] = body, name.clear();
+  }
+  return f;
+}
+
+// Every %value a function uses is defined before, in an enclosing region: function arguments,
+// results (left of '='), scf.for induction variables and iter_args. Region results become visible
+// when their region closes. Returns the first violation, or "".
+std::string check_ssa(const std::string& func) {
+  static const std::regex value(R"(%[A-Za-z0-9_$.]+)");
+  static const std::regex lhs(R"(^\s*(%[A-Za-z0-9_$.]+(?:\s*,\s*%[A-Za-z0-9_$.]+)*)\s*=\s)");
+  static const std::regex region_def(R"((?:scf\.for\s+|iter_args\(\s*|,\s*)(%[A-Za-z0-9_$.]+)\s*=)");
+  static const std::regex arg(R"(^\s*(%[A-Za-z0-9_]+): )");
+  struct Scope {
+    std::set<std::string> defined, on_close;
+  };
+  std::vector<Scope> scopes(1);
+  auto visible = [&](const std::string& v) {
+    for (const Scope& s : scopes)
+      if (s.defined.count(v)) return true;
+    return false;
+  };
+  std::istringstream in(func);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    const auto cpos = line.find("//");
+    std::string code = cpos == std::string::npos ? line : line.substr(0, cpos);
+    std::smatch m;
+    if (std::regex_search(code, m, arg)) {
+      scopes.back().defined.insert(m[1]);
+      continue;
+    }
+    std::set<std::string> results, region_vals;
+    std::string rest = code;
+    if (std::regex_search(code, m, lhs)) {
+      std::string l = m[1];
+      for (std::sregex_iterator it(l.begin(), l.end(), value), end; it != end; ++it) results.insert(it->str());
+      rest = m.suffix();
+    }
+    for (std::sregex_iterator it(rest.begin(), rest.end(), region_def), end; it != end; ++it) region_vals.insert((*it)[1]);
+    for (std::sregex_iterator it(rest.begin(), rest.end(), value), end; it != end; ++it) {
+      const std::string v = it->str();
+      if (region_vals.count(v)) continue;
+      if (!visible(v)) return fmt::format("line {}: {} used before its definition: {}", n, v, line);
+    }
+    for (const std::string& v : results)
+      if (visible(v)) return fmt::format("line {}: {} defined twice", n, v);
+    int opens = 0, closes = 0;
+    for (char c : code) opens += c == '{', closes += c == '}';
+    const bool opens_region = !code.empty() && code.find_last_not_of(" ") != std::string::npos &&
+                              code[code.find_last_not_of(" ")] == '{' && opens > closes;
+    const bool closes_region = code.find_first_not_of(" ") != std::string::npos && code[code.find_first_not_of(" ")] == '}' &&
+                               closes > opens;
+    if (closes_region) {
+      if (scopes.size() < 2) return fmt::format("line {}: unbalanced '}}'", n);
+      Scope s = scopes.back();
+      scopes.pop_back();
+      scopes.back().defined.insert(s.on_close.begin(), s.on_close.end());
+    }
+    if (opens_region) {
+      // the op's results become visible in the enclosing scope when this region closes
+      scopes.emplace_back();
+      scopes.back().defined.insert(region_vals.begin(), region_vals.end());
+      scopes.back().on_close.insert(results.begin(), results.end());
+    } else {
+      scopes.back().defined.insert(results.begin(), results.end());
+    }
+  }
+  return scopes.size() == 1 ? "" : "unclosed region";
+}
+
+// Op names used in a module: the token after "= " or the first token of a statement.
+std::set<std::string> op_names(const std::string& text) {
+  std::set<std::string> ops;
+  std::istringstream in(text);
+  std::string line;
+  static const std::regex after_eq(R"(^\s*%[^=]*=\s*([a-z_]+\.[a-z_]+))");
+  static const std::regex stmt(R"(^\s*([a-z_]+\.[a-z_]+|return)\b)");
+  while (std::getline(in, line)) {
+    const auto cpos = line.find("//");
+    const std::string code = cpos == std::string::npos ? line : line.substr(0, cpos);
+    std::smatch m;
+    if (std::regex_search(code, m, after_eq) || std::regex_search(code, m, stmt)) ops.insert(m[1]);
+  }
+  return ops;
+}
+
+bool balanced(const std::string& text) {
+  std::vector<char> st;
+  bool in_comment = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') in_comment = false;
+    if (in_comment) continue;
+    if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+      in_comment = true;
+      continue;
+    }
+    if (c == '{' || c == '(' || c == '[' || c == '<') st.push_back(c);
+    if (c == '>' && i > 0 && text[i - 1] == '-') continue;  // "->"
+    if (c == '>' && i > 0 && text[i - 1] == ' ' && i + 1 < text.size() && text[i + 1] == '=') continue;  // ">="
+    if (c == '}' || c == ')' || c == ']' || c == '>') {
+      const char want = c == '}' ? '{' : c == ')' ? '(' : c == ']' ? '[' : '<';
+      if (st.empty() || st.back() != want) return false;
+      st.pop_back();
+    }
+  }
+  return st.empty();
+}
+
+const std::set<std::string>& known_ops() {
+  static const std::set<std::string> s = {
+      "ktdp.get_compute_tile_id", "ktdp.construct_memory_view", "ktdp.construct_access_tile", "ktdp.load", "ktdp.store",
+      "arith.constant", "arith.muli", "arith.addi", "arith.subi", "arith.addf", "arith.subf", "arith.mulf", "arith.divf",
+      "arith.remf", "arith.negf", "arith.maximumf", "arith.minimumf", "arith.maxsi", "arith.minsi", "arith.andi", "arith.ori",
+      "arith.xori", "arith.cmpf", "arith.cmpi", "arith.select", "arith.extf", "arith.truncf", "arith.sitofp", "arith.uitofp",
+      "arith.fptosi", "arith.extsi", "arith.extui", "arith.trunci", "math.exp", "math.log", "math.sqrt", "math.sin",
+      "math.atan", "math.erf", "math.tanh", "math.floor", "math.roundeven", "math.powf", "linalg.matmul", "linalg.fill",
+      "linalg.broadcast", "linalg.reduce", "tensor.empty", "tensor.collapse_shape", "tensor.expand_shape",
+      "tensor.extract", "tensor.splat", "scf.for", "scf.yield", "func.func", "return"};
+  return s;
+}
+
+}  // namespace
+
+TEST(KtirChecker, CatchesUndefinedValuesAndRegions) {
+  EXPECT_EQ(check_ssa("  func.func @f(\n      %arg0: index\n  ) attributes {grid = [1]} {\n    %a = arith.addi %arg0, %arg0 : index\n"
+                      "    return\n  }\n"),
+            "");
+  EXPECT_NE(check_ssa("  func.func @f(\n  ) attributes {grid = [1]} {\n    %a = arith.addi %b, %b : index\n    return\n  }\n"), "");
+  // a value defined inside a loop is not visible after it
+  EXPECT_NE(check_ssa("  func.func @f(\n  ) attributes {grid = [1]} {\n    %c = arith.constant 1 : index\n"
+                      "    scf.for %i = %c to %c step %c {\n      %x = arith.addi %i, %c : index\n      scf.yield\n    }\n"
+                      "    %y = arith.addi %x, %c : index\n    return\n  }\n"),
+            "");
+  EXPECT_FALSE(balanced("a { b ( c ] }"));
+  EXPECT_TRUE(balanced("affine_set<(d0) : (d0 >= 0)> -> tensor<4xf16>"));
+}
+
+TEST(Ktir, FfnSStructure) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  DataflowCompile dc = compile_spyre("ffn_s");
+  const tile::TileProgram& p = dc.program;
+  std::vector<std::string> skipped;
+  const std::string text = tile::export_ktir(p, dc.module, &skipped);
+  EXPECT_TRUE(skipped.empty()) << fmt::format("{}", fmt::join(skipped, "; "));
+  EXPECT_TRUE(balanced(text)) << text;
+  const auto funcs = functions(text);
+  ASSERT_EQ(funcs.size(), p.kernels.size());
+  for (const std::string& op : op_names(text)) EXPECT_TRUE(known_ops().count(op)) << "unknown op " << op;
+  for (const tile::TileKernel& t : p.kernels) {
+    SCOPED_TRACE(t.name);
+    ASSERT_EQ(t.kind, tile::TileKind::matmul);
+    ASSERT_TRUE(funcs.count(t.name));
+    const std::string& f = funcs.at(t.name);
+    EXPECT_EQ(check_ssa(f), "");
+    // the grid is the split dims
+    std::vector<int64_t> splits;
+    std::map<std::string, int64_t> tile;
+    for (const tile::Dim& d : t.dims) {
+      if (d.split > 1) splits.push_back(d.split);
+      tile[d.name] = d.tile;
+    }
+    if (splits.empty()) splits = {1};
+    EXPECT_NE(f.find(fmt::format("attributes {{grid = [{}]}}", join(splits, ", "))), std::string::npos);
+    EXPECT_NE(f.find("ktdp.get_compute_tile_id"), std::string::npos);
+    EXPECT_NE(text.find(fmt::format("// {}: matmul kernel k{} of node \"{}\"", t.name, t.kernel, t.node)), std::string::npos);
+    // every operand's global has a memory view in its padded layout
+    int loads = 0, stores = 0;
+    for (const tile::Operand& op : t.operands) {
+      if (op.global < 0) continue;
+      const tile::Global& g = p.globals[static_cast<size_t>(op.global)];
+      EXPECT_NE(f.find(fmt::format("sizes: [{}], strides:", join(g.padded, ", "))), std::string::npos) << g.name;
+      EXPECT_NE(f.find(fmt::format("memref<{}x{}>", join(g.padded, "x"), dtype_name(g.dtype))), std::string::npos) << g.name;
+      (op.out ? stores : loads)++;
+    }
+    auto count = [&](const std::string& s) {
+      int n = 0;
+      for (size_t at = f.find(s); at != std::string::npos; at = f.find(s, at + 1)) ++n;
+      return n;
+    };
+    // one tile load per input operand (k is one tile: no k loop), one store per output
+    EXPECT_EQ(count("= ktdp.load "), loads);
+    EXPECT_EQ(count("ktdp.store "), stores);
+    const int64_t tm = tile["m"], tn = tile["n"], tk = tile["k"];
+    EXPECT_NE(f.find(fmt::format("-> tensor<{}x{}xf16>", tm, tk)), std::string::npos);  // A
+    EXPECT_NE(f.find(fmt::format("-> tensor<{}x{}xf16>", tk, tn)), std::string::npos);  // B
+    EXPECT_NE(f.find(fmt::format("-> tensor<{}xf16>", tn)), std::string::npos);          // the bias row
+    EXPECT_NE(f.find(fmt::format(": tensor<{}x{}xf16>, !ktdp.access_tile<{}x{}xindex>", tm, tn, tm, tn)), std::string::npos);
+    EXPECT_NE(f.find(fmt::format("linalg.matmul ins(")), std::string::npos);
+    EXPECT_NE(f.find(fmt::format("outs(%acc0 : tensor<{}x{}xf32>)", tm, tn)), std::string::npos);
+  }
+  // the first layer's epilogue is GELU in its erf form
+  EXPECT_NE(funcs.at("t0").find("math.erf"), std::string::npos);
+}
+
+TEST(Ktir, AttentionAndBlockExportWithSkippedNamed) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  for (const char* model : {"tblock_s", "attn_s", "gpt2_tiny"}) {
+    SCOPED_TRACE(model);
+    DataflowCompile dc = compile_spyre(model);
+    std::vector<std::string> skipped;
+    const std::string text = tile::export_ktir(dc.program, dc.module, &skipped);
+    EXPECT_TRUE(balanced(text));
+    const auto funcs = functions(text);
+    EXPECT_EQ(funcs.size() + skipped.size(), dc.program.kernels.size());
+    for (const auto& [name, f] : funcs) EXPECT_EQ(check_ssa(f), "") << name;
+    for (const std::string& op : op_names(text)) EXPECT_TRUE(known_ops().count(op)) << "unknown op " << op;
+    for (const std::string& s : skipped) EXPECT_NE(text.find("// skipped " + s), std::string::npos) << s;
+    for (const tile::TileKernel& t : dc.program.kernels)
+      if (t.kind == tile::TileKind::host) {
+        EXPECT_TRUE(std::any_of(skipped.begin(), skipped.end(), [&](const std::string& s) { return s.rfind(t.name + ": host", 0) == 0; }))
+            << t.name;
+      }
+    if (std::string(model) != "gpt2_tiny") {
+      EXPECT_TRUE(skipped.empty()) << fmt::format("{}", fmt::join(skipped, "; "));
+      // layer norm / softmax: row reductions and broadcasts
+      EXPECT_NE(text.find("linalg.reduce { arith.addf }"), std::string::npos);
+    } else {
+      EXPECT_FALSE(skipped.empty());
+    }
+  }
+}
