@@ -78,6 +78,38 @@ def _provenance(module):
             h.remove()
 
 
+def _tracing_read(e):
+    return "value out of a tracing tensor" in str(e) or "data-dependent" in str(e)
+
+
+@contextlib.contextmanager
+def _items_as_tensors():
+    """While make_fx traces, `t.item()` on a traced one-element tensor gives `t` as a 0-d tensor
+    instead of failing: the value stays in the graph, so `x / x.max().item()` is captured whole (torch
+    1.13 has no data-dependent scalars in make_fx; dynamo's graphs on torch 2 call .item() on 0-d
+    inputs too). A Python use of that value (`if`, int(), a size) still reads it and fails there.
+    Items of constants are plain numbers as before."""
+    original = torch.Tensor.item
+    made = []      # the 0-d tensors handed out (kept alive: identity marks them)
+
+    def item(self):
+        if any(self is t for t in made):   # reading one of ours as a number (Tensor.__format__, ...)
+            return original(self)
+        try:
+            return original(self)
+        except RuntimeError as e:
+            if not _tracing_read(e) or self.numel() != 1:
+                raise
+        t = self.reshape(())
+        made.append(t)
+        return t
+    torch.Tensor.item = item
+    try:
+        yield
+    finally:
+        torch.Tensor.item = original
+
+
 def capture(module, example_inputs):
     """An aten-level FX graph of `module` on `example_inputs` (make_fx, parameters as constants)."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -87,7 +119,7 @@ def capture(module, example_inputs):
     def fn(*args):
         return module(*args)
     try:
-        with _provenance(module), torch.no_grad():
+        with _provenance(module), _items_as_tensors(), torch.no_grad():
             return make_fx(fn)(*example_inputs)
     except _tessel.TesselError:
         raise
@@ -95,9 +127,10 @@ def capture(module, example_inputs):
         where = _user_frame(traceback.extract_tb(e.__traceback__))
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         hint = ""
-        if "value out of a tracing tensor" in msg or "data-dependent" in msg:
-            hint = (" -- the module reads a tensor's value in Python (.item(), `if tensor:`, int(tensor)); keep it a "
-                    "tensor (e.g. torch.where instead of an if, x / s instead of x / s.item())")
+        if _tracing_read(msg):
+            hint = (" -- the module uses a tensor's value in Python (`if tensor:`, int(tensor), a .item() value in an "
+                    "`if` or as a size); keep it a tensor (e.g. torch.where instead of an if; a .item() value is "
+                    "captured when it is only used in tensor arithmetic)")
         name = type(module).__name__
         raise TesselCaptureError(f"cannot capture {name}: {msg}" + (f" at {where}" if where else "") + hint) from e
 

@@ -261,6 +261,8 @@ lowers(_ov("sum", "dim_IntList"), _ov("sum", "default"))(_reduce("ReduceSum"))
 lowers(_ov("mean", "dim"), _ov("mean", "default"))(_reduce("ReduceMean"))
 lowers(_ov("amax", "default"))(_reduce("ReduceMax"))
 lowers(_ov("amin", "default"))(_reduce("ReduceMin"))
+lowers(_ov("max", "default"))(_reduce("ReduceMax"))   # x.max(): over every element
+lowers(_ov("min", "default"))(_reduce("ReduceMin"))
 
 
 # ---- shapes and data movement ---------------------------------------------------------------------

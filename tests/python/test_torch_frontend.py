@@ -108,6 +108,13 @@ class ItemInArithmetic(nn.Module):
         return x / x.abs().max().item()
 
 
+class ItemInIf(nn.Module):
+    def forward(self, x):
+        if x.max().item() > 0:
+            return x * 2
+        return x
+
+
 class ItemBreak(nn.Module):
     """.item() between two Linear layers: a real graph break (dynamo's on torch 2; the frontend's split on 1.13)."""
 
@@ -370,6 +377,36 @@ class GuardTest(unittest.TestCase):
         self.assertEqual((fast.stats.compiles, fast.stats.eager_calls), (1, 1))
 
 
+class ItemTest(unittest.TestCase):
+    """.item() values used in tensor arithmetic are captured as 0-d tensors: compiled, not baked in."""
+
+    def test_item_in_arithmetic_is_compiled(self):
+        m = ItemInArithmetic()
+        fast = tessel.compile(m, (torch.randn(4),), threads=2)
+        self.assertEqual(fast.explanation.break_count, 0)
+        for seed in range(3):
+            torch.manual_seed(600 + seed)
+            x = torch.randn(4) * (seed + 1)     # a different max each time: the value is not a constant
+            self.assertLessEqual(max_rel(fast(x), m(x)), 1e-6)
+        self.assertEqual(fast.stats.compiles, 1)
+
+    def test_item_between_layers(self):
+        torch.manual_seed(0)
+        m = ItemBreak().eval()
+        fast = tessel.compile(m, (torch.randn(8, 32),), threads=2)
+        self.assertEqual((fast.explanation.graph_count, fast.explanation.break_count), (1, 0))
+        for seed in range(3):
+            torch.manual_seed(700 + seed)
+            x = torch.randn(8, 32)
+            with torch.no_grad():
+                self.assertLessEqual(max_rel(fast(x), m(x)), 1e-5)
+
+    def test_item_of_a_constant_is_a_number(self):
+        fast = tessel.compile(lambda x: x * torch.tensor([2.0]).item(), (torch.randn(3),), backend="graph")
+        x = torch.randn(3)
+        self.assertLessEqual(max_rel(fast(x), x * 2.0), 1e-7)
+
+
 class ThreadsTest(unittest.TestCase):
     def test_torch_thread_count_is_kept(self):
         """The compiled backend sets OpenMP's thread count; PyTorch's stays what it was."""
@@ -402,11 +439,11 @@ class BadInputTest(unittest.TestCase):
         self.assertRegex(msg, r"test_torch_frontend\.py:\d+ `if x\.sum\(\) > 0:`")
         self.assertIn("torch.where", msg)
 
-    def test_item_names_the_line(self):
+    def test_item_in_python_control_flow_names_the_line(self):
         with self.assertRaises(tessel.TesselCaptureError) as cm:
-            tessel.explain(ItemInArithmetic(), (torch.randn(4),))
+            tessel.explain(ItemInIf(), (torch.randn(4),))
         self.assertIn(".item()", str(cm.exception))
-        self.assertIn("x.abs().max().item()", str(cm.exception))
+        self.assertRegex(str(cm.exception), r"test_torch_frontend\.py:\d+ `if x\.max\(\)\.item\(\) > 0:`")
 
     def test_non_tensor_inputs_and_options(self):
         with self.assertRaises(tessel.TesselError):
