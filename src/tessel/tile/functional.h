@@ -31,6 +31,7 @@ struct FunctionalResult {
   std::vector<Tensor> outputs;   // one per graph output, in the model's dtype (values the device dtype holds)
   int64_t tiles_executed = 0;    // vector and matmul tiles run (a conv kernel counts its tiles as checked)
   int64_t host_steps = 0;
+  int64_t relayouts = 0;         // re-layout copies (no change to the logical values)
   double seconds = 0;            // run_functional's wall time, compiling the generated kernels included
   double compile_seconds = 0;    // of which: generating and building (or loading) the kernels' shared object
   // Range of the device dtype: non-zero values that rounding flushed to zero, finite values that

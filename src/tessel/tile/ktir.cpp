@@ -693,11 +693,25 @@ std::string FuncEmitter::emit_matmul() {
   if (dk.split > 1) cannot(fmt::format("K is split over {} cores (the partial sums need ktdp.inter_tile_reduce)", dk.split));
   if (t_.dims[static_cast<size_t>(b)].tile != 1) cannot("batch tiles of more than one matrix");
   if (t_.order.empty() || t_.order.back() != kd) cannot("a loop order without k innermost");
-  const int ga = global_of_arg(mm.a), gb = global_of_arg(mm.b);
+  // An operand the mapper re-laid out (TileKind::relayout) is read from its dense copy.
+  auto relaid = [&](const std::string& role) {
+    for (const Operand& op : t_.operands)
+      if (op.role == role && op.global >= 0 && p_.kernels.size() > 0) {
+        for (const TileKernel& r : p_.kernels)
+          if (r.kind == TileKind::relayout)
+            for (const Operand& ro : r.operands)
+              if (ro.out && ro.global == op.global) return op.global;
+      }
+    return -1;
+  };
+  const int ra = relaid("a"), rb = relaid("b");
+  const int ga = ra >= 0 ? ra : global_of_arg(mm.a), gb = rb >= 0 ? rb : global_of_arg(mm.b);
   const View& va = view(ga, {b, m, kd}, [&](const std::vector<int64_t>& x) {
+    if (ra >= 0) return (x[0] * mm.m + x[1]) * mm.k + x[2];
     return mm.a_offset + mm.a_batch * x[0] + mm.a_m * x[1] + mm.a_k * x[2];
   }, "matmul A");
   const View& vb = view(gb, {b, kd, n}, [&](const std::vector<int64_t>& x) {
+    if (rb >= 0) return (x[0] * mm.k + x[1]) * mm.n + x[2];
     return mm.b_offset + mm.b_batch * x[0] + mm.b_k * x[1] + mm.b_n * x[2];
   }, "matmul B");
   const std::vector<int> outer(t_.order.begin(), t_.order.end() - 1);
@@ -772,7 +786,8 @@ std::string FuncEmitter::run() {
   // arguments: the globals of the operands, each once
   for (const Operand& op : t_.operands) {
     if (op.global < 0 || arg_of_global_.count(op.global)) continue;
-    (void)arg_of(op.global);  // every operand is a buffer of the kernel
+    // every operand is a buffer of the kernel, or the re-laid-out copy of one
+    if (p_.globals.at(static_cast<size_t>(op.global)).name.find("_relayout") == std::string::npos) (void)arg_of(op.global);
     arg_of_global_[op.global] = fmt::format("%arg{}", arg_globals_.size());
     arg_globals_.push_back(op.global);
   }
@@ -849,6 +864,10 @@ std::string export_ktir(const TileProgram& p, const KernelModule& m, std::vector
     }
     if (t.kind == TileKind::conv) {
       skip.push_back(fmt::format("{}: convolution \"{}\" (no KTIR export of conv tiles yet)", t.name, t.node));
+      continue;
+    }
+    if (t.kind == TileKind::relayout) {
+      skip.push_back(fmt::format("{}: re-layout copy \"{}\" (no KTIR export of re-layouts yet)", t.name, t.node));
       continue;
     }
     if (t.kernel < 0 || t.kernel >= static_cast<int>(m.kernels.size()))

@@ -37,6 +37,8 @@ int64_t row_unit(const HwSpec& hw, DType t) {
   return hw.layout.kind == LayoutKind::tiled ? hw.layout.tile_rows_for(t) : 1;
 }
 
+void allocate_spad(TileKernel& t, const HwSpec& hw, int64_t usable);
+
 // ---- vector op classes of a loop body -------------------------------------------------------------
 
 VectorOp vector_class(const std::string& op) {
@@ -91,6 +93,7 @@ struct Mapper {
   std::map<const Value*, int> global_of;
   std::map<const Value*, std::vector<int64_t>> perm_of;  // the layout pass's choices (NHWC activations)
   int cores_max = 0;
+  std::vector<TileKernel> before;  // re-layout copies the kernel being mapped needs first
 
   int global(const Value* v) {
     auto it = global_of.find(v);
@@ -210,6 +213,67 @@ std::vector<int64_t> split_choices(int64_t units, int64_t cores) {
   return v;
 }
 
+// A re-layout copy of matmul operand `v` into a dense [batch, rows, cols] global whose innermost
+// (stick) dim is `cols`: the operand was read through strides whose innermost one is not 1, which a
+// stick or tile layout cannot serve (each stick holds consecutive elements of one dim). A vector
+// kernel over the rows, split across the cores like any vector kernel; returns the new global.
+int relayout(Mapper& mp, const Node& n, const Value* v, const std::string& role, int64_t batch, int64_t rows, int64_t cols) {
+  const HwSpec& hw = mp.hw;
+  Global g;
+  g.name = fmt::format("{}.{}_relayout", n.name, role);
+  g.logical = v->type.dtype;
+  g.dtype = device_dtype(v->type.dtype, mp.fdt);
+  g.shape = {batch, rows, cols};
+  g.padded = padded_shape(g.shape, g.dtype, hw);
+  g.kind = Global::Kind::temp;
+  mp.p.globals.push_back(g);
+  const int out = static_cast<int>(mp.p.globals.size()) - 1;
+  const Global& src = mp.p.globals[static_cast<size_t>(mp.global(v))];
+  TileKernel t;
+  t.kind = TileKind::relayout;
+  t.node = g.name;
+  t.sources = {n.name};
+  t.on_vector_unit = true;
+  const int64_t P = batch * rows, es = static_cast<int64_t>(dtype_size(g.dtype));
+  const int64_t row_bytes = mp.p.globals[static_cast<size_t>(out)].bytes() / std::max<int64_t>(1, P);
+  const int64_t align = row_unit(hw, g.dtype);
+  const int cp = mp.o.double_buffer ? 2 : 1;
+  // split the rows over the cores; tile them to fit (in and out buffers, double-buffered)
+  const int64_t split = std::min<int64_t>(mp.cores_max, ceil_div(P, align));
+  const int64_t slice = round_up(ceil_div(P, split), align);
+  int64_t tile = slice;
+  while (tile > align && 2 * cp * tile * row_bytes > mp.p.usable_spad) tile = round_up(tile / 2, align);
+  if (2 * cp * tile * row_bytes > mp.p.usable_spad)
+    map_error(n.name, fmt::format("re-layout of tensor '{}': one row of {} bytes does not fit the scratchpad", v->name, row_bytes));
+  t.dims = {{"p", P, ceil_div(P, slice), slice, tile, align, false}, {"e", cols, 1, cols, cols, 1, false}};
+  t.order = {0, 1};
+  t.cores = static_cast<int>(t.dims[0].split);
+  Operand in;
+  in.role = "in";
+  in.global = mp.global(v);
+  in.dims = {0, 1};
+  in.spad_dtype = g.dtype;
+  in.copies = cp;
+  in.tile_bytes = tile * row_bytes;  // the sticks it reads hold the same elements, transposed
+  Operand o = in;
+  o.role = "out";
+  o.global = out;
+  o.out = true;
+  t.operands = {in, o};
+  t.vector_ops.assign(dataflow::kNumVectorOps, 0.0);
+  t.vector_ops[static_cast<size_t>(VectorOp::convert)] = static_cast<double>(cols);  // one move per element
+  t.flops = 0;
+  t.dram_bytes = 2 * static_cast<int64_t>(P) * row_bytes;
+  t.estimate_cycles = static_cast<double>(t.dram_bytes) / hw.dram_read_bytes_per_cycle();
+  t.decision = fmt::format("re-lays %{} ({}) out as [{},{},{}] with {} innermost: the matmul reads it with a non-unit "
+                           "innermost stride",
+                           src.name, role, batch, rows, cols, role == "b" ? "N" : "K");
+  (void)es;
+  allocate_spad(t, hw, mp.p.usable_spad);
+  mp.before.push_back(std::move(t));
+  return out;
+}
+
 void map_matmul(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   const HwSpec& hw = mp.hw;
   const MatmulSpec& mm = k.mm;
@@ -272,9 +336,13 @@ void map_matmul(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
     op.fanout = fanout;
     t.operands.push_back(op);
   };
+  // Layout rule of the matrix unit: A sticked on K, B on N. An operand read with another innermost
+  // stride gets a re-layout copy first (Q·Kᵀ reads K transposed).
   add("a", av, false, {0, 1, 3}, dt, cp, c.tm * c.tk * es, static_cast<int>(std::min(c.sn, limit)));
-  add("b", n.inputs[static_cast<size_t>(mm.b)], false, {0, 3, 2}, dt, cp, c.tk * c.tn * es,
-      static_cast<int>(std::min(c.sm, limit)));
+  if (mm.a_k != 1 && mm.k > 1 && mm.m > 1) t.operands.back().global = relayout(mp, n, av, "a", mm.batch, mm.m, mm.k);
+  const Value* bv = n.inputs[static_cast<size_t>(mm.b)];
+  add("b", bv, false, {0, 3, 2}, dt, cp, c.tk * c.tn * es, static_cast<int>(std::min(c.sm, limit)));
+  if (mm.b_n != 1 && mm.n > 1 && mm.k > 1) t.operands.back().global = relayout(mp, n, bv, "b", mm.batch, mm.k, mm.n);
   for (int i : epi) {
     // an epilogue input indexed like the result, like a row of it (bias), or small and whole
     const Value* v = n.inputs[static_cast<size_t>(i)];
@@ -618,6 +686,12 @@ TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptio
     } else {
       allocate_spad(t, hw, p.usable_spad);
     }
+    for (TileKernel& b : mp.before) {
+      b.name = fmt::format("t{}", p.kernels.size());
+      p.kernels.push_back(std::move(b));
+    }
+    mp.before.clear();
+    t.name = fmt::format("t{}", p.kernels.size());
     p.kernels.push_back(std::move(t));
   }
   for (const Value* v : g.outputs) {

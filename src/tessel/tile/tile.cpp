@@ -33,6 +33,7 @@ std::string_view tile_kind_name(TileKind k) {
     case TileKind::matmul: return "matmul";
     case TileKind::conv: return "conv";
     case TileKind::vector: return "vector";
+    case TileKind::relayout: return "relayout";
     case TileKind::host: return "host";
   }
   return "?";
@@ -79,7 +80,7 @@ std::string print_tile_program(const TileProgram& p) {
   for (const TileKernel& t : p.kernels) {
     s += fmt::format("  kernel @{} {} k{} node {} {}cores {} spad {} flops {} dram_bytes {} fusion {} {} estimate {} {{\n",
                      t.name, tile_kind_name(t.kind), t.kernel, quote_string(t.node),
-                     t.on_vector_unit && t.kind != TileKind::vector ? "vector_unit " : "", t.cores, t.spad_peak, num(t.flops),
+                     t.on_vector_unit && t.kind != TileKind::vector && t.kind != TileKind::relayout ? "vector_unit " : "", t.cores, t.spad_peak, num(t.flops),
                      t.dram_bytes, t.bytes_unfused, t.bytes_fused, num(t.estimate_cycles));
     if (!t.sources.empty()) {
       s += "    sources";
@@ -199,13 +200,14 @@ class TileParser {
     else if (kind == "conv") t.kind = TileKind::conv;
     else if (kind == "vector") t.kind = TileKind::vector;
     else if (kind == "host") t.kind = TileKind::host;
+    else if (kind == "relayout") t.kind = TileKind::relayout;
     else fail_here("unknown kernel kind '" + kind + "'");
     const std::string kref = word();
     if (kref.size() < 2 || kref[0] != 'k') fail_here("expected k<index>");
     t.kernel = std::stoi(kref.substr(1));
     expect("node");
     t.node = string_tok();
-    t.on_vector_unit = t.kind == TileKind::vector;
+    t.on_vector_unit = t.kind == TileKind::vector || t.kind == TileKind::relayout;
     if (at_word("vector_unit")) {
       take();
       t.on_vector_unit = true;

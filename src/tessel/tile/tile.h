@@ -61,7 +61,9 @@ struct Operand {
   int fanout = 1;              // cores that load the same tile at once (one DRAM read, broadcast)
 };
 
-enum class TileKind { matmul, conv, vector, host };
+// relayout: a copy that re-lays a tensor out for a consumer whose layout rule its producer's layout
+// breaks (torch-spyre's "restickify": matmul's B must be sticked on N, A on K); values unchanged.
+enum class TileKind { matmul, conv, vector, relayout, host };
 std::string_view tile_kind_name(TileKind k);
 
 struct TileKernel {

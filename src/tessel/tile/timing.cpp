@@ -218,6 +218,7 @@ class KernelTasks {
         return dataflow::matmul_cycles(hw_, e[0] * e[2], e[3], e[1], p_.float_dtype);
       }
       case TileKind::vector:
+      case TileKind::relayout:
         *on_matrix = false;
         return vector_time(hw_, t_.vector_ops, static_cast<double>(e[0]));
       case TileKind::host:
@@ -311,7 +312,7 @@ class KernelTasks {
         deps.push_back(last_load_[slot]);
       }
       TaskId done = -1;
-      if (t_.kind != TileKind::vector && !t_.vector_ops.empty()) {
+      if (t_.kind != TileKind::vector && t_.kind != TileKind::relayout && !t_.vector_ops.empty()) {
         int64_t out_elems = 1;
         for (size_t d = 0; d < t_.dims.size(); ++d)
           if (!t_.dims[d].reduction) out_elems *= st.extent[d];
@@ -402,13 +403,22 @@ SimulatedProgram simulate_program(const TileProgram& p, const HwSpec& hw, const 
     const double begin = sp.result.finish[static_cast<size_t>(sp.timeline.kernel_begin[i])] - dataflow::kernel_overhead_cycles(hw);
     const double end = sp.result.finish[static_cast<size_t>(sp.timeline.kernel_end[i])];
     kt.seconds = hw.seconds(end - begin);
+    // The bytes no plan can avoid: each operand's elements the kernel reads or writes once — the part
+    // of its tensor the kernel's dims index (attention reads a third of the qkv tensor), at most the
+    // tensor.
     std::vector<int> seen;
-    auto add_bytes = [&](int gi) {
+    auto add_bytes = [&](int gi, double view_bytes = -1) {
       if (gi < 0 || std::find(seen.begin(), seen.end(), gi) != seen.end()) return;
       seen.push_back(gi);
-      kt.min_dram_bytes += static_cast<double>(p.globals[static_cast<size_t>(gi)].logical_bytes());
+      const double whole = static_cast<double>(p.globals[static_cast<size_t>(gi)].logical_bytes());
+      kt.min_dram_bytes += view_bytes >= 0 ? std::min(whole, view_bytes) : whole;
     };
-    for (const Operand& op : t.operands) add_bytes(op.global);
+    for (const Operand& op : t.operands) {
+      if (op.global < 0) continue;
+      double elems = 1;
+      for (int d : op.dims) elems *= static_cast<double>(t.dims[static_cast<size_t>(d)].size);
+      add_bytes(op.global, elems * static_cast<double>(dtype_size(p.globals[static_cast<size_t>(op.global)].dtype)));
+    }
     for (int gi : t.host_inputs) add_bytes(gi);
     for (int gi : t.host_outputs) add_bytes(gi);
     if (t.kind != TileKind::host) {
