@@ -113,11 +113,7 @@ struct CompiledExecutable::Builder {
     auto tl = Clock::now();
     try {
       if (k.kind == KernelKind::matmul) {
-        cpu::MatmulDesc d;
-        d.batch = k.mm.batch, d.M = k.mm.m, d.N = k.mm.n, d.K = k.mm.k;
-        d.a_batch = k.mm.a_batch, d.a_m = k.mm.a_m, d.a_k = k.mm.a_k;
-        d.b_batch = k.mm.b_batch, d.b_k = k.mm.b_k, d.b_n = k.mm.b_n;
-        d.c_batch = k.mm.c_batch, d.c_m = k.mm.c_m, d.c_n = k.mm.c_n;
+        cpu::MatmulDesc d = cpu::matmul_desc(k.mm);
         const Value* bv = n.inputs[static_cast<size_t>(k.mm.b)];
         if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset, d.prepacked_b = packed;
         if (lib) d.bias = bias, d.epilogue = le.epilogue;
@@ -125,12 +121,7 @@ struct CompiledExecutable::Builder {
         st.prepacked += L->matmul->used_prepacked();
       } else if (k.kind == KernelKind::conv) {
         const ConvSpec& c = k.conv;
-        cpu::ConvDesc d{};
-        d.N = c.n, d.C = c.c, d.H = c.h, d.W = c.wd, d.OC = c.oc, d.KH = c.kh, d.KW = c.kw, d.OH = c.oh, d.OW = c.ow;
-        d.stride_h = c.stride_h, d.stride_w = c.stride_w;
-        d.pad_top = c.pad_top, d.pad_left = c.pad_left, d.pad_bottom = c.pad_bottom, d.pad_right = c.pad_right;
-        d.dil_h = c.dil_h, d.dil_w = c.dil_w, d.groups = c.groups;
-        d.src_nhwc = c.x_nhwc, d.dst_nhwc = c.y_nhwc;
+        cpu::ConvDesc d = cpu::conv_desc(c);
         d.weights = n.inputs[static_cast<size_t>(c.w)]->constant->data<float>();
         d.prepacked = packed;
         d.bias = nullptr;

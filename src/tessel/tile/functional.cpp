@@ -16,6 +16,7 @@
 #include "tessel/support/error.h"
 #include "tessel/targets/cpu/codegen.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
+#include "tessel/targets/cpu/library_epilogue.h"
 
 namespace tessel::tile {
 namespace {
@@ -24,18 +25,6 @@ using Clock = std::chrono::steady_clock;
 using GeneratedFn = void(void* const*, long, long);
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// Local so the simulator does not depend on tile.cpp's helpers.
-std::string kind_name(TileKind k) {
-  switch (k) {
-    case TileKind::matmul: return "matmul";
-    case TileKind::conv: return "conv";
-    case TileKind::vector: return "vector";
-    case TileKind::relayout: return "relayout";
-    case TileKind::host: return "host";
-  }
-  return "?";
-}
 
 // "t3 (kernel k2, node /fc1/MatMul)": how errors name a tile kernel.
 std::string kernel_label(const TileKernel& k, const KernelModule& m) {
@@ -47,7 +36,7 @@ std::string kernel_label(const TileKernel& k, const KernelModule& m) {
 }
 
 Error kernel_error(const TileKernel& k, const std::string& label, const std::string& reason) {
-  return Error(Location{.node = k.node, .op = kind_name(k.kind), .pass = "functional-sim"},
+  return Error(Location{.node = k.node, .op = std::string(tile_kind_name(k.kind)), .pass = "functional-sim"},
                label + ": " + reason);
 }
 
@@ -448,12 +437,7 @@ class Simulator {
     // Weights: the node's input at arg w (a constant, rounded to the device dtype).
     if (c.w < 0 || static_cast<size_t>(c.w) >= k.args.size() || k.args[static_cast<size_t>(c.w)].role != KArg::Role::in)
       fail("conv weights arg {} is not an input", c.w);
-    cpu::ConvDesc d{};
-    d.N = c.n, d.C = c.c, d.H = c.h, d.W = c.wd, d.OC = c.oc, d.KH = c.kh, d.KW = c.kw, d.OH = c.oh, d.OW = c.ow;
-    d.stride_h = c.stride_h, d.stride_w = c.stride_w;
-    d.pad_top = c.pad_top, d.pad_left = c.pad_left, d.pad_bottom = c.pad_bottom, d.pad_right = c.pad_right;
-    d.dil_h = c.dil_h, d.dil_w = c.dil_w, d.groups = c.groups;
-    d.src_nhwc = c.x_nhwc, d.dst_nhwc = c.y_nhwc;
+    cpu::ConvDesc d = cpu::conv_desc(c);
     d.weights = static_cast<const float*>(args[static_cast<size_t>(c.w)]);
     (void)node;
     cpu::Conv2d conv(d);
@@ -509,7 +493,7 @@ void round_to_dtype(float* data, int64_t n, DType t) {
 std::vector<std::vector<std::vector<TileRange>>> tile_ranges(const TileKernel& k) {
   std::vector<std::vector<std::vector<TileRange>>> out;
   auto err = [&](const Dim& d, const std::string& why) {
-    return Error(Location{.node = k.node, .op = kind_name(k.kind), .pass = "functional-sim"},
+    return Error(Location{.node = k.node, .op = std::string(tile_kind_name(k.kind)), .pass = "functional-sim"},
                  fmt::format("{}: coverage error in dim {} (size {}, split {}, slice {}, tile {}): {}", k.name, d.name, d.size,
                              d.split, d.slice, d.tile, why));
   };

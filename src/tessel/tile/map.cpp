@@ -114,6 +114,20 @@ struct Mapper {
   int64_t esize(const Value* v) const { return static_cast<int64_t>(dtype_size(device_dtype(v->type.dtype, fdt))); }
 };
 
+Operand make_operand(Mapper& mp, std::string role, const Value* v, bool out, std::vector<int> dims, DType spad_dtype,
+                     int copies, int64_t tile_bytes, int fanout = 1) {
+  Operand op;
+  op.role = std::move(role);
+  op.global = v ? mp.global(v) : -1;  // null: in the scratchpad only (accumulators)
+  op.out = out;
+  op.dims = std::move(dims);
+  op.spad_dtype = spad_dtype;
+  op.copies = copies;
+  op.tile_bytes = tile_bytes;
+  op.fanout = fanout;
+  return op;
+}
+
 // ---- matmul ---------------------------------------------------------------------------------------
 
 struct MatmulPlan {
@@ -324,18 +338,7 @@ void map_matmul(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   const int cp = mp.o.double_buffer ? 2 : 1;
   const int64_t limit = hw.interconnect.broadcast_limit > 0 ? hw.interconnect.broadcast_limit : t.cores;
   auto add = [&](std::string role, const Value* v, bool out, std::vector<int> dims, DType sd, int copies, int64_t bytes,
-                 int fanout) {
-    Operand op;
-    op.role = std::move(role);
-    op.global = v ? mp.global(v) : -1;
-    op.out = out;
-    op.dims = std::move(dims);
-    op.spad_dtype = sd;
-    op.copies = copies;
-    op.tile_bytes = bytes;
-    op.fanout = fanout;
-    t.operands.push_back(op);
-  };
+                 int fanout) { t.operands.push_back(make_operand(mp, std::move(role), v, out, std::move(dims), sd, copies, bytes, fanout)); };
   // Layout rule of the matrix unit: A sticked on K, B on N. An operand read with another innermost
   // stride gets a re-layout copy first (Q·Kᵀ reads K transposed).
   add("a", av, false, {0, 1, 3}, dt, cp, c.tm * c.tk * es, static_cast<int>(std::min(c.sn, limit)));
@@ -442,15 +445,7 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   t.cores = static_cast<int>(c.sn * c.so * c.ss);
   t.on_vector_unit = depthwise;
   auto add = [&](std::string role, const Value* v, bool out, std::vector<int> dims, DType sd, int copies, int64_t bytes) {
-    Operand op;
-    op.role = std::move(role);
-    op.global = v ? mp.global(v) : -1;
-    op.out = out;
-    op.dims = std::move(dims);
-    op.spad_dtype = sd;
-    op.copies = copies;
-    op.tile_bytes = bytes;
-    t.operands.push_back(op);
+    t.operands.push_back(make_operand(mp, std::move(role), v, out, std::move(dims), sd, copies, bytes));
   };
   const int64_t gi = std::min(cv.groups, ceil_div(c.to, og) + 1);
   add("x", xv, false, {0, 2, 3}, dt, cp, c.ts * r * gi * es);

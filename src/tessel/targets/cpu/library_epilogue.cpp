@@ -188,4 +188,23 @@ std::vector<bool> library_epilogues(const KernelModule& m, std::vector<LibraryEp
   return in;
 }
 
+MatmulDesc matmul_desc(const MatmulSpec& mm) {
+  MatmulDesc d;
+  d.batch = mm.batch, d.M = mm.m, d.N = mm.n, d.K = mm.k;
+  d.a_batch = mm.a_batch, d.a_m = mm.a_m, d.a_k = mm.a_k;
+  d.b_batch = mm.b_batch, d.b_k = mm.b_k, d.b_n = mm.b_n;
+  d.c_batch = mm.c_batch, d.c_m = mm.c_m, d.c_n = mm.c_n;
+  return d;
+}
+
+ConvDesc conv_desc(const ConvSpec& c) {
+  ConvDesc d{};
+  d.N = c.n, d.C = c.c, d.H = c.h, d.W = c.wd, d.OC = c.oc, d.KH = c.kh, d.KW = c.kw, d.OH = c.oh, d.OW = c.ow;
+  d.stride_h = c.stride_h, d.stride_w = c.stride_w;
+  d.pad_top = c.pad_top, d.pad_left = c.pad_left, d.pad_bottom = c.pad_bottom, d.pad_right = c.pad_right;
+  d.dil_h = c.dil_h, d.dil_w = c.dil_w, d.groups = c.groups;
+  d.src_nhwc = c.x_nhwc, d.dst_nhwc = c.y_nhwc;
+  return d;
+}
+
 }  // namespace tessel::cpu

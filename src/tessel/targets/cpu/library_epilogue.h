@@ -26,4 +26,9 @@ std::optional<LibraryEpilogue> match_library_epilogue(const Kernel& k);
 // any, is an f32 constant of the graph), with the matched epilogue in `epilogues`.
 std::vector<bool> library_epilogues(const KernelModule& m, std::vector<LibraryEpilogue>* epilogues = nullptr);
 
+// The library call of a matmul or conv kernel as oneDNN descriptors: dims, strides and layouts (no
+// data pointers, bias or epilogue).
+MatmulDesc matmul_desc(const MatmulSpec& mm);
+ConvDesc conv_desc(const ConvSpec& c);
+
 }  // namespace tessel::cpu
