@@ -321,3 +321,26 @@ TEST(TileFunctional, BrokenMappedSplitIsCoverageError) {
   }
   EXPECT_GT(broken, 0) << "the mapping splits no kernel over cores";
 }
+
+// DLFloat16 (Spyre's storage of f16): 9 fraction bits rounded to nearest even, no subnormals, the
+// range 2^-30 .. (2 - 2^-8)·2^32; checked against values worked out by hand.
+TEST(TileFunctional, Dl16Rounding) {
+  EXPECT_EQ(tile::round_to_dl16(1.0f), 1.0f);
+  EXPECT_EQ(tile::round_to_dl16(1.0f + 1.0f / 512), 1.0f + 1.0f / 512);          // 9 fraction bits kept
+  EXPECT_EQ(tile::round_to_dl16(1.0f + 1.0f / 1024), 1.0f);                      // halfway: to even
+  EXPECT_EQ(tile::round_to_dl16(1.0f + 3.0f / 1024), 1.0f + 4.0f / 1024);        // halfway: to even (up)
+  EXPECT_EQ(tile::round_to_dl16(1.0f + 1.0f / 1024 + 1.0f / 65536), 1.0f + 1.0f / 512);  // past halfway
+  // 3e-9 = 2^-29 · 1.61061..., 0.61061·512 = 312.6 -> 313: f16 flushes this, DL16 holds it
+  EXPECT_EQ(tile::round_to_dl16(-3e-9f), -std::ldexp(1.0f + 313.0f / 512, -29));
+  EXPECT_EQ(tile::round_to_dl16(std::ldexp(1.0f, -30)), std::ldexp(1.0f, -30));  // smallest normal
+  EXPECT_EQ(tile::round_to_dl16(std::ldexp(1.0f, -31)), 0.0f);                   // midpoint to 0
+  EXPECT_EQ(tile::round_to_dl16(std::ldexp(1.5f, -31)), std::ldexp(1.0f, -30));  // nearer the smallest normal
+  EXPECT_EQ(tile::round_to_dl16(std::ldexp(1.0f, -32)), 0.0f);
+  const float top = std::ldexp(2.0f - std::ldexp(1.0f, -8), 32);                   // largest finite
+  EXPECT_EQ(tile::round_to_dl16(top), top);
+  EXPECT_TRUE(std::isinf(tile::round_to_dl16(std::ldexp(2.0f, 32))));
+  EXPECT_TRUE(std::isinf(tile::round_to_dl16(-std::ldexp(1.999f, 32))));
+  EXPECT_TRUE(std::isnan(tile::round_to_dl16(NAN)));
+  // 70000 = 2^16 · 1.068115, 0.068115·512 = 34.9 -> 35: f16 overflows here
+  EXPECT_EQ(tile::round_to_dl16(70000.0f), std::ldexp(1.0f + 35.0f / 512, 16));
+}

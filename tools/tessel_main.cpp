@@ -437,16 +437,18 @@ bool check_functional(const std::string& model, const DataflowCompile& dc, const
     ok = ok && c.match;
     worst = std::max(worst, c.rel);
   }
+  const std::string storage = fmt::format("{}{}", dtype_name(dc.program.float_dtype), dc.program.dl16 ? " (DL16)" : "");
   fmt::print("functional simulation ({} storage, fp32 accumulation): {} tiles, {} host steps in {:.1f} ms (kernels built "
              "{:.1f} ms); vs eager: relative error {:.2e} (tolerance {:.0e}) -> {}\n",
-             dtype_name(dc.program.float_dtype), fr.tiles_executed, fr.host_steps, fr.seconds * 1e3, fr.compile_seconds * 1e3,
+             storage, fr.tiles_executed, fr.host_steps, fr.seconds * 1e3, fr.compile_seconds * 1e3,
              worst, tol.max_rel, ok ? "PASS" : "FAIL");
   if (fr.flushed + fr.entry_flushed > 0)
-    fmt::print("  {} values fell below {}'s range and became 0 (first: {})\n", fr.flushed + fr.entry_flushed,
-               dtype_name(dc.program.float_dtype), fr.first_flush.empty() ? "on entry" : fr.first_flush);
+    fmt::print("  {} values fell below {}'s range and became 0 (first: {}){}\n", fr.flushed + fr.entry_flushed, storage,
+               fr.first_flush.empty() ? "on entry" : fr.first_flush,
+               ok ? "" : "; bf16 storage keeps f32's range: --dtype bf16");
   if (fr.overflowed + fr.entry_overflowed > 0)
-    fmt::print("  {} values overflowed {} to inf (first: {})\n", fr.overflowed + fr.entry_overflowed,
-               dtype_name(dc.program.float_dtype), fr.first_overflow.empty() ? "on entry" : fr.first_overflow);
+    fmt::print("  {} values overflowed {} to inf (first: {})\n", fr.overflowed + fr.entry_overflowed, storage,
+               fr.first_overflow.empty() ? "on entry" : fr.first_overflow);
   return ok;
 }
 
@@ -518,7 +520,8 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
     const double pad = static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6;
     fmt::print("{:<10} {:>11.1f} {:>8.1f} {:>11.2f} {:>11.2f} {:>11.1f} {:>11.1f} {:>10.0f}   ({} cores, {})\n", t, r.sim_us,
                100 * r.utilisation, r.dram_bytes / 1e6, pad, static_cast<double>(r.spad_peak) / 1e3, r.compile_seconds * 1e3,
-               r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0.0, r.cores, dtype_name(dc.program.float_dtype));
+               r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0.0, r.cores,
+               fmt::format("{}{}", dtype_name(dc.program.float_dtype), dc.program.dl16 ? " DL16" : ""));
     rows.push_back({{"target", t}, {"time_us", r.sim_us}, {"utilisation", r.utilisation}, {"dram_mb", r.dram_bytes / 1e6},
                     {"padding_mb", pad}, {"scratchpad_peak_kb", static_cast<double>(r.spad_peak) / 1e3},
                     {"compile_ms", r.compile_seconds * 1e3}, {"roofline_us", r.bound_us}, {"cores", r.cores},

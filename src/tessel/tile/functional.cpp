@@ -46,13 +46,14 @@ struct RoundStats {
   int64_t flushed = 0, overflowed = 0;
 };
 
-void round_tensor(Tensor& t, DType device, RoundStats* st = nullptr) {
+void round_tensor(Tensor& t, DType device, RoundStats* st = nullptr, bool dl16 = false) {
   if (!is_float(t.dtype()) || !(device == DType::f16 || device == DType::bf16)) return;
+  const bool to_dl16 = dl16 && device == DType::f16;
   if (t.dtype() == DType::f32) {
     float* d = t.data<float>();
     int64_t flushed = 0, overflowed = 0;
     for (int64_t i = 0; i < t.numel(); ++i) {
-      const float x = d[i], r = round_to_dtype(x, device);
+      const float x = d[i], r = to_dl16 ? round_to_dl16(x) : round_to_dtype(x, device);
       flushed += x != 0 && r == 0;
       overflowed += std::isfinite(x) && std::isinf(r);
       d[i] = r;
@@ -60,7 +61,8 @@ void round_tensor(Tensor& t, DType device, RoundStats* st = nullptr) {
     if (st) st->flushed += flushed, st->overflowed += overflowed;
   } else if (t.dtype() == DType::f64) {
     double* d = t.data<double>();
-    for (int64_t i = 0; i < t.numel(); ++i) d[i] = decode_float_bits(device, encode_float_bits(device, d[i]));
+    for (int64_t i = 0; i < t.numel(); ++i)
+      d[i] = to_dl16 ? round_to_dl16(static_cast<float>(d[i])) : decode_float_bits(device, encode_float_bits(device, d[i]));
   }
   // f16/bf16 and narrower model dtypes already hold only values the device dtype holds (for f16
   // storage of a bf16 model, the rare out-of-range value is the model's problem, not the device's).
@@ -108,7 +110,7 @@ class Simulator {
         if (v->type.shape[static_cast<size_t>(d)] >= 0 && v->type.shape[static_cast<size_t>(d)] != t.dim(d))
           fail("run_functional: input '{}' must be {} but got {}", v->name, v->type.str(), TensorType{t.dtype(), t.shape()}.str());
       Tensor c = t.clone();
-      round_tensor(c, device_[static_cast<size_t>(v->id)], &entry_);
+      round_tensor(c, device_[static_cast<size_t>(v->id)], &entry_, p_.dl16);
       env_[static_cast<size_t>(v->id)] = std::move(c);
     }
     for (const TileKernel& k : p_.kernels) {
@@ -180,7 +182,7 @@ class Simulator {
     if (t.valid()) return t;
     if (v->constant) {
       t = v->constant->clone();
-      round_tensor(t, device_[static_cast<size_t>(v->id)], &entry_);
+      round_tensor(t, device_[static_cast<size_t>(v->id)], &entry_, p_.dl16);
       return t;
     }
     fail("reads '{}', which no earlier tile kernel or host step produced ({})", v->name, reader);
@@ -203,7 +205,7 @@ class Simulator {
     for (size_t i = 0; i < outs.size() && i < n->outputs.size(); ++i) {
       const Value* v = n->outputs[i];
       if (!v) continue;
-      round_tensor(outs[i], device_[static_cast<size_t>(v->id)], &stored_);
+      round_tensor(outs[i], device_[static_cast<size_t>(v->id)], &stored_, p_.dl16);
       env_[static_cast<size_t>(v->id)] = std::move(outs[i]);
     }
   }
@@ -249,7 +251,7 @@ class Simulator {
     else fail("unknown tile kind");
     (void)label;
     for (size_t i = 0; i < outs.size(); ++i) {
-      round_tensor(outs[i], device_[static_cast<size_t>(out_values[i]->id)], &stored_);
+      round_tensor(outs[i], device_[static_cast<size_t>(out_values[i]->id)], &stored_, p_.dl16);
       env_[static_cast<size_t>(out_values[i]->id)] = std::move(outs[i]);
     }
     return tiles;
@@ -482,6 +484,23 @@ float round_to_dtype(float x, DType t) {
   }
   uint32_t r = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;
   if (r >= 0x47800000u) r = 0x7f800000u;  // past 65504 (ties at 65520 round to inf)
+  return std::bit_cast<float>(r | sign);
+}
+
+float round_to_dl16(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t sign = u & 0x80000000u, a = u ^ sign;
+  if (a > 0x7f800000u) return x;  // NaN
+  // 9 fraction bits: round the float's 23 to nearest even at bit 14
+  uint32_t r = a >= 0x7f800000u ? a : (a + 0x1fffu + ((a >> 14) & 1u)) & ~0x3fffu;
+  const int e = static_cast<int>(r >> 23) - 127;
+  if (e < -30) {
+    // no subnormals: the nearer of 0 and the smallest normal 2^-30 (0x30800000); the midpoint 2^-31
+    // (0x30000000) goes to 0, whose code is even
+    r = a > 0x30000000u ? 0x30800000u : 0u;
+  } else if (e > 32 || (e == 32 && (r & 0x7fc000u) == 0x7fc000u)) {
+    r = 0x7f800000u;  // past (2 - 2^-8) * 2^32: the all-ones code is NaN/inf
+  }
   return std::bit_cast<float>(r | sign);
 }
 

@@ -55,6 +55,11 @@ float round_to_dtype(float x, DType t);
 // The same over an array in place.
 void round_to_dtype(float* data, int64_t n, DType t);
 
+// Round to nearest even to IBM's DLFloat16 (1 sign, 6 exponent bits with bias 31, 9 fraction bits,
+// no subnormals): values below 2^-30 go to 0 or 2^-30 (whichever is nearer), values past the largest
+// finite one, (2 - 2^-8) * 2^32, become inf; NaN stays NaN.
+float round_to_dl16(float x);
+
 // The iteration space of one tile kernel as its cores and tiles divide it: for dim d and the core
 // coordinate c along d, the tiles [lo, hi) that core steps through. Throws tessel::Error naming the
 // kernel when a dim's split, slice or tile is invalid or when the tiles do not cover every point of

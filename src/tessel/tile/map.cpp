@@ -626,6 +626,7 @@ TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptio
   p.name = m.graph->name;
   p.target = hw.name;
   p.float_dtype = fdt;
+  p.dl16 = fdt == DType::f16 && hw.f16_format == "dl16";
   p.cores = hw.cores;
   p.usable_spad = hw.usable_scratchpad_bytes();
   const Graph& g = *m.graph;

@@ -63,8 +63,9 @@ std::string num(double v) { return fmt::format("{:.17g}", v); }
 
 std::string print_tile_program(const TileProgram& p) {
   std::string s = "# tessel tile level\n";
-  s += fmt::format("tile_program {} target {} cores {} spad {} float {} dram {} {{\n", quote_string(p.name),
-                   quote_string(p.target), p.cores, p.usable_spad, dtype_name(p.float_dtype), p.dram_peak);
+  s += fmt::format("tile_program {} target {} cores {} spad {} float {}{} dram {} {{\n", quote_string(p.name),
+                   quote_string(p.target), p.cores, p.usable_spad, dtype_name(p.float_dtype), p.dl16 ? " format dl16" : "",
+                   p.dram_peak);
   auto gname = [&](int gi) { return gi < 0 ? std::string("-") : format_value_name(p.globals[static_cast<size_t>(gi)].name); };
   for (const Global& g : p.globals)
     s += fmt::format("  global {}: {}{} from {} padded {}{} {} dram {}\n", format_value_name(g.name), dtype_name(g.dtype),
@@ -138,6 +139,11 @@ class TileParser {
     p.usable_spad = integer();
     expect("float");
     p.float_dtype = dtype_tok();
+    if (at_word("format")) {
+      take();
+      if (word() != "dl16") fail_here("the only float format besides IEEE is dl16");
+      p.dl16 = true;
+    }
     expect("dram");
     p.dram_peak = integer();
     expect("{");

@@ -93,6 +93,7 @@ struct TileProgram {
   std::string name;              // the model
   std::string target;            // HwSpec::name
   DType float_dtype = DType::f16;  // device storage of float tensors
+  bool dl16 = false;             // f16 is the target's DLFloat16 (HwSpec::f16_format), not IEEE binary16
   int64_t cores = 0;
   int64_t usable_spad = 0;       // HwSpec::usable_scratchpad_bytes
   std::vector<Global> globals;

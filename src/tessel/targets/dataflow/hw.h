@@ -107,6 +107,9 @@ struct HwSpec {
   DramSpec dram;
   InterconnectSpec interconnect;
   std::vector<DType> dtypes;  // storage dtypes the target supports
+  // How 16-bit floats named f16 are stored: "ieee" (binary16) or "dl16" (IBM's DLFloat16: 1 sign, 6
+  // exponent and 9 fraction bits, no subnormals: range 2^-30 .. ~2^33, Spyre's device format).
+  std::string f16_format = "ieee";
   double kernel_overhead_ns = 0;     // fixed cost per kernel launch
   double overlap_factor = 1;         // T = C + M - overlap_factor * min(C, M); 1 = perfect overlap
   LimitsSpec limits;

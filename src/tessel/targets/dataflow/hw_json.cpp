@@ -356,6 +356,7 @@ HwSpec parse_hw_json(const std::string& text, const std::string& origin) {
     if (a.empty()) o.fail_at("dtypes", "must name at least one dtype");
     for (size_t i = 0; i < a.size(); ++i) hw.dtypes.push_back(read_dtype(o, fmt::format("dtypes/{}", i), a[i]));
   }
+  if (o.has("f16_format")) hw.f16_format = o.choice("f16_format", {"ieee", "dl16"});
   for (const auto& [t, rate] : hw.matrix.dtype_rate)
     if (!hw.supports(t))
       o.fail_at(fmt::format("matrix_unit/dtype_rate/{}", dtype_name(t)), "dtype is not listed in /dtypes");
