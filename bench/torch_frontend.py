@@ -10,7 +10,6 @@ warm-up; the figures are the medians over all timed calls, and per round. Prints
 """
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -18,36 +17,13 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import tessel
 
 
-class Block(nn.Module):
-    """The pre-LN block of ../shared/models/tblock_bert (and tests/python/test_torch_frontend.py)."""
-
-    def __init__(self, d, heads, mlp):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, mlp)
-        self.fc2 = nn.Linear(mlp, d)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        h = self.heads
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=-1)
-        q = q.view(b, t, h, c // h).transpose(1, 2)
-        k = k.view(b, t, h, c // h).transpose(1, 2)
-        v = v.view(b, t, h, c // h).transpose(1, 2)
-        a = ((q @ k.transpose(-2, -1)) / math.sqrt(c // h)).softmax(-1)
-        y = (a @ v).transpose(1, 2).reshape(b, t, c)
-        x = x + self.proj(y)
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+# The block under test is the one tests/python/test_torch_frontend.py checks against eager.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from test_torch_frontend import Block  # noqa: E402
 
 
 def time_calls(fn, x, iters):

@@ -94,7 +94,6 @@ TEST_P(TileCorpus, RoundTripsAndKeepsItsInvariants) {
     EXPECT_LE(stored, padded + slack) << c.model << " " << t.name << ": results stored more than once";
   }
   EXPECT_GE(sp.result.seconds * (1 + 1e-9), bound) << c.model << " is faster than the sum of its kernels' roofline bounds";
-  EXPECT_EQ(sp.result.dram_read_bytes + sp.result.dram_write_bytes > 0, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TileCorpus, ::testing::ValuesIn(cases()), [](const auto& info) {

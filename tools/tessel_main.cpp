@@ -35,35 +35,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool is_text_model(const std::string& path) { return fs::path(path).extension() == ".tsl"; }
-
-// A model from an .onnx file / model-zoo folder (imported) or from .tsl text (parsed).
-ImportedModel load_model(const std::string& path, const std::vector<Tensor>& inputs) {
-  if (is_text_model(path)) {
-    std::ifstream f(path);
-    if (!f) throw Error(Location{.file = path}, "cannot open file");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    ImportedModel m;
-    m.graph = parse_graph(ss.str(), path);
-    m.producer = "tessel text";
-    try {
-      verify_graph(*m.graph);
-    } catch (const Error& e) {
-      throw e.with_context(Location{.file = path});
-    }
-    return m;
-  }
-  ImportOptions io;
-  for (const auto& t : inputs) io.input_shapes.push_back(t.shape());
-  ImportedModel m = import_onnx(resolve_model(path).model, io);
-  try {
-    verify_graph(*m.graph);
-  } catch (const Error& e) {
-    throw e.with_context(Location{.file = path});
-  }
-  return m;
-}
 
 std::string type_list(const std::vector<Value*>& vs) {
   std::string s;
@@ -236,9 +207,7 @@ std::vector<Tensor> run_with_compiled(ImportedModel& m, bool passes_applied, con
 
 // `tessel load`: a warm start as a user's program sees it (file to callable, then the first call).
 int cmd_load(const std::string& model, int threads, const std::string& cache_dir, bool json) {
-  ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
-  std::vector<Tensor> ins;
-  if (!mp.data_sets.empty()) ins = read_data_set(mp.data_sets[0], "input");
+  const std::vector<Tensor> ins = model_inputs(model);
   ModelCompileOptions o;
   o.backend.threads = threads;
   o.backend.toolchain.cache_dir = cache_dir;
@@ -274,7 +243,7 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
   }
   if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
   std::vector<Tensor> ins = read_data_set(inputs_dir, "input");
-  ImportedModel m = load_model(model, ins);
+  ImportedModel m = import_model_file(model, ins);
   apply_passes(*m.graph, passes, "", "", false);
   if (summary) print_summary(*m.graph, m);
   std::vector<Tensor> outs;
@@ -319,7 +288,7 @@ std::string fusion_report(const KernelModule& km) {
 int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide,
                 const std::string& passes, const std::string& dump_dir, const std::string& print_after,
                 bool time_passes) {
-  ImportedModel m = load_model(model, {});
+  ImportedModel m = import_model_file(model, {});
   const bool lower = emit == "kernel" || emit == "cpp" || emit == "fusion";
   apply_passes(*m.graph, lower && passes.empty() ? "core" : passes, dump_dir, print_after, time_passes);
   if (!print_after.empty()) return 0;
@@ -384,10 +353,6 @@ tile::MapOptions map_options(const std::string& dtype) {
   return o;
 }
 
-std::vector<Tensor> model_inputs(const std::string& model) {
-  ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
-  return mp.data_sets.empty() ? std::vector<Tensor>{} : read_data_set(mp.data_sets[0], "input");
-}
 
 void write_text(const std::string& path, const std::string& text) {
   if (path.empty() || path == "-") {

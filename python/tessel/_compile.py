@@ -245,18 +245,23 @@ class _Entry:
         return pytree.tree_unflatten(flat, self.conv.out_spec)
 
 
+def _convert(module, example_inputs, repair, caller):
+    """Checks the example inputs, captures the module and builds its tessel graph (repaired if asked)."""
+    for i, a in enumerate(example_inputs):
+        if not isinstance(a, torch.Tensor):
+            raise _tessel.TesselError(f"example input {i} is a {type(a).__name__}; {caller} takes tensors")
+        tessel_dtype(a.dtype, f"input {i}")
+    gm = capture(module, example_inputs)
+    conv = Converted(gm, example_inputs, name=type(module).__name__)
+    return conv, (conv.builder.repair() if repair else [])
+
+
 def _build(module, example_inputs, target, backend, threads, repair):
     if target != "cpu":
         raise _tessel.TesselError(f"target '{target}' is not supported by tessel.compile yet (only 'cpu')")
     if backend not in ("compiled", "graph", "eager"):
         raise _tessel.TesselError(f"backend '{backend}' is not one of compiled, graph, eager")
-    for i, a in enumerate(example_inputs):
-        if not isinstance(a, torch.Tensor):
-            raise _tessel.TesselError(f"example input {i} is a {type(a).__name__}; tessel.compile takes tensors")
-        tessel_dtype(a.dtype, f"input {i}")
-    gm = capture(module, example_inputs)
-    conv = Converted(gm, example_inputs, name=type(module).__name__)
-    repairs = conv.builder.repair() if repair else []
+    conv, repairs = _convert(module, example_inputs, repair, "tessel.compile")
     with _torch_threads_kept():
         exe = _tessel.Executable(conv.builder, backend, threads)
     return _Entry(conv, exe, repairs)
@@ -340,12 +345,5 @@ def compile(module, example_inputs, target="cpu", backend="compiled", threads=No
 
 def explain(module, example_inputs, repair=False):
     """The graph-break report of `module` on `example_inputs` (nothing is compiled)."""
-    example_inputs = tuple(example_inputs)
-    for i, a in enumerate(example_inputs):
-        if not isinstance(a, torch.Tensor):
-            raise _tessel.TesselError(f"example input {i} is a {type(a).__name__}; tessel.explain takes tensors")
-        tessel_dtype(a.dtype, f"input {i}")
-    gm = capture(module, example_inputs)
-    conv = Converted(gm, example_inputs, name=type(module).__name__)
-    repairs = conv.builder.repair() if repair else []
+    conv, repairs = _convert(module, tuple(example_inputs), repair, "tessel.explain")
     return Explanation(json.loads(conv.builder.explain()), repairs, conv.lowered, len(conv.fallbacks))

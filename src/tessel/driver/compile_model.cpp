@@ -29,8 +29,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-bool is_text_model(const std::string& path) { return fs::path(path).extension() == ".tsl"; }
-
 // The file holding this code (the tessel executable, or a library linking tessel_core) by size and
 // modification time: a rebuilt tessel never loads entries an older build wrote.
 std::string build_identity() {

@@ -83,15 +83,11 @@ DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedP
     k.fusion_unfused = t.bytes_unfused;
     k.fusion_fused = t.bytes_fused;
     k.spad_peak = t.spad_peak;
-    std::vector<int> seen;
-    auto touch = [&](int gi) {
-      if (gi < 0 || std::find(seen.begin(), seen.end(), gi) != seen.end()) return;
-      seen.push_back(gi);
+    for (int gi : tile::kernel_globals(t)) {
       k.logical_bytes += p.globals[static_cast<size_t>(gi)].logical_bytes();
       k.padded_bytes += p.globals[static_cast<size_t>(gi)].bytes();
-    };
+    }
     for (const tile::Operand& op : t.operands) {
-      touch(op.global);
       TensorSlice s;
       s.tensor = op.global >= 0 ? p.globals[static_cast<size_t>(op.global)].name : op.role;
       s.tile_bytes = op.tile_bytes;
@@ -105,8 +101,6 @@ DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedP
       s.slice_bytes = static_cast<int64_t>(slice);
       k.slices.push_back(s);
     }
-    for (int gi : t.host_inputs) touch(gi);
-    for (int gi : t.host_outputs) touch(gi);
     r.flops += k.flops;
     r.dram_bytes += k.dram_bytes;
     r.bound_us += k.bound_us;

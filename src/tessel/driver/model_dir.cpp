@@ -10,6 +10,14 @@
 namespace tessel {
 namespace fs = std::filesystem;
 
+bool is_text_model(const std::string& path) { return fs::path(path).extension() == ".tsl"; }
+
+std::vector<Tensor> model_inputs(const std::string& path) {
+  if (is_text_model(path)) return {};
+  const ModelPaths mp = resolve_model(path);
+  return mp.data_sets.empty() ? std::vector<Tensor>{} : read_data_set(mp.data_sets[0], "input");
+}
+
 ModelPaths resolve_model(const std::string& path) {
   ModelPaths p;
   fs::path dir;

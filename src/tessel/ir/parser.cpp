@@ -310,8 +310,7 @@ class Parser {
     auto lit = literal(t, &pb);
     if (values_.count(n)) error("value '%" + n + "' is defined twice");
     // A blob stored outside the text is bound right away (no zero-filled placeholder to replace).
-    Tensor external = !lit && source_ ? source_(pb.index, t) : Tensor();
-    if (external.valid() && (external.dtype() != t.dtype || external.shape() != t.shape)) external = Tensor();
+    Tensor external = !lit && source_ ? external_blob(pb) : Tensor();
     const bool bound = external.valid();
     Value* v = g_->add_constant(n, lit ? std::move(*lit) : bound ? std::move(external) : Tensor(t.dtype, t.shape));
     values_[n] = v;
@@ -485,12 +484,18 @@ class Parser {
   }
 
   // A blob stored outside the text (PrintOptions::external_blobs).
-  void fill_from_source(PendingBlob& p) {
+  // The source's tensor for a blob (invalid when it has none); one of another type is an error.
+  Tensor external_blob(const PendingBlob& p) {
     Tensor t = source_(p.index, p.type);
-    if (!t.valid()) return;
-    if (t.dtype() != p.type.dtype || t.shape() != p.type.shape)
+    if (t.valid() && (t.dtype() != p.type.dtype || t.shape() != p.type.shape))
       error_at(p.line, p.col, fmt::format("blob<{}> holds {} but {} is needed", p.index,
                                           TensorType{t.dtype(), t.shape()}.str(), p.type.str()));
+    return t;
+  }
+
+  void fill_from_source(PendingBlob& p) {
+    Tensor t = external_blob(p);
+    if (!t.valid()) return;
     if (p.value) p.value->constant = std::move(t);
     else p.node->attrs[p.attr] = std::move(t);
     p.filled = true;

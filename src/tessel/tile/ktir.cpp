@@ -696,12 +696,7 @@ std::string FuncEmitter::emit_matmul() {
   // An operand the mapper re-laid out (TileKind::relayout) is read from its dense copy.
   auto relaid = [&](const std::string& role) {
     for (const Operand& op : t_.operands)
-      if (op.role == role && op.global >= 0 && p_.kernels.size() > 0) {
-        for (const TileKernel& r : p_.kernels)
-          if (r.kind == TileKind::relayout)
-            for (const Operand& ro : r.operands)
-              if (ro.out && ro.global == op.global) return op.global;
-      }
+      if (op.role == role && relayout_writing(p_, op.global)) return op.global;
     return -1;
   };
   const int ra = relaid("a"), rb = relaid("b");
@@ -787,7 +782,7 @@ std::string FuncEmitter::run() {
   for (const Operand& op : t_.operands) {
     if (op.global < 0 || arg_of_global_.count(op.global)) continue;
     // every operand is a buffer of the kernel, or the re-laid-out copy of one
-    if (p_.globals.at(static_cast<size_t>(op.global)).name.find("_relayout") == std::string::npos) (void)arg_of(op.global);
+    if (!relayout_writing(p_, op.global)) (void)arg_of(op.global);
     arg_of_global_[op.global] = fmt::format("%arg{}", arg_globals_.size());
     arg_globals_.push_back(op.global);
   }

@@ -151,8 +151,7 @@ int64_t matmul_spad(const MatmulPlan& c, int64_t es, int64_t epi_tile_elems, int
 // The estimate of a split and tiling: matrix-unit time of every tile, DRAM time of the traffic
 // (resident tiles not reloaded, broadcast tiles read once), K-split reduction, overlapped as the
 // hardware file's overlap factor says.
-void cost_matmul(const HwSpec& hw, const MatmulSpec& mm, DType dt, int n_epi, MatmulPlan& c) {
-  (void)mm;
+void cost_matmul(const HwSpec& hw, DType dt, int n_epi, MatmulPlan& c) {
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
   const int64_t mt = ceil_div(c.ms, c.tm), nt = ceil_div(c.ns, c.tn), kt = ceil_div(c.ks, c.tk);
   // Traffic per core, loop order m n k: A(m,k) stays resident across n when K is one tile; B(k,n)
@@ -211,7 +210,7 @@ MatmulPlan plan_matmul(const HwSpec& hw, const Kernel& k, DType dt, int64_t sb, 
         x.spad = matmul_spad(x, es, x.tm * x.tn, n_epi, dbl);
         smallest = std::min(smallest, x.spad);
         if (x.spad > usable) continue;
-        cost_matmul(hw, mm, dt, n_epi, x);
+        cost_matmul(hw, dt, n_epi, x);
         if (!found || x.total < best.total - 1e-9 * best.total) best = x, found = true;
       }
   if (!found) {
@@ -248,7 +247,7 @@ int relayout(Mapper& mp, const Node& n, const Value* v, const std::string& role,
   t.node = g.name;
   t.sources = {n.name};
   t.on_vector_unit = true;
-  const int64_t P = batch * rows, es = static_cast<int64_t>(dtype_size(g.dtype));
+  const int64_t P = batch * rows;
   const int64_t row_bytes = mp.p.globals[static_cast<size_t>(out)].bytes() / std::max<int64_t>(1, P);
   const int64_t align = row_unit(hw, g.dtype);
   const int cp = mp.o.double_buffer ? 2 : 1;
@@ -282,7 +281,6 @@ int relayout(Mapper& mp, const Node& n, const Value* v, const std::string& role,
   t.decision = fmt::format("re-lays %{} ({}) out as [{},{},{}] with {} innermost: the matmul reads it with a non-unit "
                            "innermost stride",
                            src.name, role, batch, rows, cols, role == "b" ? "N" : "K");
-  (void)es;
   allocate_spad(t, hw, mp.p.usable_spad);
   mp.before.push_back(std::move(t));
   return out;

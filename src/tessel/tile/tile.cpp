@@ -28,6 +28,25 @@ int TileProgram::find_global(const std::string& n) const {
   return -1;
 }
 
+std::vector<int> kernel_globals(const TileKernel& t) {
+  std::vector<int> out;
+  auto add = [&](int g) {
+    if (g >= 0 && std::find(out.begin(), out.end(), g) == out.end()) out.push_back(g);
+  };
+  for (const Operand& op : t.operands) add(op.global);
+  for (int g : t.host_inputs) add(g);
+  for (int g : t.host_outputs) add(g);
+  return out;
+}
+
+const TileKernel* relayout_writing(const TileProgram& p, int g) {
+  for (const TileKernel& t : p.kernels)
+    if (t.kind == TileKind::relayout)
+      for (const Operand& op : t.operands)
+        if (op.out && op.global == g) return &t;
+  return nullptr;
+}
+
 std::string_view tile_kind_name(TileKind k) {
   switch (k) {
     case TileKind::matmul: return "matmul";

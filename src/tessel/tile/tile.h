@@ -103,6 +103,13 @@ struct TileProgram {
   int find_global(const std::string& name) const;  // -1 when absent
 };
 
+// The globals a kernel reads or writes (its operands', then a host step's inputs and outputs), each
+// once, in that order.
+std::vector<int> kernel_globals(const TileKernel& t);
+
+// The re-layout copy that writes global `g`, or null when g is no re-layout's result.
+const TileKernel* relayout_writing(const TileProgram& p, int g);
+
 // Text form (docs/ir/tile.md). parse_tile_program(print_tile_program(p)) prints back identically.
 std::string print_tile_program(const TileProgram& p);
 TileProgram parse_tile_program(const std::string& text, const std::string& file = "<text>");

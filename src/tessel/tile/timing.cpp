@@ -406,21 +406,18 @@ SimulatedProgram simulate_program(const TileProgram& p, const HwSpec& hw, const 
     // The bytes no plan can avoid: each operand's elements the kernel reads or writes once — the part
     // of its tensor the kernel's dims index (attention reads a third of the qkv tensor), at most the
     // tensor.
-    std::vector<int> seen;
-    auto add_bytes = [&](int gi, double view_bytes = -1) {
-      if (gi < 0 || std::find(seen.begin(), seen.end(), gi) != seen.end()) return;
-      seen.push_back(gi);
-      const double whole = static_cast<double>(p.globals[static_cast<size_t>(gi)].logical_bytes());
-      kt.min_dram_bytes += view_bytes >= 0 ? std::min(whole, view_bytes) : whole;
-    };
-    for (const Operand& op : t.operands) {
-      if (op.global < 0) continue;
-      double elems = 1;
-      for (int d : op.dims) elems *= static_cast<double>(t.dims[static_cast<size_t>(d)].size);
-      add_bytes(op.global, elems * static_cast<double>(dtype_size(p.globals[static_cast<size_t>(op.global)].dtype)));
+    for (int gi : kernel_globals(t)) {
+      const Global& g = p.globals[static_cast<size_t>(gi)];
+      double view = -1;  // host steps: the whole tensor
+      for (const Operand& op : t.operands) {
+        if (op.global != gi) continue;
+        double elems = 1;
+        for (int d : op.dims) elems *= static_cast<double>(t.dims[static_cast<size_t>(d)].size);
+        view = std::max(view, elems * static_cast<double>(dtype_size(g.dtype)));
+      }
+      const double whole = static_cast<double>(g.logical_bytes());
+      kt.min_dram_bytes += view >= 0 ? std::min(whole, view) : whole;
     }
-    for (int gi : t.host_inputs) add_bytes(gi);
-    for (int gi : t.host_outputs) add_bytes(gi);
     if (t.kind != TileKind::host) {
       const bool matrix = !t.on_vector_unit;
       const dataflow::Roofline r = dataflow::roofline(hw, matrix ? t.flops : 0.0, kt.min_dram_bytes, p.float_dtype);

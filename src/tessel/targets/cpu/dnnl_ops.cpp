@@ -255,36 +255,19 @@ bool dnnl_available() {
 
 std::string dnnl_version(bool with_threads) {
   const dnnl_version_t* v = dnnl::version();
-  std::string isa;
-  switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::sse41:
-      isa = "sse41";
-      break;
-    case dnnl::cpu_isa::avx:
-      isa = "avx";
-      break;
-    case dnnl::cpu_isa::avx2:
-      isa = "avx2";
-      break;
-    case dnnl::cpu_isa::avx2_vnni:
-      isa = "avx2_vnni";
-      break;
-    case dnnl::cpu_isa::avx512_core:
-      isa = "avx512_core";
-      break;
-    case dnnl::cpu_isa::avx512_core_vnni:
-      isa = "avx512_core_vnni";
-      break;
-    case dnnl::cpu_isa::avx512_core_bf16:
-      isa = "avx512_core_bf16";
-      break;
-    case dnnl::cpu_isa::avx512_core_amx:
-      isa = "avx512_core_amx";
-      break;
-    default:
-      isa = "other";
-      break;
-  }
+  static const std::pair<dnnl::cpu_isa, const char*> names[] = {
+      {dnnl::cpu_isa::sse41, "sse41"},
+      {dnnl::cpu_isa::avx, "avx"},
+      {dnnl::cpu_isa::avx2, "avx2"},
+      {dnnl::cpu_isa::avx2_vnni, "avx2_vnni"},
+      {dnnl::cpu_isa::avx512_core, "avx512_core"},
+      {dnnl::cpu_isa::avx512_core_vnni, "avx512_core_vnni"},
+      {dnnl::cpu_isa::avx512_core_bf16, "avx512_core_bf16"},
+      {dnnl::cpu_isa::avx512_core_amx, "avx512_core_amx"},
+  };
+  std::string isa = "other";
+  for (const auto& [code, name] : names)
+    if (dnnl::get_effective_cpu_isa() == code) isa = name;
   if (!with_threads) return fmt::format("oneDNN {}.{}.{} (isa {})", v->major, v->minor, v->patch, isa);
   return fmt::format("oneDNN {}.{}.{} (isa {}, {} threads)", v->major, v->minor, v->patch, isa, threads_now());
 }
