@@ -133,7 +133,7 @@ TEST(CompiledBackend, BrokenKernelIsNamed) {
   k.accesses = {KAccess{0, 0, {8, 1}}, KAccess{1, 0, {8, 1}}};
   k.body = {KInstr{.op = "load", .access = 0}, KInstr{.op = "frobnicate", .args = {0}}, KInstr{.op = "store", .args = {1}, .access = 1}};
   try {
-    cpu::generate_kernel(k);
+    cpu::generate_kernel(k, 7);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     const std::string msg = e.what();

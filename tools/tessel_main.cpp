@@ -29,6 +29,7 @@
 #include "tessel/targets/cpu/library_epilogue.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 using namespace tessel;
 namespace fs = std::filesystem;
@@ -38,7 +39,7 @@ namespace {
 
 std::string type_list(const std::vector<Value*>& vs) {
   std::string s;
-  for (const Value* v : vs) s += fmt::format("{}{}: {}", s.empty() ? "" : ", ", v->name, v->type.str());
+  for (const Value* v : vs) s += fmt::format("{}{}: {}", s.empty() ? "" : ", ", display_text(v->name), v->type.str());
   return s;
 }
 
@@ -51,7 +52,8 @@ void print_summary(const Graph& g, const ImportedModel& m) {
     weight_bytes += v->constant->nbytes();
     ++nconst;
   }
-  fmt::print("graph '{}' (opset {}, from {})\n", g.name, m.opset, m.producer.empty() ? "unknown" : m.producer);
+  fmt::print("graph '{}' (opset {}, from {})\n", display_text(g.name), m.opset,
+             m.producer.empty() ? "unknown" : display_text(m.producer));
   fmt::print("  inputs:  {}\n  outputs: {}\n", type_list(g.inputs), type_list(g.outputs));
   fmt::print("  {} nodes, {} constants ({:.2f} MB)\n  ops:", g.nodes().size(), nconst, weight_bytes / 1e6);
   for (const auto& [op, n] : ops) fmt::print(" {}×{}", op, n);
@@ -88,7 +90,7 @@ std::vector<std::string> names_of(const std::vector<Value*>& vs) {
 void print_outputs(const std::vector<Tensor>& outs, const std::vector<std::string>& names) {
   for (size_t i = 0; i < outs.size(); ++i) {
     const Tensor& t = outs[i];
-    fmt::print("  output {} '{}': {}", i, i < names.size() ? names[i] : "?", TensorType{t.dtype(), t.shape()}.str());
+    fmt::print("  output {} '{}': {}", i, i < names.size() ? display_text(names[i]) : "?", TensorType{t.dtype(), t.shape()}.str());
     if (t.numel() > 0) {
       fmt::print(" [");
       for (int64_t k = 0; k < std::min<int64_t>(t.numel(), 4); ++k)
@@ -144,7 +146,7 @@ std::vector<Tensor> run_with_graph(std::unique_ptr<Graph> g, const std::vector<T
                cs.pipeline_error);
   if (!cs.baked_inputs.empty()) {
     std::string names;
-    for (const auto& n : cs.baked_inputs) names += (names.empty() ? "" : ", ") + n;
+    for (const auto& n : cs.baked_inputs) names += (names.empty() ? "" : ", ") + display_text(n);
     fmt::print("  specialised on the values of: {} (guarded)\n", names);
   }
   GraphRunStats rs;
@@ -225,7 +227,7 @@ int cmd_load(const std::string& model, int threads, const std::string& cache_dir
                         {"key_seconds", mc.key_seconds}, {"import_seconds", mc.import_seconds},
                         {"threads", mc.exe->stats().threads}, {"prepacked", mc.exe->stats().prepacked},
                         {"first_call_seconds", first_call >= 0 ? nlohmann::json(first_call) : nlohmann::json(nullptr)}};
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", json_dump(j));
     return 0;
   }
   print_compile(mc);
@@ -275,8 +277,8 @@ std::string fusion_report(const KernelModule& km) {
                               "fused B", "saved B", "from");
   int64_t u = 0, f = 0;
   for (const Kernel& k : km.kernels) {
-    t += fmt::format("{:<6} {:<7} {:>6} {:>13} {:>13} {:>13}  {}{}\n", k.name, kernel_kind_name(k.kind), k.fused_nodes,
-                     k.bytes_unfused, k.bytes_fused, k.bytes_unfused - k.bytes_fused, k.sources.empty() ? "" : k.sources[0],
+    t += fmt::format("{:<6} {:<7} {:>6} {:>13} {:>13} {:>13}  {}{}\n", display_text(k.name), kernel_kind_name(k.kind), k.fused_nodes,
+                     k.bytes_unfused, k.bytes_fused, k.bytes_unfused - k.bytes_fused, k.sources.empty() ? "" : display_text(k.sources[0]),
                      k.sources.size() > 1 ? fmt::format(" (+{})", k.sources.size() - 1) : "");
     u += k.bytes_unfused;
     f += k.bytes_fused;
@@ -330,12 +332,12 @@ int cmd_conformance(const std::string& dir, const std::string& json_path, int jo
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!json_path.empty()) {
     std::ofstream f(json_path);
-    f << report_json(r).dump(1) << "\n";
+    f << json_dump(report_json(r), 1) << "\n";
     if (!f) throw Error(Location{.file = json_path}, "cannot write the JSON report");
   }
   for (const auto& t : r.tests)
     if (t.status == "failed" || t.status == "crashed" || t.status == "timeout")
-      if (verbose) fmt::print("{}: {}: {}\n", t.status, t.name, t.reason);
+      if (verbose) fmt::print("{}: {}: {}\n", t.status, display_text(t.name), display_text(t.reason));
   fmt::print("conformance {} ({} backend): {} tests, {} passed, {} failed, {} unsupported, {} crashed, {} timed out ({:.0f} s)\n",
              dir, backend, r.tests.size(), r.count("passed"), r.count("failed"), r.count("unsupported"),
              r.count("crashed"), r.count("timeout"), s);
@@ -378,7 +380,7 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
     DataflowReport r = dataflow_report(dc, sp, hw);
     r.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::ofstream f(report);
-    f << report_json(r).dump(1) << "\n";
+    f << json_dump(report_json(r), 1) << "\n";
     if (!f) throw Error(Location{.file = report}, "cannot write the report");
     fmt::print(stderr, "{}", report_table(r));
   }
@@ -409,11 +411,11 @@ bool check_functional(const std::string& model, const DataflowCompile& dc, const
              worst, tol.max_rel, ok ? "PASS" : "FAIL");
   if (fr.flushed + fr.entry_flushed > 0)
     fmt::print("  {} values fell below {}'s range and became 0 (first: {}){}\n", fr.flushed + fr.entry_flushed, storage,
-               fr.first_flush.empty() ? "on entry" : fr.first_flush,
+               fr.first_flush.empty() ? "on entry" : display_text(fr.first_flush),
                ok ? "" : "; bf16 storage keeps f32's range: --dtype bf16");
   if (fr.overflowed + fr.entry_overflowed > 0)
     fmt::print("  {} values overflowed {} to inf (first: {})\n", fr.overflowed + fr.entry_overflowed, storage,
-               fr.first_overflow.empty() ? "on entry" : fr.first_overflow);
+               fr.first_overflow.empty() ? "on entry" : display_text(fr.first_overflow));
   return ok;
 }
 
@@ -437,7 +439,7 @@ int cmd_sim(const std::string& model, const std::string& target, const std::stri
     write_text(trace, dataflow::chrome_trace_json(sp.timeline.graph, hw, sp.result));
     fmt::print("trace: {} (open in ui.perfetto.dev or chrome://tracing)\n", trace);
   }
-  if (!json.empty()) write_text(json, report_json(r).dump(1) + "\n");
+  if (!json.empty()) write_text(json, json_dump(report_json(r), 1) + "\n");
   if (functional && !ins.empty()) return check_functional(model, dc, ins, threads) ? 0 : 1;
   if (functional) fmt::print("functional simulation skipped: the model has no test_data_set_0 inputs\n");
   return 0;
@@ -492,7 +494,7 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
                     {"compile_ms", r.compile_seconds * 1e3}, {"roofline_us", r.bound_us}, {"cores", r.cores},
                     {"dtype", std::string(dtype_name(dc.program.float_dtype))}});
   }
-  if (!json.empty()) write_text(json, rows.dump(1) + "\n");
+  if (!json.empty()) write_text(json, json_dump(rows, 1) + "\n");
   return 0;
 }
 
@@ -673,7 +675,7 @@ int main(int argc, char** argv) {
       fmt::print("{}", bench_table(r));
       if (!bench_json_path.empty()) {
         std::ofstream f(bench_json_path);
-        f << bench_json(r).dump(1) << "\n";
+        f << json_dump(bench_json(r), 1) << "\n";
         if (!f) throw Error(Location{.file = bench_json_path}, "cannot write the JSON report");
       }
       return 0;
@@ -684,7 +686,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "tessel: error: {}\n", e.what());
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "tessel: internal error: {}\n", e.what());
+    fmt::print(stderr, "tessel: internal error: {}\n", display_text(e.what()));
     return 3;
   }
   return 0;

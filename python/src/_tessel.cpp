@@ -18,6 +18,7 @@
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/partition.h"
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 namespace py = pybind11;
 using namespace tessel;
@@ -181,7 +182,7 @@ class Builder {
   }
   std::string explain() {
     PartitionPlan plan = partition_graph(graph());
-    return explain_json(plan, {}).dump();
+    return json_dump(explain_json(plan, {}));
   }
   std::unique_ptr<Graph> take() {
     graph();
@@ -259,7 +260,7 @@ class Executable {
     for (const Tensor& t : outs) result.append(to_array(t));
     return result;
   }
-  std::string explain() const { return explain_json(exe_->plan(), {}).dump(); }
+  std::string explain() const { return json_dump(explain_json(exe_->plan(), {})); }
   double compile_seconds() const { return exe_->compile_seconds(); }
   std::string text(bool elide) const {
     PrintOptions po;

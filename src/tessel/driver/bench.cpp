@@ -22,6 +22,7 @@
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 namespace tessel {
 namespace {
@@ -208,7 +209,7 @@ nlohmann::json bench_json(const BenchReport& r) {
 }
 
 std::string bench_table(const BenchReport& r) {
-  std::string s = fmt::format("{} ({} timed calls per backend, after one warm-up)\n", r.model, r.iters);
+  std::string s = fmt::format("{} ({} timed calls per backend, after one warm-up)\n", display_text(r.model), r.iters);
   s += "compile s: import -> callable with an empty compile cache; cached s: model file -> callable with a warm cache\n";
   s += fmt::format("{:<9} {:>3} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>9}\n", "backend", "thr", "import s",
                    "compile s", "cached s", "median ms", "p10 ms", "p90 ms", "speedup", "break-even", "peak MB");

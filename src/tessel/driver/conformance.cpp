@@ -22,6 +22,7 @@
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 namespace tessel {
 namespace fs = std::filesystem;
@@ -181,7 +182,7 @@ ConformanceReport run_conformance(const std::string& root, const ConformanceOpti
       if (pid == 0) {
         close(p[0]);
         TestResult r = run_conformance_test(dirs[next], opts);
-        std::string s = result_json(r).dump();
+        std::string s = json_dump(result_json(r));
         const char* q = s.data();
         size_t left = s.size();
         while (left > 0) {
@@ -241,7 +242,7 @@ ConformanceReport run_conformance(const std::string& root, const ConformanceOpti
           r.rel = j.value("rel_error", 0.0);
         }
       }
-      if (progress) fmt::print(stderr, "[{}/{}] {} {}\n", done + 1, dirs.size(), r.status, r.name);
+      if (progress) fmt::print(stderr, "[{}/{}] {} {}\n", done + 1, dirs.size(), r.status, display_text(r.name));
       rep.tests[c.index] = std::move(r);
       ++done;
       running.erase(running.begin() + static_cast<long>(k));

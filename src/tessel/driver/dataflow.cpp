@@ -11,6 +11,7 @@
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/cost.h"
+#include "tessel/support/escape.h"
 
 namespace tessel {
 namespace {
@@ -181,15 +182,16 @@ nlohmann::json report_json(const DataflowReport& r) {
 
 std::string report_table(const DataflowReport& r) {
   std::string s = fmt::format("{} on {} ({} cores): {:.1f} us simulated, roofline {:.1f} us ({:.0f} %), utilisation {:.1f} %\n",
-                              r.model, r.target, r.cores, r.sim_us, r.bound_us, r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0,
+                              display_text(r.model), display_text(r.target), r.cores, r.sim_us, r.bound_us, r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0,
                               100 * r.utilisation);
   s += fmt::format("{:<5} {:<7} {:<26} {:<14} {:>10} {:>10} {:>6} {:>9} {:>9} {:>6} {:>10} {:>9} {:>9}\n", "kern", "kind",
                    "node", "split", "MFLOP", "DRAM KB", "FLOP/B", "bound us", "sim us", "% bnd", "fused KB", "pad KB",
                    "spad KB");
   for (const KernelReport& k : r.kernels) {
-    std::string node = k.node.size() > 26 ? k.node.substr(k.node.size() - 26) : k.node;
+    const std::string shown = display_text(k.node);
+    std::string node = shown.size() > 26 ? shown.substr(shown.size() - 26) : shown;
     s += fmt::format("{:<5} {:<7} {:<26} {:<14} {:>10.3f} {:>10.1f} {:>6.1f} {:>9.2f} {:>9.2f} {:>6.0f} {:>10.1f} {:>9.1f} {:>9.1f}\n",
-                     k.name, k.kind, node, k.split, k.flops / 1e6, k.dram_bytes / 1e3, k.intensity, k.bound_us, k.sim_us,
+                     display_text(k.name), k.kind, node, display_text(k.split), k.flops / 1e6, k.dram_bytes / 1e3, k.intensity, k.bound_us, k.sim_us,
                      k.pct_of_bound, static_cast<double>(k.fusion_unfused - k.fusion_fused) / 1e3,
                      static_cast<double>(k.padded_bytes - k.logical_bytes) / 1e3, static_cast<double>(k.spad_peak) / 1e3);
   }

@@ -8,13 +8,14 @@
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/graph.h"
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 namespace tessel {
 
 std::string explain_text(const PartitionPlan& plan, const std::vector<RepairRecord>& repairs) {
   std::string out;
   for (const auto& r : repairs)
-    out += fmt::format("repaired {} at '{}': {}\n", r.pattern, r.node, r.detail);
+    out += fmt::format("repaired {} at '{}': {}\n", r.pattern, display_text(r.node), display_text(r.detail));
   int nodes = 0;
   for (const auto& p : plan.partitions) nodes += static_cast<int>(p.nodes.size());
   out += fmt::format("{} graph(s), {} break(s), {} compiled node(s)\n", plan.partitions.size(), plan.breaks.size(), nodes);
@@ -22,14 +23,15 @@ std::string explain_text(const PartitionPlan& plan, const std::vector<RepairReco
     if (!s.is_break) {
       const Partition& p = plan.partitions[s.index];
       out += fmt::format("graph {}: {} node(s), {} input(s), {} output(s), from '{}' to '{}'\n", s.index, p.nodes.size(),
-                         p.inputs.size(), p.outputs.size(), p.nodes.front()->name, p.nodes.back()->name);
+                         p.inputs.size(), p.outputs.size(), display_text(p.nodes.front()->name),
+                         display_text(p.nodes.back()->name));
       continue;
     }
     const GraphBreak& b = plan.breaks[s.index];
-    out += fmt::format("break {}: {} ({})\n", s.index + 1, b.op, break_kind_name(b.kind));
-    out += fmt::format("  reason:   {}\n", b.reason);
-    out += fmt::format("  location: {}\n", b.location);
-    out += fmt::format("  repair:   {}\n", b.repair.empty() ? "(no known pattern)" : b.repair);
+    out += fmt::format("break {}: {} ({})\n", s.index + 1, display_text(b.op), break_kind_name(b.kind));
+    out += fmt::format("  reason:   {}\n", display_text(b.reason));
+    out += fmt::format("  location: {}\n", display_text(b.location));
+    out += fmt::format("  repair:   {}\n", b.repair.empty() ? "(no known pattern)" : display_text(b.repair));
   }
   return out;
 }
@@ -112,7 +114,7 @@ int cmd_explain(const std::string& model, const ExplainOptions& opts) {
     status = all ? 0 : 1;
   }
   if (opts.json) {
-    fmt::print("{}\n", j.dump(1));
+    fmt::print("{}\n", json_dump(j, 1));
   } else {
     fmt::print("{}", explain_text(*plan, repairs));
     fmt::print("{}", check_text);

@@ -1,4 +1,5 @@
 // Parser for the graph-level text form (.tsl). Errors carry line:column.
+#include <charconv>
 #include <cmath>
 #include <cstring>
 
@@ -140,30 +141,11 @@ class Parser {
   }
   std::string string_literal() {
     skip_ws();
-    if (pos_ >= s_.size() || s_[pos_] != '"') error("expected a string");
-    ++pos_;
-    std::string out;
-    while (true) {
-      if (pos_ >= s_.size()) error("unterminated string");
-      char c = s_[pos_++];
-      if (c == '"') break;
-      if (c == '\n') error("newline in string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos_ >= s_.size()) error("unterminated string");
-      char e = s_[pos_++];
-      if (e == 'n') out += '\n';
-      else if (e == '"' || e == '\\') out += e;
-      else if (e == 'x' && pos_ + 2 <= s_.size()) {
-        out += static_cast<char>(std::stoi(s_.substr(pos_, 2), nullptr, 16));
-        pos_ += 2;
-      } else {
-        error(fmt::format("unknown escape '\\{}'", e));
-      }
+    try {
+      return unquote_string(s_, pos_);
+    } catch (const Error& e) {
+      error(e.reason());
     }
-    return out;
   }
   // Names after '%' or '@': bare characters or a quoted string.
   std::string name_token() {
@@ -207,17 +189,37 @@ class Parser {
     if (pos_ < s_.size() && (s_[pos_] == '-' || s_[pos_] == '+')) ++pos_;
     while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
     if (b == pos_ || (pos_ == b + 1 && !std::isdigit(static_cast<unsigned char>(s_[b])))) error("expected an integer");
-    try {
-      return std::stoll(s_.substr(b, pos_ - b));
-    } catch (const std::exception&) {
-      error("integer out of range");
-    }
+    return to_int64(s_.substr(b, pos_ - b), b);
+  }
+
+  // An integer token (sign and digits) as int64, or a located error when it does not fit; `at` is
+  // where the token starts. from_chars never throws (std::stoll's out_of_range was an internal error).
+  int64_t to_int64(const std::string& tok, size_t at) {
+    const char* b = tok.data() + (!tok.empty() && tok[0] == '+');
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(b, tok.data() + tok.size(), v);
+    if (ec == std::errc::result_out_of_range) error_at_pos(at, fmt::format("integer {} is out of range for int64", tok));
+    if (ec != std::errc() || end != tok.data() + tok.size()) error_at_pos(at, fmt::format("expected an integer, found '{}'", tok));
+    return v;
+  }
+  uint64_t to_uint64(const std::string& tok, size_t at) {
+    const char* b = tok.data() + (!tok.empty() && tok[0] == '+');
+    uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(b, tok.data() + tok.size(), v);
+    if (ec == std::errc::result_out_of_range) error_at_pos(at, fmt::format("integer {} is out of range for u64", tok));
+    if (ec != std::errc() || end != tok.data() + tok.size()) error_at_pos(at, fmt::format("expected an unsigned integer, found '{}'", tok));
+    return v;
+  }
+  [[noreturn]] void error_at_pos(size_t p, const std::string& msg) {
+    auto [l, c] = line_col(p);
+    error_at(l, c, msg);
   }
 
   // A number token: returns its text; is_float tells whether it was spelled as a float.
   std::string number(bool* is_float) {
     skip_ws();
     size_t b = pos_;
+    token_start_ = b;
     if (pos_ < s_.size() && (s_[pos_] == '-' || s_[pos_] == '+')) ++pos_;
     if (s_.compare(pos_, 3, "nan") == 0 || s_.compare(pos_, 3, "inf") == 0) {
       pos_ += 3;
@@ -241,17 +243,15 @@ class Parser {
     if (pos_ == digits) error("expected a number");
     return s_.substr(b, pos_ - b);
   }
-  double to_double(const std::string& t) {
+  // A float token; strtod rounds subnormals and overflow (to inf) as a float literal would.
+  double to_double(const std::string& t, size_t at) {
     if (t == "nan" || t == "+nan" || t == "-nan") return std::nan("");
     if (t == "inf" || t == "+inf") return INFINITY;
     if (t == "-inf") return -INFINITY;
-    try {
-      return std::stod(t);
-    } catch (const std::out_of_range&) {
-      return std::strtod(t.c_str(), nullptr);  // subnormals and overflow as strtod rounds them
-    } catch (const std::exception&) {
-      error("bad number '" + t + "'");
-    }
+    char* end = nullptr;
+    const double v = std::strtod(t.c_str(), &end);
+    if (t.empty() || end != t.c_str() + t.size()) error_at_pos(at, "bad number '" + t + "'");
+    return v;
   }
 
   // '[' elements ']' for a tensor of type t, or blob<N> (resolved after the blobs section).
@@ -287,10 +287,10 @@ class Parser {
         } else {
           bool isf = false;
           std::string tok = number(&isf);
-          if (is_float(t.dtype)) out.set_f(i, to_double(tok));
+          if (is_float(t.dtype)) out.set_f(i, to_double(tok, token_start_));
           else if (isf) error("expected an integer element for " + t.str());
-          else if (t.dtype == DType::u64) out.set_i(i, static_cast<int64_t>(std::stoull(tok)));
-          else out.set_i(i, std::stoll(tok));
+          else if (t.dtype == DType::u64) out.set_i(i, static_cast<int64_t>(to_uint64(tok, token_start_)));
+          else out.set_i(i, to_int64(tok, token_start_));
         }
         ++i;
       } while (accept(','));
@@ -359,26 +359,28 @@ class Parser {
         return v;
       }
       std::vector<std::string> toks;
+      std::vector<size_t> starts;
       bool any_float = false;
       do {
         bool f = false;
         toks.push_back(number(&f));
+        starts.push_back(token_start_);
         any_float = any_float || f;
       } while (accept(','));
       expect(']');
       if (any_float) {
         std::vector<double> v;
-        for (auto& t : toks) v.push_back(to_double(t));
+        for (size_t i = 0; i < toks.size(); ++i) v.push_back(to_double(toks[i], starts[i]));
         return v;
       }
       std::vector<int64_t> v;
-      for (auto& t : toks) v.push_back(std::stoll(t));
+      for (size_t i = 0; i < toks.size(); ++i) v.push_back(to_int64(toks[i], starts[i]));
       return v;
     }
     bool f = false;
     std::string tok = number(&f);
-    if (f) return to_double(tok);
-    return static_cast<int64_t>(std::stoll(tok));
+    if (f) return to_double(tok, token_start_);
+    return to_int64(tok, token_start_);
   }
 
   void node() {
@@ -505,6 +507,7 @@ class Parser {
   std::string file_;
   const BlobSource& source_;
   size_t pos_ = 0;
+  size_t token_start_ = 0;  // where the last number() token starts, for errors about its value
   std::unique_ptr<Graph> g_;
   std::map<std::string, Value*> values_;
   std::vector<PendingBlob> pending_;

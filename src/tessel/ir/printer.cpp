@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
 
 namespace tessel {
 namespace {
@@ -118,6 +119,50 @@ std::string quote_string(const std::string& s) {
     }
   }
   return out + "\"";
+}
+
+namespace {
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+}  // namespace
+
+std::string unquote_string(std::string_view text, size_t& pos) {
+  if (pos >= text.size() || text[pos] != '"') fail("expected a string");
+  ++pos;
+  std::string out;
+  while (true) {
+    if (pos >= text.size()) fail("unterminated string");
+    const char c = text[pos];
+    if (c == '"') break;
+    if (c == '\n' || c == '\r') fail("newline in string");
+    ++pos;
+    if (c != '\\') {
+      out += c;
+      continue;
+    }
+    if (pos >= text.size()) fail("unterminated string");
+    const char e = text[pos];
+    if (e == 'n' || e == '"' || e == '\\') {
+      out += e == 'n' ? '\n' : e;
+      ++pos;
+    } else if (e == 'x') {
+      const int hi = pos + 1 < text.size() ? hex_digit(text[pos + 1]) : -1;
+      const int lo = pos + 2 < text.size() ? hex_digit(text[pos + 2]) : -1;
+      if (hi < 0 || lo < 0) fail("bad escape '\\x': two hex digits must follow");
+      out += static_cast<char>(hi << 4 | lo);
+      pos += 3;
+    } else {
+      fail("unknown escape '\\{}'", e);
+    }
+  }
+  ++pos;
+  return out;
 }
 
 std::string format_value_name(const std::string& name) {

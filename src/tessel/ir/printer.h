@@ -32,5 +32,10 @@ std::unique_ptr<Graph> parse_graph(const std::string& text, const std::string& f
 // Pieces shared by the printer and the parser.
 std::string format_value_name(const std::string& name);   // %x or %"needs quotes"
 std::string quote_string(const std::string& s);            // "..." with escapes
+// The inverse of quote_string for every text parser (graph, kernel and tile levels): reads the
+// literal starting at text[pos] (a '"') and moves pos past it. Escapes: \n \" \\ \xHH. On a malformed
+// literal throws tessel::Error with the reason only, pos at the offending character; the caller adds
+// file:line:col.
+std::string unquote_string(std::string_view text, size_t& pos);
 
 }  // namespace tessel

@@ -1,6 +1,7 @@
 // The kernel level's data structure: the kernel op, text form (print and parse) and verifier.
 #include "tessel/kernel/kernel.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <set>
 #include <sstream>
@@ -8,6 +9,7 @@
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 namespace tessel {
 
@@ -182,7 +184,9 @@ class KernelParser {
   int line_;
 
   [[noreturn]] void error(const std::string& msg) {
-    throw Error(Location{.file = file_, .pass = "parse", .line = line_}, msg);
+    const size_t nl = text_.rfind('\n', pos_ == 0 ? 0 : pos_ - 1);
+    const size_t col = nl == std::string::npos || nl >= pos_ ? pos_ + 1 : pos_ - nl;
+    throw Error(Location{.file = file_, .pass = "parse", .line = line_, .column = static_cast<int>(col)}, msg);
   }
   void skip_space() {
     while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) {
@@ -221,8 +225,10 @@ class KernelParser {
     skip_blank();
     const char* b = text_.c_str() + pos_;
     char* e = nullptr;
+    errno = 0;
     long long v = std::strtoll(b, &e, 10);
     if (e == b) error("expected an integer");
+    if (errno == ERANGE) error(fmt::format("integer {} is out of range for int64", std::string_view(b, static_cast<size_t>(e - b))));
     pos_ += static_cast<size_t>(e - b);
     return v;
   }
@@ -246,20 +252,11 @@ class KernelParser {
   }
   std::string quoted() {
     skip_blank();
-    if (pos_ >= text_.size() || text_[pos_] != '"') error("expected a quoted string");
-    std::string s;
-    ++pos_;
-    while (pos_ < text_.size() && text_[pos_] != '"') {
-      char c = text_[pos_++];
-      if (c == '\\' && pos_ < text_.size()) {
-        char n = text_[pos_++];
-        s += n == 'n' ? '\n' : n;
-      } else {
-        s += c;
-      }
+    try {
+      return unquote_string(text_, pos_);
+    } catch (const Error& e) {
+      error(e.reason());
     }
-    expect("\"");
-    return s;
   }
   std::string value_name() {
     expect("%");
@@ -293,6 +290,9 @@ class KernelParser {
     Kernel k;
     expect("kernel");
     k.name = word();
+    // The text may come from the executable cache (untrusted): a kernel name is an identifier, and
+    // generated code never uses it anyway (symbols come from the kernel's index).
+    if (!is_plain_identifier(k.name)) error(fmt::format("kernel name '{}' is not an identifier", k.name));
     std::string kind = word();
     if (kind == "loop") k.kind = KernelKind::loop;
     else if (kind == "matmul") k.kind = KernelKind::matmul;

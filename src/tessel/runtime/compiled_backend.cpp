@@ -105,7 +105,7 @@ struct CompiledExecutable::Builder {
     }
     const bool lib = ce.in_library_.at(kid);
     const cpu::LibraryEpilogue& le = ce.library_.at(kid);
-    if (cpu::has_generated_function(k, lib)) L->fn = ce.so_->function<GeneratedFn>(cpu::kernel_symbol(k));
+    if (cpu::has_generated_function(k, lib)) L->fn = ce.so_->function<GeneratedFn>(cpu::kernel_symbol(kid));
     const float* bias = lib && le.bias_arg >= 0 ? n.inputs[static_cast<size_t>(le.bias_arg)]->constant->data<float>() : nullptr;
     if (lib) st.library_epilogues++;
     auto pre = prepacked.find(kid);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 namespace tessel {
 
@@ -112,7 +113,7 @@ void write_entry(const std::string& dir, const std::string& module_text, const s
   j["packed"] = nlohmann::json::array();
   for (const EntryPacked& p : m.packed)
     j["packed"].push_back({{"kernel", p.kernel}, {"offset", p.offset}, {"nbytes", p.nbytes}, {"layout", p.layout}});
-  write_file(d / "manifest.json", "manifest", [&](std::ofstream& f) { f << j.dump(1) << "\n"; });
+  write_file(d / "manifest.json", "manifest", [&](std::ofstream& f) { f << json_dump(j, 1) << "\n"; });
 }
 
 LoadedEntry read_entry(const std::string& dir) {

@@ -172,7 +172,7 @@ class Simulator {
     so_ = br.so;
     for (size_t i = 0; i < m_.kernels.size(); ++i)
       if (cpu::has_generated_function(m_.kernels[i], false))
-        fns_[i] = so_->function<GeneratedFn>(cpu::kernel_symbol(m_.kernels[i]));
+        fns_[i] = so_->function<GeneratedFn>(cpu::kernel_symbol(i));
     compile_seconds_ = seconds_since(t0);
   }
 

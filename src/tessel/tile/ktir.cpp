@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 namespace tessel::tile {
 namespace {
@@ -71,11 +72,6 @@ std::string identity_map(size_t r) {
   std::vector<std::string> ds;
   for (size_t i = 0; i < r; ++i) ds.push_back(fmt::format("d{}", i));
   return fmt::format("affine_map<({0}) -> ({0})>", list(ds));
-}
-std::string comment_safe(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
 }
 
 // Element attribute text of a constant of type t.
@@ -310,7 +306,7 @@ const View& FuncEmitter::view(int global, const std::vector<int>& tdims,
   v.name = fresh("view");
   std::vector<std::string> names;
   for (int d : v.tdims) names.push_back(t_.dims[static_cast<size_t>(d)].name);
-  views_ << fmt::format("    // {}: {} over [{}]\n", v.name, what, list(names));
+  views_ << fmt::format("    // {}: {} over [{}]\n", v.name, mlir_comment_text(what), list(names));
   views_ << fmt::format("    {} = ktdp.construct_memory_view {}, sizes: [{}], strides: [{}] {{\n", v.name, ptr, list(v.sizes),
                         list(v.strides));
   views_ << fmt::format("      coordinate_set = {}, memory_space = #ktdp.spyre_memory_space<HBM>\n", box_set(v.sizes));
@@ -791,7 +787,7 @@ std::string FuncEmitter::run() {
     const Global& gl = p_.globals[static_cast<size_t>(g)];
     const Layout lay(gl);
     const std::string n = fmt::format("%g{}", arg_of_global_[g].substr(4));
-    views_ << fmt::format("    // {}: {} {}[{}] in DRAM as {}[{}]{}\n", n, comment_safe(gl.name), dtype_name(gl.logical),
+    views_ << fmt::format("    // {}: {} {}[{}] in DRAM as {}[{}]{}\n", n, mlir_comment_text(gl.name), dtype_name(gl.logical),
                           list(gl.shape), dtype_name(gl.dtype), list(gl.padded),
                           gl.perm.empty() ? "" : fmt::format(", physical order [{}]", list(gl.perm)));
     views_ << fmt::format("    {} = ktdp.construct_memory_view {}, sizes: [{}], strides: [{}] {{\n", n, arg_of_global_[g],
@@ -826,9 +822,9 @@ std::string FuncEmitter::run() {
   }
   const std::string kind = t_.kind == TileKind::matmul ? emit_matmul() : emit_vector();
   std::ostringstream out;
-  out << fmt::format("  // {}: {} kernel {} of node \"{}\"\n", t_.name, kind, k_.name, comment_safe(t_.node));
+  out << fmt::format("  // {}: {} kernel {} of node \"{}\"\n", t_.name, kind, mlir_comment_text(k_.name), mlir_comment_text(t_.node));
   std::vector<std::string> src;
-  for (const auto& s : t_.sources) src.push_back("\"" + comment_safe(s) + "\"");
+  for (const auto& s : t_.sources) src.push_back("\"" + mlir_comment_text(s) + "\"");
   out << fmt::format("  //   sources {}\n", list(src));
   std::vector<std::string> ds;
   for (const Dim& d : t_.dims)
@@ -839,7 +835,7 @@ std::string FuncEmitter::run() {
   out << fmt::format("  func.func @{}(\n", t_.name);
   for (size_t i = 0; i < arg_globals_.size(); ++i) {
     const Global& g = p_.globals[static_cast<size_t>(arg_globals_[i])];
-    out << fmt::format("      %arg{}: index{}  // {} {}[{}]\n", i, i + 1 < arg_globals_.size() ? "," : "", comment_safe(g.name),
+    out << fmt::format("      %arg{}: index{}  // {} {}[{}]\n", i, i + 1 < arg_globals_.size() ? "," : "", mlir_comment_text(g.name),
                        dtype_name(g.dtype), list(g.padded));
   }
   out << fmt::format("  ) attributes {{grid = [{}]}} {{\n", list(grid));
@@ -881,9 +877,9 @@ std::string export_ktir(const TileProgram& p, const KernelModule& m, std::vector
   }
   std::ostringstream out;
   out << fmt::format("// KTIR (ktdp dialect, torch-spyre/RFCs 0682-KtirSpec) exported by tessel from the tile level\n");
-  out << fmt::format("// model \"{}\", target {}, {} cores; {} of {} tile kernels exported\n", comment_safe(p.name), p.target, p.cores,
+  out << fmt::format("// model \"{}\", target {}, {} cores; {} of {} tile kernels exported\n", mlir_comment_text(p.name), mlir_comment_text(p.target), p.cores,
                      funcs.size(), p.kernels.size());
-  for (const std::string& s : skip) out << "// skipped " << comment_safe(s) << '\n';
+  for (const std::string& s : skip) out << "// skipped " << mlir_comment_text(s) << '\n';
   out << "module {\n";
   for (size_t i = 0; i < funcs.size(); ++i) out << (i ? "\n" : "") << funcs[i];
   out << "}\n";

@@ -9,6 +9,7 @@
 
 #include "tessel/ir/printer.h"
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 namespace tessel::tile {
 
@@ -219,7 +220,7 @@ class TileParser {
   TileKernel kernel(const std::map<std::string, int>& globals) {
     TileKernel t;
     expect("@");
-    t.name = word();
+    t.name = identifier("tile kernel name");
     const std::string kind = word();
     if (kind == "matmul") t.kind = TileKind::matmul;
     else if (kind == "conv") t.kind = TileKind::conv;
@@ -229,7 +230,7 @@ class TileParser {
     else fail_here("unknown kernel kind '" + kind + "'");
     const std::string kref = word();
     if (kref.size() < 2 || kref[0] != 'k') fail_here("expected k<index>");
-    t.kernel = std::stoi(kref.substr(1));
+    t.kernel = small_int(kref.substr(1), -1);  // host steps have no kernel: k-1
     expect("node");
     t.node = string_tok();
     t.on_vector_unit = t.kind == TileKind::vector || t.kind == TileKind::relayout;
@@ -270,7 +271,7 @@ class TileParser {
         while (accept(","));
       } else if (w == "dim") {
         Dim d;
-        d.name = word();
+        d.name = identifier("dim name");
         expect("size");
         d.size = integer();
         expect("split");
@@ -310,7 +311,7 @@ class TileParser {
         op.spad_dtype = dtype_tok();
         const std::string x = word();
         if (x.size() < 2 || x[0] != 'x') fail_here("expected x<copies>");
-        op.copies = std::stoi(x.substr(1));
+        op.copies = small_int(x.substr(1), 0);
         expect("tile");
         op.tile_bytes = integer();
         expect("spad");
@@ -387,15 +388,27 @@ class TileParser {
   void end_line() {
     if (!at_end()) fail_here("unexpected '" + line_.substr(col_) + "'");
   }
-  int64_t integer() {
+  // Names that exports such as KTIR use in symbols (@t0, %tid_m): plain identifiers only.
+  std::string identifier(const char* what) {
     const std::string w = word();
+    if (!is_plain_identifier(w)) fail_here(fmt::format("{} '{}' is not an identifier", what, w));
+    return w;
+  }
+  int64_t integer() { return to_int64(word()); }
+  int64_t to_int64(const std::string& w) {
     try {
       size_t used = 0;
       const int64_t v = std::stoll(w, &used);
       if (used == w.size()) return v;
     } catch (const std::exception&) {
     }
-    fail_here("expected an integer, found '" + w + "'");
+    fail_here("expected an integer (int64), found '" + w + "'");
+  }
+  // The number after k or x (a kernel index, a copy count): an int of at least `min`.
+  int small_int(const std::string& w, int min) {
+    const int64_t v = to_int64(w);
+    if (v < min || v > INT32_MAX) fail_here(fmt::format("expected an int in [{}, {}], found '{}'", min, INT32_MAX, w));
+    return static_cast<int>(v);
   }
   double real() {
     const std::string w = word();
@@ -407,23 +420,14 @@ class TileParser {
     }
     fail_here("expected a number, found '" + w + "'");
   }
-  // "..." with \" and \\ escapes (quote_string's form).
+  // "..." as quote_string writes it.
   std::string string_tok() {
     skip_ws();
-    if (col_ >= line_.size() || line_[col_] != '"') fail_here("expected a quoted string");
-    std::string out;
-    size_t i = col_ + 1;
-    for (; i < line_.size() && line_[i] != '"'; ++i) {
-      if (line_[i] == '\\' && i + 1 < line_.size()) {
-        const char n = line_[++i];
-        out += n == 'n' ? '\n' : n == 't' ? '\t' : n;
-      } else {
-        out += line_[i];
-      }
+    try {
+      return unquote_string(line_, col_);
+    } catch (const Error& e) {
+      fail_here(e.reason());
     }
-    if (i >= line_.size()) fail_here("unterminated string");
-    col_ = i + 1;
-    return out;
   }
   std::string value_name() {
     skip_ws();
@@ -464,7 +468,7 @@ class TileParser {
     if (!at_word("]")) {
       do {
         const std::string w = word();
-        s.push_back(w == "?" ? -1 : std::stoll(w));
+        s.push_back(w == "?" ? -1 : to_int64(w));
       } while (accept(","));
     }
     expect("]");

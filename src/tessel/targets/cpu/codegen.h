@@ -1,7 +1,10 @@
 // C++ generation for the CPU target (docs/targets/cpu.md): one readable function per kernel of a
 // kernel module, with provenance comments naming the fused source nodes.
 //
-//   extern "C" void tsl_<kernel>(void* const* args, long lo, long hi);
+//   extern "C" void tsl_k<index>(void* const* args, long lo, long hi);
+//
+// Identifiers are derived from the kernel's index, never from a name; names (kernels, source nodes,
+// values, the model) appear only in comments, escaped by cpp_comment_text (docs/security.md).
 //
 // args holds one pointer per kernel arg (inputs, outputs, scratch); [lo, hi) is the part of the
 // kernel's parallel range (Kernel::parallel_extent) this call computes, so calls on disjoint ranges
@@ -18,7 +21,7 @@
 
 namespace tessel::cpu {
 
-std::string kernel_symbol(const Kernel& k);        // "tsl_k3"
+std::string kernel_symbol(size_t index);            // "tsl_k3" for kernel 3 of its module
 // False for a library call without epilogue, or whose epilogue runs inside oneDNN.
 bool has_generated_function(const Kernel& k, bool epilogue_in_library = false);
 
@@ -27,6 +30,6 @@ bool has_generated_function(const Kernel& k, bool epilogue_in_library = false);
 std::string generate_cpp(const KernelModule& m, const std::string& model_name, const std::vector<bool>& in_library = {});
 
 // One kernel's function (used by the docs and tests).
-std::string generate_kernel(const Kernel& k);
+std::string generate_kernel(const Kernel& k, size_t index);
 
 }  // namespace tessel::cpu

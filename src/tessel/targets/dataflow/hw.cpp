@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 namespace tessel::dataflow {
 
@@ -117,7 +118,7 @@ HwSpec resolve_target(const std::string& target_or_path) {
 }
 
 std::string describe(const HwSpec& hw) {
-  std::string out = fmt::format("{}{}\n", hw.name, hw.description.empty() ? "" : ": " + hw.description);
+  std::string out = fmt::format("{}{}\n", display_text(hw.name), hw.description.empty() ? "" : ": " + display_text(hw.description));
   auto line = [&](const char* key, const std::string& value) { out += fmt::format("  {:<16} {}\n", key, value); };
   const MatrixUnitSpec& m = hw.matrix;
   line("clock", fmt::format("{:g} GHz", hw.clock_ghz));
