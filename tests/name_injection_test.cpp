@@ -32,11 +32,12 @@ namespace {
 const char kMarker[] = "tessel_pwned_marker";
 
 // The full attack: ends the `//` comment, includes stdlib and defines a constructor that runs at
-// every dlopen. The function name carries the position so that several planted copies would not
-// collide (a collision would fail to compile and hide the hole).
+// every dlopen; the `#define` swallows whatever the comment line held after the name. Function and
+// macro carry the position so that several planted copies would not collide (a collision would fail
+// to compile and hide the hole). No '/' in it: it is planted in a folder name too.
 std::string attack(const std::string& pos) {
   return "\n#include <stdlib.h>\n__attribute__((constructor)) static void p_" + pos + "(){system(\"touch " +
-         std::string(kMarker) + "\");}\n//";
+         std::string(kMarker) + "\");}\n#define TAIL_" + pos + " ";
 }
 
 struct Payload {
