@@ -117,6 +117,7 @@ TEST(ParserErrors, KernelModuleText) {
   };
   expect_located(bad("fused ", "fused 99999999999999999999 nodes, traffic 0 -> 0 bytes\n  x"), "bad.tkl:", "out of range for int64");
   expect_located(bad("kernel k0", "kernel 0k"), "bad.tkl:", "not an identifier");
+  EXPECT_NE(bad("reduce.sum", "reduce.system").find("unknown reduction 'system'"), std::string::npos);
   expect_located(bad("from \"", "from \"\\xZ"), "bad.tkl:", "escape");
   const std::string msg = bad("from \"", "from \"\\q");
   EXPECT_TRUE(std::regex_search(msg, std::regex("bad\\.tkl:[0-9]+:[0-9]+: "))) << msg;

@@ -339,7 +339,7 @@ int cmd_conformance(const std::string& dir, const std::string& json_path, int jo
     if (t.status == "failed" || t.status == "crashed" || t.status == "timeout")
       if (verbose) fmt::print("{}: {}: {}\n", t.status, display_text(t.name), display_text(t.reason));
   fmt::print("conformance {} ({} backend): {} tests, {} passed, {} failed, {} unsupported, {} crashed, {} timed out ({:.0f} s)\n",
-             dir, backend, r.tests.size(), r.count("passed"), r.count("failed"), r.count("unsupported"),
+             display_text(dir), backend, r.tests.size(), r.count("passed"), r.count("failed"), r.count("unsupported"),
              r.count("crashed"), r.count("timeout"), s);
   return r.count("crashed") + r.count("timeout") > 0 ? 1 : 0;
 }

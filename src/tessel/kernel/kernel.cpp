@@ -507,6 +507,9 @@ void verify_kernel(const Kernel& k) {
     } else if (in.op == "reduce") {
       if (in.row) where("a reduce accumulates inside a loop (not a row instruction)");
       if (in.args.size() != 1 || !is_float_t(in.dtype)) where("reduce takes one float value");
+      // The kind is spelled into generated code (an OpenMP reduction clause): only the four known.
+      if (in.attr != "sum" && in.attr != "prod" && in.attr != "max" && in.attr != "min")
+        where(fmt::format("unknown reduction '{}'", in.attr));
     } else if (in.op == "compare") {
       if (in.dtype != DType::boolean || in.args.size() != 2) where("compare takes two values and gives bool");
     } else if (in.op == "select") {
