@@ -10,8 +10,8 @@
 #include "tessel/driver/compile_model.h"
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
-#include "tessel/targets/dataflow/cost.h"
 #include "tessel/support/escape.h"
+#include "tessel/targets/dataflow/cost.h"
 
 namespace tessel {
 namespace {

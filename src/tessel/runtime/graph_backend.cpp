@@ -12,6 +12,7 @@
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/core_kernels.h"
+#include "tessel/support/escape.h"
 #include "tessel/support/pages.h"
 
 namespace tessel {
@@ -531,7 +532,7 @@ std::vector<Tensor> GraphExecutable::run(const std::vector<Tensor>& inputs, Grap
     } catch (const Error& e) {
       throw e.with_context(Location{.node = s.node->name, .op = s.node->op->name, .pass = "run"});
     }
-    if (profile) fmt::print(stderr, "profile {:>9.3f} ms  {} {}\n", seconds_since(ts) * 1e3, s.node->op->name, s.node->name);
+    if (profile) fmt::print(stderr, "profile {:>9.3f} ms  {} {}\n", seconds_since(ts) * 1e3, s.node->op->name, display_text(s.node->name));
   }
   std::vector<Tensor> outs;
   for (const Value* v : graph_->outputs) outs.push_back(im.tensor_of(v));
