@@ -5,6 +5,7 @@
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
 #include "tessel/support/error.h"
+#include "tessel/support/limits.h"
 
 namespace tessel {
 namespace {
@@ -254,6 +255,29 @@ class Parser {
     }
   }
 
+  // Declared sizes are checked against the text before anything is allocated (a Tensor is zero-
+  // filled at its declared size): a literal of n elements takes at least 2n-1 characters and a blob
+  // of b bytes at least 4b/3 characters of base64, so dims of 2^31 over a few characters fail here.
+  int64_t declared_numel(const TensorType& t) {
+    try {
+      return checked_tensor_numel(t.dtype, t.shape, "constant");
+    } catch (const Error& e) {
+      error(e.reason());
+    }
+  }
+  void check_literal_fits(const TensorType& t) {
+    const uint64_t n = static_cast<uint64_t>(declared_numel(t)), left = s_.size() - pos_;
+    if (n > (left + 1) / 2)
+      error(fmt::format("{} declares {} elements but the rest of the text holds at most {}", t.str(), n, (left + 1) / 2));
+  }
+  void check_blob_fits(const TensorType& t) {
+    declared_numel(t);
+    const uint64_t bytes = tensor_bytes(t.dtype, t.shape).value_or(0), left = s_.size() - pos_;
+    if (bytes > (left / 4 + 1) * 3)
+      error(fmt::format("{} declares {} bytes but the rest of the text holds at most {} of base64", t.str(), bytes,
+                        (left / 4 + 1) * 3));
+  }
+
   // '[' elements ']' for a tensor of type t, or blob<N> (resolved after the blobs section).
   std::optional<Tensor> literal(const TensorType& t, PendingBlob* blob_ref) {
     if (!shape_known(t.shape)) error("a constant needs a fully known shape");
@@ -270,6 +294,7 @@ class Parser {
       expect('>');
       return std::nullopt;
     }
+    check_literal_fits(t);
     Tensor out(t.dtype, t.shape);
     expect('[');
     int64_t i = 0;
@@ -312,6 +337,7 @@ class Parser {
     // A blob stored outside the text is bound right away (no zero-filled placeholder to replace).
     Tensor external = !lit && source_ ? external_blob(pb) : Tensor();
     const bool bound = external.valid();
+    if (!lit && !bound) check_blob_fits(t);
     Value* v = g_->add_constant(n, lit ? std::move(*lit) : bound ? std::move(external) : Tensor(t.dtype, t.shape));
     values_[n] = v;
     if (!lit) {
@@ -346,6 +372,7 @@ class Parser {
       pb.node = n;
       pb.attr = name;
       pending_.push_back(pb);
+      check_blob_fits(t);
       return Tensor(t.dtype, t.shape);
     }
     if (peek('"')) return string_literal();
@@ -471,9 +498,10 @@ class Parser {
       for (auto& p : pending_) {
         if (p.index != idx) continue;
         used = true;
+        const uint64_t want = tensor_bytes(p.type.dtype, p.type.shape).value_or(0);
+        if (bytes.size() != want)
+          error_at(l, c, fmt::format("blob {} has {} bytes but {} needs {}", idx, bytes.size(), p.type.str(), want));
         Tensor t(p.type.dtype, p.type.shape);
-        if (bytes.size() != t.nbytes())
-          error_at(l, c, fmt::format("blob {} has {} bytes but {} needs {}", idx, bytes.size(), p.type.str(), t.nbytes()));
         if (!bytes.empty()) std::memcpy(t.bytes(), bytes.data(), bytes.size());
         if (p.value) p.value->constant = std::move(t);
         else p.node->attrs[p.attr] = std::move(t);
