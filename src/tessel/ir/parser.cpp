@@ -255,9 +255,9 @@ class Parser {
     }
   }
 
-  // Declared sizes are checked against the text before anything is allocated (a Tensor is zero-
-  // filled at its declared size): a literal of n elements takes at least 2n-1 characters and a blob
-  // of b bytes at least 4b/3 characters of base64, so dims of 2^31 over a few characters fail here.
+  // A literal's declared size is checked against the text before its Tensor (zero-filled at that
+  // size) is made: n elements take at least 2n-1 characters, so dims of 2^31 over a few characters
+  // fail here. A blob's tensor is made only once its bytes are in hand (blobs()).
   int64_t declared_numel(const TensorType& t) {
     try {
       return checked_tensor_numel(t.dtype, t.shape, "constant");
@@ -270,14 +270,6 @@ class Parser {
     if (n > (left + 1) / 2)
       error(fmt::format("{} declares {} elements but the rest of the text holds at most {}", t.str(), n, (left + 1) / 2));
   }
-  void check_blob_fits(const TensorType& t) {
-    declared_numel(t);
-    const uint64_t bytes = tensor_bytes(t.dtype, t.shape).value_or(0), left = s_.size() - pos_;
-    if (bytes > (left / 4 + 1) * 3)
-      error(fmt::format("{} declares {} bytes but the rest of the text holds at most {} of base64", t.str(), bytes,
-                        (left / 4 + 1) * 3));
-  }
-
   // '[' elements ']' for a tensor of type t, or blob<N> (resolved after the blobs section).
   std::optional<Tensor> literal(const TensorType& t, PendingBlob* blob_ref) {
     if (!shape_known(t.shape)) error("a constant needs a fully known shape");
@@ -337,8 +329,10 @@ class Parser {
     // A blob stored outside the text is bound right away (no zero-filled placeholder to replace).
     Tensor external = !lit && source_ ? external_blob(pb) : Tensor();
     const bool bound = external.valid();
-    if (!lit && !bound) check_blob_fits(t);
-    Value* v = g_->add_constant(n, lit ? std::move(*lit) : bound ? std::move(external) : Tensor(t.dtype, t.shape));
+    // An unbound blob's value gets no placeholder data (its declared size is not allocated before its
+    // bytes are seen): its type is the declared one, its constant is set by blobs().
+    Value* v = g_->add_constant(n, lit ? std::move(*lit) : bound ? std::move(external) : Tensor());
+    if (!lit && !bound) v->type = t;
     values_[n] = v;
     if (!lit) {
       pb.value = v;
@@ -372,8 +366,7 @@ class Parser {
       pb.node = n;
       pb.attr = name;
       pending_.push_back(pb);
-      check_blob_fits(t);
-      return Tensor(t.dtype, t.shape);
+      return Tensor();  // set by blobs() or fill_from_source(); no allocation of the declared size
     }
     if (peek('"')) return string_literal();
     if (accept('[')) {
@@ -498,9 +491,11 @@ class Parser {
       for (auto& p : pending_) {
         if (p.index != idx) continue;
         used = true;
-        const uint64_t want = tensor_bytes(p.type.dtype, p.type.shape).value_or(0);
-        if (bytes.size() != want)
-          error_at(l, c, fmt::format("blob {} has {} bytes but {} needs {}", idx, bytes.size(), p.type.str(), want));
+        // Checked before the tensor is made: its declared size is allocated only when the bytes are there.
+        const auto want = tensor_bytes(p.type.dtype, p.type.shape);
+        if (!want || bytes.size() != *want)
+          error_at(l, c, fmt::format("blob {} has {} bytes but {} needs {}", idx, bytes.size(), p.type.str(),
+                                     want ? std::to_string(*want) : std::string("more than 2^64")));
         Tensor t(p.type.dtype, p.type.shape);
         if (!bytes.empty()) std::memcpy(t.bytes(), bytes.data(), bytes.size());
         if (p.value) p.value->constant = std::move(t);

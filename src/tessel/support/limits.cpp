@@ -39,15 +39,6 @@ uint64_t default_limit() {
   return limit;
 }
 
-std::string describe_file_type(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO (pipe)";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
-
 }  // namespace
 
 std::optional<uint64_t> parse_byte_size(std::string_view text) {
@@ -110,12 +101,22 @@ int64_t checked_tensor_numel(DType dtype, const Shape& shape, std::string_view w
   return shape_numel(shape);
 }
 
+std::string file_kind(unsigned mode) {
+  const auto m = static_cast<mode_t>(mode);
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO (pipe)";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
 uint64_t check_regular_file(const std::string& path, std::string_view what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     throw Error(Location{.file = path}, fmt::format("cannot read the {}: {}", what, std::strerror(errno)));
   if (!S_ISREG(st.st_mode))
-    throw Error(Location{.file = path}, fmt::format("is {}; expected a regular {}", describe_file_type(st.st_mode), what));
+    throw Error(Location{.file = path}, fmt::format("is {}; expected a regular {}", file_kind(st.st_mode), what));
   const auto size = static_cast<uint64_t>(st.st_size);
   try {
     check_alloc(size, fmt::format("reading the {}", what));
@@ -137,7 +138,7 @@ std::string read_regular_file(const std::string& path, std::string_view what) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw Error(Location{.file = path}, fmt::format("cannot open the {}: {}", what, std::strerror(errno)));
   if (!S_ISREG(st.st_mode))
-    throw Error(Location{.file = path}, fmt::format("is {}; expected a regular {}", describe_file_type(st.st_mode), what));
+    throw Error(Location{.file = path}, fmt::format("is {}; expected a regular {}", file_kind(st.st_mode), what));
   const auto size = static_cast<uint64_t>(st.st_size);
   try {
     check_alloc(size, fmt::format("reading the {}", what));

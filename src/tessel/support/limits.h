@@ -36,6 +36,8 @@ int64_t checked_tensor_numel(DType dtype, const Shape& shape, std::string_view w
 // refused, and so is a file larger than max_alloc_bytes(), before anything is read. Errors name
 // `path` and `what` ("model file", "hardware file").
 std::string read_regular_file(const std::string& path, std::string_view what);
+// What a file of st_mode `mode` is, for messages: "a directory", "a FIFO (pipe)", "a character device" ...
+std::string file_kind(unsigned mode);
 // The same checks without reading: throws unless `path` is a regular file within the limit; returns
 // its size.
 uint64_t check_regular_file(const std::string& path, std::string_view what);

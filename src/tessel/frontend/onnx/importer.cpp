@@ -53,8 +53,7 @@ class Fd {
     if (fd_ < 0) fail("cannot open file");
     struct stat st {};
     if (::fstat(fd_, &st) != 0) fail("cannot open file");
-    if (S_ISDIR(st.st_mode)) fail("is a directory; expected a file");
-    if (!S_ISREG(st.st_mode)) fail("is not a regular file (a FIFO, device or socket); expected a file");
+    if (!S_ISREG(st.st_mode)) fail("is {}; expected a file", file_kind(st.st_mode));
     size_ = static_cast<uint64_t>(st.st_size);
     check_alloc(size_, "reading the file");
   }

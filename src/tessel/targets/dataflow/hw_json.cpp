@@ -404,6 +404,11 @@ HwSpec parse_hw_json(const std::string& text, const std::string& origin) {
     if (a.empty()) o.fail_at("dtypes", "must name at least one dtype");
     for (size_t i = 0; i < a.size(); ++i) hw.dtypes.push_back(read_dtype(o, fmt::format("dtypes/{}", i), a[i]));
   }
+  // Whole elements per stick: a stick narrower than an element, or not a multiple of it, has none.
+  for (DType t : hw.dtypes)
+    if (hw.layout.kind == LayoutKind::stick && hw.layout.stick_bytes % dtype_size(t) != 0)
+      o.fail_at("layout/stick_bytes", fmt::format("must be a multiple of the size of every dtype in /dtypes ({} is {} "
+                                                  "bytes) (got {})", dtype_name(t), dtype_size(t), hw.layout.stick_bytes));
   if (o.has("f16_format")) hw.f16_format = o.choice("f16_format", {"ieee", "dl16"});
   for (const auto& [t, rate] : hw.matrix.dtype_rate)
     if (!hw.supports(t))
