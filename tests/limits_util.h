@@ -15,6 +15,14 @@
 
 #include "tessel/support/error.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define TESSEL_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TESSEL_TEST_UNDER_ASAN 1
+#endif
+#endif
+
 namespace tessel::testenv {
 
 struct Outcome {
@@ -42,9 +50,12 @@ inline Outcome bounded(const std::function<void()>& fn, unsigned seconds = 20) {
   if (pid < 0) return {false, "fork failed"};
   if (pid == 0) {
     close(fds[0]);
+#ifndef TESSEL_TEST_UNDER_ASAN
+    // (Not under ASan: its allocator reserves address space of its own as it goes.)
     const rlim_t cap = mapped_bytes() + (rlim_t{1} << 30);
     const rlimit rl{cap, cap};
     setrlimit(RLIMIT_AS, &rl);
+#endif
     alarm(seconds);
     std::string msg;
     char kind = 'n';
