@@ -117,13 +117,7 @@ uint64_t check_regular_file(const std::string& path, std::string_view what) {
     throw Error(Location{.file = path}, fmt::format("cannot read the {}: {}", what, std::strerror(errno)));
   if (!S_ISREG(st.st_mode))
     throw Error(Location{.file = path}, fmt::format("is {}; expected a regular {}", file_kind(st.st_mode), what));
-  const auto size = static_cast<uint64_t>(st.st_size);
-  try {
-    check_alloc(size, fmt::format("reading the {}", what));
-  } catch (const Error& e) {
-    throw e.with_context(Location{.file = path});
-  }
-  return size;
+  return static_cast<uint64_t>(st.st_size);
 }
 
 std::string read_regular_file(const std::string& path, std::string_view what) {

@@ -38,8 +38,8 @@ int64_t checked_tensor_numel(DType dtype, const Shape& shape, std::string_view w
 std::string read_regular_file(const std::string& path, std::string_view what);
 // What a file of st_mode `mode` is, for messages: "a directory", "a FIFO (pipe)", "a character device" ...
 std::string file_kind(unsigned mode);
-// The same checks without reading: throws unless `path` is a regular file within the limit; returns
-// its size.
+// Throws unless `path` is a regular file; returns its size. No size limit: a file of external data
+// may hold many tensors, each read (and checked) on its own.
 uint64_t check_regular_file(const std::string& path, std::string_view what);
 
 }  // namespace tessel
