@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/hw.h"
+#include "limits_util.h"
 #include "test_util.h"
 
 using namespace tessel;
@@ -132,12 +135,12 @@ TEST(Hw, UserFileAndUnknownTarget) {
 }
 
 TEST(Hw, ErrorsNameFileAndField) {
-  EXPECT_EQ(error_setting("/dram/read_gbps", -3), "hw/x.json: /dram/read_gbps: must be a positive number (got -3)");
+  EXPECT_EQ(error_setting("/dram/read_gbps", -3), "hw/x.json: /dram/read_gbps: must be a number in [0.001, 1e+07] (got -3)");
   EXPECT_EQ(error_setting("/cores", "32"), "hw/x.json: /cores: must be an integer (got a string)");
   EXPECT_EQ(error_setting("/cores", 2.5), "hw/x.json: /cores: must be an integer (got 2.5)");
-  EXPECT_EQ(error_setting("/cores", 0), "hw/x.json: /cores: must be an integer >= 1 (got 0)");
+  EXPECT_EQ(error_setting("/cores", 0), "hw/x.json: /cores: must be an integer in [1, 65536] (got 0)");
   EXPECT_EQ(error_setting("/scratchpad/reserved_fraction", 1.5),
-            "hw/x.json: /scratchpad/reserved_fraction: must be a fraction in [0, 1) (got 1.5)");
+            "hw/x.json: /scratchpad/reserved_fraction: must be a number in [0, 1) (got 1.5)");
   EXPECT_EQ(error_setting("/interconnect/topology", "rign"),
             "hw/x.json: /interconnect/topology: must be one of 'ring', 'mesh', 'none' (got 'rign') (did you mean 'ring'?)");
   EXPECT_EQ(error_setting("/dram/reed_gbps", 100), "hw/x.json: /dram/reed_gbps: unknown field (did you mean 'read_gbps'?)");
@@ -207,4 +210,67 @@ TEST(Hw, DocsSchemaTableNamesRealFields) {
                             "scratchpad.effective_working_set_bytes", "limits.max_loop_iterations", "kernel_overhead_ns",
                             "overlap_factor", "vector_unit.latency_cycles", "dma.engines_per_core"})
     EXPECT_NE(md.find(std::string("`") + field), std::string::npos) << field;
+}
+
+// Numbers far out of range made the event engine loop forever (1e305 cycles, 1e-305 GB/s: time
+// became inf) or crashed it (2^32+1 cores: bad_alloc; 2^63 DMA engines: "never became ready"). Every
+// number now has a finite range, and a value outside it names the file, the field, the range and
+// the value.
+TEST(Hw, EveryNumberHasAFiniteRange) {
+  EXPECT_EQ(error_setting("/clock_ghz", 1e305), "hw/x.json: /clock_ghz: must be a number in [0.001, 100] (got 1e+305)");
+  EXPECT_EQ(error_setting("/clock_ghz", 1e-305), "hw/x.json: /clock_ghz: must be a number in [0.001, 100] (got 1e-305)");
+  for (const char* field :
+       {"/matrix_unit/fill_cycles", "/matrix_unit/drain_cycles", "/matrix_unit/macs_per_cycle", "/matrix_unit/sustained_fraction",
+        "/matrix_unit/dtype_rate/f16", "/vector_unit/latency_cycles", "/vector_unit/elements_per_cycle/add",
+        "/dram/read_gbps", "/dram/write_gbps", "/dram/latency_cycles", "/dram/mixed_efficiency", "/dram/capacity_bytes",
+        "/kernel_overhead_ns", "/overlap_factor", "/interconnect/bytes_per_cycle", "/interconnect/hop_latency_cycles",
+        "/interconnect/reduce_cycles_per_element_hop", "/scratchpad/reserved_fraction"}) {
+    for (double v : {1e305, -1e305}) {
+      const std::string msg = error_setting(field, v);
+      EXPECT_EQ(msg.rfind(fmt::format("hw/x.json: {}: must be a number in ", field), 0), 0u) << msg;
+      EXPECT_NE(msg.find(fmt::format("(got {})", nlohmann::json(v).dump())), std::string::npos) << msg;
+    }
+  }
+  // Rates and bandwidths must also stay away from zero (1e-305 is as good as 0 and makes time infinite).
+  for (const char* field : {"/dram/read_gbps", "/matrix_unit/sustained_fraction", "/interconnect/reduce_cycles_per_element_hop",
+                            "/vector_unit/elements_per_cycle/divide", "/interconnect/bytes_per_cycle"})
+    EXPECT_NE(error_setting(field, 1e-305).find("must be a number in"), std::string::npos) << field;
+}
+
+TEST(Hw, CountsHaveUpperBounds) {
+  EXPECT_EQ(error_setting("/cores", (uint64_t{1} << 32) + 1), "hw/x.json: /cores: must be an integer in [1, 65536] (got 4294967297)");
+  EXPECT_EQ(error_setting("/dma/engines_per_core", uint64_t{1} << 63),
+            "hw/x.json: /dma/engines_per_core: must be an integer in [1, 64] (got 9223372036854775808)");
+  EXPECT_EQ(error_setting("/scratchpad/bytes_per_core", uint64_t{1} << 63),
+            "hw/x.json: /scratchpad/bytes_per_core: must be an integer in [1, 17179869184] (got 9223372036854775808)");
+  EXPECT_EQ(error_setting("/matrix_unit/rows", 1e300), "hw/x.json: /matrix_unit/rows: must be an integer in [1, 65536] (got 1e+300)");
+  EXPECT_EQ(error_setting("/interconnect/broadcast_limit", -5),
+            "hw/x.json: /interconnect/broadcast_limit: must be an integer in [1, 65536] (got -5)");
+}
+
+// A stick narrower than an element held 0 elements: SIGFPE in the mapper.
+TEST(Hw, StickHoldsWholeElements) {
+  EXPECT_EQ(error_setting("/layout/stick_bytes", 1),
+            "hw/x.json: /layout/stick_bytes: must be a multiple of the size of every dtype in /dtypes (f16 is 2 bytes) "
+            "(got 1)");
+}
+
+// A number too large for a double gave the JSON library's raw message, without the file.
+TEST(Hw, NumberOverflowNamesTheFileAndPlace) {
+  const std::string text = "{\n  \"name\": \"x\",\n  \"clock_ghz\": 1e99999\n}\n";
+  EXPECT_EQ(error_of(text), "hw/x.json:3:16: invalid JSON: number overflow parsing '1e99999'");
+}
+
+// /dev/zero as a hardware file read forever; a FIFO blocked in open().
+TEST(Hw, NonRegularFilesAreRefused) {
+  const auto o = testenv::bounded([] { load_hw_file("/dev/zero"); });
+  EXPECT_TRUE(o.error) << o.message;
+  EXPECT_EQ(o.message, "/dev/zero: is a character device; expected a regular hardware file");
+  const auto dir = std::filesystem::temp_directory_path() / ("tessel_hw_fifo_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string fifo = (dir / "hw.json").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const auto f = testenv::bounded([&] { resolve_target(fifo); });
+  EXPECT_EQ(f.message, fifo + ": is a FIFO (pipe); expected a regular hardware file");
+  std::filesystem::remove_all(dir);
 }

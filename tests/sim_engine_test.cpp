@@ -5,8 +5,10 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <limits>
 #include <random>
 
+#include "limits_util.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/cost.h"
 #include "tessel/targets/dataflow/sim_engine.h"
@@ -490,4 +492,31 @@ TEST(SimEngine, WaitingOnATransferIsAnInterconnectStall) {
   EXPECT_DOUBLE_EQ(mx.busy, 4);
   EXPECT_DOUBLE_EQ(r.cycles, 19);
   EXPECT_EQ(r.scratchpad_bytes, 200);  // read at the sender, written at the receiver
+}
+
+// A duration that is not finite (here a DRAM latency of inf) made the engine loop forever: time
+// stuck at inf, transfers never completing. It is now refused where it first appears.
+TEST(SimEngine, NonFiniteTimeIsAnError) {
+  HwSpec hw = toy();
+  hw.dram.latency_cycles = std::numeric_limits<double>::infinity();
+  TaskGraph g;
+  g.add(load_task(0, 1000));
+  const auto o = testenv::bounded([&] { simulate(g, hw); });
+  EXPECT_TRUE(o.error) << o.message;
+  EXPECT_NE(o.message.find("[sim] simulated time became inf at task 0 'dma_load' (after cycle 0)"), std::string::npos)
+      << o.message;
+}
+
+// A 1-byte load after 1e300 cycles: each step (0.01 cycles) is below the precision of the time, so
+// time never advanced and the DRAM event repeated forever. The engine now stops with an error.
+TEST(SimEngine, NoProgressIsAnError) {
+  const HwSpec hw = toy();
+  TaskGraph g;
+  const TaskId wait = g.add(barrier_task(1e300));
+  g.add(load_task(0, 1), {wait});
+  const auto o = testenv::bounded([&] { simulate(g, hw); });
+  EXPECT_TRUE(o.error) << o.message;
+  EXPECT_NE(o.message.find("[sim] no progress: the DRAM transfers in flight at cycle 1e+300 do not advance"),
+            std::string::npos)
+      << o.message;
 }

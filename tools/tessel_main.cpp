@@ -30,6 +30,7 @@
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/limits.h"
 
 using namespace tessel;
 namespace fs = std::filesystem;
@@ -514,6 +515,10 @@ int cmd_hw(const std::string& what) {
 int main(int argc, char** argv) {
   CLI::App app{"tessel: a compiler for dataflow ML accelerators"};
   app.require_subcommand(1);
+  std::string max_alloc;
+  app.add_option("--max-alloc", max_alloc,
+                 "largest single allocation a model may cause, in bytes (K/M/G/T suffixes; default: "
+                 "$TESSEL_MAX_ALLOC_BYTES, else min(16 GiB, physical memory))");
 
   auto* run = app.add_subcommand("run", "Run a model (eager interpreter, graph backend or compiled backend)");
   std::string run_model, run_inputs;
@@ -633,6 +638,12 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!max_alloc.empty()) {
+      const auto bytes = parse_byte_size(max_alloc);
+      if (!bytes || *bytes == 0) throw Error(Location{}, fmt::format("--max-alloc '{}' is not a byte count (e.g. 4G, 512M)", max_alloc));
+      set_max_alloc_bytes(*bytes);
+    }
+    max_alloc_bytes();  // a malformed $TESSEL_MAX_ALLOC_BYTES is reported here, before any work
     if (*explain) return cmd_explain(explain_model, explain_opts);
     if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
     if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_threads);

@@ -19,6 +19,7 @@
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/runtime/exe_entry.h"
+#include "tessel/support/limits.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
 #include "tessel/targets/cpu/toolchain.h"
 
@@ -110,11 +111,8 @@ std::string inputs_text(const std::vector<Tensor>& ins) {
 ImportedModel import_model_file(const std::string& path, const std::vector<Tensor>& inputs) {
   ImportedModel m;
   if (is_text_model(path)) {
-    std::ifstream f(path);
-    if (!f) throw Error(Location{.file = path}, "cannot open file");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    m.graph = parse_graph(ss.str(), path);
+    // A regular file within the allocation limit: a FIFO or /dev/zero named .tsl is refused, not read forever.
+    m.graph = parse_graph(read_regular_file(path, "model file"), path);
     m.producer = "tessel text";
   } else {
     ImportOptions io;

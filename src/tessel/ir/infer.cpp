@@ -3,6 +3,7 @@
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
+#include "tessel/support/limits.h"
 
 namespace tessel {
 
@@ -34,6 +35,10 @@ void apply(Node& n, const NodeFacts& f, bool verify_only) {
   for (size_t i = 0; i < n.outputs.size(); ++i) {
     Value* v = n.outputs[i];
     if (!v) continue;
+    // A value whose static type needs more bytes than one allocation may have is refused here,
+    // before any backend plans or makes a buffer for it.
+    if (shape_known(f.types[i].shape))
+      checked_tensor_numel(f.types[i].dtype, f.types[i].shape, fmt::format("output '%{}'", v->name));
     if (!verify_only) {
       v->type = f.types[i];
     } else if (v->type != f.types[i]) {

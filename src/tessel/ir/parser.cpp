@@ -6,6 +6,7 @@
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
 #include "tessel/support/error.h"
+#include "tessel/support/limits.h"
 
 namespace tessel {
 namespace {
@@ -254,6 +255,21 @@ class Parser {
     return v;
   }
 
+  // A literal's declared size is checked against the text before its Tensor (zero-filled at that
+  // size) is made: n elements take at least 2n-1 characters, so dims of 2^31 over a few characters
+  // fail here. A blob's tensor is made only once its bytes are in hand (blobs()).
+  int64_t declared_numel(const TensorType& t) {
+    try {
+      return checked_tensor_numel(t.dtype, t.shape, "constant");
+    } catch (const Error& e) {
+      error(e.reason());
+    }
+  }
+  void check_literal_fits(const TensorType& t) {
+    const uint64_t n = static_cast<uint64_t>(declared_numel(t)), left = s_.size() - pos_;
+    if (n > (left + 1) / 2)
+      error(fmt::format("{} declares {} elements but the rest of the text holds at most {}", t.str(), n, (left + 1) / 2));
+  }
   // '[' elements ']' for a tensor of type t, or blob<N> (resolved after the blobs section).
   std::optional<Tensor> literal(const TensorType& t, PendingBlob* blob_ref) {
     if (!shape_known(t.shape)) error("a constant needs a fully known shape");
@@ -270,6 +286,7 @@ class Parser {
       expect('>');
       return std::nullopt;
     }
+    check_literal_fits(t);
     Tensor out(t.dtype, t.shape);
     expect('[');
     int64_t i = 0;
@@ -312,7 +329,10 @@ class Parser {
     // A blob stored outside the text is bound right away (no zero-filled placeholder to replace).
     Tensor external = !lit && source_ ? external_blob(pb) : Tensor();
     const bool bound = external.valid();
-    Value* v = g_->add_constant(n, lit ? std::move(*lit) : bound ? std::move(external) : Tensor(t.dtype, t.shape));
+    // An unbound blob's value gets no placeholder data (its declared size is not allocated before its
+    // bytes are seen): its type is the declared one, its constant is set by blobs().
+    Value* v = g_->add_constant(n, lit ? std::move(*lit) : bound ? std::move(external) : Tensor());
+    if (!lit && !bound) v->type = t;
     values_[n] = v;
     if (!lit) {
       pb.value = v;
@@ -346,7 +366,7 @@ class Parser {
       pb.node = n;
       pb.attr = name;
       pending_.push_back(pb);
-      return Tensor(t.dtype, t.shape);
+      return Tensor();  // set by blobs() or fill_from_source(); no allocation of the declared size
     }
     if (peek('"')) return string_literal();
     if (accept('[')) {
@@ -473,9 +493,12 @@ class Parser {
       for (auto& p : pending_) {
         if (p.index != idx) continue;
         used = true;
+        // Checked before the tensor is made: its declared size is allocated only when the bytes are there.
+        const auto want = tensor_bytes(p.type.dtype, p.type.shape);
+        if (!want || bytes.size() != *want)
+          error_at(l, c, fmt::format("blob {} has {} bytes but {} needs {}", idx, bytes.size(), p.type.str(),
+                                     want ? std::to_string(*want) : std::string("more than 2^64")));
         Tensor t(p.type.dtype, p.type.shape);
-        if (bytes.size() != t.nbytes())
-          error_at(l, c, fmt::format("blob {} has {} bytes but {} needs {}", idx, bytes.size(), p.type.str(), t.nbytes()));
         if (!bytes.empty()) std::memcpy(t.bytes(), bytes.data(), bytes.size());
         if (p.value) p.value->constant = std::move(t);
         else p.node->attrs[p.attr] = std::move(t);

@@ -11,6 +11,7 @@
 #include "tessel/ir/op_registry.h"
 #include "tessel/runtime/exe_entry.h"
 #include "tessel/support/error.h"
+#include "tessel/support/limits.h"
 #include "tessel/targets/cpu/codegen.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
 #include "tessel/targets/cpu/library_epilogue.h"
@@ -97,6 +98,7 @@ struct CompiledExecutable::Builder {
       if (a.role == KArg::Role::scratch) {
         L->value_ids.push_back(-1);
         L->scratch_arg.push_back(static_cast<int>(i));
+        checked_tensor_numel(a.type.dtype, a.type.shape, fmt::format("scratch buffer of kernel {}", kid));
         L->scratch.emplace_back(static_cast<size_t>(shape_numel(a.type.shape)) * dtype_size(a.type.dtype));
       } else {
         const Value* v = a.role == KArg::Role::in ? n.inputs[in++] : n.outputs[out++];

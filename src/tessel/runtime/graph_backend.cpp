@@ -13,6 +13,7 @@
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/core_kernels.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/limits.h"
 #include "tessel/support/pages.h"
 
 namespace tessel {
@@ -484,6 +485,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     }
   }
   exe->plan_ = plan_arena(exe->requests_, opts.align);
+  check_alloc(exe->plan_.size + opts.align, "the graph backend's arena");
   im.arena = allocate_pages(exe->plan_.size + opts.align);
   const uintptr_t raw = reinterpret_cast<uintptr_t>(im.arena.get());
   uint8_t* base = im.arena.get() + ((opts.align - raw % opts.align) % opts.align);

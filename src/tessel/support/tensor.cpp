@@ -5,22 +5,11 @@
 #include <limits>
 
 #include "tessel/support/error.h"
+#include "tessel/support/limits.h"
 
 namespace tessel {
 
 namespace {
-// The element count of `shape`, checked: every dim known and the bytes within the limit.
-int64_t checked_numel(DType dtype, const Shape& shape) {
-  int64_t n = shape_numel(shape);
-  if (n < 0) fail("cannot allocate a tensor of unknown shape {}", shape_str(shape));
-  // Absurd sizes (a mutated Resize `sizes`, a huge pad) are an error naming the shape, not an
-  // attempt to allocate them; the limit is far above anything the corpus needs.
-  constexpr int64_t kMaxTensorBytes = int64_t{8} << 30;
-  if (n > kMaxTensorBytes / dtype_size(dtype))
-    fail("a tensor of shape {} and dtype {} exceeds the 8 GiB limit", shape_str(shape), dtype_name(dtype));
-  return n;
-}
-
 // Zero-filled storage of `n` bytes; `data` points at it.
 std::shared_ptr<void> zeroed_storage(size_t n, uint8_t*& data) {
   auto v = std::make_shared<std::vector<uint8_t>>(n);
@@ -30,7 +19,7 @@ std::shared_ptr<void> zeroed_storage(size_t n, uint8_t*& data) {
 }  // namespace
 
 Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
-  numel_ = checked_numel(dtype_, shape_);
+  numel_ = checked_tensor_numel(dtype_, shape_);
   owner_ = zeroed_storage(static_cast<size_t>(numel_) * dtype_size(dtype_), data_);
 }
 
@@ -38,7 +27,7 @@ Tensor Tensor::adopt(DType dtype, Shape shape, std::shared_ptr<void> owner, uint
   TESSEL_CHECK(owner != nullptr, "adopt: no owner for the bytes");
   Tensor t;
   t.dtype_ = dtype;
-  t.numel_ = checked_numel(dtype, shape);
+  t.numel_ = checked_tensor_numel(dtype, shape);
   t.shape_ = std::move(shape);
   TESSEL_CHECK(reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0 || t.numel_ == 0,
                "adopt: bytes not aligned for {}", dtype_name(dtype));

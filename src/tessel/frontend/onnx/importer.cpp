@@ -6,8 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
+#include "tessel/support/limits.h"
 #include "tessel/support/pages.h"
 
 namespace tessel {
@@ -41,16 +43,19 @@ std::string_view onnx_type_name(int t) { return onnx_dtype_name(t); }
 // Anything the stream reader does not expect falls back to protobuf parsing the whole file, so a
 // corrupt file gives the same errors as before.
 
-// An open file descriptor, closed on scope exit.
+// An open regular file, closed on scope exit. Anything else (a directory, FIFO, device such as
+// /dev/zero, socket) and a file larger than the allocation limit are refused before a byte is read:
+// reading them could not end, or would allocate without bound. O_NONBLOCK: opening a FIFO does not
+// wait for a writer.
 class Fd {
  public:
-  explicit Fd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  explicit Fd(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)) {
     if (fd_ < 0) fail("cannot open file");
     struct stat st {};
     if (::fstat(fd_, &st) != 0) fail("cannot open file");
-    if (S_ISDIR(st.st_mode)) fail("is a directory; expected a file");
-    regular_ = S_ISREG(st.st_mode);
-    size_ = regular_ ? static_cast<uint64_t>(st.st_size) : 0;
+    if (!S_ISREG(st.st_mode)) fail("is {}; expected a file", file_kind(st.st_mode));
+    size_ = static_cast<uint64_t>(st.st_size);
+    check_alloc(size_, "reading the file");
   }
   ~Fd() {
     if (fd_ >= 0) ::close(fd_);
@@ -58,7 +63,6 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
-  bool regular() const { return regular_; }
   uint64_t size() const { return size_; }
 
   // Reads up to `n` bytes at `offset` into `dst`; returns how many (fewer only at the end of file).
@@ -74,28 +78,15 @@ class Fd {
     return done;
   }
 
-  // The whole file (also pipes and other non-regular files).
+  // The whole file.
   std::string read_all() const {
-    std::string out;
-    if (regular_) {
-      out.resize(size_);
-      out.resize(read_at(out.data(), out.size(), 0));
-      return out;
-    }
-    char buf[1 << 16];
-    for (;;) {
-      ssize_t r = ::read(fd_, buf, sizeof buf);
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) fail("cannot read file: {}", std::strerror(errno));
-      if (r == 0) break;
-      out.append(buf, static_cast<size_t>(r));
-    }
+    std::string out(static_cast<size_t>(size_), '\0');
+    out.resize(read_at(out.data(), out.size(), 0));
     return out;
   }
 
  private:
   int fd_ = -1;
-  bool regular_ = false;
   uint64_t size_ = 0;
 };
 
@@ -370,6 +361,81 @@ void fill_from_raw(Tensor& t, const std::string& raw, const std::string& what) {
   if (t.nbytes()) std::memcpy(t.bytes(), raw.data(), raw.size());
 }
 
+// How many values a TensorProto holds in the typed field its dtype uses (float_data, int32_data, ...).
+int64_t typed_value_count(const onnx::TensorProto& tp, DType dt) {
+  switch (dt) {
+    case DType::f32: return tp.float_data_size();
+    case DType::f64: return tp.double_data_size();
+    case DType::i64: return tp.int64_data_size();
+    case DType::u32:
+    case DType::u64: return tp.uint64_data_size();
+    default: return tp.int32_data_size();  // f16, bf16, f8, packed types, i32 and narrower, bool
+  }
+}
+
+// The bytes the data of `n` elements of `dt` takes in raw_data or an external file.
+uint64_t stored_bytes(DType dt, int64_t n) {
+  return packed_bits(dt) ? static_cast<uint64_t>(packed_bytes(dt, n)) : static_cast<uint64_t>(n) * dtype_size(dt);
+}
+
+// The data a TensorProto carries, checked against what its dims declare before the tensor is
+// allocated: dims of 2^31 over a few bytes fail here, at once, instead of after zero-filling
+// gigabytes. External data is checked where its file is opened (external_raw).
+void check_data_size(const onnx::TensorProto& tp, DType dt, int64_t n, const Shape& shape, const FileRaw* file_raw,
+                     const std::string& what) {
+  if (tp.data_location() == onnx::TensorProto::EXTERNAL) return;
+  const uint64_t want = stored_bytes(dt, n);
+  if (file_raw || tp.has_raw_data()) {
+    const uint64_t have = file_raw ? file_raw->span.length : tp.raw_data().size();
+    if (have != want) fail("{}: raw data has {} bytes, expected {}", what, have, want);
+    return;
+  }
+  const int64_t have = typed_value_count(tp, dt);
+  const bool packed_ok = packed_bits(dt) && (have == packed_bytes(dt, n) || (have == n && n > 1));
+  if (have != n && !packed_ok) fail("{}: has {} values, its shape {} needs {}", what, have, shape_str(shape), n);
+}
+
+// A non-negative integer of an external_data entry ("offset", "length").
+int64_t external_int(const std::string& key, const std::string& text, const std::string& what) {
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || p != end || v < 0 || text.empty())
+    fail("{}: external data {} '{}' is not a non-negative integer", what, key, text);
+  return v;
+}
+
+// The bytes of a tensor stored in an external file: the file must be a regular file holding
+// `want` bytes at the offset (length, when given, must say the same) before anything is allocated.
+std::string external_raw(const onnx::TensorProto& tp, const fs::path& base_dir, uint64_t want, const std::string& what) {
+  std::string location;
+  int64_t offset = 0, length = -1;
+  for (const auto& kv : tp.external_data()) {
+    if (kv.key() == "location") location = kv.value();
+    else if (kv.key() == "offset") offset = external_int("offset", kv.value(), what);
+    else if (kv.key() == "length") length = external_int("length", kv.value(), what);
+  }
+  if (location.empty()) fail("{}: external data without a location", what);
+  if (length >= 0 && static_cast<uint64_t>(length) != want)
+    fail("{}: external data length is {} bytes, expected {}", what, length, want);
+  const fs::path p = base_dir / location;
+  uint64_t size = 0;
+  try {
+    size = check_regular_file(p.string(), "external data file");
+  } catch (const Error& e) {
+    fail("{}: {}", what, e.what());
+  }
+  if (static_cast<uint64_t>(offset) > size || want > size - static_cast<uint64_t>(offset))
+    fail("{}: external data file '{}' is too short ({} bytes; {} needed at offset {})", what, p.string(), size, want, offset);
+  std::ifstream f(p, std::ios::binary);
+  if (!f) fail("{}: cannot open external data file '{}'", what, p.string());
+  std::string raw(static_cast<size_t>(want), '\0');
+  f.seekg(offset);
+  f.read(raw.data(), static_cast<std::streamsize>(want));
+  if (static_cast<uint64_t>(f.gcount()) != want) fail("{}: external data file '{}' is too short", what, p.string());
+  return raw;
+}
+
 // `file_raw`: the tensor's raw_data, left in the file by split_model / split_tensor (the TensorProto
 // then has none of its own).
 Tensor convert_tensor(const onnx::TensorProto& tp, const fs::path& base_dir, const FileRaw* file_raw = nullptr) {
@@ -381,39 +447,25 @@ Tensor convert_tensor(const onnx::TensorProto& tp, const fs::path& base_dir, con
     if (d < 0) fail("{}: negative dimension {}", what, d);
     shape.push_back(d);
   }
-  if (shape_numel(shape) > (int64_t{1} << 34)) fail("{}: {} elements is too large", what, shape_numel(shape));
+  const int64_t n = checked_tensor_numel(*dt, shape, what);
+  check_data_size(tp, *dt, n, shape, file_raw, what);
   if (file_raw && tp.data_location() != onnx::TensorProto::EXTERNAL && !packed_bits(*dt)) {
     // The common case, read from the file straight into the weight buffer: no copy, no zero fill.
-    const uint64_t nbytes = static_cast<uint64_t>(shape_numel(shape)) * static_cast<uint64_t>(dtype_size(*dt));
-    uint8_t* p = file_raw->span.length == nbytes && file_raw->weights ? file_raw->weights->take(nbytes) : nullptr;
+    const uint64_t nbytes = stored_bytes(*dt, n);
+    uint8_t* p = file_raw->weights ? file_raw->weights->take(nbytes) : nullptr;
     if (p) {
       if (file_raw->fd->read_at(p, static_cast<size_t>(nbytes), file_raw->span.offset) != nbytes)
         fail("{}: raw data is cut short (the file changed while it was read)", what);
       return Tensor::adopt(*dt, std::move(shape), file_raw->weights->owner(), p);
     }
   }
-  Tensor t(*dt, shape);
-  const int64_t n = t.numel();
   if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
-    std::string location;
-    int64_t offset = 0, length = -1;
-    for (const auto& kv : tp.external_data()) {
-      if (kv.key() == "location") location = kv.value();
-      else if (kv.key() == "offset") offset = std::stoll(kv.value());
-      else if (kv.key() == "length") length = std::stoll(kv.value());
-    }
-    if (location.empty()) fail("{}: external data without a location", what);
-    fs::path p = base_dir / location;
-    std::ifstream f(p, std::ios::binary);
-    if (!f) fail("{}: cannot open external data file '{}'", what, p.string());
-    size_t want = length >= 0 ? static_cast<size_t>(length) : (packed_bits(*dt) ? packed_bytes(*dt, n) : t.nbytes());
-    std::string raw(want, '\0');
-    f.seekg(offset);
-    f.read(raw.data(), static_cast<std::streamsize>(want));
-    if (static_cast<size_t>(f.gcount()) != want) fail("{}: external data file '{}' is too short", what, p.string());
+    const std::string raw = external_raw(tp, base_dir, stored_bytes(*dt, n), what);
+    Tensor t(*dt, shape);
     fill_from_raw(t, raw, what);
     return t;
   }
+  Tensor t(*dt, shape);
   if (file_raw) {
     fill_from_raw(t, file_raw->read(), what);
     return t;
@@ -553,7 +605,7 @@ Tensor read_tensor_pb(const std::string& path) {
     Fd fd(path);
     onnx::TensorProto tp;
     const fs::path base = fs::path(path).parent_path();
-    if (fd.regular()) {
+    {
       FileReader r(fd);
       std::string rest;
       std::optional<RawSpan> span;
@@ -603,7 +655,7 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
     // is not what split_model expects; then protobuf parses all of it and reports what is wrong.
     std::vector<std::optional<RawSpan>> spans;
     bool split = false;
-    if (fd.regular() && fd.size() > 0) {
+    if (fd.size() > 0) {
       FileReader r(fd);
       std::string rest;
       split = split_model(r, rest, spans) && rest.size() <= INT_MAX;

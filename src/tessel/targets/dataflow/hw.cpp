@@ -6,11 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/limits.h"
 
 namespace tessel::dataflow {
 
@@ -101,11 +100,8 @@ HwSpec load_preset(const std::string& name) {
 }
 
 HwSpec load_hw_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(Location{.file = path}, "cannot read the hardware file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_hw_json(ss.str(), path);
+  // A regular file within the allocation limit: a FIFO or /dev/zero given as --hw is refused, not read forever.
+  return parse_hw_json(read_regular_file(path, "hardware file"), path);
 }
 
 HwSpec resolve_target(const std::string& target_or_path) {

@@ -55,6 +55,48 @@ const char* type_name(const json& j) {
   return "an object";
 }
 
+// A field's valid range. Every number must also be finite (JSON cannot say inf or NaN, but 1e308 is
+// as good as infinite to the timing engine): the upper bounds are physically plausible limits, far
+// above any chip, that keep every derived time finite and every count within the arrays the
+// mapper and the simulator make per core. docs/hw.md's schema table lists them.
+struct Bounds {
+  double lo, hi;
+  bool lo_open = false;  // (lo, hi] rather than [lo, hi]
+  bool hi_open = false;  // [lo, hi) rather than [lo, hi]
+  bool contains(double x) const {
+    return std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+  }
+  std::string str() const { return fmt::format("{}{:g}, {:g}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]"); }
+};
+struct IntBounds {
+  int64_t lo, hi;
+};
+
+constexpr int64_t kKi = 1024, kMi = kKi * kKi, kGi = kMi * kKi;
+constexpr Bounds kClockGhz{0.001, 100};                  // 1 MHz .. 100 GHz
+constexpr Bounds kCycles{0, 1e9};                         // fills, drains, latencies: up to 1e9 cycles
+constexpr Bounds kNanoseconds{0, 1e9};                    // kernel overhead: up to one second
+constexpr Bounds kRate{0.001, 1e9};                       // elements or MACs per cycle per core
+constexpr Bounds kRelativeRate{0.001, 1000};              // dtype_rate: relative to the reference dtype
+constexpr Bounds kGbps{0.001, 1e7};                       // 1 MB/s .. 10 PB/s
+constexpr Bounds kBytesPerCycle{0.001, 1e7};              // per link and direction
+constexpr Bounds kCyclesPerElementHop{1e-6, 1e6};
+constexpr Bounds kEfficiency{0.001, 1};                   // sustained, mixed: a fraction that is not ~0
+constexpr Bounds kFractionOpen{0, 1, false, true};        // [0, 1)
+constexpr Bounds kFractionClosed{0, 1};                   // [0, 1]
+constexpr Bounds kCapacityBytes{1, 1e18};
+constexpr IntBounds kCores{1, 65536};
+constexpr IntBounds kScratchpadBytes{1, 16 * kGi};
+constexpr IntBounds kLayoutBytes{1, kMi};                 // stick, alignment
+constexpr IntBounds kWordBytes{1, 64};
+constexpr IntBounds kTileDim{1, 65536};                   // tile rows, lanes; PE array rows, cols
+constexpr IntBounds kArrays{1, 1024};
+constexpr IntBounds kPassRows{1, kMi};
+constexpr IntBounds kRows{1, int64_t{1} << 31};           // min_rows_full_efficiency
+constexpr IntBounds kDmaEngines{1, 64};
+constexpr IntBounds kBroadcast{1, 65536};
+constexpr IntBounds kLimit{1, int64_t{1} << 62};          // limits/*
+
 // One JSON object being read: hands out its fields by name and remembers which were read, so that
 // finish() can reject the rest as unknown.
 class Obj {
@@ -74,14 +116,13 @@ class Obj {
     return j_.at(key);
   }
 
-  enum class Range { positive, non_negative, fraction_open, fraction_closed, unit_interval_open_low };
-  double number(const std::string& key, Range r) { return check_number(key, get(key), r); }
-  double number_or(const std::string& key, Range r, double dflt) {
+  double number(const std::string& key, const Bounds& r) { return check_number(key, get(key), r); }
+  double number_or(const std::string& key, const Bounds& r, double dflt) {
     return has(key) ? check_number(key, j_.at(key), r) : dflt;
   }
-  int64_t integer(const std::string& key, int64_t min) { return check_integer(key, get(key), min); }
-  int64_t integer_or(const std::string& key, int64_t min, int64_t dflt) {
-    return has(key) ? check_integer(key, j_.at(key), min) : dflt;
+  int64_t integer(const std::string& key, const IntBounds& r) { return check_integer(key, get(key), r); }
+  int64_t integer_or(const std::string& key, const IntBounds& r, int64_t dflt) {
+    return has(key) ? check_integer(key, j_.at(key), r) : dflt;
   }
   std::string string(const std::string& key) {
     const json& v = get(key);
@@ -129,29 +170,13 @@ class Obj {
     }
   }
 
-  double check_number(const std::string& key, const json& v, Range r) const {
+  double check_number(const std::string& key, const json& v, const Bounds& r) const {
     if (!v.is_number()) fail_at(key, fmt::format("must be a number (got {})", type_name(v)));
     const double x = v.get<double>();
-    switch (r) {
-      case Range::positive:
-        if (!(x > 0)) fail_at(key, fmt::format("must be a positive number (got {})", shown(v)));
-        break;
-      case Range::non_negative:
-        if (!(x >= 0)) fail_at(key, fmt::format("must be a number >= 0 (got {})", shown(v)));
-        break;
-      case Range::fraction_open:
-        if (!(x >= 0 && x < 1)) fail_at(key, fmt::format("must be a fraction in [0, 1) (got {})", shown(v)));
-        break;
-      case Range::fraction_closed:
-        if (!(x >= 0 && x <= 1)) fail_at(key, fmt::format("must be a fraction in [0, 1] (got {})", shown(v)));
-        break;
-      case Range::unit_interval_open_low:
-        if (!(x > 0 && x <= 1)) fail_at(key, fmt::format("must be a fraction in (0, 1] (got {})", shown(v)));
-        break;
-    }
+    if (!r.contains(x)) fail_at(key, fmt::format("must be a number in {} (got {})", r.str(), shown(v)));
     return x;
   }
-  int64_t check_integer(const std::string& key, const json& v, int64_t min) const {
+  int64_t check_integer(const std::string& key, const json& v, const IntBounds& r) const {
     if (!v.is_number()) fail_at(key, fmt::format("must be an integer (got {})", type_name(v)));
     int64_t x = 0;
     if (v.is_number_unsigned()) {
@@ -160,10 +185,10 @@ class Obj {
       x = v.get<int64_t>();
     } else {
       const double d = v.get<double>();
-      if (d != std::floor(d) || std::abs(d) > 9e15) fail_at(key, fmt::format("must be an integer (got {})", shown(v)));
-      x = int64_t(d);
+      if (d != std::floor(d)) fail_at(key, fmt::format("must be an integer (got {})", shown(v)));
+      x = std::abs(d) > 9e18 ? (d < 0 ? INT64_MIN : INT64_MAX) : int64_t(d);
     }
-    if (x < min) fail_at(key, fmt::format("must be an integer >= {} (got {})", min, shown(v)));
+    if (x < r.lo || x > r.hi) fail_at(key, fmt::format("must be an integer in [{}, {}] (got {})", r.lo, r.hi, shown(v)));
     return x;
   }
 
@@ -174,7 +199,6 @@ class Obj {
   std::vector<std::string> known_;
 };
 
-using R = Obj::Range;
 
 std::vector<std::string> dtype_names() {
   std::vector<std::string> out;
@@ -191,9 +215,9 @@ DType read_dtype(const Obj& o, const std::string& key, const json& v) {
 }
 
 void read_scratchpad(Obj o, HwSpec& hw) {
-  hw.scratchpad_bytes = o.integer("bytes_per_core", 1);
-  hw.scratchpad_reserved_fraction = o.number("reserved_fraction", R::fraction_open);
-  hw.effective_working_set_bytes = o.integer_or("effective_working_set_bytes", 1, 0);
+  hw.scratchpad_bytes = o.integer("bytes_per_core", kScratchpadBytes);
+  hw.scratchpad_reserved_fraction = o.number("reserved_fraction", kFractionOpen);
+  hw.effective_working_set_bytes = o.integer_or("effective_working_set_bytes", kScratchpadBytes, 0);
   if (hw.effective_working_set_bytes > hw.scratchpad_bytes)
     o.fail_at("effective_working_set_bytes", fmt::format("must not exceed bytes_per_core ({}) (got {})",
                                                           hw.scratchpad_bytes, hw.effective_working_set_bytes));
@@ -203,39 +227,39 @@ void read_scratchpad(Obj o, HwSpec& hw) {
 void read_layout(Obj o, HwSpec& hw) {
   LayoutSpec& l = hw.layout;
   const std::string kind = o.choice("kind", {"stick", "tiled"});
-  l.alignment_bytes = o.integer("alignment_bytes", 1);
+  l.alignment_bytes = o.integer("alignment_bytes", kLayoutBytes);
   if (kind == "stick") {
     l.kind = LayoutKind::stick;
-    l.stick_bytes = o.integer("stick_bytes", 1);
+    l.stick_bytes = o.integer("stick_bytes", kLayoutBytes);
     for (const char* k : {"tile_rows", "tile_lanes", "word_bytes"}) o.forbid(k, "only for layout kind 'tiled'");
   } else {
     o.forbid("stick_bytes", "only for layout kind 'stick'");
     l.kind = LayoutKind::tiled;
-    l.tile_rows = o.integer("tile_rows", 1);
-    l.tile_lanes = o.integer("tile_lanes", 1);
-    l.word_bytes = o.integer("word_bytes", 1);
+    l.tile_rows = o.integer("tile_rows", kTileDim);
+    l.tile_lanes = o.integer("tile_lanes", kTileDim);
+    l.word_bytes = o.integer("word_bytes", kWordBytes);
   }
   o.finish();
 }
 
 void read_matrix(Obj o, HwSpec& hw) {
   MatrixUnitSpec& m = hw.matrix;
-  m.rows = o.integer("rows", 1);
-  m.cols = o.integer("cols", 1);
-  m.count = o.integer("count", 1);
-  m.macs_per_cycle = o.number("macs_per_cycle", R::positive);
-  m.pass_rows = o.integer("pass_rows", 1);
-  m.fill_cycles = o.number("fill_cycles", R::non_negative);
-  m.drain_cycles = o.number("drain_cycles", R::non_negative);
+  m.rows = o.integer("rows", kTileDim);
+  m.cols = o.integer("cols", kTileDim);
+  m.count = o.integer("count", kArrays);
+  m.macs_per_cycle = o.number("macs_per_cycle", kRate);
+  m.pass_rows = o.integer("pass_rows", kPassRows);
+  m.fill_cycles = o.number("fill_cycles", kCycles);
+  m.drain_cycles = o.number("drain_cycles", kCycles);
   m.dataflow = o.choice("dataflow", {"weight_stationary", "output_stationary"}) == "weight_stationary"
                    ? Dataflow::weight_stationary
                    : Dataflow::output_stationary;
-  m.min_rows_full_efficiency = o.integer_or("min_rows_full_efficiency", 1, 0);
-  m.sustained_fraction = o.number_or("sustained_fraction", R::unit_interval_open_low, 1.0);
+  m.min_rows_full_efficiency = o.integer_or("min_rows_full_efficiency", kRows, 0);
+  m.sustained_fraction = o.number_or("sustained_fraction", kEfficiency, 1.0);
   Obj rates = o.object("dtype_rate");
   for (const std::string& k : rates.keys()) {
     const DType t = read_dtype(rates, k, json(k));
-    m.dtype_rate[t] = rates.check_number(k, rates.raw().at(k), R::positive);
+    m.dtype_rate[t] = rates.check_number(k, rates.raw().at(k), kRelativeRate);
   }
   if (m.dtype_rate.empty()) o.fail_at("dtype_rate", "must name at least one dtype");
   if (m.macs_per_cycle < double(m.rows * m.cols * m.count))
@@ -247,20 +271,20 @@ void read_matrix(Obj o, HwSpec& hw) {
 void read_vector(Obj o, HwSpec& hw) {
   Obj rates = o.object("elements_per_cycle");
   for (int i = 0; i < kNumVectorOps; ++i)
-    hw.vector.elements_per_cycle[i] = rates.number(vector_op_name(VectorOp(i)), R::positive);
+    hw.vector.elements_per_cycle[i] = rates.number(vector_op_name(VectorOp(i)), kRate);
   rates.finish();
-  hw.vector.latency_cycles = o.number_or("latency_cycles", R::non_negative, 0);
+  hw.vector.latency_cycles = o.number_or("latency_cycles", kCycles, 0);
   o.finish();
 }
 
 void read_dram(Obj o, HwSpec& hw) {
   DramSpec& d = hw.dram;
-  d.read_gbps = o.number("read_gbps", R::positive);
-  d.write_gbps = o.number("write_gbps", R::positive);
-  d.mixed_efficiency = o.number("mixed_efficiency", R::unit_interval_open_low);
-  d.latency_cycles = o.number("latency_cycles", R::non_negative);
-  d.capacity_bytes = o.number_or("capacity_bytes", R::positive, 0);
-  d.datasheet_gbps = o.number_or("datasheet_gbps", R::positive, 0);
+  d.read_gbps = o.number("read_gbps", kGbps);
+  d.write_gbps = o.number("write_gbps", kGbps);
+  d.mixed_efficiency = o.number("mixed_efficiency", kEfficiency);
+  d.latency_cycles = o.number("latency_cycles", kCycles);
+  d.capacity_bytes = o.number_or("capacity_bytes", kCapacityBytes, 0);
+  d.datasheet_gbps = o.number_or("datasheet_gbps", kGbps, 0);
   o.finish();
 }
 
@@ -270,16 +294,16 @@ void read_interconnect(Obj o, HwSpec& hw) {
   ic.topology = topo == "ring" ? Topology::ring : topo == "mesh" ? Topology::mesh : Topology::none;
   const std::string path = o.choice("reduce_path", {"ring", "separate_reduce_ring", "dram"});
   ic.reduce_path = path == "ring" ? ReducePath::ring : path == "dram" ? ReducePath::dram : ReducePath::separate_reduce_ring;
-  ic.broadcast_limit = o.integer_or("broadcast_limit", 1, 0);
+  ic.broadcast_limit = o.integer_or("broadcast_limit", kBroadcast, 0);
   if (ic.topology == Topology::none) {
     if (ic.reduce_path != ReducePath::dram)
       o.fail_at("reduce_path", fmt::format("must be 'dram' when topology is 'none' (got '{}')", path));
     for (const char* k : {"bytes_per_cycle", "hop_latency_cycles", "reduce_cycles_per_element_hop"})
       o.forbid(k, "only for topology 'ring' or 'mesh'");
   } else {
-    ic.bytes_per_cycle = o.number("bytes_per_cycle", R::positive);
-    ic.hop_latency_cycles = o.number("hop_latency_cycles", R::non_negative);
-    ic.reduce_cycles_per_element_hop = o.number_or("reduce_cycles_per_element_hop", R::positive, 0);
+    ic.bytes_per_cycle = o.number("bytes_per_cycle", kBytesPerCycle);
+    ic.hop_latency_cycles = o.number("hop_latency_cycles", kCycles);
+    ic.reduce_cycles_per_element_hop = o.number_or("reduce_cycles_per_element_hop", kCyclesPerElementHop, 0);
     if (ic.reduce_path == ReducePath::separate_reduce_ring && ic.topology != Topology::ring)
       o.fail_at("reduce_path", "'separate_reduce_ring' needs topology 'ring'");
   }
@@ -287,7 +311,7 @@ void read_interconnect(Obj o, HwSpec& hw) {
   if (ic.topology == Topology::mesh) {
     const json& shape = o.array("mesh_shape");
     if (shape.size() != 2) o.fail_at("mesh_shape", fmt::format("must be [rows, cols] (got {})", shown(shape)));
-    for (size_t i = 0; i < 2; ++i) ic.mesh_shape.push_back(o.check_integer("mesh_shape/" + std::to_string(i), shape[i], 1));
+    for (size_t i = 0; i < 2; ++i) ic.mesh_shape.push_back(o.check_integer("mesh_shape/" + std::to_string(i), shape[i], kCores));
     if (ic.mesh_shape[0] * ic.mesh_shape[1] != hw.cores)
       o.fail_at("mesh_shape", fmt::format("rows x cols must equal cores ({}) (got {} x {})", hw.cores,
                                           ic.mesh_shape[0], ic.mesh_shape[1]));
@@ -296,8 +320,8 @@ void read_interconnect(Obj o, HwSpec& hw) {
 }
 
 void read_limits(Obj o, HwSpec& hw) {
-  hw.limits.max_dram_span_bytes = o.integer_or("max_dram_span_bytes", 1, 0);
-  hw.limits.max_loop_iterations = o.integer_or("max_loop_iterations", 1, 0);
+  hw.limits.max_dram_span_bytes = o.integer_or("max_dram_span_bytes", kLimit, 0);
+  hw.limits.max_loop_iterations = o.integer_or("max_loop_iterations", kLimit, 0);
   o.finish();
 }
 
@@ -311,25 +335,49 @@ void read_strings(Obj& o, const std::string& key, std::vector<std::string>& out)
 
 }  // namespace
 
-HwSpec parse_hw_json(const std::string& text, const std::string& origin) {
-  json root;
+namespace {
+
+// The line and column of byte `offset` of `text` (1-based).
+Location text_location(const std::string& text, size_t offset, const std::string& origin) {
+  Location loc{.file = origin, .line = 1, .column = 1};
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') ++loc.line, loc.column = 1;
+    else ++loc.column;
+  }
+  return loc;
+}
+
+// The library's message without its "[json.exception.x.n] " prefix.
+std::string json_reason(const json::exception& e) {
+  std::string why = e.what();
+  if (auto p = why.find("] "); p != std::string::npos && why.starts_with("[json.exception")) why = why.substr(p + 2);
+  return why;
+}
+
+json parse_json(const std::string& text, const std::string& origin) {
   try {
-    root = json::parse(text);
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     // nlohmann reports the byte count read when it stopped: the line:column of the last character of the
     // offending token.
-    std::string why = e.what();
+    std::string why = json_reason(e);
     if (auto p = why.find(": "); p != std::string::npos) why = why.substr(p + 2);
+    throw Error(text_location(text, e.byte > 0 ? e.byte - 1 : 0, origin), "invalid JSON: " + why);
+  } catch (const json::exception& e) {
+    // A number too large for a double ("number overflow parsing '1e99999'") comes without a byte offset:
+    // the quoted token's first occurrence locates it.
+    const std::string why = json_reason(e);
     Location loc{.file = origin};
-    int line = 1, col = 1;
-    for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
-      if (text[i] == '\n') ++line, col = 1;
-      else ++col;
-    }
-    loc.line = line;
-    loc.column = col;
+    if (auto q = why.find('\''), r = why.rfind('\''); q != std::string::npos && r > q + 1)
+      if (auto at = text.find(why.substr(q + 1, r - q - 1)); at != std::string::npos) loc = text_location(text, at, origin);
     throw Error(loc, "invalid JSON: " + why);
   }
+}
+
+}  // namespace
+
+HwSpec parse_hw_json(const std::string& text, const std::string& origin) {
+  const json root = parse_json(text, origin);
   if (!root.is_object()) throw Error(Location{.file = origin}, fmt::format("/: must be an object (got {})", type_name(root)));
 
   HwSpec hw;
@@ -338,15 +386,15 @@ HwSpec parse_hw_json(const std::string& text, const std::string& origin) {
   o.has("$schema");  // allowed, ignored
   hw.name = o.string("name");
   hw.description = o.string_or("description", "");
-  hw.clock_ghz = o.number("clock_ghz", R::positive);
-  hw.cores = o.integer("cores", 1);
+  hw.clock_ghz = o.number("clock_ghz", kClockGhz);
+  hw.cores = o.integer("cores", kCores);
   read_scratchpad(o.object("scratchpad"), hw);
   read_layout(o.object("layout"), hw);
   read_matrix(o.object("matrix_unit"), hw);
   read_vector(o.object("vector_unit"), hw);
   {
     Obj dma = o.object("dma");
-    hw.dma_engines = dma.integer("engines_per_core", 1);
+    hw.dma_engines = dma.integer("engines_per_core", kDmaEngines);
     dma.finish();
   }
   read_dram(o.object("dram"), hw);
@@ -356,12 +404,17 @@ HwSpec parse_hw_json(const std::string& text, const std::string& origin) {
     if (a.empty()) o.fail_at("dtypes", "must name at least one dtype");
     for (size_t i = 0; i < a.size(); ++i) hw.dtypes.push_back(read_dtype(o, fmt::format("dtypes/{}", i), a[i]));
   }
+  // Whole elements per stick: a stick narrower than an element, or not a multiple of it, has none.
+  for (DType t : hw.dtypes)
+    if (hw.layout.kind == LayoutKind::stick && hw.layout.stick_bytes % dtype_size(t) != 0)
+      o.fail_at("layout/stick_bytes", fmt::format("must be a multiple of the size of every dtype in /dtypes ({} is {} "
+                                                  "bytes) (got {})", dtype_name(t), dtype_size(t), hw.layout.stick_bytes));
   if (o.has("f16_format")) hw.f16_format = o.choice("f16_format", {"ieee", "dl16"});
   for (const auto& [t, rate] : hw.matrix.dtype_rate)
     if (!hw.supports(t))
       o.fail_at(fmt::format("matrix_unit/dtype_rate/{}", dtype_name(t)), "dtype is not listed in /dtypes");
-  hw.kernel_overhead_ns = o.number("kernel_overhead_ns", R::non_negative);
-  hw.overlap_factor = o.number("overlap_factor", R::fraction_closed);
+  hw.kernel_overhead_ns = o.number("kernel_overhead_ns", kNanoseconds);
+  hw.overlap_factor = o.number("overlap_factor", kFractionClosed);
   if (o.has("limits")) read_limits(o.object("limits"), hw);
   if (o.has("notes")) read_strings(o, "notes", hw.notes);
   if (o.has("sources")) {

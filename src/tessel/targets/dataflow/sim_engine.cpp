@@ -184,6 +184,16 @@ class Engine {
   }
 
   void push(double t, EvType type, int64_t id) {
+    // An infinite or NaN time would never be reached (the run would spin or stop early): out-of-range
+    // durations are refused where they first appear.
+    if (!std::isfinite(t)) {
+      const std::string where = type == ev_dram ? std::string("the DRAM transfers in flight")
+                                : type == ev_retry ? fmt::format("engine queue {}", id)
+                                                   : fmt::format("task {} '{}'", id, g_.label(TaskId(id)));
+      throw Error(Location{.pass = "sim"},
+                  fmt::format("simulated time became {} at {} (after cycle {}): a duration or rate is out of range", t,
+                              where, now_));
+    }
     events_.push_back(Event{t, seq_++, id, type});
     std::push_heap(events_.begin(), events_.end(), EventLater{});
   }
@@ -380,11 +390,27 @@ class Engine {
       if (f.dir != dir_read) --n_write_;
       done_.push_back(f.task);
     }
+    watch_dram_progress();
     reschedule_dram();
     for (TaskId id : done_) {
       if (post_[size_t(id)] > 0) push(now_ + post_[size_t(id)], ev_done, id);
       else complete(id);
     }
+  }
+
+  // A DRAM event that completes no transfer happens only through rounding, once or twice in a row.
+  // Many in a row mean time no longer advances at this magnitude (a step below the precision of the
+  // current time: durations far out of proportion): stop with an error instead of spinning.
+  void watch_dram_progress() {
+    if (!done_.empty()) {
+      dram_idle_rounds_ = 0;
+      return;
+    }
+    if (++dram_idle_rounds_ > kMaxIdleDramRounds)
+      throw Error(Location{.pass = "sim"},
+                  fmt::format("no progress: the DRAM transfers in flight at cycle {} do not advance ({} bytes left, {} "
+                              "bytes per cycle each); the hardware description's times are out of proportion",
+                              now_, flows_.front().finish_v - v_, rate_));
   }
 
   void finish() {
@@ -422,6 +448,8 @@ class Engine {
   double v_ = 0, t0_ = 0, rate_ = 0;
   int n_read_ = 0, n_write_ = 0;
   uint64_t dram_gen_ = 0;
+  static constexpr int kMaxIdleDramRounds = 64;
+  int dram_idle_rounds_ = 0;
 };
 
 }  // namespace
