@@ -3,8 +3,16 @@
 // the model's references; a changed model, other options or a damaged entry never reuse a stale one.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 #include "corpus_util.h"
 #include "tessel/driver/compile_model.h"
@@ -162,4 +170,219 @@ TEST(ExecutableCache, DamagedEntryIsRecompiled) {
   EXPECT_NE(bad.load_error.find("manifest"), std::string::npos) << bad.load_error;
   testenv::expect_matches_reference(bad.exe->run(d.inputs), d.refs, "tblock_s after a damaged manifest");
   fs::remove_all(cache);
+}
+
+// ---- Integrity (issue 12): every damaged entry is reported once and rebuilt, never a wrong hit ----
+
+namespace {
+
+nlohmann::json manifest_of(const fs::path& entry) {
+  std::ifstream f(entry / "manifest.json");
+  return nlohmann::json::parse(f);
+}
+
+std::string read_bytes(const fs::path& p, uint64_t at, uint64_t n) {
+  std::ifstream f(p, std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  std::string s(n, '\0');
+  f.read(s.data(), static_cast<std::streamsize>(n));
+  return s;
+}
+
+void write_bytes(const fs::path& p, uint64_t at, const std::string& s) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(s.data(), static_cast<std::streamsize>(s.size()));
+}
+
+void flip_byte(const fs::path& p, uint64_t at) {
+  std::string b = read_bytes(p, at, 1);
+  b[0] = static_cast<char>(b[0] ^ 0x40);  // a float's exponent bit when `at` is its last byte
+  write_bytes(p, at, b);
+}
+
+// tblock_s compiled cold into a fresh cache; `damage` edits its entry; the next start must not be a
+// hit, must print exactly one line naming `file`, and must compute the references; the start after
+// that is a hit again (the entry was replaced).
+void expect_reported_and_rebuilt(const std::string& test, const std::function<void(const fs::path&)>& damage,
+                                 const std::string& file) {
+  const std::string cache = fresh_dir(test);
+  Data d = data_of("tblock_s");
+  ModelCompile cold = compile_model_cpu(d.model, d.inputs, options(cache));
+  ASSERT_FALSE(cold.entry_dir.empty());
+  cold.exe.reset();
+  damage(cold.entry_dir);
+  testing::internal::CaptureStderr();
+  ModelCompile again = compile_model_cpu(d.model, d.inputs, options(cache));
+  const std::string report = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(again.entry_hit) << test << ": a damaged entry was used";
+  EXPECT_EQ(std::count(report.begin(), report.end(), '\n'), 1) << test << ":\n" << report;
+  EXPECT_NE(report.find(file), std::string::npos) << test << ":\n" << report;
+  testenv::expect_matches_reference(again.exe->run(d.inputs), d.refs, test);
+  ModelCompile fixed = compile_model_cpu(d.model, d.inputs, options(cache));
+  EXPECT_TRUE(fixed.entry_hit) << test << ": " << fixed.load_error;
+  testenv::expect_matches_reference(fixed.exe->run(d.inputs), d.refs, test + " (replaced entry)");
+  fs::remove_all(cache);
+}
+
+}  // namespace
+
+TEST(ExecutableCacheIntegrity, FlippedPackedWeightsAreRebuilt) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  expect_reported_and_rebuilt("exe-flip-packed", [](const fs::path& e) {
+    const nlohmann::json m = manifest_of(e);
+    const nlohmann::json& p = m.at("packed").at(0);
+    flip_byte(e / "packed.bin", p.at("offset").get<uint64_t>() + p.at("nbytes").get<uint64_t>() / 2 + 3);
+  }, "packed.bin");
+}
+
+TEST(ExecutableCacheIntegrity, FlippedConstantsAreRebuilt) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  expect_reported_and_rebuilt("exe-flip-constants", [](const fs::path& e) {
+    for (const auto& b : manifest_of(e).at("blobs")) flip_byte(e / "constants.bin", b.at(0).get<uint64_t>() + 3);
+  }, "constants.bin");
+}
+
+// Two blobs of the same size exchanged: sizes and offsets all fit, only the bytes tell.
+TEST(ExecutableCacheIntegrity, SwappedBlobsAreRebuilt) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  expect_reported_and_rebuilt("exe-swap-blobs", [](const fs::path& e) {
+    const nlohmann::json blobs = manifest_of(e).at("blobs");
+    const fs::path c = e / "constants.bin";
+    for (size_t i = 0; i < blobs.size(); ++i)
+      for (size_t j = i + 1; j < blobs.size(); ++j) {
+        const uint64_t n = blobs[i].at(1).get<uint64_t>();
+        if (blobs[j].at(1).get<uint64_t>() != n) continue;
+        const std::string a = read_bytes(c, blobs[i].at(0).get<uint64_t>(), n);
+        const std::string b = read_bytes(c, blobs[j].at(0).get<uint64_t>(), n);
+        if (a == b) continue;
+        write_bytes(c, blobs[i].at(0).get<uint64_t>(), b);
+        write_bytes(c, blobs[j].at(0).get<uint64_t>(), a);
+        return;
+      }
+    FAIL() << "no two blobs of one size in tblock_s's entry";
+  }, "constants.bin");
+}
+
+// A change of the kernel module's text that still parses: LayerNorm's epsilon (1e-5 in f32) becomes 0.1.
+constexpr const char* kModuleEditFrom = "9.9999997473787516e-06";
+constexpr const char* kModuleEditTo = "9.9999997473787516e-01";
+TEST(ExecutableCacheIntegrity, EditedModuleTextIsRebuilt) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  expect_reported_and_rebuilt("exe-edit-module", [](const fs::path& e) {
+    std::string text = testenv::read_text((e / "module.tkl").string());
+    const size_t at = text.find(kModuleEditFrom);
+    ASSERT_NE(at, std::string::npos) << "module.tkl has no '" << kModuleEditFrom << "'";
+    text.replace(at, std::string(kModuleEditFrom).size(), kModuleEditTo);
+    std::ofstream(e / "module.tkl", std::ios::binary | std::ios::trunc) << text;
+  }, "module.tkl");
+}
+
+TEST(ExecutableCacheIntegrity, MissingFileIsRebuilt) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  expect_reported_and_rebuilt("exe-missing", [](const fs::path& e) { fs::remove(e / "constants.bin"); }, "constants.bin");
+}
+
+TEST(ExecutableCacheIntegrity, OffsetOutsideTheFileIsRebuilt) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  expect_reported_and_rebuilt("exe-offset", [](const fs::path& e) {
+        std::string text = testenv::read_text((e / "manifest.json").string());
+    nlohmann::json j = nlohmann::json::parse(text);
+    j["packed"][0]["offset"] = uint64_t{1} << 40;
+    std::ofstream(e / "manifest.json", std::ios::trunc) << j.dump(1);
+  }, "manifest.json");
+}
+
+// The whole entry of another model (same inputs and options) under this model's key: every file
+// agrees with the manifest, only the key tells. Before: the other model's weights ran.
+TEST(ExecutableCacheIntegrity, AnotherModelsEntryIsRebuilt) {
+  const std::string dir = fresh_dir("exe-other-entry");
+  const std::string a = dir + "/a.tsl", b = dir + "/b.tsl";
+  auto write = [](const std::string& path, float scale) {
+    std::ofstream f(path);
+    f << "graph @m(%x: f32[4,8]) {\n  const %w: f32[8,16] = [";
+    for (int i = 0; i < 128; ++i) f << (i ? ", " : "") << scale * static_cast<float>(i % 7 - 3);
+    f << "]\n  %y: f32[4,16] = MatMul(%x, %w) loc(\"mm\")\n  %z: f32[4,16] = Relu(%y) loc(\"relu\")\n  return %z\n}\n";
+  };
+  write(a, 1.0f);
+  write(b, -0.5f);
+  Tensor x(DType::f32, {4, 8});
+  for (int64_t i = 0; i < x.numel(); ++i) x.set_f(i, 0.25 * static_cast<double>(i % 5) - 0.4);
+  ModelCompile ma = compile_model_cpu(a, {x}, options(dir + "/cache"));
+  ModelCompile mb = compile_model_cpu(b, {x}, options(dir + "/cache"));
+  ASSERT_FALSE(ma.entry_dir.empty());
+  ASSERT_NE(ma.entry_dir, mb.entry_dir);
+  ma.exe.reset();
+  mb.exe.reset();
+  fs::remove_all(mb.entry_dir);
+  fs::copy(ma.entry_dir, mb.entry_dir, fs::copy_options::recursive);
+  testing::internal::CaptureStderr();
+  ModelCompile again = compile_model_cpu(b, {x}, options(dir + "/cache"));
+  const std::string report = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(again.entry_hit);
+  EXPECT_EQ(std::count(report.begin(), report.end(), '\n'), 1) << report;
+  EXPECT_NE(report.find("manifest.json"), std::string::npos) << report;
+  testenv::expect_matches_reference(again.exe->run({x}), run_eager(*import_model_file(b).graph, {x}), "b from its own entry");
+  fs::remove_all(dir);
+}
+
+// A compile killed while writing leaves `<key>.tmp.<pid>`; the next write into the cache sweeps
+// those of dead processes and keeps a live process's.
+TEST(ExecutableCacheIntegrity, StaleTemporaryEntriesAreSwept) {
+  const std::string dir = fresh_dir("exe-sweep");
+  const std::string model = dir + "/m.tsl";
+  std::ofstream(model) << "graph @m(%x: f32[4,8]) {\n  %z: f32[4,8] = Relu(%x) loc(\"relu\")\n  return %z\n}\n";
+  const fs::path exe = fs::path(dir) / "cache" / "exe";
+  const pid_t dead = [] {
+    const pid_t p = fork();
+    if (p == 0) std::_Exit(0);
+    waitpid(p, nullptr, 0);
+    return p;
+  }();
+  const auto old = fs::file_time_type::clock::now() - std::chrono::minutes(5);
+  const fs::path dead_entry = exe / fmt::format("0123abcd.tmp.{}", dead);
+  const fs::path dead_index = exe / "files" / fmt::format("0123abcd.txt.tmp.{}", dead);
+  const fs::path live_entry = exe / fmt::format("4567abcd.tmp.{}", getpid());
+  fs::create_directories(dead_entry);
+  fs::create_directories(live_entry);
+  fs::create_directories(dead_index.parent_path());
+  std::ofstream(dead_entry / "packed.bin") << "partial";
+  std::ofstream(dead_index) << "partial";
+  for (const fs::path& p : {dead_entry, dead_index, live_entry}) fs::last_write_time(p, old);
+  Tensor x(DType::f32, {4, 8});
+  ModelCompile m = compile_model_cpu(model, {x}, options(dir + "/cache"));
+  EXPECT_FALSE(m.entry_hit);
+  EXPECT_FALSE(fs::exists(dead_entry));
+  EXPECT_FALSE(fs::exists(dead_index));
+  EXPECT_TRUE(fs::exists(live_entry));
+  fs::remove_all(dir);
+}
+
+// Two processes compiling the same model into one cold cache at once both succeed (each checks its
+// outputs against the references), and leave one entry and no temporary files behind.
+TEST(ExecutableCacheIntegrity, ConcurrentColdCompilesBothSucceed) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  const std::string dir = fresh_dir("exe-concurrent");
+  const std::string model = testenv::shared_dir() + "/models/tblock_s";
+  const std::string run = fmt::format("TESSEL_CACHE_DIR='{}/cache' '{}' run '{}' --backend compiled --check --threads 1",
+                                      dir, testenv::tessel_binary(), model);
+  const std::string script = fmt::format("({0} > '{1}/a.log' 2>&1; echo $? > '{1}/a.rc') & "
+                                         "({0} > '{1}/b.log' 2>&1; echo $? > '{1}/b.rc') & wait",
+                                         run, dir);
+  ASSERT_EQ(std::system(script.c_str()), 0);
+  for (const char* who : {"a", "b"}) {
+    EXPECT_EQ(testenv::read_text(fmt::format("{}/{}.rc", dir, who)), "0\n")
+        << testenv::read_text(fmt::format("{}/{}.log", dir, who));
+    EXPECT_NE(testenv::read_text(fmt::format("{}/{}.log", dir, who)).find("PASS"), std::string::npos);
+  }
+  int entries = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir + "/cache")) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+    entries += e.path().filename() == "manifest.json";
+  }
+  EXPECT_EQ(entries, 1);
+  ASSERT_EQ(std::system(fmt::format("{} > '{}/c.log' 2>&1", run, dir).c_str()), 0);
+  const std::string third = testenv::read_text(dir + "/c.log");
+  EXPECT_NE(third.find("executable cache entry:"), std::string::npos) << "a third run is a hit:\n" << third;
+  fs::remove_all(dir);
 }
