@@ -3,6 +3,7 @@
 // the model's references; a changed model, other options or a damaged entry never reuse a stale one.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,10 +14,12 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "corpus_util.h"
 #include "tessel/driver/compile_model.h"
 #include "tessel/runtime/interpreter.h"
+#include "tessel/support/checksum.h"
 
 using namespace tessel;
 namespace fs = std::filesystem;
@@ -239,7 +242,8 @@ TEST(ExecutableCacheIntegrity, FlippedPackedWeightsAreRebuilt) {
 TEST(ExecutableCacheIntegrity, FlippedConstantsAreRebuilt) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   expect_reported_and_rebuilt("exe-flip-constants", [](const fs::path& e) {
-    for (const auto& b : manifest_of(e).at("blobs")) flip_byte(e / "constants.bin", b.at(0).get<uint64_t>() + 3);
+    const nlohmann::json m = manifest_of(e);
+    for (const auto& b : m.at("blobs")) flip_byte(e / "constants.bin", b.at(0).get<uint64_t>() + 3);
   }, "constants.bin");
 }
 
@@ -384,5 +388,144 @@ TEST(ExecutableCacheIntegrity, ConcurrentColdCompilesBothSucceed) {
   ASSERT_EQ(std::system(fmt::format("{} > '{}/c.log' 2>&1", run, dir).c_str()), 0);
   const std::string third = testenv::read_text(dir + "/c.log");
   EXPECT_NE(third.find("executable cache entry:"), std::string::npos) << "a third run is a hit:\n" << third;
+  fs::remove_all(dir);
+}
+
+// ---- The entry reader is total (check_cpu_entry, also the cache-entry fuzzer's entry point) ----
+
+namespace {
+
+// A small entry with a shared object and packed weights (a MatMul + Relu .tsl model).
+std::string small_entry(const std::string& dir) {
+  const std::string model = dir + "/m.tsl";
+  {
+    std::ofstream f(model);
+    f << "graph @m(%x: f32[4,8]) {\n  const %w: f32[8,16] = [";
+    for (int i = 0; i < 128; ++i) f << (i ? ", " : "") << static_cast<float>(i % 7 - 3);
+    f << "]\n  %y: f32[4,16] = MatMul(%x, %w) loc(\"mm\")\n  %z: f32[4,16] = Relu(%y) loc(\"relu\")\n  return %z\n}\n";
+  }
+  Tensor x(DType::f32, {4, 8});
+  ModelCompile m = compile_model_cpu(model, {x}, options(dir + "/cache"));
+  EXPECT_FALSE(m.entry_dir.empty());
+  return m.entry_dir;
+}
+
+void copy_entry(const fs::path& from, const fs::path& to) {
+  fs::remove_all(to);
+  fs::copy(from, to, fs::copy_options::recursive);
+}
+
+// Rewrites manifest.json with `edit` applied and its own checksum recomputed (a forged manifest).
+void forge_manifest(const fs::path& entry, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = manifest_of(entry);
+  edit(j);
+  j.erase("checksum");
+  const std::string text = j.dump();
+  j["checksum"] = checksum_bytes(text.data(), text.size()).xxh3;
+  std::ofstream(entry / "manifest.json", std::ios::trunc) << j.dump(1);
+}
+
+}  // namespace
+
+// Random damage to every file: with checksums on, every damaged entry is refused with a
+// tessel::Error; with them off (what a forged checksum would allow), the parsers behind them still
+// only load or throw tessel::Error.
+TEST(ExecutableCacheIntegrity, EntryReaderIsTotalOverDamagedBytes) {
+  const std::string dir = fresh_dir("exe-total");
+  const fs::path pristine = small_entry(dir);
+  ASSERT_GT(check_cpu_entry(pristine.string()), 0u);
+  const fs::path work = fs::path(dir) / "work";
+  std::mt19937 rng(12);
+  const char* files[] = {"manifest.json", "module.tkl", "constants.bin", "packed.bin"};
+  int loaded_unverified = 0;
+  for (int round = 0; round < 400; ++round) {
+    copy_entry(pristine, work);
+    const fs::path f = work / files[rng() % 4];
+    std::string bytes = testenv::read_text(f.string());
+    switch (rng() % 4) {
+      case 0: bytes[rng() % bytes.size()] ^= static_cast<char>(1 + rng() % 255); break;
+      case 1: bytes.resize(rng() % bytes.size()); break;
+      case 2: bytes += std::string(1 + rng() % 5000, static_cast<char>(rng())); break;
+      default: {  // a digit run becomes another number (in the manifest: offsets, sizes, indices)
+        const size_t at = bytes.find_first_of("0123456789", rng() % bytes.size());
+        if (at == std::string::npos) continue;
+        static const char* numbers[] = {"18446744073709551615", "-1", "1e308", "4096", "0", "9223372036854775808", "0.5"};
+        bytes.replace(at, 1, numbers[rng() % 7]);
+      }
+    }
+    std::ofstream(f, std::ios::binary | std::ios::trunc) << bytes;
+    // Not damage: the same bytes, or a manifest whose JSON means the same (whitespace appended).
+    const std::string original = testenv::read_text((pristine / f.filename()).string());
+    const bool same = bytes == original || (f.filename() == "manifest.json" && nlohmann::json::accept(bytes) &&
+                                            nlohmann::json::parse(bytes) == nlohmann::json::parse(original));
+    try {
+      check_cpu_entry(work.string());
+      EXPECT_TRUE(same) << "round " << round << ": damaged " << f.filename() << " passed the checksums";
+    } catch (const Error&) {
+      EXPECT_FALSE(same) << "round " << round << ": undamaged " << f.filename() << " refused";
+    }
+    try {
+      check_cpu_entry(work.string(), false);
+      ++loaded_unverified;
+    } catch (const Error&) {
+    }
+  }
+  EXPECT_GT(loaded_unverified, 0);  // some damage (a padding byte, a weight) is only in the values
+  fs::remove_all(dir);
+}
+
+// Forged manifests (their own checksum recomputed) with offsets that wrap around 2^64, misaligned
+// offsets, a packed weight for a kernel that does not exist, or negative and fractional numbers:
+// each an error naming the file, never an out-of-bounds pointer.
+TEST(ExecutableCacheIntegrity, ForgedManifestOffsetsAreRefused) {
+  const std::string dir = fresh_dir("exe-forged");
+  const fs::path pristine = small_entry(dir);
+  const fs::path work = fs::path(dir) / "work";
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* file;
+  };
+  const std::vector<Case> cases = {
+      {"wrapping blob", [](nlohmann::json& j) { j["blobs"][0] = {~uint64_t{0} - 63, 128}; }, "constants.bin"},
+      {"misaligned blob", [](nlohmann::json& j) { j["blobs"][0][0] = 4; }, "constants.bin"},
+      {"wrapping packed", [](nlohmann::json& j) { j["packed"][0]["offset"] = ~uint64_t{0} - 4095; }, "packed.bin"},
+      {"packed past end", [](nlohmann::json& j) { j["packed"][0]["nbytes"] = uint64_t{1} << 40; }, "packed.bin"},
+      {"no such kernel", [](nlohmann::json& j) { j["packed"][0]["kernel"] = 1000; }, "module.tkl"},
+      {"negative offset", [](nlohmann::json& j) { j["packed"][0]["offset"] = -4096; }, "manifest.json"},
+      {"fractional size", [](nlohmann::json& j) { j["files"]["packed.bin"]["size"] = 1e300; }, "manifest.json"},
+      {"threads", [](nlohmann::json& j) { j["threads"] = 1e300; }, "manifest.json"},
+      {"blobs not a list", [](nlohmann::json& j) { j["blobs"] = 7; }, "manifest.json"},
+  };
+  ASSERT_FALSE(manifest_of(pristine).at("packed").empty());
+  for (const Case& c : cases) {
+    copy_entry(pristine, work);
+    forge_manifest(work, c.edit);
+    try {
+      check_cpu_entry(work.string());
+      ADD_FAILURE() << c.what << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.file), std::string::npos) << c.what << ": " << e.what();
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// A FIFO or a folder in a file's place is refused at once (reading a FIFO would block forever).
+TEST(ExecutableCacheIntegrity, NonRegularFilesAreRefused) {
+  const std::string dir = fresh_dir("exe-fifo");
+  const fs::path pristine = small_entry(dir);
+  const fs::path work = fs::path(dir) / "work";
+  for (const char* f : {"manifest.json", "module.tkl", "constants.bin", "packed.bin"}) {
+    copy_entry(pristine, work);
+    fs::remove(work / f);
+    ASSERT_EQ(mkfifo((work / f).c_str(), 0600), 0);
+    try {
+      check_cpu_entry(work.string());
+      ADD_FAILURE() << f << " as a FIFO: accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
   fs::remove_all(dir);
 }

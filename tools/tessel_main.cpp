@@ -179,7 +179,6 @@ void print_compile(const ModelCompile& mc) {
              cs.kernels, cs.loop_kernels, cs.matmul_kernels, cs.conv_kernels, cs.library_epilogues, cs.core_nodes_left,
              cs.bytes_unfused, cs.bytes_fused);
   if (!cs.source_path.empty()) fmt::print("  generated C++: {}\n", cs.source_path);
-  if (!mc.load_error.empty()) fmt::print("  executable cache: the stored entry could not be used ({}); compiled again\n", mc.load_error);
   if (mc.entry_hit) fmt::print("  executable cache entry: {}\n", mc.entry_dir);
   else if (!mc.entry_dir.empty()) fmt::print("  stored in the executable cache: {}\n", mc.entry_dir);
   else if (!mc.not_stored.empty()) fmt::print("  not stored in the executable cache: {}\n", mc.not_stored);

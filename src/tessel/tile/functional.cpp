@@ -168,7 +168,10 @@ class Simulator {
     if (!any) return;
     std::vector<bool> in_library(m_.kernels.size(), false);
     const std::string src = cpu::generate_cpp(m_, p_.name.empty() ? "tile-functional" : p_.name, in_library);
-    cpu::BuildResult br = cpu::build_shared_object(src, p_.name.empty() ? "tile-functional" : p_.name, o_.toolchain);
+    std::vector<std::string> symbols;
+    for (const Kernel& k : m_.kernels)
+      if (cpu::has_generated_function(k, false)) symbols.push_back(cpu::kernel_symbol(k));
+    cpu::BuildResult br = cpu::build_shared_object(src, p_.name.empty() ? "tile-functional" : p_.name, o_.toolchain, symbols);
     so_ = br.so;
     for (size_t i = 0; i < m_.kernels.size(); ++i)
       if (cpu::has_generated_function(m_.kernels[i], false))
