@@ -282,6 +282,16 @@ TEST(ExecutableCacheIntegrity, EditedModuleTextIsRebuilt) {
   }, "module.tkl");
 }
 
+// The executable cache finds the damaged kernels.so first; the compile cache, rebuilding it, does
+// not report it a second time.
+TEST(ExecutableCacheIntegrity, TruncatedSharedObjectOfAnEntryIsReportedOnce) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  expect_reported_and_rebuilt("exe-truncated-so", [](const fs::path& e) {
+    const std::string so = manifest_of(e).at("so_path").get<std::string>();
+    fs::resize_file(so, fs::file_size(so) / 2);
+  }, "kernels.so");
+}
+
 TEST(ExecutableCacheIntegrity, MissingFileIsRebuilt) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   expect_reported_and_rebuilt("exe-missing", [](const fs::path& e) { fs::remove(e / "constants.bin"); }, "constants.bin");

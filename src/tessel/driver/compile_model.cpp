@@ -156,7 +156,7 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
         return r;
       } catch (const Error& e) {
         r.load_error = e.what();  // a damaged entry: reported once, compiled and replaced
-        cpu::report_cache_problem(fmt::format("{}; compiling the model again", r.load_error));
+        cpu::report_cache_problem(e, "compiling the model again");
       }
     }
   }

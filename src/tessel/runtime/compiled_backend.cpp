@@ -294,6 +294,7 @@ std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::
   LoadedEntry e = read_entry(dir, ro);
   std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
   CompiledCompileStats& st = ce->stats_;
+  st.entry_seconds = seconds_since(t0);
   st.threads = thread_count(opts);
   st.loaded = true;
   st.model = e.manifest.model;

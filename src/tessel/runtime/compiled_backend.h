@@ -33,7 +33,8 @@ struct CompiledCompileStats {
   double fuse_seconds = 0;
   double codegen_seconds = 0;
   double cxx_seconds = 0;              // the C++ compiler (0 on a cache hit)
-  double load_seconds = 0;             // dlopen
+  double load_seconds = 0;             // dlopen (reading and checking the shared object included)
+  double entry_seconds = 0;            // load_cpu: reading and checking the entry's files
   double library_seconds = 0;          // oneDNN primitives and packed weights
   bool cache_hit = false;
   std::string cache_key, source_path, so_path;

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -313,11 +315,17 @@ void* SharedObject::symbol(const std::string& name) const {
   return p;
 }
 
-void report_cache_problem(const std::string& line) {
-  std::string one = line;
+void report_cache_problem(const Error& e, const std::string& action) {
+  static std::mutex mu;
+  static std::set<std::string> reported;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!e.location().file.empty() && !reported.insert(e.location().file).second) return;
+  }
+  std::string one = fmt::format("tessel: cache: {}; {}", e.what(), action);
   for (char& c : one)
     if (c == '\n' || c == '\r') c = ' ';
-  std::fprintf(stderr, "tessel: cache: %s\n", one.c_str());
+  std::fprintf(stderr, "%s\n", one.c_str());
   std::fflush(stderr);
 }
 
@@ -403,7 +411,7 @@ BuildResult build_shared_object(const std::string& source, const std::string& na
       return r;
     } catch (const Error& e) {
       r.so.reset();
-      report_cache_problem(fmt::format("{}; compiling it again", e.what()));
+      report_cache_problem(e, "compiling it again");
     }
   }
 

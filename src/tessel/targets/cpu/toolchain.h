@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessel/support/checksum.h"
+#include "tessel/support/error.h"
 
 namespace tessel::cpu {
 
@@ -79,8 +80,10 @@ std::string compile_flags(const ToolchainOptions& options);
 // $XDG_CACHE_HOME/tessel, $HOME/.cache/tessel); throws when none can be chosen.
 std::string cache_directory(const ToolchainOptions& options);
 
-// One line on stderr ("tessel: cache: <line>") for a damaged cache file that is being rebuilt.
-void report_cache_problem(const std::string& line);
+// One line on stderr ("tessel: cache: <error>; <action>") for a damaged cache file that is being
+// rebuilt; once per file and process (a damaged kernels.so found by the executable cache is not
+// reported again when the compile cache finds it).
+void report_cache_problem(const Error& e, const std::string& action);
 
 // Removes stale temporaries (`NAME.tmp.<pid>` or `NAME.tmp.<pid>.<n>`, files or folders) from the
 // cache root, its entry folders and exe/, exe/files/: those of processes that no longer exist once a
