@@ -89,10 +89,8 @@ void sweep_dir(const fs::path& dir) {
     std::smatch m;
     if (!std::regex_match(name, m, tmp_name)) continue;
     std::error_code tec;
-    const auto mtime = fs::symlink_status(it->path(), tec).type() == fs::file_type::not_found
-                           ? now
-                           : fs::last_write_time(it->path(), tec);
-    if (tec) continue;
+    const auto mtime = fs::last_write_time(it->path(), tec);
+    if (tec) continue;  // gone meanwhile (another process swept it), or a dangling link
     const auto age = now - mtime;
     const bool stale = age > std::chrono::hours(24) || (age > std::chrono::minutes(1) && process_gone(std::stol(m[1])));
     if (stale) fs::remove_all(it->path(), tec);  // another process may sweep it at the same time
