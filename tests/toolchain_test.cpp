@@ -3,11 +3,17 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "tessel/support/error.h"
@@ -192,6 +198,147 @@ TEST_F(ToolchainTest, MissingCompilerIsAnError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no-such-compiler"), std::string::npos) << e.what();
   }
+}
+
+// Damaged compile-cache entries (issue 12): each is reported once on stderr (one line naming
+// kernels.so) and rebuilt, and the kernels then compute the right thing. The load runs in a child
+// process ("threadsafe" death-test style: the child re-runs the test up to the statement), because
+// before integrity checks a damaged kernels.so killed the process with SIGBUS or SIGSEGV.
+bool axpy_works(const SharedObject& so) {
+  auto* axpy = so.function<void(float, const float*, float*, int)>("axpy");
+  std::vector<float> x(37), y(37), want(37);
+  for (int i = 0; i < 37; ++i) {
+    x[i] = 0.25f * static_cast<float>(i) - 3;
+    y[i] = 1.5f - static_cast<float>(i);
+    want[i] = static_cast<float>(2.0 * x[i] + y[i]);
+  }
+  axpy(2.0f, x.data(), y.data(), 37);
+  return y == want;
+}
+
+// The body of a child process: its return value is the exit status (an exception: 4); the child
+// removes its own copy of the test's directory (it re-ran SetUp) before exiting.
+[[noreturn]] void child_exit(const std::function<int()>& body, const std::string& root) {
+  int rc = 0;
+  try {
+    rc = body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "unexpected error: %s\n", e.what());
+    rc = 4;
+  }
+  std::error_code ec;
+  fs::remove_all(root, ec);
+  std::fflush(stderr);
+  std::_Exit(rc);
+}
+
+// Exactly one line on stderr, naming kernels.so.
+constexpr const char* kOneReportLine = "^[^\n]*kernels\\.so[^\n]*\n$";
+
+// In a child: the next build is a miss (exit 2 on a hit) that computes the right thing (else 3).
+#define EXPECT_REBUILT_IN_CHILD(opts, root)                                                         \
+  do {                                                                                             \
+    GTEST_FLAG_SET(death_test_style, "threadsafe");                                                \
+    EXPECT_EXIT(child_exit(                                                                        \
+                    [&] {                                                                          \
+                      BuildResult again = build_shared_object(kAxpy, "axpy", opts);                \
+                      return again.cache_hit ? 2 : axpy_works(*again.so) ? 0 : 3;                  \
+                    },                                                                             \
+                    root),                                                                         \
+                ::testing::ExitedWithCode(0), kOneReportLine);                                     \
+  } while (0)
+
+TEST_F(ToolchainTest, TruncatedSharedObjectIsReportedAndRebuilt) {
+  BuildResult r = build_shared_object(kAxpy, "axpy", opts_);
+  r.so.reset();
+  fs::resize_file(r.so_path, fs::file_size(r.so_path) * 6 / 10);  // a disk that filled up, a killed copy
+  EXPECT_REBUILT_IN_CHILD(opts_, root_);
+}
+
+TEST_F(ToolchainTest, BitFlippedSharedObjectIsReportedAndRebuilt) {
+  BuildResult r = build_shared_object(kAxpy, "axpy", opts_);
+  r.so.reset();
+  {
+    std::fstream f(r.so_path, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(r.so_path) / 2);
+    f.seekg(at);
+    char c = 0;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  EXPECT_REBUILT_IN_CHILD(opts_, root_);
+}
+
+// Another build's kernels.so (and its checksum, when there is one) in this entry's place: the
+// checksum matches, but a symbol the caller needs is missing. Before: "symbol not found" forever.
+TEST_F(ToolchainTest, SharedObjectMissingARequiredSymbolIsRebuilt) {
+  BuildResult good = build_shared_object(kAxpy, "axpy", opts_);
+  BuildResult other = build_shared_object("extern \"C\" int answer() { return 42; }\n", "other", opts_);
+  good.so.reset();
+  other.so.reset();
+  for (const char* f : {"kernels.so", "kernels.so.sum"}) {
+    std::error_code ec;
+    fs::copy_file(fs::path(other.so_path).parent_path() / f, fs::path(good.so_path).parent_path() / f,
+                  fs::copy_options::overwrite_existing, ec);
+  }
+  testing::internal::CaptureStderr();
+  BuildResult again = build_shared_object(kAxpy, "axpy", opts_, {"axpy"});
+  const std::string report = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(again.cache_hit);
+  EXPECT_TRUE(axpy_works(*again.so));
+  EXPECT_NE(report.find("axpy"), std::string::npos) << report;
+  EXPECT_EQ(std::count(report.begin(), report.end(), '\n'), 1) << report;
+  EXPECT_TRUE(build_shared_object(kAxpy, "axpy", opts_, {"axpy"}).cache_hit);
+}
+
+// A kernels.so changed after its checksum was checked is never what runs: the bytes loaded are the
+// bytes hashed (a private sealed copy). Rewriting the file while loaded does not change the code.
+TEST_F(ToolchainTest, LoadedBytesAreTheCheckedBytes) {
+  BuildResult r = build_shared_object(kAxpy, "axpy", opts_);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(child_exit(
+                  [&] {
+                    BuildResult hit = build_shared_object(kAxpy, "axpy", opts_);
+                    if (!hit.cache_hit) return 2;
+                    {
+                      std::ofstream f(r.so_path, std::ios::binary | std::ios::trunc);  // in place, same inode
+                      f << "garbage";
+                    }
+                    return axpy_works(*hit.so) && axpy_works(*r.so) ? 0 : 3;
+                  },
+                  root_),
+              ::testing::ExitedWithCode(0), "^$");
+}
+
+// Killed compiles leave `*.tmp.<pid>[.<n>]` behind; the next write into the cache sweeps those of
+// dead processes (after a minute's grace) and any older than a day, and keeps a live one's.
+TEST_F(ToolchainTest, StaleTemporaryFilesAreSwept) {
+  BuildResult r = build_shared_object(kAxpy, "axpy", opts_);
+  const fs::path dir = fs::path(r.so_path).parent_path();
+  const pid_t dead = [] {
+    const pid_t p = fork();
+    if (p == 0) std::_Exit(0);
+    waitpid(p, nullptr, 0);
+    return p;
+  }();
+  auto make = [&](const std::string& name, std::chrono::minutes age) {
+    const fs::path p = dir / name;
+    std::ofstream(p) << "partial";
+    fs::last_write_time(p, fs::file_time_type::clock::now() - age);
+    return p;
+  };
+  const fs::path dead_old = make(fmt::format("kernels.so.tmp.{}.0", dead), std::chrono::minutes(5));
+  const fs::path dead_log = make(fmt::format("compile.log.tmp.{}.3", dead), std::chrono::minutes(5));
+  const fs::path live_fresh = make(fmt::format("kernels.so.tmp.{}.7", getpid()), std::chrono::minutes(5));
+  const fs::path live_ancient = make(fmt::format("kernels.cpp.tmp.{}.8", getpid()), std::chrono::hours(25));
+  const fs::path not_tmp = make("notes.tmp.txt", std::chrono::hours(25));
+  build_shared_object("extern \"C\" int answer() { return 42; }\n", "other", opts_);  // a miss: writes
+  EXPECT_FALSE(fs::exists(dead_old));
+  EXPECT_FALSE(fs::exists(dead_log));
+  EXPECT_TRUE(fs::exists(live_fresh));
+  EXPECT_FALSE(fs::exists(live_ancient));
+  EXPECT_TRUE(fs::exists(not_tmp));
 }
 
 TEST(CpuFeatures, ListsVectorExtensions) {

@@ -166,9 +166,9 @@ std::vector<Tensor> run_with_graph(std::unique_ptr<Graph> g, const std::vector<T
 void print_compile(const ModelCompile& mc) {
   const CompiledCompileStats& cs = mc.exe->stats();
   if (mc.entry_hit) {
-    fmt::print("compiled for the CPU in {:.1f} ms: executable cache hit (model hash {:.1f}, shared object {:.1f}, oneDNN "
-               "setup {:.1f} ms, {} of {} weights prepacked), {} threads\n",
-               mc.seconds * 1e3, mc.key_seconds * 1e3, cs.load_seconds * 1e3, cs.library_seconds * 1e3, cs.prepacked,
+    fmt::print("compiled for the CPU in {:.1f} ms: executable cache hit (model hash {:.1f}, entry files {:.1f}, shared object "
+               "{:.1f}, oneDNN setup {:.1f} ms, {} of {} weights prepacked), {} threads\n",
+               mc.seconds * 1e3, mc.key_seconds * 1e3, cs.entry_seconds * 1e3, cs.load_seconds * 1e3, cs.library_seconds * 1e3, cs.prepacked,
                cs.matmul_kernels + cs.conv_kernels, cs.threads);
   } else {
     fmt::print("compiled for the CPU in {:.1f} ms (passes {:.1f}, fusion {:.1f}, codegen {:.1f}, C++ compiler {:.1f}{}, "
@@ -182,7 +182,6 @@ void print_compile(const ModelCompile& mc) {
              cs.kernels, cs.loop_kernels, cs.matmul_kernels, cs.conv_kernels, cs.library_epilogues, cs.core_nodes_left,
              cs.bytes_unfused, cs.bytes_fused);
   if (!cs.source_path.empty()) fmt::print("  generated C++: {}\n", cs.source_path);
-  if (!mc.load_error.empty()) fmt::print("  executable cache: the stored entry could not be used ({}); compiled again\n", mc.load_error);
   if (mc.entry_hit) fmt::print("  executable cache entry: {}\n", mc.entry_dir);
   else if (!mc.entry_dir.empty()) fmt::print("  stored in the executable cache: {}\n", mc.entry_dir);
   else if (!mc.not_stored.empty()) fmt::print("  not stored in the executable cache: {}\n", mc.not_stored);
@@ -226,6 +225,7 @@ int cmd_load(const std::string& model, int threads, const std::string& cache_dir
   if (json) {
     nlohmann::json j = {{"model", model}, {"seconds", mc.seconds}, {"entry_hit", mc.entry_hit}, {"entry", mc.entry_dir},
                         {"key_seconds", mc.key_seconds}, {"import_seconds", mc.import_seconds},
+                        {"entry_seconds", mc.exe->stats().entry_seconds}, {"so_load_seconds", mc.exe->stats().load_seconds},
                         {"threads", mc.exe->stats().threads}, {"prepacked", mc.exe->stats().prepacked},
                         {"first_call_seconds", first_call >= 0 ? nlohmann::json(first_call) : nlohmann::json(nullptr)}};
     fmt::print("{}\n", json_dump(j));

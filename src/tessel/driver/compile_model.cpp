@@ -74,21 +74,23 @@ std::string model_hash(const std::string& file, const fs::path& index_dir, bool 
   std::error_code ec;
   const fs::path abs = fs::absolute(file, ec);
   const fs::path idx = index_dir / (cpu::content_key({abs.string()}) + ".txt");
+  // The last line checks the others: a damaged index is only a miss (the file is hashed again).
+  auto seal = [](const std::string& id, const std::string& h, int64_t t) { return cpu::content_key({id, h, std::to_string(t)}); };
   if (trust_stat) {
     std::ifstream f(idx);
-    std::string line_identity, hash;
+    std::string line_identity, hash, check;
     int64_t recorded = 0;
-    if (std::getline(f, line_identity) && std::getline(f, hash) && (f >> recorded) && line_identity == identity &&
-        ns(sb.st_mtim) + 1000000000 < recorded && hash.size() == 32)
+    if (std::getline(f, line_identity) && std::getline(f, hash) && (f >> recorded >> check) && line_identity == identity &&
+        ns(sb.st_mtim) + 1000000000 < recorded && hash.size() == 32 && check == seal(line_identity, hash, recorded))
       return hash;
   }
   const std::string hash = file_hash(file);
   const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   fs::create_directories(index_dir, ec);
-  const std::string tmp = idx.string() + fmt::format(".tmp.{}", ::getpid());
+  const std::string tmp = cpu::temporary_name(idx.string());
   {
     std::ofstream f(tmp);
-    f << identity << "\n" << hash << "\n" << now << "\n";
+    f << identity << "\n" << hash << "\n" << now << "\n" << seal(identity, hash, now) << "\n";
   }
   if (::rename(tmp.c_str(), idx.c_str()) != 0) fs::remove(tmp, ec);  // best effort: only a shortcut
   return hash;
@@ -143,15 +145,16 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
                                               cpu::dnnl_version(false)});
     entry = exe_dir / key;
     r.key_seconds = since(tk);
-    if (fs::exists(entry / "manifest.json")) {
+    if (fs::exists(entry)) {
       try {
-        r.exe = load_cpu(entry.string(), ex, bo);
+        r.exe = load_cpu(entry.string(), ex, bo, key);
         r.entry_hit = true;
         r.entry_dir = entry.string();
         r.seconds = since(t0);
         return r;
       } catch (const Error& e) {
-        r.load_error = e.what();  // a damaged or stale entry: compile and replace it
+        r.load_error = e.what();  // a damaged entry: reported once, compiled and replaced
+        cpu::report_cache_problem(e, "compiling the model again");
       }
     }
   }
@@ -169,18 +172,21 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
     r.not_stored = r.exe->unsaveable_reason();
     if (r.not_stored.empty()) {
       // Written under a temporary name and renamed into place: readers never see half an entry.
-      const fs::path tmp = entry.string() + fmt::format(".tmp.{}", ::getpid());
+      cpu::sweep_stale_temporaries(cpu::cache_directory(bo.toolchain));
+      const fs::path tmp = cpu::temporary_name(entry.string());
       std::error_code ec;
       fs::remove_all(tmp, ec);
       fs::create_directories(tmp, ec);
       if (ec) throw Error(Location{.file = tmp.string(), .pass = "executable cache"}, "cannot create: " + ec.message());
       try {
-        r.exe->save(tmp.string());
+        r.exe->save(tmp.string(), entry.filename().string());
       } catch (...) {
         fs::remove_all(tmp, ec);
         throw;
       }
-      fs::remove_all(entry, ec);  // a damaged entry, if any
+      // Only an entry found damaged is removed: one another process stored meanwhile is good, and
+      // removing it under a reader would make that reader report damage.
+      if (!r.load_error.empty()) fs::remove_all(entry, ec);
       if (::rename(tmp.c_str(), entry.c_str()) != 0) fs::remove_all(tmp, ec);  // another process won the race
       r.entry_dir = entry.string();
     }

@@ -31,7 +31,7 @@ struct ModelCompile {
   bool entry_hit = false;          // loaded from the executable cache
   std::string entry_dir;           // the entry loaded or written (empty: none)
   std::string not_stored;          // why no entry was written on a miss (empty: written or hit)
-  std::string load_error;          // an entry that existed but could not be loaded (then recompiled)
+  std::string load_error;          // an entry that existed but was damaged (reported on stderr, recompiled)
   double key_seconds = 0;          // hashing the model file
   double import_seconds = 0;       // 0 on a hit
   double seconds = 0;              // everything, file to callable

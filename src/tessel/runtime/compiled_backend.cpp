@@ -196,7 +196,10 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
     bool any_fn = false;
     for (size_t i = 0; i < m.kernels.size(); ++i) any_fn = any_fn || cpu::has_generated_function(m.kernels[i], in_library[i]);
     if (any_fn) {
-      cpu::BuildResult br = cpu::build_shared_object(ce->source_, model, opts.toolchain);
+      std::vector<std::string> symbols;
+      for (size_t i = 0; i < m.kernels.size(); ++i)
+        if (cpu::has_generated_function(m.kernels[i], in_library[i])) symbols.push_back(cpu::kernel_symbol(i));
+      cpu::BuildResult br = cpu::build_shared_object(ce->source_, model, opts.toolchain, symbols);
       ce->so_ = br.so;
       st.cache_hit = br.cache_hit;
       st.cxx_seconds = br.compile_seconds;
@@ -224,7 +227,7 @@ std::string CompiledExecutable::unsaveable_reason() const {
   return {};
 }
 
-void CompiledExecutable::save(const std::string& dir) const {
+void CompiledExecutable::save(const std::string& dir, const std::string& key) const {
   if (std::string why = unsaveable_reason(); !why.empty())
     throw Error(Location{.file = dir, .pass = "executable cache"}, "cannot store this executable: " + why);
   std::vector<BlobToStore> blobs;
@@ -236,31 +239,70 @@ void CompiledExecutable::save(const std::string& dir) const {
   }
   EntryManifest m;
   m.format = kEntryFormat;
+  m.key = key;
   m.model = stats_.model;
   m.so_path = stats_.so_path;
+  if (so_) m.so = so_->checksum();
   m.threads = stats_.threads;
   write_entry(dir, module_text_, blobs, packed, m);
 }
 
-std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::vector<Tensor>& ex,
-                                             const CompiledBackendOptions& opts) {
-  const auto t0 = Clock::now();
-  LoadedEntry e = read_entry(dir);
-  std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
-  CompiledCompileStats& st = ce->stats_;
-  st.threads = thread_count(opts);
-  st.loaded = true;
-  st.model = e.manifest.model;
+namespace {
+
+[[noreturn]] void entry_error(const std::string& file, const std::string& msg) {
+  throw Error(Location{.file = file, .pass = "executable cache"}, msg);
+}
+
+// The kernel module of a read entry: parsed, each blob<N> bound to its bytes in constants.bin (the
+// size the module's type declares, computed without overflow, must be the size stored), verified,
+// and every packed weight naming one of its kernels.
+KernelModule entry_module(const LoadedEntry& e) {
   const FileBytes& cb = e.constants;
   const BlobSource blobs = [&](int i, const TensorType& t) -> Tensor {
     if (i < 0 || static_cast<size_t>(i) >= e.manifest.blobs.size()) return {};
     const EntryBlob& b = e.manifest.blobs[static_cast<size_t>(i)];
-    if (b.nbytes != static_cast<uint64_t>(shape_numel(t.shape)) * dtype_size(t.dtype)) return {};
+    uint64_t n = dtype_size(t.dtype);
+    for (int64_t d : t.shape)
+      if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return {};
+    if (b.nbytes != n) return {};
     return Tensor::adopt(t.dtype, t.shape, cb.owner, const_cast<uint8_t*>(cb.data + b.offset));
   };
   KernelModule m = parse_kernel_module(e.module_text, e.module_path, blobs);
+  try {
+    verify_kernel_module(m);
+  } catch (const Error& x) {
+    throw x.with_context(Location{.file = e.module_path, .pass = "executable cache"});
+  }
+  for (const EntryPacked& p : e.manifest.packed_weights)
+    if (p.kernel >= m.kernels.size())
+      entry_error(e.module_path, fmt::format("packed weights for kernel {} of {}", p.kernel, m.kernels.size()));
+  return m;
+}
+
+}  // namespace
+
+size_t check_cpu_entry(const std::string& dir, bool verify_checksums) {
+  EntryReadOptions ro;
+  ro.verify_checksums = verify_checksums;
+  const LoadedEntry e = read_entry(dir, ro);
+  return entry_module(e).kernels.size();
+}
+
+std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::vector<Tensor>& ex,
+                                             const CompiledBackendOptions& opts, const std::string& key) {
+  const auto t0 = Clock::now();
+  EntryReadOptions ro;
+  ro.key = key;
+  LoadedEntry e = read_entry(dir, ro);
+  std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
+  CompiledCompileStats& st = ce->stats_;
+  st.entry_seconds = seconds_since(t0);
+  st.threads = thread_count(opts);
+  st.loaded = true;
+  st.model = e.manifest.model;
+  KernelModule m = entry_module(e);
   CompiledExecutable::Builder b{*ce, {}};
-  for (const EntryPacked& p : e.manifest.packed)
+  for (const EntryPacked& p : e.manifest.packed_weights)
     b.prepacked[p.kernel] = cpu::PackedWeights{e.packed.data + p.offset, p.nbytes, p.layout, e.packed.owner};
   ce->in_library_ = cpu::library_epilogues(m, &ce->library_);
   bool any_fn = false;
@@ -269,7 +311,7 @@ std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::
     if (e.manifest.so_path.empty())
       throw Error(Location{.file = dir, .pass = "executable cache"}, "the manifest names no shared object for the generated kernels");
     auto tl = Clock::now();
-    ce->so_ = cpu::SharedObject::open(e.manifest.so_path);
+    ce->so_ = cpu::SharedObject::open_verified(e.manifest.so_path, e.manifest.so);
     st.load_seconds = seconds_since(tl);
     st.cache_hit = true;
     st.so_path = e.manifest.so_path;

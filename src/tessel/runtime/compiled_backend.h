@@ -33,7 +33,8 @@ struct CompiledCompileStats {
   double fuse_seconds = 0;
   double codegen_seconds = 0;
   double cxx_seconds = 0;              // the C++ compiler (0 on a cache hit)
-  double load_seconds = 0;             // dlopen
+  double load_seconds = 0;             // dlopen (reading and checking the shared object included)
+  double entry_seconds = 0;            // load_cpu: reading and checking the entry's files
   double library_seconds = 0;          // oneDNN primitives and packed weights
   bool cache_hit = false;
   std::string cache_key, source_path, so_path;
@@ -61,8 +62,18 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
 // for compile_cpu (shapes only: entries are not written for models specialised on input values).
 // Throws tessel::Error naming the entry's file on anything missing or damaged; the caller then
 // compiles from the model instead.
+// `key` (non-empty): the manifest must name it (an entry copied under another key is refused). The
+// shared object is loaded only when its bytes match the checksum the manifest records.
 std::unique_ptr<CompiledExecutable> load_cpu(const std::string& entry_dir, const std::vector<Tensor>& example_inputs = {},
-                                             const CompiledBackendOptions& opts = {});
+                                             const CompiledBackendOptions& opts = {}, const std::string& key = {});
+
+// The part of load_cpu that reads an entry's bytes: read_entry (checksums verified unless
+// `verify_checksums` is false), the kernel module parsed from module.tkl and verified, its constants
+// bound to constants.bin, the packed weights checked against the module's kernels. Loads no shared
+// object and builds no primitive. Total over arbitrary bytes: returns the module's kernel count or
+// throws tessel::Error, never crashes. The cache-entry fuzzer's entry point (with checksums off, so
+// mutations reach the parsers behind them).
+size_t check_cpu_entry(const std::string& entry_dir, bool verify_checksums = true);
 
 class CompiledExecutable {
  public:
@@ -72,7 +83,8 @@ class CompiledExecutable {
   // manifest.json naming the shared object. Needs CompiledBackendOptions::keep_module. Throws when
   // the executable cannot be stored (specialised on input values, a graph break of the whole model)
   // or a file cannot be written. docs/runtime/compiled-backend.md, "The executable cache".
-  void save(const std::string& dir) const;
+  // `key` is recorded in the manifest (load_cpu's `key`).
+  void save(const std::string& dir, const std::string& key = {}) const;
   // Why save() would refuse, or empty when it can store this executable.
   std::string unsaveable_reason() const;
   std::vector<Tensor> run(const std::vector<Tensor>& inputs, GraphRunStats* stats = nullptr);
@@ -85,7 +97,7 @@ class CompiledExecutable {
   friend std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph>, const std::vector<Tensor>&,
                                                          const CompiledBackendOptions&);
   friend std::unique_ptr<CompiledExecutable> load_cpu(const std::string&, const std::vector<Tensor>&,
-                                                      const CompiledBackendOptions&);
+                                                      const CompiledBackendOptions&, const std::string&);
   struct Launch;
   struct Builder;
   CompiledExecutable();

@@ -1,13 +1,16 @@
 // The files of one executable-cache entry (docs/runtime/compiled-backend.md, "The executable
 // cache"): the kernel module's text, its constants and oneDNN's packed weights as raw bytes, and a
-// manifest that ties them to a shared object. Reading maps the binary files instead of copying them:
-// constants nobody reads (weights that only fed a packing) are never touched.
+// manifest that ties them to a shared object. Every file's size and XXH3-128 checksum is in the
+// manifest, which carries its own checksum and the entry's key; reading verifies all of them before
+// anything is used. Reading maps the binary files instead of copying them.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "tessel/support/checksum.h"
 
 namespace tessel {
 
@@ -18,7 +21,8 @@ struct FileBytes {
   size_t size = 0;
 };
 
-// mmap (MAP_PRIVATE: writes through the view never reach the file). Throws naming the file.
+// mmap (MAP_PRIVATE: writes through the view never reach the file) of a regular file. Throws naming
+// the file.
 FileBytes map_file(const std::string& path);
 
 struct EntryBlob {
@@ -33,11 +37,14 @@ struct EntryPacked {
 
 struct EntryManifest {
   std::string format;                             // kEntryFormat when written by this build
+  std::string key;                                // the entry's key (its folder's name in the cache)
   std::string model;                              // for people reading the cache
   std::string so_path;                            // the generated kernels (empty: none)
+  Checksum so;                                    // of so_path's bytes
+  Checksum module, constants, packed;             // of module.tkl, constants.bin, packed.bin
   int threads = 0;
   std::vector<EntryBlob> blobs;                   // blob<N> of module.tkl
-  std::vector<EntryPacked> packed;
+  std::vector<EntryPacked> packed_weights;
 };
 
 extern const char* const kEntryFormat;
@@ -56,9 +63,15 @@ struct BlobToStore {
 };
 
 // Writes module.tkl, constants.bin (each blob 64-byte aligned), packed.bin (each 4 KiB aligned) and
-// manifest.json (last) into `dir`, which must exist. `m.blobs` and `m.packed` are filled in.
+// manifest.json (last) into `dir`, which must exist. `m.blobs`, `m.packed_weights` and the files'
+// checksums are filled in; `m.key`, `m.so_path` and `m.so` come from the caller.
 void write_entry(const std::string& dir, const std::string& module_text, const std::vector<BlobToStore>& blobs,
                  const std::vector<PackedToStore>& packed, EntryManifest m);
+
+struct EntryReadOptions {
+  std::string key;               // non-empty: the manifest must name this key
+  bool verify_checksums = true;  // false only to fuzz the parsers behind the checksums
+};
 
 struct LoadedEntry {
   EntryManifest manifest;
@@ -67,8 +80,10 @@ struct LoadedEntry {
   FileBytes constants, packed;
 };
 
-// Reads an entry written by write_entry; throws naming the file on a missing file, a manifest of
-// another format, or offsets outside the files.
-LoadedEntry read_entry(const std::string& dir);
+// Reads an entry written by write_entry. Total over arbitrary bytes: returns, or throws tessel::Error
+// naming the file and what was wrong (missing or not a regular file, too large, a manifest that is
+// not JSON, of another format or another key, a checksum or size that differs, offsets outside or
+// misaligned in the files); never crashes. The shared object is only named here (load_cpu checks it).
+LoadedEntry read_entry(const std::string& dir, const EntryReadOptions& options = {});
 
 }  // namespace tessel

@@ -120,7 +120,7 @@ uint64_t check_regular_file(const std::string& path, std::string_view what) {
   return static_cast<uint64_t>(st.st_size);
 }
 
-std::string read_regular_file(const std::string& path, std::string_view what) {
+std::string read_regular_file(const std::string& path, std::string_view what, uint64_t max_bytes) {
   // Opened first, then checked through the descriptor: a path swapped for a FIFO between a stat()
   // and an open() cannot make the read unbounded. O_NONBLOCK: opening a FIFO does not wait for a writer.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -134,6 +134,8 @@ std::string read_regular_file(const std::string& path, std::string_view what) {
   if (!S_ISREG(st.st_mode))
     throw Error(Location{.file = path}, fmt::format("is {}; expected a regular {}", file_kind(st.st_mode), what));
   const auto size = static_cast<uint64_t>(st.st_size);
+  if (max_bytes != 0 && size > max_bytes)
+    throw Error(Location{.file = path}, fmt::format("{} bytes, more than the {} a {} may have", size, max_bytes, what));
   try {
     check_alloc(size, fmt::format("reading the {}", what));
   } catch (const Error& e) {

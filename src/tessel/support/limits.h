@@ -34,8 +34,9 @@ int64_t checked_tensor_numel(DType dtype, const Shape& shape, std::string_view w
 
 // The whole of a regular file, read with a bound: a directory, FIFO, device (/dev/zero) or socket is
 // refused, and so is a file larger than max_alloc_bytes(), before anything is read. Errors name
-// `path` and `what` ("model file", "hardware file").
-std::string read_regular_file(const std::string& path, std::string_view what);
+// `path` and `what` ("model file", "hardware file"). A nonzero `max_bytes` is a tighter bound of the
+// caller's (a cache file whose size is known in advance).
+std::string read_regular_file(const std::string& path, std::string_view what, uint64_t max_bytes = 0);
 // What a file of st_mode `mode` is, for messages: "a directory", "a FIFO (pipe)", "a character device" ...
 std::string file_kind(unsigned mode);
 // Throws unless `path` is a regular file; returns its size. No size limit: a file of external data

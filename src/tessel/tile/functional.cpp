@@ -168,7 +168,10 @@ class Simulator {
     if (!any) return;
     std::vector<bool> in_library(m_.kernels.size(), false);
     const std::string src = cpu::generate_cpp(m_, p_.name.empty() ? "tile-functional" : p_.name, in_library);
-    cpu::BuildResult br = cpu::build_shared_object(src, p_.name.empty() ? "tile-functional" : p_.name, o_.toolchain);
+    std::vector<std::string> symbols;
+    for (size_t i = 0; i < m_.kernels.size(); ++i)
+      if (cpu::has_generated_function(m_.kernels[i], false)) symbols.push_back(cpu::kernel_symbol(i));
+    cpu::BuildResult br = cpu::build_shared_object(src, p_.name.empty() ? "tile-functional" : p_.name, o_.toolchain, symbols);
     so_ = br.so;
     for (size_t i = 0; i < m_.kernels.size(); ++i)
       if (cpu::has_generated_function(m_.kernels[i], false))

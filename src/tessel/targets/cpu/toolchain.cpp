@@ -1,27 +1,35 @@
-// Compiling generated C++ to a shared object, the content-hash disk cache and dlopen.
+// Compiling generated C++ to a shared object, the content-hash disk cache with its checksums, and
+// dlopen from a verified sealed copy.
 #include "tessel/targets/cpu/toolchain.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <vector>
 
 #include "tessel/support/error.h"
+#include "tessel/support/limits.h"
 #include "tessel/targets/cpu/rt_header.h"
 
 extern char** environ;
@@ -32,8 +40,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Bump when the cache layout or the meaning of a key changes.
-constexpr const char* kCacheFormat = "tessel-cpu-cache-1";
+// Bump when the cache layout or the meaning of a key changes. 2: kernels.so.sum holds its checksum.
+constexpr const char* kCacheFormat = "tessel-cpu-cache-2";
+constexpr const char* kSumFormat = "tessel-so-checksum-1";
+// Generated kernels are tens to hundreds of KB; anything near this is not ours.
+constexpr uint64_t kMaxSharedObjectBytes = uint64_t{1} << 30;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -48,6 +59,44 @@ std::string env(const char* name) {
 std::string temp_suffix() {
   static std::atomic<unsigned> counter{0};
   return ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+}
+
+// The checksum file's text: format, size, hash.
+std::string sum_text(const Checksum& c) { return fmt::format("{} {} {}\n", kSumFormat, c.size, c.xxh3); }
+
+Checksum read_sum(const std::string& path) {
+  std::string text;
+  try {
+    text = read_regular_file(path, "checksum file", 256);
+  } catch (const Error&) {
+    throw Error(Location{.file = path}, "no checksum for kernels.so (a killed compile or a damaged entry)");
+  }
+  std::istringstream in(text);
+  std::string format;
+  Checksum c;
+  if (!(in >> format >> c.size >> c.xxh3) || format != kSumFormat || c.xxh3.size() != 32)
+    throw Error(Location{.file = path}, "damaged checksum file");
+  return c;
+}
+
+// `pid` names no process (ESRCH; EPERM means it exists under another user).
+bool process_gone(long pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+
+void sweep_dir(const fs::path& dir) {
+  static const std::regex tmp_name(R"(.*\.tmp\.([0-9]{1,9})(\.[0-9]+)?)");
+  const auto now = fs::file_time_type::clock::now();
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(name, m, tmp_name)) continue;
+    std::error_code tec;
+    const auto mtime = fs::last_write_time(it->path(), tec);
+    if (tec) continue;  // gone meanwhile (another process swept it), or a dangling link
+    const auto age = now - mtime;
+    const bool stale = age > std::chrono::hours(24) || (age > std::chrono::minutes(1) && process_gone(std::stol(m[1])));
+    if (stale) fs::remove_all(it->path(), tec);  // another process may sweep it at the same time
+  }
 }
 
 struct CacheDir {
@@ -194,17 +243,70 @@ std::string first_lines(const std::string& path, int n) {
 
 }  // namespace
 
-std::shared_ptr<SharedObject> SharedObject::open(const std::string& path) {
-  dlerror();
-  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char* e = dlerror();
-    fail("cannot load compiled kernels '{}': {}", path, e ? e : "dlopen failed");
+namespace {
+
+#ifndef MFD_EXEC
+#define MFD_EXEC 0x0010U  // Linux 6.3: an executable memfd even where vm.memfd_noexec asks otherwise
+#endif
+
+// A sealed (unwritable, fixed-size) in-memory copy of `bytes`; returns its fd.
+int sealed_copy(const std::string& bytes, const std::string& path) {
+  int fd = ::memfd_create("tessel-kernels", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_EXEC);
+  if (fd < 0 && errno == EINVAL) fd = ::memfd_create("tessel-kernels", MFD_CLOEXEC | MFD_ALLOW_SEALING);  // before 6.3
+  if (fd < 0) fail("cannot load compiled kernels '{}': memfd_create: {}", path, std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      fail("cannot load compiled kernels '{}': copying into memory: {}", path, std::strerror(e));
+    }
+    done += static_cast<size_t>(n);
   }
-  return std::shared_ptr<SharedObject>(new SharedObject(h, path));
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const int e = errno;
+    ::close(fd);
+    fail("cannot load compiled kernels '{}': sealing the copy: {}", path, std::strerror(e));
+  }
+  return fd;
 }
 
-SharedObject::~SharedObject() { dlclose(handle_); }
+}  // namespace
+
+std::shared_ptr<SharedObject> SharedObject::load_bytes(const std::string& bytes, const std::string& path) {
+  const int fd = sealed_copy(bytes, path);
+  const std::string name = "/proc/self/fd/" + std::to_string(fd);
+  dlerror();
+  void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = dlerror();
+    ::close(fd);
+    fail("cannot load compiled kernels '{}': {}", path, e ? e : "dlopen failed");
+  }
+  return std::shared_ptr<SharedObject>(new SharedObject(h, fd, path, checksum_bytes(bytes.data(), bytes.size())));
+}
+
+std::shared_ptr<SharedObject> SharedObject::open_verified(const std::string& path, const Checksum& expected) {
+  // Bounded by the size expected: a manifest naming some large file costs no more than the real one.
+  const std::string bytes = read_regular_file(path, "cached shared object", std::max<uint64_t>(1, std::min(expected.size, kMaxSharedObjectBytes)));
+  const std::string why = checksum_mismatch(checksum_bytes(bytes.data(), bytes.size()), expected);
+  if (!why.empty()) throw Error(Location{.file = path}, why);
+  return load_bytes(bytes, path);
+}
+
+SharedObject::~SharedObject() {
+  dlclose(handle_);
+  // glibc finds loaded objects by name first: while one is still mapped (a library marked NODELETE,
+  // e.g. by a GNU-unique symbol), /proc/self/fd/N must keep naming it, so its fd stays open.
+  const std::string name = "/proc/self/fd/" + std::to_string(fd_);
+  if (void* still = dlopen(name.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+    dlclose(still);
+    return;
+  }
+  ::close(fd_);
+}
 
 void* SharedObject::symbol(const std::string& name) const {
   dlerror();
@@ -213,6 +315,34 @@ void* SharedObject::symbol(const std::string& name) const {
   if (e || !p) fail("symbol '{}' not found in compiled kernels '{}'{}{}", name, path_, e ? ": " : "", e ? e : "");
   return p;
 }
+
+void report_cache_problem(const Error& e, const std::string& action) {
+  static std::mutex mu;
+  static std::set<std::string> reported;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!e.location().file.empty() && !reported.insert(e.location().file).second) return;
+  }
+  std::string one = fmt::format("tessel: cache: {}; {}", e.what(), action);
+  for (char& c : one)
+    if (c == '\n' || c == '\r') c = ' ';
+  std::fprintf(stderr, "%s\n", one.c_str());
+  std::fflush(stderr);
+}
+
+void sweep_stale_temporaries(const std::string& cache_root) {
+  const fs::path root(cache_root);
+  sweep_dir(root);
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code tec;
+    if (it->is_directory(tec) && it->path().filename() != "exe") sweep_dir(it->path());
+  }
+  sweep_dir(root / "exe");
+  sweep_dir(root / "exe" / "files");
+}
+
+std::string temporary_name(const std::string& name) { return name + temp_suffix(); }
 
 std::string cache_directory(const ToolchainOptions& options) {
   return resolve_cache_dir(options).path;
@@ -251,7 +381,7 @@ std::string cpu_features() {
 }
 
 BuildResult build_shared_object(const std::string& source, const std::string& name_hint,
-                                const ToolchainOptions& options) {
+                                const ToolchainOptions& options, const std::vector<std::string>& required_symbols) {
   const CacheDir cache = resolve_cache_dir(options);
   const std::string cxx = resolve_cxx(options);
   const std::string identity =
@@ -271,18 +401,22 @@ BuildResult build_shared_object(const std::string& source, const std::string& na
   r.source_path = src.string();
   r.so_path = so.string();
 
-  if (options.use_cache && access(so.c_str(), R_OK) == 0) {
+  const fs::path sum = dir / "kernels.so.sum";
+  if (options.use_cache && access(so.c_str(), F_OK) == 0) {
     auto t0 = std::chrono::steady_clock::now();
     try {
-      r.so = SharedObject::open(r.so_path);
+      r.so = SharedObject::open_verified(r.so_path, read_sum(sum.string()));
+      for (const std::string& s : required_symbols) r.so->symbol(s);
       r.load_seconds = seconds_since(t0);
       r.cache_hit = true;
       return r;
-    } catch (const Error&) {
-      // A damaged entry (e.g. a disk that filled up): rebuild it below.
+    } catch (const Error& e) {
+      r.so.reset();
+      report_cache_problem(e, "compiling it again");
     }
   }
 
+  sweep_stale_temporaries(cache.path);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || access(dir.c_str(), W_OK) != 0) {
@@ -306,6 +440,7 @@ BuildResult build_shared_object(const std::string& source, const std::string& na
     status = run_program(argv, log_fd);
   } catch (...) {
     ::close(log_fd);
+    std::remove(log.c_str());
     throw;
   }
   ::close(log_fd);
@@ -320,14 +455,27 @@ BuildResult build_shared_object(const std::string& source, const std::string& na
          describe_status(status), name_hint, r.source_path, argv[0], flags_text, so.string(), r.source_path,
          final_log, first_lines(final_log, 20));
   }
+  // Loaded from the bytes just read, so what runs is what the checksum describes. The checksum is
+  // renamed into place before the shared object: a reader never finds a new kernels.so with no
+  // checksum (which it would report as damage); one that finds the new checksum with the old file
+  // reports a mismatch, as it would have to anyway.
+  std::string bytes;
+  try {
+    bytes = read_regular_file(tmp_so, "compiled shared object", kMaxSharedObjectBytes);
+    t0 = std::chrono::steady_clock::now();
+    r.so = SharedObject::load_bytes(bytes, r.so_path);
+    r.load_seconds = seconds_since(t0);
+    for (const std::string& s : required_symbols) r.so->symbol(s);
+    write_atomically(sum, sum_text(r.so->checksum()), cache);
+  } catch (...) {
+    std::remove(tmp_so.c_str());
+    throw;
+  }
   if (std::rename(tmp_so.c_str(), r.so_path.c_str()) != 0) {
     int e = errno;
     std::remove(tmp_so.c_str());
     fail("cannot rename '{}' to '{}': {}", tmp_so, r.so_path, std::strerror(e));
   }
-  t0 = std::chrono::steady_clock::now();
-  r.so = SharedObject::open(r.so_path);
-  r.load_seconds = seconds_since(t0);
   return r;
 }
 
