@@ -169,6 +169,8 @@ struct Drawer {
                                              int outputs = 1) {
     const OpDef* def = OpRegistry::get().find(op);
     if (!def) fail("random graph: no op '{}'", op);
+    const int n_in = static_cast<int>(ins.size());  // shape rules leave the arity to the verifier
+    if (n_in < def->min_inputs || (def->max_inputs >= 0 && n_in > def->max_inputs)) fail("random graph: {} takes {}..{} inputs", op, def->min_inputs, def->max_inputs);
     Node probe;
     probe.op = def;
     probe.inputs = ins;
@@ -252,9 +254,8 @@ struct Drawer {
 
   bool relu_family() {  // core-friendly activations the compiled backend maps to oneDNN epilogues
     Value* x = r.chance(0.5) && !pool.empty() ? pool.back() : operand();
-    return add1(r.chance(0.5) ? "Relu" : "Clip",
-                r.chance(0.5) ? std::vector<Value*>{x} : std::vector<Value*>{x, const_f32(clip_bound(true)), const_f32(clip_bound(false))},
-                {});
+    if (r.chance(0.5)) return add1("Relu", {x}, {});
+    return add1("Clip", {x, const_f32(clip_bound(true)), const_f32(clip_bound(false))}, {});
   }
 
   bool reduce() {
