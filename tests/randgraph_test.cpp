@@ -69,11 +69,11 @@ TEST(RandomGraph, CoversItsOpsSizesAndSpecialValues) {
 // tolerance is reported; rounding within it is not; signed zeros compare equal.
 TEST(RandomGraph, ComparisonPolicyReportsWrongResults) {
   auto g = parse_graph(R"(graph @g(%in0: f32[3,5], %in1: f32[5]) {
-  %v: f32[3,5] = Add(%in0, %in1)
+  %v: f32[3,5] = Add(%in0, %in1) loc("add")
   return %v
 })");
   auto wrong = parse_graph(R"(graph @g(%in0: f32[3,5], %in1: f32[5]) {
-  %v: f32[3,5] = Sub(%in0, %in1)
+  %v: f32[3,5] = Sub(%in0, %in1) loc("sub")
   return %v
 })");
   const auto in = randgraph::random_inputs(*g, 11);

@@ -247,6 +247,7 @@ int cmd_fuzz_graphs(const FuzzGraphsArgs& a) {
   int written = 0;
   auto report = [&](const randgraph::Finding& f) {
     fmt::print("MISMATCH seed={} backend={}: {}\n{}\n", f.seed, f.backend, f.detail, f.tsl);
+    std::fflush(stdout);  // long campaigns: each finding shows as it is found
     if (!a.minimise || f.backend == "eager") return;
     auto g = randgraph::random_graph(f.seed, o.gen);
     auto m = randgraph::minimise(*g, f.seed, f.backend, o);
