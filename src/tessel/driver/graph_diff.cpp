@@ -110,7 +110,7 @@ namespace {
 
 struct SimRun {
   std::vector<Tensor> outputs;
-  int64_t range_events = 0;   // intermediates flushed to zero or overflowed to inf by the storage
+  int64_t range_events = 0;   // results flushed to zero or overflowed to inf by the storage, inputs overflowed
   DType storage = DType::f32;
   bool dl16 = false;
 };
@@ -124,7 +124,8 @@ SimRun run_sim(const Graph& g, const std::vector<Tensor>& inputs, const std::str
   tile::FunctionalOptions fo;
   fo.toolchain = o.toolchain;
   tile::FunctionalResult fr = tile::run_functional(p, km, inputs, fo);
-  return {std::move(fr.outputs), fr.flushed + fr.overflowed, p.float_dtype, p.dl16};
+  // overflow on entry too: a constant folded on the host (in f32) may be beyond the storage range
+  return {std::move(fr.outputs), fr.flushed + fr.overflowed + fr.entry_overflowed, p.float_dtype, p.dl16};
 }
 
 std::vector<Tensor> run_backend(const Graph& g, const std::vector<Tensor>& inputs, const std::string& backend,
