@@ -71,9 +71,9 @@ CampaignStats run_campaign(uint64_t first_seed, int count, const DiffOptions& op
 // agree with eager. Throws when eager itself fails.
 std::vector<Finding> check_graph(const Graph& g, uint64_t seed, const DiffOptions& opts);
 
-// A smaller graph for which check_graph still reports a finding on `backend`: outputs dropped, nodes
-// cut (a value replaced by a new input of its type, dead nodes removed), dims shrunk where the graph
-// allows. Returns the graph unchanged when nothing smaller fails.
+// A smaller graph for which check_graph still reports a finding on `backend`: outputs dropped and
+// nodes cut (a value replaced by a new input of its type, dead nodes and inputs removed), greedily until
+// neither step keeps the failure (dims are not shrunk). Returns a copy of `g` when nothing smaller fails.
 std::unique_ptr<Graph> minimise(const Graph& g, uint64_t seed, const std::string& backend, const DiffOptions& opts);
 
 // A deep copy of `g` (names, types, constants, attributes).
