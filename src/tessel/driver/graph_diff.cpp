@@ -92,14 +92,31 @@ bool at_f32_range_edge(const Graph& g, const std::vector<Tensor>& inputs) {
     if (extreme(t)) return true;
   for (const Value* v : g.constants())
     if (extreme(*v->constant)) return true;
+  // A product's partial results leave f32's range (then 0 * inf = NaN) where eager's double ones do
+  // not, though the final product is in range: when the factors' exponents could sum past f32's in
+  // some order (conservatively over the whole operand).
+  auto product_range = [](const Tensor& t) {
+    double up = 0, down = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double a = std::fabs(t.get_f(i));
+      if (!std::isfinite(a) || a == 0) continue;
+      (a > 1 ? up : down) += std::log2(a);
+    }
+    return up > 120 || down < -120;
+  };
   // every intermediate, as eager computes it
   auto all = clone_graph(g);
   all->outputs.clear();
-  for (const auto& n : all->nodes())
+  std::vector<bool> prod_operand;
+  for (const auto& n : all->nodes()) {
+    const bool prod = n->op_name() == "ReduceProd" || (n->op_name() == "reduce" && n->attr_s("kind", "") == "prod");
     for (Value* v : n->outputs)
-      if (v) all->outputs.push_back(v);
-  for (const Tensor& t : run_eager(*all, inputs))
-    if (extreme(t)) return true;
+      if (v) all->outputs.push_back(v), prod_operand.push_back(false);
+    if (prod && n->inputs[0]) all->outputs.push_back(n->inputs[0]), prod_operand.push_back(true);
+  }
+  const std::vector<Tensor> vals = run_eager(*all, inputs);
+  for (size_t i = 0; i < vals.size(); ++i)
+    if (extreme(vals[i]) || (prod_operand[i] && is_float(vals[i].dtype()) && product_range(vals[i]))) return true;
   return false;
 }
 

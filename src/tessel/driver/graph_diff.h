@@ -31,8 +31,9 @@ Policy policy_for(const std::string& backend);
 std::string compare_output(const Tensor& ref, const Tensor& got, const Policy& p);
 
 // Whether an input, constant or intermediate (as eager computes it) holds a finite value of magnitude
-// >= 2^60: products, squares and sums of such values overflow in f32, which the backends accumulate
-// in, where eager's double does not; such graphs are compared on types only (docs/random-graphs.md).
+// >= 2^60, or a product reduction's operand has factors whose exponents sum past +-120: products,
+// squares and sums then overflow or underflow in f32, which the backends accumulate in, where eager's
+// double does not; such graphs are compared on types only (docs/random-graphs.md).
 bool at_f32_range_edge(const Graph& g, const std::vector<Tensor>& inputs);
 
 struct DiffOptions {
