@@ -229,6 +229,9 @@ int cmd_fuzz_graphs(const FuzzGraphsArgs& a) {
     if (e > b) o.backends.push_back(a.backends.substr(b, e - b));
     b = e + 1;
   }
+  for (const std::string& b : o.backends)
+    if (b != "graph" && b != "compiled" && b != "spyre" && b != "tpu-v5e")
+      throw Error(Location{.pass = "fuzz-graphs"}, fmt::format("unknown backend '{}' (graph, compiled, spyre, tpu-v5e)", b));
   o.batch = a.batch;
   o.gen.max_nodes = a.max_nodes;
   o.gen.special_values = !a.no_special;
