@@ -16,6 +16,7 @@
 #include "tessel/driver/compare.h"
 #include "tessel/driver/conformance.h"
 #include "tessel/driver/explain.h"
+#include "tessel/driver/graph_diff.h"
 #include "tessel/driver/model_dir.h"
 #include "tessel/driver/op_table.h"
 #include "tessel/frontend/onnx/importer.h"
@@ -208,6 +209,77 @@ std::vector<Tensor> run_with_compiled(ImportedModel& m, bool passes_applied, con
 }
 
 // `tessel load`: a warm start as a user's program sees it (file to callable, then the first call).
+
+// fuzz-graphs: random graphs on eager vs graph vs compiled vs the functional simulator
+// (docs/random-graphs.md). Exit 1 when any backend disagrees with eager.
+struct FuzzGraphsArgs {
+  uint64_t seed = 1;
+  int count = 100;
+  std::string backends = "graph,compiled,spyre,tpu-v5e";
+  int batch = 20;
+  int max_nodes = 6;
+  bool minimise = false;
+  bool no_special = false;
+  std::string out_dir, replay;
+};
+
+int cmd_fuzz_graphs(const FuzzGraphsArgs& a) {
+  randgraph::DiffOptions o;
+  o.backends.clear();
+  for (size_t b = 0; b <= a.backends.size();) {
+    const size_t e = std::min(a.backends.find(',', b), a.backends.size());
+    if (e > b) o.backends.push_back(a.backends.substr(b, e - b));
+    b = e + 1;
+  }
+  for (const std::string& b : o.backends)
+    if (b != "graph" && b != "compiled" && b != "spyre" && b != "tpu-v5e")
+      throw Error(Location{.pass = "fuzz-graphs"}, fmt::format("unknown backend '{}' (graph, compiled, spyre, tpu-v5e)", b));
+  o.batch = a.batch;
+  o.gen.max_nodes = a.max_nodes;
+  o.gen.special_values = !a.no_special;
+  if (!a.replay.empty()) {  // one .tsl (tests/randgraph/*.tsl): its header names the seed of its inputs
+    std::ifstream in(a.replay);
+    if (!in) throw Error(Location{.file = a.replay}, "cannot read the file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    auto g = parse_graph(text, a.replay);
+    const auto findings = randgraph::check_graph(*g, randgraph::seed_of_text(text), o);
+    for (const auto& f : findings) fmt::print("MISMATCH {}: {}\n", f.backend, f.detail);
+    fmt::print("{}: {}\n", a.replay, findings.empty() ? "all backends agree with eager" : "FAIL");
+    return findings.empty() ? 0 : 1;
+  }
+  int written = 0;
+  auto report = [&](const randgraph::Finding& f) {
+    fmt::print("MISMATCH seed={} backend={}: {}\n{}\n", f.seed, f.backend, f.detail, f.tsl);
+    std::fflush(stdout);  // long campaigns: each finding shows as it is found
+    if (!a.minimise || f.backend == "eager") return;
+    auto g = randgraph::random_graph(f.seed, o.gen);
+    auto m = randgraph::minimise(*g, f.seed, f.backend, o);
+    const std::string text = randgraph::finding_text(*m, f.seed, f.backend + ": " + f.detail);
+    fmt::print("minimised ({} nodes):\n{}\n", m->nodes().size(), text);
+    if (!a.out_dir.empty()) {
+      fs::create_directories(a.out_dir);
+      const std::string path = fmt::format("{}/seed{}_{}.tsl", a.out_dir, f.seed, f.backend);
+      std::ofstream(path) << text;
+      ++written;
+    }
+  };
+  const randgraph::CampaignStats st = randgraph::run_campaign(a.seed, a.count, o, report);
+  std::string per;
+  for (const auto& [b, n] : st.compared)
+    per += fmt::format(" {}={} ({:.1f} s, {} ill-conditioned outputs, {} at f32's range edge{})", b, n,
+                       st.seconds.count(b) ? st.seconds.at(b) : 0.0,
+                       st.ill_conditioned.count(b) ? st.ill_conditioned.at(b) : 0,
+                       st.f32_range.count(b) ? st.f32_range.at(b) : 0,
+                       st.out_of_range.count(b) ? fmt::format(", {} out of storage range", st.out_of_range.at(b)) : "");
+  fmt::print("fuzz-graphs: seeds {}..{}: {} graphs, {} mismatches, {} eager errors, {} compilations, {:.1f} s; compared:{}\n",
+             a.seed, a.seed + static_cast<uint64_t>(a.count) - 1, st.graphs, st.findings.size(), st.eager_errors,
+             st.compilations, st.seconds_total, per);
+  if (written) fmt::print("{} minimised graphs written to {}\n", written, a.out_dir);
+  return st.findings.empty() ? 0 : 1;
+}
+
 int cmd_load(const std::string& model, int threads, const std::string& cache_dir, bool json) {
   const std::vector<Tensor> ins = model_inputs(model);
   ModelCompileOptions o;
@@ -636,6 +708,18 @@ int main(int argc, char** argv) {
   load->add_option("--cache-dir", load_cache, "the compile cache (default: $TESSEL_CACHE_DIR, else ~/.cache/tessel)");
   load->add_flag("--json", load_json, "print one line of JSON");
 
+  auto* fuzz = app.add_subcommand("fuzz-graphs", "Random graphs on eager vs graph vs compiled vs the functional simulator (docs/random-graphs.md)");
+  FuzzGraphsArgs fz;
+  fuzz->add_option("--seed", fz.seed, "first seed (graphs use seed, seed+1, ...)");
+  fuzz->add_option("--count", fz.count, "number of graphs");
+  fuzz->add_option("--backends", fz.backends, "comma list: graph, compiled, spyre, tpu-v5e");
+  fuzz->add_option("--batch", fz.batch, "graphs per compiled module / simulated program");
+  fuzz->add_option("--max-nodes", fz.max_nodes, "ops per graph (at most)");
+  fuzz->add_flag("--minimise", fz.minimise, "minimise each mismatch and print the small .tsl");
+  fuzz->add_option("--out", fz.out_dir, "with --minimise: write each minimised graph to DIR/seedN_BACKEND.tsl");
+  fuzz->add_flag("--no-special", fz.no_special, "ordinary values only (no NaN/inf/-0/denormals/extremes)");
+  fuzz->add_option("--replay", fz.replay, "check one .tsl (a tests/randgraph file) instead of drawing graphs");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (!max_alloc.empty()) {
@@ -670,6 +754,7 @@ int main(int argc, char** argv) {
       fmt::print("{}", op_table_markdown());
       return 0;
     }
+    if (*fuzz) return cmd_fuzz_graphs(fz);
     if (*load) return cmd_load(load_model_path, load_threads, load_cache, load_json);
     if (*bench) {
       BenchOptions bo;

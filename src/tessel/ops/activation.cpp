@@ -99,6 +99,10 @@ void add(OpRegistry& r, OpDef d) {
   r.add(std::move(d));
 }
 
+// Clamp to [0, 1] keeping NaN (ONNX's reference clips with np.clip, which propagates it; std::max and
+// std::min return their first operand when either is NaN, which dropped it).
+double clamp01_nan(double x) { return std::isnan(x) ? x : std::max(0.0, std::min(1.0, x)); }
+
 // ---- decomposition into core ops ---------------------------------------------------------------
 
 // Activation math runs in f32 for the narrow floats (f16, bf16, f8) and in f64 for integer Shrink,
@@ -108,7 +112,12 @@ DType compute_type(DType t) { return !is_float(t) ? DType::f64 : dtype_bits(t) <
 
 // A rank-0 constant of `like`'s dtype (the binary sugar broadcasts it).
 Value* k(CoreBuilder& b, Value* like, double v) { return b.scalar(like->type.dtype, v); }
-Value* expm1_of(CoreBuilder& b, Value* x) { return b.sub(b.unary("exp", x), k(b, x, 1)); }
+// exp(x) - 1 loses every digit for small |x| (exp(x) rounds to 1 first: Selu(-3e-5) was off by 1e-3
+// relative, found by the random-graph tester); tanh(x/2) * (exp(x) + 1) is the same function with no
+// cancellation, and gives -1 at -inf, inf at inf and -0 at -0 as expm1 does.
+Value* expm1_of(CoreBuilder& b, Value* x) {
+  return b.mul(b.unary("tanh", b.mul(x, k(b, x, 0.5))), b.add(b.unary("exp", x), k(b, x, 1)));
+}
 Value* clamp01(CoreBuilder& b, Value* x) { return b.max(k(b, x, 0), b.min(x, k(b, x, 1))); }
 
 // exp of -|x| only, so nothing overflows: 1 / (1 + e) for x >= 0, e / (1 + e) below.
@@ -185,7 +194,7 @@ void register_activation_ops(OpRegistry& r) {
                               return b.div(x, b.add(k(b, x, 1), abs_of(b, x)));
                             })));
   add(r, with_decomposition(plain("HardSwish", 14,
-                                  [](double x) { return x * std::max(0.0, std::min(1.0, x / 6.0 + 0.5)); }),
+                                  [](double x) { return x * clamp01_nan(x / 6.0 + 0.5); }),
                             act_core([](CoreBuilder& b, const Node&, Value* x) {
                               return b.mul(x, clamp01(b, b.add(b.div(x, k(b, x, 6)), k(b, x, 0.5))));
                             })));
@@ -217,7 +226,7 @@ void register_activation_ops(OpRegistry& r) {
   add(r, with_decomposition(activation("Celu", 12, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
         double a = n.attr_f("alpha", 1.0);
         if (a == 0) fail("Celu alpha must be non-zero");
-        return [a](double x) { return std::max(0.0, x) + std::min(0.0, a * std::expm1(x / a)); };
+        return [a](double x) { return std::isnan(x) ? x : std::max(0.0, x) + std::min(0.0, a * std::expm1(x / a)); };
       }), act_core([](CoreBuilder& b, const Node& n, Value* x) {
         Value* a = k(b, x, n.attr_f("alpha", 1.0));
         Value* neg_part = b.min(k(b, x, 0), b.mul(a, expm1_of(b, b.div(x, a))));
@@ -225,7 +234,7 @@ void register_activation_ops(OpRegistry& r) {
       })));
   add(r, with_decomposition(activation("HardSigmoid", 6, {A{"alpha", F}, A{"beta", F}}, [](const Node& n) -> UnaryF {
         double a = n.attr_f("alpha", 0.2), b = n.attr_f("beta", 0.5);
-        return [a, b](double x) { return std::max(0.0, std::min(1.0, a * x + b)); };
+        return [a, b](double x) { return clamp01_nan(a * x + b); };
       }), act_core([](CoreBuilder& b, const Node& n, Value* x) {
         return clamp01(b, b.add(b.mul(k(b, x, n.attr_f("alpha", 0.2)), x), k(b, x, n.attr_f("beta", 0.5))));
       })));

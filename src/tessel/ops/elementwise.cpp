@@ -370,7 +370,8 @@ std::vector<Value*> decompose_where(CoreBuilder& b, const Node& n) {
   return {b.broadcast_to(r, n.outputs[0]->type.shape)};
 }
 
-// Clip: max with the lower bound, then min with the upper one (NaN stays NaN; min > max gives max).
+// Clip: max with the lower bound, then min with the upper one (NaN-propagating: a NaN input or bound
+// gives NaN; min > max gives max).
 // A bound may be [1]-shaped, and after the opset-11 upgrade f32 for any float input.
 std::vector<Value*> decompose_clip(CoreBuilder& b, const Node& n) {
   Value* x = n.inputs[0];
@@ -1071,9 +1072,12 @@ Tensor clip_kernel(const KernelCtx& c) {
   switch (cls_of(x.dtype())) {
     case Cls::f: {
       const double l = lo ? lo->get_f(0) : -INFINITY, h = hi ? hi->get_f(0) : INFINITY;
-      // min > max yields max everywhere, as the spec asks.
-      return map_unary(
-          x, [l, h](double v) { return std::isnan(v) ? v : std::min(std::max(v, l), h); });
+      // The spec's Min(max, Max(input, min)) with ONNX's NaN-propagating Max and Min (np.clip in the
+      // reference implementation): a NaN input or bound gives NaN (docs/decisions.md); min > max
+      // yields max everywhere, as the spec asks.
+      return map_unary(x, [l, h](double v) {
+        return std::isnan(v) || std::isnan(l) || std::isnan(h) ? NAN : std::min(std::max(v, l), h);
+      });
     }
     case Cls::s: {
       const int64_t l = lo ? lo->get_i(0) : std::numeric_limits<int64_t>::min();

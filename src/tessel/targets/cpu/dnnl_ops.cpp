@@ -325,8 +325,53 @@ std::string matmul_str(const MatmulDesc& d) {
 
 // ---- Matmul -------------------------------------------------------------------------------------
 
+// An operand read through a zero stride inside its matrix (a broadcast row or column, e.g. a [1, K]
+// value broadcast to [M, K]): oneDNN takes no such matrix, so it is copied dense before each run.
+struct DenseCopy {
+  bool on = false;
+  int64_t batch = 1, rows = 0, cols = 0;
+  int64_t s_batch = 0, s_rows = 0, s_cols = 0;  // the operand's own strides
+  std::vector<float> buf;
+
+  // Whether strides (s_rows, s_cols) of a [rows, cols] matrix need the copy; if so, takes them and
+  // rewrites them (and the batch stride) to a contiguous [batch, rows, cols] layout.
+  // expand_batch: also when the operand is shared across a batch (batch stride 0), which oneDNN takes
+  // for B (weights) but not for A.
+  bool take(int64_t nbatch, int64_t r, int64_t c, int64_t& sb, int64_t& sr, int64_t& sc, bool expand_batch = false) {
+    int64_t nr = sr, nc = sc;
+    normalize_2d(r, c, nr, nc);
+    const bool shared = expand_batch && nbatch > 1 && sb == 0;
+    if (nr != 0 && nc != 0 && !shared) return false;
+    on = true;
+    batch = sb == 0 && !shared ? 1 : nbatch;
+    rows = r, cols = c, s_batch = sb, s_rows = sr, s_cols = sc;
+    sb = batch == 1 ? 0 : r * c;
+    sr = c;
+    sc = 1;
+    buf.assign(static_cast<size_t>(batch * rows * cols), 0.0f);
+    return true;
+  }
+  const float* copy(const float* src) {
+    if (!on || !src) return src;
+    float* d = buf.data();
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) *d++ = src[b * s_batch + i * s_rows + j * s_cols];
+    return buf.data();
+  }
+};
+
+// Whether plan_matmul folds the batch into M (B shared, A's and C's batch strides continuing M): then
+// A's batch stride is part of one 2-D problem, and a shared A needs no copy.
+bool b_foldable(const MatmulDesc& d) {
+  auto merges = [&](int64_t s_batch, int64_t s_m) { return d.batch == 1 || d.M == 1 || s_batch == d.M * s_m; };
+  const bool b_shared = d.batch == 1 || d.b_batch == 0;
+  return b_shared && merges(d.a_batch, d.a_m) && merges(d.c_batch == 0 && d.c_m == 0 ? d.M * d.N : d.c_batch, d.c_m == 0 ? d.N : d.c_m);
+}
+
 struct Matmul::Impl {
   MatmulDesc d;
+  DenseCopy dense_a, dense_b;
   std::string name;
   MatmulPlan plan;
   dnnl::primitive_attr attr;
@@ -373,6 +418,13 @@ Matmul::Matmul(const MatmulDesc& desc) : impl_(std::make_unique<Impl>()) {
   m.d = desc;
   m.name = matmul_str(desc);
   try {
+    if (m.d.batch > 0 && m.d.M > 0 && m.d.N > 0 && m.d.K > 0) {
+      m.dense_a.take(m.d.batch, m.d.M, m.d.K, m.d.a_batch, m.d.a_m, m.d.a_k, !b_foldable(m.d));
+      if (m.dense_b.take(m.d.batch, m.d.K, m.d.N, m.d.b_batch, m.d.b_k, m.d.b_n) && m.d.constant_b) {
+        m.d.constant_b = m.dense_b.copy(m.d.constant_b);  // packed once below, the copy not needed again
+        m.dense_b.on = false;
+      }
+    }
     m.plan = plan_matmul(m.d);
     m.attr = make_attr(m.d.epilogue);
     m.pack = m.d.constant_b != nullptr || m.d.prepacked_b.valid();
@@ -395,6 +447,11 @@ Matmul& Matmul::operator=(Matmul&&) noexcept = default;
 bool Matmul::supported(const MatmulDesc& desc) {
   try {
     MatmulDesc d = desc;
+    if (d.batch > 0 && d.M > 0 && d.N > 0 && d.K > 0) {  // broadcast operands are copied dense (DenseCopy)
+      DenseCopy a, b;
+      a.take(d.batch, d.M, d.K, d.a_batch, d.a_m, d.a_k, !b_foldable(d));
+      b.take(d.batch, d.K, d.N, d.b_batch, d.b_k, d.b_n);
+    }
     const MatmulPlan p = plan_matmul(d);
     const std::string impl = matmul_pd(p, false, false, dnnl::primitive_attr()).impl_info_str();
     return impl.rfind("ref", 0) != 0;
@@ -408,6 +465,8 @@ bool Matmul::supported(const MatmulDesc& desc) {
 void Matmul::run(const float* a, const float* b, float* c) const {
   Impl& m = *impl_;
   if (!a || !c || (!m.pack && !b)) fail("matmul {}: an operand pointer is null", m.name);
+  a = m.dense_a.copy(a);
+  if (!m.pack) b = m.dense_b.copy(b);
   try {
     if (m.threads != threads_now()) m.build();
     bind(m.a, a);
