@@ -1,6 +1,6 @@
 // Limits on what untrusted input (a model, a tensor file, a .tsl text) may make tessel allocate or
 // read: one cap on any single allocation, sizes computed without overflow, and file reads that refuse
-// what is not a regular file. docs/hw.md#limits and docs/decisions.md say why these values.
+// what is not a regular file. docs/security.md ("Sizes, allocation and files") and docs/decisions.md say why these values.
 #pragma once
 
 #include <cstdint>
