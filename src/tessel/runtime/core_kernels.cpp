@@ -844,8 +844,13 @@ CoreKernel make_reduce_window(const Node& n) {
 
 // C[M,N] = A[M,K] * B[K,N] (row-major, C overwritten), blocked over K and N so that a panel of B
 // stays in cache while every row of A passes over it.
+#if defined(__clang__)
+#define TESSEL_GEMM_OPTIMIZE  // clang has no per-function optimisation level (the sanitized build)
+#else
+#define TESSEL_GEMM_OPTIMIZE __attribute__((optimize("O3")))
+#endif
 template <class A>
-__attribute__((optimize("O3"))) void gemm(const A* __restrict a, const A* __restrict b, A* __restrict c,
+TESSEL_GEMM_OPTIMIZE void gemm(const A* __restrict a, const A* __restrict b, A* __restrict c,
                                           int64_t m, int64_t k, int64_t n) {
   constexpr int64_t KB = 128, NB = 512;
   std::fill(c, c + m * n, A(0));
