@@ -777,8 +777,9 @@ CoreKernel make_reduce(const Node& n) {
       const T* xp = in_ptr<T>(e, x);
       T* yp = out_ptr<T>(e, y);
       for (size_t o = 0; o < outer->size(); ++o) {
-        const T* base = xp + (*outer)[o];
         auto acc = red.identity();
+        // An empty reduction reads nothing: its input has no buffer (offsets from null are UB).
+        const T* base = red_count > 0 ? xp + (*outer)[o] : nullptr;
         if (contiguous)
           for (int64_t i = 0; i < red_count; ++i) red.add(acc, Elem<T>::load(base[i]));
         else
