@@ -851,8 +851,8 @@ CoreKernel make_reduce_window(const Node& n) {
 #define TESSEL_GEMM_OPTIMIZE __attribute__((optimize("O3")))
 #endif
 template <class A>
-TESSEL_GEMM_OPTIMIZE void gemm(const A* __restrict a, const A* __restrict b, A* __restrict c,
-                                          int64_t m, int64_t k, int64_t n) {
+TESSEL_GEMM_OPTIMIZE void gemm(const A* __restrict a, const A* __restrict b, A* __restrict c, int64_t m,
+                               int64_t k, int64_t n) {
   constexpr int64_t KB = 128, NB = 512;
   std::fill(c, c + m * n, A(0));
   for (int64_t k0 = 0; k0 < k; k0 += KB) {
