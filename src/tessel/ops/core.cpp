@@ -1428,7 +1428,9 @@ void register_sort(OpRegistry& r) {
           }
           return int_less(x.dtype(), ki[a], ki[b]);
         };
-        std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return desc ? less(b, a) : less(a, b); });
+        // desc is copied: clang 14 cannot capture a structured binding.
+        std::stable_sort(perm.begin(), perm.end(),
+                         [&, desc = desc](int64_t a, int64_t b) { return desc ? less(b, a) : less(a, b); });
         for (int64_t k = 0; k < len; ++k) {
           copy_elem(y, base + k * inner, x, base + perm[k] * inner, es);
           ix.set_i(base + k * inner, perm[k]);

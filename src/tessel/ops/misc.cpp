@@ -189,8 +189,8 @@ void grid_sample_kernel(KernelCtx& c) {
   Shape os = {N, C};
   os.insert(os.end(), grid.shape().begin() + 1, grid.shape().end() - 1);
   Tensor y(x.dtype(), os);
-  int64_t in_sp = 1, out_sp = 1;
-  for (int d = 0; d < sp; ++d) in_sp *= x.dim(d + 2), out_sp *= os[d + 2];
+  int64_t out_sp = 1;
+  for (int d = 0; d < sp; ++d) out_sp *= os[d + 2];
   const auto xst = strides_of(x.shape());
   std::vector<double> xin = x.to_f64();
   std::vector<double> coord(sp);

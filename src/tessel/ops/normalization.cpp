@@ -105,7 +105,10 @@ Moments moments(CoreBuilder& b, Value* x, const std::vector<int64_t>& axes, bool
 // 1 / sqrt(var + eps), the reference kernels' order.
 Value* inv_std(CoreBuilder& b, Value* var, double eps) {
   const DType t = var->type.dtype;
-  return b.div(b.scalar(t, 1.0), b.emit("sqrt", {b.add(var, b.scalar(t, eps))}));
+  // Sequenced, not nested: argument evaluation order is unspecified, and the constants' names (and
+  // the documented core form, docs/ir/core.md) must not depend on the compiler.
+  Value* root = b.emit("sqrt", {b.add(var, b.scalar(t, eps))});
+  return b.div(b.scalar(t, 1.0), root);
 }
 
 // A per-channel [C] parameter as [C, 1, ...] for an [N, C, ...] input of rank r, in dtype t.

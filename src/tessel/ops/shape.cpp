@@ -551,7 +551,7 @@ std::vector<SliceAxis> slice_plan(const Shape& in, const Ints& starts, const Int
     if (step > 0) {
       s = std::clamp<int64_t>(s, 0, dim);
       e = std::clamp<int64_t>(e, 0, dim);
-      count = e > s ? (e - s + step - 1) / step : 0;
+      count = e > s ? 1 + (e - s - 1) / step : 0;  // rounded up without e - s + step (overflows)
     } else {
       s = std::clamp<int64_t>(s, 0, dim - 1);
       e = std::clamp<int64_t>(e, -1, dim - 1);
@@ -559,7 +559,7 @@ std::vector<SliceAxis> slice_plan(const Shape& in, const Ints& starts, const Int
       if (step == std::numeric_limits<int64_t>::min())
         count = s > e ? 1 : 0;
       else
-        count = s > e ? (s - e + (-step) - 1) / (-step) : 0;
+        count = s > e ? 1 + (s - e - 1) / (-step) : 0;
     }
     plan[ax] = {s, step, count};
   }

@@ -777,8 +777,9 @@ CoreKernel make_reduce(const Node& n) {
       const T* xp = in_ptr<T>(e, x);
       T* yp = out_ptr<T>(e, y);
       for (size_t o = 0; o < outer->size(); ++o) {
-        const T* base = xp + (*outer)[o];
         auto acc = red.identity();
+        // An empty reduction reads nothing: its input has no buffer (offsets from null are UB).
+        const T* base = red_count > 0 ? xp + (*outer)[o] : nullptr;
         if (contiguous)
           for (int64_t i = 0; i < red_count; ++i) red.add(acc, Elem<T>::load(base[i]));
         else
@@ -844,9 +845,14 @@ CoreKernel make_reduce_window(const Node& n) {
 
 // C[M,N] = A[M,K] * B[K,N] (row-major, C overwritten), blocked over K and N so that a panel of B
 // stays in cache while every row of A passes over it.
+#if defined(__clang__)
+#define TESSEL_GEMM_OPTIMIZE  // clang has no per-function optimisation level (the sanitized build)
+#else
+#define TESSEL_GEMM_OPTIMIZE __attribute__((optimize("O3")))
+#endif
 template <class A>
-__attribute__((optimize("O3"))) void gemm(const A* __restrict a, const A* __restrict b, A* __restrict c,
-                                          int64_t m, int64_t k, int64_t n) {
+TESSEL_GEMM_OPTIMIZE void gemm(const A* __restrict a, const A* __restrict b, A* __restrict c, int64_t m,
+                               int64_t k, int64_t n) {
   constexpr int64_t KB = 128, NB = 512;
   std::fill(c, c + m * n, A(0));
   for (int64_t k0 = 0; k0 < k; k0 += KB) {

@@ -214,7 +214,7 @@ FileBytes map_file(const std::string& path) {
   }
   if (!S_ISREG(sb.st_mode)) {
     ::close(fd);
-    entry_error(path, "not a regular file");
+    entry_error(path, fmt::format("is {}; expected a regular cache file", file_kind(sb.st_mode)));
   }
   FileBytes fb;
   fb.size = static_cast<size_t>(sb.st_size);

@@ -2,6 +2,9 @@
 // dlopen from a verified sealed copy.
 #include "tessel/targets/cpu/toolchain.h"
 
+#if defined(__x86_64__) && defined(__clang__)
+#include <cpuid.h>
+#endif
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -370,10 +373,24 @@ std::string cpu_features() {
   TESSEL_FEATURE("avx512vl")
   TESSEL_FEATURE("avx512vnni")
   TESSEL_FEATURE("avx512bf16")
+#if defined(__clang__)
+  // clang 14's __builtin_cpu_supports knows neither avx512fp16 nor f16c (the sanitized build): their
+  // CPUID bits, leaf 7 EDX 23 and leaf 1 ECX 29.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+#define TESSEL_CPUID_FEATURE(name, leaf, reg, bit)                   \
+  if (__get_cpuid_count(leaf, 0, &a, &b, &c, &d) && ((reg) >> (bit) & 1u)) \
+    out += (out.empty() ? "" : " ") + std::string(name);
+  TESSEL_CPUID_FEATURE("avx512fp16", 7, d, 23)
+  TESSEL_FEATURE("avx2")
+  TESSEL_FEATURE("fma")
+  TESSEL_CPUID_FEATURE("f16c", 1, c, 29)
+#undef TESSEL_CPUID_FEATURE
+#else
   TESSEL_FEATURE("avx512fp16")
   TESSEL_FEATURE("avx2")
   TESSEL_FEATURE("fma")
   TESSEL_FEATURE("f16c")
+#endif
   TESSEL_FEATURE("sse4.2")
 #undef TESSEL_FEATURE
 #endif

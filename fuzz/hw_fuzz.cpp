@@ -1,0 +1,13 @@
+// libFuzzer harness: hardware-file JSON text -> parse_hw_json (hw_json.cpp) -> describe. Seeds:
+// tests/fuzz/hw/ (the presets in hw/).
+#include "fuzz_util.h"
+#include "tessel/targets/dataflow/hw.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string text(tessel::fuzz::as_text(data, size));
+  tessel::fuzz::refusing_is_fine([&] {
+    const tessel::dataflow::HwSpec hw = tessel::dataflow::parse_hw_json(text, "fuzz.json");
+    (void)tessel::dataflow::describe(hw);
+  });
+  return 0;
+}
