@@ -44,6 +44,12 @@ TEST(Robustness, PoolWithHugeKernelIsAnError) {
 
 namespace {
 
+// Slice of a scalar indexed its per-axis table (size 0) at axis 0 (found by the onnx fuzzer;
+// tests/fuzz/onnx/regress-slice-of-scalar.onnx replays the model it found).
+TEST(Robustness, SliceOfScalarIsAnError) {
+  EXPECT_THROW(run_op("Slice", {f32({}, {1.0}), i64({1}, {0}), i64({1}, {1}), i64({1}, {0})}), Error);
+}
+
 // Split of a scalar indexed shape[0] of an empty shape.
 TEST(Robustness, SplitOfScalarIsAnError) {
   EXPECT_THROW(run_op("Split", {f32({}, {1.0}), i64({2}, {0, 0})}, 2), Error);

@@ -531,6 +531,8 @@ std::vector<SliceAxis> slice_plan(const Shape& in, const Ints& starts, const Int
   }
   Ints steps = steps_in ? *steps_in : Ints(n, 1);
   if (steps.size() != n) fail("Slice steps has {} entries for {} starts", steps.size(), n);
+  // normalize_axis lets axis 0 through for rank 0 (other ops need that); a scalar has no axis to slice.
+  if (r == 0 && n > 0) fail("Slice of a scalar (rank 0): there is no axis to slice");
   std::vector<SliceAxis> plan(r);
   std::vector<bool> seen(r, false);
   for (int i = 0; i < r; ++i) plan[i] = {0, 1, in[i]};
