@@ -200,3 +200,28 @@ graph @siblings(%x: f32[4,16]) {
   std::vector<Tensor> got = compile_cpu(parse_graph(text), {x}, o)->run({x});
   testenv::expect_matches_reference(got, want, "siblings", 1e-6);
 }
+
+// A model that is one long elementwise chain: fusion used to make it one kernel whose lowering
+// recursed once per node (a stack overflow at ~20000 nodes, a crash from input). Kernels are
+// bounded (kMaxKernelNodes in fuse.cpp), so the chain becomes several kernels.
+TEST(KernelLevel, LongElementwiseChainIsSplitIntoBoundedKernels) {
+  const int n = 20000;
+  std::string text = "graph @chain(%x: f32[4]) {\n";
+  std::string prev = "x";
+  for (int i = 0; i < n; ++i) {
+    text += fmt::format("  %v{}: f32[4] = Relu(%{}) loc(\"r{}\")\n", i, prev, i);
+    prev = fmt::format("v{}", i);
+  }
+  text += "  return %" + prev + "\n}\n";
+  std::unique_ptr<Graph> g = parse_graph(text, "chain.tsl");
+  run_pipeline(*g, parse_pipeline("core"), PassOptions{});
+  KernelModule m = fuse(std::move(g), FuseOptions{});
+  verify_kernel_module(m);
+  EXPECT_GT(m.kernels.size(), 1u);
+  int covered = 0;
+  for (const Kernel& k : m.kernels) {
+    EXPECT_LE(k.fused_nodes, 1024) << k.name;
+    covered += k.fused_nodes;
+  }
+  EXPECT_GE(covered, n);  // every max of the chain is in some kernel
+}

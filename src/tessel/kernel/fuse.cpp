@@ -241,6 +241,12 @@ bool reduce_ok(const Node& n) {
 
 enum class GKind { loop, matmul, conv };
 
+// The most core nodes one kernel fuses. Real kernels fuse tens (a layer norm, a softmax, an
+// epilogue); a model that is one long elementwise chain would otherwise become one kernel whose
+// lowering recurses once per node (a stack overflow at ~20000) and whose C++ function g++ takes
+// minutes over. A longer chain becomes several kernels, each stored once in between.
+constexpr size_t kMaxKernelNodes = 512;
+
 struct Group {
   GKind kind = GKind::loop;
   Shape F;                       // the iteration space
@@ -486,6 +492,7 @@ struct Fuser {
   // Whether node n may join group gi; sets the level it would have.
   bool can_join(const Node& n, int gi, Level* lv_out) const {
     const Group& gr = groups[gi];
+    if (gr.nodes.size() >= kMaxKernelNodes) return false;
     const Shape& out = n.outputs[0]->type.shape;
     Level lv;
     if (n.op->name == "reduce") {
@@ -649,6 +656,7 @@ struct Fuser {
         Group& ga = groups[a];
         Group& gb = groups[b];
         if (gb.kind != GKind::loop || gb.nodes.empty() || ga.F != gb.F || ga.R != gb.R || ga.reduces != gb.reduces) continue;
+        if (ga.nodes.size() + gb.nodes.size() > kMaxKernelNodes) continue;
         const std::set<const Value*> ra = roots_read(ga, static_cast<int>(a)), rb = roots_read(gb, static_cast<int>(b));
         bool shared = false;
         for (const Value* v : ra) shared = shared || rb.count(v);

@@ -4,6 +4,8 @@
 
 #include <map>
 #include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/pass.h"
@@ -42,19 +44,29 @@ std::string constant_key(const Tensor& t) {
 
 std::string eliminate_common_subexpressions(Graph& g) {
   int merged_constants = 0, merged_nodes = 0;
+  // Replacements are recorded and applied to each node as the walk reaches it (nodes are in
+  // topological order, and a replacement's target is never itself replaced): one pass over the
+  // graph, where Graph::replace_all_uses per merge made CSE quadratic in the node count.
+  std::unordered_map<const Value*, Value*> replaced;
+  auto resolve = [&](Value* v) {
+    auto it = replaced.find(v);
+    return it == replaced.end() ? v : it->second;
+  };
   std::map<std::string, Value*> constants;
   for (Value* c : g.constants()) {
     if (c->constant->nbytes() > (1 << 20)) continue;  // weights are never duplicated in practice
     auto [it, fresh] = constants.emplace(constant_key(*c->constant), c);
     if (!fresh && !c->is_input) {
-      g.replace_all_uses(c, it->second);
+      replaced[c] = it->second;
       ++merged_constants;
     }
   }
   std::map<std::string, Node*> seen;
-  std::vector<const Node*> dead;
+  std::unordered_set<const Node*> dead;
   for (const auto& np : g.nodes()) {
     Node& n = *np;
+    for (Value*& v : n.inputs)
+      if (v) v = resolve(v);
     if (!n.op->deterministic) continue;
     std::string key = n.op->name + "(";
     for (const Value* v : n.inputs) key += (v ? std::to_string(v->id) : "_") + ",";
@@ -68,11 +80,12 @@ std::string eliminate_common_subexpressions(Graph& g) {
       if (n.outputs[i] && !first.outputs[i]) same_outputs = false;  // the earlier node omitted it
     if (!same_outputs) continue;
     for (size_t i = 0; i < n.outputs.size(); ++i)
-      if (n.outputs[i]) g.replace_all_uses(n.outputs[i], first.outputs[i]);
-    dead.push_back(&n);
+      if (n.outputs[i]) replaced[n.outputs[i]] = first.outputs[i];
+    dead.insert(&n);
     ++merged_nodes;
   }
-  g.erase_nodes_if([&](const Node& n) { return std::find(dead.begin(), dead.end(), &n) != dead.end(); });
+  for (Value*& v : g.outputs) v = resolve(v);
+  g.erase_nodes_if([&](const Node& n) { return dead.count(&n) > 0; });
   g.compact();
   return fmt::format("merged {} nodes and {} constants", merged_nodes, merged_constants);
 }
