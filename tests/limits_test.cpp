@@ -199,7 +199,16 @@ TEST(Limits, ExternalDataIsCheckedBeforeReading) {
   p = external({int64_t{1} << 30}, "w.bin", "");
   expect_error(bounded([&] { import_onnx(p); }), "is too short (12 bytes; 4294967296 needed at offset 0)");
   p = external({1 << 20}, "/dev/zero", "");
-  expect_error(bounded([&] { import_onnx(p); }), "/dev/zero: is a character device; expected a regular external data file");
+  expect_error(bounded([&] { import_onnx(p); }), "external data location '/dev/zero' must be a path relative to the model's folder");
+  // Confined to the model's folder (the ONNX checker's rule): no absolute paths, no '..', no link out.
+  p = external({3}, "../w.bin", "");
+  expect_error(bounded([&] { import_onnx(p); }), "must not leave the model's folder ('..')");
+  fs::create_symlink("/etc/passwd", dir / "link.bin");
+  p = external({3}, "link.bin", "");
+  expect_error(bounded([&] { import_onnx(p); }), "external data location 'link.bin' resolves outside the model's folder");
+  ASSERT_EQ(mkfifo((dir / "fifo.bin").c_str(), 0600), 0);
+  p = external({3}, "fifo.bin", "");
+  expect_error(bounded([&] { import_onnx(p); }), "fifo.bin: is a FIFO (pipe); expected a regular external data file");
   p = external({3}, "w.bin", "twelve");
   expect_error(bounded([&] { import_onnx(p); }), "external data length 'twelve' is not a non-negative integer");
   p = external({3}, "w.bin", "");

@@ -405,6 +405,24 @@ int64_t external_int(const std::string& key, const std::string& text, const std:
   return v;
 }
 
+// Where external data at `location` lives: a path relative to the model's folder that stays inside
+// it, symbolic links resolved (as the ONNX checker requires), so a model cannot make tessel read
+// /etc/passwd or ~/.ssh into a tensor.
+fs::path confined_location(const fs::path& base_dir, const std::string& location, const std::string& what) {
+  const fs::path loc(location);
+  if (loc.is_absolute() || location.find('\0') != std::string::npos)
+    fail("{}: external data location '{}' must be a path relative to the model's folder", what, location);
+  for (const fs::path& part : loc)
+    if (part == "..") fail("{}: external data location '{}' must not leave the model's folder ('..')", what, location);
+  std::error_code ec1, ec2;
+  const fs::path base = fs::weakly_canonical(base_dir.empty() ? fs::path(".") : base_dir, ec1);
+  const fs::path real = fs::weakly_canonical(base_dir / loc, ec2);
+  if (ec1 || ec2) fail("{}: cannot resolve external data location '{}'", what, location);
+  auto [b, r] = std::mismatch(base.begin(), base.end(), real.begin(), real.end());
+  if (b != base.end()) fail("{}: external data location '{}' resolves outside the model's folder", what, location);
+  return real;
+}
+
 // The bytes of a tensor stored in an external file: the file must be a regular file holding
 // `want` bytes at the offset (length, when given, must say the same) before anything is allocated.
 std::string external_raw(const onnx::TensorProto& tp, const fs::path& base_dir, uint64_t want, const std::string& what) {
@@ -418,7 +436,7 @@ std::string external_raw(const onnx::TensorProto& tp, const fs::path& base_dir, 
   if (location.empty()) fail("{}: external data without a location", what);
   if (length >= 0 && static_cast<uint64_t>(length) != want)
     fail("{}: external data length is {} bytes, expected {}", what, length, want);
-  const fs::path p = base_dir / location;
+  const fs::path p = confined_location(base_dir, location, what);
   uint64_t size = 0;
   try {
     size = check_regular_file(p.string(), "external data file");
