@@ -88,3 +88,14 @@ TEST(Robustness, AbsurdTensorSizeIsAnError) {
   EXPECT_THROW(tessel::Tensor(tessel::DType::f32, {int64_t{1} << 20, int64_t{1} << 20}), tessel::Error);
   EXPECT_THROW(tessel::Tensor(tessel::DType::u8, {int64_t{1} << 62, 4}), tessel::Error);  // the product overflows
 }
+
+// A float tensor read as integers (a shape given as floats) held 6.6e180: converting it to int64 was
+// undefined behaviour (found by the onnx fuzzer; tests/fuzz/onnx/regress-float-shape-beyond-int64.onnx).
+// Values beyond int64 saturate.
+TEST(Robustness, FloatBeyondInt64SaturatesWhenReadAsInteger) {
+  const std::vector<double> v = {6.5e30, -6.5e30, 42.5};
+  Tensor t = Tensor::from_f64(DType::f32, {3}, v);
+  EXPECT_EQ(t.get_i(0), INT64_MAX);
+  EXPECT_EQ(t.get_i(1), INT64_MIN);
+  EXPECT_EQ(t.get_i(2), 42);
+}

@@ -109,6 +109,9 @@ int64_t Tensor::get_i(int64_t i) const {
     default: {
       double v = get_f(i);
       if (!std::isfinite(v)) return 0;
+      // Saturated: a float beyond int64 (a fuzzed shape tensor held 6.6e180) is UB to convert.
+      if (v >= 9223372036854775807.0) return std::numeric_limits<int64_t>::max();
+      if (v <= -9223372036854775808.0) return std::numeric_limits<int64_t>::min();
       return static_cast<int64_t>(v);
     }
   }
