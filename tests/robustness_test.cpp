@@ -99,3 +99,9 @@ TEST(Robustness, FloatBeyondInt64SaturatesWhenReadAsInteger) {
   EXPECT_EQ(t.get_i(1), INT64_MIN);
   EXPECT_EQ(t.get_i(2), 42);
 }
+
+// A reduction of a scalar with axes [0] indexed its per-axis mask (size 0) at 0 (found by the tsl
+// fuzzer; tests/fuzz/tsl/regress-reduce-of-scalar-with-axes.tsl).
+TEST(Robustness, ReduceOfScalarWithAxesIsAnError) {
+  EXPECT_THROW(run_op("ReduceMean", {i64({}, {3}), i64({1}, {0})}), Error);
+}

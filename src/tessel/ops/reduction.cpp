@@ -136,6 +136,8 @@ std::optional<std::vector<bool>> reduce_mask(const std::vector<int64_t>& axes, i
     std::fill(mask.begin(), mask.end(), true);
     return mask;
   }
+  // normalize_axis lets axis 0 through for rank 0 (other ops need that); a scalar has no axis.
+  if (rank == 0) fail("axis {} is out of range for a scalar (rank 0)", axes.front());
   for (int64_t a : axes) {
     int d = normalize_axis(a, rank);
     if (mask[d]) fail("axis {} is listed twice", a);
