@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cerrno>
 #include <chrono>
@@ -16,6 +15,7 @@
 #include <thread>
 
 #include "tessel/driver/model_dir.h"
+#include "tessel/support/checksum.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/runtime/exe_entry.h"
@@ -49,17 +49,14 @@ std::string build_identity() {
 std::string file_hash(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(Location{.file = path}, fmt::format("cannot open: {}", std::strerror(errno)));
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_128bits_reset(st);
+  ChecksumBuilder h;
   static thread_local std::vector<char> buf(size_t{1} << 20);
   ssize_t n = 0;
-  while ((n = ::read(fd, buf.data(), buf.size())) > 0) XXH3_128bits_update(st, buf.data(), static_cast<size_t>(n));
+  while ((n = ::read(fd, buf.data(), buf.size())) > 0) h.update(buf.data(), static_cast<size_t>(n));
   const int e = errno;
   ::close(fd);
-  const XXH128_hash_t h = XXH3_128bits_digest(st);
-  XXH3_freeState(st);
   if (n < 0) throw Error(Location{.file = path}, fmt::format("cannot read: {}", std::strerror(e)));
-  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+  return h.finish().xxh3;
 }
 
 // The content hash of a model file, remembered by the file's identity (device, inode, size, mtime,

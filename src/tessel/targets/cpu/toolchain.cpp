@@ -13,7 +13,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -189,25 +188,13 @@ std::vector<std::string> flag_list(const ToolchainOptions& o) {
 }
 
 std::string hex_key(const std::vector<std::string_view>& parts) {
-  XXH3_state_t* st = XXH3_createState();
-  if (!st) fail("out of memory hashing a kernel source");
-  XXH3_128bits_reset(st);
+  ChecksumBuilder h;
   for (std::string_view p : parts) {
-    uint64_t n = p.size();  // length-prefixed so part boundaries cannot shift
-    XXH3_128bits_update(st, &n, sizeof n);
-    XXH3_128bits_update(st, p.data(), p.size());
+    const uint64_t n = p.size();  // length-prefixed so part boundaries cannot shift
+    h.update(&n, sizeof n);
+    h.update(p.data(), p.size());
   }
-  XXH128_hash_t h = XXH3_128bits_digest(st);
-  XXH3_freeState(st);
-  XXH128_canonical_t c;
-  XXH128_canonicalFromHash(&c, h);
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : c.digest) {
-    out += digits[b >> 4];
-    out += digits[b & 15];
-  }
-  return out;
+  return h.finish().xxh3;
 }
 
 // Writes `text` to `path` through a temporary file and rename(), so readers never see a partial file.
