@@ -202,20 +202,15 @@ class Parser {
 
   // An integer token (sign and digits) as int64, or a located error when it does not fit; `at` is
   // where the token starts. from_chars never throws (std::stoll's out_of_range was an internal error).
-  int64_t to_int64(const std::string& tok, size_t at) {
+  int64_t to_int64(const std::string& tok, size_t at) { return to_integer<int64_t>(tok, at, "int64", "an integer"); }
+  uint64_t to_uint64(const std::string& tok, size_t at) { return to_integer<uint64_t>(tok, at, "u64", "an unsigned integer"); }
+  template <typename T>
+  T to_integer(const std::string& tok, size_t at, const char* type, const char* expected) {
     const char* b = tok.data() + (!tok.empty() && tok[0] == '+');
-    int64_t v = 0;
+    T v = 0;
     const auto [end, ec] = std::from_chars(b, tok.data() + tok.size(), v);
-    if (ec == std::errc::result_out_of_range) error_at_pos(at, fmt::format("integer {} is out of range for int64", tok));
-    if (ec != std::errc() || end != tok.data() + tok.size()) error_at_pos(at, fmt::format("expected an integer, found '{}'", tok));
-    return v;
-  }
-  uint64_t to_uint64(const std::string& tok, size_t at) {
-    const char* b = tok.data() + (!tok.empty() && tok[0] == '+');
-    uint64_t v = 0;
-    const auto [end, ec] = std::from_chars(b, tok.data() + tok.size(), v);
-    if (ec == std::errc::result_out_of_range) error_at_pos(at, fmt::format("integer {} is out of range for u64", tok));
-    if (ec != std::errc() || end != tok.data() + tok.size()) error_at_pos(at, fmt::format("expected an unsigned integer, found '{}'", tok));
+    if (ec == std::errc::result_out_of_range) error_at_pos(at, fmt::format("integer {} is out of range for {}", tok, type));
+    if (ec != std::errc() || end != tok.data() + tok.size()) error_at_pos(at, fmt::format("expected {}, found '{}'", expected, tok));
     return v;
   }
   [[noreturn]] void error_at_pos(size_t p, const std::string& msg) {
