@@ -105,3 +105,27 @@ TEST(Robustness, FloatBeyondInt64SaturatesWhenReadAsInteger) {
 TEST(Robustness, ReduceOfScalarWithAxesIsAnError) {
   EXPECT_THROW(run_op("ReduceMean", {i64({}, {3}), i64({1}, {0})}), Error);
 }
+
+namespace {
+
+// A scalar has no axes. normalize_axis once let axis 0 through for rank 0, and each op that then
+// indexed a per-axis table of the scalar's (empty) shape read out of bounds (the class behind the
+// fuzzers' Slice and Reduce findings). Every op with an axis attribute now refuses a scalar's axis 0.
+TEST(Robustness, AxisOfAScalarIsAnErrorForEveryAxisOp) {
+  const Tensor s = f32({}, {1.0});
+  for (const char* op : {"Softmax", "LogSoftmax", "Hardmax", "Concat", "Flatten", "LpNormalization",
+                         "ArgMax", "ArgMin"}) {
+    SCOPED_TRACE(op);
+    // Flatten's axis ranges over [-r, r]: for a scalar axis 0 is valid (a [1,1] result).
+    if (std::string(op) == "Flatten") {
+      EXPECT_NO_THROW(run_op(op, {s}, 1, {{"axis", int64_t{0}}}));
+      continue;
+    }
+    EXPECT_THROW(run_op(op, {s}, 1, {{"axis", int64_t{0}}}), Error);
+  }
+  EXPECT_THROW(run_op("Gather", {s, i64({}, {0})}, 1, {{"axis", int64_t{0}}}), Error);
+  EXPECT_THROW(run_op("CumSum", {s, i64({}, {0})}), Error);
+  EXPECT_THROW(run_op("Split", {s}, 1, {{"axis", int64_t{0}}}), Error);
+}
+
+}  // namespace

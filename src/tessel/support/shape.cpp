@@ -84,7 +84,9 @@ std::vector<int64_t> broadcast_index(const Shape& in, const Shape& out) {
 }
 
 int normalize_axis(int64_t axis, int rank) {
-  if (axis < -rank || axis >= std::max(rank, 1)) fail("axis {} is out of range for rank {}", axis, rank);
+  // A scalar has no axes: every per-axis table of a rank-0 value is empty, so no axis is valid.
+  if (rank == 0) fail("axis {} is out of range for a scalar (rank 0)", axis);
+  if (axis < -rank || axis >= rank) fail("axis {} is out of range for rank {}", axis, rank);
   return static_cast<int>(axis < 0 ? axis + rank : axis);
 }
 

@@ -21,7 +21,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b);
 // shape `in` broadcast to `out`.
 std::vector<int64_t> broadcast_index(const Shape& in, const Shape& out);
 
-// Normalises a possibly negative axis into [0, rank); throws naming the axis and rank.
+// Normalises a possibly negative axis into [0, rank); throws naming the axis and rank (a scalar,
+// rank 0, has no axis at all).
 int normalize_axis(int64_t axis, int rank);
 
 }  // namespace tessel
