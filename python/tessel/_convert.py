@@ -118,11 +118,14 @@ def _source_of(node):
 class Converted:
     """A tessel graph builder made from an FX graph, plus the PyTorch side of its graph breaks."""
 
-    def __init__(self, gm, example_inputs, name="torch"):
+    def __init__(self, gm, example_inputs, name="torch", frozen=None):
         self.gm = gm
         self.builder = _tessel.GraphBuilder(name)
         self.fallbacks = {}          # tessel node name -> callable(list of torch tensors) -> list of tensors
         self.input_dtypes = []
+        self.input_positions = []    # the placeholders that are tessel graph inputs, in order
+        self.frozen = frozen or {}   # placeholder position -> (name, tensor): a constant of the graph
+        self.frozen_used = []        # the frozen positions the outputs depend on
         self.lowered = 0
         self._build(example_inputs)
 
@@ -145,11 +148,19 @@ class Converted:
         if len(placeholders) != len(example_inputs):
             raise _tessel.TesselError(f"captured graph takes {len(placeholders)} inputs but {len(example_inputs)} "
                                       "example inputs were given")
+        const_names = {}
         for i, (n, t) in enumerate(zip(placeholders, example_inputs)):
+            if i in self.frozen:
+                # A frozen parameter or buffer: a constant over its memory, folded where it can be.
+                const_names[n], consts[n] = self.frozen[i]
+                if n in live:
+                    self.frozen_used.append(i)
+                continue
             if not isinstance(t, torch.Tensor):
                 raise _tessel.TesselError(f"example input {i} is a {type(t).__name__}; tessel.compile takes tensors")
             d = tessel_dtype(t.dtype, f"input {i} ('{n.name}')")
             self.input_dtypes.append(d)
+            self.input_positions.append(i)
             env[n] = b.input(n.name, d, list(t.shape))
 
         def tensor_value(n):
@@ -159,7 +170,7 @@ class Converted:
             if n in consts:
                 v = consts[n]
                 arr, d = to_buffer(v)
-                env[n] = b.constant(n.name, arr, d)
+                env[n] = b.constant(const_names.get(n, n.name), arr, d)
                 return env[n]
             raise _tessel.TesselError(f"value '{n.name}' is used before it is defined")
 
@@ -194,7 +205,7 @@ class Converted:
                 return a
             args, kwargs = pytree.tree_map(arg, (n.args, n.kwargs))
             name = _source_of(n)
-            lower = LOWERINGS.get(n.target)
+            lower = _lowering(n.target)
             result = None
             reason = None
             if lower is not None:
@@ -283,6 +294,32 @@ class _Arg:
 
     def __init__(self, index):
         self.index = index
+
+
+_COPY_OF_VIEW = {}
+
+
+def _lowering(target):
+    """The aten table's lowering of `target`; functionalization's `X_copy` of a view op X (view_copy,
+    slice_copy, t_copy, ...) is X: tessel values never alias, so the copy and the view are the same."""
+    lower = LOWERINGS.get(target)
+    if lower is not None or not isinstance(target, torch._ops.OpOverload):
+        return lower
+    if target not in _COPY_OF_VIEW:
+        _COPY_OF_VIEW[target] = _view_of_copy(target)
+    base = _COPY_OF_VIEW[target]
+    return LOWERINGS.get(base) if base is not None else None
+
+
+def _view_of_copy(target):
+    name = target._schema.name.split("::")[-1]
+    if not name.endswith("_copy"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-len("_copy")], None)
+    base = getattr(packet, target._overloadname, None) if packet is not None else None
+    if base is None or not base._schema.returns or base._schema.returns[0].alias_info is None:
+        return None        # not the copy of a view (_to_copy, lift_fresh_copy, ...)
+    return base
 
 
 def _deterministic(target):
