@@ -189,7 +189,8 @@ def capture(module, example_inputs, freeze_inputs=()):
     # Tracing runs the module on real tensors: clones, so that its mutations (written back by
     # functionalize at the end of the trace) do not reach the module or the caller's inputs.
     with torch.no_grad():
-        clones = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in example]
+        clones = [t.detach().clone(memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t
+                  for t in example]
     try:
         with _provenance(module), _items_as_tensors(), torch.no_grad():
             gm = make_fx(_functionalize()(fn, remove="mutations_and_views"))(*clones)
@@ -237,19 +238,29 @@ def _functional_batch_norm(graph, n, placeholders):
         if i != 1:
             count *= s
     n.args = (x, w, b, None, None, True, momentum, eps)
+    before = set(graph.nodes)
     call = graph.call_function
-    with graph.inserting_before(n.next):       # new nodes in creation order, right after n
-        mean = call(operator.getitem, (n, 1))
-        invstd = call(operator.getitem, (n, 2))
+    out = next(u for u in graph.nodes if u.op == "output")
+    with graph.inserting_before(out):      # new nodes in creation order, after everything (only outputs use them)
+        mean, invstd = (_getitem(graph, n, k) for k in (1, 2))
         # var_biased = 1 / invstd^2 - eps; running_var <- (1-m) rv + m var_biased n / (n-1)
         var = call(aten.sub.Tensor, (call(aten.reciprocal.default, (call(aten.mul.Tensor, (invstd, invstd)),)), eps))
         new_rv = call(aten.add.Tensor, (call(aten.mul.Tensor, (rv, 1.0 - momentum)),
                                         call(aten.mul.Tensor, (var, momentum * count / max(count - 1, 1)))))
         new_rm = call(aten.add.Tensor, (call(aten.mul.Tensor, (rm, 1.0 - momentum)),
                                         call(aten.mul.Tensor, (mean, momentum))))
-    for v in (mean, invstd, var, new_rv, new_rm):
-        v.meta.update(tessel_module=n.meta.get("tessel_module", ""), tessel_source=n.meta.get("tessel_source", ""))
+    for v in graph.nodes:
+        if v not in before:
+            v.meta.update(tessel_module=n.meta.get("tessel_module", ""), tessel_source=n.meta.get("tessel_source", ""))
     return [(rm, new_rm), (rv, new_rv)]
+
+
+def _getitem(graph, n, k):
+    """n's existing `n[k]` node (it carries the traced type), or a new one."""
+    for u in n.users:
+        if u.target is operator.getitem and u.args[1] == k:
+            return u
+    return graph.call_function(operator.getitem, (n, k))
 
 
 def _shape(node):

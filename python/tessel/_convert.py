@@ -68,6 +68,15 @@ def _meta_list(node):
     return [(m.dtype, list(m.shape)) for m in tm if hasattr(m, "dtype")]
 
 
+def _meta_of_items(node):
+    """The output types of a tuple-valued node from its getitem users (make_fx on torch 1.13 records
+    types on the items only)."""
+    items = {u.args[1]: _meta_list(u) for u in node.users if u.target is operator.getitem}
+    if not items or any(v is None or len(v) != 1 for v in items.values()) or sorted(items) != list(range(len(items))):
+        return None
+    return [items[k][0] for k in range(len(items))]
+
+
 class _Lowerer:
     """What a lowering sees: the builder, helpers to add constants and nodes, and value types."""
 
@@ -238,6 +247,8 @@ class Converted:
     def _fallback(self, n, name, args, kwargs, reason):
         """A TorchFallback node: the aten op runs in PyTorch eager on the tensors it gets."""
         metas = _meta_list(n)
+        if metas is None:
+            metas = _meta_of_items(n)
         if metas is None:
             raise _tessel.TesselError(f"{reason}, and its output types are unknown ({name})")
         tensor_args = []
