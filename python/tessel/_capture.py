@@ -7,8 +7,10 @@ caller writes it back (docs/python.md, "Capture, functionalization, freezing, gu
 clones, so capturing never changes the module's tensors or the example inputs.
 """
 import contextlib
+import linecache
 import operator
 import os
+import sys
 import traceback
 
 import torch
@@ -21,19 +23,43 @@ aten = torch.ops.aten
 
 
 def _user_frame(frames=None):
-    """'file.py:LINE `code`' of the innermost frame outside torch, tessel and the standard library."""
-    frames = frames if frames is not None else traceback.extract_stack()
-    for f in reversed(frames):
-        if f.filename.startswith("<") and f.filename != "<stdin>":
-            continue
-        fn = os.path.abspath(f.filename)
-        if fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/lib/python3" in fn or fn.startswith("<"):
-            continue
-        if "/functorch/" in fn:
-            continue
-        code = (f.line or "").strip()
-        return f"{os.path.basename(fn)}:{f.lineno}" + (f" `{code}`" if code else "")
+    """'file.py:LINE `code`' of the innermost frame outside torch, tessel and the standard library
+    (of a traceback's frames, or of the current stack -- walked directly: extract_stack reads every
+    frame's source line, and this runs for every traced node)."""
+    if frames is None:
+        frames = _stack_frames()
+    for filename, lineno in frames:
+        if _is_user_file(filename):
+            code = linecache.getline(filename, lineno).strip()
+            return f"{os.path.basename(filename)}:{lineno}" + (f" `{code}`" if code else "")
     return ""
+
+
+def _stack_frames():
+    f = sys._getframe(1)
+    while f is not None:
+        yield f.f_code.co_filename, f.f_lineno
+        f = f.f_back
+
+
+def _traceback_frames(tb_frames):
+    return [(f.filename, f.lineno) for f in reversed(tb_frames)]
+
+
+_USER_FILE = {}
+
+
+def _is_user_file(filename):
+    known = _USER_FILE.get(filename)
+    if known is None:
+        if filename.startswith("<"):
+            known = filename == "<stdin>"
+        else:
+            fn = os.path.abspath(filename)
+            known = not (fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/lib/python3" in fn
+                         or "/functorch/" in fn)
+        _USER_FILE[filename] = known
+    return known
 
 
 def _pop(stack):
@@ -197,7 +223,7 @@ def capture(module, example_inputs, freeze_inputs=()):
     except _tessel.TesselError:
         raise
     except Exception as e:  # noqa: BLE001 -- every tracing failure becomes one clear error
-        where = _user_frame(traceback.extract_tb(e.__traceback__))
+        where = _user_frame(_traceback_frames(traceback.extract_tb(e.__traceback__)))
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         hint = ""
         if _tracing_read(msg):
