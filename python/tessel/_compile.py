@@ -123,36 +123,46 @@ class _StateGuard:
         self.tensors = [captured.example[p] for p in frozen]
         self.names = [s.name for s in slots]
         owned = [(s, t) for s, t in zip(slots, self.tensors) if s.index is None]
-        self.tables = [(s.table, s.key) for s, _ in owned]
+        self.tables = [s.table for s, _ in owned]
+        self.keys = [s.key for s, _ in owned]
         self.table_tensors = [t for _, t in owned]
         self.table_names = [s.name for s, _ in owned]
         self.inputs = [(s.index, t) for s, t in zip(slots, self.tensors) if s.index is not None]
         self.versions = list(map(_version, self.tensors))
         self.ptrs = list(map(_data_ptr, self.tensors))
         self.modules = list(module.modules()) if isinstance(module, torch.nn.Module) else []
-        self.training = [m.training for m in self.modules]
+        self.training = list(map(_training, self.modules))
 
     def stale(self, args):
-        """None while the frozen state is unchanged, else what changed (one line)."""
+        """None while the frozen state is unchanged, else what changed (one line). Each check is one
+        map() over the frozen tensors (C loops: ~0.1 us per tensor in all; bench/torch_overhead.py)."""
         if list(map(_version, self.tensors)) != self.versions:
             i = next(i for i, t in enumerate(self.tensors) if t._version != self.versions[i])
             return f"{self.names[i]} changed in place (version {self.versions[i]} -> {self.tensors[i]._version})"
         if list(map(_data_ptr, self.tensors)) != self.ptrs:
             i = next(i for i, t in enumerate(self.tensors) if t.data_ptr() != self.ptrs[i])
             return f"{self.names[i]} moved to other memory"
-        if not all(map(operator.is_, [tbl.get(k) for tbl, k in self.tables], self.table_tensors)):
-            i = next(i for i, (tbl, k) in enumerate(self.tables) if tbl.get(k) is not self.table_tensors[i])
+        if not all(map(operator.is_, map(dict.get, self.tables, self.keys), self.table_tensors)):
+            i = next(i for i, (tbl, k) in enumerate(zip(self.tables, self.keys)) if tbl.get(k) is not self.table_tensors[i])
             return f"{self.table_names[i]} was replaced by another tensor"
         for i, t in self.inputs:
             if args[i] is not t:
                 return f"input {i} (frozen as a constant) is another tensor"
-        if [m.training for m in self.modules] != self.training:
+        if list(map(_training, self.modules)) != self.training:
             return "a module's training flag changed (train()/eval())"
         return None
 
 
 _version = operator.attrgetter("_version")
+_training = operator.attrgetter("training")
 _data_ptr = torch.Tensor.data_ptr
+
+
+def _flat_tuple_spec(spec):
+    """Whether `spec` (of (module output, ())) is a flat tuple of tensors."""
+    n = spec.num_leaves
+    flat_tuple = pytree.tree_flatten((tuple(torch.zeros(()) for _ in range(n)), ()))[1]
+    return spec == flat_tuple
 
 
 class _Entry:
@@ -168,27 +178,29 @@ class _Entry:
         src = captured.sources
         self.feeds = [src[p] for p in conv.input_positions]          # int: call input; Slot: a live buffer
         self.writes = [src[p] for p in captured.mutated]
-        self.all_args = all(isinstance(f, int) for f in self.feeds)
         self.runner = conv.runner if self.explanation.breaks else None
+        # The common output shapes, unflattened without pytree: (tensor, ()) and ((tensors...), ()).
+        spec = conv.out_spec
+        tensor, no_writes = pytree.tree_flatten((torch.zeros(()), ()))[1], not captured.mutated
+        self.single = no_writes and not conv.out_literals and spec == tensor
+        self.plain = self.single or (no_writes and not conv.out_literals and _flat_tuple_spec(spec))
 
     def run(self, args):
-        if self.all_args:
-            ins = [to_buffer(args[i]) for i in self.feeds]
-        else:
-            ins = [to_buffer(args[f] if isinstance(f, int) else f.get(args)) for f in self.feeds]
-        with _torch_threads_kept():
-            outs = self.exe.run(ins, self.runner)
+        """One call: inputs adopted without copies, the executable, outputs as tensors over tessel's
+        buffers, mutations written back. Kept lean: this is the per-call overhead (bench/torch_overhead.py)."""
+        feeds = self.feeds
+        ins = [to_buffer(args[f] if f.__class__ is int else f.get(args)) for f in feeds]
+        outs = self.exe.run(ins, self.runner)     # (keeps OpenMP's thread count: python/src/_tessel.cpp)
+        if self.plain:                   # a single tensor, or a flat tuple of tensors; nothing to write back
+            return from_buffer(*outs[0]) if self.single else tuple(from_buffer(a, d) for a, d in outs)
         lits = self.conv.out_literals
-        if lits:
-            flat, k = [], 0
-            for i in range(len(outs) + len(lits)):
-                if i in lits:
-                    flat.append(lits[i])
-                else:
-                    flat.append(from_buffer(*outs[k]))
-                    k += 1
-        else:
-            flat = [from_buffer(a, d) for a, d in outs]
+        flat, k = [], 0
+        for i in range(len(outs) + len(lits)):
+            if i in lits:
+                flat.append(lits[i])
+            else:
+                flat.append(from_buffer(*outs[k]))
+                k += 1
         result, new_values = pytree.tree_unflatten(flat, self.conv.out_spec)
         if new_values:
             self._write_back(args, new_values)

@@ -35,8 +35,17 @@ def tessel_dtype(dt, what):
     return TORCH_TO_TESSEL[dt]
 
 
+_FAST_DTYPES = {k: v for k, v in TORCH_TO_TESSEL.items() if k != torch.bfloat16}   # (bf16 goes through int16)
+
+
 def to_buffer(t):
     """A (numpy array, tessel dtype) pair over a CPU tensor's memory (copied only if not contiguous)."""
+    d = _FAST_DTYPES.get(t.dtype)
+    if d is not None and not t.requires_grad and t.is_contiguous():
+        try:                # the common case first: this runs for every input and break result per call
+            return t.numpy(), d
+        except (TypeError, RuntimeError):   # not on the CPU, or a conjugate/negative view
+            pass
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -266,14 +275,7 @@ class Converted:
         target = n.target
         single = hasattr(n.meta.get("tensor_meta"), "dtype") or isinstance(n.meta.get("val"), torch.Tensor)
 
-        def run(tensors):
-            def put(a):
-                if isinstance(a, _Arg):
-                    return tensors[a.index]
-                return a
-            a, k = pytree.tree_map(put, template)
-            r = target(*a, **k)
-            return [r] if single else [x for x in r if isinstance(x, torch.Tensor)]
+        run = _fallback_call(target, template, single)
         outs = self.builder.fallback(name, _op_name(target), reason, tensor_args, out_types)
         self.fallbacks[name] = run
         return outs[0] if single else outs
@@ -288,16 +290,44 @@ class Converted:
     # ---- running breaks in PyTorch --------------------------------------------------------------
     def runner(self, node_name, op, inputs):
         ts = [None if a is None else from_buffer(a, d) for a, d in inputs]
-        with torch.no_grad():
-            if node_name in self.fallbacks:
-                outs = self.fallbacks[node_name](ts)
-            elif op == "NonZero":
+        # (no torch.no_grad(): these tensors are over tessel's buffers and never require grad)
+        fallback = self.fallbacks.get(node_name)
+        if fallback is not None:
+            outs = fallback(ts)
+        else:
+            if op == "NonZero":
                 outs = [torch.nonzero(ts[0]).t().contiguous()]
             elif op == "Compress" and ts[1].dtype == torch.bool and ts[0].dim() == 1:
                 outs = [torch.masked_select(ts[0], ts[1])]
             else:
                 return None  # tessel's reference kernel runs it
         return [to_buffer(t) for t in outs]
+
+
+def _fallback_call(target, template, single):
+    """run(tensors) -> [tensors]: the aten op on the captured arguments with the break's inputs put in.
+    Flat positional arguments (the usual case) are filled by position; anything nested by tree_map."""
+    args, kwargs = template
+    flat = not any(isinstance(a, _Arg) for a in pytree.tree_flatten(kwargs)[0]) and not any(
+        isinstance(a, (list, tuple, dict)) and any(isinstance(b, _Arg) for b in pytree.tree_flatten(a)[0]) for a in args)
+    if flat:
+        base = list(args)
+        places = [(i, a.index) for i, a in enumerate(args) if isinstance(a, _Arg)]
+
+        def fill(tensors):
+            a = base[:]
+            for i, k in places:
+                a[i] = tensors[k]
+            return a, kwargs
+    else:
+        def fill(tensors):
+            return pytree.tree_map(lambda a: tensors[a.index] if isinstance(a, _Arg) else a, template)
+
+    def run(tensors):
+        a, k = fill(tensors)
+        r = target(*a, **k)
+        return [r] if single else [x for x in r if isinstance(x, torch.Tensor)]
+    return run
 
 
 class _Arg:
