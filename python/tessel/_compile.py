@@ -118,10 +118,13 @@ class _StateGuard:
     frozen tensor is still the same object, at the same address, at the same version (an optimizer
     step, load_state_dict and any in-place write bump it) -- else the compilation is stale."""
 
-    def __init__(self, captured, frozen, module):
+    def __init__(self, captured, frozen, module, attrs=()):
         slots = [captured.sources[p] for p in frozen]
-        self.tensors = [captured.example[p] for p in frozen]
-        self.names = [s.name for s in slots]
+        # The graph's tensor attributes (make_fx keeps a tensor the module reaches other than as its own
+        # parameter or buffer -- another module's weight in a function -- as the very tensor): version
+        # and address only, since where they live is unknown.
+        self.tensors = [captured.example[p] for p in frozen] + [t for _, t in attrs]
+        self.names = [s.name for s in slots] + [f"tensor '{n}' the module uses" for n, _ in attrs]
         owned = [(s, t) for s, t in zip(slots, self.tensors) if s.index is None]
         self.tables = [s.table for s, _ in owned]
         self.keys = [s.key for s, _ in owned]
@@ -241,7 +244,7 @@ def _build(module, example_inputs, target, backend, threads, repair, freeze_inpu
     if backend not in ("compiled", "graph", "eager"):
         raise _tessel.TesselError(f"backend '{backend}' is not one of compiled, graph, eager")
     captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs)
-    guard = _StateGuard(captured, frozen, module)
+    guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     with _torch_threads_kept():
         exe = _tessel.Executable(conv.builder, backend, threads)
     return _Entry(captured, conv, exe, repairs, guard)

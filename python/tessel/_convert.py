@@ -144,6 +144,7 @@ class Converted:
         self.input_positions = []    # the placeholders that are tessel graph inputs, in order
         self.frozen = frozen or {}   # placeholder position -> (name, tensor): a constant of the graph
         self.frozen_used = []        # the frozen positions the outputs depend on
+        self.attr_constants = []     # (name, tensor) of the graph's own tensor attributes the outputs use
         self.lowered = 0
         self._build(example_inputs)
 
@@ -197,6 +198,8 @@ class Converted:
                 continue
             if n.op == "get_attr":
                 consts[n] = getattr(gm, n.target)
+                if isinstance(consts[n], torch.Tensor):
+                    self.attr_constants.append((n.target, consts[n]))
                 continue
             if n.op != "call_function":
                 raise _tessel.TesselError(f"unsupported FX node {n.op} '{n.name}' ({_source_of(n)})")
