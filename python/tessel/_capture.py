@@ -179,7 +179,7 @@ class Captured:
         self.gm = gm
         self.sources = sources
         self.mutated = mutated
-        self.example = example      # the real tensor of every placeholder (state: the module's own)
+        self.example = example      # state: the real tensor; a plain input: a meta tensor of its type
 
 
 def _functional_call():
@@ -237,6 +237,9 @@ def capture(module, example_inputs, freeze_inputs=()):
     for i in freeze_inputs:
         sources[len(state) + i] = Slot(f"input {i}", index=i)
     mutated = _mutations_to_outputs(gm)
+    # Plain call inputs matter for their shape and dtype only: keep no reference to the caller's data.
+    example = [t if isinstance(src, Slot) else torch.empty(t.shape, dtype=t.dtype, device="meta")
+               for t, src in zip(example, sources)]
     return Captured(gm, sources, mutated, example)
 
 

@@ -155,6 +155,13 @@ class _StateGuard:
             return "a module's training flag changed (train()/eval())"
         return None
 
+    def same_objects(self, args):
+        """Whether only values changed (same tensor objects, same training flags): then the captured
+        graph still describes the module and a refresh needs no new capture."""
+        return (all(map(operator.is_, map(dict.get, self.tables, self.keys), self.table_tensors))
+                and all(args[i] is t for i, t in self.inputs)
+                and list(map(_training, self.modules)) == self.training)
+
 
 _version = operator.attrgetter("_version")
 _training = operator.attrgetter("training")
@@ -173,6 +180,7 @@ class _Entry:
     each of its inputs comes from (a call input or a live buffer) and which tensors it writes back."""
 
     def __init__(self, captured, conv, exe, repairs, guard):
+        self.captured = captured
         self.conv = conv
         self.exe = exe
         self.repairs = repairs
@@ -217,7 +225,7 @@ class _Entry:
                 dst.copy_(v)
 
 
-def _convert(module, example_inputs, repair, caller, freeze_inputs=()):
+def _convert(module, example_inputs, repair, caller, freeze_inputs=(), captured=None):
     """Checks the example inputs, captures the module (functionalized) and builds its tessel graph
     (repaired if asked) with its parameters and buffers -- all but the mutated ones -- as constants.
     Returns (captured, converted, repairs, frozen placeholder positions the graph uses)."""
@@ -225,7 +233,8 @@ def _convert(module, example_inputs, repair, caller, freeze_inputs=()):
         if not isinstance(a, torch.Tensor):
             raise _tessel.TesselError(f"example input {i} is a {type(a).__name__}; {caller} takes tensors")
         tessel_dtype(a.dtype, f"input {i}")
-    captured = capture(module, example_inputs, freeze_inputs)
+    if captured is None:
+        captured = capture(module, example_inputs, freeze_inputs)
     mutated = set(captured.mutated)
     frozen = {p: (_const_name(src), captured.example[p]) for p, src in enumerate(captured.sources)
               if isinstance(src, Slot) and p not in mutated}
@@ -238,12 +247,13 @@ def _const_name(slot):
     return slot.name.split("'")[1] if "'" in slot.name else slot.name.replace(" ", "_")
 
 
-def _build(module, example_inputs, target, backend, threads, repair, freeze_inputs=()):
+def _build(module, example_inputs, target, backend, threads, repair, freeze_inputs=(), captured=None):
     if target != "cpu":
         raise _tessel.TesselError(f"target '{target}' is not supported by tessel.compile yet (only 'cpu')")
     if backend not in ("compiled", "graph", "eager"):
         raise _tessel.TesselError(f"backend '{backend}' is not one of compiled, graph, eager")
-    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs)
+    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
+                                               captured)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     with _torch_threads_kept():
         exe = _tessel.Executable(conv.builder, backend, threads)
@@ -278,9 +288,10 @@ class CompiledModule:
         example_inputs = tuple(example_inputs)
         self._compile(_signature(example_inputs), example_inputs)
 
-    def _compile(self, sig, args, reason=None):
+    def _compile(self, sig, args, reason=None, captured=None):
         t0 = time.perf_counter()
-        entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair, self.freeze_inputs)
+        entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair, self.freeze_inputs,
+                       captured)
         dt = time.perf_counter() - t0
         if self.stats.compiles:
             self.stats.recompiles.append(reason or _describe_change(self._last_sig, sig))
@@ -305,10 +316,12 @@ class CompiledModule:
                 self.stats.cache_hits += 1
                 self._last_sig = sig
                 return entry.run(args)
-            # Every cached compilation froze the same state: all are stale.
+            # Every cached compilation froze the same state: all are stale. When only values changed,
+            # this signature's captured graph is reused (conversion and compilation only).
+            reuse = entry.captured if entry.guard.same_objects(args) else None
             self._cache.clear()
             self.stats.refreshes += 1
-            entry = self._compile(sig, args, stale)
+            entry = self._compile(sig, args, stale, reuse)
         else:
             if len(self._cache) >= self.cache_limit:
                 if self.on_limit == "eager":

@@ -255,6 +255,22 @@ class FreezeGuardTest(unittest.TestCase):
             m.emb.weight.mul_(2)
             self.assertLess(max_abs(fast(idx), m(idx)), 1e-5)
 
+    def test_a_value_change_reuses_the_capture(self):
+        import tessel._compile as compile_module
+        captures = []
+        original = compile_module.capture
+        compile_module.capture = lambda *a, **k: captures.append(1) or original(*a, **k)
+        try:
+            with torch.no_grad():
+                self.m.fc1.weight.mul_(2)           # values only: converted and compiled again
+            self.assertFresh()
+            self.assertEqual(captures, [])
+            self.m.fc1.weight = nn.Parameter(torch.randn(16, 8))   # another tensor: captured again
+            self.assertFresh()
+            self.assertEqual(captures, [1])
+        finally:
+            compile_module.capture = original
+
     def test_function_over_a_module(self):
         """A function (not a module) reaching a module's weights: they are tensor constants of the graph."""
         m = self.m
