@@ -146,7 +146,8 @@ class _StateGuard:
             i = next(i for i, t in enumerate(self.tensors) if t.data_ptr() != self.ptrs[i])
             return f"{self.names[i]} moved to other memory"
         if not all(map(operator.is_, map(dict.get, self.tables, self.keys), self.table_tensors)):
-            i = next(i for i, (tbl, k) in enumerate(zip(self.tables, self.keys)) if tbl.get(k) is not self.table_tensors[i])
+            i = next(i for i, (tbl, k) in enumerate(zip(self.tables, self.keys))
+                     if tbl.get(k) is not self.table_tensors[i])
             return f"{self.table_names[i]} was replaced by another tensor"
         for i, t in self.inputs:
             if args[i] is not t:

@@ -311,8 +311,9 @@ def _fallback_call(target, template, single):
     """run(tensors) -> [tensors]: the aten op on the captured arguments with the break's inputs put in.
     Flat positional arguments (the usual case) are filled by position; anything nested by tree_map."""
     args, kwargs = template
-    flat = not any(isinstance(a, _Arg) for a in pytree.tree_flatten(kwargs)[0]) and not any(
-        isinstance(a, (list, tuple, dict)) and any(isinstance(b, _Arg) for b in pytree.tree_flatten(a)[0]) for a in args)
+    def nested(a):
+        return isinstance(a, (list, tuple, dict)) and any(isinstance(b, _Arg) for b in pytree.tree_flatten(a)[0])
+    flat = not any(isinstance(a, _Arg) for a in pytree.tree_flatten(kwargs)[0]) and not any(map(nested, args))
     if flat:
         base = list(args)
         places = [(i, a.index) for i, a in enumerate(args) if isinstance(a, _Arg)]
