@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <thread>
 
@@ -221,9 +222,19 @@ class Builder {
   std::map<const Value*, Tensor> known_;   // values inference knew while building (shape arithmetic)
 };
 
+// The compiled backend sets OpenMP's thread count (per thread: the calling thread's ICV) to its own for
+// oneDNN; when PyTorch shares the libgomp, that is also torch.get_num_threads(). Put the caller's count
+// back here, with omp_set_num_threads (free), rather than from Python with torch.set_num_threads,
+// which re-creates PyTorch's pools (milliseconds) -- on every call when the counts differ.
+struct OmpThreadsKept {
+  int n = omp_get_max_threads();
+  ~OmpThreadsKept() { omp_set_num_threads(n); }
+};
+
 class Executable {
  public:
   Executable(Builder& b, const std::string& backend, int threads) {
+    OmpThreadsKept kept;
     PartitionedOptions po;
     po.backend = backend;
     po.threads = threads;
@@ -253,6 +264,7 @@ class Executable {
     }
     std::vector<Tensor> outs;
     {
+      OmpThreadsKept kept;
       py::gil_scoped_release nogil;
       outs = exe_->run(ins, br);
     }

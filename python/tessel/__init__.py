@@ -10,8 +10,8 @@ and, on torch >= 2.0, torch.compile(module, backend="tessel"). docs/python.md.
 """
 from ._tessel import TesselError, GuardFailure, GraphBuilder, Executable, ops  # noqa: F401
 from ._convert import TesselCaptureError  # noqa: F401
-from ._compile import (CompiledModule, Explanation, Stats, TesselRecompileLimit, capture,  # noqa: F401
-                       compile, explain)
+from ._capture import capture  # noqa: F401
+from ._compile import CompiledModule, Explanation, Stats, TesselRecompileLimit, compile, explain  # noqa: F401
 from . import aten_table  # noqa: F401
 from ._dynamo import dynamo_graphs, dynamo_options, tessel_backend  # noqa: F401
 from ._dynamo import register as _register_dynamo

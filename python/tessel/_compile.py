@@ -1,37 +1,20 @@
 """tessel.compile / tessel.explain: capture, guards, the recompile cache and statistics."""
 import contextlib
 import json
-import os
+import operator
 import time
-import traceback
 from collections import OrderedDict
 
 import torch
 from torch.utils import _pytree as pytree
 
 from . import _tessel
-from ._convert import Converted, TesselCaptureError, from_buffer, tessel_dtype, to_buffer
-
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+from ._capture import Slot, capture
+from ._convert import Converted, from_buffer, tessel_dtype, to_buffer
 
 
 class TesselRecompileLimit(_tessel.TesselError):
     """A call needed a new compilation but the callable already holds cache_limit of them."""
-
-
-def _user_frame(frames=None):
-    """'file.py:LINE `code`' of the innermost frame outside torch, tessel and the standard library."""
-    frames = frames if frames is not None else traceback.extract_stack()
-    for f in reversed(frames):
-        if f.filename.startswith("<") and f.filename != "<stdin>":
-            continue
-        fn = os.path.abspath(f.filename)
-        if fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/lib/python3" in fn or fn.startswith("<"):
-            continue
-        code = (f.line or "").strip()
-        return f"{os.path.basename(fn)}:{f.lineno}" + (f" `{code}`" if code else "")
-    return ""
 
 
 @contextlib.contextmanager
@@ -45,94 +28,6 @@ def _torch_threads_kept():
     finally:
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
-
-
-def _pop(stack):
-    if stack:
-        stack.pop()
-    # (a forward hook that returns a value replaces the module's output: return nothing)
-
-
-@contextlib.contextmanager
-def _provenance(module):
-    """Stamps every FX node created while tracing with the module path and the user's source line."""
-    stack = []
-    hooks = []
-    if isinstance(module, torch.nn.Module):
-        for name, m in module.named_modules():
-            hooks.append(m.register_forward_pre_hook(lambda m, i, name=name: stack.append(name)))
-            hooks.append(m.register_forward_hook(lambda m, i, o: _pop(stack)))
-    original = torch.fx.Graph.create_node
-
-    def create_node(self, *args, **kwargs):
-        n = original(self, *args, **kwargs)
-        n.meta["tessel_module"] = stack[-1] if stack else ""
-        n.meta["tessel_source"] = _user_frame()
-        return n
-    torch.fx.Graph.create_node = create_node
-    try:
-        yield
-    finally:
-        torch.fx.Graph.create_node = original
-        for h in hooks:
-            h.remove()
-
-
-def _tracing_read(e):
-    return "value out of a tracing tensor" in str(e) or "data-dependent" in str(e)
-
-
-@contextlib.contextmanager
-def _items_as_tensors():
-    """While make_fx traces, `t.item()` on a traced one-element tensor gives `t` as a 0-d tensor
-    instead of failing: the value stays in the graph, so `x / x.max().item()` is captured whole (torch
-    1.13 has no data-dependent scalars in make_fx; dynamo's graphs on torch 2 call .item() on 0-d
-    inputs too). A Python use of that value (`if`, int(), a size) still reads it and fails there.
-    Items of constants are plain numbers as before."""
-    original = torch.Tensor.item
-    made = []      # the 0-d tensors handed out (kept alive: identity marks them)
-
-    def item(self):
-        if any(self is t for t in made):   # reading one of ours as a number (Tensor.__format__, ...)
-            return original(self)
-        try:
-            return original(self)
-        except RuntimeError as e:
-            if not _tracing_read(e) or self.numel() != 1:
-                raise
-        t = self.reshape(())
-        made.append(t)
-        return t
-    torch.Tensor.item = item
-    try:
-        yield
-    finally:
-        torch.Tensor.item = original
-
-
-def capture(module, example_inputs):
-    """An aten-level FX graph of `module` on `example_inputs` (make_fx, parameters as constants)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-    if not callable(module):
-        raise _tessel.TesselError(f"tessel.compile takes a torch.nn.Module or a function, not {type(module).__name__}")
-
-    def fn(*args):
-        return module(*args)
-    try:
-        with _provenance(module), _items_as_tensors(), torch.no_grad():
-            return make_fx(fn)(*example_inputs)
-    except _tessel.TesselError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- every tracing failure becomes one clear error
-        where = _user_frame(traceback.extract_tb(e.__traceback__))
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        hint = ""
-        if _tracing_read(msg):
-            hint = (" -- the module uses a tensor's value in Python (`if tensor:`, int(tensor), a .item() value in an "
-                    "`if` or as a size); keep it a tensor (e.g. torch.where instead of an if; a .item() value is "
-                    "captured when it is only used in tensor arithmetic)")
-        name = type(module).__name__
-        raise TesselCaptureError(f"cannot capture {name}: {msg}" + (f" at {where}" if where else "") + hint) from e
 
 
 def _signature(args):
@@ -168,10 +63,12 @@ class Stats:
         self.recompiles = []      # reasons, one per compilation after the first
         self.eager_calls = 0      # calls run by PyTorch eager after the recompile limit (on_limit="eager")
         self.calls = 0
+        self.refreshes = 0        # compilations because frozen parameters/buffers changed (also in recompiles)
 
     def as_dict(self):
         return dict(compiles=self.compiles, cache_hits=self.cache_hits, compile_seconds=self.compile_seconds,
-                    recompiles=list(self.recompiles), eager_calls=self.eager_calls, calls=self.calls)
+                    recompiles=list(self.recompiles), eager_calls=self.eager_calls, calls=self.calls,
+                    refreshes=self.refreshes)
 
     def __repr__(self):
         return f"Stats({self.as_dict()})"
@@ -215,56 +112,153 @@ class Explanation:
     __repr__ = __str__
 
 
-class _Entry:
-    """One compilation: the converted graph (for its PyTorch breaks) and the partitioned executable."""
+class _StateGuard:
+    """What a compilation froze: the parameters and buffers (and, under torch.compile, the parameter
+    inputs) its graph holds as constants, and each module's training flag. A call checks that every
+    frozen tensor is still the same object, at the same address, at the same version (an optimizer
+    step, load_state_dict and any in-place write bump it) -- else the compilation is stale."""
 
-    def __init__(self, conv, exe, repairs):
+    def __init__(self, captured, frozen, module, attrs=()):
+        slots = [captured.sources[p] for p in frozen]
+        # The graph's tensor attributes (make_fx keeps a tensor the module reaches other than as its own
+        # parameter or buffer -- another module's weight in a function -- as the very tensor): version
+        # and address only, since where they live is unknown.
+        self.tensors = [captured.example[p] for p in frozen] + [t for _, t in attrs]
+        self.names = [s.name for s in slots] + [f"tensor '{n}' the module uses" for n, _ in attrs]
+        owned = [(s, t) for s, t in zip(slots, self.tensors) if s.index is None]
+        self.tables = [s.table for s, _ in owned]
+        self.keys = [s.key for s, _ in owned]
+        self.table_tensors = [t for _, t in owned]
+        self.table_names = [s.name for s, _ in owned]
+        self.inputs = [(s.index, t) for s, t in zip(slots, self.tensors) if s.index is not None]
+        self.versions = list(map(_version, self.tensors))
+        self.ptrs = list(map(_data_ptr, self.tensors))
+        self.modules = list(module.modules()) if isinstance(module, torch.nn.Module) else []
+        self.training = list(map(_training, self.modules))
+
+    def stale(self, args):
+        """None while the frozen state is unchanged, else what changed (one line). Each check is one
+        map() over the frozen tensors (C loops: ~0.1 us per tensor in all; bench/torch_overhead.py)."""
+        if list(map(_version, self.tensors)) != self.versions:
+            i = next(i for i, t in enumerate(self.tensors) if t._version != self.versions[i])
+            return f"{self.names[i]} changed in place (version {self.versions[i]} -> {self.tensors[i]._version})"
+        if list(map(_data_ptr, self.tensors)) != self.ptrs:
+            i = next(i for i, t in enumerate(self.tensors) if t.data_ptr() != self.ptrs[i])
+            return f"{self.names[i]} moved to other memory"
+        if not all(map(operator.is_, map(dict.get, self.tables, self.keys), self.table_tensors)):
+            i = next(i for i, (tbl, k) in enumerate(zip(self.tables, self.keys))
+                     if tbl.get(k) is not self.table_tensors[i])
+            return f"{self.table_names[i]} was replaced by another tensor"
+        for i, t in self.inputs:
+            if args[i] is not t:
+                return f"input {i} (frozen as a constant) is another tensor"
+        if list(map(_training, self.modules)) != self.training:
+            return "a module's training flag changed (train()/eval())"
+        return None
+
+    def same_objects(self, args):
+        """Whether only values changed (same tensor objects, same training flags): then the captured
+        graph still describes the module and a refresh needs no new capture."""
+        return (all(map(operator.is_, map(dict.get, self.tables, self.keys), self.table_tensors))
+                and all(args[i] is t for i, t in self.inputs)
+                and list(map(_training, self.modules)) == self.training)
+
+
+_version = operator.attrgetter("_version")
+_training = operator.attrgetter("training")
+_data_ptr = torch.Tensor.data_ptr
+
+
+def _flat_tuple_spec(spec):
+    """Whether `spec` (of (module output, ())) is a flat tuple of tensors."""
+    n = spec.num_leaves
+    flat_tuple = pytree.tree_flatten((tuple(torch.zeros(()) for _ in range(n)), ()))[1]
+    return spec == flat_tuple
+
+
+class _Entry:
+    """One compilation: the converted graph (for its PyTorch breaks), the partitioned executable, where
+    each of its inputs comes from (a call input or a live buffer) and which tensors it writes back."""
+
+    def __init__(self, captured, conv, exe, repairs, guard):
+        self.captured = captured
         self.conv = conv
         self.exe = exe
         self.repairs = repairs
+        self.guard = guard
         self.explanation = Explanation(json.loads(exe.explain()), repairs, conv.lowered, len(conv.fallbacks))
+        src = captured.sources
+        self.feeds = [src[p] for p in conv.input_positions]          # int: call input; Slot: a live buffer
+        self.writes = [src[p] for p in captured.mutated]
+        self.runner = conv.runner if self.explanation.breaks else None
+        # The common output shapes, unflattened without pytree: (tensor, ()) and ((tensors...), ()).
+        spec = conv.out_spec
+        tensor, no_writes = pytree.tree_flatten((torch.zeros(()), ()))[1], not captured.mutated
+        self.single = no_writes and not conv.out_literals and spec == tensor
+        self.plain = self.single or (no_writes and not conv.out_literals and _flat_tuple_spec(spec))
 
     def run(self, args):
-        ins = []
-        for i, (a, d) in enumerate(zip(args, self.conv.input_dtypes)):
-            if a.requires_grad:
-                a = a.detach()
-            ins.append(to_buffer(a))
-        with _torch_threads_kept():
-            outs = self.exe.run(ins, self.conv.runner if self.explanation.breaks else None)
-        flat = []
-        k = 0
-        n = len(outs) + len(self.conv.out_literals)
-        for i in range(n):
-            if i in self.conv.out_literals:
-                flat.append(self.conv.out_literals[i])
+        """One call: inputs adopted without copies, the executable, outputs as tensors over tessel's
+        buffers, mutations written back. Kept lean: this is the per-call overhead (bench/torch_overhead.py)."""
+        feeds = self.feeds
+        ins = [to_buffer(args[f] if f.__class__ is int else f.get(args)) for f in feeds]
+        outs = self.exe.run(ins, self.runner)     # (keeps OpenMP's thread count: python/src/_tessel.cpp)
+        if self.plain:                   # a single tensor, or a flat tuple of tensors; nothing to write back
+            return from_buffer(*outs[0]) if self.single else tuple(from_buffer(a, d) for a, d in outs)
+        lits = self.conv.out_literals
+        flat, k = [], 0
+        for i in range(len(outs) + len(lits)):
+            if i in lits:
+                flat.append(lits[i])
             else:
-                arr, d = outs[k]
+                flat.append(from_buffer(*outs[k]))
                 k += 1
-                flat.append(from_buffer(arr, d))
-        return pytree.tree_unflatten(flat, self.conv.out_spec)
+        result, new_values = pytree.tree_unflatten(flat, self.conv.out_spec)
+        if new_values:
+            self._write_back(args, new_values)
+        return result
+
+    def _write_back(self, args, new_values):
+        """The module's mutations of its inputs and buffers, as eager would have left them."""
+        with torch.no_grad():
+            for w, v in zip(self.writes, new_values):
+                dst = args[w] if isinstance(w, int) else w.get(args)
+                dst.copy_(v)
 
 
-def _convert(module, example_inputs, repair, caller):
-    """Checks the example inputs, captures the module and builds its tessel graph (repaired if asked)."""
+def _convert(module, example_inputs, repair, caller, freeze_inputs=(), captured=None):
+    """Checks the example inputs, captures the module (functionalized) and builds its tessel graph
+    (repaired if asked) with its parameters and buffers -- all but the mutated ones -- as constants.
+    Returns (captured, converted, repairs, frozen placeholder positions the graph uses)."""
     for i, a in enumerate(example_inputs):
         if not isinstance(a, torch.Tensor):
             raise _tessel.TesselError(f"example input {i} is a {type(a).__name__}; {caller} takes tensors")
         tessel_dtype(a.dtype, f"input {i}")
-    gm = capture(module, example_inputs)
-    conv = Converted(gm, example_inputs, name=type(module).__name__)
-    return conv, (conv.builder.repair() if repair else [])
+    if captured is None:
+        captured = capture(module, example_inputs, freeze_inputs)
+    mutated = set(captured.mutated)
+    frozen = {p: (_const_name(src), captured.example[p]) for p, src in enumerate(captured.sources)
+              if isinstance(src, Slot) and p not in mutated}
+    conv = Converted(captured.gm, captured.example, name=type(module).__name__, frozen=frozen)
+    return captured, conv, (conv.builder.repair() if repair else []), conv.frozen_used
 
 
-def _build(module, example_inputs, target, backend, threads, repair):
+def _const_name(slot):
+    """'layer1.0.conv1.weight' of "parameter 'layer1.0.conv1.weight'"; 'input_3' of 'input 3'."""
+    return slot.name.split("'")[1] if "'" in slot.name else slot.name.replace(" ", "_")
+
+
+def _build(module, example_inputs, target, backend, threads, repair, freeze_inputs=(), captured=None):
     if target != "cpu":
         raise _tessel.TesselError(f"target '{target}' is not supported by tessel.compile yet (only 'cpu')")
     if backend not in ("compiled", "graph", "eager"):
         raise _tessel.TesselError(f"backend '{backend}' is not one of compiled, graph, eager")
-    conv, repairs = _convert(module, example_inputs, repair, "tessel.compile")
+    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
+                                               captured)
+    guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     with _torch_threads_kept():
         exe = _tessel.Executable(conv.builder, backend, threads)
-    return _Entry(conv, exe, repairs)
+    return _Entry(captured, conv, exe, repairs, guard)
 
 
 def _default_threads():
@@ -273,10 +267,12 @@ def _default_threads():
 
 class CompiledModule:
     """The callable tessel.compile returns: guarded by the inputs' shapes and dtypes, recompiling
-    (and caching by signature) when they change, up to cache_limit compilations."""
+    (and caching by signature) when they change, up to cache_limit compilations; guarded by the
+    frozen parameters and buffers (identity, address, version, training flags), compiling afresh when
+    they change; writing back what the module mutates."""
 
     def __init__(self, module, example_inputs, target="cpu", backend="compiled", threads=None, repair=False,
-                 cache_limit=8, on_limit="raise"):
+                 cache_limit=8, on_limit="raise", freeze_inputs=()):
         if on_limit not in ("raise", "eager"):
             raise _tessel.TesselError(f"on_limit must be 'raise' or 'eager', not {on_limit!r}")
         self.module = module
@@ -286,18 +282,20 @@ class CompiledModule:
         self.repair = repair
         self.cache_limit = cache_limit
         self.on_limit = on_limit
+        self.freeze_inputs = tuple(freeze_inputs)
         self.stats = Stats()
         self._cache = OrderedDict()
         self._last_sig = None
         example_inputs = tuple(example_inputs)
         self._compile(_signature(example_inputs), example_inputs)
 
-    def _compile(self, sig, args):
+    def _compile(self, sig, args, reason=None, captured=None):
         t0 = time.perf_counter()
-        entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair)
+        entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair, self.freeze_inputs,
+                       captured)
         dt = time.perf_counter() - t0
         if self.stats.compiles:
-            self.stats.recompiles.append(_describe_change(self._last_sig, sig))
+            self.stats.recompiles.append(reason or _describe_change(self._last_sig, sig))
         self.stats.compiles += 1
         self.stats.compile_seconds += dt
         self._cache[sig] = entry
@@ -314,7 +312,17 @@ class CompiledModule:
         sig = _signature(args)
         entry = self._cache.get(sig)
         if entry is not None:
-            self.stats.cache_hits += 1
+            stale = entry.guard.stale(args)
+            if stale is None:
+                self.stats.cache_hits += 1
+                self._last_sig = sig
+                return entry.run(args)
+            # Every cached compilation froze the same state: all are stale. When only values changed,
+            # this signature's captured graph is reused (conversion and compilation only).
+            reuse = entry.captured if entry.guard.same_objects(args) else None
+            self._cache.clear()
+            self.stats.refreshes += 1
+            entry = self._compile(sig, args, stale, reuse)
         else:
             if len(self._cache) >= self.cache_limit:
                 if self.on_limit == "eager":
@@ -345,5 +353,5 @@ def compile(module, example_inputs, target="cpu", backend="compiled", threads=No
 
 def explain(module, example_inputs, repair=False):
     """The graph-break report of `module` on `example_inputs` (nothing is compiled)."""
-    conv, repairs = _convert(module, tuple(example_inputs), repair, "tessel.explain")
+    _, conv, repairs, _ = _convert(module, tuple(example_inputs), repair, "tessel.explain")
     return Explanation(json.loads(conv.builder.explain()), repairs, conv.lowered, len(conv.fallbacks))

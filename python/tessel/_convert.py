@@ -35,8 +35,17 @@ def tessel_dtype(dt, what):
     return TORCH_TO_TESSEL[dt]
 
 
+_FAST_DTYPES = {k: v for k, v in TORCH_TO_TESSEL.items() if k != torch.bfloat16}   # (bf16 goes through int16)
+
+
 def to_buffer(t):
     """A (numpy array, tessel dtype) pair over a CPU tensor's memory (copied only if not contiguous)."""
+    d = _FAST_DTYPES.get(t.dtype)
+    if d is not None and not t.requires_grad and t.is_contiguous():
+        try:                # the common case first: this runs for every input and break result per call
+            return t.numpy(), d
+        except (TypeError, RuntimeError):   # not on the CPU, or a conjugate/negative view
+            pass
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -66,6 +75,15 @@ def _meta_list(node):
     if hasattr(tm, "dtype"):  # one TensorMetadata (a NamedTuple, so test it before sequences)
         return [(tm.dtype, list(tm.shape))]
     return [(m.dtype, list(m.shape)) for m in tm if hasattr(m, "dtype")]
+
+
+def _meta_of_items(node):
+    """The output types of a tuple-valued node from its getitem users (make_fx on torch 1.13 records
+    types on the items only)."""
+    items = {u.args[1]: _meta_list(u) for u in node.users if u.target is operator.getitem}
+    if not items or any(v is None or len(v) != 1 for v in items.values()) or sorted(items) != list(range(len(items))):
+        return None
+    return [items[k][0] for k in range(len(items))]
 
 
 class _Lowerer:
@@ -118,11 +136,15 @@ def _source_of(node):
 class Converted:
     """A tessel graph builder made from an FX graph, plus the PyTorch side of its graph breaks."""
 
-    def __init__(self, gm, example_inputs, name="torch"):
+    def __init__(self, gm, example_inputs, name="torch", frozen=None):
         self.gm = gm
         self.builder = _tessel.GraphBuilder(name)
         self.fallbacks = {}          # tessel node name -> callable(list of torch tensors) -> list of tensors
         self.input_dtypes = []
+        self.input_positions = []    # the placeholders that are tessel graph inputs, in order
+        self.frozen = frozen or {}   # placeholder position -> (name, tensor): a constant of the graph
+        self.frozen_used = []        # the frozen positions the outputs depend on
+        self.attr_constants = []     # (name, tensor) of the graph's own tensor attributes the outputs use
         self.lowered = 0
         self._build(example_inputs)
 
@@ -145,11 +167,19 @@ class Converted:
         if len(placeholders) != len(example_inputs):
             raise _tessel.TesselError(f"captured graph takes {len(placeholders)} inputs but {len(example_inputs)} "
                                       "example inputs were given")
+        const_names = {}
         for i, (n, t) in enumerate(zip(placeholders, example_inputs)):
+            if i in self.frozen:
+                # A frozen parameter or buffer: a constant over its memory, folded where it can be.
+                const_names[n], consts[n] = self.frozen[i]
+                if n in live:
+                    self.frozen_used.append(i)
+                continue
             if not isinstance(t, torch.Tensor):
                 raise _tessel.TesselError(f"example input {i} is a {type(t).__name__}; tessel.compile takes tensors")
             d = tessel_dtype(t.dtype, f"input {i} ('{n.name}')")
             self.input_dtypes.append(d)
+            self.input_positions.append(i)
             env[n] = b.input(n.name, d, list(t.shape))
 
         def tensor_value(n):
@@ -159,7 +189,7 @@ class Converted:
             if n in consts:
                 v = consts[n]
                 arr, d = to_buffer(v)
-                env[n] = b.constant(n.name, arr, d)
+                env[n] = b.constant(const_names.get(n, n.name), arr, d)
                 return env[n]
             raise _tessel.TesselError(f"value '{n.name}' is used before it is defined")
 
@@ -168,6 +198,8 @@ class Converted:
                 continue
             if n.op == "get_attr":
                 consts[n] = getattr(gm, n.target)
+                if isinstance(consts[n], torch.Tensor):
+                    self.attr_constants.append((n.target, consts[n]))
                 continue
             if n.op != "call_function":
                 raise _tessel.TesselError(f"unsupported FX node {n.op} '{n.name}' ({_source_of(n)})")
@@ -194,7 +226,7 @@ class Converted:
                 return a
             args, kwargs = pytree.tree_map(arg, (n.args, n.kwargs))
             name = _source_of(n)
-            lower = LOWERINGS.get(n.target)
+            lower = _lowering(n.target)
             result = None
             reason = None
             if lower is not None:
@@ -228,6 +260,8 @@ class Converted:
         """A TorchFallback node: the aten op runs in PyTorch eager on the tensors it gets."""
         metas = _meta_list(n)
         if metas is None:
+            metas = _meta_of_items(n)
+        if metas is None:
             raise _tessel.TesselError(f"{reason}, and its output types are unknown ({name})")
         tensor_args = []
 
@@ -244,14 +278,7 @@ class Converted:
         target = n.target
         single = hasattr(n.meta.get("tensor_meta"), "dtype") or isinstance(n.meta.get("val"), torch.Tensor)
 
-        def run(tensors):
-            def put(a):
-                if isinstance(a, _Arg):
-                    return tensors[a.index]
-                return a
-            a, k = pytree.tree_map(put, template)
-            r = target(*a, **k)
-            return [r] if single else [x for x in r if isinstance(x, torch.Tensor)]
+        run = _fallback_call(target, template, single)
         outs = self.builder.fallback(name, _op_name(target), reason, tensor_args, out_types)
         self.fallbacks[name] = run
         return outs[0] if single else outs
@@ -266,10 +293,12 @@ class Converted:
     # ---- running breaks in PyTorch --------------------------------------------------------------
     def runner(self, node_name, op, inputs):
         ts = [None if a is None else from_buffer(a, d) for a, d in inputs]
-        with torch.no_grad():
-            if node_name in self.fallbacks:
-                outs = self.fallbacks[node_name](ts)
-            elif op == "NonZero":
+        # (no torch.no_grad(): these tensors are over tessel's buffers and never require grad)
+        fallback = self.fallbacks.get(node_name)
+        if fallback is not None:
+            outs = fallback(ts)
+        else:
+            if op == "NonZero":
                 outs = [torch.nonzero(ts[0]).t().contiguous()]
             elif op == "Compress" and ts[1].dtype == torch.bool and ts[0].dim() == 1:
                 outs = [torch.masked_select(ts[0], ts[1])]
@@ -278,11 +307,64 @@ class Converted:
         return [to_buffer(t) for t in outs]
 
 
+def _fallback_call(target, template, single):
+    """run(tensors) -> [tensors]: the aten op on the captured arguments with the break's inputs put in.
+    Flat positional arguments (the usual case) are filled by position; anything nested by tree_map."""
+    args, kwargs = template
+    def nested(a):
+        return isinstance(a, (list, tuple, dict)) and any(isinstance(b, _Arg) for b in pytree.tree_flatten(a)[0])
+    flat = not any(isinstance(a, _Arg) for a in pytree.tree_flatten(kwargs)[0]) and not any(map(nested, args))
+    if flat:
+        base = list(args)
+        places = [(i, a.index) for i, a in enumerate(args) if isinstance(a, _Arg)]
+
+        def fill(tensors):
+            a = base[:]
+            for i, k in places:
+                a[i] = tensors[k]
+            return a, kwargs
+    else:
+        def fill(tensors):
+            return pytree.tree_map(lambda a: tensors[a.index] if isinstance(a, _Arg) else a, template)
+
+    def run(tensors):
+        a, k = fill(tensors)
+        r = target(*a, **k)
+        return [r] if single else [x for x in r if isinstance(x, torch.Tensor)]
+    return run
+
+
 class _Arg:
     """The place of the i-th tensor argument in a TorchFallback node's captured arguments."""
 
     def __init__(self, index):
         self.index = index
+
+
+_COPY_OF_VIEW = {}
+
+
+def _lowering(target):
+    """The aten table's lowering of `target`; functionalization's `X_copy` of a view op X (view_copy,
+    slice_copy, t_copy, ...) is X: tessel values never alias, so the copy and the view are the same."""
+    lower = LOWERINGS.get(target)
+    if lower is not None or not isinstance(target, torch._ops.OpOverload):
+        return lower
+    if target not in _COPY_OF_VIEW:
+        _COPY_OF_VIEW[target] = _view_of_copy(target)
+    base = _COPY_OF_VIEW[target]
+    return LOWERINGS.get(base) if base is not None else None
+
+
+def _view_of_copy(target):
+    name = target._schema.name.split("::")[-1]
+    if not name.endswith("_copy"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-len("_copy")], None)
+    base = getattr(packet, target._overloadname, None) if packet is not None else None
+    if base is None or not base._schema.returns or base._schema.returns[0].alias_info is None:
+        return None        # not the copy of a view (_to_copy, lift_fresh_copy, ...)
+    return base
 
 
 def _deterministic(target):

@@ -1,5 +1,6 @@
 """`torch.compile(model, backend="tessel")` on torch >= 2.0: dynamo hands each captured FX graph (and
-example inputs) to this backend, which compiles it with tessel.compile. Graphs tessel cannot take
+example inputs) to this backend, which compiles it with tessel.compile on its first call -- the
+parameters and buffers dynamo passes as inputs frozen as constants, guarded. Graphs tessel cannot take
 (non-tensor inputs, capture failures, unsupported dtypes) run as dynamo gave them, with a warning."""
 import warnings
 
@@ -15,36 +16,49 @@ dynamo_options = dict(backend="compiled", threads=None, repair=False, cache_limi
 dynamo_graphs = []
 
 
-def _real(t):
-    """A real tensor with the example's shape and dtype (dynamo may hand over fake tensors)."""
-    fake_cls = getattr(getattr(torch, "_subclasses", None), "FakeTensor", None)
-    if fake_cls is not None and isinstance(t, fake_cls):
-        with torch._subclasses.fake_tensor.unset_fake_temporarily() if hasattr(torch._subclasses.fake_tensor, "unset_fake_temporarily") else _null():
-            if t.dtype.is_floating_point:
-                return torch.randn(tuple(int(d) for d in t.shape), dtype=t.dtype)
-            return torch.zeros(tuple(int(d) for d in t.shape), dtype=t.dtype)
-    return t
+def _state_inputs(gm, args):
+    """The inputs that are the model's parameters and buffers: dynamo (torch >= 2.5) lifts them to graph
+    inputs (`l_self_modules_fc1_parameters_weight_`). They are frozen: constants of the tessel graph,
+    guarded by identity, address and version (docs/python.md, "Capture, functionalization, freezing")."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = []
+    for i, (n, t) in enumerate(zip(placeholders, args)):
+        source = getattr(n.meta.get("grapharg"), "source", None)
+        name = source.name() if callable(getattr(source, "name", None)) else n.name
+        if isinstance(t, torch.nn.Parameter) or any(k in name for k in ("_parameters", "_buffers", "parameters_",
+                                                                        "buffers_")):
+            out.append(i)
+    return out
 
 
-class _null:
-    def __enter__(self):
-        return self
+class _FirstCall:
+    """Compiles the graph on its first call, with the real tensors of that call (dynamo's example
+    inputs may be fake tensors, and the parameters to freeze are the ones the call passes)."""
 
-    def __exit__(self, *a):
-        return False
+    def __init__(self, gm):
+        self.gm = gm
+        self.compiled = None
+
+    def __call__(self, *args):
+        if self.compiled is None:
+            self.compiled = self._compile(args)
+        return self.compiled(*args)
+
+    def _compile(self, args):
+        try:
+            compiled = CompiledModule(self.gm, args, freeze_inputs=_state_inputs(self.gm, args), **dynamo_options)
+        except _tessel.TesselError as e:
+            warnings.warn(f"tessel: could not compile a graph ({e}); it runs in PyTorch")
+            return self.gm.forward
+        dynamo_graphs.append(compiled)
+        return compiled
 
 
 def tessel_backend(gm, example_inputs, **kwargs):
     if not all(isinstance(t, torch.Tensor) for t in example_inputs):
         warnings.warn("tessel: the graph takes non-tensor inputs (dynamic shapes?); it runs in PyTorch")
         return gm.forward
-    try:
-        compiled = CompiledModule(gm, tuple(_real(t) for t in example_inputs), **dynamo_options)
-    except _tessel.TesselError as e:
-        warnings.warn(f"tessel: could not compile a graph ({e}); it runs in PyTorch")
-        return gm.forward
-    dynamo_graphs.append(compiled)
-    return compiled
+    return _FirstCall(gm)
 
 
 def register():

@@ -502,3 +502,144 @@ def _sdpa_tuple(L, node, q, k, v, dropout_p=0.0, is_causal=False, *rest, attn_ma
 
 
 lowers(_ov("_scaled_dot_product_flash_attention_for_cpu", "default"))(_sdpa_tuple)
+
+
+# ---- what functionalization leaves of in-place ops and views (torchfront) --------------------------
+# An in-place write into a view becomes `X_scatter(base, new values, view args)`, a fill becomes
+# `fill`/`zero`, `t[idx] = v` becomes `index_put`; views become `X_copy` (lowered as X, _convert.py).
+def _shape_of(L, x):
+    """The shape of x as an i64 value: a constant when static, Shape(x) otherwise."""
+    s = L.shape(x)
+    return L.ints(s) if all(d >= 0 for d in s) else L.op("Shape", [x])
+
+
+def _filled(L, x, v):
+    """A tensor of x's shape and dtype filled with v (a number or a 0-d value)."""
+    v = _cast(L, v, L.dtype(x)) if isinstance(v, str) else L.const(v, L.dtype(x))
+    return L.op("Expand", [v, _shape_of(L, x)])
+
+
+@lowers(_ov("fill", "Scalar"), _ov("fill", "Tensor"))
+def _fill(L, node, x, v):
+    return _filled(L, x, v)
+
+
+@lowers(_ov("zero", "default"))
+def _zero(L, node, x):
+    return _filled(L, x, 0)
+
+
+@lowers(_ov("copy", "default"))
+def _copy(L, node, x, src, non_blocking=False):
+    """copy(x, src): src (cast, broadcast) in x's shape and dtype."""
+    return L.op("Expand", [_cast(L, src, L.dtype(x)), _shape_of(L, x)])
+
+
+def _static_dim(L, x, dim):
+    d = _norm(dim, L.rank(x))
+    n = L.shape(x)[d]
+    if n < 0:
+        raise Unsupported("a scatter along a dynamic dim")
+    return d, n
+
+
+def _slice_range(n, start, end):
+    start = 0 if start is None else start + n if start < 0 else start
+    end = n if end is None else end + n if end < 0 else end
+    return max(0, min(start, n)), max(0, min(end, n))
+
+
+def _piece(L, x, d, start, end):
+    return L.op("Slice", [x, L.ints([start]), L.ints([end]), L.ints([d]), L.ints([1])])
+
+
+@lowers(_ov("slice_scatter", "default"))
+def _slice_scatter(L, node, x, src, dim=0, start=None, end=None, step=1):
+    """x with x[start:end:step] along dim replaced by src: the kept pieces around src, concatenated
+    (step 1); ScatterElements with constant indices otherwise."""
+    d, n = _static_dim(L, x, dim)
+    start, end = _slice_range(n, start, end)
+    src = _cast(L, src, L.dtype(x))
+    if step == 1:
+        parts = ([_piece(L, x, d, 0, start)] if start > 0 else []) + [src] + \
+                ([_piece(L, x, d, end, n)] if end < n else [])
+        return parts[0] if len(parts) == 1 else L.op("Concat", parts, {"axis": d})
+    shape = L.shape(src)
+    if any(s < 0 for s in shape):
+        raise Unsupported("a strided slice_scatter of a dynamic shape")
+    pos = torch.arange(start, end, step, dtype=torch.int64)
+    view = [1] * len(shape)
+    view[d] = -1
+    idx = pos.reshape(view).expand(shape).contiguous()
+    return L.op("ScatterElements", [x, L.const(idx, "i64"), src], {"axis": d})
+
+
+@lowers(_ov("select_scatter", "default"))
+def _select_scatter(L, node, x, src, dim, index):
+    """x with x.select(dim, index) replaced by src."""
+    d, n = _static_dim(L, x, dim)
+    index = index + n if index < 0 else index
+    row = L.op("Unsqueeze", [_cast(L, src, L.dtype(x)), L.ints([d])])
+    return _slice_scatter(L, node, x, row, d, index, index + 1, 1)
+
+
+def _strided_index(L, x, size, stride, offset):
+    """The flat positions in x's (contiguous) storage of as_strided(x, size, stride, offset)."""
+    numel = 1
+    for s in L.shape(x):
+        if s < 0:
+            raise Unsupported("as_strided of a dynamic shape")
+        numel *= s
+    offset = offset or 0
+    idx = torch.full(list(size), offset, dtype=torch.int64)
+    for k, (n, st) in enumerate(zip(size, stride)):
+        view = [1] * len(size)
+        view[k] = n
+        idx = idx + (torch.arange(n, dtype=torch.int64) * st).reshape(view)
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= numel):
+        raise Unsupported(f"as_strided reads outside the tensor's {numel} elements")
+    return idx
+
+
+@lowers(_ov("as_strided", "default"))
+def _as_strided(L, node, x, size, stride, storage_offset=None):
+    """as_strided of a (contiguous, fresh) tensor: a Gather of its flat elements at constant positions."""
+    idx = _strided_index(L, x, size, stride, storage_offset)
+    return L.op("Gather", [L.op("Reshape", [x, L.ints([-1])]), L.const(idx, "i64")], {"axis": 0})
+
+
+@lowers(_ov("as_strided_scatter", "default"))
+def _as_strided_scatter(L, node, x, src, size, stride, storage_offset=None):
+    idx = _strided_index(L, x, size, stride, storage_offset)
+    flat = L.op("Reshape", [x, L.ints([-1])])
+    upd = L.op("Reshape", [_cast(L, src, L.dtype(x)), L.ints([-1])])
+    out = L.op("ScatterElements", [flat, L.const(idx.reshape(-1), "i64"), upd], {"axis": 0})
+    return L.op("Reshape", [out, L.ints(L.shape(x))])
+
+
+@lowers(_ov("index_put", "default"))
+def _index_put(L, node, x, indices, values, accumulate=False):
+    """x[idx] = values (or += with accumulate) for one index tensor: a boolean mask of x's shape is a
+    Where; integer indices on the first dim are a ScatterND of whole rows."""
+    if len(indices) != 1 or indices[0] is None:
+        raise Unsupported("index_put with more than one index tensor")
+    idx = indices[0]
+    values = _cast(L, values, L.dtype(x))
+    if L.dtype(idx) in ("bool", "u8"):
+        if L.shape(idx) != L.shape(x):
+            raise Unsupported("index_put with a mask of another shape")
+        mask = _cast(L, idx, "bool")
+        if accumulate:
+            return L.op("Add", [x, L.op("Where", [mask, values, L.const(0, L.dtype(x))])])
+        return L.op("Where", [mask, values, x])
+    if L.dtype(idx) not in ("i64", "i32"):
+        raise Unsupported(f"index_put with {L.dtype(idx)} indices")
+    xs, js = L.shape(x), L.shape(idx)
+    if xs[0] < 0 or any(s < 0 for s in js + xs[1:]):
+        raise Unsupported("index_put with dynamic shapes")
+    idx = _cast(L, idx, "i64")
+    # Negative indices count from the end, as in PyTorch.
+    idx = L.op("Where", [L.op("Less", [idx, L.const(0, "i64")]), L.op("Add", [idx, L.const(xs[0], "i64")]), idx])
+    rows = L.op("Expand", [values, L.ints(list(js) + list(xs[1:]))])
+    return L.op("ScatterND", [x, L.op("Unsqueeze", [idx, L.ints([-1])]), rows],
+                {"reduction": "add" if accumulate else "none"})

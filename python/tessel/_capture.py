@@ -1,0 +1,329 @@
+"""Capture: a module's functionalized aten graph, with its parameters and buffers as explicit state.
+
+`make_fx(functionalize(fn))` traces the module with every parameter and buffer passed in as an input
+(torch.nn.utils.stateless.functional_call), so the captured graph has no in-place op and no view: a
+mutation of an input or of a buffer becomes a functional op whose result the graph returns, and the
+caller writes it back (docs/python.md, "Capture, functionalization, freezing, guards"). Tracing runs on
+clones, so capturing never changes the module's tensors or the example inputs.
+"""
+import contextlib
+import linecache
+import operator
+import os
+import sys
+import traceback
+
+import torch
+from . import _tessel
+from ._convert import TesselCaptureError
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+aten = torch.ops.aten
+
+
+def _user_frame(frames=None):
+    """'file.py:LINE `code`' of the innermost frame outside torch, tessel and the standard library
+    (of a traceback's frames, or of the current stack -- walked directly: extract_stack reads every
+    frame's source line, and this runs for every traced node)."""
+    if frames is None:
+        frames = _stack_frames()
+    for filename, lineno in frames:
+        if _is_user_file(filename):
+            code = linecache.getline(filename, lineno).strip()
+            return f"{os.path.basename(filename)}:{lineno}" + (f" `{code}`" if code else "")
+    return ""
+
+
+def _stack_frames():
+    f = sys._getframe(1)
+    while f is not None:
+        yield f.f_code.co_filename, f.f_lineno
+        f = f.f_back
+
+
+def _traceback_frames(tb_frames):
+    return [(f.filename, f.lineno) for f in reversed(tb_frames)]
+
+
+_USER_FILE = {}
+
+
+def _is_user_file(filename):
+    known = _USER_FILE.get(filename)
+    if known is None:
+        if filename.startswith("<"):
+            known = filename == "<stdin>"
+        else:
+            fn = os.path.abspath(filename)
+            known = not (fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/lib/python3" in fn
+                         or "/functorch/" in fn)
+        _USER_FILE[filename] = known
+    return known
+
+
+def _pop(stack):
+    if stack:
+        stack.pop()
+    # (a forward hook that returns a value replaces the module's output: return nothing)
+
+
+@contextlib.contextmanager
+def _provenance(module):
+    """Stamps every FX node created while tracing with the module path and the user's source line."""
+    stack = []
+    hooks = []
+    if isinstance(module, torch.nn.Module):
+        for name, m in module.named_modules():
+            hooks.append(m.register_forward_pre_hook(lambda m, i, name=name: stack.append(name)))
+            hooks.append(m.register_forward_hook(lambda m, i, o: _pop(stack)))
+    original = torch.fx.Graph.create_node
+
+    def create_node(self, *args, **kwargs):
+        n = original(self, *args, **kwargs)
+        n.meta["tessel_module"] = stack[-1] if stack else ""
+        n.meta["tessel_source"] = _user_frame()
+        return n
+    torch.fx.Graph.create_node = create_node
+    try:
+        yield
+    finally:
+        torch.fx.Graph.create_node = original
+        for h in hooks:
+            h.remove()
+
+
+def _tracing_read(e):
+    return "value out of a tracing tensor" in str(e) or "data-dependent" in str(e)
+
+
+@contextlib.contextmanager
+def _items_as_tensors():
+    """While make_fx traces, `t.item()` on a traced one-element tensor gives `t` as a 0-d tensor
+    instead of failing: the value stays in the graph, so `x / x.max().item()` is captured whole (torch
+    1.13 has no data-dependent scalars in make_fx; dynamo's graphs on torch 2 call .item() on 0-d
+    inputs too). A Python use of that value (`if`, int(), a size) still reads it and fails there.
+    Items of constants are plain numbers as before."""
+    original = torch.Tensor.item
+    made = []      # the 0-d tensors handed out (kept alive: identity marks them)
+
+    def item(self):
+        if any(self is t for t in made):   # reading one of ours as a number (Tensor.__format__, ...)
+            return original(self)
+        try:
+            return original(self)
+        except RuntimeError as e:
+            if not _tracing_read(e) or self.numel() != 1:
+                raise
+        t = self.reshape(())
+        made.append(t)
+        return t
+    torch.Tensor.item = item
+    try:
+        yield
+    finally:
+        torch.Tensor.item = original
+
+
+def _functionalize():
+    """torch.func.functionalize (torch >= 2.0) or functorch's (torch 1.13)."""
+    func = getattr(torch, "func", None)
+    if func is not None and hasattr(func, "functionalize"):
+        return func.functionalize
+    from functorch import functionalize
+    return functionalize
+
+
+class Slot:
+    """Where a tensor the graph reads but the caller does not pass comes from: a parameter or buffer
+    of the module (`owner._parameters[key]` / `owner._buffers[key]`, read again on every call, so a
+    replaced tensor is seen), or the call's input `index` (torch.compile hands parameters as inputs)."""
+
+    __slots__ = ("name", "table", "key", "index")
+
+    def __init__(self, name, table=None, key=None, index=None):
+        self.name, self.table, self.key, self.index = name, table, key, index
+
+    def get(self, args):
+        return args[self.index] if self.index is not None else self.table[self.key]
+
+
+def module_state(module):
+    """[(Slot, tensor, names)] for every distinct parameter and buffer of `module`: a tensor shared by
+    several modules (tied weights) once, under its first name, with all its names (each must get it)."""
+    if not isinstance(module, torch.nn.Module):
+        return []
+    state, seen = [], {}
+    for path, m in module.named_modules(remove_duplicate=False):
+        for kind, table in (("parameter", m._parameters), ("buffer", m._buffers)):
+            for key, t in table.items():
+                if t is None:
+                    continue
+                name = f"{path}.{key}" if path else key
+                if id(t) not in seen:
+                    seen[id(t)] = len(state)
+                    state.append((Slot(f"{kind} '{name}'", table, key), t, []))
+                state[seen[id(t)]][2].append(name)
+    return state
+
+
+class Captured:
+    """The functionalized graph and what its placeholders are.
+
+    gm's placeholders are the module's state tensors (`state`, one per distinct tensor) then the call's
+    inputs; its output is `(module output, (new values of the mutated placeholders...))`. `sources[p]`
+    is placeholder p's Slot (state, or an input named in freeze_inputs) or its input index; `mutated`
+    lists the placeholders written back, in output order."""
+
+    def __init__(self, gm, sources, mutated, example):
+        self.gm = gm
+        self.sources = sources
+        self.mutated = mutated
+        self.example = example      # state: the real tensor; a plain input: a meta tensor of its type
+
+
+def _functional_call():
+    func = getattr(torch, "func", None)
+    if func is not None and hasattr(func, "functional_call"):
+        return func.functional_call
+    from torch.nn.utils import stateless
+    return stateless.functional_call
+
+
+def _state_fn(module, state):
+    """fn(*state_tensors, *inputs) calling `module` with its parameters and buffers replaced."""
+    if not state:
+        return lambda *flat: module(*flat)
+    call = _functional_call()
+    names = [names for _, _, names in state]
+    k = len(state)
+
+    def fn(*flat):
+        mapping = {n: flat[i] for i, ns in enumerate(names) for n in ns}
+        return call(module, mapping, tuple(flat[k:]))
+    return fn
+
+
+def capture(module, example_inputs, freeze_inputs=()):
+    """The functionalized aten graph of `module` on `example_inputs` (a Captured)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    if not callable(module):
+        raise _tessel.TesselError(f"tessel.compile takes a torch.nn.Module or a function, not {type(module).__name__}")
+    state = module_state(module)
+    fn = _state_fn(module, state)
+    example = [t for _, t, _ in state] + list(example_inputs)
+    # Tracing runs the module on real tensors: clones, so that its mutations (written back by
+    # functionalize at the end of the trace) do not reach the module or the caller's inputs.
+    with torch.no_grad():
+        clones = [t.detach().clone(memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t
+                  for t in example]
+    try:
+        with _provenance(module), _items_as_tensors(), torch.no_grad():
+            gm = make_fx(_functionalize()(fn, remove="mutations_and_views"))(*clones)
+    except _tessel.TesselError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- every tracing failure becomes one clear error
+        where = _user_frame(_traceback_frames(traceback.extract_tb(e.__traceback__)))
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        hint = ""
+        if _tracing_read(msg):
+            hint = (" -- the module uses a tensor's value in Python (`if tensor:`, int(tensor), a .item() value in an "
+                    "`if` or as a size); keep it a tensor (e.g. torch.where instead of an if; a .item() value is "
+                    "captured when it is only used in tensor arithmetic)")
+        name = type(module).__name__
+        raise TesselCaptureError(f"cannot capture {name}: {msg}" + (f" at {where}" if where else "") + hint) from e
+    del clones
+    sources = [slot for slot, _, _ in state] + list(range(len(example_inputs)))
+    for i in freeze_inputs:
+        sources[len(state) + i] = Slot(f"input {i}", index=i)
+    mutated = _mutations_to_outputs(gm)
+    # Plain call inputs matter for their shape and dtype only: keep no reference to the caller's data.
+    example = [t if isinstance(src, Slot) else torch.empty(t.shape, dtype=t.dtype, device="meta")
+               for t, src in zip(example, sources)]
+    return Captured(gm, sources, mutated, example)
+
+
+def _batch_norm_stats_are_hidden():
+    """torch 1.13's native_batch_norm updates running_mean/var in place without saying so in its schema,
+    so functionalization does not see it (torch 2 has _native_batch_norm_legit_functional)."""
+    args = aten.native_batch_norm.default._schema.arguments
+    return args[3].alias_info is None or not args[3].alias_info.is_write
+
+
+def _functional_batch_norm(graph, n, placeholders):
+    """A training-mode native_batch_norm(x, w, b, running_mean, running_var, True, momentum, eps) that
+    updates the running statistics in place (torch 1.13): the node without them, and the new statistics
+    computed from its batch mean and inverse std (PyTorch's update: unbiased variance, momentum) as a
+    mutation of the buffers. Returns [(placeholder, new value node)]."""
+    x, w, b, rm, rv, training, momentum, eps = n.args
+    if not training or rm is None:
+        return []
+    for s in (rm, rv):
+        if s not in placeholders:
+            raise TesselCaptureError(f"a training-mode batch norm updates running statistics that are not a buffer "
+                                     f"of the module ('{s}'); tessel cannot write them back")
+    count = 1
+    for i, s in enumerate(_shape(x)):
+        if i != 1:
+            count *= s
+    n.args = (x, w, b, None, None, True, momentum, eps)
+    before = set(graph.nodes)
+    call = graph.call_function
+    out = next(u for u in graph.nodes if u.op == "output")
+    with graph.inserting_before(out):      # new nodes in creation order, after everything (only outputs use them)
+        mean, invstd = (_getitem(graph, n, k) for k in (1, 2))
+        # var_biased = 1 / invstd^2 - eps; running_var <- (1-m) rv + m var_biased n / (n-1)
+        var = call(aten.sub.Tensor, (call(aten.reciprocal.default, (call(aten.mul.Tensor, (invstd, invstd)),)), eps))
+        new_rv = call(aten.add.Tensor, (call(aten.mul.Tensor, (rv, 1.0 - momentum)),
+                                        call(aten.mul.Tensor, (var, momentum * count / max(count - 1, 1)))))
+        new_rm = call(aten.add.Tensor, (call(aten.mul.Tensor, (rm, 1.0 - momentum)),
+                                        call(aten.mul.Tensor, (mean, momentum))))
+    for v in graph.nodes:
+        if v not in before:
+            v.meta.update(tessel_module=n.meta.get("tessel_module", ""), tessel_source=n.meta.get("tessel_source", ""))
+    return [(rm, new_rm), (rv, new_rv)]
+
+
+def _getitem(graph, n, k):
+    """n's existing `n[k]` node (it carries the traced type), or a new one."""
+    for u in n.users:
+        if u.target is operator.getitem and u.args[1] == k:
+            return u
+    return graph.call_function(operator.getitem, (n, k))
+
+
+def _shape(node):
+    meta = node.meta.get("tensor_meta")
+    if meta is None:
+        meta = node.meta.get("val")
+    return list(meta.shape)
+
+
+def _mutations_to_outputs(gm):
+    """Turns functionalize's trailing `copy_(placeholder, value)` nodes (the write-back of mutated inputs)
+    into extra graph outputs: the output becomes (module output, (values...)). Returns the placeholder
+    positions in that order. Any other in-place op left in the graph (a mutation of a tensor that is not
+    an input, parameter or buffer) is a capture error: tessel could not write it back."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    position = {n: i for i, n in enumerate(placeholders)}
+    writes = {}      # placeholder -> its final value node
+    for n in list(graph.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is aten.copy_.default and n.args[0] in position:
+            writes[n.args[0]] = n.args[1]
+            graph.erase_node(n)
+        elif n.target is aten.native_batch_norm.default and _batch_norm_stats_are_hidden():
+            for p, v in _functional_batch_norm(graph, n, position):
+                writes[p] = v
+        elif isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
+            raise TesselCaptureError(
+                f"cannot capture: {n.target} mutates a tensor that is not an input, parameter or buffer "
+                f"({n.meta.get('tessel_source', '')}); register it as a buffer so tessel can write it back")
+    order = sorted(writes, key=lambda p: position[p])
+    out = next(n for n in graph.nodes if n.op == "output")
+    out.args = ((out.args[0], tuple(writes[p] for p in order)),)
+    graph.lint()
+    gm.recompile()
+    return [position[p] for p in order]
