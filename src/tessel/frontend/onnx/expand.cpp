@@ -13,8 +13,6 @@
 namespace tessel {
 namespace {
 
-constexpr const char* kTraining = "ai.onnx.preview.training";
-
 // ---- attribute access ----
 
 const Attr* find_attr(const ExpandCtx& c, const std::string& n) {
@@ -690,15 +688,31 @@ std::vector<Value*> expand_optional_get_element(ExpandCtx& c) {
 
 }  // namespace
 
+const std::vector<ExpandedOp>& expanded_ops() {
+  static const std::vector<ExpandedOp> ops = {
+      {"ai.onnx", "If", "the branch a known condition selects; else both branches and Where (outputs of one static type)"},
+      {"ai.onnx", "Scan", "unrolled over a static sequence length (Scan-8 per batch entry, without sequence_lens)"},
+      {"ai.onnx", "RNN", "unrolled cells of MatMul, Add and the activations; sequence_lens as Where masks"},
+      {"ai.onnx", "GRU", "as RNN (gates z, r, h; linear_before_reset both ways)"},
+      {"ai.onnx", "LSTM", "as RNN (gates i, o, f, c; peepholes, input_forget)"},
+      {"ai.onnx", "OptionalHasElement", "a constant: true for a tensor input, false for a missing one"},
+      {"ai.onnx", "OptionalGetElement", "Identity of a tensor input"},
+      {"ai.onnx.preview", "FlexAttention", "with score_mod / prob_mod: MatMul, score_mod, Softmax, prob_mod, MatMul"},
+      {"ai.onnx.preview.training", "Adagrad", "its elementwise update"},
+      {"ai.onnx.preview.training", "Adam", "its elementwise update"},
+      {"ai.onnx.preview.training", "Momentum", "its elementwise update (standard and nesterov)"},
+      {"ai.onnx.ml", "Binarizer", "Greater and Where"},
+      {"ai.onnx.ml", "ArrayFeatureExtractor", "Gather on the last axis"},
+  };
+  return ops;
+}
+
 bool is_expanded_op(const onnx::NodeProto& np) {
-  const std::string domain = np.domain() == "ai.onnx" ? "" : np.domain();
-  const std::string& op = np.op_type();
-  if (domain == kTraining) return op == "Adagrad" || op == "Adam" || op == "Momentum";
-  if (domain == "ai.onnx.ml") return op == "Binarizer" || op == "ArrayFeatureExtractor";
-  if (domain == "ai.onnx.preview" && op == "FlexAttention") return !expanded_op_subgraphs(np).empty();
-  if (!domain.empty()) return false;
-  for (const char* o : {"If", "Scan", "RNN", "GRU", "LSTM", "OptionalHasElement", "OptionalGetElement"})
-    if (op == o) return true;
+  const std::string domain = np.domain().empty() ? "ai.onnx" : np.domain();
+  // FlexAttention without subgraphs is a graph op of its own (src/tessel/ops/attention.cpp).
+  if (domain == "ai.onnx.preview" && np.op_type() == "FlexAttention") return !expanded_op_subgraphs(np).empty();
+  for (const ExpandedOp& e : expanded_ops())
+    if (e.domain == domain && e.op == np.op_type()) return true;
   return false;
 }
 

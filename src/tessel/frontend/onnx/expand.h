@@ -15,6 +15,12 @@
 
 namespace tessel {
 
+// One op the importer expands: its domain, name and the graph ops it becomes (for the op table).
+struct ExpandedOp {
+  std::string domain, op, form;
+};
+const std::vector<ExpandedOp>& expanded_ops();
+
 // Whether the node is expanded at import.
 bool is_expanded_op(const onnx::NodeProto& np);
 
