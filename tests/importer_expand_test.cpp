@@ -396,3 +396,37 @@ TEST(ImportExpand, TreeEnsembleAverageLogisticAndCycles) {
     EXPECT_NE(std::string(e.what()).find("has a cycle"), std::string::npos) << e.what();
   }
 }
+
+// TfIdfVectorizer: unigrams counted once, bigrams at every skip up to max_skip_count, then weighted by
+// mode (hand-counted: X = 1 2 1 2 gives 1:2, 2:2, (1,2):2 at distance 1 and (1,1):1 at distance 2).
+TEST(ImportExpand, TfIdfVectorizerCountsSkipGrams) {
+  using testenv::one_node_graph;
+  auto attrs = [](const std::string& mode) {
+    std::map<std::string, Attr> a;
+    a["min_gram_length"] = int64_t{1};
+    a["max_gram_length"] = int64_t{2};
+    a["max_skip_count"] = int64_t{1};
+    a["mode"] = mode;
+    a["pool_int64s"] = std::vector<int64_t>{1, 2, 1, 2, 1, 1};
+    a["ngram_counts"] = std::vector<int64_t>{0, 2};
+    a["ngram_indexes"] = std::vector<int64_t>{0, 1, 2, 3};
+    a["weights"] = std::vector<double>{1, 10, 100, 1000};
+    return a;
+  };
+  std::vector<Tensor> feeds;
+  Tensor x = Tensor::from_i64(DType::i64, {2, 4}, std::vector<int64_t>{1, 2, 1, 2, 3, 3, 3, 1});
+  expect_close(run_eager(one_node_graph("TfIdfVectorizer", {x}, {false}, 1, attrs("TF"), feeds), feeds)[0],
+               {2, 2, 2, 1, 1, 0, 0, 0});
+  expect_close(run_eager(one_node_graph("TfIdfVectorizer", {x}, {false}, 1, attrs("TFIDF"), feeds), feeds)[0],
+               {2, 20, 200, 1000, 1, 0, 0, 0});
+  expect_close(run_eager(one_node_graph("TfIdfVectorizer", {x}, {false}, 1, attrs("IDF"), feeds), feeds)[0],
+               {1, 10, 100, 1000, 1, 0, 0, 0});
+  std::map<std::string, Attr> bad = attrs("TF");
+  bad["ngram_counts"] = std::vector<int64_t>{0, 1};  // leaves 5 entries for 2-grams
+  try {
+    one_node_graph("TfIdfVectorizer", {x}, {false}, 1, bad, feeds);
+    ADD_FAILURE() << "an inconsistent pool was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not split the pool"), std::string::npos) << e.what();
+  }
+}

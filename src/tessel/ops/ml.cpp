@@ -1,6 +1,8 @@
-// Op family: classic machine-learning ops of the ai.onnx.ml domain (TreeEnsemble).
+// Op family: classic machine-learning and text-featurization ops (TreeEnsemble of ai.onnx.ml,
+// TfIdfVectorizer over integer tokens).
 #include <cfloat>
 #include <cmath>
+#include <map>
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
@@ -193,8 +195,118 @@ OpDef tree_ensemble_def() {
   return d;
 }
 
+// ---- TfIdfVectorizer (opset 9), integer tokens ----------------------------------------------------
+//
+// Counts, per row, the pool's n-grams in the input: n tokens taken `skip + 1` apart for every skip up
+// to max_skip_count (unigrams once, whatever the skip), then scales the counts by mode. Output length
+// max(ngram_indexes) + 1. The counts depend on token values, so the op has no tensor form (a graph
+// break on the graph and compiled backends). String tokens need a string dtype tessel does not have.
+
+struct NgramPool {
+  std::map<std::vector<int64_t>, int64_t> index;  // n-gram -> output index
+  int64_t min_n = 1, max_n = 1, max_skip = 0, out_size = 0;
+  std::string mode;
+  std::vector<double> weights;  // per output index; empty: all 1
+};
+
+NgramPool read_pool(const Node& n) {
+  NgramPool p;
+  p.min_n = n.attr_i("min_gram_length");
+  p.max_n = n.attr_i("max_gram_length");
+  p.max_skip = n.attr_i("max_skip_count");
+  p.mode = n.attr_s("mode");
+  if (p.mode != "TF" && p.mode != "IDF" && p.mode != "TFIDF") fail("TfIdfVectorizer mode must be TF, IDF or TFIDF, is '{}'", p.mode);
+  if (p.min_n < 1 || p.max_n < p.min_n) fail("TfIdfVectorizer gram lengths {}..{} are not 1 <= min <= max", p.min_n, p.max_n);
+  if (p.max_skip < 0) fail("TfIdfVectorizer max_skip_count must be >= 0, is {}", p.max_skip);
+  if (n.has_attr("pool_strings")) unsupported("TfIdfVectorizer over strings (tessel has no string dtype)");
+  const std::vector<int64_t> pool = n.attr_ints("pool_int64s", {});
+  const std::vector<int64_t> counts = n.attr_ints("ngram_counts");
+  const std::vector<int64_t> out_idx = n.attr_ints("ngram_indexes");
+  size_t j = 0;  // the n-gram's position in the pool, all sizes in order
+  for (size_t k = 0; k < counts.size(); ++k) {
+    const int64_t size = static_cast<int64_t>(k) + 1;
+    const int64_t begin = counts[k], end = k + 1 < counts.size() ? counts[k + 1] : static_cast<int64_t>(pool.size());
+    if (begin < 0 || end < begin || end > static_cast<int64_t>(pool.size()) || (end - begin) % size != 0)
+      fail("TfIdfVectorizer ngram_counts {} does not split the pool of {} into {}-grams", k, pool.size(), size);
+    for (int64_t at = begin; at < end; at += size, ++j) {
+      if (j >= out_idx.size()) fail("TfIdfVectorizer ngram_indexes has {} entries, fewer than the pool's n-grams", out_idx.size());
+      if (out_idx[j] < 0) fail("TfIdfVectorizer ngram_indexes[{}] is negative", j);
+      p.index[std::vector<int64_t>(pool.begin() + at, pool.begin() + at + size)] = out_idx[j];
+      p.out_size = std::max(p.out_size, out_idx[j] + 1);
+    }
+  }
+  if (j != out_idx.size()) fail("TfIdfVectorizer ngram_indexes has {} entries for {} pool n-grams", out_idx.size(), j);
+  if (n.has_attr("weights")) {
+    p.weights = n.attr_floats("weights");
+    if (static_cast<int64_t>(p.weights.size()) < p.out_size)
+      fail("TfIdfVectorizer has {} weights for {} outputs", p.weights.size(), p.out_size);
+  }
+  return p;
+}
+
+// Counts of one row of `len` tokens into y[0, out_size).
+void count_ngrams(const NgramPool& p, const int64_t* x, int64_t len, double* y) {
+  int64_t first_n = p.min_n;
+  std::vector<int64_t> gram;
+  for (int64_t skip = 1; skip <= p.max_skip + 1; ++skip) {
+    for (int64_t start = 0; start + skip * (first_n - 1) < len; ++start) {
+      gram.clear();
+      for (int64_t k = 0; k < first_n - 1; ++k) gram.push_back(x[start + k * skip]);
+      for (int64_t n = first_n; n <= p.max_n && start + skip * (n - 1) < len; ++n) {
+        gram.push_back(x[start + skip * (n - 1)]);
+        auto it = p.index.find(gram);
+        if (it != p.index.end()) y[it->second] += 1;
+      }
+    }
+    // Unigrams do not depend on the skip: count them on the first pass only.
+    if (first_n == 1 && ++first_n > p.max_n) break;
+  }
+}
+
+void tfidf_kernel(KernelCtx& c) {
+  const NgramPool p = read_pool(c.node());
+  const Tensor& x = c.in(0);
+  if (x.rank() != 1 && x.rank() != 2) fail("TfIdfVectorizer X must be 1-D or 2-D, is {}", shape_str(x.shape()));
+  const int64_t rows = x.rank() == 2 ? x.dim(0) : 1, len = x.dim(x.rank() - 1);
+  std::vector<int64_t> tokens(static_cast<size_t>(x.numel()));
+  for (int64_t i = 0; i < x.numel(); ++i) tokens[i] = x.get_i(i);
+  std::vector<double> y(static_cast<size_t>(rows * p.out_size), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double* yr = y.data() + r * p.out_size;
+    count_ngrams(p, tokens.data() + r * len, len, yr);
+    for (int64_t i = 0; i < p.out_size; ++i) {
+      const double w = p.weights.empty() ? 1.0 : p.weights[i];
+      if (p.mode == "IDF") yr[i] = yr[i] > 0 ? w : 0.0;
+      else if (p.mode == "TFIDF") yr[i] *= w;
+    }
+  }
+  Shape s = x.rank() == 2 ? Shape{rows, p.out_size} : Shape{p.out_size};
+  c.set_out(0, Tensor::from_f64(DType::f32, s, y));
+}
+
+void tfidf_infer(InferCtx& c) {
+  const TensorType& x = c.in(0);
+  if (x.dtype != DType::i32 && x.dtype != DType::i64) fail("TfIdfVectorizer X must be int32 or int64, is {}", x.str());
+  if (x.shape.size() != 1 && x.shape.size() != 2) fail("TfIdfVectorizer X must be 1-D or 2-D, is {}", x.str());
+  const NgramPool p = read_pool(c.node());
+  c.set_out(0, {DType::f32, x.shape.size() == 2 ? Shape{x.shape[0], p.out_size} : Shape{p.out_size}});
+}
+
+OpDef tfidf_def() {
+  using A = AttrSpec;
+  const auto I = AttrKind::i, IS = AttrKind::ints;
+  return make_op("TfIdfVectorizer", 9, 1, 1,
+                 {A{"max_gram_length", I, true}, A{"max_skip_count", I, true}, A{"min_gram_length", I, true},
+                  A{"mode", AttrKind::s, true}, A{"ngram_counts", IS, true}, A{"ngram_indexes", IS, true},
+                  A{"pool_int64s", IS}, A{"pool_strings", AttrKind::strings}, A{"weights", AttrKind::floats}},
+                 tfidf_infer, tfidf_kernel);
+}
+
 }  // namespace
 
-void register_ml_ops(OpRegistry& r) { r.add(tree_ensemble_def()); }
+void register_ml_ops(OpRegistry& r) {
+  r.add(tree_ensemble_def());
+  r.add(tfidf_def());
+}
 
 }  // namespace tessel
