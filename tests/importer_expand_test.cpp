@@ -430,3 +430,26 @@ TEST(ImportExpand, TfIdfVectorizerCountsSkipGrams) {
     EXPECT_NE(std::string(e.what()).find("does not split the pool"), std::string::npos) << e.what();
   }
 }
+
+// A Scan over a huge sequence axis is refused before it unrolls, not after filling memory.
+TEST(ImportExpand, ScanUnrollIsBounded) {
+  Model md(16);
+  md.input("init", Tensor::from_f64(DType::f32, {1}, std::vector<double>{0}));
+  auto* g = md.m.mutable_graph();
+  Model::set_type(g->add_input(), "xs", 1, {1 << 30, 1});  // declared only: never allocated
+  auto* n = md.node("Scan", {"init", "xs"}, {"final"});
+  attr_i(n, "num_scan_inputs", 1);
+  auto* body = attr_g(n, "body");
+  Model::set_type(body->add_input(), "s", 1, {1});
+  Model::set_type(body->add_input(), "e", 1, {1});
+  Model::node(body, "Add", {"s", "e"}, {"s2"});
+  Model::set_type(body->add_output(), "s2", 1, {1});
+  md.output("final");
+  try {
+    import_onnx(md.save("scan_huge.onnx"));
+    ADD_FAILURE() << "a 2^30-step Scan was unrolled";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.is_unsupported()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("would unroll past"), std::string::npos) << e.what();
+  }
+}

@@ -145,6 +145,15 @@ int64_t static_dim(const Value* v, int axis, const char* what) {
   return s[axis];
 }
 
+// Unrolling copies a body once per step: a bound on the copies keeps a hostile or mistaken model (a
+// sequence axis of 10^9) from growing the graph without limit; real models stay far below it.
+constexpr int64_t kMaxUnrolledNodes = 1 << 20;
+void check_unroll(int64_t steps, int64_t nodes_per_step, const char* what) {
+  if (steps > kMaxUnrolledNodes / std::max<int64_t>(nodes_per_step, 1))
+    unsupported("{} over {} steps of {} nodes each would unroll past {} nodes", what, steps, nodes_per_step,
+                kMaxUnrolledNodes);
+}
+
 // ---- If ----
 
 // A condition known at import time inlines the branch it selects. Otherwise both branches are
@@ -205,6 +214,7 @@ std::vector<Value*> unroll_scan(ExpandCtx& c, Emit& e, const onnx::GraphProto& b
     steps = len;
   }
   if (steps == 0) unsupported("Scan over an empty sequence (the scan outputs' shapes come from the body)");
+  check_unroll(steps, body.node_size() + static_cast<int64_t>(m) + 1, "Scan");
   if (static_cast<size_t>(body.input_size()) != n + m)
     fail("the body has {} inputs; Scan passes {} states and {} scan elements", body.input_size(), n, m);
   if (static_cast<size_t>(body.output_size()) != n + static_cast<size_t>(s.num_scan_outputs))
@@ -255,6 +265,7 @@ std::vector<Value*> expand_scan(ExpandCtx& c, const onnx::NodeProto& np, int ops
   if (input(c, 0)) unsupported("Scan-8 with sequence_lens (sequences of different lengths)");
   s.in_dirs = attr_ints(c, "directions");
   const int64_t batch = static_dim(s.scans[0], 0, "a scan input");
+  check_unroll(batch, body.node_size() + 1, "Scan-8's batch");
   std::vector<std::vector<Value*>> per_batch;
   for (int64_t b = 0; b < batch; ++b) {
     ScanLoop one = s;
@@ -432,7 +443,12 @@ std::vector<Value*> expand_recurrent(ExpandCtx& c, const RecurrentSpec& spec) {
   const int64_t hidden = attr_i(c, "hidden_size", static_dim(r, 2, "R"));
   if (static_dim(w, 0, "W") != dirs || static_dim(w, 1, "W") != spec.gates * hidden)
     fail("W has shape {}; expected [{}, {}, input_size]", shape_str(w->type.shape), dirs, spec.gates * hidden);
+  if (b && (static_dim(b, 0, "B") != dirs || static_dim(b, 1, "B") != 2 * spec.gates * hidden))
+    fail("B has shape {}; expected [{}, {}]", shape_str(b->type.shape), dirs, 2 * spec.gates * hidden);
+  if (p && (static_dim(p, 0, "P") != dirs || static_dim(p, 1, "P") != 3 * hidden))
+    fail("P has shape {}; expected [{}, {}]", shape_str(p->type.shape), dirs, 3 * hidden);
   if (steps == 0) unsupported("{} over an empty sequence", c.node_name);
+  check_unroll(steps, 48 * dirs, "the recurrent op");
   const double clip = attr_f(c, "clip", 0.0);
   const bool lbr = attr_i(c, "linear_before_reset", 0) != 0;
   const bool input_forget = attr_i(c, "input_forget", 0) != 0;
@@ -725,6 +741,9 @@ std::vector<const onnx::GraphProto*> expanded_op_subgraphs(const onnx::NodeProto
 
 std::vector<Value*> expand_node(ExpandCtx& c, const onnx::NodeProto& np, int opset) {
   const std::string& op = np.op_type();
+  // Nested expansions (a Scan in a Scan body) each pass the bound; this one bounds their product.
+  if (static_cast<int64_t>(c.g.nodes().size()) > kMaxUnrolledNodes)
+    unsupported("the graph already has over {} nodes from expanded control flow", kMaxUnrolledNodes);
   std::vector<Value*> out;
   if (op == "If") out = expand_if(c, np);
   else if (op == "Scan") out = expand_scan(c, np, opset);
@@ -743,6 +762,11 @@ std::vector<Value*> expand_node(ExpandCtx& c, const onnx::NodeProto& np, int ops
   if (static_cast<int>(out.size()) < c.num_outputs)
     fail("has {} outputs; {} defines {}", c.num_outputs, op, out.size());
   out.resize(static_cast<size_t>(c.num_outputs));
+  // An output that is an outer value itself (a branch or a loop state passing an input through)
+  // gets a node of its own, so that a graph output is never a graph input or constant.
+  Emit e(c.g, c.node_name);
+  for (Value*& v : out)
+    if (v && (v->is_input || v->constant)) v = e.op("Identity", {v});
   return out;
 }
 

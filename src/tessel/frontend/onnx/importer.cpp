@@ -593,7 +593,7 @@ Attr convert_attr(const onnx::AttributeProto& a, const AttrSpec* spec, const fs:
       return std::vector<int64_t>(a.ints().begin(), a.ints().end());
     case A::STRINGS: return std::vector<std::string>(a.strings().begin(), a.strings().end());
     case A::GRAPH:
-    case A::GRAPHS: unsupported("attribute '{}' is a subgraph; control flow is not supported", a.name());
+    case A::GRAPHS: unsupported("attribute '{}' is a subgraph; only the ops expanded at import take one (docs/ops.md)", a.name());
     default: unsupported("attribute '{}' has an unsupported attribute type {}", a.name(), static_cast<int>(a.type()));
   }
 }
