@@ -129,9 +129,6 @@ class Emit {
   std::string name_;
 };
 
-// Static types (and folded values) of everything imported so far.
-InferResult infer_so_far(Graph& g) { return infer_graph(g); }
-
 const Tensor* known_value(const Value* v, const InferResult& r) {
   if (v->constant) return &*v->constant;
   auto it = r.folded.find(v);
@@ -162,7 +159,7 @@ void check_unroll(int64_t steps, int64_t nodes_per_step, const char* what) {
 // be valid on the inputs).
 std::vector<Value*> expand_if(ExpandCtx& c, const onnx::NodeProto& np) {
   Value* cond = need_input(c, 0, "cond");
-  InferResult r = infer_so_far(c.g);
+  const InferResult& r = c.infer();
   int64_t cond_elems = 1;
   for (int64_t d : cond->type.shape) cond_elems *= d;
   if (cond_elems != 1) fail("cond must have exactly one element, has shape {}", shape_str(cond->type.shape));
@@ -173,7 +170,7 @@ std::vector<Value*> expand_if(ExpandCtx& c, const onnx::NodeProto& np) {
   if (const Tensor* k = known_value(cond, r)) return c.import_body(k->get_i(0) != 0 ? then_g : else_g, {});
   std::vector<Value*> a = c.import_body(then_g, {});
   std::vector<Value*> b = c.import_body(else_g, {});
-  infer_so_far(c.g);
+  c.infer();
   Emit e(c.g, c.node_name);
   Value* pred = cond->type.shape.empty() ? cond : e.op("Reshape", {cond, e.ints({})});
   std::vector<Value*> out;
@@ -239,7 +236,7 @@ std::vector<Value*> unroll_scan(ExpandCtx& c, Emit& e, const onnx::GraphProto& b
 }
 
 std::vector<Value*> expand_scan(ExpandCtx& c, const onnx::NodeProto& np, int opset) {
-  infer_so_far(c.g);
+  c.infer();
   Emit e(c.g, c.node_name);
   const onnx::GraphProto& body = graph_attr(np, "body");
   const int64_t m = attr_i(c, "num_scan_inputs", -1);
@@ -271,7 +268,7 @@ std::vector<Value*> expand_scan(ExpandCtx& c, const onnx::NodeProto& np, int ops
     ScanLoop one = s;
     for (auto& v : one.states) v = e.take(v, b, 0);
     for (auto& v : one.scans) v = e.take(v, b, 0);
-    infer_so_far(c.g);
+    c.infer();
     per_batch.push_back(unroll_scan(c, e, body, one));
   }
   std::vector<Value*> out;
@@ -414,7 +411,7 @@ CellState rnn_step(Emit& e, const RecurrentSpec& spec, const DirWeights& w, cons
 }
 
 std::vector<Value*> expand_recurrent(ExpandCtx& c, const RecurrentSpec& spec) {
-  infer_so_far(c.g);
+  c.infer();
   Emit e(c.g, c.node_name);
   Value* x = need_input(c, 0, "X");
   Value* w = need_input(c, 1, "W");
@@ -433,7 +430,7 @@ std::vector<Value*> expand_recurrent(ExpandCtx& c, const RecurrentSpec& spec) {
     x = e.transpose(x, {1, 0, 2});
     if (h0) h0 = e.transpose(h0, {1, 0, 2});
     if (c0) c0 = e.transpose(c0, {1, 0, 2});
-    infer_so_far(c.g);
+    c.infer();
   }
   const std::string dir = attr_s(c, "direction", "forward");
   if (dir != "forward" && dir != "reverse" && dir != "bidirectional")
@@ -528,7 +525,7 @@ Step optimizer_step(Emit& e, const ExpandCtx& c, DType dt) {
 }
 
 std::vector<Value*> expand_adagrad(ExpandCtx& c) {
-  infer_so_far(c.g);
+  c.infer();
   Emit e(c.g, c.node_name);
   const int64_t n = optimizer_arity(c, 3);
   const double decay = attr_f(c, "decay_factor", 0), eps = attr_f(c, "epsilon", 0), norm = attr_f(c, "norm_coefficient", 0);
@@ -551,7 +548,7 @@ std::vector<Value*> expand_adagrad(ExpandCtx& c) {
 }
 
 std::vector<Value*> expand_momentum(ExpandCtx& c) {
-  infer_so_far(c.g);
+  c.infer();
   Emit e(c.g, c.node_name);
   const int64_t n = optimizer_arity(c, 3);
   const double alpha = attr_f_required(c, "alpha"), beta = attr_f_required(c, "beta");
@@ -578,7 +575,7 @@ std::vector<Value*> expand_momentum(ExpandCtx& c) {
 }
 
 std::vector<Value*> expand_adam(ExpandCtx& c) {
-  infer_so_far(c.g);
+  c.infer();
   Emit e(c.g, c.node_name);
   const int64_t n = optimizer_arity(c, 4);
   const double alpha = attr_f(c, "alpha", 0.9), beta = attr_f(c, "beta", 0.999), eps = attr_f(c, "epsilon", 1e-6);
@@ -615,7 +612,7 @@ std::vector<Value*> expand_adam(ExpandCtx& c) {
 // (before the softmax) or probabilities (after it); K and V heads are repeated for grouped queries.
 // Without subgraphs FlexAttention stays a graph op (src/tessel/ops/attention.cpp).
 std::vector<Value*> expand_flex_attention(ExpandCtx& c, const onnx::NodeProto& np) {
-  infer_so_far(c.g);
+  c.infer();
   Emit e(c.g, c.node_name);
   Value* q = need_input(c, 0, "Q");
   Value* k = need_input(c, 1, "K");
@@ -648,7 +645,7 @@ std::vector<Value*> expand_flex_attention(ExpandCtx& c, const onnx::NodeProto& n
   }
   auto apply = [&](const onnx::GraphProto* body, Value* x) {
     if (!body) return x;
-    infer_so_far(c.g);
+    c.infer();
     std::vector<Value*> out = c.import_body(*body, {x});
     if (out.size() != 1) fail("subgraph '{}' must have one output, has {}", body->name(), out.size());
     return out[0];
@@ -663,7 +660,7 @@ std::vector<Value*> expand_flex_attention(ExpandCtx& c, const onnx::NodeProto& n
 
 // Y = X > threshold ? 1 : 0, in X's dtype.
 std::vector<Value*> expand_binarizer(ExpandCtx& c) {
-  infer_so_far(c.g);
+  c.infer();
   Emit e(c.g, c.node_name);
   Value* x = need_input(c, 0, "X");
   const DType dt = x->type.dtype;
@@ -674,7 +671,7 @@ std::vector<Value*> expand_binarizer(ExpandCtx& c) {
 
 // The elements of X's last axis at the indices Y (flattened); a 1-D X gives a [1, n] result.
 std::vector<Value*> expand_array_feature_extractor(ExpandCtx& c) {
-  infer_so_far(c.g);
+  c.infer();
   Emit e(c.g, c.node_name);
   Value* x = need_input(c, 0, "X");
   Value* y = need_input(c, 1, "Y");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tessel/ir/graph.h"
+#include "tessel/ir/infer.h"
 
 namespace tessel {
 
@@ -33,6 +34,8 @@ struct ExpandCtx {
   std::map<std::string, Attr> attrs;         // the node's non-graph attributes, converted
   std::vector<Value*> inputs;                // null for omitted optional inputs
   int num_outputs = 0;                       // the node's outputs (trailing omitted ones dropped)
+  // Types (and folded values) of everything imported so far, inferred incrementally.
+  std::function<const InferResult&()> infer;
   // Imports a subgraph: its formal inputs bound to `args` in order, names of the enclosing scopes
   // visible; returns its outputs in order.
   std::function<std::vector<Value*>(const onnx::GraphProto&, const std::vector<Value*>& args)> import_body;

@@ -773,6 +773,14 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
 
     // One node into the graph, its inputs looked up and its outputs bound in `scope`. The nodes of
     // an expanded op's subgraphs come through here too (import_body), under the op's node name.
+    // The expansions need the types of what is imported so far: inferred as the graph grows.
+    InferResult inferred;
+    size_t inferred_nodes = 0;
+    auto infer_so_far = [&]() -> const InferResult& {
+      infer_graph_from(*g, inferred_nodes, inferred);
+      inferred_nodes = g->nodes().size();
+      return inferred;
+    };
     using Env = std::map<std::string, Value*>;
     std::function<void(const onnx::NodeProto&, const std::string&, Env&)> import_node;
     auto import_body = [&](const onnx::GraphProto& body, const std::vector<Value*>& args, const Env& outer,
@@ -804,7 +812,7 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
         }
         const std::string domain = np.domain() == "ai.onnx" ? "" : np.domain();
         if (is_expanded_op(np)) {
-          ExpandCtx ctx{*g, nname, {}, {}, 0, {}};
+          ExpandCtx ctx{*g, nname, {}, {}, 0, infer_so_far, {}};
           for (const auto& a : np.attribute())
             if (a.type() != onnx::AttributeProto::GRAPH) ctx.attrs[a.name()] = convert_attr(a, nullptr, base);
           for (const auto& in : np.input()) {
