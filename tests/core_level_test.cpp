@@ -20,7 +20,9 @@ namespace {
 const std::set<std::string> kDataDependent = {"NonZero", "Compress", "Unique", "NonMaxSuppression"};
 // Dropout in training mode draws random numbers, and Resize's tf_crop_and_resize with a run-time roi
 // samples at data-dependent positions: no static core form for those (the other forms decompose).
-const std::set<std::string> kNotStatic = {"Dropout", "Resize"};
+// TreeEnsemble (tree walks) and TfIdfVectorizer (n-gram lookups) have no decomposition at all: they
+// run through their reference kernels (docs/decisions.md).
+const std::set<std::string> kNotStatic = {"Dropout", "Resize", "TreeEnsemble", "TfIdfVectorizer"};
 
 bool has_unknown_dim(const Value* v) {
   for (int64_t d : v->type.shape)

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "tessel/frontend/onnx/expand.h"
 #include "tessel/ir/op_registry.h"
 
 namespace tessel {
@@ -34,6 +35,12 @@ std::string op_table_markdown() {
                        fusion_kind_name(d->fusion), core, attrs);
   }
   out += fmt::format("\n{} ops.\n", ops.size());
+  out +=
+      "\n## Expanded at import\n\n"
+      "These ONNX ops are not graph ops: the importer rewrites each node into the graph ops named here\n"
+      "(src/tessel/frontend/onnx/expand.cpp; docs/decisions.md says why), so every backend runs them.\n\n"
+      "| op | domain | becomes |\n|---|---|---|\n";
+  for (const ExpandedOp& e : expanded_ops()) out += fmt::format("| {} | {} | {} |\n", e.op, e.domain, e.form);
   return out;
 }
 

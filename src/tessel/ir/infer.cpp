@@ -86,56 +86,67 @@ std::vector<Tensor> run_node(const Node& n, const std::vector<const Tensor*>& in
   }
 }
 
-InferResult infer_graph(Graph& g, int64_t fold_limit, bool verify_only) {
-  InferResult r;
+namespace {
+
+// Types (and, when small and known, values) of one node's outputs, recorded in `r`.
+void infer_one(Node& n, InferResult& r, int64_t fold_limit, bool verify_only) {
   auto known_of = [&](const Value* v) -> const Tensor* {
     if (!v) return nullptr;
     if (v->constant) return &*v->constant;
     auto it = r.folded.find(v);
     return it == r.folded.end() ? nullptr : &it->second;
   };
-  for (auto& np : g.mutable_nodes()) {
-    Node& n = *np;
-    try {
-      std::vector<const Tensor*> known;
-      bool all_known = true;
-      int64_t elems = 0;
-      for (const Value* v : n.inputs) {
-        known.push_back(known_of(v));
-        if (v && !known.back()) all_known = false;
-        if (known.back()) elems += known.back()->numel();
-      }
-      NodeFacts f = run_rule(n, known);
-      bool any_value = false;
-      for (const auto& v : f.values) any_value = any_value || v.has_value();
-      // A deterministic node whose inputs are all small and known is evaluated now: later rules see
-      // its values (shape arithmetic), and data-dependent output sizes (NonZero, Unique of a
-      // constant) become exact.
-      if (!any_value && all_known && n.op->deterministic && elems <= fold_limit) {
-        bool small = true;
-        for (const auto& t : f.types) small = small && (!shape_known(t.shape) || shape_numel(t.shape) <= fold_limit);
-        if (small) {
-          // The kernel's results are checked against the outputs' types, so the rule's types go in
-          // first (when verifying, the stored types are what is checked).
-          if (!verify_only)
-            for (size_t i = 0; i < n.outputs.size(); ++i)
-              if (n.outputs[i]) n.outputs[i]->type = f.types[i];
-          auto outs = run_node(n, known);
-          for (size_t i = 0; i < n.outputs.size(); ++i) {
-            if (!n.outputs[i]) continue;
-            f.types[i] = TensorType{outs[i].dtype(), outs[i].shape()};
-            if (outs[i].numel() <= fold_limit) f.values[i] = std::move(outs[i]);
-          }
+  try {
+    std::vector<const Tensor*> known;
+    bool all_known = true;
+    int64_t elems = 0;
+    for (const Value* v : n.inputs) {
+      known.push_back(known_of(v));
+      if (v && !known.back()) all_known = false;
+      if (known.back()) elems += known.back()->numel();
+    }
+    NodeFacts f = run_rule(n, known);
+    bool any_value = false;
+    for (const auto& v : f.values) any_value = any_value || v.has_value();
+    // A deterministic node whose inputs are all small and known is evaluated now: later rules see
+    // its values (shape arithmetic), and data-dependent output sizes (NonZero, Unique of a
+    // constant) become exact.
+    if (!any_value && all_known && n.op->deterministic && elems <= fold_limit) {
+      bool small = true;
+      for (const auto& t : f.types) small = small && (!shape_known(t.shape) || shape_numel(t.shape) <= fold_limit);
+      if (small) {
+        // The kernel's results are checked against the outputs' types, so the rule's types go in
+        // first (when verifying, the stored types are what is checked).
+        if (!verify_only)
+          for (size_t i = 0; i < n.outputs.size(); ++i)
+            if (n.outputs[i]) n.outputs[i]->type = f.types[i];
+        auto outs = run_node(n, known);
+        for (size_t i = 0; i < n.outputs.size(); ++i) {
+          if (!n.outputs[i]) continue;
+          f.types[i] = TensorType{outs[i].dtype(), outs[i].shape()};
+          if (outs[i].numel() <= fold_limit) f.values[i] = std::move(outs[i]);
         }
       }
-      apply(n, f, verify_only);
-      for (size_t i = 0; i < n.outputs.size(); ++i)
-        if (n.outputs[i] && f.values[i]) r.folded[n.outputs[i]] = std::move(*f.values[i]);
-    } catch (const Error& e) {
-      throw e.with_context(node_loc(n, verify_only ? "verify" : "infer"));
     }
+    apply(n, f, verify_only);
+    for (size_t i = 0; i < n.outputs.size(); ++i)
+      if (n.outputs[i] && f.values[i]) r.folded[n.outputs[i]] = std::move(*f.values[i]);
+  } catch (const Error& e) {
+    throw e.with_context(node_loc(n, verify_only ? "verify" : "infer"));
   }
+}
+
+}  // namespace
+
+InferResult infer_graph(Graph& g, int64_t fold_limit, bool verify_only) {
+  InferResult r;
+  for (auto& np : g.mutable_nodes()) infer_one(*np, r, fold_limit, verify_only);
   return r;
+}
+
+void infer_graph_from(Graph& g, size_t first, InferResult& r, int64_t fold_limit) {
+  auto& nodes = g.mutable_nodes();
+  for (size_t i = first; i < nodes.size(); ++i) infer_one(*nodes[i], r, fold_limit, false);
 }
 
 }  // namespace tessel

@@ -19,6 +19,10 @@ struct InferResult {
 // verify_only: compare with the types already set instead of setting them (the verifier's check).
 InferResult infer_graph(Graph& g, int64_t fold_limit = 1 << 16, bool verify_only = false);
 
+// Infers the nodes from index `first` on, adding to `r`, which holds the result for the nodes before
+// it: for a graph that only grows at its end (the ONNX importer's expansions infer as they go).
+void infer_graph_from(Graph& g, size_t first, InferResult& r, int64_t fold_limit = 1 << 16);
+
 // Runs the op's rule for one node; `known` holds each input's value when statically known.
 void infer_node(Node& n, const std::vector<const Tensor*>& known, std::vector<std::optional<Tensor>>* out_values,
                 bool verify_only = false);

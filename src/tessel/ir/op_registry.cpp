@@ -72,6 +72,7 @@ OpRegistry& OpRegistry::get() {
     register_misc_ops(*r);
     register_core_ops(*r);
     register_kernel_ops(*r);
+    register_ml_ops(*r);
     return r;
   }();
   return *reg;

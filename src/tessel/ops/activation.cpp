@@ -89,7 +89,11 @@ void add(OpRegistry& r, OpDef d) {
   if (std::find(std::begin(kConsumedInputsOps), std::end(kConsumedInputsOps), d.name) !=
       std::end(kConsumedInputsOps)) {
     d.attrs.push_back({"consumed_inputs", AttrKind::ints});
-    d.upgrade = [](Graph&, Node& n, int) { n.attrs.erase("consumed_inputs"); };
+    // After the op's own upgrade, if it has one (PRelu's slope rule).
+    d.upgrade = [then = std::move(d.upgrade)](Graph& g, Node& n, int opset) {
+      n.attrs.erase("consumed_inputs");
+      if (then) then(g, n, opset);
+    };
     d.infer = [inner = std::move(d.infer)](InferCtx& ctx) {
       if (ctx.node().has_attr("consumed_inputs"))
         fail("attribute 'consumed_inputs' only exists before opset 6");
@@ -168,6 +172,35 @@ std::vector<Value*> decompose_prelu(CoreBuilder& b, const Node& n) {
   if (is_unsigned_int(x->type.dtype)) return {x};
   Value* slope = b.broadcast_to(n.inputs[1], x->type.shape);
   return {b.select(b.compare("lt", x, k(b, x, 0)), b.mul(x, slope), x)};
+}
+
+// PRelu before opset 7 did not broadcast: the slope has X's shape or one element, shared by every
+// element. Numpy broadcasting (opset 7) would give another answer for some slopes (a [C] slope with
+// an [N, C, H, W] X lines up with W, where an old model may have meant the channels), so any other
+// slope is an error, not a silent change of meaning. The check needs both shapes before inference:
+// known for graph inputs and constants, else the node is refused.
+void upgrade_prelu_slope(Graph& g, Node& n) {
+  if (n.inputs.size() < 2 || !n.inputs[0] || !n.inputs[1]) return;
+  Value* x = n.inputs[0];
+  Value* slope = n.inputs[1];
+  auto typed = [](const Value* v) { return v->is_input || v->constant.has_value(); };
+  if (!typed(slope))
+    unsupported("PRelu before opset 7 needs its slope to be a graph input or a constant (its shape decides "
+                "whether the old non-broadcasting rule holds, and is not known before inference)");
+  const Shape& ss = slope->type.shape;
+  bool one = true;
+  for (int64_t d : ss) one = one && d == 1;
+  if (one) {
+    // One shared value: as a rank-0 slope it broadcasts to X whatever X's rank.
+    if (slope->constant) n.inputs[1] = g.add_constant(g.unique_name(slope->name + "_scalar"), slope->constant->reshaped({}));
+    return;
+  }
+  if (!typed(x))
+    unsupported("PRelu before opset 7 with a slope of {} elements needs X to be a graph input or a constant "
+                "(the slope must have X's shape, which is not known before inference)", shape_str(ss));
+  if (ss != x->type.shape)
+    fail("PRelu before opset 7 does not broadcast: slope {} must have X's shape {} or one element",
+         shape_str(ss), shape_str(x->type.shape));
 }
 
 }  // namespace
@@ -367,6 +400,7 @@ void register_activation_ops(OpRegistry& r) {
       c.set_out(0, prelu_kernel(c.in(0), c.in(1)));
     };
     d.decompose = decompose_prelu;
+    d.upgrade = [](Graph& g, Node& n, int) { upgrade_prelu_slope(g, n); };
     add(r, std::move(d));
   }
 }

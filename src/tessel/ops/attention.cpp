@@ -726,8 +726,8 @@ OpDef linear_attention_def() {
 
 // ---- FlexAttention (ai.onnx.preview) ------------------------------------------------------------
 
-// Plain scaled dot-product attention over 4-D inputs; the score_mod/prob_mod subgraphs are not
-// supported (the importer rejects graph attributes).
+// Plain scaled dot-product attention over 4-D inputs; a node with score_mod / prob_mod subgraphs is
+// expanded into graph ops by the importer instead (src/tessel/frontend/onnx/expand.cpp).
 OpDef flex_attention_def() {
   OpDef d;
   d.name = "FlexAttention";

@@ -13,11 +13,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <new>
 #include <optional>
 #include <set>
 
+#include "tessel/frontend/onnx/expand.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
@@ -591,7 +593,7 @@ Attr convert_attr(const onnx::AttributeProto& a, const AttrSpec* spec, const fs:
       return std::vector<int64_t>(a.ints().begin(), a.ints().end());
     case A::STRINGS: return std::vector<std::string>(a.strings().begin(), a.strings().end());
     case A::GRAPH:
-    case A::GRAPHS: unsupported("attribute '{}' is a subgraph; control flow is not supported", a.name());
+    case A::GRAPHS: unsupported("attribute '{}' is a subgraph; only the ops expanded at import take one (docs/ops.md)", a.name());
     default: unsupported("attribute '{}' has an unsupported attribute type {}", a.name(), static_cast<int>(a.type()));
   }
 }
@@ -696,19 +698,27 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
     for (const auto& o : model.opset_import()) opsets[o.domain() == "ai.onnx" ? "" : o.domain()] = static_cast<int>(o.version());
     out.opset = opsets.count("") ? opsets[""] : 1;
 
-    // Every unsupported op in one message.
+    // Every unsupported op in one message, the subgraphs of ops expanded at import included.
     std::map<std::string, std::vector<std::string>> missing_ops;
-    for (int k = 0; k < gp.node_size(); ++k) {
-      const auto& np = gp.node(k);
-      std::string domain = np.domain() == "ai.onnx" ? "" : np.domain();
-      if (np.op_type() == "Constant" && domain.empty()) continue;
-      const OpDef* def = reg.find(np.op_type());
-      std::string label = np.op_type() + (domain.empty() ? "" : " (" + domain + ")");
-      std::string nname = np.name().empty() ? fmt::format("#{}", k) : np.name();
-      int ver = opsets.count(domain) ? opsets[domain] : 1;
-      if (!def || def->domain != domain || (ver < def->since && !def->upgrade))
-        missing_ops[label].push_back(ver < (def ? def->since : 0) ? nname + " @opset " + std::to_string(ver) : nname);
-    }
+    std::function<void(const onnx::GraphProto&, const std::string&)> find_missing =
+        [&](const onnx::GraphProto& sg, const std::string& scope) {
+          for (int k = 0; k < sg.node_size(); ++k) {
+            const auto& np = sg.node(k);
+            std::string domain = np.domain() == "ai.onnx" ? "" : np.domain();
+            if (np.op_type() == "Constant" && domain.empty()) continue;
+            std::string nname = scope + (np.name().empty() ? fmt::format("#{}", k) : np.name());
+            if (is_expanded_op(np)) {
+              for (const onnx::GraphProto* body : expanded_op_subgraphs(np)) find_missing(*body, nname + "/");
+              continue;
+            }
+            const OpDef* def = reg.find(np.op_type());
+            std::string label = np.op_type() + (domain.empty() ? "" : " (" + domain + ")");
+            int ver = opsets.count(domain) ? opsets[domain] : 1;
+            if (!def || def->domain != domain || (ver < def->since && !def->upgrade))
+              missing_ops[label].push_back(ver < (def ? def->since : 0) ? nname + " @opset " + std::to_string(ver) : nname);
+          }
+        };
+    find_missing(gp, "");
     if (!missing_ops.empty()) {
       std::string msg = "unsupported ops: ";
       bool first = true;
@@ -761,14 +771,72 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
       ++input_index;
     }
 
-    for (int k = 0; k < gp.node_size(); ++k) {
-      const auto& np = gp.node(k);
-      const std::string nname = np.name().empty() ? fmt::format("{}_{}", np.op_type(), k) : np.name();
+    // One node into the graph, its inputs looked up and its outputs bound in `scope`. The nodes of
+    // an expanded op's subgraphs come through here too (import_body), under the op's node name.
+    // The expansions need the types of what is imported so far: inferred as the graph grows.
+    InferResult inferred;
+    size_t inferred_nodes = 0;
+    auto infer_so_far = [&]() -> const InferResult& {
+      infer_graph_from(*g, inferred_nodes, inferred);
+      inferred_nodes = g->nodes().size();
+      return inferred;
+    };
+    using Env = std::map<std::string, Value*>;
+    std::function<void(const onnx::NodeProto&, const std::string&, Env&)> import_node;
+    auto import_body = [&](const onnx::GraphProto& body, const std::vector<Value*>& args, const Env& outer,
+                           const std::string& prefix) {
+      if (body.input_size() != static_cast<int>(args.size()))
+        fail("subgraph '{}' has {} inputs; the op passes {}", body.name(), body.input_size(), args.size());
+      Env scope = outer;
+      for (int i = 0; i < body.input_size(); ++i) scope[body.input(i).name()] = args[i];
+      for (const auto& init : body.initializer())
+        scope[init.name()] = g->add_constant(prefix + init.name(), convert_tensor(init, base));
+      for (int k = 0; k < body.node_size(); ++k) {
+        const auto& np = body.node(k);
+        import_node(np, prefix + (np.name().empty() ? fmt::format("{}_{}", np.op_type(), k) : np.name()), scope);
+      }
+      std::vector<Value*> outs;
+      for (const auto& o : body.output()) {
+        auto it = scope.find(o.name());
+        if (it == scope.end()) fail("subgraph output '{}' is not produced by any node", o.name());
+        outs.push_back(it->second);
+      }
+      return outs;
+    };
+    import_node = [&](const onnx::NodeProto& np, const std::string& nname, Env& env) {
       try {
         if (np.op_type() == "Constant" && (np.domain().empty() || np.domain() == "ai.onnx")) {
           if (np.output_size() != 1) fail("Constant must have one output");
           env[np.output(0)] = g->add_constant(np.output(0), constant_node_value(np, base));
-          continue;
+          return;
+        }
+        const std::string domain = np.domain() == "ai.onnx" ? "" : np.domain();
+        if (is_expanded_op(np)) {
+          ExpandCtx ctx{*g, nname, {}, {}, 0, infer_so_far, {}};
+          for (const auto& a : np.attribute())
+            if (a.type() != onnx::AttributeProto::GRAPH) ctx.attrs[a.name()] = convert_attr(a, nullptr, base);
+          for (const auto& in : np.input()) {
+            if (in.empty()) {
+              ctx.inputs.push_back(nullptr);
+              continue;
+            }
+            auto it = env.find(in);
+            if (it == env.end()) fail("uses undefined value '{}'", in);
+            ctx.inputs.push_back(it->second);
+          }
+          std::vector<std::string> outs(np.output().begin(), np.output().end());
+          while (!outs.empty() && outs.back().empty()) outs.pop_back();
+          ctx.num_outputs = static_cast<int>(outs.size());
+          ctx.import_body = [&](const onnx::GraphProto& body, const std::vector<Value*>& args) {
+            return import_body(body, args, env, nname + "/");
+          };
+          std::vector<Value*> vals = expand_node(ctx, np, opsets.count(domain) ? opsets[domain] : 1);
+          for (size_t i = 0; i < outs.size(); ++i)
+            if (!outs[i].empty()) {
+              if (!vals[i]) fail("output {} is not defined by this form of {}", i, np.op_type());
+              env[outs[i]] = vals[i];
+            }
+          return;
         }
         const OpDef* def = reg.find(np.op_type());
         std::vector<Value*> ins;
@@ -815,6 +883,10 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
       } catch (const Error& e) {
         throw e.with_context(Location{.node = nname, .op = np.op_type(), .pass = "import"});
       }
+    };
+    for (int k = 0; k < gp.node_size(); ++k) {
+      const auto& np = gp.node(k);
+      import_node(np, np.name().empty() ? fmt::format("{}_{}", np.op_type(), k) : np.name(), env);
     }
     for (const auto& vi : gp.output()) {
       auto it = env.find(vi.name());
