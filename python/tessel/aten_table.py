@@ -443,14 +443,22 @@ lowers(_ov("_scaled_dot_product_flash_attention_for_cpu", "default"))(_sdpa_tupl
 # Coverage for real model families (issue 13): torchvision, timm and transformers emit these. Each
 # lowering is checked against PyTorch eager in tests/python/test_aten_lowerings.py.
 # =================================================================================================
+def _reaches_output(node, memo):
+    """Whether the graph's output depends on `node` (make_fx keeps results nothing reads)."""
+    if node not in memo:
+        memo[node] = False       # (the graph is acyclic; this only bounds the walk)
+        memo[node] = node.op == "output" or any(_reaches_output(u, memo) for u in node.users)
+    return memo[node]
+
+
 def _used_outputs(node):
-    """Which results of a multi-output node are read (getitem indices of its users)."""
-    used = set()
+    """Which results of a multi-output node the output depends on (getitem indices of its users)."""
+    used, memo = set(), {}
     for u in node.users:
         if u.op == "call_function" and len(u.args) == 2 and isinstance(u.args[1], int):
-            if u.users:          # an unread getitem (make_fx keeps them) does not count
+            if _reaches_output(u, memo):
                 used.add(u.args[1])
-        else:
+        elif _reaches_output(u, memo):
             return None          # used as a whole (a tuple): every result
     return used
 
@@ -1383,7 +1391,7 @@ def _upsample(mode, nd, nearest_coord="asymmetric", nearest_mode="floor"):
             scales = None
         extra = {"cubic_coeff_a": -0.75} if mode == "cubic" else {}
         if linear:
-            coord = "align_corners" if align else "pytorch_half_pixel"
+            coord = "align_corners" if align else "half_pixel"   # torch clamps a negative source to 0: the same as ONNX edge padding
             return _resize(L, node, x, out, None if align else scales, mode, coord, **extra)
         return _resize(L, node, x, out, scales, mode, nearest_coord, nearest_mode)
     return lower
@@ -1458,6 +1466,29 @@ def _sdpa_gqa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, 
 
 
 lowers(_ov("scaled_dot_product_attention", "default"))(_sdpa_gqa)
+
+
+@lowers(_ov("_transformer_encoder_layer_fwd", "default"))
+def _transformer_encoder_layer(L, node, x, embed_dim, num_heads, qkv_w, qkv_b, proj_w, proj_b, use_gelu, norm_first,
+                               eps, ln1_w, ln1_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, mask=None, mask_type=None):
+    """nn.TransformerEncoderLayer's fast path (eval, batch first): attention and MLP blocks with
+    post- or pre-layer-norm residuals."""
+    def ln(v, w, b):
+        return L.op("LayerNormalization", [v, w, b], {"axis": -1, "epsilon": float(eps)})
+
+    def attend(v):
+        return _native_mha(L, node, v, v, v, embed_dim, num_heads, qkv_w, qkv_b, proj_w, proj_b, mask, False,
+                           True, mask_type)[0]
+
+    def mlp(v):
+        h = L.op("Add", [L.op("MatMul", [v, L.op("Transpose", [fc1_w], {"perm": [1, 0]})]), fc1_b])
+        h = L.op("Gelu", [h]) if use_gelu else L.op("Relu", [h])
+        return L.op("Add", [L.op("MatMul", [h, L.op("Transpose", [fc2_w], {"perm": [1, 0]})]), fc2_b])
+    if norm_first:
+        x = L.op("Add", [x, attend(ln(x, ln1_w, ln1_b))])
+        return L.op("Add", [x, mlp(ln(x, ln2_w, ln2_b))])
+    x = ln(L.op("Add", [x, attend(x)]), ln1_w, ln1_b)
+    return ln(L.op("Add", [x, mlp(x)]), ln2_w, ln2_b)
 
 
 @lowers(_ov("native_dropout", "default"))
