@@ -443,22 +443,30 @@ lowers(_ov("_scaled_dot_product_flash_attention_for_cpu", "default"))(_sdpa_tupl
 # Coverage for real model families (issue 13): torchvision, timm and transformers emit these. Each
 # lowering is checked against PyTorch eager in tests/python/test_aten_lowerings.py.
 # =================================================================================================
-def _reaches_output(node, memo):
-    """Whether the graph's output depends on `node` (make_fx keeps results nothing reads)."""
-    if node not in memo:
-        memo[node] = False       # (the graph is acyclic; this only bounds the walk)
-        memo[node] = node.op == "output" or any(_reaches_output(u, memo) for u in node.users)
-    return memo[node]
+def _live_nodes(graph):
+    """The nodes the graph's output depends on (make_fx keeps results nothing reads); computed once
+    per graph, by a walk from the output (iterative: densenet's chains are thousands deep)."""
+    live = getattr(graph, "_tessel_live", None)
+    if live is None:
+        live, stack = set(), [n for n in graph.nodes if n.op == "output"]
+        while stack:
+            n = stack.pop()
+            if n not in live:
+                live.add(n)
+                stack.extend(n.all_input_nodes)
+        graph._tessel_live = live
+    return live
 
 
 def _used_outputs(node):
     """Which results of a multi-output node the output depends on (getitem indices of its users)."""
-    used, memo = set(), {}
+    used, live = set(), _live_nodes(node.graph)
     for u in node.users:
+        if u not in live:
+            continue
         if u.op == "call_function" and len(u.args) == 2 and isinstance(u.args[1], int):
-            if _reaches_output(u, memo):
-                used.add(u.args[1])
-        elif _reaches_output(u, memo):
+            used.add(u.args[1])
+        else:
             return None          # used as a whole (a tuple): every result
     return used
 

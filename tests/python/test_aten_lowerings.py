@@ -246,6 +246,16 @@ class Pooling(Case):
         self.check(lambda x: F.avg_pool2d(x, 2, divisor_override=3), x)
         self.check(lambda x: F.avg_pool1d(x[0], 3, 2, 1), x)
 
+    def test_unread_indices_on_a_deep_graph(self):
+        # Whether max pooling's indices are read is a liveness question; densenet121's functionalized
+        # graph is thousands of nodes deep, and a recursive walk overflowed Python's stack there.
+        def deep(x):
+            y = F.max_pool2d(x, 2)
+            for _ in range(1200):
+                y = y * 0.999
+            return y
+        self.check(deep, torch.randn(1, 1, 4, 4))
+
     def test_max_pool_variants(self):
         x = torch.randn(1, 2, 9, 8)
         for k, s, p, d, ceil in ((3, 2, 1, 1, True), (2, 2, 0, 1, True), (3, 1, 1, 2, False), (3, 2, 1, 2, True)):
