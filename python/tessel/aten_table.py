@@ -528,7 +528,8 @@ for _o in (_ov("new_ones", "default"), _ov("ones_like", "default"), _ov("ones", 
 
 @lowers(_ov("new_full", "default"), _ov("full_like", "default"), _ov("full", "default"))
 def _full(L, node, x, *args, **kwargs):
-    value = args[0] if node.target is _ov("full_like", "default") else args[1] if len(args) > 1 else kwargs["fill_value"]
+    # new_full(self, size, fill_value), full_like(self, fill_value), full(size, fill_value)
+    value = args[1] if node.target is _ov("new_full", "default") else args[0]
     if isinstance(value, str):
         raise Unsupported("a fill value that is a tensor")
     return _created(L, node, value)
@@ -710,9 +711,11 @@ def _remainder(L, node, a, b):
     ref = a if isinstance(a, str) else b
     out = _out_dtype(node) or L.dtype(ref)
     a, b = _cast(L, _scalar(L, a, ref), out), _cast(L, _scalar(L, b, ref), out)
-    fmod = node.target in (_ov("fmod", "Tensor"), _ov("fmod", "Scalar"))
-    return L.op("Mod", [a, b], {"fmod": int(fmod or out[0] == "f")}) if fmod or out[0] != "f" else \
-        L.op("Sub", [a, L.op("Mul", [L.op("Floor", [L.op("Div", [a, b])]), b])])
+    if node.target in (_ov("fmod", "Tensor"), _ov("fmod", "Scalar")):
+        return L.op("Mod", [a, b], {"fmod": 1})         # C's fmod: the dividend's sign
+    if out[0] != "f":
+        return L.op("Mod", [a, b], {"fmod": 0})         # Python's %: the divisor's sign
+    return L.op("Sub", [a, L.op("Mul", [L.op("Floor", [L.op("Div", [a, b])]), b])])
 
 
 @lowers(_ov("pow", "Scalar"))
@@ -921,6 +924,9 @@ for _kind in ("var", "std", "var_mean", "std_mean"):
         _ov("norm", "ScalarOpt_dim_dtype"))
 def _vector_norm(L, node, x, p=2, dims=None, keepdim=False, *rest, dtype=None):
     p = 2 if p is None else p
+    if dtype is not None:
+        from ._convert import tessel_dtype
+        x = _cast(L, x, tessel_dtype(dtype, "a norm's dtype"))
     if isinstance(dims, (list, tuple)) and not dims:
         dims = None
     ins = [x] if dims is None else [x, L.ints(dims if isinstance(dims, (list, tuple)) else [dims])]
@@ -1136,9 +1142,9 @@ def _trilu(L, node, x, diagonal=0):
 
 @lowers(_ov("pixel_shuffle", "default"))
 def _pixel_shuffle(L, node, x, r):
-    n, c, h, w = _static_shape(L, x, "pixel_shuffle")[-4:] if L.rank(x) >= 4 else (None,) * 4
-    if n is None or L.rank(x) != 4:
+    if L.rank(x) != 4:
         raise Unsupported("pixel_shuffle of a tensor that is not 4-D")
+    n, c, h, w = _static_shape(L, x, "pixel_shuffle")
     y = L.op("Reshape", [x, L.ints([n, c // (r * r), r, r, h, w])])
     y = L.op("Transpose", [y], {"perm": [0, 1, 4, 2, 5, 3]})
     return L.op("Reshape", [y, L.ints([n, c // (r * r), h * r, w * r])])
@@ -1375,31 +1381,27 @@ def _resize(L, node, x, sizes, scales, mode, coord, nearest_mode="floor", **extr
     return L.op("Resize", [x, None, None, L.ints(L.shape(x)[:r - len(sizes)] + list(sizes))], attrs)
 
 
-def _upsample_args(node, x_shape, args, nd):
-    """(output sizes, scales or None) of upsample_*.default (size, [align_corners], scales...) and
-    .vec (size or None, [align_corners], scale_factors or None)."""
-    out = _meta_shape(node)[-nd:]
-    scales = args[-1] if node.target._overloadname == "vec" else list(args[-nd:])
-    if node.target._overloadname != "vec" and not args[-nd:]:
-        scales = None
-    if isinstance(scales, (list, tuple)) and not scales:
-        scales = None
-    return out, (list(scales) if scales is not None else None)
-
-
 def _upsample(mode, nd, nearest_coord="asymmetric", nearest_mode="floor"):
-    def lower(L, node, x, *args):
+    """upsample_*.default (x, output_size, [align_corners], scales...) and .vec (x, output_size or None,
+    [align_corners], scale_factors or None). Scales given to torch decide its source coordinates (it
+    uses 1/scale, as ONNX does with a scales input); otherwise the sizes do."""
+    def lower(L, node, x, output_size, *rest):
         linear = mode in ("linear", "cubic")
         align = False
-        rest = list(args[1:])
         if linear:
             align, rest = bool(rest[0]), rest[1:]
-        out, scales = _upsample_args(node, L.shape(x), [args[0]] + rest, nd)
-        if scales is not None and len(scales) < nd:
+        if node.target._overloadname == "vec":
+            scales = rest[0] if rest else None
+        else:
+            scales = list(rest) if rest else None
+        if scales is not None and (len(scales) != nd or any(v is None for v in scales)):
             scales = None
+        out = _meta_shape(node)[-nd:]
         extra = {"cubic_coeff_a": -0.75} if mode == "cubic" else {}
         if linear:
-            coord = "align_corners" if align else "half_pixel"   # torch clamps a negative source to 0: the same as ONNX edge padding
+            # torch clamps a negative source coordinate to 0: the same as ONNX's edge padding under
+            # half_pixel (pytorch_half_pixel differs at an output size of 1)
+            coord = "align_corners" if align else "half_pixel"
             return _resize(L, node, x, out, None if align else scales, mode, coord, **extra)
         return _resize(L, node, x, out, scales, mode, nearest_coord, nearest_mode)
     return lower

@@ -137,6 +137,7 @@ class Reductions(Case):
         for p in (2, 1, float("inf"), 3):
             self.check(lambda x, p=p: torch.norm(x, p, dim=-1) + x.norm(p, dim=(0, 2), keepdim=True).sum(), x)
         self.check(lambda x: F.normalize(x, dim=1), x)
+        self.check(lambda x: torch.linalg.vector_norm(x, 2, (1,), dtype=torch.float64), x)
 
     def test_cumsum_topk_sort(self):
         x = torch.randn(3, 8)
@@ -273,6 +274,8 @@ class Pooling(Case):
             self.check(lambda x, kw=kw: F.interpolate(x, **kw), x)
         self.check(lambda x: F.interpolate(x[0], scale_factor=2, mode="linear"), x)
         self.check(lambda x: F.interpolate(x[0], size=9, mode="nearest"), x)
+        self.check(lambda x: F.interpolate(x[0], scale_factor=3, mode="nearest"), x)
+        self.check(lambda x: F.interpolate(x[0], size=7, mode="linear", align_corners=True), x)
 
 
 class Attention(Case):
