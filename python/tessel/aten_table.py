@@ -1002,7 +1002,7 @@ def _batch_norm_legit(L, node, x, w, b, *rest):
     mean, var, training, momentum, eps = rest
     if training:
         raise Unsupported("training-mode batch norm")
-    return _batch_norm(L, node, x, w, b, mean, var, False, momentum, eps)
+    return _batch_norm_eval(L, node, x, w, b, mean, var, momentum, eps)
 
 
 @lowers(_ov("native_batch_norm", "default"), _ov("_native_batch_norm_legit_no_training", "default"))
