@@ -8,6 +8,7 @@ timm and transformers (when they import; models are built from configs, nothing 
 
     PYTHONPATH=build/python /usr/bin/python3 bench/zoo.py [--models LIST] [--modes LIST] [--threads 2]
         [--iters 10] [--rounds 3] [--small] [--no-inplace] [--backend compiled] [--json out.json] [--list]
+        [--markdown] [--from-json saved.json]
 
 --models: comma-separated model names and/or families (`torchvision`, `tv-core` (one per torchvision
 family), `timm`, `transformers`, `all`); default `tv-core`. --modes: `tessel` (tessel.compile: make_fx,
@@ -390,6 +391,32 @@ def summary(recs, modes):
     return lines
 
 
+def markdown(recs, modes):
+    """The run as a markdown table (docs/BENCHMARKS.md)."""
+    head = ["model", "eager ms"]
+    for m in modes:
+        head += [f"{m} ms", f"{m} ×", f"{m} err", f"{m} compile s", f"{m} breaks (in-place)", f"{m} aten fallbacks"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for rec in recs:
+        if "skipped" in rec:
+            lines.append(f"| {rec['family']}:{rec['model']} | skipped: {rec['skipped']} |")
+            continue
+        eager = rec.get("eager_ms")
+        cells = [f"{rec['family']}:{rec['model']}", f"{eager:.1f}" if eager else "-"]
+        for m in modes:
+            r = rec.get(m, {})
+            if "rel_err" not in r:
+                cells += [r.get("skipped") or r.get("error", "-")] + [""] * 5
+                continue
+            ms = r.get("ms")
+            cells += [f"{ms:.1f}" if ms else "-", f"{eager / ms:.2f}" if ms and eager else "-", f"{r['rel_err']:.1e}",
+                      f"{r['compile_s']:.1f}",
+                      f"{r.get('breaks', '-')} ({sum(r.get('inplace_fallbacks', {}).values())})" if "breaks" in r else "-",
+                      _fmt_ops(r.get("aten_fallbacks", {}))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="tv-core")
@@ -404,11 +431,22 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--list", action="store_true", help="print the resolved model list and exit")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="also print the run as a markdown table")
+    ap.add_argument("--from-json", help="print the summary (and --markdown table) of a saved run and exit")
     a = ap.parse_args()
     a.modes = [m.strip() for m in (a.modes or ("tessel,dynamo,inductor" if TORCH2 else "tessel")).split(",") if m.strip()]
     for m in a.modes:
         if m not in ("tessel", "dynamo", "inductor"):
             ap.error(f"unknown mode {m!r} (tessel, dynamo, inductor)")
+    if a.from_json:
+        with open(a.from_json) as f:
+            saved = json.load(f)
+        modes = saved["env"]["modes"]
+        for line in summary(saved["models"], modes):
+            print(line)
+        if a.markdown:
+            print(markdown(saved["models"], modes))
+        return
     models = resolve(a.models)
     if a.list:
         print("\n".join(f"{f}:{n}" for f, n in models))
@@ -433,6 +471,8 @@ def main():
                 json.dump(dict(env=env, models=recs), f, indent=1)
     for line in summary(recs, a.modes):
         print(line)
+    if a.markdown:
+        print(markdown(recs, a.modes))
 
 
 if __name__ == "__main__":
