@@ -1192,13 +1192,10 @@ def _scatter(L, node, x, dim, index, src, reduce=None, include_self=True):
 
 
 def _nonneg_index(L, idx, n):
-    """Negative indices count from the end in torch: idx + n where idx < 0 (skipped for constants
-    that are already non-negative)."""
-    k = L.b.known(idx)
-    if k is not None and (k[0] >= 0).all():
-        return _cast(L, idx, "i64")
-    idx = _cast(L, idx, "i64")
-    return L.op("Where", [L.op("Less", [idx, L.const(0, "i64")]), L.op("Add", [idx, L.const(n, "i64")]), idx])
+    """An index tensor as i64; negative indices count from the end in torch, and Gather and GatherND
+    take them so (as ONNX specifies), so nothing else is needed (and the NonZero -> Gather -> reduce
+    repair pattern stays recognisable)."""
+    return _cast(L, idx, "i64")
 
 
 @lowers(_ov("index", "Tensor"), _ov("_unsafe_index", "Tensor"))
