@@ -148,13 +148,6 @@ def _gelu(L, node, x, approximate="none"):
     return L.op("Gelu", [x], {"approximate": approximate})
 
 
-@lowers(_ov("pow", "Tensor_Scalar"), _ov("pow", "Tensor_Tensor"))
-def _pow(L, node, x, e):
-    if e == 2:
-        return L.op("Mul", [x, x])
-    return L.op("Pow", [x, _scalar(L, e, x)])
-
-
 @lowers(_ov("clamp", "default"), _ov("clamp_min", "default"), _ov("clamp_max", "default"), _ov("hardtanh", "default"))
 def _clamp(L, node, x, lo=None, hi=None):
     if node.target is _ov("clamp_max", "default"):
@@ -185,11 +178,6 @@ def _masked_fill(L, node, x, mask, value):
 @lowers(_ov("mm", "default"), _ov("bmm", "default"), _ov("matmul", "default"))
 def _matmul(L, node, a, b):
     return L.op("MatMul", [a, b])
-
-
-@lowers(_ov("addmm", "default"))
-def _addmm(L, node, bias, a, b, beta=1, alpha=1):
-    return L.op("Gemm", [a, b, bias], {"alpha": float(alpha), "beta": float(beta)})
 
 
 @lowers(_ov("linear", "default"))
@@ -226,7 +214,6 @@ def _log_softmax(L, node, x, dim, half_to_float=False):
     return L.op("LogSoftmax", [x], {"axis": dim})
 
 
-@lowers(_ov("native_batch_norm", "default"), _ov("_native_batch_norm_legit_no_training", "default"))
 def _batch_norm(L, node, x, w, b, mean, var, *rest):
     if node.target is _ov("native_batch_norm", "default"):
         training, momentum, eps = rest
@@ -257,10 +244,6 @@ def _reduce(op):
     return lower
 
 
-lowers(_ov("sum", "dim_IntList"), _ov("sum", "default"))(_reduce("ReduceSum"))
-lowers(_ov("mean", "dim"), _ov("mean", "default"))(_reduce("ReduceMean"))
-lowers(_ov("amax", "default"))(_reduce("ReduceMax"))
-lowers(_ov("amin", "default"))(_reduce("ReduceMin"))
 lowers(_ov("max", "default"))(_reduce("ReduceMax"))   # x.max(): over every element
 lowers(_ov("min", "default"))(_reduce("ReduceMin"))
 
@@ -352,13 +335,6 @@ def _squeeze(L, node, x, dim=None):
     return L.op("Squeeze", [x, L.ints(dims)])
 
 
-@lowers(_ov("split", "Tensor"), _ov("split_with_sizes", "default"))
-def _split(L, node, x, size, dim=0):
-    n = L.shape(x)[_norm(dim, L.rank(x))]
-    sizes = list(size) if isinstance(size, (list, tuple)) else [size] * (n // size) + ([n % size] if n % size else [])
-    return tuple(L.op("Split", [x, L.ints(sizes)], {"axis": dim}, outputs=len(sizes)))
-
-
 @lowers(_ov("cat", "default"))
 def _cat(L, node, xs, dim=0):
     xs = [x for x in xs if not (L.rank(x) == 1 and L.shape(x)[0] == 0)]
@@ -396,7 +372,6 @@ def _index_select(L, node, x, dim, idx):
     return L.op("Gather", [x, idx], {"axis": dim})
 
 
-@lowers(_ov("index", "Tensor"))
 def _index(L, node, x, indices):
     if len(indices) != 1 or indices[0] is None:
         raise Unsupported("indexing with more than one index tensor")
@@ -432,45 +407,6 @@ def _masked_select(L, node, x, mask):
     return L.op("Compress", [L.op("Reshape", [x, flat]), L.op("Reshape", [mask, flat])])
 
 
-# ---- convolution and pooling ----------------------------------------------------------------------
-@lowers(_ov("convolution", "default"))
-def _convolution(L, node, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed:
-        raise Unsupported("transposed convolution")
-    pads = list(padding) + list(padding)
-    ins = [x, w] + ([b] if b is not None else [])
-    return L.op("Conv", ins, {"strides": list(stride), "pads": pads, "dilations": list(dilation), "group": groups})
-
-
-@lowers(_ov("avg_pool2d", "default"))
-def _avg_pool2d(L, node, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    if divisor_override:
-        raise Unsupported("divisor_override")
-    kernel = list(kernel)
-    stride = list(stride) or kernel
-    padding = list(padding) if isinstance(padding, (list, tuple)) else [padding, padding]
-    return L.op("AveragePool", [x], {"kernel_shape": kernel, "strides": stride, "pads": padding + padding,
-                                     "ceil_mode": int(ceil_mode), "count_include_pad": int(count_include_pad)})
-
-
-@lowers(_ov("_adaptive_avg_pool2d", "default"), _ov("adaptive_avg_pool2d", "default"))
-def _adaptive_avg_pool2d(L, node, x, size):
-    if list(size) != [1, 1]:
-        raise Unsupported("adaptive average pooling to a size other than 1x1")
-    return L.op("GlobalAveragePool", [x])
-
-
-@lowers(_ov("max_pool2d_with_indices", "default"))
-def _max_pool2d(L, node, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
-    kernel = list(kernel)
-    stride = list(stride) or kernel
-    padding = list(padding) if isinstance(padding, (list, tuple)) else [padding, padding]
-    dilation = list(dilation) if isinstance(dilation, (list, tuple)) else [dilation, dilation]
-    y = L.op("MaxPool", [x], {"kernel_shape": kernel, "strides": stride, "pads": padding + padding,
-                              "dilations": dilation, "ceil_mode": int(ceil_mode)})
-    return (y, None)
-
-
 # ---- attention (torch 2.x) ------------------------------------------------------------------------
 def _sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *rest, scale=None, **kwargs):
     if dropout_p:
@@ -494,7 +430,6 @@ def _sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *res
     return L.op("MatMul", [L.op("Softmax", [s], {"axis": -1}), v])
 
 
-lowers(_ov("scaled_dot_product_attention", "default"))(_sdpa)
 
 
 def _sdpa_tuple(L, node, q, k, v, dropout_p=0.0, is_causal=False, *rest, attn_mask=None, scale=None, **kwargs):
@@ -643,3 +578,1068 @@ def _index_put(L, node, x, indices, values, accumulate=False):
     rows = L.op("Expand", [values, L.ints(list(js) + list(xs[1:]))])
     return L.op("ScatterND", [x, L.op("Unsqueeze", [idx, L.ints([-1])]), rows],
                 {"reduction": "add" if accumulate else "none"})
+# =================================================================================================
+# Coverage for real model families (issue 13): torchvision, timm and transformers emit these. Each
+# lowering is checked against PyTorch eager in tests/python/test_aten_lowerings.py.
+# =================================================================================================
+def _live_nodes(graph):
+    """The nodes the graph's output depends on (make_fx keeps results nothing reads); computed once
+    per graph, by a walk from the output (iterative: densenet's chains are thousands deep)."""
+    live = getattr(graph, "_tessel_live", None)
+    if live is None:
+        live, stack = set(), [n for n in graph.nodes if n.op == "output"]
+        while stack:
+            n = stack.pop()
+            if n not in live:
+                live.add(n)
+                stack.extend(n.all_input_nodes)
+        graph._tessel_live = live
+    return live
+
+
+def _used_outputs(node):
+    """Which results of a multi-output node the output depends on (getitem indices of its users)."""
+    used, live = set(), _live_nodes(node.graph)
+    for u in node.users:
+        if u not in live:
+            continue
+        if u.op == "call_function" and len(u.args) == 2 and isinstance(u.args[1], int):
+            used.add(u.args[1])
+        else:
+            return None          # used as a whole (a tuple): every result
+    return used
+
+
+def _only_first_used(node, what):
+    used = _used_outputs(node)
+    if used is None or used - {0}:
+        raise Unsupported(f"{what} is used")
+
+
+def _static_shape(L, x, what):
+    s = L.shape(x)
+    if any(d < 0 for d in s):
+        raise Unsupported(f"{what} of a tensor with a data-dependent shape")
+    return s
+
+
+def _meta_shape(node):
+    tm = node.meta.get("tensor_meta")
+    if hasattr(tm, "shape"):
+        return list(tm.shape)
+    val = node.meta.get("val")
+    return list(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _meta_torch_dtype(node):
+    tm = node.meta.get("tensor_meta")
+    if hasattr(tm, "dtype"):
+        return tm.dtype
+    val = node.meta.get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def _created(L, node, value):
+    """A constant with the node's traced shape and dtype, every element `value` (creation ops: their
+    result depends only on shapes, which are static here)."""
+    shape, dt = _meta_shape(node), _meta_torch_dtype(node)
+    if shape is None or dt is None:
+        raise Unsupported("output type unknown")
+    from ._convert import tessel_dtype
+    return L.const(torch.full(shape, value, dtype=dt), tessel_dtype(dt, "a created tensor"))
+
+
+def _dims(dims, rank):
+    if dims is None:
+        return list(range(rank))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return [_norm(d, rank) for d in dims] if dims else list(range(rank))
+
+
+# ---- creation: new_* / *_like / empty ----------------------------------------------
+for _o in (_ov("new_zeros", "default"), _ov("zeros_like", "default"), _ov("new_empty", "default"),
+           _ov("empty_like", "default"), _ov("empty", "memory_format"), _ov("new_empty_strided", "default"),
+           _ov("empty_strided", "default"), _ov("zeros", "default")):
+    lowers(_o)(lambda L, node, *a, **k: _created(L, node, 0))
+for _o in (_ov("new_ones", "default"), _ov("ones_like", "default"), _ov("ones", "default")):
+    lowers(_o)(lambda L, node, *a, **k: _created(L, node, 1))
+
+
+@lowers(_ov("new_full", "default"), _ov("full_like", "default"), _ov("full", "default"))
+def _full(L, node, x, *args, **kwargs):
+    # new_full(self, size, fill_value), full_like(self, fill_value), full(size, fill_value)
+    value = args[1] if node.target is _ov("new_full", "default") else args[0]
+    if isinstance(value, str):
+        raise Unsupported("a fill value that is a tensor")
+    return _created(L, node, value)
+
+
+# ---- activations ---------------------------------------------------------------------------------
+lowers(_ov("hardswish", "default"))(_unary("HardSwish"))
+lowers(_ov("hardsigmoid", "default"))(_unary("HardSigmoid", alpha=1.0 / 6, beta=0.5))
+lowers(_ov("mish", "default"))(_unary("Mish"))
+for _name, _op in (("log1p", None), ("expm1", None), ("trunc", None), ("round", "Round"), ("tan", "Tan"),
+                   ("asin", "Asin"), ("acos", "Acos"), ("atan", "Atan"), ("sinh", "Sinh"), ("cosh", "Cosh"),
+                   ("asinh", "Asinh"), ("acosh", "Acosh"), ("atanh", "Atanh"), ("isnan", "IsNaN"),
+                   ("sgn", "Sign")):
+    if _op:
+        lowers(_ov(_name, "default"))(_unary(_op))
+
+
+@lowers(_ov("isinf", "default"))
+def _isinf(L, node, x):
+    return L.op("IsInf", [x])
+
+
+@lowers(_ov("log1p", "default"))
+def _log1p(L, node, x):
+    return L.op("Log", [L.op("Add", [x, L.const(1, L.dtype(x))])])
+
+
+@lowers(_ov("expm1", "default"))
+def _expm1(L, node, x):
+    return L.op("Sub", [L.op("Exp", [x]), L.const(1, L.dtype(x))])
+
+
+@lowers(_ov("log2", "default"), _ov("log10", "default"))
+def _log_base(L, node, x):
+    base = 2.0 if node.target is _ov("log2", "default") else 10.0
+    return L.op("Mul", [L.op("Log", [x]), L.const(1.0 / math.log(base), L.dtype(x))])
+
+
+@lowers(_ov("trunc", "default"))
+def _trunc(L, node, x):
+    # toward zero: floor of |x|, with x's sign
+    return L.op("Mul", [L.op("Sign", [x]), L.op("Floor", [L.op("Abs", [x])])])
+
+
+@lowers(_ov("frac", "default"))
+def _frac(L, node, x):
+    return L.op("Sub", [x, _trunc(L, node, x)])
+
+
+@lowers(_ov("softplus", "default"))
+def _softplus(L, node, x, beta=1, threshold=20):
+    """torch: x where beta*x > threshold (linear), else log(1 + exp(beta*x)) / beta."""
+    d = L.dtype(x)
+    bx = x if beta == 1 else L.op("Mul", [x, L.const(beta, d)])
+    sp = L.op("Softplus", [bx])
+    if beta != 1:
+        sp = L.op("Div", [sp, L.const(beta, d)])
+    return L.op("Where", [L.op("Greater", [bx, L.const(threshold, d)]), x, sp])
+
+
+@lowers(_ov("elu", "default"))
+def _elu(L, node, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    d = L.dtype(x)
+    xi = x if input_scale == 1 else L.op("Mul", [x, L.const(input_scale, d)])
+    neg = L.op("Mul", [L.op("Sub", [L.op("Exp", [L.op("Min", [xi, L.const(0, d)])]), L.const(1, d)]), L.const(alpha, d)])
+    y = L.op("Where", [L.op("Greater", [x, L.const(0, d)]), x, neg])
+    return y if scale == 1 else L.op("Mul", [y, L.const(scale, d)])
+
+
+@lowers(_ov("celu", "default"))
+def _celu(L, node, x, alpha=1.0):
+    return L.op("Celu", [x], {"alpha": float(alpha)})
+
+
+@lowers(_ov("selu", "default"))
+def _selu(L, node, x):
+    return L.op("Selu", [x], {"alpha": 1.6732632423543772, "gamma": 1.0507009873554805})
+
+
+@lowers(_ov("leaky_relu", "default"))
+def _leaky_relu(L, node, x, slope=0.01):
+    return L.op("LeakyRelu", [x], {"alpha": float(slope)})
+
+
+@lowers(_ov("prelu", "default"), _ov("_prelu_kernel", "default"))
+def _prelu(L, node, x, w):
+    r = L.rank(x)
+    if L.rank(w) == 1 and r >= 2 and L.shape(w)[0] != 1:
+        w = L.op("Reshape", [w, L.ints([-1] + [1] * (r - 2))])
+    return L.op("PRelu", [x, w])
+
+
+@lowers(_ov("threshold", "default"))
+def _threshold(L, node, x, threshold, value):
+    d = L.dtype(x)
+    return L.op("Where", [L.op("Greater", [x, L.const(threshold, d)]), x, L.const(value, d)])
+
+
+@lowers(_ov("log_sigmoid_forward", "default"))
+def _log_sigmoid_forward(L, node, x):
+    _only_first_used(node, "log_sigmoid's buffer")
+    d = L.dtype(x)
+    # log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)), stable for large |x|
+    t = L.op("Log", [L.op("Add", [L.op("Exp", [L.op("Neg", [L.op("Abs", [x])])]), L.const(1, d)])])
+    return (L.op("Sub", [L.op("Min", [x, L.const(0, d)]), t]), None)
+
+
+@lowers(_ov("glu", "default"))
+def _glu(L, node, x, dim=-1):
+    a, b = _halves(L, x, dim)
+    return L.op("Mul", [a, L.op("Sigmoid", [b])])
+
+
+def _halves(L, x, dim):
+    n = L.shape(x)[_norm(dim, L.rank(x))]
+    return L.op("Split", [x, L.ints([n // 2, n // 2])], {"axis": dim}, outputs=2)
+
+
+# ---- elementwise binary and ternary --------------------------------------------------------------
+lowers(_ov("max", "other"))(_binary("Max"))
+lowers(_ov("min", "other"))(_binary("Min"))
+lowers(_ov("fmax", "default"))(_binary("Max"))
+lowers(_ov("fmin", "default"))(_binary("Min"))
+
+
+def _logical(op):
+    def lower(L, node, a, b):
+        ref = a if isinstance(a, str) else b
+        a, b = _scalar(L, a, ref), _scalar(L, b, ref)
+        return L.op(op, [_bool(L, a), _bool(L, b)])
+    return lower
+
+
+def _bool(L, v):
+    if L.dtype(v) == "bool":
+        return v
+    return L.op("Not", [L.op("Equal", [v, L.const(0, L.dtype(v))])])
+
+
+for _name, _op in (("logical_and", "And"), ("logical_or", "Or"), ("logical_xor", "Xor")):
+    lowers(_ov(_name, "default"))(_logical(_op))
+
+
+def _bitwise(bool_op, int_op):
+    def lower(L, node, a, b):
+        ref = a if isinstance(a, str) else b
+        a, b = _scalar(L, a, ref), _scalar(L, b, ref)
+        if L.dtype(a) == "bool" and L.dtype(b) == "bool":
+            return L.op(bool_op, [a, b])
+        out = _out_dtype(node) or L.dtype(ref)
+        return L.op(int_op, [_cast(L, a, out), _cast(L, b, out)])
+    return lower
+
+
+for _name, _bop, _iop in (("bitwise_and", "And", "BitwiseAnd"), ("bitwise_or", "Or", "BitwiseOr"),
+                          ("bitwise_xor", "Xor", "BitwiseXor")):
+    lowers(_ov(_name, "Tensor"), _ov(_name, "Scalar"))(_bitwise(_bop, _iop))
+
+
+@lowers(_ov("div", "Tensor_mode"), _ov("div", "Scalar_mode"), _ov("floor_divide", "default"),
+        _ov("floor_divide", "Scalar"))
+def _div_mode(L, node, a, b, rounding_mode="floor"):
+    if node.target in (_ov("floor_divide", "default"), _ov("floor_divide", "Scalar")):
+        rounding_mode = "floor"
+    out = _out_dtype(node)
+    ref = a if isinstance(a, str) else b
+    if rounding_mode is None:
+        return _binary("Div")(L, node, a, b)
+    # integer or float: divide in f64 (exact for the i32 range, and for i64 quotients below 2**53), round
+    a = _cast(L, _scalar(L, a, ref), "f64")
+    b = _cast(L, _scalar(L, b, ref), "f64")
+    q = L.op("Div", [a, b])
+    q = L.op("Floor", [q]) if rounding_mode == "floor" else _trunc(L, node, q)
+    return _cast(L, q, out or L.dtype(ref))
+
+
+@lowers(_ov("remainder", "Tensor"), _ov("remainder", "Scalar"), _ov("fmod", "Tensor"), _ov("fmod", "Scalar"))
+def _remainder(L, node, a, b):
+    ref = a if isinstance(a, str) else b
+    out = _out_dtype(node) or L.dtype(ref)
+    a, b = _cast(L, _scalar(L, a, ref), out), _cast(L, _scalar(L, b, ref), out)
+    if node.target in (_ov("fmod", "Tensor"), _ov("fmod", "Scalar")):
+        return L.op("Mod", [a, b], {"fmod": 1})         # C's fmod: the dividend's sign
+    if out[0] != "f":
+        return L.op("Mod", [a, b], {"fmod": 0})         # Python's %: the divisor's sign
+    return L.op("Sub", [a, L.op("Mul", [L.op("Floor", [L.op("Div", [a, b])]), b])])
+
+
+@lowers(_ov("pow", "Scalar"))
+def _pow_scalar(L, node, base, e):
+    out = _out_dtype(node) or L.dtype(e)
+    return L.op("Pow", [L.const(base, out), _cast(L, e, out)])
+
+
+@lowers(_ov("pow", "Tensor_Scalar"), _ov("pow", "Tensor_Tensor"))
+def _pow(L, node, x, e):
+    out = _out_dtype(node) or L.dtype(x)
+    x = _cast(L, x, out)
+    if e == 2:
+        return L.op("Mul", [x, x])
+    if e == 0.5:
+        return L.op("Sqrt", [x])
+    if e == 1:
+        return x
+    return L.op("Pow", [x, _cast(L, e, out) if isinstance(e, str) else L.const(e, out)])
+
+
+@lowers(_ov("clamp", "Tensor"), _ov("clamp_min", "Tensor"), _ov("clamp_max", "Tensor"))
+def _clamp_tensor(L, node, x, lo=None, hi=None):
+    if node.target is _ov("clamp_max", "Tensor"):
+        lo, hi = None, lo
+    d = _out_dtype(node) or L.dtype(x)
+    x = _cast(L, x, d)
+    if lo is not None:
+        x = L.op("Max", [x, _cast(L, lo, d) if isinstance(lo, str) else L.const(lo, d)])
+    if hi is not None:
+        x = L.op("Min", [x, _cast(L, hi, d) if isinstance(hi, str) else L.const(hi, d)])
+    return x
+
+
+@lowers(_ov("where", "ScalarOther"), _ov("where", "ScalarSelf"), _ov("where", "Scalar"))
+def _where_scalars(L, node, c, a, b):
+    return _where(L, node, c, a, b)
+
+
+@lowers(_ov("addcmul", "default"), _ov("addcdiv", "default"))
+def _addc(L, node, x, t1, t2, value=1):
+    op = "Mul" if node.target is _ov("addcmul", "default") else "Div"
+    p = L.op(op, [t1, t2])
+    if value != 1:
+        p = L.op("Mul", [p, L.const(value, L.dtype(x))])
+    return L.op("Add", [x, p])
+
+
+@lowers(_ov("lerp", "Scalar"), _ov("lerp", "Tensor"))
+def _lerp(L, node, a, b, w):
+    w = w if isinstance(w, str) else L.const(w, L.dtype(a))
+    return L.op("Add", [a, L.op("Mul", [w, L.op("Sub", [b, a])])])
+
+
+# ---- matrix products -----------------------------------------------------------------------------
+@lowers(_ov("baddbmm", "default"))
+def _baddbmm(L, node, x, a, b, beta=1, alpha=1):
+    d = L.dtype(x)
+    p = L.op("MatMul", [a, b])
+    if alpha != 1:
+        p = L.op("Mul", [p, L.const(alpha, d)])
+    if beta == 0:
+        return p
+    x = x if beta == 1 else L.op("Mul", [x, L.const(beta, d)])
+    return L.op("Add", [x, p])
+
+
+@lowers(_ov("addmm", "default"))
+def _addmm(L, node, bias, a, b, beta=1, alpha=1):
+    if L.rank(bias) <= 2 and beta != 0:
+        return L.op("Gemm", [a, b, bias], {"alpha": float(alpha), "beta": float(beta)})
+    return _baddbmm(L, node, bias, a, b, beta, alpha)
+
+
+@lowers(_ov("mv", "default"), _ov("dot", "default"))
+def _mv(L, node, a, b):
+    return L.op("MatMul", [a, b])
+
+
+@lowers(_ov("einsum", "default"))
+def _einsum(L, node, equation, operands, path=None):
+    return L.op("Einsum", list(operands), {"equation": equation.replace(" ", "")})
+
+
+@lowers(_ov("convolution", "default"))
+def _convolution(L, node, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    pads = list(padding) + list(padding)
+    ins = [x, w] + ([b] if b is not None else [])
+    attrs = {"strides": list(stride), "pads": pads, "dilations": list(dilation), "group": groups}
+    if transposed:
+        attrs["output_padding"] = list(output_padding)
+        return L.op("ConvTranspose", ins, attrs)
+    return L.op("Conv", ins, attrs)
+
+
+# ---- reductions ----------------------------------------------------------------------------------
+def _reduce_typed(op):
+    def lower(L, node, x, dims=None, keepdim=False, dtype=None):
+        if dtype is not None:
+            from ._convert import tessel_dtype
+            x = _cast(L, x, tessel_dtype(dtype, "a reduction's dtype"))
+        elif L.dtype(x) in ("bool", "u8", "i8", "i16", "i32") and op in ("ReduceSum", "ReduceProd"):
+            x = _cast(L, x, "i64")          # torch sums integers and bools in i64
+        if isinstance(dims, (list, tuple)) and len(dims) == 0:
+            dims = None
+        ins = [x] if dims is None else [x, L.ints(dims if isinstance(dims, (list, tuple)) else [dims])]
+        return L.op(op, ins, {"keepdims": int(bool(keepdim))})
+    return lower
+
+
+lowers(_ov("sum", "dim_IntList"), _ov("sum", "default"))(_reduce_typed("ReduceSum"))
+lowers(_ov("mean", "dim"), _ov("mean", "default"))(_reduce_typed("ReduceMean"))
+lowers(_ov("prod", "dim_int"), _ov("prod", "default"))(_reduce_typed("ReduceProd"))
+lowers(_ov("logsumexp", "default"))(_reduce_typed("ReduceLogSumExp"))
+
+
+@lowers(_ov("amax", "default"), _ov("amin", "default"))
+def _amax(L, node, x, dims=(), keepdim=False):
+    op = "ReduceMax" if node.target is _ov("amax", "default") else "ReduceMin"
+    return _reduce_typed(op)(L, node, x, list(dims) or None, keepdim)
+
+
+@lowers(_ov("any", "default"), _ov("any", "dim"), _ov("any", "dims"), _ov("all", "default"), _ov("all", "dim"),
+        _ov("all", "dims"))
+def _any_all(L, node, x, dims=None, keepdim=False):
+    op = "ReduceMax" if node.target in (_ov("any", "default"), _ov("any", "dim"), _ov("any", "dims")) else "ReduceMin"
+    f = _cast(L, _bool(L, x), "f32")
+    r = _reduce_typed(op)(L, node, f, dims, keepdim)
+    return _cast(L, r, "bool")
+
+
+def _arg_reduce(op):
+    def lower(L, node, x, dim=None, keepdim=False):
+        if dim is None:
+            x = L.op("Reshape", [x, L.ints([-1])])
+            r = L.op(op, [x], {"axis": 0, "keepdims": 0})
+            return L.op("Reshape", [r, L.ints([1] * len(_meta_shape(node) or []))]) if keepdim else r
+        return L.op(op, [x], {"axis": dim, "keepdims": int(bool(keepdim))})
+    return lower
+
+
+lowers(_ov("argmax", "default"))(_arg_reduce("ArgMax"))
+lowers(_ov("argmin", "default"))(_arg_reduce("ArgMin"))
+
+
+@lowers(_ov("max", "dim"), _ov("min", "dim"))
+def _max_dim(L, node, x, dim, keepdim=False):
+    big = node.target is _ov("max", "dim")
+    v = L.op("ReduceMax" if big else "ReduceMin", [x, L.ints([dim])], {"keepdims": int(bool(keepdim))})
+    used = _used_outputs(node)
+    i = None
+    if used is None or 1 in used:
+        i = L.op("ArgMax" if big else "ArgMin", [x], {"axis": dim, "keepdims": int(bool(keepdim))})
+    return (v, i)
+
+
+def _var_parts(L, node, x, dims, correction, keepdim):
+    shape = _static_shape(L, x, "var/std")
+    ds = _dims(dims, len(shape))
+    n = 1
+    for d in ds:
+        n *= shape[d]
+    m = L.op("ReduceMean", [x, L.ints(ds)], {"keepdims": 1})
+    dev = L.op("Sub", [x, m])
+    ss = L.op("ReduceSum", [L.op("Mul", [dev, dev]), L.ints(ds)], {"keepdims": int(bool(keepdim))})
+    c = 1 if correction is None else correction
+    var = L.op("Div", [ss, L.const(max(n - c, 0), L.dtype(x))])
+    mean = m if keepdim else L.op("Squeeze", [m, L.ints(ds)])
+    return var, mean
+
+
+def _var_args(node, args, kwargs):
+    """(dims, correction, keepdim) of var/std overloads: .correction(x, dim, *, correction, keepdim),
+    .dim(x, dim, unbiased, keepdim), .default(x, unbiased)."""
+    name = node.target._overloadname
+    if name == "correction":
+        dims = args[0] if args else kwargs.get("dim")
+        correction = kwargs.get("correction", args[1] if len(args) > 1 else None)
+        keepdim = kwargs.get("keepdim", args[2] if len(args) > 2 else False)
+    elif name == "dim":
+        dims = args[0] if args else kwargs.get("dim")
+        unbiased = args[1] if len(args) > 1 else kwargs.get("unbiased", True)
+        correction = 1 if unbiased else 0
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    else:
+        dims, keepdim = None, False
+        correction = 1 if (args[0] if args else kwargs.get("unbiased", True)) else 0
+    return dims, correction, keepdim
+
+
+def _variance(kind):
+    def lower(L, node, x, *args, **kwargs):
+        dims, correction, keepdim = _var_args(node, args, kwargs)
+        var, mean = _var_parts(L, node, x, dims, correction, keepdim)
+        out = L.op("Sqrt", [var]) if kind.startswith("std") else var
+        return (out, mean) if kind.endswith("_mean") else out
+    return lower
+
+
+for _kind in ("var", "std", "var_mean", "std_mean"):
+    for _o in ("correction", "dim", "default"):
+        lowers(_ov(_kind, _o))(_variance(_kind))
+
+
+@lowers(_ov("norm", "ScalarOpt_dim"), _ov("norm", "Scalar"), _ov("linalg_vector_norm", "default"),
+        _ov("norm", "ScalarOpt_dim_dtype"))
+def _vector_norm(L, node, x, p=2, dims=None, keepdim=False, *rest, dtype=None):
+    p = 2 if p is None else p
+    if dtype is not None:
+        from ._convert import tessel_dtype
+        x = _cast(L, x, tessel_dtype(dtype, "a norm's dtype"))
+    if isinstance(dims, (list, tuple)) and not dims:
+        dims = None
+    ins = [x] if dims is None else [x, L.ints(dims if isinstance(dims, (list, tuple)) else [dims])]
+    attrs = {"keepdims": int(bool(keepdim))}
+    if p == 2:
+        return L.op("ReduceL2", ins, attrs)
+    if p == 1:
+        return L.op("ReduceL1", ins, attrs)
+    a = L.op("Abs", [x])
+    if p == float("inf"):
+        return L.op("ReduceMax", [a] + ins[1:], attrs)
+    if p == float("-inf"):
+        return L.op("ReduceMin", [a] + ins[1:], attrs)
+    if p == 0:
+        nz = _cast(L, _bool(L, x), L.dtype(x))
+        return L.op("ReduceSum", [nz] + ins[1:], attrs)
+    d = L.dtype(x)
+    s = L.op("ReduceSum", [L.op("Pow", [a, L.const(p, d)])] + ins[1:], attrs)
+    return L.op("Pow", [s, L.const(1.0 / p, d)])
+
+
+@lowers(_ov("cumsum", "default"), _ov("cumprod", "default"))
+def _cumsum(L, node, x, dim, dtype=None):
+    if dtype is not None:
+        from ._convert import tessel_dtype
+        x = _cast(L, x, tessel_dtype(dtype, "cumsum's dtype"))
+    elif L.dtype(x) in ("bool", "u8", "i8", "i16", "i32"):
+        x = _cast(L, x, "i64")
+    op = "CumSum" if node.target is _ov("cumsum", "default") else "CumProd"
+    return L.op(op, [x, L.const(_norm(dim, L.rank(x)), "i64")])
+
+
+@lowers(_ov("topk", "default"))
+def _topk(L, node, x, k, dim=-1, largest=True, sorted=True):
+    if not sorted:
+        raise Unsupported("topk with sorted=False (the order is unspecified in PyTorch)")
+    v, i = L.op("TopK", [x, L.ints([k])], {"axis": dim, "largest": int(bool(largest)), "sorted": 1}, outputs=2)
+    return (v, i)
+
+
+@lowers(_ov("sort", "default"), _ov("sort", "stable"))
+def _sort(L, node, x, *args, **kwargs):
+    if node.target is _ov("sort", "stable"):
+        dim, descending = kwargs.get("dim", -1), kwargs.get("descending", False)
+    else:
+        dim = args[0] if args else kwargs.get("dim", -1)
+        descending = args[1] if len(args) > 1 else kwargs.get("descending", False)
+    n = _static_shape(L, x, "sort")[_norm(dim, L.rank(x))]
+    v, i = L.op("TopK", [x, L.ints([n])], {"axis": dim, "largest": int(bool(descending)), "sorted": 1}, outputs=2)
+    return (v, i)
+
+
+# ---- normalisation -------------------------------------------------------------------------------
+@lowers(_ov("native_group_norm", "default"))
+def _native_group_norm(L, node, x, w, b, n, c, hw, groups, eps):
+    _only_first_used(node, "group norm's mean/rstd")
+    return (_group_norm(L, node, x, groups, w, b, eps), None, None)
+
+
+@lowers(_ov("group_norm", "default"))
+def _group_norm(L, node, x, groups, w=None, b=None, eps=1e-5, cudnn=True):
+    ch = L.shape(x)[1]
+    d = L.dtype(x)
+    w = w if w is not None else L.const(torch.ones(ch), d)
+    b = b if b is not None else L.const(torch.zeros(ch), d)
+    return L.op("GroupNormalization", [x, w, b], {"num_groups": int(groups), "epsilon": float(eps)})
+
+
+@lowers(_ov("_native_batch_norm_legit", "default"), _ov("_native_batch_norm_legit", "no_stats"))
+def _batch_norm_legit(L, node, x, w, b, *rest):
+    if node.target is _ov("_native_batch_norm_legit", "no_stats"):
+        raise Unsupported("batch norm with batch statistics")
+    mean, var, training, momentum, eps = rest
+    if training:
+        raise Unsupported("training-mode batch norm")
+    return _batch_norm_eval(L, node, x, w, b, mean, var, momentum, eps)
+
+
+@lowers(_ov("native_batch_norm", "default"), _ov("_native_batch_norm_legit_no_training", "default"))
+def _batch_norm_eval(L, node, x, w, b, mean, var, *rest):
+    """Eval-mode batch norm; a missing weight or bias (affine=False) is ones / zeros."""
+    ch = L.shape(x)[1]
+    d = L.dtype(x)
+    w = w if w is not None else L.const(torch.ones(ch), d)
+    b = b if b is not None else L.const(torch.zeros(ch), d)
+    if mean is None or var is None:
+        raise Unsupported("batch norm without running statistics")
+    return _batch_norm(L, node, x, w, b, mean, var, *rest)
+
+
+@lowers(_ov("_fused_rms_norm", "default"), _ov("rms_norm", "default"))
+def _rms_norm(L, node, x, normalized_shape, w=None, eps=None):
+    if node.target is _ov("_fused_rms_norm", "default"):
+        _only_first_used(node, "rms norm's rstd")
+    d = L.dtype(x)
+    if eps is None:
+        eps = torch.finfo(_meta_torch_dtype(node.all_input_nodes[0]) or torch.float32).eps
+    k = len(normalized_shape)
+    ms = L.op("ReduceMean", [L.op("Mul", [x, x]), L.ints(list(range(-k, 0)))], {"keepdims": 1})
+    y = L.op("Mul", [x, L.op("Reciprocal", [L.op("Sqrt", [L.op("Add", [ms, L.const(eps, d)])])])])
+    if w is not None:
+        y = L.op("Mul", [y, w])
+    return (y, None) if node.target is _ov("_fused_rms_norm", "default") else y
+
+
+# ---- shapes and data movement --------------------------------------------------------------------
+@lowers(_ov("constant_pad_nd", "default"))
+def _constant_pad_nd(L, node, x, pad, value=0):
+    return _pad(L, x, pad, "constant", value)
+
+
+def _pad(L, x, pad, mode, value=0):
+    """torch's pad list runs from the last dim backwards (before, after) pairs; ONNX's is all begins
+    then all ends over every dim."""
+    r = L.rank(x)
+    pad = list(pad)
+    begins, ends = [0] * r, [0] * r
+    for i in range(len(pad) // 2):
+        begins[r - 1 - i], ends[r - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    if not any(begins) and not any(ends):
+        return x
+    ins = [x, L.ints(begins + ends)]
+    if mode == "constant":
+        ins.append(L.const(value, L.dtype(x)))
+    return L.op("Pad", ins, {"mode": mode})
+
+
+for _o, _mode in ((_ov("reflection_pad1d", "default"), "reflect"), (_ov("reflection_pad2d", "default"), "reflect"),
+                  (_ov("reflection_pad3d", "default"), "reflect"), (_ov("replication_pad1d", "default"), "edge"),
+                  (_ov("replication_pad2d", "default"), "edge"), (_ov("replication_pad3d", "default"), "edge")):
+    lowers(_o)(lambda L, node, x, pad, _mode=_mode: _pad(L, x, pad, _mode))
+
+
+@lowers(_ov("roll", "default"))
+def _roll(L, node, x, shifts, dims=()):
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    shape = _static_shape(L, x, "roll")
+    if not dims:
+        flat = L.op("Reshape", [x, L.ints([-1])])
+        return L.op("Reshape", [_roll_dim(L, flat, shifts[0], 0, _numel(shape)), L.ints(shape)])
+    for s, d in zip(shifts, dims):
+        d = _norm(d, len(shape))
+        x = _roll_dim(L, x, s, d, shape[d])
+    return x
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _roll_dim(L, x, shift, dim, n):
+    s = shift % n if n else 0
+    if s == 0:
+        return x
+    tail = L.op("Slice", [x, L.ints([n - s]), L.ints([n]), L.ints([dim])])
+    head = L.op("Slice", [x, L.ints([0]), L.ints([n - s]), L.ints([dim])])
+    return L.op("Concat", [tail, head], {"axis": dim})
+
+
+@lowers(_ov("flip", "default"))
+def _flip(L, node, x, dims):
+    shape = _static_shape(L, x, "flip")
+    ds = [_norm(d, len(shape)) for d in dims]
+    if not ds:
+        return x
+    return L.op("Slice", [x, L.ints([shape[d] - 1 for d in ds]), L.ints([-(1 << 62)] * len(ds)), L.ints(ds),
+                          L.ints([-1] * len(ds))])
+
+
+@lowers(_ov("repeat", "default"))
+def _repeat(L, node, x, repeats):
+    repeats = list(repeats)
+    r = L.rank(x)
+    if len(repeats) > r:
+        x = L.op("Reshape", [x, L.ints([1] * (len(repeats) - r) + _static_shape(L, x, "repeat"))])
+    if all(k == 1 for k in repeats):
+        return x
+    return L.op("Tile", [x, L.ints(repeats)])
+
+
+@lowers(_ov("unbind", "int"))
+def _unbind(L, node, x, dim=0):
+    r = L.rank(x)
+    dim = _norm(dim, r)
+    n = _static_shape(L, x, "unbind")[dim]
+    if n == 1:
+        return (L.op("Squeeze", [x, L.ints([dim])]),)
+    parts = L.op("Split", [x, L.ints([1] * n)], {"axis": dim}, outputs=n)
+    return tuple(L.op("Squeeze", [p, L.ints([dim])]) for p in parts)
+
+
+@lowers(_ov("split", "Tensor"), _ov("split_with_sizes", "default"), _ov("unsafe_split", "Tensor"),
+        _ov("unsafe_split_with_sizes", "default"))
+def _split(L, node, x, size, dim=0):
+    n = L.shape(x)[_norm(dim, L.rank(x))]
+    if isinstance(size, (list, tuple)):
+        sizes = list(size)
+    else:
+        sizes = [size] * (n // size) + ([n % size] if n % size else []) if size else [n]
+    if len(sizes) == 1:
+        return (x,)
+    return tuple(L.op("Split", [x, L.ints(sizes)], {"axis": dim}, outputs=len(sizes)))
+
+
+@lowers(_ov("tril", "default"), _ov("triu", "default"))
+def _trilu(L, node, x, diagonal=0):
+    return L.op("Trilu", [x, L.const(diagonal, "i64")], {"upper": int(node.target is _ov("triu", "default"))})
+
+
+@lowers(_ov("pixel_shuffle", "default"))
+def _pixel_shuffle(L, node, x, r):
+    if L.rank(x) != 4:
+        raise Unsupported("pixel_shuffle of a tensor that is not 4-D")
+    n, c, h, w = _static_shape(L, x, "pixel_shuffle")
+    y = L.op("Reshape", [x, L.ints([n, c // (r * r), r, r, h, w])])
+    y = L.op("Transpose", [y], {"perm": [0, 1, 4, 2, 5, 3]})
+    return L.op("Reshape", [y, L.ints([n, c // (r * r), h * r, w * r])])
+
+
+@lowers(_ov("pixel_unshuffle", "default"))
+def _pixel_unshuffle(L, node, x, r):
+    if L.rank(x) != 4:
+        raise Unsupported("pixel_unshuffle of a tensor that is not 4-D")
+    n, c, h, w = _static_shape(L, x, "pixel_unshuffle")
+    y = L.op("Reshape", [x, L.ints([n, c, h // r, r, w // r, r])])
+    y = L.op("Transpose", [y], {"perm": [0, 1, 3, 5, 2, 4]})
+    return L.op("Reshape", [y, L.ints([n, c * r * r, h // r, w // r])])
+
+
+@lowers(_ov("channel_shuffle", "default"), _ov("native_channel_shuffle", "default"))
+def _channel_shuffle(L, node, x, groups):
+    shape = _static_shape(L, x, "channel_shuffle")
+    n, c, rest = shape[0], shape[1], shape[2:]
+    y = L.op("Reshape", [x, L.ints([n, groups, c // groups] + rest)])
+    perm = [0, 2, 1] + list(range(3, 3 + len(rest)))
+    y = L.op("Transpose", [y], {"perm": perm})
+    return L.op("Reshape", [y, L.ints(shape)])
+
+
+@lowers(_ov("gather", "default"))
+def _gather(L, node, x, dim, index, sparse_grad=False):
+    return L.op("GatherElements", [x, index], {"axis": dim})
+
+
+@lowers(_ov("scatter", "src"), _ov("scatter", "value"), _ov("scatter_add", "default"), _ov("scatter", "reduce"),
+        _ov("scatter", "value_reduce"), _ov("scatter_reduce", "two"))
+def _scatter(L, node, x, dim, index, src, reduce=None, include_self=True):
+    if not isinstance(src, str):
+        src = L.op("Expand", [L.const(src, L.dtype(x)), L.ints(L.shape(index))])
+    elif L.shape(src) != L.shape(index):
+        # torch reads src at the index's positions only (src may be larger)
+        src = L.op("Slice", [src, L.ints([0] * L.rank(index)), L.ints(L.shape(index)), L.ints(list(range(L.rank(index))))])
+    if node.target is _ov("scatter_add", "default"):
+        reduce = "add"
+    red = {None: "none", "add": "add", "sum": "add", "multiply": "mul", "prod": "mul", "amax": "max", "amin": "min"}
+    if reduce not in red or not include_self:
+        raise Unsupported(f"scatter with reduce={reduce!r}, include_self={include_self}")
+    return L.op("ScatterElements", [x, index, _cast(L, src, L.dtype(x))], {"axis": dim, "reduction": red[reduce]})
+
+
+def _nonneg_index(L, idx, n):
+    """An index tensor as i64; negative indices count from the end in torch, and Gather and GatherND
+    take them so (as ONNX specifies), so nothing else is needed (and the NonZero -> Gather -> reduce
+    repair pattern stays recognisable)."""
+    return _cast(L, idx, "i64")
+
+
+@lowers(_ov("index", "Tensor"), _ov("_unsafe_index", "Tensor"))
+def _index_tensors(L, node, x, indices):
+    """Advanced indexing with integer index tensors (None = a full dim): the indexed dims gather
+    together through GatherND over their broadcast indices; the result's broadcast dims go where
+    torch puts them (in place when the indexed dims are adjacent, else first)."""
+    indices = list(indices)
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    if len(pos) == 1 and L.dtype(indices[pos[0]]) == "bool" and pos[0] == 0:
+        return _index(L, node, x, indices)
+    if any(L.dtype(indices[i]) == "bool" for i in pos):
+        raise Unsupported("boolean mask indexing together with other indices or after a full dim")
+    shape = _static_shape(L, x, "indexing")
+    r = len(shape)
+    idx = [_nonneg_index(L, indices[i], shape[i]) for i in pos]
+    if len(pos) == 1:
+        return L.op("Gather", [x, idx[0]], {"axis": pos[0]})
+    bshape = list(torch.broadcast_shapes(*[tuple(L.shape(i)) for i in idx]))
+    idx = [i if L.shape(i) == bshape else L.op("Expand", [i, L.ints(bshape)]) for i in idx]
+    stacked = L.op("Concat", [L.op("Unsqueeze", [i, L.ints([len(bshape)])]) for i in idx], {"axis": len(bshape)})
+    rest = [d for d in range(r) if d not in pos]
+    front = x
+    if pos != list(range(len(pos))):
+        front = L.op("Transpose", [x], {"perm": pos + rest})
+    y = L.op("GatherND", [front, stacked])          # [bshape..., rest dims...]
+    adjacent = pos == list(range(pos[0], pos[0] + len(pos)))
+    if adjacent and pos[0] > 0:
+        nb = len(bshape)
+        lead = list(range(nb, nb + pos[0]))      # the rest dims that were before the indexed ones
+        perm = lead + list(range(nb)) + list(range(nb + pos[0], nb + len(rest)))
+        y = L.op("Transpose", [y], {"perm": perm})
+    return y
+
+
+# ---- pooling and resampling ----------------------------------------------------------------------
+def _adaptive_matrix(n_in, n_out):
+    """[n_out, n_in]: row i averages torch's adaptive window floor(i*in/out) .. ceil((i+1)*in/out)."""
+    m = torch.zeros(n_out, n_in, dtype=torch.float64)
+    for i in range(n_out):
+        s, e = (i * n_in) // n_out, -((-(i + 1) * n_in) // n_out)
+        m[i, s:e] = 1.0 / (e - s)
+    return m
+
+
+def _adaptive_windows(n_in, n_out):
+    return [((i * n_in) // n_out, -((-(i + 1) * n_in) // n_out)) for i in range(n_out)]
+
+
+@lowers(_ov("_adaptive_avg_pool2d", "default"), _ov("adaptive_avg_pool2d", "default"),
+        _ov("adaptive_avg_pool1d", "default"), _ov("_adaptive_avg_pool3d", "default"))
+def _adaptive_avg_pool(L, node, x, size):
+    size = [size] if isinstance(size, int) else list(size)
+    shape = _static_shape(L, x, "adaptive pooling")
+    k = len(size)
+    ins = shape[-k:]
+    size = [i if o is None else o for i, o in zip(ins, size)]
+    if all(o == 1 for o in size) and L.rank(x) >= 3 and len(shape) == k + 2:
+        return L.op("GlobalAveragePool", [x])
+    if all(i % o == 0 for i, o in zip(ins, size)) and len(shape) == k + 2:
+        kern = [i // o for i, o in zip(ins, size)]
+        return L.op("AveragePool", [x], {"kernel_shape": kern, "strides": kern})
+    # separable: each spatial dim is averaged by a [out, in] matrix
+    d = L.dtype(x)
+    r = len(shape)
+    for j in range(k):
+        ax = r - k + j
+        m = L.const(_adaptive_matrix(ins[j], size[j]).t().contiguous(), d)      # [in, out]
+        perm = list(range(r))
+        perm[ax], perm[-1] = perm[-1], perm[ax]
+        t = L.op("Transpose", [x], {"perm": perm}) if ax != r - 1 else x
+        t = L.op("MatMul", [t, m])
+        x = L.op("Transpose", [t], {"perm": perm}) if ax != r - 1 else t
+    return x
+
+
+@lowers(_ov("adaptive_max_pool2d", "default"), _ov("adaptive_max_pool1d", "default"))
+def _adaptive_max_pool(L, node, x, size):
+    _only_first_used(node, "adaptive max pooling's indices")
+    size = [size] if isinstance(size, int) else list(size)
+    shape = _static_shape(L, x, "adaptive pooling")
+    k = len(size)
+    ins = shape[-k:]
+    if all(i % o == 0 for i, o in zip(ins, size)):
+        kern = [i // o for i, o in zip(ins, size)]
+        return (L.op("MaxPool", [x], {"kernel_shape": kern, "strides": kern}), None)
+    r = len(shape)
+    for j in range(k):
+        ax = r - k + j
+        cells = [L.op("ReduceMax", [L.op("Slice", [x, L.ints([s]), L.ints([e]), L.ints([ax])]), L.ints([ax])],
+                      {"keepdims": 1}) for s, e in _adaptive_windows(ins[j], size[j])]
+        x = cells[0] if len(cells) == 1 else L.op("Concat", cells, {"axis": ax})
+    return (x, None)
+
+
+def _pair(v, n=2):
+    return list(v) * (n if len(v) == 1 else 1) if isinstance(v, (list, tuple)) else [v] * n
+
+
+@lowers(_ov("avg_pool2d", "default"), _ov("avg_pool1d", "default"), _ov("avg_pool3d", "default"))
+def _avg_pool(L, node, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+              divisor_override=None):
+    n = {_ov("avg_pool1d", "default"): 1, _ov("avg_pool3d", "default"): 3}.get(node.target, 2)
+    kernel = _pair(kernel, n)
+    stride = _pair(stride, n) if stride not in ((), [], None) else kernel
+    padding = _pair(padding, n)
+    attrs = {"kernel_shape": kernel, "strides": stride, "pads": padding + padding, "ceil_mode": int(ceil_mode),
+             "count_include_pad": int(count_include_pad)}
+    if divisor_override:
+        if ceil_mode:
+            raise Unsupported("divisor_override with ceil_mode")
+        attrs["count_include_pad"] = 1
+        y = L.op("AveragePool", [x], attrs)
+        return L.op("Mul", [y, L.const(_numel(kernel) / divisor_override, L.dtype(x))])
+    if ceil_mode:
+        return _avg_pool_ceil(L, node, x, kernel, stride, padding, count_include_pad)
+    return L.op("AveragePool", [x], attrs)
+
+
+def _avg_pool_ceil(L, node, x, kernel, stride, padding, count_include_pad):
+    """ceil_mode: torch drops a last window that would start in the right padding, and divides a
+    window that runs past the padded input by its part inside input+padding (or, without
+    count_include_pad, inside the input). A sum pool (zero padding) divided by a constant count map
+    gives exactly that."""
+    shape = _static_shape(L, x, "avg_pool")
+    n = len(kernel)
+    ins = shape[-n:]
+    outs = []
+    for i, k, s, p in zip(ins, kernel, stride, padding):
+        o = -(-(i + 2 * p - k) // s) + 1
+        if (o - 1) * s >= i + p:
+            o -= 1
+        outs.append(o)
+    counts = torch.ones(1)
+    for i, k, s, p, o in zip(ins, kernel, stride, padding, outs):
+        c = []
+        for j in range(o):
+            a = j * s - p
+            e = min(a + k, i + p)
+            c.append(e - a if count_include_pad else min(e, i) - max(a, 0))
+        counts = counts.reshape(counts.shape + (1,)) * torch.tensor(c, dtype=torch.float64)
+    counts = counts.reshape(outs)
+    # right padding enough to cover every window, zeros
+    extra = [max(0, (o - 1) * s + k - (i + 2 * p)) for i, k, s, p, o in zip(ins, kernel, stride, padding, outs)]
+    r = len(shape)
+    zeros = [0] * (r - n)
+    padded = L.op("Pad", [x, L.ints(zeros + padding + zeros + [p + e for p, e in zip(padding, extra)]),
+                          L.const(0, L.dtype(x))], {"mode": "constant"})
+    y = L.op("AveragePool", [padded], {"kernel_shape": kernel, "strides": stride, "count_include_pad": 1})
+    scale = float(_numel(kernel)) / counts
+    return L.op("Mul", [y, L.const(scale, L.dtype(x))])
+
+
+@lowers(_ov("max_pool2d_with_indices", "default"), _ov("max_pool2d", "default"), _ov("max_pool1d", "default"),
+        _ov("max_pool3d_with_indices", "default"), _ov("max_pool1d_with_indices", "default"))
+def _max_pool(L, node, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    with_indices = node.target in (_ov("max_pool2d_with_indices", "default"), _ov("max_pool3d_with_indices", "default"),
+                                   _ov("max_pool1d_with_indices", "default"))
+    if with_indices:
+        _only_first_used(node, "max pooling's indices")
+    n = {_ov("max_pool1d", "default"): 1, _ov("max_pool1d_with_indices", "default"): 1,
+         _ov("max_pool3d_with_indices", "default"): 3}.get(node.target, 2)
+    kernel = _pair(kernel, n)
+    stride = _pair(stride, n) if stride not in ((), [], None) else kernel
+    padding = _pair(padding, n)
+    dilation = _pair(dilation, n)
+    y = L.op("MaxPool", [x], {"kernel_shape": kernel, "strides": stride, "pads": padding + padding,
+                              "dilations": dilation, "ceil_mode": int(ceil_mode)})
+    return (y, None) if with_indices else y
+
+
+def _resize(L, node, x, sizes, scales, mode, coord, nearest_mode="floor", **extra):
+    r = L.rank(x)
+    attrs = {"mode": mode, "coordinate_transformation_mode": coord, **extra}
+    if mode == "nearest":
+        attrs["nearest_mode"] = nearest_mode
+    if scales is not None and all(s is not None for s in scales):
+        sc = L.const([1.0, 1.0] + [float(s) for s in scales], "f32")
+        return L.op("Resize", [x, None, sc], attrs)
+    return L.op("Resize", [x, None, None, L.ints(L.shape(x)[:r - len(sizes)] + list(sizes))], attrs)
+
+
+def _upsample(mode, nd, nearest_coord="asymmetric", nearest_mode="floor"):
+    """upsample_*.default (x, output_size, [align_corners], scales...) and .vec (x, output_size or None,
+    [align_corners], scale_factors or None). Scales given to torch decide its source coordinates (it
+    uses 1/scale, as ONNX does with a scales input); otherwise the sizes do."""
+    def lower(L, node, x, output_size, *rest):
+        linear = mode in ("linear", "cubic")
+        align = False
+        if linear:
+            align, rest = bool(rest[0]), rest[1:]
+        if node.target._overloadname == "vec":
+            scales = rest[0] if rest else None
+        else:
+            scales = list(rest) if rest else None
+        if scales is not None and (len(scales) != nd or any(v is None for v in scales)):
+            scales = None
+        out = _meta_shape(node)[-nd:]
+        extra = {"cubic_coeff_a": -0.75} if mode == "cubic" else {}
+        if linear:
+            # torch clamps a negative source coordinate to 0: the same as ONNX's edge padding under
+            # half_pixel (pytorch_half_pixel differs at an output size of 1)
+            coord = "align_corners" if align else "half_pixel"
+            return _resize(L, node, x, out, None if align else scales, mode, coord, **extra)
+        return _resize(L, node, x, out, scales, mode, nearest_coord, nearest_mode)
+    return lower
+
+
+for _name, _mode, _nd in (("upsample_nearest1d", "nearest", 1), ("upsample_nearest2d", "nearest", 2),
+                          ("upsample_nearest3d", "nearest", 3), ("upsample_linear1d", "linear", 1),
+                          ("upsample_bilinear2d", "linear", 2), ("upsample_trilinear3d", "linear", 3),
+                          ("upsample_bicubic2d", "cubic", 2)):
+    for _o in ("default", "vec"):
+        lowers(_ov(_name, _o))(_upsample(_mode, _nd))
+for _name, _nd in (("_upsample_nearest_exact1d", 1), ("_upsample_nearest_exact2d", 2), ("_upsample_nearest_exact3d", 3)):
+    for _o in ("default", "vec"):
+        lowers(_ov(_name, _o))(_upsample("nearest", _nd, "half_pixel", "round_prefer_ceil"))
+
+
+# ---- attention -----------------------------------------------------------------------------------
+@lowers(_ov("_native_multi_head_attention", "default"))
+def _native_mha(L, node, q, k, v, embed_dim, num_heads, qkv_w, qkv_b, proj_w, proj_b, mask=None,
+                need_weights=True, average_attn_weights=True, mask_type=None):
+    """nn.MultiheadAttention's fast path (batch first [B, T, E]): packed in-projection, per-head
+    scaled dot-product attention, out-projection; a boolean mask marks positions to leave out."""
+    if L.rank(q) != 3:
+        raise Unsupported("multi-head attention of an input that is not [B, T, E]")
+    b, t, e = _static_shape(L, q, "attention")
+    s = L.shape(k)[1]
+    h = num_heads
+    hd = embed_dim // h
+    wq, wk, wv = L.op("Split", [qkv_w, L.ints([embed_dim] * 3)], {"axis": 0}, outputs=3)
+    bq, bk, bv = L.op("Split", [qkv_b, L.ints([embed_dim] * 3)], {"axis": 0}, outputs=3) if qkv_b is not None \
+        else (None, None, None)
+
+    def project(x, w, bias, n):
+        y = L.op("MatMul", [x, L.op("Transpose", [w], {"perm": [1, 0]})])
+        y = L.op("Add", [y, bias]) if bias is not None else y
+        return L.op("Transpose", [L.op("Reshape", [y, L.ints([b, n, h, hd])])], {"perm": [0, 2, 1, 3]})
+    qh, kh, vh = project(q, wq, bq, t), project(k, wk, bk, s), project(v, wv, bv, s)
+    d = L.dtype(q)
+    scores = L.op("Mul", [L.op("MatMul", [qh, L.op("Transpose", [kh], {"perm": [0, 1, 3, 2]})]),
+                          L.const(1.0 / math.sqrt(hd), d)])
+    if mask is not None:
+        if L.dtype(mask) != "bool":
+            raise Unsupported("a float attention mask in the fused multi-head attention")
+        if mask_type == 1:      # key padding mask [B, S]
+            mask = L.op("Reshape", [mask, L.ints([b, 1, 1, s])])
+        scores = L.op("Where", [mask, L.const(float("-inf"), d), scores])
+    attn = L.op("Softmax", [scores], {"axis": -1})
+    o = L.op("MatMul", [attn, vh])
+    o = L.op("Reshape", [L.op("Transpose", [o], {"perm": [0, 2, 1, 3]}), L.ints([b, t, embed_dim])])
+    o = L.op("MatMul", [o, L.op("Transpose", [proj_w], {"perm": [1, 0]})])
+    if proj_b is not None:
+        o = L.op("Add", [o, proj_b])
+    w = None
+    if need_weights:
+        w = L.op("ReduceMean", [attn, L.ints([1])], {"keepdims": 0}) if average_attn_weights else attn
+    return (o, w)
+
+
+def _sdpa_gqa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *rest, scale=None, enable_gqa=False,
+              **kwargs):
+    """scaled_dot_product_attention; with enable_gqa, each group of query heads shares a key/value head."""
+    if enable_gqa and L.rank(k) >= 3 and L.shape(q)[-3] != L.shape(k)[-3]:
+        rep = L.shape(q)[-3] // L.shape(k)[-3]
+
+        def widen(t):
+            s = _static_shape(L, t, "grouped attention")
+            y = L.op("Unsqueeze", [t, L.ints([len(s) - 2])])
+            y = L.op("Expand", [y, L.ints(s[:-2] + [rep] + s[-2:])])
+            return L.op("Reshape", [y, L.ints(s[:-3] + [s[-3] * rep] + s[-2:])])
+        k, v = widen(k), widen(v)
+    return _sdpa(L, node, q, k, v, attn_mask, dropout_p, is_causal, scale=scale)
+
+
+lowers(_ov("scaled_dot_product_attention", "default"))(_sdpa_gqa)
+
+
+@lowers(_ov("_transformer_encoder_layer_fwd", "default"))
+def _transformer_encoder_layer(L, node, x, embed_dim, num_heads, qkv_w, qkv_b, proj_w, proj_b, use_gelu, norm_first,
+                               eps, ln1_w, ln1_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, mask=None, mask_type=None):
+    """nn.TransformerEncoderLayer's fast path (eval, batch first): attention and MLP blocks with
+    post- or pre-layer-norm residuals."""
+    def ln(v, w, b):
+        return L.op("LayerNormalization", [v, w, b], {"axis": -1, "epsilon": float(eps)})
+
+    def attend(v):
+        return _native_mha(L, node, v, v, v, embed_dim, num_heads, qkv_w, qkv_b, proj_w, proj_b, mask, False,
+                           True, mask_type)[0]
+
+    def mlp(v):
+        h = L.op("Add", [L.op("MatMul", [v, L.op("Transpose", [fc1_w], {"perm": [1, 0]})]), fc1_b])
+        h = L.op("Gelu", [h]) if use_gelu else L.op("Relu", [h])
+        return L.op("Add", [L.op("MatMul", [h, L.op("Transpose", [fc2_w], {"perm": [1, 0]})]), fc2_b])
+    if norm_first:
+        x = L.op("Add", [x, attend(ln(x, ln1_w, ln1_b))])
+        return L.op("Add", [x, mlp(ln(x, ln2_w, ln2_b))])
+    x = ln(L.op("Add", [x, attend(x)]), ln1_w, ln1_b)
+    return ln(L.op("Add", [x, mlp(x)]), ln2_w, ln2_b)
+
+
+@lowers(_ov("native_dropout", "default"))
+def _native_dropout(L, node, x, p, train):
+    if train and p > 0:
+        raise Unsupported("dropout in training mode")
+    _only_first_used(node, "dropout's mask")
+    return (x, None)

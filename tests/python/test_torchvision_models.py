@@ -1,0 +1,102 @@
+"""torchvision classification models (random weights, small inputs or small configs of the same classes)
+through tessel.compile, against PyTorch eager: within 1e-4 relative and no aten fallback.
+
+In-place ops (relu_, add_, ...) are switched off with each module's `inplace` flag, and any in-place
+aten op that remains (`out += identity`) is allowed to break the graph here: functionalization
+(docs/python.md) removes those breaks, the lowerings are what this test is about. The graph backend
+runs the partitions (the lowering is under test, not the code generator; the ONNX tests cover the
+compiled backend on the same models). The whole set is a few seconds; skipped in the sanitized build
+(TESSEL_SANITIZED), where the same Python runs uninstrumented and only the extension is slower.
+bench/zoo.py runs every torchvision classification model at full size.
+"""
+import os
+import unittest
+
+import torch
+
+import tessel
+
+try:
+    import torchvision
+    import torchvision.models as M
+except ImportError:  # pragma: no cover - ./dev installs python3-torchvision
+    torchvision = None
+
+SANITIZED = bool(os.environ.get("TESSEL_SANITIZED"))
+
+
+def _no_inplace(model):
+    for m in model.modules():
+        if getattr(m, "inplace", None) is True:
+            m.inplace = False
+    return model
+
+
+def _no_zero_weights(model):
+    """Random weights where the builder zeroes a layer (vit's head): an all-zero output compares
+    equal to anything."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.any():
+                p.normal_(0, 0.02)
+    return model
+
+
+def _inplace_op(name):
+    packet = name.split(".")[1] if name.startswith("aten.") else name
+    return packet.endswith("_") and not packet.endswith("__")
+
+
+def _small_vit():
+    from torchvision.models.vision_transformer import VisionTransformer
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                             num_classes=10), 32
+
+
+def _small_maxvit():
+    from torchvision.models.maxvit import MaxVit
+    return MaxVit(input_size=(32, 32), stem_channels=8, partition_size=2, block_channels=[8, 16], block_layers=[1, 1],
+                  head_dim=4, stochastic_depth_prob=0.0, num_classes=10), 32
+
+
+# name -> builder returning (model, input resolution); full torchvision builders at 64x64 where the
+# model allows it, small configs of the same classes where the full one needs 224.
+MODELS = {
+    "resnet18": lambda: (M.resnet18(), 64),
+    "mobilenet_v3_small": lambda: (M.mobilenet_v3_small(), 64),      # hardswish, hardsigmoid, SE blocks
+    "efficientnet_b0": lambda: (M.efficientnet_b0(), 64),            # silu, sigmoid gating
+    "squeezenet1_1": lambda: (M.squeezenet1_1(), 64),                # ceil_mode max pooling
+    "shufflenet_v2_x0_5": lambda: (M.shufflenet_v2_x0_5(), 64),      # chunk + channel shuffle
+    "regnet_y_400mf": lambda: (M.regnet_y_400mf(), 64),
+    "googlenet": lambda: (M.googlenet(aux_logits=False, init_weights=False), 64),
+    "alexnet": lambda: (M.alexnet(), 64),                            # adaptive avg pool 1x1 -> 6x6
+    "mnasnet0_5": lambda: (M.mnasnet0_5(), 64),
+    "vit": _small_vit,                                               # _native_multi_head_attention
+    "maxvit": _small_maxvit,
+}
+
+
+@unittest.skipIf(torchvision is None, "torchvision is not installed")
+@unittest.skipIf(SANITIZED, "the model zoo is slow in the sanitized build and tests no sanitized code of its own")
+class TorchvisionModels(unittest.TestCase):
+    def check_model(self, name):
+        torch.manual_seed(0)
+        model, res = MODELS[name]()
+        model = _no_zero_weights(_no_inplace(model.eval()))
+        x = torch.randn(1, 3, res, res)
+        with torch.no_grad():
+            ref = model(x)
+        fast = tessel.compile(model, (x,), backend="graph", threads=2)
+        out = fast(x)
+        fallbacks = [b["op"] for b in fast.explanation.breaks if not _inplace_op(b["op"])]
+        self.assertEqual(fallbacks, [], f"{name}: aten fallbacks\n{fast.explanation}")
+        err = float((out - ref).abs().max() / ref.abs().max())
+        self.assertLessEqual(err, 1e-4, f"{name}: rel err {err:.2e}")
+
+
+for _name in MODELS:
+    setattr(TorchvisionModels, f"test_{_name}", lambda self, n=_name: self.check_model(n))
+
+
+if __name__ == "__main__":
+    unittest.main()
