@@ -92,6 +92,11 @@ def build_model(name, seed=0):
     torch.manual_seed(seed)
     kwargs = {"aux_logits": False, "init_weights": False} if name in ("googlenet", "inception_v3") else {}
     m = torchvision.models.get_model(name, weights=None, **kwargs)
+    # Some heads start at exactly zero (vit's classifier): the output would be 0 whatever the rest
+    # computes, and every backend would "match". Such weight matrices get small random values.
+    for p in m.parameters():
+        if p.dim() >= 2 and not p.detach().any():
+            torch.nn.init.normal_(p, std=0.02)
     return m.eval()
 
 
