@@ -126,3 +126,23 @@ TEST(Cli, BenchWritesEveryFigurePerBackend) {
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("unknown backend 'warp'"), std::string::npos) << bad.out;
 }
+
+// f32 storage, where a hardware file has it, makes the functional simulation an exact check of the
+// mapping (bench/tv_onnx.py's PRESET:f32 columns); a target without f32 refuses it by name.
+TEST(Cli, SimWithF32StorageIsCheckedAtF32Tolerance) {
+  nlohmann::json hw = nlohmann::json::parse(testenv::read_text(testenv::source_dir() + "/hw/spyre.json"));
+  hw["dtypes"].push_back("f32");
+  hw["matrix_unit"]["dtype_rate"]["f32"] = 0.25;
+  const fs::path f = tmp() / "spyre_f32.json";
+  {
+    std::ofstream o(f);
+    o << hw.dump(1);
+  }
+  Result r = run("sim " + kModel + " --hw " + f.string() + " --dtype f32");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("functional simulation (f32 storage"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(tolerance 1e-04) -> PASS"), std::string::npos) << r.out;
+  Result no = run("sim " + kModel + " --hw spyre --dtype f32");
+  EXPECT_NE(no.code, 0) << no.out;
+  EXPECT_NE(no.out.find("f32"), std::string::npos) << no.out;
+}

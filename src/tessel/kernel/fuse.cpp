@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "tessel/ir/op_registry.h"
@@ -271,8 +272,12 @@ struct Fuser {
   std::vector<std::set<int>> deps;         // per value id: groups it depends on
   std::vector<Group> groups;
   std::map<const Node*, int> node_group;
+  // Values decide_layouts must leave row-major: an earlier run stored them in another layout that a
+  // node outside every kernel would have read or written (layout_violations).
+  std::set<int> row_major_only;
 
-  Fuser(Graph& graph, const FuseOptions& o) : g(graph), opts(o) {}
+  Fuser(Graph& graph, const FuseOptions& o, std::set<int> row_major = {})
+      : g(graph), opts(o), row_major_only(std::move(row_major)) {}
 
   size_t nv() const {
     size_t n = 0;
@@ -347,7 +352,7 @@ struct Fuser {
       } else if (is_core(n) && static_node(n) && pointwise_ok(n)) {
         for (const Value* u : n.inputs) source = source || (nhwc[u->id] && u->type.shape == v->type.shape);
       }
-      if (source && readers_ok(v)) nhwc[v->id] = true;
+      if (source && readers_ok(v) && !row_major_only.count(v->id)) nhwc[v->id] = true;
     }
     for (const auto& up : g.nodes()) {
       const Node& n = *up;
@@ -363,7 +368,7 @@ struct Fuser {
       if (jt == consumers.end() || std::find(g.outputs.begin(), g.outputs.end(), tv) != g.outputs.end()) continue;
       bool reshapes = true;
       for (const Node* c : jt->second) reshapes = reshapes && is_core(*c) && c->op->name == "reshape";
-      if (!reshapes) continue;
+      if (!reshapes || row_major_only.count(v->id)) continue;
       order[v->id] = t.attr_ints("perm");
       if (!matmul_result_strides(n, physical_strides(v))) order[v->id].clear();
     }
@@ -570,6 +575,38 @@ struct Fuser {
     if (it != node_group.end()) d.insert(it->second);
     for (const Value* v : n.outputs)
       if (v) deps[v->id] = d;
+  }
+
+  // decide_layouts runs before the groups exist, so it can pick channels-last or a transposed order
+  // for a value whose producer or reader then stays a core node (a convolution whose input turned out
+  // to be a view conv_spec refuses, a dot_general matmul_spec refuses, a reduce over unit axes): such
+  // a node reads and writes row-major, and the kernels on the other side would read the buffer in the
+  // wrong order (ConvNeXt's downsample). The values with a non-row-major layout whose producer, or a
+  // reader (directly or through folded views), is in no group, or that reach a graph output.
+  std::vector<int> layout_violations() const {
+    std::map<const Value*, std::vector<const Node*>> consumers;
+    for (const auto& n : g.nodes())
+      for (const Value* u : n->inputs)
+        if (u) consumers[u].push_back(n.get());
+    auto grouped = [&](const Node* n) { return node_group.count(n) > 0; };
+    // a graph output is read by the caller, row-major: a view there stays a core node
+    std::function<bool(const Value*)> readers_grouped = [&](const Value* v) {
+      if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return false;
+      auto it = consumers.find(v);
+      if (it == consumers.end()) return true;
+      for (const Node* c : it->second) {
+        if (grouped(c)) continue;
+        const Value* out = c->outputs.empty() ? nullptr : c->outputs[0];
+        if (!out || !is_view[out->id] || !readers_grouped(out)) return false;
+      }
+      return true;
+    };
+    std::vector<int> bad;
+    for (const auto& v : g.values()) {
+      if (!nhwc[v->id] && order[v->id].empty()) continue;
+      if (!v->producer || !grouped(v->producer) || !readers_grouped(v.get())) bad.push_back(v->id);
+    }
+    return bad;
   }
 
   std::optional<MatmulSpec> matmul_spec(const Node& n) const;
@@ -1281,8 +1318,18 @@ void topo_sort(Graph& g) {
 KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts) {
   KernelModule m;
   if (opts.matmul) densify_library_constants(*core);
-  Fuser fz(*core, opts);
-  fz.run();
+  // Layouts are chosen before grouping; a choice the groups cannot honour is dropped and fusion runs
+  // again (each round leaves at least one more value row-major, so this ends).
+  std::set<int> row_major;
+  std::optional<Fuser> fuser;
+  for (;;) {
+    fuser.emplace(*core, opts, row_major);
+    fuser->run();
+    const std::vector<int> bad = fuser->layout_violations();
+    if (bad.empty()) break;
+    row_major.insert(bad.begin(), bad.end());
+  }
+  Fuser& fz = *fuser;
   std::vector<Kernel> kernels;
   std::vector<std::vector<const Value*>> node_ins, node_outs;
   for (size_t gi = 0; gi < fz.groups.size(); ++gi) {

@@ -381,6 +381,9 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   };
   std::vector<Cand> cands;
   const int cp = mp.o.double_buffer ? 2 : 1;
+  int64_t tile_buffers = static_cast<int64_t>(n.outputs.size());  // output-tile-sized operands (below)
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (static_cast<int>(i) != cv.x && static_cast<int>(i) != cv.w && n.inputs[i]) ++tile_buffers;
   std::string why_none;
   for (int64_t sn : split_choices(cv.n, mp.cores_max))
     for (int64_t so : split_choices(ceil_div(cv.oc, ou), mp.cores_max / sn))
@@ -394,8 +397,11 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
         // per tile: im2col rows of the input (ts x r per group the oc tile touches), the weights of
         // the oc tile, the output tile (fp32 accumulator and stored copy)
         auto groups_in = [&](int64_t oct) { return std::min(cv.groups, ceil_div(oct, og) + 1); };
+        // every output and epilogue operand (a bias, a residual) gets an output-tile buffer, as the
+        // operands added below do; counting only one made AlexNet's biased convs overflow the plan
         auto spad = [&] {
-          return cp * c.ts * r * groups_in(c.to) * es + cp * c.to * r * es + c.ts * c.to * 4 + cp * c.ts * c.to * es;
+          return cp * c.ts * r * groups_in(c.to) * es + cp * c.to * r * es + c.ts * c.to * 4 +
+                 cp * c.ts * c.to * es * tile_buffers;
         };
         while (spad() > mp.p.usable_spad) {
           if (c.ts > 1) c.ts = ceil_div(c.ts, 2);
