@@ -179,7 +179,10 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   // After the pipeline: fuse, generate, compile, load.
   go.after_pipeline = [&](std::unique_ptr<Graph>& cg) {
     auto tf = Clock::now();
-    KernelModule m = fuse(std::move(cg), opts.fuse);
+    FuseOptions fo = opts.fuse;
+    fo.conv1d = true;            // oneDNN runs them as 2-D convolutions with H = 1
+    fo.conv_input_views = true;  // oneDNN reads NHWC input through its strides
+    KernelModule m = fuse(std::move(cg), fo);
     verify_kernel_module(m);
     st.fuse_seconds = seconds_since(tf);
     if (opts.keep_module) {

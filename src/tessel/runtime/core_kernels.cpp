@@ -791,6 +791,79 @@ CoreKernel make_reduce(const Node& n) {
   return k;
 }
 
+// The taps of one spatial dim of a window: for every output position o, the window positions
+// [lo[o], hi[o]) whose input position o * stride - pad + w * dil lies inside the input.
+struct TapRange {
+  std::vector<int64_t> lo, hi;
+};
+
+TapRange tap_range(int64_t in, int64_t out, int64_t window, int64_t stride, int64_t dil, int64_t pad) {
+  TapRange t;
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t lo = 0, hi = window;
+    while (lo < hi && o * stride - pad + lo * dil < 0) ++lo;
+    while (hi > lo && o * stride - pad + (hi - 1) * dil >= in) --hi;
+    t.lo.push_back(lo);
+    t.hi.push_back(hi);
+  }
+  return t;
+}
+
+// Whether a reduce_window is a pooling: a window (with strides, dilations, pads) only over the last
+// two dims; every leading dim is a plane index (window 1, stride 1, no pads, same size).
+bool is_2d_pooling(const Shape& in, const Shape& out, const std::vector<int64_t>& window, const std::vector<int64_t>& strides,
+                   const std::vector<int64_t>& dil, const std::vector<int64_t>& pad) {
+  const size_t r = in.size();
+  if (r < 2) return false;
+  for (size_t d = 0; d + 2 < r; ++d)
+    if (window[d] != 1 || strides[d] != 1 || dil[d] != 1 || pad[2 * d] != 0 || pad[2 * d + 1] != 0 || in[d] != out[d])
+      return false;
+  return true;
+}
+
+// reduce_window as a 2-D pooling over planes: the in-range taps of each output row and column are
+// known at compile time, so the loop tests no bounds (resnet50's MaxPool: the generic loop below
+// took a fifth of the model's time). Each result is reduced over its taps in the same order as the
+// generic loop (rows, then columns), so the results are the same.
+template <class T>
+CoreKernel pooling_2d_kernel(const Node& n, const Reducer<T>& red, const Shape& in, const Shape& out,
+                             const std::vector<int64_t>& window, const std::vector<int64_t>& strides,
+                             const std::vector<int64_t>& dil, const std::vector<int64_t>& pad) {
+  const size_t r = in.size();
+  const int64_t H = in[r - 2], W = in[r - 1], OH = out[r - 2], OW = out[r - 1];
+  const int64_t sh = strides[r - 2], sw = strides[r - 1], dh = dil[r - 2], dw = dil[r - 1];
+  const int64_t ph = pad[2 * (r - 2)], pw = pad[2 * (r - 1)];
+  int64_t planes = 1;
+  for (size_t d = 0; d + 2 < r; ++d) planes *= in[d];
+  auto rows = std::make_shared<TapRange>(tap_range(H, OH, window[r - 2], sh, dh, ph));
+  auto cols = std::make_shared<TapRange>(tap_range(W, OW, window[r - 1], sw, dw, pw));
+  const int x = n.inputs[0]->id, y = n.outputs[0]->id;
+  using C = typename Elem<T>::C;
+  return [=](KernelEnv& e) {
+    const T* xp = in_ptr<T>(e, x);
+    T* yp = out_ptr<T>(e, y);
+    std::vector<C> acc(static_cast<size_t>(OW));
+    for (int64_t p = 0; p < planes; ++p) {
+      const T* plane = xp + p * H * W;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        std::fill(acc.begin(), acc.end(), red.identity());
+        for (int64_t kh = rows->lo[static_cast<size_t>(oh)]; kh < rows->hi[static_cast<size_t>(oh)]; ++kh) {
+          const T* row = plane + (oh * sh - ph + kh * dh) * W;
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            const T* base = row + ow * sw - pw;
+            C a = acc[static_cast<size_t>(ow)];
+            for (int64_t kw = cols->lo[static_cast<size_t>(ow)]; kw < cols->hi[static_cast<size_t>(ow)]; ++kw)
+              red.add(a, Elem<T>::load(base[kw * dw]));
+            acc[static_cast<size_t>(ow)] = a;
+          }
+        }
+        T* yrow = yp + (p * OH + oh) * OW;
+        for (int64_t ow = 0; ow < OW; ++ow) yrow[ow] = Elem<T>::store(acc[static_cast<size_t>(ow)]);
+      }
+    }
+  };
+}
+
 // reduce_window on float types: for every result position, the window's in-range operand positions.
 CoreKernel make_reduce_window(const Node& n) {
   const auto kind = reduce_kind(n);
@@ -805,10 +878,15 @@ CoreKernel make_reduce_window(const Node& n) {
   const auto ist = row_strides(in);
   const int x = n.inputs[0]->id, y = n.outputs[0]->id;
   const int64_t count = shape_numel(out), wcount = shape_numel(window);
+  const bool pooling = count > 0 && is_2d_pooling(in, out, window, strides, dil, pad);
   CoreKernel k;
   with_type(t, [&](auto tag) {
     using T = Tag<decltype(tag)>;
     const Reducer<T> red{*kind};
+    if (pooling) {
+      k = pooling_2d_kernel<T>(n, red, in, out, window, strides, dil, pad);
+      return;
+    }
     k = [=](KernelEnv& e) {
       const T* xp = in_ptr<T>(e, x);
       T* yp = out_ptr<T>(e, y);
