@@ -11,7 +11,9 @@ through the same reference), then --rounds rounds, each timing, one after the ot
 torchvision module itself under Debian's torch 1.13, torch.set_num_threads(--threads)). The figure of
 each system is the median over rounds of its per-round medians: systems measured in the same minutes
 see the same load, which on a shared 2-core machine matters more than anything else. The load average
-is recorded before and after. ratio = tessel / ORT (< 1: tessel faster).
+is recorded before and after. ratio = tessel / ORT (< 1: tessel faster). --passive adds tessel under
+OMP_WAIT_POLICY=passive to every round: on a loaded machine libgomp's spinning waits cost tessel far
+more than ORT's own thread pool costs ORT.
 """
 import argparse
 import json
@@ -37,8 +39,7 @@ model, x = export_convnets.build(sys.argv[2])
 model.eval()
 iters = int(sys.argv[4])
 with torch.inference_mode():
-    for _ in range(3):
-        model(x)
+    model(x)  # warm-up
     ts = []
     for _ in range(iters):
         t0 = time.perf_counter(); model(x); ts.append((time.perf_counter() - t0) * 1e3)
@@ -60,12 +61,12 @@ def check(tessel, model, backend, threads, max_rel, timeout):
     return {"cmd": " ".join(cmd), "pass": rc == 0, "detail": lines or [peers.tail(err or out)]}
 
 
-def time_tessel(tessel, model, a):
+def time_tessel(tessel, model, a, env=None):
     with tempfile.TemporaryDirectory() as td:
         jf = os.path.join(td, "t.json")
         cmd = [tessel, "bench", model, "--backends", "compiled", "--threads", str(a.threads), "--iters",
                str(a.iters), "--json", jf]
-        rc, out, err = peers.run(cmd, a.timeout)
+        rc, out, err = peers.run(cmd, a.timeout, env=dict(os.environ, **env) if env else None)
         if rc != 0 or not os.path.exists(jf):
             return {"error": peers.tail(err or out)}
         with open(jf) as f:
@@ -75,7 +76,7 @@ def time_tessel(tessel, model, a):
 
 
 def time_torch(name, a):
-    cmd = [a.torch_python, "-c", TORCH_WORKER, HERE, name, str(a.threads), str(a.iters)]
+    cmd = [a.torch_python, "-c", TORCH_WORKER, HERE, name, str(a.threads), str(a.torch_iters or a.iters)]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     rc, out, err = peers.run(cmd, a.timeout, env=env)
     res = peers.last_json(out)
@@ -88,6 +89,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--torch-iters", type=int, default=0, help="timed torch calls (default: --iters)")
+    ap.add_argument("--passive", action="store_true",
+                    help="also time tessel under OMP_WAIT_POLICY=passive (column tessel_passive)")
     ap.add_argument("--tessel", default=os.path.join(peers.REPO, "build", "tessel"))
     ap.add_argument("--ort-dir", default=os.environ.get("TESSEL_ORT_DIR", "/tmp/ort"))
     ap.add_argument("--torch-python", default="/usr/bin/python3")
@@ -107,6 +111,8 @@ def main():
             r["check"] = {b: check(a.tessel, model, b, a.threads, a.max_rel, a.timeout) for b in ("compiled", "eager")}
         for _ in range(a.rounds):
             row = {"tessel": time_tessel(a.tessel, model, a)}
+            if a.passive:  # libgomp's waiting threads sleep instead of spinning (docs/decisions.md)
+                row["tessel_passive"] = time_tessel(a.tessel, model, a, {"OMP_WAIT_POLICY": "passive"})
             if node_modules:
                 row["ort"] = peers.run_ort(node_modules, model, argparse.Namespace(threads=a.threads, iters=a.iters,
                                                                                    warmup=3, timeout=a.timeout))
@@ -115,18 +121,23 @@ def main():
             r["rounds"].append(row)
             peers.log(f"[convnets] {name}: " + ", ".join(f"{k} {v.get('median_ms', v.get('error'))}" for k, v in row.items()))
         r["load_after"] = loadavg()
-        for sysname in ("tessel", "ort", "torch"):
+        for sysname in ("tessel", "tessel_passive", "ort", "torch"):
             ms = [row[sysname]["median_ms"] for row in r["rounds"] if sysname in row and "median_ms" in row[sysname]]
             r[sysname + "_ms"] = statistics.median(ms) if ms else None
         if r["tessel_ms"] and r.get("ort_ms"):
             r["ratio"] = r["tessel_ms"] / r["ort_ms"]
+        if r.get("tessel_passive_ms") and r.get("ort_ms"):
+            r["ratio_passive"] = r["tessel_passive_ms"] / r["ort_ms"]
         report["models"][name] = r
-    print(f"{'model':22} {'tessel ms':>10} {'ORT ms':>10} {'ratio':>7} {'torch ms':>10}  check  load")
+    print(f"{'model':22} {'tessel ms':>10} {'ORT ms':>10} {'ratio':>7} {'torch ms':>10} {'passive ms':>10} {'ratio':>7}"
+          f"  check  load")
     for name, r in report["models"].items():
         ok = "-" if "check" not in r else "/".join("ok" if c["pass"] else "FAIL" for c in r["check"].values())
         fmt = lambda v: f"{v:10.2f}" if v else f"{'-':>10}"
         ratio = f"{r['ratio']:7.2f}" if r.get("ratio") else f"{'-':>7}"
-        print(f"{name:22} {fmt(r['tessel_ms'])} {fmt(r.get('ort_ms'))} {ratio} {fmt(r.get('torch_ms'))}  {ok}  "
+        ratio_p = f"{r['ratio_passive']:7.2f}" if r.get("ratio_passive") else f"{'-':>7}"
+        print(f"{name:22} {fmt(r['tessel_ms'])} {fmt(r.get('ort_ms'))} {ratio} {fmt(r.get('torch_ms'))} "
+              f"{fmt(r.get('tessel_passive_ms'))} {ratio_p}  {ok}  "
               f"{r['load_before'][0]:.1f}->{r['load_after'][0]:.1f}")
     if a.json:
         with open(a.json, "w") as f:
