@@ -830,11 +830,16 @@ bool is_2d_pooling(const Shape& in, const Shape& out, const std::vector<int64_t>
 
 // Reducer::add of one float reduction kind, branch-free (selects), so that the pooling loops below
 // vectorise: the same results, NaN included.
+template <class C> inline bool nan_value(C v) {
+  if constexpr (std::is_floating_point_v<C>) return std::isnan(v);
+  return false;
+}
+
 template <class C, RK K> inline C pool_add(C a, C v) {
   if constexpr (K == RK::sum) return a + v;
   if constexpr (K == RK::prod) return a * v;
-  if constexpr (K == RK::max) return a != a ? a : (v != v || v > a) ? v : a;
-  return a != a ? a : (v != v || v < a) ? v : a;
+  if constexpr (K == RK::max) return nan_value(a) ? a : (nan_value(v) || v > a) ? v : a;
+  return nan_value(a) ? a : (nan_value(v) || v < a) ? v : a;
 }
 
 // acc[i] = acc[i] (+) tap[i * stride] for i in [0, n).
