@@ -611,6 +611,10 @@ struct Fuser {
 
   std::optional<MatmulSpec> matmul_spec(const Node& n) const;
   std::optional<ConvSpec> conv_spec(const Node& n) const;
+  // How a convolution reads its input x straight from the memory of x's root: as NCHW (false) or
+  // NHWC (true, e.g. convnext's LayerNorm2d result permuted back to NCHW, a view of an [N, H, W, C]
+  // buffer); nullopt when neither.
+  std::optional<bool> conv_input_layout(const Value* x) const;
 
   void run() {
     init();
@@ -805,33 +809,62 @@ std::optional<MatmulSpec> Fuser::matmul_spec(const Node& n) const {
   return m;
 }
 
+std::optional<bool> Fuser::conv_input_layout(const Value* x) const {
+  const View& v = views[x->id];
+  const Shape& s = x->type.shape;
+  if (v.offset != 0 || shape_numel(v.root->type.shape) != shape_numel(s)) return std::nullopt;
+  if (v.root == x) return nhwc[x->id];  // not a view (or views not folded yet: decide_layouts)
+  if (!opts.conv_input_views) return v.root->type.shape == s ? std::optional<bool>(nhwc[v.root->id]) : std::nullopt;
+  auto strides_are = [&](const std::vector<int64_t>& want) {
+    for (size_t d = 0; d < s.size(); ++d)
+      if (s[d] != 1 && v.strides[d] != want[d]) return false;
+    return true;
+  };
+  if (strides_are(strides_of(s))) return false;
+  if (s.size() == 4 && strides_are({s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]})) return true;
+  return std::nullopt;
+}
+
 std::optional<ConvSpec> Fuser::conv_spec(const Node& n) const {
   const Value* x = n.inputs[0];
   const Value* w = n.inputs[1];
   const Value* y = n.outputs[0];
   if (x->type.dtype != DType::f32 || w->type.dtype != DType::f32) return std::nullopt;
-  if (x->type.shape.size() != 4 || w->type.shape.size() != 4) return std::nullopt;
+  // 2-D, or 1-D (the Whisper-style audio front) as 2-D with H = 1 where the options allow it: the
+  // [N, C, W] buffers are [N, C, 1, W] in memory.
+  const size_t rank = x->type.shape.size();
+  const bool conv1d = rank == 3 && opts.conv1d;
+  if ((rank != 4 && !conv1d) || w->type.shape.size() != rank) return std::nullopt;
   // both operands read contiguously from their roots; the weights are a constant
-  const View& xv = views[x->id];
   const View& wv = views[w->id];
-  if (!wv.root->constant || wv.offset != 0 || xv.offset != 0) return std::nullopt;
-  if (wv.root->type.shape != w->type.shape || xv.root->type.shape != x->type.shape) return std::nullopt;
+  if (!wv.root->constant || wv.offset != 0) return std::nullopt;
+  if (wv.root->type.shape != w->type.shape) return std::nullopt;
+  const std::optional<bool> x_nhwc = conv_input_layout(x);
+  if (!x_nhwc) return std::nullopt;
   ConvSpec c;
-  const Shape& xs = x->type.shape;
-  const Shape& ws = w->type.shape;
-  const Shape& ys = y->type.shape;
+  auto as_2d = [&](Shape s) {
+    if (conv1d) s.insert(s.begin() + 2, 1);
+    return s;
+  };
+  const Shape xs = as_2d(x->type.shape), ws = as_2d(w->type.shape), ys = as_2d(y->type.shape);
   c.n = xs[0], c.c = xs[1], c.h = xs[2], c.wd = xs[3];
   c.oc = ws[0], c.kh = ws[2], c.kw = ws[3];
   c.oh = ys[2], c.ow = ys[3];
-  auto st = n.attr_ints("strides", {1, 1});
-  auto dl = n.attr_ints("dilations", {1, 1});
-  auto pd = n.attr_ints("padding", {0, 0, 0, 0});
-  if (st.size() != 2 || dl.size() != 2 || pd.size() != 4) return std::nullopt;
+  const size_t sp = rank - 2;  // spatial dims
+  auto st = n.attr_ints("strides", std::vector<int64_t>(sp, 1));
+  auto dl = n.attr_ints("dilations", std::vector<int64_t>(sp, 1));
+  auto pd = n.attr_ints("padding", std::vector<int64_t>(2 * sp, 0));
+  if (st.size() != sp || dl.size() != sp || pd.size() != 2 * sp) return std::nullopt;
+  if (conv1d) {
+    st.insert(st.begin(), 1);
+    dl.insert(dl.begin(), 1);
+    pd.insert(pd.begin(), {0, 0});
+  }
   c.stride_h = st[0], c.stride_w = st[1];
   c.dil_h = dl[0], c.dil_w = dl[1];
   // padding: (low, high) per spatial dim, as [h_low, h_high, w_low, w_high]
   c.pad_top = pd[0], c.pad_bottom = pd[1], c.pad_left = pd[2], c.pad_right = pd[3];
-  c.x_nhwc = nhwc[xv.root->id];
+  c.x_nhwc = *x_nhwc;
   c.groups = n.attr_i("groups", 1);
   if (c.groups <= 0 || c.c % c.groups || c.oc % c.groups || ws[1] != c.c / c.groups) return std::nullopt;
   for (int64_t p : pd)

@@ -138,6 +138,12 @@ void verify_kernel(const Kernel& k);
 struct FuseOptions {
   bool matmul = true;                  // matmul/conv kernels through the library with fused epilogues
   bool fuse = true;                    // false: one kernel per core node (the fusion ablation)
+  // 1-D convolutions as conv kernels with H = 1 (compile_cpu sets it; the tile mapper takes 2-D only).
+  bool conv1d = false;
+  // A convolution may read its input through a view whose strides are those of NCHW or NHWC memory
+  // (convnext's permute back from [N, H, W, C]); otherwise only from a root of the same shape.
+  // compile_cpu sets it; the tile mapper assumes the input arg has the convolution's NCHW shape.
+  bool conv_input_views = false;
 };
 
 

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -52,12 +53,18 @@ struct CompiledExecutable::Launch {
     }
     for (size_t i = 0; i < value_ids.size(); ++i) args[i] = value_ids[i] >= 0 ? env.ptr[static_cast<size_t>(value_ids[i])] : nullptr;
     for (size_t s = 0; s < scratch_arg.size(); ++s) args[scratch_arg[s]] = scratch[s].data();
+    static const bool profile = std::getenv("TESSEL_PROFILE") != nullptr;
+    const auto tl = Clock::now();
     if (matmul) {
       const float* a = static_cast<const float*>(args[k.mm.a]) + k.mm.a_offset;
       const float* b = static_cast<const float*>(args[k.mm.b]) + k.mm.b_offset;
       matmul->run(a, b, static_cast<float*>(args[k.mm.c]));
     }
     if (conv) conv->run(static_cast<const float*>(args[k.conv.x]), static_cast<float*>(args[k.conv.y]));
+    // the library call's share of the kernel's step (printed before the step's own line)
+    if (profile && (matmul || conv))
+      fmt::print(stderr, "profile {:>9.3f} ms    library {} ({})\n", seconds_since(tl) * 1e3,
+                 matmul ? cpu::matmul_str(matmul->desc()) : cpu::conv_str(conv->desc()), matmul ? matmul->impl() : conv->impl());
     if (!fn) return;
     const int64_t n = k.parallel_extent();
     const int64_t work = k.outer_count() * k.inner_count() * k.phases;
@@ -179,7 +186,10 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   // After the pipeline: fuse, generate, compile, load.
   go.after_pipeline = [&](std::unique_ptr<Graph>& cg) {
     auto tf = Clock::now();
-    KernelModule m = fuse(std::move(cg), opts.fuse);
+    FuseOptions fo = opts.fuse;
+    fo.conv1d = true;            // oneDNN runs them as 2-D convolutions with H = 1
+    fo.conv_input_views = true;  // oneDNN reads NHWC input through its strides
+    KernelModule m = fuse(std::move(cg), fo);
     verify_kernel_module(m);
     st.fuse_seconds = seconds_since(tf);
     if (opts.keep_module) {

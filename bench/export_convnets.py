@@ -1,0 +1,93 @@
+#!/usr/bin/python3
+"""Export convolution-heavy models to ONNX model folders for bench/convnets.py and bench/peers.py.
+
+    /usr/bin/python3 bench/export_convnets.py OUT_DIR [--models resnet50,convnext_tiny,...]
+
+Each model becomes OUT_DIR/NAME/model.onnx + test_data_set_0/{input_0,output_0}.pb (the ONNX model-zoo
+layout of /work/shared/models), exported with the installed torch (Debian's 1.13: torch.onnx.export,
+opset 17), random weights (seed 0), eval mode, input 1x3x224x224 (torchvision) or 1x80x3000 (the
+Whisper-style encoder front: conv1d 80->384 k3, GELU, conv1d 384->384 k3 stride 2, GELU). The reference
+output is torch's own. The .pb files are written by hand (TensorProto: dims, data_type, raw_data), so
+the onnx python package is not needed.
+"""
+import argparse
+import os
+import struct
+
+import torch
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def tensor_proto(name, t):
+    """A float32 TensorProto: dims (field 1, varint), data_type 1 (field 2), name (8), raw_data (9)."""
+    t = t.detach().contiguous().float()
+    msg = bytearray()
+    for d in t.shape:
+        msg += b"\x08" + varint(d)
+    msg += b"\x10" + varint(1)
+    nb = name.encode()
+    msg += b"\x42" + varint(len(nb)) + nb
+    raw = struct.pack(f"<{t.numel()}f", *t.flatten().tolist())
+    msg += b"\x4a" + varint(len(raw)) + raw
+    return bytes(msg)
+
+
+class WhisperFront(torch.nn.Module):
+    """The convolutional front of Whisper's audio encoder (tiny/base widths: 384 channels)."""
+
+    def __init__(self, n_mels=80, width=384):
+        super().__init__()
+        self.conv1 = torch.nn.Conv1d(n_mels, width, kernel_size=3, padding=1)
+        self.conv2 = torch.nn.Conv1d(width, width, kernel_size=3, stride=2, padding=1)
+
+    def forward(self, x):
+        x = torch.nn.functional.gelu(self.conv1(x))
+        return torch.nn.functional.gelu(self.conv2(x))
+
+
+def build(name):
+    if name == "whisper_front":
+        return WhisperFront(), torch.randn(1, 80, 3000)
+    import torchvision
+    return getattr(torchvision.models, name)(), torch.randn(1, 3, 224, 224)
+
+
+def export(name, out_dir):
+    torch.manual_seed(0)
+    model, x = build(name)
+    model.eval()
+    folder = os.path.join(out_dir, name)
+    os.makedirs(os.path.join(folder, "test_data_set_0"), exist_ok=True)
+    with torch.no_grad():
+        y = model(x)
+        torch.onnx.export(model, (x,), os.path.join(folder, "model.onnx"), opset_version=17,
+                          input_names=["input"], output_names=["output"])
+    with open(os.path.join(folder, "test_data_set_0", "input_0.pb"), "wb") as f:
+        f.write(tensor_proto("input", x))
+    with open(os.path.join(folder, "test_data_set_0", "output_0.pb"), "wb") as f:
+        f.write(tensor_proto("output", y))
+    print(f"{name}: {folder} input {tuple(x.shape)} output {tuple(y.shape)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir")
+    ap.add_argument("--models", default="resnet50,convnext_tiny,efficientnet_b0,mobilenet_v3_large,whisper_front")
+    a = ap.parse_args()
+    for name in a.models.split(","):
+        export(name, a.out_dir)
+
+
+if __name__ == "__main__":
+    main()

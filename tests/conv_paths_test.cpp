@@ -1,0 +1,163 @@
+// The fast paths of convolution-heavy models on the compiled and graph backends, each against the
+// eager interpreter: a 1-D convolution (Whisper's audio front) runs as a oneDNN conv kernel, a
+// convolution reads an input permuted back from [N, H, W, C] (convnext's LayerNorm2d) straight from
+// that buffer, and pooling (reduce_window over the last two dims) with pads, strides, dilations,
+// ceil mode, NaN and infinities gives the eager results.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "test_util.h"
+#include "tessel/ir/infer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/runtime/compiled_backend.h"
+#include "tessel/runtime/graph_backend.h"
+#include "tessel/runtime/interpreter.h"
+
+using namespace tessel;
+
+namespace {
+
+// Deterministic values in [-1, 1) (an LCG: the test needs variety, not statistics).
+Tensor varied(Shape s, uint32_t seed) {
+  std::vector<double> v(static_cast<size_t>(shape_numel(s)));
+  uint32_t st = seed * 2654435761u + 1;
+  for (auto& x : v) {
+    st = st * 1664525u + 1013904223u;
+    x = static_cast<double>(st >> 8) / static_cast<double>(1u << 24) * 2.0 - 1.0;
+  }
+  return Tensor::from_f64(DType::f32, std::move(s), v);
+}
+
+Value* node(Graph& g, const char* op, const std::string& name, std::vector<Value*> ins,
+            std::map<std::string, Attr> attrs = {}) {
+  return g.add_node(OpRegistry::get().find(op), name, std::move(ins), {name + "_out"}, std::move(attrs))->outputs[0];
+}
+
+CompiledBackendOptions compiled_options() {
+  CompiledBackendOptions o;
+  o.threads = 2;
+  o.toolchain.cache_dir =
+      (std::filesystem::path(testenv::tessel_binary()).parent_path() / "test-compile-cache").string();
+  return o;
+}
+
+// max |out - ref| <= tol · max(|ref|, 1), NaN exactly where ref has NaN, infinities equal.
+void expect_close(const std::vector<Tensor>& out, const std::vector<Tensor>& ref, double tol) {
+  ASSERT_EQ(out.size(), ref.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(out[i].shape(), ref[i].shape());
+    double err = 0, mag = 0;
+    for (int64_t j = 0; j < ref[i].numel(); ++j) {
+      const double o = out[i].get_f(j), r = ref[i].get_f(j);
+      if (std::isnan(r) || std::isinf(r)) {
+        EXPECT_TRUE(std::isnan(r) ? std::isnan(o) : o == r) << "output " << i << " element " << j << ": " << o << " vs " << r;
+        continue;
+      }
+      err = std::max(err, std::abs(o - r));
+      mag = std::max(mag, std::abs(r));
+    }
+    EXPECT_LE(err, tol * std::max(mag, 1.0)) << "output " << i << ": max abs error " << err;
+  }
+}
+
+using Builder = std::unique_ptr<Graph> (*)();
+
+// Compiled against eager; returns the compile statistics.
+CompiledCompileStats expect_compiled_matches_eager(Builder build, const std::vector<Tensor>& inputs) {
+  auto ref_graph = build();
+  const std::vector<Tensor> ref = run_eager(*ref_graph, inputs);
+  auto exe = compile_cpu(build(), inputs, compiled_options());
+  expect_close(exe->run(inputs), ref, 1e-5);
+  return exe->stats();
+}
+
+// Whisper's front at a small size: Conv1d(8->16, k3, pad 1) -> Relu -> Conv1d(16->16, k3, stride 2, pad 1)
+// with bias.
+std::unique_ptr<Graph> conv1d_front() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_input("x", TensorType{DType::f32, {1, 8, 40}});
+  Value* w1 = g->add_constant("w1", varied({16, 8, 3}, 1));
+  Value* b1 = g->add_constant("b1", varied({16}, 2));
+  Value* w2 = g->add_constant("w2", varied({16, 16, 3}, 3));
+  Value* b2 = g->add_constant("b2", varied({16}, 4));
+  Value* c1 = node(*g, "Conv", "conv1", {x, w1, b1}, {{"pads", std::vector<int64_t>{1, 1}}});
+  Value* r = node(*g, "Relu", "relu", {c1});
+  g->outputs = {node(*g, "Conv", "conv2", {r, w2, b2},
+                     {{"pads", std::vector<int64_t>{1, 1}}, {"strides", std::vector<int64_t>{2}}})};
+  infer_graph(*g);
+  return g;
+}
+
+// convnext's downsampling after a LayerNorm2d, reduced: x -> Transpose(0,2,3,1) -> Relu (the
+// channels-last work) -> Transpose(0,3,1,2) -> Conv 2x2 stride 2 -> Mul 2 -> Conv 1x1. The second
+// transpose is a view of the Relu's [N, H, W, C] buffer.
+std::unique_ptr<Graph> permuted_conv_input() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_input("x", TensorType{DType::f32, {1, 8, 6, 6}});
+  Value* w = g->add_constant("w", varied({16, 8, 2, 2}, 5));
+  Value* w2 = g->add_constant("w2", varied({4, 16, 1, 1}, 6));
+  Value* two = g->add_constant("two", Tensor::from_f64(DType::f32, {}, std::vector<double>{2.0}));
+  Value* t = node(*g, "Transpose", "to_nhwc", {x}, {{"perm", std::vector<int64_t>{0, 2, 3, 1}}});
+  Value* r = node(*g, "Relu", "relu", {t});
+  Value* b = node(*g, "Transpose", "to_nchw", {r}, {{"perm", std::vector<int64_t>{0, 3, 1, 2}}});
+  Value* c = node(*g, "Conv", "down", {b, w}, {{"strides", std::vector<int64_t>{2, 2}}});
+  Value* m = node(*g, "Mul", "mul", {c, two});
+  g->outputs = {node(*g, "Conv", "pw", {m, w2})};
+  infer_graph(*g);
+  return g;
+}
+
+// Input with NaN, infinities and ties in the first plane's corners and middle.
+Tensor pool_input(const Shape& s) {
+  Tensor t = varied(s, 9);
+  float* p = t.data<float>();
+  p[0] = std::numeric_limits<float>::quiet_NaN();
+  p[1] = -std::numeric_limits<float>::infinity();
+  p[s[3] + 2] = std::numeric_limits<float>::infinity();
+  p[shape_numel(s) / 2] = std::numeric_limits<float>::quiet_NaN();
+  p[shape_numel(s) - 1] = -std::numeric_limits<float>::infinity();
+  return t;
+}
+
+std::unique_ptr<Graph> pools() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_input("x", TensorType{DType::f32, {2, 3, 11, 10}});
+  using V = std::vector<int64_t>;
+  g->outputs = {
+      node(*g, "MaxPool", "max", {x}, {{"kernel_shape", V{3, 3}}, {"strides", V{2, 2}}, {"pads", V{1, 1, 1, 1}}}),
+      node(*g, "MaxPool", "max_dil", {x}, {{"kernel_shape", V{2, 3}}, {"dilations", V{2, 2}}, {"pads", V{0, 2, 1, 0}}}),
+      node(*g, "AveragePool", "avg", {x},
+           {{"kernel_shape", V{3, 2}}, {"strides", V{2, 3}}, {"pads", V{1, 0, 1, 1}}, {"ceil_mode", int64_t{1}}}),
+      node(*g, "AveragePool", "avg_pad", {x},
+           {{"kernel_shape", V{3, 3}}, {"pads", V{1, 1, 1, 1}}, {"count_include_pad", int64_t{1}}}),
+  };
+  infer_graph(*g);
+  return g;
+}
+
+}  // namespace
+
+TEST(ConvPaths, Conv1dRunsAsALibraryConvolution) {
+  const CompiledCompileStats st = expect_compiled_matches_eager(conv1d_front, {varied({1, 8, 40}, 7)});
+  EXPECT_EQ(st.conv_kernels, 2) << "a 1-D convolution fell back to the typed kernel (the slow path)";
+}
+
+// Regression: the convolution's result was laid out channels-last by the layout decision, but the
+// convolution itself (input a permuting view) stayed a typed NCHW kernel: wrong results (convnext_tiny).
+TEST(ConvPaths, ConvolutionReadsAnInputPermutedFromChannelsLast) {
+  const CompiledCompileStats st = expect_compiled_matches_eager(permuted_conv_input, {varied({1, 8, 6, 6}, 8)});
+  EXPECT_EQ(st.conv_kernels, 2);
+}
+
+TEST(ConvPaths, PoolingMatchesEagerOnGraphAndCompiled) {
+  const std::vector<Tensor> inputs = {pool_input({2, 3, 11, 10})};
+  auto ref_graph = pools();
+  const std::vector<Tensor> ref = run_eager(*ref_graph, inputs);
+  auto graph_exe = compile_graph(pools(), inputs);
+  expect_close(graph_exe->run(inputs), ref, 1e-6);
+  auto exe = compile_cpu(pools(), inputs, compiled_options());
+  expect_close(exe->run(inputs), ref, 1e-6);
+}
