@@ -25,7 +25,6 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -84,19 +83,35 @@ Checksum read_sum(const std::string& path) {
 // `pid` names no process (ESRCH; EPERM means it exists under another user).
 bool process_gone(long pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
 
+// The pid of a temporary's name `<anything>.tmp.<pid>[.<n>]` (pid: 1-9 digits, n: digits), or -1.
+// Plain string matching: std::regex here once crashed when a program built by another g++ (the
+// torch 2 Python extension on the GPU box) mixed its own instantiations of <regex> with these.
+long temporary_pid(const std::string& name) {
+  auto digits = [](std::string_view s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  for (size_t at = name.rfind(".tmp."); at != std::string::npos; at = at ? name.rfind(".tmp.", at - 1) : std::string::npos) {
+    std::string_view rest = std::string_view(name).substr(at + 5);
+    const size_t dot = rest.find('.');
+    const std::string_view pid = rest.substr(0, dot);
+    if (pid.size() > 9 || !digits(pid)) continue;
+    if (dot != std::string_view::npos && !digits(rest.substr(dot + 1))) continue;
+    return std::stol(std::string(pid));
+  }
+  return -1;
+}
+
 void sweep_dir(const fs::path& dir) {
-  static const std::regex tmp_name(R"(.*\.tmp\.([0-9]{1,9})(\.[0-9]+)?)");
   const auto now = fs::file_time_type::clock::now();
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(name, m, tmp_name)) continue;
+    const long pid = temporary_pid(it->path().filename().string());
+    if (pid < 0) continue;
     std::error_code tec;
     const auto mtime = fs::last_write_time(it->path(), tec);
     if (tec) continue;  // gone meanwhile (another process swept it), or a dangling link
     const auto age = now - mtime;
-    const bool stale = age > std::chrono::hours(24) || (age > std::chrono::minutes(1) && process_gone(std::stol(m[1])));
+    const bool stale = age > std::chrono::hours(24) || (age > std::chrono::minutes(1) && process_gone(pid));
     if (stale) fs::remove_all(it->path(), tec);  // another process may sweep it at the same time
   }
 }
