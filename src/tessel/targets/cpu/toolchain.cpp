@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -72,11 +73,26 @@ Checksum read_sum(const std::string& path) {
   } catch (const Error&) {
     throw Error(Location{.file = path}, "no checksum for kernels.so (a killed compile or a damaged entry)");
   }
-  std::istringstream in(text);
-  std::string format;
+  // Parsed without streams (no locale: a host program may set a global C++ locale), and the reason
+  // names the field, so a damaged entry says how it is damaged.
+  std::vector<std::string_view> fields;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find_first_of(" \n", at);
+    if (end != at) fields.push_back(std::string_view(text).substr(at, end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  auto damaged = [&](std::string_view why) {
+    return Error(Location{.file = path}, fmt::format("damaged checksum file: {}", why));
+  };
+  if (fields.size() != 3) throw damaged(fmt::format("{} fields, expected 3", fields.size()));
+  if (fields[0] != kSumFormat) throw damaged(fmt::format("format '{}', expected '{}'", fields[0], kSumFormat));
   Checksum c;
-  if (!(in >> format >> c.size >> c.xxh3) || format != kSumFormat || c.xxh3.size() != 32)
-    throw Error(Location{.file = path}, "damaged checksum file");
+  const auto [end, ec] = std::from_chars(fields[1].data(), fields[1].data() + fields[1].size(), c.size);
+  if (ec != std::errc() || end != fields[1].data() + fields[1].size()) throw damaged(fmt::format("size '{}'", fields[1]));
+  c.xxh3 = std::string(fields[2]);
+  if (c.xxh3.size() != 32 || c.xxh3.find_first_not_of("0123456789abcdef") != std::string::npos)
+    throw damaged(fmt::format("checksum '{}' is not 32 hex digits", fields[2]));
   return c;
 }
 
