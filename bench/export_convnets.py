@@ -7,40 +7,14 @@ Each model becomes OUT_DIR/NAME/model.onnx + test_data_set_0/{input_0,output_0}.
 layout of /work/shared/models), exported with the installed torch (Debian's 1.13: torch.onnx.export,
 opset 17), random weights (seed 0), eval mode, input 1x3x224x224 (torchvision) or 1x80x3000 (the
 Whisper-style encoder front: conv1d 80->384 k3, GELU, conv1d 384->384 k3 stride 2, GELU). The reference
-output is torch's own. The .pb files are written by hand (TensorProto: dims, data_type, raw_data), so
-the onnx python package is not needed.
+output is torch's own. The .pb files are written by bench/tv_onnx.py's TensorProto writer, so the onnx python package
+is not needed.
 """
 import argparse
 import os
-import struct
-
 import torch
 
-
-def varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def tensor_proto(name, t):
-    """A float32 TensorProto: dims (field 1, varint), data_type 1 (field 2), name (8), raw_data (9)."""
-    t = t.detach().contiguous().float()
-    msg = bytearray()
-    for d in t.shape:
-        msg += b"\x08" + varint(d)
-    msg += b"\x10" + varint(1)
-    nb = name.encode()
-    msg += b"\x42" + varint(len(nb)) + nb
-    raw = struct.pack(f"<{t.numel()}f", *t.flatten().tolist())
-    msg += b"\x4a" + varint(len(raw)) + raw
-    return bytes(msg)
+from tv_onnx import write_tensor_proto   # the one hand-written TensorProto writer of bench/
 
 
 class WhisperFront(torch.nn.Module):
@@ -73,10 +47,8 @@ def export(name, out_dir):
         y = model(x)
         torch.onnx.export(model, (x,), os.path.join(folder, "model.onnx"), opset_version=17,
                           input_names=["input"], output_names=["output"])
-    with open(os.path.join(folder, "test_data_set_0", "input_0.pb"), "wb") as f:
-        f.write(tensor_proto("input", x))
-    with open(os.path.join(folder, "test_data_set_0", "output_0.pb"), "wb") as f:
-        f.write(tensor_proto("output", y))
+    write_tensor_proto(os.path.join(folder, "test_data_set_0", "input_0.pb"), x, "input")
+    write_tensor_proto(os.path.join(folder, "test_data_set_0", "output_0.pb"), y, "output")
     print(f"{name}: {folder} input {tuple(x.shape)} output {tuple(y.shape)}")
 
 
