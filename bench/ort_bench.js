@@ -1,12 +1,14 @@
 // ONNX Runtime (onnxruntime-node, CPU) on one model with all of its real inputs.
 //
 //   NODE_PATH=DIR/node_modules node bench/ort_bench.js MODEL_DIR|model.onnx [--threads 2] [--iters 30]
-//        [--warmup 5] [--data DIR]
+//        [--warmup 5] [--data DIR] [--profile PREFIX]
 //
 // Every graph input is read, with its own dtype and shape, from DIR/input_N.pb (default: the model folder's
 // test_data_set_0/); the outputs are compared with DIR/output_N.pb and the max abs error is printed.
 // Intra-op threads = --threads, inter-op threads 1, sequential execution, all graph optimizations.
 // Prints one JSON line: create_ms (session creation), median/p10/p90/min run time in ms, max_abs_err.
+// --profile PREFIX turns on ORT's own profiler (per-node times of every run, a Chrome trace written to
+// PREFIX_<date>.json, named as profile_file in the JSON line); bench/ort_profile_table.py sums it per node.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -109,7 +111,7 @@ function maxAbsErr(got, want) {
 
 async function main() {
   const argv = process.argv.slice(2);
-  const opt = { threads: 2, iters: 30, warmup: 5, data: null };
+  const opt = { threads: 2, iters: 30, warmup: 5, data: null, profile: null };
   let model = null;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
@@ -117,6 +119,7 @@ async function main() {
     else if (a === '--iters') opt.iters = Number(argv[++i]);
     else if (a === '--warmup') opt.warmup = Number(argv[++i]);
     else if (a === '--data') opt.data = argv[++i];
+    else if (a === '--profile') opt.profile = argv[++i];
     else if (a === '-h' || a === '--help') { console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(0, 9).join('\n')); return; }
     else model = a;
   }
@@ -129,6 +132,7 @@ async function main() {
     intraOpNumThreads: opt.threads, interOpNumThreads: 1, executionMode: 'sequential',
     executionProviders: ['cpu'], graphOptimizationLevel: 'all',
   };
+  if (opt.profile) { so.enableProfiling = true; so.profileFilePrefix = opt.profile; }
   let t = process.hrtime.bigint();
   const s = await ort.InferenceSession.create(onnxFile, so);
   const createMs = Number(process.hrtime.bigint() - t) / 1e6;
@@ -156,6 +160,8 @@ async function main() {
     await s.run(feeds);
     ts.push(Number(process.hrtime.bigint() - t) / 1e6);
   }
+  let profileFile = null;
+  if (opt.profile) profileFile = s.endProfiling ? s.endProfiling() : null;
   ts.sort((a, b) => a - b);
   const q = (p) => ts[Math.min(ts.length - 1, Math.floor(p * ts.length))];
   let version = null;
@@ -163,7 +169,7 @@ async function main() {
   console.log(JSON.stringify({
     model, ort_version: version, threads: opt.threads, inter_op_threads: 1, inputs,
     create_ms: createMs, median_ms: ts[ts.length >> 1], p10_ms: q(0.1), p90_ms: q(0.9), min_ms: ts[0],
-    iters: opt.iters, max_abs_err: expected.length ? err : null,
+    iters: opt.iters, max_abs_err: expected.length ? err : null, profile_file: profileFile,
   }));
 }
 

@@ -454,7 +454,8 @@ def main():
     torch.set_num_threads(a.threads)
     env = dict(python=platform.python_version(), torch=torch.__version__, threads=a.threads, backend=a.backend,
                small=a.small, no_inplace=a.no_inplace, modes=a.modes, machine=platform.machine(),
-               cpus=__import__("os").cpu_count())
+               cpus=__import__("os").cpu_count(), cores_usable=len(__import__("os").sched_getaffinity(0)),
+               load=open("/proc/loadavg").read().split()[:3])
     for pkg in ("torchvision", "timm", "transformers"):
         try:
             env[pkg] = __import__(pkg).__version__

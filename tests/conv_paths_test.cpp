@@ -161,3 +161,56 @@ TEST(ConvPaths, PoolingMatchesEagerOnGraphAndCompiled) {
   auto exe = compile_cpu(pools(), inputs, compiled_options());
   expect_close(exe->run(inputs), ref, 1e-6);
 }
+
+namespace {
+
+// Conv (bias) -> Relu and Gemm (bias) -> Relu: the Relu runs inside oneDNN's call.
+std::unique_ptr<Graph> conv_and_gemm_relu() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_input("x", TensorType{DType::f32, {1, 16, 6, 6}});
+  Value* a = g->add_input("a", TensorType{DType::f32, {4, 16}});
+  Value* w = g->add_constant("w", varied({16, 16, 1, 1}, 11));
+  Value* b = g->add_constant("b", varied({16}, 12));
+  Value* wg = g->add_constant("wg", varied({16, 32}, 13));
+  Value* bg = g->add_constant("bg", varied({32}, 14));
+  g->outputs = {node(*g, "Relu", "relu", {node(*g, "Conv", "conv", {x, w, b})}),
+                node(*g, "Relu", "relu_g", {node(*g, "Gemm", "gemm", {a, wg, bg})})};
+  infer_graph(*g);
+  return g;
+}
+
+// Every value class a Relu can see: NaN, ±inf (whose products give NaN and ±inf), -0, denormals.
+Tensor special_values(Shape s, uint32_t seed) {
+  Tensor t = varied(std::move(s), seed);
+  float* p = t.data<float>();
+  const float v[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                     -std::numeric_limits<float>::infinity(), -0.0f, 1e-45f, -1e-45f, -1e-38f, 3e38f, -3e38f};
+  for (size_t i = 0; i < std::size(v); ++i) p[static_cast<size_t>(t.numel()) * (i + 1) / (std::size(v) + 2)] = v[i];
+  return t;
+}
+
+}  // namespace
+
+// Relu after a convolution or matmul runs as oneDNN post-ops (no pass over the result after the call)
+// and keeps ONNX's semantics: NaN stays NaN (oneDNN's own relu maps it to 0), a negative gives +0.
+TEST(ConvPaths, ReluInsideTheLibraryKeepsNaN) {
+  const std::vector<Tensor> inputs = {special_values({1, 16, 6, 6}, 15), special_values({4, 16}, 16)};
+  auto ref_graph = conv_and_gemm_relu();
+  const std::vector<Tensor> ref = run_eager(*ref_graph, inputs);
+  auto exe = compile_cpu(conv_and_gemm_relu(), inputs, compiled_options());
+  const std::vector<Tensor> out = exe->run(inputs);
+  expect_close(out, ref, 1e-5);
+  int nan = 0, zeros = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    for (int64_t j = 0; j < ref[i].numel(); ++j) {
+      const double r = ref[i].get_f(j), o = out[i].get_f(j);
+      nan += std::isnan(r);
+      if (r == 0) {
+        ++zeros;
+        EXPECT_FALSE(std::signbit(o)) << "output " << i << " element " << j << " is -0";
+      }
+    }
+  EXPECT_GT(nan, 0) << "the inputs no longer reach the Relu with NaN";
+  EXPECT_GT(zeros, 0);
+  EXPECT_EQ(exe->stats().library_epilogues, 2) << "a Relu ran after the library call";
+}
