@@ -15,6 +15,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "corpus_util.h"
 #include "tessel/driver/compile_model.h"
@@ -537,5 +538,52 @@ TEST(ExecutableCacheIntegrity, NonRegularFilesAreRefused) {
       EXPECT_NE(std::string(e.what()).find("expected a regular"), std::string::npos) << e.what();
     }
   }
+  fs::remove_all(dir);
+}
+
+// Two matmuls reading the same constant weights (tied or shared layers, as in ALBERT) pack them once
+// and the entry stores that packing once; a third reads the same bytes transposed, which are other
+// weights and get their own packing. Every result is checked against the eager interpreter.
+TEST(ExecutableCache, SharedWeightsArePackedAndStoredOnce) {
+  const std::string dir = fresh_dir("exe-shared");
+  const std::string model = dir + "/m.tsl";
+  {
+    std::ofstream f(model);
+    f << "graph @m(%x: f32[4,16]) {\n  const %w: f32[16,16] = blob<0>\n"
+      << "  %y: f32[4,16] = MatMul(%x, %w) loc(\"mm1\")\n  %z: f32[4,16] = Relu(%y) loc(\"relu\")\n"
+      << "  %u: f32[4,16] = MatMul(%z, %w) loc(\"mm2\")\n"
+      << "  %wt: f32[16,16] = Transpose(%w) {perm = [1, 0]} loc(\"wt\")\n"
+      << "  %v: f32[4,16] = MatMul(%u, %wt) loc(\"mm3\")\n  return %u, %v\n}\nblobs {\n  0: \"";
+    std::vector<float> w(256);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * (static_cast<float>(i * 7 % 13) - 6.0f);
+    static const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const auto* p = reinterpret_cast<const uint8_t*>(w.data());
+    const size_t n = w.size() * 4;
+    for (size_t i = 0; i < n; i += 3) {
+      uint32_t v = p[i] << 16 | (i + 1 < n ? p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+      f << b64[v >> 18 & 63] << b64[v >> 12 & 63] << (i + 1 < n ? b64[v >> 6 & 63] : '=') << (i + 2 < n ? b64[v & 63] : '=');
+    }
+    f << "\"\n}\n";
+  }
+  Tensor x(DType::f32, {4, 16});
+  for (int64_t i = 0; i < x.numel(); ++i) x.set_f(i, 0.25 * static_cast<double>(i % 5) - 0.4);
+  const std::vector<Tensor> ref = run_eager(*import_model_file(model).graph, {x});
+
+  ModelCompile cold = compile_model_cpu(model, {x}, options(dir + "/cache"));
+  ASSERT_FALSE(cold.entry_hit);
+  EXPECT_EQ(cold.exe->stats().matmul_kernels, 3);
+  EXPECT_EQ(cold.exe->stats().shared_packings, 1) << "mm2 should take mm1's packing, mm3 not";
+  testenv::expect_matches_reference(cold.exe->run({x}), ref, "shared weights, cold");
+
+  const nlohmann::json manifest = nlohmann::json::parse(testenv::read_text(cold.entry_dir + "/manifest.json"));
+  std::set<uint64_t> offsets;
+  for (const auto& p : manifest.at("packed")) offsets.insert(p.at("offset").get<uint64_t>());
+  EXPECT_EQ(manifest.at("packed").size(), 3u);
+  EXPECT_EQ(offsets.size(), 2u) << "the shared packing is stored once";
+
+  ModelCompile warm = compile_model_cpu(model, {x}, options(dir + "/cache"));
+  ASSERT_TRUE(warm.entry_hit) << warm.load_error;
+  EXPECT_EQ(warm.exe->stats().prepacked, 3);
+  testenv::expect_matches_reference(warm.exe->run({x}), ref, "shared weights, from the cache");
   fs::remove_all(dir);
 }

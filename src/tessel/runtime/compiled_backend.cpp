@@ -90,6 +90,27 @@ CompiledExecutable::~CompiledExecutable() = default;
 struct CompiledExecutable::Builder {
   CompiledExecutable& ce;
   std::map<size_t, cpu::PackedWeights> prepacked;  // per kernel index (load_cpu)
+  std::map<std::string, cpu::PackedWeights> shared_packing;  // per weights_key: the first packing
+
+  // Which constant bytes a matmul's B or a convolution's weights are, and how the kernel reads them
+  // (the same bytes read transposed are other weights): kernels with equal keys pack identically.
+  static std::string weights_key(const Node& n, const Kernel& k) {
+    if (k.kind == KernelKind::matmul) {
+      const Value* v = n.inputs[static_cast<size_t>(k.mm.b)];
+      if (!v->constant) return {};
+      const MatmulSpec& m = k.mm;
+      return fmt::format("mm {} {} {} {} {} {} {} {}", static_cast<const void*>(v->constant->data<float>() + m.b_offset),
+                         m.batch, m.k, m.n, m.b_batch, m.b_k, m.b_n, m.m);
+    }
+    if (k.kind == KernelKind::conv) {
+      const Value* v = n.inputs[static_cast<size_t>(k.conv.w)];
+      if (!v->constant) return {};
+      const ConvSpec& c = k.conv;
+      return fmt::format("conv {} {} {} {} {} {}", static_cast<const void*>(v->constant->data<float>()), c.oc, c.c,
+                         c.kh, c.kw, c.groups);
+    }
+    return {};
+  }
 
   CoreKernel launch(const Node& n) {
     if (!is_kernel_node(n)) return {};
@@ -118,7 +139,15 @@ struct CompiledExecutable::Builder {
     const float* bias = lib && le.bias_arg >= 0 ? n.inputs[static_cast<size_t>(le.bias_arg)]->constant->data<float>() : nullptr;
     if (lib) st.library_epilogues++;
     auto pre = prepacked.find(kid);
-    const cpu::PackedWeights packed = pre != prepacked.end() ? pre->second : cpu::PackedWeights{};
+    cpu::PackedWeights packed = pre != prepacked.end() ? pre->second : cpu::PackedWeights{};
+    // Kernels reading the same constant weights (ALBERT's shared layers, tied embeddings) share one
+    // packing: the first primitive packs, the others take its bytes when their layout is the same.
+    const std::string wkey = weights_key(n, k);
+    bool from_shared = false;
+    if (!packed.valid() && !wkey.empty()) {
+      auto it = shared_packing.find(wkey);
+      if (it != shared_packing.end()) packed = it->second, from_shared = true;
+    }
     auto tl = Clock::now();
     try {
       if (k.kind == KernelKind::matmul) {
@@ -127,7 +156,8 @@ struct CompiledExecutable::Builder {
         if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset, d.prepacked_b = packed;
         if (lib) d.bias = bias, d.epilogue = le.epilogue;
         L->matmul = std::make_unique<cpu::Matmul>(d);
-        st.prepacked += L->matmul->used_prepacked();
+        st.prepacked += L->matmul->used_prepacked() && !from_shared;
+        st.shared_packings += L->matmul->used_prepacked() && from_shared;
       } else if (k.kind == KernelKind::conv) {
         const ConvSpec& c = k.conv;
         cpu::ConvDesc d = cpu::conv_desc(c);
@@ -136,12 +166,17 @@ struct CompiledExecutable::Builder {
         d.bias = nullptr;
         if (lib) d.bias = bias, d.epilogue = le.epilogue;
         L->conv = std::make_unique<cpu::Conv2d>(d);
-        st.prepacked += L->conv->used_prepacked();
+        st.prepacked += L->conv->used_prepacked() && !from_shared;
+        st.shared_packings += L->conv->used_prepacked() && from_shared;
       }
     } catch (const Error& e) {
       throw e.with_context(Location{.node = n.name, .op = std::string(kernel_kind_name(k.kind)), .pass = "compile"});
     }
     st.library_seconds += seconds_since(tl);
+    if (!wkey.empty() && !shared_packing.count(wkey)) {
+      cpu::PackedWeights w = L->matmul ? L->matmul->packed_weights() : L->conv ? L->conv->packed_weights() : cpu::PackedWeights{};
+      if (w.valid()) shared_packing.emplace(wkey, std::move(w));
+    }
     L->kernel_index = kid;
     CompiledExecutable::Launch* raw = L.get();
     ce.launches_.push_back(std::move(L));

@@ -42,6 +42,7 @@ struct CompiledCompileStats {
   // Loaded from an executable-cache entry (load_cpu): no import, passes, fusion or packing ran.
   bool loaded = false;
   int prepacked = 0;                   // library kernels whose packed weights came from the entry
+  int shared_packings = 0;             // library kernels reusing another kernel's packing of the same weights
   int kernels = 0, loop_kernels = 0, matmul_kernels = 0, conv_kernels = 0;
   int core_nodes_left = 0;             // core nodes not covered by a kernel (run by typed kernels)
   int library_epilogues = 0;           // matmul/conv epilogues oneDNN applies itself (no generated pass)

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <system_error>
@@ -243,12 +244,20 @@ void write_entry(const std::string& dir, const std::string& module_text, const s
     m.blobs.clear();
     for (size_t i = 0; i < blobs.size(); ++i) m.blobs.push_back({at[i], blobs[i].nbytes});
   });
+  // Kernels sharing one packing (the same weights, compiled_backend.cpp) store it once.
   pieces.clear();
-  for (const PackedToStore& p : packed) pieces.emplace_back(p.data, p.nbytes);
+  std::map<std::pair<const void*, uint64_t>, size_t> piece_of;
+  std::vector<size_t> piece(packed.size());
+  for (size_t i = 0; i < packed.size(); ++i) {
+    auto [it, fresh] = piece_of.try_emplace({packed[i].data, packed[i].nbytes}, pieces.size());
+    if (fresh) pieces.emplace_back(packed[i].data, packed[i].nbytes);
+    piece[i] = it->second;
+  }
   m.packed = write_file(d / "packed.bin", "packed weights file", [&](HashedFile& f) {
     const std::vector<uint64_t> at = write_aligned(f, pieces, kPackedAlign);
     m.packed_weights.clear();
-    for (size_t i = 0; i < packed.size(); ++i) m.packed_weights.push_back({packed[i].kernel, at[i], packed[i].nbytes, packed[i].layout});
+    for (size_t i = 0; i < packed.size(); ++i)
+      m.packed_weights.push_back({packed[i].kernel, at[piece[i]], packed[i].nbytes, packed[i].layout});
   });
   const std::string text = json_dump(manifest_json(m), 1) + "\n";
   write_file(d / "manifest.json", "manifest", [&](HashedFile& f) { f.write(text.data(), text.size()); });

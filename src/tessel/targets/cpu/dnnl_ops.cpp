@@ -123,8 +123,7 @@ std::string layout_text(const memory::desc& md) {
 // is `want`, else `from` (plain or an earlier packing) reordered into fresh huge-page memory.
 struct WeightsMemory {
   memory mem;
-  PackedBuffer storage;                // owns a fresh packing
-  std::shared_ptr<const void> owner;   // or keeps the prepacked bytes alive
+  std::shared_ptr<const void> owner;  // owns a fresh packing, or keeps the prepacked bytes alive
   bool prepacked = false;
 };
 
@@ -142,19 +141,23 @@ WeightsMemory weights_memory(const memory::desc& want, const PackedWeights& pre,
     fail("{}: the stored packed weights do not fit this primitive (layout '{}', stored '{}') and the plain "
          "weights were not given",
          what, layout_text(want), pre.layout);
-  w.storage = allocate_packed(want.get_size());
-  w.mem = memory(want, eng, w.storage.get());
+  auto storage = std::make_shared<PackedBuffer>(allocate_packed(want.get_size()));
+  w.mem = memory(want, eng, storage->get());
+  w.owner = std::shared_ptr<const void>(storage, storage->get());
   reorder_now(from, w.mem);
   return w;
 }
 
-PackedWeights packed_view(const memory& m) {
+// The packed weights of `m`, with `owner` keeping them alive for whoever holds the view (another
+// primitive sharing the packing, or the cache writer).
+PackedWeights packed_view(const memory& m, std::shared_ptr<const void> owner) {
   PackedWeights p;
   if (!m) return p;
   p.layout = layout_text(m.get_desc());
   if (p.layout.empty()) return p;
   p.data = m.get_data_handle();
   p.nbytes = m.get_desc().get_size();
+  p.owner = std::move(owner);
   return p;
 }
 
@@ -387,8 +390,7 @@ struct Matmul::Impl {
   int threads = 0;
   memory a, b, c, bias;
   std::vector<float> bias_data;
-  PackedBuffer packed_storage;               // owns the packed weights' memory
-  std::shared_ptr<const void> packed_owner;  // or keeps prepacked bytes alive
+  std::shared_ptr<const void> packed_owner;  // owns the packed weights (or keeps prepacked bytes alive)
   PackedWeights prepacked;                   // from the descriptor, until the first build
   bool used_prepacked = false;
   std::vector<dnnl_exec_arg_t> args;
@@ -407,9 +409,7 @@ struct Matmul::Impl {
       WeightsMemory w = weights_memory(pd.weights_desc(), b ? PackedWeights{} : prepacked, from, "matmul " + name);
       b = w.mem;
       used_prepacked = used_prepacked || w.prepacked;
-      // after the reorder: it may have read the previous packing
-      packed_storage = std::move(w.storage);
-      packed_owner = std::move(w.owner);
+      packed_owner = std::move(w.owner);  // after the reorder: it may have read the previous packing
     }
     args = {{DNNL_ARG_SRC, a.get()}, {DNNL_ARG_WEIGHTS, b.get()}, {DNNL_ARG_DST, c.get()}};
     if (!bias_data.empty()) {
@@ -495,7 +495,7 @@ bool Matmul::packed_b() const {
   return impl_->pack;
 }
 PackedWeights Matmul::packed_weights() const {
-  return impl_->pack ? packed_view(impl_->b) : PackedWeights{};
+  return impl_->pack ? packed_view(impl_->b, impl_->packed_owner) : PackedWeights{};
 }
 bool Matmul::used_prepacked() const {
   return impl_->used_prepacked;
@@ -551,8 +551,7 @@ struct Conv2d::Impl {
   int threads = 0;
   memory x, y, src, dst, w, bias;
   std::vector<float> bias_data;
-  PackedBuffer packed_storage;               // owns the packed weights' memory
-  std::shared_ptr<const void> packed_owner;  // or keeps prepacked bytes alive
+  std::shared_ptr<const void> packed_owner;  // owns the packed weights (or keeps prepacked bytes alive)
   PackedWeights prepacked;                   // from the descriptor, until the first build
   bool used_prepacked = false;
   std::vector<dnnl_exec_arg_t> args;
@@ -591,7 +590,6 @@ struct Conv2d::Impl {
       WeightsMemory wm = weights_memory(pd.weights_desc(), w ? PackedWeights{} : prepacked, from, "conv2d " + name);
       w = wm.mem;
       used_prepacked = used_prepacked || wm.prepacked;
-      packed_storage = std::move(wm.storage);
       packed_owner = std::move(wm.owner);
     }
     args = {{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_WEIGHTS, w.get()}, {DNNL_ARG_DST, dst.get()}};
@@ -661,7 +659,7 @@ const ConvDesc& Conv2d::desc() const {
   return impl_->d;
 }
 PackedWeights Conv2d::packed_weights() const {
-  return packed_view(impl_->w);
+  return packed_view(impl_->w, impl_->packed_owner);
 }
 bool Conv2d::used_prepacked() const {
   return impl_->used_prepacked;

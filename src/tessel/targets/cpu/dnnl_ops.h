@@ -93,8 +93,9 @@ class Matmul {
 
   const MatmulDesc& desc() const;
   bool packed_b() const;     // B was pre-packed into oneDNN's preferred layout
-  // The packed B (valid while this object lives; owner is null), or an invalid one when B is not
-  // packed or its layout cannot be described (then it is not worth storing).
+  // The packed B, its owner keeping the bytes alive (another primitive of the same constant takes it
+  // as its prepacked_b: one packing however many kernels read the weights), or an invalid one when B
+  // is not packed or its layout cannot be described (then it is not worth storing or sharing).
   PackedWeights packed_weights() const;
   bool used_prepacked() const;  // the constructor took MatmulDesc::prepacked_b
   std::string impl() const;  // oneDNN's implementation name ("brg:avx512_core", "gemm:jit", ...)
