@@ -41,6 +41,8 @@ double activate(const Epilogue& e, double v) {
       return 1 / (1 + std::exp(-v));
     case Activation::tanh:
       return std::tanh(v);
+    case Activation::leaky_relu:
+      return v > 0 ? v : static_cast<double>(e.slope) * v;
   }
   return v;
 }

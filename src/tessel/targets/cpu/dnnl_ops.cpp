@@ -50,6 +50,8 @@ dnnl::algorithm eltwise_alg(Activation a) {
       return dnnl::algorithm::eltwise_logistic;
     case Activation::tanh:
       return dnnl::algorithm::eltwise_tanh;
+    case Activation::leaky_relu:
+      return dnnl::algorithm::eltwise_relu;
     case Activation::none:
       break;
   }
@@ -69,6 +71,9 @@ dnnl::primitive_attr make_attr(const Epilogue& e) {
     // 1·x + 0) turns −0 into +0. Checked on every value class by ConvPaths.ReluInsideTheLibraryKeepsNaN.
     po.append_eltwise(1.0f, dnnl::algorithm::eltwise_elu, 0.0f, 0.0f);
     po.append_eltwise(1.0f, dnnl::algorithm::eltwise_linear, 1.0f, 0.0f);
+  } else if (e.act == Activation::leaky_relu) {
+    // oneDNN's relu with a slope is a compare and blend: NaN gives slope · NaN = NaN, as ONNX's LeakyRelu.
+    po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, e.slope, 0.0f);
   } else if (e.act != Activation::none) {
     const bool clip = e.act == Activation::clip;
     po.append_eltwise(1.0f, eltwise_alg(e.act), clip ? e.clip_lo : 0.0f, clip ? e.clip_hi : 0.0f);

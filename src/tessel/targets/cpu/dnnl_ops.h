@@ -23,7 +23,7 @@ bool dnnl_available();
 std::string dnnl_version(bool with_threads = true);
 
 // An activation applied to the result (oneDNN eltwise post-op).
-enum class Activation { none, relu, clip, gelu_erf, gelu_tanh, sigmoid, tanh };
+enum class Activation { none, relu, clip, gelu_erf, gelu_tanh, sigmoid, tanh, leaky_relu };
 
 // Fused epilogue: y = act(alpha · (x·w + bias) + (accumulate ? y_old : 0)), where y_old is what the
 // output buffer holds when run() is called (a residual add in place). clip is min(max(v, lo), hi).
@@ -32,6 +32,7 @@ struct Epilogue {
   bool accumulate = false;
   Activation act = Activation::none;
   float clip_lo = 0, clip_hi = 6;
+  float slope = 0;  // leaky_relu: x > 0 ? x : slope · x (slope > 0)
 };
 
 // Constant weights packed into oneDNN's preferred (blocked) layout, as a primitive holds them. The

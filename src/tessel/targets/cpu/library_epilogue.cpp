@@ -124,8 +124,27 @@ struct Matcher {
     return false;
   }
 
+  // select(x < 0, slope · x, x): LeakyRelu's core form, as oneDNN's relu with a slope
+  // (x > 0 ? x : slope · x). Only for slope > 0, where the two agree on ±0 too (the sign of slope · ±0).
+  bool leaky_relu(int i, LibraryEpilogue& e) {
+    if (!is(i, "select")) return false;
+    const int c = arg(i, 0), t = arg(i, 1), x = arg(i, 2);
+    if (!is(c, "compare") || at(c).attr != "lt" || arg(c, 0) != x || !is_const(arg(c, 1), 0.0) || !is(t, "mul"))
+      return false;
+    for (int s = 0; s < 2; ++s) {
+      const std::optional<double> slope = const_value(arg(t, 1 - s));
+      if (arg(t, s) != x || !slope || !(*slope > 0) || !std::isfinite(*slope)) continue;
+      if (!linear(x, e)) return false;
+      for (int j : {i, c, arg(c, 1), t, arg(t, 1 - s)}) take(j);
+      e.epilogue.act = Activation::leaky_relu;
+      e.epilogue.slope = static_cast<float>(*slope);
+      return true;
+    }
+    return false;
+  }
+
   bool activation(int i, LibraryEpilogue& e) {
-    if (gelu(i, e) || relu(i, e)) return true;
+    if (gelu(i, e) || relu(i, e) || leaky_relu(i, e)) return true;
     // Clip (a min and a max with constants) stays in the generated epilogue: oneDNN's clip maps NaN to a
     // bound, where ONNX keeps it (docs/decisions.md; tests/randgraph/seed906_compiled_matmul_clip_nan.tsl),
     // and no chain of its NaN-keeping post-ops gives min(x, hi) without rounding.
@@ -160,7 +179,7 @@ std::optional<LibraryEpilogue> match_library_epilogue(const Kernel& k) {
         k.body[static_cast<size_t>(i)].access != st.access)
       return std::nullopt;
   if (e.epilogue.act != Activation::none) {
-    static const char* names[] = {"none", "relu", "clip", "gelu_erf", "gelu_tanh", "sigmoid", "tanh"};
+    static const char* names[] = {"none", "relu", "clip", "gelu_erf", "gelu_tanh", "sigmoid", "tanh", "leaky_relu"};
     e.summary += (e.summary.empty() ? "" : " + ") + std::string(names[static_cast<int>(e.epilogue.act)]);
   }
   if (e.summary.empty()) return std::nullopt;
