@@ -14,7 +14,7 @@ import sys
 import traceback
 
 import torch
-from . import _tessel
+from . import _structure, _tessel
 from ._convert import TesselCaptureError
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -97,32 +97,83 @@ def _tracing_read(e):
     return "value out of a tracing tensor" in str(e) or "data-dependent" in str(e)
 
 
-@contextlib.contextmanager
-def _items_as_tensors():
-    """While make_fx traces, `t.item()` on a traced one-element tensor gives `t` as a 0-d tensor
-    instead of failing: the value stays in the graph, so `x / x.max().item()` is captured whole (torch
-    1.13 has no data-dependent scalars in make_fx; dynamo's graphs on torch 2 call .item() on 0-d
-    inputs too). A Python use of that value (`if`, int(), a size) still reads it and fails there.
-    Items of constants are plain numbers as before."""
-    original = torch.Tensor.item
-    made = []      # the 0-d tensors handed out (kept alive: identity marks them)
+class ValueRead:
+    """A tensor's value that the module read into Python while it was traced (`if mask.any():`,
+    `int(n)`, an integer `.item()` deciding a size or a branch): the graph is specialised to `value`
+    and returns the tensor as a guard output; a call whose value differs is not answered by that graph
+    (docs/python.md, "Data-dependent Python: value guards")."""
 
-    def item(self):
-        if any(self is t for t in made):   # reading one of ours as a number (Tensor.__format__, ...)
-            return original(self)
-        try:
-            return original(self)
-        except RuntimeError as e:
-            if not _tracing_read(e) or self.numel() != 1:
-                raise
-        t = self.reshape(())
-        made.append(t)
-        return t
-    torch.Tensor.item = item
+    __slots__ = ("kind", "value", "where")
+
+    def __init__(self, kind, value, where):
+        self.kind, self.value, self.where = kind, value, where
+
+    def holds(self, t):
+        """Whether the tensor `t` (the guard output of a call) reads as this value."""
+        now = _READ[self.kind](t)
+        if self.kind == "float" or (self.kind == "item" and isinstance(self.value, float)):
+            return now == self.value or abs(now - self.value) <= 1e-6 * max(abs(now), abs(self.value))
+        return now == self.value
+
+    def describe(self, now=None):
+        what = f"{self.kind} read at {self.where or '<unknown line>'}"
+        return f"{what}: {self.value!r}" if now is None else f"{what} was {self.value!r} at capture, now {now!r}"
+
+    def as_dict(self):
+        return dict(kind=self.kind, value=self.value, location=self.where)
+
+
+_READ_METHODS = {"__bool__": "bool", "__int__": "int", "__float__": "float", "__index__": "index", "item": "item",
+                 "tolist": "tolist"}
+# kind -> how a call reads its guard output (torch's own methods, taken before any capture patches them)
+_READ = {kind: getattr(torch.Tensor, name) for name, kind in _READ_METHODS.items()}
+
+
+def _untraced():
+    """A context in which make_fx's tracing mode is off, so a traced tensor's value can be read."""
+    try:
+        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+        return disable_proxy_modes_tracing()
+    except ImportError:  # pragma: no cover -- both torch 1.13 and 2.x have it
+        from torch.utils._python_dispatch import _disable_current_modes
+        return _disable_current_modes()
+
+
+@contextlib.contextmanager
+def _value_reads(reads):
+    """While make_fx traces: a Python read of a traced tensor's value (`bool`, `int`, `float`,
+    `operator.index`, `.tolist()`, `.item()` of an integer or bool tensor) reads the real value (the
+    trace runs on real tensors) and records (tensor, ValueRead) in `reads`; the capture returns those
+    tensors as guard outputs. `.item()` of a floating-point tensor instead gives the tensor as a 0-d
+    tensor: the value stays in the graph, so `x / x.max().item()` is captured whole, not specialised
+    (a Python use of that 0-d tensor is then a read). Reads of constants are plain numbers as before."""
+    made = []      # the 0-d tensors .item() handed out (identity marks them)
+    originals = {name: getattr(torch.Tensor, name) for name in _READ_METHODS}
+
+    def reader(kind, original):
+        def read(self, *args):
+            try:
+                return original(self, *args)
+            except Exception as e:  # noqa: BLE001 -- only make_fx's "value of a tracing tensor" is ours
+                if not _tracing_read(e):
+                    raise
+            if (kind == "item" and self.is_floating_point() and self.numel() == 1
+                    and not any(self is t for t in made)):
+                t = self.reshape(())
+                made.append(t)
+                return t
+            with _untraced():
+                value = original(self, *args)
+            reads.append((self, ValueRead(kind, value, _user_frame())))
+            return value
+        return read
+    for name, kind in _READ_METHODS.items():
+        setattr(torch.Tensor, name, reader(kind, originals[name]))
     try:
         yield
     finally:
-        torch.Tensor.item = original
+        for name, f in originals.items():
+            setattr(torch.Tensor, name, f)
 
 
 def _functionalize():
@@ -173,13 +224,17 @@ class Captured:
     gm's placeholders are the module's state tensors (`state`, one per distinct tensor) then the call's
     inputs; its output is `(module output, (new values of the mutated placeholders...))`. `sources[p]`
     is placeholder p's Slot (state, or an input named in freeze_inputs) or its input index; `mutated`
-    lists the placeholders written back, in output order."""
+    lists the placeholders written back, in output order. The module output part is itself
+    `((output tensors...), (guard tensors...))`: `structure` rebuilds the module's value from the first,
+    `reads[i]` says what value the i-th guard tensor must read as."""
 
-    def __init__(self, gm, sources, mutated, example):
+    def __init__(self, gm, sources, mutated, example, structure, reads):
         self.gm = gm
         self.sources = sources
         self.mutated = mutated
         self.example = example      # state: the real tensor; a plain input: a meta tensor of its type
+        self.structure = structure  # rebuilds the module's output from the graph's output tensors
+        self.reads = reads          # the ValueReads the graph is specialised to, one guard output each
 
 
 def _functional_call():
@@ -217,9 +272,22 @@ def capture(module, example_inputs, freeze_inputs=()):
     with torch.no_grad():
         clones = [t.detach().clone(memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t
                   for t in example]
+    reads = []          # (tensor, ValueRead) of the trace, in order
+    structure = []      # the Structure of the module's output
+
+    def traced(*flat):
+        # Returns (the output's tensors, the tensors whose values were read): the output's other parts
+        # are rebuilt around its tensors on every call; the read tensors are the value guards.
+        del reads[:]
+        try:
+            tensors, st = _structure.flatten(fn(*flat), "the module's output")
+        except _structure.Unsupported as e:
+            raise TesselCaptureError(f"cannot capture {type(module).__name__}: {e}") from None
+        structure[:] = [st]
+        return tuple(tensors), tuple(t for t, _ in reads)
     try:
-        with _provenance(module), _items_as_tensors(), torch.no_grad():
-            gm = make_fx(_functionalize()(fn, remove="mutations_and_views"))(*clones)
+        with _provenance(module), _value_reads(reads), torch.no_grad():
+            gm = make_fx(_functionalize()(traced, remove="mutations_and_views"))(*clones)
     except _tessel.TesselError:
         raise
     except Exception as e:  # noqa: BLE001 -- every tracing failure becomes one clear error
@@ -227,9 +295,9 @@ def capture(module, example_inputs, freeze_inputs=()):
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         hint = ""
         if _tracing_read(msg):
-            hint = (" -- the module uses a tensor's value in Python (`if tensor:`, int(tensor), a .item() value in an "
-                    "`if` or as a size); keep it a tensor (e.g. torch.where instead of an if; a .item() value is "
-                    "captured when it is only used in tensor arithmetic)")
+            hint = (" -- PyTorch read a traced tensor's value outside Python (a tensor passed where a number is "
+                    "expected: a size, a dim, arange's end); pass int(tensor) instead, which tessel captures as a "
+                    "value guard, or keep the computation in tensors")
         name = type(module).__name__
         raise TesselCaptureError(f"cannot capture {name}: {msg}" + (f" at {where}" if where else "") + hint) from e
     del clones
@@ -240,7 +308,7 @@ def capture(module, example_inputs, freeze_inputs=()):
     # Plain call inputs matter for their shape and dtype only: keep no reference to the caller's data.
     example = [t if isinstance(src, Slot) else torch.empty(t.shape, dtype=t.dtype, device="meta")
                for t, src in zip(example, sources)]
-    return Captured(gm, sources, mutated, example)
+    return Captured(gm, sources, mutated, example, structure[0], [r for _, r in reads])
 
 
 def _batch_norm_stats_are_hidden():

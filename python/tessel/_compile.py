@@ -9,7 +9,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import _tessel
-from ._capture import Slot, capture
+from ._capture import _READ, Slot, capture
 from ._convert import Converted, from_buffer, tessel_dtype, to_buffer
 
 
@@ -77,12 +77,15 @@ class Stats:
 class Explanation:
     """The partitioner's report: graphs (compiled partitions), breaks, repairs applied."""
 
-    def __init__(self, report, repairs=(), lowered=0, fallbacks=0):
+    def __init__(self, report, repairs=(), lowered=0, fallbacks=0, reads=()):
         self.graphs = report["graphs"]
         self.breaks = report["breaks"]
         self.repairs = [dict(pattern=p, node=n, detail=d) for p, n, d in repairs]
         self.lowered = lowered
         self.fallbacks = fallbacks
+        # The values the module read into Python while traced, which the graph is specialised to
+        # (dicts with kind, value, location): each is checked on every call (docs/python.md).
+        self.guards = [r.as_dict() for r in reads]
 
     @property
     def graph_count(self):
@@ -93,7 +96,7 @@ class Explanation:
         return len(self.breaks)
 
     def as_dict(self):
-        return dict(graphs=self.graphs, breaks=self.breaks, repairs=self.repairs)
+        return dict(graphs=self.graphs, breaks=self.breaks, repairs=self.repairs, guards=self.guards)
 
     def __str__(self):
         lines = [f"repaired {r['pattern']} at '{r['node']}': {r['detail']}" for r in self.repairs]
@@ -107,6 +110,9 @@ class Explanation:
             lines.append(f"  reason:   {b['reason']}")
             lines.append(f"  location: {b['location']}")
             lines.append(f"  repair:   {b['repair'] or '(no known pattern)'}")
+        for i, g in enumerate(self.guards):
+            lines.append(f"value guard {i + 1}: {g['kind']} read as {g['value']!r} at {g['location'] or '<unknown line>'} "
+                         "(the graph is specialised to it; another value recompiles)")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -169,11 +175,8 @@ _training = operator.attrgetter("training")
 _data_ptr = torch.Tensor.data_ptr
 
 
-def _flat_tuple_spec(spec):
-    """Whether `spec` (of (module output, ())) is a flat tuple of tensors."""
-    n = spec.num_leaves
-    flat_tuple = pytree.tree_flatten((tuple(torch.zeros(()) for _ in range(n)), ()))[1]
-    return spec == flat_tuple
+# What Entry.run returns when a value guard does not hold: the call needs another specialisation.
+_MISS = object()
 
 
 class _Entry:
@@ -186,16 +189,20 @@ class _Entry:
         self.exe = exe
         self.repairs = repairs
         self.guard = guard
-        self.explanation = Explanation(json.loads(exe.explain()), repairs, conv.lowered, len(conv.fallbacks))
+        self.explanation = Explanation(json.loads(exe.explain()), repairs, conv.lowered, len(conv.fallbacks),
+                                       captured.reads)
         src = captured.sources
         self.feeds = [src[p] for p in conv.input_positions]          # int: call input; Slot: a live buffer
         self.writes = [src[p] for p in captured.mutated]
         self.runner = conv.runner if self.explanation.breaks else None
-        # The common output shapes, unflattened without pytree: (tensor, ()) and ((tensors...), ()).
-        spec = conv.out_spec
-        tensor, no_writes = pytree.tree_flatten((torch.zeros(()), ()))[1], not captured.mutated
-        self.single = no_writes and not conv.out_literals and spec == tensor
-        self.plain = self.single or (no_writes and not conv.out_literals and _flat_tuple_spec(spec))
+        self.structure = captured.structure
+        self.reads = captured.reads
+        self.values = tuple(repr(r.value) for r in captured.reads)    # this specialisation's part of its key
+        self.miss = None          # what the last call's guard found (a ValueRead description)
+        # The common outputs, without pytree: the graph's outputs are the output's tensors in order.
+        simple = not captured.mutated and not captured.reads and not conv.out_literals
+        self.single = simple and self.structure.kind == "tensor"
+        self.plain = simple and self.structure.kind == "tuple"
 
     def run(self, args):
         """One call: inputs adopted without copies, the executable, outputs as tensors over tessel's
@@ -203,8 +210,10 @@ class _Entry:
         feeds = self.feeds
         ins = [to_buffer(args[f] if f.__class__ is int else f.get(args)) for f in feeds]
         outs = self.exe.run(ins, self.runner)     # (keeps OpenMP's thread count: python/src/_tessel.cpp)
-        if self.plain:                   # a single tensor, or a flat tuple of tensors; nothing to write back
-            return from_buffer(*outs[0]) if self.single else tuple(from_buffer(a, d) for a, d in outs)
+        if self.single:                  # a single tensor; no guard, nothing to write back
+            return from_buffer(*outs[0])
+        if self.plain:                   # a flat tuple of tensors
+            return tuple(from_buffer(a, d) for a, d in outs)
         lits = self.conv.out_literals
         flat, k = [], 0
         for i in range(len(outs) + len(lits)):
@@ -213,10 +222,14 @@ class _Entry:
             else:
                 flat.append(from_buffer(*outs[k]))
                 k += 1
-        result, new_values = pytree.tree_unflatten(flat, self.conv.out_spec)
+        (tensors, guards), new_values = pytree.tree_unflatten(flat, self.conv.out_spec)
+        for r, t in zip(self.reads, guards):
+            if not r.holds(t):           # this graph took another path than eager would: not its answer
+                self.miss = r.describe(_READ[r.kind](t))
+                return _MISS
         if new_values:
             self._write_back(args, new_values)
-        return result
+        return self.structure.rebuild(tensors)
 
     def _write_back(self, args, new_values):
         """The module's mutations of its inputs and buffers, as eager would have left them."""
@@ -284,10 +297,17 @@ class CompiledModule:
         self.on_limit = on_limit
         self.freeze_inputs = tuple(freeze_inputs)
         self.stats = Stats()
+        # (signature, values of its value guards) -> _Entry; a module that reads tensor values into
+        # Python has one entry per path through its Python for a signature (its specialisations).
         self._cache = OrderedDict()
-        self._last_sig = None
+        self._current = {}        # signature -> the key of the specialisation tried first
+        self._last_key = None
         example_inputs = tuple(example_inputs)
         self._compile(_signature(example_inputs), example_inputs)
+
+    @property
+    def _last_sig(self):
+        return self._last_key[0] if self._last_key is not None else None
 
     def _compile(self, sig, args, reason=None, captured=None):
         t0 = time.perf_counter()
@@ -298,44 +318,84 @@ class CompiledModule:
             self.stats.recompiles.append(reason or _describe_change(self._last_sig, sig))
         self.stats.compiles += 1
         self.stats.compile_seconds += dt
-        self._cache[sig] = entry
-        self._last_sig = sig
+        key = (sig, entry.values)
+        self._cache[key] = entry
+        self._current[sig] = key
+        self._last_key = key
         return entry
 
     @property
     def explanation(self):
         """The graph-break report of the most recent compilation."""
-        return self._cache[self._last_sig].explanation
+        return self._cache[self._last_key].explanation
 
     def __call__(self, *args):
         self.stats.calls += 1
         sig = _signature(args)
-        entry = self._cache.get(sig)
+        key = self._current.get(sig)
+        entry = self._cache.get(key) if key is not None else None
         if entry is not None:
             stale = entry.guard.stale(args)
             if stale is None:
+                out = entry.run(args)
+                if out is _MISS:
+                    return self._other_path(sig, args, entry)
                 self.stats.cache_hits += 1
-                self._last_sig = sig
-                return entry.run(args)
+                self._last_key = key
+                return out
             # Every cached compilation froze the same state: all are stale. When only values changed,
             # this signature's captured graph is reused (conversion and compilation only).
             reuse = entry.captured if entry.guard.same_objects(args) else None
             self._cache.clear()
+            self._current.clear()
             self.stats.refreshes += 1
             entry = self._compile(sig, args, stale, reuse)
         else:
-            if len(self._cache) >= self.cache_limit:
-                if self.on_limit == "eager":
-                    self.stats.eager_calls += 1
-                    with torch.no_grad():
-                        return self.module(*args)
-                raise TesselRecompileLimit(
-                    f"{type(self.module).__name__}: {_describe_change(self._last_sig, sig)} needs a new compilation, "
-                    f"but cache_limit={self.cache_limit} compilations are already cached (signatures: "
-                    f"{[[list(s[0]) for s in k] for k in self._cache]}); raise cache_limit or pass on_limit='eager'")
+            limited = self._at_limit(sig, args, _describe_change(self._last_sig, sig))
+            if limited is not None:
+                return limited()
             entry = self._compile(sig, args)
-        self._last_sig = sig
-        return entry.run(args)
+        out = entry.run(args)
+        return self._other_path(sig, args, entry) if out is _MISS else out
+
+    def _other_path(self, sig, args, missed):
+        """A value guard of `missed` failed on this call: another cached specialisation of the signature
+        whose guards hold answers it, else a new capture on this call's inputs (a recompile)."""
+        for key, e in list(self._cache.items()):
+            if key[0] == sig and e is not missed:
+                out = e.run(args)
+                if out is not _MISS:
+                    self.stats.cache_hits += 1
+                    self._current[sig] = self._last_key = key
+                    return out
+        reason = f"value guard: {missed.miss}"
+        limited = self._at_limit(sig, args, reason)
+        if limited is not None:
+            return limited()
+        entry = self._compile(sig, args, reason)
+        out = entry.run(args)
+        if out is _MISS:
+            raise _tessel.TesselError(
+                f"{type(self.module).__name__}: captured again on this call's inputs, the graph still reads another "
+                f"value than the trace did ({entry.miss}); the module's Python depends on something other than its "
+                "tensor inputs, parameters and buffers, so tessel cannot guarantee its result")
+        return out
+
+    def _at_limit(self, sig, args, reason):
+        """None while another compilation fits in cache_limit; else a callable giving the call's answer
+        (eager, with on_limit='eager') or raising TesselRecompileLimit."""
+        if len(self._cache) < self.cache_limit:
+            return None
+        if self.on_limit == "eager":
+            def eager():
+                self.stats.eager_calls += 1
+                with torch.no_grad():
+                    return self.module(*args)
+            return eager
+        raise TesselRecompileLimit(
+            f"{type(self.module).__name__}: {reason} needs a new compilation, but cache_limit={self.cache_limit} "
+            f"compilations are already cached (signatures: {[[list(s[0]) for s in k[0]] for k in self._cache]}); "
+            "raise cache_limit or pass on_limit='eager'")
 
 
 def compile(module, example_inputs, target="cpu", backend="compiled", threads=None, repair=False, cache_limit=8,
@@ -353,5 +413,6 @@ def compile(module, example_inputs, target="cpu", backend="compiled", threads=No
 
 def explain(module, example_inputs, repair=False):
     """The graph-break report of `module` on `example_inputs` (nothing is compiled)."""
-    _, conv, repairs, _ = _convert(module, tuple(example_inputs), repair, "tessel.explain")
-    return Explanation(json.loads(conv.builder.explain()), repairs, conv.lowered, len(conv.fallbacks))
+    captured, conv, repairs, _ = _convert(module, tuple(example_inputs), repair, "tessel.explain")
+    return Explanation(json.loads(conv.builder.explain()), repairs, conv.lowered, len(conv.fallbacks),
+                       captured.reads)
