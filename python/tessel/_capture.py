@@ -94,7 +94,7 @@ def _provenance(module):
 
 
 def _tracing_read(e):
-    return "value out of a tracing tensor" in str(e) or "data-dependent" in str(e)
+    return any(s in str(e) for s in ("value out of a tracing tensor", "data-dependent", "unallocated storage"))
 
 
 class ValueRead:
@@ -121,6 +121,11 @@ class ValueRead:
 
     def as_dict(self):
         return dict(kind=self.kind, value=self.value, location=self.where)
+
+
+def _tolist(t):
+    """t.tolist() by elements (tolist itself reads storage, which a functionalized tensor has none of)."""
+    return t.item() if t.dim() == 0 else [_tolist(t[i]) for i in range(t.shape[0])]
 
 
 _READ_METHODS = {"__bool__": "bool", "__int__": "int", "__float__": "float", "__index__": "index", "item": "item",
@@ -163,7 +168,7 @@ def _value_reads(reads):
                 made.append(t)
                 return t
             with _untraced():
-                value = original(self, *args)
+                value = _tolist(self) if kind == "tolist" else original(self, *args)
             reads.append((self, ValueRead(kind, value, _user_frame())))
             return value
         return read
