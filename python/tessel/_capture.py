@@ -123,6 +123,14 @@ class ValueRead:
         return dict(kind=self.kind, value=self.value, location=self.where)
 
 
+def _sync(t):
+    """Brings a functionalized tensor up to date with pending writes to its base while tracing is on, so
+    that the ops doing it are in the graph (the read itself runs with tracing off)."""
+    is_functional = getattr(torch, "_is_functional_tensor", None)
+    if is_functional is not None and hasattr(torch, "_sync") and is_functional(t):
+        torch._sync(t)
+
+
 def _tolist(t):
     """t.tolist() by elements (tolist itself reads storage, which a functionalized tensor has none of)."""
     return t.item() if t.dim() == 0 else [_tolist(t[i]) for i in range(t.shape[0])]
@@ -167,6 +175,7 @@ def _value_reads(reads):
                 t = self.reshape(())
                 made.append(t)
                 return t
+            _sync(self)
             with _untraced():
                 value = _tolist(self) if kind == "tolist" else original(self, *args)
             reads.append((self, ValueRead(kind, value, _user_frame())))

@@ -53,7 +53,7 @@ def _walk(v, tensors, what, active):
     if isinstance(v, torch.Tensor):
         tensors.append(v)
         return next
-    if isinstance(v, _ATOMS):
+    if isinstance(v, _ATOMS) or isinstance(v, torch.nn.Module):     # (a module: returned as is, not copied)
         return lambda it, v=v: v
     if id(v) in active:
         raise Unsupported(f"{what} refers to itself (a {type(v).__name__} inside itself)")
