@@ -1,5 +1,5 @@
 """tessel.compile (make_fx capture) on unmodified Hugging Face transformers models, called as a user calls
-them: positional input_ids and attention_mask (and decoder_input_ids for T5), return_dict and use_cache
+them: model(input_ids=..., attention_mask=...) (and decoder_input_ids for T5), return_dict and use_cache
 at their defaults (a ModelOutput holding a DynamicCache for decoders). Per model: the output's types and
 every tensor in it against eager, for an all-ones mask, a padded mask (a value guard: another
 specialisation) and new ids; the value guards, recompiles, breaks, fallbacks; eager and tessel ms.
@@ -56,10 +56,10 @@ def build(name, seq):
         mask = torch.ones(1, seq, dtype=torch.long)
         if pad:
             mask[:, -pad:] = 0
-        ins = (ids, mask)
+        kw = dict(input_ids=ids, attention_mask=mask)
         if kind.endswith(",dec"):
-            ins = ins + (torch.randint(3, vocab, (1, seq // 2), generator=g),)
-        return ins
+            kw["decoder_input_ids"] = torch.randint(3, vocab, (1, seq // 2), generator=g)
+        return kw
     return model, inputs
 
 
@@ -99,13 +99,13 @@ def compare(out, ref):
     return same, err
 
 
-def time_ms(fn, ins, iters):
+def time_ms(fn, kw, iters):
     ts = []
     with torch.no_grad():
-        fn(*ins)
+        fn(**kw)
         for _ in range(iters):
             t0 = time.perf_counter()
-            fn(*ins)
+            fn(**kw)
             ts.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(ts)
 
@@ -116,22 +116,22 @@ def run(name, a):
     full, padded, other = inputs(0), inputs(3), inputs(0)
     t0 = time.perf_counter()
     try:
-        fast = tessel.compile(model, full, threads=a.threads)
+        fast = tessel.compile(model, (), example_kwargs=full, threads=a.threads)
     except Exception as e:  # noqa: BLE001 -- recorded per model
         rec.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:400]}")
         return rec
     rec["compile_s"] = round(time.perf_counter() - t0, 3)
     checks = []
     with torch.no_grad():
-        for label, ins in (("full mask", full), ("padded mask", padded), ("new ids", other), ("padded again", padded)):
+        for label, kw in (("full mask", full), ("padded mask", padded), ("new ids", other), ("padded again", padded)):
             try:
-                out = fast(*ins)
+                out = fast(**kw)
             except Exception as e:  # noqa: BLE001
                 checks.append(dict(call=label, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"))
                 continue
-            same, err = compare(out, model(*ins))
+            same, err = compare(out, model(**kw))
             checks.append(dict(call=label, same_structure=same, max_rel=err))
-        rec["structure"] = describe(fast(*full))
+        rec["structure"] = describe(fast(**full))
     rec["checks"] = checks
     rec["ok"] = all(c.get("same_structure") and c.get("max_rel", 1) <= 1e-4 for c in checks)
     e = fast.explanation

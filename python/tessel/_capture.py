@@ -259,27 +259,39 @@ def _functional_call():
     return stateless.functional_call
 
 
-def _state_fn(module, state):
-    """fn(*state_tensors, *inputs) calling `module` with its parameters and buffers replaced."""
+def _state_fn(module, state, call_of):
+    """fn(*state_tensors, *inputs) calling `module` with its parameters and buffers replaced; `call_of`
+    makes the call's (args, kwargs) from its input tensors (None: they are the positional arguments)."""
+    k = len(state)
+
+    def arguments(flat):
+        if call_of is None:
+            return tuple(flat[k:]), {}
+        args, kwargs = call_of(flat[k:])
+        return tuple(args), kwargs
     if not state:
-        return lambda *flat: module(*flat)
+        def plain(*flat):
+            args, kwargs = arguments(flat)
+            return module(*args, **kwargs)
+        return plain
     call = _functional_call()
     names = [names for _, _, names in state]
-    k = len(state)
 
     def fn(*flat):
         mapping = {n: flat[i] for i, ns in enumerate(names) for n in ns}
-        return call(module, mapping, tuple(flat[k:]))
+        args, kwargs = arguments(flat)
+        return call(module, mapping, args, kwargs)
     return fn
 
 
-def capture(module, example_inputs, freeze_inputs=()):
-    """The functionalized aten graph of `module` on `example_inputs` (a Captured)."""
+def capture(module, example_inputs, freeze_inputs=(), call=None):
+    """The functionalized aten graph of `module` on `example_inputs` (a Captured): the call's tensors;
+    `call(tensors) -> (args, kwargs)` places them among its other arguments (default: positional)."""
     from torch.fx.experimental.proxy_tensor import make_fx
     if not callable(module):
         raise _tessel.TesselError(f"tessel.compile takes a torch.nn.Module or a function, not {type(module).__name__}")
     state = module_state(module)
-    fn = _state_fn(module, state)
+    fn = _state_fn(module, state, call)
     example = [t for _, t, _ in state] + list(example_inputs)
     # Tracing runs the module on real tensors: clones, so that its mutations (written back by
     # functionalize at the end of the trace) do not reach the module or the caller's inputs.

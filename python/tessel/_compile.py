@@ -30,14 +30,49 @@ def _torch_threads_kept():
             torch.set_num_threads(n)
 
 
-def _signature(args):
+# Arguments other than tensors that a call may pass: part of the signature (the graph is specialised to
+# their values), like `use_cache=False` or `return_dict=True` for a transformers model.
+_LITERALS = (type(None), bool, int, float, str)
+
+
+def _split_call(args, kwargs):
+    """(tensors, signature) of a call: its tensors (positional, then keyword arguments by name) are the
+    graph's inputs; the signature holds each tensor's (shape, dtype), each literal's ("=", (type, value))
+    and, with keyword arguments, a last ("kw", names) -- _call_builder rebuilds the call from it."""
     sig = []
-    for i, a in enumerate(args):
+    items = list(args)
+    if kwargs:
+        names = tuple(sorted(kwargs))
+        items += [kwargs[k] for k in names]
+    tensors = []
+    for i, a in enumerate(items):
         if isinstance(a, torch.Tensor):
             sig.append((tuple(a.shape), a.dtype))
+            tensors.append(a)
+        elif isinstance(a, _LITERALS):
+            sig.append(("=", (type(a).__name__, a)))
         else:
-            raise _tessel.TesselError(f"input {i} is a {type(a).__name__}; a tessel-compiled callable takes tensors")
-    return tuple(sig)
+            what = f"input {i}" if i < len(args) else f"keyword argument '{names[i - len(args)]}'"
+            raise _tessel.TesselError(
+                f"{what} is a {type(a).__name__}; a tessel-compiled callable takes tensors and None/bool/int/float/str "
+                "arguments (a cache or other object as an input: call the model without it, or use "
+                "torch.compile(model, backend='tessel'))")
+    if kwargs:
+        sig.append(("kw", names))
+    return (args if len(tensors) == len(args) and not kwargs else tuple(tensors)), tuple(sig)
+
+
+def _call_builder(sig):
+    """build(tensors) -> (args, kwargs) of the call `sig` describes, with `tensors` in its tensors' places."""
+    names = sig[-1][1] if sig and sig[-1][0] == "kw" else ()
+    items = sig[:-1] if names else sig
+    n_pos = len(items) - len(names)
+
+    def build(tensors):
+        it = iter(tensors)
+        vals = [s[1][1] if s[0] == "=" else next(it) for s in items]
+        return vals[:n_pos], dict(zip(names, vals[n_pos:]))
+    return build
 
 
 def _describe_change(old, new):
@@ -46,6 +81,10 @@ def _describe_change(old, new):
     if len(old) != len(new):
         return f"{len(new)} inputs instead of {len(old)}"
     for i, (o, n) in enumerate(zip(old, new)):
+        if o != n and "kw" in (o[0], n[0]):
+            return f"keyword arguments {o[1] if o[0] == 'kw' else '()'} -> {n[1] if n[0] == 'kw' else '()'}"
+        if o != n and "=" in (o[0], n[0]):
+            return f"input {i} {o[1][1] if o[0] == '=' else 'a tensor'!r} -> {n[1][1] if n[0] == '=' else 'a tensor'!r}"
         if o[1] != n[1]:
             return f"input {i} dtype {o[1]} -> {n[1]}"
         if o[0] != n[0]:
@@ -239,16 +278,17 @@ class _Entry:
                 dst.copy_(v)
 
 
-def _convert(module, example_inputs, repair, caller, freeze_inputs=(), captured=None):
-    """Checks the example inputs, captures the module (functionalized) and builds its tessel graph
-    (repaired if asked) with its parameters and buffers -- all but the mutated ones -- as constants.
+def _convert(module, example_inputs, repair, caller, freeze_inputs=(), captured=None, call=None):
+    """Checks the example inputs (the call's tensors; `call` rebuilds the call's arguments from them),
+    captures the module (functionalized) and builds its tessel graph (repaired if asked) with its
+    parameters and buffers -- all but the mutated ones -- as constants.
     Returns (captured, converted, repairs, frozen placeholder positions the graph uses)."""
     for i, a in enumerate(example_inputs):
         if not isinstance(a, torch.Tensor):
             raise _tessel.TesselError(f"example input {i} is a {type(a).__name__}; {caller} takes tensors")
         tessel_dtype(a.dtype, f"input {i}")
     if captured is None:
-        captured = capture(module, example_inputs, freeze_inputs)
+        captured = capture(module, example_inputs, freeze_inputs, call)
     mutated = set(captured.mutated)
     frozen = {p: (_const_name(src), captured.example[p]) for p, src in enumerate(captured.sources)
               if isinstance(src, Slot) and p not in mutated}
@@ -261,13 +301,13 @@ def _const_name(slot):
     return slot.name.split("'")[1] if "'" in slot.name else slot.name.replace(" ", "_")
 
 
-def _build(module, example_inputs, target, backend, threads, repair, freeze_inputs=(), captured=None):
+def _build(module, example_inputs, target, backend, threads, repair, freeze_inputs=(), captured=None, call=None):
     if target != "cpu":
         raise _tessel.TesselError(f"target '{target}' is not supported by tessel.compile yet (only 'cpu')")
     if backend not in ("compiled", "graph", "eager"):
         raise _tessel.TesselError(f"backend '{backend}' is not one of compiled, graph, eager")
     captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
-                                               captured)
+                                               captured, call)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     with _torch_threads_kept():
         exe = _tessel.Executable(conv.builder, backend, threads)
@@ -285,7 +325,7 @@ class CompiledModule:
     they change; writing back what the module mutates."""
 
     def __init__(self, module, example_inputs, target="cpu", backend="compiled", threads=None, repair=False,
-                 cache_limit=8, on_limit="raise", freeze_inputs=()):
+                 cache_limit=8, on_limit="raise", freeze_inputs=(), example_kwargs=None):
         if on_limit not in ("raise", "eager"):
             raise _tessel.TesselError(f"on_limit must be 'raise' or 'eager', not {on_limit!r}")
         self.module = module
@@ -302,8 +342,8 @@ class CompiledModule:
         self._cache = OrderedDict()
         self._current = {}        # signature -> the key of the specialisation tried first
         self._last_key = None
-        example_inputs = tuple(example_inputs)
-        self._compile(_signature(example_inputs), example_inputs)
+        tensors, sig = _split_call(tuple(example_inputs), example_kwargs or {})
+        self._compile(sig, tensors)
 
     @property
     def _last_sig(self):
@@ -312,7 +352,7 @@ class CompiledModule:
     def _compile(self, sig, args, reason=None, captured=None):
         t0 = time.perf_counter()
         entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair, self.freeze_inputs,
-                       captured)
+                       captured, _call_builder(sig))
         dt = time.perf_counter() - t0
         if self.stats.compiles:
             self.stats.recompiles.append(reason or _describe_change(self._last_sig, sig))
@@ -329,9 +369,9 @@ class CompiledModule:
         """The graph-break report of the most recent compilation."""
         return self._cache[self._last_key].explanation
 
-    def __call__(self, *args):
+    def __call__(self, *call_args, **call_kwargs):
         self.stats.calls += 1
-        sig = _signature(args)
+        args, sig = _split_call(call_args, call_kwargs)      # args: the call's tensors from here on
         key = self._current.get(sig)
         entry = self._cache.get(key) if key is not None else None
         if entry is not None:
@@ -339,7 +379,7 @@ class CompiledModule:
             if stale is None:
                 out = entry.run(args)
                 if out is _MISS:
-                    return self._other_path(sig, args, entry)
+                    return self._other_path(sig, args, entry, call_args, call_kwargs)
                 self.stats.cache_hits += 1
                 self._last_key = key
                 return out
@@ -351,14 +391,14 @@ class CompiledModule:
             self.stats.refreshes += 1
             entry = self._compile(sig, args, stale, reuse)
         else:
-            limited = self._at_limit(sig, args, _describe_change(self._last_sig, sig))
+            limited = self._at_limit(sig, call_args, call_kwargs, _describe_change(self._last_sig, sig))
             if limited is not None:
                 return limited()
             entry = self._compile(sig, args)
         out = entry.run(args)
-        return self._other_path(sig, args, entry) if out is _MISS else out
+        return self._other_path(sig, args, entry, call_args, call_kwargs) if out is _MISS else out
 
-    def _other_path(self, sig, args, missed):
+    def _other_path(self, sig, args, missed, call_args, call_kwargs):
         """A value guard of `missed` failed on this call: another cached specialisation of the signature
         whose guards hold answers it, else a new capture on this call's inputs (a recompile)."""
         for key, e in list(self._cache.items()):
@@ -369,7 +409,7 @@ class CompiledModule:
                     self._current[sig] = self._last_key = key
                     return out
         reason = f"value guard: {missed.miss}"
-        limited = self._at_limit(sig, args, reason)
+        limited = self._at_limit(sig, call_args, call_kwargs, reason)
         if limited is not None:
             return limited()
         entry = self._compile(sig, args, reason)
@@ -381,7 +421,7 @@ class CompiledModule:
                 "tensor inputs, parameters and buffers, so tessel cannot guarantee its result")
         return out
 
-    def _at_limit(self, sig, args, reason):
+    def _at_limit(self, sig, call_args, call_kwargs, reason):
         """None while another compilation fits in cache_limit; else a callable giving the call's answer
         (eager, with on_limit='eager') or raising TesselRecompileLimit."""
         if len(self._cache) < self.cache_limit:
@@ -390,29 +430,36 @@ class CompiledModule:
             def eager():
                 self.stats.eager_calls += 1
                 with torch.no_grad():
-                    return self.module(*args)
+                    return self.module(*call_args, **call_kwargs)
             return eager
         raise TesselRecompileLimit(
             f"{type(self.module).__name__}: {reason} needs a new compilation, but cache_limit={self.cache_limit} "
-            f"compilations are already cached (signatures: {[[list(s[0]) for s in k[0]] for k in self._cache]}); "
+            f"compilations are already cached (signatures: {[[_show(s) for s in k[0]] for k in self._cache]}); "
             "raise cache_limit or pass on_limit='eager'")
 
 
+def _show(s):
+    """One signature item as the limit error prints it: a tensor's shape, a literal's value, kw names."""
+    return list(s[0]) if s[0] not in ("=", "kw") else (s[1][1] if s[0] == "=" else dict(keywords=list(s[1])))
+
+
 def compile(module, example_inputs, target="cpu", backend="compiled", threads=None, repair=False, cache_limit=8,
-            on_limit="raise"):
+            on_limit="raise", example_kwargs=None):
     """Compile a PyTorch module (or function of tensors) for tessel; returns a guarded callable.
 
-    example_inputs: a tuple of tensors the module is captured with (make_fx). backend: compiled (fused,
+    example_inputs: a tuple of the module's positional arguments, example_kwargs: a dict of its keyword
+    arguments, it is captured with (make_fx): tensors, or None/bool/int/float/str (specialised). backend: compiled (fused,
     generated C++), graph (core ops, planned arena) or eager (reference kernels). threads: for the compiled
     backend (default: the machine's hardware threads). repair: apply the auto-repairs of graph breaks.
     cache_limit / on_limit: how many signatures are compiled before a new one raises or runs in eager.
     """
     return CompiledModule(module, example_inputs, target=target, backend=backend, threads=threads, repair=repair,
-                          cache_limit=cache_limit, on_limit=on_limit)
+                          cache_limit=cache_limit, on_limit=on_limit, example_kwargs=example_kwargs)
 
 
-def explain(module, example_inputs, repair=False):
+def explain(module, example_inputs, repair=False, example_kwargs=None):
     """The graph-break report of `module` on `example_inputs` (nothing is compiled)."""
-    captured, conv, repairs, _ = _convert(module, tuple(example_inputs), repair, "tessel.explain")
+    tensors, sig = _split_call(tuple(example_inputs), example_kwargs or {})
+    captured, conv, repairs, _ = _convert(module, tensors, repair, "tessel.explain", call=_call_builder(sig))
     return Explanation(json.loads(conv.builder.explain()), repairs, conv.lowered, len(conv.fallbacks),
                        captured.reads)
