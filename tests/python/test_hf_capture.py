@@ -249,5 +249,45 @@ class StructuredOutputTest(unittest.TestCase):
         self.assertIn("Generator", str(cm.exception))
 
 
+class KeywordCall(nn.Module):
+    """Called as transformers models are: keyword tensors, None, and flags."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, input_ids=None, past_key_values=None, attention_mask=None, use_cache=True, return_dict=True):
+        h = self.lin(input_ids)
+        if attention_mask is not None:
+            h = h * attention_mask[..., None]
+        out = Output(last_hidden_state=h, past_key_values=None)
+        return out if return_dict else (h,)
+
+
+class ArgumentsTest(unittest.TestCase):
+    def test_keyword_and_literal_arguments(self):
+        torch.manual_seed(2)
+        m = KeywordCall().eval()
+        x, mask = torch.randn(1, 3, 8), torch.tensor([[1.0, 1.0, 0.0]])
+        fast = tessel.compile(m, (), example_kwargs=dict(input_ids=x, attention_mask=mask), backend="graph")
+        with torch.no_grad():
+            out = fast(input_ids=x, attention_mask=mask)
+            self.assertIs(type(out), Output)
+            self.assertIsNone(out.past_key_values)
+            self.assertLessEqual(max_rel(out.last_hidden_state, m(input_ids=x, attention_mask=mask).last_hidden_state),
+                                 1e-6)
+            t = fast(input_ids=x, attention_mask=mask, return_dict=False)     # another signature: a recompile
+            self.assertIs(type(t), tuple)
+            self.assertLessEqual(max_rel(t[0], m(x, None, mask, True, False)[0]), 1e-6)
+            self.assertLessEqual(max_rel(fast(x, None, mask, True, False)[0], t[0]), 1e-6)
+        self.assertEqual(fast.stats.compiles, 3)
+
+    def test_object_argument_is_a_clear_error(self):
+        fast = tessel.compile(KeywordCall(), (), example_kwargs=dict(input_ids=torch.randn(1, 2, 8)), backend="graph")
+        with self.assertRaises(tessel.TesselError) as cm:
+            fast(input_ids=torch.randn(1, 2, 8), past_key_values=Cache(1))
+        self.assertIn("keyword argument 'past_key_values' is a Cache", str(cm.exception))
+
+
 if __name__ == "__main__":
     unittest.main()
