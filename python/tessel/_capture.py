@@ -56,8 +56,11 @@ def _is_user_file(filename):
             known = filename == "<stdin>"
         else:
             fn = os.path.abspath(filename)
-            known = not (fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/lib/python3" in fn
-                         or "/functorch/" in fn)
+            # The standard library is not the user's code; installed packages are (a transformers model's
+            # modeling_gpt2.py is where its value reads and nodes come from), except torch and tessel.
+            installed = "/site-packages/" in fn or "/dist-packages/" in fn
+            known = not (fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/functorch/" in fn
+                         or ("/lib/python3" in fn and not installed))
         _USER_FILE[filename] = known
     return known
 

@@ -66,14 +66,14 @@ def _walk(v, tensors, what, active):
 
 def _walk_container(v, tensors, what, active):
     n0 = len(tensors)
-    if isinstance(v, (list, tuple)) and (type(v) in (list, tuple) or hasattr(v, "_fields")):
+    if isinstance(v, (list, tuple)):
         parts = [_walk(x, tensors, f"{what}[{i}]", active) for i, x in enumerate(v)]
         if len(tensors) == n0:
             return lambda it, v=v: v
         t = type(v)
-        if t is list or t is tuple:
-            return lambda it: t(p(it) for p in parts)
-        return lambda it: t(*(p(it) for p in parts))          # a namedtuple
+        if hasattr(v, "_fields"):
+            return lambda it: t(*(p(it) for p in parts))      # a namedtuple
+        return lambda it: t([p(it) for p in parts])           # list, tuple, torch.return_types (structseq)
     if isinstance(v, dict):
         # dict, OrderedDict and their subclasses (ModelOutput): a shallow copy with the entries
         # replaced, so the type and its other attributes stay; ModelOutput's __setitem__ keeps its
