@@ -78,11 +78,12 @@ def _call_builder(sig):
 def _describe_change(old, new):
     if old is None:
         return "first call"
+    names = [s[-1][1] if s and s[-1][0] == "kw" else () for s in (old, new)]
+    if names[0] != names[1]:
+        return f"keyword arguments {list(names[0])} -> {list(names[1])}"
     if len(old) != len(new):
         return f"{len(new)} inputs instead of {len(old)}"
     for i, (o, n) in enumerate(zip(old, new)):
-        if o != n and "kw" in (o[0], n[0]):
-            return f"keyword arguments {o[1] if o[0] == 'kw' else '()'} -> {n[1] if n[0] == 'kw' else '()'}"
         if o != n and "=" in (o[0], n[0]):
             return f"input {i} {o[1][1] if o[0] == '=' else 'a tensor'!r} -> {n[1][1] if n[0] == '=' else 'a tensor'!r}"
         if o[1] != n[1]:

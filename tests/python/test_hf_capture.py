@@ -281,6 +281,14 @@ class ArgumentsTest(unittest.TestCase):
             self.assertLessEqual(max_rel(t[0], m(x, None, mask, True, False)[0]), 1e-6)
             self.assertLessEqual(max_rel(fast(x, None, mask, True, False)[0], t[0]), 1e-6)
         self.assertEqual(fast.stats.compiles, 3)
+        self.assertEqual(fast.stats.recompiles[0],
+                         "keyword arguments ['attention_mask', 'input_ids'] -> ['attention_mask', 'input_ids', 'return_dict']")
+        self.assertEqual(fast.stats.recompiles[1], "keyword arguments ['attention_mask', 'input_ids', 'return_dict'] -> []")
+
+    def test_literal_argument_change_is_named(self):
+        fast = tessel.compile(KeywordCall(), (torch.randn(1, 2, 8), None, None, True, True), backend="graph")
+        fast(torch.randn(1, 2, 8), None, None, True, False)
+        self.assertEqual(fast.stats.recompiles, ["input 4 True -> False"])
 
     def test_object_argument_is_a_clear_error(self):
         fast = tessel.compile(KeywordCall(), (), example_kwargs=dict(input_ids=torch.randn(1, 2, 8)), backend="graph")
