@@ -330,6 +330,7 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
         name = type(module).__name__
         raise TesselCaptureError(f"cannot capture {name}: {msg}" + (f" at {where}" if where else "") + hint) from e
     del clones
+    _check_rebuild(structure[0], module)
     sources = [slot for slot, _, _ in state] + list(range(len(example_inputs)))
     for i in freeze_inputs:
         sources[len(state) + i] = Slot(f"input {i}", index=i)
@@ -338,6 +339,16 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
     example = [t if isinstance(src, Slot) else torch.empty(t.shape, dtype=t.dtype, device="meta")
                for t, src in zip(example, sources)]
     return Captured(gm, sources, mutated, example, structure[0], [r for _, r in reads])
+
+
+def _check_rebuild(structure, module):
+    """Rebuilds the output once now, with stand-in tensors, so that an output type whose copy fails is a
+    capture error, not an error on every call."""
+    try:
+        structure.rebuild([torch.empty(0)] * structure.count)
+    except Exception as e:  # noqa: BLE001 -- any failure of a user type's copy
+        raise TesselCaptureError(f"cannot capture {type(module).__name__}: its output cannot be rebuilt around new "
+                                 f"tensors ({type(e).__name__}: {e})") from e
 
 
 def _batch_norm_stats_are_hidden():

@@ -248,6 +248,17 @@ class StructuredOutputTest(unittest.TestCase):
             tessel.compile(Weird(), (torch.randn(2),))
         self.assertIn("Generator", str(cm.exception))
 
+        class NoCopy:
+            def __init__(self, t):
+                self.t = t
+
+            def __reduce_ex__(self, protocol):
+                raise TypeError("NoCopy cannot be copied")
+
+        with self.assertRaises(tessel.TesselCaptureError) as cm:
+            tessel.compile(lambda x: NoCopy(x + 1), (torch.randn(2),))
+        self.assertIn("NoCopy cannot be copied", str(cm.exception))
+
 
 class KeywordCall(nn.Module):
     """Called as transformers models are: keyword tensors, None, and flags."""
