@@ -186,11 +186,48 @@ def _value_reads(reads):
         return read
     for name, kind in _READ_METHODS.items():
         setattr(torch.Tensor, name, reader(kind, originals[name]))
+    # Comparisons that return a Python bool read the values inside PyTorch's C++: as the bool of a
+    # tensor expression with the same answer they become a `bool` read above.
+    replaced = []
+    for owner, name, same in _BOOL_OPS:
+        original = getattr(owner, name)
+        replaced.append((owner, name, original))
+        setattr(owner, name, _as_bool_read(original, same))
     try:
         yield
     finally:
         for name, f in originals.items():
             setattr(torch.Tensor, name, f)
+        for owner, name, original in replaced:
+            setattr(owner, name, original)
+
+
+def _as_bool_read(original, same):
+    def compare(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- only make_fx's "value of a tracing tensor" is ours
+            if not _tracing_read(e):
+                raise
+        return same(*args, **kwargs)
+    return compare
+
+
+def _equal(a, b):
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    # isclose's definition (equal values, infinities included, or |a - b| <= atol + rtol |b|), spelled
+    # with ops tessel lowers
+    close = (a == b) | ((a - b).abs() <= atol + rtol * b.abs())
+    if equal_nan:
+        close = close | (a.isnan() & b.isnan())
+    return bool(close.all())
+
+
+_BOOL_OPS = [(torch, "equal", _equal), (torch.Tensor, "equal", _equal), (torch, "allclose", _allclose),
+             (torch.Tensor, "allclose", _allclose), (torch.Tensor, "is_nonzero", lambda t: bool(t))]
 
 
 def _functionalize():
@@ -324,7 +361,7 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         hint = ""
         if _tracing_read(msg):
-            hint = (" -- PyTorch read a traced tensor's value outside Python (a tensor passed where a number is "
+            hint = (" -- PyTorch read a traced tensor's value inside its C++ (a tensor passed where a number is "
                     "expected: a size, a dim, arange's end); pass int(tensor) instead, which tessel captures as a "
                     "value guard, or keep the computation in tensors")
         name = type(module).__name__

@@ -191,6 +191,23 @@ class ValueReadTest(unittest.TestCase):
             x = torch.randn(5) * scale
             self.assertLessEqual(max_rel(fast(x), m(x)), 1e-6)
 
+    def test_comparisons_returning_a_bool(self):
+        """torch.equal / allclose / is_nonzero read values in C++: captured as bool reads of the same answer."""
+        def f(x, y):
+            if torch.equal(x, y):
+                return x + 1
+            if torch.allclose(x, y, atol=0.5):
+                return x + 2
+            return x - 1 if (x[:1] - y[:1]).is_nonzero() else x
+        y = torch.zeros(3)
+        fast = tessel.compile(f, (torch.zeros(3), y), backend="graph")
+        self.assertEqual(fast.explanation.guards[0]["kind"], "bool")
+        self.assertRegex(fast.explanation.guards[0]["location"], r"`if torch\.equal\(x, y\):`")
+        for x in (torch.zeros(3), torch.full((3,), 0.25), torch.ones(3), torch.tensor([0.0, 1.0, 1.0]),
+                  torch.zeros(3)):
+            self.assertTrue(torch.equal(fast(x, y), f(x, y)), x)
+        self.assertEqual(fast.stats.compiles, 4)
+
     def test_float_item_in_arithmetic_is_not_a_guard(self):
         fast = tessel.compile(lambda x: x / x.abs().max().item(), (torch.randn(4),), backend="graph")
         self.assertEqual(fast.explanation.guards, [])
