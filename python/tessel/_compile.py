@@ -243,6 +243,8 @@ class _Entry:
         simple = not captured.mutated and not captured.reads and not conv.out_literals
         self.single = simple and self.structure.kind == "tensor"
         self.plain = simple and self.structure.kind == "tuple"
+        # outputs then guards, nothing to write back: checked and rebuilt without pytree
+        self.guarded = not captured.mutated and not conv.out_literals and bool(captured.reads)
 
     def run(self, args):
         """One call: inputs adopted without copies, the executable, outputs as tensors over tessel's
@@ -254,6 +256,14 @@ class _Entry:
             return from_buffer(*outs[0])
         if self.plain:                   # a flat tuple of tensors
             return tuple(from_buffer(a, d) for a, d in outs)
+        if self.guarded:
+            n = self.structure.count
+            for r, (a, d) in zip(self.reads, outs[n:]):
+                t = from_buffer(a, d)
+                if not r.holds(t):
+                    self.miss = r.describe(_READ[r.kind](t))
+                    return _MISS
+            return self.structure.rebuild([from_buffer(a, d) for a, d in outs[:n]])
         lits = self.conv.out_literals
         flat, k = [], 0
         for i in range(len(outs) + len(lits)):
