@@ -364,6 +364,8 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
             hint = (" -- PyTorch read a traced tensor's value inside its C++ (a tensor passed where a number is "
                     "expected: a size, a dim, arange's end); pass int(tensor) instead, which tessel captures as a "
                     "value guard, or keep the computation in tensors")
+            if hasattr(torch, "compile"):
+                hint += "; or use torch.compile(module, backend='tessel'), where dynamo splits the graph there"
         name = type(module).__name__
         raise TesselCaptureError(f"cannot capture {name}: {msg}" + (f" at {where}" if where else "") + hint) from e
     del clones
