@@ -10,17 +10,14 @@ transformers models".
 """
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 import traceback
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tessel  # noqa: E402
-from tessel import _structure  # noqa: E402
+import tessel
+from tessel import _structure
 
 _SMALL = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, vocab_size=4000, max_position_embeddings=256)
