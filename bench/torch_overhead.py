@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 import tessel
-from tessel._compile import _signature
+from tessel._compile import _split_call
 from tessel._convert import to_buffer
 
 
@@ -43,7 +43,7 @@ def median_us(fn, *args, calls=3000):
 
 
 def entry_of(compiled):
-    return compiled._cache[compiled._last_sig]
+    return compiled._cache[compiled._last_key]
 
 
 def per_call(threads, calls):
@@ -60,7 +60,7 @@ def per_call(threads, calls):
         call = median_us(fast, x, calls=calls)
         run = median_us(e.exe.run, ins, None, calls=calls)
         out[backend] = dict(call_us=call, executable_run_us=run, python_overhead_us=call - run,
-                            signature_us=median_us(_signature, (x,), calls=calls),
+                            signature_us=median_us(_split_call, (x,), {}, calls=calls),
                             guard_us=median_us(e.guard.stale, (x,), calls=calls),
                             adopt_input_us=median_us(to_buffer, x, calls=calls))
     return out

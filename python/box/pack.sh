@@ -8,7 +8,9 @@ set -e
 R=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-$R/build}
 P=$R/.pybox
-grep -qx '/.pybox/' "$R/.git/info/exclude" 2>/dev/null || echo '/.pybox/' >> "$R/.git/info/exclude"
+EXCLUDE=$(git -C "$R" rev-parse --path-format=absolute --git-path info/exclude)   # (a worktree's .git is a file)
+mkdir -p "$(dirname "$EXCLUDE")"
+grep -qx '/.pybox/' "$EXCLUDE" 2>/dev/null || echo '/.pybox/' >> "$EXCLUDE"
 rm -rf "$P" && mkdir -p "$P/include" "$P/stage/extra"
 cp -r /usr/include/nlohmann /usr/include/fmt "$P/include/"
 for l in libfmt.so.9 libdnnl.so.2 libxxhash.so.0 libonnx_proto.so.1 libprotobuf.so.32 libOpenCL.so.1; do

@@ -14,7 +14,7 @@ import sys
 import traceback
 
 import torch
-from . import _tessel
+from . import _structure, _tessel
 from ._convert import TesselCaptureError
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -56,8 +56,11 @@ def _is_user_file(filename):
             known = filename == "<stdin>"
         else:
             fn = os.path.abspath(filename)
-            known = not (fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/lib/python3" in fn
-                         or "/functorch/" in fn)
+            # The standard library is not the user's code; installed packages are (a transformers model's
+            # modeling_gpt2.py is where its value reads and nodes come from), except torch and tessel.
+            installed = "/site-packages/" in fn or "/dist-packages/" in fn
+            known = not (fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/functorch/" in fn
+                         or ("/lib/python3" in fn and not installed))
         _USER_FILE[filename] = known
     return known
 
@@ -94,35 +97,137 @@ def _provenance(module):
 
 
 def _tracing_read(e):
-    return "value out of a tracing tensor" in str(e) or "data-dependent" in str(e)
+    return any(s in str(e) for s in ("value out of a tracing tensor", "data-dependent", "unallocated storage"))
+
+
+class ValueRead:
+    """A tensor's value that the module read into Python while it was traced (`if mask.any():`,
+    `int(n)`, an integer `.item()` deciding a size or a branch): the graph is specialised to `value`
+    and returns the tensor as a guard output; a call whose value differs is not answered by that graph
+    (docs/python.md, "Data-dependent Python: value guards")."""
+
+    __slots__ = ("kind", "value", "where")
+
+    def __init__(self, kind, value, where):
+        self.kind, self.value, self.where = kind, value, where
+
+    def holds(self, t):
+        """Whether the tensor `t` (the guard output of a call) reads as this value."""
+        now = _READ[self.kind](t)
+        if self.kind == "float" or (self.kind == "item" and isinstance(self.value, float)):
+            return now == self.value or abs(now - self.value) <= 1e-6 * max(abs(now), abs(self.value))
+        return now == self.value
+
+    def describe(self, now=None):
+        what = f"{self.kind} read at {self.where or '<unknown line>'}"
+        return f"{what}: {self.value!r}" if now is None else f"{what} was {self.value!r} at capture, now {now!r}"
+
+    def as_dict(self):
+        return dict(kind=self.kind, value=self.value, location=self.where)
+
+
+def _sync(t):
+    """Brings a functionalized tensor up to date with pending writes to its base while tracing is on, so
+    that the ops doing it are in the graph (the read itself runs with tracing off)."""
+    is_functional = getattr(torch, "_is_functional_tensor", None)
+    if is_functional is not None and hasattr(torch, "_sync") and is_functional(t):
+        torch._sync(t)
+
+
+def _tolist(t):
+    """t.tolist() by elements (tolist itself reads storage, which a functionalized tensor has none of)."""
+    return t.item() if t.dim() == 0 else [_tolist(t[i]) for i in range(t.shape[0])]
+
+
+_READ_METHODS = {"__bool__": "bool", "__int__": "int", "__float__": "float", "__index__": "index", "item": "item",
+                 "tolist": "tolist"}
+# kind -> how a call reads its guard output (torch's own methods, taken before any capture patches them)
+_READ = {kind: getattr(torch.Tensor, name) for name, kind in _READ_METHODS.items()}
+
+
+def _untraced():
+    """A context in which make_fx's tracing mode is off, so a traced tensor's value can be read."""
+    try:
+        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+        return disable_proxy_modes_tracing()
+    except ImportError:  # pragma: no cover -- both torch 1.13 and 2.x have it
+        from torch.utils._python_dispatch import _disable_current_modes
+        return _disable_current_modes()
 
 
 @contextlib.contextmanager
-def _items_as_tensors():
-    """While make_fx traces, `t.item()` on a traced one-element tensor gives `t` as a 0-d tensor
-    instead of failing: the value stays in the graph, so `x / x.max().item()` is captured whole (torch
-    1.13 has no data-dependent scalars in make_fx; dynamo's graphs on torch 2 call .item() on 0-d
-    inputs too). A Python use of that value (`if`, int(), a size) still reads it and fails there.
-    Items of constants are plain numbers as before."""
-    original = torch.Tensor.item
-    made = []      # the 0-d tensors handed out (kept alive: identity marks them)
+def _value_reads(reads):
+    """While make_fx traces: a Python read of a traced tensor's value (`bool`, `int`, `float`,
+    `operator.index`, `.tolist()`, `.item()` of an integer or bool tensor) reads the real value (the
+    trace runs on real tensors) and records (tensor, ValueRead) in `reads`; the capture returns those
+    tensors as guard outputs. `.item()` of a floating-point tensor instead gives the tensor as a 0-d
+    tensor: the value stays in the graph, so `x / x.max().item()` is captured whole, not specialised
+    (a Python use of that 0-d tensor is then a read). Reads of constants are plain numbers as before."""
+    made = []      # the 0-d tensors .item() handed out (identity marks them)
+    originals = {name: getattr(torch.Tensor, name) for name in _READ_METHODS}
 
-    def item(self):
-        if any(self is t for t in made):   # reading one of ours as a number (Tensor.__format__, ...)
-            return original(self)
-        try:
-            return original(self)
-        except RuntimeError as e:
-            if not _tracing_read(e) or self.numel() != 1:
-                raise
-        t = self.reshape(())
-        made.append(t)
-        return t
-    torch.Tensor.item = item
+    def reader(kind, original):
+        def read(self, *args):
+            try:
+                return original(self, *args)
+            except Exception as e:  # noqa: BLE001 -- only make_fx's "value of a tracing tensor" is ours
+                if not _tracing_read(e):
+                    raise
+            if (kind == "item" and self.is_floating_point() and self.numel() == 1
+                    and not any(self is t for t in made)):
+                t = self.reshape(())
+                made.append(t)
+                return t
+            _sync(self)
+            with _untraced():
+                value = _tolist(self) if kind == "tolist" else original(self, *args)
+            reads.append((self, ValueRead(kind, value, _user_frame())))
+            return value
+        return read
+    for name, kind in _READ_METHODS.items():
+        setattr(torch.Tensor, name, reader(kind, originals[name]))
+    # Comparisons that return a Python bool read the values inside PyTorch's C++: as the bool of a
+    # tensor expression with the same answer they become a `bool` read above.
+    replaced = []
+    for owner, name, same in _BOOL_OPS:
+        original = getattr(owner, name)
+        replaced.append((owner, name, original))
+        setattr(owner, name, _as_bool_read(original, same))
     try:
         yield
     finally:
-        torch.Tensor.item = original
+        for name, f in originals.items():
+            setattr(torch.Tensor, name, f)
+        for owner, name, original in replaced:
+            setattr(owner, name, original)
+
+
+def _as_bool_read(original, same):
+    def compare(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- only make_fx's "value of a tracing tensor" is ours
+            if not _tracing_read(e):
+                raise
+        return same(*args, **kwargs)
+    return compare
+
+
+def _equal(a, b):
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def _allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    # isclose's definition (equal values, infinities included, or |a - b| <= atol + rtol |b|), spelled
+    # with ops tessel lowers
+    close = (a == b) | ((a - b).abs() <= atol + rtol * b.abs())
+    if equal_nan:
+        close = close | (a.isnan() & b.isnan())
+    return bool(close.all())
+
+
+_BOOL_OPS = [(torch, "equal", _equal), (torch.Tensor, "equal", _equal), (torch, "allclose", _allclose),
+             (torch.Tensor, "allclose", _allclose), (torch.Tensor, "is_nonzero", lambda t: bool(t))]
 
 
 def _functionalize():
@@ -173,13 +278,17 @@ class Captured:
     gm's placeholders are the module's state tensors (`state`, one per distinct tensor) then the call's
     inputs; its output is `(module output, (new values of the mutated placeholders...))`. `sources[p]`
     is placeholder p's Slot (state, or an input named in freeze_inputs) or its input index; `mutated`
-    lists the placeholders written back, in output order."""
+    lists the placeholders written back, in output order. The module output part is itself
+    `((output tensors...), (guard tensors...))`: `structure` rebuilds the module's value from the first,
+    `reads[i]` says what value the i-th guard tensor must read as."""
 
-    def __init__(self, gm, sources, mutated, example):
+    def __init__(self, gm, sources, mutated, example, structure, reads):
         self.gm = gm
         self.sources = sources
         self.mutated = mutated
         self.example = example      # state: the real tensor; a plain input: a meta tensor of its type
+        self.structure = structure  # rebuilds the module's output from the graph's output tensors
+        self.reads = reads          # the ValueReads the graph is specialised to, one guard output each
 
 
 def _functional_call():
@@ -190,36 +299,61 @@ def _functional_call():
     return stateless.functional_call
 
 
-def _state_fn(module, state):
-    """fn(*state_tensors, *inputs) calling `module` with its parameters and buffers replaced."""
+def _state_fn(module, state, call_of):
+    """fn(*state_tensors, *inputs) calling `module` with its parameters and buffers replaced; `call_of`
+    makes the call's (args, kwargs) from its input tensors (None: they are the positional arguments)."""
+    k = len(state)
+
+    def arguments(flat):
+        if call_of is None:
+            return tuple(flat[k:]), {}
+        args, kwargs = call_of(flat[k:])
+        return tuple(args), kwargs
     if not state:
-        return lambda *flat: module(*flat)
+        def plain(*flat):
+            args, kwargs = arguments(flat)
+            return module(*args, **kwargs)
+        return plain
     call = _functional_call()
     names = [names for _, _, names in state]
-    k = len(state)
 
     def fn(*flat):
         mapping = {n: flat[i] for i, ns in enumerate(names) for n in ns}
-        return call(module, mapping, tuple(flat[k:]))
+        args, kwargs = arguments(flat)
+        return call(module, mapping, args, kwargs)
     return fn
 
 
-def capture(module, example_inputs, freeze_inputs=()):
-    """The functionalized aten graph of `module` on `example_inputs` (a Captured)."""
+def capture(module, example_inputs, freeze_inputs=(), call=None):
+    """The functionalized aten graph of `module` on `example_inputs` (a Captured): the call's tensors;
+    `call(tensors) -> (args, kwargs)` places them among its other arguments (default: positional)."""
     from torch.fx.experimental.proxy_tensor import make_fx
     if not callable(module):
         raise _tessel.TesselError(f"tessel.compile takes a torch.nn.Module or a function, not {type(module).__name__}")
     state = module_state(module)
-    fn = _state_fn(module, state)
+    fn = _state_fn(module, state, call)
     example = [t for _, t, _ in state] + list(example_inputs)
     # Tracing runs the module on real tensors: clones, so that its mutations (written back by
     # functionalize at the end of the trace) do not reach the module or the caller's inputs.
     with torch.no_grad():
         clones = [t.detach().clone(memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t
                   for t in example]
+    reads = []          # (tensor, ValueRead) of the trace, in order
+    structure = []      # the Structure of the module's output
+
+    def traced(*flat):
+        # Returns (the output's tensors, the tensors whose values were read): the output's other parts
+        # are rebuilt around its tensors on every call; the read tensors are the value guards.
+        del reads[:]
+        try:
+            tensors, st = _structure.flatten(fn(*flat), "the module's output")
+        except _structure.Unsupported as e:
+            raise TesselCaptureError(f"cannot capture {type(module).__name__}: {e}") from None
+        structure[:] = [st]
+        return tuple(tensors), tuple(t for t, _ in reads)
     try:
-        with _provenance(module), _items_as_tensors(), torch.no_grad():
-            gm = make_fx(_functionalize()(fn, remove="mutations_and_views"))(*clones)
+        with _provenance(module), _value_reads(reads), torch.no_grad():
+            gm = make_fx(_functionalize()(traced, remove="mutations_and_views"))(*clones)
     except _tessel.TesselError:
         raise
     except Exception as e:  # noqa: BLE001 -- every tracing failure becomes one clear error
@@ -227,12 +361,15 @@ def capture(module, example_inputs, freeze_inputs=()):
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         hint = ""
         if _tracing_read(msg):
-            hint = (" -- the module uses a tensor's value in Python (`if tensor:`, int(tensor), a .item() value in an "
-                    "`if` or as a size); keep it a tensor (e.g. torch.where instead of an if; a .item() value is "
-                    "captured when it is only used in tensor arithmetic)")
+            hint = (" -- PyTorch read a traced tensor's value inside its C++ (a tensor passed where a number is "
+                    "expected: a size, a dim, arange's end); pass int(tensor) instead, which tessel captures as a "
+                    "value guard, or keep the computation in tensors")
+            if hasattr(torch, "compile"):
+                hint += "; or use torch.compile(module, backend='tessel'), where dynamo splits the graph there"
         name = type(module).__name__
         raise TesselCaptureError(f"cannot capture {name}: {msg}" + (f" at {where}" if where else "") + hint) from e
     del clones
+    _check_rebuild(structure[0], module)
     sources = [slot for slot, _, _ in state] + list(range(len(example_inputs)))
     for i in freeze_inputs:
         sources[len(state) + i] = Slot(f"input {i}", index=i)
@@ -240,7 +377,17 @@ def capture(module, example_inputs, freeze_inputs=()):
     # Plain call inputs matter for their shape and dtype only: keep no reference to the caller's data.
     example = [t if isinstance(src, Slot) else torch.empty(t.shape, dtype=t.dtype, device="meta")
                for t, src in zip(example, sources)]
-    return Captured(gm, sources, mutated, example)
+    return Captured(gm, sources, mutated, example, structure[0], [r for _, r in reads])
+
+
+def _check_rebuild(structure, module):
+    """Rebuilds the output once now, with stand-in tensors, so that an output type whose copy fails is a
+    capture error, not an error on every call."""
+    try:
+        structure.rebuild([torch.empty(0)] * structure.count)
+    except Exception as e:  # noqa: BLE001 -- any failure of a user type's copy
+        raise TesselCaptureError(f"cannot capture {type(module).__name__}: its output cannot be rebuilt around new "
+                                 f"tensors ({type(e).__name__}: {e})") from e
 
 
 def _batch_norm_stats_are_hidden():

@@ -9,7 +9,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import _tessel
-from ._capture import Slot, capture
+from ._capture import _READ, Slot, capture
 from ._convert import Converted, from_buffer, tessel_dtype, to_buffer
 
 
@@ -30,22 +30,62 @@ def _torch_threads_kept():
             torch.set_num_threads(n)
 
 
-def _signature(args):
+# Arguments other than tensors that a call may pass: part of the signature (the graph is specialised to
+# their values), like `use_cache=False` or `return_dict=True` for a transformers model.
+_LITERALS = (type(None), bool, int, float, str)
+
+
+def _split_call(args, kwargs):
+    """(tensors, signature) of a call: its tensors (positional, then keyword arguments by name) are the
+    graph's inputs; the signature holds each tensor's (shape, dtype), each literal's ("=", (type, value))
+    and, with keyword arguments, a last ("kw", names) -- _call_builder rebuilds the call from it."""
     sig = []
-    for i, a in enumerate(args):
+    items = list(args)
+    if kwargs:
+        names = tuple(sorted(kwargs))
+        items += [kwargs[k] for k in names]
+    tensors = []
+    for i, a in enumerate(items):
         if isinstance(a, torch.Tensor):
             sig.append((tuple(a.shape), a.dtype))
+            tensors.append(a)
+        elif isinstance(a, _LITERALS):
+            sig.append(("=", (type(a).__name__, a)))
         else:
-            raise _tessel.TesselError(f"input {i} is a {type(a).__name__}; a tessel-compiled callable takes tensors")
-    return tuple(sig)
+            what = f"input {i}" if i < len(args) else f"keyword argument '{names[i - len(args)]}'"
+            raise _tessel.TesselError(
+                f"{what} is a {type(a).__name__}; a tessel-compiled callable takes tensors and None/bool/int/float/str "
+                "arguments (a cache or other object as an input: call the model without it, or use "
+                "torch.compile(model, backend='tessel'))")
+    if kwargs:
+        sig.append(("kw", names))
+    return (args if len(tensors) == len(args) and not kwargs else tuple(tensors)), tuple(sig)
+
+
+def _call_builder(sig):
+    """build(tensors) -> (args, kwargs) of the call `sig` describes, with `tensors` in its tensors' places."""
+    names = sig[-1][1] if sig and sig[-1][0] == "kw" else ()
+    items = sig[:-1] if names else sig
+    n_pos = len(items) - len(names)
+
+    def build(tensors):
+        it = iter(tensors)
+        vals = [s[1][1] if s[0] == "=" else next(it) for s in items]
+        return vals[:n_pos], dict(zip(names, vals[n_pos:]))
+    return build
 
 
 def _describe_change(old, new):
     if old is None:
         return "first call"
+    names = [s[-1][1] if s and s[-1][0] == "kw" else () for s in (old, new)]
+    if names[0] != names[1]:
+        return f"keyword arguments {list(names[0])} -> {list(names[1])}"
     if len(old) != len(new):
         return f"{len(new)} inputs instead of {len(old)}"
     for i, (o, n) in enumerate(zip(old, new)):
+        if o != n and "=" in (o[0], n[0]):
+            return f"input {i} {o[1][1] if o[0] == '=' else 'a tensor'!r} -> {n[1][1] if n[0] == '=' else 'a tensor'!r}"
         if o[1] != n[1]:
             return f"input {i} dtype {o[1]} -> {n[1]}"
         if o[0] != n[0]:
@@ -77,12 +117,15 @@ class Stats:
 class Explanation:
     """The partitioner's report: graphs (compiled partitions), breaks, repairs applied."""
 
-    def __init__(self, report, repairs=(), lowered=0, fallbacks=0):
+    def __init__(self, report, repairs=(), lowered=0, fallbacks=0, reads=()):
         self.graphs = report["graphs"]
         self.breaks = report["breaks"]
         self.repairs = [dict(pattern=p, node=n, detail=d) for p, n, d in repairs]
         self.lowered = lowered
         self.fallbacks = fallbacks
+        # The values the module read into Python while traced, which the graph is specialised to
+        # (dicts with kind, value, location): each is checked on every call (docs/python.md).
+        self.guards = [r.as_dict() for r in reads]
 
     @property
     def graph_count(self):
@@ -93,7 +136,7 @@ class Explanation:
         return len(self.breaks)
 
     def as_dict(self):
-        return dict(graphs=self.graphs, breaks=self.breaks, repairs=self.repairs)
+        return dict(graphs=self.graphs, breaks=self.breaks, repairs=self.repairs, guards=self.guards)
 
     def __str__(self):
         lines = [f"repaired {r['pattern']} at '{r['node']}': {r['detail']}" for r in self.repairs]
@@ -107,6 +150,9 @@ class Explanation:
             lines.append(f"  reason:   {b['reason']}")
             lines.append(f"  location: {b['location']}")
             lines.append(f"  repair:   {b['repair'] or '(no known pattern)'}")
+        for i, g in enumerate(self.guards):
+            lines.append(f"value guard {i + 1}: {g['kind']} read as {g['value']!r} at {g['location'] or '<unknown line>'} "
+                         "(the graph is specialised to it; another value recompiles)")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -169,11 +215,8 @@ _training = operator.attrgetter("training")
 _data_ptr = torch.Tensor.data_ptr
 
 
-def _flat_tuple_spec(spec):
-    """Whether `spec` (of (module output, ())) is a flat tuple of tensors."""
-    n = spec.num_leaves
-    flat_tuple = pytree.tree_flatten((tuple(torch.zeros(()) for _ in range(n)), ()))[1]
-    return spec == flat_tuple
+# What Entry.run returns when a value guard does not hold: the call needs another specialisation.
+_MISS = object()
 
 
 class _Entry:
@@ -186,16 +229,22 @@ class _Entry:
         self.exe = exe
         self.repairs = repairs
         self.guard = guard
-        self.explanation = Explanation(json.loads(exe.explain()), repairs, conv.lowered, len(conv.fallbacks))
+        self.explanation = Explanation(json.loads(exe.explain()), repairs, conv.lowered, len(conv.fallbacks),
+                                       captured.reads)
         src = captured.sources
         self.feeds = [src[p] for p in conv.input_positions]          # int: call input; Slot: a live buffer
         self.writes = [src[p] for p in captured.mutated]
         self.runner = conv.runner if self.explanation.breaks else None
-        # The common output shapes, unflattened without pytree: (tensor, ()) and ((tensors...), ()).
-        spec = conv.out_spec
-        tensor, no_writes = pytree.tree_flatten((torch.zeros(()), ()))[1], not captured.mutated
-        self.single = no_writes and not conv.out_literals and spec == tensor
-        self.plain = self.single or (no_writes and not conv.out_literals and _flat_tuple_spec(spec))
+        self.structure = captured.structure
+        self.reads = captured.reads
+        self.values = tuple(repr(r.value) for r in captured.reads)    # this specialisation's part of its key
+        self.miss = None          # what the last call's guard found (a ValueRead description)
+        # The common outputs, without pytree: the graph's outputs are the output's tensors in order.
+        simple = not captured.mutated and not captured.reads and not conv.out_literals
+        self.single = simple and self.structure.kind == "tensor"
+        self.plain = simple and self.structure.kind == "tuple"
+        # outputs then guards, nothing to write back: checked and rebuilt without pytree
+        self.guarded = not captured.mutated and not conv.out_literals and bool(captured.reads)
 
     def run(self, args):
         """One call: inputs adopted without copies, the executable, outputs as tensors over tessel's
@@ -203,8 +252,18 @@ class _Entry:
         feeds = self.feeds
         ins = [to_buffer(args[f] if f.__class__ is int else f.get(args)) for f in feeds]
         outs = self.exe.run(ins, self.runner)     # (keeps OpenMP's thread count: python/src/_tessel.cpp)
-        if self.plain:                   # a single tensor, or a flat tuple of tensors; nothing to write back
-            return from_buffer(*outs[0]) if self.single else tuple(from_buffer(a, d) for a, d in outs)
+        if self.single:                  # a single tensor; no guard, nothing to write back
+            return from_buffer(*outs[0])
+        if self.plain:                   # a flat tuple of tensors
+            return tuple(from_buffer(a, d) for a, d in outs)
+        if self.guarded:
+            n = self.structure.count
+            for r, (a, d) in zip(self.reads, outs[n:]):
+                t = from_buffer(a, d)
+                if not r.holds(t):
+                    self.miss = r.describe(_READ[r.kind](t))
+                    return _MISS
+            return self.structure.rebuild([from_buffer(a, d) for a, d in outs[:n]])
         lits = self.conv.out_literals
         flat, k = [], 0
         for i in range(len(outs) + len(lits)):
@@ -213,10 +272,14 @@ class _Entry:
             else:
                 flat.append(from_buffer(*outs[k]))
                 k += 1
-        result, new_values = pytree.tree_unflatten(flat, self.conv.out_spec)
+        (tensors, guards), new_values = pytree.tree_unflatten(flat, self.conv.out_spec)
+        for r, t in zip(self.reads, guards):
+            if not r.holds(t):           # this graph took another path than eager would: not its answer
+                self.miss = r.describe(_READ[r.kind](t))
+                return _MISS
         if new_values:
             self._write_back(args, new_values)
-        return result
+        return self.structure.rebuild(tensors)
 
     def _write_back(self, args, new_values):
         """The module's mutations of its inputs and buffers, as eager would have left them."""
@@ -226,16 +289,17 @@ class _Entry:
                 dst.copy_(v)
 
 
-def _convert(module, example_inputs, repair, caller, freeze_inputs=(), captured=None):
-    """Checks the example inputs, captures the module (functionalized) and builds its tessel graph
-    (repaired if asked) with its parameters and buffers -- all but the mutated ones -- as constants.
+def _convert(module, example_inputs, repair, caller, freeze_inputs=(), captured=None, call=None):
+    """Checks the example inputs (the call's tensors; `call` rebuilds the call's arguments from them),
+    captures the module (functionalized) and builds its tessel graph (repaired if asked) with its
+    parameters and buffers -- all but the mutated ones -- as constants.
     Returns (captured, converted, repairs, frozen placeholder positions the graph uses)."""
     for i, a in enumerate(example_inputs):
         if not isinstance(a, torch.Tensor):
             raise _tessel.TesselError(f"example input {i} is a {type(a).__name__}; {caller} takes tensors")
         tessel_dtype(a.dtype, f"input {i}")
     if captured is None:
-        captured = capture(module, example_inputs, freeze_inputs)
+        captured = capture(module, example_inputs, freeze_inputs, call)
     mutated = set(captured.mutated)
     frozen = {p: (_const_name(src), captured.example[p]) for p, src in enumerate(captured.sources)
               if isinstance(src, Slot) and p not in mutated}
@@ -248,13 +312,13 @@ def _const_name(slot):
     return slot.name.split("'")[1] if "'" in slot.name else slot.name.replace(" ", "_")
 
 
-def _build(module, example_inputs, target, backend, threads, repair, freeze_inputs=(), captured=None):
+def _build(module, example_inputs, target, backend, threads, repair, freeze_inputs=(), captured=None, call=None):
     if target != "cpu":
         raise _tessel.TesselError(f"target '{target}' is not supported by tessel.compile yet (only 'cpu')")
     if backend not in ("compiled", "graph", "eager"):
         raise _tessel.TesselError(f"backend '{backend}' is not one of compiled, graph, eager")
     captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
-                                               captured)
+                                               captured, call)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     with _torch_threads_kept():
         exe = _tessel.Executable(conv.builder, backend, threads)
@@ -272,7 +336,7 @@ class CompiledModule:
     they change; writing back what the module mutates."""
 
     def __init__(self, module, example_inputs, target="cpu", backend="compiled", threads=None, repair=False,
-                 cache_limit=8, on_limit="raise", freeze_inputs=()):
+                 cache_limit=8, on_limit="raise", freeze_inputs=(), example_kwargs=None):
         if on_limit not in ("raise", "eager"):
             raise _tessel.TesselError(f"on_limit must be 'raise' or 'eager', not {on_limit!r}")
         self.module = module
@@ -284,74 +348,129 @@ class CompiledModule:
         self.on_limit = on_limit
         self.freeze_inputs = tuple(freeze_inputs)
         self.stats = Stats()
+        # (signature, values of its value guards) -> _Entry; a module that reads tensor values into
+        # Python has one entry per path through its Python for a signature (its specialisations).
         self._cache = OrderedDict()
-        self._last_sig = None
-        example_inputs = tuple(example_inputs)
-        self._compile(_signature(example_inputs), example_inputs)
+        self._current = {}        # signature -> the key of the specialisation tried first
+        self._last_key = None
+        tensors, sig = _split_call(tuple(example_inputs), example_kwargs or {})
+        self._compile(sig, tensors)
+
+    @property
+    def _last_sig(self):
+        return self._last_key[0] if self._last_key is not None else None
 
     def _compile(self, sig, args, reason=None, captured=None):
         t0 = time.perf_counter()
         entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair, self.freeze_inputs,
-                       captured)
+                       captured, _call_builder(sig))
         dt = time.perf_counter() - t0
         if self.stats.compiles:
             self.stats.recompiles.append(reason or _describe_change(self._last_sig, sig))
         self.stats.compiles += 1
         self.stats.compile_seconds += dt
-        self._cache[sig] = entry
-        self._last_sig = sig
+        key = (sig, entry.values)
+        self._cache[key] = entry
+        self._current[sig] = key
+        self._last_key = key
         return entry
 
     @property
     def explanation(self):
         """The graph-break report of the most recent compilation."""
-        return self._cache[self._last_sig].explanation
+        return self._cache[self._last_key].explanation
 
-    def __call__(self, *args):
+    def __call__(self, *call_args, **call_kwargs):
         self.stats.calls += 1
-        sig = _signature(args)
-        entry = self._cache.get(sig)
+        args, sig = _split_call(call_args, call_kwargs)      # args: the call's tensors from here on
+        key = self._current.get(sig)
+        entry = self._cache.get(key) if key is not None else None
         if entry is not None:
             stale = entry.guard.stale(args)
             if stale is None:
+                out = entry.run(args)
+                if out is _MISS:
+                    return self._other_path(sig, args, entry, call_args, call_kwargs)
                 self.stats.cache_hits += 1
-                self._last_sig = sig
-                return entry.run(args)
+                self._last_key = key
+                return out
             # Every cached compilation froze the same state: all are stale. When only values changed,
             # this signature's captured graph is reused (conversion and compilation only).
             reuse = entry.captured if entry.guard.same_objects(args) else None
             self._cache.clear()
+            self._current.clear()
             self.stats.refreshes += 1
             entry = self._compile(sig, args, stale, reuse)
         else:
-            if len(self._cache) >= self.cache_limit:
-                if self.on_limit == "eager":
-                    self.stats.eager_calls += 1
-                    with torch.no_grad():
-                        return self.module(*args)
-                raise TesselRecompileLimit(
-                    f"{type(self.module).__name__}: {_describe_change(self._last_sig, sig)} needs a new compilation, "
-                    f"but cache_limit={self.cache_limit} compilations are already cached (signatures: "
-                    f"{[[list(s[0]) for s in k] for k in self._cache]}); raise cache_limit or pass on_limit='eager'")
+            limited = self._at_limit(sig, call_args, call_kwargs, _describe_change(self._last_sig, sig))
+            if limited is not None:
+                return limited()
             entry = self._compile(sig, args)
-        self._last_sig = sig
-        return entry.run(args)
+        out = entry.run(args)
+        return self._other_path(sig, args, entry, call_args, call_kwargs) if out is _MISS else out
+
+    def _other_path(self, sig, args, missed, call_args, call_kwargs):
+        """A value guard of `missed` failed on this call: another cached specialisation of the signature
+        whose guards hold answers it, else a new capture on this call's inputs (a recompile)."""
+        for key, e in list(self._cache.items()):
+            if key[0] == sig and e is not missed:
+                out = e.run(args)
+                if out is not _MISS:
+                    self.stats.cache_hits += 1
+                    self._current[sig] = self._last_key = key
+                    return out
+        reason = f"value guard: {missed.miss}"
+        limited = self._at_limit(sig, call_args, call_kwargs, reason)
+        if limited is not None:
+            return limited()
+        entry = self._compile(sig, args, reason)
+        out = entry.run(args)
+        if out is _MISS:
+            raise _tessel.TesselError(
+                f"{type(self.module).__name__}: captured again on this call's inputs, the graph still reads another "
+                f"value than the trace did ({entry.miss}); the module's Python depends on something other than its "
+                "tensor inputs, parameters and buffers, so tessel cannot guarantee its result")
+        return out
+
+    def _at_limit(self, sig, call_args, call_kwargs, reason):
+        """None while another compilation fits in cache_limit; else a callable giving the call's answer
+        (eager, with on_limit='eager') or raising TesselRecompileLimit."""
+        if len(self._cache) < self.cache_limit:
+            return None
+        if self.on_limit == "eager":
+            def eager():
+                self.stats.eager_calls += 1
+                with torch.no_grad():
+                    return self.module(*call_args, **call_kwargs)
+            return eager
+        raise TesselRecompileLimit(
+            f"{type(self.module).__name__}: {reason} needs a new compilation, but cache_limit={self.cache_limit} "
+            f"compilations are already cached (signatures: {[[_show(s) for s in k[0]] for k in self._cache]}); "
+            "raise cache_limit or pass on_limit='eager'")
+
+
+def _show(s):
+    """One signature item as the limit error prints it: a tensor's shape, a literal's value, kw names."""
+    return list(s[0]) if s[0] not in ("=", "kw") else (s[1][1] if s[0] == "=" else dict(keywords=list(s[1])))
 
 
 def compile(module, example_inputs, target="cpu", backend="compiled", threads=None, repair=False, cache_limit=8,
-            on_limit="raise"):
+            on_limit="raise", example_kwargs=None):
     """Compile a PyTorch module (or function of tensors) for tessel; returns a guarded callable.
 
-    example_inputs: a tuple of tensors the module is captured with (make_fx). backend: compiled (fused,
+    example_inputs: a tuple of the module's positional arguments, example_kwargs: a dict of its keyword
+    arguments, it is captured with (make_fx): tensors, or None/bool/int/float/str (specialised). backend: compiled (fused,
     generated C++), graph (core ops, planned arena) or eager (reference kernels). threads: for the compiled
     backend (default: the machine's hardware threads). repair: apply the auto-repairs of graph breaks.
     cache_limit / on_limit: how many signatures are compiled before a new one raises or runs in eager.
     """
     return CompiledModule(module, example_inputs, target=target, backend=backend, threads=threads, repair=repair,
-                          cache_limit=cache_limit, on_limit=on_limit)
+                          cache_limit=cache_limit, on_limit=on_limit, example_kwargs=example_kwargs)
 
 
-def explain(module, example_inputs, repair=False):
+def explain(module, example_inputs, repair=False, example_kwargs=None):
     """The graph-break report of `module` on `example_inputs` (nothing is compiled)."""
-    _, conv, repairs, _ = _convert(module, tuple(example_inputs), repair, "tessel.explain")
-    return Explanation(json.loads(conv.builder.explain()), repairs, conv.lowered, len(conv.fallbacks))
+    tensors, sig = _split_call(tuple(example_inputs), example_kwargs or {})
+    captured, conv, repairs, _ = _convert(module, tensors, repair, "tessel.explain", call=_call_builder(sig))
+    return Explanation(json.loads(conv.builder.explain()), repairs, conv.lowered, len(conv.fallbacks),
+                       captured.reads)

@@ -433,7 +433,9 @@ def _sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *res
 
 
 def _sdpa_tuple(L, node, q, k, v, dropout_p=0.0, is_causal=False, *rest, attn_mask=None, scale=None, **kwargs):
-    return (_sdpa(L, node, q, k, v, attn_mask, dropout_p, is_causal, scale=scale), None)
+    # (the CPU flash kernel takes fewer key/value heads than query heads: grouped-query attention, as
+    # scaled_dot_product_attention(enable_gqa=True) of a transformers llama decomposes to on torch 2.11)
+    return (_sdpa_gqa(L, node, q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True), None)
 
 
 lowers(_ov("_scaled_dot_product_flash_attention_for_cpu", "default"))(_sdpa_tuple)

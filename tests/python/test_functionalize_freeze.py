@@ -309,7 +309,7 @@ class DynamoTest(unittest.TestCase):
         with torch.no_grad():
             self.assertLess(max_abs(fast(x), m(x)), 1e-5)
         g = tessel.dynamo_graphs[-1]
-        frozen = g._cache[g._last_sig].guard
+        frozen = g._cache[g._last_key].guard
         self.assertEqual(len(frozen.tensors), 4, "the four parameters are constants of the tessel graph")
         opt = torch.optim.SGD(m.parameters(), lr=0.5)
         m(x).square().sum().backward()
