@@ -102,6 +102,19 @@ class Tied(nn.Module):
         return self.out(torch.tanh(self.emb(idx)))
 
 
+class SharedLayer(nn.Module):
+    """One layer applied several times (ALBERT's shared encoder layers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(16, 16)
+
+    def forward(self, x):
+        for _ in range(4):
+            x = torch.tanh(self.layer(x))
+        return x
+
+
 class FunctionalizeTest(unittest.TestCase):
     def check(self, m, *xs, backend="graph"):
         with torch.no_grad():
@@ -254,6 +267,22 @@ class FreezeGuardTest(unittest.TestCase):
             self.assertLess(max_abs(fast(idx), m(idx)), 1e-5)
             m.emb.weight.mul_(2)
             self.assertLess(max_abs(fast(idx), m(idx)), 1e-5)
+
+    def test_a_shared_layer_is_one_constant(self):
+        """Every call of a shared layer transposes its weight (`t_copy` after functionalization): folded
+        once, one constant of the graph (before: one materialised copy per call, each packed again)."""
+        torch.manual_seed(7)
+        m = SharedLayer()
+        x = torch.randn(3, 16)
+        fast = tessel.compile(m, (x,))
+        with torch.no_grad():
+            self.assertLess(max_abs(fast(x), m(x)), 1e-5)
+        text = next(iter(fast._cache.values())).exe.text()
+        weights = [line for line in text.splitlines() if line.strip().startswith("const") and "f32[16,16]" in line]
+        self.assertEqual(len(weights), 1, weights)
+        with torch.no_grad():
+            m.layer.weight.mul_(-1)   # still fresh after an in-place update of the shared weight
+            self.assertLess(max_abs(fast(x), m(x)), 1e-5)
 
     def test_a_value_change_reuses_the_capture(self):
         import tessel._compile as compile_module
