@@ -324,6 +324,23 @@ def _state_fn(module, state, call_of):
     return fn
 
 
+@contextlib.contextmanager
+def _functorch_stack_restored():
+    """Leaves functorch's interpreter stack as deep as it was, whatever the trace raised: a failure deep
+    inside torch's functionalization (timm's coat_lite_tiny on torch 2.11: an internal assert in
+    FunctionalStorageImpl) can leave a layer behind, and every later torch.compile in the process then
+    fails (`maybe_layer.has_value()`). dynamo restores the stack the same way around its frames."""
+    functorch = getattr(torch._C, "_functorch", None)
+    depth_of = getattr(functorch, "get_dynamic_layer_stack_depth", None)
+    undo_to = getattr(functorch, "pop_dynamic_layer_stack_and_undo_to_depth", None)
+    depth = depth_of() if depth_of and undo_to else None
+    try:
+        yield
+    finally:
+        if depth is not None and depth_of() != depth:
+            undo_to(depth)
+
+
 def capture(module, example_inputs, freeze_inputs=(), call=None):
     """The functionalized aten graph of `module` on `example_inputs` (a Captured): the call's tensors;
     `call(tensors) -> (args, kwargs)` places them among its other arguments (default: positional)."""
@@ -352,7 +369,7 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
         structure[:] = [st]
         return tuple(tensors), tuple(t for t, _ in reads)
     try:
-        with _provenance(module), _value_reads(reads), torch.no_grad():
+        with _functorch_stack_restored(), _provenance(module), _value_reads(reads), torch.no_grad():
             gm = make_fx(_functionalize()(traced, remove="mutations_and_views"))(*clones)
     except _tessel.TesselError:
         raise

@@ -325,5 +325,34 @@ class ArgumentsTest(unittest.TestCase):
         self.assertIn("keyword argument 'past_key_values' is a Cache", str(cm.exception))
 
 
+
+
+class LeavesAFunctorchLayer(nn.Module):
+    """Fails inside the trace the way torch's functionalization did on timm's coat_lite_tiny (torch 2.11):
+    an error raised after a functorch layer was entered and before it was left."""
+
+    def forward(self, x):
+        torch._C._functorch._func_increment_nesting(True)
+        raise RuntimeError("simulated internal assert inside functionalization")
+
+
+_FUNCTORCH = getattr(torch._C, "_functorch", None)
+
+
+@unittest.skipUnless(hasattr(_FUNCTORCH, "pop_dynamic_layer_stack_and_undo_to_depth")
+                     and hasattr(_FUNCTORCH, "_func_increment_nesting"), "needs torch >= 2's functorch stack API")
+class FailedCaptureTest(unittest.TestCase):
+    def test_a_failed_capture_leaves_functorch_as_it_was(self):
+        depth = _FUNCTORCH.get_dynamic_layer_stack_depth()
+        with self.assertRaises(tessel.TesselError):
+            tessel.compile(LeavesAFunctorchLayer(), (torch.randn(2, 3),))
+        self.assertEqual(_FUNCTORCH.get_dynamic_layer_stack_depth(), depth)
+        # the process can still compile: the next model captures and matches eager
+        m = nn.Linear(3, 4)
+        x = torch.randn(2, 3)
+        with torch.no_grad():
+            self.assertLess((tessel.compile(m, (x,))(x) - m(x)).abs().max().item(), 1e-5)
+
+
 if __name__ == "__main__":
     unittest.main()
