@@ -876,16 +876,22 @@ CoreKernel pooling_2d_kernel(const Node& n, const Shape& in, const Shape& out, c
   while (full_hi > full_lo && (cols->lo[static_cast<size_t>(full_hi - 1)] != 0 || cols->hi[static_cast<size_t>(full_hi - 1)] != KW)) --full_hi;
   const int x = n.inputs[0]->id, y = n.outputs[0]->id;
   using C = typename Elem<T>::C;
+  // Planes are independent: split across the OpenMP team (the compiled backend's thread count) when
+  // there is enough work; each plane is reduced exactly as on one thread.
+  const bool parallel = planes > 1 && planes * OH * OW * window[r - 2] * KW >= (int64_t{1} << 16);
   return [=](KernelEnv& e) {
-    const AddOf<T, K> add;
     const T* xp = in_ptr<T>(e, x);
     T* yp = out_ptr<T>(e, y);
+#pragma omp parallel if (parallel)
+    {
+    const AddOf<T, K> add;
     std::vector<C> acc(static_cast<size_t>(OW));
     C* ac = acc.data();
     auto edge = [&](const T* row, int64_t ow) {
       for (int64_t kw = cols->lo[static_cast<size_t>(ow)]; kw < cols->hi[static_cast<size_t>(ow)]; ++kw)
         add(ac[ow], Elem<T>::load(row[ow * sw - pw + kw * dw]));
     };
+#pragma omp for schedule(static)
     for (int64_t p = 0; p < planes; ++p) {
       const T* plane = xp + p * H * W;
       for (int64_t oh = 0; oh < OH; ++oh) {
@@ -900,6 +906,7 @@ CoreKernel pooling_2d_kernel(const Node& n, const Shape& in, const Shape& out, c
         T* yrow = yp + (p * OH + oh) * OW;
         for (int64_t ow = 0; ow < OW; ++ow) yrow[ow] = Elem<T>::store(ac[ow]);
       }
+    }
     }
   };
 }
