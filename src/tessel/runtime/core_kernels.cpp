@@ -842,14 +842,29 @@ template <class C, RK K> inline C pool_add(C a, C v) {
   return nan_value(a) ? a : (nan_value(v) || v < a) ? v : a;
 }
 
+// The accumulator of a pooling: Elem<T>::C (double for floats: sums round once), except f32 max and min,
+// which only select among their taps and are exact in f32 itself (twice the vector width, no converts:
+// googlenet's 3x3 stride-1 max pools took 1 ms each).
+template <class T, RK K>
+using PoolC = std::conditional_t<std::is_same_v<T, float> && (K == RK::max || K == RK::min), float, typename Elem<T>::C>;
+
+template <class T, RK K> inline PoolC<T, K> pool_load(T x) {
+  if constexpr (std::is_same_v<PoolC<T, K>, T>) return x;
+  else return Elem<T>::load(x);
+}
+template <class T, RK K> inline T pool_store(PoolC<T, K> c) {
+  if constexpr (std::is_same_v<PoolC<T, K>, T>) return c;
+  else return Elem<T>::store(c);
+}
+
 // acc[i] = acc[i] (+) tap[i * stride] for i in [0, n).
 template <class T, RK K>
-TESSEL_GEMM_OPTIMIZE void pool_tap(typename Elem<T>::C* __restrict acc, const T* __restrict tap, int64_t n, int64_t stride) {
-  for (int64_t i = 0; i < n; ++i) acc[i] = pool_add<typename Elem<T>::C, K>(acc[i], Elem<T>::load(tap[i * stride]));
+TESSEL_GEMM_OPTIMIZE void pool_tap(PoolC<T, K>* __restrict acc, const T* __restrict tap, int64_t n, int64_t stride) {
+  for (int64_t i = 0; i < n; ++i) acc[i] = pool_add<PoolC<T, K>, K>(acc[i], pool_load<T, K>(tap[i * stride]));
 }
 
 template <class T, RK K> struct AddOf {
-  using C = typename Elem<T>::C;
+  using C = PoolC<T, K>;
   void operator()(C& a, C v) const { a = pool_add<C, K>(a, v); }
 };
 
@@ -875,7 +890,7 @@ CoreKernel pooling_2d_kernel(const Node& n, const Shape& in, const Shape& out, c
   while (full_lo < OW && (cols->lo[static_cast<size_t>(full_lo)] != 0 || cols->hi[static_cast<size_t>(full_lo)] != KW)) ++full_lo;
   while (full_hi > full_lo && (cols->lo[static_cast<size_t>(full_hi - 1)] != 0 || cols->hi[static_cast<size_t>(full_hi - 1)] != KW)) --full_hi;
   const int x = n.inputs[0]->id, y = n.outputs[0]->id;
-  using C = typename Elem<T>::C;
+  using C = PoolC<T, K>;
   // Planes are independent: split across the OpenMP team (the compiled backend's thread count) when
   // there is enough work; each plane is reduced exactly as on one thread.
   const bool parallel = planes > 1 && planes * OH * OW * window[r - 2] * KW >= (int64_t{1} << 16);
@@ -889,13 +904,13 @@ CoreKernel pooling_2d_kernel(const Node& n, const Shape& in, const Shape& out, c
     C* ac = acc.data();
     auto edge = [&](const T* row, int64_t ow) {
       for (int64_t kw = cols->lo[static_cast<size_t>(ow)]; kw < cols->hi[static_cast<size_t>(ow)]; ++kw)
-        add(ac[ow], Elem<T>::load(row[ow * sw - pw + kw * dw]));
+        add(ac[ow], pool_load<T, K>(row[ow * sw - pw + kw * dw]));
     };
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < planes; ++p) {
       const T* plane = xp + p * H * W;
       for (int64_t oh = 0; oh < OH; ++oh) {
-        std::fill(acc.begin(), acc.end(), Reducer<T>{K}.identity());
+        std::fill(acc.begin(), acc.end(), static_cast<C>(Reducer<T>{K}.identity()));
         for (int64_t kh = rows->lo[static_cast<size_t>(oh)]; kh < rows->hi[static_cast<size_t>(oh)]; ++kh) {
           const T* row = plane + (oh * sh - ph + kh * dh) * W;
           for (int64_t ow = 0; ow < full_lo; ++ow) edge(row, ow);
@@ -904,7 +919,7 @@ CoreKernel pooling_2d_kernel(const Node& n, const Shape& in, const Shape& out, c
           for (int64_t ow = std::max(full_hi, full_lo); ow < OW; ++ow) edge(row, ow);
         }
         T* yrow = yp + (p * OH + oh) * OW;
-        for (int64_t ow = 0; ow < OW; ++ow) yrow[ow] = Elem<T>::store(ac[ow]);
+        for (int64_t ow = 0; ow < OW; ++ow) yrow[ow] = pool_store<T, K>(ac[ow]);
       }
     }
     }
