@@ -218,3 +218,37 @@ TEST(ConvPaths, ReluInsideTheLibraryKeepsNaN) {
   EXPECT_GT(zeros, 0);
   EXPECT_EQ(exe->stats().library_epilogues, 3) << "an activation ran after the library call";
 }
+
+namespace {
+
+// shufflenet's block, reduced: conv -> channel shuffle (reshape, transpose, reshape: not a view a
+// library convolution can read) -> a slice of the second half of the channels -> conv.
+std::unique_ptr<Graph> shuffled_slice_conv() {
+  auto g = std::make_unique<Graph>();
+  using V = std::vector<int64_t>;
+  Value* x = g->add_input("x", TensorType{DType::f32, {1, 8, 6, 6}});
+  Value* w1 = g->add_constant("w1", varied({16, 8, 1, 1}, 21));
+  Value* w2 = g->add_constant("w2", varied({8, 8, 3, 3}, 22));
+  Value* s1 = g->add_constant("s1", Tensor::from_f64(DType::i64, {5}, std::vector<double>{1, 2, 8, 6, 6}));
+  Value* s2 = g->add_constant("s2", Tensor::from_f64(DType::i64, {4}, std::vector<double>{1, 16, 6, 6}));
+  Value* st = g->add_constant("st", Tensor::from_f64(DType::i64, {1}, std::vector<double>{8}));
+  Value* en = g->add_constant("en", Tensor::from_f64(DType::i64, {1}, std::vector<double>{16}));
+  Value* ax = g->add_constant("ax", Tensor::from_f64(DType::i64, {1}, std::vector<double>{1}));
+  Value* c1 = node(*g, "Conv", "conv1", {x, w1});
+  Value* r1 = node(*g, "Reshape", "split_groups", {c1, s1});
+  Value* t = node(*g, "Transpose", "shuffle", {r1}, {{"perm", V{0, 2, 1, 3, 4}}});
+  Value* r2 = node(*g, "Reshape", "merge_groups", {t, s2});
+  Value* half = node(*g, "Slice", "second_half", {r2, st, en, ax});
+  g->outputs = {node(*g, "Conv", "conv2", {half, w2}, {{"pads", V{1, 1, 1, 1}}})};
+  infer_graph(*g);
+  return g;
+}
+
+}  // namespace
+
+// Regression: a convolution reading a channel slice of a shuffled tensor stayed a core node (the
+// graph backend's im2col kernel: shufflenet_v2 ran 13 of them); it now reads an explicit dense copy.
+TEST(ConvPaths, ConvolutionOfAShuffledChannelSliceIsALibraryKernel) {
+  const CompiledCompileStats st = expect_compiled_matches_eager(shuffled_slice_conv, {varied({1, 8, 6, 6}, 23)});
+  EXPECT_EQ(st.conv_kernels, 2) << "the second convolution stayed a core node";
+}
