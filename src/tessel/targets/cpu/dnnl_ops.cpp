@@ -65,13 +65,7 @@ dnnl::primitive_attr make_attr(const Epilogue& e) {
   if (e.alpha != 1.0f) attr.set_output_scales(0, {e.alpha});
   dnnl::post_ops po;
   if (e.accumulate) po.append_sum(1.0f);
-  if (e.act == Activation::relu) {
-    // ONNX's Relu keeps NaN; oneDNN's relu is a max that maps it to 0. elu with alpha 0 is x for x > 0
-    // and 0 · (exp(x) − 1) otherwise: NaN stays NaN, a negative x gives −0, and the + 0 after it (linear
-    // 1·x + 0) turns −0 into +0. Checked on every value class by ConvPaths.ReluInsideTheLibraryKeepsNaN.
-    po.append_eltwise(1.0f, dnnl::algorithm::eltwise_elu, 0.0f, 0.0f);
-    po.append_eltwise(1.0f, dnnl::algorithm::eltwise_linear, 1.0f, 0.0f);
-  } else if (e.act == Activation::leaky_relu) {
+  if (e.act == Activation::leaky_relu) {
     // oneDNN's relu with a slope is a compare and blend: NaN gives slope · NaN = NaN, as ONNX's LeakyRelu.
     po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, e.slope, 0.0f);
   } else if (e.act != Activation::none) {
