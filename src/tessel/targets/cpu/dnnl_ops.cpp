@@ -564,8 +564,14 @@ struct Conv2d::Impl {
     // the input layout, and for an NCHW result its own as well, and reorder (squeezenet1_1's expand
     // convolutions: 2.9 ms in the gemm, a tenth of that in brgconv plus the reorder).
     const bool mixed = d.src_nhwc != d.dst_nhwc;
-    const memory::desc act_x = blocked || mixed ? memory::desc(x_md.dims(), kF32, Tag::any) : x_md;
-    const memory::desc act_y = blocked || (mixed && !d.dst_nhwc) ? memory::desc(y_md.dims(), kF32, Tag::any) : y_md;
+    // An NCHW input with a few channels (a model's first layer) stays NCHW, its result in the layout
+    // oneDNN picks (nChw16c, reordered after): oneDNN has a direct kernel for that, where `any` for the
+    // input picks brgconv over an NHWC copy whose reorder (C = 3) is slow (squeezenet1_1's first conv:
+    // 1.5 ms of reorder around a 0.2 ms convolution), and a forced NHWC result has only its reference
+    // kernel.
+    const bool first_layer = !d.src_nhwc && d.C < 8 && d.groups == 1;
+    const memory::desc act_x = (blocked || mixed) && !first_layer ? memory::desc(x_md.dims(), kF32, Tag::any) : x_md;
+    const memory::desc act_y = blocked || first_layer || (mixed && !d.dst_nhwc) ? memory::desc(y_md.dims(), kF32, Tag::any) : y_md;
     const memory::desc wany(w_md.dims(), kF32, Tag::any);
     const memory::dims strides{d.stride_h, d.stride_w}, dil{d.dil_h - 1, d.dil_w - 1};
     const memory::dims pl{d.pad_top, d.pad_left}, pr{d.pad_bottom, d.pad_right};
