@@ -894,6 +894,45 @@ CoreKernel pooling_2d_kernel(const Node& n, const Shape& in, const Shape& out, c
   // Planes are independent: split across the OpenMP team (the compiled backend's thread count) when
   // there is enough work; each plane is reduced exactly as on one thread.
   const bool parallel = planes > 1 && planes * OH * OW * window[r - 2] * KW >= (int64_t{1} << 16);
+  if constexpr (std::is_same_v<C, T>) {
+    // f32 max/min: separable. Each input row is reduced over the column taps once (into hbuf), then each
+    // output row over the row taps of hbuf: KH + KW passes per output row instead of KH · KW, each over a
+    // whole row. The first maximal tap in (row, column) order is still the one kept, so the results
+    // (signed zeros and NaN included) are the generic loop's.
+    return [=](KernelEnv& e) {
+      const T* xp = in_ptr<T>(e, x);
+      T* yp = out_ptr<T>(e, y);
+      const C identity = static_cast<C>(Reducer<T>{K}.identity());
+#pragma omp parallel if (parallel)
+      {
+        const AddOf<T, K> add;
+        std::vector<C> hbuf(static_cast<size_t>(H * OW));
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < planes; ++p) {
+          const T* plane = xp + p * H * W;
+          for (int64_t h = 0; h < H; ++h) {
+            C* hr = hbuf.data() + h * OW;
+            const T* row = plane + h * W;
+            std::fill(hr, hr + OW, identity);
+            for (int64_t ow = 0; ow < full_lo; ++ow)
+              for (int64_t kw = cols->lo[static_cast<size_t>(ow)]; kw < cols->hi[static_cast<size_t>(ow)]; ++kw)
+                add(hr[ow], row[ow * sw - pw + kw * dw]);
+            for (int64_t kw = 0; kw < KW; ++kw)
+              pool_tap<T, K>(hr + full_lo, row - pw + kw * dw + full_lo * sw, full_hi - full_lo, sw);
+            for (int64_t ow = std::max(full_hi, full_lo); ow < OW; ++ow)
+              for (int64_t kw = cols->lo[static_cast<size_t>(ow)]; kw < cols->hi[static_cast<size_t>(ow)]; ++kw)
+                add(hr[ow], row[ow * sw - pw + kw * dw]);
+          }
+          for (int64_t oh = 0; oh < OH; ++oh) {
+            T* yrow = yp + (p * OH + oh) * OW;
+            std::fill(yrow, yrow + OW, identity);
+            for (int64_t kh = rows->lo[static_cast<size_t>(oh)]; kh < rows->hi[static_cast<size_t>(oh)]; ++kh)
+              pool_tap<T, K>(yrow, hbuf.data() + (oh * sh - ph + kh * dh) * OW, OW, 1);
+          }
+        }
+      }
+    };
+  }
   return [=](KernelEnv& e) {
     const T* xp = in_ptr<T>(e, x);
     T* yp = out_ptr<T>(e, y);
