@@ -16,7 +16,7 @@ alone cannot pass unnoticed.
 
     /usr/bin/python3 bench/tv_onnx.py [MODEL ...] [--all] [--size 64] [--out /tmp/tv_onnx]
         [--backends eager,graph,compiled,spyre:f32,tpu-v5e:f32,spyre,tpu-v5e] [--tessel build/tessel]
-        [--json FILE] [--no-export]
+        [--json FILE] [--no-export] [--export-only]
 
 Without MODEL names it runs one model per family (DEFAULT_MODELS); --all runs every model of
 torchvision.models.list_models(module=torchvision.models). Needs no onnx python package: the
@@ -146,7 +146,18 @@ def export(name, out_dir, size, seed=0):
     y = export_model(model, x, folder)
     with torch.no_grad():
         signal = ((model(x2) - y).abs().max() / y.abs().max()).item()
+    with open(os.path.join(folder, "signal.json"), "w") as f:  # for --no-export runs
+        json.dump({"signal": signal}, f)
     return folder, signal
+
+
+def saved_signal(folder):
+    """The signal an earlier export of `folder` measured, or None."""
+    try:
+        with open(os.path.join(folder, "signal.json")) as f:
+            return json.load(f)["signal"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 RUN_RE = re.compile(r"check output \d+: max abs error \S+, relative error (\S+) -> (PASS|FAIL)")
@@ -232,12 +243,13 @@ def main():
     ap.add_argument("--tessel", default=os.path.join(SOURCE_DIR, "build", "tessel"))
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--json")
-    ap.add_argument("--no-export", action="store_true", help="reuse the folders already under --out")
+    ap.add_argument("--no-export", action="store_true", help="reuse the exports already under --out (signal.json written)")
+    ap.add_argument("--export-only", action="store_true", help="export (and measure the signal), run no backend")
     args = ap.parse_args()
     torch.set_num_threads(2)
     names = args.models or (torchvision.models.list_models(module=torchvision.models) if args.all
                             else DEFAULT_MODELS)
-    backends = args.backends.split(",")
+    backends = [] if args.export_only else args.backends.split(",")
     rows = []
     print(f"{'model':22} {'size':>4} {'export':>6} {'signal':>7} " + " ".join(f"{b:>12}" for b in backends) + "  time",
           flush=True)
@@ -246,7 +258,9 @@ def main():
         folder = os.path.join(args.out, f"{name}_{row['size']}")
         t0 = time.time()
         try:
-            if not (args.no_export and os.path.isdir(folder)):
+            if args.no_export and saved_signal(folder) is not None:  # a finished earlier export
+                row["signal"] = saved_signal(folder)
+            else:
                 folder, row["signal"] = export(name, args.out, args.size)
             row["export"] = "ok"
         except Exception as e:  # noqa: BLE001 - a failed export is a row of the table, not the end
