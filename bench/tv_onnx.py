@@ -16,7 +16,7 @@ alone cannot pass unnoticed.
 
     /usr/bin/python3 bench/tv_onnx.py [MODEL ...] [--all] [--size 64] [--out /tmp/tv_onnx]
         [--backends eager,graph,compiled,spyre:f32,tpu-v5e:f32,spyre,tpu-v5e] [--tessel build/tessel]
-        [--json FILE] [--no-export] [--export-only]
+        [--json FILE] [--no-export] [--export-only] [--f64]
 
 Without MODEL names it runs one model per family (DEFAULT_MODELS); --all runs every model of
 torchvision.models.list_models(module=torchvision.models). Needs no onnx python package: the
@@ -151,6 +151,25 @@ def export(name, out_dir, size, seed=0):
     return folder, signal
 
 
+def f64_reference(name, folder, size, seed=0):
+    """Torch's own fp32 error: the model of `export` (same seeds, so the same weights and input) run in
+    float64, written as FOLDER/f64_reference/{input_0,output_0}.pb (the f64 output rounded to f32) for
+    the eager:f64 column. Returns max |y32 - y64| / max |y64|: what fp32 arithmetic in torch's order
+    costs this model, the scale against which a deep random-weight model's 1e-4 is judged."""
+    size = max(size, MIN_SIZE.get(name, 0))
+    model = build_model(name, seed)
+    calibrate_batchnorm(model, size, seed)
+    torch.manual_seed(seed + 1)
+    x = torch.randn(1, 3, size, size)
+    y32 = model(x).detach()  # as export_model computes it
+    y64 = model.double()(x.double()).detach()
+    ref = os.path.join(folder, "f64_reference")
+    os.makedirs(ref, exist_ok=True)
+    write_tensor_proto(os.path.join(ref, "input_0.pb"), x, "input")
+    write_tensor_proto(os.path.join(ref, "output_0.pb"), y64.float(), "output")
+    return ((y32.double() - y64).abs().max() / y64.abs().max()).item()
+
+
 def saved_signal(folder):
     """The signal an earlier export of `folder` measured, or None."""
     try:
@@ -206,6 +225,9 @@ def run_tessel(tessel, folder, backend, timeout, hw_dir="/tmp"):
     range), error (the last line of the output when it failed)."""
     if backend in ("eager", "graph", "compiled"):
         cmd = [tessel, "run", folder, "--backend", backend, "--check", "--max-rel", str(TOL)]
+    elif backend.endswith(":f64"):  # against torch's float64 output (f64_reference)
+        cmd = [tessel, "run", folder, "--backend", backend[:-4], "--inputs", os.path.join(folder, "f64_reference"),
+               "--check", "--max-rel", str(TOL)]
     elif backend.endswith(":f32"):
         cmd = [tessel, "sim", folder, "--hw", f32_hw_file(backend[:-4], hw_dir), "--dtype", "f32"]
     else:
@@ -245,6 +267,9 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--no-export", action="store_true", help="reuse the exports already under --out (signal.json written)")
     ap.add_argument("--export-only", action="store_true", help="export (and measure the signal), run no backend")
+    ap.add_argument("--f64", action="store_true",
+                    help="also run torch in float64: column torch:f64 (torch fp32 vs f64) and backend eager:f64 "
+                         "(tessel eager vs torch f64); for models whose 1e-4 check fails")
     args = ap.parse_args()
     torch.set_num_threads(2)
     names = args.models or (torchvision.models.list_models(module=torchvision.models) if args.all
@@ -268,12 +293,16 @@ def main():
         row["export_s"] = round(time.time() - t0, 1)
         row["backends"] = {}
         if row["export"] == "ok":
+            if args.f64:
+                row["torch_f64"] = f64_reference(name, folder, args.size)
             for b in backends:
                 row["backends"][b] = run_tessel(args.tessel, folder, b, args.timeout, args.out)
         sig = f"{row['signal']:.1e}" if "signal" in row else "-"
         print(f"{name:22} {row['size']:>4} {'ok' if row['export'] == 'ok' else 'FAIL':>6} {sig:>7} "
               + " ".join(f"{cell(row['backends'].get(b)):>12}" for b in backends)
               + f"  {sum(r['seconds'] for r in row['backends'].values()) + row['export_s']:.0f} s", flush=True)
+        if "torch_f64" in row:
+            print(f"    torch fp32 vs torch f64: {row['torch_f64']:.1e}", flush=True)
         for b, r in row["backends"].items():
             if r["error"]:
                 print(f"    {b}: {r['error']}", flush=True)
