@@ -47,7 +47,7 @@ DEFAULT_MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", 
 MIN_SIZE = {"vgg11": 224, "vgg11_bn": 224, "vgg13": 224, "vgg13_bn": 224, "vgg16": 224, "vgg16_bn": 224,
             "vgg19": 224, "vgg19_bn": 224, "alexnet": 224,  # the exporter needs the adaptive pool's output to divide its input
             "inception_v3": 96, "googlenet": 64, "squeezenet1_0": 64, "squeezenet1_1": 64,
-            "vit_b_16": 224, "vit_b_32": 224, "vit_l_16": 224, "vit_l_32": 224, "vit_h_14": 518,
+            "vit_b_16": 224, "vit_b_32": 224, "vit_l_16": 224, "vit_l_32": 224, "vit_h_14": 224,
             "maxvit_t": 224, "swin_t": 224, "swin_s": 224, "swin_b": 224, "swin_v2_t": 256,
             "swin_v2_s": 256, "swin_v2_b": 256}
 
