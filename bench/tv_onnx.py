@@ -316,6 +316,8 @@ def main():
     exact = [b for b in backends if is_exact(b)]
     bad = [r["model"] for r in rows if r["export"] != "ok" or not all(r["backends"][b]["ok"] for b in exact)]
     print("* the simulator reported values below its storage's range (flushed to 0)")
+    if not exact:  # only diagnostic columns (NAME:f64, DL16/bf16 storage): no exact verdict
+        return 0
     print(f"{len(rows) - len(bad)}/{len(rows)} exact (<= {TOL:g} rel) on {','.join(exact)}"
           + (f"; not: {' '.join(bad)}" if bad else ""))
     return 1 if bad else 0
