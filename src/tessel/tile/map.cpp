@@ -366,7 +366,7 @@ void map_matmul(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
 
 // Reduction tiles of a convolution: whole input channels (the stick of channels-last activations)
 // times the whole kernel window, halving the channels in whole lane units. The whole reduction comes
-// first; tiled reductions are tried only when no plan with it fits (conv_reduction_tiles' caller), so
+// first; tiled reductions are tried only when no plan with it fits (map_conv), so
 // every convolution that fitted before keeps its plan. Depthwise and grouped convolutions keep their
 // reduction whole: their weights per output tile are small, and the functional simulator's per-tile
 // partial convolutions slice the channels of one group only.
