@@ -16,7 +16,7 @@ alone cannot pass unnoticed.
 
     /usr/bin/python3 bench/tv_onnx.py [MODEL ...] [--all] [--size 64] [--out /tmp/tv_onnx]
         [--backends eager,graph,compiled,spyre:f32,tpu-v5e:f32,spyre,tpu-v5e] [--tessel build/tessel]
-        [--json FILE] [--no-export] [--export-only] [--f64]
+        [--json FILE] [--no-export] [--export-only] [--f64] [--clean]
 
 Without MODEL names it runs one model per family (DEFAULT_MODELS); --all runs every model of
 torchvision.models.list_models(module=torchvision.models). Needs no onnx python package: the
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -267,6 +268,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--no-export", action="store_true", help="reuse the exports already under --out (signal.json written)")
     ap.add_argument("--export-only", action="store_true", help="export (and measure the signal), run no backend")
+    ap.add_argument("--clean", action="store_true",
+                    help="delete each model's export once its columns ran (the 80 take ~20 GB otherwise)")
     ap.add_argument("--f64", action="store_true",
                     help="also run torch in float64: column torch:f64 (torch fp32 vs f64) and backend eager:f64 "
                          "(tessel eager vs torch f64); for models whose 1e-4 check fails")
@@ -309,6 +312,8 @@ def main():
         if row["export"] != "ok":
             print(f"    export: {row['export']}", flush=True)
         rows.append(row)
+        if args.clean and os.path.isdir(folder):
+            shutil.rmtree(folder)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "torchvision": torchvision.__version__, "size": args.size,
