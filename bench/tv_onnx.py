@@ -16,7 +16,7 @@ alone cannot pass unnoticed.
 
     /usr/bin/python3 bench/tv_onnx.py [MODEL ...] [--all] [--size 64] [--out /tmp/tv_onnx]
         [--backends eager,graph,compiled,spyre:f32,tpu-v5e:f32,spyre,tpu-v5e] [--tessel build/tessel]
-        [--json FILE] [--no-export]
+        [--json FILE] [--no-export] [--export-only] [--f64] [--clean]
 
 Without MODEL names it runs one model per family (DEFAULT_MODELS); --all runs every model of
 torchvision.models.list_models(module=torchvision.models). Needs no onnx python package: the
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -47,7 +48,7 @@ DEFAULT_MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", 
 MIN_SIZE = {"vgg11": 224, "vgg11_bn": 224, "vgg13": 224, "vgg13_bn": 224, "vgg16": 224, "vgg16_bn": 224,
             "vgg19": 224, "vgg19_bn": 224, "alexnet": 224,  # the exporter needs the adaptive pool's output to divide its input
             "inception_v3": 96, "googlenet": 64, "squeezenet1_0": 64, "squeezenet1_1": 64,
-            "vit_b_16": 224, "vit_b_32": 224, "vit_l_16": 224, "vit_l_32": 224, "vit_h_14": 518,
+            "vit_b_16": 224, "vit_b_32": 224, "vit_l_16": 224, "vit_l_32": 224, "vit_h_14": 224,
             "maxvit_t": 224, "swin_t": 224, "swin_s": 224, "swin_b": 224, "swin_v2_t": 256,
             "swin_v2_s": 256, "swin_v2_b": 256}
 
@@ -146,7 +147,37 @@ def export(name, out_dir, size, seed=0):
     y = export_model(model, x, folder)
     with torch.no_grad():
         signal = ((model(x2) - y).abs().max() / y.abs().max()).item()
+    with open(os.path.join(folder, "signal.json"), "w") as f:  # for --no-export runs
+        json.dump({"signal": signal}, f)
     return folder, signal
+
+
+def f64_reference(name, folder, size, seed=0):
+    """Torch's own fp32 error: the model of `export` (same seeds, so the same weights and input) run in
+    float64, written as FOLDER/f64_reference/{input_0,output_0}.pb (the f64 output rounded to f32) for
+    the eager:f64 column. Returns max |y32 - y64| / max |y64|: what fp32 arithmetic in torch's order
+    costs this model, the scale against which a deep random-weight model's 1e-4 is judged."""
+    size = max(size, MIN_SIZE.get(name, 0))
+    model = build_model(name, seed)
+    calibrate_batchnorm(model, size, seed)
+    torch.manual_seed(seed + 1)
+    x = torch.randn(1, 3, size, size)
+    y32 = model(x).detach()  # as export_model computes it
+    y64 = model.double()(x.double()).detach()
+    ref = os.path.join(folder, "f64_reference")
+    os.makedirs(ref, exist_ok=True)
+    write_tensor_proto(os.path.join(ref, "input_0.pb"), x, "input")
+    write_tensor_proto(os.path.join(ref, "output_0.pb"), y64.float(), "output")
+    return ((y32.double() - y64).abs().max() / y64.abs().max()).item()
+
+
+def saved_signal(folder):
+    """The signal an earlier export of `folder` measured, or None."""
+    try:
+        with open(os.path.join(folder, "signal.json")) as f:
+            return json.load(f)["signal"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 RUN_RE = re.compile(r"check output \d+: max abs error \S+, relative error (\S+) -> (PASS|FAIL)")
@@ -195,6 +226,9 @@ def run_tessel(tessel, folder, backend, timeout, hw_dir="/tmp"):
     range), error (the last line of the output when it failed)."""
     if backend in ("eager", "graph", "compiled"):
         cmd = [tessel, "run", folder, "--backend", backend, "--check", "--max-rel", str(TOL)]
+    elif backend.endswith(":f64"):  # against torch's float64 output (f64_reference)
+        cmd = [tessel, "run", folder, "--backend", backend[:-4], "--inputs", os.path.join(folder, "f64_reference"),
+               "--check", "--max-rel", str(TOL)]
     elif backend.endswith(":f32"):
         cmd = [tessel, "sim", folder, "--hw", f32_hw_file(backend[:-4], hw_dir), "--dtype", "f32"]
     else:
@@ -232,12 +266,18 @@ def main():
     ap.add_argument("--tessel", default=os.path.join(SOURCE_DIR, "build", "tessel"))
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--json")
-    ap.add_argument("--no-export", action="store_true", help="reuse the folders already under --out")
+    ap.add_argument("--no-export", action="store_true", help="reuse the exports already under --out (signal.json written)")
+    ap.add_argument("--export-only", action="store_true", help="export (and measure the signal), run no backend")
+    ap.add_argument("--clean", action="store_true",
+                    help="delete each model's export once its columns ran (the 80 take ~20 GB otherwise)")
+    ap.add_argument("--f64", action="store_true",
+                    help="also run torch in float64: column torch:f64 (torch fp32 vs f64) and backend eager:f64 "
+                         "(tessel eager vs torch f64); for models whose 1e-4 check fails")
     args = ap.parse_args()
     torch.set_num_threads(2)
     names = args.models or (torchvision.models.list_models(module=torchvision.models) if args.all
                             else DEFAULT_MODELS)
-    backends = args.backends.split(",")
+    backends = [] if args.export_only else args.backends.split(",")
     rows = []
     print(f"{'model':22} {'size':>4} {'export':>6} {'signal':>7} " + " ".join(f"{b:>12}" for b in backends) + "  time",
           flush=True)
@@ -246,7 +286,9 @@ def main():
         folder = os.path.join(args.out, f"{name}_{row['size']}")
         t0 = time.time()
         try:
-            if not (args.no_export and os.path.isdir(folder)):
+            if args.no_export and saved_signal(folder) is not None:  # a finished earlier export
+                row["signal"] = saved_signal(folder)
+            else:
                 folder, row["signal"] = export(name, args.out, args.size)
             row["export"] = "ok"
         except Exception as e:  # noqa: BLE001 - a failed export is a row of the table, not the end
@@ -254,18 +296,24 @@ def main():
         row["export_s"] = round(time.time() - t0, 1)
         row["backends"] = {}
         if row["export"] == "ok":
+            if args.f64:
+                row["torch_f64"] = f64_reference(name, folder, args.size)
             for b in backends:
                 row["backends"][b] = run_tessel(args.tessel, folder, b, args.timeout, args.out)
         sig = f"{row['signal']:.1e}" if "signal" in row else "-"
         print(f"{name:22} {row['size']:>4} {'ok' if row['export'] == 'ok' else 'FAIL':>6} {sig:>7} "
               + " ".join(f"{cell(row['backends'].get(b)):>12}" for b in backends)
               + f"  {sum(r['seconds'] for r in row['backends'].values()) + row['export_s']:.0f} s", flush=True)
+        if "torch_f64" in row:
+            print(f"    torch fp32 vs torch f64: {row['torch_f64']:.1e}", flush=True)
         for b, r in row["backends"].items():
             if r["error"]:
                 print(f"    {b}: {r['error']}", flush=True)
         if row["export"] != "ok":
             print(f"    export: {row['export']}", flush=True)
         rows.append(row)
+        if args.clean and os.path.isdir(folder):
+            shutil.rmtree(folder)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "torchvision": torchvision.__version__, "size": args.size,
@@ -273,6 +321,8 @@ def main():
     exact = [b for b in backends if is_exact(b)]
     bad = [r["model"] for r in rows if r["export"] != "ok" or not all(r["backends"][b]["ok"] for b in exact)]
     print("* the simulator reported values below its storage's range (flushed to 0)")
+    if not exact:  # only diagnostic columns (NAME:f64, DL16/bf16 storage): no exact verdict
+        return 0
     print(f"{len(rows) - len(bad)}/{len(rows)} exact (<= {TOL:g} rel) on {','.join(exact)}"
           + (f"; not: {' '.join(bad)}" if bad else ""))
     return 1 if bad else 0

@@ -428,27 +428,73 @@ class Simulator {
     const int dn = find_dim(tk, "n", c.n, "batch"), doc = find_dim(tk, "oc", c.oc, "output channels"),
               ds = find_dim(tk, "s", c.oh * c.ow, "output pixels"),
               dr = find_dim(tk, "r", c.c / std::max<int64_t>(1, c.groups) * c.kh * c.kw, "reduction");
-    (void)dn, (void)doc, (void)ds, (void)dr;
+    (void)dn, (void)doc, (void)ds;
     // The tiles are checked for exact coverage (tile_ranges per dim, and the volume they add up to);
-    // the convolution itself runs as one oneDNN call over the whole kernel, in fp32 on the rounded
-    // operands, which is what the tiles together compute up to the order of the fp32 additions.
+    // the convolution runs as one oneDNN call per reduction tile (the whole kernel's output pixels and
+    // channels, in fp32 on the rounded operands), the partial sums added into the fp32 output as the
+    // target's accumulator adds them: what the tiles together compute up to the order of the fp32
+    // additions within one reduction tile.
     int64_t covered = 0;
+    std::set<std::pair<int64_t, int64_t>> reduction_tiles;
     const int64_t n = for_each_tile(tk, ranges, [&](int64_t, const std::vector<TileRange>& t) {
       int64_t v = 1;
       for (const TileRange& r : t) v *= r.hi - r.lo;
       covered += v;
+      if (dr >= 0) reduction_tiles.emplace(t[static_cast<size_t>(dr)].lo, t[static_cast<size_t>(dr)].hi);
     });
     check_volume(tk, covered);
     // Weights: the node's input at arg w (a constant, rounded to the device dtype).
     if (c.w < 0 || static_cast<size_t>(c.w) >= k.args.size() || k.args[static_cast<size_t>(c.w)].role != KArg::Role::in)
       fail("conv weights arg {} is not an input", c.w);
-    cpu::ConvDesc d = cpu::conv_desc(c);
-    d.weights = static_cast<const float*>(args[static_cast<size_t>(c.w)]);
     (void)node;
-    cpu::Conv2d conv(d);
-    conv.run(static_cast<const float*>(args[static_cast<size_t>(c.x)]), static_cast<float*>(args[static_cast<size_t>(c.y)]));
+    const auto* x = static_cast<const float*>(args[static_cast<size_t>(c.x)]);
+    const auto* w = static_cast<const float*>(args[static_cast<size_t>(c.w)]);
+    auto* y = static_cast<float*>(args[static_cast<size_t>(c.y)]);
+    if (reduction_tiles.size() <= 1) {
+      cpu::ConvDesc d = cpu::conv_desc(c);
+      d.weights = w;
+      cpu::Conv2d(d).run(x, y);
+    } else {
+      conv_by_reduction_tiles(c, reduction_tiles, x, w, y);
+    }
     if (GeneratedFn* fn = fns_[static_cast<size_t>(tk.kernel)]) fn(args.data(), 0, static_cast<long>(k.parallel_extent()));
     return n;
+  }
+
+  // y = the sum over the reduction tiles of the convolution of those input channels: each tile a
+  // oneDNN convolution of the channel slice of x and w, added into y in fp32. A tile must be whole
+  // input channels (r runs over channels, then the kernel window) of an ungrouped convolution, as the
+  // mapper makes them.
+  static void conv_by_reduction_tiles(const ConvSpec& c, const std::set<std::pair<int64_t, int64_t>>& tiles,
+                                      const float* x, const float* w, float* y) {
+    const int64_t window = c.kh * c.kw, hw = c.h * c.wd;
+    if (c.groups != 1) fail("a grouped convolution ({} groups) with its reduction split over {} tiles", c.groups, tiles.size());
+    const int64_t ysize = c.n * c.oc * c.oh * c.ow;
+    std::vector<float> partial(static_cast<size_t>(ysize));
+    std::fill(y, y + ysize, 0.0f);
+    for (const auto& [lo, hi] : tiles) {
+      if (lo % window || hi % window)
+        fail("reduction tile [{}, {}) is not whole input channels of a {}x{} kernel", lo, hi, c.kh, c.kw);
+      const int64_t c0 = lo / window, tc = (hi - lo) / window;
+      std::vector<float> xs(static_cast<size_t>(c.n * tc * hw)), ws(static_cast<size_t>(c.oc * tc * window));
+      for (int64_t b = 0; b < c.n; ++b) {
+        if (c.x_nhwc) {  // [N, H, W, C]: tc channels of every pixel
+          for (int64_t p = 0; p < hw; ++p)
+            std::memcpy(&xs[static_cast<size_t>((b * hw + p) * tc)], x + (b * hw + p) * c.c + c0,
+                        static_cast<size_t>(tc) * sizeof(float));
+        } else {  // [N, C, H, W]: tc whole planes
+          std::memcpy(&xs[static_cast<size_t>(b * tc * hw)], x + (b * c.c + c0) * hw, static_cast<size_t>(tc * hw) * sizeof(float));
+        }
+      }
+      for (int64_t o = 0; o < c.oc; ++o)  // [OC, C, KH, KW]
+        std::memcpy(&ws[static_cast<size_t>(o * tc * window)], w + (o * c.c + c0) * window, static_cast<size_t>(tc * window) * sizeof(float));
+      ConvSpec part = c;
+      part.c = tc;
+      cpu::ConvDesc d = cpu::conv_desc(part);
+      d.weights = ws.data();
+      cpu::Conv2d(d).run(xs.data(), partial.data());
+      for (int64_t i = 0; i < ysize; ++i) y[i] += partial[static_cast<size_t>(i)];
+    }
   }
 
   const TileProgram& p_;

@@ -364,6 +364,22 @@ void map_matmul(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
 
 // ---- convolution ----------------------------------------------------------------------------------
 
+// Reduction tiles of a convolution: whole input channels (the stick of channels-last activations)
+// times the whole kernel window, halving the channels in whole lane units. The whole reduction comes
+// first; tiled reductions are tried only when no plan with it fits (map_conv), so
+// every convolution that fitted before keeps its plan. Depthwise and grouped convolutions keep their
+// reduction whole: their weights per output tile are small, and the functional simulator's per-tile
+// partial convolutions slice the channels of one group only.
+std::vector<int64_t> conv_channel_tiles(const ConvSpec& cv, int64_t cg, int64_t unit) {
+  std::vector<int64_t> v{cg};
+  if (cv.groups != 1) return v;
+  for (int64_t tc = round_up(cg / 2, unit); tc < v.back() && v.size() < 10; tc = round_up(tc / 2, unit)) {
+    v.push_back(tc);
+    if (tc <= unit) break;
+  }
+  return v;
+}
+
 void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   const HwSpec& hw = mp.hw;
   const ConvSpec& cv = k.conv;
@@ -371,11 +387,12 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   const DType dt = device_dtype(xv->type.dtype, mp.fdt);
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
   const int64_t cg = cv.c / cv.groups, og = cv.oc / cv.groups;
-  const int64_t r = cg * cv.kh * cv.kw, s = cv.oh * cv.ow;
+  const int64_t window = cv.kh * cv.kw;
+  const int64_t r = cg * window, s = cv.oh * cv.ow;
   const bool depthwise = cv.groups > 1 && cg == 1 && og == 1;
   const int64_t ou = lane_unit(hw, dt);
   struct Cand {
-    int64_t sn, so, ss, ns, os, ss_, tn, to, ts;
+    int64_t sn, so, ss, ns, os, ss_, tn, to, ts, tr;
     double compute, memory, total;
     int64_t dram, spad;
   };
@@ -385,6 +402,10 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   for (size_t i = 0; i < n.inputs.size(); ++i)
     if (static_cast<int>(i) != cv.x && static_cast<int>(i) != cv.w && n.inputs[i]) ++tile_buffers;
   std::string why_none;
+  const std::vector<int64_t> channel_tiles = conv_channel_tiles(cv, cg, ou);
+  // The whole reduction when any split fits with it; otherwise every reduction tile, the fastest wins
+  // (a smaller reduction tile leaves room for more output pixels per tile).
+  for (size_t ci = 0; ci < channel_tiles.size() && !(ci == 1 && !cands.empty()); ++ci)
   for (int64_t sn : split_choices(cv.n, mp.cores_max))
     for (int64_t so : split_choices(ceil_div(cv.oc, ou), mp.cores_max / sn))
       for (int64_t ss : split_choices(s, mp.cores_max / (sn * so))) {
@@ -394,13 +415,15 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
         c.os = round_up(ceil_div(cv.oc, so), ou);
         c.ss_ = ceil_div(s, ss);
         c.tn = 1, c.to = c.os, c.ts = c.ss_;
-        // per tile: im2col rows of the input (ts x r per group the oc tile touches), the weights of
-        // the oc tile, the output tile (fp32 accumulator and stored copy)
+        c.tr = channel_tiles[ci] * window;
+        // per tile: im2col rows of the input (ts x tr per group the oc tile touches), the weights of
+        // the oc tile's tr reduction rows, the output tile (fp32 accumulator, which holds the partial
+        // sums across reduction tiles, and the stored copy)
         auto groups_in = [&](int64_t oct) { return std::min(cv.groups, ceil_div(oct, og) + 1); };
         // every output and epilogue operand (a bias, a residual) gets an output-tile buffer, as the
         // operands added below do; counting only one made AlexNet's biased convs overflow the plan
         auto spad = [&] {
-          return cp * c.ts * r * groups_in(c.to) * es + cp * c.to * r * es + c.ts * c.to * 4 +
+          return cp * c.ts * c.tr * groups_in(c.to) * es + cp * c.to * c.tr * es + c.ts * c.to * 4 +
                  cp * c.ts * c.to * es * tile_buffers;
         };
         while (spad() > mp.p.usable_spad) {
@@ -409,19 +432,23 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
           else break;
         }
         if (spad() > mp.p.usable_spad) {
-          why_none = fmt::format("one output pixel with {} channels needs {} bytes", c.to, spad());
+          why_none = fmt::format("one output pixel with {} channels and a reduction tile of {} needs {} bytes", c.to,
+                                 c.tr, spad());
           continue;
         }
         c.spad = spad();
+        const int64_t rt = ceil_div(r, c.tr);  // reduction tiles per output tile
         const int64_t tiles = c.ns * ceil_div(c.os, c.to) * ceil_div(c.ss_, c.ts);
         const int64_t macs_tile = c.ts * c.to * r;
         c.compute = depthwise ? static_cast<double>(tiles) * 2 * dataflow::vector_cycles(hw, VectorOp::mul, macs_tile)
-                              : static_cast<double>(tiles) * static_cast<double>(std::min(cv.groups, ceil_div(c.to, og))) *
-                                    dataflow::matmul_cycles(hw, c.ts, r, std::min(c.to, og), dt);
+                              : static_cast<double>(tiles * rt) * static_cast<double>(std::min(cv.groups, ceil_div(c.to, og))) *
+                                    dataflow::matmul_cycles(hw, c.ts, c.tr, std::min(c.to, og), dt);
         // the input rows of the core's output pixels, plus ~1/8 for the halo when pixels are split
         const int64_t x_all = mp.p.globals[static_cast<size_t>(mp.global(xv))].bytes() * c.ns / std::max<int64_t>(1, cv.n);
         const int64_t x_bytes = x_all / ss + (ss > 1 ? x_all / 8 : 0);
-        const int64_t w_bytes = c.os * r * es;
+        // the weights of the core's output channels: resident across pixel tiles when the reduction
+        // is one tile, reloaded for every pixel tile (and batch row) when it is split
+        const int64_t w_bytes = c.os * r * es * (rt > 1 ? c.ns * ceil_div(c.ss_, c.ts) : 1);
         const int64_t y_all = mp.p.globals[static_cast<size_t>(mp.global(n.outputs[0]))].bytes();
         const int64_t y_bytes = y_all * c.ns / std::max<int64_t>(1, cv.n) * c.os / std::max<int64_t>(1, round_up(cv.oc, ou)) / ss;
         const int64_t cores = sn * so * ss;
@@ -441,10 +468,13 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   const Cand& c = cands[0];
   t.decision = fmt::format("best of {} splits: n{} oc{} s{} ({:.0f} cycles: compute {:.0f}{}, DRAM {:.0f})", cands.size(),
                            c.sn, c.so, c.ss, c.total, c.compute, depthwise ? " on the vector unit" : "", c.memory);
+  if (c.tr < r)
+    t.decision += fmt::format("; reduction in {} tiles of {} channels x {}x{} (no plan with the whole reduction of {} fits)",
+                              ceil_div(r, c.tr), c.tr / window, cv.kh, cv.kw, r);
   t.dims = {{"n", cv.n, c.sn, c.ns, c.tn, 1, false},
             {"oc", cv.oc, c.so, c.os, c.to, ou, false},
             {"s", s, c.ss, c.ss_, c.ts, 1, false},
-            {"r", r, 1, r, r, 1, true}};
+            {"r", r, 1, r, c.tr, 1, true}};
   t.order = {0, 1, 2, 3};
   t.cores = static_cast<int>(c.sn * c.so * c.ss);
   t.on_vector_unit = depthwise;
@@ -452,8 +482,8 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
     t.operands.push_back(make_operand(mp, std::move(role), v, out, std::move(dims), sd, copies, bytes));
   };
   const int64_t gi = std::min(cv.groups, ceil_div(c.to, og) + 1);
-  add("x", xv, false, {0, 2, 3}, dt, cp, c.ts * r * gi * es);
-  add("w", n.inputs[static_cast<size_t>(cv.w)], false, {1, 3}, dt, cp, c.to * r * es);
+  add("x", xv, false, {0, 2, 3}, dt, cp, c.ts * c.tr * gi * es);
+  add("w", n.inputs[static_cast<size_t>(cv.w)], false, {1, 3}, dt, cp, c.to * c.tr * es);
   for (size_t i = 0; i < n.inputs.size(); ++i)
     if (static_cast<int>(i) != cv.x && static_cast<int>(i) != cv.w && n.inputs[i])
       add("epi", n.inputs[i], false, {0, 1, 2}, dt, cp, c.ts * c.to * es);
