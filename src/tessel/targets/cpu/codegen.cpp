@@ -67,12 +67,26 @@ struct Emitter {
   std::string v(int i) const { return "v" + std::to_string(i); }
 
   // The element index of access a at the current loop point.
+  // One outer and one inner loop that every access walks contiguously (outer stride = inner stride ·
+  // inner extent), one phase, no row values but constants: a conv or matmul epilogue over channels-last
+  // rows (outer [12544] inner [32] for efficientnet's first depthwise convolution). Emitted as one flat
+  // vector loop over the call's [lo, hi) rows, not a loop of 32-element loops (half the loop overhead
+  // and remainder code per row).
+  bool flat() const {
+    if (k.splits_inner() || k.outer.size() != 1 || k.inner.size() != 1 || k.phases != 1) return false;
+    for (const KInstr& in : k.body)
+      if (in.row && in.op != "const") return false;
+    for (const KAccess& a : k.accesses)
+      if (a.strides.size() != 2 || a.strides[0] != a.strides[1] * k.inner[0]) return false;
+    return true;
+  }
+
   std::string index(int a) const {
     const KAccess& acc = k.accesses[static_cast<size_t>(a)];
     std::string s;
-    if (k.splits_inner()) {
+    if (k.splits_inner() || flat()) {
       s = acc.offset ? std::to_string(acc.offset) : "";
-      const int64_t st = acc.strides[0];
+      const int64_t st = acc.strides[flat() ? 1 : 0];
       if (st) s += (s.empty() ? "" : " + ") + (st == 1 ? std::string("i0") : fmt::format("i0 * {}", st));
       return s.empty() ? "0" : s;
     }
@@ -257,6 +271,17 @@ struct Emitter {
       line(1, "#pragma omp simd");
       line(1, "for (long i0 = lo; i0 < hi; ++i0) {");
       for (size_t i = 0; i < k.body.size(); ++i) emit(2, static_cast<int>(i));
+      line(1, "}");
+      line(0, "}");
+      return out;
+    }
+    if (flat()) {
+      row_instrs(1, 0);
+      line(1, "// phase 0: rows [lo, hi) as one contiguous run");
+      line(1, "#pragma omp simd");
+      line(1, fmt::format("for (long i0 = lo * {0}; i0 < hi * {0}; ++i0) {{", k.inner[0]));
+      for (size_t i = 0; i < k.body.size(); ++i)
+        if (!k.body[i].row) emit(2, static_cast<int>(i));
       line(1, "}");
       line(0, "}");
       return out;
