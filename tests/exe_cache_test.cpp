@@ -19,6 +19,9 @@
 
 #include "corpus_util.h"
 #include "tessel/driver/compile_model.h"
+#include "tessel/ir/infer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/ir/printer.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/checksum.h"
 
@@ -49,6 +52,21 @@ struct Data {
 Data data_of(const std::string& name) {
   ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + name);
   return {mp.model, read_data_set(mp.data_sets.at(0), "input"), read_data_set(mp.data_sets.at(0), "output")};
+}
+
+// A .tsl model file written by the project's printer (large constants go in its base64 blobs section).
+Value* op_node(Graph& g, const char* op, const std::string& name, std::vector<Value*> ins,
+               std::map<std::string, Attr> attrs = {}) {
+  return g.add_node(OpRegistry::get().find(op), name, std::move(ins), {name}, std::move(attrs))->outputs[0];
+}
+void write_model(const std::string& path, Graph& g) {
+  infer_graph(g);
+  std::ofstream(path) << print_graph(g);
+}
+Tensor filled_f32(Shape s, const std::function<double(int64_t)>& f) {
+  Tensor t(DType::f32, std::move(s));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set_f(i, static_cast<double>(static_cast<float>(f(i))));
+  return t;
 }
 
 // Cold compile stores an entry; the warm start loads it (no import), prepacks every constant weight
@@ -110,19 +128,11 @@ TEST(ExecutableCache, ChangedModelIsNotReused) {
   const std::string dir = fresh_dir("exe-changed");
   const std::string model = dir + "/m.tsl";
   auto write = [&](float scale) {
-    std::ofstream f(model);
-    f << "graph @m(%x: f32[4,8]) {\n  const %w: f32[8,16] = blob<0>\n"
-      << "  %y: f32[4,16] = MatMul(%x, %w) loc(\"mm\")\n  %z: f32[4,16] = Relu(%y) loc(\"relu\")\n  return %z\n}\nblobs {\n  0: \"";
-    std::vector<float> w(128);
-    for (size_t i = 0; i < w.size(); ++i) w[i] = scale * (static_cast<float>(i % 7) - 3.0f);
-    static const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    const auto* p = reinterpret_cast<const uint8_t*>(w.data());
-    const size_t n = w.size() * 4;
-    for (size_t i = 0; i < n; i += 3) {
-      uint32_t v = p[i] << 16 | (i + 1 < n ? p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
-      f << b64[v >> 18 & 63] << b64[v >> 12 & 63] << (i + 1 < n ? b64[v >> 6 & 63] : '=') << (i + 2 < n ? b64[v & 63] : '=');
-    }
-    f << "\"\n}\n";
+    Graph g;
+    Value* x = g.add_input("x", TensorType{DType::f32, {4, 8}});
+    Value* w = g.add_constant("w", filled_f32({8, 16}, [&](int64_t i) { return scale * (static_cast<double>(i % 7) - 3.0); }));
+    g.outputs = {op_node(g, "Relu", "relu", {op_node(g, "MatMul", "mm", {x, w})})};
+    write_model(model, g);
   };
   Tensor x(DType::f32, {4, 8});
   for (int64_t i = 0; i < x.numel(); ++i) x.set_f(i, 0.25 * static_cast<double>(i % 5) - 0.4);
@@ -548,22 +558,13 @@ TEST(ExecutableCache, SharedWeightsArePackedAndStoredOnce) {
   const std::string dir = fresh_dir("exe-shared");
   const std::string model = dir + "/m.tsl";
   {
-    std::ofstream f(model);
-    f << "graph @m(%x: f32[4,16]) {\n  const %w: f32[16,16] = blob<0>\n"
-      << "  %y: f32[4,16] = MatMul(%x, %w) loc(\"mm1\")\n  %z: f32[4,16] = Relu(%y) loc(\"relu\")\n"
-      << "  %u: f32[4,16] = MatMul(%z, %w) loc(\"mm2\")\n"
-      << "  %wt: f32[16,16] = Transpose(%w) {perm = [1, 0]} loc(\"wt\")\n"
-      << "  %v: f32[4,16] = MatMul(%u, %wt) loc(\"mm3\")\n  return %u, %v\n}\nblobs {\n  0: \"";
-    std::vector<float> w(256);
-    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * (static_cast<float>(i * 7 % 13) - 6.0f);
-    static const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    const auto* p = reinterpret_cast<const uint8_t*>(w.data());
-    const size_t n = w.size() * 4;
-    for (size_t i = 0; i < n; i += 3) {
-      uint32_t v = p[i] << 16 | (i + 1 < n ? p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
-      f << b64[v >> 18 & 63] << b64[v >> 12 & 63] << (i + 1 < n ? b64[v >> 6 & 63] : '=') << (i + 2 < n ? b64[v & 63] : '=');
-    }
-    f << "\"\n}\n";
+    Graph g;
+    Value* x = g.add_input("x", TensorType{DType::f32, {4, 16}});
+    Value* w = g.add_constant("w", filled_f32({16, 16}, [](int64_t i) { return 0.1 * static_cast<double>(i * 7 % 13 - 6); }));
+    Value* u = op_node(g, "MatMul", "mm2", {op_node(g, "Relu", "relu", {op_node(g, "MatMul", "mm1", {x, w})}), w});
+    Value* wt = op_node(g, "Transpose", "wt", {w}, {{"perm", std::vector<int64_t>{1, 0}}});
+    g.outputs = {u, op_node(g, "MatMul", "mm3", {u, wt})};
+    write_model(model, g);
   }
   Tensor x(DType::f32, {4, 16});
   for (int64_t i = 0; i < x.numel(); ++i) x.set_f(i, 0.25 * static_cast<double>(i % 5) - 0.4);
