@@ -26,21 +26,14 @@ import torchvision
 
 import tessel
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_frontend import time_calls  # noqa: E402  (one timing loop for the bench scripts)
+
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 
 
 def rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
-
-
-def timed(fn, x, iters):
-    ts = []
-    with torch.no_grad():
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn(x)
-            ts.append((time.perf_counter() - t0) * 1e3)
-    return ts
 
 
 def make(path, m, x, threads, backend):
@@ -75,8 +68,8 @@ def run_model(name, path, a):
     m(x)
     tt, te = [], []
     for _ in range(a.iters):
-        tt += timed(fast, x, 1)
-        te += timed(m, x, 1)
+        tt += time_calls(fast, x, 1)
+        te += time_calls(m, x, 1)
     row.update(ms=statistics.median(tt), eager_ms=statistics.median(te))
     row["speedup"] = row["eager_ms"] / row["ms"]
     if name in a.step_check.split(","):

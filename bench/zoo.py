@@ -455,7 +455,7 @@ def main():
     env = dict(python=platform.python_version(), torch=torch.__version__, threads=a.threads, backend=a.backend,
                small=a.small, no_inplace=a.no_inplace, modes=a.modes, machine=platform.machine(),
                cpus=__import__("os").cpu_count(), cores_usable=len(__import__("os").sched_getaffinity(0)),
-               load=open("/proc/loadavg").read().split()[:3])
+               load=[round(x, 2) for x in __import__("os").getloadavg()])
     for pkg in ("torchvision", "timm", "transformers"):
         try:
             env[pkg] = __import__(pkg).__version__
