@@ -8,7 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "test_util.h"
+#include "graph_test_util.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/runtime/compiled_backend.h"
@@ -18,28 +18,13 @@ using namespace tessel;
 
 namespace {
 
-// Deterministic values in [-1, 1) (an LCG: the test needs variety, not statistics).
-std::vector<double> varied(int64_t n, uint32_t seed) {
-  std::vector<double> v(static_cast<size_t>(n));
-  uint32_t s = seed * 2654435761u + 1;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = static_cast<double>(s >> 8) / static_cast<double>(1u << 24) * 2.0 - 1.0;
-  }
-  return v;
-}
-
 Tensor filled(Shape s, double value) {
   std::vector<double> v(static_cast<size_t>(shape_numel(s)), value);
   return Tensor::from_f64(DType::f32, std::move(s), v);
 }
 
-Tensor varied_tensor(Shape s, uint32_t seed) { return Tensor::from_f64(DType::f32, s, varied(shape_numel(s), seed)); }
-
-Value* node(Graph& g, const char* op, const std::string& name, std::vector<Value*> ins,
-            std::map<std::string, Attr> attrs = {}) {
-  return g.add_node(OpRegistry::get().find(op), name, std::move(ins), {name + "_out"}, std::move(attrs))->outputs[0];
-}
+using testenv::op_node;
+Tensor varied_tensor(Shape s, uint32_t seed) { return testenv::varied_f32(std::move(s), seed); }
 
 using Builder = std::unique_ptr<Graph> (*)();
 
@@ -49,11 +34,7 @@ void expect_compiled_matches_eager(Builder build, const Shape& x_shape, const st
   const std::vector<Tensor> inputs = {varied_tensor(x_shape, 7)};
   auto ref_graph = build();
   const std::vector<Tensor> ref = run_eager(*ref_graph, inputs);
-  CompiledBackendOptions o;
-  o.threads = 2;
-  o.toolchain.cache_dir =
-      (std::filesystem::path(testenv::tessel_binary()).parent_path() / "test-compile-cache").string();
-  auto exe = compile_cpu(build(), inputs, o);
+  auto exe = compile_cpu(build(), inputs, testenv::compiled_test_options());
   EXPECT_GT(exe->stats().matmul_kernels + exe->stats().conv_kernels, 0) << "no library kernel: not the case under test";
   const std::vector<Tensor> out = exe->run(inputs);
   ASSERT_EQ(out.size(), ref.size());
@@ -73,7 +54,7 @@ std::unique_ptr<Graph> matmul_by_ones() {
   auto g = std::make_unique<Graph>();
   Value* x = g->add_input("x", TensorType{DType::f32, {4, 16}});
   Value* w = g->add_constant("w", filled({16, 8}, 1.0));
-  g->outputs = {node(*g, "MatMul", "mm", {x, w})};
+  g->outputs = {op_node(*g, "MatMul", "mm", {x, w})};
   infer_graph(*g);
   return g;
 }
@@ -83,7 +64,7 @@ std::unique_ptr<Graph> batched_matmul_by_splat() {
   auto g = std::make_unique<Graph>();
   Value* x = g->add_input("x", TensorType{DType::f32, {2, 5, 16}});
   Value* w = g->add_constant("w", filled({16, 8}, 0.25));
-  g->outputs = {node(*g, "MatMul", "mm", {x, w})};
+  g->outputs = {op_node(*g, "MatMul", "mm", {x, w})};
   infer_graph(*g);
   return g;
 }
@@ -94,7 +75,7 @@ std::unique_ptr<Graph> linear_all_equal() {
   Value* x = g->add_input("x", TensorType{DType::f32, {4, 16}});
   Value* w = g->add_constant("w", filled({8, 16}, 0.5));
   Value* b = g->add_constant("b", filled({8}, 0.1));
-  g->outputs = {node(*g, "Gemm", "fc", {x, w, b}, {{"transB", int64_t{1}}})};
+  g->outputs = {op_node(*g, "Gemm", "fc", {x, w, b}, {{"transB", int64_t{1}}})};
   infer_graph(*g);
   return g;
 }
@@ -107,9 +88,9 @@ std::unique_ptr<Graph> conv_fresh_batchnorm() {
   Value* w = g->add_constant("w", varied_tensor({8, 3, 3, 3}, 11));
   Value* scale = g->add_constant("scale", filled({1, 8, 1, 1}, 1.0 / std::sqrt(1.0 + 1e-5)));
   Value* shift = g->add_constant("shift", filled({1, 8, 1, 1}, 0.0));
-  Value* c = node(*g, "Conv", "conv", {x, w}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
-  Value* y = node(*g, "Mul", "bn_scale", {c, scale});
-  g->outputs = {node(*g, "Add", "bn_shift", {y, shift})};
+  Value* c = op_node(*g, "Conv", "conv", {x, w}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  Value* y = op_node(*g, "Mul", "bn_scale", {c, scale});
+  g->outputs = {op_node(*g, "Add", "bn_shift", {y, shift})};
   infer_graph(*g);
   return g;
 }
@@ -120,8 +101,8 @@ std::unique_ptr<Graph> conv_times_one_element() {
   Value* x = g->add_input("x", TensorType{DType::f32, {2, 3, 8, 8}});
   Value* w = g->add_constant("w", varied_tensor({8, 3, 3, 3}, 13));
   Value* k = g->add_constant("k", filled({1}, 3.0));
-  Value* c = node(*g, "Conv", "conv", {x, w}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
-  g->outputs = {node(*g, "Mul", "mul", {c, k})};
+  Value* c = op_node(*g, "Conv", "conv", {x, w}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  g->outputs = {op_node(*g, "Mul", "mul", {c, k})};
   infer_graph(*g);
   return g;
 }
@@ -132,7 +113,7 @@ std::unique_ptr<Graph> conv_all_equal_weights() {
   Value* x = g->add_input("x", TensorType{DType::f32, {2, 3, 8, 8}});
   Value* w = g->add_constant("w", filled({8, 3, 3, 3}, 0.1));
   Value* b = g->add_constant("b", filled({8}, 0.2));
-  g->outputs = {node(*g, "Conv", "conv", {x, w, b}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}})};
+  g->outputs = {op_node(*g, "Conv", "conv", {x, w, b}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}})};
   infer_graph(*g);
   return g;
 }

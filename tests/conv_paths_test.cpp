@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <limits>
 
-#include "test_util.h"
+#include "graph_test_util.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/runtime/compiled_backend.h"
@@ -20,29 +20,9 @@ using namespace tessel;
 
 namespace {
 
-// Deterministic values in [-1, 1) (an LCG: the test needs variety, not statistics).
-Tensor varied(Shape s, uint32_t seed) {
-  std::vector<double> v(static_cast<size_t>(shape_numel(s)));
-  uint32_t st = seed * 2654435761u + 1;
-  for (auto& x : v) {
-    st = st * 1664525u + 1013904223u;
-    x = static_cast<double>(st >> 8) / static_cast<double>(1u << 24) * 2.0 - 1.0;
-  }
-  return Tensor::from_f64(DType::f32, std::move(s), v);
-}
-
-Value* node(Graph& g, const char* op, const std::string& name, std::vector<Value*> ins,
-            std::map<std::string, Attr> attrs = {}) {
-  return g.add_node(OpRegistry::get().find(op), name, std::move(ins), {name + "_out"}, std::move(attrs))->outputs[0];
-}
-
-CompiledBackendOptions compiled_options() {
-  CompiledBackendOptions o;
-  o.threads = 2;
-  o.toolchain.cache_dir =
-      (std::filesystem::path(testenv::tessel_binary()).parent_path() / "test-compile-cache").string();
-  return o;
-}
+Tensor varied(Shape s, uint32_t seed) { return testenv::varied_f32(std::move(s), seed); }
+using testenv::op_node;
+CompiledBackendOptions compiled_options() { return testenv::compiled_test_options(); }
 
 // max |out - ref| <= tol · max(|ref|, 1), NaN exactly where ref has NaN, infinities equal.
 void expect_close(const std::vector<Tensor>& out, const std::vector<Tensor>& ref, double tol) {
@@ -83,9 +63,9 @@ std::unique_ptr<Graph> conv1d_front() {
   Value* b1 = g->add_constant("b1", varied({16}, 2));
   Value* w2 = g->add_constant("w2", varied({16, 16, 3}, 3));
   Value* b2 = g->add_constant("b2", varied({16}, 4));
-  Value* c1 = node(*g, "Conv", "conv1", {x, w1, b1}, {{"pads", std::vector<int64_t>{1, 1}}});
-  Value* r = node(*g, "Relu", "relu", {c1});
-  g->outputs = {node(*g, "Conv", "conv2", {r, w2, b2},
+  Value* c1 = op_node(*g, "Conv", "conv1", {x, w1, b1}, {{"pads", std::vector<int64_t>{1, 1}}});
+  Value* r = op_node(*g, "Relu", "relu", {c1});
+  g->outputs = {op_node(*g, "Conv", "conv2", {r, w2, b2},
                      {{"pads", std::vector<int64_t>{1, 1}}, {"strides", std::vector<int64_t>{2}}})};
   infer_graph(*g);
   return g;
@@ -100,12 +80,12 @@ std::unique_ptr<Graph> permuted_conv_input() {
   Value* w = g->add_constant("w", varied({16, 8, 2, 2}, 5));
   Value* w2 = g->add_constant("w2", varied({4, 16, 1, 1}, 6));
   Value* two = g->add_constant("two", Tensor::from_f64(DType::f32, {}, std::vector<double>{2.0}));
-  Value* t = node(*g, "Transpose", "to_nhwc", {x}, {{"perm", std::vector<int64_t>{0, 2, 3, 1}}});
-  Value* r = node(*g, "Relu", "relu", {t});
-  Value* b = node(*g, "Transpose", "to_nchw", {r}, {{"perm", std::vector<int64_t>{0, 3, 1, 2}}});
-  Value* c = node(*g, "Conv", "down", {b, w}, {{"strides", std::vector<int64_t>{2, 2}}});
-  Value* m = node(*g, "Mul", "mul", {c, two});
-  g->outputs = {node(*g, "Conv", "pw", {m, w2})};
+  Value* t = op_node(*g, "Transpose", "to_nhwc", {x}, {{"perm", std::vector<int64_t>{0, 2, 3, 1}}});
+  Value* r = op_node(*g, "Relu", "relu", {t});
+  Value* b = op_node(*g, "Transpose", "to_nchw", {r}, {{"perm", std::vector<int64_t>{0, 3, 1, 2}}});
+  Value* c = op_node(*g, "Conv", "down", {b, w}, {{"strides", std::vector<int64_t>{2, 2}}});
+  Value* m = op_node(*g, "Mul", "mul", {c, two});
+  g->outputs = {op_node(*g, "Conv", "pw", {m, w2})};
   infer_graph(*g);
   return g;
 }
@@ -127,11 +107,11 @@ std::unique_ptr<Graph> pools() {
   Value* x = g->add_input("x", TensorType{DType::f32, {2, 3, 11, 10}});
   using V = std::vector<int64_t>;
   g->outputs = {
-      node(*g, "MaxPool", "max", {x}, {{"kernel_shape", V{3, 3}}, {"strides", V{2, 2}}, {"pads", V{1, 1, 1, 1}}}),
-      node(*g, "MaxPool", "max_dil", {x}, {{"kernel_shape", V{2, 3}}, {"dilations", V{2, 2}}, {"pads", V{0, 2, 1, 0}}}),
-      node(*g, "AveragePool", "avg", {x},
+      op_node(*g, "MaxPool", "max", {x}, {{"kernel_shape", V{3, 3}}, {"strides", V{2, 2}}, {"pads", V{1, 1, 1, 1}}}),
+      op_node(*g, "MaxPool", "max_dil", {x}, {{"kernel_shape", V{2, 3}}, {"dilations", V{2, 2}}, {"pads", V{0, 2, 1, 0}}}),
+      op_node(*g, "AveragePool", "avg", {x},
            {{"kernel_shape", V{3, 2}}, {"strides", V{2, 3}}, {"pads", V{1, 0, 1, 1}}, {"ceil_mode", int64_t{1}}}),
-      node(*g, "AveragePool", "avg_pad", {x},
+      op_node(*g, "AveragePool", "avg_pad", {x},
            {{"kernel_shape", V{3, 3}}, {"pads", V{1, 1, 1, 1}}, {"count_include_pad", int64_t{1}}}),
   };
   infer_graph(*g);
@@ -174,9 +154,9 @@ std::unique_ptr<Graph> conv_and_gemm_relu() {
   Value* wg = g->add_constant("wg", varied({16, 32}, 13));
   Value* bg = g->add_constant("bg", varied({32}, 14));
   Value* w2 = g->add_constant("w2", varied({8, 16, 1, 1}, 17));
-  g->outputs = {node(*g, "Relu", "relu", {node(*g, "Conv", "conv", {x, w, b})}),
-                node(*g, "Relu", "relu_g", {node(*g, "Gemm", "gemm", {a, wg, bg})}),
-                node(*g, "LeakyRelu", "leaky", {node(*g, "Conv", "conv2", {x, w2})}, {{"alpha", 0.1}})};
+  g->outputs = {op_node(*g, "Relu", "relu", {op_node(*g, "Conv", "conv", {x, w, b})}),
+                op_node(*g, "Relu", "relu_g", {op_node(*g, "Gemm", "gemm", {a, wg, bg})}),
+                op_node(*g, "LeakyRelu", "leaky", {op_node(*g, "Conv", "conv2", {x, w2})}, {{"alpha", 0.1}})};
   infer_graph(*g);
   return g;
 }
@@ -233,12 +213,12 @@ std::unique_ptr<Graph> shuffled_slice_conv() {
   Value* st = g->add_constant("st", Tensor::from_f64(DType::i64, {1}, std::vector<double>{8}));
   Value* en = g->add_constant("en", Tensor::from_f64(DType::i64, {1}, std::vector<double>{16}));
   Value* ax = g->add_constant("ax", Tensor::from_f64(DType::i64, {1}, std::vector<double>{1}));
-  Value* c1 = node(*g, "Conv", "conv1", {x, w1});
-  Value* r1 = node(*g, "Reshape", "split_groups", {c1, s1});
-  Value* t = node(*g, "Transpose", "shuffle", {r1}, {{"perm", V{0, 2, 1, 3, 4}}});
-  Value* r2 = node(*g, "Reshape", "merge_groups", {t, s2});
-  Value* half = node(*g, "Slice", "second_half", {r2, st, en, ax});
-  g->outputs = {node(*g, "Conv", "conv2", {half, w2}, {{"pads", V{1, 1, 1, 1}}})};
+  Value* c1 = op_node(*g, "Conv", "conv1", {x, w1});
+  Value* r1 = op_node(*g, "Reshape", "split_groups", {c1, s1});
+  Value* t = op_node(*g, "Transpose", "shuffle", {r1}, {{"perm", V{0, 2, 1, 3, 4}}});
+  Value* r2 = op_node(*g, "Reshape", "merge_groups", {t, s2});
+  Value* half = op_node(*g, "Slice", "second_half", {r2, st, en, ax});
+  g->outputs = {op_node(*g, "Conv", "conv2", {half, w2}, {{"pads", V{1, 1, 1, 1}}})};
   infer_graph(*g);
   return g;
 }

@@ -18,6 +18,7 @@
 #include <set>
 
 #include "corpus_util.h"
+#include "graph_test_util.h"
 #include "tessel/driver/compile_model.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
@@ -55,10 +56,7 @@ Data data_of(const std::string& name) {
 }
 
 // A .tsl model file written by the project's printer (large constants go in its base64 blobs section).
-Value* op_node(Graph& g, const char* op, const std::string& name, std::vector<Value*> ins,
-               std::map<std::string, Attr> attrs = {}) {
-  return g.add_node(OpRegistry::get().find(op), name, std::move(ins), {name}, std::move(attrs))->outputs[0];
-}
+using testenv::op_node;
 void write_model(const std::string& path, Graph& g) {
   infer_graph(g);
   std::ofstream(path) << print_graph(g);
