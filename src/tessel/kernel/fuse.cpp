@@ -135,6 +135,38 @@ std::optional<View> view_of(const Node& n, const View& src) {
 // smaller constant -- canonicalize makes an all-equal constant a scalar and a broadcast_in_dim --
 // reads through zero strides, which oneDNN takes neither as a matrix nor as weights. Such an operand
 // becomes a dense constant of its full shape (the same bytes the model had before canonicalize).
+// A value's own memory as a view: row-major, size-1 dims with stride 0.
+View row_major_view(const Value* v) {
+  View w{v, 0, strides_of(v->type.shape)};
+  for (size_t d = 0; d < v->type.shape.size(); ++d)
+    if (v->type.shape[d] == 1) w.strides[d] = 0;
+  return w;
+}
+
+// The view ops between v and the value they view (outermost first, in `chain`); returns that value.
+const Value* view_chain(const Value* v, std::vector<const Node*>* chain) {
+  while (v->producer && is_core(*v->producer) && static_node(*v->producer) && is_view_op(v->producer->op->name) &&
+         v->producer->inputs[0]) {
+    chain->push_back(v->producer);
+    v = v->producer->inputs[0];
+  }
+  return v;
+}
+
+// How a convolution reads an input of shape s through view v of its root's memory: as NCHW (false),
+// as NHWC (true), or neither (nullopt: an offset, a slice, a shuffle).
+std::optional<bool> conv_read_layout(const View& v, const Shape& s) {
+  if (v.offset != 0 || shape_numel(v.root->type.shape) != shape_numel(s)) return std::nullopt;
+  auto strides_are = [&](const std::vector<int64_t>& want) {
+    for (size_t d = 0; d < s.size(); ++d)
+      if (s[d] != 1 && v.strides[d] != want[d]) return false;
+    return true;
+  };
+  if (strides_are(strides_of(s))) return false;
+  if (s.size() == 4 && strides_are({s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]})) return true;
+  return std::nullopt;
+}
+
 void densify_library_constants(Graph& g) {
   for (const auto& np : g.nodes()) {
     Node& n = *np;
@@ -151,17 +183,9 @@ void densify_library_constants(Graph& g) {
       Value* v = i < n.inputs.size() ? n.inputs[i] : nullptr;
       if (!v || v->constant) continue;
       std::vector<const Node*> chain;
-      const Value* root = v;
-      while (root->producer && is_core(*root->producer) && is_view_op(root->producer->op->name)) {
-        chain.push_back(root->producer);
-        root = root->producer->inputs[0];
-      }
+      const Value* root = view_chain(v, &chain);
       if (chain.empty() || !root->constant || !static_value(root)) continue;
-      View view{root, 0, std::vector<int64_t>(root->type.shape.size(), 0)};
-      for (size_t d = root->type.shape.size(), st = 1; d-- > 0;) {
-        view.strides[d] = root->type.shape[d] == 1 ? 0 : static_cast<int64_t>(st);
-        st *= static_cast<size_t>(root->type.shape[d]);
-      }
+      View view = row_major_view(root);
       bool ok = true;
       for (auto it = chain.rbegin(); it != chain.rend() && ok; ++it) {
         auto next = view_of(**it, view);
@@ -215,37 +239,16 @@ void densify_conv_inputs(Graph& g) {
   for (Node* n : convs) {
     Value* x = n->inputs[0];
     std::vector<const Node*> chain;
-    const Value* root = x;
-    while (root->producer && is_core(*root->producer) && static_node(*root->producer) &&
-           is_view_op(root->producer->op->name) && root->producer->inputs[0]) {
-      chain.push_back(root->producer);
-      root = root->producer->inputs[0];
-    }
+    const Value* root = view_chain(x, &chain);
     if (chain.empty() || root->constant || !static_value(root)) continue;
-    auto dense_view = [](const Value* v) {
-      View w{v, 0, strides_of(v->type.shape)};
-      for (size_t d = 0; d < v->type.shape.size(); ++d)
-        if (v->type.shape[d] == 1) w.strides[d] = 0;
-      return w;
-    };
     // A view op that cannot fold (a reshape merging transposed dims) materialises its result, which
     // the rest of the chain then views.
-    View view = dense_view(root);
+    View view = row_major_view(root);
     for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
       auto next = view_of(**it, view);
-      view = next ? *next : dense_view((*it)->outputs[0]);
+      view = next ? *next : row_major_view((*it)->outputs[0]);
     }
-    if (view.root == x) continue;  // x itself is materialised: dense
-    const Shape& sh = x->type.shape;
-    auto strides_are = [&](const std::vector<int64_t>& want) {
-      for (size_t d = 0; d < sh.size(); ++d)
-        if (sh[d] != 1 && view.strides[d] != want[d]) return false;
-      return true;
-    };
-    const bool dense = view.offset == 0 && shape_numel(view.root->type.shape) == shape_numel(sh);
-    if (dense && (strides_are(strides_of(sh)) ||
-                  (sh.size() == 4 && strides_are({sh[1] * sh[2] * sh[3], 1, sh[3] * sh[1], sh[1]}))))
-      continue;
+    if (view.root == x || conv_read_layout(view, x->type.shape)) continue;  // readable as it is
     const std::string name = g.unique_name(n->name + ".dense_input");
     Node* copy = g.add_node(OpRegistry::get().find("convert"), name, {x}, {name},
                             {{"dtype", std::string(dtype_name(x->type.dtype))}});
@@ -872,14 +875,7 @@ std::optional<bool> Fuser::conv_input_layout(const Value* x) const {
   if (v.offset != 0 || shape_numel(v.root->type.shape) != shape_numel(s)) return std::nullopt;
   if (v.root == x) return nhwc[x->id];  // not a view (or views not folded yet: decide_layouts)
   if (!opts.conv_input_views) return v.root->type.shape == s ? std::optional<bool>(nhwc[v.root->id]) : std::nullopt;
-  auto strides_are = [&](const std::vector<int64_t>& want) {
-    for (size_t d = 0; d < s.size(); ++d)
-      if (s[d] != 1 && v.strides[d] != want[d]) return false;
-    return true;
-  };
-  if (strides_are(strides_of(s))) return false;
-  if (s.size() == 4 && strides_are({s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]})) return true;
-  return std::nullopt;
+  return conv_read_layout(v, s);
 }
 
 std::optional<ConvSpec> Fuser::conv_spec(const Node& n) const {

@@ -65,12 +65,12 @@ dnnl::primitive_attr make_attr(const Epilogue& e) {
   if (e.alpha != 1.0f) attr.set_output_scales(0, {e.alpha});
   dnnl::post_ops po;
   if (e.accumulate) po.append_sum(1.0f);
-  if (e.act == Activation::leaky_relu) {
-    // oneDNN's relu with a slope is a compare and blend: NaN gives slope · NaN = NaN, as ONNX's LeakyRelu.
-    po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, e.slope, 0.0f);
-  } else if (e.act != Activation::none) {
+  if (e.act != Activation::none) {
+    // eltwise alpha: clip's lower bound, or leaky_relu's slope (oneDNN's relu with a slope is a compare
+    // and blend: NaN gives slope · NaN = NaN, as ONNX's LeakyRelu)
     const bool clip = e.act == Activation::clip;
-    po.append_eltwise(1.0f, eltwise_alg(e.act), clip ? e.clip_lo : 0.0f, clip ? e.clip_hi : 0.0f);
+    const float alpha = clip ? e.clip_lo : e.act == Activation::leaky_relu ? e.slope : 0.0f;
+    po.append_eltwise(1.0f, eltwise_alg(e.act), alpha, clip ? e.clip_hi : 0.0f);
   }
   attr.set_post_ops(po);
   return attr;
