@@ -395,6 +395,17 @@ TEST(ImportExpand, TreeEnsembleAverageLogisticAndCycles) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("has a cycle"), std::string::npos) << e.what();
   }
+  // n_targets sizes the result: a model's 2^50 is an error (inference checks the output against the
+  // allocation limit; the kernel checks its f64 buffer too), not a 9-petabyte allocation
+  std::map<std::string, Attr> huge = attrs({0, 2});
+  huge["n_targets"] = int64_t{1} << 50;
+  try {
+    Graph gh = one_node_graph("TreeEnsemble", {x}, {false}, 1, huge, feeds);
+    run_eager(gh, feeds);
+    ADD_FAILURE() << "a 2^50-target ensemble ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("limit"), std::string::npos) << e.what();
+  }
 }
 
 // TfIdfVectorizer: unigrams counted once, bigrams at every skip up to max_skip_count, then weighted by

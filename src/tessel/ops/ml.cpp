@@ -6,6 +6,7 @@
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
+#include "tessel/support/limits.h"
 
 namespace tessel {
 namespace {
@@ -155,7 +156,8 @@ void tree_ensemble_kernel(KernelCtx& c) {
   const std::vector<double> xv = x.to_f64();
   const double big = x.dtype() == DType::f64 ? DBL_MAX : x.dtype() == DType::f16 ? 65504.0 : FLT_MAX;
   const double start = f.aggregate == 2 ? big : f.aggregate == 3 ? -big : 0.0;
-  std::vector<double> y(static_cast<size_t>(rows * f.targets), start);
+  // n_targets comes from the model: the buffer is checked against the allocation limit first
+  std::vector<double> y(static_cast<size_t>(checked_tensor_numel(DType::f64, {rows, f.targets}, "the TreeEnsemble result")), start);
   for (int64_t r = 0; r < rows; ++r) {
     double* yr = y.data() + r * f.targets;
     for (int64_t root : f.roots) {
@@ -270,7 +272,8 @@ void tfidf_kernel(KernelCtx& c) {
   const int64_t rows = x.rank() == 2 ? x.dim(0) : 1, len = x.dim(x.rank() - 1);
   std::vector<int64_t> tokens(static_cast<size_t>(x.numel()));
   for (int64_t i = 0; i < x.numel(); ++i) tokens[i] = x.get_i(i);
-  std::vector<double> y(static_cast<size_t>(rows * p.out_size), 0.0);
+  // out_size comes from the model's pool indices: checked against the allocation limit first
+  std::vector<double> y(static_cast<size_t>(checked_tensor_numel(DType::f64, {rows, p.out_size}, "the TfIdfVectorizer result")), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     double* yr = y.data() + r * p.out_size;
     count_ngrams(p, tokens.data() + r * len, len, yr);
