@@ -8,10 +8,13 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 
 #include "graph_test_util.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
+#include "tessel/kernel/kernel.h"
+#include "tessel/passes/pass.h"
 #include "tessel/runtime/compiled_backend.h"
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/interpreter.h"
@@ -230,4 +233,63 @@ std::unique_ptr<Graph> shuffled_slice_conv() {
 TEST(ConvPaths, ConvolutionOfAShuffledChannelSliceIsALibraryKernel) {
   const CompiledCompileStats st = expect_compiled_matches_eager(shuffled_slice_conv, {varied({1, 8, 6, 6}, 23)});
   EXPECT_EQ(st.conv_kernels, 2) << "the second convolution stayed a core node";
+}
+
+namespace {
+
+// An inception block, reduced: conv 1x1 -> Relu and conv 3x3 from one input, concatenated along C,
+// then a 3x3 stride-1 max pool -> conv 1x1 (googlenet's pool branch), a 3x3 stride-2 ceil-mode max
+// pool -> conv 1x1 and an average pool -> conv 1x1; with `cat_is_output` the concatenation is also a
+// graph output (which the caller reads row-major).
+std::unique_ptr<Graph> inception(bool cat_is_output) {
+  auto g = std::make_unique<Graph>();
+  using V = std::vector<int64_t>;
+  Value* x = g->add_input("x", TensorType{DType::f32, {1, 8, 9, 9}});
+  Value* a = op_node(*g, "Relu", "relu_a", {op_node(*g, "Conv", "conv_a", {x, g->add_constant("wa", varied({8, 8, 1, 1}, 31))})});
+  Value* b = op_node(*g, "Conv", "conv_b", {x, g->add_constant("wb", varied({4, 8, 3, 3}, 32))}, {{"pads", V{1, 1, 1, 1}}});
+  Value* cat = op_node(*g, "Concat", "cat", {a, b}, {{"axis", int64_t{1}}});
+  Value* p1 = op_node(*g, "MaxPool", "pool_s1", {cat}, {{"kernel_shape", V{3, 3}}, {"pads", V{1, 1, 1, 1}}});
+  Value* p2 = op_node(*g, "MaxPool", "pool_s2", {cat}, {{"kernel_shape", V{3, 3}}, {"strides", V{2, 2}}, {"ceil_mode", int64_t{1}}});
+  Value* p3 = op_node(*g, "AveragePool", "pool_avg", {cat}, {{"kernel_shape", V{2, 2}}, {"pads", V{0, 0, 1, 1}}});
+  g->outputs = {op_node(*g, "Conv", "proj1", {p1, g->add_constant("w1", varied({4, 12, 1, 1}, 33))}),
+                op_node(*g, "Conv", "proj2", {p2, g->add_constant("w2", varied({4, 12, 1, 1}, 34))}),
+                op_node(*g, "Conv", "proj3", {p3, g->add_constant("w3", varied({4, 12, 1, 1}, 35))})};
+  if (cat_is_output) g->outputs.push_back(cat);
+  infer_graph(*g);
+  return g;
+}
+
+// The layout each pooling and concatenation of inception() runs in after fusion as compile_cpu fuses.
+// The core graph claims nhwc for all of them first: the fuser must decide for itself.
+std::map<std::string, std::string> step_layouts(bool cat_is_output) {
+  auto g = inception(cat_is_output);
+  run_pipeline(*g, parse_pipeline("core"), PassOptions{});
+  for (auto& n : g->mutable_nodes())
+    if (n->op->name == "reduce_window" || n->op->name == "concatenate") n->attrs["layout"] = std::string("nhwc");
+  FuseOptions fo;
+  fo.conv_input_views = fo.layout_steps = true;
+  KernelModule m = fuse(std::move(g), fo);
+  std::map<std::string, std::string> out;
+  for (const auto& n : m.graph->nodes())
+    if (n->op->name == "reduce_window" || n->op->name == "concatenate")
+      out[n->name] = runs_channels_last(*n) ? "nhwc" : "nchw";
+  return out;
+}
+
+}  // namespace
+
+// Poolings and the channel concatenation between channels-last convolutions run channels-last
+// (no reorder to NCHW and back around them), with the eager results: NaN, infinities, pads, ceil
+// mode and averages included. A concatenation that is also a graph output stays row-major, and so
+// do the pools that read it; a layout the input graph claims is not trusted.
+TEST(ConvPaths, PoolingAndConcatenationBetweenConvolutionsRunChannelsLast) {
+  const std::vector<Tensor> inputs = {pool_input({1, 8, 9, 9})};
+  expect_compiled_matches_eager([] { return inception(false); }, inputs);
+  expect_compiled_matches_eager([] { return inception(true); }, inputs);
+  const auto inside = step_layouts(false);
+  ASSERT_EQ(inside.size(), 4u);
+  for (const auto& [name, layout] : inside) EXPECT_EQ(layout, "nhwc") << name;
+  const auto output = step_layouts(true);
+  ASSERT_EQ(output.size(), 4u);
+  for (const auto& [name, layout] : output) EXPECT_EQ(layout, "nchw") << name;
 }

@@ -381,6 +381,16 @@ struct Fuser {
     return std::array<int64_t, 3>{gb->second, gm->second, gn->second};
   }
 
+  // A node that may run channels-last outside every kernel (can_run_channels_last), and one that will:
+  // its operands and result all chose NHWC.
+  bool layout_step(const Node& n) const { return opts.layout_steps && static_node(n) && can_run_channels_last(n); }
+  bool nhwc_step(const Node& n) const {
+    if (!layout_step(n) || !nhwc[n.outputs[0]->id]) return false;
+    for (const Value* u : n.inputs)
+      if (!nhwc[u->id]) return false;
+    return true;
+  }
+
   void decide_layouts() {
     std::map<const Value*, std::vector<const Node*>> consumers;
     for (const auto& n : g.nodes())
@@ -396,7 +406,7 @@ struct Fuser {
       for (const Node* c : it->second) {
         if (!is_core(*c) || !static_node(*c)) return false;
         if (is_conv(*c) && c->inputs[0] == v && c->inputs[1] != v) continue;
-        if (pointwise_ok(*c) || reduce_ok(*c)) continue;
+        if (pointwise_ok(*c) || reduce_ok(*c) || layout_step(*c)) continue;
         return false;
       }
       return true;
@@ -409,6 +419,9 @@ struct Fuser {
       bool source = false;
       if (is_conv(n)) {
         source = true;
+      } else if (layout_step(n)) {
+        source = true;  // every operand channels-last (layout_violations undoes a step left half-way)
+        for (const Value* u : n.inputs) source = source && nhwc[u->id];
       } else if (is_core(n) && static_node(n) && pointwise_ok(n)) {
         for (const Value* u : n.inputs) source = source || (nhwc[u->id] && u->type.shape == v->type.shape);
       }
@@ -642,13 +655,15 @@ struct Fuser {
   // to be a view conv_spec refuses, a dot_general matmul_spec refuses, a reduce over unit axes): such
   // a node reads and writes row-major, and the kernels on the other side would read the buffer in the
   // wrong order (ConvNeXt's downsample). The values with a non-row-major layout whose producer, or a
-  // reader (directly or through folded views), is in no group, or that reach a graph output.
+  // reader (directly or through folded views), is in no group and no channels-last step, or that reach
+  // a graph output. (A step with one operand left row-major makes its other operands and its result
+  // violations: the next round leaves them row-major too.)
   std::vector<int> layout_violations() const {
     std::map<const Value*, std::vector<const Node*>> consumers;
     for (const auto& n : g.nodes())
       for (const Value* u : n->inputs)
         if (u) consumers[u].push_back(n.get());
-    auto grouped = [&](const Node* n) { return node_group.count(n) > 0; };
+    auto grouped = [&](const Node* n) { return node_group.count(n) > 0 || nhwc_step(*n); };
     // a graph output is read by the caller, row-major: a view there stays a core node
     std::function<bool(const Value*)> readers_grouped = [&](const Value* v) {
       if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return false;
@@ -1403,6 +1418,8 @@ void topo_sort(Graph& g) {
 
 KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts) {
   KernelModule m;
+  // Layouts are this pass's decision alone: a `layout` an input graph carries is dropped.
+  for (auto& n : core->mutable_nodes()) n->attrs.erase("layout");
   if (opts.matmul) densify_library_constants(*core);
   if (opts.matmul && opts.conv_input_views) densify_conv_inputs(*core);
   // Layouts are chosen before grouping; a choice the groups cannot honour is dropped and fusion runs
@@ -1417,6 +1434,8 @@ KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts) {
     row_major.insert(bad.begin(), bad.end());
   }
   Fuser& fz = *fuser;
+  for (auto& n : core->mutable_nodes())
+    if (fz.nhwc_step(*n)) n->attrs["layout"] = std::string("nhwc");
   std::vector<Kernel> kernels;
   std::vector<std::vector<const Value*>> node_ins, node_outs;
   for (size_t gi = 0; gi < fz.groups.size(); ++gi) {

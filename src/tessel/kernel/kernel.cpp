@@ -76,6 +76,33 @@ const OpDef& kernel_op() {
 
 bool is_kernel_node(const Node& n) { return n.op->domain == "tessel.kernel"; }
 
+bool can_run_channels_last(const Node& n) {
+  if (n.op->domain != "tessel.core" || n.outputs.size() != 1 || !n.outputs[0] || n.inputs.empty()) return false;
+  auto f32_4d = [](const Value* v) {
+    return v && v->type.dtype == DType::f32 && v->type.shape.size() == 4 && shape_known(v->type.shape);
+  };
+  if (!f32_4d(n.outputs[0])) return false;
+  for (const Value* v : n.inputs)
+    if (!f32_4d(v)) return false;
+  if (n.op->name == "concatenate") return n.attr_i("axis") == 1;
+  if (n.op->name != "reduce_window" || n.inputs.size() != 1) return false;
+  // a window over H and W only: the leading dims are plane indices
+  const std::vector<int64_t> window = n.attr_ints("window");
+  const std::vector<int64_t> strides = n.attr_ints("strides", std::vector<int64_t>(4, 1));
+  const std::vector<int64_t> dil = n.attr_ints("dilations", std::vector<int64_t>(4, 1));
+  const std::vector<int64_t> pad = n.attr_ints("padding", std::vector<int64_t>(8, 0));
+  if (window.size() != 4 || strides.size() != 4 || dil.size() != 4 || pad.size() != 8) return false;
+  for (size_t d = 0; d < 2; ++d)
+    if (window[d] != 1 || strides[d] != 1 || dil[d] != 1 || pad[2 * d] != 0 || pad[2 * d + 1] != 0) return false;
+  return true;
+}
+
+bool runs_channels_last(const Node& n) {
+  if (!n.has_attr("layout")) return false;
+  const Attr& a = n.attrs.at("layout");
+  return std::holds_alternative<std::string>(a) && std::get<std::string>(a) == "nhwc";
+}
+
 // ---- printing ------------------------------------------------------------------------------------
 
 namespace {

@@ -117,6 +117,15 @@ struct KernelModule {
 const OpDef& kernel_op();
 bool is_kernel_node(const Node& n);
 
+// Channels-last steps. A core node that no kernel covers reads and writes row-major buffers, except a
+// pooling (reduce_window over H and W of an f32 [N, C, H, W] value) or a channel concatenation
+// (concatenate along dim 1 of f32 [N, C, H, W] values) that the fuser marks with the attribute
+// layout = "nhwc" (FuseOptions::layout_steps): then every operand and the result are stored
+// channels-last ([N, H, W, C] memory), as the kernels around it store them. The values are the same;
+// only the compiled backend's buffers differ.
+bool can_run_channels_last(const Node& n);  // op, dtype, rank and window fit
+bool runs_channels_last(const Node& n);     // marked layout = "nhwc" (can_run_channels_last is checked where it runs)
+
 // Text form (docs/ir/kernel.md): the graph in the graph level's text form followed by one block per
 // kernel. parse_kernel_module(print_kernel_module(m)) prints back identically.
 std::string print_kernel(const Kernel& k);
@@ -144,6 +153,11 @@ struct FuseOptions {
   // (convnext's permute back from [N, H, W, C]); otherwise only from a root of the same shape.
   // compile_cpu sets it; the tile mapper assumes the input arg has the convolution's NCHW shape.
   bool conv_input_views = false;
+  // Poolings and channel concatenations between channels-last kernels run channels-last themselves
+  // (layout = "nhwc", runs_channels_last) instead of forcing row-major buffers around them, which cost
+  // a reorder in every convolution next to them. compile_cpu sets it; the tile mapper runs them
+  // row-major.
+  bool layout_steps = false;
 };
 
 

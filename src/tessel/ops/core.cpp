@@ -39,6 +39,16 @@ void need_static_all(InferCtx& ctx) {
   }
 }
 
+// `layout` (reduce_window, concatenate): how the compiled backend stores the operands and the result,
+// "nchw" (row-major, the default) or "nhwc" (channels-last, 4-D only; runs_channels_last in
+// kernel/kernel.h). It does not change the values.
+void check_layout(InferCtx& ctx, const Shape& x) {
+  if (!ctx.node().has_attr("layout")) return;
+  const std::string l = ctx.node().attr_s("layout");
+  if (l != "nchw" && l != "nhwc") fail("layout '{}' is neither nchw nor nhwc", l);
+  if (l == "nhwc" && x.size() != 4) fail("layout nhwc needs a 4-D operand, not rank {}", x.size());
+}
+
 void same_type(const TensorType& a, const TensorType& b, const char* what) {
   if (a.dtype != b.dtype)
     fail("{}: operand dtypes differ ({} vs {}); insert an explicit convert", what, dtype_name(a.dtype),
@@ -623,11 +633,13 @@ void register_reductions(OpRegistry& r) {
                {"window", AttrKind::ints, true},
                {"strides", AttrKind::ints},
                {"dilations", AttrKind::ints},
-               {"padding", AttrKind::ints}};
+               {"padding", AttrKind::ints},
+               {"layout", AttrKind::s}};
     d.cost = reduce_window_cost;
     d.infer = [](InferCtx& ctx) {
       need_static_all(ctx);
       const TensorType& x = ctx.in(0);
+      check_layout(ctx, x.shape);
       check_reduce_dtype(x.dtype, kind_of(ctx.node()));
       ctx.set_out(0, TensorType{x.dtype, reduce_window_geom(ctx.node(), x.shape).out});
     };
@@ -1213,10 +1225,11 @@ void register_movement_ops(OpRegistry& r) {
     d.min_inputs = 1;
     d.max_inputs = -1;
     d.fusion = FusionKind::injective;
-    d.attrs = {{"axis", AttrKind::i, true}};
+    d.attrs = {{"axis", AttrKind::i, true}, {"layout", AttrKind::s}};
     d.infer = [](InferCtx& ctx) {
       need_static_all(ctx);
       const TensorType& a = ctx.in(0);
+      check_layout(ctx, a.shape);
       const int64_t r = static_cast<int64_t>(a.shape.size());
       const int64_t axis = ctx.node().attr_i("axis");
       if (axis < 0 || axis >= r) fail("concatenate: axis {} is out of range for rank {}", axis, r);

@@ -113,7 +113,7 @@ struct CompiledExecutable::Builder {
   }
 
   CoreKernel launch(const Node& n) {
-    if (!is_kernel_node(n)) return {};
+    if (!is_kernel_node(n)) return make_channels_last_kernel(n);  // empty (a row-major core step) unless marked
     CompiledCompileStats& st = ce.stats_;
     const size_t kid = static_cast<size_t>(n.attr_i("kernel"));
     const Kernel& k = ce.kernels_.at(kid);
@@ -224,6 +224,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
     FuseOptions fo = opts.fuse;
     fo.conv1d = true;            // oneDNN runs them as 2-D convolutions with H = 1
     fo.conv_input_views = true;  // oneDNN reads NHWC input through its strides
+    fo.layout_steps = true;      // poolings and channel concatenations run channels-last (runs_channels_last)
     KernelModule m = fuse(std::move(cg), fo);
     verify_kernel_module(m);
     st.fuse_seconds = seconds_since(tf);

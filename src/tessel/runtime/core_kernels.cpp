@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "tessel/ir/op_registry.h"
+#include "tessel/kernel/kernel.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/support/error.h"
 
@@ -822,10 +823,18 @@ bool is_2d_pooling(const Shape& in, const Shape& out, const std::vector<int64_t>
 }
 
 // Loops that must vectorise (the product kernels, pooling) are compiled at O3.
+// The pooling taps are also cloned for AVX-512 and AVX2 machines, picked at load time (the library is
+// built for baseline x86-64: SSE2 only made googlenet's channels-last max pools 3x slower than ORT's).
 #if defined(__clang__)
 #define TESSEL_GEMM_OPTIMIZE  // clang has no per-function optimisation level (the sanitized build)
+#define TESSEL_VECTOR_CLONES  // nor clones of function templates (clang 14)
 #else
 #define TESSEL_GEMM_OPTIMIZE __attribute__((optimize("O3")))
+#if defined(__x86_64__)
+#define TESSEL_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TESSEL_VECTOR_CLONES
+#endif
 #endif
 
 // Reducer::add of one float reduction kind, branch-free (selects), so that the pooling loops below
@@ -859,7 +868,7 @@ template <class T, RK K> inline T pool_store(PoolC<T, K> c) {
 
 // acc[i] = acc[i] (+) tap[i * stride] for i in [0, n).
 template <class T, RK K>
-TESSEL_GEMM_OPTIMIZE void pool_tap(PoolC<T, K>* __restrict acc, const T* __restrict tap, int64_t n, int64_t stride) {
+TESSEL_GEMM_OPTIMIZE TESSEL_VECTOR_CLONES void pool_tap(PoolC<T, K>* __restrict acc, const T* __restrict tap, int64_t n, int64_t stride) {
   for (int64_t i = 0; i < n; ++i) acc[i] = pool_add<PoolC<T, K>, K>(acc[i], pool_load<T, K>(tap[i * stride]));
 }
 
@@ -963,6 +972,71 @@ CoreKernel pooling_2d_kernel(const Node& n, const Shape& in, const Shape& out, c
     }
     }
   };
+}
+
+// reduce_window over H and W of an [N, C, H, W] value stored channels-last, the result likewise: per
+// output pixel, its in-range taps in the generic loop's order (rows, then columns), each one pass over
+// the C contiguous channels (vectorised across channels; the same results as the row-major loops).
+template <class T, RK K>
+CoreKernel pooling_nhwc_kernel(const Node& n, const Shape& in, const Shape& out, const std::vector<int64_t>& window,
+                               const std::vector<int64_t>& strides, const std::vector<int64_t>& dil,
+                               const std::vector<int64_t>& pad) {
+  const int64_t N = in[0], C = in[1], H = in[2], W = in[3], OH = out[2], OW = out[3];
+  const int64_t sh = strides[2], sw = strides[3], dh = dil[2], dw = dil[3], ph = pad[4], pw = pad[6];
+  auto rows = std::make_shared<TapRange>(tap_range(H, OH, window[2], sh, dh, ph));
+  auto cols = std::make_shared<TapRange>(tap_range(W, OW, window[3], sw, dw, pw));
+  const int x = n.inputs[0]->id, y = n.outputs[0]->id;
+  using A = PoolC<T, K>;
+  const bool parallel = N * OH > 1 && N * OH * OW * C * window[2] * window[3] >= (int64_t{1} << 16);
+  return [=](KernelEnv& e) {
+    const T* xp = in_ptr<T>(e, x);
+    T* yp = out_ptr<T>(e, y);
+    const A identity = static_cast<A>(Reducer<T>{K}.identity());
+#pragma omp parallel if (parallel)
+    {
+      std::vector<A> buf(std::is_same_v<A, T> ? 0 : static_cast<size_t>(C));
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < N * OH; ++i) {
+        const int64_t b = i / OH, oh = i % OH;
+        const size_t r = static_cast<size_t>(oh);
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          T* yo = yp + (i * OW + ow) * C;
+          A* acc;
+          if constexpr (std::is_same_v<A, T>) acc = yo;  // f32 max/min accumulate in the result
+          else acc = buf.data();
+          std::fill(acc, acc + C, identity);
+          const size_t c = static_cast<size_t>(ow);
+          for (int64_t kh = rows->lo[r]; kh < rows->hi[r]; ++kh) {
+            const T* xrow = xp + ((b * H + oh * sh - ph + kh * dh) * W) * C;
+            for (int64_t kw = cols->lo[c]; kw < cols->hi[c]; ++kw)
+              pool_tap<T, K>(acc, xrow + (ow * sw - pw + kw * dw) * C, C, 1);
+          }
+          if constexpr (!std::is_same_v<A, T>)
+            for (int64_t k = 0; k < C; ++k) yo[k] = pool_store<T, K>(acc[k]);
+        }
+      }
+    }
+  };
+}
+
+// concatenate along C of [N, C_i, H, W] values stored channels-last: operand i fills channels
+// [at_i, at_i + C_i) of every pixel of the [N, H, W, C] result.
+CoreKernel concatenate_nhwc_kernel(const Node& n) {
+  const Shape out = static_shape(n.outputs[0]);
+  const int64_t pixels = out[0] * out[2] * out[3], C = out[1];
+  std::vector<PlannedCopy> copies;
+  int64_t at = 0;
+  for (const Value* v : n.inputs) {
+    const int64_t ci = v->type.shape[1];
+    CopyPlan p;
+    p.shape = {pixels, ci};
+    p.src = {ci, 1};
+    p.dst = {C, 1};
+    p.dst_off = at;
+    at += ci;
+    copies.push_back({v->id, simplify(p)});
+  }
+  return copies_kernel(n.outputs[0]->id, dtype_size(n.outputs[0]->type.dtype), std::move(copies));
 }
 
 // reduce_window on float types: for every result position, the window's in-range operand positions.
@@ -1235,6 +1309,28 @@ CoreKernel make_elementwise(const Node& n, const ViewMap& views) {
 }
 
 }  // namespace
+
+CoreKernel make_channels_last_kernel(const Node& n) {
+  if (!runs_channels_last(n)) return {};
+  if (!can_run_channels_last(n))
+    throw Error(Location{.node = n.name, .op = n.op->name},
+                "layout nhwc is only for a pooling over H and W or a concatenation along C of f32 [N, C, H, W] values");
+  if (n.op->name == "concatenate") return concatenate_nhwc_kernel(n);
+  const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
+  const auto window = n.attr_ints("window");
+  const auto strides = n.attr_ints("strides", std::vector<int64_t>(4, 1));
+  const auto dil = n.attr_ints("dilations", std::vector<int64_t>(4, 1));
+  const auto pad = n.attr_ints("padding", std::vector<int64_t>(8, 0));
+  const auto kind = reduce_kind(n);
+  if (!kind) throw Error(Location{.node = n.name, .op = n.op->name}, "unknown reduction kind");
+  switch (*kind) {
+    case RK::sum: return pooling_nhwc_kernel<float, RK::sum>(n, in, out, window, strides, dil, pad);
+    case RK::max: return pooling_nhwc_kernel<float, RK::max>(n, in, out, window, strides, dil, pad);
+    case RK::min: return pooling_nhwc_kernel<float, RK::min>(n, in, out, window, strides, dil, pad);
+    case RK::prod: return pooling_nhwc_kernel<float, RK::prod>(n, in, out, window, strides, dil, pad);
+  }
+  return {};
+}
 
 StridedView broadcast_view(const Node& n) {
   const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);

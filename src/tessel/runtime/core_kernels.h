@@ -48,6 +48,11 @@ bool is_elementwise_unary(const Node& n);
 // as tessel::Error when the kernel runs.
 CoreKernel make_core_kernel(const Node& n, const ViewMap& views = {});
 
+// The kernel of a node marked layout = "nhwc" (runs_channels_last, kernel/kernel.h): a pooling or a
+// channel concatenation whose operands and result are stored channels-last. Empty when `n` is not
+// marked; a marked node that cannot run channels-last is an error naming it.
+CoreKernel make_channels_last_kernel(const Node& n);
+
 // Whether result 0 of `n` may be written over operand `input` (same bytes per element and element
 // count, each element read before the same position is written), once that operand is dead.
 bool can_run_in_place(const Node& n, int input);
