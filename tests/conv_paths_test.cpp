@@ -18,6 +18,7 @@
 #include "tessel/runtime/compiled_backend.h"
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/interpreter.h"
+#include "tessel/targets/cpu/codegen.h"
 
 using namespace tessel;
 
@@ -292,4 +293,53 @@ TEST(ConvPaths, PoolingAndConcatenationBetweenConvolutionsRunChannelsLast) {
   const auto output = step_layouts(true);
   ASSERT_EQ(output.size(), 4u);
   for (const auto& [name, layout] : output) EXPECT_EQ(layout, "nchw") << name;
+}
+
+namespace {
+
+// Squeeze-and-excitation pooling, reduced: depthwise conv 1x1 (a NaN stays in its channel) -> Relu
+// (channels-last) -> GlobalAveragePool, ReduceMax and ReduceSum over H and W. 300 channels: one full
+// block of 256 side-by-side channels and a partial one.
+std::unique_ptr<Graph> channel_pools() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_input("x", TensorType{DType::f32, {1, 300, 5, 7}});
+  Value* axes = g->add_constant("axes", Tensor::from_f64(DType::i64, {2}, std::vector<double>{2, 3}));
+  Value* c = op_node(*g, "Conv", "conv", {x, g->add_constant("w", varied({300, 1, 1, 1}, 41))}, {{"group", int64_t{300}}});
+  Value* r = op_node(*g, "Relu", "relu", {c});
+  g->outputs = {op_node(*g, "GlobalAveragePool", "gap", {r}), op_node(*g, "ReduceMax", "rmax", {r, axes}),
+                op_node(*g, "ReduceSum", "rsum", {r, axes}, {{"keepdims", int64_t{0}}})};
+  infer_graph(*g);
+  return g;
+}
+
+}  // namespace
+
+// A reduction over the spatial dims of a channels-last value is generated with its loops
+// interchanged (the channels side by side, one vector pass per pixel: googlenet's and efficientnet's
+// squeeze-and-excitation pools were a gather per element), with the eager results, NaN included,
+// whatever the thread count.
+TEST(ConvPaths, SpatialReductionOfChannelsLastValuesRunsAcrossChannels) {
+  const std::vector<Tensor> inputs = {pool_input({1, 300, 5, 7})};
+  auto ref_graph = channel_pools();
+  const std::vector<Tensor> ref = run_eager(*ref_graph, inputs);
+  int nan = 0;
+  for (int64_t j = 0; j < ref[0].numel(); ++j) nan += std::isnan(ref[0].get_f(j));
+  ASSERT_GE(nan, 1);
+  ASSERT_LE(nan, 10) << "NaN reached most channels: the values are not compared";
+  for (int threads : {1, 2, 3}) {
+    CompiledBackendOptions o = compiled_options();
+    o.threads = threads;
+    auto exe = compile_cpu(channel_pools(), inputs, o);
+    expect_close(exe->run(inputs), ref, 1e-5);
+  }
+  auto g = channel_pools();
+  run_pipeline(*g, parse_pipeline("core"), PassOptions{});
+  FuseOptions fo;
+  fo.conv_input_views = fo.layout_steps = true;
+  const KernelModule m = fuse(std::move(g), fo);
+  int column = 0;
+  for (size_t i = 0; i < m.kernels.size(); ++i) {
+    column += cpu::generate_kernel(m.kernels[i], i).find("column reduction") != std::string::npos;
+  }
+  EXPECT_GE(column, 1) << "no spatial reduction was generated across channels";
 }

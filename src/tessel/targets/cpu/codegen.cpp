@@ -81,9 +81,44 @@ struct Emitter {
     return true;
   }
 
+  // One outer dim, one phase whose loop body reads and writes only through accesses that are
+  // contiguous across the outer points (outer stride 1), and no row instruction before the loop but
+  // constants: a reduction over the spatial dims of a channels-last value (a global average pool:
+  // outer [C] inner [H·W] with stride C). Emitted with the loops interchanged: a block of outer points
+  // side by side, each step of the inner loops one vector pass across the block, one accumulator per
+  // point in an array (row by row, those reads were a gather per element). Each point still reduces its
+  // elements in inner-loop order, alone, so results do not depend on the thread count.
+  static constexpr int64_t kColumnBlock = 256;
+  bool column() const {
+    if (k.splits_inner() || flat() || k.outer.size() != 1 || k.phases != 1 || k.inner.empty()) return false;
+    bool reduces = false, strided = false;
+    for (const KInstr& in : k.body) {
+      if (in.row) {
+        if (in.phase == 0 && in.op != "const") return false;
+        continue;
+      }
+      reduces = reduces || in.op == "reduce";
+      if (in.access < 0) continue;
+      const KAccess& a = k.accesses[static_cast<size_t>(in.access)];
+      if (a.strides[0] != 1) return false;
+      strided = strided || a.strides.back() != 1;
+    }
+    return reduces && strided;
+  }
+
   std::string index(int a) const {
     const KAccess& acc = k.accesses[static_cast<size_t>(a)];
     std::string s;
+    if (column()) {
+      s = acc.offset ? std::to_string(acc.offset) : "";
+      if (acc.strides[0]) s += (s.empty() ? "" : " + ") + (acc.strides[0] == 1 ? std::string("o0") : fmt::format("o0 * {}", acc.strides[0]));
+      if (s.empty()) s = "0";
+      for (size_t d = 0; d < k.inner.size(); ++d) {
+        const int64_t st = acc.strides[1 + d];
+        if (st) s += st == 1 ? fmt::format(" + i{}", d) : fmt::format(" + i{} * {}", d, st);
+      }
+      return s;
+    }
     if (k.splits_inner() || flat()) {
       s = acc.offset ? std::to_string(acc.offset) : "";
       const int64_t st = acc.strides[flat() ? 1 : 0];
@@ -159,6 +194,16 @@ struct Emitter {
       line(indent, fmt::format("a{}[{}] = {};", acc.arg, index(in.access), in.dtype == DType::boolean ? "(uint8_t)" + x : x));
       return;
     }
+    if (in.op == "reduce" && column()) {  // accumulators per point of the block (column_loop)
+      const std::string x = v(in.args[0]), acc = v(i) + "_acc[j]";
+      if (in.attr == "sum") line(indent, fmt::format("{} += {};", acc, x));
+      else if (in.attr == "prod") line(indent, fmt::format("{} *= {};", acc, x));
+      else {
+        line(indent, fmt::format("{0} = {1} {2} {0} ? {1} : {0};", acc, x, in.attr == "max" ? ">" : "<"));
+        line(indent, fmt::format("{}_nan[j] |= {} != {};", v(i), x, x));
+      }
+      return;
+    }
     if (in.op == "reduce") {
       const std::string x = v(in.args[0]);
       if (in.attr == "sum") line(indent, fmt::format("{} += {};", v(i), x));
@@ -211,6 +256,57 @@ struct Emitter {
       if (in.attr == "max" || in.attr == "min")
         line(indent, fmt::format("{0} = {0}_nan ? {1} : {0};", v(r), literal(in.dtype, NAN)));
     }
+  }
+
+  double identity(const KInstr& in) const {
+    return in.attr == "sum" ? 0.0 : in.attr == "prod" ? 1.0 : in.attr == "max" ? -INFINITY : INFINITY;
+  }
+
+  // A column sum or product of f32 accumulates in f64: each point adds its elements one by one (the
+  // row form's vector reduction keeps 16 partial sums), and the pass is bound by memory, not by the adds.
+  std::string acc_type(const KInstr& in) const {
+    return in.dtype == DType::f32 && (in.attr == "sum" || in.attr == "prod") ? "double" : ctype(in.dtype);
+  }
+
+  // column(): the outer points [lo, hi) in blocks of kColumnBlock.
+  void column_loop() {
+    std::vector<int> reduces, body;
+    for (size_t i = 0; i < k.body.size(); ++i) {
+      if (k.body[i].row) continue;
+      body.push_back(static_cast<int>(i));
+      if (k.body[i].op == "reduce") reduces.push_back(static_cast<int>(i));
+    }
+    row_instrs(1, 0);  // constants
+    line(1, fmt::format("for (long ob = lo; ob < hi; ob += {}) {{", kColumnBlock));
+    line(2, fmt::format("const long ne = hi - ob < {0} ? hi - ob : {0};", kColumnBlock));
+    for (int r : reduces) {
+      const KInstr& in = k.body[static_cast<size_t>(r)];
+      line(2, fmt::format("{} {}_acc[{}];", acc_type(in), v(r), kColumnBlock));
+      line(2, fmt::format("for (long j = 0; j < ne; ++j) {}_acc[j] = {};", v(r),
+                          literal(acc_type(in) == "double" ? DType::f64 : in.dtype, identity(in))));
+      if (in.attr == "max" || in.attr == "min") line(2, fmt::format("int {0}_nan[{1}] = {{0}};", v(r), kColumnBlock));
+    }
+    const int n = static_cast<int>(k.inner.size());
+    for (int d = 0; d < n; ++d)
+      line(2 + d, fmt::format("for (long i{0} = 0; i{0} < {1}; ++i{0}) {{", d, k.inner[static_cast<size_t>(d)]));
+    line(2 + n, "#pragma omp simd");
+    line(2 + n, "for (long j = 0; j < ne; ++j) {");
+    line(3 + n, "const long o0 = ob + j;");
+    for (int i : body) emit(3 + n, i);
+    line(2 + n, "}");
+    for (int d = n; d-- > 0;) line(2 + d, "}");
+    line(2, "for (long j = 0; j < ne; ++j) {");
+    line(3, "const long o0 = ob + j;");
+    for (int r : reduces) {
+      const KInstr& in = k.body[static_cast<size_t>(r)];
+      if (in.attr == "max" || in.attr == "min")
+        line(3, fmt::format("const {0} {1} = {1}_nan[j] ? {2} : {1}_acc[j];", ctype(in.dtype), v(r), literal(in.dtype, NAN)));
+      else
+        line(3, fmt::format("const {0} {1} = ({0}){1}_acc[j];", ctype(in.dtype), v(r)));
+    }
+    row_instrs(3, 1);
+    line(2, "}");
+    line(1, "}");
   }
 
   void row_instrs(int indent, int p) {
@@ -283,6 +379,12 @@ struct Emitter {
       for (size_t i = 0; i < k.body.size(); ++i)
         if (!k.body[i].row) emit(2, static_cast<int>(i));
       line(1, "}");
+      line(0, "}");
+      return out;
+    }
+    if (column()) {
+      line(1, "// the outer points side by side (column reduction)");
+      column_loop();
       line(0, "}");
       return out;
     }
