@@ -343,3 +343,36 @@ TEST(ConvPaths, SpatialReductionOfChannelsLastValuesRunsAcrossChannels) {
   }
   EXPECT_GE(column, 1) << "no spatial reduction was generated across channels";
 }
+
+namespace {
+
+// A model's stem, reduced: the 3-channel image input -> conv 3x3 stride 2 -> Relu -> conv 1x1.
+std::unique_ptr<Graph> stem() {
+  auto g = std::make_unique<Graph>();
+  using V = std::vector<int64_t>;
+  Value* x = g->add_input("x", TensorType{DType::f32, {1, 3, 13, 11}});
+  Value* c = op_node(*g, "Conv", "stem", {x, g->add_constant("w", varied({8, 3, 3, 3}, 51)), g->add_constant("b", varied({8}, 52))},
+                     {{"strides", V{2, 2}}, {"pads", V{1, 1, 1, 1}}});
+  Value* r = op_node(*g, "Relu", "relu", {c});
+  g->outputs = {op_node(*g, "Conv", "pw", {r, g->add_constant("w2", varied({8, 8, 1, 1}, 53))})};
+  infer_graph(*g);
+  return g;
+}
+
+}  // namespace
+
+// The first convolution reads a channels-last copy of the image input made by a generated kernel,
+// so oneDNN runs it NHWC to NHWC (its direct NCHW kernel wrote a blocked result whose reorder cost
+// more than the convolution), with the eager results.
+TEST(ConvPaths, FirstLayerReadsAChannelsLastCopyOfTheImage) {
+  const CompiledCompileStats st = expect_compiled_matches_eager(stem, {pool_input({1, 3, 13, 11})});
+  EXPECT_EQ(st.conv_kernels, 2);
+  auto g = stem();
+  run_pipeline(*g, parse_pipeline("core"), PassOptions{});
+  FuseOptions fo;
+  fo.conv_input_views = fo.layout_steps = true;
+  const KernelModule m = fuse(std::move(g), fo);
+  int channels_last_stems = 0;
+  for (const Kernel& k : m.kernels) channels_last_stems += k.kind == KernelKind::conv && k.conv.c == 3 && k.conv.x_nhwc;
+  EXPECT_EQ(channels_last_stems, 1) << print_kernel_module(m, true);
+}
