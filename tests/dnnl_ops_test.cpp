@@ -557,3 +557,36 @@ TEST(DnnlMatmul, BroadcastOperandIsCopiedDense) {
 }
 
 }  // namespace tessel::cpu
+
+namespace tessel::cpu {
+namespace {
+
+// A vector times constant weights of 4 MB or more (a classifier's Gemm at batch 1) runs as oneDNN's
+// inner product over plain [N, K] weights (its gemv kernel), with the bias, the residual and the
+// activation of the epilogue, the weights stored either way round; a scale (Gemm's alpha), which that
+// kernel does not take, keeps the matmul.
+TEST(DnnlMatmul, LargeConstantVectorProductsRunAsGemv) {
+  std::vector<float> b = random_floats(1100 * 1024, 2);
+  auto impl_of = [&](MatmulDesc d) {
+    d.constant_b = b.data();
+    return Matmul(d).impl();
+  };
+  MatmulDesc d = contiguous_matmul(1, 1, 1100, 1024);
+  d.epilogue.act = Activation::relu;
+  check_matmul(d, "x . B + bias, relu", true, true);
+  EXPECT_NE(impl_of(d).find("gemm"), std::string::npos) << impl_of(d);
+  MatmulDesc t = d;
+  t.b_k = 1, t.b_n = t.K;  // B read transposed: [N, K] in memory (ONNX Gemm with transB)
+  t.epilogue = {};
+  t.epilogue.accumulate = true;
+  check_matmul(t, "x . B^T + bias + C", true, true);
+  EXPECT_NE(impl_of(t).find("gemm"), std::string::npos) << impl_of(t);
+  t.epilogue.alpha = 0.5f;
+  check_matmul(t, "0.5 x . B^T + bias + C", true, true);
+  EXPECT_EQ(impl_of(t).find("gemm"), std::string::npos) << impl_of(t);
+  const MatmulDesc small = contiguous_matmul(1, 1, 100, 1024);  // 400 KB: stays packed
+  EXPECT_EQ(impl_of(small).find("gemm"), std::string::npos) << impl_of(small);
+}
+
+}  // namespace
+}  // namespace tessel::cpu
