@@ -370,7 +370,7 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
         return tuple(tensors), tuple(t for t, _ in reads)
     try:
         with _functorch_stack_restored(), _provenance(module), _value_reads(reads), torch.no_grad():
-            gm = make_fx(_functionalize()(traced, remove="mutations_and_views"))(*clones)
+            gm = make_fx(_functionalize()(traced, remove="mutations"))(*clones)
     except _tessel.TesselError:
         raise
     except Exception as e:  # noqa: BLE001 -- every tracing failure becomes one clear error
