@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
 #include "tessel/support/error.h"
@@ -534,8 +535,9 @@ void verify_kernel(const Kernel& k) {
     } else if (in.op == "reduce") {
       if (in.row) where("a reduce accumulates inside a loop (not a row instruction)");
       if (in.args.size() != 1 || !is_float_t(in.dtype)) where("reduce takes one float value");
-      // The kind is spelled into generated code (an OpenMP reduction clause): only the four known.
-      if (in.attr != "sum" && in.attr != "prod" && in.attr != "max" && in.attr != "min")
+      // The kind is spelled into generated code (an OpenMP reduction clause): only the kinds of the
+      // core-op table (sum prod max min).
+      if (!reduction_combiner(in.attr))
         where(fmt::format("unknown reduction '{}'", in.attr));
     } else if (in.op == "compare") {
       if (in.dtype != DType::boolean || in.args.size() != 2) where("compare takes two values and gives bool");
