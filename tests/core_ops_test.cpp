@@ -70,7 +70,11 @@ TEST(CoreOps, NamesRoundTrip) {
   // Not primitives: the kernel instructions around them, graph-level names, and the names the old
   // dataflow cost table priced (docs/decisions.md, "One core-op table").
   for (const char* n : {"load", "store", "const", "Add", "sub", "abs", "not", "ceil", "round", "sign", "clamp", ""})
-    EXPECT_FALSE(core_op_named(n).has_value()) << n;
+    EXPECT_FALSE(core_op_named(n).has_value()) << n;  // A node answers by its domain: the graph-level Add is no primitive.
+  std::vector<Tensor> feeds;
+  const Tensor x = f32({2}, {1, 2});
+  EXPECT_EQ(core_op_of(*one_node_graph("add", {x, x}, {}, 1, {}, feeds).nodes().front()), CoreOp::add);
+  EXPECT_FALSE(core_op_of(*one_node_graph("Add", {x, x}, {}, 1, {}, feeds).nodes().front()).has_value());
 }
 
 TEST(CoreOps, EveryRowHasACppSpellingOrIsNotGenerated) {
