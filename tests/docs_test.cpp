@@ -88,6 +88,16 @@ TEST(Docs, PassWorkedExamples) {
   }
 }
 
+// docs/ir/core.md, "The core-op table": the example row is a row of src/tessel/ir/core_ops.def as written
+// there, so the page shows the table's real columns.
+TEST(Docs, CoreOpTableRowIsInTheTable) {
+  const std::string md = testenv::read_text(testenv::source_dir() + "/docs/ir/core.md");
+  const std::string def = testenv::read_text(testenv::source_dir() + "/src/tessel/ir/core_ops.def");
+  const std::string row = fenced_block(md, "```def");
+  ASSERT_FALSE(row.empty()) << "docs/ir/core.md needs a ```def block with a row of core_ops.def";
+  EXPECT_NE(def.find(row), std::string::npos) << row;
+}
+
 // docs/ir/core.md: the graph-level example, through the core pipeline, prints as the page's after block,
 // and both graphs compute the numbers the page states.
 TEST(Docs, CoreLevelWorkedExample) {

@@ -118,6 +118,11 @@ TEST(ParserErrors, KernelModuleText) {
   expect_located(bad("fused ", "fused 99999999999999999999 nodes, traffic 0 -> 0 bytes\n  x"), "bad.tkl:", "out of range for int64");
   expect_located(bad("kernel k0", "kernel 0k"), "bad.tkl:", "not an identifier");
   EXPECT_NE(bad("reduce.sum", "reduce.system").find("unknown reduction 'system'"), std::string::npos);
+  // Instructions are checked against the core-op table: a name that is no elementwise primitive, and a
+  // primitive with the wrong operand count, are errors (not a crash in the code generator).
+  EXPECT_NE(bad("= exp ", "= sub ").find("not an elementwise core primitive"), std::string::npos);
+  EXPECT_NE(bad("= exp ", "= reduce_window ").find("not an elementwise core primitive"), std::string::npos);
+  EXPECT_NE(bad("= exp ", "= add ").find("takes 2 operands, not 1"), std::string::npos);
   expect_located(bad("from \"", "from \"\\xZ"), "bad.tkl:", "escape");
   const std::string msg = bad("from \"", "from \"\\q");
   EXPECT_TRUE(std::regex_search(msg, std::regex("bad\\.tkl:[0-9]+:[0-9]+: "))) << msg;

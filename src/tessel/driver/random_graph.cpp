@@ -11,6 +11,7 @@
 #include <numeric>
 #include <optional>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
@@ -460,8 +461,13 @@ struct Drawer {
   // ---- core ops, drawn directly (the graph level accepts them; eager runs their reference kernels) ----
 
   bool core_unary() {
-    static const std::vector<std::string> ops = {"neg", "exp", "log", "sqrt", "sin", "atan", "erf", "tanh", "floor",
-                                                 "round_even"};
+    // Every unary row of the core-op table, in table order (the order fixes what a seed draws).
+    static const std::vector<std::string> ops = [] {
+      std::vector<std::string> v;
+      for (const CoreOpInfo& i : kCoreOps)
+        if (i.kind == CoreKind::unary) v.emplace_back(i.name);
+      return v;
+    }();
     return add1(r.pick(ops), {operand()}, {});
   }
 

@@ -22,6 +22,7 @@
 #include <optional>
 #include <set>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/kernel/kernel.h"
 #include "tessel/support/error.h"
@@ -300,37 +301,34 @@ bool loop_dtype(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::i32 || t == DType::i64 || t == DType::boolean;
 }
 
-const std::set<std::string>& float_unary() {
-  static const std::set<std::string> s = {"neg", "exp", "log", "sqrt", "sin", "atan", "erf", "tanh", "floor", "round_even"};
-  return s;
-}
-
+// The operand dtypes the loop generators take for each primitive: the table's `loop` column (core_ops.def).
 bool pointwise_ok(const Node& n) {
-  const std::string& op = n.op->name;
+  const auto c = core_op_named(n.op->name);
+  if (!c || !core_op_info(*c).elementwise()) return false;
   for (const Value* v : n.inputs)
     if (!v || !loop_dtype(v->type.dtype)) return false;
   if (n.outputs.size() != 1 || !loop_dtype(n.outputs[0]->type.dtype)) return false;
   const DType t = n.inputs.empty() ? DType::f32 : n.inputs[0]->type.dtype;
   const bool fl = t == DType::f32 || t == DType::f64;
-  if (float_unary().count(op)) return fl;
-  if (op == "add" || op == "mul" || op == "max" || op == "min") return t != DType::boolean || op != "add";
-  if (op == "div" || op == "rem" || op == "pow") return fl;
-  if (op == "and" || op == "or" || op == "xor") return !fl;
-  if (op == "compare") return true;
-  if (op == "select") return true;
-  if (op == "convert") {
-    const DType to = n.outputs[0]->type.dtype;
-    if (to == DType::boolean || to == DType::f32 || to == DType::f64) return true;
-    return !fl;  // integer <-> integer wraps; float -> integer stays with the reference semantics
+  switch (core_op_info(*c).loop) {
+    case LoopTypes::floats: return fl;
+    case LoopTypes::numeric: return t != DType::boolean;
+    case LoopTypes::ints_bools: return !fl;
+    case LoopTypes::all: return true;
+    case LoopTypes::by_target: {  // convert
+      const DType to = n.outputs[0]->type.dtype;
+      if (to == DType::boolean || to == DType::f32 || to == DType::f64) return true;
+      return !fl;  // integer <-> integer wraps; float -> integer stays with the reference semantics
+    }
+    case LoopTypes::none: return false;
   }
   return false;
 }
 
 bool reduce_ok(const Node& n) {
-  if (n.op->name != "reduce") return false;
+  if (core_op_named(n.op->name) != CoreOp::reduce) return false;
   const DType t = n.inputs[0]->type.dtype;
-  const std::string k = n.attr_s("kind");
-  return (t == DType::f32 || t == DType::f64) && (k == "sum" || k == "max" || k == "min" || k == "prod");
+  return (t == DType::f32 || t == DType::f64) && reduction_combiner(n.attr_s("kind")).has_value();
 }
 
 // ---- groups --------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
 #include "tessel/support/error.h"
@@ -534,16 +535,25 @@ void verify_kernel(const Kernel& k) {
     } else if (in.op == "reduce") {
       if (in.row) where("a reduce accumulates inside a loop (not a row instruction)");
       if (in.args.size() != 1 || !is_float_t(in.dtype)) where("reduce takes one float value");
-      // The kind is spelled into generated code (an OpenMP reduction clause): only the four known.
-      if (in.attr != "sum" && in.attr != "prod" && in.attr != "max" && in.attr != "min")
+      // The kind is spelled into generated code (an OpenMP reduction clause): only the kinds of the
+      // core-op table (sum prod max min).
+      if (!reduction_combiner(in.attr))
         where(fmt::format("unknown reduction '{}'", in.attr));
     } else if (in.op == "compare") {
       if (in.dtype != DType::boolean || in.args.size() != 2) where("compare takes two values and gives bool");
     } else if (in.op == "select") {
       if (in.args.size() != 3 || k.body[static_cast<size_t>(in.args[0])].dtype != DType::boolean) where("select takes a bool and two values");
-    } else if (in.op != "const" && in.op != "convert") {
-      for (int a : in.args)
-        if (k.body[static_cast<size_t>(a)].dtype != in.dtype) where("operand dtype differs from the result dtype");
+    } else if (in.op != "const") {
+      // Any other instruction is an elementwise primitive with the table's operand count.
+      const auto prim = core_op_named(in.op);
+      if (!prim || !core_op_info(*prim).elementwise()) {
+        where("not an elementwise core primitive");
+      } else if (const int arity = core_op_info(*prim).arity; static_cast<int>(in.args.size()) != arity) {
+        where(fmt::format("takes {} operands, not {}", arity, in.args.size()));
+      } else if (core_op_info(*prim).kind != CoreKind::convert) {
+        for (int a : in.args)
+          if (k.body[static_cast<size_t>(a)].dtype != in.dtype) where("operand dtype differs from the result dtype");
+      }
     }
   }
   if (k.kind == KernelKind::matmul) {

@@ -10,6 +10,7 @@
 #include <limits>
 #include <numeric>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
@@ -249,27 +250,52 @@ double round_even(double x) {
   return r;
 }
 
+// The reference function of each unary row of the core-op table, and which dtypes it takes
+// (docs/ir/core.md: neg takes integers too). A unary row without a specialization fails to compile.
+struct UnaryRef {
+  F1 f;
+  bool ints_ok = false;
+};
+template <CoreOp op> UnaryRef unary_ref() = delete;
+template <> UnaryRef unary_ref<CoreOp::neg>() { return {[](double x) { return -x; }, true}; }
+template <> UnaryRef unary_ref<CoreOp::exp>() { return {[](double x) { return std::exp(x); }}; }
+template <> UnaryRef unary_ref<CoreOp::log>() { return {[](double x) { return std::log(x); }}; }
+template <> UnaryRef unary_ref<CoreOp::sqrt>() { return {[](double x) { return std::sqrt(x); }}; }
+template <> UnaryRef unary_ref<CoreOp::sin>() { return {[](double x) { return std::sin(x); }}; }
+template <> UnaryRef unary_ref<CoreOp::atan>() { return {[](double x) { return std::atan(x); }}; }
+template <> UnaryRef unary_ref<CoreOp::erf>() { return {[](double x) { return std::erf(x); }}; }
+template <> UnaryRef unary_ref<CoreOp::tanh>() { return {[](double x) { return std::tanh(x); }}; }
+template <> UnaryRef unary_ref<CoreOp::floor>() { return {[](double x) { return std::floor(x); }}; }
+template <> UnaryRef unary_ref<CoreOp::round_even>() { return {round_even}; }
+
+// The reference operation of each binary row; likewise a compile error when missing.
+template <CoreOp op> constexpr Bin bin_ref() = delete;
+template <> constexpr Bin bin_ref<CoreOp::add>() { return Bin::add; }
+template <> constexpr Bin bin_ref<CoreOp::mul>() { return Bin::mul; }
+template <> constexpr Bin bin_ref<CoreOp::div>() { return Bin::div; }
+template <> constexpr Bin bin_ref<CoreOp::rem>() { return Bin::rem; }
+template <> constexpr Bin bin_ref<CoreOp::pow>() { return Bin::pow; }
+template <> constexpr Bin bin_ref<CoreOp::max>() { return Bin::max; }
+template <> constexpr Bin bin_ref<CoreOp::min>() { return Bin::min; }
+template <> constexpr Bin bin_ref<CoreOp::and_>() { return Bin::and_; }
+template <> constexpr Bin bin_ref<CoreOp::or_>() { return Bin::or_; }
+template <> constexpr Bin bin_ref<CoreOp::xor_>() { return Bin::xor_; }
+
+// Registers the row `op` if it is a unary or binary elementwise op (the others are written out below).
+template <CoreOp op> void register_elementwise_row(OpRegistry& r) {
+  constexpr const CoreOpInfo& i = core_op_info(op);
+  if constexpr (i.kind == CoreKind::unary) {
+    const UnaryRef u = unary_ref<op>();
+    add_core(r, unary_def(std::string(i.name), u.f, u.ints_ok));
+  } else if constexpr (i.kind == CoreKind::binary) {
+    add_core(r, binary_def(std::string(i.name), bin_ref<op>()));
+  }
+}
+
 void register_elementwise(OpRegistry& r) {
-  add_core(r, unary_def("neg", [](double x) { return -x; }, true));
-  add_core(r, unary_def("exp", [](double x) { return std::exp(x); }, false));
-  add_core(r, unary_def("log", [](double x) { return std::log(x); }, false));
-  add_core(r, unary_def("sqrt", [](double x) { return std::sqrt(x); }, false));
-  add_core(r, unary_def("sin", [](double x) { return std::sin(x); }, false));
-  add_core(r, unary_def("atan", [](double x) { return std::atan(x); }, false));
-  add_core(r, unary_def("erf", [](double x) { return std::erf(x); }, false));
-  add_core(r, unary_def("tanh", [](double x) { return std::tanh(x); }, false));
-  add_core(r, unary_def("floor", [](double x) { return std::floor(x); }, false));
-  add_core(r, unary_def("round_even", round_even, false));
-  add_core(r, binary_def("add", Bin::add));
-  add_core(r, binary_def("mul", Bin::mul));
-  add_core(r, binary_def("div", Bin::div));
-  add_core(r, binary_def("rem", Bin::rem));
-  add_core(r, binary_def("pow", Bin::pow));
-  add_core(r, binary_def("max", Bin::max));
-  add_core(r, binary_def("min", Bin::min));
-  add_core(r, binary_def("and", Bin::and_));
-  add_core(r, binary_def("or", Bin::or_));
-  add_core(r, binary_def("xor", Bin::xor_));
+#define TESSEL_CORE_OP(id, ...) register_elementwise_row<CoreOp::id>(r);
+#include "tessel/ir/core_ops.def"
+#undef TESSEL_CORE_OP
 
   {
     OpDef d;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/kernel/kernel.h"
 #include "tessel/ops/kernel_util.h"
@@ -1280,13 +1281,14 @@ CoreKernel make_convolution(const Node& n) {
   }
 }
 
+// The elementwise primitives of one or two operands (the table's kinds, core_ops.def).
 bool is_unary(const std::string& op) {
-  static const std::vector<std::string> ops = {"neg", "exp", "log", "sqrt", "sin", "atan", "erf", "tanh", "floor", "round_even"};
-  return std::find(ops.begin(), ops.end(), op) != ops.end();
+  const auto c = core_op_named(op);
+  return c && core_op_info(*c).kind == CoreKind::unary;
 }
 bool is_binary(const std::string& op) {
-  static const std::vector<std::string> ops = {"add", "mul", "div", "rem", "pow", "max", "min", "and", "or", "xor"};
-  return std::find(ops.begin(), ops.end(), op) != ops.end();
+  const auto c = core_op_named(op);
+  return c && core_op_info(*c).kind == CoreKind::binary;
 }
 
 CoreKernel make_elementwise(const Node& n, const ViewMap& views) {

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
 
@@ -486,7 +487,8 @@ std::string FuncEmitter::value(int id, bool row) {
   const KInstr& in = k_.body[static_cast<size_t>(id)];
   const DType t = in.dtype;
   std::string r;
-  const bool is_row_value = in.row || in.op == "reduce";
+  const bool is_reduce = core_op_named(in.op) == CoreOp::reduce;
+  const bool is_row_value = in.row || is_reduce;
   if (in.op == "const") {
     r = constant(in.value, t, row);
   } else if (!row && is_row_value) {
@@ -517,16 +519,16 @@ std::string FuncEmitter::value(int id, bool row) {
         r = loaded_[in.access] = load(v, compute_, t);
       }
     }
-  } else if (in.op == "reduce") {
-    static const std::map<std::string, std::pair<std::string, double>> kinds = {
-        {"sum", {"addf", 0.0}}, {"prod", {"mulf", 1.0}}, {"max", {"maximumf", -INFINITY}}, {"min", {"minimumf", INFINITY}}};
-    auto kit = kinds.find(in.attr);
-    if (kit == kinds.end() || !is_fp(t)) cannot(fmt::format("reduce.{} on {}", in.attr, dtype_name(t)));
+  } else if (is_reduce) {
+    // The kind's combining primitive and identity come from the core-op table.
+    const auto combiner = reduction_combiner(in.attr);
+    if (!combiner || !is_fp(t)) cannot(fmt::format("reduce.{} on {}", in.attr, dtype_name(t)));
+    const CoreOpInfo& c = core_op_info(*combiner);
     const std::string x = value(in.args.at(0), false);
-    const std::string init = constant(kit->second.second, t, true);
+    const std::string init = constant(c.identity, t, true);
     r = fresh("red");
-    line(fmt::format("{} = linalg.reduce {{ arith.{} }} ins({} : {}) outs({} : {}) dimensions = [{}]", r, kit->second.first, x,
-                     tensor_ty(shape(false), t), init, tensor_ty(shape(true), t), compute_.size() - 1));
+    line(fmt::format("{} = {} {{ {} }} ins({} : {}) outs({} : {}) dimensions = [{}]", r, core_op_info(CoreOp::reduce).ktir_f,
+                     c.ktir_f, x, tensor_ty(shape(false), t), init, tensor_ty(shape(true), t), compute_.size() - 1));
   } else {
     const std::string ty = tensor_ty(shape(row), t);
     std::vector<std::string> a;
@@ -534,46 +536,26 @@ std::string FuncEmitter::value(int id, bool row) {
     auto arg_dtype = [&](size_t i) { return k_.body.at(static_cast<size_t>(in.args.at(i))).dtype; };
     const bool fl = is_fp(t);
     r = fresh("v");
-    static const std::map<std::string, std::string> unary_math = {
-        {"exp", "math.exp"},     {"log", "math.log"},     {"sqrt", "math.sqrt"},   {"sin", "math.sin"},
-        {"atan", "math.atan"},   {"erf", "math.erf"},     {"tanh", "math.tanh"},   {"floor", "math.floor"},
-        {"round_even", "math.roundeven"}};
     const std::string& op = in.op;
-    if (op == "neg" && fl) {
-      line(fmt::format("{} = arith.negf {} : {}", r, a.at(0), ty));
-    } else if (op == "neg") {
-      const std::string z = constant(0, t, row);
-      line(fmt::format("{} = arith.subi {}, {} : {}", r, z, a.at(0), ty));
-    } else if (unary_math.count(op)) {
-      if (!fl) cannot(fmt::format("{} on {}", op, dtype_name(t)));
-      line(fmt::format("{} = {} {} : {}", r, unary_math.at(op), a.at(0), ty));
-    } else if (op == "add" || op == "mul" || op == "div" || op == "rem" || op == "pow" || op == "max" || op == "min" ||
-               op == "and" || op == "or" || op == "xor") {
-      std::string name;
-      if (fl) {
-        static const std::map<std::string, std::string> f = {{"add", "arith.addf"},     {"mul", "arith.mulf"},
-                                                             {"div", "arith.divf"},     {"rem", "arith.remf"},
-                                                             {"pow", "math.powf"},      {"max", "arith.maximumf"},
-                                                             {"min", "arith.minimumf"}};
-        auto fit_ = f.find(op);
-        if (fit_ == f.end()) cannot(fmt::format("{} on {}", op, dtype_name(t)));
-        name = fit_->second;
-      } else if (t == DType::boolean) {
-        static const std::map<std::string, std::string> b = {{"mul", "arith.andi"}, {"max", "arith.ori"}, {"min", "arith.andi"},
-                                                             {"and", "arith.andi"}, {"or", "arith.ori"},  {"xor", "arith.xori"}};
-        auto bit = b.find(op);
-        if (bit == b.end()) cannot(fmt::format("{} on bool", op));
-        name = bit->second;
+    const auto prim = core_op_named(op);
+    const CoreOpInfo* p = prim ? &core_op_info(*prim) : nullptr;
+    // The table's spelling for the operand class: float, bool or another integer (core_ops.def).
+    auto spelling = [&](DType d) { return std::string(is_fp(d) ? p->ktir_f : d == DType::boolean ? p->ktir_b : p->ktir_i); };
+    if (p && p->kind == CoreKind::unary) {
+      const std::string name = spelling(t);
+      if (fl && !name.empty()) {
+        line(fmt::format("{} = {} {} : {}", r, name, a.at(0), ty));
+      } else if (!fl && t != DType::boolean && !name.empty()) {  // an integer unary is a subtraction from zero (neg)
+        const std::string z = constant(0, t, row);
+        line(fmt::format("{} = {} {}, {} : {}", r, name, z, a.at(0), ty));
       } else {
-        static const std::map<std::string, std::string> i = {{"add", "arith.addi"}, {"mul", "arith.muli"}, {"max", "arith.maxsi"},
-                                                             {"min", "arith.minsi"}, {"and", "arith.andi"}, {"or", "arith.ori"},
-                                                             {"xor", "arith.xori"}};
-        auto iit = i.find(op);
-        if (iit == i.end()) cannot(fmt::format("{} on {}", op, dtype_name(t)));
-        name = iit->second;
+        cannot(fmt::format("{} on {}", op, dtype_name(t)));
       }
+    } else if (p && p->kind == CoreKind::binary) {
+      const std::string name = spelling(t);
+      if (name.empty()) cannot(fmt::format("{} on {}", op, dtype_name(t)));
       line(fmt::format("{} = {} {}, {} : {}", r, name, a.at(0), a.at(1), ty));
-    } else if (op == "compare") {
+    } else if (p && p->kind == CoreKind::compare) {
       const DType at = arg_dtype(0);
       const std::string aty = tensor_ty(shape(row), at);
       static const std::map<std::string, std::string> fp = {{"eq", "oeq"}, {"ne", "une"}, {"lt", "olt"},
@@ -583,10 +565,10 @@ std::string FuncEmitter::value(int id, bool row) {
       const auto& tbl = is_fp(at) ? fp : ip;
       auto cit = tbl.find(in.attr);
       if (cit == tbl.end()) cannot(fmt::format("compare direction '{}'", in.attr));
-      line(fmt::format("{} = arith.{} {}, {}, {} : {}", r, is_fp(at) ? "cmpf" : "cmpi", cit->second, a.at(0), a.at(1), aty));
-    } else if (op == "select") {
-      line(fmt::format("{} = arith.select {}, {}, {} : {}, {}", r, a.at(0), a.at(1), a.at(2), tensor_ty(shape(row), DType::boolean), ty));
-    } else if (op == "convert") {
+      line(fmt::format("{} = {} {}, {}, {} : {}", r, spelling(at), cit->second, a.at(0), a.at(1), aty));
+    } else if (p && p->kind == CoreKind::select) {
+      line(fmt::format("{} = {} {}, {}, {} : {}, {}", r, spelling(t), a.at(0), a.at(1), a.at(2), tensor_ty(shape(row), DType::boolean), ty));
+    } else if (p && p->kind == CoreKind::convert) {  // the cast family, chosen by the two dtypes
       const DType from = arg_dtype(0);
       const std::string fty = tensor_ty(shape(row), from);
       if (from == t) {

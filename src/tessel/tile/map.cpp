@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/runtime/arena_plan.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/cost.h"
@@ -41,19 +42,23 @@ void allocate_spad(TileKernel& t, const HwSpec& hw, int64_t usable);
 
 // ---- vector op classes of a loop body -------------------------------------------------------------
 
+// The vector-unit class of one element of a loop-body instruction: the primitive's cost column in the
+// core-op table (core_ops.def). Only primitives that never sit in a loop body have none; they, and any
+// name that is no primitive, keep the old table's fallback.
 VectorOp vector_class(const std::string& op) {
-  static const std::map<std::string, VectorOp> table = {
-      {"add", VectorOp::add},          {"sub", VectorOp::add},          {"neg", VectorOp::add},
-      {"abs", VectorOp::add},          {"mul", VectorOp::mul},          {"div", VectorOp::divide},
-      {"rem", VectorOp::divide},       {"max", VectorOp::compare},      {"min", VectorOp::compare},
-      {"compare", VectorOp::compare},  {"select", VectorOp::compare},   {"and", VectorOp::compare},
-      {"or", VectorOp::compare},       {"not", VectorOp::compare},      {"xor", VectorOp::compare},
-      {"convert", VectorOp::convert},  {"floor", VectorOp::convert},    {"ceil", VectorOp::convert},
-      {"round", VectorOp::convert},    {"sign", VectorOp::compare},     {"reduce", VectorOp::reduce},
-      {"clamp", VectorOp::compare},
-  };
-  auto it = table.find(op);
-  return it != table.end() ? it->second : VectorOp::transcendental;  // exp, log, tanh, erf, sqrt, pow, ...
+  const auto prim = core_op_named(op);
+  if (!prim) return VectorOp::transcendental;
+  switch (core_op_info(*prim).cost) {
+    case VectorCost::add: return VectorOp::add;
+    case VectorCost::mul: return VectorOp::mul;
+    case VectorCost::compare: return VectorOp::compare;
+    case VectorCost::convert: return VectorOp::convert;
+    case VectorCost::reduce: return VectorOp::reduce;
+    case VectorCost::divide: return VectorOp::divide;
+    case VectorCost::transcendental: return VectorOp::transcendental;
+    case VectorCost::none: return VectorOp::transcendental;
+  }
+  return VectorOp::transcendental;
 }
 
 // Vector-unit cycles of `points` p-points of a loop body (element instructions run e times per point,

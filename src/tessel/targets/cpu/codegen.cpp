@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
 
@@ -146,41 +147,43 @@ struct Emitter {
     const std::string& op = in.op;
     if (op == "load") return load(in);
     if (op == "const") return literal(t, in.value);
-    if (op == "neg") return fl ? "-" + a(0) : fmt::format("({})(0 - ({}){})", ctype(t), unsigned_of(t), a(0));
-    if (op == "exp" || op == "log" || op == "sqrt" || op == "sin" || op == "atan" || op == "erf" || op == "tanh" ||
-        op == "floor" || op == "round_even")
-      return fmt::format("{}({})", math_fn(op, t), a(0));
-    if (op == "add" || op == "mul") {
-      const char* o = op == "add" ? "+" : "*";
-      if (fl) return fmt::format("{} {} {}", a(0), o, a(1));
-      if (t == DType::boolean) return fmt::format("({} && {})", a(0), a(1));  // mul of bools
-      return fmt::format("({})(({}){} {} ({}){})", ctype(t), unsigned_of(t), a(0), o, unsigned_of(t), a(1));
-    }
-    if (op == "div") return fmt::format("{} / {}", a(0), a(1));
-    if (op == "rem") return fmt::format("{}({}, {})", math_fn("fmod", t), a(0), a(1));
-    if (op == "pow") return fmt::format("{}({}, {})", math_fn("pow", t), a(0), a(1));
-    if (op == "max" || op == "min") {
-      if (fl) return fmt::format("{}({}, {})", math_fn(op, t), a(0), a(1));
-      if (t == DType::boolean) return fmt::format("({} {} {})", a(0), op == "max" ? "||" : "&&", a(1));
-      return fmt::format("({0} {2} {1} ? {0} : {1})", a(0), a(1), op == "max" ? ">" : "<");
-    }
-    if (op == "and" || op == "or" || op == "xor") {
-      if (t == DType::boolean) return fmt::format("({} {} {})", a(0), op == "and" ? "&&" : op == "or" ? "||" : "!=", a(1));
-      return fmt::format("({} {} {})", a(0), op == "and" ? "&" : op == "or" ? "|" : "^", a(1));
-    }
-    if (op == "compare") {
-      static const std::map<std::string, std::string> ops = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
-                                                              {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
-      auto it = ops.find(in.attr);
-      if (it == ops.end()) fail("compare direction '{}'", in.attr);
-      return fmt::format("({} {} {})", a(0), it->second, a(1));
-    }
-    if (op == "select") return fmt::format("({} ? {} : {})", a(0), a(1), a(2));
-    if (op == "convert") {
-      const DType from = k.body[static_cast<size_t>(in.args[0])].dtype;
-      if (t == DType::boolean) return fmt::format("({} != 0)", a(0));
-      if (from == t) return a(0);
-      return fmt::format("({}){}", ctype(t), a(0));
+    const auto prim = core_op_named(op);
+    if (!prim) fail("the CPU code generator cannot emit '{}'", op);
+    const CoreOpInfo& p = core_op_info(*prim);
+    switch (p.c_form) {  // the spellings are the table's (core_ops.def)
+      case CForm::negate:
+        return fl ? std::string(p.c) + a(0) : fmt::format("({})(0 {} ({}){})", ctype(t), p.c, unsigned_of(t), a(0));
+      case CForm::call: {
+        std::string args;
+        for (size_t j = 0; j < in.args.size(); ++j) args += (j ? ", " : "") + a(static_cast<int>(j));
+        return fmt::format("{}({})", math_fn(std::string(p.c), t), args);
+      }
+      case CForm::infix: return fmt::format("{} {} {}", a(0), p.c, a(1));
+      case CForm::wrapping_infix:
+        if (fl) return fmt::format("{} {} {}", a(0), p.c, a(1));
+        if (t == DType::boolean) return fmt::format("({} {} {})", a(0), p.c_bool, a(1));
+        return fmt::format("({})(({}){} {} ({}){})", ctype(t), unsigned_of(t), a(0), p.c_int, unsigned_of(t), a(1));
+      case CForm::min_max:
+        if (fl) return fmt::format("{}({}, {})", math_fn(std::string(p.c), t), a(0), a(1));
+        if (t == DType::boolean) return fmt::format("({} {} {})", a(0), p.c_bool, a(1));
+        return fmt::format("({0} {2} {1} ? {0} : {1})", a(0), a(1), p.c_int);
+      case CForm::bitwise: return fmt::format("({} {} {})", a(0), t == DType::boolean ? p.c_bool : p.c_int, a(1));
+      case CForm::compare: {
+        static const std::map<std::string, std::string> ops = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
+                                                                {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
+        auto it = ops.find(in.attr);
+        if (it == ops.end()) fail("compare direction '{}'", in.attr);
+        return fmt::format("({} {} {})", a(0), it->second, a(1));
+      }
+      case CForm::select: return fmt::format("({} ? {} : {})", a(0), a(1), a(2));
+      case CForm::cast: {
+        const DType from = k.body[static_cast<size_t>(in.args[0])].dtype;
+        if (t == DType::boolean) return fmt::format("({} != 0)", a(0));
+        if (from == t) return a(0);
+        return fmt::format("({}){}", ctype(t), a(0));
+      }
+      case CForm::reduction:  // an accumulator statement (emit), never an expression
+      case CForm::none: break;
     }
     fail("the CPU code generator cannot emit '{}'", op);
   }
@@ -240,8 +243,7 @@ struct Emitter {
     line(indent, fmt::format("// phase {}", p));
     for (int r : reduces) {
       const KInstr& in = k.body[static_cast<size_t>(r)];
-      const double id = in.attr == "sum" ? 0.0 : in.attr == "prod" ? 1.0 : in.attr == "max" ? -INFINITY : INFINITY;
-      line(indent, fmt::format("{} {} = {};", ctype(in.dtype), v(r), literal(in.dtype, id)));
+      line(indent, fmt::format("{} {} = {};", ctype(in.dtype), v(r), literal(in.dtype, identity(in))));
       if (in.attr == "max" || in.attr == "min") line(indent, fmt::format("int {}_nan = 0;", v(r)));
     }
     const int n = static_cast<int>(k.inner.size());
@@ -258,8 +260,12 @@ struct Emitter {
     }
   }
 
+  // The reduce kind's identity, from its combiner's row of the core-op table (the kernel verifier
+  // has rejected unknown kinds).
   double identity(const KInstr& in) const {
-    return in.attr == "sum" ? 0.0 : in.attr == "prod" ? 1.0 : in.attr == "max" ? -INFINITY : INFINITY;
+    const auto combiner = reduction_combiner(in.attr);
+    if (!combiner) fail("reduce kind '{}'", in.attr);
+    return core_op_info(*combiner).identity;
   }
 
   // A column sum or product of f32 accumulates in f64: each point adds its elements one by one (the
