@@ -1,0 +1,210 @@
+// The cache directory's size bound: listing entries, LRU pruning and the entry lock (see cache_budget.h).
+#include "tessel/targets/cpu/cache_budget.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "tessel/support/error.h"
+#include "tessel/support/limits.h"
+
+namespace tessel::cpu {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kDefaultMaxBytes = uint64_t{10} << 30;
+// A compile holds its folder's lock; this only covers the moment between creating the folder and
+// locking it, and compiles killed before they wrote anything.
+constexpr int64_t kIncompleteGraceNs = int64_t{3600} * 1000000000;
+
+// Keys are hex XXH3-128 (content_key): 32 lowercase hex digits.
+bool is_key(const std::string& name) {
+  return name.size() == 32 && name.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+int64_t mtime_ns(const struct stat& sb) {
+  return static_cast<int64_t>(sb.st_mtim.tv_sec) * 1000000000 + sb.st_mtim.tv_nsec;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Adds the key-named folders directly under `dir` (lstat: a link named like a key is not an entry).
+void add_entries(const fs::path& dir, EntryKind kind, const char* marker, std::vector<CacheEntry>& out) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    struct stat sb {};
+    if (!is_key(name) || ::lstat(it->path().c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+    CacheEntry e;
+    e.path = it->path().string();
+    e.kind = kind;
+    e.bytes = folder_bytes(e.path);
+    e.last_used_ns = mtime_ns(sb);
+    struct stat mb {};
+    e.complete = ::lstat((it->path() / marker).c_str(), &mb) == 0 && S_ISREG(mb.st_mode);
+    out.push_back(std::move(e));
+  }
+}
+
+// Same device and inode: `fd` still is the folder at `path`.
+bool still_at(int fd, const std::string& path) {
+  struct stat a {}, b {};
+  return ::fstat(fd, &a) == 0 && ::lstat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+int open_folder(const std::string& path) { return ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC); }
+
+// Removes an entry unless another process holds it: locked exclusively, renamed to a temporary name
+// (readers looking it up now miss; sweep_stale_temporaries finishes a removal this process does not),
+// then deleted. Returns whether it was removed.
+bool remove_entry(const CacheEntry& e) {
+  const int fd = open_folder(e.path);
+  if (fd < 0) return false;
+  bool removed = false;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, e.path)) {
+    const std::string doomed = temporary_name(e.path);
+    if (::rename(e.path.c_str(), doomed.c_str()) == 0) {
+      std::error_code ec;
+      fs::remove_all(doomed, ec);
+      removed = true;
+    }
+  }
+  ::close(fd);
+  return removed;
+}
+
+}  // namespace
+
+CacheBudget cache_budget(const ToolchainOptions& o, uint64_t held_bytes) {
+  if (o.max_cache_bytes) return {*o.max_cache_bytes, "ToolchainOptions::max_cache_bytes"};
+  if (const char* v = std::getenv("TESSEL_CACHE_MAX_BYTES"); v && *v) {
+    const auto bytes = parse_byte_size(v);
+    if (!bytes)
+      throw Error(Location{.pass = "cache"},
+                  fmt::format("TESSEL_CACHE_MAX_BYTES='{}' is not a byte count (e.g. 10G, 512M; 0 stores nothing)", v));
+    return {*bytes, "$TESSEL_CACHE_MAX_BYTES"};
+  }
+  // Half of the space the cache could grow into: a full disk breaks more than a cold compile does.
+  struct statvfs vs {};
+  const std::string root = cache_directory(o);
+  if (::statvfs(root.c_str(), &vs) == 0) {
+    const uint64_t half = (static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize + held_bytes) / 2;
+    if (half < kDefaultMaxBytes) return {half, "the default (half of the free disk space plus the cache)"};
+  }
+  return {kDefaultMaxBytes, "the default (10 GiB)"};
+}
+
+uint64_t folder_bytes(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  // The default options follow no directory links; a link itself is neither regular nor followed.
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code sec;
+    if (it->symlink_status(sec).type() == fs::file_type::regular) {
+      const auto size = it->file_size(sec);
+      if (!sec) n += size;
+    }
+  }
+  return n;
+}
+
+std::vector<CacheEntry> list_cache(const std::string& root) {
+  std::vector<CacheEntry> out;
+  add_entries(root, EntryKind::kernels, "kernels.so", out);
+  add_entries(fs::path(root) / "exe", EntryKind::executable, "manifest.json", out);
+  // An executable entry's hit or store touches its kernels after it (compile_model.cpp), so kernels
+  // never go before the entries that use them.
+  std::stable_sort(out.begin(), out.end(), [](const CacheEntry& a, const CacheEntry& b) {
+    if (a.last_used_ns != b.last_used_ns) return a.last_used_ns < b.last_used_ns;
+    return a.kind == EntryKind::executable && b.kind == EntryKind::kernels;
+  });
+  return out;
+}
+
+uint64_t total_bytes(const std::vector<CacheEntry>& entries) {
+  uint64_t n = 0;
+  for (const CacheEntry& e : entries) n += e.bytes;
+  return n;
+}
+
+void mark_used(const std::string& entry_dir) {
+  ::utimensat(AT_FDCWD, entry_dir.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);  // a read-only cache stays as it is
+}
+
+namespace {
+
+PruneResult prune_entries(const std::vector<CacheEntry>& entries, uint64_t budget) {
+  PruneResult r;
+  r.kept_bytes = total_bytes(entries);
+  const int64_t now = now_ns();
+  for (const CacheEntry& e : entries) {
+    if (r.kept_bytes <= budget) break;
+    const bool young_incomplete = !e.complete && now - e.last_used_ns < kIncompleteGraceNs;
+    if (!young_incomplete && remove_entry(e)) {
+      ++r.removed;
+      r.removed_bytes += e.bytes;
+      r.kept_bytes -= e.bytes;
+    } else {
+      ++r.busy;
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+PruneResult prune_cache(const std::string& root, uint64_t budget) { return prune_entries(list_cache(root), budget); }
+
+bool fits_budget(uint64_t bytes, const CacheBudget& budget, const std::string& what) {
+  if (bytes <= budget.bytes) return true;
+  static std::atomic<bool> said{false};
+  if (budget.bytes > 0 && !said.exchange(true)) {
+    std::fprintf(stderr, "tessel: cache: %s of %llu bytes is over the cache budget of %llu bytes (chosen by %s); not stored\n",
+                 what.c_str(), static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(budget.bytes),
+                 budget.chosen_by.c_str());
+    std::fflush(stderr);
+  }
+  return false;
+}
+
+void after_store(const std::string& root, const std::string& entry_dir, const std::string& what,
+                 const ToolchainOptions& options) {
+  const std::vector<CacheEntry> entries = list_cache(root);
+  const uint64_t held = total_bytes(entries);
+  const CacheBudget budget = cache_budget(options, held);
+  const auto stored = std::find_if(entries.begin(), entries.end(), [&](const CacheEntry& e) { return e.path == entry_dir; });
+  if (stored != entries.end() && !fits_budget(stored->bytes, budget, what)) {
+    remove_entry(*stored);
+    return;
+  }
+  if (held > budget.bytes) prune_entries(entries, budget.bytes);
+}
+
+EntryUse::EntryUse(const std::string& dir) {
+  const int fd = open_folder(dir);
+  if (fd < 0) return;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0 || !still_at(fd, dir)) {
+    ::close(fd);
+    return;
+  }
+  fd_ = fd;
+}
+
+EntryUse::~EntryUse() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+}  // namespace tessel::cpu
