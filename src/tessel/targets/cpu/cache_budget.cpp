@@ -102,9 +102,9 @@ CacheBudget cache_budget(const ToolchainOptions& o, uint64_t held_bytes) {
   const std::string root = cache_directory(o);
   if (::statvfs(root.c_str(), &vs) == 0) {
     const uint64_t half = (static_cast<uint64_t>(vs.f_bavail) * vs.f_frsize + held_bytes) / 2;
-    if (half < kDefaultMaxBytes) return {half, "the default (half of the free disk space plus the cache)"};
+    if (half < kDefaultMaxBytes) return {half, "the default: half of the free disk space and the cache"};
   }
-  return {kDefaultMaxBytes, "the default (10 GiB)"};
+  return {kDefaultMaxBytes, "the default"};
 }
 
 uint64_t folder_bytes(const std::string& dir) {
