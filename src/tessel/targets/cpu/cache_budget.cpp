@@ -8,11 +8,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
+#include <set>
 
 #include "tessel/support/error.h"
 #include "tessel/support/limits.h"
@@ -170,8 +171,14 @@ PruneResult prune_cache(const std::string& root, uint64_t budget) { return prune
 
 bool fits_budget(uint64_t bytes, const CacheBudget& budget, const std::string& what) {
   if (bytes <= budget.bytes) return true;
-  static std::atomic<bool> said{false};
-  if (budget.bytes > 0 && !said.exchange(true)) {
+  static std::mutex mu;
+  static std::set<std::string> said;  // once per entry and process, as report_cache_problem does
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    first = said.insert(what).second;
+  }
+  if (budget.bytes > 0 && first) {
     std::fprintf(stderr, "tessel: cache: %s of %llu bytes is over the cache budget of %llu bytes (chosen by %s); not stored\n",
                  what.c_str(), static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(budget.bytes),
                  budget.chosen_by.c_str());

@@ -58,7 +58,7 @@ struct PruneResult {
 PruneResult prune_cache(const std::string& root, uint64_t budget);
 
 // Whether an entry of `bytes` fits in `budget`; when not (and the budget is not 0, which asks for no
-// cache), says so once per process on stderr: "tessel: cache: <what> of N bytes is over the cache
+// cache), says so on stderr, once per `what` and process: "tessel: cache: <what> of N bytes is over the cache
 // budget of M bytes (chosen by ...); not stored".
 bool fits_budget(uint64_t bytes, const CacheBudget& budget, const std::string& what);
 
