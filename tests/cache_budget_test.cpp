@@ -158,7 +158,7 @@ TEST_F(CacheBudgetTest, EntriesInUseAreNotPruned) {
   }
   cpu::prune_cache(cache_, 0);
   EXPECT_FALSE(fs::exists(m.entry_dir));
-  EXPECT_FALSE(cpu::EntryUse(m.entry_dir).held());  // gone: a miss
+  EXPECT_FALSE(cpu::EntryUse(m.entry_dir).held());  // gone
 }
 
 // Only key-named folders are entries: whatever else is in the directory (it may be one the user

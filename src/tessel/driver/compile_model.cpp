@@ -168,8 +168,8 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
                                               cpu::dnnl_version(false)});
     entry = exe_dir / key;
     r.key_seconds = since(tk);
-    // Loaded under the entry's lock, so the pruner leaves it alone; not held: being removed, a miss.
-    if (const cpu::EntryUse use(entry.string()); use.held()) {
+    // Loaded under the entry's lock, so the pruner leaves it alone; busy: being removed, a miss.
+    if (const cpu::EntryUse use(entry.string()); !use.busy() && fs::exists(entry)) {
       try {
         r.exe = load_cpu(entry.string(), ex, bo, key);
         mark_entry_used(entry, *r.exe);

@@ -205,6 +205,7 @@ EntryUse::EntryUse(const std::string& dir) {
   if (fd < 0) return;
   if (::flock(fd, LOCK_SH | LOCK_NB) != 0 || !still_at(fd, dir)) {
     ::close(fd);
+    busy_ = true;
     return;
   }
   fd_ = fd;

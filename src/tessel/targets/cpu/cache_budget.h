@@ -57,9 +57,9 @@ struct PruneResult {
 // one, and a process that has its files mapped or loaded keeps running.
 PruneResult prune_cache(const std::string& root, uint64_t budget);
 
-// Whether an entry of `bytes` fits in `budget`; when not (and the budget is not 0, which asks for no
-// cache), says so on stderr, once per `what` and process: "tessel: cache: <what> of N bytes is over the cache
-// budget of M bytes (chosen by ...); not stored".
+// Whether an entry of `bytes` fits in `budget`; when not (and the budget is not 0, which asks for
+// no cache), says so on stderr, once per `what` and process: "tessel: cache: <what> of N bytes is
+// over the cache budget of M bytes (chosen by ...); not stored".
 bool fits_budget(uint64_t bytes, const CacheBudget& budget, const std::string& what);
 
 // After a store of `entry_dir` (`what` names it in the message) under `root`: removes it when it
@@ -73,8 +73,9 @@ void after_store(const std::string& root, const std::string& entry_dir, const st
 uint64_t folder_bytes(const std::string& dir);
 
 // A shared advisory lock (flock) on an entry's folder while this process reads it or compiles into
-// it; prune_cache skips entries so held. Taken without waiting: held() is false when the folder is
-// gone, is being removed, or was replaced since it was opened (then use it as a miss).
+// it; prune_cache skips entries so held. Taken without waiting. busy(): the folder is being removed
+// (the pruner holds it) or was replaced since it was opened: use the entry as a miss. Neither held
+// nor busy: nothing lockable is there (no entry, or not a folder: what the entry's reader reports).
 class EntryUse {
  public:
   explicit EntryUse(const std::string& dir);
@@ -82,9 +83,11 @@ class EntryUse {
   EntryUse(const EntryUse&) = delete;
   EntryUse& operator=(const EntryUse&) = delete;
   bool held() const { return fd_ >= 0; }
+  bool busy() const { return busy_; }
 
  private:
   int fd_ = -1;
+  bool busy_ = false;
 };
 
 }  // namespace tessel::cpu

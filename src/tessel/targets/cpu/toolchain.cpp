@@ -440,8 +440,8 @@ BuildResult build_shared_object(const std::string& source, const std::string& na
   r.so_path = so.string();
 
   const fs::path sum = dir / "kernels.so.sum";
-  // Read under the entry's lock (the pruner skips it); not held: the pruner is removing it, a miss.
-  if (const EntryUse use(dir.string()); options.use_cache && use.held() && access(so.c_str(), F_OK) == 0) {
+  // Read under the entry's lock (the pruner skips it); busy: the pruner is removing it, a miss.
+  if (const EntryUse use(dir.string()); options.use_cache && !use.busy() && access(so.c_str(), F_OK) == 0) {
     auto t0 = std::chrono::steady_clock::now();
     try {
       r.so = SharedObject::open_verified(r.so_path, read_sum(sum.string()));
