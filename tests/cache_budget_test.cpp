@@ -153,10 +153,11 @@ TEST_F(CacheBudgetTest, EntriesInUseAreNotPruned) {
     const cpu::EntryUse use(m.entry_dir);
     ASSERT_TRUE(use.held());
     const cpu::PruneResult r = cpu::prune_cache(cache_, 0);
-    EXPECT_EQ(r.busy, 1u);
+    EXPECT_EQ(r.busy, 2u);  // the entry, and the kernels it needs
     EXPECT_TRUE(fs::exists(m.entry_dir));
+    EXPECT_TRUE(fs::exists(m.exe->stats().so_path));
   }
-  cpu::prune_cache(cache_, 0);
+  EXPECT_EQ(cpu::prune_cache(cache_, 0).removed, 2u);
   EXPECT_FALSE(fs::exists(m.entry_dir));
   EXPECT_FALSE(cpu::EntryUse(m.entry_dir).held());  // gone
 }
@@ -225,4 +226,20 @@ TEST_F(CacheBudgetTest, TheCacheCommandListsPrunesAndClears) {
   EXPECT_TRUE(cpu::list_cache(cache_).empty());
   const std::string bad = fmt::format("'{}' cache --cache-dir '{}' --prune lots > /dev/null 2>&1", testenv::tessel_binary(), cache_);
   EXPECT_NE(std::system(bad.c_str()), 0);
+}
+
+// Kernels older than an entry that needs them (an entry written before the budget existed) are not
+// removed from under it: the entry would be a damaged one on its next hit.
+TEST_F(CacheBudgetTest, KernelsAKeptEntryNeedsStay) {
+  ModelCompile m = compile(1);
+  const fs::path kernels = fs::path(m.exe->stats().so_path).parent_path();
+  fs::last_write_time(kernels, fs::last_write_time(kernels) - std::chrono::hours(1));
+  ASSERT_EQ(cpu::list_cache(cache_).front().path, kernels.string());
+  const uint64_t entry = cpu::folder_bytes(m.entry_dir);
+  const cpu::PruneResult r = cpu::prune_cache(cache_, entry + cpu::folder_bytes(kernels.string()) - 1);
+  EXPECT_EQ(r.removed, 1u);
+  EXPECT_FALSE(fs::exists(m.entry_dir));
+  EXPECT_TRUE(fs::exists(m.exe->stats().so_path));
+  ModelCompile again = compile(1);
+  EXPECT_TRUE(again.load_error.empty()) << again.load_error;
 }

@@ -27,6 +27,7 @@
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/compiled_backend.h"
+#include "tessel/runtime/exe_entry.h"
 #include "tessel/kernel/kernel.h"
 #include "tessel/targets/cpu/cache_budget.h"
 #include "tessel/targets/cpu/codegen.h"
@@ -585,12 +586,11 @@ std::string bytes_text(uint64_t n) {
   return u == 0 ? fmt::format("{} B", n) : fmt::format("{:.1f} {}", v, units[u]);
 }
 
-// The model an executable-cache entry was stored for (its manifest's "model"), or "?".
+// The model an executable-cache entry was stored for (its manifest's), or "?" for a damaged one.
 std::string entry_model(const std::string& entry) {
   try {
-    const auto j = nlohmann::json::parse(read_regular_file(entry + "/manifest.json", "cache manifest", 1 << 20));
-    return display_text(j.at("model").get<std::string>());
-  } catch (const std::exception&) {
+    return display_text(read_manifest(entry).model);
+  } catch (const Error&) {
     return "?";
   }
 }

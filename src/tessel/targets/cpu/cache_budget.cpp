@@ -13,9 +13,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <map>
 #include <set>
 
 #include "tessel/support/error.h"
+#include "tessel/runtime/exe_entry.h"
 #include "tessel/support/limits.h"
 
 namespace tessel::cpu {
@@ -147,17 +149,37 @@ void mark_used(const std::string& entry_dir) {
 
 namespace {
 
+// The key of the kernels an executable entry needs (its manifest's shared object's folder), or empty.
+std::string kernels_key(const CacheEntry& e) {
+  try {
+    const std::string so = read_manifest(e.path).so_path;
+    return so.empty() ? std::string() : fs::path(so).parent_path().filename().string();
+  } catch (const Error&) {
+    return {};  // damaged: its next reader reports and replaces it
+  }
+}
+
+// Kernels are removed only once no kept entry needs them: an entry without its kernels is a damaged
+// one. (Hits and stores touch kernels after their entries, so this only holds back kernels of an
+// entry in use, or of one written before the budget existed.)
 PruneResult prune_entries(const std::vector<CacheEntry>& entries, uint64_t budget) {
   PruneResult r;
   r.kept_bytes = total_bytes(entries);
+  if (r.kept_bytes <= budget) return r;
+  std::map<std::string, int> users;  // kernels key -> kept executable entries needing them
+  std::vector<std::string> needs(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (entries[i].kind == EntryKind::executable && !(needs[i] = kernels_key(entries[i])).empty()) ++users[needs[i]];
   const int64_t now = now_ns();
-  for (const CacheEntry& e : entries) {
-    if (r.kept_bytes <= budget) break;
+  for (size_t i = 0; i < entries.size() && r.kept_bytes > budget; ++i) {
+    const CacheEntry& e = entries[i];
     const bool young_incomplete = !e.complete && now - e.last_used_ns < kIncompleteGraceNs;
-    if (!young_incomplete && remove_entry(e)) {
+    const bool needed = e.kind == EntryKind::kernels && users[fs::path(e.path).filename().string()] > 0;
+    if (!young_incomplete && !needed && remove_entry(e)) {
       ++r.removed;
       r.removed_bytes += e.bytes;
       r.kept_bytes -= e.bytes;
+      if (!needs[i].empty()) --users[needs[i]];
     } else {
       ++r.busy;
     }

@@ -48,12 +48,13 @@ struct PruneResult {
   size_t removed = 0;
   uint64_t removed_bytes = 0;
   uint64_t kept_bytes = 0;
-  size_t busy = 0;  // over the budget but in use by another process (or a compile under way): kept
+  size_t busy = 0;  // over the budget but kept: in use by another process, a compile under way, or
+                    // kernels a kept entry needs
 };
 
 // Removes least-recently-used entries until what is kept fits in `budget` bytes. An entry another
 // process holds (EntryUse) is skipped, and so is an incomplete one less than an hour old (a compile
-// creating it); a removed entry is first renamed to a temporary name, so no reader finds half of
+// creating it) and kernels that a kept executable entry needs; a removed entry is first renamed to a temporary name, so no reader finds half of
 // one, and a process that has its files mapped or loaded keeps running.
 PruneResult prune_cache(const std::string& root, uint64_t budget);
 
