@@ -243,3 +243,30 @@ TEST_F(CacheBudgetTest, KernelsAKeptEntryNeedsStay) {
   ModelCompile again = compile(1);
   EXPECT_TRUE(again.load_error.empty()) << again.load_error;
 }
+
+// Processes storing, hitting and pruning one small cache at once: every run computes the right
+// outputs, and none finds a damaged entry (a reader never sees an entry half removed, and the pruner
+// never removes one being read or written).
+TEST_F(CacheBudgetTest, ConcurrentProcessesPruningOneCacheAllSucceed) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  const std::string models = testenv::shared_dir() + "/models/";
+  // tblock_s' entry is 6 MB and attn_s' 8 MB: each store of one removes the other.
+  const std::string run = fmt::format("TESSEL_CACHE_DIR='{}' TESSEL_CACHE_MAX_BYTES=10M '{}' run", cache_, testenv::tessel_binary());
+  std::string script;
+  for (int p = 0; p < 3; ++p) {
+    std::string loop;
+    for (const char* m : {"tblock_s", "attn_s", "tblock_s", "attn_s"})
+      loop += fmt::format("{} '{}{}' --backend compiled --check --threads 1 || echo FAILED; ", run, models, m);
+    script += fmt::format("({}) > '{}/p{}.log' 2>&1 & ", loop, root_.string(), p);
+  }
+  ASSERT_EQ(std::system((script + "wait").c_str()), 0);
+  for (int p = 0; p < 3; ++p) {
+    const std::string log = testenv::read_text(fmt::format("{}/p{}.log", root_.string(), p));
+    EXPECT_EQ(log.find("FAILED"), std::string::npos) << log;
+    EXPECT_EQ(log.find("again"), std::string::npos) << "a damaged entry was found:\n" << log;
+    size_t passes = 0;
+    for (size_t at = log.find("-> PASS"); at != std::string::npos; at = log.find("-> PASS", at + 1)) ++passes;
+    EXPECT_EQ(passes, 4u) << log;
+  }
+  EXPECT_LE(cpu::total_bytes(cpu::list_cache(cache_)), uint64_t{10} << 20);
+}

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <set>
 
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 #include "tessel/runtime/exe_entry.h"
 #include "tessel/support/limits.h"
 
@@ -70,6 +72,14 @@ bool still_at(int fd, const std::string& path) {
 
 int open_folder(const std::string& path) { return ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC); }
 
+// flock without waiting; false only when another open file holds a conflicting lock. A file system
+// without flock (some network ones: ENOLCK, EINVAL) gets the unlocked behaviour rather than a cache
+// that never hits or is never pruned.
+bool try_flock(int fd, int op) {
+  if (::flock(fd, op | LOCK_NB) == 0) return true;
+  return errno != EWOULDBLOCK && errno != EINTR;
+}
+
 // Removes an entry unless another process holds it: locked exclusively, renamed to a temporary name
 // (readers looking it up now miss; sweep_stale_temporaries finishes a removal this process does not),
 // then deleted. Returns whether it was removed.
@@ -77,7 +87,7 @@ bool remove_entry(const CacheEntry& e) {
   const int fd = open_folder(e.path);
   if (fd < 0) return false;
   bool removed = false;
-  if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && still_at(fd, e.path)) {
+  if (try_flock(fd, LOCK_EX) && still_at(fd, e.path)) {
     const std::string doomed = temporary_name(e.path);
     if (::rename(e.path.c_str(), doomed.c_str()) == 0) {
       std::error_code ec;
@@ -202,7 +212,7 @@ bool fits_budget(uint64_t bytes, const CacheBudget& budget, const std::string& w
   }
   if (budget.bytes > 0 && first) {
     std::fprintf(stderr, "tessel: cache: %s of %llu bytes is over the cache budget of %llu bytes (chosen by %s); not stored\n",
-                 what.c_str(), static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(budget.bytes),
+                 display_text(what).c_str(), static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(budget.bytes),
                  budget.chosen_by.c_str());
     std::fflush(stderr);
   }
@@ -225,7 +235,7 @@ void after_store(const std::string& root, const std::string& entry_dir, const st
 EntryUse::EntryUse(const std::string& dir) {
   const int fd = open_folder(dir);
   if (fd < 0) return;
-  if (::flock(fd, LOCK_SH | LOCK_NB) != 0 || !still_at(fd, dir)) {
+  if (!try_flock(fd, LOCK_SH) || !still_at(fd, dir)) {
     ::close(fd);
     busy_ = true;
     return;
