@@ -122,11 +122,15 @@ void mark_entry_used(const fs::path& entry, const CompiledExecutable& exe) {
 // Why the entry of `exe` is not stored for the cache's budget, or empty. Its kernels count with it:
 // the entry is useless without them.
 std::string over_budget(const CompiledExecutable& exe, const cpu::ToolchainOptions& t, const fs::path& entry) {
-  const cpu::CacheBudget b = cpu::cache_budget(t, cpu::total_bytes(cpu::list_cache(cpu::cache_directory(t))));
+  // The budget without the cache's own size first: it can only be smaller, and it saves listing a
+  // large cache on every store when the entry fits anyway.
+  cpu::CacheBudget b = cpu::cache_budget(t, 0);
   if (b.bytes == 0) return fmt::format("the cache budget is 0 (chosen by {})", b.chosen_by);
   const std::string k = kernels_dir(exe);
   if (!k.empty() && !fs::exists(exe.stats().so_path)) return "its compiled kernels were not kept (over the cache budget)";
   const uint64_t bytes = exe.saved_bytes() + (k.empty() ? 0 : cpu::folder_bytes(k));
+  if (bytes <= b.bytes) return {};
+  b = cpu::cache_budget(t, cpu::total_bytes(cpu::list_cache(cpu::cache_directory(t))));
   if (cpu::fits_budget(bytes, b, "the executable-cache entry " + entry.string())) return {};
   return fmt::format("its {} bytes are over the cache budget of {} bytes (chosen by {})", bytes, b.bytes, b.chosen_by);
 }
