@@ -226,6 +226,11 @@ TEST_F(CacheBudgetTest, TheCacheCommandListsPrunesAndClears) {
   EXPECT_TRUE(cpu::list_cache(cache_).empty());
   const std::string bad = fmt::format("'{}' cache --cache-dir '{}' --prune lots > /dev/null 2>&1", testenv::tessel_binary(), cache_);
   EXPECT_NE(std::system(bad.c_str()), 0);
+  const std::string bad_env = fmt::format("TESSEL_CACHE_MAX_BYTES=lots '{}' cache --cache-dir '{}' > '{}' 2>&1",
+                                          testenv::tessel_binary(), cache_, out);
+  EXPECT_NE(std::system(bad_env.c_str()), 0);
+  EXPECT_NE(testenv::read_text(out).find("TESSEL_CACHE_MAX_BYTES='lots' is not a byte count"), std::string::npos)
+      << testenv::read_text(out);
 }
 
 // Kernels older than an entry that needs them (an entry written before the budget existed) are not
