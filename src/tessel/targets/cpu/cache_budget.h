@@ -54,8 +54,9 @@ struct PruneResult {
 
 // Removes least-recently-used entries until what is kept fits in `budget` bytes. An entry another
 // process holds (EntryUse) is skipped, and so is an incomplete one less than an hour old (a compile
-// creating it) and kernels that a kept executable entry needs; a removed entry is first renamed to a temporary name, so no reader finds half of
-// one, and a process that has its files mapped or loaded keeps running.
+// creating it), and so are kernels a kept executable entry needs. A removed entry is first renamed
+// to a temporary name, so no reader finds half of one; a process that has its files mapped or
+// loaded keeps running.
 PruneResult prune_cache(const std::string& root, uint64_t budget);
 
 // Whether an entry of `bytes` fits in `budget`; when not (and the budget is not 0, which asks for
