@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -25,7 +28,9 @@
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/compiled_backend.h"
+#include "tessel/runtime/exe_entry.h"
 #include "tessel/kernel/kernel.h"
+#include "tessel/targets/cpu/cache_budget.h"
 #include "tessel/targets/cpu/codegen.h"
 #include "tessel/targets/cpu/library_epilogue.h"
 #include "tessel/runtime/interpreter.h"
@@ -573,6 +578,57 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
   return 0;
 }
 
+// "1.2 GiB": sizes for people.
+std::string bytes_text(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  for (; v >= 1024 && u < 4; ++u) v /= 1024;
+  return u == 0 ? fmt::format("{} B", n) : fmt::format("{:.1f} {}", v, units[u]);
+}
+
+// The model an executable-cache entry was stored for (its manifest's), or "?" for a damaged one.
+std::string entry_model(const std::string& entry) {
+  try {
+    return display_text(read_manifest(entry).model);
+  } catch (const Error&) {
+    return "?";
+  }
+}
+
+// `tessel cache`: the cache directory's entries (most recently used first), total and budget;
+// --clear removes every entry no process is using, --prune BYTES the least recently used until the
+// rest fits in BYTES.
+int cmd_cache(const std::string& cache_dir, bool clear, const std::string& prune) {
+  cpu::ToolchainOptions o;
+  o.cache_dir = cache_dir;
+  const std::string root = cpu::cache_directory(o);
+  if (clear || !prune.empty()) {
+    const auto keep = clear ? std::optional<uint64_t>(0) : parse_byte_size(prune);
+    if (!keep) throw Error(Location{}, fmt::format("--prune '{}' is not a byte count (e.g. 2G, 512M)", prune));
+    const cpu::PruneResult r = cpu::prune_cache(root, *keep);
+    fmt::print("{}: removed {} entries ({}); {} kept{}\n", root, r.removed, bytes_text(r.removed_bytes),
+               bytes_text(r.kept_bytes), r.busy ? fmt::format(" ({} in use by other processes)", r.busy) : "");
+    return 0;
+  }
+  const std::vector<cpu::CacheEntry> entries = cpu::list_cache(root);
+  const uint64_t held = cpu::total_bytes(entries);
+  const cpu::CacheBudget budget = cpu::cache_budget(o, held);
+  fmt::print("cache: {}\n", root);
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    const bool exe = it->kind == cpu::EntryKind::executable;
+    const std::time_t t = static_cast<std::time_t>(it->last_used_ns / 1000000000);
+    char when[32];
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M", std::localtime(&t));
+    fmt::print("  {:<10} {:>10}  {}  {}{}{}\n", exe ? "executable" : "kernels", bytes_text(it->bytes), when,
+               fs::path(it->path).filename().string(), exe ? "  " + entry_model(it->path) : "",
+               it->complete ? "" : "  (incomplete)");
+  }
+  fmt::print("{} entries, {} of a budget of {} ({}{})\n", entries.size(), bytes_text(held), bytes_text(budget.bytes),
+             budget.chosen_by, budget.chosen_by.starts_with("the default") ? "; TESSEL_CACHE_MAX_BYTES sets another" : "");
+  return 0;
+}
+
 int cmd_hw(const std::string& what) {
   if (what.empty()) {
     fmt::print("presets:");
@@ -710,6 +766,14 @@ int main(int argc, char** argv) {
   load->add_option("--cache-dir", load_cache, "the compile cache (default: $TESSEL_CACHE_DIR, else ~/.cache/tessel)");
   load->add_flag("--json", load_json, "print one line of JSON");
 
+  auto* cache = app.add_subcommand("cache", "Show the compile cache (entries, size, budget), or clear or prune it");
+  std::string cache_dir, cache_prune;
+  bool cache_clear = false;
+  cache->add_option("--cache-dir", cache_dir, "the cache (default: $TESSEL_CACHE_DIR, else ~/.cache/tessel)");
+  cache->add_flag("--clear", cache_clear, "remove every entry (those other processes are using stay)")
+      ->excludes(cache->add_option("--prune", cache_prune,
+                                   "remove the least recently used entries until the rest fits in BYTES (K/M/G suffixes)"));
+
   auto* fuzz = app.add_subcommand("fuzz-graphs", "Random graphs on eager vs graph vs compiled vs the functional simulator (docs/random-graphs.md)");
   FuzzGraphsArgs fz;
   fuzz->add_option("--seed", fz.seed, "first seed (graphs use seed, seed+1, ...)");
@@ -730,6 +794,7 @@ int main(int argc, char** argv) {
       set_max_alloc_bytes(*bytes);
     }
     max_alloc_bytes();  // a malformed $TESSEL_MAX_ALLOC_BYTES is reported here, before any work
+    if (const char* v = std::getenv("TESSEL_CACHE_MAX_BYTES"); v && *v) cpu::cache_budget({}, 0);  // and the cache's budget
     if (*explain) return cmd_explain(explain_model, explain_opts);
     if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
     if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_threads);
@@ -757,6 +822,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*fuzz) return cmd_fuzz_graphs(fz);
+    if (*cache) return cmd_cache(cache_dir, cache_clear, cache_prune);
     if (*load) return cmd_load(load_model_path, load_threads, load_cache, load_json);
     if (*bench) {
       BenchOptions bo;

@@ -20,6 +20,7 @@
 #include "tessel/ir/verifier.h"
 #include "tessel/runtime/exe_entry.h"
 #include "tessel/support/limits.h"
+#include "tessel/targets/cpu/cache_budget.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
 #include "tessel/targets/cpu/toolchain.h"
 
@@ -105,6 +106,35 @@ std::string inputs_text(const std::vector<Tensor>& ins) {
   return s;
 }
 
+// The folder of an entry's kernels (a kernel cache entry), or empty when it has none.
+std::string kernels_dir(const CompiledExecutable& exe) {
+  const std::string& so = exe.stats().so_path;
+  return so.empty() ? std::string() : fs::path(so).parent_path().string();
+}
+
+// Marks an entry used, then the kernels it uses: list_cache relies on kernels never being less
+// recently used than the entries that need them (an entry without its kernels is a damaged one).
+void mark_entry_used(const fs::path& entry, const CompiledExecutable& exe) {
+  cpu::mark_used(entry.string());
+  if (const std::string k = kernels_dir(exe); !k.empty()) cpu::mark_used(k);
+}
+
+// Why the entry of `exe` is not stored for the cache's budget, or empty. Its kernels count with it:
+// the entry is useless without them.
+std::string over_budget(const CompiledExecutable& exe, const cpu::ToolchainOptions& t, const fs::path& entry) {
+  // The budget without the cache's own size first: it can only be smaller, and it saves listing a
+  // large cache on every store when the entry fits anyway.
+  cpu::CacheBudget b = cpu::cache_budget(t, 0);
+  if (b.bytes == 0) return fmt::format("the cache budget is 0 (chosen by {})", b.chosen_by);
+  const std::string k = kernels_dir(exe);
+  if (!k.empty() && !fs::exists(exe.stats().so_path)) return "its compiled kernels were not kept (over the cache budget)";
+  const uint64_t bytes = exe.saved_bytes() + (k.empty() ? 0 : cpu::folder_bytes(k));
+  if (bytes <= b.bytes) return {};
+  b = cpu::cache_budget(t, cpu::total_bytes(cpu::list_cache(cpu::cache_directory(t))));
+  if (cpu::fits_budget(bytes, b, "the executable-cache entry " + entry.string())) return {};
+  return fmt::format("its {} bytes are over the cache budget of {} bytes (chosen by {})", bytes, b.bytes, b.chosen_by);
+}
+
 }  // namespace
 
 ImportedModel import_model_file(const std::string& path, const std::vector<Tensor>& inputs) {
@@ -142,9 +172,11 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
                                               cpu::dnnl_version(false)});
     entry = exe_dir / key;
     r.key_seconds = since(tk);
-    if (fs::exists(entry)) {
+    // Loaded under the entry's lock, so the pruner leaves it alone; busy: being removed, a miss.
+    if (const cpu::EntryUse use(entry.string()); !use.busy() && fs::exists(entry)) {
       try {
         r.exe = load_cpu(entry.string(), ex, bo, key);
+        mark_entry_used(entry, *r.exe);
         r.entry_hit = true;
         r.entry_dir = entry.string();
         r.seconds = since(t0);
@@ -167,6 +199,7 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
   r.exe = compile_cpu(std::move(g), ex, bo);
   if (opts.executable_cache) {
     r.not_stored = r.exe->unsaveable_reason();
+    if (r.not_stored.empty()) r.not_stored = over_budget(*r.exe, bo.toolchain, entry);
     if (r.not_stored.empty()) {
       // Written under a temporary name and renamed into place: readers never see half an entry.
       cpu::sweep_stale_temporaries(cpu::cache_directory(bo.toolchain));
@@ -185,7 +218,11 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
       // removing it under a reader would make that reader report damage.
       if (!r.load_error.empty()) fs::remove_all(entry, ec);
       if (::rename(tmp.c_str(), entry.c_str()) != 0) fs::remove_all(tmp, ec);  // another process won the race
-      r.entry_dir = entry.string();
+      mark_entry_used(entry, *r.exe);
+      cpu::after_store(cpu::cache_directory(bo.toolchain), entry.string(), "the executable-cache entry " + entry.string(),
+                       bo.toolchain);
+      if (fs::exists(entry)) r.entry_dir = entry.string();
+      else r.not_stored = "over the cache budget";  // larger than its estimate (saved_bytes)
     }
   }
   r.seconds = since(t0);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "tessel/ir/op_registry.h"
@@ -281,16 +282,32 @@ std::string CompiledExecutable::unsaveable_reason() const {
   return {};
 }
 
-void CompiledExecutable::save(const std::string& dir, const std::string& key) const {
-  if (std::string why = unsaveable_reason(); !why.empty())
-    throw Error(Location{.file = dir, .pass = "executable cache"}, "cannot store this executable: " + why);
-  std::vector<BlobToStore> blobs;
+void CompiledExecutable::stored_pieces(std::vector<BlobToStore>& blobs, std::vector<PackedToStore>& packed) const {
   for (const Tensor& t : module_blobs_) blobs.push_back({t.bytes(), t.nbytes()});
-  std::vector<PackedToStore> packed;
   for (const auto& L : launches_) {
     cpu::PackedWeights w = L->matmul ? L->matmul->packed_weights() : L->conv ? L->conv->packed_weights() : cpu::PackedWeights{};
     if (w.valid()) packed.push_back({L->kernel_index, w.data, w.nbytes, w.layout});
   }
+}
+
+uint64_t CompiledExecutable::saved_bytes() const {
+  std::vector<BlobToStore> blobs;
+  std::vector<PackedToStore> packed;
+  stored_pieces(blobs, packed);
+  uint64_t n = module_text_.size();
+  for (const BlobToStore& b : blobs) n += b.nbytes;
+  std::set<std::pair<const void*, uint64_t>> once;  // a packing kernels share is stored once (write_entry)
+  for (const PackedToStore& p : packed)
+    if (once.insert({p.data, p.nbytes}).second) n += p.nbytes;
+  return n;
+}
+
+void CompiledExecutable::save(const std::string& dir, const std::string& key) const {
+  if (std::string why = unsaveable_reason(); !why.empty())
+    throw Error(Location{.file = dir, .pass = "executable cache"}, "cannot store this executable: " + why);
+  std::vector<BlobToStore> blobs;
+  std::vector<PackedToStore> packed;
+  stored_pieces(blobs, packed);
   EntryManifest m;
   m.format = kEntryFormat;
   m.key = key;

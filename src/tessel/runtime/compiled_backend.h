@@ -51,6 +51,8 @@ struct CompiledCompileStats {
 };
 
 class CompiledExecutable;
+struct BlobToStore;    // exe_entry.h
+struct PackedToStore;
 
 // Compiles `g` (as imported; example inputs as for compile_graph). Errors are tessel::Error naming
 // the node, kernel or stage; a C++ compiler failure names the kept source file.
@@ -88,6 +90,9 @@ class CompiledExecutable {
   void save(const std::string& dir, const std::string& key = {}) const;
   // Why save() would refuse, or empty when it can store this executable.
   std::string unsaveable_reason() const;
+  // The bytes save() would write, without alignment padding and the manifest (a few KB): checked
+  // against the cache's budget before anything is written.
+  uint64_t saved_bytes() const;
   std::vector<Tensor> run(const std::vector<Tensor>& inputs, GraphRunStats* stats = nullptr);
   const CompiledCompileStats& stats() const { return stats_; }
   const std::vector<Kernel>& kernels() const { return kernels_; }
@@ -101,6 +106,8 @@ class CompiledExecutable {
                                                       const CompiledBackendOptions&, const std::string&);
   struct Launch;
   struct Builder;
+  // What save() writes besides the module text: the module's blobs and each kernel's packed weights.
+  void stored_pieces(std::vector<BlobToStore>& blobs, std::vector<PackedToStore>& packed) const;
   CompiledExecutable();
   std::unique_ptr<GraphExecutable> exe_;
   std::vector<Kernel> kernels_;

@@ -263,17 +263,21 @@ void write_entry(const std::string& dir, const std::string& module_text, const s
   write_file(d / "manifest.json", "manifest", [&](HashedFile& f) { f.write(text.data(), text.size()); });
 }
 
-LoadedEntry read_entry(const std::string& dir, const EntryReadOptions& o) {
-  const fs::path d(dir);
-  LoadedEntry e;
-  const std::string mpath = (d / "manifest.json").string();
+EntryManifest read_manifest(const std::string& dir, const EntryReadOptions& o) {
+  const std::string mpath = (fs::path(dir) / "manifest.json").string();
   std::string mtext;
   try {
     mtext = read_regular_file(mpath, "cache manifest", kMaxManifestBytes);
   } catch (const Error& x) {
     entry_error(mpath, x.reason());
   }
-  e.manifest = parse_manifest(mpath, mtext, o);
+  return parse_manifest(mpath, mtext, o);
+}
+
+LoadedEntry read_entry(const std::string& dir, const EntryReadOptions& o) {
+  const fs::path d(dir);
+  LoadedEntry e;
+  e.manifest = read_manifest(dir, o);
   const EntryManifest& m = e.manifest;
   e.module_path = (d / "module.tkl").string();
   try {

@@ -80,6 +80,11 @@ struct LoadedEntry {
   FileBytes constants, packed;
 };
 
+// The manifest of the entry in `dir` alone, checked against its own checksum (and `options.key`);
+// no other file is read. What `tessel cache` shows of an entry, and how the cache's pruner finds the
+// kernels an entry needs. Throws tessel::Error as read_entry does.
+EntryManifest read_manifest(const std::string& dir, const EntryReadOptions& options = {});
+
 // Reads an entry written by write_entry. Total over arbitrary bytes: returns, or throws tessel::Error
 // naming the file and what was wrong (missing or not a regular file, too large, a manifest that is
 // not JSON, of another format or another key, a checksum or size that differs, offsets outside or

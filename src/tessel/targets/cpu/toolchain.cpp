@@ -26,12 +26,15 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <thread>
 #include <sstream>
 #include <vector>
 
 #include "tessel/support/error.h"
 #include "tessel/support/limits.h"
+#include "tessel/targets/cpu/cache_budget.h"
 #include "tessel/targets/cpu/rt_header.h"
 
 extern char** environ;
@@ -437,13 +440,15 @@ BuildResult build_shared_object(const std::string& source, const std::string& na
   r.so_path = so.string();
 
   const fs::path sum = dir / "kernels.so.sum";
-  if (options.use_cache && access(so.c_str(), F_OK) == 0) {
+  // Read under the entry's lock (the pruner skips it); busy: the pruner is removing it, a miss.
+  if (const EntryUse use(dir.string()); options.use_cache && !use.busy() && access(so.c_str(), F_OK) == 0) {
     auto t0 = std::chrono::steady_clock::now();
     try {
       r.so = SharedObject::open_verified(r.so_path, read_sum(sum.string()));
       for (const std::string& s : required_symbols) r.so->symbol(s);
       r.load_seconds = seconds_since(t0);
       r.cache_hit = true;
+      mark_used(dir.string());
       return r;
     } catch (const Error& e) {
       r.so.reset();
@@ -453,7 +458,14 @@ BuildResult build_shared_object(const std::string& source, const std::string& na
 
   sweep_stale_temporaries(cache.path);
   std::error_code ec;
-  fs::create_directories(dir, ec);
+  // Compiled under the entry's lock, so the pruner leaves the folder alone; a folder it is removing
+  // at this moment is made again.
+  std::optional<EntryUse> writing;
+  for (int attempt = 0; attempt < 3 && !(writing && writing->held()); ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    fs::create_directories(dir, ec);
+    writing.emplace(dir.string());
+  }
   if (ec || access(dir.c_str(), W_OK) != 0) {
     fail("cannot create or write the kernel cache directory '{}' (chosen by {}): {}", dir.string(),
          cache.chosen_by, ec ? ec.message() : std::strerror(errno));
@@ -511,6 +523,8 @@ BuildResult build_shared_object(const std::string& source, const std::string& na
     std::remove(tmp_so.c_str());
     fail("cannot rename '{}' to '{}': {}", tmp_so, r.so_path, std::strerror(e));
   }
+  writing.reset();
+  after_store(cache.path, dir.string(), fmt::format("the compiled kernels of '{}' ({})", name_hint, dir.string()), options);
   return r;
 }
 

@@ -2,7 +2,9 @@
 // hash with a checksum, and loads it with dlopen from a verified private copy.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +20,9 @@ struct ToolchainOptions {
   bool native = true;     // -march=native (+ 512-bit vectors when the CPU has avx512f); false: portable
   std::string opt = "-O2";
   bool use_cache = true;  // false: always compile (the files are still written)
+  // The cache directory's size bound (cache_budget.h): unset: $TESSEL_CACHE_MAX_BYTES, else the
+  // default; 0: store nothing.
+  std::optional<uint64_t> max_cache_bytes;
 };
 
 // A loaded shared object; dlclose'd when the last reference goes, so keep it alive as long as any
