@@ -982,39 +982,53 @@ template <class T, RK K>
 CoreKernel pooling_nhwc_kernel(const Node& n, const Shape& in, const Shape& out, const std::vector<int64_t>& window,
                                const std::vector<int64_t>& strides, const std::vector<int64_t>& dil,
                                const std::vector<int64_t>& pad) {
-  const int64_t N = in[0], C = in[1], H = in[2], W = in[3], OH = out[2], OW = out[3];
+  const int64_t N = in[0], C = in[1], H = in[2], W = in[3], OH = out[2], OW = out[3], KW = window[3];
   const int64_t sh = strides[2], sw = strides[3], dh = dil[2], dw = dil[3], ph = pad[4], pw = pad[6];
   auto rows = std::make_shared<TapRange>(tap_range(H, OH, window[2], sh, dh, ph));
-  auto cols = std::make_shared<TapRange>(tap_range(W, OW, window[3], sw, dw, pw));
+  auto cols = std::make_shared<TapRange>(tap_range(W, OW, KW, sw, dw, pw));
+  // [full_lo, full_hi): the output pixels of a row whose every column tap is inside the input. With
+  // stride 1 their taps kw of one input row are one contiguous run of (full_hi - full_lo) · C elements.
+  int64_t full_lo = 0, full_hi = OW;
+  while (full_lo < OW && (cols->lo[static_cast<size_t>(full_lo)] != 0 || cols->hi[static_cast<size_t>(full_lo)] != KW)) ++full_lo;
+  while (full_hi > full_lo && (cols->lo[static_cast<size_t>(full_hi - 1)] != 0 || cols->hi[static_cast<size_t>(full_hi - 1)] != KW)) --full_hi;
   const int x = n.inputs[0]->id, y = n.outputs[0]->id;
   using A = PoolC<T, K>;
-  const bool parallel = N * OH > 1 && N * OH * OW * C * window[2] * window[3] >= (int64_t{1} << 16);
+  const bool parallel = N * OH > 1 && N * OH * OW * C * window[2] * KW >= (int64_t{1} << 16);
   return [=](KernelEnv& e) {
     const T* xp = in_ptr<T>(e, x);
     T* yp = out_ptr<T>(e, y);
     const A identity = static_cast<A>(Reducer<T>{K}.identity());
 #pragma omp parallel if (parallel)
     {
-      std::vector<A> buf(std::is_same_v<A, T> ? 0 : static_cast<size_t>(C));
+      std::vector<A> buf(std::is_same_v<A, T> ? 0 : static_cast<size_t>(OW * C));
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < N * OH; ++i) {
         const int64_t b = i / OH, oh = i % OH;
         const size_t r = static_cast<size_t>(oh);
-        for (int64_t ow = 0; ow < OW; ++ow) {
-          T* yo = yp + (i * OW + ow) * C;
-          A* acc;
-          if constexpr (std::is_same_v<A, T>) acc = yo;  // f32 max/min accumulate in the result
-          else acc = buf.data();
-          std::fill(acc, acc + C, identity);
-          const size_t c = static_cast<size_t>(ow);
-          for (int64_t kh = rows->lo[r]; kh < rows->hi[r]; ++kh) {
-            const T* xrow = xp + ((b * H + oh * sh - ph + kh * dh) * W) * C;
-            for (int64_t kw = cols->lo[c]; kw < cols->hi[c]; ++kw)
-              pool_tap<T, K>(acc, xrow + (ow * sw - pw + kw * dw) * C, C, 1);
+        T* yrow = yp + i * OW * C;
+        A* acc;
+        if constexpr (std::is_same_v<A, T>) acc = yrow;  // f32 max/min accumulate in the result
+        else acc = buf.data();
+        std::fill(acc, acc + OW * C, identity);
+        auto pixel = [&](const T* xrow, int64_t ow) {
+          for (int64_t kw = cols->lo[static_cast<size_t>(ow)]; kw < cols->hi[static_cast<size_t>(ow)]; ++kw)
+            pool_tap<T, K>(acc + ow * C, xrow + (ow * sw - pw + kw * dw) * C, C, 1);
+        };
+        // Row by row of taps, each tap's columns in order: every pixel reduces its taps in the generic
+        // loop's order (rows, then columns), so the results are the same.
+        for (int64_t kh = rows->lo[r]; kh < rows->hi[r]; ++kh) {
+          const T* xrow = xp + ((b * H + oh * sh - ph + kh * dh) * W) * C;
+          for (int64_t ow = 0; ow < full_lo; ++ow) pixel(xrow, ow);
+          if (sw == 1) {
+            for (int64_t kw = 0; kw < KW && full_hi > full_lo; ++kw)
+              pool_tap<T, K>(acc + full_lo * C, xrow + (full_lo - pw + kw * dw) * C, (full_hi - full_lo) * C, 1);
+          } else {
+            for (int64_t ow = full_lo; ow < full_hi; ++ow) pixel(xrow, ow);
           }
-          if constexpr (!std::is_same_v<A, T>)
-            for (int64_t k = 0; k < C; ++k) yo[k] = pool_store<T, K>(acc[k]);
+          for (int64_t ow = std::max(full_hi, full_lo); ow < OW; ++ow) pixel(xrow, ow);
         }
+        if constexpr (!std::is_same_v<A, T>)
+          for (int64_t k = 0; k < OW * C; ++k) yrow[k] = pool_store<T, K>(acc[k]);
       }
     }
   };
