@@ -9,7 +9,7 @@
 
 namespace tessel {
 
-struct Node;
+class Node;
 
 // What a primitive is (docs/ir/core.md, "The primitives").
 enum class CoreKind { unary, binary, compare, select, convert, bitcast, reduce, window, contraction, movement, sort };
