@@ -376,3 +376,23 @@ TEST(ConvPaths, FirstLayerReadsAChannelsLastCopyOfTheImage) {
   for (const Kernel& k : m.kernels) channels_last_stems += k.kind == KernelKind::conv && k.conv.c == 3 && k.conv.x_nhwc;
   EXPECT_EQ(channels_last_stems, 1) << print_kernel_module(m, true);
 }
+
+// A layout is nchw or nhwc, and nhwc is for 4-D operands: anything else is an error naming the node
+// (a model file or a cached kernel module cannot make the runtime read a buffer in a made-up order).
+TEST(ConvPaths, ALayoutOtherThanNchwOrNhwcIsAnError) {
+  auto g = inception(false);
+  run_pipeline(*g, parse_pipeline("core"), PassOptions{});
+  Node* pool = nullptr;
+  for (auto& n : g->mutable_nodes())
+    if (n->op->name == "reduce_window") pool = n.get();
+  ASSERT_NE(pool, nullptr);
+  pool->attrs["layout"] = std::string("nhwx");
+  try {
+    infer_graph(*g);
+    FAIL() << "layout nhwx was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layout 'nhwx' is neither nchw nor nhwc"), std::string::npos) << e.what();
+  }
+  pool->attrs["layout"] = std::string("nhwc");
+  EXPECT_NO_THROW(infer_graph(*g));
+}
