@@ -124,11 +124,12 @@ Value* expm1_of(CoreBuilder& b, Value* x) {
 }
 Value* clamp01(CoreBuilder& b, Value* x) { return b.max(k(b, x, 0), b.min(x, k(b, x, 1))); }
 
-// exp of -|x| only, so nothing overflows: 1 / (1 + e) for x >= 0, e / (1 + e) below.
+// One division: 1 / (1 + e) for x >= 0, e · that for x < 0 (e = exp(-|x|) <= 1, so no overflow; e · r
+// is within 1.5 ulp of e / (1 + e)). Two divisions were a fifth of a SiLU epilogue's vector work.
 Value* sigmoid_of(CoreBuilder& b, Value* x) {
   Value* e = b.unary("exp", b.unary("neg", abs_of(b, x)));
-  Value* d = b.add(k(b, x, 1), e);
-  return b.select(b.compare("ge", x, k(b, x, 0)), b.div(k(b, x, 1), d), b.div(e, d));
+  Value* r = b.div(k(b, x, 1), b.add(k(b, x, 1), e));
+  return b.select(b.compare("ge", x, k(b, x, 0)), r, b.mul(e, r));
 }
 
 // max(x, 0) + log(1 + exp(-|x|)): no overflow for large |x|.
