@@ -352,7 +352,9 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
     example = [t for _, t, _ in state] + list(example_inputs)
     # Tracing runs the module on real tensors: clones, so that its mutations (written back by
     # functionalize at the end of the trace) do not reach the module or the caller's inputs.
-    clones = _contiguous_clones(example)
+    with torch.no_grad():
+        clones = [t.detach().clone(memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t
+                  for t in example]
     reads = []          # (tensor, ValueRead) of the trace, in order
     structure = []      # the Structure of the module's output
 
@@ -366,20 +368,9 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
             raise TesselCaptureError(f"cannot capture {type(module).__name__}: {e}") from None
         structure[:] = [st]
         return tuple(tensors), tuple(t for t, _ in reads)
-
-    def trace(functional, tensors):
-        with _functorch_stack_restored(), _provenance(module), _value_reads(reads), torch.no_grad():
-            return make_fx(_functionalize()(traced, remove="mutations") if functional else traced)(*tensors)
-
     try:
-        try:
-            gm = trace(True, clones)
-        except _tessel.TesselError:
-            raise
-        except Exception as e:  # noqa: BLE001 -- PyTorch's own functionalization may fail (see below)
-            if not _functionalization_failed(e):
-                raise
-            gm = _without_mutations(trace(False, _contiguous_clones(example)), e)
+        with _functorch_stack_restored(), _provenance(module), _value_reads(reads), torch.no_grad():
+            gm = make_fx(_functionalize()(traced, remove="mutations"))(*clones)
     except _tessel.TesselError:
         raise
     except Exception as e:  # noqa: BLE001 -- every tracing failure becomes one clear error
@@ -404,33 +395,6 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
     example = [t if isinstance(src, Slot) else torch.empty(t.shape, dtype=t.dtype, device="meta")
                for t, src in zip(example, sources)]
     return Captured(gm, sources, mutated, example, structure[0], [r for _, r in reads])
-
-
-def _contiguous_clones(tensors):
-    with torch.no_grad():
-        return [t.detach().clone(memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t
-                for t in tensors]
-
-
-def _functionalization_failed(e):
-    """An internal error of PyTorch's functionalization (timm's coat_lite_tiny on torch 2.11:
-    `!isFunctionalTensor(base_)` in FunctionalStorageImpl), not an error of the module."""
-    return "functionaliz" in str(e).lower() or "FunctionalStorageImpl" in str(e) or "FunctionalTensor" in str(e)
-
-
-def _is_mutation(node):
-    target = node.target
-    schema = getattr(target, "_schema", None)
-    return node.op == "call_function" and schema is not None and schema.is_mutable
-
-
-def _without_mutations(gm, error):
-    """The plain trace (no functionalization) when it has no mutation: then it is the graph
-    functionalization would have given (views stay views, as with remove="mutations"); otherwise the
-    functionalization error stands."""
-    if any(_is_mutation(n) for n in gm.graph.nodes):
-        raise error
-    return gm
 
 
 def _check_rebuild(structure, module):

@@ -200,42 +200,6 @@ class FunctionalizeTest(unittest.TestCase):
             tessel.compile(Plain(), (torch.randn(4),), backend="graph")
 
 
-class BrokenFunctionalization:
-    """Stands in for PyTorch's functionalization failing inside itself (timm's coat_lite_tiny on torch
-    2.11: an internal assert in FunctionalStorageImpl) while tessel.compile captures."""
-
-    def __enter__(self):
-        from tessel import _capture
-        self.module, self.saved = _capture, _capture._functionalize
-
-        def broken(*a, **k):
-            def fail(*args):
-                raise RuntimeError("!at::functionalization::impl::isFunctionalTensor(base_) INTERNAL ASSERT FAILED "
-                                   "at FunctionalStorageImpl.cpp")
-            return fail
-        self.module._functionalize = lambda: broken
-        return self
-
-    def __exit__(self, *exc):
-        self.module._functionalize = self.saved
-
-
-class FunctionalizationFailureTest(unittest.TestCase):
-    def test_a_module_without_mutations_is_traced_without_functionalization(self):
-        torch.manual_seed(4)
-        m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 5)).eval()
-        x = torch.randn(2, 3, 8, 8)
-        with BrokenFunctionalization():
-            fast = tessel.compile(m, (x,), backend="graph")
-        with torch.no_grad():
-            self.assertLess(max_abs(fast(x), m(x)), 1e-5)
-        self.assertEqual(fast.explanation.break_count, 0)
-
-    def test_a_module_with_mutations_keeps_the_error(self):
-        with BrokenFunctionalization(), self.assertRaisesRegex(tessel.TesselCaptureError, "FunctionalStorageImpl"):
-            tessel.compile(InPlace().eval(), (torch.randn(4, 16),), backend="graph")
-
-
 class FreezeGuardTest(unittest.TestCase):
     def setUp(self):
         torch.manual_seed(4)
