@@ -1,13 +1,15 @@
 // The compiled backend: every corpus model matches its reference outputs (computed by PyTorch), the
-// compile cache is hit without starting the compiler, thread counts agree, and broken kernels or a
-// failing compiler give clear errors.
+// compile cache is hit without starting the compiler, thread counts agree and leave the caller's count
+// as it was, and broken kernels or a failing compiler give clear errors.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "corpus_util.h"
 #include "tessel/runtime/compiled_backend.h"
+#include "tessel/support/threads.h"
 #include "tessel/targets/cpu/codegen.h"
 
 using namespace tessel;
@@ -64,6 +66,23 @@ TEST(CompiledBackend, ThreadCountsAgree) {
   std::vector<Tensor> x = one->run(a.inputs), y = two->run(a.inputs);
   ASSERT_EQ(x.size(), y.size());
   testenv::expect_matches_reference(x, y, "1 vs 2 threads", 1e-6);
+}
+
+// tessel applies its thread count only while it compiles and runs: a caller's OpenMP count (here 3)
+// is the same afterwards, and a run under another caller count still matches the reference.
+TEST(CompiledBackend, LeavesTheCallersThreadCount) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  testenv::CorpusCase c = testenv::load_corpus_model("tblock_s");
+  ScopedOmpThreads caller(3);
+  auto exe = compile_cpu(std::move(c.model.graph), c.inputs, options(1));
+  EXPECT_EQ(omp_get_max_threads(), 3) << "after compile";
+  std::vector<Tensor> outs = exe->run(c.inputs);
+  EXPECT_EQ(omp_get_max_threads(), 3) << "after run";
+  testenv::expect_matches_reference(outs, c.refs, "tblock_s compiled, 1 thread under a caller's 3");
+  ScopedOmpThreads other(2);
+  std::vector<Tensor> again = exe->run(c.inputs);
+  EXPECT_EQ(omp_get_max_threads(), 2) << "after a run under another caller count";
+  for (size_t i = 0; i < outs.size(); ++i) EXPECT_TRUE(outs[i].same_as(again[i])) << "output " << i;
 }
 
 // A cache hit loads the shared object without starting the compiler: the compiler here is a

@@ -7,9 +7,6 @@
 #include <pybind11/stl.h>
 
 #include <fmt/format.h>
-#include <omp.h>
-
-#include <thread>
 
 #include "tessel/driver/explain.h"
 #include "tessel/ir/infer.h"
@@ -20,6 +17,7 @@
 #include "tessel/runtime/partition.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/threads.h"
 
 namespace py = pybind11;
 using namespace tessel;
@@ -222,19 +220,11 @@ class Builder {
   std::map<const Value*, Tensor> known_;   // values inference knew while building (shape arithmetic)
 };
 
-// The compiled backend sets OpenMP's thread count (per thread: the calling thread's ICV) to its own for
-// oneDNN; when PyTorch shares the libgomp, that is also torch.get_num_threads(). Put the caller's count
-// back here, with omp_set_num_threads (free), rather than from Python with torch.set_num_threads,
-// which re-creates PyTorch's pools (milliseconds) -- on every call when the counts differ.
-struct OmpThreadsKept {
-  int n = omp_get_max_threads();
-  ~OmpThreadsKept() { omp_set_num_threads(n); }
-};
-
 class Executable {
  public:
   Executable(Builder& b, const std::string& backend, int threads) {
-    OmpThreadsKept kept;
+    // Building and running set OpenMP's thread count only for their own duration (ScopedOmpThreads in
+    // support/threads.h), so torch.get_num_threads(), which shares libgomp's count, comes back unchanged.
     PartitionedOptions po;
     po.backend = backend;
     po.threads = threads;
@@ -264,7 +254,6 @@ class Executable {
     }
     std::vector<Tensor> outs;
     {
-      OmpThreadsKept kept;
       py::gil_scoped_release nogil;
       outs = exe_->run(ins, br);
     }
@@ -330,5 +319,5 @@ PYBIND11_MODULE(_tessel, m) {
     for (const OpDef* d : OpRegistry::get().all()) names.push_back(d->name);
     return names;
   });
-  m.def("hardware_threads", [] { return static_cast<int>(std::thread::hardware_concurrency()); });
+  m.def("hardware_threads", [] { return resolve_threads(0); });
 }

@@ -21,6 +21,7 @@
 #include "tessel/runtime/exe_entry.h"
 #include "tessel/support/limits.h"
 #include "tessel/targets/cpu/cache_budget.h"
+#include "tessel/support/threads.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
 #include "tessel/targets/cpu/toolchain.h"
 
@@ -161,7 +162,7 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
   const auto t0 = Clock::now();
   ModelCompile r;
   CompiledBackendOptions bo = opts.backend;
-  const int threads = bo.threads > 0 ? bo.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = resolve_threads(bo.threads);
   fs::path entry;
   if (opts.executable_cache) {
     const auto tk = Clock::now();

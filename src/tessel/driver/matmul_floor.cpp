@@ -2,7 +2,6 @@
 #include "tessel/driver/matmul_floor.h"
 
 #include <fmt/format.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +13,7 @@
 #include "tessel/ir/graph.h"
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
+#include "tessel/support/threads.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
 
 namespace tessel {
@@ -50,13 +50,6 @@ struct Job {
   std::unique_ptr<cpu::Matmul> mm;
 };
 
-// Restores the OpenMP thread count on every exit path.
-struct ThreadScope {
-  int saved = omp_get_max_threads();
-  explicit ThreadScope(int n) { omp_set_num_threads(n); }
-  ~ThreadScope() { omp_set_num_threads(saved); }
-};
-
 }  // namespace
 
 FloorResult measure_matmul_floor(const Graph& core_graph, int threads, int iters) {
@@ -64,7 +57,7 @@ FloorResult measure_matmul_floor(const Graph& core_graph, int threads, int iters
   if (threads < 1) throw Error(loc, fmt::format("threads = {} must be at least 1", threads));
   if (iters < 1) throw Error(loc, fmt::format("iters = {} must be at least 1", iters));
   if (!cpu::dnnl_available()) throw Error(loc, "oneDNN has no usable CPU engine here", true);
-  ThreadScope scope(threads);
+  ScopedOmpThreads scope(threads);  // restored on every exit path
   FloorResult r;
   r.threads = threads;
   std::mt19937 rng(1234);

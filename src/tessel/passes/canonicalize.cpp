@@ -6,21 +6,66 @@
 //   3. data movement that only adds, drops or moves size-1 dims is a reshape: a transpose that keeps
 //      the order of the other dims, a broadcast_in_dim that adds no elements, a reduce over size-1
 //      axes only.
-#include <fmt/format.h>
-
+// Rule 1 edits constants before the walk; rules 2 and 3 are rules for the shared driver (rewrite.h).
+#include <algorithm>
 #include <cstring>
 #include <map>
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/pass.h"
 #include "tessel/passes/pass_util.h"
+#include "tessel/passes/rewrite.h"
 
 namespace tessel {
 namespace {
 
 bool is_known(const Value* v) { return v->constant.has_value() || splat_of(v).has_value(); }
 
-// Rule 3: the non-unit dims of `from` appear in `to` in the same order (only unit dims move).
+// Rule 1. Constants that are graph outputs stay as they are (an output is a value, not a broadcast).
+// Constants are not nodes, so this runs before the rule walk, counted by the same Rewriter.
+void unsplat_constants(Rewriter& r) {
+  Graph& g = r.graph();
+  std::vector<int> uses = g.use_counts();
+  for (Value* c : g.constants()) {
+    if (c->constant->numel() <= 1 || uses[c->id] == 0 || !splat_of(c)) continue;
+    if (std::find(g.outputs.begin(), g.outputs.end(), c) != g.outputs.end()) continue;
+    Tensor s(c->type.dtype, {});
+    std::memcpy(s.bytes(), c->constant->bytes(), static_cast<size_t>(dtype_size(c->type.dtype)));
+    Value* scalar = g.add_constant(g.unique_name(c->name + ".scalar"), std::move(s));
+    Value* full = g.add_value(g.unique_name(c->name + ".bcast"), c->type);
+    auto n = std::make_unique<Node>();
+    n->op = OpRegistry::get().find("broadcast_in_dim");
+    n->name = c->name;
+    n->inputs = {scalar};
+    n->outputs = {full};
+    n->attrs = {{"shape", std::vector<int64_t>(c->type.shape)}, {"dims", std::vector<int64_t>{}}};
+    full->producer = n.get();
+    g.replace_all_uses(c, full);
+    // Placed first: its operand is a constant, so the order stays topological.
+    g.mutable_nodes().insert(g.mutable_nodes().begin(), std::move(n));
+    r.count("splat constant → scalar + broadcast");
+  }
+}
+
+// Rule 2: a known operand first, an unknown one second.
+bool constant_first(const Node& n) {
+  return n.inputs.size() == 2 && is_known(n.inputs[0]) && !is_known(n.inputs[1]);
+}
+
+bool swap_operands(Rewriter&, Node& n) {
+  std::swap(n.inputs[0], n.inputs[1]);
+  return true;
+}
+
+bool swap_compare(Rewriter&, Node& n) {
+  static const std::map<std::string, std::string> mirrored = {
+      {"eq", "eq"}, {"ne", "ne"}, {"lt", "gt"}, {"gt", "lt"}, {"le", "ge"}, {"ge", "le"}};
+  std::swap(n.inputs[0], n.inputs[1]);
+  n.attrs["direction"] = mirrored.at(n.attr_s("direction"));
+  return true;
+}
+
+// Rule 3: the non-unit dims of `in` appear in `order` in the same order (only unit dims move).
 bool only_unit_dims_move(const Shape& in, const std::vector<int64_t>& order) {
   int64_t last = -1;
   for (int64_t d : order) {
@@ -31,81 +76,46 @@ bool only_unit_dims_move(const Shape& in, const std::vector<int64_t>& order) {
   return true;
 }
 
-class Canonicalizer {
- public:
-  explicit Canonicalizer(Graph& g) : g_(g) {}
+bool transpose_moves_unit_dims(const Node& n) {
+  return only_unit_dims_move(n.inputs[0]->type.shape, n.attr_ints("perm"));
+}
 
-  std::string run() {
-    unsplat_constants();
-    for (const auto& np : g_.nodes())
-      if (np->op->domain == "tessel.core") canonicalize(*np);
-    return rewrite_note(applied_);
-  }
+bool broadcast_adds_nothing(const Node& n) {
+  const Shape& in = n.inputs[0]->type.shape;
+  return shape_numel(in) == shape_numel(n.outputs[0]->type.shape) && !in.empty();
+}
 
- private:
-  // Rule 1. Constants that are graph outputs stay as they are (an output is a value, not a broadcast).
-  void unsplat_constants() {
-    std::vector<int> uses = g_.use_counts();
-    for (Value* c : g_.constants()) {
-      if (c->constant->numel() <= 1 || uses[c->id] == 0 || !splat_of(c)) continue;
-      if (std::find(g_.outputs.begin(), g_.outputs.end(), c) != g_.outputs.end()) continue;
-      Tensor s(c->type.dtype, {});
-      std::memcpy(s.bytes(), c->constant->bytes(), static_cast<size_t>(dtype_size(c->type.dtype)));
-      Value* scalar = g_.add_constant(g_.unique_name(c->name + ".scalar"), std::move(s));
-      Value* full = g_.add_value(g_.unique_name(c->name + ".bcast"), c->type);
-      auto n = std::make_unique<Node>();
-      n->op = OpRegistry::get().find("broadcast_in_dim");
-      n->name = c->name;
-      n->inputs = {scalar};
-      n->outputs = {full};
-      n->attrs = {{"shape", std::vector<int64_t>(c->type.shape)}, {"dims", std::vector<int64_t>{}}};
-      full->producer = n.get();
-      g_.replace_all_uses(c, full);
-      // Placed first: its operand is a constant, so the order stays topological.
-      g_.mutable_nodes().insert(g_.mutable_nodes().begin(), std::move(n));
-      ++applied_["splat constant → scalar + broadcast"];
-    }
-  }
+bool reduce_over_unit_dims(const Node& n) {
+  for (int64_t a : n.attr_ints("axes"))
+    if (n.inputs[0]->type.shape[a] != 1) return false;
+  return true;
+}
 
-  void canonicalize(Node& n) {
-    const std::string& op = n.op->name;
-    if (n.inputs.size() == 2 && is_known(n.inputs[0]) && !is_known(n.inputs[1])) {
-      static const std::map<std::string, std::string> mirrored = {
-          {"eq", "eq"}, {"ne", "ne"}, {"lt", "gt"}, {"gt", "lt"}, {"le", "ge"}, {"ge", "le"}};
-      bool commutative = op == "add" || op == "mul" || op == "max" || op == "min" || op == "and" ||
-                         op == "or" || op == "xor";
-      if (commutative || op == "compare") {
-        std::swap(n.inputs[0], n.inputs[1]);
-        if (op == "compare") n.attrs["direction"] = mirrored.at(n.attr_s("direction"));
-        ++applied_["constant operand second"];
-      }
-    }
-    const Shape& in = n.inputs.empty() ? Shape{} : n.inputs[0]->type.shape;
-    const Shape& out = n.outputs[0] ? n.outputs[0]->type.shape : Shape{};
-    bool to_reshape = false;
-    if (op == "transpose") to_reshape = only_unit_dims_move(in, n.attr_ints("perm"));
-    if (op == "broadcast_in_dim") to_reshape = shape_numel(in) == shape_numel(out) && !in.empty();
-    if (op == "reduce") {
-      to_reshape = true;
-      for (int64_t a : n.attr_ints("axes")) to_reshape = to_reshape && in[a] == 1;
-    }
-    if (to_reshape) {
-      n.op = OpRegistry::get().find("reshape");
-      n.attrs = {{"shape", std::vector<int64_t>(out)}};
-      ++applied_["unit-dim movement → reshape"];
-    }
-  }
+bool to_reshape(Rewriter&, Node& n) {
+  n.op = OpRegistry::get().find("reshape");
+  n.attrs = {{"shape", std::vector<int64_t>(n.outputs[0]->type.shape)}};
+  return true;
+}
 
-  Graph& g_;
-  std::map<std::string, int> applied_;
-};
+const std::vector<RewriteRule>& canonical_forms() {
+  static const std::vector<RewriteRule> rules = {
+      {"constant operand second", {"add", "mul", "max", "min", "and", "or", "xor"}, constant_first, swap_operands},
+      {"constant operand second", {"compare"}, constant_first, swap_compare},
+      {"unit-dim movement → reshape", {"transpose"}, transpose_moves_unit_dims, to_reshape},
+      {"unit-dim movement → reshape", {"broadcast_in_dim"}, broadcast_adds_nothing, to_reshape},
+      {"unit-dim movement → reshape", {"reduce"}, reduce_over_unit_dims, to_reshape},
+  };
+  return rules;
+}
 
 }  // namespace
 
 std::string canonicalize(Graph& g) {
-  std::string note = Canonicalizer(g).run();
+  Rewriter r(g);
+  unsplat_constants(r);
+  r.apply(canonical_forms());
   g.compact();
-  return note;
+  return r.note();
 }
 
 }  // namespace tessel

@@ -1,8 +1,6 @@
 // Shared queries and edits of the rewriting passes.
 #include "tessel/passes/pass_util.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 
 #include "tessel/ir/op_registry.h"
@@ -81,16 +79,6 @@ bool forward_uses(Graph& g, Value* from, Value* to) {
   }
   g.replace_all_uses(from, to);
   return true;
-}
-
-std::string rewrite_note(const std::map<std::string, int>& applied) {
-  int total = 0;
-  std::string detail;
-  for (const auto& [rule, count] : applied) {
-    total += count;
-    detail += fmt::format("{}{} ×{}", detail.empty() ? "" : ", ", rule, count);
-  }
-  return fmt::format("applied {} rewrites{}", total, detail.empty() ? "" : " (" + detail + ")");
 }
 
 }  // namespace tessel

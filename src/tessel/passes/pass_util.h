@@ -1,7 +1,6 @@
-// Small queries and edits the rewriting passes share (algebraic, canonicalize).
+// Small queries and edits the rewriting passes share (algebraic, canonicalize; their driver is rewrite.h).
 #pragma once
 
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,7 +21,5 @@ bool converts_exactly(DType from, DType to);
 // name for it: `to` takes the name when it is an intermediate that is not already an output; when it
 // cannot (an input, a constant, another output), nothing changes and the result is false.
 bool forward_uses(Graph& g, Value* from, Value* to);
-// A rewriting pass's note: "applied 6 rewrites (x*1 ×2, x+0 ×4)" from the count per rule.
-std::string rewrite_note(const std::map<std::string, int>& applied);
 
 }  // namespace tessel

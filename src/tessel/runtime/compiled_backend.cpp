@@ -14,6 +14,7 @@
 #include "tessel/runtime/exe_entry.h"
 #include "tessel/support/error.h"
 #include "tessel/support/limits.h"
+#include "tessel/support/threads.h"
 #include "tessel/targets/cpu/codegen.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
 #include "tessel/targets/cpu/library_epilogue.h"
@@ -199,20 +200,12 @@ struct CompiledExecutable::Builder {
   }
 };
 
-namespace {
-
-int thread_count(const CompiledBackendOptions& opts) {
-  return opts.threads > 0 ? opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-}  // namespace
-
 std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
                                                 const CompiledBackendOptions& opts) {
   const auto t0 = Clock::now();
   std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
   CompiledCompileStats& st = ce->stats_;
-  st.threads = thread_count(opts);
+  st.threads = resolve_threads(opts.threads);
   st.model = opts.model_name;
   const std::string model = opts.model_name;
   CompiledExecutable::Builder b{*ce, {}};
@@ -259,7 +252,8 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
     cg = std::move(m.graph);
   };
   go.custom_kernel = [&](const Node& n) { return b.launch(n); };
-  omp_set_num_threads(st.threads);  // library primitives are created for the threads they run with
+  // Library primitives are created for the threads they will run with (run() applies the same count).
+  ScopedOmpThreads library_threads(st.threads);
   ce->exe_ = compile_graph(std::move(g), ex, go);
   b.finish();
   st.compile_seconds = seconds_since(t0);
@@ -368,7 +362,7 @@ std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::
   std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
   CompiledCompileStats& st = ce->stats_;
   st.entry_seconds = seconds_since(t0);
-  st.threads = thread_count(opts);
+  st.threads = resolve_threads(opts.threads);
   st.loaded = true;
   st.model = e.manifest.model;
   KernelModule m = entry_module(e);
@@ -392,7 +386,7 @@ std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::
   GraphBackendOptions go;
   go.pipeline = "";  // the module is already the kernel level
   go.custom_kernel = [&](const Node& n) { return b.launch(n); };
-  omp_set_num_threads(st.threads);
+  ScopedOmpThreads library_threads(st.threads);  // as in compile_cpu
   ce->exe_ = compile_graph(std::move(m.graph), ex, go);
   b.finish();
   st.compile_seconds = seconds_since(t0);
@@ -400,7 +394,8 @@ std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::
 }
 
 std::vector<Tensor> CompiledExecutable::run(const std::vector<Tensor>& inputs, GraphRunStats* stats) {
-  omp_set_num_threads(stats_.threads);  // oneDNN's OpenMP runtime follows it
+  // oneDNN's OpenMP runtime follows it; the primitives were built under this count, so none rebuilds.
+  ScopedOmpThreads threads(stats_.threads);
   return exe_->run(inputs, stats);
 }
 

@@ -1,8 +1,6 @@
 // The functional simulator of the tile level (see functional.h).
 #include "tessel/tile/functional.h"
 
-#include <omp.h>
-
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -14,6 +12,7 @@
 
 #include "tessel/ir/infer.h"
 #include "tessel/support/error.h"
+#include "tessel/support/threads.h"
 #include "tessel/targets/cpu/codegen.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
 #include "tessel/targets/cpu/library_epilogue.h"
@@ -96,7 +95,7 @@ class Simulator {
   FunctionalResult run(const std::vector<Tensor>& inputs) {
     const auto t0 = Clock::now();
     FunctionalResult r;
-    omp_set_num_threads(std::max(1, o_.threads));
+    ScopedOmpThreads threads(std::max(1, o_.threads));  // the caller's count comes back when the run ends
     build_kernels(r);
     const Graph& g = *m_.graph;
     if (inputs.size() != g.inputs.size())
