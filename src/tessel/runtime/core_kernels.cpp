@@ -873,6 +873,16 @@ TESSEL_GEMM_OPTIMIZE TESSEL_VECTOR_CLONES void pool_tap(PoolC<T, K>* __restrict 
   for (int64_t i = 0; i < n; ++i) acc[i] = pool_add<PoolC<T, K>, K>(acc[i], pool_load<T, K>(tap[i * stride]));
 }
 
+// acc[p·C + c] (+)= tap[p·stride + c] for p in [0, pixels), c in [0, C): one tap over a run of
+// channels-last output pixels whose inputs are `stride` elements apart (a strided pooling's row).
+template <class T, RK K>
+TESSEL_GEMM_OPTIMIZE TESSEL_VECTOR_CLONES void pool_tap_pixels(PoolC<T, K>* __restrict acc, const T* __restrict tap,
+                                                               int64_t pixels, int64_t C, int64_t stride) {
+  for (int64_t p = 0; p < pixels; ++p)
+    for (int64_t c = 0; c < C; ++c)
+      acc[p * C + c] = pool_add<PoolC<T, K>, K>(acc[p * C + c], pool_load<T, K>(tap[p * stride + c]));
+}
+
 template <class T, RK K> struct AddOf {
   using C = PoolC<T, K>;
   void operator()(C& a, C v) const { a = pool_add<C, K>(a, v); }
@@ -986,8 +996,9 @@ CoreKernel pooling_nhwc_kernel(const Node& n, const Shape& in, const Shape& out,
   const int64_t sh = strides[2], sw = strides[3], dh = dil[2], dw = dil[3], ph = pad[4], pw = pad[6];
   auto rows = std::make_shared<TapRange>(tap_range(H, OH, window[2], sh, dh, ph));
   auto cols = std::make_shared<TapRange>(tap_range(W, OW, KW, sw, dw, pw));
-  // [full_lo, full_hi): the output pixels of a row whose every column tap is inside the input. With
-  // stride 1 their taps kw of one input row are one contiguous run of (full_hi - full_lo) · C elements.
+  // [full_lo, full_hi): the output pixels of a row whose every column tap is inside the input. Tap kw
+  // of one input row is, over those pixels, one contiguous run of (full_hi - full_lo) · C elements with
+  // stride 1, and pixels of C elements sw · C apart otherwise: one call each, not one per pixel.
   int64_t full_lo = 0, full_hi = OW;
   while (full_lo < OW && (cols->lo[static_cast<size_t>(full_lo)] != 0 || cols->hi[static_cast<size_t>(full_lo)] != KW)) ++full_lo;
   while (full_hi > full_lo && (cols->lo[static_cast<size_t>(full_hi - 1)] != 0 || cols->hi[static_cast<size_t>(full_hi - 1)] != KW)) --full_hi;
@@ -1023,7 +1034,8 @@ CoreKernel pooling_nhwc_kernel(const Node& n, const Shape& in, const Shape& out,
             for (int64_t kw = 0; kw < KW && full_hi > full_lo; ++kw)
               pool_tap<T, K>(acc + full_lo * C, xrow + (full_lo - pw + kw * dw) * C, (full_hi - full_lo) * C, 1);
           } else {
-            for (int64_t ow = full_lo; ow < full_hi; ++ow) pixel(xrow, ow);
+            for (int64_t kw = 0; kw < KW && full_hi > full_lo; ++kw)
+              pool_tap_pixels<T, K>(acc + full_lo * C, xrow + (full_lo * sw - pw + kw * dw) * C, full_hi - full_lo, C, sw * C);
           }
           for (int64_t ow = std::max(full_hi, full_lo); ow < OW; ++ow) pixel(xrow, ow);
         }
@@ -1039,19 +1051,26 @@ CoreKernel pooling_nhwc_kernel(const Node& n, const Shape& in, const Shape& out,
 CoreKernel concatenate_nhwc_kernel(const Node& n) {
   const Shape out = static_shape(n.outputs[0]);
   const int64_t pixels = out[0] * out[2] * out[3], C = out[1];
-  std::vector<PlannedCopy> copies;
-  int64_t at = 0;
-  for (const Value* v : n.inputs) {
-    const int64_t ci = v->type.shape[1];
-    CopyPlan p;
-    p.shape = {pixels, ci};
-    p.src = {ci, 1};
-    p.dst = {C, 1};
-    p.dst_off = at;
-    at += ci;
-    copies.push_back({v->id, simplify(p)});
-  }
-  return copies_kernel(n.outputs[0]->id, dtype_size(n.outputs[0]->type.dtype), std::move(copies));
+  std::vector<std::pair<int, int64_t>> parts;  // (operand value id, its channels), in order
+  for (const Value* v : n.inputs) parts.emplace_back(v->id, v->type.shape[1]);
+  const int y = n.outputs[0]->id;
+  // Pixels are split across the team: each pixel is C floats written once (googlenet's and
+  // squeezenet's concatenations of up to 832 channels).
+  const bool parallel = pixels > 1 && pixels * C >= (int64_t{1} << 15);
+  return [=](KernelEnv& e) {
+    float* yp = out_ptr<float>(e, y);
+    std::vector<const float*> src;
+    for (const auto& [id, ci] : parts) src.push_back(in_ptr<float>(e, id));
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t p = 0; p < pixels; ++p) {
+      float* dst = yp + p * C;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const int64_t ci = parts[i].second;
+        std::memcpy(dst, src[i] + p * ci, static_cast<size_t>(ci) * sizeof(float));
+        dst += ci;
+      }
+    }
+  };
 }
 
 // reduce_window on float types: for every result position, the window's in-range operand positions.
