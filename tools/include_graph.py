@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+# Prints the folder-level include graph of src/tessel and checks it against the declared layer order
+# (docs/ARCHITECTURE.md, "Layers"): a folder may include itself and folders before it, never one after.
+"""Usage: tools/include_graph.py [--check] [--root DIR]
+
+Prints every edge `from -> to  N` (N = #include lines of tessel/<to>/ in files of <from>/), the
+declared order, and every include that runs back up the order. With --check it exits 1 when there is
+an upward include not in EXCEPTIONS, an exception that no longer matches an include (so the list stays
+true), a folder of src/tessel missing from the order, or an order that docs/ARCHITECTURE.md or
+CMakeLists.txt (TESSEL_LAYERS, one library per folder) spells differently. ctest runs it (include_graph).
+"""
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+# The pipeline order, lowest first: what each folder may include is itself and everything to its left.
+# support: utilities; ir: graph level + the op registry type; ops: the op table; passes: graph->graph;
+# frontend: ONNX -> graph; kernel: fusion into kernels; tile: the tile IR (dataflow level);
+# targets: cpu codegen/toolchain and dataflow hw/cost/simulators; runtime: backends that execute;
+# driver: pipeline assembly for the CLI and Python.
+ORDER = ["support", "ir", "ops", "passes", "frontend", "kernel", "tile", "targets", "runtime", "driver"]
+
+# Known upward includes still present: (including file relative to src/tessel, included path) -> why.
+# Each one is a debt with a reason; a stale entry (include gone) is an error too.
+EXCEPTIONS = {
+    ("ops/decompose_util.h", "passes/core_builder.h"): "CoreBuilder is used by ops' decompositions; belongs in ir/",
+    ("targets/cpu/cache_budget.cpp", "runtime/exe_entry.h"): "the cache budget counts executable-cache entries",
+    ("tile/functional.cpp", "targets/cpu/codegen.h"): "functional simulator runs kernels through the cpu target",
+    ("tile/functional.cpp", "targets/cpu/dnnl_ops.h"): "functional simulator runs kernels through the cpu target",
+    ("tile/functional.cpp", "targets/cpu/library_epilogue.h"): "functional simulator runs kernels through the cpu target",
+    ("tile/functional.h", "targets/cpu/toolchain.h"): "functional simulator runs kernels through the cpu target",
+    ("tile/map.cpp", "runtime/arena_plan.h"): "the tile mapper plans DRAM with the graph backend's arena planner",
+    ("tile/map.cpp", "targets/dataflow/cost.h"): "the tile mapper picks splits with the dataflow cost model",
+    ("tile/tile.h", "targets/dataflow/hw.h"): "the tile IR is mapped for and verified against a HwSpec",
+    ("tile/timing.cpp", "targets/dataflow/cost.h"): "timed simulator prices tiles with the cost model",
+    ("tile/timing.h", "targets/dataflow/sim_engine.h"): "timed simulator runs on the dataflow timing engine",
+}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"tessel/([a-z_]+)/([^"]+)"')
+
+
+def scan(src):
+    """Yields (folder, file, line number, included folder, included path) for every tessel include."""
+    for path in sorted(src.rglob("*")):
+        if not path.is_file() or path.suffix not in (".h", ".cpp", ".def", ".inc"):
+            continue
+        rel = path.relative_to(src).as_posix()
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            m = INCLUDE.match(line)
+            if m:
+                yield rel.split("/")[0], rel, n, m.group(1), f"{m.group(1)}/{m.group(2)}"
+
+
+def main(argv):
+    check = "--check" in argv
+    root = Path(argv[argv.index("--root") + 1]) if "--root" in argv else Path(__file__).resolve().parent.parent
+    src = root / "src" / "tessel"
+    rank = {f: i for i, f in enumerate(ORDER)}
+    problems = []
+
+    folders = sorted(p.name for p in src.iterdir() if p.is_dir())
+    for f in folders:
+        if f not in rank:
+            problems.append(f"folder src/tessel/{f} is not in the declared order (tools/include_graph.py ORDER)")
+
+    edges = Counter()
+    upward, used = [], set()
+    for frm, rel, n, to, inc in scan(src):
+        edges[(frm, to)] += 1
+        if frm in rank and to in rank and rank[to] > rank[frm]:
+            if (rel, inc) in EXCEPTIONS:
+                used.add((rel, inc))
+                upward.append(f"  allowed  {rel}:{n}: {inc}  ({EXCEPTIONS[(rel, inc)]})")
+            else:
+                upward.append(f"  UPWARD   {rel}:{n}: {inc}")
+                problems.append(f"upward include: src/tessel/{rel}:{n} includes tessel/{inc} ({frm} is below {to})")
+    for key in sorted(set(EXCEPTIONS) - used):
+        problems.append(f"stale exception: {key[0]} no longer includes {key[1]}; remove it from EXCEPTIONS")
+
+    # The order is written in two more places that must agree: the docs and the per-folder libraries.
+    arrow = " → ".join(ORDER)
+    arch = (root / "docs" / "ARCHITECTURE.md").read_text()
+    if arrow not in arch:
+        problems.append(f"docs/ARCHITECTURE.md does not state the order `{arrow}`")
+    m = re.search(r"set\(TESSEL_LAYERS ([a-z_ ]+)\)", (root / "CMakeLists.txt").read_text())
+    if not m or m.group(1).split() != ORDER:
+        problems.append("CMakeLists.txt's set(TESSEL_LAYERS ...) differs from ORDER")
+
+    print("layers (lowest first): " + arrow)
+    print("include edges (from -> to: #include lines):")
+    for frm in sorted(rank.keys() & {a for a, _ in edges}, key=rank.get):
+        tos = sorted((t for a, t in edges if a == frm), key=lambda t: rank.get(t, 99))
+        print(f"  {frm:9} -> " + ", ".join(
+            f"{t} {edges[(frm, t)]}" + ("  (UP)" if rank.get(t, 99) > rank[frm] else "") if t != frm else f"{t} {edges[(frm, t)]}"
+            for t in tos))
+    print(f"upward includes: {len(upward)} ({len(used)} allowed exceptions)")
+    for u in upward:
+        print(u)
+    for p in problems:
+        print("error: " + p, file=sys.stderr)
+    return 1 if check and problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
