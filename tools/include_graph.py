@@ -24,17 +24,8 @@ ORDER = ["support", "ir", "ops", "passes", "frontend", "kernel", "tile", "target
 # Known upward includes still present: (including file relative to src/tessel, included path) -> why.
 # Each one is a debt with a reason; a stale entry (include gone) is an error too.
 EXCEPTIONS = {
-    ("ops/decompose_util.h", "passes/core_builder.h"): "CoreBuilder is used by ops' decompositions; belongs in ir/",
-    ("targets/cpu/cache_budget.cpp", "runtime/exe_entry.h"): "the cache budget counts executable-cache entries",
-    ("tile/functional.cpp", "targets/cpu/codegen.h"): "functional simulator runs kernels through the cpu target",
-    ("tile/functional.cpp", "targets/cpu/dnnl_ops.h"): "functional simulator runs kernels through the cpu target",
-    ("tile/functional.cpp", "targets/cpu/library_epilogue.h"): "functional simulator runs kernels through the cpu target",
-    ("tile/functional.h", "targets/cpu/toolchain.h"): "functional simulator runs kernels through the cpu target",
-    ("tile/map.cpp", "runtime/arena_plan.h"): "the tile mapper plans DRAM with the graph backend's arena planner",
     ("tile/map.cpp", "targets/dataflow/cost.h"): "the tile mapper picks splits with the dataflow cost model",
     ("tile/tile.h", "targets/dataflow/hw.h"): "the tile IR is mapped for and verified against a HwSpec",
-    ("tile/timing.cpp", "targets/dataflow/cost.h"): "timed simulator prices tiles with the cost model",
-    ("tile/timing.h", "targets/dataflow/sim_engine.h"): "timed simulator runs on the dataflow timing engine",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"tessel/([a-z_]+)/([^"]+)"')

@@ -18,10 +18,10 @@
 #include "tessel/support/checksum.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
-#include "tessel/runtime/exe_entry.h"
 #include "tessel/support/limits.h"
 #include "tessel/targets/cpu/cache_budget.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
+#include "tessel/targets/cpu/exe_entry.h"
 #include "tessel/targets/cpu/toolchain.h"
 
 namespace tessel {
