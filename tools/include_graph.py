@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 # Prints the folder-level include graph of src/tessel and checks it against the declared layer order
 # (docs/ARCHITECTURE.md, "Layers"): a folder may include itself and folders before it, never one after.
-"""Usage: tools/include_graph.py [--check] [--root DIR]
+"""Usage: tools/include_graph.py [--check] [--root DIR] [--link BUILD_DIR]
 
 Prints every edge `from -> to  N` (N = #include lines of tessel/<to>/ in files of <from>/), the
 declared order, and every include that runs back up the order. With --check it exits 1 when there is
 an upward include not in EXCEPTIONS, an exception that no longer matches an include (so the list stays
 true), a folder of src/tessel missing from the order, or an order that docs/ARCHITECTURE.md or
 CMakeLists.txt (TESSEL_LAYERS, one library per folder) spells differently. ctest runs it (include_graph).
+
+With --link BUILD_DIR it also checks the layer libraries CMake built (BUILD_DIR/libtessel_<folder>.a):
+a symbol a layer uses but does not define must come from a layer before it (or from outside tessel);
+one defined only in a later layer is a link-time upward reference, the same fault as an upward include
+(it fails to link against the layer chain). Known ones are in LINK_EXCEPTIONS.
 """
 import re
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -28,6 +34,18 @@ EXCEPTIONS = {
     ("tile/tile.h", "targets/dataflow/hw.h"): "the tile IR is mapped for and verified against a HwSpec",
 }
 
+# Known link-time upward references: (layer, layer defining the symbol, demangled name or the object
+# file using it) -> why.
+_REGISTRY = ("the process-wide registry (ir/op_registry.cpp, OpRegistry::get) loads every op family "
+             "by name; the executables link the one tessel_core archive, where that resolves")
+LINK_EXCEPTIONS = {
+    ("ir", "ops", f"tessel::register_{family}_ops(tessel::OpRegistry&)"): _REGISTRY
+    for family in ["elementwise", "activation", "reduction", "normalization", "matmul", "conv_pool", "attention",
+                   "shape", "index", "quantize", "misc", "core", "ml"]
+}
+LINK_EXCEPTIONS[("ir", "kernel", "tessel::register_kernel_ops(tessel::OpRegistry&)")] = _REGISTRY
+LINK_EXCEPTIONS[("tile", "targets", "map.cpp.o")] = "the mapper's cost model and HwSpec, as its include exceptions"
+
 INCLUDE = re.compile(r'^\s*#\s*include\s+"tessel/([a-z_]+)/([^"]+)"')
 
 
@@ -41,6 +59,48 @@ def scan(src):
             m = INCLUDE.match(line)
             if m:
                 yield rel.split("/")[0], rel, n, m.group(1), f"{m.group(1)}/{m.group(2)}"
+
+
+def nm(archive, *flags):
+    """(member, symbol) pairs nm prints for an archive (mangled names): `lib.a:member.o:ADDR T sym`."""
+    out = subprocess.run(["nm", "-A", *flags, str(archive)], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].count(":") >= 2:
+            yield parts[0].split(":")[1], parts[-1]
+
+
+def link_check(build, problems):
+    """Prints and checks the symbol references between the layer archives, lowest layer first."""
+    defined = {}
+    for layer in ORDER:
+        lib = build / f"libtessel_{layer}.a"
+        if not lib.exists():
+            problems.append(f"{lib} is missing: build the layer libraries first")
+            return
+        defined[layer] = {sym for _, sym in nm(lib, "-g", "--defined-only")}
+    seen, used = Counter(), set()
+    for i, layer in enumerate(ORDER):
+        below = set().union(*(defined[l] for l in ORDER[: i + 1]))
+        for member, sym in set(nm(build / f"libtessel_{layer}.a", "-u")):
+            if sym in below:
+                continue
+            for above in ORDER[i + 1:]:
+                if sym in defined[above]:
+                    name = subprocess.run(["c++filt", sym], capture_output=True, text=True).stdout.strip()
+                    key = next((k for k in [(layer, above, name), (layer, above, member)] if k in LINK_EXCEPTIONS), None)
+                    if key:
+                        used.add(key)
+                        seen[f"  allowed  {layer} -> {above}: {name} ({member})"] += 1
+                    else:
+                        seen[f"  UPWARD   {layer} -> {above}: {name} ({member})"] += 1
+                        problems.append(f"link-time upward reference: {layer} ({member}) uses {name}, defined in {above}")
+                    break
+    print(f"link-time upward references between layer libraries: {len(seen)}")
+    for line in sorted(seen):
+        print(line)
+    for key in sorted(set(LINK_EXCEPTIONS) - used):
+        problems.append(f"stale link exception: {key[0]} no longer uses {key[2]} from {key[1]}")
 
 
 def main(argv):
@@ -88,6 +148,8 @@ def main(argv):
     print(f"upward includes: {len(upward)} ({len(used)} allowed exceptions)")
     for u in upward:
         print(u)
+    if "--link" in argv:
+        link_check(Path(argv[argv.index("--link") + 1]), problems)
     for p in problems:
         print("error: " + p, file=sys.stderr)
     return 1 if check and problems else 0
