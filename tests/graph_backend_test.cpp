@@ -13,7 +13,7 @@
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
-#include "tessel/runtime/arena_plan.h"
+#include "tessel/kernel/arena_plan.h"
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/interpreter.h"
 #include "corpus_util.h"

@@ -17,7 +17,7 @@
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/hw.h"
-#include "tessel/tile/functional.h"
+#include "tessel/targets/dataflow/functional.h"
 #include "tessel/tile/tile.h"
 
 using namespace tessel;

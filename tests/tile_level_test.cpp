@@ -19,8 +19,8 @@
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/cost.h"
 #include "tessel/runtime/interpreter.h"
-#include "tessel/tile/functional.h"
-#include "tessel/tile/timing.h"
+#include "tessel/targets/dataflow/functional.h"
+#include "tessel/targets/dataflow/timing.h"
 
 using namespace tessel;
 namespace fs = std::filesystem;

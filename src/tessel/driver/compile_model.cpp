@@ -18,11 +18,11 @@
 #include "tessel/support/checksum.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
-#include "tessel/runtime/exe_entry.h"
 #include "tessel/support/limits.h"
 #include "tessel/targets/cpu/cache_budget.h"
 #include "tessel/support/threads.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
+#include "tessel/targets/cpu/exe_entry.h"
 #include "tessel/targets/cpu/toolchain.h"
 
 namespace tessel {

@@ -11,7 +11,7 @@
 #include "tessel/kernel/kernel.h"
 #include "tessel/targets/dataflow/hw.h"
 #include "tessel/tile/tile.h"
-#include "tessel/tile/timing.h"
+#include "tessel/targets/dataflow/timing.h"
 
 namespace tessel {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "tessel/ir/op_registry.h"
-#include "tessel/passes/core_builder.h"
+#include "tessel/ir/core_builder.h"
 
 namespace tessel {
 

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "tessel/ir/op_registry.h"
-#include "tessel/passes/core_builder.h"
+#include "tessel/ir/core_builder.h"
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 

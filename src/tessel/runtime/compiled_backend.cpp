@@ -11,12 +11,12 @@
 #include <thread>
 
 #include "tessel/ir/op_registry.h"
-#include "tessel/runtime/exe_entry.h"
 #include "tessel/support/error.h"
 #include "tessel/support/limits.h"
 #include "tessel/support/threads.h"
 #include "tessel/targets/cpu/codegen.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
+#include "tessel/targets/cpu/exe_entry.h"
 #include "tessel/targets/cpu/library_epilogue.h"
 
 namespace tessel {

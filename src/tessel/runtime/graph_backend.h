@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tessel/ir/graph.h"
-#include "tessel/runtime/arena_plan.h"
+#include "tessel/kernel/arena_plan.h"
 #include "tessel/runtime/core_kernels.h"
 #include "tessel/support/error.h"
 

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "tessel/ir/core_ops.h"
-#include "tessel/runtime/arena_plan.h"
+#include "tessel/kernel/arena_plan.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/cost.h"
 #include "tessel/tile/tile.h"

@@ -19,7 +19,7 @@
 
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
-#include "tessel/runtime/exe_entry.h"
+#include "tessel/targets/cpu/exe_entry.h"
 #include "tessel/support/limits.h"
 
 namespace tessel::cpu {

@@ -1,5 +1,5 @@
 // The functional simulator of the tile level (see functional.h).
-#include "tessel/tile/functional.h"
+#include "tessel/targets/dataflow/functional.h"
 
 #include <bit>
 #include <chrono>

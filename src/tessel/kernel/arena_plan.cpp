@@ -1,5 +1,5 @@
 // Arena planning by liveness: best-fit offsets over lifetime intervals, largest buffers first.
-#include "tessel/runtime/arena_plan.h"
+#include "tessel/kernel/arena_plan.h"
 
 #include <algorithm>
 #include <cstdint>

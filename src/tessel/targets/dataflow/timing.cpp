@@ -1,5 +1,5 @@
 // Tile program -> engine tasks (see timing.h for the schedule).
-#include "tessel/tile/timing.h"
+#include "tessel/targets/dataflow/timing.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // Executable-cache entry files (see exe_entry.h).
-#include "tessel/runtime/exe_entry.h"
+#include "tessel/targets/cpu/exe_entry.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

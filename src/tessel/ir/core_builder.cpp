@@ -1,5 +1,5 @@
 // Emitting core ops for decomposition hooks.
-#include "tessel/passes/core_builder.h"
+#include "tessel/ir/core_builder.h"
 
 #include <algorithm>
 
