@@ -260,6 +260,12 @@ std::unique_ptr<Graph> inception(bool cat_is_output) {
   return g;
 }
 
+// The kernel module compile_cpu makes of `g` (the core pipeline, then fusion with its options).
+KernelModule cpu_kernel_module(std::unique_ptr<Graph> g) {
+  run_pipeline(*g, parse_pipeline("core"), PassOptions{});
+  return fuse(std::move(g), cpu_fuse_options());
+}
+
 // The layout each pooling and concatenation of inception() runs in after fusion as compile_cpu fuses.
 // The core graph claims nhwc for all of them first: the fuser must decide for itself.
 std::map<std::string, std::string> step_layouts(bool cat_is_output) {
@@ -267,9 +273,7 @@ std::map<std::string, std::string> step_layouts(bool cat_is_output) {
   run_pipeline(*g, parse_pipeline("core"), PassOptions{});
   for (auto& n : g->mutable_nodes())
     if (n->op->name == "reduce_window" || n->op->name == "concatenate") n->attrs["layout"] = std::string("nhwc");
-  FuseOptions fo;
-  fo.conv_input_views = fo.layout_steps = true;
-  KernelModule m = fuse(std::move(g), fo);
+  KernelModule m = fuse(std::move(g), cpu_fuse_options());
   std::map<std::string, std::string> out;
   for (const auto& n : m.graph->nodes())
     if (n->op->name == "reduce_window" || n->op->name == "concatenate")
@@ -332,11 +336,7 @@ TEST(ConvPaths, SpatialReductionOfChannelsLastValuesRunsAcrossChannels) {
     auto exe = compile_cpu(channel_pools(), inputs, o);
     expect_close(exe->run(inputs), ref, 1e-5);
   }
-  auto g = channel_pools();
-  run_pipeline(*g, parse_pipeline("core"), PassOptions{});
-  FuseOptions fo;
-  fo.conv_input_views = fo.layout_steps = true;
-  const KernelModule m = fuse(std::move(g), fo);
+  const KernelModule m = cpu_kernel_module(channel_pools());
   int column = 0;
   for (size_t i = 0; i < m.kernels.size(); ++i) {
     column += cpu::generate_kernel(m.kernels[i], i).find("column reduction") != std::string::npos;
@@ -367,11 +367,7 @@ std::unique_ptr<Graph> stem() {
 TEST(ConvPaths, FirstLayerReadsAChannelsLastCopyOfTheImage) {
   const CompiledCompileStats st = expect_compiled_matches_eager(stem, {pool_input({1, 3, 13, 11})});
   EXPECT_EQ(st.conv_kernels, 2);
-  auto g = stem();
-  run_pipeline(*g, parse_pipeline("core"), PassOptions{});
-  FuseOptions fo;
-  fo.conv_input_views = fo.layout_steps = true;
-  const KernelModule m = fuse(std::move(g), fo);
+  const KernelModule m = cpu_kernel_module(stem());
   int channels_last_stems = 0;
   for (const Kernel& k : m.kernels) channels_last_stems += k.kind == KernelKind::conv && k.conv.c == 3 && k.conv.x_nhwc;
   EXPECT_EQ(channels_last_stems, 1) << print_kernel_module(m, true);

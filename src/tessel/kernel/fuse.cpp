@@ -247,14 +247,14 @@ void channels_last_copy(Graph& g, Node* conv) {
   Value* x = conv->inputs[0];
   const Shape& s = x->type.shape;
   const std::string name = g.unique_name(conv->name + ".channels_last_input");
+  const std::string view = g.unique_name(name + ".view"), nchw = g.unique_name(name + ".nchw");
   const OpRegistry& reg = OpRegistry::get();
-  Node* t = g.add_node(reg.find("transpose"), name + ".view", {x}, {name + ".view"},
-                       {{"perm", std::vector<int64_t>{0, 2, 3, 1}}});
+  Node* t = g.add_node(reg.find("transpose"), view, {x}, {view}, {{"perm", std::vector<int64_t>{0, 2, 3, 1}}});
   t->outputs[0]->type = TensorType{x->type.dtype, {s[0], s[2], s[3], s[1]}};
   Node* copy = g.add_node(reg.find("convert"), name, {t->outputs[0]}, {name},
                           {{"dtype", std::string(dtype_name(x->type.dtype))}});
   copy->outputs[0]->type = t->outputs[0]->type;
-  Node* back = g.add_node(reg.find("transpose"), name + ".nchw", {copy->outputs[0]}, {name + ".nchw"},
+  Node* back = g.add_node(reg.find("transpose"), nchw, {copy->outputs[0]}, {nchw},
                           {{"perm", std::vector<int64_t>{0, 3, 1, 2}}});
   back->outputs[0]->type = x->type;
   conv->inputs[0] = back->outputs[0];

@@ -160,6 +160,12 @@ struct FuseOptions {
   bool layout_steps = false;
 };
 
+// The options compile_cpu fuses with: `base` with conv1d, conv_input_views and layout_steps on.
+inline FuseOptions cpu_fuse_options(FuseOptions base = {}) {
+  base.conv1d = base.conv_input_views = base.layout_steps = true;
+  return base;
+}
+
 
 // Rewrites a core graph (after the "core" pipeline) into a kernel module. Nodes it cannot lower
 // (non-core ops, dynamic shapes, dtypes or ops the code generators do not handle) stay as they are.

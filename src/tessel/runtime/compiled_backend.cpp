@@ -215,10 +215,8 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   // After the pipeline: fuse, generate, compile, load.
   go.after_pipeline = [&](std::unique_ptr<Graph>& cg) {
     auto tf = Clock::now();
-    FuseOptions fo = opts.fuse;
-    fo.conv1d = true;            // oneDNN runs them as 2-D convolutions with H = 1
-    fo.conv_input_views = true;  // oneDNN reads NHWC input through its strides
-    fo.layout_steps = true;      // poolings and channel concatenations run channels-last (runs_channels_last)
+    // 1-D convolutions as 2-D ones, NHWC input views, channels-last poolings and concatenations
+    const FuseOptions fo = cpu_fuse_options(opts.fuse);
     KernelModule m = fuse(std::move(cg), fo);
     verify_kernel_module(m);
     st.fuse_seconds = seconds_since(tf);

@@ -811,6 +811,15 @@ TapRange tap_range(int64_t in, int64_t out, int64_t window, int64_t stride, int6
   return t;
 }
 
+// [lo, hi): the outputs along a dim whose every tap is inside the input (the others are the edges).
+std::pair<int64_t, int64_t> full_window_range(const TapRange& t, int64_t window) {
+  const int64_t out = static_cast<int64_t>(t.lo.size());
+  int64_t lo = 0, hi = out;
+  while (lo < out && (t.lo[static_cast<size_t>(lo)] != 0 || t.hi[static_cast<size_t>(lo)] != window)) ++lo;
+  while (hi > lo && (t.lo[static_cast<size_t>(hi - 1)] != 0 || t.hi[static_cast<size_t>(hi - 1)] != window)) --hi;
+  return {lo, hi};
+}
+
 // Whether a reduce_window is a pooling: a window (with strides, dilations, pads) only over the last
 // two dims; every leading dim is a plane index (window 1, stride 1, no pads, same size).
 bool is_2d_pooling(const Shape& in, const Shape& out, const std::vector<int64_t>& window, const std::vector<int64_t>& strides,
@@ -906,9 +915,7 @@ CoreKernel pooling_2d_kernel(const Node& n, const Shape& in, const Shape& out, c
   auto rows = std::make_shared<TapRange>(tap_range(H, OH, window[r - 2], sh, dh, ph));
   auto cols = std::make_shared<TapRange>(tap_range(W, OW, KW, sw, dw, pw));
   // [full_lo, full_hi): the outputs of a row whose every column tap is inside the input
-  int64_t full_lo = 0, full_hi = OW;
-  while (full_lo < OW && (cols->lo[static_cast<size_t>(full_lo)] != 0 || cols->hi[static_cast<size_t>(full_lo)] != KW)) ++full_lo;
-  while (full_hi > full_lo && (cols->lo[static_cast<size_t>(full_hi - 1)] != 0 || cols->hi[static_cast<size_t>(full_hi - 1)] != KW)) --full_hi;
+  const auto [full_lo, full_hi] = full_window_range(*cols, KW);
   const int x = n.inputs[0]->id, y = n.outputs[0]->id;
   using C = PoolC<T, K>;
   // Planes are independent: split across the OpenMP team (the compiled backend's thread count) when
@@ -999,9 +1006,7 @@ CoreKernel pooling_nhwc_kernel(const Node& n, const Shape& in, const Shape& out,
   // [full_lo, full_hi): the output pixels of a row whose every column tap is inside the input. Tap kw
   // of one input row is, over those pixels, one contiguous run of (full_hi - full_lo) · C elements with
   // stride 1, and pixels of C elements sw · C apart otherwise: one call each, not one per pixel.
-  int64_t full_lo = 0, full_hi = OW;
-  while (full_lo < OW && (cols->lo[static_cast<size_t>(full_lo)] != 0 || cols->hi[static_cast<size_t>(full_lo)] != KW)) ++full_lo;
-  while (full_hi > full_lo && (cols->lo[static_cast<size_t>(full_hi - 1)] != 0 || cols->hi[static_cast<size_t>(full_hi - 1)] != KW)) --full_hi;
+  const auto [full_lo, full_hi] = full_window_range(*cols, KW);
   const int x = n.inputs[0]->id, y = n.outputs[0]->id;
   using A = PoolC<T, K>;
   const bool parallel = N * OH > 1 && N * OH * OW * C * window[2] * KW >= (int64_t{1} << 16);

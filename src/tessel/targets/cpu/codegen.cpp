@@ -61,7 +61,11 @@ struct Emitter {
   std::string out;
   std::vector<std::string> val;  // C++ expression / variable of each instruction
 
-  Emitter(const Kernel& kk, size_t i) : k(kk), kernel_index(i), val(kk.body.size()) {}
+  Emitter(const Kernel& kk, size_t i) : k(kk), kernel_index(i), val(kk.body.size()) {
+    flat = flat_form();
+    column = column_form();
+  }
+  bool flat = false, column = false;  // the loop forms below, decided once per kernel
 
   void line(int indent, const std::string& s) { out += std::string(static_cast<size_t>(indent) * 2, ' ') + s + "\n"; }
 
@@ -73,7 +77,7 @@ struct Emitter {
   // rows (outer [12544] inner [32] for efficientnet's first depthwise convolution). Emitted as one flat
   // vector loop over the call's [lo, hi) rows, not a loop of 32-element loops (half the loop overhead
   // and remainder code per row).
-  bool flat() const {
+  bool flat_form() const {
     if (k.splits_inner() || k.outer.size() != 1 || k.inner.size() != 1 || k.phases != 1) return false;
     for (const KInstr& in : k.body)
       if (in.row && in.op != "const") return false;
@@ -90,8 +94,8 @@ struct Emitter {
   // point in an array (row by row, those reads were a gather per element). Each point still reduces its
   // elements in inner-loop order, alone, so results do not depend on the thread count.
   static constexpr int64_t kColumnBlock = 256;
-  bool column() const {
-    if (k.splits_inner() || flat() || k.outer.size() != 1 || k.phases != 1 || k.inner.empty()) return false;
+  bool column_form() const {
+    if (k.splits_inner() || flat || k.outer.size() != 1 || k.phases != 1 || k.inner.empty()) return false;
     bool reduces = false, strided = false;
     for (const KInstr& in : k.body) {
       if (in.row) {
@@ -110,7 +114,7 @@ struct Emitter {
   std::string index(int a) const {
     const KAccess& acc = k.accesses[static_cast<size_t>(a)];
     std::string s;
-    if (column()) {
+    if (column) {
       s = acc.offset ? std::to_string(acc.offset) : "";
       if (acc.strides[0]) s += (s.empty() ? "" : " + ") + (acc.strides[0] == 1 ? std::string("o0") : fmt::format("o0 * {}", acc.strides[0]));
       if (s.empty()) s = "0";
@@ -120,9 +124,9 @@ struct Emitter {
       }
       return s;
     }
-    if (k.splits_inner() || flat()) {
+    if (k.splits_inner() || flat) {
       s = acc.offset ? std::to_string(acc.offset) : "";
-      const int64_t st = acc.strides[flat() ? 1 : 0];
+      const int64_t st = acc.strides[flat ? 1 : 0];
       if (st) s += (s.empty() ? "" : " + ") + (st == 1 ? std::string("i0") : fmt::format("i0 * {}", st));
       return s.empty() ? "0" : s;
     }
@@ -197,7 +201,7 @@ struct Emitter {
       line(indent, fmt::format("a{}[{}] = {};", acc.arg, index(in.access), in.dtype == DType::boolean ? "(uint8_t)" + x : x));
       return;
     }
-    if (in.op == "reduce" && column()) {  // accumulators per point of the block (column_loop)
+    if (in.op == "reduce" && column) {  // accumulators per point of the block (column_loop)
       const std::string x = v(in.args[0]), acc = v(i) + "_acc[j]";
       if (in.attr == "sum") line(indent, fmt::format("{} += {};", acc, x));
       else if (in.attr == "prod") line(indent, fmt::format("{} *= {};", acc, x));
@@ -274,7 +278,7 @@ struct Emitter {
     return in.dtype == DType::f32 && (in.attr == "sum" || in.attr == "prod") ? "double" : ctype(in.dtype);
   }
 
-  // column(): the outer points [lo, hi) in blocks of kColumnBlock.
+  // column_form(): the outer points [lo, hi) in blocks of kColumnBlock.
   void column_loop() {
     std::vector<int> reduces, body;
     for (size_t i = 0; i < k.body.size(); ++i) {
@@ -377,7 +381,7 @@ struct Emitter {
       line(0, "}");
       return out;
     }
-    if (flat()) {
+    if (flat) {
       row_instrs(1, 0);
       line(1, "// phase 0: rows [lo, hi) as one contiguous run");
       line(1, "#pragma omp simd");
@@ -388,7 +392,7 @@ struct Emitter {
       line(0, "}");
       return out;
     }
-    if (column()) {
+    if (column) {
       line(1, "// the outer points side by side (column reduction)");
       column_loop();
       line(0, "}");
