@@ -915,7 +915,8 @@ CoreKernel pooling_2d_kernel(const Node& n, const Shape& in, const Shape& out, c
   auto rows = std::make_shared<TapRange>(tap_range(H, OH, window[r - 2], sh, dh, ph));
   auto cols = std::make_shared<TapRange>(tap_range(W, OW, KW, sw, dw, pw));
   // [full_lo, full_hi): the outputs of a row whose every column tap is inside the input
-  const auto [full_lo, full_hi] = full_window_range(*cols, KW);
+  const std::pair<int64_t, int64_t> full = full_window_range(*cols, KW);  // (clang 14 captures no bindings)
+  const int64_t full_lo = full.first, full_hi = full.second;
   const int x = n.inputs[0]->id, y = n.outputs[0]->id;
   using C = PoolC<T, K>;
   // Planes are independent: split across the OpenMP team (the compiled backend's thread count) when
@@ -1006,7 +1007,8 @@ CoreKernel pooling_nhwc_kernel(const Node& n, const Shape& in, const Shape& out,
   // [full_lo, full_hi): the output pixels of a row whose every column tap is inside the input. Tap kw
   // of one input row is, over those pixels, one contiguous run of (full_hi - full_lo) · C elements with
   // stride 1, and pixels of C elements sw · C apart otherwise: one call each, not one per pixel.
-  const auto [full_lo, full_hi] = full_window_range(*cols, KW);
+  const std::pair<int64_t, int64_t> full = full_window_range(*cols, KW);  // (clang 14 captures no bindings)
+  const int64_t full_lo = full.first, full_hi = full.second;
   const int x = n.inputs[0]->id, y = n.outputs[0]->id;
   using A = PoolC<T, K>;
   const bool parallel = N * OH > 1 && N * OH * OW * C * window[2] * KW >= (int64_t{1} << 16);
