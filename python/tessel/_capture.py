@@ -255,15 +255,19 @@ class Slot:
 
 def module_state(module):
     """[(Slot, tensor, names)] for every distinct parameter and buffer of `module`: a tensor shared by
-    several modules (tied weights) once, under its first name, with all its names (each must get it)."""
+    several modules (tied weights) once, under its first name, with all its names (each must get it);
+    a module under several paths contributes one name per slot."""
     if not isinstance(module, torch.nn.Module):
         return []
-    state, seen = [], {}
+    state, seen, slots = [], {}, set()
     for path, m in module.named_modules(remove_duplicate=False):
         for kind, table in (("parameter", m._parameters), ("buffer", m._buffers)):
             for key, t in table.items():
-                if t is None:
+                if t is None or (id(table), key) in slots:
+                    # A module reachable under several paths (timm's CoaT shares its position encoders
+                    # between blocks) is one slot: named once (see _functional_call).
                     continue
+                slots.add((id(table), key))
                 name = f"{path}.{key}" if path else key
                 if id(t) not in seen:
                     seen[id(t)] = len(state)
@@ -294,7 +298,12 @@ class Captured:
 def _functional_call():
     func = getattr(torch, "func", None)
     if func is not None and hasattr(func, "functional_call"):
-        return func.functional_call
+        # tie_weights=False: every slot is named once in the mapping (module_state), tied tensors under
+        # all their names. With tie_weights=True torch 2.x widens each name to every path of its
+        # tensor, swaps a slot reachable under several paths (a shared module) once per path and
+        # restores in order, so the module keeps the trace's tensor afterwards.
+        return lambda module, mapping, args, kwargs: func.functional_call(module, mapping, args, kwargs,
+                                                                          tie_weights=False)
     from torch.nn.utils import stateless
     return stateless.functional_call
 
@@ -463,6 +472,25 @@ def _shape(node):
     return list(meta.shape)
 
 
+_METADATA_OPS = {"as_strided_", "transpose_", "t_", "squeeze_", "unsqueeze_", "swapdims_", "swapaxes_", "detach_"}
+
+
+def _metadata_only(n):
+    t = n.target
+    return (isinstance(t, torch._ops.OpOverload) and t._schema.name.split("::")[-1] in _METADATA_OPS
+            and _out_of_place(t) is not None)
+
+
+def _out_of_place(op):
+    """aten.as_strided.default of aten.as_strided_.default (None if there is no such overload)."""
+    name = op._schema.name.split("::")[-1][:-1]
+    packet = getattr(aten, name, None)
+    if packet is None:
+        return None
+    # transpose_.default's out-of-place form is transpose.int
+    return getattr(packet, op._overloadname, None) or getattr(packet, "int", None)
+
+
 def _mutations_to_outputs(gm):
     """Turns functionalize's trailing `copy_(placeholder, value)` nodes (the write-back of mutated inputs)
     into extra graph outputs: the output becomes (module output, (values...)). Returns the placeholder
@@ -481,6 +509,10 @@ def _mutations_to_outputs(gm):
         elif n.target is aten.native_batch_norm.default and _batch_norm_stats_are_hidden():
             for p, v in _functional_batch_norm(graph, n, position):
                 writes[p] = v
+        elif _metadata_only(n) and n.args[0] not in position:
+            # An in-place view op (as_strided_, transpose_, ...) changes a tensor's sizes and strides, not
+            # its data; make_fx points later uses at this node, so its out-of-place view is the same value.
+            n.target = _out_of_place(n.target)
         elif isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
             raise TesselCaptureError(
                 f"cannot capture: {n.target} mutates a tensor that is not an input, parameter or buffer "

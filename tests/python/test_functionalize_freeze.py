@@ -102,6 +102,21 @@ class Tied(nn.Module):
         return self.out(torch.tanh(self.emb(idx)))
 
 
+class SharedModule(nn.Module):
+    """One submodule reachable under two paths (timm's CoaT shares its position encoders between
+    blocks: `cpe1` and `serial_blocks1.0.cpe` are the same module object)."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(8, 8)
+        self.blocks = nn.ModuleList([nn.Sequential(self.enc, nn.Tanh()) for _ in range(2)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x) + x
+        return self.enc(x)
+
+
 class SharedLayer(nn.Module):
     """One layer applied several times (ALBERT's shared encoder layers)."""
 
@@ -145,6 +160,34 @@ class FunctionalizeTest(unittest.TestCase):
         x = torch.randn(16)
         self.assertEqual(tessel.explain(StridedInPlace(), (x,)).break_count, 0)
         self.check(StridedInPlace(), x)
+
+    def test_in_place_view_of_an_intermediate_becomes_its_view(self):
+        """torch 2.11's functionalization (views kept) can leave an in-place view op (as_strided_ in
+        torchvision's Swin) on an intermediate: sizes and strides change, not data, so capture turns it
+        into the out-of-place view. Built by hand: torch 1.13's functionalize never leaves one."""
+        from tessel import _capture
+        aten = torch.ops.aten
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        y = g.call_function(aten.mul.Tensor, (x, 2.0))
+        v = g.call_function(aten.as_strided_.default, (y, [2, 3], [1, 2]))
+        t = g.call_function(aten.transpose_.default, (v, 0, 1))
+        g.output(((g.call_function(aten.add.Tensor, (t, 1.0)),), ()))
+        gm = torch.fx.GraphModule(torch.nn.Module(), g)
+        self.assertEqual(_capture._mutations_to_outputs(gm), [])
+        ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+        self.assertEqual(ops, [aten.mul.Tensor, aten.as_strided.default, aten.transpose.int, aten.add.Tensor])
+        x = torch.randn(3, 2)
+        self.assertTrue(torch.equal(gm(x)[0][0][0], (x * 2).as_strided((2, 3), (1, 2)).transpose(0, 1) + 1))
+
+    def test_in_place_view_of_an_input_is_an_error(self):
+        from tessel import _capture
+        aten = torch.ops.aten
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        g.output(((g.call_function(aten.transpose_.default, (x, 0, 1)),), ()))
+        with self.assertRaises(tessel.TesselError):
+            _capture._mutations_to_outputs(torch.fx.GraphModule(torch.nn.Module(), g))
 
     def test_mutated_buffer_is_written_back(self):
         torch.manual_seed(2)
@@ -283,6 +326,22 @@ class FreezeGuardTest(unittest.TestCase):
         with torch.no_grad():
             m.layer.weight.mul_(-1)   # still fresh after an in-place update of the shared weight
             self.assertLess(max_abs(fast(x), m(x)), 1e-5)
+
+    def test_a_module_under_two_paths_keeps_its_parameters(self):
+        """Capture swaps each state tensor in under all its names; a module reachable under two paths
+        must get its own tensors back afterwards (before: the second restore put the trace's tensor back,
+        the next call saw a 'replaced' parameter and recaptured over a dead trace -- coat_lite_tiny)."""
+        torch.manual_seed(8)
+        m = SharedModule()
+        before = [id(p) for p in m.parameters()]
+        x = torch.randn(3, 8)
+        fast = tessel.compile(m, (x,), backend="graph")
+        self.assertEqual([id(p) for p in m.parameters()], before)
+        self.assertTrue(all(type(p) is nn.Parameter for p in m.parameters()))
+        with torch.no_grad():
+            for _ in range(2):
+                self.assertLess(max_abs(fast(x), m(x)), 1e-5)
+        self.assertEqual(fast.stats.refreshes, 0, fast.stats.recompiles)
 
     def test_a_value_change_reuses_the_capture(self):
         import tessel._compile as compile_module

@@ -34,6 +34,7 @@ BACKENDS = ["eager", "graph", "compiled", "spyre:f32", "tpu-v5e:f32"]
 
 
 @unittest.skipUnless(HAVE_TORCHVISION, "needs python3-torchvision")
+@unittest.skipUnless(os.path.exists(TESSEL_BINARY), f"needs the tessel command ({TESSEL_BINARY}; set TESSEL_BINARY)")
 @unittest.skipIf(os.environ.get("TESSEL_SANITIZED"), "whole models are too slow under the sanitizers")
 class TorchvisionOnnx(unittest.TestCase):
     @classmethod
