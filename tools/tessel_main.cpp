@@ -374,7 +374,8 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
   if (!print_after.empty()) return 0;
   std::string text;
   if (lower) {
-    KernelModule km = fuse(std::move(m.graph));
+    // The host CPU's fusion (what `--backend compiled` runs), so the printed kernels and C++ are the real ones.
+    KernelModule km = fuse(std::move(m.graph), cpu_fuse_options());
     verify_kernel_module(km);
     if (emit == "kernel") text = print_kernel_module(km, elide);
     else if (emit == "cpp") text = cpu::generate_cpp(km, fs::path(model).filename().string(), cpu::library_epilogues(km));
