@@ -66,6 +66,39 @@ TEST(Escape, DisplayTextIsOneLineAndDistinguishesNames) {
   EXPECT_EQ(display_text("caf\xc3\xa9"), "caf\xc3\xa9");  // valid UTF-8 stays readable
 }
 
+// HTML text and attribute values: no markup character survives, and decoding the five entities gives
+// back exactly the display form.
+TEST(Escape, HtmlTextIsNeverMarkupAndDecodesToTheDisplayForm) {
+  std::vector<std::string> all = payloads();
+  all.push_back("<script>alert(1)</script>");
+  all.push_back("\"><img src=x onerror=alert(1)>");
+  all.push_back("' onmouseover='x");
+  all.push_back("&lt;already escaped&gt; &amp;");
+  for (const std::string& p : all) {
+    const std::string h = html_text(p);
+    EXPECT_TRUE(one_clean_line(h)) << h;
+    for (char c : {'<', '>', '"', '\''}) EXPECT_EQ(h.find(c), std::string::npos) << h;
+    std::string back;
+    for (size_t i = 0; i < h.size();) {
+      bool entity = false;
+      for (const auto& [e, c] : std::vector<std::pair<std::string, char>>{
+               {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&#39;", '\''}}) {
+        if (h.compare(i, e.size(), e) == 0) {
+          back += c;
+          i += e.size();
+          entity = true;
+          break;
+        }
+      }
+      if (!entity) {
+        ASSERT_NE(h[i], '&') << "a bare & in " << h;
+        back += h[i++];
+      }
+    }
+    EXPECT_EQ(back, display_text(p));
+  }
+}
+
 TEST(Escape, ErrorsRenderOnOneLine) {
   for (const std::string& p : payloads()) {
     Error e(Location{.file = p, .node = p, .op = p, .pass = p, .line = 1, .column = 2}, "reason " + p);

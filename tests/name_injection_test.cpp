@@ -294,6 +294,16 @@ TEST_P(NameInjection, CommandLineOutputsCarryNoRawPayload) {
     EXPECT_TRUE(nlohmann::json::accept(j)) << f;
   }
 
+  // The HTML report: names are text (html_text), never markup, never a raw line break.
+  r = run_tessel({"report", m, "--hw", "spyre", "-o", (dir_ / "report.html").string()}, dir_);
+  ASSERT_EQ(r.code, 0) << r.out;
+  {
+    const std::string html = read_bytes(dir_ / "report.html");
+    expect_no_raw_payload(html, "tessel report");
+    EXPECT_EQ(html.find("<script"), std::string::npos);
+    EXPECT_EQ(html.find("<stdlib"), std::string::npos);
+  }
+
   r = run_tessel({"explain", m, "--json"}, dir_);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(nlohmann::json::accept(r.out)) << r.out;

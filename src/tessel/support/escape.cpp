@@ -81,6 +81,23 @@ std::string escape_line(std::string_view s, bool ascii_only, std::string_view ba
 
 std::string display_text(std::string_view s) { return escape_line(s, false, "\\\\"); }
 
+std::string html_text(std::string_view s) {
+  const std::string t = display_text(s);
+  std::string out;
+  out.reserve(t.size());
+  for (char c : t) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 std::string cpp_comment_text(std::string_view s) {
   const std::string t = escape_line(s, true, "\\x5c");
   // Sequences that mean something inside a comment: `*/` and `/*` (block comments) and `??`

@@ -23,6 +23,10 @@ std::string cpp_comment_text(std::string_view s);
 // as is, everything else as a three-digit octal escape (never greedy like \x).
 std::string cpp_string_literal(std::string_view s);
 
+// Text and attribute values of HTML (`tessel report`): display_text, then `&` `<` `>` `"` `'` as
+// entities, so a name is never markup, never ends an attribute, and displays on one line.
+std::string html_text(std::string_view s);
+
 // Text inside a `//` comment of MLIR / KTIR: display_text (MLIR comments end at \n or \r).
 std::string mlir_comment_text(std::string_view s);
 // A complete MLIR string literal "..." holding exactly the bytes of s: `\"` `\\` `\n` `\t`, every

@@ -1,0 +1,71 @@
+// Runs the simulations and the CPU ladder `tessel report` shows, and collects their JSON.
+#include "tessel/driver/report.h"
+
+#include <chrono>
+
+#include "tessel/driver/bench.h"
+#include "tessel/driver/model_dir.h"
+#include "tessel/support/error.h"
+#include "tessel/targets/dataflow/hw.h"
+#include "tessel/targets/dataflow/sim_engine.h"
+#include "tessel/targets/dataflow/timing.h"
+
+namespace tessel {
+
+nlohmann::json landscape_row(const std::string& target, const DataflowCompile& dc, const DataflowReport& r) {
+  const double pad = static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6;
+  return {{"target", target}, {"time_us", r.sim_us}, {"utilisation", r.utilisation}, {"dram_mb", r.dram_bytes / 1e6},
+          {"padding_mb", pad}, {"scratchpad_peak_kb", static_cast<double>(r.spad_peak) / 1e3},
+          {"compile_ms", r.compile_seconds * 1e3}, {"roofline_us", r.bound_us}, {"cores", r.cores},
+          {"dtype", std::string(dtype_name(dc.program.float_dtype))}};
+}
+
+HtmlReportInput gather_report(const std::string& model, const ReportOptions& opts) {
+  HtmlReportInput in;
+  in.model = model;
+  const std::vector<Tensor> ins = model_inputs(model);
+  bool cpu = false;
+  for (size_t b = 0; b <= opts.targets.size();) {
+    const size_t e = std::min(opts.targets.find(',', b), opts.targets.size());
+    const std::string t = opts.targets.substr(b, e - b);
+    b = e + 1;
+    if (t.empty()) continue;
+    if (t == "cpu") {
+      cpu = true;
+      continue;
+    }
+    const dataflow::HwSpec hw = dataflow::resolve_target(t);
+    DataflowCompile dc = compile_dataflow(model, ins, hw, opts.map);
+    dataflow::SimOptions so;
+    so.record_dram_samples = true;
+    tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw, so);
+    DataflowReport r = dataflow_report(dc, sp, hw);
+    HtmlTargetReport tr;
+    tr.name = t;
+    tr.report = report_json(r);
+    tr.trace = nlohmann::json::parse(dataflow::chrome_trace_json(sp.timeline.graph, hw, sp.result));
+    tr.peak_matrix_flops = hw.peak_flops(dc.program.float_dtype);
+    tr.peak_vector_flops = hw.vector.rate(dataflow::VectorOp::add) * static_cast<double>(hw.cores) * hw.clock_ghz * 1e9;
+    tr.peak_dram_bytes = hw.peak_dram_bytes_per_second();
+    tr.usable_scratchpad = hw.usable_scratchpad_bytes();
+    in.landscape.push_back(landscape_row(t, dc, r));
+    in.targets.push_back(std::move(tr));
+  }
+  if (cpu) {
+    if (ins.empty()) throw Error(Location{.file = model}, "report's cpu ladder runs the model: it needs test_data_set_0 inputs");
+    BenchOptions bo;
+    bo.backends = {"eager", "graph", "compiled"};
+    bo.iters = opts.iters;
+    bo.threads = opts.threads;
+    bo.tessel_exe = opts.tessel_exe;
+    BenchReport br = bench_model(model, bo);
+    in.cpu_bench = bench_json(br);
+    for (const BackendBench& x : br.backends)
+      if (x.backend == "compiled")
+        in.landscape.push_back({{"target", "cpu"}, {"time_us", x.median_ms * 1e3}, {"compile_ms", x.cold_compile_s * 1e3},
+                                {"threads", x.threads}});
+  }
+  return in;
+}
+
+}  // namespace tessel
