@@ -190,6 +190,7 @@ std::string timeline_svg(const HtmlTargetReport& t) {
   s += fmt::format("<text x=\"4\" y=\"24\">kernels</text>");
   double y = top;
   int64_t last_pid = -1;
+  double last_label = -1e9;
   int merged_total = 0, rect_total = 0;
   for (const auto& key : order) {
     std::vector<Rect> rs = lanes[key];
@@ -208,7 +209,11 @@ std::string timeline_svg(const HtmlTargetReport& t) {
     }
     if (key.first != last_pid) {
       s += fmt::format("<line x1=\"{}\" x2=\"{}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e3e6ec\"/>", label_w, label_w + plot_w, y, y);
-      s += fmt::format("<text x=\"4\" y=\"{:.1f}\">{}</text>", y + 7, esc(process[key.first]));
+      // Cores with one lane each would stack their labels 5 px apart: every label keeps its line.
+      if (y - last_label >= 10) {
+        s += fmt::format("<text x=\"4\" y=\"{:.1f}\">{}</text>", y + 7, esc(process[key.first]));
+        last_label = y;
+      }
       last_pid = key.first;
     }
     for (const Rect& r : out) {
