@@ -15,7 +15,7 @@
 #include "tessel/driver/compile_model.h"
 #include "tessel/driver/dataflow.h"
 #include "tessel/targets/dataflow/functional.h"
-#include "tessel/tile/ktir.h"
+#include "tessel/export/ktir.h"
 #include "tessel/driver/compare.h"
 #include "tessel/driver/conformance.h"
 #include "tessel/driver/explain.h"
@@ -448,17 +448,13 @@ void write_text(const std::string& path, const std::string& text) {
 
 int cmd_compile_dataflow(const std::string& model, const std::string& target, const std::string& emit,
                          const std::string& out, const std::string& report, const std::string& dtype) {
-  const dataflow::HwSpec hw = dataflow::resolve_target(target);
-  DataflowCompile dc = compile_dataflow(model, model_inputs(model), hw, map_options(dtype));
+  DataflowCompile dc = compile_dataflow(model, model_inputs(model), dataflow::resolve_target(target), map_options(dtype));
   if (emit == "tile") write_text(out, tile::print_tile_program(dc.program));
   else if (emit == "kernel") write_text(out, print_kernel_module(dc.module, true));
   else if (emit == "ktir") write_text(out, tile::export_ktir(dc.program, dc.module));
   else if (emit != "none") throw Error(Location{.pass = "compile"}, fmt::format("--emit {} is not available for --target {} (tile, kernel, ktir)", emit, target));
   if (!report.empty()) {
-    auto t0 = std::chrono::steady_clock::now();
-    tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw);
-    DataflowReport r = dataflow_report(dc, sp, hw);
-    r.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const DataflowReport r = simulate_dataflow(std::move(dc)).report;
     std::ofstream f(report);
     f << json_dump(report_json(r), 1) << "\n";
     if (!f) throw Error(Location{.file = report}, "cannot write the report");
@@ -501,22 +497,20 @@ bool check_functional(const std::string& model, const DataflowCompile& dc, const
 
 int cmd_sim(const std::string& model, const std::string& target, const std::string& trace, const std::string& json,
             const std::string& dtype, bool functional, int threads) {
-  const dataflow::HwSpec hw = dataflow::resolve_target(target);
   const std::vector<Tensor> ins = model_inputs(model);
-  DataflowCompile dc = compile_dataflow(model, ins, hw, map_options(dtype));
-  auto t0 = std::chrono::steady_clock::now();
   dataflow::SimOptions so;
   so.record_dram_samples = !trace.empty();
-  tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw, so);
-  DataflowReport r = dataflow_report(dc, sp, hw);
-  r.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, dataflow::resolve_target(target), map_options(dtype)), so);
+  const DataflowCompile& dc = run.compile;
+  const tile::SimulatedProgram& sp = run.sim;
+  const DataflowReport& r = run.report;
   fmt::print("{}", report_table(r));
   fmt::print("compiled in {:.1f} ms (import, core pipeline, fusion {:.1f}; tile mapping {:.1f}); timed simulation of {} tasks "
              "in {:.1f} ms\n",
              r.compile_seconds * 1e3, dc.lower_seconds * 1e3, dc.map_seconds * 1e3, sp.timeline.graph.size(),
              r.sim_seconds * 1e3);
   if (!trace.empty()) {
-    write_text(trace, dataflow::chrome_trace_json(sp.timeline.graph, hw, sp.result));
+    write_text(trace, dataflow::chrome_trace_json(sp.timeline.graph, dc.program.hw_spec(), sp.result));
     fmt::print("trace: {} (open in ui.perfetto.dev or chrome://tracing)\n", trace);
   }
   if (!json.empty()) write_text(json, json_dump(report_json(r), 1) + "\n");
@@ -560,10 +554,9 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
                       {"threads", mc.exe->stats().threads}, {"executable_cache_hit", mc.entry_hit}});
       continue;
     }
-    const dataflow::HwSpec hw = dataflow::resolve_target(t);
-    DataflowCompile dc = compile_dataflow(model, ins, hw, tile::MapOptions{});
-    tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw);
-    DataflowReport r = dataflow_report(dc, sp, hw);
+    const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, dataflow::resolve_target(t), tile::MapOptions{}));
+    const DataflowCompile& dc = run.compile;
+    const DataflowReport& r = run.report;
     const double pad = static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6;
     fmt::print("{:<10} {:>11.1f} {:>8.1f} {:>11.2f} {:>11.2f} {:>11.1f} {:>11.1f} {:>10.0f}   ({} cores, {})\n", t, r.sim_us,
                100 * r.utilisation, r.dram_bytes / 1e6, pad, static_cast<double>(r.spad_peak) / 1e3, r.compile_seconds * 1e3,

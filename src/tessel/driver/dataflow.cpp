@@ -49,8 +49,9 @@ DataflowCompile compile_dataflow(const std::string& model, const std::vector<Ten
   return dc;
 }
 
-DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp, const dataflow::HwSpec& hw) {
+DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp) {
   const tile::TileProgram& p = dc.program;
+  const dataflow::HwSpec& hw = p.hw_spec();
   DataflowReport r;
   r.model = p.name;
   r.target = p.target;
@@ -124,6 +125,16 @@ DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedP
     }
   r.compile_seconds = dc.lower_seconds + dc.map_seconds;
   return r;
+}
+
+DataflowRun simulate_dataflow(DataflowCompile dc, const dataflow::SimOptions& options) {
+  DataflowRun run;
+  run.compile = std::move(dc);
+  const auto t0 = Clock::now();
+  run.sim = tile::simulate_program(run.compile.program, options);
+  run.report = dataflow_report(run.compile, run.sim);
+  run.report.sim_seconds = since(t0);
+  return run;
 }
 
 nlohmann::json report_json(const DataflowReport& r) {

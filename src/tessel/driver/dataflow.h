@@ -1,5 +1,5 @@
 // Models on dataflow targets: import -> core pipeline -> fusion -> map_to_tiles, the simulated time
-// of the tile program, and the course's reports (per kernel: FLOPs, bytes, arithmetic intensity,
+// of the tile program (compile -> simulate -> report, written once here for the CLI), and the course's reports (per kernel: FLOPs, bytes, arithmetic intensity,
 // roofline bound, simulated time and % of bound, fusion traffic saved, padding waste, the work split,
 // per-core slice sizes, scratchpad peak; per model: totals). docs/ir/tile.md, docs/sim.md.
 #pragma once
@@ -8,16 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "tessel/hw/hw.h"
 #include "tessel/kernel/kernel.h"
-#include "tessel/targets/dataflow/hw.h"
-#include "tessel/tile/tile.h"
+#include "tessel/targets/dataflow/map.h"
 #include "tessel/targets/dataflow/timing.h"
+#include "tessel/tile/tile.h"
 
 namespace tessel {
 
 struct DataflowCompile {
   KernelModule module;
-  tile::TileProgram program;
+  tile::TileProgram program;  // carries its HwSpec (program.hw)
   double lower_seconds = 0;   // import, core pipeline, fusion
   double map_seconds = 0;     // map_to_tiles
 };
@@ -61,7 +62,17 @@ struct DataflowReport {
   std::vector<KernelReport> kernels;
 };
 
-DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp, const dataflow::HwSpec& hw);
+// For the program's own HwSpec.
+DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp);
+
+// A compiled model simulated and reported on: the one compile -> simulate -> report sequence the CLI's
+// `compile --report`, `sim` and `landscape` share.
+struct DataflowRun {
+  DataflowCompile compile;
+  tile::SimulatedProgram sim;
+  DataflowReport report;  // report.sim_seconds: the timed simulation and the report together
+};
+DataflowRun simulate_dataflow(DataflowCompile dc, const dataflow::SimOptions& options = {});
 nlohmann::json report_json(const DataflowReport& r);
 std::string report_table(const DataflowReport& r);
 

@@ -1,4 +1,4 @@
-// Mapping the kernel level onto a dataflow target (see tile.h): layout, work division, tiling,
+// Mapping the kernel level onto a dataflow target (see map.h): layout, work division, tiling,
 // scheduling and allocation. docs/ir/tile.md walks through ffn_s on the spyre preset.
 #include <fmt/format.h>
 
@@ -11,7 +11,7 @@
 #include "tessel/kernel/arena_plan.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/cost.h"
-#include "tessel/tile/tile.h"
+#include "tessel/targets/dataflow/map.h"
 
 namespace tessel::tile {
 namespace {
@@ -629,18 +629,6 @@ void allocate_spad(TileKernel& t, const HwSpec& hw, int64_t usable) {
 
 }  // namespace
 
-Shape padded_shape(const Shape& shape, DType t, const HwSpec& hw, const std::vector<int64_t>& perm) {
-  Shape s = shape;
-  if (s.empty()) return s;
-  for (int64_t d : s)
-    if (d < 0) return s;  // dynamic: not planned
-  const size_t r = s.size();
-  auto phys = [&](size_t i) { return perm.size() == r ? static_cast<size_t>(perm[i]) : i; };
-  s[phys(r - 1)] = round_up(std::max<int64_t>(1, s[phys(r - 1)]), lane_unit(hw, t));
-  if (hw.layout.kind == LayoutKind::tiled && r >= 2) s[phys(r - 2)] = round_up(std::max<int64_t>(1, s[phys(r - 2)]), row_unit(hw, t));
-  return s;
-}
-
 DType default_float_dtype(const HwSpec& hw) { return hw.supports(DType::f16) ? DType::f16 : DType::bf16; }
 
 TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptions& o) {
@@ -664,6 +652,7 @@ TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptio
   TileProgram& p = mp.p;
   p.name = m.graph->name;
   p.target = hw.name;
+  p.hw = std::make_shared<const HwSpec>(hw);
   p.float_dtype = fdt;
   p.dl16 = fdt == DType::f16 && hw.f16_format == "dl16";
   p.cores = hw.cores;
@@ -766,7 +755,7 @@ TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptio
   const ArenaPlan plan = plan_arena(reqs, 128);
   for (size_t i = 0; i < reqs.size(); ++i) p.globals[static_cast<size_t>(req_global[i])].offset = static_cast<int64_t>(plan.offsets[i]);
   p.dram_peak = static_cast<int64_t>(plan.size);
-  verify_tile_program(p, hw);
+  verify_tile_program(p);
   return p;
 }
 
