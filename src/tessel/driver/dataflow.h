@@ -10,6 +10,7 @@
 
 #include "tessel/hw/hw.h"
 #include "tessel/kernel/kernel.h"
+#include "tessel/passes/pass.h"
 #include "tessel/targets/dataflow/map.h"
 #include "tessel/targets/dataflow/timing.h"
 #include "tessel/tile/tile.h"
@@ -21,13 +22,17 @@ struct DataflowCompile {
   tile::TileProgram program;  // carries its HwSpec (program.hw)
   double lower_seconds = 0;   // import, core pipeline, fusion
   double map_seconds = 0;     // map_to_tiles
+  std::vector<PassRecord> stages;  // every stage run (graph passes, fuse, tile-*), for --time-passes
 };
 
-// MODEL as for `tessel run` (.onnx, model-zoo folder, .tsl); `inputs` bind symbolic dims.
+// MODEL as for `tessel run` (.onnx, model-zoo folder, .tsl); `inputs` bind symbolic dims. The stages
+// run through the pass manager across levels (driver/lowering.h) with `passes`' verify, dump_dir and
+// print_after.
 DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const dataflow::HwSpec& hw,
-                                 const tile::MapOptions& opts = {});
-// The same from a kernel module already in hand.
-DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts = {});
+                                 const tile::MapOptions& opts = {}, const PassOptions& passes = {});
+// The same from a kernel module already in hand (the tile stages only).
+DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts = {},
+                                 const PassOptions& passes = {});
 
 struct TensorSlice {
   std::string tensor;

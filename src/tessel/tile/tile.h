@@ -127,7 +127,9 @@ TileProgram parse_tile_program(const std::string& text, const std::string& file 
 // to the cores used and fit the target; slices are whole alignment units and cover their dims;
 // tiles fit their slices; operand dims exist; scratchpad buffers are aligned, inside the usable
 // scratchpad and do not overlap; every global is padded to whole sticks or tiles (for the program's HwSpec).
-void verify_tile_program(const TileProgram& p);
+// `allocated` false: a program before its allocation stage (targets/dataflow/map.h), whose scratchpad
+// offsets are not chosen yet; those checks are left out.
+void verify_tile_program(const TileProgram& p, bool allocated = true);
 
 // Padded shape of `shape` stored as `t` in hw's layout, with the physical dim order `perm` (empty:
 // row-major): the innermost physical dim to whole sticks (or lanes), and for tiled layouts the one
