@@ -101,6 +101,15 @@ TEST(StageManager, DumpIrWritesEveryStageAndTheLastTileDumpParsesBack) {
     EXPECT_EQ(files[i + 1], fmt::format("{:02d}-{}.{}", i + 1, s->name, level_extension(s->to)));
   }
   EXPECT_EQ(dc.stages[dc.stages.size() - 4].pass, "fuse");
+  // every dump parses back with its level's parser: graph, then the kernel level fusion wrote
+  for (size_t i = 0; i + 3 < files.size(); ++i) {
+    const std::string path = (dir / files[i]).string();
+    if (files[i].ends_with(".tsl")) {
+      EXPECT_NO_THROW(parse_graph(testenv::read_text(path), path)) << path;
+    }
+  }
+  const std::string kernel_dump = (dir / files[files.size() - 4]).string();
+  EXPECT_EQ(print_kernel_module(parse_kernel_module(testenv::read_text(kernel_dump), kernel_dump)), print_kernel_module(dc.module));
   const fs::path last = dir / files.back();
   EXPECT_EQ(files.back(), fmt::format("{:02d}-tile-allocate.tile", dc.stages.size()));
   const tile::TileProgram back = tile::parse_tile_program(testenv::read_text(last.string()), last.string(), dc.program.hw);
