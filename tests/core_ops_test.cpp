@@ -11,7 +11,7 @@
 #include "tessel/ir/core_ops.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/runtime/core_kernels.h"
-#include "tessel/targets/dataflow/hw.h"
+#include "tessel/hw/hw.h"
 #include "op_test_util.h"
 
 using namespace tessel;
@@ -120,14 +120,14 @@ TEST(CoreOps, EveryCostClassIsAVectorClassOfTheDataflowModel) {
       continue;
     }
     ASSERT_NE(i.cost, VectorCost::none) << i.name << " sits in loop bodies: it needs a vector cost";
-    // VectorCost mirrors dataflow::VectorOp member for member (tile/map.cpp casts one into the other).
+    // VectorCost mirrors dataflow::VectorOp member for member (targets/dataflow/map.cpp casts one into the other).
     const auto v = static_cast<dataflow::VectorOp>(static_cast<int>(i.cost));
     EXPECT_EQ(std::string(dataflow::vector_op_name(v)), std::string(vector_cost_name(i.cost))) << i.name;
   }
   EXPECT_EQ(static_cast<int>(VectorCost::none), dataflow::kNumVectorOps);
 }
 
-// The prices the dataflow cost model gave each primitive before the table (tile/map.cpp's string
+// The prices the dataflow cost model gave each primitive before the table (targets/dataflow/map.cpp's string
 // table; names it had that are not primitives are gone): the figures of `tessel sim` depend on them.
 TEST(CoreOps, VectorCostsKeepThePricesOfTheOldTable) {
   const std::map<std::string, VectorCost> before = {

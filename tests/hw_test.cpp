@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "tessel/support/error.h"
-#include "tessel/targets/dataflow/hw.h"
+#include "tessel/hw/hw.h"
 #include "limits_util.h"
 #include "test_util.h"
 

@@ -14,8 +14,8 @@
 #include "corpus_util.h"
 #include "tessel/driver/dataflow.h"
 #include "tessel/driver/model_dir.h"
-#include "tessel/targets/dataflow/hw.h"
-#include "tessel/tile/ktir.h"
+#include "tessel/hw/hw.h"
+#include "tessel/export/ktir.h"
 
 using namespace tessel;
 

@@ -4,11 +4,12 @@
 
 #include <regex>
 
+#include "tessel/hw/hw.h"
 #include "tessel/ir/printer.h"
 #include "tessel/kernel/kernel.h"
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
-#include "tessel/targets/dataflow/hw.h"
+#include "tessel/targets/dataflow/map.h"
 #include "tessel/tile/tile.h"
 
 using namespace tessel;

@@ -16,8 +16,9 @@
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
-#include "tessel/targets/dataflow/hw.h"
+#include "tessel/hw/hw.h"
 #include "tessel/targets/dataflow/functional.h"
+#include "tessel/targets/dataflow/map.h"
 #include "tessel/tile/tile.h"
 
 using namespace tessel;
@@ -267,7 +268,7 @@ TEST_P(TileFunctionalMapped, MatchesEager) {
     const auto t0 = std::chrono::steady_clock::now();
     tile::TileProgram p = tile::map_to_tiles(pr.module, hw, mo);
     const double map_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    tile::verify_tile_program(p, hw);
+    tile::verify_tile_program(p);
     tile::FunctionalResult r = tile::run_functional(p, pr.module, pr.inputs);
     check_run(r, pr, fdt, model + " " + preset + " " + std::string(dtype_name(fdt)));
     std::printf("[functional]   (map_to_tiles %.3f s)\n", map_s);

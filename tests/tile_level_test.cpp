@@ -58,9 +58,14 @@ TEST_P(TileCorpus, RoundTripsAndKeepsItsInvariants) {
   ASSERT_FALSE(p.kernels.empty());
   // text form
   const std::string text = tile::print_tile_program(p);
-  const tile::TileProgram back = tile::parse_tile_program(text, c.model + ".tile");
+  const tile::TileProgram back = tile::parse_tile_program(text, c.model + ".tile", p.hw);
   EXPECT_EQ(tile::print_tile_program(back), text);
-  EXPECT_NO_THROW(tile::verify_tile_program(back, hw));
+  EXPECT_NO_THROW(tile::verify_tile_program(back));
+  // parsed without a hardware description it prints, but cannot be verified; with another target's it does not parse
+  EXPECT_THROW(tile::verify_tile_program(tile::parse_tile_program(text)), Error);
+  EXPECT_THROW(tile::parse_tile_program(text, "x.tile", std::make_shared<const dataflow::HwSpec>(dataflow::load_preset(
+                                                            c.target == "spyre" ? "tpu-v5e" : "spyre"))),
+               Error);
   // every core's scratchpad, every slice in whole units (also checked by the verifier)
   for (const tile::TileKernel& t : p.kernels) {
     EXPECT_LE(t.spad_peak, hw.usable_scratchpad_bytes()) << t.name;
@@ -72,7 +77,7 @@ TEST_P(TileCorpus, RoundTripsAndKeepsItsInvariants) {
     }
   }
   // timing
-  tile::SimulatedProgram sp = tile::simulate_program(p, hw);
+  tile::SimulatedProgram sp = tile::simulate_program(p);
   ASSERT_EQ(sp.kernels.size(), p.kernels.size());
   double bound = 0;
   for (size_t i = 0; i < p.kernels.size(); ++i) {
@@ -140,7 +145,7 @@ TEST(TileBar, GraniteMlpPrefillOnSpyre) {
   EXPECT_EQ(t.kind, tile::TileKind::matmul);
   EXPECT_EQ(t.cores, 32);
   EXPECT_NE(t.decision.find("best of"), std::string::npos) << t.decision;
-  tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw);
+  tile::SimulatedProgram sp = tile::simulate_program(dc.program);
   const double flops = 2.0 * 512 * 4096 * 12800;
   const double bytes = 2.0 * (512.0 * 4096 + 4096.0 * 12800 + 512.0 * 12800);
   const dataflow::Roofline roof = dataflow::roofline(hw, flops, bytes, DType::f16);
@@ -185,7 +190,7 @@ TEST(TileConv, BiasIsCountedWhenThePlanIsChosen) {
   fs::remove(path);
   ASSERT_EQ(dc.program.kernels.size(), 1u);
   EXPECT_EQ(dc.program.kernels[0].kind, tile::TileKind::conv);
-  EXPECT_NO_THROW(tile::verify_tile_program(dc.program, hw));
+  EXPECT_NO_THROW(tile::verify_tile_program(dc.program));
 }
 
 // A convolution whose weights for the smallest output-channel tile do not fit the scratchpad is mapped
@@ -210,7 +215,7 @@ TEST(TileConv, ReductionIsSplitWhenTheWeightsDoNotFit) {
   ASSERT_EQ(dc.program.kernels.size(), 1u);
   const tile::TileKernel& t = dc.program.kernels[0];
   ASSERT_EQ(t.kind, tile::TileKind::conv);
-  EXPECT_NO_THROW(tile::verify_tile_program(dc.program, hw));
+  EXPECT_NO_THROW(tile::verify_tile_program(dc.program));
   const tile::Dim& r = t.dims[3];
   ASSERT_EQ(r.name, "r");
   EXPECT_EQ(r.size, 128 * 9);
@@ -242,7 +247,7 @@ TEST(TileConv, ReductionIsSplitWhenTheWeightsDoNotFit) {
 
   // timed: the weights of each core's output channels are read once per pixel tile (a reduction
   // tile's weights cannot stay resident), and each core computes every reduction tile
-  tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw);
+  tile::SimulatedProgram sp = tile::simulate_program(dc.program);
   const tile::Dim& s = t.dims[2];
   const int64_t w_bytes = 64 * 128 * 9 * 4;
   EXPECT_GE(sp.result.dram_read_bytes, w_bytes * s.split * s.steps()) << t.decision;
@@ -288,7 +293,7 @@ TEST(TileErrors, BadTextNamesLine) {
   tile::TileProgram p = compile_corpus("ffn_s", hw).program;
   for (tile::Dim& d : p.kernels[0].dims)
     if (d.name == "n") d.slice -= 1;
-  EXPECT_THROW(tile::verify_tile_program(p, hw), Error);
+  EXPECT_THROW(tile::verify_tile_program(p), Error);
 }
 
 // docs/ir/tile.md's worked example is what the mapper prints for ffn_s on spyre.

@@ -14,8 +14,9 @@
 #include "tessel/driver/bench.h"
 #include "tessel/driver/compile_model.h"
 #include "tessel/driver/dataflow.h"
+#include "tessel/driver/lowering.h"
 #include "tessel/targets/dataflow/functional.h"
-#include "tessel/tile/ktir.h"
+#include "tessel/export/ktir.h"
 #include "tessel/driver/compare.h"
 #include "tessel/driver/conformance.h"
 #include "tessel/driver/explain.h"
@@ -81,6 +82,24 @@ void apply_passes(Graph& g, const std::string& spec, const std::string& dump_dir
   if (time_passes)
     for (const auto& r : records)
       fmt::print(stderr, "pass {:<16} {:8.2f} ms  {:5} nodes after  {}\n", r.pass, r.seconds * 1e3, r.nodes_after, r.note);
+}
+
+// The pass manager's options for --dump-ir / --print-after (printing to stdout).
+PassOptions stage_options(const std::string& dump_dir, const std::string& print_after) {
+  PassOptions po;
+  po.dump_dir = dump_dir;
+  po.print_after = print_after;
+  po.print = [](const std::string& text) { fmt::print("{}", text); };
+  return po;
+}
+
+// --time-passes: every stage's time, the size of its level after it and its note, to stderr.
+void print_stage_times(const std::vector<PassRecord>& records) {
+  for (const auto& r : records) {
+    const StageInfo* s = find_stage(r.pass);
+    fmt::print(stderr, "pass {:<16} {:8.2f} ms  {:5} {} after  {}\n", r.pass, r.seconds * 1e3, r.nodes_after,
+               s && s->to != IrLevel::graph ? "kernels" : "nodes", r.note);
+  }
 }
 
 std::string op_counts(const std::map<std::string, int>& m) {
@@ -371,13 +390,22 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
                 bool time_passes) {
   ImportedModel m = import_model_file(model, {});
   const bool lower = emit == "kernel" || emit == "cpp" || emit == "fusion";
-  apply_passes(*m.graph, lower && passes.empty() ? "core" : passes, dump_dir, print_after, time_passes);
+  // One pipeline through the levels this target has: the graph passes, then fusion when the output
+  // (or the stage --print-after names) is at the kernel level.
+  Lowering lowering(stage_options(dump_dir, print_after));
+  const StageInfo* shown = print_after.empty() ? nullptr : find_stage(print_after);
+  if (shown && shown->to == IrLevel::tile)
+    throw Error(Location{.pass = "compile"}, fmt::format("--print-after {} is a dataflow stage: add --target spyre (or another dataflow target)", print_after));
+  const bool to_kernel = lower || (shown && shown->to == IrLevel::kernel);
+  lowering.graph_passes(*m.graph, to_kernel && passes.empty() ? "core" : passes);
+  std::optional<KernelModule> fused;
+  // The host CPU's fusion (what `--backend compiled` runs), so the printed kernels and C++ are the real ones.
+  if (to_kernel) fused = lowering.fuse(std::move(m.graph), cpu_fuse_options());
+  if (time_passes) print_stage_times(lowering.records());
   if (!print_after.empty()) return 0;
   std::string text;
   if (lower) {
-    // The host CPU's fusion (what `--backend compiled` runs), so the printed kernels and C++ are the real ones.
-    KernelModule km = fuse(std::move(m.graph), cpu_fuse_options());
-    verify_kernel_module(km);
+    const KernelModule& km = *fused;
     if (emit == "kernel") text = print_kernel_module(km, elide);
     else if (emit == "cpp") text = cpu::generate_cpp(km, fs::path(model).filename().string(), cpu::library_epilogues(km));
     else text = fusion_report(km);
@@ -449,18 +477,18 @@ void write_text(const std::string& path, const std::string& text) {
 }
 
 int cmd_compile_dataflow(const std::string& model, const std::string& target, const std::string& emit,
-                         const std::string& out, const std::string& report, const std::string& dtype) {
-  const dataflow::HwSpec hw = dataflow::resolve_target(target);
-  DataflowCompile dc = compile_dataflow(model, model_inputs(model), hw, map_options(dtype));
+                         const std::string& out, const std::string& report, const std::string& dtype,
+                         const std::string& dump_dir, const std::string& print_after, bool time_passes) {
+  DataflowCompile dc = compile_dataflow(model, model_inputs(model), dataflow::resolve_target(target), map_options(dtype),
+                                        stage_options(dump_dir, print_after));
+  if (time_passes) print_stage_times(dc.stages);
+  if (!print_after.empty()) return 0;
   if (emit == "tile") write_text(out, tile::print_tile_program(dc.program));
   else if (emit == "kernel") write_text(out, print_kernel_module(dc.module, true));
   else if (emit == "ktir") write_text(out, tile::export_ktir(dc.program, dc.module));
   else if (emit != "none") throw Error(Location{.pass = "compile"}, fmt::format("--emit {} is not available for --target {} (tile, kernel, ktir)", emit, target));
   if (!report.empty()) {
-    auto t0 = std::chrono::steady_clock::now();
-    tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw);
-    DataflowReport r = dataflow_report(dc, sp, hw);
-    r.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const DataflowReport r = simulate_dataflow(std::move(dc)).report;
     std::ofstream f(report);
     f << json_dump(report_json(r), 1) << "\n";
     if (!f) throw Error(Location{.file = report}, "cannot write the report");
@@ -502,23 +530,25 @@ bool check_functional(const std::string& model, const DataflowCompile& dc, const
 }
 
 int cmd_sim(const std::string& model, const std::string& target, const std::string& trace, const std::string& json,
-            const std::string& dtype, bool functional, int threads) {
-  const dataflow::HwSpec hw = dataflow::resolve_target(target);
+            const std::string& dtype, bool functional, int threads, const std::string& dump_dir,
+            const std::string& print_after) {
   const std::vector<Tensor> ins = model_inputs(model);
-  DataflowCompile dc = compile_dataflow(model, ins, hw, map_options(dtype));
-  auto t0 = std::chrono::steady_clock::now();
   dataflow::SimOptions so;
   so.record_dram_samples = !trace.empty();
-  tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw, so);
-  DataflowReport r = dataflow_report(dc, sp, hw);
-  r.sim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  DataflowCompile compiled = compile_dataflow(model, ins, dataflow::resolve_target(target), map_options(dtype),
+                                              stage_options(dump_dir, print_after));
+  if (!print_after.empty()) return 0;
+  const DataflowRun run = simulate_dataflow(std::move(compiled), so);
+  const DataflowCompile& dc = run.compile;
+  const tile::SimulatedProgram& sp = run.sim;
+  const DataflowReport& r = run.report;
   fmt::print("{}", report_table(r));
   fmt::print("compiled in {:.1f} ms (import, core pipeline, fusion {:.1f}; tile mapping {:.1f}); timed simulation of {} tasks "
              "in {:.1f} ms\n",
              r.compile_seconds * 1e3, dc.lower_seconds * 1e3, dc.map_seconds * 1e3, sp.timeline.graph.size(),
              r.sim_seconds * 1e3);
   if (!trace.empty()) {
-    write_text(trace, dataflow::chrome_trace_json(sp.timeline.graph, hw, sp.result));
+    write_text(trace, dataflow::chrome_trace_json(sp.timeline.graph, dc.program.hw_spec(), sp.result));
     fmt::print("trace: {} (open in ui.perfetto.dev or chrome://tracing)\n", trace);
   }
   if (!json.empty()) write_text(json, json_dump(report_json(r), 1) + "\n");
@@ -562,19 +592,15 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
                       {"threads", mc.exe->stats().threads}, {"executable_cache_hit", mc.entry_hit}});
       continue;
     }
-    const dataflow::HwSpec hw = dataflow::resolve_target(t);
-    DataflowCompile dc = compile_dataflow(model, ins, hw, tile::MapOptions{});
-    tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw);
-    DataflowReport r = dataflow_report(dc, sp, hw);
+    const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, dataflow::resolve_target(t), tile::MapOptions{}));
+    const DataflowCompile& dc = run.compile;
+    const DataflowReport& r = run.report;
     const double pad = static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6;
     fmt::print("{:<10} {:>11.1f} {:>8.1f} {:>11.2f} {:>11.2f} {:>11.1f} {:>11.1f} {:>10.0f}   ({} cores, {})\n", t, r.sim_us,
                100 * r.utilisation, r.dram_bytes / 1e6, pad, static_cast<double>(r.spad_peak) / 1e3, r.compile_seconds * 1e3,
                r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0.0, r.cores,
                fmt::format("{}{}", dtype_name(dc.program.float_dtype), dc.program.dl16 ? " DL16" : ""));
-    rows.push_back({{"target", t}, {"time_us", r.sim_us}, {"utilisation", r.utilisation}, {"dram_mb", r.dram_bytes / 1e6},
-                    {"padding_mb", pad}, {"scratchpad_peak_kb", static_cast<double>(r.spad_peak) / 1e3},
-                    {"compile_ms", r.compile_seconds * 1e3}, {"roofline_us", r.bound_us}, {"cores", r.cores},
-                    {"dtype", std::string(dtype_name(dc.program.float_dtype))}});
+    rows.push_back(landscape_row(t, dc, r));
   }
   if (!json.empty()) write_text(json, json_dump(rows, 1) + "\n");
   return 0;
@@ -680,8 +706,8 @@ int main(int argc, char** argv) {
   std::string comp_passes, comp_dump, comp_print_after;
   bool comp_time = false;
   comp->add_option("--passes", comp_passes, "passes to run: simplify, or a comma list (see `tessel passes`)");
-  comp->add_option("--dump-ir", comp_dump, "write every stage as NN-<stage>.tsl into this folder");
-  comp->add_option("--print-after", comp_print_after, "print the graph after this pass (and nothing else)");
+  comp->add_option("--dump-ir", comp_dump, "write every stage as NN-<stage>.tsl (graph), .kernel (after fuse) or .tile (dataflow targets) into this folder");
+  comp->add_option("--print-after", comp_print_after, "print the IR after this stage (and nothing else): a graph pass, fuse, or with a dataflow --target a tile-* stage (see `tessel passes`)");
   comp->add_flag("--time-passes", comp_time, "print each pass's wall time and note to stderr");
   std::string comp_target = "cpu", comp_report, comp_dtype;
   comp->add_option("--target", comp_target, "cpu, a dataflow preset (spyre, tpu-v5e, tpu-v4) or a hardware file (.json); "
@@ -699,6 +725,9 @@ int main(int argc, char** argv) {
   int sim_threads = 0;
   sim->add_flag("--no-functional", sim_no_functional, "only the timed simulation (no run with real values)");
   sim->add_option("--threads", sim_threads, "host threads for the functional simulation's library calls");
+  std::string sim_dump, sim_print_after;
+  sim->add_option("--dump-ir", sim_dump, "write every stage (graph passes, fuse, tile-*) as NN-<stage>.tsl/.kernel/.tile into this folder");
+  sim->add_option("--print-after", sim_print_after, "print the IR after this stage (see `tessel passes`) and stop");
   sim->add_option("--dtype", sim_dtype, "storage of float tensors on the device (f16, bf16, f32 where the target has it; default: f16 where the target stores it, else bf16)");
 
   auto* land = app.add_subcommand("landscape", "One row per target for MODEL: time, utilisation, DRAM traffic, padding waste, scratchpad peak, compile time (the Accelerator Landscape Map)");
@@ -810,7 +839,8 @@ int main(int argc, char** argv) {
     if (const char* v = std::getenv("TESSEL_CACHE_MAX_BYTES"); v && *v) cpu::cache_budget({}, 0);  // and the cache's budget
     if (*explain) return cmd_explain(explain_model, explain_opts);
     if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
-    if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_threads);
+    if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_threads, sim_dump,
+                            sim_print_after);
     if (*rep) {
       rep_opts.targets = rep_hw;
       rep_opts.map = map_options(rep_dtype);
@@ -825,7 +855,7 @@ int main(int argc, char** argv) {
     if (*land) return cmd_landscape(land_model, land_targets, land_threads, land_json);
     if (*comp && comp_target != "cpu")
       return cmd_compile_dataflow(comp_model, comp_target, comp_emit == "graph" ? "tile" : comp_emit, comp_out, comp_report,
-                                  comp_dtype);
+                                  comp_dtype, comp_dump, comp_print_after, comp_time);
     if (*comp)
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
                          comp_time);
@@ -836,8 +866,9 @@ int main(int argc, char** argv) {
         for (const Pass* p : parse_pipeline(name)) list += (list.empty() ? "" : ",") + p->name;
         fmt::print("  {:<8} = {}\n", name, list);
       }
-      fmt::print("passes:\n");
-      for (const auto& p : all_passes()) fmt::print("  {:<16} {}\n", p.name, p.summary);
+      fmt::print("passes (every stage, in pipeline order, with the levels it reads and writes):\n");
+      for (const StageInfo& p : all_stages())
+        fmt::print("  {:<16} {:<15} {}\n", p.name, fmt::format("{} → {}", level_name(p.from), level_name(p.to)), p.summary);
       return 0;
     }
     if (*ops) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/driver/compile_model.h"
+#include "tessel/driver/lowering.h"
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
@@ -21,36 +22,44 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 }  // namespace
 
-DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts) {
+DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts,
+                                 const PassOptions& passes) {
   DataflowCompile dc;
   dc.module = std::move(module);
+  Lowering lowering(passes);
   const auto t0 = Clock::now();
-  dc.program = tile::map_to_tiles(dc.module, hw, opts);
+  dc.program = lowering.map_to_tiles(dc.module, hw, opts);
   dc.map_seconds = since(t0);
+  dc.stages = lowering.records();
   return dc;
 }
 
 DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const dataflow::HwSpec& hw,
-                                 const tile::MapOptions& opts) {
+                                 const tile::MapOptions& opts, const PassOptions& passes) {
   const auto t0 = Clock::now();
   ImportedModel m = import_model_file(model, inputs);
-  run_pipeline(*m.graph, parse_pipeline("core"), PassOptions{});
-  KernelModule km = fuse(std::move(m.graph));
-  verify_kernel_module(km);
-  const double lower = since(t0);
-  DataflowCompile dc = compile_dataflow(std::move(km), hw, opts);
-  dc.lower_seconds = lower;
-  // the model's name as the user calls it: its folder (model zoo), else the file's stem
+  Lowering lowering(passes);
+  lowering.graph_passes(*m.graph, "core");
+  DataflowCompile dc;
+  dc.module = lowering.fuse(std::move(m.graph));
+  dc.lower_seconds = since(t0);
+  // the program is named as the user calls the model: its folder (model zoo), else the file's stem
   std::filesystem::path mp(model);
   while (!mp.empty() && !mp.has_filename()) mp = mp.parent_path();
-  dc.program.name = std::filesystem::is_directory(mp) ? mp.filename().string()
-                    : mp.stem() == "model"             ? mp.parent_path().filename().string()
-                                                       : mp.stem().string();
+  tile::MapOptions named = opts;
+  named.name = std::filesystem::is_directory(mp) ? mp.filename().string()
+               : mp.stem() == "model"             ? mp.parent_path().filename().string()
+                                                  : mp.stem().string();
+  const auto t1 = Clock::now();
+  dc.program = lowering.map_to_tiles(dc.module, hw, named);
+  dc.map_seconds = since(t1);
+  dc.stages = lowering.records();
   return dc;
 }
 
-DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp, const dataflow::HwSpec& hw) {
+DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp) {
   const tile::TileProgram& p = dc.program;
+  const dataflow::HwSpec& hw = p.hw_spec();
   DataflowReport r;
   r.model = p.name;
   r.target = p.target;
@@ -124,6 +133,16 @@ DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedP
     }
   r.compile_seconds = dc.lower_seconds + dc.map_seconds;
   return r;
+}
+
+DataflowRun simulate_dataflow(DataflowCompile dc, const dataflow::SimOptions& options) {
+  DataflowRun run;
+  run.compile = std::move(dc);
+  const auto t0 = Clock::now();
+  run.sim = tile::simulate_program(run.compile.program, options);
+  run.report = dataflow_report(run.compile, run.sim);
+  run.report.sim_seconds = since(t0);
+  return run;
 }
 
 nlohmann::json report_json(const DataflowReport& r) {

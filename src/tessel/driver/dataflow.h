@@ -1,5 +1,5 @@
 // Models on dataflow targets: import -> core pipeline -> fusion -> map_to_tiles, the simulated time
-// of the tile program, and the course's reports (per kernel: FLOPs, bytes, arithmetic intensity,
+// of the tile program (compile -> simulate -> report, written once here for the CLI), and the course's reports (per kernel: FLOPs, bytes, arithmetic intensity,
 // roofline bound, simulated time and % of bound, fusion traffic saved, padding waste, the work split,
 // per-core slice sizes, scratchpad peak; per model: totals). docs/ir/tile.md, docs/sim.md.
 #pragma once
@@ -8,25 +8,31 @@
 #include <string>
 #include <vector>
 
+#include "tessel/hw/hw.h"
 #include "tessel/kernel/kernel.h"
-#include "tessel/targets/dataflow/hw.h"
-#include "tessel/tile/tile.h"
+#include "tessel/passes/pass.h"
+#include "tessel/targets/dataflow/map.h"
 #include "tessel/targets/dataflow/timing.h"
+#include "tessel/tile/tile.h"
 
 namespace tessel {
 
 struct DataflowCompile {
   KernelModule module;
-  tile::TileProgram program;
+  tile::TileProgram program;  // carries its HwSpec (program.hw)
   double lower_seconds = 0;   // import, core pipeline, fusion
   double map_seconds = 0;     // map_to_tiles
+  std::vector<PassRecord> stages;  // every stage run (graph passes, fuse, tile-*), for --time-passes
 };
 
-// MODEL as for `tessel run` (.onnx, model-zoo folder, .tsl); `inputs` bind symbolic dims.
+// MODEL as for `tessel run` (.onnx, model-zoo folder, .tsl); `inputs` bind symbolic dims. The stages
+// run through the pass manager across levels (driver/lowering.h) with `passes`' verify, dump_dir and
+// print_after.
 DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const dataflow::HwSpec& hw,
-                                 const tile::MapOptions& opts = {});
-// The same from a kernel module already in hand.
-DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts = {});
+                                 const tile::MapOptions& opts = {}, const PassOptions& passes = {});
+// The same from a kernel module already in hand (the tile stages only).
+DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts = {},
+                                 const PassOptions& passes = {});
 
 struct TensorSlice {
   std::string tensor;
@@ -61,7 +67,17 @@ struct DataflowReport {
   std::vector<KernelReport> kernels;
 };
 
-DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp, const dataflow::HwSpec& hw);
+// For the program's own HwSpec.
+DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp);
+
+// A compiled model simulated and reported on: the one compile -> simulate -> report sequence the CLI's
+// `compile --report`, `sim` and `landscape` share.
+struct DataflowRun {
+  DataflowCompile compile;
+  tile::SimulatedProgram sim;
+  DataflowReport report;  // report.sim_seconds: the timed simulation and the report together
+};
+DataflowRun simulate_dataflow(DataflowCompile dc, const dataflow::SimOptions& options = {});
 nlohmann::json report_json(const DataflowReport& r);
 std::string report_table(const DataflowReport& r);
 

@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 
+#include "tessel/hw/hw.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
@@ -18,8 +19,8 @@
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
-#include "tessel/targets/dataflow/hw.h"
 #include "tessel/targets/dataflow/functional.h"
+#include "tessel/targets/dataflow/map.h"
 #include "tessel/tile/tile.h"
 
 namespace tessel::randgraph {

@@ -6,7 +6,7 @@
 #include "tessel/driver/bench.h"
 #include "tessel/driver/model_dir.h"
 #include "tessel/support/error.h"
-#include "tessel/targets/dataflow/hw.h"
+#include "tessel/hw/hw.h"
 #include "tessel/targets/dataflow/sim_engine.h"
 #include "tessel/targets/dataflow/timing.h"
 
@@ -35,15 +35,15 @@ HtmlReportInput gather_report(const std::string& model, const ReportOptions& opt
       continue;
     }
     const dataflow::HwSpec hw = dataflow::resolve_target(t);
-    DataflowCompile dc = compile_dataflow(model, ins, hw, opts.map);
     dataflow::SimOptions so;
     so.record_dram_samples = true;
-    tile::SimulatedProgram sp = tile::simulate_program(dc.program, hw, so);
-    DataflowReport r = dataflow_report(dc, sp, hw);
+    const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, hw, opts.map), so);
+    const DataflowCompile& dc = run.compile;
+    const DataflowReport& r = run.report;
     HtmlTargetReport tr;
     tr.name = t;
     tr.report = report_json(r);
-    tr.trace = nlohmann::json::parse(dataflow::chrome_trace_json(sp.timeline.graph, hw, sp.result));
+    tr.trace = nlohmann::json::parse(dataflow::chrome_trace_json(run.sim.timeline.graph, hw, run.sim.result));
     tr.peak_matrix_flops = hw.peak_flops(dc.program.float_dtype);
     tr.peak_vector_flops = hw.vector.rate(dataflow::VectorOp::add) * static_cast<double>(hw.cores) * hw.clock_ghz * 1e9;
     tr.peak_dram_bytes = hw.peak_dram_bytes_per_second();

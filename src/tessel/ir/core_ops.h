@@ -15,7 +15,7 @@ class Node;
 enum class CoreKind { unary, binary, compare, select, convert, bitcast, reduce, window, contraction, movement, sort };
 
 // The vector-unit class one element of a primitive costs in a loop body (mirrors dataflow::VectorOp,
-// which tile/map.cpp maps it to); none: the primitive never sits in a loop body.
+// which targets/dataflow/map.cpp maps it to); none: the primitive never sits in a loop body.
 enum class VectorCost { add, mul, compare, convert, reduce, divide, transcendental, none };
 
 // The operand dtypes the fused-loop code generators accept (kernel/fuse.cpp decides with it).

@@ -1,4 +1,5 @@
-// The pass registry, pipelines, and running them with timing, verification and IR dumps.
+// The pass registry, pipelines, and running them with timing, verification and IR dumps (the
+// StageRunner of stage.h, for any level; run_pipeline is the graph-only use of it).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -8,6 +9,7 @@
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/passes/pass.h"
+#include "tessel/passes/stage.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -67,46 +69,76 @@ std::vector<const Pass*> parse_pipeline(const std::string& spec) {
   return out;
 }
 
-namespace {
-void dump(const Graph& g, const std::string& dir, int index, const std::string& stage) {
-  fs::create_directories(dir);
-  fs::path p = fs::path(dir) / fmt::format("{:02d}-{}.tsl", index, stage);
+const char* level_name(IrLevel l) {
+  switch (l) {
+    case IrLevel::graph: return "graph";
+    case IrLevel::kernel: return "kernel";
+    case IrLevel::tile: return "tile";
+  }
+  return "?";
+}
+
+const char* level_extension(IrLevel l) { return l == IrLevel::graph ? "tsl" : level_name(l); }
+
+Stage graph_stage(Graph& g, const Pass& p) {
+  Stage s;
+  s.info = {p.name, p.summary, IrLevel::graph, IrLevel::graph};
+  s.run = [&g, &p] { return p.run(g); };
+  s.verify = [&g] { verify_graph(g); };
+  s.print = [&g] { return print_graph(g); };
+  s.size = [&g] { return g.nodes().size(); };
+  return s;
+}
+
+void StageRunner::dump(const std::string& text, const std::string& stage, IrLevel level) {
+  fs::create_directories(opts_.dump_dir);
+  fs::path p = fs::path(opts_.dump_dir) / fmt::format("{:02d}-{}.{}", index_, stage, level_extension(level));
   std::ofstream f(p);
-  f << print_graph(g);
+  f << text;
   if (!f) throw Error(Location{.file = p.string()}, "cannot write IR dump");
 }
-}  // namespace
+
+void StageRunner::begin(IrLevel level, const std::function<std::string()>& print) {
+  if (index_ > 0) return;
+  if (!opts_.dump_dir.empty()) dump(print(), "input", level);
+  index_ = 1;
+}
+
+void StageRunner::run(const Stage& s) {
+  if (index_ == 0) throw Error(Location{.pass = s.info.name}, "StageRunner::begin was not called before the first stage");
+  auto t0 = std::chrono::steady_clock::now();
+  std::string note;
+  try {
+    note = s.run();
+  } catch (const Error& e) {
+    throw e.with_context(Location{.pass = s.info.name});
+  }
+  if (opts_.verify && s.verify) {
+    try {
+      s.verify();
+    } catch (const Error& e) {
+      Location l = e.location();
+      l.pass = "verify after " + s.info.name;
+      throw Error(l, e.reason(), e.is_unsupported());
+    }
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  records_.push_back({s.info.name, note, secs, s.size ? s.size() : 0});
+  if (!opts_.dump_dir.empty()) dump(s.print(), s.info.name, s.info.to);
+  if (opts_.print_after == s.info.name && opts_.print) {
+    opts_.print(s.print());
+    printed_ = true;
+  }
+  ++index_;
+}
 
 std::vector<PassRecord> run_pipeline(Graph& g, const std::vector<const Pass*>& pipeline, const PassOptions& opts) {
-  std::vector<PassRecord> records;
-  if (!opts.dump_dir.empty()) dump(g, opts.dump_dir, 0, "input");
   if (!opts.print_after.empty() && !find_pass(opts.print_after))
     throw Error(Location{.pass = "pipeline"}, fmt::format("--print-after names unknown pass '{}'", opts.print_after));
-  int index = 1;
-  for (const Pass* p : pipeline) {
-    auto t0 = std::chrono::steady_clock::now();
-    std::string note;
-    try {
-      note = p->run(g);
-    } catch (const Error& e) {
-      throw e.with_context(Location{.pass = p->name});
-    }
-    if (opts.verify) {
-      try {
-        verify_graph(g);
-      } catch (const Error& e) {
-        Location l = e.location();
-        l.pass = "verify after " + p->name;
-        throw Error(l, e.reason(), e.is_unsupported());
-      }
-    }
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    records.push_back({p->name, note, s, g.nodes().size()});
-    if (!opts.dump_dir.empty()) dump(g, opts.dump_dir, index, p->name);
-    if (opts.print_after == p->name && opts.print) opts.print(print_graph(g));
-    ++index;
-  }
-  return records;
+  StageRunner runner(opts);
+  runner.begin(IrLevel::graph, [&g] { return print_graph(g); });
+  for (const Pass* p : pipeline) runner.run(graph_stage(g, *p));
+  return runner.records();
 }
 
 }  // namespace tessel

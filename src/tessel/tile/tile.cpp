@@ -29,6 +29,30 @@ int TileProgram::find_global(const std::string& n) const {
   return -1;
 }
 
+const dataflow::HwSpec& TileProgram::hw_spec() const {
+  if (!hw)
+    throw Error(Location{.node = name, .pass = "tile"},
+                fmt::format("tile program for target '{}' carries no hardware description (parse it with one)", target));
+  return *hw;
+}
+
+// ---- layout --------------------------------------------------------------------------------------
+
+Shape padded_shape(const Shape& shape, DType t, const dataflow::HwSpec& hw, const std::vector<int64_t>& perm) {
+  Shape s = shape;
+  if (s.empty()) return s;
+  for (int64_t d : s)
+    if (d < 0) return s;  // dynamic: not planned
+  const size_t r = s.size();
+  const bool tiled = hw.layout.kind == dataflow::LayoutKind::tiled;
+  auto round_up = [](int64_t a, int64_t b) { return (a + b - 1) / b * b; };
+  auto phys = [&](size_t i) { return perm.size() == r ? static_cast<size_t>(perm[i]) : i; };
+  // the innermost physical dim to whole sticks (or tile lanes), for tiled layouts the one before it to whole tile rows
+  s[phys(r - 1)] = round_up(std::max<int64_t>(1, s[phys(r - 1)]), tiled ? hw.layout.tile_lanes : hw.layout.elements_per_stick(t));
+  if (tiled && r >= 2) s[phys(r - 2)] = round_up(std::max<int64_t>(1, s[phys(r - 2)]), hw.layout.tile_rows_for(t));
+  return s;
+}
+
 std::vector<int> kernel_globals(const TileKernel& t) {
   std::vector<int> out;
   auto add = [&](int g) {
@@ -488,13 +512,20 @@ class TileParser {
 
 }  // namespace
 
-TileProgram parse_tile_program(const std::string& text, const std::string& file) {
-  return TileParser(text, file).parse();
+TileProgram parse_tile_program(const std::string& text, const std::string& file, std::shared_ptr<const dataflow::HwSpec> hw) {
+  TileProgram p = TileParser(text, file).parse();
+  if (hw && hw->name != p.target)
+    throw Error(Location{.file = file, .pass = "parse"},
+                fmt::format("the program is mapped for target '{}', not for the hardware description '{}' given with it",
+                            p.target, hw->name));
+  p.hw = std::move(hw);
+  return p;
 }
 
 // ---- verification ----------------------------------------------------------------------------------
 
-void verify_tile_program(const TileProgram& p, const dataflow::HwSpec& hw) {
+void verify_tile_program(const TileProgram& p, bool allocated) {
+  const dataflow::HwSpec& hw = p.hw_spec();
   for (const Global& g : p.globals) {
     if (!shape_known(g.shape)) continue;
     const Shape want = padded_shape(g.shape, g.dtype, hw, g.perm);
@@ -531,6 +562,7 @@ void verify_tile_program(const TileProgram& p, const dataflow::HwSpec& hw) {
       if (op.global >= static_cast<int>(p.globals.size())) bad("an operand names a missing global");
       for (int d : op.dims)
         if (d < 0 || d >= static_cast<int>(t.dims.size())) bad("operand " + op.role + " names a missing dim");
+      if (!allocated) continue;
       if (op.spad_offset % align) bad(fmt::format("operand {}: scratchpad offset {} is not {}-byte aligned", op.role, op.spad_offset, align));
       const int64_t end = op.spad_offset + op.copies * op.tile_bytes;
       if (end > p.usable_spad)

@@ -9,12 +9,12 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tessel/kernel/kernel.h"
-#include "tessel/targets/dataflow/hw.h"
+#include "tessel/hw/hw.h"
 
 namespace tessel::tile {
 
@@ -92,6 +92,10 @@ struct TileKernel {
 struct TileProgram {
   std::string name;              // the model
   std::string target;            // HwSpec::name
+  // The target it is mapped for: verify_tile_program, the simulators and the reports read it from here
+  // (shared: copies of a program, and programs mapped for one target, share one description). Not part
+  // of the text form, which names the target only: parse_tile_program takes it as an argument.
+  std::shared_ptr<const dataflow::HwSpec> hw;
   DType float_dtype = DType::f16;  // device storage of float tensors
   bool dl16 = false;             // f16 is the target's DLFloat16 (HwSpec::f16_format), not IEEE binary16
   int64_t cores = 0;
@@ -101,6 +105,8 @@ struct TileProgram {
   std::vector<int> inputs, outputs;  // globals of the model's inputs and outputs
   int64_t dram_peak = 0;         // DRAM bytes planned (constants + inputs + outputs + temp peak)
   int find_global(const std::string& name) const;  // -1 when absent
+  // *hw; throws tessel::Error naming the program when it carries none (parsed without one).
+  const dataflow::HwSpec& hw_spec() const;
 };
 
 // The globals a kernel reads or writes (its operands', then a host step's inputs and outputs), each
@@ -111,35 +117,23 @@ std::vector<int> kernel_globals(const TileKernel& t);
 const TileKernel* relayout_writing(const TileProgram& p, int g);
 
 // Text form (docs/ir/tile.md). parse_tile_program(print_tile_program(p)) prints back identically.
+// The text names the target; `hw`, when given, becomes the program's HwSpec (its name must be that
+// target), else the parsed program carries none (printing it works; verifying or simulating it does not).
 std::string print_tile_program(const TileProgram& p);
-TileProgram parse_tile_program(const std::string& text, const std::string& file = "<text>");
+TileProgram parse_tile_program(const std::string& text, const std::string& file = "<text>",
+                               std::shared_ptr<const dataflow::HwSpec> hw = nullptr);
 
 // Checks the invariants every mapping keeps; throws tessel::Error naming the kernel: splits multiply
 // to the cores used and fit the target; slices are whole alignment units and cover their dims;
 // tiles fit their slices; operand dims exist; scratchpad buffers are aligned, inside the usable
-// scratchpad and do not overlap; every global is padded to whole sticks or tiles.
-void verify_tile_program(const TileProgram& p, const dataflow::HwSpec& hw);
-
-// ---- mapping (kernel level -> tile level) --------------------------------------------------------
-
-struct MapOptions {
-  std::optional<DType> float_dtype;  // storage of float tensors on the device (f16 or bf16); default: the target's
-  bool double_buffer = true;
-  int max_cores = 0;               // 0: all of the target's cores
-};
-
-// Runs the dataflow passes on a kernel module for `hw`: layout (device dtypes, padding), work
-// division (per kernel, the split the cost model finds fastest), tiling for the scratchpad (an
-// over-capacity plan is an Error naming the kernel and tensor), scheduling (loop order, double
-// buffering) and allocation (scratchpad offsets; DRAM offsets by liveness).
-TileProgram map_to_tiles(const KernelModule& m, const dataflow::HwSpec& hw, const MapOptions& opts = {});
+// scratchpad and do not overlap; every global is padded to whole sticks or tiles (for the program's HwSpec).
+// `allocated` false: a program before its allocation stage (targets/dataflow/map.h), whose scratchpad
+// offsets are not chosen yet; those checks are left out.
+void verify_tile_program(const TileProgram& p, bool allocated = true);
 
 // Padded shape of `shape` stored as `t` in hw's layout, with the physical dim order `perm` (empty:
 // row-major): the innermost physical dim to whole sticks (or lanes), and for tiled layouts the one
 // before it to whole tile rows.
 Shape padded_shape(const Shape& shape, DType t, const dataflow::HwSpec& hw, const std::vector<int64_t>& perm = {});
-
-// Default device dtype of float tensors on `hw`: f16 when it stores f16, else bf16.
-DType default_float_dtype(const dataflow::HwSpec& hw);
 
 }  // namespace tessel::tile

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "tessel/targets/dataflow/hw.h"
+#include "tessel/hw/hw.h"
 
 namespace tessel::dataflow {
 

@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tessel/targets/dataflow/hw.h"
+#include "tessel/hw/hw.h"
 
 namespace tessel::dataflow {
 

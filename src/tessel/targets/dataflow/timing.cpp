@@ -360,7 +360,8 @@ class KernelTasks {
 
 }  // namespace
 
-Timeline build_timeline(const TileProgram& p, const HwSpec& hw) {
+Timeline build_timeline(const TileProgram& p) {
+  const HwSpec& hw = p.hw_spec();
   Timeline tl;
   TaskGraph& g = tl.graph;
   const double overhead = dataflow::kernel_overhead_cycles(hw);
@@ -393,9 +394,10 @@ Timeline build_timeline(const TileProgram& p, const HwSpec& hw) {
   return tl;
 }
 
-SimulatedProgram simulate_program(const TileProgram& p, const HwSpec& hw, const dataflow::SimOptions& options) {
+SimulatedProgram simulate_program(const TileProgram& p, const dataflow::SimOptions& options) {
+  const HwSpec& hw = p.hw_spec();
   SimulatedProgram sp;
-  sp.timeline = build_timeline(p, hw);
+  sp.timeline = build_timeline(p);
   sp.result = dataflow::simulate(sp.timeline.graph, hw, options);
   for (size_t i = 0; i < p.kernels.size(); ++i) {
     const TileKernel& t = p.kernels[i];

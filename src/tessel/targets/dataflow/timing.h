@@ -28,7 +28,8 @@ struct Timeline {
   std::vector<dataflow::TaskId> kernel_begin, kernel_end;  // barrier tasks around each kernel
 };
 
-Timeline build_timeline(const TileProgram& p, const dataflow::HwSpec& hw);
+// For the program's own HwSpec (TileProgram::hw).
+Timeline build_timeline(const TileProgram& p);
 
 struct KernelTime {
   double seconds = 0;           // simulated: from its start barrier to its end barrier
@@ -43,7 +44,6 @@ struct SimulatedProgram {
   std::vector<KernelTime> kernels;
 };
 
-SimulatedProgram simulate_program(const TileProgram& p, const dataflow::HwSpec& hw,
-                                  const dataflow::SimOptions& options = {});
+SimulatedProgram simulate_program(const TileProgram& p, const dataflow::SimOptions& options = {});
 
 }  // namespace tessel::tile

@@ -2,7 +2,7 @@
 // tile dims (b m n k, or p e) and checked to be affine there before it becomes a strided memory view;
 // a kernel whose maps, partition or ops KTIR cannot state is skipped with the reason, never
 // approximated.
-#include "tessel/tile/ktir.h"
+#include "tessel/export/ktir.h"
 
 #include <fmt/format.h>
 

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "tessel/support/error.h"
-#include "tessel/targets/dataflow/hw.h"
+#include "tessel/hw/hw.h"
 
 namespace tessel::dataflow {
 

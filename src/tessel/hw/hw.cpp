@@ -1,5 +1,5 @@
 // HwSpec's derived quantities, the embedded presets, target resolution and the readable summary.
-#include "tessel/targets/dataflow/hw.h"
+#include "tessel/hw/hw.h"
 
 #include <fmt/format.h>
 

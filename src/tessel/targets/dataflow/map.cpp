@@ -1,4 +1,4 @@
-// Mapping the kernel level onto a dataflow target (see tile.h): layout, work division, tiling,
+// Mapping the kernel level onto a dataflow target (see map.h): layout, work division, tiling,
 // scheduling and allocation. docs/ir/tile.md walks through ffn_s on the spyre preset.
 #include <fmt/format.h>
 
@@ -11,7 +11,7 @@
 #include "tessel/kernel/arena_plan.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/cost.h"
-#include "tessel/tile/tile.h"
+#include "tessel/targets/dataflow/map.h"
 
 namespace tessel::tile {
 namespace {
@@ -38,7 +38,6 @@ int64_t row_unit(const HwSpec& hw, DType t) {
   return hw.layout.kind == LayoutKind::tiled ? hw.layout.tile_rows_for(t) : 1;
 }
 
-void allocate_spad(TileKernel& t, const HwSpec& hw, int64_t usable);
 
 // ---- vector op classes of a loop body -------------------------------------------------------------
 
@@ -286,8 +285,7 @@ int relayout(Mapper& mp, const Node& n, const Value* v, const std::string& role,
   t.decision = fmt::format("re-lays %{} ({}) out as [{},{},{}] with {} innermost: the matmul reads it with a non-unit "
                            "innermost stride",
                            src.name, role, batch, rows, cols, role == "b" ? "N" : "K");
-  allocate_spad(t, hw, mp.p.usable_spad);
-  mp.before.push_back(std::move(t));
+  mp.before.push_back(std::move(t));  // scratchpad offsets: the allocation stage
   return out;
 }
 
@@ -629,28 +627,40 @@ void allocate_spad(TileKernel& t, const HwSpec& hw, int64_t usable) {
 
 }  // namespace
 
-Shape padded_shape(const Shape& shape, DType t, const HwSpec& hw, const std::vector<int64_t>& perm) {
-  Shape s = shape;
-  if (s.empty()) return s;
-  for (int64_t d : s)
-    if (d < 0) return s;  // dynamic: not planned
-  const size_t r = s.size();
-  auto phys = [&](size_t i) { return perm.size() == r ? static_cast<size_t>(perm[i]) : i; };
-  s[phys(r - 1)] = round_up(std::max<int64_t>(1, s[phys(r - 1)]), lane_unit(hw, t));
-  if (hw.layout.kind == LayoutKind::tiled && r >= 2) s[phys(r - 2)] = round_up(std::max<int64_t>(1, s[phys(r - 2)]), row_unit(hw, t));
-  return s;
-}
-
 DType default_float_dtype(const HwSpec& hw) { return hw.supports(DType::f16) ? DType::f16 : DType::bf16; }
 
-TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptions& o) {
+// The mapper's state between the stages: the Mapper (the program so far, the global of every value,
+// the layout's choices), over its own copies of the HwSpec and options.
+struct TileMapping::Impl {
+  std::shared_ptr<const HwSpec> hw;
+  MapOptions o;
+  Mapper mp;
+  Impl(const KernelModule& m, const HwSpec& h, const MapOptions& opts, DType fdt)
+      : hw(std::make_shared<const HwSpec>(h)), o(opts), mp{m, *hw, o, fdt, {}, {}, {}, 0} {}
+};
+
+TileMapping::TileMapping(const KernelModule& m, const HwSpec& hw, const MapOptions& o) {
   const DType fdt = o.float_dtype.value_or(default_float_dtype(hw));
   if (!hw.supports(fdt))
     throw Error(Location{.pass = "tile"}, fmt::format("{} does not store {} (its dtypes: see the hardware file {})", hw.name,
                                                       dtype_name(fdt), hw.origin));
-  Mapper mp{m, hw, o, fdt, {}, {}, {}, 0};
-  // Layout: activations between convolutions are channels-last (the kernel level's choice), so the
-  // channels are the stick (torch-spyre's layout rule for convolutions); everything else row-major.
+  impl_ = std::make_unique<Impl>(m, hw, o, fdt);
+}
+
+TileMapping::~TileMapping() = default;
+
+const TileProgram& TileMapping::program() const { return impl_->mp.p; }
+
+TileProgram TileMapping::take() { return std::move(impl_->mp.p); }
+
+std::string TileMapping::layout() {
+  Mapper& mp = impl_->mp;
+  const KernelModule& m = mp.m;
+  const HwSpec& hw = mp.hw;
+  const MapOptions& o = mp.o;
+  // Activations between convolutions are channels-last (the kernel level's choice), so the channels
+  // are the stick (torch-spyre's layout rule for convolutions); everything else row-major. The choices
+  // apply as each global is created (the inputs here, the rest as the plan stage meets them).
   for (const auto& np : m.graph->nodes()) {
     if (!is_kernel_node(*np)) continue;
     const Kernel& k = m.kernels.at(static_cast<size_t>(np->attr_i("kernel")));
@@ -662,18 +672,28 @@ TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptio
   }
   mp.cores_max = static_cast<int>(o.max_cores > 0 ? std::min<int64_t>(o.max_cores, hw.cores) : hw.cores);
   TileProgram& p = mp.p;
-  p.name = m.graph->name;
+  p.name = o.name.empty() ? m.graph->name : o.name;
   p.target = hw.name;
-  p.float_dtype = fdt;
-  p.dl16 = fdt == DType::f16 && hw.f16_format == "dl16";
+  p.hw = impl_->hw;
+  p.float_dtype = mp.fdt;
+  p.dl16 = mp.fdt == DType::f16 && hw.f16_format == "dl16";
   p.cores = hw.cores;
   p.usable_spad = hw.usable_scratchpad_bytes();
-  const Graph& g = *m.graph;
-  for (const Value* v : g.inputs) {
+  for (const Value* v : m.graph->inputs) {
     const int gi = mp.global(v);
     p.globals[static_cast<size_t>(gi)].kind = Global::Kind::input;
     p.inputs.push_back(gi);
   }
+  return fmt::format("{} storage{}; {} tensors with a non-row-major layout", dtype_name(mp.fdt), p.dl16 ? " (DL16)" : "",
+                     mp.perm_of.size());
+}
+
+std::string TileMapping::plan() {
+  Mapper& mp = impl_->mp;
+  const KernelModule& m = mp.m;
+  TileProgram& p = mp.p;
+  const Graph& g = *m.graph;
+  int host = 0, relayouts = 0;
   for (const auto& np : g.nodes()) {
     const Node& n = *np;
     TileKernel t;
@@ -718,10 +738,10 @@ TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptio
       for (int gi : t.host_outputs) t.dram_bytes += p.globals[static_cast<size_t>(gi)].bytes();
       t.decision = is_kernel_node(n) ? "runs on the host: shapes known only when it runs"
                                      : fmt::format("runs on the host: no tile form for {}", n.op_name());
-    } else {
-      allocate_spad(t, hw, p.usable_spad);
     }
+    host += t.kind == TileKind::host;
     for (TileKernel& b : mp.before) {
+      ++relayouts;
       b.name = fmt::format("t{}", p.kernels.size());
       p.kernels.push_back(std::move(b));
     }
@@ -734,6 +754,14 @@ TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptio
     if (p.globals[static_cast<size_t>(gi)].kind == Global::Kind::temp) p.globals[static_cast<size_t>(gi)].kind = Global::Kind::output;
     p.outputs.push_back(gi);
   }
+  return fmt::format("{} tile kernels ({} host steps, {} re-layout copies)", p.kernels.size(), host, relayouts);
+}
+
+std::string TileMapping::allocate() {
+  Mapper& mp = impl_->mp;
+  TileProgram& p = mp.p;
+  for (TileKernel& t : p.kernels)
+    if (t.kind != TileKind::host) allocate_spad(t, mp.hw, p.usable_spad);
   // DRAM: constants and inputs first, for the whole program; temps and outputs by liveness.
   const int steps = static_cast<int>(p.kernels.size());
   std::vector<int> first(p.globals.size(), steps), last(p.globals.size(), -1);
@@ -766,7 +794,18 @@ TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptio
   const ArenaPlan plan = plan_arena(reqs, 128);
   for (size_t i = 0; i < reqs.size(); ++i) p.globals[static_cast<size_t>(req_global[i])].offset = static_cast<int64_t>(plan.offsets[i]);
   p.dram_peak = static_cast<int64_t>(plan.size);
-  verify_tile_program(p, hw);
+  int64_t spad = 0;
+  for (const TileKernel& t : p.kernels) spad = std::max(spad, t.spad_peak);
+  return fmt::format("scratchpad peak {} bytes per core; DRAM {} bytes", spad, p.dram_peak);
+}
+
+TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptions& o) {
+  TileMapping mapping(m, hw, o);
+  mapping.layout();
+  mapping.plan();
+  mapping.allocate();
+  TileProgram p = mapping.take();
+  verify_tile_program(p);
   return p;
 }
 

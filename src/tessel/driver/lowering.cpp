@@ -1,0 +1,98 @@
+// The cross-level stage list and pipeline (see lowering.h).
+#include "tessel/driver/lowering.h"
+
+#include <fmt/format.h>
+
+#include "tessel/ir/printer.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+
+const std::vector<StageInfo>& all_stages() {
+  static const std::vector<StageInfo> stages = [] {
+    std::vector<StageInfo> s;
+    for (const Pass& p : all_passes()) s.push_back({p.name, p.summary, IrLevel::graph, IrLevel::graph});
+    s.push_back({"fuse", "group core nodes into kernels: loop nests over index maps, matmul/conv with fused epilogues",
+                 IrLevel::graph, IrLevel::kernel});
+    s.push_back({"tile-layout", "dataflow targets: device dtypes, channels-last around convolutions, inputs padded to sticks/tiles",
+                 IrLevel::kernel, IrLevel::tile});
+    s.push_back({"tile-plan", "dataflow targets: per kernel, work division over the cores, tiling for the scratchpad, loop order",
+                 IrLevel::kernel, IrLevel::tile});
+    s.push_back({"tile-allocate", "dataflow targets: scratchpad offsets per kernel, DRAM offsets by liveness",
+                 IrLevel::kernel, IrLevel::tile});
+    return s;
+  }();
+  return stages;
+}
+
+const StageInfo* find_stage(const std::string& name) {
+  for (const StageInfo& s : all_stages())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+namespace {
+
+const PassOptions& checked(const PassOptions& opts) {
+  if (!opts.print_after.empty() && !find_stage(opts.print_after)) {
+    std::string known;
+    for (const StageInfo& s : all_stages()) known += (known.empty() ? "" : ", ") + s.name;
+    throw Error(Location{.pass = "pipeline"},
+                fmt::format("--print-after names unknown pass '{}' (known: {})", opts.print_after, known));
+  }
+  return opts;
+}
+
+Stage stage(const std::string& name) {
+  Stage s;
+  s.info = *find_stage(name);
+  return s;
+}
+
+}  // namespace
+
+Lowering::Lowering(const PassOptions& opts) : runner_(checked(opts)), verify_(opts.verify) {}
+
+void Lowering::graph_passes(Graph& g, const std::string& spec) {
+  const std::vector<const Pass*> pipeline = parse_pipeline(spec);
+  runner_.begin(IrLevel::graph, [&g] { return print_graph(g); });
+  for (const Pass* p : pipeline) runner_.run(graph_stage(g, *p));
+}
+
+KernelModule Lowering::fuse(std::unique_ptr<Graph> g, const FuseOptions& fo) {
+  runner_.begin(IrLevel::graph, [&g] { return print_graph(*g); });
+  KernelModule km;
+  Stage s = stage("fuse");
+  s.run = [&] {
+    km = ::tessel::fuse(std::move(g), fo);
+    return fmt::format("{} kernels", km.kernels.size());
+  };
+  s.verify = [&km] { verify_kernel_module(km); };
+  s.print = [&km] { return print_kernel_module(km); };
+  s.size = [&km] { return km.kernels.size(); };
+  runner_.run(s);
+  return km;
+}
+
+tile::TileProgram Lowering::map_to_tiles(const KernelModule& km, const dataflow::HwSpec& hw, const tile::MapOptions& mo) {
+  runner_.begin(IrLevel::kernel, [&km] { return print_kernel_module(km); });
+  tile::TileMapping mapping(km, hw, mo);
+  // the three stages print and verify the program as far as it is built; offsets exist after allocate
+  auto run = [&](const std::string& name, std::string (tile::TileMapping::*step)(), bool allocated) {
+    Stage s = stage(name);
+    s.run = [&mapping, step] { return (mapping.*step)(); };
+    s.verify = [&mapping, allocated] { tile::verify_tile_program(mapping.program(), allocated); };
+    s.print = [&mapping] { return tile::print_tile_program(mapping.program()); };
+    s.size = [&mapping] { return mapping.program().kernels.size(); };
+    runner_.run(s);
+  };
+  run("tile-layout", &tile::TileMapping::layout, false);
+  run("tile-plan", &tile::TileMapping::plan, false);
+  run("tile-allocate", &tile::TileMapping::allocate, true);
+  tile::TileProgram p = mapping.take();
+  // with the stage verifiers off (PassOptions::verify), still the check tile::map_to_tiles always makes
+  if (!verify_) tile::verify_tile_program(p);
+  return p;
+}
+
+}  // namespace tessel
