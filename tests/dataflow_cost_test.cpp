@@ -172,3 +172,56 @@ TEST(DataflowCost, OverlapOverheadRoofline) {
   EXPECT_DOUBLE_EQ(r.bound_s, r.memory_s);
   EXPECT_TRUE(r.memory_bound());
 }
+
+// Every dataflow against SCALE-Sim v2's cycle count for one R x C array with no memory stall
+// (scalesim/compute/systolic_compute_{ws,os,is}.py: each fold of the array adds its demand matrix's rows,
+// a partial fold padded to the whole array), written out here independently of the code:
+//   ws: ceil(K/R) ceil(N/C) folds of 2R + C + M - 2   (weights K x N stay, M rows stream)
+//   os: ceil(M/R) ceil(N/C) folds of K + R + C - 2    (an M x N block of outputs stays, K streams)
+//   is: ceil(K/R) ceil(M/C) folds of 2R + C + N - 2   (inputs K x M stay, N columns stream)
+// Fill and drain come from the array and the dataflow (derived_*_cycles), as a hardware file without
+// fill_cycles / drain_cycles gets them. bench/scalesim_compare.py runs SCALE-Sim itself on these shapes.
+TEST(DataflowCost, EveryDataflowMatchesScaleSimPerFold) {
+  struct Gemm { int64_t M, K, N; };
+  const Gemm gemms[] = {{64, 64, 64},     {128, 128, 128}, {256, 512, 128}, {512, 1024, 512}, {1, 768, 768},
+                        {8, 128, 1000},   {100, 130, 129}, {33, 65, 97},    {1024, 64, 64},   {64, 1024, 64},
+                        {64, 64, 1024},   {197, 768, 2304}, {49, 512, 512}, {3136, 64, 256},  {12, 4096, 1024},
+                        {300, 300, 300}};
+  auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const std::pair<int64_t, int64_t> arrays[] = {{32, 32}, {128, 128}, {32, 128}, {128, 32}};
+  for (const auto& [R, C] : arrays) {
+    for (Dataflow d : {Dataflow::weight_stationary, Dataflow::output_stationary, Dataflow::input_stationary}) {
+      HwSpec hw = load_preset("tpu-v5e");
+      hw.matrix.rows = R;
+      hw.matrix.cols = C;
+      hw.matrix.count = 1;
+      hw.matrix.pass_rows = 1;
+      hw.matrix.macs_per_cycle = double(R * C);
+      hw.matrix.dataflow = d;
+      hw.matrix.fill_cycles = derived_fill_cycles(R, C, d);
+      hw.matrix.drain_cycles = derived_drain_cycles(R, C, d);
+      for (const Gemm& g : gemms) {
+        double want = 0;
+        switch (d) {
+          case Dataflow::weight_stationary: want = double(cdiv(g.K, R) * cdiv(g.N, C) * (2 * R + C + g.M - 2)); break;
+          case Dataflow::output_stationary: want = double(cdiv(g.M, R) * cdiv(g.N, C) * (g.K + R + C - 2)); break;
+          case Dataflow::input_stationary: want = double(cdiv(g.K, R) * cdiv(g.M, C) * (2 * R + C + g.N - 2)); break;
+        }
+        EXPECT_DOUBLE_EQ(matmul_cycles(hw, g.M, g.K, g.N, DType::bf16, Orientation::as_given), want)
+            << dataflow_name(d) << " " << R << "x" << C << " M=" << g.M << " K=" << g.K << " N=" << g.N;
+      }
+    }
+  }
+}
+
+// A hardware file without fill_cycles / drain_cycles gets them from its array and dataflow; one that
+// gives them keeps them (spyre folds them into its measured rate: 0).
+TEST(DataflowCost, FillAndDrainFollowFromTheArrayUnlessGiven) {
+  const HwSpec v5e = load_preset("tpu-v5e");
+  EXPECT_EQ(v5e.matrix.fill_cycles, 255);
+  EXPECT_EQ(v5e.matrix.drain_cycles, 127);
+  EXPECT_EQ(load_preset("spyre").matrix.fill_cycles, 0);
+  EXPECT_EQ(derived_fill_cycles(32, 128, Dataflow::output_stationary), 31);
+  EXPECT_EQ(derived_drain_cycles(32, 128, Dataflow::output_stationary), 127);
+  EXPECT_EQ(derived_fill_cycles(32, 128, Dataflow::input_stationary), 63);
+}

@@ -508,15 +508,17 @@ TEST(SimEngine, NonFiniteTimeIsAnError) {
 }
 
 // A 1-byte load after 1e300 cycles: each step (0.01 cycles) is below the precision of the time, so
-// time never advanced and the DRAM event repeated forever. The engine now stops with an error.
-TEST(SimEngine, NoProgressIsAnError) {
+// time never advanced and the DRAM event repeated forever (then: an error, "no progress"). A transfer
+// whose rest needs less time than the clock can still express at this magnitude is now done: the load
+// completes at 1e300 (the no-progress check stays as a backstop).
+TEST(SimEngine, ATransferBelowTheTimeResolutionCompletes) {
   const HwSpec hw = toy();
   TaskGraph g;
   const TaskId wait = g.add(barrier_task(1e300));
   g.add(load_task(0, 1), {wait});
-  const auto o = testenv::bounded([&] { simulate(g, hw); });
-  EXPECT_TRUE(o.error) << o.message;
-  EXPECT_NE(o.message.find("[sim] no progress: the DRAM transfers in flight at cycle 1e+300 do not advance"),
-            std::string::npos)
-      << o.message;
+  SimResult r;
+  const auto o = testenv::bounded([&] { r = simulate(g, hw); });
+  EXPECT_FALSE(o.error) << o.message;
+  r = simulate(g, hw);
+  EXPECT_DOUBLE_EQ(r.cycles, 1e300);
 }

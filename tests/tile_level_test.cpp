@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "corpus_util.h"
+#include "limits_util.h"
 #include "tessel/driver/dataflow.h"
 #include "tessel/ir/printer.h"
 #include "tessel/support/error.h"
@@ -324,4 +325,29 @@ TEST(TileDocs, PassExamples) {
     ++blocks;
   }
   EXPECT_EQ(blocks, 5) << "one worked example per pass";
+}
+
+// The case: [512,1024] x [1024,512] with DRAM far faster than anything else (a transfer
+// counted a fraction of a byte short was rescheduled at the same instant forever). Every bandwidth
+// and clock a hardware file may give (hw_json's bounds: 1 MB/s .. 10 PB/s, 1 MHz .. 100 GHz) now
+// finishes, in a bounded child, with a finite time no shorter than the roofline's.
+TEST(TileBar, NoBandwidthOrClockInRangeHangsTheEngine) {
+  const std::string path = (fs::temp_directory_path() / fmt::format("mm-extremes-{}.tsl", getpid())).string();
+  std::ofstream(path) << "graph @mm(%a: f32[512,1024], %b: f32[1024,512]) {\n"
+                         "  %y: f32[512,512] = MatMul(%a, %b) loc(\"mm\")\n"
+                         "  return %y\n}\n";
+  for (double gbps : {1e-3, 1.0, 1e3, 1e5, 1e7}) {
+    for (double ghz : {1e-3, 1.0, 100.0}) {
+      dataflow::HwSpec hw = dataflow::load_preset("tpu-v5e");
+      hw.dram.read_gbps = hw.dram.write_gbps = gbps;
+      hw.clock_ghz = ghz;
+      const auto o = testenv::bounded([&] {
+        DataflowCompile dc = compile_dataflow(path, {}, hw);
+        const tile::SimulatedProgram sp = tile::simulate_program(dc.program);
+        if (!std::isfinite(sp.result.seconds) || sp.result.seconds <= 0) std::abort();
+      });
+      EXPECT_FALSE(o.error) << gbps << " GB/s, " << ghz << " GHz: " << o.message;
+    }
+  }
+  fs::remove(path);
 }

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -14,6 +15,7 @@
 #include "tessel/driver/bench.h"
 #include "tessel/driver/compile_model.h"
 #include "tessel/driver/dataflow.h"
+#include "tessel/targets/dataflow/cost.h"
 #include "tessel/driver/lowering.h"
 #include "tessel/targets/dataflow/functional.h"
 #include "tessel/export/ktir.h"
@@ -657,7 +659,30 @@ int cmd_cache(const std::string& cache_dir, bool clear, const std::string& prune
   return 0;
 }
 
-int cmd_hw(const std::string& what) {
+int cmd_hw(const std::string& what, const std::string& matmul) {
+  if (!matmul.empty()) {
+    // One GEMM on one core's matrix unit by the cost model (docs/dataflow-cost.md), as given: what
+    // bench/scalesim_compare.py sets against SCALE-Sim.
+    if (what.empty()) throw Error(Location{.pass = "hw"}, "--matmul needs a TARGET (a preset or a hardware file)");
+    int64_t d[3] = {0, 0, 0};
+    size_t at = 0;
+    for (int i = 0; i < 3; ++i) {
+      const size_t end = i < 2 ? matmul.find(',', at) : matmul.size();
+      const std::string part = end == std::string::npos ? "" : matmul.substr(at, end - at);
+      const auto r = std::from_chars(part.data(), part.data() + part.size(), d[i]);
+      if (part.empty() || r.ec != std::errc() || r.ptr != part.data() + part.size() || d[i] <= 0 || d[i] > (int64_t{1} << 40))
+        throw Error(Location{.pass = "hw"}, fmt::format("--matmul takes M,K,N (positive integers), not '{}'", display_text(matmul)));
+      at = end + 1;
+    }
+    const dataflow::HwSpec hw = dataflow::resolve_target(what);
+    const DType t = hw.matrix.dtype_rate.begin()->first;
+    const dataflow::MatmulCost c = dataflow::matmul_cost(hw, d[0], d[1], d[2], t, dataflow::Orientation::as_given);
+    fmt::print("{{\"M\": {}, \"K\": {}, \"N\": {}, \"rows\": {}, \"cols\": {}, \"arrays\": {}, \"dataflow\": \"{}\", "
+               "\"dtype\": \"{}\", \"fill\": {}, \"drain\": {}, \"folds\": {}, \"cycles\": {}}}\n",
+               d[0], d[1], d[2], hw.matrix.rows, hw.matrix.cols, hw.matrix.count, dataflow::dataflow_name(hw.matrix.dataflow),
+               dtype_name(t), hw.matrix.fill_cycles, hw.matrix.drain_cycles, c.folds, c.cycles);
+    return 0;
+  }
   if (what.empty()) {
     fmt::print("presets:");
     for (const std::string& n : dataflow::preset_names()) fmt::print(" {}", n);
@@ -752,6 +777,8 @@ int main(int argc, char** argv) {
   auto* hwc = app.add_subcommand("hw", "List the hardware presets, or describe one (or a hardware file)");
   std::string hw_what;
   hwc->add_option("TARGET", hw_what, "a preset name or a .json hardware file");
+  std::string hw_matmul;
+  hwc->add_option("--matmul", hw_matmul, "M,K,N: the cycles of one [M,K]x[K,N] on one core's matrix unit (JSON line)");
 
   auto* passes = app.add_subcommand("passes", "List the passes and pipelines");
 
@@ -851,7 +878,7 @@ int main(int argc, char** argv) {
       fmt::print("report: {} ({} dataflow targets{})\n", rep_out, in.targets.size(), in.cpu_bench.is_object() ? ", cpu ladder" : "");
       return 0;
     }
-    if (*hwc) return cmd_hw(hw_what);
+    if (*hwc) return cmd_hw(hw_what, hw_matmul);
     if (*land) return cmd_landscape(land_model, land_targets, land_threads, land_json);
     if (*comp && comp_target != "cpu")
       return cmd_compile_dataflow(comp_model, comp_target, comp_emit == "graph" ? "tile" : comp_emit, comp_out, comp_report,

@@ -13,6 +13,21 @@
 
 namespace tessel::dataflow {
 
+const char* dataflow_name(Dataflow d) {
+  switch (d) {
+    case Dataflow::weight_stationary: return "weight-stationary";
+    case Dataflow::output_stationary: return "output-stationary";
+    case Dataflow::input_stationary: return "input-stationary";
+  }
+  return "?";
+}
+
+double derived_fill_cycles(int64_t rows, int64_t, Dataflow d) {
+  return d == Dataflow::output_stationary ? double(rows - 1) : double(2 * rows - 1);
+}
+
+double derived_drain_cycles(int64_t, int64_t cols, Dataflow) { return double(cols - 1); }
+
 namespace {
 
 struct Preset {
@@ -121,7 +136,7 @@ std::string describe(const HwSpec& hw) {
   line("cores", fmt::format("{}", hw.cores));
   line("matrix unit",
        fmt::format("{} x {}x{} arrays per core, {}, {:g} MAC/cycle/core peak ({:g} per PE)", m.count, m.rows, m.cols,
-                   m.dataflow == Dataflow::weight_stationary ? "weight-stationary" : "output-stationary",
+                   dataflow_name(m.dataflow),
                    m.macs_per_cycle, m.macs_per_pe()));
   line("", fmt::format("M in passes of {} rows; fill {:g} + drain {:g} cycles per fold", m.pass_rows, m.fill_cycles,
                        m.drain_cycles));

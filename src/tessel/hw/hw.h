@@ -32,7 +32,18 @@ struct LayoutSpec {
   int64_t tile_rows_for(DType t) const;
 };
 
-enum class Dataflow { weight_stationary, output_stationary };
+// What each PE of a systolic array keeps while the other two operands stream through it
+// (docs/hw.md): weights, outputs (partial sums) or inputs.
+enum class Dataflow { weight_stationary, output_stationary, input_stationary };
+const char* dataflow_name(Dataflow d);
+
+// SCALE-Sim's cycles around one fold of an R x C array, by dataflow (scale-sim-v2's
+// systolic_compute_{ws,os,is}.py: the rows of a fold's demand matrix). ws and is: the stationary
+// operand loads over R cycles and the streamed one enters skewed over R - 1 more (fill 2R - 1), the
+// last results leave over C - 1 (drain); os: inputs enter skewed over R - 1 and results drain over
+// C - 1. A fold is then fill + T + drain cycles, T the streamed length (M for ws, K for os, N for is).
+double derived_fill_cycles(int64_t rows, int64_t cols, Dataflow d);
+double derived_drain_cycles(int64_t rows, int64_t cols, Dataflow d);
 
 // The matrix unit of one core: `count` systolic arrays of rows x cols PEs. Per cycle a core does at
 // most `macs_per_cycle` multiply-accumulates in the reference dtype (rate 1.0 in `dtype_rate`).
@@ -42,8 +53,8 @@ struct MatrixUnitSpec {
   int64_t count = 0;          // arrays per core
   double macs_per_cycle = 0;  // peak MACs per cycle per core (all arrays together)
   int64_t pass_rows = 1;      // M is streamed in passes of this many rows (rounded up)
-  double fill_cycles = 0;     // per fold, before the first result (weight load + input skew)
-  double drain_cycles = 0;    // per fold, after the last row enters
+  double fill_cycles = 0;     // per fold, before the first result (derived from rows, cols and the dataflow
+  double drain_cycles = 0;    // unless the file gives them); per fold, after the last row enters
   Dataflow dataflow = Dataflow::weight_stationary;
   int64_t min_rows_full_efficiency = 0;  // 0: none; else below it rate x sqrt(passes / (this / pass_rows))
   double sustained_fraction = 1.0;       // measured sustained / peak (fill, drain and stalls not modelled)

@@ -249,11 +249,14 @@ void read_matrix(Obj o, HwSpec& hw) {
   m.count = o.integer("count", kArrays);
   m.macs_per_cycle = o.number("macs_per_cycle", kRate);
   m.pass_rows = o.integer("pass_rows", kPassRows);
-  m.fill_cycles = o.number("fill_cycles", kCycles);
-  m.drain_cycles = o.number("drain_cycles", kCycles);
-  m.dataflow = o.choice("dataflow", {"weight_stationary", "output_stationary"}) == "weight_stationary"
-                   ? Dataflow::weight_stationary
-                   : Dataflow::output_stationary;
+  const std::string df = o.choice("dataflow", {"weight_stationary", "output_stationary", "input_stationary"});
+  m.dataflow = df == "weight_stationary"   ? Dataflow::weight_stationary
+               : df == "output_stationary" ? Dataflow::output_stationary
+                                           : Dataflow::input_stationary;
+  // Fill and drain follow from the array and its dataflow (derived_fill_cycles); a file gives them
+  // only to override that (spyre: 0, folded into its measured sustained rate).
+  m.fill_cycles = o.number_or("fill_cycles", kCycles, derived_fill_cycles(m.rows, m.cols, m.dataflow));
+  m.drain_cycles = o.number_or("drain_cycles", kCycles, derived_drain_cycles(m.rows, m.cols, m.dataflow));
   m.min_rows_full_efficiency = o.integer_or("min_rows_full_efficiency", kRows, 0);
   m.sustained_fraction = o.number_or("sustained_fraction", kEfficiency, 1.0);
   Obj rates = o.object("dtype_rate");

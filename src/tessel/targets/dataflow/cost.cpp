@@ -34,12 +34,22 @@ MatmulCost oriented(const HwSpec& hw, int64_t streamed, int64_t K, int64_t held,
   if (streamed <= 0 || K <= 0 || held <= 0) return c;
   const int64_t passes = ceil_div(streamed, m.pass_rows);
   double per_array = 0;
-  if (m.dataflow == Dataflow::weight_stationary) {
-    c.folds = ceil_div(K, double(m.rows) * kpe) * ceil_div(held, m.cols);
-    per_array = double(ceil_div(c.folds, m.count)) * (m.fill_cycles + double(passes * m.pass_rows) + m.drain_cycles);
-  } else {
-    c.folds = ceil_div(streamed, m.rows) * ceil_div(held, m.cols);
-    per_array = double(ceil_div(c.folds, m.count)) * (m.fill_cycles + double(ceil_div(K, kpe)) + m.drain_cycles);
+  // Folds of the array over the stationary operand, each fill + T + drain cycles (SCALE-Sim's
+  // per-fold demand, derived_fill_cycles): T is what streams past the stationary block.
+  switch (m.dataflow) {
+    case Dataflow::weight_stationary:  // weights K x held stay; the streamed rows pass (in passes)
+      c.folds = ceil_div(K, double(m.rows) * kpe) * ceil_div(held, m.cols);
+      per_array = double(ceil_div(c.folds, m.count)) * (m.fill_cycles + double(passes * m.pass_rows) + m.drain_cycles);
+      break;
+    case Dataflow::output_stationary:  // a streamed x held block of outputs stays; K passes
+      c.folds = ceil_div(streamed, m.rows) * ceil_div(held, m.cols);
+      per_array = double(ceil_div(c.folds, m.count)) * (m.fill_cycles + double(ceil_div(K, kpe)) + m.drain_cycles);
+      break;
+    case Dataflow::input_stationary:  // inputs K x streamed stay; the held side's columns pass
+      c.folds = ceil_div(K, double(m.rows) * kpe) * ceil_div(streamed, m.cols);
+      per_array = double(ceil_div(c.folds, m.count)) *
+                  (m.fill_cycles + double(ceil_div(held, m.pass_rows) * m.pass_rows) + m.drain_cycles);
+      break;
   }
   c.efficiency = m.sustained_fraction;
   if (m.min_rows_full_efficiency > 0 && streamed < m.min_rows_full_efficiency) {

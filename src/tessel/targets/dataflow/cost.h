@@ -22,7 +22,7 @@ enum class Orientation { as_given, best };
 
 struct MatmulCost {
   double cycles = 0;      // on one core's matrix unit, all arrays, efficiency applied
-  int64_t folds = 0;      // weight folds (weight-stationary) or output blocks (output-stationary)
+  int64_t folds = 0;      // folds of the stationary operand: weights (ws), outputs (os) or inputs (is)
   double efficiency = 1;  // sustained_fraction x small-M derate
   bool swapped = false;   // computed as (B^T A^T)^T: N streamed, M held (Orientation::best only)
   double macs = 0;        // M * K * N
@@ -32,6 +32,8 @@ struct MatmulCost {
 //  weight-stationary: M rounded up to whole passes (pass_rows) streams through each fold; the folds
 //    ceil(K / (rows * k_per_pe)) * ceil(N / cols) are spread over the core's `count` arrays;
 //  output-stationary: ceil(M / rows) * ceil(N / cols) output blocks, each streaming ceil(K / k_per_pe);
+//  input-stationary: ceil(K / (rows * k_per_pe)) * ceil(M / cols) input blocks, each streaming N;
+//  each fold costs fill + streamed + drain cycles (derived_fill_cycles: SCALE-Sim's per-fold demand);
 //  then divided by the efficiency: sustained_fraction, times sqrt(passes / (min_rows / pass_rows)) when
 //    the streamed rows are fewer than min_rows_full_efficiency.
 // k_per_pe = macs_per_pe() * dtype_rate[t]. Throws an unsupported Error when the matrix unit lacks t.
