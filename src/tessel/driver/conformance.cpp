@@ -55,7 +55,8 @@ std::string generic_reason(const std::string& reason) {
         continue;
       }
     }
-    if (std::isdigit(static_cast<unsigned char>(c))) {
+    const bool in_word = !out.empty() && (std::isalnum(static_cast<unsigned char>(out.back())) || out.back() == '_');
+    if (std::isdigit(static_cast<unsigned char>(c)) && !in_word) {  // not the 32 of f32
       while (i + 1 < reason.size() && (std::isalnum(static_cast<unsigned char>(reason[i + 1])) || reason[i + 1] == '.' ||
                                        reason[i + 1] == '-' || reason[i + 1] == '+'))
         ++i;

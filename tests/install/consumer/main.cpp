@@ -8,8 +8,8 @@
 
 int main() {
   auto g = tessel::parse_graph(R"(graph @g(%x: f32[2]) {
-  %y: f32[2] = Add(%x, %x)
-  %z: f32[2] = Relu(%y)
+  %y: f32[2] = Add(%x, %x) loc("add")
+  %z: f32[2] = Relu(%y) loc("relu")
   return %z
 })");
   tessel::Tensor x(tessel::DType::f32, {2});
