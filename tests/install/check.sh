@@ -11,7 +11,7 @@ src=$(cd "$1" && pwd) build=$(cd "$2" && pwd) python=${3:-}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tessel-install-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 want=$("$build/tessel" --version)
-step() { echo "== $*"; }
+step() { echo "== [${SECONDS} s] $*"; }
 
 step "cmake --install $build --prefix $tmp/prefix"
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log"
@@ -46,4 +46,4 @@ case "$(cat "$tmp/where")" in "$tmp/venv/"*) ;; *) echo "tessel was imported fro
 "$tmp/venv/bin/tessel" run "$src/examples/tblock_s" --check | tail -1
 "$tmp/venv/bin/pip" uninstall -y -q tessel
 [ ! -e "$tmp/venv/bin/tessel" ] || { echo "pip uninstall left bin/tessel"; exit 1; }
-echo "install check: PASS"
+echo "install check: PASS (${SECONDS} s)"
