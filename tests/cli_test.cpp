@@ -206,6 +206,8 @@ TEST(Cli, ConformanceExitsOneOnAFailingTest) {
   auto j = nlohmann::json::parse(testenv::read_text(json.string()));
   EXPECT_EQ(j.at("totals").at("failed"), 1);
   EXPECT_EQ(j.at("tests").at(1).at("cause"), "outputs differ from the reference");
+  fs::remove_all(root);
+  fs::remove(json);
 }
 
 // --version names the release and the build, the same text as Python's tessel.__version__.
