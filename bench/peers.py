@@ -87,7 +87,7 @@ def tessel_once(tessel, caps, model, backends, a):
     with tempfile.TemporaryDirectory() as td:
         jf = os.path.join(td, "tessel.json")
         cmd = [tessel, "bench", model, "--backends", ",".join(backends), "--iters", str(a.iters), "--json", jf]
-        if caps["threads_flag"]:
+        if caps["threads_flag"] and "compiled" in backends:  # tessel refuses --threads without a backend using it
             cmd += ["--threads", str(a.threads)]
         rc, out, err = run(cmd, a.timeout)
         if rc != 0 or not os.path.exists(jf):

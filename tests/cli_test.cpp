@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -103,13 +104,19 @@ TEST(Cli, CompiledTextRunsLikeTheModel) {
 
 // `tessel bench` measures each backend in one run and writes the figures as JSON; the memory figures
 // are the same accounting as `tessel run` (graph ≤ eager on the bundled model). No timing assertions.
+// By default every backend that applies runs: compiled too (a C++ compiler is here).
 TEST(Cli, BenchWritesEveryFigurePerBackend) {
   fs::path json = tmp() / "bench.json";
   Result r = run("bench " + kModel + " --iters 2 --json " + json.string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("median ms"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\ncompiled "), std::string::npos) << "the compiled row\n" << r.out;
+  EXPECT_EQ(r.out.find("skipped"), std::string::npos) << r.out;
   auto j = nlohmann::json::parse(testenv::read_text(json.string()));
-  ASSERT_EQ(j.at("backends").size(), 2u);
+  ASSERT_EQ(j.at("backends").size(), 3u);
+  EXPECT_EQ(j["backends"][2]["backend"], "compiled");
+  EXPECT_TRUE(j["backends"][2]["cached_compile_s"].is_number());
+  EXPECT_TRUE(j.at("skipped").empty());
   for (const auto& b : j.at("backends"))
     for (const char* k : {"cold_compile_s", "cached_compile_s", "median_ms", "p10_ms", "p90_ms", "speedup_vs_eager",
                           "break_even_iters", "peak_mem_bytes"})
@@ -125,6 +132,90 @@ TEST(Cli, BenchWritesEveryFigurePerBackend) {
   Result bad = run("bench " + kModel + " --backends eager,warp");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("unknown backend 'warp'"), std::string::npos) << bad.out;
+}
+
+// Without a C++ compiler the default run skips the compiled backend and says why; named, it is an error.
+TEST(Cli, BenchSaysWhatItSkippedAndWhy) {
+  Result r = run("bench " + kModel + " --iters 1 --backends eager,graph");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("\ncompiled "), std::string::npos) << r.out;
+  setenv("TESSEL_CXX", "/nonexistent/c++", 1);
+  r = run("bench " + kModel + " --iters 1");
+  unsetenv("TESSEL_CXX");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("skipped compiled: no C++ compiler: /nonexistent/c++ ($TESSEL_CXX) is not executable"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("\ncompiled "), std::string::npos) << r.out;
+}
+
+// An option that cannot have an effect is refused (exit 2, one line), not silently ignored.
+TEST(Cli, InapplicableOptionsAreErrors) {
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"bench " + kModel + " --backends eager,graph --threads 2", "--threads has no effect here: it sets the compiled backend's threads, and --backends does not list compiled"},
+           {"run " + kModel + " --threads 2", "--threads has no effect here: it sets the compiled backend's threads, and the backend is not compiled"},
+           {"run " + kModel + " --max-rel 0.1", "--max-rel has no effect here: it is the bound of --check, which is not given"},
+           {"explain " + kModel + " --backend graph", "--backend has no effect here"},
+           {"landscape " + kModel + " --targets spyre --threads 2", "--threads has no effect here"},
+           {"compile " + kModel + " --dtype f16", "--dtype has no effect here"}}) {
+    Result r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_EQ(r.out, "tessel: error: " + r.out.substr(std::string("tessel: error: ").size())) << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
+  Result ok = run("bench " + kModel + " --backends compiled --threads 1 --iters 1");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+// `tessel conformance` is a gate: exit 1 when a test does not pass (the failures listed by cause),
+// unless --min-pass N is met. A folder of two tests: the bundled model with its reference, and the same
+// model with one reference element changed.
+TEST(Cli, ConformanceExitsOneOnAFailingTest) {
+  const fs::path root = tmp() / "conformance";
+  fs::remove_all(root);
+  for (const char* name : {"test_good", "test_wrong"}) {
+    fs::create_directories(root / name / "test_data_set_0");
+    fs::copy_file(kModel + "/model.onnx", root / name / "model.onnx");
+    fs::copy_file(kModel + "/test_data_set_0/input_0.pb", root / name / "test_data_set_0/input_0.pb");
+  }
+  fs::copy_file(kModel + "/test_data_set_0/output_0.pb", root / "test_good/test_data_set_0/output_0.pb");
+  Tensor ref = read_tensor_pb(kModel + "/test_data_set_0/output_0.pb").clone();
+  ref.set_f(5, ref.get_f(5) + 1.0);
+  write_tensor_pb(ref, "out", (root / "test_wrong/test_data_set_0/output_0.pb").string());
+
+  Result r = run("conformance " + root.string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("not passed, by cause:\n      1  failed: outputs differ from the reference\n         e.g. test_wrong\n"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 tests, 1 passed, 1 failed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FAIL: 1 of 2 tests did not pass"), std::string::npos) << r.out;
+  r = run("conformance " + root.string() + " --min-pass 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("PASS: 1 passed, --min-pass 1"), std::string::npos) << r.out;
+  r = run("conformance " + root.string() + " --min-pass 2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  r = run("conformance " + root.string() + " --filter good");
+  EXPECT_EQ(r.code, 0) << r.out;
+  // --json output stays JSON: progress goes to stderr, and --quiet silences it.
+  const fs::path json = root.parent_path() / "conformance.json";
+  r = run("conformance " + root.string() + " --json " + json.string() + " --quiet 2>/dev/null");
+  EXPECT_EQ(r.code, 1);
+  auto j = nlohmann::json::parse(testenv::read_text(json.string()));
+  EXPECT_EQ(j.at("totals").at("failed"), 1);
+  EXPECT_EQ(j.at("tests").at(1).at("cause"), "outputs differ from the reference");
+  fs::remove_all(root);
+  fs::remove(json);
+}
+
+// --version names the release and the build, the same text as Python's tessel.__version__.
+TEST(Cli, VersionNamesTheBuild) {
+  Result r = run("--version");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.rfind("tessel 0.", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("+"), std::string::npos) << "a build label (git describe)\n" << r.out;
 }
 
 // f32 storage, where a hardware file has it, makes the functional simulation an exact check of the

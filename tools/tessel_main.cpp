@@ -41,12 +41,19 @@
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
 #include "tessel/support/limits.h"
+#include "tessel/support/progress.h"
+#include "tessel/support/version.h"
 
 using namespace tessel;
 namespace fs = std::filesystem;
 
 namespace {
 
+// An option given where it cannot have an effect is an error, not a silent no-op (README, "The command
+// line"): `opt` was given but `applies` is false; `why` says when it does apply.
+void refuse_inapplicable(const CLI::Option* opt, bool applies, const std::string& why) {
+  if (opt->count() > 0 && !applies) throw Error(Location{}, fmt::format("{} has no effect here: it {}", opt->get_name(), why));
+}
 
 std::string type_list(const std::vector<Value*>& vs) {
   std::string s;
@@ -223,6 +230,7 @@ std::vector<Tensor> run_with_compiled(ImportedModel& m, bool passes_applied, con
   o.backend.threads = threads;
   o.backend.model_name = fs::path(model).filename().string();
   o.executable_cache = !passes_applied;  // the entry is keyed by the file, not by what --passes did to it
+  o.progress = true;
   ModelCompile mc = compile_model_cpu(model, ins, o, &m);
   print_compile(mc);
   CompiledExecutable& exe = *mc.exe;
@@ -313,6 +321,7 @@ int cmd_load(const std::string& model, int threads, const std::string& cache_dir
   o.backend.threads = threads;
   o.backend.toolchain.cache_dir = cache_dir;
   o.backend.model_name = fs::path(model).filename().string();
+  o.progress = true;
   ModelCompile mc = compile_model_cpu(model, ins, o);
   double first_call = -1;
   if (!ins.empty()) {
@@ -427,9 +436,11 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
   return 0;
 }
 
+// Exit 1 when a test did not pass, or, with --min-pass N, when fewer than N passed; crashes and hangs
+// always fail the run.
 int cmd_conformance(const std::string& dir, const std::string& json_path, int jobs, double timeout,
                     const std::string& filter, bool verbose, const std::string& passes, bool require_core,
-                    const std::string& backend) {
+                    const std::string& backend, std::optional<int> min_pass) {
   ConformanceOptions o;
   o.backend = backend;
   o.passes = passes;
@@ -437,8 +448,10 @@ int cmd_conformance(const std::string& dir, const std::string& json_path, int jo
   o.jobs = jobs;
   o.timeout_s = timeout;
   o.filter = filter;
+  o.progress = true;
+  o.verbose = verbose;
   auto t0 = std::chrono::steady_clock::now();
-  ConformanceReport r = run_conformance(dir, o, verbose);
+  ConformanceReport r = run_conformance(dir, o);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!json_path.empty()) {
     std::ofstream f(json_path);
@@ -448,10 +461,23 @@ int cmd_conformance(const std::string& dir, const std::string& json_path, int jo
   for (const auto& t : r.tests)
     if (t.status == "failed" || t.status == "crashed" || t.status == "timeout")
       if (verbose) fmt::print("{}: {}: {}\n", t.status, display_text(t.name), display_text(t.reason));
+  const int passed = r.count("passed"), not_passed = static_cast<int>(r.tests.size()) - passed;
+  if (not_passed > 0) fmt::print("not passed, by cause:\n{}", failures_by_cause(r));
   fmt::print("conformance {} ({} backend): {} tests, {} passed, {} failed, {} unsupported, {} crashed, {} timed out ({:.0f} s)\n",
-             display_text(dir), backend, r.tests.size(), r.count("passed"), r.count("failed"), r.count("unsupported"),
+             display_text(dir), backend, r.tests.size(), passed, r.count("failed"), r.count("unsupported"),
              r.count("crashed"), r.count("timeout"), s);
-  return r.count("crashed") + r.count("timeout") > 0 ? 1 : 0;
+  if (r.count("crashed") + r.count("timeout") > 0) {
+    fmt::print("FAIL: {} tests crashed or hung\n", r.count("crashed") + r.count("timeout"));
+    return 1;
+  }
+  if (min_pass) {
+    const bool ok = passed >= *min_pass;
+    fmt::print("{}: {} passed, --min-pass {}\n", ok ? "PASS" : "FAIL", passed, *min_pass);
+    return ok ? 0 : 1;
+  }
+  if (not_passed > 0) fmt::print("FAIL: {} of {} tests did not pass (--min-pass N accepts a run where N pass)\n", not_passed,
+                                 r.tests.size());
+  return not_passed > 0 ? 1 : 0;
 }
 
 // Models on dataflow targets: `compile --target T` (tile level, report), `sim`, `hw`.
@@ -574,6 +600,7 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
       if (ins.empty()) throw Error(Location{.file = model}, "landscape's cpu row runs the model: it needs test_data_set_0 inputs");
       ModelCompileOptions o;
       o.backend.threads = threads;
+      o.progress = true;
       auto t0 = std::chrono::steady_clock::now();
       ModelCompile mc = compile_model_cpu(model, ins, o);
       const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -698,6 +725,12 @@ int cmd_hw(const std::string& what, const std::string& matmul) {
 int main(int argc, char** argv) {
   CLI::App app{"tessel: a compiler for dataflow ML accelerators"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "tessel " + version_text());
+  // Global options may also follow the subcommand (tessel conformance DIR --quiet).
+  app.fallthrough();
+  bool quiet = false;
+  app.add_flag("-q,--quiet", quiet, "no progress lines on stderr (by default long work shows one: redrawn on a terminal, "
+                                    "logged every 10 s otherwise)");
   std::string max_alloc;
   app.add_option("--max-alloc", max_alloc,
                  "largest single allocation a model may cause, in bytes (K/M/G/T suffixes; default: "
@@ -710,7 +743,7 @@ int main(int argc, char** argv) {
   run->add_option("MODEL", run_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
   run->add_option("--inputs", run_inputs, "folder with input_N.pb (default: the model's test_data_set_0)");
   run->add_flag("--check", run_check, "compare with output_N.pb; exit 1 on FAIL");
-  run->add_option("--max-rel", run_rel, "relative error bound for --check (max|out-ref|/max|ref|)");
+  auto* run_rel_opt = run->add_option("--max-rel", run_rel, "relative error bound for --check (max|out-ref|/max|ref|)");
   std::string run_passes;
   run->add_option("--passes", run_passes, "passes to run before executing: simplify, or a comma list (see `tessel passes`)");
   std::string run_backend = "eager";
@@ -719,7 +752,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"eager", "graph", "compiled"}));
   run->add_option("--repeat", run_repeat, "run this many times and report the best time");
   int run_threads = 0;
-  run->add_option("--threads", run_threads, "threads for the compiled backend (default: all hardware threads)");
+  auto* run_threads_opt = run->add_option("--threads", run_threads, "threads for the compiled backend (default: all hardware threads)");
 
   auto* comp = app.add_subcommand("compile", "Import and lower a model, printing one IR level");
   std::string comp_model, comp_emit = "graph", comp_out;
@@ -737,8 +770,8 @@ int main(int argc, char** argv) {
   std::string comp_target = "cpu", comp_report, comp_dtype;
   comp->add_option("--target", comp_target, "cpu, a dataflow preset (spyre, tpu-v5e, tpu-v4) or a hardware file (.json); "
                                             "dataflow targets: --emit tile (the tile level) or kernel");
-  comp->add_option("--report", comp_report, "dataflow targets: write the per-kernel report (JSON) here and print its table");
-  comp->add_option("--dtype", comp_dtype, "dataflow targets: storage of float tensors on the device (f16, bf16, f32 where the target has it; default: f16 where the target stores it, else bf16)");
+  auto* comp_report_opt = comp->add_option("--report", comp_report, "dataflow targets: write the per-kernel report (JSON) here and print its table");
+  auto* comp_dtype_opt = comp->add_option("--dtype", comp_dtype, "dataflow targets: storage of float tensors on the device (f16, bf16, f32 where the target has it; default: f16 where the target stores it, else bf16)");
 
   auto* sim = app.add_subcommand("sim", "Map MODEL onto a dataflow target and simulate it: time, per-kernel roofline, stalls");
   std::string sim_model, sim_hw, sim_trace, sim_json, sim_dtype;
@@ -760,7 +793,7 @@ int main(int argc, char** argv) {
   int land_threads = 0;
   land->add_option("MODEL", land_model, "a .onnx file or a model-zoo folder (cpu runs its test_data_set_0)")->required();
   land->add_option("--targets", land_targets, "comma list: dataflow presets or hardware files, and cpu (measured on this machine)");
-  land->add_option("--threads", land_threads, "threads for the cpu row (default: all hardware threads)");
+  auto* land_threads_opt = land->add_option("--threads", land_threads, "threads for the cpu row (default: all hardware threads)");
   land->add_option("--json", land_json, "write the rows as JSON here");
 
   auto* rep = app.add_subcommand("report", "Write one self-contained HTML page for MODEL: per dataflow target the timeline, "
@@ -792,7 +825,11 @@ int main(int argc, char** argv) {
   conf->add_option("-j,--jobs", conf_jobs, "tests run at once");
   conf->add_option("--timeout", conf_timeout, "seconds per test before it counts as a hang");
   conf->add_option("--filter", conf_filter, "only tests whose path contains this");
-  conf->add_flag("-v,--verbose", conf_verbose, "progress and each failure's reason");
+  conf->add_flag("-v,--verbose", conf_verbose, "a line per finished test (stderr) and each failure's reason");
+  std::optional<int> conf_min_pass;
+  conf->add_option("--min-pass", conf_min_pass, "exit 0 when at least N tests pass (default: exit 1 unless every test "
+                                                "passes); a crash or hang fails the run either way")
+      ->check(CLI::NonNegativeNumber);
   std::string conf_passes;
   bool conf_require_core = false;
   conf->add_option("--passes", conf_passes, "passes to run on each model before it executes: simplify, core, or a comma list");
@@ -802,12 +839,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"eager", "graph", "compiled"}));
 
   auto* bench = app.add_subcommand("bench", "Time each backend on MODEL: compile latency, call time, speedup, memory");
-  std::string bench_model_path, bench_backends = "eager,graph", bench_json_path;
+  std::string bench_model_path, bench_backends, bench_json_path;
   int bench_iters = 10;
   bench->add_option("MODEL", bench_model_path, "a model-zoo folder or .onnx file with a test_data_set_0 (its inputs)")->required();
-  bench->add_option("--backends", bench_backends, "comma list of backends: eager, graph, compiled");
+  bench->add_option("--backends", bench_backends, "comma list of backends: eager, graph, compiled (default: every one "
+                                                  "that can run here; the report names any skipped and why)");
   int bench_threads = 0;
-  bench->add_option("--threads", bench_threads, "threads for the compiled backend (default: all hardware threads)");
+  auto* bench_threads_opt = bench->add_option("--threads", bench_threads, "threads for the compiled backend (default: all hardware threads)");
   bench->add_option("--iters", bench_iters, "timed calls per backend (after one warm-up call)");
   bench->add_option("--json", bench_json_path, "also write the figures as JSON to this file");
 
@@ -821,10 +859,10 @@ int main(int argc, char** argv) {
   explain->add_flag("--json", explain_opts.json, "print the report as JSON");
   explain->add_flag("--repair", explain_opts.repair, "apply the auto-repairs first (docs/graph-breaks.md)");
   explain->add_flag("--check", explain_opts.check, "run partitioned on test_data_set_0 and compare with its outputs; exit 1 on FAIL");
-  explain->add_option("--backend", explain_opts.backend, "backend of the compiled partitions for --check")
+  auto* explain_backend_opt = explain->add_option("--backend", explain_opts.backend, "backend of the compiled partitions for --check")
       ->check(CLI::IsMember({"eager", "graph", "compiled"}));
-  explain->add_option("--threads", explain_opts.threads, "threads for the compiled backend (default: all hardware threads)");
-  explain->add_option("--max-rel", explain_opts.max_rel, "relative error bound for --check");
+  auto* explain_threads_opt = explain->add_option("--threads", explain_opts.threads, "threads for the compiled backend of --check (default: all hardware threads)");
+  auto* explain_rel_opt = explain->add_option("--max-rel", explain_opts.max_rel, "relative error bound for --check");
 
   auto* load = app.add_subcommand("load", "Load MODEL for the compiled backend through the executable cache: time to a callable and of the first call");
   std::string load_model_path, load_cache;
@@ -856,7 +894,18 @@ int main(int argc, char** argv) {
   fuzz->add_option("--replay", fz.replay, "check one .tsl (a tests/randgraph file) instead of drawing graphs");
 
   CLI11_PARSE(app, argc, argv);
+  if (quiet) set_progress_mode(ProgressMode::quiet);
   try {
+    refuse_inapplicable(run_threads_opt, run_backend == "compiled", "sets the compiled backend's threads, and the backend is not compiled");
+    refuse_inapplicable(run_rel_opt, run_check, "is the bound of --check, which is not given");
+    refuse_inapplicable(explain_backend_opt, explain_opts.check, "chooses the backend of --check, which is not given");
+    refuse_inapplicable(explain_rel_opt, explain_opts.check, "is the bound of --check, which is not given");
+    refuse_inapplicable(explain_threads_opt, explain_opts.check && explain_opts.backend == "compiled",
+                        "sets the compiled backend's threads for --check (with --backend compiled, the default)");
+    refuse_inapplicable(land_threads_opt, ("," + land_targets + ",").find(",cpu,") != std::string::npos,
+                        "sets the threads of the cpu row, and --targets has no cpu");
+    refuse_inapplicable(comp_report_opt, comp_target != "cpu", "is the per-kernel report of a dataflow --target, and the target is cpu");
+    refuse_inapplicable(comp_dtype_opt, comp_target != "cpu", "sets the device storage of a dataflow --target, and the target is cpu");
     if (!max_alloc.empty()) {
       const auto bytes = parse_byte_size(max_alloc);
       if (!bytes || *bytes == 0) throw Error(Location{}, fmt::format("--max-alloc '{}' is not a byte count (e.g. 4G, 512M)", max_alloc));
@@ -873,7 +922,7 @@ int main(int argc, char** argv) {
       rep_opts.map = map_options(rep_dtype);
       rep_opts.tessel_exe = fs::read_symlink("/proc/self/exe").string();
       HtmlReportInput in = gather_report(rep_model, rep_opts);
-      in.generator = "Generated by tessel report";
+      in.generator = "Generated by tessel " + version_text();
       write_text(rep_out, render_html_report(in));
       fmt::print("report: {} ({} dataflow targets{})\n", rep_out, in.targets.size(), in.cpu_bench.is_object() ? ", cpu ladder" : "");
       return 0;
@@ -910,12 +959,15 @@ int main(int argc, char** argv) {
       bo.tessel_exe = fs::read_symlink("/proc/self/exe").string();
       bo.iters = bench_iters;
       bo.threads = bench_threads;
-      bo.backends.clear();
+      bo.progress = true;
       for (size_t b = 0; b <= bench_backends.size();) {
         size_t e = std::min(bench_backends.find(',', b), bench_backends.size());
         if (e > b) bo.backends.push_back(bench_backends.substr(b, e - b));
         b = e + 1;
       }
+      refuse_inapplicable(bench_threads_opt,
+                          bo.backends.empty() || std::find(bo.backends.begin(), bo.backends.end(), "compiled") != bo.backends.end(),
+                          "sets the compiled backend's threads, and --backends does not list compiled");
       BenchReport r = bench_model(bench_model_path, bo);
       fmt::print("{}", bench_table(r));
       if (!bench_json_path.empty()) {
@@ -926,7 +978,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*conf) return cmd_conformance(conf_dir, conf_json, conf_jobs, conf_timeout, conf_filter, conf_verbose,
-                                      conf_passes, conf_require_core, conf_backend);
+                                      conf_passes, conf_require_core, conf_backend, conf_min_pass);
   } catch (const Error& e) {
     fmt::print(stderr, "tessel: error: {}\n", e.what());
     return 2;

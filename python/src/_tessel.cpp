@@ -18,6 +18,7 @@
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
 #include "tessel/support/threads.h"
+#include "tessel/support/version.h"
 
 namespace py = pybind11;
 using namespace tessel;
@@ -277,6 +278,7 @@ class Executable {
 
 PYBIND11_MODULE(_tessel, m) {
   m.doc() = "tessel's C++ core: graph builder, partitioner, repairs and partitioned executables";
+  m.attr("__version__") = version_text();  // the same text as `tessel --version` (support/version.h)
   static py::exception<Error> tessel_error(m, "TesselError", PyExc_RuntimeError);
   static py::exception<GuardFailure> guard_error(m, "GuardFailure", tessel_error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {

@@ -9,6 +9,7 @@
 and, on torch >= 2.0, torch.compile(module, backend="tessel"). docs/python.md.
 """
 from ._tessel import TesselError, GuardFailure, GraphBuilder, Executable, ops  # noqa: F401
+from ._tessel import __version__  # noqa: F401  (the text of `tessel --version`: release + build)
 from ._convert import TesselCaptureError  # noqa: F401
 from ._capture import capture  # noqa: F401
 from ._compile import CompiledModule, Explanation, Stats, TesselRecompileLimit, compile, explain  # noqa: F401

@@ -23,6 +23,7 @@
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/progress.h"
 
 namespace tessel {
 namespace {
@@ -86,7 +87,31 @@ void time_calls(BackendBench& b, int iters, F call) {
 
 }  // namespace
 
-BenchReport bench_model(const std::string& model, const BenchOptions& opts) {
+std::string compiled_backend_unavailable() {
+  // The same choice as targets/cpu/toolchain.cpp's (which fails only when a compile starts).
+  const char* env = std::getenv("TESSEL_CXX");
+  const std::string cxx = env && *env ? env : "c++";
+  const std::string by = env && *env ? "$TESSEL_CXX" : "the default";
+  if (cxx.find('/') != std::string::npos) return ::access(cxx.c_str(), X_OK) == 0 ? "" : fmt::format("no C++ compiler: {} ({}) is not executable", cxx, by);
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  for (size_t b = 0; b <= dirs.size();) {
+    const size_t e = std::min(dirs.find(':', b), dirs.size());
+    const std::string dir = e > b ? dirs.substr(b, e - b) : ".";
+    if (::access((dir + "/" + cxx).c_str(), X_OK) == 0) return "";
+    b = e + 1;
+  }
+  return fmt::format("no C++ compiler: '{}' ({}) is not on $PATH (install g++, or set $TESSEL_CXX)", cxx, by);
+}
+
+BenchReport bench_model(const std::string& model, const BenchOptions& requested) {
+  BenchOptions opts = requested;
+  BenchReport rep;
+  if (opts.backends.empty()) {  // every backend that applies
+    opts.backends = {"eager", "graph"};
+    if (const std::string why = compiled_backend_unavailable(); why.empty()) opts.backends.push_back("compiled");
+    else rep.skipped.emplace_back("compiled", why);
+  }
   if (opts.iters < 1) throw Error(Location{.pass = "bench"}, "--iters must be at least 1");
   for (const std::string& b : opts.backends)
     if (b != "eager" && b != "graph" && b != "compiled")
@@ -103,10 +128,16 @@ BenchReport bench_model(const std::string& model, const BenchOptions& opts) {
     return m;
   };
 
-  BenchReport rep;
   rep.model = model;
   rep.iters = opts.iters;
+  ProgressOptions po;
+  if (!opts.progress) po.mode = ProgressMode::quiet;
+  po.eta = false;  // backends of very different lengths
+  Progress progress("bench " + display_text(std::filesystem::path(model).filename().string()), opts.backends.size(), "backends", po);
+  std::optional<ProgressTicker> ticker;  // a compile or a timed call returns to no loop
+  if (opts.progress && progress_mode() != ProgressMode::quiet) ticker.emplace(progress);
   for (const std::string& backend : opts.backends) {
+    progress.note(backend);
     BackendBench b;
     b.backend = backend;
     ImportedModel m = import(b.import_s);
@@ -170,7 +201,10 @@ BenchReport bench_model(const std::string& model, const BenchOptions& opts) {
       }
     }
     rep.backends.push_back(b);
+    progress.advance(1);
   }
+  ticker.reset();
+  progress.finish();
   // Ratios against eager, measured in this same run (eager is measured even when not listed first).
   const BackendBench* eager = nullptr;
   for (const auto& b : rep.backends)
@@ -201,6 +235,8 @@ nlohmann::json bench_json(const BenchReport& r) {
     if (b.backend == "compiled" && r.floor && r.floor->median_ms > 0) e["vs_matmul_floor"] = b.median_ms / r.floor->median_ms;
     j["backends"].push_back(e);
   }
+  j["skipped"] = nlohmann::json::array();
+  for (const auto& [b, why] : r.skipped) j["skipped"].push_back({{"backend", b}, {"reason", why}});
   if (r.floor)
     j["matmul_floor"] = {{"matmuls", r.floor->matmuls}, {"flops", r.floor->flops},     {"gflops", r.floor->gflops},
                          {"median_ms", r.floor->median_ms}, {"p10_ms", r.floor->p10_ms}, {"p90_ms", r.floor->p90_ms},
@@ -224,6 +260,7 @@ std::string bench_table(const BenchReport& r) {
       s += fmt::format("compiled cached s: {} (executable cache){}\n",
                        b.cached_in_fresh_process ? "a fresh `tessel load` process" : "measured in this process (no tessel executable given)",
                        b.first_call_ms ? fmt::format("; its first call took {:.2f} ms", *b.first_call_ms) : "");
+  for (const auto& [b, why] : r.skipped) s += fmt::format("skipped {}: {}\n", b, why);
   if (r.floor && r.floor->matmuls > 0) {
     s += fmt::format("matmul floor: {} matmuls alone through oneDNN, {} threads: {:.3f} ms median ({:.0f} GFLOP/s)", r.floor->matmuls,
                      r.floor->threads, r.floor->median_ms, r.floor->gflops);

@@ -6,15 +6,19 @@
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessel {
 
 struct BenchOptions {
-  std::vector<std::string> backends = {"eager", "graph"};
+  // Empty: every backend that applies (eager, graph, compiled); the report says which were skipped and
+  // why. Named: exactly these, and one that cannot run is an error.
+  std::vector<std::string> backends;
   int iters = 10;   // timed calls per backend (after one warm-up call)
   int threads = 0;  // compiled backend threads (0: all hardware threads); eager and graph use one
   bool floor = true; // with the compiled backend: also measure the matmul floor
+  bool progress = false;  // a progress line on stderr, backend by backend (support/progress.h)
   // The tessel executable, to measure the cached compile in a fresh process (`tessel load`): in the
   // measuring process oneDNN's primitive cache and the loaded shared object would make it look
   // cheaper than a user's warm start. Empty: measured in this process (and marked so).
@@ -50,7 +54,11 @@ struct BenchReport {
   int iters = 0;
   std::vector<BackendBench> backends;
   std::optional<FloorBench> floor;           // measured with the compiled backend (opts.floor)
+  std::vector<std::pair<std::string, std::string>> skipped;  // backend, why (only when none were named)
 };
+
+// Why the compiled backend cannot run here (no C++ compiler: $TESSEL_CXX, else c++ on $PATH), or "".
+std::string compiled_backend_unavailable();
 
 // MODEL: a model-zoo folder or .onnx file with a test_data_set_0 next to it (its inputs are used).
 BenchReport bench_model(const std::string& model, const BenchOptions& opts);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -18,7 +19,9 @@
 #include "tessel/support/checksum.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
+#include "tessel/support/escape.h"
 #include "tessel/support/limits.h"
+#include "tessel/support/progress.h"
 #include "tessel/targets/cpu/cache_budget.h"
 #include "tessel/support/threads.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
@@ -163,6 +166,14 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
   ModelCompile r;
   CompiledBackendOptions bo = opts.backend;
   const int threads = resolve_threads(bo.threads);
+  // The steps below, with a ticker: the C++ compiler's one long run returns to no loop.
+  ProgressOptions po;
+  if (!opts.progress) po.mode = ProgressMode::quiet;
+  po.eta = false;  // steps of very different lengths: no rate
+  Progress progress("compile " + display_text(fs::path(path).filename().string()), 4, "steps", po);
+  progress.note("hashing the model");
+  std::optional<ProgressTicker> ticker;  // a thread only when something may be shown
+  if (opts.progress && progress_mode() != ProgressMode::quiet) ticker.emplace(progress);
   fs::path entry;
   if (opts.executable_cache) {
     const auto tk = Clock::now();
@@ -188,6 +199,7 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
       }
     }
   }
+  progress.advance(1, "importing");
   std::unique_ptr<Graph> g;
   if (imported && imported->graph) {
     g = std::move(imported->graph);
@@ -197,7 +209,9 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
     r.import_seconds = since(ti);
   }
   bo.keep_module = opts.executable_cache;
+  progress.advance(1, "passes, fusion, code generation, C++ compiler");
   r.exe = compile_cpu(std::move(g), ex, bo);
+  progress.advance(1, "storing in the executable cache");
   if (opts.executable_cache) {
     r.not_stored = r.exe->unsaveable_reason();
     if (r.not_stored.empty()) r.not_stored = over_budget(*r.exe, bo.toolchain, entry);

@@ -24,6 +24,9 @@ struct ModelCompileOptions {
   // Reuse the model file's content hash while its identity (inode, size, mtime, ctime) is unchanged;
   // false: hash the file's bytes on every call.
   bool trust_file_stat = true;
+  // A progress line on stderr while it works (support/progress.h: shown after a second, on a terminal
+  // redrawn in place, otherwise logged; nothing under `tessel --quiet`).
+  bool progress = false;
 };
 
 struct ModelCompile {

@@ -7,10 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -23,6 +26,7 @@
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/progress.h"
 
 namespace tessel {
 namespace fs = std::filesystem;
@@ -32,6 +36,39 @@ int ConformanceReport::count(const std::string& status) const {
   for (const auto& t : tests) n += t.status == status;
   return n;
 }
+
+namespace {
+
+// The reason without what varies from test to test: quoted names become '…' and numbers N, so that
+// "unsupported op 'StringSplit'" and a mismatch of 0.25 at element 3 group with their kind.
+std::string generic_reason(const std::string& reason) {
+  std::string out;
+  for (size_t i = 0; i < reason.size(); ++i) {
+    const char c = reason[i];
+    if (c == '\'' || c == '"') {
+      const size_t e = reason.find(c, i + 1);
+      if (e != std::string::npos) {
+        out += c;
+        out += "…";
+        out += c;
+        i = e;
+        continue;
+      }
+    }
+    const bool in_word = !out.empty() && (std::isalnum(static_cast<unsigned char>(out.back())) || out.back() == '_');
+    if (std::isdigit(static_cast<unsigned char>(c)) && !in_word) {  // not the 32 of f32
+      while (i + 1 < reason.size() && (std::isalnum(static_cast<unsigned char>(reason[i + 1])) || reason[i + 1] == '.' ||
+                                       reason[i + 1] == '-' || reason[i + 1] == '+'))
+        ++i;
+      out += 'N';
+      continue;
+    }
+    out += c;
+  }
+  return out.size() > 160 ? out.substr(0, 157) + "..." : out;
+}
+
+}  // namespace
 
 TestResult run_conformance_test(const std::string& dir, const ConformanceOptions& opts) {
   const Tolerance& tol = opts.tol;
@@ -110,18 +147,23 @@ TestResult run_conformance_test(const std::string& dir, const ConformanceOptions
         Comparison c = compare_tensors(outs[i], refs[i], tol);
         r.max_abs = std::max(r.max_abs, c.max_abs);
         r.rel = std::max(r.rel, c.rel);
-        if (!c.match && r.reason.empty())
+        if (!c.match && r.reason.empty()) {
+          r.cause = "outputs differ from the reference";
           r.reason = fmt::format("{}: output {} ('{}'): {}", fs::path(ds).filename().string(), i,
                                  out_names[i], c.mismatch);
+        }
       }
     }
     r.status = r.reason.empty() ? "passed" : "failed";
   } catch (const Error& e) {
     r.status = e.is_unsupported() ? "unsupported" : "failed";
     r.reason = e.what();
+    // The op and the reason, not the file and node: those differ in every test.
+    r.cause = (e.location().op.empty() ? "" : e.location().op + ": ") + generic_reason(e.reason());
   } catch (const std::exception& e) {
     r.status = "failed";
     r.reason = std::string("internal error: ") + e.what();
+    r.cause = "internal error: " + generic_reason(e.what());
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (r.reason.size() > 1500) r.reason = r.reason.substr(0, 1500) + "...";
@@ -143,6 +185,7 @@ namespace {
 nlohmann::json result_json(const TestResult& t) {
   nlohmann::json j = {{"name", t.name}, {"status", t.status}, {"seconds", t.seconds}};
   if (!t.reason.empty()) j["reason"] = t.reason;
+  if (!t.cause.empty()) j["cause"] = t.cause;
   if (t.status == "passed" || t.status == "failed") {
     j["max_abs_error"] = t.max_abs;
     j["rel_error"] = t.rel;
@@ -161,10 +204,15 @@ struct Child {
 
 }  // namespace
 
-ConformanceReport run_conformance(const std::string& root, const ConformanceOptions& opts, bool progress) {
+ConformanceReport run_conformance(const std::string& root, const ConformanceOptions& opts) {
   std::vector<std::string> dirs;
   for (auto& d : find_test_dirs(root))
     if (opts.filter.empty() || d.find(opts.filter) != std::string::npos) dirs.push_back(d);
+  // Shown from this loop (it polls every 100 ms), not from a ticker thread: the tests are fork()ed.
+  ProgressOptions po;
+  if (!opts.progress) po.mode = ProgressMode::quiet;
+  Progress progress(fmt::format("conformance {} ({})", display_text(fs::path(root).filename().string()), opts.backend),
+                    dirs.size(), "tests", po);
   ConformanceReport rep;
   rep.tests.resize(dirs.size());
   std::vector<Child> running;
@@ -200,6 +248,7 @@ ConformanceReport run_conformance(const std::string& root, const ConformanceOpti
     std::vector<pollfd> fds;
     for (auto& c : running) fds.push_back(pollfd{c.fd, POLLIN, 0});
     poll(fds.data(), fds.size(), 100);
+    progress.tick();
     for (size_t k = 0; k < running.size();) {
       Child& c = running[k];
       char b[4096];
@@ -240,9 +289,12 @@ ConformanceReport run_conformance(const std::string& root, const ConformanceOpti
           r.seconds = j.value("seconds", 0.0);
           r.max_abs = j.value("max_abs_error", 0.0);
           r.rel = j.value("rel_error", 0.0);
+          r.cause = j.value("cause", "");
         }
       }
-      if (progress) fmt::print(stderr, "[{}/{}] {} {}\n", done + 1, dirs.size(), r.status, display_text(r.name));
+      if (r.cause.empty() && r.status != "passed") r.cause = r.status == "timeout" ? "timed out" : generic_reason(r.reason);
+      if (opts.verbose) progress.log(fmt::format("[{}/{}] {} {}", done + 1, dirs.size(), r.status, display_text(r.name)));
+      progress.advance(1, display_text(r.name));
       rep.tests[c.index] = std::move(r);
       ++done;
       running.erase(running.begin() + static_cast<long>(k));
@@ -250,6 +302,22 @@ ConformanceReport run_conformance(const std::string& root, const ConformanceOpti
     }
   }
   return rep;
+}
+
+std::string failures_by_cause(const ConformanceReport& r) {
+  std::map<std::string, std::vector<const TestResult*>> groups;  // "status: cause" -> tests
+  for (const auto& t : r.tests)
+    if (t.status != "passed") groups[t.status + ": " + t.cause].push_back(&t);
+  std::vector<std::pair<std::string, std::vector<const TestResult*>>> sorted(groups.begin(), groups.end());
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  std::string s;
+  for (const auto& [cause, tests] : sorted) {
+    std::string names;
+    for (size_t i = 0; i < std::min<size_t>(3, tests.size()); ++i) names += (i ? ", " : "") + display_text(tests[i]->name);
+    if (tests.size() > 3) names += fmt::format(" (+{})", tests.size() - 3);
+    s += fmt::format("  {:>5}  {}\n         e.g. {}\n", tests.size(), display_text(cause), names);
+  }
+  return s;
 }
 
 nlohmann::json report_json(const ConformanceReport& r) {

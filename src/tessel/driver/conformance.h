@@ -18,12 +18,15 @@ struct ConformanceOptions {
   std::string passes;        // pipeline run on each model before it executes (empty: none)
   bool require_core = false; // after the passes, a node outside tessel.core fails the test
   std::string backend = "eager";  // eager | graph | compiled (compiled per model; recompiled when a guard fails)
+  bool progress = false;  // a progress line on stderr (support/progress.h: terminal, log lines or quiet)
+  bool verbose = false;   // a line per finished test on stderr
 };
 
 struct TestResult {
   std::string name;     // folder path relative to the root
   std::string status;   // passed | failed | unsupported | crashed | timeout
   std::string reason;   // for every status but passed
+  std::string cause;    // the reason without its particulars (names, numbers): failures group by it
   double max_abs = 0, rel = 0;
   double seconds = 0;
 };
@@ -37,8 +40,10 @@ struct ConformanceReport {
 TestResult run_conformance_test(const std::string& dir, const ConformanceOptions& opts);
 // Every folder under `root` that holds a model.onnx, sorted by path.
 std::vector<std::string> find_test_dirs(const std::string& root);
-ConformanceReport run_conformance(const std::string& root, const ConformanceOptions& opts,
-                                  bool progress = false);
+ConformanceReport run_conformance(const std::string& root, const ConformanceOptions& opts);
 nlohmann::json report_json(const ConformanceReport& r);
+
+// The tests that did not pass, grouped by cause, largest group first: "  26  unsupported: ...  e.g. a, b, c".
+std::string failures_by_cause(const ConformanceReport& r);
 
 }  // namespace tessel
