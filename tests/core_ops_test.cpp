@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
 #include <map>
 #include <set>
 #include <string>
@@ -187,4 +190,29 @@ TEST(CoreOps, EveryElementwiseRowHasATypedKernel) {
     Graph g = one_node_graph(std::string(i.name), ins, {}, 1, {}, feeds);
     EXPECT_TRUE(static_cast<bool>(make_core_kernel(*g.nodes().front()))) << i.name << " has no typed kernel";
   }
+}
+
+// The table is the only place a primitive is named in a comparison: code asks `is_core_op(n, CoreOp::x)`
+// or `names_core_op(name, CoreOp::x)`, never `n.op->name == "x"` (issue 14's bar). Scans src/ for an
+// op name, kernel-instruction op or op variable compared with a primitive's name; the table's own files
+// are the exception. ONNX attribute values that happen to spell a primitive (ScatterElements'
+// reduction "add", RoiAlign's mode "max") are compared as what they are and do not match this form.
+TEST(CoreOps, NoPrimitiveNameIsComparedOutsideTheTable) {
+  namespace fs = std::filesystem;
+  std::string names;
+  for (const CoreOpInfo& i : kCoreOps) names += (names.empty() ? "" : "|") + std::string(i.name);
+  const std::regex compare(R"re((op->name|op_name\(\)|\bop)\s*(==|!=)\s*"()re" + names + R"re()")re");
+  std::vector<std::string> found;
+  for (const auto& e : fs::recursive_directory_iterator(std::string(TESSEL_SOURCE_DIR) + "/src")) {
+    const std::string p = e.path().string();
+    if (!e.is_regular_file() || p.find("/ir/core_ops.") != std::string::npos) continue;
+    if (e.path().extension() != ".cpp" && e.path().extension() != ".h") continue;
+    std::ifstream f(p);
+    std::string line;
+    for (int no = 1; std::getline(f, line); ++no)
+      if (std::regex_search(line, compare)) found.push_back(p.substr(p.find("/src/") + 1) + ":" + std::to_string(no) + ": " + line);
+  }
+  std::string list;
+  for (const std::string& s : found) list += "\n  " + s;
+  EXPECT_TRUE(found.empty()) << "compare through the core-op table (is_core_op / names_core_op):" << list;
 }

@@ -1,5 +1,6 @@
 // Differential testing of random graphs (see graph_diff.h): backends, the comparison policy, batching
 // several graphs into one compiled module, and the minimiser.
+#include "tessel/ir/core_ops.h"
 #include "tessel/driver/graph_diff.h"
 
 #include <fmt/format.h>
@@ -122,7 +123,7 @@ bool at_f32_range_edge(const Graph& g, const std::vector<Tensor>& inputs) {
   enum class Check { value, product, square };
   std::vector<Check> check;
   for (const auto& n : all->nodes()) {
-    const bool prod = n->op_name() == "ReduceProd" || (n->op_name() == "reduce" && n->attr_s("kind", "") == "prod");
+    const bool prod = n->op_name() == "ReduceProd" || (is_core_op(*n, CoreOp::reduce) && n->attr_s("kind", "") == "prod");
     for (Value* v : n->outputs)
       if (v) all->outputs.push_back(v), check.push_back(Check::value);
     if (!n->inputs.empty() && n->inputs[0] && (prod || squaring.count(n->op_name())))

@@ -1,4 +1,5 @@
 // The matmul floor: a model's fp32 dot_general nodes as oneDNN matmuls, timed back to back.
+#include "tessel/ir/core_ops.h"
 #include "tessel/driver/matmul_floor.h"
 
 #include <fmt/format.h>
@@ -27,7 +28,7 @@ bool is_constant_operand(const Value* v) {
     const Node* p = v->producer;
     if (!p || !p->has_input(0)) return false;
     const std::string& op = p->op_name();
-    if (op != "reshape" && op != "broadcast_in_dim" && op != "transpose") return false;
+    if (!names_core_op(op, CoreOp::reshape) && !names_core_op(op, CoreOp::broadcast_in_dim) && !names_core_op(op, CoreOp::transpose)) return false;
     v = p->inputs[0];
   }
   return v != nullptr;
@@ -64,7 +65,7 @@ FloorResult measure_matmul_floor(const Graph& core_graph, int threads, int iters
   std::vector<Job> jobs;
   std::map<std::string, int> impls;
   for (const auto& n : core_graph.nodes()) {
-    if (n->op_name() != "dot_general") continue;
+    if (!is_core_op(*n, CoreOp::dot_general)) continue;
     std::optional<cpu::MatmulDesc> d = cpu::dot_general_matmul(*n);
     if (!d) continue;  // not fp32, or unknown dims
     Job j;

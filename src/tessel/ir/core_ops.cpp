@@ -28,6 +28,10 @@ std::optional<CoreOp> core_op_of(const Node& n) {
   return core_op_named(n.op->name);
 }
 
+bool is_core_op(const Node& n, CoreOp op) {
+  return n.op && n.op->domain == "tessel.core" && n.op->name == core_op_name(op);
+}
+
 std::optional<CoreOp> reduction_combiner(std::string_view kind) {
   if (kind.empty()) return std::nullopt;
   for (const CoreOpInfo& i : kCoreOps)

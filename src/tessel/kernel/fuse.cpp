@@ -52,7 +52,7 @@ struct View {
 };
 
 bool is_view_op(const std::string& op) {
-  return op == "reshape" || op == "transpose" || op == "broadcast_in_dim" || op == "slice";
+  return names_core_op(op, CoreOp::reshape) || names_core_op(op, CoreOp::transpose) || names_core_op(op, CoreOp::broadcast_in_dim) || names_core_op(op, CoreOp::slice);
 }
 
 // Strides for `to` when a value of shape `from` with strides `st` is reshaped, if the reshape is
@@ -105,18 +105,18 @@ std::optional<View> view_of(const Node& n, const View& src) {
   const Shape& in = n.inputs[0]->type.shape;
   const Shape& out = n.outputs[0]->type.shape;
   View v{src.root, src.offset, {}};
-  if (op == "reshape") {
+  if (names_core_op(op, CoreOp::reshape)) {
     auto s = restride(in, src.strides, out);
     if (!s) return std::nullopt;
     v.strides = *s;
-  } else if (op == "transpose") {
+  } else if (names_core_op(op, CoreOp::transpose)) {
     for (int64_t p : n.attr_ints("perm")) v.strides.push_back(src.strides[static_cast<size_t>(p)]);
-  } else if (op == "broadcast_in_dim") {
+  } else if (names_core_op(op, CoreOp::broadcast_in_dim)) {
     v.strides.assign(out.size(), 0);
     auto dims = n.attr_ints("dims");
     for (size_t k = 0; k < dims.size(); ++k)
       if (in[k] == out[static_cast<size_t>(dims[k])]) v.strides[static_cast<size_t>(dims[k])] = src.strides[k];
-  } else if (op == "slice") {
+  } else if (names_core_op(op, CoreOp::slice)) {
     auto starts = n.attr_ints("starts");
     auto steps = n.attr_ints("strides", std::vector<int64_t>(in.size(), 1));
     for (size_t d = 0; d < in.size(); ++d) {
@@ -173,9 +173,9 @@ void densify_library_constants(Graph& g) {
     Node& n = *np;
     if (!is_core(n) || !static_node(n)) continue;
     std::vector<size_t> operands;
-    if (n.op->name == "dot_general") {
+    if (is_core_op(n, CoreOp::dot_general)) {
       operands = {0, 1};
-    } else if (n.op->name == "convolution") {
+    } else if (is_core_op(n, CoreOp::convolution)) {
       operands = {1};
     } else {
       continue;
@@ -196,10 +196,10 @@ void densify_library_constants(Graph& g) {
       if (!ok) continue;
       // a matmul's batch dims may broadcast (B shared across the batch); its matrix dims may not
       const Shape& shape = v->type.shape;
-      const auto skip = n.op->name == "dot_general"
+      const auto skip = is_core_op(n, CoreOp::dot_general)
                             ? n.attr_ints(i == 0 ? "lhs_batch" : "rhs_batch", {})
                             : std::vector<int64_t>{};
-      bool broadcast = n.op->name == "convolution";  // conv weights are read from a dense root only
+      bool broadcast = is_core_op(n, CoreOp::convolution);  // conv weights are read from a dense root only
       for (size_t d = 0; d < shape.size(); ++d)
         if (shape[d] > 1 && view.strides[d] == 0 &&
             std::find(skip.begin(), skip.end(), static_cast<int64_t>(d)) == skip.end())
@@ -263,7 +263,7 @@ void channels_last_copy(Graph& g, Node* conv) {
 void densify_conv_inputs(Graph& g) {
   std::vector<Node*> convs;
   for (const auto& np : g.nodes())
-    if (is_core(*np) && static_node(*np) && np->op->name == "convolution" && np->inputs.size() >= 2 &&
+    if (is_core(*np) && static_node(*np) && is_core_op(*np, CoreOp::convolution) && np->inputs.size() >= 2 &&
         np->inputs[0] && np->inputs[0]->type.dtype == DType::f32 && np->inputs[1] && np->inputs[1]->constant)
       convs.push_back(np.get());
   bool added = false;
@@ -430,7 +430,7 @@ struct Fuser {
       for (const Value* u : n->inputs)
         if (u) consumers[u].push_back(n.get());
     auto is_conv = [&](const Node& n) {
-      return opts.matmul && is_core(n) && static_node(n) && n.op->name == "convolution" && conv_spec(n).has_value();
+      return opts.matmul && is_core(n) && static_node(n) && is_core_op(n, CoreOp::convolution) && conv_spec(n).has_value();
     };
     auto readers_ok = [&](const Value* v) {
       if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return false;
@@ -462,18 +462,18 @@ struct Fuser {
     }
     for (const auto& up : g.nodes()) {
       const Node& n = *up;
-      if (!opts.matmul || !is_core(n) || !static_node(n) || n.op->name != "dot_general") continue;
+      if (!opts.matmul || !is_core(n) || !static_node(n) || !is_core_op(n, CoreOp::dot_general)) continue;
       const Value* v = n.outputs[0];
       if (v->type.dtype != DType::f32 || std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) continue;
       auto it = consumers.find(v);
       if (it == consumers.end() || it->second.size() != 1) continue;
       const Node& t = *it->second[0];
-      if (!is_core(t) || t.op->name != "transpose" || !static_node(t)) continue;
+      if (!is_core(t) || !is_core_op(t, CoreOp::transpose) || !static_node(t)) continue;
       const Value* tv = t.outputs[0];
       auto jt = consumers.find(tv);
       if (jt == consumers.end() || std::find(g.outputs.begin(), g.outputs.end(), tv) != g.outputs.end()) continue;
       bool reshapes = true;
-      for (const Node* c : jt->second) reshapes = reshapes && is_core(*c) && c->op->name == "reshape";
+      for (const Node* c : jt->second) reshapes = reshapes && is_core(*c) && is_core_op(*c, CoreOp::reshape);
       if (!reshapes || row_major_only.count(v->id)) continue;
       order[v->id] = t.attr_ints("perm");
       if (!matmul_result_strides(n, physical_strides(v))) order[v->id].clear();
@@ -506,7 +506,7 @@ struct Fuser {
     bool first = true;
     while (cur->producer && is_view[cur->id]) {
       const Node& n = *cur->producer;
-      if (n.op->name == "broadcast_in_dim") {
+      if (is_core_op(n, CoreOp::broadcast_in_dim)) {
         if (!first) return false;
         const Group& gr = groups[static_cast<size_t>(gi)];
         const Shape& in = n.inputs[0]->type.shape;
@@ -519,7 +519,7 @@ struct Fuser {
             if (!gr.R[d]) want.push_back(static_cast<int64_t>(d));
         }
         if (dims != want || !is_row_shape(gr, in) || cur->type.shape != gr.F) return false;
-      } else if (n.op->name != "reshape") {
+      } else if (!is_core_op(n, CoreOp::reshape)) {
         return false;
       }
       first = false;
@@ -606,7 +606,7 @@ struct Fuser {
     if (gr.nodes.size() >= kMaxKernelNodes) return false;
     const Shape& out = n.outputs[0]->type.shape;
     Level lv;
-    if (n.op->name == "reduce") {
+    if (is_core_op(n, CoreOp::reduce)) {
       if (gr.kind != GKind::loop) return false;
       const Shape& x = n.inputs[0]->type.shape;
       if (x != gr.F) return false;
@@ -742,9 +742,9 @@ struct Fuser {
         continue;
       }
       const std::string& op = n.op->name;
-      if (opts.matmul && op == "dot_general" && matmul_spec(n)) {
+      if (opts.matmul && names_core_op(op, CoreOp::dot_general) && matmul_spec(n)) {
         start_group(n, GKind::matmul, n.outputs[0]->type.shape, {});
-      } else if (opts.matmul && op == "convolution" && conv_spec(n)) {
+      } else if (opts.matmul && names_core_op(op, CoreOp::convolution) && conv_spec(n)) {
         start_group(n, GKind::conv, n.outputs[0]->type.shape, {});
       } else if (pointwise_ok(n) || reduce_ok(n)) {
         bool joined = false;
@@ -752,7 +752,7 @@ struct Fuser {
           for (int gi : candidate_groups(n)) {
             Level lv;
             if (can_join(n, gi, &lv)) {
-              if (op == "reduce" && !groups[gi].reduces) {
+              if (names_core_op(op, CoreOp::reduce) && !groups[gi].reduces) {
                 groups[gi].reduces = true;
                 std::vector<bool> mask(groups[gi].F.size(), false);
                 for (int64_t a : n.attr_ints("axes")) mask[static_cast<size_t>(a)] = true;
@@ -765,7 +765,7 @@ struct Fuser {
           }
         }
         if (!joined) {
-          if (op == "reduce") {
+          if (names_core_op(op, CoreOp::reduce)) {
             const Shape& x = n.inputs[0]->type.shape;
             std::vector<bool> mask(x.size(), false);
             for (int64_t a : n.attr_ints("axes")) mask[static_cast<size_t>(a)] = true;
@@ -1086,7 +1086,7 @@ struct Lowering {
     for (const Node* n : gr.nodes) {
       int p = 0;
       for (const Value* u : n->inputs) p = std::max(p, phase_needed(u));
-      if (n->op->name == "reduce") p += 1;  // the result is available after the loop
+      if (is_core_op(*n, CoreOp::reduce)) p += 1;  // the result is available after the loop
       if (n == gr.anchor) p = 0;
       phase_of[n->outputs[0]->id] = p;
     }
@@ -1097,8 +1097,8 @@ struct Lowering {
     in.op = n.op->name;
     in.dtype = n.outputs[0]->type.dtype;
     in.args = std::move(args);
-    if (in.op == "compare") in.attr = n.attr_s("direction");
-    if (in.op == "reduce") in.attr = n.attr_s("kind");
+    if (names_core_op(in.op, CoreOp::compare)) in.attr = n.attr_s("direction");
+    if (names_core_op(in.op, CoreOp::reduce)) in.attr = n.attr_s("kind");
     return in;
   }
 
@@ -1148,7 +1148,7 @@ struct Lowering {
       if (auto it = row_memo.find(base->id); it != row_memo.end()) return it->second;
       const Node& n = *base->producer;
       int id;
-      if (n.op->name == "reduce") {
+      if (is_core_op(n, CoreOp::reduce)) {
         const int p = phase_of.at(base->id) - 1;
         KInstr in = from_node(n, {elem(n.inputs[0], p)});
         in.phase = p;
@@ -1397,7 +1397,7 @@ void collapse_loops(Kernel& k) {
   // a pointwise kernel that collapsed to one outer and one inner dim may become one inner dim
   if (k.phases == 1 && k.kind == KernelKind::loop && k.outer.size() == 1 && k.inner.size() == 1) {
     bool reduce = false;
-    for (const KInstr& in : k.body) reduce = reduce || in.op == "reduce" || (in.row && in.op != "const");
+    for (const KInstr& in : k.body) reduce = reduce || names_core_op(in.op, CoreOp::reduce) || (in.row && in.op != "const");
     bool ok = !reduce;
     for (const KAccess& a : k.accesses) ok = ok && a.strides[0] == a.strides[1] * k.inner[0];
     if (ok) {

@@ -46,7 +46,7 @@ int64_t Kernel::inner_count() const {
 bool Kernel::splits_inner() const {
   if (!outer.empty() || phases != 1 || inner.size() != 1) return false;
   for (const KInstr& in : body)
-    if ((in.row && in.op != "const") || in.op == "reduce") return false;
+    if ((in.row && in.op != "const") || names_core_op(in.op, CoreOp::reduce)) return false;
   return true;
 }
 int64_t Kernel::parallel_extent() const { return splits_inner() ? inner[0] : outer_count(); }
@@ -85,8 +85,8 @@ bool can_run_channels_last(const Node& n) {
   if (!f32_4d(n.outputs[0])) return false;
   for (const Value* v : n.inputs)
     if (!f32_4d(v)) return false;
-  if (n.op->name == "concatenate") return n.attr_i("axis") == 1;
-  if (n.op->name != "reduce_window" || n.inputs.size() != 1) return false;
+  if (is_core_op(n, CoreOp::concatenate)) return n.attr_i("axis") == 1;
+  if (!is_core_op(n, CoreOp::reduce_window) || n.inputs.size() != 1) return false;
   // a window over H and W only: the leading dims are plane indices
   const std::vector<int64_t> window = n.attr_ints("window");
   const std::vector<int64_t> strides = n.attr_ints("strides", std::vector<int64_t>(4, 1));
@@ -519,11 +519,11 @@ void verify_kernel(const Kernel& k) {
     for (int a : in.args) {
       if (a < 0 || a >= static_cast<int>(i)) where("uses a value that is not defined before it");
       const KInstr& src = k.body[static_cast<size_t>(a)];
-      const bool src_row = src.row || src.op == "reduce";
-      const int avail = src.op == "reduce" ? src.phase + 1 : src.phase;
+      const bool src_row = src.row || names_core_op(src.op, CoreOp::reduce);
+      const int avail = names_core_op(src.op, CoreOp::reduce) ? src.phase + 1 : src.phase;
       if (src_row && avail > in.phase) where(fmt::format("uses row value %{} before it is available", a));
       if (!src_row && !in.row && src.phase != in.phase) where(fmt::format("uses %{} of another phase", a));
-      if (!src_row && in.row && in.op != "reduce") where(fmt::format("a row instruction uses element value %{}", a));
+      if (!src_row && in.row && !names_core_op(in.op, CoreOp::reduce)) where(fmt::format("a row instruction uses element value %{}", a));
     }
     if (in.phase < 0 || in.phase > k.phases || (!in.row && in.phase >= k.phases)) where("phase out of range");
     if (in.op == "load" || in.op == "store") {
@@ -532,16 +532,16 @@ void verify_kernel(const Kernel& k) {
       if (a.type.dtype != in.dtype) where(fmt::format("dtype {} but its buffer holds {}", dtype_name(in.dtype), dtype_name(a.type.dtype)));
       if (in.op == "store" && a.role == KArg::Role::in) where("stores into an input");
       if (in.op == "store" && in.args.size() != 1) where("store takes one value");
-    } else if (in.op == "reduce") {
+    } else if (names_core_op(in.op, CoreOp::reduce)) {
       if (in.row) where("a reduce accumulates inside a loop (not a row instruction)");
       if (in.args.size() != 1 || !is_float_t(in.dtype)) where("reduce takes one float value");
       // The kind is spelled into generated code (an OpenMP reduction clause): only the kinds of the
       // core-op table (sum prod max min).
       if (!reduction_combiner(in.attr))
         where(fmt::format("unknown reduction '{}'", in.attr));
-    } else if (in.op == "compare") {
+    } else if (names_core_op(in.op, CoreOp::compare)) {
       if (in.dtype != DType::boolean || in.args.size() != 2) where("compare takes two values and gives bool");
-    } else if (in.op == "select") {
+    } else if (names_core_op(in.op, CoreOp::select)) {
       if (in.args.size() != 3 || k.body[static_cast<size_t>(in.args[0])].dtype != DType::boolean) where("select takes a bool and two values");
     } else if (in.op != "const") {
       // Any other instruction is an elementwise primitive with the table's operand count.

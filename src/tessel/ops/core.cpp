@@ -466,11 +466,13 @@ void register_casts(OpRegistry& r) {
 enum class RK { sum, max, min, prod };
 
 RK kind_of(const Node& n) {
-  std::string k = n.attr_s("kind");
-  if (k == "sum") return RK::sum;
-  if (k == "max") return RK::max;
-  if (k == "min") return RK::min;
-  if (k == "prod") return RK::prod;
+  // The kind names its combining primitive in the core-op table (sum -> add, prod -> mul).
+  const std::string k = n.attr_s("kind");
+  const std::optional<CoreOp> c = reduction_combiner(k);
+  if (c == CoreOp::add) return RK::sum;
+  if (c == CoreOp::max) return RK::max;
+  if (c == CoreOp::min) return RK::min;
+  if (c == CoreOp::mul) return RK::prod;
   fail("kind '{}' is not one of sum, max, min, prod", k);
 }
 

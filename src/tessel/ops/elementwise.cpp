@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
@@ -341,7 +342,7 @@ DecomposeFn compare_as(std::string direction) {
 DecomposeFn fold_as(std::string op, bool mean = false) {
   return [op, mean](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
     const DType t = n.outputs[0]->type.dtype;
-    const DType ct = op == "add" ? math_type(t) : t;
+    const DType ct = names_core_op(op, CoreOp::add) ? math_type(t) : t;
     Value* acc = b.convert(n.inputs[0], ct);
     for (size_t i = 1; i < n.inputs.size(); ++i) acc = b.binary(op, acc, b.convert(n.inputs[i], ct));
     if (mean) acc = b.div(acc, k(b, acc, static_cast<double>(n.inputs.size())));

@@ -8,6 +8,7 @@
 // its result by an existing value.
 #include <cstring>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/pass.h"
 #include "tessel/passes/pass_util.h"
@@ -129,16 +130,16 @@ bool compose_converts(Rewriter& r, Node& n) {
 bool is_noop_copy(const Node& n) {
   if (in(n, 0)->type != out(n)->type) return false;
   const std::string& op = n.op->name;
-  if (op == "concatenate") return n.inputs.size() == 1;
-  if (op == "reduce") return n.attr_ints("axes").empty();
-  if (op == "slice") {
+  if (names_core_op(op, CoreOp::concatenate)) return n.inputs.size() == 1;
+  if (names_core_op(op, CoreOp::reduce)) return n.attr_ints("axes").empty();
+  if (names_core_op(op, CoreOp::slice)) {
     auto st = n.attr_ints("starts"), sp = n.attr_ints("stops");
     auto str = n.attr_ints("strides", std::vector<int64_t>(st.size(), 1));
     for (size_t d = 0; d < st.size(); ++d)
       if (st[d] != 0 || str[d] != 1 || sp[d] != in(n, 0)->type.shape[d]) return false;
     return true;
   }
-  if (op == "pad") {
+  if (names_core_op(op, CoreOp::pad)) {
     for (const char* a : {"low", "high", "interior"})
       for (int64_t v : n.attr_ints(a, {}))
         if (v != 0) return false;
@@ -164,7 +165,7 @@ Value* scalar_source(Graph& g, Value* v) {
 
 // Convert has its own rules above and is left out, as the pass always has.
 bool may_sink_broadcasts(const Node& n) {
-  return n.op->fusion == FusionKind::pointwise && n.op->name != "convert" && !n.inputs.empty() &&
+  return n.op->fusion == FusionKind::pointwise && !is_core_op(n, CoreOp::convert) && !n.inputs.empty() &&
          !out(n)->type.shape.empty();
 }
 

@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/pass.h"
@@ -19,7 +20,7 @@ std::string fold_constants(Graph& g) {
     if (!n->op->deterministic) continue;
     // A broadcast of a known value stays a broadcast: materialising it only costs memory (the
     // canonical form of a splat is a rank-0 constant and a broadcast_in_dim).
-    if (n->op->domain == "tessel.core" && n->op->name == "broadcast_in_dim") continue;
+    if (n->op->domain == "tessel.core" && is_core_op(*n, CoreOp::broadcast_in_dim)) continue;
     bool all = true;
     for (const Value* v : n->outputs)
       if (v && !r.folded.count(v)) all = false;

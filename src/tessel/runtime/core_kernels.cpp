@@ -400,18 +400,18 @@ template <class T> CoreKernel unary_typed(const std::string& op, int x, int y, i
     return [=](KernelEnv& e) { map1(in_ptr<T>(e, x), out_ptr<T>(e, y), n, f); };
   };
   if constexpr (E::fl) {
-    if (op == "neg") return make([](double v) { return -v; });
-    if (op == "exp") return make([](double v) { return std::exp(v); });
-    if (op == "log") return make([](double v) { return std::log(v); });
-    if (op == "sqrt") return make([](double v) { return std::sqrt(v); });
-    if (op == "sin") return make([](double v) { return std::sin(v); });
-    if (op == "atan") return make([](double v) { return std::atan(v); });
-    if (op == "erf") return make([](double v) { return std::erf(v); });
-    if (op == "tanh") return make([](double v) { return std::tanh(v); });
-    if (op == "floor") return make([](double v) { return std::floor(v); });
-    if (op == "round_even") return make([](double v) { return std::nearbyint(v); });  // ties to even
+    if (names_core_op(op, CoreOp::neg)) return make([](double v) { return -v; });
+    if (names_core_op(op, CoreOp::exp)) return make([](double v) { return std::exp(v); });
+    if (names_core_op(op, CoreOp::log)) return make([](double v) { return std::log(v); });
+    if (names_core_op(op, CoreOp::sqrt)) return make([](double v) { return std::sqrt(v); });
+    if (names_core_op(op, CoreOp::sin)) return make([](double v) { return std::sin(v); });
+    if (names_core_op(op, CoreOp::atan)) return make([](double v) { return std::atan(v); });
+    if (names_core_op(op, CoreOp::erf)) return make([](double v) { return std::erf(v); });
+    if (names_core_op(op, CoreOp::tanh)) return make([](double v) { return std::tanh(v); });
+    if (names_core_op(op, CoreOp::floor)) return make([](double v) { return std::floor(v); });
+    if (names_core_op(op, CoreOp::round_even)) return make([](double v) { return std::nearbyint(v); });  // ties to even
   } else if (!std::is_same_v<T, Bool>) {
-    if (op == "neg") return make([](int64_t v) { return static_cast<int64_t>(0 - static_cast<uint64_t>(v)); });
+    if (names_core_op(op, CoreOp::neg)) return make([](int64_t v) { return static_cast<int64_t>(0 - static_cast<uint64_t>(v)); });
   }
   return {};
 }
@@ -476,26 +476,26 @@ template <class T> CoreKernel binary_typed(const std::string& op, int a, int b, 
     return [=](KernelEnv& e) { map2(in_ptr<T>(e, a), in_ptr<T>(e, b), out_ptr<T>(e, y), n, f); };
   };
   if constexpr (E::fl) {
-    if (op == "add") return make([](double u, double v) { return u + v; });
-    if (op == "mul") return make([](double u, double v) { return u * v; });
-    if (op == "div") return make([](double u, double v) { return u / v; });
-    if (op == "rem") return make([](double u, double v) { return std::fmod(u, v); });
-    if (op == "pow") return make([](double u, double v) { return std::pow(u, v); });
-    if (op == "max") return make(nan_max);
-    if (op == "min") return make(nan_min);
+    if (names_core_op(op, CoreOp::add)) return make([](double u, double v) { return u + v; });
+    if (names_core_op(op, CoreOp::mul)) return make([](double u, double v) { return u * v; });
+    if (names_core_op(op, CoreOp::div)) return make([](double u, double v) { return u / v; });
+    if (names_core_op(op, CoreOp::rem)) return make([](double u, double v) { return std::fmod(u, v); });
+    if (names_core_op(op, CoreOp::pow)) return make([](double u, double v) { return std::pow(u, v); });
+    if (names_core_op(op, CoreOp::max)) return make(nan_max);
+    if (names_core_op(op, CoreOp::min)) return make(nan_min);
     return {};
   } else {
-    if (op == "and") return make([](int64_t u, int64_t v) { return u & v; });
-    if (op == "or") return make([](int64_t u, int64_t v) { return u | v; });
-    if (op == "xor") return make([](int64_t u, int64_t v) { return u ^ v; });
-    if (op == "max") return make([](int64_t u, int64_t v) { return std::max(u, v); });
-    if (op == "min") return make([](int64_t u, int64_t v) { return std::min(u, v); });
+    if (names_core_op(op, CoreOp::and_)) return make([](int64_t u, int64_t v) { return u & v; });
+    if (names_core_op(op, CoreOp::or_)) return make([](int64_t u, int64_t v) { return u | v; });
+    if (names_core_op(op, CoreOp::xor_)) return make([](int64_t u, int64_t v) { return u ^ v; });
+    if (names_core_op(op, CoreOp::max)) return make([](int64_t u, int64_t v) { return std::max(u, v); });
+    if (names_core_op(op, CoreOp::min)) return make([](int64_t u, int64_t v) { return std::min(u, v); });
     if (std::is_same_v<T, Bool>) return {};
-    if (op == "add") return make(wrap_add);
-    if (op == "mul") return make(wrap_mul);
-    if (op == "div") return make(int_div);
-    if (op == "rem") return make(int_rem);
-    if (op == "pow") return make(int_pow);
+    if (names_core_op(op, CoreOp::add)) return make(wrap_add);
+    if (names_core_op(op, CoreOp::mul)) return make(wrap_mul);
+    if (names_core_op(op, CoreOp::div)) return make(int_div);
+    if (names_core_op(op, CoreOp::rem)) return make(int_rem);
+    if (names_core_op(op, CoreOp::pow)) return make(int_pow);
     return {};
   }
 }
@@ -674,12 +674,16 @@ CoreKernel make_gather(const Node& n) {
 enum class RK { sum, max, min, prod };
 
 std::optional<RK> reduce_kind(const Node& n) {
-  const std::string k = n.attr_s("kind");
-  if (k == "sum") return RK::sum;
-  if (k == "max") return RK::max;
-  if (k == "min") return RK::min;
-  if (k == "prod") return RK::prod;
-  return std::nullopt;
+  // The kind names its combining primitive in the core-op table (sum -> add, prod -> mul).
+  const std::optional<CoreOp> c = reduction_combiner(n.attr_s("kind"));
+  if (!c) return std::nullopt;
+  switch (*c) {
+    case CoreOp::add: return RK::sum;
+    case CoreOp::max: return RK::max;
+    case CoreOp::min: return RK::min;
+    case CoreOp::mul: return RK::prod;
+    default: return std::nullopt;
+  }
 }
 
 // The accumulator of one reduction kind in compute type C (double or int64).
@@ -1357,7 +1361,7 @@ CoreKernel make_channels_last_kernel(const Node& n) {
   if (!can_run_channels_last(n))
     throw Error(Location{.node = n.name, .op = n.op->name},
                 "layout nhwc is only for a pooling over H and W or a concatenation along C of f32 [N, C, H, W] values");
-  if (n.op->name == "concatenate") return concatenate_nhwc_kernel(n);
+  if (is_core_op(n, CoreOp::concatenate)) return concatenate_nhwc_kernel(n);
   const Shape in = static_shape(n.inputs[0]), out = static_shape(n.outputs[0]);
   const auto window = n.attr_ints("window");
   const auto strides = n.attr_ints("strides", std::vector<int64_t>(4, 1));
@@ -1398,7 +1402,7 @@ CoreKernel make_unary_on_source(const Node& n, const StridedView& operand, int64
 }
 
 bool reads_views(const Node& n) {
-  return n.op->domain == "tessel.core" && (is_binary(n.op->name) || n.op->name == "compare" || n.op->name == "select");
+  return n.op->domain == "tessel.core" && (is_binary(n.op->name) || is_core_op(n, CoreOp::compare) || is_core_op(n, CoreOp::select));
 }
 
 void materialize_view(const StridedView& v, const uint8_t* src, const Shape& shape, int elem_bytes, uint8_t* dst) {
@@ -1419,20 +1423,20 @@ CoreKernel make_core_kernel(const Node& n, const ViewMap& views) {
   if (!reads_views(n) && any_view(n, views)) return {};
   try {
     if (is_unary(op) || is_binary(op)) return make_elementwise(n, views);
-    if (op == "compare") return make_compare(n, views);
-    if (op == "select") return make_select(n, views);
-    if (op == "convert") return make_convert(n);
-    if (op == "broadcast_in_dim") return make_broadcast(n);
-    if (op == "transpose") return make_transpose(n);
-    if (op == "slice") return make_slice(n);
-    if (op == "pad") return make_pad(n);
-    if (op == "concatenate") return make_concatenate(n);
-    if (op == "gather") return make_gather(n);
-    if (op == "iota") return make_iota(n);
-    if (op == "reduce") return make_reduce(n);
-    if (op == "reduce_window") return make_reduce_window(n);
-    if (op == "dot_general") return make_dot(n);
-    if (op == "convolution") return make_convolution(n);
+    if (names_core_op(op, CoreOp::compare)) return make_compare(n, views);
+    if (names_core_op(op, CoreOp::select)) return make_select(n, views);
+    if (names_core_op(op, CoreOp::convert)) return make_convert(n);
+    if (names_core_op(op, CoreOp::broadcast_in_dim)) return make_broadcast(n);
+    if (names_core_op(op, CoreOp::transpose)) return make_transpose(n);
+    if (names_core_op(op, CoreOp::slice)) return make_slice(n);
+    if (names_core_op(op, CoreOp::pad)) return make_pad(n);
+    if (names_core_op(op, CoreOp::concatenate)) return make_concatenate(n);
+    if (names_core_op(op, CoreOp::gather)) return make_gather(n);
+    if (names_core_op(op, CoreOp::iota)) return make_iota(n);
+    if (names_core_op(op, CoreOp::reduce)) return make_reduce(n);
+    if (names_core_op(op, CoreOp::reduce_window)) return make_reduce_window(n);
+    if (names_core_op(op, CoreOp::dot_general)) return make_dot(n);
+    if (names_core_op(op, CoreOp::convolution)) return make_convolution(n);
   } catch (const Error&) {
     return {};  // an attribute the typed kernel cannot read: the reference kernel reports it
   }
@@ -1446,8 +1450,8 @@ bool can_run_in_place(const Node& n, int input) {
   const Value* out = n.outputs[0];
   if (dtype_size(in->type.dtype) != dtype_size(out->type.dtype) || in->type.shape != out->type.shape) return false;
   if (is_unary(op) || is_binary(op)) return true;
-  if (op == "select") return input > 0;
-  if (op == "convert") return in->type.dtype == out->type.dtype;
+  if (names_core_op(op, CoreOp::select)) return input > 0;
+  if (names_core_op(op, CoreOp::convert)) return in->type.dtype == out->type.dtype;
   return false;
 }
 

@@ -1,5 +1,6 @@
 // The graph backend: specialisation with guards, the "core" pipeline, kernel selection, arena
 // planning by liveness, and the executor that runs the steps over the arena (graph_backend.h).
+#include "tessel/ir/core_ops.h"
 #include "tessel/runtime/graph_backend.h"
 
 #include <algorithm>
@@ -403,7 +404,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
       im.steps.push_back(std::move(s));
       continue;
     }
-    if (n.op->name == "reshape") {
+    if (is_core_op(n, CoreOp::reshape)) {
       s.kind = StepKind::alias;
       const int r = im.root[n.inputs[0]->id], out = n.outputs[0]->id;
       im.root[out] = r;
@@ -412,7 +413,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
       im.steps.push_back(std::move(s));
       continue;
     }
-    if (n.op->name == "broadcast_in_dim" && can_be_view(n, *g, consumers)) {
+    if (is_core_op(n, CoreOp::broadcast_in_dim) && can_be_view(n, *g, consumers)) {
       s.kind = StepKind::alias;
       const int r = im.root[n.inputs[0]->id], out = n.outputs[0]->id;
       im.views[out] = broadcast_view(n);

@@ -13,6 +13,12 @@
 namespace tessel::cpu {
 namespace {
 
+// A max or min reduction: its accumulator keeps a NaN flag (the loop's compares drop NaN).
+bool is_min_max_reduction(const std::string& kind) {
+  const std::optional<CoreOp> c = reduction_combiner(kind);
+  return c == CoreOp::max || c == CoreOp::min;
+}
+
 std::string ctype(DType t) {
   switch (t) {
     case DType::f32: return "float";
@@ -102,7 +108,7 @@ struct Emitter {
         if (in.phase == 0 && in.op != "const") return false;
         continue;
       }
-      reduces = reduces || in.op == "reduce";
+      reduces = reduces || names_core_op(in.op, CoreOp::reduce);
       if (in.access < 0) continue;
       const KAccess& a = k.accesses[static_cast<size_t>(in.access)];
       if (a.strides[0] != 1) return false;
@@ -201,22 +207,22 @@ struct Emitter {
       line(indent, fmt::format("a{}[{}] = {};", acc.arg, index(in.access), in.dtype == DType::boolean ? "(uint8_t)" + x : x));
       return;
     }
-    if (in.op == "reduce" && column) {  // accumulators per point of the block (column_loop)
+    if (names_core_op(in.op, CoreOp::reduce) && column) {  // accumulators per point of the block (column_loop)
       const std::string x = v(in.args[0]), acc = v(i) + "_acc[j]";
       if (in.attr == "sum") line(indent, fmt::format("{} += {};", acc, x));
       else if (in.attr == "prod") line(indent, fmt::format("{} *= {};", acc, x));
       else {
-        line(indent, fmt::format("{0} = {1} {2} {0} ? {1} : {0};", acc, x, in.attr == "max" ? ">" : "<"));
+        line(indent, fmt::format("{0} = {1} {2} {0} ? {1} : {0};", acc, x, reduction_combiner(in.attr) == CoreOp::max ? ">" : "<"));
         line(indent, fmt::format("{}_nan[j] |= {} != {};", v(i), x, x));
       }
       return;
     }
-    if (in.op == "reduce") {
+    if (names_core_op(in.op, CoreOp::reduce)) {
       const std::string x = v(in.args[0]);
       if (in.attr == "sum") line(indent, fmt::format("{} += {};", v(i), x));
       else if (in.attr == "prod") line(indent, fmt::format("{} *= {};", v(i), x));
       else {
-        line(indent, fmt::format("{0} = {1} {2} {0} ? {1} : {0};", v(i), x, in.attr == "max" ? ">" : "<"));
+        line(indent, fmt::format("{0} = {1} {2} {0} ? {1} : {0};", v(i), x, reduction_combiner(in.attr) == CoreOp::max ? ">" : "<"));
         line(indent, fmt::format("{0}_nan |= {1} != {1};", v(i), x));
       }
       return;
@@ -230,7 +236,7 @@ struct Emitter {
       const KInstr& in = k.body[static_cast<size_t>(r)];
       const std::string op = in.attr == "sum" ? "+" : in.attr == "prod" ? "*" : in.attr;
       s += fmt::format(" reduction({}:{})", op, v(r));
-      if (in.attr == "max" || in.attr == "min") s += fmt::format(" reduction(|:{}_nan)", v(r));
+      if (is_min_max_reduction(in.attr)) s += fmt::format(" reduction(|:{}_nan)", v(r));
     }
     return s;
   }
@@ -241,14 +247,14 @@ struct Emitter {
       const KInstr& in = k.body[i];
       if (in.row || in.phase != p) continue;
       body.push_back(static_cast<int>(i));
-      if (in.op == "reduce") reduces.push_back(static_cast<int>(i));
+      if (names_core_op(in.op, CoreOp::reduce)) reduces.push_back(static_cast<int>(i));
     }
     if (body.empty()) return;
     line(indent, fmt::format("// phase {}", p));
     for (int r : reduces) {
       const KInstr& in = k.body[static_cast<size_t>(r)];
       line(indent, fmt::format("{} {} = {};", ctype(in.dtype), v(r), literal(in.dtype, identity(in))));
-      if (in.attr == "max" || in.attr == "min") line(indent, fmt::format("int {}_nan = 0;", v(r)));
+      if (is_min_max_reduction(in.attr)) line(indent, fmt::format("int {}_nan = 0;", v(r)));
     }
     const int n = static_cast<int>(k.inner.size());
     for (int d = 0; d < n; ++d) {
@@ -259,7 +265,7 @@ struct Emitter {
     for (int d = n; d-- > 0;) line(indent + d, "}");
     for (int r : reduces) {
       const KInstr& in = k.body[static_cast<size_t>(r)];
-      if (in.attr == "max" || in.attr == "min")
+      if (is_min_max_reduction(in.attr))
         line(indent, fmt::format("{0} = {0}_nan ? {1} : {0};", v(r), literal(in.dtype, NAN)));
     }
   }
@@ -284,7 +290,7 @@ struct Emitter {
     for (size_t i = 0; i < k.body.size(); ++i) {
       if (k.body[i].row) continue;
       body.push_back(static_cast<int>(i));
-      if (k.body[i].op == "reduce") reduces.push_back(static_cast<int>(i));
+      if (names_core_op(k.body[i].op, CoreOp::reduce)) reduces.push_back(static_cast<int>(i));
     }
     row_instrs(1, 0);  // constants
     line(1, fmt::format("for (long ob = lo; ob < hi; ob += {}) {{", kColumnBlock));
@@ -294,7 +300,7 @@ struct Emitter {
       line(2, fmt::format("{} {}_acc[{}];", acc_type(in), v(r), kColumnBlock));
       line(2, fmt::format("for (long j = 0; j < ne; ++j) {}_acc[j] = {};", v(r),
                           literal(acc_type(in) == "double" ? DType::f64 : in.dtype, identity(in))));
-      if (in.attr == "max" || in.attr == "min") line(2, fmt::format("int {0}_nan[{1}] = {{0}};", v(r), kColumnBlock));
+      if (is_min_max_reduction(in.attr)) line(2, fmt::format("int {0}_nan[{1}] = {{0}};", v(r), kColumnBlock));
     }
     const int n = static_cast<int>(k.inner.size());
     for (int d = 0; d < n; ++d)
@@ -309,7 +315,7 @@ struct Emitter {
     line(3, "const long o0 = ob + j;");
     for (int r : reduces) {
       const KInstr& in = k.body[static_cast<size_t>(r)];
-      if (in.attr == "max" || in.attr == "min")
+      if (is_min_max_reduction(in.attr))
         line(3, fmt::format("const {0} {1} = {1}_nan[j] ? {2} : {1}_acc[j];", ctype(in.dtype), v(r), literal(in.dtype, NAN)));
       else
         line(3, fmt::format("const {0} {1} = ({0}){1}_acc[j];", ctype(in.dtype), v(r)));

@@ -1,5 +1,6 @@
 // oneDNN matmul and convolution primitives: descriptors checked and primitives built once, run()
 // executes.
+#include "tessel/ir/core_ops.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
 
 #include <fmt/format.h>
@@ -289,7 +290,7 @@ MatmulDesc contiguous_matmul(int64_t batch, int64_t M, int64_t N, int64_t K, boo
 }
 
 std::optional<MatmulDesc> dot_general_matmul(const Node& dot) {
-  if (dot.op_name() != "dot_general" || dot.inputs.size() != 2 || !dot.inputs[0] || !dot.inputs[1])
+  if (!is_core_op(dot, CoreOp::dot_general) || dot.inputs.size() != 2 || !dot.inputs[0] || !dot.inputs[1])
     return std::nullopt;
   const TensorType& a = dot.inputs[0]->type;
   const TensorType& b = dot.inputs[1]->type;
@@ -312,7 +313,7 @@ std::optional<MatmulDesc> dot_general_matmul(const Node& dot) {
   // The rhs is the same for every batch when it is broadcast along all batch dims of size > 1.
   bool shared = batch == 1;
   const Node* p = dot.inputs[1]->producer;
-  if (!shared && p && p->op_name() == "broadcast_in_dim" && p->has_input(0)) {
+  if (!shared && p && is_core_op(*p, CoreOp::broadcast_in_dim) && p->has_input(0)) {
     const std::vector<int64_t> dims = p->attr_ints("dims", {});
     const Shape& src = p->inputs[0]->type.shape;
     shared = true;
