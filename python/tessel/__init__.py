@@ -8,6 +8,9 @@
 
 and, on torch >= 2.0, torch.compile(module, backend="tessel"). docs/python.md.
 """
+# torch before the extension: where torch bundles its own protobuf (pip wheels), loading tessel's
+# libprotobuf first made torch's import abort ("free(): invalid pointer", the GPU box's torch 2.11).
+import torch  # noqa: F401
 from ._tessel import TesselError, GuardFailure, GraphBuilder, Executable, ops  # noqa: F401
 from ._tessel import __version__  # noqa: F401  (the text of `tessel --version`: release + build)
 from ._convert import TesselCaptureError  # noqa: F401
