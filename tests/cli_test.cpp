@@ -159,7 +159,10 @@ TEST(Cli, InapplicableOptionsAreErrors) {
            {"run " + kModel + " --max-rel 0.1", "--max-rel has no effect here: it is the bound of --check, which is not given"},
            {"explain " + kModel + " --backend graph", "--backend has no effect here"},
            {"landscape " + kModel + " --targets spyre --threads 2", "--threads has no effect here"},
-           {"compile " + kModel + " --dtype f16", "--dtype has no effect here"}}) {
+           {"compile " + kModel + " --dtype f16", "--dtype has no effect here"},
+           {"compile " + kModel + " --target spyre --passes simplify", "--passes has no effect here"},
+           {"compile " + kModel + " --target spyre --elide-constants", "--elide-constants has no effect here"},
+           {"sim " + kModel + " --hw spyre --no-functional --threads 2", "--threads has no effect here: it sets the threads of the functional simulation"}}) {
     Result r = run(c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
     EXPECT_EQ(r.out, "tessel: error: " + r.out.substr(std::string("tessel: error: ").size())) << r.out;

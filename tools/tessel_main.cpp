@@ -563,10 +563,24 @@ int cmd_sim(const std::string& model, const std::string& target, const std::stri
   const std::vector<Tensor> ins = model_inputs(model);
   dataflow::SimOptions so;
   so.record_dram_samples = !trace.empty();
+  // compile, timed simulation (and the functional run below): a large model's each take seconds.
+  ProgressOptions po;
+  po.eta = false;  // steps of very different lengths
+  std::optional<Progress> progress(std::in_place, "sim " + display_text(fs::path(model).filename().string()),
+                                   functional ? 3 : 2, "steps", po);
+  std::optional<ProgressTicker> ticker;
+  if (progress_mode() != ProgressMode::quiet) ticker.emplace(*progress);
+  progress->note("compile and map to tiles");
   DataflowCompile compiled = compile_dataflow(model, ins, dataflow::resolve_target(target), map_options(dtype),
                                               stage_options(dump_dir, print_after));
   if (!print_after.empty()) return 0;
+  progress->advance(1, "timed simulation");
   const DataflowRun run = simulate_dataflow(std::move(compiled), so);
+  progress->advance(1, functional ? "functional simulation" : "");
+  // The report goes to stdout after the progress line is gone (the functional run prints its own).
+  ticker.reset();
+  progress->finish();
+  progress.reset();
   const DataflowCompile& dc = run.compile;
   const tile::SimulatedProgram& sp = run.sim;
   const DataflowReport& r = run.report;
@@ -760,10 +774,10 @@ int main(int argc, char** argv) {
   comp->add_option("MODEL", comp_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
   comp->add_option("--emit", comp_emit, "what to print: graph (the graph level, or core after --passes core), kernel (the kernel level after fusion), cpp (the generated C++), fusion (per kernel: fused nodes and DRAM traffic unfused vs fused); with a dataflow --target: tile (default), kernel, ktir (ktdp MLIR of the kernels KTIR can express) or none")->check(CLI::IsMember({"graph", "kernel", "cpp", "fusion", "tile", "ktir", "none"}));
   comp->add_option("-o,--output", comp_out, "write the text here instead of stdout");
-  comp->add_flag("--elide-constants", comp_elide, "print large constants as a size, not their data (not parseable)");
+  auto* comp_elide_opt = comp->add_flag("--elide-constants", comp_elide, "print large constants as a size, not their data (not parseable)");
   std::string comp_passes, comp_dump, comp_print_after;
   bool comp_time = false;
-  comp->add_option("--passes", comp_passes, "passes to run: simplify, or a comma list (see `tessel passes`)");
+  auto* comp_passes_opt = comp->add_option("--passes", comp_passes, "passes to run: simplify, or a comma list (see `tessel passes`)");
   comp->add_option("--dump-ir", comp_dump, "write every stage as NN-<stage>.tsl (graph), .kernel (after fuse) or .tile (dataflow targets) into this folder");
   comp->add_option("--print-after", comp_print_after, "print the IR after this stage (and nothing else): a graph pass, fuse, or with a dataflow --target a tile-* stage (see `tessel passes`)");
   comp->add_flag("--time-passes", comp_time, "print each pass's wall time and note to stderr");
@@ -782,7 +796,7 @@ int main(int argc, char** argv) {
   bool sim_no_functional = false;
   int sim_threads = 0;
   sim->add_flag("--no-functional", sim_no_functional, "only the timed simulation (no run with real values)");
-  sim->add_option("--threads", sim_threads, "host threads for the functional simulation's library calls");
+  auto* sim_threads_opt = sim->add_option("--threads", sim_threads, "host threads for the functional simulation's library calls");
   std::string sim_dump, sim_print_after;
   sim->add_option("--dump-ir", sim_dump, "write every stage (graph passes, fuse, tile-*) as NN-<stage>.tsl/.kernel/.tile into this folder");
   sim->add_option("--print-after", sim_print_after, "print the IR after this stage (see `tessel passes`) and stop");
@@ -906,6 +920,9 @@ int main(int argc, char** argv) {
                         "sets the threads of the cpu row, and --targets has no cpu");
     refuse_inapplicable(comp_report_opt, comp_target != "cpu", "is the per-kernel report of a dataflow --target, and the target is cpu");
     refuse_inapplicable(comp_dtype_opt, comp_target != "cpu", "sets the device storage of a dataflow --target, and the target is cpu");
+    refuse_inapplicable(comp_passes_opt, comp_target == "cpu", "chooses the graph passes of --target cpu; a dataflow target runs the core pipeline");
+    refuse_inapplicable(comp_elide_opt, comp_target == "cpu", "elides constants of --emit graph/kernel on --target cpu; a dataflow target's texts always elide them");
+    refuse_inapplicable(sim_threads_opt, !sim_no_functional, "sets the threads of the functional simulation, and --no-functional skips it");
     if (!max_alloc.empty()) {
       const auto bytes = parse_byte_size(max_alloc);
       if (!bytes || *bytes == 0) throw Error(Location{}, fmt::format("--max-alloc '{}' is not a byte count (e.g. 4G, 512M)", max_alloc));
