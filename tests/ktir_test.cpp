@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "corpus_util.h"
 #include "tessel/driver/dataflow.h"
 #include "tessel/driver/model_dir.h"
@@ -267,5 +269,45 @@ TEST(Ktir, AttentionAndBlockExportWithSkippedNamed) {
     } else {
       EXPECT_FALSE(skipped.empty());
     }
+  }
+}
+
+// The folder form ktir-cpu reads: one module per exported kernel (ktir-cpu runs one function per
+// module), each the same function as in the one-file form, and a manifest naming every argument's
+// global in order. bench/ktir_check.py runs these files on ktir-cpu itself.
+TEST(Ktir, OneModulePerKernelWithAManifest) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  DataflowCompile dc = compile_spyre("tblock_s");
+  const tile::TileProgram& p = dc.program;
+  const tile::KtirExport e = tile::export_ktir_kernels(p, dc.module);
+  std::vector<std::string> skipped;
+  const std::string one_file = tile::export_ktir(p, dc.module, &skipped);
+  EXPECT_EQ(e.skipped, skipped);
+  EXPECT_EQ(e.kernels.size() + e.skipped.size(), p.kernels.size());
+  ASSERT_FALSE(e.kernels.empty());
+  const nlohmann::json m = tile::ktir_manifest(p, e);
+  ASSERT_EQ(m["kernels"].size(), e.kernels.size());
+  EXPECT_EQ(m["skipped"].size(), e.skipped.size());
+  EXPECT_EQ(m["inputs"], nlohmann::json::array({"x"}));
+  for (size_t i = 0; i < e.kernels.size(); ++i) {
+    const tile::KtirKernel& k = e.kernels[i];
+    SCOPED_TRACE(k.tile_kernel);
+    EXPECT_TRUE(balanced(k.module)) << k.module;
+    const auto funcs = functions(k.module);
+    ASSERT_EQ(funcs.size(), 1u);
+    EXPECT_EQ(funcs.begin()->first, k.tile_kernel);
+    EXPECT_NE(one_file.find(k.func), std::string::npos);  // the same function as in the one-file form
+    const nlohmann::json& mk = m["kernels"][i];
+    EXPECT_EQ(mk["file"], tile::ktir_file_name(i, k));
+    EXPECT_EQ(mk["function"], k.tile_kernel);
+    ASSERT_EQ(mk["args"].size(), k.args.size());
+    for (size_t a = 0; a < k.args.size(); ++a) {
+      const tile::Global& g = p.globals[static_cast<size_t>(k.args[a])];
+      EXPECT_EQ(mk["args"][a]["global"], g.name);
+      EXPECT_EQ(mk["args"][a]["arg"], fmt::format("arg{}", a));
+      // the signature declares the same argument, with the global's name in its comment
+      EXPECT_NE(k.func.find(fmt::format("%arg{}: index", a)), std::string::npos);
+    }
+    EXPECT_EQ(k.func.find(fmt::format("%arg{}: index", k.args.size())), std::string::npos);
   }
 }

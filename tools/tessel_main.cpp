@@ -513,7 +513,17 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
   if (!print_after.empty()) return 0;
   if (emit == "tile") write_text(out, tile::print_tile_program(dc.program));
   else if (emit == "kernel") write_text(out, print_kernel_module(dc.module, true));
-  else if (emit == "ktir") write_text(out, tile::export_ktir(dc.program, dc.module));
+  else if (emit == "ktir" && (out.empty() || out == "-" || fs::path(out).extension() == ".mlir"))
+    write_text(out, tile::export_ktir(dc.program, dc.module));
+  else if (emit == "ktir") {
+    // -o names a folder: one module per kernel and manifest.json, what ktir-cpu reads (docs/ktir.md).
+    const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+    fs::create_directories(out);
+    for (size_t i = 0; i < e.kernels.size(); ++i) write_text((fs::path(out) / tile::ktir_file_name(i, e.kernels[i])).string(), e.kernels[i].module);
+    write_text((fs::path(out) / "manifest.json").string(), json_dump(tile::ktir_manifest(dc.program, e), 1) + "\n");
+    fmt::print("ktir: {} of {} tile kernels in {} (one module each, manifest.json){}\n", e.kernels.size(), dc.program.kernels.size(),
+               display_text(out), e.skipped.empty() ? "" : fmt::format("; {} skipped (listed in the manifest)", e.skipped.size()));
+  }
   else if (emit != "none") throw Error(Location{.pass = "compile"}, fmt::format("--emit {} is not available for --target {} (tile, kernel, ktir)", emit, target));
   if (!report.empty()) {
     const DataflowReport r = simulate_dataflow(std::move(dc)).report;

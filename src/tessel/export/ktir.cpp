@@ -1,10 +1,11 @@
-// KTIR export (see ktir.h, docs/ktir.md). Every index map of the kernel level is re-derived over the
+// KTIR export (see ktir.h, docs/ir/tile.md, "KTIR export"). Every index map of the kernel level is re-derived over the
 // tile dims (b m n k, or p e) and checked to be affine there before it becomes a strided memory view;
 // a kernel whose maps, partition or ops KTIR cannot state is skipped with the reason, never
 // approximated.
 #include "tessel/export/ktir.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -200,6 +201,8 @@ class FuncEmitter {
       : p_(p), m_(m), t_(t), k_(k) {}
 
   std::string run();
+  // After run(): the globals of %arg0, %arg1, ... in order.
+  const std::vector<int>& arg_globals() const { return arg_globals_; }
 
  private:
   const TileProgram& p_;
@@ -828,19 +831,19 @@ std::string FuncEmitter::run() {
 
 }  // namespace
 
-std::string export_ktir(const TileProgram& p, const KernelModule& m, std::vector<std::string>* skipped) {
-  std::vector<std::string> skip, funcs;
+KtirExport export_ktir_kernels(const TileProgram& p, const KernelModule& m) {
+  KtirExport e;
   for (const TileKernel& t : p.kernels) {
     if (t.kind == TileKind::host) {
-      skip.push_back(fmt::format("{}: host step \"{}\"", t.name, t.node));
+      e.skipped.push_back(fmt::format("{}: host step \"{}\"", t.name, t.node));
       continue;
     }
     if (t.kind == TileKind::conv) {
-      skip.push_back(fmt::format("{}: convolution \"{}\" (no KTIR export of conv tiles yet)", t.name, t.node));
+      e.skipped.push_back(fmt::format("{}: convolution \"{}\" (no KTIR export of conv tiles yet)", t.name, t.node));
       continue;
     }
     if (t.kind == TileKind::relayout) {
-      skip.push_back(fmt::format("{}: re-layout copy \"{}\" (no KTIR export of re-layouts yet)", t.name, t.node));
+      e.skipped.push_back(fmt::format("{}: re-layout copy \"{}\" (no KTIR export of re-layouts yet)", t.name, t.node));
       continue;
     }
     if (t.kernel < 0 || t.kernel >= static_cast<int>(m.kernels.size()))
@@ -852,21 +855,68 @@ std::string export_ktir(const TileProgram& p, const KernelModule& m, std::vector
                   fmt::format("tile kernel {} is {} but kernel {} is {}", t.name, tile_kind_name(t.kind), k.name, kernel_kind_name(k.kind)));
     try {
       FuncEmitter f(p, m, t, k);
-      funcs.push_back(f.run());
+      KtirKernel kk;
+      kk.tile_kernel = t.name;
+      kk.node = t.node;
+      kk.func = f.run();
+      kk.args = f.arg_globals();
+      // One module per kernel: ktir-cpu reads one function per module (with several it ran every
+      // function with the body of the last one, without an error).
+      kk.module = fmt::format("// KTIR (ktdp dialect) exported by tessel: model \"{}\", target {}, {} cores, tile kernel {}\n",
+                              mlir_comment_text(p.name), mlir_comment_text(p.target), p.cores, t.name) +
+                  "module {\n" + kk.func + "}\n";
+      e.kernels.push_back(std::move(kk));
     } catch (const Unsupported& u) {
-      skip.push_back(fmt::format("{}: {} \"{}\": {}", t.name, tile_kind_name(t.kind), t.node, u.why));
+      e.skipped.push_back(fmt::format("{}: {} \"{}\": {}", t.name, tile_kind_name(t.kind), t.node, u.why));
     }
   }
+  return e;
+}
+
+std::string export_ktir(const TileProgram& p, const KernelModule& m, std::vector<std::string>* skipped) {
+  const KtirExport e = export_ktir_kernels(p, m);
   std::ostringstream out;
   out << fmt::format("// KTIR (ktdp dialect, torch-spyre/RFCs 0682-KtirSpec) exported by tessel from the tile level\n");
   out << fmt::format("// model \"{}\", target {}, {} cores; {} of {} tile kernels exported\n", mlir_comment_text(p.name), mlir_comment_text(p.target), p.cores,
-                     funcs.size(), p.kernels.size());
-  for (const std::string& s : skip) out << "// skipped " << mlir_comment_text(s) << '\n';
+                     e.kernels.size(), p.kernels.size());
+  for (const std::string& s : e.skipped) out << "// skipped " << mlir_comment_text(s) << '\n';
   out << "module {\n";
-  for (size_t i = 0; i < funcs.size(); ++i) out << (i ? "\n" : "") << funcs[i];
+  for (size_t i = 0; i < e.kernels.size(); ++i) out << (i ? "\n" : "") << e.kernels[i].func;
   out << "}\n";
-  if (skipped) skipped->insert(skipped->end(), skip.begin(), skip.end());
+  if (skipped) skipped->insert(skipped->end(), e.skipped.begin(), e.skipped.end());
   return out.str();
 }
+
+nlohmann::json ktir_manifest(const TileProgram& p, const KtirExport& e) {
+  using nlohmann::json;
+  auto global_json = [&](int g) {
+    const Global& gl = p.globals.at(static_cast<size_t>(g));
+    const char* kind = gl.kind == Global::Kind::input ? "input" : gl.kind == Global::Kind::output ? "output"
+                       : gl.kind == Global::Kind::constant ? "constant" : "temp";
+    return json{{"global", gl.name}, {"kind", kind}, {"dtype", std::string(dtype_name(gl.dtype))},
+                {"logical_dtype", std::string(dtype_name(gl.logical))}, {"shape", gl.shape}, {"padded", gl.padded},
+                {"perm", gl.perm}};
+  };
+  json ks = json::array();
+  for (size_t i = 0; i < e.kernels.size(); ++i) {
+    const KtirKernel& k = e.kernels[i];
+    json args = json::array();
+    for (size_t a = 0; a < k.args.size(); ++a) {
+      json j = global_json(k.args[a]);
+      j["arg"] = fmt::format("arg{}", a);
+      args.push_back(std::move(j));
+    }
+    ks.push_back({{"kernel", k.tile_kernel}, {"function", k.tile_kernel}, {"file", ktir_file_name(i, k)}, {"node", k.node},
+                  {"args", std::move(args)}});
+  }
+  json ins = json::array(), outs = json::array();
+  for (int g : p.inputs) ins.push_back(p.globals.at(static_cast<size_t>(g)).name);
+  for (int g : p.outputs) outs.push_back(p.globals.at(static_cast<size_t>(g)).name);
+  return {{"model", p.name}, {"target", p.target}, {"cores", p.cores}, {"float_dtype", std::string(dtype_name(p.float_dtype))},
+          {"dl16", p.dl16}, {"inputs", ins}, {"outputs", outs}, {"kernels", std::move(ks)}, {"skipped", e.skipped},
+          {"tile_kernels", p.kernels.size()}};
+}
+
+std::string ktir_file_name(size_t index, const KtirKernel& k) { return fmt::format("{:02d}-{}.mlir", index, k.tile_kernel); }
 
 }  // namespace tessel::tile
