@@ -470,7 +470,8 @@ std::string landscape_section(const json& rows) {
     s += fmt::format("<tr><td class=\"l\">{}</td><td>{}</td><td>{:.2f}×</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
                      "<td>{:.0f} ms</td><td class=\"l\">{}</td></tr>",
                      esc(t), us_text(num(r, "time_us")), best > 0 ? num(r, "time_us") / best : 0,
-                     cpu ? "—" : fmt::format("{:.1f}%", 100 * num(r, "utilisation")), bytes_text(num(r, "dram_mb") * 1e6),
+                     cpu ? "—" : fmt::format("{:.1f}%", 100 * num(r, "utilisation")),
+                     r.contains("dram_mb") ? bytes_text(num(r, "dram_mb") * 1e6) : "—",
                      cpu ? "—" : bytes_text(num(r, "padding_mb") * 1e6), cpu ? "—" : bytes_text(num(r, "scratchpad_peak_kb") * 1e3),
                      cpu ? "—" : us_text(num(r, "roofline_us")), num(r, "compile_ms"), notes);
   }
