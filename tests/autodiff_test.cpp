@@ -429,3 +429,101 @@ TEST(Autodiff, UnusedParameterIsZeroAndUsesSum) {
   EXPECT_EQ(outs[1].to_f64(), (std::vector<double>{3, 5, -5}));
   EXPECT_EQ(outs[2].to_f64(), (std::vector<double>{0, 0}));
 }
+
+namespace {
+
+// The core graph `g` computed in f64: f32 inputs, constants and convert targets become f64, and every
+// node's result type is inferred again. Whole models checked against differences need f64 to resolve
+// 1e-6.
+void retype_f32_to_f64(Graph& g) {
+  for (Value* v : g.inputs)
+    if (v->type.dtype == DType::f32) v->type.dtype = DType::f64;
+  for (Value* v : g.constants())
+    if (v->type.dtype == DType::f32) {
+      v->constant = Tensor::from_f64(DType::f64, v->type.shape, v->constant->to_f64());
+      v->type.dtype = DType::f64;
+    }
+  for (const auto& n : g.nodes()) {
+    auto it = n->attrs.find("dtype");
+    if (it != n->attrs.end() && std::get<std::string>(it->second) == "f32") it->second = std::string("f64");
+    std::vector<const Tensor*> known;
+    for (const Value* v : n->inputs) known.push_back(v && v->constant ? &*v->constant : nullptr);
+    infer_node(*n, known, nullptr);
+  }
+}
+
+Tensor to_f64(const Tensor& t) { return is_float(t.dtype()) ? Tensor::from_f64(DType::f64, t.shape(), t.to_f64()) : t; }
+
+class WholeModel : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+// A model's parameters (its float initializers), through the core pipeline and autodiff, in f64: the
+// gradient of <output, seed> of every parameter, along a random direction, against central
+// differences of the forward graph along it (every element of every gradient counts).
+TEST_P(WholeModel, GradientsMatchDifferencesInF64) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared/models";
+  auto [m, data, refs] = testenv::load_corpus_model(GetParam());
+  Graph& g = *m.graph;
+  const size_t num_data = g.inputs.size();
+  std::vector<LiftedParameter> params = lift_parameters(g);
+  ASSERT_FALSE(params.empty());
+  run_pipeline(g, parse_pipeline("core"), PassOptions{});
+  retype_f32_to_f64(g);
+  // The differences run the forward alone: the same model through the same steps, without autodiff.
+  auto fm = testenv::load_corpus_model(GetParam());
+  Graph& f = *fm.model.graph;
+  lift_parameters(f);
+  run_pipeline(f, parse_pipeline("core"), PassOptions{});
+  retype_f32_to_f64(f);
+  f.outputs.resize(1);
+  run_pipeline(f, parse_pipeline("dce"), PassOptions{});
+  AutodiffOptions o;
+  o.output = g.outputs[0]->name;
+  o.seed = true;
+  for (const auto& p : params) o.wrt.push_back(p.name);
+  const size_t num_out = g.outputs.size();
+  AutodiffResult r = build_joint_graph(g, o);
+  run_pipeline(g, parse_pipeline("simplify"), PassOptions{});
+  ASSERT_EQ(g.outputs.size(), num_out + params.size());
+
+  std::vector<Tensor> ins;
+  for (size_t i = 0; i < num_data; ++i) ins.push_back(to_f64(data[i]));
+  for (const auto& p : params) ins.push_back(to_f64(p.value));
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> u(-1, 1);
+  const Shape& os = g.inputs.back()->type.shape;
+  std::vector<double> seed(static_cast<size_t>(shape_numel(os)));
+  for (double& v : seed) v = u(rng);
+  ins.push_back(Tensor::from_f64(DType::f64, os, seed));
+  auto objective = [&](std::vector<Tensor> x) {
+    x.pop_back();  // the seed
+    const std::vector<double> y = run_eager(f, x)[0].to_f64();
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += y[i] * seed[i];
+    return s;
+  };
+  const std::vector<Tensor> outs = run_eager(g, ins);
+  for (size_t k = 0; k < params.size(); ++k) {
+    const std::vector<double> grad = outs[num_out + k].to_f64();
+    const size_t slot = num_data + k;
+    const std::vector<double> x = ins[slot].to_f64();
+    std::vector<double> dir(x.size()), xp(x.size()), xm(x.size());
+    double scale = 1, ad = 0;
+    for (size_t e = 0; e < x.size(); ++e) {
+      dir[e] = u(rng);
+      scale = std::max(scale, std::abs(x[e]));
+      ad += grad[e] * dir[e];
+    }
+    const double step = 1e-5 * scale;
+    for (size_t e = 0; e < x.size(); ++e) xp[e] = x[e] + step * dir[e], xm[e] = x[e] - step * dir[e];
+    std::vector<Tensor> p = ins, mi = ins;
+    p[slot] = Tensor::from_f64(DType::f64, ins[slot].shape(), xp);
+    mi[slot] = Tensor::from_f64(DType::f64, ins[slot].shape(), xm);
+    const double fd = (objective(p) - objective(mi)) / (2 * step);
+    EXPECT_LE(std::abs(ad - fd), 1e-6 * std::max(1.0, std::abs(fd)))
+        << GetParam() << ": d/d" << params[k].name << " along a random direction: autodiff " << ad << " vs " << fd;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Autodiff, WholeModel, ::testing::Values("tblock_s", "tblock_bert"));

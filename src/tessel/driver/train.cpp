@@ -13,7 +13,10 @@ TrainGraph build_train_graph(Graph& g, const TrainOptions& o) {
   // Parameters become inputs before decomposition: folding would otherwise merge a weight into the
   // constants derived from it (a transposed copy), and its gradient would have nowhere to go.
   if (o.wrt.empty()) {
-    t.parameters = lift_parameters(g);
+    for (LiftedParameter& p : lift_parameters(g)) {
+      t.parameters.push_back(p.name);
+      t.initial.push_back(std::move(p.value));
+    }
     if (t.parameters.empty()) fail("graph '{}' has no float constant with more than one element to train", g.name);
   } else {
     t.parameters = o.wrt;

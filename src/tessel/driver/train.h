@@ -17,6 +17,7 @@ struct TrainOptions {
 
 struct TrainGraph {
   std::vector<std::string> parameters;  // what was differentiated, in gradient-output order
+  std::vector<Tensor> initial;          // the lifted parameters' values (empty with TrainOptions::wrt)
   int64_t parameter_elements = 0;
   AutodiffResult autodiff;
   std::string output;                   // the differentiated output

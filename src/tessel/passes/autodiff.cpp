@@ -144,16 +144,16 @@ int name_gradient_outputs(Graph& g, const AutodiffResult& r) {
   return renamed;
 }
 
-std::vector<std::string> lift_parameters(Graph& g) {
-  std::vector<std::string> names;
+std::vector<LiftedParameter> lift_parameters(Graph& g) {
+  std::vector<LiftedParameter> lifted;
   for (Value* v : g.constants()) {
     if (!v->constant || !is_float(v->type.dtype) || shape_numel(v->type.shape) <= 1) continue;
+    lifted.push_back({v->name, std::move(*v->constant)});
     v->constant.reset();
     v->is_input = true;
     g.inputs.push_back(v);
-    names.push_back(v->name);
   }
-  return names;
+  return lifted;
 }
 
 size_t count_forward_nodes(const Graph& g, size_t num_forward_outputs) {

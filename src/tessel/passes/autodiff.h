@@ -40,8 +40,13 @@ AutodiffResult build_joint_graph(Graph& g, const AutodiffOptions& o);
 
 // Parameters of an imported model: every float constant with more than one element becomes a graph
 // input (appended after the data inputs, in constant order), so that no pass folds it into a derived
-// constant. Returns their names. docs/decisions.md, "Training: what a parameter is".
-std::vector<std::string> lift_parameters(Graph& g);
+// constant. Returns their names and values (the initial parameters). docs/decisions.md, "Training:
+// what a parameter is".
+struct LiftedParameter {
+  std::string name;
+  Tensor value;
+};
+std::vector<LiftedParameter> lift_parameters(Graph& g);
 
 // Names the gradient outputs "<wrt>.grad" again after a pipeline replaced them (where the value is a
 // node's result that is no other output and the name is free). Returns how many it renamed.
