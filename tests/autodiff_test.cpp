@@ -13,7 +13,9 @@
 #include "tessel/ir/core_ops.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
+#include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
+#include "tessel/driver/train.h"
 #include "tessel/passes/autodiff.h"
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/interpreter.h"
@@ -527,3 +529,34 @@ TEST_P(WholeModel, GradientsMatchDifferencesInF64) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Autodiff, WholeModel, ::testing::Values("tblock_s", "tblock_bert"));
+
+namespace {
+
+std::string md_block(const std::string& md, const std::string& fence) {
+  auto b = md.find(fence + "\n");
+  if (b == std::string::npos) return "";
+  b += fence.size() + 1;
+  return md.substr(b, md.find("```", b) - b);
+}
+
+}  // namespace
+
+// docs/passes/autodiff.md: the before block through `compile --train --wrt w` (build_train_graph) prints
+// as the after block with the page's summary line, and computes the page's numbers.
+TEST(Autodiff, DocsWorkedExample) {
+  const std::string md = testenv::read_text(testenv::source_dir() + "/docs/passes/autodiff.md");
+  auto g = parse_graph(md_block(md, "```tsl before"), "docs/passes/autodiff.md");
+  TrainOptions o;
+  o.wrt = {"w"};
+  TrainGraph t = build_train_graph(*g, o);
+  EXPECT_EQ(print_graph(*g), md_block(md, "```tsl after"));
+  EXPECT_NE(md.find("```\n" + train_summary(t) + "\n```"), std::string::npos) << train_summary(t);
+  std::vector<Tensor> outs = run_eager(*g, {Tensor::from_f64(DType::f32, {2, 3}, std::vector<double>{1, 2, 3, -1, 0, 2}),
+                                            Tensor::from_f64(DType::f32, {3}, std::vector<double>{0.5, -0.25, 0.125})});
+  ASSERT_EQ(outs.size(), 2u);
+  EXPECT_NEAR(outs[0].get_f(0), 0.1134, 5e-5);
+  const std::vector<double> want = {-0.0684, 1.7432, 4.4948};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(outs[1].get_f(static_cast<int64_t>(i)), want[i], 5e-5);
+  // The summary line of --train, as the CLI prints it.
+  EXPECT_EQ(t.forward_nodes, 3u);
+}
