@@ -575,4 +575,6 @@ TEST(Autodiff, DocsWorkedExample) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(outs[1].get_f(static_cast<int64_t>(i)), want[i], 5e-5);
   // The summary line of --train, as the CLI prints it.
   EXPECT_EQ(t.forward_nodes, 3u);
+  EXPECT_EQ(t.saved.tensors, 1u);  // %y (tanh's rule reads its result)
+  EXPECT_EQ(t.saved.bytes, 8);
 }

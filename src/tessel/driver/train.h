@@ -23,6 +23,7 @@ struct TrainGraph {
   std::string output;                   // the differentiated output
   size_t forward_nodes = 0;             // after simplification: nodes the forward outputs need
   size_t backward_nodes = 0;            // the rest of the joint graph
+  SavedActivations saved;               // forward results the backward reads (no rematerialization yet)
 };
 
 // Turns the graph-level `g` into its simplified joint core graph in place: forward outputs first,

@@ -156,20 +156,47 @@ std::vector<LiftedParameter> lift_parameters(Graph& g) {
   return lifted;
 }
 
-size_t count_forward_nodes(const Graph& g, size_t num_forward_outputs) {
+namespace {
+
+// Marks the nodes the first `num_forward_outputs` outputs need.
+std::vector<bool> forward_mask(const Graph& g, size_t num_forward_outputs) {
   std::unordered_set<const Value*> needed;
   for (size_t i = 0; i < num_forward_outputs && i < g.outputs.size(); ++i) needed.insert(g.outputs[i]);
-  size_t count = 0;
+  std::vector<bool> fwd(g.nodes().size(), false);
   for (size_t i = g.nodes().size(); i-- > 0;) {
     const Node& n = *g.nodes()[i];
-    bool used = false;
-    for (const Value* v : n.outputs) used = used || needed.count(v);
-    if (!used) continue;
-    ++count;
+    for (const Value* v : n.outputs) fwd[i] = fwd[i] || needed.count(v);
+    if (!fwd[i]) continue;
     for (const Value* v : n.inputs)
       if (v) needed.insert(v);
   }
+  return fwd;
+}
+
+}  // namespace
+
+size_t count_forward_nodes(const Graph& g, size_t num_forward_outputs) {
+  size_t count = 0;
+  for (bool f : forward_mask(g, num_forward_outputs)) count += f;
   return count;
+}
+
+SavedActivations saved_activations(const Graph& g, size_t num_forward_outputs) {
+  const std::vector<bool> fwd = forward_mask(g, num_forward_outputs);
+  std::unordered_set<const Value*> produced, saved;
+  for (size_t i = 0; i < fwd.size(); ++i)
+    if (fwd[i])
+      for (const Value* v : g.nodes()[i]->outputs) produced.insert(v);
+  SavedActivations s;
+  for (size_t i = 0; i < fwd.size(); ++i) {
+    if (fwd[i]) continue;
+    for (const Value* v : g.nodes()[i]->inputs)
+      if (v && produced.count(v) && saved.insert(v).second) {
+        ++s.tensors;
+        s.bytes += shape_numel(v->type.shape) * static_cast<int64_t>(dtype_size(v->type.dtype));
+      }
+  }
+  return s;
 }
 
 }  // namespace tessel

@@ -55,4 +55,12 @@ int name_gradient_outputs(Graph& g, const AutodiffResult& r);
 // The nodes the forward outputs need (the rest of a joint graph is the backward).
 size_t count_forward_nodes(const Graph& g, size_t num_forward_outputs);
 
+// What a joint graph's backward reads from its forward when every forward result is kept (the
+// partition before any rematerialization): forward node results used by backward nodes.
+struct SavedActivations {
+  size_t tensors = 0;
+  int64_t bytes = 0;
+};
+SavedActivations saved_activations(const Graph& g, size_t num_forward_outputs);
+
 }  // namespace tessel
