@@ -19,6 +19,7 @@
 #include "tessel/driver/train.h"
 #include "tessel/passes/autodiff.h"
 #include "tessel/passes/pass.h"
+#include "tessel/passes/remat_partition.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 #include "corpus_util.h"
@@ -577,4 +578,33 @@ TEST(Autodiff, DocsWorkedExample) {
   EXPECT_EQ(t.forward_nodes, 3u);
   EXPECT_EQ(t.saved.tensors, 1u);  // %y (tanh's rule reads its result)
   EXPECT_EQ(t.saved.bytes, 8);
+}
+
+// The min-cut partition (passes/remat_partition.cpp): sum(exp(tanh(x·w))²) reads tanh's and exp's
+// results in the backward; saving the matmul's result alone (it may not be recomputed) and recomputing
+// tanh and exp is cheaper, and the saved set must cover what the backward reads.
+TEST(Autodiff, RematPartitionSavesTheMatmulAndRecomputesThePointwise) {
+  Graph g;
+  Node origin;
+  origin.name = "t";
+  CoreBuilder b(g, origin);
+  Value* x = g.add_input("x", {DType::f32, {4, 8}});
+  Value* w = g.add_input("w", {DType::f32, {8, 16}});
+  Value* h = b.emit("dot_general", {x, w}, {{"lhs_contract", Ints{1}}, {"rhs_contract", Ints{0}}});
+  Value* e = b.unary("exp", b.unary("tanh", h));
+  g.outputs = {b.reduce(b.mul(e, e), "sum", {0, 1}, false)};
+  AutodiffOptions o;
+  o.wrt = {"w"};
+  build_joint_graph(g, o);
+  run_pipeline(g, parse_pipeline("simplify"), PassOptions{});
+  const SavedActivations all = saved_activations(g, 1);
+  EXPECT_GE(all.tensors, 2u);  // tanh's and exp's results at least
+  const RematPartition p = partition_for_remat(g, 1);
+  ASSERT_EQ(p.saved.size(), 1u);
+  EXPECT_EQ(p.saved[0], h);
+  EXPECT_EQ(p.saved_bytes, 4 * 16 * 4);
+  std::set<std::string> again;
+  for (const Node* n : p.recomputed) again.insert(n->op_name());
+  EXPECT_EQ(again, (std::set<std::string>{"tanh", "exp"}));
+  EXPECT_LT(p.saved_bytes, all.bytes);
 }

@@ -40,17 +40,20 @@ TrainGraph build_train_graph(Graph& g, const TrainOptions& o) {
   t.forward_nodes = count_forward_nodes(g, num_forward);
   t.backward_nodes = g.nodes().size() - t.forward_nodes;
   t.saved = saved_activations(g, num_forward);
+  t.partition = partition_for_remat(g, num_forward);
   return t;
 }
 
 std::string train_summary(const TrainGraph& t) {
   return fmt::format(
       "train: {} parameters ({} elements), {} gradient outputs of '{}'{}; joint graph {} nodes: {} forward, {} "
-      "backward (autodiff added {} before simplify); the backward reads {} forward results ({:.3f} MB)",
+      "backward (autodiff added {} before simplify); the backward reads {} forward results ({:.3f} MB); "
+      "min-cut partition: saves {} ({:.3f} MB), recomputes {} nodes",
       t.parameters.size(), t.parameter_elements, t.autodiff.gradients.size(), t.output,
       t.autodiff.seed_input.empty() ? "" : fmt::format(" seeded by input '{}'", t.autodiff.seed_input),
       t.forward_nodes + t.backward_nodes, t.forward_nodes, t.backward_nodes, t.autodiff.backward_nodes,
-      t.saved.tensors, static_cast<double>(t.saved.bytes) / 1e6);
+      t.saved.tensors, static_cast<double>(t.saved.bytes) / 1e6, t.partition.saved.size(),
+      static_cast<double>(t.partition.saved_bytes) / 1e6, t.partition.recomputed.size());
 }
 
 }  // namespace tessel

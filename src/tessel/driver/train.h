@@ -7,6 +7,7 @@
 
 #include "tessel/ir/graph.h"
 #include "tessel/passes/autodiff.h"
+#include "tessel/passes/remat_partition.h"
 
 namespace tessel {
 
@@ -24,6 +25,7 @@ struct TrainGraph {
   size_t forward_nodes = 0;             // after simplification: nodes the forward outputs need
   size_t backward_nodes = 0;            // the rest of the joint graph
   SavedActivations saved;               // forward results the backward reads (no rematerialization yet)
+  RematPartition partition;             // the min-cut partition: saved and recomputed
 };
 
 // Turns the graph-level `g` into its simplified joint core graph in place: forward outputs first,
