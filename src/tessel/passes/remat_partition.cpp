@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "tessel/ir/core_ops.h"
+#include "tessel/support/error.h"
 
 namespace tessel {
 namespace {
@@ -182,6 +183,78 @@ RematPartition partition_for_remat(const Graph& g, size_t num_forward_outputs) {
   for (size_t i = 0; i < nodes.size(); ++i)
     if (again[i]) p.recomputed.push_back(nodes[i].get());
   return p;
+}
+
+namespace {
+
+// Copies `nodes` of `src` into a new graph: values the copied nodes read that none of them produces
+// are `first_inputs` (in order), then src's inputs (in src order), or copied constants; anything else
+// is an error.
+std::unique_ptr<Graph> copy_nodes(const Graph& src, const std::vector<const Node*>& nodes,
+                                  const std::vector<const Value*>& first_inputs, const std::vector<const Value*>& outputs,
+                                  const std::string& name) {
+  auto g = std::make_unique<Graph>();
+  g->name = name;
+  std::unordered_map<const Value*, Value*> map;
+  std::unordered_set<const Value*> produced;
+  for (const Node* n : nodes)
+    for (const Value* v : n->outputs) produced.insert(v);
+  std::unordered_set<const Value*> read;
+  for (const Node* n : nodes)
+    for (const Value* v : n->inputs)
+      if (v) read.insert(v);
+  for (const Value* v : outputs) read.insert(v);
+  for (const Value* v : first_inputs) map[v] = g->add_input(v->name, v->type);
+  for (const Value* v : src.inputs)
+    if (read.count(v) && !map.count(v)) map[v] = g->add_input(v->name, v->type);
+  auto get = [&](const Value* v) -> Value* {
+    if (!v) return nullptr;
+    auto it = map.find(v);
+    if (it != map.end()) return it->second;
+    if (v->constant) return map[v] = g->add_constant(v->name, *v->constant);
+    fail("{}: '{}' is read but neither computed, saved nor an input", name, v->name);
+  };
+  for (const Node* n : nodes) {
+    std::vector<Value*> ins;
+    for (const Value* v : n->inputs) ins.push_back(get(v));
+    std::vector<std::string> names;
+    for (const Value* v : n->outputs) names.push_back(v->name);
+    Node* c = g->add_node(n->op, n->name, std::move(ins), names, n->attrs);
+    for (size_t i = 0; i < n->outputs.size(); ++i) {
+      c->outputs[i]->type = n->outputs[i]->type;
+      map[n->outputs[i]] = c->outputs[i];
+    }
+  }
+  for (const Value* v : outputs) g->outputs.push_back(get(v));
+  return g;
+}
+
+}  // namespace
+
+SplitGraphs split_by_partition(const Graph& joint, size_t num_forward_outputs, const RematPartition& p) {
+  std::unordered_set<const Value*> needed;
+  for (size_t i = 0; i < num_forward_outputs && i < joint.outputs.size(); ++i) needed.insert(joint.outputs[i]);
+  std::vector<bool> fwd(joint.nodes().size(), false);
+  for (size_t i = joint.nodes().size(); i-- > 0;) {
+    for (const Value* v : joint.nodes()[i]->outputs) fwd[i] = fwd[i] || needed.count(v);
+    if (fwd[i])
+      for (const Value* v : joint.nodes()[i]->inputs)
+        if (v) needed.insert(v);
+  }
+  std::unordered_set<const Node*> again(p.recomputed.begin(), p.recomputed.end());
+  std::vector<const Node*> fnodes, bnodes;
+  for (size_t i = 0; i < joint.nodes().size(); ++i) {
+    const Node* n = joint.nodes()[i].get();
+    if (fwd[i]) fnodes.push_back(n);
+    if (!fwd[i] || again.count(n)) bnodes.push_back(n);
+  }
+  std::vector<const Value*> fouts(joint.outputs.begin(), joint.outputs.begin() + static_cast<long>(num_forward_outputs));
+  fouts.insert(fouts.end(), p.saved.begin(), p.saved.end());
+  std::vector<const Value*> bouts(joint.outputs.begin() + static_cast<long>(num_forward_outputs), joint.outputs.end());
+  SplitGraphs s;
+  s.forward = copy_nodes(joint, fnodes, {}, fouts, joint.name + "_forward");
+  s.backward = copy_nodes(joint, bnodes, p.saved, bouts, joint.name + "_backward");
+  return s;
 }
 
 }  // namespace tessel

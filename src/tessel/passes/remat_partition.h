@@ -3,6 +3,7 @@
 // AOTAutograd's default partitioner). docs/passes/autodiff.md, "The partition".
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,5 +23,15 @@ struct RematPartition {
 // scatters and sorts are always saved rather than recomputed. Graph inputs and constants are free
 // (live for the whole step).
 RematPartition partition_for_remat(const Graph& g, size_t num_forward_outputs);
+
+// The joint graph cut in two by `p`: `forward` computes the forward outputs, then the saved values;
+// `backward` takes the saved values (first, in p.saved order, same names) then the joint graph's inputs
+// it reads (in their order: parameters, data, the seed), recomputes p.recomputed and returns the
+// gradient outputs. Throws if the backward would read a forward value that is neither saved nor
+// recomputed.
+struct SplitGraphs {
+  std::unique_ptr<Graph> forward, backward;
+};
+SplitGraphs split_by_partition(const Graph& joint, size_t num_forward_outputs, const RematPartition& p);
 
 }  // namespace tessel
