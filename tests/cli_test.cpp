@@ -240,3 +240,17 @@ TEST(Cli, SimWithF32StorageIsCheckedAtF32Tolerance) {
   EXPECT_NE(no.code, 0) << no.out;
   EXPECT_NE(no.out.find("f32"), std::string::npos) << no.out;
 }
+
+// `compile --train` (docs/passes/autodiff.md): the joint graph with one gradient output per parameter and
+// the summary line; a name that is no value is a one-line error.
+TEST(Cli, CompileTrainPrintsTheJointGraphAndItsSummary) {
+  Result r = run("compile " + kModel + " --train --elide-constants");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("train: 10 parameters (789248 elements), 10 gradient outputs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("min-cut partition: saves"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(".grad"), std::string::npos);
+  r = run("compile " + kModel + " --train --wrt nope");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("'nope' is not a value"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+}

@@ -14,6 +14,7 @@
 
 #include "tessel/driver/bench.h"
 #include "tessel/driver/compile_model.h"
+#include "tessel/driver/train.h"
 #include "tessel/driver/dataflow.h"
 #include "tessel/targets/dataflow/cost.h"
 #include "tessel/driver/lowering.h"
@@ -436,6 +437,32 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
   return 0;
 }
 
+// `compile MODEL --train`: the joint forward + backward core graph and its one-line summary.
+int cmd_compile_train(const std::string& model, const std::string& out, bool elide, const std::string& wrt,
+                      const std::string& of) {
+  ImportedModel m = import_model_file(model, {});
+  TrainOptions o;
+  o.output = of;
+  for (size_t b = 0; !wrt.empty() && b <= wrt.size();) {
+    size_t e = std::min(wrt.find(',', b), wrt.size());
+    o.wrt.push_back(wrt.substr(b, e - b));
+    b = e + 1;
+  }
+  TrainGraph t = build_train_graph(*m.graph, o);
+  PrintOptions po;
+  po.elide_constants = elide;
+  const std::string text = print_graph(*m.graph, po);
+  if (out.empty() || out == "-") {
+    fmt::print("{}", text);
+  } else {
+    std::ofstream f(out);
+    f << text;
+    if (!f) throw Error(Location{.file = out}, "cannot write output file");
+  }
+  fmt::print("{}\n", train_summary(t));
+  return 0;
+}
+
 // Exit 1 when a test did not pass, or, with --min-pass N, when fewer than N passed; crashes and hangs
 // always fail the run.
 int cmd_conformance(const std::string& dir, const std::string& json_path, int jobs, double timeout,
@@ -791,6 +818,11 @@ int main(int argc, char** argv) {
   comp->add_option("--dump-ir", comp_dump, "write every stage as NN-<stage>.tsl (graph), .kernel (after fuse) or .tile (dataflow targets) into this folder");
   comp->add_option("--print-after", comp_print_after, "print the IR after this stage (and nothing else): a graph pass, fuse, or with a dataflow --target a tile-* stage (see `tessel passes`)");
   comp->add_flag("--time-passes", comp_time, "print each pass's wall time and note to stderr");
+  bool comp_train = false;
+  std::string comp_wrt, comp_grad_of;
+  comp->add_flag("--train", comp_train, "print the joint forward + backward core graph (reverse-mode autodiff) and a summary line");
+  comp->add_option("--wrt", comp_wrt, "with --train: comma list of inputs/constants to differentiate (default: every float constant with more than one element)");
+  comp->add_option("--grad-of", comp_grad_of, "with --train: the output to differentiate (default: the only output; a non-scalar one gets a seed input)");
   std::string comp_target = "cpu", comp_report, comp_dtype;
   comp->add_option("--target", comp_target, "cpu, a dataflow preset (spyre, tpu-v5e, tpu-v4) or a hardware file (.json); "
                                             "dataflow targets: --emit tile (the tile level) or kernel");
@@ -959,6 +991,7 @@ int main(int argc, char** argv) {
     if (*comp && comp_target != "cpu")
       return cmd_compile_dataflow(comp_model, comp_target, comp_emit == "graph" ? "tile" : comp_emit, comp_out, comp_report,
                                   comp_dtype, comp_dump, comp_print_after, comp_time);
+    if (*comp && comp_train) return cmd_compile_train(comp_model, comp_out, comp_elide, comp_wrt, comp_grad_of);
     if (*comp)
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
                          comp_time);

@@ -70,4 +70,13 @@ std::string_view vector_cost_name(VectorCost c) {
   return "?";
 }
 
+std::string_view vjp_name(Vjp v) {
+  switch (v) {
+    case Vjp::rule: return "rule";
+    case Vjp::zero: return "zero";
+    case Vjp::none: return "none";
+  }
+  return "?";
+}
+
 }  // namespace tessel

@@ -31,6 +31,12 @@ enum class LoopTypes { floats, numeric, ints_bools, all, by_target, none };
 // accumulator statement; none: not generated.
 enum class CForm { negate, call, infix, wrapping_infix, min_max, bitwise, compare, select, cast, reduction, none };
 
+// The reverse-mode derivative of a primitive (passes/autodiff_rules.cpp, docs/passes/autodiff.md).
+// rule: a vector-Jacobian rule there; zero: the derivative is zero wherever it exists (floor,
+// round_even) or the result is never a float (compare, and/or/xor, iota), so no cotangent flows back;
+// none: not differentiable (bitcast_convert) — a cotangent that must pass it is an error.
+enum class Vjp { rule, zero, none };
+
 inline constexpr double kInfinity = std::numeric_limits<double>::infinity();
 inline constexpr double kNoIdentity = std::numeric_limits<double>::quiet_NaN();
 
@@ -52,6 +58,7 @@ struct CoreOpInfo {
   std::string_view ktir_f, ktir_i, ktir_b;
   std::string_view reduce_kind;  // "" when the op is no reduction's combiner
   double identity;               // kNoIdentity when reduce_kind is ""
+  Vjp vjp;
 
   bool elementwise() const {
     return kind == CoreKind::unary || kind == CoreKind::binary || kind == CoreKind::compare || kind == CoreKind::select ||
@@ -60,9 +67,9 @@ struct CoreOpInfo {
 };
 
 inline constexpr std::array kCoreOps = {
-#define TESSEL_CORE_OP(id, name, arity, kind, cost, loop, c_form, c, c_int, c_bool, kf, ki, kb, red, ident)   \
+#define TESSEL_CORE_OP(id, name, arity, kind, cost, loop, c_form, c, c_int, c_bool, kf, ki, kb, red, ident, vjp) \
   CoreOpInfo{CoreOp::id, name, arity, CoreKind::kind, VectorCost::cost, LoopTypes::loop, CForm::c_form, c, c_int, c_bool, \
-             kf, ki, kb, red, ident},
+             kf, ki, kb, red, ident, Vjp::vjp},
 #include "tessel/ir/core_ops.def"
 #undef TESSEL_CORE_OP
 };
@@ -86,5 +93,6 @@ std::optional<CoreOp> reduction_combiner(std::string_view kind);
 
 std::string_view core_kind_name(CoreKind k);
 std::string_view vector_cost_name(VectorCost c);
+std::string_view vjp_name(Vjp v);
 
 }  // namespace tessel

@@ -115,6 +115,15 @@ std::vector<Value*> Graph::constants() const {
   return out;
 }
 
+bool Graph::rename_value(Value* v, const std::string& name) {
+  auto it = by_name_.find(name);
+  if (it != by_name_.end()) return it->second == v;
+  by_name_.erase(v->name);
+  v->name = name;
+  by_name_[name] = v;
+  return true;
+}
+
 void Graph::replace_all_uses(Value* from, Value* to) {
   for (auto& n : nodes_)
     for (auto& v : n->inputs)

@@ -80,6 +80,8 @@ class Graph {
   std::vector<Value*> constants() const;
 
   // ---- rewriting (used by passes) ----
+  // Gives `v` the name `name`; false (nothing changes) if another value has it.
+  bool rename_value(Value* v, const std::string& name);
   // Points every use of `from` (node inputs, graph outputs) at `to`.
   void replace_all_uses(Value* from, Value* to);
   // Number of node inputs and graph outputs that use each value, indexed by Value::id.
