@@ -43,6 +43,7 @@
 #include "tessel/support/escape.h"
 #include "tessel/support/limits.h"
 #include "tessel/support/progress.h"
+#include "tessel/support/strings.h"
 #include "tessel/support/version.h"
 
 using namespace tessel;
@@ -262,11 +263,7 @@ struct FuzzGraphsArgs {
 int cmd_fuzz_graphs(const FuzzGraphsArgs& a) {
   randgraph::DiffOptions o;
   o.backends.clear();
-  for (size_t b = 0; b <= a.backends.size();) {
-    const size_t e = std::min(a.backends.find(',', b), a.backends.size());
-    if (e > b) o.backends.push_back(a.backends.substr(b, e - b));
-    b = e + 1;
-  }
+  o.backends = comma_list(a.backends);
   for (const std::string& b : o.backends)
     if (b != "graph" && b != "compiled" && b != "spyre" && b != "tpu-v5e")
       throw Error(Location{.pass = "fuzz-graphs"}, fmt::format("unknown backend '{}' (graph, compiled, spyre, tpu-v5e)", b));
@@ -397,6 +394,17 @@ std::string fusion_report(const KernelModule& km) {
   return t;
 }
 
+// TEXT to PATH ("" or "-": stdout); a file that cannot be written is an error naming it.
+void write_text(const std::string& path, const std::string& text) {
+  if (path.empty() || path == "-") {
+    fmt::print("{}", text);
+    return;
+  }
+  std::ofstream f(path);
+  f << text;
+  if (!f) throw Error(Location{.file = path}, "cannot write output file");
+}
+
 int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide,
                 const std::string& passes, const std::string& dump_dir, const std::string& print_after,
                 bool time_passes) {
@@ -427,13 +435,7 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
     po.elide_constants = elide;
     text = print_graph(*m.graph, po);
   }
-  if (out.empty() || out == "-") {
-    fmt::print("{}", text);
-  } else {
-    std::ofstream f(out);
-    f << text;
-    if (!f) throw Error(Location{.file = out}, "cannot write output file");
-  }
+  write_text(out, text);
   return 0;
 }
 
@@ -443,22 +445,12 @@ int cmd_compile_train(const std::string& model, const std::string& out, bool eli
   ImportedModel m = import_model_file(model, {});
   TrainOptions o;
   o.output = of;
-  for (size_t b = 0; !wrt.empty() && b <= wrt.size();) {
-    size_t e = std::min(wrt.find(',', b), wrt.size());
-    o.wrt.push_back(wrt.substr(b, e - b));
-    b = e + 1;
-  }
+  o.wrt = comma_list(wrt);
   TrainGraph t = build_train_graph(*m.graph, o);
   PrintOptions po;
   po.elide_constants = elide;
   const std::string text = print_graph(*m.graph, po);
-  if (out.empty() || out == "-") {
-    fmt::print("{}", text);
-  } else {
-    std::ofstream f(out);
-    f << text;
-    if (!f) throw Error(Location{.file = out}, "cannot write output file");
-  }
+  write_text(out, text);
   fmt::print("{}\n", train_summary(t));
   return 0;
 }
@@ -521,15 +513,6 @@ tile::MapOptions map_options(const std::string& dtype) {
 }
 
 
-void write_text(const std::string& path, const std::string& text) {
-  if (path.empty() || path == "-") {
-    fmt::print("{}", text);
-    return;
-  }
-  std::ofstream f(path);
-  f << text;
-  if (!f) throw Error(Location{.file = path}, "cannot write output file");
-}
 
 int cmd_compile_dataflow(const std::string& model, const std::string& target, const std::string& emit,
                          const std::string& out, const std::string& report, const std::string& dtype,
@@ -642,11 +625,7 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
   nlohmann::json rows = nlohmann::json::array();
   fmt::print("{:<10} {:>11} {:>8} {:>11} {:>11} {:>11} {:>11} {:>10}\n", "target", "time us", "util %", "DRAM MB",
              "padding MB", "spad KB", "compile ms", "of roof %");
-  for (size_t b = 0; b <= targets.size();) {
-    const size_t e = std::min(targets.find(',', b), targets.size());
-    const std::string t = targets.substr(b, e - b);
-    b = e + 1;
-    if (t.empty()) continue;
+  for (const std::string& t : comma_list(targets)) {
     if (t == "cpu") {
       if (ins.empty()) throw Error(Location{.file = model}, "landscape's cpu row runs the model: it needs test_data_set_0 inputs");
       ModelCompileOptions o;
@@ -755,10 +734,11 @@ int cmd_hw(const std::string& what, const std::string& matmul) {
     const dataflow::HwSpec hw = dataflow::resolve_target(what);
     const DType t = hw.matrix.dtype_rate.begin()->first;
     const dataflow::MatmulCost c = dataflow::matmul_cost(hw, d[0], d[1], d[2], t, dataflow::Orientation::as_given);
-    fmt::print("{{\"M\": {}, \"K\": {}, \"N\": {}, \"rows\": {}, \"cols\": {}, \"arrays\": {}, \"dataflow\": \"{}\", "
-               "\"dtype\": \"{}\", \"fill\": {}, \"drain\": {}, \"folds\": {}, \"cycles\": {}}}\n",
-               d[0], d[1], d[2], hw.matrix.rows, hw.matrix.cols, hw.matrix.count, dataflow::dataflow_name(hw.matrix.dataflow),
-               dtype_name(t), hw.matrix.fill_cycles, hw.matrix.drain_cycles, c.folds, c.cycles);
+    const nlohmann::json j = {{"M", d[0]}, {"K", d[1]}, {"N", d[2]}, {"rows", hw.matrix.rows}, {"cols", hw.matrix.cols},
+                              {"arrays", hw.matrix.count}, {"dataflow", dataflow::dataflow_name(hw.matrix.dataflow)},
+                              {"dtype", std::string(dtype_name(t))}, {"fill", hw.matrix.fill_cycles},
+                              {"drain", hw.matrix.drain_cycles}, {"folds", c.folds}, {"cycles", c.cycles}};
+    fmt::print("{}\n", json_dump(j));
     return 0;
   }
   if (what.empty()) {
@@ -1020,11 +1000,7 @@ int main(int argc, char** argv) {
       bo.iters = bench_iters;
       bo.threads = bench_threads;
       bo.progress = true;
-      for (size_t b = 0; b <= bench_backends.size();) {
-        size_t e = std::min(bench_backends.find(',', b), bench_backends.size());
-        if (e > b) bo.backends.push_back(bench_backends.substr(b, e - b));
-        b = e + 1;
-      }
+      bo.backends = comma_list(bench_backends);
       refuse_inapplicable(bench_threads_opt,
                           bo.backends.empty() || std::find(bo.backends.begin(), bo.backends.end(), "compiled") != bo.backends.end(),
                           "sets the compiled backend's threads, and --backends does not list compiled");

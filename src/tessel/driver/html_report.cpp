@@ -9,7 +9,6 @@
 #include <cctype>
 #include <cmath>
 #include <map>
-#include <set>
 #include <tuple>
 
 namespace tessel {

@@ -6,6 +6,7 @@
 #include "tessel/driver/bench.h"
 #include "tessel/driver/model_dir.h"
 #include "tessel/support/error.h"
+#include "tessel/support/strings.h"
 #include "tessel/hw/hw.h"
 #include "tessel/targets/dataflow/sim_engine.h"
 #include "tessel/targets/dataflow/timing.h"
@@ -25,11 +26,7 @@ HtmlReportInput gather_report(const std::string& model, const ReportOptions& opt
   in.model = model;
   const std::vector<Tensor> ins = model_inputs(model);
   bool cpu = false;
-  for (size_t b = 0; b <= opts.targets.size();) {
-    const size_t e = std::min(opts.targets.find(',', b), opts.targets.size());
-    const std::string t = opts.targets.substr(b, e - b);
-    b = e + 1;
-    if (t.empty()) continue;
+  for (const std::string& t : comma_list(opts.targets)) {
     if (t == "cpu") {
       cpu = true;
       continue;
