@@ -7,6 +7,8 @@
 // test_data_set_0/); the outputs are compared with DIR/output_N.pb and the max abs error is printed.
 // Intra-op threads = --threads, inter-op threads 1, sequential execution, all graph optimizations.
 // Prints one JSON line: create_ms (session creation), median/p10/p90/min run time in ms, max_abs_err.
+// --serve: after the check and the warm-up, print {"ready": true, "create_ms", "max_abs_err"}, then for each
+// line N on stdin time N runs and print {"ms": [...]} (bench/paired.py alternates it call by call with tessel).
 // --profile PREFIX turns on ORT's own profiler (per-node times of every run, a Chrome trace written to
 // PREFIX_<date>.json, named as profile_file in the JSON line); bench/ort_profile_table.py sums it per node.
 'use strict';
@@ -109,9 +111,28 @@ function maxAbsErr(got, want) {
   return e;
 }
 
+async function serve(s, feeds, ready) {
+  console.log(JSON.stringify(Object.assign({ ready: true }, ready)));
+  const rl = require('readline').createInterface({ input: process.stdin, terminal: false });
+  for await (const line of rl) {
+    const n = Number(line.trim());
+    if (!Number.isInteger(n) || n < 1 || n > 100000) {
+      console.log(JSON.stringify({ error: `expected a count of runs in 1..100000, got '${line.slice(0, 40)}'` }));
+      continue;
+    }
+    const ms = [];
+    for (let i = 0; i < n; i++) {
+      const t = process.hrtime.bigint();
+      await s.run(feeds);
+      ms.push(Number(process.hrtime.bigint() - t) / 1e6);
+    }
+    console.log(JSON.stringify({ ms }));
+  }
+}
+
 async function main() {
   const argv = process.argv.slice(2);
-  const opt = { threads: 2, iters: 30, warmup: 5, data: null, profile: null };
+  const opt = { threads: 2, iters: 30, warmup: 5, data: null, profile: null, serve: false };
   let model = null;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
@@ -120,6 +141,7 @@ async function main() {
     else if (a === '--warmup') opt.warmup = Number(argv[++i]);
     else if (a === '--data') opt.data = argv[++i];
     else if (a === '--profile') opt.profile = argv[++i];
+    else if (a === '--serve') opt.serve = true;
     else if (a === '-h' || a === '--help') { console.log(fs.readFileSync(__filename, 'utf8').split('\n').slice(0, 9).join('\n')); return; }
     else model = a;
   }
@@ -154,6 +176,7 @@ async function main() {
     err = Math.max(err, maxAbsErr(first[name], want));
   });
   for (let i = 0; i < opt.warmup; i++) await s.run(feeds);
+  if (opt.serve) return serve(s, feeds, { create_ms: createMs, max_abs_err: expected.length ? err : null, threads: opt.threads });
   const ts = [];
   for (let i = 0; i < opt.iters; i++) {
     t = process.hrtime.bigint();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "tessel/frontend/onnx/importer.h"
@@ -132,6 +133,30 @@ TEST(Cli, BenchWritesEveryFigurePerBackend) {
   Result bad = run("bench " + kModel + " --backends eager,warp");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("unknown backend 'warp'"), std::string::npos) << bad.out;
+}
+
+// `tessel bench --serve`: one ready line (checked against the data set's outputs), then one JSON line of N
+// call times per line N on stdin; a bad line gets an error line and the server goes on (bench/paired.py).
+TEST(Cli, BenchServeAnswersEachCountWithThatManyTimes) {
+  fs::path in = tmp() / "serve_in.txt";
+  std::ofstream(in) << "3\nthree\n0\n1\n";
+  Result r = run("bench " + kModel + " --serve --threads 1 < " + in.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<nlohmann::json> lines;
+  size_t b = 0;
+  for (size_t e; (e = r.out.find('\n', b)) != std::string::npos; b = e + 1) lines.push_back(nlohmann::json::parse(r.out.substr(b, e - b)));
+  ASSERT_EQ(lines.size(), 5u) << r.out;
+  EXPECT_TRUE(lines[0].at("ready").get<bool>());
+  EXPECT_EQ(lines[0].at("threads"), 1);
+  EXPECT_LT(lines[0].at("max_rel_err").get<double>(), 1e-4);
+  EXPECT_EQ(lines[1].at("ms").size(), 3u);
+  EXPECT_GT(lines[1]["ms"][0].get<double>(), 0.0);
+  EXPECT_NE(lines[2].at("error").get<std::string>().find("got 'three'"), std::string::npos);
+  EXPECT_TRUE(lines[3].contains("error"));
+  EXPECT_EQ(lines[4].at("ms").size(), 1u);
+  Result bad = run("bench " + kModel + " --serve --iters 3 < /dev/null");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--iters has no effect here"), std::string::npos) << bad.out;
 }
 
 // Without a C++ compiler the default run skips the compiled backend and says why; named, it is an error.

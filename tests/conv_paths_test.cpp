@@ -204,6 +204,41 @@ TEST(ConvPaths, ActivationsAfterTheLibraryKeepNaN) {
 
 namespace {
 
+// efficientnet's activation: Conv -> Sigmoid -> Mul (SiLU, as torch exports it), and Conv -> Sigmoid.
+std::unique_ptr<Graph> conv_silu_and_sigmoid() {
+  auto g = std::make_unique<Graph>();
+  Value* x = g->add_input("x", TensorType{DType::f32, {1, 16, 6, 6}});
+  Value* w = g->add_constant("w", varied({16, 16, 1, 1}, 31));
+  Value* b = g->add_constant("b", varied({16}, 32));
+  Value* w2 = g->add_constant("w2", varied({16, 1, 3, 3}, 33));
+  Value* c = op_node(*g, "Conv", "conv", {x, w, b});
+  Value* dw = op_node(*g, "Conv", "dw", {x, w2}, {{"group", int64_t{16}}, {"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  g->outputs = {op_node(*g, "Mul", "silu", {c, op_node(*g, "Sigmoid", "sig", {c})}), op_node(*g, "Sigmoid", "sig2", {dw})};
+  infer_graph(*g);
+  return g;
+}
+
+}  // namespace
+
+// SiLU (x · sigmoid(x)) and sigmoid after a convolution run inside the library call as oneDNN's swish
+// and logistic post-ops (no pass over the result after the call); NaN, ±inf and large magnitudes give
+// what the eager interpreter gives.
+TEST(ConvPaths, SiluAndSigmoidAfterAConvolutionRunInsideTheLibraryCall) {
+  const std::vector<Tensor> inputs = {special_values({1, 16, 6, 6}, 35)};
+  auto ref_graph = conv_silu_and_sigmoid();
+  const std::vector<Tensor> ref = run_eager(*ref_graph, inputs);
+  auto exe = compile_cpu(conv_silu_and_sigmoid(), inputs, compiled_options());
+  const std::vector<Tensor> out = exe->run(inputs);
+  expect_close(out, ref, 1e-5);
+  int nan = 0;
+  for (const Tensor& r : ref)
+    for (int64_t j = 0; j < r.numel(); ++j) nan += std::isnan(r.get_f(j));
+  EXPECT_GT(nan, 0) << "the inputs no longer reach the activations with NaN";
+  EXPECT_EQ(exe->stats().library_epilogues, 2) << "SiLU or sigmoid ran after the library call";
+}
+
+namespace {
+
 // shufflenet's block, reduced: conv -> channel shuffle (reshape, transpose, reshape: not a view a
 // library convolution can read) -> a slice of the second half of the channels -> conv.
 std::unique_ptr<Graph> shuffled_slice_conv() {

@@ -43,6 +43,8 @@ double activate(const Epilogue& e, double v) {
       return std::tanh(v);
     case Activation::leaky_relu:
       return v > 0 ? v : static_cast<double>(e.slope) * v;
+    case Activation::swish:
+      return v / (1 + std::exp(-v));
   }
   return v;
 }
@@ -404,6 +406,13 @@ TEST(DnnlConv, Epilogues) {
   ConvDesc dw = conv(1, 32, 8, 8, 32, 3, 1, 1, 32);
   dw.epilogue.act = Activation::clip;
   check_conv(dw, "depthwise + relu6", true);
+  d.epilogue = {};
+  d.epilogue.act = Activation::swish;
+  check_conv(d, "bias + swish", true);
+  dw.epilogue.act = Activation::swish;
+  check_conv(dw, "depthwise + swish", true);
+  dw.epilogue.act = Activation::sigmoid;
+  check_conv(dw, "depthwise + sigmoid", false);
 }
 
 TEST(DnnlConv, Errors) {

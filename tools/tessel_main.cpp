@@ -8,6 +8,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <optional>
 #include <sstream>
 #include <nlohmann/json.hpp>
@@ -882,8 +883,11 @@ int main(int argc, char** argv) {
                                                   "that can run here; the report names any skipped and why)");
   int bench_threads = 0;
   auto* bench_threads_opt = bench->add_option("--threads", bench_threads, "threads for the compiled backend (default: all hardware threads)");
-  bench->add_option("--iters", bench_iters, "timed calls per backend (after one warm-up call)");
-  bench->add_option("--json", bench_json_path, "also write the figures as JSON to this file");
+  auto* bench_iters_opt = bench->add_option("--iters", bench_iters, "timed calls per backend (after one warm-up call)");
+  auto* bench_json_opt = bench->add_option("--json", bench_json_path, "also write the figures as JSON to this file");
+  bool bench_serve = false;
+  auto* bench_serve_opt = bench->add_flag("--serve", bench_serve, "load the compiled backend once, then time N calls for each line N on "
+                                                                  "stdin, a JSON line each on stdout (bench/paired.py alternates it with a peer)");
 
   auto* ops = app.add_subcommand("ops", "List the registered ops (the text of docs/ops.md)");
 
@@ -1001,6 +1005,14 @@ int main(int argc, char** argv) {
       bo.threads = bench_threads;
       bo.progress = true;
       bo.backends = comma_list(bench_backends);
+      if (bench_serve) {
+        refuse_inapplicable(bench_serve_opt, bo.backends.empty() || bo.backends == std::vector<std::string>{"compiled"},
+                            "serves the compiled backend alone, and --backends names another");
+        refuse_inapplicable(bench_iters_opt, false, "sets the calls of a measuring run; --serve takes each count from stdin");
+        refuse_inapplicable(bench_json_opt, false, "writes a measuring run's report; --serve answers each line on stdout");
+        serve_compiled(bench_model_path, bench_threads, std::cin, std::cout);
+        return 0;
+      }
       refuse_inapplicable(bench_threads_opt,
                           bo.backends.empty() || std::find(bo.backends.begin(), bo.backends.end(), "compiled") != bo.backends.end(),
                           "sets the compiled backend's threads, and --backends does not list compiled");

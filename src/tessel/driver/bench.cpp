@@ -12,8 +12,11 @@
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
+#include <istream>
+#include <ostream>
 #include <nlohmann/json.hpp>
 
+#include "tessel/driver/compare.h"
 #include "tessel/driver/compile_model.h"
 #include "tessel/driver/matmul_floor.h"
 #include "tessel/driver/model_dir.h"
@@ -216,6 +219,46 @@ BenchReport bench_model(const std::string& model, const BenchOptions& requested)
     if (b.backend != "eager" && saved_s > 0) b.break_even_iters = b.cold_compile_s / saved_s;
   }
   return rep;
+}
+
+void serve_compiled(const std::string& model, int threads, std::istream& in, std::ostream& out) {
+  ModelPaths mp = resolve_model(model);
+  if (mp.data_sets.empty()) throw Error(Location{.file = model}, "bench --serve needs a test_data_set_0 next to the model (its inputs)");
+  const std::vector<Tensor> ins = read_data_set(mp.data_sets[0], "input");
+  ModelCompileOptions co;
+  co.backend.threads = threads;
+  co.backend.model_name = std::filesystem::path(mp.model).parent_path().filename().string();
+  ModelCompile mc = compile_model_cpu(mp.model, ins, co);
+  auto& exe = mc.exe;
+  GraphRunStats st;
+  std::vector<Tensor> got = exe->run(ins, &st);
+  nlohmann::json ready = {{"ready", true}, {"threads", exe->stats().threads}, {"compile_s", mc.seconds}, {"max_rel_err", nullptr}};
+  if (const std::vector<Tensor> want = read_data_set(mp.data_sets[0], "output"); !want.empty()) {
+    double worst = 0;
+    for (size_t i = 0; i < want.size() && i < got.size(); ++i) worst = std::max(worst, compare_tensors(got[i], want[i], Tolerance{}).rel);
+    ready["max_rel_err"] = got.size() == want.size() ? nlohmann::json(worst) : nlohmann::json("output count differs");
+  }
+  for (int i = 0; i < 3; ++i) exe->run(ins, &st);  // warm-up
+  out << ready.dump() << std::endl;
+  for (std::string line; std::getline(in, line);) {
+    long long n = 0;
+    const char* p = line.c_str();
+    char* end = nullptr;
+    errno = 0;
+    n = std::strtoll(p, &end, 10);
+    if (end == p || *end != '\0' || errno != 0 || n < 1 || n > 100000) {
+      out << nlohmann::json{{"error", "expected a count of calls in 1..100000, got '" + display_text(line.substr(0, 40)) + "'"}}.dump()
+          << std::endl;
+      continue;
+    }
+    std::vector<double> ms;
+    for (long long i = 0; i < n; ++i) {
+      auto t0 = Clock::now();
+      exe->run(ins, &st);
+      ms.push_back(since(t0) * 1e3);
+    }
+    out << nlohmann::json{{"ms", ms}}.dump() << std::endl;
+  }
 }
 
 nlohmann::json bench_json(const BenchReport& r) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <utility>
@@ -63,6 +64,14 @@ std::string compiled_backend_unavailable();
 // MODEL: a model-zoo folder or .onnx file with a test_data_set_0 next to it (its inputs are used).
 BenchReport bench_model(const std::string& model, const BenchOptions& opts);
 nlohmann::json bench_json(const BenchReport& r);
+
+// `tessel bench MODEL --serve`: the compiled backend loaded once (through the compile cache), warmed up,
+// then driven by lines on `in`, so that a harness can alternate it call by call with a peer in another
+// process (bench/paired.py): each line is a count N (1..100000) of timed calls, answered by one JSON line
+// {"ms": [...]} on `out`; a bad line is answered {"error": "..."}; end of input ends it. The first line
+// written is {"ready": true, "threads": T, "compile_s": S, "max_rel_err": E} (E: against the data set's
+// outputs, null when it has none).
+void serve_compiled(const std::string& model, int threads, std::istream& in, std::ostream& out);
 std::string bench_table(const BenchReport& r);
 
 }  // namespace tessel

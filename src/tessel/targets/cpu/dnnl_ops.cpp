@@ -53,6 +53,8 @@ dnnl::algorithm eltwise_alg(Activation a) {
       return dnnl::algorithm::eltwise_tanh;
     case Activation::leaky_relu:
       return dnnl::algorithm::eltwise_relu;
+    case Activation::swish:
+      return dnnl::algorithm::eltwise_swish;
     case Activation::none:
       break;
   }
@@ -67,10 +69,10 @@ dnnl::primitive_attr make_attr(const Epilogue& e) {
   dnnl::post_ops po;
   if (e.accumulate) po.append_sum(1.0f);
   if (e.act != Activation::none) {
-    // eltwise alpha: clip's lower bound, or leaky_relu's slope (oneDNN's relu with a slope is a compare
+    // eltwise alpha: clip's lower bound, swish's β (x · sigmoid(β·x)), or leaky_relu's slope (oneDNN's relu with a slope is a compare
     // and blend: NaN gives slope · NaN = NaN, as ONNX's LeakyRelu)
     const bool clip = e.act == Activation::clip;
-    const float alpha = clip ? e.clip_lo : e.act == Activation::leaky_relu ? e.slope : 0.0f;
+    const float alpha = clip ? e.clip_lo : e.act == Activation::leaky_relu ? e.slope : e.act == Activation::swish ? 1.0f : 0.0f;
     po.append_eltwise(1.0f, eltwise_alg(e.act), alpha, clip ? e.clip_hi : 0.0f);
   }
   attr.set_post_ops(po);

@@ -23,7 +23,7 @@ bool dnnl_available();
 std::string dnnl_version(bool with_threads = true);
 
 // An activation applied to the result (oneDNN eltwise post-op).
-enum class Activation { none, relu, clip, gelu_erf, gelu_tanh, sigmoid, tanh, leaky_relu };
+enum class Activation { none, relu, clip, gelu_erf, gelu_tanh, sigmoid, tanh, leaky_relu, swish };  // swish: x · sigmoid(x)
 
 // Fused epilogue: y = act(alpha · (x·w + bias) + (accumulate ? y_old : 0)), where y_old is what the
 // output buffer holds when run() is called (a residual add in place). clip is min(max(v, lo), hi).

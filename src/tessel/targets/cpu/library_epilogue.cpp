@@ -127,8 +127,54 @@ struct Matcher {
     return false;
   }
 
+  // sigmoid(x) as the decomposition writes it, stable on both sides (ops/activation.cpp):
+  //   e = exp(-max(x, -x));  s = 1 / (e + 1);  x >= 0 ? s : e · s
+  // Returns x, or -1 when i is not that form. The instructions are taken only by the caller's match.
+  int sigmoid_of(int i, std::vector<int>* parts) const {
+    if (!is(i, "select")) return -1;
+    const int c = arg(i, 0), s = arg(i, 1), es = arg(i, 2);
+    if (!is(c, "compare") || at(c).attr != "ge" || !is_const(arg(c, 1), 0.0)) return -1;
+    const int x = arg(c, 0);
+    if (!is(s, "div") || !is_const(arg(s, 0), 1.0)) return -1;
+    const int d = arg(s, 1);
+    if (!is(d, "add") || !is_const(arg(d, 1), 1.0)) return -1;
+    const int ex = arg(d, 0);
+    if (!is(ex, "exp") || !is(es, "mul") || arg(es, 0) != ex || arg(es, 1) != s) return -1;
+    const int n = arg(ex, 0);
+    if (!is(n, "neg")) return -1;
+    const int mx = arg(n, 0);
+    if (!is(mx, "max") || arg(mx, 0) != x) return -1;
+    const int nx = arg(mx, 1);
+    if (!is(nx, "neg") || arg(nx, 0) != x) return -1;
+    *parts = {i, c, arg(c, 1), s, arg(s, 0), d, arg(d, 1), ex, es, n, mx, nx};
+    return x;
+  }
+
+  // x · sigmoid(x) (SiLU / swish, efficientnet's activation) as oneDNN's swish with β = 1, and sigmoid
+  // alone as its logistic. NaN stays NaN in both (x / (1 + exp(-x))), as in the generated form.
+  bool sigmoid_family(int i, LibraryEpilogue& e) {
+    std::vector<int> parts;
+    if (int x = sigmoid_of(i, &parts); x >= 0) {
+      if (!linear(x, e)) return false;
+      for (int j : parts) take(j);
+      e.epilogue.act = Activation::sigmoid;
+      return true;
+    }
+    if (!is(i, "mul")) return false;
+    for (int s = 0; s < 2; ++s) {
+      const int x = arg(i, s);
+      if (sigmoid_of(arg(i, 1 - s), &parts) != x) continue;
+      if (!linear(x, e)) return false;
+      for (int j : parts) take(j);
+      take(i);
+      e.epilogue.act = Activation::swish;
+      return true;
+    }
+    return false;
+  }
+
   bool activation(int i, LibraryEpilogue& e) {
-    if (gelu(i, e) || leaky_relu(i, e)) return true;
+    if (gelu(i, e) || leaky_relu(i, e) || sigmoid_family(i, e)) return true;
     // Relu and Clip (min/max with constants) stay in the generated epilogue: oneDNN's relu (a max) maps
     // NaN to 0 and its clip to a bound, where ONNX keeps it (docs/decisions.md;
     // tests/randgraph/seed4030_compiled_matmul_relu_nan.tsl, seed906_compiled_matmul_clip_nan.tsl). Its
@@ -164,7 +210,7 @@ std::optional<LibraryEpilogue> match_library_epilogue(const Kernel& k) {
         k.body[static_cast<size_t>(i)].access != st.access)
       return std::nullopt;
   if (e.epilogue.act != Activation::none) {
-    static const char* names[] = {"none", "relu", "clip", "gelu_erf", "gelu_tanh", "sigmoid", "tanh", "leaky_relu"};
+    static const char* names[] = {"none", "relu", "clip", "gelu_erf", "gelu_tanh", "sigmoid", "tanh", "leaky_relu", "swish"};
     e.summary += (e.summary.empty() ? "" : " + ") + std::string(names[static_cast<int>(e.epilogue.act)]);
   }
   if (e.summary.empty()) return std::nullopt;
