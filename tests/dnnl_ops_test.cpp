@@ -200,7 +200,7 @@ TEST(DnnlMatmul, ConstantBiasEpilogues) {
   d.epilogue.act = Activation::clip;
   d.epilogue.clip_lo = -0.5f, d.epilogue.clip_hi = 0.5f;
   check_matmul(d, "accumulate + clip", false, true);
-  for (Activation act : {Activation::sigmoid, Activation::tanh}) {
+  for (Activation act : {Activation::sigmoid, Activation::tanh, Activation::swish}) {
     d.epilogue = {};
     d.epilogue.act = act;
     check_matmul(d, "activation", false, true);
