@@ -25,6 +25,9 @@ for py in /opt/torch/.venv/bin/python3 python3; do
 done
 export LD_LIBRARY_PATH="$W/lib${CUDA_DIRS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TESSEL_SHARED=$W TESSEL_CACHE_DIR=$W/cache
+# tessel_tests lists test data under the source folder it was built in: that path, on the box, is this checkout.
+SRC=$(cat "$BOX/common/source_dir" 2>/dev/null)
+if [ -n "$SRC" ] && [ ! -d "$SRC/tests" ]; then mkdir -p "$(dirname "$SRC")" && ln -sfn "$PWD" "$SRC"; fi
 {
   echo "== $(date -u)"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
@@ -43,7 +46,7 @@ set -o pipefail
 "$W/bin/tessel_tests" --gtest_filter="$FILTER" 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|FAILED|Failure|error" | tail -40
 TESTS_RC=$?
 for n in $MODELS; do
-  "$W/bin/tessel" bench "$W/models/$n" --target cuda --iters 50 --json "$OUT/bench_$n.json" 2>&1 | tee -a "$OUT/bench.log"
+  "$W/bin/tessel" bench "$W/models/$n" --target cuda --iters 50 --json "$W/bench_$n.json" 2>&1 | tee -a "$OUT/bench.log"
 done
 PEER=""
 if [[ " $MODELS " == *" tblock_bert "* ]]; then
@@ -51,12 +54,13 @@ if [[ " $MODELS " == *" tblock_bert "* ]]; then
   PYTHONUNBUFFERED=1 $PY "$BOX/common/cuda_peer_block.py" > "$OUT/peers.json" 2> "$OUT/peers.log"; PEER=$?
   cat "$OUT/peers.log" | grep -v Warning | tail -5
 fi
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$W" <<'PY'
 import glob, json, os, sys
-out = sys.argv[1]
+out, w = sys.argv[1], sys.argv[2]
+runs = {os.path.basename(json.load(open(f))["model"]): json.load(open(f)) for f in sorted(glob.glob(os.path.join(w, "bench_*.json")))}
+json.dump(runs, open(os.path.join(out, "bench.json"), "w"), indent=1)  # one file back (the tool returns at most 8)
 print(f"\n{'model':<14}{'match':>6}{'max rel':>10}{'compile ms':>11}{'first ms':>10}{'call ms':>9}{'device ms':>10}{'roof ms':>9}{'graph':>6}{'host':>5}")
-for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
-    j = json.load(open(f))
+for j in runs.values():
     print(f"{os.path.basename(j['model']):<14}{'yes' if j['match'] else 'NO':>6}{j['max_rel']:>10.2g}{j['compile_ms']:>11.0f}"
           f"{j['first_call_ms']:>10.2f}{j['call_ms']:>9.3f}{j['replay_ms']:>10.3f}{j['roofline_ms_sum']:>9.3f}"
           f"{'yes' if j['cuda_graph'] else 'no':>6}{j['host_steps']:>5}")

@@ -24,6 +24,7 @@ for b in tessel tests/tessel_tests; do
   strip --strip-debug -o "$P/common/$(basename $b)" "$BUILD/$b" && xz -T2 "$P/common/$(basename $b)"
 done
 cp "$R/bench/cuda_box.sh" "$R/bench/cuda_peer_block.py" "$P/common/"
+echo "$R" > "$P/common/source_dir"   # tessel_tests reads its source folder (test data): the box links it to the checkout
 for m in bert_tiny gpt2_tiny attn_s ffn_s mobilenet_v2; do cp -r "$SHARED/models/$m" "$P/m1/"; done
 cp -r "$SHARED/models/tblock_bert" "$P/m2/"
 du -sh "$P"/*
