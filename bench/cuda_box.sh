@@ -49,7 +49,7 @@ for n in $MODELS; do
   "$W/bin/tessel" bench "$W/models/$n" --target cuda --iters 50 --json "$W/bench_$n.json" 2>&1 | tee -a "$OUT/bench.log"
 done
 PEER=""
-if [[ " $MODELS " == *" tblock_bert "* ]]; then
+if [[ " $MODELS " == *" tblock_bert "* || -n "${PEERS:-}" ]]; then
   PY=/opt/torch/.venv/bin/python3; [ -x $PY ] || PY=python3
   PYTHONUNBUFFERED=1 $PY "$BOX/common/cuda_peer_block.py" > "$OUT/peers.json" 2> "$OUT/peers.log"; PEER=$?
   cat "$OUT/peers.log" | grep -v Warning | tail -5
@@ -69,7 +69,8 @@ if os.path.exists(p) and os.path.getsize(p):
     try:
         r = json.loads(open(p).read().strip().splitlines()[-1])
         for c in r["cases"]:
-            print(f"peer {c['case']}: torch eager {c['eager_ms']:.3f} ms, Inductor {c['inductor_ms']:.3f} ms (compile {c['inductor_compile_s']:.1f} s)")
+            print(f"peer {c['case']}: torch eager {c['eager_ms']:.3f} ms, Inductor {c['inductor_ms']:.3f} ms (compile {c['inductor_compile_s']:.1f} s), "
+                  f"Inductor reduce-overhead {c.get('inductor_cudagraphs_ms', float('nan')):.3f} ms")
     except Exception as e:
         print("peers:", e)
 PY

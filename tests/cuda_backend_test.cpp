@@ -195,3 +195,32 @@ TEST(Docs, CudaBackendWorkedExample) {
   ASSERT_EQ(m.kernels.size(), 1u);
   EXPECT_EQ(cuda::generate_kernel(m.kernels[0], 0), want);
 }
+
+// Gather and broadcast_in_dim run on the device (no host step); an index out of range is a one-line
+// error naming the node after the call, never a read outside the buffer.
+TEST(CudaBackend, GatherOnTheDeviceChecksIndices) {
+  const char* text = R"(graph @gather_rows(%d: f32[4,3], %i: i64[2,3]) {
+  %g: f32[2,3] = gather(%d, %i) {axis = 0} loc("/Gather")
+  return %g
+}
+)";
+  KernelModule m = lower_for_cuda(parse_graph(text));
+  const std::string src = cuda::generate_cuda(m, "gather");
+  EXPECT_NE(src.find("__global__ void tsl_n"), std::string::npos) << src;
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  Tensor d = ramp({4, 3}), i(DType::i64, {2, 3});
+  const int64_t good[] = {0, 3, -1, 2, 1, 0};
+  for (int k = 0; k < 6; ++k) i.data<int64_t>()[k] = good[k];
+  auto exe = compile_cuda(parse_graph(text), {d, i});
+  EXPECT_EQ(exe->stats().host_steps, 0);
+  testenv::expect_matches_reference(exe->run({d, i}), run_eager(*parse_graph(text), {d, i}), "gather", 0);
+  i.data<int64_t>()[4] = 4;
+  try {
+    exe->run({d, i});
+    FAIL() << "an index of 4 into a dim of 4 passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
+  i.data<int64_t>()[4] = 1;
+  EXPECT_NO_THROW(exe->run({d, i}));  // the flag was reset
+}

@@ -102,12 +102,13 @@ class CudaExecutableImpl final : public CudaExecutable {
   const std::vector<CudaStepInfo>& steps() const override { return infos_; }
 
   struct Step {
-    enum class Kind { kernel, host } kind = Kind::kernel;
+    enum class Kind { kernel, node, host } kind = Kind::kernel;  // node: a core node as a generated function
     const Node* node = nullptr;
     const Kernel* kernel = nullptr;
     size_t kid = 0;
     std::vector<void*> args;                 // device pointer per kernel arg
     cudaKernel_t fn = nullptr, conv = nullptr, mm = nullptr;
+    int gather_flag = -1;                    // node steps of gather: their out-of-range flag
     cuda::LaunchShape shape, conv_shape, mm_shape;
     std::unique_ptr<LtMatmul> lt;
     std::vector<DeviceBuffer> scratch;
@@ -136,7 +137,8 @@ class CudaExecutableImpl final : public CudaExecutable {
   std::vector<void*> ptr_;                   // per value id: device memory (roots resolved)
   std::vector<int> root_;
   std::vector<DeviceBuffer> inputs_dev_, consts_dev_;
-  DeviceBuffer arena_, workspace_;
+  DeviceBuffer arena_, workspace_, flags_;
+  std::vector<const Node*> flag_node_;       // per gather flag: its node
   cudaStream_t stream_ = nullptr;
   cudaLibrary_t lib_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
@@ -280,8 +282,13 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   // ---- steps
   ck(cublasLtCreate(&lt_), "cublasLtCreate");
   workspace_ = DeviceBuffer(kWorkspaceBytes, "the cuBLASLt workspace");
-  for (const auto& np : nodes) {
-    const Node& n = *np;
+  int gathers = 0;
+  for (const auto& np : nodes)
+    if (!is_kernel_node(*np) && cuda::device_node_supported(*np) && is_core_op(*np, CoreOp::gather)) ++gathers;
+  flags_ = DeviceBuffer(static_cast<size_t>(gathers) * sizeof(int), "gather flags");
+  if (gathers) ck(cudaMemset(flags_.p, 0, static_cast<size_t>(gathers) * sizeof(int)), "cudaMemset");
+  for (size_t ni = 0; ni < nodes.size(); ++ni) {
+    const Node& n = *nodes[ni];
     if (is_core_op(n, CoreOp::reshape)) continue;  // an alias
     Step s;
     s.node = &n;
@@ -365,6 +372,26 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
         info.flops = loop_flops(k);
         info.how = fmt::format("generated {} {}x{}", s.shape.form == cuda::LaunchForm::pointwise ? "pointwise" : "rows", s.shape.blocks, s.shape.threads);
       }
+      steps_.push_back(std::move(s));
+      infos_.push_back(std::move(info));
+      continue;
+    }
+    if (cuda::device_node_supported(n)) {
+      s.kind = Step::Kind::node;
+      for (const Value* v : n.inputs) s.args.push_back(dev(v));
+      s.args.push_back(dev(n.outputs[0]));
+      if (is_core_op(n, CoreOp::gather)) {
+        s.gather_flag = static_cast<int>(flag_node_.size());
+        s.args.push_back(static_cast<int*>(flags_.p) + s.gather_flag);
+        flag_node_.push_back(&n);
+      }
+      s.fn = kernel_of(cuda::node_symbol(ni));
+      s.shape = cuda::node_launch_shape(n, sms_);
+      info.name = display_text(n.name);
+      info.kind = "node";
+      info.how = "generated " + n.op->name;
+      for (const Value* v : n.inputs) info.bytes += static_cast<int64_t>(bytes_of(v->type));
+      info.bytes += static_cast<int64_t>(bytes_of(n.outputs[0]->type));
       steps_.push_back(std::move(s));
       infos_.push_back(std::move(info));
       continue;
@@ -464,6 +491,10 @@ void CudaExecutableImpl::enqueue(Step& s) {
     run_host(s);
     return;
   }
+  if (s.kind == Step::Kind::node) {
+    launch(s.fn, s.shape, s.args);
+    return;
+  }
   const Kernel& k = *s.kernel;
   if (k.kind == KernelKind::matmul) {
     if (s.lt) run_lt(s);
@@ -515,7 +546,14 @@ std::vector<Tensor> CudaExecutableImpl::copy_outputs() {
     if (t.nbytes()) ck(cudaMemcpyAsync(t.bytes(), dev(v), t.nbytes(), cudaMemcpyDeviceToHost, stream_), "copying an output");
     outs.push_back(std::move(t));
   }
+  std::vector<int> flags(flag_node_.size(), 0);
+  if (!flags.empty()) ck(cudaMemcpyAsync(flags.data(), flags_.p, flags.size() * sizeof(int), cudaMemcpyDeviceToHost, stream_), "reading the gather flags");
   ck(cudaStreamSynchronize(stream_), "finishing the call");
+  for (size_t i = 0; i < flags.size(); ++i)
+    if (flags[i]) {
+      ck(cudaMemset(flags_.p, 0, flags.size() * sizeof(int)), "cudaMemset");
+      throw Error(Location{.node = flag_node_[i]->name, .op = "gather", .pass = "cuda run"}, "a gather index is out of range for its axis");
+    }
   return outs;
 }
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "tessel/ir/core_ops.h"
+#include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
 #include "tessel/targets/c_expr.h"
@@ -321,7 +322,98 @@ std::string matmul_function(const Kernel& k, size_t index) {
   return s;
 }
 
+std::vector<int64_t> row_strides_of(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> st(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) st[d - 1] = st[d] * shape[d];
+  return st;
+}
+
+bool static_value(const Value* v) { return v && shape_known(v->type.shape); }
+
+// The out-index decomposition of element e of `shape` into i0.. (row-major).
+std::string split_index(const std::vector<int64_t>& shape, const std::string& indent) {
+  std::string s = indent + "long long r_ = e;\n";
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (d == 0) s += indent + "const long long i0 = r_;\n";
+    else s += indent + fmt::format("const long long i{0} = r_ % {1}LL; r_ /= {1}LL;\n", d, shape[d]);
+  }
+  if (shape.empty()) s += indent + "(void)r_;\n";
+  return s;
+}
+
 }  // namespace
+
+bool device_node_supported(const Node& n) {
+  if (n.op->domain != "tessel.core" || n.outputs.size() != 1 || !static_value(n.outputs[0])) return false;
+  for (const Value* v : n.inputs)
+    if (!static_value(v)) return false;
+  const DType t = n.outputs[0]->type.dtype;
+  if (t != DType::f32 && t != DType::f64 && t != DType::i32 && t != DType::i64 && t != DType::boolean) return false;
+  if (is_core_op(n, CoreOp::broadcast_in_dim)) {
+    if (n.inputs.size() != 1 || n.inputs[0]->type.dtype != t) return false;
+    const std::vector<int64_t> dims = n.attr_ints("dims");
+    if (dims.size() != n.inputs[0]->type.shape.size()) return false;
+    for (int64_t d : dims)
+      if (d < 0 || d >= static_cast<int64_t>(n.outputs[0]->type.shape.size())) return false;
+    return true;
+  }
+  if (is_core_op(n, CoreOp::gather)) {
+    if (n.inputs.size() != 2) return false;
+    const DType it = n.inputs[1]->type.dtype;
+    const int64_t axis = n.attr_i("axis");
+    const auto& data = n.inputs[0]->type.shape;
+    return (it == DType::i32 || it == DType::i64) && axis >= 0 && axis < static_cast<int64_t>(data.size()) &&
+           n.inputs[1]->type.shape.size() == data.size() && n.inputs[0]->type.dtype == t;
+  }
+  return false;
+}
+
+std::string node_symbol(size_t node_index) { return fmt::format("tsl_n{}", node_index); }
+
+LaunchShape node_launch_shape(const Node& n, int sms) {
+  const int64_t total = shape_numel(n.outputs[0]->type.shape);
+  return LaunchShape{LaunchForm::pointwise, cap((total + 255) / 256, 1, std::max(1, sms) * int64_t{8}), 256};
+}
+
+std::string generate_node(const Node& n, size_t node_index) {
+  if (!device_node_supported(n)) fail("no device function for '{}'", n.op->name);
+  const Value* out = n.outputs[0];
+  const std::vector<int64_t>& oshape = out->type.shape;
+  const int64_t total = shape_numel(oshape);
+  const std::string t = c_storage_type(out->type.dtype);
+  std::string s = fmt::format("// node {} ({}): {} -> {}, on the device instead of a host step\n", node_index, n.op->name,
+                              cpp_comment_text(n.name), out->type.str());
+  const std::string loop = fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", total);
+  if (is_core_op(n, CoreOp::broadcast_in_dim)) {
+    const std::vector<int64_t>& in = n.inputs[0]->type.shape;
+    const std::vector<int64_t> dims = n.attr_ints("dims"), ist = row_strides_of(in);
+    std::vector<int64_t> st(oshape.size(), 0);
+    for (size_t i = 0; i < dims.size(); ++i)
+      if (!(in[i] == 1 && oshape[static_cast<size_t>(dims[i])] != 1)) st[static_cast<size_t>(dims[i])] = ist[i];
+    std::string src;
+    for (size_t d = 0; d < st.size(); ++d)
+      if (st[d]) src += (src.empty() ? "" : " + ") + fmt::format("i{} * {}LL", d, st[d]);
+    s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {1}* __restrict__ y) {{\n", node_symbol(node_index), t);
+    s += loop + split_index(oshape, "    ");
+    s += fmt::format("    y[e] = x[{}];\n  }}\n}}\n", src.empty() ? "0" : src);
+    return s;
+  }
+  // gather: out[i] = data[i with idx[i] at axis]
+  const std::vector<int64_t>& data = n.inputs[0]->type.shape;
+  const int64_t axis = n.attr_i("axis");
+  const std::vector<int64_t> dst = row_strides_of(data);
+  std::string src = fmt::format("j * {}LL", dst[static_cast<size_t>(axis)]);
+  for (size_t d = 0; d < data.size(); ++d)
+    if (static_cast<int64_t>(d) != axis && dst[d]) src += fmt::format(" + i{} * {}LL", d, dst[d]);
+  const std::string it = c_storage_type(n.inputs[1]->type.dtype);
+  s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ data, const {2}* __restrict__ idx, {1}* __restrict__ y, int* err) {{\n",
+                   node_symbol(node_index), t, it);
+  s += loop + split_index(oshape, "    ");
+  s += fmt::format("    long long j = (long long)idx[e];\n    if (j < 0) j += {0}LL;\n", data[static_cast<size_t>(axis)]);
+  s += fmt::format("    if (j < 0 || j >= {}LL) {{ atomicExch(err, 1); y[e] = 0; continue; }}\n", data[static_cast<size_t>(axis)]);
+  s += fmt::format("    y[e] = data[{}];\n  }}\n}}\n", src);
+  return s;
+}
 
 std::string kernel_symbol(size_t index) { return fmt::format("tsl_k{}", index); }
 std::string conv_symbol(size_t index) { return fmt::format("tsl_k{}_conv", index); }
@@ -462,6 +554,11 @@ std::string generate_cuda(const KernelModule& m, const std::string& model_name) 
   for (size_t i = 0; i < m.kernels.size(); ++i) {
     const std::string f = generate_kernel(m.kernels[i], i);
     if (!f.empty()) s += "\n" + f;
+  }
+  if (m.graph) {
+    const auto& nodes = m.graph->nodes();
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (!is_kernel_node(*nodes[i]) && device_node_supported(*nodes[i])) s += "\n" + generate_node(*nodes[i], i);
   }
   return s;
 }

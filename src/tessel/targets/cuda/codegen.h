@@ -45,12 +45,23 @@ LaunchShape matmul_launch_shape(const Kernel& k, int sms);
 // of the result, leading dims large enough); otherwise the direct tsl_k<i>_mm kernel runs it.
 bool fits_cublaslt(const MatmulSpec& mm);
 
+// Core nodes no kernel covers that run on the GPU as a generated pointwise function tsl_n<node index>
+// (its position in the kernel-level graph) instead of a host step: broadcast_in_dim, and gather
+// (GatherElements; an index out of range sets the int at `err` and writes 0, and the runtime reports
+// it after the call, so no read leaves the buffer). Parameters: the operands, the result, then `err`
+// for gather.
+bool device_node_supported(const Node& n);
+std::string node_symbol(size_t node_index);
+std::string generate_node(const Node& n, size_t node_index);
+LaunchShape node_launch_shape(const Node& n, int sms);
+
 // The prelude every translation unit starts with: fixed-width types (NVRTC has no <cstdint>), the
 // math functions the C spellings call (tsl_exp, tsl_max, ... with the CPU runtime's NaN rules) and
 // the block reduction.
 const std::string& cuda_prelude();
 
-// The whole translation unit: a banner, the prelude and every kernel's functions.
+// The whole translation unit: a banner, the prelude, every kernel's functions and the functions of the
+// graph's device nodes (device_node_supported).
 std::string generate_cuda(const KernelModule& m, const std::string& model_name);
 // One kernel's functions (its epilogue or loop function, and the direct conv/matmul where it has one).
 std::string generate_kernel(const Kernel& k, size_t index);
