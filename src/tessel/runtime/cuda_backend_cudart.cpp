@@ -111,6 +111,7 @@ class CudaExecutableImpl final : public CudaExecutable {
     int gather_flag = -1;                    // node steps of gather: their out-of-range flag
     cuda::LaunchShape shape, conv_shape, mm_shape;
     std::unique_ptr<LtMatmul> lt;
+    MatmulSpec spec;                         // what lt computes (a matmul kernel's, or a 1x1 convolution's)
     std::vector<DeviceBuffer> scratch;
     // host steps
     CoreKernel host_kernel;
@@ -124,6 +125,8 @@ class CudaExecutableImpl final : public CudaExecutable {
   void enqueue_all();
   void launch(cudaKernel_t f, const cuda::LaunchShape& sh, std::vector<void*>& ptrs);
   void run_lt(Step& s);
+  // A cuBLASLt plan for `mm` over the step's device pointers, or null when the heuristic has no algorithm.
+  std::unique_ptr<LtMatmul> make_lt(const MatmulSpec& mm, const std::vector<void*>& args);
   void run_host(Step& s);
   void copy_inputs(const std::vector<Tensor>& inputs);
   std::vector<Tensor> copy_outputs();
@@ -322,42 +325,8 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
         s.mm = kernel_of(cuda::matmul_symbol(s.kid));
         s.mm_shape = cuda::matmul_launch_shape(k, sms_);
         info.flops = 2 * mm.batch * mm.m * mm.n * mm.k;
-        if (cuda::fits_cublaslt(mm)) {
-          auto lt = std::make_unique<LtMatmul>();
-          const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
-          const int64_t cb = dense_c ? mm.m * mm.n : mm.c_batch, cm = dense_c ? mm.n : mm.c_m;
-          lt->per_batch = mm.batch > 1 && (mm.a_batch == 0 || mm.b_batch == 0 || cb == 0);
-          const int64_t lb = lt->per_batch ? 1 : mm.batch;
-          const MatrixShape xs = x_shape(mm), ys = y_shape(mm);
-          ck(cublasLtMatmulDescCreate(&lt->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-          const cublasOperation_t ta = xs.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = ys.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-          ck(cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
-          ck(cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
-          lt->la = make_layout(xs, lb, mm.b_batch);
-          lt->lb = make_layout(ys, lb, mm.a_batch);
-          lt->lc = make_layout(MatrixShape{static_cast<uint64_t>(mm.n), static_cast<uint64_t>(mm.m), mm.m == 1 ? std::max<int64_t>(cm, mm.n) : cm, false}, lb, cb);
-          cublasLtMatmulPreference_t pref = nullptr;
-          ck(cublasLtMatmulPreferenceCreate(&pref), "preference");
-          const uint64_t ws = kWorkspaceBytes;
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-          const float* A = static_cast<const float*>(s.args[static_cast<size_t>(mm.a)]) + mm.a_offset;
-          const float* B = static_cast<const float*>(s.args[static_cast<size_t>(mm.b)]) + mm.b_offset;
-          const uint32_t al_a = static_cast<uint32_t>(alignment_of(B, lt->per_batch ? mm.b_batch * 4 : mm.b_batch * 4));
-          const uint32_t al_b = static_cast<uint32_t>(alignment_of(A, mm.a_batch * 4));
-          const uint32_t al_c = static_cast<uint32_t>(alignment_of(s.args[static_cast<size_t>(mm.c)], cb * 4));
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
-          cublasLtMatmulHeuristicResult_t res{};
-          int found = 0;
-          const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, lt->op, lt->la, lt->lb, lt->lc, lt->lc, pref, 1, &res, &found);
-          cublasLtMatmulPreferenceDestroy(pref);
-          if (hs == CUBLAS_STATUS_SUCCESS && found > 0) {
-            lt->algo = res.algo;
-            s.lt = std::move(lt);
-          }
-        }
+        s.spec = mm;
+        if (cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args);
         info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) + epi;
         (s.lt ? stats_.cublaslt_matmuls : stats_.direct_matmuls)++;
       } else if (k.kind == KernelKind::conv) {
@@ -367,7 +336,18 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
         s.conv = kernel_of(cuda::conv_symbol(s.kid));
         s.conv_shape = cuda::conv_launch_shape(k, sms_);
         info.flops = 2 * c.n * c.oc * c.oh * c.ow * (c.c / std::max<int64_t>(1, c.groups)) * c.kh * c.kw;
-        info.how = "direct conv" + epi;
+        // A pointwise (1x1) convolution between channels-last buffers is the matmul
+        // y[N*H*W, OC] = x[N*H*W, C] . w^T[C, OC]: cuBLASLt instead of the direct kernel.
+        if (c.x_nhwc && c.y_nhwc && c.kh == 1 && c.kw == 1 && c.stride_h == 1 && c.stride_w == 1 && c.groups == 1 &&
+            c.pad_top == 0 && c.pad_left == 0 && c.pad_bottom == 0 && c.pad_right == 0 && c.oh == c.h && c.ow == c.wd) {
+          MatmulSpec mm;
+          mm.a = c.x, mm.b = c.w, mm.c = c.y;
+          mm.m = c.n * c.h * c.wd, mm.n = c.oc, mm.k = c.c;
+          mm.a_m = c.c, mm.a_k = 1, mm.b_k = 1, mm.b_n = c.c;
+          s.spec = mm;
+          if (cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args);
+        }
+        info.how = (s.lt ? "cuBLASLt (1x1 conv as a matmul)" : "direct conv") + epi;
       } else {
         info.flops = loop_flops(k);
         info.how = fmt::format("generated {} {}x{}", s.shape.form == cuda::LaunchForm::pointwise ? "pointwise" : "rows", s.shape.blocks, s.shape.threads);
@@ -420,6 +400,43 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   if (stats_.host_steps) use_graph_ = false;
 }
 
+std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, const std::vector<void*>& args) {
+  auto lt = std::make_unique<LtMatmul>();
+  const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
+  const int64_t cb = dense_c ? mm.m * mm.n : mm.c_batch, cm = dense_c ? mm.n : mm.c_m;
+  lt->per_batch = mm.batch > 1 && (mm.a_batch == 0 || mm.b_batch == 0 || cb == 0);
+  const int64_t lb = lt->per_batch ? 1 : mm.batch;
+  const MatrixShape xs = x_shape(mm), ys = y_shape(mm);
+  ck(cublasLtMatmulDescCreate(&lt->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasOperation_t ta = xs.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = ys.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  ck(cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
+  ck(cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
+  lt->la = make_layout(xs, lb, mm.b_batch);
+  lt->lb = make_layout(ys, lb, mm.a_batch);
+  lt->lc = make_layout(MatrixShape{static_cast<uint64_t>(mm.n), static_cast<uint64_t>(mm.m), mm.m == 1 ? std::max<int64_t>(cm, mm.n) : cm, false}, lb, cb);
+  cublasLtMatmulPreference_t pref = nullptr;
+  ck(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const uint64_t ws = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  const float* A = static_cast<const float*>(args[static_cast<size_t>(mm.a)]) + mm.a_offset;
+  const float* B = static_cast<const float*>(args[static_cast<size_t>(mm.b)]) + mm.b_offset;
+  // cuBLASLt's A is B^T here and its B is A^T (C^T = B^T . A^T)
+  const uint32_t al_a = static_cast<uint32_t>(alignment_of(B, mm.b_batch * 4));
+  const uint32_t al_b = static_cast<uint32_t>(alignment_of(A, mm.a_batch * 4));
+  const uint32_t al_c = static_cast<uint32_t>(alignment_of(args[static_cast<size_t>(mm.c)], cb * 4));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, lt->op, lt->la, lt->lb, lt->lc, lt->lc, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
+  lt->algo = res.algo;
+  return lt;
+}
+
 void CudaExecutableImpl::launch(cudaKernel_t f, const cuda::LaunchShape& sh, std::vector<void*>& ptrs) {
   std::vector<void*> params(ptrs.size());
   for (size_t i = 0; i < ptrs.size(); ++i) params[i] = &ptrs[i];
@@ -429,7 +446,7 @@ void CudaExecutableImpl::launch(cudaKernel_t f, const cuda::LaunchShape& sh, std
 }
 
 void CudaExecutableImpl::run_lt(Step& s) {
-  const MatmulSpec& mm = s.kernel->mm;
+  const MatmulSpec& mm = s.spec;
   const float alpha = 1.0f, beta = 0.0f;
   const float* A = static_cast<const float*>(s.args[static_cast<size_t>(mm.a)]) + mm.a_offset;
   const float* B = static_cast<const float*>(s.args[static_cast<size_t>(mm.b)]) + mm.b_offset;
@@ -503,6 +520,8 @@ void CudaExecutableImpl::enqueue(Step& s) {
                               s.args[static_cast<size_t>(k.mm.c)]};
       launch(s.mm, s.mm_shape, p);
     }
+  } else if (k.kind == KernelKind::conv && s.lt) {
+    run_lt(s);
   } else if (k.kind == KernelKind::conv) {
     std::vector<void*> p = {s.args[static_cast<size_t>(k.conv.x)], s.args[static_cast<size_t>(k.conv.w)], s.args[static_cast<size_t>(k.conv.y)]};
     launch(s.conv, s.conv_shape, p);
