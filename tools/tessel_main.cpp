@@ -15,6 +15,7 @@
 
 #include "tessel/driver/bench.h"
 #include "tessel/driver/compile_model.h"
+#include "tessel/driver/cuda_cli.h"
 #include "tessel/driver/train.h"
 #include "tessel/driver/dataflow.h"
 #include "tessel/targets/dataflow/cost.h"
@@ -785,12 +786,15 @@ int main(int argc, char** argv) {
   run->add_option("--repeat", run_repeat, "run this many times and report the best time");
   int run_threads = 0;
   auto* run_threads_opt = run->add_option("--threads", run_threads, "threads for the compiled backend (default: all hardware threads)");
+  std::string run_target = "cpu";
+  run->add_option("--target", run_target, "cpu (the --backend chosen) or cuda (the GPU: generated CUDA kernels, cuBLASLt)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 
   auto* comp = app.add_subcommand("compile", "Import and lower a model, printing one IR level");
   std::string comp_model, comp_emit = "graph", comp_out;
   bool comp_elide = false;
   comp->add_option("MODEL", comp_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
-  comp->add_option("--emit", comp_emit, "what to print: graph (the graph level, or core after --passes core), kernel (the kernel level after fusion), cpp (the generated C++), fusion (per kernel: fused nodes and DRAM traffic unfused vs fused); with a dataflow --target: tile (default), kernel, ktir (ktdp MLIR of the kernels KTIR can express) or none")->check(CLI::IsMember({"graph", "kernel", "cpp", "fusion", "tile", "ktir", "none"}));
+  comp->add_option("--emit", comp_emit, "what to print: graph (the graph level, or core after --passes core), kernel (the kernel level after fusion), cpp (the generated C++), cuda (the generated CUDA C++, with --target cuda), fusion (per kernel: fused nodes and DRAM traffic unfused vs fused); with a dataflow --target: tile (default), kernel, ktir (ktdp MLIR of the kernels KTIR can express) or none")->check(CLI::IsMember({"graph", "kernel", "cpp", "cuda", "fusion", "tile", "ktir", "none"}));
   comp->add_option("-o,--output", comp_out, "write the text here instead of stdout");
   auto* comp_elide_opt = comp->add_flag("--elide-constants", comp_elide, "print large constants as a size, not their data (not parseable)");
   std::string comp_passes, comp_dump, comp_print_after;
@@ -805,7 +809,7 @@ int main(int argc, char** argv) {
   comp->add_option("--wrt", comp_wrt, "with --train: comma list of inputs/constants to differentiate (default: every float constant with more than one element)");
   comp->add_option("--grad-of", comp_grad_of, "with --train: the output to differentiate (default: the only output; a non-scalar one gets a seed input)");
   std::string comp_target = "cpu", comp_report, comp_dtype;
-  comp->add_option("--target", comp_target, "cpu, a dataflow preset (spyre, tpu-v5e, tpu-v4) or a hardware file (.json); "
+  comp->add_option("--target", comp_target, "cpu, cuda (--emit cuda: the generated CUDA C++; kernel), a dataflow preset (spyre, tpu-v5e, tpu-v4) or a hardware file (.json); "
                                             "dataflow targets: --emit tile (the tile level) or kernel");
   auto* comp_report_opt = comp->add_option("--report", comp_report, "dataflow targets: write the per-kernel report (JSON) here and print its table");
   auto* comp_dtype_opt = comp->add_option("--dtype", comp_dtype, "dataflow targets: storage of float tensors on the device (f16, bf16, f32 where the target has it; default: f16 where the target stores it, else bf16)");
@@ -888,6 +892,9 @@ int main(int argc, char** argv) {
   bool bench_serve = false;
   auto* bench_serve_opt = bench->add_flag("--serve", bench_serve, "load the compiled backend once, then time N calls for each line N on "
                                                                   "stdin, a JSON line each on stdout (bench/paired.py alternates it with a peer)");
+  std::string bench_target = "cpu";
+  bench->add_option("--target", bench_target, "cpu (the --backends) or cuda (the GPU: per-kernel CUDA-event times against their roofline)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 
   auto* ops = app.add_subcommand("ops", "List the registered ops (the text of docs/ops.md)");
 
@@ -957,6 +964,7 @@ int main(int argc, char** argv) {
     max_alloc_bytes();  // a malformed $TESSEL_MAX_ALLOC_BYTES is reported here, before any work
     if (const char* v = std::getenv("TESSEL_CACHE_MAX_BYTES"); v && *v) cpu::cache_budget({}, 0);  // and the cache's budget
     if (*explain) return cmd_explain(explain_model, explain_opts);
+    if (*run && run_target == "cuda") return cmd_run_cuda(run_model, run_inputs, run_check, run_rel, run_repeat);
     if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
     if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_threads, sim_dump,
                             sim_print_after);
@@ -972,6 +980,10 @@ int main(int argc, char** argv) {
     }
     if (*hwc) return cmd_hw(hw_what, hw_matmul);
     if (*land) return cmd_landscape(land_model, land_targets, land_threads, land_json);
+    if (*comp && comp_target == "cuda") {
+      write_text(comp_out, emit_cuda(comp_model, comp_emit == "graph" ? "cuda" : comp_emit));
+      return 0;
+    }
     if (*comp && comp_target != "cpu")
       return cmd_compile_dataflow(comp_model, comp_target, comp_emit == "graph" ? "tile" : comp_emit, comp_out, comp_report,
                                   comp_dtype, comp_dump, comp_print_after, comp_time);
@@ -998,6 +1010,21 @@ int main(int argc, char** argv) {
     if (*fuzz) return cmd_fuzz_graphs(fz);
     if (*cache) return cmd_cache(cache_dir, cache_clear, cache_prune);
     if (*load) return cmd_load(load_model_path, load_threads, load_cache, load_json);
+    if (*bench && bench_target == "cuda") {
+      refuse_inapplicable(bench_threads_opt, false, "sets the CPU's compiled backend threads, and --target is cuda");
+      refuse_inapplicable(bench_serve_opt, false, "serves the CPU's compiled backend, and --target is cuda");
+      if (!bench_backends.empty())
+        throw Error(Location{}, "--backends has no effect here: it picks the CPU backends, and --target is cuda");
+      CudaBenchOptions co;
+      co.iters = bench_iters;
+      const nlohmann::json j = bench_cuda(bench_model_path, co);
+      if (!bench_json_path.empty()) {
+        std::ofstream f(bench_json_path);
+        f << json_dump(j, 1) << "\n";
+        if (!f) throw Error(Location{.file = bench_json_path}, "cannot write the JSON report");
+      }
+      return j.value("match", false) ? 0 : 1;
+    }
     if (*bench) {
       BenchOptions bo;
       bo.tessel_exe = fs::read_symlink("/proc/self/exe").string();

@@ -9,6 +9,7 @@
 #include "tessel/ir/core_ops.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/targets/c_expr.h"
 
 namespace tessel::cpu {
 namespace {
@@ -19,47 +20,10 @@ bool is_min_max_reduction(const std::string& kind) {
   return c == CoreOp::max || c == CoreOp::min;
 }
 
-std::string ctype(DType t) {
-  switch (t) {
-    case DType::f32: return "float";
-    case DType::f64: return "double";
-    case DType::i32: return "int32_t";
-    case DType::i64: return "int64_t";
-    case DType::boolean: return "bool";
-    default: break;
-  }
-  fail("the CPU code generator has no C++ type for {}", dtype_name(t));
-}
-
-// The element type of a buffer of dtype t.
-std::string storage_type(DType t) { return t == DType::boolean ? "uint8_t" : ctype(t); }
-
-std::string unsigned_of(DType t) { return t == DType::i32 ? "uint32_t" : "uint64_t"; }
-
-std::string literal(DType t, double v) {
-  if (t == DType::boolean) return v != 0 ? "true" : "false";
-  if (t == DType::i32 || t == DType::i64) {
-    const int64_t i = static_cast<int64_t>(v);
-    if (t == DType::i64 && i == INT64_MIN) return "(-9223372036854775807L - 1)";
-    if (t == DType::i32 && i == INT32_MIN) return "(-2147483647 - 1)";
-    return t == DType::i64 ? std::to_string(i) + "L" : std::to_string(i);
-  }
-  const bool f = t == DType::f32;
-  if (std::isnan(v)) return f ? "__builtin_nanf(\"\")" : "__builtin_nan(\"\")";
-  if (std::isinf(v)) return std::string(v < 0 ? "-" : "") + (f ? "__builtin_inff()" : "__builtin_inf()");
-  // shortest decimal that reads back exactly, else a hex float
-  for (int prec = 1; prec <= 17; ++prec) {
-    std::string s = fmt::format("{:.{}g}", v, prec);
-    const double back = std::strtod(s.c_str(), nullptr);
-    if (f ? static_cast<float>(back) == static_cast<float>(v) : back == v) {
-      if (s.find_first_of(".e") == std::string::npos) s += ".0";
-      return f ? s + "f" : s;
-    }
-  }
-  return fmt::format("{:a}{}", v, f ? "f" : "");
-}
-
-std::string math_fn(const std::string& name, DType t) { return "tsl_" + name + (t == DType::f64 ? "_f64" : ""); }
+// The C spellings are shared with the CUDA generator (targets/c_expr.h).
+std::string ctype(DType t) { return c_type(t); }
+std::string storage_type(DType t) { return c_storage_type(t); }
+std::string literal(DType t, double v) { return c_literal(t, v, CDialect::cpp); }
 
 struct Emitter {
   const Kernel& k;
@@ -151,51 +115,12 @@ struct Emitter {
   }
 
   std::string expr(const KInstr& in) const {
-    auto a = [&](int j) { return v(in.args[static_cast<size_t>(j)]); };
-    const DType t = in.dtype;
-    const bool fl = t == DType::f32 || t == DType::f64;
-    const std::string& op = in.op;
-    if (op == "load") return load(in);
-    if (op == "const") return literal(t, in.value);
-    const auto prim = core_op_named(op);
-    if (!prim) fail("the CPU code generator cannot emit '{}'", op);
-    const CoreOpInfo& p = core_op_info(*prim);
-    switch (p.c_form) {  // the spellings are the table's (core_ops.def)
-      case CForm::negate:
-        return fl ? std::string(p.c) + a(0) : fmt::format("({})(0 {} ({}){})", ctype(t), p.c, unsigned_of(t), a(0));
-      case CForm::call: {
-        std::string args;
-        for (size_t j = 0; j < in.args.size(); ++j) args += (j ? ", " : "") + a(static_cast<int>(j));
-        return fmt::format("{}({})", math_fn(std::string(p.c), t), args);
-      }
-      case CForm::infix: return fmt::format("{} {} {}", a(0), p.c, a(1));
-      case CForm::wrapping_infix:
-        if (fl) return fmt::format("{} {} {}", a(0), p.c, a(1));
-        if (t == DType::boolean) return fmt::format("({} {} {})", a(0), p.c_bool, a(1));
-        return fmt::format("({})(({}){} {} ({}){})", ctype(t), unsigned_of(t), a(0), p.c_int, unsigned_of(t), a(1));
-      case CForm::min_max:
-        if (fl) return fmt::format("{}({}, {})", math_fn(std::string(p.c), t), a(0), a(1));
-        if (t == DType::boolean) return fmt::format("({} {} {})", a(0), p.c_bool, a(1));
-        return fmt::format("({0} {2} {1} ? {0} : {1})", a(0), a(1), p.c_int);
-      case CForm::bitwise: return fmt::format("({} {} {})", a(0), t == DType::boolean ? p.c_bool : p.c_int, a(1));
-      case CForm::compare: {
-        static const std::map<std::string, std::string> ops = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
-                                                                {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
-        auto it = ops.find(in.attr);
-        if (it == ops.end()) fail("compare direction '{}'", in.attr);
-        return fmt::format("({} {} {})", a(0), it->second, a(1));
-      }
-      case CForm::select: return fmt::format("({} ? {} : {})", a(0), a(1), a(2));
-      case CForm::cast: {
-        const DType from = k.body[static_cast<size_t>(in.args[0])].dtype;
-        if (t == DType::boolean) return fmt::format("({} != 0)", a(0));
-        if (from == t) return a(0);
-        return fmt::format("({}){}", ctype(t), a(0));
-      }
-      case CForm::reduction:  // an accumulator statement (emit), never an expression
-      case CForm::none: break;
-    }
-    fail("the CPU code generator cannot emit '{}'", op);
+    if (in.op == "load") return load(in);
+    if (in.op == "const") return literal(in.dtype, in.value);
+    std::vector<std::string> ops;
+    for (int j : in.args) ops.push_back(v(j));
+    const DType from = in.args.empty() ? in.dtype : k.body[static_cast<size_t>(in.args[0])].dtype;
+    return c_scalar_expr(in, from, ops, CDialect::cpp);
   }
 
   // Statement(s) for instruction i inside a loop or at row level.

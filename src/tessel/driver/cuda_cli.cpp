@@ -1,0 +1,199 @@
+// The CLI's CUDA target (see cuda_cli.h).
+#include "tessel/driver/cuda_cli.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "tessel/driver/compare.h"
+#include "tessel/driver/compile_model.h"
+#include "tessel/driver/model_dir.h"
+#include "tessel/runtime/cuda_backend.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/support/error.h"
+#include "tessel/support/escape.h"
+#include "tessel/targets/cuda/codegen.h"
+#include "tessel/targets/cuda/toolchain.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// The ceilings of the roofline: the H200's measured copy bandwidth (device README's KINDS.md) and the
+// datasheet's plain-f32 rate (f32 matmuls with TF32 off run on the FMA units, not the tensor cores).
+constexpr double kBytesPerSecond = 4.3e12;
+constexpr double kF32FlopsPerSecond = 67e12;
+
+std::string model_name(const std::string& model) { return fs::path(model).filename().string(); }
+
+std::vector<Tensor> inputs_of(const std::string& model, std::string inputs_dir) {
+  if (inputs_dir.empty()) {
+    ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
+    if (mp.data_sets.empty()) throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
+    inputs_dir = mp.data_sets[0];
+  }
+  if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
+  return read_data_set(inputs_dir, "input");
+}
+
+std::unique_ptr<CudaExecutable> compile(const std::string& model, const std::vector<Tensor>& ins, const std::string& cache_dir) {
+  // The device first: without one the answer is one line, before any import work.
+  if (!cuda::device_info().usable) throw Error(Location{.pass = "cuda"}, cuda::device_info().why);
+  ImportedModel m = import_model_file(model, ins);
+  CudaBackendOptions o;
+  o.model_name = model_name(model);
+  o.cache_dir = cache_dir;
+  return compile_cuda(std::move(m.graph), ins, o);
+}
+
+}  // namespace
+
+int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool check, double max_rel, int repeat) {
+  std::string dir = inputs_dir;
+  if (dir.empty() && !is_text_model(model)) {
+    ModelPaths mp = resolve_model(model);
+    if (!mp.data_sets.empty()) dir = mp.data_sets[0];
+  }
+  const std::vector<Tensor> ins = inputs_of(model, inputs_dir);
+  auto exe = compile(model, ins, "");
+  const CudaCompileStats& st = exe->stats();
+  fmt::print("cuda: {} ({}), compiled in {:.1f} ms (NVRTC {:.1f} ms{}), {} kernels ({} matmul via cuBLASLt, {} direct; {} conv), "
+             "{} host steps, arena {:.2f} MB, weights {:.2f} MB\n",
+             st.device, st.arch, st.compile_seconds * 1e3, st.nvrtc_seconds * 1e3, st.cache_hit ? ", cache hit" : "", st.kernels,
+             st.cublaslt_matmuls, st.direct_matmuls, st.conv_kernels, st.host_steps, st.arena_bytes / 1e6, st.weight_bytes / 1e6);
+  std::vector<Tensor> outs;
+  double best = 1e300;
+  for (int i = 0; i < std::max(1, repeat); ++i) {
+    auto t0 = Clock::now();
+    outs = exe->run(ins);
+    best = std::min(best, ms_since(t0));
+  }
+  fmt::print("ran cuda in {:.3f} ms{}{}\n", best, repeat > 1 ? " (best of runs)" : "", exe->uses_graph() ? " (CUDA graph replay)" : "");
+  for (size_t i = 0; i < outs.size(); ++i) fmt::print("output {}: {}\n", i, TensorType{outs[i].dtype(), outs[i].shape()}.str());
+  if (!check) return 0;
+  if (dir.empty()) throw Error(Location{.file = model}, "--check needs a data set with outputs");
+  const std::vector<Tensor> refs = read_data_set(dir, "output");
+  if (refs.size() != outs.size())
+    throw Error(Location{.file = dir}, fmt::format("{} reference outputs for {} model outputs", refs.size(), outs.size()));
+  Tolerance tol;
+  tol.max_rel = max_rel;
+  bool ok = true;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Comparison c = compare_tensors(outs[i], refs[i], tol);
+    fmt::print("check output {}: max abs error {:.3g}, relative error {:.3g} -> {}{}\n", i, c.max_abs, c.rel, c.match ? "PASS" : "FAIL",
+               c.match ? "" : " (" + c.mismatch + ")");
+    ok = ok && c.match;
+  }
+  fmt::print("{}\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+std::string emit_cuda(const std::string& model, const std::string& emit) {
+  const std::vector<Tensor> ins = model_inputs(model);
+  ImportedModel m = import_model_file(model, ins);
+  KernelModule km = lower_for_cuda(std::move(m.graph), ins);
+  if (emit == "kernel") return print_kernel_module(km, true);
+  if (emit == "cuda") return cuda::generate_cuda(km, model_name(model));
+  throw Error(Location{.pass = "compile"}, fmt::format("--emit {} is not available for --target cuda (cuda, kernel)", emit));
+}
+
+nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o) {
+  const std::vector<Tensor> ins = inputs_of(model, "");
+  auto t0 = Clock::now();
+  auto exe = compile(model, ins, o.cache_dir);
+  const double compile_ms = ms_since(t0);
+  const CudaCompileStats& st = exe->stats();
+  auto t1 = Clock::now();
+  std::vector<Tensor> outs = exe->run(ins);
+  const double first_ms = ms_since(t1);
+  // The oracle: the data set's outputs where it has them, else the eager interpreter.
+  std::vector<Tensor> refs;
+  std::string oracle = "test_data_set_0 outputs";
+  if (!is_text_model(model)) {
+    ModelPaths mp = resolve_model(model);
+    if (!mp.data_sets.empty()) refs = read_data_set(mp.data_sets[0], "output");
+  }
+  if (refs.size() != outs.size()) {
+    ImportedModel m = import_model_file(model, ins);
+    refs = run_eager(*m.graph, ins);
+    oracle = "eager interpreter";
+  }
+  double max_rel = 0;
+  bool match = refs.size() == outs.size();
+  Tolerance tol;
+  tol.max_rel = 1e-4;
+  for (size_t i = 0; i < outs.size() && i < refs.size(); ++i) {
+    const Comparison c = compare_tensors(outs[i], refs[i], tol);
+    max_rel = std::max(max_rel, c.rel);
+    match = match && c.match;
+  }
+  std::vector<double> calls;
+  for (int i = 0; i < std::max(1, o.iters); ++i) {
+    auto tc = Clock::now();
+    exe->run(ins);
+    calls.push_back(ms_since(tc));
+  }
+  std::sort(calls.begin(), calls.end());
+  const double call_ms = calls[calls.size() / 2];
+  const double replay = exe->replay_ms(std::max(10, o.iters));
+  const std::vector<CudaStepTime> prof = exe->profile(ins, std::max(3, std::min(o.iters, 20)));
+  nlohmann::json kernels = nlohmann::json::array();
+  double sum_ms = 0, sum_roof = 0;
+  for (const CudaStepTime& s : prof) {
+    const double bytes_ms = s.info.bytes / kBytesPerSecond * 1e3, flops_ms = s.info.flops / kF32FlopsPerSecond * 1e3;
+    const double roof = std::max(bytes_ms, flops_ms);
+    sum_ms += s.ms;
+    sum_roof += roof;
+    kernels.push_back({{"name", s.info.name}, {"kind", s.info.kind}, {"how", s.info.how}, {"ms", s.ms}, {"bytes", s.info.bytes},
+                       {"flops", s.info.flops}, {"roofline_ms", roof}, {"bytes_bound_ms", bytes_ms}, {"flops_bound_ms", flops_ms},
+                       {"of_roofline", s.ms > 0 ? roof / s.ms : 0.0}});
+  }
+  nlohmann::json j = {{"model", model},
+                      {"target", "cuda"},
+                      {"device", st.device},
+                      {"arch", st.arch},
+                      {"compile_ms", compile_ms},
+                      {"nvrtc_ms", st.nvrtc_seconds * 1e3},
+                      {"cache_hit", st.cache_hit},
+                      {"first_call_ms", first_ms},
+                      {"call_ms", call_ms},
+                      {"replay_ms", replay},
+                      {"cuda_graph", exe->uses_graph()},
+                      {"kernels_ms_sum", sum_ms},
+                      {"roofline_ms_sum", sum_roof},
+                      {"host_steps", st.host_steps},
+                      {"host_ops", st.host_ops},
+                      {"kernel_count", st.kernels},
+                      {"cublaslt_matmuls", st.cublaslt_matmuls},
+                      {"direct_matmuls", st.direct_matmuls},
+                      {"conv_kernels", st.conv_kernels},
+                      {"arena_bytes", st.arena_bytes},
+                      {"weight_bytes", st.weight_bytes},
+                      {"oracle", oracle},
+                      {"max_rel", max_rel},
+                      {"match", match},
+                      {"iters", o.iters},
+                      {"ceilings", {{"bytes_per_s", kBytesPerSecond}, {"f32_flops_per_s", kF32FlopsPerSecond}}},
+                      {"kernels", kernels}};
+  fmt::print("{} on {} ({}): compile {:.1f} ms (NVRTC {:.1f} ms{}), first call {:.2f} ms\n", display_text(model_name(model)), st.device,
+             st.arch, compile_ms, st.nvrtc_seconds * 1e3, st.cache_hit ? ", cubin cached" : "", first_ms);
+  fmt::print("  call {:.3f} ms with copies (median of {}), device {:.3f} ms per call ({}), kernels sum {:.3f} ms, roofline {:.3f} ms\n",
+             call_ms, calls.size(), replay, exe->uses_graph() ? "CUDA graph replay" : "stream launches", sum_ms, sum_roof);
+  fmt::print("  {} kernels ({} cuBLASLt, {} direct matmul, {} conv), {} host steps; vs {}: max rel {:.3g} -> {}\n", st.kernels,
+             st.cublaslt_matmuls, st.direct_matmuls, st.conv_kernels, st.host_steps, oracle, max_rel, match ? "PASS" : "FAIL");
+  std::vector<size_t> order(prof.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prof[a].ms > prof[b].ms; });
+  fmt::print("  {:<8} {:<7} {:>9} {:>9} {:>7}  {}\n", "step", "kind", "ms", "roof ms", "of roof", "how");
+  for (size_t r = 0; r < order.size() && r < 12; ++r) {
+    const nlohmann::json& k = kernels[order[r]];
+    fmt::print("  {:<8} {:<7} {:>9.4f} {:>9.4f} {:>6.0f}%  {}\n", k["name"].get<std::string>(), k["kind"].get<std::string>(),
+               k["ms"].get<double>(), k["roofline_ms"].get<double>(), 100 * k["of_roofline"].get<double>(), k["how"].get<std::string>());
+  }
+  return j;
+}
+
+}  // namespace tessel

@@ -1,0 +1,28 @@
+// The CLI's CUDA target (docs/runtime/cuda-backend.md): `tessel run|bench|compile MODEL --target cuda`.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace tessel {
+
+// `tessel run MODEL --target cuda`: runs test_data_set_0 (or `inputs_dir`) `repeat` times on the GPU,
+// prints the outputs and, with `check`, compares them with the data set's outputs. Returns the exit code.
+int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool check, double max_rel, int repeat);
+
+// `tessel compile MODEL --target cuda --emit cuda|kernel`: the generated CUDA C++ (or the kernel level it
+// comes from), without a device. Returns the text.
+std::string emit_cuda(const std::string& model, const std::string& emit);
+
+struct CudaBenchOptions {
+  int iters = 20;
+  std::string json_path;
+  std::string cache_dir;
+};
+
+// `tessel bench MODEL --target cuda`: compile time, first call, steady call (with and without the
+// copies), per-kernel times from CUDA events against each kernel's roofline, and the outputs against
+// the data set's (or the eager interpreter's). Prints a table; returns the JSON it writes.
+nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o);
+
+}  // namespace tessel

@@ -1,0 +1,85 @@
+// The CUDA backend (docs/runtime/cuda-backend.md): the core graph is fused into the kernel level (as for
+// the compiled backend), every kernel becomes generated CUDA C++ compiled by NVRTC, matmuls run through
+// cuBLASLt (f32, TF32 off) and convolutions through a generated direct kernel, each followed by its fused
+// epilogue. Intermediates live in one device arena planned by liveness (kernel/arena_plan.h); weights are
+// uploaded once; inputs and outputs are copied per call; everything runs on one stream, and from the
+// second call on the whole call is one CUDA graph replay. Core nodes no kernel covers run on the host
+// through the graph backend's typed kernels (host steps: the stream is synchronised around them, and a
+// model with host steps is not captured in a graph).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/ir/graph.h"
+#include "tessel/kernel/kernel.h"
+
+namespace tessel {
+
+struct CudaBackendOptions {
+  std::string pipeline = "core";
+  FuseOptions fuse;             // conv1d and conv_input_views are turned on (the direct conv reads any layout)
+  std::string model_name = "model";
+  std::string cache_dir;        // NVRTC's cubin cache (empty: the compile cache's default, folder cuda/)
+  bool cuda_graph = true;       // capture the call after the first run and replay it
+};
+
+// One step of a call, as the bench reports it.
+struct CudaStepInfo {
+  std::string name;             // the kernel (k3) or the host node's name (escaped for display)
+  std::string kind;             // loop, matmul, conv, host
+  std::string how;              // "generated rows 128x256", "cuBLASLt", "direct", "host: gather"
+  int64_t bytes = 0;            // bytes the step reads and writes once each (Kernel::bytes_fused)
+  int64_t flops = 0;            // multiply-adds count two
+};
+
+struct CudaStepTime {
+  CudaStepInfo info;
+  double ms = 0;                // median over the profiled calls, from CUDA events around the step
+};
+
+struct CudaCompileStats {
+  double compile_seconds = 0, pass_seconds = 0, fuse_seconds = 0, codegen_seconds = 0, nvrtc_seconds = 0, load_seconds = 0;
+  bool cache_hit = false;       // the cubin came from the cache
+  std::string cache_key, arch, device;
+  int kernels = 0, loop_kernels = 0, matmul_kernels = 0, conv_kernels = 0;
+  int cublaslt_matmuls = 0, direct_matmuls = 0;
+  int host_steps = 0;           // core nodes run on the host
+  std::vector<std::string> host_ops;  // their ops
+  uint64_t arena_bytes = 0, weight_bytes = 0;
+  std::string pipeline_error;   // the core pipeline failed: the model runs undecomposed (all host steps)
+};
+
+class CudaExecutable {
+ public:
+  virtual ~CudaExecutable() = default;
+  // One call: inputs copied to the device, the steps (or the captured graph), outputs copied back.
+  virtual std::vector<Tensor> run(const std::vector<Tensor>& inputs) = 0;
+  // `iters` calls with a CUDA event pair around every step (no graph): each step's median time.
+  virtual std::vector<CudaStepTime> profile(const std::vector<Tensor>& inputs, int iters) = 0;
+  // The device time of one call without the copies: `iters` replays of the captured graph timed with
+  // events (the steady state), or of the steps when there is no graph. Needs a run() first.
+  virtual double replay_ms(int iters) = 0;
+  virtual bool uses_graph() const = 0;
+  virtual const CudaCompileStats& stats() const = 0;
+  virtual const std::string& source() const = 0;
+  virtual const std::vector<CudaStepInfo>& steps() const = 0;
+};
+
+// Compiles `g` (as imported; example inputs bind shapes as for compile_graph) for device 0. Throws
+// tessel::Error: a one-line reason when there is no usable device or the build has no CUDA, NVRTC's
+// log when generated source does not compile, the node when a shape is dynamic.
+std::unique_ptr<CudaExecutable> compile_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>& example_inputs = {},
+                                             const CudaBackendOptions& opts = {});
+
+// The kernel module compile_cuda runs (the same pipeline and fusion), without a device: what
+// `tessel compile --target cuda --emit cuda|kernel` prints and what the NVRTC tests compile.
+KernelModule lower_for_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>& example_inputs = {},
+                            const CudaBackendOptions& opts = {});
+
+// The fusion options of the CUDA target: `base` with conv1d and conv_input_views on.
+FuseOptions cuda_fuse_options(FuseOptions base = {});
+
+}  // namespace tessel

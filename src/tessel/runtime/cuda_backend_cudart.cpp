@@ -1,0 +1,678 @@
+// The CUDA backend with the toolkit (see cuda_backend.h): the device plan (arena, weights, inputs),
+// the steps (generated kernels through cudaLaunchKernel, cuBLASLt matmuls, host steps) and the call
+// (one stream, a CUDA graph from the second call on).
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <numeric>
+
+#include "tessel/ir/core_ops.h"
+#include "tessel/ir/infer.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/kernel/arena_plan.h"
+#include "tessel/runtime/core_kernels.h"
+#include "tessel/runtime/cuda_backend.h"
+#include "tessel/support/error.h"
+#include "tessel/support/escape.h"
+#include "tessel/support/limits.h"
+#include "tessel/targets/cuda/codegen.h"
+#include "tessel/targets/cuda/toolchain.h"
+
+namespace tessel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear a sticky-free error so the next call reports its own
+    throw Error(Location{.pass = "cuda"}, fmt::format("{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
+  }
+}
+
+void ck(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw Error(Location{.pass = "cuBLASLt"}, fmt::format("{}: status {}", what, static_cast<int>(s)));
+}
+
+constexpr size_t kArenaAlign = 256;
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+size_t bytes_of(const TensorType& t) { return static_cast<size_t>(shape_numel(t.shape)) * dtype_size(t.dtype); }
+
+// Device memory owned by the executable.
+struct DeviceBuffer {
+  void* p = nullptr;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n, const char* what) {
+    if (n) ck(cudaMalloc(&p, n), what);
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p) { o.p = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p, o.p);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (p) cudaFree(p);
+  }
+};
+
+// The largest power of two (up to 256) dividing every address the operand is read at.
+uint64_t alignment_of(const void* p, int64_t batch_stride_bytes) {
+  uint64_t a = reinterpret_cast<uintptr_t>(p) | 256;
+  if (batch_stride_bytes) a |= static_cast<uint64_t>(batch_stride_bytes);
+  return a & (~a + 1);
+}
+
+// A cuBLASLt matmul of one MatmulSpec: the row-major C = A . B as the column-major C^T = B^T . A^T.
+struct LtMatmul {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool per_batch = false;  // a broadcast operand (batch stride 0): one call per batch
+  ~LtMatmul() {
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+  }
+};
+
+struct MatrixShape {
+  uint64_t rows, cols;
+  int64_t ld;
+  bool trans;
+};
+
+}  // namespace
+
+class CudaExecutableImpl final : public CudaExecutable {
+ public:
+  ~CudaExecutableImpl() override;
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs) override;
+  std::vector<CudaStepTime> profile(const std::vector<Tensor>& inputs, int iters) override;
+  double replay_ms(int iters) override;
+  bool uses_graph() const override { return exec_ != nullptr; }
+  const CudaCompileStats& stats() const override { return stats_; }
+  const std::string& source() const override { return source_; }
+  const std::vector<CudaStepInfo>& steps() const override { return infos_; }
+
+  struct Step {
+    enum class Kind { kernel, node, host } kind = Kind::kernel;  // node: a core node as a generated function
+    const Node* node = nullptr;
+    const Kernel* kernel = nullptr;
+    size_t kid = 0;
+    std::vector<void*> args;                 // device pointer per kernel arg
+    cudaKernel_t fn = nullptr, conv = nullptr, mm = nullptr;
+    int gather_flag = -1;                    // node steps of gather: their out-of-range flag
+    cuda::LaunchShape shape, conv_shape, mm_shape;
+    std::unique_ptr<LtMatmul> lt;
+    MatmulSpec spec;                         // what lt computes (a matmul kernel's, or a 1x1 convolution's)
+    std::vector<DeviceBuffer> scratch;
+    // host steps
+    CoreKernel host_kernel;
+    std::vector<std::vector<uint8_t>> host_in, host_out;  // staging per input / output value
+  };
+
+  void build(KernelModule m, const std::vector<Tensor>& ex, const CudaBackendOptions& o);
+
+ private:
+  void enqueue(Step& s);
+  void enqueue_all();
+  void launch(cudaKernel_t f, const cuda::LaunchShape& sh, std::vector<void*>& ptrs);
+  void run_lt(Step& s);
+  // A cuBLASLt plan for `mm` over the step's device pointers, or null when the heuristic has no algorithm.
+  std::unique_ptr<LtMatmul> make_lt(const MatmulSpec& mm, const std::vector<void*>& args);
+  void run_host(Step& s);
+  void copy_inputs(const std::vector<Tensor>& inputs);
+  std::vector<Tensor> copy_outputs();
+  void* dev(const Value* v) const;
+
+  KernelModule module_;
+  std::string source_;
+  CudaCompileStats stats_;
+  std::vector<CudaStepInfo> infos_;
+  std::vector<Step> steps_;
+  std::vector<void*> ptr_;                   // per value id: device memory (roots resolved)
+  std::vector<int> root_;
+  std::vector<DeviceBuffer> inputs_dev_, consts_dev_;
+  DeviceBuffer arena_, workspace_, flags_;
+  std::vector<const Node*> flag_node_;       // per gather flag: its node
+  cudaStream_t stream_ = nullptr;
+  cudaLibrary_t lib_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  bool use_graph_ = true;
+  int calls_ = 0;
+  int sms_ = 1;
+};
+
+CudaExecutableImpl::~CudaExecutableImpl() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  steps_.clear();  // LtMatmul descriptors before the handle
+  if (lt_) cublasLtDestroy(lt_);
+  if (lib_) cudaLibraryUnload(lib_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void* CudaExecutableImpl::dev(const Value* v) const { return ptr_[static_cast<size_t>(root_[static_cast<size_t>(v->id)])]; }
+
+namespace {
+
+int64_t loop_flops(const Kernel& k) {
+  int64_t ops = 0;
+  for (const KInstr& in : k.body)
+    if (in.op != "load" && in.op != "store" && in.op != "const") ops += in.row ? 0 : 1;
+  return ops * k.outer_count() * k.inner_count();
+}
+
+// X = B^T as cuBLASLt's A: element (n, k) at k * b_k + n * b_n.
+MatrixShape x_shape(const MatmulSpec& m) {
+  if (m.b_n == 1 || m.n == 1) return {static_cast<uint64_t>(m.n), static_cast<uint64_t>(m.k), m.b_k, false};
+  return {static_cast<uint64_t>(m.k), static_cast<uint64_t>(m.n), m.b_n, true};
+}
+// Y = A^T as cuBLASLt's B: element (k, m) at m * a_m + k * a_k.
+MatrixShape y_shape(const MatmulSpec& m) {
+  if (m.a_k == 1 || m.k == 1) return {static_cast<uint64_t>(m.k), static_cast<uint64_t>(m.m), m.a_m, false};
+  return {static_cast<uint64_t>(m.m), static_cast<uint64_t>(m.k), m.a_k, true};
+}
+
+cublasLtMatrixLayout_t make_layout(const MatrixShape& s, int64_t batch, int64_t batch_stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  const int64_t ld = std::max<int64_t>(s.ld, static_cast<int64_t>(s.rows));  // unused when cols == 1
+  ck(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, s.rows, s.cols, s.cols == 1 ? std::max<int64_t>(ld, 1) : s.ld), "cublasLtMatrixLayoutCreate");
+  if (batch > 1) {
+    int32_t b = static_cast<int32_t>(batch);
+    ck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b), "batch count");
+    ck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof batch_stride), "batch stride");
+  }
+  return l;
+}
+
+}  // namespace
+
+void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, const CudaBackendOptions& o) {
+  (void)ex;
+  module_ = std::move(m);
+  const Graph& g = *module_.graph;
+  const cuda::DeviceInfo& di = cuda::device_info();
+  sms_ = std::max(1, di.sms);
+  stats_.device = di.name;
+  use_graph_ = o.cuda_graph;
+  ck(cudaSetDevice(0), "cudaSetDevice");
+  ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+
+  // ---- generated source -> NVRTC -> loaded library
+  auto tc = Clock::now();
+  source_ = cuda::generate_cuda(module_, o.model_name);
+  stats_.codegen_seconds = seconds_since(tc);
+  cuda::NvrtcOptions no;
+  no.arch = cuda::device_arch();
+  no.cache_dir = o.cache_dir;
+  const cuda::NvrtcResult nr = cuda::compile_cuda_source(source_, o.model_name, no);
+  stats_.nvrtc_seconds = nr.seconds;
+  stats_.cache_hit = nr.cache_hit;
+  stats_.cache_key = nr.key;
+  stats_.arch = nr.arch;
+  auto tl = Clock::now();
+  ck(cudaLibraryLoadData(&lib_, nr.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0), "loading the compiled kernels");
+  stats_.load_seconds = seconds_since(tl);
+  auto kernel_of = [&](const std::string& sym) {
+    cudaKernel_t k = nullptr;
+    ck(cudaLibraryGetKernel(&k, lib_, sym.c_str()), "cudaLibraryGetKernel");
+    return k;
+  };
+
+  // ---- memory homes: inputs, constants, arena roots (reshapes alias their operand)
+  size_t nv = 0;
+  for (const auto& v : g.values()) nv = std::max(nv, static_cast<size_t>(v->id) + 1);
+  ptr_.assign(nv, nullptr);
+  root_.resize(nv);
+  std::iota(root_.begin(), root_.end(), 0);
+  std::vector<const Value*> value_of(nv, nullptr);
+  for (const auto& v : g.values()) value_of[static_cast<size_t>(v->id)] = v.get();
+  for (const Value* v : g.inputs) {
+    if (!shape_known(v->type.shape)) throw Error(Location{.pass = "cuda"}, fmt::format("input '{}' has a dynamic shape {}", display_text(v->name), v->type.str()));
+    inputs_dev_.emplace_back(bytes_of(v->type), "input buffer");
+    ptr_[static_cast<size_t>(v->id)] = inputs_dev_.back().p;
+  }
+  for (const auto& v : g.values()) {
+    if (!v->constant) continue;
+    bool used = false;
+    for (const auto& n : g.nodes())
+      for (const Value* in : n->inputs) used = used || in == v.get();
+    if (!used) continue;
+    consts_dev_.emplace_back(v->constant->nbytes(), "weights");
+    if (v->constant->nbytes()) ck(cudaMemcpy(consts_dev_.back().p, v->constant->bytes(), v->constant->nbytes(), cudaMemcpyHostToDevice), "uploading weights");
+    ptr_[static_cast<size_t>(v->id)] = consts_dev_.back().p;
+    stats_.weight_bytes += v->constant->nbytes();
+  }
+  const auto& nodes = g.nodes();
+  std::vector<int> def(nv, -1), last(nv, -1);
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const Node& n = *nodes[k];
+    for (const Value* v : n.outputs) {
+      if (!v) continue;
+      if (!shape_known(v->type.shape))
+        throw Error(Location{.node = n.name, .op = n.op->name, .pass = "cuda"}, fmt::format("result '{}' has a dynamic shape {}; the CUDA target needs static shapes", display_text(v->name), v->type.str()));
+      def[static_cast<size_t>(v->id)] = static_cast<int>(k);
+    }
+    if (is_core_op(n, CoreOp::reshape) && n.inputs[0] && n.outputs[0])
+      root_[static_cast<size_t>(n.outputs[0]->id)] = root_[static_cast<size_t>(n.inputs[0]->id)];
+    for (const Value* v : n.inputs)
+      if (v) last[static_cast<size_t>(root_[static_cast<size_t>(v->id)])] = static_cast<int>(k);
+  }
+  for (const Value* v : g.outputs) last[static_cast<size_t>(root_[static_cast<size_t>(v->id)])] = static_cast<int>(nodes.size());
+  std::vector<BufferRequest> reqs;
+  std::vector<int> req_value;
+  for (size_t id = 0; id < nv; ++id) {
+    const Value* v = value_of[id];
+    if (!v || root_[id] != static_cast<int>(id) || v->constant || v->is_input || def[id] < 0) continue;
+    reqs.push_back(BufferRequest{bytes_of(v->type), def[id], std::max(def[id], last[id])});
+    req_value.push_back(static_cast<int>(id));
+  }
+  const ArenaPlan plan = plan_arena(reqs, kArenaAlign);
+  arena_ = DeviceBuffer(plan.size, "the device arena");
+  stats_.arena_bytes = plan.size;
+  for (size_t r = 0; r < reqs.size(); ++r) ptr_[static_cast<size_t>(req_value[r])] = static_cast<uint8_t*>(arena_.p) + plan.offsets[r];
+
+  // ---- steps
+  ck(cublasLtCreate(&lt_), "cublasLtCreate");
+  workspace_ = DeviceBuffer(kWorkspaceBytes, "the cuBLASLt workspace");
+  int gathers = 0;
+  for (const auto& np : nodes)
+    if (!is_kernel_node(*np) && cuda::device_node_supported(*np) && is_core_op(*np, CoreOp::gather)) ++gathers;
+  flags_ = DeviceBuffer(static_cast<size_t>(gathers) * sizeof(int), "gather flags");
+  if (gathers) ck(cudaMemset(flags_.p, 0, static_cast<size_t>(gathers) * sizeof(int)), "cudaMemset");
+  for (size_t ni = 0; ni < nodes.size(); ++ni) {
+    const Node& n = *nodes[ni];
+    if (is_core_op(n, CoreOp::reshape)) continue;  // an alias
+    Step s;
+    s.node = &n;
+    CudaStepInfo info;
+    if (is_kernel_node(n)) {
+      s.kid = static_cast<size_t>(n.attr_i("kernel"));
+      const Kernel& k = module_.kernels.at(s.kid);
+      s.kernel = &k;
+      size_t in = 0, out = 0;
+      for (const KArg& a : k.args) {
+        if (a.role == KArg::Role::scratch) {
+          s.scratch.emplace_back(bytes_of(a.type), "scratch buffer");
+          s.args.push_back(s.scratch.back().p);
+        } else {
+          const Value* v = a.role == KArg::Role::in ? n.inputs.at(in++) : n.outputs.at(out++);
+          s.args.push_back(dev(v));
+        }
+      }
+      info.name = display_text(k.name);
+      info.kind = std::string(kernel_kind_name(k.kind));
+      info.bytes = k.bytes_fused;
+      if (cuda::has_generated_function(k)) {
+        s.fn = kernel_of(cuda::kernel_symbol(s.kid));
+        s.shape = cuda::launch_shape(k, sms_);
+      }
+      const std::string epi = s.fn ? fmt::format(" + generated epilogue") : "";
+      if (k.kind == KernelKind::matmul) {
+        const MatmulSpec& mm = k.mm;
+        if (k.args[static_cast<size_t>(mm.a)].type.dtype != DType::f32 || k.args[static_cast<size_t>(mm.b)].type.dtype != DType::f32)
+          throw Error(Location{.node = n.name, .pass = "cuda"}, "the CUDA target's matmuls take f32 operands");
+        s.mm = kernel_of(cuda::matmul_symbol(s.kid));
+        s.mm_shape = cuda::matmul_launch_shape(k, sms_);
+        info.flops = 2 * mm.batch * mm.m * mm.n * mm.k;
+        s.spec = mm;
+        if (cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args);
+        info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) + epi;
+        (s.lt ? stats_.cublaslt_matmuls : stats_.direct_matmuls)++;
+      } else if (k.kind == KernelKind::conv) {
+        const ConvSpec& c = k.conv;
+        if (k.args[static_cast<size_t>(c.x)].type.dtype != DType::f32)
+          throw Error(Location{.node = n.name, .pass = "cuda"}, "the CUDA target's convolutions take f32 operands");
+        s.conv = kernel_of(cuda::conv_symbol(s.kid));
+        s.conv_shape = cuda::conv_launch_shape(k, sms_);
+        info.flops = 2 * c.n * c.oc * c.oh * c.ow * (c.c / std::max<int64_t>(1, c.groups)) * c.kh * c.kw;
+        // A pointwise (1x1) convolution between channels-last buffers is the matmul
+        // y[N*H*W, OC] = x[N*H*W, C] . w^T[C, OC]: cuBLASLt instead of the direct kernel.
+        if (c.x_nhwc && c.y_nhwc && c.kh == 1 && c.kw == 1 && c.stride_h == 1 && c.stride_w == 1 && c.groups == 1 &&
+            c.pad_top == 0 && c.pad_left == 0 && c.pad_bottom == 0 && c.pad_right == 0 && c.oh == c.h && c.ow == c.wd) {
+          MatmulSpec mm;
+          mm.a = c.x, mm.b = c.w, mm.c = c.y;
+          mm.m = c.n * c.h * c.wd, mm.n = c.oc, mm.k = c.c;
+          mm.a_m = c.c, mm.a_k = 1, mm.b_k = 1, mm.b_n = c.c;
+          s.spec = mm;
+          if (cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args);
+        }
+        info.how = (s.lt ? "cuBLASLt (1x1 conv as a matmul)" : "direct conv") + epi;
+      } else {
+        info.flops = loop_flops(k);
+        info.how = fmt::format("generated {} {}x{}", s.shape.form == cuda::LaunchForm::pointwise ? "pointwise" : "rows", s.shape.blocks, s.shape.threads);
+      }
+      steps_.push_back(std::move(s));
+      infos_.push_back(std::move(info));
+      continue;
+    }
+    if (cuda::device_node_supported(n)) {
+      s.kind = Step::Kind::node;
+      for (const Value* v : n.inputs) s.args.push_back(dev(v));
+      s.args.push_back(dev(n.outputs[0]));
+      if (is_core_op(n, CoreOp::gather)) {
+        s.gather_flag = static_cast<int>(flag_node_.size());
+        s.args.push_back(static_cast<int*>(flags_.p) + s.gather_flag);
+        flag_node_.push_back(&n);
+      }
+      s.fn = kernel_of(cuda::node_symbol(ni));
+      s.shape = cuda::node_launch_shape(n, sms_);
+      info.name = display_text(n.name);
+      info.kind = "node";
+      info.how = "generated " + n.op->name;
+      for (const Value* v : n.inputs) info.bytes += static_cast<int64_t>(bytes_of(v->type));
+      info.bytes += static_cast<int64_t>(bytes_of(n.outputs[0]->type));
+      steps_.push_back(std::move(s));
+      infos_.push_back(std::move(info));
+      continue;
+    }
+    // A core node no kernel covers: the graph backend's typed kernel (or the reference kernel) on host copies.
+    s.kind = Step::Kind::host;
+    if (n.op->domain == "tessel.core") s.host_kernel = make_core_kernel(n);
+    for (const Value* v : n.inputs) s.host_in.emplace_back(v && !v->constant ? bytes_of(v->type) : 0);
+    for (const Value* v : n.outputs) s.host_out.emplace_back(v ? bytes_of(v->type) : 0);
+    info.name = display_text(n.name);
+    info.kind = "host";
+    info.how = "host: " + n.op->name + (s.host_kernel ? "" : " (reference kernel)");
+    for (const Value* v : n.inputs) info.bytes += v ? static_cast<int64_t>(bytes_of(v->type)) : 0;
+    for (const Value* v : n.outputs) info.bytes += v ? static_cast<int64_t>(bytes_of(v->type)) : 0;
+    stats_.host_steps++;
+    stats_.host_ops.push_back(n.op->name);
+    steps_.push_back(std::move(s));
+    infos_.push_back(std::move(info));
+  }
+  for (const Kernel& k : module_.kernels) {
+    stats_.kernels++;
+    stats_.loop_kernels += k.kind == KernelKind::loop;
+    stats_.matmul_kernels += k.kind == KernelKind::matmul;
+    stats_.conv_kernels += k.kind == KernelKind::conv;
+  }
+  if (stats_.host_steps) use_graph_ = false;
+}
+
+std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, const std::vector<void*>& args) {
+  auto lt = std::make_unique<LtMatmul>();
+  const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
+  const int64_t cb = dense_c ? mm.m * mm.n : mm.c_batch, cm = dense_c ? mm.n : mm.c_m;
+  lt->per_batch = mm.batch > 1 && (mm.a_batch == 0 || mm.b_batch == 0 || cb == 0);
+  const int64_t lb = lt->per_batch ? 1 : mm.batch;
+  const MatrixShape xs = x_shape(mm), ys = y_shape(mm);
+  ck(cublasLtMatmulDescCreate(&lt->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const cublasOperation_t ta = xs.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = ys.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  ck(cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
+  ck(cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
+  lt->la = make_layout(xs, lb, mm.b_batch);
+  lt->lb = make_layout(ys, lb, mm.a_batch);
+  lt->lc = make_layout(MatrixShape{static_cast<uint64_t>(mm.n), static_cast<uint64_t>(mm.m), mm.m == 1 ? std::max<int64_t>(cm, mm.n) : cm, false}, lb, cb);
+  cublasLtMatmulPreference_t pref = nullptr;
+  ck(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const uint64_t ws = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  const float* A = static_cast<const float*>(args[static_cast<size_t>(mm.a)]) + mm.a_offset;
+  const float* B = static_cast<const float*>(args[static_cast<size_t>(mm.b)]) + mm.b_offset;
+  // cuBLASLt's A is B^T here and its B is A^T (C^T = B^T . A^T)
+  const uint32_t al_a = static_cast<uint32_t>(alignment_of(B, mm.b_batch * 4));
+  const uint32_t al_b = static_cast<uint32_t>(alignment_of(A, mm.a_batch * 4));
+  const uint32_t al_c = static_cast<uint32_t>(alignment_of(args[static_cast<size_t>(mm.c)], cb * 4));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, lt->op, lt->la, lt->lb, lt->lc, lt->lc, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
+  lt->algo = res.algo;
+  return lt;
+}
+
+void CudaExecutableImpl::launch(cudaKernel_t f, const cuda::LaunchShape& sh, std::vector<void*>& ptrs) {
+  std::vector<void*> params(ptrs.size());
+  for (size_t i = 0; i < ptrs.size(); ++i) params[i] = &ptrs[i];
+  ck(cudaLaunchKernel(reinterpret_cast<const void*>(f), dim3(static_cast<unsigned>(sh.blocks)), dim3(static_cast<unsigned>(sh.threads)),
+                      params.data(), 0, stream_),
+     "launching a generated kernel");
+}
+
+void CudaExecutableImpl::run_lt(Step& s) {
+  const MatmulSpec& mm = s.spec;
+  const float alpha = 1.0f, beta = 0.0f;
+  const float* A = static_cast<const float*>(s.args[static_cast<size_t>(mm.a)]) + mm.a_offset;
+  const float* B = static_cast<const float*>(s.args[static_cast<size_t>(mm.b)]) + mm.b_offset;
+  float* C = static_cast<float*>(s.args[static_cast<size_t>(mm.c)]);
+  const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
+  const int64_t cb = dense_c ? mm.m * mm.n : mm.c_batch;
+  const int64_t calls = s.lt->per_batch ? mm.batch : 1;
+  for (int64_t b = 0; b < calls; ++b) {
+    const float* x = B + b * mm.b_batch;
+    const float* y = A + b * mm.a_batch;
+    float* c = C + b * cb;
+    ck(cublasLtMatmul(lt_, s.lt->op, &alpha, x, s.lt->la, y, s.lt->lb, &beta, c, s.lt->lc, c, s.lt->lc, &s.lt->algo,
+                      workspace_.p, kWorkspaceBytes, stream_),
+       "cublasLtMatmul");
+  }
+}
+
+void CudaExecutableImpl::run_host(Step& s) {
+  const Node& n = *s.node;
+  ck(cudaStreamSynchronize(stream_), "synchronising before a host step");
+  std::vector<Tensor> ins(n.inputs.size());
+  std::vector<const Tensor*> ptrs(n.inputs.size(), nullptr);
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const Value* v = n.inputs[i];
+    if (!v) continue;
+    if (v->constant) {
+      ins[i] = v->constant->reshaped(v->type.shape);
+    } else {
+      ins[i] = Tensor(v->type.dtype, v->type.shape);
+      if (ins[i].nbytes()) ck(cudaMemcpy(ins[i].bytes(), dev(v), ins[i].nbytes(), cudaMemcpyDeviceToHost), "copying a host step's operand");
+    }
+    ptrs[i] = &ins[i];
+  }
+  std::vector<Tensor> outs;
+  if (s.host_kernel) {
+    KernelEnv env;
+    size_t nv = ptr_.size();
+    env.ptr.assign(nv, nullptr);
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (n.inputs[i]) env.ptr[static_cast<size_t>(n.inputs[i]->id)] = const_cast<uint8_t*>(ins[i].bytes());
+    for (const Value* v : n.outputs) {
+      outs.emplace_back(v ? Tensor(v->type.dtype, v->type.shape) : Tensor());
+      if (v) env.ptr[static_cast<size_t>(v->id)] = outs.back().bytes();
+    }
+    s.host_kernel(env);
+  } else {
+    outs = run_node(n, ptrs);
+  }
+  for (size_t i = 0; i < n.outputs.size() && i < outs.size(); ++i) {
+    const Value* v = n.outputs[i];
+    if (!v || !outs[i].nbytes()) continue;
+    if (outs[i].nbytes() != bytes_of(v->type)) fail("host step result '{}' has {} bytes, {} were planned", display_text(v->name), outs[i].nbytes(), bytes_of(v->type));
+    ck(cudaMemcpy(dev(v), outs[i].bytes(), outs[i].nbytes(), cudaMemcpyHostToDevice), "copying a host step's result");
+  }
+}
+
+void CudaExecutableImpl::enqueue(Step& s) {
+  if (s.kind == Step::Kind::host) {
+    run_host(s);
+    return;
+  }
+  if (s.kind == Step::Kind::node) {
+    launch(s.fn, s.shape, s.args);
+    return;
+  }
+  const Kernel& k = *s.kernel;
+  if (k.kind == KernelKind::matmul) {
+    if (s.lt) run_lt(s);
+    else {
+      std::vector<void*> p = {static_cast<float*>(s.args[static_cast<size_t>(k.mm.a)]), static_cast<float*>(s.args[static_cast<size_t>(k.mm.b)]),
+                              s.args[static_cast<size_t>(k.mm.c)]};
+      launch(s.mm, s.mm_shape, p);
+    }
+  } else if (k.kind == KernelKind::conv && s.lt) {
+    run_lt(s);
+  } else if (k.kind == KernelKind::conv) {
+    std::vector<void*> p = {s.args[static_cast<size_t>(k.conv.x)], s.args[static_cast<size_t>(k.conv.w)], s.args[static_cast<size_t>(k.conv.y)]};
+    launch(s.conv, s.conv_shape, p);
+  }
+  if (s.fn) launch(s.fn, s.shape, s.args);
+}
+
+void CudaExecutableImpl::enqueue_all() {
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    try {
+      enqueue(steps_[i]);
+    } catch (const Error& e) {
+      const Node& n = *steps_[i].node;
+      throw e.with_context(Location{.node = n.name, .op = n.op->name, .pass = "cuda run"});
+    }
+  }
+}
+
+void CudaExecutableImpl::copy_inputs(const std::vector<Tensor>& inputs) {
+  const Graph& g = *module_.graph;
+  if (inputs.size() != g.inputs.size())
+    throw Error(Location{.pass = "run"}, fmt::format("the model takes {} inputs but {} were given", g.inputs.size(), inputs.size()));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Value* v = g.inputs[i];
+    const Tensor& t = inputs[i];
+    if (t.dtype() != v->type.dtype || t.shape() != v->type.shape)
+      throw Error(Location{.pass = "guard"}, fmt::format("input '{}' must be {} (compiled for it) but got {}", display_text(v->name), v->type.str(),
+                                                         TensorType{t.dtype(), t.shape()}.str()));
+    if (t.nbytes()) ck(cudaMemcpyAsync(inputs_dev_[i].p, t.bytes(), t.nbytes(), cudaMemcpyHostToDevice, stream_), "copying an input");
+  }
+}
+
+std::vector<Tensor> CudaExecutableImpl::copy_outputs() {
+  std::vector<Tensor> outs;
+  for (const Value* v : module_.graph->outputs) {
+    if (v->constant) {
+      outs.push_back(v->constant->clone());
+      continue;
+    }
+    Tensor t(v->type.dtype, v->type.shape);
+    if (t.nbytes()) ck(cudaMemcpyAsync(t.bytes(), dev(v), t.nbytes(), cudaMemcpyDeviceToHost, stream_), "copying an output");
+    outs.push_back(std::move(t));
+  }
+  std::vector<int> flags(flag_node_.size(), 0);
+  if (!flags.empty()) ck(cudaMemcpyAsync(flags.data(), flags_.p, flags.size() * sizeof(int), cudaMemcpyDeviceToHost, stream_), "reading the gather flags");
+  ck(cudaStreamSynchronize(stream_), "finishing the call");
+  for (size_t i = 0; i < flags.size(); ++i)
+    if (flags[i]) {
+      ck(cudaMemset(flags_.p, 0, flags.size() * sizeof(int)), "cudaMemset");
+      throw Error(Location{.node = flag_node_[i]->name, .op = "gather", .pass = "cuda run"}, "a gather index is out of range for its axis");
+    }
+  return outs;
+}
+
+std::vector<Tensor> CudaExecutableImpl::run(const std::vector<Tensor>& inputs) {
+  copy_inputs(inputs);
+  if (exec_) {
+    ck(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+  } else if (use_graph_ && calls_ >= 1) {
+    // The second call is captured (the first one ran every launch once, eagerly: lazy module loading
+    // and cuBLASLt's first-use work happen outside the graph) and every later call replays it.
+    ck(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      enqueue_all();
+    } catch (...) {
+      cudaGraph_t dropped = nullptr;
+      cudaStreamEndCapture(stream_, &dropped);
+      if (dropped) cudaGraphDestroy(dropped);
+      throw;
+    }
+    ck(cudaStreamEndCapture(stream_, &graph_), "cudaStreamEndCapture");
+    ck(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
+    ck(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+  } else {
+    enqueue_all();
+  }
+  ++calls_;
+  return copy_outputs();
+}
+
+double CudaExecutableImpl::replay_ms(int iters) {
+  cudaEvent_t a = nullptr, b = nullptr;
+  ck(cudaEventCreate(&a), "cudaEventCreate");
+  ck(cudaEventCreate(&b), "cudaEventCreate");
+  float ms = 0;
+  try {
+    ck(cudaEventRecord(a, stream_), "cudaEventRecord");
+    for (int i = 0; i < iters; ++i) {
+      if (exec_) ck(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+      else enqueue_all();
+    }
+    ck(cudaEventRecord(b, stream_), "cudaEventRecord");
+    ck(cudaEventSynchronize(b), "cudaEventSynchronize");
+    ck(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+  } catch (...) {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    throw;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / std::max(1, iters);
+}
+
+std::vector<CudaStepTime> CudaExecutableImpl::profile(const std::vector<Tensor>& inputs, int iters) {
+  copy_inputs(inputs);
+  const size_t n = steps_.size();
+  std::vector<cudaEvent_t> ev(n + 1, nullptr);
+  for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
+  std::vector<std::vector<float>> times(n);
+  try {
+    for (int it = 0; it < std::max(1, iters); ++it) {
+      ck(cudaEventRecord(ev[0], stream_), "cudaEventRecord");
+      for (size_t i = 0; i < n; ++i) {
+        enqueue(steps_[i]);
+        ck(cudaEventRecord(ev[i + 1], stream_), "cudaEventRecord");
+      }
+      ck(cudaEventSynchronize(ev[n]), "cudaEventSynchronize");
+      for (size_t i = 0; i < n; ++i) {
+        float ms = 0;
+        ck(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]), "cudaEventElapsedTime");
+        times[i].push_back(ms);
+      }
+    }
+  } catch (...) {
+    for (auto& e : ev) cudaEventDestroy(e);
+    throw;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::vector<CudaStepTime> r;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<float>& t = times[i];
+    std::sort(t.begin(), t.end());
+    r.push_back(CudaStepTime{infos_[i], t.empty() ? 0.0 : t[t.size() / 2]});
+  }
+  return r;
+}
+
+std::unique_ptr<CudaExecutable> compile_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex, const CudaBackendOptions& o) {
+  const auto t0 = Clock::now();
+  const cuda::DeviceInfo& di = cuda::device_info();
+  if (!di.usable) throw Error(Location{.pass = "cuda"}, di.why);
+  auto tp = Clock::now();
+  KernelModule m = lower_for_cuda(std::move(g), ex, o);
+  const double lower = seconds_since(tp);
+  auto exe = std::make_unique<CudaExecutableImpl>();
+  exe->build(std::move(m), ex, o);
+  auto& st = const_cast<CudaCompileStats&>(exe->stats());
+  st.pass_seconds = lower;
+  st.compile_seconds = seconds_since(t0);
+  return exe;
+}
+
+}  // namespace tessel

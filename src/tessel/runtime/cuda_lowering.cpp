@@ -1,0 +1,50 @@
+// The CUDA backend's lowering to the kernel level, shared by compile_cuda and the device-less paths
+// (`tessel compile --target cuda`, the NVRTC tests): see cuda_backend.h.
+#include "tessel/ir/infer.h"
+#include "tessel/passes/pass.h"
+#include "tessel/runtime/cuda_backend.h"
+#include "tessel/support/error.h"
+
+namespace tessel {
+
+FuseOptions cuda_fuse_options(FuseOptions base) {
+  base.conv1d = base.conv_input_views = true;
+  base.layout_steps = false;  // host steps read and write row-major buffers
+  return base;
+}
+
+KernelModule lower_for_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex, const CudaBackendOptions& opts) {
+  // Unknown input dims take the example inputs' sizes (the graph backend's binding, without baking
+  // values: every input stays an input).
+  if (!ex.empty()) {
+    if (ex.size() != g->inputs.size())
+      throw Error(Location{.pass = "compile"},
+                  fmt::format("the model takes {} inputs but {} example inputs were given", g->inputs.size(), ex.size()));
+    for (size_t i = 0; i < ex.size(); ++i) {
+      Value* v = g->inputs[i];
+      const Tensor& t = ex[i];
+      if (t.dtype() != v->type.dtype || t.rank() != static_cast<int>(v->type.shape.size()))
+        throw Error(Location{.pass = "compile"}, fmt::format("example input '{}' is {}, the model takes {}", v->name,
+                                                             TensorType{t.dtype(), t.shape()}.str(), v->type.str()));
+      for (int d = 0; d < t.rank(); ++d) {
+        if (v->type.shape[d] >= 0 && v->type.shape[d] != t.dim(d))
+          throw Error(Location{.pass = "compile"}, fmt::format("example input '{}' has shape {}, the model takes {}",
+                                                               v->name, shape_str(t.shape()), v->type.str()));
+        v->type.shape[d] = t.dim(d);
+      }
+    }
+    infer_graph(*g);
+  }
+  if (!opts.pipeline.empty()) {
+    try {
+      run_pipeline(*g, parse_pipeline(opts.pipeline), PassOptions{});
+    } catch (const Error& e) {
+      throw e.with_context(Location{.pass = "cuda: the core pipeline (the CUDA target needs the model decomposed)"});
+    }
+  }
+  KernelModule m = fuse(std::move(g), cuda_fuse_options(opts.fuse));
+  verify_kernel_module(m);
+  return m;
+}
+
+}  // namespace tessel

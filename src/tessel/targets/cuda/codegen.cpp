@@ -1,0 +1,566 @@
+// Kernel level -> CUDA C++ (see codegen.h).
+#include "tessel/targets/cuda/codegen.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "tessel/ir/core_ops.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/support/error.h"
+#include "tessel/support/escape.h"
+#include "tessel/targets/c_expr.h"
+
+namespace tessel::cuda {
+namespace {
+
+constexpr CDialect kD = CDialect::cuda;
+
+bool is_reduce(const KInstr& in) { return names_core_op(in.op, CoreOp::reduce); }
+
+bool is_min_max_reduction(const std::string& kind) {
+  const std::optional<CoreOp> c = reduction_combiner(kind);
+  return c == CoreOp::max || c == CoreOp::min;
+}
+
+bool has_reduction(const Kernel& k) {
+  return std::any_of(k.body.begin(), k.body.end(), [](const KInstr& in) { return is_reduce(in); });
+}
+
+// Rows whose inner loop is this short run one per thread (the CPU's loop nest): a block of threads
+// per row would leave most of them idle.
+constexpr int64_t kSerialInner = 32;
+
+int64_t cap(int64_t x, int64_t lo, int64_t hi) { return std::max(lo, std::min(x, hi)); }
+
+struct Emitter {
+  const Kernel& k;
+  size_t index;
+  LaunchForm form;
+  bool serial = false;  // rows computed one per thread
+  std::string out;
+
+  Emitter(const Kernel& kk, size_t i) : k(kk), index(i), form(launch_form(kk)) {
+    serial = form == LaunchForm::rows && k.inner_count() <= kSerialInner;
+  }
+
+  void line(int indent, const std::string& s) { out += std::string(static_cast<size_t>(indent) * 2, ' ') + s + "\n"; }
+  static std::string v(int i) { return "v" + std::to_string(i); }
+
+  std::string index_of(int a) const {
+    const KAccess& acc = k.accesses[static_cast<size_t>(a)];
+    const size_t no = k.outer.size();
+    std::string s;
+    auto term = [&](const std::string& var, int64_t st) {
+      if (st == 0) return;
+      s += (s.empty() ? "" : " + ") + (st == 1 ? var : fmt::format("{} * {}LL", var, st));
+    };
+    if (form == LaunchForm::pointwise) {
+      if (acc.offset) s = std::to_string(acc.offset) + "LL";
+      for (size_t d = 0; d < no; ++d) term(fmt::format("o{}", d), acc.strides[d]);
+    } else {
+      s = "b" + std::to_string(a);
+    }
+    for (size_t d = 0; d < k.inner.size(); ++d) term(fmt::format("i{}", d), acc.strides[no + d]);
+    return s.empty() ? "0" : s;
+  }
+
+  std::string expr(const KInstr& in) const {
+    if (in.op == "load") {
+      const std::string e = fmt::format("a{}[{}]", k.accesses[static_cast<size_t>(in.access)].arg, index_of(in.access));
+      return in.dtype == DType::boolean ? "(" + e + " != 0)" : e;
+    }
+    if (in.op == "const") return c_literal(in.dtype, in.value, kD);
+    std::vector<std::string> ops;
+    for (int j : in.args) ops.push_back(v(j));
+    const DType from = in.args.empty() ? in.dtype : k.body[static_cast<size_t>(in.args[0])].dtype;
+    return c_scalar_expr(in, from, ops, kD);
+  }
+
+  double identity(const KInstr& in) const {
+    const auto combiner = reduction_combiner(in.attr);
+    if (!combiner) fail("reduce kind '{}'", in.attr);
+    return core_op_info(*combiner).identity;
+  }
+
+  std::string combiner_functor(const KInstr& in) const {
+    if (in.attr == "sum") return "TslSum()";
+    if (in.attr == "prod") return "TslProd()";
+    if (is_min_max_reduction(in.attr)) return reduction_combiner(in.attr) == CoreOp::max ? "TslMax()" : "TslMin()";
+    fail("reduce kind '{}'", in.attr);
+  }
+
+  // One instruction as a statement; `row_store_guard`: a row-level store is done by thread 0 only.
+  void emit(int indent, int i, bool row_store_guard) {
+    const KInstr& in = k.body[static_cast<size_t>(i)];
+    if (in.op == "store") {
+      const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
+      const std::string x = in.dtype == DType::boolean ? "(uint8_t)" + v(in.args[0]) : v(in.args[0]);
+      line(indent, fmt::format("{}a{}[{}] = {};", row_store_guard ? "if (threadIdx.x == 0) " : "", acc.arg, index_of(in.access), x));
+      return;
+    }
+    if (is_reduce(in)) {
+      const std::string x = v(in.args[0]);
+      if (in.attr == "sum") line(indent, fmt::format("{} += {};", v(i), x));
+      else if (in.attr == "prod") line(indent, fmt::format("{} *= {};", v(i), x));
+      else {
+        line(indent, fmt::format("{0} = {1} {2} {0} ? {1} : {0};", v(i), x, reduction_combiner(in.attr) == CoreOp::max ? ">" : "<"));
+        line(indent, fmt::format("{0}_nan |= {1} != {1};", v(i), x));
+      }
+      return;
+    }
+    line(indent, fmt::format("const {} {} = {};", c_type(in.dtype), v(i), expr(in)));
+  }
+
+  void header() {
+    out += fmt::format("// kernel {}: {}, outer [{}] inner [{}], {} phase{}, launch form {}\n", cpp_comment_text(k.name),
+                       kernel_kind_name(k.kind), fmt::join(k.outer, ", "), fmt::join(k.inner, ", "), k.phases,
+                       k.phases == 1 ? "" : "s", form == LaunchForm::pointwise ? "pointwise" : serial ? "rows (one per thread)" : "rows (one per block)");
+    out += fmt::format("// fuses {} core nodes; traffic {} bytes unfused -> {} fused\n", k.fused_nodes, k.bytes_unfused, k.bytes_fused);
+    std::string src;
+    for (size_t i = 0; i < k.sources.size(); ++i) {
+      if (i == 8) {
+        src += fmt::format(", ... ({} more)", k.sources.size() - 8);
+        break;
+      }
+      src += (i ? ", " : "") + cpp_comment_text(k.sources[i]);
+    }
+    out += "// from: " + src + "\n";
+    for (size_t i = 0; i < k.args.size(); ++i) {
+      const KArg& a = k.args[i];
+      const char* role = a.role == KArg::Role::in ? "in" : a.role == KArg::Role::out ? "out" : "scratch";
+      out += fmt::format("//   a{} {} %{}: {}\n", i, role, cpp_comment_text(a.name), a.type.str());
+    }
+    if (k.kind == KernelKind::matmul)
+      out += fmt::format("// the runtime first computes a{} = a{} . a{} ({} x [{} x {}] . [{} x {}]) through {}; this is the epilogue\n",
+                         k.mm.c, k.mm.a, k.mm.b, k.mm.batch, k.mm.m, k.mm.k, k.mm.k, k.mm.n,
+                         fits_cublaslt(k.mm) ? "cuBLASLt" : matmul_symbol(index));
+    if (k.kind == KernelKind::conv)
+      out += fmt::format("// the runtime first computes a{} = conv(a{}, a{}) through {}; this is the epilogue\n", k.conv.y,
+                         k.conv.x, k.conv.w, conv_symbol(index));
+  }
+
+  std::string params() const {
+    std::set<int> stored;
+    for (const KInstr& in : k.body)
+      if (in.op == "store") stored.insert(k.accesses[static_cast<size_t>(in.access)].arg);
+    std::string p;
+    for (size_t i = 0; i < k.args.size(); ++i) {
+      const std::string t = c_storage_type(k.args[i].type.dtype);
+      p += (i ? ", " : "") + (stored.count(static_cast<int>(i)) ? fmt::format("{}* __restrict__ a{}", t, i)
+                                                                  : fmt::format("const {}* __restrict__ a{}", t, i));
+    }
+    return p;
+  }
+
+  // The inner indices i0.. of flat inner position `t`.
+  void split_inner(int indent, const std::string& t) {
+    const size_t n = k.inner.size();
+    if (n == 0) {
+      line(indent, fmt::format("(void){};", t));
+      return;
+    }
+    line(indent, fmt::format("long long r_ = {};", t));
+    for (size_t d = n; d-- > 0;) {
+      if (d == 0) line(indent, "const long long i0 = r_;");
+      else line(indent, fmt::format("const long long i{0} = r_ % {1}LL; r_ /= {1}LL;", d, k.inner[d]));
+    }
+  }
+
+  void split_outer(int indent, const std::string& o) {
+    const size_t n = k.outer.size();
+    if (n == 0) {
+      line(indent, fmt::format("(void){};", o));
+      return;
+    }
+    line(indent, fmt::format("long long q_ = {};", o));
+    for (size_t d = n; d-- > 0;) {
+      if (d == 0) line(indent, "const long long o0 = q_;");
+      else line(indent, fmt::format("const long long o{0} = q_ % {1}LL; q_ /= {1}LL;", d, k.outer[d]));
+    }
+  }
+
+  void row_bases(int indent) {
+    const size_t no = k.outer.size();
+    for (size_t a = 0; a < k.accesses.size(); ++a) {
+      bool used = false;
+      for (const KInstr& in : k.body) used = used || in.access == static_cast<int>(a);
+      if (!used) continue;
+      const KAccess& acc = k.accesses[a];
+      std::string s = acc.offset ? std::to_string(acc.offset) + "LL" : "";
+      for (size_t d = 0; d < no; ++d)
+        if (acc.strides[d]) s += (s.empty() ? "" : " + ") + (acc.strides[d] == 1 ? fmt::format("o{}", d) : fmt::format("o{} * {}LL", d, acc.strides[d]));
+      line(indent, fmt::format("const long long b{} = {};", a, s.empty() ? "0" : s));
+    }
+  }
+
+  void row_instrs(int indent, int p) {
+    bool store = false;
+    for (size_t i = 0; i < k.body.size(); ++i)
+      if (k.body[i].row && k.body[i].phase == p) {
+        emit(indent, static_cast<int>(i), !serial);
+        store = store || k.body[i].op == "store";
+      }
+    if (store && !serial) line(indent, "__syncthreads();  // row stores seen by the whole block");
+  }
+
+  void phase_loop(int indent, int p) {
+    std::vector<int> reduces, body;
+    for (size_t i = 0; i < k.body.size(); ++i) {
+      const KInstr& in = k.body[i];
+      if (in.row || in.phase != p) continue;
+      body.push_back(static_cast<int>(i));
+      if (is_reduce(in)) reduces.push_back(static_cast<int>(i));
+    }
+    if (body.empty()) return;
+    line(indent, fmt::format("// phase {}", p));
+    for (int r : reduces) {
+      const KInstr& in = k.body[static_cast<size_t>(r)];
+      line(indent, fmt::format("{} {} = {};", c_type(in.dtype), v(r), c_literal(in.dtype, identity(in), kD)));
+      if (is_min_max_reduction(in.attr)) line(indent, fmt::format("int {}_nan = 0;", v(r)));
+    }
+    if (serial) {
+      line(indent, fmt::format("for (long long t = 0; t < {}LL; ++t) {{", k.inner_count()));
+    } else {
+      line(indent, fmt::format("for (long long t = threadIdx.x; t < {}LL; t += blockDim.x) {{", k.inner_count()));
+    }
+    split_inner(indent + 1, "t");
+    for (int i : body) emit(indent + 1, i, false);
+    line(indent, "}");
+    for (int r : reduces) {
+      const KInstr& in = k.body[static_cast<size_t>(r)];
+      if (!serial) {
+        line(indent, fmt::format("{0} = tsl_block_reduce({0}, {1});", v(r), combiner_functor(in)));
+        if (is_min_max_reduction(in.attr)) line(indent, fmt::format("{0}_nan = tsl_block_reduce({0}_nan, TslMax());", v(r)));
+      }
+      if (is_min_max_reduction(in.attr)) line(indent, fmt::format("{0} = {0}_nan ? {1} : {0};", v(r), c_literal(in.dtype, NAN, kD)));
+    }
+    if (!serial && reduces.empty()) line(indent, "__syncthreads();  // this phase's stores before the next phase's loads");
+  }
+
+  std::string generate() {
+    header();
+    line(0, fmt::format("extern \"C\" __global__ void {}({}) {{", kernel_symbol(index), params()));
+    if (form == LaunchForm::pointwise) {
+      const int64_t total = k.outer_count() * k.inner_count();
+      line(1, fmt::format("for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{", total));
+      line(2, fmt::format("const long long o_ = e / {0}LL, t_ = e % {0}LL;", std::max<int64_t>(1, k.inner_count())));
+      split_outer(2, "o_");
+      split_inner(2, "t_");
+      for (size_t i = 0; i < k.body.size(); ++i) emit(2, static_cast<int>(i), false);
+      line(1, "}");
+      line(0, "}");
+      return out;
+    }
+    if (serial)
+      line(1, fmt::format("for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < {}LL; o += (long long)gridDim.x * blockDim.x) {{", k.outer_count()));
+    else
+      line(1, fmt::format("for (long long o = blockIdx.x; o < {}LL; o += gridDim.x) {{", k.outer_count()));
+    split_outer(2, "o");
+    row_bases(2);
+    for (int p = 0; p < k.phases; ++p) {
+      row_instrs(2, p);
+      phase_loop(2, p);
+    }
+    row_instrs(2, k.phases);
+    line(1, "}");
+    line(0, "}");
+    return out;
+  }
+};
+
+std::string conv_function(const Kernel& k, size_t index) {
+  const ConvSpec& c = k.conv;
+  const int64_t cg = c.c / std::max<int64_t>(1, c.groups), ocg = c.oc / std::max<int64_t>(1, c.groups);
+  const int64_t total = c.n * c.oc * c.oh * c.ow;
+  std::string s;
+  s += fmt::format("// direct convolution of kernel {}: x a{} {} [{}, {}, {}, {}], w a{} [{}, {}, {}, {}], y a{} {} [{}, {}, {}, {}]\n",
+                   index, c.x, c.x_nhwc ? "NHWC" : "NCHW", c.n, c.c, c.h, c.wd, c.w, c.oc, cg, c.kh, c.kw, c.y,
+                   c.y_nhwc ? "NHWC" : "NCHW", c.n, c.oc, c.oh, c.ow);
+  s += fmt::format("// stride {}x{}, padding top {} left {}, dilation {}x{}, {} groups; one thread per output element\n",
+                   c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w, c.groups);
+  s += fmt::format("extern \"C\" __global__ void {}(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y) {{\n", conv_symbol(index));
+  s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", total);
+  if (c.y_nhwc)
+    s += fmt::format("    const long long oc = e % {0}LL, ow = e / {0}LL % {1}LL, oh = e / ({0}LL * {1}LL) % {2}LL, n = e / ({0}LL * {1}LL * {2}LL);\n", c.oc, c.ow, c.oh);
+  else
+    s += fmt::format("    const long long ow = e % {0}LL, oh = e / {0}LL % {1}LL, oc = e / ({0}LL * {1}LL) % {2}LL, n = e / ({0}LL * {1}LL * {2}LL);\n", c.ow, c.oh, c.oc);
+  s += fmt::format("    const long long g = oc / {}LL;\n", ocg);
+  s += "    float acc = 0.0f;\n";
+  s += fmt::format("    for (long long ci = 0; ci < {}LL; ++ci) {{\n", cg);
+  s += fmt::format("      const long long ch = g * {}LL + ci;\n", cg);
+  s += fmt::format("      for (long long kh = 0; kh < {}LL; ++kh) {{\n", c.kh);
+  s += fmt::format("        const long long ih = oh * {}LL - {}LL + kh * {}LL;\n", c.stride_h, c.pad_top, c.dil_h);
+  s += fmt::format("        if (ih < 0 || ih >= {}LL) continue;\n", c.h);
+  s += fmt::format("        for (long long kw = 0; kw < {}LL; ++kw) {{\n", c.kw);
+  s += fmt::format("          const long long iw = ow * {}LL - {}LL + kw * {}LL;\n", c.stride_w, c.pad_left, c.dil_w);
+  s += fmt::format("          if (iw < 0 || iw >= {}LL) continue;\n", c.wd);
+  if (c.x_nhwc)
+    s += fmt::format("          const float xv = x[((n * {0}LL + ih) * {1}LL + iw) * {2}LL + ch];\n", c.h, c.wd, c.c);
+  else
+    s += fmt::format("          const float xv = x[((n * {0}LL + ch) * {1}LL + ih) * {2}LL + iw];\n", c.c, c.h, c.wd);
+  s += fmt::format("          acc += xv * w[((oc * {}LL + ci) * {}LL + kh) * {}LL + kw];\n", cg, c.kh, c.kw);
+  s += "        }\n      }\n    }\n    y[e] = acc;\n  }\n}\n";
+  return s;
+}
+
+std::string matmul_function(const Kernel& k, size_t index) {
+  const MatmulSpec& m = k.mm;
+  const bool dense_c = m.c_batch == 0 && m.c_m == 0 && m.c_n == 0;
+  const int64_t cb = dense_c ? m.m * m.n : m.c_batch, cm = dense_c ? m.n : m.c_m, cn = dense_c ? 1 : m.c_n;
+  std::string s;
+  s += fmt::format("// direct matmul of kernel {} (runs when cuBLASLt cannot: strides no layout takes): one thread per result element\n", index);
+  s += fmt::format("extern \"C\" __global__ void {}(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c) {{\n", matmul_symbol(index));
+  s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", m.batch * m.m * m.n);
+  s += fmt::format("    const long long n = e % {0}LL, mm = e / {0}LL % {1}LL, bt = e / ({0}LL * {1}LL);\n", m.n, m.m);
+  s += fmt::format("    const float* pa = a + {}LL + bt * {}LL + mm * {}LL;\n", m.a_offset, m.a_batch, m.a_m);
+  s += fmt::format("    const float* pb = b + {}LL + bt * {}LL + n * {}LL;\n", m.b_offset, m.b_batch, m.b_n);
+  s += "    float acc = 0.0f;\n";
+  s += fmt::format("    for (long long kk = 0; kk < {}LL; ++kk) acc += pa[kk * {}LL] * pb[kk * {}LL];\n", m.k, m.a_k, m.b_k);
+  s += fmt::format("    c[bt * {}LL + mm * {}LL + n * {}LL] = acc;\n", cb, cm, cn);
+  s += "  }\n}\n";
+  return s;
+}
+
+std::vector<int64_t> row_strides_of(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> st(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) st[d - 1] = st[d] * shape[d];
+  return st;
+}
+
+bool static_value(const Value* v) { return v && shape_known(v->type.shape); }
+
+// The out-index decomposition of element e of `shape` into i0.. (row-major).
+std::string split_index(const std::vector<int64_t>& shape, const std::string& indent) {
+  std::string s = indent + "long long r_ = e;\n";
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (d == 0) s += indent + "const long long i0 = r_;\n";
+    else s += indent + fmt::format("const long long i{0} = r_ % {1}LL; r_ /= {1}LL;\n", d, shape[d]);
+  }
+  if (shape.empty()) s += indent + "(void)r_;\n";
+  return s;
+}
+
+}  // namespace
+
+bool device_node_supported(const Node& n) {
+  if (n.op->domain != "tessel.core" || n.outputs.size() != 1 || !static_value(n.outputs[0])) return false;
+  for (const Value* v : n.inputs)
+    if (!static_value(v)) return false;
+  const DType t = n.outputs[0]->type.dtype;
+  if (t != DType::f32 && t != DType::f64 && t != DType::i32 && t != DType::i64 && t != DType::boolean) return false;
+  if (is_core_op(n, CoreOp::broadcast_in_dim)) {
+    if (n.inputs.size() != 1 || n.inputs[0]->type.dtype != t) return false;
+    const std::vector<int64_t> dims = n.attr_ints("dims");
+    if (dims.size() != n.inputs[0]->type.shape.size()) return false;
+    for (int64_t d : dims)
+      if (d < 0 || d >= static_cast<int64_t>(n.outputs[0]->type.shape.size())) return false;
+    return true;
+  }
+  if (is_core_op(n, CoreOp::gather)) {
+    if (n.inputs.size() != 2) return false;
+    const DType it = n.inputs[1]->type.dtype;
+    const int64_t axis = n.attr_i("axis");
+    const auto& data = n.inputs[0]->type.shape;
+    return (it == DType::i32 || it == DType::i64) && axis >= 0 && axis < static_cast<int64_t>(data.size()) &&
+           n.inputs[1]->type.shape.size() == data.size() && n.inputs[0]->type.dtype == t;
+  }
+  return false;
+}
+
+std::string node_symbol(size_t node_index) { return fmt::format("tsl_n{}", node_index); }
+
+LaunchShape node_launch_shape(const Node& n, int sms) {
+  const int64_t total = shape_numel(n.outputs[0]->type.shape);
+  return LaunchShape{LaunchForm::pointwise, cap((total + 255) / 256, 1, std::max(1, sms) * int64_t{8}), 256};
+}
+
+std::string generate_node(const Node& n, size_t node_index) {
+  if (!device_node_supported(n)) fail("no device function for '{}'", n.op->name);
+  const Value* out = n.outputs[0];
+  const std::vector<int64_t>& oshape = out->type.shape;
+  const int64_t total = shape_numel(oshape);
+  const std::string t = c_storage_type(out->type.dtype);
+  std::string s = fmt::format("// node {} ({}): {} -> {}, on the device instead of a host step\n", node_index, n.op->name,
+                              cpp_comment_text(n.name), out->type.str());
+  const std::string loop = fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", total);
+  if (is_core_op(n, CoreOp::broadcast_in_dim)) {
+    const std::vector<int64_t>& in = n.inputs[0]->type.shape;
+    const std::vector<int64_t> dims = n.attr_ints("dims"), ist = row_strides_of(in);
+    std::vector<int64_t> st(oshape.size(), 0);
+    for (size_t i = 0; i < dims.size(); ++i)
+      if (!(in[i] == 1 && oshape[static_cast<size_t>(dims[i])] != 1)) st[static_cast<size_t>(dims[i])] = ist[i];
+    std::string src;
+    for (size_t d = 0; d < st.size(); ++d)
+      if (st[d]) src += (src.empty() ? "" : " + ") + fmt::format("i{} * {}LL", d, st[d]);
+    s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {1}* __restrict__ y) {{\n", node_symbol(node_index), t);
+    s += loop + split_index(oshape, "    ");
+    s += fmt::format("    y[e] = x[{}];\n  }}\n}}\n", src.empty() ? "0" : src);
+    return s;
+  }
+  // gather: out[i] = data[i with idx[i] at axis]
+  const std::vector<int64_t>& data = n.inputs[0]->type.shape;
+  const int64_t axis = n.attr_i("axis");
+  const std::vector<int64_t> dst = row_strides_of(data);
+  std::string src = fmt::format("j * {}LL", dst[static_cast<size_t>(axis)]);
+  for (size_t d = 0; d < data.size(); ++d)
+    if (static_cast<int64_t>(d) != axis && dst[d]) src += fmt::format(" + i{} * {}LL", d, dst[d]);
+  const std::string it = c_storage_type(n.inputs[1]->type.dtype);
+  s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ data, const {2}* __restrict__ idx, {1}* __restrict__ y, int* err) {{\n",
+                   node_symbol(node_index), t, it);
+  s += loop + split_index(oshape, "    ");
+  s += fmt::format("    long long j = (long long)idx[e];\n    if (j < 0) j += {0}LL;\n", data[static_cast<size_t>(axis)]);
+  s += fmt::format("    if (j < 0 || j >= {}LL) {{ atomicExch(err, 1); y[e] = 0; continue; }}\n", data[static_cast<size_t>(axis)]);
+  s += fmt::format("    y[e] = data[{}];\n  }}\n}}\n", src);
+  return s;
+}
+
+std::string kernel_symbol(size_t index) { return fmt::format("tsl_k{}", index); }
+std::string conv_symbol(size_t index) { return fmt::format("tsl_k{}_conv", index); }
+std::string matmul_symbol(size_t index) { return fmt::format("tsl_k{}_mm", index); }
+
+bool has_generated_function(const Kernel& k) { return !k.body.empty(); }
+
+LaunchForm launch_form(const Kernel& k) {
+  return !has_reduction(k) && k.phases == 1 ? LaunchForm::pointwise : LaunchForm::rows;
+}
+
+LaunchShape launch_shape(const Kernel& k, int sms) {
+  LaunchShape s;
+  s.form = launch_form(k);
+  const int64_t waves = std::max(1, sms) * int64_t{8};
+  if (s.form == LaunchForm::pointwise) {
+    const int64_t total = k.outer_count() * k.inner_count();
+    s.threads = 256;
+    s.blocks = cap((total + 255) / 256, 1, waves);
+  } else if (k.inner_count() <= kSerialInner) {
+    s.threads = 128;
+    s.blocks = cap((k.outer_count() + 127) / 128, 1, waves);
+  } else {
+    s.threads = static_cast<int>(cap((k.inner_count() + 31) / 32 * 32, 32, 256));
+    s.blocks = cap(k.outer_count(), 1, waves * 4);
+  }
+  return s;
+}
+
+LaunchShape conv_launch_shape(const Kernel& k, int sms) {
+  const ConvSpec& c = k.conv;
+  return LaunchShape{LaunchForm::pointwise, cap((c.n * c.oc * c.oh * c.ow + 255) / 256, 1, std::max(1, sms) * int64_t{16}), 256};
+}
+
+LaunchShape matmul_launch_shape(const Kernel& k, int sms) {
+  const MatmulSpec& m = k.mm;
+  return LaunchShape{LaunchForm::pointwise, cap((m.batch * m.m * m.n + 255) / 256, 1, std::max(1, sms) * int64_t{16}), 256};
+}
+
+bool fits_cublaslt(const MatmulSpec& mm) {
+  // cuBLASLt takes column-major matrices with a leading dimension; the row-major product is computed as
+  // C^T = B^T . A^T. Every operand needs one unit-stride dim (the other is its leading dimension).
+  const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
+  const int64_t c_m = dense_c ? mm.n : mm.c_m, c_n = dense_c ? 1 : mm.c_n;
+  if (c_n != 1 && mm.n > 1) return false;
+  if (mm.m > 1 && c_m < mm.n) return false;
+  const bool b_ok = (mm.b_n == 1 || mm.n == 1) ? (mm.k == 1 || mm.b_k >= mm.n) : (mm.b_k == 1 || mm.k == 1) && mm.b_n >= mm.k;
+  const bool a_ok = (mm.a_k == 1 || mm.k == 1) ? (mm.m == 1 || mm.a_m >= mm.k) : (mm.a_m == 1 || mm.m == 1) && mm.a_k >= mm.m;
+  return b_ok && a_ok && mm.m > 0 && mm.n > 0 && mm.k > 0;
+}
+
+const std::string& cuda_prelude() {
+  static const std::string text = R"(// tessel CUDA prelude: fixed-width types, the math the C spellings call, the block reduction.
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+__device__ __forceinline__ float tsl_nanf() { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ float tsl_inff() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ double tsl_nan() { return __longlong_as_double(0x7ff8000000000000LL); }
+__device__ __forceinline__ double tsl_inf() { return __longlong_as_double(0x7ff0000000000000LL); }
+// max/min propagate NaN (the core ops' rule, as the CPU runtime's tsl_max/tsl_min)
+__device__ __forceinline__ float tsl_max(float a, float b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); }
+__device__ __forceinline__ float tsl_min(float a, float b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); }
+__device__ __forceinline__ double tsl_max_f64(double a, double b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); }
+__device__ __forceinline__ double tsl_min_f64(double a, double b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); }
+__device__ __forceinline__ float tsl_exp(float x) { return expf(x); }
+__device__ __forceinline__ float tsl_log(float x) { return logf(x); }
+__device__ __forceinline__ float tsl_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ float tsl_sin(float x) { return sinf(x); }
+__device__ __forceinline__ float tsl_cos(float x) { return cosf(x); }
+__device__ __forceinline__ float tsl_atan(float x) { return atanf(x); }
+__device__ __forceinline__ float tsl_erf(float x) { return erff(x); }
+__device__ __forceinline__ float tsl_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ float tsl_floor(float x) { return floorf(x); }
+__device__ __forceinline__ float tsl_round_even(float x) { return rintf(x); }
+__device__ __forceinline__ float tsl_fmod(float x, float y) { return fmodf(x, y); }
+__device__ __forceinline__ float tsl_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double tsl_exp_f64(double x) { return exp(x); }
+__device__ __forceinline__ double tsl_log_f64(double x) { return log(x); }
+__device__ __forceinline__ double tsl_sqrt_f64(double x) { return sqrt(x); }
+__device__ __forceinline__ double tsl_sin_f64(double x) { return sin(x); }
+__device__ __forceinline__ double tsl_cos_f64(double x) { return cos(x); }
+__device__ __forceinline__ double tsl_atan_f64(double x) { return atan(x); }
+__device__ __forceinline__ double tsl_erf_f64(double x) { return erf(x); }
+__device__ __forceinline__ double tsl_tanh_f64(double x) { return tanh(x); }
+__device__ __forceinline__ double tsl_floor_f64(double x) { return floor(x); }
+__device__ __forceinline__ double tsl_round_even_f64(double x) { return rint(x); }
+__device__ __forceinline__ double tsl_fmod_f64(double x, double y) { return fmod(x, y); }
+__device__ __forceinline__ double tsl_pow_f64(double x, double y) { return pow(x, y); }
+// Combiners of the block reduction (partial results hold no NaN: max/min keep a flag beside them).
+struct TslSum { template <class T> __device__ T operator()(T a, T b) const { return a + b; } };
+struct TslProd { template <class T> __device__ T operator()(T a, T b) const { return a * b; } };
+struct TslMax { template <class T> __device__ T operator()(T a, T b) const { return b > a ? b : a; } };
+struct TslMin { template <class T> __device__ T operator()(T a, T b) const { return b < a ? b : a; } };
+template <class T> __device__ __forceinline__ T tsl_shfl(T v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
+__device__ __forceinline__ bool tsl_shfl(bool v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, (int)v, lane_mask) != 0; }
+// The whole block's combination of v (blockDim.x a multiple of 32): every thread gets the same result,
+// combined in the same order, so a row's value does not depend on which thread reads it.
+template <class T, class Op> __device__ T tsl_block_reduce(T v, Op op) {
+  __shared__ T partial[32];
+  for (int m = 16; m > 0; m >>= 1) v = op(v, tsl_shfl(v, m));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();  // the previous reduction's readers are done with `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  T r = partial[0];
+  for (int w = 1; w < warps; ++w) r = op(r, partial[w]);
+  return r;
+}
+)";
+  return text;
+}
+
+std::string generate_kernel(const Kernel& k, size_t index) {
+  try {
+    std::string s;
+    if (k.kind == KernelKind::conv) {
+      if (k.conv.groups <= 0 || k.conv.c % k.conv.groups != 0 || k.conv.oc % k.conv.groups != 0)
+        fail("convolution with {} groups of {} input and {} output channels", k.conv.groups, k.conv.c, k.conv.oc);
+      s += conv_function(k, index) + "\n";
+    }
+    // Every matmul gets its direct kernel: the runtime falls back to it when cuBLASLt has no algorithm.
+    if (k.kind == KernelKind::matmul) s += matmul_function(k, index) + "\n";
+    if (has_generated_function(k)) s += Emitter(k, index).generate();
+    return s;
+  } catch (const Error& e) {
+    throw e.with_context(Location{.node = k.name, .op = "kernel", .pass = "codegen-cuda"});
+  }
+}
+
+std::string generate_cuda(const KernelModule& m, const std::string& model_name) {
+  std::string s = fmt::format("// Generated by tessel from {} (kernel level -> CUDA C++, compiled by NVRTC).\n", cpp_comment_text(model_name));
+  s += "// One __global__ function per kernel; comments name the source nodes each kernel fuses.\n";
+  s += cuda_prelude();
+  for (size_t i = 0; i < m.kernels.size(); ++i) {
+    const std::string f = generate_kernel(m.kernels[i], i);
+    if (!f.empty()) s += "\n" + f;
+  }
+  if (m.graph) {
+    const auto& nodes = m.graph->nodes();
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (!is_kernel_node(*nodes[i]) && device_node_supported(*nodes[i])) s += "\n" + generate_node(*nodes[i], i);
+  }
+  return s;
+}
+
+}  // namespace tessel::cuda

@@ -1,0 +1,69 @@
+// CUDA C++ generation for the CUDA target (docs/runtime/cuda-backend.md): one `__global__` function
+// per kernel of a kernel module, compiled at run time by NVRTC (targets/cuda/nvrtc.h).
+//
+//   extern "C" __global__ void tsl_k<index>(T0* a0, T1* a1, ...)   one pointer per kernel arg
+//
+// Two launch forms, decided per kernel (launch_form):
+//   pointwise  no reduction: every loop point (outer x inner) is one element of a grid-stride loop.
+//   rows       each outer point is one block (grid-stride over the outer points); its threads split
+//              the inner loop of every phase, and each reduction ends in a block reduction whose
+//              result every thread holds for the next phases (softmax, layer norm).
+// Matmul kernels run through cuBLASLt first (or tsl_k<index>_mm, a direct kernel every matmul kernel
+// gets, when their strides fit no cuBLASLt layout or cuBLASLt offers no algorithm); convolution kernels through tsl_k<index>_conv, a direct convolution;
+// tsl_k<index> is then their epilogue. Identifiers come from the kernel's index only; every name
+// (kernels, source nodes, values, the model) appears only in comments, escaped by cpp_comment_text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessel/kernel/kernel.h"
+
+namespace tessel::cuda {
+
+enum class LaunchForm { pointwise, rows };
+
+struct LaunchShape {
+  LaunchForm form = LaunchForm::pointwise;
+  int64_t blocks = 1;
+  int threads = 256;
+};
+
+std::string kernel_symbol(size_t index);       // tsl_k3
+std::string conv_symbol(size_t index);         // tsl_k3_conv
+std::string matmul_symbol(size_t index);       // tsl_k3_mm (the direct fallback)
+bool has_generated_function(const Kernel& k);  // a loop kernel, or a library kernel with an epilogue
+LaunchForm launch_form(const Kernel& k);
+// The grid of a kernel's generated function: `sms` multiprocessors to fill (blocks are capped at a
+// few waves of them; the grid-stride loops cover the rest).
+LaunchShape launch_shape(const Kernel& k, int sms);
+LaunchShape conv_launch_shape(const Kernel& k, int sms);
+LaunchShape matmul_launch_shape(const Kernel& k, int sms);
+
+// Whether cuBLASLt can run the matmul of `mm` as given (unit stride on one dim of each operand and
+// of the result, leading dims large enough); otherwise the direct tsl_k<i>_mm kernel runs it.
+bool fits_cublaslt(const MatmulSpec& mm);
+
+// Core nodes no kernel covers that run on the GPU as a generated pointwise function tsl_n<node index>
+// (its position in the kernel-level graph) instead of a host step: broadcast_in_dim, and gather
+// (GatherElements; an index out of range sets the int at `err` and writes 0, and the runtime reports
+// it after the call, so no read leaves the buffer). Parameters: the operands, the result, then `err`
+// for gather.
+bool device_node_supported(const Node& n);
+std::string node_symbol(size_t node_index);
+std::string generate_node(const Node& n, size_t node_index);
+LaunchShape node_launch_shape(const Node& n, int sms);
+
+// The prelude every translation unit starts with: fixed-width types (NVRTC has no <cstdint>), the
+// math functions the C spellings call (tsl_exp, tsl_max, ... with the CPU runtime's NaN rules) and
+// the block reduction.
+const std::string& cuda_prelude();
+
+// The whole translation unit: a banner, the prelude, every kernel's functions and the functions of the
+// graph's device nodes (device_node_supported).
+std::string generate_cuda(const KernelModule& m, const std::string& model_name);
+// One kernel's functions (its epilogue or loop function, and the direct conv/matmul where it has one).
+std::string generate_kernel(const Kernel& k, size_t index);
+
+}  // namespace tessel::cuda

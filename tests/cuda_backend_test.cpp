@@ -1,0 +1,226 @@
+// The CUDA target (docs/runtime/cuda-backend.md): every corpus model's generated CUDA C++ compiles with
+// NVRTC (wherever the toolkit is, GPU or not), each model run on the GPU matches the eager interpreter,
+// hostile names stay inside comments, and the page's worked example is what the generator prints.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <sstream>
+
+#include "corpus_util.h"
+#include "tessel/ir/printer.h"
+#include "tessel/runtime/cuda_backend.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/support/error.h"
+#include "tessel/targets/cuda/codegen.h"
+#include "tessel/targets/cuda/toolchain.h"
+#include "test_util.h"
+
+using namespace tessel;
+
+namespace {
+
+const char* const kCorpus[] = {"tblock_s", "attn_s", "ffn_s", "bert_tiny", "gpt2_tiny", "mobilenet_v2", "tblock_bert"};
+
+// A small softmax over rows of 64: one rows-form kernel of three phases (max, sum, normalise).
+const char* const kSoftmax = R"(graph @softmax_rows(%x: f32[2,64]) {
+  %m: f32[2] = reduce(%x) {axes = [1], kind = "max"} loc("/Softmax")
+  %mb: f32[2,64] = broadcast_in_dim(%m) {dims = [0], shape = [2, 64]} loc("/Softmax")
+  %n: f32[2,64] = neg(%mb) loc("/Softmax")
+  %d: f32[2,64] = add(%x, %n) loc("/Softmax")
+  %e: f32[2,64] = exp(%d) loc("/Softmax")
+  %z: f32[2] = reduce(%e) {axes = [1], kind = "sum"} loc("/Softmax")
+  %zb: f32[2,64] = broadcast_in_dim(%z) {dims = [0], shape = [2, 64]} loc("/Softmax")
+  %p: f32[2,64] = div(%e, %zb) loc("/Softmax")
+  return %p
+}
+)";
+
+cuda::NvrtcOptions test_nvrtc() {
+  cuda::NvrtcOptions o;
+  o.arch = cuda::device_arch("sm_90");
+  o.cache_dir = testing::TempDir() + "/tessel_cuda_cache";
+  return o;
+}
+
+Tensor ramp(const Shape& s) {
+  Tensor t(DType::f32, s);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>((i * 37 % 101) - 50) / 17.0f;
+  return t;
+}
+
+}  // namespace
+
+class CudaCorpus : public testing::TestWithParam<const char*> {};
+
+// Generation needs no toolkit; compiling needs NVRTC (a GPU does not matter: sm_90 is the target).
+TEST_P(CudaCorpus, GeneratedSourceCompilesWithNvrtc) {
+  if (!testenv::have_shared()) {
+    GTEST_SKIP() << "needs ../shared";
+  }
+  testenv::CorpusCase c = testenv::load_corpus_model(GetParam());
+  KernelModule m = lower_for_cuda(std::move(c.model.graph), c.inputs);
+  const std::string src = cuda::generate_cuda(m, GetParam());
+  ASSERT_FALSE(m.kernels.empty());
+  for (size_t i = 0; i < m.kernels.size(); ++i)
+    if (cuda::has_generated_function(m.kernels[i])) {
+      EXPECT_NE(src.find("__global__ void " + cuda::kernel_symbol(i) + "("), std::string::npos) << GetParam() << " kernel " << i;
+    }
+  if (!cuda::built_with_cuda()) GTEST_SKIP() << "source generated; compiling it needs the CUDA toolkit (-DTESSEL_CUDA=ON)";
+  cuda::NvrtcOptions o = test_nvrtc();
+  o.use_cache = false;
+  const cuda::NvrtcResult r = cuda::compile_cuda_source(src, GetParam(), o);
+  EXPECT_GT(r.cubin.size(), 1000u);
+}
+
+// On a GPU: the model's outputs equal the eager interpreter's, on the first (stream) call, the second
+// (captured into a CUDA graph) and the third (graph replay).
+TEST_P(CudaCorpus, MatchesEagerOnTheGpu) {
+  if (!testenv::have_shared()) {
+    GTEST_SKIP() << "needs ../shared";
+  }
+  if (!cuda::device_info().usable) {
+    GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  }
+  testenv::CorpusCase c = testenv::load_corpus_model(GetParam());
+  const std::vector<Tensor> eager = run_eager(*c.model.graph, c.inputs);
+  CudaBackendOptions o;
+  o.cache_dir = testing::TempDir() + "/tessel_cuda_cache";
+  o.model_name = GetParam();
+  auto exe = compile_cuda(std::move(c.model.graph), c.inputs, o);
+  for (int call = 0; call < 3; ++call) {
+    const std::vector<Tensor> outs = exe->run(c.inputs);
+    testenv::expect_matches_reference(outs, eager, std::string(GetParam()) + " call " + std::to_string(call), 1e-4);
+  }
+  if (exe->stats().host_steps == 0) {
+    EXPECT_TRUE(exe->uses_graph()) << GetParam();
+  }
+  testenv::expect_matches_reference(exe->run(c.inputs), c.refs, std::string(GetParam()) + " vs its data set", 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaCorpus, testing::ValuesIn(kCorpus),
+                         [](const testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
+
+// Every name a model carries is hostile here: each must reach the source only inside a // comment,
+// escaped (no line break, no comment close, no backslash at a line end), and the source must compile.
+TEST(CudaCodegen, HostileNamesStayInComments) {
+  const std::string hostile = "q\"uote\nnew line */ evil(); /* \\\n#define X 1\\";
+  auto g = parse_graph(kSoftmax);
+  for (const auto& n : g->nodes()) const_cast<Node&>(*n).name = hostile;
+  for (const auto& v : g->values()) v->name = hostile + v->name;
+  g->name = hostile;
+  KernelModule m = lower_for_cuda(std::move(g));
+  ASSERT_EQ(m.kernels.size(), 1u);
+  m.kernels[0].name = hostile;
+  const std::string src = cuda::generate_cuda(m, hostile);
+  std::istringstream lines(src);
+  int mentions = 0;
+  for (std::string l; std::getline(lines, l);) {
+    const bool comment = l.rfind("//", 0) == 0;
+    if (l.find("evil") != std::string::npos) {
+      ++mentions;
+      EXPECT_TRUE(comment) << "a name left its comment: " << l;
+      EXPECT_EQ(l.find("*/"), std::string::npos) << l;
+    }
+    EXPECT_TRUE(l.empty() || l.back() != '\\') << "line splice: " << l;
+    if (!comment) {
+      EXPECT_EQ(l.find("#define"), std::string::npos) << "a planted directive: " << l;
+    }
+  }
+  EXPECT_GE(mentions, 3) << "the names are shown (escaped) in the provenance comments";
+  if (!cuda::built_with_cuda()) GTEST_SKIP() << "escaping checked; compiling needs the CUDA toolkit";
+  EXPECT_NO_THROW(cuda::compile_cuda_source(src, "hostile", test_nvrtc()));
+}
+
+// A cubin cached under the key is used again; a damaged one is compiled again.
+TEST(CudaToolchain, CacheHitsAndRecoversFromDamage) {
+  if (!cuda::built_with_cuda()) GTEST_SKIP() << "needs the CUDA toolkit (-DTESSEL_CUDA=ON)";
+  cuda::NvrtcOptions o = test_nvrtc();
+  o.cache_dir = testing::TempDir() + "/tessel_cuda_cache_damage";
+  std::filesystem::remove_all(o.cache_dir);
+  KernelModule m = lower_for_cuda(parse_graph(kSoftmax));
+  const std::string src = cuda::generate_cuda(m, "softmax");
+  const cuda::NvrtcResult a = cuda::compile_cuda_source(src, "softmax", o);
+  EXPECT_FALSE(a.cache_hit);
+  const cuda::NvrtcResult b = cuda::compile_cuda_source(src, "softmax", o);
+  EXPECT_TRUE(b.cache_hit);
+  EXPECT_EQ(a.cubin, b.cubin);
+  { std::ofstream(b.cache_path, std::ios::binary | std::ios::trunc) << "not a cubin"; }
+  const cuda::NvrtcResult c = cuda::compile_cuda_source(src, "softmax", o);
+  EXPECT_FALSE(c.cache_hit);
+  EXPECT_EQ(c.cubin, a.cubin);
+  EXPECT_THROW(cuda::compile_cuda_source("__global__ void broken( {", "broken", o), Error);
+}
+
+// The softmax on the GPU against the eager interpreter, through every launch form's neighbour: a rows
+// form with block reductions (inner 64), and with the rows one per thread (inner 8).
+TEST(CudaBackend, SoftmaxMatchesEager) {
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  for (const char* width : {"64", "8"}) {
+    std::string text = std::regex_replace(std::string(kSoftmax), std::regex("64"), width);
+    auto g = parse_graph(text);
+    const Tensor x = ramp({2, std::stoi(width)});
+    const std::vector<Tensor> eager = run_eager(*g, {x});
+    auto exe = compile_cuda(parse_graph(text), {x});
+    testenv::expect_matches_reference(exe->run({x}), eager, std::string("softmax width ") + width, 1e-6);
+  }
+}
+
+// Without a GPU, compiling for it is one line naming the reason (no crash, no partial work).
+TEST(CudaBackend, NoDeviceIsOneLineError) {
+  if (cuda::device_info().usable) GTEST_SKIP() << "a GPU is present";
+  try {
+    compile_cuda(parse_graph(kSoftmax));
+    FAIL() << "compile_cuda without a device returned";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    EXPECT_FALSE(what.empty());
+  }
+}
+
+// docs/runtime/cuda-backend.md: the ```tsl cuda-example graph, lowered for CUDA, generates the
+// ```cuda k0 block exactly.
+TEST(Docs, CudaBackendWorkedExample) {
+  const std::string md = testenv::read_text(testenv::source_dir() + "/docs/runtime/cuda-backend.md");
+  auto block = [&](const std::string& fence) {
+    const size_t b = md.find(fence + "\n");
+    if (b == std::string::npos) return std::string();
+    const size_t s = b + fence.size() + 1;
+    return md.substr(s, md.find("```", s) - s);
+  };
+  const std::string graph = block("```tsl cuda-example"), want = block("```cuda k0");
+  ASSERT_FALSE(graph.empty() || want.empty()) << "the page needs a ```tsl cuda-example and a ```cuda k0 block";
+  KernelModule m = lower_for_cuda(parse_graph(graph));
+  ASSERT_EQ(m.kernels.size(), 1u);
+  EXPECT_EQ(cuda::generate_kernel(m.kernels[0], 0), want);
+}
+
+// Gather and broadcast_in_dim run on the device (no host step); an index out of range is a one-line
+// error naming the node after the call, never a read outside the buffer.
+TEST(CudaBackend, GatherOnTheDeviceChecksIndices) {
+  const char* text = R"(graph @gather_rows(%d: f32[4,3], %i: i64[2,3]) {
+  %g: f32[2,3] = gather(%d, %i) {axis = 0} loc("/Gather")
+  return %g
+}
+)";
+  KernelModule m = lower_for_cuda(parse_graph(text));
+  const std::string src = cuda::generate_cuda(m, "gather");
+  EXPECT_NE(src.find("__global__ void tsl_n"), std::string::npos) << src;
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  Tensor d = ramp({4, 3}), i(DType::i64, {2, 3});
+  const int64_t good[] = {0, 3, -1, 2, 1, 0};
+  for (int k = 0; k < 6; ++k) i.data<int64_t>()[k] = good[k];
+  auto exe = compile_cuda(parse_graph(text), {d, i});
+  EXPECT_EQ(exe->stats().host_steps, 0);
+  testenv::expect_matches_reference(exe->run({d, i}), run_eager(*parse_graph(text), {d, i}), "gather", 0);
+  i.data<int64_t>()[4] = 4;
+  try {
+    exe->run({d, i});
+    FAIL() << "an index of 4 into a dim of 4 passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
+  i.data<int64_t>()[4] = 1;
+  EXPECT_NO_THROW(exe->run({d, i}));  // the flag was reset
+}
