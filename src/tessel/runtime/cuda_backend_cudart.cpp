@@ -17,6 +17,7 @@
 #include "tessel/runtime/core_kernels.h"
 #include "tessel/runtime/cuda_backend.h"
 #include "tessel/support/error.h"
+#include "tessel/targets/cuda/libs.h"
 #include "tessel/support/escape.h"
 #include "tessel/support/limits.h"
 #include "tessel/targets/cuda/codegen.h"
@@ -75,10 +76,10 @@ struct LtMatmul {
   cublasLtMatmulAlgo_t algo{};
   bool per_batch = false;  // a broadcast operand (batch stride 0): one call per batch
   ~LtMatmul() {
-    if (op) cublasLtMatmulDescDestroy(op);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (op) cuda::cublaslt().cublasLtMatmulDescDestroy(op);
+    if (la) cuda::cublaslt().cublasLtMatrixLayoutDestroy(la);
+    if (lb) cuda::cublaslt().cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cuda::cublaslt().cublasLtMatrixLayoutDestroy(lc);
   }
 };
 
@@ -156,7 +157,7 @@ CudaExecutableImpl::~CudaExecutableImpl() {
   if (exec_) cudaGraphExecDestroy(exec_);
   if (graph_) cudaGraphDestroy(graph_);
   steps_.clear();  // LtMatmul descriptors before the handle
-  if (lt_) cublasLtDestroy(lt_);
+  if (lt_) cuda::cublaslt().cublasLtDestroy(lt_);
   if (lib_) cudaLibraryUnload(lib_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -186,11 +187,11 @@ MatrixShape y_shape(const MatmulSpec& m) {
 cublasLtMatrixLayout_t make_layout(const MatrixShape& s, int64_t batch, int64_t batch_stride) {
   cublasLtMatrixLayout_t l = nullptr;
   const int64_t ld = std::max<int64_t>(s.ld, static_cast<int64_t>(s.rows));  // unused when cols == 1
-  ck(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, s.rows, s.cols, s.cols == 1 ? std::max<int64_t>(ld, 1) : s.ld), "cublasLtMatrixLayoutCreate");
+  ck(cuda::cublaslt().cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, s.rows, s.cols, s.cols == 1 ? std::max<int64_t>(ld, 1) : s.ld), "cublasLtMatrixLayoutCreate");
   if (batch > 1) {
     int32_t b = static_cast<int32_t>(batch);
-    ck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b), "batch count");
-    ck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof batch_stride), "batch stride");
+    ck(cuda::cublaslt().cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b), "batch count");
+    ck(cuda::cublaslt().cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof batch_stride), "batch stride");
   }
   return l;
 }
@@ -283,7 +284,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   for (size_t r = 0; r < reqs.size(); ++r) ptr_[static_cast<size_t>(req_value[r])] = static_cast<uint8_t*>(arena_.p) + plan.offsets[r];
 
   // ---- steps
-  ck(cublasLtCreate(&lt_), "cublasLtCreate");
+  ck(cuda::cublaslt().cublasLtCreate(&lt_), "cublasLtCreate");
   workspace_ = DeviceBuffer(kWorkspaceBytes, "the cuBLASLt workspace");
   int gathers = 0;
   for (const auto& np : nodes)
@@ -407,31 +408,31 @@ std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, cons
   lt->per_batch = mm.batch > 1 && (mm.a_batch == 0 || mm.b_batch == 0 || cb == 0);
   const int64_t lb = lt->per_batch ? 1 : mm.batch;
   const MatrixShape xs = x_shape(mm), ys = y_shape(mm);
-  ck(cublasLtMatmulDescCreate(&lt->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  ck(cuda::cublaslt().cublasLtMatmulDescCreate(&lt->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t ta = xs.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = ys.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  ck(cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
-  ck(cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
+  ck(cuda::cublaslt().cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
+  ck(cuda::cublaslt().cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
   lt->la = make_layout(xs, lb, mm.b_batch);
   lt->lb = make_layout(ys, lb, mm.a_batch);
   lt->lc = make_layout(MatrixShape{static_cast<uint64_t>(mm.n), static_cast<uint64_t>(mm.m), mm.m == 1 ? std::max<int64_t>(cm, mm.n) : cm, false}, lb, cb);
   cublasLtMatmulPreference_t pref = nullptr;
-  ck(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  ck(cuda::cublaslt().cublasLtMatmulPreferenceCreate(&pref), "preference");
   const uint64_t ws = kWorkspaceBytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
   const float* A = static_cast<const float*>(args[static_cast<size_t>(mm.a)]) + mm.a_offset;
   const float* B = static_cast<const float*>(args[static_cast<size_t>(mm.b)]) + mm.b_offset;
   // cuBLASLt's A is B^T here and its B is A^T (C^T = B^T . A^T)
   const uint32_t al_a = static_cast<uint32_t>(alignment_of(B, mm.b_batch * 4));
   const uint32_t al_b = static_cast<uint32_t>(alignment_of(A, mm.a_batch * 4));
   const uint32_t al_c = static_cast<uint32_t>(alignment_of(args[static_cast<size_t>(mm.c)], cb * 4));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
+  cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+  cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+  cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
+  cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, lt->op, lt->la, lt->lb, lt->lc, lt->lc, pref, 1, &res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t hs = cuda::cublaslt().cublasLtMatmulAlgoGetHeuristic(lt_, lt->op, lt->la, lt->lb, lt->lc, lt->lc, pref, 1, &res, &found);
+  cuda::cublaslt().cublasLtMatmulPreferenceDestroy(pref);
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
   lt->algo = res.algo;
   return lt;
@@ -458,7 +459,7 @@ void CudaExecutableImpl::run_lt(Step& s) {
     const float* x = B + b * mm.b_batch;
     const float* y = A + b * mm.a_batch;
     float* c = C + b * cb;
-    ck(cublasLtMatmul(lt_, s.lt->op, &alpha, x, s.lt->la, y, s.lt->lb, &beta, c, s.lt->lc, c, s.lt->lc, &s.lt->algo,
+    ck(cuda::cublaslt().cublasLtMatmul(lt_, s.lt->op, &alpha, x, s.lt->la, y, s.lt->lb, &beta, c, s.lt->lc, c, s.lt->lc, &s.lt->algo,
                       workspace_.p, kWorkspaceBytes, stream_),
        "cublasLtMatmul");
   }

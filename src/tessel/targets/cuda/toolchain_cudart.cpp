@@ -14,6 +14,7 @@
 
 #include "tessel/support/checksum.h"
 #include "tessel/support/error.h"
+#include "tessel/targets/cuda/libs.h"
 #include "tessel/support/escape.h"
 #include "tessel/support/limits.h"
 #include "tessel/targets/cpu/toolchain.h"
@@ -99,7 +100,7 @@ std::string device_arch(const std::string& fallback) {
 
 int nvrtc_version() {
   int major = 0, minor = 0;
-  if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return 0;
+  if (nvrtc().nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return 0;
   return major * 1000 + minor * 10;
 }
 
@@ -143,25 +144,25 @@ NvrtcResult compile_cuda_source(const std::string& source, const std::string& na
 
   const auto t0 = std::chrono::steady_clock::now();
   nvrtcProgram prog = nullptr;
-  if (nvrtcCreateProgram(&prog, source.c_str(), "tessel_kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
+  if (nvrtc().nvrtcCreateProgram(&prog, source.c_str(), "tessel_kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
     throw Error(Location{.file = name_hint, .pass = "nvrtc"}, "nvrtcCreateProgram failed");
   std::vector<const char*> argv;
   for (const std::string& f : flags) argv.push_back(f.c_str());
-  const nvrtcResult cr = nvrtcCompileProgram(prog, static_cast<int>(argv.size()), argv.data());
+  const nvrtcResult cr = nvrtc().nvrtcCompileProgram(prog, static_cast<int>(argv.size()), argv.data());
   size_t log_size = 0;
-  nvrtcGetProgramLogSize(prog, &log_size);
+  nvrtc().nvrtcGetProgramLogSize(prog, &log_size);
   std::string log(log_size, '\0');
-  if (log_size) nvrtcGetProgramLog(prog, log.data());
+  if (log_size) nvrtc().nvrtcGetProgramLog(prog, log.data());
   if (cr != NVRTC_SUCCESS) {
-    nvrtcDestroyProgram(&prog);
+    nvrtc().nvrtcDestroyProgram(&prog);
     throw Error(Location{.file = name_hint, .pass = "nvrtc"},
                 fmt::format("NVRTC could not compile the generated CUDA source for {}: {}", o.arch, log_head(log)));
   }
   size_t n = 0;
-  nvrtcGetCUBINSize(prog, &n);
+  nvrtc().nvrtcGetCUBINSize(prog, &n);
   r.cubin.resize(n);
-  if (n) nvrtcGetCUBIN(prog, r.cubin.data());
-  nvrtcDestroyProgram(&prog);
+  if (n) nvrtc().nvrtcGetCUBIN(prog, r.cubin.data());
+  nvrtc().nvrtcDestroyProgram(&prog);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (n == 0) throw Error(Location{.file = name_hint, .pass = "nvrtc"}, "NVRTC produced an empty cubin");
   if (o.use_cache) {
