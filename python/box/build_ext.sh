@@ -20,7 +20,8 @@ cp "$R"/python/tessel/*.py pkg/tessel/
 time $CXX -O2 -DNDEBUG -DFMT_SHARED -fPIC -fvisibility=hidden -std=c++20 -fopenmp -Wall -Wextra \
   -Wno-missing-field-initializers -I"$R/src" -isystem "$B/include" -isystem "$PYINC" -isystem "$PBINC" \
   -c "$R/python/src/_tessel.cpp" -o _tessel.o
-$CXX -shared -fopenmp -o "pkg/tessel/_tessel$EXT" _tessel.o libtessel_core.a lib/libfmt.so.9 lib/libdnnl.so.2 \
+CUDART=""; [ -f libcudart_static.a ] && CUDART="libcudart_static.a -lrt -lpthread"  # a build with the CUDA target
+$CXX -shared -fopenmp -o "pkg/tessel/_tessel$EXT" _tessel.o libtessel_core.a $CUDART lib/libfmt.so.9 lib/libdnnl.so.2 \
   lib/libxxhash.so.0 lib/libonnx_proto.so.1 lib/libprotobuf.so.32 -ldl -Wl,--disable-new-dtags -Wl,-rpath,'$ORIGIN/../../lib:$ORIGIN/../../lib/extra' -Wl,-rpath-link,"$B/lib"
 ldd "pkg/tessel/_tessel$EXT" | grep -i "not found" || echo "ldd: all found"
 echo built "pkg/tessel/_tessel$EXT"

@@ -18,5 +18,10 @@ for l in libfmt.so.9 libdnnl.so.2 libxxhash.so.0 libonnx_proto.so.1 libprotobuf.
 done
 cp -L /lib/x86_64-linux-gnu/libgomp.so.1 "$P/stage/extra/"
 tar cJf "$P/libs.tar.xz" -C "$P/stage" . && rm -rf "$P/stage"
+# A build with the CUDA target (TESSEL_CUDA) links the CUDA runtime statically: its archive travels too
+# (NVRTC and cuBLASLt are opened at run time, not linked).
+if nm -A "$BUILD/libtessel_core.a" 2>/dev/null | grep -q ' U cudaMalloc$'; then
+  cp "$(sed -n 's/^CUDA_cudart_static_LIBRARY:FILEPATH=//p' "$BUILD/CMakeCache.txt")" "$P/"
+fi
 cp "$BUILD/libtessel_core.a" "$P/" && strip --strip-debug "$P/libtessel_core.a" && xz -T2 "$P/libtessel_core.a"
 du -sh "$P"
