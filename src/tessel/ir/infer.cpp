@@ -3,6 +3,7 @@
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 #include "tessel/support/limits.h"
 
 namespace tessel {
@@ -147,6 +148,25 @@ InferResult infer_graph(Graph& g, int64_t fold_limit, bool verify_only) {
 void infer_graph_from(Graph& g, size_t first, InferResult& r, int64_t fold_limit) {
   auto& nodes = g.mutable_nodes();
   for (size_t i = first; i < nodes.size(); ++i) infer_one(*nodes[i], r, fold_limit, false);
+}
+
+void bind_input_shapes(Graph& g, const std::vector<Tensor>& ex) {
+  if (ex.size() != g.inputs.size())
+    throw Error(Location{.pass = "compile"},
+                fmt::format("the model takes {} inputs but {} example inputs were given", g.inputs.size(), ex.size()));
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    Value* v = g.inputs[i];
+    const Tensor& t = ex[i];
+    if (t.dtype() != v->type.dtype || t.rank() != static_cast<int>(v->type.shape.size()))
+      throw Error(Location{.pass = "compile"}, fmt::format("example input '{}' is {}, the model takes {}", display_text(v->name),
+                                                           TensorType{t.dtype(), t.shape()}.str(), v->type.str()));
+    for (int d = 0; d < t.rank(); ++d) {
+      if (v->type.shape[d] >= 0 && v->type.shape[d] != t.dim(d))
+        throw Error(Location{.pass = "compile"}, fmt::format("example input '{}' has shape {}, the model takes {}",
+                                                             display_text(v->name), shape_str(t.shape()), v->type.str()));
+      v->type.shape[d] = t.dim(d);
+    }
+  }
 }
 
 }  // namespace tessel

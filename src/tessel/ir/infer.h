@@ -21,6 +21,11 @@ InferResult infer_graph(Graph& g, int64_t fold_limit = 1 << 16, bool verify_only
 
 // Infers the nodes from index `first` on, adding to `r`, which holds the result for the nodes before
 // it: for a graph that only grows at its end (the ONNX importer's expansions infer as they go).
+// Binds the unknown dims of the graph's inputs to the example inputs' shapes (the inputs stay inputs).
+// Throws tessel::Error naming the input when the count, a dtype, a rank or a known dim disagrees.
+// infer_graph afterwards propagates the shapes.
+void bind_input_shapes(Graph& g, const std::vector<Tensor>& examples);
+
 void infer_graph_from(Graph& g, size_t first, InferResult& r, int64_t fold_limit = 1 << 16);
 
 // Runs the op's rule for one node; `known` holds each input's value when statically known.

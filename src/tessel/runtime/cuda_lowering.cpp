@@ -17,22 +17,7 @@ KernelModule lower_for_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>&
   // Unknown input dims take the example inputs' sizes (the graph backend's binding, without baking
   // values: every input stays an input).
   if (!ex.empty()) {
-    if (ex.size() != g->inputs.size())
-      throw Error(Location{.pass = "compile"},
-                  fmt::format("the model takes {} inputs but {} example inputs were given", g->inputs.size(), ex.size()));
-    for (size_t i = 0; i < ex.size(); ++i) {
-      Value* v = g->inputs[i];
-      const Tensor& t = ex[i];
-      if (t.dtype() != v->type.dtype || t.rank() != static_cast<int>(v->type.shape.size()))
-        throw Error(Location{.pass = "compile"}, fmt::format("example input '{}' is {}, the model takes {}", v->name,
-                                                             TensorType{t.dtype(), t.shape()}.str(), v->type.str()));
-      for (int d = 0; d < t.rank(); ++d) {
-        if (v->type.shape[d] >= 0 && v->type.shape[d] != t.dim(d))
-          throw Error(Location{.pass = "compile"}, fmt::format("example input '{}' has shape {}, the model takes {}",
-                                                               v->name, shape_str(t.shape()), v->type.str()));
-        v->type.shape[d] = t.dim(d);
-      }
-    }
+    bind_input_shapes(*g, ex);
     infer_graph(*g);
   }
   if (!opts.pipeline.empty()) {

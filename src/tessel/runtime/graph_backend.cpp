@@ -34,22 +34,6 @@ struct Guard {
   Tensor value;
 };
 
-// Binds unknown input dims to the examples' shapes.
-void bind_input_shapes(Graph& g, const std::vector<Tensor>& ex) {
-  for (size_t i = 0; i < g.inputs.size(); ++i) {
-    Value* v = g.inputs[i];
-    const Tensor& t = ex[i];
-    if (t.dtype() != v->type.dtype || t.rank() != static_cast<int>(v->type.shape.size()))
-      throw Error(Location{.pass = "compile"}, fmt::format("example input '{}' is {}, the model takes {}", v->name,
-                                                           TensorType{t.dtype(), t.shape()}.str(), v->type.str()));
-    for (int d = 0; d < t.rank(); ++d) {
-      if (v->type.shape[d] >= 0 && v->type.shape[d] != t.dim(d))
-        throw Error(Location{.pass = "compile"}, fmt::format("example input '{}' has shape {}, the model takes {}",
-                                                             v->name, shape_str(t.shape()), v->type.str()));
-      v->type.shape[d] = t.dim(d);
-    }
-  }
-}
 
 std::unique_ptr<Graph> copy_graph(const Graph& g);
 
@@ -76,9 +60,6 @@ bool decide_shapes(const Graph& g, const std::vector<size_t>& which, const std::
 // value decides a result's shape.
 std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const GraphBackendOptions& opts) {
   if (ex.empty()) return {};
-  if (ex.size() != g.inputs.size())
-    throw Error(Location{.pass = "compile"},
-                fmt::format("the model takes {} inputs but {} example inputs were given", g.inputs.size(), ex.size()));
   bind_input_shapes(g, ex);
   infer_graph(g);
   // Which inputs to bake: small integer ones always; small float/bool ones whose value decides a

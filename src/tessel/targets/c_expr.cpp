@@ -7,6 +7,7 @@
 
 #include "tessel/ir/core_ops.h"
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
 
 namespace tessel {
 namespace {
@@ -105,6 +106,26 @@ std::string c_scalar_expr(const KInstr& in, DType operand0, const std::vector<st
     case CForm::none: break;
   }
   fail("no C form for '{}'", op);
+}
+
+std::string kernel_provenance_comment(const Kernel& k) {
+  std::string s = fmt::format("// fuses {} core nodes; traffic {} bytes unfused -> {} fused\n", k.fused_nodes, k.bytes_unfused,
+                              k.bytes_fused);
+  std::string src;
+  for (size_t i = 0; i < k.sources.size(); ++i) {
+    if (i == 8) {
+      src += fmt::format(", ... ({} more)", k.sources.size() - 8);
+      break;
+    }
+    src += (i ? ", " : "") + cpp_comment_text(k.sources[i]);
+  }
+  s += "// from: " + src + "\n";
+  for (size_t i = 0; i < k.args.size(); ++i) {
+    const KArg& a = k.args[i];
+    const char* role = a.role == KArg::Role::in ? "in" : a.role == KArg::Role::out ? "out" : "scratch";
+    s += fmt::format("//   a{} {} %{}: {}\n", i, role, cpp_comment_text(a.name), a.type.str());
+  }
+  return s;
 }
 
 }  // namespace tessel

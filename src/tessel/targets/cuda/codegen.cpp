@@ -116,21 +116,7 @@ struct Emitter {
     out += fmt::format("// kernel {}: {}, outer [{}] inner [{}], {} phase{}, launch form {}\n", cpp_comment_text(k.name),
                        kernel_kind_name(k.kind), fmt::join(k.outer, ", "), fmt::join(k.inner, ", "), k.phases,
                        k.phases == 1 ? "" : "s", form == LaunchForm::pointwise ? "pointwise" : serial ? "rows (one per thread)" : "rows (one per block)");
-    out += fmt::format("// fuses {} core nodes; traffic {} bytes unfused -> {} fused\n", k.fused_nodes, k.bytes_unfused, k.bytes_fused);
-    std::string src;
-    for (size_t i = 0; i < k.sources.size(); ++i) {
-      if (i == 8) {
-        src += fmt::format(", ... ({} more)", k.sources.size() - 8);
-        break;
-      }
-      src += (i ? ", " : "") + cpp_comment_text(k.sources[i]);
-    }
-    out += "// from: " + src + "\n";
-    for (size_t i = 0; i < k.args.size(); ++i) {
-      const KArg& a = k.args[i];
-      const char* role = a.role == KArg::Role::in ? "in" : a.role == KArg::Role::out ? "out" : "scratch";
-      out += fmt::format("//   a{} {} %{}: {}\n", i, role, cpp_comment_text(a.name), a.type.str());
-    }
+    out += kernel_provenance_comment(k);
     if (k.kind == KernelKind::matmul)
       out += fmt::format("// the runtime first computes a{} = a{} . a{} ({} x [{} x {}] . [{} x {}]) through {}; this is the epilogue\n",
                          k.mm.c, k.mm.a, k.mm.b, k.mm.batch, k.mm.m, k.mm.k, k.mm.k, k.mm.n,
