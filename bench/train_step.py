@@ -1,6 +1,7 @@
 """A training step of the tblock_bert block (pre-LN transformer block, d=768, 12 heads, MLP 3072, input
 1x128x768): forward + backward + AdamW, tessel (tessel.compile(train=True) + tessel.optim.AdamW) against
-PyTorch eager (torch.optim.AdamW), both at --threads; one run, medians, JSON out. Also the activation
+PyTorch eager (torch.optim.AdamW), both at --threads; one run, steps alternating between the two,
+medians, JSON out. Also the activation
 bytes each keeps for the backward: tessel's remat partition's saved tensors, PyTorch's counted with
 torch.autograd.graph.saved_tensors_hooks (distinct storages, parameters and the input excluded).
 
@@ -62,15 +63,24 @@ def torch_saved_bytes(model, x, w):
     return total[0]
 
 
-def timed(step, iters, warmup):
+def timed(steps, iters, warmup):
+    """Per step function: (median step ms, every step's ms, median ms of its phases: forward, backward,
+    optimizer). The systems alternate step by step, so both see the same machine load (this box is
+    shared); `step(marks)` appends a perf_counter() after each phase."""
     for _ in range(warmup):
-        step()
-    ms = []
+        for step in steps:
+            step([])
+    ms = [[] for _ in steps]
+    phases = [[] for _ in steps]
     for _ in range(iters):
-        t0 = time.perf_counter()
-        step()
-        ms.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ms), ms
+        for k, step in enumerate(steps):
+            marks = [time.perf_counter()]
+            step(marks)
+            ms[k].append((marks[-1] - marks[0]) * 1e3)
+            phases[k].append([(b - a) * 1e3 for a, b in zip(marks, marks[1:])])
+    return [(statistics.median(m), m, dict(zip(("forward", "backward", "optimizer"),
+                                               (statistics.median(c) for c in zip(*p)))))
+            for m, p in zip(ms, phases)]
 
 
 def main():
@@ -90,34 +100,43 @@ def main():
 
     opt_t = torch.optim.AdamW(ref.parameters(), lr=1e-4)
 
-    def torch_step():
+    def torch_step(marks):
         opt_t.zero_grad(set_to_none=True)
-        (ref(x) * w).sum().backward()
+        loss = (ref(x) * w).sum()
+        marks.append(time.perf_counter())
+        loss.backward()
+        marks.append(time.perf_counter())
         opt_t.step()
+        marks.append(time.perf_counter())
 
     t0 = time.perf_counter()
     fast = tessel.compile(mine, (x,), train=True, threads=a.threads)
     opt_m = tessel.optim.AdamW(mine.parameters(), lr=1e-4, threads=a.threads)
     compile_s = time.perf_counter() - t0
 
-    def tessel_step():
+    def tessel_step(marks):
         opt_m.zero_grad(set_to_none=True)
-        (fast(x) * w).sum().backward()
+        loss = (fast(x) * w).sum()
+        marks.append(time.perf_counter())
+        loss.backward()
+        marks.append(time.perf_counter())
         opt_m.step()
+        marks.append(time.perf_counter())
 
     t1 = time.perf_counter()
-    tessel_step()       # the first step compiles the AdamW graph
+    tessel_step([])     # the first step compiles the AdamW graph
     opt_compile_s = time.perf_counter() - t1
     # Both models took the same steps from the same start: their losses agree (a check, not a timing).
-    torch_step()
+    torch_step([])
     with torch.no_grad():
         diff = ((fast(x) - ref(x)).abs().max() / ref(x).abs().max()).item()
-    tessel_ms, tessel_all = timed(tessel_step, a.iters, a.warmup)
-    torch_ms, torch_all = timed(torch_step, a.iters, a.warmup)
+    (tessel_ms, tessel_all, tessel_phases), (torch_ms, torch_all, torch_phases) = timed(
+        [tessel_step, torch_step], a.iters, a.warmup)
     res = dict(
         model="tblock_bert block (1x128x768, d=768, 12 heads, MLP 3072)", threads=a.threads, iters=a.iters,
         torch=torch.__version__, blas=os.environ.get("LD_LIBRARY_PATH", "system"),
         tessel_step_ms=tessel_ms, torch_step_ms=torch_ms, speedup=torch_ms / tessel_ms,
+        tessel_phases_ms=tessel_phases, torch_phases_ms=torch_phases,
         tessel_compile_s=compile_s, tessel_adamw_compile_s=opt_compile_s,
         tessel_saved_bytes=fast.step.saved_bytes, torch_saved_bytes=torch_saved_bytes(ref, x, w),
         output_rel_diff_after_one_step=diff, summary=fast.step.summary,
