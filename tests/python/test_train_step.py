@@ -191,6 +191,27 @@ class Grads(unittest.TestCase):
         for (n, p), q in zip(m.named_parameters(), ref.parameters()):
             self.assertLessEqual(rel(p.grad, q.grad), 1e-5, n)
 
+    def test_other_backends_and_a_changed_buffer(self):
+        torch.manual_seed(9)
+        for backend in ("graph", "eager"):
+            m = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.LayerNorm(8), nn.Linear(8, 2))
+            self.check(m, (torch.randn(4, 6),), backend=backend)
+        # A frozen buffer (eval BatchNorm's running mean) changed in place: the next call recompiles.
+        m = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8)).eval()
+        x = torch.randn(4, 6)
+        fast = tessel.compile(m, (x,), train=True, threads=2)
+        fast(x).sum().backward()
+        with torch.no_grad():
+            m[1].running_mean.add_(1)
+        m.zero_grad()
+        ref = clone_module(m)
+        fast(x).sum().backward()
+        ref(x).sum().backward()
+        self.assertEqual(len(fast.stats.recompiles), 1)
+        self.assertIn("running_mean", fast.stats.recompiles[0])
+        for p, q in zip(m.parameters(), ref.parameters()):
+            self.assertLessEqual(rel(p.grad, q.grad), 1e-5)
+
     def test_train_mode_batchnorm_is_a_clear_error(self):
         m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
         with self.assertRaisesRegex(tessel.TesselError, r"module.eval\(\)"):
