@@ -5,9 +5,11 @@
 
 #include <cmath>
 
+#include "tessel/driver/optimizer.h"
 #include "tessel/driver/train_step.h"
 #include "tessel/ir/printer.h"
 #include "tessel/passes/pass.h"
+#include "tessel/runtime/compiled_backend.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 #include "corpus_util.h"
@@ -129,4 +131,42 @@ TEST(TrainStep, DocsWorkedExample) {
   // Twice the seed, twice the gradient (the backward takes the output's cotangent).
   const std::vector<Tensor> g2 = s->backward(saved, ins, Tensor::from_f64(DType::f32, {}, std::vector<double>{2}));
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(g2[0].get_f(static_cast<int64_t>(i)), 2 * want[i], 1e-4);
+}
+
+// docs/training.md's AdamW example: the graph's text, and two steps through the compiled backend give
+// the values torch.optim.AdamW gives for the same steps (recorded on the page from torch 1.13).
+TEST(TrainStep, DocsAdamWExample) {
+  const std::string md = testenv::read_text(testenv::source_dir() + "/docs/training.md");
+  OptimizerSpec spec;
+  spec.kind = "adamw";
+  spec.shapes = {{2}};
+  spec.weight_decay = 0.01;
+  EXPECT_EQ(print_graph(*build_optimizer_graph(spec)), md_block(md, "```tsl adamw"));
+  CompiledBackendOptions co;
+  co.threads = 1;
+  auto exe = compile_cpu(build_optimizer_graph(spec), {}, co);
+  auto t = [](std::vector<double> v) { return Tensor::from_f64(DType::f32, {static_cast<int64_t>(v.size())}, v); };
+  Tensor p = t({1, -2}), m = t({0, 0}), v = t({0, 0});
+  const std::vector<std::vector<double>> grads = {{0.5, 0.25}, {-1, 0.5}};
+  const std::vector<std::vector<std::vector<double>>> want = {
+      {{0.899, -2.098}, {0.05, 0.025}, {2.5e-4, 6.25e-5}},
+      {{0.9347114, -2.1924202}, {-0.055, 0.0725}, {1.24975e-3, 3.124375e-4}}};
+  for (int step = 1; step <= 2; ++step) {
+    std::vector<Tensor> ins;
+    for (double s : optimizer_scalar_values(spec, 0.1, step)) ins.push_back(Tensor::from_f64(DType::f32, {}, std::vector<double>{s}));
+    ins.insert(ins.end(), {p, t(grads[static_cast<size_t>(step - 1)]), m, v});
+    std::vector<Tensor> out = exe->run(ins);
+    ASSERT_EQ(out.size(), 3u);
+    for (size_t k = 0; k < 3; ++k)
+      for (int64_t i = 0; i < 2; ++i) {
+        const double w = want[static_cast<size_t>(step - 1)][k][static_cast<size_t>(i)];
+        EXPECT_NEAR(out[k].get_f(i), w, 1e-6 * std::max(1.0, std::abs(w)) + 1e-12) << "step " << step << " output " << k;
+      }
+    p = out[0], m = out[1], v = out[2];
+  }
+  // Bad specifications are one-line errors.
+  spec.beta1 = 1.5;
+  EXPECT_THROW(build_optimizer_graph(spec), Error);
+  spec.kind = "lion";
+  EXPECT_THROW(build_optimizer_graph(spec), Error);
 }

@@ -362,6 +362,7 @@ class PyOptimizer {
       else throw Error(Location{.pass = "python"}, fmt::format("optimizer {}: no hyperparameter '{}'", kind, k));
     }
     std::unique_ptr<Graph> g = build_optimizer_graph(spec_);
+    text_ = print_graph(*g);
     CompiledBackendOptions co;
     co.threads = threads;
     co.model_name = g->name;
@@ -385,9 +386,11 @@ class PyOptimizer {
   int kernels() const { return exe_->stats().kernels; }
   int loop_kernels() const { return exe_->stats().loop_kernels; }
   int state_count() const { return optimizer_state_count(spec_); }
+  const std::string& text() const { return text_; }
 
  private:
   OptimizerSpec spec_;
+  std::string text_;  // the step's core graph as built (before the backend's passes)
   std::unique_ptr<CompiledExecutable> exe_;
 };
 
@@ -459,7 +462,8 @@ PYBIND11_MODULE(_tessel, m) {
       .def("scalars", &PyOptimizer::scalars, py::arg("lr"), py::arg("step"))
       .def_property_readonly("kernels", &PyOptimizer::kernels)
       .def_property_readonly("loop_kernels", &PyOptimizer::loop_kernels)
-      .def_property_readonly("state_count", &PyOptimizer::state_count);
+      .def_property_readonly("state_count", &PyOptimizer::state_count)
+      .def("text", &PyOptimizer::text, "the step's core graph (tessel text) as built");
 
   m.def("ops", [] {
     std::vector<std::string> names;
