@@ -41,11 +41,13 @@ class _Step:
                                       f"{len(conv.fallbacks)} aten op(s) fall back to PyTorch "
                                       f"(tessel.explain(module, inputs) names them)")
         self.feeds = [captured.sources[p] for p in conv.input_positions]
-        # Gradients for the trainable parameters and the float call inputs that require them.
+        # Gradients for the trainable parameters and the float call inputs that require them -- those
+        # the graph uses: PyTorch leaves the .grad of a parameter the loss does not reach at None.
+        placeholders = [n for n in captured.gm.graph.nodes if n.op == "placeholder"]
         grad_of = []
-        for f, name in zip(self.feeds, conv.input_names):
+        for f, name, pos in zip(self.feeds, conv.input_names, conv.input_positions):
             t = tensors[f] if f.__class__ is int else f.get(tensors)
-            if t.requires_grad and t.is_floating_point():
+            if t.requires_grad and t.is_floating_point() and placeholders[pos].users:
                 grad_of.append(name)
         if not grad_of:
             raise _tessel.TesselError(f"{what}: train=True found nothing to differentiate (no parameter or input "

@@ -188,6 +188,12 @@ class Grads(unittest.TestCase):
             ref(xr).pow(2).sum().backward()
         self.assertEqual(fast.stats.compiles, 1)
         self.assertLessEqual(rel(x.grad, xr.grad), 1e-5)
+        # A parameter the output does not use keeps .grad None, as in PyTorch.
+        m2 = nn.Linear(6, 2)
+        m2.unused = nn.Parameter(torch.ones(3))
+        tessel.compile(m2, (x,), train=True, threads=2)(x).sum().backward()
+        self.assertIsNone(m2.unused.grad)
+        self.assertIsNotNone(m2.weight.grad)
         for (n, p), q in zip(m.named_parameters(), ref.parameters()):
             self.assertLessEqual(rel(p.grad, q.grad), 1e-5, n)
 
