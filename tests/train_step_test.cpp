@@ -145,6 +145,9 @@ TEST(TrainStep, DocsAdamWExample) {
   CompiledBackendOptions co;
   co.threads = 1;
   auto exe = compile_cpu(build_optimizer_graph(spec), {}, co);
+  // One loop for the parameter's whole update (fuse's vertical group merging; 4 without it) and one
+  // for the scalar -step_size.
+  EXPECT_EQ(exe->stats().loop_kernels, 2);
   auto t = [](std::vector<double> v) { return Tensor::from_f64(DType::f32, {static_cast<int64_t>(v.size())}, v); };
   Tensor p = t({1, -2}), m = t({0, 0}), v = t({0, 0});
   const std::vector<std::vector<double>> grads = {{0.5, 0.25}, {-1, 0.5}};

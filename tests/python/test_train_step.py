@@ -266,9 +266,10 @@ class Optimizers(unittest.TestCase):
             self.assertLessEqual(abs(a - b), 1e-3 * max(abs(b), 1e-3), f"step {i}: {a} vs {b}")
         for p, q in zip(m.parameters(), ref.parameters()):
             self.assertLessEqual(rel(p.detach(), q.detach()), 1e-3)
-        # One compiled graph for the group, a few fused loops per parameter.
+        # One compiled graph for the group: at most one fused loop per parameter (the scalar -step_size
+        # is one more; the two [32] biases share one): 6, where fusion without vertical group merging gave 22.
         (step,) = opt.compiled_steps
-        self.assertLessEqual(step.loop_kernels, 4 * 6)   # fusion is vertical + siblings: 22 loops for 6 (docs/training.md)
+        self.assertLessEqual(step.loop_kernels, 6)
         self.assertEqual(step.state_count, 2)
 
     def test_sgd_momentum_and_nesterov_track_torch(self):
