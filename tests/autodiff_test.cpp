@@ -647,3 +647,39 @@ TEST(Autodiff, SplitByPartitionComputesTheJointGraph) {
   ASSERT_EQ(bout.size(), params.size());
   for (size_t k = 0; k < params.size(); ++k) EXPECT_EQ(bout[k].to_f64(), joint[1 + k].to_f64()) << params[k].name;
 }
+
+// Ties of max/min as PyTorch's rules give them: relu'(0) = 0 (threshold_backward: g where x > 0), a
+// clip bound passes nothing at the bound (hardtanh_backward: g where lo < x < hi), while max of two
+// computed values that tie splits g/2 each (torch.maximum). The expected values are those rules, not
+// differences (a central difference at a kink gives 1/2).
+TEST(Autodiff, TiesWithAConstantGoToTheConstantAsPyTorch) {
+  auto g = parse_graph(
+      "graph @ties(%x: f32[6], %y: f32[6]) {\n"
+      "  const %lo: f32[] = [0]\n"
+      "  const %hi: f32[] = [6]\n"
+      "  %r: f32[6] = Relu(%x) loc(\"relu\")\n"
+      "  %c: f32[6] = Clip(%x, %lo, %hi) loc(\"clip\")\n"
+      "  %m: f32[6] = Max(%x, %y) loc(\"max\")\n"
+      "  %s: f32[6] = Add(%r, %c) loc(\"s\")\n"
+      "  %t: f32[6] = Mul(%m, %y) loc(\"t\")\n"
+      "  %u: f32[6] = Add(%s, %t) loc(\"u\")\n"
+      "  %l: f32[] = ReduceSum(%u) {keepdims = 0} loc(\"l\")\n"
+      "  return %l\n"
+      "}\n",
+      "ties");
+  TrainOptions o;
+  o.wrt = {"x", "y"};
+  build_train_graph(*g, o);
+  const std::vector<double> x = {0, 6, 3, -1, 7, 2};
+  const std::vector<double> y = {0, 1, 3, 5, 0, 2};
+  std::vector<Tensor> outs = run_eager(*g, {Tensor::from_f64(DType::f32, {6}, x), Tensor::from_f64(DType::f32, {6}, y)});
+  ASSERT_EQ(outs.size(), 3u);
+  for (size_t i = 0; i < x.size(); ++i) {
+    // d/dx: relu (x > 0) + clip (0 < x < 6) + y * d max/dx (1 if x > y, 1/2 if x == y).
+    const double dmax = x[i] > y[i] ? 1.0 : x[i] == y[i] ? 0.5 : 0.0;
+    const double gx = (x[i] > 0) + (x[i] > 0 && x[i] < 6) + y[i] * dmax;
+    const double gy = std::max(x[i], y[i]) + y[i] * (x[i] < y[i] ? 1.0 : x[i] == y[i] ? 0.5 : 0.0);
+    EXPECT_EQ(outs[1].get_f(static_cast<int64_t>(i)), gx) << "x = " << x[i] << ", y = " << y[i];
+    EXPECT_EQ(outs[2].get_f(static_cast<int64_t>(i)), gy) << "x = " << x[i] << ", y = " << y[i];
+  }
+}

@@ -279,3 +279,26 @@ TEST(Cli, CompileTrainPrintsTheJointGraphAndItsSummary) {
   EXPECT_NE(r.out.find("'nope' is not a value"), std::string::npos) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
 }
+
+// `sim --train` (docs/training.md): the partition's decision, the activation memory against the
+// scratchpads, one line per phase and the step's total, which is the phases' sum; the JSON agrees.
+TEST(Cli, SimTrainSimulatesForwardBackwardAndAdamW) {
+  const fs::path json = fs::temp_directory_path() / "tessel_cli_sim_train.json";
+  Result r = run("sim " + kModel + " --train --hw spyre --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"train: 10 parameters (789248 elements)", "partition: saves ", "partition: recomputes ",
+                        "memory on spyre: saved activations ", "of the scratchpads", "\nforward ", "\nbackward ",
+                        "\nadamw ", "training step on spyre: "})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  const nlohmann::json j = nlohmann::json::parse(testenv::read_text(json.string()));
+  const double sum = j["forward"]["simulated_us"].get<double>() + j["backward"]["simulated_us"].get<double>() +
+                     j["adamw"]["simulated_us"].get<double>();
+  EXPECT_NEAR(j["total_us"].get<double>(), sum, 1e-6 * sum);
+  EXPECT_GT(j["forward"]["simulated_us"].get<double>(), 0);
+  EXPECT_GT(j["backward"]["simulated_us"].get<double>(), 0);
+  EXPECT_EQ(j["saved"].size(), 10u);
+  fs::remove(json);
+  r = run("sim " + kModel + " --train --hw spyre --trace t.json");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("sim --train takes"), std::string::npos) << r.out;
+}

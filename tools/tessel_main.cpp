@@ -17,6 +17,7 @@
 #include "tessel/driver/compile_model.h"
 #include "tessel/driver/cuda_cli.h"
 #include "tessel/driver/train.h"
+#include "tessel/driver/train_sim.h"
 #include "tessel/driver/dataflow.h"
 #include "tessel/targets/dataflow/cost.h"
 #include "tessel/driver/lowering.h"
@@ -579,6 +580,14 @@ bool check_functional(const std::string& model, const DataflowCompile& dc, const
   return ok;
 }
 
+// `sim MODEL --train --hw H`: forward, backward and AdamW simulated in sequence (driver/train_sim.h).
+int cmd_sim_train(const std::string& model, const std::string& target, const std::string& json, const std::string& dtype) {
+  const TrainSimReport r = simulate_training(model, dataflow::resolve_target(target), map_options(dtype));
+  fmt::print("{}", train_sim_text(r));
+  if (!json.empty()) write_text(json, json_dump(train_sim_json(r), 1) + "\n");
+  return 0;
+}
+
 int cmd_sim(const std::string& model, const std::string& target, const std::string& trace, const std::string& json,
             const std::string& dtype, bool functional, int threads, const std::string& dump_dir,
             const std::string& print_after) {
@@ -828,6 +837,8 @@ int main(int argc, char** argv) {
   sim->add_option("--dump-ir", sim_dump, "write every stage (graph passes, fuse, tile-*) as NN-<stage>.tsl/.kernel/.tile into this folder");
   sim->add_option("--print-after", sim_print_after, "print the IR after this stage (see `tessel passes`) and stop");
   sim->add_option("--dtype", sim_dtype, "storage of float tensors on the device (f16, bf16, f32 where the target has it; default: f16 where the target stores it, else bf16)");
+  bool sim_train = false;
+  sim->add_flag("--train", sim_train, "simulate a training step: the forward, the backward (remat partition) and an AdamW step over the parameters");
 
   auto* land = app.add_subcommand("landscape", "One row per target for MODEL: time, utilisation, DRAM traffic, padding waste, scratchpad peak, compile time (the Accelerator Landscape Map)");
   std::string land_model, land_targets = "spyre,tpu-v5e,cpu", land_json;
@@ -966,6 +977,11 @@ int main(int argc, char** argv) {
     if (*explain) return cmd_explain(explain_model, explain_opts);
     if (*run && run_target == "cuda") return cmd_run_cuda(run_model, run_inputs, run_check, run_rel, run_repeat);
     if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
+    if (*sim && sim_train) {
+      if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
+        throw Error(Location{}, "sim --train takes --hw, --json and --dtype (not --trace, --dump-ir or --print-after)");
+      return cmd_sim_train(sim_model, sim_hw, sim_json, sim_dtype);
+    }
     if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_threads, sim_dump,
                             sim_print_after);
     if (*rep) {

@@ -9,6 +9,9 @@
 #include <fmt/format.h>
 
 #include "tessel/driver/explain.h"
+#include "tessel/driver/optimizer.h"
+#include "tessel/driver/train_step.h"
+#include "tessel/runtime/compiled_backend.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
@@ -274,6 +277,123 @@ class Executable {
   std::unique_ptr<PartitionedExecutable> exe_;
 };
 
+// What a training step's forward saved for its backward: tessel tensors kept on the C++ side (no copy
+// into Python and back).
+struct Saved {
+  std::vector<Tensor> tensors;
+};
+
+// A compiled training step (driver/train_step.h) over a builder's graph: forward returns the outputs
+// and the saved tensors, backward the gradients of the named inputs. docs/training.md.
+class PyTrainStep {
+ public:
+  PyTrainStep(Builder& b, const std::vector<std::string>& wrt, const std::string& backend, int threads) {
+    TrainStepOptions o;
+    o.train.wrt = wrt;
+    o.backend = backend;
+    o.threads = threads;
+    std::unique_ptr<Graph> g = b.take();
+    py::gil_scoped_release nogil;
+    step_ = TrainStep::build(std::move(g), o);
+  }
+  py::tuple forward(const std::vector<std::pair<py::array, std::string>>& inputs) {
+    std::vector<Tensor> ins = tensors(inputs);
+    auto saved = std::make_shared<Saved>();
+    std::vector<Tensor> outs;
+    {
+      py::gil_scoped_release nogil;
+      outs = step_->forward(ins, saved->tensors);
+    }
+    py::list result;
+    for (const Tensor& t : outs) result.append(to_array(t));
+    return py::make_tuple(result, saved);
+  }
+  py::list backward(const Saved& saved, const std::vector<std::pair<py::array, std::string>>& inputs,
+                    const std::pair<py::array, std::string>& seed) {
+    std::vector<Tensor> ins = tensors(inputs);
+    Tensor sd = from_array(seed.first, seed.second);
+    std::vector<Tensor> grads;
+    {
+      py::gil_scoped_release nogil;
+      grads = step_->backward(saved.tensors, ins, sd);
+    }
+    py::list result;
+    for (const Tensor& t : grads) result.append(to_array(t));
+    return result;
+  }
+  std::vector<std::string> input_names() const { return step_->input_names(); }
+  std::vector<std::string> parameters() const { return step_->info().parameters; }
+  std::string summary() const { return train_summary(step_->info()); }
+  int64_t saved_bytes() const { return step_->info().partition.saved_bytes; }
+  std::string text(const std::string& which) const {
+    PrintOptions po;
+    po.elide_constants = true;
+    if (which == "forward") return print_graph(step_->forward_graph(), po);
+    if (which == "backward") return print_graph(step_->backward_graph(), po);
+    if (which == "joint") return print_graph(step_->joint_graph(), po);
+    throw Error(Location{.pass = "python"}, fmt::format("no '{}' graph: forward, backward or joint", which));
+  }
+
+ private:
+  static std::vector<Tensor> tensors(const std::vector<std::pair<py::array, std::string>>& inputs) {
+    std::vector<Tensor> ins;
+    for (const auto& [a, d] : inputs) ins.push_back(from_array(a, d));
+    return ins;
+  }
+  std::unique_ptr<TrainStep> step_;
+};
+
+// An optimizer step (driver/optimizer.h) compiled by the compiled backend: run(scalars, tensors) takes
+// the step's scalars and per parameter (p, g, state...) and returns per parameter (new p, new state...).
+class PyOptimizer {
+ public:
+  PyOptimizer(const std::string& kind, const std::vector<Shape>& shapes, const py::dict& hyper, int threads) {
+    spec_.kind = kind;
+    spec_.shapes = shapes;
+    for (auto kv : hyper) {
+      const std::string k = py::cast<std::string>(kv.first);
+      if (k == "beta1") spec_.beta1 = py::cast<double>(kv.second);
+      else if (k == "beta2") spec_.beta2 = py::cast<double>(kv.second);
+      else if (k == "eps") spec_.eps = py::cast<double>(kv.second);
+      else if (k == "momentum") spec_.momentum = py::cast<double>(kv.second);
+      else if (k == "dampening") spec_.dampening = py::cast<double>(kv.second);
+      else if (k == "nesterov") spec_.nesterov = py::cast<bool>(kv.second);
+      else if (k == "weight_decay") spec_.weight_decay = py::cast<double>(kv.second);
+      else throw Error(Location{.pass = "python"}, fmt::format("optimizer {}: no hyperparameter '{}'", kind, k));
+    }
+    std::unique_ptr<Graph> g = build_optimizer_graph(spec_);
+    text_ = print_graph(*g);
+    CompiledBackendOptions co;
+    co.threads = threads;
+    co.model_name = g->name;
+    py::gil_scoped_release nogil;
+    exe_ = compile_cpu(std::move(g), {}, co);
+  }
+  py::list run(const std::vector<double>& scalars, const std::vector<std::pair<py::array, std::string>>& tensors) {
+    std::vector<Tensor> ins;
+    for (double v : scalars) ins.push_back(Tensor::from_f64(DType::f32, {}, std::vector<double>{v}));
+    for (const auto& [a, d] : tensors) ins.push_back(from_array(a, d));
+    std::vector<Tensor> outs;
+    {
+      py::gil_scoped_release nogil;
+      outs = exe_->run(ins);
+    }
+    py::list result;
+    for (const Tensor& t : outs) result.append(to_array(t));
+    return result;
+  }
+  std::vector<double> scalars(double lr, int64_t t) const { return optimizer_scalar_values(spec_, lr, t); }
+  int kernels() const { return exe_->stats().kernels; }
+  int loop_kernels() const { return exe_->stats().loop_kernels; }
+  int state_count() const { return optimizer_state_count(spec_); }
+  const std::string& text() const { return text_; }
+
+ private:
+  OptimizerSpec spec_;
+  std::string text_;  // the step's core graph as built (before the backend's passes)
+  std::unique_ptr<CompiledExecutable> exe_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_tessel, m) {
@@ -315,6 +435,35 @@ PYBIND11_MODULE(_tessel, m) {
       .def("explain", &Executable::explain)
       .def("text", &Executable::text, py::arg("elide_constants") = true)
       .def_property_readonly("compile_seconds", &Executable::compile_seconds);
+
+  py::class_<Saved, std::shared_ptr<Saved>>(m, "SavedTensors")
+      .def("__len__", [](const Saved& s) { return s.tensors.size(); })
+      .def_property_readonly("nbytes", [](const Saved& s) {
+        int64_t n = 0;
+        for (const Tensor& t : s.tensors) n += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+        return n;
+      });
+
+  py::class_<PyTrainStep>(m, "TrainStep")
+      .def(py::init<Builder&, const std::vector<std::string>&, const std::string&, int>(), py::arg("builder"),
+           py::arg("wrt"), py::arg("backend") = "compiled", py::arg("threads") = 0)
+      .def("forward", &PyTrainStep::forward, py::arg("inputs"))
+      .def("backward", &PyTrainStep::backward, py::arg("saved"), py::arg("inputs"), py::arg("seed"))
+      .def("text", &PyTrainStep::text, py::arg("which") = "joint")
+      .def_property_readonly("input_names", &PyTrainStep::input_names)
+      .def_property_readonly("parameters", &PyTrainStep::parameters)
+      .def_property_readonly("summary", &PyTrainStep::summary)
+      .def_property_readonly("saved_bytes", &PyTrainStep::saved_bytes);
+
+  py::class_<PyOptimizer>(m, "OptimizerStep")
+      .def(py::init<const std::string&, const std::vector<Shape>&, const py::dict&, int>(), py::arg("kind"),
+           py::arg("shapes"), py::arg("hyper") = py::dict(), py::arg("threads") = 0)
+      .def("run", &PyOptimizer::run, py::arg("scalars"), py::arg("tensors"))
+      .def("scalars", &PyOptimizer::scalars, py::arg("lr"), py::arg("step"))
+      .def_property_readonly("kernels", &PyOptimizer::kernels)
+      .def_property_readonly("loop_kernels", &PyOptimizer::loop_kernels)
+      .def_property_readonly("state_count", &PyOptimizer::state_count)
+      .def("text", &PyOptimizer::text, "the step's core graph (tessel text) as built");
 
   m.def("ops", [] {
     std::vector<std::string> names;

@@ -455,7 +455,7 @@ def _show(s):
 
 
 def compile(module, example_inputs, target="cpu", backend="compiled", threads=None, repair=False, cache_limit=8,
-            on_limit="raise", example_kwargs=None):
+            on_limit="raise", example_kwargs=None, train=False):
     """Compile a PyTorch module (or function of tensors) for tessel; returns a guarded callable.
 
     example_inputs: a tuple of the module's positional arguments, example_kwargs: a dict of its keyword
@@ -463,7 +463,15 @@ def compile(module, example_inputs, target="cpu", backend="compiled", threads=No
     generated C++), graph (core ops, planned arena) or eager (reference kernels). threads: for the compiled
     backend (default: the machine's hardware threads). repair: apply the auto-repairs of graph breaks.
     cache_limit / on_limit: how many signatures are compiled before a new one raises or runs in eager.
+    train: the output is differentiable -- loss.backward() runs tessel's compiled backward and fills the
+    parameters' .grad (parameters are graph inputs, not frozen; docs/python.md, "Training").
     """
+    if train:
+        from ._train import TrainModule
+        if target != "cpu" or repair:
+            raise _tessel.TesselError("train=True takes target='cpu' and no repair")
+        return TrainModule(module, example_inputs, backend=backend, threads=threads, cache_limit=cache_limit,
+                           example_kwargs=example_kwargs)
     return CompiledModule(module, example_inputs, target=target, backend=backend, threads=threads, repair=repair,
                           cache_limit=cache_limit, on_limit=on_limit, example_kwargs=example_kwargs)
 

@@ -142,6 +142,7 @@ class Converted:
         self.fallbacks = {}          # tessel node name -> callable(list of torch tensors) -> list of tensors
         self.input_dtypes = []
         self.input_positions = []    # the placeholders that are tessel graph inputs, in order
+        self.input_names = []        # their tessel value names
         self.frozen = frozen or {}   # placeholder position -> (name, tensor): a constant of the graph
         self.frozen_used = []        # the frozen positions the outputs depend on
         self.attr_constants = []     # (name, tensor) of the graph's own tensor attributes the outputs use
@@ -181,6 +182,7 @@ class Converted:
             self.input_dtypes.append(d)
             self.input_positions.append(i)
             env[n] = b.input(n.name, d, list(t.shape))
+            self.input_names.append(env[n])
 
         # One tessel constant per distinct folded tensor, and one fold per distinct computation: a
         # shared layer's weight (ALBERT) is transposed by every call of the layer (`t_copy` after

@@ -209,6 +209,28 @@ def _softmax(L, node, x, dim, half_to_float=False):
     return L.op("Softmax", [x], {"axis": dim})
 
 
+@lowers(_ov("nll_loss_forward", "default"))
+def _nll_loss(L, node, x, target, weight, reduction, ignore_index):
+    """(loss, total_weight) of nll_loss over [N, C] log-probabilities: -x[n, target[n]], the targets equal
+    to ignore_index left out (and out of the mean's count); cross_entropy = log_softmax + this."""
+    if weight is not None:
+        raise Unsupported("nll_loss with class weights")
+    if L.rank(x) != 2 or L.rank(target) != 1:
+        raise Unsupported("nll_loss over other than [N, C] scores and [N] targets")
+    d = L.dtype(x)
+    target = _cast(L, target, "i64")
+    keep = L.op("Not", [L.op("Equal", [target, L.const(ignore_index, "i64")])])
+    safe = L.op("Where", [keep, target, L.const(0, "i64")])
+    picked = L.op("GatherElements", [x, L.op("Unsqueeze", [safe, L.ints([1])])], {"axis": 1})
+    w = _cast(L, keep, d)
+    loss = L.op("Neg", [L.op("Mul", [L.op("Squeeze", [picked, L.ints([1])]), w])])
+    total = L.op("ReduceSum", [w, L.ints([0])], {"keepdims": 0})
+    if reduction == 0:
+        return (loss, total)
+    s = L.op("ReduceSum", [loss, L.ints([0])], {"keepdims": 0})
+    return (L.op("Div", [s, total]) if reduction == 1 else s, total)
+
+
 @lowers(_ov("_log_softmax", "default"), _ov("log_softmax", "int"))
 def _log_softmax(L, node, x, dim, half_to_float=False):
     return L.op("LogSoftmax", [x], {"axis": dim})

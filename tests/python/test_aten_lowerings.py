@@ -167,6 +167,15 @@ class Normalization(Case):
         self.check(nn.LayerNorm([3, 5], elementwise_affine=False).eval(), torch.randn(2, 3, 5))
 
 
+class Losses(Case):
+    def test_cross_entropy_and_nll_loss(self):
+        x = torch.randn(6, 5)
+        t = torch.tensor([0, 4, 2, -100, 1, 3])
+        for red in ("mean", "sum", "none"):
+            self.check(lambda a, b: F.cross_entropy(a, b, reduction=red), x, t)
+            self.check(lambda a, b: F.nll_loss(F.log_softmax(a, -1), b, reduction=red, ignore_index=2), x, t.clamp(0))
+
+
 class Shapes(Case):
     def test_pads(self):
         x = torch.randn(1, 2, 4, 5)

@@ -31,7 +31,7 @@ TrainGraph build_train_graph(Graph& g, const TrainOptions& o) {
   if (ao.output.empty() && g.outputs.size() == 1) out = g.outputs[0];
   for (const Value* v : g.outputs)
     if (v->name == ao.output) out = v;
-  ao.seed = out && shape_numel(out->type.shape) != 1;
+  ao.seed = o.seed || (out && shape_numel(out->type.shape) != 1);
   t.output = out ? out->name : o.output;
   const size_t num_forward = g.outputs.size();
   t.autodiff = build_joint_graph(g, ao);

@@ -14,6 +14,8 @@ namespace tessel {
 struct TrainOptions {
   std::string output;              // "" = the model's only output
   std::vector<std::string> wrt;    // empty: every float constant with > 1 element (lift_parameters)
+  bool seed = false;               // a seed input even for a scalar output (a training step's backward
+                                   // takes its cotangent: loss.backward(g) in PyTorch)
 };
 
 struct TrainGraph {

@@ -783,7 +783,72 @@ struct Fuser {
       }
       propagate_deps(n);
     }
+    if (opts.fuse) merge_vertical();
     if (opts.fuse) merge_siblings();
+  }
+
+  // Vertical merging of elementwise loop groups: joining node by node puts a node with two producer
+  // groups into one of them only, so a chain of updates whose operations start from inputs alone
+  // (AdamW's p·decay, β1·m, β2·v) stays several loops. A plain elementwise loop group b that the plain
+  // elementwise loop group a over the same space depends on joins a when no third group lies between
+  // them and a's nodes read b's values directly (element i reads element i: no view), so the merged
+  // loop computes b's values before a's in the same iteration.
+  int vertical_merged = 0;
+  std::map<int, int> merged_into;  // a group merged vertically -> the group it joined (deps[] keep old ids)
+  int merged_id(int g) const {
+    for (auto it = merged_into.find(g); it != merged_into.end(); it = merged_into.find(g)) g = it->second;
+    return g;
+  }
+  void merge_vertical() {
+    auto plain = [&](const Group& gr) {
+      if (gr.kind != GKind::loop || gr.nodes.empty() || gr.reduces) return false;
+      for (bool r : gr.R)
+        if (r) return false;
+      return true;
+    };
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t a = 0; a < groups.size() && !changed; ++a) {
+        if (!plain(groups[a])) continue;
+        const std::vector<int> producers(gdeps[a].begin(), gdeps[a].end());
+        for (int b : producers) {
+          const Group& ga = groups[a];
+          const Group& gb = groups[static_cast<size_t>(b)];
+          if (b == static_cast<int>(a) || !plain(gb) || ga.F != gb.F) continue;
+          if (ga.nodes.size() + gb.nodes.size() > kMaxKernelNodes) continue;
+          bool between = false;
+          for (int x : gdeps[a])
+            between = between || (x != b && reaches({x}, b));
+          bool direct = true;
+          for (const Node* n : ga.nodes)
+            for (const Value* u : n->inputs) {
+              if (!u) continue;
+              const Value* root = views[u->id].root;
+              const int rg = root ? group_of_value[root->id] : -1;
+              if (rg == b && (root != u || is_view[u->id])) direct = false;
+              // a path from b to a through a node in no group (a convolution, a library call)
+              if (rg != b && rg != static_cast<int>(a))
+                for (int d : deps[u->id]) between = between || merged_id(d) == b;
+            }
+          if (between || !direct) continue;
+          for (const Node* n : gb.nodes) {
+            node_group[n] = static_cast<int>(a);
+            for (const Value* v : n->outputs) group_of_value[v->id] = static_cast<int>(a);
+          }
+          groups[a].nodes.insert(groups[a].nodes.end(), groups[static_cast<size_t>(b)].nodes.begin(),
+                                 groups[static_cast<size_t>(b)].nodes.end());
+          groups[static_cast<size_t>(b)].nodes.clear();
+          merged_into[b] = static_cast<int>(a);
+          gdeps[a].insert(gdeps[static_cast<size_t>(b)].begin(), gdeps[static_cast<size_t>(b)].end());
+          for (auto& d : gdeps)
+            if (d.erase(b)) d.insert(static_cast<int>(a));
+          gdeps[a].erase(static_cast<int>(a));
+          ++vertical_merged;
+          changed = true;
+          break;
+        }
+      }
+    }
   }
 
   // Sibling (horizontal) fusion: loop kernels over the same iteration space that read a common

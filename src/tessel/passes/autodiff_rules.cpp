@@ -61,6 +61,18 @@ Value* to_operand_order(CoreBuilder& b, Value* v, const Ints& src) {
 
 // ---- elementwise ---------------------------------------------------------------------------------
 
+// Whether `v` is computed from constants alone (a constant, or a few broadcasts, reshapes or converts
+// of one): such an operand of max/min is a bound, like relu's 0, not a value with a gradient.
+bool constant_expr(const Value* v, int depth = 6) {
+  if (!v) return false;
+  if (v->constant) return true;
+  if (v->is_input || !v->producer || depth == 0) return false;
+  for (const Value* u : v->producer->inputs)
+    if (u && !constant_expr(u, depth - 1)) return false;
+  return true;
+}
+
+
 Value* unary_vjp(CoreBuilder& b, CoreOp op, const Node& n, Value* g) {
   Value* x = n.inputs[0];
   Value* y = n.outputs[0];
@@ -109,12 +121,18 @@ std::vector<Value*> binary_vjp(CoreBuilder& b, CoreOp op, const Node& n, Value* 
       break;
     case CoreOp::max:
     case CoreOp::min: {
-      // The operand that wins gets g; on a tie each gets g/2 (torch.maximum, jax.lax.max).
+      // The operand that wins gets g. A tie with a constant operand goes wholly to the constant, so the
+      // other gets 0: relu = max(x, 0) has relu'(0) = 0 and a clip bound passes nothing at the bound, as
+      // PyTorch's threshold_backward and hardtanh_backward. A tie of two computed operands splits g/2
+      // each (torch.maximum, jax.lax.max). docs/decisions.md, "Training: ties of max and min".
       Value* win_a = b.compare(op == CoreOp::max ? "gt" : "lt", a, c);
       Value* tie = b.compare("eq", a, c);
-      Value* half = b.mul(g, sc(b, g, 0.5));
-      if (need[0]) ga = b.select(win_a, g, where(b, tie, half));
-      if (need[1]) gc = b.select(win_a, zeros_like(b, g), b.select(tie, half, g));
+      const bool ka = constant_expr(a), kc = constant_expr(c);
+      Value* zero = zeros_like(b, g);
+      Value* tie_a = ka == kc ? b.mul(g, sc(b, g, 0.5)) : ka ? g : zero;  // what operand a gets on a tie
+      Value* tie_c = ka == kc ? tie_a : kc ? g : zero;
+      if (need[0]) ga = b.select(win_a, g, b.select(tie, tie_a, zero));
+      if (need[1]) gc = b.select(win_a, zero, b.select(tie, tie_c, g));
       break;
     }
     default: fail("no binary rule for {}", core_op_name(op));

@@ -1,0 +1,344 @@
+"""tessel.compile(module, inputs, train=True): loss.backward() through tessel's compiled backward fills the
+parameters' .grad as PyTorch's autograd does (torch 1.13 here; the same test on torch 2.x).
+
+Gradients are compared by the relative error of each parameter's whole gradient, ||tessel - torch|| /
+||torch|| <= 1e-4 (single elements of a float32 gradient that is a sum of thousands of products carry
+rounding of the order of the largest terms, not of themselves).
+
+    PYTHONPATH=build/python /usr/bin/python3 -m unittest tests/python/test_train_step.py -v
+"""
+import math
+import unittest
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tessel
+
+torch.set_num_threads(2)
+
+try:
+    import torchvision.models as M
+except ImportError:  # pragma: no cover
+    M = None
+
+import os
+
+# The sanitized build runs this suite under ASan: the torchvision models take minutes there.
+SANITIZED = bool(os.environ.get("TESSEL_SANITIZED"))
+
+try:
+    import transformers  # the GPU box has it; this machine does not
+except ImportError:
+    transformers = None
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def clone_module(m):
+    import copy
+    return copy.deepcopy(m)
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads, causal):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x, mask=None):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
+        if self.causal:
+            keep = torch.ones(t, t, dtype=torch.bool).tril()
+            s = s.masked_fill(~keep, float("-inf"))
+        if mask is not None:
+            s = s + mask
+        y = s.softmax(-1) @ v
+        return self.out(y.transpose(1, 2).reshape(b, t, c))
+
+
+class BertLike(nn.Module):
+    """Post-LN encoder: token + position + type embeddings, LayerNorm, attention with a padding mask,
+    exact GELU, a pooler (tanh)."""
+
+    def __init__(self, vocab=50, d=32, heads=4, layers=2, t=8):
+        super().__init__()
+        self.tok, self.pos, self.typ = nn.Embedding(vocab, d), nn.Embedding(t, d), nn.Embedding(2, d)
+        self.ln0 = nn.LayerNorm(d)
+        self.att = nn.ModuleList(Attention(d, heads, False) for _ in range(layers))
+        self.ln1 = nn.ModuleList(nn.LayerNorm(d) for _ in range(layers))
+        self.ff = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(layers))
+        self.ln2 = nn.ModuleList(nn.LayerNorm(d) for _ in range(layers))
+        self.pool = nn.Linear(d, d)
+
+    def forward(self, ids, types, attn):
+        t = ids.shape[1]
+        x = self.ln0(self.tok(ids) + self.pos(torch.arange(t)) + self.typ(types))
+        mask = (1.0 - attn[:, None, None, :].float()) * -10000.0
+        for a, l1, f, l2 in zip(self.att, self.ln1, self.ff, self.ln2):
+            x = l1(x + a(x, mask))
+            x = l2(x + f(x))
+        return torch.tanh(self.pool(x[:, 0]))
+
+
+class GPT2Like(nn.Module):
+    """Pre-LN decoder: token + position embeddings, causal attention, tanh-GELU, a tied LM head and the
+    next-token cross-entropy loss."""
+
+    def __init__(self, vocab=64, d=32, heads=4, layers=2, t=8):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(t, d)
+        self.ln1 = nn.ModuleList(nn.LayerNorm(d) for _ in range(layers))
+        self.att = nn.ModuleList(Attention(d, heads, True) for _ in range(layers))
+        self.ln2 = nn.ModuleList(nn.LayerNorm(d) for _ in range(layers))
+        self.ff = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d))
+                                for _ in range(layers))
+        self.lnf = nn.LayerNorm(d)
+
+    def forward(self, ids, targets):
+        t = ids.shape[1]
+        x = self.tok(ids) + self.pos(torch.arange(t))
+        for l1, a, l2, f in zip(self.ln1, self.att, self.ln2, self.ff):
+            x = x + a(l1(x))
+            x = x + f(l2(x))
+        logits = self.lnf(x) @ self.tok.weight.t()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class ConvRelu(nn.Module):
+    """Conv (zero bias) -> ReLU on an input with zero blocks: many pre-activations are exactly 0, where
+    PyTorch's relu passes no gradient (threshold_backward), so the bias gradient counts only x > 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 6 * 6, 5)
+        with torch.no_grad():
+            self.conv.bias.zero_()
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.conv(x)), 2, 2, padding=1)
+        return F.relu6(self.fc(h.flatten(1)) * 4)
+
+
+class Grads(unittest.TestCase):
+    def check(self, model, inputs, loss=lambda y: (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum(),
+              backend="compiled", tol=1e-4):
+        ref = clone_module(model)
+        fast = tessel.compile(model, inputs, train=True, backend=backend, threads=2)
+        y = fast(*inputs)
+        loss(y).backward()
+        yr = ref(*inputs)
+        loss(yr).backward()
+        self.assertLessEqual(rel(y.detach(), yr.detach()), tol)
+        named = dict(ref.named_parameters())
+        checked = 0
+        for n, p in model.named_parameters():
+            if p.grad is None and named[n].grad is None:
+                continue
+            self.assertIsNotNone(p.grad, n)
+            self.assertLessEqual(rel(p.grad, named[n].grad), tol, n)
+            checked += 1
+        self.assertGreater(checked, 0)
+        return fast
+
+    def test_relu_ties_at_zero(self):
+        torch.manual_seed(0)
+        m = ConvRelu()
+        x = torch.randn(2, 3, 10, 10)
+        x[:, :, 3:8, 3:8] = 0          # the conv (bias 0) gives exact zeros there
+        fast = self.check(m, (x,))
+        # The exact zeros really are there, and a 1/2 at the tie would have moved the bias gradient.
+        with torch.no_grad():
+            pre = m.conv(x)
+        self.assertGreater(int((pre == 0).sum()), 50)
+        self.assertIn("train:", fast.step.summary)
+
+    def test_bert_like(self):
+        torch.manual_seed(1)
+        m = BertLike()
+        ids = torch.randint(0, 50, (2, 8))
+        types = torch.randint(0, 2, (2, 8))
+        attn = torch.ones(2, 8, dtype=torch.long)
+        attn[1, 5:] = 0
+        self.check(m, (ids, types, attn))
+
+    def test_gpt2_like_cross_entropy(self):
+        torch.manual_seed(2)
+        m = GPT2Like()
+        ids = torch.randint(0, 64, (2, 8))
+        self.check(m, (ids, torch.roll(ids, -1, 1)), loss=lambda y: y)
+
+    def test_input_gradient_and_a_second_step(self):
+        torch.manual_seed(3)
+        m = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+        x = torch.randn(4, 6, requires_grad=True)
+        fast = tessel.compile(m, (x,), train=True, threads=2)
+        xr = x.detach().clone().requires_grad_()
+        ref = clone_module(m)
+        for _ in range(2):   # the second call reuses the compilation; grads accumulate as in PyTorch
+            fast(x).pow(2).sum().backward()
+            ref(xr).pow(2).sum().backward()
+        self.assertEqual(fast.stats.compiles, 1)
+        self.assertLessEqual(rel(x.grad, xr.grad), 1e-5)
+        # A parameter the output does not use keeps .grad None, as in PyTorch.
+        m2 = nn.Linear(6, 2)
+        m2.unused = nn.Parameter(torch.ones(3))
+        tessel.compile(m2, (x,), train=True, threads=2)(x).sum().backward()
+        self.assertIsNone(m2.unused.grad)
+        self.assertIsNotNone(m2.weight.grad)
+        for (n, p), q in zip(m.named_parameters(), ref.parameters()):
+            self.assertLessEqual(rel(p.grad, q.grad), 1e-5, n)
+
+    def test_other_backends_and_a_changed_buffer(self):
+        torch.manual_seed(9)
+        for backend in ("graph", "eager"):
+            m = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.LayerNorm(8), nn.Linear(8, 2))
+            self.check(m, (torch.randn(4, 6),), backend=backend)
+        # A frozen buffer (eval BatchNorm's running mean) changed in place: the next call recompiles.
+        m = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8)).eval()
+        x = torch.randn(4, 6)
+        fast = tessel.compile(m, (x,), train=True, threads=2)
+        fast(x).sum().backward()
+        with torch.no_grad():
+            m[1].running_mean.add_(1)
+        m.zero_grad()
+        ref = clone_module(m)
+        fast(x).sum().backward()
+        ref(x).sum().backward()
+        self.assertEqual(len(fast.stats.recompiles), 1)
+        self.assertIn("running_mean", fast.stats.recompiles[0])
+        for p, q in zip(m.parameters(), ref.parameters()):
+            self.assertLessEqual(rel(p.grad, q.grad), 1e-5)
+
+    def test_train_mode_batchnorm_is_a_clear_error(self):
+        m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+        with self.assertRaisesRegex(tessel.TesselError, r"module.eval\(\)"):
+            tessel.compile(m, (torch.randn(2, 3, 8, 8),), train=True)
+
+    @unittest.skipIf(M is None or SANITIZED, "needs torchvision (not under ASan: minutes)")
+    def test_resnet18_eval_batchnorm(self):
+        torch.manual_seed(4)
+        m = M.resnet18(num_classes=10).eval()
+        self.check(m, (torch.randn(2, 3, 64, 64),))
+
+    @unittest.skipIf(M is None or SANITIZED, "needs torchvision (not under ASan: minutes)")
+    def test_mobilenet_v2_eval_batchnorm(self):
+        torch.manual_seed(5)
+        m = M.mobilenet_v2(num_classes=10).eval()
+        self.check(m, (torch.randn(2, 3, 64, 64),))
+
+
+class Optimizers(unittest.TestCase):
+    """tessel.optim's compiled steps against torch.optim on the same model, data and hyperparameters."""
+
+    def run_both(self, make_opt, make_ref, steps, compiled=True):
+        torch.manual_seed(8)
+        m = nn.Sequential(nn.Linear(10, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
+        ref = clone_module(m)
+        x = torch.randn(64, 10)
+        y = torch.sin(x.sum(1, keepdim=True))
+        fast = tessel.compile(m, (x,), train=True, threads=2) if compiled else m
+        opt, opt_r = make_opt(m.parameters()), make_ref(ref.parameters())
+        curve, curve_r = [], []
+        for _ in range(steps):
+            for model, o, c in ((fast, opt, curve), (ref, opt_r, curve_r)):
+                o.zero_grad()
+                loss = ((model(x) - y) ** 2).mean()
+                loss.backward()
+                o.step()
+                c.append(loss.item())
+        return m, ref, opt, curve, curve_r
+
+    def test_adamw_100_steps_track_torch(self):
+        m, ref, opt, curve, curve_r = self.run_both(
+            lambda p: tessel.optim.AdamW(p, lr=1e-2, weight_decay=0.05, threads=2),
+            lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.05), 100)
+        self.assertLess(curve_r[-1], 0.5 * curve_r[0])     # it trains
+        for i, (a, b) in enumerate(zip(curve, curve_r)):
+            self.assertLessEqual(abs(a - b), 1e-3 * max(abs(b), 1e-3), f"step {i}: {a} vs {b}")
+        for p, q in zip(m.parameters(), ref.parameters()):
+            self.assertLessEqual(rel(p.detach(), q.detach()), 1e-3)
+        # One compiled graph for the group: at most one fused loop per parameter (the scalar -step_size
+        # is one more; the two [32] biases share one): 6, where fusion without vertical group merging gave 22.
+        (step,) = opt.compiled_steps
+        self.assertLessEqual(step.loop_kernels, 6)
+        self.assertEqual(step.state_count, 2)
+
+    def test_sgd_momentum_and_nesterov_track_torch(self):
+        for kw in (dict(momentum=0.9), dict(momentum=0.9, nesterov=True, weight_decay=1e-3),
+                   dict(momentum=0.5, dampening=0.1), dict()):
+            m, ref, _, curve, curve_r = self.run_both(
+                lambda p: tessel.optim.SGD(p, lr=0.05, threads=2, **kw),
+                lambda p: torch.optim.SGD(p, lr=0.05, **kw), 30, compiled=False)
+            for i, (a, b) in enumerate(zip(curve, curve_r)):
+                self.assertLessEqual(abs(a - b), 1e-4 * max(abs(b), 1e-3), f"{kw} step {i}: {a} vs {b}")
+            for p, q in zip(m.parameters(), ref.parameters()):
+                self.assertLessEqual(rel(p.detach(), q.detach()), 1e-5, kw)
+
+    def test_bad_hyperparameters(self):
+        p = [nn.Parameter(torch.zeros(3))]
+        with self.assertRaises(ValueError):
+            tessel.optim.AdamW(p, betas=(1.5, 0.9))
+        with self.assertRaises(ValueError):
+            tessel.optim.SGD(p, nesterov=True)
+        q = [nn.Parameter(torch.zeros(3, dtype=torch.float64))]
+        q[0].grad = torch.ones(3, dtype=torch.float64)
+        with self.assertRaisesRegex(tessel.TesselError, "float32"):
+            tessel.optim.AdamW(q).step()
+
+
+class Wrap(nn.Module):
+    """A transformers model called as f(model, *tensors): keyword arguments fixed, one tensor out."""
+
+    def __init__(self, m, f):
+        super().__init__()
+        self.m, self.f = m, f
+
+    def forward(self, *a):
+        return self.f(self.m, *a)
+
+
+@unittest.skipIf(transformers is None, "needs transformers (the GPU box)")
+class HuggingFace(unittest.TestCase):
+    def check_fn(self, m, f, inputs):
+        ref = clone_module(m)
+        fast = tessel.compile(Wrap(m, f), inputs, train=True, threads=2)
+        y = fast(*inputs)
+        w = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
+        (y * w).sum().backward()
+        yr = f(ref, *inputs)
+        (yr * w).sum().backward()
+        checked = 0
+        for (n, p), q in zip(m.named_parameters(), ref.parameters()):
+            if q.grad is not None:
+                self.assertLessEqual(rel(p.grad, q.grad), 1e-4, n)
+                checked += 1
+        self.assertGreater(checked, 0)
+
+    def test_hf_bert_tiny(self):
+        cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=64, max_position_embeddings=16, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0)
+        torch.manual_seed(6)
+        m = transformers.BertModel(cfg).eval()
+        self.check_fn(m, lambda mod, i: mod(input_ids=i, return_dict=False)[0], (torch.randint(0, 100, (2, 8)),))
+
+    def test_hf_gpt2_tiny(self):
+        cfg = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=16,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        torch.manual_seed(7)
+        m = transformers.GPT2LMHeadModel(cfg).eval()
+        self.check_fn(m, lambda mod, i: mod(input_ids=i, labels=i, use_cache=False, return_dict=False)[0],
+                      (torch.randint(0, 100, (2, 8)),))
+
+
+if __name__ == "__main__":
+    unittest.main()
