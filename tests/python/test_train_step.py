@@ -316,12 +316,16 @@ class HuggingFace(unittest.TestCase):
         (y * w).sum().backward()
         yr = f(ref, *inputs)
         (yr * w).sum().backward()
-        checked = 0
-        for (n, p), q in zip(m.named_parameters(), ref.parameters()):
-            if q.grad is not None:
-                self.assertLessEqual(rel(p.grad, q.grad), 1e-4, n)
-                checked += 1
-        self.assertGreater(checked, 0)
+        # Relative to the parameter's own gradient, and for a gradient that is zero in exact arithmetic
+        # (attention's key bias: it shifts every score of a row alike, which softmax ignores) relative to
+        # the largest gradient of the model: both sides are then rounding noise.
+        pairs = [(n, p.grad, q.grad) for (n, p), q in zip(m.named_parameters(), ref.parameters()) if q.grad is not None]
+        scale = max(float(g.norm()) for _, _, g in pairs)
+        for n, got, want in pairs:
+            self.assertIsNotNone(got, n)
+            err = float((got - want).norm())
+            self.assertLessEqual(err, 1e-4 * max(float(want.norm()), 1e-2 * scale), n)
+        self.assertGreater(len(pairs), 0)
 
     def test_hf_bert_tiny(self):
         cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -336,8 +340,18 @@ class HuggingFace(unittest.TestCase):
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         torch.manual_seed(7)
         m = transformers.GPT2LMHeadModel(cfg).eval()
-        self.check_fn(m, lambda mod, i: mod(input_ids=i, labels=i, use_cache=False, return_dict=False)[0],
+        self.check_fn(m, lambda mod, i: mod(input_ids=i, use_cache=False, return_dict=False)[0],
                       (torch.randint(0, 100, (2, 8)),))
+
+    def test_hf_gpt2_loss_from_labels_is_a_loud_error(self):
+        # transformers' loss reads a tensor value into Python (not yet capturable with train=True): the
+        # compile says so instead of training on a specialised value. Compute the loss from the logits.
+        cfg = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=4, n_positions=16)
+        m = transformers.GPT2LMHeadModel(cfg).eval()
+        i = torch.randint(0, 100, (2, 8))
+        with self.assertRaisesRegex(tessel.TesselError, "cannot specialise on tensor values"):
+            tessel.compile(Wrap(m, lambda mod, x: mod(input_ids=x, labels=x, use_cache=False, return_dict=False)[0]),
+                           (i,), train=True, threads=2)
 
 
 if __name__ == "__main__":
