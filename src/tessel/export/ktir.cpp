@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -78,7 +79,8 @@ std::string identity_map(size_t r) {
 
 // Element attribute text of a constant of type t.
 std::string literal(double v, DType t) {
-  if (t == DType::boolean) return v != 0 ? "true" : "false";
+  // i1 as 1 / 0, which MLIR reads as it reads true / false (ktir-cpu 9e03d63 read "true" as 0)
+  if (t == DType::boolean) return v != 0 ? "1" : "0";
   if (!is_fp(t)) return fmt::format("{}", static_cast<int64_t>(v));
   if (std::isfinite(v)) return fmt::format("{:.9e}", v);
   // non-finite floats as their bit pattern
@@ -159,24 +161,28 @@ int64_t access_at(const Kernel& k, const KAccess& acc, int64_t linear) {
   return off;
 }
 
-// Padded DRAM element address of logical element `l` of a global (the physical dim order `perm`,
-// the innermost dims padded).
+// Padded DRAM element address of element `l` of a global, where `l` is a dense offset in the global's
+// physical dim order (`perm`, outermost first; row-major when empty): the kernel level's accesses
+// are offsets into the value's dense physical layout (NHWC activations, results stored transposed).
+// The innermost physical dim is padded.
 struct Layout {
   Shape shape;
-  std::vector<int64_t> pstride;
+  std::vector<int64_t> pstride;  // per logical dim, in padded elements
+  std::vector<size_t> order;     // physical dims, outermost first
   explicit Layout(const Global& g) : shape(g.shape) {
     const size_t r = shape.size();
     pstride.assign(r, 1);
+    for (size_t i = 0; i < r; ++i) order.push_back(g.perm.size() == r ? static_cast<size_t>(g.perm[i]) : i);
     int64_t s = 1;
     for (size_t i = r; i-- > 0;) {
-      const size_t d = g.perm.size() == r ? static_cast<size_t>(g.perm[i]) : i;
-      pstride[d] = s;
-      s *= g.padded[d];
+      pstride[order[i]] = s;
+      s *= g.padded[order[i]];
     }
   }
   int64_t at(int64_t l) const {
     int64_t a = 0;
-    for (size_t d = shape.size(); d-- > 0;) {
+    for (size_t i = order.size(); i-- > 0;) {
+      const size_t d = order[i];
       a += (l % shape[d]) * pstride[d];
       l /= shape[d];
     }
@@ -187,13 +193,37 @@ struct Layout {
 // ---- one function ----------------------------------------------------------------------------------
 
 struct View {
-  std::string name, memref;
+  std::string name, memref, what;
   int global = -1;
+  mutable bool stored = false;
   std::vector<int> tdims;          // the tile dims its dims are (broadcast and extent-1 dims dropped)
   std::vector<int64_t> sizes, strides;
-  int64_t base = 0;
+  int64_t base = 0;                // the first element's padded address
+  std::vector<int64_t> coord;      // base as coordinates of the view (sizes grown to hold them)
   DType dtype = DType::f16;
+  // A tile dim the map is affine over only as (x / split_f, x % split_f) (a row index of a [B·T, C]
+  // loop space read per batch, a reduction over heads·d): view dims split_at and split_at + 1 are that
+  // pair, every other view dim is one of tdims in order. -1: none.
+  int split_at = -1;
+  int64_t split_f = 0;
 };
+
+// The base address as coordinates along the view's dims (largest stride first), so the view starts at
+// its argument itself: ktir-cpu takes any SSA pointer of a construct_memory_view for an argument of
+// the function (an `arith.addi %argN, ...` pointer was listed as one more input). Returns false when
+// the strides cannot add up to it.
+bool base_coordinates(View& v) {
+  std::vector<size_t> by(v.strides.size());
+  for (size_t i = 0; i < by.size(); ++i) by[i] = i;
+  std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return v.strides[a] > v.strides[b]; });
+  v.coord.assign(v.strides.size(), 0);
+  int64_t rest = v.base;
+  for (size_t i : by)
+    if (v.strides[i] > 0) v.coord[i] = rest / v.strides[i], rest -= v.coord[i] * v.strides[i];
+  if (rest != 0) return false;
+  for (size_t i = 0; i < v.sizes.size(); ++i) v.sizes[i] += v.coord[i];
+  return true;
+}
 
 class FuncEmitter {
  public:
@@ -203,6 +233,25 @@ class FuncEmitter {
   std::string run();
   // After run(): the globals of %arg0, %arg1, ... in order.
   const std::vector<int>& arg_globals() const { return arg_globals_; }
+  std::vector<KtirView> views() const {
+    std::vector<KtirView> r;
+    for (const View& v : views_list_) {
+      KtirView k;
+      k.global = v.global;
+      k.what = v.what;
+      k.stored = v.stored;
+      for (int d : v.tdims) {
+        const std::string& nm = t_.dims[static_cast<size_t>(d)].name;
+        if (static_cast<int>(k.dims.size()) == v.split_at) k.dims.push_back(nm + "/" + std::to_string(v.split_f)), k.dims.push_back(nm + "%" + std::to_string(v.split_f));
+        else k.dims.push_back(nm);
+      }
+      for (size_t i = 0; i < v.sizes.size(); ++i) k.sizes.push_back(v.sizes[i] - (i < v.coord.size() ? v.coord[i] : 0));
+      k.strides = v.strides;
+      k.base = v.base;
+      r.push_back(std::move(k));
+    }
+    return r;
+  }
 
  private:
   const TileProgram& p_;
@@ -259,8 +308,14 @@ class FuncEmitter {
 
   const View& view(int global, const std::vector<int>& tdims, const std::function<int64_t(const std::vector<int64_t>&)>& logical,
                    const std::string& what);
+  bool split_view(View& v, const std::vector<int>& tdims, const std::vector<int64_t>& ext,
+                  const std::function<int64_t(const std::vector<int64_t>&)>& addr, const std::string& what);
+  bool tiles_within(int d, int64_t f) const;
+  // The access indices and tile extents of the current tile in v's view dims (a split dim as its pair).
+  void access(const View& v, std::vector<std::string>& at, std::vector<int64_t>& tile, std::vector<int64_t>& dense);
   std::string load(const View& v, const std::vector<int>& compute, DType compute_dtype);
-  void store(const View& v, const std::string& value, DType value_dtype);
+  // row: `value` is a row tensor (the compute dims but the last), e.g. a reduction's result.
+  void store(const View& v, const std::string& value, DType value_dtype, bool row = false);
   std::string broadcast_row(const std::string& row, DType t);
   std::string value(int id, bool row);
   std::string constant(double v, DType t, bool row);
@@ -272,10 +327,14 @@ class FuncEmitter {
   void emit_body_stores();
   std::string emit_matmul();
   std::string emit_vector();
-  void open_loops(const std::vector<int>& dims);
-  void close_loops(size_t n);
+  std::string emit_relayout();
+  // The tiles of `dims` (outermost first) on each core, whole and partial, around `body`: per dim a loop
+  // over the whole tiles of the core's extent and the partial tile after it as straight-line code of
+  // its own static extent; where the cores' extents along a split dim differ (the last core's slice
+  // is short, cores past the end have none), one scf.if per extent on the core's coordinate.
+  void nest(const std::vector<int>& dims, size_t i, const std::function<void()>& body);
+  void extent_tiles(const std::vector<int>& dims, size_t i, int64_t extent, const std::function<void()>& body);
   std::string header(const std::string& kind);
-  size_t loops_open_ = 0;
 };
 
 // A memory view of `global` indexed by the tile dims `tdims` (their full extents), where tile point
@@ -286,31 +345,34 @@ const View& FuncEmitter::view(int global, const std::vector<int>& tdims,
   const Layout lay(g);
   std::vector<int64_t> ext;
   for (int d : tdims) ext.push_back(t_.dims[static_cast<size_t>(d)].size);
-  const Affine a = fit(ext, [&](const std::vector<int64_t>& x) { return lay.at(logical(x)); }, what);
+  auto addr = [&](const std::vector<int64_t>& x) { return lay.at(logical(x)); };
   View v;
   v.global = global;
-  v.base = a.base;
+  v.what = what;
   v.dtype = g.dtype;
-  for (size_t i = 0; i < tdims.size(); ++i)
-    if (ext[i] > 1 && a.strides[i] != 0) {
-      v.tdims.push_back(tdims[i]);
-      v.sizes.push_back(ext[i]);
-      v.strides.push_back(a.strides[i]);
-    }
+  try {
+    const Affine a = fit(ext, addr, what);
+    v.base = a.base;
+    for (size_t i = 0; i < tdims.size(); ++i)
+      if (ext[i] > 1 && a.strides[i] != 0) {
+        v.tdims.push_back(tdims[i]);
+        v.sizes.push_back(ext[i]);
+        v.strides.push_back(a.strides[i]);
+      }
+  } catch (const Unsupported& first) {
+    if (!split_view(v, tdims, ext, addr, what)) throw first;
+  }
   if (v.sizes.empty()) v.sizes = {1}, v.strides = {1};
+  if (!base_coordinates(v)) cannot(fmt::format("{}: base offset {} is no sum of its strides", what, v.base));
   for (const View& o : views_list_)
     if (o.global == v.global && o.base == v.base && o.sizes == v.sizes && o.strides == v.strides && o.tdims == v.tdims) return o;
   v.memref = fmt::format("memref<{}x{}>", dims_x(v.sizes), elem_type(v.dtype));
-  std::string ptr = arg_of_global_.at(global);
-  if (v.base != 0) {
-    const std::string b = fresh("base");
-    views_ << fmt::format("    {} = arith.addi {}, {} : index\n", b, ptr, idx(v.base));
-    ptr = b;
-  }
+  const std::string ptr = arg_of_global_.at(global);
   v.name = fresh("view");
   std::vector<std::string> names;
   for (int d : v.tdims) names.push_back(t_.dims[static_cast<size_t>(d)].name);
-  views_ << fmt::format("    // {}: {} over [{}]\n", v.name, mlir_comment_text(what), list(names));
+  views_ << fmt::format("    // {}: {} over [{}]{}\n", v.name, mlir_comment_text(what), list(names),
+                        v.base ? fmt::format(", from element {} (coordinates [{}])", v.base, list(v.coord)) : "");
   views_ << fmt::format("    {} = ktdp.construct_memory_view {}, sizes: [{}], strides: [{}] {{\n", v.name, ptr, list(v.sizes),
                         list(v.strides));
   views_ << fmt::format("      coordinate_set = {}, memory_space = #ktdp.spyre_memory_space<HBM>\n", box_set(v.sizes));
@@ -319,20 +381,119 @@ const View& FuncEmitter::view(int global, const std::vector<int>& tdims,
   return views_list_.back();
 }
 
+// Every tile of dim d (each core's slice from c·slice, whole tiles then the partial one) lies within one
+// block of f elements or covers whole blocks.
+bool FuncEmitter::tiles_within(int d, int64_t f) const {
+  const Dim& dm = t_.dims[static_cast<size_t>(d)];
+  for (int64_t c = 0; c < dm.split; ++c) {
+    const int64_t lo = c * dm.slice, hi = std::min(dm.size, lo + dm.slice);
+    for (int64_t t0 = lo; t0 < hi; t0 += dm.tile) {
+      const int64_t n = std::min(dm.tile, hi - t0);
+      if (!(t0 % f + n <= f || (t0 % f == 0 && n % f == 0))) return false;
+    }
+  }
+  return true;
+}
+
+// A view affine over the tile dims once one of them is split into (x / f, x % f), f a divisor of its
+// extent whose blocks no tile crosses; fills v (tdims, sizes, strides, base, split) and returns true,
+// or false when no such split exists.
+bool FuncEmitter::split_view(View& v, const std::vector<int>& tdims, const std::vector<int64_t>& ext,
+                             const std::function<int64_t(const std::vector<int64_t>&)>& addr, const std::string& what) {
+  for (size_t i = 0; i < tdims.size(); ++i)
+    for (int64_t f = 2; f < ext[i]; ++f) {
+      if (ext[i] % f != 0 || !tiles_within(tdims[i], f)) continue;
+      std::vector<int64_t> e2;
+      for (size_t j = 0; j < ext.size(); ++j) {
+        if (j == i) e2.push_back(ext[i] / f), e2.push_back(f);
+        else e2.push_back(ext[j]);
+      }
+      Affine a;
+      try {
+        a = fit(e2, [&](const std::vector<int64_t>& y) {
+          std::vector<int64_t> x;
+          for (size_t j = 0, k = 0; j < ext.size(); ++j, ++k) {
+            if (j == i) x.push_back(y[k] * f + y[k + 1]), ++k;
+            else x.push_back(y[k]);
+          }
+          return addr(x);
+        }, what);
+      } catch (const Unsupported&) {
+        continue;
+      }
+      v.base = a.base;
+      for (size_t j = 0, k = 0; j < ext.size(); ++j, ++k) {
+        if (j == i) {
+          v.split_at = static_cast<int>(v.sizes.size());
+          v.split_f = f;
+          v.tdims.push_back(tdims[j]);
+          v.sizes.push_back(ext[j] / f), v.strides.push_back(a.strides[k]);
+          v.sizes.push_back(f), v.strides.push_back(a.strides[k + 1]);
+          ++k;
+        } else if (ext[j] > 1 && a.strides[k] != 0) {
+          v.tdims.push_back(tdims[j]);
+          v.sizes.push_back(ext[j]);
+          v.strides.push_back(a.strides[k]);
+        }
+      }
+      return true;
+    }
+  return false;
+}
+
+void FuncEmitter::access(const View& v, std::vector<std::string>& at, std::vector<int64_t>& tile, std::vector<int64_t>& dense) {
+  size_t vd = 0;  // view dim
+  auto plus = [&](const std::string& x, int64_t c) {
+    if (c == 0) return x;
+    const std::string r = fresh("at");
+    line(fmt::format("{} = arith.addi {}, {} : index", r, x, idx(c)));
+    return r;
+  };
+  for (size_t i = 0; i < v.tdims.size(); ++i) {
+    const int d = v.tdims[i];
+    const int64_t n = tile_ext_[static_cast<size_t>(d)];
+    dense.push_back(n);
+    if (static_cast<int>(vd) == v.split_at) {
+      const int64_t f = v.split_f;
+      const std::string hi = fresh("blk"), lo = fresh("in");
+      line(fmt::format("{} = arith.divsi {}, {} : index", hi, offset_[static_cast<size_t>(d)], idx(f)));
+      line(fmt::format("{} = arith.remsi {}, {} : index", lo, offset_[static_cast<size_t>(d)], idx(f)));
+      at.push_back(plus(hi, v.coord.at(vd)));
+      at.push_back(plus(lo, v.coord.at(vd + 1)));
+      if (n <= f) tile.push_back(1), tile.push_back(n);
+      else tile.push_back(n / f), tile.push_back(f);
+      vd += 2;
+    } else {
+      at.push_back(plus(offset_[static_cast<size_t>(d)], v.coord.at(vd)));
+      tile.push_back(n);
+      vd += 1;
+    }
+  }
+  if (v.tdims.empty()) at.push_back(idx(v.coord.at(0))), tile.push_back(1), dense.push_back(1);
+}
+
 // Loads the current tile of `v` and returns it as a tensor over the tile dims `compute` (dims the view
 // lacks broadcast, extent-1 dims it has but `compute` lacks collapsed) in `compute_dtype`.
 std::string FuncEmitter::load(const View& v, const std::vector<int>& compute, DType compute_dtype) {
   std::vector<std::string> at;
-  std::vector<int64_t> tile;
-  for (int d : v.tdims) at.push_back(offset_[static_cast<size_t>(d)]), tile.push_back(tile_ext_[static_cast<size_t>(d)]);
-  if (v.tdims.empty()) at.push_back(idx(0)), tile.push_back(1);
-  const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(tile));
+  std::vector<int64_t> vtile, tile;
+  access(v, at, vtile, tile);
+  const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(vtile));
   const std::string acc = fresh("tile");
   line(fmt::format("{} = ktdp.construct_access_tile {}[{}] {{", acc, v.name, list(at)));
-  line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(tile), identity_map(tile.size())));
+  line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(vtile), identity_map(vtile.size())));
   line(fmt::format("}} : {} -> {}", v.memref, at_ty));
   std::string x = fresh("ld");
-  line(fmt::format("{} = ktdp.load {} : {} -> {}", x, acc, at_ty, tensor_ty(tile, v.dtype)));
+  line(fmt::format("{} = ktdp.load {} : {} -> {}", x, acc, at_ty, tensor_ty(vtile, v.dtype)));
+  if (vtile.size() != tile.size()) {  // the split dim's pair back into one dim
+    std::vector<std::string> gs;
+    for (size_t i = 0, j = 0; i < tile.size(); ++i, ++j)
+      gs.push_back(static_cast<int>(j) == v.split_at ? fmt::format("[{}, {}]", j, j + 1) : fmt::format("[{}]", j)),
+          j += static_cast<int>(j) == v.split_at ? 1 : 0;
+    const std::string c = fresh("ld");
+    line(fmt::format("{} = tensor.collapse_shape {} [{}] : {} into {}", c, x, list(gs), tensor_ty(vtile, v.dtype), tensor_ty(tile, v.dtype)));
+    x = c;
+  }
   // keep the view dims that are compute dims
   std::vector<int64_t> kept;
   std::vector<int> kept_dims;
@@ -403,13 +564,16 @@ std::string FuncEmitter::load(const View& v, const std::vector<int>& compute, DT
 }
 
 // Stores `value` (a tensor over compute_ in value_dtype) into the current tile of `v`.
-void FuncEmitter::store(const View& v, const std::string& value, DType value_dtype) {
-  std::vector<int64_t> full = shape(false);
+void FuncEmitter::store(const View& v, const std::string& value, DType value_dtype, bool row) {
+  v.stored = true;
+  std::vector<int64_t> full = shape(row);
   std::vector<std::string> at;
-  std::vector<int64_t> tile;
-  for (int d : v.tdims) at.push_back(offset_[static_cast<size_t>(d)]), tile.push_back(tile_ext_[static_cast<size_t>(d)]);
+  std::vector<int64_t> vtile, tile;
   if (v.tdims.empty()) cannot("a store of a single element over the whole tile");
-  for (int d : compute_)
+  access(v, at, vtile, tile);
+  std::vector<int> cdims = compute_;
+  if (row) cdims.pop_back();
+  for (int d : cdims)
     if (std::find(v.tdims.begin(), v.tdims.end(), d) == v.tdims.end() && tile_ext_[static_cast<size_t>(d)] > 1)
       cannot(fmt::format("a store that does not index dim {}", t_.dims[static_cast<size_t>(d)].name));
   std::string x = value;
@@ -458,12 +622,22 @@ void FuncEmitter::store(const View& v, const std::string& value, DType value_dty
       line(fmt::format("{} = tensor.collapse_shape {} [] : {} into {}", c, flat, tensor_ty({n}, v.dtype), tensor_ty(tile, v.dtype)));
     x = tile.size() != 1 ? c : flat;
   }
-  const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(tile));
+  if (vtile.size() != tile.size()) {  // the split dim as its pair
+    std::vector<std::string> gs;
+    for (size_t i = 0, j = 0; i < tile.size(); ++i, ++j)
+      gs.push_back(static_cast<int>(j) == v.split_at ? fmt::format("[{}, {}]", j, j + 1) : fmt::format("[{}]", j)),
+          j += static_cast<int>(j) == v.split_at ? 1 : 0;
+    const std::string c = fresh("st");
+    line(fmt::format("{} = tensor.expand_shape {} [{}] output_shape [{}] : {} into {}", c, x, list(gs), list(vtile),
+                     tensor_ty(tile, v.dtype), tensor_ty(vtile, v.dtype)));
+    x = c;
+  }
+  const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(vtile));
   const std::string acc = fresh("tile");
   line(fmt::format("{} = ktdp.construct_access_tile {}[{}] {{", acc, v.name, list(at)));
-  line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(tile), identity_map(tile.size())));
+  line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(vtile), identity_map(vtile.size())));
   line(fmt::format("}} : {} -> {}", v.memref, at_ty));
-  line(fmt::format("ktdp.store {}, {} : {}, {}", x, acc, tensor_ty(tile, v.dtype), at_ty));
+  line(fmt::format("ktdp.store {}, {} : {}, {}", x, acc, tensor_ty(vtile, v.dtype), at_ty));
 }
 
 std::string FuncEmitter::broadcast_row(const std::string& row, DType t) {
@@ -603,31 +777,64 @@ std::string FuncEmitter::value(int id, bool row) {
 namespace tessel::tile {
 namespace {
 
-void FuncEmitter::open_loops(const std::vector<int>& dims) {
-  for (int d : dims) {
-    const Dim& dm = t_.dims[static_cast<size_t>(d)];
-    if (dm.steps() <= 1) {
-      offset_[static_cast<size_t>(d)] = lo_[static_cast<size_t>(d)];
-      continue;
-    }
-    std::string hi = idx(dm.slice);
-    if (dm.split > 1) {
-      hi = fresh("hi_" + dm.name);
-      line(fmt::format("{} = arith.addi {}, {} : index", hi, lo_[static_cast<size_t>(d)], idx(dm.slice)));
-    }
-    const std::string iv = fresh("i" + dm.name);
-    line(fmt::format("scf.for {} = {} to {} step {} {{", iv, lo_[static_cast<size_t>(d)], hi, idx(dm.tile)));
-    ++depth_;
-    ++loops_open_;
-    offset_[static_cast<size_t>(d)] = iv;
+void FuncEmitter::nest(const std::vector<int>& dims, size_t i, const std::function<void()>& body) {
+  if (i == dims.size()) {
+    // a new region: values of another tile's body are not visible here
+    vals_.clear();
+    loaded_.clear();
+    body();
+    return;
   }
+  const size_t d = static_cast<size_t>(dims[i]);
+  const Dim& dm = t_.dims[d];
+  if (dm.split == 1) return extent_tiles(dims, i, dm.size, body);
+  // cores [0, q) hold a whole slice, core q the rest (if any), cores past it nothing
+  const int64_t q = std::min(dm.split, dm.size / dm.slice), rest = dm.size - q * dm.slice;
+  if (q == dm.split) return extent_tiles(dims, i, dm.slice, body);
+  auto guarded = [&](const char* pred, int64_t core, int64_t extent) {
+    const std::string c = fresh("on_" + dm.name);
+    line(fmt::format("{} = arith.cmpi {}, %tid_{}, {} : index", c, pred, dm.name, idx(core)));
+    line(fmt::format("scf.if {} {{", c));
+    ++depth_;
+    extent_tiles(dims, i, extent, body);
+    --depth_;
+    line("}");
+  };
+  if (q > 0) guarded("slt", q, dm.slice);
+  if (rest > 0) guarded("eq", q, rest);
 }
 
-void FuncEmitter::close_loops(size_t n) {
-  for (size_t i = 0; i < n; ++i) {
+void FuncEmitter::extent_tiles(const std::vector<int>& dims, size_t i, int64_t extent, const std::function<void()>& body) {
+  const size_t d = static_cast<size_t>(dims[i]);
+  const Dim& dm = t_.dims[d];
+  const int64_t T = dm.tile, full = extent / T, tail = extent % T;
+  const std::string& lo = lo_[d];
+  auto start = [&](int64_t off) {
+    if (off == 0) return lo;
+    if (dm.split == 1) return idx(off);
+    const std::string r = fresh("s_" + dm.name);
+    line(fmt::format("{} = arith.addi {}, {} : index", r, lo, idx(off)));
+    return r;
+  };
+  tile_ext_[d] = T;
+  if (full == 1) {
+    offset_[d] = lo;
+    nest(dims, i + 1, body);
+  } else if (full > 1) {
+    const std::string hi = start(full * T), iv = fresh("i" + dm.name);
+    line(fmt::format("scf.for {} = {} to {} step {} {{", iv, lo, hi, idx(T)));
+    ++depth_;
+    offset_[d] = iv;
+    nest(dims, i + 1, body);
     line("scf.yield");
     --depth_;
     line("}");
+  }
+  if (tail > 0) {
+    tile_ext_[d] = tail;
+    offset_[d] = start(full * T);
+    nest(dims, i + 1, body);
+    tile_ext_[d] = T;
   }
 }
 
@@ -635,15 +842,24 @@ void FuncEmitter::emit_body_stores() {
   for (size_t i = 0; i < k_.body.size(); ++i) {
     const KInstr& in = k_.body[i];
     if (in.op != "store") continue;
-    if (in.row) cannot("a row-level store");
     const KAccess& acc = k_.accesses.at(static_cast<size_t>(in.access));
     const int g = global_of_arg(acc.arg);
+    // a row store (a reduction's result) indexes the target dims but the last compute dim, at its start
+    std::vector<int> dims = target_;
+    size_t drop = dims.size();
+    if (in.row) {
+      if (compute_.size() < 2) cannot("a row store in a kernel without rows");
+      drop = static_cast<size_t>(std::find(dims.begin(), dims.end(), compute_.back()) - dims.begin());
+      if (drop < dims.size()) dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(drop));
+    }
     const std::function<int64_t(const std::vector<int64_t>&)> f = [&](const std::vector<int64_t>& x) {
-      return access_at(k_, acc, linear_of_(x));
+      std::vector<int64_t> full = x;
+      if (drop < target_.size()) full.insert(full.begin() + static_cast<std::ptrdiff_t>(drop), 0);
+      return access_at(k_, acc, linear_of_(full));
     };
-    const View& v = view(g, target_, f, fmt::format("access #{} of {}", in.access, k_.name));
-    const std::string x = value(in.args.at(0), false);
-    store(v, x, k_.body.at(static_cast<size_t>(in.args.at(0))).dtype);
+    const View& v = view(g, dims, f, fmt::format("access #{} of {}", in.access, k_.name));
+    const std::string x = value(in.args.at(0), in.row);
+    store(v, x, k_.body.at(static_cast<size_t>(in.args.at(0))).dtype, in.row);
   }
 }
 
@@ -661,10 +877,103 @@ std::string FuncEmitter::emit_vector() {
   compute_ = {p, e};
   linear_of_ = [=](const std::vector<int64_t>& x) { return inner ? x[1] * P + x[0] : x[0] * E + x[1]; };
   if (inner && E > 1) cannot("a pointwise kernel split along its innermost dim with more than one element per point");
-  open_loops(t_.order);
-  emit_body_stores();
-  close_loops(loops_open_);
+  nest(t_.order, 0, [&] { emit_body_stores(); });
   return "vector";
+}
+
+// A re-layout copy: the matmul operand it feeds, read through that matmul's strides ([batch, rows,
+// cols] with a non-unit innermost stride), written dense. Within one matrix the source is affine over
+// (p, e); across matrices it is not, so then the source is a 3-D view (matrix, row, col) and every
+// tile must lie within one matrix or cover whole ones.
+std::string FuncEmitter::emit_relayout() {
+  const int p = dim_index("p"), e = dim_index("e");
+  const Dim& dp = t_.dims[static_cast<size_t>(p)];
+  const Dim& de = t_.dims[static_cast<size_t>(e)];
+  if (de.split != 1 || de.tile != de.size) cannot("the e dim is split or tiled");
+  int gin = -1, gout = -1;
+  for (const Operand& op : t_.operands) (op.out ? gout : gin) = op.global;
+  std::string role;
+  for (const TileKernel& c : p_.kernels)
+    for (const Operand& op : c.operands)
+      if (c.kind == TileKind::matmul && op.global == gout) role = op.role;
+  if (gin < 0 || gout < 0 || (role != "a" && role != "b"))
+    throw Error(Location{.node = t_.node, .pass = "ktir"}, fmt::format("re-layout copy {} feeds no matmul operand", t_.name));
+  const MatmulSpec& mm = k_.mm;
+  const bool a = role == "a";
+  const int64_t batch = mm.batch, rows = a ? mm.m : mm.k, cols = a ? mm.k : mm.n;
+  const int64_t off = a ? mm.a_offset : mm.b_offset, sb = a ? mm.a_batch : mm.b_batch, sr = a ? mm.a_m : mm.b_k,
+                se = a ? mm.a_k : mm.b_n;
+  if (dp.size != batch * rows || de.size != cols)
+    throw Error(Location{.node = t_.node, .pass = "ktir"},
+                fmt::format("re-layout copy {}: p {} x e {} is not the operand's {}x{}x{}", t_.name, dp.size, de.size, batch, rows, cols));
+  const DType dt = p_.globals[static_cast<size_t>(gout)].dtype;
+  if (p_.globals[static_cast<size_t>(gin)].dtype != dt) cannot("a re-layout copy between device dtypes");
+  target_ = {p, e};
+  compute_ = {p, e};
+  linear_of_ = [=](const std::vector<int64_t>& x) { return x[0] * cols + x[1]; };
+  const View& dst = view(gout, {p, e}, linear_of_, "the dense copy");
+  auto src_at = [=](int64_t bi, int64_t r, int64_t c) { return off + sb * bi + sr * r + se * c; };
+  if (batch == 1 || sb == rows * sr) {
+    const View& src = view(gin, {p, e}, [&](const std::vector<int64_t>& x) { return src_at(x[0] / rows, x[0] % rows, x[1]); },
+                           fmt::format("matmul {} as it reads it", role));
+    nest(t_.order, 0, [&] { store(dst, load(src, compute_, dt), dt); });
+    return "relayout";
+  }
+  // every tile (core c's slice from c·slice, tiles of `tile`, the last partial) within one matrix or whole ones
+  for (int64_t c = 0; c < dp.split; ++c) {
+    const int64_t lo = c * dp.slice, hi = std::min(dp.size, lo + dp.slice);
+    for (int64_t t0 = lo; t0 < hi; t0 += dp.tile) {
+      const int64_t n = std::min(dp.tile, hi - t0);
+      if (!(t0 % rows + n <= rows || (t0 % rows == 0 && n % rows == 0)))
+        cannot(fmt::format("a tile of rows [{}, {}) crosses a matrix boundary (matrices of {} rows)", t0, t0 + n, rows));
+    }
+  }
+  const Global& g = p_.globals.at(static_cast<size_t>(gin));
+  const Layout lay(g);
+  const std::string what = fmt::format("matmul {} as it reads it, per matrix", role);
+  const Affine af = fit({batch, rows, cols}, [&](const std::vector<int64_t>& x) { return lay.at(src_at(x[0], x[1], x[2])); }, what);
+  View v;
+  v.global = gin;
+  v.what = what;
+  v.base = af.base;
+  v.dtype = dt;
+  v.sizes = {batch, rows, cols};
+  v.strides = af.strides;
+  if (!base_coordinates(v)) cannot(fmt::format("{}: base offset {} is no sum of its strides", what, v.base));
+  v.memref = fmt::format("memref<{}x{}>", dims_x(v.sizes), elem_type(dt));
+  v.name = fresh("view");
+  views_ << fmt::format("    // {}: {} over [matrix, row, col]{}\n", v.name, mlir_comment_text(what),
+                        v.base ? fmt::format(", from element {} (coordinates [{}])", v.base, list(v.coord)) : "");
+  views_ << fmt::format("    {} = ktdp.construct_memory_view {}, sizes: [{}], strides: [{}] {{\n", v.name, arg_of_global_.at(gin),
+                        list(v.sizes), list(v.strides));
+  views_ << fmt::format("      coordinate_set = {}, memory_space = #ktdp.spyre_memory_space<HBM>\n", box_set(v.sizes));
+  views_ << fmt::format("    }} : {}\n", v.memref);
+  views_list_.push_back(v);
+  const View& src = views_list_.back();
+  nest(t_.order, 0, [&] {
+    const int64_t n = tile_ext_[static_cast<size_t>(p)];
+    const std::string& p0 = offset_[static_cast<size_t>(p)];
+    const std::string bi = fresh("mat"), r0 = fresh("row");
+    line(fmt::format("{} = arith.divsi {}, {} : index", bi, p0, idx(rows)));
+    line(fmt::format("{} = arith.remsi {}, {} : index", r0, p0, idx(rows)));
+    const std::vector<int64_t> tile = n <= rows ? std::vector<int64_t>{1, n, cols} : std::vector<int64_t>{n / rows, rows, cols};
+    std::vector<std::string> at = {bi, r0, idx(0)};
+    for (size_t i = 0; i < 3; ++i)
+      if (src.coord[i] != 0) {
+        const std::string r = fresh("at");
+        line(fmt::format("{} = arith.addi {}, {} : index", r, at[i], idx(src.coord[i])));
+        at[i] = r;
+      }
+    const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(tile));
+    const std::string acc = fresh("tile"), x = fresh("ld"), c = fresh("ld");
+    line(fmt::format("{} = ktdp.construct_access_tile {}[{}] {{", acc, src.name, list(at)));
+    line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(tile), identity_map(3)));
+    line(fmt::format("}} : {} -> {}", src.memref, at_ty));
+    line(fmt::format("{} = ktdp.load {} : {} -> {}", x, acc, at_ty, tensor_ty(tile, dt)));
+    line(fmt::format("{} = tensor.collapse_shape {} [[0, 1], [2]] : {} into {}", c, x, tensor_ty(tile, dt), tensor_ty({n, cols}, dt)));
+    store(dst, c, dt);
+  });
+  return "relayout";
 }
 
 std::string FuncEmitter::emit_matmul() {
@@ -691,58 +1000,77 @@ std::string FuncEmitter::emit_matmul() {
     return mm.b_offset + mm.b_batch * x[0] + mm.b_k * x[1] + mm.b_n * x[2];
   }, "matmul B");
   const std::vector<int> outer(t_.order.begin(), t_.order.end() - 1);
-  open_loops(outer);
-  const int64_t tm = tile_ext_[static_cast<size_t>(m)], tn = tile_ext_[static_cast<size_t>(n)], tk = tile_ext_[static_cast<size_t>(kd)];
-  const std::string acc_ty = tensor_ty({tm, tn}, DType::f32);
-  const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
-  line(fmt::format("{} = arith.constant 0.000000000e+00 : f32", z));
-  line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
-  line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
   const DType dta = p_.globals[static_cast<size_t>(ga)].dtype, dtb = p_.globals[static_cast<size_t>(gb)].dtype;
-  auto product = [&](const std::string& into) {
-    const std::string at = load(va, {m, kd}, dta), bt = load(vb, {kd, n}, dtb);
-    const std::string r = fresh("mm");
-    line(fmt::format("{} = linalg.matmul ins({}, {} : {}, {}) outs({} : {}) -> {}", r, at, bt, tensor_ty({tm, tk}, dta),
-                     tensor_ty({tk, tn}, dtb), into, acc_ty, acc_ty));
-    return r;
+  const size_t km = static_cast<size_t>(m), kn = static_cast<size_t>(n), kk = static_cast<size_t>(kd);
+  // One (b, m, n) tile, whole or partial: the k tiles accumulated in f32, then the epilogue or the store.
+  auto tile_body = [&] {
+    const int64_t tm = tile_ext_[km], tn = tile_ext_[kn];
+    const std::string acc_ty = tensor_ty({tm, tn}, DType::f32);
+    const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
+    line(fmt::format("{} = arith.constant 0.000000000e+00 : f32", z));
+    line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
+    line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
+    auto product = [&](const std::string& into) {
+      const int64_t tk = tile_ext_[kk];
+      const std::string at = load(va, {m, kd}, dta), bt = load(vb, {kd, n}, dtb);
+      loaded_.clear();  // the next k tile loads its own
+      const std::string r = fresh("mm");
+      line(fmt::format("{} = linalg.matmul ins({}, {} : {}, {}) outs({} : {}) -> {}", r, at, bt, tensor_ty({tm, tk}, dta),
+                       tensor_ty({tk, tn}, dtb), into, acc_ty, acc_ty));
+      return r;
+    };
+    // k: the whole tiles in a loop carrying the accumulator, the partial one after it
+    const int64_t full = dk.size / dk.tile, tail = dk.size % dk.tile;
+    std::string acc = a0;
+    tile_ext_[kk] = dk.tile;
+    if (full == 1) {
+      offset_[kk] = lo_[kk];
+      acc = product(acc);
+    } else if (full > 1) {
+      const std::string r = fresh("acc"), iv = fresh("ik"), it = fresh("acc_in");
+      line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", r, iv, lo_[kk], idx(full * dk.tile),
+                       idx(dk.tile), it, acc, acc_ty));
+      ++depth_;
+      offset_[kk] = iv;
+      line(fmt::format("scf.yield {} : {}", product(it), acc_ty));
+      --depth_;
+      line("}");
+      acc = r;
+    }
+    if (tail > 0) {
+      tile_ext_[kk] = tail;
+      offset_[kk] = idx(full * dk.tile);
+      acc = product(acc);
+      tile_ext_[kk] = dk.tile;
+    }
+    acc_ = acc;
+    vals_.clear();
+    loaded_.clear();
+    // epilogue over the product tile (b m n), or the product stored as it is
+    if (k_.body.empty()) {
+      const int gc = global_of_arg(mm.c);
+      const bool contiguous = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
+      const View& vc = view(gc, target_, [&](const std::vector<int64_t>& x) {
+        return contiguous ? linear_of_(x) : mm.c_batch * x[0] + mm.c_m * x[1] + mm.c_n * x[2];
+      }, "matmul C");
+      store(vc, acc_, DType::f32);
+    } else {
+      emit_body_stores();
+    }
   };
-  if (dk.steps() > 1) {
-    acc_ = fresh("acc");
-    const std::string iv = fresh("ik"), it = fresh("acc_in");
-    line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", acc_, iv, lo_[static_cast<size_t>(kd)],
-                     idx(dk.slice), idx(dk.tile), it, a0, acc_ty));
-    ++depth_;
-    offset_[static_cast<size_t>(kd)] = iv;
-    const std::string r = product(it);
-    line(fmt::format("scf.yield {} : {}", r, acc_ty));
-    --depth_;
-    line("}");
-  } else {
-    offset_[static_cast<size_t>(kd)] = lo_[static_cast<size_t>(kd)];
-    acc_ = product(a0);
-  }
-  // epilogue over the product tile (b m n), or the product stored as it is
   target_ = {b, m, n};
   compute_ = {m, n};
   const int64_t B = mm.batch, M = mm.m, N = mm.n;
   linear_of_ = [=](const std::vector<int64_t>& x) { return (x[0] * M + x[1]) * N + x[2]; };
-  if (k_.body.empty()) {
-    const int gc = global_of_arg(mm.c);
-    const bool contiguous = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
-    const View& vc = view(gc, target_, [&](const std::vector<int64_t>& x) {
-      return contiguous ? linear_of_(x) : mm.c_batch * x[0] + mm.c_m * x[1] + mm.c_n * x[2];
-    }, "matmul C");
-    store(vc, acc_, DType::f32);
-  } else {
+  if (!k_.body.empty()) {
     if (k_.outer_count() * k_.inner_count() != B * M * N)
       throw Error(Location{.node = t_.node, .pass = "ktir"},
                   fmt::format("kernel {}: the epilogue's loop space is not the product's {}x{}x{}", k_.name, B, M, N));
     for (size_t i = 0; i < k_.body.size(); ++i)
       if (k_.body[i].op == "store" && k_.accesses.at(static_cast<size_t>(k_.body[i].access)).arg == mm.c) c_access_ = k_.body[i].access;
     if (c_access_ < 0) cannot("an epilogue that does not store the product's buffer");
-    emit_body_stores();
   }
-  close_loops(loops_open_);
+  nest(outer, 0, tile_body);
   return "matmul";
 }
 
@@ -751,9 +1079,11 @@ std::string FuncEmitter::run() {
   for (const Dim& d : t_.dims) {
     if (d.split < 1 || d.slice <= 0 || d.tile <= 0)
       throw Error(Location{.node = t_.node, .pass = "ktir"}, fmt::format("tile kernel {}: dim {} is not mapped", t_.name, d.name));
-    if (d.split * d.slice != d.size || d.slice % d.tile != 0)
-      cannot(fmt::format("partial tiles: dim {} of {} over {} cores x slice {} in tiles of {}", d.name, d.size, d.split, d.slice,
-                         d.tile));
+    // partial tiles, short last slices and idle cores are emitted as such (nest); elements left out are not
+    if (d.split * d.slice < d.size)
+      throw Error(Location{.node = t_.node, .pass = "ktir"},
+                  fmt::format("tile kernel {}: dim {} of {} over {} cores x slice {} in tiles of {} does not cover it", t_.name,
+                              d.name, d.size, d.split, d.slice, d.tile));
   }
   offset_.assign(nd, "");
   lo_.assign(nd, "");
@@ -788,6 +1118,8 @@ std::string FuncEmitter::run() {
       grid.push_back(t_.dims[d].split);
       tids.push_back("%tid_" + t_.dims[d].name);
     }
+  // ktir-cpu's grid has at most three dims
+  if (grid.size() > 3) cannot(fmt::format("a core grid of {} dims", grid.size()));
   std::string tid_line;
   if (grid.empty()) {
     grid = {1};
@@ -805,7 +1137,7 @@ std::string FuncEmitter::run() {
       lo_[d] = idx(0);
     }
   }
-  const std::string kind = t_.kind == TileKind::matmul ? emit_matmul() : emit_vector();
+  const std::string kind = t_.kind == TileKind::matmul ? emit_matmul() : t_.kind == TileKind::relayout ? emit_relayout() : emit_vector();
   std::ostringstream out;
   out << fmt::format("  // {}: {} kernel {} of node \"{}\"\n", t_.name, kind, mlir_comment_text(k_.name), mlir_comment_text(t_.node));
   std::vector<std::string> src;
@@ -842,24 +1174,28 @@ KtirExport export_ktir_kernels(const TileProgram& p, const KernelModule& m) {
       e.skipped.push_back(fmt::format("{}: convolution \"{}\" (no KTIR export of conv tiles yet)", t.name, t.node));
       continue;
     }
+    int kernel = t.kernel;
     if (t.kind == TileKind::relayout) {
-      e.skipped.push_back(fmt::format("{}: re-layout copy \"{}\" (no KTIR export of re-layouts yet)", t.name, t.node));
-      continue;
+      // a re-layout copy reads its source through the strides of the matmul that reads the copy
+      for (const TileKernel& c : p.kernels)
+        for (const Operand& op : c.operands)
+          if (c.kind == TileKind::matmul && !t.operands.empty() && op.global == t.operands.back().global) kernel = c.kernel;
     }
-    if (t.kernel < 0 || t.kernel >= static_cast<int>(m.kernels.size()))
+    if (kernel < 0 || kernel >= static_cast<int>(m.kernels.size()))
       throw Error(Location{.node = t.node, .pass = "ktir"},
-                  fmt::format("tile kernel {} refers to kernel {} of a module with {}", t.name, t.kernel, m.kernels.size()));
-    const Kernel& k = m.kernels[static_cast<size_t>(t.kernel)];
-    if ((t.kind == TileKind::matmul) != (k.kind == KernelKind::matmul))
+                  fmt::format("tile kernel {} refers to kernel {} of a module with {}", t.name, kernel, m.kernels.size()));
+    const Kernel& k = m.kernels[static_cast<size_t>(kernel)];
+    if ((t.kind == TileKind::matmul || t.kind == TileKind::relayout) != (k.kind == KernelKind::matmul))
       throw Error(Location{.node = t.node, .pass = "ktir"},
                   fmt::format("tile kernel {} is {} but kernel {} is {}", t.name, tile_kind_name(t.kind), k.name, kernel_kind_name(k.kind)));
     try {
-      FuncEmitter f(p, m, t, k);
+      FuncEmitter f(p, m, t, k);  // k: for a re-layout copy, the kernel of the matmul it feeds
       KtirKernel kk;
       kk.tile_kernel = t.name;
       kk.node = t.node;
       kk.func = f.run();
       kk.args = f.arg_globals();
+      kk.views = f.views();
       // One module per kernel: ktir-cpu reads one function per module (with several it ran every
       // function with the body of the last one, without an error).
       kk.module = fmt::format("// KTIR (ktdp dialect) exported by tessel: model \"{}\", target {}, {} cores, tile kernel {}\n",
@@ -889,34 +1225,95 @@ std::string export_ktir(const TileProgram& p, const KernelModule& m, std::vector
 
 nlohmann::json ktir_manifest(const TileProgram& p, const KtirExport& e) {
   using nlohmann::json;
+  auto kind_name = [](Global::Kind k) {
+    return k == Global::Kind::input ? "input" : k == Global::Kind::output ? "output" : k == Global::Kind::constant ? "constant" : "temp";
+  };
   auto global_json = [&](int g) {
     const Global& gl = p.globals.at(static_cast<size_t>(g));
-    const char* kind = gl.kind == Global::Kind::input ? "input" : gl.kind == Global::Kind::output ? "output"
-                       : gl.kind == Global::Kind::constant ? "constant" : "temp";
-    return json{{"global", gl.name}, {"kind", kind}, {"dtype", std::string(dtype_name(gl.dtype))},
+    return json{{"global", gl.name}, {"index", g}, {"kind", kind_name(gl.kind)}, {"dtype", std::string(dtype_name(gl.dtype))},
                 {"logical_dtype", std::string(dtype_name(gl.logical))}, {"shape", gl.shape}, {"padded", gl.padded},
                 {"perm", gl.perm}};
   };
   json ks = json::array();
+  std::map<std::string, size_t> exported;
   for (size_t i = 0; i < e.kernels.size(); ++i) {
     const KtirKernel& k = e.kernels[i];
+    exported[k.tile_kernel] = i;
     json args = json::array();
     for (size_t a = 0; a < k.args.size(); ++a) {
       json j = global_json(k.args[a]);
       j["arg"] = fmt::format("arg{}", a);
+      bool stored = false;
+      for (const KtirView& v : k.views) stored = stored || (v.global == k.args[a] && v.stored);
+      j["written"] = stored;
       args.push_back(std::move(j));
     }
     ks.push_back({{"kernel", k.tile_kernel}, {"function", k.tile_kernel}, {"file", ktir_file_name(i, k)}, {"node", k.node},
                   {"args", std::move(args)}});
+  }
+  // every global's declaration: padded DRAM shape in logical dim order, physical order perm (outermost
+  // first; empty: row-major), the innermost physical dim padded
+  json globals = json::array();
+  for (size_t g = 0; g < p.globals.size(); ++g) globals.push_back(global_json(static_cast<int>(g)));
+  // every tile kernel in program order: exported (its file), or not (host steps and the rest, why)
+  std::map<std::string, std::string> why;
+  for (const std::string& s : e.skipped) why[s.substr(0, s.find(':'))] = s;
+  json steps = json::array();
+  for (const TileKernel& t : p.kernels) {
+    json st{{"kernel", t.name}, {"kind", std::string(tile_kind_name(t.kind))}, {"node", t.node}};
+    auto it = exported.find(t.name);
+    if (it != exported.end()) {
+      st["exported"] = true;
+      st["file"] = ktir_file_name(it->second, e.kernels[it->second]);
+    } else {
+      st["exported"] = false;
+      st["reason"] = why.count(t.name) ? why[t.name] : "not exported";
+    }
+    json ins = json::array(), outs = json::array();
+    if (t.kind == TileKind::host) {
+      for (int g : t.host_inputs) ins.push_back(p.globals.at(static_cast<size_t>(g)).name);
+      for (int g : t.host_outputs) outs.push_back(p.globals.at(static_cast<size_t>(g)).name);
+    } else {
+      for (const Operand& o : t.operands)
+        if (o.global >= 0) (o.out ? outs : ins).push_back(p.globals.at(static_cast<size_t>(o.global)).name);
+    }
+    st["reads"] = std::move(ins);
+    st["writes"] = std::move(outs);
+    steps.push_back(std::move(st));
   }
   json ins = json::array(), outs = json::array();
   for (int g : p.inputs) ins.push_back(p.globals.at(static_cast<size_t>(g)).name);
   for (int g : p.outputs) outs.push_back(p.globals.at(static_cast<size_t>(g)).name);
   return {{"model", p.name}, {"target", p.target}, {"cores", p.cores}, {"float_dtype", std::string(dtype_name(p.float_dtype))},
           {"dl16", p.dl16}, {"inputs", ins}, {"outputs", outs}, {"kernels", std::move(ks)}, {"skipped", e.skipped},
-          {"tile_kernels", p.kernels.size()}};
+          {"tile_kernels", p.kernels.size()}, {"globals", std::move(globals)}, {"steps", std::move(steps)}};
 }
 
 std::string ktir_file_name(size_t index, const KtirKernel& k) { return fmt::format("{:02d}-{}.mlir", index, k.tile_kernel); }
+
+int64_t ktir_address(const Global& g, const std::vector<int64_t>& index) {
+  const Layout lay(g);
+  if (index.size() != g.shape.size()) throw Error(Location{.pass = "ktir"}, fmt::format("global '{}': index of rank {}", g.name, index.size()));
+  int64_t a = 0;
+  for (size_t d = 0; d < index.size(); ++d) a += index[d] * lay.pstride[d];
+  return a;
+}
+
+int64_t ktir_logical_at(const Global& g, int64_t address) {
+  const Layout lay(g);
+  if (address < 0) return -1;
+  int64_t logical = 0;
+  std::vector<int64_t> idx(g.shape.size(), 0);
+  for (size_t i = lay.order.size(); i-- > 0;) {
+    const size_t d = lay.order[i];
+    const int64_t p = g.padded[d];
+    idx[d] = address % p;
+    address /= p;
+    if (idx[d] >= g.shape[d]) return -1;
+  }
+  if (address != 0) return -1;
+  for (size_t d = 0; d < idx.size(); ++d) logical = logical * g.shape[d] + idx[d];
+  return logical;
+}
 
 }  // namespace tessel::tile

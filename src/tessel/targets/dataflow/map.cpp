@@ -649,6 +649,52 @@ TileMapping::TileMapping(const KernelModule& m, const HwSpec& hw, const MapOptio
 
 TileMapping::~TileMapping() = default;
 
+// The physical dim order of a matmul result the kernel level stores through c strides (attention
+// heads written straight into the merged [T, H·D] layout): the result [batch..., M, N] grouped into
+// batch, M and N dims, each group dense, its innermost stride the MatmulSpec's; the dims ordered by
+// stride, outermost first (a unit dim just inside its left neighbour). Empty when that order is
+// row-major or the strides are not a dense permutation of the shape (then the declaration stays
+// row-major and the KTIR export's view check names the mismatch).
+std::vector<int64_t> result_perm(const Shape& s, const MatmulSpec& mm) {
+  const size_t r = s.size();
+  if (r == 0 || (mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0)) return {};
+  std::vector<int64_t> st(r, 0);
+  // groups from the innermost dim: N's dims multiply to n, M's to m, then batch; unit dims left over
+  // anywhere have no stride that matters
+  size_t d = r;
+  for (const auto& [extent, inner] : {std::pair{mm.n, mm.c_n}, std::pair{mm.m, mm.c_m}, std::pair{mm.batch, mm.c_batch}}) {
+    int64_t prod = 1, stride = inner;
+    while (d > 0 && prod < extent) {
+      --d;
+      st[d] = stride;
+      stride *= s[d];
+      prod *= s[d];
+    }
+    if (prod != extent) return {};
+  }
+  for (size_t i = 0; i < d; ++i)
+    if (s[i] != 1) return {};
+  std::vector<double> key(r, 0);
+  double left = std::numeric_limits<double>::infinity();  // a unit dim stays just inside its left neighbour
+  for (size_t i = 0; i < r; ++i) {
+    key[i] = s[i] == 1 ? left : static_cast<double>(st[i]);
+    left = key[i];
+  }
+  std::vector<int64_t> perm(r);
+  for (size_t i = 0; i < r; ++i) perm[i] = static_cast<int64_t>(i);
+  std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return key[static_cast<size_t>(a)] > key[static_cast<size_t>(b)]; });
+  // the order must reproduce the strides densely
+  int64_t dense = 1;
+  for (size_t i = r; i-- > 0;) {
+    const size_t q = static_cast<size_t>(perm[i]);
+    if (s[q] != 1 && st[q] != dense) return {};
+    dense *= s[q];
+  }
+  for (size_t i = 0; i < r; ++i)
+    if (perm[i] != static_cast<int64_t>(i)) return perm;
+  return {};
+}
+
 const TileProgram& TileMapping::program() const { return impl_->mp.p; }
 
 TileProgram TileMapping::take() { return std::move(impl_->mp.p); }
@@ -669,6 +715,15 @@ std::string TileMapping::layout() {
     if (k.conv.y_nhwc) mp.perm_of[np->outputs[0]] = {0, 2, 3, 1};
     // weights [OC, C/g, KH, KW] as the matmul's B: the output channels are the stick
     mp.perm_of[np->inputs[static_cast<size_t>(k.conv.w)]] = {1, 2, 3, 0};
+  }
+  // A matmul result stored through c strides is declared in that order (the KTIR export's memory
+  // views and the padding follow the declaration).
+  for (const Kernel& k : m.kernels) {
+    if (k.kind != KernelKind::matmul || static_cast<size_t>(k.mm.c) >= k.args.size()) continue;
+    const Value* cv = m.graph->find_value(k.args[static_cast<size_t>(k.mm.c)].name);
+    if (!cv || mp.perm_of.count(cv)) continue;
+    std::vector<int64_t> perm = result_perm(cv->type.shape, k.mm);
+    if (!perm.empty()) mp.perm_of[cv] = std::move(perm);
   }
   mp.cores_max = static_cast<int>(o.max_cores > 0 ? std::min<int64_t>(o.max_cores, hw.cores) : hw.cores);
   TileProgram& p = mp.p;
