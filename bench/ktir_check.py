@@ -122,6 +122,38 @@ def execute(np, it, func, args):
     return out
 
 
+# tessel's spyre figures the reasons quote (hw/spyre.json); ktir-cpu's from its HardwareConfig defaults
+TESSEL_OVERHEAD_US = 1.5
+
+
+def reason(r):
+    """Why ktir-cpu's estimate and tessel's simulated time differ, from the parts of both (docs/sim.md, "KTIR")."""
+    t, k = r.get("tessel_us"), r.get("ktir_cpu_us")
+    if not t or not k:
+        return ""
+    ratio = k / t
+    if 1 / 1.5 <= ratio <= 1.5:
+        return "within 1.5x"
+    parts = []
+    if ratio < 1:
+        parts.append(f"tessel charges {TESSEL_OVERHEAD_US} us launch overhead per kernel, ktir-cpu none "
+                     f"(tessel without it: {max(0.0, t - TESSEL_OVERHEAD_US):.2f} us)")
+    if r.get("ktir_matmul_us", 0) > 0.25 * k:
+        parts.append(f"ktir-cpu's systolic rate is 512 MAC/cycle (2x64x8 FLOP) against tessel's 1140 sustained: "
+                     f"{r['ktir_matmul_us']:.2f} us of matmul")
+    if r.get("ktir_memory_us", 0) > 0.25 * k:
+        kb, tb = r.get("ktir_dram_bytes") or 0, r.get("tessel_dram_bytes") or 0
+        parts.append(f"ktir-cpu adds DMA to compute (serial pipeline, no double buffering) at 128 GB/s shared by the "
+                     f"active cores: {r['ktir_memory_us']:.2f} us for {kb / 1e3:.0f} kB (tessel moves {tb / 1e3:.0f} kB "
+                     f"at 150 GB/s, overlapped)")
+        if tb and kb > 1.5 * tb:
+            parts.append("each core reads its own copy of a tile several cores share (tessel: one DRAM read broadcast "
+                         "over the ring to up to 8 cores); a transposed read is charged per 128-byte stick touched")
+    if ratio < 1 and r.get("ktir_compute_us", 0) - r.get("ktir_matmul_us", 0) > 0.25 * k:
+        parts.append("vector work at 64 elements/cycle")
+    return "; ".join(parts)
+
+
 def model_dir(model):
     return model if os.path.isdir(model) else os.path.dirname(os.path.abspath(model))
 
@@ -198,7 +230,15 @@ def check_model(a, model, np, KTIRInterpreter, HardwareConfig):
                     raise ValueError(f"ktir-cpu reads {', '.join(extra)} as inputs too")
                 out = execute(np, it, k["function"], args)
                 rep = it.get_latency_report()
-                row.update(ktir_cpu_us=rep.kernel_time_us, bottleneck=rep.bottleneck)
+                crit = rep.critical_core
+                us = 1e6 / rep.config.clock_hz
+                row.update(ktir_cpu_us=rep.kernel_time_us, bottleneck=rep.bottleneck,
+                           ktir_compute_us=crit.compute_cycles * us, ktir_memory_us=crit.memory_cycles * us,
+                           ktir_matmul_us=crit.cycles_by_category.get("compute_matmul", 0.0) * us,
+                           ktir_dram_bytes=sum(c.dram_bytes for c in rep.counters.values()),
+                           tessel_dram_bytes=sim.get(st["kernel"], {}).get("dram_bytes"),
+                           ktir_cores=len(rep.counters))
+                row["reason"] = reason(row)
                 worst = 0.0
                 for x in k["args"]:
                     if not x["written"]:
@@ -250,6 +290,7 @@ def main():
     ap.add_argument("--bar", type=float, default=2e-3, help="largest max|chained - reference| / max|reference| accepted")
     ap.add_argument("--json")
     ap.add_argument("--quiet", action="store_true", help="only the per-model summary")
+    ap.add_argument("--reasons", action="store_true", help="under each kernel, why the two latencies differ")
     ap.add_argument("--keep", help="keep each model's folder (the export, and what ktir-cpu wrote) under DIR/MODEL")
     a = ap.parse_args()
     sys.path.insert(0, os.path.abspath(a.ktir_cpu))
@@ -269,7 +310,7 @@ def main():
             d = f"{r['max_diff']:9.1e}" if r.get("max_diff") is not None else "        -"
             print(f"{r['model']:<12} {r['kernel']:<6} {r['kind']:<8} {r['status']:<12} "
                   f"{(f'{t:.2f}' if t is not None else '-'):>10} {(f'{k:.2f}' if k is not None else '-'):>12} {ratio} {d}  "
-                  f"{r['error'] or r['node']}")
+                  f"{r['error'] or r['node']}" + (f"\n{'':<52}why: {r['reason']}" if a.reasons and r.get("reason") else ""))
     bad = False
     for s in summaries:
         if s.get("status") == "error":

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -413,4 +414,30 @@ TEST(Ktir, DeclarationAddressRoundTrip) {
   EXPECT_EQ(seen.size(), 60u);
   EXPECT_EQ(tile::ktir_logical_at(g, 3), -1);        // padding of the first stick
   EXPECT_EQ(tile::ktir_logical_at(g, 4 * 5 * 8), -1);  // past the end
+}
+
+// docs/ktir.md's worked example: every line of its ```mlir block is a line of tblock_s's t5 as exported.
+TEST(Ktir, DocsWorkedExample) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  std::ifstream f(std::string(TESSEL_SOURCE_DIR) + "/docs/ktir.md");
+  ASSERT_TRUE(f) << "docs/ktir.md";
+  std::vector<std::string> lines;
+  std::string line;
+  bool in = false;
+  while (std::getline(f, line)) {
+    if (line == "```mlir") in = true;
+    else if (line == "```") in = false;
+    else if (in) lines.push_back(line);
+  }
+  ASSERT_EQ(lines.size(), 5u);
+  DataflowCompile dc = compile_spyre("tblock_s");
+  const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+  const tile::KtirKernel* t5 = nullptr;
+  for (const tile::KtirKernel& k : e.kernels)
+    if (k.node == "/MatMul_1") t5 = &k;
+  ASSERT_NE(t5, nullptr);
+  for (const std::string& l : lines) EXPECT_NE(t5->func.find(l + "\n"), std::string::npos) << l;
+  // the declaration the example shows: the heads-merged order
+  const tile::Global& g = dc.program.globals.at(static_cast<size_t>(t5->args.at(2)));
+  EXPECT_EQ(g.perm, (std::vector<int64_t>{0, 2, 1, 3}));
 }

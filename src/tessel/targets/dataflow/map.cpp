@@ -258,9 +258,17 @@ int relayout(Mapper& mp, const Node& n, const Value* v, const std::string& role,
   // split the rows over the cores; tile them to fit (in and out buffers, double-buffered)
   const int64_t split = std::min<int64_t>(mp.cores_max, ceil_div(P, align));
   const int64_t slice = round_up(ceil_div(P, split), align);
+  // The source is read transposed: with a stick layout a tile of n rows touches, for each of its columns,
+  // ceil(n / E) sticks of E elements (consecutive rows of one column), and the DMA moves whole sticks —
+  // what ktir-cpu charges too (ktir_cpu/latency.py, _data_size: "HBM traffic is always charged at stick
+  // granularity"); docs/sim.md, "KTIR".
+  const int64_t per_stick = hw.layout.kind == LayoutKind::stick ? std::max<int64_t>(1, hw.layout.elements_per_stick(g.dtype)) : 0;
+  auto read_bytes = [&](int64_t n) {
+    return per_stick > 0 ? cols * ceil_div(n, per_stick) * per_stick * static_cast<int64_t>(dtype_size(g.dtype)) : n * row_bytes;
+  };
   int64_t tile = slice;
-  while (tile > align && 2 * cp * tile * row_bytes > mp.p.usable_spad) tile = round_up(tile / 2, align);
-  if (2 * cp * tile * row_bytes > mp.p.usable_spad)
+  while (tile > align && cp * (read_bytes(tile) + tile * row_bytes) > mp.p.usable_spad) tile = round_up(tile / 2, align);
+  if (cp * (read_bytes(tile) + tile * row_bytes) > mp.p.usable_spad)
     map_error(n.name, fmt::format("re-layout of tensor '{}': one row of {} bytes does not fit the scratchpad", v->name, row_bytes));
   t.dims = {{"p", P, ceil_div(P, slice), slice, tile, align, false}, {"e", cols, 1, cols, cols, 1, false}};
   t.order = {0, 1};
@@ -271,16 +279,17 @@ int relayout(Mapper& mp, const Node& n, const Value* v, const std::string& role,
   in.dims = {0, 1};
   in.spad_dtype = g.dtype;
   in.copies = cp;
-  in.tile_bytes = tile * row_bytes;  // the sticks it reads hold the same elements, transposed
+  in.tile_bytes = read_bytes(tile);  // the whole sticks it touches
   Operand o = in;
   o.role = "out";
   o.global = out;
   o.out = true;
+  o.tile_bytes = tile * row_bytes;
   t.operands = {in, o};
   t.vector_ops.assign(dataflow::kNumVectorOps, 0.0);
   t.vector_ops[static_cast<size_t>(VectorOp::convert)] = static_cast<double>(cols);  // one move per element
   t.flops = 0;
-  t.dram_bytes = 2 * static_cast<int64_t>(P) * row_bytes;
+  t.dram_bytes = ceil_div(P, tile) * read_bytes(tile) + static_cast<int64_t>(P) * row_bytes;
   t.estimate_cycles = static_cast<double>(t.dram_bytes) / hw.dram_read_bytes_per_cycle();
   t.decision = fmt::format("re-lays %{} ({}) out as [{},{},{}] with {} innermost: the matmul reads it with a non-unit "
                            "innermost stride",
