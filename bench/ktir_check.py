@@ -223,7 +223,10 @@ def check_model(a, model, np, KTIRInterpreter, HardwareConfig):
                 for x in k["args"]:
                     g = globals_[x["global"]]
                     size = int(np.prod([g["padded"][d] for d in order_of(g)]))
-                    args[x["arg"]] = mem[x["global"]].copy() if x["global"] in mem else np.zeros(size, np_type(np, g["dtype"]))
+                    if a.isolated and x["global"] in values and not x["written"]:
+                        args[x["arg"]] = pack_dense(np, values[x["global"]], g)  # tessel's value, not the chain's
+                    else:
+                        args[x["arg"]] = mem[x["global"]].copy() if x["global"] in mem else np.zeros(size, np_type(np, g["dtype"]))
                 # ktir-cpu lists the SSA pointers of its memory views as the function's tensors: only arguments
                 extra = sorted(set(it.tensor_input_output_sizes(k["function"])) - set(args))
                 if extra:
@@ -291,6 +294,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--quiet", action="store_true", help="only the per-model summary")
     ap.add_argument("--reasons", action="store_true", help="under each kernel, why the two latencies differ")
+    ap.add_argument("--isolated", action="store_true",
+                    help="each kernel reads tessel's values of its inputs, not the chain's (a kernel's own error)")
     ap.add_argument("--keep", help="keep each model's folder (the export, and what ktir-cpu wrote) under DIR/MODEL")
     a = ap.parse_args()
     sys.path.insert(0, os.path.abspath(a.ktir_cpu))

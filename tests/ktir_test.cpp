@@ -441,3 +441,26 @@ TEST(Ktir, DocsWorkedExample) {
   const tile::Global& g = dc.program.globals.at(static_cast<size_t>(t5->args.at(2)));
   EXPECT_EQ(g.perm, (std::vector<int64_t>{0, 2, 1, 3}));
 }
+
+// Convolutions with a 1x1 window are a plain matrix and exported as one; mobilenet_v2's other convolutions
+// (3x3 windows with padding, depthwise) and its K-split classifier are named with their reasons.
+TEST(Ktir, PointwiseConvolutionsExported) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  DataflowCompile dc = compile_spyre("mobilenet_v2");
+  const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+  int pointwise = 0, exported_convs = 0;
+  for (const tile::TileKernel& t : dc.program.kernels)
+    if (t.kind == tile::TileKind::conv) {
+      const ConvSpec& c = dc.module.kernels.at(static_cast<size_t>(t.kernel)).conv;
+      pointwise += c.kh == 1 && c.kw == 1 && c.groups == 1 && c.stride_h == 1 && c.stride_w == 1;
+    }
+  for (const tile::KtirKernel& k : e.kernels) {
+    exported_convs += k.func.find(": conv kernel ") != std::string::npos;
+    EXPECT_EQ(check_ssa(k.func), "") << k.tile_kernel;
+    EXPECT_TRUE(balanced(k.module)) << k.tile_kernel;
+  }
+  EXPECT_GT(pointwise, 30);
+  EXPECT_EQ(exported_convs, pointwise);
+  for (const std::string& s : e.skipped)
+    EXPECT_TRUE(s.find("only 1x1 windows") != std::string::npos || s.find("K is split") != std::string::npos) << s;
+}

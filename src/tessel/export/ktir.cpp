@@ -179,6 +179,15 @@ struct Layout {
       s *= g.padded[order[i]];
     }
   }
+  // the address of logical element `l` (row-major over the logical shape)
+  int64_t at_index(int64_t l) const {
+    int64_t a = 0;
+    for (size_t d = shape.size(); d-- > 0;) {
+      a += (l % shape[d]) * pstride[d];
+      l /= shape[d];
+    }
+    return a;
+  }
   int64_t at(int64_t l) const {
     int64_t a = 0;
     for (size_t i = order.size(); i-- > 0;) {
@@ -306,8 +315,10 @@ class FuncEmitter {
     return g;
   }
 
+  // `logical` gives the dense physical offset of the element (the kernel level's accesses), or with
+  // `by_index` its logical row-major index (convolutions' operands, laid out by their declaration).
   const View& view(int global, const std::vector<int>& tdims, const std::function<int64_t(const std::vector<int64_t>&)>& logical,
-                   const std::string& what);
+                   const std::string& what, bool by_index = false);
   bool split_view(View& v, const std::vector<int>& tdims, const std::vector<int64_t>& ext,
                   const std::function<int64_t(const std::vector<int64_t>&)>& addr, const std::string& what);
   bool tiles_within(int d, int64_t f) const;
@@ -328,6 +339,7 @@ class FuncEmitter {
   std::string emit_matmul();
   std::string emit_vector();
   std::string emit_relayout();
+  std::string emit_conv();
   // The tiles of `dims` (outermost first) on each core, whole and partial, around `body`: per dim a loop
   // over the whole tiles of the core's extent and the partial tile after it as straight-line code of
   // its own static extent; where the cores' extents along a split dim differ (the last core's slice
@@ -340,12 +352,13 @@ class FuncEmitter {
 // A memory view of `global` indexed by the tile dims `tdims` (their full extents), where tile point
 // x is logical element logical(x) of the global; its strides are in padded DRAM elements.
 const View& FuncEmitter::view(int global, const std::vector<int>& tdims,
-                              const std::function<int64_t(const std::vector<int64_t>&)>& logical, const std::string& what) {
+                              const std::function<int64_t(const std::vector<int64_t>&)>& logical, const std::string& what,
+                              bool by_index) {
   const Global& g = p_.globals.at(static_cast<size_t>(global));
   const Layout lay(g);
   std::vector<int64_t> ext;
   for (int d : tdims) ext.push_back(t_.dims[static_cast<size_t>(d)].size);
-  auto addr = [&](const std::vector<int64_t>& x) { return lay.at(logical(x)); };
+  auto addr = [&](const std::vector<int64_t>& x) { return by_index ? lay.at_index(logical(x)) : lay.at(logical(x)); };
   View v;
   v.global = global;
   v.what = what;
@@ -674,13 +687,32 @@ std::string FuncEmitter::value(int id, bool row) {
   } else if (row && !is_row_value) {
     cannot(fmt::format("element value %{} used as a row value", id));
   } else if (in.op == "load") {
-    if (row) cannot("a row-level load");
     const KAccess& acc = k_.accesses.at(static_cast<size_t>(in.access));
-    if (!acc_.empty() && acc.arg == k_.mm.c) {
+    if (row) {
+      // a row value read from memory (a reduction's result stored by an earlier kernel): the view indexes
+      // the target dims but the last compute dim, at its start
+      if (compute_.size() < 2) cannot("a row load in a kernel without rows");
+      auto lit = loaded_.find(-1 - in.access);
+      if (lit != loaded_.end()) {
+        r = lit->second;
+      } else {
+        std::vector<int> dims = target_, cdims = compute_;
+        const size_t drop = static_cast<size_t>(std::find(dims.begin(), dims.end(), compute_.back()) - dims.begin());
+        if (drop < dims.size()) dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(drop));
+        cdims.pop_back();
+        const std::function<int64_t(const std::vector<int64_t>&)> f = [&](const std::vector<int64_t>& x) {
+          std::vector<int64_t> full = x;
+          if (drop < target_.size()) full.insert(full.begin() + static_cast<std::ptrdiff_t>(drop), 0);
+          return access_at(k_, acc, linear_of_(full));
+        };
+        const View& v = view(global_of_arg(acc.arg), dims, f, fmt::format("row access #{} of {}", in.access, k_.name));
+        r = loaded_[-1 - in.access] = load(v, cdims, t);
+      }
+    } else if (!acc_.empty() && acc.arg == (k_.kind == KernelKind::conv ? k_.conv.y : k_.mm.c)) {
       const KAccess& ca = k_.accesses.at(static_cast<size_t>(c_access_));
       if (acc.offset != ca.offset || acc.strides != ca.strides) cannot("the epilogue reads the product through another map than it stores it");
       r = acc_;
-      if (t != DType::f32) cannot("a matmul product read as a non-f32 value");
+      if (t != DType::f32) cannot("a product read as a non-f32 value");
     } else {
       auto lit = loaded_.find(in.access);
       if (lit != loaded_.end()) {
@@ -976,6 +1008,110 @@ std::string FuncEmitter::emit_relayout() {
   return "relayout";
 }
 
+// A convolution whose im2col is a plain matrix (1x1 window, stride 1, no padding, one group): the matmul
+// of x's pixels [s, c] by the weights [c, oc], accumulated over r = c in f32, then the epilogue. Operand
+// views go by logical index through each global's declaration (NHWC activations, [C, KH, KW, OC] weights).
+std::string FuncEmitter::emit_conv() {
+  const ConvSpec& c = k_.conv;
+  if (c.kh != 1 || c.kw != 1 || c.stride_h != 1 || c.stride_w != 1 || c.pad_top || c.pad_left || c.pad_bottom || c.pad_right ||
+      c.dil_h != 1 || c.dil_w != 1 || c.groups != 1)
+    cannot(fmt::format("convolution {}x{} stride {} pad {} groups {}: only 1x1 windows (a plain matrix) are exported", c.kh, c.kw,
+                       c.stride_h, c.pad_top, c.groups));
+  const int n = dim_index("n"), oc = dim_index("oc"), sd = dim_index("s"), r = dim_index("r");
+  const Dim& dr = t_.dims[static_cast<size_t>(r)];
+  if (dr.split > 1) cannot(fmt::format("the reduction is split over {} cores", dr.split));
+  if (t_.dims[static_cast<size_t>(n)].tile != 1) cannot("batch tiles of more than one image");
+  if (t_.order.empty() || t_.order.back() != r) cannot("a loop order without r innermost");
+  const int gx = global_of_arg(c.x), gw = global_of_arg(c.w), gy = global_of_arg(c.y);
+  const int64_t S = c.oh * c.ow, C = c.c, OC = c.oc;
+  const View& vx = view(gx, {n, sd, r}, [&](const std::vector<int64_t>& x) { return (x[0] * C + x[2]) * S + x[1]; }, "conv x", true);
+  const View& vw = view(gw, {r, oc}, [&](const std::vector<int64_t>& x) { return x[1] * C + x[0]; }, "conv w", true);
+  // the epilogue's loop space: invert the store of y (its offsets are y's dense physical layout)
+  auto phys_y = [&](int64_t b, int64_t o, int64_t p) { return c.y_nhwc ? (b * S + p) * OC + o : (b * OC + o) * S + p; };
+  if (!k_.body.empty()) {
+    int ya = -1;
+    for (const KInstr& in : k_.body)
+      if (in.op == "store" && k_.accesses.at(static_cast<size_t>(in.access)).arg == c.y) ya = in.access;
+    if (ya < 0) cannot("an epilogue that does not store the convolution's result");
+    c_access_ = ya;
+    const KAccess& acc = k_.accesses[static_cast<size_t>(ya)];
+    std::vector<int64_t> ext = k_.outer;
+    ext.insert(ext.end(), k_.inner.begin(), k_.inner.end());
+    std::vector<size_t> by(ext.size());
+    for (size_t i = 0; i < by.size(); ++i) by[i] = i;
+    std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return acc.strides[a] > acc.strides[b]; });
+    linear_of_ = [=](const std::vector<int64_t>& x) {
+      int64_t rest = phys_y(x[0], x[2], x[1]) - acc.offset, lin = 0;
+      std::vector<int64_t> idx(ext.size(), 0);
+      for (size_t d : by)
+        if (acc.strides[d] > 0) idx[d] = rest / acc.strides[d], rest -= idx[d] * acc.strides[d];
+      for (size_t d = 0; d < ext.size(); ++d) lin = lin * ext[d] + idx[d];
+      return lin;
+    };
+    // the inverse must be one: every output element found again
+    for (int64_t b = 0; b < c.n; ++b)
+      for (int64_t p : {int64_t{0}, S - 1})
+        for (int64_t o : {int64_t{0}, OC - 1})
+          if (access_at(k_, acc, linear_of_({b, p, o})) != phys_y(b, o, p)) cannot("an epilogue whose loop space is not the result's");
+  } else {
+    linear_of_ = [=](const std::vector<int64_t>& x) { return phys_y(x[0], x[2], x[1]); };
+  }
+  target_ = {n, sd, oc};
+  compute_ = {sd, oc};
+  const DType dtx = p_.globals[static_cast<size_t>(gx)].dtype, dtw = p_.globals[static_cast<size_t>(gw)].dtype;
+  const size_t ks = static_cast<size_t>(sd), ko = static_cast<size_t>(oc), kr = static_cast<size_t>(r);
+  const std::vector<int> outer(t_.order.begin(), t_.order.end() - 1);
+  nest(outer, 0, [&] {
+    const int64_t ts = tile_ext_[ks], to = tile_ext_[ko];
+    const std::string acc_ty = tensor_ty({ts, to}, DType::f32);
+    const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
+    line(fmt::format("{} = arith.constant 0.000000000e+00 : f32", z));
+    line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
+    line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
+    auto product = [&](const std::string& into) {
+      const int64_t tr = tile_ext_[kr];
+      const std::string at = load(vx, {sd, r}, dtx), bt = load(vw, {r, oc}, dtw);
+      const std::string res = fresh("mm");
+      line(fmt::format("{} = linalg.matmul ins({}, {} : {}, {}) outs({} : {}) -> {}", res, at, bt, tensor_ty({ts, tr}, dtx),
+                       tensor_ty({tr, to}, dtw), into, acc_ty, acc_ty));
+      return res;
+    };
+    const int64_t full = dr.size / dr.tile, tail = dr.size % dr.tile;
+    std::string acc = a0;
+    tile_ext_[kr] = dr.tile;
+    if (full == 1) {
+      offset_[kr] = lo_[kr];
+      acc = product(acc);
+    } else if (full > 1) {
+      const std::string res = fresh("acc"), iv = fresh("ir"), it = fresh("acc_in");
+      line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", res, iv, lo_[kr], idx(full * dr.tile),
+                       idx(dr.tile), it, acc, acc_ty));
+      ++depth_;
+      offset_[kr] = iv;
+      line(fmt::format("scf.yield {} : {}", product(it), acc_ty));
+      --depth_;
+      line("}");
+      acc = res;
+    }
+    if (tail > 0) {
+      tile_ext_[kr] = tail;
+      offset_[kr] = idx(full * dr.tile);
+      acc = product(acc);
+      tile_ext_[kr] = dr.tile;
+    }
+    acc_ = acc;
+    vals_.clear();
+    loaded_.clear();
+    if (k_.body.empty()) {
+      const View& vy = view(gy, target_, [&](const std::vector<int64_t>& x) { return (x[0] * OC + x[2]) * S + x[1]; }, "conv y", true);
+      store(vy, acc_, DType::f32);
+    } else {
+      emit_body_stores();
+    }
+  });
+  return "conv";
+}
+
 std::string FuncEmitter::emit_matmul() {
   const MatmulSpec& mm = k_.mm;
   const int b = dim_index("b"), m = dim_index("m"), n = dim_index("n"), kd = dim_index("k");
@@ -1137,7 +1273,10 @@ std::string FuncEmitter::run() {
       lo_[d] = idx(0);
     }
   }
-  const std::string kind = t_.kind == TileKind::matmul ? emit_matmul() : t_.kind == TileKind::relayout ? emit_relayout() : emit_vector();
+  const std::string kind = t_.kind == TileKind::matmul     ? emit_matmul()
+                           : t_.kind == TileKind::relayout ? emit_relayout()
+                           : t_.kind == TileKind::conv     ? emit_conv()
+                                                           : emit_vector();
   std::ostringstream out;
   out << fmt::format("  // {}: {} kernel {} of node \"{}\"\n", t_.name, kind, mlir_comment_text(k_.name), mlir_comment_text(t_.node));
   std::vector<std::string> src;
@@ -1170,10 +1309,6 @@ KtirExport export_ktir_kernels(const TileProgram& p, const KernelModule& m) {
       e.skipped.push_back(fmt::format("{}: host step \"{}\"", t.name, t.node));
       continue;
     }
-    if (t.kind == TileKind::conv) {
-      e.skipped.push_back(fmt::format("{}: convolution \"{}\" (no KTIR export of conv tiles yet)", t.name, t.node));
-      continue;
-    }
     int kernel = t.kernel;
     if (t.kind == TileKind::relayout) {
       // a re-layout copy reads its source through the strides of the matmul that reads the copy
@@ -1185,7 +1320,8 @@ KtirExport export_ktir_kernels(const TileProgram& p, const KernelModule& m) {
       throw Error(Location{.node = t.node, .pass = "ktir"},
                   fmt::format("tile kernel {} refers to kernel {} of a module with {}", t.name, kernel, m.kernels.size()));
     const Kernel& k = m.kernels[static_cast<size_t>(kernel)];
-    if ((t.kind == TileKind::matmul || t.kind == TileKind::relayout) != (k.kind == KernelKind::matmul))
+    if ((t.kind == TileKind::matmul || t.kind == TileKind::relayout) != (k.kind == KernelKind::matmul) ||
+        (t.kind == TileKind::conv) != (k.kind == KernelKind::conv))
       throw Error(Location{.node = t.node, .pass = "ktir"},
                   fmt::format("tile kernel {} is {} but kernel {} is {}", t.name, tile_kind_name(t.kind), k.name, kernel_kind_name(k.kind)));
     try {
