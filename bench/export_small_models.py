@@ -6,6 +6,7 @@ ONNX model-zoo layout (model.onnx, test_data_set_0/input_0.pb, output_0.pb):
   llama_tiny   a Llama-style decoder written with torch.nn: token embedding, 2 layers of RMSNorm ->
                causal attention with rotary position embedding -> RMSNorm -> SwiGLU MLP, final RMSNorm and
                the vocabulary projection; 32 tokens, width 64, 4 heads
+  ksplit_linear  one Linear(1024, 64) on one row: spyre's mapper splits its K over 4 cores (a cross-core sum)
 
     /usr/bin/python3 bench/export_small_models.py OUTDIR
 
@@ -112,6 +113,8 @@ def main():
     llama = LlamaTiny()
     ids = torch.from_numpy(np.random.default_rng(0).integers(0, 128, size=(1, 32))).long()
     save(os.path.join(out, "llama_tiny"), llama, ids, "llama_tiny")
+    torch.manual_seed(2)
+    save(os.path.join(out, "ksplit_linear"), nn.Linear(1024, 64), torch.randn(1, 1024), "ksplit_linear")
 
 
 if __name__ == "__main__":

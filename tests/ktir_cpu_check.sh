@@ -14,7 +14,7 @@ for p in ${TESSEL_KTIR_PYTHON:-} /usr/bin/python3 python3; do
   if "$p" -c "import numpy" 2>/dev/null; then py=$p; break; fi
 done
 [ -n "$py" ] || { echo "skipped: no python3 with numpy"; exit 77; }
-models="$src/examples/tblock_s $src/examples/vit_tiny $src/examples/llama_tiny"
+models="$src/examples/tblock_s $src/examples/vit_tiny $src/examples/llama_tiny $src/examples/ksplit_linear"
 # the corpus models where the shared folder is present (mobilenet_v2 is left out: its convolutions are not
 # exported, and its reference outputs, around 1e-9, are below f16's range, so tessel misses them too)
 for m in ffn_s attn_s tblock_bert bert_tiny gpt2_tiny nonzero_break; do

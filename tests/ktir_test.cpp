@@ -80,6 +80,11 @@ std::string check_ssa(const std::string& func) {
       scopes.back().defined.insert(m[1]);
       continue;
     }
+    if (code.find("^bb0(") != std::string::npos) {  // a region's block arguments
+      static const std::regex block_arg(R"((%[A-Za-z0-9_]+):)");
+      for (std::sregex_iterator it(code.begin(), code.end(), block_arg), end; it != end; ++it) scopes.back().defined.insert((*it)[1]);
+      continue;
+    }
     std::set<std::string> results, region_vals;
     std::string rest = code;
     if (std::regex_search(code, m, lhs)) {
@@ -463,4 +468,34 @@ TEST(Ktir, PointwiseConvolutionsExported) {
   EXPECT_EQ(exported_convs, pointwise);
   for (const std::string& s : e.skipped)
     EXPECT_TRUE(s.find("only 1x1 windows") != std::string::npos || s.find("K is split") != std::string::npos) << s;
+}
+
+// A matmul whose K the mapper splits over cores (examples/ksplit_linear: K = 1024 over 4 cores): each core's
+// partial sum goes through ktdp.inter_tile_produce / inter_tile_reduce over its group — the cores g + j·G,
+// G the other splits' product, as ktir-cpu numbers them — and the group's first core stores the sum.
+TEST(Ktir, KSplitSumsAcrossTheGroup) {
+  const std::string model = testenv::source_dir() + "/examples/ksplit_linear";
+  ModelPaths mp = resolve_model(model);
+  DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
+  const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+  EXPECT_TRUE(e.skipped.empty()) << fmt::format("{}", fmt::join(e.skipped, "; "));
+  const tile::TileKernel* mm = nullptr;
+  for (const tile::TileKernel& t : dc.program.kernels)
+    if (t.kind == tile::TileKind::matmul) mm = &t;
+  ASSERT_NE(mm, nullptr);
+  int64_t ksplit = 1, others = 1;
+  for (const tile::Dim& d : mm->dims) (d.name == "k" ? ksplit : others) *= d.split;
+  ASSERT_GT(ksplit, 1) << "the mapper no longer splits K here: pick another shape";
+  const tile::KtirKernel* k = nullptr;
+  for (const tile::KtirKernel& x : e.kernels)
+    if (x.tile_kernel == mm->name) k = &x;
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(check_ssa(k->func), "");
+  EXPECT_TRUE(balanced(k->module));
+  const std::string members = fmt::format("affine_set<(i)[g] : ((i - g) mod {0} == 0, i - g >= 0, -i + g + {1} >= 0)>", others,
+                                          others * (ksplit - 1));
+  EXPECT_NE(k->func.find("ktdp.inter_tile_produce producer_tiles_per_group = " + members), std::string::npos) << k->func;
+  EXPECT_NE(k->func.find("consumer_tiles_per_group = " + members), std::string::npos);
+  EXPECT_NE(k->func.find(fmt::format("groups = affine_set<(g) : (g >= 0, -g + {} >= 0)>", others - 1)), std::string::npos);
+  EXPECT_NE(k->func.find("arith.cmpi eq, %tid_k, %c0 : index"), std::string::npos);  // the writer
 }

@@ -1116,7 +1116,12 @@ std::string FuncEmitter::emit_matmul() {
   const MatmulSpec& mm = k_.mm;
   const int b = dim_index("b"), m = dim_index("m"), n = dim_index("n"), kd = dim_index("k");
   const Dim& dk = t_.dims[static_cast<size_t>(kd)];
-  if (dk.split > 1) cannot(fmt::format("K is split over {} cores (the partial sums need ktdp.inter_tile_reduce)", dk.split));
+  // A K split: each core's partial sum over its slice of k, summed across the cores of its group with
+  // ktdp.inter_tile_produce / inter_tile_reduce (ktir-cpu's reduce path), stored by the group's first core.
+  // k is the last split dim, so (ktir-cpu numbering cores with the first grid dim fastest) the cores of a
+  // group are g + j·G, G the product of the other splits.
+  if (dk.split > 1 && dk.split * dk.slice != dk.size) cannot(fmt::format("an uneven K split ({} over {} cores x {})", dk.size, dk.split, dk.slice));
+  if (dk.split > 1 && dk.slice % dk.tile != 0) cannot("a K split whose slices end in a partial tile");
   if (t_.dims[static_cast<size_t>(b)].tile != 1) cannot("batch tiles of more than one matrix");
   if (t_.order.empty() || t_.order.back() != kd) cannot("a loop order without k innermost");
   // An operand the mapper re-laid out (TileKind::relayout) is read from its dense copy.
@@ -1156,7 +1161,8 @@ std::string FuncEmitter::emit_matmul() {
       return r;
     };
     // k: the whole tiles in a loop carrying the accumulator, the partial one after it
-    const int64_t full = dk.size / dk.tile, tail = dk.size % dk.tile;
+    const int64_t kext = dk.split > 1 ? dk.slice : dk.size;
+    const int64_t full = kext / dk.tile, tail = kext % dk.tile;
     std::string acc = a0;
     tile_ext_[kk] = dk.tile;
     if (full == 1) {
@@ -1164,7 +1170,12 @@ std::string FuncEmitter::emit_matmul() {
       acc = product(acc);
     } else if (full > 1) {
       const std::string r = fresh("acc"), iv = fresh("ik"), it = fresh("acc_in");
-      line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", r, iv, lo_[kk], idx(full * dk.tile),
+      std::string hi = idx(full * dk.tile);
+      if (dk.split > 1) {
+        hi = fresh("hi_k");
+        line(fmt::format("{} = arith.addi {}, {} : index", hi, lo_[kk], idx(full * dk.tile)));
+      }
+      line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", r, iv, lo_[kk], hi,
                        idx(dk.tile), it, acc, acc_ty));
       ++depth_;
       offset_[kk] = iv;
@@ -1179,9 +1190,46 @@ std::string FuncEmitter::emit_matmul() {
       acc = product(acc);
       tile_ext_[kk] = dk.tile;
     }
+    if (dk.split > 1) {
+      int64_t G = 1;
+      for (const Dim& d : t_.dims)
+        if (&d != &dk && d.split > 1) G *= d.split;
+      const std::string members = fmt::format("affine_set<(i)[g] : ((i - g) mod {0} == 0, i - g >= 0, -i + g + {1} >= 0)>", G,
+                                              G * (dk.split - 1));
+      const std::string fut_ty = fmt::format("!ktdp.tile_future<{}, groups = affine_set<(g) : (g >= 0, -g + {} >= 0)>>", acc_ty, G - 1);
+      const std::string fut = fresh("partial"), gid = fresh("gid"), ze = fresh("empty"), id = fresh("ident"), red = fresh("sum");
+      line(fmt::format("{} = ktdp.inter_tile_produce producer_tiles_per_group = {} : {} -> {}", fut, members, acc_ty, fut_ty));
+      line("{");
+      line(fmt::format("  ^bb0({}: index):", gid));
+      line(fmt::format("    ktdp.yield_partial {} : {}", acc, acc_ty));
+      line("}");
+      line(fmt::format("{} = tensor.empty() : {}", ze, acc_ty));
+      line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", id, z, ze, acc_ty, acc_ty));
+      line(fmt::format("{} = ktdp.inter_tile_reduce({}) consumer_tiles_per_group = {}, identity({} : {}) : {} -> {}", red, fut, members,
+                       id, acc_ty, fut_ty, acc_ty));
+      line("{");
+      const std::string lhs = fresh("lhs"), rhs = fresh("rhs"), re = fresh("empty"), rs = fresh("rsum");
+      line(fmt::format("  ^bb0({}: {}, {}: {}):", lhs, acc_ty, rhs, acc_ty));
+      line(fmt::format("    {} = tensor.empty() : {}", re, acc_ty));
+      line(fmt::format("    {} = linalg.add ins({}, {} : {}, {}) outs({} : {}) -> {}", rs, lhs, rhs, acc_ty, acc_ty, re, acc_ty, acc_ty));
+      line(fmt::format("    ktdp.yield_reduced {} : {}", rs, acc_ty));
+      line("}");
+      acc = red;
+      const std::string w = fresh("writer");
+      line(fmt::format("{} = arith.cmpi eq, %tid_{}, {} : index", w, dk.name, idx(0)));
+      line(fmt::format("scf.if {} {{", w));
+      ++depth_;
+    }
     acc_ = acc;
     vals_.clear();
     loaded_.clear();
+    struct CloseWriter {  // the writer's scf.if, closed after the epilogue
+      FuncEmitter* f;
+      bool open;
+      ~CloseWriter() {
+        if (open) --f->depth_, f->line("}");
+      }
+    } close_writer{this, dk.split > 1};
     // epilogue over the product tile (b m n), or the product stored as it is
     if (k_.body.empty()) {
       const int gc = global_of_arg(mm.c);
