@@ -172,7 +172,7 @@ const std::set<std::string>& known_ops() {
       "arith.fptosi", "arith.extsi", "arith.extui", "arith.trunci", "math.exp", "math.log", "math.sqrt", "math.sin",
       "math.atan", "math.erf", "math.tanh", "math.floor", "math.roundeven", "math.powf", "linalg.matmul", "linalg.fill",
       "linalg.broadcast", "linalg.reduce", "tensor.empty", "tensor.collapse_shape", "tensor.expand_shape",
-      "tensor.extract", "tensor.splat", "scf.for", "scf.if", "scf.yield", "func.func", "return"};
+      "tensor.extract", "tensor.splat", "tensor.insert_slice", "tensor.extract_slice", "scf.for", "scf.if", "scf.yield", "func.func", "return"};
   return s;
 }
 
@@ -498,4 +498,21 @@ TEST(Ktir, KSplitSumsAcrossTheGroup) {
   EXPECT_NE(k->func.find("consumer_tiles_per_group = " + members), std::string::npos);
   EXPECT_NE(k->func.find(fmt::format("groups = affine_set<(g) : (g >= 0, -g + {} >= 0)>", others - 1)), std::string::npos);
   EXPECT_NE(k->func.find("arith.cmpi eq, %tid_k, %c0 : index"), std::string::npos);  // the writer
+}
+
+// examples/vit_tiny: everything but the patch-embedding convolution and the host steps is exported; its
+// per-head scale reads rows of 17 tokens in tiles of 2, so a tile crosses a head and goes row by row.
+TEST(Ktir, VitTilesAcrossAHeadGoRowByRow) {
+  const std::string model = testenv::source_dir() + "/examples/vit_tiny";
+  ModelPaths mp = resolve_model(model);
+  DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
+  std::vector<std::string> skipped;
+  const std::string text = tile::export_ktir(dc.program, dc.module, &skipped);
+  for (const std::string& s : skipped)
+    EXPECT_TRUE(s.find(": host step") != std::string::npos || s.find("only 1x1 windows") != std::string::npos) << s;
+  EXPECT_EQ(std::count_if(skipped.begin(), skipped.end(), [](const std::string& s) { return s.find("1x1") != std::string::npos; }), 1);
+  for (const auto& [name, f] : functions(text)) EXPECT_EQ(check_ssa(f), "") << name;
+  for (const std::string& op : op_names(text)) EXPECT_TRUE(known_ops().count(op)) << "unknown op " << op;
+  EXPECT_NE(text.find("tensor.insert_slice"), std::string::npos);
+  EXPECT_NE(text.find("tensor.extract_slice"), std::string::npos);
 }

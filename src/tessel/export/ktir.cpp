@@ -215,6 +215,9 @@ struct View {
   // pair, every other view dim is one of tdims in order. -1: none.
   int split_at = -1;
   int64_t split_f = 0;
+  // Some tile of the split dim crosses a block: that dim is accessed one element (row) at a time, the
+  // rows gathered with tensor.insert_slice and scattered with tensor.extract_slice.
+  bool per_row = false;
 };
 
 // The base address as coordinates along the view's dims (largest stride first), so the view starts at
@@ -323,7 +326,12 @@ class FuncEmitter {
                   const std::function<int64_t(const std::vector<int64_t>&)>& addr, const std::string& what);
   bool tiles_within(int d, int64_t f) const;
   // The access indices and tile extents of the current tile in v's view dims (a split dim as its pair).
-  void access(const View& v, std::vector<std::string>& at, std::vector<int64_t>& tile, std::vector<int64_t>& dense);
+  // `only` >= 0 (per_row views): the split dim's element `only` of the tile alone.
+  void access(const View& v, std::vector<std::string>& at, std::vector<int64_t>& tile, std::vector<int64_t>& dense,
+              int64_t only = -1);
+  // One access tile and its load or store (a split pair as one dim in `dense`).
+  std::string load_access(const View& v, int64_t only, std::vector<int64_t>& dense);
+  void store_access(const View& v, std::string x, int64_t only);
   std::string load(const View& v, const std::vector<int>& compute, DType compute_dtype);
   // row: `value` is a row tensor (the compute dims but the last), e.g. a reduction's result.
   void store(const View& v, const std::string& value, DType value_dtype, bool row = false);
@@ -413,9 +421,13 @@ bool FuncEmitter::tiles_within(int d, int64_t f) const {
 // or false when no such split exists.
 bool FuncEmitter::split_view(View& v, const std::vector<int>& tdims, const std::vector<int64_t>& ext,
                              const std::function<int64_t(const std::vector<int64_t>&)>& addr, const std::string& what) {
+  // first a split no tile crosses; else one whose crossing tiles go row by row (small tiles only)
+  for (int pass = 0; pass < 2; ++pass)
   for (size_t i = 0; i < tdims.size(); ++i)
     for (int64_t f = 2; f < ext[i]; ++f) {
-      if (ext[i] % f != 0 || !tiles_within(tdims[i], f)) continue;
+      if (ext[i] % f != 0) continue;
+      const bool within = tiles_within(tdims[i], f);
+      if (pass == 0 ? !within : (within || t_.dims[static_cast<size_t>(tdims[i])].tile > 64)) continue;
       std::vector<int64_t> e2;
       for (size_t j = 0; j < ext.size(); ++j) {
         if (j == i) e2.push_back(ext[i] / f), e2.push_back(f);
@@ -435,6 +447,7 @@ bool FuncEmitter::split_view(View& v, const std::vector<int>& tdims, const std::
         continue;
       }
       v.base = a.base;
+      v.per_row = pass == 1;
       for (size_t j = 0, k = 0; j < ext.size(); ++j, ++k) {
         if (j == i) {
           v.split_at = static_cast<int>(v.sizes.size());
@@ -454,7 +467,8 @@ bool FuncEmitter::split_view(View& v, const std::vector<int>& tdims, const std::
   return false;
 }
 
-void FuncEmitter::access(const View& v, std::vector<std::string>& at, std::vector<int64_t>& tile, std::vector<int64_t>& dense) {
+void FuncEmitter::access(const View& v, std::vector<std::string>& at, std::vector<int64_t>& tile, std::vector<int64_t>& dense,
+                         int64_t only) {
   size_t vd = 0;  // view dim
   auto plus = [&](const std::string& x, int64_t c) {
     if (c == 0) return x;
@@ -469,11 +483,13 @@ void FuncEmitter::access(const View& v, std::vector<std::string>& at, std::vecto
     if (static_cast<int>(vd) == v.split_at) {
       const int64_t f = v.split_f;
       const std::string hi = fresh("blk"), lo = fresh("in");
-      line(fmt::format("{} = arith.divsi {}, {} : index", hi, offset_[static_cast<size_t>(d)], idx(f)));
-      line(fmt::format("{} = arith.remsi {}, {} : index", lo, offset_[static_cast<size_t>(d)], idx(f)));
+      const std::string start = only >= 0 ? plus(offset_[static_cast<size_t>(d)], only) : offset_[static_cast<size_t>(d)];
+      line(fmt::format("{} = arith.divsi {}, {} : index", hi, start, idx(f)));
+      line(fmt::format("{} = arith.remsi {}, {} : index", lo, start, idx(f)));
       at.push_back(plus(hi, v.coord.at(vd)));
       at.push_back(plus(lo, v.coord.at(vd + 1)));
-      if (n <= f) tile.push_back(1), tile.push_back(n);
+      if (only >= 0) dense.back() = 1, tile.push_back(1), tile.push_back(1);
+      else if (n <= f) tile.push_back(1), tile.push_back(n);
       else tile.push_back(n / f), tile.push_back(f);
       vd += 2;
     } else {
@@ -487,10 +503,20 @@ void FuncEmitter::access(const View& v, std::vector<std::string>& at, std::vecto
 
 // Loads the current tile of `v` and returns it as a tensor over the tile dims `compute` (dims the view
 // lacks broadcast, extent-1 dims it has but `compute` lacks collapsed) in `compute_dtype`.
-std::string FuncEmitter::load(const View& v, const std::vector<int>& compute, DType compute_dtype) {
+// The split dim's position among v.tdims (per_row views).
+static size_t split_tdim(const View& v) {
+  size_t vd = 0;
+  for (size_t i = 0; i < v.tdims.size(); ++i) {
+    if (static_cast<int>(vd) == v.split_at) return i;
+    vd += 1;
+  }
+  return v.tdims.size();
+}
+
+std::string FuncEmitter::load_access(const View& v, int64_t only, std::vector<int64_t>& tile) {
   std::vector<std::string> at;
-  std::vector<int64_t> vtile, tile;
-  access(v, at, vtile, tile);
+  std::vector<int64_t> vtile;
+  access(v, at, vtile, tile, only);
   const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(vtile));
   const std::string acc = fresh("tile");
   line(fmt::format("{} = ktdp.construct_access_tile {}[{}] {{", acc, v.name, list(at)));
@@ -506,6 +532,32 @@ std::string FuncEmitter::load(const View& v, const std::vector<int>& compute, DT
     const std::string c = fresh("ld");
     line(fmt::format("{} = tensor.collapse_shape {} [{}] : {} into {}", c, x, list(gs), tensor_ty(vtile, v.dtype), tensor_ty(tile, v.dtype)));
     x = c;
+  }
+  return x;
+}
+
+std::string FuncEmitter::load(const View& v, const std::vector<int>& compute, DType compute_dtype) {
+  std::vector<int64_t> tile;
+  std::string x;
+  if (!v.per_row) {
+    x = load_access(v, -1, tile);
+  } else {
+    // row by row into the whole tile
+    for (int d : v.tdims) tile.push_back(tile_ext_[static_cast<size_t>(d)]);
+    const size_t sd = split_tdim(v);
+    x = fresh("rows");
+    line(fmt::format("{} = tensor.empty() : {}", x, tensor_ty(tile, v.dtype)));
+    for (int64_t j = 0; j < tile[sd]; ++j) {
+      std::vector<int64_t> one;
+      const std::string r = load_access(v, j, one);
+      std::vector<std::string> off, sz, st;
+      for (size_t i = 0; i < tile.size(); ++i)
+        off.push_back(i == sd ? std::to_string(j) : "0"), sz.push_back(std::to_string(one[i])), st.push_back("1");
+      const std::string y = fresh("rows");
+      line(fmt::format("{} = tensor.insert_slice {} into {}[{}] [{}] [{}] : {} into {}", y, r, x, list(off), list(sz), list(st),
+                       tensor_ty(one, v.dtype), tensor_ty(tile, v.dtype)));
+      x = y;
+    }
   }
   // keep the view dims that are compute dims
   std::vector<int64_t> kept;
@@ -580,10 +632,9 @@ std::string FuncEmitter::load(const View& v, const std::vector<int>& compute, DT
 void FuncEmitter::store(const View& v, const std::string& value, DType value_dtype, bool row) {
   v.stored = true;
   std::vector<int64_t> full = shape(row);
-  std::vector<std::string> at;
-  std::vector<int64_t> vtile, tile;
+  std::vector<int64_t> tile;
   if (v.tdims.empty()) cannot("a store of a single element over the whole tile");
-  access(v, at, vtile, tile);
+  for (int d : v.tdims) tile.push_back(tile_ext_[static_cast<size_t>(d)]);
   std::vector<int> cdims = compute_;
   if (row) cdims.pop_back();
   for (int d : cdims)
@@ -635,6 +686,25 @@ void FuncEmitter::store(const View& v, const std::string& value, DType value_dty
       line(fmt::format("{} = tensor.collapse_shape {} [] : {} into {}", c, flat, tensor_ty({n}, v.dtype), tensor_ty(tile, v.dtype)));
     x = tile.size() != 1 ? c : flat;
   }
+  if (!v.per_row) return store_access(v, x, -1);
+  const size_t sd = split_tdim(v);
+  for (int64_t j = 0; j < tile[sd]; ++j) {  // row by row out of the whole tile
+    std::vector<int64_t> one = tile;
+    one[sd] = 1;
+    std::vector<std::string> off, sz, st;
+    for (size_t i = 0; i < tile.size(); ++i)
+      off.push_back(i == sd ? std::to_string(j) : "0"), sz.push_back(std::to_string(one[i])), st.push_back("1");
+    const std::string r = fresh("row");
+    line(fmt::format("{} = tensor.extract_slice {}[{}] [{}] [{}] : {} to {}", r, x, list(off), list(sz), list(st),
+                     tensor_ty(tile, v.dtype), tensor_ty(one, v.dtype)));
+    store_access(v, r, j);
+  }
+}
+
+void FuncEmitter::store_access(const View& v, std::string x, int64_t only) {
+  std::vector<std::string> at;
+  std::vector<int64_t> vtile, tile;
+  access(v, at, vtile, tile, only);
   if (vtile.size() != tile.size()) {  // the split dim as its pair
     std::vector<std::string> gs;
     for (size_t i = 0, j = 0; i < tile.size(); ++i, ++j)
