@@ -36,7 +36,12 @@ std::string ktir_constant_file(size_t global, const Global& g) { return fmt::for
 nlohmann::json write_ktir_folder(const std::string& dir, const TileProgram& p, const KernelModule& m, const KtirExport& e,
                                  const std::vector<std::pair<std::string, Tensor>>* values) {
   namespace fs = std::filesystem;
-  fs::create_directories(fs::path(dir) / "constants");
+  auto make_dir = [](const fs::path& d) {
+    std::error_code ec;
+    fs::create_directories(d, ec);
+    if (ec) throw Error(Location{.file = d.string(), .pass = "ktir"}, "cannot create the folder: " + ec.message());
+  };
+  make_dir(fs::path(dir) / "constants");
   for (size_t i = 0; i < e.kernels.size(); ++i) write_file(fs::path(dir) / ktir_file_name(i, e.kernels[i]), e.kernels[i].module);
   nlohmann::json man = ktir_manifest(p, e);
   for (size_t gi = 0; gi < p.globals.size(); ++gi) {
@@ -50,7 +55,7 @@ nlohmann::json write_ktir_folder(const std::string& dir, const TileProgram& p, c
     man["globals"][gi]["file"] = file;
   }
   if (values) {
-    fs::create_directories(fs::path(dir) / "values");
+    make_dir(fs::path(dir) / "values");
     man["values"] = nlohmann::json::object();
     for (size_t i = 0; i < values->size(); ++i) {
       const auto& [name, t] = (*values)[i];
