@@ -218,6 +218,10 @@ struct View {
   // Some tile of the split dim crosses a block: that dim is accessed one element (row) at a time, the
   // rows gathered with tensor.insert_slice and scattered with tensor.extract_slice.
   bool per_row = false;
+  // >= 0: the base is no sum of the other dims' strides (a convolution tap one element in), so the view
+  // has one more, leading dim of stride 1 accessed at this coordinate; sizes/strides hold it first,
+  // coord and split_at do not count it.
+  int64_t lead = -1;
 };
 
 // The base address as coordinates along the view's dims (largest stride first), so the view starts at
@@ -232,8 +236,12 @@ bool base_coordinates(View& v) {
   int64_t rest = v.base;
   for (size_t i : by)
     if (v.strides[i] > 0) v.coord[i] = rest / v.strides[i], rest -= v.coord[i] * v.strides[i];
-  if (rest != 0) return false;
   for (size_t i = 0; i < v.sizes.size(); ++i) v.sizes[i] += v.coord[i];
+  if (rest != 0) {
+    v.lead = rest;
+    v.sizes.insert(v.sizes.begin(), rest + 1);
+    v.strides.insert(v.strides.begin(), 1);
+  }
   return true;
 }
 
@@ -257,8 +265,9 @@ class FuncEmitter {
         if (static_cast<int>(k.dims.size()) == v.split_at) k.dims.push_back(nm + "/" + std::to_string(v.split_f)), k.dims.push_back(nm + "%" + std::to_string(v.split_f));
         else k.dims.push_back(nm);
       }
-      for (size_t i = 0; i < v.sizes.size(); ++i) k.sizes.push_back(v.sizes[i] - (i < v.coord.size() ? v.coord[i] : 0));
-      k.strides = v.strides;
+      const size_t l = v.lead >= 0 ? 1 : 0;
+      for (size_t i = l; i < v.sizes.size(); ++i) k.sizes.push_back(v.sizes[i] - (i - l < v.coord.size() ? v.coord[i - l] : 0));
+      k.strides.assign(v.strides.begin() + static_cast<std::ptrdiff_t>(l), v.strides.end());
       k.base = v.base;
       r.push_back(std::move(k));
     }
@@ -320,8 +329,9 @@ class FuncEmitter {
 
   // `logical` gives the dense physical offset of the element (the kernel level's accesses), or with
   // `by_index` its logical row-major index (convolutions' operands, laid out by their declaration).
+  // `ext`: the view's extents when they are not the tile dims' (a convolution's channels along r).
   const View& view(int global, const std::vector<int>& tdims, const std::function<int64_t(const std::vector<int64_t>&)>& logical,
-                   const std::string& what, bool by_index = false);
+                   const std::string& what, bool by_index = false, const std::vector<int64_t>* ext = nullptr);
   bool split_view(View& v, const std::vector<int>& tdims, const std::vector<int64_t>& ext,
                   const std::function<int64_t(const std::vector<int64_t>&)>& addr, const std::string& what);
   bool tiles_within(int d, int64_t f) const;
@@ -361,11 +371,12 @@ class FuncEmitter {
 // x is logical element logical(x) of the global; its strides are in padded DRAM elements.
 const View& FuncEmitter::view(int global, const std::vector<int>& tdims,
                               const std::function<int64_t(const std::vector<int64_t>&)>& logical, const std::string& what,
-                              bool by_index) {
+                              bool by_index, const std::vector<int64_t>* ext_override) {
   const Global& g = p_.globals.at(static_cast<size_t>(global));
   const Layout lay(g);
   std::vector<int64_t> ext;
   for (int d : tdims) ext.push_back(t_.dims[static_cast<size_t>(d)].size);
+  if (ext_override) ext = *ext_override;
   auto addr = [&](const std::vector<int64_t>& x) { return by_index ? lay.at_index(logical(x)) : lay.at(logical(x)); };
   View v;
   v.global = global;
@@ -393,7 +404,9 @@ const View& FuncEmitter::view(int global, const std::vector<int>& tdims,
   std::vector<std::string> names;
   for (int d : v.tdims) names.push_back(t_.dims[static_cast<size_t>(d)].name);
   views_ << fmt::format("    // {}: {} over [{}]{}\n", v.name, mlir_comment_text(what), list(names),
-                        v.base ? fmt::format(", from element {} (coordinates [{}])", v.base, list(v.coord)) : "");
+                        v.base ? fmt::format(", from element {} (coordinates [{}]{})", v.base, list(v.coord),
+                                             v.lead >= 0 ? fmt::format(", and {} along a leading stride-1 dim", v.lead) : "")
+                               : "");
   views_ << fmt::format("    {} = ktdp.construct_memory_view {}, sizes: [{}], strides: [{}] {{\n", v.name, ptr, list(v.sizes),
                         list(v.strides));
   views_ << fmt::format("      coordinate_set = {}, memory_space = #ktdp.spyre_memory_space<HBM>\n", box_set(v.sizes));
@@ -469,13 +482,14 @@ bool FuncEmitter::split_view(View& v, const std::vector<int>& tdims, const std::
 
 void FuncEmitter::access(const View& v, std::vector<std::string>& at, std::vector<int64_t>& tile, std::vector<int64_t>& dense,
                          int64_t only) {
-  size_t vd = 0;  // view dim
+  size_t vd = 0;  // view dim (the lead dim not counted)
   auto plus = [&](const std::string& x, int64_t c) {
     if (c == 0) return x;
     const std::string r = fresh("at");
     line(fmt::format("{} = arith.addi {}, {} : index", r, x, idx(c)));
     return r;
   };
+  if (v.lead >= 0) at.push_back(idx(v.lead)), tile.push_back(1);
   for (size_t i = 0; i < v.tdims.size(); ++i) {
     const int d = v.tdims[i];
     const int64_t n = tile_ext_[static_cast<size_t>(d)];
@@ -503,6 +517,26 @@ void FuncEmitter::access(const View& v, std::vector<std::string>& at, std::vecto
 
 // Loads the current tile of `v` and returns it as a tensor over the tile dims `compute` (dims the view
 // lacks broadcast, extent-1 dims it has but `compute` lacks collapsed) in `compute_dtype`.
+// The reassociation between the view's access tile (a lead dim, a split pair) and the dense tile of
+// `rank` dims, as tensor.collapse_shape / expand_shape write it.
+static std::string regroup(const View& v, size_t rank) {
+  std::vector<std::string> gs;
+  int64_t j = 0;  // access tile dim
+  int nl = 0;     // view dim, the lead not counted
+  for (size_t i = 0; i < rank; ++i) {
+    std::vector<int64_t> g;
+    if (i == 0 && v.lead >= 0) g.push_back(j++);
+    if (nl == v.split_at) g.push_back(j++), g.push_back(j++), nl += 2;
+    else g.push_back(j++), nl += 1;
+    std::string t;
+    for (size_t k = 0; k < g.size(); ++k) t += (k ? ", " : "") + std::to_string(g[k]);
+    gs.push_back("[" + t + "]");
+  }
+  std::string r;
+  for (size_t i = 0; i < gs.size(); ++i) r += (i ? ", " : "") + gs[i];
+  return r;
+}
+
 // The split dim's position among v.tdims (per_row views).
 static size_t split_tdim(const View& v) {
   size_t vd = 0;
@@ -524,13 +558,10 @@ std::string FuncEmitter::load_access(const View& v, int64_t only, std::vector<in
   line(fmt::format("}} : {} -> {}", v.memref, at_ty));
   std::string x = fresh("ld");
   line(fmt::format("{} = ktdp.load {} : {} -> {}", x, acc, at_ty, tensor_ty(vtile, v.dtype)));
-  if (vtile.size() != tile.size()) {  // the split dim's pair back into one dim
-    std::vector<std::string> gs;
-    for (size_t i = 0, j = 0; i < tile.size(); ++i, ++j)
-      gs.push_back(static_cast<int>(j) == v.split_at ? fmt::format("[{}, {}]", j, j + 1) : fmt::format("[{}]", j)),
-          j += static_cast<int>(j) == v.split_at ? 1 : 0;
+  if (vtile.size() != tile.size()) {  // the split dim's pair (and a lead dim) back into one dim
     const std::string c = fresh("ld");
-    line(fmt::format("{} = tensor.collapse_shape {} [{}] : {} into {}", c, x, list(gs), tensor_ty(vtile, v.dtype), tensor_ty(tile, v.dtype)));
+    line(fmt::format("{} = tensor.collapse_shape {} [{}] : {} into {}", c, x, regroup(v, tile.size()), tensor_ty(vtile, v.dtype),
+                     tensor_ty(tile, v.dtype)));
     x = c;
   }
   return x;
@@ -705,13 +736,9 @@ void FuncEmitter::store_access(const View& v, std::string x, int64_t only) {
   std::vector<std::string> at;
   std::vector<int64_t> vtile, tile;
   access(v, at, vtile, tile, only);
-  if (vtile.size() != tile.size()) {  // the split dim as its pair
-    std::vector<std::string> gs;
-    for (size_t i = 0, j = 0; i < tile.size(); ++i, ++j)
-      gs.push_back(static_cast<int>(j) == v.split_at ? fmt::format("[{}, {}]", j, j + 1) : fmt::format("[{}]", j)),
-          j += static_cast<int>(j) == v.split_at ? 1 : 0;
+  if (vtile.size() != tile.size()) {  // the split dim as its pair (and a lead dim)
     const std::string c = fresh("st");
-    line(fmt::format("{} = tensor.expand_shape {} [{}] output_shape [{}] : {} into {}", c, x, list(gs), list(vtile),
+    line(fmt::format("{} = tensor.expand_shape {} [{}] output_shape [{}] : {} into {}", c, x, regroup(v, tile.size()), list(vtile),
                      tensor_ty(tile, v.dtype), tensor_ty(vtile, v.dtype)));
     x = c;
   }
@@ -1041,7 +1068,7 @@ std::string FuncEmitter::emit_relayout() {
   v.dtype = dt;
   v.sizes = {batch, rows, cols};
   v.strides = af.strides;
-  if (!base_coordinates(v)) cannot(fmt::format("{}: base offset {} is no sum of its strides", what, v.base));
+  if (!base_coordinates(v) || v.lead >= 0) cannot(fmt::format("{}: base offset {} is no sum of its strides", what, v.base));
   v.memref = fmt::format("memref<{}x{}>", dims_x(v.sizes), elem_type(dt));
   v.name = fresh("view");
   views_ << fmt::format("    // {}: {} over [matrix, row, col]{}\n", v.name, mlir_comment_text(what),
@@ -1083,10 +1110,12 @@ std::string FuncEmitter::emit_relayout() {
 // views go by logical index through each global's declaration (NHWC activations, [C, KH, KW, OC] weights).
 std::string FuncEmitter::emit_conv() {
   const ConvSpec& c = k_.conv;
-  if (c.kh != 1 || c.kw != 1 || c.stride_h != 1 || c.stride_w != 1 || c.pad_top || c.pad_left || c.pad_bottom || c.pad_right ||
-      c.dil_h != 1 || c.dil_w != 1 || c.groups != 1)
-    cannot(fmt::format("convolution {}x{} stride {} pad {} groups {}: only 1x1 windows (a plain matrix) are exported", c.kh, c.kw,
-                       c.stride_h, c.pad_top, c.groups));
+  // A window without padding is a sum over its taps of 1x1 convolutions of strided input views (the
+  // im2col of one tap is affine over (n, s split into rows and columns, c)); padding needs masked loads.
+  if (c.pad_top || c.pad_left || c.pad_bottom || c.pad_right || c.dil_h != 1 || c.dil_w != 1 || c.groups != 1 || c.kh * c.kw > 64)
+    cannot(fmt::format("convolution {}x{} stride {} pad {} groups {}: only windows without padding, of one group, are exported",
+                       c.kh, c.kw, c.stride_h, c.pad_top, c.groups));
+  const int64_t window = c.kh * c.kw;
   const int n = dim_index("n"), oc = dim_index("oc"), sd = dim_index("s"), r = dim_index("r");
   const Dim& dr = t_.dims[static_cast<size_t>(r)];
   if (dr.split > 1) cannot(fmt::format("the reduction is split over {} cores", dr.split));
@@ -1094,8 +1123,20 @@ std::string FuncEmitter::emit_conv() {
   if (t_.order.empty() || t_.order.back() != r) cannot("a loop order without r innermost");
   const int gx = global_of_arg(c.x), gw = global_of_arg(c.w), gy = global_of_arg(c.y);
   const int64_t S = c.oh * c.ow, C = c.c, OC = c.oc;
-  const View& vx = view(gx, {n, sd, r}, [&](const std::vector<int64_t>& x) { return (x[0] * C + x[2]) * S + x[1]; }, "conv x", true);
-  const View& vw = view(gw, {r, oc}, [&](const std::vector<int64_t>& x) { return x[1] * C + x[0]; }, "conv w", true);
+  if (dr.size != C * window || dr.tile % window != 0) cannot("reduction tiles that are not whole input channels");
+  // per tap (kh, kw): x over (n, s, channel), w over (channel, oc), by logical index
+  const std::vector<int64_t> xext = {t_.dims[static_cast<size_t>(n)].size, S, C}, wext = {C, OC};
+  std::vector<const View*> vxs, vws;
+  for (int64_t kh = 0; kh < c.kh; ++kh)
+    for (int64_t kw = 0; kw < c.kw; ++kw) {
+      const std::string tap = window > 1 ? fmt::format(", tap ({}, {})", kh, kw) : "";
+      vxs.push_back(&view(gx, {n, sd, r}, [&](const std::vector<int64_t>& x) {
+        const int64_t oh = x[1] / c.ow, ow = x[1] % c.ow;
+        return ((x[0] * C + x[2]) * c.h + oh * c.stride_h + kh) * c.wd + ow * c.stride_w + kw;
+      }, "conv x" + tap, true, &xext));
+      vws.push_back(&view(gw, {r, oc}, [&](const std::vector<int64_t>& x) { return (x[1] * C + x[0]) * window + kh * c.kw + kw; },
+                          "conv w" + tap, true, &wext));
+    }
   // the epilogue's loop space: invert the store of y (its offsets are y's dense physical layout)
   auto phys_y = [&](int64_t b, int64_t o, int64_t p) { return c.y_nhwc ? (b * S + p) * OC + o : (b * OC + o) * S + p; };
   if (!k_.body.empty()) {
@@ -1139,11 +1180,26 @@ std::string FuncEmitter::emit_conv() {
     line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
     line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
     auto product = [&](const std::string& into) {
-      const int64_t tr = tile_ext_[kr];
-      const std::string at = load(vx, {sd, r}, dtx), bt = load(vw, {r, oc}, dtw);
-      const std::string res = fresh("mm");
-      line(fmt::format("{} = linalg.matmul ins({}, {} : {}, {}) outs({} : {}) -> {}", res, at, bt, tensor_ty({ts, tr}, dtx),
-                       tensor_ty({tr, to}, dtw), into, acc_ty, acc_ty));
+      // the r tile as whole channels: its channel offset and count stand in for r while the taps load
+      const std::string r_off = offset_[kr];
+      const int64_t r_ext = tile_ext_[kr], tc = r_ext / window;
+      std::string ch = r_off;
+      if (window > 1) {
+        ch = fresh("ch");
+        line(fmt::format("{} = arith.divsi {}, {} : index", ch, r_off, idx(window)));
+      }
+      offset_[kr] = ch;
+      tile_ext_[kr] = tc;
+      std::string res = into;
+      for (size_t tap = 0; tap < vxs.size(); ++tap) {
+        const std::string at = load(*vxs[tap], {sd, r}, dtx), bt = load(*vws[tap], {r, oc}, dtw);
+        const std::string m = fresh("mm");
+        line(fmt::format("{} = linalg.matmul ins({}, {} : {}, {}) outs({} : {}) -> {}", m, at, bt, tensor_ty({ts, tc}, dtx),
+                         tensor_ty({tc, to}, dtw), res, acc_ty, acc_ty));
+        res = m;
+      }
+      offset_[kr] = r_off;
+      tile_ext_[kr] = r_ext;
       return res;
     };
     const int64_t full = dr.size / dr.tile, tail = dr.size % dr.tile;
