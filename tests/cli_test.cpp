@@ -301,4 +301,37 @@ TEST(Cli, SimTrainSimulatesForwardBackwardAndAdamW) {
   r = run("sim " + kModel + " --train --hw spyre --trace t.json");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("sim --train takes"), std::string::npos) << r.out;
+// compile --emit ktir -o FOLDER: the folder form with the constants and, with --ktir-values, tessel's values;
+// a folder that cannot be made and a model without test data are one-line errors.
+TEST(Cli, KtirFolderWithConstantsAndValues) {
+  const std::string dir = testing::TempDir() + "/tessel_cli_ktir";
+  std::filesystem::remove_all(dir);
+  Result r = run("compile " + kModel + " --target spyre --emit ktir -o " + dir + " --ktir-values");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream mf(dir + "/manifest.json");
+  const nlohmann::json m = nlohmann::json::parse(mf);
+  int constants = 0;
+  for (const auto& g : m["globals"])
+    if (g["kind"] == "constant") {
+      ++constants;
+      EXPECT_TRUE(std::filesystem::exists(dir + "/" + g["file"].get<std::string>())) << g["global"];
+    }
+  EXPECT_GT(constants, 0);
+  EXPECT_EQ(m["steps"].size(), m["tile_kernels"].get<size_t>());
+  ASSERT_TRUE(m.contains("values"));
+  EXPECT_FALSE(m["values"].empty());
+  for (auto it = m["values"].begin(); it != m["values"].end(); ++it)
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + it.value().get<std::string>())) << it.key();
+  r = run("compile " + kModel + " --target spyre --emit ktir -o /proc/no/such/folder");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("cannot create the folder"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  const std::string bare = testing::TempDir() + "/tessel_cli_ktir_bare";
+  std::filesystem::create_directories(bare);
+  std::filesystem::copy_file(kModel + "/model.onnx", bare + "/model.onnx", std::filesystem::copy_options::overwrite_existing);
+  r = run("compile " + bare + "/model.onnx --target spyre --emit ktir -o " + bare + "/out --ktir-values");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--ktir-values needs the model's test_data_set_0 inputs"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(bare);
 }

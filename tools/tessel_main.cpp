@@ -519,7 +519,8 @@ tile::MapOptions map_options(const std::string& dtype) {
 
 int cmd_compile_dataflow(const std::string& model, const std::string& target, const std::string& emit,
                          const std::string& out, const std::string& report, const std::string& dtype,
-                         const std::string& dump_dir, const std::string& print_after, bool time_passes) {
+                         const std::string& dump_dir, const std::string& print_after, bool time_passes,
+                         bool ktir_values = false) {
   DataflowCompile dc = compile_dataflow(model, model_inputs(model), dataflow::resolve_target(target), map_options(dtype),
                                         stage_options(dump_dir, print_after));
   if (time_passes) print_stage_times(dc.stages);
@@ -531,9 +532,17 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
   else if (emit == "ktir") {
     // -o names a folder: one module per kernel and manifest.json, what ktir-cpu reads (docs/ktir.md).
     const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
-    fs::create_directories(out);
-    for (size_t i = 0; i < e.kernels.size(); ++i) write_text((fs::path(out) / tile::ktir_file_name(i, e.kernels[i])).string(), e.kernels[i].module);
-    write_text((fs::path(out) / "manifest.json").string(), json_dump(tile::ktir_manifest(dc.program, e), 1) + "\n");
+    // --ktir-values: tessel's own values beside them (the functional simulation on test_data_set_0), the
+    // oracle bench/ktir_check.py compares every kernel's results with and takes host steps' results from
+    std::vector<std::pair<std::string, Tensor>> values;
+    if (ktir_values) {
+      const std::vector<Tensor> ins = model_inputs(model);
+      if (ins.empty()) throw Error(Location{.file = model, .pass = "ktir"}, "--ktir-values needs the model's test_data_set_0 inputs");
+      tile::FunctionalOptions fo;
+      fo.keep_values = true;
+      values = tile::run_functional(dc.program, dc.module, ins, fo).values;
+    }
+    tile::write_ktir_folder(out, dc.program, dc.module, e, ktir_values ? &values : nullptr);
     fmt::print("ktir: {} of {} tile kernels in {} (one module each, manifest.json){}\n", e.kernels.size(), dc.program.kernels.size(),
                display_text(out), e.skipped.empty() ? "" : fmt::format("; {} skipped (listed in the manifest)", e.skipped.size()));
   }
@@ -812,6 +821,8 @@ int main(int argc, char** argv) {
   comp->add_option("--dump-ir", comp_dump, "write every stage as NN-<stage>.tsl (graph), .kernel (after fuse) or .tile (dataflow targets) into this folder");
   comp->add_option("--print-after", comp_print_after, "print the IR after this stage (and nothing else): a graph pass, fuse, or with a dataflow --target a tile-* stage (see `tessel passes`)");
   comp->add_flag("--time-passes", comp_time, "print each pass's wall time and note to stderr");
+  bool comp_ktir_values = false;
+  comp->add_flag("--ktir-values", comp_ktir_values, "with --emit ktir -o FOLDER: also write tessel's functional-simulation values of every intermediate (test_data_set_0) as .npy");
   bool comp_train = false;
   std::string comp_wrt, comp_grad_of;
   comp->add_flag("--train", comp_train, "print the joint forward + backward core graph (reverse-mode autodiff) and a summary line");
@@ -1002,7 +1013,7 @@ int main(int argc, char** argv) {
     }
     if (*comp && comp_target != "cpu")
       return cmd_compile_dataflow(comp_model, comp_target, comp_emit == "graph" ? "tile" : comp_emit, comp_out, comp_report,
-                                  comp_dtype, comp_dump, comp_print_after, comp_time);
+                                  comp_dtype, comp_dump, comp_print_after, comp_time, comp_ktir_values);
     if (*comp && comp_train) return cmd_compile_train(comp_model, comp_out, comp_elide, comp_wrt, comp_grad_of);
     if (*comp)
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -78,7 +79,8 @@ std::string identity_map(size_t r) {
 
 // Element attribute text of a constant of type t.
 std::string literal(double v, DType t) {
-  if (t == DType::boolean) return v != 0 ? "true" : "false";
+  // i1 as 1 / 0, which MLIR reads as it reads true / false (ktir-cpu 9e03d63 read "true" as 0)
+  if (t == DType::boolean) return v != 0 ? "1" : "0";
   if (!is_fp(t)) return fmt::format("{}", static_cast<int64_t>(v));
   if (std::isfinite(v)) return fmt::format("{:.9e}", v);
   // non-finite floats as their bit pattern
@@ -159,24 +161,37 @@ int64_t access_at(const Kernel& k, const KAccess& acc, int64_t linear) {
   return off;
 }
 
-// Padded DRAM element address of logical element `l` of a global (the physical dim order `perm`,
-// the innermost dims padded).
+// Padded DRAM element address of element `l` of a global, where `l` is a dense offset in the global's
+// physical dim order (`perm`, outermost first; row-major when empty): the kernel level's accesses
+// are offsets into the value's dense physical layout (NHWC activations, results stored transposed).
+// The innermost physical dim is padded.
 struct Layout {
   Shape shape;
-  std::vector<int64_t> pstride;
+  std::vector<int64_t> pstride;  // per logical dim, in padded elements
+  std::vector<size_t> order;     // physical dims, outermost first
   explicit Layout(const Global& g) : shape(g.shape) {
     const size_t r = shape.size();
     pstride.assign(r, 1);
+    for (size_t i = 0; i < r; ++i) order.push_back(g.perm.size() == r ? static_cast<size_t>(g.perm[i]) : i);
     int64_t s = 1;
     for (size_t i = r; i-- > 0;) {
-      const size_t d = g.perm.size() == r ? static_cast<size_t>(g.perm[i]) : i;
-      pstride[d] = s;
-      s *= g.padded[d];
+      pstride[order[i]] = s;
+      s *= g.padded[order[i]];
     }
+  }
+  // the address of logical element `l` (row-major over the logical shape)
+  int64_t at_index(int64_t l) const {
+    int64_t a = 0;
+    for (size_t d = shape.size(); d-- > 0;) {
+      a += (l % shape[d]) * pstride[d];
+      l /= shape[d];
+    }
+    return a;
   }
   int64_t at(int64_t l) const {
     int64_t a = 0;
-    for (size_t d = shape.size(); d-- > 0;) {
+    for (size_t i = order.size(); i-- > 0;) {
+      const size_t d = order[i];
       a += (l % shape[d]) * pstride[d];
       l /= shape[d];
     }
@@ -187,13 +202,48 @@ struct Layout {
 // ---- one function ----------------------------------------------------------------------------------
 
 struct View {
-  std::string name, memref;
+  std::string name, memref, what;
   int global = -1;
+  mutable bool stored = false;
   std::vector<int> tdims;          // the tile dims its dims are (broadcast and extent-1 dims dropped)
   std::vector<int64_t> sizes, strides;
-  int64_t base = 0;
+  int64_t base = 0;                // the first element's padded address
+  std::vector<int64_t> coord;      // base as coordinates of the view (sizes grown to hold them)
   DType dtype = DType::f16;
+  // A tile dim the map is affine over only as (x / split_f, x % split_f) (a row index of a [B·T, C]
+  // loop space read per batch, a reduction over heads·d): view dims split_at and split_at + 1 are that
+  // pair, every other view dim is one of tdims in order. -1: none.
+  int split_at = -1;
+  int64_t split_f = 0;
+  // Some tile of the split dim crosses a block: that dim is accessed one element (row) at a time, the
+  // rows gathered with tensor.insert_slice and scattered with tensor.extract_slice.
+  bool per_row = false;
+  // >= 0: the base is no sum of the other dims' strides (a convolution tap one element in), so the view
+  // has one more, leading dim of stride 1 accessed at this coordinate; sizes/strides hold it first,
+  // coord and split_at do not count it.
+  int64_t lead = -1;
 };
+
+// The base address as coordinates along the view's dims (largest stride first), so the view starts at
+// its argument itself: ktir-cpu takes any SSA pointer of a construct_memory_view for an argument of
+// the function (an `arith.addi %argN, ...` pointer was listed as one more input). Returns false when
+// the strides cannot add up to it.
+bool base_coordinates(View& v) {
+  std::vector<size_t> by(v.strides.size());
+  for (size_t i = 0; i < by.size(); ++i) by[i] = i;
+  std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return v.strides[a] > v.strides[b]; });
+  v.coord.assign(v.strides.size(), 0);
+  int64_t rest = v.base;
+  for (size_t i : by)
+    if (v.strides[i] > 0) v.coord[i] = rest / v.strides[i], rest -= v.coord[i] * v.strides[i];
+  for (size_t i = 0; i < v.sizes.size(); ++i) v.sizes[i] += v.coord[i];
+  if (rest != 0) {
+    v.lead = rest;
+    v.sizes.insert(v.sizes.begin(), rest + 1);
+    v.strides.insert(v.strides.begin(), 1);
+  }
+  return true;
+}
 
 class FuncEmitter {
  public:
@@ -203,6 +253,26 @@ class FuncEmitter {
   std::string run();
   // After run(): the globals of %arg0, %arg1, ... in order.
   const std::vector<int>& arg_globals() const { return arg_globals_; }
+  std::vector<KtirView> views() const {
+    std::vector<KtirView> r;
+    for (const View& v : views_list_) {
+      KtirView k;
+      k.global = v.global;
+      k.what = v.what;
+      k.stored = v.stored;
+      for (int d : v.tdims) {
+        const std::string& nm = t_.dims[static_cast<size_t>(d)].name;
+        if (static_cast<int>(k.dims.size()) == v.split_at) k.dims.push_back(nm + "/" + std::to_string(v.split_f)), k.dims.push_back(nm + "%" + std::to_string(v.split_f));
+        else k.dims.push_back(nm);
+      }
+      const size_t l = v.lead >= 0 ? 1 : 0;
+      for (size_t i = l; i < v.sizes.size(); ++i) k.sizes.push_back(v.sizes[i] - (i - l < v.coord.size() ? v.coord[i - l] : 0));
+      k.strides.assign(v.strides.begin() + static_cast<std::ptrdiff_t>(l), v.strides.end());
+      k.base = v.base;
+      r.push_back(std::move(k));
+    }
+    return r;
+  }
 
  private:
   const TileProgram& p_;
@@ -257,10 +327,24 @@ class FuncEmitter {
     return g;
   }
 
+  // `logical` gives the dense physical offset of the element (the kernel level's accesses), or with
+  // `by_index` its logical row-major index (convolutions' operands, laid out by their declaration).
+  // `ext`: the view's extents when they are not the tile dims' (a convolution's channels along r).
   const View& view(int global, const std::vector<int>& tdims, const std::function<int64_t(const std::vector<int64_t>&)>& logical,
-                   const std::string& what);
+                   const std::string& what, bool by_index = false, const std::vector<int64_t>* ext = nullptr);
+  bool split_view(View& v, const std::vector<int>& tdims, const std::vector<int64_t>& ext,
+                  const std::function<int64_t(const std::vector<int64_t>&)>& addr, const std::string& what);
+  bool tiles_within(int d, int64_t f) const;
+  // The access indices and tile extents of the current tile in v's view dims (a split dim as its pair).
+  // `only` >= 0 (per_row views): the split dim's element `only` of the tile alone.
+  void access(const View& v, std::vector<std::string>& at, std::vector<int64_t>& tile, std::vector<int64_t>& dense,
+              int64_t only = -1);
+  // One access tile and its load or store (a split pair as one dim in `dense`).
+  std::string load_access(const View& v, int64_t only, std::vector<int64_t>& dense);
+  void store_access(const View& v, std::string x, int64_t only);
   std::string load(const View& v, const std::vector<int>& compute, DType compute_dtype);
-  void store(const View& v, const std::string& value, DType value_dtype);
+  // row: `value` is a row tensor (the compute dims but the last), e.g. a reduction's result.
+  void store(const View& v, const std::string& value, DType value_dtype, bool row = false);
   std::string broadcast_row(const std::string& row, DType t);
   std::string value(int id, bool row);
   std::string constant(double v, DType t, bool row);
@@ -272,45 +356,57 @@ class FuncEmitter {
   void emit_body_stores();
   std::string emit_matmul();
   std::string emit_vector();
-  void open_loops(const std::vector<int>& dims);
-  void close_loops(size_t n);
+  std::string emit_relayout();
+  std::string emit_conv();
+  // The tiles of `dims` (outermost first) on each core, whole and partial, around `body`: per dim a loop
+  // over the whole tiles of the core's extent and the partial tile after it as straight-line code of
+  // its own static extent; where the cores' extents along a split dim differ (the last core's slice
+  // is short, cores past the end have none), one scf.if per extent on the core's coordinate.
+  void nest(const std::vector<int>& dims, size_t i, const std::function<void()>& body);
+  void extent_tiles(const std::vector<int>& dims, size_t i, int64_t extent, const std::function<void()>& body);
   std::string header(const std::string& kind);
-  size_t loops_open_ = 0;
 };
 
 // A memory view of `global` indexed by the tile dims `tdims` (their full extents), where tile point
 // x is logical element logical(x) of the global; its strides are in padded DRAM elements.
 const View& FuncEmitter::view(int global, const std::vector<int>& tdims,
-                              const std::function<int64_t(const std::vector<int64_t>&)>& logical, const std::string& what) {
+                              const std::function<int64_t(const std::vector<int64_t>&)>& logical, const std::string& what,
+                              bool by_index, const std::vector<int64_t>* ext_override) {
   const Global& g = p_.globals.at(static_cast<size_t>(global));
   const Layout lay(g);
   std::vector<int64_t> ext;
   for (int d : tdims) ext.push_back(t_.dims[static_cast<size_t>(d)].size);
-  const Affine a = fit(ext, [&](const std::vector<int64_t>& x) { return lay.at(logical(x)); }, what);
+  if (ext_override) ext = *ext_override;
+  auto addr = [&](const std::vector<int64_t>& x) { return by_index ? lay.at_index(logical(x)) : lay.at(logical(x)); };
   View v;
   v.global = global;
-  v.base = a.base;
+  v.what = what;
   v.dtype = g.dtype;
-  for (size_t i = 0; i < tdims.size(); ++i)
-    if (ext[i] > 1 && a.strides[i] != 0) {
-      v.tdims.push_back(tdims[i]);
-      v.sizes.push_back(ext[i]);
-      v.strides.push_back(a.strides[i]);
-    }
+  try {
+    const Affine a = fit(ext, addr, what);
+    v.base = a.base;
+    for (size_t i = 0; i < tdims.size(); ++i)
+      if (ext[i] > 1 && a.strides[i] != 0) {
+        v.tdims.push_back(tdims[i]);
+        v.sizes.push_back(ext[i]);
+        v.strides.push_back(a.strides[i]);
+      }
+  } catch (const Unsupported& first) {
+    if (!split_view(v, tdims, ext, addr, what)) throw first;
+  }
   if (v.sizes.empty()) v.sizes = {1}, v.strides = {1};
+  if (!base_coordinates(v)) cannot(fmt::format("{}: base offset {} is no sum of its strides", what, v.base));
   for (const View& o : views_list_)
     if (o.global == v.global && o.base == v.base && o.sizes == v.sizes && o.strides == v.strides && o.tdims == v.tdims) return o;
   v.memref = fmt::format("memref<{}x{}>", dims_x(v.sizes), elem_type(v.dtype));
-  std::string ptr = arg_of_global_.at(global);
-  if (v.base != 0) {
-    const std::string b = fresh("base");
-    views_ << fmt::format("    {} = arith.addi {}, {} : index\n", b, ptr, idx(v.base));
-    ptr = b;
-  }
+  const std::string ptr = arg_of_global_.at(global);
   v.name = fresh("view");
   std::vector<std::string> names;
   for (int d : v.tdims) names.push_back(t_.dims[static_cast<size_t>(d)].name);
-  views_ << fmt::format("    // {}: {} over [{}]\n", v.name, mlir_comment_text(what), list(names));
+  views_ << fmt::format("    // {}: {} over [{}]{}\n", v.name, mlir_comment_text(what), list(names),
+                        v.base ? fmt::format(", from element {} (coordinates [{}]{})", v.base, list(v.coord),
+                                             v.lead >= 0 ? fmt::format(", and {} along a leading stride-1 dim", v.lead) : "")
+                               : "");
   views_ << fmt::format("    {} = ktdp.construct_memory_view {}, sizes: [{}], strides: [{}] {{\n", v.name, ptr, list(v.sizes),
                         list(v.strides));
   views_ << fmt::format("      coordinate_set = {}, memory_space = #ktdp.spyre_memory_space<HBM>\n", box_set(v.sizes));
@@ -319,20 +415,181 @@ const View& FuncEmitter::view(int global, const std::vector<int>& tdims,
   return views_list_.back();
 }
 
+// Every tile of dim d (each core's slice from c·slice, whole tiles then the partial one) lies within one
+// block of f elements or covers whole blocks.
+bool FuncEmitter::tiles_within(int d, int64_t f) const {
+  const Dim& dm = t_.dims[static_cast<size_t>(d)];
+  for (int64_t c = 0; c < dm.split; ++c) {
+    const int64_t lo = c * dm.slice, hi = std::min(dm.size, lo + dm.slice);
+    for (int64_t t0 = lo; t0 < hi; t0 += dm.tile) {
+      const int64_t n = std::min(dm.tile, hi - t0);
+      if (!(t0 % f + n <= f || (t0 % f == 0 && n % f == 0))) return false;
+    }
+  }
+  return true;
+}
+
+// A view affine over the tile dims once one of them is split into (x / f, x % f), f a divisor of its
+// extent whose blocks no tile crosses; fills v (tdims, sizes, strides, base, split) and returns true,
+// or false when no such split exists.
+bool FuncEmitter::split_view(View& v, const std::vector<int>& tdims, const std::vector<int64_t>& ext,
+                             const std::function<int64_t(const std::vector<int64_t>&)>& addr, const std::string& what) {
+  // first a split no tile crosses; else one whose crossing tiles go row by row (small tiles only)
+  for (int pass = 0; pass < 2; ++pass)
+  for (size_t i = 0; i < tdims.size(); ++i)
+    for (int64_t f = 2; f < ext[i]; ++f) {
+      if (ext[i] % f != 0) continue;
+      const bool within = tiles_within(tdims[i], f);
+      if (pass == 0 ? !within : (within || t_.dims[static_cast<size_t>(tdims[i])].tile > 64)) continue;
+      std::vector<int64_t> e2;
+      for (size_t j = 0; j < ext.size(); ++j) {
+        if (j == i) e2.push_back(ext[i] / f), e2.push_back(f);
+        else e2.push_back(ext[j]);
+      }
+      Affine a;
+      try {
+        a = fit(e2, [&](const std::vector<int64_t>& y) {
+          std::vector<int64_t> x;
+          for (size_t j = 0, k = 0; j < ext.size(); ++j, ++k) {
+            if (j == i) x.push_back(y[k] * f + y[k + 1]), ++k;
+            else x.push_back(y[k]);
+          }
+          return addr(x);
+        }, what);
+      } catch (const Unsupported&) {
+        continue;
+      }
+      v.base = a.base;
+      v.per_row = pass == 1;
+      for (size_t j = 0, k = 0; j < ext.size(); ++j, ++k) {
+        if (j == i) {
+          v.split_at = static_cast<int>(v.sizes.size());
+          v.split_f = f;
+          v.tdims.push_back(tdims[j]);
+          v.sizes.push_back(ext[j] / f), v.strides.push_back(a.strides[k]);
+          v.sizes.push_back(f), v.strides.push_back(a.strides[k + 1]);
+          ++k;
+        } else if (ext[j] > 1 && a.strides[k] != 0) {
+          v.tdims.push_back(tdims[j]);
+          v.sizes.push_back(ext[j]);
+          v.strides.push_back(a.strides[k]);
+        }
+      }
+      return true;
+    }
+  return false;
+}
+
+void FuncEmitter::access(const View& v, std::vector<std::string>& at, std::vector<int64_t>& tile, std::vector<int64_t>& dense,
+                         int64_t only) {
+  size_t vd = 0;  // view dim (the lead dim not counted)
+  auto plus = [&](const std::string& x, int64_t c) {
+    if (c == 0) return x;
+    const std::string r = fresh("at");
+    line(fmt::format("{} = arith.addi {}, {} : index", r, x, idx(c)));
+    return r;
+  };
+  if (v.lead >= 0) at.push_back(idx(v.lead)), tile.push_back(1);
+  for (size_t i = 0; i < v.tdims.size(); ++i) {
+    const int d = v.tdims[i];
+    const int64_t n = tile_ext_[static_cast<size_t>(d)];
+    dense.push_back(n);
+    if (static_cast<int>(vd) == v.split_at) {
+      const int64_t f = v.split_f;
+      const std::string hi = fresh("blk"), lo = fresh("in");
+      const std::string start = only >= 0 ? plus(offset_[static_cast<size_t>(d)], only) : offset_[static_cast<size_t>(d)];
+      line(fmt::format("{} = arith.divsi {}, {} : index", hi, start, idx(f)));
+      line(fmt::format("{} = arith.remsi {}, {} : index", lo, start, idx(f)));
+      at.push_back(plus(hi, v.coord.at(vd)));
+      at.push_back(plus(lo, v.coord.at(vd + 1)));
+      if (only >= 0) dense.back() = 1, tile.push_back(1), tile.push_back(1);
+      else if (n <= f) tile.push_back(1), tile.push_back(n);
+      else tile.push_back(n / f), tile.push_back(f);
+      vd += 2;
+    } else {
+      at.push_back(plus(offset_[static_cast<size_t>(d)], v.coord.at(vd)));
+      tile.push_back(n);
+      vd += 1;
+    }
+  }
+  if (v.tdims.empty()) at.push_back(idx(v.coord.at(0))), tile.push_back(1), dense.push_back(1);
+}
+
 // Loads the current tile of `v` and returns it as a tensor over the tile dims `compute` (dims the view
 // lacks broadcast, extent-1 dims it has but `compute` lacks collapsed) in `compute_dtype`.
-std::string FuncEmitter::load(const View& v, const std::vector<int>& compute, DType compute_dtype) {
+// The reassociation between the view's access tile (a lead dim, a split pair) and the dense tile of
+// `rank` dims, as tensor.collapse_shape / expand_shape write it.
+static std::string regroup(const View& v, size_t rank) {
+  std::vector<std::string> gs;
+  int64_t j = 0;  // access tile dim
+  int nl = 0;     // view dim, the lead not counted
+  for (size_t i = 0; i < rank; ++i) {
+    std::vector<int64_t> g;
+    if (i == 0 && v.lead >= 0) g.push_back(j++);
+    if (nl == v.split_at) g.push_back(j++), g.push_back(j++), nl += 2;
+    else g.push_back(j++), nl += 1;
+    std::string t;
+    for (size_t k = 0; k < g.size(); ++k) t += (k ? ", " : "") + std::to_string(g[k]);
+    gs.push_back("[" + t + "]");
+  }
+  std::string r;
+  for (size_t i = 0; i < gs.size(); ++i) r += (i ? ", " : "") + gs[i];
+  return r;
+}
+
+// The split dim's position among v.tdims (per_row views).
+static size_t split_tdim(const View& v) {
+  size_t vd = 0;
+  for (size_t i = 0; i < v.tdims.size(); ++i) {
+    if (static_cast<int>(vd) == v.split_at) return i;
+    vd += 1;
+  }
+  return v.tdims.size();
+}
+
+std::string FuncEmitter::load_access(const View& v, int64_t only, std::vector<int64_t>& tile) {
   std::vector<std::string> at;
-  std::vector<int64_t> tile;
-  for (int d : v.tdims) at.push_back(offset_[static_cast<size_t>(d)]), tile.push_back(tile_ext_[static_cast<size_t>(d)]);
-  if (v.tdims.empty()) at.push_back(idx(0)), tile.push_back(1);
-  const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(tile));
+  std::vector<int64_t> vtile;
+  access(v, at, vtile, tile, only);
+  const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(vtile));
   const std::string acc = fresh("tile");
   line(fmt::format("{} = ktdp.construct_access_tile {}[{}] {{", acc, v.name, list(at)));
-  line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(tile), identity_map(tile.size())));
+  line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(vtile), identity_map(vtile.size())));
   line(fmt::format("}} : {} -> {}", v.memref, at_ty));
   std::string x = fresh("ld");
-  line(fmt::format("{} = ktdp.load {} : {} -> {}", x, acc, at_ty, tensor_ty(tile, v.dtype)));
+  line(fmt::format("{} = ktdp.load {} : {} -> {}", x, acc, at_ty, tensor_ty(vtile, v.dtype)));
+  if (vtile.size() != tile.size()) {  // the split dim's pair (and a lead dim) back into one dim
+    const std::string c = fresh("ld");
+    line(fmt::format("{} = tensor.collapse_shape {} [{}] : {} into {}", c, x, regroup(v, tile.size()), tensor_ty(vtile, v.dtype),
+                     tensor_ty(tile, v.dtype)));
+    x = c;
+  }
+  return x;
+}
+
+std::string FuncEmitter::load(const View& v, const std::vector<int>& compute, DType compute_dtype) {
+  std::vector<int64_t> tile;
+  std::string x;
+  if (!v.per_row) {
+    x = load_access(v, -1, tile);
+  } else {
+    // row by row into the whole tile
+    for (int d : v.tdims) tile.push_back(tile_ext_[static_cast<size_t>(d)]);
+    const size_t sd = split_tdim(v);
+    x = fresh("rows");
+    line(fmt::format("{} = tensor.empty() : {}", x, tensor_ty(tile, v.dtype)));
+    for (int64_t j = 0; j < tile[sd]; ++j) {
+      std::vector<int64_t> one;
+      const std::string r = load_access(v, j, one);
+      std::vector<std::string> off, sz, st;
+      for (size_t i = 0; i < tile.size(); ++i)
+        off.push_back(i == sd ? std::to_string(j) : "0"), sz.push_back(std::to_string(one[i])), st.push_back("1");
+      const std::string y = fresh("rows");
+      line(fmt::format("{} = tensor.insert_slice {} into {}[{}] [{}] [{}] : {} into {}", y, r, x, list(off), list(sz), list(st),
+                       tensor_ty(one, v.dtype), tensor_ty(tile, v.dtype)));
+      x = y;
+    }
+  }
   // keep the view dims that are compute dims
   std::vector<int64_t> kept;
   std::vector<int> kept_dims;
@@ -403,13 +660,15 @@ std::string FuncEmitter::load(const View& v, const std::vector<int>& compute, DT
 }
 
 // Stores `value` (a tensor over compute_ in value_dtype) into the current tile of `v`.
-void FuncEmitter::store(const View& v, const std::string& value, DType value_dtype) {
-  std::vector<int64_t> full = shape(false);
-  std::vector<std::string> at;
+void FuncEmitter::store(const View& v, const std::string& value, DType value_dtype, bool row) {
+  v.stored = true;
+  std::vector<int64_t> full = shape(row);
   std::vector<int64_t> tile;
-  for (int d : v.tdims) at.push_back(offset_[static_cast<size_t>(d)]), tile.push_back(tile_ext_[static_cast<size_t>(d)]);
   if (v.tdims.empty()) cannot("a store of a single element over the whole tile");
-  for (int d : compute_)
+  for (int d : v.tdims) tile.push_back(tile_ext_[static_cast<size_t>(d)]);
+  std::vector<int> cdims = compute_;
+  if (row) cdims.pop_back();
+  for (int d : cdims)
     if (std::find(v.tdims.begin(), v.tdims.end(), d) == v.tdims.end() && tile_ext_[static_cast<size_t>(d)] > 1)
       cannot(fmt::format("a store that does not index dim {}", t_.dims[static_cast<size_t>(d)].name));
   std::string x = value;
@@ -458,12 +717,37 @@ void FuncEmitter::store(const View& v, const std::string& value, DType value_dty
       line(fmt::format("{} = tensor.collapse_shape {} [] : {} into {}", c, flat, tensor_ty({n}, v.dtype), tensor_ty(tile, v.dtype)));
     x = tile.size() != 1 ? c : flat;
   }
-  const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(tile));
+  if (!v.per_row) return store_access(v, x, -1);
+  const size_t sd = split_tdim(v);
+  for (int64_t j = 0; j < tile[sd]; ++j) {  // row by row out of the whole tile
+    std::vector<int64_t> one = tile;
+    one[sd] = 1;
+    std::vector<std::string> off, sz, st;
+    for (size_t i = 0; i < tile.size(); ++i)
+      off.push_back(i == sd ? std::to_string(j) : "0"), sz.push_back(std::to_string(one[i])), st.push_back("1");
+    const std::string r = fresh("row");
+    line(fmt::format("{} = tensor.extract_slice {}[{}] [{}] [{}] : {} to {}", r, x, list(off), list(sz), list(st),
+                     tensor_ty(tile, v.dtype), tensor_ty(one, v.dtype)));
+    store_access(v, r, j);
+  }
+}
+
+void FuncEmitter::store_access(const View& v, std::string x, int64_t only) {
+  std::vector<std::string> at;
+  std::vector<int64_t> vtile, tile;
+  access(v, at, vtile, tile, only);
+  if (vtile.size() != tile.size()) {  // the split dim as its pair (and a lead dim)
+    const std::string c = fresh("st");
+    line(fmt::format("{} = tensor.expand_shape {} [{}] output_shape [{}] : {} into {}", c, x, regroup(v, tile.size()), list(vtile),
+                     tensor_ty(tile, v.dtype), tensor_ty(vtile, v.dtype)));
+    x = c;
+  }
+  const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(vtile));
   const std::string acc = fresh("tile");
   line(fmt::format("{} = ktdp.construct_access_tile {}[{}] {{", acc, v.name, list(at)));
-  line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(tile), identity_map(tile.size())));
+  line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(vtile), identity_map(vtile.size())));
   line(fmt::format("}} : {} -> {}", v.memref, at_ty));
-  line(fmt::format("ktdp.store {}, {} : {}, {}", x, acc, tensor_ty(tile, v.dtype), at_ty));
+  line(fmt::format("ktdp.store {}, {} : {}, {}", x, acc, tensor_ty(vtile, v.dtype), at_ty));
 }
 
 std::string FuncEmitter::broadcast_row(const std::string& row, DType t) {
@@ -500,13 +784,32 @@ std::string FuncEmitter::value(int id, bool row) {
   } else if (row && !is_row_value) {
     cannot(fmt::format("element value %{} used as a row value", id));
   } else if (in.op == "load") {
-    if (row) cannot("a row-level load");
     const KAccess& acc = k_.accesses.at(static_cast<size_t>(in.access));
-    if (!acc_.empty() && acc.arg == k_.mm.c) {
+    if (row) {
+      // a row value read from memory (a reduction's result stored by an earlier kernel): the view indexes
+      // the target dims but the last compute dim, at its start
+      if (compute_.size() < 2) cannot("a row load in a kernel without rows");
+      auto lit = loaded_.find(-1 - in.access);
+      if (lit != loaded_.end()) {
+        r = lit->second;
+      } else {
+        std::vector<int> dims = target_, cdims = compute_;
+        const size_t drop = static_cast<size_t>(std::find(dims.begin(), dims.end(), compute_.back()) - dims.begin());
+        if (drop < dims.size()) dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(drop));
+        cdims.pop_back();
+        const std::function<int64_t(const std::vector<int64_t>&)> f = [&](const std::vector<int64_t>& x) {
+          std::vector<int64_t> full = x;
+          if (drop < target_.size()) full.insert(full.begin() + static_cast<std::ptrdiff_t>(drop), 0);
+          return access_at(k_, acc, linear_of_(full));
+        };
+        const View& v = view(global_of_arg(acc.arg), dims, f, fmt::format("row access #{} of {}", in.access, k_.name));
+        r = loaded_[-1 - in.access] = load(v, cdims, t);
+      }
+    } else if (!acc_.empty() && acc.arg == (k_.kind == KernelKind::conv ? k_.conv.y : k_.mm.c)) {
       const KAccess& ca = k_.accesses.at(static_cast<size_t>(c_access_));
       if (acc.offset != ca.offset || acc.strides != ca.strides) cannot("the epilogue reads the product through another map than it stores it");
       r = acc_;
-      if (t != DType::f32) cannot("a matmul product read as a non-f32 value");
+      if (t != DType::f32) cannot("a product read as a non-f32 value");
     } else {
       auto lit = loaded_.find(in.access);
       if (lit != loaded_.end()) {
@@ -603,31 +906,64 @@ std::string FuncEmitter::value(int id, bool row) {
 namespace tessel::tile {
 namespace {
 
-void FuncEmitter::open_loops(const std::vector<int>& dims) {
-  for (int d : dims) {
-    const Dim& dm = t_.dims[static_cast<size_t>(d)];
-    if (dm.steps() <= 1) {
-      offset_[static_cast<size_t>(d)] = lo_[static_cast<size_t>(d)];
-      continue;
-    }
-    std::string hi = idx(dm.slice);
-    if (dm.split > 1) {
-      hi = fresh("hi_" + dm.name);
-      line(fmt::format("{} = arith.addi {}, {} : index", hi, lo_[static_cast<size_t>(d)], idx(dm.slice)));
-    }
-    const std::string iv = fresh("i" + dm.name);
-    line(fmt::format("scf.for {} = {} to {} step {} {{", iv, lo_[static_cast<size_t>(d)], hi, idx(dm.tile)));
-    ++depth_;
-    ++loops_open_;
-    offset_[static_cast<size_t>(d)] = iv;
+void FuncEmitter::nest(const std::vector<int>& dims, size_t i, const std::function<void()>& body) {
+  if (i == dims.size()) {
+    // a new region: values of another tile's body are not visible here
+    vals_.clear();
+    loaded_.clear();
+    body();
+    return;
   }
+  const size_t d = static_cast<size_t>(dims[i]);
+  const Dim& dm = t_.dims[d];
+  if (dm.split == 1) return extent_tiles(dims, i, dm.size, body);
+  // cores [0, q) hold a whole slice, core q the rest (if any), cores past it nothing
+  const int64_t q = std::min(dm.split, dm.size / dm.slice), rest = dm.size - q * dm.slice;
+  if (q == dm.split) return extent_tiles(dims, i, dm.slice, body);
+  auto guarded = [&](const char* pred, int64_t core, int64_t extent) {
+    const std::string c = fresh("on_" + dm.name);
+    line(fmt::format("{} = arith.cmpi {}, %tid_{}, {} : index", c, pred, dm.name, idx(core)));
+    line(fmt::format("scf.if {} {{", c));
+    ++depth_;
+    extent_tiles(dims, i, extent, body);
+    --depth_;
+    line("}");
+  };
+  if (q > 0) guarded("slt", q, dm.slice);
+  if (rest > 0) guarded("eq", q, rest);
 }
 
-void FuncEmitter::close_loops(size_t n) {
-  for (size_t i = 0; i < n; ++i) {
+void FuncEmitter::extent_tiles(const std::vector<int>& dims, size_t i, int64_t extent, const std::function<void()>& body) {
+  const size_t d = static_cast<size_t>(dims[i]);
+  const Dim& dm = t_.dims[d];
+  const int64_t T = dm.tile, full = extent / T, tail = extent % T;
+  const std::string& lo = lo_[d];
+  auto start = [&](int64_t off) {
+    if (off == 0) return lo;
+    if (dm.split == 1) return idx(off);
+    const std::string r = fresh("s_" + dm.name);
+    line(fmt::format("{} = arith.addi {}, {} : index", r, lo, idx(off)));
+    return r;
+  };
+  tile_ext_[d] = T;
+  if (full == 1) {
+    offset_[d] = lo;
+    nest(dims, i + 1, body);
+  } else if (full > 1) {
+    const std::string hi = start(full * T), iv = fresh("i" + dm.name);
+    line(fmt::format("scf.for {} = {} to {} step {} {{", iv, lo, hi, idx(T)));
+    ++depth_;
+    offset_[d] = iv;
+    nest(dims, i + 1, body);
     line("scf.yield");
     --depth_;
     line("}");
+  }
+  if (tail > 0) {
+    tile_ext_[d] = tail;
+    offset_[d] = start(full * T);
+    nest(dims, i + 1, body);
+    tile_ext_[d] = T;
   }
 }
 
@@ -635,15 +971,24 @@ void FuncEmitter::emit_body_stores() {
   for (size_t i = 0; i < k_.body.size(); ++i) {
     const KInstr& in = k_.body[i];
     if (in.op != "store") continue;
-    if (in.row) cannot("a row-level store");
     const KAccess& acc = k_.accesses.at(static_cast<size_t>(in.access));
     const int g = global_of_arg(acc.arg);
+    // a row store (a reduction's result) indexes the target dims but the last compute dim, at its start
+    std::vector<int> dims = target_;
+    size_t drop = dims.size();
+    if (in.row) {
+      if (compute_.size() < 2) cannot("a row store in a kernel without rows");
+      drop = static_cast<size_t>(std::find(dims.begin(), dims.end(), compute_.back()) - dims.begin());
+      if (drop < dims.size()) dims.erase(dims.begin() + static_cast<std::ptrdiff_t>(drop));
+    }
     const std::function<int64_t(const std::vector<int64_t>&)> f = [&](const std::vector<int64_t>& x) {
-      return access_at(k_, acc, linear_of_(x));
+      std::vector<int64_t> full = x;
+      if (drop < target_.size()) full.insert(full.begin() + static_cast<std::ptrdiff_t>(drop), 0);
+      return access_at(k_, acc, linear_of_(full));
     };
-    const View& v = view(g, target_, f, fmt::format("access #{} of {}", in.access, k_.name));
-    const std::string x = value(in.args.at(0), false);
-    store(v, x, k_.body.at(static_cast<size_t>(in.args.at(0))).dtype);
+    const View& v = view(g, dims, f, fmt::format("access #{} of {}", in.access, k_.name));
+    const std::string x = value(in.args.at(0), in.row);
+    store(v, x, k_.body.at(static_cast<size_t>(in.args.at(0))).dtype, in.row);
   }
 }
 
@@ -661,17 +1006,248 @@ std::string FuncEmitter::emit_vector() {
   compute_ = {p, e};
   linear_of_ = [=](const std::vector<int64_t>& x) { return inner ? x[1] * P + x[0] : x[0] * E + x[1]; };
   if (inner && E > 1) cannot("a pointwise kernel split along its innermost dim with more than one element per point");
-  open_loops(t_.order);
-  emit_body_stores();
-  close_loops(loops_open_);
+  nest(t_.order, 0, [&] { emit_body_stores(); });
   return "vector";
+}
+
+// A re-layout copy: the matmul operand it feeds, read through that matmul's strides ([batch, rows,
+// cols] with a non-unit innermost stride), written dense. Within one matrix the source is affine over
+// (p, e); across matrices it is not, so then the source is a 3-D view (matrix, row, col) and every
+// tile must lie within one matrix or cover whole ones.
+std::string FuncEmitter::emit_relayout() {
+  const int p = dim_index("p"), e = dim_index("e");
+  const Dim& dp = t_.dims[static_cast<size_t>(p)];
+  const Dim& de = t_.dims[static_cast<size_t>(e)];
+  if (de.split != 1 || de.tile != de.size) cannot("the e dim is split or tiled");
+  int gin = -1, gout = -1;
+  for (const Operand& op : t_.operands) (op.out ? gout : gin) = op.global;
+  std::string role;
+  for (const TileKernel& c : p_.kernels)
+    for (const Operand& op : c.operands)
+      if (c.kind == TileKind::matmul && op.global == gout) role = op.role;
+  if (gin < 0 || gout < 0 || (role != "a" && role != "b"))
+    throw Error(Location{.node = t_.node, .pass = "ktir"}, fmt::format("re-layout copy {} feeds no matmul operand", t_.name));
+  const MatmulSpec& mm = k_.mm;
+  const bool a = role == "a";
+  const int64_t batch = mm.batch, rows = a ? mm.m : mm.k, cols = a ? mm.k : mm.n;
+  const int64_t off = a ? mm.a_offset : mm.b_offset, sb = a ? mm.a_batch : mm.b_batch, sr = a ? mm.a_m : mm.b_k,
+                se = a ? mm.a_k : mm.b_n;
+  if (dp.size != batch * rows || de.size != cols)
+    throw Error(Location{.node = t_.node, .pass = "ktir"},
+                fmt::format("re-layout copy {}: p {} x e {} is not the operand's {}x{}x{}", t_.name, dp.size, de.size, batch, rows, cols));
+  const DType dt = p_.globals[static_cast<size_t>(gout)].dtype;
+  if (p_.globals[static_cast<size_t>(gin)].dtype != dt) cannot("a re-layout copy between device dtypes");
+  target_ = {p, e};
+  compute_ = {p, e};
+  linear_of_ = [=](const std::vector<int64_t>& x) { return x[0] * cols + x[1]; };
+  const View& dst = view(gout, {p, e}, linear_of_, "the dense copy");
+  auto src_at = [=](int64_t bi, int64_t r, int64_t c) { return off + sb * bi + sr * r + se * c; };
+  if (batch == 1 || sb == rows * sr) {
+    const View& src = view(gin, {p, e}, [&](const std::vector<int64_t>& x) { return src_at(x[0] / rows, x[0] % rows, x[1]); },
+                           fmt::format("matmul {} as it reads it", role));
+    nest(t_.order, 0, [&] { store(dst, load(src, compute_, dt), dt); });
+    return "relayout";
+  }
+  // every tile (core c's slice from c·slice, tiles of `tile`, the last partial) within one matrix or whole ones
+  for (int64_t c = 0; c < dp.split; ++c) {
+    const int64_t lo = c * dp.slice, hi = std::min(dp.size, lo + dp.slice);
+    for (int64_t t0 = lo; t0 < hi; t0 += dp.tile) {
+      const int64_t n = std::min(dp.tile, hi - t0);
+      if (!(t0 % rows + n <= rows || (t0 % rows == 0 && n % rows == 0)))
+        cannot(fmt::format("a tile of rows [{}, {}) crosses a matrix boundary (matrices of {} rows)", t0, t0 + n, rows));
+    }
+  }
+  const Global& g = p_.globals.at(static_cast<size_t>(gin));
+  const Layout lay(g);
+  const std::string what = fmt::format("matmul {} as it reads it, per matrix", role);
+  const Affine af = fit({batch, rows, cols}, [&](const std::vector<int64_t>& x) { return lay.at(src_at(x[0], x[1], x[2])); }, what);
+  View v;
+  v.global = gin;
+  v.what = what;
+  v.base = af.base;
+  v.dtype = dt;
+  v.sizes = {batch, rows, cols};
+  v.strides = af.strides;
+  if (!base_coordinates(v) || v.lead >= 0) cannot(fmt::format("{}: base offset {} is no sum of its strides", what, v.base));
+  v.memref = fmt::format("memref<{}x{}>", dims_x(v.sizes), elem_type(dt));
+  v.name = fresh("view");
+  views_ << fmt::format("    // {}: {} over [matrix, row, col]{}\n", v.name, mlir_comment_text(what),
+                        v.base ? fmt::format(", from element {} (coordinates [{}])", v.base, list(v.coord)) : "");
+  views_ << fmt::format("    {} = ktdp.construct_memory_view {}, sizes: [{}], strides: [{}] {{\n", v.name, arg_of_global_.at(gin),
+                        list(v.sizes), list(v.strides));
+  views_ << fmt::format("      coordinate_set = {}, memory_space = #ktdp.spyre_memory_space<HBM>\n", box_set(v.sizes));
+  views_ << fmt::format("    }} : {}\n", v.memref);
+  views_list_.push_back(v);
+  const View& src = views_list_.back();
+  nest(t_.order, 0, [&] {
+    const int64_t n = tile_ext_[static_cast<size_t>(p)];
+    const std::string& p0 = offset_[static_cast<size_t>(p)];
+    const std::string bi = fresh("mat"), r0 = fresh("row");
+    line(fmt::format("{} = arith.divsi {}, {} : index", bi, p0, idx(rows)));
+    line(fmt::format("{} = arith.remsi {}, {} : index", r0, p0, idx(rows)));
+    const std::vector<int64_t> tile = n <= rows ? std::vector<int64_t>{1, n, cols} : std::vector<int64_t>{n / rows, rows, cols};
+    std::vector<std::string> at = {bi, r0, idx(0)};
+    for (size_t i = 0; i < 3; ++i)
+      if (src.coord[i] != 0) {
+        const std::string r = fresh("at");
+        line(fmt::format("{} = arith.addi {}, {} : index", r, at[i], idx(src.coord[i])));
+        at[i] = r;
+      }
+    const std::string at_ty = fmt::format("!ktdp.access_tile<{}xindex>", dims_x(tile));
+    const std::string acc = fresh("tile"), x = fresh("ld"), c = fresh("ld");
+    line(fmt::format("{} = ktdp.construct_access_tile {}[{}] {{", acc, src.name, list(at)));
+    line(fmt::format("  access_tile_set = {}, access_tile_order = {}", box_set(tile), identity_map(3)));
+    line(fmt::format("}} : {} -> {}", src.memref, at_ty));
+    line(fmt::format("{} = ktdp.load {} : {} -> {}", x, acc, at_ty, tensor_ty(tile, dt)));
+    line(fmt::format("{} = tensor.collapse_shape {} [[0, 1], [2]] : {} into {}", c, x, tensor_ty(tile, dt), tensor_ty({n, cols}, dt)));
+    store(dst, c, dt);
+  });
+  return "relayout";
+}
+
+// A convolution whose im2col is a plain matrix (1x1 window, stride 1, no padding, one group): the matmul
+// of x's pixels [s, c] by the weights [c, oc], accumulated over r = c in f32, then the epilogue. Operand
+// views go by logical index through each global's declaration (NHWC activations, [C, KH, KW, OC] weights).
+std::string FuncEmitter::emit_conv() {
+  const ConvSpec& c = k_.conv;
+  // A window without padding is a sum over its taps of 1x1 convolutions of strided input views (the
+  // im2col of one tap is affine over (n, s split into rows and columns, c)); padding needs masked loads.
+  if (c.pad_top || c.pad_left || c.pad_bottom || c.pad_right || c.dil_h != 1 || c.dil_w != 1 || c.groups != 1 || c.kh * c.kw > 64)
+    cannot(fmt::format("convolution {}x{} stride {} pad {} groups {}: only windows without padding, of one group, are exported",
+                       c.kh, c.kw, c.stride_h, c.pad_top, c.groups));
+  const int64_t window = c.kh * c.kw;
+  const int n = dim_index("n"), oc = dim_index("oc"), sd = dim_index("s"), r = dim_index("r");
+  const Dim& dr = t_.dims[static_cast<size_t>(r)];
+  if (dr.split > 1) cannot(fmt::format("the reduction is split over {} cores", dr.split));
+  if (t_.dims[static_cast<size_t>(n)].tile != 1) cannot("batch tiles of more than one image");
+  if (t_.order.empty() || t_.order.back() != r) cannot("a loop order without r innermost");
+  const int gx = global_of_arg(c.x), gw = global_of_arg(c.w), gy = global_of_arg(c.y);
+  const int64_t S = c.oh * c.ow, C = c.c, OC = c.oc;
+  if (dr.size != C * window || dr.tile % window != 0) cannot("reduction tiles that are not whole input channels");
+  // per tap (kh, kw): x over (n, s, channel), w over (channel, oc), by logical index
+  const std::vector<int64_t> xext = {t_.dims[static_cast<size_t>(n)].size, S, C}, wext = {C, OC};
+  std::vector<const View*> vxs, vws;
+  for (int64_t kh = 0; kh < c.kh; ++kh)
+    for (int64_t kw = 0; kw < c.kw; ++kw) {
+      const std::string tap = window > 1 ? fmt::format(", tap ({}, {})", kh, kw) : "";
+      vxs.push_back(&view(gx, {n, sd, r}, [&](const std::vector<int64_t>& x) {
+        const int64_t oh = x[1] / c.ow, ow = x[1] % c.ow;
+        return ((x[0] * C + x[2]) * c.h + oh * c.stride_h + kh) * c.wd + ow * c.stride_w + kw;
+      }, "conv x" + tap, true, &xext));
+      vws.push_back(&view(gw, {r, oc}, [&](const std::vector<int64_t>& x) { return (x[1] * C + x[0]) * window + kh * c.kw + kw; },
+                          "conv w" + tap, true, &wext));
+    }
+  // the epilogue's loop space: invert the store of y (its offsets are y's dense physical layout)
+  auto phys_y = [&](int64_t b, int64_t o, int64_t p) { return c.y_nhwc ? (b * S + p) * OC + o : (b * OC + o) * S + p; };
+  if (!k_.body.empty()) {
+    int ya = -1;
+    for (const KInstr& in : k_.body)
+      if (in.op == "store" && k_.accesses.at(static_cast<size_t>(in.access)).arg == c.y) ya = in.access;
+    if (ya < 0) cannot("an epilogue that does not store the convolution's result");
+    c_access_ = ya;
+    const KAccess& acc = k_.accesses[static_cast<size_t>(ya)];
+    std::vector<int64_t> ext = k_.outer;
+    ext.insert(ext.end(), k_.inner.begin(), k_.inner.end());
+    std::vector<size_t> by(ext.size());
+    for (size_t i = 0; i < by.size(); ++i) by[i] = i;
+    std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return acc.strides[a] > acc.strides[b]; });
+    linear_of_ = [=](const std::vector<int64_t>& x) {
+      int64_t rest = phys_y(x[0], x[2], x[1]) - acc.offset, lin = 0;
+      std::vector<int64_t> idx(ext.size(), 0);
+      for (size_t d : by)
+        if (acc.strides[d] > 0) idx[d] = rest / acc.strides[d], rest -= idx[d] * acc.strides[d];
+      for (size_t d = 0; d < ext.size(); ++d) lin = lin * ext[d] + idx[d];
+      return lin;
+    };
+    // the inverse must be one: every output element found again
+    for (int64_t b = 0; b < c.n; ++b)
+      for (int64_t p : {int64_t{0}, S - 1})
+        for (int64_t o : {int64_t{0}, OC - 1})
+          if (access_at(k_, acc, linear_of_({b, p, o})) != phys_y(b, o, p)) cannot("an epilogue whose loop space is not the result's");
+  } else {
+    linear_of_ = [=](const std::vector<int64_t>& x) { return phys_y(x[0], x[2], x[1]); };
+  }
+  target_ = {n, sd, oc};
+  compute_ = {sd, oc};
+  const DType dtx = p_.globals[static_cast<size_t>(gx)].dtype, dtw = p_.globals[static_cast<size_t>(gw)].dtype;
+  const size_t ks = static_cast<size_t>(sd), ko = static_cast<size_t>(oc), kr = static_cast<size_t>(r);
+  const std::vector<int> outer(t_.order.begin(), t_.order.end() - 1);
+  nest(outer, 0, [&] {
+    const int64_t ts = tile_ext_[ks], to = tile_ext_[ko];
+    const std::string acc_ty = tensor_ty({ts, to}, DType::f32);
+    const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
+    line(fmt::format("{} = arith.constant 0.000000000e+00 : f32", z));
+    line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
+    line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
+    auto product = [&](const std::string& into) {
+      // the r tile as whole channels: its channel offset and count stand in for r while the taps load
+      const std::string r_off = offset_[kr];
+      const int64_t r_ext = tile_ext_[kr], tc = r_ext / window;
+      std::string ch = r_off;
+      if (window > 1) {
+        ch = fresh("ch");
+        line(fmt::format("{} = arith.divsi {}, {} : index", ch, r_off, idx(window)));
+      }
+      offset_[kr] = ch;
+      tile_ext_[kr] = tc;
+      std::string res = into;
+      for (size_t tap = 0; tap < vxs.size(); ++tap) {
+        const std::string at = load(*vxs[tap], {sd, r}, dtx), bt = load(*vws[tap], {r, oc}, dtw);
+        const std::string m = fresh("mm");
+        line(fmt::format("{} = linalg.matmul ins({}, {} : {}, {}) outs({} : {}) -> {}", m, at, bt, tensor_ty({ts, tc}, dtx),
+                         tensor_ty({tc, to}, dtw), res, acc_ty, acc_ty));
+        res = m;
+      }
+      offset_[kr] = r_off;
+      tile_ext_[kr] = r_ext;
+      return res;
+    };
+    const int64_t full = dr.size / dr.tile, tail = dr.size % dr.tile;
+    std::string acc = a0;
+    tile_ext_[kr] = dr.tile;
+    if (full == 1) {
+      offset_[kr] = lo_[kr];
+      acc = product(acc);
+    } else if (full > 1) {
+      const std::string res = fresh("acc"), iv = fresh("ir"), it = fresh("acc_in");
+      line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", res, iv, lo_[kr], idx(full * dr.tile),
+                       idx(dr.tile), it, acc, acc_ty));
+      ++depth_;
+      offset_[kr] = iv;
+      line(fmt::format("scf.yield {} : {}", product(it), acc_ty));
+      --depth_;
+      line("}");
+      acc = res;
+    }
+    if (tail > 0) {
+      tile_ext_[kr] = tail;
+      offset_[kr] = idx(full * dr.tile);
+      acc = product(acc);
+      tile_ext_[kr] = dr.tile;
+    }
+    acc_ = acc;
+    vals_.clear();
+    loaded_.clear();
+    if (k_.body.empty()) {
+      const View& vy = view(gy, target_, [&](const std::vector<int64_t>& x) { return (x[0] * OC + x[2]) * S + x[1]; }, "conv y", true);
+      store(vy, acc_, DType::f32);
+    } else {
+      emit_body_stores();
+    }
+  });
+  return "conv";
 }
 
 std::string FuncEmitter::emit_matmul() {
   const MatmulSpec& mm = k_.mm;
   const int b = dim_index("b"), m = dim_index("m"), n = dim_index("n"), kd = dim_index("k");
   const Dim& dk = t_.dims[static_cast<size_t>(kd)];
-  if (dk.split > 1) cannot(fmt::format("K is split over {} cores (the partial sums need ktdp.inter_tile_reduce)", dk.split));
+  // A K split: each core's partial sum over its slice of k, summed across the cores of its group with
+  // ktdp.inter_tile_produce / inter_tile_reduce (ktir-cpu's reduce path), stored by the group's first core.
+  // k is the last split dim, so (ktir-cpu numbering cores with the first grid dim fastest) the cores of a
+  // group are g + j·G, G the product of the other splits.
+  if (dk.split > 1 && dk.split * dk.slice != dk.size) cannot(fmt::format("an uneven K split ({} over {} cores x {})", dk.size, dk.split, dk.slice));
+  if (dk.split > 1 && dk.slice % dk.tile != 0) cannot("a K split whose slices end in a partial tile");
   if (t_.dims[static_cast<size_t>(b)].tile != 1) cannot("batch tiles of more than one matrix");
   if (t_.order.empty() || t_.order.back() != kd) cannot("a loop order without k innermost");
   // An operand the mapper re-laid out (TileKind::relayout) is read from its dense copy.
@@ -691,58 +1267,120 @@ std::string FuncEmitter::emit_matmul() {
     return mm.b_offset + mm.b_batch * x[0] + mm.b_k * x[1] + mm.b_n * x[2];
   }, "matmul B");
   const std::vector<int> outer(t_.order.begin(), t_.order.end() - 1);
-  open_loops(outer);
-  const int64_t tm = tile_ext_[static_cast<size_t>(m)], tn = tile_ext_[static_cast<size_t>(n)], tk = tile_ext_[static_cast<size_t>(kd)];
-  const std::string acc_ty = tensor_ty({tm, tn}, DType::f32);
-  const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
-  line(fmt::format("{} = arith.constant 0.000000000e+00 : f32", z));
-  line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
-  line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
   const DType dta = p_.globals[static_cast<size_t>(ga)].dtype, dtb = p_.globals[static_cast<size_t>(gb)].dtype;
-  auto product = [&](const std::string& into) {
-    const std::string at = load(va, {m, kd}, dta), bt = load(vb, {kd, n}, dtb);
-    const std::string r = fresh("mm");
-    line(fmt::format("{} = linalg.matmul ins({}, {} : {}, {}) outs({} : {}) -> {}", r, at, bt, tensor_ty({tm, tk}, dta),
-                     tensor_ty({tk, tn}, dtb), into, acc_ty, acc_ty));
-    return r;
+  const size_t km = static_cast<size_t>(m), kn = static_cast<size_t>(n), kk = static_cast<size_t>(kd);
+  // One (b, m, n) tile, whole or partial: the k tiles accumulated in f32, then the epilogue or the store.
+  auto tile_body = [&] {
+    const int64_t tm = tile_ext_[km], tn = tile_ext_[kn];
+    const std::string acc_ty = tensor_ty({tm, tn}, DType::f32);
+    const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
+    line(fmt::format("{} = arith.constant 0.000000000e+00 : f32", z));
+    line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
+    line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
+    auto product = [&](const std::string& into) {
+      const int64_t tk = tile_ext_[kk];
+      const std::string at = load(va, {m, kd}, dta), bt = load(vb, {kd, n}, dtb);
+      loaded_.clear();  // the next k tile loads its own
+      const std::string r = fresh("mm");
+      line(fmt::format("{} = linalg.matmul ins({}, {} : {}, {}) outs({} : {}) -> {}", r, at, bt, tensor_ty({tm, tk}, dta),
+                       tensor_ty({tk, tn}, dtb), into, acc_ty, acc_ty));
+      return r;
+    };
+    // k: the whole tiles in a loop carrying the accumulator, the partial one after it
+    const int64_t kext = dk.split > 1 ? dk.slice : dk.size;
+    const int64_t full = kext / dk.tile, tail = kext % dk.tile;
+    std::string acc = a0;
+    tile_ext_[kk] = dk.tile;
+    if (full == 1) {
+      offset_[kk] = lo_[kk];
+      acc = product(acc);
+    } else if (full > 1) {
+      const std::string r = fresh("acc"), iv = fresh("ik"), it = fresh("acc_in");
+      std::string hi = idx(full * dk.tile);
+      if (dk.split > 1) {
+        hi = fresh("hi_k");
+        line(fmt::format("{} = arith.addi {}, {} : index", hi, lo_[kk], idx(full * dk.tile)));
+      }
+      line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", r, iv, lo_[kk], hi,
+                       idx(dk.tile), it, acc, acc_ty));
+      ++depth_;
+      offset_[kk] = iv;
+      line(fmt::format("scf.yield {} : {}", product(it), acc_ty));
+      --depth_;
+      line("}");
+      acc = r;
+    }
+    if (tail > 0) {
+      tile_ext_[kk] = tail;
+      offset_[kk] = idx(full * dk.tile);
+      acc = product(acc);
+      tile_ext_[kk] = dk.tile;
+    }
+    if (dk.split > 1) {
+      int64_t G = 1;
+      for (const Dim& d : t_.dims)
+        if (&d != &dk && d.split > 1) G *= d.split;
+      const std::string members = fmt::format("affine_set<(i)[g] : ((i - g) mod {0} == 0, i - g >= 0, -i + g + {1} >= 0)>", G,
+                                              G * (dk.split - 1));
+      const std::string fut_ty = fmt::format("!ktdp.tile_future<{}, groups = affine_set<(g) : (g >= 0, -g + {} >= 0)>>", acc_ty, G - 1);
+      const std::string fut = fresh("partial"), gid = fresh("gid"), ze = fresh("empty"), id = fresh("ident"), red = fresh("sum");
+      line(fmt::format("{} = ktdp.inter_tile_produce producer_tiles_per_group = {} : {} -> {}", fut, members, acc_ty, fut_ty));
+      line("{");
+      line(fmt::format("  ^bb0({}: index):", gid));
+      line(fmt::format("    ktdp.yield_partial {} : {}", acc, acc_ty));
+      line("}");
+      line(fmt::format("{} = tensor.empty() : {}", ze, acc_ty));
+      line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", id, z, ze, acc_ty, acc_ty));
+      line(fmt::format("{} = ktdp.inter_tile_reduce({}) consumer_tiles_per_group = {}, identity({} : {}) : {} -> {}", red, fut, members,
+                       id, acc_ty, fut_ty, acc_ty));
+      line("{");
+      const std::string lhs = fresh("lhs"), rhs = fresh("rhs"), re = fresh("empty"), rs = fresh("rsum");
+      line(fmt::format("  ^bb0({}: {}, {}: {}):", lhs, acc_ty, rhs, acc_ty));
+      line(fmt::format("    {} = tensor.empty() : {}", re, acc_ty));
+      line(fmt::format("    {} = linalg.add ins({}, {} : {}, {}) outs({} : {}) -> {}", rs, lhs, rhs, acc_ty, acc_ty, re, acc_ty, acc_ty));
+      line(fmt::format("    ktdp.yield_reduced {} : {}", rs, acc_ty));
+      line("}");
+      acc = red;
+      const std::string w = fresh("writer");
+      line(fmt::format("{} = arith.cmpi eq, %tid_{}, {} : index", w, dk.name, idx(0)));
+      line(fmt::format("scf.if {} {{", w));
+      ++depth_;
+    }
+    acc_ = acc;
+    vals_.clear();
+    loaded_.clear();
+    struct CloseWriter {  // the writer's scf.if, closed after the epilogue
+      FuncEmitter* f;
+      bool open;
+      ~CloseWriter() {
+        if (open) --f->depth_, f->line("}");
+      }
+    } close_writer{this, dk.split > 1};
+    // epilogue over the product tile (b m n), or the product stored as it is
+    if (k_.body.empty()) {
+      const int gc = global_of_arg(mm.c);
+      const bool contiguous = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
+      const View& vc = view(gc, target_, [&](const std::vector<int64_t>& x) {
+        return contiguous ? linear_of_(x) : mm.c_batch * x[0] + mm.c_m * x[1] + mm.c_n * x[2];
+      }, "matmul C");
+      store(vc, acc_, DType::f32);
+    } else {
+      emit_body_stores();
+    }
   };
-  if (dk.steps() > 1) {
-    acc_ = fresh("acc");
-    const std::string iv = fresh("ik"), it = fresh("acc_in");
-    line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", acc_, iv, lo_[static_cast<size_t>(kd)],
-                     idx(dk.slice), idx(dk.tile), it, a0, acc_ty));
-    ++depth_;
-    offset_[static_cast<size_t>(kd)] = iv;
-    const std::string r = product(it);
-    line(fmt::format("scf.yield {} : {}", r, acc_ty));
-    --depth_;
-    line("}");
-  } else {
-    offset_[static_cast<size_t>(kd)] = lo_[static_cast<size_t>(kd)];
-    acc_ = product(a0);
-  }
-  // epilogue over the product tile (b m n), or the product stored as it is
   target_ = {b, m, n};
   compute_ = {m, n};
   const int64_t B = mm.batch, M = mm.m, N = mm.n;
   linear_of_ = [=](const std::vector<int64_t>& x) { return (x[0] * M + x[1]) * N + x[2]; };
-  if (k_.body.empty()) {
-    const int gc = global_of_arg(mm.c);
-    const bool contiguous = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
-    const View& vc = view(gc, target_, [&](const std::vector<int64_t>& x) {
-      return contiguous ? linear_of_(x) : mm.c_batch * x[0] + mm.c_m * x[1] + mm.c_n * x[2];
-    }, "matmul C");
-    store(vc, acc_, DType::f32);
-  } else {
+  if (!k_.body.empty()) {
     if (k_.outer_count() * k_.inner_count() != B * M * N)
       throw Error(Location{.node = t_.node, .pass = "ktir"},
                   fmt::format("kernel {}: the epilogue's loop space is not the product's {}x{}x{}", k_.name, B, M, N));
     for (size_t i = 0; i < k_.body.size(); ++i)
       if (k_.body[i].op == "store" && k_.accesses.at(static_cast<size_t>(k_.body[i].access)).arg == mm.c) c_access_ = k_.body[i].access;
     if (c_access_ < 0) cannot("an epilogue that does not store the product's buffer");
-    emit_body_stores();
   }
-  close_loops(loops_open_);
+  nest(outer, 0, tile_body);
   return "matmul";
 }
 
@@ -751,9 +1389,11 @@ std::string FuncEmitter::run() {
   for (const Dim& d : t_.dims) {
     if (d.split < 1 || d.slice <= 0 || d.tile <= 0)
       throw Error(Location{.node = t_.node, .pass = "ktir"}, fmt::format("tile kernel {}: dim {} is not mapped", t_.name, d.name));
-    if (d.split * d.slice != d.size || d.slice % d.tile != 0)
-      cannot(fmt::format("partial tiles: dim {} of {} over {} cores x slice {} in tiles of {}", d.name, d.size, d.split, d.slice,
-                         d.tile));
+    // partial tiles, short last slices and idle cores are emitted as such (nest); elements left out are not
+    if (d.split * d.slice < d.size)
+      throw Error(Location{.node = t_.node, .pass = "ktir"},
+                  fmt::format("tile kernel {}: dim {} of {} over {} cores x slice {} in tiles of {} does not cover it", t_.name,
+                              d.name, d.size, d.split, d.slice, d.tile));
   }
   offset_.assign(nd, "");
   lo_.assign(nd, "");
@@ -788,6 +1428,8 @@ std::string FuncEmitter::run() {
       grid.push_back(t_.dims[d].split);
       tids.push_back("%tid_" + t_.dims[d].name);
     }
+  // ktir-cpu's grid has at most three dims
+  if (grid.size() > 3) cannot(fmt::format("a core grid of {} dims", grid.size()));
   std::string tid_line;
   if (grid.empty()) {
     grid = {1};
@@ -805,7 +1447,10 @@ std::string FuncEmitter::run() {
       lo_[d] = idx(0);
     }
   }
-  const std::string kind = t_.kind == TileKind::matmul ? emit_matmul() : emit_vector();
+  const std::string kind = t_.kind == TileKind::matmul     ? emit_matmul()
+                           : t_.kind == TileKind::relayout ? emit_relayout()
+                           : t_.kind == TileKind::conv     ? emit_conv()
+                                                           : emit_vector();
   std::ostringstream out;
   out << fmt::format("  // {}: {} kernel {} of node \"{}\"\n", t_.name, kind, mlir_comment_text(k_.name), mlir_comment_text(t_.node));
   std::vector<std::string> src;
@@ -838,28 +1483,29 @@ KtirExport export_ktir_kernels(const TileProgram& p, const KernelModule& m) {
       e.skipped.push_back(fmt::format("{}: host step \"{}\"", t.name, t.node));
       continue;
     }
-    if (t.kind == TileKind::conv) {
-      e.skipped.push_back(fmt::format("{}: convolution \"{}\" (no KTIR export of conv tiles yet)", t.name, t.node));
-      continue;
-    }
+    int kernel = t.kernel;
     if (t.kind == TileKind::relayout) {
-      e.skipped.push_back(fmt::format("{}: re-layout copy \"{}\" (no KTIR export of re-layouts yet)", t.name, t.node));
-      continue;
+      // a re-layout copy reads its source through the strides of the matmul that reads the copy
+      for (const TileKernel& c : p.kernels)
+        for (const Operand& op : c.operands)
+          if (c.kind == TileKind::matmul && !t.operands.empty() && op.global == t.operands.back().global) kernel = c.kernel;
     }
-    if (t.kernel < 0 || t.kernel >= static_cast<int>(m.kernels.size()))
+    if (kernel < 0 || kernel >= static_cast<int>(m.kernels.size()))
       throw Error(Location{.node = t.node, .pass = "ktir"},
-                  fmt::format("tile kernel {} refers to kernel {} of a module with {}", t.name, t.kernel, m.kernels.size()));
-    const Kernel& k = m.kernels[static_cast<size_t>(t.kernel)];
-    if ((t.kind == TileKind::matmul) != (k.kind == KernelKind::matmul))
+                  fmt::format("tile kernel {} refers to kernel {} of a module with {}", t.name, kernel, m.kernels.size()));
+    const Kernel& k = m.kernels[static_cast<size_t>(kernel)];
+    if ((t.kind == TileKind::matmul || t.kind == TileKind::relayout) != (k.kind == KernelKind::matmul) ||
+        (t.kind == TileKind::conv) != (k.kind == KernelKind::conv))
       throw Error(Location{.node = t.node, .pass = "ktir"},
                   fmt::format("tile kernel {} is {} but kernel {} is {}", t.name, tile_kind_name(t.kind), k.name, kernel_kind_name(k.kind)));
     try {
-      FuncEmitter f(p, m, t, k);
+      FuncEmitter f(p, m, t, k);  // k: for a re-layout copy, the kernel of the matmul it feeds
       KtirKernel kk;
       kk.tile_kernel = t.name;
       kk.node = t.node;
       kk.func = f.run();
       kk.args = f.arg_globals();
+      kk.views = f.views();
       // One module per kernel: ktir-cpu reads one function per module (with several it ran every
       // function with the body of the last one, without an error).
       kk.module = fmt::format("// KTIR (ktdp dialect) exported by tessel: model \"{}\", target {}, {} cores, tile kernel {}\n",
@@ -889,34 +1535,95 @@ std::string export_ktir(const TileProgram& p, const KernelModule& m, std::vector
 
 nlohmann::json ktir_manifest(const TileProgram& p, const KtirExport& e) {
   using nlohmann::json;
+  auto kind_name = [](Global::Kind k) {
+    return k == Global::Kind::input ? "input" : k == Global::Kind::output ? "output" : k == Global::Kind::constant ? "constant" : "temp";
+  };
   auto global_json = [&](int g) {
     const Global& gl = p.globals.at(static_cast<size_t>(g));
-    const char* kind = gl.kind == Global::Kind::input ? "input" : gl.kind == Global::Kind::output ? "output"
-                       : gl.kind == Global::Kind::constant ? "constant" : "temp";
-    return json{{"global", gl.name}, {"kind", kind}, {"dtype", std::string(dtype_name(gl.dtype))},
+    return json{{"global", gl.name}, {"index", g}, {"kind", kind_name(gl.kind)}, {"dtype", std::string(dtype_name(gl.dtype))},
                 {"logical_dtype", std::string(dtype_name(gl.logical))}, {"shape", gl.shape}, {"padded", gl.padded},
                 {"perm", gl.perm}};
   };
   json ks = json::array();
+  std::map<std::string, size_t> exported;
   for (size_t i = 0; i < e.kernels.size(); ++i) {
     const KtirKernel& k = e.kernels[i];
+    exported[k.tile_kernel] = i;
     json args = json::array();
     for (size_t a = 0; a < k.args.size(); ++a) {
       json j = global_json(k.args[a]);
       j["arg"] = fmt::format("arg{}", a);
+      bool stored = false;
+      for (const KtirView& v : k.views) stored = stored || (v.global == k.args[a] && v.stored);
+      j["written"] = stored;
       args.push_back(std::move(j));
     }
     ks.push_back({{"kernel", k.tile_kernel}, {"function", k.tile_kernel}, {"file", ktir_file_name(i, k)}, {"node", k.node},
                   {"args", std::move(args)}});
+  }
+  // every global's declaration: padded DRAM shape in logical dim order, physical order perm (outermost
+  // first; empty: row-major), the innermost physical dim padded
+  json globals = json::array();
+  for (size_t g = 0; g < p.globals.size(); ++g) globals.push_back(global_json(static_cast<int>(g)));
+  // every tile kernel in program order: exported (its file), or not (host steps and the rest, why)
+  std::map<std::string, std::string> why;
+  for (const std::string& s : e.skipped) why[s.substr(0, s.find(':'))] = s;
+  json steps = json::array();
+  for (const TileKernel& t : p.kernels) {
+    json st{{"kernel", t.name}, {"kind", std::string(tile_kind_name(t.kind))}, {"node", t.node}};
+    auto it = exported.find(t.name);
+    if (it != exported.end()) {
+      st["exported"] = true;
+      st["file"] = ktir_file_name(it->second, e.kernels[it->second]);
+    } else {
+      st["exported"] = false;
+      st["reason"] = why.count(t.name) ? why[t.name] : "not exported";
+    }
+    json ins = json::array(), outs = json::array();
+    if (t.kind == TileKind::host) {
+      for (int g : t.host_inputs) ins.push_back(p.globals.at(static_cast<size_t>(g)).name);
+      for (int g : t.host_outputs) outs.push_back(p.globals.at(static_cast<size_t>(g)).name);
+    } else {
+      for (const Operand& o : t.operands)
+        if (o.global >= 0) (o.out ? outs : ins).push_back(p.globals.at(static_cast<size_t>(o.global)).name);
+    }
+    st["reads"] = std::move(ins);
+    st["writes"] = std::move(outs);
+    steps.push_back(std::move(st));
   }
   json ins = json::array(), outs = json::array();
   for (int g : p.inputs) ins.push_back(p.globals.at(static_cast<size_t>(g)).name);
   for (int g : p.outputs) outs.push_back(p.globals.at(static_cast<size_t>(g)).name);
   return {{"model", p.name}, {"target", p.target}, {"cores", p.cores}, {"float_dtype", std::string(dtype_name(p.float_dtype))},
           {"dl16", p.dl16}, {"inputs", ins}, {"outputs", outs}, {"kernels", std::move(ks)}, {"skipped", e.skipped},
-          {"tile_kernels", p.kernels.size()}};
+          {"tile_kernels", p.kernels.size()}, {"globals", std::move(globals)}, {"steps", std::move(steps)}};
 }
 
 std::string ktir_file_name(size_t index, const KtirKernel& k) { return fmt::format("{:02d}-{}.mlir", index, k.tile_kernel); }
+
+int64_t ktir_address(const Global& g, const std::vector<int64_t>& index) {
+  const Layout lay(g);
+  if (index.size() != g.shape.size()) throw Error(Location{.pass = "ktir"}, fmt::format("global '{}': index of rank {}", g.name, index.size()));
+  int64_t a = 0;
+  for (size_t d = 0; d < index.size(); ++d) a += index[d] * lay.pstride[d];
+  return a;
+}
+
+int64_t ktir_logical_at(const Global& g, int64_t address) {
+  const Layout lay(g);
+  if (address < 0) return -1;
+  int64_t logical = 0;
+  std::vector<int64_t> idx(g.shape.size(), 0);
+  for (size_t i = lay.order.size(); i-- > 0;) {
+    const size_t d = lay.order[i];
+    const int64_t p = g.padded[d];
+    idx[d] = address % p;
+    address /= p;
+    if (idx[d] >= g.shape[d]) return -1;
+  }
+  if (address != 0) return -1;
+  for (size_t d = 0; d < idx.size(); ++d) logical = logical * g.shape[d] + idx[d];
+  return logical;
+}
 
 }  // namespace tessel::tile

@@ -8,9 +8,11 @@
 
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessel/kernel/kernel.h"
+#include "tessel/support/tensor.h"
 #include "tessel/tile/tile.h"
 
 namespace tessel::tile {
@@ -23,12 +25,23 @@ std::string export_ktir(const TileProgram& p, const KernelModule& m, std::vector
 
 // The same kernels one module each, the form ktir-cpu (torch-spyre's reference interpreter) reads:
 // it runs one function per module (with several, every function ran the last one's body).
+// A memory view the function reads or writes through (recorded for checks: decoded through its
+// global's declaration, every element it names must be the element the tile level means).
+struct KtirView {
+  int global = -1;
+  std::string what;                // "matmul A", "matmul C", "access #2 of k3", ...
+  bool stored = false;             // a ktdp.store goes through it
+  std::vector<std::string> dims;   // the tile dims of its dims (b m n k, p e)
+  std::vector<int64_t> sizes, strides;  // extents over those dims; strides in padded elements
+  int64_t base = 0;                // padded address of its first element
+};
 struct KtirKernel {
   std::string tile_kernel;  // t3: also the func.func's name
   std::string node;         // the kernel-level node (provenance)
   std::string func;         // the func.func text
   std::string module;       // a complete module holding it, with a comment naming model and target
   std::vector<int> args;    // the globals of %arg0, %arg1, ... (TileProgram::globals)
+  std::vector<KtirView> views;
 };
 struct KtirExport {
   std::vector<KtirKernel> kernels;    // in program order
@@ -40,5 +53,20 @@ KtirExport export_ktir_kernels(const TileProgram& p, const KernelModule& m);
 // shape, padded DRAM shape, physical order), and the skipped kernels with their reasons.
 nlohmann::json ktir_manifest(const TileProgram& p, const KtirExport& e);
 std::string ktir_file_name(size_t index, const KtirKernel& k);  // "03-t4.mlir"
+
+// The folder form (docs/ktir.md, "The folder"): the modules, every constant's logical values as
+// constants/NNN-name.npy (the manifest's globals name the file) and manifest.json; returns the manifest.
+// Throws tessel::Error naming the file it cannot write or the constant it cannot find.
+// `values` (tessel's own results, named by value) go to values/NNN-name.npy, listed in the manifest's
+// "values" (name -> file).
+nlohmann::json write_ktir_folder(const std::string& dir, const TileProgram& p, const KernelModule& m, const KtirExport& e,
+                                 const std::vector<std::pair<std::string, Tensor>>* values = nullptr);
+std::string ktir_constant_file(size_t global, const Global& g);  // "constants/007-w1.npy"
+
+// The padded DRAM address of logical element `index` (row-major over g.shape) under g's declaration
+// (padded shape, physical order perm); and back: the logical row-major index at a padded address, or
+// -1 for padding or an address outside the global.
+int64_t ktir_address(const Global& g, const std::vector<int64_t>& index);
+int64_t ktir_logical_at(const Global& g, int64_t address);
 
 }  // namespace tessel::tile

@@ -135,6 +135,9 @@ class Simulator {
       if (r.first_flush.empty() && stored_.flushed > flushed_before) r.first_flush = label;
       if (r.first_overflow.empty() && stored_.overflowed > overflowed_before) r.first_overflow = label;
     }
+    if (o_.keep_values)
+      for (const auto& v : g.values())
+        if (v->producer && env_[static_cast<size_t>(v->id)].valid()) r.values.emplace_back(v->name, env_[static_cast<size_t>(v->id)]);
     for (const auto& [kid, node] : kernel_node_)
       if (!ran_.count(kid))
         throw Error(Location{.node = node->name, .op = "kernel", .pass = "functional-sim"},

@@ -25,6 +25,7 @@ namespace tessel::tile {
 struct FunctionalOptions {
   int threads = 1;                  // OpenMP threads for the library calls (tiles run one by one)
   cpu::ToolchainOptions toolchain;  // how the generated kernels are compiled (cached on disk)
+  bool keep_values = false;         // FunctionalResult::values: every value a kernel or host step produced
 };
 
 struct FunctionalResult {
@@ -40,6 +41,10 @@ struct FunctionalResult {
   int64_t entry_flushed = 0, entry_overflowed = 0;
   int64_t flushed = 0, overflowed = 0;
   std::string first_flush, first_overflow;
+  // With keep_values: (value name, its buffer) for every value a tile kernel or host step produced, in
+  // the graph's value order; a buffer holds the kernel level's elements (dense, in the value's
+  // physical order: a result stored transposed is in its stored order). The KTIR check compares with them.
+  std::vector<std::pair<std::string, Tensor>> values;
 };
 
 // Runs `p` (mapped from `m`) on `inputs` (one per graph input of m.graph, in order). Throws

@@ -258,9 +258,17 @@ int relayout(Mapper& mp, const Node& n, const Value* v, const std::string& role,
   // split the rows over the cores; tile them to fit (in and out buffers, double-buffered)
   const int64_t split = std::min<int64_t>(mp.cores_max, ceil_div(P, align));
   const int64_t slice = round_up(ceil_div(P, split), align);
+  // The source is read transposed: with a stick layout a tile of n rows touches, for each of its columns,
+  // ceil(n / E) sticks of E elements (consecutive rows of one column), and the DMA moves whole sticks —
+  // what ktir-cpu charges too (ktir_cpu/latency.py, _data_size: "HBM traffic is always charged at stick
+  // granularity"); docs/sim.md, "KTIR".
+  const int64_t per_stick = hw.layout.kind == LayoutKind::stick ? std::max<int64_t>(1, hw.layout.elements_per_stick(g.dtype)) : 0;
+  auto read_bytes = [&](int64_t n) {
+    return per_stick > 0 ? cols * ceil_div(n, per_stick) * per_stick * static_cast<int64_t>(dtype_size(g.dtype)) : n * row_bytes;
+  };
   int64_t tile = slice;
-  while (tile > align && 2 * cp * tile * row_bytes > mp.p.usable_spad) tile = round_up(tile / 2, align);
-  if (2 * cp * tile * row_bytes > mp.p.usable_spad)
+  while (tile > align && cp * (read_bytes(tile) + tile * row_bytes) > mp.p.usable_spad) tile = round_up(tile / 2, align);
+  if (cp * (read_bytes(tile) + tile * row_bytes) > mp.p.usable_spad)
     map_error(n.name, fmt::format("re-layout of tensor '{}': one row of {} bytes does not fit the scratchpad", v->name, row_bytes));
   t.dims = {{"p", P, ceil_div(P, slice), slice, tile, align, false}, {"e", cols, 1, cols, cols, 1, false}};
   t.order = {0, 1};
@@ -271,16 +279,17 @@ int relayout(Mapper& mp, const Node& n, const Value* v, const std::string& role,
   in.dims = {0, 1};
   in.spad_dtype = g.dtype;
   in.copies = cp;
-  in.tile_bytes = tile * row_bytes;  // the sticks it reads hold the same elements, transposed
+  in.tile_bytes = read_bytes(tile);  // the whole sticks it touches
   Operand o = in;
   o.role = "out";
   o.global = out;
   o.out = true;
+  o.tile_bytes = tile * row_bytes;
   t.operands = {in, o};
   t.vector_ops.assign(dataflow::kNumVectorOps, 0.0);
   t.vector_ops[static_cast<size_t>(VectorOp::convert)] = static_cast<double>(cols);  // one move per element
   t.flops = 0;
-  t.dram_bytes = 2 * static_cast<int64_t>(P) * row_bytes;
+  t.dram_bytes = ceil_div(P, tile) * read_bytes(tile) + static_cast<int64_t>(P) * row_bytes;
   t.estimate_cycles = static_cast<double>(t.dram_bytes) / hw.dram_read_bytes_per_cycle();
   t.decision = fmt::format("re-lays %{} ({}) out as [{},{},{}] with {} innermost: the matmul reads it with a non-unit "
                            "innermost stride",
@@ -649,6 +658,52 @@ TileMapping::TileMapping(const KernelModule& m, const HwSpec& hw, const MapOptio
 
 TileMapping::~TileMapping() = default;
 
+// The physical dim order of a matmul result the kernel level stores through c strides (attention
+// heads written straight into the merged [T, H·D] layout): the result [batch..., M, N] grouped into
+// batch, M and N dims, each group dense, its innermost stride the MatmulSpec's; the dims ordered by
+// stride, outermost first (a unit dim just inside its left neighbour). Empty when that order is
+// row-major or the strides are not a dense permutation of the shape (then the declaration stays
+// row-major and the KTIR export's view check names the mismatch).
+std::vector<int64_t> result_perm(const Shape& s, const MatmulSpec& mm) {
+  const size_t r = s.size();
+  if (r == 0 || (mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0)) return {};
+  std::vector<int64_t> st(r, 0);
+  // groups from the innermost dim: N's dims multiply to n, M's to m, then batch; unit dims left over
+  // anywhere have no stride that matters
+  size_t d = r;
+  for (const auto& [extent, inner] : {std::pair{mm.n, mm.c_n}, std::pair{mm.m, mm.c_m}, std::pair{mm.batch, mm.c_batch}}) {
+    int64_t prod = 1, stride = inner;
+    while (d > 0 && prod < extent) {
+      --d;
+      st[d] = stride;
+      stride *= s[d];
+      prod *= s[d];
+    }
+    if (prod != extent) return {};
+  }
+  for (size_t i = 0; i < d; ++i)
+    if (s[i] != 1) return {};
+  std::vector<double> key(r, 0);
+  double left = std::numeric_limits<double>::infinity();  // a unit dim stays just inside its left neighbour
+  for (size_t i = 0; i < r; ++i) {
+    key[i] = s[i] == 1 ? left : static_cast<double>(st[i]);
+    left = key[i];
+  }
+  std::vector<int64_t> perm(r);
+  for (size_t i = 0; i < r; ++i) perm[i] = static_cast<int64_t>(i);
+  std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return key[static_cast<size_t>(a)] > key[static_cast<size_t>(b)]; });
+  // the order must reproduce the strides densely
+  int64_t dense = 1;
+  for (size_t i = r; i-- > 0;) {
+    const size_t q = static_cast<size_t>(perm[i]);
+    if (s[q] != 1 && st[q] != dense) return {};
+    dense *= s[q];
+  }
+  for (size_t i = 0; i < r; ++i)
+    if (perm[i] != static_cast<int64_t>(i)) return perm;
+  return {};
+}
+
 const TileProgram& TileMapping::program() const { return impl_->mp.p; }
 
 TileProgram TileMapping::take() { return std::move(impl_->mp.p); }
@@ -669,6 +724,15 @@ std::string TileMapping::layout() {
     if (k.conv.y_nhwc) mp.perm_of[np->outputs[0]] = {0, 2, 3, 1};
     // weights [OC, C/g, KH, KW] as the matmul's B: the output channels are the stick
     mp.perm_of[np->inputs[static_cast<size_t>(k.conv.w)]] = {1, 2, 3, 0};
+  }
+  // A matmul result stored through c strides is declared in that order (the KTIR export's memory
+  // views and the padding follow the declaration).
+  for (const Kernel& k : m.kernels) {
+    if (k.kind != KernelKind::matmul || static_cast<size_t>(k.mm.c) >= k.args.size()) continue;
+    const Value* cv = m.graph->find_value(k.args[static_cast<size_t>(k.mm.c)].name);
+    if (!cv || mp.perm_of.count(cv)) continue;
+    std::vector<int64_t> perm = result_perm(cv->type.shape, k.mm);
+    if (!perm.empty()) mp.perm_of[cv] = std::move(perm);
   }
   mp.cores_max = static_cast<int>(o.max_cores > 0 ? std::min<int64_t>(o.max_cores, hw.cores) : hw.cores);
   TileProgram& p = mp.p;
