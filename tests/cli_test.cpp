@@ -301,6 +301,8 @@ TEST(Cli, SimTrainSimulatesForwardBackwardAndAdamW) {
   r = run("sim " + kModel + " --train --hw spyre --trace t.json");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("sim --train takes"), std::string::npos) << r.out;
+}
+
 // compile --emit ktir -o FOLDER: the folder form with the constants and, with --ktir-values, tessel's values;
 // a folder that cannot be made and a model without test data are one-line errors.
 TEST(Cli, KtirFolderWithConstantsAndValues) {
