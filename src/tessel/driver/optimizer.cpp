@@ -60,11 +60,24 @@ std::unique_ptr<Graph> build_optimizer_graph(const OptimizerSpec& s) {
     if (s.kind == "adamw") {
       // torch.optim.AdamW (single-tensor): p *= 1 - lr wd; m = beta1 m + (1 - beta1) g;
       // v = beta2 v + (1 - beta2) g g; p += -step_size m / (sqrt(v) / bc2_sqrt + eps).
+      // One builder call per statement: nodes are created in this order under every compiler (nested
+      // calls as arguments would follow the compiler's argument evaluation order, and the graph's text,
+      // which docs/training.md shows, would differ between gcc and clang).
       Value* p1 = b.mul(p, sc[0]);
-      Value* m = b.add(b.mul(st[0], k(s.beta1)), b.mul(gr, k(1 - s.beta1)));
-      Value* v = b.add(b.mul(st[1], k(s.beta2)), b.mul(b.mul(gr, gr), k(1 - s.beta2)));
-      Value* denom = b.add(b.div(b.unary("sqrt", v), sc[2]), k(s.eps));
-      Value* np = b.add(p1, b.mul(b.div(m, denom), b.emit("neg", {sc[1]})));
+      Value* m_g = b.mul(gr, k(1 - s.beta1));
+      Value* m_m = b.mul(st[0], k(s.beta1));
+      Value* m = b.add(m_m, m_g);
+      Value* one_minus_beta2 = k(1 - s.beta2);
+      Value* g2 = b.mul(gr, gr);
+      Value* v_g = b.mul(g2, one_minus_beta2);
+      Value* v_v = b.mul(st[1], k(s.beta2));
+      Value* v = b.add(v_v, v_g);
+      Value* eps = k(s.eps);
+      Value* root = b.unary("sqrt", v);
+      Value* denom = b.add(b.div(root, sc[2]), eps);
+      Value* neg_step = b.emit("neg", {sc[1]});
+      Value* update = b.div(m, denom);
+      Value* np = b.add(p1, b.mul(update, neg_step));
       outs.insert(outs.end(), {np, m, v});
     } else {
       // torch.optim.SGD: d = g + wd p; buf = mom buf + damp d (the first step: buf = d);
@@ -72,7 +85,9 @@ std::unique_ptr<Graph> build_optimizer_graph(const OptimizerSpec& s) {
       Value* d = s.weight_decay != 0 ? b.add(gr, b.mul(p, k(s.weight_decay))) : gr;
       Value* buf = nullptr;
       if (nstate) {
-        buf = b.add(b.mul(st[0], sc[1]), b.mul(d, sc[2]));
+        Value* damped = b.mul(d, sc[2]);
+        Value* kept = b.mul(st[0], sc[1]);
+        buf = b.add(kept, damped);
         d = s.nesterov ? b.add(d, b.mul(buf, k(s.momentum))) : buf;
       }
       Value* np = b.add(p, b.mul(d, b.emit("neg", {sc[0]})));
