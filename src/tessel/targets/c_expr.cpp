@@ -108,6 +108,13 @@ std::string c_scalar_expr(const KInstr& in, DType operand0, const std::vector<st
   fail("no C form for '{}'", op);
 }
 
+std::vector<std::string> c_reduce_step(const std::string& attr, const std::string& acc, const std::string& x) {
+  if (attr == "sum") return {fmt::format("{} += {};", acc, x)};
+  if (attr == "prod") return {fmt::format("{} *= {};", acc, x)};
+  return {fmt::format("{0} = {1} {2} {0} ? {1} : {0};", acc, x, reduction_combiner(attr) == CoreOp::max ? ">" : "<"),
+          fmt::format("{0}_nan |= {1} != {1};", acc, x)};
+}
+
 std::string kernel_provenance_comment(const Kernel& k) {
   std::string s = fmt::format("// fuses {} core nodes; traffic {} bytes unfused -> {} fused\n", k.fused_nodes, k.bytes_unfused,
                               k.bytes_fused);

@@ -25,6 +25,10 @@ std::string c_math_fn(const std::string& name, DType t);
 // (a convert's source). Throws tessel::Error for ops the table gives no C form.
 std::string c_scalar_expr(const KInstr& in, DType operand0, const std::vector<std::string>& operands, CDialect d);
 
+// The statements that fold element `x` into the running reduction `acc` of kind `attr` (sum, prod, max,
+// min). max/min keep NaN apart: `acc`_nan records whether a NaN was seen (the reduction's NaN rule).
+std::vector<std::string> c_reduce_step(const std::string& attr, const std::string& acc, const std::string& x);
+
 // The provenance lines every generated kernel starts with, after its own first line: what it fuses and
 // the traffic saved, the source nodes it came from (8 at most), and each argument's role, value and type.
 // Names come from the model (or a cached kernel-module text): each goes through cpp_comment_text, so none

@@ -100,13 +100,7 @@ struct Emitter {
       return;
     }
     if (is_reduce(in)) {
-      const std::string x = v(in.args[0]);
-      if (in.attr == "sum") line(indent, fmt::format("{} += {};", v(i), x));
-      else if (in.attr == "prod") line(indent, fmt::format("{} *= {};", v(i), x));
-      else {
-        line(indent, fmt::format("{0} = {1} {2} {0} ? {1} : {0};", v(i), x, reduction_combiner(in.attr) == CoreOp::max ? ">" : "<"));
-        line(indent, fmt::format("{0}_nan |= {1} != {1};", v(i), x));
-      }
+      for (const std::string& st : c_reduce_step(in.attr, v(i), v(in.args[0]))) line(indent, st);
       return;
     }
     line(indent, fmt::format("const {} {} = {};", c_type(in.dtype), v(i), expr(in)));
