@@ -2,7 +2,7 @@
 """tessel compiled vs ONNX Runtime, alternated call by call: a paired comparison that a shared machine's
 changing speed cannot tilt.
 
-    /usr/bin/python3 bench/paired.py MODEL_DIR [MODEL_DIR ...] --threads 2 --pairs 40 --calls 3 --json out.json
+    /usr/bin/python3 bench/paired.py MODEL_DIR [MODEL_DIR ...] --threads 2 --pairs 20 --calls 3 --json out.json
 
 On this 2-core machine the speed of the same binary moves by up to 2x from minute to minute (a slow mode
 that lasts seconds; docs/BENCHMARKS.md, "Fifth session"), so two systems timed one after the other, each
@@ -12,8 +12,9 @@ reference outputs first, and the harness hands them turns of --calls calls each,
 first (ABBA), --pairs times. A pair's ratio is tessel's median over ORT's median in that pair: both saw the
 machine within the same few tens of milliseconds. The figure per model is the median of the pair ratios
 (< 1: tessel faster) with the share of pairs tessel won, beside each system's overall median and minimum.
-Both use --threads intra-op threads; --gap sleeps between turns so neither's spinning thread pool eats the
-other's turn.
+Both use --threads intra-op threads. --gap (default 0.2 s) sleeps between turns: ORT's pool spins for tens
+of milliseconds after a run, and with 20 ms the next turn (tessel's) lost up to half its CPU for its first
+calls (docs/BENCHMARKS.md, "Sixth session").
 """
 import argparse
 import json
@@ -105,7 +106,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=40)
     ap.add_argument("--calls", type=int, default=3, help="calls per turn")
-    ap.add_argument("--gap", type=float, default=0.02, help="seconds between turns")
+    ap.add_argument("--gap", type=float, default=0.2, help="seconds between turns (ORT's pool spins for tens of ms after a run)")
     ap.add_argument("--tessel", default=os.path.join(SOURCE, "build", "tessel"))
     ap.add_argument("--ort-dir", default=os.environ.get("TESSEL_ORT_DIR", "/tmp/ort"))
     ap.add_argument("--json")
