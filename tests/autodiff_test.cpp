@@ -547,26 +547,15 @@ std::vector<std::string> whole_models() {
 
 INSTANTIATE_TEST_SUITE_P(Autodiff, WholeModel, ::testing::ValuesIn(whole_models()));
 
-namespace {
-
-std::string md_block(const std::string& md, const std::string& fence) {
-  auto b = md.find(fence + "\n");
-  if (b == std::string::npos) return "";
-  b += fence.size() + 1;
-  return md.substr(b, md.find("```", b) - b);
-}
-
-}  // namespace
-
 // docs/passes/autodiff.md: the before block through `compile --train --wrt w` (build_train_graph) prints
 // as the after block with the page's summary line, and computes the page's numbers.
 TEST(Autodiff, DocsWorkedExample) {
   const std::string md = testenv::read_text(testenv::source_dir() + "/docs/passes/autodiff.md");
-  auto g = parse_graph(md_block(md, "```tsl before"), "docs/passes/autodiff.md");
+  auto g = parse_graph(testenv::md_block(md, "```tsl before"), "docs/passes/autodiff.md");
   TrainOptions o;
   o.wrt = {"w"};
   TrainGraph t = build_train_graph(*g, o);
-  EXPECT_EQ(print_graph(*g), md_block(md, "```tsl after"));
+  EXPECT_EQ(print_graph(*g), testenv::md_block(md, "```tsl after"));
   EXPECT_NE(md.find("```\n" + train_summary(t) + "\n```"), std::string::npos) << train_summary(t);
   std::vector<Tensor> outs = run_eager(*g, {Tensor::from_f64(DType::f32, {2, 3}, std::vector<double>{1, 2, 3, -1, 0, 2}),
                                             Tensor::from_f64(DType::f32, {3}, std::vector<double>{0.5, -0.25, 0.125})});

@@ -183,13 +183,7 @@ TEST(CudaBackend, NoDeviceIsOneLineError) {
 // ```cuda k0 block exactly.
 TEST(Docs, CudaBackendWorkedExample) {
   const std::string md = testenv::read_text(testenv::source_dir() + "/docs/runtime/cuda-backend.md");
-  auto block = [&](const std::string& fence) {
-    const size_t b = md.find(fence + "\n");
-    if (b == std::string::npos) return std::string();
-    const size_t s = b + fence.size() + 1;
-    return md.substr(s, md.find("```", s) - s);
-  };
-  const std::string graph = block("```tsl cuda-example"), want = block("```cuda k0");
+  const std::string graph = testenv::md_block(md, "```tsl cuda-example"), want = testenv::md_block(md, "```cuda k0");
   ASSERT_FALSE(graph.empty() || want.empty()) << "the page needs a ```tsl cuda-example and a ```cuda k0 block";
   KernelModule m = lower_for_cuda(parse_graph(graph));
   ASSERT_EQ(m.kernels.size(), 1u);

@@ -25,4 +25,13 @@ inline std::string read_text(const std::string& path) {
   return ss.str();
 }
 
+// The text of the first fenced block of a markdown page that opens with `fence` (e.g. "```tsl before"),
+// up to its closing fence; "" when the page has none (the caller's comparison then fails and names it).
+inline std::string md_block(const std::string& md, const std::string& fence) {
+  auto b = md.find(fence + "\n");
+  if (b == std::string::npos) return "";
+  b += fence.size() + 1;
+  return md.substr(b, md.find("```", b) - b);
+}
+
 }  // namespace tessel::testenv

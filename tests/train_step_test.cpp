@@ -95,29 +95,18 @@ TEST(TrainStep, BadCallsAreOneLineErrors) {
   EXPECT_THROW(TrainStep::build(std::move(g2), o), Error);
 }
 
-namespace {
-
-std::string md_block(const std::string& md, const std::string& fence) {
-  auto b = md.find(fence + "\n");
-  if (b == std::string::npos) return "";
-  b += fence.size() + 1;
-  return md.substr(b, md.find("```", b) - b);
-}
-
-}  // namespace
-
 // docs/training.md's worked example: the neuron of docs/passes/autodiff.md as a training step. The
 // split graphs print as the page shows them, and forward + backward give the page's numbers.
 TEST(TrainStep, DocsWorkedExample) {
   const std::string md = testenv::read_text(testenv::source_dir() + "/docs/training.md");
-  auto g = parse_graph(md_block(md, "```tsl model"), "docs/training.md");
+  auto g = parse_graph(testenv::md_block(md, "```tsl model"), "docs/training.md");
   TrainStepOptions o;
   o.backend = "compiled";
   o.threads = 1;
   o.train.wrt = {"w"};
   auto s = TrainStep::build(std::move(g), o);
-  EXPECT_EQ(print_graph(s->forward_graph()), md_block(md, "```tsl forward"));
-  EXPECT_EQ(print_graph(s->backward_graph()), md_block(md, "```tsl backward"));
+  EXPECT_EQ(print_graph(s->forward_graph()), testenv::md_block(md, "```tsl forward"));
+  EXPECT_EQ(print_graph(s->backward_graph()), testenv::md_block(md, "```tsl backward"));
   const std::vector<Tensor> ins = {Tensor::from_f64(DType::f32, {2, 3}, std::vector<double>{1, 2, 3, -1, 0, 2}),
                                    Tensor::from_f64(DType::f32, {3}, std::vector<double>{0.5, -0.25, 0.125})};
   std::vector<Tensor> saved;
@@ -141,7 +130,7 @@ TEST(TrainStep, DocsAdamWExample) {
   spec.kind = "adamw";
   spec.shapes = {{2}};
   spec.weight_decay = 0.01;
-  EXPECT_EQ(print_graph(*build_optimizer_graph(spec)), md_block(md, "```tsl adamw"));
+  EXPECT_EQ(print_graph(*build_optimizer_graph(spec)), testenv::md_block(md, "```tsl adamw"));
   CompiledBackendOptions co;
   co.threads = 1;
   auto exe = compile_cpu(build_optimizer_graph(spec), {}, co);

@@ -8,6 +8,7 @@ Run through ctest (python_frontend) or by hand:
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -22,27 +23,12 @@ except ImportError:
     HAVE_TORCH = False
 
 
-def varint(v):
-    out = b""
-    while True:
-        c, v = v & 0x7F, v >> 7
-        if v:
-            out += bytes([c | 0x80])
-        else:
-            return out + bytes([c])
+sys.path.insert(0, os.path.join(SOURCE_DIR, "bench"))
+import tensor_pb  # noqa: E402  (TensorProto files with NumPy alone)
 
 
-def write(path, data):
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def tensor_proto(t, name):
-    """An onnx.TensorProto (float, raw_data) without the onnx package: dims=1, data_type=2, name=8, raw=9."""
-    t = t.detach().float().contiguous()
-    raw = t.numpy().tobytes()
-    b = b"".join(b"\x08" + varint(d) for d in t.shape) + b"\x10\x01"
-    return b + b"\x42" + varint(len(name)) + name.encode() + b"\x4a" + varint(len(raw)) + raw
+def write_tensor(path, t, name):
+    tensor_pb.write(path, t.detach().float().contiguous().numpy(), name)
 
 
 if HAVE_TORCH:
@@ -93,9 +79,9 @@ class TrainGradients(unittest.TestCase):
             ins = [x] + [params[n] for n in order] + [seed]
             outs = [y] + [params[n].grad for n in order]
             for i, t in enumerate(ins):
-                write(os.path.join(data, f"input_{i}.pb"), tensor_proto(t, f"in{i}"))
+                write_tensor(os.path.join(data, f"input_{i}.pb"), t, f"in{i}")
             for i, t in enumerate(outs):
-                write(os.path.join(data, f"output_{i}.pb"), tensor_proto(t, f"out{i}"))
+                write_tensor(os.path.join(data, f"output_{i}.pb"), t, f"out{i}")
             r = subprocess.run([TESSEL_BINARY, "run", joint, "--inputs", data, "--check", "--max-rel", "1e-4"],
                                capture_output=True, text=True, timeout=300)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
@@ -234,9 +220,9 @@ class TblockBert(unittest.TestCase):
             ins = [x] + [init[n] for n in order] + [seed]
             outs = [y] + [grads[n] for n in order]
             for i, t in enumerate(ins):
-                write(os.path.join(data, f"input_{i}.pb"), tensor_proto(t, f"in{i}"))
+                write_tensor(os.path.join(data, f"input_{i}.pb"), t, f"in{i}")
             for i, t in enumerate(outs):
-                write(os.path.join(data, f"output_{i}.pb"), tensor_proto(t, f"out{i}"))
+                write_tensor(os.path.join(data, f"output_{i}.pb"), t, f"out{i}")
             r = subprocess.run([TESSEL_BINARY, "run", joint, "--inputs", data, "--check", "--max-rel", "1e-4"],
                                capture_output=True, text=True, timeout=600)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
