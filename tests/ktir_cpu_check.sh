@@ -15,9 +15,10 @@ for p in ${TESSEL_KTIR_PYTHON:-} /usr/bin/python3 python3; do
 done
 [ -n "$py" ] || { echo "skipped: no python3 with numpy"; exit 77; }
 models="$src/examples/tblock_s $src/examples/vit_tiny $src/examples/llama_tiny $src/examples/ksplit_linear"
-# the corpus models where the shared folder is present (mobilenet_v2 is left out: its convolutions are not
-# exported, and its reference outputs, around 1e-9, are below f16's range, so tessel misses them too)
-for m in ffn_s attn_s tblock_bert bert_tiny gpt2_tiny nonzero_break; do
+models="$models $src/examples/ksplit_uneven $src/examples/conv_kinds"
+# the corpus models where the shared folder is present (mobilenet_v2's reference outputs, around 1e-9, are
+# below f16's range: ktir_check.py's default --storage auto checks it with f32 storage on the same schedule)
+for m in ffn_s attn_s tblock_bert bert_tiny gpt2_tiny nonzero_break mobilenet_v2; do
   [ -d "$shared/models/$m" ] && models="$models $shared/models/$m"
 done
 exec "$py" "$src/bench/ktir_check.py" --quiet --ktir-cpu "$TESSEL_KTIR_CPU" --tessel "$tessel" $models

@@ -19,6 +19,7 @@
 #include "tessel/driver/model_dir.h"
 #include "tessel/hw/hw.h"
 #include "tessel/export/ktir.h"
+#include "tessel/targets/dataflow/functional.h"
 
 using namespace tessel;
 
@@ -176,6 +177,14 @@ const std::set<std::string>& known_ops() {
   return s;
 }
 
+// The program's last matmul tile kernel (the ksplit examples have one), or null.
+const tile::TileKernel* last_matmul(const tile::TileProgram& p) {
+  const tile::TileKernel* mm = nullptr;
+  for (const tile::TileKernel& t : p.kernels)
+    if (t.kind == tile::TileKind::matmul) mm = &t;
+  return mm;
+}
+
 }  // namespace
 
 TEST(KtirChecker, CatchesUndefinedValuesAndRegions) {
@@ -329,7 +338,7 @@ TEST(Ktir, OneModulePerKernelWithAManifest) {
 TEST(Ktir, DeclarationsMatchTheViews) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   int transposed = 0;
-  for (const char* model : {"tblock_s", "ffn_s", "attn_s", "tblock_bert", "bert_tiny", "gpt2_tiny"}) {
+  for (const char* model : {"tblock_s", "ffn_s", "attn_s", "tblock_bert", "bert_tiny", "gpt2_tiny", "mobilenet_v2"}) {
     SCOPED_TRACE(model);
     DataflowCompile dc = compile_spyre(model);
     const tile::TileProgram& p = dc.program;
@@ -447,27 +456,124 @@ TEST(Ktir, DocsWorkedExample) {
   EXPECT_EQ(g.perm, (std::vector<int64_t>{0, 2, 1, 3}));
 }
 
-// Convolutions with a 1x1 window are a plain matrix and exported as one; mobilenet_v2's other convolutions
-// (3x3 windows with padding, depthwise) are named with their reasons.
-TEST(Ktir, PointwiseConvolutionsExported) {
-  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
-  DataflowCompile dc = compile_spyre("mobilenet_v2");
+// docs/ktir.md's convolution example: every line of its ```mlir conv block is a line of examples/conv_kinds' t1.
+TEST(Ktir, DocsConvolutionExample) {
+  const std::string block = testenv::md_block(testenv::read_text(std::string(TESSEL_SOURCE_DIR) + "/docs/ktir.md"), "```mlir conv");
+  ASSERT_FALSE(block.empty()) << "docs/ktir.md has no ```mlir conv block";
+  ModelPaths mp = resolve_model(testenv::source_dir() + "/examples/conv_kinds");
+  DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
   const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
-  int pointwise = 0, exported_convs = 0;
-  for (const tile::TileKernel& t : dc.program.kernels)
-    if (t.kind == tile::TileKind::conv) {
+  const tile::KtirKernel* t1 = nullptr;
+  for (const tile::KtirKernel& k : e.kernels)
+    if (k.tile_kernel == "t1") t1 = &k;
+  ASSERT_NE(t1, nullptr);
+  std::istringstream in(block);
+  int n = 0;
+  for (std::string line; std::getline(in, line); ++n) EXPECT_NE(t1->func.find(line + "\n"), std::string::npos) << line;
+  EXPECT_EQ(n, 8);
+}
+
+// Every convolution kind is exported: mobilenet_v2's pointwise ones as strided views, its 3x3 convolutions
+// with padding (the stem: stride 2 on 3 channels; the depthwise ones, on the vector unit) from the input rows
+// loaded once per tile with the border's zeros added in the scratchpad; examples/conv_kinds adds a grouped
+// (block-diagonal) and a dilated one, on tiles that end mid-row. Their values are checked by ktir_cpu_chain.
+TEST(Ktir, EveryConvolutionKindExported) {
+  std::vector<std::string> models = {testenv::source_dir() + "/examples/conv_kinds"};
+  if (testenv::have_shared()) models.push_back(testenv::shared_dir() + "/models/mobilenet_v2");
+  std::map<std::string, int> kinds;
+  for (const std::string& model : models) {
+    SCOPED_TRACE(model);
+    ModelPaths mp = resolve_model(model);
+    DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
+    const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+    EXPECT_TRUE(e.skipped.empty()) << fmt::format("{}", fmt::join(e.skipped, "; "));
+    std::map<std::string, const tile::KtirKernel*> by_name;
+    for (const tile::KtirKernel& k : e.kernels) by_name[k.tile_kernel] = &k;
+    for (const tile::TileKernel& t : dc.program.kernels) {
+      if (t.kind != tile::TileKind::conv) continue;
+      SCOPED_TRACE(t.name);
+      ASSERT_TRUE(by_name.count(t.name));
+      const tile::KtirKernel& k = *by_name[t.name];
       const ConvSpec& c = dc.module.kernels.at(static_cast<size_t>(t.kernel)).conv;
-      pointwise += c.kh == 1 && c.kw == 1 && c.groups == 1 && c.stride_h == 1 && c.stride_w == 1;
+      EXPECT_EQ(check_ssa(k.func), "");
+      EXPECT_TRUE(balanced(k.module));
+      for (const std::string& op : op_names(k.module)) EXPECT_TRUE(known_ops().count(op)) << "unknown op " << op;
+      const bool padded = c.pad_top || c.pad_left || c.pad_bottom || c.pad_right;
+      const bool depthwise = c.groups > 1 && c.c == c.groups && c.oc == c.groups;
+      // a padded convolution adds the border's zeros in the scratchpad; none is read from DRAM
+      EXPECT_EQ(padded, k.func.find("%border0 = arith.constant dense<0.000000000e+00> : tensor<") != std::string::npos);
+      // depthwise: multiply-adds on the vector unit, as the tile level runs it; the rest: matmuls
+      EXPECT_EQ(depthwise, t.on_vector_unit);
+      EXPECT_EQ(depthwise, k.func.find("linalg.matmul") == std::string::npos);
+      if (depthwise) {
+        EXPECT_NE(k.func.find("arith.mulf"), std::string::npos);
+      }
+      // every tap of the window
+      if (padded || c.groups > 1) {
+        EXPECT_NE(k.func.find(fmt::format("tap ({}, {})", c.kh - 1, c.kw - 1)), std::string::npos);
+      }
+      if (c.groups > 1 && !depthwise) {
+        EXPECT_NE(k.func.find("over [channel in group, oc]"), std::string::npos);
+      }
+      kinds[depthwise ? "depthwise" : c.groups > 1 ? "grouped" : c.dil_h > 1 ? "dilated" : padded ? "padded" : "plain"]++;
     }
-  for (const tile::KtirKernel& k : e.kernels) {
-    exported_convs += k.func.find(": conv kernel ") != std::string::npos;
-    EXPECT_EQ(check_ssa(k.func), "") << k.tile_kernel;
-    EXPECT_TRUE(balanced(k.module)) << k.tile_kernel;
   }
-  EXPECT_GT(pointwise, 30);
-  EXPECT_EQ(exported_convs, pointwise);
-  for (const std::string& s : e.skipped)
-    EXPECT_NE(s.find("only windows without padding"), std::string::npos) << s;  // 3x3 with padding, depthwise
+  EXPECT_GE(kinds["grouped"], 1);
+  EXPECT_GE(kinds["dilated"], 1);
+  EXPECT_GE(kinds["depthwise"], 1);
+  EXPECT_GE(kinds["padded"], 1);
+  if (testenv::have_shared()) {
+    EXPECT_EQ(kinds["depthwise"], 1 + 17);  // conv_kinds' and mobilenet_v2's
+    EXPECT_GE(kinds["plain"], 34);          // mobilenet_v2's pointwise ones
+  }
+}
+
+// The check mode with f32 storage (docs/ktir.md, "What is compared"): the same functions with every f16
+// type f32, and tessel's functional simulation of that program meets mobilenet_v2's reference outputs
+// (around 1e-9: f16 storage flushes them) to f32 accuracy — the values ktir_cpu_chain compares with.
+TEST(Ktir, F32CheckStorageKeepsTheSchedule) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  testenv::CorpusCase cc = testenv::load_corpus_model("mobilenet_v2");
+  DataflowCompile dc = compile_spyre("mobilenet_v2");
+  const tile::TileProgram wide = tile::ktir_widened_storage(dc.program);
+  EXPECT_EQ(wide.float_dtype, DType::f32);
+  EXPECT_FALSE(wide.dl16);
+  const tile::KtirExport e16 = tile::export_ktir_kernels(dc.program, dc.module);
+  const tile::KtirExport e32 = tile::export_ktir_kernels(wide, dc.module);
+  ASSERT_EQ(e16.kernels.size(), e32.kernels.size());
+  // the memory side (views, access tiles, loads) line by line, f16 read as f32; only conversions differ
+  auto memory_lines = [](std::string f, bool widen) {
+    if (widen)
+      for (size_t at = f.find("f16"); at != std::string::npos; at = f.find("f16", at + 3)) f.replace(at, 3, "f32");
+    std::string r, line;
+    std::istringstream in(f);
+    while (std::getline(in, line))
+      if (line.find("ktdp.") != std::string::npos || line.find("access_tile_set") != std::string::npos ||
+          line.find("coordinate_set") != std::string::npos)
+        r += (line.find("ktdp.store") != std::string::npos ? line.substr(line.find(",")) : line) + "\n";
+    return r;
+  };
+  for (size_t i = 0; i < e16.kernels.size(); ++i) {
+    SCOPED_TRACE(e16.kernels[i].tile_kernel);
+    EXPECT_EQ(e16.kernels[i].tile_kernel, e32.kernels[i].tile_kernel);
+    const std::string a = memory_lines(e16.kernels[i].func, true), b = memory_lines(e32.kernels[i].func, false);
+    EXPECT_GT(a.size(), 100u);
+    EXPECT_EQ(a, b);
+  }
+  const tile::FunctionalResult r16 = tile::run_functional(dc.program, dc.module, cc.inputs);
+  const tile::FunctionalResult r32 = tile::run_functional(wide, dc.module, cc.inputs);
+  ASSERT_EQ(r32.outputs.size(), cc.refs.size());
+  auto rel = [&](const Tensor& got, const Tensor& want) {
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      d = std::max(d, std::abs(static_cast<double>(got.data<float>()[i]) - want.data<float>()[i]));
+      s = std::max(s, std::abs(static_cast<double>(want.data<float>()[i])));
+    }
+    return d / s;
+  };
+  EXPECT_LT(rel(r32.outputs[0], cc.refs[0]), 1e-4);
+  EXPECT_GT(rel(r16.outputs[0], cc.refs[0]), 0.1);  // f16 storage cannot hold them
+  EXPECT_EQ(r32.flushed, 0);
 }
 
 // A matmul whose K the mapper splits over cores (examples/ksplit_linear: K = 1024 over 4 cores): each core's
@@ -479,9 +585,7 @@ TEST(Ktir, KSplitSumsAcrossTheGroup) {
   DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
   const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
   EXPECT_TRUE(e.skipped.empty()) << fmt::format("{}", fmt::join(e.skipped, "; "));
-  const tile::TileKernel* mm = nullptr;
-  for (const tile::TileKernel& t : dc.program.kernels)
-    if (t.kind == tile::TileKind::matmul) mm = &t;
+  const tile::TileKernel* mm = last_matmul(dc.program);
   ASSERT_NE(mm, nullptr);
   int64_t ksplit = 1, others = 1;
   for (const tile::Dim& d : mm->dims) (d.name == "k" ? ksplit : others) *= d.split;
@@ -498,6 +602,37 @@ TEST(Ktir, KSplitSumsAcrossTheGroup) {
   EXPECT_NE(k->func.find("consumer_tiles_per_group = " + members), std::string::npos);
   EXPECT_NE(k->func.find(fmt::format("groups = affine_set<(g) : (g >= 0, -g + {} >= 0)>", others - 1)), std::string::npos);
   EXPECT_NE(k->func.find("arith.cmpi eq, %tid_k, %c0 : index"), std::string::npos);  // the writer
+}
+
+// An uneven K split (examples/ksplit_uneven: K = 1100 over 6 cores of 192, the last core's 140 a partial
+// tile): the whole tiles' loop bound follows the core (arith.select), the partial tile runs in a loop of one
+// trip on the last core only, and every core of the group still reaches the cross-core sum.
+TEST(Ktir, KSplitUnevenSlices) {
+  const std::string model = testenv::source_dir() + "/examples/ksplit_uneven";
+  ModelPaths mp = resolve_model(model);
+  DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
+  const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+  EXPECT_TRUE(e.skipped.empty()) << fmt::format("{}", fmt::join(e.skipped, "; "));
+  const tile::TileKernel* mm = last_matmul(dc.program);
+  ASSERT_NE(mm, nullptr);
+  const tile::Dim* k = nullptr;
+  for (const tile::Dim& d : mm->dims)
+    if (d.name == "k") k = &d;
+  ASSERT_NE(k, nullptr);
+  ASSERT_GT(k->split, 1);
+  const int64_t rest = k->size - (k->split - 1) * k->slice;
+  ASSERT_TRUE(rest > 0 && rest < k->slice && rest % k->tile != 0) << "the mapper no longer splits K unevenly here: pick another shape";
+  const tile::KtirKernel* x = nullptr;
+  for (const tile::KtirKernel& y : e.kernels)
+    if (y.tile_kernel == mm->name) x = &y;
+  ASSERT_NE(x, nullptr);
+  EXPECT_EQ(check_ssa(x->func), "");
+  EXPECT_TRUE(balanced(x->module));
+  EXPECT_NE(x->func.find(fmt::format("arith.cmpi slt, %tid_k, %c{} : index", k->split - 1)), std::string::npos) << x->func;
+  EXPECT_NE(x->func.find(fmt::format("arith.cmpi eq, %tid_k, %c{} : index", k->split - 1)), std::string::npos);
+  EXPECT_NE(x->func.find(fmt::format("arith.select %on_k0, %c{}, %c0 : index", rest / k->tile * k->tile)), std::string::npos);
+  EXPECT_NE(x->func.find(fmt::format("{}xf16>", rest % k->tile)), std::string::npos);  // the partial tile of A
+  EXPECT_NE(x->func.find("ktdp.inter_tile_reduce"), std::string::npos);
 }
 
 // examples/vit_tiny: everything but the host steps is exported — the 8x8 patch embedding as a sum over its

@@ -22,6 +22,7 @@
 #include "tessel/runtime/interpreter.h"
 #include "tessel/targets/dataflow/functional.h"
 #include "tessel/targets/dataflow/timing.h"
+#include "tessel/targets/dataflow/tile_traffic.h"
 
 using namespace tessel;
 namespace fs = std::filesystem;
@@ -88,11 +89,16 @@ TEST_P(TileCorpus, RoundTripsAndKeepsItsInvariants) {
     bound += kt.bound_seconds;
     if (t.kind == tile::TileKind::host) continue;
     // every result element stored once: store bytes between the logical and the padded size
-    int64_t stored = 0, logical = 0, padded = 0;
+    int64_t stored = 0, loaded = 0, logical = 0, padded = 0;
     for (size_t id = 0; id < sp.timeline.graph.size(); ++id) {
       const dataflow::Task& task = sp.timeline.graph.task(static_cast<dataflow::TaskId>(id));
       if (task.kernel == static_cast<int>(i) && task.kind == dataflow::TaskKind::dma_store) stored += task.bytes;
+      if (task.kernel == static_cast<int>(i) && task.kind == dataflow::TaskKind::dma_load) loaded += task.bytes;
     }
+    // kernel_traffic (the mapper's figure) counts what the engine's tasks move, for every kind of kernel
+    const tile::Traffic tr = tile::kernel_traffic(t);
+    EXPECT_EQ(tr.read, loaded) << c.model << " " << t.name;
+    EXPECT_EQ(tr.write, stored) << c.model << " " << t.name;
     for (const tile::Operand& op : t.operands)
       if (op.out && op.global >= 0) {
         logical += p.globals[static_cast<size_t>(op.global)].logical_bytes();

@@ -20,352 +20,10 @@
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
 
+#include "tessel/export/ktir_emit.h"
+
 namespace tessel::tile {
-namespace {
-
-// Thrown inside one kernel's export when KTIR (or this exporter) cannot state it: the kernel is skipped.
-struct Unsupported {
-  std::string why;
-};
-[[noreturn]] void cannot(std::string why) { throw Unsupported{std::move(why)}; }
-
-std::string elem_type(DType t) {
-  switch (t) {
-    case DType::f64: return "f64";
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::i64: return "i64";
-    case DType::i32: return "i32";
-    case DType::i16: return "i16";
-    case DType::i8: return "i8";
-    case DType::boolean: return "i1";
-    default: cannot(fmt::format("no KTIR element type for {}", dtype_name(t)));
-  }
-}
-bool is_fp(DType t) { return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16; }
-
-std::string dims_x(const std::vector<int64_t>& s) {
-  std::string r;
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? "x" : "") + std::to_string(s[i]);
-  return r;
-}
-std::string tensor_ty(const std::vector<int64_t>& s, DType t) { return fmt::format("tensor<{}x{}>", dims_x(s), elem_type(t)); }
-std::string list(const std::vector<int64_t>& v) {
-  std::string r;
-  for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
-  return r;
-}
-std::string list(const std::vector<std::string>& v) {
-  std::string r;
-  for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + v[i];
-  return r;
-}
-// affine_set of the box [0, ext) in every dim
-std::string box_set(const std::vector<int64_t>& ext) {
-  std::vector<std::string> ds, cs;
-  for (size_t i = 0; i < ext.size(); ++i) {
-    ds.push_back(fmt::format("d{}", i));
-    cs.push_back(fmt::format("d{} >= 0", i));
-    cs.push_back(fmt::format("-d{} + {} >= 0", i, ext[i] - 1));
-  }
-  return fmt::format("affine_set<({}) : ({})>", list(ds), list(cs));
-}
-std::string identity_map(size_t r) {
-  std::vector<std::string> ds;
-  for (size_t i = 0; i < r; ++i) ds.push_back(fmt::format("d{}", i));
-  return fmt::format("affine_map<({0}) -> ({0})>", list(ds));
-}
-
-// Element attribute text of a constant of type t.
-std::string literal(double v, DType t) {
-  // i1 as 1 / 0, which MLIR reads as it reads true / false (ktir-cpu 9e03d63 read "true" as 0)
-  if (t == DType::boolean) return v != 0 ? "1" : "0";
-  if (!is_fp(t)) return fmt::format("{}", static_cast<int64_t>(v));
-  if (std::isfinite(v)) return fmt::format("{:.9e}", v);
-  // non-finite floats as their bit pattern
-  if (t == DType::f32) {
-    const float f = static_cast<float>(v);
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    return fmt::format("0x{:08X}", bits);
-  }
-  if (t == DType::f64) {
-    uint64_t bits;
-    std::memcpy(&bits, &v, 8);
-    return fmt::format("0x{:016X}", bits);
-  }
-  if (t == DType::f16) return std::isnan(v) ? "0x7E00" : v > 0 ? "0x7C00" : "0xFC00";
-  return std::isnan(v) ? "0x7FC0" : v > 0 ? "0x7F80" : "0xFF80";  // bf16
-}
-
-// ---- index maps over the tile dims -----------------------------------------------------------------
-
-struct Affine {
-  int64_t base = 0;
-  std::vector<int64_t> strides;
-};
-
-// Fits f(point) = base + sum strides[d]·point[d] over the box `ext` and checks it: every point when the
-// box is small, else every line along each dim through the two extreme corners.
-Affine fit(const std::vector<int64_t>& ext, const std::function<int64_t(const std::vector<int64_t>&)>& f,
-           const std::string& what) {
-  const size_t r = ext.size();
-  std::vector<int64_t> pt(r, 0);
-  Affine a;
-  a.base = f(pt);
-  a.strides.assign(r, 0);
-  for (size_t d = 0; d < r; ++d)
-    if (ext[d] > 1) {
-      pt[d] = 1;
-      a.strides[d] = f(pt) - a.base;
-      pt[d] = 0;
-    }
-  auto check = [&](const std::vector<int64_t>& q) {
-    int64_t want = a.base;
-    for (size_t d = 0; d < r; ++d) want += a.strides[d] * q[d];
-    if (f(q) != want) cannot(fmt::format("{} is not affine over the tile dims", what));
-  };
-  int64_t total = 1;
-  for (int64_t e : ext) total *= std::max<int64_t>(1, e);
-  if (total <= (int64_t{1} << 18)) {
-    std::vector<int64_t> q(r, 0);
-    for (int64_t i = 0; i < total; ++i) {
-      check(q);
-      for (size_t d = r; d-- > 0;) {
-        if (++q[d] < ext[d]) break;
-        q[d] = 0;
-      }
-    }
-  } else {
-    for (int corner = 0; corner < 2; ++corner)
-      for (size_t d = 0; d < r; ++d) {
-        std::vector<int64_t> q(r);
-        for (size_t j = 0; j < r; ++j) q[j] = corner ? std::max<int64_t>(0, ext[j] - 1) : 0;
-        for (int64_t i = 0; i < ext[d]; ++i) q[d] = i, check(q);
-      }
-  }
-  return a;
-}
-
-// Element `linear` of the kernel's loop space (outer dims, then inner, row-major) through `acc`.
-int64_t access_at(const Kernel& k, const KAccess& acc, int64_t linear) {
-  std::vector<int64_t> ext = k.outer;
-  ext.insert(ext.end(), k.inner.begin(), k.inner.end());
-  int64_t off = acc.offset;
-  for (size_t d = ext.size(); d-- > 0;) {
-    const int64_t i = linear % ext[d];
-    linear /= ext[d];
-    off += acc.strides[d] * i;
-  }
-  return off;
-}
-
-// Padded DRAM element address of element `l` of a global, where `l` is a dense offset in the global's
-// physical dim order (`perm`, outermost first; row-major when empty): the kernel level's accesses
-// are offsets into the value's dense physical layout (NHWC activations, results stored transposed).
-// The innermost physical dim is padded.
-struct Layout {
-  Shape shape;
-  std::vector<int64_t> pstride;  // per logical dim, in padded elements
-  std::vector<size_t> order;     // physical dims, outermost first
-  explicit Layout(const Global& g) : shape(g.shape) {
-    const size_t r = shape.size();
-    pstride.assign(r, 1);
-    for (size_t i = 0; i < r; ++i) order.push_back(g.perm.size() == r ? static_cast<size_t>(g.perm[i]) : i);
-    int64_t s = 1;
-    for (size_t i = r; i-- > 0;) {
-      pstride[order[i]] = s;
-      s *= g.padded[order[i]];
-    }
-  }
-  // the address of logical element `l` (row-major over the logical shape)
-  int64_t at_index(int64_t l) const {
-    int64_t a = 0;
-    for (size_t d = shape.size(); d-- > 0;) {
-      a += (l % shape[d]) * pstride[d];
-      l /= shape[d];
-    }
-    return a;
-  }
-  int64_t at(int64_t l) const {
-    int64_t a = 0;
-    for (size_t i = order.size(); i-- > 0;) {
-      const size_t d = order[i];
-      a += (l % shape[d]) * pstride[d];
-      l /= shape[d];
-    }
-    return a;
-  }
-};
-
-// ---- one function ----------------------------------------------------------------------------------
-
-struct View {
-  std::string name, memref, what;
-  int global = -1;
-  mutable bool stored = false;
-  std::vector<int> tdims;          // the tile dims its dims are (broadcast and extent-1 dims dropped)
-  std::vector<int64_t> sizes, strides;
-  int64_t base = 0;                // the first element's padded address
-  std::vector<int64_t> coord;      // base as coordinates of the view (sizes grown to hold them)
-  DType dtype = DType::f16;
-  // A tile dim the map is affine over only as (x / split_f, x % split_f) (a row index of a [B·T, C]
-  // loop space read per batch, a reduction over heads·d): view dims split_at and split_at + 1 are that
-  // pair, every other view dim is one of tdims in order. -1: none.
-  int split_at = -1;
-  int64_t split_f = 0;
-  // Some tile of the split dim crosses a block: that dim is accessed one element (row) at a time, the
-  // rows gathered with tensor.insert_slice and scattered with tensor.extract_slice.
-  bool per_row = false;
-  // >= 0: the base is no sum of the other dims' strides (a convolution tap one element in), so the view
-  // has one more, leading dim of stride 1 accessed at this coordinate; sizes/strides hold it first,
-  // coord and split_at do not count it.
-  int64_t lead = -1;
-};
-
-// The base address as coordinates along the view's dims (largest stride first), so the view starts at
-// its argument itself: ktir-cpu takes any SSA pointer of a construct_memory_view for an argument of
-// the function (an `arith.addi %argN, ...` pointer was listed as one more input). Returns false when
-// the strides cannot add up to it.
-bool base_coordinates(View& v) {
-  std::vector<size_t> by(v.strides.size());
-  for (size_t i = 0; i < by.size(); ++i) by[i] = i;
-  std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return v.strides[a] > v.strides[b]; });
-  v.coord.assign(v.strides.size(), 0);
-  int64_t rest = v.base;
-  for (size_t i : by)
-    if (v.strides[i] > 0) v.coord[i] = rest / v.strides[i], rest -= v.coord[i] * v.strides[i];
-  for (size_t i = 0; i < v.sizes.size(); ++i) v.sizes[i] += v.coord[i];
-  if (rest != 0) {
-    v.lead = rest;
-    v.sizes.insert(v.sizes.begin(), rest + 1);
-    v.strides.insert(v.strides.begin(), 1);
-  }
-  return true;
-}
-
-class FuncEmitter {
- public:
-  FuncEmitter(const TileProgram& p, const KernelModule& m, const TileKernel& t, const Kernel& k)
-      : p_(p), m_(m), t_(t), k_(k) {}
-
-  std::string run();
-  // After run(): the globals of %arg0, %arg1, ... in order.
-  const std::vector<int>& arg_globals() const { return arg_globals_; }
-  std::vector<KtirView> views() const {
-    std::vector<KtirView> r;
-    for (const View& v : views_list_) {
-      KtirView k;
-      k.global = v.global;
-      k.what = v.what;
-      k.stored = v.stored;
-      for (int d : v.tdims) {
-        const std::string& nm = t_.dims[static_cast<size_t>(d)].name;
-        if (static_cast<int>(k.dims.size()) == v.split_at) k.dims.push_back(nm + "/" + std::to_string(v.split_f)), k.dims.push_back(nm + "%" + std::to_string(v.split_f));
-        else k.dims.push_back(nm);
-      }
-      const size_t l = v.lead >= 0 ? 1 : 0;
-      for (size_t i = l; i < v.sizes.size(); ++i) k.sizes.push_back(v.sizes[i] - (i - l < v.coord.size() ? v.coord[i - l] : 0));
-      k.strides.assign(v.strides.begin() + static_cast<std::ptrdiff_t>(l), v.strides.end());
-      k.base = v.base;
-      r.push_back(std::move(k));
-    }
-    return r;
-  }
-
- private:
-  const TileProgram& p_;
-  const KernelModule& m_;
-  const TileKernel& t_;
-  const Kernel& k_;
-  std::ostringstream consts_, views_, body_;
-  std::map<int64_t, std::string> idx_consts_;
-  std::map<int, std::string> arg_of_global_;
-  std::vector<int> arg_globals_;
-  std::deque<View> views_list_;  // stable references
-  std::map<std::string, int> counters_;
-  int depth_ = 2;
-  std::vector<std::string> offset_;   // per tile dim: the SSA index of the current tile's start
-  std::vector<int64_t> tile_ext_;     // per tile dim: the tile's extent
-  std::vector<int> compute_;          // the tile dims of the compute tensors (ordered)
-  std::map<std::pair<int, int>, std::string> vals_;  // (instr, 0 elem / 1 row) -> SSA
-  std::map<int, std::string> loaded_;                // access -> element tensor (f32 compute)
-  std::string acc_;                                  // matmul: the accumulator tile
-  int c_access_ = -1;                                // matmul: the epilogue access of c
-  std::vector<int> target_;                          // the tile dims the kernel's loop space is over
-  std::function<int64_t(const std::vector<int64_t>&)> linear_of_;  // target point -> loop-space element
-  std::vector<std::string> lo_;                      // per tile dim: the core's slice start
-
-  std::string fresh(const std::string& prefix) { return fmt::format("%{}{}", prefix, counters_[prefix]++); }
-  void line(const std::string& s) { body_ << std::string(static_cast<size_t>(depth_) * 2, ' ') << s << '\n'; }
-  std::string idx(int64_t v) {
-    auto it = idx_consts_.find(v);
-    if (it != idx_consts_.end()) return it->second;
-    const std::string n = fmt::format("%c{}", v);
-    consts_ << fmt::format("    {} = arith.constant {} : index\n", n, v);
-    return idx_consts_[v] = n;
-  }
-  int dim_index(const std::string& name) const {
-    for (size_t i = 0; i < t_.dims.size(); ++i)
-      if (t_.dims[i].name == name) return static_cast<int>(i);
-    throw Error(Location{.node = t_.node, .pass = "ktir"}, fmt::format("tile kernel {} has no dim '{}'", t_.name, name));
-  }
-  int arg_of(int global) const {
-    const std::string& name = p_.globals.at(static_cast<size_t>(global)).name;
-    for (size_t i = 0; i < k_.args.size(); ++i)
-      if (k_.args[i].name == name) return static_cast<int>(i);
-    throw Error(Location{.node = t_.node, .pass = "ktir"},
-                fmt::format("tile kernel {}: global '{}' is no arg of kernel {}", t_.name, name, k_.name));
-  }
-  int global_of_arg(int arg) const {
-    const int g = p_.find_global(k_.args.at(static_cast<size_t>(arg)).name);
-    if (g < 0)
-      throw Error(Location{.node = t_.node, .pass = "ktir"},
-                  fmt::format("tile kernel {}: arg {} of kernel {} ('{}') has no global", t_.name, arg, k_.name,
-                              k_.args[static_cast<size_t>(arg)].name));
-    return g;
-  }
-
-  // `logical` gives the dense physical offset of the element (the kernel level's accesses), or with
-  // `by_index` its logical row-major index (convolutions' operands, laid out by their declaration).
-  // `ext`: the view's extents when they are not the tile dims' (a convolution's channels along r).
-  const View& view(int global, const std::vector<int>& tdims, const std::function<int64_t(const std::vector<int64_t>&)>& logical,
-                   const std::string& what, bool by_index = false, const std::vector<int64_t>* ext = nullptr);
-  bool split_view(View& v, const std::vector<int>& tdims, const std::vector<int64_t>& ext,
-                  const std::function<int64_t(const std::vector<int64_t>&)>& addr, const std::string& what);
-  bool tiles_within(int d, int64_t f) const;
-  // The access indices and tile extents of the current tile in v's view dims (a split dim as its pair).
-  // `only` >= 0 (per_row views): the split dim's element `only` of the tile alone.
-  void access(const View& v, std::vector<std::string>& at, std::vector<int64_t>& tile, std::vector<int64_t>& dense,
-              int64_t only = -1);
-  // One access tile and its load or store (a split pair as one dim in `dense`).
-  std::string load_access(const View& v, int64_t only, std::vector<int64_t>& dense);
-  void store_access(const View& v, std::string x, int64_t only);
-  std::string load(const View& v, const std::vector<int>& compute, DType compute_dtype);
-  // row: `value` is a row tensor (the compute dims but the last), e.g. a reduction's result.
-  void store(const View& v, const std::string& value, DType value_dtype, bool row = false);
-  std::string broadcast_row(const std::string& row, DType t);
-  std::string value(int id, bool row);
-  std::string constant(double v, DType t, bool row);
-  std::vector<int64_t> shape(bool row) const {
-    std::vector<int64_t> s;
-    for (size_t i = 0; i + (row ? 1 : 0) < compute_.size(); ++i) s.push_back(tile_ext_[static_cast<size_t>(compute_[i])]);
-    return s;
-  }
-  void emit_body_stores();
-  std::string emit_matmul();
-  std::string emit_vector();
-  std::string emit_relayout();
-  std::string emit_conv();
-  // The tiles of `dims` (outermost first) on each core, whole and partial, around `body`: per dim a loop
-  // over the whole tiles of the core's extent and the partial tile after it as straight-line code of
-  // its own static extent; where the cores' extents along a split dim differ (the last core's slice
-  // is short, cores past the end have none), one scf.if per extent on the core's coordinate.
-  void nest(const std::vector<int>& dims, size_t i, const std::function<void()>& body);
-  void extent_tiles(const std::vector<int>& dims, size_t i, int64_t extent, const std::function<void()>& body);
-  std::string header(const std::string& kind);
-};
+namespace ktir_impl {
 
 // A memory view of `global` indexed by the tile dims `tdims` (their full extents), where tile point
 // x is logical element logical(x) of the global; its strides are in padded DRAM elements.
@@ -418,6 +76,7 @@ const View& FuncEmitter::view(int global, const std::vector<int>& tdims,
 // Every tile of dim d (each core's slice from c·slice, whole tiles then the partial one) lies within one
 // block of f elements or covers whole blocks.
 bool FuncEmitter::tiles_within(int d, int64_t f) const {
+  if (d == pieces_dim_ && f == pieces_f_) return true;  // the tiles are emitted as runs within rows or of whole rows
   const Dim& dm = t_.dims[static_cast<size_t>(d)];
   for (int64_t c = 0; c < dm.split; ++c) {
     const int64_t lo = c * dm.slice, hi = std::min(dm.size, lo + dm.slice);
@@ -439,6 +98,7 @@ bool FuncEmitter::split_view(View& v, const std::vector<int>& tdims, const std::
   for (size_t i = 0; i < tdims.size(); ++i)
     for (int64_t f = 2; f < ext[i]; ++f) {
       if (ext[i] % f != 0) continue;
+      if (pieces_f_ > 0 && !(tdims[i] == pieces_dim_ && f == pieces_f_)) continue;
       const bool within = tiles_within(tdims[i], f);
       if (pass == 0 ? !within : (within || t_.dims[static_cast<size_t>(tdims[i])].tile > 64)) continue;
       std::vector<int64_t> e2;
@@ -900,11 +560,49 @@ std::string FuncEmitter::value(int id, bool row) {
   return r;
 }
 
-}  // namespace
+}  // namespace ktir_impl
 }  // namespace tessel::tile
 
 namespace tessel::tile {
-namespace {
+namespace ktir_impl {
+
+std::string FuncEmitter::zero_accumulator(const std::string& acc_ty, std::string* zero) {
+  const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
+  if (zero) *zero = z;
+  line(fmt::format("{} = arith.constant 0.000000000e+00 : f32", z));
+  line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
+  line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
+  return a0;
+}
+
+std::string FuncEmitter::accumulate_tiles(size_t k, int64_t size, int64_t tile, const std::string& acc0,
+                                          const std::string& acc_ty, const std::string& iv_prefix,
+                                          const std::function<std::string(const std::string&)>& product) {
+  const int64_t full = size / tile, tail = size % tile;
+  std::string acc = acc0;
+  tile_ext_[k] = tile;
+  if (full == 1) {
+    offset_[k] = lo_[k];
+    acc = product(acc);
+  } else if (full > 1) {
+    const std::string res = fresh("acc"), iv = fresh(iv_prefix), it = fresh("acc_in");
+    line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", res, iv, lo_[k], idx(full * tile),
+                     idx(tile), it, acc, acc_ty));
+    ++depth_;
+    offset_[k] = iv;
+    line(fmt::format("scf.yield {} : {}", product(it), acc_ty));
+    --depth_;
+    line("}");
+    acc = res;
+  }
+  if (tail > 0) {
+    tile_ext_[k] = tail;
+    offset_[k] = idx(full * tile);
+    acc = product(acc);
+    tile_ext_[k] = tile;
+  }
+  return acc;
+}
 
 void FuncEmitter::nest(const std::vector<int>& dims, size_t i, const std::function<void()>& body) {
   if (i == dims.size()) {
@@ -1105,40 +803,14 @@ std::string FuncEmitter::emit_relayout() {
   return "relayout";
 }
 
-// A convolution whose im2col is a plain matrix (1x1 window, stride 1, no padding, one group): the matmul
-// of x's pixels [s, c] by the weights [c, oc], accumulated over r = c in f32, then the epilogue. Operand
-// views go by logical index through each global's declaration (NHWC activations, [C, KH, KW, OC] weights).
-std::string FuncEmitter::emit_conv() {
+// The epilogue's loop space of a convolution (linear_of_, c_access_): the store of y inverted (its offsets are
+// y's dense physical layout); without an epilogue, y's physical order itself.
+void FuncEmitter::conv_epilogue_map() {
   const ConvSpec& c = k_.conv;
-  // A window without padding is a sum over its taps of 1x1 convolutions of strided input views (the
-  // im2col of one tap is affine over (n, s split into rows and columns, c)); padding needs masked loads.
-  if (c.pad_top || c.pad_left || c.pad_bottom || c.pad_right || c.dil_h != 1 || c.dil_w != 1 || c.groups != 1 || c.kh * c.kw > 64)
-    cannot(fmt::format("convolution {}x{} stride {} pad {} groups {}: only windows without padding, of one group, are exported",
-                       c.kh, c.kw, c.stride_h, c.pad_top, c.groups));
-  const int64_t window = c.kh * c.kw;
-  const int n = dim_index("n"), oc = dim_index("oc"), sd = dim_index("s"), r = dim_index("r");
-  const Dim& dr = t_.dims[static_cast<size_t>(r)];
-  if (dr.split > 1) cannot(fmt::format("the reduction is split over {} cores", dr.split));
-  if (t_.dims[static_cast<size_t>(n)].tile != 1) cannot("batch tiles of more than one image");
-  if (t_.order.empty() || t_.order.back() != r) cannot("a loop order without r innermost");
-  const int gx = global_of_arg(c.x), gw = global_of_arg(c.w), gy = global_of_arg(c.y);
-  const int64_t S = c.oh * c.ow, C = c.c, OC = c.oc;
-  if (dr.size != C * window || dr.tile % window != 0) cannot("reduction tiles that are not whole input channels");
-  // per tap (kh, kw): x over (n, s, channel), w over (channel, oc), by logical index
-  const std::vector<int64_t> xext = {t_.dims[static_cast<size_t>(n)].size, S, C}, wext = {C, OC};
-  std::vector<const View*> vxs, vws;
-  for (int64_t kh = 0; kh < c.kh; ++kh)
-    for (int64_t kw = 0; kw < c.kw; ++kw) {
-      const std::string tap = window > 1 ? fmt::format(", tap ({}, {})", kh, kw) : "";
-      vxs.push_back(&view(gx, {n, sd, r}, [&](const std::vector<int64_t>& x) {
-        const int64_t oh = x[1] / c.ow, ow = x[1] % c.ow;
-        return ((x[0] * C + x[2]) * c.h + oh * c.stride_h + kh) * c.wd + ow * c.stride_w + kw;
-      }, "conv x" + tap, true, &xext));
-      vws.push_back(&view(gw, {r, oc}, [&](const std::vector<int64_t>& x) { return (x[1] * C + x[0]) * window + kh * c.kw + kw; },
-                          "conv w" + tap, true, &wext));
-    }
-  // the epilogue's loop space: invert the store of y (its offsets are y's dense physical layout)
-  auto phys_y = [&](int64_t b, int64_t o, int64_t p) { return c.y_nhwc ? (b * S + p) * OC + o : (b * OC + o) * S + p; };
+  const int64_t S = c.oh * c.ow, OC = c.oc;
+  // by value: linear_of_ outlives this call
+  const bool nhwc = c.y_nhwc;
+  auto phys_y = [nhwc, S, OC](int64_t b, int64_t o, int64_t p) { return nhwc ? (b * S + p) * OC + o : (b * OC + o) * S + p; };
   if (!k_.body.empty()) {
     int ya = -1;
     for (const KInstr& in : k_.body)
@@ -1167,6 +839,41 @@ std::string FuncEmitter::emit_conv() {
   } else {
     linear_of_ = [=](const std::vector<int64_t>& x) { return phys_y(x[0], x[2], x[1]); };
   }
+}
+
+// A convolution of one group without padding or dilation: per tap of the window, the matmul of x's pixels
+// [s, c] (the im2col of one tap is affine over (n, s split into rows and columns, c): a strided view) by
+// the weights [c, oc], accumulated over r = c in f32, then the epilogue. Operand views go by logical index
+// through each global's declaration (NHWC activations, [C, KH, KW, OC] weights).
+std::string FuncEmitter::emit_conv() {
+  const ConvSpec& c = k_.conv;
+  // padding, groups or dilation (a border no view can state): the input rows loaded once per tile and
+  // each tap's im2col sliced out of them in the scratchpad (ktir_conv.cpp)
+  if (c.pad_top || c.pad_left || c.pad_bottom || c.pad_right || c.dil_h != 1 || c.dil_w != 1 || c.groups != 1 || c.kh * c.kw > 64)
+    return emit_conv_window();
+  const int64_t window = c.kh * c.kw;
+  const int n = dim_index("n"), oc = dim_index("oc"), sd = dim_index("s"), r = dim_index("r");
+  const Dim& dr = t_.dims[static_cast<size_t>(r)];
+  if (dr.split > 1) cannot(fmt::format("the reduction is split over {} cores", dr.split));
+  if (t_.dims[static_cast<size_t>(n)].tile != 1) cannot("batch tiles of more than one image");
+  if (t_.order.empty() || t_.order.back() != r) cannot("a loop order without r innermost");
+  const int gx = global_of_arg(c.x), gw = global_of_arg(c.w), gy = global_of_arg(c.y);
+  const int64_t S = c.oh * c.ow, C = c.c, OC = c.oc;
+  if (dr.size != C * window || dr.tile % window != 0) cannot("reduction tiles that are not whole input channels");
+  // per tap (kh, kw): x over (n, s, channel), w over (channel, oc), by logical index
+  const std::vector<int64_t> xext = {t_.dims[static_cast<size_t>(n)].size, S, C}, wext = {C, OC};
+  std::vector<const View*> vxs, vws;
+  for (int64_t kh = 0; kh < c.kh; ++kh)
+    for (int64_t kw = 0; kw < c.kw; ++kw) {
+      const std::string tap = window > 1 ? fmt::format(", tap ({}, {})", kh, kw) : "";
+      vxs.push_back(&view(gx, {n, sd, r}, [&](const std::vector<int64_t>& x) {
+        const int64_t oh = x[1] / c.ow, ow = x[1] % c.ow;
+        return ((x[0] * C + x[2]) * c.h + oh * c.stride_h + kh) * c.wd + ow * c.stride_w + kw;
+      }, "conv x" + tap, true, &xext));
+      vws.push_back(&view(gw, {r, oc}, [&](const std::vector<int64_t>& x) { return (x[1] * C + x[0]) * window + kh * c.kw + kw; },
+                          "conv w" + tap, true, &wext));
+    }
+  conv_epilogue_map();
   target_ = {n, sd, oc};
   compute_ = {sd, oc};
   const DType dtx = p_.globals[static_cast<size_t>(gx)].dtype, dtw = p_.globals[static_cast<size_t>(gw)].dtype;
@@ -1175,10 +882,7 @@ std::string FuncEmitter::emit_conv() {
   nest(outer, 0, [&] {
     const int64_t ts = tile_ext_[ks], to = tile_ext_[ko];
     const std::string acc_ty = tensor_ty({ts, to}, DType::f32);
-    const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
-    line(fmt::format("{} = arith.constant 0.000000000e+00 : f32", z));
-    line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
-    line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
+    const std::string a0 = zero_accumulator(acc_ty);
     auto product = [&](const std::string& into) {
       // the r tile as whole channels: its channel offset and count stand in for r while the taps load
       const std::string r_off = offset_[kr];
@@ -1202,30 +906,7 @@ std::string FuncEmitter::emit_conv() {
       tile_ext_[kr] = r_ext;
       return res;
     };
-    const int64_t full = dr.size / dr.tile, tail = dr.size % dr.tile;
-    std::string acc = a0;
-    tile_ext_[kr] = dr.tile;
-    if (full == 1) {
-      offset_[kr] = lo_[kr];
-      acc = product(acc);
-    } else if (full > 1) {
-      const std::string res = fresh("acc"), iv = fresh("ir"), it = fresh("acc_in");
-      line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", res, iv, lo_[kr], idx(full * dr.tile),
-                       idx(dr.tile), it, acc, acc_ty));
-      ++depth_;
-      offset_[kr] = iv;
-      line(fmt::format("scf.yield {} : {}", product(it), acc_ty));
-      --depth_;
-      line("}");
-      acc = res;
-    }
-    if (tail > 0) {
-      tile_ext_[kr] = tail;
-      offset_[kr] = idx(full * dr.tile);
-      acc = product(acc);
-      tile_ext_[kr] = dr.tile;
-    }
-    acc_ = acc;
+    acc_ = accumulate_tiles(kr, dr.size, dr.tile, a0, acc_ty, "ir", product);
     vals_.clear();
     loaded_.clear();
     if (k_.body.empty()) {
@@ -1238,6 +919,81 @@ std::string FuncEmitter::emit_conv() {
   return "conv";
 }
 
+// One core's slice of a split k, accumulated into `acc`: the cores' extents differ when the split is uneven
+// (cores [0, q) hold a whole slice, core q the rest, cores past it nothing) and a slice may end in a partial
+// tile, while every core of a K group must reach the cross-core sum. So the whole tiles run in one loop whose
+// bound follows the core's coordinate (arith.select), and each partial tile, of its own static extent, in
+// a loop of one trip on the cores that have it and none on the others (ktir-cpu 9e03d63 returns no values
+// from scf.if).
+std::string FuncEmitter::ksplit_slice(const std::string& acc0, const std::string& acc_ty,
+                                      const std::function<std::string(const std::string&)>& product) {
+  const size_t kk = static_cast<size_t>(dim_index("k"));
+  const Dim& dk = t_.dims[kk];
+  const int64_t T = dk.tile, q = std::min(dk.split, dk.size / dk.slice), rest = dk.size - q * dk.slice;
+  // per core class: its condition on %tid_k (empty: every core), whole tiles and partial tile
+  struct Part {
+    std::string pred;
+    int64_t core, whole, tail;
+  };
+  std::vector<Part> parts;
+  if (q == dk.split) parts.push_back({"", 0, dk.slice / T * T, dk.slice % T});
+  else {
+    if (q > 0) parts.push_back({"slt", q, dk.slice / T * T, dk.slice % T});
+    if (rest > 0) parts.push_back({"eq", q, rest / T * T, rest % T});
+  }
+  auto cond = [&](const Part& pt) {
+    const std::string c = fresh("on_k");
+    line(fmt::format("{} = arith.cmpi {}, %tid_{}, {} : index", c, pt.pred, dk.name, idx(pt.core)));
+    return c;
+  };
+  // the end of the core's whole tiles: lo + whole, whole chosen by the core's class (0 for idle cores)
+  std::string whole = idx(0);
+  for (size_t i = parts.size(); i-- > 0;) {
+    if (parts[i].pred.empty()) {
+      whole = idx(parts[i].whole);
+      continue;
+    }
+    const std::string c = cond(parts[i]), w = fresh("whole_k");
+    line(fmt::format("{} = arith.select {}, {}, {} : index", w, c, idx(parts[i].whole), whole));
+    whole = w;
+  }
+  const std::string hi = fresh("hi_k");
+  line(fmt::format("{} = arith.addi {}, {} : index", hi, lo_[kk], whole));
+  std::string acc = acc0;
+  bool any_whole = false;
+  for (const Part& pt : parts) any_whole = any_whole || pt.whole > 0;
+  tile_ext_[kk] = T;
+  if (any_whole) {
+    const std::string r = fresh("acc"), iv = fresh("ik"), it = fresh("acc_in");
+    line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", r, iv, lo_[kk], hi, idx(T), it, acc, acc_ty));
+    ++depth_;
+    offset_[kk] = iv;
+    line(fmt::format("scf.yield {} : {}", product(it), acc_ty));
+    --depth_;
+    line("}");
+    acc = r;
+  }
+  for (const Part& pt : parts) {
+    if (pt.tail == 0) continue;
+    tile_ext_[kk] = pt.tail;
+    offset_[kk] = hi;
+    if (pt.pred.empty()) {
+      acc = product(acc);
+      continue;
+    }
+    const std::string trips = fresh("trips_k"), r = fresh("acc"), iv = fresh("tail_k"), it = fresh("acc_in");
+    line(fmt::format("{} = arith.select {}, {}, {} : index", trips, cond(pt), idx(1), idx(0)));
+    line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", r, iv, idx(0), trips, idx(1), it, acc, acc_ty));
+    ++depth_;
+    line(fmt::format("scf.yield {} : {}", product(it), acc_ty));
+    --depth_;
+    line("}");
+    acc = r;
+  }
+  tile_ext_[kk] = T;
+  return acc;
+}
+
 std::string FuncEmitter::emit_matmul() {
   const MatmulSpec& mm = k_.mm;
   const int b = dim_index("b"), m = dim_index("m"), n = dim_index("n"), kd = dim_index("k");
@@ -1246,8 +1002,6 @@ std::string FuncEmitter::emit_matmul() {
   // ktdp.inter_tile_produce / inter_tile_reduce (ktir-cpu's reduce path), stored by the group's first core.
   // k is the last split dim, so (ktir-cpu numbering cores with the first grid dim fastest) the cores of a
   // group are g + j·G, G the product of the other splits.
-  if (dk.split > 1 && dk.split * dk.slice != dk.size) cannot(fmt::format("an uneven K split ({} over {} cores x {})", dk.size, dk.split, dk.slice));
-  if (dk.split > 1 && dk.slice % dk.tile != 0) cannot("a K split whose slices end in a partial tile");
   if (t_.dims[static_cast<size_t>(b)].tile != 1) cannot("batch tiles of more than one matrix");
   if (t_.order.empty() || t_.order.back() != kd) cannot("a loop order without k innermost");
   // An operand the mapper re-laid out (TileKind::relayout) is read from its dense copy.
@@ -1273,10 +1027,8 @@ std::string FuncEmitter::emit_matmul() {
   auto tile_body = [&] {
     const int64_t tm = tile_ext_[km], tn = tile_ext_[kn];
     const std::string acc_ty = tensor_ty({tm, tn}, DType::f32);
-    const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
-    line(fmt::format("{} = arith.constant 0.000000000e+00 : f32", z));
-    line(fmt::format("{} = tensor.empty() : {}", e, acc_ty));
-    line(fmt::format("{} = linalg.fill ins({} : f32) outs({} : {}) -> {}", a0, z, e, acc_ty, acc_ty));
+    std::string z;  // the zero constant: the K-split reduction's identity fills with it too
+    const std::string a0 = zero_accumulator(acc_ty, &z);
     auto product = [&](const std::string& into) {
       const int64_t tk = tile_ext_[kk];
       const std::string at = load(va, {m, kd}, dta), bt = load(vb, {kd, n}, dtb);
@@ -1287,34 +1039,12 @@ std::string FuncEmitter::emit_matmul() {
       return r;
     };
     // k: the whole tiles in a loop carrying the accumulator, the partial one after it
-    const int64_t kext = dk.split > 1 ? dk.slice : dk.size;
-    const int64_t full = kext / dk.tile, tail = kext % dk.tile;
     std::string acc = a0;
     tile_ext_[kk] = dk.tile;
-    if (full == 1) {
-      offset_[kk] = lo_[kk];
-      acc = product(acc);
-    } else if (full > 1) {
-      const std::string r = fresh("acc"), iv = fresh("ik"), it = fresh("acc_in");
-      std::string hi = idx(full * dk.tile);
-      if (dk.split > 1) {
-        hi = fresh("hi_k");
-        line(fmt::format("{} = arith.addi {}, {} : index", hi, lo_[kk], idx(full * dk.tile)));
-      }
-      line(fmt::format("{} = scf.for {} = {} to {} step {} iter_args({} = {}) -> ({}) {{", r, iv, lo_[kk], hi,
-                       idx(dk.tile), it, acc, acc_ty));
-      ++depth_;
-      offset_[kk] = iv;
-      line(fmt::format("scf.yield {} : {}", product(it), acc_ty));
-      --depth_;
-      line("}");
-      acc = r;
-    }
-    if (tail > 0) {
-      tile_ext_[kk] = tail;
-      offset_[kk] = idx(full * dk.tile);
-      acc = product(acc);
-      tile_ext_[kk] = dk.tile;
+    if (dk.split == 1) {
+      acc = accumulate_tiles(kk, dk.size, dk.tile, acc, acc_ty, "ik", product);
+    } else {
+      acc = ksplit_slice(acc, acc_ty, product);
     }
     if (dk.split > 1) {
       int64_t G = 1;
@@ -1474,7 +1204,9 @@ std::string FuncEmitter::run() {
   return out.str();
 }
 
-}  // namespace
+}  // namespace ktir_impl
+
+using namespace ktir_impl;
 
 KtirExport export_ktir_kernels(const TileProgram& p, const KernelModule& m) {
   KtirExport e;
@@ -1595,7 +1327,7 @@ nlohmann::json ktir_manifest(const TileProgram& p, const KtirExport& e) {
   for (int g : p.inputs) ins.push_back(p.globals.at(static_cast<size_t>(g)).name);
   for (int g : p.outputs) outs.push_back(p.globals.at(static_cast<size_t>(g)).name);
   return {{"model", p.name}, {"target", p.target}, {"cores", p.cores}, {"float_dtype", std::string(dtype_name(p.float_dtype))},
-          {"dl16", p.dl16}, {"inputs", ins}, {"outputs", outs}, {"kernels", std::move(ks)}, {"skipped", e.skipped},
+          {"dl16", p.dl16}, {"storage", e.storage}, {"inputs", ins}, {"outputs", outs}, {"kernels", std::move(ks)}, {"skipped", e.skipped},
           {"tile_kernels", p.kernels.size()}, {"globals", std::move(globals)}, {"steps", std::move(steps)}};
 }
 

@@ -46,6 +46,7 @@ struct KtirKernel {
 struct KtirExport {
   std::vector<KtirKernel> kernels;    // in program order
   std::vector<std::string> skipped;   // "tN: reason"
+  std::string storage = "device";     // the manifest's "storage": "device", or "f32" (ktir_widened_storage)
 };
 KtirExport export_ktir_kernels(const TileProgram& p, const KernelModule& m);
 // manifest.json of the folder form: model, target, the program's inputs and outputs, and per kernel
@@ -62,6 +63,10 @@ std::string ktir_file_name(size_t index, const KtirKernel& k);  // "03-t4.mlir"
 nlohmann::json write_ktir_folder(const std::string& dir, const TileProgram& p, const KernelModule& m, const KtirExport& e,
                                  const std::vector<std::pair<std::string, Tensor>>* values = nullptr);
 std::string ktir_constant_file(size_t global, const Global& g);  // "constants/007-w1.npy"
+
+// The check mode's program (ktir_storage.cpp): p with every f16/bf16 global stored as f32 (dl16 off), the
+// schedule and layouts (in elements) unchanged. Export it with KtirExport::storage = "f32".
+TileProgram ktir_widened_storage(const TileProgram& p);
 
 // The padded DRAM address of logical element `index` (row-major over g.shape) under g's declaration
 // (padded shape, physical order perm); and back: the logical row-major index at a padded address, or

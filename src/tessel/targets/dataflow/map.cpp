@@ -12,6 +12,7 @@
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/cost.h"
 #include "tessel/targets/dataflow/map.h"
+#include "tessel/targets/dataflow/tile_traffic.h"
 
 namespace tessel::tile {
 namespace {
@@ -413,6 +414,31 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   int64_t tile_buffers = static_cast<int64_t>(n.outputs.size());  // output-tile-sized operands (below)
   for (size_t i = 0; i < n.inputs.size(); ++i)
     if (static_cast<int>(i) != cv.x && static_cast<int>(i) != cv.w && n.inputs[i]) ++tile_buffers;
+  // The plan of a candidate: its dims, loop order, cores and operands (the x operand's tile is the
+  // im2col rows of ts pixels x tr reduction rows for each group the oc tile touches).
+  auto fill = [&](const Cand& c, TileKernel& t) {
+    t.dims = {{"n", cv.n, c.sn, c.ns, c.tn, 1, false},
+              {"oc", cv.oc, c.so, c.os, c.to, ou, false},
+              {"s", s, c.ss, c.ss_, c.ts, 1, false},
+              {"r", r, 1, r, c.tr, 1, true}};
+    t.order = {0, 1, 2, 3};
+    t.cores = static_cast<int>(c.sn * c.so * c.ss);
+    t.on_vector_unit = depthwise;
+    auto add = [&](std::string role, const Value* v, bool out, std::vector<int> dims, DType sd, int copies, int64_t bytes) {
+      t.operands.push_back(make_operand(mp, std::move(role), v, out, std::move(dims), sd, copies, bytes));
+    };
+    const int64_t gi = std::min(cv.groups, ceil_div(c.to, og) + 1);
+    add("x", xv, false, {0, 2, 3}, dt, cp, c.ts * c.tr * gi * es);
+    add("w", n.inputs[static_cast<size_t>(cv.w)], false, {1, 3}, dt, cp, c.to * c.tr * es);
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (static_cast<int>(i) != cv.x && static_cast<int>(i) != cv.w && n.inputs[i])
+        add("epi", n.inputs[i], false, {0, 1, 2}, dt, cp, c.ts * c.to * es);
+    add("acc", nullptr, false, {0, 1, 2}, DType::f32, 1, c.ts * c.to * 4);
+    for (const Value* out : n.outputs) add("y", out, true, {0, 1, 2}, dt, cp, c.ts * c.to * es);
+  };
+  // the globals in the order the mapper has always made them (x, then y, then the others in `fill`)
+  mp.global(xv);
+  mp.global(n.outputs[0]);
   std::string why_none;
   const std::vector<int64_t> channel_tiles = conv_channel_tiles(cv, cg, ou);
   // The whole reduction when any split fits with it; otherwise every reduction tile, the fastest wins
@@ -455,20 +481,15 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
         c.compute = depthwise ? static_cast<double>(tiles) * 2 * dataflow::vector_cycles(hw, VectorOp::mul, macs_tile)
                               : static_cast<double>(tiles * rt) * static_cast<double>(std::min(cv.groups, ceil_div(c.to, og))) *
                                     dataflow::matmul_cycles(hw, c.ts, c.tr, std::min(c.to, og), dt);
-        // the input rows of the core's output pixels, plus ~1/8 for the halo when pixels are split
-        const int64_t x_all = mp.p.globals[static_cast<size_t>(mp.global(xv))].bytes() * c.ns / std::max<int64_t>(1, cv.n);
-        const int64_t x_bytes = x_all / ss + (ss > 1 ? x_all / 8 : 0);
-        // the weights of the core's output channels: resident across pixel tiles when the reduction
-        // is one tile, reloaded for every pixel tile (and batch row) when it is split
-        const int64_t w_bytes = c.os * r * es * (rt > 1 ? c.ns * ceil_div(c.ss_, c.ts) : 1);
-        const int64_t y_all = mp.p.globals[static_cast<size_t>(mp.global(n.outputs[0]))].bytes();
-        const int64_t y_bytes = y_all * c.ns / std::max<int64_t>(1, cv.n) * c.os / std::max<int64_t>(1, round_up(cv.oc, ou)) / ss;
-        const int64_t cores = sn * so * ss;
-        const int64_t reads = cores * (x_bytes * ceil_div(c.os, c.to) / std::max<int64_t>(1, std::min(so, cores)) + w_bytes);
-        const int64_t writes = cores * y_bytes;
-        c.dram = reads + writes;
-        c.memory = static_cast<double>(reads) / hw.dram_read_bytes_per_cycle() +
-                   static_cast<double>(writes) / hw.dram_write_bytes_per_cycle();
+        // DRAM: what the timing engine will load and store for this plan (kernel_traffic walks the
+        // same tiles: the x operand's im2col tile on every step, the weights while resident)
+        TileKernel plan;
+        plan.kind = TileKind::conv;
+        fill(c, plan);
+        const Traffic tr = kernel_traffic(plan);
+        c.dram = tr.read + tr.write;
+        c.memory = static_cast<double>(tr.read) / hw.dram_read_bytes_per_cycle() +
+                   static_cast<double>(tr.write) / hw.dram_write_bytes_per_cycle();
         c.total = dataflow::overlap_cycles(hw, c.compute, c.memory);
         cands.push_back(c);
       }
@@ -483,24 +504,7 @@ void map_conv(Mapper& mp, const Node& n, const Kernel& k, TileKernel& t) {
   if (c.tr < r)
     t.decision += fmt::format("; reduction in {} tiles of {} channels x {}x{} (no plan with the whole reduction of {} fits)",
                               ceil_div(r, c.tr), c.tr / window, cv.kh, cv.kw, r);
-  t.dims = {{"n", cv.n, c.sn, c.ns, c.tn, 1, false},
-            {"oc", cv.oc, c.so, c.os, c.to, ou, false},
-            {"s", s, c.ss, c.ss_, c.ts, 1, false},
-            {"r", r, 1, r, c.tr, 1, true}};
-  t.order = {0, 1, 2, 3};
-  t.cores = static_cast<int>(c.sn * c.so * c.ss);
-  t.on_vector_unit = depthwise;
-  auto add = [&](std::string role, const Value* v, bool out, std::vector<int> dims, DType sd, int copies, int64_t bytes) {
-    t.operands.push_back(make_operand(mp, std::move(role), v, out, std::move(dims), sd, copies, bytes));
-  };
-  const int64_t gi = std::min(cv.groups, ceil_div(c.to, og) + 1);
-  add("x", xv, false, {0, 2, 3}, dt, cp, c.ts * c.tr * gi * es);
-  add("w", n.inputs[static_cast<size_t>(cv.w)], false, {1, 3}, dt, cp, c.to * c.tr * es);
-  for (size_t i = 0; i < n.inputs.size(); ++i)
-    if (static_cast<int>(i) != cv.x && static_cast<int>(i) != cv.w && n.inputs[i])
-      add("epi", n.inputs[i], false, {0, 1, 2}, dt, cp, c.ts * c.to * es);
-  add("acc", nullptr, false, {0, 1, 2}, DType::f32, 1, c.ts * c.to * 4);
-  for (const Value* out : n.outputs) add("y", out, true, {0, 1, 2}, dt, cp, c.ts * c.to * es);
+  fill(c, t);
   t.flops = 2.0 * static_cast<double>(cv.n * cv.oc * s * r) + vector_work(hw, k, cv.n * cv.oc, s).ops;
   t.dram_bytes = c.dram;
   t.estimate_cycles = c.total;

@@ -8,6 +8,7 @@
 
 #include "tessel/support/error.h"
 #include "tessel/targets/dataflow/cost.h"
+#include "tessel/targets/dataflow/tile_traffic.h"
 
 namespace tessel::tile {
 namespace {
@@ -27,14 +28,6 @@ double vector_time(const HwSpec& hw, const std::vector<double>& per_point, doubl
   return c;
 }
 
-// One core's view of a kernel: its slice of every dim and its steps through the tiles.
-struct CoreWalk {
-  std::vector<int64_t> lo, hi;   // per dim
-  bool empty = false;
-  std::vector<int64_t> counts;   // tiles per dim
-  int64_t steps = 1;
-};
-
 struct Step {
   std::vector<int64_t> tile;     // tile index per dim
   std::vector<int64_t> extent;   // elements per dim in this tile
@@ -48,28 +41,8 @@ class KernelTasks {
   // Emits the kernel's tasks; returns the tasks the kernel's end waits for.
   std::vector<TaskId> emit() {
     const size_t nd = t_.dims.size();
-    // core coordinates: row-major over the dims in order (the last dim varies fastest)
-    for (int c = 0; c < t_.cores; ++c) {
-      std::vector<int64_t> coord(nd);
-      int64_t rest = c;
-      for (size_t d = nd; d-- > 0;) {
-        coord[d] = rest % t_.dims[d].split;
-        rest /= t_.dims[d].split;
-      }
-      coords_.push_back(coord);
-      CoreWalk w;
-      w.lo.resize(nd), w.hi.resize(nd), w.counts.resize(nd);
-      for (size_t d = 0; d < nd; ++d) {
-        const Dim& dm = t_.dims[d];
-        w.lo[d] = coord[d] * dm.slice;
-        w.hi[d] = std::min(dm.size, w.lo[d] + dm.slice);
-        if (w.lo[d] >= w.hi[d]) w.empty = true;
-        w.counts[d] = w.empty ? 0 : (w.hi[d] - w.lo[d] + dm.tile - 1) / dm.tile;
-        w.steps *= w.counts[d];
-      }
-      if (w.empty) w.steps = 0;
-      walks_.push_back(w);
-    }
+    coords_ = core_coords(t_);
+    for (const auto& coord : coords_) walks_.push_back(core_walk(t_, coord));
     // reduction dims: a step ends an output tile when every reduction dim is at its last tile
     for (size_t d = 0; d < nd; ++d)
       if (t_.dims[d].reduction) red_.push_back(static_cast<int>(d));
@@ -132,35 +105,11 @@ class KernelTasks {
     return st;
   }
 
-  // Which operands load per step, and broadcast groups.
+  // Which core loads each operand's tiles for each core (broadcast groups).
   void setup_operands() {
-    const size_t no = t_.operands.size();
-    leader_.assign(no * static_cast<size_t>(t_.cores), -1);
-    members_.assign(no * static_cast<size_t>(t_.cores), 1);
-    for (size_t oi = 0; oi < no; ++oi) {
-      const Operand& op = t_.operands[oi];
-      for (int c = 0; c < t_.cores; ++c) leader_[oi * static_cast<size_t>(t_.cores) + static_cast<size_t>(c)] = c;
-      if (op.out || op.global < 0 || op.fanout <= 1) continue;
-      // cores that agree on the operand's dims, in blocks of `fanout`, with identical walks
-      std::map<std::vector<int64_t>, std::vector<int>> groups;
-      for (int c = 0; c < t_.cores; ++c) {
-        std::vector<int64_t> key;
-        for (int d : op.dims) key.push_back(coords_[static_cast<size_t>(c)][static_cast<size_t>(d)]);
-        groups[key].push_back(c);
-      }
-      for (const auto& [key, cs] : groups)
-        for (size_t b = 0; b < cs.size(); b += static_cast<size_t>(op.fanout)) {
-          const size_t e = std::min(cs.size(), b + static_cast<size_t>(op.fanout));
-          bool same = true;
-          for (size_t i = b; i < e; ++i)
-            same = same && walks_[static_cast<size_t>(cs[i])].counts == walks_[static_cast<size_t>(cs[b])].counts;
-          if (!same) continue;
-          for (size_t i = b; i < e; ++i) {
-            leader_[oi * static_cast<size_t>(t_.cores) + static_cast<size_t>(cs[i])] = cs[b];
-            members_[oi * static_cast<size_t>(t_.cores) + static_cast<size_t>(cs[i])] = static_cast<int>(e - b);
-          }
-        }
-    }
+    BroadcastGroups b = broadcast_groups(t_, coords_, walks_);
+    leader_ = std::move(b.leader);
+    members_ = std::move(b.members);
   }
 
   double fraction(const Operand& op, const Step& st) const {
@@ -169,7 +118,8 @@ class KernelTasks {
     return f;
   }
 
-  bool is_loaded(const Operand& op) const { return !op.out && op.global >= 0 && op.role != "epi"; }
+  bool is_loaded(const Operand& op) const { return step_loaded(op); }
+  int64_t transfer_bytes(const Operand& op, const Step& st) const { return tile_transfer_bytes(t_, op, st.extent); }
 
   void loads(int c, const Step& st, int64_t s) {
     for (size_t oi = 0; oi < t_.operands.size(); ++oi) {
@@ -185,7 +135,7 @@ class KernelTasks {
         current_[slot] = current_[oi * static_cast<size_t>(t_.cores) + static_cast<size_t>(leader)];
         continue;
       }
-      const int64_t bytes = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(op.tile_bytes) * fraction(op, st)));
+      const int64_t bytes = transfer_bytes(op, st);
       std::vector<TaskId> deps{begin_};
       if (last_load_[slot] >= 0) deps.push_back(last_load_[slot]);  // one load of a stream in flight
       // the buffer this load overwrites is free once the steps that read it `copies` loads ago are done
@@ -265,17 +215,7 @@ class KernelTasks {
 
   // Where the partial sums of core c go along a split reduction dim (the neighbour one K coordinate
   // lower), or -1 for the core that finishes the tile.
-  int reduce_peer(int c) const {
-    int64_t stride = 1;
-    for (size_t d = t_.dims.size(); d-- > 0;) {
-      if (t_.dims[d].reduction && t_.dims[d].split > 1) {
-        const int64_t kc = coords_[static_cast<size_t>(c)][d];
-        return kc > 0 ? static_cast<int>(c - stride) : -1;
-      }
-      stride *= t_.dims[d].split;
-    }
-    return -1;
-  }
+  int reduce_peer(int c) const { return tile::reduce_peer(t_, coords_, c); }
 
   // After the last reduction step of an output tile: the K-split chain (cores in descending order, so
   // a core forwards after receiving), then on the finishing core the epilogue and a deferred store.
@@ -307,7 +247,7 @@ class KernelTasks {
         const size_t slot = oi * static_cast<size_t>(t_.cores) + static_cast<size_t>(c);
         std::vector<TaskId> ld{begin_};
         if (last_load_[slot] >= 0) ld.push_back(last_load_[slot]);
-        const int64_t bytes = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(op.tile_bytes) * fraction(op, st)));
+        const int64_t bytes = transfer_bytes(op, st);
         last_load_[slot] = g_.add(dataflow::load_task(c, bytes, index_), ld);
         deps.push_back(last_load_[slot]);
       }
@@ -324,7 +264,7 @@ class KernelTasks {
       last_task_[static_cast<size_t>(c)] = done;
       for (const Operand& op : t_.operands) {
         if (!op.out || op.global < 0) continue;
-        const int64_t bytes = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(op.tile_bytes) * fraction(op, st)));
+        const int64_t bytes = transfer_bytes(op, st);
         pending_[static_cast<size_t>(c)].push_back({dataflow::store_task(c, bytes, index_), done});
       }
     }
