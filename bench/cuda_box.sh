@@ -1,8 +1,10 @@
 #!/bin/bash
 # The CUDA target on the GPU box, in one device call (docs/runtime/cuda-backend.md, docs/BENCHMARKS.md):
 # checks the machine (nvidia-smi, every library resolves), runs the CUDA tests of tessel_tests on the
-# models present, `tessel bench --target cuda` on each, the PyTorch peers (bench/cuda_peer_block.py)
-# when tblock_bert is present, and prints a table last. Logs and JSON go to $OUT (or /tmp/cuda_box).
+# models present (f32 and bf16), `tessel bench --target cuda` on each at f32 and at --precision bf16, the
+# PyTorch peers (bench/cuda_peer_block.py) when tblock_bert or the bar model (bert_block_b4t512, whose
+# test_data_set_0 is written here by bench/cuda_bert_block.py) is present, and prints a table last.
+# Logs and JSON go to $OUT (or /tmp/cuda_box).
 # Packed here by bench/cuda_box_pack.sh; run from the checkout's root on the box:
 #   bash .box15/common/cuda_box.sh          (models: .box15/m*/ and examples/tblock_s)
 set -u
@@ -33,35 +35,44 @@ if [ -n "$SRC" ] && [ ! -d "$SRC/tests" ]; then mkdir -p "$(dirname "$SRC")" && 
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   ldd "$W/bin/tessel" | grep -E "not found|nvrtc|cublas|dnnl" || true
 } 2>&1 | tee "$OUT/machine.txt"
+PY=/opt/torch/.venv/bin/python3; [ -x $PY ] || PY=python3
 MODELS=""
 for d in "$BOX"/m*/* examples/tblock_s; do
   [ -f "$d/model.onnx" ] || continue
-  n=$(basename "$d"); ln -sfn "$(cd "$d" && pwd)" "$W/models/$n"; MODELS="$MODELS $n"
+  n=$(basename "$d")
+  if [ -d "$d/test_data_set_0" ]; then ln -sfn "$(cd "$d" && pwd)" "$W/models/$n"
+  else  # the bar model: its data set (torch f32 on the CPU) is written here
+    mkdir -p "$W/models/$n" && ln -sfn "$(cd "$d" && pwd)/model.onnx" "$W/models/$n/model.onnx"
+    $PY "$BOX/common/cuda_bert_block.py" data "$W/models/$n" || echo "could not write $n's data set"
+  fi
+  MODELS="$MODELS $n"
 done
 echo "models:$MODELS"
 # The corpus tests of the models present (the others are not here), and the device-free ones.
-FILTER="CudaCodegen.*:CudaToolchain.*:CudaBackend.*"
-for n in $MODELS; do FILTER="$FILTER:Models/CudaCorpus.*/$n"; done
+FILTER="CudaCodegen.*:CudaToolchain.*:CudaBackend.*:CudaBf16.*:CudaAttention.*:CudaEpilogue.*"
+for n in $MODELS; do FILTER="$FILTER:Models/CudaCorpus.*/$n:Models/CudaCorpusBf16.*/$n"; done
 set -o pipefail
 "$W/bin/tessel_tests" --gtest_filter="$FILTER" 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|FAILED|Failure|error" | tail -40
 TESTS_RC=$?
 for n in $MODELS; do
-  "$W/bin/tessel" bench "$W/models/$n" --target cuda --iters 50 --json "$W/bench_$n.json" 2>&1 | tee -a "$OUT/bench.log"
+  for p in f32 bf16; do
+    "$W/bin/tessel" bench "$W/models/$n" --target cuda --precision $p --iters 50 --json "$W/bench_${n}_$p.json" 2>&1 | tee -a "$OUT/bench.log"
+  done
 done
 PEER=""
-if [[ " $MODELS " == *" tblock_bert "* || -n "${PEERS:-}" ]]; then
-  PY=/opt/torch/.venv/bin/python3; [ -x $PY ] || PY=python3
-  PYTHONUNBUFFERED=1 $PY "$BOX/common/cuda_peer_block.py" > "$OUT/peers.json" 2> "$OUT/peers.log"; PEER=$?
+if [[ "${PEERS:-}" != 0 ]] && [[ " $MODELS " == *" tblock_bert "* || " $MODELS " == *" bert_block_b4t512 "* || -n "${PEERS:-}" ]]; then
+  BAR=""; [ -d "$W/models/bert_block_b4t512" ] && BAR="$W/models/bert_block_b4t512${AUTOTUNE:+ --autotune}"  # max-autotune: ~85 s more
+  PYTHONUNBUFFERED=1 timeout 420 $PY "$BOX/common/cuda_peer_block.py" $BAR > "$OUT/peers.json" 2> "$OUT/peers.log"; PEER=$?
   cat "$OUT/peers.log" | grep -v Warning | tail -5
 fi
 python3 - "$OUT" "$W" <<'PY'
 import glob, json, os, sys
 out, w = sys.argv[1], sys.argv[2]
-runs = {os.path.basename(json.load(open(f))["model"]): json.load(open(f)) for f in sorted(glob.glob(os.path.join(w, "bench_*.json")))}
+runs = {os.path.basename(f)[6:-5]: json.load(open(f)) for f in sorted(glob.glob(os.path.join(w, "bench_*.json")))}
 json.dump(runs, open(os.path.join(out, "bench.json"), "w"), indent=1)  # one file back (the tool returns at most 8)
-print(f"\n{'model':<14}{'match':>6}{'max rel':>10}{'compile ms':>11}{'first ms':>10}{'call ms':>9}{'device ms':>10}{'roof ms':>9}{'graph':>6}{'host':>5}")
+print(f"\n{'model':<24}{'match':>6}{'max rel':>10}{'compile ms':>11}{'first ms':>10}{'call ms':>9}{'device ms':>10}{'roof ms':>9}{'graph':>6}{'host':>5}")
 for j in runs.values():
-    print(f"{os.path.basename(j['model']):<14}{'yes' if j['match'] else 'NO':>6}{j['max_rel']:>10.2g}{j['compile_ms']:>11.0f}"
+    print(f"{os.path.basename(j['model']) + ' ' + j.get('precision', 'f32'):<24}{'yes' if j['match'] else 'NO':>6}{j['max_rel']:>10.2g}{j['compile_ms']:>11.0f}"
           f"{j['first_call_ms']:>10.2f}{j['call_ms']:>9.3f}{j['replay_ms']:>10.3f}{j['roofline_ms_sum']:>9.3f}"
           f"{'yes' if j['cuda_graph'] else 'no':>6}{j['host_steps']:>5}")
 p = os.path.join(out, "peers.json")
@@ -70,7 +81,8 @@ if os.path.exists(p) and os.path.getsize(p):
         r = json.loads(open(p).read().strip().splitlines()[-1])
         for c in r["cases"]:
             print(f"peer {c['case']}: torch eager {c['eager_ms']:.3f} ms, Inductor {c['inductor_ms']:.3f} ms (compile {c['inductor_compile_s']:.1f} s), "
-                  f"Inductor reduce-overhead {c.get('inductor_cudagraphs_ms', float('nan')):.3f} ms")
+                  f"Inductor reduce-overhead {c.get('inductor_cudagraphs_ms', float('nan')):.3f} ms, "
+                  f"max-autotune {c.get('inductor_max_autotune_ms', float('nan')):.3f} ms (compile {c.get('inductor_max_autotune_compile_s', float('nan')):.1f} s)")
     except Exception as e:
         print("peers:", e)
 PY

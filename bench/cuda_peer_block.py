@@ -33,6 +33,32 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
+def init_block(m, seed=0):
+    """Sets every parameter of Block `m` from numpy's PCG64 stream (the same numbers under any torch
+    version, unlike torch's own initialisers): Linear weights and biases uniform in +-1/sqrt(fan_in),
+    LayerNorm scale 1 +- 0.1 and shift +- 0.1. bench/cuda_bert_block.py exports the block with these
+    weights, so the peers run the very weights tessel runs."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in sorted(m.named_parameters()):
+            u = 2 * rng.random(tuple(p.shape)) - 1
+            if name.startswith("ln"):
+                v = 1 + 0.1 * u if name.endswith("weight") else 0.1 * u
+            else:
+                fan_in = p.shape[1] if p.dim() == 2 else dict(m.named_parameters())[name[:-4] + "weight"].shape[1]
+                v = u / math.sqrt(fan_in)
+            p.copy_(torch.from_numpy(v.astype(np.float32)))
+    return m
+
+
+def block_input(bsz, seq, seed=1):
+    """The bar model's input: uniform with unit variance, from numpy's PCG64 stream."""
+    import numpy as np
+    u = 2 * np.random.default_rng(seed).random((bsz, seq, 768)) - 1
+    return torch.from_numpy((u * math.sqrt(3)).astype(np.float32))
+
+
 def time_fn(fn, x, iters=200, warm=20):
     for _ in range(warm):
         fn(x)
@@ -49,44 +75,79 @@ def time_fn(fn, x, iters=200, warm=20):
     return statistics.median(times)
 
 
-def case(dtype, bsz, seq, label):
-    torch.manual_seed(0)
-    m = Block().cuda().to(dtype).eval()
-    x = torch.randn(bsz, seq, 768, device="cuda", dtype=dtype)
-    out = {"case": label, "dtype": str(dtype).replace("torch.", ""), "batch": bsz, "seq": seq}
-    with torch.no_grad():
-        out["eager_ms"] = time_fn(m, x)
-        torch._dynamo.reset()
-        c = torch.compile(m)
-        t0 = time.perf_counter()
+def compiled(m, x, **kw):
+    """torch.compile(m, **kw): the compiled callable and its compile time (the first calls' wall time)."""
+    torch._dynamo.reset()
+    c = torch.compile(m, **kw)
+    t0 = time.perf_counter()
+    for _ in range(3 if kw.get("mode") else 1):
         c(x)
-        torch.cuda.synchronize()
-        out["inductor_compile_s"] = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return c, time.perf_counter() - t0
+
+
+def rel_err(y, ref):
+    return float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def case(dtype, bsz, seq, label, seeded=False, ref=None, autotune=False):
+    torch.manual_seed(0)
+    m = Block()
+    if seeded:
+        init_block(m)
+    m = m.cuda().to(dtype).eval()
+    x = (block_input(bsz, seq) if seeded else torch.randn(bsz, seq, 768)).cuda().to(dtype)
+    out = {"case": label, "dtype": str(dtype).replace("torch.", ""), "batch": bsz, "seq": seq, "seeded_weights": seeded}
+    with torch.no_grad():
+        y = m(x)
+        if ref is not None:
+            # the data set's output (torch f32 on the CPU, written by bench/cuda_bert_block.py): the
+            # same weights, and the peers' own error at this dtype
+            out["max_rel_vs_f32_reference"] = rel_err(y, ref.cuda())
+        out["eager_ms"] = time_fn(m, x)
+        c, out["inductor_compile_s"] = compiled(m, x)
         out["inductor_ms"] = time_fn(c, x)
         # Inductor with CUDA graphs (mode="reduce-overhead"): the launch-overhead-free figure, the fair
         # peer of tessel's graph replay.
-        torch._dynamo.reset()
-        g = torch.compile(m, mode="reduce-overhead")
-        t0 = time.perf_counter()
-        for _ in range(3):
-            g(x)
-        torch.cuda.synchronize()
-        out["inductor_cudagraphs_compile_s"] = time.perf_counter() - t0
+        g, out["inductor_cudagraphs_compile_s"] = compiled(m, x, mode="reduce-overhead")
         out["inductor_cudagraphs_ms"] = time_fn(g, x)
+        if autotune:
+            a, out["inductor_max_autotune_compile_s"] = compiled(m, x, mode="max-autotune")
+            out["inductor_max_autotune_ms"] = time_fn(a, x)
         flops = 2 * bsz * seq * (768 * 3 * 768 + 768 * 768 + 2 * 768 * 3072) + 4 * bsz * seq * seq * 768
         out["gflop"] = flops / 1e9
     print(f"{label}: eager {out['eager_ms']:.3f} ms, inductor {out['inductor_ms']:.3f} ms, "
           f"inductor reduce-overhead {out['inductor_cudagraphs_ms']:.3f} ms "
-          f"(compile {out['inductor_compile_s']:.1f} s), {out['gflop']:.1f} GFLOP", file=sys.stderr)
+          f"(compile {out['inductor_compile_s']:.1f} s)"
+          + (f", max-autotune {out['inductor_max_autotune_ms']:.3f} ms (compile {out['inductor_max_autotune_compile_s']:.1f} s)" if autotune else "")
+          + (f", vs f32 reference {out['max_rel_vs_f32_reference']:.2g}" if ref is not None else "")
+          + f", {out['gflop']:.1f} GFLOP", file=sys.stderr)
     return out
 
 
+def read_reference(folder):
+    """output_0.pb of the bar model's data set (bench/tensor_pb.py's reader, beside this file), or None."""
+    import os
+    if not folder or not os.path.exists(os.path.join(folder, "test_data_set_0", "output_0.pb")):
+        return None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import tensor_pb
+    return torch.from_numpy(tensor_pb.read(os.path.join(folder, "test_data_set_0", "output_0.pb")).copy())
+
+
 def main():
+    """usage: cuda_peer_block.py [BAR_MODEL_FOLDER] [--autotune]: the bar model's folder (bench/cuda_bert_block.py)
+    makes the B=4 T=512 cases use its seeded weights and compare with its f32 output."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    ref = read_reference(args[0] if args else None)
     res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "cases": []}
     res["cases"].append(case(torch.float32, 1, 128, "tblock_bert f32 B=1 T=128"))
-    res["cases"].append(case(torch.bfloat16, 4, 512, "bert block bf16 B=4 T=512"))
+    if ref is not None:
+        res["cases"].append(case(torch.float32, 4, 512, "bar block f32 B=4 T=512", seeded=True, ref=ref))
+    res["cases"].append(case(torch.bfloat16, 4, 512, "bert block bf16 B=4 T=512", seeded=ref is not None, ref=ref,
+                             autotune="--autotune" in sys.argv))
     print(json.dumps(res))
 
 

@@ -13,6 +13,7 @@
 #include "tessel/support/error.h"
 #include "tessel/targets/cuda/codegen.h"
 #include "tessel/targets/cuda/toolchain.h"
+#include "cuda_test_util.h"
 #include "test_util.h"
 
 using namespace tessel;
@@ -35,20 +36,6 @@ const char* const kSoftmax = R"(graph @softmax_rows(%x: f32[2,64]) {
 }
 )";
 
-cuda::NvrtcOptions test_nvrtc() {
-  cuda::NvrtcOptions o;
-  o.arch = cuda::device_arch("sm_90");
-  o.cache_dir = testing::TempDir() + "/tessel_cuda_cache";
-  return o;
-}
-
-Tensor ramp(const Shape& s) {
-  Tensor t(DType::f32, s);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>((i * 37 % 101) - 50) / 17.0f;
-  return t;
-}
-
 }  // namespace
 
 class CudaCorpus : public testing::TestWithParam<const char*> {};
@@ -67,7 +54,7 @@ TEST_P(CudaCorpus, GeneratedSourceCompilesWithNvrtc) {
       EXPECT_NE(src.find("__global__ void " + cuda::kernel_symbol(i) + "("), std::string::npos) << GetParam() << " kernel " << i;
     }
   if (!cuda::built_with_cuda()) GTEST_SKIP() << "source generated; compiling it needs the CUDA toolkit (-DTESSEL_CUDA=ON)";
-  cuda::NvrtcOptions o = test_nvrtc();
+  cuda::NvrtcOptions o = cuda_test::nvrtc_options();
   o.use_cache = false;
   const cuda::NvrtcResult r = cuda::compile_cuda_source(src, GetParam(), o);
   EXPECT_GT(r.cubin.size(), 1000u);
@@ -129,13 +116,13 @@ TEST(CudaCodegen, HostileNamesStayInComments) {
   }
   EXPECT_GE(mentions, 3) << "the names are shown (escaped) in the provenance comments";
   if (!cuda::built_with_cuda()) GTEST_SKIP() << "escaping checked; compiling needs the CUDA toolkit";
-  EXPECT_NO_THROW(cuda::compile_cuda_source(src, "hostile", test_nvrtc()));
+  EXPECT_NO_THROW(cuda::compile_cuda_source(src, "hostile", cuda_test::nvrtc_options()));
 }
 
 // A cubin cached under the key is used again; a damaged one is compiled again.
 TEST(CudaToolchain, CacheHitsAndRecoversFromDamage) {
   if (!cuda::built_with_cuda()) GTEST_SKIP() << "needs the CUDA toolkit (-DTESSEL_CUDA=ON)";
-  cuda::NvrtcOptions o = test_nvrtc();
+  cuda::NvrtcOptions o = cuda_test::nvrtc_options();
   o.cache_dir = testing::TempDir() + "/tessel_cuda_cache_damage";
   std::filesystem::remove_all(o.cache_dir);
   KernelModule m = lower_for_cuda(parse_graph(kSoftmax));
@@ -152,14 +139,14 @@ TEST(CudaToolchain, CacheHitsAndRecoversFromDamage) {
   EXPECT_THROW(cuda::compile_cuda_source("__global__ void broken( {", "broken", o), Error);
 }
 
-// The softmax on the GPU against the eager interpreter, through every launch form's neighbour: a rows
-// form with block reductions (inner 64), and with the rows one per thread (inner 8).
+// The softmax on the GPU against the eager interpreter, through every rows form: one per warp (inner 64),
+// one per thread (inner 8) and one per block (inner 2048).
 TEST(CudaBackend, SoftmaxMatchesEager) {
   if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
-  for (const char* width : {"64", "8"}) {
+  for (const char* width : {"64", "8", "2048"}) {
     std::string text = std::regex_replace(std::string(kSoftmax), std::regex("64"), width);
     auto g = parse_graph(text);
-    const Tensor x = ramp({2, std::stoi(width)});
+    const Tensor x = cuda_test::ramp({2, std::stoi(width)});
     const std::vector<Tensor> eager = run_eager(*g, {x});
     auto exe = compile_cuda(parse_graph(text), {x});
     testenv::expect_matches_reference(exe->run({x}), eager, std::string("softmax width ") + width, 1e-6);
@@ -202,7 +189,7 @@ TEST(CudaBackend, GatherOnTheDeviceChecksIndices) {
   const std::string src = cuda::generate_cuda(m, "gather");
   EXPECT_NE(src.find("__global__ void tsl_n"), std::string::npos) << src;
   if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
-  Tensor d = ramp({4, 3}), i(DType::i64, {2, 3});
+  Tensor d = cuda_test::ramp({4, 3}), i(DType::i64, {2, 3});
   const int64_t good[] = {0, 3, -1, 2, 1, 0};
   for (int k = 0; k < 6; ++k) i.data<int64_t>()[k] = good[k];
   auto exe = compile_cuda(parse_graph(text), {d, i});

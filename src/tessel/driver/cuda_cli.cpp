@@ -26,6 +26,8 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 // datasheet's plain-f32 rate (f32 matmuls with TF32 off run on the FMA units, not the tensor cores).
 constexpr double kBytesPerSecond = 4.3e12;
 constexpr double kF32FlopsPerSecond = 67e12;
+// bf16 matmuls through cuBLASLt run on the tensor cores: the bf16 dense rate measured on the H200 (KINDS.md).
+constexpr double kBf16FlopsPerSecond = 790e12;
 
 std::string model_name(const std::string& model) { return fs::path(model).filename().string(); }
 
@@ -39,30 +41,33 @@ std::vector<Tensor> inputs_of(const std::string& model, std::string inputs_dir) 
   return read_data_set(inputs_dir, "input");
 }
 
-std::unique_ptr<CudaExecutable> compile(const std::string& model, const std::vector<Tensor>& ins, const std::string& cache_dir) {
+std::unique_ptr<CudaExecutable> compile(const std::string& model, const std::vector<Tensor>& ins, const std::string& cache_dir,
+                                        cuda::Precision precision, bool fuse_attention = CudaBackendOptions{}.fuse_attention) {
   // The device first: without one the answer is one line, before any import work.
   if (!cuda::device_info().usable) throw Error(Location{.pass = "cuda"}, cuda::device_info().why);
   ImportedModel m = import_model_file(model, ins);
   CudaBackendOptions o;
   o.model_name = model_name(model);
   o.cache_dir = cache_dir;
+  o.precision = precision;
+  o.fuse_attention = fuse_attention;
   return compile_cuda(std::move(m.graph), ins, o);
 }
 
 }  // namespace
 
-int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool check, double max_rel, int repeat) {
+int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool check, double max_rel, int repeat, cuda::Precision precision) {
   std::string dir = inputs_dir;
   if (dir.empty() && !is_text_model(model)) {
     ModelPaths mp = resolve_model(model);
     if (!mp.data_sets.empty()) dir = mp.data_sets[0];
   }
   const std::vector<Tensor> ins = inputs_of(model, inputs_dir);
-  auto exe = compile(model, ins, "");
+  auto exe = compile(model, ins, "", precision);
   const CudaCompileStats& st = exe->stats();
-  fmt::print("cuda: {} ({}), compiled in {:.1f} ms (NVRTC {:.1f} ms{}), {} kernels ({} matmul via cuBLASLt, {} direct; {} conv), "
+  fmt::print("cuda {}: {} ({}), compiled in {:.1f} ms (NVRTC {:.1f} ms{}), {} kernels ({} matmul via cuBLASLt, {} direct; {} conv), "
              "{} host steps, arena {:.2f} MB, weights {:.2f} MB\n",
-             st.device, st.arch, st.compile_seconds * 1e3, st.nvrtc_seconds * 1e3, st.cache_hit ? ", cache hit" : "", st.kernels,
+             st.precision, st.device, st.arch, st.compile_seconds * 1e3, st.nvrtc_seconds * 1e3, st.cache_hit ? ", cache hit" : "", st.kernels,
              st.cublaslt_matmuls, st.direct_matmuls, st.conv_kernels, st.host_steps, st.arena_bytes / 1e6, st.weight_bytes / 1e6);
   std::vector<Tensor> outs;
   double best = 1e300;
@@ -79,7 +84,8 @@ int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool c
   if (refs.size() != outs.size())
     throw Error(Location{.file = dir}, fmt::format("{} reference outputs for {} model outputs", refs.size(), outs.size()));
   Tolerance tol;
-  tol.max_rel = max_rel;
+  tol.max_rel = max_rel > 0 ? max_rel : cuda::precision_tolerance(precision);
+  fmt::print("check at {} (max rel {:g})\n", cuda::precision_name(precision), tol.max_rel);
   bool ok = true;
   for (size_t i = 0; i < outs.size(); ++i) {
     const Comparison c = compare_tensors(outs[i], refs[i], tol);
@@ -91,19 +97,19 @@ int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool c
   return ok ? 0 : 1;
 }
 
-std::string emit_cuda(const std::string& model, const std::string& emit) {
+std::string emit_cuda(const std::string& model, const std::string& emit, cuda::Precision precision) {
   const std::vector<Tensor> ins = model_inputs(model);
   ImportedModel m = import_model_file(model, ins);
   KernelModule km = lower_for_cuda(std::move(m.graph), ins);
   if (emit == "kernel") return print_kernel_module(km, true);
-  if (emit == "cuda") return cuda::generate_cuda(km, model_name(model));
+  if (emit == "cuda") return cuda::generate_cuda(km, model_name(model), precision);
   throw Error(Location{.pass = "compile"}, fmt::format("--emit {} is not available for --target cuda (cuda, kernel)", emit));
 }
 
 nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o) {
   const std::vector<Tensor> ins = inputs_of(model, "");
   auto t0 = Clock::now();
-  auto exe = compile(model, ins, o.cache_dir);
+  auto exe = compile(model, ins, o.cache_dir, o.precision);
   const double compile_ms = ms_since(t0);
   const CudaCompileStats& st = exe->stats();
   auto t1 = Clock::now();
@@ -124,7 +130,7 @@ nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o) {
   double max_rel = 0;
   bool match = refs.size() == outs.size();
   Tolerance tol;
-  tol.max_rel = 1e-4;
+  tol.max_rel = cuda::precision_tolerance(o.precision);
   for (size_t i = 0; i < outs.size() && i < refs.size(); ++i) {
     const Comparison c = compare_tensors(outs[i], refs[i], tol);
     max_rel = std::max(max_rel, c.rel);
@@ -140,20 +146,41 @@ nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o) {
   const double call_ms = calls[calls.size() / 2];
   const double replay = exe->replay_ms(std::max(10, o.iters));
   const std::vector<CudaStepTime> prof = exe->profile(ins, std::max(3, std::min(o.iters, 20)));
+  // Where an attention pattern can fuse, the fused kernel against the unfused steps, in the same call: the
+  // same model compiled the other way (CudaBackendOptions::fuse_attention, off by default).
+  nlohmann::json attention = {{"fused", st.fused_attention}, {"decisions", st.attention}};
+  const bool fusible = std::any_of(st.attention.begin(), st.attention.end(), [](const std::string& d) {
+    return d.rfind("attention fused", 0) == 0 || d.rfind("attention not fused: turned off", 0) == 0;
+  });
+  if (fusible) {
+    const bool other = st.fused_attention == 0;
+    auto alt = compile(model, ins, o.cache_dir, o.precision, other);
+    const std::vector<Tensor> ao = alt->run(ins);
+    alt->run(ins);  // captured
+    double rel = 0;
+    for (size_t i = 0; i < ao.size() && i < refs.size(); ++i) rel = std::max(rel, compare_tensors(ao[i], refs[i], tol).rel);
+    const std::string key = other ? "fused" : "unfused";
+    attention[key + "_replay_ms"] = alt->replay_ms(std::max(10, o.iters));
+    attention[key + "_max_rel"] = rel;
+    attention[key + "_compile_ms"] = alt->stats().compile_seconds * 1e3;
+  }
   nlohmann::json kernels = nlohmann::json::array();
   double sum_ms = 0, sum_roof = 0;
   for (const CudaStepTime& s : prof) {
-    const double bytes_ms = s.info.bytes / kBytesPerSecond * 1e3, flops_ms = s.info.flops / kF32FlopsPerSecond * 1e3;
+    const double rate = s.info.tensor_cores ? kBf16FlopsPerSecond : kF32FlopsPerSecond;
+    const double bytes_ms = s.info.bytes / kBytesPerSecond * 1e3, flops_ms = s.info.flops / rate * 1e3;
     const double roof = std::max(bytes_ms, flops_ms);
     sum_ms += s.ms;
     sum_roof += roof;
-    kernels.push_back({{"name", s.info.name}, {"kind", s.info.kind}, {"how", s.info.how}, {"ms", s.ms}, {"bytes", s.info.bytes},
-                       {"flops", s.info.flops}, {"roofline_ms", roof}, {"bytes_bound_ms", bytes_ms}, {"flops_bound_ms", flops_ms},
+    kernels.push_back({{"name", s.info.name}, {"kind", s.info.kind}, {"how", s.info.how}, {"epilogue", s.info.epilogue}, {"ms", s.ms}, {"bytes", s.info.bytes},
+                       {"flops", s.info.flops}, {"ceiling", s.info.tensor_cores ? "bf16 tensor cores" : "f32 FMA"}, {"roofline_ms", roof}, {"bytes_bound_ms", bytes_ms}, {"flops_bound_ms", flops_ms},
                        {"of_roofline", s.ms > 0 ? roof / s.ms : 0.0}});
   }
   nlohmann::json j = {{"model", model},
                       {"target", "cuda"},
                       {"device", st.device},
+                      {"precision", st.precision},
+                      {"tolerance", tol.max_rel},
                       {"arch", st.arch},
                       {"compile_ms", compile_ms},
                       {"nvrtc_ms", st.nvrtc_seconds * 1e3},
@@ -176,14 +203,20 @@ nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o) {
                       {"max_rel", max_rel},
                       {"match", match},
                       {"iters", o.iters},
-                      {"ceilings", {{"bytes_per_s", kBytesPerSecond}, {"f32_flops_per_s", kF32FlopsPerSecond}}},
+                      {"ceilings", {{"bytes_per_s", kBytesPerSecond}, {"f32_flops_per_s", kF32FlopsPerSecond}, {"bf16_flops_per_s", kBf16FlopsPerSecond}}},
+                      {"attention", attention},
                       {"kernels", kernels}};
-  fmt::print("{} on {} ({}): compile {:.1f} ms (NVRTC {:.1f} ms{}), first call {:.2f} ms\n", display_text(model_name(model)), st.device,
+  fmt::print("{} ({}) on {} ({}): compile {:.1f} ms (NVRTC {:.1f} ms{}), first call {:.2f} ms\n", display_text(model_name(model)), st.precision, st.device,
              st.arch, compile_ms, st.nvrtc_seconds * 1e3, st.cache_hit ? ", cubin cached" : "", first_ms);
   fmt::print("  call {:.3f} ms with copies (median of {}), device {:.3f} ms per call ({}), kernels sum {:.3f} ms, roofline {:.3f} ms\n",
              call_ms, calls.size(), replay, exe->uses_graph() ? "CUDA graph replay" : "stream launches", sum_ms, sum_roof);
   fmt::print("  {} kernels ({} cuBLASLt, {} direct matmul, {} conv), {} host steps; vs {}: max rel {:.3g} -> {}\n", st.kernels,
              st.cublaslt_matmuls, st.direct_matmuls, st.conv_kernels, st.host_steps, oracle, max_rel, match ? "PASS" : "FAIL");
+  for (const std::string& d : st.attention) fmt::print("  {}\n", d);
+  for (const char* v : {"fused", "unfused"})
+    if (attention.contains(std::string(v) + "_replay_ms"))
+      fmt::print("  {} attention (same call): device {:.3f} ms per call, max rel {:.3g}\n", v, attention[std::string(v) + "_replay_ms"].get<double>(),
+                 attention[std::string(v) + "_max_rel"].get<double>());
   std::vector<size_t> order(prof.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prof[a].ms > prof[b].ms; });

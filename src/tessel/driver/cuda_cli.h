@@ -4,20 +4,25 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tessel/targets/cuda/precision.h"
+
 namespace tessel {
 
 // `tessel run MODEL --target cuda`: runs test_data_set_0 (or `inputs_dir`) `repeat` times on the GPU,
-// prints the outputs and, with `check`, compares them with the data set's outputs. Returns the exit code.
-int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool check, double max_rel, int repeat);
+// prints the outputs and, with `check`, compares them with the data set's outputs (bound `max_rel`; 0:
+// the precision's, precision_tolerance). Returns the exit code.
+int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool check, double max_rel, int repeat,
+                 cuda::Precision precision = cuda::Precision::f32);
 
 // `tessel compile MODEL --target cuda --emit cuda|kernel`: the generated CUDA C++ (or the kernel level it
 // comes from), without a device. Returns the text.
-std::string emit_cuda(const std::string& model, const std::string& emit);
+std::string emit_cuda(const std::string& model, const std::string& emit, cuda::Precision precision = cuda::Precision::f32);
 
 struct CudaBenchOptions {
   int iters = 20;
   std::string json_path;
   std::string cache_dir;
+  cuda::Precision precision = cuda::Precision::f32;  // the outputs are checked at precision_tolerance
 };
 
 // `tessel bench MODEL --target cuda`: compile time, first call, steady call (with and without the

@@ -1,11 +1,13 @@
 // The CUDA backend (docs/runtime/cuda-backend.md): the core graph is fused into the kernel level (as for
 // the compiled backend), every kernel becomes generated CUDA C++ compiled by NVRTC, matmuls run through
-// cuBLASLt (f32, TF32 off) and convolutions through a generated direct kernel, each followed by its fused
-// epilogue. Intermediates live in one device arena planned by liveness (kernel/arena_plan.h); weights are
-// uploaded once; inputs and outputs are copied per call; everything runs on one stream, and from the
-// second call on the whole call is one CUDA graph replay. Core nodes no kernel covers run on the host
-// through the graph backend's typed kernels (host steps: the stream is synchronised around them, and a
-// model with host steps is not captured in a graph).
+// cuBLASLt (f32 with TF32 off, or bf16 operands with f32 compute under Precision::bf16; bias, tanh GELU,
+// ReLU and residual epilogues folded into the call where they fit) and convolutions through a generated
+// direct kernel, each followed by what is left of its fused epilogue. Intermediates live in one device
+// arena planned by liveness (kernel/arena_plan.h); weights are uploaded once; inputs and outputs are
+// copied per call; everything runs on one stream, and from the second call on the whole call is one CUDA
+// graph replay. Core nodes no kernel covers run on the host through the graph backend's typed kernels
+// (host steps: the stream is synchronised around them, and a model with host steps is not captured in a
+// graph).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 
 #include "tessel/ir/graph.h"
 #include "tessel/kernel/kernel.h"
+#include "tessel/targets/cuda/precision.h"
 
 namespace tessel {
 
@@ -24,6 +27,13 @@ struct CudaBackendOptions {
   std::string model_name = "model";
   std::string cache_dir;        // NVRTC's cubin cache (empty: the compile cache's default, folder cuda/)
   bool cuda_graph = true;       // capture the call after the first run and replay it
+  // Storage of f32 values in device memory (targets/cuda/precision.h): bf16 keeps weights and
+  // activations as bf16 (inputs converted on the way in, outputs stay f32), computing in f32.
+  cuda::Precision precision = cuda::Precision::f32;
+  // Attention patterns (targets/cuda/attention.h) with bf16 Q, K, V run as one fused kernel. Off by
+  // default: on the H200 the fused kernel ties the unfused steps (BERT block B=4 T=512: 0.195 against
+  // 0.194 ms per call) and adds NVRTC time (docs/decisions.md); `tessel bench` measures both.
+  bool fuse_attention = false;
 };
 
 // One step of a call, as the bench reports it.
@@ -33,6 +43,8 @@ struct CudaStepInfo {
   std::string how;              // "generated rows 128x256", "cuBLASLt", "direct", "host: gather"
   int64_t bytes = 0;            // bytes the step reads and writes once each (Kernel::bytes_fused)
   int64_t flops = 0;            // multiply-adds count two
+  std::string epilogue;         // matmul kernels: the cuBLASLt epilogue decision (targets/cuda/epilogue.h)
+  bool tensor_cores = false;    // a bf16 cuBLASLt matmul: its ceiling is the bf16 matrix rate, not the f32 FMA rate
 };
 
 struct CudaStepTime {
@@ -44,8 +56,11 @@ struct CudaCompileStats {
   double compile_seconds = 0, pass_seconds = 0, fuse_seconds = 0, codegen_seconds = 0, nvrtc_seconds = 0, load_seconds = 0;
   bool cache_hit = false;       // the cubin came from the cache
   std::string cache_key, arch, device;
+  std::string precision = "f32";
   int kernels = 0, loop_kernels = 0, matmul_kernels = 0, conv_kernels = 0;
   int cublaslt_matmuls = 0, direct_matmuls = 0;
+  int fused_attention = 0;      // attention patterns run as one fused kernel
+  std::vector<std::string> attention;  // the decision of every attention pattern
   int host_steps = 0;           // core nodes run on the host
   std::vector<std::string> host_ops;  // their ops
   uint64_t arena_bytes = 0, weight_bytes = 0;

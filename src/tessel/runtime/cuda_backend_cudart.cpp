@@ -21,6 +21,9 @@
 #include "tessel/support/escape.h"
 #include "tessel/support/limits.h"
 #include "tessel/targets/cuda/codegen.h"
+#include "tessel/targets/cuda/attention.h"
+#include "tessel/targets/cuda/epilogue.h"
+#include "tessel/targets/cuda/precision.h"
 #include "tessel/targets/cuda/toolchain.h"
 
 namespace tessel {
@@ -74,6 +77,9 @@ struct LtMatmul {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  size_t ea = 4, eb = 4, ec = 4;  // element sizes of A, B, C in memory (bf16: 2)
+  bool epilogue = false;          // the kernel's epilogue is cuBLASLt's (its generated function is not launched)
+  int residual_arg = -1;          // with it: cuBLASLt's C (beta = 1)
   bool per_batch = false;  // a broadcast operand (batch stride 0): one call per batch
   ~LtMatmul() {
     if (op) cuda::cublaslt().cublasLtMatmulDescDestroy(op);
@@ -103,11 +109,14 @@ class CudaExecutableImpl final : public CudaExecutable {
   const std::vector<CudaStepInfo>& steps() const override { return infos_; }
 
   struct Step {
-    enum class Kind { kernel, node, host } kind = Kind::kernel;  // node: a core node as a generated function
+    // node: a core node as a generated function; matmul: a dot_general no kernel covers (cuBLASLt or direct)
+    enum class Kind { kernel, node, matmul, attention, host } kind = Kind::kernel;
+    dim3 grid{1, 1, 1};                      // attention: its 2-D grid
     const Node* node = nullptr;
     const Kernel* kernel = nullptr;
     size_t kid = 0;
     std::vector<void*> args;                 // device pointer per kernel arg
+    std::vector<DType> arg_mem;              // per kernel arg: its element type in memory
     cudaKernel_t fn = nullptr, conv = nullptr, mm = nullptr;
     int gather_flag = -1;                    // node steps of gather: their out-of-range flag
     cuda::LaunchShape shape, conv_shape, mm_shape;
@@ -127,11 +136,14 @@ class CudaExecutableImpl final : public CudaExecutable {
   void launch(cudaKernel_t f, const cuda::LaunchShape& sh, std::vector<void*>& ptrs);
   void run_lt(Step& s);
   // A cuBLASLt plan for `mm` over the step's device pointers, or null when the heuristic has no algorithm.
-  std::unique_ptr<LtMatmul> make_lt(const MatmulSpec& mm, const std::vector<void*>& args);
+  std::unique_ptr<LtMatmul> make_lt(const MatmulSpec& mm, const std::vector<void*>& args, const std::vector<DType>& st,
+                                    const cuda::LtEpilogue* epi = nullptr);
   void run_host(Step& s);
   void copy_inputs(const std::vector<Tensor>& inputs);
   std::vector<Tensor> copy_outputs();
   void* dev(const Value* v) const;
+  DType mem(const Value* v) const { return vst_[static_cast<size_t>(v->id)]; }  // its element type in memory
+  size_t mem_bytes(const Value* v) const { return static_cast<size_t>(shape_numel(v->type.shape)) * dtype_size(mem(v)); }
 
   KernelModule module_;
   std::string source_;
@@ -139,6 +151,8 @@ class CudaExecutableImpl final : public CudaExecutable {
   std::vector<CudaStepInfo> infos_;
   std::vector<Step> steps_;
   std::vector<void*> ptr_;                   // per value id: device memory (roots resolved)
+  std::vector<DType> vst_;                   // per value id: element type in memory (cuda::value_storage)
+  std::vector<std::vector<uint16_t>> input_bf16_;  // per input stored as bf16: its converted copy
   std::vector<int> root_;
   std::vector<DeviceBuffer> inputs_dev_, consts_dev_;
   DeviceBuffer arena_, workspace_, flags_;
@@ -184,10 +198,25 @@ MatrixShape y_shape(const MatmulSpec& m) {
   return {static_cast<uint64_t>(m.m), static_cast<uint64_t>(m.k), m.a_k, true};
 }
 
-cublasLtMatrixLayout_t make_layout(const MatrixShape& s, int64_t batch, int64_t batch_stride) {
+// A batch whose B is shared (batch stride 0) over an A and a C whose batches follow each other row after
+// row is one matmul of batch x M rows: one cuBLASLt call instead of one per batch (a Linear on [B, T, D]).
+MatmulSpec fold_shared_batch(MatmulSpec m) {
+  const bool dense_c = m.c_batch == 0 && m.c_m == 0 && m.c_n == 0;
+  const int64_t cb = dense_c ? m.m * m.n : m.c_batch, cm = dense_c ? m.n : m.c_m, cn = dense_c ? 1 : m.c_n;
+  if (m.batch <= 1 || m.b_batch != 0 || m.a_k != 1 || m.a_batch != m.m * m.a_m || cn != 1 || cb != m.m * cm) return m;
+  m.m *= m.batch;
+  m.batch = 1;
+  m.a_batch = 0;
+  if (!dense_c) m.c_batch = 0;
+  return m;
+}
+
+cudaDataType_t lt_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+cublasLtMatrixLayout_t make_layout(const MatrixShape& s, int64_t batch, int64_t batch_stride, DType t) {
   cublasLtMatrixLayout_t l = nullptr;
   const int64_t ld = std::max<int64_t>(s.ld, static_cast<int64_t>(s.rows));  // unused when cols == 1
-  ck(cuda::cublaslt().cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, s.rows, s.cols, s.cols == 1 ? std::max<int64_t>(ld, 1) : s.ld), "cublasLtMatrixLayoutCreate");
+  ck(cuda::cublaslt().cublasLtMatrixLayoutCreate(&l, lt_type(t), s.rows, s.cols, s.cols == 1 ? std::max<int64_t>(ld, 1) : s.ld), "cublasLtMatrixLayoutCreate");
   if (batch > 1) {
     int32_t b = static_cast<int32_t>(batch);
     ck(cuda::cublaslt().cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b), "batch count");
@@ -205,13 +234,15 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   const cuda::DeviceInfo& di = cuda::device_info();
   sms_ = std::max(1, di.sms);
   stats_.device = di.name;
+  stats_.precision = cuda::precision_name(o.precision);
+  vst_ = cuda::value_storage(g, o.precision);
   use_graph_ = o.cuda_graph;
   ck(cudaSetDevice(0), "cudaSetDevice");
   ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 
   // ---- generated source -> NVRTC -> loaded library
   auto tc = Clock::now();
-  source_ = cuda::generate_cuda(module_, o.model_name);
+  source_ = cuda::generate_cuda(module_, o.model_name, o.precision, o.fuse_attention);
   stats_.codegen_seconds = seconds_since(tc);
   cuda::NvrtcOptions no;
   no.arch = cuda::device_arch();
@@ -240,7 +271,8 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   for (const auto& v : g.values()) value_of[static_cast<size_t>(v->id)] = v.get();
   for (const Value* v : g.inputs) {
     if (!shape_known(v->type.shape)) throw Error(Location{.pass = "cuda"}, fmt::format("input '{}' has a dynamic shape {}", display_text(v->name), v->type.str()));
-    inputs_dev_.emplace_back(bytes_of(v->type), "input buffer");
+    inputs_dev_.emplace_back(mem_bytes(v), "input buffer");
+    input_bf16_.emplace_back(mem(v) == DType::bf16 && v->type.dtype == DType::f32 ? static_cast<size_t>(shape_numel(v->type.shape)) : 0);
     ptr_[static_cast<size_t>(v->id)] = inputs_dev_.back().p;
   }
   for (const auto& v : g.values()) {
@@ -249,10 +281,19 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
     for (const auto& n : g.nodes())
       for (const Value* in : n->inputs) used = used || in == v.get();
     if (!used) continue;
-    consts_dev_.emplace_back(v->constant->nbytes(), "weights");
-    if (v->constant->nbytes()) ck(cudaMemcpy(consts_dev_.back().p, v->constant->bytes(), v->constant->nbytes(), cudaMemcpyHostToDevice), "uploading weights");
+    if (mem(v.get()) == DType::bf16 && v->constant->dtype() == DType::f32) {
+      // weights stored as bf16 are converted once, here
+      std::vector<uint16_t> h(static_cast<size_t>(v->constant->numel()));
+      cuda::f32_to_bf16(v->constant->data<float>(), h.data(), v->constant->numel());
+      consts_dev_.emplace_back(h.size() * 2, "weights");
+      if (!h.empty()) ck(cudaMemcpy(consts_dev_.back().p, h.data(), h.size() * 2, cudaMemcpyHostToDevice), "uploading weights");
+      stats_.weight_bytes += h.size() * 2;
+    } else {
+      consts_dev_.emplace_back(v->constant->nbytes(), "weights");
+      if (v->constant->nbytes()) ck(cudaMemcpy(consts_dev_.back().p, v->constant->bytes(), v->constant->nbytes(), cudaMemcpyHostToDevice), "uploading weights");
+      stats_.weight_bytes += v->constant->nbytes();
+    }
     ptr_[static_cast<size_t>(v->id)] = consts_dev_.back().p;
-    stats_.weight_bytes += v->constant->nbytes();
   }
   const auto& nodes = g.nodes();
   std::vector<int> def(nv, -1), last(nv, -1);
@@ -275,7 +316,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   for (size_t id = 0; id < nv; ++id) {
     const Value* v = value_of[id];
     if (!v || root_[id] != static_cast<int>(id) || v->constant || v->is_input || def[id] < 0) continue;
-    reqs.push_back(BufferRequest{bytes_of(v->type), def[id], std::max(def[id], last[id])});
+    reqs.push_back(BufferRequest{mem_bytes(v), def[id], std::max(def[id], last[id])});
     req_value.push_back(static_cast<int>(id));
   }
   const ArenaPlan plan = plan_arena(reqs, kArenaAlign);
@@ -291,9 +332,45 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
     if (!is_kernel_node(*np) && cuda::device_node_supported(*np) && is_core_op(*np, CoreOp::gather)) ++gathers;
   flags_ = DeviceBuffer(static_cast<size_t>(gathers) * sizeof(int), "gather flags");
   if (gathers) ck(cudaMemset(flags_.p, 0, static_cast<size_t>(gathers) * sizeof(int)), "cudaMemset");
+  // Fused attention: its QK and softmax steps go, its PV step becomes the fused kernel.
+  std::map<size_t, cuda::AttentionMatch> attention_at;
+  std::vector<bool> fused_away(nodes.size(), false);
+  for (const cuda::AttentionMatch& a : cuda::find_attention(module_, vst_)) {
+    stats_.attention.push_back(a.fused && !o.fuse_attention ? "attention not fused: turned off (CudaBackendOptions::fuse_attention; " + a.why + ")" : a.why);
+    if (!a.fused || !o.fuse_attention) continue;
+    attention_at[a.pv] = a;
+    fused_away[a.qk] = fused_away[a.softmax] = true;
+    stats_.fused_attention++;
+  }
   for (size_t ni = 0; ni < nodes.size(); ++ni) {
     const Node& n = *nodes[ni];
-    if (is_core_op(n, CoreOp::reshape)) continue;  // an alias
+    if (is_core_op(n, CoreOp::reshape) || fused_away[ni]) continue;  // an alias, or inside a fused attention
+    if (const auto at = attention_at.find(ni); at != attention_at.end()) {
+      const cuda::AttentionMatch& a = at->second;
+      const Node& qk = *nodes[a.qk];
+      const Node& sm = *nodes[a.softmax];
+      Step s;
+      s.node = &n;
+      s.kind = Step::Kind::attention;
+      s.args = {dev(qk.inputs[0]), dev(qk.inputs[1]), dev(n.inputs[1])};
+      if (a.mask_arg >= 0) s.args.push_back(dev(sm.inputs[static_cast<size_t>(a.mask_arg)]));
+      s.args.push_back(dev(n.outputs[0]));
+      s.fn = kernel_of(cuda::attention_symbol(ni));
+      const cuda::AttentionLaunch al = cuda::attention_launch(a);
+      s.grid = dim3(static_cast<unsigned>(al.grid_x), static_cast<unsigned>(al.grid_y));
+      s.shape.threads = al.threads;
+      CudaStepInfo info;
+      info.name = display_text(n.name);
+      info.kind = "attention";
+      info.how = "fused attention (flash, mma.sync bf16)";
+      info.flops = 2 * a.s.batch * a.s.m * a.s.n * a.s.k + 2 * a.o.batch * a.o.m * a.o.n * a.o.k;
+      info.tensor_cores = true;
+      for (const Value* v : {qk.inputs[0], qk.inputs[1], n.inputs[1], n.outputs[0]}) info.bytes += static_cast<int64_t>(mem_bytes(v));
+      if (a.mask_arg >= 0) info.bytes += static_cast<int64_t>(mem_bytes(sm.inputs[static_cast<size_t>(a.mask_arg)]));
+      steps_.push_back(std::move(s));
+      infos_.push_back(std::move(info));
+      continue;
+    }
     Step s;
     s.node = &n;
     CudaStepInfo info;
@@ -302,9 +379,12 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
       const Kernel& k = module_.kernels.at(s.kid);
       s.kernel = &k;
       size_t in = 0, out = 0;
-      for (const KArg& a : k.args) {
+      s.arg_mem = cuda::kernel_arg_storage(n, k, vst_, o.precision);
+      for (size_t ai = 0; ai < k.args.size(); ++ai) {
+        const KArg& a = k.args[ai];
+        info.bytes += shape_numel(a.type.shape) * dtype_size(s.arg_mem[ai]);
         if (a.role == KArg::Role::scratch) {
-          s.scratch.emplace_back(bytes_of(a.type), "scratch buffer");
+          s.scratch.emplace_back(static_cast<size_t>(shape_numel(a.type.shape)) * dtype_size(s.arg_mem[ai]), "scratch buffer");
           s.args.push_back(s.scratch.back().p);
         } else {
           const Value* v = a.role == KArg::Role::in ? n.inputs.at(in++) : n.outputs.at(out++);
@@ -313,7 +393,8 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
       }
       info.name = display_text(k.name);
       info.kind = std::string(kernel_kind_name(k.kind));
-      info.bytes = k.bytes_fused;
+      // Bytes: each buffer once at its element size in memory (as Kernel::bytes_fused counts them in f32).
+      if (o.precision == cuda::Precision::f32) info.bytes = k.bytes_fused;
       if (cuda::has_generated_function(k)) {
         s.fn = kernel_of(cuda::kernel_symbol(s.kid));
         s.shape = cuda::launch_shape(k, sms_);
@@ -323,12 +404,35 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
         const MatmulSpec& mm = k.mm;
         if (k.args[static_cast<size_t>(mm.a)].type.dtype != DType::f32 || k.args[static_cast<size_t>(mm.b)].type.dtype != DType::f32)
           throw Error(Location{.node = n.name, .pass = "cuda"}, "the CUDA target's matmuls take f32 operands");
+        const DType ta = s.arg_mem[static_cast<size_t>(mm.a)], tb = s.arg_mem[static_cast<size_t>(mm.b)], tcc = s.arg_mem[static_cast<size_t>(mm.c)];
+        // cuBLASLt's pairs with f32 compute: bf16 x bf16 -> bf16 or f32, f32 x f32 -> f32; others run direct.
+        const bool lt_types = ta == tb && (ta == DType::bf16 || tcc == DType::f32);
         s.mm = kernel_of(cuda::matmul_symbol(s.kid));
         s.mm_shape = cuda::matmul_launch_shape(k, sms_);
         info.flops = 2 * mm.batch * mm.m * mm.n * mm.k;
-        s.spec = mm;
-        if (cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args);
-        info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) + epi;
+        s.spec = fold_shared_batch(mm);
+        const cuda::LtEpilogue lte = cuda::match_lt_epilogue(k);
+        info.epilogue = lte.why;
+        if (lt_types && cuda::fits_cublaslt(s.spec)) {
+          // The epilogue folded into the call: D is where the epilogue stored (C's layout), the residual
+          // (cuBLASLt's C) must have D's type; cuBLASLt may still decline (no algorithm): then it is generated.
+          const bool same_types = !lte.residual || s.arg_mem[static_cast<size_t>(lte.residual_arg)] == s.arg_mem[static_cast<size_t>(lte.out_arg)];
+          if (lte.fold && !same_types) info.epilogue = "generated epilogue: the residual is stored as another type than the result (" + lte.why + ")";
+          if (lte.fold && same_types) {
+            MatmulSpec d = s.spec;
+            d.c = lte.out_arg;
+            if (auto lt = make_lt(d, s.args, s.arg_mem, &lte)) {
+              s.lt = std::move(lt);
+              s.spec = d;
+            }
+          }
+          if (!s.lt) s.lt = make_lt(s.spec, s.args, s.arg_mem);
+          if (s.lt && !s.lt->epilogue && lte.fold) info.epilogue = "generated epilogue: cuBLASLt declined " + lte.why.substr(std::string("cuBLASLt epilogue: ").size());
+        }
+        if (s.lt && s.lt->epilogue) s.fn = nullptr;
+        info.tensor_cores = s.lt && ta == DType::bf16;
+        info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) +
+                   (ta == DType::bf16 ? " bf16" : "") + (s.lt && s.lt->epilogue ? " with its epilogue" : epi);
         (s.lt ? stats_.cublaslt_matmuls : stats_.direct_matmuls)++;
       } else if (k.kind == KernelKind::conv) {
         const ConvSpec& c = k.conv;
@@ -346,13 +450,37 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
           mm.m = c.n * c.h * c.wd, mm.n = c.oc, mm.k = c.c;
           mm.a_m = c.c, mm.a_k = 1, mm.b_k = 1, mm.b_n = c.c;
           s.spec = mm;
-          if (cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args);
+          const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
+          if (tx == tw && (tx == DType::bf16 || ty == DType::f32) && cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args, s.arg_mem);
+          info.tensor_cores = s.lt && tx == DType::bf16;
         }
         info.how = (s.lt ? "cuBLASLt (1x1 conv as a matmul)" : "direct conv") + epi;
       } else {
         info.flops = loop_flops(k);
         info.how = fmt::format("generated {} {}x{}", s.shape.form == cuda::LaunchForm::pointwise ? "pointwise" : "rows", s.shape.blocks, s.shape.threads);
       }
+      steps_.push_back(std::move(s));
+      infos_.push_back(std::move(info));
+      continue;
+    }
+    if (const std::optional<MatmulSpec> mm = cuda::device_matmul_spec(n)) {
+      s.kind = Step::Kind::matmul;
+      s.args = {dev(n.inputs[0]), dev(n.inputs[1]), dev(n.outputs[0])};
+      s.arg_mem = {mem(n.inputs[0]), mem(n.inputs[1]), mem(n.outputs[0])};
+      s.spec = *mm;
+      const DType ta = s.arg_mem[0], tb = s.arg_mem[1], tcc = s.arg_mem[2];
+      if (ta == tb && (ta == DType::bf16 || tcc == DType::f32) && cuda::fits_cublaslt(*mm)) s.lt = make_lt(*mm, s.args, s.arg_mem);
+      s.mm = kernel_of(cuda::node_matmul_symbol(ni));
+      s.mm_shape = cuda::node_launch_shape(n, sms_);
+      info.name = display_text(n.name);
+      info.kind = "matmul";
+      info.flops = 2 * mm->batch * mm->m * mm->n * mm->k;
+      info.tensor_cores = s.lt && ta == DType::bf16;
+      info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) + (ta == DType::bf16 ? " bf16" : "") +
+                 " (dot_general outside a kernel)";
+      for (const Value* v : n.inputs) info.bytes += static_cast<int64_t>(mem_bytes(v));
+      info.bytes += static_cast<int64_t>(mem_bytes(n.outputs[0]));
+      (s.lt ? stats_.cublaslt_matmuls : stats_.direct_matmuls)++;
       steps_.push_back(std::move(s));
       infos_.push_back(std::move(info));
       continue;
@@ -371,8 +499,8 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
       info.name = display_text(n.name);
       info.kind = "node";
       info.how = "generated " + n.op->name;
-      for (const Value* v : n.inputs) info.bytes += static_cast<int64_t>(bytes_of(v->type));
-      info.bytes += static_cast<int64_t>(bytes_of(n.outputs[0]->type));
+      for (const Value* v : n.inputs) info.bytes += static_cast<int64_t>(mem_bytes(v));
+      info.bytes += static_cast<int64_t>(mem_bytes(n.outputs[0]));
       steps_.push_back(std::move(s));
       infos_.push_back(std::move(info));
       continue;
@@ -380,8 +508,8 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
     // A core node no kernel covers: the graph backend's typed kernel (or the reference kernel) on host copies.
     s.kind = Step::Kind::host;
     if (n.op->domain == "tessel.core") s.host_kernel = make_core_kernel(n);
-    for (const Value* v : n.inputs) s.host_in.emplace_back(v && !v->constant ? bytes_of(v->type) : 0);
-    for (const Value* v : n.outputs) s.host_out.emplace_back(v ? bytes_of(v->type) : 0);
+    for (const Value* v : n.inputs) s.host_in.emplace_back(v && !v->constant ? mem_bytes(v) : 0);
+    for (const Value* v : n.outputs) s.host_out.emplace_back(v ? mem_bytes(v) : 0);
     info.name = display_text(n.name);
     info.kind = "host";
     info.how = "host: " + n.op->name + (s.host_kernel ? "" : " (reference kernel)");
@@ -401,8 +529,11 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   if (stats_.host_steps) use_graph_ = false;
 }
 
-std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, const std::vector<void*>& args) {
+std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, const std::vector<void*>& args, const std::vector<DType>& st,
+                                                      const cuda::LtEpilogue* epi) {
   auto lt = std::make_unique<LtMatmul>();
+  const DType da = st[static_cast<size_t>(mm.a)], db = st[static_cast<size_t>(mm.b)], dc = st[static_cast<size_t>(mm.c)];
+  lt->ea = static_cast<size_t>(dtype_size(da)), lt->eb = static_cast<size_t>(dtype_size(db)), lt->ec = static_cast<size_t>(dtype_size(dc));
   const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
   const int64_t cb = dense_c ? mm.m * mm.n : mm.c_batch, cm = dense_c ? mm.n : mm.c_m;
   lt->per_batch = mm.batch > 1 && (mm.a_batch == 0 || mm.b_batch == 0 || cb == 0);
@@ -412,19 +543,35 @@ std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, cons
   const cublasOperation_t ta = xs.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = ys.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   ck(cuda::cublaslt().cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "transa");
   ck(cuda::cublaslt().cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "transb");
-  lt->la = make_layout(xs, lb, mm.b_batch);
-  lt->lb = make_layout(ys, lb, mm.a_batch);
-  lt->lc = make_layout(MatrixShape{static_cast<uint64_t>(mm.n), static_cast<uint64_t>(mm.m), mm.m == 1 ? std::max<int64_t>(cm, mm.n) : cm, false}, lb, cb);
+  if (epi && epi->fold) {
+    using Act = cuda::LtEpilogue::Act;
+    cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_DEFAULT;
+    if (epi->act == Act::gelu_tanh) e = epi->bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    else if (epi->act == Act::relu) e = epi->bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    else if (epi->bias) e = CUBLASLT_EPILOGUE_BIAS;
+    ck(cuda::cublaslt().cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), "epilogue");
+    if (epi->bias) {
+      const void* bias = args[static_cast<size_t>(epi->bias_arg)];
+      const cudaDataType_t bt = lt_type(st[static_cast<size_t>(epi->bias_arg)]);
+      ck(cuda::cublaslt().cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "bias pointer");
+      ck(cuda::cublaslt().cublasLtMatmulDescSetAttribute(lt->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "bias type");
+    }
+    lt->epilogue = true;
+    lt->residual_arg = epi->residual ? epi->residual_arg : -1;
+  }
+  lt->la = make_layout(xs, lb, mm.b_batch, db);
+  lt->lb = make_layout(ys, lb, mm.a_batch, da);
+  lt->lc = make_layout(MatrixShape{static_cast<uint64_t>(mm.n), static_cast<uint64_t>(mm.m), mm.m == 1 ? std::max<int64_t>(cm, mm.n) : cm, false}, lb, cb, dc);
   cublasLtMatmulPreference_t pref = nullptr;
   ck(cuda::cublaslt().cublasLtMatmulPreferenceCreate(&pref), "preference");
   const uint64_t ws = kWorkspaceBytes;
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  const float* A = static_cast<const float*>(args[static_cast<size_t>(mm.a)]) + mm.a_offset;
-  const float* B = static_cast<const float*>(args[static_cast<size_t>(mm.b)]) + mm.b_offset;
+  const char* A = static_cast<const char*>(args[static_cast<size_t>(mm.a)]) + mm.a_offset * static_cast<int64_t>(lt->ea);
+  const char* B = static_cast<const char*>(args[static_cast<size_t>(mm.b)]) + mm.b_offset * static_cast<int64_t>(lt->eb);
   // cuBLASLt's A is B^T here and its B is A^T (C^T = B^T . A^T)
-  const uint32_t al_a = static_cast<uint32_t>(alignment_of(B, mm.b_batch * 4));
-  const uint32_t al_b = static_cast<uint32_t>(alignment_of(A, mm.a_batch * 4));
-  const uint32_t al_c = static_cast<uint32_t>(alignment_of(args[static_cast<size_t>(mm.c)], cb * 4));
+  const uint32_t al_a = static_cast<uint32_t>(alignment_of(B, mm.b_batch * static_cast<int64_t>(lt->eb)));
+  const uint32_t al_b = static_cast<uint32_t>(alignment_of(A, mm.a_batch * static_cast<int64_t>(lt->ea)));
+  const uint32_t al_c = static_cast<uint32_t>(alignment_of(args[static_cast<size_t>(mm.c)], cb * static_cast<int64_t>(lt->ec)));
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
@@ -448,18 +595,21 @@ void CudaExecutableImpl::launch(cudaKernel_t f, const cuda::LaunchShape& sh, std
 
 void CudaExecutableImpl::run_lt(Step& s) {
   const MatmulSpec& mm = s.spec;
-  const float alpha = 1.0f, beta = 0.0f;
-  const float* A = static_cast<const float*>(s.args[static_cast<size_t>(mm.a)]) + mm.a_offset;
-  const float* B = static_cast<const float*>(s.args[static_cast<size_t>(mm.b)]) + mm.b_offset;
-  float* C = static_cast<float*>(s.args[static_cast<size_t>(mm.c)]);
+  const float alpha = 1.0f, beta = s.lt->residual_arg >= 0 ? 1.0f : 0.0f;
+  const int64_t ea = static_cast<int64_t>(s.lt->ea), eb = static_cast<int64_t>(s.lt->eb), ec = static_cast<int64_t>(s.lt->ec);
+  const char* A = static_cast<const char*>(s.args[static_cast<size_t>(mm.a)]) + mm.a_offset * ea;
+  const char* B = static_cast<const char*>(s.args[static_cast<size_t>(mm.b)]) + mm.b_offset * eb;
+  char* C = static_cast<char*>(s.args[static_cast<size_t>(mm.c)]);
   const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
   const int64_t cb = dense_c ? mm.m * mm.n : mm.c_batch;
   const int64_t calls = s.lt->per_batch ? mm.batch : 1;
   for (int64_t b = 0; b < calls; ++b) {
-    const float* x = B + b * mm.b_batch;
-    const float* y = A + b * mm.a_batch;
-    float* c = C + b * cb;
-    ck(cuda::cublaslt().cublasLtMatmul(lt_, s.lt->op, &alpha, x, s.lt->la, y, s.lt->lb, &beta, c, s.lt->lc, c, s.lt->lc, &s.lt->algo,
+    const char* x = B + b * mm.b_batch * eb;
+    const char* y = A + b * mm.a_batch * ea;
+    char* c = C + b * cb * ec;
+    // with a folded residual, cuBLASLt's C is the residual (same layout and type as D), else D itself
+    const char* cin = s.lt->residual_arg >= 0 ? static_cast<const char*>(s.args[static_cast<size_t>(s.lt->residual_arg)]) + b * cb * ec : c;
+    ck(cuda::cublaslt().cublasLtMatmul(lt_, s.lt->op, &alpha, x, s.lt->la, y, s.lt->lb, &beta, cin, s.lt->lc, c, s.lt->lc, &s.lt->algo,
                       workspace_.p, kWorkspaceBytes, stream_),
        "cublasLtMatmul");
   }
@@ -477,7 +627,13 @@ void CudaExecutableImpl::run_host(Step& s) {
       ins[i] = v->constant->reshaped(v->type.shape);
     } else {
       ins[i] = Tensor(v->type.dtype, v->type.shape);
-      if (ins[i].nbytes()) ck(cudaMemcpy(ins[i].bytes(), dev(v), ins[i].nbytes(), cudaMemcpyDeviceToHost), "copying a host step's operand");
+      if (mem(v) == DType::bf16 && v->type.dtype == DType::f32) {
+        std::vector<uint16_t> h(static_cast<size_t>(ins[i].numel()));
+        if (!h.empty()) ck(cudaMemcpy(h.data(), dev(v), h.size() * 2, cudaMemcpyDeviceToHost), "copying a host step's operand");
+        cuda::bf16_to_f32(h.data(), ins[i].data<float>(), ins[i].numel());
+      } else if (ins[i].nbytes()) {
+        ck(cudaMemcpy(ins[i].bytes(), dev(v), ins[i].nbytes(), cudaMemcpyDeviceToHost), "copying a host step's operand");
+      }
     }
     ptrs[i] = &ins[i];
   }
@@ -500,7 +656,13 @@ void CudaExecutableImpl::run_host(Step& s) {
     const Value* v = n.outputs[i];
     if (!v || !outs[i].nbytes()) continue;
     if (outs[i].nbytes() != bytes_of(v->type)) fail("host step result '{}' has {} bytes, {} were planned", display_text(v->name), outs[i].nbytes(), bytes_of(v->type));
-    ck(cudaMemcpy(dev(v), outs[i].bytes(), outs[i].nbytes(), cudaMemcpyHostToDevice), "copying a host step's result");
+    if (mem(v) == DType::bf16 && outs[i].dtype() == DType::f32) {
+      std::vector<uint16_t> h(static_cast<size_t>(outs[i].numel()));
+      cuda::f32_to_bf16(outs[i].data<float>(), h.data(), outs[i].numel());
+      ck(cudaMemcpy(dev(v), h.data(), h.size() * 2, cudaMemcpyHostToDevice), "copying a host step's result");
+    } else {
+      ck(cudaMemcpy(dev(v), outs[i].bytes(), outs[i].nbytes(), cudaMemcpyHostToDevice), "copying a host step's result");
+    }
   }
 }
 
@@ -511,6 +673,18 @@ void CudaExecutableImpl::enqueue(Step& s) {
   }
   if (s.kind == Step::Kind::node) {
     launch(s.fn, s.shape, s.args);
+    return;
+  }
+  if (s.kind == Step::Kind::matmul) {
+    if (s.lt) run_lt(s);
+    else launch(s.mm, s.mm_shape, s.args);
+    return;
+  }
+  if (s.kind == Step::Kind::attention) {
+    std::vector<void*> params(s.args.size());
+    for (size_t i = 0; i < s.args.size(); ++i) params[i] = &s.args[i];
+    ck(cudaLaunchKernel(reinterpret_cast<const void*>(s.fn), s.grid, dim3(static_cast<unsigned>(s.shape.threads)), params.data(), 0, stream_),
+       "launching the fused attention kernel");
     return;
   }
   const Kernel& k = *s.kernel;
@@ -551,7 +725,14 @@ void CudaExecutableImpl::copy_inputs(const std::vector<Tensor>& inputs) {
     if (t.dtype() != v->type.dtype || t.shape() != v->type.shape)
       throw Error(Location{.pass = "guard"}, fmt::format("input '{}' must be {} (compiled for it) but got {}", display_text(v->name), v->type.str(),
                                                          TensorType{t.dtype(), t.shape()}.str()));
-    if (t.nbytes()) ck(cudaMemcpyAsync(inputs_dev_[i].p, t.bytes(), t.nbytes(), cudaMemcpyHostToDevice, stream_), "copying an input");
+    std::vector<uint16_t>& h = input_bf16_[i];
+    if (!h.empty()) {
+      // stored as bf16: converted here (a pageable source: the copy has read it when the call returns)
+      cuda::f32_to_bf16(t.data<float>(), h.data(), t.numel());
+      ck(cudaMemcpyAsync(inputs_dev_[i].p, h.data(), h.size() * 2, cudaMemcpyHostToDevice, stream_), "copying an input");
+    } else if (t.nbytes()) {
+      ck(cudaMemcpyAsync(inputs_dev_[i].p, t.bytes(), t.nbytes(), cudaMemcpyHostToDevice, stream_), "copying an input");
+    }
   }
 }
 
@@ -562,6 +743,7 @@ std::vector<Tensor> CudaExecutableImpl::copy_outputs() {
       outs.push_back(v->constant->clone());
       continue;
     }
+    if (mem(v) != v->type.dtype) fail("output '{}' is not stored as {}", display_text(v->name), dtype_name(v->type.dtype));  // value_storage keeps outputs
     Tensor t(v->type.dtype, v->type.shape);
     if (t.nbytes()) ck(cudaMemcpyAsync(t.bytes(), dev(v), t.nbytes(), cudaMemcpyDeviceToHost, stream_), "copying an output");
     outs.push_back(std::move(t));

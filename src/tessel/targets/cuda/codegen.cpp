@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "tessel/ir/core_ops.h"
@@ -10,6 +11,9 @@
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
 #include "tessel/targets/c_expr.h"
+#include "tessel/targets/cuda/attention.h"
+#include "tessel/targets/cuda/epilogue.h"
+#include "tessel/targets/cuda/precision.h"
 
 namespace tessel::cuda {
 namespace {
@@ -30,18 +34,40 @@ bool has_reduction(const Kernel& k) {
 // Rows whose inner loop is this short run one per thread (the CPU's loop nest): a block of threads
 // per row would leave most of them idle.
 constexpr int64_t kSerialInner = 32;
+// Rows up to this long run one per warp: shuffles alone reduce them, with no block barrier (a softmax over
+// 512 keys or a layer norm over 768 features); longer rows take a whole block.
+constexpr int64_t kWarpInner = 1024;
+constexpr int kWarpsPerBlock = 8;
+
+bool rows_per_warp(const Kernel& k) { return k.inner_count() > kSerialInner && k.inner_count() <= kWarpInner; }
 
 int64_t cap(int64_t x, int64_t lo, int64_t hi) { return std::max(lo, std::min(x, hi)); }
+
+// Element types in device memory: bf16 buffers hold tsl_bf16 (the prelude's 16-bit struct) and are
+// read and written through tsl_bf2f / tsl_f2bf, so every expression still computes in f32.
+std::string mem_type(DType t) { return t == DType::bf16 ? "tsl_bf16" : c_storage_type(t); }
+std::string mem_load(DType t, const std::string& e) { return t == DType::bf16 ? "tsl_bf2f(" + e + ")" : e; }
+std::string mem_store(DType t, const std::string& e) { return t == DType::bf16 ? "tsl_f2bf(" + e + ")" : e; }
+
+std::vector<DType> own_storage(const Kernel& k, std::vector<DType> st) {
+  if (st.size() == k.args.size()) return st;
+  st.clear();
+  for (const KArg& a : k.args) st.push_back(a.type.dtype);
+  return st;
+}
 
 struct Emitter {
   const Kernel& k;
   size_t index;
   LaunchForm form;
+  std::vector<DType> st;  // per arg: its element type in memory
   bool serial = false;  // rows computed one per thread
+  bool warp = false;    // rows computed one per warp
   std::string out;
 
-  Emitter(const Kernel& kk, size_t i) : k(kk), index(i), form(launch_form(kk)) {
+  Emitter(const Kernel& kk, size_t i, std::vector<DType> storage) : k(kk), index(i), form(launch_form(kk)), st(own_storage(kk, std::move(storage))) {
     serial = form == LaunchForm::rows && k.inner_count() <= kSerialInner;
+    warp = form == LaunchForm::rows && rows_per_warp(k);
   }
 
   void line(int indent, const std::string& s) { out += std::string(static_cast<size_t>(indent) * 2, ' ') + s + "\n"; }
@@ -67,7 +93,8 @@ struct Emitter {
 
   std::string expr(const KInstr& in) const {
     if (in.op == "load") {
-      const std::string e = fmt::format("a{}[{}]", k.accesses[static_cast<size_t>(in.access)].arg, index_of(in.access));
+      const int arg = k.accesses[static_cast<size_t>(in.access)].arg;
+      const std::string e = mem_load(st[static_cast<size_t>(arg)], fmt::format("a{}[{}]", arg, index_of(in.access)));
       return in.dtype == DType::boolean ? "(" + e + " != 0)" : e;
     }
     if (in.op == "const") return c_literal(in.dtype, in.value, kD);
@@ -95,8 +122,8 @@ struct Emitter {
     const KInstr& in = k.body[static_cast<size_t>(i)];
     if (in.op == "store") {
       const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
-      const std::string x = in.dtype == DType::boolean ? "(uint8_t)" + v(in.args[0]) : v(in.args[0]);
-      line(indent, fmt::format("{}a{}[{}] = {};", row_store_guard ? "if (threadIdx.x == 0) " : "", acc.arg, index_of(in.access), x));
+      const std::string x = in.dtype == DType::boolean ? "(uint8_t)" + v(in.args[0]) : mem_store(st[static_cast<size_t>(acc.arg)], v(in.args[0]));
+      line(indent, fmt::format("{}a{}[{}] = {};", row_store_guard ? (warp ? "if (lane == 0) " : "if (threadIdx.x == 0) ") : "", acc.arg, index_of(in.access), x));
       return;
     }
     if (is_reduce(in)) {
@@ -109,12 +136,17 @@ struct Emitter {
   void header() {
     out += fmt::format("// kernel {}: {}, outer [{}] inner [{}], {} phase{}, launch form {}\n", cpp_comment_text(k.name),
                        kernel_kind_name(k.kind), fmt::join(k.outer, ", "), fmt::join(k.inner, ", "), k.phases,
-                       k.phases == 1 ? "" : "s", form == LaunchForm::pointwise ? "pointwise" : serial ? "rows (one per thread)" : "rows (one per block)");
+                       k.phases == 1 ? "" : "s", form == LaunchForm::pointwise ? "pointwise" : serial ? "rows (one per thread)" : warp ? "rows (one per warp)" : "rows (one per block)");
     out += kernel_provenance_comment(k);
+    std::string bf;
+    for (size_t i = 0; i < st.size(); ++i)
+      if (st[i] == DType::bf16) bf += fmt::format("{}a{}", bf.empty() ? "" : ", ", i);
+    if (!bf.empty()) out += fmt::format("// bf16 in memory (converted on load and store, f32 in registers): {}\n", bf);
     if (k.kind == KernelKind::matmul)
       out += fmt::format("// the runtime first computes a{} = a{} . a{} ({} x [{} x {}] . [{} x {}]) through {}; this is the epilogue\n",
                          k.mm.c, k.mm.a, k.mm.b, k.mm.batch, k.mm.m, k.mm.k, k.mm.k, k.mm.n,
                          fits_cublaslt(k.mm) ? "cuBLASLt" : matmul_symbol(index));
+    if (k.kind == KernelKind::matmul) out += fmt::format("// epilogue decision: {}\n", match_lt_epilogue(k).why);
     if (k.kind == KernelKind::conv)
       out += fmt::format("// the runtime first computes a{} = conv(a{}, a{}) through {}; this is the epilogue\n", k.conv.y,
                          k.conv.x, k.conv.w, conv_symbol(index));
@@ -126,7 +158,7 @@ struct Emitter {
       if (in.op == "store") stored.insert(k.accesses[static_cast<size_t>(in.access)].arg);
     std::string p;
     for (size_t i = 0; i < k.args.size(); ++i) {
-      const std::string t = c_storage_type(k.args[i].type.dtype);
+      const std::string t = mem_type(st[i]);
       p += (i ? ", " : "") + (stored.count(static_cast<int>(i)) ? fmt::format("{}* __restrict__ a{}", t, i)
                                                                   : fmt::format("const {}* __restrict__ a{}", t, i));
     }
@@ -181,7 +213,8 @@ struct Emitter {
         emit(indent, static_cast<int>(i), !serial);
         store = store || k.body[i].op == "store";
       }
-    if (store && !serial) line(indent, "__syncthreads();  // row stores seen by the whole block");
+    if (store && warp) line(indent, "__syncwarp();  // row stores seen by the whole warp");
+    else if (store && !serial) line(indent, "__syncthreads();  // row stores seen by the whole block");
   }
 
   void phase_loop(int indent, int p) {
@@ -201,6 +234,8 @@ struct Emitter {
     }
     if (serial) {
       line(indent, fmt::format("for (long long t = 0; t < {}LL; ++t) {{", k.inner_count()));
+    } else if (warp) {
+      line(indent, fmt::format("for (long long t = lane; t < {}LL; t += 32) {{", k.inner_count()));
     } else {
       line(indent, fmt::format("for (long long t = threadIdx.x; t < {}LL; t += blockDim.x) {{", k.inner_count()));
     }
@@ -209,13 +244,17 @@ struct Emitter {
     line(indent, "}");
     for (int r : reduces) {
       const KInstr& in = k.body[static_cast<size_t>(r)];
-      if (!serial) {
+      if (warp) {
+        line(indent, fmt::format("{0} = tsl_warp_reduce({0}, {1});", v(r), combiner_functor(in)));
+        if (is_min_max_reduction(in.attr)) line(indent, fmt::format("{0}_nan = tsl_warp_reduce({0}_nan, TslMax());", v(r)));
+      } else if (!serial) {
         line(indent, fmt::format("{0} = tsl_block_reduce({0}, {1});", v(r), combiner_functor(in)));
         if (is_min_max_reduction(in.attr)) line(indent, fmt::format("{0}_nan = tsl_block_reduce({0}_nan, TslMax());", v(r)));
       }
       if (is_min_max_reduction(in.attr)) line(indent, fmt::format("{0} = {0}_nan ? {1} : {0};", v(r), c_literal(in.dtype, NAN, kD)));
     }
-    if (!serial && reduces.empty()) line(indent, "__syncthreads();  // this phase's stores before the next phase's loads");
+    if (warp && reduces.empty()) line(indent, "__syncwarp();  // this phase's stores before the next phase's loads");
+    else if (!serial && reduces.empty()) line(indent, "__syncthreads();  // this phase's stores before the next phase's loads");
   }
 
   std::string generate() {
@@ -232,7 +271,10 @@ struct Emitter {
       line(0, "}");
       return out;
     }
-    if (serial)
+    if (warp) {
+      line(1, "const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;");
+      line(1, fmt::format("for (long long o = (long long)blockIdx.x * warps + (threadIdx.x >> 5); o < {}LL; o += (long long)gridDim.x * warps) {{", k.outer_count()));
+    } else if (serial)
       line(1, fmt::format("for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < {}LL; o += (long long)gridDim.x * blockDim.x) {{", k.outer_count()));
     else
       line(1, fmt::format("for (long long o = blockIdx.x; o < {}LL; o += gridDim.x) {{", k.outer_count()));
@@ -249,8 +291,9 @@ struct Emitter {
   }
 };
 
-std::string conv_function(const Kernel& k, size_t index) {
+std::string conv_function(const Kernel& k, size_t index, const std::vector<DType>& st) {
   const ConvSpec& c = k.conv;
+  const DType tx = st[static_cast<size_t>(c.x)], tw = st[static_cast<size_t>(c.w)], ty = st[static_cast<size_t>(c.y)];
   const int64_t cg = c.c / std::max<int64_t>(1, c.groups), ocg = c.oc / std::max<int64_t>(1, c.groups);
   const int64_t total = c.n * c.oc * c.oh * c.ow;
   std::string s;
@@ -259,7 +302,8 @@ std::string conv_function(const Kernel& k, size_t index) {
                    c.y_nhwc ? "NHWC" : "NCHW", c.n, c.oc, c.oh, c.ow);
   s += fmt::format("// stride {}x{}, padding top {} left {}, dilation {}x{}, {} groups; one thread per output element\n",
                    c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w, c.groups);
-  s += fmt::format("extern \"C\" __global__ void {}(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y) {{\n", conv_symbol(index));
+  s += fmt::format("extern \"C\" __global__ void {}(const {}* __restrict__ x, const {}* __restrict__ w, {}* __restrict__ y) {{\n", conv_symbol(index),
+                   mem_type(tx), mem_type(tw), mem_type(ty));
   s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", total);
   if (c.y_nhwc)
     s += fmt::format("    const long long oc = e % {0}LL, ow = e / {0}LL % {1}LL, oh = e / ({0}LL * {1}LL) % {2}LL, n = e / ({0}LL * {1}LL * {2}LL);\n", c.oc, c.ow, c.oh);
@@ -276,30 +320,37 @@ std::string conv_function(const Kernel& k, size_t index) {
   s += fmt::format("          const long long iw = ow * {}LL - {}LL + kw * {}LL;\n", c.stride_w, c.pad_left, c.dil_w);
   s += fmt::format("          if (iw < 0 || iw >= {}LL) continue;\n", c.wd);
   if (c.x_nhwc)
-    s += fmt::format("          const float xv = x[((n * {0}LL + ih) * {1}LL + iw) * {2}LL + ch];\n", c.h, c.wd, c.c);
+    s += fmt::format("          const float xv = {};\n", mem_load(tx, fmt::format("x[((n * {0}LL + ih) * {1}LL + iw) * {2}LL + ch]", c.h, c.wd, c.c)));
   else
-    s += fmt::format("          const float xv = x[((n * {0}LL + ch) * {1}LL + ih) * {2}LL + iw];\n", c.c, c.h, c.wd);
-  s += fmt::format("          acc += xv * w[((oc * {}LL + ci) * {}LL + kh) * {}LL + kw];\n", cg, c.kh, c.kw);
-  s += "        }\n      }\n    }\n    y[e] = acc;\n  }\n}\n";
+    s += fmt::format("          const float xv = {};\n", mem_load(tx, fmt::format("x[((n * {0}LL + ch) * {1}LL + ih) * {2}LL + iw]", c.c, c.h, c.wd)));
+  s += fmt::format("          acc += xv * {};\n", mem_load(tw, fmt::format("w[((oc * {}LL + ci) * {}LL + kh) * {}LL + kw]", cg, c.kh, c.kw)));
+  s += fmt::format("        }}\n      }}\n    }}\n    y[e] = {};\n  }}\n}}\n", mem_store(ty, "acc"));
   return s;
 }
 
-std::string matmul_function(const Kernel& k, size_t index) {
-  const MatmulSpec& m = k.mm;
+std::string direct_matmul(const MatmulSpec& m, const std::string& symbol, const std::string& what, DType ta, DType tb, DType tc) {
   const bool dense_c = m.c_batch == 0 && m.c_m == 0 && m.c_n == 0;
   const int64_t cb = dense_c ? m.m * m.n : m.c_batch, cm = dense_c ? m.n : m.c_m, cn = dense_c ? 1 : m.c_n;
   std::string s;
-  s += fmt::format("// direct matmul of kernel {} (runs when cuBLASLt cannot: strides no layout takes): one thread per result element\n", index);
-  s += fmt::format("extern \"C\" __global__ void {}(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c) {{\n", matmul_symbol(index));
+  s += fmt::format("// direct matmul of {} (runs when cuBLASLt cannot: strides no layout takes): one thread per result element\n", what);
+  s += fmt::format("extern \"C\" __global__ void {}(const {}* __restrict__ a, const {}* __restrict__ b, {}* __restrict__ c) {{\n", symbol,
+                   mem_type(ta), mem_type(tb), mem_type(tc));
   s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", m.batch * m.m * m.n);
   s += fmt::format("    const long long n = e % {0}LL, mm = e / {0}LL % {1}LL, bt = e / ({0}LL * {1}LL);\n", m.n, m.m);
-  s += fmt::format("    const float* pa = a + {}LL + bt * {}LL + mm * {}LL;\n", m.a_offset, m.a_batch, m.a_m);
-  s += fmt::format("    const float* pb = b + {}LL + bt * {}LL + n * {}LL;\n", m.b_offset, m.b_batch, m.b_n);
+  s += fmt::format("    const {}* pa = a + {}LL + bt * {}LL + mm * {}LL;\n", mem_type(ta), m.a_offset, m.a_batch, m.a_m);
+  s += fmt::format("    const {}* pb = b + {}LL + bt * {}LL + n * {}LL;\n", mem_type(tb), m.b_offset, m.b_batch, m.b_n);
   s += "    float acc = 0.0f;\n";
-  s += fmt::format("    for (long long kk = 0; kk < {}LL; ++kk) acc += pa[kk * {}LL] * pb[kk * {}LL];\n", m.k, m.a_k, m.b_k);
-  s += fmt::format("    c[bt * {}LL + mm * {}LL + n * {}LL] = acc;\n", cb, cm, cn);
+  s += fmt::format("    for (long long kk = 0; kk < {}LL; ++kk) acc += {} * {};\n", m.k, mem_load(ta, fmt::format("pa[kk * {}LL]", m.a_k)),
+                   mem_load(tb, fmt::format("pb[kk * {}LL]", m.b_k)));
+  s += fmt::format("    c[bt * {}LL + mm * {}LL + n * {}LL] = {};\n", cb, cm, cn, mem_store(tc, "acc"));
   s += "  }\n}\n";
   return s;
+}
+
+std::string matmul_function(const Kernel& k, size_t index, const std::vector<DType>& st) {
+  const MatmulSpec& m = k.mm;
+  return direct_matmul(m, matmul_symbol(index), fmt::format("kernel {}", index), st[static_cast<size_t>(m.a)], st[static_cast<size_t>(m.b)],
+                       st[static_cast<size_t>(m.c)]);
 }
 
 std::vector<int64_t> row_strides_of(const std::vector<int64_t>& shape) {
@@ -321,7 +372,77 @@ std::string split_index(const std::vector<int64_t>& shape, const std::string& in
   return s;
 }
 
+// A transpose or slice as a strided read of its operand: out[i] = x[offset + sum_d i_d * st[d]].
+bool view_copy(const Node& n, int64_t* offset, std::vector<int64_t>* st) {
+  const std::vector<int64_t>& in = n.inputs[0]->type.shape;
+  const std::vector<int64_t>& out = n.outputs[0]->type.shape;
+  if (in.size() != out.size()) return false;
+  const std::vector<int64_t> ist = row_strides_of(in);
+  *offset = 0;
+  st->assign(out.size(), 0);
+  if (is_core_op(n, CoreOp::transpose)) {
+    const std::vector<int64_t> perm = n.attr_ints("perm", {});
+    if (perm.size() != in.size()) return false;
+    std::vector<bool> seen(in.size(), false);
+    for (size_t d = 0; d < perm.size(); ++d) {
+      if (perm[d] < 0 || perm[d] >= static_cast<int64_t>(in.size()) || seen[static_cast<size_t>(perm[d])]) return false;
+      seen[static_cast<size_t>(perm[d])] = true;
+      if (out[d] != in[static_cast<size_t>(perm[d])]) return false;
+      (*st)[d] = ist[static_cast<size_t>(perm[d])];
+    }
+    return true;
+  }
+  if (!is_core_op(n, CoreOp::slice)) return false;
+  const std::vector<int64_t> starts = n.attr_ints("starts", {});
+  const std::vector<int64_t> steps = n.attr_ints("strides", std::vector<int64_t>(in.size(), 1));
+  if (starts.size() != in.size() || steps.size() != in.size()) return false;
+  for (size_t d = 0; d < in.size(); ++d) {
+    if (steps[d] < 1 || starts[d] < 0 || out[d] < 0) return false;
+    if (out[d] > 0 && starts[d] + (out[d] - 1) * steps[d] >= in[d]) return false;  // every read inside the operand
+    (*st)[d] = steps[d] * ist[d];
+    if (out[d] > 0) *offset += starts[d] * ist[d];
+  }
+  return true;
+}
+
 }  // namespace
+
+std::optional<MatmulSpec> device_matmul_spec(const Node& n) {
+  if (!is_core_op(n, CoreOp::dot_general) || n.inputs.size() != 2 || n.outputs.size() != 1) return std::nullopt;
+  const Value *a = n.inputs[0], *b = n.inputs[1], *c = n.outputs[0];
+  if (!static_value(a) || !static_value(b) || !static_value(c)) return std::nullopt;
+  if (a->type.dtype != DType::f32 || b->type.dtype != DType::f32 || c->type.dtype != DType::f32) return std::nullopt;
+  const std::vector<int64_t>& as = a->type.shape;
+  const std::vector<int64_t>& bs = b->type.shape;
+  const size_t r = as.size();
+  if (r < 2 || bs.size() != r) return std::nullopt;
+  std::vector<int64_t> batch(r - 2);
+  std::iota(batch.begin(), batch.end(), 0);
+  if (n.attr_ints("lhs_batch", {}) != batch || n.attr_ints("rhs_batch", {}) != batch) return std::nullopt;
+  const std::vector<int64_t> lc = n.attr_ints("lhs_contract", {}), rc = n.attr_ints("rhs_contract", {});
+  if (lc.size() != 1 || rc.size() != 1) return std::nullopt;
+  const int64_t last = static_cast<int64_t>(r) - 1;
+  if ((lc[0] != last && lc[0] != last - 1) || (rc[0] != last && rc[0] != last - 1)) return std::nullopt;
+  MatmulSpec m;
+  m.a = 0, m.b = 1, m.c = 2;
+  m.batch = 1;
+  for (size_t d = 0; d + 2 < r; ++d) {
+    if (as[d] != bs[d]) return std::nullopt;  // no broadcast batch here
+    m.batch *= as[d];
+  }
+  const bool a_t = lc[0] == last - 1, b_t = rc[0] == last;  // A stored [K, M]; B stored [N, K]
+  m.m = as[r - (a_t ? 1 : 2)], m.k = as[r - (a_t ? 2 : 1)];
+  m.n = bs[r - (b_t ? 2 : 1)];
+  if (bs[r - (b_t ? 1 : 2)] != m.k) return std::nullopt;
+  const std::vector<int64_t>& cs = c->type.shape;
+  if (cs.size() != r || cs[r - 2] != m.m || cs[r - 1] != m.n) return std::nullopt;
+  m.a_batch = m.m * m.k, m.a_m = a_t ? 1 : m.k, m.a_k = a_t ? m.m : 1;
+  m.b_batch = m.k * m.n, m.b_k = b_t ? 1 : m.n, m.b_n = b_t ? m.k : 1;
+  if (m.m <= 0 || m.n <= 0 || m.k <= 0 || m.batch <= 0) return std::nullopt;
+  return m;
+}
+
+std::string node_matmul_symbol(size_t node_index) { return fmt::format("tsl_n{}_mm", node_index); }
 
 bool device_node_supported(const Node& n) {
   if (n.op->domain != "tessel.core" || n.outputs.size() != 1 || !static_value(n.outputs[0])) return false;
@@ -336,6 +457,11 @@ bool device_node_supported(const Node& n) {
     for (int64_t d : dims)
       if (d < 0 || d >= static_cast<int64_t>(n.outputs[0]->type.shape.size())) return false;
     return true;
+  }
+  if (is_core_op(n, CoreOp::transpose) || is_core_op(n, CoreOp::slice)) {
+    int64_t off = 0;
+    std::vector<int64_t> st;
+    return n.inputs.size() == 1 && n.inputs[0]->type.dtype == t && view_copy(n, &off, &st);
   }
   if (is_core_op(n, CoreOp::gather)) {
     if (n.inputs.size() != 2) return false;
@@ -355,28 +481,48 @@ LaunchShape node_launch_shape(const Node& n, int sms) {
   return LaunchShape{LaunchForm::pointwise, cap((total + 255) / 256, 1, std::max(1, sms) * int64_t{8}), 256};
 }
 
-std::string generate_node(const Node& n, size_t node_index) {
+std::string generate_node(const Node& n, size_t node_index, const std::vector<DType>& storage) {
+  if (const std::optional<MatmulSpec> mm = device_matmul_spec(n)) {
+    auto st = [&](const Value* v) { return static_cast<size_t>(v->id) < storage.size() ? storage[static_cast<size_t>(v->id)] : v->type.dtype; };
+    return fmt::format("// node {} ({}): {}, through cuBLASLt; this direct kernel runs when cuBLASLt cannot\n", node_index, n.op->name, cpp_comment_text(n.name)) +
+           direct_matmul(*mm, node_matmul_symbol(node_index), fmt::format("node {}", node_index), st(n.inputs[0]), st(n.inputs[1]), st(n.outputs[0]));
+  }
   if (!device_node_supported(n)) fail("no device function for '{}'", n.op->name);
   const Value* out = n.outputs[0];
   const std::vector<int64_t>& oshape = out->type.shape;
   const int64_t total = shape_numel(oshape);
-  const std::string t = c_storage_type(out->type.dtype);
+  auto st = [&](const Value* v) { return static_cast<size_t>(v->id) < storage.size() ? storage[static_cast<size_t>(v->id)] : v->type.dtype; };
+  const DType ty = st(out), tx = st(n.inputs[0]);
+  const std::string t = mem_type(ty), xt = mem_type(tx);
+  // a copy between two element types goes through f32 (only f32 values change storage)
+  auto moved = [&](const std::string& e) { return tx == ty ? e : mem_store(ty, mem_load(tx, e)); };
   std::string s = fmt::format("// node {} ({}): {} -> {}, on the device instead of a host step\n", node_index, n.op->name,
                               cpp_comment_text(n.name), out->type.str());
   const std::string loop = fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", total);
+  // y[e] = x[off + sum_d i_d * strides[d]] over the output's points: a view copy (transpose, slice) or a broadcast
+  auto strided_copy = [&](int64_t off, const std::vector<int64_t>& strides) {
+    std::string src = off ? fmt::format("{}LL", off) : "";
+    for (size_t d = 0; d < strides.size(); ++d)
+      if (strides[d]) src += (src.empty() ? "" : " + ") + fmt::format("i{} * {}LL", d, strides[d]);
+    std::string k = fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {2}* __restrict__ y) {{\n",
+                                node_symbol(node_index), xt, t);
+    k += loop + split_index(oshape, "    ");
+    k += fmt::format("    y[e] = {};\n  }}\n}}\n", moved(fmt::format("x[{}]", src.empty() ? "0" : src)));
+    return k;
+  };
+  if (is_core_op(n, CoreOp::transpose) || is_core_op(n, CoreOp::slice)) {
+    int64_t off = 0;
+    std::vector<int64_t> strides;
+    view_copy(n, &off, &strides);
+    return s + strided_copy(off, strides);
+  }
   if (is_core_op(n, CoreOp::broadcast_in_dim)) {
     const std::vector<int64_t>& in = n.inputs[0]->type.shape;
     const std::vector<int64_t> dims = n.attr_ints("dims"), ist = row_strides_of(in);
     std::vector<int64_t> st(oshape.size(), 0);
     for (size_t i = 0; i < dims.size(); ++i)
       if (!(in[i] == 1 && oshape[static_cast<size_t>(dims[i])] != 1)) st[static_cast<size_t>(dims[i])] = ist[i];
-    std::string src;
-    for (size_t d = 0; d < st.size(); ++d)
-      if (st[d]) src += (src.empty() ? "" : " + ") + fmt::format("i{} * {}LL", d, st[d]);
-    s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {1}* __restrict__ y) {{\n", node_symbol(node_index), t);
-    s += loop + split_index(oshape, "    ");
-    s += fmt::format("    y[e] = x[{}];\n  }}\n}}\n", src.empty() ? "0" : src);
-    return s;
+    return s + strided_copy(0, st);
   }
   // gather: out[i] = data[i with idx[i] at axis]
   const std::vector<int64_t>& data = n.inputs[0]->type.shape;
@@ -386,12 +532,12 @@ std::string generate_node(const Node& n, size_t node_index) {
   for (size_t d = 0; d < data.size(); ++d)
     if (static_cast<int64_t>(d) != axis && dst[d]) src += fmt::format(" + i{} * {}LL", d, dst[d]);
   const std::string it = c_storage_type(n.inputs[1]->type.dtype);
-  s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ data, const {2}* __restrict__ idx, {1}* __restrict__ y, int* err) {{\n",
-                   node_symbol(node_index), t, it);
+  s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ data, const {2}* __restrict__ idx, {3}* __restrict__ y, int* err) {{\n",
+                   node_symbol(node_index), xt, it, t);
   s += loop + split_index(oshape, "    ");
   s += fmt::format("    long long j = (long long)idx[e];\n    if (j < 0) j += {0}LL;\n", data[static_cast<size_t>(axis)]);
-  s += fmt::format("    if (j < 0 || j >= {}LL) {{ atomicExch(err, 1); y[e] = 0; continue; }}\n", data[static_cast<size_t>(axis)]);
-  s += fmt::format("    y[e] = data[{}];\n  }}\n}}\n", src);
+  s += fmt::format("    if (j < 0 || j >= {}LL) {{ atomicExch(err, 1); y[e] = {}; continue; }}\n", data[static_cast<size_t>(axis)], ty == DType::bf16 ? "tsl_f2bf(0.0f)" : "0");
+  s += fmt::format("    y[e] = {};\n  }}\n}}\n", moved(fmt::format("data[{}]", src)));
   return s;
 }
 
@@ -416,6 +562,9 @@ LaunchShape launch_shape(const Kernel& k, int sms) {
   } else if (k.inner_count() <= kSerialInner) {
     s.threads = 128;
     s.blocks = cap((k.outer_count() + 127) / 128, 1, waves);
+  } else if (rows_per_warp(k)) {
+    s.threads = 32 * kWarpsPerBlock;
+    s.blocks = cap((k.outer_count() + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, waves * 4);
   } else {
     s.threads = static_cast<int>(cap((k.inner_count() + 31) / 32 * 32, 32, 256));
     s.blocks = cap(k.outer_count(), 1, waves * 4);
@@ -453,6 +602,15 @@ typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
+// bf16 in memory (--precision bf16): the bits of an f32's top half; loads widen, stores round to nearest even.
+struct __align__(2) tsl_bf16 { unsigned short bits; };
+__device__ __forceinline__ float tsl_bf2f(tsl_bf16 h) { return __uint_as_float((unsigned)h.bits << 16); }
+__device__ __forceinline__ tsl_bf16 tsl_f2bf(float f) {
+  unsigned u = __float_as_uint(f);
+  tsl_bf16 h;
+  h.bits = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40u) : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return h;
+}
 __device__ __forceinline__ float tsl_nanf() { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ float tsl_inff() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ double tsl_nan() { return __longlong_as_double(0x7ff8000000000000LL); }
@@ -486,6 +644,16 @@ __device__ __forceinline__ double tsl_floor_f64(double x) { return floor(x); }
 __device__ __forceinline__ double tsl_round_even_f64(double x) { return rint(x); }
 __device__ __forceinline__ double tsl_fmod_f64(double x, double y) { return fmod(x, y); }
 __device__ __forceinline__ double tsl_pow_f64(double x, double y) { return pow(x, y); }
+// Tensor cores (fused attention): D += A . B for one m16n8k16 tile, bf16 in, f32 accumulation; templates, so
+// a module without attention never asks the assembler for them.
+template <int N = 0> __device__ __forceinline__ void tsl_mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <int N = 0> __device__ __forceinline__ uint32_t tsl_pack_bf16(float lo, float hi) {
+  return (uint32_t)tsl_f2bf(lo).bits | ((uint32_t)tsl_f2bf(hi).bits << 16);
+}
 // Combiners of the block reduction (partial results hold no NaN: max/min keep a flag beside them).
 struct TslSum { template <class T> __device__ T operator()(T a, T b) const { return a + b; } };
 struct TslProd { template <class T> __device__ T operator()(T a, T b) const { return a * b; } };
@@ -493,6 +661,14 @@ struct TslMax { template <class T> __device__ T operator()(T a, T b) const { ret
 struct TslMin { template <class T> __device__ T operator()(T a, T b) const { return b < a ? b : a; } };
 template <class T> __device__ __forceinline__ T tsl_shfl(T v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
 __device__ __forceinline__ bool tsl_shfl(bool v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, (int)v, lane_mask) != 0; }
+template <class T> __device__ __forceinline__ T tsl_lane0(T v) { return __shfl_sync(0xffffffffu, v, 0); }
+__device__ __forceinline__ bool tsl_lane0(bool v) { return __shfl_sync(0xffffffffu, (int)v, 0) != 0; }
+// The warp's combination of v: every lane gets lane 0's result (the butterfly combines in a different order
+// on each lane), so a row's value does not depend on which lane reads it.
+template <class T, class Op> __device__ __forceinline__ T tsl_warp_reduce(T v, Op op) {
+  for (int m = 16; m > 0; m >>= 1) v = op(v, tsl_shfl(v, m));
+  return tsl_lane0(v);
+}
 // The whole block's combination of v (blockDim.x a multiple of 32): every thread gets the same result,
 // combined in the same order, so a row's value does not depend on which thread reads it.
 template <class T, class Op> __device__ T tsl_block_reduce(T v, Op op) {
@@ -510,35 +686,53 @@ template <class T, class Op> __device__ T tsl_block_reduce(T v, Op op) {
   return text;
 }
 
-std::string generate_kernel(const Kernel& k, size_t index) {
+std::string generate_kernel(const Kernel& k, size_t index, const std::vector<DType>& storage) {
   try {
+    const std::vector<DType> st = own_storage(k, storage);
     std::string s;
     if (k.kind == KernelKind::conv) {
       if (k.conv.groups <= 0 || k.conv.c % k.conv.groups != 0 || k.conv.oc % k.conv.groups != 0)
         fail("convolution with {} groups of {} input and {} output channels", k.conv.groups, k.conv.c, k.conv.oc);
-      s += conv_function(k, index) + "\n";
+      s += conv_function(k, index, st) + "\n";
     }
     // Every matmul gets its direct kernel: the runtime falls back to it when cuBLASLt has no algorithm.
-    if (k.kind == KernelKind::matmul) s += matmul_function(k, index) + "\n";
-    if (has_generated_function(k)) s += Emitter(k, index).generate();
+    if (k.kind == KernelKind::matmul) s += matmul_function(k, index, st) + "\n";
+    if (has_generated_function(k)) s += Emitter(k, index, st).generate();
     return s;
   } catch (const Error& e) {
     throw e.with_context(Location{.node = k.name, .op = "kernel", .pass = "codegen-cuda"});
   }
 }
 
-std::string generate_cuda(const KernelModule& m, const std::string& model_name) {
+std::string generate_cuda(const KernelModule& m, const std::string& model_name, Precision p, bool fuse_attention) {
   std::string s = fmt::format("// Generated by tessel from {} (kernel level -> CUDA C++, compiled by NVRTC).\n", cpp_comment_text(model_name));
   s += "// One __global__ function per kernel; comments name the source nodes each kernel fuses.\n";
+  if (p != Precision::f32) s += fmt::format("// Precision {}: storage in memory only; every kernel computes in f32 registers.\n", precision_name(p));
   s += cuda_prelude();
+  std::vector<DType> vs;
+  std::vector<std::vector<DType>> arg_st(m.kernels.size());
+  if (m.graph) {
+    vs = value_storage(*m.graph, p);
+    for (const auto& n : m.graph->nodes())
+      if (is_kernel_node(*n)) {
+        const size_t ki = static_cast<size_t>(n->attr_i("kernel"));
+        if (ki < m.kernels.size()) arg_st[ki] = kernel_arg_storage(*n, m.kernels[ki], vs, p);
+      }
+  }
   for (size_t i = 0; i < m.kernels.size(); ++i) {
-    const std::string f = generate_kernel(m.kernels[i], i);
+    const std::string f = generate_kernel(m.kernels[i], i, arg_st[i]);
     if (!f.empty()) s += "\n" + f;
   }
   if (m.graph) {
     const auto& nodes = m.graph->nodes();
     for (size_t i = 0; i < nodes.size(); ++i)
-      if (!is_kernel_node(*nodes[i]) && device_node_supported(*nodes[i])) s += "\n" + generate_node(*nodes[i], i);
+      if (!is_kernel_node(*nodes[i]) && (device_node_supported(*nodes[i]) || device_matmul_spec(*nodes[i])))
+        s += "\n" + generate_node(*nodes[i], i, vs);
+    // Attention patterns: the fused kernel, or the reason there is none (the unfused steps stay above).
+    for (const AttentionMatch& a : find_attention(m, vs)) {
+      if (a.fused && fuse_attention) s += "\n" + generate_attention(m, a, vs);
+      else s += fmt::format("\n// {}\n", a.fused ? "attention not fused: turned off (CudaBackendOptions::fuse_attention; " + a.why + ")" : a.why);
+    }
   }
   return s;
 }

@@ -15,10 +15,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tessel/kernel/kernel.h"
+#include "tessel/targets/cuda/precision.h"
 
 namespace tessel::cuda {
 
@@ -50,9 +52,16 @@ bool fits_cublaslt(const MatmulSpec& mm);
 // (GatherElements; an index out of range sets the int at `err` and writes 0, and the runtime reports
 // it after the call, so no read leaves the buffer). Parameters: the operands, the result, then `err`
 // for gather.
+// transpose and slice too: a strided copy of the operand (the views fusion could not fold into a kernel).
 bool device_node_supported(const Node& n);
+// A dot_general no kernel covers (fusion's one batch stride cannot take several batch dims of a view) on
+// dense row-major operands [batch..., M, K] . [batch..., K, N] (either matrix may be stored transposed):
+// its MatmulSpec (args 0, 1, 2 = lhs, rhs, result) for cuBLASLt, with tsl_n<i>_mm as the direct fallback.
+std::optional<MatmulSpec> device_matmul_spec(const Node& n);
+std::string node_matmul_symbol(size_t node_index);
 std::string node_symbol(size_t node_index);
-std::string generate_node(const Node& n, size_t node_index);
+// `storage`: element types in memory by value id (value_storage); empty: the values' own dtypes.
+std::string generate_node(const Node& n, size_t node_index, const std::vector<DType>& storage = {});
 LaunchShape node_launch_shape(const Node& n, int sms);
 
 // The prelude every translation unit starts with: fixed-width types (NVRTC has no <cstdint>), the
@@ -61,9 +70,13 @@ LaunchShape node_launch_shape(const Node& n, int sms);
 const std::string& cuda_prelude();
 
 // The whole translation unit: a banner, the prelude, every kernel's functions and the functions of the
-// graph's device nodes (device_node_supported).
-std::string generate_cuda(const KernelModule& m, const std::string& model_name);
+// graph's device nodes (device_node_supported). Under Precision::bf16 the buffers value_storage makes
+// bf16 are read and written as bf16 (precision.h).
+// `fuse_attention`: attention patterns (attention.h) get their fused kernel (else only a comment with the
+// decision); off by default, as CudaBackendOptions::fuse_attention.
+std::string generate_cuda(const KernelModule& m, const std::string& model_name, Precision p = Precision::f32, bool fuse_attention = false);
 // One kernel's functions (its epilogue or loop function, and the direct conv/matmul where it has one).
-std::string generate_kernel(const Kernel& k, size_t index);
+// `storage`: each arg's element type in memory (kernel_arg_storage); empty: the args' own dtypes.
+std::string generate_kernel(const Kernel& k, size_t index, const std::vector<DType>& storage = {});
 
 }  // namespace tessel::cuda

@@ -1,0 +1,161 @@
+// The CUDA target at --precision bf16 (docs/runtime/cuda-backend.md, "bf16"): the host conversion against
+// hand-computed bit patterns, which values stay f32, every corpus model's bf16 source compiling with
+// NVRTC, and on a GPU every corpus model within 2e-2 of the eager interpreter (f32).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "corpus_util.h"
+#include "tessel/ir/printer.h"
+#include "tessel/runtime/cuda_backend.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/support/error.h"
+#include "tessel/targets/cuda/codegen.h"
+#include "tessel/targets/cuda/precision.h"
+#include "tessel/targets/cuda/toolchain.h"
+#include "cuda_test_util.h"
+#include "test_util.h"
+
+using namespace tessel;
+
+namespace {
+
+const char* const kCorpus[] = {"tblock_s", "attn_s", "ffn_s", "bert_tiny", "gpt2_tiny", "mobilenet_v2", "tblock_bert"};
+
+float from_bits(uint32_t u) {
+  float f = 0;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+// Round to nearest, ties to even, on the bits; saturation of finite values; NaN and infinity kept.
+TEST(CudaBf16, HostConversionRoundsToNearestEven) {
+  EXPECT_EQ(cuda::f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(cuda::f32_to_bf16(from_bits(0x3f808000)), 0x3f80);  // a tie: down to the even 0x3f80
+  EXPECT_EQ(cuda::f32_to_bf16(from_bits(0x3f818000)), 0x3f82);  // a tie: up to the even 0x3f82
+  EXPECT_EQ(cuda::f32_to_bf16(from_bits(0x3f808001)), 0x3f81);  // just above the tie
+  EXPECT_EQ(cuda::f32_to_bf16(from_bits(0x3f807fff)), 0x3f80);  // just below
+  EXPECT_EQ(cuda::f32_to_bf16(-2.5f), 0xc020);
+  EXPECT_EQ(cuda::f32_to_bf16(std::numeric_limits<float>::lowest()), 0xff7f);  // saturates, not -inf
+  EXPECT_EQ(cuda::f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_TRUE(std::isnan(cuda::bf16_to_f32(cuda::f32_to_bf16(std::nanf("")))));
+  EXPECT_EQ(cuda::bf16_to_f32(0x4049), 3.140625f);
+  EXPECT_EQ(cuda::parse_precision("bf16"), cuda::Precision::bf16);
+  EXPECT_THROW(cuda::parse_precision("fp8"), Error);
+  EXPECT_EQ(cuda::precision_tolerance(cuda::Precision::bf16), 2e-2);
+}
+
+// Outputs (through a reshape too) and one-element values stay f32; activations, weights and inputs go bf16;
+// integer values keep their type.
+TEST(CudaBf16, StorageKeepsOutputsAndScalarsF32) {
+  auto g = parse_graph(R"(graph @g(%x: f32[2,8], %i: i64[2]) {
+  const %w: f32[8] = [1, 2, 3, 4, 5, 6, 7, 8]
+  const %s: f32[1] = [2]
+  %wb: f32[2,8] = broadcast_in_dim(%w) {dims = [1], shape = [2, 8]} loc("/g")
+  %y: f32[2,8] = add(%x, %wb) loc("/g")
+  %sb: f32[2,8] = broadcast_in_dim(%s) {dims = [1], shape = [2, 8]} loc("/g")
+  %z: f32[2,8] = mul(%y, %sb) loc("/g")
+  %r: f32[16] = reshape(%z) {shape = [16]} loc("/g")
+  return %r, %i
+}
+)");
+  const std::vector<DType> f32 = cuda::value_storage(*g, cuda::Precision::f32), bf = cuda::value_storage(*g, cuda::Precision::bf16);
+  for (const auto& v : g->values()) {
+    const size_t id = static_cast<size_t>(v->id);
+    EXPECT_EQ(f32[id], v->type.dtype) << v->name;
+    const bool keep = v->name == "z" || v->name == "r" || v->name == "s";
+    if (v->type.dtype != DType::f32) EXPECT_EQ(bf[id], v->type.dtype) << v->name;
+    else EXPECT_EQ(bf[id], keep ? DType::f32 : DType::bf16) << v->name;
+  }
+}
+
+class CudaCorpusBf16 : public testing::TestWithParam<const char*> {};
+
+// The bf16 source of every corpus model: bf16 buffers appear (the model has f32 activations), and NVRTC
+// compiles it (here, without a GPU: sm_90 is the target).
+TEST_P(CudaCorpusBf16, GeneratedSourceCompilesWithNvrtc) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  testenv::CorpusCase c = testenv::load_corpus_model(GetParam());
+  KernelModule m = lower_for_cuda(std::move(c.model.graph), c.inputs);
+  const std::string src = cuda::generate_cuda(m, GetParam(), cuda::Precision::bf16);
+  EXPECT_NE(src.find("tsl_bf16* __restrict__"), std::string::npos) << GetParam();
+  EXPECT_NE(src.find("tsl_f2bf("), std::string::npos) << GetParam();
+  if (!cuda::built_with_cuda()) GTEST_SKIP() << "source generated; compiling it needs the CUDA toolkit (-DTESSEL_CUDA=ON)";
+  const cuda::NvrtcResult r = cuda::compile_cuda_source(src, GetParam(), cuda_test::nvrtc_options(false));
+  EXPECT_GT(r.cubin.size(), 1000u);
+}
+
+// On a GPU: bf16 storage, f32 compute, within 2e-2 of the eager interpreter's f32 outputs, on the stream
+// call, the captured call and a replay.
+TEST_P(CudaCorpusBf16, MatchesEagerOnTheGpu) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  testenv::CorpusCase c = testenv::load_corpus_model(GetParam());
+  const std::vector<Tensor> eager = run_eager(*c.model.graph, c.inputs);
+  CudaBackendOptions o;
+  o.cache_dir = testing::TempDir() + "/tessel_cuda_cache";
+  o.model_name = GetParam();
+  o.precision = cuda::Precision::bf16;
+  auto exe = compile_cuda(std::move(c.model.graph), c.inputs, o);
+  EXPECT_EQ(exe->stats().precision, "bf16");
+  for (int call = 0; call < 3; ++call)
+    testenv::expect_matches_reference(exe->run(c.inputs), eager, std::string(GetParam()) + " bf16 call " + std::to_string(call), 2e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaCorpusBf16, testing::ValuesIn(kCorpus),
+                         [](const testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
+
+namespace {
+
+// Two heads' scores from one packed projection: slices, transposes and a dot_general over two batch dims,
+// which no kernel covers (a view's batch dims take two strides): all on the device, none on the host.
+const char* const kHeads = R"(graph @heads(%x: f32[2,5,24]) {
+  %q: f32[2,5,12] = slice(%x) {starts = [0, 0, 0], stops = [2, 5, 12], strides = [1, 1, 1]} loc("/Split")
+  %k: f32[2,5,12] = slice(%x) {starts = [0, 0, 12], stops = [2, 5, 24], strides = [1, 1, 1]} loc("/Split")
+  %qr: f32[2,5,3,4] = reshape(%q) {shape = [2, 5, 3, 4]} loc("/Reshape")
+  %kr: f32[2,5,3,4] = reshape(%k) {shape = [2, 5, 3, 4]} loc("/Reshape_1")
+  %qt: f32[2,3,5,4] = transpose(%qr) {perm = [0, 2, 1, 3]} loc("/Transpose")
+  %kt: f32[2,3,4,5] = transpose(%kr) {perm = [0, 2, 3, 1]} loc("/Transpose_1")
+  %s: f32[2,3,5,5] = dot_general(%qt, %kt) {lhs_batch = [0, 1], lhs_contract = [3], rhs_batch = [0, 1], rhs_contract = [2]} loc("/MatMul")
+  return %s
+}
+)";
+
+}  // namespace
+
+TEST(CudaBf16, AttentionViewsRunOnTheDevice) {
+  KernelModule m = lower_for_cuda(parse_graph(kHeads));
+  for (const cuda::Precision p : {cuda::Precision::f32, cuda::Precision::bf16}) {
+    const std::string src = cuda::generate_cuda(m, "heads", p);
+    EXPECT_NE(src.find("(slice)"), std::string::npos) << src;
+    EXPECT_NE(src.find("(transpose)"), std::string::npos) << src;
+    EXPECT_NE(src.find("_mm(const"), std::string::npos) << src;
+    if (cuda::built_with_cuda()) {
+      EXPECT_NO_THROW(cuda::compile_cuda_source(src, "heads", cuda_test::nvrtc_options(false)));
+    }
+  }
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  const Tensor x = cuda_test::ramp({2, 5, 24});
+  const std::vector<Tensor> eager = run_eager(*parse_graph(kHeads), {x});
+  for (const cuda::Precision p : {cuda::Precision::f32, cuda::Precision::bf16}) {
+    CudaBackendOptions o;
+    o.precision = p;
+    auto exe = compile_cuda(parse_graph(kHeads), {x}, o);
+    EXPECT_EQ(exe->stats().host_steps, 0);
+    testenv::expect_matches_reference(exe->run({x}), eager, std::string("heads ") + cuda::precision_name(p), cuda::precision_tolerance(p));
+  }
+}
+
+// docs/runtime/cuda-backend.md, "bf16": the worked example's graph at bf16 generates the ```cuda k0-bf16 block.
+TEST(CudaBf16, WorkedExample) {
+  const std::string md = testenv::read_text(testenv::source_dir() + "/docs/runtime/cuda-backend.md");
+  const std::string graph = testenv::md_block(md, "```tsl cuda-example"), want = testenv::md_block(md, "```cuda k0-bf16");
+  ASSERT_FALSE(graph.empty() || want.empty()) << "the page needs a ```tsl cuda-example and a ```cuda k0-bf16 block";
+  const std::string src = cuda::generate_cuda(lower_for_cuda(parse_graph(graph)), "softmax", cuda::Precision::bf16);
+  const size_t at = src.find("// kernel k0");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(src.substr(at), want);
+}
