@@ -136,6 +136,8 @@ def main():
         model="tblock_bert block (1x128x768, d=768, 12 heads, MLP 3072)", threads=a.threads, iters=a.iters,
         torch=torch.__version__, blas=os.environ.get("LD_LIBRARY_PATH", "system"),
         tessel_step_ms=tessel_ms, torch_step_ms=torch_ms, speedup=torch_ms / tessel_ms,
+        # torch / tessel of each pair of neighbouring steps (the same machine load), median
+        pair_ratio_median=statistics.median(b / a for a, b in zip(tessel_all, torch_all)),
         tessel_phases_ms=tessel_phases, torch_phases_ms=torch_phases,
         tessel_compile_s=compile_s, tessel_adamw_compile_s=opt_compile_s,
         tessel_saved_bytes=fast.step.saved_bytes, torch_saved_bytes=torch_saved_bytes(ref, x, w),

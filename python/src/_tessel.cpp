@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "tessel/driver/explain.h"
+#include "tessel/driver/matmul_floor.h"
 #include "tessel/driver/optimizer.h"
 #include "tessel/driver/train_step.h"
 #include "tessel/runtime/compiled_backend.h"
@@ -325,6 +326,27 @@ class PyTrainStep {
   std::vector<std::string> parameters() const { return step_->info().parameters; }
   std::string summary() const { return train_summary(step_->info()); }
   int64_t saved_bytes() const { return step_->info().partition.saved_bytes; }
+  // The matmul floor of one half (driver/matmul_floor.h): its fp32 matmuls alone through oneDNN.
+  py::dict matmul_floor(const std::string& which, int threads, int iters) const {
+    const Graph& g = which == "forward" ? step_->forward_graph() : step_->backward_graph();
+    if (which != "forward" && which != "backward")
+      throw Error(Location{.pass = "python"}, fmt::format("no '{}' half: forward or backward", which));
+    FloorResult r;
+    {
+      py::gil_scoped_release nogil;
+      r = measure_matmul_floor(g, threads, iters);
+    }
+    py::dict d;
+    d["matmuls"] = r.matmuls;
+    d["gflop"] = r.flops / 1e9;
+    d["median_ms"] = r.median_ms;
+    d["p10_ms"] = r.p10_ms;
+    d["p90_ms"] = r.p90_ms;
+    d["shapes"] = r.shapes;
+    d["impls"] = r.impls;
+    d["summary"] = floor_summary(r);
+    return d;
+  }
   std::string text(const std::string& which) const {
     PrintOptions po;
     po.elide_constants = true;
@@ -344,7 +366,8 @@ class PyTrainStep {
 };
 
 // An optimizer step (driver/optimizer.h) compiled by the compiled backend: run(scalars, tensors) takes
-// the step's scalars and per parameter (p, g, state...) and returns per parameter (new p, new state...).
+// the step's scalars and per parameter (p, g, state...), writes the new p and state over the arrays
+// given for them (optimizer_output_aliases) and returns them.
 class PyOptimizer {
  public:
   PyOptimizer(const std::string& kind, const std::vector<Shape>& shapes, const py::dict& hyper, int threads) {
@@ -366,6 +389,7 @@ class PyOptimizer {
     CompiledBackendOptions co;
     co.threads = threads;
     co.model_name = g->name;
+    co.output_aliases = optimizer_output_aliases(spec_);  // p and the state updated in place
     py::gil_scoped_release nogil;
     exe_ = compile_cpu(std::move(g), {}, co);
   }
@@ -385,6 +409,7 @@ class PyOptimizer {
   std::vector<double> scalars(double lr, int64_t t) const { return optimizer_scalar_values(spec_, lr, t); }
   int kernels() const { return exe_->stats().kernels; }
   int loop_kernels() const { return exe_->stats().loop_kernels; }
+  int outputs_in_place() const { return exe_->stats().graph.outputs_in_place; }
   int state_count() const { return optimizer_state_count(spec_); }
   const std::string& text() const { return text_; }
 
@@ -450,6 +475,7 @@ PYBIND11_MODULE(_tessel, m) {
       .def("forward", &PyTrainStep::forward, py::arg("inputs"))
       .def("backward", &PyTrainStep::backward, py::arg("saved"), py::arg("inputs"), py::arg("seed"))
       .def("text", &PyTrainStep::text, py::arg("which") = "joint")
+      .def("matmul_floor", &PyTrainStep::matmul_floor, py::arg("which"), py::arg("threads") = 2, py::arg("iters") = 20)
       .def_property_readonly("input_names", &PyTrainStep::input_names)
       .def_property_readonly("parameters", &PyTrainStep::parameters)
       .def_property_readonly("summary", &PyTrainStep::summary)
@@ -462,6 +488,8 @@ PYBIND11_MODULE(_tessel, m) {
       .def("scalars", &PyOptimizer::scalars, py::arg("lr"), py::arg("step"))
       .def_property_readonly("kernels", &PyOptimizer::kernels)
       .def_property_readonly("loop_kernels", &PyOptimizer::loop_kernels)
+      .def_property_readonly("outputs_in_place", &PyOptimizer::outputs_in_place,
+                             "outputs written straight over the parameters and state (the rest are copied over them)")
       .def_property_readonly("state_count", &PyOptimizer::state_count)
       .def("text", &PyOptimizer::text, "the step's core graph (tessel text) as built");
 

@@ -1,13 +1,18 @@
 """`torch.compile(model, backend="tessel")` on torch >= 2.0: dynamo hands each captured FX graph (and
 example inputs) to this backend, which compiles it with tessel.compile on its first call -- the
-parameters and buffers dynamo passes as inputs frozen as constants, guarded. Graphs tessel cannot take
-(non-tensor inputs, capture failures, unsupported dtypes) run as dynamo gave them, with a warning."""
+parameters and buffers dynamo passes as inputs frozen as constants, guarded. A graph called with grad
+mode on and inputs that require grad (a module in training: dynamo lifts its parameters to inputs) is
+compiled for training instead (tessel.compile(..., train=True)): tessel's forward and backward run
+inside a torch.autograd.Function, so loss.backward() fills the parameters' .grad as PyTorch would
+(docs/training.md, "torch.compile"). Graphs tessel cannot take (non-tensor inputs, capture failures,
+unsupported dtypes) run as dynamo gave them, with a warning."""
 import warnings
 
 import torch
 
 from . import _tessel
 from ._compile import CompiledModule
+from ._train import TrainModule
 
 # Options for the backend, set with tessel.dynamo_options.update(threads=2, backend="graph", ...).
 dynamo_options = dict(backend="compiled", threads=None, repair=False, cache_limit=8, on_limit="raise")
@@ -46,7 +51,13 @@ class _FirstCall:
 
     def _compile(self, args):
         try:
-            compiled = CompiledModule(self.gm, args, freeze_inputs=_state_inputs(self.gm, args), **dynamo_options)
+            if torch.is_grad_enabled() and any(t.requires_grad for t in args):
+                # Training: the inputs that require grad (the parameters) are differentiated, not frozen.
+                o = dynamo_options
+                compiled = TrainModule(self.gm, args, backend=o["backend"], threads=o["threads"],
+                                       cache_limit=o["cache_limit"])
+            else:
+                compiled = CompiledModule(self.gm, args, freeze_inputs=_state_inputs(self.gm, args), **dynamo_options)
         except _tessel.TesselError as e:
             warnings.warn(f"tessel: could not compile a graph ({e}); it runs in PyTorch")
             return self.gm.forward

@@ -6,7 +6,7 @@ import time
 import torch
 
 from . import _tessel
-from ._capture import Slot, capture
+from ._capture import _READ, Slot, capture
 from ._compile import Stats, _call_builder, _const_name, _split_call, _StateGuard, _torch_threads_kept
 from ._convert import Converted, from_buffer, tessel_dtype, to_buffer
 
@@ -20,22 +20,26 @@ class _Step:
             tessel_dtype(a.dtype, f"input {i}")
         captured = capture(module, tensors, (), _call_builder(sig))
         what = type(module).__name__
-        if captured.mutated:
-            raise _tessel.TesselError(
-                f"{what}: train=True needs a module that writes no buffers; it updates "
-                f"{len(captured.mutated)} (BatchNorm in training mode updates its running statistics): call "
-                "module.eval() to train with the running statistics (docs/training.md, \"BatchNorm\")")
-        if captured.reads:
-            raise _tessel.TesselError(f"{what}: train=True cannot specialise on tensor values the module reads "
-                                      f"into Python ({len(captured.reads)} read(s); tessel.explain names them)")
+        # Buffers the module writes (BatchNorm's running statistics in training mode) are graph inputs
+        # read live, and their new values are forward outputs written back after each forward, as
+        # PyTorch's forward updates them.
+        self.writes = [captured.sources[p] for p in captured.mutated]
+        # Values the module reads into Python (value guards): the graph is specialised to them as for
+        # inference; the forward also returns each read tensor, checked on every call (_GuardMiss).
+        self.reads = captured.reads
+        self.values = tuple(repr(r.value) for r in captured.reads)
         if captured.structure.count != 1:
             raise _tessel.TesselError(f"{what}: train=True differentiates one output tensor; the module returns "
                                       f"{captured.structure.count} (return the loss, or the output alone)")
         # Buffers and frozen parameters (requires_grad=False) are constants, guarded as tessel.compile
         # guards them; trainable parameters are graph inputs (they change every step).
+        mutated = set(captured.mutated)
         frozen = {p: (_const_name(src), captured.example[p]) for p, src in enumerate(captured.sources)
-                  if isinstance(src, Slot) and not captured.example[p].requires_grad}
+                  if isinstance(src, Slot) and not captured.example[p].requires_grad and p not in mutated}
         conv = Converted(captured.gm, captured.example, name=what, frozen=frozen)
+        if conv.out_literals:
+            raise _tessel.TesselError(f"{what}: train=True differentiates one output tensor; the module's output "
+                                      "holds Python values besides it")
         if conv.fallbacks:
             raise _tessel.TesselError(f"{what}: train=True needs the whole module in tessel; "
                                       f"{len(conv.fallbacks)} aten op(s) fall back to PyTorch "
@@ -68,6 +72,11 @@ class _Step:
         return [tensors[f] if f.__class__ is int else f.get(tensors) for f in self.feeds]
 
 
+class _GuardMiss(Exception):
+    """A value guard of the compiled forward failed: the module's Python would take another path on this
+    call (the message says which read); TrainModule tries another specialisation or recompiles."""
+
+
 class _Function(torch.autograd.Function):
     """forward: the compiled forward (outputs + the tensors the partition saves, kept in tessel);
     backward: the compiled backward on them and the output's cotangent."""
@@ -77,8 +86,15 @@ class _Function(torch.autograd.Function):
         bufs = [to_buffer(t.detach()) for t in inputs]
         with _torch_threads_kept():
             outs, saved = step.step.forward(bufs)
+        for r, (a, d) in zip(step.reads, outs[1:]):   # the value guards, after the output
+            t = from_buffer(a, d)
+            if not r.holds(t):
+                raise _GuardMiss(r.describe(_READ[r.kind](t)))
+        if step.writes:                                 # then the buffers' new values (running statistics)
+            for w, (a, d) in zip(step.writes, outs[1 + len(step.reads):]):
+                (step.call_args[w] if isinstance(w, int) else w.get(step.call_args)).copy_(from_buffer(a, d))
         ctx.step, ctx.bufs, ctx.saved = step, bufs, saved
-        ctx.versions = [t._version for t in inputs]
+        ctx.versions = [t._version for t in inputs]      # (after the write-back: it bumps the buffers')
         ctx.inputs = inputs
         return from_buffer(*outs[0])
 
@@ -127,7 +143,7 @@ class TrainModule:
         if self.stats.compiles:
             self.stats.recompiles.append(reason or "new signature")
         self.stats.compiles += 1
-        self._cache[(sig, step.requires)] = step
+        self._cache[(sig, step.requires, step.values)] = step
         self._last = step
         return step
 
@@ -139,21 +155,38 @@ class TrainModule:
     def __call__(self, *call_args, **call_kwargs):
         self.stats.calls += 1
         tensors, sig = _split_call(call_args, call_kwargs)
-        step = None
-        for key, s in self._cache.items():
-            if key[0] == sig and tuple(s._flags(tensors)) == key[1]:
-                step = s
-                break
-        if step is not None:
-            stale = step.guard.stale(tensors)
-            if stale is not None:
+        # The compilations of this signature and requires_grad flags: one per path through the module's
+        # Python (value guards), tried in turn.
+        found = [s for key, s in self._cache.items() if key[0] == sig and tuple(s._flags(tensors)) == key[1]]
+        reason = None
+        if found:
+            reason = found[0].guard.stale(tensors)
+            if reason is not None:
                 self._cache.clear()
                 self.stats.refreshes += 1
-                step = self._compile(sig, tensors, stale)
-            else:
-                self.stats.cache_hits += 1
-        else:
-            step = self._compile(sig, tensors)
+                found = []
+        for step in found:
+            try:
+                out = self._run(step, tensors)
+            except _GuardMiss as miss:
+                reason = f"value guard: {miss}"
+                continue
+            self.stats.cache_hits += 1
+            return out
+        step = self._compile(sig, tensors, reason)
+        try:
+            return self._run(step, tensors)
+        except _GuardMiss as miss:
+            raise _tessel.TesselError(
+                f"{type(self.module).__name__}: captured again on this call's inputs, the graph still reads another "
+                f"value than the trace did ({miss}); the module's Python depends on something other than its "
+                "tensor inputs, parameters and buffers") from None
+
+    def _run(self, step, tensors):
         self._last = step
-        out = _Function.apply(step, *step.inputs(tensors))
+        step.call_args = tensors        # where the forward writes the buffers back
+        try:
+            out = _Function.apply(step, *step.inputs(tensors))
+        finally:
+            step.call_args = None
         return step.structure.rebuild([out])

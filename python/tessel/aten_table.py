@@ -236,11 +236,34 @@ def _log_softmax(L, node, x, dim, half_to_float=False):
     return L.op("LogSoftmax", [x], {"axis": dim})
 
 
+def _batch_norm_batch_stats(L, x, w, b, eps):
+    """Training-mode batch norm: the batch's per-channel mean and biased variance over every dim but
+    1, y = (x - mean) / sqrt(var + eps) * w + b; also the mean and 1 / sqrt(var + eps) as [C] (aten's
+    save_mean / save_invstd, from which the capture computes the running-statistics update)."""
+    r = L.rank(x)
+    if r < 2:
+        raise Unsupported("batch norm of a rank < 2 input")
+    d = L.dtype(x)
+    ch = L.shape(x)[1]
+    axes = [0] + list(range(2, r))
+    mean = L.op("ReduceMean", [x, L.ints(axes)], {"keepdims": 1})
+    centered = L.op("Sub", [x, mean])
+    var = L.op("ReduceMean", [L.op("Mul", [centered, centered]), L.ints(axes)], {"keepdims": 1})
+    invstd = L.op("Div", [L.const(torch.tensor(1.0), d),
+                          L.op("Sqrt", [L.op("Add", [var, L.const(torch.tensor(float(eps)), d)])])])
+    shape = L.ints([ch] + [1] * (r - 2))
+    y = L.op("Mul", [centered, invstd])
+    y = L.op("Mul", [y, L.op("Reshape", [w, shape])]) if w is not None else y
+    y = L.op("Add", [y, L.op("Reshape", [b, shape])]) if b is not None else y
+    flat = L.ints([ch])
+    return (y, L.op("Reshape", [mean, flat]), L.op("Reshape", [invstd, flat]))
+
+
 def _batch_norm(L, node, x, w, b, mean, var, *rest):
     if node.target is _ov("native_batch_norm", "default"):
         training, momentum, eps = rest
         if training:
-            raise Unsupported("training-mode batch norm")
+            return _batch_norm_batch_stats(L, x, w, b, eps)
     else:
         momentum, eps = rest
     consts = [L.b.known(v) if isinstance(v, str) else None for v in (w, b, mean, var)]
@@ -1161,11 +1184,31 @@ def _group_norm(L, node, x, groups, w=None, b=None, eps=1e-5, cudnn=True):
 @lowers(_ov("_native_batch_norm_legit", "default"), _ov("_native_batch_norm_legit", "no_stats"))
 def _batch_norm_legit(L, node, x, w, b, *rest):
     if node.target is _ov("_native_batch_norm_legit", "no_stats"):
-        raise Unsupported("batch norm with batch statistics")
+        _, _, eps = rest
+        return _batch_norm_batch_stats(L, x, w, b, eps)
     mean, var, training, momentum, eps = rest
     if training:
-        raise Unsupported("training-mode batch norm")
+        return _batch_norm_batch_stats(L, x, w, b, eps)
     return _batch_norm_eval(L, node, x, w, b, mean, var, momentum, eps)
+
+
+@lowers(_ov("_native_batch_norm_legit_functional", "default"))
+def _batch_norm_functional(L, node, x, w, b, rm, rv, training, momentum, eps):
+    """torch 2's functional training-mode batch norm: batch statistics, and the new running statistics
+    as results (PyTorch's update: momentum, unbiased variance)."""
+    if not training:
+        raise Unsupported("functional batch norm in eval mode")
+    y, mean, invstd = _batch_norm_batch_stats(L, x, w, b, eps)
+    d = L.dtype(x)
+    count = 1
+    for i, s in enumerate(L.shape(x)):
+        count *= s if i != 1 else 1
+    k = lambda v: L.const(torch.tensor(float(v)), d)
+    var = L.op("Sub", [L.op("Div", [k(1.0), L.op("Mul", [invstd, invstd])]), k(eps)])
+    new_rm = L.op("Add", [L.op("Mul", [rm, k(1.0 - momentum)]), L.op("Mul", [mean, k(momentum)])])
+    new_rv = L.op("Add", [L.op("Mul", [rv, k(1.0 - momentum)]),
+                          L.op("Mul", [var, k(momentum * count / max(count - 1, 1))])])
+    return (y, mean, invstd, new_rm, new_rv)
 
 
 @lowers(_ov("native_batch_norm", "default"), _ov("_native_batch_norm_legit_no_training", "default"))
@@ -1175,6 +1218,8 @@ def _batch_norm_eval(L, node, x, w, b, mean, var, *rest):
     d = L.dtype(x)
     w = w if w is not None else L.const(torch.ones(ch), d)
     b = b if b is not None else L.const(torch.zeros(ch), d)
+    if node.target is _ov("native_batch_norm", "default") and rest and rest[0]:
+        return _batch_norm(L, node, x, w, b, mean, var, *rest)      # training: batch statistics
     if mean is None or var is None:
         raise Unsupported("batch norm without running statistics")
     return _batch_norm(L, node, x, w, b, mean, var, *rest)

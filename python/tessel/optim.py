@@ -1,8 +1,8 @@
 """tessel.optim: torch.optim-compatible optimizers whose step is a tessel-compiled graph (SGD with
 momentum, AdamW with PyTorch's formulas: bias correction, decoupled weight decay). One graph per
 parameter group over all its parameters, each parameter's update one fused loop (docs/training.md,
-"Optimizer graphs"). Parameters are updated in place (copied from the step's outputs); the state
-tensors are the step's outputs.
+"Optimizer graphs"). The compiled step reads and writes the parameters and the state tensors in
+place (the executable's outputs alias its inputs: docs/training.md, "In-place optimizer steps").
 
     opt = tessel.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     loss.backward(); opt.step(); opt.zero_grad()
@@ -64,18 +64,22 @@ class _Compiled(torch.optim.Optimizer):
                 opt = self._steps.get(key)
                 if opt is None:
                     opt = self._steps[key] = _tessel.OptimizerStep(self.kind, shapes, hyper, self._threads)
-                bufs = []
+                # The step writes p and the state over the arrays it is given: the tensors' own memory
+                # (to_buffer copies only a non-contiguous tensor; that one is copied back).
+                bufs, updated = [], []
                 for p in ps:
-                    bufs += [to_buffer(p.detach()), to_buffer(p.grad)] + [to_buffer(self.state[p][n]) for n in names]
-                outs = opt.run(opt.scalars(group["lr"], t + 1), bufs)
-                k = 0
+                    bufs.append(to_buffer(p.detach()))
+                    bufs.append(to_buffer(p.grad))
+                    updated.append((p, bufs[-2]))
+                    for n in names:
+                        bufs.append(to_buffer(self.state[p][n]))
+                        updated.append((self.state[p][n], bufs[-1]))
+                opt.run(opt.scalars(group["lr"], t + 1), bufs)
+                for tensor, (arr, _) in updated:
+                    if arr.ctypes.data != tensor.data_ptr():
+                        tensor.copy_(from_buffer(arr, "f32"))
                 for p in ps:
-                    p.copy_(from_buffer(*outs[k]))
-                    st = self.state[p]
-                    for j, n in enumerate(names):
-                        st[n] = from_buffer(*outs[k + 1 + j])
-                    k += 1 + len(names)
-                    st["step"] = t + 1
+                    self.state[p]["step"] = t + 1
         return loss
 
 

@@ -22,6 +22,18 @@ int optimizer_state_count(const OptimizerSpec& s) {
   fail("optimizer '{}' is not one of adamw, sgd", s.kind);
 }
 
+std::vector<int> optimizer_output_aliases(const OptimizerSpec& s) {
+  const int nscalar = static_cast<int>(optimizer_scalars(s.kind).size());
+  const int nstate = optimizer_state_count(s);
+  std::vector<int> a;
+  for (size_t i = 0; i < s.shapes.size(); ++i) {
+    const int base = nscalar + static_cast<int>(i) * (2 + nstate);  // p, g, state...
+    a.push_back(base);
+    for (int k = 0; k < nstate; ++k) a.push_back(base + 2 + k);
+  }
+  return a;
+}
+
 std::vector<double> optimizer_scalar_values(const OptimizerSpec& s, double lr, int64_t t) {
   if (t < 1) fail("optimizer step {} : steps count from 1", t);
   if (s.kind == "adamw") {

@@ -26,6 +26,11 @@ struct OptimizerSpec {
 // new state, in the same order. The returned graph is at the core level.
 std::unique_ptr<Graph> build_optimizer_graph(const OptimizerSpec& s);
 
+// Per output of the graph, the input it updates in place (GraphBackendOptions::output_aliases): the
+// new p is written over p, the new state over the state, so a compiled step reads and writes the
+// caller's parameters and state directly (one read and one write per tensor, no copies).
+std::vector<int> optimizer_output_aliases(const OptimizerSpec& s);
+
 // The scalar inputs of the optimizer graph, which change from step to step:
 //   adamw: decay = 1 - lr wd, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t)
 //   sgd:   lr, mom = momentum (0 on the first step: buf = d), damp = 1 - dampening (1 on the first step)

@@ -37,9 +37,10 @@ std::unique_ptr<TrainStep> TrainStep::build(std::unique_ptr<Graph> g, const Trai
   TrainOptions to = o.train;
   to.seed = true;
   const size_t num_forward = g->outputs.size();
-  if (num_forward != 1)
-    fail("training step: graph '{}' has {} outputs; a training step differentiates one (return the loss or the "
-         "output alone)", g->name, num_forward);
+  if (num_forward == 0) fail("training step: graph '{}' has no outputs", g->name);
+  // Several outputs: the first (or TrainOptions::output) is differentiated; the others are returned by
+  // the forward undifferentiated (the value guards of a PyTorch module that reads tensor values).
+  if (num_forward > 1 && to.output.empty()) to.output = g->outputs[0]->name;
   s->info_ = build_train_graph(*g, to);
   s->num_outputs_ = num_forward;
   const std::string seed = s->info_.autodiff.seed_input;
@@ -64,6 +65,9 @@ std::unique_ptr<TrainStep> TrainStep::build(std::unique_ptr<Graph> g, const Trai
   if (o.backend == "compiled") {
     CompiledBackendOptions co;
     co.threads = o.threads;
+    // Outputs, saved tensors and gradients are written by their kernels into buffers handed over
+    // without a copy, reused by the next step once the caller dropped them (docs/training.md).
+    co.recycled_outputs = true;
     co.model_name = g->name + "_forward";
     ex->cf = compile_cpu(std::move(run.forward), {}, co);
     co.model_name = g->name + "_backward";
@@ -71,8 +75,10 @@ std::unique_ptr<TrainStep> TrainStep::build(std::unique_ptr<Graph> g, const Trai
     s->run_fwd_ = [e = ex.get()](const std::vector<Tensor>& in) { return e->cf->run(in); };
     s->run_bwd_ = [e = ex.get()](const std::vector<Tensor>& in) { return e->cb->run(in); };
   } else if (o.backend == "graph") {
-    ex->gf = compile_graph(std::move(run.forward));
-    ex->gb = compile_graph(std::move(run.backward));
+    GraphBackendOptions go;
+    go.recycled_outputs = true;
+    ex->gf = compile_graph(std::move(run.forward), {}, go);
+    ex->gb = compile_graph(std::move(run.backward), {}, go);
     s->run_fwd_ = [e = ex.get()](const std::vector<Tensor>& in) { return e->gf->run(in); };
     s->run_bwd_ = [e = ex.get()](const std::vector<Tensor>& in) { return e->gb->run(in); };
   } else {

@@ -15,7 +15,9 @@
 namespace tessel {
 
 struct TrainStepOptions {
-  TrainOptions train;                // output and wrt (empty: the lifted float constants); seed is forced on
+  // output and wrt (empty: the lifted float constants); seed is forced on. With several outputs and
+  // no TrainOptions::output, the first is differentiated and the others are returned by forward().
+  TrainOptions train;
   std::string backend = "compiled";  // compiled | graph | eager
   int threads = 0;                   // compiled: 0 = the machine's hardware threads
 };

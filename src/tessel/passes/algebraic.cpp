@@ -7,6 +7,9 @@
 // walk, the first rule that fires on a node wins, and a rewrite edits the node in place or replaces
 // its result by an existing value.
 #include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
 
 #include "tessel/ir/core_ops.h"
 #include "tessel/ir/op_registry.h"
@@ -148,6 +151,166 @@ bool is_noop_copy(const Node& n) {
   return false;
 }
 
+// ---- a sum of zero-pads of adjacent blocks ----
+// Slice's VJP pads each slice's cotangent with zeros to the operand's shape, so a split's gradient is
+// add(add(pad(gq), pad(gk)), pad(gv)): three zero-filled full-size buffers and two adds. When two pads
+// by 0 (no interior padding, no cropping) place their operands in blocks that agree in every dim but
+// one and touch along it, their sum is one pad of the two operands' concatenation: every element is
+// either one operand's or a padding zero, as before (up to the sign of a zero: -0 + 0 is +0).
+// Concatenated operands of the same axis are flattened, so a chain of sums becomes one concatenate, and
+// the sum that covers the whole result is the concatenate itself.
+
+struct ZeroPad {
+  const Node* node = nullptr;
+  std::vector<int64_t> low, high;
+};
+
+std::optional<ZeroPad> zero_pad(const Value* v) {
+  const Node* p = core_producer(v, "pad");
+  if (!p || p->inputs.size() != 2 || !splat_is(p->inputs[1], 0)) return std::nullopt;
+  ZeroPad z{p, p->attr_ints("low"), p->attr_ints("high")};
+  const size_t r = v->type.shape.size();
+  if (z.low.size() != r || z.high.size() != r) return std::nullopt;
+  for (int64_t i : p->attr_ints("interior", {}))
+    if (i != 0) return std::nullopt;
+  for (size_t d = 0; d < r; ++d)
+    if (z.low[d] < 0 || z.high[d] < 0) return std::nullopt;
+  return z;
+}
+
+// The one dim along which pad `a`'s block ends where `b`'s begins, every other dim placed alike; -1 if
+// there is none.
+int64_t adjacent_dim(const ZeroPad& a, const ZeroPad& b, const Shape& out) {
+  int64_t axis = -1;
+  for (size_t d = 0; d < out.size(); ++d) {
+    if (a.low[d] == b.low[d] && a.high[d] == b.high[d]) continue;
+    if (axis >= 0 || out[d] - a.high[d] != b.low[d] || out[d] - a.high[d] == a.low[d] ||
+        out[d] - b.high[d] == b.low[d])
+      return -1;  // a second differing dim, a gap or overlap, or an empty block
+    axis = static_cast<int64_t>(d);
+  }
+  return axis;
+}
+
+bool adds_adjacent_zero_pads(const Node& n) {
+  auto a = zero_pad(in(n, 0)), b = zero_pad(in(n, 1));
+  if (!a || !b || a->node == b->node) return false;
+  const Shape& out_shape = out(n)->type.shape;
+  return adjacent_dim(*a, *b, out_shape) >= 0 || adjacent_dim(*b, *a, out_shape) >= 0;
+}
+
+void append_concat_operands(std::vector<Value*>& to, Value* v, int64_t axis) {
+  const Node* c = core_producer(v, "concatenate");
+  if (c && c->attr_i("axis") == axis) {
+    to.insert(to.end(), c->inputs.begin(), c->inputs.end());
+    return;
+  }
+  to.push_back(v);
+}
+
+Value* emit(Rewriter& r, const Node& at, const char* op, std::vector<Value*> ins, std::map<std::string, Attr> attrs,
+            const std::string& suffix, const TensorType& type) {
+  Graph& g = r.graph();
+  auto node = std::make_unique<Node>();
+  node->op = OpRegistry::get().find(op);
+  node->name = at.name;
+  node->inputs = std::move(ins);
+  node->outputs = {g.add_value(g.unique_name(at.outputs[0]->name + suffix), type)};
+  node->attrs = std::move(attrs);
+  return r.insert_before_visited(std::move(node));
+}
+
+// concatenate(reshape(transpose(x_i, P)), ...) along `axis` where every operand is the same transpose
+// of operands that differ only along the transposed dim that lands first in the concatenated
+// (merged) dim: the same as reshape(transpose(concatenate(x_i), P)) — one contiguous concatenate and
+// one transpose copy instead of one transpose copy per operand and the concatenate. A split's gradient
+// in attention is this: the heads of q, k and v, each [b, h, t, d] moved to [b, t, h·d]. The plan: the
+// x_i (concatenates along the same dim flattened), the x dim to join and the transpose.
+struct HoistPlan {
+  std::vector<Value*> xs;
+  int64_t x_axis = 0;
+  std::vector<int64_t> perm;
+  Shape x_shape;  // the joined x
+};
+
+std::optional<HoistPlan> hoist_transposes(const std::vector<Value*>& parts, int64_t axis) {
+  if (parts.size() < 2) return std::nullopt;
+  HoistPlan h;
+  Shape t0;
+  const auto a = static_cast<size_t>(axis);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Value* v = parts[i];
+    const Node* t = core_producer(v, "transpose");
+    if (!t)
+      if (const Node* rs = core_producer(v, "reshape")) t = core_producer(rs->inputs[0], "transpose");
+    if (!t) return std::nullopt;
+    const Shape& ts = t->outputs[0]->type.shape;
+    const Shape& rs = v->type.shape;
+    if (ts.size() < rs.size() || a >= rs.size()) return std::nullopt;
+    const size_t k = a + (ts.size() - rs.size());  // t dims a..k merge into the result's dim a
+    int64_t merged = 1;
+    for (size_t d = a; d <= k; ++d) merged *= ts[d];
+    if (merged != rs[a]) return std::nullopt;
+    for (size_t d = 0; d < rs.size(); ++d)
+      if (d != a && rs[d] != ts[d < a ? d : d + (k - a)]) return std::nullopt;
+    if (i == 0) {
+      h.perm = t->attr_ints("perm");
+      t0 = ts;
+    } else {
+      if (t->attr_ints("perm") != h.perm || ts.size() != t0.size()) return std::nullopt;
+      for (size_t d = 0; d < ts.size(); ++d)
+        if (d != a && ts[d] != t0[d]) return std::nullopt;
+    }
+    h.x_axis = h.perm[a];
+    append_concat_operands(h.xs, t->inputs[0], h.x_axis);
+  }
+  h.x_shape = h.xs[0]->type.shape;
+  h.x_shape[static_cast<size_t>(h.x_axis)] = 0;
+  for (const Value* x : h.xs) h.x_shape[static_cast<size_t>(h.x_axis)] += x->type.shape[static_cast<size_t>(h.x_axis)];
+  return h;
+}
+
+// Emits concatenate(parts) along `axis` of result type `type` in front of node `at` (hoisting a common
+// transpose when it can), and returns the value.
+Value* emit_concatenate(Rewriter& r, const Node& at, std::vector<Value*> parts, int64_t axis, const TensorType& type) {
+  auto h = hoist_transposes(parts, axis);
+  if (!h) return emit(r, at, "concatenate", std::move(parts), {{"axis", axis}}, ".concat", type);
+  const DType dt = type.dtype;
+  Value* cx = emit(r, at, "concatenate", h->xs, {{"axis", h->x_axis}}, ".concat", TensorType{dt, h->x_shape});
+  Shape ts;
+  for (int64_t p : h->perm) ts.push_back(h->x_shape[static_cast<size_t>(p)]);
+  Value* ct = emit(r, at, "transpose", {cx}, {{"perm", h->perm}}, ".transpose", TensorType{dt, ts});
+  if (ts == type.shape) return ct;
+  return emit(r, at, "reshape", {ct}, {{"shape", std::vector<int64_t>(type.shape)}}, ".reshape", type);
+}
+
+bool pads_to_concatenate(Rewriter& r, Node& n) {
+  ZeroPad a = *zero_pad(in(n, 0)), b = *zero_pad(in(n, 1));
+  const Shape& out_shape = out(n)->type.shape;
+  int64_t axis = adjacent_dim(a, b, out_shape);
+  if (axis < 0) {
+    std::swap(a, b);
+    axis = adjacent_dim(a, b, out_shape);
+  }
+  const auto d = static_cast<size_t>(axis);
+  std::vector<Value*> parts;
+  append_concat_operands(parts, a.node->inputs[0], axis);
+  append_concat_operands(parts, b.node->inputs[0], axis);
+  Shape cshape = a.node->inputs[0]->type.shape;
+  cshape[d] += b.node->inputs[0]->type.shape[d];
+  Value* c = emit_concatenate(r, n, std::move(parts), axis, TensorType{out(n)->type.dtype, cshape});
+  std::vector<int64_t> low = a.low, high = a.high;
+  high[d] = b.high[d];
+  bool covers = true;
+  for (size_t i = 0; i < low.size(); ++i) covers = covers && low[i] == 0 && high[i] == 0;
+  if (covers && r.replace(n, c)) return true;
+  // The add becomes the pad, so its output value (and name) stays where it is.
+  n.op = OpRegistry::get().find("pad");
+  n.inputs = {c, a.node->inputs[1]};
+  n.attrs = {{"low", low}, {"high", high}, {"interior", std::vector<int64_t>(out_shape.size(), 0)}};
+  return true;
+}
+
 // ---- elementwise math on broadcast scalars ----
 
 // The rank-0 value `v` broadcasts (v itself when rank 0), or a new rank-0 constant when `v` is a
@@ -232,6 +395,7 @@ const std::vector<RewriteRule>& algebraic_rules() {
       forward_operand("convert to the same type", "convert",
                       [](const Node& n) { return in(n, 0)->type.dtype == out(n)->type.dtype; }, 0),
       {"convert chain", {"convert"}, converts_exactly_twice, compose_converts},
+      {"sum of adjacent zero-pads", {"add"}, adds_adjacent_zero_pads, pads_to_concatenate},
       {"no-op", {"slice", "concatenate", "reduce", "pad"}, is_noop_copy,
        [](Rewriter& r, Node& n) { return r.replace(n, in(n, 0)); }},
       {"elementwise on broadcast scalars", {}, may_sink_broadcasts, sink_scalar_broadcasts},

@@ -295,19 +295,51 @@ std::vector<Value*> dot_vjp(CoreBuilder& b, const Node& n, Value* g, const std::
   };
   // One side's cotangent: g against the other operand `o` (its batch dims ob, free dims of), giving
   // [batch, my free, o's remaining dims = o's contract dims in increasing order].
-  auto side = [&](Value* o, const Ints& ob, const Ints& of, const Ints& g_free, const Ints& mine_b,
+  // The swapped product o·g = [batch, o's remaining dims, my free] is emitted instead when the
+  // transposes that follow it are cheaper: the library reads a transposed operand through strides,
+  // while a transposed result is a copy. What follows is the transpose back to my operand's order and,
+  // when my operand is itself a transpose (Linear's weight, attention's heads), that transpose's VJP,
+  // which algebraic composes with it: best none at all (a weight's gradient), next one that keeps the
+  // last dim in place (attention's dv = aᵀ·g: row copies instead of element gathers).
+  auto cost = [&](const Value* mine, const Ints& src) {
+    Ints f(src.size());
+    for (size_t j = 0; j < src.size(); ++j) f[static_cast<size_t>(src[j])] = static_cast<int64_t>(j);
+    if (const Node* t = mine->producer; t && is_core_op(*t, CoreOp::transpose)) {
+      const Ints q = t->attr_ints("perm");
+      if (q.size() == f.size()) {
+        Ints composed(f.size());
+        for (size_t i = 0; i < q.size(); ++i) composed[static_cast<size_t>(q[i])] = f[i];
+        f = composed;
+      }
+    }
+    bool identity = true;
+    for (size_t e = 0; e < f.size(); ++e) identity = identity && f[e] == static_cast<int64_t>(e);
+    if (identity) return 0;
+    return f.empty() || f.back() == static_cast<int64_t>(f.size() - 1) ? 1 : 2;
+  };
+  auto side = [&](Value* mine, Value* o, const Ints& ob, const Ints& of, const Ints& g_free, const Ints& mine_b,
                   const Ints& mine_f, const Ints& mine_c, const Ints& o_c) {
-    Value* r = b.emit("dot_general", {g, o},
-                      {{"lhs_batch", range(0, nb)}, {"rhs_batch", ob}, {"lhs_contract", g_free}, {"rhs_contract", of}});
-    Ints src = mine_b;
-    src.insert(src.end(), mine_f.begin(), mine_f.end());
     Ints oc_sorted = o_c;
     std::sort(oc_sorted.begin(), oc_sorted.end());
-    for (int64_t od : oc_sorted) src.push_back(mine_c[std::find(o_c.begin(), o_c.end(), od) - o_c.begin()]);
+    Ints from_o;
+    for (int64_t od : oc_sorted) from_o.push_back(mine_c[std::find(o_c.begin(), o_c.end(), od) - o_c.begin()]);
+    Ints src = mine_b, swapped = mine_b;
+    src.insert(src.end(), mine_f.begin(), mine_f.end());
+    src.insert(src.end(), from_o.begin(), from_o.end());
+    swapped.insert(swapped.end(), from_o.begin(), from_o.end());
+    swapped.insert(swapped.end(), mine_f.begin(), mine_f.end());
+    if (cost(mine, swapped) < cost(mine, src))
+      return to_operand_order(
+          b,
+          b.emit("dot_general", {o, g},
+                 {{"lhs_batch", ob}, {"rhs_batch", range(0, nb)}, {"lhs_contract", of}, {"rhs_contract", g_free}}),
+          swapped);
+    Value* r = b.emit("dot_general", {g, o},
+                      {{"lhs_batch", range(0, nb)}, {"rhs_batch", ob}, {"lhs_contract", g_free}, {"rhs_contract", of}});
     return to_operand_order(b, r, src);
   };
-  Value* ga = need[0] ? side(c, rb, rf, range(nb + nlf, nrf), lb, lf, lc, rc) : nullptr;
-  Value* gc = need[1] ? side(a, lb, lf, range(nb, nlf), rb, rf, rc, lc) : nullptr;
+  Value* ga = need[0] ? side(a, c, rb, rf, range(nb + nlf, nrf), lb, lf, lc, rc) : nullptr;
+  Value* gc = need[1] ? side(c, a, lb, lf, range(nb, nlf), rb, rf, rc, lc) : nullptr;
   return {ga, gc};
 }
 

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -83,6 +84,39 @@ struct CompiledExecutable::Launch {
     }
   }
 };
+
+bool loop_writes_over_input(const Kernel& k, const std::vector<int>& ins, int out) {
+  if (k.kind != KernelKind::loop || k.phases != 1 || out < 0 || out >= k.num_outputs()) return false;
+  const int oarg = k.num_inputs() + out;
+  std::vector<int64_t> dims(k.outer);
+  dims.insert(dims.end(), k.inner.begin(), k.inner.end());
+  const KAccess* st = nullptr;
+  size_t store_at = 0;
+  for (size_t i = 0; i < k.body.size(); ++i) {
+    const KInstr& in = k.body[i];
+    if (in.op != "store" || k.accesses.at(static_cast<size_t>(in.access)).arg != oarg) continue;
+    if (st) return false;  // stored twice
+    st = &k.accesses[static_cast<size_t>(in.access)];
+    store_at = i;
+  }
+  if (!st || st->offset != 0 || st->strides.size() != dims.size() || k.body[store_at].row) return false;
+  int64_t stride = 1;
+  for (size_t d = dims.size(); d-- > 0;) {
+    if (dims[d] != 1 && st->strides[d] != stride) return false;
+    stride *= dims[d];
+  }
+  if (stride != shape_numel(k.args.at(static_cast<size_t>(oarg)).type.shape)) return false;
+  for (size_t i = 0; i < k.body.size(); ++i) {
+    const KInstr& in = k.body[i];
+    if (in.op != "load") continue;
+    const KAccess& a = k.accesses.at(static_cast<size_t>(in.access));
+    if (std::find(ins.begin(), ins.end(), a.arg) == ins.end()) continue;
+    if (i > store_at || in.row || a.offset != 0 || a.strides.size() != dims.size()) return false;
+    for (size_t d = 0; d < dims.size(); ++d)
+      if (dims[d] != 1 && a.strides[d] != st->strides[d]) return false;
+  }
+  return true;
+}
 
 CompiledExecutable::CompiledExecutable() = default;
 CompiledExecutable::~CompiledExecutable() = default;
@@ -250,6 +284,11 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
     cg = std::move(m.graph);
   };
   go.custom_kernel = [&](const Node& n) { return b.launch(n); };
+  go.output_aliases = opts.output_aliases;
+  go.recycled_outputs = opts.recycled_outputs;
+  go.writes_over_input = [&ce](const Node& n, const std::vector<int>& ins, int out) {
+    return is_kernel_node(n) && loop_writes_over_input(ce->kernels_.at(static_cast<size_t>(n.attr_i("kernel"))), ins, out);
+  };
   // Library primitives are created for the threads they will run with (run() applies the same count).
   ScopedOmpThreads library_threads(st.threads);
   ce->exe_ = compile_graph(std::move(g), ex, go);

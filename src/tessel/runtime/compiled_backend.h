@@ -25,6 +25,11 @@ struct CompiledBackendOptions {
   cpu::ToolchainOptions toolchain;
   std::string model_name = "model";    // for the banner of the generated file
   bool keep_module = false;            // keep what save() needs (the kernel module's text and constants)
+  // GraphBackendOptions::output_aliases and recycled_outputs: outputs written into the caller's
+  // inputs (a loop kernel writes over its input when each element is read before its position is
+  // written: loop_writes_over_input), outputs handed over without a copy out of the arena.
+  std::vector<int> output_aliases;
+  bool recycled_outputs = false;
 };
 
 struct CompiledCompileStats {
@@ -49,6 +54,12 @@ struct CompiledCompileStats {
   int64_t bytes_unfused = 0, bytes_fused = 0;
   int threads = 1;
 };
+
+// Whether loop kernel `k` may write its output `out` over the buffers of its inputs `ins` (node
+// positions): one phase, the output stored once through the row-major map of the loop space, every
+// load of those inputs through the same map and before that store in the body. Then each loop point
+// reads its elements of the inputs before writing the same element, and no point touches another's.
+bool loop_writes_over_input(const Kernel& k, const std::vector<int>& ins, int out);
 
 class CompiledExecutable;
 struct BlobToStore;    // exe_entry.h

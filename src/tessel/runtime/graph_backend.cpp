@@ -169,7 +169,8 @@ int GraphCompileStats::dynamic_count() const {
 }
 
 // Where each value lives while the executable runs.
-enum class Home { none, input, constant, arena, heap };
+// output: a graph output in a buffer of its own, recycled from run to run (recycled_outputs).
+enum class Home { none, input, constant, arena, heap, output };
 
 struct GraphExecutable::Impl {
   std::vector<Step> steps;
@@ -185,10 +186,17 @@ struct GraphExecutable::Impl {
   std::vector<Tensor> heap;             // per root id: dynamic-region tensors
   std::vector<const Tensor*> given;     // per value id: the caller's input tensors, during a run
   ViewMap views;                        // broadcast results read in place by their consumers
+  std::vector<std::pair<int, int>> over_input;  // (value id, input value id): results written over an input
+  std::vector<int> copy_back;           // per graph output: the input value id it is copied over, or -1
+  std::vector<int> alias_input;         // per graph output: the input value id it is written into, or -1
+  std::vector<int> recycled;            // value ids with Home::output
+  std::vector<Tensor> pool;             // per value id: the buffer of a Home::output value
 
   Tensor tensor_of(const Value* v) const;
   void store_result(const Value* v, Tensor t, size_t& live);
   void run_step(const Step& s, size_t& live, size_t& peak);
+  void plan_outputs(const Graph& g, const GraphBackendOptions& opts, GraphCompileStats& st,
+                    const std::vector<int>& group_last, const std::map<int, size_t>& bytes_override);
 };
 
 GraphExecutable::GraphExecutable() : impl_(std::make_unique<Impl>()) {}
@@ -208,6 +216,7 @@ Tensor GraphExecutable::Impl::tensor_of(const Value* v) const {
     case Home::constant: return view(*value_of[r]->constant);
     case Home::input: return view(*given[r]);
     case Home::heap: return view(heap[r]);
+    case Home::output: return view(pool[r]);
     case Home::arena: {
       Tensor t(v->type.dtype, v->type.shape);
       if (t.nbytes()) std::memcpy(t.bytes(), env.ptr[v->id], t.nbytes());
@@ -324,6 +333,83 @@ bool core_with_static_shapes(const Node& n) {
 
 }  // namespace
 
+// Outputs in the caller's memory (GraphBackendOptions::output_aliases) and outputs in recycled
+// buffers (recycled_outputs), decided after the steps' own homes and in-place choices.
+void GraphExecutable::Impl::plan_outputs(const Graph& g, const GraphBackendOptions& opts, GraphCompileStats& st,
+                                         const std::vector<int>& group_last, const std::map<int, size_t>& bytes_override) {
+  const size_t nout = g.outputs.size();
+  copy_back.assign(nout, -1);
+  alias_input.assign(nout, -1);
+  std::map<const Node*, int> step_of;
+  for (size_t k = 0; k < steps.size(); ++k) step_of[steps[k].node] = static_cast<int>(k);
+  // A result a typed step writes into memory of its own (not a view, not over another value).
+  auto own_result = [&](const Value* v) {
+    return v->producer && root[v->id] == v->id && home[v->id] == Home::arena && !views.count(v->id) &&
+           !bytes_override.count(v->id) && steps[static_cast<size_t>(step_of.at(v->producer))].kind == StepKind::typed;
+  };
+  if (!opts.output_aliases.empty()) {
+    if (opts.output_aliases.size() != nout)
+      fail("output_aliases names {} outputs; graph '{}' has {}", opts.output_aliases.size(), g.name, nout);
+    std::set<int> taken;
+    for (size_t k = 0; k < nout; ++k) {
+      const int i = opts.output_aliases[k];
+      if (i < 0) continue;
+      const Value* out = g.outputs[k];
+      if (static_cast<size_t>(i) >= num_inputs || input_slot[static_cast<size_t>(i)] < 0)
+        fail("output {} ('{}') aliases input {}, which the graph does not take (it has {} inputs{})", k, out->name, i,
+             num_inputs, static_cast<size_t>(i) < num_inputs ? "; that one was specialised into a constant" : "");
+      const Value* in = g.inputs[static_cast<size_t>(input_slot[static_cast<size_t>(i)])];
+      if (in->type != out->type)
+        fail("output {} ('{}', {}) cannot be written into input '{}' ({})", k, out->name, out->type.str(), in->name,
+             in->type.str());
+      if (!taken.insert(in->id).second) fail("input '{}' is aliased by two outputs", in->name);
+      for (size_t j = 0; j < nout; ++j)
+        if (root[g.outputs[j]->id] == in->id)
+          fail("input '{}' is also returned as output {}; it cannot be overwritten by output {}", in->name, j, k);
+      alias_input[k] = in->id;
+      // Written straight over the input: nothing after the producing step reads the input, and the
+      // producer reads every element of it before writing the same position (or not at all).
+      bool over = own_result(out);
+      if (over) {
+        const int d = step_of.at(out->producer);
+        const Node& n = *out->producer;
+        std::vector<int> ins;
+        for (size_t p = 0; p < n.inputs.size(); ++p)
+          if (n.inputs[p] && root[n.inputs[p]->id] == in->id) {
+            ins.push_back(static_cast<int>(p));
+            over = over && !views.count(n.inputs[p]->id);
+          }
+        const int outpos = out->producer_output;
+        if (group_last[in->id] > d) over = false;
+        else if (over && !ins.empty()) {
+          if (n.op->domain == "tessel.core") {
+            for (int p : ins) over = over && can_run_in_place(n, p);
+          } else {
+            over = opts.writes_over_input && opts.writes_over_input(n, ins, outpos);
+          }
+        }
+      }
+      if (over) {
+        root[out->id] = in->id;
+        home[out->id] = Home::input;
+        over_input.push_back({out->id, in->id});
+        st.outputs_in_place++;
+      } else {
+        copy_back[k] = in->id;
+        st.outputs_copied_back++;
+      }
+    }
+  }
+  if (!opts.recycled_outputs) return;
+  for (size_t k = 0; k < nout; ++k) {
+    const Value* v = g.outputs[k];
+    if (alias_input[k] >= 0 || home[v->id] != Home::arena || !own_result(v)) continue;
+    home[v->id] = Home::output;
+    recycled.push_back(v->id);
+    st.outputs_recycled++;
+  }
+}
+
 std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
                                                const GraphBackendOptions& opts) {
   const auto t0 = Clock::now();
@@ -352,6 +438,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   im.root.resize(nv);
   for (size_t i = 0; i < nv; ++i) im.root[i] = static_cast<int>(i);
   im.fixed_ptr.assign(nv, nullptr);
+  im.pool.assign(nv, Tensor());
   for (const auto& v : g->values()) {
     im.value_of[v->id] = v.get();
     if (v->constant) {
@@ -451,6 +538,8 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     im.steps.push_back(std::move(s));
   }
 
+  im.plan_outputs(*g, opts, st, group_last, bytes_override);
+
   // One buffer per arena root; heap roots are released after their group's last use.
   for (size_t id = 0; id < nv; ++id) {
     if (im.root[id] != static_cast<int>(id) || !im.value_of[id]) continue;
@@ -507,6 +596,15 @@ std::vector<Tensor> GraphExecutable::run(const std::vector<Tensor>& inputs, Grap
     im.given[v->id] = &t;
     im.env.ptr[v->id] = const_cast<uint8_t*>(t.bytes());
   }
+  for (const auto& [id, in] : im.over_input) im.env.ptr[static_cast<size_t>(id)] = im.env.ptr[static_cast<size_t>(in)];
+  for (int id : im.recycled) {
+    Tensor& b = im.pool[static_cast<size_t>(id)];
+    if (!b.valid() || b.storage_use_count() != 1) {  // the caller still holds the last run's buffer
+      const Value* v = im.value_of[static_cast<size_t>(id)];
+      b = Tensor(v->type.dtype, v->type.shape);
+    }
+    im.env.ptr[static_cast<size_t>(id)] = b.bytes();
+  }
   size_t live = 0, peak = 0;
   static const bool profile = std::getenv("TESSEL_PROFILE") != nullptr;
   for (const Step& s : im.steps) {
@@ -518,8 +616,33 @@ std::vector<Tensor> GraphExecutable::run(const std::vector<Tensor>& inputs, Grap
     }
     if (profile) fmt::print(stderr, "profile {:>9.3f} ms  {} {}\n", seconds_since(ts) * 1e3, s.node->op->name, display_text(s.node->name));
   }
+  // Outputs copied over their input: every source is read before any input is written (a source
+  // may itself live in an input another output is copied over).
+  std::vector<Tensor> back(graph_->outputs.size());
+  for (size_t k = 0; k < back.size(); ++k)
+    if (im.copy_back[k] >= 0) {
+      const Value* v = graph_->outputs[k];
+      back[k] = im.tensor_of(v);
+      if (im.home[im.root[v->id]] == Home::input) back[k] = back[k].clone();
+    }
+  for (size_t k = 0; k < back.size(); ++k)
+    if (back[k].valid() && back[k].nbytes())
+      std::memcpy(const_cast<uint8_t*>(im.given[static_cast<size_t>(im.copy_back[k])]->bytes()), back[k].bytes(),
+                  back[k].nbytes());
   std::vector<Tensor> outs;
-  for (const Value* v : graph_->outputs) outs.push_back(im.tensor_of(v));
+  std::set<int> handed;  // recycled buffers already returned: a second output of the same memory is a copy
+  for (size_t k = 0; k < graph_->outputs.size(); ++k) {
+    const Value* v = graph_->outputs[k];
+    if (im.alias_input[k] >= 0) {
+      outs.push_back(*im.given[static_cast<size_t>(im.alias_input[k])]);
+      continue;
+    }
+    outs.push_back(im.tensor_of(v));
+    // Two outputs sharing one buffer (a value returned twice: equal gradients of two parameters) would
+    // let the caller's in-place update of one (`.grad +=`) change the other.
+    const int r = im.root[v->id];
+    if (im.home[r] == Home::output && !handed.insert(r).second) outs.back() = outs.back().clone();
+  }
   im.heap.assign(im.value_of.size(), Tensor());
   if (stats) {
     stats->seconds = seconds_since(t0);

@@ -27,6 +27,22 @@ struct GraphBackendOptions {
   // cover (kernel nodes). custom_kernel returns an empty function for nodes it does not handle.
   std::function<void(std::unique_ptr<Graph>&)> after_pipeline;
   std::function<CoreKernel(const Node&)> custom_kernel;
+  // In-place outputs (docs/runtime/graph-backend.md, "Outputs in the caller's memory"). Per graph
+  // output (empty: none), the index of a graph input whose storage run() writes the output into:
+  // the caller's tensor, updated in place (an optimizer step's parameters and state) and returned.
+  // The planner lets the output's kernel write straight over the input when that is safe (the input
+  // is read by no later step, and the kernel reads each element before writing the same position:
+  // writes_over_input); otherwise the output is computed in the arena and copied over the input
+  // after the last step. Either way no step sees the input change. An input is aliased at most once,
+  // must have the output's type and must not itself be a graph output.
+  std::vector<int> output_aliases;
+  // Whether node `n` may write its output `out` over the memory its inputs at positions `ins` read
+  // (backends with their own kernel nodes say it for them; core nodes use can_run_in_place).
+  std::function<bool(const Node& n, const std::vector<int>& ins, int out)> writes_over_input;
+  // Graph outputs (not aliased) computed by a kernel are written straight into buffers of their own,
+  // returned without a copy out of the arena; a later run reuses a buffer once the caller has
+  // dropped every tensor sharing it (no allocation, no page faults), else allocates a new one.
+  bool recycled_outputs = false;
 };
 
 // What compiling found and decided.
@@ -43,6 +59,9 @@ struct GraphCompileStats {
   std::map<std::string, int> fallback;  // "op dtype" -> core nodes run by the reference kernel in the arena
   std::map<std::string, int> dynamic;   // op -> nodes in the dynamic region (not core, or dynamic shapes)
   std::vector<std::string> baked_inputs;  // inputs specialised into constants (guarded)
+  int outputs_in_place = 0;       // output_aliases written straight over their input
+  int outputs_copied_back = 0;    // output_aliases computed in the arena and copied over their input
+  int outputs_recycled = 0;       // outputs in buffers of their own (recycled_outputs)
   std::string pipeline_error;     // set when the pipeline could not lower the model (it then runs undecomposed)
   int fallback_count() const;
   int dynamic_count() const;

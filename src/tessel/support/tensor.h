@@ -26,6 +26,8 @@ class Tensor {
   int64_t numel() const { return numel_; }
   size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
   bool valid() const { return owner_ != nullptr; }
+  // How many tensors (and other holders of the owner) share this storage: 1 when this is the last.
+  long storage_use_count() const { return owner_.use_count(); }
 
   template <typename T> T* data() { return reinterpret_cast<T*>(bytes()); }
   template <typename T> const T* data() const { return reinterpret_cast<const T*>(bytes()); }
