@@ -7,8 +7,11 @@ ONNX model-zoo layout (model.onnx, test_data_set_0/input_0.pb, output_0.pb):
                causal attention with rotary position embedding -> RMSNorm -> SwiGLU MLP, final RMSNorm and
                the vocabulary projection; 32 tokens, width 64, 4 heads
   ksplit_linear  one Linear(1024, 64) on one row: spyre's mapper splits its K over 4 cores (a cross-core sum)
+  ksplit_uneven  one Linear(1100, 64) on one row: K over 6 cores of 192, the last core's slice 140 (a partial tile)
+  conv_kinds   every convolution kind with a border on a 30x26 image: 3x3 stride 2 with padding, depthwise 3x3,
+               grouped 3x3 (4 groups), dilated 3x3 (dilation 2), each padded, ReLU between
 
-    /usr/bin/python3 bench/export_small_models.py OUTDIR
+    /usr/bin/python3 bench/export_small_models.py OUTDIR [NAME ...]   (default: all of them)
 
 Seeded: the same weights and inputs every run. Needs torch (1.13 here) and torchvision; the test data is written by bench/tensor_pb.py (no onnx package).
 """
@@ -101,6 +104,22 @@ def save(folder, model, x, name):
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "."
+    only = set(sys.argv[2:])
+    if not only or "vit_tiny" in only or "llama_tiny" in only or "ksplit_linear" in only:
+        first_three(out)
+    if not only or "ksplit_uneven" in only:
+        torch.manual_seed(3)
+        save(os.path.join(out, "ksplit_uneven"), nn.Linear(1100, 64), torch.randn(1, 1100), "ksplit_uneven")
+    if not only or "conv_kinds" in only:
+        torch.manual_seed(4)
+        convs = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
+                              nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(),
+                              nn.Conv2d(16, 32, 3, padding=1, groups=4), nn.ReLU(),
+                              nn.Conv2d(32, 16, 3, padding=2, dilation=2))
+        save(os.path.join(out, "conv_kinds"), convs, torch.randn(1, 3, 30, 26), "conv_kinds")
+
+
+def first_three(out):
     torch.manual_seed(0)
     from torchvision.models.vision_transformer import VisionTransformer
     vit = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=64, mlp_dim=128,

@@ -520,9 +520,11 @@ tile::MapOptions map_options(const std::string& dtype) {
 int cmd_compile_dataflow(const std::string& model, const std::string& target, const std::string& emit,
                          const std::string& out, const std::string& report, const std::string& dtype,
                          const std::string& dump_dir, const std::string& print_after, bool time_passes,
-                         bool ktir_values = false) {
+                         bool ktir_values = false, const std::string& ktir_storage = "") {
   DataflowCompile dc = compile_dataflow(model, model_inputs(model), dataflow::resolve_target(target), map_options(dtype),
                                         stage_options(dump_dir, print_after));
+  // --ktir-storage f32: the same schedule with float globals stored as f32 (a check of the kernels' logic)
+  if (ktir_storage == "f32") dc.program = tile::ktir_widened_storage(dc.program);
   if (time_passes) print_stage_times(dc.stages);
   if (!print_after.empty()) return 0;
   if (emit == "tile") write_text(out, tile::print_tile_program(dc.program));
@@ -531,7 +533,8 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
     write_text(out, tile::export_ktir(dc.program, dc.module));
   else if (emit == "ktir") {
     // -o names a folder: one module per kernel and manifest.json, what ktir-cpu reads (docs/ktir.md).
-    const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+    tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+    if (ktir_storage == "f32") e.storage = "f32";
     // --ktir-values: tessel's own values beside them (the functional simulation on test_data_set_0), the
     // oracle bench/ktir_check.py compares every kernel's results with and takes host steps' results from
     std::vector<std::pair<std::string, Tensor>> values;
@@ -822,6 +825,8 @@ int main(int argc, char** argv) {
   comp->add_option("--print-after", comp_print_after, "print the IR after this stage (and nothing else): a graph pass, fuse, or with a dataflow --target a tile-* stage (see `tessel passes`)");
   comp->add_flag("--time-passes", comp_time, "print each pass's wall time and note to stderr");
   bool comp_ktir_values = false;
+  std::string comp_ktir_storage;
+  auto* comp_ktir_storage_opt = comp->add_option("--ktir-storage", comp_ktir_storage, "with --emit ktir: f32 stores every float tensor as f32 on the same schedule (a check of the kernels' logic, not of the f16 format; docs/ktir.md)")->check(CLI::IsMember({"f32"}));
   comp->add_flag("--ktir-values", comp_ktir_values, "with --emit ktir -o FOLDER: also write tessel's functional-simulation values of every intermediate (test_data_set_0) as .npy");
   bool comp_train = false;
   std::string comp_wrt, comp_grad_of;
@@ -918,6 +923,17 @@ int main(int argc, char** argv) {
   bench->add_option("--target", bench_target, "cpu (the --backends) or cuda (the GPU: per-kernel CUDA-event times against their roofline)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
 
+  // --precision of --target cuda: one option, one variable, on run, compile and bench.
+  std::string cuda_precision = "f32";
+  auto add_precision = [&](CLI::App* sub) {
+    return sub->add_option("--precision", cuda_precision, "with --target cuda: f32 (default) or bf16 (weights and activations stored as bf16, "
+                                                          "f32 accumulation; outputs f32; --check and bench compare at 2e-2)")
+        ->check(CLI::IsMember({"f32", "bf16"}));
+  };
+  auto* run_prec_opt = add_precision(run);
+  auto* comp_prec_opt = add_precision(comp);
+  auto* bench_prec_opt = add_precision(bench);
+
   auto* ops = app.add_subcommand("ops", "List the registered ops (the text of docs/ops.md)");
 
   // explain: graph breaks, their reasons and repairs (src/tessel/driver/explain.cpp).
@@ -967,6 +983,9 @@ int main(int argc, char** argv) {
   try {
     refuse_inapplicable(run_threads_opt, run_backend == "compiled", "sets the compiled backend's threads, and the backend is not compiled");
     refuse_inapplicable(run_rel_opt, run_check, "is the bound of --check, which is not given");
+    refuse_inapplicable(run_prec_opt, run_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
+    refuse_inapplicable(comp_prec_opt, comp_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
+    refuse_inapplicable(bench_prec_opt, bench_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
     refuse_inapplicable(explain_backend_opt, explain_opts.check, "chooses the backend of --check, which is not given");
     refuse_inapplicable(explain_rel_opt, explain_opts.check, "is the bound of --check, which is not given");
     refuse_inapplicable(explain_threads_opt, explain_opts.check && explain_opts.backend == "compiled",
@@ -974,6 +993,7 @@ int main(int argc, char** argv) {
     refuse_inapplicable(land_threads_opt, ("," + land_targets + ",").find(",cpu,") != std::string::npos,
                         "sets the threads of the cpu row, and --targets has no cpu");
     refuse_inapplicable(comp_report_opt, comp_target != "cpu", "is the per-kernel report of a dataflow --target, and the target is cpu");
+    refuse_inapplicable(comp_ktir_storage_opt, comp_emit == "ktir", "sets the storage of the KTIR export, and --emit is not ktir");
     refuse_inapplicable(comp_dtype_opt, comp_target != "cpu", "sets the device storage of a dataflow --target, and the target is cpu");
     refuse_inapplicable(comp_passes_opt, comp_target == "cpu", "chooses the graph passes of --target cpu; a dataflow target runs the core pipeline");
     refuse_inapplicable(comp_elide_opt, comp_target == "cpu", "elides constants of --emit graph/kernel on --target cpu; a dataflow target's texts always elide them");
@@ -986,7 +1006,8 @@ int main(int argc, char** argv) {
     max_alloc_bytes();  // a malformed $TESSEL_MAX_ALLOC_BYTES is reported here, before any work
     if (const char* v = std::getenv("TESSEL_CACHE_MAX_BYTES"); v && *v) cpu::cache_budget({}, 0);  // and the cache's budget
     if (*explain) return cmd_explain(explain_model, explain_opts);
-    if (*run && run_target == "cuda") return cmd_run_cuda(run_model, run_inputs, run_check, run_rel, run_repeat);
+    if (*run && run_target == "cuda") return cmd_run_cuda(run_model, run_inputs, run_check, run_rel_opt->count() ? run_rel : 0.0, run_repeat,
+                                                                cuda::parse_precision(cuda_precision));
     if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
     if (*sim && sim_train) {
       if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
@@ -1008,12 +1029,13 @@ int main(int argc, char** argv) {
     if (*hwc) return cmd_hw(hw_what, hw_matmul);
     if (*land) return cmd_landscape(land_model, land_targets, land_threads, land_json);
     if (*comp && comp_target == "cuda") {
-      write_text(comp_out, emit_cuda(comp_model, comp_emit == "graph" ? "cuda" : comp_emit));
+      write_text(comp_out, emit_cuda(comp_model, comp_emit == "graph" ? "cuda" : comp_emit, cuda::parse_precision(cuda_precision)));
       return 0;
     }
     if (*comp && comp_target != "cpu")
       return cmd_compile_dataflow(comp_model, comp_target, comp_emit == "graph" ? "tile" : comp_emit, comp_out, comp_report,
-                                  comp_dtype, comp_dump, comp_print_after, comp_time, comp_ktir_values);
+                                  comp_dtype, comp_dump, comp_print_after, comp_time, comp_ktir_values,
+                                  comp_ktir_storage);
     if (*comp && comp_train) return cmd_compile_train(comp_model, comp_out, comp_elide, comp_wrt, comp_grad_of);
     if (*comp)
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
@@ -1044,6 +1066,7 @@ int main(int argc, char** argv) {
         throw Error(Location{}, "--backends has no effect here: it picks the CPU backends, and --target is cuda");
       CudaBenchOptions co;
       co.iters = bench_iters;
+      co.precision = cuda::parse_precision(cuda_precision);
       const nlohmann::json j = bench_cuda(bench_model_path, co);
       if (!bench_json_path.empty()) {
         std::ofstream f(bench_json_path);
