@@ -378,7 +378,10 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
         structure[:] = [st]
         return tuple(tensors), tuple(t for t, _ in reads)
     try:
-        with _functorch_stack_restored(), _provenance(module), _value_reads(reads), torch.no_grad():
+        # (fork_rng: tracing runs the module's random ops; the caller's generator is left as it was, so
+        # a compile inside a call -- torch.compile's first -- draws what eager would: class Dropout's tests)
+        with _functorch_stack_restored(), _provenance(module), _value_reads(reads), torch.no_grad(), \
+                torch.random.fork_rng(devices=[]):
             gm = make_fx(_functionalize()(traced, remove="mutations"))(*clones)
     except _tessel.TesselError:
         raise
@@ -491,6 +494,31 @@ def _out_of_place(op):
     return getattr(packet, op._overloadname, None) or getattr(packet, "int", None)
 
 
+def _random_mask(graph, n):
+    """`bernoulli_(t, p)` on a tensor made for it (PyTorch's CPU dropout: `empty_like(x).bernoulli_(1 - p)`,
+    which functionalization leaves in place on torch 1.13) and `bernoulli.p(t, p)`: their result depends
+    only on t's shape and dtype, so the node becomes aten_table.bernoulli_mask(shape, p, dtype), which has
+    no tensor input (what made t is then dead). True when n was rewritten."""
+    if n.target not in _BERNOULLI or not 1 <= len(n.args) <= 2 or set(n.kwargs) - {"p", "generator"} \
+            or n.kwargs.get("generator") is not None:
+        return False
+    t = n.args[0]
+    p = n.args[1] if len(n.args) == 2 else n.kwargs.get("p", 0.5)   # (bernoulli_.float's default p: make_fx omits it)
+    if not isinstance(t, torch.fx.Node) or not isinstance(p, (int, float)):
+        return False
+    if n.target is aten.bernoulli_.float and (len(t.users) != 1 or t.op == "placeholder"):
+        return False          # the in-place draw overwrites a tensor something else reads
+    meta = t.meta.get("val", t.meta.get("tensor_meta"))
+    if meta is None or not all(isinstance(d, int) for d in meta.shape):
+        return False
+    from .aten_table import bernoulli_mask
+    n.target, n.args, n.kwargs = bernoulli_mask, (list(meta.shape), float(p), meta.dtype), {}
+    return True
+
+
+_BERNOULLI = {o for o in (getattr(aten.bernoulli_, "float", None), getattr(aten.bernoulli, "p", None)) if o is not None}
+
+
 def _mutations_to_outputs(gm):
     """Turns functionalize's trailing `copy_(placeholder, value)` nodes (the write-back of mutated inputs)
     into extra graph outputs: the output becomes (module output, (values...)). Returns the placeholder
@@ -509,6 +537,8 @@ def _mutations_to_outputs(gm):
         elif n.target is aten.native_batch_norm.default and _batch_norm_stats_are_hidden():
             for p, v in _functional_batch_norm(graph, n, position):
                 writes[p] = v
+        elif _random_mask(graph, n):
+            pass
         elif _metadata_only(n) and n.args[0] not in position:
             # An in-place view op (as_strided_, transpose_, ...) changes a tensor's sizes and strides, not
             # its data; make_fx points later uses at this node, so its out-of-place view is the same value.

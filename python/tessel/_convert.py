@@ -89,9 +89,10 @@ def _meta_of_items(node):
 class _Lowerer:
     """What a lowering sees: the builder, helpers to add constants and nodes, and value types."""
 
-    def __init__(self, builder, name):
+    def __init__(self, builder, name, masks=None):
         self.b = builder
         self.name = name
+        self.masks = masks      # train=True: random masks become graph inputs, appended here (else None)
         self._k = 0
 
     def _n(self, suffix=""):
@@ -136,8 +137,11 @@ def _source_of(node):
 class Converted:
     """A tessel graph builder made from an FX graph, plus the PyTorch side of its graph breaks."""
 
-    def __init__(self, gm, example_inputs, name="torch", frozen=None):
+    def __init__(self, gm, example_inputs, name="torch", frozen=None, masks=False):
         self.gm = gm
+        # masks=True (train=True): each bernoulli_mask node becomes a graph input after the placeholders'
+        # (aten_table.RandomMask, drawn per call in this order); otherwise it runs in PyTorch.
+        self.masks = [] if masks else None
         self.builder = _tessel.GraphBuilder(name)
         self.fallbacks = {}          # tessel node name -> callable(list of torch tensors) -> list of tensors
         self.input_dtypes = []
@@ -270,7 +274,7 @@ class Converted:
             reason = None
             if lower is not None:
                 try:
-                    result = lower(_Lowerer(b, name), n, *args, **kwargs)
+                    result = lower(_Lowerer(b, name, self.masks), n, *args, **kwargs)
                 except Unsupported as e:
                     reason = f"aten op {_op_name(n.target)}: {e}"
             else:

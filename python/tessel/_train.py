@@ -9,6 +9,7 @@ from . import _tessel
 from ._capture import _READ, Slot, capture
 from ._compile import Stats, _call_builder, _const_name, _split_call, _StateGuard, _torch_threads_kept
 from ._convert import Converted, from_buffer, tessel_dtype, to_buffer
+from .aten_table import RandomMask
 
 
 class _Step:
@@ -36,7 +37,7 @@ class _Step:
         mutated = set(captured.mutated)
         frozen = {p: (_const_name(src), captured.example[p]) for p, src in enumerate(captured.sources)
                   if isinstance(src, Slot) and not captured.example[p].requires_grad and p not in mutated}
-        conv = Converted(captured.gm, captured.example, name=what, frozen=frozen)
+        conv = Converted(captured.gm, captured.example, name=what, frozen=frozen, masks=True)
         if conv.out_literals:
             raise _tessel.TesselError(f"{what}: train=True differentiates one output tensor; the module's output "
                                       "holds Python values besides it")
@@ -56,6 +57,10 @@ class _Step:
         if not grad_of:
             raise _tessel.TesselError(f"{what}: train=True found nothing to differentiate (no parameter or input "
                                       "requires grad)")
+        # Dropout's masks: graph inputs after the placeholders', drawn by PyTorch on every call in graph
+        # order (eager's order), so a step under a seed makes eager's masks (docs/training.md, "Dropout").
+        self.masks = conv.masks
+        self.feeds += conv.masks
         self.guard = _StateGuard(captured, conv.frozen_used, module, conv.attr_constants)
         self.structure = captured.structure
         with _torch_threads_kept():
@@ -66,7 +71,9 @@ class _Step:
         self.requires = tuple(self._flags(tensors))
 
     def _flags(self, tensors):
-        return (t.requires_grad for t in self.inputs(tensors))
+        # (a mask is never differentiated, and drawing it here would advance PyTorch's generator)
+        return (f.__class__ is not RandomMask and (tensors[f] if f.__class__ is int else f.get(tensors)).requires_grad
+                for f in self.feeds)
 
     def inputs(self, tensors):
         return [tensors[f] if f.__class__ is int else f.get(tensors) for f in self.feeds]

@@ -262,22 +262,28 @@ class Grads(unittest.TestCase):
         for p, q in zip(m.parameters(), ref.parameters()):
             self.assertLessEqual(rel(p.grad, q.grad), 1e-5)
 
-    def check_train_bn(self, model, x, steps=2, f64=False):
+    def check_train_bn(self, model, x, steps=2, f64=False, seed=None):
         """Training-mode BatchNorm: batch statistics in the forward (with their gradients) and the running
         statistics updated as PyTorch updates them (momentum, unbiased variance, num_batches_tracked),
         over `steps` forward/backward passes. f64: the gradients' oracle is PyTorch in float64, and the
-        bar 1e-4 or, where float32 itself is worse conditioned than that, PyTorch float32's own error."""
+        bar 1e-4 or, where float32 itself is worse conditioned than that, PyTorch float32's own error.
+        seed: the model has dropout; every forward of a step starts from this seed plus the step, so
+        tessel and PyTorch draw the same masks."""
         ref = clone_module(model)
         ref64 = clone_module(model).double() if f64 else None
         fast = tessel.compile(model, (x,), train=True, threads=2)
         w = None
-        for _ in range(steps):
-            y, yr = fast(x), ref(x)
+        def seeded(f, *a):
+            if seed is not None:
+                torch.manual_seed(seed + step)
+            return f(*a)
+        for step in range(steps):
+            y, yr = seeded(fast, x), seeded(ref, x)
             w = torch.linspace(-1, 1, y.numel()).reshape(y.shape) if w is None else w
             (y * w).sum().backward()
             (yr * w).sum().backward()
             if f64:
-                (ref64(x.double()) * w.double()).sum().backward()
+                (seeded(ref64, x.double()) * w.double()).sum().backward()
             self.assertLessEqual(rel(y.detach(), yr.detach()), 1e-4)
             # A gradient that is zero in exact arithmetic (a bias right before a train-mode BatchNorm,
             # which subtracts the batch mean) is compared against the model's largest gradient.
@@ -322,12 +328,11 @@ class Grads(unittest.TestCase):
     @unittest.skipIf(M is None or SANITIZED, "needs torchvision (not under ASan: minutes)")
     def test_mobilenet_v2_train_batchnorm(self):
         torch.manual_seed(5)
-        m = M.mobilenet_v2(num_classes=10).train()
-        m.classifier[0].eval()    # its Dropout: random in training mode (not captured: docs/training.md)
+        m = M.mobilenet_v2(num_classes=10).train()   # its classifier's Dropout(0.2) too: the same masks as eager
         # Batch statistics over few values per channel (2x2 maps in the last blocks) make float32 training
         # ill-conditioned: PyTorch's own gradients move by up to 7e-3 between 1 and 2 threads. The
         # oracle is PyTorch in float64; tessel must be within 1e-4 of it or as close as PyTorch float32.
-        self.check_train_bn(m, torch.randn(2, 3, 64, 64), f64=True)
+        self.check_train_bn(m, torch.randn(2, 3, 64, 64), f64=True, seed=50)
 
     @unittest.skipIf(M is None or SANITIZED, "needs torchvision (not under ASan: minutes)")
     def test_resnet18_eval_batchnorm(self):
@@ -340,6 +345,87 @@ class Grads(unittest.TestCase):
         torch.manual_seed(5)
         m = M.mobilenet_v2(num_classes=10).eval()
         self.check(m, (torch.randn(2, 3, 64, 64),))
+
+
+class DropoutAttention(Attention):
+    """Attention with dropout on its probabilities (BERT's attention_probs_dropout)."""
+
+    def __init__(self, d, heads, p):
+        super().__init__(d, heads, False)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x, mask=None):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = self.drop(((q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)).softmax(-1))
+        return self.out((a @ v).transpose(1, 2).reshape(b, t, c))
+
+
+class Dropout(unittest.TestCase):
+    """Training-mode dropout: PyTorch's CPU dropout draws `empty_like(x).bernoulli_(1 - p)`; capture makes
+    each draw a mask input of the graph, drawn by PyTorch before every forward in graph order, so under
+    one seed tessel's masks are eager's and the outputs and gradients match (docs/training.md, "Dropout")."""
+
+    def check(self, m, x, steps=3, tol=1e-5):
+        ref = clone_module(m)
+        state = torch.get_rng_state()
+        fast = tessel.compile(m, (x,), train=True, threads=2)
+        self.assertTrue(torch.equal(state, torch.get_rng_state()))   # compiling draws nothing from it
+        w = torch.linspace(-1, 1, ref(x).numel())
+        outs = []
+        for step in range(steps):
+            torch.manual_seed(100 + step)
+            yr = ref(x)
+            torch.manual_seed(100 + step)
+            y = fast(x)
+            self.assertLessEqual(rel(y.detach(), yr.detach()), tol, step)
+            (yr.reshape(-1) * w).sum().backward()
+            (y.reshape(-1) * w).sum().backward()
+            for (n, p), q in zip(m.named_parameters(), ref.parameters()):
+                self.assertLessEqual(rel(p.grad, q.grad), tol, (step, n))
+            m.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+            outs.append(y.detach())
+        # fresh masks on every call: the steps' outputs differ
+        self.assertFalse(torch.equal(outs[0], outs[1]))
+        self.assertEqual(fast.stats.compiles, 1)
+        return fast
+
+    def test_mlp_dropouts(self):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.25), nn.ReLU(), nn.Linear(32, 8), nn.Dropout()).train()
+        fast = self.check(m, torch.randn(4, 16))
+        # two masks, both inputs of the forward, none differentiated
+        self.assertEqual(len(fast._last.masks), 2)
+        self.assertEqual([k.p for k in fast._last.masks], [0.75, 0.5])
+        # the fraction kept is about 1 - p (32768 draws: 0.75 +- 0.01)
+        x = torch.ones(64, 512, requires_grad=True)
+        drop = tessel.compile(nn.Dropout(0.25).train(), (x,), train=True, threads=2)
+        self.assertAlmostEqual(float((drop(x) != 0).float().mean()), 0.75, delta=0.01)
+
+    def test_attention_probability_dropout(self):
+        torch.manual_seed(1)
+        m = nn.Sequential(DropoutAttention(32, 4, 0.1), nn.Dropout(0.1)).train()
+        self.check(m, torch.randn(2, 8, 32), tol=1e-4)
+
+    def test_eval_mode_has_no_masks(self):
+        torch.manual_seed(2)
+        m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).eval()
+        fast = tessel.compile(m, (torch.randn(2, 8),), train=True, threads=2)
+        self.assertEqual(fast._last.masks, [])
+
+    def test_inference_compile_draws_in_pytorch(self):
+        # tessel.compile without train=True: the draw is a graph break run by PyTorch, the same masks
+        torch.manual_seed(3)
+        m = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 4)).train()
+        x = torch.randn(4, 8)
+        fast = tessel.compile(m, (x,))
+        torch.manual_seed(9)
+        y = fast(x)
+        torch.manual_seed(9)
+        with torch.no_grad():
+            self.assertLessEqual(rel(y, m(x)), 1e-5)
 
 
 class Optimizers(unittest.TestCase):
@@ -431,6 +517,30 @@ class TorchCompileTraining(unittest.TestCase):
         self.assertTrue(any(isinstance(g, tessel._train.TrainModule) for g in tessel.dynamo_graphs),
                         [type(g).__name__ for g in tessel.dynamo_graphs])
 
+    def test_torch_compile_dropout(self):
+        # dropout under torch.compile: the first call compiles (capture leaves PyTorch's generator as it
+        # was), and every call draws eager's masks under the same seed
+        torch.manual_seed(10)
+        m = nn.Sequential(nn.Linear(12, 32), nn.Dropout(0.3), nn.GELU(), nn.Linear(32, 4), nn.Dropout(0.1)).train()
+        ref = clone_module(m)
+        c = torch.compile(m, backend="tessel")
+        x = torch.randn(8, 12)
+        tessel.dynamo_graphs.clear()
+        for step in range(3):
+            torch.manual_seed(20 + step)
+            y = c(x)
+            torch.manual_seed(20 + step)
+            yr = ref(x)
+            self.assertLessEqual(rel(y.detach(), yr.detach()), 1e-5, step)
+            y.pow(2).mean().backward()
+            yr.pow(2).mean().backward()
+            for (n, p), q in zip(m.named_parameters(), ref.parameters()):
+                self.assertLessEqual(rel(p.grad, q.grad), 1e-4, (step, n))
+            m.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+        self.assertTrue(any(isinstance(g, tessel._train.TrainModule) for g in tessel.dynamo_graphs),
+                        [type(g).__name__ for g in tessel.dynamo_graphs])
+
 
 class Wrap(nn.Module):
     """A transformers model called as f(model, *tensors): keyword arguments fixed, one tensor out."""
@@ -445,12 +555,16 @@ class Wrap(nn.Module):
 
 @unittest.skipIf(transformers is None, "needs transformers (the GPU box)")
 class HuggingFace(unittest.TestCase):
-    def check_fn(self, m, f, inputs):
+    def check_fn(self, m, f, inputs, seed=None):
         ref = clone_module(m)
         fast = tessel.compile(Wrap(m, f), inputs, train=True, threads=2)
+        if seed is not None:      # dropout: both draw the same masks (class Dropout)
+            torch.manual_seed(seed)
         y = fast(*inputs)
         w = torch.linspace(-1, 1, y.numel()).reshape(y.shape)
         (y * w).sum().backward()
+        if seed is not None:
+            torch.manual_seed(seed)
         yr = f(ref, *inputs)
         (yr * w).sum().backward()
         # Relative to the parameter's own gradient, and for a gradient that is zero in exact arithmetic
@@ -471,6 +585,23 @@ class HuggingFace(unittest.TestCase):
         torch.manual_seed(6)
         m = transformers.BertModel(cfg).eval()
         self.check_fn(m, lambda mod, i: mod(input_ids=i, return_dict=False)[0], (torch.randint(0, 100, (2, 8)),))
+
+    def test_hf_bert_tiny_dropout(self):
+        # training mode with BERT's dropouts (hidden 0.1, attention probabilities 0.1), eager attention
+        cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=64, max_position_embeddings=16, attn_implementation="eager")
+        torch.manual_seed(6)
+        m = transformers.BertModel(cfg).train()
+        self.check_fn(m, lambda mod, i: mod(input_ids=i, return_dict=False)[0], (torch.randint(0, 100, (2, 8)),),
+                      seed=11)
+
+    def test_hf_gpt2_tiny_dropout(self):
+        # GPT-2's default dropouts (embeddings, attention, residual: 0.1 each) in training mode
+        cfg = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=16)
+        torch.manual_seed(7)
+        m = transformers.GPT2LMHeadModel(cfg).train()
+        self.check_fn(m, lambda mod, i: mod(input_ids=i, use_cache=False, return_dict=False)[0],
+                      (torch.randint(0, 100, (2, 8)),), seed=12)
 
     # transformers' GPT-2 reads a tensor value into Python on its way to the logits: train=True guards it
     # as inference does (test_value_reads_are_guarded).
