@@ -596,8 +596,9 @@ class HuggingFace(unittest.TestCase):
                       seed=11)
 
     def test_hf_gpt2_tiny_dropout(self):
-        # GPT-2's default dropouts (embeddings, attention, residual: 0.1 each) in training mode
-        cfg = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=16)
+        # GPT-2's default dropouts (embeddings, attention, residual: 0.1 each) in training mode, eager attention
+        cfg = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=16,
+                                      attn_implementation="eager")
         torch.manual_seed(7)
         m = transformers.GPT2LMHeadModel(cfg).train()
         self.check_fn(m, lambda mod, i: mod(input_ids=i, use_cache=False, return_dict=False)[0],
