@@ -488,6 +488,7 @@ TEST_P(WholeModel, GradientsMatchDifferencesInF64) {
   for (const auto& p : params) o.wrt.push_back(p.name);
   const size_t num_out = g.outputs.size();
   AutodiffResult r = build_joint_graph(g, o);
+  EXPECT_GE(r.softmax_max_skipped, 1) << "both models' attention softmax: its max gets no cotangent";
   run_pipeline(g, parse_pipeline("simplify"), PassOptions{});
   ASSERT_EQ(g.outputs.size(), num_out + params.size());
 
@@ -670,5 +671,87 @@ TEST(Autodiff, TiesWithAConstantGoToTheConstantAsPyTorch) {
     const double gy = std::max(x[i], y[i]) + y[i] * (x[i] < y[i] ? 1.0 : x[i] == y[i] ? 0.5 : 0.0);
     EXPECT_EQ(outs[1].get_f(static_cast<int64_t>(i)), gx) << "x = " << x[i] << ", y = " << y[i];
     EXPECT_EQ(outs[2].get_f(static_cast<int64_t>(i)), gy) << "x = " << x[i] << ", y = " << y[i];
+  }
+}
+
+// Softmax's max (autodiff.cpp, softmax_shift): softmax and log softmax do not change when the max they
+// subtract moves, so autodiff builds no cotangent for it -- the gradients are the closed forms
+// dL/dt = y (c - sum_k c_k y_k) and c - y sum_k c_k, and the backward has no compare, count or select.
+// A max read by something else (here also an output) keeps its cotangent, as does one CSE shares
+// between a softmax and a log softmax of the same tensor (each pattern is matched alone: conservative).
+TEST(Autodiff, SoftmaxMaxGetsNoCotangent) {
+  const char* text =
+      "graph @sm(%t: f32[3,4], %u: f32[3,4], %c: f32[3,4], %d: f32[3,4]) {\n"
+      "  %y: f32[3,4] = Softmax(%t) {axis = 1} loc(\"sm\")\n"
+      "  %ls: f32[3,4] = LogSoftmax(%u) {axis = 1} loc(\"lsm\")\n"
+      "  %a: f32[3,4] = Mul(%y, %c) loc(\"a\")\n"
+      "  %b: f32[3,4] = Mul(%ls, %d) loc(\"b\")\n"
+      "  %s: f32[3,4] = Add(%a, %b) loc(\"s\")\n"
+      "  %l: f32[] = ReduceSum(%s) {keepdims = 0} loc(\"l\")\n"
+      "  return %l\n"
+      "}\n";
+  auto g = parse_graph(text, "sm");
+  TrainOptions o;
+  o.wrt = {"t", "u"};
+  const TrainGraph tg = build_train_graph(*g, o);
+  EXPECT_EQ(tg.autodiff.softmax_max_skipped, 2);
+  for (const auto& n : g->nodes()) {
+    EXPECT_NE(n->op_name(), "compare") << n->name;
+    EXPECT_NE(n->op_name(), "select") << n->name;
+  }
+  std::vector<double> t(12), c(12), d(12);
+  for (int i = 0; i < 12; ++i) t[i] = 0.3 * i - 1.5 + (i % 3), c[i] = 0.25 * (i % 5) - 0.5, d[i] = 0.5 - 0.1 * i;
+  t[6] = t[5];  // a tie for row 1's max (2.0): with the max's cotangent it would be shared
+  const Tensor tt = Tensor::from_f64(DType::f32, {3, 4}, t);
+  std::vector<Tensor> outs = run_eager(*g, {tt, tt, Tensor::from_f64(DType::f32, {3, 4}, c),
+                                            Tensor::from_f64(DType::f32, {3, 4}, d)});
+  ASSERT_EQ(outs.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    double mx = -1e30, s = 0, cy = 0, sd = 0;
+    for (int k = 0; k < 4; ++k) mx = std::max(mx, t[r * 4 + k]);
+    for (int k = 0; k < 4; ++k) s += std::exp(t[r * 4 + k] - mx);
+    for (int k = 0; k < 4; ++k) cy += c[r * 4 + k] * std::exp(t[r * 4 + k] - mx) / s, sd += d[r * 4 + k];
+    for (int k = 0; k < 4; ++k) {
+      const double y = std::exp(t[r * 4 + k] - mx) / s;
+      EXPECT_NEAR(outs[1].get_f(r * 4 + k), y * (c[r * 4 + k] - cy), 1e-6) << "softmax " << r << "," << k;
+      EXPECT_NEAR(outs[2].get_f(r * 4 + k), d[r * 4 + k] - y * sd, 1e-6) << "log softmax " << r << "," << k;
+    }
+  }
+
+  // The max also an output: it is read by more than the softmax, so it keeps its cotangent.
+  auto h = parse_graph(
+      "graph @sm2(%t: f32[3,4], %c: f32[3,4]) {\n"
+      "  const %ax: i64[1] = [1]\n"
+      "  %m: f32[3,4] = Softmax(%t) {axis = 1} loc(\"sm\")\n"
+      "  %a: f32[3,4] = Mul(%m, %c) loc(\"a\")\n"
+      "  %l: f32[] = ReduceSum(%a) {keepdims = 0} loc(\"l\")\n"
+      "  %mx: f32[3] = ReduceMax(%t, %ax) {keepdims = 0} loc(\"mx\")\n"
+      "  %l2: f32[] = ReduceSum(%mx) {keepdims = 0} loc(\"l2\")\n"
+      "  %L: f32[] = Add(%l, %l2) loc(\"L\")\n"
+      "  return %L\n"
+      "}\n",
+      "sm2");
+  TrainOptions oh;
+  oh.wrt = {"t"};
+  const TrainGraph th = build_train_graph(*h, oh);
+  bool shares_max = false;
+  for (const auto& n : h->nodes()) shares_max = shares_max || n->op_name() == "compare";
+  // (CSE may merge the two maxes: then it is not skipped; if it does not, the softmax's own one is)
+  if (shares_max) {
+    EXPECT_EQ(th.autodiff.softmax_max_skipped, 0);
+  }
+  std::vector<Tensor> o2 = run_eager(*h, {Tensor::from_f64(DType::f32, {3, 4}, t), Tensor::from_f64(DType::f32, {3, 4}, c)});
+  ASSERT_EQ(o2.size(), 2u);
+  for (int r = 0; r < 3; ++r) {
+    double mx = -1e30, s = 0, cy = 0;
+    int ties = 0;
+    for (int k = 0; k < 4; ++k) mx = std::max(mx, t[r * 4 + k]);
+    for (int k = 0; k < 4; ++k) s += std::exp(t[r * 4 + k] - mx), ties += t[r * 4 + k] == mx;
+    for (int k = 0; k < 4; ++k) cy += c[r * 4 + k] * std::exp(t[r * 4 + k] - mx) / s;
+    for (int k = 0; k < 4; ++k) {
+      const double y = std::exp(t[r * 4 + k] - mx) / s;
+      const double want = y * (c[r * 4 + k] - cy) + (t[r * 4 + k] == mx ? 1.0 / ties : 0.0);
+      EXPECT_NEAR(o2[1].get_f(r * 4 + k), want, 1e-6) << r << "," << k;
+    }
   }
 }

@@ -2,6 +2,7 @@
 // and the gradient outputs, building the joint forward + backward graph (docs/passes/autodiff.md).
 #include "tessel/passes/autodiff.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -35,6 +36,143 @@ struct BackwardOrigin {
     node.outputs = {&named};
   }
 };
+
+using Users = std::unordered_map<const Value*, std::vector<const Node*>>;
+
+Users users_of(const Graph& g) {
+  Users u;
+  for (const auto& n : g.nodes())
+    for (const Value* v : n->inputs)
+      if (v) u[v].push_back(n.get());
+  for (const Value* v : g.outputs) u[v].push_back(nullptr);  // a graph output: read by the caller
+  return u;
+}
+
+bool is(const Node* n, CoreOp op) {
+  if (!n) return false;
+  const std::optional<CoreOp> o = core_op_of(*n);
+  return o && *o == op;
+}
+
+// The node making v when it is `op`, else null.
+const Node* made_by(const Value* v, CoreOp op) { return v && is(v->producer, op) ? v->producer : nullptr; }
+
+// v's users, when they are exactly the nodes given (in any order; null entries ignored).
+bool used_only_by(const Users& users, const Value* v, std::vector<const Node*> nodes) {
+  auto it = users.find(v);
+  if (it == users.end()) return false;
+  std::erase(nodes, nullptr);
+  std::vector<const Node*> got = it->second;
+  std::sort(got.begin(), got.end());
+  std::sort(nodes.begin(), nodes.end());
+  return got == nodes;
+}
+
+// Skips reshapes that only add or drop size-1 dims (each read by nothing else): the value they reshape.
+const Value* through_unit_reshapes(const Users& users, const Value* v) {
+  while (const Node* r = made_by(v, CoreOp::reshape)) {
+    std::vector<int64_t> a, b;
+    for (int64_t d : r->inputs[0]->type.shape) if (d != 1) a.push_back(d);
+    for (int64_t d : v->type.shape) if (d != 1) b.push_back(d);
+    if (a != b || !used_only_by(users, r->inputs[0], {r})) break;
+    v = r->inputs[0];
+  }
+  return v;
+}
+
+// v = broadcast_in_dim(u) constant along `axes` of v's shape and equal to u along the others, in order
+// (u of the reduced shape, possibly with size-1 dims): the broadcast node, else null.
+const Node* broadcast_along(const Value* v, const std::vector<int64_t>& axes) {
+  const Node* bc = made_by(v, CoreOp::broadcast_in_dim);
+  if (!bc) return nullptr;
+  const Shape& in = bc->inputs[0]->type.shape;
+  const Shape& out = v->type.shape;
+  const std::vector<int64_t> dims = bc->attr_ints("dims");
+  if (dims.size() != in.size()) return nullptr;
+  std::vector<bool> covered(out.size(), false);
+  int64_t last = -1;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const int64_t d = dims[i];
+    if (d < 0 || d >= static_cast<int64_t>(out.size()) || d <= last) return nullptr;
+    last = d;
+    const bool along = std::binary_search(axes.begin(), axes.end(), d);
+    if (in[i] == 1 && (along || out[d] == 1)) continue;   // broadcast (or a unit dim)
+    if (along || in[i] != out[d]) return nullptr;
+    covered[d] = true;
+  }
+  for (size_t d = 0; d < out.size(); ++d)
+    if (!covered[d] && out[d] != 1 && !std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d)))
+      return nullptr;
+  return bc;
+}
+
+// The reduction of `kind` over `x` whose result, through unit reshapes and a broadcast along its axes, is
+// v (each step read only by the next); null otherwise. axes: sorted, empty to take the reduction's.
+const Node* unreduced(const Users& users, const Value* v, const Value* x, const char* kind, std::vector<int64_t> axes) {
+  const Node* bc = made_by(v, CoreOp::broadcast_in_dim);
+  if (!bc || v->type.shape != x->type.shape || !used_only_by(users, bc->inputs[0], {bc})) return nullptr;
+  const Node* r = made_by(through_unit_reshapes(users, bc->inputs[0]), CoreOp::reduce);
+  if (!r || r->attr_s("kind") != kind || r->inputs[0] != x) return nullptr;
+  std::vector<int64_t> ax = r->attr_ints("axes");
+  std::sort(ax.begin(), ax.end());
+  if (!axes.empty() && ax != axes) return nullptr;
+  return broadcast_along(v, ax) ? r : nullptr;
+}
+
+// `z = add(x, neg(broadcast(reduce max(x, A))))` of softmax_core (ops/reduction.cpp), whose z feeds only
+// `e = exp(z)`, `s = reduce sum(e, A)` and `e / broadcast(s)` (softmax) or `z - broadcast(log s)` (log
+// softmax): the result is the same for any value subtracted along A, so the cotangent of the max is zero
+// in exact arithmetic and none is built (jax.nn.softmax's stop_gradient on the max). Differentiating
+// through it costs a compare, a count, two sums and a select over x per softmax, and keeps x alive for
+// the backward. True when `n` is such a z (its operand 1 gets no cotangent).
+bool softmax_shift(const Users& users, const Node& n) {
+  if (!is(&n, CoreOp::add) || n.inputs.size() != 2) return false;
+  const Value* x = n.inputs[0];
+  const Value* z = n.outputs[0];
+  const Node* neg = made_by(n.inputs[1], CoreOp::neg);
+  if (!neg || !used_only_by(users, neg->outputs[0], {&n}) || !used_only_by(users, neg->inputs[0], {neg})) return false;
+  const Node* mx = unreduced(users, neg->inputs[0], x, "max", {});
+  if (!mx) return false;
+  std::vector<int64_t> axes = mx->attr_ints("axes");
+  std::sort(axes.begin(), axes.end());
+  auto zu = users.find(z);
+  if (zu == users.end()) return false;
+  const Node* exp = nullptr;
+  const Node* logsub = nullptr;
+  for (const Node* u : zu->second) {
+    if (is(u, CoreOp::exp) && !exp) exp = u;
+    else if (is(u, CoreOp::add) && u->inputs[0] == z && u->inputs[1] != z && !logsub) logsub = u;
+    else return false;
+  }
+  if (!exp) return false;
+  const Value* e = exp->outputs[0];
+  auto eu = users.find(e);
+  if (eu == users.end()) return false;
+  const Node* sum = nullptr;
+  const Node* div = nullptr;
+  for (const Node* u : eu->second) {
+    if (is(u, CoreOp::reduce) && !sum) sum = u;
+    else if (is(u, CoreOp::div) && u->inputs[0] == e && u->inputs[1] != e && !div) div = u;
+    else return false;
+  }
+  if (!sum || sum->attr_s("kind") != "sum") return false;
+  std::vector<int64_t> sax = sum->attr_ints("axes");
+  std::sort(sax.begin(), sax.end());
+  if (sax != axes) return false;
+  if (div && !logsub)   // softmax: e / broadcast(sum(e)), read by nothing else
+    return used_only_by(users, div->inputs[1], {div}) && unreduced(users, div->inputs[1], e, "sum", axes) == sum;
+  if (logsub && !div) {   // log softmax: z + neg(broadcast(log(sum(e)))), each step read by nothing else
+    const Node* nl = made_by(logsub->inputs[1], CoreOp::neg);
+    if (!nl || !used_only_by(users, nl->outputs[0], {logsub}) || !used_only_by(users, nl->inputs[0], {nl})) return false;
+    const Node* bc = broadcast_along(nl->inputs[0], axes);
+    if (!bc || nl->inputs[0]->type.shape != z->type.shape || !used_only_by(users, bc->inputs[0], {bc})) return false;
+    const Node* lg = made_by(through_unit_reshapes(users, bc->inputs[0]), CoreOp::log);
+    return lg && used_only_by(users, lg->inputs[0], {lg}) &&
+           through_unit_reshapes(users, lg->inputs[0]) == sum->outputs[0] && used_only_by(users, sum->outputs[0],
+           {made_by(lg->inputs[0], CoreOp::reshape) ? made_by(lg->inputs[0], CoreOp::reshape) : lg});
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -80,6 +218,7 @@ AutodiffResult build_joint_graph(Graph& g, const AutodiffOptions& o) {
     ct[out] = rb.full(out->type.dtype, out->type.shape, 1.0);
   }
 
+  const Users users = users_of(g);   // (the forward's: the backward's nodes are appended after n0)
   const size_t n0 = g.nodes().size();
   for (size_t i = n0; i-- > 0;) {
     Node* n = g.nodes()[i].get();  // by index: the rules append nodes to the same vector
@@ -96,6 +235,11 @@ AutodiffResult build_joint_graph(Graph& g, const AutodiffOptions& o) {
     for (const Value* v : n->inputs) {
       need.push_back(v && active.count(v) && is_float_value(v));
       any = any || need.back();
+    }
+    if (need.size() == 2 && need[1] && softmax_shift(users, *n)) {
+      need[1] = false;       // softmax's max: no cotangent (softmax_shift)
+      any = need[0];
+      ++res.softmax_max_skipped;
     }
     if (!any) continue;
     const std::optional<CoreOp> op = core_op_of(*n);

@@ -30,6 +30,7 @@ struct AutodiffResult {
   std::string seed_input;              // the added seed input's name, "" without one
   size_t forward_nodes = 0;            // nodes before autodiff
   size_t backward_nodes = 0;           // nodes autodiff added (before any simplification)
+  int softmax_max_skipped = 0;         // softmax maxes given no cotangent (shift invariance: autodiff.cpp)
 };
 
 // Appends the backward of `g` (a core-level graph) to it: walks the nodes in reverse topological order
