@@ -6,6 +6,7 @@ several results). Raising `Unsupported(reason)` turns the node into a graph brea
 (so does an aten op with no entry). docs/python.md lists what is covered.
 """
 import math
+import operator
 
 import torch
 
@@ -484,6 +485,32 @@ def _sdpa_tuple(L, node, q, k, v, dropout_p=0.0, is_causal=False, *rest, attn_ma
 
 
 lowers(_ov("_scaled_dot_product_flash_attention_for_cpu", "default"))(_sdpa_tuple)
+
+
+# What scaled_dot_product_attention decomposes to when traced on CUDA tensors (torch 2.x picks a fused
+# kernel by the inputs): the output is element 0 of a tuple whose other elements (log-sum-exp, RNG state,
+# debug mask) an inference graph does not read. Forms that read them are graph breaks.
+def _sdpa_cuda(n_out, bias_arg):
+    def lower(L, node, q, k, v, *args, scale=None, **kwargs):
+        args = list(args)
+        bias = args.pop(0) if bias_arg else None
+        if bias_arg:
+            args.pop(0)                       # compute_log_sumexp
+        dropout_p = args[0] if args else 0.0
+        is_causal = args[1] if len(args) > 1 else False
+        for user in node.users:
+            if user.users and (user.target is not operator.getitem or user.args[1] != 0):
+                raise Unsupported("a fused attention's statistics are read")
+        out = _sdpa_gqa(L, node, q, k, v, bias, dropout_p, is_causal, scale=scale, enable_gqa=True)
+        return (out,) + (None,) * (n_out - 1)
+    return lower
+
+
+for _name, _n, _bias in (("_scaled_dot_product_flash_attention", 9, False),
+                         ("_scaled_dot_product_efficient_attention", 4, True),
+                         ("_scaled_dot_product_cudnn_attention", 9, True)):
+    if hasattr(torch.ops.aten, _name):
+        lowers(_ov(_name, "default"))(_sdpa_cuda(_n, _bias))
 
 
 # ---- what functionalization leaves of in-place ops and views (torchfront) --------------------------
