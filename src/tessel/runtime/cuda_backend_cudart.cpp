@@ -184,6 +184,7 @@ class CudaExecutableImpl final : public CudaExecutable {
 };
 
 CudaExecutableImpl::~CudaExecutableImpl() {
+  if (done_recorded_) cudaEventSynchronize(done_);  // a run_device call may still be using the buffers
   if (exec_) cudaGraphExecDestroy(exec_);
   if (graph_) cudaGraphDestroy(graph_);
   if (done_) cudaEventDestroy(done_);
