@@ -76,6 +76,7 @@ def run_path(name, path, precision, a, ref_cache):
     if precision == "bf16" and path != "tessel":
         m = m.to(torch.bfloat16)
         args = tuple(x.to(torch.bfloat16) for x in args)
+    import torch._dynamo
     torch._dynamo.reset()
     tessel.dynamo_graphs.clear()
     if path == "eager":
