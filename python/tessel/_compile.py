@@ -312,8 +312,9 @@ class _CudaEntry(_Entry):
             if not t.is_cuda or t.device.index != 0:
                 raise _tessel.TesselError(f"input {f if f.__class__ is int else k} is on {t.device}; this callable was "
                                           "compiled for tessel's CUDA target (cuda:0): pass CUDA tensors")
-            if t.dtype != self.in_dtypes[k]:
-                raise _tessel.TesselError(f"input {k} is {t.dtype}, compiled for {self.in_dtypes[k]}")
+            if t.dtype != self.in_dtypes[k] or tuple(t.shape) != self.in_types[k]:
+                raise _tessel.TesselError(f"input {k} is {t.dtype} {list(t.shape)}, compiled for {self.in_dtypes[k]} "
+                                          f"{list(self.in_types[k])}")
             if not t.is_contiguous():
                 t = t.contiguous()
             ins.append(t)
