@@ -364,7 +364,7 @@ def _portable_kernels(tensors):
         try:
             from torch.nn.attention import SDPBackend, sdpa_kernel
             stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
-        except ImportError:  # pragma: no cover -- torch < 2.3: the fused forms have lowerings too
+        except ImportError:  # pragma: no cover -- torch < 2.3 (torch 1.13 has no fused SDPA forms)
             pass
         yield
 

@@ -6,7 +6,6 @@ several results). Raising `Unsupported(reason)` turns the node into a graph brea
 (so does an aten op with no entry). docs/python.md lists what is covered.
 """
 import math
-import operator
 
 import torch
 
@@ -23,6 +22,14 @@ for _name in ("_unique2", "unique_dim", "unique_consecutive"):
 
 class Unsupported(Exception):
     """This use of the op has no lowering (it runs in PyTorch as a graph break)."""
+
+
+def bernoulli_mask(shape, p, dtype):
+    """A tensor of `shape` whose elements are 1 with probability p, else 0: what capture puts in place of
+    `empty_like(x).bernoulli_(p)` (how PyTorch's CPU dropout draws its noise). Called in PyTorch, it draws
+    from PyTorch's generator exactly as that eager code does, so a compiled call that draws its masks in
+    the graph's order makes the same masks as eager under the same seed (docs/training.md, "Dropout")."""
+    return torch.empty(shape, dtype=dtype).bernoulli_(p)
 
 
 def lowers(*overloads):
@@ -485,32 +492,6 @@ def _sdpa_tuple(L, node, q, k, v, dropout_p=0.0, is_causal=False, *rest, attn_ma
 
 
 lowers(_ov("_scaled_dot_product_flash_attention_for_cpu", "default"))(_sdpa_tuple)
-
-
-# What scaled_dot_product_attention decomposes to when traced on CUDA tensors (torch 2.x picks a fused
-# kernel by the inputs): the output is element 0 of a tuple whose other elements (log-sum-exp, RNG state,
-# debug mask) an inference graph does not read. Forms that read them are graph breaks.
-def _sdpa_cuda(n_out, bias_arg):
-    def lower(L, node, q, k, v, *args, scale=None, **kwargs):
-        args = list(args)
-        bias = args.pop(0) if bias_arg else None
-        if bias_arg:
-            args.pop(0)                       # compute_log_sumexp
-        dropout_p = args[0] if args else 0.0
-        is_causal = args[1] if len(args) > 1 else False
-        for user in node.users:
-            if user.users and (user.target is not operator.getitem or user.args[1] != 0):
-                raise Unsupported("a fused attention's statistics are read")
-        out = _sdpa_gqa(L, node, q, k, v, bias, dropout_p, is_causal, scale=scale, enable_gqa=True)
-        return (out,) + (None,) * (n_out - 1)
-    return lower
-
-
-for _name, _n, _bias in (("_scaled_dot_product_flash_attention", 9, False),
-                         ("_scaled_dot_product_efficient_attention", 4, True),
-                         ("_scaled_dot_product_cudnn_attention", 9, True)):
-    if hasattr(torch.ops.aten, _name):
-        lowers(_ov(_name, "default"))(_sdpa_cuda(_n, _bias))
 
 
 # ---- what functionalization leaves of in-place ops and views (torchfront) --------------------------
@@ -1731,6 +1712,29 @@ def _transformer_encoder_layer(L, node, x, embed_dim, num_heads, qkv_w, qkv_b, p
         return L.op("Add", [x, mlp(ln(x, ln2_w, ln2_b))])
     x = ln(L.op("Add", [x, attend(x)]), ln1_w, ln1_b)
     return ln(L.op("Add", [x, mlp(x)]), ln2_w, ln2_b)
+
+
+@lowers(bernoulli_mask)
+def _bernoulli_mask(L, node, shape, p, dtype):
+    # Under train=True the mask is an input of the graph, drawn by PyTorch before each forward (in graph
+    # order) and read again by the backward; elsewhere the draw runs in PyTorch (a graph break).
+    if L.masks is None:
+        raise Unsupported("a random mask outside tessel.compile(train=True)")
+    from ._convert import tessel_dtype
+    name = L.b.input(node.name, tessel_dtype(dtype, f"dropout mask '{node.name}'"), [int(d) for d in shape])
+    L.masks.append(RandomMask(name, tuple(int(d) for d in shape), float(p), dtype))
+    return name
+
+
+class RandomMask:
+    """A graph input drawn per call: bernoulli_mask(shape, p, dtype)."""
+    __slots__ = ("name", "shape", "p", "dtype")
+
+    def __init__(self, name, shape, p, dtype):
+        self.name, self.shape, self.p, self.dtype = name, shape, p, dtype
+
+    def get(self, tensors):
+        return bernoulli_mask(self.shape, self.p, self.dtype)
 
 
 @lowers(_ov("native_dropout", "default"))
