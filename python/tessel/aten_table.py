@@ -24,14 +24,6 @@ class Unsupported(Exception):
     """This use of the op has no lowering (it runs in PyTorch as a graph break)."""
 
 
-def bernoulli_mask(shape, p, dtype):
-    """A tensor of `shape` whose elements are 1 with probability p, else 0: what capture puts in place of
-    `empty_like(x).bernoulli_(p)` (how PyTorch's CPU dropout draws its noise). Called in PyTorch, it draws
-    from PyTorch's generator exactly as that eager code does, so a compiled call that draws its masks in
-    the graph's order makes the same masks as eager under the same seed (docs/training.md, "Dropout")."""
-    return torch.empty(shape, dtype=dtype).bernoulli_(p)
-
-
 def lowers(*overloads):
     def deco(fn):
         for o in overloads:
@@ -1712,29 +1704,6 @@ def _transformer_encoder_layer(L, node, x, embed_dim, num_heads, qkv_w, qkv_b, p
         return L.op("Add", [x, mlp(ln(x, ln2_w, ln2_b))])
     x = ln(L.op("Add", [x, attend(x)]), ln1_w, ln1_b)
     return ln(L.op("Add", [x, mlp(x)]), ln2_w, ln2_b)
-
-
-@lowers(bernoulli_mask)
-def _bernoulli_mask(L, node, shape, p, dtype):
-    # Under train=True the mask is an input of the graph, drawn by PyTorch before each forward (in graph
-    # order) and read again by the backward; elsewhere the draw runs in PyTorch (a graph break).
-    if L.masks is None:
-        raise Unsupported("a random mask outside tessel.compile(train=True)")
-    from ._convert import tessel_dtype
-    name = L.b.input(node.name, tessel_dtype(dtype, f"dropout mask '{node.name}'"), [int(d) for d in shape])
-    L.masks.append(RandomMask(name, tuple(int(d) for d in shape), float(p), dtype))
-    return name
-
-
-class RandomMask:
-    """A graph input drawn per call: bernoulli_mask(shape, p, dtype)."""
-    __slots__ = ("name", "shape", "p", "dtype")
-
-    def __init__(self, name, shape, p, dtype):
-        self.name, self.shape, self.p, self.dtype = name, shape, p, dtype
-
-    def get(self, tensors):
-        return bernoulli_mask(self.shape, self.p, self.dtype)
 
 
 @lowers(_ov("native_dropout", "default"))
