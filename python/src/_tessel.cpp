@@ -1,7 +1,7 @@
 // tessel._tessel: the pybind11 extension behind the Python package. A graph builder (inputs,
 // constants adopted from numpy buffers without copying, nodes by op name with attributes, TorchFallback
-// nodes, outputs), the auto-repairs, the partitioner's report, and a partitioned executable whose
-// break nodes call back into Python. tessel::Error becomes tessel.TesselError. docs/python.md.
+// nodes, outputs), the auto-repairs, the partitioner's report, a partitioned executable whose
+// break nodes call back into Python, and the CUDA target's executable over device pointers. tessel::Error becomes tessel.TesselError. docs/python.md.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -13,6 +13,8 @@
 #include "tessel/driver/optimizer.h"
 #include "tessel/driver/train_step.h"
 #include "tessel/runtime/compiled_backend.h"
+#include "tessel/runtime/cuda_backend.h"
+#include "tessel/targets/cuda/toolchain.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
@@ -278,6 +280,76 @@ class Executable {
   std::unique_ptr<PartitionedExecutable> exe_;
 };
 
+// The CUDA target over a builder's graph (runtime/cuda_backend.h): run() takes the device addresses of the
+// inputs and outputs (torch's data_ptr()) and the caller's stream (torch's cuda_stream) and returns without
+// synchronising; run_host() is the host-tensor call (copies both ways, one synchronise). docs/python.md.
+class PyCudaExecutable {
+ public:
+  PyCudaExecutable(Builder& b, const std::string& precision, bool cuda_graph) {
+    CudaBackendOptions o;
+    o.precision = cuda::parse_precision(precision);
+    o.cuda_graph = cuda_graph;
+    std::unique_ptr<Graph> g = b.take();
+    o.model_name = g->name;
+    py::gil_scoped_release nogil;
+    exe_ = compile_cuda(std::move(g), {}, o);
+  }
+  void run(const std::vector<uint64_t>& inputs, const std::vector<uint64_t>& outputs, uint64_t stream) {
+    py::gil_scoped_release nogil;
+    exe_->run_device(inputs, outputs, stream);
+  }
+  py::list run_host(const std::vector<std::pair<py::array, std::string>>& inputs) {
+    std::vector<Tensor> ins;
+    for (const auto& [a, d] : inputs) ins.push_back(from_array(a, d));
+    std::vector<Tensor> outs;
+    {
+      py::gil_scoped_release nogil;
+      outs = exe_->run(ins);
+    }
+    py::list result;
+    for (const Tensor& t : outs) result.append(to_array(t));
+    return result;
+  }
+  static py::list types(const std::vector<TensorType>& ts) {
+    py::list l;
+    for (const TensorType& t : ts) l.append(py::make_tuple(std::string(dtype_name(t.dtype)), t.shape));
+    return l;
+  }
+  py::list input_types() const { return types(exe_->input_types()); }
+  py::list output_types() const { return types(exe_->output_types()); }
+  py::dict stats() const {
+    const CudaCompileStats& s = exe_->stats();
+    py::dict d;
+    d["compile_seconds"] = s.compile_seconds;
+    d["nvrtc_seconds"] = s.nvrtc_seconds;
+    d["cache_hit"] = s.cache_hit;
+    d["device"] = s.device;
+    d["arch"] = s.arch;
+    d["precision"] = s.precision;
+    d["kernels"] = s.kernels;
+    d["cublaslt_matmuls"] = s.cublaslt_matmuls;
+    d["direct_matmuls"] = s.direct_matmuls;
+    d["host_steps"] = s.host_steps;
+    d["host_ops"] = s.host_ops;
+    d["arena_bytes"] = s.arena_bytes;
+    d["weight_bytes"] = s.weight_bytes;
+    d["uses_graph"] = exe_->uses_graph();
+    return d;
+  }
+  double replay_ms(int iters) {
+    py::gil_scoped_release nogil;
+    return exe_->replay_ms(iters);
+  }
+  double recapture_ms(int iters) {
+    py::gil_scoped_release nogil;
+    return exe_->recapture_ms(iters);
+  }
+  const std::string& source() const { return exe_->source(); }
+
+ private:
+  std::unique_ptr<CudaExecutable> exe_;
+};
+
 // What a training step's forward saved for its backward: tessel tensors kept on the C++ side (no copy
 // into Python and back).
 struct Saved {
@@ -460,6 +532,23 @@ PYBIND11_MODULE(_tessel, m) {
       .def("explain", &Executable::explain)
       .def("text", &Executable::text, py::arg("elide_constants") = true)
       .def_property_readonly("compile_seconds", &Executable::compile_seconds);
+
+  py::class_<PyCudaExecutable>(m, "CudaExecutable")
+      .def(py::init<Builder&, const std::string&, bool>(), py::arg("builder"), py::arg("precision") = "f32",
+           py::arg("cuda_graph") = true)
+      .def("run", &PyCudaExecutable::run, py::arg("inputs"), py::arg("outputs"), py::arg("stream"),
+           "device addresses of the inputs and outputs, the caller's cudaStream_t as an integer; no host synchronisation")
+      .def("run_host", &PyCudaExecutable::run_host, py::arg("inputs"))
+      .def("replay_ms", &PyCudaExecutable::replay_ms, py::arg("iters") = 20)
+      .def("recapture_ms", &PyCudaExecutable::recapture_ms, py::arg("iters") = 5)
+      .def_property_readonly("input_types", &PyCudaExecutable::input_types)
+      .def_property_readonly("output_types", &PyCudaExecutable::output_types)
+      .def_property_readonly("stats", &PyCudaExecutable::stats)
+      .def_property_readonly("source", &PyCudaExecutable::source);
+  m.def("cuda_device", [] {
+    const cuda::DeviceInfo& d = cuda::device_info();
+    return py::make_tuple(d.usable, d.usable ? d.name : d.why);
+  }, "(usable, the device's name or why not) of CUDA device 0; a build without CUDA says so");
 
   py::class_<Saved, std::shared_ptr<Saved>>(m, "SavedTensors")
       .def("__len__", [](const Saved& s) { return s.tensors.size(); })

@@ -350,6 +350,25 @@ def _functorch_stack_restored():
             undo_to(depth)
 
 
+@contextlib.contextmanager
+def _portable_kernels(tensors):
+    """On CUDA tensors, composite ops pick a device library's kernel as they are traced (batch norm becomes
+    cudnn_batch_norm, scaled_dot_product_attention a fused flash/efficient/cuDNN kernel): with cuDNN off
+    and SDPA's math backend the trace records the portable aten ops the CPU trace does (for the CUDA
+    target, docs/python.md, "CUDA tensors"). CPU traces are unchanged."""
+    if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        except ImportError:  # pragma: no cover -- torch < 2.3 (torch 1.13 has no fused SDPA forms)
+            pass
+        yield
+
+
 def capture(module, example_inputs, freeze_inputs=(), call=None):
     """The functionalized aten graph of `module` on `example_inputs` (a Captured): the call's tensors;
     `call(tensors) -> (args, kwargs)` places them among its other arguments (default: positional)."""
@@ -381,7 +400,7 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
         # (fork_rng: tracing runs the module's random ops; the caller's generator is left as it was, so
         # a compile inside a call -- torch.compile's first -- draws what eager would: class Dropout's tests)
         with _functorch_stack_restored(), _provenance(module), _value_reads(reads), torch.no_grad(), \
-                torch.random.fork_rng(devices=[]):
+                torch.random.fork_rng(devices=[]), _portable_kernels(clones):
             gm = make_fx(_functionalize()(traced, remove="mutations"))(*clones)
     except _tessel.TesselError:
         raise

@@ -223,14 +223,14 @@ class _Entry:
     """One compilation: the converted graph (for its PyTorch breaks), the partitioned executable, where
     each of its inputs comes from (a call input or a live buffer) and which tensors it writes back."""
 
-    def __init__(self, captured, conv, exe, repairs, guard):
+    def __init__(self, captured, conv, exe, repairs, guard, report=None):
         self.captured = captured
         self.conv = conv
         self.exe = exe
         self.repairs = repairs
         self.guard = guard
-        self.explanation = Explanation(json.loads(exe.explain()), repairs, conv.lowered, len(conv.fallbacks),
-                                       captured.reads)
+        self.explanation = Explanation(report if report is not None else json.loads(exe.explain()), repairs,
+                                       conv.lowered, len(conv.fallbacks), captured.reads)
         src = captured.sources
         self.feeds = [src[p] for p in conv.input_positions]          # int: call input; Slot: a live buffer
         self.writes = [src[p] for p in captured.mutated]
@@ -289,6 +289,92 @@ class _Entry:
                 dst.copy_(v)
 
 
+class _CudaEntry(_Entry):
+    """One compilation for the CUDA target: the whole graph is one CUDA executable (no graph breaks), its
+    weights uploaded once. A call passes the inputs' device addresses and outputs allocated with
+    torch.empty on cuda:0 and runs on the caller's current stream without synchronising the host
+    (docs/python.md, "CUDA")."""
+
+    def __init__(self, captured, conv, exe, repairs, guard, report):
+        super().__init__(captured, conv, exe, repairs, guard, report)
+        self.in_types = [tuple(s) for _, s in exe.input_types]
+        self.in_dtypes = [_TORCH_DTYPES[d] for d, _ in exe.input_types]
+        self.out_types = [(_TORCH_DTYPES[d], tuple(s)) for d, s in exe.output_types]
+        self.device = torch.device("cuda", 0)
+        if len(self.feeds) != len(self.in_types):
+            raise _tessel.TesselError(f"the CUDA executable takes {len(self.in_types)} inputs but the graph has "
+                                      f"{len(self.feeds)}")
+
+    def _call(self, args):
+        ins = []
+        for k, f in enumerate(self.feeds):
+            t = args[f] if f.__class__ is int else f.get(args)
+            if not t.is_cuda or t.device.index != 0:
+                raise _tessel.TesselError(f"input {f if f.__class__ is int else k} is on {t.device}; this callable was "
+                                          "compiled for tessel's CUDA target (cuda:0): pass CUDA tensors")
+            if t.dtype != self.in_dtypes[k] or tuple(t.shape) != self.in_types[k]:
+                raise _tessel.TesselError(f"input {k} is {t.dtype} {list(t.shape)}, compiled for {self.in_dtypes[k]} "
+                                          f"{list(self.in_types[k])}")
+            if not t.is_contiguous():
+                t = t.contiguous()
+            ins.append(t)
+        dev = self.device
+        outs = [torch.empty(s, dtype=d, device=dev) for d, s in self.out_types]
+        self.exe.run([t.data_ptr() for t in ins], [o.data_ptr() for o in outs],
+                     torch.cuda.current_stream(dev).cuda_stream)
+        return outs
+
+    def run(self, args):
+        outs = self._call(args)
+        if self.single:
+            return outs[0]
+        if self.plain:
+            return tuple(outs)
+        if self.guarded:
+            n = self.structure.count
+            for r, t in zip(self.reads, outs[n:]):
+                if not r.holds(t):
+                    self.miss = r.describe(_READ[r.kind](t))
+                    return _MISS
+            return self.structure.rebuild(outs[:n])
+        lits = self.conv.out_literals
+        flat, k = [], 0
+        for i in range(len(outs) + len(lits)):
+            if i in lits:
+                flat.append(lits[i])
+            else:
+                flat.append(outs[k])
+                k += 1
+        (tensors, guards), new_values = pytree.tree_unflatten(flat, self.conv.out_spec)
+        for r, t in zip(self.reads, guards):
+            if not r.holds(t):
+                self.miss = r.describe(_READ[r.kind](t))
+                return _MISS
+        if new_values:
+            self._write_back(args, new_values)
+        return self.structure.rebuild(tensors)
+
+
+_TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+                 "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
+                 "bool": torch.bool}
+
+
+def _build_cuda(module, example_inputs, repair, freeze_inputs, captured, call, precision):
+    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
+                                               captured, call)
+    guard = _StateGuard(captured, frozen, module, conv.attr_constants)
+    report = json.loads(conv.builder.explain())
+    if report["breaks"]:
+        b = report["breaks"][0]
+        raise _tessel.TesselError(
+            f"target 'cuda' compiles whole graphs, and {type(module).__name__} has {len(report['breaks'])} graph "
+            f"break(s) (first: {b['op']}: {b['reason']}); run it on target='cpu', or under torch.compile, where "
+            "dynamo's graphs around the break compile separately")
+    exe = _tessel.CudaExecutable(conv.builder, precision)
+    return _CudaEntry(captured, conv, exe, repairs, guard, report)
+
+
 def _convert(module, example_inputs, repair, caller, freeze_inputs=(), captured=None, call=None):
     """Checks the example inputs (the call's tensors; `call` rebuilds the call's arguments from them),
     captures the module (functionalized) and builds its tessel graph (repaired if asked) with its
@@ -312,9 +398,33 @@ def _const_name(slot):
     return slot.name.split("'")[1] if "'" in slot.name else slot.name.replace(" ", "_")
 
 
-def _build(module, example_inputs, target, backend, threads, repair, freeze_inputs=(), captured=None, call=None):
+def _resolve_target(target, tensors, precision):
+    """'cpu' or 'cuda': target=None picks 'cuda' when an example input is a CUDA tensor. A CUDA target
+    needs a build with it and a usable device 0: else one line saying which is missing."""
+    if target is None:
+        target = "cuda" if any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors) else "cpu"
+    if target not in ("cpu", "cuda"):
+        raise _tessel.TesselError(f"target '{target}' is not one of cpu, cuda")
+    if precision not in ("f32", "bf16"):
+        raise _tessel.TesselError(f"precision '{precision}' is not one of f32, bf16")
+    if target == "cpu" and precision != "f32":
+        raise _tessel.TesselError("precision='bf16' is a CUDA target option (target='cuda', or CUDA tensors as inputs)")
+    if target == "cuda":
+        usable, why = _tessel.cuda_device()
+        if not usable:
+            raise _tessel.TesselError(f"target 'cuda': {why}")
+        for i, t in enumerate(tensors):
+            if isinstance(t, torch.Tensor) and t.is_cuda and t.device.index not in (None, 0):
+                raise _tessel.TesselError(f"input {i} is on {t.device}; tessel's CUDA target runs on cuda:0")
+    return target
+
+
+def _build(module, example_inputs, target, backend, threads, repair, freeze_inputs=(), captured=None, call=None,
+           precision="f32"):
+    if target == "cuda":
+        return _build_cuda(module, example_inputs, repair, freeze_inputs, captured, call, precision)
     if target != "cpu":
-        raise _tessel.TesselError(f"target '{target}' is not supported by tessel.compile yet (only 'cpu')")
+        raise _tessel.TesselError(f"target '{target}' is not one of cpu, cuda")
     if backend not in ("compiled", "graph", "eager"):
         raise _tessel.TesselError(f"backend '{backend}' is not one of compiled, graph, eager")
     captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
@@ -335,12 +445,14 @@ class CompiledModule:
     frozen parameters and buffers (identity, address, version, training flags), compiling afresh when
     they change; writing back what the module mutates."""
 
-    def __init__(self, module, example_inputs, target="cpu", backend="compiled", threads=None, repair=False,
-                 cache_limit=8, on_limit="raise", freeze_inputs=(), example_kwargs=None):
+    def __init__(self, module, example_inputs, target=None, backend="compiled", threads=None, repair=False,
+                 cache_limit=8, on_limit="raise", freeze_inputs=(), example_kwargs=None, precision="f32"):
         if on_limit not in ("raise", "eager"):
             raise _tessel.TesselError(f"on_limit must be 'raise' or 'eager', not {on_limit!r}")
         self.module = module
-        self.target = target
+        self.precision = precision
+        self.target = _resolve_target(target, tuple(example_inputs) + tuple((example_kwargs or {}).values()),
+                                      precision)
         self.backend = backend
         self.threads = threads if threads is not None else _default_threads()
         self.repair = repair
@@ -363,7 +475,7 @@ class CompiledModule:
     def _compile(self, sig, args, reason=None, captured=None):
         t0 = time.perf_counter()
         entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair, self.freeze_inputs,
-                       captured, _call_builder(sig))
+                       captured, _call_builder(sig), self.precision)
         dt = time.perf_counter() - t0
         if self.stats.compiles:
             self.stats.recompiles.append(reason or _describe_change(self._last_sig, sig))
@@ -454,8 +566,8 @@ def _show(s):
     return list(s[0]) if s[0] not in ("=", "kw") else (s[1][1] if s[0] == "=" else dict(keywords=list(s[1])))
 
 
-def compile(module, example_inputs, target="cpu", backend="compiled", threads=None, repair=False, cache_limit=8,
-            on_limit="raise", example_kwargs=None, train=False):
+def compile(module, example_inputs, target=None, backend="compiled", threads=None, repair=False, cache_limit=8,
+            on_limit="raise", example_kwargs=None, train=False, precision="f32"):
     """Compile a PyTorch module (or function of tensors) for tessel; returns a guarded callable.
 
     example_inputs: a tuple of the module's positional arguments, example_kwargs: a dict of its keyword
@@ -463,17 +575,21 @@ def compile(module, example_inputs, target="cpu", backend="compiled", threads=No
     generated C++), graph (core ops, planned arena) or eager (reference kernels). threads: for the compiled
     backend (default: the machine's hardware threads). repair: apply the auto-repairs of graph breaks.
     cache_limit / on_limit: how many signatures are compiled before a new one raises or runs in eager.
+    target: 'cpu' or 'cuda' (default: 'cuda' when an example input is a CUDA tensor, else 'cpu'). On 'cuda' the
+    whole graph runs as one CUDA executable on cuda:0: the calls take and return CUDA tensors (no host copies)
+    and run on the caller's current stream without synchronising; precision='bf16' keeps weights and
+    activations as bf16 in device memory (f32 arithmetic, f32 outputs).
     train: the output is differentiable -- loss.backward() runs tessel's compiled backward and fills the
     parameters' .grad (parameters are graph inputs, not frozen; docs/python.md, "Training").
     """
     if train:
         from ._train import TrainModule
-        if target != "cpu" or repair:
-            raise _tessel.TesselError("train=True takes target='cpu' and no repair")
+        if target not in (None, "cpu") or repair or precision != "f32":
+            raise _tessel.TesselError("train=True takes target='cpu', precision='f32' and no repair")
         return TrainModule(module, example_inputs, backend=backend, threads=threads, cache_limit=cache_limit,
                            example_kwargs=example_kwargs)
     return CompiledModule(module, example_inputs, target=target, backend=backend, threads=threads, repair=repair,
-                          cache_limit=cache_limit, on_limit=on_limit, example_kwargs=example_kwargs)
+                          cache_limit=cache_limit, on_limit=on_limit, example_kwargs=example_kwargs, precision=precision)
 
 
 def explain(module, example_inputs, repair=False, example_kwargs=None):

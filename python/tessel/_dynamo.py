@@ -14,8 +14,10 @@ from . import _tessel
 from ._compile import CompiledModule
 from ._train import TrainModule
 
-# Options for the backend, set with tessel.dynamo_options.update(threads=2, backend="graph", ...).
-dynamo_options = dict(backend="compiled", threads=None, repair=False, cache_limit=8, on_limit="raise")
+# Options for the backend, set with tessel.dynamo_options.update(threads=2, backend="graph", ...). target None:
+# 'cuda' for graphs whose inputs are CUDA tensors, else 'cpu'; precision: 'f32' or 'bf16' (CUDA only).
+dynamo_options = dict(backend="compiled", threads=None, repair=False, cache_limit=8, on_limit="raise", target=None,
+                      precision="f32")
 
 # The CompiledModules the backend made, oldest first (their .stats and .explanation); clear() it at will.
 dynamo_graphs = []
@@ -54,6 +56,9 @@ class _FirstCall:
             if torch.is_grad_enabled() and any(t.requires_grad for t in args):
                 # Training: the inputs that require grad (the parameters) are differentiated, not frozen.
                 o = dynamo_options
+                if any(t.is_cuda for t in args):
+                    raise _tessel.TesselError("training on CUDA tensors is not supported by tessel (inference only: "
+                                              "call the model under torch.no_grad())")
                 compiled = TrainModule(self.gm, args, backend=o["backend"], threads=o["threads"],
                                        cache_limit=o["cache_limit"])
             else:

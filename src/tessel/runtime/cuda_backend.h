@@ -4,7 +4,8 @@
 // ReLU and residual epilogues folded into the call where they fit) and convolutions through a generated
 // direct kernel, each followed by what is left of its fused epilogue. Intermediates live in one device
 // arena planned by liveness (kernel/arena_plan.h); weights are uploaded once; inputs and outputs are
-// copied per call; everything runs on one stream, and from the second call on the whole call is one CUDA
+// copied per call (from the host by run(), device to device on the caller's stream by run_device());
+// everything runs on one stream, and from the second call on the whole call is one CUDA
 // graph replay. Core nodes no kernel covers run on the host through the graph backend's typed kernels
 // (host steps: the stream is synchronised around them, and a model with host steps is not captured in a
 // graph).
@@ -78,6 +79,22 @@ class CudaExecutable {
   // events (the steady state), or of the steps when there is no graph. Needs a run() first.
   virtual double replay_ms(int iters) = 0;
   virtual bool uses_graph() const = 0;
+  // The device-pointer call (docs/runtime/cuda-backend.md, "Device pointers"): `inputs[i]` is the device
+  // address of input i in its own dtype (an f32 input stored as bf16 is converted on the device),
+  // `outputs[j]` the device address output j is written to (output_types()[j], dense row-major), `stream`
+  // the caller's cudaStream_t as an integer (0: the legacy default stream). Everything is enqueued on that
+  // stream -- one device-to-device copy (or conversion) into each input's fixed buffer, the steps (the
+  // CUDA graph from the second call on), one copy out of each output's buffer -- and the call returns
+  // without synchronising the host (a model with host steps is the exception: they synchronise). A call
+  // waits on the device for the previous call (any stream) before it overwrites the buffers. A gather
+  // index out of range is reported by the next call that finds the earlier one finished (or by run()).
+  virtual void run_device(const std::vector<uint64_t>& inputs, const std::vector<uint64_t>& outputs, uint64_t stream) = 0;
+  virtual const std::vector<TensorType>& input_types() const = 0;   // what run_device's inputs hold
+  virtual const std::vector<TensorType>& output_types() const = 0;  // what run_device writes
+  // For the decision above (docs/decisions.md): host milliseconds to capture the call again and update the
+  // instantiated graph with cudaGraphExecUpdate, what pointer-changing calls would pay instead of the
+  // copies (median of `iters`; 0 without a graph).
+  virtual double recapture_ms(int iters) = 0;
   virtual const CudaCompileStats& stats() const = 0;
   virtual const std::string& source() const = 0;
   virtual const std::vector<CudaStepInfo>& steps() const = 0;

@@ -5,6 +5,7 @@
 // say so.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -52,5 +53,15 @@ int nvrtc_version();
 // matches its bytes (a damaged entry is compiled again). Throws tessel::Error with NVRTC's log (first
 // lines) naming `name_hint` when the source does not compile, or when this build has no CUDA.
 NvrtcResult compile_cuda_source(const std::string& source, const std::string& name_hint, const NvrtcOptions& options = {});
+
+// Device memory and streams for code that holds no CUDA header (the pointer API's tests and tools):
+// addresses and streams as integers; every failure (and a build without CUDA) is a tessel::Error.
+uint64_t device_alloc(size_t bytes);
+void device_free(uint64_t p);
+void copy_to_device(uint64_t dst, const void* src, size_t bytes);   // synchronous
+void copy_to_host(void* dst, uint64_t src, size_t bytes);           // synchronous
+uint64_t stream_create();
+void stream_destroy(uint64_t s);
+void stream_synchronize(uint64_t s);
 
 }  // namespace tessel::cuda

@@ -173,4 +173,37 @@ NvrtcResult compile_cuda_source(const std::string& source, const std::string& na
   return r;
 }
 
+namespace {
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(Location{.pass = "cuda"}, std::string(what) + ": " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")");
+  }
+}
+}  // namespace
+
+uint64_t device_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes) check(cudaMalloc(&p, bytes), "cudaMalloc");
+  return reinterpret_cast<uintptr_t>(p);
+}
+void device_free(uint64_t p) {
+  if (p) cudaFree(reinterpret_cast<void*>(static_cast<uintptr_t>(p)));
+}
+void copy_to_device(uint64_t dst, const void* src, size_t bytes) {
+  if (bytes) check(cudaMemcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+}
+void copy_to_host(void* dst, uint64_t src, size_t bytes) {
+  if (bytes) check(cudaMemcpy(dst, reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+}
+uint64_t stream_create() {
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  return reinterpret_cast<uintptr_t>(s);
+}
+void stream_destroy(uint64_t s) {
+  if (s) cudaStreamDestroy(reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(s)));
+}
+void stream_synchronize(uint64_t s) { check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(s))), "cudaStreamSynchronize"); }
+
 }  // namespace tessel::cuda
