@@ -92,6 +92,21 @@ py::tuple to_array(const Tensor& t) {
   return py::make_tuple(py::array(numpy_dtype(t.dtype()), shape, strides, data, base), std::string(dtype_name(t.dtype())));
 }
 
+using ArrayArgs = std::vector<std::pair<py::array, std::string>>;
+
+// (array, dtype) pairs from Python as tensors over their memory, and results as (array, dtype) tuples.
+std::vector<Tensor> tensors_of(const ArrayArgs& inputs) {
+  std::vector<Tensor> ins;
+  for (const auto& [a, d] : inputs) ins.push_back(from_array(a, d));
+  return ins;
+}
+
+py::list arrays_of(const std::vector<Tensor>& ts) {
+  py::list result;
+  for (const Tensor& t : ts) result.append(to_array(t));
+  return result;
+}
+
 Attr to_attr(const OpDef& op, const std::string& name, const py::handle& v) {
   const AttrSpec* spec = nullptr;
   for (const auto& s : op.attrs)
@@ -241,15 +256,12 @@ class Executable {
   }
   // inputs: (array, dtype) pairs; runner(node_name, op, inputs) -> list of (array, dtype) or None.
   py::list run(const std::vector<std::pair<py::array, std::string>>& inputs, const py::object& runner) {
-    std::vector<Tensor> ins;
-    for (const auto& [a, d] : inputs) ins.push_back(from_array(a, d));
+    std::vector<Tensor> ins = tensors_of(inputs);
     BreakRunner br;
     if (!runner.is_none()) {
       br = [&runner](const Node& n, const std::vector<Tensor>& args) -> std::vector<Tensor> {
         py::gil_scoped_acquire gil;
-        py::list pyargs;
-        for (const Tensor& t : args) pyargs.append(to_array(t));
-        py::object r = runner(n.name, n.op_name(), pyargs);
+        py::object r = runner(n.name, n.op_name(), arrays_of(args));
         if (r.is_none()) return {};
         std::vector<Tensor> outs;
         for (auto item : r) {
@@ -264,9 +276,7 @@ class Executable {
       py::gil_scoped_release nogil;
       outs = exe_->run(ins, br);
     }
-    py::list result;
-    for (const Tensor& t : outs) result.append(to_array(t));
-    return result;
+    return arrays_of(outs);
   }
   std::string explain() const { return json_dump(explain_json(exe_->plan(), {})); }
   double compile_seconds() const { return exe_->compile_seconds(); }
@@ -299,16 +309,13 @@ class PyCudaExecutable {
     exe_->run_device(inputs, outputs, stream);
   }
   py::list run_host(const std::vector<std::pair<py::array, std::string>>& inputs) {
-    std::vector<Tensor> ins;
-    for (const auto& [a, d] : inputs) ins.push_back(from_array(a, d));
+    std::vector<Tensor> ins = tensors_of(inputs);
     std::vector<Tensor> outs;
     {
       py::gil_scoped_release nogil;
       outs = exe_->run(ins);
     }
-    py::list result;
-    for (const Tensor& t : outs) result.append(to_array(t));
-    return result;
+    return arrays_of(outs);
   }
   static py::list types(const std::vector<TensorType>& ts) {
     py::list l;
@@ -370,29 +377,25 @@ class PyTrainStep {
     step_ = TrainStep::build(std::move(g), o);
   }
   py::tuple forward(const std::vector<std::pair<py::array, std::string>>& inputs) {
-    std::vector<Tensor> ins = tensors(inputs);
+    std::vector<Tensor> ins = tensors_of(inputs);
     auto saved = std::make_shared<Saved>();
     std::vector<Tensor> outs;
     {
       py::gil_scoped_release nogil;
       outs = step_->forward(ins, saved->tensors);
     }
-    py::list result;
-    for (const Tensor& t : outs) result.append(to_array(t));
-    return py::make_tuple(result, saved);
+    return py::make_tuple(arrays_of(outs), saved);
   }
   py::list backward(const Saved& saved, const std::vector<std::pair<py::array, std::string>>& inputs,
                     const std::pair<py::array, std::string>& seed) {
-    std::vector<Tensor> ins = tensors(inputs);
+    std::vector<Tensor> ins = tensors_of(inputs);
     Tensor sd = from_array(seed.first, seed.second);
     std::vector<Tensor> grads;
     {
       py::gil_scoped_release nogil;
       grads = step_->backward(saved.tensors, ins, sd);
     }
-    py::list result;
-    for (const Tensor& t : grads) result.append(to_array(t));
-    return result;
+    return arrays_of(grads);
   }
   std::vector<std::string> input_names() const { return step_->input_names(); }
   std::vector<std::string> parameters() const { return step_->info().parameters; }
@@ -430,8 +433,7 @@ class PyTrainStep {
 
  private:
   static std::vector<Tensor> tensors(const std::vector<std::pair<py::array, std::string>>& inputs) {
-    std::vector<Tensor> ins;
-    for (const auto& [a, d] : inputs) ins.push_back(from_array(a, d));
+    std::vector<Tensor> ins = tensors_of(inputs);
     return ins;
   }
   std::unique_ptr<TrainStep> step_;
@@ -468,15 +470,13 @@ class PyOptimizer {
   py::list run(const std::vector<double>& scalars, const std::vector<std::pair<py::array, std::string>>& tensors) {
     std::vector<Tensor> ins;
     for (double v : scalars) ins.push_back(Tensor::from_f64(DType::f32, {}, std::vector<double>{v}));
-    for (const auto& [a, d] : tensors) ins.push_back(from_array(a, d));
+    for (Tensor& t : tensors_of(tensors)) ins.push_back(std::move(t));
     std::vector<Tensor> outs;
     {
       py::gil_scoped_release nogil;
       outs = exe_->run(ins);
     }
-    py::list result;
-    for (const Tensor& t : outs) result.append(to_array(t));
-    return result;
+    return arrays_of(outs);
   }
   std::vector<double> scalars(double lr, int64_t t) const { return optimizer_scalar_values(spec_, lr, t); }
   int kernels() const { return exe_->stats().kernels; }

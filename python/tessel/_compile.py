@@ -252,25 +252,29 @@ class _Entry:
         feeds = self.feeds
         ins = [to_buffer(args[f] if f.__class__ is int else f.get(args)) for f in feeds]
         outs = self.exe.run(ins, self.runner)     # (keeps OpenMP's thread count: python/src/_tessel.cpp)
+        return self._rebuild(args, [from_buffer(a, d) for a, d in outs])
+
+    def _rebuild(self, args, outs):
+        """The call's result from the executable's output tensors: guards checked, the output's structure
+        rebuilt around its tensors, mutations written back (shared by the CPU and CUDA entries)."""
         if self.single:                  # a single tensor; no guard, nothing to write back
-            return from_buffer(*outs[0])
+            return outs[0]
         if self.plain:                   # a flat tuple of tensors
-            return tuple(from_buffer(a, d) for a, d in outs)
+            return tuple(outs)
         if self.guarded:
             n = self.structure.count
-            for r, (a, d) in zip(self.reads, outs[n:]):
-                t = from_buffer(a, d)
+            for r, t in zip(self.reads, outs[n:]):
                 if not r.holds(t):
                     self.miss = r.describe(_READ[r.kind](t))
                     return _MISS
-            return self.structure.rebuild([from_buffer(a, d) for a, d in outs[:n]])
+            return self.structure.rebuild(outs[:n])
         lits = self.conv.out_literals
         flat, k = [], 0
         for i in range(len(outs) + len(lits)):
             if i in lits:
                 flat.append(lits[i])
             else:
-                flat.append(from_buffer(*outs[k]))
+                flat.append(outs[k])
                 k += 1
         (tensors, guards), new_values = pytree.tree_unflatten(flat, self.conv.out_spec)
         for r, t in zip(self.reads, guards):
@@ -325,34 +329,7 @@ class _CudaEntry(_Entry):
         return outs
 
     def run(self, args):
-        outs = self._call(args)
-        if self.single:
-            return outs[0]
-        if self.plain:
-            return tuple(outs)
-        if self.guarded:
-            n = self.structure.count
-            for r, t in zip(self.reads, outs[n:]):
-                if not r.holds(t):
-                    self.miss = r.describe(_READ[r.kind](t))
-                    return _MISS
-            return self.structure.rebuild(outs[:n])
-        lits = self.conv.out_literals
-        flat, k = [], 0
-        for i in range(len(outs) + len(lits)):
-            if i in lits:
-                flat.append(lits[i])
-            else:
-                flat.append(outs[k])
-                k += 1
-        (tensors, guards), new_values = pytree.tree_unflatten(flat, self.conv.out_spec)
-        for r, t in zip(self.reads, guards):
-            if not r.holds(t):
-                self.miss = r.describe(_READ[r.kind](t))
-                return _MISS
-        if new_values:
-            self._write_back(args, new_values)
-        return self.structure.rebuild(tensors)
+        return self._rebuild(args, self._call(args))
 
 
 _TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
