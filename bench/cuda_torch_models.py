@@ -22,6 +22,7 @@ import traceback
 import warnings
 
 import torch
+import torch._dynamo
 
 import tessel
 
@@ -76,7 +77,6 @@ def run_path(name, path, precision, a, ref_cache):
     if precision == "bf16" and path != "tessel":
         m = m.to(torch.bfloat16)
         args = tuple(x.to(torch.bfloat16) for x in args)
-    import torch._dynamo
     torch._dynamo.reset()
     tessel.dynamo_graphs.clear()
     if path == "eager":

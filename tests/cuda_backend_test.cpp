@@ -122,6 +122,58 @@ TEST(CudaCodegen, HostileNamesStayInComments) {
   EXPECT_NO_THROW(cuda::compile_cuda_source(src, "hostile", cuda_test::nvrtc_options()));
 }
 
+// Convolutions other than the 1x1 channels-last one run as im2col + one cuBLASLt matmul (codegen.h,
+// conv_as_matmul): resnet's 7x7 stride-2 stem (its NCHW result read by a max pool), a padded 3x3, a strided
+// dilated 3x3; a grouped one stays the direct conv. The pools (reduce_window) run on the device. Each
+// matches the eager interpreter at f32 and at bf16 storage, with no host step.
+TEST(CudaBackend, ConvolutionsRunAsIm2colMatmuls) {
+  const char* text = R"(graph @convs(%x: f32[2,3,40,40], %w1: f32[16,3,7,7], %w2: f32[16,16,3,3], %w3: f32[8,16,3,3], %w4: f32[8,2,3,3]) {
+  %a: f32[2,16,20,20] = Conv(%x, %w1) {pads = [3, 3, 3, 3], strides = [2, 2]} loc("/stem")
+  %ar: f32[2,16,20,20] = Relu(%a) loc("/stem.relu")
+  %p: f32[2,16,10,10] = MaxPool(%ar) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]} loc("/maxpool")
+  %b: f32[2,16,10,10] = Conv(%p, %w2) {pads = [1, 1, 1, 1]} loc("/conv3x3")
+  %c: f32[2,8,4,4] = Conv(%b, %w3) {pads = [1, 1, 1, 1], strides = [2, 2], dilations = [2, 2]} loc("/strided_dilated")
+  %d: f32[2,8,4,4] = Conv(%c, %w4) {pads = [1, 1, 1, 1], group = 4} loc("/grouped")
+  %e: f32[2,8,2,2] = AveragePool(%d) {kernel_shape = [2, 2], strides = [2, 2]} loc("/avgpool")
+  return %e
+}
+)";
+  // The weights are constants (a convolution kernel needs them so; a weight input stays a core node).
+  auto make = [&] {
+    auto g = parse_graph(text);
+    int seed = 1;
+    for (const char* name : {"w1", "w2", "w3", "w4"}) {
+      Value* in = g->find_value(name);
+      g->replace_all_uses(in, g->add_constant(std::string(name) + "_const", cuda_test::ramp(in->type.shape, seed++, 40.0f)));
+      g->inputs.erase(std::find(g->inputs.begin(), g->inputs.end(), in));
+    }
+    return g;
+  };
+  const KernelModule m = lower_for_cuda(make());
+  int as_matmul = 0, convs = 0;
+  for (const Kernel& k : m.kernels) {
+    convs += k.kind == KernelKind::conv;
+    as_matmul += k.kind == KernelKind::conv && cuda::conv_as_matmul(k.conv);
+  }
+  EXPECT_EQ(convs, 4);
+  EXPECT_GE(as_matmul, 3);  // the grouped one is not
+  const std::string src = cuda::generate_cuda(m, "convs");
+  EXPECT_NE(src.find("_im2col("), std::string::npos) << src;
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  const std::vector<Tensor> in = {cuda_test::ramp({2, 3, 40, 40}, 0, 10.0f)};
+  const std::vector<Tensor> eager = run_eager(*make(), in);
+  for (const cuda::Precision p : {cuda::Precision::f32, cuda::Precision::bf16}) {
+    CudaBackendOptions o;
+    o.precision = p;
+    auto exe = compile_cuda(make(), in, o);
+    EXPECT_EQ(exe->stats().im2col_convs, as_matmul) << cuda::precision_name(p);
+    EXPECT_EQ(exe->stats().host_steps, 0);
+    for (int call = 0; call < 3; ++call)
+      testenv::expect_matches_reference(exe->run(in), eager, fmt::format("convs {} call {}", cuda::precision_name(p), call),
+                                        cuda::precision_tolerance(p));
+  }
+}
+
 // A cubin cached under the key is used again; a damaged one is compiled again.
 TEST(CudaToolchain, CacheHitsAndRecoversFromDamage) {
   if (!cuda::built_with_cuda()) GTEST_SKIP() << "needs the CUDA toolkit (-DTESSEL_CUDA=ON)";

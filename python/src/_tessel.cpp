@@ -336,6 +336,7 @@ class PyCudaExecutable {
     d["kernels"] = s.kernels;
     d["cublaslt_matmuls"] = s.cublaslt_matmuls;
     d["direct_matmuls"] = s.direct_matmuls;
+    d["im2col_convs"] = s.im2col_convs;
     d["host_steps"] = s.host_steps;
     d["host_ops"] = s.host_ops;
     d["arena_bytes"] = s.arena_bytes;

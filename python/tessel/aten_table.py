@@ -217,6 +217,18 @@ def _softmax(L, node, x, dim, half_to_float=False):
     return L.op("Softmax", [x], {"axis": dim})
 
 
+@lowers(_ov("_safe_softmax", "default"))
+def _safe_softmax(L, node, x, dim, dtype=None):
+    """PyTorch's softmax for attention (SDPA's math path on CUDA since torch 2.5): a row whose every score
+    is -inf (a fully masked query) gives zeros instead of softmax's NaNs."""
+    if dtype is not None:
+        x = _cast(L, x, _out_dtype(node) or L.dtype(x))
+    d = L.dtype(x)
+    top = L.op("ReduceMax", [x, L.ints([dim])], {"keepdims": 1})
+    masked = L.op("Equal", [top, L.const(float("-inf"), d)])
+    return L.op("Where", [masked, L.const(0.0, d), L.op("Softmax", [x], {"axis": dim})])
+
+
 @lowers(_ov("nll_loss_forward", "default"))
 def _nll_loss(L, node, x, target, weight, reduction, ignore_index):
     """(loss, total_weight) of nll_loss over [N, C] log-probabilities: -x[n, target[n]], the targets equal

@@ -167,6 +167,15 @@ class Normalization(Case):
         self.check(nn.LayerNorm([3, 5], elementwise_affine=False).eval(), torch.randn(2, 3, 5))
 
 
+    @unittest.skipUnless(hasattr(torch.ops.aten, "_safe_softmax"), "aten._safe_softmax is torch >= 2.5's")
+    def test_safe_softmax_of_a_fully_masked_row(self):
+        x = torch.randn(2, 3, 5)
+        x[0, 1] = float("-inf")           # every score of one row masked: zeros, not softmax's NaNs
+        x[1, 2, :2] = float("-inf")
+        self.check(lambda x: torch.ops.aten._safe_softmax(x, -1), x)
+        self.check(lambda x: torch.ops.aten._safe_softmax(x, 1), x)
+
+
 class Losses(Case):
     def test_cross_entropy_and_nll_loss(self):
         x = torch.randn(6, 5)

@@ -65,10 +65,10 @@ int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool c
   const std::vector<Tensor> ins = inputs_of(model, inputs_dir);
   auto exe = compile(model, ins, "", precision);
   const CudaCompileStats& st = exe->stats();
-  fmt::print("cuda {}: {} ({}), compiled in {:.1f} ms (NVRTC {:.1f} ms{}), {} kernels ({} matmul via cuBLASLt, {} direct; {} conv), "
+  fmt::print("cuda {}: {} ({}), compiled in {:.1f} ms (NVRTC {:.1f} ms{}), {} kernels ({} matmul via cuBLASLt, {} direct; {} conv, {} as im2col + matmul), "
              "{} host steps, arena {:.2f} MB, weights {:.2f} MB\n",
              st.precision, st.device, st.arch, st.compile_seconds * 1e3, st.nvrtc_seconds * 1e3, st.cache_hit ? ", cache hit" : "", st.kernels,
-             st.cublaslt_matmuls, st.direct_matmuls, st.conv_kernels, st.host_steps, st.arena_bytes / 1e6, st.weight_bytes / 1e6);
+             st.cublaslt_matmuls, st.direct_matmuls, st.conv_kernels, st.im2col_convs, st.host_steps, st.arena_bytes / 1e6, st.weight_bytes / 1e6);
   std::vector<Tensor> outs;
   double best = 1e300;
   for (int i = 0; i < std::max(1, repeat); ++i) {
@@ -197,6 +197,8 @@ nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o) {
                       {"cublaslt_matmuls", st.cublaslt_matmuls},
                       {"direct_matmuls", st.direct_matmuls},
                       {"conv_kernels", st.conv_kernels},
+                      {"im2col_convs", st.im2col_convs},
+                      {"im2col_bytes", st.im2col_bytes},
                       {"arena_bytes", st.arena_bytes},
                       {"weight_bytes", st.weight_bytes},
                       {"oracle", oracle},

@@ -60,6 +60,8 @@ struct CudaCompileStats {
   std::string precision = "f32";
   int kernels = 0, loop_kernels = 0, matmul_kernels = 0, conv_kernels = 0;
   int cublaslt_matmuls = 0, direct_matmuls = 0;
+  int im2col_convs = 0;         // convolutions run as im2col + a cuBLASLt matmul
+  uint64_t im2col_bytes = 0;    // their shared im2col buffer
   int fused_attention = 0;      // attention patterns run as one fused kernel
   std::vector<std::string> attention;  // the decision of every attention pattern
   int host_steps = 0;           // core nodes run on the host

@@ -121,9 +121,9 @@ class CudaExecutableImpl final : public CudaExecutable {
     size_t kid = 0;
     std::vector<void*> args;                 // device pointer per kernel arg
     std::vector<DType> arg_mem;              // per kernel arg: its element type in memory
-    cudaKernel_t fn = nullptr, conv = nullptr, mm = nullptr;
+    cudaKernel_t fn = nullptr, conv = nullptr, mm = nullptr, im2col = nullptr;  // im2col: a conv run as a matmul
     int gather_flag = -1;                    // node steps of gather: their out-of-range flag
-    cuda::LaunchShape shape, conv_shape, mm_shape;
+    cuda::LaunchShape shape, conv_shape, mm_shape, im2col_shape;
     std::unique_ptr<LtMatmul> lt;
     MatmulSpec spec;                         // what lt computes (a matmul kernel's, or a 1x1 convolution's)
     std::vector<DeviceBuffer> scratch;
@@ -162,6 +162,7 @@ class CudaExecutableImpl final : public CudaExecutable {
   std::vector<int> root_;
   std::vector<DeviceBuffer> inputs_dev_, consts_dev_;
   DeviceBuffer arena_, workspace_, flags_;
+  DeviceBuffer col_;                         // the im2col matrix, shared by the convolutions run as matmuls (one stream)
   std::vector<const Node*> flag_node_;       // per gather flag: its node
   cudaStream_t stream_ = nullptr;
   cudaStream_t cur_ = nullptr;               // the stream steps are enqueued on: stream_, or run_device's caller's
@@ -368,6 +369,12 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
     std::fill(flags_host_, flags_host_ + gathers, 0);
     ck(cudaEventCreateWithFlags(&flags_ev_, cudaEventDisableTiming), "cudaEventCreate");
   }
+  // One im2col buffer for every convolution run as a matmul, as large as the largest (f32: 4 bytes an element).
+  int64_t col_elems = 0;
+  for (const Kernel& k : module_.kernels)
+    if (k.kind == KernelKind::conv && cuda::conv_as_matmul(k.conv)) col_elems = std::max(col_elems, cuda::im2col_elements(k.conv));
+  col_ = DeviceBuffer(static_cast<size_t>(col_elems) * sizeof(float), "the im2col buffer");
+  stats_.im2col_bytes = static_cast<size_t>(col_elems) * sizeof(float);
   // Fused attention: its QK and softmax steps go, its PV step becomes the fused kernel.
   std::map<size_t, cuda::AttentionMatch> attention_at;
   std::vector<bool> fused_away(nodes.size(), false);
@@ -489,8 +496,38 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
           const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
           if (tx == tw && (tx == DType::bf16 || ty == DType::f32) && cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args, s.arg_mem);
           info.tensor_cores = s.lt && tx == DType::bf16;
+        } else if (cuda::conv_as_matmul(c) && col_.p) {
+          // im2col then y[N*OH*OW, OC] = col[N*OH*OW, C*KH*KW] . w^T, the OIHW weight's rows being B^T's; col is
+          // an extra arg of the step (after the kernel's own, which the epilogue's launch alone reads).
+          const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
+          MatmulSpec mm;
+          const int col = static_cast<int>(s.args.size());
+          mm.k = c.c * c.kh * c.kw;
+          if (c.y_nhwc) {  // y[N*OH*OW, OC] = col . w^T
+            mm.a = col, mm.b = c.w, mm.c = c.y;
+            mm.m = c.n * c.oh * c.ow, mm.n = c.oc;
+            mm.a_m = mm.k, mm.a_k = 1, mm.b_k = 1, mm.b_n = mm.k;
+          } else {  // per image: y[OC, OH*OW] = w . col^T (the weight shared by the batch)
+            mm.a = c.w, mm.b = col, mm.c = c.y;
+            mm.batch = c.n, mm.m = c.oc, mm.n = c.oh * c.ow;
+            mm.a_m = mm.k, mm.a_k = 1, mm.a_batch = 0;
+            mm.b_k = 1, mm.b_n = mm.k, mm.b_batch = c.oh * c.ow * mm.k;
+          }
+          s.args.push_back(col_.p);
+          s.arg_mem.push_back(tx);
+          if (tx == tw && (tx == DType::bf16 || ty == DType::f32) && cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args, s.arg_mem);
+          if (s.lt) {
+            s.spec = mm;
+            s.im2col = kernel_of(cuda::im2col_symbol(s.kid));
+            s.im2col_shape = cuda::im2col_launch_shape(k, sms_);
+            info.tensor_cores = tx == DType::bf16;
+            stats_.im2col_convs++;
+          } else {
+            s.args.pop_back();
+            s.arg_mem.pop_back();
+          }
         }
-        info.how = (s.lt ? "cuBLASLt (1x1 conv as a matmul)" : "direct conv") + epi;
+        info.how = (s.lt ? (s.im2col ? "im2col + cuBLASLt" : "cuBLASLt (1x1 conv as a matmul)") : "direct conv") + epi;
       } else {
         info.flops = loop_flops(k);
         info.how = fmt::format("generated {} {}x{}", s.shape.form == cuda::LaunchForm::pointwise ? "pointwise" : "rows", s.shape.blocks, s.shape.threads);
@@ -732,6 +769,10 @@ void CudaExecutableImpl::enqueue(Step& s) {
       launch(s.mm, s.mm_shape, p);
     }
   } else if (k.kind == KernelKind::conv && s.lt) {
+    if (s.im2col) {
+      std::vector<void*> p = {s.args[static_cast<size_t>(k.conv.x)], col_.p};
+      launch(s.im2col, s.im2col_shape, p);
+    }
     run_lt(s);
   } else if (k.kind == KernelKind::conv) {
     std::vector<void*> p = {s.args[static_cast<size_t>(k.conv.x)], s.args[static_cast<size_t>(k.conv.w)], s.args[static_cast<size_t>(k.conv.y)]};

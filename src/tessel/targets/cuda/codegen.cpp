@@ -328,6 +328,36 @@ std::string conv_function(const Kernel& k, size_t index, const std::vector<DType
   return s;
 }
 
+// im2col of a convolution the runtime runs as one matmul (conv_as_matmul): col[m, k] with m over the
+// output points (n, oh, ow) and k over (ci, kh, kw) -- the order of the OIHW weight, whose rows are then the
+// matmul's B^T as stored -- and 0 where the window reads padding.
+std::string im2col_function(const Kernel& k, size_t index, const std::vector<DType>& st) {
+  const ConvSpec& c = k.conv;
+  const DType tx = st[static_cast<size_t>(c.x)];
+  const int64_t kk = c.c * c.kh * c.kw, total = c.n * c.oh * c.ow * kk;
+  std::string s;
+  s += fmt::format("// im2col of kernel {}: x a{} {} [{}, {}, {}, {}] -> col [{} x {}] (output points x (channel, kh, kw)); the runtime then\n",
+                   index, c.x, c.x_nhwc ? "NHWC" : "NCHW", c.n, c.c, c.h, c.wd, c.n * c.oh * c.ow, kk);
+  if (c.y_nhwc)
+    s += fmt::format("// computes y a{} NHWC [{} x {}] = col . w a{}^T through cuBLASLt", c.y, c.n * c.oh * c.ow, c.oc, c.w);
+  else
+    s += fmt::format("// computes y a{} NCHW, per image [{} x {}] = w a{} . col^T, through cuBLASLt", c.y, c.oc, c.oh * c.ow, c.w);
+  s += fmt::format("; stride {}x{}, padding top {} left {}, dilation {}x{}\n", c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w);
+  s += fmt::format("extern \"C\" __global__ void {}(const {}* __restrict__ x, {}* __restrict__ col) {{\n", im2col_symbol(index), mem_type(tx), mem_type(tx));
+  s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", total);
+  s += fmt::format("    const long long q = e % {0}LL, p = e / {0}LL;\n", kk);
+  s += fmt::format("    const long long kw = q % {0}LL, kh = q / {0}LL % {1}LL, ch = q / ({0}LL * {1}LL);\n", c.kw, c.kh);
+  s += fmt::format("    const long long ow = p % {0}LL, oh = p / {0}LL % {1}LL, n = p / ({0}LL * {1}LL);\n", c.ow, c.oh);
+  s += fmt::format("    const long long ih = oh * {}LL - {}LL + kh * {}LL, iw = ow * {}LL - {}LL + kw * {}LL;\n", c.stride_h, c.pad_top, c.dil_h,
+                   c.stride_w, c.pad_left, c.dil_w);
+  const std::string at = c.x_nhwc ? fmt::format("x[((n * {0}LL + ih) * {1}LL + iw) * {2}LL + ch]", c.h, c.wd, c.c)
+                                  : fmt::format("x[((n * {0}LL + ch) * {1}LL + ih) * {2}LL + iw]", c.c, c.h, c.wd);
+  s += fmt::format("    col[e] = (ih >= 0 && ih < {}LL && iw >= 0 && iw < {}LL) ? {} : {};\n", c.h, c.wd, at,
+                   mem_store(tx, "0.0f"));
+  s += "  }\n}\n";
+  return s;
+}
+
 std::string direct_matmul(const MatmulSpec& m, const std::string& symbol, const std::string& what, DType ta, DType tb, DType tc) {
   const bool dense_c = m.c_batch == 0 && m.c_m == 0 && m.c_n == 0;
   const int64_t cb = dense_c ? m.m * m.n : m.c_batch, cm = dense_c ? m.n : m.c_m, cn = dense_c ? 1 : m.c_n;
@@ -463,6 +493,14 @@ bool device_node_supported(const Node& n) {
     std::vector<int64_t> st;
     return n.inputs.size() == 1 && n.inputs[0]->type.dtype == t && view_copy(n, &off, &st);
   }
+  if (is_core_op(n, CoreOp::reduce_window)) {
+    // f32 pooling windows (max/avg pools): a window, strides, dilations and low/high pads per dim
+    const size_t r = n.outputs[0]->type.shape.size();
+    return t == DType::f32 && n.inputs.size() == 1 && n.inputs[0]->type.dtype == t && n.inputs[0]->type.shape.size() == r &&
+           reduction_combiner(n.attr_s("kind")).has_value() && n.attr_ints("window").size() == r &&
+           n.attr_ints("strides", std::vector<int64_t>(r, 1)).size() == r && n.attr_ints("dilations", std::vector<int64_t>(r, 1)).size() == r &&
+           n.attr_ints("padding", std::vector<int64_t>(2 * r, 0)).size() == 2 * r;
+  }
   if (is_core_op(n, CoreOp::gather)) {
     if (n.inputs.size() != 2) return false;
     const DType it = n.inputs[1]->type.dtype;
@@ -524,6 +562,42 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
       if (!(in[i] == 1 && oshape[static_cast<size_t>(dims[i])] != 1)) st[static_cast<size_t>(dims[i])] = ist[i];
     return s + strided_copy(0, st);
   }
+  if (is_core_op(n, CoreOp::reduce_window)) {
+    // y[i] = the kind's combination of x[i * strides - pad_low + w * dilations] over the window's in-range w
+    // (core_kernels.cpp's make_reduce_window); max/min propagate NaN as the CPU runtime's tsl_max/tsl_min do.
+    const std::vector<int64_t>& in = n.inputs[0]->type.shape;
+    const size_t r = in.size();
+    const std::vector<int64_t> window = n.attr_ints("window"), strides = n.attr_ints("strides", std::vector<int64_t>(r, 1)),
+                               dil = n.attr_ints("dilations", std::vector<int64_t>(r, 1)), pad = n.attr_ints("padding", std::vector<int64_t>(2 * r, 0));
+    const CoreOp comb = *reduction_combiner(n.attr_s("kind"));
+    const std::vector<int64_t> ist = row_strides_of(in);
+    s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {2}* __restrict__ y) {{\n", node_symbol(node_index), xt, t);
+    s += loop + split_index(oshape, "    ");
+    s += fmt::format("    float acc = {};\n", c_literal(DType::f32, core_op_info(comb).identity, kD));
+    std::string ind = "    ", off;
+    for (size_t d = 0; d < r; ++d) {
+      if (window[d] == 1 && strides[d] == 1 && pad[2 * d] == 0) {  // the dim passes through
+        off += fmt::format("{}i{} * {}LL", off.empty() ? "" : " + ", d, ist[d]);
+        continue;
+      }
+      s += fmt::format("{}for (long long w{} = 0; w{} < {}LL; ++w{}) {{\n", ind, d, d, window[d], d);
+      ind += "  ";
+      s += fmt::format("{}const long long c{} = i{} * {}LL - {}LL + w{} * {}LL;\n", ind, d, d, strides[d], pad[2 * d], d, dil[d]);
+      s += fmt::format("{}if (c{} < 0 || c{} >= {}LL) continue;\n", ind, d, d, in[d]);
+      off += fmt::format("{}c{} * {}LL", off.empty() ? "" : " + ", d, ist[d]);
+    }
+    const std::string v = mem_load(tx, fmt::format("x[{}]", off.empty() ? "0" : off));
+    const std::string upd = comb == CoreOp::max ? fmt::format("tsl_max(acc, {})", v) : comb == CoreOp::min ? fmt::format("tsl_min(acc, {})", v)
+                            : comb == CoreOp::mul ? fmt::format("acc * {}", v) : fmt::format("acc + {}", v);
+    s += fmt::format("{}acc = {};\n", ind, upd);
+    for (size_t d = r; d-- > 0;)
+      if (!(window[d] == 1 && strides[d] == 1 && pad[2 * d] == 0)) {
+        ind.resize(ind.size() - 2);
+        s += ind + "}\n";
+      }
+    s += fmt::format("    y[e] = {};\n  }}\n}}\n", mem_store(ty, "acc"));
+    return s;
+  }
   // gather: out[i] = data[i with idx[i] at axis]
   const std::vector<int64_t>& data = n.inputs[0]->type.shape;
   const int64_t axis = n.attr_i("axis");
@@ -543,6 +617,19 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
 
 std::string kernel_symbol(size_t index) { return fmt::format("tsl_k{}", index); }
 std::string conv_symbol(size_t index) { return fmt::format("tsl_k{}_conv", index); }
+std::string im2col_symbol(size_t index) { return fmt::format("tsl_k{}_im2col", index); }
+
+bool conv_as_matmul(const ConvSpec& c) {
+  const bool pointwise = c.kh == 1 && c.kw == 1 && c.stride_h == 1 && c.stride_w == 1 && c.pad_top == 0 && c.pad_left == 0 &&
+                         c.pad_bottom == 0 && c.pad_right == 0 && c.oh == c.h && c.ow == c.wd;
+  return c.groups == 1 && !(pointwise && c.x_nhwc && c.y_nhwc) && c.kh * c.kw * c.c >= 8 && c.oc >= 8;
+}
+
+int64_t im2col_elements(const ConvSpec& c) { return c.n * c.oh * c.ow * c.c * c.kh * c.kw; }
+
+LaunchShape im2col_launch_shape(const Kernel& k, int sms) {
+  return LaunchShape{LaunchForm::pointwise, cap((im2col_elements(k.conv) + 255) / 256, 1, std::max(1, sms) * int64_t{16}), 256};
+}
 std::string matmul_symbol(size_t index) { return fmt::format("tsl_k{}_mm", index); }
 
 bool has_generated_function(const Kernel& k) { return !k.body.empty(); }
@@ -694,6 +781,7 @@ std::string generate_kernel(const Kernel& k, size_t index, const std::vector<DTy
       if (k.conv.groups <= 0 || k.conv.c % k.conv.groups != 0 || k.conv.oc % k.conv.groups != 0)
         fail("convolution with {} groups of {} input and {} output channels", k.conv.groups, k.conv.c, k.conv.oc);
       s += conv_function(k, index, st) + "\n";
+      if (conv_as_matmul(k.conv)) s += im2col_function(k, index, st) + "\n";
     }
     // Every matmul gets its direct kernel: the runtime falls back to it when cuBLASLt has no algorithm.
     if (k.kind == KernelKind::matmul) s += matmul_function(k, index, st) + "\n";

@@ -9,7 +9,8 @@
 //              the inner loop of every phase, and each reduction ends in a block reduction whose
 //              result every thread holds for the next phases (softmax, layer norm).
 // Matmul kernels run through cuBLASLt first (or tsl_k<index>_mm, a direct kernel every matmul kernel
-// gets, when their strides fit no cuBLASLt layout or cuBLASLt offers no algorithm); convolution kernels through tsl_k<index>_conv, a direct convolution;
+// gets, when their strides fit no cuBLASLt layout or cuBLASLt offers no algorithm); convolution kernels through cuBLASLt (1x1 channels-last), tsl_k<index>_im2col then
+// cuBLASLt (conv_as_matmul), or tsl_k<index>_conv, a direct convolution;
 // tsl_k<index> is then their epilogue. Identifiers come from the kernel's index only; every name
 // (kernels, source nodes, values, the model) appears only in comments, escaped by cpp_comment_text.
 #pragma once
@@ -35,6 +36,14 @@ struct LaunchShape {
 std::string kernel_symbol(size_t index);       // tsl_k3
 std::string conv_symbol(size_t index);         // tsl_k3_conv
 std::string matmul_symbol(size_t index);       // tsl_k3_mm (the direct fallback)
+std::string im2col_symbol(size_t index);       // tsl_k3_im2col
+// A convolution the runtime runs as im2col + one cuBLASLt matmul when cuBLASLt takes it (channels-last y:
+// y[N*OH*OW, OC] = col . w^T; NCHW y: per image y[OC, OH*OW] = w . col^T, batched): one group, not the 1x1
+// channels-last case (a matmul without im2col), a reduction and output channels of at least 8. The direct
+// conv stays as the fallback.
+bool conv_as_matmul(const ConvSpec& c);
+int64_t im2col_elements(const ConvSpec& c);    // col's element count: N*OH*OW x C*KH*KW
+LaunchShape im2col_launch_shape(const Kernel& k, int sms);
 bool has_generated_function(const Kernel& k);  // a loop kernel, or a library kernel with an epilogue
 LaunchForm launch_form(const Kernel& k);
 // The grid of a kernel's generated function: `sms` multiprocessors to fill (blocks are capped at a
