@@ -45,6 +45,7 @@ void ck(cublasStatus_t s, const char* what) {
 
 constexpr size_t kArenaAlign = 256;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int64_t kIm2colMaxBytes = int64_t{1} << 30;  // the largest im2col buffer a model gets (1 GiB)
 
 size_t bytes_of(const TensorType& t) { return static_cast<size_t>(shape_numel(t.shape)) * dtype_size(t.dtype); }
 
@@ -369,10 +370,12 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
     std::fill(flags_host_, flags_host_ + gathers, 0);
     ck(cudaEventCreateWithFlags(&flags_ev_, cudaEventDisableTiming), "cudaEventCreate");
   }
-  // One im2col buffer for every convolution run as a matmul, as large as the largest (f32: 4 bytes an element).
+  // One im2col buffer for every convolution run as a matmul, as large as the largest (f32: 4 bytes an element);
+  // a convolution whose im2col matrix would pass kIm2colMaxBytes stays on the direct kernel.
+  auto im2col_fits = [](const ConvSpec& c) { return cuda::conv_as_matmul(c) && cuda::im2col_elements(c) <= kIm2colMaxBytes / int64_t{4}; };
   int64_t col_elems = 0;
   for (const Kernel& k : module_.kernels)
-    if (k.kind == KernelKind::conv && cuda::conv_as_matmul(k.conv)) col_elems = std::max(col_elems, cuda::im2col_elements(k.conv));
+    if (k.kind == KernelKind::conv && im2col_fits(k.conv)) col_elems = std::max(col_elems, cuda::im2col_elements(k.conv));
   col_ = DeviceBuffer(static_cast<size_t>(col_elems) * sizeof(float), "the im2col buffer");
   stats_.im2col_bytes = static_cast<size_t>(col_elems) * sizeof(float);
   // Fused attention: its QK and softmax steps go, its PV step becomes the fused kernel.
@@ -496,7 +499,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
           const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
           if (tx == tw && (tx == DType::bf16 || ty == DType::f32) && cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args, s.arg_mem);
           info.tensor_cores = s.lt && tx == DType::bf16;
-        } else if (cuda::conv_as_matmul(c) && col_.p) {
+        } else if (im2col_fits(c) && col_.p) {
           // im2col then y[N*OH*OW, OC] = col[N*OH*OW, C*KH*KW] . w^T, the OIHW weight's rows being B^T's; col is
           // an extra arg of the step (after the kernel's own, which the epilogue's launch alone reads).
           const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
