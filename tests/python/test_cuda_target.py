@@ -153,11 +153,16 @@ class CudaTarget(unittest.TestCase):
         # (torch.backends.cudnn.allow_tf32), about 3e-4 from exact on this model.
         with torch.no_grad():
             ref = copy.deepcopy(model).double().cpu()(x.double().cpu()).to(self.dev, torch.float32)
+        self._check_precisions("resnet18", lambda p: tessel.compile(model, (x,), precision=p), lambda f: f(x), ref)
+
+    def _check_precisions(self, name, compile_at, call, ref):
+        """compile_at(precision) at f32 and bf16, each called 3 times (eager, captured, replayed): call(fast)
+        within the issue's bars of ref."""
         for precision, tol in (("f32", 1e-4), ("bf16", 2e-2)):
-            fast = tessel.compile(model, (x,), precision=precision)
+            fast = compile_at(precision)
             for _ in range(3):
-                err = rel(fast(x), ref)
-                self.assertLessEqual(err, tol, f"resnet18 {precision}: rel err {err:.2e}")
+                err = rel(call(fast), ref)
+                self.assertLessEqual(err, tol, f"{name} {precision}: rel err {err:.2e}")
 
     def _hf(self, model_type, **overrides):
         cfg = transformers.AutoConfig.for_model(model_type, **overrides)
@@ -169,11 +174,8 @@ class CudaTarget(unittest.TestCase):
     def _check_hf(self, model, kw, name):
         with torch.no_grad():
             ref = model(**kw).last_hidden_state
-        for precision, tol in (("f32", 1e-4), ("bf16", 2e-2)):
-            fast = tessel.compile(model, (), example_kwargs=kw, precision=precision)
-            for _ in range(3):
-                err = rel(fast(**kw).last_hidden_state, ref)
-                self.assertLessEqual(err, tol, f"{name} {precision}: rel err {err:.2e}")
+        self._check_precisions(name, lambda p: tessel.compile(model, (), example_kwargs=kw, precision=p),
+                               lambda f: f(**kw).last_hidden_state, ref)
 
     @unittest.skipIf(transformers is None, "transformers is not installed")
     def test_bert(self):

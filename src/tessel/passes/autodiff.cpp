@@ -106,6 +106,12 @@ const Node* broadcast_along(const Value* v, const std::vector<int64_t>& axes) {
   return bc;
 }
 
+std::vector<int64_t> sorted_axes(const Node& reduce) {
+  std::vector<int64_t> ax = reduce.attr_ints("axes");
+  std::sort(ax.begin(), ax.end());
+  return ax;
+}
+
 // The reduction of `kind` over `x` whose result, through unit reshapes and a broadcast along its axes, is
 // v (each step read only by the next); null otherwise. axes: sorted, empty to take the reduction's.
 const Node* unreduced(const Users& users, const Value* v, const Value* x, const char* kind, std::vector<int64_t> axes) {
@@ -113,10 +119,24 @@ const Node* unreduced(const Users& users, const Value* v, const Value* x, const 
   if (!bc || v->type.shape != x->type.shape || !used_only_by(users, bc->inputs[0], {bc})) return nullptr;
   const Node* r = made_by(through_unit_reshapes(users, bc->inputs[0]), CoreOp::reduce);
   if (!r || r->attr_s("kind") != kind || r->inputs[0] != x) return nullptr;
-  std::vector<int64_t> ax = r->attr_ints("axes");
-  std::sort(ax.begin(), ax.end());
+  const std::vector<int64_t> ax = sorted_axes(*r);
   if (!axes.empty() && ax != axes) return nullptr;
   return broadcast_along(v, ax) ? r : nullptr;
+}
+
+// The readers of v when they are one node of `first` and at most one of `second` (v its operand 0 and not
+// its operand 1); {null, null} when any other node reads v (or a second node of `first`).
+std::pair<const Node*, const Node*> two_readers(const Users& users, const Value* v, CoreOp first, CoreOp second) {
+  auto it = users.find(v);
+  if (it == users.end()) return {nullptr, nullptr};
+  const Node* a = nullptr;
+  const Node* b = nullptr;
+  for (const Node* u : it->second) {
+    if (is(u, first) && !a) a = u;
+    else if (is(u, second) && u->inputs[0] == v && u->inputs[1] != v && !b) b = u;
+    else return {nullptr, nullptr};
+  }
+  return {a, b};
 }
 
 // `z = add(x, neg(broadcast(reduce max(x, A))))` of softmax_core (ops/reduction.cpp), whose z feeds only
@@ -133,32 +153,13 @@ bool softmax_shift(const Users& users, const Node& n) {
   if (!neg || !used_only_by(users, neg->outputs[0], {&n}) || !used_only_by(users, neg->inputs[0], {neg})) return false;
   const Node* mx = unreduced(users, neg->inputs[0], x, "max", {});
   if (!mx) return false;
-  std::vector<int64_t> axes = mx->attr_ints("axes");
-  std::sort(axes.begin(), axes.end());
-  auto zu = users.find(z);
-  if (zu == users.end()) return false;
-  const Node* exp = nullptr;
-  const Node* logsub = nullptr;
-  for (const Node* u : zu->second) {
-    if (is(u, CoreOp::exp) && !exp) exp = u;
-    else if (is(u, CoreOp::add) && u->inputs[0] == z && u->inputs[1] != z && !logsub) logsub = u;
-    else return false;
-  }
+  const std::vector<int64_t> axes = sorted_axes(*mx);
+  // z's readers: exp(z), and for log softmax z + (the negated log-sum); e's: the sum, and for softmax e / sum
+  const auto [exp, logsub] = two_readers(users, z, CoreOp::exp, CoreOp::add);
   if (!exp) return false;
   const Value* e = exp->outputs[0];
-  auto eu = users.find(e);
-  if (eu == users.end()) return false;
-  const Node* sum = nullptr;
-  const Node* div = nullptr;
-  for (const Node* u : eu->second) {
-    if (is(u, CoreOp::reduce) && !sum) sum = u;
-    else if (is(u, CoreOp::div) && u->inputs[0] == e && u->inputs[1] != e && !div) div = u;
-    else return false;
-  }
-  if (!sum || sum->attr_s("kind") != "sum") return false;
-  std::vector<int64_t> sax = sum->attr_ints("axes");
-  std::sort(sax.begin(), sax.end());
-  if (sax != axes) return false;
+  const auto [sum, div] = two_readers(users, e, CoreOp::reduce, CoreOp::div);
+  if (!sum || sum->attr_s("kind") != "sum" || sorted_axes(*sum) != axes) return false;
   if (div && !logsub)   // softmax: e / broadcast(sum(e)), read by nothing else
     return used_only_by(users, div->inputs[1], {div}) && unreduced(users, div->inputs[1], e, "sum", axes) == sum;
   if (logsub && !div) {   // log softmax: z + neg(broadcast(log(sum(e)))), each step read by nothing else
@@ -167,9 +168,9 @@ bool softmax_shift(const Users& users, const Node& n) {
     const Node* bc = broadcast_along(nl->inputs[0], axes);
     if (!bc || nl->inputs[0]->type.shape != z->type.shape || !used_only_by(users, bc->inputs[0], {bc})) return false;
     const Node* lg = made_by(through_unit_reshapes(users, bc->inputs[0]), CoreOp::log);
-    return lg && used_only_by(users, lg->inputs[0], {lg}) &&
-           through_unit_reshapes(users, lg->inputs[0]) == sum->outputs[0] && used_only_by(users, sum->outputs[0],
-           {made_by(lg->inputs[0], CoreOp::reshape) ? made_by(lg->inputs[0], CoreOp::reshape) : lg});
+    if (!lg || !used_only_by(users, lg->inputs[0], {lg}) || through_unit_reshapes(users, lg->inputs[0]) != sum->outputs[0]) return false;
+    const Node* reads_sum = made_by(lg->inputs[0], CoreOp::reshape);   // the unit reshape between them, if any
+    return used_only_by(users, sum->outputs[0], {reads_sum ? reads_sum : lg});
   }
   return false;
 }

@@ -138,6 +138,7 @@ class CudaExecutableImpl final : public CudaExecutable {
  private:
   void enqueue(Step& s);
   void enqueue_all();
+  void enqueue_call(cudaStream_t s);
   void launch(cudaKernel_t f, const cuda::LaunchShape& sh, std::vector<void*>& ptrs);
   void run_lt(Step& s);
   // A cuBLASLt plan for `mm` over the step's device pointers, or null when the heuristic has no algorithm.
@@ -489,8 +490,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
         info.flops = 2 * c.n * c.oc * c.oh * c.ow * (c.c / std::max<int64_t>(1, c.groups)) * c.kh * c.kw;
         // A pointwise (1x1) convolution between channels-last buffers is the matmul
         // y[N*H*W, OC] = x[N*H*W, C] . w^T[C, OC]: cuBLASLt instead of the direct kernel.
-        if (c.x_nhwc && c.y_nhwc && c.kh == 1 && c.kw == 1 && c.stride_h == 1 && c.stride_w == 1 && c.groups == 1 &&
-            c.pad_top == 0 && c.pad_left == 0 && c.pad_bottom == 0 && c.pad_right == 0 && c.oh == c.h && c.ow == c.wd) {
+        if (cuda::conv_is_channels_last_matmul(c)) {
           MatmulSpec mm;
           mm.a = c.x, mm.b = c.w, mm.c = c.y;
           mm.m = c.n * c.h * c.wd, mm.n = c.oc, mm.k = c.c;
@@ -839,6 +839,25 @@ std::vector<Tensor> CudaExecutableImpl::copy_outputs() {
   return outs;
 }
 
+// One call's steps on stream `s`: the captured graph launched, or the steps enqueued one by one. The second
+// call is captured (the first one ran every launch once, eagerly: lazy module loading and cuBLASLt's
+// first-use work happen outside the graph) and every later call replays it.
+void CudaExecutableImpl::enqueue_call(cudaStream_t s) {
+  if (!exec_ && use_graph_ && calls_ >= 1) capture_graph();
+  if (exec_) {
+    ck(cudaGraphLaunch(exec_, s), "cudaGraphLaunch");
+    return;
+  }
+  cur_ = s;
+  try {
+    enqueue_all();
+  } catch (...) {
+    cur_ = stream_;
+    throw;
+  }
+  cur_ = stream_;
+}
+
 // The call's steps captured on the executable's own stream (nothing runs while capturing) and
 // instantiated; launched by the caller on whichever stream the call uses.
 void CudaExecutableImpl::capture_graph() {
@@ -861,16 +880,7 @@ std::vector<Tensor> CudaExecutableImpl::run(const std::vector<Tensor>& inputs) {
   if (done_recorded_) ck(cudaStreamWaitEvent(stream_, done_, 0), "waiting for the previous call");
   cur_ = stream_;
   copy_inputs(inputs);
-  if (exec_) {
-    ck(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
-  } else if (use_graph_ && calls_ >= 1) {
-    // The second call is captured (the first one ran every launch once, eagerly: lazy module loading
-    // and cuBLASLt's first-use work happen outside the graph) and every later call replays it.
-    capture_graph();
-    ck(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
-  } else {
-    enqueue_all();
-  }
+  enqueue_call(stream_);
   ++calls_;
   return copy_outputs();
 }
@@ -950,21 +960,7 @@ void CudaExecutableImpl::run_device(const std::vector<uint64_t>& inputs, const s
       ck(cudaMemcpyAsync(inputs_dev_[i].p, src, nb, cudaMemcpyDeviceToDevice, s), "copying an input");
     }
   }
-  if (exec_) {
-    ck(cudaGraphLaunch(exec_, s), "cudaGraphLaunch");
-  } else if (use_graph_ && calls_ >= 1) {
-    capture_graph();
-    ck(cudaGraphLaunch(exec_, s), "cudaGraphLaunch");
-  } else {
-    cur_ = s;
-    try {
-      enqueue_all();
-    } catch (...) {
-      cur_ = stream_;
-      throw;
-    }
-    cur_ = stream_;
-  }
+  enqueue_call(s);
   for (size_t j = 0; j < outputs.size(); ++j) {
     const Value* v = g.outputs[j];
     const size_t nb = bytes_of(v->type);

@@ -291,6 +291,13 @@ struct Emitter {
   }
 };
 
+// The convolution input's element at image n, channel ch, row ih, column iw (variables of the generated
+// code), in x's memory layout.
+std::string conv_input_at(const ConvSpec& c) {
+  return c.x_nhwc ? fmt::format("x[((n * {0}LL + ih) * {1}LL + iw) * {2}LL + ch]", c.h, c.wd, c.c)
+                  : fmt::format("x[((n * {0}LL + ch) * {1}LL + ih) * {2}LL + iw]", c.c, c.h, c.wd);
+}
+
 std::string conv_function(const Kernel& k, size_t index, const std::vector<DType>& st) {
   const ConvSpec& c = k.conv;
   const DType tx = st[static_cast<size_t>(c.x)], tw = st[static_cast<size_t>(c.w)], ty = st[static_cast<size_t>(c.y)];
@@ -319,10 +326,7 @@ std::string conv_function(const Kernel& k, size_t index, const std::vector<DType
   s += fmt::format("        for (long long kw = 0; kw < {}LL; ++kw) {{\n", c.kw);
   s += fmt::format("          const long long iw = ow * {}LL - {}LL + kw * {}LL;\n", c.stride_w, c.pad_left, c.dil_w);
   s += fmt::format("          if (iw < 0 || iw >= {}LL) continue;\n", c.wd);
-  if (c.x_nhwc)
-    s += fmt::format("          const float xv = {};\n", mem_load(tx, fmt::format("x[((n * {0}LL + ih) * {1}LL + iw) * {2}LL + ch]", c.h, c.wd, c.c)));
-  else
-    s += fmt::format("          const float xv = {};\n", mem_load(tx, fmt::format("x[((n * {0}LL + ch) * {1}LL + ih) * {2}LL + iw]", c.c, c.h, c.wd)));
+  s += fmt::format("          const float xv = {};\n", mem_load(tx, conv_input_at(c)));
   s += fmt::format("          acc += xv * {};\n", mem_load(tw, fmt::format("w[((oc * {}LL + ci) * {}LL + kh) * {}LL + kw]", cg, c.kh, c.kw)));
   s += fmt::format("        }}\n      }}\n    }}\n    y[e] = {};\n  }}\n}}\n", mem_store(ty, "acc"));
   return s;
@@ -350,9 +354,7 @@ std::string im2col_function(const Kernel& k, size_t index, const std::vector<DTy
   s += fmt::format("    const long long ow = p % {0}LL, oh = p / {0}LL % {1}LL, n = p / ({0}LL * {1}LL);\n", c.ow, c.oh);
   s += fmt::format("    const long long ih = oh * {}LL - {}LL + kh * {}LL, iw = ow * {}LL - {}LL + kw * {}LL;\n", c.stride_h, c.pad_top, c.dil_h,
                    c.stride_w, c.pad_left, c.dil_w);
-  const std::string at = c.x_nhwc ? fmt::format("x[((n * {0}LL + ih) * {1}LL + iw) * {2}LL + ch]", c.h, c.wd, c.c)
-                                  : fmt::format("x[((n * {0}LL + ch) * {1}LL + ih) * {2}LL + iw]", c.c, c.h, c.wd);
-  s += fmt::format("    col[e] = (ih >= 0 && ih < {}LL && iw >= 0 && iw < {}LL) ? {} : {};\n", c.h, c.wd, at,
+  s += fmt::format("    col[e] = (ih >= 0 && ih < {}LL && iw >= 0 && iw < {}LL) ? {} : {};\n", c.h, c.wd, conv_input_at(c),
                    mem_store(tx, "0.0f"));
   s += "  }\n}\n";
   return s;
@@ -619,10 +621,13 @@ std::string kernel_symbol(size_t index) { return fmt::format("tsl_k{}", index); 
 std::string conv_symbol(size_t index) { return fmt::format("tsl_k{}_conv", index); }
 std::string im2col_symbol(size_t index) { return fmt::format("tsl_k{}_im2col", index); }
 
+bool conv_is_channels_last_matmul(const ConvSpec& c) {
+  return c.x_nhwc && c.y_nhwc && c.kh == 1 && c.kw == 1 && c.stride_h == 1 && c.stride_w == 1 && c.groups == 1 && c.pad_top == 0 &&
+         c.pad_left == 0 && c.pad_bottom == 0 && c.pad_right == 0 && c.oh == c.h && c.ow == c.wd;
+}
+
 bool conv_as_matmul(const ConvSpec& c) {
-  const bool pointwise = c.kh == 1 && c.kw == 1 && c.stride_h == 1 && c.stride_w == 1 && c.pad_top == 0 && c.pad_left == 0 &&
-                         c.pad_bottom == 0 && c.pad_right == 0 && c.oh == c.h && c.ow == c.wd;
-  return c.groups == 1 && !(pointwise && c.x_nhwc && c.y_nhwc) && c.kh * c.kw * c.c >= 8 && c.oc >= 8;
+  return c.groups == 1 && !conv_is_channels_last_matmul(c) && c.kh * c.kw * c.c >= 8 && c.oc >= 8;
 }
 
 int64_t im2col_elements(const ConvSpec& c) { return c.n * c.oh * c.ow * c.c * c.kh * c.kw; }

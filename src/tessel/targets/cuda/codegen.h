@@ -37,6 +37,9 @@ std::string kernel_symbol(size_t index);       // tsl_k3
 std::string conv_symbol(size_t index);         // tsl_k3_conv
 std::string matmul_symbol(size_t index);       // tsl_k3_mm (the direct fallback)
 std::string im2col_symbol(size_t index);       // tsl_k3_im2col
+// A 1x1, stride-1, unpadded, one-group convolution between channels-last buffers: the matmul
+// y[N*H*W, OC] = x[N*H*W, C] . w^T as stored (cuBLASLt, no im2col).
+bool conv_is_channels_last_matmul(const ConvSpec& c);
 // A convolution the runtime runs as im2col + one cuBLASLt matmul when cuBLASLt takes it (channels-last y:
 // y[N*OH*OW, OC] = col . w^T; NCHW y: per image y[OC, OH*OW] = w . col^T, batched): one group, not the 1x1
 // channels-last case (a matmul without im2col), a reduction and output channels of at least 8. The direct
