@@ -174,6 +174,38 @@ TEST(CudaBackend, ConvolutionsRunAsIm2colMatmuls) {
   }
 }
 
+// cuBLASLt algorithms chosen by timing (CudaBackendOptions::time_matmuls): each distinct matmul is timed
+// once (tblock_s repeats its shapes), every timed step says so in its report, and the outputs equal the
+// eager interpreter's with the timed choice and with the heuristic's first alike.
+TEST(CudaBackend, MatmulAlgorithmsChosenByTiming) {
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  for (const bool timed : {true, false}) {
+    testenv::CorpusCase c = testenv::load_corpus_model("tblock_s");
+    const std::vector<Tensor> eager = run_eager(*c.model.graph, c.inputs);
+    CudaBackendOptions o;
+    o.time_matmuls = timed;
+    auto exe = compile_cuda(std::move(c.model.graph), c.inputs, o);
+    const CudaCompileStats& st = exe->stats();
+    ASSERT_GT(st.cublaslt_matmuls, 0);
+    if (timed) {
+      EXPECT_GT(st.timed_matmuls, 0);
+      EXPECT_LE(st.timed_matmuls, st.cublaslt_matmuls);
+      EXPECT_LE(st.retimed_algos, st.timed_matmuls);
+    } else {
+      EXPECT_EQ(st.timed_matmuls, 0);
+    }
+    int reported = 0;
+    for (const CudaStepInfo& i : exe->steps()) reported += i.how.find("timed ") != std::string::npos;
+    if (timed) {
+      EXPECT_GE(reported, st.timed_matmuls);
+    } else {
+      EXPECT_EQ(reported, 0);
+    }
+    for (int call = 0; call < 3; ++call)
+      testenv::expect_matches_reference(exe->run(c.inputs), eager, fmt::format("tblock_s timed={} call {}", timed, call), 1e-4);
+  }
+}
+
 // A cubin cached under the key is used again; a damaged one is compiled again.
 TEST(CudaToolchain, CacheHitsAndRecoversFromDamage) {
   if (!cuda::built_with_cuda()) GTEST_SKIP() << "needs the CUDA toolkit (-DTESSEL_CUDA=ON)";
@@ -194,11 +226,54 @@ TEST(CudaToolchain, CacheHitsAndRecoversFromDamage) {
   EXPECT_THROW(cuda::compile_cuda_source("__global__ void broken( {", "broken", o), Error);
 }
 
-// The softmax on the GPU against the eager interpreter, through every rows form: one per warp (inner 64),
-// one per thread (inner 8) and one per block (inner 2048).
+// The row cache (docs/runtime/cuda-backend.md, "Launch forms"): a warp-rows softmax loads its row once
+// and computes exp once per element, keeping both in register arrays; a width that is no multiple of 32
+// guards the last lanes. Checked here in the source (NVRTC compiles it), on the GPU below.
+TEST(CudaCodegen, RowCacheKeepsValuesAcrossPhases) {
+  for (const char* width : {"64", "100", "1000"}) {
+    const std::string text = std::regex_replace(std::string(kSoftmax), std::regex("64"), width);
+    const std::string src = cuda::generate_cuda(lower_for_cuda(parse_graph(text)), "softmax");
+    const int w = std::stoi(width);
+    EXPECT_NE(src.find(fmt::format("for (int j = 0; j < {}; ++j)", (w + 31) / 32)), std::string::npos) << src;
+    EXPECT_NE(src.find("c9[j] = v9;"), std::string::npos) << src;                // the exp, computed in phase 1
+    EXPECT_NE(src.find("const float v5 = c9[j];  // kept from phase 1"), std::string::npos) << src;
+    EXPECT_EQ(src.find("tsl_exp(v4)"), std::string::npos) << src;                 // not again in phase 2
+    EXPECT_EQ(src.find("= a0[b0 + i0];"), src.rfind("= a0[b0 + i0];")) << src;    // one load of the row
+    EXPECT_EQ(src.find("if (t < "), w % 32 ? src.find(fmt::format("if (t < {})", w)) : std::string::npos) << src;
+    if (cuda::built_with_cuda()) {
+      EXPECT_GT(cuda::compile_cuda_source(src, "softmax", cuda_test::nvrtc_options(false)).cubin.size(), 1000u);
+    }
+  }
+}
+
+// pow by a constant 3 (GPT-2's tanh GELU) is generated as a product, any other exponent through powf;
+// on a GPU the kernel matches the eager interpreter (negative bases included for the cube).
+TEST(CudaCodegen, CubesAreProducts) {
+  const char* text = R"(graph @powers(%x: f32[4,64]) {
+  const %three: f32[] = [3]
+  const %other: f32[] = [2.5]
+  %p: f32[4,64] = Abs(%x) loc("p")
+  %a: f32[4,64] = Pow(%x, %three) loc("a")
+  %b: f32[4,64] = Pow(%p, %other) loc("b")
+  %c: f32[4,64] = Add(%a, %b) loc("c")
+  return %c
+}
+)";
+  const std::string src = cuda::generate_cuda(lower_for_cuda(parse_graph(text)), "powers");
+  EXPECT_NE(src.find("= (v0 * v0 * v0);"), std::string::npos) << src;
+  EXPECT_NE(src.find("= tsl_pow(v4, v5);"), std::string::npos) << src;
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  const Tensor x = cuda_test::ramp({4, 64});
+  const std::vector<Tensor> eager = run_eager(*parse_graph(text), {x});
+  testenv::expect_matches_reference(compile_cuda(parse_graph(text), {x})->run({x}), eager, "powers", 1e-6);
+}
+
+// The softmax on the GPU against the eager interpreter, through every rows form: one per warp (inner 64;
+// 100 and 1000 with the row cache's guard and its largest arrays), one per thread (inner 8) and one per
+// block (inner 2048).
 TEST(CudaBackend, SoftmaxMatchesEager) {
   if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
-  for (const char* width : {"64", "8", "2048"}) {
+  for (const char* width : {"64", "8", "2048", "100", "1000"}) {
     std::string text = std::regex_replace(std::string(kSoftmax), std::regex("64"), width);
     auto g = parse_graph(text);
     const Tensor x = cuda_test::ramp({2, std::stoi(width)});

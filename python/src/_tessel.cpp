@@ -337,6 +337,9 @@ class PyCudaExecutable {
     d["cublaslt_matmuls"] = s.cublaslt_matmuls;
     d["direct_matmuls"] = s.direct_matmuls;
     d["im2col_convs"] = s.im2col_convs;
+    d["timed_matmuls"] = s.timed_matmuls;
+    d["retimed_algos"] = s.retimed_algos;
+    d["matmul_timing_seconds"] = s.matmul_timing_seconds;
     d["host_steps"] = s.host_steps;
     d["host_ops"] = s.host_ops;
     d["arena_bytes"] = s.arena_bytes;
@@ -353,6 +356,20 @@ class PyCudaExecutable {
     return exe_->recapture_ms(iters);
   }
   const std::string& source() const { return exe_->source(); }
+  py::list steps() const {
+    py::list l;
+    for (const CudaStepInfo& i : exe_->steps()) {
+      py::dict d;
+      d["name"] = i.name;
+      d["kind"] = i.kind;
+      d["how"] = i.how;
+      d["bytes"] = i.bytes;
+      d["flops"] = i.flops;
+      d["epilogue"] = i.epilogue;
+      l.append(d);
+    }
+    return l;
+  }
 
  private:
   std::unique_ptr<CudaExecutable> exe_;
@@ -545,7 +562,8 @@ PYBIND11_MODULE(_tessel, m) {
       .def_property_readonly("input_types", &PyCudaExecutable::input_types)
       .def_property_readonly("output_types", &PyCudaExecutable::output_types)
       .def_property_readonly("stats", &PyCudaExecutable::stats)
-      .def_property_readonly("source", &PyCudaExecutable::source);
+      .def_property_readonly("source", &PyCudaExecutable::source)
+      .def_property_readonly("steps", &PyCudaExecutable::steps, "per step, as `tessel bench --target cuda` lists them: name, kind, how, bytes, flops, epilogue");
   m.def("cuda_device", [] {
     const cuda::DeviceInfo& d = cuda::device_info();
     return py::make_tuple(d.usable, d.usable ? d.name : d.why);

@@ -35,6 +35,10 @@ struct CudaBackendOptions {
   // default: on the H200 the fused kernel ties the unfused steps (BERT block B=4 T=512: 0.195 against
   // 0.194 ms per call) and adds NVRTC time (docs/decisions.md); `tessel bench` measures both.
   bool fuse_attention = false;
+  // Each distinct cuBLASLt matmul (shape, layouts, types, epilogue) tries the heuristic's first
+  // kLtCandidates algorithms on the device at build time and keeps the fastest (docs/decisions.md).
+  // Off (or TESSEL_CUDA_TIME_MATMULS=0): the heuristic's first.
+  bool time_matmuls = true;
 };
 
 // One step of a call, as the bench reports it.
@@ -60,6 +64,9 @@ struct CudaCompileStats {
   std::string precision = "f32";
   int kernels = 0, loop_kernels = 0, matmul_kernels = 0, conv_kernels = 0;
   int cublaslt_matmuls = 0, direct_matmuls = 0;
+  int timed_matmuls = 0;        // distinct cuBLASLt matmuls whose algorithm was chosen by timing candidates
+  int retimed_algos = 0;        // ... of which the fastest was not the heuristic's first
+  double matmul_timing_seconds = 0;
   int im2col_convs = 0;         // convolutions run as im2col + a cuBLASLt matmul
   uint64_t im2col_bytes = 0;    // their shared im2col buffer
   int fused_attention = 0;      // attention patterns run as one fused kernel

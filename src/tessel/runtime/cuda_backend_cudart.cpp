@@ -45,6 +45,7 @@ void ck(cublasStatus_t s, const char* what) {
 
 constexpr size_t kArenaAlign = 256;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int kLtCandidates = 8;  // cuBLASLt algorithms timed per distinct matmul (CudaBackendOptions::time_matmuls)
 constexpr int64_t kIm2colMaxBytes = int64_t{1} << 30;  // the largest im2col buffer a model gets (1 GiB)
 
 size_t bytes_of(const TensorType& t) { return static_cast<size_t>(shape_numel(t.shape)) * dtype_size(t.dtype); }
@@ -82,6 +83,7 @@ struct LtMatmul {
   bool epilogue = false;          // the kernel's epilogue is cuBLASLt's (its generated function is not launched)
   int residual_arg = -1;          // with it: cuBLASLt's C (beta = 1)
   bool per_batch = false;  // a broadcast operand (batch stride 0): one call per batch
+  std::string choice;      // how the algorithm was chosen, for the step's report
   ~LtMatmul() {
     if (op) cuda::cublaslt().cublasLtMatmulDescDestroy(op);
     if (la) cuda::cublaslt().cublasLtMatrixLayoutDestroy(la);
@@ -141,6 +143,11 @@ class CudaExecutableImpl final : public CudaExecutable {
   void enqueue_call(cudaStream_t s);
   void launch(cudaKernel_t f, const cuda::LaunchShape& sh, std::vector<void*>& ptrs);
   void run_lt(Step& s);
+  // One matmul of `lt` over `args` with `algo` enqueued on `st` (every batch when lt is per batch).
+  cublasStatus_t enqueue_lt(const LtMatmul& lt, const MatmulSpec& mm, const std::vector<void*>& args, const cublasLtMatmulAlgo_t& algo, cudaStream_t st);
+  // The fastest of the heuristic's candidates for `lt`, timed once per distinct matmul (lt_chosen_).
+  void choose_lt_algo(LtMatmul& lt, const MatmulSpec& mm, const std::vector<void*>& args, const cublasLtMatmulHeuristicResult_t* res, int found,
+                      const std::string& key);
   // A cuBLASLt plan for `mm` over the step's device pointers, or null when the heuristic has no algorithm.
   std::unique_ptr<LtMatmul> make_lt(const MatmulSpec& mm, const std::vector<void*>& args, const std::vector<DType>& st,
                                     const cuda::LtEpilogue* epi = nullptr);
@@ -179,6 +186,8 @@ class CudaExecutableImpl final : public CudaExecutable {
   bool flags_pending_ = false;
   cudaLibrary_t lib_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
+  bool time_matmuls_ = true;
+  std::map<std::string, std::pair<int, std::string>> lt_chosen_;  // per distinct matmul: the candidate kept, why
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   bool use_graph_ = true;
@@ -261,6 +270,8 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   stats_.precision = cuda::precision_name(o.precision);
   vst_ = cuda::value_storage(g, o.precision);
   use_graph_ = o.cuda_graph;
+  const char* tm = std::getenv("TESSEL_CUDA_TIME_MATMULS");
+  time_matmuls_ = o.time_matmuls && !(tm && std::string(tm) == "0");
   ck(cudaSetDevice(0), "cudaSetDevice");
   ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   cur_ = stream_;
@@ -596,6 +607,8 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
     steps_.push_back(std::move(s));
     infos_.push_back(std::move(info));
   }
+  for (size_t i = 0; i < steps_.size(); ++i)
+    if (steps_[i].lt && !steps_[i].lt->choice.empty()) infos_[i].how += " (" + steps_[i].lt->choice + ")";
   for (const Kernel& k : module_.kernels) {
     stats_.kernels++;
     stats_.loop_kernels += k.kind == KernelKind::loop;
@@ -652,12 +665,20 @@ std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, cons
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
-  cublasLtMatmulHeuristicResult_t res{};
+  cublasLtMatmulHeuristicResult_t res[kLtCandidates]{};
   int found = 0;
-  const cublasStatus_t hs = cuda::cublaslt().cublasLtMatmulAlgoGetHeuristic(lt_, lt->op, lt->la, lt->lb, lt->lc, lt->lc, pref, 1, &res, &found);
+  const cublasStatus_t hs = cuda::cublaslt().cublasLtMatmulAlgoGetHeuristic(lt_, lt->op, lt->la, lt->lb, lt->lc, lt->lc, pref,
+                                                                             time_matmuls_ ? kLtCandidates : 1, res, &found);
   cuda::cublaslt().cublasLtMatmulPreferenceDestroy(pref);
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return nullptr;
-  lt->algo = res.algo;
+  lt->algo = res[0].algo;
+  if (found > 1) {
+    const std::string key = fmt::format("{} {} {} {} | {} {} {} {} | {} {} {} {} | {} {} {} | {} {} {} {} {} {} {} {}", mm.batch, mm.m, mm.n, mm.k, mm.a_m,
+                                        mm.a_k, mm.a_batch, mm.b_k, mm.b_n, mm.b_batch, mm.c_batch, mm.c_m, mm.c_n, lt->ea, lt->eb, lt->ec,
+                                        epi && epi->fold ? static_cast<int>(epi->act) : -1, epi && epi->fold && epi->bias,
+                                        lt->residual_arg >= 0, lt->per_batch, al_a, al_b, al_c, found);
+    choose_lt_algo(*lt, mm, args, res, found, key);
+  }
   return lt;
 }
 
@@ -669,26 +690,72 @@ void CudaExecutableImpl::launch(cudaKernel_t f, const cuda::LaunchShape& sh, std
      "launching a generated kernel");
 }
 
-void CudaExecutableImpl::run_lt(Step& s) {
-  const MatmulSpec& mm = s.spec;
-  const float alpha = 1.0f, beta = s.lt->residual_arg >= 0 ? 1.0f : 0.0f;
-  const int64_t ea = static_cast<int64_t>(s.lt->ea), eb = static_cast<int64_t>(s.lt->eb), ec = static_cast<int64_t>(s.lt->ec);
-  const char* A = static_cast<const char*>(s.args[static_cast<size_t>(mm.a)]) + mm.a_offset * ea;
-  const char* B = static_cast<const char*>(s.args[static_cast<size_t>(mm.b)]) + mm.b_offset * eb;
-  char* C = static_cast<char*>(s.args[static_cast<size_t>(mm.c)]);
+cublasStatus_t CudaExecutableImpl::enqueue_lt(const LtMatmul& lt, const MatmulSpec& mm, const std::vector<void*>& args,
+                                              const cublasLtMatmulAlgo_t& algo, cudaStream_t st) {
+  const float alpha = 1.0f, beta = lt.residual_arg >= 0 ? 1.0f : 0.0f;
+  const int64_t ea = static_cast<int64_t>(lt.ea), eb = static_cast<int64_t>(lt.eb), ec = static_cast<int64_t>(lt.ec);
+  const char* A = static_cast<const char*>(args[static_cast<size_t>(mm.a)]) + mm.a_offset * ea;
+  const char* B = static_cast<const char*>(args[static_cast<size_t>(mm.b)]) + mm.b_offset * eb;
+  char* C = static_cast<char*>(args[static_cast<size_t>(mm.c)]);
   const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
   const int64_t cb = dense_c ? mm.m * mm.n : mm.c_batch;
-  const int64_t calls = s.lt->per_batch ? mm.batch : 1;
+  const int64_t calls = lt.per_batch ? mm.batch : 1;
   for (int64_t b = 0; b < calls; ++b) {
     const char* x = B + b * mm.b_batch * eb;
     const char* y = A + b * mm.a_batch * ea;
     char* c = C + b * cb * ec;
     // with a folded residual, cuBLASLt's C is the residual (same layout and type as D), else D itself
-    const char* cin = s.lt->residual_arg >= 0 ? static_cast<const char*>(s.args[static_cast<size_t>(s.lt->residual_arg)]) + b * cb * ec : c;
-    ck(cuda::cublaslt().cublasLtMatmul(lt_, s.lt->op, &alpha, x, s.lt->la, y, s.lt->lb, &beta, cin, s.lt->lc, c, s.lt->lc, &s.lt->algo,
-                      workspace_.p, kWorkspaceBytes, cur_),
-       "cublasLtMatmul");
+    const char* cin = lt.residual_arg >= 0 ? static_cast<const char*>(args[static_cast<size_t>(lt.residual_arg)]) + b * cb * ec : c;
+    const cublasStatus_t st_b = cuda::cublaslt().cublasLtMatmul(lt_, lt.op, &alpha, x, lt.la, y, lt.lb, &beta, cin, lt.lc, c, lt.lc, &algo,
+                                                                workspace_.p, kWorkspaceBytes, st);
+    if (st_b != CUBLAS_STATUS_SUCCESS) return st_b;
   }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+void CudaExecutableImpl::run_lt(Step& s) { ck(enqueue_lt(*s.lt, s.spec, s.args, s.lt->algo, cur_), "cublasLtMatmul"); }
+
+// Build time, before any call: the step's buffers hold nothing yet, so the candidates may write its result
+// (and, with a folded residual, read whatever its C holds). Each candidate runs once to warm up, then
+// kTimed times between two events; one that fails is skipped. The heuristic's first stays unless another
+// is faster by more than 3 % (the noise of one short measurement).
+void CudaExecutableImpl::choose_lt_algo(LtMatmul& lt, const MatmulSpec& mm, const std::vector<void*>& args,
+                                        const cublasLtMatmulHeuristicResult_t* res, int found, const std::string& key) {
+  if (auto it = lt_chosen_.find(key); it != lt_chosen_.end()) {
+    lt.algo = res[it->second.first].algo;
+    lt.choice = it->second.second;
+    return;
+  }
+  constexpr int kTimed = 5;
+  const auto t0 = Clock::now();
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  ck(cudaEventCreate(&e0), "cudaEventCreate");
+  ck(cudaEventCreate(&e1), "cudaEventCreate");
+  std::vector<float> ms(static_cast<size_t>(found), -1.0f);
+  for (int i = 0; i < found; ++i) {
+    if (enqueue_lt(lt, mm, args, res[i].algo, stream_) != CUBLAS_STATUS_SUCCESS) continue;
+    ck(cudaEventRecord(e0, stream_), "cudaEventRecord");
+    bool ok = true;
+    for (int r = 0; r < kTimed && ok; ++r) ok = enqueue_lt(lt, mm, args, res[i].algo, stream_) == CUBLAS_STATUS_SUCCESS;
+    ck(cudaEventRecord(e1, stream_), "cudaEventRecord");
+    ck(cudaEventSynchronize(e1), "timing cuBLASLt candidates");
+    float t = 0;
+    if (ok && cudaEventElapsedTime(&t, e0, e1) == cudaSuccess) ms[static_cast<size_t>(i)] = t / kTimed;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  int best = 0;
+  for (int i = 1; i < found; ++i)
+    if (ms[static_cast<size_t>(i)] >= 0 && (ms[static_cast<size_t>(best)] < 0 || ms[static_cast<size_t>(i)] < ms[static_cast<size_t>(best)] * 0.97f)) best = i;
+  lt.algo = res[best].algo;
+  lt.choice = ms[0] < 0 || best == 0
+                  ? fmt::format("timed {} candidates: the heuristic's first kept ({:.1f} us)", found, 1000.0 * std::max(0.0f, ms[0]))
+                  : fmt::format("timed {} candidates: #{} {:.1f} us against the heuristic's first {:.1f} us", found, best + 1,
+                                1000.0 * ms[static_cast<size_t>(best)], 1000.0 * ms[0]);
+  lt_chosen_.emplace(key, std::make_pair(best, lt.choice));
+  stats_.timed_matmuls++;
+  stats_.retimed_algos += best != 0;
+  stats_.matmul_timing_seconds += seconds_since(t0);
 }
 
 void CudaExecutableImpl::run_host(Step& s) {

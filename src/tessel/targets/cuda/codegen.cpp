@@ -38,6 +38,10 @@ constexpr int64_t kSerialInner = 32;
 // 512 keys or a layer norm over 768 features); longer rows take a whole block.
 constexpr int64_t kWarpInner = 1024;
 constexpr int kWarpsPerBlock = 8;
+// A row kernel of several phases run one per warp keeps, in registers, each element value a later phase
+// would compute again (a softmax's loaded score and its exp, a layer norm's x - mean): each lane's share
+// of the row, ceil(inner / 32) values per kept value, up to this many registers in all.
+constexpr int64_t kRowCacheRegs = 96;
 
 bool rows_per_warp(const Kernel& k) { return k.inner_count() > kSerialInner && k.inner_count() <= kWarpInner; }
 
@@ -65,9 +69,81 @@ struct Emitter {
   bool warp = false;    // rows computed one per warp
   std::string out;
 
+  // Row cache (warp rows of several phases): per body instruction, the instruction whose register array
+  // holds its value (-1: computed), and whether it fills its own array; `per_lane` values a lane holds.
+  std::vector<int> cached_from;
+  std::vector<bool> fills_cache, live;
+  int64_t per_lane = 0;
+
   Emitter(const Kernel& kk, size_t i, std::vector<DType> storage) : k(kk), index(i), form(launch_form(kk)), st(own_storage(kk, std::move(storage))) {
     serial = form == LaunchForm::rows && k.inner_count() <= kSerialInner;
     warp = form == LaunchForm::rows && rows_per_warp(k);
+    if (warp && k.phases > 1) plan_row_cache();
+  }
+
+  // Two phase-loop instructions with the same key compute the same value at the same inner position: the
+  // key is the instruction with its operands' keys in place of their ids. Loads of an argument the kernel
+  // stores to are never equal (the store may come between); reductions and row values are their own. Only
+  // values that vary along the row are kept (a row value is one register already).
+  void plan_row_cache() {
+    const size_t n = k.body.size();
+    std::set<int> stored;
+    for (const KInstr& in : k.body)
+      if (in.op == "store") stored.insert(k.accesses[static_cast<size_t>(in.access)].arg);
+    const size_t no = k.outer.size();
+    std::vector<std::string> key(n);
+    std::vector<bool> varies(n, false);
+    std::map<std::string, int> first;  // key -> the first phase-loop instruction computing it
+    cached_from.assign(n, -1);
+    fills_cache.assign(n, false);
+    per_lane = (k.inner_count() + 31) / 32;
+    for (size_t i = 0; i < n; ++i) {
+      const KInstr& in = k.body[i];
+      if (in.row || in.op == "store" || is_reduce(in)) {
+        key[i] = fmt::format("#{}", i);
+        continue;  // (varies stays false: a reduction's result is one value per row)
+      }
+      if (in.op == "load") {
+        const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
+        key[i] = stored.count(acc.arg) ? fmt::format("#{}", i) : fmt::format("load {} {}", in.access, dtype_name(in.dtype));
+        for (size_t d = no; d < acc.strides.size(); ++d) varies[i] = varies[i] || acc.strides[d] != 0;
+      } else {
+        key[i] = fmt::format("{} {} {} {} (", in.op, in.attr, dtype_name(in.dtype), in.value);
+        for (int a : in.args) {
+          key[i] += key[static_cast<size_t>(a)] + ", ";
+          varies[i] = varies[i] || varies[static_cast<size_t>(a)];
+        }
+        key[i] += ")";
+      }
+    }
+    // in the order the phases run (the body lists a later phase's loads before an earlier phase's)
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return k.body[a].phase < k.body[b].phase; });
+    for (const size_t i : order) {
+      if (!varies[i] || key[i][0] == '#') continue;
+      auto [it, fresh] = first.emplace(key[i], static_cast<int>(i));
+      if (!fresh && k.body[static_cast<size_t>(it->second)].phase != k.body[i].phase) cached_from[i] = it->second;
+    }
+    // What the kernel still computes: stores, reductions and row values, and back from them through the
+    // operands of what is computed and the first computation of what is kept. A kept value no live
+    // instruction reads needs no array.
+    live.assign(n, false);
+    std::vector<size_t> work;
+    for (size_t i = 0; i < n; ++i)
+      if (k.body[i].row || k.body[i].op == "store" || is_reduce(k.body[i])) live[i] = true, work.push_back(i);
+    while (!work.empty()) {
+      const size_t i = work.back();
+      work.pop_back();
+      std::vector<int> deps = k.body[i].args;
+      if (cached_from[i] >= 0) deps = {cached_from[i]};
+      for (int d : deps)
+        if (!live[static_cast<size_t>(d)]) live[static_cast<size_t>(d)] = true, work.push_back(static_cast<size_t>(d));
+    }
+    int64_t arrays = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (live[i] && cached_from[i] >= 0 && !fills_cache[static_cast<size_t>(cached_from[i])]) fills_cache[static_cast<size_t>(cached_from[i])] = true, ++arrays;
+    if (arrays == 0 || arrays * per_lane > kRowCacheRegs) per_lane = 0;  // nothing to keep, or too much: the plain loops
   }
 
   void line(int indent, const std::string& s) { out += std::string(static_cast<size_t>(indent) * 2, ' ') + s + "\n"; }
@@ -98,6 +174,15 @@ struct Emitter {
       return in.dtype == DType::boolean ? "(" + e + " != 0)" : e;
     }
     if (in.op == "const") return c_literal(in.dtype, in.value, kD);
+    // x^2 and x^3 by a constant exponent (GPT-2's tanh GELU cubes its input) are products: powf is a log
+    // and an exp, and made that GELU kernel twice as slow as its loads and stores.
+    if (names_core_op(in.op, CoreOp::pow) && in.args.size() == 2 && (in.dtype == DType::f32 || in.dtype == DType::f64)) {
+      const KInstr& e = k.body[static_cast<size_t>(in.args[1])];
+      if (e.op == "const" && (e.value == 2.0 || e.value == 3.0)) {
+        const std::string x = v(in.args[0]);
+        return e.value == 2.0 ? fmt::format("({0} * {0})", x) : fmt::format("({0} * {0} * {0})", x);
+      }
+    }
     std::vector<std::string> ops;
     for (int j : in.args) ops.push_back(v(j));
     const DType from = in.args.empty() ? in.dtype : k.body[static_cast<size_t>(in.args[0])].dtype;
@@ -120,6 +205,12 @@ struct Emitter {
   // One instruction as a statement; `row_store_guard`: a row-level store is done by thread 0 only.
   void emit(int indent, int i, bool row_store_guard) {
     const KInstr& in = k.body[static_cast<size_t>(i)];
+    if (per_lane && !live[static_cast<size_t>(i)]) return;  // its only readers read a kept copy
+    if (per_lane && cached_from[static_cast<size_t>(i)] >= 0) {
+      line(indent, fmt::format("const {} {} = c{}[j];  // kept from phase {}", c_type(in.dtype), v(i), cached_from[static_cast<size_t>(i)],
+                               k.body[static_cast<size_t>(cached_from[static_cast<size_t>(i)])].phase));
+      return;
+    }
     if (in.op == "store") {
       const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
       const std::string x = in.dtype == DType::boolean ? "(uint8_t)" + v(in.args[0]) : mem_store(st[static_cast<size_t>(acc.arg)], v(in.args[0]));
@@ -131,6 +222,7 @@ struct Emitter {
       return;
     }
     line(indent, fmt::format("const {} {} = {};", c_type(in.dtype), v(i), expr(in)));
+    if (per_lane && fills_cache[static_cast<size_t>(i)]) line(indent, fmt::format("c{}[j] = {};", i, v(i)));
   }
 
   void header() {
@@ -232,15 +324,21 @@ struct Emitter {
       line(indent, fmt::format("{} {} = {};", c_type(in.dtype), v(r), c_literal(in.dtype, identity(in), kD)));
       if (is_min_max_reduction(in.attr)) line(indent, fmt::format("int {}_nan = 0;", v(r)));
     }
-    if (serial) {
-      line(indent, fmt::format("for (long long t = 0; t < {}LL; ++t) {{", k.inner_count()));
-    } else if (warp) {
-      line(indent, fmt::format("for (long long t = lane; t < {}LL; t += 32) {{", k.inner_count()));
+    if (per_lane) {  // unrolled: the row cache's index j is a constant, its arrays stay in registers
+      line(indent, "#pragma unroll");
+      line(indent, fmt::format("for (int j = 0; j < {}; ++j) {{", per_lane));
+      line(indent + 1, "const int t = lane + 32 * j;");
+      line(indent + 1, k.inner_count() % 32 ? fmt::format("if (t < {}) {{", k.inner_count()) : "{");
+      split_inner(indent + 2, "t");
+      for (int i : body) emit(indent + 2, i, false);
+      line(indent + 1, "}");
     } else {
-      line(indent, fmt::format("for (long long t = threadIdx.x; t < {}LL; t += blockDim.x) {{", k.inner_count()));
+      if (serial) line(indent, fmt::format("for (long long t = 0; t < {}LL; ++t) {{", k.inner_count()));
+      else if (warp) line(indent, fmt::format("for (long long t = lane; t < {}LL; t += 32) {{", k.inner_count()));
+      else line(indent, fmt::format("for (long long t = threadIdx.x; t < {}LL; t += blockDim.x) {{", k.inner_count()));
+      split_inner(indent + 1, "t");
+      for (int i : body) emit(indent + 1, i, false);
     }
-    split_inner(indent + 1, "t");
-    for (int i : body) emit(indent + 1, i, false);
     line(indent, "}");
     for (int r : reduces) {
       const KInstr& in = k.body[static_cast<size_t>(r)];
@@ -280,6 +378,8 @@ struct Emitter {
       line(1, fmt::format("for (long long o = blockIdx.x; o < {}LL; o += gridDim.x) {{", k.outer_count()));
     split_outer(2, "o");
     row_bases(2);
+    for (size_t i = 0; per_lane && i < k.body.size(); ++i)
+      if (fills_cache[i]) line(2, fmt::format("{} c{}[{}];  // v{} for phases after {}", c_type(k.body[i].dtype), i, per_lane, i, k.body[i].phase));
     for (int p = 0; p < k.phases; ++p) {
       row_instrs(2, p);
       phase_loop(2, p);
