@@ -2,11 +2,11 @@
 """Where the time goes, kernel by kernel, for torch.compile(backend="tessel") and Inductor (default mode) on
 one model of bench/cuda_torch_models.py (same builds: batch 8, T=128, random weights, TF32 off): each path's
 steady-state call time, then the CUDA kernels torch.profiler (CUPTI) saw over --iters calls, grouped by
-kernel name, with their time per call. tessel runs twice when --untimed is given: with its cuBLASLt
-algorithms chosen by timing (the default) and with the heuristic's first (TESSEL_CUDA_TIME_MATMULS=0).
+kernel name, with their time per call. tessel runs twice when --timed is given: with its cuBLASLt
+algorithms the heuristic's first (the default) and chosen by timing candidates (TESSEL_CUDA_TIME_MATMULS=1).
 docs/BENCHMARKS.md, "Tenth session".
 
-    PYTHONPATH=.pybox/pkg python3 bench/cuda_torch_profile.py --model gpt2 [--precision f32] [--untimed] [--json F]
+    PYTHONPATH=.pybox/pkg python3 bench/cuda_torch_profile.py --model gpt2 [--precision f32] [--timed] [--source F.cu] [--json F]
 """
 import argparse
 import collections
@@ -95,7 +95,7 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--top", type=int, default=14)
-    p.add_argument("--untimed", action="store_true")
+    p.add_argument("--timed", action="store_true")
     p.add_argument("--source", help="write the first tessel graph's generated CUDA C++ here")
     p.add_argument("--json")
     a = p.parse_args()
@@ -103,10 +103,10 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     ref = []
     runs = [run(a.model, "inductor", a.precision, a, ref), run(a.model, "tessel", a.precision, a, ref)]
-    if a.untimed:
-        os.environ["TESSEL_CUDA_TIME_MATMULS"] = "0"
+    if a.timed:
+        os.environ["TESSEL_CUDA_TIME_MATMULS"] = "1"
         r = run(a.model, "tessel", a.precision, a, ref)
-        r["path"] = "tessel, heuristic's first"
+        r["path"] = "tessel, timed algorithms"
         runs.append(r)
         del os.environ["TESSEL_CUDA_TIME_MATMULS"]
     for r in runs:

@@ -35,10 +35,11 @@ struct CudaBackendOptions {
   // default: on the H200 the fused kernel ties the unfused steps (BERT block B=4 T=512: 0.195 against
   // 0.194 ms per call) and adds NVRTC time (docs/decisions.md); `tessel bench` measures both.
   bool fuse_attention = false;
-  // Each distinct cuBLASLt matmul (shape, layouts, types, epilogue) tries the heuristic's first
-  // kLtCandidates algorithms on the device at build time and keeps the fastest (docs/decisions.md).
-  // Off (or TESSEL_CUDA_TIME_MATMULS=0): the heuristic's first.
-  bool time_matmuls = true;
+  // Each distinct cuBLASLt matmul (shape, layouts, types, epilogue) times the heuristic's first
+  // kLtCandidates algorithms on the device at build time and keeps the fastest. Off by default: on the
+  // H200 it did not beat the heuristic's first on GPT-2 or BERT (docs/decisions.md). The environment
+  // variable TESSEL_CUDA_TIME_MATMULS=1 (or 0) overrides this field.
+  bool time_matmuls = false;
 };
 
 // One step of a call, as the bench reports it.

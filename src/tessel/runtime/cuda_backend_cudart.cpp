@@ -45,7 +45,7 @@ void ck(cublasStatus_t s, const char* what) {
 
 constexpr size_t kArenaAlign = 256;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-constexpr int kLtCandidates = 8;  // cuBLASLt algorithms timed per distinct matmul (CudaBackendOptions::time_matmuls)
+constexpr int kLtCandidates = 8;  // cuBLASLt algorithms timed per distinct matmul (CudaBackendOptions::time_matmuls, off by default)
 constexpr int64_t kIm2colMaxBytes = int64_t{1} << 30;  // the largest im2col buffer a model gets (1 GiB)
 
 size_t bytes_of(const TensorType& t) { return static_cast<size_t>(shape_numel(t.shape)) * dtype_size(t.dtype); }
@@ -186,7 +186,7 @@ class CudaExecutableImpl final : public CudaExecutable {
   bool flags_pending_ = false;
   cudaLibrary_t lib_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
-  bool time_matmuls_ = true;
+  bool time_matmuls_ = false;
   std::map<std::string, std::pair<int, std::string>> lt_chosen_;  // per distinct matmul: the candidate kept, why
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
@@ -271,7 +271,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   vst_ = cuda::value_storage(g, o.precision);
   use_graph_ = o.cuda_graph;
   const char* tm = std::getenv("TESSEL_CUDA_TIME_MATMULS");
-  time_matmuls_ = o.time_matmuls && !(tm && std::string(tm) == "0");
+  time_matmuls_ = tm && (std::string(tm) == "0" || std::string(tm) == "1") ? std::string(tm) == "1" : o.time_matmuls;
   ck(cudaSetDevice(0), "cudaSetDevice");
   ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   cur_ = stream_;
