@@ -63,7 +63,9 @@ def time_ms(fn, iters, reps):
     return statistics.median(groups)
 
 
-def run_path(name, path, precision, a, ref_cache):
+def prepare(name, path, precision, a, ref_cache):
+    """The model on cuda:0 compiled for `path` (eager, inductor or tessel at `precision`; the peers run
+    the model cast to bf16), its inputs, the output picker and eager f32's output (cached per model)."""
     torch.manual_seed(0)
     m, args, kw, pick = build(name, a.batch, a.seq)
     dev = torch.device("cuda", 0)
@@ -73,7 +75,6 @@ def run_path(name, path, precision, a, ref_cache):
     if name not in ref_cache:
         with torch.no_grad():
             ref_cache[name] = pick(m(*args, **kw)).float()
-    ref = ref_cache[name]
     if precision == "bf16" and path != "tessel":
         m = m.to(torch.bfloat16)
         args = tuple(x.to(torch.bfloat16) for x in args)
@@ -86,6 +87,11 @@ def run_path(name, path, precision, a, ref_cache):
     else:
         tessel.dynamo_options.update(precision=precision)
         fn = torch.compile(m, backend="tessel")
+    return fn, args, kw, pick, ref_cache[name]
+
+
+def run_path(name, path, precision, a, ref_cache):
+    fn, args, kw, pick, ref = prepare(name, path, precision, a, ref_cache)
     r = dict(model=name, path=path, precision=precision)
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -15,13 +15,12 @@ import os
 import sys
 
 import torch
-import torch._dynamo
 from torch.profiler import ProfilerActivity, profile
 
 import tessel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cuda_torch_models import build, rel, time_ms  # noqa: E402
+from cuda_torch_models import prepare, rel, time_ms  # noqa: E402
 
 
 def kernel_table(fn, iters):
@@ -44,28 +43,11 @@ def kernel_table(fn, iters):
     return rows
 
 
-def run(model, path, precision, a, ref_holder):
-    torch.manual_seed(0)
-    m, args, kw, pick = build(model, a.batch, a.seq)
-    dev = torch.device("cuda", 0)
-    m = m.to(dev)
-    args = tuple(x.to(dev) for x in args)
-    kw = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
-    if not ref_holder:
-        with torch.no_grad():
-            ref_holder.append(pick(m(*args, **kw)).float())
-    if precision == "bf16" and path == "inductor":
-        m = m.to(torch.bfloat16)
-    torch._dynamo.reset()
-    tessel.dynamo_graphs.clear()
-    if path == "inductor":
-        fn = torch.compile(m)
-    else:
-        tessel.dynamo_options.update(precision=precision)
-        fn = torch.compile(m, backend="tessel")
+def run(model, path, precision, a, refs):
+    fn, args, kw, pick, ref = prepare(model, path, precision, a, refs)
     with torch.no_grad():
         out = pick(fn(*args, **kw))
-        r = dict(path=path, max_rel=rel(out, ref_holder[0]))
+        r = dict(path=path, max_rel=rel(out, ref))
         call = lambda: fn(*args, **kw)  # noqa: E731
         r["ms"] = time_ms(call, a.iters, a.reps)
         r["kernels"] = kernel_table(call, a.iters)
@@ -101,11 +83,11 @@ def main():
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    ref = []
-    runs = [run(a.model, "inductor", a.precision, a, ref), run(a.model, "tessel", a.precision, a, ref)]
+    refs = {}
+    runs = [run(a.model, "inductor", a.precision, a, refs), run(a.model, "tessel", a.precision, a, refs)]
     if a.timed:
         os.environ["TESSEL_CUDA_TIME_MATMULS"] = "1"
-        r = run(a.model, "tessel", a.precision, a, ref)
+        r = run(a.model, "tessel", a.precision, a, refs)
         r["path"] = "tessel, timed algorithms"
         runs.append(r)
         del os.environ["TESSEL_CUDA_TIME_MATMULS"]

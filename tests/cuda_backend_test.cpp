@@ -238,7 +238,9 @@ TEST(CudaCodegen, RowCacheKeepsValuesAcrossPhases) {
     EXPECT_NE(src.find("c9[j] = v9;"), std::string::npos) << src;                // the exp, computed in phase 1
     EXPECT_NE(src.find("const float v5 = c9[j];  // kept from phase 1"), std::string::npos) << src;
     EXPECT_EQ(src.find("tsl_exp(v4)"), std::string::npos) << src;                 // not again in phase 2
-    EXPECT_EQ(src.find("= a0[b0 + i0];"), src.rfind("= a0[b0 + i0];")) << src;    // one load of the row
+    const size_t load = src.find("= a0[b0 + i0];");
+    EXPECT_NE(load, std::string::npos) << src;
+    EXPECT_EQ(load, src.rfind("= a0[b0 + i0];")) << src;                          // one load of the row
     EXPECT_EQ(src.find("if (t < "), w % 32 ? src.find(fmt::format("if (t < {})", w)) : std::string::npos) << src;
     if (cuda::built_with_cuda()) {
       EXPECT_GT(cuda::compile_cuda_source(src, "softmax", cuda_test::nvrtc_options(false)).cubin.size(), 1000u);
