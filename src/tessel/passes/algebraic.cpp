@@ -1,11 +1,12 @@
 // algebraic: local rewrites of core ops that never change a result (docs/passes/algebraic.md):
 // identities (x·1, x+0, x/1, −(−x), pow(x, 1)), chains that collapse (transpose∘transpose,
 // reshape∘reshape, broadcast∘broadcast, widening convert chains), ops that do nothing (identity
-// transpose, reshape to the same shape, a whole-tensor slice, select on a constant predicate), and
+// transpose, reshape to the same shape, a whole-tensor slice, select on a constant predicate),
 // elementwise math on broadcast scalars, which moves in front of the broadcast so fold-constants can
-// evaluate it on one element. The rules are a list run by the shared driver (rewrite.h): one forward
-// walk, the first rule that fires on a node wins, and a rewrite edits the node in place or replaces
-// its result by an existing value.
+// evaluate it on one element, and elementwise math on a reshaped product, which moves in front of the
+// reshape so fusion can put it in the product's kernel. The rules are a list run by the shared driver
+// (rewrite.h): one forward walk, the first rule that fires on a node wins, and a rewrite edits the node
+// in place or replaces its result by an existing value.
 #include <cstring>
 #include <map>
 #include <memory>
@@ -357,6 +358,78 @@ bool sink_scalar_broadcasts(Rewriter& r, Node& n) {
   return true;
 }
 
+// ---- elementwise math below a reshape ----
+
+// Whether `v` is a scalar broadcast to its shape: a broadcast of a rank-0 value or a splat constant.
+bool is_broadcast_scalar(const Value* v) {
+  if (const Node* p = core_producer(v, "broadcast_in_dim"); p && p->inputs[0]->type.shape.empty()) return true;
+  return v->constant && v->constant->numel() > 0 && splat_of(v).has_value();
+}
+
+// The shape a reshape operand of `n` reshapes from, when `n` is elementwise on reshapes of values of
+// that one shape and on broadcast scalars (at least one reshape); nullopt otherwise. A reshape source
+// must come from a contraction or from elementwise math: the values whose kernels the moved math can
+// join (a matmul's epilogue, a loop over the same space). From anything else (an input, a constant, a
+// gather) the moved math would be a kernel of its own in front of the reader it was fused into.
+std::optional<Shape> reshape_source_shape(const Node& n) {
+  if (n.op->fusion != FusionKind::pointwise || n.inputs.empty() || out(n)->type.shape.empty()) return std::nullopt;
+  std::optional<Shape> src;
+  for (const Value* v : n.inputs) {
+    if (const Node* p = core_producer(v, "reshape")) {
+      const Value* x = p->inputs[0];
+      const Node* xp = x->producer;
+      const bool joinable = xp && (is_core_op(*xp, CoreOp::dot_general) || is_core_op(*xp, CoreOp::convolution) ||
+                                   xp->op->fusion == FusionKind::pointwise);
+      if (!joinable || (src && *src != x->type.shape)) return std::nullopt;
+      src = x->type.shape;
+    } else if (!is_broadcast_scalar(v)) {
+      return std::nullopt;
+    }
+  }
+  return src;
+}
+
+// op(reshape(x), s, ...) with s broadcast scalars → reshape(op(x, broadcast(s), ...)): a reshape only
+// renames the row-major elements, so elementwise math gives the same elements on either side of it.
+// Below the reshape the math is over the shape its source was computed in, where fusion can put it in
+// the source's kernel: GPT-2's MLP stores its product as [B·T, 3072] and reshapes it to [B, T, 3072]
+// before the GELU, which then becomes the matmul's epilogue (on CUDA, cuBLASLt's GELU). Walking
+// forward, the next elementwise node sees the new reshape and moves too; reshape∘reshape composes
+// the last one with a reader's reshape back.
+bool sink_reshape(Rewriter& r, Node& n) {
+  Graph& g = r.graph();
+  const std::optional<Shape> src = reshape_source_shape(n);
+  if (!src) return false;
+  std::vector<Value*> ins;
+  for (Value* v : n.inputs) {
+    if (const Node* p = core_producer(v, "reshape")) {
+      ins.push_back(p->inputs[0]);
+      continue;
+    }
+    Value* s = scalar_source(g, v);
+    auto b = std::make_unique<Node>();
+    b->op = OpRegistry::get().find("broadcast_in_dim");
+    b->name = n.name;
+    b->inputs = {s};
+    b->outputs = {g.add_value(g.unique_name(v->name + ".b"), TensorType{v->type.dtype, *src})};
+    b->attrs = {{"shape", std::vector<int64_t>(*src)}, {"dims", std::vector<int64_t>{}}};
+    ins.push_back(r.insert_before_visited(std::move(b)));
+  }
+  Value* o = out(n);
+  auto moved = std::make_unique<Node>();
+  moved->op = n.op;
+  moved->name = n.name;
+  moved->inputs = ins;
+  moved->outputs = {g.add_value(g.unique_name(o->name + ".flat"), TensorType{o->type.dtype, *src})};
+  moved->attrs = n.attrs;
+  Value* m = r.insert_before_visited(std::move(moved));
+  // The original node becomes the reshape, so its output value (and name) stays where it is.
+  n.op = OpRegistry::get().find("reshape");
+  n.inputs = {m};
+  n.attrs = {{"shape", std::vector<int64_t>(o->type.shape)}};
+  return true;
+}
+
 // ---- the rule list: for each node the first rule (in this order) that fires ----
 
 const std::vector<RewriteRule>& algebraic_rules() {
@@ -399,6 +472,7 @@ const std::vector<RewriteRule>& algebraic_rules() {
       {"no-op", {"slice", "concatenate", "reduce", "pad"}, is_noop_copy,
        [](Rewriter& r, Node& n) { return r.replace(n, in(n, 0)); }},
       {"elementwise on broadcast scalars", {}, may_sink_broadcasts, sink_scalar_broadcasts},
+      {"elementwise below a reshape", {}, nullptr, sink_reshape},
   };
   return rules;
 }
