@@ -3,6 +3,7 @@
 // computing what the unfused core graph computes (the eager interpreter is the oracle).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "corpus_util.h"
@@ -80,6 +81,35 @@ TEST(KernelLevel, TransformerBlockFusion) {
     if (k.fused_nodes > 1) {
       EXPECT_LT(k.bytes_fused, k.bytes_unfused) << k.name;
     }
+}
+
+// GPT-2 stores each projection's product as [B·T, N] and reshapes it to [B, T, N] before its GELU and
+// its residual add; algebraic moves that math in front of the reshape, so it is the matmul's epilogue
+// (cuBLASLt's GELU and beta = 1 on CUDA) and each layer norm is one loop of its own. The compiled
+// results stay those of the model's reference outputs (Models/CompiledCorpus, gpt2_tiny).
+TEST(KernelLevel, Gpt2EpiloguesReachThroughReshapes) {
+  if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
+  KernelModule m = fused_corpus_model("gpt2_tiny");
+  verify_kernel_module(m);
+  for (const char* mlp : {"node_Gemm_305", "node_Gemm_310"}) {
+    const Kernel* k = kernel_from(m, mlp);
+    ASSERT_TRUE(k) << mlp;
+    EXPECT_EQ(k->kind, KernelKind::matmul) << mlp;
+    EXPECT_EQ(count_op(*k, "tanh"), 1) << mlp << ": the tanh GELU is the MLP matmul's epilogue";
+  }
+  for (const char* proj : {"node_Gemm_304", "node_Gemm_306", "node_Gemm_309", "node_Gemm_311"}) {
+    const Kernel* k = kernel_from(m, proj);
+    ASSERT_TRUE(k) << proj;
+    EXPECT_EQ(k->kind, KernelKind::matmul) << proj;
+    EXPECT_EQ(k->sources.size(), 2u) << proj << ": the residual add is the projection's epilogue";
+    EXPECT_EQ(count_op(*k, "add"), 1) << proj;
+  }
+  for (const char* ln : {"node_layer_norm_1", "node_layer_norm_2", "node_layer_norm_3", "node_layer_norm_4"}) {
+    int loops = 0;
+    for (const Kernel& k : m.kernels)
+      loops += std::find(k.sources.begin(), k.sources.end(), ln) != k.sources.end();
+    EXPECT_EQ(loops, 1) << ln << " is one loop";
+  }
 }
 
 // Without fusion every pointwise node is a kernel of its own: more kernels, more traffic.

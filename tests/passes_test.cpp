@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <random>
 
 #include "tessel/driver/compare.h"
 #include "tessel/driver/model_dir.h"
@@ -119,5 +120,35 @@ TEST(PassManager, VerifierNamesTheBrokenPass) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("[verify after breaker]"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("node 'r' (Relu)"), std::string::npos) << e.what();
+  }
+}
+
+// algebraic's "elementwise below a reshape" (passes/algebraic.cpp): the golden case's outputs — the
+// GELU-like chain, the residual and bias that moved, the math that stayed — equal the eager
+// interpreter's on the graph before the pass, bit for bit (the same ops on the same elements).
+TEST(Algebraic, ReshapeSinkKeepsEveryElement) {
+  const std::string path = testenv::source_dir() + "/tests/golden/algebraic/reshape_sink.in.tsl";
+  auto before = parse_graph(testenv::read_text(path), path);
+  auto after = parse_graph(testenv::read_text(path), path);
+  run_pipeline(*after, parse_pipeline("algebraic,dce"), PassOptions{});
+  // the chain and the residual now run on the product's [6, 8]; the per-batch broadcast kept its [2, 3, 8]
+  EXPECT_EQ(after->outputs[0]->type.shape, (Shape{6, 8}));
+  EXPECT_EQ(after->outputs[0]->producer->op_name(), "add");
+  EXPECT_EQ(after->outputs[2]->producer->op_name(), "reshape");
+  EXPECT_EQ(after->outputs[3]->producer->op_name(), "add");
+  EXPECT_EQ(after->outputs[3]->producer->inputs[0]->producer->op_name(), "reshape");
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(-2, 2);
+  std::vector<Tensor> ins;
+  for (const Value* v : before->inputs) {
+    std::vector<double> x(static_cast<size_t>(shape_numel(v->type.shape)));
+    for (double& e : x) e = u(rng);
+    ins.push_back(Tensor::from_f64(v->type.dtype, v->type.shape, x));
+  }
+  const std::vector<Tensor> want = run_eager(*before, ins), got = run_eager(*after, ins);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].shape(), want[i].shape()) << "output " << i;
+    EXPECT_EQ(got[i].to_f64(), want[i].to_f64()) << "output " << i;
   }
 }

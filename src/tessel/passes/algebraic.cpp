@@ -366,54 +366,108 @@ bool is_broadcast_scalar(const Value* v) {
   return v->constant && v->constant->numel() > 0 && splat_of(v).has_value();
 }
 
-// The shape a reshape operand of `n` reshapes from, when `n` is elementwise on reshapes of values of
-// that one shape and on broadcast scalars (at least one reshape); nullopt otherwise. A reshape source
-// must come from a contraction or from elementwise math: the values whose kernels the moved math can
-// join (a matmul's epilogue, a loop over the same space). From anything else (an input, a constant, a
-// gather) the moved math would be a kernel of its own in front of the reader it was fused into.
-std::optional<Shape> reshape_source_shape(const Node& n) {
+// A reshape's operand that was computed by a contraction or by elementwise math: a value whose kernel
+// elementwise math can join (a matmul's epilogue, a loop over the same space). Null otherwise.
+const Value* joinable_reshape_source(const Value* v) {
+  const Node* p = core_producer(v, "reshape");
+  if (!p) return nullptr;
+  const Node* xp = p->inputs[0]->producer;
+  const bool joinable = xp && (is_core_op(*xp, CoreOp::dot_general) || is_core_op(*xp, CoreOp::convolution) ||
+                               xp->op->fusion == FusionKind::pointwise);
+  return joinable ? p->inputs[0] : nullptr;
+}
+
+// The dims of broadcast `b` (to shape `to`) as a broadcast to `src` when every dim it maps its operand to
+// lies in the trailing dims `to` and `src` share (a bias over the last dim: [N] → [B, T, N] becomes
+// [N] → [B·T, N]); nullopt when one does not.
+std::optional<std::vector<int64_t>> broadcast_dims_in(const Node& b, const Shape& to, const Shape& src) {
+  size_t common = 0;
+  while (common < to.size() && common < src.size() && to[to.size() - 1 - common] == src[src.size() - 1 - common]) ++common;
+  std::vector<int64_t> dims;
+  for (int64_t d : b.attr_ints("dims")) {
+    if (d < static_cast<int64_t>(to.size() - common)) return std::nullopt;
+    dims.push_back(d - static_cast<int64_t>(to.size()) + static_cast<int64_t>(src.size()));
+  }
+  return dims;
+}
+
+// Whether `v` is in memory whatever fusion does: an input or a constant, the result of a node that is not
+// elementwise, or a value more than one node reads (the residual stream of a transformer). Reading it in
+// another shape costs nothing; a single-use elementwise result (layer norm's x − mean) would instead be
+// pulled out of the loop it fuses into.
+bool stored_anyway(const Graph& g, const Value* v) {
+  if (!v->producer || v->producer->op->fusion != FusionKind::pointwise) return true;
+  int uses = 0;
+  for (const auto& m : g.nodes())
+    for (const Value* u : m->inputs) uses += u == v;
+  for (const Value* o : g.outputs) uses += o == v;
+  return uses > 1;
+}
+
+// The shape to move elementwise node `n` to: that of the values its reshaped operands were computed in,
+// when at least one operand is a reshape of a joinable value (joinable_reshape_source), all such have
+// one shape, every broadcast operand broadcasts a scalar or into the trailing dims both shapes share
+// (a bias over the last dim; another stays where its dims mean something) and every other operand is
+// stored anyway; nullopt otherwise. From
+// anything but a joinable value (an input, a constant, a gather) the moved math would be a loop of its
+// own in front of the reader it was fused into.
+std::optional<Shape> reshape_source_shape(const Graph& g, const Node& n) {
   if (n.op->fusion != FusionKind::pointwise || n.inputs.empty() || out(n)->type.shape.empty()) return std::nullopt;
   std::optional<Shape> src;
   for (const Value* v : n.inputs) {
-    if (const Node* p = core_producer(v, "reshape")) {
-      const Value* x = p->inputs[0];
-      const Node* xp = x->producer;
-      const bool joinable = xp && (is_core_op(*xp, CoreOp::dot_general) || is_core_op(*xp, CoreOp::convolution) ||
-                                   xp->op->fusion == FusionKind::pointwise);
-      if (!joinable || (src && *src != x->type.shape)) return std::nullopt;
+    if (const Value* x = joinable_reshape_source(v)) {
+      if (src && *src != x->type.shape) return std::nullopt;
       src = x->type.shape;
-    } else if (!is_broadcast_scalar(v)) {
+    }
+  }
+  if (!src) return std::nullopt;
+  for (const Value* v : n.inputs) {
+    if (joinable_reshape_source(v) || is_broadcast_scalar(v)) continue;
+    if (const Node* b = core_producer(v, "broadcast_in_dim")) {
+      if (!broadcast_dims_in(*b, v->type.shape, *src)) return std::nullopt;
+    } else if (!stored_anyway(g, v)) {
       return std::nullopt;
     }
   }
   return src;
 }
 
-// op(reshape(x), s, ...) with s broadcast scalars → reshape(op(x, broadcast(s), ...)): a reshape only
-// renames the row-major elements, so elementwise math gives the same elements on either side of it.
-// Below the reshape the math is over the shape its source was computed in, where fusion can put it in
-// the source's kernel: GPT-2's MLP stores its product as [B·T, 3072] and reshapes it to [B, T, 3072]
-// before the GELU, which then becomes the matmul's epilogue (on CUDA, cuBLASLt's GELU). Walking
-// forward, the next elementwise node sees the new reshape and moves too; reshape∘reshape composes
-// the last one with a reader's reshape back.
+// op(reshape(x), y, b, ...) with b broadcasts → reshape(op(x, reshape(y), broadcast'(b), ...)): a
+// reshape only renames the row-major elements, so elementwise math gives the same elements on either
+// side of it. Below the reshape the math is over the shape its source was computed in, where fusion can
+// put it in the source's kernel: GPT-2's MLP stores its product as [B·T, 3072] and reshapes it to
+// [B, T, 3072] before the GELU, which then becomes the matmul's epilogue (on CUDA, cuBLASLt's GELU); its
+// projections' residual adds become the matmuls' (cuBLASLt's beta = 1). Walking forward, the next
+// elementwise node sees the new reshape and moves too; reshape∘reshape composes the last one with a
+// reader's reshape back.
 bool sink_reshape(Rewriter& r, Node& n) {
   Graph& g = r.graph();
-  const std::optional<Shape> src = reshape_source_shape(n);
+  const std::optional<Shape> src = reshape_source_shape(r.graph(), n);
   if (!src) return false;
+  auto insert = [&](const char* op, Value* from, const std::string& name, std::map<std::string, Attr> attrs) {
+    auto m = std::make_unique<Node>();
+    m->op = OpRegistry::get().find(op);
+    m->name = n.name;
+    m->inputs = {from};
+    m->outputs = {g.add_value(g.unique_name(name), TensorType{from->type.dtype, *src})};
+    m->attrs = std::move(attrs);
+    return r.insert_before_visited(std::move(m));
+  };
   std::vector<Value*> ins;
   for (Value* v : n.inputs) {
-    if (const Node* p = core_producer(v, "reshape")) {
-      ins.push_back(p->inputs[0]);
+    if (is_broadcast_scalar(v)) {
+      ins.push_back(insert("broadcast_in_dim", scalar_source(g, v), v->name + ".b",
+                           {{"shape", std::vector<int64_t>(*src)}, {"dims", std::vector<int64_t>{}}}));
       continue;
     }
-    Value* s = scalar_source(g, v);
-    auto b = std::make_unique<Node>();
-    b->op = OpRegistry::get().find("broadcast_in_dim");
-    b->name = n.name;
-    b->inputs = {s};
-    b->outputs = {g.add_value(g.unique_name(v->name + ".b"), TensorType{v->type.dtype, *src})};
-    b->attrs = {{"shape", std::vector<int64_t>(*src)}, {"dims", std::vector<int64_t>{}}};
-    ins.push_back(r.insert_before_visited(std::move(b)));
+    if (const Node* b = core_producer(v, "broadcast_in_dim")) {
+      ins.push_back(insert("broadcast_in_dim", b->inputs[0], v->name + ".b",
+                           {{"shape", std::vector<int64_t>(*src)}, {"dims", *broadcast_dims_in(*b, v->type.shape, *src)}}));
+      continue;
+    }
+    // a reshape's operand directly, reshaped again if it has another shape; any other value reshaped
+    Value* x = core_producer(v, "reshape") ? v->producer->inputs[0] : v;
+    ins.push_back(x->type.shape == *src ? x : insert("reshape", x, v->name + ".r", {{"shape", std::vector<int64_t>(*src)}}));
   }
   Value* o = out(n);
   auto moved = std::make_unique<Node>();
