@@ -270,6 +270,27 @@ TEST(CudaCodegen, CubesAreProducts) {
   testenv::expect_matches_reference(compile_cuda(parse_graph(text), {x})->run({x}), eager, "powers", 1e-6);
 }
 
+// Index arithmetic is 32-bit where every position and address fits (a transposed read here), 64-bit
+// where one does not (2^31 elements); the 32-bit kernel matches eager on the GPU.
+TEST(CudaCodegen, IndexMathIs32BitWhereItFits) {
+  const char* small = R"(graph @idx(%x: f32[6,40,8]) {
+  %t: f32[8,40,6] = Transpose(%x) {perm = [2, 1, 0]} loc("t")
+  %e: f32[8,40,6] = Exp(%t) loc("e")
+  return %e
+}
+)";
+  const std::string narrow = cuda::generate_cuda(lower_for_cuda(parse_graph(small)), "idx");
+  EXPECT_NE(narrow.find("for (int e = (int)blockIdx.x"), std::string::npos) << narrow;
+  EXPECT_EQ(narrow.find("long long", narrow.find("void tsl_k0")), std::string::npos) << narrow;
+  const std::string big = std::regex_replace(std::string(small), std::regex("6,40,8\\]"), "65536,8,4096]");
+  const std::string wide = cuda::generate_cuda(lower_for_cuda(parse_graph(std::regex_replace(big, std::regex("8,40,6\\]"), "4096,8,65536]"))), "idx");
+  EXPECT_NE(wide.find("for (long long e = (long long)blockIdx.x"), std::string::npos) << wide;
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  const Tensor x = cuda_test::ramp({6, 40, 8});
+  const std::vector<Tensor> eager = run_eager(*parse_graph(small), {x});
+  testenv::expect_matches_reference(compile_cuda(parse_graph(small), {x})->run({x}), eager, "idx", 1e-6);
+}
+
 // The softmax on the GPU against the eager interpreter, through every rows form: one per warp (inner 64;
 // 100 and 1000 with the row cache's guard and its largest arrays), one per thread (inner 8) and one per
 // block (inner 2048).

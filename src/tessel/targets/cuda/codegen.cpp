@@ -60,6 +60,21 @@ std::vector<DType> own_storage(const Kernel& k, std::vector<DType> st) {
   return st;
 }
 
+// Whether a loop kernel's positions (outer × inner points) and every access's element addresses stay below
+// 2^30 in magnitude: then its index arithmetic is 32-bit, with room for a grid-stride step past the end.
+bool index_fits_32_bits(const Kernel& k) {
+  const double lim = double(int64_t{1} << 30);
+  std::vector<int64_t> ext(k.outer);
+  ext.insert(ext.end(), k.inner.begin(), k.inner.end());
+  if (double(k.outer_count()) * double(std::max<int64_t>(1, k.inner_count())) >= lim) return false;
+  for (const KAccess& a : k.accesses) {
+    double reach = std::fabs(double(a.offset));
+    for (size_t d = 0; d < a.strides.size() && d < ext.size(); ++d) reach += double(std::max<int64_t>(0, ext[d] - 1)) * std::fabs(double(a.strides[d]));
+    if (reach >= lim) return false;
+  }
+  return true;
+}
+
 struct Emitter {
   const Kernel& k;
   size_t index;
@@ -74,8 +89,12 @@ struct Emitter {
   std::vector<int> cached_from;
   std::vector<bool> fills_cache, live;
   int64_t per_lane = 0;
+  // Index arithmetic in 32 bits when every position and every element address fits (index_type): a 64-bit
+  // division by a constant is a long instruction sequence, and the pointwise form divides per element.
+  bool narrow = false;
 
   Emitter(const Kernel& kk, size_t i, std::vector<DType> storage) : k(kk), index(i), form(launch_form(kk)), st(own_storage(kk, std::move(storage))) {
+    narrow = index_fits_32_bits(kk);
     serial = form == LaunchForm::rows && k.inner_count() <= kSerialInner;
     warp = form == LaunchForm::rows && rows_per_warp(k);
     if (warp && k.phases > 1) plan_row_cache();
@@ -148,6 +167,9 @@ struct Emitter {
 
   void line(int indent, const std::string& s) { out += std::string(static_cast<size_t>(indent) * 2, ' ') + s + "\n"; }
   static std::string v(int i) { return "v" + std::to_string(i); }
+  // the index type and an index constant of it
+  std::string I() const { return narrow ? "int" : "long long"; }
+  std::string lit(int64_t x) const { return narrow ? std::to_string(x) : std::to_string(x) + "LL"; }
 
   std::string index_of(int a) const {
     const KAccess& acc = k.accesses[static_cast<size_t>(a)];
@@ -155,10 +177,10 @@ struct Emitter {
     std::string s;
     auto term = [&](const std::string& var, int64_t st) {
       if (st == 0) return;
-      s += (s.empty() ? "" : " + ") + (st == 1 ? var : fmt::format("{} * {}LL", var, st));
+      s += (s.empty() ? "" : " + ") + (st == 1 ? var : fmt::format("{} * {}", var, lit(st)));
     };
     if (form == LaunchForm::pointwise) {
-      if (acc.offset) s = std::to_string(acc.offset) + "LL";
+      if (acc.offset) s = lit(acc.offset);
       for (size_t d = 0; d < no; ++d) term(fmt::format("o{}", d), acc.strides[d]);
     } else {
       s = "b" + std::to_string(a);
@@ -264,10 +286,10 @@ struct Emitter {
       line(indent, fmt::format("(void){};", t));
       return;
     }
-    line(indent, fmt::format("long long r_ = {};", t));
+    line(indent, fmt::format("{} r_ = {};", I(), t));
     for (size_t d = n; d-- > 0;) {
-      if (d == 0) line(indent, "const long long i0 = r_;");
-      else line(indent, fmt::format("const long long i{0} = r_ % {1}LL; r_ /= {1}LL;", d, k.inner[d]));
+      if (d == 0) line(indent, fmt::format("const {} i0 = r_;", I()));
+      else line(indent, fmt::format("const {0} i{1} = r_ % {2}; r_ /= {2};", I(), d, lit(k.inner[d])));
     }
   }
 
@@ -277,10 +299,10 @@ struct Emitter {
       line(indent, fmt::format("(void){};", o));
       return;
     }
-    line(indent, fmt::format("long long q_ = {};", o));
+    line(indent, fmt::format("{} q_ = {};", I(), o));
     for (size_t d = n; d-- > 0;) {
-      if (d == 0) line(indent, "const long long o0 = q_;");
-      else line(indent, fmt::format("const long long o{0} = q_ % {1}LL; q_ /= {1}LL;", d, k.outer[d]));
+      if (d == 0) line(indent, fmt::format("const {} o0 = q_;", I()));
+      else line(indent, fmt::format("const {0} o{1} = q_ % {2}; q_ /= {2};", I(), d, lit(k.outer[d])));
     }
   }
 
@@ -291,10 +313,10 @@ struct Emitter {
       for (const KInstr& in : k.body) used = used || in.access == static_cast<int>(a);
       if (!used) continue;
       const KAccess& acc = k.accesses[a];
-      std::string s = acc.offset ? std::to_string(acc.offset) + "LL" : "";
+      std::string s = acc.offset ? lit(acc.offset) : "";
       for (size_t d = 0; d < no; ++d)
-        if (acc.strides[d]) s += (s.empty() ? "" : " + ") + (acc.strides[d] == 1 ? fmt::format("o{}", d) : fmt::format("o{} * {}LL", d, acc.strides[d]));
-      line(indent, fmt::format("const long long b{} = {};", a, s.empty() ? "0" : s));
+        if (acc.strides[d]) s += (s.empty() ? "" : " + ") + (acc.strides[d] == 1 ? fmt::format("o{}", d) : fmt::format("o{} * {}", d, lit(acc.strides[d])));
+      line(indent, fmt::format("const {} b{} = {};", I(), a, s.empty() ? "0" : s));
     }
   }
 
@@ -333,9 +355,9 @@ struct Emitter {
       for (int i : body) emit(indent + 2, i, false);
       line(indent + 1, "}");
     } else {
-      if (serial) line(indent, fmt::format("for (long long t = 0; t < {}LL; ++t) {{", k.inner_count()));
-      else if (warp) line(indent, fmt::format("for (long long t = lane; t < {}LL; t += 32) {{", k.inner_count()));
-      else line(indent, fmt::format("for (long long t = threadIdx.x; t < {}LL; t += blockDim.x) {{", k.inner_count()));
+      if (serial) line(indent, fmt::format("for ({} t = 0; t < {}; ++t) {{", I(), lit(k.inner_count())));
+      else if (warp) line(indent, fmt::format("for ({} t = lane; t < {}; t += 32) {{", I(), lit(k.inner_count())));
+      else line(indent, fmt::format("for ({} t = threadIdx.x; t < {}; t += blockDim.x) {{", I(), lit(k.inner_count())));
       split_inner(indent + 1, "t");
       for (int i : body) emit(indent + 1, i, false);
     }
@@ -360,8 +382,8 @@ struct Emitter {
     line(0, fmt::format("extern \"C\" __global__ void {}({}) {{", kernel_symbol(index), params()));
     if (form == LaunchForm::pointwise) {
       const int64_t total = k.outer_count() * k.inner_count();
-      line(1, fmt::format("for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{", total));
-      line(2, fmt::format("const long long o_ = e / {0}LL, t_ = e % {0}LL;", std::max<int64_t>(1, k.inner_count())));
+      line(1, fmt::format("for ({0} e = ({0})blockIdx.x * blockDim.x + threadIdx.x; e < {1}; e += ({0})gridDim.x * blockDim.x) {{", I(), lit(total)));
+      line(2, fmt::format("const {0} o_ = e / {1}, t_ = e % {1};", I(), lit(std::max<int64_t>(1, k.inner_count()))));
       split_outer(2, "o_");
       split_inner(2, "t_");
       for (size_t i = 0; i < k.body.size(); ++i) emit(2, static_cast<int>(i), false);
@@ -371,11 +393,11 @@ struct Emitter {
     }
     if (warp) {
       line(1, "const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;");
-      line(1, fmt::format("for (long long o = (long long)blockIdx.x * warps + (threadIdx.x >> 5); o < {}LL; o += (long long)gridDim.x * warps) {{", k.outer_count()));
+      line(1, fmt::format("for ({0} o = ({0})blockIdx.x * warps + (threadIdx.x >> 5); o < {1}; o += ({0})gridDim.x * warps) {{", I(), lit(k.outer_count())));
     } else if (serial)
-      line(1, fmt::format("for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < {}LL; o += (long long)gridDim.x * blockDim.x) {{", k.outer_count()));
+      line(1, fmt::format("for ({0} o = ({0})blockIdx.x * blockDim.x + threadIdx.x; o < {1}; o += ({0})gridDim.x * blockDim.x) {{", I(), lit(k.outer_count())));
     else
-      line(1, fmt::format("for (long long o = blockIdx.x; o < {}LL; o += gridDim.x) {{", k.outer_count()));
+      line(1, fmt::format("for ({0} o = blockIdx.x; o < {1}; o += gridDim.x) {{", I(), lit(k.outer_count())));
     split_outer(2, "o");
     row_bases(2);
     for (size_t i = 0; per_lane && i < k.body.size(); ++i)
@@ -493,12 +515,14 @@ std::vector<int64_t> row_strides_of(const std::vector<int64_t>& shape) {
 
 bool static_value(const Value* v) { return v && shape_known(v->type.shape); }
 
-// The out-index decomposition of element e of `shape` into i0.. (row-major).
-std::string split_index(const std::vector<int64_t>& shape, const std::string& indent) {
-  std::string s = indent + "long long r_ = e;\n";
+// The out-index decomposition of element e of `shape` into i0.. (row-major), in 64 bits or (`narrow`) 32.
+std::string split_index(const std::vector<int64_t>& shape, const std::string& indent, bool narrow = false) {
+  const char* I = narrow ? "int" : "long long";
+  const char* L = narrow ? "" : "LL";
+  std::string s = indent + fmt::format("{} r_ = e;\n", I);
   for (size_t d = shape.size(); d-- > 0;) {
-    if (d == 0) s += indent + "const long long i0 = r_;\n";
-    else s += indent + fmt::format("const long long i{0} = r_ % {1}LL; r_ /= {1}LL;\n", d, shape[d]);
+    if (d == 0) s += indent + fmt::format("const {} i0 = r_;\n", I);
+    else s += indent + fmt::format("const {0} i{1} = r_ % {2}{3}; r_ /= {2}{3};\n", I, d, shape[d], L);
   }
   if (shape.empty()) s += indent + "(void)r_;\n";
   return s;
@@ -640,13 +664,19 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
                               cpp_comment_text(n.name), out->type.str());
   const std::string loop = fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", total);
   // y[e] = x[off + sum_d i_d * strides[d]] over the output's points: a view copy (transpose, slice) or a broadcast
+  // (32-bit index arithmetic when the output's positions and the operand's elements fit, as loop kernels)
   auto strided_copy = [&](int64_t off, const std::vector<int64_t>& strides) {
-    std::string src = off ? fmt::format("{}LL", off) : "";
+    const int64_t lim = int64_t{1} << 30;
+    const bool narrow = total < lim && shape_numel(n.inputs[0]->type.shape) < lim;
+    const char* L = narrow ? "" : "LL";
+    std::string src = off ? fmt::format("{}{}", off, L) : "";
     for (size_t d = 0; d < strides.size(); ++d)
-      if (strides[d]) src += (src.empty() ? "" : " + ") + fmt::format("i{} * {}LL", d, strides[d]);
+      if (strides[d]) src += (src.empty() ? "" : " + ") + fmt::format("i{} * {}{}", d, strides[d], L);
     std::string k = fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {2}* __restrict__ y) {{\n",
                                 node_symbol(node_index), xt, t);
-    k += loop + split_index(oshape, "    ");
+    k += narrow ? fmt::format("  for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (int)gridDim.x * blockDim.x) {{\n", total)
+                : loop;
+    k += split_index(oshape, "    ", narrow);
     k += fmt::format("    y[e] = {};\n  }}\n}}\n", moved(fmt::format("x[{}]", src.empty() ? "0" : src)));
     return k;
   };
