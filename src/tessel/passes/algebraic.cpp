@@ -394,7 +394,8 @@ std::optional<std::vector<int64_t>> broadcast_dims_in(const Node& b, const Shape
 // Whether `v` is in memory whatever fusion does: an input or a constant, the result of a node that is not
 // elementwise, or a value more than one node reads (the residual stream of a transformer). Reading it in
 // another shape costs nothing; a single-use elementwise result (layer norm's x − mean) would instead be
-// pulled out of the loop it fuses into.
+// pulled out of the loop it fuses into. (It counts readers over the whole graph, not only the operands'
+// producers a rule usually looks at: the readers the walk has not reached yet still read `v`.)
 bool stored_anyway(const Graph& g, const Value* v) {
   if (!v->producer || v->producer->op->fusion != FusionKind::pointwise) return true;
   int uses = 0;
@@ -408,11 +409,12 @@ bool stored_anyway(const Graph& g, const Value* v) {
 // when at least one operand is a reshape of a joinable value (joinable_reshape_source), all such have
 // one shape, every broadcast operand broadcasts a scalar or into the trailing dims both shapes share
 // (a bias over the last dim; another stays where its dims mean something) and every other operand is
-// stored anyway; nullopt otherwise. From
-// anything but a joinable value (an input, a constant, a gather) the moved math would be a loop of its
-// own in front of the reader it was fused into.
+// stored anyway; nullopt otherwise (also for shapes not known statically). From anything but a joinable
+// value (an input, a constant, a gather) the moved math would be a loop of its own in front of the
+// reader it was fused into.
 std::optional<Shape> reshape_source_shape(const Graph& g, const Node& n) {
-  if (n.op->fusion != FusionKind::pointwise || n.inputs.empty() || out(n)->type.shape.empty()) return std::nullopt;
+  const Shape& o = out(n)->type.shape;
+  if (n.op->fusion != FusionKind::pointwise || n.inputs.empty() || o.empty() || !shape_known(o)) return std::nullopt;
   std::optional<Shape> src;
   for (const Value* v : n.inputs) {
     if (const Value* x = joinable_reshape_source(v)) {
@@ -420,7 +422,7 @@ std::optional<Shape> reshape_source_shape(const Graph& g, const Node& n) {
       src = x->type.shape;
     }
   }
-  if (!src) return std::nullopt;
+  if (!src || !shape_known(*src)) return std::nullopt;
   for (const Value* v : n.inputs) {
     if (joinable_reshape_source(v) || is_broadcast_scalar(v)) continue;
     if (const Node* b = core_producer(v, "broadcast_in_dim")) {
