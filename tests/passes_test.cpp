@@ -137,6 +137,11 @@ TEST(Algebraic, ReshapeSinkKeepsEveryElement) {
   EXPECT_EQ(after->outputs[2]->producer->op_name(), "reshape");
   EXPECT_EQ(after->outputs[3]->producer->op_name(), "add");
   EXPECT_EQ(after->outputs[3]->producer->inputs[0]->producer->op_name(), "reshape");
+  // the residual sum read once stays over [2, 3, 8], reading the reshape
+  const Node* once = after->outputs[5]->producer->inputs[0]->producer;
+  EXPECT_EQ(once->op_name(), "add");
+  EXPECT_EQ(once->outputs[0]->type.shape, (Shape{2, 3, 8}));
+  EXPECT_EQ(once->inputs[0]->producer->op_name(), "reshape");
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(-2, 2);
   std::vector<Tensor> ins;

@@ -427,7 +427,11 @@ std::optional<Shape> reshape_source_shape(const Graph& g, const Node& n) {
     if (joinable_reshape_source(v) || is_broadcast_scalar(v)) continue;
     if (const Node* b = core_producer(v, "broadcast_in_dim")) {
       if (!broadcast_dims_in(*b, v->type.shape, *src)) return std::nullopt;
-    } else if (!stored_anyway(g, v)) {
+    } else if (!stored_anyway(g, v) || !stored_anyway(g, out(n))) {
+      // With a stored operand (a residual) the product's kernel would store the sum instead of the
+      // product: only worth it when the sum is stored anyway (GPT-2's residual stream, read by the next
+      // layer norm and the next residual add). A sum only a layer norm reads (BERT's) saves no traffic
+      // there, and in bf16 storage it rounds the larger sum instead of the product.
       return std::nullopt;
     }
   }
