@@ -83,9 +83,9 @@ TEST(KernelLevel, TransformerBlockFusion) {
     }
 }
 
-// GPT-2 stores each projection's product as [B·T, N] and reshapes it to [B, T, N] before its GELU and
-// its residual add; algebraic moves that math in front of the reshape, so it is the matmul's epilogue
-// (cuBLASLt's GELU and beta = 1 on CUDA) and each layer norm is one loop of its own. The compiled
+// GPT-2 stores each projection's product as [B·T, N] and reshapes it to [B, T, N] before its GELU;
+// algebraic moves the GELU in front of the reshape, so it is the matmul's epilogue (cuBLASLt's GELU on
+// CUDA). The residual adds stay in the layer norms' loops, one loop per norm. The compiled
 // results stay those of the model's reference outputs (Models/CompiledCorpus, gpt2_tiny).
 TEST(KernelLevel, Gpt2EpiloguesReachThroughReshapes) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
@@ -96,13 +96,6 @@ TEST(KernelLevel, Gpt2EpiloguesReachThroughReshapes) {
     ASSERT_TRUE(k) << mlp;
     EXPECT_EQ(k->kind, KernelKind::matmul) << mlp;
     EXPECT_EQ(count_op(*k, "tanh"), 1) << mlp << ": the tanh GELU is the MLP matmul's epilogue";
-  }
-  for (const char* proj : {"node_Gemm_304", "node_Gemm_306", "node_Gemm_309", "node_Gemm_311"}) {
-    const Kernel* k = kernel_from(m, proj);
-    ASSERT_TRUE(k) << proj;
-    EXPECT_EQ(k->kind, KernelKind::matmul) << proj;
-    EXPECT_EQ(k->sources.size(), 2u) << proj << ": the residual add is the projection's epilogue";
-    EXPECT_EQ(count_op(*k, "add"), 1) << proj;
   }
   for (const char* ln : {"node_layer_norm_1", "node_layer_norm_2", "node_layer_norm_3", "node_layer_norm_4"}) {
     int loops = 0;
