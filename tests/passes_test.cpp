@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <random>
 
 #include "tessel/driver/compare.h"
 #include "tessel/driver/model_dir.h"
@@ -16,6 +15,7 @@
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 #include "corpus_util.h"
+#include "graph_test_util.h"
 
 using namespace tessel;
 namespace fs = std::filesystem;
@@ -144,14 +144,8 @@ TEST(Algebraic, ReshapeSinkKeepsEveryElement) {
   EXPECT_EQ(once->op_name(), "add");
   EXPECT_EQ(once->outputs[0]->type.shape, (Shape{2, 3, 8}));
   EXPECT_EQ(once->inputs[0]->producer->op_name(), "reshape");
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<double> u(-2, 2);
   std::vector<Tensor> ins;
-  for (const Value* v : before->inputs) {
-    std::vector<double> x(static_cast<size_t>(shape_numel(v->type.shape)));
-    for (double& e : x) e = u(rng);
-    ins.push_back(Tensor::from_f64(v->type.dtype, v->type.shape, x));
-  }
+  for (const Value* v : before->inputs) ins.push_back(testenv::varied_f32(v->type.shape, 7 + static_cast<uint32_t>(ins.size())));
   const std::vector<Tensor> want = run_eager(*before, ins), got = run_eager(*after, ins);
   ASSERT_EQ(want.size(), got.size());
   for (size_t i = 0; i < want.size(); ++i) {

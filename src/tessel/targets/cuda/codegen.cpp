@@ -42,6 +42,9 @@ constexpr int kWarpsPerBlock = 8;
 // would compute again (a softmax's loaded score and its exp, a layer norm's x - mean): each lane's share
 // of the row, ceil(inner / 32) values per kept value, up to this many registers in all.
 constexpr int64_t kRowCacheRegs = 96;
+// Index arithmetic is 32-bit when every position and element address stays below this (2^30: room for
+// a grid-stride step past the end without overflow).
+constexpr int64_t kIndex32Limit = int64_t{1} << 30;
 
 bool rows_per_warp(const Kernel& k) { return k.inner_count() > kSerialInner && k.inner_count() <= kWarpInner; }
 
@@ -63,7 +66,7 @@ std::vector<DType> own_storage(const Kernel& k, std::vector<DType> st) {
 // Whether a loop kernel's positions (outer × inner points) and every access's element addresses stay below
 // 2^30 in magnitude: then its index arithmetic is 32-bit, with room for a grid-stride step past the end.
 bool index_fits_32_bits(const Kernel& k) {
-  const double lim = double(int64_t{1} << 30);
+  const double lim = double(kIndex32Limit);
   std::vector<int64_t> ext(k.outer);
   ext.insert(ext.end(), k.inner.begin(), k.inner.end());
   if (double(k.outer_count()) * double(std::max<int64_t>(1, k.inner_count())) >= lim) return false;
@@ -666,8 +669,7 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
   // y[e] = x[off + sum_d i_d * strides[d]] over the output's points: a view copy (transpose, slice) or a broadcast
   // (32-bit index arithmetic when the output's positions and the operand's elements fit, as loop kernels)
   auto strided_copy = [&](int64_t off, const std::vector<int64_t>& strides) {
-    const int64_t lim = int64_t{1} << 30;
-    const bool narrow = total < lim && shape_numel(n.inputs[0]->type.shape) < lim;
+    const bool narrow = total < kIndex32Limit && shape_numel(n.inputs[0]->type.shape) < kIndex32Limit;
     const char* L = narrow ? "" : "LL";
     std::string src = off ? fmt::format("{}{}", off, L) : "";
     for (size_t d = 0; d < strides.size(); ++d)
