@@ -57,6 +57,10 @@ TESTS_RC=$?
 for n in $MODELS; do
   for p in f32 bf16; do
     "$W/bin/tessel" bench "$W/models/$n" --target cuda --precision $p --iters 50 --json "$W/bench_${n}_$p.json" 2>&1 | tee -a "$OUT/bench.log"
+    if [ -n "${ARCH_A:-}" ]; then  # ARCH_A=sm_90a: the same bench with the generated kernels built for it (docs/decisions.md)
+      TESSEL_CUDA_ARCH=$ARCH_A "$W/bin/tessel" bench "$W/models/$n" --target cuda --precision $p --iters 50 \
+        --json "$W/bench_${n}_${p}_$ARCH_A.json" 2>&1 | tee -a "$OUT/bench.log"
+    fi
   done
 done
 PEER=""
@@ -70,9 +74,9 @@ import glob, json, os, sys
 out, w = sys.argv[1], sys.argv[2]
 runs = {os.path.basename(f)[6:-5]: json.load(open(f)) for f in sorted(glob.glob(os.path.join(w, "bench_*.json")))}
 json.dump(runs, open(os.path.join(out, "bench.json"), "w"), indent=1)  # one file back (the tool returns at most 8)
-print(f"\n{'model':<24}{'match':>6}{'max rel':>10}{'compile ms':>11}{'first ms':>10}{'call ms':>9}{'device ms':>10}{'roof ms':>9}{'graph':>6}{'host':>5}")
+print(f"\n{'model prec arch':<32}{'match':>6}{'max rel':>10}{'compile ms':>11}{'first ms':>10}{'call ms':>9}{'device ms':>10}{'roof ms':>9}{'graph':>6}{'host':>5}")
 for j in runs.values():
-    print(f"{os.path.basename(j['model']) + ' ' + j.get('precision', 'f32'):<24}{'yes' if j['match'] else 'NO':>6}{j['max_rel']:>10.2g}{j['compile_ms']:>11.0f}"
+    print(f"{os.path.basename(j['model']) + ' ' + j.get('precision', 'f32') + ' ' + j.get('arch', ''):<32}{'yes' if j['match'] else 'NO':>6}{j['max_rel']:>10.2g}{j['compile_ms']:>11.0f}"
           f"{j['first_call_ms']:>10.2f}{j['call_ms']:>9.3f}{j['replay_ms']:>10.3f}{j['roofline_ms_sum']:>9.3f}"
           f"{'yes' if j['cuda_graph'] else 'no':>6}{j['host_steps']:>5}")
 p = os.path.join(out, "peers.json")
@@ -82,7 +86,9 @@ if os.path.exists(p) and os.path.getsize(p):
         for c in r["cases"]:
             print(f"peer {c['case']}: torch eager {c['eager_ms']:.3f} ms, Inductor {c['inductor_ms']:.3f} ms (compile {c['inductor_compile_s']:.1f} s), "
                   f"Inductor reduce-overhead {c.get('inductor_cudagraphs_ms', float('nan')):.3f} ms, "
-                  f"max-autotune {c.get('inductor_max_autotune_ms', float('nan')):.3f} ms (compile {c.get('inductor_max_autotune_compile_s', float('nan')):.1f} s)")
+                  f"max-autotune {c.get('inductor_max_autotune_ms', float('nan')):.3f} ms (compile {c.get('inductor_max_autotune_compile_s', float('nan')):.1f} s)"
+                  + (f", XLA {c['xla_ms']:.3f} ms (compile {c['xla_compile_s']:.1f} s, max rel {c.get('xla_max_rel_vs_f32_reference', float('nan')):.2g})"
+                     if "xla_ms" in c else (f", XLA: {c['xla_error']}" if "xla_error" in c else "")))
     except Exception as e:
         print("peers:", e)
 PY

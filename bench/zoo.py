@@ -8,7 +8,7 @@ timm and transformers (when they import; models are built from configs, nothing 
 
     PYTHONPATH=build/python /usr/bin/python3 bench/zoo.py [--models LIST] [--modes LIST] [--threads 2]
         [--iters 10] [--rounds 3] [--small] [--no-inplace] [--backend compiled] [--json out.json] [--list]
-        [--markdown] [--from-json saved.json]
+        [--markdown] [--from-json saved.json] [--device cuda] [--precision bf16]
 
 --models: comma-separated model names and/or families (`torchvision`, `tv-core` (one per torchvision
 family), `timm`, `transformers`, `all`); default `tv-core`. --modes: `tessel` (tessel.compile: make_fx,
@@ -18,6 +18,11 @@ parameters as constants), `dynamo` (torch.compile(backend="tessel"), torch >= 2)
 --no-inplace: set `inplace=False` on every module that has the flag (shows the fallbacks that
 remain once in-place ops are functionalized). A model or mode that cannot run here is listed as
 skipped with the reason; an error is recorded and the run goes on.
+--device cuda: models and inputs on cuda:0, so tessel compiles for its CUDA target (docs/python.md, "CUDA
+tensors"); times are taken after torch.cuda.synchronize(). Under torch.compile a graph tessel cannot compile
+runs in PyTorch with a warning: those graphs are counted per model (`tessel_fallbacks`), with the first
+reasons. --precision bf16 (CUDA only): tessel computes in bf16 storage; eager and Inductor stay f32, so the
+error column is against f32 eager.
 """
 import argparse
 import collections
@@ -238,14 +243,21 @@ def _first_tensor(x):
     return None
 
 
+def _sync():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def time_ms(fn, ins, iters, warmup=2):
     with torch.no_grad():
         for _ in range(warmup):
             fn(*ins)
         ts = []
         for _ in range(iters):
+            _sync()
             t0 = time.perf_counter()
             fn(*ins)
+            _sync()
             ts.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(ts)
 
@@ -269,8 +281,11 @@ def classify_breaks(breaks):
 
 def compile_tessel(model, ins, a, ref):
     t0 = time.perf_counter()
-    fast = tessel.compile(model, ins, backend=a.backend, threads=a.threads)
-    out = fast(*ins)
+    kw = dict(precision=a.precision) if a.precision != "f32" else {}
+    fast = tessel.compile(model, ins, backend=a.backend, threads=a.threads, **kw)
+    with torch.no_grad():
+        out = fast(*ins)
+    _sync()
     compile_s = time.perf_counter() - t0
     ex = fast.explanation
     fb, inplace, other = classify_breaks(ex.breaks)
@@ -280,18 +295,24 @@ def compile_tessel(model, ins, a, ref):
 
 
 def compile_dynamo(model, ins, a, ref, backend):
+    import warnings
     import torch._dynamo
     torch._dynamo.reset()
     if backend == "tessel":
-        tessel.dynamo_options.update(dict(backend=a.backend, threads=a.threads))
+        tessel.dynamo_options.update(dict(backend=a.backend, threads=a.threads, precision=a.precision))
         del tessel.dynamo_graphs[:]
     t0 = time.perf_counter()
     fn = torch.compile(model, backend=backend)
-    with torch.no_grad():
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
         out = fn(*ins)
+    _sync()
     compile_s = time.perf_counter() - t0
     r = dict(compile_s=round(compile_s, 3), rel_err=rel_err(out, ref))
     if backend == "tessel":
+        r["tessel_fallbacks"] = sum("tessel: could not compile" in str(w.message) for w in caught)
+        r["fallback_reasons"] = [str(w.message)[:300] for w in caught if "tessel:" in str(w.message)][:3]
+        r["targets"] = sorted({g.target for g in tessel.dynamo_graphs})
         breaks = [b for g in tessel.dynamo_graphs for b in g.explanation.breaks]
         fb, inplace, other = classify_breaks(breaks)
         r.update(graphs=sum(g.explanation.graph_count for g in tessel.dynamo_graphs),
@@ -301,12 +322,15 @@ def compile_dynamo(model, ins, a, ref, backend):
 
 
 def run_model(family, name, a):
-    rec = dict(family=family, model=name)
+    rec = dict(family=family, model=name, device=a.device, precision=a.precision)
     built = build(family, name, a.small)
     if isinstance(built, Skip):
         rec["skipped"] = built.reason
         return rec
     model, ins = built
+    if a.device != "cpu":
+        model = model.to(a.device)
+        ins = tuple(t.to(a.device) for t in ins)
     if a.no_inplace:
         no_inplace(model)
     no_zero_weights(model)
@@ -314,6 +338,16 @@ def run_model(family, name, a):
     torch.manual_seed(0)
     with torch.no_grad():
         ref = model(*ins)
+    if a.precision == "bf16":   # the yardstick: the same model run by eager in bf16, against f32 eager
+        try:
+            import copy
+            m16 = copy.deepcopy(model).to(torch.bfloat16)
+            with torch.no_grad():
+                out16 = m16(*[t.to(torch.bfloat16) if t.is_floating_point() else t for t in ins])
+            rec["eager_bf16_rel_err"] = rel_err(_first_tensor(out16).float(), ref)
+            del m16, out16
+        except Exception as e:  # noqa: BLE001
+            rec["eager_bf16_rel_err"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     timed = [("eager", model)]
     for mode in a.modes:
         try:
@@ -361,6 +395,9 @@ def row(rec, modes):
     if "skipped" in rec:
         return f"{rec['family']}:{rec['model']:<24} skipped: {rec['skipped']}"
     cells = [f"{rec['family']}:{rec['model']:<24}", f"eager {rec.get('eager_ms', float('nan')):8.2f} ms"]
+    e16 = rec.get("eager_bf16_rel_err")
+    if e16 is not None:
+        cells.append(f"eager bf16 err {e16:.1e}" if isinstance(e16, float) else f"eager bf16: {e16}")
     for m in modes:
         r = rec.get(m, {})
         if "skipped" in r:
@@ -373,8 +410,14 @@ def row(rec, modes):
             if "breaks" in r:
                 c += (f" graphs {r['graphs']} breaks {r['breaks']} fallbacks {_fmt_ops(r['aten_fallbacks'])}"
                       f" inplace {sum(r['inplace_fallbacks'].values())}")
+            if r.get("tessel_fallbacks"):
+                c += f" GRAPHS IN PYTORCH {r['tessel_fallbacks']} ({r['fallback_reasons'][0][:120]})"
             cells.append(c)
     return " | ".join(cells)
+
+
+def a_precision(recs):
+    return next((r.get("precision") for r in recs if r.get("precision")), "f32")
 
 
 def summary(recs, modes):
@@ -383,11 +426,17 @@ def summary(recs, modes):
         done = [r for r in recs if isinstance(r.get(m), dict) and "rel_err" in r[m]]
         if not done:
             continue
-        ok = [r for r in done if r[m]["rel_err"] <= 1e-4]
-        zero_fb = [r for r in done if not r[m].get("aten_fallbacks")]
+        zero_fb = [r for r in done if not r[m].get("aten_fallbacks") and not r[m].get("tessel_fallbacks")]
         speed = [r["eager_ms"] / r[m]["ms"] for r in done if "ms" in r[m] and "eager_ms" in r]
-        lines.append(f"{m}: {len(done)} ran, {len(ok)} within 1e-4 of eager, {len(zero_fb)} with 0 aten fallbacks "
-                     f"(in-place excluded)" + (f", median speed-up vs eager x{statistics.median(speed):.2f}" if speed else ""))
+        bar = 2e-2 if a_precision(recs) == "bf16" and m != "inductor" else 1e-4
+        ok = [r for r in done if r[m]["rel_err"] <= bar]
+        e16 = [r for r in done if isinstance(r.get("eager_bf16_rel_err"), float)]
+        if e16:
+            lines.append(f"eager bf16: {sum(r['eager_bf16_rel_err'] <= bar for r in e16)} of {len(e16)} within {bar:g} of f32 "
+                         f"eager; {m} no worse than eager bf16 (or within {bar:g}) on "
+                         f"{sum(r[m]['rel_err'] <= max(bar, r['eager_bf16_rel_err']) for r in e16)}")
+        lines.append(f"{m}: {len(done)} ran, {len(ok)} within {bar:g} of eager, {len(zero_fb)} with 0 aten fallbacks "
+                     f"(in-place excluded) and every graph in tessel" + (f", median speed-up vs eager x{statistics.median(speed):.2f}" if speed else ""))
     return lines
 
 
@@ -433,7 +482,11 @@ def main():
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="also print the run as a markdown table")
     ap.add_argument("--from-json", help="print the summary (and --markdown table) of a saved run and exit")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--precision", default="f32", choices=["f32", "bf16"])
     a = ap.parse_args()
+    if a.precision != "f32" and a.device != "cuda":
+        ap.error("--precision bf16 needs --device cuda")
     a.modes = [m.strip() for m in (a.modes or ("tessel,dynamo,inductor" if TORCH2 else "tessel")).split(",") if m.strip()]
     for m in a.modes:
         if m not in ("tessel", "dynamo", "inductor"):
@@ -452,8 +505,11 @@ def main():
         print("\n".join(f"{f}:{n}" for f, n in models))
         return
     torch.set_num_threads(a.threads)
+    if a.device == "cuda":   # eager's and Inductor's f32 as tessel's: no TF32 (cuDNN's convolutions default to it)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     env = dict(python=platform.python_version(), torch=torch.__version__, threads=a.threads, backend=a.backend,
-               small=a.small, no_inplace=a.no_inplace, modes=a.modes, machine=platform.machine(),
+               small=a.small, no_inplace=a.no_inplace, modes=a.modes, device=a.device, precision=a.precision, machine=platform.machine(),
                cpus=__import__("os").cpu_count(), cores_usable=len(__import__("os").sched_getaffinity(0)),
                load=[round(x, 2) for x in __import__("os").getloadavg()])
     for pkg in ("torchvision", "timm", "transformers"):

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <functional>
 #include <regex>
 #include <sstream>
@@ -203,6 +204,40 @@ TEST(CudaBackend, MatmulAlgorithmsChosenByTiming) {
     }
     for (int call = 0; call < 3; ++call)
       testenv::expect_matches_reference(exe->run(c.inputs), eager, fmt::format("tblock_s timed={} call {}", timed, call), 1e-4);
+  }
+}
+
+// TESSEL_CUDA_ARCH=sm_90a (on Hopper; the device's own name with "a") builds the generated kernels for the
+// architecture-specific target; the outputs stay eager's. A value that does not name the device is a one-line
+// error, not a silent fallback.
+TEST(CudaToolchain, ArchitectureSpecificTargetOnRequest) {
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  const std::string own = cuda::device_arch();
+  struct Restore {
+    ~Restore() { unsetenv("TESSEL_CUDA_ARCH"); }
+  } restore;
+  const std::vector<std::string> asked =
+      cuda::device_info().cc_major >= 9 ? std::vector<std::string>{own + "a", own} : std::vector<std::string>{own};
+  for (const std::string& arch : asked) {
+    setenv("TESSEL_CUDA_ARCH", arch.c_str(), 1);
+    EXPECT_EQ(cuda::device_arch(), arch);
+    testenv::CorpusCase c = testenv::load_corpus_model("tblock_s");
+    const std::vector<Tensor> eager = run_eager(*c.model.graph, c.inputs);
+    CudaBackendOptions o;
+    o.cache_dir = testing::TempDir() + "/tessel_cuda_cache_arch";
+    auto exe = compile_cuda(std::move(c.model.graph), c.inputs, o);
+    EXPECT_EQ(exe->stats().arch, arch);
+    for (int call = 0; call < 2; ++call)
+      testenv::expect_matches_reference(exe->run(c.inputs), eager, fmt::format("tblock_s {} call {}", arch, call), 1e-4);
+  }
+  setenv("TESSEL_CUDA_ARCH", "sm_80;", 1);
+  try {
+    cuda::device_arch();
+    ADD_FAILURE() << "TESSEL_CUDA_ARCH=sm_80; was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("TESSEL_CUDA_ARCH"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
 }
 

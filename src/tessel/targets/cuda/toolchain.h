@@ -27,7 +27,8 @@ struct DeviceInfo {
 // Device 0, asked once per process.
 const DeviceInfo& device_info();
 
-// "sm_90" for compute capability 9.0: the device's, or `fallback` when there is no usable device
+// "sm_90" for compute capability 9.0: the device's (or "sm_90a" when TESSEL_CUDA_ARCH asks for it; any other
+// value of it is an error), or `fallback` when there is no usable device
 // (generated source can be compiled, and checked, without a GPU).
 std::string device_arch(const std::string& fallback = "sm_90");
 

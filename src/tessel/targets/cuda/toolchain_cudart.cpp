@@ -8,6 +8,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -95,7 +96,18 @@ const DeviceInfo& device_info() {
 
 std::string device_arch(const std::string& fallback) {
   const DeviceInfo& d = device_info();
-  return d.usable ? fmt::format("sm_{}{}", d.cc_major, d.cc_minor) : fallback;
+  if (!d.usable) return fallback;
+  const std::string arch = fmt::format("sm_{}{}", d.cc_major, d.cc_minor);
+  // TESSEL_CUDA_ARCH picks the device's architecture-specific target instead (sm_90a on Hopper: wgmma and
+  // setmaxnreg, which no generated kernel uses yet; docs/decisions.md "sm_90 or sm_90a").
+  if (const char* e = std::getenv("TESSEL_CUDA_ARCH"); e && *e) {
+    const std::string want = e;
+    if (want == arch || (d.cc_major >= 9 && want == arch + "a")) return want;
+    throw Error(Location{.pass = "nvrtc"},
+                fmt::format("TESSEL_CUDA_ARCH='{}' does not fit the device ({}, {}): use {} or {}a", display_text(want),
+                            display_text(d.name), arch, arch, arch));
+  }
+  return arch;
 }
 
 int nvrtc_version() {
