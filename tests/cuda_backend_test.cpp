@@ -180,6 +180,16 @@ TEST(CudaBackend, ConvolutionsRunAsIm2colMatmuls) {
 // eager interpreter's with the timed choice and with the heuristic's first alike.
 TEST(CudaBackend, MatmulAlgorithmsChosenByTiming) {
   if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  // The option is what this test sets: TESSEL_CUDA_TIME_MATMULS in the environment would override it.
+  const char* set = std::getenv("TESSEL_CUDA_TIME_MATMULS");
+  struct Restore {
+    std::string value;
+    bool had;
+    ~Restore() {
+      if (had) setenv("TESSEL_CUDA_TIME_MATMULS", value.c_str(), 1);
+    }
+  } restore{set ? set : "", set != nullptr};
+  unsetenv("TESSEL_CUDA_TIME_MATMULS");
   for (const bool timed : {true, false}) {
     testenv::CorpusCase c = testenv::load_corpus_model("tblock_s");
     const std::vector<Tensor> eager = run_eager(*c.model.graph, c.inputs);
