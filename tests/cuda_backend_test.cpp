@@ -181,15 +181,7 @@ TEST(CudaBackend, ConvolutionsRunAsIm2colMatmuls) {
 TEST(CudaBackend, MatmulAlgorithmsChosenByTiming) {
   if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
   // The option is what this test sets: TESSEL_CUDA_TIME_MATMULS in the environment would override it.
-  const char* set = std::getenv("TESSEL_CUDA_TIME_MATMULS");
-  struct Restore {
-    std::string value;
-    bool had;
-    ~Restore() {
-      if (had) setenv("TESSEL_CUDA_TIME_MATMULS", value.c_str(), 1);
-    }
-  } restore{set ? set : "", set != nullptr};
-  unsetenv("TESSEL_CUDA_TIME_MATMULS");
+  testenv::ScopedEnv no_override("TESSEL_CUDA_TIME_MATMULS", nullptr);
   for (const bool timed : {true, false}) {
     testenv::CorpusCase c = testenv::load_corpus_model("tblock_s");
     const std::vector<Tensor> eager = run_eager(*c.model.graph, c.inputs);
@@ -222,14 +214,13 @@ TEST(CudaBackend, MatmulAlgorithmsChosenByTiming) {
 // error, not a silent fallback.
 TEST(CudaToolchain, ArchitectureSpecificTargetOnRequest) {
   if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
-  const std::string own = cuda::device_arch();
-  struct Restore {
-    ~Restore() { unsetenv("TESSEL_CUDA_ARCH"); }
-  } restore;
-  const std::vector<std::string> asked =
-      cuda::device_info().cc_major >= 9 ? std::vector<std::string>{own + "a", own} : std::vector<std::string>{own};
+  const cuda::DeviceInfo& d = cuda::device_info();
+  const std::string own = fmt::format("sm_{}{}", d.cc_major, d.cc_minor);
+  testenv::ScopedEnv env("TESSEL_CUDA_ARCH", nullptr);
+  EXPECT_EQ(cuda::device_arch(), own);
+  const std::vector<std::string> asked = d.cc_major >= 9 ? std::vector<std::string>{own + "a", own} : std::vector<std::string>{own};
   for (const std::string& arch : asked) {
-    setenv("TESSEL_CUDA_ARCH", arch.c_str(), 1);
+    env.set(arch.c_str());
     EXPECT_EQ(cuda::device_arch(), arch);
     testenv::CorpusCase c = testenv::load_corpus_model("tblock_s");
     const std::vector<Tensor> eager = run_eager(*c.model.graph, c.inputs);
@@ -240,7 +231,7 @@ TEST(CudaToolchain, ArchitectureSpecificTargetOnRequest) {
     for (int call = 0; call < 2; ++call)
       testenv::expect_matches_reference(exe->run(c.inputs), eager, fmt::format("tblock_s {} call {}", arch, call), 1e-4);
   }
-  setenv("TESSEL_CUDA_ARCH", "sm_80;", 1);
+  env.set("sm_80;");
   try {
     cuda::device_arch();
     ADD_FAILURE() << "TESSEL_CUDA_ARCH=sm_80; was accepted";

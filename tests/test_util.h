@@ -34,4 +34,30 @@ inline std::string md_block(const std::string& md, const std::string& fence) {
   return md.substr(b, md.find("```", b) - b);
 }
 
+// Sets (or, with nullptr, clears) an environment variable for one scope and puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      old_ = old;
+      had_ = true;
+    }
+    set(value);
+  }
+  ~ScopedEnv() { set(had_ ? old_.c_str() : nullptr); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  void set(const char* value) {
+    if (value) {
+      setenv(name_.c_str(), value, 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
 }  // namespace tessel::testenv

@@ -99,7 +99,7 @@ std::string device_arch(const std::string& fallback) {
   if (!d.usable) return fallback;
   const std::string arch = fmt::format("sm_{}{}", d.cc_major, d.cc_minor);
   // TESSEL_CUDA_ARCH picks the device's architecture-specific target instead (sm_90a on Hopper: wgmma and
-  // setmaxnreg, which no generated kernel uses yet; docs/decisions.md "sm_90 or sm_90a").
+  // setmaxnreg, which no generated kernel uses yet; docs/decisions.md, "sm_90, not sm_90a").
   if (const char* e = std::getenv("TESSEL_CUDA_ARCH"); e && *e) {
     const std::string want = e;
     if (want == arch || (d.cc_major >= 9 && want == arch + "a")) return want;
