@@ -187,13 +187,11 @@ TEST_F(CacheBudgetTest, NothingButCacheEntriesIsRemoved) {
 }
 
 TEST_F(CacheBudgetTest, TheBudgetComesFromTheOptionsTheEnvironmentOrTheDefault) {
-  const char* old = std::getenv("TESSEL_CACHE_MAX_BYTES");
-  const std::string saved = old ? old : "";
+  testenv::ScopedEnv env("TESSEL_CACHE_MAX_BYTES", "3M");
   cpu::ToolchainOptions o;
   o.cache_dir = cache_;
-  setenv("TESSEL_CACHE_MAX_BYTES", "3M", 1);
   EXPECT_EQ(cpu::cache_budget(o, 0).bytes, uint64_t{3} << 20);
-  setenv("TESSEL_CACHE_MAX_BYTES", "three", 1);
+  env.set("three");
   try {
     cpu::cache_budget(o, 0);
     ADD_FAILURE() << "a malformed budget was accepted";
@@ -203,11 +201,10 @@ TEST_F(CacheBudgetTest, TheBudgetComesFromTheOptionsTheEnvironmentOrTheDefault) 
   o.max_cache_bytes = 5;
   EXPECT_EQ(cpu::cache_budget(o, 0).bytes, 5u);  // the option wins over the variable
   o.max_cache_bytes.reset();
-  unsetenv("TESSEL_CACHE_MAX_BYTES");
+  env.set(nullptr);
   const uint64_t def = cpu::cache_budget(o, 0).bytes;
   EXPECT_GT(def, 0u);
   EXPECT_LE(def, uint64_t{10} << 30);
-  if (old) setenv("TESSEL_CACHE_MAX_BYTES", saved.c_str(), 1);
 }
 
 TEST_F(CacheBudgetTest, TheCacheCommandListsPrunesAndClears) {

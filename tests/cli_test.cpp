@@ -164,9 +164,10 @@ TEST(Cli, BenchSaysWhatItSkippedAndWhy) {
   Result r = run("bench " + kModel + " --iters 1 --backends eager,graph");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("\ncompiled "), std::string::npos) << r.out;
-  setenv("TESSEL_CXX", "/nonexistent/c++", 1);
-  r = run("bench " + kModel + " --iters 1");
-  unsetenv("TESSEL_CXX");
+  {
+    testenv::ScopedEnv no_compiler("TESSEL_CXX", "/nonexistent/c++");
+    r = run("bench " + kModel + " --iters 1");
+  }
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("skipped compiled: no C++ compiler: /nonexistent/c++ ($TESSEL_CXX) is not executable"), std::string::npos)
       << r.out;

@@ -1,7 +1,6 @@
 #!/bin/bash
 # The model zoo on the GPU box's CUDA target in one device call (docs/BENCHMARKS.md): builds the extension
-# (python/box/build_ext.sh over the carried .pybox of a CUDA build), puts the box's NVRTC and cuBLASLt on the
-# library path as cuda_torch.sh does, and runs bench/zoo.py --device cuda as concurrent shards
+# and sets the paths (python/box/cuda_env.sh), and runs bench/zoo.py --device cuda as concurrent shards
 # (bench/zoo_shards.sh: torchvision's tv-core, timm's and transformers' lists, two cores each) with
 # torch.compile(backend="tessel") against f32 eager on the same GPU. The shards share one GPU, so the times
 # are a coverage pass, not a benchmark; the errors and the graphs left in PyTorch are the result.
@@ -9,13 +8,7 @@
 set -u
 OUT=${OUT:-/tmp/zoo_cuda}
 mkdir -p "$OUT"
-export PY=${PY:-/opt/torch/.venv/bin/python3}
-bash python/box/build_ext.sh > "$OUT/build_ext.log" 2>&1 || { tail -30 "$OUT/build_ext.log"; exit 1; }
-export PYTHONPATH=$PWD/.pybox/pkg TESSEL_CACHE_DIR=${TESSEL_CACHE_DIR:-/tmp/tessel_cache} PYTHONUNBUFFERED=1
-SP=$($PY -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))')
-L=""
-for d in /usr/local/cuda/lib64 "$SP"/nvidia/*/lib "$SP"/nvidia/cu13/lib; do [ -d "$d" ] && L="$L:$d"; done
-export LD_LIBRARY_PATH="${L#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. python/box/cuda_env.sh   # the extension built, the box's CUDA libraries on the path
 lists() {  # a family's names split into N comma-joined lists
   $PY - "$1" "$2" <<'PY'
 import sys; sys.path.insert(0, "bench")

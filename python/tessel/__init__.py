@@ -18,7 +18,7 @@ from ._capture import capture  # noqa: F401
 from ._compile import CompiledModule, Explanation, Stats, TesselRecompileLimit, compile, explain  # noqa: F401
 from . import aten_table  # noqa: F401
 from . import optim  # noqa: F401
-from ._dynamo import dynamo_graphs, dynamo_options, tessel_backend  # noqa: F401
+from ._dynamo import dynamo_fallbacks, dynamo_graphs, dynamo_options, tessel_backend  # noqa: F401
 from ._dynamo import register as _register_dynamo
 
 dynamo_registered = _register_dynamo()

@@ -22,6 +22,15 @@ dynamo_options = dict(backend="compiled", threads=None, repair=False, cache_limi
 # The CompiledModules the backend made, oldest first (their .stats and .explanation); clear() it at will.
 dynamo_graphs = []
 
+# The graphs the backend left to PyTorch, oldest first: the reason of each (also given as a warning).
+dynamo_fallbacks = []
+
+
+def _fallback(gm, reason):
+    dynamo_fallbacks.append(reason)
+    warnings.warn(f"tessel: {reason}; it runs in PyTorch")
+    return gm.forward
+
 
 def _state_inputs(gm, args):
     """The inputs that are the model's parameters and buffers: dynamo (torch >= 2.5) lifts them to graph
@@ -64,16 +73,14 @@ class _FirstCall:
             else:
                 compiled = CompiledModule(self.gm, args, freeze_inputs=_state_inputs(self.gm, args), **dynamo_options)
         except _tessel.TesselError as e:
-            warnings.warn(f"tessel: could not compile a graph ({e}); it runs in PyTorch")
-            return self.gm.forward
+            return _fallback(self.gm, f"could not compile a graph ({e})")
         dynamo_graphs.append(compiled)
         return compiled
 
 
 def tessel_backend(gm, example_inputs, **kwargs):
     if not all(isinstance(t, torch.Tensor) for t in example_inputs):
-        warnings.warn("tessel: the graph takes non-tensor inputs (dynamic shapes?); it runs in PyTorch")
-        return gm.forward
+        return _fallback(gm, "the graph takes non-tensor inputs (dynamic shapes?)")
     return _FirstCall(gm)
 
 

@@ -463,6 +463,30 @@ class BadInputTest(unittest.TestCase):
 
 
 class DynamoTest(unittest.TestCase):
+    def test_fallbacks_are_recorded(self):
+        """A graph the backend leaves to PyTorch still runs there, and tessel.dynamo_fallbacks lists it with
+        its reason (the benches count these): non-tensor inputs, and a graph tessel refuses to compile."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+        x = torch.randn(4, 8)
+        gm = make_fx(lambda t: torch.relu(t) * 2)(x)
+        tessel.dynamo_fallbacks.clear()
+        with self.assertWarns(UserWarning):
+            self.assertEqual(tessel.tessel_backend(gm, [x, 3]), gm.forward)
+        saved = dict(tessel.dynamo_options)
+        tessel.dynamo_options.update(target="cpu", precision="bf16")   # bf16 is a CUDA option: refused
+        try:
+            fn = tessel.tessel_backend(gm, [x])
+            with self.assertWarns(UserWarning):
+                out = fn(x)
+        finally:
+            tessel.dynamo_options.clear()
+            tessel.dynamo_options.update(saved)
+        self.assertTrue(torch.equal(out, torch.relu(x) * 2))
+        self.assertEqual(len(tessel.dynamo_fallbacks), 2, tessel.dynamo_fallbacks)
+        self.assertIn("non-tensor inputs", tessel.dynamo_fallbacks[0])
+        self.assertIn("could not compile a graph", tessel.dynamo_fallbacks[1])
+        self.assertIn("bf16", tessel.dynamo_fallbacks[1])
+
     def test_registration_matches_torch_version(self):
         major = int(torch.__version__.split(".")[0])
         self.assertEqual(tessel.dynamo_registered, major >= 2)
