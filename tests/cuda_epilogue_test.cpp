@@ -88,3 +88,26 @@ TEST(CudaEpilogue, TanhGeluFoldsErfGeluDoesNot) {
     testenv::expect_matches_reference(exe->run(ins), eager, tanh ? "tanh gelu" : "erf gelu", 1e-4);
   }
 }
+
+// The bench's per-step profile times a generated epilogue apart from the cuBLASLt call before it (an event
+// between the two): the erf GELU's step reports a part of its time, the tanh GELU's folded step none.
+TEST(CudaEpilogue, ProfileTimesTheGeneratedEpilogueApart) {
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  const std::vector<Tensor> ins = {cuda_test::ramp({8, 16}, 1, 40.0f), cuda_test::ramp({16, 32}, 2, 40.0f), cuda_test::ramp({32}, 3, 40.0f)};
+  for (const bool tanh : {true, false}) {
+    auto exe = compile_cuda(parse_graph(std::string(kHead) + (tanh ? kTanh : kErf)), ins);
+    int split = 0;
+    for (const CudaStepTime& t : exe->profile(ins, 5)) {
+      if (t.info.kind != "matmul") {
+        EXPECT_EQ(t.epilogue_ms, -1) << t.info.name;
+        continue;
+      }
+      EXPECT_EQ(t.epilogue_ms >= 0, !tanh) << t.info.name << " " << t.info.how;
+      if (t.epilogue_ms >= 0) {
+        ++split;
+        EXPECT_LE(t.epilogue_ms, t.ms) << t.info.name;
+      }
+    }
+    EXPECT_EQ(split, tanh ? 0 : 1);
+  }
+}

@@ -175,6 +175,7 @@ nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o) {
     kernels.push_back({{"name", s.info.name}, {"kind", s.info.kind}, {"how", s.info.how}, {"epilogue", s.info.epilogue}, {"ms", s.ms}, {"bytes", s.info.bytes},
                        {"flops", s.info.flops}, {"ceiling", s.info.tensor_cores ? "bf16 tensor cores" : "f32 FMA"}, {"roofline_ms", roof}, {"bytes_bound_ms", bytes_ms}, {"flops_bound_ms", flops_ms},
                        {"of_roofline", s.ms > 0 ? roof / s.ms : 0.0}});
+    if (s.epilogue_ms >= 0) kernels.back()["epilogue_ms"] = s.epilogue_ms;
   }
   nlohmann::json j = {{"model", model},
                       {"target", "cuda"},
@@ -229,7 +230,8 @@ nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o) {
   for (size_t r = 0; r < order.size() && r < 12; ++r) {
     const nlohmann::json& k = kernels[order[r]];
     fmt::print("  {:<8} {:<7} {:>9.4f} {:>9.4f} {:>6.0f}%  {}\n", k["name"].get<std::string>(), k["kind"].get<std::string>(),
-               k["ms"].get<double>(), k["roofline_ms"].get<double>(), 100 * k["of_roofline"].get<double>(), k["how"].get<std::string>());
+               k["ms"].get<double>(), k["roofline_ms"].get<double>(), 100 * k["of_roofline"].get<double>(),
+               k["how"].get<std::string>() + (k.contains("epilogue_ms") ? fmt::format(" (epilogue {:.4f} ms)", k["epilogue_ms"].get<double>()) : ""));
   }
   return j;
 }

@@ -56,6 +56,9 @@ struct CudaStepInfo {
 struct CudaStepTime {
   CudaStepInfo info;
   double ms = 0;                // median over the profiled calls, from CUDA events around the step
+  // A library call (cuBLASLt, a convolution) followed by a generated epilogue: the epilogue's part of `ms`
+  // (an event between the two; median). -1: the step has no such split.
+  double epilogue_ms = -1;
 };
 
 struct CudaCompileStats {

@@ -138,7 +138,8 @@ class CudaExecutableImpl final : public CudaExecutable {
   void build(KernelModule m, const std::vector<Tensor>& ex, const CudaBackendOptions& o);
 
  private:
-  void enqueue(Step& s);
+  // `before_epilogue`: recorded between a library call and the generated epilogue after it (profile)
+  void enqueue(Step& s, cudaEvent_t before_epilogue = nullptr);
   void enqueue_all();
   void enqueue_call(cudaStream_t s);
   void launch(cudaKernel_t f, const cuda::LaunchShape& sh, std::vector<void*>& ptrs);
@@ -185,6 +186,7 @@ class CudaExecutableImpl final : public CudaExecutable {
   cudaEvent_t flags_ev_ = nullptr;
   bool flags_pending_ = false;
   cudaLibrary_t lib_ = nullptr;
+  cudaKernel_t hold_ = nullptr;              // the prelude's tsl_hold (profile)
   cublasLtHandle_t lt_ = nullptr;
   bool time_matmuls_ = false;
   std::map<std::string, std::pair<int, std::string>> lt_chosen_;  // per distinct matmul: the candidate kept, why
@@ -294,6 +296,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   auto tl = Clock::now();
   ck(cudaLibraryLoadData(&lib_, nr.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0), "loading the compiled kernels");
   stats_.load_seconds = seconds_since(tl);
+  ck(cudaLibraryGetKernel(&hold_, lib_, "tsl_hold"), "cudaLibraryGetKernel");
   auto kernel_of = [&](const std::string& sym) {
     cudaKernel_t k = nullptr;
     ck(cudaLibraryGetKernel(&k, lib_, sym.c_str()), "cudaLibraryGetKernel");
@@ -809,7 +812,7 @@ void CudaExecutableImpl::run_host(Step& s) {
   }
 }
 
-void CudaExecutableImpl::enqueue(Step& s) {
+void CudaExecutableImpl::enqueue(Step& s, cudaEvent_t before_epilogue) {
   if (s.kind == Step::Kind::host) {
     run_host(s);
     return;
@@ -848,6 +851,7 @@ void CudaExecutableImpl::enqueue(Step& s) {
     std::vector<void*> p = {s.args[static_cast<size_t>(k.conv.x)], s.args[static_cast<size_t>(k.conv.w)], s.args[static_cast<size_t>(k.conv.y)]};
     launch(s.conv, s.conv_shape, p);
   }
+  if (s.fn && before_epilogue) ck(cudaEventRecord(before_epilogue, cur_), "cudaEventRecord");
   if (s.fn) launch(s.fn, s.shape, s.args);
 }
 
@@ -1103,34 +1107,58 @@ std::vector<CudaStepTime> CudaExecutableImpl::profile(const std::vector<Tensor>&
   if (done_recorded_) ck(cudaStreamWaitEvent(stream_, done_, 0), "waiting for the previous call");
   copy_inputs(inputs);
   const size_t n = steps_.size();
-  std::vector<cudaEvent_t> ev(n + 1, nullptr);
-  for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
-  std::vector<std::vector<float>> times(n);
+  // ev[i]..ev[i+1] around step i; mid[i] between a kernel step's library call and its generated epilogue
+  std::vector<cudaEvent_t> ev(n + 1, nullptr), mid(n, nullptr);
+  std::vector<bool> split(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const Step& s = steps_[i];
+    split[i] = s.kind == Step::Kind::kernel && s.fn && (s.kernel->kind == KernelKind::matmul || (s.kernel->kind == KernelKind::conv && (s.lt || s.conv)));
+  }
+  auto destroy = [&] {
+    for (auto& e : ev) cudaEventDestroy(e);
+    for (auto& e : mid)
+      if (e) cudaEventDestroy(e);
+  };
+  std::vector<std::vector<float>> times(n), epilogue(n);
   try {
+    for (auto& e : ev) ck(cudaEventCreate(&e), "cudaEventCreate");
+    for (size_t i = 0; i < n; ++i)
+      if (split[i]) ck(cudaEventCreate(&mid[i]), "cudaEventCreate");
+    // Each call's steps queue behind tsl_hold, which waits (on the device) longer than the host took to
+    // enqueue the previous call's steps: without it, steps shorter than their launch measured the host.
+    double hold_ms = 0.2 + 0.02 * static_cast<double>(n);
     for (int it = 0; it < std::max(1, iters); ++it) {
+      unsigned long long ns = static_cast<unsigned long long>(hold_ms * 1e6);
+      void* hp[] = {&ns};
+      ck(cudaLaunchKernel(reinterpret_cast<const void*>(hold_), dim3(1), dim3(32), hp, 0, stream_), "launching tsl_hold");
+      const auto te = Clock::now();
       ck(cudaEventRecord(ev[0], stream_), "cudaEventRecord");
       for (size_t i = 0; i < n; ++i) {
-        enqueue(steps_[i]);
+        enqueue(steps_[i], mid[i]);
         ck(cudaEventRecord(ev[i + 1], stream_), "cudaEventRecord");
       }
+      hold_ms = std::min(50.0, std::max(hold_ms, 1.5 * seconds_since(te) * 1e3 + 0.05));
       ck(cudaEventSynchronize(ev[n]), "cudaEventSynchronize");
       for (size_t i = 0; i < n; ++i) {
         float ms = 0;
         ck(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]), "cudaEventElapsedTime");
         times[i].push_back(ms);
+        if (!split[i]) continue;
+        ck(cudaEventElapsedTime(&ms, mid[i], ev[i + 1]), "cudaEventElapsedTime");
+        epilogue[i].push_back(ms);
       }
     }
   } catch (...) {
-    for (auto& e : ev) cudaEventDestroy(e);
+    destroy();
     throw;
   }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::vector<CudaStepTime> r;
-  for (size_t i = 0; i < n; ++i) {
-    std::vector<float>& t = times[i];
+  destroy();
+  auto median = [](std::vector<float>& t) {
     std::sort(t.begin(), t.end());
-    r.push_back(CudaStepTime{infos_[i], t.empty() ? 0.0 : t[t.size() / 2]});
-  }
+    return t.empty() ? 0.0 : double(t[t.size() / 2]);
+  };
+  std::vector<CudaStepTime> r;
+  for (size_t i = 0; i < n; ++i) r.push_back(CudaStepTime{infos_[i], median(times[i]), split[i] ? median(epilogue[i]) : -1.0});
   return r;
 }
 
