@@ -458,7 +458,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
       if (o.precision == cuda::Precision::f32) info.bytes = k.bytes_fused;
       if (cuda::has_generated_function(k)) {
         s.fn = kernel_of(cuda::kernel_symbol(s.kid));
-        s.shape = cuda::launch_shape(k, sms_, s.arg_mem);
+        s.shape = cuda::launch_shape(k, sms_);
       }
       const std::string epi = s.fn ? fmt::format(" + generated epilogue") : "";
       if (k.kind == KernelKind::matmul) {
@@ -585,7 +585,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
         flag_node_.push_back(&n);
       }
       s.fn = kernel_of(cuda::node_symbol(ni));
-      s.shape = cuda::node_launch_shape(n, sms_, vst_);
+      s.shape = cuda::node_launch_shape(n, sms_);
       info.name = display_text(n.name);
       info.kind = "node";
       info.how = "generated " + n.op->name;

@@ -78,27 +78,6 @@ bool index_fits_32_bits(const Kernel& k) {
   return true;
 }
 
-// Elements one thread of the pointwise form loads before it stores any (each a block's width apart, so
-// every load instruction of a warp stays coalesced): 16 bytes of its widest element type in memory, 1 to
-// 8. One 2-byte element per thread and step kept too few bytes in flight to near the copy ceiling: the bar
-// block's erf-GELU epilogue (6.3 M bf16 elements, read and written in place) ran at 1.2 TB/s.
-int elements_per_thread(DType widest) { return static_cast<int>(cap(16 / std::max<int64_t>(1, dtype_size(widest)), 1, 8)); }
-
-// One (deferred stores) when a load reads an argument an earlier instruction stored to: it must see that store.
-int pointwise_unroll(const Kernel& k, const std::vector<DType>& st) {
-  DType widest = DType::bf16;
-  std::set<int> stored;
-  for (const KInstr& in : k.body)
-    if (in.op == "load" || in.op == "store") {
-      const int arg = k.accesses[static_cast<size_t>(in.access)].arg;
-      if (in.op == "load" && stored.count(arg)) return 1;
-      if (in.op == "store") stored.insert(arg);
-      const DType t = st[static_cast<size_t>(arg)];
-      if (dtype_size(t) > dtype_size(widest)) widest = t;
-    }
-  return elements_per_thread(widest);
-}
-
 struct Emitter {
   const Kernel& k;
   size_t index;
@@ -116,16 +95,12 @@ struct Emitter {
   // Index arithmetic in 32 bits when every position and every element address fits (index_type): a 64-bit
   // division by a constant is a long instruction sequence, and the pointwise form divides per element.
   bool narrow = false;
-  // Pointwise form: elements per thread and step; with more than one, stores are deferred (kept in
-  // per-store register arrays sv<i>/sx<i> until every element's loads are issued).
-  int unroll = 1;
 
   Emitter(const Kernel& kk, size_t i, std::vector<DType> storage) : k(kk), index(i), form(launch_form(kk)), st(own_storage(kk, std::move(storage))) {
     narrow = index_fits_32_bits(kk);
     serial = form == LaunchForm::rows && k.inner_count() <= kSerialInner;
     warp = form == LaunchForm::rows && rows_per_warp(k);
     if (warp && k.phases > 1) plan_row_cache();
-    if (form == LaunchForm::pointwise) unroll = pointwise_unroll(k, st);
   }
 
   // Two phase-loop instructions with the same key compute the same value at the same inner position: the
@@ -264,10 +239,6 @@ struct Emitter {
     if (in.op == "store") {
       const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
       const std::string x = in.dtype == DType::boolean ? "(uint8_t)" + v(in.args[0]) : mem_store(st[static_cast<size_t>(acc.arg)], v(in.args[0]));
-      if (form == LaunchForm::pointwise && unroll > 1) {
-        line(indent, fmt::format("sv{0}[u] = {1}; sx{0}[u] = {2};", i, x, index_of(in.access)));
-        return;
-      }
       line(indent, fmt::format("{}a{}[{}] = {};", row_store_guard ? (warp ? "if (lane == 0) " : "if (threadIdx.x == 0) ") : "", acc.arg, index_of(in.access), x));
       return;
     }
@@ -414,40 +385,11 @@ struct Emitter {
     line(0, fmt::format("extern \"C\" __global__ void {}({}) {{", kernel_symbol(index), params()));
     if (form == LaunchForm::pointwise) {
       const int64_t total = k.outer_count() * k.inner_count();
-      if (unroll == 1) {
-        line(1, fmt::format("for ({0} e = ({0})blockIdx.x * blockDim.x + threadIdx.x; e < {1}; e += ({0})gridDim.x * blockDim.x) {{", I(), lit(total)));
-        line(2, fmt::format("const {0} o_ = e / {1}, t_ = e % {1};", I(), lit(std::max<int64_t>(1, k.inner_count()))));
-        split_outer(2, "o_");
-        split_inner(2, "t_");
-        for (size_t i = 0; i < k.body.size(); ++i) emit(2, static_cast<int>(i), false);
-        line(1, "}");
-        line(0, "}");
-        return out;
-      }
-      // `unroll` elements per thread and step, a block's width apart: every element's loads and values
-      // first (a position past the end reads the last element again and is not stored), then the stores.
-      line(1, fmt::format("// {} elements per thread and step: loads first, stores after", unroll));
-      line(1, fmt::format("for ({0} e0 = ({0})blockIdx.x * blockDim.x * {2} + threadIdx.x; e0 < {1}; e0 += ({0})gridDim.x * blockDim.x * {2}) {{", I(), lit(total), unroll));
-      for (size_t i = 0; i < k.body.size(); ++i)
-        if (k.body[i].op == "store") {
-          const KAccess& acc = k.accesses[static_cast<size_t>(k.body[i].access)];
-          line(2, fmt::format("{} sv{}[{}];", mem_type(st[static_cast<size_t>(acc.arg)]), i, unroll));
-          line(2, fmt::format("{} sx{}[{}];", I(), i, unroll));
-        }
-      line(2, "#pragma unroll");
-      line(2, fmt::format("for (int u = 0; u < {}; ++u) {{", unroll));
-      line(3, fmt::format("const {0} e = e0 + u * ({0})blockDim.x < {1} ? e0 + u * ({0})blockDim.x : {2};", I(), lit(total), lit(total - 1)));
-      line(3, fmt::format("const {0} o_ = e / {1}, t_ = e % {1};", I(), lit(std::max<int64_t>(1, k.inner_count()))));
-      split_outer(3, "o_");
-      split_inner(3, "t_");
-      for (size_t i = 0; i < k.body.size(); ++i) emit(3, static_cast<int>(i), false);
-      line(2, "}");
-      line(2, "#pragma unroll");
-      line(2, fmt::format("for (int u = 0; u < {}; ++u) {{", unroll));
-      line(3, fmt::format("if (e0 + u * ({})blockDim.x >= {}) break;", I(), lit(total)));
-      for (size_t i = 0; i < k.body.size(); ++i)
-        if (k.body[i].op == "store") line(3, fmt::format("a{0}[sx{1}[u]] = sv{1}[u];", k.accesses[static_cast<size_t>(k.body[i].access)].arg, i));
-      line(2, "}");
+      line(1, fmt::format("for ({0} e = ({0})blockIdx.x * blockDim.x + threadIdx.x; e < {1}; e += ({0})gridDim.x * blockDim.x) {{", I(), lit(total)));
+      line(2, fmt::format("const {0} o_ = e / {1}, t_ = e % {1};", I(), lit(std::max<int64_t>(1, k.inner_count()))));
+      split_outer(2, "o_");
+      split_inner(2, "t_");
+      for (size_t i = 0; i < k.body.size(); ++i) emit(2, static_cast<int>(i), false);
       line(1, "}");
       line(0, "}");
       return out;
@@ -701,23 +643,9 @@ bool device_node_supported(const Node& n) {
 
 std::string node_symbol(size_t node_index) { return fmt::format("tsl_n{}", node_index); }
 
-namespace {
-DType node_storage(const Value* v, const std::vector<DType>& storage) {
-  return static_cast<size_t>(v->id) < storage.size() ? storage[static_cast<size_t>(v->id)] : v->type.dtype;
-}
-
-// Elements per thread and step of a device node's strided copy (transpose, slice, broadcast): as the
-// pointwise loop kernels, by the wider of its operand's and result's types in memory; 1 for other nodes.
-int node_unroll(const Node& n, const std::vector<DType>& storage) {
-  if (!is_core_op(n, CoreOp::transpose) && !is_core_op(n, CoreOp::slice) && !is_core_op(n, CoreOp::broadcast_in_dim)) return 1;
-  const DType tx = node_storage(n.inputs[0], storage), ty = node_storage(n.outputs[0], storage);
-  return elements_per_thread(dtype_size(tx) > dtype_size(ty) ? tx : ty);
-}
-}  // namespace
-
-LaunchShape node_launch_shape(const Node& n, int sms, const std::vector<DType>& storage) {
-  const int64_t total = shape_numel(n.outputs[0]->type.shape), per_block = 256 * int64_t{node_unroll(n, storage)};
-  return LaunchShape{LaunchForm::pointwise, cap((total + per_block - 1) / per_block, 1, std::max(1, sms) * int64_t{8}), 256};
+LaunchShape node_launch_shape(const Node& n, int sms) {
+  const int64_t total = shape_numel(n.outputs[0]->type.shape);
+  return LaunchShape{LaunchForm::pointwise, cap((total + 255) / 256, 1, std::max(1, sms) * int64_t{8}), 256};
 }
 
 std::string generate_node(const Node& n, size_t node_index, const std::vector<DType>& storage) {
@@ -748,18 +676,10 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
       if (strides[d]) src += (src.empty() ? "" : " + ") + fmt::format("i{} * {}{}", d, strides[d], L);
     std::string k = fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {2}* __restrict__ y) {{\n",
                                 node_symbol(node_index), xt, t);
-    // node_unroll elements per thread and step, a block's width apart: every read first (a position past
-    // the end reads the last element again and is not written), then the writes
-    const int u = node_unroll(n, storage);
-    const char* I = narrow ? "int" : "long long";
-    k += fmt::format("  // {} elements per thread and step: reads first, writes after\n", u);
-    k += fmt::format("  for ({0} e0 = ({0})blockIdx.x * blockDim.x * {2} + threadIdx.x; e0 < {1}{3}; e0 += ({0})gridDim.x * blockDim.x * {2}) {{\n", I, total, u, L);
-    k += fmt::format("    {} v_[{}];\n    #pragma unroll\n    for (int u = 0; u < {}; ++u) {{\n", t, u, u);
-    k += fmt::format("      const {0} e = e0 + u * ({0})blockDim.x < {1}{2} ? e0 + u * ({0})blockDim.x : {3}{2};\n", I, total, L, total - 1);
-    k += split_index(oshape, "      ", narrow);
-    k += fmt::format("      v_[u] = {};\n    }}\n", moved(fmt::format("x[{}]", src.empty() ? "0" : src)));
-    k += fmt::format("    #pragma unroll\n    for (int u = 0; u < {}; ++u) {{\n", u);
-    k += fmt::format("      const {0} e = e0 + u * ({0})blockDim.x;\n      if (e >= {1}{2}) break;\n      y[e] = v_[u];\n    }}\n  }}\n}}\n", I, total, L);
+    k += narrow ? fmt::format("  for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (int)gridDim.x * blockDim.x) {{\n", total)
+                : loop;
+    k += split_index(oshape, "    ", narrow);
+    k += fmt::format("    y[e] = {};\n  }}\n}}\n", moved(fmt::format("x[{}]", src.empty() ? "0" : src)));
     return k;
   };
   if (is_core_op(n, CoreOp::transpose) || is_core_op(n, CoreOp::slice)) {
@@ -855,14 +775,14 @@ LaunchForm launch_form(const Kernel& k) {
   return !has_reduction(k) && k.phases == 1 ? LaunchForm::pointwise : LaunchForm::rows;
 }
 
-LaunchShape launch_shape(const Kernel& k, int sms, const std::vector<DType>& storage) {
+LaunchShape launch_shape(const Kernel& k, int sms) {
   LaunchShape s;
   s.form = launch_form(k);
   const int64_t waves = std::max(1, sms) * int64_t{8};
   if (s.form == LaunchForm::pointwise) {
-    const int64_t per_block = 256 * int64_t{pointwise_unroll(k, own_storage(k, storage))};
+    const int64_t total = k.outer_count() * k.inner_count();
     s.threads = 256;
-    s.blocks = cap((k.outer_count() * k.inner_count() + per_block - 1) / per_block, 1, waves);
+    s.blocks = cap((total + 255) / 256, 1, waves);
   } else if (k.inner_count() <= kSerialInner) {
     s.threads = 128;
     s.blocks = cap((k.outer_count() + 127) / 128, 1, waves);

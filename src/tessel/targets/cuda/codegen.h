@@ -4,8 +4,7 @@
 //   extern "C" __global__ void tsl_k<index>(T0* a0, T1* a1, ...)   one pointer per kernel arg
 //
 // Two launch forms, decided per kernel (launch_form):
-//   pointwise  no reduction: every loop point (outer x inner) is one element of a grid-stride loop,
-//              several per thread and step (loads of all first, then the stores).
+//   pointwise  no reduction: every loop point (outer x inner) is one element of a grid-stride loop.
 //   rows       each outer point is one block (grid-stride over the outer points); its threads split
 //              the inner loop of every phase, and each reduction ends in a block reduction whose
 //              result every thread holds for the next phases (softmax, layer norm).
@@ -51,9 +50,8 @@ LaunchShape im2col_launch_shape(const Kernel& k, int sms);
 bool has_generated_function(const Kernel& k);  // a loop kernel, or a library kernel with an epilogue
 LaunchForm launch_form(const Kernel& k);
 // The grid of a kernel's generated function: `sms` multiprocessors to fill (blocks are capped at a
-// few waves of them; the grid-stride loops cover the rest). `storage`: each arg's element type in memory
-// (kernel_arg_storage; the pointwise form's elements per thread follow the widest); empty: the args' own.
-LaunchShape launch_shape(const Kernel& k, int sms, const std::vector<DType>& storage = {});
+// few waves of them; the grid-stride loops cover the rest).
+LaunchShape launch_shape(const Kernel& k, int sms);
 LaunchShape conv_launch_shape(const Kernel& k, int sms);
 LaunchShape matmul_launch_shape(const Kernel& k, int sms);
 
@@ -76,7 +74,7 @@ std::string node_matmul_symbol(size_t node_index);
 std::string node_symbol(size_t node_index);
 // `storage`: element types in memory by value id (value_storage); empty: the values' own dtypes.
 std::string generate_node(const Node& n, size_t node_index, const std::vector<DType>& storage = {});
-LaunchShape node_launch_shape(const Node& n, int sms, const std::vector<DType>& storage = {});  // storage as generate_node's
+LaunchShape node_launch_shape(const Node& n, int sms);
 
 // The prelude every translation unit starts with: fixed-width types (NVRTC has no <cstdint>), the
 // math functions the C spellings call (tsl_exp, tsl_max, ... with the CPU runtime's NaN rules) and
