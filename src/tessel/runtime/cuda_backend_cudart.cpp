@@ -458,7 +458,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
       if (o.precision == cuda::Precision::f32) info.bytes = k.bytes_fused;
       if (cuda::has_generated_function(k)) {
         s.fn = kernel_of(cuda::kernel_symbol(s.kid));
-        s.shape = cuda::launch_shape(k, sms_);
+        s.shape = cuda::launch_shape(k, sms_, s.arg_mem);
       }
       const std::string epi = s.fn ? fmt::format(" + generated epilogue") : "";
       if (k.kind == KernelKind::matmul) {

@@ -78,6 +78,46 @@ bool index_fits_32_bits(const Kernel& k) {
   return true;
 }
 
+// The pointwise form's vector width: V adjacent elements of the last loop dimension per thread, each
+// operand that walks that dimension with unit stride read and written V at a time (one 16-byte access at
+// the widest type in memory), operands that do not walk it (stride 0: a bias) read once per element. 1
+// (the scalar form) unless the last dimension's extent is a multiple of V and every unit-stride operand's
+// vectors start V-aligned (offset and other strides multiples of V); any other stride on that dimension,
+// or a load of an argument an earlier instruction stored to, keeps the scalar form. On the H200 the bar
+// block's erf-GELU epilogue took 14.0 us this way against 18.5 us one element per thread
+// (bench/cuda_epilogue_probe.cu): the index arithmetic is paid once per V elements.
+int vector_width(const Kernel& k, const std::vector<DType>& st) {
+  const size_t dims = k.outer.size() + k.inner.size();
+  if (launch_form(k) != LaunchForm::pointwise || dims == 0) return 1;
+  const int64_t last = k.inner.empty() ? k.outer.back() : k.inner.back();
+  int64_t widest = 1;
+  std::set<int> stored;
+  bool unit = false;
+  for (const KInstr& in : k.body) {
+    if (in.op != "load" && in.op != "store") continue;
+    const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
+    if (in.op == "load" && stored.count(acc.arg)) return 1;
+    if (in.op == "store") stored.insert(acc.arg);
+    if (acc.strides.size() != dims) return 1;
+    const int64_t s = acc.strides.back();
+    if (s != 0 && s != 1) return 1;
+    if (in.op == "store" && s != 1) return 1;
+    unit = unit || s == 1;
+    widest = std::max<int64_t>(widest, dtype_size(st[static_cast<size_t>(acc.arg)]));
+  }
+  const int v = static_cast<int>(cap(16 / widest, 1, 8));
+  if (!unit || v < 2 || last % v != 0) return 1;
+  for (const KInstr& in : k.body) {
+    if (in.op != "load" && in.op != "store") continue;
+    const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
+    if (acc.strides.back() != 1) continue;
+    if (acc.offset % v != 0) return 1;
+    for (size_t d = 0; d + 1 < dims; ++d)
+      if (acc.strides[d] % v != 0) return 1;
+  }
+  return v;
+}
+
 struct Emitter {
   const Kernel& k;
   size_t index;
@@ -95,13 +135,19 @@ struct Emitter {
   // Index arithmetic in 32 bits when every position and every element address fits (index_type): a 64-bit
   // division by a constant is a long instruction sequence, and the pointwise form divides per element.
   bool narrow = false;
+  // Pointwise vector form (vector_width): elements per thread; inside its loop `vec_j` is set and loads
+  // and stores of unit-stride accesses go through the vectors L<access> and S<instruction>.
+  int vw = 1;
+  bool vec_j = false;
 
   Emitter(const Kernel& kk, size_t i, std::vector<DType> storage) : k(kk), index(i), form(launch_form(kk)), st(own_storage(kk, std::move(storage))) {
     narrow = index_fits_32_bits(kk);
     serial = form == LaunchForm::rows && k.inner_count() <= kSerialInner;
     warp = form == LaunchForm::rows && rows_per_warp(k);
     if (warp && k.phases > 1) plan_row_cache();
+    vw = vector_width(k, st);
   }
+  bool unit_access(int a) const { return k.accesses[static_cast<size_t>(a)].strides.back() == 1; }
 
   // Two phase-loop instructions with the same key compute the same value at the same inner position: the
   // key is the instruction with its operands' keys in place of their ids. Loads of an argument the kernel
@@ -195,7 +241,8 @@ struct Emitter {
   std::string expr(const KInstr& in) const {
     if (in.op == "load") {
       const int arg = k.accesses[static_cast<size_t>(in.access)].arg;
-      const std::string e = mem_load(st[static_cast<size_t>(arg)], fmt::format("a{}[{}]", arg, index_of(in.access)));
+      const std::string at = vec_j && unit_access(in.access) ? fmt::format("L{}.x[j]", in.access) : fmt::format("a{}[{}]", arg, index_of(in.access));
+      const std::string e = mem_load(st[static_cast<size_t>(arg)], at);
       return in.dtype == DType::boolean ? "(" + e + " != 0)" : e;
     }
     if (in.op == "const") return c_literal(in.dtype, in.value, kD);
@@ -207,6 +254,14 @@ struct Emitter {
         const std::string x = v(in.args[0]);
         return e.value == 2.0 ? fmt::format("({0} * {0})", x) : fmt::format("({0} * {0} * {0})", x);
       }
+    }
+    // x / c by a constant c (a GELU's sqrt 2, attention's scale) is x times c's reciprocal, rounded once
+    // (within 1.5 ulp of the quotient, as XLA rewrites it): the IEEE division is a dozen instructions, and
+    // made the bar block's compute-bound erf-GELU epilogue 30% slower (bench/cuda_epilogue_probe.cu).
+    if (names_core_op(in.op, CoreOp::div) && in.args.size() == 2 && (in.dtype == DType::f32 || in.dtype == DType::f64)) {
+      const KInstr& c = k.body[static_cast<size_t>(in.args[1])];
+      if (c.op == "const" && std::isfinite(c.value) && c.value != 0 && std::isfinite(1.0 / c.value) && std::fpclassify(static_cast<float>(1.0 / c.value)) == FP_NORMAL)
+        return fmt::format("({} * {})", v(in.args[0]), c_literal(in.dtype, 1.0 / c.value, kD));
     }
     std::vector<std::string> ops;
     for (int j : in.args) ops.push_back(v(j));
@@ -239,6 +294,10 @@ struct Emitter {
     if (in.op == "store") {
       const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
       const std::string x = in.dtype == DType::boolean ? "(uint8_t)" + v(in.args[0]) : mem_store(st[static_cast<size_t>(acc.arg)], v(in.args[0]));
+      if (vec_j) {
+        line(indent, fmt::format("S{}.x[j] = {};", i, x));
+        return;
+      }
       line(indent, fmt::format("{}a{}[{}] = {};", row_store_guard ? (warp ? "if (lane == 0) " : "if (threadIdx.x == 0) ") : "", acc.arg, index_of(in.access), x));
       return;
     }
@@ -380,11 +439,58 @@ struct Emitter {
     else if (!serial && reduces.empty()) line(indent, "__syncthreads();  // this phase's stores before the next phase's loads");
   }
 
+  // The vector form (vw elements per thread), taken when every unit-stride argument's address is aligned
+  // to its vectors (the runtime's buffers are; a caller's tensor may not be: then the scalar loop after it).
+  void vector_loop(int64_t total) {
+    std::set<int> args;
+    std::vector<int> loads, stores;
+    for (size_t i = 0; i < k.body.size(); ++i) {
+      const KInstr& in = k.body[i];
+      if ((in.op != "load" && in.op != "store") || !unit_access(in.access)) continue;
+      args.insert(k.accesses[static_cast<size_t>(in.access)].arg);
+      (in.op == "load" ? loads : stores).push_back(static_cast<int>(i));
+    }
+    std::string aligned;
+    for (int a : args)
+      aligned += fmt::format("{}(unsigned long long)a{} % {} == 0", aligned.empty() ? "" : " && ", a, vw * dtype_size(st[static_cast<size_t>(a)]));
+    line(1, fmt::format("// {} adjacent elements per thread: unit-stride arguments read and written as vectors", vw));
+    line(1, fmt::format("if ({}) {{", aligned));
+    line(2, fmt::format("for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}; w += ({0})gridDim.x * blockDim.x) {{", I(), lit(total / vw)));
+    line(3, fmt::format("const {0} e = w * {1};", I(), vw));
+    line(3, fmt::format("const {0} o_ = e / {1}, t_ = e % {1};", I(), lit(std::max<int64_t>(1, k.inner_count()))));
+    split_outer(3, "o_");
+    split_inner(3, "t_");
+    std::set<int> loaded;
+    for (int i : loads) {
+      const int a = k.body[static_cast<size_t>(i)].access, arg = k.accesses[static_cast<size_t>(a)].arg;
+      if (!loaded.insert(a).second) continue;
+      line(3, fmt::format("const tsl_vec<{0}, {1}> L{2} = *reinterpret_cast<const tsl_vec<{0}, {1}>*>(a{3} + {4});", mem_type(st[static_cast<size_t>(arg)]), vw, a, arg, index_of(a)));
+    }
+    for (int i : stores)
+      line(3, fmt::format("tsl_vec<{}, {}> S{};", mem_type(st[static_cast<size_t>(k.accesses[static_cast<size_t>(k.body[static_cast<size_t>(i)].access)].arg)]), vw, i));
+    line(3, "#pragma unroll");
+    line(3, fmt::format("for (int j = 0; j < {}; ++j) {{", vw));
+    // (the last dimension's index stays the vector's first: only unit-stride accesses walk that
+    // dimension, and they read element j of their vector)
+    vec_j = true;
+    for (size_t i = 0; i < k.body.size(); ++i) emit(4, static_cast<int>(i), false);
+    vec_j = false;
+    line(3, "}");
+    for (int i : stores) {
+      const int a = k.body[static_cast<size_t>(i)].access, arg = k.accesses[static_cast<size_t>(a)].arg;
+      line(3, fmt::format("*reinterpret_cast<tsl_vec<{0}, {1}>*>(a{2} + {3}) = S{4};", mem_type(st[static_cast<size_t>(arg)]), vw, arg, index_of(a), i));
+    }
+    line(2, "}");
+    line(2, "return;");
+    line(1, "}");
+  }
+
   std::string generate() {
     header();
     line(0, fmt::format("extern \"C\" __global__ void {}({}) {{", kernel_symbol(index), params()));
     if (form == LaunchForm::pointwise) {
       const int64_t total = k.outer_count() * k.inner_count();
+      if (vw > 1) vector_loop(total);
       line(1, fmt::format("for ({0} e = ({0})blockIdx.x * blockDim.x + threadIdx.x; e < {1}; e += ({0})gridDim.x * blockDim.x) {{", I(), lit(total)));
       line(2, fmt::format("const {0} o_ = e / {1}, t_ = e % {1};", I(), lit(std::max<int64_t>(1, k.inner_count()))));
       split_outer(2, "o_");
@@ -775,14 +881,14 @@ LaunchForm launch_form(const Kernel& k) {
   return !has_reduction(k) && k.phases == 1 ? LaunchForm::pointwise : LaunchForm::rows;
 }
 
-LaunchShape launch_shape(const Kernel& k, int sms) {
+LaunchShape launch_shape(const Kernel& k, int sms, const std::vector<DType>& storage) {
   LaunchShape s;
   s.form = launch_form(k);
   const int64_t waves = std::max(1, sms) * int64_t{8};
   if (s.form == LaunchForm::pointwise) {
-    const int64_t total = k.outer_count() * k.inner_count();
+    const int64_t per_block = 256 * int64_t{vector_width(k, own_storage(k, storage))};
     s.threads = 256;
-    s.blocks = cap((total + 255) / 256, 1, waves);
+    s.blocks = cap((k.outer_count() * k.inner_count() + per_block - 1) / per_block, 1, waves);
   } else if (k.inner_count() <= kSerialInner) {
     s.threads = 128;
     s.blocks = cap((k.outer_count() + 127) / 128, 1, waves);
@@ -835,6 +941,8 @@ __device__ __forceinline__ tsl_bf16 tsl_f2bf(float f) {
   h.bits = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40u) : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
   return h;
 }
+// V elements moved as one access (the pointwise vector form): aligned to its whole size.
+template <class T, int V> struct alignas(sizeof(T) * V) tsl_vec { T x[V]; };
 __device__ __forceinline__ float tsl_nanf() { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ float tsl_inff() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ double tsl_nan() { return __longlong_as_double(0x7ff8000000000000LL); }

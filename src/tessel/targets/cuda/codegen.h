@@ -4,7 +4,8 @@
 //   extern "C" __global__ void tsl_k<index>(T0* a0, T1* a1, ...)   one pointer per kernel arg
 //
 // Two launch forms, decided per kernel (launch_form):
-//   pointwise  no reduction: every loop point (outer x inner) is one element of a grid-stride loop.
+//   pointwise  no reduction: every loop point (outer x inner) is one element of a grid-stride loop, or
+//              (vector_width) V adjacent points per thread, unit-stride operands moved V at a time.
 //   rows       each outer point is one block (grid-stride over the outer points); its threads split
 //              the inner loop of every phase, and each reduction ends in a block reduction whose
 //              result every thread holds for the next phases (softmax, layer norm).
@@ -50,8 +51,9 @@ LaunchShape im2col_launch_shape(const Kernel& k, int sms);
 bool has_generated_function(const Kernel& k);  // a loop kernel, or a library kernel with an epilogue
 LaunchForm launch_form(const Kernel& k);
 // The grid of a kernel's generated function: `sms` multiprocessors to fill (blocks are capped at a
-// few waves of them; the grid-stride loops cover the rest).
-LaunchShape launch_shape(const Kernel& k, int sms);
+// few waves of them; the grid-stride loops cover the rest). `storage`: each arg's element type in memory
+// (kernel_arg_storage: the pointwise vector form's width follows the widest); empty: the args' own.
+LaunchShape launch_shape(const Kernel& k, int sms, const std::vector<DType>& storage = {});
 LaunchShape conv_launch_shape(const Kernel& k, int sms);
 LaunchShape matmul_launch_shape(const Kernel& k, int sms);
 
