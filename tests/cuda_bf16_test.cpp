@@ -149,6 +149,31 @@ TEST(CudaBf16, AttentionViewsRunOnTheDevice) {
   }
 }
 
+// The transpose that makes K^T for the scores' dot_general keeps K's rows (perm [0, 2, 1, 3]) and the
+// dot_general contracts K's last dim instead: the copy walks rows, cuBLASLt reads K stored transposed; the
+// scores keep their shape (AttentionViewsRunOnTheDevice runs this graph against eager).
+TEST(CudaBf16, MatmulOperandTransposeKeepsRows) {
+  KernelModule m = lower_for_cuda(parse_graph(kHeads));
+  const Node *kt = nullptr, *mm = nullptr;
+  for (const auto& n : m.graph->nodes()) {
+    if (n->name == "/Transpose_1") kt = n.get();
+    if (n->name == "/MatMul") mm = n.get();
+  }
+  ASSERT_TRUE(kt && mm);
+  EXPECT_EQ(kt->attr_ints("perm"), (std::vector<int64_t>{0, 2, 1, 3}));
+  EXPECT_EQ(kt->outputs[0]->type.shape, (std::vector<int64_t>{2, 3, 5, 4}));
+  EXPECT_EQ(mm->attr_ints("rhs_contract"), (std::vector<int64_t>{3}));
+  EXPECT_EQ(mm->attr_ints("lhs_contract"), (std::vector<int64_t>{3}));
+  EXPECT_EQ(mm->outputs[0]->type.shape, (std::vector<int64_t>{2, 3, 5, 5}));
+  const std::optional<MatmulSpec> s = cuda::device_matmul_spec(*mm);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->b_k, 1);
+  EXPECT_EQ(s->b_n, 4);
+  EXPECT_TRUE(cuda::fits_cublaslt(*s));
+  // the head copies (last dim 4, contiguous in their source) move as f32 vectors of 4 at f32
+  EXPECT_NE(cuda::generate_cuda(m, "heads").find("// 4 adjacent elements per thread: read and written as vectors"), std::string::npos);
+}
+
 // docs/runtime/cuda-backend.md, "bf16": the worked example's graph at bf16 generates the ```cuda k0-bf16 block.
 TEST(CudaBf16, WorkedExample) {
   const std::string md = testenv::read_text(testenv::source_dir() + "/docs/runtime/cuda-backend.md");

@@ -585,7 +585,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
         flag_node_.push_back(&n);
       }
       s.fn = kernel_of(cuda::node_symbol(ni));
-      s.shape = cuda::node_launch_shape(n, sms_);
+      s.shape = cuda::node_launch_shape(n, sms_, vst_);
       info.name = display_text(n.name);
       info.kind = "node";
       info.how = "generated " + n.op->name;

@@ -749,9 +749,46 @@ bool device_node_supported(const Node& n) {
 
 std::string node_symbol(size_t node_index) { return fmt::format("tsl_n{}", node_index); }
 
-LaunchShape node_launch_shape(const Node& n, int sms) {
-  const int64_t total = shape_numel(n.outputs[0]->type.shape);
-  return LaunchShape{LaunchForm::pointwise, cap((total + 255) / 256, 1, std::max(1, sms) * int64_t{8}), 256};
+namespace {
+DType node_storage(const Value* v, const std::vector<DType>& storage) {
+  return static_cast<size_t>(v->id) < storage.size() ? storage[static_cast<size_t>(v->id)] : v->type.dtype;
+}
+
+// The copy's source offset and per-output-dim strides (a view copy or a broadcast), false for other nodes.
+bool copy_strides(const Node& n, int64_t* off, std::vector<int64_t>* strides) {
+  *off = 0;
+  if (is_core_op(n, CoreOp::transpose) || is_core_op(n, CoreOp::slice)) return view_copy(n, off, strides);
+  if (!is_core_op(n, CoreOp::broadcast_in_dim)) return false;
+  const std::vector<int64_t>& in = n.inputs[0]->type.shape;
+  const std::vector<int64_t>& out = n.outputs[0]->type.shape;
+  const std::vector<int64_t> dims = n.attr_ints("dims"), ist = row_strides_of(in);
+  strides->assign(out.size(), 0);
+  for (size_t i = 0; i < dims.size() && i < in.size(); ++i)
+    if (!(in[i] == 1 && out[static_cast<size_t>(dims[i])] != 1)) (*strides)[static_cast<size_t>(dims[i])] = ist[i];
+  return true;
+}
+
+// A strided copy's vector width, as the loop kernels' (vector_width): V adjacent output elements per
+// thread when the source walks the last dimension with unit stride and every vector starts V-aligned on
+// both sides (the output is dense: its last extent a multiple of V); 1 otherwise. The bar block's
+// head-layout slices and transposes (last dimension 768 or 64, contiguous in their source) move this way.
+int copy_vector_width(const Node& n, const std::vector<DType>& storage) {
+  int64_t off = 0;
+  std::vector<int64_t> strides;
+  const std::vector<int64_t>& out = n.outputs[0]->type.shape;
+  if (out.empty() || !copy_strides(n, &off, &strides) || strides.size() != out.size() || strides.back() != 1) return 1;
+  const int64_t widest = std::max(dtype_size(node_storage(n.inputs[0], storage)), dtype_size(node_storage(n.outputs[0], storage)));
+  const int v = static_cast<int>(cap(16 / std::max<int64_t>(1, widest), 1, 8));
+  if (v < 2 || out.back() % v != 0 || off % v != 0) return 1;
+  for (size_t d = 0; d + 1 < strides.size(); ++d)
+    if (strides[d] % v != 0) return 1;
+  return v;
+}
+}  // namespace
+
+LaunchShape node_launch_shape(const Node& n, int sms, const std::vector<DType>& storage) {
+  const int64_t total = shape_numel(n.outputs[0]->type.shape), per_block = 256 * int64_t{copy_vector_width(n, storage)};
+  return LaunchShape{LaunchForm::pointwise, cap((total + per_block - 1) / per_block, 1, std::max(1, sms) * int64_t{8}), 256};
 }
 
 std::string generate_node(const Node& n, size_t node_index, const std::vector<DType>& storage) {
@@ -764,8 +801,7 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
   const Value* out = n.outputs[0];
   const std::vector<int64_t>& oshape = out->type.shape;
   const int64_t total = shape_numel(oshape);
-  auto st = [&](const Value* v) { return static_cast<size_t>(v->id) < storage.size() ? storage[static_cast<size_t>(v->id)] : v->type.dtype; };
-  const DType ty = st(out), tx = st(n.inputs[0]);
+  const DType ty = node_storage(out, storage), tx = node_storage(n.inputs[0], storage);
   const std::string t = mem_type(ty), xt = mem_type(tx);
   // a copy between two element types goes through f32 (only f32 values change storage)
   auto moved = [&](const std::string& e) { return tx == ty ? e : mem_store(ty, mem_load(tx, e)); };
@@ -782,26 +818,33 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
       if (strides[d]) src += (src.empty() ? "" : " + ") + fmt::format("i{} * {}{}", d, strides[d], L);
     std::string k = fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {2}* __restrict__ y) {{\n",
                                 node_symbol(node_index), xt, t);
+    const std::string from = src.empty() ? "0" : src;
+    if (const int v = copy_vector_width(n, storage); v > 1) {
+      // v adjacent elements per thread, read and written as one vector each when both pointers are aligned
+      const char* I = narrow ? "int" : "long long";
+      k += fmt::format("  // {} adjacent elements per thread: read and written as vectors\n", v);
+      k += fmt::format("  if ((unsigned long long)x % {} == 0 && (unsigned long long)y % {} == 0) {{\n", v * dtype_size(tx), v * dtype_size(ty));
+      k += fmt::format("    for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}{2}; w += ({0})gridDim.x * blockDim.x) {{\n", I, total / v, L);
+      k += fmt::format("      const {} e = w * {};\n", I, v);
+      k += split_index(oshape, "      ", narrow);
+      k += fmt::format("      const tsl_vec<{0}, {1}> r = *reinterpret_cast<const tsl_vec<{0}, {1}>*>(x + {2});\n", xt, v, from);
+      if (tx == ty) {
+        k += fmt::format("      *reinterpret_cast<tsl_vec<{0}, {1}>*>(y + e) = r;\n", t, v);
+      } else {
+        k += fmt::format("      tsl_vec<{}, {}> o;\n      #pragma unroll\n      for (int j = 0; j < {}; ++j) o.x[j] = {};\n", t, v, v, moved("r.x[j]"));
+        k += fmt::format("      *reinterpret_cast<tsl_vec<{0}, {1}>*>(y + e) = o;\n", t, v);
+      }
+      k += "    }\n    return;\n  }\n";
+    }
     k += narrow ? fmt::format("  for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (int)gridDim.x * blockDim.x) {{\n", total)
                 : loop;
     k += split_index(oshape, "    ", narrow);
-    k += fmt::format("    y[e] = {};\n  }}\n}}\n", moved(fmt::format("x[{}]", src.empty() ? "0" : src)));
+    k += fmt::format("    y[e] = {};\n  }}\n}}\n", moved(fmt::format("x[{}]", from)));
     return k;
   };
-  if (is_core_op(n, CoreOp::transpose) || is_core_op(n, CoreOp::slice)) {
-    int64_t off = 0;
-    std::vector<int64_t> strides;
-    view_copy(n, &off, &strides);
-    return s + strided_copy(off, strides);
-  }
-  if (is_core_op(n, CoreOp::broadcast_in_dim)) {
-    const std::vector<int64_t>& in = n.inputs[0]->type.shape;
-    const std::vector<int64_t> dims = n.attr_ints("dims"), ist = row_strides_of(in);
-    std::vector<int64_t> st(oshape.size(), 0);
-    for (size_t i = 0; i < dims.size(); ++i)
-      if (!(in[i] == 1 && oshape[static_cast<size_t>(dims[i])] != 1)) st[static_cast<size_t>(dims[i])] = ist[i];
-    return s + strided_copy(0, st);
-  }
+  int64_t off = 0;
+  std::vector<int64_t> strides;
+  if (copy_strides(n, &off, &strides)) return s + strided_copy(off, strides);
   if (is_core_op(n, CoreOp::reduce_window)) {
     // y[i] = the kind's combination of x[i * strides - pad_low + w * dilations] over the window's in-range w
     // (core_kernels.cpp's make_reduce_window); max/min propagate NaN as the CPU runtime's tsl_max/tsl_min do.

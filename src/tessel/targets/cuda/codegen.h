@@ -76,7 +76,7 @@ std::string node_matmul_symbol(size_t node_index);
 std::string node_symbol(size_t node_index);
 // `storage`: element types in memory by value id (value_storage); empty: the values' own dtypes.
 std::string generate_node(const Node& n, size_t node_index, const std::vector<DType>& storage = {});
-LaunchShape node_launch_shape(const Node& n, int sms);
+LaunchShape node_launch_shape(const Node& n, int sms, const std::vector<DType>& storage = {});  // storage as generate_node's
 
 // The prelude every translation unit starts with: fixed-width types (NVRTC has no <cstdint>), the
 // math functions the C spellings call (tsl_exp, tsl_max, ... with the CPU runtime's NaN rules) and
