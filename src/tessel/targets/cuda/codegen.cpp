@@ -80,7 +80,8 @@ bool index_fits_32_bits(const Kernel& k) {
 
 // The pointwise form's vector width: V adjacent elements of the last loop dimension per thread, each
 // operand that walks that dimension with unit stride read and written V at a time (one 16-byte access at
-// the widest type in memory), operands that do not walk it (stride 0: a bias) read once per element. 1
+// the widest type in memory; a bias along that dimension too), operands constant along it (stride 0: a
+// per-row scale) read once per element. 1
 // (the scalar form) unless the last dimension's extent is a multiple of V and every unit-stride operand's
 // vectors start V-aligned (offset and other strides multiples of V); any other stride on that dimension,
 // or a load of an argument an earlier instruction stored to, keeps the scalar form. On the H200 the bar
