@@ -369,6 +369,9 @@ TEST(CudaCodegen, PointwiseVectorForm) {
     const std::string src = cuda::generate_cuda(lower_for_cuda(parse_graph(scalar)), "scalar");
     EXPECT_EQ(src.find("adjacent elements per thread"), std::string::npos) << src;
   }
+  // a divisor whose reciprocal is no normal f32 (0 here: x / 0 is +-inf or NaN) stays a division
+  const std::string by_zero = cuda::generate_cuda(lower_for_cuda(parse_graph(std::regex_replace(f32, std::regex("\\[2\\.5\\]"), "[0]"))), "zero");
+  EXPECT_TRUE(std::regex_search(by_zero.substr(by_zero.find("void tsl_k0")), std::regex("v[0-9]+ / v[0-9]+"))) << by_zero;
   if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
   for (const std::string& text : {f32, f64}) {
     const DType t = text == f64 ? DType::f64 : DType::f32;

@@ -1112,7 +1112,7 @@ std::vector<CudaStepTime> CudaExecutableImpl::profile(const std::vector<Tensor>&
   std::vector<bool> split(n, false);
   for (size_t i = 0; i < n; ++i) {
     const Step& s = steps_[i];
-    split[i] = s.kind == Step::Kind::kernel && s.fn && (s.kernel->kind == KernelKind::matmul || (s.kernel->kind == KernelKind::conv && (s.lt || s.conv)));
+    split[i] = s.kind == Step::Kind::kernel && s.fn && (s.kernel->kind == KernelKind::matmul || s.kernel->kind == KernelKind::conv);
   }
   auto destroy = [&] {
     for (auto& e : ev) cudaEventDestroy(e);

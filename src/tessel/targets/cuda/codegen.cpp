@@ -87,6 +87,9 @@ bool index_fits_32_bits(const Kernel& k) {
 // or a load of an argument an earlier instruction stored to, keeps the scalar form. On the H200 the bar
 // block's erf-GELU epilogue took 14.0 us this way against 18.5 us one element per thread
 // (bench/cuda_epilogue_probe.cu): the index arithmetic is paid once per V elements.
+// Elements of a 16-byte access at the widest element size in bytes, 1 to 8 (8 bf16, 4 f32, 2 f64).
+int vector_elements(int64_t widest_bytes) { return static_cast<int>(cap(16 / std::max<int64_t>(1, widest_bytes), 1, 8)); }
+
 int vector_width(const Kernel& k, const std::vector<DType>& st) {
   const size_t dims = k.outer.size() + k.inner.size();
   if (launch_form(k) != LaunchForm::pointwise || dims == 0) return 1;
@@ -106,7 +109,7 @@ int vector_width(const Kernel& k, const std::vector<DType>& st) {
     unit = unit || s == 1;
     widest = std::max<int64_t>(widest, dtype_size(st[static_cast<size_t>(acc.arg)]));
   }
-  const int v = static_cast<int>(cap(16 / widest, 1, 8));
+  const int v = vector_elements(widest);
   if (!unit || v < 2 || last % v != 0) return 1;
   for (const KInstr& in : k.body) {
     if (in.op != "load" && in.op != "store") continue;
@@ -261,8 +264,10 @@ struct Emitter {
     // made the bar block's compute-bound erf-GELU epilogue 30% slower (bench/cuda_epilogue_probe.cu).
     if (names_core_op(in.op, CoreOp::div) && in.args.size() == 2 && (in.dtype == DType::f32 || in.dtype == DType::f64)) {
       const KInstr& c = k.body[static_cast<size_t>(in.args[1])];
-      if (c.op == "const" && std::isfinite(c.value) && c.value != 0 && std::isfinite(1.0 / c.value) && std::fpclassify(static_cast<float>(1.0 / c.value)) == FP_NORMAL)
-        return fmt::format("({} * {})", v(in.args[0]), c_literal(in.dtype, 1.0 / c.value, kD));
+      const double r = c.value != 0 ? 1.0 / c.value : 0.0;
+      const bool normal = in.dtype == DType::f32 ? std::fpclassify(static_cast<float>(r)) == FP_NORMAL && std::isfinite(static_cast<float>(c.value))
+                                                 : std::fpclassify(r) == FP_NORMAL;
+      if (c.op == "const" && std::isfinite(c.value) && normal) return fmt::format("({} * {})", v(in.args[0]), c_literal(in.dtype, r, kD));
     }
     std::vector<std::string> ops;
     for (int j : in.args) ops.push_back(v(j));
@@ -779,7 +784,7 @@ int copy_vector_width(const Node& n, const std::vector<DType>& storage) {
   const std::vector<int64_t>& out = n.outputs[0]->type.shape;
   if (out.empty() || !copy_strides(n, &off, &strides) || strides.size() != out.size() || strides.back() != 1) return 1;
   const int64_t widest = std::max(dtype_size(node_storage(n.inputs[0], storage)), dtype_size(node_storage(n.outputs[0], storage)));
-  const int v = static_cast<int>(cap(16 / std::max<int64_t>(1, widest), 1, 8));
+  const int v = vector_elements(widest);
   if (v < 2 || out.back() % v != 0 || off % v != 0) return 1;
   for (size_t d = 0; d + 1 < strides.size(); ++d)
     if (strides[d] % v != 0) return 1;
