@@ -22,7 +22,8 @@ skipped with the reason; an error is recorded and the run goes on.
 tensors"); times are taken after torch.cuda.synchronize(). Under torch.compile a graph tessel cannot compile
 runs in PyTorch with a warning: those graphs are counted per model (`tessel_fallbacks`), with the first
 reasons. --precision bf16 (CUDA only): tessel computes in bf16 storage; eager and Inductor stay f32, so the
-error column is against f32 eager.
+error column is against f32 eager; two yardsticks are printed beside it, each against f32 eager: the model
+cast to bf16 (`eager bf16 err`) and the f32 model under torch.autocast(bf16) (`autocast bf16 err`).
 """
 import argparse
 import collections
@@ -346,6 +347,15 @@ def run_model(family, name, a):
             del m16, out16
         except Exception as e:  # noqa: BLE001
             rec["eager_bf16_rel_err"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        # The second yardstick: the f32 model under torch.autocast(bf16), PyTorch's own "f32 model, bf16
+        # where it is safe" -- the semantics closest to tessel's bf16 storage (docs/decisions.md).
+        try:
+            with torch.no_grad(), torch.autocast(a.device, dtype=torch.bfloat16):
+                outac = model(*ins)
+            rec["autocast_bf16_rel_err"] = rel_err(outac, ref)
+            del outac
+        except Exception as e:  # noqa: BLE001
+            rec["autocast_bf16_rel_err"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     timed = [("eager", model)]
     for mode in a.modes:
         try:
@@ -396,6 +406,9 @@ def row(rec, modes):
     e16 = rec.get("eager_bf16_rel_err")
     if e16 is not None:
         cells.append(f"eager bf16 err {e16:.1e}" if isinstance(e16, float) else f"eager bf16: {e16}")
+    eac = rec.get("autocast_bf16_rel_err")
+    if eac is not None:
+        cells.append(f"autocast bf16 err {eac:.1e}" if isinstance(eac, float) else f"autocast bf16: {eac}")
     for m in modes:
         r = rec.get(m, {})
         if "skipped" in r:
@@ -433,6 +446,11 @@ def summary(recs, modes):
             lines.append(f"eager bf16: {sum(r['eager_bf16_rel_err'] <= bar for r in e16)} of {len(e16)} within {bar:g} of f32 "
                          f"eager; {m} no worse than eager bf16 (or within {bar:g}) on "
                          f"{sum(r[m]['rel_err'] <= max(bar, r['eager_bf16_rel_err']) for r in e16)}")
+        eac = [r for r in done if isinstance(r.get("autocast_bf16_rel_err"), float)]
+        if eac:
+            lines.append(f"autocast bf16: {sum(r['autocast_bf16_rel_err'] <= bar for r in eac)} of {len(eac)} within "
+                         f"{bar:g} of f32 eager; {m} no worse than autocast bf16 (or within {bar:g}) on "
+                         f"{sum(r[m]['rel_err'] <= max(bar, r['autocast_bf16_rel_err']) for r in eac)}")
         lines.append(f"{m}: {len(done)} ran, {len(ok)} within {bar:g} of eager, {len(zero_fb)} with 0 aten fallbacks "
                      f"(in-place excluded)" + (" and every graph in tessel" if m != "inductor" else "") + (f", median speed-up vs eager x{statistics.median(speed):.2f}" if speed else ""))
     return lines
