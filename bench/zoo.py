@@ -347,8 +347,8 @@ def run_model(family, name, a):
             del m16, out16
         except Exception as e:  # noqa: BLE001
             rec["eager_bf16_rel_err"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        # The second yardstick: the f32 model under torch.autocast(bf16), PyTorch's own "f32 model, bf16
-        # where it is safe" -- the semantics closest to tessel's bf16 storage (docs/decisions.md).
+        # The second yardstick: the f32 model under torch.autocast(bf16), PyTorch's own way to run an f32
+        # model in bf16 (bf16 where matmuls and convolutions read and write, f32 elsewhere; docs/decisions.md).
         try:
             with torch.no_grad(), torch.autocast(a.device, dtype=torch.bfloat16):
                 outac = model(*ins)
