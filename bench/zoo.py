@@ -203,7 +203,7 @@ def build(family, name, small):
     try:
         m, ins = fn(name, small)
     except Exception as e:  # noqa: BLE001
-        return Skip(f"cannot build {family}:{name}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        return Skip(f"cannot build {family}:{name}: {one_line(e)}")
     return m.eval(), ins
 
 
@@ -229,6 +229,28 @@ def rel_err(out, ref):
         return float("inf")
     a, b = a.double(), b.double()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def one_line(e, n=200):
+    """An exception as one line: its type and the first line of its text, cut at n characters."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:n] if str(e) else ''}"
+
+
+def _cast_bf16(model, ins, device):
+    """The model cast to bf16 (`model.to(torch.bfloat16)`), its floating inputs too."""
+    import copy
+    return copy.deepcopy(model).to(torch.bfloat16)(*[t.to(torch.bfloat16) if t.is_floating_point() else t for t in ins])
+
+
+def _autocast_bf16(model, ins, device):
+    """The f32 model under torch.autocast(bf16): PyTorch's own way to run an f32 model in bf16 (bf16 where
+    matmuls and convolutions read and write, f32 elsewhere; docs/decisions.md)."""
+    with torch.autocast(device, dtype=torch.bfloat16):
+        return model(*ins)
+
+
+# --precision bf16's yardsticks: (record key, label, run).
+YARDSTICKS = (("eager_bf16_rel_err", "eager bf16", _cast_bf16), ("autocast_bf16_rel_err", "autocast bf16", _autocast_bf16))
 
 
 def _first_tensor(x):
@@ -337,25 +359,13 @@ def run_model(family, name, a):
     torch.manual_seed(0)
     with torch.no_grad():
         ref = model(*ins)
-    if a.precision == "bf16":   # the yardstick: the same model run by eager in bf16, against f32 eager
-        try:
-            import copy
-            m16 = copy.deepcopy(model).to(torch.bfloat16)
-            with torch.no_grad():
-                out16 = m16(*[t.to(torch.bfloat16) if t.is_floating_point() else t for t in ins])
-            rec["eager_bf16_rel_err"] = rel_err(out16, ref)
-            del m16, out16
-        except Exception as e:  # noqa: BLE001
-            rec["eager_bf16_rel_err"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-        # The second yardstick: the f32 model under torch.autocast(bf16), PyTorch's own way to run an f32
-        # model in bf16 (bf16 where matmuls and convolutions read and write, f32 elsewhere; docs/decisions.md).
-        try:
-            with torch.no_grad(), torch.autocast(a.device, dtype=torch.bfloat16):
-                outac = model(*ins)
-            rec["autocast_bf16_rel_err"] = rel_err(outac, ref)
-            del outac
-        except Exception as e:  # noqa: BLE001
-            rec["autocast_bf16_rel_err"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    if a.precision == "bf16":   # PyTorch's bf16 runs of the same model, each against f32 eager (YARDSTICKS)
+        for key, _, run16 in YARDSTICKS:
+            try:
+                with torch.no_grad():
+                    rec[key] = rel_err(run16(model, ins, a.device), ref)
+            except Exception as e:  # noqa: BLE001
+                rec[key] = one_line(e)
     timed = [("eager", model)]
     for mode in a.modes:
         try:
@@ -403,12 +413,10 @@ def row(rec, modes):
     if "skipped" in rec:
         return f"{rec['family']}:{rec['model']:<24} skipped: {rec['skipped']}"
     cells = [f"{rec['family']}:{rec['model']:<24}", f"eager {rec.get('eager_ms', float('nan')):8.2f} ms"]
-    e16 = rec.get("eager_bf16_rel_err")
-    if e16 is not None:
-        cells.append(f"eager bf16 err {e16:.1e}" if isinstance(e16, float) else f"eager bf16: {e16}")
-    eac = rec.get("autocast_bf16_rel_err")
-    if eac is not None:
-        cells.append(f"autocast bf16 err {eac:.1e}" if isinstance(eac, float) else f"autocast bf16: {eac}")
+    for key, label, _ in YARDSTICKS:
+        e = rec.get(key)
+        if e is not None:
+            cells.append(f"{label} err {e:.1e}" if isinstance(e, float) else f"{label}: {e}")
     for m in modes:
         r = rec.get(m, {})
         if "skipped" in r:
@@ -441,16 +449,11 @@ def summary(recs, modes):
         speed = [r["eager_ms"] / r[m]["ms"] for r in done if "ms" in r[m] and "eager_ms" in r]
         bar = 2e-2 if a_precision(recs) == "bf16" and m != "inductor" else 1e-4
         ok = [r for r in done if r[m]["rel_err"] <= bar]
-        e16 = [r for r in done if isinstance(r.get("eager_bf16_rel_err"), float)]
-        if e16:
-            lines.append(f"eager bf16: {sum(r['eager_bf16_rel_err'] <= bar for r in e16)} of {len(e16)} within {bar:g} of f32 "
-                         f"eager; {m} no worse than eager bf16 (or within {bar:g}) on "
-                         f"{sum(r[m]['rel_err'] <= max(bar, r['eager_bf16_rel_err']) for r in e16)}")
-        eac = [r for r in done if isinstance(r.get("autocast_bf16_rel_err"), float)]
-        if eac:
-            lines.append(f"autocast bf16: {sum(r['autocast_bf16_rel_err'] <= bar for r in eac)} of {len(eac)} within "
-                         f"{bar:g} of f32 eager; {m} no worse than autocast bf16 (or within {bar:g}) on "
-                         f"{sum(r[m]['rel_err'] <= max(bar, r['autocast_bf16_rel_err']) for r in eac)}")
+        for key, label, _ in YARDSTICKS:
+            ys = [r for r in done if isinstance(r.get(key), float)]
+            if ys:
+                lines.append(f"{label}: {sum(r[key] <= bar for r in ys)} of {len(ys)} within {bar:g} of f32 eager; "
+                             f"{m} no worse than {label} (or within {bar:g}) on {sum(r[m]['rel_err'] <= max(bar, r[key]) for r in ys)}")
         lines.append(f"{m}: {len(done)} ran, {len(ok)} within {bar:g} of eager, {len(zero_fb)} with 0 aten fallbacks "
                      f"(in-place excluded)" + (" and every graph in tessel" if m != "inductor" else "") + (f", median speed-up vs eager x{statistics.median(speed):.2f}" if speed else ""))
     return lines
