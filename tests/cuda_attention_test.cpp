@@ -77,12 +77,12 @@ Tensor wave(const Shape& s, double f, double amp) {
 TEST(CudaAttention, PatternFoundByValue) {
   for (const bool mask : {false, true}) {
     KernelModule m = lower_for_cuda(parse_graph(attention_graph(mask)));
-    const auto bf = cuda::find_attention(m, cuda::value_storage(*m.graph, cuda::Precision::bf16));
+    const auto bf = cuda::find_attention(m, cuda::value_storage(*m.graph, m.kernels, cuda::Precision::bf16));
     ASSERT_EQ(bf.size(), 1u) << cuda::generate_cuda(m, "attn", cuda::Precision::bf16);
     EXPECT_TRUE(bf[0].fused) << bf[0].why;
     EXPECT_NEAR(bf[0].alpha, mask ? 0.25 : 0.5, 1e-6);
     EXPECT_EQ(bf[0].mask_arg >= 0, mask);
-    const auto f32 = cuda::find_attention(m, cuda::value_storage(*m.graph, cuda::Precision::f32));
+    const auto f32 = cuda::find_attention(m, cuda::value_storage(*m.graph, m.kernels, cuda::Precision::f32));
     ASSERT_EQ(f32.size(), 1u);
     EXPECT_FALSE(f32[0].fused);
     EXPECT_NE(f32[0].why.find("bf16"), std::string::npos) << f32[0].why;
@@ -93,7 +93,7 @@ TEST(CudaAttention, PatternFoundByValue) {
       EXPECT_NO_THROW(cuda::compile_cuda_source(src, "attn", cuda_test::nvrtc_options(false)));
     }
     KernelModule d = lower_for_cuda(parse_graph(attention_graph(mask, false)));
-    EXPECT_TRUE(cuda::find_attention(d, cuda::value_storage(*d.graph, cuda::Precision::bf16)).empty()) << "2 x softmax matched";
+    EXPECT_TRUE(cuda::find_attention(d, cuda::value_storage(*d.graph, d.kernels, cuda::Precision::bf16)).empty()) << "2 x softmax matched";
   }
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -130,6 +131,13 @@ class CudaExecutableImpl final : public CudaExecutable {
     std::unique_ptr<LtMatmul> lt;
     MatmulSpec spec;                         // what lt computes (a matmul kernel's, or a 1x1 convolution's)
     std::vector<DeviceBuffer> scratch;
+    // f32 -> bf16 copies made before the step's library call: a matmul operand stored f32 beside a bf16 one
+    struct Convert {
+      const void* src = nullptr;
+      void* dst = nullptr;
+      long long n = 0;
+    };
+    std::vector<Convert> converts;
     // host steps
     CoreKernel host_kernel;
     std::vector<std::vector<uint8_t>> host_in, host_out;  // staging per input / output value
@@ -153,6 +161,12 @@ class CudaExecutableImpl final : public CudaExecutable {
   std::unique_ptr<LtMatmul> make_lt(const MatmulSpec& mm, const std::vector<void*>& args, const std::vector<DType>& st,
                                     const cuda::LtEpilogue* epi = nullptr);
   void run_host(Step& s);
+  // Operand `arg` of matmul step `s` (value `v`) is stored f32 and the other operand bf16: the step reads
+  // v's bf16 copy (an extra arg; made by the first step that reads it, autocast's cast) instead. Returns
+  // false (the step unchanged) when cuBLASLt then has no plan; `plan` makes it.
+  bool read_bf16_copy(Step& s, int& arg, const Value* v, const std::function<bool()>& plan);
+  void load_convert();  // the f32 -> bf16 conversion kernel (convert_), compiled when first needed
+  void enqueue_converts(const Step& s);
   void copy_inputs(const std::vector<Tensor>& inputs);
   std::vector<Tensor> copy_outputs();
   void capture_graph();
@@ -182,6 +196,7 @@ class CudaExecutableImpl final : public CudaExecutable {
   bool done_recorded_ = false;
   cudaLibrary_t convert_lib_ = nullptr;      // run_device's f32 -> bf16 input conversion (compiled when first needed)
   cudaKernel_t convert_ = nullptr;
+  std::map<int, DeviceBuffer> bf16_copy_;    // per value id: the bf16 copy matmuls read (read_bf16_copy)
   int* flags_host_ = nullptr;                // pinned: run_device's gather flags, read by a later call
   cudaEvent_t flags_ev_ = nullptr;
   bool flags_pending_ = false;
@@ -270,7 +285,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   sms_ = std::max(1, di.sms);
   stats_.device = di.name;
   stats_.precision = cuda::precision_name(o.precision);
-  vst_ = cuda::value_storage(g, o.precision);
+  vst_ = cuda::value_storage(g, module_.kernels, o.precision);
   use_graph_ = o.cuda_graph;
   const char* tm = std::getenv("TESSEL_CUDA_TIME_MATMULS");
   time_matmuls_ = tm && (std::string(tm) == "0" || std::string(tm) == "1") ? std::string(tm) == "1" : o.time_matmuls;
@@ -465,16 +480,20 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
         const MatmulSpec& mm = k.mm;
         if (k.args[static_cast<size_t>(mm.a)].type.dtype != DType::f32 || k.args[static_cast<size_t>(mm.b)].type.dtype != DType::f32)
           throw Error(Location{.node = n.name, .pass = "cuda"}, "the CUDA target's matmuls take f32 operands");
-        const DType ta = s.arg_mem[static_cast<size_t>(mm.a)], tb = s.arg_mem[static_cast<size_t>(mm.b)], tcc = s.arg_mem[static_cast<size_t>(mm.c)];
-        // cuBLASLt's pairs with f32 compute: bf16 x bf16 -> bf16 or f32, f32 x f32 -> f32; others run direct.
-        const bool lt_types = ta == tb && (ta == DType::bf16 || tcc == DType::f32);
+        DType ta = s.arg_mem[static_cast<size_t>(mm.a)], tb = s.arg_mem[static_cast<size_t>(mm.b)];
+        const DType tcc = s.arg_mem[static_cast<size_t>(mm.c)];
         s.mm = kernel_of(cuda::matmul_symbol(s.kid));
         s.mm_shape = cuda::matmul_launch_shape(k, sms_);
         info.flops = 2 * mm.batch * mm.m * mm.n * mm.k;
         s.spec = fold_shared_batch(mm);
         const cuda::LtEpilogue lte = cuda::match_lt_epilogue(k);
         info.epilogue = lte.why;
-        if (lt_types && cuda::fits_cublaslt(s.spec)) {
+        auto input_of = [&](int arg) {  // the node input kernel arg `arg` (an input) reads
+          int in = 0;
+          for (int ai = 0; ai < arg; ++ai) in += k.args[static_cast<size_t>(ai)].role == KArg::Role::in;
+          return n.inputs.at(static_cast<size_t>(in));
+        };
+        auto plan = [&]() {
           // The epilogue folded into the call: D is where the epilogue stored (C's layout), the residual
           // (cuBLASLt's C) must have D's type; cuBLASLt may still decline (no algorithm): then it is generated.
           const bool same_types = !lte.residual || s.arg_mem[static_cast<size_t>(lte.residual_arg)] == s.arg_mem[static_cast<size_t>(lte.out_arg)];
@@ -489,11 +508,22 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
           }
           if (!s.lt) s.lt = make_lt(s.spec, s.args, s.arg_mem);
           if (s.lt && !s.lt->epilogue && lte.fold) info.epilogue = "generated epilogue: cuBLASLt declined " + lte.why.substr(std::string("cuBLASLt epilogue: ").size());
+          return s.lt != nullptr;
+        };
+        // cuBLASLt's pairs with f32 compute: bf16 x bf16 -> bf16 or f32, f32 x f32 -> f32; one f32 operand
+        // beside a bf16 one is read as its bf16 copy; others run direct.
+        bool copied = false;
+        if (ta != tb && cuda::fits_cublaslt(s.spec)) {
+          const bool a_wide = ta == DType::f32;
+          int& arg = a_wide ? s.spec.a : s.spec.b;
+          if (read_bf16_copy(s, arg, input_of(a_wide ? mm.a : mm.b), plan)) ta = tb = DType::bf16, copied = true;
         }
+        const bool lt_types = ta == tb && (ta == DType::bf16 || tcc == DType::f32);
+        if (!s.lt && lt_types && cuda::fits_cublaslt(s.spec)) plan();
         if (s.lt && s.lt->epilogue) s.fn = nullptr;
         info.tensor_cores = s.lt && ta == DType::bf16;
         info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) +
-                   (ta == DType::bf16 ? " bf16" : "") + (s.lt && s.lt->epilogue ? " with its epilogue" : epi);
+                   (ta == DType::bf16 ? " bf16" : "") + (copied ? " (an f32 operand read as its bf16 copy)" : "") + (s.lt && s.lt->epilogue ? " with its epilogue" : epi);
         (s.lt ? stats_.cublaslt_matmuls : stats_.direct_matmuls)++;
       } else if (k.kind == KernelKind::conv) {
         const ConvSpec& c = k.conv;
@@ -558,8 +588,15 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
       s.args = {dev(n.inputs[0]), dev(n.inputs[1]), dev(n.outputs[0])};
       s.arg_mem = {mem(n.inputs[0]), mem(n.inputs[1]), mem(n.outputs[0])};
       s.spec = *mm;
-      const DType ta = s.arg_mem[0], tb = s.arg_mem[1], tcc = s.arg_mem[2];
-      if (ta == tb && (ta == DType::bf16 || tcc == DType::f32) && cuda::fits_cublaslt(*mm)) s.lt = make_lt(*mm, s.args, s.arg_mem);
+      DType ta = s.arg_mem[0], tb = s.arg_mem[1];
+      const DType tcc = s.arg_mem[2];
+      auto plan = [&]() { return (s.lt = make_lt(s.spec, s.args, s.arg_mem)) != nullptr; };
+      bool copied = false;
+      if (ta != tb && cuda::fits_cublaslt(*mm)) {  // as a matmul kernel's: one f32 operand beside a bf16 one
+        const bool a_wide = ta == DType::f32;
+        if (read_bf16_copy(s, a_wide ? s.spec.a : s.spec.b, n.inputs[a_wide ? 0 : 1], plan)) ta = tb = DType::bf16, copied = true;
+      }
+      if (!s.lt && ta == tb && (ta == DType::bf16 || tcc == DType::f32) && cuda::fits_cublaslt(*mm)) plan();
       s.mm = kernel_of(cuda::node_matmul_symbol(ni));
       s.mm_shape = cuda::node_launch_shape(n, sms_);
       info.name = display_text(n.name);
@@ -567,7 +604,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
       info.flops = 2 * mm->batch * mm->m * mm->n * mm->k;
       info.tensor_cores = s.lt && ta == DType::bf16;
       info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) + (ta == DType::bf16 ? " bf16" : "") +
-                 " (dot_general outside a kernel)";
+                 (copied ? " (an f32 operand read as its bf16 copy)" : "") + " (dot_general outside a kernel)";
       for (const Value* v : n.inputs) info.bytes += static_cast<int64_t>(mem_bytes(v));
       info.bytes += static_cast<int64_t>(mem_bytes(n.outputs[0]));
       (s.lt ? stats_.cublaslt_matmuls : stats_.direct_matmuls)++;
@@ -683,6 +720,37 @@ std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, cons
     choose_lt_algo(*lt, mm, args, res, found, key);
   }
   return lt;
+}
+
+bool CudaExecutableImpl::read_bf16_copy(Step& s, int& arg, const Value* v, const std::function<bool()>& plan) {
+  const int before = arg;
+  const long long n = shape_numel(v->type.shape);
+  auto [it, fresh] = bf16_copy_.try_emplace(v->id);
+  if (fresh) it->second = DeviceBuffer(static_cast<size_t>(n) * dtype_size(DType::bf16), "a matmul operand's bf16 copy");
+  arg = static_cast<int>(s.args.size());
+  s.args.push_back(it->second.p);
+  s.arg_mem.push_back(DType::bf16);
+  if (plan()) {
+    if (fresh) s.converts.push_back(Step::Convert{dev(v), it->second.p, n});
+    load_convert();
+    return true;
+  }
+  arg = before;
+  s.args.pop_back();
+  s.arg_mem.pop_back();
+  if (fresh) bf16_copy_.erase(it);
+  return false;
+}
+
+void CudaExecutableImpl::enqueue_converts(const Step& s) {
+  for (const Step::Convert& c : s.converts) {
+    const void* src = c.src;
+    void* dst = c.dst;
+    long long n = c.n;
+    void* params[] = {&src, &dst, &n};
+    const unsigned blocks = static_cast<unsigned>(std::clamp<long long>((n + 255) / 256, 1, 8LL * sms_));
+    ck(cudaLaunchKernel(reinterpret_cast<const void*>(convert_), dim3(blocks), dim3(256), params, 0, cur_), "converting a matmul operand to bf16");
+  }
 }
 
 void CudaExecutableImpl::launch(cudaKernel_t f, const cuda::LaunchShape& sh, std::vector<void*>& ptrs) {
@@ -821,6 +889,7 @@ void CudaExecutableImpl::enqueue(Step& s, cudaEvent_t before_epilogue) {
     launch(s.fn, s.shape, s.args);
     return;
   }
+  enqueue_converts(s);
   if (s.kind == Step::Kind::matmul) {
     if (s.lt) run_lt(s);
     else launch(s.mm, s.mm_shape, s.args);
@@ -978,9 +1047,9 @@ void CudaExecutableImpl::check_deferred_flags(bool wait) {
 
 namespace {
 
-// f32 -> bf16 on the device for run_device's inputs stored as bf16: round to nearest even, NaN stays a
+// f32 -> bf16 on the device for run_device's inputs stored as bf16 and matmul operands stored f32 (read_bf16_copy): round to nearest even, NaN stays a
 // quiet NaN, a finite value beyond bf16's range saturates to the largest bf16 (cuda::f32_to_bf16's rules).
-const char* kConvertSource = R"(// tessel: run_device's input conversion
+const char* kConvertSource = R"(// tessel: f32 -> bf16 conversion (inputs, matmul operands)
 extern "C" __global__ void tsl_f32_to_bf16(const float* __restrict__ x, unsigned short* __restrict__ y, long long n) {
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const unsigned u = __float_as_uint(x[i]);
@@ -996,6 +1065,15 @@ extern "C" __global__ void tsl_f32_to_bf16(const float* __restrict__ x, unsigned
 )";
 
 }  // namespace
+
+void CudaExecutableImpl::load_convert() {
+  if (convert_) return;
+  cuda::NvrtcOptions no;
+  no.arch = cuda::device_arch();
+  const cuda::NvrtcResult nr = cuda::compile_cuda_source(kConvertSource, "tsl_convert", no);
+  ck(cudaLibraryLoadData(&convert_lib_, nr.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0), "loading the f32 -> bf16 conversion");
+  ck(cudaLibraryGetKernel(&convert_, convert_lib_, "tsl_f32_to_bf16"), "cudaLibraryGetKernel");
+}
 
 void CudaExecutableImpl::run_device(const std::vector<uint64_t>& inputs, const std::vector<uint64_t>& outputs, uint64_t stream) {
   const Graph& g = *module_.graph;
@@ -1015,13 +1093,7 @@ void CudaExecutableImpl::run_device(const std::vector<uint64_t>& inputs, const s
     const Value* v = g.inputs[i];
     const void* src = reinterpret_cast<const void*>(static_cast<uintptr_t>(inputs[i]));
     if (!input_bf16_[i].empty()) {
-      if (!convert_) {
-        cuda::NvrtcOptions no;
-        no.arch = cuda::device_arch();
-        const cuda::NvrtcResult nr = cuda::compile_cuda_source(kConvertSource, "tsl_convert", no);
-        ck(cudaLibraryLoadData(&convert_lib_, nr.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0), "loading the input conversion");
-        ck(cudaLibraryGetKernel(&convert_, convert_lib_, "tsl_f32_to_bf16"), "cudaLibraryGetKernel");
-      }
+      load_convert();
       long long n = shape_numel(v->type.shape);
       void* dst = inputs_dev_[i].p;
       void* params[] = {&src, &dst, &n};

@@ -1105,7 +1105,7 @@ std::string generate_cuda(const KernelModule& m, const std::string& model_name, 
   std::vector<DType> vs;
   std::vector<std::vector<DType>> arg_st(m.kernels.size());
   if (m.graph) {
-    vs = value_storage(*m.graph, p);
+    vs = value_storage(*m.graph, m.kernels, p);
     for (const auto& n : m.graph->nodes())
       if (is_kernel_node(*n)) {
         const size_t ki = static_cast<size_t>(n->attr_i("kernel"));

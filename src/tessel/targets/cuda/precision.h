@@ -20,11 +20,22 @@ const char* precision_name(Precision p);
 // (issue 15's bars; bf16 keeps 8 significant bits, a relative step of 2^-8 = 3.9e-3 per rounding).
 double precision_tolerance(Precision p);
 
-// The element type of every value of `g` in device memory, by value id (DType::f32 -> DType::bf16 under
-// bf16). A value stays f32 when its memory (the values a reshape chain aliases) holds a graph output
-// (the user receives f32) or has a single element (scales, epsilons, one-element reductions: nothing to
-// save, and their rounding would move every element they touch). Non-f32 values keep their dtype.
-std::vector<DType> value_storage(const Graph& g, Precision p);
+// The element type of every value of the kernel-level graph `g` (its kernels: `kernels`) in device memory,
+// by value id. Under f32 every value keeps its dtype. Under bf16 the storage follows PyTorch's autocast,
+// so that the residual stream and normalized activations keep f32 while matmuls and convolutions take
+// bf16 (docs/runtime/cuda-backend.md, "bf16"):
+// - a matmul's or convolution's result (a matmul or conv kernel, a dot_general node) is bf16, unless its
+//   epilogue reads an f32 computed value (a residual): then f32 (cuBLASLt: bf16 A and B, f32 C and D);
+// - a loop kernel's result is f32 when it reduces (softmax, normalization, mean) or reads an f32 computed
+//   value, else bf16; a node's (gather, copies) is f32 when it reads an f32 value, constants included;
+// - a graph input is f32; a constant is bf16 when a matmul or conv kernel or a dot_general reads it, else f32;
+// - any of these is bf16 when every reader takes it as a matmul's or convolution's operand, or some
+//   convolution as its activation (autocast's cast, done once by its producer); a matmul operand stored
+//   f32 beside a bf16 one is converted by the runtime before the call;
+// - whatever the above, a value stays f32 when its memory (the values a reshape chain aliases) holds a
+//   graph output (the user receives f32) or has a single element (scales, epsilons: nothing to save).
+// Non-f32 values keep their dtype. `kernels` may be empty (a core graph: its dot_generals are the matmuls).
+std::vector<DType> value_storage(const Graph& g, const std::vector<Kernel>& kernels, Precision p);
 
 // The element type of each argument of kernel `k` (run by kernel node `kn`): its value's storage; a
 // scratch buffer is bf16 under bf16 when it is f32.
