@@ -61,7 +61,8 @@ std::string residual_block() {
     return "[" + s + "]";
   };
   return "graph @block(%x: f32[8,16]) {\n  const %w1: f32[16,16] = " + values(256, 0.7, 0.3) + "\n  const %w2: f32[16,16] = " + values(256, 0.3, 0.3) +
-         "\n  const %g: f32[16] = " + values(16, 0.5, 1.0) + R"(
+         "\n  const %g: f32[16] = " + values(16, 0.5, 1.0) + "\n  const %b1: f32[16] = " + values(16, 0.9, 0.2) +
+         "\n  const %b2: f32[16] = " + values(16, 1.1, 0.2) + R"(
   const %n: f32[1] = [0.0625]
   %sq: f32[8,16] = mul(%x, %x) loc("/Norm")
   %ss: f32[8] = reduce(%sq) {axes = [1], kind = "sum"} loc("/Norm")
@@ -73,9 +74,13 @@ std::string residual_block() {
   %gb: f32[8,16] = broadcast_in_dim(%g) {dims = [1], shape = [8, 16]} loc("/Norm")
   %h0: f32[8,16] = mul(%x, %rb) loc("/Norm")
   %h: f32[8,16] = mul(%h0, %gb) loc("/Norm")
-  %a: f32[8,16] = dot_general(%h, %w1) {lhs_contract = [1], rhs_contract = [0]} loc("/Up")
+  %a0: f32[8,16] = dot_general(%h, %w1) {lhs_contract = [1], rhs_contract = [0]} loc("/Up")
+  %b1b: f32[8,16] = broadcast_in_dim(%b1) {dims = [1], shape = [8, 16]} loc("/Up")
+  %a: f32[8,16] = add(%a0, %b1b) loc("/Up")
   %t: f32[8,16] = tanh(%a) loc("/Act")
-  %b: f32[8,16] = dot_general(%t, %w2) {lhs_contract = [1], rhs_contract = [0]} loc("/Down")
+  %b0: f32[8,16] = dot_general(%t, %w2) {lhs_contract = [1], rhs_contract = [0]} loc("/Down")
+  %b2b: f32[8,16] = broadcast_in_dim(%b2) {dims = [1], shape = [8, 16]} loc("/Down")
+  %b: f32[8,16] = add(%b0, %b2b) loc("/Down")
   %y: f32[8,16] = add(%b, %x) loc("/Residual")
   %c: f32[8,16] = dot_general(%y, %w1) {lhs_contract = [1], rhs_contract = [0]} loc("/Head")
   %o: f32[8,16] = add(%c, %y) loc("/Out")
@@ -87,7 +92,8 @@ std::string residual_block() {
 }  // namespace
 
 // Storage as autocast's: the residual stream (the input, the sum /Down adds it to) and a normalization's
-// constants stay f32; weights, the normalized value only /Up reads and /Up's result are bf16; /Head reads the
+// constants stay f32; weights, the normalized value only /Up reads and /Up's result are bf16; each bias has
+// its matmul's result type (/Up's bf16, /Down's f32: the type cuBLASLt folds a bias in); /Head reads the
 // f32 sum both as its operand and in its epilogue, so it stays f32 (the runtime gives /Head's cuBLASLt call a
 // bf16 copy). On a GPU the block matches eager within 2e-2, and the copy shows in the step's decision.
 TEST(CudaBf16, StorageFollowsAutocast) {
@@ -100,7 +106,8 @@ TEST(CudaBf16, StorageFollowsAutocast) {
     by_name[v->name] = bf[static_cast<size_t>(v->id)];
   }
   const std::map<std::string, DType> want = {{"x", DType::f32}, {"g", DType::f32},  {"h", DType::bf16}, {"w1", DType::bf16},
-                                             {"w2", DType::bf16}, {"t", DType::bf16}, {"y", DType::f32}, {"o", DType::f32}};
+                                             {"w2", DType::bf16}, {"t", DType::bf16}, {"y", DType::f32}, {"o", DType::f32},
+                                             {"b1", DType::bf16}, {"b2", DType::f32}};
   for (const auto& [name, t] : want) {
     ASSERT_TRUE(by_name.count(name)) << name << " is not a kernel-level value:\n" << print_kernel_module(m, true);
     EXPECT_EQ(by_name[name], t) << name << ":\n" << print_kernel_module(m, true);

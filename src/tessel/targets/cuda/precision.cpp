@@ -131,11 +131,20 @@ std::vector<DType> value_storage(const Graph& g, const std::vector<Kernel>& kern
       if (!v || r.operand[i] || v->type.dtype != DType::f32 || (v->constant && is_kernel_node(*n))) continue;
       f32_in = f32_in || wide[find(v)];
     }
+    bool wide_out = false;
     for (const Value* o : n->outputs) {
       if (!o || o->type.dtype != DType::f32) continue;
       const size_t c = find(o);
       wide[c] = keep[c] || (!demoted(c) && (pr == Producer::reduction || f32_in));
+      wide_out = wide_out || wide[c];
     }
+    // A library kernel's epilogue constants (a bias) take its result's type: cuBLASLt folds a bias only in
+    // D's type (the last kernel reading a shared one decides; a mismatch leaves the epilogue generated).
+    if (pr == Producer::library && is_kernel_node(*n))
+      for (size_t i = 0; i < n->inputs.size(); ++i) {
+        const Value* v = n->inputs[i];
+        if (v && v->constant && !r.operand[i] && v->type.dtype == DType::f32 && !keep[find(v)]) wide[find(v)] = wide_out;
+      }
   }
   for (const auto& v : g.values())
     if (v->type.dtype == DType::f32 && !wide[find(v.get())]) st[idx(v.get())] = DType::bf16;

@@ -28,7 +28,8 @@ double precision_tolerance(Precision p);
 //   epilogue reads an f32 computed value (a residual): then f32 (cuBLASLt: bf16 A and B, f32 C and D);
 // - a loop kernel's result is f32 when it reduces (softmax, normalization, mean) or reads an f32 computed
 //   value, else bf16; a node's (gather, copies) is f32 when it reads an f32 value, constants included;
-// - a graph input is f32; a constant is bf16 when a matmul or conv kernel or a dot_general reads it, else f32;
+// - a graph input is f32; a constant is bf16 when a matmul or conv kernel or a dot_general reads it, else f32,
+//   but one a library kernel's epilogue reads (a bias) has the type of that kernel's result (cuBLASLt's rule);
 // - any of these is bf16 when every reader takes it as a matmul's or convolution's operand, or some
 //   convolution as its activation (autocast's cast, done once by its producer); a matmul operand stored
 //   f32 beside a bf16 one is converted by the runtime before the call;
