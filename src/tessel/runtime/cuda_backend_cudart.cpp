@@ -1047,8 +1047,9 @@ void CudaExecutableImpl::check_deferred_flags(bool wait) {
 
 namespace {
 
-// f32 -> bf16 on the device for run_device's inputs stored as bf16 and matmul operands stored f32 (read_bf16_copy): round to nearest even, NaN stays a
-// quiet NaN, a finite value beyond bf16's range saturates to the largest bf16 (cuda::f32_to_bf16's rules).
+// f32 -> bf16 on the device for run_device's inputs stored as bf16 and for the bf16 copies of matmul operands
+// stored f32 (read_bf16_copy): round to nearest even, NaN stays a quiet NaN, a finite value beyond bf16's
+// range saturates to the largest bf16 (cuda::f32_to_bf16's rules).
 const char* kConvertSource = R"(// tessel: f32 -> bf16 conversion (inputs, matmul operands)
 extern "C" __global__ void tsl_f32_to_bf16(const float* __restrict__ x, unsigned short* __restrict__ y, long long n) {
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {

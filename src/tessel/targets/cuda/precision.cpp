@@ -107,12 +107,12 @@ std::vector<DType> value_storage(const Graph& g, const std::vector<Kernel>& kern
       by_library[c] = by_library[c] || library;
     }
   }
-  // Whether a class may be stored as bf16 at all, and the storage a class gets when its value is wanted in f32.
+  // A class every reader takes only as an operand, or some convolution as its activation: bf16 unless kept.
   auto demoted = [&](size_t c) { return !keep[c] && read[c] && (all_operand[c] || conv_x[c]); };
   std::vector<bool> wide(nv, false);  // per class: stored f32
-  // Constants: bf16 when a matmul or convolution reads them (weights, their biases: uploaded once as the
-  // library takes them), else f32 (normalization scales, embedding and position tables, as autocast).
-  // Graph inputs: f32 unless only operands read them.
+  // Constants: bf16 when a matmul or convolution reads them (weights, uploaded once as the library takes
+  // them; their epilogues' constants are revised below), else f32 (normalization scales, embedding and
+  // position tables, as autocast). Graph inputs: f32 unless demoted.
   for (const auto& v : g.values())
     if (v->type.dtype == DType::f32 && (v->constant || v->producer == nullptr)) {
       const size_t c = find(v.get());
