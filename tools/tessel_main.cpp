@@ -926,7 +926,7 @@ int main(int argc, char** argv) {
   // --precision of --target cuda: one option, one variable, on run, compile and bench.
   std::string cuda_precision = "f32";
   auto add_precision = [&](CLI::App* sub) {
-    return sub->add_option("--precision", cuda_precision, "with --target cuda: f32 (default) or bf16 (weights and activations stored as bf16, "
+    return sub->add_option("--precision", cuda_precision, "with --target cuda: f32 (default) or bf16 (weights and matmul activations stored as bf16, the rest f32 as autocast; "
                                                           "f32 accumulation; outputs f32; --check and bench compare at 2e-2)")
         ->check(CLI::IsMember({"f32", "bf16"}));
   };

@@ -555,7 +555,8 @@ def compile(module, example_inputs, target=None, backend="compiled", threads=Non
     target: 'cpu' or 'cuda' (default: 'cuda' when an example input is a CUDA tensor, else 'cpu'). On 'cuda' the
     whole graph runs as one CUDA executable on cuda:0: the calls take and return CUDA tensors (no host copies)
     and run on the caller's current stream without synchronising; precision='bf16' keeps weights and
-    activations as bf16 in device memory (f32 arithmetic, f32 outputs).
+    matmul and convolution activations as bf16 in device memory, the residual stream f32 as PyTorch's autocast
+    (f32 arithmetic, f32 outputs).
     train: the output is differentiable -- loss.backward() runs tessel's compiled backward and fills the
     parameters' .grad (parameters are graph inputs, not frozen; docs/python.md, "Training").
     """

@@ -28,8 +28,9 @@ struct CudaBackendOptions {
   std::string model_name = "model";
   std::string cache_dir;        // NVRTC's cubin cache (empty: the compile cache's default, folder cuda/)
   bool cuda_graph = true;       // capture the call after the first run and replay it
-  // Storage of f32 values in device memory (targets/cuda/precision.h): bf16 keeps weights and
-  // activations as bf16 (inputs converted on the way in, outputs stay f32), computing in f32.
+  // Storage of f32 values in device memory (targets/cuda/precision.h): bf16 keeps weights and matmul and
+  // convolution operands and results as bf16, the residual stream and normalizations' results f32 (as
+  // autocast; outputs stay f32), computing in f32.
   cuda::Precision precision = cuda::Precision::f32;
   // Attention patterns (targets/cuda/attention.h) with bf16 Q, K, V run as one fused kernel. Off by
   // default: on the H200 the fused kernel ties the unfused steps (BERT block B=4 T=512: 0.195 against

@@ -78,18 +78,18 @@ bool index_fits_32_bits(const Kernel& k) {
   return true;
 }
 
-// The pointwise form's vector width: V adjacent elements of the last loop dimension per thread, each
-// operand that walks that dimension with unit stride read and written V at a time (one 16-byte access at
-// the widest type in memory; a bias along that dimension too), operands constant along it (stride 0: a
-// per-row scale) read once per element. 1
-// (the scalar form) unless the last dimension's extent is a multiple of V and every unit-stride operand's
-// vectors start V-aligned (offset and other strides multiples of V); any other stride on that dimension,
-// or a load of an argument an earlier instruction stored to, keeps the scalar form. On the H200 the bar
-// block's erf-GELU epilogue took 14.0 us this way against 18.5 us one element per thread
-// (bench/cuda_epilogue_probe.cu): the index arithmetic is paid once per V elements.
 // Elements of a 16-byte access at the widest element size in bytes, 1 to 8 (8 bf16, 4 f32, 2 f64).
 int vector_elements(int64_t widest_bytes) { return static_cast<int>(cap(16 / std::max<int64_t>(1, widest_bytes), 1, 8)); }
 
+// The pointwise form's vector width: V adjacent elements of the last loop dimension per thread, each
+// operand that walks that dimension with unit stride read and written V at a time (one 16-byte access at
+// the widest type in memory; a bias along that dimension too), operands constant along it (stride 0: a
+// per-row scale) read once per element. 1 (the scalar form) unless the last dimension's extent is a
+// multiple of V and every unit-stride operand's vectors start V-aligned (offset and other strides
+// multiples of V); any other stride on that dimension, or a load of an argument an earlier instruction
+// stored to, keeps the scalar form. On the H200 the bar block's erf-GELU epilogue took 14.0 us this way
+// against 18.5 us one element per thread (bench/cuda_epilogue_probe.cu): the index arithmetic is paid
+// once per V elements.
 int vector_width(const Kernel& k, const std::vector<DType>& st) {
   const size_t dims = k.outer.size() + k.inner.size();
   if (launch_form(k) != LaunchForm::pointwise || dims == 0) return 1;
@@ -264,10 +264,12 @@ struct Emitter {
     // made the bar block's compute-bound erf-GELU epilogue 30% slower (bench/cuda_epilogue_probe.cu).
     if (names_core_op(in.op, CoreOp::div) && in.args.size() == 2 && (in.dtype == DType::f32 || in.dtype == DType::f64)) {
       const KInstr& c = k.body[static_cast<size_t>(in.args[1])];
-      const double r = c.value != 0 ? 1.0 / c.value : 0.0;
-      const bool normal = in.dtype == DType::f32 ? std::fpclassify(static_cast<float>(r)) == FP_NORMAL && std::isfinite(static_cast<float>(c.value))
-                                                 : std::fpclassify(r) == FP_NORMAL;
-      if (c.op == "const" && std::isfinite(c.value) && normal) return fmt::format("({} * {})", v(in.args[0]), c_literal(in.dtype, r, kD));
+      if (c.op == "const" && std::isfinite(c.value) && c.value != 0) {
+        const double r = 1.0 / c.value;
+        const bool normal = in.dtype == DType::f32 ? std::fpclassify(static_cast<float>(r)) == FP_NORMAL && std::isfinite(static_cast<float>(c.value))
+                                                   : std::fpclassify(r) == FP_NORMAL;
+        if (normal) return fmt::format("({} * {})", v(in.args[0]), c_literal(in.dtype, r, kD));
+      }
     }
     std::vector<std::string> ops;
     for (int j : in.args) ops.push_back(v(j));

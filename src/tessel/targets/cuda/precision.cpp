@@ -73,7 +73,6 @@ std::vector<DType> value_storage(const Graph& g, const std::vector<Kernel>& kern
   std::vector<DType> st(nv, DType::f32);
   for (const auto& v : g.values()) st[static_cast<size_t>(v->id)] = v->type.dtype;
   if (p == Precision::f32) return st;
-  auto idx = [](const Value* v) { return static_cast<size_t>(v->id); };
   // Memory classes: a reshape's result shares its operand's bytes (the runtime aliases them).
   std::vector<int> root(nv);
   std::iota(root.begin(), root.end(), 0);
@@ -93,12 +92,18 @@ std::vector<DType> value_storage(const Graph& g, const std::vector<Kernel>& kern
     if (v) keep[find(v)] = true;
   for (const auto& v : g.values())
     if (shape_known(v->type.shape) && shape_numel(v->type.shape) <= 1) keep[find(v.get())] = true;
-  for (const auto& n : g.nodes()) {
-    if (is_core_op(*n, CoreOp::reshape)) continue;  // an alias, not a reader
-    const Reads r = reads_of(*n, kernels);
-    const bool library = producer_of(*n, kernels) == Producer::library;
-    for (size_t i = 0; i < n->inputs.size(); ++i) {
-      const Value* v = n->inputs[i];
+  const auto& nodes = g.nodes();
+  std::vector<Reads> reads(nodes.size());
+  std::vector<Producer> producer(nodes.size(), Producer::other);
+  for (size_t ni = 0; ni < nodes.size(); ++ni) {
+    const Node& n = *nodes[ni];
+    if (is_core_op(n, CoreOp::reshape)) continue;  // an alias, not a reader
+    reads[ni] = reads_of(n, kernels);
+    producer[ni] = producer_of(n, kernels);
+    const Reads& r = reads[ni];
+    const bool library = producer[ni] == Producer::library;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const Value* v = n.inputs[i];
       if (!v) continue;
       const size_t c = find(v);
       read[c] = true;
@@ -118,10 +123,11 @@ std::vector<DType> value_storage(const Graph& g, const std::vector<Kernel>& kern
       const size_t c = find(v.get());
       wide[c] = keep[c] || (v->constant ? !by_library[c] : !demoted(c));
     }
-  for (const auto& n : g.nodes()) {
+  for (size_t ni = 0; ni < nodes.size(); ++ni) {
+    const Node* n = nodes[ni].get();
     if (is_core_op(*n, CoreOp::reshape)) continue;
-    const Producer pr = producer_of(*n, kernels);
-    const Reads r = reads_of(*n, kernels);
+    const Producer pr = producer[ni];
+    const Reads& r = reads[ni];
     // An f32 value the node reads other than as an operand: a residual stream, an f32 activation; for a
     // kernel only its computed values count (a bias or a scale folded in does not widen a matmul's
     // result), for a node its constants too (a gather from an f32 table stays f32, as autocast's embedding)
@@ -147,7 +153,7 @@ std::vector<DType> value_storage(const Graph& g, const std::vector<Kernel>& kern
       }
   }
   for (const auto& v : g.values())
-    if (v->type.dtype == DType::f32 && !wide[find(v.get())]) st[idx(v.get())] = DType::bf16;
+    if (v->type.dtype == DType::f32 && !wide[find(v.get())]) st[static_cast<size_t>(v->id)] = DType::bf16;
   return st;
 }
 
