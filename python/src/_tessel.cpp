@@ -123,6 +123,7 @@ Attr to_attr(const OpDef& op, const std::string& name, const py::handle& v) {
       auto t = py::cast<py::tuple>(v);
       return from_array(py::cast<py::array>(t[0]), py::cast<std::string>(t[1])).clone();
     }
+    case AttrKind::dims: break;  // never a schema's kind: a symbolic list is given where ints are
   }
   throw Error(Location{}, "unreachable");
 }

@@ -34,13 +34,14 @@ Value* CoreBuilder::constant(Tensor t) {
 
 Value* CoreBuilder::scalar(DType t, double v) { return constant(Tensor::scalar_f(t, v)); }
 
-Value* CoreBuilder::broadcast_to(Value* v, const Shape& shape) {
-  const Shape& in = v->type.shape;
+Value* CoreBuilder::broadcast_to(Value* v, const DimList& to) {
+  const Dims in = v->type.dims();
+  const Dims& shape = to;
   if (in == shape) return v;
-  if (in.size() > shape.size()) fail("cannot broadcast {} to {}", shape_str(in), shape_str(shape));
+  if (in.size() > shape.size()) fail("cannot broadcast {} to {}", dims_str(in), dims_str(shape));
   std::vector<int64_t> dims;
   for (size_t i = 0; i < in.size(); ++i) dims.push_back(static_cast<int64_t>(shape.size() - in.size() + i));
-  return emit("broadcast_in_dim", {v}, {{"shape", std::vector<int64_t>(shape)}, {"dims", dims}});
+  return emit("broadcast_in_dim", {v}, {{"shape", dims_attr(shape)}, {"dims", dims}});
 }
 
 Value* CoreBuilder::convert(Value* v, DType t) {
@@ -48,31 +49,31 @@ Value* CoreBuilder::convert(Value* v, DType t) {
   return emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}});
 }
 
-Value* CoreBuilder::full(DType t, const Shape& shape, double v) { return broadcast_to(scalar(t, v), shape); }
+Value* CoreBuilder::full(DType t, const DimList& shape, double v) { return broadcast_to(scalar(t, v), shape); }
 
 Value* CoreBuilder::binary(const std::string& op, Value* a, Value* b) {
-  Shape s = broadcast_shapes(a->type.shape, b->type.shape);
+  const Dims s = broadcast_dims(a->type.dims(), b->type.dims());
   return emit(op, {broadcast_to(a, s), broadcast_to(b, s)});
 }
 
 Value* CoreBuilder::sub(Value* a, Value* b) {
-  Shape s = broadcast_shapes(a->type.shape, b->type.shape);
+  const Dims s = broadcast_dims(a->type.dims(), b->type.dims());
   return emit("add", {broadcast_to(a, s), emit("neg", {broadcast_to(b, s)})});
 }
 
 Value* CoreBuilder::compare(const std::string& direction, Value* a, Value* b) {
-  Shape s = broadcast_shapes(a->type.shape, b->type.shape);
+  const Dims s = broadcast_dims(a->type.dims(), b->type.dims());
   return emit("compare", {broadcast_to(a, s), broadcast_to(b, s)}, {{"direction", direction}});
 }
 
 Value* CoreBuilder::select(Value* pred, Value* on_true, Value* on_false) {
-  Shape s = broadcast_shapes(broadcast_shapes(pred->type.shape, on_true->type.shape), on_false->type.shape);
+  const Dims s = broadcast_dims(broadcast_dims(pred->type.dims(), on_true->type.dims()), on_false->type.dims());
   return emit("select", {broadcast_to(pred, s), broadcast_to(on_true, s), broadcast_to(on_false, s)});
 }
 
-Value* CoreBuilder::reshape(Value* v, const Shape& shape) {
-  if (v->type.shape == shape) return v;
-  return emit("reshape", {v}, {{"shape", std::vector<int64_t>(shape)}});
+Value* CoreBuilder::reshape(Value* v, const DimList& shape) {
+  if (v->type.dims() == static_cast<const Dims&>(shape)) return v;
+  return emit("reshape", {v}, {{"shape", dims_attr(shape)}});
 }
 
 Value* CoreBuilder::transpose(Value* v, const std::vector<int64_t>& perm) {
@@ -89,19 +90,21 @@ Value* CoreBuilder::reduce(Value* v, const std::string& kind, std::vector<int64_
   axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
   Value* r = emit("reduce", {v}, {{"kind", kind}, {"axes", axes}});
   if (!keepdims) return r;
-  Shape kept = v->type.shape;
+  Dims kept = v->type.dims();
   for (int64_t a : axes) kept[a] = 1;
   return reshape(r, kept);
 }
 
-Value* CoreBuilder::slice(Value* v, std::vector<int64_t> starts, std::vector<int64_t> stops,
-                          std::vector<int64_t> strides) {
+Value* CoreBuilder::slice(Value* v, const DimList& starts_in, const DimList& stops_in, std::vector<int64_t> strides) {
+  const Dims& starts = starts_in;
+  const Dims& stops = stops_in;
   if (strides.empty()) strides.assign(starts.size(), 1);
-  bool whole = true;
-  for (size_t d = 0; d < starts.size(); ++d)
-    whole = whole && starts[d] == 0 && stops[d] == v->type.shape[d] && strides[d] == 1;
+  const Dims vd = v->type.dims();
+  bool whole = starts.size() == vd.size();
+  for (size_t d = 0; whole && d < starts.size(); ++d)
+    whole = whole && starts[d] == 0 && d < stops.size() && stops[d] == vd[d] && strides[d] == 1;
   if (whole) return v;
-  return emit("slice", {v}, {{"starts", starts}, {"stops", stops}, {"strides", strides}});
+  return emit("slice", {v}, {{"starts", dims_attr(starts)}, {"stops", dims_attr(stops)}, {"strides", strides}});
 }
 
 Value* CoreBuilder::concat(std::vector<Value*> vs, int64_t axis) {
@@ -109,8 +112,8 @@ Value* CoreBuilder::concat(std::vector<Value*> vs, int64_t axis) {
   return emit("concatenate", std::move(vs), {{"axis", axis}});
 }
 
-Value* CoreBuilder::iota(DType t, const Shape& shape, int64_t axis) {
-  return emit("iota", {}, {{"shape", std::vector<int64_t>(shape)}, {"axis", axis}, {"dtype", std::string(dtype_name(t))}});
+Value* CoreBuilder::iota(DType t, const DimList& shape, int64_t axis) {
+  return emit("iota", {}, {{"shape", dims_attr(shape)}, {"axis", axis}, {"dtype", std::string(dtype_name(t))}});
 }
 
 std::optional<Tensor> CoreBuilder::known(int i) const {

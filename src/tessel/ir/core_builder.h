@@ -22,12 +22,13 @@ class CoreBuilder {
                                  std::map<std::string, Attr> attrs = {});
   Value* constant(Tensor t);
   Value* scalar(DType t, double v);  // a constant of shape [] and dtype t
+  // Sizes are Dims (static or symbolic, docs/dynamic-shapes.md); a Shape or a braced list converts.
   // numpy broadcasting made explicit: `v` unchanged if it already has `shape`, else broadcast_in_dim.
-  Value* broadcast_to(Value* v, const Shape& shape);
+  Value* broadcast_to(Value* v, const DimList& shape);
   // `v` unchanged if it already has dtype `t`, else convert.
   Value* convert(Value* v, DType t);
   // A constant of dtype t and `shape` filled with v (a scalar constant broadcast_in_dim'ed).
-  Value* full(DType t, const Shape& shape, double v);
+  Value* full(DType t, const DimList& shape, double v);
 
   // ---- sugar over emit (operands are numpy-broadcast to their common shape first) ----
   Value* unary(const std::string& op, Value* v) { return emit(op, {v}); }
@@ -40,14 +41,13 @@ class CoreBuilder {
   Value* min(Value* a, Value* b) { return binary("min", a, b); }
   Value* compare(const std::string& direction, Value* a, Value* b);  // eq ne lt le gt ge -> bool
   Value* select(Value* pred, Value* on_true, Value* on_false);
-  Value* reshape(Value* v, const Shape& shape);                       // v unchanged if same shape
+  Value* reshape(Value* v, const DimList& shape);                     // v unchanged if same shape
   Value* transpose(Value* v, const std::vector<int64_t>& perm);       // v unchanged if identity
   // reduce {kind} over `axes` (any order, negative allowed); keepdims adds a reshape back to rank.
   Value* reduce(Value* v, const std::string& kind, std::vector<int64_t> axes, bool keepdims);
-  Value* slice(Value* v, std::vector<int64_t> starts, std::vector<int64_t> stops,
-               std::vector<int64_t> strides = {});
+  Value* slice(Value* v, const DimList& starts, const DimList& stops, std::vector<int64_t> strides = {});
   Value* concat(std::vector<Value*> vs, int64_t axis);
-  Value* iota(DType t, const Shape& shape, int64_t axis);
+  Value* iota(DType t, const DimList& shape, int64_t axis);
 
   // The value of input `i` of the origin node when it is known at compile time (a constant or a
   // folded value), else nullopt. need_constant throws an "unsupported" error naming the input

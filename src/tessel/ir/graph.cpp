@@ -31,11 +31,37 @@ std::string Node::attr_s(const std::string& n) const { return get_attr<std::stri
 std::string Node::attr_s(const std::string& n, const std::string& d) const {
   return get_attr_or<std::string>(*this, n, d, "a string");
 }
+namespace {
+[[noreturn]] void symbolic_attr(const Node& n, const std::string& name) {
+  fail("attribute '{}' holds symbolic sizes {} where static ones are needed", name, dims_str(std::get<Dims>(n.attrs.at(name))));
+}
+}  // namespace
+
+Attr dims_attr(const Dims& d) {
+  if (dims_static(d)) return std::vector<int64_t>(d.begin(), d.end());
+  return d;
+}
+
 std::vector<int64_t> Node::attr_ints(const std::string& n) const {
+  auto it = attrs.find(n);
+  if (it != attrs.end() && std::holds_alternative<Dims>(it->second)) symbolic_attr(*this, n);
   return get_attr<std::vector<int64_t>>(*this, n, "a list of ints");
 }
 std::vector<int64_t> Node::attr_ints(const std::string& n, const std::vector<int64_t>& d) const {
+  auto it = attrs.find(n);
+  if (it != attrs.end() && std::holds_alternative<Dims>(it->second)) symbolic_attr(*this, n);
   return get_attr_or<std::vector<int64_t>>(*this, n, d, "a list of ints");
+}
+Dims Node::attr_dims(const std::string& n) const {
+  auto it = attrs.find(n);
+  if (it != attrs.end() && std::holds_alternative<Dims>(it->second)) return std::get<Dims>(it->second);
+  return dims_of(get_attr<std::vector<int64_t>>(*this, n, "a list of ints"));
+}
+Dims Node::attr_dims(const std::string& n, const Dims& d) const { return has_attr(n) ? attr_dims(n) : d; }
+bool Node::has_symbolic_attr() const {
+  for (const auto& [k, a] : attrs)
+    if (std::holds_alternative<Dims>(a)) return true;
+  return false;
 }
 std::vector<double> Node::attr_floats(const std::string& n) const {
   return get_attr<std::vector<double>>(*this, n, "a list of floats");

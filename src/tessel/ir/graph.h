@@ -16,9 +16,12 @@ namespace tessel {
 struct OpDef;
 class Node;
 
-// An attribute value. The variant index is its kind (see AttrKind in op_registry.h).
+// An attribute value. The variant index is its kind (see AttrKind in op_registry.h). A list of sizes
+// with a symbolic entry (a core op's shape, slice bounds) is Dims; static lists are always ints
+// (dims_attr makes the right one).
 using Attr = std::variant<int64_t, double, std::string, std::vector<int64_t>, std::vector<double>,
-                          std::vector<std::string>, Tensor>;
+                          std::vector<std::string>, Tensor, Dims>;
+Attr dims_attr(const Dims& d);
 
 // An SSA value: a graph input, a constant, or one output of a node.
 struct Value {
@@ -54,6 +57,10 @@ class Node {
   std::vector<double> attr_floats(const std::string& n) const;
   std::vector<double> attr_floats(const std::string& n, const std::vector<double>& dflt) const;
   std::vector<std::string> attr_strings(const std::string& n) const;
+  // A list of sizes, static (ints) or symbolic (Dims). attr_ints of a symbolic list throws naming it.
+  Dims attr_dims(const std::string& n) const;
+  Dims attr_dims(const std::string& n, const Dims& dflt) const;
+  bool has_symbolic_attr() const;
   const Tensor& attr_t(const std::string& n) const;
 };
 
@@ -62,6 +69,8 @@ class Graph {
   std::string name = "main";
   std::vector<Value*> inputs;
   std::vector<Value*> outputs;
+  // The size symbols the graph's types and attributes name, with their facts (docs/dynamic-shapes.md).
+  SymbolTable symbols;
 
   Value* add_value(std::string name, TensorType type);
   Value* add_input(std::string name, TensorType type);

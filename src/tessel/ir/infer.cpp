@@ -22,14 +22,27 @@ Location node_loc(const Node& n, const char* pass) {
 struct NodeFacts {
   std::vector<TensorType> types;
   std::vector<std::optional<Tensor>> values;
+  std::vector<std::optional<SymTensor>> sym_values;
 };
 
-NodeFacts run_rule(const Node& n, const std::vector<const Tensor*>& known) {
-  InferCtx ctx(n, known);
+// A node with a symbolic operand type or value runs only a rule that handles symbolic sizes; other
+// rules read the static shape, where a symbolic dim is kUnknownDim, and could derive a wrong size.
+void check_symbolic_rule(const Node& n, const std::vector<const SymTensor*>* sym) {
+  if (n.op->symbolic) return;
+  bool symbolic = n.has_symbolic_attr();
+  for (const Value* v : n.inputs) symbolic = symbolic || (v && v->type.symbolic());
+  if (sym)
+    for (const SymTensor* s : *sym) symbolic = symbolic || s;
+  if (symbolic) unsupported("{} has no shape rule for symbolic sizes (docs/dynamic-shapes.md lists the ops that have)", n.op->name);
+}
+
+NodeFacts run_rule(const Node& n, const std::vector<const Tensor*>& known, const std::vector<const SymTensor*>* sym = nullptr) {
+  check_symbolic_rule(n, sym);
+  InferCtx ctx(n, known, sym);
   n.op->infer(ctx);
   for (size_t i = 0; i < n.outputs.size(); ++i)
     if (n.outputs[i] && !ctx.out_set(static_cast<int>(i))) fail("shape rule did not set output {}", i);
-  return {ctx.outs(), ctx.out_values()};
+  return {ctx.outs(), ctx.out_values(), ctx.out_sym_values()};
 }
 
 void apply(Node& n, const NodeFacts& f, bool verify_only) {
@@ -99,14 +112,18 @@ void infer_one(Node& n, InferResult& r, int64_t fold_limit, bool verify_only) {
   };
   try {
     std::vector<const Tensor*> known;
-    bool all_known = true;
+    std::vector<const SymTensor*> sym;
+    bool all_known = true, any_sym = false;
     int64_t elems = 0;
     for (const Value* v : n.inputs) {
       known.push_back(known_of(v));
+      auto st = v ? r.sym_folded.find(v) : r.sym_folded.end();
+      sym.push_back(st == r.sym_folded.end() ? nullptr : &st->second);
+      any_sym = any_sym || sym.back();
       if (v && !known.back()) all_known = false;
       if (known.back()) elems += known.back()->numel();
     }
-    NodeFacts f = run_rule(n, known);
+    NodeFacts f = run_rule(n, known, any_sym ? &sym : nullptr);
     bool any_value = false;
     for (const auto& v : f.values) any_value = any_value || v.has_value();
     // A deterministic node whose inputs are all small and known is evaluated now: later rules see
@@ -130,8 +147,10 @@ void infer_one(Node& n, InferResult& r, int64_t fold_limit, bool verify_only) {
       }
     }
     apply(n, f, verify_only);
-    for (size_t i = 0; i < n.outputs.size(); ++i)
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
       if (n.outputs[i] && f.values[i]) r.folded[n.outputs[i]] = std::move(*f.values[i]);
+      else if (n.outputs[i] && f.sym_values[i]) r.sym_folded[n.outputs[i]] = std::move(*f.sym_values[i]);
+    }
   } catch (const Error& e) {
     throw e.with_context(node_loc(n, verify_only ? "verify" : "infer"));
   }
@@ -166,7 +185,12 @@ void bind_input_shapes(Graph& g, const std::vector<Tensor>& ex) {
                                                              display_text(v->name), shape_str(t.shape()), v->type.str()));
       v->type.shape[d] = t.dim(d);
     }
+    v->type.sym.clear();
   }
+  // Every input is static now; the symbols stay only while an attribute still names one.
+  bool named = false;
+  for (const auto& n : g.nodes()) named = named || n->has_symbolic_attr();
+  if (!named) g.symbols = SymbolTable{};
 }
 
 }  // namespace tessel

@@ -11,6 +11,8 @@ namespace tessel {
 struct InferResult {
   // Values whose contents are known at compile time but that are not constants in the graph.
   std::map<const Value*, Tensor> folded;
+  // Integer values made of sizes with a symbolic element (shape arithmetic on symbolic shapes).
+  std::map<const Value*, SymTensor> sym_folded;
 };
 
 // Sets the type of every node output. Throws tessel::Error naming the node on failure.

@@ -8,7 +8,7 @@
 namespace tessel {
 
 std::string_view attr_kind_name(AttrKind k) {
-  static constexpr std::string_view names[] = {"int", "float", "string", "ints", "floats", "strings", "tensor"};
+  static constexpr std::string_view names[] = {"int", "float", "string", "ints", "floats", "strings", "tensor", "dims"};
   return names[static_cast<int>(k)];
 }
 
@@ -17,9 +17,32 @@ std::string_view fusion_kind_name(FusionKind k) {
   return names[static_cast<int>(k)];
 }
 
-InferCtx::InferCtx(const Node& node, const std::vector<const Tensor*>& known)
-    : node_(node), known_(known), outs_(node.outputs.size()), set_(node.outputs.size(), false),
-      out_values_(node.outputs.size()) {}
+InferCtx::InferCtx(const Node& node, const std::vector<const Tensor*>& known, const std::vector<const SymTensor*>* sym)
+    : node_(node), known_(known), sym_(sym), out_sym_(node.outputs.size()), outs_(node.outputs.size()),
+      set_(node.outputs.size(), false), out_values_(node.outputs.size()) {}
+
+std::optional<SymTensor> InferCtx::sym_value(int i) const {
+  if (!has_in(i)) return std::nullopt;
+  if (sym_ && i < static_cast<int>(sym_->size()) && (*sym_)[static_cast<size_t>(i)]) return *(*sym_)[static_cast<size_t>(i)];
+  const Tensor* t = value(i);
+  if (!t || !is_int(t->dtype()) || t->numel() > (1 << 16)) return std::nullopt;
+  SymTensor s{t->dtype(), t->shape(), {}};
+  for (int64_t k = 0; k < t->numel(); ++k) s.elems.push_back(t->get_i(k));
+  return s;
+}
+
+void InferCtx::set_out_sym_value(int i, SymTensor t) {
+  if (i >= num_outputs()) return;
+  if (static_cast<int64_t>(t.elems.size()) != shape_numel(t.shape)) fail("a symbolic value of shape {} has {} elements", shape_str(t.shape), t.elems.size());
+  if (t.all_static()) {
+    Tensor v(t.dtype, t.shape);
+    for (size_t k = 0; k < t.elems.size(); ++k) v.set_i(static_cast<int64_t>(k), t.elems[k].constant_term());
+    set_out_value(i, std::move(v));
+    return;
+  }
+  set_out(i, TensorType{t.dtype, t.shape});
+  out_sym_[static_cast<size_t>(i)] = std::move(t);
+}
 
 const TensorType& InferCtx::in(int i) const {
   if (!has_in(i)) fail("input {} is required", i);

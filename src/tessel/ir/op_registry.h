@@ -11,7 +11,8 @@
 
 namespace tessel {
 
-enum class AttrKind { i = 0, f = 1, s = 2, ints = 3, floats = 4, strings = 5, tensor = 6 };
+// dims: a list of sizes with a symbolic entry; accepted wherever the schema says ints.
+enum class AttrKind { i = 0, f = 1, s = 2, ints = 3, floats = 4, strings = 5, tensor = 6, dims = 7 };
 std::string_view attr_kind_name(AttrKind k);
 
 struct AttrSpec {
@@ -32,24 +33,38 @@ struct Cost {
 // Shape and dtype inference for one node. Input types are always known; input *values* are known
 // when they are constants or were folded (shape arithmetic). Rules set every output's type, and
 // may set an output's value when it only depends on static facts (e.g. Shape).
+//
+// Symbolic sizes (docs/dynamic-shapes.md): an op whose OpDef::symbolic is set reads its inputs' dims
+// through in(i).dims() and sets symbolic output types with TensorType::of; shape arithmetic reads
+// sym_value(i) (an integer input whose elements are sizes) and sets set_out_sym_value. Nodes of other
+// ops with a symbolic input are refused before their rule runs.
 class InferCtx {
  public:
-  InferCtx(const Node& node, const std::vector<const Tensor*>& known_values);
+  InferCtx(const Node& node, const std::vector<const Tensor*>& known_values,
+           const std::vector<const SymTensor*>* sym_values = nullptr);
   const Node& node() const { return node_; }
   int num_inputs() const { return static_cast<int>(node_.inputs.size()); }
   int num_outputs() const { return static_cast<int>(node_.outputs.size()); }
   bool has_in(int i) const { return node_.has_input(i); }
   const TensorType& in(int i) const;        // throws if the input is absent
   const Tensor* value(int i) const;         // the input's value when statically known, else null
+  // The input's value as sizes: a known integer tensor (static elements) or a symbolic one; nullopt
+  // when neither is known.
+  std::optional<SymTensor> sym_value(int i) const;
   void set_out(int i, TensorType t);
   void set_out_value(int i, Tensor t);      // also sets the type
+  // A value made of sizes: a plain value when every element is static, else a symbolic one.
+  void set_out_sym_value(int i, SymTensor t);
   const std::vector<TensorType>& outs() const { return outs_; }
   const std::vector<std::optional<Tensor>>& out_values() const { return out_values_; }
+  const std::vector<std::optional<SymTensor>>& out_sym_values() const { return out_sym_; }
   bool out_set(int i) const { return set_[i]; }
 
  private:
   const Node& node_;
   const std::vector<const Tensor*>& known_;
+  const std::vector<const SymTensor*>* sym_;
+  std::vector<std::optional<SymTensor>> out_sym_;
   std::vector<TensorType> outs_;
   std::vector<bool> set_;
   std::vector<std::optional<Tensor>> out_values_;
@@ -100,6 +115,8 @@ struct OpDef {
   FusionKind fusion = FusionKind::opaque;
   CostFn cost;                      // default: one FLOP per output element, bytes of all operands
   bool deterministic = true;        // false for random ops: never folded at compile time
+  // The shape rule (and the decomposition, when there is one) handles symbolic sizes.
+  bool symbolic = false;
 };
 
 class OpRegistry {

@@ -43,6 +43,7 @@ class Parser {
       } while (accept(','));
     }
     expect(')');
+    if (peek_word("symbols")) symbols();
     expect('{');
     while (true) {
       skip_ws();
@@ -181,14 +182,75 @@ class Parser {
     if (!d) error_at(l, c, "unknown dtype '" + dt + "'");
     TensorType t{*d, {}};
     expect('[');
+    Dims dims;
     if (!peek(']')) {
       do {
-        if (accept('?')) t.shape.push_back(kUnknownDim);
-        else t.shape.push_back(integer());
+        if (accept('?')) dims.push_back(kUnknownDim);
+        else dims.push_back(dim());
       } while (accept(','));
     }
     expect(']');
+    t.set_dims(dims);
     return t;
+  }
+
+  Dim signed_dim() {
+    skip_ws();
+    std::optional<Dim> d;
+    try {
+      d = parse_dim(s_, pos_);
+    } catch (const Error& e) {
+      error(e.reason());
+    }
+    if (!d) error("expected a size");
+    return *d;
+  }
+
+  // A size: an integer >= 0 or a symbolic expression (sym.h's text form).
+  Dim dim() {
+    skip_ws();
+    const size_t b = pos_;
+    std::optional<Dim> d;
+    try {
+      d = parse_dim(s_, pos_);
+    } catch (const Error& e) {
+      error(e.reason());
+    }
+    if (!d) error("expected a size");
+    if (d->is_static() && d->constant_term() < 0) {
+      pos_ = b;
+      error("a size must not be negative");
+    }
+    return *d;
+  }
+
+  // symbols '(' NAME 'in' '[' INT ',' INT ']' ['multiple_of' INT] {',' ...} ')'
+  void symbols() {
+    expect_word("symbols");
+    expect('(');
+    do {
+      skip_ws();
+      auto [l, c] = line_col(pos_);
+      SymbolInfo si;
+      si.name = word();
+      expect_word("in");
+      expect('[');
+      si.lo = integer();
+      expect(',');
+      si.hi = integer();
+      expect(']');
+      if (peek_word("multiple_of")) {
+        expect_word("multiple_of");
+        si.multiple_of = integer();
+      }
+      if (g_->symbols.find(si.name)) error_at(l, c, fmt::format("size symbol '{}' is declared twice", si.name));
+      try {
+        g_->symbols.declare(si);
+      } catch (const Error& e) {
+        error_at(l, c, e.reason());
+      }
+    } while (accept(','));
+    expect(')');
   }
 
   int64_t integer() {
@@ -356,6 +418,16 @@ class Parser {
     if (peek_word("strings")) {
       expect_word("strings"); expect('['); expect(']');
       return std::vector<std::string>{};
+    }
+    if (peek_word("dims")) {  // a list of sizes with a symbolic entry
+      expect_word("dims");
+      expect('[');
+      Dims v;
+      do v.push_back(signed_dim());
+      while (accept(','));
+      expect(']');
+      if (dims_static(v)) error("a dims[] list needs a symbolic entry (write a static list as [..])");
+      return v;
     }
     if (peek_word("tensor")) {
       expect_word("tensor");

@@ -97,6 +97,10 @@ struct Printer {
         const auto& t = std::get<Tensor>(a);
         return fmt::format("tensor<{}> {}", TensorType{t.dtype(), t.shape()}.str(), tensor_literal(t));
       }
+      case AttrKind::dims: {
+        const auto& v = std::get<Dims>(a);
+        return fmt::format("dims[{}]", fmt::join(v, ", "));
+      }
     }
     return "";
   }
@@ -177,7 +181,17 @@ std::string print_graph(const Graph& g, const PrintOptions& opts) {
   out += fmt::format("graph @{}(", format_value_name(g.name).substr(1));
   for (size_t i = 0; i < g.inputs.size(); ++i)
     out += fmt::format("{}{}: {}", i ? ", " : "", format_value_name(g.inputs[i]->name), g.inputs[i]->type.str());
-  out += ") {\n";
+  out += ")";
+  if (!g.symbols.empty()) {
+    out += " symbols(";
+    bool first = true;
+    for (const auto& [name, si] : g.symbols.all()) {
+      out += (first ? "" : ", ") + si.str();
+      first = false;
+    }
+    out += ")";
+  }
+  out += " {\n";
   for (const Value* c : g.constants())
     out += fmt::format("  const {}: {} = {}\n", format_value_name(c->name), c->type.str(), p.tensor_literal(*c->constant));
   for (const auto& n : g.nodes()) {

@@ -9,7 +9,35 @@
 
 namespace tessel {
 
+namespace {
+
+// Every symbol a type or attribute names is declared in the graph's table, and a symbolic type holds
+// a Dim per dim with the static ones also in its shape.
+void check_symbols(const Graph& g, const Dims& dims, const std::string& what) {
+  for (const Dim& d : dims)
+    for (const std::string& s : d.symbols())
+      if (!g.symbols.find(s)) fail("{} names the size symbol '{}', which the graph does not declare", what, s);
+}
+
+void check_type(const Graph& g, const Value& v) {
+  const TensorType& t = v.type;
+  if (!t.symbolic()) return;
+  const std::string what = fmt::format("the type of '{}'", v.name);
+  if (t.sym.size() != t.shape.size() || static_shape(t.sym) != t.shape || dims_static(t.sym))
+    fail("{} is inconsistent: dims {} with static shape {}", what, dims_str(t.sym), shape_str(t.shape));
+  check_symbols(g, t.sym, what);
+}
+
+}  // namespace
+
 void verify_graph(const Graph& g) {
+  for (const auto& v : g.values()) {
+    try {
+      check_type(g, *v);
+    } catch (const Error& e) {
+      throw e.with_context(Location{.pass = "verify"});
+    }
+  }
   std::set<const Value*> defined;
   for (const Value* v : g.inputs) {
     if (!v->is_input) throw Error(Location{.pass = "verify"}, fmt::format("graph input '{}' is not marked as input", v->name));
@@ -38,8 +66,14 @@ void verify_graph(const Graph& g) {
         for (const auto& s : d.attrs)
           if (s.name == name) spec = &s;
         if (!spec) fail("attribute '{}' is not in the op's schema", name);
-        if (static_cast<AttrKind>(a.index()) != spec->kind)
+        const AttrKind kind = static_cast<AttrKind>(a.index());
+        if (kind == AttrKind::dims) {
+          if (spec->kind != AttrKind::ints) fail("attribute '{}' must be {}", name, attr_kind_name(spec->kind));
+          if (dims_static(std::get<Dims>(a))) fail("attribute '{}' holds only static sizes but is not ints", name);
+          check_symbols(g, std::get<Dims>(a), fmt::format("attribute '{}'", name));
+        } else if (kind != spec->kind) {
           fail("attribute '{}' must be {}", name, attr_kind_name(spec->kind));
+        }
       }
       for (const auto& s : d.attrs)
         if (s.required && !n.has_attr(s.name)) fail("missing required attribute '{}'", s.name);

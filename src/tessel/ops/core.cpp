@@ -24,13 +24,16 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // the op table does not list them as ai.onnx.
 void add_core(OpRegistry& r, OpDef d) {
   d.domain = "tessel.core";
+  d.symbolic = true;  // every core rule reads dims (static or symbolic)
   r.add(std::move(d));
 }
 
 // ---- shared checks ---------------------------------------------------------------------------
 
+// Static or symbolic dims (docs/dynamic-shapes.md), never unknown ones: the core level knows every
+// size, as a number or as an expression of the size symbols.
 void need_static(const TensorType& t, const char* what) {
-  if (!shape_known(t.shape)) fail("{} {} has an unknown dim: the core level needs static shapes", what, t.str());
+  if (!t.dims_defined()) fail("{} {} has an unknown dim: the core level needs static or symbolic shapes", what, t.str());
 }
 
 void need_static_all(InferCtx& ctx) {
@@ -40,10 +43,21 @@ void need_static_all(InferCtx& ctx) {
   }
 }
 
+// a <= b for every value of the symbols (a static pair compares as numbers).
+bool dim_le(const Dim& a, const Dim& b) { return provably_ge(b, a); }
+
+// ceil(a / s) for a stride s >= 1: exact for a static a, or for s = 1.
+Dim ceil_div_dim(const Dim& a, int64_t s) {
+  if (a.is_static()) return Dim((a.constant_term() + s - 1) / s);
+  if (s == 1) return a;
+  if (auto q = exact_div(a + (s - 1), Dim(s))) return *q;
+  unsupported("a stride of {} over the symbolic size {} (not a polynomial)", s, a.str());
+}
+
 // `layout` (reduce_window, concatenate): how the compiled backend stores the operands and the result,
 // "nchw" (row-major, the default) or "nhwc" (channels-last, 4-D only; runs_channels_last in
 // kernel/kernel.h). It does not change the values.
-void check_layout(InferCtx& ctx, const Shape& x) {
+void check_layout(InferCtx& ctx, const Dims& x) {
   if (!ctx.node().has_attr("layout")) return;
   const std::string l = ctx.node().attr_s("layout");
   if (l != "nchw" && l != "nhwc") fail("layout '{}' is neither nchw nor nhwc", l);
@@ -54,9 +68,9 @@ void same_type(const TensorType& a, const TensorType& b, const char* what) {
   if (a.dtype != b.dtype)
     fail("{}: operand dtypes differ ({} vs {}); insert an explicit convert", what, dtype_name(a.dtype),
          dtype_name(b.dtype));
-  if (a.shape != b.shape)
+  if (a.shape != b.shape || a.sym != b.sym)
     fail("{}: operand shapes differ ({} vs {}); insert an explicit broadcast_in_dim", what,
-         shape_str(a.shape), shape_str(b.shape));
+         dims_str(a.dims()), dims_str(b.dims()));
 }
 
 DType dtype_attr(const Node& n, const std::string& name) {
@@ -314,7 +328,7 @@ void register_elementwise(OpRegistry& r) {
       need_static_all(ctx);
       dir_of(ctx.node());
       same_type(ctx.in(0), ctx.in(1), "compare");
-      ctx.set_out(0, TensorType{DType::boolean, ctx.in(0).shape});
+      ctx.set_out(0, TensorType::of(DType::boolean, ctx.in(0).dims()));
     };
     d.kernel = [dir_of](KernelCtx& c) {
       const int dir = dir_of(c.node());
@@ -356,9 +370,9 @@ void register_elementwise(OpRegistry& r) {
       need_static_all(ctx);
       if (ctx.in(0).dtype != DType::boolean) fail("select's predicate must be bool, got {}", dtype_name(ctx.in(0).dtype));
       same_type(ctx.in(1), ctx.in(2), "select");
-      if (ctx.in(0).shape != ctx.in(1).shape)
-        fail("select: predicate shape {} differs from the operands' {}", shape_str(ctx.in(0).shape),
-             shape_str(ctx.in(1).shape));
+      if (ctx.in(0).dims() != ctx.in(1).dims())
+        fail("select: predicate shape {} differs from the operands' {}", dims_str(ctx.in(0).dims()),
+             dims_str(ctx.in(1).dims()));
       ctx.set_out(0, ctx.in(1));
     };
     d.kernel = [](KernelCtx& c) {
@@ -417,7 +431,7 @@ void register_casts(OpRegistry& r) {
       need_static_all(ctx);
       int64_t s = ctx.node().attr_i("saturate", 1);
       if (s != 0 && s != 1) fail("saturate must be 0 or 1, got {}", s);
-      ctx.set_out(0, TensorType{dtype_attr(ctx.node(), "dtype"), ctx.in(0).shape});
+      ctx.set_out(0, TensorType::of(dtype_attr(ctx.node(), "dtype"), ctx.in(0).dims()));
     };
     d.kernel = [](KernelCtx& c) {
       c.set_out(0, convert_tensor(c.in(0), dtype_attr(c.node(), "dtype"), c.node().attr_i("saturate", 1) != 0));
@@ -436,7 +450,7 @@ void register_casts(OpRegistry& r) {
       if (dtype_bits(to) != dtype_bits(from) || dtype_size(to) != dtype_size(from))
         fail("bitcast_convert from {} ({} bits) to {} ({} bits): element sizes differ", dtype_name(from),
              dtype_bits(from), dtype_name(to), dtype_bits(to));
-      ctx.set_out(0, TensorType{to, ctx.in(0).shape});
+      ctx.set_out(0, TensorType::of(to, ctx.in(0).dims()));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);
@@ -542,10 +556,12 @@ Cost reduce_window_cost(const Node& n) {
   return c;
 }
 
-struct WindowGeom {
+template <class D>
+struct WindowGeomT {
   std::vector<int64_t> window, strides, dilations, padding;
-  Shape out;
+  std::vector<D> out;
 };
+using WindowGeom = WindowGeomT<int64_t>;
 
 // Output dim of a windowed op: floor((in + lo + hi - eff) / stride) + 1, 0 when the window does
 // not fit once.
@@ -557,9 +573,18 @@ int64_t window_out(int64_t in, int64_t lo, int64_t hi, int64_t k, int64_t s, int
   return (padded - eff) / s + 1;
 }
 
-WindowGeom reduce_window_geom(const Node& n, const Shape& in) {
+// Symbolic: a dim whose window covers one element with no padding and stride 1 (the N and C of a
+// pooling) passes through; a windowed symbolic dim is refused (its size is a floor division).
+Dim window_out(const Dim& in, int64_t lo, int64_t hi, int64_t k, int64_t s, int64_t dil) {
+  if (in.is_static()) return window_out(in.constant_term(), lo, hi, k, s, dil);
+  if (lo == 0 && hi == 0 && k == 1 && s == 1) return in;
+  unsupported("a window over the symbolic size {} (its output size is a floor division)", in.str());
+}
+
+template <class D>
+WindowGeomT<D> reduce_window_geom(const Node& n, const std::vector<D>& in) {
   const size_t r = in.size();
-  WindowGeom g;
+  WindowGeomT<D> g;
   g.window = n.attr_ints("window");
   if (g.window.size() != r) fail("window has {} entries, expected {} (one per dim)", g.window.size(), r);
   g.strides = ints_of_rank(n, "strides", r, 1);
@@ -599,10 +624,11 @@ void register_reductions(OpRegistry& r) {
       RK k = kind_of(ctx.node());
       check_reduce_dtype(x.dtype, k);
       std::vector<bool> mask = reduce_axes_mask(ctx.node(), static_cast<int>(x.shape.size()));
-      Shape out;
+      const Dims xd = x.dims();
+      Dims out;
       for (size_t i = 0; i < mask.size(); ++i)
-        if (!mask[i]) out.push_back(x.shape[i]);
-      ctx.set_out(0, TensorType{x.dtype, out});
+        if (!mask[i]) out.push_back(xd[i]);
+      ctx.set_out(0, TensorType::of(x.dtype, out));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);
@@ -667,9 +693,9 @@ void register_reductions(OpRegistry& r) {
     d.infer = [](InferCtx& ctx) {
       need_static_all(ctx);
       const TensorType& x = ctx.in(0);
-      check_layout(ctx, x.shape);
+      check_layout(ctx, x.dims());
       check_reduce_dtype(x.dtype, kind_of(ctx.node()));
-      ctx.set_out(0, TensorType{x.dtype, reduce_window_geom(ctx.node(), x.shape).out});
+      ctx.set_out(0, TensorType::of(x.dtype, reduce_window_geom(ctx.node(), x.dims()).out));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);
@@ -712,14 +738,17 @@ void register_reductions(OpRegistry& r) {
 
 // ---- contractions --------------------------------------------------------------------------------
 
-struct DotGeom {
+template <class D>
+struct DotGeomT {
   std::vector<int64_t> lb, rb, lc, rc, lf, rf;  // lf/rf: free dims in order
-  int64_t B = 1, M = 1, N = 1, K = 1;
-  Shape out;
+  D B = 1, M = 1, N = 1, K = 1;
+  std::vector<D> out;
 };
+using DotGeom = DotGeomT<int64_t>;
 
-DotGeom dot_geom(const Node& n, const Shape& a, const Shape& b) {
-  DotGeom g;
+template <class D>
+DotGeomT<D> dot_geom(const Node& n, const std::vector<D>& a, const std::vector<D>& b) {
+  DotGeomT<D> g;
   g.lb = n.attr_ints("lhs_batch", {});
   g.rb = n.attr_ints("rhs_batch", {});
   g.lc = n.attr_ints("lhs_contract");
@@ -727,7 +756,7 @@ DotGeom dot_geom(const Node& n, const Shape& a, const Shape& b) {
   if (g.lb.size() != g.rb.size()) fail("lhs_batch has {} dims but rhs_batch {}", g.lb.size(), g.rb.size());
   if (g.lc.size() != g.rc.size())
     fail("lhs_contract has {} dims but rhs_contract {}", g.lc.size(), g.rc.size());
-  auto check = [](const std::vector<int64_t>& bd, const std::vector<int64_t>& cd, const Shape& s,
+  auto check = [](const std::vector<int64_t>& bd, const std::vector<int64_t>& cd, const std::vector<D>& s,
                   const char* side, std::vector<int64_t>& free) {
     std::vector<bool> used(s.size(), false);
     for (const auto* lst : {&bd, &cd})
@@ -814,18 +843,22 @@ Cost conv_cost(const Node& n) {
   return c;
 }
 
-struct ConvGeom {
+template <class D>
+struct ConvGeomT {
   std::vector<int64_t> strides, dilations, padding;
   int64_t groups = 1;
-  Shape out;
+  std::vector<D> out;
 };
+using ConvGeom = ConvGeomT<int64_t>;
 
-ConvGeom conv_geom(const Node& n, const Shape& x, const Shape& w) {
+// Symbolic: the batch dim only (channels and spatial dims static).
+template <class D>
+ConvGeomT<D> conv_geom(const Node& n, const std::vector<D>& x, const std::vector<D>& w) {
   if (x.size() < 3) fail("convolution input must be [N, C, spatial...] (rank >= 3), got {}", shape_str(x));
   if (w.size() != x.size())
     fail("convolution weight rank {} differs from the input rank {}", w.size(), x.size());
   const size_t sp = x.size() - 2;
-  ConvGeom g;
+  ConvGeomT<D> g;
   g.strides = ints_of_rank(n, "strides", sp, 1, "per spatial dim");
   g.dilations = ints_of_rank(n, "dilations", sp, 1, "per spatial dim");
   g.padding = ints_of_rank(n, "padding", 2 * sp, 0, "low and high per spatial dim");
@@ -865,7 +898,7 @@ void register_contractions(OpRegistry& r) {
         fail("dot_general: operand dtypes differ ({} vs {}); insert an explicit convert", dtype_name(a.dtype),
              dtype_name(b.dtype));
       check_class(a.dtype, Cls::numeric, "dot_general");
-      ctx.set_out(0, TensorType{a.dtype, dot_geom(ctx.node(), a.shape, b.shape).out});
+      ctx.set_out(0, TensorType::of(a.dtype, dot_geom(ctx.node(), a.dims(), b.dims()).out));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& a = c.in(0);
@@ -920,7 +953,7 @@ void register_contractions(OpRegistry& r) {
         fail("convolution: operand dtypes differ ({} vs {}); insert an explicit convert", dtype_name(x.dtype),
              dtype_name(w.dtype));
       check_class(x.dtype, Cls::numeric, "convolution");
-      ctx.set_out(0, TensorType{x.dtype, conv_geom(ctx.node(), x.shape, w.shape).out});
+      ctx.set_out(0, TensorType::of(x.dtype, conv_geom(ctx.node(), x.dims(), w.dims()).out));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);
@@ -987,12 +1020,13 @@ void register_contractions(OpRegistry& r) {
 
 // ---- shape and data movement -------------------------------------------------------------------
 
-void check_bcast(const Node& n, const Shape& in, const Shape& out, const std::vector<int64_t>& dims) {
+template <class D>
+void check_bcast(const Node& n, const std::vector<D>& in, const std::vector<D>& out, const std::vector<int64_t>& dims) {
   (void)n;
   if (dims.size() != in.size())
     fail("dims has {} entries but the operand has rank {}", dims.size(), in.size());
-  for (int64_t s : out)
-    if (s < 0) fail("shape {} has a negative dim", shape_str(out));
+  for (const D& s : out)
+    if (!dim_le(0, s)) fail("shape {} has a negative dim", dims_str(Dims(out.begin(), out.end())));
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] < 0 || dims[i] >= static_cast<int64_t>(out.size()))
       fail("dims[{}] = {} is out of range for the output rank {}", i, dims[i], out.size());
@@ -1002,22 +1036,43 @@ void check_bcast(const Node& n, const Shape& in, const Shape& out, const std::ve
   }
 }
 
-struct SliceGeom {
-  std::vector<int64_t> starts, stops, strides;
-  Shape out;
+template <class D>
+struct SliceGeomT {
+  std::vector<D> starts, stops;
+  std::vector<int64_t> strides;
+  std::vector<D> out;
 };
+using SliceGeom = SliceGeomT<int64_t>;
 
-SliceGeom slice_geom(const Node& n, const Shape& in) {
+// Symbolic: starts and stops may be sizes (dims[..]) with a positive stride; the bounds must hold
+// for every value of the symbols.
+template <class D>
+SliceGeomT<D> slice_geom(const Node& n, const std::vector<D>& in) {
   const size_t r = in.size();
-  SliceGeom g;
-  g.starts = n.attr_ints("starts");
-  g.stops = n.attr_ints("stops");
+  SliceGeomT<D> g;
+  if constexpr (std::is_same_v<D, Dim>) {
+    g.starts = n.attr_dims("starts");
+    g.stops = n.attr_dims("stops");
+  } else {
+    g.starts = n.attr_ints("starts");
+    g.stops = n.attr_ints("stops");
+  }
   if (g.starts.size() != r) fail("starts has {} entries, expected {} (one per dim)", g.starts.size(), r);
   if (g.stops.size() != r) fail("stops has {} entries, expected {} (one per dim)", g.stops.size(), r);
   g.strides = ints_of_rank(n, "strides", r, 1);
   for (size_t d = 0; d < r; ++d) {
-    const int64_t a = g.starts[d], b = g.stops[d], s = g.strides[d];
+    const D a = g.starts[d], b = g.stops[d];
+    const int64_t s = g.strides[d];
     if (s == 0) fail("strides[{}] is 0", d);
+    if constexpr (std::is_same_v<D, Dim>) {
+      if (!(a.is_static() && b.is_static() && in[d].is_static())) {
+        if (s < 0) unsupported("slice: a negative stride over the symbolic dim {}", d);
+        if (!(dim_le(0, a) && dim_le(a, b) && dim_le(b, in[d])))
+          fail("dim {}: need 0 <= start <= stop <= {} for every value of the symbols, got start {} stop {}", d, in[d], a, b);
+        g.out.push_back(ceil_div_dim(b - a, s));
+        continue;
+      }
+    }
     if (s > 0) {
       if (!(0 <= a && a <= b && b <= in[d]))
         fail("dim {}: with stride {} need 0 <= start <= stop <= {}, got start {} stop {}", d, s, in[d], a, b);
@@ -1031,14 +1086,17 @@ SliceGeom slice_geom(const Node& n, const Shape& in) {
   return g;
 }
 
-struct PadGeom {
+template <class D>
+struct PadGeomT {
   std::vector<int64_t> low, high, interior;
-  Shape out;
+  std::vector<D> out;
 };
+using PadGeom = PadGeomT<int64_t>;
 
-PadGeom pad_geom(const Node& n, const Shape& in) {
+template <class D>
+PadGeomT<D> pad_geom(const Node& n, const std::vector<D>& in) {
   const size_t r = in.size();
-  PadGeom g;
+  PadGeomT<D> g;
   g.low = n.attr_ints("low");
   g.high = n.attr_ints("high");
   if (g.low.size() != r) fail("low has {} entries, expected {} (one per dim)", g.low.size(), r);
@@ -1046,8 +1104,9 @@ PadGeom pad_geom(const Node& n, const Shape& in) {
   g.interior = ints_of_rank(n, "interior", r, 0);
   for (size_t d = 0; d < r; ++d) {
     if (g.interior[d] < 0) fail("interior[{}] = {} must be >= 0", d, g.interior[d]);
-    const int64_t o = g.low[d] + g.high[d] + in[d] + std::max<int64_t>(in[d] - 1, 0) * g.interior[d];
-    if (o < 0) fail("dim {}: padding low {} high {} leaves a negative size", d, g.low[d], g.high[d]);
+    D o = g.low[d] + g.high[d] + in[d];
+    if (g.interior[d] != 0) o = o + std::max<int64_t>(in[d] - 1, 0) * g.interior[d];
+    if (!dim_le(0, o)) fail("dim {}: padding low {} high {} leaves a negative size", d, g.low[d], g.high[d]);
     g.out.push_back(o);
   }
   return g;
@@ -1066,9 +1125,10 @@ void check_gather_like(const TensorType& data, const TensorType& idx, int64_t ax
     fail("{}: indices rank {} differs from the data rank {}", op, idx.shape.size(), data.shape.size());
   const int64_t r = static_cast<int64_t>(data.shape.size());
   if (axis < 0 || axis >= r) fail("{}: axis {} is out of range for rank {}", op, axis, r);
+  const Dims id = idx.dims(), dd = data.dims();
   for (int64_t d = 0; d < r; ++d)
-    if (d != axis && idx.shape[d] > data.shape[d])
-      fail("{}: indices dim {} has size {}, larger than the data's {}", op, d, idx.shape[d], data.shape[d]);
+    if (d != axis && !dim_le(id[d], dd[d]))
+      fail("{}: indices dim {} has size {}, larger than the data's {}", op, d, id[d], dd[d]);
 }
 
 // Flat data offset for each element of `idx` (row-major), with idx's value replacing the axis coordinate.
@@ -1095,9 +1155,9 @@ void register_movement_ops(OpRegistry& r) {
     d.attrs = {{"shape", AttrKind::ints, true}, {"dims", AttrKind::ints, true}};
     d.infer = [](InferCtx& ctx) {
       need_static_all(ctx);
-      Shape out = ctx.node().attr_ints("shape");
-      check_bcast(ctx.node(), ctx.in(0).shape, out, ctx.node().attr_ints("dims"));
-      ctx.set_out(0, TensorType{ctx.in(0).dtype, out});
+      const Dims out = ctx.node().attr_dims("shape");
+      check_bcast(ctx.node(), ctx.in(0).dims(), out, ctx.node().attr_ints("dims"));
+      ctx.set_out(0, TensorType::of(ctx.in(0).dtype, out));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);
@@ -1130,13 +1190,13 @@ void register_movement_ops(OpRegistry& r) {
     d.attrs = {{"shape", AttrKind::ints, true}};
     d.infer = [](InferCtx& ctx) {
       need_static_all(ctx);
-      Shape out = ctx.node().attr_ints("shape");
-      for (int64_t s : out)
-        if (s < 0) fail("reshape: shape {} has a negative dim (every dim is explicit here)", shape_str(out));
-      if (shape_numel(out) != shape_numel(ctx.in(0).shape))
-        fail("reshape: {} has {} elements but shape {} has {}", ctx.in(0).str(), shape_numel(ctx.in(0).shape),
-             shape_str(out), shape_numel(out));
-      ctx.set_out(0, TensorType{ctx.in(0).dtype, out});
+      const Dims out = ctx.node().attr_dims("shape");
+      for (const Dim& s : out)
+        if (!dim_le(0, s)) fail("reshape: shape {} has a negative dim (every dim is explicit here)", dims_str(out));
+      const Dim n_in = dims_numel(ctx.in(0).dims()), n_out = dims_numel(out);
+      if (n_in != n_out)
+        fail("reshape: {} has {} elements but shape {} has {}", ctx.in(0).str(), n_in, dims_str(out), n_out);
+      ctx.set_out(0, TensorType::of(ctx.in(0).dtype, out));
     };
     d.kernel = [](KernelCtx& c) {
       Shape out = c.node().attr_ints("shape");
@@ -1150,11 +1210,11 @@ void register_movement_ops(OpRegistry& r) {
     d.name = "transpose";
     d.fusion = FusionKind::injective;
     d.attrs = {{"perm", AttrKind::ints, true}};
-    auto out_shape = [](const Node& n, const Shape& in) {
+    auto out_shape = []<class D>(const Node& n, const std::vector<D>& in) {
       std::vector<int64_t> perm = n.attr_ints("perm");
       if (perm.size() != in.size()) fail("perm has {} entries but the operand has rank {}", perm.size(), in.size());
       std::vector<bool> seen(in.size(), false);
-      Shape out;
+      std::vector<D> out;
       for (int64_t p : perm) {
         if (p < 0 || p >= static_cast<int64_t>(in.size()) || seen[p])
           fail("perm is not a permutation of 0..{}", static_cast<int64_t>(in.size()) - 1);
@@ -1165,7 +1225,7 @@ void register_movement_ops(OpRegistry& r) {
     };
     d.infer = [out_shape](InferCtx& ctx) {
       need_static_all(ctx);
-      ctx.set_out(0, TensorType{ctx.in(0).dtype, out_shape(ctx.node(), ctx.in(0).shape)});
+      ctx.set_out(0, TensorType::of(ctx.in(0).dtype, out_shape(ctx.node(), ctx.in(0).dims())));
     };
     d.kernel = [out_shape](KernelCtx& c) {
       const Tensor& x = c.in(0);
@@ -1185,7 +1245,7 @@ void register_movement_ops(OpRegistry& r) {
     d.attrs = {{"starts", AttrKind::ints, true}, {"stops", AttrKind::ints, true}, {"strides", AttrKind::ints}};
     d.infer = [](InferCtx& ctx) {
       need_static_all(ctx);
-      ctx.set_out(0, TensorType{ctx.in(0).dtype, slice_geom(ctx.node(), ctx.in(0).shape).out});
+      ctx.set_out(0, TensorType::of(ctx.in(0).dtype, slice_geom(ctx.node(), ctx.in(0).dims()).out));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);
@@ -1219,7 +1279,7 @@ void register_movement_ops(OpRegistry& r) {
       if (v.dtype != ctx.in(0).dtype)
         fail("pad: padding value dtype {} differs from the operand's {}", dtype_name(v.dtype),
              dtype_name(ctx.in(0).dtype));
-      ctx.set_out(0, TensorType{ctx.in(0).dtype, pad_geom(ctx.node(), ctx.in(0).shape).out});
+      ctx.set_out(0, TensorType::of(ctx.in(0).dtype, pad_geom(ctx.node(), ctx.in(0).dims()).out));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);
@@ -1257,24 +1317,25 @@ void register_movement_ops(OpRegistry& r) {
     d.infer = [](InferCtx& ctx) {
       need_static_all(ctx);
       const TensorType& a = ctx.in(0);
-      check_layout(ctx, a.shape);
+      const Dims ad = a.dims();
+      check_layout(ctx, ad);
       const int64_t r = static_cast<int64_t>(a.shape.size());
       const int64_t axis = ctx.node().attr_i("axis");
       if (axis < 0 || axis >= r) fail("concatenate: axis {} is out of range for rank {}", axis, r);
-      Shape out = a.shape;
+      Dims out = ad;
       for (int i = 1; i < ctx.num_inputs(); ++i) {
         const TensorType& b = ctx.in(i);
+        const Dims bd = b.dims();
         if (b.dtype != a.dtype)
           fail("concatenate: operand {} has dtype {}, operand 0 {}", i, dtype_name(b.dtype), dtype_name(a.dtype));
-        if (b.shape.size() != a.shape.size())
-          fail("concatenate: operand {} has rank {}, operand 0 {}", i, b.shape.size(), a.shape.size());
+        if (bd.size() != ad.size())
+          fail("concatenate: operand {} has rank {}, operand 0 {}", i, bd.size(), ad.size());
         for (int64_t dd = 0; dd < r; ++dd)
-          if (dd != axis && b.shape[dd] != a.shape[dd])
-            fail("concatenate: operand {} shape {} differs from {} outside axis {}", i, shape_str(b.shape),
-                 shape_str(a.shape), axis);
-        out[axis] += b.shape[axis];
+          if (dd != axis && bd[dd] != ad[dd])
+            fail("concatenate: operand {} shape {} differs from {} outside axis {}", i, dims_str(bd), dims_str(ad), axis);
+        out[axis] += bd[axis];
       }
-      ctx.set_out(0, TensorType{a.dtype, out});
+      ctx.set_out(0, TensorType::of(a.dtype, out));
     };
     d.kernel = [](KernelCtx& c) {
       const int axis = static_cast<int>(c.node().attr_i("axis"));
@@ -1308,7 +1369,7 @@ void register_movement_ops(OpRegistry& r) {
     d.infer = [](InferCtx& ctx) {
       need_static_all(ctx);
       check_gather_like(ctx.in(0), ctx.in(1), ctx.node().attr_i("axis"), "gather");
-      ctx.set_out(0, TensorType{ctx.in(0).dtype, ctx.in(1).shape});
+      ctx.set_out(0, TensorType::of(ctx.in(0).dtype, ctx.in(1).dims()));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);
@@ -1338,9 +1399,9 @@ void register_movement_ops(OpRegistry& r) {
       need_static_all(ctx);
       red_of(ctx.node());
       check_gather_like(ctx.in(0), ctx.in(1), ctx.node().attr_i("axis"), "scatter");
-      if (ctx.in(2).shape != ctx.in(1).shape)
-        fail("scatter: updates shape {} differs from the indices' {}", shape_str(ctx.in(2).shape),
-             shape_str(ctx.in(1).shape));
+      if (ctx.in(2).dims() != ctx.in(1).dims())
+        fail("scatter: updates shape {} differs from the indices' {}", dims_str(ctx.in(2).dims()),
+             dims_str(ctx.in(1).dims()));
       if (ctx.in(2).dtype != ctx.in(0).dtype)
         fail("scatter: updates dtype {} differs from the data's {}", dtype_name(ctx.in(2).dtype),
              dtype_name(ctx.in(0).dtype));
@@ -1389,9 +1450,16 @@ void register_movement_ops(OpRegistry& r) {
       if (is_bool(t)) fail("iota is not defined for bool");
       return std::pair<Shape, DType>{s, t};
     };
-    d.infer = [check](InferCtx& ctx) {
-      auto [s, t] = check(ctx.node());
-      ctx.set_out(0, TensorType{t, s});
+    d.infer = [](InferCtx& ctx) {
+      const Node& n = ctx.node();
+      const Dims s = n.attr_dims("shape");
+      for (const Dim& v : s)
+        if (!dim_le(0, v)) fail("iota: shape {} has a negative dim", dims_str(s));
+      const int64_t axis = n.attr_i("axis");
+      if (axis < 0 || axis >= static_cast<int64_t>(s.size())) fail("iota: axis {} is out of range for rank {}", axis, s.size());
+      const DType t = dtype_attr(n, "dtype");
+      if (is_bool(t)) fail("iota is not defined for bool");
+      ctx.set_out(0, TensorType::of(t, s));
     };
     d.kernel = [check](KernelCtx& c) {
       auto [s, t] = check(c.node());
@@ -1432,7 +1500,7 @@ void register_sort(OpRegistry& r) {
     need_static_all(ctx);
     check(ctx.node(), ctx.in(0).shape);
     ctx.set_out(0, ctx.in(0));
-    ctx.set_out(1, TensorType{DType::i64, ctx.in(0).shape});
+    ctx.set_out(1, TensorType::of(DType::i64, ctx.in(0).dims()));
   };
   d.kernel = [check](KernelCtx& c) {
     const Tensor& x = c.in(0);

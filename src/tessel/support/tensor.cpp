@@ -209,6 +209,19 @@ bool Tensor::same_as(const Tensor& o) const {
          (nbytes() == 0 || std::memcmp(bytes(), o.bytes(), nbytes()) == 0);
 }
 
-std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
+std::string TensorType::str() const { return std::string(dtype_name(dtype)) + (symbolic() ? dims_str(sym) : shape_str(shape)); }
+
+bool TensorType::dims_defined() const {
+  if (!symbolic()) return shape_known(shape);
+  for (const Dim& d : sym)
+    if (d.is_static() && d.constant_term() < 0) return false;
+  return true;
+}
+
+TensorType TensorType::of(DType dtype, const Dims& dims) {
+  TensorType t{dtype, static_shape(dims), {}};
+  if (!dims_static(dims)) t.sym = dims;
+  return t;
+}
 
 }  // namespace tessel

@@ -11,6 +11,7 @@
 
 #include "tessel/support/dtype.h"
 #include "tessel/support/shape.h"
+#include "tessel/support/sym.h"
 
 namespace tessel {
 
@@ -71,12 +72,23 @@ class Tensor {
   uint8_t* data_ = nullptr;
 };
 
-// A tensor's static type: dtype and shape (dims may be unknown, kUnknownDim).
+// A tensor's static type: dtype and shape. A dim may be unknown (kUnknownDim: data-dependent) or
+// symbolic (docs/dynamic-shapes.md): then `sym` holds every dim as a Dim and `shape` has kUnknownDim in
+// the symbolic places, so code that only handles static shapes sees an unknown dim and keeps away.
 struct TensorType {
   DType dtype = DType::f32;
   Shape shape;
+  Dims sym;  // empty unless some dim is symbolic
   bool operator==(const TensorType&) const = default;
-  std::string str() const;  // "f32[1,128,256]"
+  std::string str() const;  // "f32[1,128,256]", "f32[s0,128]"
+  bool symbolic() const { return !sym.empty(); }
+  // Every dim as a Dim: sym, or the static dims (an unknown one stays kUnknownDim).
+  Dims dims() const { return symbolic() ? sym : dims_of(shape); }
+  // Static dims, and symbolic or unknown ones, but none unknown: what symbolic code can compute with.
+  bool dims_defined() const;
+  // The type with these dims (sym stays empty when all are static).
+  static TensorType of(DType dtype, const Dims& dims);
+  void set_dims(const Dims& dims) { *this = of(dtype, dims); }
 };
 
 }  // namespace tessel
