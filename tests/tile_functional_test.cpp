@@ -90,7 +90,7 @@ tile::TileProgram hand_map(const KernelModule& m, DType fdt) {
     if (k.kind == KernelKind::loop) {
       tk.kind = tile::TileKind::vector;
       const int64_t P = k.parallel_extent();
-      tk.dims = {dim("p", P, 4, 7), dim("e", k.splits_inner() ? 1 : k.inner_count(), 1, 1 << 30)};
+      tk.dims = {dim("p", P, 4, 7), dim("e", k.splits_inner() ? int64_t{1} : int64_t{k.inner_count()}, 1, 1 << 30)};
     } else if (k.kind == KernelKind::matmul) {
       tk.kind = tile::TileKind::matmul;
       tk.dims = {dim("b", k.mm.batch, 1, 2), dim("m", k.mm.m, 2, 48), dim("n", k.mm.n, 1, 96), dim("k", k.mm.k, 2, 40, true)};

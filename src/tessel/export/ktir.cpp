@@ -818,8 +818,8 @@ void FuncEmitter::conv_epilogue_map() {
     if (ya < 0) cannot("an epilogue that does not store the convolution's result");
     c_access_ = ya;
     const KAccess& acc = k_.accesses[static_cast<size_t>(ya)];
-    std::vector<int64_t> ext = k_.outer;
-    ext.insert(ext.end(), k_.inner.begin(), k_.inner.end());
+    std::vector<int64_t> ext = require_static(k_.outer);
+    for (const tessel::Dim& d : k_.inner) ext.push_back(d);
     std::vector<size_t> by(ext.size());
     for (size_t i = 0; i < by.size(); ++i) by[i] = i;
     std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return acc.strides[a] > acc.strides[b]; });
@@ -1091,7 +1091,7 @@ std::string FuncEmitter::emit_matmul() {
       const int gc = global_of_arg(mm.c);
       const bool contiguous = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
       const View& vc = view(gc, target_, [&](const std::vector<int64_t>& x) {
-        return contiguous ? linear_of_(x) : mm.c_batch * x[0] + mm.c_m * x[1] + mm.c_n * x[2];
+        return contiguous ? linear_of_(x) : static_cast<int64_t>(mm.c_batch * x[0] + mm.c_m * x[1] + mm.c_n * x[2]);
       }, "matmul C");
       store(vc, acc_, DType::f32);
     } else {

@@ -146,8 +146,8 @@ inline Affine fit(const std::vector<int64_t>& ext, const std::function<int64_t(c
 
 // Element `linear` of the kernel's loop space (outer dims, then inner, row-major) through `acc`.
 inline int64_t access_at(const Kernel& k, const KAccess& acc, int64_t linear) {
-  std::vector<int64_t> ext = k.outer;
-  ext.insert(ext.end(), k.inner.begin(), k.inner.end());
+  std::vector<int64_t> ext = require_static(k.outer);
+  for (const tessel::Dim& d : k.inner) ext.push_back(d);
   int64_t off = acc.offset;
   for (size_t d = ext.size(); d-- > 0;) {
     const int64_t i = linear % ext[d];

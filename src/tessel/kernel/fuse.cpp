@@ -32,8 +32,15 @@ namespace {
 
 bool is_core(const Node& n) { return n.op->domain == "tessel.core"; }
 
-// Static and non-empty: kernels are not generated for values without elements.
-bool static_value(const Value* v) { return v && shape_known(v->type.shape) && shape_numel(v->type.shape) > 0; }
+// Every size known (static, or symbolic: docs/dynamic-shapes.md) and non-empty: kernels are not
+// generated for values without elements.
+bool static_value(const Value* v) {
+  if (!v || !v->type.dims_defined()) return false;
+  return provably_positive(dims_numel(v->type.dims()));
+}
+Dims dims(const Value* v) { return v->type.dims(); }
+// Whether a size is statically at most 1 (a symbolic one is >= 1 and may be more).
+bool at_most_one(const Dim& d) { return d.is_static() && d.constant_term() <= 1; }
 
 bool static_node(const Node& n) {
   for (const Value* v : n.inputs)
@@ -47,8 +54,8 @@ bool static_node(const Node& n) {
 
 struct View {
   const Value* root = nullptr;
-  int64_t offset = 0;
-  std::vector<int64_t> strides;  // per dim of the viewed value
+  Dim offset = 0;
+  Dims strides;  // per dim of the viewed value
 };
 
 bool is_view_op(const std::string& op) {
@@ -57,10 +64,17 @@ bool is_view_op(const std::string& op) {
 
 // Strides for `to` when a value of shape `from` with strides `st` is reshaped, if the reshape is
 // expressible as a view (every group of dims that merges is contiguous with itself).
-std::optional<std::vector<int64_t>> restride(const Shape& from, const std::vector<int64_t>& st, const Shape& to) {
-  std::vector<int64_t> out(to.size(), 0);
+// Symbolic sizes merge and split by divisibility: a product is extended while the other side's is a
+// multiple of it.
+bool smaller_product(const Dim& a, const Dim& b) {
+  if (a.is_static() && b.is_static()) return a.constant_term() < b.constant_term();
+  return exact_div(b, a).has_value();
+}
+
+std::optional<Dims> restride(const Dims& from, const Dims& st, const Dims& to) {
+  Dims out(to.size(), Dim(0));
   // drop size-1 dims of the source
-  std::vector<int64_t> fs, fst;
+  Dims fs, fst;
   for (size_t i = 0; i < from.size(); ++i)
     if (from[i] != 1) {
       fs.push_back(from[i]);
@@ -74,23 +88,25 @@ std::optional<std::vector<int64_t>> restride(const Shape& from, const std::vecto
     }
     if (fi >= fs.size()) return std::nullopt;
     // take source dims [fi, fe) and target dims [ti, te) with equal products
-    int64_t fp = fs[fi], tp = to[ti];
+    Dim fp = fs[fi], tp = to[ti];
     size_t fe = fi + 1, te = ti + 1;
     while (fp != tp) {
-      if (fp < tp) {
+      if (smaller_product(fp, tp)) {
         if (fe >= fs.size()) return std::nullopt;
         fp *= fs[fe++];
-      } else {
+      } else if (smaller_product(tp, fp)) {
         while (te < to.size() && to[te] == 1) ++te;
         if (te >= to.size()) return std::nullopt;
         tp *= to[te++];
+      } else {
+        return std::nullopt;  // symbolic products neither of which divides the other
       }
     }
     for (size_t k = fi; k + 1 < fe; ++k)
       if (fst[k] != fst[k + 1] * fs[k + 1]) return std::nullopt;  // not contiguous within the group
-    int64_t s = fst[fe - 1];
+    Dim s = fst[fe - 1];
     for (size_t k = te; k-- > ti;) {
-      out[k] = to[k] == 1 ? 0 : s;
+      out[k] = to[k] == 1 ? Dim(0) : s;
       s *= to[k];
     }
     fi = fe;
@@ -102,8 +118,8 @@ std::optional<std::vector<int64_t>> restride(const Shape& from, const std::vecto
 
 std::optional<View> view_of(const Node& n, const View& src) {
   const std::string& op = n.op->name;
-  const Shape& in = n.inputs[0]->type.shape;
-  const Shape& out = n.outputs[0]->type.shape;
+  const Dims in = dims(n.inputs[0]);
+  const Dims out = dims(n.outputs[0]);
   View v{src.root, src.offset, {}};
   if (names_core_op(op, CoreOp::reshape)) {
     auto s = restride(in, src.strides, out);
@@ -117,10 +133,10 @@ std::optional<View> view_of(const Node& n, const View& src) {
     for (size_t k = 0; k < dims.size(); ++k)
       if (in[k] == out[static_cast<size_t>(dims[k])]) v.strides[static_cast<size_t>(dims[k])] = src.strides[k];
   } else if (names_core_op(op, CoreOp::slice)) {
-    auto starts = n.attr_ints("starts");
+    auto starts = n.attr_dims("starts");
     auto steps = n.attr_ints("strides", std::vector<int64_t>(in.size(), 1));
     for (size_t d = 0; d < in.size(); ++d) {
-      if (steps[d] <= 0) return std::nullopt;
+      if (steps[d] <= 0) return std::nullopt;  // (steps are static)
       v.offset += starts[d] * src.strides[d];
       v.strides.push_back(src.strides[d] * steps[d]);
     }
@@ -138,9 +154,10 @@ std::optional<View> view_of(const Node& n, const View& src) {
 // becomes a dense constant of its full shape (the same bytes the model had before canonicalize).
 // A value's own memory as a view: row-major, size-1 dims with stride 0.
 View row_major_view(const Value* v) {
-  View w{v, 0, strides_of(v->type.shape)};
-  for (size_t d = 0; d < v->type.shape.size(); ++d)
-    if (v->type.shape[d] == 1) w.strides[d] = 0;
+  const Dims s = dims(v);
+  View w{v, 0, dims_strides(s)};
+  for (size_t d = 0; d < s.size(); ++d)
+    if (s[d] == 1) w.strides[d] = 0;
   return w;
 }
 
@@ -156,14 +173,14 @@ const Value* view_chain(const Value* v, std::vector<const Node*>* chain) {
 
 // How a convolution reads an input of shape s through view v of its root's memory: as NCHW (false),
 // as NHWC (true), or neither (nullopt: an offset, a slice, a shuffle).
-std::optional<bool> conv_read_layout(const View& v, const Shape& s) {
-  if (v.offset != 0 || shape_numel(v.root->type.shape) != shape_numel(s)) return std::nullopt;
-  auto strides_are = [&](const std::vector<int64_t>& want) {
+std::optional<bool> conv_read_layout(const View& v, const Dims& s) {
+  if (v.offset != 0 || dims_numel(dims(v.root)) != dims_numel(s)) return std::nullopt;
+  auto strides_are = [&](const Dims& want) {
     for (size_t d = 0; d < s.size(); ++d)
       if (s[d] != 1 && v.strides[d] != want[d]) return false;
     return true;
   };
-  if (strides_are(strides_of(s))) return false;
+  if (strides_are(dims_strides(s))) return false;
   if (s.size() == 4 && strides_are({s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]})) return true;
   return std::nullopt;
 }
@@ -185,7 +202,7 @@ void densify_library_constants(Graph& g) {
       if (!v || v->constant) continue;
       std::vector<const Node*> chain;
       const Value* root = view_chain(v, &chain);
-      if (chain.empty() || !root->constant || !static_value(root)) continue;
+      if (chain.empty() || !root->constant || !static_value(root) || v->type.symbolic()) continue;
       View view = row_major_view(root);
       bool ok = true;
       for (auto it = chain.rbegin(); it != chain.rend() && ok; ++it) {
@@ -240,17 +257,18 @@ void topo_sort(Graph& g);
 // strides, FuseOptions::conv_input_views).
 bool first_layer_input(const Node& conv) {
   const Value* x = conv.inputs[0];
-  return x->is_input && x->type.shape.size() == 4 && x->type.shape[1] < 8 && conv.attr_i("groups", 1) == 1;
+  const Dims s = dims(x);
+  return x->is_input && s.size() == 4 && s[1].is_static() && s[1].constant_term() < 8 && conv.attr_i("groups", 1) == 1;
 }
 
 void channels_last_copy(Graph& g, Node* conv) {
   Value* x = conv->inputs[0];
-  const Shape& s = x->type.shape;
+  const Dims s = dims(x);
   const std::string name = g.unique_name(conv->name + ".channels_last_input");
   const std::string view = g.unique_name(name + ".view"), nchw = g.unique_name(name + ".nchw");
   const OpRegistry& reg = OpRegistry::get();
   Node* t = g.add_node(reg.find("transpose"), view, {x}, {view}, {{"perm", std::vector<int64_t>{0, 2, 3, 1}}});
-  t->outputs[0]->type = TensorType{x->type.dtype, {s[0], s[2], s[3], s[1]}};
+  t->outputs[0]->type = TensorType::of(x->type.dtype, {s[0], s[2], s[3], s[1]});
   Node* copy = g.add_node(reg.find("convert"), name, {t->outputs[0]}, {name},
                           {{"dtype", std::string(dtype_name(x->type.dtype))}});
   copy->outputs[0]->type = t->outputs[0]->type;
@@ -284,7 +302,7 @@ void densify_conv_inputs(Graph& g) {
       auto next = view_of(**it, view);
       view = next ? *next : row_major_view((*it)->outputs[0]);
     }
-    if (view.root == x || conv_read_layout(view, x->type.shape)) continue;  // readable as it is
+    if (view.root == x || conv_read_layout(view, dims(x))) continue;  // readable as it is
     const std::string name = g.unique_name(n->name + ".dense_input");
     Node* copy = g.add_node(OpRegistry::get().find("convert"), name, {x}, {name},
                             {{"dtype", std::string(dtype_name(x->type.dtype))}});
@@ -343,7 +361,7 @@ constexpr size_t kMaxKernelNodes = 512;
 
 struct Group {
   GKind kind = GKind::loop;
-  Shape F;                       // the iteration space
+  Dims F;                        // the iteration space
   std::vector<bool> R;           // reduced dims of F (loop groups)
   bool reduces = false;
   const Node* anchor = nullptr;  // matmul / conv node
@@ -353,7 +371,7 @@ struct Group {
 enum class Level { elem, row };
 
 // Collapses a run of dims (sizes, strides) into one (size, stride), if they form a single stride.
-std::optional<std::pair<int64_t, int64_t>> collapse(const std::vector<int64_t>& sizes, const std::vector<int64_t>& st);
+std::optional<std::pair<Dim, Dim>> collapse(const Dims& sizes, const Dims& st);
 
 struct Fuser {
   Graph& g;
@@ -386,32 +404,32 @@ struct Fuser {
   // logical dim order[i]. Empty: row-major.
   std::vector<std::vector<int64_t>> order;  // per value id
 
-  std::vector<int64_t> physical_strides(const Value* v) const {
-    const Shape& s = v->type.shape;
+  Dims physical_strides(const Value* v) const {
+    const Dims s = dims(v);
     if (nhwc[v->id]) return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};  // [N, C, H, W] laid out as [N, H, W, C]
     const std::vector<int64_t>& o = order[v->id];
-    if (o.empty()) return strides_of(s);
-    Shape ps;
+    if (o.empty()) return dims_strides(s);
+    Dims ps;
     for (int64_t d : o) ps.push_back(s[static_cast<size_t>(d)]);
-    const std::vector<int64_t> rs = strides_of(ps);
-    std::vector<int64_t> st(s.size());
+    const Dims rs = dims_strides(ps);
+    Dims st(s.size());
     for (size_t i = 0; i < o.size(); ++i) st[static_cast<size_t>(o[i])] = rs[i];
     return st;
   }
 
   // The strides of a dot_general result's [batch, M, N] if its layout lets each group collapse.
-  std::optional<std::array<int64_t, 3>> matmul_result_strides(const Node& dot, const std::vector<int64_t>& st) const {
+  std::optional<std::array<Dim, 3>> matmul_result_strides(const Node& dot, const Dims& st) const {
     const size_t nb = dot.attr_ints("lhs_batch", {}).size();
     const size_t rank = dot.outputs[0]->type.shape.size();
-    const Shape& s = dot.outputs[0]->type.shape;
+    const Dims s = dims(dot.outputs[0]);
     const size_t nm = dot.inputs[0]->type.shape.size() - nb - dot.attr_ints("lhs_contract").size();
     auto group = [&](size_t b, size_t e) {
-      return collapse(std::vector<int64_t>(s.begin() + static_cast<long>(b), s.begin() + static_cast<long>(e)),
-                      std::vector<int64_t>(st.begin() + static_cast<long>(b), st.begin() + static_cast<long>(e)));
+      return collapse(Dims(s.begin() + static_cast<long>(b), s.begin() + static_cast<long>(e)),
+                      Dims(st.begin() + static_cast<long>(b), st.begin() + static_cast<long>(e)));
     };
     auto gb = group(0, nb), gm = group(nb, nb + nm), gn = group(nb + nm, rank);
     if (!gb || !gm || !gn) return std::nullopt;
-    return std::array<int64_t, 3>{gb->second, gm->second, gn->second};
+    return std::array<Dim, 3>{gb->second, gm->second, gn->second};
   }
 
   // A node that may run channels-last outside every kernel (can_run_channels_last), and one that will:
@@ -456,7 +474,7 @@ struct Fuser {
         source = true;  // every operand channels-last (layout_violations undoes a step left half-way)
         for (const Value* u : n.inputs) source = source && nhwc[u->id];
       } else if (is_core(n) && static_node(n) && pointwise_ok(n)) {
-        for (const Value* u : n.inputs) source = source || (nhwc[u->id] && u->type.shape == v->type.shape);
+        for (const Value* u : n.inputs) source = source || (nhwc[u->id] && u->type == TensorType::of(u->type.dtype, dims(v)));
       }
       if (source && readers_ok(v) && !row_major_only.count(v->id)) nhwc[v->id] = true;
     }
@@ -492,9 +510,11 @@ struct Fuser {
     for (const auto& v : g.values()) views[v->id].root = v.get();
     decide_layouts();  // reads roots and offsets only
     for (const auto& v : g.values()) {
-      if (static_value(v.get())) views[v->id].strides = physical_strides(v.get());
-      for (size_t d = 0; d < v->type.shape.size() && static_value(v.get()); ++d)
-        if (v->type.shape[d] == 1) views[v->id].strides[d] = 0;
+      if (!static_value(v.get())) continue;
+      views[v->id].strides = physical_strides(v.get());
+      const Dims s = dims(v.get());
+      for (size_t d = 0; d < s.size(); ++d)
+        if (s[d] == 1) views[v->id].strides[d] = 0;
     }
   }
 
@@ -509,7 +529,7 @@ struct Fuser {
       if (is_core_op(n, CoreOp::broadcast_in_dim)) {
         if (!first) return false;
         const Group& gr = groups[static_cast<size_t>(gi)];
-        const Shape& in = n.inputs[0]->type.shape;
+        const Dims in = tessel::dims(n.inputs[0]);
         auto dims = n.attr_ints("dims");
         std::vector<int64_t> want;
         if (in.size() == gr.F.size()) {
@@ -518,7 +538,7 @@ struct Fuser {
           for (size_t d = 0; d < gr.F.size(); ++d)
             if (!gr.R[d]) want.push_back(static_cast<int64_t>(d));
         }
-        if (dims != want || !is_row_shape(gr, in) || cur->type.shape != gr.F) return false;
+        if (dims != want || !is_row_shape(gr, in) || tessel::dims(cur) != gr.F) return false;
       } else if (!is_core_op(n, CoreOp::reshape)) {
         return false;
       }
@@ -530,18 +550,18 @@ struct Fuser {
     return true;
   }
 
-  Shape row_shape(const Group& gr) const {
-    Shape s;
+  Dims row_shape(const Group& gr) const {
+    Dims s;
     for (size_t d = 0; d < gr.F.size(); ++d)
       if (!gr.R[d]) s.push_back(gr.F[d]);
     return s;
   }
-  bool is_row_shape(const Group& gr, const Shape& s) const {
+  bool is_row_shape(const Group& gr, const Dims& s) const {
     if (!gr.reduces) return false;
     if (s == row_shape(gr)) return true;
     if (s.size() != gr.F.size()) return false;
     for (size_t d = 0; d < s.size(); ++d)
-      if (s[d] != (gr.R[d] ? 1 : gr.F[d])) return false;
+      if (s[d] != (gr.R[d] ? Dim(1) : gr.F[d])) return false;
     return true;
   }
 
@@ -560,7 +580,7 @@ struct Fuser {
     const Value* rr = nullptr;
     if (is_view[u->id] && row_root(u, gi, &rr)) {
       // a row value reshaped (row level) or broadcast to the full space (element level)
-      const Shape& s = u->type.shape;
+      const Dims s = dims(u);
       if (lv == Level::row ? is_row_shape(gr, s) : s == gr.F) {
         *inline_read = true;
         return true;
@@ -570,7 +590,7 @@ struct Fuser {
     // from memory: the root must not be computed by this group
     const Value* root = views[u->id].root;
     if (group_of_value[root->id] == gi) return false;
-    const Shape& s = u->type.shape;
+    const Dims s = dims(u);
     if (lv == Level::elem) return s == gr.F;
     return is_row_shape(gr, s);
   }
@@ -604,19 +624,19 @@ struct Fuser {
   bool can_join(const Node& n, int gi, Level* lv_out) const {
     const Group& gr = groups[gi];
     if (gr.nodes.size() >= kMaxKernelNodes) return false;
-    const Shape& out = n.outputs[0]->type.shape;
+    const Dims out = dims(n.outputs[0]);
     Level lv;
     if (is_core_op(n, CoreOp::reduce)) {
       if (gr.kind != GKind::loop) return false;
-      const Shape& x = n.inputs[0]->type.shape;
+      const Dims x = dims(n.inputs[0]);
       if (x != gr.F) return false;
       std::vector<bool> mask(x.size(), false);
       for (int64_t a : n.attr_ints("axes")) mask[static_cast<size_t>(a)] = true;
       if (gr.reduces && mask != gr.R) return false;
-      int64_t inner = 1;
+      Dim inner = 1;
       for (size_t d = 0; d < x.size(); ++d)
         if (mask[d]) inner *= x[d];
-      if (inner <= 1) return false;
+      if (at_most_one(inner)) return false;
       lv = Level::row;
       // operand at element level
       bool inl = false;
@@ -743,9 +763,9 @@ struct Fuser {
       }
       const std::string& op = n.op->name;
       if (opts.matmul && names_core_op(op, CoreOp::dot_general) && matmul_spec(n)) {
-        start_group(n, GKind::matmul, n.outputs[0]->type.shape, {});
+        start_group(n, GKind::matmul, dims(n.outputs[0]), {});
       } else if (opts.matmul && names_core_op(op, CoreOp::convolution) && conv_spec(n)) {
-        start_group(n, GKind::conv, n.outputs[0]->type.shape, {});
+        start_group(n, GKind::conv, dims(n.outputs[0]), {});
       } else if (pointwise_ok(n) || reduce_ok(n)) {
         bool joined = false;
         if (opts.fuse) {
@@ -766,18 +786,18 @@ struct Fuser {
         }
         if (!joined) {
           if (names_core_op(op, CoreOp::reduce)) {
-            const Shape& x = n.inputs[0]->type.shape;
+            const Dims x = dims(n.inputs[0]);
             std::vector<bool> mask(x.size(), false);
             for (int64_t a : n.attr_ints("axes")) mask[static_cast<size_t>(a)] = true;
-            int64_t inner = 1;
+            Dim inner = 1;
             for (size_t d = 0; d < x.size(); ++d)
               if (mask[d]) inner *= x[d];
-            if (inner > 1) {
+            if (!at_most_one(inner)) {
               start_group(n, GKind::loop, x, mask, Level::row);
               groups.back().reduces = true;
             }
           } else {
-            start_group(n, GKind::loop, n.outputs[0]->type.shape, std::vector<bool>(n.outputs[0]->type.shape.size(), false));
+            start_group(n, GKind::loop, dims(n.outputs[0]), std::vector<bool>(n.outputs[0]->type.shape.size(), false));
           }
         }
       }
@@ -898,7 +918,7 @@ struct Fuser {
       std::sort(gr.nodes.begin(), gr.nodes.end(), [&](const Node* x, const Node* y) { return pos[x] < pos[y]; });
   }
 
-  void start_group(const Node& n, GKind kind, Shape F, std::vector<bool> R, Level lv = Level::elem) {
+  void start_group(const Node& n, GKind kind, Dims F, std::vector<bool> R, Level lv = Level::elem) {
     Group gr;
     gr.kind = kind;
     gr.F = std::move(F);
@@ -910,8 +930,8 @@ struct Fuser {
 };
 
 // Collapses a run of dims (sizes, strides) into one (size, stride), if they form a single stride.
-std::optional<std::pair<int64_t, int64_t>> collapse(const std::vector<int64_t>& sizes, const std::vector<int64_t>& st) {
-  int64_t size = 1, stride = 0;
+std::optional<std::pair<Dim, Dim>> collapse(const Dims& sizes, const Dims& st) {
+  Dim size = 1, stride = 0;
   bool first = true;
   for (size_t i = sizes.size(); i-- > 0;) {
     if (sizes[i] == 1) continue;
@@ -933,10 +953,9 @@ std::optional<MatmulSpec> Fuser::matmul_spec(const Node& n) const {
   if (a->type.dtype != DType::f32 || b->type.dtype != DType::f32) return std::nullopt;
   auto lb = n.attr_ints("lhs_batch", {}), rb = n.attr_ints("rhs_batch", {});
   auto lc = n.attr_ints("lhs_contract"), rc = n.attr_ints("rhs_contract");
-  const Shape& as = a->type.shape;
-  const Shape& bs = b->type.shape;
-  auto pick = [](const Shape& s, const std::vector<int64_t>& st, const std::vector<int64_t>& dims, std::vector<int64_t>* sz,
-                 std::vector<int64_t>* sd) {
+  const Dims as = tessel::dims(a);
+  const Dims bs = tessel::dims(b);
+  auto pick = [](const Dims& s, const Dims& st, const std::vector<int64_t>& dims, Dims* sz, Dims* sd) {
     for (int64_t d : dims) {
       sz->push_back(s[static_cast<size_t>(d)]);
       sd->push_back(st[static_cast<size_t>(d)]);
@@ -953,7 +972,7 @@ std::optional<MatmulSpec> Fuser::matmul_spec(const Node& n) const {
   const View& av = views[a->id];
   const View& bv = views[b->id];
   if (av.root->type.dtype != DType::f32 || bv.root->type.dtype != DType::f32) return std::nullopt;
-  std::vector<int64_t> s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, s6, t6;
+  Dims s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, s6, t6;
   pick(as, av.strides, lb, &s1, &t1);
   pick(as, av.strides, free_dims(as.size(), lb, lc), &s2, &t2);
   pick(as, av.strides, lc, &s3, &t3);
@@ -975,19 +994,19 @@ std::optional<MatmulSpec> Fuser::matmul_spec(const Node& n) const {
   m.a_m = am->second;
   m.a_k = ak->second;
   m.b_offset = bv.offset;
-  m.b_batch = bb->first == 1 ? 0 : bb->second;
+  m.b_batch = bb->first == 1 ? Dim(0) : bb->second;
   m.b_k = bk->second;
   m.b_n = bn->second;
-  if (m.m <= 0 || m.n <= 0 || m.k <= 0 || m.batch <= 0) return std::nullopt;
+  if (!provably_positive(m.m) || !provably_positive(m.n) || !provably_positive(m.k) || !provably_positive(m.batch)) return std::nullopt;
   return m;
 }
 
 std::optional<bool> Fuser::conv_input_layout(const Value* x) const {
   const View& v = views[x->id];
-  const Shape& s = x->type.shape;
-  if (v.offset != 0 || shape_numel(v.root->type.shape) != shape_numel(s)) return std::nullopt;
+  const Dims s = dims(x);
+  if (v.offset != 0 || dims_numel(dims(v.root)) != dims_numel(s)) return std::nullopt;
   if (v.root == x) return nhwc[x->id];  // not a view (or views not folded yet: decide_layouts)
-  if (!opts.conv_input_views) return v.root->type.shape == s ? std::optional<bool>(nhwc[v.root->id]) : std::nullopt;
+  if (!opts.conv_input_views) return dims(v.root) == s ? std::optional<bool>(nhwc[v.root->id]) : std::nullopt;
   return conv_read_layout(v, s);
 }
 
@@ -1004,15 +1023,18 @@ std::optional<ConvSpec> Fuser::conv_spec(const Node& n) const {
   // both operands read contiguously from their roots; the weights are a constant
   const View& wv = views[w->id];
   if (!wv.root->constant || wv.offset != 0) return std::nullopt;
-  if (wv.root->type.shape != w->type.shape) return std::nullopt;
+  if (wv.root->type != w->type) return std::nullopt;
   const std::optional<bool> x_nhwc = conv_input_layout(x);
   if (!x_nhwc) return std::nullopt;
   ConvSpec c;
-  auto as_2d = [&](Shape s) {
-    if (conv1d) s.insert(s.begin() + 2, 1);
+  auto as_2d = [&](Dims s) {
+    if (conv1d) s.insert(s.begin() + 2, Dim(1));
     return s;
   };
-  const Shape xs = as_2d(x->type.shape), ws = as_2d(w->type.shape), ys = as_2d(y->type.shape);
+  const Dims xs = as_2d(dims(x)), ws = as_2d(dims(w)), ys = as_2d(dims(y));
+  // only the batch may be symbolic
+  for (size_t d = 1; d < xs.size(); ++d)
+    if (xs[d].is_symbolic() || ys[d].is_symbolic()) return std::nullopt;
   c.n = xs[0], c.c = xs[1], c.h = xs[2], c.wd = xs[3];
   c.oc = ws[0], c.kh = ws[2], c.kw = ws[3];
   c.oh = ys[2], c.ow = ys[3];
@@ -1065,22 +1087,22 @@ struct Lowering {
 
   // The access for a value of shape `s` whose elements sit at `strides` (offset `offset`) in
   // buffer `arg`, read at element level (shape F) or row level (F without, or with unit, reduced dims).
-  int access(int arg, int64_t offset, const Shape& s, const std::vector<int64_t>& strides, Level lv) {
-    std::vector<int64_t> fstr(gr.F.size(), 0);  // stride per dim of F
+  int access(int arg, const Dim& offset, const Dims& s, const Dims& strides, Level lv) {
+    Dims fstr(gr.F.size(), Dim(0));  // stride per dim of F
     if (lv == Level::elem || s.size() == gr.F.size()) {
-      for (size_t d = 0; d < s.size(); ++d) fstr[d] = s[d] == 1 ? 0 : strides[d];
+      for (size_t d = 0; d < s.size(); ++d) fstr[d] = s[d] == 1 ? Dim(0) : strides[d];
     } else {
       size_t j = 0;
       for (size_t d = 0; d < gr.F.size(); ++d)
         if (!gr.R[d]) {
-          fstr[d] = s[j] == 1 ? 0 : strides[j];
+          fstr[d] = s[j] == 1 ? Dim(0) : strides[j];
           ++j;
         }
     }
     KAccess a;
     a.arg = arg;
     a.offset = offset;
-    a.strides.assign(static_cast<size_t>(k.loop_rank()), 0);
+    a.strides.assign(static_cast<size_t>(k.loop_rank()), Dim(0));
     for (size_t d = 0; d < gr.F.size(); ++d)
       if (loop_of_dim[d] >= 0) a.strides[static_cast<size_t>(loop_of_dim[d])] += fstr[d];
     return intern_access(a);
@@ -1089,13 +1111,13 @@ struct Lowering {
   // Reading value u (through its view of a root buffer).
   int access_for(const Value* u, Level lv) {
     const View& v = fz.views[u->id];
-    return access(arg_of_input(v.root), v.offset, u->type.shape, v.strides, lv);
+    return access(arg_of_input(v.root), v.offset, dims(u), v.strides, lv);
   }
 
   // Writing member value v into its own buffer (arg numbers of outputs are fixed up later).
   int store_access(const Value* v, Level lv) {
     const int out = static_cast<int>(std::find(outs.begin(), outs.end(), v) - outs.begin());
-    return access(-1 - out, 0, v->type.shape, fz.physical_strides(v), lv);
+    return access(-1 - out, 0, dims(v), fz.physical_strides(v), lv);
   }
 
   // The stored value behind arg index `arg` once args are numbered (inputs, outputs, scratch), or null.
@@ -1288,7 +1310,7 @@ void Lowering::lower() {
   if (!(gr.kind == GKind::loop && gr.reduces) && !outer_dims.empty()) {
     // Walk the memory of the first stored value in order: channels-last outputs put C innermost.
     for (const Value* o : outs)
-      if (fz.nhwc[o->id] && o->type.shape == gr.F) {
+      if (fz.nhwc[o->id] && dims(o) == gr.F) {
         std::vector<int> order;
         for (int d : {0, 2, 3, 1})
           if (std::find(outer_dims.begin(), outer_dims.end(), d) != outer_dims.end()) order.push_back(d);
@@ -1324,7 +1346,7 @@ void Lowering::lower() {
       if (host) {
         acc_access = store_access(host, Level::elem);
       } else {
-        acc_access = access(kScratchArg, 0, acc->type.shape, strides_of(acc->type.shape), Level::elem);
+        acc_access = access(kScratchArg, 0, dims(acc), dims_strides(dims(acc)), Level::elem);
       }
     }
   }
@@ -1399,42 +1421,53 @@ void Lowering::lower() {
   std::set<std::string> seen;
   for (const Node* n : gr.nodes) {
     if (seen.insert(n->name).second) k.sources.push_back(n->name);
-    const Cost c = op_cost(*n);
-    k.bytes_unfused += static_cast<int64_t>(c.bytes);
+    bool sym = false;
+    for (const Value* v : n->inputs) sym = sym || (v && v->type.symbolic());
+    for (const Value* v : n->outputs) sym = sym || (v && v->type.symbolic());
+    if (!sym) {
+      k.bytes_unfused += static_cast<int64_t>(op_cost(*n).bytes);
+      continue;
+    }
+    // symbolic: every operand and result once (the default cost's bytes, as an expression)
+    for (const auto* vs : {&n->inputs, &n->outputs})
+      for (const Value* v : *vs)
+        if (v) k.bytes_unfused += dims_numel(dims(v)) * dtype_size(v->type.dtype);
   }
   k.fused_nodes = static_cast<int>(gr.nodes.size());
 }
 
 // Bytes the kernel moves: every output written once, and of every input the elements its loads and
 // the library call touch (a view of part of a buffer reads only that part).
-int64_t fused_traffic(const Kernel& k) {
-  std::vector<int64_t> touched(k.args.size(), 0);
+// Symbolic sizes: a maximum or minimum the provers cannot decide takes the buffer's whole size.
+Dim fused_traffic(const Kernel& k) {
+  auto max_dim = [](const Dim& a, const Dim& b) { return provably_ge(a, b) ? a : provably_ge(b, a) ? b : a + b; };
+  Dims touched(k.args.size(), Dim(0));
   auto extent = [&](size_t d) { return d < k.outer.size() ? k.outer[d] : k.inner[d - k.outer.size()]; };
   for (const KAccess& a : k.accesses) {
-    int64_t n = 1;
+    Dim n = 1;
     for (size_t d = 0; d < a.strides.size(); ++d)
       if (a.strides[d] != 0) n *= extent(d);
-    touched[static_cast<size_t>(a.arg)] = std::max(touched[static_cast<size_t>(a.arg)], n);
+    touched[static_cast<size_t>(a.arg)] = max_dim(touched[static_cast<size_t>(a.arg)], n);
   }
   if (k.kind == KernelKind::matmul) {
     const MatmulSpec& m = k.mm;
-    const int64_t ea = (m.a_batch ? m.batch : 1) * m.m * m.k, eb = (m.b_batch ? m.batch : 1) * m.k * m.n;
+    const Dim ea = (m.a_batch != 0 ? m.batch : Dim(1)) * m.m * m.k, eb = (m.b_batch != 0 ? m.batch : Dim(1)) * m.k * m.n;
     if (m.a == m.b) {  // two parts of one buffer (attention: Q and K out of the qkv result)
-      touched[static_cast<size_t>(m.a)] = std::max(touched[static_cast<size_t>(m.a)], ea + eb);
+      touched[static_cast<size_t>(m.a)] = max_dim(touched[static_cast<size_t>(m.a)], ea + eb);
     } else {
-      touched[static_cast<size_t>(m.a)] = std::max(touched[static_cast<size_t>(m.a)], ea);
-      touched[static_cast<size_t>(m.b)] = std::max(touched[static_cast<size_t>(m.b)], eb);
+      touched[static_cast<size_t>(m.a)] = max_dim(touched[static_cast<size_t>(m.a)], ea);
+      touched[static_cast<size_t>(m.b)] = max_dim(touched[static_cast<size_t>(m.b)], eb);
     }
   } else if (k.kind == KernelKind::conv) {
-    touched[static_cast<size_t>(k.conv.x)] = shape_numel(k.args[static_cast<size_t>(k.conv.x)].type.shape);
-    touched[static_cast<size_t>(k.conv.w)] = shape_numel(k.args[static_cast<size_t>(k.conv.w)].type.shape);
+    touched[static_cast<size_t>(k.conv.x)] = dims_numel(k.args[static_cast<size_t>(k.conv.x)].type.dims());
+    touched[static_cast<size_t>(k.conv.w)] = dims_numel(k.args[static_cast<size_t>(k.conv.w)].type.dims());
   }
-  int64_t bytes = 0;
+  Dim bytes = 0;
   for (size_t i = 0; i < k.args.size(); ++i) {
     const KArg& a = k.args[i];
     if (a.role == KArg::Role::scratch) continue;
-    const int64_t numel = shape_numel(a.type.shape);
-    const int64_t n = a.role == KArg::Role::out ? numel : std::min(touched[i], numel);
+    const Dim numel = dims_numel(a.type.dims());
+    const Dim n = a.role == KArg::Role::out ? numel : provably_ge(numel, touched[i]) ? touched[i] : numel;
     bytes += n * dtype_size(a.type.dtype);
   }
   return bytes;
@@ -1443,7 +1476,7 @@ int64_t fused_traffic(const Kernel& k) {
 // Merges adjacent loop dims that every access walks as one (stride[d] == stride[d+1] * size[d+1]),
 // within the outer dims and within the inner dims.
 void collapse_loops(Kernel& k) {
-  auto try_merge = [&](std::vector<int64_t>& dims, size_t base) {
+  auto try_merge = [&](Dims& dims, size_t base) {
     for (size_t i = dims.size(); i-- > 1;) {
       const size_t d = base + i - 1;  // merge loop dims d and d+1
       bool ok = true;

@@ -33,15 +33,20 @@ int Kernel::num_outputs() const {
   for (const KArg& a : args) n += a.role == KArg::Role::out;
   return n;
 }
-int64_t Kernel::outer_count() const {
-  int64_t n = 1;
-  for (int64_t d : outer) n *= d;
-  return n;
-}
-int64_t Kernel::inner_count() const {
-  int64_t n = 1;
-  for (int64_t d : inner) n *= d;
-  return n;
+Dim Kernel::outer_count() const { return dims_numel(outer); }
+Dim Kernel::inner_count() const { return dims_numel(inner); }
+bool Kernel::symbolic() const {
+  auto sym = [](const Dims& ds) { return !dims_static(ds); };
+  if (sym(outer) || sym(inner) || bytes_unfused.is_symbolic() || bytes_fused.is_symbolic()) return true;
+  for (const KAccess& a : accesses)
+    if (a.offset.is_symbolic() || sym(a.strides)) return true;
+  for (const KArg& a : args)
+    if (a.type.symbolic()) return true;
+  const MatmulSpec& m = mm;
+  for (const Dim* d : {&m.batch, &m.m, &m.n, &m.k, &m.a_offset, &m.a_batch, &m.a_m, &m.a_k, &m.b_offset, &m.b_batch, &m.b_k,
+                       &m.b_n, &m.c_batch, &m.c_m, &m.c_n})
+    if (d->is_symbolic()) return true;
+  return conv.n.is_symbolic();
 }
 bool Kernel::splits_inner() const {
   if (!outer.empty() || phases != 1 || inner.size() != 1) return false;
@@ -49,7 +54,7 @@ bool Kernel::splits_inner() const {
     if ((in.row && in.op != "const") || names_core_op(in.op, CoreOp::reduce)) return false;
   return true;
 }
-int64_t Kernel::parallel_extent() const { return splits_inner() ? inner[0] : outer_count(); }
+Dim Kernel::parallel_extent() const { return splits_inner() ? inner[0] : outer_count(); }
 
 void register_kernel_ops(OpRegistry& r) {
   OpDef d;
@@ -108,9 +113,9 @@ bool runs_channels_last(const Node& n) {
 
 namespace {
 
-std::string ints(const std::vector<int64_t>& v) {
+std::string ints(const Dims& v) {
   std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i].str();
   return s + "]";
 }
 
@@ -278,6 +283,27 @@ class KernelParser {
     expect("]");
     return v;
   }
+  // A size: an integer or a symbolic expression (sym.h's text form).
+  Dim dim() {
+    skip_blank();
+    std::optional<Dim> d;
+    try {
+      d = parse_dim(text_, pos_);
+    } catch (const Error& e) {
+      error(e.reason());
+    }
+    if (!d) error("expected a size");
+    return *d;
+  }
+  Dims dim_list() {
+    expect("[");
+    Dims v;
+    if (accept("]")) return v;
+    do v.push_back(dim());
+    while (accept(","));
+    expect("]");
+    return v;
+  }
   std::string quoted() {
     skip_blank();
     try {
@@ -303,10 +329,11 @@ class KernelParser {
     return *t;
   }
   TensorType type() {
-    TensorType t;
-    t.dtype = dtype();
-    t.shape = int_list();
-    return t;
+    const DType dt = dtype();
+    Dims ds = dim_list();
+    for (const Dim& d : ds)
+      if (d.is_static() && d.constant_term() < 0) error("a size must not be negative");
+    return TensorType::of(dt, ds);
   }
   void end_line() {
     skip_blank();
@@ -327,9 +354,9 @@ class KernelParser {
     else if (kind == "conv") k.kind = KernelKind::conv;
     else error(fmt::format("unknown kernel kind '{}'", kind));
     expect("outer");
-    k.outer = int_list();
+    k.outer = dim_list();
     expect("inner");
-    k.inner = int_list();
+    k.inner = dim_list();
     expect("phases");
     k.phases = static_cast<int>(integer());
     expect("{");
@@ -343,9 +370,9 @@ class KernelParser {
     expect("fused");
     k.fused_nodes = static_cast<int>(integer());
     expect("nodes, traffic");
-    k.bytes_unfused = integer();
+    k.bytes_unfused = dim();
     expect("->");
-    k.bytes_fused = integer();
+    k.bytes_fused = dim();
     expect("bytes");
     end_line();
     while (accept("arg")) {
@@ -367,19 +394,19 @@ class KernelParser {
       expect("a"); m.a = static_cast<int>(integer());
       expect("b"); m.b = static_cast<int>(integer());
       expect("c"); m.c = static_cast<int>(integer());
-      expect("batch"); m.batch = integer();
-      expect("m"); m.m = integer();
-      expect("n"); m.n = integer();
-      expect("k"); m.k = integer();
-      expect("a_map"); m.a_offset = integer();
-      auto as = int_list();
-      expect("b_map"); m.b_offset = integer();
-      auto bs = int_list();
+      expect("batch"); m.batch = dim();
+      expect("m"); m.m = dim();
+      expect("n"); m.n = dim();
+      expect("k"); m.k = dim();
+      expect("a_map"); m.a_offset = dim();
+      auto as = dim_list();
+      expect("b_map"); m.b_offset = dim();
+      auto bs = dim_list();
       if (as.size() != 3 || bs.size() != 3) error("matmul maps take 3 strides");
       m.a_batch = as[0], m.a_m = as[1], m.a_k = as[2];
       m.b_batch = bs[0], m.b_k = bs[1], m.b_n = bs[2];
       if (accept("c_map")) {
-        auto cs = int_list();
+        auto cs = dim_list();
         if (cs.size() != 3) error("matmul maps take 3 strides");
         m.c_batch = cs[0], m.c_m = cs[1], m.c_n = cs[2];
       }
@@ -398,7 +425,7 @@ class KernelParser {
       c.x_nhwc = layout();
       expect("->");
       c.y_nhwc = layout();
-      expect("input"); auto in = int_list();
+      expect("input"); auto in = dim_list();
       expect("output"); auto out = int_list();
       expect("kernel"); auto ks = int_list();
       expect("stride"); auto st = int_list();
@@ -407,7 +434,7 @@ class KernelParser {
       expect("groups"); c.groups = integer();
       if (in.size() != 4 || out.size() != 3 || ks.size() != 2 || st.size() != 2 || pd.size() != 4 || dl.size() != 2)
         error("conv: wrong number of values in a list");
-      c.n = in[0], c.c = in[1], c.h = in[2], c.wd = in[3];
+      c.n = in[0], c.c = in[1], c.h = in[2], c.wd = in[3];  // c, h, w: static (a symbolic one is an error)
       c.oc = out[0], c.oh = out[1], c.ow = out[2];
       c.kh = ks[0], c.kw = ks[1];
       c.stride_h = st[0], c.stride_w = st[1];
@@ -422,9 +449,9 @@ class KernelParser {
       expect("arg");
       a.arg = static_cast<int>(integer());
       expect("offset");
-      a.offset = integer();
+      a.offset = dim();
       expect("strides");
-      a.strides = int_list();
+      a.strides = dim_list();
       k.accesses.push_back(a);
       end_line();
     }
@@ -488,10 +515,11 @@ bool is_float_t(DType t) { return t == DType::f32 || t == DType::f64; }
 void verify_kernel(const Kernel& k) {
   auto bad = [&](const std::string& msg) { throw Error(Location{.node = k.name, .op = "kernel", .pass = "verify"}, msg); };
   if (k.phases < 1) bad("a kernel has at least one phase");
-  for (int64_t d : k.outer)
-    if (d < 1) bad("loop dims must be positive");
-  for (int64_t d : k.inner)
-    if (d < 1) bad("loop dims must be positive");
+  // Symbolic sizes are checked for every value of the symbols (each >= 1) by the provers; what they
+  // cannot show is an error here, and instantiate_kernel checks the numbers of each binding again.
+  for (const Dims* ds : {&k.outer, &k.inner})
+    for (const Dim& d : *ds)
+      if (!provably_positive(d)) bad(fmt::format("loop dims must be positive (got {})", d.str()));
   const int rank = k.loop_rank();
   auto check_arg = [&](int a, const char* what) {
     if (a < 0 || a >= static_cast<int>(k.args.size())) bad(fmt::format("{} refers to arg {} of {}", what, a, k.args.size()));
@@ -502,15 +530,21 @@ void verify_kernel(const Kernel& k) {
     check_arg(a.arg, "an access");
     if (static_cast<int>(a.strides.size()) != rank)
       bad(fmt::format("access #{} has {} strides for a loop space of rank {}", i, a.strides.size(), rank));
-    int64_t lo = a.offset, hi = a.offset;
+    Dim lo = a.offset, hi = a.offset;
     for (int d = 0; d < rank; ++d) {
-      const int64_t ext = d < static_cast<int>(k.outer.size()) ? k.outer[static_cast<size_t>(d)]
-                                                                 : k.inner[static_cast<size_t>(d) - k.outer.size()];
-      const int64_t span = a.strides[static_cast<size_t>(d)] * (ext - 1);
-      (span < 0 ? lo : hi) += span;
+      const Dim& ext = d < static_cast<int>(k.outer.size()) ? k.outer[static_cast<size_t>(d)]
+                                                              : k.inner[static_cast<size_t>(d) - k.outer.size()];
+      const Dim span = a.strides[static_cast<size_t>(d)] * (ext - 1);
+      if (provably_nonneg(span)) hi += span;
+      else if (provably_nonneg(-span)) lo += span;
+      else bad(fmt::format("access #{}: the sign of stride {} is not known", i, a.strides[static_cast<size_t>(d)].str()));
     }
-    const int64_t n = shape_numel(k.args[static_cast<size_t>(a.arg)].type.shape);
-    if (lo < 0 || hi >= std::max<int64_t>(n, 1))
+    const KArg& arg = k.args[static_cast<size_t>(a.arg)];
+    if (!arg.type.dims_defined()) bad(fmt::format("arg {} has an unknown dim", a.arg));
+    const Dim n = dims_numel(arg.type.dims());
+    // hi < max(n, 1): an empty buffer is only touched by an empty loop, which the dims above exclude
+    const Dim room = n.is_static() && n.constant_term() < 1 ? Dim(1) : n;
+    if (!provably_nonneg(lo) || !provably_positive(room - hi))
       bad(fmt::format("access #{} reaches elements [{}, {}] of arg {} which has {}", i, lo, hi, a.arg, n));
   }
   for (size_t i = 0; i < k.body.size(); ++i) {
@@ -560,13 +594,51 @@ void verify_kernel(const Kernel& k) {
     check_arg(k.mm.a, "matmul a");
     check_arg(k.mm.b, "matmul b");
     check_arg(k.mm.c, "matmul c");
-    if (shape_numel(k.args[static_cast<size_t>(k.mm.c)].type.shape) != k.mm.batch * k.mm.m * k.mm.n)
+    if (dims_numel(k.args[static_cast<size_t>(k.mm.c)].type.dims()) != k.mm.batch * k.mm.m * k.mm.n)
       bad("matmul result buffer does not hold batch x m x n elements");
   } else if (k.kind == KernelKind::conv) {
     check_arg(k.conv.x, "conv x");
     check_arg(k.conv.w, "conv w");
     check_arg(k.conv.y, "conv y");
   }
+}
+
+namespace {
+
+Dims subst(const Dims& ds, const Bindings& b) {
+  Dims out;
+  for (const Dim& d : ds) out.push_back(d.substitute(b));
+  return out;
+}
+
+}  // namespace
+
+Kernel instantiate_kernel(const Kernel& k, const Bindings& b) {
+  Kernel c = k;
+  c.outer = subst(k.outer, b);
+  c.inner = subst(k.inner, b);
+  c.bytes_unfused = k.bytes_unfused.substitute(b);
+  c.bytes_fused = k.bytes_fused.substitute(b);
+  for (KAccess& a : c.accesses) {
+    a.offset = a.offset.substitute(b);
+    a.strides = subst(a.strides, b);
+  }
+  for (KArg& a : c.args) a.type = TensorType::of(a.type.dtype, subst(a.type.dims(), b));
+  MatmulSpec& m = c.mm;
+  for (Dim* d : {&m.batch, &m.m, &m.n, &m.k, &m.a_offset, &m.a_batch, &m.a_m, &m.a_k, &m.b_offset, &m.b_batch, &m.b_k, &m.b_n,
+                 &m.c_batch, &m.c_m, &m.c_n})
+    *d = d->substitute(b);
+  c.conv.n = k.conv.n.substitute(b);
+  if (c.symbolic()) throw Error(Location{.node = k.name, .op = "kernel", .pass = "instantiate"}, "a size symbol has no value");
+  verify_kernel(c);
+  return c;
+}
+
+std::vector<Kernel> instantiate_kernels(const std::vector<Kernel>& ks, const Bindings& b) {
+  std::vector<Kernel> out;
+  out.reserve(ks.size());
+  for (const Kernel& k : ks) out.push_back(instantiate_kernel(k, b));
+  return out;
 }
 
 void verify_kernel_module(const KernelModule& m) {

@@ -6,6 +6,11 @@
 // and reductions that keep their accumulator in a register. Matmul and convolution kernels are a
 // library call (oneDNN) followed by their fused epilogue as a loop nest over the call's result.
 // Core nodes that no kernel covers stay in the graph and run as in the graph backend.
+//
+// Sizes (loop extents, strides, offsets, library dims) are Dims: static numbers, or expressions of the
+// module graph's size symbols when the core graph had symbolic shapes (docs/dynamic-shapes.md). The
+// generated code then reads the symbols' values at run time; instantiate_kernels() gives the static
+// kernels of one binding, which is what the runtime, the library calls and the other targets read.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +27,8 @@ namespace tessel {
 // inner dims) reads or writes element  offset + sum_d strides[d] * i_d  of buffer `arg`.
 struct KAccess {
   int arg = 0;
-  int64_t offset = 0;
-  std::vector<int64_t> strides;
+  Dim offset = 0;
+  Dims strides;
 };
 
 // One scalar instruction of a loop body, in SSA form (ids are positions in Kernel::body).
@@ -62,10 +67,10 @@ struct KArg {
 // order, e.g. attention heads written straight into the merged [T, H·D] layout).
 struct MatmulSpec {
   int a = 0, b = 0, c = 0;
-  int64_t batch = 1, m = 0, n = 0, k = 0;
-  int64_t a_offset = 0, a_batch = 0, a_m = 0, a_k = 0;
-  int64_t b_offset = 0, b_batch = 0, b_k = 0, b_n = 0;
-  int64_t c_batch = 0, c_m = 0, c_n = 0;  // all 0: contiguous
+  Dim batch = 1, m = 0, n = 0, k = 0;
+  Dim a_offset = 0, a_batch = 0, a_m = 0, a_k = 0;
+  Dim b_offset = 0, b_batch = 0, b_k = 0, b_n = 0;
+  Dim c_batch = 0, c_m = 0, c_n = 0;  // all 0: contiguous
 };
 
 // 2-D convolution of logical NCHW activations, weights [OC, C/groups, KH, KW] (a constant arg), result
@@ -73,7 +78,8 @@ struct MatmulSpec {
 struct ConvSpec {
   int x = 0, w = 0, y = 0;
   bool x_nhwc = false, y_nhwc = false;
-  int64_t n = 0, c = 0, h = 0, wd = 0, oc = 0, kh = 0, kw = 0, oh = 0, ow = 0;
+  Dim n = 0;  // the batch: the one dim that may be symbolic
+  int64_t c = 0, h = 0, wd = 0, oc = 0, kh = 0, kw = 0, oh = 0, ow = 0;
   int64_t stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
   int64_t dil_h = 1, dil_w = 1, groups = 1;
 };
@@ -84,8 +90,8 @@ struct Kernel {
   std::vector<std::string> sources;    // provenance: names of the fused core nodes' source nodes
   int fused_nodes = 0;                 // core nodes the kernel covers (views included)
   std::vector<KArg> args;              // node inputs, then node outputs, then scratch buffers
-  std::vector<int64_t> outer;          // parallel loop dims (may be empty)
-  std::vector<int64_t> inner;          // loop dims every phase iterates (innermost last)
+  Dims outer;                          // parallel loop dims (may be empty)
+  Dims inner;                          // loop dims every phase iterates (innermost last)
   int phases = 1;
   std::vector<KAccess> accesses;
   std::vector<KInstr> body;            // the loop body; for matmul/conv: the epilogue
@@ -93,15 +99,17 @@ struct Kernel {
   ConvSpec conv;
   // Fusion traffic: bytes read and written from memory if every fused core node ran alone
   // (operands and results of each), and as this kernel runs (its buffers once each).
-  int64_t bytes_unfused = 0, bytes_fused = 0;
+  Dim bytes_unfused = 0, bytes_fused = 0;
 
   int num_inputs() const;
   int num_outputs() const;
-  int64_t outer_count() const;
-  int64_t inner_count() const;
+  Dim outer_count() const;
+  Dim inner_count() const;
   // The range a call of the generated function splits across threads: the outer points, or for a
   // kernel without outer dims (pointwise) the innermost dim.
-  int64_t parallel_extent() const;
+  Dim parallel_extent() const;
+  // Whether a size of the kernel names a size symbol.
+  bool symbolic() const;
   // Whether the parallel range is the innermost dim (a single-phase pointwise kernel without
   // outer dims) rather than the outer points.
   bool splits_inner() const;
@@ -112,6 +120,11 @@ struct KernelModule {
   std::unique_ptr<Graph> graph;        // core ops and kernel nodes
   std::vector<Kernel> kernels;
 };
+
+// The kernels with the symbols bound to `b` (every size static), each verified again with its
+// numbers: the bounds every access keeps are checked for this binding too.
+std::vector<Kernel> instantiate_kernels(const std::vector<Kernel>& ks, const Bindings& b);
+Kernel instantiate_kernel(const Kernel& k, const Bindings& b);
 
 // The op of kernel nodes: attribute `kernel` = index into KernelModule::kernels.
 const OpDef& kernel_op();

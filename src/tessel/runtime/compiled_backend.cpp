@@ -88,8 +88,8 @@ struct CompiledExecutable::Launch {
 bool loop_writes_over_input(const Kernel& k, const std::vector<int>& ins, int out) {
   if (k.kind != KernelKind::loop || k.phases != 1 || out < 0 || out >= k.num_outputs()) return false;
   const int oarg = k.num_inputs() + out;
-  std::vector<int64_t> dims(k.outer);
-  dims.insert(dims.end(), k.inner.begin(), k.inner.end());
+  std::vector<int64_t> dims = require_static(k.outer);
+  for (const Dim& d : k.inner) dims.push_back(d);
   const KAccess* st = nullptr;
   size_t store_at = 0;
   for (size_t i = 0; i < k.body.size(); ++i) {

@@ -252,7 +252,7 @@ MatrixShape y_shape(const MatmulSpec& m) {
 // row is one matmul of batch x M rows: one cuBLASLt call instead of one per batch (a Linear on [B, T, D]).
 MatmulSpec fold_shared_batch(MatmulSpec m) {
   const bool dense_c = m.c_batch == 0 && m.c_m == 0 && m.c_n == 0;
-  const int64_t cb = dense_c ? m.m * m.n : m.c_batch, cm = dense_c ? m.n : m.c_m, cn = dense_c ? 1 : m.c_n;
+  const int64_t cb = dense_c ? m.m * m.n : m.c_batch, cm = dense_c ? m.n : m.c_m, cn = dense_c ? int64_t{1} : int64_t{m.c_n};
   if (m.batch <= 1 || m.b_batch != 0 || m.a_k != 1 || m.a_batch != m.m * m.a_m || cn != 1 || cb != m.m * cm) return m;
   m.m *= m.batch;
   m.batch = 1;
@@ -664,9 +664,9 @@ std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, cons
   const DType da = st[static_cast<size_t>(mm.a)], db = st[static_cast<size_t>(mm.b)], dc = st[static_cast<size_t>(mm.c)];
   lt->ea = static_cast<size_t>(dtype_size(da)), lt->eb = static_cast<size_t>(dtype_size(db)), lt->ec = static_cast<size_t>(dtype_size(dc));
   const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
-  const int64_t cb = dense_c ? mm.m * mm.n : mm.c_batch, cm = dense_c ? mm.n : mm.c_m;
+  const int64_t cb = dense_c ? int64_t{mm.m * mm.n} : int64_t{mm.c_batch}, cm = dense_c ? int64_t{mm.n} : int64_t{mm.c_m};
   lt->per_batch = mm.batch > 1 && (mm.a_batch == 0 || mm.b_batch == 0 || cb == 0);
-  const int64_t lb = lt->per_batch ? 1 : mm.batch;
+  const int64_t lb = lt->per_batch ? int64_t{1} : int64_t{mm.batch};
   const MatrixShape xs = x_shape(mm), ys = y_shape(mm);
   ck(cuda::cublaslt().cublasLtMatmulDescCreate(&lt->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t ta = xs.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = ys.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -770,7 +770,7 @@ cublasStatus_t CudaExecutableImpl::enqueue_lt(const LtMatmul& lt, const MatmulSp
   char* C = static_cast<char*>(args[static_cast<size_t>(mm.c)]);
   const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
   const int64_t cb = dense_c ? mm.m * mm.n : mm.c_batch;
-  const int64_t calls = lt.per_batch ? mm.batch : 1;
+  const int64_t calls = lt.per_batch ? int64_t{mm.batch} : int64_t{1};
   for (int64_t b = 0; b < calls; ++b) {
     const char* x = B + b * mm.b_batch * eb;
     const char* y = A + b * mm.a_batch * ea;

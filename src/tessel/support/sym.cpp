@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <ostream>
 
 #include "tessel/support/error.h"
 
@@ -132,6 +133,8 @@ std::string Dim::str() const {
   return s;
 }
 
+std::ostream& operator<<(std::ostream& os, const Dim& d) { return os << d.str(); }
+
 bool operator==(const Dim& a, const Dim& b) { return a.c_ == b.c_ && a.terms() == b.terms(); }
 
 Dim operator+(const Dim& a, const Dim& b) {
@@ -244,6 +247,13 @@ Shape static_shape(const Dims& d) {
   Shape s;
   s.reserve(d.size());
   for (const Dim& x : d) s.push_back(x.is_static() ? x.constant_term() : kUnknownDim);
+  return s;
+}
+
+Shape require_static(const Dims& d) {
+  Shape s;
+  s.reserve(d.size());
+  for (const Dim& x : d) s.push_back(x.value());
   return s;
 }
 

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
@@ -93,6 +94,14 @@ TESSEL_DIM_MIXED(*)
 #undef TESSEL_DIM_MIXED
 
 using Dims = std::vector<Dim>;
+// A list of sizes equal to static numbers (found by argument-dependent lookup through Dim).
+inline bool operator==(const Dims& a, const Shape& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(a[i] == b[i])) return false;
+  return true;
+}
+std::ostream& operator<<(std::ostream& os, const Dim& d);  // its str()
 
 // a / b when it is exact for every value of the symbols: b a non-zero constant dividing every
 // coefficient, b a term dividing every term of a, or a == k * b; nullopt otherwise.
@@ -106,6 +115,8 @@ bool dims_static(const Dims& d);
 Dims dims_of(const Shape& s);
 // The static shape of `d`; kUnknownDim where a dim is symbolic.
 Shape static_shape(const Dims& d);
+// The numbers of `d`; throws naming the first symbolic dim (for code that needs static sizes).
+Shape require_static(const Dims& d);
 Dim dims_numel(const Dims& d);
 Dims dims_strides(const Dims& d);   // row-major element strides
 std::string dims_str(const Dims& d);  // "[s0,128]"

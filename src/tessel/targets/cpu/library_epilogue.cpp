@@ -189,7 +189,7 @@ struct Matcher {
 std::optional<LibraryEpilogue> match_library_epilogue(const Kernel& k) {
   if (k.kind == KernelKind::loop || k.body.empty()) return std::nullopt;
   const int acc_arg = k.kind == KernelKind::matmul ? k.mm.c : k.conv.y;
-  const int64_t channels = k.kind == KernelKind::matmul ? k.mm.n : k.conv.oc;
+  const int64_t channels = k.kind == KernelKind::matmul ? int64_t{k.mm.n} : k.conv.oc;
   int store = -1;
   for (size_t i = 0; i < k.body.size(); ++i) {
     if (k.body[i].op != "store") continue;

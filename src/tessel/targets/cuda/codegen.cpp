@@ -67,8 +67,8 @@ std::vector<DType> own_storage(const Kernel& k, std::vector<DType> st) {
 // 2^30 in magnitude: then its index arithmetic is 32-bit, with room for a grid-stride step past the end.
 bool index_fits_32_bits(const Kernel& k) {
   const double lim = double(kIndex32Limit);
-  std::vector<int64_t> ext(k.outer);
-  ext.insert(ext.end(), k.inner.begin(), k.inner.end());
+  std::vector<int64_t> ext = require_static(k.outer);
+  for (const Dim& d : k.inner) ext.push_back(d);
   if (double(k.outer_count()) * double(std::max<int64_t>(1, k.inner_count())) >= lim) return false;
   for (const KAccess& a : k.accesses) {
     double reach = std::fabs(double(a.offset));
@@ -601,7 +601,7 @@ std::string im2col_function(const Kernel& k, size_t index, const std::vector<DTy
 
 std::string direct_matmul(const MatmulSpec& m, const std::string& symbol, const std::string& what, DType ta, DType tb, DType tc) {
   const bool dense_c = m.c_batch == 0 && m.c_m == 0 && m.c_n == 0;
-  const int64_t cb = dense_c ? m.m * m.n : m.c_batch, cm = dense_c ? m.n : m.c_m, cn = dense_c ? 1 : m.c_n;
+  const int64_t cb = dense_c ? m.m * m.n : m.c_batch, cm = dense_c ? m.n : m.c_m, cn = dense_c ? int64_t{1} : int64_t{m.c_n};
   std::string s;
   s += fmt::format("// direct matmul of {} (runs when cuBLASLt cannot: strides no layout takes): one thread per result element\n", what);
   s += fmt::format("extern \"C\" __global__ void {}(const {}* __restrict__ a, const {}* __restrict__ b, {}* __restrict__ c) {{\n", symbol,
@@ -709,8 +709,8 @@ std::optional<MatmulSpec> device_matmul_spec(const Node& n) {
   if (bs[r - (b_t ? 1 : 2)] != m.k) return std::nullopt;
   const std::vector<int64_t>& cs = c->type.shape;
   if (cs.size() != r || cs[r - 2] != m.m || cs[r - 1] != m.n) return std::nullopt;
-  m.a_batch = m.m * m.k, m.a_m = a_t ? 1 : m.k, m.a_k = a_t ? m.m : 1;
-  m.b_batch = m.k * m.n, m.b_k = b_t ? 1 : m.n, m.b_n = b_t ? m.k : 1;
+  m.a_batch = m.m * m.k, m.a_m = a_t ? Dim(1) : m.k, m.a_k = a_t ? m.m : Dim(1);
+  m.b_batch = m.k * m.n, m.b_k = b_t ? Dim(1) : m.n, m.b_n = b_t ? m.k : Dim(1);
   if (m.m <= 0 || m.n <= 0 || m.k <= 0 || m.batch <= 0) return std::nullopt;
   return m;
 }
@@ -967,7 +967,7 @@ bool fits_cublaslt(const MatmulSpec& mm) {
   // cuBLASLt takes column-major matrices with a leading dimension; the row-major product is computed as
   // C^T = B^T . A^T. Every operand needs one unit-stride dim (the other is its leading dimension).
   const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
-  const int64_t c_m = dense_c ? mm.n : mm.c_m, c_n = dense_c ? 1 : mm.c_n;
+  const int64_t c_m = dense_c ? mm.n : mm.c_m, c_n = dense_c ? int64_t{1} : int64_t{mm.c_n};
   if (c_n != 1 && mm.n > 1) return false;
   if (mm.m > 1 && c_m < mm.n) return false;
   const bool b_ok = (mm.b_n == 1 || mm.n == 1) ? (mm.k == 1 || mm.b_k >= mm.n) : (mm.b_k == 1 || mm.k == 1) && mm.b_n >= mm.k;

@@ -88,8 +88,8 @@ LtEpilogue match_lt_epilogue(const Kernel& k) {
   }
   // The loop must walk C's [rows, N] elements: C's access has the loop's dense strides with N innermost.
   const size_t nd = k.outer.size() + k.inner.size();
-  std::vector<int64_t> ext(k.outer);
-  ext.insert(ext.end(), k.inner.begin(), k.inner.end());
+  std::vector<int64_t> ext = require_static(k.outer);
+  for (const Dim& d : k.inner) ext.push_back(d);
   int c_access = -1;
   for (size_t a = 0; a < k.accesses.size(); ++a)
     if (k.accesses[a].arg == mm.c) c_access = static_cast<int>(a);
@@ -124,7 +124,7 @@ LtEpilogue match_lt_epilogue(const Kernel& k) {
     bool same = x.strides == ca.strides, bias = true;
     for (size_t d = 0; d < nd; ++d) {
       const bool in_row = ca.strides[d] < mm.n;  // a dim inside one row of N
-      bias = bias && x.strides[d] == (in_row ? ca.strides[d] : 0);
+      bias = bias && x.strides[d] == (in_row ? ca.strides[d] : Dim(0));
     }
     if (same) role[static_cast<int>(a)] = 'r';
     else if (bias) role[static_cast<int>(a)] = 'b';
