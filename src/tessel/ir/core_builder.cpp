@@ -130,4 +130,27 @@ const Tensor& CoreBuilder::need_constant(int i, const std::string& what) const {
   return *v->constant;
 }
 
+std::optional<Dims> CoreBuilder::known_sizes(int i) const {
+  if (!origin_.has_input(i)) return std::nullopt;
+  const Value* v = origin_.inputs[i];
+  if (v->constant) {
+    const Tensor& t = *v->constant;
+    if (!is_int(t.dtype())) return std::nullopt;
+    Dims d;
+    for (int64_t k = 0; k < t.numel(); ++k) d.push_back(t.get_i(k));
+    return d;
+  }
+  if (v->producer && v->producer->op && v->producer->op->name == "Sizes" && v->producer->op->domain == "tessel")
+    return v->producer->attr_dims("dims");
+  return std::nullopt;
+}
+
+Dims CoreBuilder::need_sizes(int i, const std::string& what) const {
+  if (!origin_.has_input(i)) fail("input {} ({}) is absent", i, what);
+  if (auto d = known_sizes(i)) return *d;
+  unsupported("{} ('{}') must be known at compile time for the core level (as numbers or as expressions of the size "
+              "symbols); it is computed at run time",
+              what, origin_.inputs[i]->name);
+}
+
 }  // namespace tessel

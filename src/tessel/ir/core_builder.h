@@ -54,6 +54,11 @@ class CoreBuilder {
   // (`what`) when it is not known: the static-shape core level cannot express it.
   std::optional<Tensor> known(int i) const;
   const Tensor& need_constant(int i, const std::string& what) const;
+  // Input `i` as a list of sizes when it is known at compile time: an integer constant (static sizes)
+  // or the output of a `Sizes` node (sizes that may be symbolic: docs/dynamic-shapes.md), flattened;
+  // else nullopt. need_sizes throws "unsupported" naming the input like need_constant.
+  std::optional<Dims> known_sizes(int i) const;
+  Dims need_sizes(int i, const std::string& what) const;
 
   Graph& graph() { return g_; }
   const Node& origin() const { return origin_; }

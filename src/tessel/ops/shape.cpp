@@ -902,6 +902,48 @@ OpDef shape_op() {
   return d;
 }
 
+// Sizes (domain tessel): an integer tensor of a static shape whose elements are sizes, some of them
+// symbolic (docs/dynamic-shapes.md). fold-constants puts one in place of shape arithmetic that
+// computes from symbolic sizes (Shape -> Gather -> Concat), so that the ops reading it (Reshape,
+// Expand, ConstantOfShape, Range) see the sizes, and their decompositions read them through
+// CoreBuilder::known_sizes. It has no core form while a size is symbolic: a size read as data (not as
+// a shape) is refused then. Once the symbols are bound (instantiate_graph) it is a plain constant.
+OpDef sizes_op() {
+  OpDef d = make_op("Sizes", 1, 0, 0, {{"dims", AttrKind::ints}, {"shape", AttrKind::ints}, {"dtype", AttrKind::s}});
+  d.domain = "tessel";
+  d.symbolic = true;
+  auto facts = [](const Node& n) {
+    SymTensor t;
+    const std::string dt = n.attr_s("dtype", "i64");
+    const auto parsed = dtype_from_name(dt);
+    if (!parsed || (*parsed != DType::i64 && *parsed != DType::i32)) fail("Sizes: dtype must be i64 or i32, got '{}'", dt);
+    t.dtype = *parsed;
+    t.elems = n.attr_dims("dims");
+    t.shape = n.attr_ints("shape", {static_cast<int64_t>(t.elems.size())});
+    if (t.shape.size() > 1 || !shape_known(t.shape) || shape_numel(t.shape) != static_cast<int64_t>(t.elems.size()))
+      fail("Sizes: shape {} does not hold {} elements as a list", shape_str(t.shape), t.elems.size());
+    return t;
+  };
+  d.infer = [facts](InferCtx& c) { c.set_out_sym_value(0, facts(c.node())); };
+  d.kernel = [facts](KernelCtx& c) {
+    const SymTensor t = facts(c.node());
+    if (!t.all_static()) fail("Sizes {} names size symbols that have no value here (bind them first)", t.str());
+    Tensor v(t.dtype, t.shape);
+    for (size_t k = 0; k < t.elems.size(); ++k) v.set_i(static_cast<int64_t>(k), t.elems[k].constant_term());
+    c.set_out(0, std::move(v));
+  };
+  d.decompose = [facts](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
+    const SymTensor t = facts(n);
+    if (!t.all_static())
+      unsupported("the sizes {} are read as data, not as a shape: a symbolic size has no core form as a value", t.str());
+    Tensor v(t.dtype, t.shape);
+    for (size_t k = 0; k < t.elems.size(); ++k) v.set_i(static_cast<int64_t>(k), t.elems[k].constant_term());
+    return {b.constant(std::move(v))};
+  };
+  d.cost = [](const Node&) { return Cost{}; };
+  return d;
+}
+
 OpDef size_op() {
   OpDef d = make_op("Size", 1, 1, 1);
   d.infer = [](InferCtx& c) {
@@ -1838,6 +1880,7 @@ void register_shape_ops(OpRegistry& r) {
   r.add(with_decomposition(pad_op(), decompose_pad));
   r.add(with_decomposition(shape_op(), decompose_shape));
   r.add(with_decomposition(size_op(), decompose_size));
+  r.add(sizes_op());
   r.add(with_decomposition(constant_of_shape_op(), decompose_constant_of_shape));
   r.add(with_decomposition(range_op(), decompose_range));
   r.add(with_decomposition(eyelike_op(), decompose_eyelike));

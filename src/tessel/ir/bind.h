@@ -1,0 +1,31 @@
+// Binding a symbolic graph's size symbols (docs/dynamic-shapes.md): the values a call's input shapes
+// give each symbol, the guard that checks them against the graph's facts, and the static graph of one
+// binding (the oracle the symbolic compilation is tested against, and what a bucket runs).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/ir/graph.h"
+
+namespace tessel {
+
+// The symbols' values from the shapes of the graph's inputs (one shape per input, in order). A dim
+// that is a bare symbol binds it; a static dim must equal the shape's; a dim that is an expression
+// (2*s0) is checked once its symbols are bound. Then every fact of the graph's symbol table is
+// checked (range, multiple_of). On any mismatch, returns the reason in one line ("input 'ids' dim 1
+// is 600, outside s1 in [1, 512]") and leaves `out` unspecified; empty on success.
+std::string bind_symbols(const Graph& g, const std::vector<Shape>& input_shapes, Bindings& out);
+
+// A copy of `g` with every symbol replaced by its value in `b`: value types and size attributes
+// become static (an attribute whose sizes are all known becomes a plain list of ints), the symbol
+// table keeps only the symbols `b` leaves unbound. Constants share their storage with `g`'s. Values
+// keep their names and nodes their order (ids are renumbered). Throws tessel::Error when a size
+// evaluates negative or overflows.
+std::unique_ptr<Graph> instantiate_graph(const Graph& g, const Bindings& b);
+
+// Every symbol the graph's types and attributes name, sorted (those declared in g.symbols included).
+std::vector<std::string> graph_symbols(const Graph& g);
+
+}  // namespace tessel
