@@ -25,6 +25,22 @@ Value* in(const Node& n, int i) { return n.inputs[static_cast<size_t>(i)]; }
 Value* out(const Node& n) { return n.outputs[0]; }
 bool splat_is(const Value* v, double x) { return splat_of(v) == x; }
 
+// Whether a node's types or attributes name a size symbol (docs/dynamic-shapes.md). The rules that
+// compare sizes do it on Dims; the ones that build new shapes from static ones (the sinks and the
+// pad sum) leave such nodes as they are.
+bool touches_symbols(const Node& n) {
+  if (n.has_symbolic_attr()) return true;
+  for (const Value* v : n.inputs)
+    if (v && v->type.symbolic()) return true;
+  for (const Value* v : n.outputs)
+    if (v && v->type.symbolic()) return true;
+  return false;
+}
+std::function<bool(const Node&)> static_only(std::function<bool(const Node&)> match) {
+  return [match = std::move(match)](const Node& n) { return !touches_symbols(n) && (!match || match(n)); };
+}
+bool same_dims(const Value* a, const Value* b) { return a->type.dims() == b->type.dims(); }
+
 // A rule whose rewrite replaces the node's result by one of its operands.
 RewriteRule forward_operand(std::string name, std::string op, std::function<bool(const Node&)> match, int operand) {
   return {std::move(name), {std::move(op)}, std::move(match),
@@ -46,7 +62,7 @@ bool compose_transposes(Rewriter& r, Node& n) {
 
 bool compose_reshapes(Rewriter& r, Node& n) {
   n.inputs[0] = core_producer(in(n, 0), "reshape")->inputs[0];
-  if (in(n, 0)->type.shape == out(n)->type.shape) r.replace(n, in(n, 0));
+  if (same_dims(in(n, 0), out(n))) r.replace(n, in(n, 0));
   return true;
 }
 
@@ -71,14 +87,14 @@ bool fold_unit_dim_reshape(Node& n) {
   const Node* p = core_producer(in(n, 0), "reshape");
   if (!p) return false;
   const std::vector<int64_t> dims = n.attr_ints("dims");
-  const Shape& src = p->inputs[0]->type.shape;
-  const Shape& mid = in(n, 0)->type.shape;
+  const Dims src = p->inputs[0]->type.dims();
+  const Dims mid = in(n, 0)->type.dims();
   std::vector<int64_t> composed;
   size_t j = 0;
   bool ok = true;
   for (size_t i = 0; i < src.size() && ok; ++i) {
     if (src[i] == 1) {  // a unit source dim may go anywhere a broadcast can put it
-      while (j < mid.size() && mid[j] != 1) ++j;
+      while (j < mid.size() && !(mid[j] == 1)) ++j;
     } else {
       while (j < mid.size() && mid[j] == 1) ++j;
       ok = j < mid.size() && mid[j] == src[i];
@@ -94,7 +110,7 @@ bool fold_unit_dim_reshape(Node& n) {
 }
 
 bool broadcast_is_noop(const Node& n) {
-  return in(n, 0)->type.shape == out(n)->type.shape && is_identity(n.attr_ints("dims"));
+  return same_dims(in(n, 0), out(n)) && is_identity(n.attr_ints("dims"));
 }
 
 // The last step, after an earlier one changed the node.
@@ -137,10 +153,10 @@ bool is_noop_copy(const Node& n) {
   if (names_core_op(op, CoreOp::concatenate)) return n.inputs.size() == 1;
   if (names_core_op(op, CoreOp::reduce)) return n.attr_ints("axes").empty();
   if (names_core_op(op, CoreOp::slice)) {
-    auto st = n.attr_ints("starts"), sp = n.attr_ints("stops");
+    const Dims st = n.attr_dims("starts"), sp = n.attr_dims("stops"), dims = in(n, 0)->type.dims();
     auto str = n.attr_ints("strides", std::vector<int64_t>(st.size(), 1));
     for (size_t d = 0; d < st.size(); ++d)
-      if (st[d] != 0 || str[d] != 1 || sp[d] != in(n, 0)->type.shape[d]) return false;
+      if (!(st[d] == 0) || str[d] != 1 || !(sp[d] == dims[d])) return false;
     return true;
   }
   if (names_core_op(op, CoreOp::pad)) {
@@ -499,7 +515,7 @@ const std::vector<RewriteRule>& algebraic_rules() {
       {"reshape∘reshape", {"reshape"}, [](const Node& n) { return core_producer(in(n, 0), "reshape") != nullptr; },
        compose_reshapes},
       forward_operand("reshape∘reshape", "reshape",
-                      [](const Node& n) { return in(n, 0)->type.shape == out(n)->type.shape; }, 0),
+                      [](const Node& n) { return same_dims(in(n, 0), out(n)); }, 0),
       {"broadcast∘broadcast", {"broadcast_in_dim"},
        [](const Node& n) { return core_producer(in(n, 0), "broadcast_in_dim") != nullptr; }, simplify_broadcast_chain},
       {"broadcast∘reshape", {"broadcast_in_dim"}, nullptr, simplify_broadcast_of_reshape},
@@ -507,11 +523,11 @@ const std::vector<RewriteRule>& algebraic_rules() {
       forward_operand("convert to the same type", "convert",
                       [](const Node& n) { return in(n, 0)->type.dtype == out(n)->type.dtype; }, 0),
       {"convert chain", {"convert"}, converts_exactly_twice, compose_converts},
-      {"sum of adjacent zero-pads", {"add"}, adds_adjacent_zero_pads, pads_to_concatenate},
+      {"sum of adjacent zero-pads", {"add"}, static_only(adds_adjacent_zero_pads), pads_to_concatenate},
       {"no-op", {"slice", "concatenate", "reduce", "pad"}, is_noop_copy,
        [](Rewriter& r, Node& n) { return r.replace(n, in(n, 0)); }},
-      {"elementwise on broadcast scalars", {}, may_sink_broadcasts, sink_scalar_broadcasts},
-      {"elementwise below a reshape", {}, nullptr, sink_reshape},
+      {"elementwise on broadcast scalars", {}, static_only(may_sink_broadcasts), sink_scalar_broadcasts},
+      {"elementwise below a reshape", {}, static_only(nullptr), sink_reshape},
   };
   return rules;
 }

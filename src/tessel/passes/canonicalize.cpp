@@ -66,7 +66,8 @@ bool swap_compare(Rewriter&, Node& n) {
 }
 
 // Rule 3: the non-unit dims of `in` appear in `order` in the same order (only unit dims move).
-bool only_unit_dims_move(const Shape& in, const std::vector<int64_t>& order) {
+// (A symbolic dim is never 1: it may be more.)
+bool only_unit_dims_move(const Dims& in, const std::vector<int64_t>& order) {
   int64_t last = -1;
   for (int64_t d : order) {
     if (in[d] == 1) continue;
@@ -77,23 +78,24 @@ bool only_unit_dims_move(const Shape& in, const std::vector<int64_t>& order) {
 }
 
 bool transpose_moves_unit_dims(const Node& n) {
-  return only_unit_dims_move(n.inputs[0]->type.shape, n.attr_ints("perm"));
+  return only_unit_dims_move(n.inputs[0]->type.dims(), n.attr_ints("perm"));
 }
 
 bool broadcast_adds_nothing(const Node& n) {
-  const Shape& in = n.inputs[0]->type.shape;
-  return shape_numel(in) == shape_numel(n.outputs[0]->type.shape) && !in.empty();
+  const Dims in = n.inputs[0]->type.dims();
+  return !in.empty() && dims_numel(in) == dims_numel(n.outputs[0]->type.dims());
 }
 
 bool reduce_over_unit_dims(const Node& n) {
+  const Dims in = n.inputs[0]->type.dims();
   for (int64_t a : n.attr_ints("axes"))
-    if (n.inputs[0]->type.shape[a] != 1) return false;
+    if (!(in[static_cast<size_t>(a)] == 1)) return false;
   return true;
 }
 
 bool to_reshape(Rewriter&, Node& n) {
   n.op = OpRegistry::get().find("reshape");
-  n.attrs = {{"shape", std::vector<int64_t>(n.outputs[0]->type.shape)}};
+  n.attrs = {{"shape", dims_attr(n.outputs[0]->type.dims())}};
   return true;
 }
 

@@ -21,9 +21,7 @@ std::string decompose(Graph& g) {
   int done = 0;
   auto has_unknown_dim = [](const std::vector<Value*>& vs) {
     for (const Value* v : vs)
-      if (v)
-        for (int64_t d : v->type.shape)
-          if (d < 0) return true;
+      if (v && !v->type.dims_defined()) return true;  // a symbolic dim is known: an expression
     return false;
   };
   for (size_t k = 0; k < pending.size(); ++k) {

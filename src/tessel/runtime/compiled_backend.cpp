@@ -7,11 +7,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <list>
 #include <map>
 #include <set>
 #include <thread>
 
+#include "tessel/ir/bind.h"
 #include "tessel/ir/op_registry.h"
+#include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 #include "tessel/support/limits.h"
 #include "tessel/support/threads.h"
@@ -26,7 +29,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-using GeneratedFn = void(void* const*, long, long);
+using GeneratedFn = void(void* const*, const long*, long, long);
 
 // Kernels with fewer elements than this run on one thread: waking the others costs more.
 constexpr int64_t kParallelMinElements = 16384;
@@ -44,6 +47,7 @@ struct CompiledExecutable::Launch {
   std::unique_ptr<cpu::Conv2d> conv;
   int threads = 1;
   size_t kernel_index = 0;
+  const long* sz = nullptr;                    // the size symbols' values (a symbolic module's instance)
 
   void operator()(KernelEnv& env) {
     const Kernel& k = *kernel;
@@ -72,17 +76,32 @@ struct CompiledExecutable::Launch {
     const int64_t n = k.parallel_extent();
     const int64_t work = k.outer_count() * k.inner_count() * k.phases;
     if (threads <= 1 || n < 2 || work < kParallelMinElements) {
-      fn(args, 0, static_cast<long>(n));
+      fn(args, sz, 0, static_cast<long>(n));
       return;
     }
     GeneratedFn* f = fn;
+    const long* sizes = sz;
 #pragma omp parallel num_threads(threads)
     {
       const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
       const int64_t lo = n * t / T, hi = n * (t + 1) / T;
-      if (lo < hi) f(args, static_cast<long>(lo), static_cast<long>(hi));
+      if (lo < hi) f(args, sizes, static_cast<long>(lo), static_cast<long>(hi));
     }
   }
+};
+
+// A symbolic compilation (docs/dynamic-shapes.md): the kernel module with symbolic sizes, the one
+// shared object its generated code is in, and the instances built for bindings, most recent first.
+struct CompiledExecutable::Symbolic {
+  KernelModule module;
+  std::vector<std::string> symbols;               // the generated code's sz[] order
+  std::vector<bool> in_library;                   // decided once, on the symbolic kernels
+  std::vector<cpu::LibraryEpilogue> library;
+  std::shared_ptr<cpu::SharedObject> so;
+  CompiledBackendOptions opts;
+  std::list<std::pair<Bindings, std::unique_ptr<CompiledExecutable>>> instances;
+
+  CompiledExecutable& instance(const Bindings& b, CompiledCompileStats& st);
 };
 
 bool loop_writes_over_input(const Kernel& k, const std::vector<int>& ins, int out) {
@@ -156,6 +175,7 @@ struct CompiledExecutable::Builder {
     auto L = std::make_unique<CompiledExecutable::Launch>();
     L->kernel = &k;
     L->threads = st.threads;
+    L->sz = ce.sym_values_.data();
     size_t in = 0, out = 0;
     for (size_t i = 0; i < k.args.size(); ++i) {
       const KArg& a = k.args[i];
@@ -234,8 +254,141 @@ struct CompiledExecutable::Builder {
   }
 };
 
+namespace {
+
+// Epilogue decisions, the generated translation unit and its shared object for module `m`.
+void generate_and_build(KernelModule& m, const std::string& model, const cpu::ToolchainOptions& tc, std::vector<bool>& in_library,
+                        std::vector<cpu::LibraryEpilogue>& library, std::string& source, std::shared_ptr<cpu::SharedObject>& so,
+                        CompiledCompileStats& st) {
+  // Epilogues oneDNN applies itself (bias, scale, relu/clip/GELU) get no generated function.
+  in_library = cpu::library_epilogues(m, &library);
+  auto tc0 = Clock::now();
+  source = cpu::generate_cpp(m, model, in_library);
+  st.codegen_seconds = seconds_since(tc0);
+  std::vector<std::string> symbols;
+  for (size_t i = 0; i < m.kernels.size(); ++i)
+    if (cpu::has_generated_function(m.kernels[i], in_library[i])) symbols.push_back(cpu::kernel_symbol(i));
+  if (symbols.empty()) return;
+  cpu::BuildResult br = cpu::build_shared_object(source, model, tc, symbols);
+  so = br.so;
+  st.cache_hit = br.cache_hit;
+  st.cxx_seconds = br.compile_seconds;
+  st.load_seconds = br.load_seconds;
+  st.cache_key = br.key;
+  st.source_path = br.source_path;
+  st.so_path = br.so_path;
+}
+
+void print_compile_profile(const CompiledCompileStats& st) {
+  // Where a slow first call goes (ALBERT-xxlarge: 16 s), next to TESSEL_PROFILE's per-step lines.
+  if (!std::getenv("TESSEL_PROFILE")) return;
+  fmt::print(stderr,
+             "profile compile {:.3f} s: passes {:.3f}, fuse {:.3f}, codegen {:.3f}, c++ {:.3f}{}, load {:.3f}, "
+             "library setup and packing {:.3f} ({} kernels, {} matmul, {} conv)\n",
+             st.compile_seconds, st.graph.pass_seconds, st.fuse_seconds, st.codegen_seconds, st.cxx_seconds,
+             st.cache_hit ? " (cache hit)" : "", st.load_seconds, st.library_seconds, st.kernels, st.matmul_kernels,
+             st.conv_kernels);
+}
+
+}  // namespace
+
+// One compilation for every binding of the graph's size symbols: the pipeline, fusion and code
+// generation run on the symbolic graph; library primitives, packed weights and the arena wait for a
+// call's binding (Symbolic::instance).
+std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
+                                                                       const CompiledBackendOptions& opts) {
+  const auto t0 = Clock::now();
+  std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
+  CompiledCompileStats& st = ce->stats_;
+  st.threads = resolve_threads(opts.threads);
+  st.model = opts.model_name;
+  if (!ex.empty()) {  // example inputs only check that the compilation covers them
+    std::vector<Shape> shapes;
+    for (const Tensor& t : ex) shapes.push_back(t.shape());
+    Bindings b;
+    if (std::string why = bind_symbols(*g, shapes, b); !why.empty())
+      throw Error(Location{.pass = "compile"}, "the example inputs do not fit the model's symbolic shapes: " + why);
+  }
+  auto tp = Clock::now();
+  run_pipeline(*g, parse_pipeline(opts.pipeline), PassOptions{});
+  st.graph.pass_seconds = seconds_since(tp);
+  auto tf = Clock::now();
+  KernelModule m = fuse(std::move(g), cpu_fuse_options(opts.fuse));
+  verify_kernel_module(m);
+  st.fuse_seconds = seconds_since(tf);
+  auto sym = std::make_unique<CompiledExecutable::Symbolic>();
+  generate_and_build(m, opts.model_name, opts.toolchain, sym->in_library, sym->library, ce->source_, sym->so, st);
+  sym->symbols = cpu::module_symbols(m);
+  sym->opts = opts;
+  st.symbols = sym->symbols;
+  for (const Kernel& k : m.kernels) {
+    st.kernels++;
+    st.loop_kernels += k.kind == KernelKind::loop;
+    st.matmul_kernels += k.kind == KernelKind::matmul;
+    st.conv_kernels += k.kind == KernelKind::conv;
+  }
+  for (const auto& n : m.graph->nodes()) st.core_nodes_left += n->op->domain == "tessel.core";
+  ce->kernels_ = m.kernels;
+  ce->in_library_ = sym->in_library;
+  ce->library_ = sym->library;
+  ce->so_ = sym->so;
+  sym->module = std::move(m);
+  ce->sym_ = std::move(sym);
+  st.compile_seconds = seconds_since(t0);
+  print_compile_profile(st);
+  return ce;
+}
+
+// The static executable of binding `b`, built like a loaded cache entry (no passes, no code
+// generation): the graph and kernels instantiated, the shared object's functions given b's values.
+CompiledExecutable& CompiledExecutable::Symbolic::instance(const Bindings& b, CompiledCompileStats& owner) {
+  for (auto it = instances.begin(); it != instances.end(); ++it)
+    if (it->first == b) {
+      instances.splice(instances.begin(), instances, it);
+      return *instances.front().second;
+    }
+  const auto t0 = Clock::now();
+  std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
+  CompiledCompileStats& st = ce->stats_;
+  st.threads = owner.threads;
+  st.model = owner.model;
+  st.cache_hit = true;
+  std::unique_ptr<Graph> g = instantiate_graph(*module.graph, b);
+  ce->kernels_ = instantiate_kernels(module.kernels, b);  // each verified again with numbers
+  ce->in_library_ = in_library;
+  ce->library_ = library;
+  ce->so_ = so;
+  for (const std::string& s : symbols) ce->sym_values_.push_back(static_cast<long>(b.at(s)));
+  CompiledExecutable::Builder bld{*ce, {}};
+  GraphBackendOptions go;
+  go.pipeline = "";  // the module is already the kernel level
+  go.custom_kernel = [&](const Node& n) { return bld.launch(n); };
+  go.output_aliases = opts.output_aliases;
+  go.recycled_outputs = opts.recycled_outputs;
+  CompiledExecutable* raw = ce.get();
+  go.writes_over_input = [raw](const Node& n, const std::vector<int>& ins, int out) {
+    return is_kernel_node(n) && loop_writes_over_input(raw->kernels_.at(static_cast<size_t>(n.attr_i("kernel"))), ins, out);
+  };
+  {
+    ScopedOmpThreads library_threads(st.threads);
+    ce->exe_ = compile_graph(std::move(g), {}, go);
+  }
+  bld.finish();
+  st.compile_seconds = seconds_since(t0);
+  owner.instances++;
+  owner.instance_seconds += st.compile_seconds;
+  owner.graph = st.graph;
+  owner.library_seconds += st.library_seconds;
+  owner.bytes_unfused = st.bytes_unfused, owner.bytes_fused = st.bytes_fused;
+  owner.library_epilogues = st.library_epilogues;
+  instances.emplace_front(b, std::move(ce));
+  while (instances.size() > static_cast<size_t>(std::max(1, opts.instance_limit))) instances.pop_back();
+  return *instances.front().second;
+}
+
 std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
                                                 const CompiledBackendOptions& opts) {
+  if (!graph_symbols(*g).empty()) return CompiledExecutable::compile_symbolic(std::move(g), ex, opts);
   const auto t0 = Clock::now();
   std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
   CompiledCompileStats& st = ce->stats_;
@@ -259,27 +412,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
       ce->module_text_ = print_kernel_module(m, &blobs);
       for (const Tensor* t : blobs) ce->module_blobs_.push_back(*t);
     }
-    // Epilogues oneDNN applies itself (bias, scale, relu/clip/GELU) get no generated function.
-    ce->in_library_ = cpu::library_epilogues(m, &ce->library_);
-    const std::vector<bool>& in_library = ce->in_library_;
-    auto tc = Clock::now();
-    ce->source_ = cpu::generate_cpp(m, model, in_library);
-    st.codegen_seconds = seconds_since(tc);
-    bool any_fn = false;
-    for (size_t i = 0; i < m.kernels.size(); ++i) any_fn = any_fn || cpu::has_generated_function(m.kernels[i], in_library[i]);
-    if (any_fn) {
-      std::vector<std::string> symbols;
-      for (size_t i = 0; i < m.kernels.size(); ++i)
-        if (cpu::has_generated_function(m.kernels[i], in_library[i])) symbols.push_back(cpu::kernel_symbol(i));
-      cpu::BuildResult br = cpu::build_shared_object(ce->source_, model, opts.toolchain, symbols);
-      ce->so_ = br.so;
-      st.cache_hit = br.cache_hit;
-      st.cxx_seconds = br.compile_seconds;
-      st.load_seconds = br.load_seconds;
-      st.cache_key = br.key;
-      st.source_path = br.source_path;
-      st.so_path = br.so_path;
-    }
+    generate_and_build(m, model, opts.toolchain, ce->in_library_, ce->library_, ce->source_, ce->so_, st);
     ce->kernels_ = std::move(m.kernels);
     cg = std::move(m.graph);
   };
@@ -294,19 +427,13 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   ce->exe_ = compile_graph(std::move(g), ex, go);
   b.finish();
   st.compile_seconds = seconds_since(t0);
-  // Where a slow first call goes (ALBERT-xxlarge: 16 s), next to TESSEL_PROFILE's per-step lines.
-  if (std::getenv("TESSEL_PROFILE"))
-    fmt::print(stderr,
-               "profile compile {:.3f} s: passes {:.3f}, fuse {:.3f}, codegen {:.3f}, c++ {:.3f}{}, load {:.3f}, "
-               "library setup and packing {:.3f} ({} kernels, {} matmul, {} conv)\n",
-               st.compile_seconds, st.graph.pass_seconds, st.fuse_seconds, st.codegen_seconds, st.cxx_seconds,
-               st.cache_hit ? " (cache hit)" : "", st.load_seconds, st.library_seconds, st.kernels, st.matmul_kernels,
-               st.conv_kernels);
+  print_compile_profile(st);
   return ce;
 }
 
 std::string CompiledExecutable::unsaveable_reason() const {
   const GraphCompileStats& g = stats_.graph;
+  if (sym_) return "it has symbolic sizes (the executable cache stores static compilations)";
   if (module_text_.empty()) return "the kernel module was not kept (CompiledBackendOptions::keep_module)";
   if (!g.baked_inputs.empty()) return "it is specialised on the values of inputs";
   if (!g.pipeline_error.empty()) return "the core pipeline could not lower the model";
@@ -430,7 +557,18 @@ std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::
   return ce;
 }
 
+const Graph& CompiledExecutable::graph() const { return sym_ ? *sym_->module.graph : exe_->graph(); }
+
 std::vector<Tensor> CompiledExecutable::run(const std::vector<Tensor>& inputs, GraphRunStats* stats) {
+  if (sym_) {
+    std::vector<Shape> shapes;
+    shapes.reserve(inputs.size());
+    for (const Tensor& t : inputs) shapes.push_back(t.shape());
+    Bindings b;
+    if (std::string why = bind_symbols(*sym_->module.graph, shapes, b); !why.empty())
+      throw GuardFailure(Location{.pass = "guard"}, why);
+    return sym_->instance(b, stats_).run(inputs, stats);
+  }
   // oneDNN's OpenMP runtime follows it; the primitives were built under this count, so none rebuilds.
   ScopedOmpThreads threads(stats_.threads);
   return exe_->run(inputs, stats);

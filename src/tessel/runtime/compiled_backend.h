@@ -30,6 +30,10 @@ struct CompiledBackendOptions {
   // written: loop_writes_over_input), outputs handed over without a copy out of the arena.
   std::vector<int> output_aliases;
   bool recycled_outputs = false;
+  // A graph with size symbols (docs/dynamic-shapes.md) compiles once; each binding of the symbols a
+  // call brings gets an instance (the static kernels, arena plan and library primitives of those
+  // sizes, over the one shared object), of which this many are kept, least recently used first out.
+  int instance_limit = 16;
 };
 
 struct CompiledCompileStats {
@@ -53,6 +57,12 @@ struct CompiledCompileStats {
   int library_epilogues = 0;           // matmul/conv epilogues oneDNN applies itself (no generated pass)
   int64_t bytes_unfused = 0, bytes_fused = 0;
   int threads = 1;
+  // Symbolic compilations (docs/dynamic-shapes.md): the size symbols the generated code reads, and the
+  // instances built for the bindings calls brought (each: the static kernels, arena plan and library
+  // primitives of one binding), with the time they took; bytes_* are then those of the last instance.
+  std::vector<std::string> symbols;
+  int instances = 0;
+  double instance_seconds = 0;
 };
 
 // Whether loop kernel `k` may write its output `out` over the buffers of its inputs `ins` (node
@@ -104,10 +114,14 @@ class CompiledExecutable {
   // The bytes save() would write, without alignment padding and the manifest (a few KB): checked
   // against the cache's budget before anything is written.
   uint64_t saved_bytes() const;
+  // A symbolic executable first binds the symbols from the inputs' shapes (a shape the compilation
+  // does not cover throws GuardFailure with the reason) and runs the instance of that binding.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs, GraphRunStats* stats = nullptr);
   const CompiledCompileStats& stats() const { return stats_; }
+  // The kernels (symbolic ones for a symbolic executable) and the kernel-level graph.
   const std::vector<Kernel>& kernels() const { return kernels_; }
-  const Graph& graph() const { return exe_->graph(); }
+  const Graph& graph() const;
+  bool symbolic() const { return sym_ != nullptr; }
   const std::string& source() const { return source_; }
 
  private:
@@ -119,8 +133,14 @@ class CompiledExecutable {
   struct Builder;
   // What save() writes besides the module text: the module's blobs and each kernel's packed weights.
   void stored_pieces(std::vector<BlobToStore>& blobs, std::vector<PackedToStore>& packed) const;
+  struct Symbolic;
+  // compile_cpu of a graph with size symbols.
+  static std::unique_ptr<CompiledExecutable> compile_symbolic(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
+                                                              const CompiledBackendOptions& opts);
   CompiledExecutable();
   std::unique_ptr<GraphExecutable> exe_;
+  std::unique_ptr<Symbolic> sym_;                 // a symbolic compilation: its module and instances
+  std::vector<long> sym_values_;                  // an instance's binding, in the generated code's order
   std::vector<Kernel> kernels_;
   std::vector<std::unique_ptr<Launch>> launches_;
   std::vector<bool> in_library_;                  // per kernel: its epilogue runs inside oneDNN

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <set>
 
+#include "tessel/ir/bind.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/pass.h"
@@ -413,6 +414,11 @@ void GraphExecutable::Impl::plan_outputs(const Graph& g, const GraphBackendOptio
 std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
                                                const GraphBackendOptions& opts) {
   const auto t0 = Clock::now();
+  if (ex.empty() && !graph_symbols(*g).empty())
+    throw Error(Location{.pass = "compile"},
+                "the graph backend plans static shapes: a model with size symbols runs on the compiled backend or the eager "
+                "interpreter (docs/dynamic-shapes.md)",
+                true);
   std::unique_ptr<GraphExecutable> exe(new GraphExecutable());
   GraphExecutable::Impl& im = *exe->impl_;
   GraphCompileStats& st = exe->stats_;

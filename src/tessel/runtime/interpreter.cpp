@@ -1,6 +1,7 @@
 // Eager execution of a graph with the reference kernels.
 #include "tessel/runtime/interpreter.h"
 
+#include "tessel/ir/bind.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
@@ -10,6 +11,14 @@ namespace tessel {
 std::vector<Tensor> run_eager(const Graph& g, const std::vector<Tensor>& inputs, RunStats* stats) {
   if (inputs.size() != g.inputs.size())
     fail("the model takes {} inputs but {} were given", g.inputs.size(), inputs.size());
+  // Size symbols (docs/dynamic-shapes.md) take their values from the inputs: the graph of that binding runs.
+  if (!graph_symbols(g).empty()) {
+    std::vector<Shape> shapes;
+    for (const Tensor& t : inputs) shapes.push_back(t.shape());
+    Bindings b;
+    if (std::string why = bind_symbols(g, shapes, b); !why.empty()) fail("{}", why);
+    return run_eager(*instantiate_graph(g, b), inputs, stats);
+  }
   std::vector<Tensor> env(g.values().size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Value* v = g.inputs[i];

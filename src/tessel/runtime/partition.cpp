@@ -362,6 +362,7 @@ PartitionPlan partition_graph(Graph& g) {
     if (p.outputs.empty()) continue;   // nothing it computes is needed
     auto sub = std::make_unique<Graph>();
     sub->name = fmt::format("{}_part{}", g.name, plan.partitions.size());
+    sub->symbols = g.symbols;  // its sizes name the model's symbols (docs/dynamic-shapes.md)
     std::map<const Value*, Value*> map;
     for (const Node* n : p.nodes) {
       std::vector<Value*> ins;

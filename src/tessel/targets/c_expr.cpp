@@ -135,4 +135,24 @@ std::string kernel_provenance_comment(const Kernel& k) {
   return s;
 }
 
+std::string c_size_expr(const Dim& d, const std::vector<std::string>& symbols, const std::string& prefix) {
+  if (d.is_static()) return std::to_string(d.constant_term());
+  auto name = [&](const std::string& s) {
+    for (size_t i = 0; i < symbols.size(); ++i)
+      if (symbols[i] == s) return prefix + std::to_string(i);
+    fail("the size {} names the symbol {}, which the module does not declare", d.str(), s);
+  };
+  std::string e;
+  for (const Dim::Term& t : d.terms()) {
+    std::string f;
+    for (const std::string& s : t.syms) f += (f.empty() ? "" : "*") + name(s);
+    const int64_t c = t.coef < 0 ? -t.coef : t.coef;
+    if (c != 1) f = std::to_string(c) + "L*" + f;
+    e += e.empty() ? (t.coef < 0 ? "-" + f : f) : (t.coef < 0 ? " - " : " + ") + f;
+  }
+  if (d.constant_term() != 0) e += fmt::format(" {} {}L", d.constant_term() < 0 ? "-" : "+", d.constant_term() < 0 ? -d.constant_term() : d.constant_term());
+  const bool alone = d.constant_term() == 0 && d.terms().size() == 1 && d.terms()[0].coef == 1 && d.terms()[0].syms.size() == 1;
+  return alone ? e : "(" + e + ")";
+}
+
 }  // namespace tessel

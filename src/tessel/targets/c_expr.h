@@ -35,4 +35,9 @@ std::vector<std::string> c_reduce_step(const std::string& attr, const std::strin
 // can end the comment, splice a line or leave plain ASCII.
 std::string kernel_provenance_comment(const Kernel& k);
 
+// A size as a C expression (long arithmetic): its number when static; else its polynomial over the
+// symbols, symbol `symbols[i]` spelled <prefix><i> (identifiers from positions, never from names),
+// parenthesised unless it is one symbol alone. Fails for a symbol not in `symbols`.
+std::string c_size_expr(const Dim& d, const std::vector<std::string>& symbols, const std::string& prefix);
+
 }  // namespace tessel

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "tessel/ir/bind.h"
 #include "tessel/ir/core_ops.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
@@ -28,16 +29,30 @@ std::string literal(DType t, double v) { return c_literal(t, v, CDialect::cpp); 
 struct Emitter {
   const Kernel& k;
   size_t kernel_index;           // the kernel's position in its module: its symbol
+  const std::vector<std::string>& symbols;  // the module's size symbols: S<i> reads sz[i]
   std::string out;
   std::vector<std::string> val;  // C++ expression / variable of each instruction
 
-  Emitter(const Kernel& kk, size_t i) : k(kk), kernel_index(i), val(kk.body.size()) {
+  Emitter(const Kernel& kk, size_t i, const std::vector<std::string>& syms) : k(kk), kernel_index(i), symbols(syms), val(kk.body.size()) {
     flat = flat_form();
     column = column_form();
   }
   bool flat = false, column = false;  // the loop forms below, decided once per kernel
 
   void line(int indent, const std::string& s) { out += std::string(static_cast<size_t>(indent) * 2, ' ') + s + "\n"; }
+
+  // A size as a C++ expression of type long: its number, or (for a symbolic size) a polynomial in the
+  // S<i> locals generate() declares from sz[] (parenthesised unless it is one symbol alone).
+  std::string cdim(const Dim& d) const { return c_size_expr(d, symbols, "S"); }
+  // `x * d` for an index x, simplified for strides 0 and 1 (empty for 0).
+  std::string scaled(const std::string& x, const Dim& d) const {
+    if (d == 0) return {};
+    if (d == 1) return x;
+    return fmt::format("{} * {}", x, cdim(d));
+  }
+  static void plus(std::string& s, const std::string& term) {
+    if (!term.empty()) s += (s.empty() ? "" : " + ") + term;
+  }
 
   std::string v(int i) const { return "v" + std::to_string(i); }
 
@@ -85,27 +100,19 @@ struct Emitter {
     const KAccess& acc = k.accesses[static_cast<size_t>(a)];
     std::string s;
     if (column) {
-      s = acc.offset ? std::to_string(acc.offset) : "";
-      if (acc.strides[0]) s += (s.empty() ? "" : " + ") + (acc.strides[0] == 1 ? std::string("o0") : fmt::format("o0 * {}", acc.strides[0]));
+      if (!(acc.offset == 0)) s = cdim(acc.offset);
+      plus(s, scaled("o0", acc.strides[0]));
       if (s.empty()) s = "0";
-      for (size_t d = 0; d < k.inner.size(); ++d) {
-        const int64_t st = acc.strides[1 + d];
-        if (st) s += st == 1 ? fmt::format(" + i{}", d) : fmt::format(" + i{} * {}", d, st);
-      }
+      for (size_t d = 0; d < k.inner.size(); ++d) plus(s, scaled(fmt::format("i{}", d), acc.strides[1 + d]));
       return s;
     }
     if (k.splits_inner() || flat) {
-      s = acc.offset ? std::to_string(acc.offset) : "";
-      const int64_t st = acc.strides[flat ? 1 : 0];
-      if (st) s += (s.empty() ? "" : " + ") + (st == 1 ? std::string("i0") : fmt::format("i0 * {}", st));
+      if (!(acc.offset == 0)) s = cdim(acc.offset);
+      plus(s, scaled("i0", acc.strides[flat ? 1 : 0]));
       return s.empty() ? "0" : s;
     }
     s = "b" + std::to_string(a);
-    for (size_t d = 0; d < k.inner.size(); ++d) {
-      const int64_t st = acc.strides[k.outer.size() + d];
-      if (st == 0) continue;
-      s += st == 1 ? fmt::format(" + i{}", d) : fmt::format(" + i{} * {}", d, st);
-    }
+    for (size_t d = 0; d < k.inner.size(); ++d) plus(s, scaled(fmt::format("i{}", d), acc.strides[k.outer.size() + d]));
     return s;
   }
 
@@ -178,7 +185,7 @@ struct Emitter {
     const int n = static_cast<int>(k.inner.size());
     for (int d = 0; d < n; ++d) {
       if (d == n - 1) line(indent + d, "#pragma omp simd" + reduction_clause(reduces));
-      line(indent + d, fmt::format("for (long i{0} = 0; i{0} < {1}; ++i{0}) {{", d, k.inner[static_cast<size_t>(d)]));
+      line(indent + d, fmt::format("for (long i{0} = 0; i{0} < {1}; ++i{0}) {{", d, cdim(k.inner[static_cast<size_t>(d)])));
     }
     for (int i : body) emit(indent + n, i);
     for (int d = n; d-- > 0;) line(indent + d, "}");
@@ -223,7 +230,7 @@ struct Emitter {
     }
     const int n = static_cast<int>(k.inner.size());
     for (int d = 0; d < n; ++d)
-      line(2 + d, fmt::format("for (long i{0} = 0; i{0} < {1}; ++i{0}) {{", d, k.inner[static_cast<size_t>(d)]));
+      line(2 + d, fmt::format("for (long i{0} = 0; i{0} < {1}; ++i{0}) {{", d, cdim(k.inner[static_cast<size_t>(d)])));
     line(2 + n, "#pragma omp simd");
     line(2 + n, "for (long j = 0; j < ne; ++j) {");
     line(3 + n, "const long o0 = ob + j;");
@@ -249,6 +256,27 @@ struct Emitter {
       if (k.body[i].row && k.body[i].phase == p) emit(indent, static_cast<int>(i));
   }
 
+  // The size symbols the kernel names, as locals S<i> = sz[i] (i: the symbol's position in the
+  // module's sorted list); `(void)sz;` for a static kernel.
+  void declare_symbols() {
+    std::set<std::string> used;
+    auto add = [&](const Dim& d) {
+      for (const std::string& s : d.symbols()) used.insert(s);
+    };
+    for (const Dims* ds : {&k.outer, &k.inner})
+      for (const Dim& d : *ds) add(d);
+    for (const KAccess& a : k.accesses) {
+      add(a.offset);
+      for (const Dim& d : a.strides) add(d);
+    }
+    if (used.empty()) {
+      line(1, "(void)sz;");
+      return;
+    }
+    for (size_t i = 0; i < symbols.size(); ++i)
+      if (used.count(symbols[i])) line(1, fmt::format("const long S{0} = sz[{0}];  (void)S{0};  // {1}", i, cpp_comment_text(symbols[i])));
+  }
+
   // Names come from the model (or from a cached kernel-module text): each goes through
   // cpp_comment_text, so none can end the comment, splice a line or leave plain ASCII.
   std::string header_comment() const {
@@ -267,7 +295,8 @@ struct Emitter {
 
   std::string generate() {
     out = header_comment();
-    line(0, fmt::format("extern \"C\" void {}(void* const* args, long lo, long hi) {{", kernel_symbol(kernel_index)));
+    line(0, fmt::format("extern \"C\" void {}(void* const* args, const long* sz, long lo, long hi) {{", kernel_symbol(kernel_index)));
+    declare_symbols();
     // which args are touched
     std::set<int> loaded, stored;
     for (const KInstr& in : k.body) {
@@ -295,7 +324,7 @@ struct Emitter {
       row_instrs(1, 0);
       line(1, "// phase 0: rows [lo, hi) as one contiguous run");
       line(1, "#pragma omp simd");
-      line(1, fmt::format("for (long i0 = lo * {0}; i0 < hi * {0}; ++i0) {{", k.inner[0]));
+      line(1, fmt::format("for (long i0 = lo * {0}; i0 < hi * {0}; ++i0) {{", cdim(k.inner[0])));
       for (size_t i = 0; i < k.body.size(); ++i)
         if (!k.body[i].row) emit(2, static_cast<int>(i));
       line(1, "}");
@@ -321,16 +350,14 @@ struct Emitter {
         if (d == 0)
           line(2, "const long o0 = r;");
         else
-          line(2, fmt::format("const long o{0} = r % {1}; r /= {1};", d, k.outer[d]));
+          line(2, fmt::format("const long o{0} = r % {1}; r /= {1};", d, cdim(k.outer[d])));
       }
     }
     // row base of every access
     for (size_t a = 0; a < k.accesses.size(); ++a) {
       const KAccess& acc = k.accesses[a];
-      std::string s = acc.offset ? std::to_string(acc.offset) : "";
-      for (size_t d = 0; d < no; ++d)
-        if (acc.strides[d])
-          s += (s.empty() ? "" : " + ") + (acc.strides[d] == 1 ? fmt::format("o{}", d) : fmt::format("o{} * {}", d, acc.strides[d]));
+      std::string s = acc.offset == 0 ? std::string() : cdim(acc.offset);
+      for (size_t d = 0; d < no; ++d) plus(s, scaled(fmt::format("o{}", d), acc.strides[d]));
       if (s.empty()) s = "0";
       bool used = false;
       for (const KInstr& in : k.body) used = used || in.access == static_cast<int>(a);
@@ -353,11 +380,13 @@ struct Emitter {
 // Derived from the index alone: a kernel's name may come from an untrusted cached text.
 std::string kernel_symbol(size_t index) { return fmt::format("tsl_k{}", index); }
 
+std::vector<std::string> module_symbols(const KernelModule& m) { return m.graph ? graph_symbols(*m.graph) : std::vector<std::string>{}; }
+
 bool has_generated_function(const Kernel& k, bool epilogue_in_library) { return !k.body.empty() && !epilogue_in_library; }
 
-std::string generate_kernel(const Kernel& k, size_t index) {
+std::string generate_kernel(const Kernel& k, size_t index, const std::vector<std::string>& symbols) {
   try {
-    return Emitter(k, index).generate();
+    return Emitter(k, index, symbols).generate();
   } catch (const Error& e) {
     throw e.with_context(Location{.node = k.name, .op = "kernel", .pass = "codegen-cpu"});
   }
@@ -367,9 +396,16 @@ std::string generate_cpp(const KernelModule& m, const std::string& model_name, c
   std::string s = fmt::format("// Generated by tessel from {} (kernel level -> C++ for the host CPU).\n",
                               cpp_comment_text(model_name));
   s += "// One function per kernel; comments name the source nodes each kernel fuses.\n";
+  const std::vector<std::string> symbols = module_symbols(m);
+  if (!symbols.empty()) {
+    s += "// Sizes read at run time (docs/dynamic-shapes.md): sz[i] is the value of symbol i:";
+    for (size_t i = 0; i < symbols.size(); ++i) s += fmt::format(" {}{}", i ? ", " : "", cpp_comment_text(symbols[i]));
+    s += ".\n";
+  }
   s += "#include \"tessel_rt.h\"\n";
   for (size_t i = 0; i < m.kernels.size(); ++i)
-    if (has_generated_function(m.kernels[i], i < in_library.size() && in_library[i])) s += "\n" + generate_kernel(m.kernels[i], i);
+    if (has_generated_function(m.kernels[i], i < in_library.size() && in_library[i]))
+      s += "\n" + generate_kernel(m.kernels[i], i, symbols);
   return s;
 }
 

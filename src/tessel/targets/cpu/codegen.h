@@ -1,12 +1,14 @@
 // C++ generation for the CPU target (docs/targets/cpu.md): one readable function per kernel of a
 // kernel module, with provenance comments naming the fused source nodes.
 //
-//   extern "C" void tsl_k<index>(void* const* args, long lo, long hi);
+//   extern "C" void tsl_k<index>(void* const* args, const long* sz, long lo, long hi);
 //
 // Identifiers are derived from the kernel's index, never from a name; names (kernels, source nodes,
 // values, the model) appear only in comments, escaped by cpp_comment_text (docs/security.md).
 //
-// args holds one pointer per kernel arg (inputs, outputs, scratch); [lo, hi) is the part of the
+// args holds one pointer per kernel arg (inputs, outputs, scratch); sz the values of the module's size
+// symbols (module_symbols' order; unread when every size is static: docs/dynamic-shapes.md), which
+// loop bounds, strides and offsets read as locals S<i>; [lo, hi) is the part of the
 // kernel's parallel range (Kernel::parallel_extent) this call computes, so calls on disjoint ranges
 // may run on different threads. Matmul and convolution kernels get a function for their epilogue
 // only (the library call runs first, from the runtime); a kernel without epilogue, or whose epilogue
@@ -29,7 +31,9 @@ bool has_generated_function(const Kernel& k, bool epilogue_in_library = false);
 // (in_library[i]: kernel i's epilogue runs inside oneDNN, so it gets no function).
 std::string generate_cpp(const KernelModule& m, const std::string& model_name, const std::vector<bool>& in_library = {});
 
-// One kernel's function (used by the docs and tests).
-std::string generate_kernel(const Kernel& k, size_t index);
+// One kernel's function (used by the docs and tests); `symbols` as module_symbols gives them.
+std::string generate_kernel(const Kernel& k, size_t index, const std::vector<std::string>& symbols = {});
+// The size symbols of the module, sorted: the order of the generated functions' sz[].
+std::vector<std::string> module_symbols(const KernelModule& m);
 
 }  // namespace tessel::cpu

@@ -10,7 +10,7 @@ namespace {
 struct Matcher {
   const Kernel& k;
   int acc_arg;
-  int64_t channels;
+  Dim channels;  // the result's channel count (a matmul's N may be symbolic)
   std::set<int> used;  // instructions the pattern accounts for
 
   const KInstr& at(int i) const { return k.body[static_cast<size_t>(i)]; }
@@ -37,23 +37,24 @@ struct Matcher {
     if (!is(i, "load")) return false;
     const KAccess& b = k.accesses[static_cast<size_t>(at(i).access)];
     const KArg& a = k.args[static_cast<size_t>(b.arg)];
-    if (a.role != KArg::Role::in || shape_numel(a.type.shape) != channels || b.offset != 0) return false;
+    if (a.role != KArg::Role::in || !a.type.dims_defined() || !(dims_numel(a.type.dims()) == channels) || !(b.offset == 0))
+      return false;
     // exactly one loop dim moves through the bias, with stride 1, and it is the channel dim of the result
     int dim = -1;
     for (size_t d = 0; d < b.strides.size(); ++d) {
       if (b.strides[d] == 0) continue;
-      if (dim >= 0 || b.strides[d] != 1) return false;
+      if (dim >= 0 || !(b.strides[d] == 1)) return false;
       dim = static_cast<int>(d);
     }
     if (dim < 0) return false;
-    const int64_t extent = static_cast<size_t>(dim) < k.outer.size() ? k.outer[static_cast<size_t>(dim)]
-                                                                      : k.inner[static_cast<size_t>(dim) - k.outer.size()];
-    if (extent != channels) return false;
+    const Dim& extent = static_cast<size_t>(dim) < k.outer.size() ? k.outer[static_cast<size_t>(dim)]
+                                                                    : k.inner[static_cast<size_t>(dim) - k.outer.size()];
+    if (!(extent == channels)) return false;
     // the result's stride along that dim is the channel stride
-    int64_t want = 1;
+    Dim want = 1;
     if (k.kind == KernelKind::conv && !k.conv.y_nhwc) want = k.conv.oh * k.conv.ow;
     for (const KAccess& r : k.accesses)
-      if (r.arg == acc_arg && r.strides[static_cast<size_t>(dim)] != want) return false;
+      if (r.arg == acc_arg && !(r.strides[static_cast<size_t>(dim)] == want)) return false;
     *bias_arg = b.arg;
     take(i);
     return true;
@@ -189,7 +190,7 @@ struct Matcher {
 std::optional<LibraryEpilogue> match_library_epilogue(const Kernel& k) {
   if (k.kind == KernelKind::loop || k.body.empty()) return std::nullopt;
   const int acc_arg = k.kind == KernelKind::matmul ? k.mm.c : k.conv.y;
-  const int64_t channels = k.kind == KernelKind::matmul ? int64_t{k.mm.n} : k.conv.oc;
+  const Dim channels = k.kind == KernelKind::matmul ? k.mm.n : Dim(k.conv.oc);
   int store = -1;
   for (size_t i = 0; i < k.body.size(); ++i) {
     if (k.body[i].op != "store") continue;

@@ -21,7 +21,7 @@ namespace tessel::tile {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using GeneratedFn = void(void* const*, long, long);
+using GeneratedFn = void(void* const*, const long*, long, long);
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -353,7 +353,7 @@ class Simulator {
       if (re.lo != 0) return;
       for (int64_t i = r.lo; i < r.hi; ++i)
         if (hit[static_cast<size_t>(i)]++) fail("point p = {} is computed twice", i);
-      fn(args.data(), static_cast<long>(r.lo), static_cast<long>(r.hi));
+      fn(args.data(), nullptr, static_cast<long>(r.lo), static_cast<long>(r.hi));
     });
     for (int64_t i = 0; i < P; ++i)
       if (!hit[static_cast<size_t>(i)]) fail("point p = {} of {} is never computed", i, P);
@@ -403,7 +403,7 @@ class Simulator {
     check_volume(tk, covered);
     // The epilogue over the fp32 result, once every K-split partial sum is in (element-wise, so the
     // same as per tile).
-    if (GeneratedFn* fn = fns_[static_cast<size_t>(tk.kernel)]) fn(args.data(), 0, static_cast<long>(k.parallel_extent()));
+    if (GeneratedFn* fn = fns_[static_cast<size_t>(tk.kernel)]) fn(args.data(), nullptr, 0, static_cast<long>(k.parallel_extent()));
     return n;
   }
 
@@ -459,7 +459,7 @@ class Simulator {
     } else {
       conv_by_reduction_tiles(c, reduction_tiles, x, w, y);
     }
-    if (GeneratedFn* fn = fns_[static_cast<size_t>(tk.kernel)]) fn(args.data(), 0, static_cast<long>(k.parallel_extent()));
+    if (GeneratedFn* fn = fns_[static_cast<size_t>(tk.kernel)]) fn(args.data(), nullptr, 0, static_cast<long>(k.parallel_extent()));
     return n;
   }
 

@@ -1,0 +1,100 @@
+// Symbolic sizes on the compiled CPU backend (docs/dynamic-shapes.md): one compilation of a graph with
+// size symbols runs every binding its facts allow, each against the eager interpreter on the same
+// inputs; a binding outside them is refused with the reason.
+#include <gtest/gtest.h>
+
+#include "graph_test_util.h"
+#include "tessel/ir/bind.h"
+#include "tessel/ir/printer.h"
+#include "tessel/runtime/compiled_backend.h"
+#include "tessel/runtime/graph_backend.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/targets/cpu/codegen.h"
+#include "test_util.h"
+
+using namespace tessel;
+
+namespace {
+
+// Softmax over the rows of x·w, with a symbolic row count.
+const char* kRowsSoftmax = R"(graph @sm(%x: f32[s0,64], %w: f32[64,32]) symbols(s0 in [1, 4096]) {
+  %h: f32[s0,32] = dot_general(%x, %w) {lhs_batch = ints[], lhs_contract = [1], rhs_batch = ints[], rhs_contract = [0]} loc("mm")
+  %m: f32[s0] = reduce(%h) {axes = [1], kind = "max"} loc("max")
+  %mb: f32[s0,32] = broadcast_in_dim(%m) {dims = [0], shape = dims[s0, 32]} loc("max")
+  %mn: f32[s0,32] = neg(%mb) loc("sub")
+  %d: f32[s0,32] = add(%h, %mn) loc("sub")
+  %e: f32[s0,32] = exp(%d) loc("exp")
+  %s: f32[s0] = reduce(%e) {axes = [1], kind = "sum"} loc("sum")
+  %sb: f32[s0,32] = broadcast_in_dim(%s) {dims = [0], shape = dims[s0, 32]} loc("sum")
+  %y: f32[s0,32] = div(%e, %sb) loc("div")
+  return %y
+}
+)";
+
+using testenv::varied_f32;
+CompiledBackendOptions options() { return testenv::compiled_test_options(); }
+
+void expect_close(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::vector<double> a = got.to_f64(), b = want.to_f64();
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], b[i], tol * (1 + std::abs(b[i]))) << what << " element " << i;
+}
+
+}  // namespace
+
+TEST(DynamicCompiled, OneCompilationServesEveryRowCount) {
+  auto exe = compile_cpu(parse_graph(kRowsSoftmax, "sm.tsl"), {}, options());
+  ASSERT_TRUE(exe->symbolic());
+  EXPECT_EQ(exe->stats().symbols, std::vector<std::string>{"s0"});
+  // the generated code reads the row count at run time
+  EXPECT_NE(exe->source().find("const long S0 = sz[0];"), std::string::npos) << exe->source();
+  const auto original = parse_graph(kRowsSoftmax, "sm.tsl");
+  const Tensor w = varied_f32({64, 32}, 7);
+  int calls = 0;
+  for (int64_t rows : {1, 7, 100, 513, 7}) {
+    const Tensor x = varied_f32({rows, 64}, static_cast<uint32_t>(rows));
+    const std::vector<Tensor> want = run_eager(*original, {x, w});
+    const std::vector<Tensor> got = exe->run({x, w});
+    ASSERT_EQ(got.size(), 1u);
+    expect_close(got[0], want[0], 1e-5, fmt::format("s0 = {}", rows));
+    ++calls;
+  }
+  // one instance per distinct binding; the repeated one is reused
+  EXPECT_EQ(exe->stats().instances, 4);
+}
+
+TEST(DynamicCompiled, BindingOutsideTheFactsIsRefusedWithTheReason) {
+  auto exe = compile_cpu(parse_graph(kRowsSoftmax, "sm.tsl"), {}, options());
+  const Tensor w = varied_f32({64, 32}, 7);
+  try {
+    exe->run({varied_f32({5000, 64}, 1), w});
+    FAIL() << "a row count outside [1, 4096] ran";
+  } catch (const GuardFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("s0 = 5000 is outside"), std::string::npos) << e.what();
+  }
+  try {
+    exe->run({varied_f32({5, 64}, 1), varied_f32({63, 32}, 1)});
+    FAIL() << "a wrong static dim ran";
+  } catch (const GuardFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("dim 0 is 63, the model takes 64"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DynamicCompiled, BindSymbolsChecksEveryFact) {
+  auto g = parse_graph(R"(graph @g(%a: f32[s0,8], %b: f32[s0,s1]) symbols(s0 in [1, 64] multiple_of 4, s1 in [2, 9]) {
+  %y: f32[s0,8] = neg(%a) loc("n")
+  return %y
+}
+)",
+                       "g.tsl");
+  Bindings b;
+  EXPECT_EQ(bind_symbols(*g, {{8, 8}, {8, 3}}, b), "");
+  EXPECT_EQ(b.at("s0"), 8);
+  EXPECT_EQ(b.at("s1"), 3);
+  EXPECT_NE(bind_symbols(*g, {{8, 8}, {4, 3}}, b).find("from an earlier dim"), std::string::npos);
+  EXPECT_NE(bind_symbols(*g, {{6, 8}, {6, 3}}, b).find("not a multiple of 4"), std::string::npos);
+  EXPECT_NE(bind_symbols(*g, {{8, 8}, {8, 1}}, b).find("outside"), std::string::npos);
+  EXPECT_NE(bind_symbols(*g, {{8, 8}}, b).find("takes 2 inputs"), std::string::npos);
+  EXPECT_NE(bind_symbols(*g, {{8}, {8, 3}}, b).find("rank"), std::string::npos);
+}
