@@ -19,8 +19,10 @@
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
+#include "op_test_util.h"
 
 using namespace tessel;
+using testenv::expect_same;
 
 namespace {
 
@@ -104,27 +106,6 @@ Tensor input_for(const TensorType& t, const Bindings& b, uint32_t seed) {
     }
   }
   return x;
-}
-
-// Same dtype and shape; integers and bools exact; floats within tol relative (NaN matches NaN).
-void expect_same(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    if (!is_float(want.dtype())) {
-      ASSERT_EQ(got.get_i(i), want.get_i(i)) << what << " element " << i;
-      continue;
-    }
-    const double g = got.get_f(i), w = want.get_f(i);
-    if (std::isnan(w) || std::isinf(w)) {
-      ASSERT_EQ(std::isnan(g), std::isnan(w)) << what << " element " << i;
-      if (std::isinf(w)) {
-        ASSERT_EQ(g, w) << what << " element " << i;
-      }
-      continue;
-    }
-    ASSERT_LE(std::fabs(g - w), tol * std::max(1.0, std::fabs(w))) << what << " element " << i << ": " << g << " vs " << w;
-  }
 }
 
 const std::vector<Bindings> kS0 = {{{"s0", 1}}, {{"s0", 5}}, {{"s0", 12}}};
@@ -293,10 +274,8 @@ graph @sh(%x: f32[s0,4,6], %v: f32[s0,6], %w: f32[s0,8], %ix: i64[s0,4]) symbols
 })");
 }
 
-// ONNX exporters' chain for a view(B, 2, 4) with B = x.size(0): fold-constants leaves one Sizes node
-// holding [s0, 2, 4] for the Reshape, which decomposes into a core reshape to dims[s0, 2, 4].
-TEST(SymOps, ShapeArithmeticChainFoldsIntoSizes) {
-  const std::string text = R"(
+// ONNX exporters' chain for a view(B, 2, 4) with B = x.size(0) (the graph's return to be added).
+constexpr const char* kChain = R"(
 graph @chain(%x: f32[s0,8]) symbols(s0 in [1, 4096]) {
   const %i0: i64[] = [0]
   const %ax: i64[1] = [0]
@@ -306,8 +285,12 @@ graph @chain(%x: f32[s0,8]) symbols(s0 in [1, 4096]) {
   %bu: i64[1] = Unsqueeze(%b, %ax) loc("/Unsqueeze")
   %shape: i64[3] = Concat(%bu, %tail) {axis = 0} loc("/Concat")
   %y: f32[s0,2,4] = Reshape(%x, %shape) loc("/Reshape")
-  return %y
-})";
+)";
+
+// The chain: fold-constants leaves one Sizes node
+// holding [s0, 2, 4] for the Reshape, which decomposes into a core reshape to dims[s0, 2, 4].
+TEST(SymOps, ShapeArithmeticChainFoldsIntoSizes) {
+  const std::string text = std::string(kChain) + "  return %y\n}\n";
   auto g = parse_graph(text);
   run_pipeline(*g, {find_pass("fold-constants"), find_pass("dce")}, PassOptions{});
   ASSERT_EQ(g->nodes().size(), 2u) << print_graph(*g);
@@ -465,19 +448,7 @@ graph @conv(%x: f32[s0,3,7,7], %w: f32[4,3,3,3], %b: f32[4], %seq: f32[2,3,s0,5]
 // its test for a static-enough node and keeps Sizes nodes for the ops that read them as shapes (see
 // decompose_symbolic above); then the stand-in can go.
 TEST(SymOps, DISABLED_RealDecomposePass) {
-  auto g = parse_graph(R"(
-graph @chain(%x: f32[s0,8]) symbols(s0 in [1, 4096]) {
-  const %i0: i64[] = [0]
-  const %ax: i64[1] = [0]
-  const %tail: i64[2] = [2, 4]
-  %s: i64[2] = Shape(%x) loc("/Shape")
-  %b: i64[] = Gather(%s, %i0) {axis = 0} loc("/Gather")
-  %bu: i64[1] = Unsqueeze(%b, %ax) loc("/Unsqueeze")
-  %shape: i64[3] = Concat(%bu, %tail) {axis = 0} loc("/Concat")
-  %y: f32[s0,2,4] = Reshape(%x, %shape) loc("/Reshape")
-  %z: f32[s0,2,4] = Relu(%y) loc("/Relu")
-  return %z
-})");
+  auto g = parse_graph(std::string(kChain) + "  %z: f32[s0,2,4] = Relu(%y) loc(\"/Relu\")\n  return %z\n}\n");
   lower(*g, find_pass("decompose"));
   for (const auto& n : g->nodes()) EXPECT_EQ(n->op->domain, "tessel.core") << n->op_name() << " is left at graph level";
 }
