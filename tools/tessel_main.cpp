@@ -270,8 +270,8 @@ int cmd_fuzz_graphs(const FuzzGraphsArgs& a) {
   o.backends.clear();
   o.backends = comma_list(a.backends);
   for (const std::string& b : o.backends)
-    if (b != "graph" && b != "compiled" && b != "spyre" && b != "tpu-v5e")
-      throw Error(Location{.pass = "fuzz-graphs"}, fmt::format("unknown backend '{}' (graph, compiled, spyre, tpu-v5e)", b));
+    if (b != "graph" && b != "compiled" && b != "spyre" && b != "tpu-v5e" && b != "symbolic")
+      throw Error(Location{.pass = "fuzz-graphs"}, fmt::format("unknown backend '{}' (graph, compiled, spyre, tpu-v5e, symbolic)", b));
   o.batch = a.batch;
   o.gen.max_nodes = a.max_nodes;
   o.gen.special_values = !a.no_special;
@@ -1084,7 +1084,7 @@ int main(int argc, char** argv) {
   FuzzGraphsArgs fz;
   fuzz->add_option("--seed", fz.seed, "first seed (graphs use seed, seed+1, ...)");
   fuzz->add_option("--count", fz.count, "number of graphs");
-  fuzz->add_option("--backends", fz.backends, "comma list: graph, compiled, spyre, tpu-v5e");
+  fuzz->add_option("--backends", fz.backends, "comma list: graph, compiled, spyre, tpu-v5e, symbolic (compiled once with a size symbol, run at two of its values)");
   fuzz->add_option("--batch", fz.batch, "graphs per compiled module / simulated program");
   fuzz->add_option("--max-nodes", fz.max_nodes, "ops per graph (at most)");
   fuzz->add_flag("--minimise", fz.minimise, "minimise each mismatch and print the small .tsl");
