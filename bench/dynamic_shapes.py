@@ -109,6 +109,26 @@ def run_model(name, shapes, threads, rounds, static):
     return row
 
 
+def run_dynamo(name, shapes):
+    """torch.compile(module, backend="tessel", dynamic=True) over the same shapes (torch >= 2): outputs
+    against eager, the graphs tessel compiled and those it left to PyTorch."""
+    module, draw, varied = build(name)
+    r = random.Random(7)
+    sets = [draw(r) for _ in range(shapes)]
+    tessel.dynamo_graphs.clear()
+    tessel.dynamo_fallbacks.clear()
+    torch._dynamo.reset()
+    fast = torch.compile(module, backend="tessel", dynamic=True)
+    errs = []
+    with torch.no_grad():
+        for args in sets:
+            errs.append(rel_err(fast(*args), module(*args)))
+    return dict(model=name, varied=varied, mode="torch.compile(dynamic=True)", max_rel_err=max(errs),
+                tessel_graphs=len(tessel.dynamo_graphs), fallbacks=list(tessel.dynamo_fallbacks),
+                compilations=sum(g.stats.compilations for g in tessel.dynamo_graphs
+                                 if hasattr(getattr(g, "stats", None), "compilations")))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="encoder,resnet18")
@@ -116,6 +136,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=10, help="ABBA pairs per shape")
     ap.add_argument("--no-static", action="store_true", help="skip the static compilations (correctness only)")
+    ap.add_argument("--dynamo", action="store_true", help="also torch.compile(backend='tessel', dynamic=True) (torch >= 2)")
     ap.add_argument("--json")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -132,6 +153,16 @@ def main():
         print(f"{name} ({row['varied']}): compilations {row['compilations']}, max rel err {row['max_rel_err']:.2e}, "
               f"first call {row['first_call_s']:.2f} s"
               + (f", dynamic/static median {row['median_ratio']:.3f}" if "median_ratio" in row else ""))
+    if a.dynamo:
+        for name in a.models.split(","):
+            try:
+                row = run_dynamo(name, a.shapes)
+                print(f"{name} torch.compile(dynamic=True): tessel graphs {row['tessel_graphs']}, compilations "
+                      f"{row['compilations']}, fallbacks {len(row['fallbacks'])}, max rel err {row['max_rel_err']:.2e}")
+            except Exception as e:  # noqa: BLE001
+                row = dict(model=name, mode="torch.compile(dynamic=True)", error=f"{type(e).__name__}: {e}")
+                print(f"{name} torch.compile(dynamic=True): ERROR {row['error']}")
+            rows.append(row)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(torch=torch.__version__, rows=rows), f, indent=1)
