@@ -31,6 +31,7 @@
 #include "tessel/driver/op_table.h"
 #include "tessel/driver/report.h"
 #include "tessel/frontend/onnx/importer.h"
+#include "tessel/ir/bind.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/passes/pass.h"
@@ -345,8 +346,34 @@ int cmd_load(const std::string& model, int threads, const std::string& cache_dir
   return 0;
 }
 
+// One symbolic compilation (docs/dynamic-shapes.md) run on the given inputs: what the symbols are and
+// what this call bound them to, the compile time and the instance built for the binding.
+std::vector<Tensor> run_with_symbolic(std::unique_ptr<Graph> g, const std::vector<Tensor>& ins, int repeat, int threads,
+                                      const std::string& model, std::vector<std::string>& out_names) {
+  std::vector<Shape> shapes;
+  for (const Tensor& t : ins) shapes.push_back(t.shape());
+  Bindings b;
+  if (std::string why = bind_symbols(*g, shapes, b); !why.empty()) throw Error(Location{.file = model, .pass = "guard"}, why);
+  std::string syms;
+  for (const auto& [name, v] : b) syms += fmt::format("{}{} = {}", syms.empty() ? "" : ", ", name, v);
+  CompiledBackendOptions o;
+  o.threads = threads;
+  o.model_name = fs::path(model).filename().string();
+  auto exe = compile_cpu(std::move(g), ins, o);
+  const CompiledCompileStats& st = exe->stats();
+  fmt::print("compiled once for every size in {:.2f} s ({} kernels; symbols {}); these inputs bind {}\n", st.compile_seconds,
+             st.kernels, fmt::join(st.symbols, ", "), syms.empty() ? "nothing" : syms);
+  GraphRunStats rs;
+  double best = 0;
+  std::vector<Tensor> outs = run_repeatedly(*exe, ins, repeat, rs, best);
+  fmt::print("ran compiled in {:.2f} ms{} (the instance for this binding built in {:.1f} ms; arena {:.2f} MB)\n", best,
+             repeat > 1 ? " (best of runs)" : "", exe->stats().instance_seconds * 1e3, rs.arena_bytes / 1e6);
+  out_names = names_of(exe->graph().outputs);
+  return outs;
+}
+
 int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary,
-            const std::string& passes, const std::string& backend, int repeat, int threads) {
+            const std::string& passes, const std::string& backend, int repeat, int threads, bool dynamic) {
   if (inputs_dir.empty()) {
     ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
     if (mp.data_sets.empty())
@@ -355,12 +382,15 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
   }
   if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
   std::vector<Tensor> ins = read_data_set(inputs_dir, "input");
-  ImportedModel m = import_model_file(model, ins);
+  ImportedModel m = import_model_file(model, ins, dynamic);
   apply_passes(*m.graph, passes, "", "", false);
   if (summary) print_summary(*m.graph, m);
   std::vector<Tensor> outs;
   std::vector<std::string> out_names = names_of(m.graph->outputs);
-  if (backend == "graph") outs = run_with_graph(std::move(m.graph), ins, std::max(1, repeat), out_names);
+  if (dynamic && backend == "graph")
+    throw Error(Location{.file = model}, "--dynamic runs on the compiled backend or the eager interpreter (the graph backend plans static shapes)");
+  if (dynamic && backend == "compiled") outs = run_with_symbolic(std::move(m.graph), ins, std::max(1, repeat), threads, model, out_names);
+  else if (backend == "graph") outs = run_with_graph(std::move(m.graph), ins, std::max(1, repeat), out_names);
   else if (backend == "compiled") outs = run_with_compiled(m, !passes.empty(), ins, std::max(1, repeat), threads, model, out_names);
   else outs = run_with_eager(*m.graph, ins, std::max(1, repeat));
   print_outputs(outs, out_names);
@@ -385,15 +415,15 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
 std::string fusion_report(const KernelModule& km) {
   std::string t = fmt::format("{:<6} {:<7} {:>6} {:>13} {:>13} {:>13}  {}\n", "kernel", "kind", "nodes", "unfused B",
                               "fused B", "saved B", "from");
-  int64_t u = 0, f = 0;
+  Dim u = 0, f = 0;  // symbolic sizes give symbolic byte counts
   for (const Kernel& k : km.kernels) {
     t += fmt::format("{:<6} {:<7} {:>6} {:>13} {:>13} {:>13}  {}{}\n", display_text(k.name), kernel_kind_name(k.kind), k.fused_nodes,
-                     k.bytes_unfused, k.bytes_fused, k.bytes_unfused - k.bytes_fused, k.sources.empty() ? "" : display_text(k.sources[0]),
+                     k.bytes_unfused.str(), k.bytes_fused.str(), (k.bytes_unfused - k.bytes_fused).str(), k.sources.empty() ? "" : display_text(k.sources[0]),
                      k.sources.size() > 1 ? fmt::format(" (+{})", k.sources.size() - 1) : "");
     u += k.bytes_unfused;
     f += k.bytes_fused;
   }
-  t += fmt::format("{:<6} {:<7} {:>6} {:>13} {:>13} {:>13}\n", "total", "", "", u, f, u - f);
+  t += fmt::format("{:<6} {:<7} {:>6} {:>13} {:>13} {:>13}\n", "total", "", "", u.str(), f.str(), (u - f).str());
   return t;
 }
 
@@ -410,8 +440,8 @@ void write_text(const std::string& path, const std::string& text) {
 
 int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide,
                 const std::string& passes, const std::string& dump_dir, const std::string& print_after,
-                bool time_passes) {
-  ImportedModel m = import_model_file(model, {});
+                bool time_passes, bool dynamic) {
+  ImportedModel m = import_model_file(model, {}, dynamic);
   const bool lower = emit == "kernel" || emit == "cpp" || emit == "fusion";
   // One pipeline through the levels this target has: the graph passes, then fusion when the output
   // (or the stage --print-after names) is at the kernel level.
@@ -807,6 +837,8 @@ int main(int argc, char** argv) {
   run->add_option("--repeat", run_repeat, "run this many times and report the best time");
   int run_threads = 0;
   auto* run_threads_opt = run->add_option("--threads", run_threads, "threads for the compiled backend (default: all hardware threads)");
+  bool run_dynamic = false;
+  auto* run_dynamic_opt = run->add_flag("--dynamic", run_dynamic, "compile once for every input size: the inputs' dims that are not numbers (ONNX dim_param) become size symbols, and the inputs bind them (docs/dynamic-shapes.md)");
   std::string run_target = "cpu";
   run->add_option("--target", run_target, "cpu (the --backend chosen) or cuda (the GPU: generated CUDA kernels, cuBLASLt)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -824,6 +856,8 @@ int main(int argc, char** argv) {
   comp->add_option("--dump-ir", comp_dump, "write every stage as NN-<stage>.tsl (graph), .kernel (after fuse) or .tile (dataflow targets) into this folder");
   comp->add_option("--print-after", comp_print_after, "print the IR after this stage (and nothing else): a graph pass, fuse, or with a dataflow --target a tile-* stage (see `tessel passes`)");
   comp->add_flag("--time-passes", comp_time, "print each pass's wall time and note to stderr");
+  bool comp_dynamic = false;
+  auto* comp_dynamic_opt = comp->add_flag("--dynamic", comp_dynamic, "the inputs' dims that are not numbers (ONNX dim_param) become size symbols: every level prints symbolic sizes (docs/dynamic-shapes.md)");
   bool comp_ktir_values = false;
   std::string comp_ktir_storage;
   auto* comp_ktir_storage_opt = comp->add_option("--ktir-storage", comp_ktir_storage, "with --emit ktir: f32 stores every float tensor as f32 on the same schedule (a check of the kernels' logic, not of the f16 format; docs/ktir.md)")->check(CLI::IsMember({"f32"}));
@@ -982,9 +1016,11 @@ int main(int argc, char** argv) {
   if (quiet) set_progress_mode(ProgressMode::quiet);
   try {
     refuse_inapplicable(run_threads_opt, run_backend == "compiled", "sets the compiled backend's threads, and the backend is not compiled");
+    refuse_inapplicable(run_dynamic_opt, run_target == "cpu", "compiles for every input size on the CPU, and --target is not cpu");
     refuse_inapplicable(run_rel_opt, run_check, "is the bound of --check, which is not given");
     refuse_inapplicable(run_prec_opt, run_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
     refuse_inapplicable(comp_prec_opt, comp_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
+    refuse_inapplicable(comp_dynamic_opt, comp_target == "cpu", "keeps sizes symbolic for the CPU target's levels, and --target is not cpu (dataflow targets run static buckets)");
     refuse_inapplicable(bench_prec_opt, bench_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
     refuse_inapplicable(explain_backend_opt, explain_opts.check, "chooses the backend of --check, which is not given");
     refuse_inapplicable(explain_rel_opt, explain_opts.check, "is the bound of --check, which is not given");
@@ -1008,7 +1044,7 @@ int main(int argc, char** argv) {
     if (*explain) return cmd_explain(explain_model, explain_opts);
     if (*run && run_target == "cuda") return cmd_run_cuda(run_model, run_inputs, run_check, run_rel_opt->count() ? run_rel : 0.0, run_repeat,
                                                                 cuda::parse_precision(cuda_precision));
-    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
+    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads, run_dynamic);
     if (*sim && sim_train) {
       if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
         throw Error(Location{}, "sim --train takes --hw, --json and --dtype (not --trace, --dump-ir or --print-after)");
@@ -1039,7 +1075,7 @@ int main(int argc, char** argv) {
     if (*comp && comp_train) return cmd_compile_train(comp_model, comp_out, comp_elide, comp_wrt, comp_grad_of);
     if (*comp)
       return cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
-                         comp_time);
+                         comp_time, comp_dynamic);
     if (*passes) {
       fmt::print("pipelines:\n");
       for (const char* name : {"simplify", "core"}) {

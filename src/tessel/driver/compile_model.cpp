@@ -141,7 +141,7 @@ std::string over_budget(const CompiledExecutable& exe, const cpu::ToolchainOptio
 
 }  // namespace
 
-ImportedModel import_model_file(const std::string& path, const std::vector<Tensor>& inputs) {
+ImportedModel import_model_file(const std::string& path, const std::vector<Tensor>& inputs, bool symbolic_inputs) {
   ImportedModel m;
   if (is_text_model(path)) {
     // A regular file within the allocation limit: a FIFO or /dev/zero named .tsl is refused, not read forever.
@@ -149,7 +149,9 @@ ImportedModel import_model_file(const std::string& path, const std::vector<Tenso
     m.producer = "tessel text";
   } else {
     ImportOptions io;
-    for (const auto& t : inputs) io.input_shapes.push_back(t.shape());
+    io.symbolic_inputs = symbolic_inputs;
+    if (!symbolic_inputs)
+      for (const auto& t : inputs) io.input_shapes.push_back(t.shape());
     m = import_onnx(resolve_model(path).model, io);
   }
   try {

@@ -16,7 +16,9 @@ namespace tessel {
 
 // A .tsl text file, a .onnx file or a model-zoo folder; `inputs` (optional) give shapes for symbolic
 // dims. The graph is verified; errors name the file.
-ImportedModel import_model_file(const std::string& path, const std::vector<Tensor>& inputs = {});
+// symbolic_inputs: the inputs' dims that are not numbers become size symbols (ImportOptions), and
+// `inputs` are not applied (docs/dynamic-shapes.md).
+ImportedModel import_model_file(const std::string& path, const std::vector<Tensor>& inputs = {}, bool symbolic_inputs = false);
 
 struct ModelCompileOptions {
   CompiledBackendOptions backend;

@@ -909,7 +909,7 @@ OpDef shape_op() {
 // CoreBuilder::known_sizes. It has no core form while a size is symbolic: a size read as data (not as
 // a shape) is refused then. Once the symbols are bound (instantiate_graph) it is a plain constant.
 OpDef sizes_op() {
-  OpDef d = make_op("Sizes", 1, 0, 0, {{"dims", AttrKind::ints}, {"shape", AttrKind::ints}, {"dtype", AttrKind::s}});
+  OpDef d = make_op("Sizes", 0, 0, 1, {{"dims", AttrKind::ints}, {"shape", AttrKind::ints}, {"dtype", AttrKind::s}});
   d.domain = "tessel";
   d.symbolic = true;
   auto facts = [](const Node& n) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cctype>
 #include <climits>
 #include <cstring>
 #include <filesystem>
@@ -554,6 +555,47 @@ Tensor convert_tensor(const onnx::TensorProto& tp, const fs::path& base_dir, con
   return t;
 }
 
+// Size symbols for the graph inputs' dims that are not numbers (ImportOptions::symbolic_inputs): one
+// per distinct dim_param, named after it; a fresh one per dim with neither value nor param.
+class InputSymbols {
+ public:
+  TensorType type_of(const onnx::ValueInfoProto& vi, const TensorType& declared, Graph& g) {
+    Dims dims;
+    int k = 0;
+    for (const auto& d : vi.type().tensor_type().shape().dim()) {
+      if (d.has_dim_value()) {
+        if (d.dim_value() < 0) fail("graph input '{}' dim {} is negative ({})", vi.name(), k, d.dim_value());
+        dims.push_back(d.dim_value());
+      } else {
+        const std::string key = d.has_dim_param() && !d.dim_param().empty() ? "param " + d.dim_param() : fmt::format("{} {}", vi.name(), k);
+        auto it = by_key_.find(key);
+        if (it == by_key_.end()) {
+          const std::string base = d.has_dim_param() && !d.dim_param().empty() ? d.dim_param() : fmt::format("{}_d{}", vi.name(), k);
+          it = by_key_.emplace(key, fresh_name(base, g)).first;
+        }
+        dims.push_back(Dim::symbol(it->second));
+      }
+      ++k;
+    }
+    return TensorType::of(declared.dtype, dims);
+  }
+
+ private:
+  std::map<std::string, std::string> by_key_;  // dim_param (or input and dim) -> symbol
+
+  // `base` as a valid symbol name not yet declared in g.
+  static std::string fresh_name(const std::string& base, Graph& g) {
+    std::string n;
+    for (char c : base) n += std::isalnum(static_cast<unsigned char>(c)) || c == '_' ? c : '_';
+    if (n.empty() || std::isdigit(static_cast<unsigned char>(n[0]))) n = "d_" + n;
+    if (n.size() > 56) n.resize(56);
+    std::string name = n;
+    for (int i = 2; g.symbols.find(name); ++i) name = fmt::format("{}_{}", n, i);
+    g.symbols.declare(SymbolInfo{name});
+    return name;
+  }
+};
+
 // A value's declared type; nullopt for non-tensor types (sequence, map, optional).
 std::optional<TensorType> declared_type(const onnx::ValueInfoProto& vi, bool* has_elem_type) {
   if (!vi.type().has_tensor_type()) return std::nullopt;
@@ -754,13 +796,17 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
       }
     }
     int input_index = 0;
+    InputSymbols symbols;
     for (const auto& vi : gp.input()) {
       if (env.count(vi.name())) continue;  // an initializer listed as input: a constant here
       bool has_elem = false;
       auto t = declared_type(vi, &has_elem);
       if (!t) unsupported("graph input '{}' is {}; only tensors are supported", vi.name(), type_case_name(vi.type()));
       if (!has_elem) fail("graph input '{}' has no element type", vi.name());
-      if (input_index < static_cast<int>(opts.input_shapes.size()) && opts.input_shapes[input_index]) {
+      if (opts.symbolic_inputs) {
+        if (!vi.type().tensor_type().has_shape()) unsupported("graph input '{}' has no shape (not even a rank) to make symbolic", vi.name());
+        *t = symbols.type_of(vi, *t, *g);
+      } else if (input_index < static_cast<int>(opts.input_shapes.size()) && opts.input_shapes[input_index]) {
         const Shape& given = *opts.input_shapes[input_index];
         bool ok = given.size() == t->shape.size() || !vi.type().tensor_type().has_shape();
         for (size_t d = 0; ok && d < t->shape.size(); ++d) ok = t->shape[d] < 0 || t->shape[d] == given[d];

@@ -14,6 +14,10 @@ struct ImportOptions {
   // Shapes for the graph inputs, used where the model leaves dims symbolic (dim_param) and checked
   // against the model where it fixes them. Empty: keep the model's declared shapes.
   std::vector<std::optional<Shape>> input_shapes;
+  // Compile once for every size (docs/dynamic-shapes.md): each dim_param of a graph input becomes a
+  // size symbol of that name (made a valid symbol name: other characters become '_'), a dim with
+  // neither value nor param a fresh one (`<input>_d<k>`); input_shapes are then not applied.
+  bool symbolic_inputs = false;
 };
 
 struct ImportedModel {
