@@ -126,10 +126,14 @@ void infer_one(Node& n, InferResult& r, int64_t fold_limit, bool verify_only) {
     NodeFacts f = run_rule(n, known, any_sym ? &sym : nullptr);
     bool any_value = false;
     for (const auto& v : f.values) any_value = any_value || v.has_value();
+    // A node with a symbolic result (type or value) or attribute has no value the kernel could
+    // compute: a symbolic size has no number yet (a splat broadcast to [s0, 16], a Sizes node).
+    bool symbolic = n.has_symbolic_attr();
+    for (size_t i = 0; i < f.types.size(); ++i) symbolic = symbolic || f.types[i].symbolic() || f.sym_values[i];
     // A deterministic node whose inputs are all small and known is evaluated now: later rules see
     // its values (shape arithmetic), and data-dependent output sizes (NonZero, Unique of a
     // constant) become exact.
-    if (!any_value && all_known && n.op->deterministic && elems <= fold_limit) {
+    if (!any_value && !symbolic && all_known && n.op->deterministic && elems <= fold_limit) {
       bool small = true;
       for (const auto& t : f.types) small = small && (!shape_known(t.shape) || shape_numel(t.shape) <= fold_limit);
       if (small) {

@@ -162,10 +162,10 @@ CostFn cost_per_input_element(double per_elem) {
 void infer_same_as_input(InferCtx& ctx, int input) { ctx.set_out(0, ctx.in(input)); }
 
 void infer_broadcast(InferCtx& ctx, std::optional<DType> out_dtype) {
-  Shape s = ctx.in(0).shape;
+  Dims s = ctx.in(0).dims();
   for (int i = 1; i < ctx.num_inputs(); ++i)
-    if (ctx.has_in(i)) s = broadcast_shapes(s, ctx.in(i).shape);
-  ctx.set_out(0, TensorType{out_dtype.value_or(ctx.in(0).dtype), s});
+    if (ctx.has_in(i)) s = broadcast_dims(s, ctx.in(i).dims());
+  ctx.set_out(0, TensorType::of(out_dtype.value_or(ctx.in(0).dtype), s));
 }
 
 std::optional<std::vector<int64_t>> known_ints(const InferCtx& ctx, int input) {

@@ -143,6 +143,7 @@ OpDef make_op(std::string name, int since, int min_inputs, int max_inputs, std::
 
 // Type rules.
 void infer_same_as_input(InferCtx& ctx, int input = 0);        // output 0 = type of input
+// numpy broadcasting of every input's dims (static or symbolic: broadcast_dims).
 void infer_broadcast(InferCtx& ctx, std::optional<DType> out_dtype = std::nullopt);
 // Reads a statically known int64 tensor input as a vector, or nullopt if unknown/absent.
 std::optional<std::vector<int64_t>> known_ints(const InferCtx& ctx, int input);

@@ -5,6 +5,7 @@
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
+#include "tessel/ops/sym_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -84,8 +85,10 @@ Tensor prelu_kernel(const Tensor& x, const Tensor& slope) {
 constexpr std::string_view kConsumedInputsOps[] = {"Relu", "Tanh", "Sigmoid",     "LeakyRelu",
                                                    "Elu",  "Selu", "HardSigmoid", "PRelu"};
 
-// Registers `d`, with the upgrade from its opset-1 form where it has one.
+// Registers `d`, with the upgrade from its opset-1 form where it has one. Every activation takes
+// symbolic sizes (docs/dynamic-shapes.md): the result has the input's dims.
 void add(OpRegistry& r, OpDef d) {
+  d.symbolic = true;
   if (std::find(std::begin(kConsumedInputsOps), std::end(kConsumedInputsOps), d.name) !=
       std::end(kConsumedInputsOps)) {
     d.attrs.push_back({"consumed_inputs", AttrKind::ints});
@@ -171,7 +174,7 @@ std::vector<Value*> decompose_swiglu(CoreBuilder& b, const Node& n) {
 std::vector<Value*> decompose_prelu(CoreBuilder& b, const Node& n) {
   Value* x = n.inputs[0];
   if (is_unsigned_int(x->type.dtype)) return {x};
-  Value* slope = b.broadcast_to(n.inputs[1], x->type.shape);
+  Value* slope = b.broadcast_to(n.inputs[1], x->type.dims());
   return {b.select(b.compare("lt", x, k(b, x, 0)), b.mul(x, slope), x)};
 }
 
@@ -212,7 +215,7 @@ void register_activation_ops(OpRegistry& r) {
   // Relu as core ops: max(x, 0) with the zero broadcast.
   auto relu_core = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
     Value* x = n.inputs[0];
-    return {b.emit("max", {x, b.broadcast_to(b.scalar(x->type.dtype, 0.0), x->type.shape)})};
+    return {b.emit("max", {x, b.broadcast_to(b.scalar(x->type.dtype, 0.0), x->type.dims())})};
   };
   add(r, with_decomposition(plain(
                                 "Relu", 6, [](double x) { return x > 0 ? x : (std::isnan(x) ? x : 0.0); },
@@ -299,16 +302,13 @@ void register_activation_ops(OpRegistry& r) {
       if (!is_float(a.dtype)) fail("SwiGLU is not defined for dtype {}", dtype_name(a.dtype));
       if (b.dtype != a.dtype)
         fail("A and B have different dtypes {} and {}", dtype_name(a.dtype), dtype_name(b.dtype));
-      bool same = a.shape.size() == b.shape.size();
-      for (size_t i = 0; same && i < a.shape.size(); ++i)
-        same = a.shape[i] < 0 || b.shape[i] < 0 || a.shape[i] == b.shape[i];
-      if (!same)
-        fail("A {} and B {} must have the same shape (SwiGLU does not broadcast)",
-             shape_str(a.shape), shape_str(b.shape));
-      Shape s = a.shape;
-      for (size_t i = 0; i < s.size(); ++i)
-        if (s[i] < 0) s[i] = b.shape[i];
-      ctx.set_out(0, TensorType{a.dtype, s});
+      const std::string what = fmt::format("A {} and B {} must have the same shape (SwiGLU does not broadcast)",
+                                           dims_str(a.dims()), dims_str(b.dims()));
+      if (a.shape.size() != b.shape.size()) fail("{}", what);
+      Dims s = a.dims();
+      const Dims bd = b.dims();
+      for (size_t i = 0; i < s.size(); ++i) s[i] = merge_equal_dims(s[i], bd[i], what);
+      ctx.set_out(0, TensorType::of(a.dtype, s));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& a = c.in(0);
@@ -383,14 +383,13 @@ void register_activation_ops(OpRegistry& r) {
         fail("X and slope have different dtypes {} and {}", dtype_name(t),
              dtype_name(ctx.in(1).dtype));
       // The slope broadcasts to X (unidirectionally): the result keeps X's shape.
-      Shape s = broadcast_shapes(ctx.in(0).shape, ctx.in(1).shape);
-      if (s.size() != ctx.in(0).shape.size())
-        fail("slope {} has a higher rank than X {}", shape_str(ctx.in(1).shape),
-             shape_str(ctx.in(0).shape));
+      const Dims x = ctx.in(0).dims();
+      const Dims s = broadcast_dims(x, ctx.in(1).dims());
+      if (s.size() != x.size())
+        fail("slope {} has a higher rank than X {}", dims_str(ctx.in(1).dims()), dims_str(x));
       for (size_t i = 0; i < s.size(); ++i)
-        if (ctx.in(0).shape[i] >= 0 && s[i] >= 0 && s[i] != ctx.in(0).shape[i])
-          fail("slope {} does not broadcast to X {}", shape_str(ctx.in(1).shape),
-               shape_str(ctx.in(0).shape));
+        if (!dim_unknown(x[i]) && !dim_unknown(s[i]))
+          merge_equal_dims(x[i], s[i], fmt::format("slope {} does not broadcast to X {}", dims_str(ctx.in(1).dims()), dims_str(x)));
       infer_same_as_input(ctx);
     };
     d.kernel = [](KernelCtx& c) {

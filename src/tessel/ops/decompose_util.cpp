@@ -12,9 +12,9 @@ Value* cos_of(CoreBuilder& b, Value* x) {
 }
 
 // `v` broadcast_in_dim'ed to `shape`, operand dim i going to output dim dims[i]; `v` if unchanged.
-Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims) {
-  if (v->type.shape == shape) return v;
-  return b.emit("broadcast_in_dim", {v}, {{"shape", std::vector<int64_t>(shape)}, {"dims", dims}});
+Value* broadcast_into(CoreBuilder& b, Value* v, const DimList& shape, std::vector<int64_t> dims) {
+  if (v->type.dims() == shape.d) return v;
+  return b.emit("broadcast_in_dim", {v}, {{"shape", dims_attr(shape)}, {"dims", dims}});
 }
 
 // x's slices at the compile-time positions `idx` (each in [0, dim)) along `axis`, in order. Runs
@@ -22,9 +22,10 @@ Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<
 // are concatenated; when that takes many pieces, one gather with the positions broadcast over the
 // other dims instead.
 Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int64_t>& idx) {
-  const Shape& s = x->type.shape;
+  const Dims s = x->type.dims();
   const int64_t m = static_cast<int64_t>(idx.size());
-  std::vector<int64_t> starts(s.size(), 0), stops = s, strides(s.size(), 1);
+  Dims starts(s.size(), 0), stops = s;
+  std::vector<int64_t> strides(s.size(), 1);
   struct Run {
     int64_t first, step, len;
   };
@@ -37,7 +38,7 @@ Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int
   }
   if (runs.size() > 8) {
     Value* pos = b.constant(Tensor::from_i64(DType::i64, {m}, idx));
-    Shape is = s;
+    Dims is = s;
     is[axis] = m;
     return b.emit("gather", {x, broadcast_into(b, pos, is, {axis})}, {{"axis", int64_t{axis}}});
   }
@@ -52,7 +53,7 @@ Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int
     stops[axis] = r.step == 0 ? r.first + 1 : r.first + (r.len - 1) * r.step + (r.step > 0 ? 1 : -1);
     Value* piece = b.slice(x, starts, stops, strides);
     if (r.step == 0) {
-      Shape ps = piece->type.shape;
+      Dims ps = piece->type.dims();
       ps[axis] = r.len;
       piece = b.broadcast_to(piece, ps);
     }

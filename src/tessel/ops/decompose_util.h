@@ -12,7 +12,7 @@ namespace tessel {
 // broadcast to the node's output shape, then `core_op` is emitted.
 inline DecomposeFn decompose_as(std::string core_op) {
   return [core_op](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
-    const Shape& out = n.outputs[0]->type.shape;
+    const Dims out = n.outputs[0]->type.dims();
     std::vector<Value*> ins;
     for (Value* v : n.inputs) ins.push_back(b.broadcast_to(v, out));
     return {b.emit(core_op, ins)};
@@ -39,7 +39,7 @@ inline Value* abs_of(CoreBuilder& b, Value* x) {
 Value* cos_of(CoreBuilder& b, Value* x);
 
 // `v` broadcast_in_dim'ed to `shape`, operand dim i going to output dim dims[i]; `v` if unchanged.
-Value* broadcast_into(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims);
+Value* broadcast_into(CoreBuilder& b, Value* v, const DimList& shape, std::vector<int64_t> dims);
 
 // x's slices at the compile-time positions `idx` (each in [0, dim)) along `axis`, in order: strided
 // slices and a concatenate, or one gather when that would take many pieces.
@@ -53,7 +53,7 @@ inline OpDef with_decomposition(OpDef d, DecomposeFn f) {
 
 // Sub as core ops: a + (-b), both broadcast to the output shape.
 inline std::vector<Value*> decompose_sub(CoreBuilder& b, const Node& n) {
-  const Shape& out = n.outputs[0]->type.shape;
+  const Dims out = n.outputs[0]->type.dims();
   Value* rhs = b.emit("neg", {b.broadcast_to(n.inputs[1], out)});
   return {b.emit("add", {b.broadcast_to(n.inputs[0], out), rhs})};
 }

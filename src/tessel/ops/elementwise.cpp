@@ -10,6 +10,7 @@
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
+#include "tessel/ops/sym_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -171,15 +172,26 @@ void infer_binary_same(InferCtx& ctx) {
   infer_broadcast(ctx);
 }
 
-OpDef binary(std::string name, int since, Types ts, BinaryFns fns) {
+// Shape arithmetic on sizes (docs/dynamic-shapes.md): the result of one pair of sizes, or nullopt
+// when it is not a size expression for every value of the symbols (an inexact division).
+using SizeFn = std::function<std::optional<Dim>(const Dim&, const Dim&)>;
+
+// Sets output 0's value when both operands are integer sizes and one is symbolic.
+void infer_sizes(InferCtx& ctx, const SizeFn& f) {
+  if (!f || !is_int(ctx.in(0).dtype)) return;
+  set_sym_elementwise(ctx, {0, 1}, ctx.in(0).dtype, [&f](const std::vector<Dim>& e) { return f(e[0], e[1]); });
+}
+
+OpDef binary(std::string name, int since, Types ts, BinaryFns fns, SizeFn sizes = nullptr) {
   OpDef d;
   d.name = std::move(name);
   d.min_inputs = d.max_inputs = 2;
   d.since = since;
   d.fusion = FusionKind::pointwise;
-  d.infer = [ts](InferCtx& ctx) {
+  d.infer = [ts, sizes](InferCtx& ctx) {
     check_types(ctx, ts, 0);
     infer_binary_same(ctx);
+    infer_sizes(ctx, sizes);
   };
   d.kernel = [fns](KernelCtx& c) { c.set_out(0, apply_binary(c.in(0), c.in(1), fns)); };
   return d;
@@ -197,7 +209,7 @@ OpDef unary(std::string name, int since, Types ts, UnaryKernel k,
   d.fusion = FusionKind::pointwise;
   d.infer = [ts, out](InferCtx& ctx) {
     check_types(ctx, ts, 0);
-    ctx.set_out(0, TensorType{out.value_or(ctx.in(0).dtype), ctx.in(0).shape});
+    ctx.set_out(0, with_dtype(ctx.in(0), out.value_or(ctx.in(0).dtype)));
   };
   d.kernel = [k](KernelCtx& c) { c.set_out(0, k(c.in(0))); };
   return d;
@@ -273,7 +285,7 @@ std::vector<Value*> decompose_not(CoreBuilder& b, const Node& n) {
 
 std::vector<Value*> decompose_isinf(CoreBuilder& b, const Node& n) {
   Value* x = b.convert(n.inputs[0], math_type(n.inputs[0]->type.dtype));  // f8 types may lack inf
-  Value* r = b.full(DType::boolean, x->type.shape, 0);
+  Value* r = b.full(DType::boolean, x->type.dims(), 0);
   for (double inf : {kInf, -kInf})
     if (n.attr_i(inf > 0 ? "detect_positive" : "detect_negative", 1) != 0)
       r = b.binary("or", r, b.compare("eq", x, k(b, x, inf)));
@@ -283,7 +295,7 @@ std::vector<Value*> decompose_isinf(CoreBuilder& b, const Node& n) {
 // Mod: fmod=1 is core rem (C fmod, truncated integer remainder). fmod=0 (integers) gives the
 // remainder the divisor's sign: a non-zero remainder whose sign differs gets the divisor added.
 std::vector<Value*> decompose_mod(CoreBuilder& b, const Node& n) {
-  const Shape& s = n.outputs[0]->type.shape;
+  const Dims s = n.outputs[0]->type.dims();
   Value* y = b.broadcast_to(n.inputs[1], s);
   Value* r = b.emit("rem", {b.broadcast_to(n.inputs[0], s), y});
   if (n.attr_i("fmod", 0) != 0 || is_unsigned_int(r->type.dtype)) return {r};
@@ -296,7 +308,7 @@ std::vector<Value*> decompose_mod(CoreBuilder& b, const Node& n) {
 // base meets a float exponent (the real power then truncates to the base's type). Integers: in the
 // base's type; a negative exponent gives the truncated 1 / base^|e|, non-zero only for base ±1.
 std::vector<Value*> decompose_pow(CoreBuilder& b, const Node& n) {
-  const Shape& s = n.outputs[0]->type.shape;
+  const Dims s = n.outputs[0]->type.dims();
   Value* x = b.broadcast_to(n.inputs[0], s);
   Value* e = b.broadcast_to(n.inputs[1], s);
   const DType t = x->type.dtype, te = e->type.dtype;
@@ -321,7 +333,7 @@ std::vector<Value*> decompose_pow(CoreBuilder& b, const Node& n) {
 // BitShift on unsigned ints: LEFT multiplies by 2^n (wrapping to 0 once n reaches the width),
 // RIGHT divides by 2^n (0 once n reaches the width; the divisor is kept from wrapping to 0).
 std::vector<Value*> decompose_bitshift(CoreBuilder& b, const Node& n) {
-  const Shape& s = n.outputs[0]->type.shape;
+  const Dims s = n.outputs[0]->type.dims();
   Value* x = b.broadcast_to(n.inputs[0], s);
   Value* sh = b.convert(b.broadcast_to(n.inputs[1], s), x->type.dtype);
   Value* two = k(b, x, 2);
@@ -346,7 +358,7 @@ DecomposeFn fold_as(std::string op, bool mean = false) {
     Value* acc = b.convert(n.inputs[0], ct);
     for (size_t i = 1; i < n.inputs.size(); ++i) acc = b.binary(op, acc, b.convert(n.inputs[i], ct));
     if (mean) acc = b.div(acc, k(b, acc, static_cast<double>(n.inputs.size())));
-    return {store_as(b, b.broadcast_to(acc, n.outputs[0]->type.shape), t)};
+    return {store_as(b, b.broadcast_to(acc, n.outputs[0]->type.dims()), t)};
   };
 }
 
@@ -368,7 +380,7 @@ std::vector<Value*> decompose_bitcast(CoreBuilder& b, const Node& n) {
 
 std::vector<Value*> decompose_where(CoreBuilder& b, const Node& n) {
   Value* r = b.select(n.inputs[0], n.inputs[1], n.inputs[2]);
-  return {b.broadcast_to(r, n.outputs[0]->type.shape)};
+  return {b.broadcast_to(r, n.outputs[0]->type.dims())};
 }
 
 // Clip: max with the lower bound, then min with the upper one (NaN-propagating: a NaN input or bound
@@ -389,7 +401,7 @@ std::vector<Value*> decompose_dropout(CoreBuilder& b, const Node& n) {
     unsupported("Dropout in training mode draws a random mask: no core form");
   std::vector<Value*> r = {n.inputs[0]};
   if (n.outputs.size() > 1)
-    r.push_back(n.outputs[1] ? b.full(DType::boolean, n.inputs[0]->type.shape, 1) : nullptr);
+    r.push_back(n.outputs[1] ? b.full(DType::boolean, n.inputs[0]->type.dims(), 1) : nullptr);
   return r;
 }
 
@@ -468,8 +480,11 @@ InferFn reject_legacy_attrs(InferFn inner, std::vector<std::string> names) {
   };
 }
 
-// Registers `d`, adding the upgrade from its legacy forms where it has one.
+// Registers `d`, adding the upgrade from its legacy forms where it has one. Every op of this family
+// takes symbolic sizes (docs/dynamic-shapes.md): the rules broadcast dims, the decompositions
+// broadcast to the output's dims.
 void add(OpRegistry& r, OpDef d) {
+  d.symbolic = true;
   if (listed(kConsumedInputsOps, d.name)) {
     d.attrs.push_back({"consumed_inputs", AttrKind::ints});
     d.upgrade = [](Graph&, Node& n, int) { n.attrs.erase("consumed_inputs"); };
@@ -681,17 +696,21 @@ Tensor mod_kernel(const Tensor& a, const Tensor& b, bool fmod) {
 void register_binary(OpRegistry& r) {
   add(r, with_decomposition(binary("Add", 7, Types::numeric,
                 {[](double a, double b) { return a + b; }, wrap_add,
-                 [](uint64_t a, uint64_t b) { return a + b; }}), decompose_as("add")));
+                 [](uint64_t a, uint64_t b) { return a + b; }},
+                [](const Dim& a, const Dim& b) -> std::optional<Dim> { return a + b; }), decompose_as("add")));
   add(r, with_decomposition(binary("Sub", 7, Types::numeric,
                                    {[](double a, double b) { return a - b; }, wrap_sub,
-                                    [](uint64_t a, uint64_t b) { return a - b; }}),
+                                    [](uint64_t a, uint64_t b) { return a - b; }},
+                                   [](const Dim& a, const Dim& b) -> std::optional<Dim> { return a - b; }),
                             decompose_sub));
   add(r, with_decomposition(binary("Mul", 7, Types::numeric,
                 {[](double a, double b) { return a * b; }, wrap_mul,
-                 [](uint64_t a, uint64_t b) { return a * b; }}), decompose_as("mul")));
-  add(r,
-      with_decomposition(binary("Div", 7, Types::numeric, {[](double a, double b) { return a / b; }, div_s, div_u}),
-                         decompose_as("div")));
+                 [](uint64_t a, uint64_t b) { return a * b; }},
+                [](const Dim& a, const Dim& b) -> std::optional<Dim> { return a * b; }), decompose_as("mul")));
+  // Integer Div truncates: a size expression only where the division is exact for every value.
+  add(r, with_decomposition(binary("Div", 7, Types::numeric, {[](double a, double b) { return a / b; }, div_s, div_u},
+                                   [](const Dim& a, const Dim& b) { return exact_div(a, b); }),
+                            decompose_as("div")));
   {
     OpDef d = binary("Mod", 10, Types::numeric, {});
     d.attrs = {{"fmod", AttrKind::i}};
@@ -770,7 +789,7 @@ void register_binary(OpRegistry& r) {
 
 // ---- comparisons -----------------------------------------------------------------------------
 
-enum class Cmp { eq, lt, le, gt, ge };
+enum class Cmp { eq, lt, le, gt, ge };  // in SizeCmp's order
 
 template <typename T>
 bool compare(Cmp op, T a, T b) {
@@ -823,6 +842,14 @@ OpDef comparison(std::string name, int since, Cmp op) {
     check_types(ctx, op == Cmp::eq ? Types::any : Types::numeric, 0);
     check_same_dtype(ctx);
     infer_broadcast(ctx, DType::boolean);
+    // Sizes compared where the symbols decide it (ONNX exporters test shape entries against 0 or -1).
+    if (!is_int(ctx.in(0).dtype)) return;
+    const SizeCmp sc = static_cast<SizeCmp>(op);
+    set_sym_elementwise(ctx, {0, 1}, DType::boolean, [sc](const std::vector<Dim>& e) -> std::optional<Dim> {
+      auto r = compare_sizes(sc, e[0], e[1]);
+      if (!r) return std::nullopt;
+      return Dim(*r ? 1 : 0);
+    });
   };
   d.kernel = [op](KernelCtx& c) { c.set_out(0, compare_kernel(c.in(0), c.in(1), op)); };
   return d;
@@ -903,6 +930,23 @@ Tensor fold_kernel(const KernelCtx& c, Fold op) {
   return y;
 }
 
+// Max, Min and Sum of sizes: a Max or Min only where the symbols decide which one is larger.
+std::optional<Dim> fold_sizes(Fold op, const std::vector<Dim>& e) {
+  Dim acc = e[0];
+  for (size_t i = 1; i < e.size(); ++i) {
+    if (op == Fold::sum) {
+      acc += e[i];
+      continue;
+    }
+    const Dim& big = op == Fold::max ? acc : e[i];
+    const Dim& small = op == Fold::max ? e[i] : acc;
+    if (provably_ge(big, small)) continue;  // acc stays
+    if (!provably_ge(small, big)) return std::nullopt;
+    acc = e[i];
+  }
+  return acc;
+}
+
 OpDef variadic(std::string name, int since, Fold op, Types ts) {
   OpDef d;
   d.name = std::move(name);
@@ -910,12 +954,14 @@ OpDef variadic(std::string name, int since, Fold op, Types ts) {
   d.max_inputs = -1;
   d.since = since;
   d.fusion = FusionKind::pointwise;
-  d.infer = [ts](InferCtx& ctx) {
+  d.infer = [ts, op](InferCtx& ctx) {
     check_types(ctx, ts, 0);
     for (int i = 0; i < ctx.num_inputs(); ++i)
       if (!ctx.has_in(i)) fail("input {} is missing", i);
     check_same_dtype(ctx);
     infer_broadcast(ctx);
+    if (op == Fold::mean || !is_int(ctx.in(0).dtype)) return;
+    set_sym_elementwise(ctx, every_input(ctx), ctx.in(0).dtype, [op](const std::vector<Dim>& e) { return fold_sizes(op, e); });
   };
   d.kernel = [op](KernelCtx& c) { c.set_out(0, fold_kernel(c, op)); };
   return d;
@@ -964,6 +1010,13 @@ Tensor cast_tensor(const Tensor& x, DType to, bool saturate, E8M0Round round) {
   return y;
 }
 
+// Sizes cast between i32 and i64 stay sizes (exporters cast shape entries so); a cast to any other
+// type gives a value with no size form.
+void cast_sizes(InferCtx& ctx) {
+  auto sizes_type = [](DType t) { return t == DType::i64 || t == DType::i32; };
+  if (sizes_type(ctx.in(0).dtype) && sizes_type(ctx.outs()[0].dtype)) forward_sym_value(ctx);
+}
+
 void register_casts(OpRegistry& r) {
   {
     OpDef d;
@@ -973,7 +1026,8 @@ void register_casts(OpRegistry& r) {
     d.attrs = {{"to", AttrKind::i, true}, {"saturate", AttrKind::i}, {"round_mode", AttrKind::s}};
     d.infer = [](InferCtx& ctx) {
       check_round_mode(ctx.node());
-      ctx.set_out(0, TensorType{to_attr_dtype(ctx.node()), ctx.in(0).shape});
+      ctx.set_out(0, with_dtype(ctx.in(0), to_attr_dtype(ctx.node())));
+      cast_sizes(ctx);
     };
     d.kernel = [](KernelCtx& c) {
       c.set_out(0,
@@ -992,7 +1046,8 @@ void register_casts(OpRegistry& r) {
     d.attrs = {{"saturate", AttrKind::i}, {"round_mode", AttrKind::s}};
     d.infer = [](InferCtx& ctx) {
       check_round_mode(ctx.node());
-      ctx.set_out(0, TensorType{ctx.in(1).dtype, ctx.in(0).shape});
+      ctx.set_out(0, with_dtype(ctx.in(0), ctx.in(1).dtype));
+      cast_sizes(ctx);
     };
     d.kernel = [](KernelCtx& c) {
       c.set_out(0, cast_tensor(c.in(0), c.in(1).dtype(), c.node().attr_i("saturate", 1) != 0,
@@ -1013,7 +1068,7 @@ void register_casts(OpRegistry& r) {
       if (dtype_bits(to) != dtype_bits(from))
         fail("BitCast from {} ({} bits) to {} ({} bits): bit widths differ", dtype_name(from),
              dtype_bits(from), dtype_name(to), dtype_bits(to));
-      ctx.set_out(0, TensorType{to, ctx.in(0).shape});
+      ctx.set_out(0, with_dtype(ctx.in(0), to));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);
@@ -1132,6 +1187,13 @@ Tensor dropout_mask_all(const Shape& s) {
   return m;
 }
 
+// A scalar operand (a Clip bound, Dropout's ratio) has at most one element; a symbolic dim is never
+// assumed to be 1, so a symbolic shape is refused.
+bool at_most_one_element(const TensorType& t) {
+  if (t.symbolic()) unsupported("an operand of shape {} must have one element, which the symbols do not decide", t.str());
+  return shape_numel(t.shape) <= 1;
+}
+
 void register_selection(OpRegistry& r) {
   {
     OpDef d;
@@ -1145,9 +1207,11 @@ void register_selection(OpRegistry& r) {
       if (ctx.in(1).dtype != ctx.in(2).dtype)
         fail("X and Y have different dtypes {} and {}", dtype_name(ctx.in(1).dtype),
              dtype_name(ctx.in(2).dtype));
-      Shape s =
-          broadcast_shapes(broadcast_shapes(ctx.in(0).shape, ctx.in(1).shape), ctx.in(2).shape);
-      ctx.set_out(0, TensorType{ctx.in(1).dtype, s});
+      Dims s = broadcast_dims(broadcast_dims(ctx.in(0).dims(), ctx.in(1).dims()), ctx.in(2).dims());
+      ctx.set_out(0, TensorType::of(ctx.in(1).dtype, s));
+      if (is_int(ctx.in(1).dtype))
+        set_sym_elementwise(ctx, {0, 1, 2}, ctx.in(1).dtype,
+                            [](const std::vector<Dim>& e) -> std::optional<Dim> { return e[0] == 0 ? e[2] : e[1]; });
     };
     d.kernel = [](KernelCtx& c) { c.set_out(0, where_kernel(c.in(0), c.in(1), c.in(2))); };
     d.decompose = decompose_where;
@@ -1169,7 +1233,7 @@ void register_selection(OpRegistry& r) {
           fail("Clip from opset 11 takes no '{}' attribute (min and max are inputs)", a);
       check_types(ctx, Types::numeric, 0);
       for (int i = 1; i < 3; ++i)
-        if (ctx.has_in(i) && shape_numel(ctx.in(i).shape) > 1)
+        if (ctx.has_in(i) && !at_most_one_element(ctx.in(i)))
           fail("Clip bound {} must be a scalar, got shape {}", i, shape_str(ctx.in(i).shape));
       infer_same_as_input(ctx);
     };
@@ -1182,7 +1246,10 @@ void register_selection(OpRegistry& r) {
     d.name = "Identity";
     d.since = 1;
     d.fusion = FusionKind::injective;
-    d.infer = [](InferCtx& ctx) { infer_same_as_input(ctx); };
+    d.infer = [](InferCtx& ctx) {
+      infer_same_as_input(ctx);
+      forward_sym_value(ctx);
+    };
     d.kernel = [](KernelCtx& c) { c.set_out(0, c.in(0)); };  // kernels never write into inputs
     d.decompose = [](CoreBuilder&, const Node& n) -> std::vector<Value*> { return {n.inputs[0]}; };
     add(r, std::move(d));
@@ -1206,12 +1273,12 @@ void register_selection(OpRegistry& r) {
         if (ctx.node().has_attr(a))
           fail("Dropout from opset 12 takes no '{}' attribute (ratio is an input)", a);
       check_types(ctx, Types::numeric, 0);
-      if (ctx.has_in(1) && (!is_float(ctx.in(1).dtype) || shape_numel(ctx.in(1).shape) > 1))
+      if (ctx.has_in(1) && (!is_float(ctx.in(1).dtype) || !at_most_one_element(ctx.in(1))))
         fail("ratio must be a float scalar, got {}", ctx.in(1).str());
-      if (ctx.has_in(2) && (!is_bool(ctx.in(2).dtype) || shape_numel(ctx.in(2).shape) > 1))
+      if (ctx.has_in(2) && (!is_bool(ctx.in(2).dtype) || !at_most_one_element(ctx.in(2))))
         fail("training_mode must be a bool scalar, got {}", ctx.in(2).str());
       infer_same_as_input(ctx);
-      ctx.set_out(1, TensorType{DType::boolean, ctx.in(0).shape});
+      ctx.set_out(1, with_dtype(ctx.in(0), DType::boolean));
     };
     d.kernel = [](KernelCtx& c) {
       const Tensor& x = c.in(0);

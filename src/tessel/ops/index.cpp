@@ -6,6 +6,7 @@
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
+#include "tessel/ops/sym_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -44,17 +45,32 @@ int64_t dim_or_unknown(int64_t a, int64_t b) {
 
 // ---- Gather ---------------------------------------------------------------------------------
 
+// Entries of a list of sizes taken by static indices (shape[0], shape[-1] in exported models).
+void gather_sizes(InferCtx& c) {
+  auto ops = symbolic_operands(c, {0, 1});
+  if (!ops || (*ops)[0].shape.size() != 1) return;
+  const SymTensor &data = (*ops)[0], &ix = (*ops)[1];
+  SymTensor r{data.dtype, ix.shape, {}};
+  for (const Dim& i : ix.elems) {
+    if (i.is_symbolic()) return;
+    r.elems.push_back(data.elems[static_cast<size_t>(fix_index(i.constant_term(), data.shape[0], "Gather index"))]);
+  }
+  c.set_out_sym_value(0, std::move(r));
+}
+
 void gather_infer(InferCtx& c) {
-  const auto& d = c.in(0);
+  const Dims d = c.in(0).dims();
   const auto& ix = c.in(1);
   check_index_dtype(ix.dtype, "Gather indices");
-  const int r = static_cast<int>(d.shape.size());
+  const int r = static_cast<int>(d.size());
   if (r < 1) fail("Gather data must have rank >= 1");
   const int axis = normalize_axis(c.node().attr_i("axis", 0), r);
-  Shape s(d.shape.begin(), d.shape.begin() + axis);
-  s.insert(s.end(), ix.shape.begin(), ix.shape.end());
-  s.insert(s.end(), d.shape.begin() + axis + 1, d.shape.end());
-  c.set_out(0, {d.dtype, s});
+  Dims s(d.begin(), d.begin() + axis);
+  const Dims id = ix.dims();
+  s.insert(s.end(), id.begin(), id.end());
+  s.insert(s.end(), d.begin() + axis + 1, d.end());
+  c.set_out(0, TensorType::of(c.in(0).dtype, s));
+  gather_sizes(c);
 }
 
 void gather_kernel(KernelCtx& c) {
@@ -79,19 +95,20 @@ void gather_kernel(KernelCtx& c) {
 // data [outer, n, inner] gathered along axis 1 with the indices flattened to [m] and broadcast to
 // [outer, m, inner] (core gather wraps negative indices once, as Gather does); constant indices
 // become slices where they can.
+// A symbolic gathered axis takes the run-time form (the positions of negative indices depend on it).
 std::vector<Value*> decompose_gather(CoreBuilder& b, const Node& n) {
   Value* x = n.inputs[0];
-  const Shape& ds = x->type.shape;
-  const Shape& out = n.outputs[0]->type.shape;
+  const Dims ds = x->type.dims();
+  const Dims out = n.outputs[0]->type.dims();
   const int r = static_cast<int>(ds.size());
   const int axis = normalize_axis(n.attr_i("axis", 0), r);
-  if (auto c = b.known(1)) {
+  if (auto c = b.known(1); c && ds[axis].is_static()) {
     std::vector<int64_t> idx = c->to_i64();
     for (auto& i : idx) i = fix_index(i, ds[axis], "Gather index");
     return {b.reshape(take_along_axis(b, x, axis, idx), out)};
   }
-  const int64_t outer = prod(ds, 0, axis), inner = prod(ds, axis + 1, r);
-  const int64_t m = shape_numel(n.inputs[1]->type.shape);
+  const Dim outer = dims_numel(Dims(ds.begin(), ds.begin() + axis)), inner = dims_numel(Dims(ds.begin() + axis + 1, ds.end()));
+  const Dim m = dims_numel(n.inputs[1]->type.dims());
   Value* idx = b.reshape(n.inputs[1], {m});
   Value* data = b.reshape(x, {outer, ds[axis], inner});
   Value* y = b.emit("gather", {data, broadcast_into(b, idx, {outer, m, inner}, {1})}, {{"axis", int64_t{1}}});
@@ -108,7 +125,7 @@ void gather_elements_infer(InferCtx& c) {
     fail("GatherElements data and indices must have the same rank >= 1, got {} and {}",
          d.shape.size(), ix.shape.size());
   normalize_axis(c.node().attr_i("axis", 0), static_cast<int>(d.shape.size()));
-  c.set_out(0, {d.dtype, ix.shape});
+  c.set_out(0, with_dtype(ix, d.dtype));
 }
 
 void gather_elements_kernel(KernelCtx& c) {
@@ -699,12 +716,13 @@ void unique_kernel(KernelCtx& c) {
 void register_index_ops(OpRegistry& r) {
   // Gather, GatherElements and GatherND only widened their index ranges (negative indices)
   // and dtypes across opsets, which this entry accepts, so the oldest forms import as is.
-  r.add(with_decomposition(make_op("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel,
-                                   FusionKind::injective),
-                           decompose_gather));
-  r.add(with_decomposition(make_op("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}}, gather_elements_infer,
-                                   gather_elements_kernel, FusionKind::injective),
-                           decompose_gather_elements));
+  // Gather and GatherElements take symbolic sizes (docs/dynamic-shapes.md).
+  r.add(symbolic_op(with_decomposition(make_op("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel,
+                                               FusionKind::injective),
+                                       decompose_gather)));
+  r.add(symbolic_op(with_decomposition(make_op("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}},
+                                               gather_elements_infer, gather_elements_kernel, FusionKind::injective),
+                                       decompose_gather_elements)));
   r.add(with_decomposition(make_op("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer,
                                    gathernd_kernel, FusionKind::injective),
                            decompose_gathernd));

@@ -9,6 +9,7 @@
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
+#include "tessel/ops/sym_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -33,51 +34,58 @@ void gemm_f32(const float* a, const float* b, float* c, int64_t m, int64_t k, in
   }
 }
 
-// numpy matmul shape rule. Dims may be unknown; mismatched known K is an error.
-struct MatMulShape {
-  Shape out;    // final output shape
-  Shape batch;  // broadcast batch shape
-  Shape a_batch, b_batch;
-  int64_t m = 1, k = 1, n = 1;
+// numpy matmul shape rule over dims. Dims may be unknown or symbolic; mismatched known K is an error,
+// and so are batch dims that do not broadcast (refused when the symbols do not decide it).
+struct MatMulDims {
+  Dims out;    // final output shape
+  Dims batch;  // broadcast batch shape
+  Dims a_batch, b_batch;
+  Dim m = 1, k = 1, n = 1;
 };
 
-MatMulShape matmul_shape(const Shape& a, const Shape& b) {
+MatMulDims matmul_dims(const Dims& a, const Dims& b) {
   if (a.empty() || b.empty())
-    fail("MatMul operands must have rank >= 1, got {} and {}", shape_str(a), shape_str(b));
-  MatMulShape s;
-  Shape a2 = a, b2 = b;
+    fail("MatMul operands must have rank >= 1, got {} and {}", dims_str(a), dims_str(b));
+  MatMulDims s;
+  Dims a2 = a, b2 = b;
   const bool a1 = a.size() == 1, b1 = b.size() == 1;
   if (a1) a2.insert(a2.begin(), 1);
   if (b1) b2.push_back(1);
-  const int64_t ka = a2[a2.size() - 1], kb = b2[b2.size() - 2];
-  if (ka != kUnknownDim && kb != kUnknownDim && ka != kb)
-    fail("MatMul inner dimensions differ: {} and {}", shape_str(a), shape_str(b));
+  const Dim ka = a2[a2.size() - 1], kb = b2[b2.size() - 2];
+  s.k = ka == kb ? ka : merge_equal_dims(ka, kb, fmt::format("MatMul inner dimensions differ: {} and {}", dims_str(a), dims_str(b)));
   s.m = a2[a2.size() - 2];
-  s.k = ka != kUnknownDim ? ka : kb;
   s.n = b2[b2.size() - 1];
   s.a_batch.assign(a2.begin(), a2.end() - 2);
   s.b_batch.assign(b2.begin(), b2.end() - 2);
-  // broadcast_shapes handles unknown dims conservatively only when both known; do it by hand.
+  // broadcast_dims handles unknown dims conservatively only when both known; do it by hand.
   const size_t r = std::max(s.a_batch.size(), s.b_batch.size());
   s.batch.assign(r, 1);
   for (size_t i = 0; i < r; ++i) {
-    const int64_t da = i + s.a_batch.size() >= r ? s.a_batch[i + s.a_batch.size() - r] : 1;
-    const int64_t db = i + s.b_batch.size() >= r ? s.b_batch[i + s.b_batch.size() - r] : 1;
+    const Dim da = i + s.a_batch.size() >= r ? s.a_batch[i + s.a_batch.size() - r] : Dim(1);
+    const Dim db = i + s.b_batch.size() >= r ? s.b_batch[i + s.b_batch.size() - r] : Dim(1);
     if (da == 1)
       s.batch[i] = db;
-    else if (db == 1)
-      s.batch[i] = da;
-    else if (da == kUnknownDim)
-      s.batch[i] = db;
-    else if (db == kUnknownDim || da == db)
+    else if (db == 1 || da == db)
       s.batch[i] = da;
     else
-      fail("MatMul batch dimensions do not broadcast: {} and {}", shape_str(a), shape_str(b));
+      s.batch[i] = merge_equal_dims(da, db, fmt::format("MatMul batch dimensions do not broadcast: {} and {}",
+                                                        dims_str(a), dims_str(b)));
   }
   s.out = s.batch;
   if (!a1) s.out.push_back(s.m);
   if (!b1) s.out.push_back(s.n);
   return s;
+}
+
+// The same for the static shapes the kernels see.
+struct MatMulShape {
+  Shape out, batch, a_batch, b_batch;
+  int64_t m = 1, k = 1, n = 1;
+};
+
+MatMulShape matmul_shape(const Shape& a, const Shape& b) {
+  const MatMulDims d = matmul_dims(dims_of(a), dims_of(b));
+  return {static_shape(d.out), static_shape(d.batch), static_shape(d.a_batch), static_shape(d.b_batch), d.m, d.k, d.n};
 }
 
 bool is_matmul_dtype(DType t) {
@@ -120,19 +128,19 @@ Tensor batched_matmul(const Tensor& a, const Tensor& b, DType out_dt) {
 
 // numpy matmul as dot_general: 1-D operands become matrices, batch dims are broadcast explicitly,
 // then one batched contraction of a's last dim with b's second-to-last, reshaped to `want`.
-Value* core_matmul(CoreBuilder& b, Value* x, Value* y, const Shape& want) {
+Value* core_matmul(CoreBuilder& b, Value* x, Value* y, const DimList& want) {
   auto as_matrix = [&](Value* v, bool row) {
     if (v->type.shape.size() != 1) return v;
-    const int64_t k = v->type.shape[0];
-    return b.reshape(v, row ? Shape{1, k} : Shape{k, 1});
+    const Dim k = v->type.dims()[0];
+    return b.reshape(v, row ? Dims{1, k} : Dims{k, 1});
   };
   x = as_matrix(x, true);
   y = as_matrix(y, false);
-  const Shape& xs = x->type.shape;
-  const Shape& ys = y->type.shape;
-  Shape batch = broadcast_shapes(Shape(xs.begin(), xs.end() - 2), Shape(ys.begin(), ys.end() - 2));
+  const Dims xs = x->type.dims();
+  const Dims ys = y->type.dims();
+  Dims batch = broadcast_dims(Dims(xs.begin(), xs.end() - 2), Dims(ys.begin(), ys.end() - 2));
   const int64_t nb = static_cast<int64_t>(batch.size());
-  Shape x_full = batch, y_full = batch;
+  Dims x_full = batch, y_full = batch;
   x_full.insert(x_full.end(), xs.end() - 2, xs.end());
   y_full.insert(y_full.end(), ys.end() - 2, ys.end());
   std::vector<int64_t> batch_dims(static_cast<size_t>(nb));
@@ -173,11 +181,11 @@ OpDef matmul_def() {
       fail("MatMul operands have different dtypes {} and {}", dtype_name(a.dtype),
            dtype_name(b.dtype));
     if (!is_matmul_dtype(a.dtype)) unsupported("MatMul on {}", dtype_name(a.dtype));
-    c.set_out(0, {a.dtype, matmul_shape(a.shape, b.shape).out});
+    c.set_out(0, TensorType::of(a.dtype, matmul_dims(a.dims(), b.dims()).out));
   };
   d.kernel = [](KernelCtx& c) { c.set_out(0, batched_matmul(c.in(0), c.in(1), c.in(0).dtype())); };
   d.decompose = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
-    return {core_matmul(b, n.inputs[0], n.inputs[1], n.outputs[0]->type.shape)};
+    return {core_matmul(b, n.inputs[0], n.inputs[1], n.outputs[0]->type.dims())};
   };
   return d;
 }
@@ -201,7 +209,7 @@ std::vector<Value*> decompose_gemm(CoreBuilder& b, const Node& n) {
   if (has_c) {
     Value* c = b.convert(n.inputs[2], ct);
     if (beta != 1.0) c = b.mul(c, b.scalar(ct, beta));
-    y = b.add(y, b.broadcast_to(c, y->type.shape));
+    y = b.add(y, b.broadcast_to(c, y->type.dims()));
   }
   return {b.convert(y, dt)};
 }
@@ -232,21 +240,21 @@ OpDef gemm_def() {
     if (c.node().has_attr("broadcast")) fail("Gemm attribute 'broadcast' was removed in opset 7");
     const TensorType& a = c.in(0);
     const TensorType& b = c.in(1);
-    if (a.shape.size() != 2 || b.shape.size() != 2)
-      fail("Gemm operands must be 2-D, got {} and {}", shape_str(a.shape), shape_str(b.shape));
+    const Dims ad = a.dims(), bd = b.dims();
+    if (ad.size() != 2 || bd.size() != 2)
+      fail("Gemm operands must be 2-D, got {} and {}", dims_str(ad), dims_str(bd));
     if (a.dtype != b.dtype) fail("Gemm operands have different dtypes");
     if (!is_matmul_dtype(a.dtype)) unsupported("Gemm on {}", dtype_name(a.dtype));
     const bool ta = c.node().attr_i("transA", 0) != 0, tb = c.node().attr_i("transB", 0) != 0;
-    const int64_t m = ta ? a.shape[1] : a.shape[0], ka = ta ? a.shape[0] : a.shape[1];
-    const int64_t kb = tb ? b.shape[1] : b.shape[0], n = tb ? b.shape[0] : b.shape[1];
-    if (ka != kUnknownDim && kb != kUnknownDim && ka != kb)
-      fail("Gemm inner dimensions differ: A {} B {}", shape_str(a.shape), shape_str(b.shape));
+    const Dim m = ta ? ad[1] : ad[0], ka = ta ? ad[0] : ad[1];
+    const Dim kb = tb ? bd[1] : bd[0], n = tb ? bd[0] : bd[1];
+    if (!(ka == kb)) merge_equal_dims(ka, kb, fmt::format("Gemm inner dimensions differ: A {} B {}", dims_str(ad), dims_str(bd)));
     if (c.has_in(2)) {
-      const Shape& cs = c.in(2).shape;
-      if (cs.size() > 2) fail("Gemm C must have rank <= 2, got {}", shape_str(cs));
-      if (shape_known(cs) && m != kUnknownDim && n != kUnknownDim) broadcast_shapes(cs, {m, n});
+      const Dims cs = c.in(2).dims();
+      if (cs.size() > 2) fail("Gemm C must have rank <= 2, got {}", dims_str(cs));
+      if (!dims_unknown(cs) && !dim_unknown(m) && !dim_unknown(n)) broadcast_dims(cs, {m, n});
     }
-    c.set_out(0, {a.dtype, {m, n}});
+    c.set_out(0, TensorType::of(a.dtype, {m, n}));
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& a = c.in(0);
@@ -335,7 +343,7 @@ std::vector<Value*> decompose_matmul_integer(CoreBuilder& b, const Node& n) {
   };
   Value* a = shifted(0, 2, n.inputs[0]->type.shape.size() >= 2);
   Value* c = shifted(1, 3, false);
-  return {core_matmul(b, a, c, n.outputs[0]->type.shape)};
+  return {core_matmul(b, a, c, n.outputs[0]->type.dims())};
 }
 
 OpDef matmul_integer_def() {
@@ -350,7 +358,7 @@ OpDef matmul_integer_def() {
     for (int i : {0, 1})
       if (c.in(i).dtype != DType::u8 && c.in(i).dtype != DType::i8)
         fail("MatMulInteger input {} must be uint8 or int8, got {}", i, dtype_name(c.in(i).dtype));
-    c.set_out(0, {DType::i32, matmul_shape(c.in(0).shape, c.in(1).shape).out});
+    c.set_out(0, TensorType::of(DType::i32, matmul_dims(c.in(0).dims(), c.in(1).dims()).out));
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& a = c.in(0);
@@ -772,8 +780,9 @@ OpDef det_def() {
 }  // namespace
 
 void register_matmul_ops(OpRegistry& r) {
-  r.add(matmul_def());
-  r.add(with_decomposition(gemm_def(), decompose_gemm));
+  // MatMul and Gemm take symbolic sizes (docs/dynamic-shapes.md).
+  r.add(symbolic_op(matmul_def()));
+  r.add(symbolic_op(with_decomposition(gemm_def(), decompose_gemm)));
   r.add(with_decomposition(matmul_integer_def(), decompose_matmul_integer));
   r.add(with_decomposition(einsum_def(), decompose_einsum));
   r.add(with_decomposition(det_def(), decompose_det));

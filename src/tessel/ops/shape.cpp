@@ -7,14 +7,16 @@
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
+#include "tessel/ops/sym_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
 namespace {
 
-// The node's output as a reshape of its input 0 (Reshape, Flatten, Squeeze, Unsqueeze).
+// The node's output as a reshape of its input 0 (Reshape, Flatten, Squeeze, Unsqueeze): the rule
+// gave the output its dims (static or symbolic), a Reshape's from its target read as sizes.
 std::vector<Value*> decompose_reshape(CoreBuilder& b, const Node& n) {
-  return {b.reshape(n.inputs[0], n.outputs[0]->type.shape)};
+  return {b.reshape(n.inputs[0], n.outputs[0]->type.dims())};
 }
 
 using Ints = std::vector<int64_t>;
@@ -60,6 +62,11 @@ int64_t checked_mul(int64_t a, int64_t b) {
   if (__builtin_mul_overflow(a, b, &r) || r > (int64_t{1} << 40)) fail("tensor size overflows");
   return r;
 }
+// The same for sizes: static ones checked as above, symbolic ones multiplied as expressions.
+Dim checked_mul(const Dim& a, const Dim& b) {
+  if (a.is_static() && b.is_static()) return checked_mul(a.constant_term(), b.constant_term());
+  return a * b;
+}
 
 // Row-major odometer over `shape`.
 bool next_index(Ints& idx, const Shape& shape) {
@@ -104,10 +111,44 @@ int64_t flat_of(const Ints& idx, const Ints& strides) {
 }
 
 // An int list for messages; unlike shape_str, -1 prints as -1 (it is a value, not an unknown dim).
-std::string ints_str(const Ints& v) {
+// Sizes print by their expression.
+std::string ints_str(const Dims& v) {
   std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + v[i].str();
   return s + "]";
+}
+std::string ints_str(const Ints& v) { return ints_str(dims_of(v)); }
+
+// Input i's value as a list of sizes when it is known: a constant, folded shape arithmetic or a
+// symbolic value (docs/dynamic-shapes.md); nullopt otherwise.
+std::optional<Dims> known_dims(const InferCtx& c, int i) {
+  if (auto v = c.sym_value(i)) return v->elems;
+  if (auto v = known_ints(c, i)) return dims_of(*v);
+  return std::nullopt;
+}
+
+// Sizes taken from a value (a target shape): a symbolic entry must be >= `lo` for every value of the
+// symbols (entries 0 and -1 mean something else in Reshape, and no size is negative).
+void check_size_entries(const Dims& v, int64_t lo, const char* what) {
+  for (const Dim& d : v)
+    if (d.is_symbolic() && !provably_ge(d, Dim(lo)))
+      unsupported("{} {}: the entry {} is at least {} only for some values of the symbols", what, ints_str(v), d.str(), lo);
+}
+
+// max(0, ceil(diff / k)) for k >= 1, when the symbols decide it: the number of elements a stride
+// of k takes from a run of `diff` (Slice, Range).
+Dim ceil_count(const Dim& diff, int64_t k, const std::string& what) {
+  if (diff.is_static()) {
+    const int64_t v = diff.constant_term();
+    return v > 0 ? 1 + (v - 1) / k : 0;
+  }
+  if (provably_ge(Dim(0), diff)) return 0;
+  if (provably_nonneg(diff)) {
+    if (k == 1) return diff;
+    if (auto q = exact_div(diff + (k - 1), Dim(k))) return *q;
+  }
+  unsupported("{}: the count of {} in steps of {} is not a size expression for every value of the symbols", what,
+              diff.str(), k);
 }
 
 Tensor i64_vector(const Ints& v) {
@@ -116,12 +157,15 @@ Tensor i64_vector(const Ints& v) {
 
 // ---- Reshape -----------------------------------------------------------------------------------
 
-// The output shape of Reshape; unknown dims stay unknown. `in` may contain unknown dims.
-Shape reshape_target(const Shape& in, const Ints& target, bool allowzero) {
-  Shape out(target.size());
+// The output dims of Reshape; unknown dims stay unknown. `in` may contain unknown and symbolic dims,
+// `target` symbolic sizes (shape arithmetic). A -1 takes the elements left over when that is an exact
+// division for every value of the symbols; otherwise the reshape is refused.
+Dims reshape_target(const Dims& in, const Dims& target, bool allowzero) {
+  check_size_entries(target, 1, "reshape target");
+  Dims out(target.size());
   int infer_at = -1;
   for (size_t i = 0; i < target.size(); ++i) {
-    int64_t t = target[i];
+    const Dim& t = target[i];
     if (t == -1) {
       if (infer_at >= 0) fail("reshape target {} has more than one -1", ints_str(target));
       infer_at = static_cast<int>(i);
@@ -131,35 +175,42 @@ Shape reshape_target(const Shape& in, const Ints& target, bool allowzero) {
         fail("reshape target {} copies dim {} but the input has rank {}", ints_str(target), i,
              in.size());
       out[i] = in[i];
-    } else if (t < 0) {
+    } else if (dim_unknown(t)) {
       fail("reshape target {} has a negative dim", ints_str(target));
     } else {
       out[i] = t;
     }
   }
   if (allowzero && infer_at >= 0)
-    for (int64_t t : target)
+    for (const Dim& t : target)
       if (t == 0) fail("reshape target {} mixes 0 and -1 with allowzero=1", ints_str(target));
-  int64_t in_n = shape_numel(in);
+  const Dim in_n = numel_or_unknown(in);
   if (infer_at >= 0) {
-    int64_t rest = 1;
-    bool known = in_n >= 0;
+    Dim rest = 1;
+    bool known = !dim_unknown(in_n);
     for (size_t i = 0; i < out.size(); ++i)
       if (static_cast<int>(i) != infer_at) {
-        if (out[i] < 0)
+        if (dim_unknown(out[i]))
           known = false;
         else
           rest = checked_mul(rest, out[i]);
       }
     if (known) {
-      if (rest == 0 || in_n % rest != 0)
-        fail("cannot reshape {} into {}", shape_str(in), ints_str(target));
-      out[infer_at] = in_n / rest;
+      const auto q = rest == 0 ? std::nullopt : exact_div(in_n, rest);
+      if (!q && in_n.is_static() && rest.is_static()) fail("cannot reshape {} into {}", dims_str(in), ints_str(target));
+      if (!q)
+        unsupported("Reshape of {} into {}: the -1 is {} / {}, not an exact division for every value of the symbols",
+                    dims_str(in), ints_str(target), in_n.str(), rest.str());
+      out[infer_at] = *q;
     }
   }
-  int64_t out_n = shape_numel(out);
-  if (in_n >= 0 && out_n >= 0 && in_n != out_n)
-    fail("cannot reshape {} ({} elements) into {}", shape_str(in), in_n, shape_str(out));
+  const Dim out_n = numel_or_unknown(out);
+  if (!dim_unknown(in_n) && !dim_unknown(out_n) && in_n != out_n) {
+    if (in_n.is_static() && out_n.is_static())
+      fail("cannot reshape {} ({} elements) into {}", dims_str(in), in_n.str(), dims_str(out));
+    unsupported("Reshape of {} into {}: {} and {} elements are equal only for some values of the symbols",
+                dims_str(in), dims_str(out), in_n.str(), out_n.str());
+  }
   return out;
 }
 
@@ -170,8 +221,9 @@ OpDef reshape_op() {
     reject_attr(c.node(), "shape");
     bool allowzero = c.node().attr_i("allowzero", 0) != 0;
     const TensorType& x = c.in(0);
-    if (auto t = known_ints(c, 1)) {
-      c.set_out(0, {x.dtype, reshape_target(x.shape, *t, allowzero)});
+    if (auto t = known_dims(c, 1)) {
+      c.set_out(0, TensorType::of(x.dtype, reshape_target(x.dims(), *t, allowzero)));
+      forward_sym_value(c);
       return;
     }
     const Shape& ss = c.in(1).shape;
@@ -180,8 +232,8 @@ OpDef reshape_op() {
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
-    Shape s = reshape_target(x.shape(), tensor_ints(c.in(1)), c.node().attr_i("allowzero", 0) != 0);
-    c.set_out(0, x.reshaped(s));
+    Dims s = reshape_target(dims_of(x.shape()), dims_of(tensor_ints(c.in(1))), c.node().attr_i("allowzero", 0) != 0);
+    c.set_out(0, x.reshaped(static_shape(s)));
   };
   return d;
 }
@@ -209,11 +261,11 @@ Ints transpose_perm(const Node& n, int rank) {
 OpDef transpose_op() {
   OpDef d = make_op("Transpose", 1, 1, 1, {{"perm", AttrKind::ints}});
   d.infer = [](InferCtx& c) {
-    const TensorType& x = c.in(0);
-    Ints perm = transpose_perm(c.node(), static_cast<int>(x.shape.size()));
-    Shape s;
-    for (int64_t p : perm) s.push_back(x.shape[p]);
-    c.set_out(0, {x.dtype, s});
+    const Dims x = c.in(0).dims();
+    Ints perm = transpose_perm(c.node(), static_cast<int>(x.size()));
+    Dims s;
+    for (int64_t p : perm) s.push_back(x[p]);
+    c.set_out(0, TensorType::of(c.in(0).dtype, s));
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
@@ -235,29 +287,35 @@ std::vector<Value*> decompose_transpose(CoreBuilder& b, const Node& n) {
 
 // ---- Squeeze / Unsqueeze -----------------------------------------------------------------------
 
-Shape squeeze_shape(const Shape& in, const std::optional<Ints>& axes) {
+// A symbolic dim is never assumed to be 1: squeezing one is refused.
+Dims squeeze_shape(const Dims& in, const std::optional<Ints>& axes) {
   int r = static_cast<int>(in.size());
   std::vector<bool> drop(r, false);
   if (axes) {
     for (int64_t a : *axes) {
       int ax = normalize_axis(a, r);
-      if (in[ax] >= 0 && in[ax] != 1) fail("cannot squeeze axis {} of size {}", ax, in[ax]);
+      if (in[ax].is_symbolic())
+        unsupported("cannot squeeze axis {} of symbolic size {}: it is 1 only for some values of the symbols", ax,
+                    in[ax].str());
+      if (!dim_unknown(in[ax]) && in[ax] != 1) fail("cannot squeeze axis {} of size {}", ax, in[ax].str());
       drop[ax] = true;
     }
   } else {
     for (int i = 0; i < r; ++i) {
-      if (in[i] < 0)
-        unsupported("Squeeze without axes on an input of unknown dims {}", shape_str(in));
+      if (dim_unknown(in[i]))
+        unsupported("Squeeze without axes on an input of unknown dims {}", dims_str(in));
+      if (in[i].is_symbolic())
+        unsupported("Squeeze without axes on {}: whether {} is 1 depends on the symbols", dims_str(in), in[i].str());
       drop[i] = in[i] == 1;
     }
   }
-  Shape out;
+  Dims out;
   for (int i = 0; i < r; ++i)
     if (!drop[i]) out.push_back(in[i]);
   return out;
 }
 
-Shape unsqueeze_shape(const Shape& in, const Ints& axes) {
+Dims unsqueeze_shape(const Dims& in, const Ints& axes) {
   int r = static_cast<int>(in.size() + axes.size());
   std::vector<bool> ins(r, false);
   for (int64_t a : axes) {
@@ -265,9 +323,9 @@ Shape unsqueeze_shape(const Shape& in, const Ints& axes) {
     if (ins[ax]) fail("Unsqueeze repeats axis {}", ax);
     ins[ax] = true;
   }
-  Shape out;
+  Dims out;
   size_t k = 0;
-  for (int i = 0; i < r; ++i) out.push_back(ins[i] ? 1 : in[k++]);
+  for (int i = 0; i < r; ++i) out.push_back(ins[i] ? Dim(1) : in[k++]);
   return out;
 }
 
@@ -291,7 +349,8 @@ OpDef squeeze_op(bool un) {
     } else if (un) {
       fail("Unsqueeze needs axes");
     }
-    c.set_out(0, {x.dtype, un ? unsqueeze_shape(x.shape, *axes) : squeeze_shape(x.shape, axes)});
+    c.set_out(0, TensorType::of(x.dtype, un ? unsqueeze_shape(x.dims(), *axes) : squeeze_shape(x.dims(), axes)));
+    forward_sym_value(c);
   };
   d.kernel = [un](KernelCtx& c) {
     const Tensor& x = c.in(0);
@@ -300,41 +359,45 @@ OpDef squeeze_op(bool un) {
       axes = tensor_ints(c.in(1));
     else if (un)
       fail("Unsqueeze needs axes");
-    c.set_out(0,
-              x.reshaped(un ? unsqueeze_shape(x.shape(), *axes) : squeeze_shape(x.shape(), axes)));
+    const Dims in = dims_of(x.shape());
+    c.set_out(0, x.reshaped(static_shape(un ? unsqueeze_shape(in, *axes) : squeeze_shape(in, axes))));
   };
   return d;
 }
 
 // ---- Flatten -----------------------------------------------------------------------------------
 
-Shape flatten_shape(const Shape& in, int64_t axis) {
+Dims flatten_shape(const Dims& in, int64_t axis) {
   int r = static_cast<int>(in.size());
   if (axis < -r || axis > r) fail("Flatten axis {} is out of range for rank {}", axis, r);
   if (axis < 0) axis += r;
-  int64_t a = 1, b = 1;
-  for (int i = 0; i < r; ++i) {
-    int64_t& t = i < axis ? a : b;
-    if (t < 0 || in[i] < 0)
-      t = kUnknownDim;
-    else
-      t *= in[i];
-  }
-  return {a, b};
+  return {numel_or_unknown(Dims(in.begin(), in.begin() + axis)), numel_or_unknown(Dims(in.begin() + axis, in.end()))};
 }
 
 OpDef flatten_op() {
   OpDef d = make_op("Flatten", 1, 1, 1, {{"axis", AttrKind::i}});
   d.infer = [](InferCtx& c) {
-    c.set_out(0, {c.in(0).dtype, flatten_shape(c.in(0).shape, c.node().attr_i("axis", 1))});
+    c.set_out(0, TensorType::of(c.in(0).dtype, flatten_shape(c.in(0).dims(), c.node().attr_i("axis", 1))));
+    forward_sym_value(c);
   };
   d.kernel = [](KernelCtx& c) {
-    c.set_out(0, c.in(0).reshaped(flatten_shape(c.in(0).shape(), c.node().attr_i("axis", 1))));
+    c.set_out(0, c.in(0).reshaped(static_shape(flatten_shape(dims_of(c.in(0).shape()), c.node().attr_i("axis", 1)))));
   };
   return d;
 }
 
 // ---- Concat ------------------------------------------------------------------------------------
+
+// Lists of sizes concatenated (ONNX exporters build a Reshape's target so): the inputs' values in
+// order, when they are all known lists and one is symbolic.
+void concat_sizes(InferCtx& c) {
+  auto ops = symbolic_operands(c, every_input(c));
+  if (!ops || ops->front().shape.size() != 1) return;
+  SymTensor r{c.in(0).dtype, {0}, {}};
+  for (const SymTensor& o : *ops) r.elems.insert(r.elems.end(), o.elems.begin(), o.elems.end());
+  r.shape[0] = static_cast<int64_t>(r.elems.size());
+  c.set_out_sym_value(0, std::move(r));
+}
 
 OpDef concat_op() {
   OpDef d = make_op("Concat", 1, -1, 4, {{"axis", AttrKind::i}});
@@ -346,25 +409,24 @@ OpDef concat_op() {
     int r = static_cast<int>(x0.shape.size());
     if (r == 0) fail("Concat of scalars");
     int ax = normalize_axis(c.node().attr_i("axis"), r);
-    Shape out = x0.shape;
+    Dims out = x0.dims();
     for (int i = 1; i < c.num_inputs(); ++i) {
       const TensorType& t = c.in(i);
       if (t.dtype != x0.dtype)
         fail("Concat inputs have dtypes {} and {}", dtype_name(x0.dtype), dtype_name(t.dtype));
       if (static_cast<int>(t.shape.size()) != r)
         fail("Concat inputs have ranks {} and {}", r, t.shape.size());
+      const Dims td = t.dims();
       for (int d2 = 0; d2 < r; ++d2) {
-        if (d2 == ax) {
-          out[d2] = (out[d2] < 0 || t.shape[d2] < 0) ? kUnknownDim : out[d2] + t.shape[d2];
-        } else if (t.shape[d2] >= 0) {
-          if (out[d2] >= 0 && out[d2] != t.shape[d2])
-            fail("Concat inputs {} and {} differ off the axis", shape_str(x0.shape),
-                 shape_str(t.shape));
-          out[d2] = t.shape[d2];
-        }
+        if (d2 == ax)
+          out[d2] = dim_unknown(out[d2]) || dim_unknown(td[d2]) ? Dim(kUnknownDim) : out[d2] + td[d2];
+        else if (!(out[d2] == td[d2]))
+          out[d2] = merge_equal_dims(out[d2], td[d2], fmt::format("Concat inputs {} and {} differ off the axis",
+                                                                  dims_str(x0.dims()), dims_str(td)));
       }
     }
-    c.set_out(0, {x0.dtype, out});
+    c.set_out(0, TensorType::of(x0.dtype, out));
+    concat_sizes(c);
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x0 = c.in(0);
@@ -439,6 +501,23 @@ std::optional<Ints> split_sizes(const Node& n, int64_t dim, const std::optional<
   return out;
 }
 
+// split_sizes for an axis of any size: a symbolic one splits into equal pieces when the division is
+// exact for every value of the symbols; explicit sizes (static) cannot sum to it.
+std::optional<Dims> split_dims(const Node& n, const Dim& dim, const std::optional<Ints>& split, int nout) {
+  if (dim.is_static()) {
+    auto s = split_sizes(n, dim.constant_term(), split, nout);
+    return s ? std::optional<Dims>(dims_of(*s)) : std::nullopt;
+  }
+  if (n.has_attr("num_outputs") && n.attr_i("num_outputs") != nout)
+    fail("num_outputs is {} but the node has {} outputs", n.attr_i("num_outputs"), nout);
+  const auto q = split ? std::nullopt : exact_div(dim, Dim(nout));
+  if (!q)
+    unsupported("Split of an axis of symbolic size {} into {} pieces: {}", dim.str(), nout,
+                split ? "static sizes cannot sum to it for every value of the symbols"
+                      : "the division is not exact for every value of the symbols");
+  return Dims(static_cast<size_t>(nout), *q);
+}
+
 OpDef split_op() {
   OpDef d =
       make_op("Split", 1, 2, 13,
@@ -460,12 +539,12 @@ OpDef split_op() {
       split = known_ints(c, 1);
       unknown = !split;
     }
-    auto sizes =
-        unknown ? std::nullopt : split_sizes(c.node(), x.shape[ax], split, c.num_outputs());
+    const Dims xd = x.dims();
+    auto sizes = unknown ? std::nullopt : split_dims(c.node(), xd[ax], split, c.num_outputs());
     for (int i = 0; i < c.num_outputs(); ++i) {
-      Shape s = x.shape;
-      s[ax] = sizes ? (*sizes)[i] : kUnknownDim;
-      c.set_out(i, {x.dtype, s});
+      Dims s = xd;
+      s[ax] = sizes ? (*sizes)[i] : Dim(kUnknownDim);
+      c.set_out(i, TensorType::of(x.dtype, s));
     }
   };
   d.kernel = [](KernelCtx& c) {
@@ -494,14 +573,14 @@ OpDef split_op() {
 // outputs, which have no type, are skipped correctly).
 std::vector<Value*> decompose_split(CoreBuilder& b, const Node& n) {
   Value* x = n.inputs[0];
-  const Shape& s = x->type.shape;
+  const Dims s = x->type.dims();
   const int ax = normalize_axis(n.attr_i("axis", 0), static_cast<int>(s.size()));
   std::optional<Ints> split;
   if (n.has_input(1)) split = tensor_ints(b.need_constant(1, "Split sizes"));
-  Ints starts(s.size(), 0), stops = s;
+  Dims starts(s.size(), 0), stops = s;
   std::vector<Value*> outs;
-  const Ints sizes = *split_sizes(n, s[ax], split, static_cast<int>(n.outputs.size()));
-  for (int64_t size : sizes) {
+  const Dims sizes = *split_dims(n, s[ax], split, static_cast<int>(n.outputs.size()));
+  for (const Dim& size : sizes) {
     stops[ax] = starts[ax] + size;
     outs.push_back(b.slice(x, starts, stops));
     starts[ax] = stops[ax];
@@ -511,12 +590,72 @@ std::vector<Value*> decompose_split(CoreBuilder& b, const Node& n) {
 
 // ---- Slice -------------------------------------------------------------------------------------
 
+// Start, step and count of one axis's slice. Sizes: a symbolic axis, or bounds from shape arithmetic,
+// give symbolic starts and counts.
 struct SliceAxis {
-  int64_t start, step, count;
+  Dim start;
+  int64_t step;
+  Dim count;
 };
 
-// Per-axis start/step/count for data of shape `in`; axes not sliced take everything.
-std::vector<SliceAxis> slice_plan(const Shape& in, const Ints& starts, const Ints& ends,
+// One axis of static size `dim` sliced from s to e (ONNX bounds: negative ones count from the end,
+// every one is clamped).
+SliceAxis static_slice_axis(int64_t dim, int64_t s, int64_t e, int64_t step) {
+  if (s < 0) s = s < -dim ? -dim - 1 : s + dim;  // avoid overflow; clamped below anyway
+  if (e < 0) e = e < -dim ? -dim - 1 : e + dim;
+  int64_t count;
+  if (step > 0) {
+    s = std::clamp<int64_t>(s, 0, dim);
+    e = std::clamp<int64_t>(e, 0, dim);
+    count = e > s ? 1 + (e - s - 1) / step : 0;  // rounded up without e - s + step (overflows)
+  } else {
+    s = std::clamp<int64_t>(s, 0, dim - 1);
+    e = std::clamp<int64_t>(e, -1, dim - 1);
+    // (s - e) / (-step) rounded up; -step cannot overflow for step > INT64_MIN.
+    if (step == std::numeric_limits<int64_t>::min())
+      count = s > e ? 1 : 0;
+    else
+      count = s > e ? 1 + (s - e - 1) / (-step) : 0;
+  }
+  return {s, step, count};
+}
+
+// A bound of a slice along an axis of size `dim`, counted from the end when it is a negative number,
+// clamped to [lo, hi] where the symbols decide the clamp. A symbolic bound must be non-negative for
+// every value (whether it counts from the end would depend on them).
+Dim clamp_slice_bound(Dim v, const Dim& dim, const Dim& lo, const Dim& hi) {
+  if (v.is_static()) {
+    // No axis reaches 2^40 elements (checked_mul's limit on any tensor): a bound beyond it (INT64_MAX
+    // for "to the end", INT64_MIN for "from the start") is past either end for every value.
+    const int64_t lim = int64_t{1} << 40, c = v.constant_term();
+    if (c >= lim) return hi;
+    if (c <= -lim) return lo;
+    if (c < 0) v = v + dim;
+  } else if (!provably_nonneg(v)) {
+    unsupported("Slice bound {} is negative for some values of the symbols (then it would count from the end)",
+                v.str());
+  }
+  if (provably_ge(lo, v)) return lo;
+  if (provably_ge(v, hi)) return hi;
+  if (provably_ge(v, lo) && provably_ge(hi, v)) return v;
+  unsupported("Slice bound {} on an axis of size {}: its clamp to [{}, {}] depends on the symbols", v.str(),
+              dim.str(), lo.str(), hi.str());
+}
+
+// static_slice_axis for a symbolic axis or symbolic bounds, where the symbols decide every clamp.
+SliceAxis symbolic_slice_axis(const Dim& dim, const Dim& start, const Dim& end, int64_t step) {
+  if (step == std::numeric_limits<int64_t>::min()) unsupported("Slice step {} over symbolic sizes", step);
+  const std::string what = fmt::format("Slice of an axis of size {}", dim.str());
+  if (step > 0) {
+    const Dim s = clamp_slice_bound(start, dim, 0, dim), e = clamp_slice_bound(end, dim, 0, dim);
+    return {s, step, ceil_count(e - s, step, what)};
+  }
+  const Dim s = clamp_slice_bound(start, dim, 0, dim - 1), e = clamp_slice_bound(end, dim, -1, dim - 1);
+  return {s, step, ceil_count(s - e, -step, what)};
+}
+
+// Per-axis start/step/count for data of dims `in`; axes not sliced take everything.
+std::vector<SliceAxis> slice_plan(const Dims& in, const Dims& starts, const Dims& ends,
                                   const std::optional<Ints>& axes_in,
                                   const std::optional<Ints>& steps_in) {
   int r = static_cast<int>(in.size());
@@ -540,32 +679,27 @@ std::vector<SliceAxis> slice_plan(const Shape& in, const Ints& starts, const Int
     int ax = normalize_axis(axes[i], r);
     if (seen[ax]) fail("Slice repeats axis {}", ax);
     seen[ax] = true;
-    int64_t dim = in[ax], step = steps[i];
+    const Dim& dim = in[ax];
+    const int64_t step = steps[i];
     if (step == 0) fail("Slice step is 0");
-    if (dim < 0) {
+    if (dim_unknown(dim))
       plan[ax] = {0, step, kUnknownDim};
-      continue;
-    }
-    int64_t s = starts[i], e = ends[i];
-    if (s < 0) s = s < -dim ? -dim - 1 : s + dim;  // avoid overflow; clamped below anyway
-    if (e < 0) e = e < -dim ? -dim - 1 : e + dim;
-    int64_t count;
-    if (step > 0) {
-      s = std::clamp<int64_t>(s, 0, dim);
-      e = std::clamp<int64_t>(e, 0, dim);
-      count = e > s ? 1 + (e - s - 1) / step : 0;  // rounded up without e - s + step (overflows)
-    } else {
-      s = std::clamp<int64_t>(s, 0, dim - 1);
-      e = std::clamp<int64_t>(e, -1, dim - 1);
-      // (s - e) / (-step) rounded up; -step cannot overflow for step > INT64_MIN.
-      if (step == std::numeric_limits<int64_t>::min())
-        count = s > e ? 1 : 0;
-      else
-        count = s > e ? 1 + (s - e - 1) / (-step) : 0;
-    }
-    plan[ax] = {s, step, count};
+    else if (dim.is_static() && starts[i].is_static() && ends[i].is_static())
+      plan[ax] = static_slice_axis(dim.constant_term(), starts[i].constant_term(), ends[i].constant_term(), step);
+    else
+      plan[ax] = symbolic_slice_axis(dim, starts[i], ends[i], step);
   }
   return plan;
+}
+
+// A list of sizes sliced (shape[1:], shape[:-2] in exported models): the elements the plan takes.
+void slice_sizes(InferCtx& c, const std::vector<SliceAxis>& plan) {
+  auto ops = symbolic_operands(c, {0});
+  if (!ops || plan.size() != 1 || !plan[0].start.is_static() || !plan[0].count.is_static()) return;
+  SymTensor r{c.in(0).dtype, {plan[0].count.constant_term()}, {}};
+  for (int64_t k = 0; k < plan[0].count.constant_term(); ++k)
+    r.elems.push_back(ops->front().elems[static_cast<size_t>(plan[0].start.constant_term() + k * plan[0].step)]);
+  c.set_out_sym_value(0, std::move(r));
 }
 
 OpDef slice_op() {
@@ -581,7 +715,7 @@ OpDef slice_op() {
   d.infer = [](InferCtx& c) {
     for (const char* a : {"starts", "ends", "axes"}) reject_attr(c.node(), a);
     const TensorType& x = c.in(0);
-    auto starts = known_ints(c, 1), ends = known_ints(c, 2);
+    auto starts = known_dims(c, 1), ends = known_dims(c, 2);
     std::optional<Ints> axes, steps;
     bool known = starts && ends;
     if (c.has_in(3)) known = known && (axes = known_ints(c, 3));
@@ -590,43 +724,63 @@ OpDef slice_op() {
       c.set_out(0, {x.dtype, Shape(x.shape.size(), kUnknownDim)});
       return;
     }
-    Shape s;
-    for (const auto& p : slice_plan(x.shape, *starts, *ends, axes, steps)) s.push_back(p.count);
-    c.set_out(0, {x.dtype, s});
+    const auto plan = slice_plan(x.dims(), *starts, *ends, axes, steps);
+    Dims s;
+    for (const auto& p : plan) s.push_back(p.count);
+    c.set_out(0, TensorType::of(x.dtype, s));
+    slice_sizes(c, plan);
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
     std::optional<Ints> axes, steps;
     if (c.has_in(3)) axes = tensor_ints(c.in(3));
     if (c.has_in(4)) steps = tensor_ints(c.in(4));
-    auto plan = slice_plan(x.shape(), tensor_ints(c.in(1)), tensor_ints(c.in(2)), axes, steps);
+    Ints start, step;
     Shape s;
-    for (const auto& p : plan) s.push_back(p.count);
+    for (const auto& p : slice_plan(dims_of(x.shape()), dims_of(tensor_ints(c.in(1))), dims_of(tensor_ints(c.in(2))),
+                                    axes, steps)) {
+      start.push_back(p.start);
+      step.push_back(p.step);
+      s.push_back(p.count);
+    }
     Ints st = strides_of(x.shape());
     c.set_out(0, remap(x, s, [&](const Ints& o) {
                 int64_t f = 0;
                 for (size_t k = 0; k < o.size(); ++k)
-                  f += (plan[k].start + o[k] * plan[k].step) * st[k];
+                  f += (start[k] + o[k] * step[k]) * st[k];
                 return f;
               }));
   };
   return d;
 }
 
-// One core slice; a negative step is a negative stride (stop -1 reaches element 0).
+// One core slice; a negative step is a negative stride (stop -1 reaches element 0). A symbolic count
+// with a step other than 1 needs at least one element (the stop is computed from the last one).
 std::vector<Value*> decompose_slice(CoreBuilder& b, const Node& n) {
   std::optional<Ints> axes, steps;
   if (n.has_input(3)) axes = tensor_ints(b.need_constant(3, "Slice axes"));
   if (n.has_input(4)) steps = tensor_ints(b.need_constant(4, "Slice steps"));
   Value* x = n.inputs[0];
-  auto plan = slice_plan(x->type.shape, tensor_ints(b.need_constant(1, "Slice starts")),
-                         tensor_ints(b.need_constant(2, "Slice ends")), axes, steps);
-  Ints starts, stops, strides;
+  auto plan = slice_plan(x->type.dims(), b.need_sizes(1, "Slice starts"), b.need_sizes(2, "Slice ends"), axes, steps);
+  Dims starts, stops;
+  Ints strides;
   for (const SliceAxis& p : plan) {
-    const int64_t step = p.count > 1 ? p.step : 1, start = p.count > 0 ? p.start : 0;
+    if (p.count.is_symbolic() && p.step == 1) {
+      starts.push_back(p.start);
+      strides.push_back(1);
+      stops.push_back(p.start + p.count);
+      continue;
+    }
+    if (p.count.is_symbolic() && !provably_positive(p.count))
+      unsupported("Slice with step {} takes {} elements, which is 0 for some values of the symbols", p.step,
+                  p.count.str());
+    const bool some = p.count.is_symbolic() || p.count.constant_term() > 0;
+    const bool many = p.count.is_symbolic() || p.count.constant_term() > 1;
+    const int64_t step = many ? p.step : 1;
+    const Dim start = some ? p.start : Dim(0);
     starts.push_back(start);
     strides.push_back(step);
-    stops.push_back(p.count > 0 ? start + (p.count - 1) * step + (step > 0 ? 1 : -1) : start);
+    stops.push_back(some ? start + (p.count - 1) * step + (step > 0 ? 1 : -1) : start);
   }
   return {b.slice(x, starts, stops, strides)};
 }
@@ -637,10 +791,11 @@ OpDef expand_op() {
   OpDef d = make_op("Expand", 2, 2, 8);
   d.infer = [](InferCtx& c) {
     const TensorType& x = c.in(0);
-    if (auto s = known_ints(c, 1)) {
-      for (int64_t v : *s)
-        if (v < 0) fail("Expand shape {} has a negative dim", ints_str(*s));
-      c.set_out(0, {x.dtype, broadcast_shapes(x.shape, *s)});
+    if (auto s = known_dims(c, 1)) {
+      for (const Dim& v : *s)
+        if (dim_unknown(v)) fail("Expand shape {} has a negative dim", ints_str(*s));
+      check_size_entries(*s, 0, "Expand shape");
+      c.set_out(0, TensorType::of(x.dtype, broadcast_dims(x.dims(), *s)));
       return;
     }
     const Shape& ss = c.in(1).shape;
@@ -662,26 +817,26 @@ OpDef expand_op() {
 
 OpDef tile_op() {
   OpDef d = make_op("Tile", 2, 2, 6);
-  auto out_shape = [](const Shape& in, const Ints& rep) {
+  auto out_shape = [](const Dims& in, const Ints& rep) {
     if (rep.size() != in.size())
       fail("Tile repeats has {} entries for rank {}", rep.size(), in.size());
-    Shape s;
+    Dims s;
     for (size_t i = 0; i < in.size(); ++i) {
       if (rep[i] < 0) fail("Tile repeat {} is negative", rep[i]);
-      s.push_back(in[i] < 0 ? kUnknownDim : checked_mul(in[i], rep[i]));
+      s.push_back(dim_unknown(in[i]) ? Dim(kUnknownDim) : checked_mul(in[i], Dim(rep[i])));
     }
     return s;
   };
   d.infer = [out_shape](InferCtx& c) {
     const TensorType& x = c.in(0);
     if (auto r = known_ints(c, 1))
-      c.set_out(0, {x.dtype, out_shape(x.shape, *r)});
+      c.set_out(0, TensorType::of(x.dtype, out_shape(x.dims(), *r)));
     else
       c.set_out(0, {x.dtype, Shape(x.shape.size(), kUnknownDim)});
   };
   d.kernel = [out_shape](KernelCtx& c) {
     const Tensor& x = c.in(0);
-    Shape s = out_shape(x.shape(), tensor_ints(c.in(1)));
+    Shape s = static_shape(out_shape(dims_of(x.shape()), tensor_ints(c.in(1))));
     Ints st = strides_of(x.shape());
     c.set_out(0, remap(x, s, [&](const Ints& o) {
                 int64_t f = 0;
@@ -694,17 +849,17 @@ OpDef tile_op() {
 }
 
 std::vector<Value*> decompose_expand(CoreBuilder& b, const Node& n) {
-  return {b.broadcast_to(n.inputs[0], n.outputs[0]->type.shape)};
+  return {b.broadcast_to(n.inputs[0], n.outputs[0]->type.dims())};
 }
 
 // x [d0, d1, ...] broadcast to [r0, d0, r1, d1, ...] (r = repeats), then merged into [r0*d0, ...].
 std::vector<Value*> decompose_tile(CoreBuilder& b, const Node& n) {
   Value* x = n.inputs[0];
-  const Shape &in = x->type.shape, &out = n.outputs[0]->type.shape;
-  Shape wide;
+  const Dims in = x->type.dims(), out = n.outputs[0]->type.dims();
+  Dims wide;
   Ints dims;
   for (size_t i = 0; i < in.size(); ++i) {
-    wide.push_back(in[i] == 0 ? 1 : out[i] / in[i]);
+    wide.push_back(in[i] == 0 ? Dim(1) : *exact_div(out[i], in[i]));
     dims.push_back(static_cast<int64_t>(wide.size()));
     wide.push_back(in[i]);
   }
@@ -732,18 +887,28 @@ Ints full_pads(int r, const Ints& pads, const std::optional<Ints>& axes_in) {
   return full;
 }
 
-Shape pad_shape(const Shape& in, const Ints& full) {
+// A symbolic axis may be padded (or cropped by negative pads while the result stays a size for every
+// value of the symbols).
+Dims pad_shape(const Dims& in, const Ints& full) {
   int r = static_cast<int>(in.size());
-  Shape s(r);
+  Dims s(r);
   for (int i = 0; i < r; ++i) {
-    if (in[i] < 0) {
+    if (dim_unknown(in[i])) {
       s[i] = kUnknownDim;
       continue;
     }
-    if (__builtin_add_overflow(in[i], full[i], &s[i]) ||
-        __builtin_add_overflow(s[i], full[i + r], &s[i]))
+    if (in[i].is_symbolic()) {
+      s[i] = in[i] + full[i] + full[i + r];
+      if (!provably_nonneg(s[i]))
+        unsupported("pads {} crop the axis of symbolic size {} to {}, negative for some values of the symbols",
+                    ints_str(full), in[i].str(), s[i].str());
+      continue;
+    }
+    int64_t v;
+    if (__builtin_add_overflow(in[i].constant_term(), full[i], &v) || __builtin_add_overflow(v, full[i + r], &v))
       fail("pads {} overflow", ints_str(full));
-    if (s[i] < 0) fail("pads {} remove more than the input {} has", ints_str(full), shape_str(in));
+    if (v < 0) fail("pads {} remove more than the input {} has", ints_str(full), dims_str(in));
+    s[i] = v;
   }
   return s;
 }
@@ -780,7 +945,7 @@ int pad_mode(const Node& n) {
 // of the padded axis taken with slices and concatenated.
 std::vector<Value*> decompose_pad(CoreBuilder& b, const Node& n) {
   Value* x = n.inputs[0];
-  const Shape &in = x->type.shape, &out = n.outputs[0]->type.shape;
+  const Dims in = x->type.dims(), out = n.outputs[0]->type.dims();
   const int r = static_cast<int>(in.size()), mode = pad_mode(n);
   std::optional<Ints> axes;
   if (n.has_input(3)) axes = tensor_ints(b.need_constant(3, "Pad axes"));
@@ -793,6 +958,10 @@ std::vector<Value*> decompose_pad(CoreBuilder& b, const Node& n) {
   }
   Value* y = x;
   for (int k = 0; k < r; ++k) {
+    if (full[k] == 0 && full[k + r] == 0) continue;
+    if (in[k].is_symbolic())
+      unsupported("{} padding of the axis of symbolic size {}: the source positions depend on its value",
+                  n.attr_s("mode"), in[k].str());
     if (in[k] == 0 && out[k] > 0) fail("cannot {} pad an empty axis", n.attr_s("mode"));
     Ints idx;
     for (int64_t o = 0; o < out[k]; ++o) idx.push_back(pad_source(o - full[k], in[k], mode));
@@ -834,7 +1003,7 @@ OpDef pad_op() {
       c.set_out(0, {x.dtype, Shape(r, kUnknownDim)});
       return;
     }
-    c.set_out(0, {x.dtype, pad_shape(x.shape, full_pads(r, *pads, axes))});
+    c.set_out(0, TensorType::of(x.dtype, pad_shape(x.dims(), full_pads(r, *pads, axes))));
   };
   d.kernel = [mode_of](KernelCtx& c) {
     const Tensor& x = c.in(0);
@@ -843,7 +1012,7 @@ OpDef pad_op() {
     std::optional<Ints> axes;
     if (c.has_in(3)) axes = tensor_ints(c.in(3));
     Ints full = full_pads(r, tensor_ints(c.in(1)), axes);
-    Shape s = pad_shape(x.shape(), full);
+    Shape s = static_shape(pad_shape(dims_of(x.shape()), full));
     Tensor fill(x.dtype(), {1});
     if (c.has_in(2)) {
       const Tensor& v = c.in(2);
@@ -885,11 +1054,11 @@ std::pair<int64_t, int64_t> shape_range(const Node& n, int64_t r) {
 OpDef shape_op() {
   OpDef d = make_op("Shape", 1, 1, 1, {{"start", AttrKind::i}, {"end", AttrKind::i}});
   d.infer = [](InferCtx& c) {
-    const Shape& in = c.in(0).shape;
+    const Dims in = c.in(0).dims();
     auto [s, e] = shape_range(c.node(), static_cast<int64_t>(in.size()));
-    Ints v(in.begin() + s, in.begin() + e);
-    if (shape_known(v))
-      c.set_out_value(0, i64_vector(v));
+    Dims v(in.begin() + s, in.begin() + e);
+    if (!dims_unknown(v))
+      c.set_out_sym_value(0, SymTensor{DType::i64, {e - s}, v});  // a plain value when every dim is static
     else
       c.set_out(0, {DType::i64, {e - s}});
   };
@@ -947,9 +1116,9 @@ OpDef sizes_op() {
 OpDef size_op() {
   OpDef d = make_op("Size", 1, 1, 1);
   d.infer = [](InferCtx& c) {
-    int64_t n = shape_numel(c.in(0).shape);
-    if (n >= 0)
-      c.set_out_value(0, Tensor::scalar_i(DType::i64, n));
+    const Dim n = numel_or_unknown(c.in(0).dims());
+    if (!dim_unknown(n))
+      c.set_out_sym_value(0, SymTensor{DType::i64, {}, {n}});
     else
       c.set_out(0, {DType::i64, {}});
   };
@@ -958,26 +1127,35 @@ OpDef size_op() {
   return d;
 }
 
-// The value is known from the static input shape.
+// The value is known from the static input shape. Symbolic sizes read as data (not folded into a
+// Sizes node that a shape operand reads) have no core form.
+void need_static_sizes(const char* op, const Dims& in, const Dims& read) {
+  if (dims_unknown(read)) unsupported("{} of {}, which has unknown dims", op, dims_str(in));
+  if (!dims_static(read))
+    unsupported("{} of {} is read as data: a symbolic size has no core form as a value", op, dims_str(in));
+}
+
 std::vector<Value*> decompose_shape(CoreBuilder& b, const Node& n) {
-  const Shape& in = n.inputs[0]->type.shape;
+  const Dims in = n.inputs[0]->type.dims();
   auto [s, e] = shape_range(n, static_cast<int64_t>(in.size()));
-  Ints v(in.begin() + s, in.begin() + e);
-  if (!shape_known(v)) unsupported("Shape of {}, which has unknown dims", shape_str(in));
-  return {b.constant(i64_vector(v))};
+  const Dims v(in.begin() + s, in.begin() + e);
+  need_static_sizes("Shape", in, v);
+  return {b.constant(i64_vector(static_shape(v)))};
 }
 
 std::vector<Value*> decompose_size(CoreBuilder& b, const Node& n) {
-  const int64_t numel = shape_numel(n.inputs[0]->type.shape);
-  if (numel < 0) unsupported("Size of {}, which has unknown dims", shape_str(n.inputs[0]->type.shape));
+  const Dims in = n.inputs[0]->type.dims();
+  const Dim numel = numel_or_unknown(in);
+  need_static_sizes("Size", in, {numel});
   return {b.constant(Tensor::scalar_i(DType::i64, numel))};
 }
 
 // ---- ConstantOfShape / Range / EyeLike / Trilu -------------------------------------------------
 
-Shape cos_shape(const Ints& v) {
-  for (int64_t x : v)
-    if (x < 0) fail("ConstantOfShape shape {} has a negative dim", ints_str(v));
+Dims cos_shape(const Dims& v) {
+  for (const Dim& x : v)
+    if (dim_unknown(x)) fail("ConstantOfShape shape {} has a negative dim", ints_str(v));
+  check_size_entries(v, 0, "ConstantOfShape shape");
   return v;
 }
 
@@ -992,8 +1170,8 @@ OpDef constant_of_shape_op() {
   OpDef d = make_op("ConstantOfShape", 1, 1, 9, {{"value", AttrKind::tensor}});
   d.infer = [](InferCtx& c) {
     DType dt = cos_fill(c.node()).dtype();
-    if (auto v = known_ints(c, 0)) {
-      c.set_out(0, {dt, cos_shape(*v)});
+    if (auto v = known_dims(c, 0)) {
+      c.set_out(0, TensorType::of(dt, cos_shape(*v)));
       return;
     }
     const Shape& ss = c.in(0).shape;
@@ -1002,7 +1180,7 @@ OpDef constant_of_shape_op() {
   };
   d.kernel = [](KernelCtx& c) {
     Tensor v = cos_fill(c.node());
-    Shape s = cos_shape(tensor_ints(c.in(0)));
+    Shape s = static_shape(cos_shape(dims_of(tensor_ints(c.in(0)))));
     int64_t n = shape_numel(s);
     if (n > (int64_t{1} << 34)) fail("ConstantOfShape output of {} elements is too large", n);
     c.set_out(0, remap(v, s, [](const Ints&) { return int64_t{0}; }));
@@ -1011,7 +1189,7 @@ OpDef constant_of_shape_op() {
 }
 
 std::vector<Value*> decompose_constant_of_shape(CoreBuilder& b, const Node& n) {
-  return {b.broadcast_to(b.constant(cos_fill(n).reshaped({})), n.outputs[0]->type.shape)};
+  return {b.broadcast_to(b.constant(cos_fill(n).reshaped({})), n.outputs[0]->type.dims())};
 }
 
 int64_t range_count(const Tensor& s, const Tensor& l, const Tensor& dl) {
@@ -1035,6 +1213,21 @@ int64_t range_count(const Tensor& s, const Tensor& l, const Tensor& dl) {
   return std::max<int64_t>(0, static_cast<int64_t>(n));
 }
 
+// The length of a Range over sizes (Range(0, seq, 1) in exported models): integer start and limit, one
+// of them symbolic, and a static delta, when the symbols decide it.
+std::optional<Dim> symbolic_range_count(const InferCtx& c) {
+  auto ops = symbolic_operands(c, {0, 1, 2});
+  if (!ops) return std::nullopt;
+  for (const SymTensor& o : *ops)
+    if (o.elems.size() != 1) fail("Range inputs must be scalars");
+  const Dim &start = (*ops)[0].elems[0], &limit = (*ops)[1].elems[0], &delta = (*ops)[2].elems[0];
+  if (!delta.is_static() || delta.constant_term() == std::numeric_limits<int64_t>::min())
+    unsupported("Range with delta {} over symbolic sizes", delta.str());
+  const int64_t dl = delta.constant_term();
+  if (dl == 0) fail("Range delta is 0");
+  return dl > 0 ? ceil_count(limit - start, dl, "Range") : ceil_count(start - limit, -dl, "Range");
+}
+
 OpDef range_op() {
   OpDef d = make_op("Range", 3, 3, 11);
   d.infer = [](InferCtx& c) {
@@ -1043,6 +1236,8 @@ OpDef range_op() {
     const Tensor *a = c.value(0), *b = c.value(1), *e = c.value(2);
     if (a && b && e)
       c.set_out(0, {dt, {range_count(*a, *b, *e)}});
+    else if (auto n = symbolic_range_count(c))
+      c.set_out(0, TensorType::of(dt, {*n}));
     else
       c.set_out(0, {dt, {kUnknownDim}});
   };
@@ -1066,17 +1261,20 @@ OpDef range_op() {
   return d;
 }
 
-// start + iota * delta (start and delta may be run-time scalars; the length is static).
+// start + iota * delta (start and delta may be run-time scalars; the length is static or symbolic). A
+// symbolic start is a size read as data: no core form.
 std::vector<Value*> decompose_range(CoreBuilder& b, const Node& n) {
   const TensorType& t = n.outputs[0]->type;
-  Value* iota = b.iota(t.dtype, t.shape, 0);
+  if (auto start = b.known_sizes(0); start && !dims_static(*start))
+    unsupported("Range's start {} is a symbolic size read as data: no core form", ints_str(*start));
+  Value* iota = b.iota(t.dtype, t.dims(), 0);
   return {b.add(b.mul(iota, b.reshape(n.inputs[2], {})), b.reshape(n.inputs[0], {}))};
 }
 
 Value* i64_scalar(CoreBuilder& b, int64_t v) { return b.constant(Tensor::scalar_i(DType::i64, v)); }
 
 // col - row over a [rows, cols] grid (i64).
-Value* diagonal_offset(CoreBuilder& b, const Shape& rows_cols) {
+Value* diagonal_offset(CoreBuilder& b, const DimList& rows_cols) {
   return b.sub(b.iota(DType::i64, rows_cols, 1), b.iota(DType::i64, rows_cols, 0));
 }
 
@@ -1092,7 +1290,7 @@ OpDef eyelike_op() {
   d.infer = [](InferCtx& c) {
     const TensorType& x = c.in(0);
     if (x.shape.size() != 2) fail("EyeLike needs a 2-D input, got {}", x.str());
-    c.set_out(0, {eyelike_dtype(c.node(), x.dtype), x.shape});
+    c.set_out(0, with_dtype(x, eyelike_dtype(c.node(), x.dtype)));
   };
   d.kernel = [](KernelCtx& c) {
     const Tensor& x = c.in(0);
@@ -1110,16 +1308,16 @@ OpDef eyelike_op() {
 
 std::vector<Value*> decompose_eyelike(CoreBuilder& b, const Node& n) {
   const TensorType& t = n.outputs[0]->type;
-  Value* on = b.compare("eq", diagonal_offset(b, t.shape), i64_scalar(b, n.attr_i("k", 0)));
+  Value* on = b.compare("eq", diagonal_offset(b, t.dims()), i64_scalar(b, n.attr_i("k", 0)));
   return {b.convert(on, t.dtype)};
 }
 
 // x where col - row >= k (upper) or <= k (lower), else 0; k may be a run-time scalar.
 std::vector<Value*> decompose_trilu(CoreBuilder& b, const Node& n) {
   Value* x = n.inputs[0];
-  const Shape& s = x->type.shape;
+  const Dims s = x->type.dims();
   Value* k = n.has_input(1) ? b.reshape(b.convert(n.inputs[1], DType::i64), {}) : i64_scalar(b, 0);
-  Value* diag = diagonal_offset(b, Shape(s.end() - 2, s.end()));
+  Value* diag = diagonal_offset(b, Dims(s.end() - 2, s.end()));
   Value* keep = b.compare(n.attr_i("upper", 1) ? "ge" : "le", diag, k);
   return {b.select(keep, x, b.full(x->type.dtype, s, 0))};
 }
@@ -1866,25 +2064,26 @@ OpDef upsample_op() {
 
 }  // namespace
 
+// The ops marked symbolic_op take symbolic sizes (docs/dynamic-shapes.md); the rest refuse them.
 void register_shape_ops(OpRegistry& r) {
-  r.add(with_decomposition(reshape_op(), decompose_reshape));
-  r.add(with_decomposition(transpose_op(), decompose_transpose));
-  r.add(with_decomposition(squeeze_op(false), decompose_reshape));
-  r.add(with_decomposition(squeeze_op(true), decompose_reshape));
-  r.add(with_decomposition(flatten_op(), decompose_reshape));
-  r.add(with_decomposition(concat_op(), decompose_concat));
-  r.add(with_decomposition(split_op(), decompose_split));
-  r.add(with_decomposition(slice_op(), decompose_slice));
-  r.add(with_decomposition(expand_op(), decompose_expand));
-  r.add(with_decomposition(tile_op(), decompose_tile));
-  r.add(with_decomposition(pad_op(), decompose_pad));
-  r.add(with_decomposition(shape_op(), decompose_shape));
-  r.add(with_decomposition(size_op(), decompose_size));
+  r.add(symbolic_op(with_decomposition(reshape_op(), decompose_reshape)));
+  r.add(symbolic_op(with_decomposition(transpose_op(), decompose_transpose)));
+  r.add(symbolic_op(with_decomposition(squeeze_op(false), decompose_reshape)));
+  r.add(symbolic_op(with_decomposition(squeeze_op(true), decompose_reshape)));
+  r.add(symbolic_op(with_decomposition(flatten_op(), decompose_reshape)));
+  r.add(symbolic_op(with_decomposition(concat_op(), decompose_concat)));
+  r.add(symbolic_op(with_decomposition(split_op(), decompose_split)));
+  r.add(symbolic_op(with_decomposition(slice_op(), decompose_slice)));
+  r.add(symbolic_op(with_decomposition(expand_op(), decompose_expand)));
+  r.add(symbolic_op(with_decomposition(tile_op(), decompose_tile)));
+  r.add(symbolic_op(with_decomposition(pad_op(), decompose_pad)));
+  r.add(symbolic_op(with_decomposition(shape_op(), decompose_shape)));
+  r.add(symbolic_op(with_decomposition(size_op(), decompose_size)));
   r.add(sizes_op());
-  r.add(with_decomposition(constant_of_shape_op(), decompose_constant_of_shape));
-  r.add(with_decomposition(range_op(), decompose_range));
-  r.add(with_decomposition(eyelike_op(), decompose_eyelike));
-  r.add(with_decomposition(trilu_op(), decompose_trilu));
+  r.add(symbolic_op(with_decomposition(constant_of_shape_op(), decompose_constant_of_shape)));
+  r.add(symbolic_op(with_decomposition(range_op(), decompose_range)));
+  r.add(symbolic_op(with_decomposition(eyelike_op(), decompose_eyelike)));
+  r.add(symbolic_op(with_decomposition(trilu_op(), decompose_trilu)));
   r.add(with_decomposition(depth_space_op(true), decompose_depth_space(true)));
   r.add(with_decomposition(depth_space_op(false), decompose_depth_space(false)));
   r.add(with_decomposition(center_crop_pad_op(), decompose_center_crop_pad));
