@@ -323,7 +323,9 @@ class Converted:
                     if symbolic is None or isinstance(e, DynamicUnsupported):
                         raise
                     # (a shape rule without symbolic sizes, a lowering that met a symbolic size it does not take)
-                    raise DynamicUnsupported(f"{name}: aten op {_op_name(n.target)}: {str(e).splitlines()[0]}") from None
+                    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    where = "" if name.split(" @ ")[0] in msg else f"{name}: "
+                    raise DynamicUnsupported(f"{where}aten op {_op_name(n.target)}: {msg}") from None
             else:
                 reason = f"unsupported aten op {_op_name(n.target)}: no tessel lowering"
             if result is None:

@@ -32,18 +32,24 @@ class DynamicUnsupported(_tessel.TesselError):
 
 
 class SymbolSpec:
-    """One size symbol: its name and facts (every value in [lo, hi], a multiple of multiple_of)."""
+    """One size symbol: its name and facts (every value in [lo, hi], a multiple of multiple_of). lo is 2 at
+    least: PyTorch's traces assume a symbolic size is not 0 or 1 (a size 1 broadcasts; dynamo
+    specialises both), so a call with a size 1 gets a compilation of its own."""
 
     __slots__ = ("name", "lo", "hi", "multiple_of")
 
-    def __init__(self, name, lo=1, hi=_DEFAULT_HI, multiple_of=1):
+    def __init__(self, name, lo=2, hi=_DEFAULT_HI, multiple_of=1):
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name):
             raise _tessel.TesselError(f"dynamic_dims: {name!r} is not a size symbol name ([A-Za-z_][A-Za-z0-9_]*)")
         for what, v in (("lo", lo), ("hi", hi), ("multiple_of", multiple_of)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise _tessel.TesselError(f"dynamic_dims: symbol '{name}': {what} must be a positive int, not {v!r}")
+        lo = max(lo, 2)
         if hi < lo:
-            raise _tessel.TesselError(f"dynamic_dims: symbol '{name}': the range [{lo}, {hi}] is empty")
+            raise _tessel.TesselError(f"dynamic_dims: symbol '{name}': the range [{lo}, {hi}] is empty (sizes 0 and 1 "
+                                      "are never symbolic)")
+        if hi // multiple_of * multiple_of < lo:
+            raise _tessel.TesselError(f"dynamic_dims: symbol '{name}': no multiple of {multiple_of} lies in [{lo}, {hi}]")
         self.name, self.lo, self.hi, self.multiple_of = name, lo, hi, multiple_of
 
     def facts(self):
@@ -153,6 +159,14 @@ def make_plan(dynamic, dynamic_dims, tensors, positions):
             if not s.holds(n):
                 raise _tessel.TesselError(f"dynamic_dims: input {key!r} dim {d} is {n} in the example, outside {s}")
             out[d] = s
+    sizes = {}
+    for k, dd in dims.items():
+        for d, s in dd.items():
+            first = sizes.setdefault(s.name, (k, d, tensors[k].shape[d]))
+            if first[2] != tensors[k].shape[d]:
+                raise _tessel.TesselError(f"dynamic_dims: symbol '{s.name}' names dims of different sizes in the example "
+                                          f"(tensor {first[0]} dim {first[1]} is {first[2]}, tensor {k} dim {d} is "
+                                          f"{tensors[k].shape[d]})")
     return DynamicPlan(dims)
 
 
@@ -215,10 +229,17 @@ class Symbolic:
 
 # ---- symbolic tracing -----------------------------------------------------------------------------
 def _stack_location(stack):
-    """'file.py:LINE `code`' of the innermost user frame of a formatted stack (torch 1.13's guards)."""
-    from ._capture import _is_user_file, _user_frame
-    frames = [(f, int(line)) for f, line in re.findall(r'File "([^"]+)", line (\d+)', stack or "")]
-    return _user_frame(list(reversed(frames))) if any(_is_user_file(f) for f, _ in frames) else ""
+    """Where a guard was decided, from a formatted stack: the innermost user frame ('file.py:LINE
+    `code`'), and the torch function that decided it when that is not the user's code."""
+    from ._capture import _PKG_DIR, _is_user_file, _user_frame
+    frames = [(f, int(line), fn) for f, line, fn in re.findall(r'File "([^"]+)", line (\d+), in (\S+)', stack or "")
+              if not f.startswith(_PKG_DIR)]
+    user = _user_frame([(f, line) for f, line, _ in reversed(frames)])
+    if frames and not _is_user_file(frames[-1][0]):
+        f, line, fn = frames[-1]
+        inner = f"{f.split('/torch/')[-1]}:{line} {fn}"
+        return f"{user} (in torch: {inner})" if user else f"in torch: {inner}"
+    return user
 
 
 @contextlib.contextmanager
@@ -259,8 +280,9 @@ _COMPOSITES_113 = {_ov("linear", "default"): _linear, _ov("narrow", "default"): 
 class _Trace113:
     """torch 1.13: make_fx(tracing_mode="symbolic") with a ShapeEnv that gives the plan's dims their
     symbols and every other dim its number (1.13 would make every dim of every tensor a symbol, and
-    give dims of equal sizes one symbol), assumes each symbol's declared lower bound (1.13 assumes >= 2
-    without recording it), and records `bool(size)` as `size != 0`. No functionalization (1.13's
+    give dims of equal sizes one symbol), and that records `bool(size)` as `size != 0` (1.13 records
+    the size's value, a guard that only the example's size passes). Like 1.13, it decides what holds
+    for every size >= 2 without a guard (SymbolSpec's ranges start at 2). No functionalization (1.13's
     functorch cannot functionalize symbolic tensors): in-place ops are made out-of-place where that is
     safe (_inplace_to_functional)."""
 
@@ -282,8 +304,6 @@ class _Trace113:
                 tracer.env = self
                 self.tessel_sizes = {}       # arg -> [size per dim]
                 self.tessel_symbols = {}     # name -> SymIntNode
-                self.tessel_lo = {}          # sympy symbol -> lower bound
-                self.tessel_static = {}
 
             def create_symint(self, name, val):
                 m = re.fullmatch(r"t(\d+)\.(size|stride|storage_offset)\((\d*)\)", name)
@@ -320,30 +340,13 @@ class _Trace113:
                 node = self.tessel_symbols.get(spec.name)
                 if node is not None:
                     if self.var_to_val[node.get_pyobj().expr] != val:
-                        raise _tessel.TesselError(f"dynamic_dims: symbol '{spec.name}' names dims of different sizes in "
-                                                  f"the example ({self.var_to_val[node.get_pyobj().expr]} and {val})")
+                        raise DynamicUnsupported(f"symbolic capture: symbol '{spec.name}' met two sizes")
                     return node
                 expr = sympy.Symbol(spec.name, positive=True, integer=True)
                 self.var_to_val[expr] = sympy.Integer(val)
-                self.tessel_lo[expr] = spec.lo
                 node = torch.SymIntNode.new_symint(symbolic_shapes.PySymInt(expr, self))
                 self.tessel_symbols[spec.name] = node
                 return node
-
-            def _maybe_evaluate_static(self, expr):
-                # torch 1.13's, with each symbol's own lower bound instead of 2
-                key = (expr, self._get_key())
-                if key in self.tessel_static:
-                    return self.tessel_static[key]
-                e = self.simplify(expr)
-                new_env = {k: sympy.Symbol(f"shape_{i}", positive=True, integer=True) + (self.tessel_lo.get(k, 2) - 1)
-                           for i, k in enumerate(e.free_symbols)}
-                new = e.xreplace(new_env)
-                new = sympy.expand(new.xreplace({a: sympy.floor(a.args[0] / a.args[1])
-                                                 for a in new.atoms(symbolic_shapes.FloorDiv)}))
-                out = new if not new.free_symbols else None
-                self.tessel_static[key] = out
-                return out
 
         def sym_bool(self):
             # bool(size) asks whether it is non-zero (1.13 guards on the size's value itself)

@@ -786,7 +786,9 @@ def _arange(L, node, *args, **kwargs):
     """arange(end), arange(start, end), arange(start, end, step) with a symbolic size among them (static
     ones are folded to constants before lowering): a Range over Sizes scalars."""
     start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], 1) if len(args) == 2 else args[:3]
-    dt = _meta_torch_dtype(node) or torch.int64
+    integral = all(isinstance(v, (int, SymDim)) for v in (start, end, step))
+    # (torch 1.13's symbolic trace types arange of a SymInt as float; eager gives int64 for integers)
+    dt = kwargs.get("dtype") or (torch.int64 if integral else _meta_torch_dtype(node))
     from ._convert import tessel_dtype
     d = tessel_dtype(dt, "arange")
     if not any_sym([start, end, step]):
