@@ -29,25 +29,6 @@ std::vector<Tensor> run_decomposed(const std::string& op, const std::vector<Tens
   return run_eager(g, given);
 }
 
-// Same dtype and shape; ints and bool exact; floats within rtol (NaN matches NaN, inf matches inf).
-void expect_same(const Tensor& got, const Tensor& want, double rtol, const std::string& what) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    if (!is_float(want.dtype())) {
-      EXPECT_EQ(got.get_i(i), want.get_i(i)) << what << " element " << i;
-      continue;
-    }
-    const double g = got.get_f(i), w = want.get_f(i);
-    if (std::isnan(w) || std::isinf(w)) {
-      EXPECT_TRUE(std::isnan(w) ? std::isnan(g) : g == w)
-          << what << " element " << i << ": " << g << " vs " << w;
-    } else {
-      EXPECT_NEAR(g, w, 1e-7 + rtol * std::fabs(w)) << what << " element " << i;
-    }
-  }
-}
-
 // The decomposed node against the op's reference kernel, output by output.
 void check(const std::string& op, const std::vector<Tensor>& ins,
            std::map<std::string, Attr> attrs = {}, double rtol = 1e-6, int num_outs = 1,

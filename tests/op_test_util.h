@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -75,6 +76,25 @@ inline void expect_near(const Tensor& t, const std::vector<double>& want, double
   std::vector<double> got = t.to_f64();
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
+}
+
+// Same dtype and shape; ints and bool exact; floats within rtol (NaN matches NaN, inf matches inf).
+inline void expect_same(const Tensor& got, const Tensor& want, double rtol, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (!is_float(want.dtype())) {
+      EXPECT_EQ(got.get_i(i), want.get_i(i)) << what << " element " << i;
+      continue;
+    }
+    const double g = got.get_f(i), w = want.get_f(i);
+    if (std::isnan(w) || std::isinf(w)) {
+      EXPECT_TRUE(std::isnan(w) ? std::isnan(g) : g == w)
+          << what << " element " << i << ": " << g << " vs " << w;
+    } else {
+      EXPECT_NEAR(g, w, 1e-7 + rtol * std::fabs(w)) << what << " element " << i;
+    }
+  }
 }
 
 }  // namespace tessel::testenv

@@ -19,8 +19,10 @@
 #include "tessel/passes/pass.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
+#include "op_test_util.h"
 
 using namespace tessel;
+using testenv::expect_same;
 
 namespace {
 
@@ -106,27 +108,6 @@ Tensor input_for(const TensorType& t, const Bindings& b, uint32_t seed) {
   return x;
 }
 
-// Same dtype and shape; integers and bools exact; floats within tol relative (NaN matches NaN).
-void expect_same(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    if (!is_float(want.dtype())) {
-      ASSERT_EQ(got.get_i(i), want.get_i(i)) << what << " element " << i;
-      continue;
-    }
-    const double g = got.get_f(i), w = want.get_f(i);
-    if (std::isnan(w) || std::isinf(w)) {
-      ASSERT_EQ(std::isnan(g), std::isnan(w)) << what << " element " << i;
-      if (std::isinf(w)) {
-        ASSERT_EQ(g, w) << what << " element " << i;
-      }
-      continue;
-    }
-    ASSERT_LE(std::fabs(g - w), tol * std::max(1.0, std::fabs(w))) << what << " element " << i << ": " << g << " vs " << w;
-  }
-}
-
 const std::vector<Bindings> kS0 = {{{"s0", 1}}, {{"s0", 5}}, {{"s0", 12}}};
 
 // `text` lowered (fold-constants, decompose, dce) keeps its symbols, is all core ops, and computes
@@ -206,7 +187,7 @@ graph @ew(%x: f32[s0,16], %y: f32[16], %z: f32[s0,1], %w: f32[1,16], %p: i64[s0,
 // (decompose_elementwise_test), the symbolic form adds no error of its own.
 TEST(SymOps, UnaryAndActivations) {
   check_lowering(R"(
-graph @act(%x: f32[s0,8], %slope: f32[8]) symbols(s0 in [1, 64]) {
+graph @act(%x: f32[s0,8], %slope: f32[8], %x2: f32[s0,8]) symbols(s0 in [1, 64]) {
   const %lo: f32[] = [-0.5]
   const %hi: f32[] = [0.75]
   %ng: f32[s0,8] = Neg(%x) loc("ng")
@@ -239,7 +220,12 @@ graph @act(%x: f32[s0,8], %slope: f32[8]) symbols(s0 in [1, 64]) {
   %pr: f32[s0,8] = PRelu(%x, %slope) loc("pr")
   %idn: f32[s0,8] = Identity(%x) loc("idn")
   %dr: f32[s0,8], %mask: bool[s0,8] = Dropout(%x) loc("dr")
-  return %ng, %ex, %lg, %sq, %rc, %er, %th, %sg, %rl, %lr, %el, %se, %ce, %ge, %hs, %hw, %sp, %ss, %mi, %sn, %fl, %cg, %rn, %nan, %inf, %cp, %pr, %idn, %dr, %mask
+  %sin: f32[s0,8] = Sin(%x) loc("sin")
+  %cos: f32[s0,8] = Cos(%x) loc("cos")
+  %shr: f32[s0,8] = Shrink(%x) {lambd = 0.25} loc("shr")
+  %thr: f32[s0,8] = ThresholdedRelu(%x) {alpha = 0.5} loc("thr")
+  %glu: f32[s0,8] = SwiGLU(%x, %x2) loc("glu")
+  return %sin, %cos, %shr, %thr, %glu, %ng, %ex, %lg, %sq, %rc, %er, %th, %sg, %rl, %lr, %el, %se, %ce, %ge, %hs, %hw, %sp, %ss, %mi, %sn, %fl, %cg, %rn, %nan, %inf, %cp, %pr, %idn, %dr, %mask
 })", 1e-5);
 }
 
@@ -283,14 +269,13 @@ graph @sh(%x: f32[s0,4,6], %v: f32[s0,6], %w: f32[s0,8], %ix: i64[s0,4]) symbols
   %g: f32[s0,2,6] = Gather(%x, %gi) {axis = 1} loc("g")
   %g0: f32[2,4,6] = Gather(%x, %gz) {axis = 0} loc("g0")
   %ge: f32[s0,4] = GatherElements(%w, %ix) {axis = 1} loc("ge")
-  return %r, %r0, %t, %f, %f0, %cc, %cs, %sp1, %sp2, %sl, %sl2, %ex, %tl, %pd, %pe, %tr, %tr2, %g, %g0, %ge
+  %ey: f32[s0,6] = EyeLike(%v) {k = 1} loc("ey")
+  return %ey, %r, %r0, %t, %f, %f0, %cc, %cs, %sp1, %sp2, %sl, %sl2, %ex, %tl, %pd, %pe, %tr, %tr2, %g, %g0, %ge
 })");
 }
 
-// ONNX exporters' chain for a view(B, 2, 4) with B = x.size(0): fold-constants leaves one Sizes node
-// holding [s0, 2, 4] for the Reshape, which decomposes into a core reshape to dims[s0, 2, 4].
-TEST(SymOps, ShapeArithmeticChainFoldsIntoSizes) {
-  const std::string text = R"(
+// ONNX exporters' chain for a view(B, 2, 4) with B = x.size(0) (the graph's return to be added).
+constexpr const char* kChain = R"(
 graph @chain(%x: f32[s0,8]) symbols(s0 in [1, 4096]) {
   const %i0: i64[] = [0]
   const %ax: i64[1] = [0]
@@ -300,8 +285,12 @@ graph @chain(%x: f32[s0,8]) symbols(s0 in [1, 4096]) {
   %bu: i64[1] = Unsqueeze(%b, %ax) loc("/Unsqueeze")
   %shape: i64[3] = Concat(%bu, %tail) {axis = 0} loc("/Concat")
   %y: f32[s0,2,4] = Reshape(%x, %shape) loc("/Reshape")
-  return %y
-})";
+)";
+
+// The chain: fold-constants leaves one Sizes node
+// holding [s0, 2, 4] for the Reshape, which decomposes into a core reshape to dims[s0, 2, 4].
+TEST(SymOps, ShapeArithmeticChainFoldsIntoSizes) {
+  const std::string text = std::string(kChain) + "  return %y\n}\n";
   auto g = parse_graph(text);
   run_pipeline(*g, {find_pass("fold-constants"), find_pass("dce")}, PassOptions{});
   ASSERT_EQ(g->nodes().size(), 2u) << print_graph(*g);
@@ -370,7 +359,7 @@ TEST(SymOps, RefusalsNameWhatIsSymbolic) {
   refused("  const %t: i64[2] = [4, -1]\n  %y: f32[4,?] = Reshape(%x, %t) loc(\"r\")\n  return %y\n",
           "not an exact division for every value of the symbols");
   // An op whose rule was not written for symbolic sizes.
-  refused("  %y: f32[s0,6] = Hardmax(%x) loc(\"h\")\n  return %y\n", "Hardmax has no shape rule for symbolic sizes");
+  refused("  %y: f32[s0,6] = LpNormalization(%x) loc(\"h\")\n  return %y\n", "LpNormalization has no shape rule for symbolic sizes");
   // A convolution's symbolic spatial dim: its output size is a floor division.
   refused("  %y: f32[1,2,?,6] = Conv(%img, %w) loc(\"c\")\n  return %y\n", "spatial");
   // s0 against 3: broadcasting decides nothing.
@@ -387,4 +376,79 @@ TEST(SymOps, RefusalsNameWhatIsSymbolic) {
           "depends on the symbols");
   // A size read as data (returned), not as a shape: no core form.
   refused("  %y: i64[2] = Shape(%x) loc(\"s\")\n  return %y\n", "read as data");
+}
+
+TEST(SymOps, MatMulAndGemm) {
+  check_lowering(R"(
+graph @mm(%x: f32[s0,6], %w: f32[6,4], %b3: f32[2,s0,6], %w3: f32[2,6,3], %v: f32[6], %c: f32[4], %xt: f32[6,s0]) symbols(s0 in [1, 64]) {
+  %y: f32[s0,4] = MatMul(%x, %w) loc("y")
+  %y3: f32[2,s0,3] = MatMul(%b3, %w3) loc("y3")
+  %yv: f32[s0] = MatMul(%x, %v) loc("yv")
+  %yb: f32[2,s0,4] = MatMul(%b3, %w) loc("yb")
+  %g: f32[s0,4] = Gemm(%x, %w, %c) {alpha = 0.5, beta = 2.0} loc("g")
+  %gt: f32[s0,4] = Gemm(%xt, %w, %c) {transA = 1} loc("gt")
+  %k: f32[6,6] = MatMul(%xt, %x) loc("k")
+  return %y, %y3, %yv, %yb, %g, %gt, %k
+})");
+}
+
+TEST(SymOps, ReductionsSoftmaxAndCumulative) {
+  check_lowering(R"(
+graph @red(%x: f32[s0,6], %t: f32[2,s0,4]) symbols(s0 in [1, 64]) {
+  const %a1: i64[1] = [1]
+  const %a0: i64[1] = [0]
+  const %ax: i64[] = [1]
+  %rs: f32[s0,1] = ReduceSum(%x, %a1) loc("rs")
+  %rm: f32[6] = ReduceMean(%x, %a0) {keepdims = 0} loc("rm")
+  %rma: f32[1,1] = ReduceMean(%x) loc("rma")
+  %rx: f32[2,1,4] = ReduceMax(%t, %a1) loc("rx")
+  %rn: f32[s0] = ReduceMin(%x, %a1) {keepdims = 0} loc("rn")
+  %rp: f32[s0,1] = ReduceProd(%x, %a1) loc("rp")
+  %am: i64[s0] = ArgMax(%x) {axis = 1, keepdims = 0} loc("am")
+  %an: i64[1,6] = ArgMin(%x) {axis = 0} loc("an")
+  %al: i64[2,1,4] = ArgMax(%t) {axis = 1, select_last_index = 1} loc("al")
+  %sm: f32[s0,6] = Softmax(%x) loc("sm")
+  %ls: f32[2,s0,4] = LogSoftmax(%t) {axis = 1} loc("ls")
+  %hm: f32[s0,6] = Hardmax(%x) loc("hm")
+  %cs: f32[s0,6] = CumSum(%x, %ax) loc("cs")
+  return %rs, %rm, %rma, %rx, %rn, %rp, %am, %an, %al, %sm, %ls, %hm, %cs
+})", 1e-5);
+}
+
+TEST(SymOps, Normalizations) {
+  check_lowering(R"(
+graph @norm(%x: f32[s0,8], %img: f32[s0,4,3,3], %seq: f32[1,2,s0], %sc: f32[8], %bi: f32[8], %c4: f32[4], %d4: f32[4], %c2: f32[2], %d2: f32[2]) symbols(s0 in [1, 64]) {
+  const %m4: f32[4] = [0.1, -0.2, 0.3, 0.0]
+  const %v4: f32[4] = [1.0, 0.5, 2.0, 0.25]
+  %ln: f32[s0,8] = LayerNormalization(%x, %sc, %bi) loc("ln")
+  %lnr: f32[s0,8], %mean: f32[1,1], %inv: f32[1,1] = LayerNormalization(%x, %sc, %bi) {axis = 0} loc("lnr")
+  %rms: f32[s0,8] = RMSNormalization(%x, %sc) loc("rms")
+  %bn: f32[s0,4,3,3] = BatchNormalization(%img, %c4, %d4, %m4, %v4) loc("bn")
+  %gn: f32[s0,4,3,3] = GroupNormalization(%img, %c4, %d4) {num_groups = 2} loc("gn")
+  %in: f32[s0,4,3,3] = InstanceNormalization(%img, %c4, %d4) loc("in")
+  %ins: f32[1,2,s0] = InstanceNormalization(%seq, %c2, %d2) loc("ins")
+  return %ln, %lnr, %mean, %inv, %rms, %bn, %gn, %in, %ins
+})", 1e-5);
+}
+
+TEST(SymOps, ConvolutionAndPoolingOverASymbolicBatch) {
+  check_lowering(R"(
+graph @conv(%x: f32[s0,3,7,7], %w: f32[4,3,3,3], %b: f32[4], %seq: f32[2,3,s0,5]) symbols(s0 in [1, 16]) {
+  %c: f32[s0,4,4,4] = Conv(%x, %w, %b) {pads = [1, 1, 1, 1], strides = [2, 2]} loc("c")
+  %mp: f32[s0,4,2,2], %ix: i64[s0,4,2,2] = MaxPool(%c) {kernel_shape = [2, 2], strides = [2, 2]} loc("mp")
+  %ap: f32[s0,3,3,3] = AveragePool(%x) {kernel_shape = [3, 3], strides = [2, 2]} loc("ap")
+  %ga: f32[s0,4,1,1] = GlobalAveragePool(%c) loc("ga")
+  %gm: f32[s0,4,1,1] = GlobalMaxPool(%c) loc("gm")
+  %gs: f32[2,3,1,1] = GlobalAveragePool(%seq) loc("gs")
+  return %c, %mp, %ix, %ap, %ga, %gm, %gs
+})", 1e-5);
+}
+
+// The decompose pass itself on a symbolic graph: enable once it takes TensorType::dims_defined() as
+// its test for a static-enough node and keeps Sizes nodes for the ops that read them as shapes (see
+// decompose_symbolic above); then the stand-in can go.
+TEST(SymOps, DISABLED_RealDecomposePass) {
+  auto g = parse_graph(std::string(kChain) + "  %z: f32[s0,2,4] = Relu(%y) loc(\"/Relu\")\n  return %z\n}\n");
+  lower(*g, find_pass("decompose"));
+  for (const auto& n : g->nodes()) EXPECT_EQ(n->op->domain, "tessel.core") << n->op_name() << " is left at graph level";
 }

@@ -16,9 +16,11 @@ std::string op_table_markdown() {
       "`upgrade`: older opsets are rewritten into these semantics on import. Inputs and outputs are\n"
       "min..max counts (`*` = variadic). `core form`: `decomposes` when the op has a decomposition into\n"
       "core primitives (docs/ir/core.md), `primitive` for the core ops themselves, `none` for ops that\n"
-      "stay graph-level (data-dependent output shapes: graph breaks).\n\n"
-      "| op | domain | since | upgrade | inputs | outputs | fusion | core form | attributes |\n"
-      "|---|---|---|---|---|---|---|---|---|\n";
+      "stay graph-level (data-dependent output shapes: graph breaks). `sym`: `yes` when the op takes\n"
+      "symbolic sizes (docs/dynamic-shapes.md lists what each graph-level one refuses); a node of any other\n"
+      "op with a symbolic operand is refused.\n\n"
+      "| op | domain | since | upgrade | inputs | outputs | fusion | core form | sym | attributes |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n";
   auto range = [](int lo, int hi) {
     if (hi < 0) return fmt::format("{}..*", lo);
     return lo == hi ? fmt::format("{}", lo) : fmt::format("{}..{}", lo, hi);
@@ -29,10 +31,10 @@ std::string op_table_markdown() {
     for (const auto& a : d->attrs)
       attrs += fmt::format("{}{}:{}{}", attrs.empty() ? "" : ", ", a.name, attr_kind_name(a.kind), a.required ? "!" : "");
     const char* core = d->domain == "tessel.core" ? "primitive" : d->decompose ? "decomposes" : "none";
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", d->name,
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", d->name,
                        d->domain.empty() ? "ai.onnx" : d->domain, d->since, d->upgrade ? "yes" : "",
                        range(d->min_inputs, d->max_inputs), range(d->min_outputs, d->max_outputs),
-                       fusion_kind_name(d->fusion), core, attrs);
+                       fusion_kind_name(d->fusion), core, d->symbolic ? "yes" : "", attrs);
   }
   out += fmt::format("\n{} ops.\n", ops.size());
   out +=

@@ -6,6 +6,7 @@
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
+#include "tessel/ops/sym_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -164,6 +165,24 @@ Shape spatial_of(const Shape& s) {
   return Shape(s.begin() + 2, s.end());
 }
 
+// Convolution and pooling take a symbolic batch dim (0) only: a spatial output extent is a floor
+// division, and a channel count sizes the weights. The batch dim, for the rule to put back.
+Dim symbolic_batch_only(const TensorType& x, const std::string& op) {
+  const Dims d = x.dims();
+  for (size_t i = 1; i < d.size(); ++i)
+    if (d[i].is_symbolic())
+      unsupported("{} over {}: dim {} is symbolic ({}), only the batch dim may be ({})", op, x.str(), i, d[i].str(),
+                  i == 1 ? "the channel count sizes the weights" : "a spatial output size is a floor division");
+  return d.empty() ? Dim(kUnknownDim) : d[0];
+}
+
+// `t` with its batch dim (0) replaced by `batch`.
+TensorType with_batch(const TensorType& t, const Dim& batch) {
+  Dims d = t.dims();
+  d[0] = batch;
+  return TensorType::of(t.dtype, d);
+}
+
 // ---- decomposition helpers ----------------------------------------------------------------------
 
 
@@ -314,7 +333,7 @@ TensorType infer_conv_type(InferCtx& c, DType out_dt) {
   Window w = forward_window(c.node(), spatial_of(x), k, false);
   Shape out = {x[0], wt[0]};
   out.insert(out.end(), w.out.begin(), w.out.end());
-  return {out_dt, out};
+  return with_batch({out_dt, out}, symbolic_batch_only(c.in(0), c.node().op_name()));
 }
 
 // Runs a float or (zero-point-shifted) integer conv in double, or natively in f32.
@@ -755,12 +774,13 @@ OpDef pool_def(const std::string& name, PoolKind kind, int since) {
     const bool int_ok = kind == PoolKind::max && (x.dtype == DType::u8 || x.dtype == DType::i8);
     if (!is_float(x.dtype) && !int_ok) fail("pooling on {} is not allowed", dtype_name(x.dtype));
     const int nd = static_cast<int>(x.shape.size()) - 2;
+    const Dim batch = symbolic_batch_only(x, c.node().op_name());
     Window w = forward_window(c.node(), spatial_of(x.shape), pool_kernel(c.node(), nd),
                               c.node().attr_i("ceil_mode", 0) != 0);
     Shape out = {x.shape[0], x.shape[1]};
     out.insert(out.end(), w.out.begin(), w.out.end());
-    c.set_out(0, {x.dtype, out});
-    if (c.num_outputs() > 1 && c.node().outputs[1]) c.set_out(1, {DType::i64, out});
+    c.set_out(0, with_batch({x.dtype, out}, batch));
+    if (c.num_outputs() > 1 && c.node().outputs[1]) c.set_out(1, with_batch({DType::i64, out}, batch));
   };
   d.kernel = [kind](KernelCtx& c) {
     const Tensor& x = c.in(0);
@@ -901,7 +921,7 @@ Tensor pool_counts(const Window& w, bool include_pad, DType dt) {
 // padding); storage_order 1 numbers the plane column-major. Plane offsets (n * C + c) * plane
 // come from iotas.
 Value* pool_argmax(CoreBuilder& b, Value* x, const Window& w, bool col_major) {
-  const Shape& xs = x->type.shape;
+  const Dims xs = x->type.dims();
   const DType dt = x->type.dtype;
   const double lowest = is_float(dt) ? -INFINITY : dt == DType::u8 ? 0.0 : -128.0;
   std::vector<int64_t> lo = {0, 0}, hi = {0, 0};
@@ -929,14 +949,15 @@ Value* pool_argmax(CoreBuilder& b, Value* x, const Window& w, bool col_major) {
       }
       pos[o] = cm;
     });
-    std::vector<int64_t> starts = {0, 0}, stops = {xs[0], xs[1]}, strides = {1, 1};
+    Dims starts = {0, 0}, stops = {xs[0], xs[1]};
+    std::vector<int64_t> strides = {1, 1};
     for (int i = 0; i < w.nd; ++i) {
       starts.push_back(kt[i] * w.d[i]);
       stops.push_back(starts.back() + (w.out[i] - 1) * w.s[i] + 1);
       strides.push_back(w.s[i]);
     }
     Value* v = b.slice(padded, starts, stops, strides);
-    Value* p = b.broadcast_to(b.constant(Tensor::from_i64(DType::i64, plane_out, pos)), v->type.shape);
+    Value* p = b.broadcast_to(b.constant(Tensor::from_i64(DType::i64, plane_out, pos)), v->type.dims());
     if (!best) {
       best = v;
       arg = p;
@@ -948,8 +969,8 @@ Value* pool_argmax(CoreBuilder& b, Value* x, const Window& w, bool col_major) {
     best = b.select(take, v, best);
     arg = b.select(take, p, arg);
   }
-  const Shape& os = arg->type.shape;
-  Value* plane = b.add(b.mul(b.iota(DType::i64, os, 0), b.scalar(DType::i64, static_cast<double>(xs[1]))),
+  const Dims os = arg->type.dims();
+  Value* plane = b.add(b.mul(b.iota(DType::i64, os, 0), b.scalar(DType::i64, static_cast<double>(xs[1].value()))),
                        b.iota(DType::i64, os, 1));
   return b.add(arg, b.mul(plane, b.scalar(DType::i64, static_cast<double>(prod(w.in)))));
 }
@@ -987,15 +1008,15 @@ DecomposeFn decompose_pool(PoolKind kind) {
 
 // GlobalAveragePool / GlobalMaxPool: a reduce over every spatial dim, kept as 1s.
 std::vector<Value*> decompose_global_pool(CoreBuilder& b, const Node& n, bool is_max) {
-  const Shape& xs = n.inputs[0]->type.shape;
-  std::vector<int64_t> axes(xs.size() - 2);
+  std::vector<int64_t> axes(n.inputs[0]->type.shape.size() - 2);
   std::iota(axes.begin(), axes.end(), 2);
   const DType dt = n.outputs[0]->type.dtype;
   if (is_max) return {b.reduce(n.inputs[0], "max", axes, true)};
   const DType ct = math_type(dt);
-  Value* sum = b.reduce(b.convert(n.inputs[0], ct), "sum", axes, true);
-  const double cnt = static_cast<double>(shape_numel(xs) / std::max<int64_t>(xs[0] * xs[1], 1));
-  return {b.convert(b.div(sum, b.scalar(ct, cnt)), dt)};
+  Value* x = b.convert(n.inputs[0], ct);
+  Value* sum = b.reduce(x, "sum", axes, true);
+  Value* count = element_count(b, x, axes, ct, true);
+  return {b.convert(b.div(sum, count), dt)};
 }
 
 OpDef global_pool_def(const std::string& name, bool is_max) {
@@ -1008,9 +1029,9 @@ OpDef global_pool_def(const std::string& name, bool is_max) {
     if (x.shape.size() < 3)
       fail("global pool input must have rank >= 3, got {}", shape_str(x.shape));
     if (!is_float(x.dtype)) fail("global pooling needs a float input");
-    Shape out = {x.shape[0], x.shape[1]};
-    out.resize(x.shape.size(), 1);
-    c.set_out(0, {x.dtype, out});
+    Dims out = x.dims();  // a reduction over the spatial dims: any of them may be symbolic
+    std::fill(out.begin() + 2, out.end(), Dim(1));
+    c.set_out(0, TensorType::of(x.dtype, out));
   };
   d.kernel = [is_max](KernelCtx& c) {
     const Tensor& x = c.in(0);
@@ -1436,18 +1457,22 @@ OpDef deform_conv_def() {
 }  // namespace
 
 void register_conv_pool_ops(OpRegistry& r) {
-  r.add(with_decomposition(conv_def(), decompose_conv));
+  // Conv and the pools take symbolic sizes (docs/dynamic-shapes.md): the batch dim, and any dim of a
+  // global pool.
+  r.add(symbolic_op(with_decomposition(conv_def(), decompose_conv)));
   r.add(with_decomposition(conv_integer_def(), decompose_conv_integer));
   r.add(with_decomposition(conv_transpose_def(), decompose_conv_transpose));
   r.add(with_decomposition(col2im_def(), decompose_col2im));
-  r.add(with_decomposition(pool_def("MaxPool", PoolKind::max, 1), decompose_pool(PoolKind::max)));
+  r.add(symbolic_op(with_decomposition(pool_def("MaxPool", PoolKind::max, 1), decompose_pool(PoolKind::max))));
   // opset 1 lacks count_include_pad only
-  r.add(with_decomposition(pool_def("AveragePool", PoolKind::avg, 1), decompose_pool(PoolKind::avg)));
-  r.add(with_decomposition(pool_def("LpPool", PoolKind::lp, 2), decompose_pool(PoolKind::lp)));
-  r.add(with_decomposition(global_pool_def("GlobalAveragePool", false),
-                           [](CoreBuilder& b, const Node& n) { return decompose_global_pool(b, n, false); }));
-  r.add(with_decomposition(global_pool_def("GlobalMaxPool", true),
-                           [](CoreBuilder& b, const Node& n) { return decompose_global_pool(b, n, true); }));
+  r.add(symbolic_op(with_decomposition(pool_def("AveragePool", PoolKind::avg, 1), decompose_pool(PoolKind::avg))));
+  r.add(symbolic_op(with_decomposition(pool_def("LpPool", PoolKind::lp, 2), decompose_pool(PoolKind::lp))));
+  r.add(symbolic_op(with_decomposition(global_pool_def("GlobalAveragePool", false), [](CoreBuilder& b, const Node& n) {
+    return decompose_global_pool(b, n, false);
+  })));
+  r.add(symbolic_op(with_decomposition(global_pool_def("GlobalMaxPool", true), [](CoreBuilder& b, const Node& n) {
+    return decompose_global_pool(b, n, true);
+  })));
   r.add(with_decomposition(max_unpool_def(), decompose_max_unpool));
   r.add(with_decomposition(causal_conv_with_state_def(), decompose_causal_conv_with_state));
   r.add(with_decomposition(deform_conv_def(), decompose_deform_conv));

@@ -11,6 +11,14 @@ Value* cos_of(CoreBuilder& b, Value* x) {
   return b.unary("sin", r);
 }
 
+Value* element_count(CoreBuilder& b, Value* x, const std::vector<int64_t>& axes, DType t, bool keepdims) {
+  const Dims d = x->type.dims();
+  Dim count = 1;
+  for (int64_t a : axes) count *= d[static_cast<size_t>(a)];
+  if (count.is_static()) return b.scalar(t, static_cast<double>(count.constant_term()));
+  return b.convert(b.reduce(b.full(DType::f64, d, 1.0), "sum", axes, keepdims), t);
+}
+
 // `v` broadcast_in_dim'ed to `shape`, operand dim i going to output dim dims[i]; `v` if unchanged.
 Value* broadcast_into(CoreBuilder& b, Value* v, const DimList& shape, std::vector<int64_t> dims) {
   if (v->type.dims() == shape.d) return v;

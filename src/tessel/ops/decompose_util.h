@@ -45,6 +45,11 @@ Value* broadcast_into(CoreBuilder& b, Value* v, const DimList& shape, std::vecto
 // slices and a concatenate, or one gather when that would take many pieces.
 Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int64_t>& idx);
 
+// The number of elements `axes` (normalized) of x span, as a value of dtype t: a scalar constant, or
+// for a symbolic count the sum of ones over the same axes (in f64, exact, then converted), keepdims as
+// given. What a mean divides by.
+Value* element_count(CoreBuilder& b, Value* x, const std::vector<int64_t>& axes, DType t, bool keepdims);
+
 // `d` with its decomposition hook set, for use at the registration site.
 inline OpDef with_decomposition(OpDef d, DecomposeFn f) {
   d.decompose = std::move(f);

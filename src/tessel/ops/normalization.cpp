@@ -5,6 +5,7 @@
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
+#include "tessel/ops/sym_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -69,10 +70,11 @@ std::vector<double> per_channel(const Tensor& t, int64_t c, const char* what) {
   return t.to_f64();
 }
 
-void check_per_channel(const InferCtx& ctx, int i, int64_t c, const char* what) {
-  const Shape& s = ctx.in(i).shape;
-  if (s.size() != 1 || (c >= 0 && s[0] >= 0 && s[0] != c))
-    fail("{} must have shape [{}], got {}", what, c, shape_str(s));
+void check_per_channel(const InferCtx& ctx, int i, const Dim& c, const char* what) {
+  const Dims s = ctx.in(i).dims();
+  auto message = [&] { return fmt::format("{} must have shape [{}], got {}", what, c.str(), dims_str(s)); };
+  if (s.size() != 1) fail("{}", message());
+  if (!(s[0] == c)) merge_equal_dims(c, s[0], message());
 }
 
 
@@ -92,9 +94,7 @@ struct Moments {
 };
 
 Moments moments(CoreBuilder& b, Value* x, const std::vector<int64_t>& axes, bool center = true) {
-  int64_t count = 1;
-  for (int64_t a : axes) count *= x->type.shape[a];
-  Value* cnt = b.scalar(x->type.dtype, static_cast<double>(count));
+  Value* cnt = element_count(b, x, axes, x->type.dtype, true);
   Moments m;
   if (center) m.mean = b.div(b.reduce(x, "sum", axes, true), cnt);
   m.diff = center ? b.sub(x, m.mean) : x;
@@ -121,9 +121,9 @@ Value* per_channel_view(CoreBuilder& b, Value* p, size_t r, DType t) {
 // GroupNormalization on [N, C, ...] (InstanceNormalization: groups == C).
 Value* group_norm_core(CoreBuilder& b, const Node& n, int64_t groups) {
   Value* x = n.inputs[0];
-  const Shape& xs = x->type.shape;
+  const Dims xs = x->type.dims();
   const DType ct = compute_dtype(x->type.dtype);
-  const int64_t block = shape_numel(xs) / (xs[0] * groups);
+  const Dim block = *exact_div(dims_numel(xs), xs[0] * groups);  // the rule checked groups divide C
   Value* v = b.reshape(b.convert(x, ct), {xs[0], groups, block});
   Moments m = moments(b, v, {2});
   Value* y = b.reshape(b.mul(m.diff, inv_std(b, m.var, n.attr_f("epsilon", 1e-5))), xs);
@@ -150,10 +150,10 @@ OpDef last_axes_norm(std::string name, int since, bool rms) {
     int r = static_cast<int>(x.shape.size());
     int axis = normalize_axis(ctx.node().attr_i("axis", -1), r);
     ctx.set_out(0, x);
-    Shape s = x.shape;
+    Dims s = x.dims();
     for (int i = axis; i < r; ++i) s[i] = 1;
     DType st = stash_dtype(ctx.node().attr_i("stash_type", 1));
-    for (int i = 1; i < ctx.num_outputs(); ++i) ctx.set_out(i, TensorType{st, s});
+    for (int i = 1; i < ctx.num_outputs(); ++i) ctx.set_out(i, TensorType::of(st, s));
   };
   d.kernel = [rms](KernelCtx& c) {
     const Tensor& x = c.in(0);
@@ -244,10 +244,13 @@ Tensor group_norm(const Tensor& x, int64_t groups, const std::vector<double>& sc
   return Tensor::from_f64(x.dtype(), x.shape(), y);
 }
 
+// X is [N, C, ...]: N and the spatial dims may be symbolic, the channel count may not.
 void infer_nc(InferCtx& ctx) {
   const TensorType& x = ctx.in(0);
   check_float(x, "X");
   if (x.shape.size() < 2) fail("X must have rank >= 2 ([N, C, ...]), got {}", shape_str(x.shape));
+  if (x.dims()[1].is_symbolic())
+    unsupported("{} over a symbolic channel count {}", ctx.node().op_name(), x.dims()[1].str());
 }
 
 OpDef instance_norm() {
@@ -443,7 +446,7 @@ OpDef batch_norm() {
       for (int i = 1; i < static_cast<int>(out.size()); ++i) {
         if (!n.outputs[i]) continue;
         Value* given = b.convert(n.inputs[i + 2], ct);
-        Value* batch = b.reshape(i == 1 ? m.mean : m.var, given->type.shape);
+        Value* batch = b.reshape(i == 1 ? m.mean : m.var, given->type.dims());
         Value* blend = b.add(b.mul(given, b.scalar(ct, mom)), b.mul(batch, b.scalar(ct, 1 - mom)));
         out[i] = b.convert(blend, n.outputs[i]->type.dtype);
       }
@@ -625,11 +628,12 @@ OpDef lrn() {
 }  // namespace
 
 void register_normalization_ops(OpRegistry& r) {
-  r.add(last_axes_norm("LayerNormalization", 17, false));
-  r.add(last_axes_norm("RMSNormalization", 23, true));
-  r.add(instance_norm());
-  r.add(batch_norm());
-  r.add(group_norm_op());
+  // These take symbolic sizes (docs/dynamic-shapes.md); the rest refuse them.
+  r.add(symbolic_op(last_axes_norm("LayerNormalization", 17, false)));
+  r.add(symbolic_op(last_axes_norm("RMSNormalization", 23, true)));
+  r.add(symbolic_op(instance_norm()));
+  r.add(symbolic_op(batch_norm()));
+  r.add(symbolic_op(group_norm_op()));
   r.add(lp_norm());
   r.add(mvn());
   r.add(lrn());

@@ -7,6 +7,7 @@
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/ops/decompose_util.h"
+#include "tessel/ops/sym_util.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -104,12 +105,15 @@ int64_t scalar_int(const Tensor& t, const char* what) {
 Value* nan_mask(CoreBuilder& b, Value* x) { return b.compare("ne", x, x); }
 
 // Index along `axis` (keepdims, i64) of the first (or last) max/min of x; NaN wins like numpy.
+// Some element is always hit (the extreme itself, or a NaN), so `none` only has to lose the final
+// reduction: the axis length, or 2^62 past a symbolic one.
 Value* arg_index(CoreBuilder& b, Value* x, int axis, bool is_max, bool last) {
-  const Shape& s = x->type.shape;
+  const Dims s = x->type.dims();
   Value* m = b.broadcast_to(b.reduce(x, is_max ? "max" : "min", {axis}, true), s);
   Value* hit = b.compare("eq", x, m);
   if (is_float(x->type.dtype)) hit = b.emit("or", {hit, nan_mask(b, x)});
-  Value* none = b.full(DType::i64, s, last ? -1.0 : static_cast<double>(s[axis]));
+  const double past = s[axis].is_static() ? static_cast<double>(s[axis].constant_term()) : 0x1p62;
+  Value* none = b.full(DType::i64, s, last ? -1.0 : past);
   Value* idx = b.select(hit, b.iota(DType::i64, s, axis), none);
   return b.reduce(idx, last ? "max" : "min", {axis}, true);
 }
@@ -146,8 +150,8 @@ std::optional<std::vector<bool>> reduce_mask(const std::vector<int64_t>& axes, i
   return mask;
 }
 
-Shape reduced_shape(const Shape& s, const std::vector<bool>& mask, bool keepdims) {
-  Shape out;
+Dims reduced_shape(const Dims& s, const std::vector<bool>& mask, bool keepdims) {
+  Dims out;
   for (size_t d = 0; d < s.size(); ++d) {
     if (!mask[d])
       out.push_back(s[d]);
@@ -155,6 +159,10 @@ Shape reduced_shape(const Shape& s, const std::vector<bool>& mask, bool keepdims
       out.push_back(1);
   }
   return out;
+}
+
+Shape reduced_shape(const Shape& s, const std::vector<bool>& mask, bool keepdims) {
+  return static_shape(reduced_shape(dims_of(s), mask, keepdims));
 }
 
 void infer_reduce(InferCtx& ctx) {
@@ -187,7 +195,7 @@ void infer_reduce(InferCtx& ctx) {
           out.assign(r - na, kUnknownDim);
         for (size_t d = 0; keep && d < out.size(); ++d)
           if (x.shape[d] == 1) out[d] = 1;
-        ctx.set_out(0, TensorType{x.dtype, out});
+        ctx.set_out(0, TensorType{x.dtype, out});  // unknown dims: symbolic ones are unknown here too
         return;
       }
     }
@@ -197,7 +205,7 @@ void infer_reduce(InferCtx& ctx) {
     ctx.set_out(0, x);
     return;
   }
-  ctx.set_out(0, TensorType{x.dtype, reduced_shape(x.shape, *mask, keep)});
+  ctx.set_out(0, TensorType::of(x.dtype, reduced_shape(x.dims(), *mask, keep)));
 }
 
 Tensor reduce_float(const Tensor& x, const std::vector<bool>& mask, RK k, const Shape& out_shape) {
@@ -371,7 +379,8 @@ DecomposeFn reduce_decomposition(RK k) {
       axes.clear();
       for (int d = 0; d < r; ++d)
         if ((*mask)[d]) axes.push_back(d);
-    } else if (auto inferred = axes_from_shapes(x->type.shape, n.outputs[0]->type.shape, keep)) {
+    } else if (auto inferred = x->type.symbolic() ? std::nullopt
+                                                  : axes_from_shapes(x->type.shape, n.outputs[0]->type.shape, keep)) {
       axes = *inferred;
     } else {
       b.need_constant(1, "axes");
@@ -393,12 +402,9 @@ DecomposeFn reduce_decomposition(RK k) {
       case RK::sum_square: y = b.reduce(b.mul(v, v), "sum", axes, keep); break;
       case RK::l2: y = b.emit("sqrt", {b.reduce(b.mul(v, v), "sum", axes, keep)}); break;
       case RK::log_sum: y = b.emit("log", {b.reduce(v, "sum", axes, keep)}); break;
-      case RK::mean: {
-        int64_t count = 1;
-        for (int64_t a : axes) count *= x->type.shape[a];
-        y = b.div(b.reduce(v, "sum", axes, keep), b.scalar(ct, static_cast<double>(count)));
+      case RK::mean:
+        y = b.div(b.reduce(v, "sum", axes, keep), element_count(b, v, axes, ct, keep));
         break;
-      }
       case RK::log_sum_exp: {
         // Shift by the max where it is finite (an all -inf or +inf slice keeps its max).
         Value* m = b.reduce(v, "max", axes, true);
@@ -406,7 +412,7 @@ DecomposeFn reduce_decomposition(RK k) {
         m = b.select(finite, m, b.scalar(ct, 0.0));
         Value* s = b.reduce(b.emit("exp", {b.sub(v, m)}), "sum", axes, true);
         y = b.add(b.emit("log", {s}), m);
-        y = b.reshape(y, n.outputs[0]->type.shape);
+        y = b.reshape(y, n.outputs[0]->type.dims());
         break;
       }
     }
@@ -475,8 +481,7 @@ OpDef arg_op(std::string name, bool is_max) {
     if (x.shape[axis] == 0) fail("cannot take the arg of an empty axis");
     std::vector<bool> mask(r, false);
     mask[axis] = true;
-    ctx.set_out(0, TensorType{DType::i64,
-                              reduced_shape(x.shape, mask, ctx.node().attr_i("keepdims", 1) != 0)});
+    ctx.set_out(0, TensorType::of(DType::i64, reduced_shape(x.dims(), mask, ctx.node().attr_i("keepdims", 1) != 0)));
   };
   d.kernel = [is_max](KernelCtx& c) {
     const Tensor& x = c.in(0);
@@ -522,7 +527,7 @@ OpDef arg_op(std::string name, bool is_max) {
     Value* x = n.inputs[0];
     const int axis = normalize_axis(n.attr_i("axis", 0), static_cast<int>(x->type.shape.size()));
     Value* idx = arg_index(b, x, axis, is_max, n.attr_i("select_last_index", 0) != 0);
-    return {b.reshape(idx, n.outputs[0]->type.shape)};
+    return {b.reshape(idx, n.outputs[0]->type.dims())};
   };
   return d;
 }
@@ -638,7 +643,7 @@ OpDef softmax_op(std::string name, SM kind) {
       // The kernel's first strict maximum skips NaN (an all-NaN slice picks index 0).
       Value* ninf = b.scalar(dt, -kInf);
       Value* idx = arg_index(b, b.select(nan_mask(b, x), ninf, x), axis, true, false);
-      Value* hot = b.compare("eq", b.iota(DType::i64, x->type.shape, axis), idx);
+      Value* hot = b.compare("eq", b.iota(DType::i64, x->type.dims(), axis), idx);
       return {b.select(hot, b.scalar(dt, 1.0), b.scalar(dt, 0.0))};
     }
     Value* y = softmax_core(b, b.convert(x, math_type(dt)), axis, kind == SM::log_softmax);
@@ -714,12 +719,14 @@ OpDef cum_op(std::string name, int since, bool prod) {
   d.decompose = [prod](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
     Value* x = n.inputs[0];
     const DType dt = x->type.dtype;
-    const Shape& s = x->type.shape;
+    const Dims s = x->type.dims();
     const size_t r = s.size();
     const bool rev = n.attr_i("reverse", 0) != 0, excl = n.attr_i("exclusive", 0) != 0;
     const DType ct = math_type(dt);
     Value* v = b.convert(x, ct);
     auto along = [&](int axis) {
+      if (s[axis].is_symbolic())
+        unsupported("{} along the axis of symbolic size {}: its window is the whole axis", n.op_name(), s[axis].str());
       const int64_t len = s[axis];
       if (len == 0) return v;
       Value* u = v;
@@ -1015,24 +1022,25 @@ OpDef sce_op() {
 
 }  // namespace
 
+// The ops marked symbolic_op take symbolic sizes (docs/dynamic-shapes.md); the rest refuse them.
 void register_reduction_ops(OpRegistry& r) {
-  r.add(reduce_op("ReduceSum", 13, RK::sum));
-  r.add(reduce_op("ReduceMean", 18, RK::mean));
-  r.add(reduce_op("ReduceMax", 18, RK::max));
-  r.add(reduce_op("ReduceMin", 18, RK::min));
-  r.add(reduce_op("ReduceProd", 18, RK::prod));
-  r.add(reduce_op("ReduceL1", 18, RK::l1));
-  r.add(reduce_op("ReduceL2", 18, RK::l2));
-  r.add(reduce_op("ReduceLogSum", 18, RK::log_sum));
-  r.add(reduce_op("ReduceLogSumExp", 18, RK::log_sum_exp));
-  r.add(reduce_op("ReduceSumSquare", 18, RK::sum_square));
-  r.add(arg_op("ArgMax", true));
-  r.add(arg_op("ArgMin", false));
-  r.add(softmax_op("Softmax", SM::softmax));
-  r.add(softmax_op("LogSoftmax", SM::log_softmax));
-  r.add(softmax_op("Hardmax", SM::hardmax));
-  r.add(cum_op("CumSum", 11, false));
-  r.add(cum_op("CumProd", 26, true));
+  r.add(symbolic_op(reduce_op("ReduceSum", 13, RK::sum)));
+  r.add(symbolic_op(reduce_op("ReduceMean", 18, RK::mean)));
+  r.add(symbolic_op(reduce_op("ReduceMax", 18, RK::max)));
+  r.add(symbolic_op(reduce_op("ReduceMin", 18, RK::min)));
+  r.add(symbolic_op(reduce_op("ReduceProd", 18, RK::prod)));
+  r.add(symbolic_op(reduce_op("ReduceL1", 18, RK::l1)));
+  r.add(symbolic_op(reduce_op("ReduceL2", 18, RK::l2)));
+  r.add(symbolic_op(reduce_op("ReduceLogSum", 18, RK::log_sum)));
+  r.add(symbolic_op(reduce_op("ReduceLogSumExp", 18, RK::log_sum_exp)));
+  r.add(symbolic_op(reduce_op("ReduceSumSquare", 18, RK::sum_square)));
+  r.add(symbolic_op(arg_op("ArgMax", true)));
+  r.add(symbolic_op(arg_op("ArgMin", false)));
+  r.add(symbolic_op(softmax_op("Softmax", SM::softmax)));
+  r.add(symbolic_op(softmax_op("LogSoftmax", SM::log_softmax)));
+  r.add(symbolic_op(softmax_op("Hardmax", SM::hardmax)));
+  r.add(symbolic_op(cum_op("CumSum", 11, false)));
+  r.add(symbolic_op(cum_op("CumProd", 26, true)));
   r.add(topk_op());
   r.add(nll_op());
   r.add(sce_op());
