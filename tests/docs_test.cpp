@@ -12,6 +12,7 @@
 #include "tessel/runtime/interpreter.h"
 #include "corpus_util.h"
 #include "tessel/kernel/kernel.h"
+#include "tessel/targets/cpu/codegen.h"
 #include "test_util.h"
 
 using namespace tessel;
@@ -150,6 +151,21 @@ TEST(Docs, KernelLevelWorkedExample) {
     for (const Kernel& k : m.kernels) found = found || print_kernel(k) == block;
     EXPECT_TRUE(found) << "no kernel of tblock_s prints as\n" << block;
   }
+}
+
+// docs/dynamic-shapes.md: the symbolic core graph, fused with the CPU's options, prints as the page's
+// kernel module, and the softmax kernel's generated function is the page's.
+TEST(Docs, DynamicShapesWorkedExample) {
+  std::string md = testenv::read_text(testenv::source_dir() + "/docs/dynamic-shapes.md");
+  const std::string tsl = fenced_block(md, "```tsl symbolic"), km = fenced_block(md, "```kernel-module symbolic"),
+                    fn = fenced_block(md, "```cpp symbolic");
+  ASSERT_FALSE(tsl.empty() || km.empty() || fn.empty());
+  KernelModule m = fuse(parse_graph(tsl, "docs/dynamic-shapes.md"), cpu_fuse_options());
+  verify_kernel_module(m);
+  EXPECT_EQ(print_kernel_module(m), km);
+  ASSERT_EQ(m.kernels.size(), 2u);
+  const std::string got = cpu::generate_kernel(m.kernels[1], 1, cpu::module_symbols(m));
+  EXPECT_EQ(got.substr(got.find("extern")), fn);
 }
 
 // docs/passes/fuse.md: the ```tsl before block, fused, prints as the ```kernel-module after block.

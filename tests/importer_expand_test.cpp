@@ -464,3 +464,33 @@ TEST(ImportExpand, ScanUnrollIsBounded) {
     EXPECT_NE(std::string(e.what()).find("would unroll past"), std::string::npos) << e.what();
   }
 }
+
+// FlexAttention with grouped heads (4 query heads over 2 key/value heads) and an identity score_mod
+// subgraph: the expansion repeats K and V heads from the inputs' shapes (the fuzzer found it read the
+// shape of a value it had just emitted, before inference) and equals the graph op without subgraphs.
+TEST(ImportExpand, FlexAttentionGroupedHeadsWithScoreMod) {
+  auto rnd = [](Shape s, uint32_t seed) {
+    std::vector<double> v(static_cast<size_t>(shape_numel(s)));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37 * static_cast<double>(i) + seed);
+    return Tensor::from_f64(DType::f32, std::move(s), v);
+  };
+  std::vector<std::vector<Tensor>> outs;
+  for (bool with_mod : {false, true}) {
+    Model md(22);
+    md.opset("ai.onnx.preview", 1);
+    md.input("q", rnd({1, 4, 3, 2}, 1)), md.input("k", rnd({1, 2, 5, 2}, 2)), md.input("v", rnd({1, 2, 5, 2}, 3));
+    auto* n = md.node("FlexAttention", {"q", "k", "v"}, {"y"}, "ai.onnx.preview");
+    if (with_mod) {
+      auto* g = attr_g(n, "score_mod");
+      Model::set_type(g->add_input(), "s", 1, {1, 4, 3, 5});
+      Model::node(g, "Identity", {"s"}, {"t"});
+      Model::set_type(g->add_output(), "t", 1, {1, 4, 3, 5});
+    }
+    md.output("y");
+    outs.push_back(md.run(with_mod ? "flex_mod.onnx" : "flex.onnx"));
+  }
+  ASSERT_EQ(outs[1].size(), 1u);
+  EXPECT_EQ(outs[1][0].shape(), (Shape{1, 4, 3, 2}));
+  const std::vector<double> a = outs[0][0].to_f64(), b = outs[1][0].to_f64();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << i;
+}

@@ -28,64 +28,9 @@ namespace {
 
 bool is_sizes(const Node& n) { return n.op->name == "Sizes" && n.op->domain == "tessel"; }
 
-// Stands in for the decompose pass on symbolic graphs. The pass (src/tessel/passes/decompose.cpp)
-// takes a node with kUnknownDim in a TensorType::shape for a data-dependent one, and a symbolic dim is
-// kUnknownDim there, so it keeps every symbolic node at graph level; and it decomposes a symbolic
-// Sizes node before the Reshape that reads it, which refuses (a size read as data). This is the same
-// loop with TensorType::dims_defined() as the test and Sizes nodes kept for the ops that read them as
-// shapes; one still read after the loop (read as data) is refused by its own hook. Swap it for
-// find_pass("decompose") once the pass does the same (DISABLED_RealDecomposePass below checks that).
-std::string decompose_symbolic(Graph& g) {
-  std::vector<std::unique_ptr<Node>> pending = std::move(g.mutable_nodes());
-  g.mutable_nodes().clear();
-  auto defined = [](const std::vector<Value*>& vs) {
-    for (const Value* v : vs)
-      if (v && !v->type.dims_defined()) return false;
-    return true;
-  };
-  int done = 0;
-  for (size_t k = 0; k < pending.size(); ++k) {
-    std::unique_ptr<Node>& n = pending[k];
-    if (!n->op->decompose || is_sizes(*n) || !defined(n->inputs) || !defined(n->outputs)) {
-      g.mutable_nodes().push_back(std::move(n));
-      continue;
-    }
-    CoreBuilder b(g, *n);
-    std::vector<Value*> results;
-    try {
-      results = n->op->decompose(b, *n);
-    } catch (const Error& e) {
-      throw e.with_context(Location{.node = n->name, .op = n->op->name});
-    }
-    for (size_t i = 0; i < results.size(); ++i) {
-      Value* old = n->outputs[i];
-      if (!old) continue;
-      if (!results[i] || results[i]->type != old->type)
-        fail("decomposition of {} gives {} for {}", n->op->name, results[i] ? results[i]->type.str() : "nothing", old->type.str());
-      for (size_t j = k + 1; j < pending.size(); ++j)
-        for (Value*& in : pending[j]->inputs)
-          if (in == old) in = results[i];
-      for (Value*& out : g.outputs)
-        if (out == old) out = results[i];
-      old->producer = nullptr;
-    }
-    ++done;
-  }
-  g.compact();
-  // A Sizes node some core op still reads takes its value as data: its hook refuses a symbolic one.
-  const std::vector<int> uses = g.use_counts();
-  for (const auto& n : g.nodes())
-    if (is_sizes(*n) && uses[n->outputs[0]->id] > 0) {
-      CoreBuilder b(g, *n);
-      n->op->decompose(b, *n);
-    }
-  return fmt::format("decomposed {} nodes", done);
-}
-
-const Pass kDecomposeSymbolic{"decompose", "decompose, symbolic nodes included", decompose_symbolic};
 
 // fold-constants, decompose, dce through the pass manager (verifying after each).
-void lower(Graph& g, const Pass* decompose_pass = &kDecomposeSymbolic) {
+void lower(Graph& g, const Pass* decompose_pass = find_pass("decompose")) {
   run_pipeline(g, {find_pass("fold-constants"), decompose_pass, find_pass("dce")}, PassOptions{});
 }
 
@@ -444,10 +389,8 @@ graph @conv(%x: f32[s0,3,7,7], %w: f32[4,3,3,3], %b: f32[4], %seq: f32[2,3,s0,5]
 })", 1e-5);
 }
 
-// The decompose pass itself on a symbolic graph: enable once it takes TensorType::dims_defined() as
-// its test for a static-enough node and keeps Sizes nodes for the ops that read them as shapes (see
-// decompose_symbolic above); then the stand-in can go.
-TEST(SymOps, DISABLED_RealDecomposePass) {
+// The decompose pass lowers every node of a symbolic graph to core ops.
+TEST(SymOps, DecomposeLowersEverySymbolicNode) {
   auto g = parse_graph(std::string(kChain) + "  %z: f32[s0,2,4] = Relu(%y) loc(\"/Relu\")\n  return %z\n}\n");
   lower(*g, find_pass("decompose"));
   for (const auto& n : g->nodes()) EXPECT_EQ(n->op->domain, "tessel.core") << n->op_name() << " is left at graph level";

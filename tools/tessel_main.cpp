@@ -346,58 +346,11 @@ int cmd_load(const std::string& model, int threads, const std::string& cache_dir
   return 0;
 }
 
-// One symbolic compilation (docs/dynamic-shapes.md) run on the given inputs: what the symbols are and
-// what this call bound them to, the compile time and the instance built for the binding.
-std::vector<Tensor> run_with_symbolic(std::unique_ptr<Graph> g, const std::vector<Tensor>& ins, int repeat, int threads,
-                                      const std::string& model, std::vector<std::string>& out_names) {
-  std::vector<Shape> shapes;
-  for (const Tensor& t : ins) shapes.push_back(t.shape());
-  Bindings b;
-  if (std::string why = bind_symbols(*g, shapes, b); !why.empty()) throw Error(Location{.file = model, .pass = "guard"}, why);
-  std::string syms;
-  for (const auto& [name, v] : b) syms += fmt::format("{}{} = {}", syms.empty() ? "" : ", ", name, v);
-  CompiledBackendOptions o;
-  o.threads = threads;
-  o.model_name = fs::path(model).filename().string();
-  auto exe = compile_cpu(std::move(g), ins, o);
-  const CompiledCompileStats& st = exe->stats();
-  fmt::print("compiled once for every size in {:.2f} s ({} kernels; symbols {}); these inputs bind {}\n", st.compile_seconds,
-             st.kernels, fmt::join(st.symbols, ", "), syms.empty() ? "nothing" : syms);
-  GraphRunStats rs;
-  double best = 0;
-  std::vector<Tensor> outs = run_repeatedly(*exe, ins, repeat, rs, best);
-  fmt::print("ran compiled in {:.2f} ms{} (the instance for this binding built in {:.1f} ms; arena {:.2f} MB)\n", best,
-             repeat > 1 ? " (best of runs)" : "", exe->stats().instance_seconds * 1e3, rs.arena_bytes / 1e6);
-  out_names = names_of(exe->graph().outputs);
-  return outs;
-}
-
-int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary,
-            const std::string& passes, const std::string& backend, int repeat, int threads, bool dynamic) {
-  if (inputs_dir.empty()) {
-    ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
-    if (mp.data_sets.empty())
-      throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
-    inputs_dir = mp.data_sets[0];
-  }
-  if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
-  std::vector<Tensor> ins = read_data_set(inputs_dir, "input");
-  ImportedModel m = import_model_file(model, ins, dynamic);
-  apply_passes(*m.graph, passes, "", "", false);
-  if (summary) print_summary(*m.graph, m);
-  std::vector<Tensor> outs;
-  std::vector<std::string> out_names = names_of(m.graph->outputs);
-  if (dynamic && backend == "graph")
-    throw Error(Location{.file = model}, "--dynamic runs on the compiled backend or the eager interpreter (the graph backend plans static shapes)");
-  if (dynamic && backend == "compiled") outs = run_with_symbolic(std::move(m.graph), ins, std::max(1, repeat), threads, model, out_names);
-  else if (backend == "graph") outs = run_with_graph(std::move(m.graph), ins, std::max(1, repeat), out_names);
-  else if (backend == "compiled") outs = run_with_compiled(m, !passes.empty(), ins, std::max(1, repeat), threads, model, out_names);
-  else outs = run_with_eager(*m.graph, ins, std::max(1, repeat));
-  print_outputs(outs, out_names);
-  if (!check) return 0;
-  std::vector<Tensor> refs = read_data_set(inputs_dir, "output");
+// Compares outs with the data set's output_N.pb, a line per output; whether all match.
+bool check_outputs(const std::vector<Tensor>& outs, const std::string& dir, double max_rel) {
+  std::vector<Tensor> refs = read_data_set(dir, "output");
   if (refs.size() != outs.size())
-    throw Error(Location{.file = inputs_dir}, fmt::format("{} reference outputs for {} model outputs", refs.size(), outs.size()));
+    throw Error(Location{.file = dir}, fmt::format("{} reference outputs for {} model outputs", refs.size(), outs.size()));
   bool ok = true;
   Tolerance tol;
   tol.max_rel = max_rel;
@@ -407,6 +360,93 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
                c.match ? "PASS" : "FAIL", c.match ? "" : " (" + c.mismatch + ")");
     ok = ok && c.match;
   }
+  return ok;
+}
+
+// `tessel run --dynamic`: one symbolic compilation (docs/dynamic-shapes.md) run on every data set of
+// `inputs_dirs` (a comma list; default test_data_set_0), each binding printed and, with --check, its
+// outputs compared. The compiled backend compiles once; eager runs the symbolic graph as it is.
+int cmd_run_dynamic(const std::string& model, const std::string& inputs_dirs, bool check, double max_rel,
+                    const std::string& passes, const std::string& backend, int repeat, int threads) {
+  std::vector<std::string> dirs = comma_list(inputs_dirs);
+  if (dirs.empty()) {
+    ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
+    if (mp.data_sets.empty()) throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
+    dirs.push_back(mp.data_sets[0]);
+  }
+  if (backend == "graph")
+    throw Error(Location{.file = model}, "--dynamic runs on the compiled backend or the eager interpreter (the graph backend plans static shapes)");
+  ImportedModel m = import_model_file(model, {}, true);
+  apply_passes(*m.graph, passes, "", "", false);
+  print_summary(*m.graph, m);
+  std::vector<std::string> out_names = names_of(m.graph->outputs);
+  std::unique_ptr<CompiledExecutable> exe;
+  if (backend == "compiled") {
+    CompiledBackendOptions o;
+    o.threads = threads;
+    o.model_name = fs::path(model).filename().string();
+    exe = compile_cpu(std::move(m.graph), {}, o);
+    const CompiledCompileStats& st = exe->stats();
+    fmt::print("compiled once for every size in {:.2f} s: {} kernels, symbols {}\n", st.compile_seconds, st.kernels,
+               st.symbols.empty() ? std::string("none") : fmt::format("{}", fmt::join(st.symbols, ", ")));
+    out_names = names_of(exe->graph().outputs);
+  }
+  const Graph& g = exe ? exe->graph() : *m.graph;
+  bool ok = true;
+  for (const std::string& dir : dirs) {
+    if (!fs::is_directory(dir)) throw Error(Location{.file = dir}, "inputs folder does not exist");
+    std::vector<Tensor> ins = read_data_set(dir, "input");
+    std::vector<Shape> shapes;
+    for (const Tensor& t : ins) shapes.push_back(t.shape());
+    Bindings b;
+    if (std::string why = bind_symbols(g, shapes, b); !why.empty()) throw Error(Location{.file = dir, .pass = "guard"}, why);
+    std::string syms;
+    for (const auto& [name, v] : b) syms += fmt::format("{}{} = {}", syms.empty() ? "" : ", ", name, v);
+    fmt::print("{}: {}\n", dir, syms.empty() ? "no symbols" : syms);
+    std::vector<Tensor> outs;
+    if (exe) {
+      const double before = exe->stats().instance_seconds;
+      GraphRunStats rs;
+      double best = 0;
+      outs = run_repeatedly(*exe, ins, std::max(1, repeat), rs, best);
+      fmt::print("ran compiled in {:.2f} ms{} (instance for this binding: {}; arena {:.2f} MB)\n", best,
+                 repeat > 1 ? " (best of runs)" : "",
+                 exe->stats().instance_seconds > before ? fmt::format("built in {:.1f} ms", (exe->stats().instance_seconds - before) * 1e3)
+                                                        : std::string("reused"),
+                 rs.arena_bytes / 1e6);
+    } else {
+      outs = run_with_eager(g, ins, std::max(1, repeat));
+    }
+    print_outputs(outs, out_names);
+    if (check) ok = check_outputs(outs, dir, max_rel) && ok;
+  }
+  if (exe) fmt::print("compilations: 1; instances built: {} ({:.1f} ms in all)\n", exe->stats().instances, exe->stats().instance_seconds * 1e3);
+  if (!check) return 0;
+  fmt::print("{}\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary,
+            const std::string& passes, const std::string& backend, int repeat, int threads) {
+  if (inputs_dir.empty()) {
+    ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
+    if (mp.data_sets.empty())
+      throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
+    inputs_dir = mp.data_sets[0];
+  }
+  if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
+  std::vector<Tensor> ins = read_data_set(inputs_dir, "input");
+  ImportedModel m = import_model_file(model, ins);
+  apply_passes(*m.graph, passes, "", "", false);
+  if (summary) print_summary(*m.graph, m);
+  std::vector<Tensor> outs;
+  std::vector<std::string> out_names = names_of(m.graph->outputs);
+  if (backend == "graph") outs = run_with_graph(std::move(m.graph), ins, std::max(1, repeat), out_names);
+  else if (backend == "compiled") outs = run_with_compiled(m, !passes.empty(), ins, std::max(1, repeat), threads, model, out_names);
+  else outs = run_with_eager(*m.graph, ins, std::max(1, repeat));
+  print_outputs(outs, out_names);
+  if (!check) return 0;
+  const bool ok = check_outputs(outs, inputs_dir, max_rel);
   fmt::print("{}\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }
@@ -825,7 +865,7 @@ int main(int argc, char** argv) {
   bool run_check = false;
   double run_rel = 1e-4;
   run->add_option("MODEL", run_model, "a .onnx file, a model-zoo folder or a .tsl file")->required();
-  run->add_option("--inputs", run_inputs, "folder with input_N.pb (default: the model's test_data_set_0)");
+  run->add_option("--inputs", run_inputs, "folder with input_N.pb (default: the model's test_data_set_0); with --dynamic a comma list of folders, each run by the one compilation");
   run->add_flag("--check", run_check, "compare with output_N.pb; exit 1 on FAIL");
   auto* run_rel_opt = run->add_option("--max-rel", run_rel, "relative error bound for --check (max|out-ref|/max|ref|)");
   std::string run_passes;
@@ -1044,7 +1084,8 @@ int main(int argc, char** argv) {
     if (*explain) return cmd_explain(explain_model, explain_opts);
     if (*run && run_target == "cuda") return cmd_run_cuda(run_model, run_inputs, run_check, run_rel_opt->count() ? run_rel : 0.0, run_repeat,
                                                                 cuda::parse_precision(cuda_precision));
-    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads, run_dynamic);
+    if (*run && run_dynamic) return cmd_run_dynamic(run_model, run_inputs, run_check, run_rel, run_passes, run_backend, run_repeat, run_threads);
+    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
     if (*sim && sim_train) {
       if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
         throw Error(Location{}, "sim --train takes --hw, --json and --dtype (not --trace, --dump-ir or --print-after)");

@@ -14,6 +14,10 @@
 
 namespace tessel {
 
+namespace {
+bool is_sizes(const Node& n) { return n.op->name == "Sizes" && n.op->domain == "tessel"; }
+}  // namespace
+
 std::string decompose(Graph& g) {
   std::vector<std::unique_ptr<Node>> pending = std::move(g.mutable_nodes());
   g.mutable_nodes().clear();
@@ -27,7 +31,9 @@ std::string decompose(Graph& g) {
   for (size_t k = 0; k < pending.size(); ++k) {
     std::unique_ptr<Node>& n = pending[k];
     const bool is_dynamic = has_unknown_dim(n->inputs) || has_unknown_dim(n->outputs);
-    if (!n->op->decompose || is_dynamic) {
+    // A Sizes node (symbolic shape arithmetic, docs/dynamic-shapes.md) waits for the ops that read it
+    // as a shape; the ones still read after them are read as data (below).
+    if (!n->op->decompose || is_dynamic || is_sizes(*n)) {
       if (n->op->domain != "tessel.core") (is_dynamic ? dynamic : left)[n->op->name]++;
       g.mutable_nodes().push_back(std::move(n));
       continue;
@@ -62,6 +68,23 @@ std::string decompose(Graph& g) {
         results[i]->name = name;
       }
     }
+    ++done;
+  }
+  g.compact();
+  // A Sizes node a core op still reads gives it the sizes as data: its hook makes a constant of static
+  // sizes and refuses symbolic ones, naming the node. One nothing reads is left for dce.
+  const std::vector<int> uses = g.use_counts();
+  for (size_t k = 0; k < g.nodes().size(); ++k) {
+    Node& n = *g.mutable_nodes()[k];
+    if (!is_sizes(n) || uses[n.outputs[0]->id] == 0) continue;
+    CoreBuilder b(g, n);
+    std::vector<Value*> results;
+    try {
+      results = n.op->decompose(b, n);
+    } catch (const Error& e) {
+      throw e.with_context(Location{.node = n.name, .op = n.op->name});
+    }
+    g.replace_all_uses(n.outputs[0], results.at(0));
     ++done;
   }
   g.compact();

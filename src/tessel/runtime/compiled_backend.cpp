@@ -100,6 +100,7 @@ struct CompiledExecutable::Symbolic {
   std::shared_ptr<cpu::SharedObject> so;
   CompiledBackendOptions opts;
   std::list<std::pair<Bindings, std::unique_ptr<CompiledExecutable>>> instances;
+  std::map<std::string, cpu::PackedWeights> packings;  // weights packed once for every instance (Builder)
 
   CompiledExecutable& instance(const Bindings& b, CompiledCompileStats& st);
 };
@@ -145,17 +146,22 @@ CompiledExecutable::~CompiledExecutable() = default;
 struct CompiledExecutable::Builder {
   CompiledExecutable& ce;
   std::map<size_t, cpu::PackedWeights> prepacked;  // per kernel index (load_cpu)
-  std::map<std::string, cpu::PackedWeights> shared_packing;  // per weights_key: the first packing
+  std::map<std::string, cpu::PackedWeights> own_packing;
+  // Per weights_key: the first packing. A symbolic executable's instances share one map, keyed
+  // without M: a packing is taken only where its layout is the one the primitive wants (oneDNN's
+  // layout text is checked), so an M that packs otherwise gets its own.
+  std::map<std::string, cpu::PackedWeights>* shared = &own_packing;
+  bool key_m = true;
 
   // Which constant bytes a matmul's B or a convolution's weights are, and how the kernel reads them
   // (the same bytes read transposed are other weights): kernels with equal keys pack identically.
-  static std::string weights_key(const Node& n, const Kernel& k) {
+  std::string weights_key(const Node& n, const Kernel& k) const {
     if (k.kind == KernelKind::matmul) {
       const Value* v = n.inputs[static_cast<size_t>(k.mm.b)];
       if (!v->constant) return {};
       const MatmulSpec& m = k.mm;
       return fmt::format("mm {} {} {} {} {} {} {} {}", static_cast<const void*>(v->constant->data<float>() + m.b_offset),
-                         m.batch, m.k, m.n, m.b_batch, m.b_k, m.b_n, m.m);
+                         m.batch, m.k, m.n, m.b_batch, m.b_k, m.b_n, key_m ? m.m.str() : std::string("any"));
     }
     if (k.kind == KernelKind::conv) {
       const Value* v = n.inputs[static_cast<size_t>(k.conv.w)];
@@ -201,8 +207,8 @@ struct CompiledExecutable::Builder {
     const std::string wkey = weights_key(n, k);
     bool from_shared = false;
     if (!packed.valid() && !wkey.empty()) {
-      auto it = shared_packing.find(wkey);
-      if (it != shared_packing.end()) packed = it->second, from_shared = true;
+      auto it = shared->find(wkey);
+      if (it != shared->end()) packed = it->second, from_shared = true;
     }
     auto tl = Clock::now();
     try {
@@ -229,9 +235,9 @@ struct CompiledExecutable::Builder {
       throw e.with_context(Location{.node = n.name, .op = std::string(kernel_kind_name(k.kind)), .pass = "compile"});
     }
     st.library_seconds += seconds_since(tl);
-    if (!wkey.empty() && !shared_packing.count(wkey)) {
+    if (!wkey.empty() && !shared->count(wkey)) {
       cpu::PackedWeights w = L->matmul ? L->matmul->packed_weights() : L->conv ? L->conv->packed_weights() : cpu::PackedWeights{};
-      if (w.valid()) shared_packing.emplace(wkey, std::move(w));
+      if (w.valid()) shared->emplace(wkey, std::move(w));
     }
     L->kernel_index = kid;
     CompiledExecutable::Launch* raw = L.get();
@@ -360,6 +366,8 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const Bindings& b, Co
   ce->so_ = so;
   for (const std::string& s : symbols) ce->sym_values_.push_back(static_cast<long>(b.at(s)));
   CompiledExecutable::Builder bld{*ce, {}};
+  bld.shared = &packings;
+  bld.key_m = false;
   GraphBackendOptions go;
   go.pipeline = "";  // the module is already the kernel level
   go.custom_kernel = [&](const Node& n) { return bld.launch(n); };

@@ -624,16 +624,18 @@ std::vector<Value*> expand_flex_attention(ExpandCtx& c, const onnx::NodeProto& n
   const int64_t hq = static_dim(q, 1, "Q"), hkv = static_dim(k, 1, "K"), depth = static_dim(q, 3, "Q");
   if (hkv <= 0 || hq % hkv != 0) fail("FlexAttention q heads {} must be a multiple of kv heads {}", hq, hkv);
   const DType ct = dtype_bits(dt) < 32 ? DType::f32 : dt;
-  auto repeat_heads = [&](Value* x) {
+  // x is `of` converted to the compute type: the shape is of's (x was just emitted and not inferred).
+  auto repeat_heads = [&](Value* x, const Value* of) {
     if (hq == hkv) return x;
-    Shape s = x->type.shape;
+    const Shape s = of->type.shape;
+    if (s.size() != 4) fail("FlexAttention inputs must be 4-D, got {}", of->type.str());
     for (int64_t d : s)
       if (d < 0) unsupported("FlexAttention with grouped heads needs static K and V shapes");
     Value* big = e.op("Expand", {e.unsqueeze(x, 2), e.ints({s[0], hkv, hq / hkv, s[2], s[3]})});
     return e.op("Reshape", {big, e.ints({s[0], hq, s[2], s[3]})});
   };
   const double scale = attr_f(c, "scale", 1.0 / std::sqrt(static_cast<double>(depth)));
-  Value* kt = e.transpose(repeat_heads(e.cast(k, ct)), {0, 1, 3, 2});
+  Value* kt = e.transpose(repeat_heads(e.cast(k, ct), k), {0, 1, 3, 2});
   Value* scores = e.mul(e.matmul(e.cast(q, ct), kt), e.scalar(ct, scale));
   const onnx::GraphProto* score_mod = nullptr;
   const onnx::GraphProto* prob_mod = nullptr;
@@ -652,7 +654,7 @@ std::vector<Value*> expand_flex_attention(ExpandCtx& c, const onnx::NodeProto& n
   };
   scores = apply(score_mod, scores);
   Value* probs = apply(prob_mod, e.op("Softmax", {scores}, {{"axis", int64_t{-1}}}));
-  Value* y = e.matmul(probs, repeat_heads(e.cast(v, ct)));
+  Value* y = e.matmul(probs, repeat_heads(e.cast(v, ct), v));
   return {e.cast(y, dt)};
 }
 

@@ -43,7 +43,11 @@ struct Emitter {
 
   // A size as a C++ expression of type long: its number, or (for a symbolic size) a polynomial in the
   // S<i> locals generate() declares from sz[] (parenthesised unless it is one symbol alone).
-  std::string cdim(const Dim& d) const { return c_size_expr(d, symbols, "S"); }
+  std::string cdim(const Dim& d) const {
+    for (const std::string& s : d.symbols()) used_symbols.insert(s);
+    return c_size_expr(d, symbols, "S");
+  }
+  mutable std::set<std::string> used_symbols;  // the symbols cdim printed: declared at the top
   // `x * d` for an index x, simplified for strides 0 and 1 (empty for 0).
   std::string scaled(const std::string& x, const Dim& d) const {
     if (d == 0) return {};
@@ -256,25 +260,15 @@ struct Emitter {
       if (k.body[i].row && k.body[i].phase == p) emit(indent, static_cast<int>(i));
   }
 
-  // The size symbols the kernel names, as locals S<i> = sz[i] (i: the symbol's position in the
-  // module's sorted list); `(void)sz;` for a static kernel.
-  void declare_symbols() {
-    std::set<std::string> used;
-    auto add = [&](const Dim& d) {
-      for (const std::string& s : d.symbols()) used.insert(s);
-    };
-    for (const Dims* ds : {&k.outer, &k.inner})
-      for (const Dim& d : *ds) add(d);
-    for (const KAccess& a : k.accesses) {
-      add(a.offset);
-      for (const Dim& d : a.strides) add(d);
-    }
-    if (used.empty()) {
-      line(1, "(void)sz;");
-      return;
-    }
+  // Where the S<i> locals go (after the signature): the symbols the body printed, S<i> = sz[i] (i:
+  // the symbol's position in the module's sorted list); `(void)sz;` when it printed none.
+  size_t symbols_at = 0;
+  std::string symbol_locals() const {
+    if (used_symbols.empty()) return "  (void)sz;\n";
+    std::string d;
     for (size_t i = 0; i < symbols.size(); ++i)
-      if (used.count(symbols[i])) line(1, fmt::format("const long S{0} = sz[{0}];  (void)S{0};  // {1}", i, cpp_comment_text(symbols[i])));
+      if (used_symbols.count(symbols[i])) d += fmt::format("  const long S{0} = sz[{0}];  // {1}\n", i, cpp_comment_text(symbols[i]));
+    return d;
   }
 
   // Names come from the model (or from a cached kernel-module text): each goes through
@@ -294,9 +288,15 @@ struct Emitter {
   }
 
   std::string generate() {
+    body();
+    out.insert(symbols_at, symbol_locals());
+    return out;
+  }
+
+  void body() {
     out = header_comment();
     line(0, fmt::format("extern \"C\" void {}(void* const* args, const long* sz, long lo, long hi) {{", kernel_symbol(kernel_index)));
-    declare_symbols();
+    symbols_at = out.size();
     // which args are touched
     std::set<int> loaded, stored;
     for (const KInstr& in : k.body) {
@@ -318,7 +318,7 @@ struct Emitter {
       for (size_t i = 0; i < k.body.size(); ++i) emit(2, static_cast<int>(i));
       line(1, "}");
       line(0, "}");
-      return out;
+      return;
     }
     if (flat) {
       row_instrs(1, 0);
@@ -329,13 +329,13 @@ struct Emitter {
         if (!k.body[i].row) emit(2, static_cast<int>(i));
       line(1, "}");
       line(0, "}");
-      return out;
+      return;
     }
     if (column) {
       line(1, "// the outer points side by side (column reduction)");
       column_loop();
       line(0, "}");
-      return out;
+      return;
     }
     line(1, "for (long o = lo; o < hi; ++o) {");
     // outer indices
@@ -371,7 +371,7 @@ struct Emitter {
     row_instrs(2, k.phases);
     line(1, "}");
     line(0, "}");
-    return out;
+    return;
   }
 };
 
@@ -399,7 +399,7 @@ std::string generate_cpp(const KernelModule& m, const std::string& model_name, c
   const std::vector<std::string> symbols = module_symbols(m);
   if (!symbols.empty()) {
     s += "// Sizes read at run time (docs/dynamic-shapes.md): sz[i] is the value of symbol i:";
-    for (size_t i = 0; i < symbols.size(); ++i) s += fmt::format(" {}{}", i ? ", " : "", cpp_comment_text(symbols[i]));
+    for (size_t i = 0; i < symbols.size(); ++i) s += fmt::format("{} {}", i ? "," : "", cpp_comment_text(symbols[i]));
     s += ".\n";
   }
   s += "#include \"tessel_rt.h\"\n";
