@@ -21,6 +21,7 @@
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/runtime/graph_backend.h"
+#include "tessel/runtime/interpreter.h"
 #include "tessel/runtime/partition.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
@@ -343,6 +344,79 @@ class Executable {
   std::unique_ptr<PartitionedExecutable> exe_;
 };
 
+// A whole graph as one executable, not partitioned: tessel.compile's symbolic compilations (docs/python.md,
+// "Dynamic shapes"), which have no graph break. The compiled backend compiles it once and instantiates
+// it per binding of the size symbols; the eager interpreter binds them per call. A call whose shapes
+// break the symbols' facts raises GuardFailure with the reason, on either backend.
+class WholeExecutable {
+ public:
+  WholeExecutable(Builder& b, const std::string& backend, int threads) {
+    if (backend != "compiled" && backend != "eager")
+      throw Error(Location{.pass = "python"},
+                  fmt::format("backend '{}' does not take a whole symbolic graph (compiled or eager)", backend));
+    std::unique_ptr<Graph> g = b.take();
+    nodes_ = static_cast<int>(g->nodes().size());
+    if (!g->nodes().empty()) {
+      first_ = g->nodes().front()->name;
+      last_ = g->nodes().back()->name;
+    }
+    if (backend == "eager") {
+      graph_ = std::move(g);
+      return;
+    }
+    CompiledBackendOptions co;
+    co.threads = threads;
+    co.model_name = g->name;
+    py::gil_scoped_release nogil;
+    compiled_ = compile_cpu(std::move(g), {}, co);
+  }
+  py::list run(const std::vector<std::pair<py::array, std::string>>& inputs, const py::object&) {
+    std::vector<Tensor> ins = tensors_of(inputs);
+    std::vector<Tensor> outs;
+    {
+      py::gil_scoped_release nogil;
+      if (compiled_) {
+        outs = compiled_->run(ins);
+      } else {
+        std::vector<Shape> shapes;
+        for (const Tensor& t : ins) shapes.push_back(t.shape());
+        Bindings b;
+        if (std::string why = bind_symbols(*graph_, shapes, b); !why.empty())
+          throw GuardFailure(Location{.pass = "guard"}, why);
+        outs = run_eager(*graph_, ins);
+      }
+    }
+    return arrays_of(outs);
+  }
+  const Graph& graph() const { return compiled_ ? compiled_->graph() : *graph_; }
+  // The partitioner's report of one graph without breaks (what Explanation reads).
+  std::string explain() const {
+    const Graph& g = graph();
+    nlohmann::json part{{"first", first_}, {"last", last_}, {"nodes", nodes_},
+                        {"inputs", static_cast<int>(g.inputs.size())}, {"outputs", static_cast<int>(g.outputs.size())}};
+    return json_dump(nlohmann::json{{"graphs", nlohmann::json::array({part})}, {"breaks", nlohmann::json::array()}});
+  }
+  py::dict stats() const {
+    py::dict d;
+    if (compiled_) {
+      const CompiledCompileStats& s = compiled_->stats();
+      d["symbols"] = s.symbols;
+      d["instances"] = s.instances;
+      d["instance_seconds"] = s.instance_seconds;
+      d["kernels"] = s.kernels;
+      d["compile_seconds"] = s.compile_seconds;
+    }
+    return d;
+  }
+  py::list symbols() const { return Builder::symbol_list(graph().symbols); }
+
+ private:
+  std::unique_ptr<CompiledExecutable> compiled_;
+  std::unique_ptr<Graph> graph_;
+  int nodes_ = 0;
+  std::string first_, last_;
+};
+
 // The CUDA target over a builder's graph (runtime/cuda_backend.h): run() takes the device addresses of the
 // inputs and outputs (torch's data_ptr()) and the caller's stream (torch's cuda_stream) and returns without
 // synchronising; run_host() is the host-tensor call (copies both ways, one synchronise). docs/python.md.
@@ -609,6 +683,16 @@ PYBIND11_MODULE(_tessel, m) {
       .def("text", &Executable::text, py::arg("elide_constants") = true)
       .def_property_readonly("compile_seconds", &Executable::compile_seconds)
       .def_property_readonly("symbols", &Executable::symbols, "the graph's size symbols: (name, lo, hi, multiple_of)");
+
+  py::class_<WholeExecutable>(m, "WholeExecutable")
+      .def(py::init<Builder&, const std::string&, int>(), py::arg("builder"), py::arg("backend") = "compiled",
+           py::arg("threads") = 0)
+      .def("run", &WholeExecutable::run, py::arg("inputs"), py::arg("runner") = py::none())
+      .def("explain", &WholeExecutable::explain)
+      .def_property_readonly("stats", &WholeExecutable::stats,
+                             "compiled backend: symbols, instances (bindings instantiated), instance_seconds, kernels, "
+                             "compile_seconds")
+      .def_property_readonly("symbols", &WholeExecutable::symbols, "the graph's size symbols: (name, lo, hi, multiple_of)");
 
   py::class_<PyCudaExecutable>(m, "CudaExecutable")
       .def(py::init<Builder&, const std::string&, bool>(), py::arg("builder"), py::arg("precision") = "f32",

@@ -112,11 +112,19 @@ class Stats:
         # compiles per shape instead (None while it does not).
         self.bindings = 0
         self.dynamic_fallback = None
+        self._instances = None    # () -> the compiled backend's instance count of the cached symbolic compilations
+
+    @property
+    def instances(self):
+        """The instances the compiled backend built for the cached symbolic compilations (one per binding
+        of their size symbols, the least recently used dropped past 16 each)."""
+        return self._instances() if self._instances is not None else 0
 
     def as_dict(self):
         return dict(compiles=self.compiles, cache_hits=self.cache_hits, compile_seconds=self.compile_seconds,
                     recompiles=list(self.recompiles), eager_calls=self.eager_calls, calls=self.calls,
-                    refreshes=self.refreshes, bindings=self.bindings, dynamic_fallback=self.dynamic_fallback)
+                    refreshes=self.refreshes, bindings=self.bindings, instances=self.instances,
+                    dynamic_fallback=self.dynamic_fallback)
 
     def __repr__(self):
         return f"Stats({self.as_dict()})"
@@ -500,7 +508,8 @@ def _build_dynamic(module, example_inputs, plan, backend, threads, freeze_inputs
                                                captured, call, plan)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     with _torch_threads_kept():
-        exe = _tessel.Executable(conv.builder, backend, threads)
+        # (the whole graph: a symbolic one has no graph break to partition at)
+        exe = _tessel.WholeExecutable(conv.builder, backend, threads)
     return _DynamicEntry(captured, conv, exe, repairs, guard)
 
 
@@ -532,6 +541,8 @@ class CompiledModule:
         self.on_limit = on_limit
         self.freeze_inputs = tuple(freeze_inputs)
         self.stats = Stats()
+        self.stats._instances = lambda: sum(e.exe.stats.get("instances", 0) for e in self._cache.values()
+                                            if e.symbolic is not None)
         # (signature, values of its value guards) -> _Entry; a module that reads tensor values into
         # Python has one entry per path through its Python for a signature (its specialisations).
         # A symbolic compilation's key is ("dynamic", ranks and dtypes, serial).
