@@ -592,6 +592,7 @@ class CompiledModule:
         call = _call_builder(sig)
         symbolic = captured.symbolic if captured is not None else None
         plan = self._plan.restricted(args) if self._plan is not None and captured is None else None
+        refused = None
         if symbolic is not None or plan is not None:
             try:
                 entry = _build_dynamic(self.module, args, plan, self.backend, self.threads, self.freeze_inputs, call,
@@ -599,10 +600,14 @@ class CompiledModule:
             except _tessel.TesselError as e:       # DynamicUnsupported, a symbolic capture or compile failure
                 if symbolic is not None:
                     raise
-                self._fall_back(_one_line(e))
+                refused = _one_line(e)
         if entry is None:
             entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair,
                            self.freeze_inputs, captured, call, self.precision)
+            if refused is not None:
+                # (only once the static compilation worked: a call the module cannot take at all, such as
+                # a wrong feature size, raises its error and leaves dynamic shapes on)
+                self._fall_back(refused)
         dt = time.perf_counter() - t0
         if self.stats.compiles:
             self.stats.recompiles.append(reason or _describe_change(self._last_sig, sig))

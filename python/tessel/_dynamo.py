@@ -211,7 +211,11 @@ def symbolic_sizes(gm, example_inputs):
 
     def name_of(sym):
         if sym.name not in names:
-            names[sym.name] = sym.name if _NAME.fullmatch(sym.name) else f"s{len(names)}"
+            name = sym.name
+            k = len(names)
+            while not _NAME.fullmatch(name) or name in names.values():
+                name, k = f"s{k}", k + 1
+            names[sym.name] = name
         return names[sym.name]
     symbolic = False
     for p, (n, ex) in enumerate(zip(placeholders, example_inputs)):
@@ -251,7 +255,9 @@ def tessel_backend(gm, example_inputs, **kwargs):
     try:
         sizes = symbolic_sizes(gm, example_inputs)
     except Unsupported as e:
-        return _fallback(gm, f"the graph's symbolic sizes: {e}")
+        return _fallback(gm, f"the graph takes non-tensor inputs tessel cannot compile symbolically: {e}")
+    if sizes is None:
+        return _fallback(gm, "the graph takes non-tensor inputs that are not sizes")
     return _FirstCall(gm, sizes)
 
 

@@ -109,45 +109,41 @@ class SymDim:
 
     __rtruediv__ = __truediv__
 
-    def _sign(self, other):
-        """1 when self > other, -1 when self < other, 0 when equal, for every value of the symbols; else
-        raises Unsupported."""
-        if isinstance(other, SymDim) and other.text == self.text:
-            return 0
-        d = self - other
-        if not isinstance(d, SymDim):
-            return (d > 0) - (d < 0)
-        if _tessel.dim_nonneg(_text(d - 1)):
-            return 1
-        if _tessel.dim_nonneg(_text(-d - 1)):
-            return -1
-        raise Unsupported(f"comparing sizes {self} and {other} depends on the value of the symbols")
-
-    def _compare(self, other, test, op):
+    def _decide(self, other, op, holds, fails):
+        """Whether `self op other` holds for every value of the symbols: True when holds(d) is provably
+        >= 0 (d = self - other), False when one of fails(d) is, else Unsupported. (A symbolic d is never
+        provably 0: equal sizes are the same expression, which == tests first.)"""
         if not _is_size(other):
             return NotImplemented
-        try:
-            return test(self._sign(other))
-        except Unsupported:
-            raise Unsupported(f"{self} {op} {other} depends on the value of the symbols") from None
+        d = self - other
+        if not isinstance(d, SymDim):
+            return {"==": d == 0, "!=": d != 0, "<": d < 0, "<=": d <= 0, ">": d > 0, ">=": d >= 0}[op]
+        if holds is not None and _tessel.dim_nonneg(_text(holds(d))):
+            return True
+        if any(_tessel.dim_nonneg(_text(f(d))) for f in fails):
+            return False
+        raise Unsupported(f"{self} {op} {other} depends on the value of the symbols")
 
     def __eq__(self, o):
-        return self._compare(o, lambda s: s == 0, "==")
+        if isinstance(o, SymDim) and o.text == self.text:
+            return True
+        return self._decide(o, "==", None, (lambda d: d - 1, lambda d: -d - 1))
 
     def __ne__(self, o):
-        return self._compare(o, lambda s: s != 0, "!=")
+        eq = self.__eq__(o)
+        return eq if eq is NotImplemented else not eq
 
     def __lt__(self, o):
-        return self._compare(o, lambda s: s < 0, "<")
+        return self._decide(o, "<", lambda d: -d - 1, (lambda d: d,))
 
     def __le__(self, o):
-        return self._compare(o, lambda s: s <= 0, "<=")
+        return self._decide(o, "<=", lambda d: -d, (lambda d: d - 1,))
 
     def __gt__(self, o):
-        return self._compare(o, lambda s: s > 0, ">")
+        return self._decide(o, ">", lambda d: d - 1, (lambda d: -d,))
 
     def __ge__(self, o):
-        return self._compare(o, lambda s: s >= 0, ">=")
+        return self._decide(o, ">=", lambda d: d, (lambda d: -d - 1,))
 
     def __bool__(self):
         return self != 0
