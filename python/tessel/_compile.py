@@ -357,7 +357,10 @@ class _DynamicEntry(_Entry):
                 k, d = where[s.name]
                 return f"input {k} dim {d} is {b[s.name]}, outside {s}"
         for k, d, v, n in later:
-            want = v.eval(b)
+            try:
+                want = v.eval(b)
+            except _tessel.TesselError as e:          # a symbol no dim binds
+                return f"input {k} dim {d} is {v}: {_one_line(e)}"
             if want != n:
                 return f"input {k} dim {d} is {n}, compiled for {v} = {want}"
         for g in self.shape_guards:
@@ -555,7 +558,7 @@ class CompiledModule:
         self._plan = None         # the dynamic dims (a _dynamic.DynamicPlan) while symbolic compilation is on
         if dynamic or dynamic_dims is not None:
             self._plan = make_plan(dynamic, dynamic_dims, tensors, _tensor_positions(example_inputs, example_kwargs))
-            refused = self._dynamic_refused()
+            refused = self._dynamic_refused() if self._plan else None
             if refused:
                 self._fall_back(refused)
         self._compile(sig, tensors)

@@ -435,6 +435,9 @@ class _Trace2:
                 self._constrain(expr, spec)
             fakes.append(f)
         self.fakes = fakes
+        # tracing_mode="real" takes the fake inputs as they are ("fake" and "symbolic" would fakeify them
+        # again, with fresh symbols): the ambient fake mode runs the ops, the Python dispatcher lets
+        # composite ops decompose over symbolic sizes
         with mode, enable_python_dispatcher():
             return make_fx(fn)(*fakes)
 
@@ -458,10 +461,11 @@ class _Trace2:
             e = g.expr.xreplace(rename)
             if e is sympy.true:
                 continue
-            where = ""
-            stack = getattr(g, "stack", None)
-            if stack is not None:
-                where = _stack_location("".join(stack.format()) if hasattr(stack, "format") else str(stack))
+            stack = getattr(g, "stack", None)       # torch 2.0-2.3: a CapturedTraceback; later: sloc (SLoc)
+            if stack is not None and hasattr(stack, "format"):
+                where = _stack_location("".join(stack.format()))
+            else:
+                where = str(getattr(g, "sloc", "") or "")
             out.append(ShapeGuard(e, True, where))
         return out
 

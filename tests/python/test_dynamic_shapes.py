@@ -284,6 +284,13 @@ class AttentionBlock(unittest.TestCase):
         self.assertEqual(fast.stats.compiles, 2)
         self.assertIn("symbolic", fast.stats.dynamic_fallback)
 
+        def reads(x):
+            return x * 2 if bool(x.sum() > 0) else x * 3     # a value read: a value guard, on real tensors
+        with self.assertWarnsRegex(UserWarning, "fall back"):
+            fast = tessel.compile(reads, (torch.ones(4, 3),), dynamic=True)
+        check(self, fast, reads, (-torch.ones(4, 3),))
+        self.assertEqual(len(fast.explanation.guards), 1)
+
 
 @unittest.skipIf(SANITIZED, "torchvision models are slow in the sanitized build")
 class Torchvision(unittest.TestCase):
