@@ -190,7 +190,7 @@ class Builder {
     return v;
   }
   // dims: ints and size expressions over declared symbols ("s0", "2*s0").
-  std::string input(const std::string& name, const std::string& dtype, const py::list& shape) {
+  std::string input(const std::string& name, const std::string& dtype, const py::sequence& shape) {
     Dims dims = dims_of_list(shape, fmt::format("input '{}' shape", name));
     for (const Dim& d : dims)
       for (const std::string& s : d.symbols())

@@ -1500,6 +1500,8 @@ def _index_tensors(L, node, x, indices):
     idx = [_nonneg_index(L, indices[i], shape[i]) for i in pos]
     if len(pos) == 1:
         return L.op("Gather", [x, idx[0]], {"axis": pos[0]})
+    if any(any_sym(L.shape(i)) for i in idx):
+        raise Unsupported("indexing with index tensors of symbolic shapes")
     bshape = list(torch.broadcast_shapes(*[tuple(L.shape(i)) for i in idx]))
     idx = [i if L.shape(i) == bshape else L.op("Expand", [i, L.ints(bshape)]) for i in idx]
     stacked = L.op("Concat", [L.op("Unsqueeze", [i, L.ints([len(bshape)])]) for i in idx], {"axis": len(bshape)})
