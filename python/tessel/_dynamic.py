@@ -92,7 +92,7 @@ class DynamicPlan:
             t = tensors[k] if k < len(tensors) else None
             if not isinstance(t, torch.Tensor):
                 continue
-            keep = {d: s for d, s in dd.items() if d < t.dim() and t.shape[d] >= 2 and s.holds(t.shape[d])}
+            keep = {d: s for d, s in dd.items() if d < t.dim() and s.holds(t.shape[d])}
             for d, s in keep.items():
                 sizes.setdefault(s.name, set()).add(t.shape[d])
             dims[k] = keep
@@ -100,9 +100,6 @@ class DynamicPlan:
         dims = {k: {d: s for d, s in dd.items() if s.name not in torn} for k, dd in dims.items()}
         plan = DynamicPlan(dims)
         return plan if plan else None
-
-    def describe(self):
-        return "; ".join(f"tensor {k} dim {d}: {s}" for k, dd in sorted(self.dims.items()) for d, s in sorted(dd.items()))
 
 
 def _spec_of(value, auto_name, where):
@@ -124,10 +121,15 @@ def make_plan(dynamic, dynamic_dims, tensors, positions):
     tensor's place among the call's tensors. None when nothing is dynamic."""
     if dynamic_dims is None and not dynamic:
         return None
+    named = set()           # the names dynamic_dims gives: automatic ones keep clear of them
+    for spec in (dynamic_dims or {}).values():
+        for v in (spec.values() if isinstance(spec, dict) else ()):
+            named.add(v if isinstance(v, str) else v[0] if isinstance(v, tuple) and v else None)
     count = iter(range(1 << 30))
 
     def auto_name():
-        return f"s{next(count)}"
+        name = f"s{next(count)}"
+        return name if name not in named else auto_name()
     dims = {}
     if dynamic_dims is None:
         # dynamic=True: every dim of every tensor, except a dim of size 0 or 1 in the example (a size-1 dim
@@ -195,15 +197,13 @@ class ShapeGuard:
     def holds(self, bindings):
         try:
             got = self.fn(*(bindings[s] for s in self.symbols))
-        except (ArithmeticError, ValueError):
+        except (ArithmeticError, ValueError, KeyError):     # (KeyError: a symbol no input dim binds)
             return False
         return (bool(got) if isinstance(self.expected, bool) else got) == self.expected
 
-    def describe(self, bindings=None):
+    def describe(self, bindings):
         at = f" at {self.where}" if self.where else ""
-        if bindings is None:
-            return f"shape guard {self.text} == {self.expected}{at}"
-        values = ", ".join(f"{s}={bindings[s]}" for s in self.symbols)
+        values = ", ".join(f"{s}={bindings.get(s, '?')}" for s in self.symbols)
         return f"shape guard {self.text} was {self.expected} at capture{at}, not for {values}"
 
     def as_dict(self):
