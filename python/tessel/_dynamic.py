@@ -415,7 +415,10 @@ class _Trace2:
             from torch._dispatch.python import enable_python_dispatcher
         except ImportError:  # pragma: no cover
             enable_python_dispatcher = contextlib.nullcontext
-        self.env = ShapeEnv(duck_shape=False)
+        try:
+            self.env = ShapeEnv(duck_shape=False)
+        except TypeError:  # pragma: no cover -- (DYNAMIC below allocates a fresh symbol per dim anyway)
+            self.env = ShapeEnv()
         mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=False)
         fakes = []
         for k, a in enumerate(args):
