@@ -15,11 +15,13 @@
 #include "tessel/runtime/compiled_backend.h"
 #include "tessel/runtime/cuda_backend.h"
 #include "tessel/targets/cuda/toolchain.h"
+#include "tessel/ir/bind.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/runtime/graph_backend.h"
+#include "tessel/runtime/interpreter.h"
 #include "tessel/runtime/partition.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
@@ -107,6 +109,49 @@ py::list arrays_of(const std::vector<Tensor>& ts) {
   return result;
 }
 
+// A size from Python (docs/dynamic-shapes.md): an int, or a Dim's text form ("s0", "2*s0", "s0+1").
+Dim dim_of(const py::handle& h, const std::string& what) {
+  if (py::isinstance<py::str>(h)) {
+    const std::string text = py::cast<std::string>(h);
+    size_t pos = 0;
+    std::optional<Dim> d = parse_dim(text, pos);
+    if (!d || pos != text.size())
+      throw Error(Location{.pass = "python"}, fmt::format("{}: '{}' is not a size (an int, or an expression of size "
+                                                          "symbols such as s0, 2*s0, s0+1)", what, text));
+    return *d;
+  }
+  if (py::isinstance<py::bool_>(h) || !py::isinstance<py::int_>(h))
+    throw Error(Location{.pass = "python"},
+                fmt::format("{}: {} is not a size (an int or a size expression)", what, py::str(py::repr(h)).cast<std::string>()));
+  return Dim(py::cast<int64_t>(h));
+}
+
+Dims dims_of_list(const py::handle& list, const std::string& what) {
+  Dims d;
+  size_t i = 0;
+  for (const py::handle h : list) d.push_back(dim_of(h, fmt::format("{} entry {}", what, i++)));
+  return d;
+}
+
+// A size for Python: an int when static, its text when symbolic.
+py::object py_dim(const Dim& d) {
+  if (d.is_static()) return py::int_(d.constant_term());
+  return py::str(d.str());
+}
+
+py::list py_dims(const Dims& ds) {
+  py::list l;
+  for (const Dim& d : ds) l.append(py_dim(d));
+  return l;
+}
+
+bool has_str(const py::handle& list) {
+  if (!py::isinstance<py::list>(list) && !py::isinstance<py::tuple>(list)) return false;
+  for (const py::handle h : list)
+    if (py::isinstance<py::str>(h)) return true;
+  return false;
+}
+
 Attr to_attr(const OpDef& op, const std::string& name, const py::handle& v) {
   const AttrSpec* spec = nullptr;
   for (const auto& s : op.attrs)
@@ -116,7 +161,10 @@ Attr to_attr(const OpDef& op, const std::string& name, const py::handle& v) {
     case AttrKind::i: return py::cast<int64_t>(v);
     case AttrKind::f: return py::cast<double>(v);
     case AttrKind::s: return py::cast<std::string>(v);
-    case AttrKind::ints: return py::cast<std::vector<int64_t>>(v);
+    case AttrKind::ints:
+      // A list of sizes with a symbolic entry (a Sizes node's dims): a Dims attribute.
+      if (has_str(v)) return dims_attr(dims_of_list(v, fmt::format("{} attribute '{}'", op.name, name)));
+      return py::cast<std::vector<int64_t>>(v);
     case AttrKind::floats: return py::cast<std::vector<double>>(v);
     case AttrKind::strings: return py::cast<std::vector<std::string>>(v);
     case AttrKind::tensor: {
@@ -141,8 +189,24 @@ class Builder {
     if (!v) throw Error(Location{.pass = "python"}, fmt::format("no value named '{}'", name));
     return v;
   }
-  std::string input(const std::string& name, const std::string& dtype, const Shape& shape) {
-    return graph().add_input(graph().unique_name(name), TensorType{parse_dtype(dtype), shape})->name;
+  // dims: ints and size expressions over declared symbols ("s0", "2*s0").
+  std::string input(const std::string& name, const std::string& dtype, const py::sequence& shape) {
+    Dims dims = dims_of_list(shape, fmt::format("input '{}' shape", name));
+    for (const Dim& d : dims)
+      for (const std::string& s : d.symbols())
+        if (!graph().symbols.find(s))
+          throw Error(Location{.pass = "python"}, fmt::format("input '{}' dim {} names size symbol '{}', which is not declared "
+                                                              "(declare_symbol first)", name, d.str(), s));
+    return graph().add_input(graph().unique_name(name), TensorType::of(parse_dtype(dtype), dims))->name;
+  }
+  void declare_symbol(const std::string& name, int64_t lo, int64_t hi, int64_t multiple_of) {
+    graph().symbols.declare(SymbolInfo{name, lo, hi, multiple_of});
+  }
+  py::list symbols() { return symbol_list(graph().symbols); }
+  static py::list symbol_list(const SymbolTable& t) {
+    py::list l;
+    for (const auto& [name, s] : t.all()) l.append(py::make_tuple(name, s.lo, s.hi, s.multiple_of));
+    return l;
   }
   std::string constant(const std::string& name, const py::array& a, const std::string& dtype) {
     return graph().add_constant(graph().unique_name(name), from_array(a, dtype))->name;
@@ -183,9 +247,10 @@ class Builder {
     for (const auto& n : names) graph().outputs.push_back(value(n));
   }
   void infer() { infer_graph(graph()); }
+  // (dtype, dims): ints for static dims (-1: unknown), strings for symbolic ones ("s0", "64*s0").
   py::tuple type(const std::string& name) {
     const Value* v = value(name);
-    return py::make_tuple(std::string(dtype_name(v->type.dtype)), v->type.shape);
+    return py::make_tuple(std::string(dtype_name(v->type.dtype)), py_dims(v->type.dims()));
   }
   std::optional<py::tuple> known(const std::string& name) {
     const Value* v = value(name);
@@ -219,28 +284,15 @@ class Builder {
     while (!ins.empty() && !ins.back()) ins.pop_back();
     std::vector<std::string> outs;
     for (int k = 0; k < outputs; ++k) outs.push_back(graph().unique_name(outputs == 1 ? name : fmt::format("{}.{}", name, k)));
-    Node* n = graph().add_node(op, name, std::move(ins), outs, std::move(attrs));
-    // Types as the node is added, so that the caller (the aten lowerings) can read them.
-    std::vector<const Tensor*> known;
-    for (const Value* v : n->inputs) {
-      const Tensor* t = nullptr;
-      if (v && v->constant) t = &*v->constant;
-      if (v && !t)
-        if (auto it = known_.find(v); it != known_.end()) t = &it->second;
-      known.push_back(t);
-    }
-    std::vector<std::optional<Tensor>> values;
-    try {
-      infer_node(*n, known, &values);
-    } catch (const Error& e) {
-      throw e.with_context(Location{.node = n->name, .op = n->op_name(), .pass = "infer"});
-    }
-    for (size_t i = 0; i < values.size() && i < n->outputs.size(); ++i)
-      if (values[i] && n->outputs[i]) known_[n->outputs[i]] = *values[i];
+    graph().add_node(op, name, std::move(ins), outs, std::move(attrs));
+    // Types as the node is added, so that the caller (the aten lowerings) can read them; the values
+    // shape rules give (shape arithmetic: static, or symbolic as a Sizes node's) are kept for the
+    // nodes after it. fold_limit 0: nothing is evaluated by a kernel here.
+    infer_graph_from(graph(), graph().nodes().size() - 1, inferred_, 0);
     return outs;
   }
   std::unique_ptr<Graph> g_;
-  std::map<const Value*, Tensor> known_;   // values inference knew while building (shape arithmetic)
+  InferResult inferred_;   // values inference knew while building (shape arithmetic, static or symbolic)
 };
 
 class Executable {
@@ -281,6 +333,7 @@ class Executable {
   }
   std::string explain() const { return json_dump(explain_json(exe_->plan(), {})); }
   double compile_seconds() const { return exe_->compile_seconds(); }
+  py::list symbols() const { return Builder::symbol_list(exe_->graph().symbols); }
   std::string text(bool elide) const {
     PrintOptions po;
     po.elide_constants = elide;
@@ -289,6 +342,79 @@ class Executable {
 
  private:
   std::unique_ptr<PartitionedExecutable> exe_;
+};
+
+// A whole graph as one executable, not partitioned: tessel.compile's symbolic compilations (docs/python.md,
+// "Dynamic shapes"), which have no graph break. The compiled backend compiles it once and instantiates
+// it per binding of the size symbols; the eager interpreter binds them per call. A call whose shapes
+// break the symbols' facts raises GuardFailure with the reason, on either backend.
+class WholeExecutable {
+ public:
+  WholeExecutable(Builder& b, const std::string& backend, int threads) {
+    if (backend != "compiled" && backend != "eager")
+      throw Error(Location{.pass = "python"},
+                  fmt::format("backend '{}' does not take a whole symbolic graph (compiled or eager)", backend));
+    std::unique_ptr<Graph> g = b.take();
+    nodes_ = static_cast<int>(g->nodes().size());
+    if (!g->nodes().empty()) {
+      first_ = g->nodes().front()->name;
+      last_ = g->nodes().back()->name;
+    }
+    if (backend == "eager") {
+      graph_ = std::move(g);
+      return;
+    }
+    CompiledBackendOptions co;
+    co.threads = threads;
+    co.model_name = g->name;
+    py::gil_scoped_release nogil;
+    compiled_ = compile_cpu(std::move(g), {}, co);
+  }
+  py::list run(const std::vector<std::pair<py::array, std::string>>& inputs, const py::object&) {
+    std::vector<Tensor> ins = tensors_of(inputs);
+    std::vector<Tensor> outs;
+    {
+      py::gil_scoped_release nogil;
+      if (compiled_) {
+        outs = compiled_->run(ins);
+      } else {
+        std::vector<Shape> shapes;
+        for (const Tensor& t : ins) shapes.push_back(t.shape());
+        Bindings b;
+        if (std::string why = bind_symbols(*graph_, shapes, b); !why.empty())
+          throw GuardFailure(Location{.pass = "guard"}, why);
+        outs = run_eager(*graph_, ins);
+      }
+    }
+    return arrays_of(outs);
+  }
+  const Graph& graph() const { return compiled_ ? compiled_->graph() : *graph_; }
+  // The partitioner's report of one graph without breaks (what Explanation reads).
+  std::string explain() const {
+    const Graph& g = graph();
+    nlohmann::json part{{"first", first_}, {"last", last_}, {"nodes", nodes_},
+                        {"inputs", static_cast<int>(g.inputs.size())}, {"outputs", static_cast<int>(g.outputs.size())}};
+    return json_dump(nlohmann::json{{"graphs", nlohmann::json::array({part})}, {"breaks", nlohmann::json::array()}});
+  }
+  py::dict stats() const {
+    py::dict d;
+    if (compiled_) {
+      const CompiledCompileStats& s = compiled_->stats();
+      d["symbols"] = s.symbols;
+      d["instances"] = s.instances;
+      d["instance_seconds"] = s.instance_seconds;
+      d["kernels"] = s.kernels;
+      d["compile_seconds"] = s.compile_seconds;
+    }
+    return d;
+  }
+  py::list symbols() const { return Builder::symbol_list(graph().symbols); }
+
+ private:
+  std::unique_ptr<CompiledExecutable> compiled_;
+  std::unique_ptr<Graph> graph_;
+  int nodes_ = 0;
+  std::string first_, last_;
 };
 
 // The CUDA target over a builder's graph (runtime/cuda_backend.h): run() takes the device addresses of the
@@ -529,7 +655,12 @@ PYBIND11_MODULE(_tessel, m) {
 
   py::class_<Builder>(m, "GraphBuilder")
       .def(py::init<const std::string&>(), py::arg("name") = "main")
-      .def("input", &Builder::input, py::arg("name"), py::arg("dtype"), py::arg("shape"))
+      .def("input", &Builder::input, py::arg("name"), py::arg("dtype"), py::arg("shape"),
+           "a graph input; shape entries are ints or size expressions over declared symbols ('s0', '2*s0')")
+      .def("declare_symbol", &Builder::declare_symbol, py::arg("name"), py::arg("lo") = 1,
+           py::arg("hi") = int64_t{1} << 31, py::arg("multiple_of") = 1,
+           "declares a size symbol with its facts: every value in [lo, hi] and a multiple of multiple_of")
+      .def("symbols", &Builder::symbols, "the declared size symbols: (name, lo, hi, multiple_of)")
       .def("constant", &Builder::constant, py::arg("name"), py::arg("array"), py::arg("dtype"),
            "a constant over the array's buffer (kept alive, not copied)")
       .def("node", &Builder::node, py::arg("op"), py::arg("name"), py::arg("inputs"), py::arg("outputs") = 1,
@@ -550,7 +681,18 @@ PYBIND11_MODULE(_tessel, m) {
       .def("run", &Executable::run, py::arg("inputs"), py::arg("runner") = py::none())
       .def("explain", &Executable::explain)
       .def("text", &Executable::text, py::arg("elide_constants") = true)
-      .def_property_readonly("compile_seconds", &Executable::compile_seconds);
+      .def_property_readonly("compile_seconds", &Executable::compile_seconds)
+      .def_property_readonly("symbols", &Executable::symbols, "the graph's size symbols: (name, lo, hi, multiple_of)");
+
+  py::class_<WholeExecutable>(m, "WholeExecutable")
+      .def(py::init<Builder&, const std::string&, int>(), py::arg("builder"), py::arg("backend") = "compiled",
+           py::arg("threads") = 0)
+      .def("run", &WholeExecutable::run, py::arg("inputs"), py::arg("runner") = py::none())
+      .def("explain", &WholeExecutable::explain)
+      .def_property_readonly("stats", &WholeExecutable::stats,
+                             "compiled backend: symbols, instances (bindings instantiated), instance_seconds, kernels, "
+                             "compile_seconds")
+      .def_property_readonly("symbols", &WholeExecutable::symbols, "the graph's size symbols: (name, lo, hi, multiple_of)");
 
   py::class_<PyCudaExecutable>(m, "CudaExecutable")
       .def(py::init<Builder&, const std::string&, bool>(), py::arg("builder"), py::arg("precision") = "f32",
@@ -608,4 +750,25 @@ PYBIND11_MODULE(_tessel, m) {
     return names;
   });
   m.def("hardware_threads", [] { return resolve_threads(0); });
+
+  // Size arithmetic for the converter (support/sym.h): sizes are ints or Dim texts ("s0", "64*s0").
+  m.def("dim_binary", [](const std::string& op, const py::object& a, const py::object& b) -> py::object {
+    const Dim x = dim_of(a, "size"), y = dim_of(b, "size");
+    if (op == "add") return py_dim(x + y);
+    if (op == "sub") return py_dim(x - y);
+    if (op == "mul") return py_dim(x * y);
+    if (op == "div") {
+      std::optional<Dim> q = exact_div(x, y);
+      return q ? py_dim(*q) : py::object(py::none());
+    }
+    throw Error(Location{.pass = "python"}, fmt::format("no size operation '{}' (add, sub, mul, div)", op));
+  }, py::arg("op"), py::arg("a"), py::arg("b"),
+        "a op b over sizes (ints or size expressions); div is exact division for every value of the symbols, "
+        "else None");
+  m.def("dim_nonneg", [](const py::object& a) { return provably_nonneg(dim_of(a, "size")); }, py::arg("a"),
+        "whether the size expression is >= 0 for every value of its symbols (>= 1 each); sound, not complete");
+  m.def("dim_eval", [](const py::object& a, const std::map<std::string, int64_t>& b) {
+    return dim_of(a, "size").eval(b);
+  }, py::arg("a"), py::arg("bindings"));
+  m.def("dim_symbols", [](const py::object& a) { return dim_of(a, "size").symbols(); }, py::arg("a"));
 }

@@ -293,6 +293,7 @@ class Captured:
         self.example = example      # state: the real tensor; a plain input: a meta tensor of its type
         self.structure = structure  # rebuilds the module's output from the graph's output tensors
         self.reads = reads          # the ValueReads the graph is specialised to, one guard output each
+        self.symbolic = None        # a symbolic capture's _dynamic.Symbolic (input dims, symbols, shape guards)
 
 
 def _functional_call():
@@ -373,22 +374,91 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
     """The functionalized aten graph of `module` on `example_inputs` (a Captured): the call's tensors;
     `call(tensors) -> (args, kwargs)` places them among its other arguments (default: positional)."""
     from torch.fx.experimental.proxy_tensor import make_fx
+    state, fn, example = _prepare(module, example_inputs, call)
+    # Tracing runs the module on real tensors: clones, so that its mutations (written back by
+    # functionalize at the end of the trace) do not reach the module or the caller's inputs.
+    clones = _clones(example)
+    reads = []          # (tensor, ValueRead) of the trace, in order
+    structure = []      # the Structure of the module's output
+    traced = _traced(module, fn, structure, reads)
+    with _tracing_errors(module):
+        # (fork_rng: tracing runs the module's random ops; the caller's generator is left as it was, so
+        # a compile inside a call -- torch.compile's first -- draws what eager would: class Dropout's tests)
+        with _functorch_stack_restored(), _provenance(module), _value_reads(reads), torch.no_grad(), \
+                torch.random.fork_rng(devices=[]), _portable_kernels(clones):
+            gm = make_fx(_functionalize()(traced, remove="mutations"))(*clones)
+    del clones
+    return _captured(gm, module, state, example_inputs, example, structure[0], freeze_inputs,
+                     [r for _, r in reads])
+
+
+def capture_symbolic(module, example_inputs, plan, freeze_inputs=(), call=None):
+    """The aten graph of `module` traced once for every size of the plan's symbols (docs/python.md,
+    "Dynamic shapes"): a Captured whose `symbolic` (a _dynamic.Symbolic) gives each input's dims, the
+    symbols and the shape guards. Raises DynamicUnsupported or TesselCaptureError when the module cannot
+    be captured so (tessel.compile then compiles per shape)."""
+    from . import _dynamic
+    state, fn, example = _prepare(module, example_inputs, call)
+    k0 = len(state)
+    clones = _clones(example)
+    shapes = {k: list(t.shape) for k, t in enumerate(clones) if isinstance(t, torch.Tensor)}
+    by_arg = {k0 + i: dims for i, dims in plan.dims.items()}
+    trace = _dynamic.tracer(by_arg, shapes)
+    structure = []
+    traced = _traced(module, fn, structure, [])
+    functional = _dynamic.torch_major() >= 2
+    with _tracing_errors(module, "symbolic capture"):
+        with _functorch_stack_restored(), _provenance(module), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            f = _functionalize()(traced, remove="mutations") if functional else traced
+            gm = trace.make_fx(f, clones)
+    del clones
+    if not functional:
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        out.args = ((out.args[0], ()),)       # the (module output, (written-back values)) of functionalize
+        gm.recompile()
+    captured = _captured(gm, module, state, example_inputs, example, structure[0], freeze_inputs, [])
+    if captured.mutated:
+        raise _dynamic.DynamicUnsupported("the module changes an input or a buffer in place")
+    input_dims, specialised, names = {}, [], {}
+    for k, t in shapes.items():
+        if k < k0:
+            continue
+        dims = [trace.resolve(k, d) for d in range(len(t))]
+        input_dims[k] = dims
+        for d, spec in by_arg.get(k, {}).items():
+            if not isinstance(dims[d], _dynamic.SymDim) or dims[d].text != spec.name:
+                specialised.append(f"input {k - k0} dim {d} ({spec.name}) is {dims[d]}: the module's sizes tie it")
+    for dims in input_dims.values():
+        for v in dims:
+            if isinstance(v, _dynamic.SymDim):
+                for s in v.symbols():
+                    names[s] = plan.symbols[s]
+    captured.symbolic = _dynamic.Symbolic(input_dims, names, trace.guards(), specialised,
+                                          getattr(trace, "names", None))
+    return captured
+
+
+def _prepare(module, example_inputs, call):
+    """(state, fn, example): the module's parameters and buffers, fn(*state, *inputs) calling it, and
+    the flat example (state tensors then the call's inputs)."""
     if not callable(module):
         raise _tessel.TesselError(f"tessel.compile takes a torch.nn.Module or a function, not {type(module).__name__}")
     state = module_state(module)
     fn = _state_fn(module, state, call)
-    example = [t for _, t, _ in state] + list(example_inputs)
-    # Tracing runs the module on real tensors: clones, so that its mutations (written back by
-    # functionalize at the end of the trace) do not reach the module or the caller's inputs.
-    with torch.no_grad():
-        clones = [t.detach().clone(memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t
-                  for t in example]
-    reads = []          # (tensor, ValueRead) of the trace, in order
-    structure = []      # the Structure of the module's output
+    return state, fn, [t for _, t, _ in state] + list(example_inputs)
 
+
+def _clones(example):
+    with torch.no_grad():
+        return [t.detach().clone(memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t
+                for t in example]
+
+
+def _traced(module, fn, structure, reads):
+    """The function make_fx traces: it returns (the output's tensors, the tensors whose values were
+    read); the output's other parts are rebuilt around its tensors on every call (`structure` gets
+    its Structure); the read tensors are the value guards."""
     def traced(*flat):
-        # Returns (the output's tensors, the tensors whose values were read): the output's other parts
-        # are rebuilt around its tensors on every call; the read tensors are the value guards.
         del reads[:]
         try:
             tensors, st = _structure.flatten(fn(*flat), "the module's output")
@@ -396,12 +466,14 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
             raise TesselCaptureError(f"cannot capture {type(module).__name__}: {e}") from None
         structure[:] = [st]
         return tuple(tensors), tuple(t for t, _ in reads)
+    return traced
+
+
+@contextlib.contextmanager
+def _tracing_errors(module, what="capture"):
+    """Every tracing failure becomes one TesselCaptureError naming the module, the user's line and a hint."""
     try:
-        # (fork_rng: tracing runs the module's random ops; the caller's generator is left as it was, so
-        # a compile inside a call -- torch.compile's first -- draws what eager would: class Dropout's tests)
-        with _functorch_stack_restored(), _provenance(module), _value_reads(reads), torch.no_grad(), \
-                torch.random.fork_rng(devices=[]), _portable_kernels(clones):
-            gm = make_fx(_functionalize()(traced, remove="mutations"))(*clones)
+        yield
     except _tessel.TesselError:
         raise
     except Exception as e:  # noqa: BLE001 -- every tracing failure becomes one clear error
@@ -415,17 +487,20 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
             if hasattr(torch, "compile"):
                 hint += "; or use torch.compile(module, backend='tessel'), where dynamo splits the graph there"
         name = type(module).__name__
-        raise TesselCaptureError(f"cannot capture {name}: {msg}" + (f" at {where}" if where else "") + hint) from e
-    del clones
-    _check_rebuild(structure[0], module)
+        verb = "capture" if what == "capture" else f"{what} of"
+        raise TesselCaptureError(f"cannot {verb} {name}: {msg}" + (f" at {where}" if where else "") + hint) from e
+
+
+def _captured(gm, module, state, example_inputs, example, structure, freeze_inputs, reads):
+    _check_rebuild(structure, module)
     sources = [slot for slot, _, _ in state] + list(range(len(example_inputs)))
     for i in freeze_inputs:
         sources[len(state) + i] = Slot(f"input {i}", index=i)
     mutated = _mutations_to_outputs(gm)
     # Plain call inputs matter for their shape and dtype only: keep no reference to the caller's data.
-    example = [t if isinstance(src, Slot) else torch.empty(t.shape, dtype=t.dtype, device="meta")
-               for t, src in zip(example, sources)]
-    return Captured(gm, sources, mutated, example, structure[0], [r for _, r in reads])
+    example = [t if isinstance(src, Slot) or not isinstance(t, torch.Tensor)
+               else torch.empty(t.shape, dtype=t.dtype, device="meta") for t, src in zip(example, sources)]
+    return Captured(gm, sources, mutated, example, structure, reads)
 
 
 def _check_rebuild(structure, module):

@@ -3,14 +3,17 @@ import contextlib
 import json
 import operator
 import time
+import warnings
 from collections import OrderedDict
 
 import torch
 from torch.utils import _pytree as pytree
 
 from . import _tessel
-from ._capture import _READ, Slot, capture
-from ._convert import Converted, from_buffer, tessel_dtype, to_buffer
+from ._capture import _READ, Slot, capture, capture_symbolic
+from ._convert import Converted, TesselCaptureError, from_buffer, tessel_dtype, to_buffer
+from ._dynamic import DynamicUnsupported, make_plan
+from ._sym import SymDim
 
 
 class TesselRecompileLimit(_tessel.TesselError):
@@ -104,11 +107,24 @@ class Stats:
         self.eager_calls = 0      # calls run by PyTorch eager after the recompile limit (on_limit="eager")
         self.calls = 0
         self.refreshes = 0        # compilations because frozen parameters/buffers changed (also in recompiles)
+        # Dynamic shapes: the distinct input shapes the symbolic compilations ran (each a binding of the
+        # size symbols, which the compiled backend instantiates once), and why a dynamic=... request
+        # compiles per shape instead (None while it does not).
+        self.bindings = 0
+        self.dynamic_fallback = None
+        self._instances = None    # () -> the compiled backend's instance count of the cached symbolic compilations
+
+    @property
+    def instances(self):
+        """The instances the compiled backend built for the cached symbolic compilations (one per binding
+        of their size symbols, the least recently used dropped past 16 each)."""
+        return self._instances() if self._instances is not None else 0
 
     def as_dict(self):
         return dict(compiles=self.compiles, cache_hits=self.cache_hits, compile_seconds=self.compile_seconds,
                     recompiles=list(self.recompiles), eager_calls=self.eager_calls, calls=self.calls,
-                    refreshes=self.refreshes)
+                    refreshes=self.refreshes, bindings=self.bindings, instances=self.instances,
+                    dynamic_fallback=self.dynamic_fallback)
 
     def __repr__(self):
         return f"Stats({self.as_dict()})"
@@ -223,6 +239,8 @@ class _Entry:
     """One compilation: the converted graph (for its PyTorch breaks), the partitioned executable, where
     each of its inputs comes from (a call input or a live buffer) and which tensors it writes back."""
 
+    symbolic = None       # a static compilation (_DynamicEntry: the symbolic capture's _dynamic.Symbolic)
+
     def __init__(self, captured, conv, exe, repairs, guard, report=None):
         self.captured = captured
         self.conv = conv
@@ -293,6 +311,78 @@ class _Entry:
                 dst.copy_(v)
 
 
+class _DynamicEntry(_Entry):
+    """One symbolic compilation (docs/python.md, "Dynamic shapes"): it serves every call whose tensors
+    have its ranks and dtypes, its static dims, sizes that bind its symbols within their facts, and
+    shapes that keep the trace's shape guards. admits() checks that in Python (a recompile's reason
+    when it fails); the compiled backend checks the binding again and raises GuardFailure."""
+
+    def __init__(self, captured, conv, exe, repairs, guard):
+        super().__init__(captured, conv, exe, repairs, guard)
+        sym = captured.symbolic
+        self.symbolic = sym
+        self.seen = set()         # the signatures (shapes) it ran
+        # per input tensor: its index among the call's tensors and each dim as an int (static), a str
+        # (a symbol it binds) or a SymDim (an expression checked once the symbols are bound)
+        self.checks = []
+        for p, dims in sorted(sym.input_dims.items()):
+            k = captured.sources[p]
+            if isinstance(k, int):
+                self.checks.append((k, [d.text if isinstance(d, SymDim) and d.text in sym.symbols else d
+                                        for d in dims]))
+        self.specs = list(sym.symbols.values())
+        self.shape_guards = sym.guards
+
+    def admits(self, args):
+        """None when the call's tensors fit this compilation, else why not (one line)."""
+        b, where, later = {}, {}, []
+        for k, dims in self.checks:
+            shape = args[k].shape
+            if len(shape) != len(dims):
+                return f"input {k} has rank {len(shape)}, compiled for {len(dims)}"
+            for d, (v, n) in enumerate(zip(dims, shape)):
+                if v.__class__ is int:
+                    if v != n:
+                        return f"input {k} dim {d} is {n}, compiled for {v}"
+                elif v.__class__ is str:
+                    have = b.setdefault(v, n)
+                    if have != n:
+                        k0, d0 = where[v]
+                        return f"input {k} dim {d} is {n}, but input {k0} dim {d0} ({v}) is {have}"
+                    where.setdefault(v, (k, d))
+                else:
+                    later.append((k, d, v, n))
+        for s in self.specs:
+            if s.name in b and not s.holds(b[s.name]):
+                k, d = where[s.name]
+                return f"input {k} dim {d} is {b[s.name]}, outside {s}"
+        for k, d, v, n in later:
+            try:
+                want = v.eval(b)
+            except _tessel.TesselError as e:          # a symbol no dim binds
+                return f"input {k} dim {d} is {v}: {_one_line(e)}"
+            if want != n:
+                return f"input {k} dim {d} is {n}, compiled for {v} = {want}"
+        for g in self.shape_guards:
+            if not g.holds(b):
+                return g.describe(b)
+        return None
+
+    def run(self, args):
+        try:
+            return super().run(args)
+        except _tessel.GuardFailure as e:
+            self.miss = _one_line(e)
+            return _MISS
+
+    def describe(self):
+        sym = self.symbolic
+        return dict(symbols={n: s.facts() for n, s in sym.symbols.items()},
+                    inputs={k: [str(d) for d in dims] for k, dims in self.checks},
+                    guards=[g.as_dict() for g in sym.guards], specialised=list(sym.specialised),
+                    shapes=len(self.seen))
+
+
 class _CudaEntry(_Entry):
     """One compilation for the CUDA target: the whole graph is one CUDA executable (no graph breaks), its
     weights uploaded once. A call passes the inputs' device addresses and outputs allocated with
@@ -352,21 +442,23 @@ def _build_cuda(module, example_inputs, repair, freeze_inputs, captured, call, p
     return _CudaEntry(captured, conv, exe, repairs, guard, report)
 
 
-def _convert(module, example_inputs, repair, caller, freeze_inputs=(), captured=None, call=None):
+def _convert(module, example_inputs, repair, caller, freeze_inputs=(), captured=None, call=None, plan=None):
     """Checks the example inputs (the call's tensors; `call` rebuilds the call's arguments from them),
-    captures the module (functionalized) and builds its tessel graph (repaired if asked) with its
-    parameters and buffers -- all but the mutated ones -- as constants.
-    Returns (captured, converted, repairs, frozen placeholder positions the graph uses)."""
+    captures the module (functionalized; symbolically for the dims a DynamicPlan names) and builds its
+    tessel graph (repaired if asked) with its parameters and buffers -- all but the mutated ones -- as
+    constants. Returns (captured, converted, repairs, frozen placeholder positions the graph uses)."""
     for i, a in enumerate(example_inputs):
         if not isinstance(a, torch.Tensor):
             raise _tessel.TesselError(f"example input {i} is a {type(a).__name__}; {caller} takes tensors")
         tessel_dtype(a.dtype, f"input {i}")
     if captured is None:
-        captured = capture(module, example_inputs, freeze_inputs, call)
+        captured = (capture_symbolic(module, example_inputs, plan, freeze_inputs, call) if plan is not None
+                    else capture(module, example_inputs, freeze_inputs, call))
     mutated = set(captured.mutated)
     frozen = {p: (_const_name(src), captured.example[p]) for p, src in enumerate(captured.sources)
               if isinstance(src, Slot) and p not in mutated}
-    conv = Converted(captured.gm, captured.example, name=type(module).__name__, frozen=frozen)
+    conv = Converted(captured.gm, captured.example, name=type(module).__name__, frozen=frozen,
+                     symbolic=captured.symbolic)
     return captured, conv, (conv.builder.repair() if repair else []), conv.frozen_used
 
 
@@ -412,6 +504,18 @@ def _build(module, example_inputs, target, backend, threads, repair, freeze_inpu
     return _Entry(captured, conv, exe, repairs, guard)
 
 
+def _build_dynamic(module, example_inputs, plan, backend, threads, freeze_inputs=(), call=None, captured=None):
+    """A symbolic compilation (one for every shape its symbols cover), from a symbolic capture on the
+    example call (or `captured`, one made before)."""
+    captured, conv, repairs, frozen = _convert(module, example_inputs, False, "tessel.compile", freeze_inputs,
+                                               captured, call, plan)
+    guard = _StateGuard(captured, frozen, module, conv.attr_constants)
+    with _torch_threads_kept():
+        # (the whole graph: a symbolic one has no graph break to partition at)
+        exe = _tessel.WholeExecutable(conv.builder, backend, threads)
+    return _DynamicEntry(captured, conv, exe, repairs, guard)
+
+
 def _default_threads():
     return _tessel.hardware_threads() or 1
 
@@ -420,10 +524,13 @@ class CompiledModule:
     """The callable tessel.compile returns: guarded by the inputs' shapes and dtypes, recompiling
     (and caching by signature) when they change, up to cache_limit compilations; guarded by the
     frozen parameters and buffers (identity, address, version, training flags), compiling afresh when
-    they change; writing back what the module mutates."""
+    they change; writing back what the module mutates. With dynamic shapes (dynamic=True or
+    dynamic_dims), one symbolic compilation serves every shape its size symbols cover
+    (docs/python.md, "Dynamic shapes")."""
 
     def __init__(self, module, example_inputs, target=None, backend="compiled", threads=None, repair=False,
-                 cache_limit=8, on_limit="raise", freeze_inputs=(), example_kwargs=None, precision="f32"):
+                 cache_limit=8, on_limit="raise", freeze_inputs=(), example_kwargs=None, precision="f32",
+                 dynamic=None, dynamic_dims=None):
         if on_limit not in ("raise", "eager"):
             raise _tessel.TesselError(f"on_limit must be 'raise' or 'eager', not {on_limit!r}")
         self.module = module
@@ -437,31 +544,91 @@ class CompiledModule:
         self.on_limit = on_limit
         self.freeze_inputs = tuple(freeze_inputs)
         self.stats = Stats()
+        self.stats._instances = lambda: sum(e.exe.stats.get("instances", 0) for e in self._cache.values()
+                                            if e.symbolic is not None)
         # (signature, values of its value guards) -> _Entry; a module that reads tensor values into
         # Python has one entry per path through its Python for a signature (its specialisations).
+        # A symbolic compilation's key is ("dynamic", ranks and dtypes, serial).
         self._cache = OrderedDict()
         self._current = {}        # signature -> the key of the specialisation tried first
+        self._dynamic = {}        # ranks and dtypes of a signature -> keys of its symbolic compilations, newest first
         self._last_key = None
+        self._last_sig = None
         tensors, sig = _split_call(tuple(example_inputs), example_kwargs or {})
+        self._plan = None         # the dynamic dims (a _dynamic.DynamicPlan) while symbolic compilation is on
+        if dynamic or dynamic_dims is not None:
+            self._plan = make_plan(dynamic, dynamic_dims, tensors, _tensor_positions(example_inputs, example_kwargs))
+            refused = self._dynamic_refused() if self._plan else None
+            if refused:
+                self._fall_back(refused)
         self._compile(sig, tensors)
 
+    def _dynamic_refused(self):
+        if self.target != "cpu":
+            return f"target '{self.target}' compiles static shapes"
+        if self.backend == "graph":
+            return "the graph backend plans static shapes (backend 'compiled' or 'eager' take symbolic ones)"
+        if self.repair:
+            return "repair=True rewrites graph breaks, which a symbolic compilation cannot have"
+        return None
+
+    def _fall_back(self, reason):
+        """Symbolic compilation is off from here on: one compilation per shape, as without dynamic."""
+        self._plan = None
+        self.stats.dynamic_fallback = reason
+        warnings.warn(f"tessel: {type(self.module).__name__}: dynamic shapes fall back to a compilation per "
+                      f"input shape: {reason}", stacklevel=_caller_level())
+
     @property
-    def _last_sig(self):
-        return self._last_key[0] if self._last_key is not None else None
+    def dynamic(self):
+        """The newest symbolic compilation's description (symbols, each input's dims, shape guards, dims
+        the module's sizes made static), or None when none was made."""
+        for key in reversed(self._cache):
+            e = self._cache[key]
+            if getattr(e, "symbolic", None) is not None:
+                return e.describe()
+        return None
 
     def _compile(self, sig, args, reason=None, captured=None):
         t0 = time.perf_counter()
-        entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair, self.freeze_inputs,
-                       captured, _call_builder(sig), self.precision)
+        entry = None
+        call = _call_builder(sig)
+        symbolic = captured.symbolic if captured is not None else None
+        plan = self._plan.restricted(args) if self._plan is not None and captured is None else None
+        refused = None
+        if symbolic is not None or plan is not None:
+            try:
+                entry = _build_dynamic(self.module, args, plan, self.backend, self.threads, self.freeze_inputs, call,
+                                       captured)
+            except _tessel.TesselError as e:       # DynamicUnsupported, a symbolic capture or compile failure
+                if symbolic is not None:
+                    raise
+                refused = _one_line(e)
+        if entry is None:
+            entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair,
+                           self.freeze_inputs, captured, call, self.precision)
+            if refused is not None:
+                # (only once the static compilation worked: a call the module cannot take at all, such as
+                # a wrong feature size, raises its error and leaves dynamic shapes on)
+                self._fall_back(refused)
         dt = time.perf_counter() - t0
         if self.stats.compiles:
             self.stats.recompiles.append(reason or _describe_change(self._last_sig, sig))
         self.stats.compiles += 1
         self.stats.compile_seconds += dt
-        key = (sig, entry.values)
+        if entry.symbolic is not None and not entry.symbolic.symbols:
+            entry.symbolic = None          # the module's sizes made every dim static: a static compilation
+        if entry.symbolic is not None:
+            dkey = _dynamic_key(sig)
+            key = ("dynamic", dkey, self.stats.compiles)
+            self._dynamic.setdefault(dkey, []).insert(0, key)
+            entry.seen.add(sig)
+            self.stats.bindings += 1
+        else:
+            key = (sig, entry.values)
         self._cache[key] = entry
         self._current[sig] = key
-        self._last_key = key
+        self._last_key, self._last_sig = key, sig
         return entry
 
     @property
@@ -473,30 +640,64 @@ class CompiledModule:
         self.stats.calls += 1
         args, sig = _split_call(call_args, call_kwargs)      # args: the call's tensors from here on
         key = self._current.get(sig)
+        reason = None
+        if key is None and self._dynamic:
+            key, reason = self._admitting(sig, args)
         entry = self._cache.get(key) if key is not None else None
         if entry is not None:
             stale = entry.guard.stale(args)
             if stale is None:
                 out = entry.run(args)
-                if out is _MISS:
+                if out is not _MISS:
+                    self.stats.cache_hits += 1
+                    self._last_key, self._last_sig = key, sig
+                    return out
+                if entry.symbolic is None:
                     return self._other_path(sig, args, entry, call_args, call_kwargs)
-                self.stats.cache_hits += 1
-                self._last_key = key
-                return out
-            # Every cached compilation froze the same state: all are stale. When only values changed,
-            # this signature's captured graph is reused (conversion and compilation only).
-            reuse = entry.captured if entry.guard.same_objects(args) else None
-            self._cache.clear()
-            self._current.clear()
-            self.stats.refreshes += 1
-            entry = self._compile(sig, args, stale, reuse)
-        else:
-            limited = self._at_limit(sig, call_args, call_kwargs, _describe_change(self._last_sig, sig))
-            if limited is not None:
-                return limited()
-            entry = self._compile(sig, args)
+                reason = entry.miss          # the compiled backend's guard refused the shapes
+            else:
+                # Every cached compilation froze the same state: all are stale. When only values changed,
+                # this signature's captured graph is reused (conversion and compilation only).
+                reuse = entry.captured if entry.guard.same_objects(args) else None
+                self._cache.clear()
+                self._current.clear()
+                self._dynamic.clear()
+                self.stats.refreshes += 1
+                return self._run_new(self._compile(sig, args, stale, reuse), sig, args, call_args, call_kwargs)
+        limited = self._at_limit(sig, call_args, call_kwargs, reason or _describe_change(self._last_sig, sig))
+        if limited is not None:
+            return limited()
+        return self._run_new(self._compile(sig, args, reason), sig, args, call_args, call_kwargs)
+
+    def _run_new(self, entry, sig, args, call_args, call_kwargs):
+        """The first run of a compilation made for this call."""
         out = entry.run(args)
-        return self._other_path(sig, args, entry, call_args, call_kwargs) if out is _MISS else out
+        if out is not _MISS:
+            return out
+        if entry.symbolic is not None:
+            raise _tessel.TesselError(f"{type(self.module).__name__}: a symbolic compilation made for this call "
+                                      f"refuses its shapes ({entry.miss})")
+        return self._other_path(sig, args, entry, call_args, call_kwargs)
+
+    def _admitting(self, sig, args):
+        """(key, None) of the newest symbolic compilation that covers the call's shapes, or (None, why the
+        newest one does not) -- a recompile's reason."""
+        keys = self._dynamic.get(_dynamic_key(sig))
+        if not keys:
+            return None, None
+        why = None
+        for key in keys:
+            e = self._cache[key]
+            miss = e.admits(args)
+            if miss is None:
+                if sig not in e.seen:
+                    e.seen.add(sig)
+                    self.stats.bindings += 1
+                    if len(self._current) < _CURRENT_LIMIT:
+                        self._current[sig] = key       # the same shapes again: no binding to check
+                return key, None
+            why = why or miss
+        return None, why
 
     def _other_path(self, sig, args, missed, call_args, call_kwargs):
         """A value guard of `missed` failed on this call: another cached specialisation of the signature
@@ -507,6 +708,7 @@ class CompiledModule:
                 if out is not _MISS:
                     self.stats.cache_hits += 1
                     self._current[sig] = self._last_key = key
+                    self._last_sig = sig
                     return out
         reason = f"value guard: {missed.miss}"
         limited = self._at_limit(sig, call_args, call_kwargs, reason)
@@ -534,8 +736,49 @@ class CompiledModule:
             return eager
         raise TesselRecompileLimit(
             f"{type(self.module).__name__}: {reason} needs a new compilation, but cache_limit={self.cache_limit} "
-            f"compilations are already cached (signatures: {[[_show(s) for s in k[0]] for k in self._cache]}); "
+            f"compilations are already cached (signatures: {[self._show_key(k) for k in self._cache]}); "
             "raise cache_limit or pass on_limit='eager'")
+
+    def _show_key(self, key):
+        if key[0] == "dynamic":
+            return f"symbolic {self._cache[key].describe()['inputs']}"
+        return [_show(s) for s in key[0]]
+
+
+# A symbolic compilation remembers this many shapes it admitted (then looked up without a binding check).
+_CURRENT_LIMIT = 4096
+
+
+def _dynamic_key(sig):
+    """What a symbolic compilation is specialised on: each tensor's rank and dtype, the literals."""
+    return tuple((len(s[0]), s[1]) if s[0] not in ("=", "kw") else s for s in sig)
+
+
+def _tensor_positions(example_inputs, example_kwargs):
+    """{input index or keyword name: the place of that tensor among the call's tensors} (_split_call's order)."""
+    out, k = {}, 0
+    items = list(enumerate(example_inputs)) + [(n, example_kwargs[n]) for n in sorted(example_kwargs or {})]
+    for key, a in items:
+        if isinstance(a, torch.Tensor):
+            out[key] = k
+            k += 1
+    return out
+
+
+def _caller_level():
+    """The warnings stacklevel of the first frame outside tessel (the user's call)."""
+    import os
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    f, level = sys._getframe(1), 1
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == here:
+        f, level = f.f_back, level + 1
+    return level
+
+
+def _one_line(e):
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _show(s):
@@ -544,7 +787,7 @@ def _show(s):
 
 
 def compile(module, example_inputs, target=None, backend="compiled", threads=None, repair=False, cache_limit=8,
-            on_limit="raise", example_kwargs=None, train=False, precision="f32"):
+            on_limit="raise", example_kwargs=None, train=False, precision="f32", dynamic=None, dynamic_dims=None):
     """Compile a PyTorch module (or function of tensors) for tessel; returns a guarded callable.
 
     example_inputs: a tuple of the module's positional arguments, example_kwargs: a dict of its keyword
@@ -559,15 +802,25 @@ def compile(module, example_inputs, target=None, backend="compiled", threads=Non
     (f32 arithmetic, f32 outputs).
     train: the output is differentiable -- loss.backward() runs tessel's compiled backward and fills the
     parameters' .grad (parameters are graph inputs, not frozen; docs/python.md, "Training").
+    dynamic=True: every dim of every tensor input that is at least 2 in the example is a size symbol, and
+    one symbolic compilation serves every size (the compiled or eager backend; dims the module ties to a
+    constant stay static). dynamic_dims={input: [dims]} or {input: {dim: name or (name, lo, hi[,
+    multiple_of])}} names the dynamic dims instead (input: a position or a keyword argument's name; one
+    name in two places is one symbol). A call outside a compilation's shapes recompiles, with the
+    reason in stats.recompiles; a module the symbolic capture cannot take compiles per shape, with a
+    warning (stats.dynamic_fallback). docs/python.md, "Dynamic shapes".
     """
     if train:
         from ._train import TrainModule
         if target not in (None, "cpu") or repair or precision != "f32":
             raise _tessel.TesselError("train=True takes target='cpu', precision='f32' and no repair")
+        if dynamic or dynamic_dims is not None:
+            raise _tessel.TesselError("train=True compiles static shapes (dynamic shapes are for inference)")
         return TrainModule(module, example_inputs, backend=backend, threads=threads, cache_limit=cache_limit,
                            example_kwargs=example_kwargs)
     return CompiledModule(module, example_inputs, target=target, backend=backend, threads=threads, repair=repair,
-                          cache_limit=cache_limit, on_limit=on_limit, example_kwargs=example_kwargs, precision=precision)
+                          cache_limit=cache_limit, on_limit=on_limit, example_kwargs=example_kwargs, precision=precision,
+                          dynamic=dynamic, dynamic_dims=dynamic_dims)
 
 
 def explain(module, example_inputs, repair=False, example_kwargs=None):

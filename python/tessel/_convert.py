@@ -14,6 +14,8 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from . import _tessel
+from ._dynamic import DynamicUnsupported, is_sym_node, sym_value
+from ._sym import SymDim, size
 from .aten_table import LOWERINGS, DATA_DEPENDENT, Unsupported
 
 TORCH_TO_TESSEL = {
@@ -89,10 +91,11 @@ def _meta_of_items(node):
 class _Lowerer:
     """What a lowering sees: the builder, helpers to add constants and nodes, and value types."""
 
-    def __init__(self, builder, name, masks=None):
+    def __init__(self, builder, name, masks=None, sym_names=None):
         self.b = builder
         self.name = name
         self.masks = masks      # train=True: random masks become graph inputs, appended here (else None)
+        self.sym_names = sym_names  # a symbolic trace's symbol names -> the graph's (torch 2), or None
         self._k = 0
 
     def _n(self, suffix=""):
@@ -103,24 +106,42 @@ class _Lowerer:
         return f"{base}{tag}{'#' + str(self._k) if self._k > 1 else ''}{sep}{src}"
 
     def type(self, v):
-        return self.b.type(v)
+        d, dims = self.b.type(v)
+        return d, [size(x) for x in dims]
 
     def dtype(self, v):
         return self.b.type(v)[0]
 
     def shape(self, v):
-        return self.b.type(v)[1]
+        """The dims of a value: ints, and SymDims where the size is symbolic (docs/dynamic-shapes.md)."""
+        return [size(x) for x in self.b.type(v)[1]]
 
     def rank(self, v):
         return len(self.b.type(v)[1])
 
     def const(self, value, dtype):
+        if not isinstance(value, torch.Tensor) and any(isinstance(v, SymDim) for v in pytree.tree_flatten(value)[0]):
+            raise Unsupported(f"a constant holding symbolic sizes ({value})")
         t = torch.as_tensor(value, dtype=TESSEL_TO_TORCH[dtype])
         arr, d = to_buffer(t)
         return self.b.constant(self.name + ".c", arr, d)
 
     def ints(self, values):
-        return self.const(list(values), "i64")
+        """An i64 list: a constant, or a Sizes node when an entry is symbolic (a shape operand)."""
+        values = list(values)
+        if any(isinstance(v, SymDim) for v in values):
+            return self.sizes(values)
+        return self.const(values, "i64")
+
+    def sizes(self, values, scalar=False):
+        """A Sizes node (domain tessel) holding sizes, some symbolic: the shape operand of Reshape,
+        Expand, ConstantOfShape or Range. scalar: one size as a 0-d value."""
+        dims = [v.text if isinstance(v, SymDim) else int(v) for v in values]
+        return self.op("Sizes", [], {"dims": dims, "shape": [] if scalar else [len(dims)], "dtype": "i64"})
+
+    def scalar_size(self, v):
+        """A 0-d i64 value of a size: a constant, or a Sizes node when it is symbolic."""
+        return self.sizes([v], scalar=True) if isinstance(v, SymDim) else self.const(v, "i64")
 
     def op(self, op, inputs, attrs=None, outputs=1, suffix=""):
         outs = self.b.node(op, self._n(suffix or op), list(inputs), outputs, attrs or {})
@@ -137,8 +158,11 @@ def _source_of(node):
 class Converted:
     """A tessel graph builder made from an FX graph, plus the PyTorch side of its graph breaks."""
 
-    def __init__(self, gm, example_inputs, name="torch", frozen=None, masks=False):
+    def __init__(self, gm, example_inputs, name="torch", frozen=None, masks=False, symbolic=None):
         self.gm = gm
+        # symbolic (a _dynamic.Symbolic): the graph's inputs get its dims, SymInt nodes compute sizes,
+        # and anything that would be a graph break is DynamicUnsupported instead (docs/python.md).
+        self.symbolic = symbolic
         # masks=True (train=True): each bernoulli_mask node becomes a graph input after the placeholders'
         # (aten_table.RandomMask, drawn per call in this order); otherwise it runs in PyTorch.
         self.masks = [] if masks else None
@@ -168,6 +192,10 @@ class Converted:
             stack.extend(n.all_input_nodes)
         env = {}        # fx node -> tessel value name (or tuple of names), or ("const", tensor)
         consts = {}     # fx node -> torch value for nodes that depend only on constants
+        syms = {}       # fx node -> the size (int or SymDim) of a node that computes one (symbolic traces)
+        symbolic = self.symbolic
+        if symbolic is not None:
+            symbolic.declare(b)
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(example_inputs):
             raise _tessel.TesselError(f"captured graph takes {len(placeholders)} inputs but {len(example_inputs)} "
@@ -185,7 +213,9 @@ class Converted:
             d = tessel_dtype(t.dtype, f"input {i} ('{n.name}')")
             self.input_dtypes.append(d)
             self.input_positions.append(i)
-            env[n] = b.input(n.name, d, list(t.shape))
+            dims = symbolic.input_dims.get(i) if symbolic is not None else None
+            shape = list(t.shape) if dims is None else [x.text if isinstance(x, SymDim) else x for x in dims]
+            env[n] = b.input(n.name, d, shape)
             self.input_names.append(env[n])
 
         # One tessel constant per distinct folded tensor, and one fold per distinct computation: a
@@ -241,12 +271,24 @@ class Converted:
             if n.op != "call_function":
                 raise _tessel.TesselError(f"unsupported FX node {n.op} '{n.name}' ({_source_of(n)})")
             ins = n.all_input_nodes
-            if all(i in consts for i in ins) and n.target not in DATA_DEPENDENT and _deterministic(n.target):
+            if symbolic is not None and is_sym_node(n):
+                args = pytree.tree_map(lambda a: (syms[a] if a in syms else tensor_value(a))
+                                       if isinstance(a, torch.fx.Node) else a, n.args)
+                try:
+                    syms[n] = sym_value(n, args, lambda v: [size(x) for x in b.type(v)[1]])
+                except Unsupported as e:
+                    raise DynamicUnsupported(f"{_source_of(n)}: {e}") from None
+                continue
+
+            def known(a):
+                return consts[a] if a in consts else syms[a]
+            if all(i in consts or isinstance(syms.get(i), int) for i in ins) and n.target not in DATA_DEPENDENT \
+                    and _deterministic(n.target):
                 key = fold_key(n)
                 if key is not None and key in folds:
                     consts[n] = folds[key]
                     continue
-                args, kwargs = pytree.tree_map(lambda a: consts[a] if isinstance(a, torch.fx.Node) else a, (n.args, n.kwargs))
+                args, kwargs = pytree.tree_map(lambda a: known(a) if isinstance(a, torch.fx.Node) else a, (n.args, n.kwargs))
                 with torch.no_grad():
                     consts[n] = n.target(*args, **kwargs)
                 if key is not None:
@@ -265,7 +307,7 @@ class Converted:
             # Tensor arguments become tessel value names; constants are added on first use.
             def arg(a):
                 if isinstance(a, torch.fx.Node):
-                    return tensor_value(a)
+                    return syms[a] if a in syms else tensor_value(a)
                 return a
             args, kwargs = pytree.tree_map(arg, (n.args, n.kwargs))
             name = _source_of(n)
@@ -274,9 +316,16 @@ class Converted:
             reason = None
             if lower is not None:
                 try:
-                    result = lower(_Lowerer(b, name, self.masks), n, *args, **kwargs)
+                    result = lower(_Lowerer(b, name, self.masks, symbolic and symbolic.torch_names), n, *args, **kwargs)
                 except Unsupported as e:
                     reason = f"aten op {_op_name(n.target)}: {e}"
+                except (_tessel.TesselError, TypeError, ValueError, IndexError) as e:
+                    if symbolic is None or isinstance(e, DynamicUnsupported):
+                        raise
+                    # (a shape rule without symbolic sizes, a lowering that met a symbolic size it does not take)
+                    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    where = "" if name.split(" @ ")[0] in msg else f"{name}: "
+                    raise DynamicUnsupported(f"{where}aten op {_op_name(n.target)}: {msg}") from None
             else:
                 reason = f"unsupported aten op {_op_name(n.target)}: no tessel lowering"
             if result is None:
@@ -289,6 +338,8 @@ class Converted:
         names = []
         self.out_literals = {}
         for i, o in enumerate(outs):
+            if isinstance(o, torch.fx.Node) and o in syms:
+                raise DynamicUnsupported(f"output {i} is a size ({syms[o]}), not a tensor")
             if isinstance(o, torch.fx.Node):
                 v = tensor_value(o)
                 if isinstance(v, (list, tuple)):
@@ -301,6 +352,8 @@ class Converted:
 
     def _fallback(self, n, name, args, kwargs, reason):
         """A TorchFallback node: the aten op runs in PyTorch eager on the tensors it gets."""
+        if self.symbolic is not None:
+            raise DynamicUnsupported(f"{reason} ({name}): a graph break has no symbolic form")
         metas = _meta_list(n)
         if metas is None:
             metas = _meta_of_items(n)

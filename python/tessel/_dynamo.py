@@ -4,14 +4,19 @@ parameters and buffers dynamo passes as inputs frozen as constants, guarded. A g
 mode on and inputs that require grad (a module in training: dynamo lifts its parameters to inputs) is
 compiled for training instead (tessel.compile(..., train=True)): tessel's forward and backward run
 inside a torch.autograd.Function, so loss.backward() fills the parameters' .grad as PyTorch would
-(docs/training.md, "torch.compile"). Graphs tessel cannot take (non-tensor inputs, capture failures,
+(docs/training.md, "torch.compile"). A graph with symbolic sizes (dynamo's dynamic shapes: a dim marked
+dynamic, seen with two sizes, or dynamic=True) is compiled once symbolically: its size symbols become
+tessel's, its SymInt inputs are computed from the tensor dims that carry them (and checked against
+them on every call). Graphs tessel cannot take (other non-tensor inputs, capture failures,
 unsupported dtypes) run as dynamo gave them, with a warning."""
+import re
 import warnings
 
 import torch
 
 from . import _tessel
 from ._compile import CompiledModule
+from ._sym import Unsupported, sympy_expr
 from ._train import TrainModule
 
 # Options for the backend, set with tessel.dynamo_options.update(threads=2, backend="graph", ...). target None:
@@ -49,10 +54,12 @@ def _state_inputs(gm, args):
 
 class _FirstCall:
     """Compiles the graph on its first call, with the real tensors of that call (dynamo's example
-    inputs may be fake tensors, and the parameters to freeze are the ones the call passes)."""
+    inputs may be fake tensors, and the parameters to freeze are the ones the call passes). `sizes`
+    (a _Sizes) when the graph has symbolic sizes."""
 
-    def __init__(self, gm):
+    def __init__(self, gm, sizes=None):
         self.gm = gm
+        self.sizes = sizes
         self.compiled = None
 
     def __call__(self, *args):
@@ -61,6 +68,8 @@ class _FirstCall:
         return self.compiled(*args)
 
     def _compile(self, args):
+        if self.sizes is not None:
+            return self._compile_dynamic(args)
         try:
             if torch.is_grad_enabled() and any(t.requires_grad for t in args):
                 # Training: the inputs that require grad (the parameters) are differentiated, not frozen.
@@ -77,11 +86,188 @@ class _FirstCall:
         dynamo_graphs.append(compiled)
         return compiled
 
+    def _compile_dynamic(self, args):
+        sizes = self.sizes
+        tensors = [args[i] for i in sizes.tensors]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return _fallback(self.gm, "a training graph with symbolic sizes (tessel trains static shapes)")
+        frozen = set(_state_inputs(self.gm, args))
+        module = _TensorsOnly(self.gm, sizes)
+        o = dict(dynamo_options)
+        try:
+            compiled = CompiledModule(module, tensors, freeze_inputs=[k for k, i in enumerate(sizes.tensors) if i in frozen],
+                                      dynamic_dims=sizes.dims_of(frozen), **o)
+        except _tessel.TesselError as e:
+            return _fallback(self.gm, f"could not compile a graph with symbolic sizes ({e})")
+        dynamo_graphs.append(compiled)
+        return _SizedCall(compiled, self.gm, sizes)
+
+
+class _Sizes:
+    """The symbolic sizes of a dynamo graph: `dims[i]` maps tensor input i's (placeholder position) dims
+    to their symbols' names; `ints[i]` is the sympy expression of SymInt input i, computed from the
+    tensor dims `where` names for each symbol."""
+
+    def __init__(self, n, tensors, dims, ints, where):
+        self.n, self.tensors, self.dims, self.ints, self.where = n, tensors, dims, ints, where
+        self.position = {p: k for k, p in enumerate(tensors)}     # placeholder -> index among the tensors
+
+    def dims_of(self, frozen):
+        """dynamic_dims for tessel.compile over the graph's tensors (frozen parameters stay static)."""
+        return {self.position[p]: dict(dd) for p, dd in self.dims.items() if p not in frozen}
+
+    def values(self, tensors):
+        """{symbol: size} from the tensors (their dims that carry each symbol)."""
+        return {name: tensors[self.position[p]].shape[d] for name, (p, d) in self.where.items()}
+
+    def args(self, tensors):
+        """The graph's arguments: the tensors, and each SymInt input computed from their dims."""
+        env = self.values(tensors)
+        args = [None] * self.n
+        for k, p in enumerate(self.tensors):
+            args[p] = tensors[k]
+        for p, expr in self.ints.items():
+            args[p] = _evaluate(expr, env)
+        return args
+
+
+def _evaluate(expr, env):
+    """A sympy size expression over symbols whose values (ints, or torch SymInts while traced) env gives."""
+    import sympy
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return env[expr.name]
+    args = [_evaluate(a, env) for a in expr.args]
+    if isinstance(expr, sympy.Add):
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+    if isinstance(expr, sympy.Mul):
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
+        out = args[0]
+        for _ in range(int(expr.exp) - 1):
+            out = out * args[0]
+        return out
+    name = type(expr).__name__
+    if name == "FloorDiv":
+        return args[0] // args[1]
+    if name in ("Mod", "PythonMod"):
+        return args[0] % args[1]
+    raise Unsupported(f"size {expr} ({name}) has no form tessel computes")
+
+
+class _TensorsOnly(torch.nn.Module):
+    """A dynamo graph with SymInt inputs as a module of its tensors only: each SymInt is computed from the
+    tensor dims that carry its symbols, which under tessel's symbolic capture are symbolic sizes."""
+
+    def __init__(self, gm, sizes):
+        super().__init__()
+        self.gm = gm
+        self.sizes = sizes
+
+    def forward(self, *tensors):
+        return self.gm(*self.sizes.args(tensors))
+
+
+class _SizedCall:
+    """Calls the compiled graph with the call's tensors, after checking that each SymInt argument dynamo
+    passes is the size the tensors give it (dynamo's own guards make them agree; should one not, the
+    graph runs in PyTorch instead, never on a wrong size)."""
+
+    def __init__(self, compiled, gm, sizes):
+        self.compiled, self.gm, self.sizes = compiled, gm, sizes
+        self.stats = compiled.stats
+
+    def __call__(self, *args):
+        sizes = self.sizes
+        tensors = [args[i] for i in sizes.tensors]
+        if sizes.ints:
+            env = sizes.values(tensors)
+            for p, expr in sizes.ints.items():
+                if args[p] != _evaluate(expr, env):
+                    self.stats.eager_calls += 1
+                    return self.gm(*args)
+        return self.compiled(*tensors)
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def symbolic_sizes(gm, example_inputs):
+    """The _Sizes of a dynamo graph whose inputs carry symbolic sizes (placeholders' example values: fake
+    tensors with SymInt dims, SymInts), or None when every size is static. Raises Unsupported (the
+    reason) for a graph tessel cannot compile symbolically: a dim that is an expression of symbols
+    (2*s0), a SymInt of a symbol no tensor dim carries, another input that is not a tensor."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        raise Unsupported(f"the graph has {len(placeholders)} inputs but {len(example_inputs)} example inputs")
+    names, where, dims, ints, tensors = {}, {}, {}, {}, []
+
+    def name_of(sym):
+        if sym.name not in names:
+            name = sym.name
+            k = len(names)
+            while not _NAME.fullmatch(name) or name in names.values():
+                name, k = f"s{k}", k + 1
+            names[sym.name] = name
+        return names[sym.name]
+    symbolic = False
+    for p, (n, ex) in enumerate(zip(placeholders, example_inputs)):
+        val = n.meta.get("example_value", n.meta.get("val", ex))
+        if isinstance(ex, torch.Tensor) or isinstance(val, torch.Tensor):
+            tensors.append(p)
+            for d, size in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
+                expr = None if isinstance(size, int) else sympy_expr(size)
+                if expr is None or expr.is_Integer:
+                    continue
+                symbolic = True
+                if not expr.is_Symbol:
+                    raise Unsupported(f"input {p} ('{n.name}') dim {d} is {expr}, not a size symbol of its own")
+                name = name_of(expr)
+                dims.setdefault(p, {})[d] = name
+                where.setdefault(name, (p, d))
+            continue
+        expr = sympy_expr(val) if not isinstance(val, (bool, int, float)) else None
+        if expr is None:
+            raise Unsupported(f"input {p} ('{n.name}') is a {type(val).__name__}")
+        symbolic = True
+        ints[p] = expr
+    if not symbolic:
+        return None
+    for p, expr in ints.items():
+        renamed = {s: s.func(name_of(s), **s.assumptions0) for s in expr.free_symbols}
+        ints[p] = expr = expr.xreplace(renamed)
+        missing = [s.name for s in expr.free_symbols if s.name not in where]
+        if missing:
+            raise Unsupported(f"SymInt input {p} ('{placeholders[p].name}') is {expr}, and no tensor dim carries {missing}")
+    return _Sizes(len(placeholders), tensors, dims, ints, where)
+
 
 def tessel_backend(gm, example_inputs, **kwargs):
-    if not all(isinstance(t, torch.Tensor) for t in example_inputs):
-        return _fallback(gm, "the graph takes non-tensor inputs (dynamic shapes?)")
-    return _FirstCall(gm)
+    if all(isinstance(t, torch.Tensor) for t in example_inputs) and not _has_symbolic_dims(gm):
+        return _FirstCall(gm)
+    try:
+        sizes = symbolic_sizes(gm, example_inputs)
+    except Unsupported as e:
+        return _fallback(gm, f"the graph takes non-tensor inputs tessel cannot compile symbolically: {e}")
+    if sizes is None:
+        return _fallback(gm, "the graph takes non-tensor inputs that are not sizes")
+    return _FirstCall(gm, sizes)
+
+
+def _has_symbolic_dims(gm):
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            val = n.meta.get("example_value")
+            if isinstance(val, torch.Tensor) and not all(isinstance(s, int) for s in val.shape):
+                return True
+    return False
 
 
 def register():

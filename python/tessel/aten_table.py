@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from ._sym import SymDim, Unsupported, any_sym, from_torch, product, same
+
 aten = torch.ops.aten
 LOWERINGS = {}
 
@@ -18,10 +20,6 @@ DATA_DEPENDENT = {aten.nonzero.default, aten.masked_select.default, aten._local_
 for _name in ("_unique2", "unique_dim", "unique_consecutive"):
     if hasattr(aten, _name):
         DATA_DEPENDENT.add(getattr(aten, _name).default)
-
-
-class Unsupported(Exception):
-    """This use of the op has no lowering (it runs in PyTorch as a graph break)."""
 
 
 def bernoulli_mask(shape, p, dtype):
@@ -316,7 +314,10 @@ lowers(_ov("min", "default"))(_reduce("ReduceMin"))
 # ---- shapes and data movement ---------------------------------------------------------------------
 def _reshape(L, node, x, size, *rest):
     size = list(size)
-    if any(d < 0 for d in L.shape(x)):
+    shape = L.shape(x)
+    if any_sym(size) or any_sym(shape):
+        return L.op("Reshape", [x, L.ints(_inferred_size(shape, size))])
+    if any(d < 0 for d in shape):
         # Downstream of a data-dependent op: the traced size of the unknown dim is not a constant.
         tm = node.meta.get("tensor_meta")
         known = [d for d in L.shape(x) if d >= 0]
@@ -328,6 +329,19 @@ def _reshape(L, node, x, size, *rest):
             if fixed:
                 size[fixed[0]] = -1
     return L.op("Reshape", [x, L.ints(size)])
+
+
+def _inferred_size(shape, size):
+    """A view's sizes with its -1 computed (symbolic sizes: exact division, else Unsupported)."""
+    holes = [i for i, s in enumerate(size) if isinstance(s, int) and s == -1]
+    if not holes:
+        return size
+    if len(holes) > 1:
+        raise Unsupported(f"view sizes {size} with more than one -1")
+    size = list(size)
+    size[holes[0]] = 1
+    size[holes[0]] = product(shape) // product(size)
+    return size
 
 
 for _o in (_ov("view", "default"), _ov("_unsafe_view", "default"), _ov("reshape", "default"),
@@ -361,9 +375,9 @@ def _expand(L, node, x, size, implicit=False):
     size = list(size)
     off = len(size) - len(shape)
     for i, s in enumerate(size):
-        if s == -1:
+        if isinstance(s, int) and s == -1:
             size[i] = shape[i - off]
-    if [s for s in size] == shape:
+    if same(size, shape):
         return x
     return L.op("Expand", [x, L.ints(size)])
 
@@ -393,8 +407,10 @@ def _unsqueeze(L, node, x, dim):
 @lowers(_ov("squeeze", "dim"), _ov("squeeze", "default"), _ov("squeeze", "dims"))
 def _squeeze(L, node, x, dim=None):
     shape = L.shape(x)
-    dims = [dim] if isinstance(dim, int) else list(dim) if dim is not None else [i for i, s in enumerate(shape) if s == 1]
-    dims = [_norm(d, len(shape)) for d in dims if shape[_norm(d, len(shape))] == 1]
+    # (a symbolic dim is never squeezed: the trace assumed, and guarded, that it is not 1)
+    dims = [dim] if isinstance(dim, int) else list(dim) if dim is not None else [i for i, s in enumerate(shape)
+                                                                                if same(s, 1)]
+    dims = [_norm(d, len(shape)) for d in dims if same(shape[_norm(d, len(shape))], 1)]
     if not dims:
         return x
     return L.op("Squeeze", [x, L.ints(dims)])
@@ -422,9 +438,12 @@ def _slice(L, node, x, dim=0, start=None, end=None, step=1):
     n = L.shape(x)[_norm(dim, L.rank(x))]
     start = 0 if start is None else start
     end = (1 << 62) if end is None else end
-    if start == 0 and step == 1 and n >= 0 and end >= n:
+    to_end = same(end, n) or (isinstance(end, int) and not isinstance(n, SymDim) and n >= 0 and end >= n) or \
+        (isinstance(end, int) and end >= 1 << 62)
+    if same(start, 0) and step == 1 and to_end:
         return x
-    return L.op("Slice", [x, L.ints([start]), L.ints([min(end, 1 << 62)]), L.ints([dim]), L.ints([step])])
+    end = end if isinstance(end, SymDim) else min(end, 1 << 62)
+    return L.op("Slice", [x, L.ints([start]), L.ints([end]), L.ints([dim]), L.ints([step])])
 
 
 @lowers(_ov("embedding", "default"))
@@ -448,7 +467,7 @@ def _index(L, node, x, indices):
             nz = L.op("NonZero", [idx])
             rows = L.op("Squeeze", [nz, L.ints([0])])
             return L.op("Gather", [x, rows], {"axis": 0})
-        if mshape == xshape:
+        if same(mshape, xshape):
             return _masked_select(L, node, x, idx)
         raise Unsupported("boolean indexing with a mask of another shape")
     if L.dtype(idx) not in ("i64", "i32"):
@@ -464,7 +483,9 @@ def _nonzero(L, node, x):
 @lowers(_ov("masked_select", "default"))
 def _masked_select(L, node, x, mask):
     xs, ms = L.shape(x), L.shape(mask)
-    if xs != ms:
+    if not same(xs, ms):
+        if any_sym(xs + ms):
+            raise Unsupported("masked_select of symbolic shapes that differ")
         shape = list(torch.broadcast_shapes(tuple(xs), tuple(ms)))
         x = L.op("Expand", [x, L.ints(shape)]) if xs != shape else x
         mask = L.op("Expand", [mask, L.ints(shape)]) if ms != shape else mask
@@ -484,9 +505,7 @@ def _sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *res
     s = L.op("MatMul", [q, L.op("Transpose", [k], {"perm": perm})])
     s = L.op("Mul", [s, L.const(scale, L.dtype(q))])
     if is_causal:
-        tq, tk = L.shape(q)[-2], L.shape(k)[-2]
-        mask = torch.ones(tq, tk, dtype=torch.bool).tril()
-        s = L.op("Where", [L.const(mask, "bool"), s, L.const(float("-inf"), L.dtype(q))])
+        s = L.op("Where", [_causal_mask(L, L.shape(q)[-2], L.shape(k)[-2]), s, L.const(float("-inf"), L.dtype(q))])
     if attn_mask is not None:
         if L.dtype(attn_mask) == "bool":
             s = L.op("Where", [attn_mask, s, L.const(float("-inf"), L.dtype(q))])
@@ -495,6 +514,15 @@ def _sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *res
     return L.op("MatMul", [L.op("Softmax", [s], {"axis": -1}), v])
 
 
+
+
+def _causal_mask(L, tq, tk):
+    """The [tq, tk] lower-triangular boolean mask of causal attention (the diagonal kept): a constant, or
+    for symbolic sizes a Trilu of trues expanded to them."""
+    if not any_sym([tq, tk]):
+        return L.const(torch.ones(tq, tk, dtype=torch.bool).tril(), "bool")
+    ones = L.op("Expand", [L.const(True, "bool"), L.ints([tq, tk])])
+    return L.op("Trilu", [ones, L.const(0, "i64")], {"upper": 0})
 
 
 def _sdpa_tuple(L, node, q, k, v, dropout_p=0.0, is_causal=False, *rest, attn_mask=None, scale=None, **kwargs):
@@ -540,8 +568,8 @@ def _copy(L, node, x, src, non_blocking=False):
 def _static_dim(L, x, dim):
     d = _norm(dim, L.rank(x))
     n = L.shape(x)[d]
-    if n < 0:
-        raise Unsupported("a scatter along a dynamic dim")
+    if isinstance(n, SymDim) or n < 0:
+        raise Unsupported(f"a scatter along a {'symbolic' if isinstance(n, SymDim) else 'dynamic'} dim")
     return d, n
 
 
@@ -566,9 +594,7 @@ def _slice_scatter(L, node, x, src, dim=0, start=None, end=None, step=1):
         parts = ([_piece(L, x, d, 0, start)] if start > 0 else []) + [src] + \
                 ([_piece(L, x, d, end, n)] if end < n else [])
         return parts[0] if len(parts) == 1 else L.op("Concat", parts, {"axis": d})
-    shape = L.shape(src)
-    if any(s < 0 for s in shape):
-        raise Unsupported("a strided slice_scatter of a dynamic shape")
+    shape = _static_shape(L, src, "a strided slice_scatter")
     pos = torch.arange(start, end, step, dtype=torch.int64)
     view = [1] * len(shape)
     view[d] = -1
@@ -587,11 +613,7 @@ def _select_scatter(L, node, x, src, dim, index):
 
 def _strided_index(L, x, size, stride, offset):
     """The flat positions in x's (contiguous) storage of as_strided(x, size, stride, offset)."""
-    numel = 1
-    for s in L.shape(x):
-        if s < 0:
-            raise Unsupported("as_strided of a dynamic shape")
-        numel *= s
+    numel = product(_static_shape(L, x, "as_strided"))
     offset = offset or 0
     idx = torch.full(list(size), offset, dtype=torch.int64)
     for k, (n, st) in enumerate(zip(size, stride)):
@@ -628,7 +650,7 @@ def _index_put(L, node, x, indices, values, accumulate=False):
     idx = indices[0]
     values = _cast(L, values, L.dtype(x))
     if L.dtype(idx) in ("bool", "u8"):
-        if L.shape(idx) != L.shape(x):
+        if not same(L.shape(idx), L.shape(x)):
             raise Unsupported("index_put with a mask of another shape")
         mask = _cast(L, idx, "bool")
         if accumulate:
@@ -636,9 +658,7 @@ def _index_put(L, node, x, indices, values, accumulate=False):
         return L.op("Where", [mask, values, x])
     if L.dtype(idx) not in ("i64", "i32"):
         raise Unsupported(f"index_put with {L.dtype(idx)} indices")
-    xs, js = L.shape(x), L.shape(idx)
-    if xs[0] < 0 or any(s < 0 for s in js + xs[1:]):
-        raise Unsupported("index_put with dynamic shapes")
+    xs, js = _static_shape(L, x, "index_put"), _static_shape(L, idx, "index_put")
     idx = _cast(L, idx, "i64")
     # Negative indices count from the end, as in PyTorch.
     idx = L.op("Where", [L.op("Less", [idx, L.const(0, "i64")]), L.op("Add", [idx, L.const(xs[0], "i64")]), idx])
@@ -685,17 +705,34 @@ def _only_first_used(node, what):
 
 def _static_shape(L, x, what):
     s = L.shape(x)
+    if any_sym(s):
+        raise Unsupported(f"{what} of a tensor with a symbolic shape {s}")
     if any(d < 0 for d in s):
         raise Unsupported(f"{what} of a tensor with a data-dependent shape")
     return s
 
 
-def _meta_shape(node):
+def _static_tail(L, x, k, what):
+    """The last k dims of x, which must be static (pooling windows): the dims before them may be symbolic."""
+    s = L.shape(x)[-k:]
+    if any_sym(s):
+        raise Unsupported(f"{what} over symbolic spatial dims {s}")
+    if any(d < 0 for d in s):
+        raise Unsupported(f"{what} of a tensor with a data-dependent shape")
+    return s
+
+
+def _meta_shape(node, L=None):
+    """The traced shape of a node's result (ints, and SymDims under a symbolic trace), or None."""
     tm = node.meta.get("tensor_meta")
     if hasattr(tm, "shape"):
-        return list(tm.shape)
-    val = node.meta.get("val")
-    return list(val.shape) if isinstance(val, torch.Tensor) else None
+        shape = tm.shape
+    else:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return None
+        shape = val.shape
+    return [d if isinstance(d, int) else from_torch(d, L.sym_names if L is not None else None) for d in shape]
 
 
 def _meta_torch_dtype(node):
@@ -709,11 +746,14 @@ def _meta_torch_dtype(node):
 def _created(L, node, value):
     """A constant with the node's traced shape and dtype, every element `value` (creation ops: their
     result depends only on shapes, which are static here)."""
-    shape, dt = _meta_shape(node), _meta_torch_dtype(node)
+    shape, dt = _meta_shape(node, L), _meta_torch_dtype(node)
     if shape is None or dt is None:
         raise Unsupported("output type unknown")
     from ._convert import tessel_dtype
-    return L.const(torch.full(shape, value, dtype=dt), tessel_dtype(dt, "a created tensor"))
+    d = tessel_dtype(dt, "a created tensor")
+    if any_sym(shape):
+        return L.op("Expand", [L.const(value, d), L.ints(shape)])
+    return L.const(torch.full(shape, value, dtype=dt), d)
 
 
 def _dims(dims, rank):
@@ -739,6 +779,24 @@ def _full(L, node, x, *args, **kwargs):
     if isinstance(value, str):
         raise Unsupported("a fill value that is a tensor")
     return _created(L, node, value)
+
+
+@lowers(_ov("arange", "default"), _ov("arange", "start"), _ov("arange", "start_step"))
+def _arange(L, node, *args, **kwargs):
+    """arange(end), arange(start, end), arange(start, end, step) with a symbolic size among them (static
+    ones are folded to constants before lowering): a Range over Sizes scalars."""
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], 1) if len(args) == 2 else args[:3]
+    integral = all(isinstance(v, (int, SymDim)) for v in (start, end, step))
+    # (torch 1.13's symbolic trace types arange of a SymInt as float; eager gives int64 for integers)
+    dt = kwargs.get("dtype") or (torch.int64 if integral else _meta_torch_dtype(node))
+    from ._convert import tessel_dtype
+    d = tessel_dtype(dt, "arange")
+    if not any_sym([start, end, step]):
+        return L.const(torch.arange(start, end, step, dtype=dt), d)
+    if not all(isinstance(v, (int, SymDim)) and not isinstance(v, bool) for v in (start, end, step)):
+        raise Unsupported(f"arange({start}, {end}, {step}) mixing a symbolic size with floats")
+    r = L.op("Range", [L.scalar_size(start), L.scalar_size(end), L.scalar_size(step)])
+    return _cast(L, r, d)
 
 
 # ---- activations ---------------------------------------------------------------------------------
@@ -1058,7 +1116,7 @@ def _arg_reduce(op):
         if dim is None:
             x = L.op("Reshape", [x, L.ints([-1])])
             r = L.op(op, [x], {"axis": 0, "keepdims": 0})
-            return L.op("Reshape", [r, L.ints([1] * len(_meta_shape(node) or []))]) if keepdim else r
+            return L.op("Reshape", [r, L.ints([1] * len(_meta_shape(node, L) or []))]) if keepdim else r
         return L.op(op, [x], {"axis": dim, "keepdims": int(bool(keepdim))})
     return lower
 
@@ -1408,7 +1466,7 @@ def _gather(L, node, x, dim, index, sparse_grad=False):
 def _scatter(L, node, x, dim, index, src, reduce=None, include_self=True):
     if not isinstance(src, str):
         src = L.op("Expand", [L.const(src, L.dtype(x)), L.ints(L.shape(index))])
-    elif L.shape(src) != L.shape(index):
+    elif not same(L.shape(src), L.shape(index)):
         # torch reads src at the index's positions only (src may be larger)
         src = L.op("Slice", [src, L.ints([0] * L.rank(index)), L.ints(L.shape(index)), L.ints(list(range(L.rank(index))))])
     if node.target is _ov("scatter_add", "default"):
@@ -1442,6 +1500,8 @@ def _index_tensors(L, node, x, indices):
     idx = [_nonneg_index(L, indices[i], shape[i]) for i in pos]
     if len(pos) == 1:
         return L.op("Gather", [x, idx[0]], {"axis": pos[0]})
+    if any(any_sym(L.shape(i)) for i in idx):
+        raise Unsupported("indexing with index tensors of symbolic shapes")
     bshape = list(torch.broadcast_shapes(*[tuple(L.shape(i)) for i in idx]))
     idx = [i if L.shape(i) == bshape else L.op("Expand", [i, L.ints(bshape)]) for i in idx]
     stacked = L.op("Concat", [L.op("Unsqueeze", [i, L.ints([len(bshape)])]) for i in idx], {"axis": len(bshape)})
@@ -1477,18 +1537,17 @@ def _adaptive_windows(n_in, n_out):
         _ov("adaptive_avg_pool1d", "default"), _ov("_adaptive_avg_pool3d", "default"))
 def _adaptive_avg_pool(L, node, x, size):
     size = [size] if isinstance(size, int) else list(size)
-    shape = _static_shape(L, x, "adaptive pooling")
     k = len(size)
-    ins = shape[-k:]
+    ins = _static_tail(L, x, k, "adaptive pooling")
+    r = L.rank(x)
     size = [i if o is None else o for i, o in zip(ins, size)]
-    if all(o == 1 for o in size) and L.rank(x) >= 3 and len(shape) == k + 2:
+    if all(o == 1 for o in size) and r >= 3 and r == k + 2:
         return L.op("GlobalAveragePool", [x])
-    if all(i % o == 0 for i, o in zip(ins, size)) and len(shape) == k + 2:
+    if all(i % o == 0 for i, o in zip(ins, size)) and r == k + 2:
         kern = [i // o for i, o in zip(ins, size)]
         return L.op("AveragePool", [x], {"kernel_shape": kern, "strides": kern})
     # separable: each spatial dim is averaged by a [out, in] matrix
     d = L.dtype(x)
-    r = len(shape)
     for j in range(k):
         ax = r - k + j
         m = L.const(_adaptive_matrix(ins[j], size[j]).t().contiguous(), d)      # [in, out]
@@ -1504,13 +1563,12 @@ def _adaptive_avg_pool(L, node, x, size):
 def _adaptive_max_pool(L, node, x, size):
     _only_first_used(node, "adaptive max pooling's indices")
     size = [size] if isinstance(size, int) else list(size)
-    shape = _static_shape(L, x, "adaptive pooling")
     k = len(size)
-    ins = shape[-k:]
+    ins = _static_tail(L, x, k, "adaptive pooling")
     if all(i % o == 0 for i, o in zip(ins, size)):
         kern = [i // o for i, o in zip(ins, size)]
         return (L.op("MaxPool", [x], {"kernel_shape": kern, "strides": kern}), None)
-    r = len(shape)
+    r = L.rank(x)
     for j in range(k):
         ax = r - k + j
         cells = [L.op("ReduceMax", [L.op("Slice", [x, L.ints([s]), L.ints([e]), L.ints([ax])]), L.ints([ax])],
@@ -1548,9 +1606,8 @@ def _avg_pool_ceil(L, node, x, kernel, stride, padding, count_include_pad):
     window that runs past the padded input by its part inside input+padding (or, without
     count_include_pad, inside the input). A sum pool (zero padding) divided by a constant count map
     gives exactly that."""
-    shape = _static_shape(L, x, "avg_pool")
     n = len(kernel)
-    ins = shape[-n:]
+    ins = _static_tail(L, x, n, "avg_pool")
     outs = []
     for i, k, s, p in zip(ins, kernel, stride, padding):
         o = -(-(i + 2 * p - k) // s) + 1
@@ -1568,7 +1625,7 @@ def _avg_pool_ceil(L, node, x, kernel, stride, padding, count_include_pad):
     counts = counts.reshape(outs)
     # right padding enough to cover every window, zeros
     extra = [max(0, (o - 1) * s + k - (i + 2 * p)) for i, k, s, p, o in zip(ins, kernel, stride, padding, outs)]
-    r = len(shape)
+    r = L.rank(x)
     zeros = [0] * (r - n)
     padded = L.op("Pad", [x, L.ints(zeros + padding + zeros + [p + e for p, e in zip(padding, extra)]),
                           L.const(0, L.dtype(x))], {"mode": "constant"})
@@ -1621,7 +1678,7 @@ def _upsample(mode, nd, nearest_coord="asymmetric", nearest_mode="floor"):
             scales = list(rest) if rest else None
         if scales is not None and (len(scales) != nd or any(v is None for v in scales)):
             scales = None
-        out = _meta_shape(node)[-nd:]
+        out = _meta_shape(node, L)[-nd:]
         extra = {"cubic_coeff_a": -0.75} if mode == "cubic" else {}
         if linear:
             # torch clamps a negative source coordinate to 0: the same as ONNX's edge padding under

@@ -1,0 +1,368 @@
+"""Dynamic shapes through tessel.compile (issue 34; docs/python.md, "Dynamic shapes"): one symbolic
+compilation serves every size its symbols cover, checked against PyTorch eager; recompiles name their
+reason; what the symbolic capture cannot take compiles per shape with a warning.
+
+Run through ctest (python_frontend) or by hand:
+    PYTHONPATH=build/python /usr/bin/python3 -m unittest tests.python.test_dynamic_shapes -v
+"""
+import math
+import os
+import unittest
+import warnings
+
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tessel
+from tessel import _tessel
+from tessel._sym import SymDim, Unsupported, same
+
+torch.set_num_threads(2)
+SANITIZED = bool(os.environ.get("TESSEL_SANITIZED"))
+
+
+def max_rel(out, ref):
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(inplace=True), nn.Linear(128, 16)).eval()
+
+
+class Attention(nn.Module):
+    """A GPT-2-like block written the way transformers models are: the size read from the input,
+    view(B, T, H, D) and transposes, a causal mask from torch.ones(T, T).tril(), arange positions into
+    an embedding, LayerNorm, scaled softmax, a GELU MLP."""
+
+    def __init__(self, d=64, heads=4, max_len=256):
+        super().__init__()
+        self.heads = heads
+        self.pos = nn.Embedding(max_len, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        x = x + self.pos(torch.arange(t, device=x.device))
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
+        causal = torch.ones(t, t, device=x.device).tril()
+        a = self.drop(a.masked_fill(causal == 0, float("-inf")).softmax(-1))
+        y = (a @ v).transpose(1, 2).contiguous().view(b, t, c)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def attention():
+    torch.manual_seed(0)
+    return Attention().eval()
+
+
+def check(test, fast, module, inputs, tol=1e-4):
+    with torch.no_grad():
+        ref = module(*inputs)
+    out = fast(*inputs)
+    test.assertLess(max_rel(out, ref), tol, f"shapes {[tuple(t.shape) for t in inputs]}")
+
+
+class SizeArithmetic(unittest.TestCase):
+    """SymDim: tessel's Dim arithmetic; a question the symbols do not decide raises Unsupported."""
+
+    def test_arithmetic_and_exact_division(self):
+        s = SymDim("s0")
+        self.assertEqual(str(s * 64), "64*s0")
+        self.assertEqual(str(s + 1), "s0+1")
+        self.assertEqual((s * 64) // 64, s)
+        self.assertEqual(s * 4 - s * 4, 0)
+        self.assertIsInstance(s * 4 - s * 4, int)
+        self.assertEqual((s * 6) % 3, 0)
+        with self.assertRaisesRegex(Unsupported, "not exact"):
+            s // 3
+        with self.assertRaisesRegex(Unsupported, "depends on the value"):
+            s % 3
+
+    def test_comparisons_hold_for_every_value_or_raise(self):
+        s = SymDim("s0")
+        self.assertTrue(s >= 1)
+        self.assertFalse(s < 0)
+        self.assertTrue(2 * s > s)
+        self.assertFalse(s == 0)
+        with self.assertRaisesRegex(Unsupported, "s0 == 1"):
+            s == 1
+        with self.assertRaisesRegex(Unsupported, "symbolic"):
+            int(s)
+        with self.assertRaisesRegex(Unsupported, "as a float"):
+            s / 2
+
+    def test_same_never_raises(self):
+        s = SymDim("s0")
+        self.assertTrue(same([s, 4], [SymDim("s0"), 4]))
+        self.assertFalse(same([s, 4], [1, 4]))
+        self.assertFalse(same(s, SymDim("s1")))
+
+
+class Builder(unittest.TestCase):
+    """GraphBuilder's symbolic inputs, types, size attributes and the size functions."""
+
+    def test_symbolic_input_and_type(self):
+        b = _tessel.GraphBuilder("g")
+        b.declare_symbol("s0", 2, 512, 2)
+        x = b.input("x", "f32", ["s0", 64])
+        self.assertEqual(b.type(x), ("f32", ["s0", 64]))
+        self.assertEqual(b.symbols(), [("s0", 2, 512, 2)])
+        y = b.node("Relu", "r", [x])[0]
+        sizes = b.node("Sizes", "sz", [], 1, {"dims": ["2*s0", 32], "shape": [2], "dtype": "i64"})[0]
+        z = b.node("Reshape", "rs", [y, sizes])[0]
+        self.assertEqual(b.type(z), ("f32", ["2*s0", 32]))
+
+    def test_undeclared_symbol_and_bad_size_are_one_line_errors(self):
+        b = _tessel.GraphBuilder("g")
+        with self.assertRaisesRegex(tessel.TesselError, "names size symbol 's1', which is not declared"):
+            b.input("x", "f32", ["s1", 4])
+        with self.assertRaisesRegex(tessel.TesselError, "'s0 x' is not a size"):
+            b.input("x", "f32", ["s0 x", 4])
+        with self.assertRaisesRegex(tessel.TesselError, "is not a size"):
+            b.input("x", "f32", [2.5, 4])
+
+    def test_size_functions(self):
+        self.assertEqual(_tessel.dim_binary("mul", "s0", 4), "4*s0")
+        self.assertIsNone(_tessel.dim_binary("div", "s0", 4))
+        self.assertEqual(_tessel.dim_binary("div", "4*s0", 4), "s0")
+        self.assertTrue(_tessel.dim_nonneg("s0-1"))
+        self.assertEqual(_tessel.dim_eval("2*s0+1", {"s0": 5}), 11)
+
+
+class Mlp(unittest.TestCase):
+
+    def test_one_compilation_for_every_batch(self):
+        m = mlp()
+        fast = tessel.compile(m, (torch.randn(4, 64),), dynamic=True)
+        for b in (2, 3, 5, 8, 16, 7):
+            check(self, fast, m, (torch.randn(b, 64),))
+        self.assertEqual(fast.stats.compiles, 1, fast.stats.recompiles)
+        self.assertEqual(fast.stats.bindings, 7)
+        self.assertGreaterEqual(fast.stats.instances, 6)
+        info = fast.dynamic
+        self.assertEqual(info["inputs"], {0: ["s0", "64"]})
+        self.assertEqual(info["symbols"], {"s0": (2, 1 << 31, 1)})
+        # dynamic=True made dim 1 a symbol too; the Linear tied it to 64
+        self.assertTrue(any("dim 1" in s and "64" in s for s in info["specialised"]), info)
+        self.assertIsNone(fast.stats.dynamic_fallback)
+
+    def test_size_one_compiles_once_more_with_the_reason(self):
+        m = mlp()
+        fast = tessel.compile(m, (torch.randn(4, 64),), dynamic_dims={0: [0]})
+        check(self, fast, m, (torch.randn(1, 64),))
+        check(self, fast, m, (torch.randn(6, 64),))
+        self.assertEqual(fast.stats.compiles, 2)
+        self.assertEqual(fast.stats.recompiles, ["input 0 dim 0 is 1, outside s0 in [2, 2147483648]"])
+
+    def test_outside_the_declared_range_recompiles(self):
+        m = mlp()
+        fast = tessel.compile(m, (torch.randn(4, 64),), dynamic_dims={0: {0: ("batch", 2, 8)}})
+        check(self, fast, m, (torch.randn(8, 64),))
+        check(self, fast, m, (torch.randn(9, 64),))
+        check(self, fast, m, (torch.randn(5, 64),))
+        self.assertEqual(fast.stats.compiles, 2)
+        self.assertEqual(fast.stats.recompiles, ["input 0 dim 0 is 9, outside batch in [2, 8]"])
+
+    def test_multiple_of(self):
+        m = mlp()
+        fast = tessel.compile(m, (torch.randn(8, 64),), dynamic_dims={0: {0: ("batch", 2, 64, 4)}})
+        check(self, fast, m, (torch.randn(12, 64),))
+        check(self, fast, m, (torch.randn(10, 64),))
+        self.assertEqual(fast.stats.recompiles, ["input 0 dim 0 is 10, outside batch in [2, 64] multiple_of 4"])
+
+    def test_a_wrong_static_dim_names_it(self):
+        m = mlp()
+        fast = tessel.compile(m, (torch.randn(4, 64),), dynamic=True)
+        with self.assertRaises(tessel.TesselCaptureError):
+            fast(torch.randn(4, 32))          # the Linear cannot take it: captured again, PyTorch's error
+        self.assertEqual(fast.stats.compiles, 1)
+
+        double = tessel.compile(lambda x: x * 2, (torch.randn(4, 8),), dynamic_dims={0: [0]})
+        check(self, double, lambda x: x * 2, (torch.randn(3, 5),))
+        self.assertEqual(double.stats.recompiles, ["input 0 dim 1 is 5, compiled for 8"])
+
+    def test_the_compiled_backends_guard_failure_recompiles(self):
+        """GuardFailure from C++ reaches Python as tessel.GuardFailure, and a call it refuses recompiles
+        with its reason (here with the Python-side check switched off, so that the C++ one decides)."""
+        m = mlp()
+        fast = tessel.compile(m, (torch.randn(4, 64),), dynamic_dims={0: {0: ("batch", 2, 8)}})
+        entry = next(e for e in fast._cache.values() if e.symbolic is not None)
+        with self.assertRaisesRegex(tessel.GuardFailure, "batch = 9 is outside"):
+            entry.exe.run([(torch.randn(9, 64).numpy(), "f32")])
+        entry.admits = lambda args: None
+        check(self, fast, m, (torch.randn(9, 64),))
+        self.assertEqual(fast.stats.compiles, 2)
+        self.assertIn("batch = 9 is outside", fast.stats.recompiles[0])
+
+    def test_eager_backend(self):
+        m = mlp()
+        fast = tessel.compile(m, (torch.randn(4, 64),), dynamic=True, backend="eager")
+        for b in (2, 3, 9):
+            check(self, fast, m, (torch.randn(b, 64),))
+        self.assertEqual(fast.stats.compiles, 1)
+        entry = next(e for e in fast._cache.values() if e.symbolic is not None)
+        with self.assertRaisesRegex(tessel.GuardFailure, "dim 1 is 32"):
+            entry.exe.run([(torch.randn(4, 32).numpy(), "f32")])
+
+    def test_graph_backend_falls_back_with_a_warning(self):
+        m = mlp()
+        with self.assertWarnsRegex(UserWarning, "graph backend plans static shapes"):
+            fast = tessel.compile(m, (torch.randn(4, 64),), dynamic=True, backend="graph")
+        check(self, fast, m, (torch.randn(3, 64),))
+        self.assertEqual(fast.stats.compiles, 2)
+        self.assertIn("graph backend", fast.stats.dynamic_fallback)
+
+    def test_bad_dynamic_dims_are_one_line_errors(self):
+        m = mlp()
+        x = torch.randn(4, 64)
+        for dims, msg in (({1: [0]}, "names input 1"), ({0: [2]}, "not a dim"), ({0: {0: ("b", 8, 2)}}, "empty"),
+                          ({0: {0: "9x"}}, "not a size symbol name"), ({0: {0: ("b", 5, 9)}}, "outside b in")):
+            with self.assertRaisesRegex(tessel.TesselError, msg):
+                tessel.compile(m, (x,), dynamic_dims=dims)
+        with self.assertRaisesRegex(tessel.TesselError, "at least 2"):
+            tessel.compile(m, (torch.randn(1, 64),), dynamic_dims={0: [0]})
+        with self.assertRaisesRegex(tessel.TesselError, "different sizes"):
+            tessel.compile(lambda a, b: a + b.sum(), (torch.randn(4, 3), torch.randn(5, 3)),
+                           dynamic_dims={0: {0: "n"}, 1: {0: "n"}})
+
+
+class AttentionBlock(unittest.TestCase):
+
+    def test_batch_and_sequence(self):
+        m = attention()
+        fast = tessel.compile(m, (torch.randn(2, 16, 64),), dynamic_dims={0: {0: "batch", 1: ("seq", 2, 128)}})
+        for b, t in ((3, 5), (2, 7), (4, 33), (5, 2), (2, 128), (3, 64)):
+            check(self, fast, m, (torch.randn(b, t, 64),))
+        self.assertEqual(fast.stats.compiles, 1, fast.stats.recompiles)
+        self.assertEqual(fast.dynamic["inputs"], {0: ["batch", "seq", "64"]})
+        check(self, fast, m, (torch.randn(2, 129, 64),))
+        self.assertEqual(fast.stats.recompiles, ["input 0 dim 1 is 129, outside seq in [2, 128]"])
+
+    def test_one_name_in_two_inputs_is_one_symbol(self):
+        class Pooled(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.block = attention()
+
+            def forward(self, x, keep):
+                return self.block(x).mean(1) + keep.mean(1, keepdim=True)
+        pooled = Pooled().eval()
+        x, keep = torch.randn(2, 8, 64), torch.ones(2, 8)
+        fast = tessel.compile(pooled, (x, keep), dynamic_dims={0: {0: "b", 1: "t"}, 1: {0: "b", 1: "t"}})
+        check(self, fast, pooled, (torch.randn(3, 11, 64), torch.rand(3, 11)))
+        self.assertEqual(fast.stats.compiles, 1)
+        self.assertEqual(fast.dynamic["inputs"], {0: ["b", "t", "64"], 1: ["b", "t"]})
+        # eager takes different lengths here; the compilation that made them one symbol does not
+        check(self, fast, pooled, (torch.randn(3, 11, 64), torch.rand(3, 12)))
+        self.assertEqual(fast.stats.recompiles, ["input 1 dim 1 is 12, but input 0 dim 1 (t) is 11"])
+
+    def test_a_branch_on_a_size_is_a_shape_guard(self):
+        def branchy(x):
+            return x * 2 if x.shape[1] > 8 else x * 3
+        fast = tessel.compile(branchy, (torch.randn(2, 4),), dynamic=True)
+        for t in (5, 12, 6, 20):
+            check(self, fast, branchy, (torch.randn(2, t),))
+        self.assertEqual(fast.stats.compiles, 2)
+        self.assertEqual(len(fast.stats.recompiles), 1)
+        self.assertRegex(fast.stats.recompiles[0], r"shape guard s1 > 8 was False at capture .*not for s1=12")
+
+    def test_what_the_symbolic_capture_cannot_take_compiles_per_shape(self):
+        def scaled(x):
+            return x / x.shape[0]           # a size used as a tensor value
+        with self.assertWarnsRegex(UserWarning, "fall back to a compilation per input shape"):
+            fast = tessel.compile(scaled, (torch.randn(4, 3),), dynamic=True)
+        check(self, fast, scaled, (torch.randn(5, 3),))
+        self.assertEqual(fast.stats.compiles, 2)
+        self.assertIn("symbolic", fast.stats.dynamic_fallback)
+
+        def reads(x):
+            return x * 2 if bool(x.sum() > 0) else x * 3     # a value read: a value guard, on real tensors
+        with self.assertWarnsRegex(UserWarning, "fall back"):
+            fast = tessel.compile(reads, (torch.ones(4, 3),), dynamic=True)
+        check(self, fast, reads, (-torch.ones(4, 3),))
+        self.assertEqual(len(fast.explanation.guards), 1)
+
+
+@unittest.skipIf(SANITIZED, "torchvision models are slow in the sanitized build")
+class Torchvision(unittest.TestCase):
+    """Convolutions and pooling over a symbolic batch. PyTorch specialises sizes 0 and 1 (a size 1
+    broadcasts), so batch 1 gets a compilation of its own; every other batch shares one."""
+
+    def run_model(self, name):
+        import torchvision
+        torch.manual_seed(0)
+        m = getattr(torchvision.models, name)().eval()
+        fast = tessel.compile(m, (torch.randn(2, 3, 64, 64),), dynamic_dims={0: [0]})
+        for b in (1, 2, 3, 4, 5, 6):
+            check(self, fast, m, (torch.randn(b, 3, 64, 64),))
+        self.assertEqual(fast.stats.compiles, 2, fast.stats.recompiles)
+        self.assertEqual(fast.stats.recompiles, ["input 0 dim 0 is 1, outside s0 in [2, 2147483648]"])
+        self.assertEqual(fast.stats.bindings, 5)     # batches 2..6 on the symbolic compilation
+
+    def test_resnet18(self):
+        self.run_model("resnet18")
+
+    def test_mobilenet_v2(self):
+        self.run_model("mobilenet_v2")
+
+
+class DynamoSizes(unittest.TestCase):
+    """torch.compile's graphs with symbolic sizes, made by hand on torch 1.13 (placeholders whose
+    example values are a SymInt and a fake tensor with symbolic dims, as dynamo gives them)."""
+
+    def graph(self, fn, shape):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        class M(nn.Module):
+            def forward(self, n, x):
+                return fn(n, x)
+        gm = torch.fx.symbolic_trace(M())
+        fake = FakeTensorMode().from_tensor(torch.randn(*shape), shape_env=ShapeEnv())
+        n, x = (p for p in gm.graph.nodes if p.op == "placeholder")
+        n.meta["example_value"], x.meta["example_value"] = fake.shape[0], fake
+        return gm, [fake.shape[0], fake]
+
+    def test_symint_inputs_come_from_tensor_dims(self):
+        def fn(n, x):
+            return (x.reshape(n, -1) * 2).relu()
+        gm, example = self.graph(fn, (4, 8))
+        tessel.dynamo_graphs.clear()
+        tessel.dynamo_fallbacks.clear()
+        compiled = tessel.tessel_backend(gm, example)
+        for b in (4, 6, 9):
+            x = torch.randn(b, 8)
+            self.assertTrue(torch.allclose(compiled(b, x), fn(b, x)))
+        self.assertEqual(tessel.dynamo_fallbacks, [])
+        self.assertEqual(len(tessel.dynamo_graphs), 1)
+        self.assertEqual(tessel.dynamo_graphs[0].stats.compiles, 1)
+        # a SymInt argument that is not what the tensor gives it: the graph runs in PyTorch
+        x = torch.randn(4, 8)
+        self.assertTrue(torch.equal(compiled(2, x), fn(2, x)))
+        self.assertEqual(tessel.dynamo_graphs[0].stats.eager_calls, 1)
+
+    def test_sizes_tessel_cannot_take_fall_back_with_the_reason(self):
+        import sympy
+        from tessel._dynamo import symbolic_sizes
+        gm, example = self.graph(lambda n, x: x * n, (4, 8))
+        n = next(p for p in gm.graph.nodes if p.op == "placeholder")
+        n.meta["example_value"] = type("S", (), {"expr": sympy.Symbol("u0", positive=True, integer=True)})()
+        with self.assertRaisesRegex(Unsupported, "no tensor dim carries"):
+            symbolic_sizes(gm, example)
+        tessel.dynamo_fallbacks.clear()
+        with self.assertWarns(UserWarning):
+            tessel.tessel_backend(gm, example)
+        self.assertIn("no tensor dim carries", tessel.dynamo_fallbacks[0])
+
+
+if __name__ == "__main__":
+    unittest.main()

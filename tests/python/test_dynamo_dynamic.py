@@ -1,0 +1,55 @@
+"""torch.compile(model, backend="tessel", dynamic=True) on torch >= 2 (the GPU box; skipped on torch 1.13):
+dynamo's graphs with symbolic sizes compile once symbolically, their answers within 1e-4 of eager over
+six shapes, with no graph left to PyTorch (docs/python.md, "Dynamic shapes"). The size mapping itself is
+tested on torch 1.13 too (test_dynamic_shapes.DynamoSizes).
+
+Run by hand on the box:
+    PYTHONPATH=.pybox/pkg python3 -m unittest tests.python.test_dynamo_dynamic -v
+"""
+import unittest
+
+import torch
+import torch.nn as nn
+
+import tessel
+
+try:
+    from .test_dynamic_shapes import attention, max_rel, mlp
+except ImportError:      # run as a top-level module (unittest discover -s tests/python)
+    from test_dynamic_shapes import attention, max_rel, mlp
+
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+@unittest.skipUnless(TORCH2 and tessel.dynamo_registered, "torch.compile needs torch >= 2.0 (the GPU box)")
+class DynamoDynamic(unittest.TestCase):
+
+    def setUp(self):
+        torch._dynamo.reset()
+        tessel.dynamo_graphs.clear()
+        tessel.dynamo_fallbacks.clear()
+
+    def run_shapes(self, model, inputs):
+        opt = torch.compile(model, backend="tessel", dynamic=True)
+        with torch.no_grad():
+            for x in inputs:
+                ref = model(x)
+                self.assertLess(max_rel(opt(x), ref), 1e-4, f"shape {tuple(x.shape)}")
+        self.assertEqual(tessel.dynamo_fallbacks, [])
+        self.assertGreaterEqual(len(tessel.dynamo_graphs), 1)
+        self.assertLessEqual(len(tessel.dynamo_graphs), 2, [g.stats for g in tessel.dynamo_graphs])
+        self.assertTrue(any(g.dynamic is not None for g in tessel.dynamo_graphs),
+                        [g.stats.dynamic_fallback for g in tessel.dynamo_graphs])
+        compiles = sum(g.stats.compiles for g in tessel.dynamo_graphs)
+        self.assertLessEqual(compiles, 2, [g.stats.recompiles for g in tessel.dynamo_graphs])
+
+    def test_mlp(self):
+        self.run_shapes(mlp(), [torch.randn(b, 64) for b in (2, 3, 5, 8, 13, 7)])
+
+    def test_attention(self):
+        shapes = ((2, 16), (3, 5), (2, 7), (4, 33), (5, 2), (3, 64))
+        self.run_shapes(attention(), [torch.randn(b, t, 64) for b, t in shapes])
+
+
+if __name__ == "__main__":
+    unittest.main()
