@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -30,47 +31,92 @@ Dims substitute_dims(const Dims& ds, const Bindings& b) {
 
 }  // namespace
 
-std::string bind_symbols(const Graph& g, const std::vector<Shape>& shapes, Bindings& out) {
-  out.clear();
-  if (shapes.size() != g.inputs.size())
-    return fmt::format("the model takes {} inputs, the call gives {}", g.inputs.size(), shapes.size());
-  auto where = [&](size_t i, size_t d) { return fmt::format("input '{}' dim {}", display_text(g.inputs[i]->name), d); };
-  // Bare symbols first, so that expressions are checked with every symbol known.
-  for (size_t i = 0; i < shapes.size(); ++i) {
+SymbolBinder::SymbolBinder(const Graph& g) : symbols_(graph_symbols(g)) {
+  auto position = [&](const std::string& s) {
+    return static_cast<int>(std::lower_bound(symbols_.begin(), symbols_.end(), s) - symbols_.begin());
+  };
+  bound_.assign(symbols_.size(), false);
+  for (const std::string& s : symbols_) {
+    const SymbolInfo* f = g.symbols.find(s);
+    facts_.push_back(f ? *f : SymbolInfo{s});
+  }
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    input_names_.push_back(display_text(g.inputs[i]->name));
     const Dims dims = g.inputs[i]->type.dims();
-    if (dims.size() != shapes[i].size())
-      return fmt::format("input '{}' has rank {}, the model takes {}", display_text(g.inputs[i]->name), shapes[i].size(), dims.size());
+    ranks_.push_back(dims.size());
     for (size_t d = 0; d < dims.size(); ++d) {
-      const int64_t got = shapes[i][d];
-      if (got < 0) return fmt::format("{} is negative ({})", where(i, d), got);
+      DimRule r{i, d};
       if (auto s = bare_symbol(dims[d])) {
-        auto [it, fresh] = out.emplace(*s, got);
-        if (!fresh && it->second != got)
-          return fmt::format("{} is {} but {} = {} from an earlier dim", where(i, d), got, *s, it->second);
-      } else if (dims[d].is_static() && dims[d].constant_term() >= 0 && dims[d].constant_term() != got) {
-        return fmt::format("{} is {}, the model takes {}", where(i, d), got, dims[d].constant_term());
+        r.symbol = position(*s);
+        bound_[static_cast<size_t>(r.symbol)] = true;
+      } else if (dims[d].is_static()) {
+        r.number = dims[d].constant_term();  // kUnknownDim (< 0): any size
+      } else {
+        r.expr = dims[d];
       }
+      rules_.push_back(r);
     }
   }
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const Dims dims = g.inputs[i]->type.dims();
-    for (size_t d = 0; d < dims.size(); ++d) {
-      if (dims[d].is_static() || bare_symbol(dims[d])) continue;
-      for (const std::string& s : dims[d].symbols())
-        if (!out.count(s)) return fmt::format("{} is {}, which names {}: no input dim is {} alone", where(i, d), dims[d].str(), s, s);
+  // Bare symbols first, so that expressions are checked with every symbol known.
+  std::stable_partition(rules_.begin(), rules_.end(), [](const DimRule& r) { return r.symbol >= 0 || r.expr.is_static(); });
+}
+
+Bindings SymbolBinder::bindings(const std::vector<int64_t>& values) const {
+  Bindings b;
+  for (size_t i = 0; i < symbols_.size() && i < values.size(); ++i) b[symbols_[i]] = values[i];
+  return b;
+}
+
+std::string SymbolBinder::bind(const std::vector<Shape>& shapes, std::vector<int64_t>& values) const {
+  if (shapes.size() != ranks_.size()) return fmt::format("the model takes {} inputs, the call gives {}", ranks_.size(), shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i)
+    if (shapes[i].size() != ranks_[i])
+      return fmt::format("input '{}' has rank {}, the model takes {}", input_names_[i], shapes[i].size(), ranks_[i]);
+  auto where = [&](const DimRule& r) { return fmt::format("input '{}' dim {}", input_names_[r.input], r.dim); };
+  values.assign(symbols_.size(), -1);
+  Bindings named;  // only for expressions (rare)
+  for (const DimRule& r : rules_) {
+    const int64_t got = shapes[r.input][r.dim];
+    if (got < 0) return fmt::format("{} is negative ({})", where(r), got);
+    if (r.symbol >= 0) {
+      int64_t& v = values[static_cast<size_t>(r.symbol)];
+      if (v >= 0 && v != got) return fmt::format("{} is {} but {} = {} from an earlier dim", where(r), got, symbols_[static_cast<size_t>(r.symbol)], v);
+      v = got;
+    } else if (r.expr.is_static()) {
+      if (r.number >= 0 && r.number != got) return fmt::format("{} is {}, the model takes {}", where(r), got, r.number);
+    } else {
+      if (named.empty()) named = bindings(values);
+      for (const std::string& s : r.expr.symbols()) {
+        auto it = named.find(s);
+        if (it == named.end() || it->second < 0)
+          return fmt::format("{} is {}, which names {}: no input dim is {} alone", where(r), r.expr.str(), s, s);
+      }
       int64_t want = 0;
       try {
-        want = dims[d].eval(out);
+        want = r.expr.eval(named);
       } catch (const Error& e) {
-        return fmt::format("{}: {}", where(i, d), e.reason());
+        return fmt::format("{}: {}", where(r), e.reason());
       }
-      if (want != shapes[i][d]) return fmt::format("{} is {}, but {} = {}", where(i, d), shapes[i][d], dims[d].str(), want);
+      if (want != got) return fmt::format("{} is {}, but {} = {}", where(r), got, r.expr.str(), want);
     }
   }
-  // Symbols the inputs never name (an attribute's) cannot be bound from a call.
-  for (const std::string& s : graph_symbols(g))
-    if (!out.count(s)) return fmt::format("size symbol {} is named by no input dim, so a call cannot give it a value", s);
-  return g.symbols.violation(out);
+  for (size_t k = 0; k < symbols_.size(); ++k) {
+    // Symbols the inputs never name (an attribute's) cannot be bound from a call.
+    if (!bound_[k]) return fmt::format("size symbol {} is named by no input dim, so a call cannot give it a value", symbols_[k]);
+    const SymbolInfo& f = facts_[k];
+    const int64_t v = values[k];
+    if (v < f.lo || v > f.hi) return fmt::format("{} = {} is outside the compiled range [{}, {}]", f.name, v, f.lo, f.hi);
+    if (v % f.multiple_of != 0) return fmt::format("{} = {} is not a multiple of {}", f.name, v, f.multiple_of);
+  }
+  return {};
+}
+
+std::string bind_symbols(const Graph& g, const std::vector<Shape>& shapes, Bindings& out) {
+  SymbolBinder binder(g);
+  std::vector<int64_t> values;
+  std::string why = binder.bind(shapes, values);
+  out = why.empty() ? binder.bindings(values) : Bindings{};
+  return why;
 }
 
 std::vector<std::string> graph_symbols(const Graph& g) {

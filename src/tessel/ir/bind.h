@@ -28,4 +28,30 @@ std::unique_ptr<Graph> instantiate_graph(const Graph& g, const Bindings& b);
 // Every symbol the graph's types and attributes name, sorted (those declared in g.symbols included).
 std::vector<std::string> graph_symbols(const Graph& g);
 
+// bind_symbols for a graph called many times: what each input dim is (a number, a symbol alone, an
+// expression) is worked out once, and a call's binding is a vector of values in graph_symbols' order
+// (no strings, no walk of the graph).
+class SymbolBinder {
+ public:
+  explicit SymbolBinder(const Graph& g);
+  const std::vector<std::string>& symbols() const { return symbols_; }
+  // The values of symbols() from the inputs' shapes; the reason in one line when a dim or a fact does
+  // not hold (bind_symbols' reasons), else empty.
+  std::string bind(const std::vector<Shape>& shapes, std::vector<int64_t>& values) const;
+  Bindings bindings(const std::vector<int64_t>& values) const;
+
+ private:
+  struct DimRule {
+    size_t input, dim;
+    int64_t number = -1;  // a static dim (-1: not one)
+    int symbol = -1;      // a symbol alone: its position
+    Dim expr;             // otherwise
+  };
+  std::vector<std::string> symbols_, input_names_;
+  std::vector<size_t> ranks_;
+  std::vector<DimRule> rules_;
+  std::vector<SymbolInfo> facts_;  // per symbol (defaults where undeclared)
+  std::vector<bool> bound_;        // per symbol: some input dim is it alone
+};
+
 }  // namespace tessel
