@@ -44,6 +44,8 @@ def _models():
     return {   # name: (module, example, dynamic axes, the shapes of the three data sets)
         "encoder_layer": (enc, (2, 10, 64), seq_axes, [(1, 50, 64), (2, 100, 64), (3, 7, 64)]),
         "causal_block": (CausalBlock(), (2, 10, 64), seq_axes, [(1, 33, 64), (2, 64, 64), (1, 5, 64)]),
+        # the sequence alone dynamic: the bucketed dataflow runs (tessel sim --buckets 64,128,256)
+        "encoder_layer_seq": (enc, (1, 10, 64), {1: "seq"}, [(1, 50, 64), (1, 100, 64), (1, 200, 64)]),
         "mobilenet_v2": (torchvision.models.mobilenet_v2(), (1, 3, 64, 64), {0: "batch"},
                          [(1, 3, 64, 64), (3, 3, 64, 64), (2, 3, 64, 64)]),
         "resnet18": (torchvision.models.resnet18(), (1, 3, 64, 64), {0: "batch"},

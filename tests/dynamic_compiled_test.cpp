@@ -99,3 +99,30 @@ TEST(DynamicCompiled, BindSymbolsChecksEveryFact) {
   EXPECT_NE(bind_symbols(*g, {{8, 8}}, b).find("takes 2 inputs"), std::string::npos);
   EXPECT_NE(bind_symbols(*g, {{8}, {8, 3}}, b).find("rank"), std::string::npos);
 }
+
+// A binding whose sizes overflow, or need more memory than one allocation may have, is a one-line
+// error naming what, never a crash or a wrapped size.
+TEST(DynamicCompiled, SizesThatOverflowAreRefused) {
+  auto exe = compile_cpu(parse_graph(R"(graph @cube(%x: f32[s0]) symbols(s0 in [1, 4000000]) {
+  %y: f32[s0,s0,s0] = broadcast_in_dim(%x) {dims = [2], shape = dims[s0, s0, s0]} loc("cube")
+  %z: f32[s0,s0] = reduce(%y) {axes = [0], kind = "sum"} loc("sum")
+  return %z
+}
+)",
+                                     "cube.tsl"),
+                         {}, options());
+  const std::vector<Tensor> small = exe->run({varied_f32({3}, 1)});
+  EXPECT_EQ(small[0].shape(), (Shape{3, 3}));
+  for (int64_t n : {3000000, 1000000}) {  // n^3 past INT64_MAX; n^3 * 4 bytes past any allocation limit
+    try {
+      exe->run({varied_f32({n}, 1)});
+      ADD_FAILURE() << "s0 = " << n << " ran";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+      EXPECT_TRUE(what.find("overflow") != std::string::npos || what.find("too large") != std::string::npos ||
+                  what.find("limit") != std::string::npos)
+          << what;
+    }
+  }
+}

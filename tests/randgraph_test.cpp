@@ -130,3 +130,21 @@ TEST(RandomGraph, ThousandGraphsAgreeWithEager) {
   EXPECT_EQ(st.graphs, count);
   for (const char* b : {"graph", "compiled", "spyre", "tpu-v5e"}) EXPECT_EQ(st.compared.at(b), count - st.eager_errors) << b;
 }
+
+// The symbolic mode (docs/random-graphs.md): every graph that holds for other sizes of its first
+// input's largest dim is compiled once with that dim as a size symbol and run at two of its values,
+// both against eager. The seeds that found the inference rules accepting what the decompositions then
+// refused (a LayerNormalization scale that fixes the size, an edge Pad, a CumSum along the symbol) are
+// among them; a mode that symbolized nothing would prove nothing.
+TEST(RandomGraph, SymbolicModeAgreesWithEagerAtTwoSizes) {
+  int count = 1000;
+  if (const char* c = std::getenv("TESSEL_RANDGRAPH_COUNT")) count = std::atoi(c);
+  randgraph::DiffOptions o;
+  o.backends = {"symbolic"};
+  const auto st = randgraph::run_campaign(1, count, o);
+  for (const auto& f : st.findings) ADD_FAILURE() << "seed " << f.seed << " on " << f.backend << ": " << f.detail << "\n" << f.tsl;
+  EXPECT_EQ(st.compared.at("symbolic") + st.not_symbolic, count - st.eager_errors);
+  EXPECT_GT(st.compared.at("symbolic"), count / 4);
+  auto g = randgraph::symbolize(*randgraph::random_graph(18), "s");
+  EXPECT_EQ(g, nullptr) << "seed 18's LayerNormalization scale fixes the size";
+}

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/driver/bench.h"
+#include "tessel/driver/buckets.h"
 #include "tessel/driver/compile_model.h"
 #include "tessel/driver/cuda_cli.h"
 #include "tessel/driver/train.h"
@@ -269,8 +270,8 @@ int cmd_fuzz_graphs(const FuzzGraphsArgs& a) {
   o.backends.clear();
   o.backends = comma_list(a.backends);
   for (const std::string& b : o.backends)
-    if (b != "graph" && b != "compiled" && b != "spyre" && b != "tpu-v5e")
-      throw Error(Location{.pass = "fuzz-graphs"}, fmt::format("unknown backend '{}' (graph, compiled, spyre, tpu-v5e)", b));
+    if (b != "graph" && b != "compiled" && b != "spyre" && b != "tpu-v5e" && b != "symbolic")
+      throw Error(Location{.pass = "fuzz-graphs"}, fmt::format("unknown backend '{}' (graph, compiled, spyre, tpu-v5e, symbolic)", b));
   o.batch = a.batch;
   o.gen.max_nodes = a.max_nodes;
   o.gen.special_values = !a.no_special;
@@ -662,6 +663,41 @@ bool check_functional(const std::string& model, const DataflowCompile& dc, const
   return ok;
 }
 
+// `sim MODEL --hw H --buckets 64,128,256`: one compilation per bucket, each data set on the smallest
+// bucket that holds it, functionally checked and timed, with its padding waste (driver/buckets.h).
+int cmd_sim_buckets(const std::string& model, const std::string& target, const std::string& buckets, const std::string& symbol,
+                    const std::string& inputs, const std::string& json, const std::string& dtype, bool functional, int threads) {
+  BucketOptions o;
+  for (const std::string& b : comma_list(buckets)) {
+    int64_t v = 0;
+    const auto [p, ec] = std::from_chars(b.data(), b.data() + b.size(), v);
+    if (ec != std::errc() || p != b.data() + b.size() || v < 1)
+      throw Error(Location{.pass = "bucket"}, fmt::format("--buckets: '{}' is not a size (a positive integer)", display_text(b)));
+    o.buckets.push_back(v);
+  }
+  o.symbol = symbol;
+  o.map = map_options(dtype);
+  o.threads = threads;
+  o.functional = functional;
+  std::vector<std::string> dirs = comma_list(inputs);
+  if (dirs.empty()) {
+    ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
+    if (mp.data_sets.empty()) throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
+    dirs.push_back(mp.data_sets[0]);
+  }
+  std::vector<std::vector<Tensor>> sets;
+  for (const std::string& d : dirs) {
+    if (!fs::is_directory(d)) throw Error(Location{.file = d}, "inputs folder does not exist");
+    sets.push_back(read_data_set(d, "input"));
+  }
+  const BucketReport r = run_buckets(model, dataflow::resolve_target(target), sets, dirs, o);
+  fmt::print("{}", bucket_table(r));
+  if (!json.empty()) write_text(json, json_dump(bucket_json(r), 1) + "\n");
+  for (const BucketRow& w : r.rows)
+    if (!w.ok) return 1;
+  return 0;
+}
+
 // `sim MODEL --train --hw H`: forward, backward and AdamW simulated in sequence (driver/train_sim.h).
 int cmd_sim_train(const std::string& model, const std::string& target, const std::string& json, const std::string& dtype) {
   const TrainSimReport r = simulate_training(model, dataflow::resolve_target(target), map_options(dtype));
@@ -929,6 +965,10 @@ int main(int argc, char** argv) {
   sim->add_option("--dtype", sim_dtype, "storage of float tensors on the device (f16, bf16, f32 where the target has it; default: f16 where the target stores it, else bf16)");
   bool sim_train = false;
   sim->add_flag("--train", sim_train, "simulate a training step: the forward, the backward (remat partition) and an AdamW step over the parameters");
+  std::string sim_buckets, sim_bucket_symbol, sim_inputs;
+  sim->add_option("--buckets", sim_buckets, "a comma list of sizes: the model's size symbol (its inputs' dims that are not numbers) is padded to the smallest that holds each data set's value, with masks where padding would change a result; one compilation per bucket (docs/dynamic-shapes.md, \"Buckets\")");
+  sim->add_option("--bucket-symbol", sim_bucket_symbol, "with --buckets: the symbol to pad when the model has several");
+  sim->add_option("--inputs", sim_inputs, "with --buckets: a comma list of data-set folders (input_N.pb, output_N.pb; default: the model's test_data_set_0)");
 
   auto* land = app.add_subcommand("landscape", "One row per target for MODEL: time, utilisation, DRAM traffic, padding waste, scratchpad peak, compile time (the Accelerator Landscape Map)");
   std::string land_model, land_targets = "spyre,tpu-v5e,cpu", land_json;
@@ -1044,7 +1084,7 @@ int main(int argc, char** argv) {
   FuzzGraphsArgs fz;
   fuzz->add_option("--seed", fz.seed, "first seed (graphs use seed, seed+1, ...)");
   fuzz->add_option("--count", fz.count, "number of graphs");
-  fuzz->add_option("--backends", fz.backends, "comma list: graph, compiled, spyre, tpu-v5e");
+  fuzz->add_option("--backends", fz.backends, "comma list: graph, compiled, spyre, tpu-v5e, symbolic (compiled once with a size symbol, run at two of its values)");
   fuzz->add_option("--batch", fz.batch, "graphs per compiled module / simulated program");
   fuzz->add_option("--max-nodes", fz.max_nodes, "ops per graph (at most)");
   fuzz->add_flag("--minimise", fz.minimise, "minimise each mismatch and print the small .tsl");
@@ -1090,6 +1130,12 @@ int main(int argc, char** argv) {
       if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
         throw Error(Location{}, "sim --train takes --hw, --json and --dtype (not --trace, --dump-ir or --print-after)");
       return cmd_sim_train(sim_model, sim_hw, sim_json, sim_dtype);
+    }
+    if (*sim && !sim_buckets.empty()) {
+      if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
+        throw Error(Location{}, "sim --buckets takes --hw, --inputs, --bucket-symbol, --json, --dtype and --threads");
+      return cmd_sim_buckets(sim_model, sim_hw, sim_buckets, sim_bucket_symbol, sim_inputs, sim_json, sim_dtype, !sim_no_functional,
+                             sim_threads);
     }
     if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_threads, sim_dump,
                             sim_print_after);

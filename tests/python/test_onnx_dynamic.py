@@ -6,7 +6,9 @@ check's bound of torch's (bench/onnx_dynamic.py, which also times them against s
 
     PYTHONPATH=build/python /usr/bin/python3 -m unittest tests/python/test_onnx_dynamic.py -v
 """
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -37,6 +39,25 @@ class OnnxDynamic(unittest.TestCase):
                     self.assertTrue(r["ok"], f"{name}: {r['error']}")
                     self.assertEqual(r["compilations"], 1, name)
                     self.assertEqual(r["checks"], ["PASS"] * 3, name)
+
+    def test_buckets_on_spyre(self):
+        # The encoder layer at lengths 50, 100 and 200 on the Spyre-like preset, padded to buckets 64, 128 and
+        # 256: one compilation per bucket, each length's functional run against eager, the padding reported.
+        with tempfile.TemporaryDirectory(prefix="tessel_onnx_dynamic_") as tmp:
+            model, sets = onnx_dynamic.export("encoder_layer_seq", tmp)
+            out = os.path.join(tmp, "buckets.json")
+            p = subprocess.run([TESSEL_BINARY, "sim", model, "--hw", "spyre", "--buckets", "64,128,256", "--inputs",
+                                ",".join(sets), "--json", out], capture_output=True, text=True, timeout=600)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            with open(out) as f:
+                r = json.load(f)
+            self.assertEqual(r["compilations"], 3)
+            self.assertEqual([w["bucket"] for w in r["rows"]], [64, 128, 256])
+            for w in r["rows"]:
+                self.assertTrue(w["ok"], w)
+                self.assertAlmostEqual(w["pad_fraction"], (w["bucket"] - w["length"]) / w["bucket"])
+                self.assertGreater(w["flops_padded"], w["flops"])
+                self.assertGreater(w["masks"], 0)
 
     def test_a_size_outside_the_compiled_facts_is_refused(self):
         # A data set whose static dim differs from the model's: a one-line guard error, not a run.

@@ -37,7 +37,8 @@ std::string compare_output(const Tensor& ref, const Tensor& got, const Policy& p
 bool at_f32_range_edge(const Graph& g, const std::vector<Tensor>& inputs);
 
 struct DiffOptions {
-  // graph, compiled, spyre (f16 = DL16), tpu-v5e (bf16)
+  // graph, compiled, spyre (f16 = DL16), tpu-v5e (bf16), symbolic (compiled once with a size symbol,
+  // run at two values of it: randgraph::symbolize)
   std::vector<std::string> backends = {"graph", "compiled", "spyre", "tpu-v5e"};
   int batch = 20;                 // graphs per compiled module / simulated program (one g++ each)
   GenOptions gen;
@@ -60,6 +61,7 @@ struct CampaignStats {
   std::map<std::string, int> out_of_range;  // sim backend -> graphs whose intermediates left the storage range
   std::map<std::string, double> seconds;    // per backend (eager included), wall
   int compilations = 0;          // compiled modules + simulated programs built
+  int not_symbolic = 0;          // symbolic backend: graphs whose sizes the graph itself fixes (symbolize)
   double seconds_total = 0;
   std::vector<Finding> findings;
 };

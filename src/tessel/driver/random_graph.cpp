@@ -11,9 +11,11 @@
 #include <numeric>
 #include <optional>
 
+#include "tessel/ir/bind.h"
 #include "tessel/ir/core_ops.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
+#include "tessel/ir/verifier.h"
 #include "tessel/support/error.h"
 
 namespace tessel::randgraph {
@@ -614,6 +616,11 @@ std::unique_ptr<Graph> random_graph(uint64_t seed, const GenOptions& opts) {
 }
 
 std::vector<Tensor> random_inputs(const Graph& g, uint64_t seed, bool special_values) {
+  if (!g.symbols.empty()) {
+    Bindings lowest;
+    for (const auto& [name, info] : g.symbols.all()) lowest[name] = info.lo;
+    return random_inputs(*instantiate_graph(g, lowest), seed, special_values);
+  }
   std::vector<Tensor> in;
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     const TensorType& t = g.inputs[i]->type;
@@ -624,6 +631,29 @@ std::vector<Tensor> random_inputs(const Graph& g, uint64_t seed, bool special_va
     in.push_back(random_tensor(r, t.shape, special_values));
   }
   return in;
+}
+
+std::unique_ptr<Graph> symbolize(const Graph& g, const std::string& name) {
+  if (g.inputs.empty() || !g.symbols.empty()) return nullptr;
+  int64_t n = 1;
+  for (int64_t d : g.inputs[0]->type.shape) n = std::max(n, d);
+  if (n <= 1) return nullptr;
+  auto s = instantiate_graph(g, {});
+  const Dim sym = Dim::symbol(name);
+  for (Value* v : s->inputs) {
+    Dims d = v->type.dims();
+    for (Dim& x : d)
+      if (x == n) x = sym;
+    v->type = TensorType::of(v->type.dtype, d);
+  }
+  s->symbols.declare(SymbolInfo{name, n, n + 16});
+  try {
+    infer_graph(*s);
+    verify_graph(*s);
+  } catch (const Error&) {
+    return nullptr;  // a size the graph fixes elsewhere
+  }
+  return s;
 }
 
 std::vector<std::string> generated_ops() {

@@ -23,8 +23,16 @@ struct GenOptions {
 std::unique_ptr<Graph> random_graph(uint64_t seed, const GenOptions& opts = {});
 
 // Inputs for `g` (one per graph input, in order): element values depend only on (seed, input name,
-// shape), so a minimised graph keeps the values of the inputs it kept.
+// shape), so a minimised graph keeps the values of the inputs it kept. A graph with size symbols gets
+// inputs at each symbol's lowest value.
 std::vector<Tensor> random_inputs(const Graph& g, uint64_t seed, bool special_values = true);
+
+// The symbolic mode (docs/random-graphs.md): `g` with every input dim equal to the first input's
+// largest dim (a size above 1) replaced by the size symbol `name`, declared in [that size, that size
+// + 16], and the graph's shapes inferred again; nullptr when the graph does not hold for other values
+// of it (an attribute or a constant fixes the size: the shape rules refuse). At the symbol's lowest
+// value it is the graph it came from, with the same inputs.
+std::unique_ptr<Graph> symbolize(const Graph& g, const std::string& name);
 
 // The names of the ops the generator draws (for docs and coverage checks).
 std::vector<std::string> generated_ops();

@@ -151,6 +151,11 @@ OpDef last_axes_norm(std::string name, int since, bool rms) {
     int axis = normalize_axis(ctx.node().attr_i("axis", -1), r);
     ctx.set_out(0, x);
     Dims s = x.dims();
+    // Symbolic sizes: the scale and bias must broadcast to X for every value of the symbols (the
+    // decomposition multiplies them in; the reference kernel checks static shapes as it runs).
+    for (int i = 1; i < std::min(ctx.num_inputs(), 3); ++i)
+      if (ctx.has_in(i) && (x.symbolic() || ctx.in(i).symbolic()) && !(broadcast_dims(s, ctx.in(i).dims()) == s))
+        unsupported("{} {} does not broadcast to X {}", i == 1 ? "Scale" : "B", ctx.in(i).str(), x.str());
     for (int i = axis; i < r; ++i) s[i] = 1;
     DType st = stash_dtype(ctx.node().attr_i("stash_type", 1));
     for (int i = 1; i < ctx.num_outputs(); ++i) ctx.set_out(i, TensorType::of(st, s));

@@ -665,9 +665,15 @@ OpDef cum_op(std::string name, int since, bool prod) {
     const TensorType& x = ctx.in(0);
     if (!is_int(ctx.in(1).dtype)) fail("axis must be int32 or int64");
     if (x.shape.empty()) fail("{} needs an input of rank >= 1, got a scalar", ctx.node().op->name);
+    const Dims s = x.dims();
     if (auto a = known_ints(ctx, 1)) {
       if (a->size() != 1) fail("axis must hold one value");
-      normalize_axis((*a)[0], static_cast<int>(x.shape.size()));
+      const int axis = normalize_axis((*a)[0], static_cast<int>(x.shape.size()));
+      if (s[static_cast<size_t>(axis)].is_symbolic())  // the decomposition's refusal, at inference
+        unsupported("{} along the axis of symbolic size {}: its window is the whole axis", ctx.node().op->name,
+                    s[static_cast<size_t>(axis)].str());
+    } else if (x.symbolic()) {
+      unsupported("{} over symbolic sizes needs its axis known at compile time", ctx.node().op->name);
     }
     ctx.set_out(0, x);
   };

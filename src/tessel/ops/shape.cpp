@@ -1003,7 +1003,15 @@ OpDef pad_op() {
       c.set_out(0, {x.dtype, Shape(r, kUnknownDim)});
       return;
     }
-    c.set_out(0, TensorType::of(x.dtype, pad_shape(x.dims(), full_pads(r, *pads, axes))));
+    const Ints full = full_pads(r, *pads, axes);
+    // The decomposition's refusal, at inference (docs/dynamic-shapes.md): the source positions of an
+    // edge, reflect or wrap pad depend on the axis's size.
+    const Dims in = x.dims();
+    for (int k = 0; k < r; ++k)
+      if (mode_of(c.node()) != 0 && (full[k] != 0 || full[k + r] != 0) && in[k].is_symbolic())
+        unsupported("{} padding of the axis of symbolic size {}: the source positions depend on its value",
+                    c.node().attr_s("mode"), in[k].str());
+    c.set_out(0, TensorType::of(x.dtype, pad_shape(in, full)));
   };
   d.kernel = [mode_of](KernelCtx& c) {
     const Tensor& x = c.in(0);

@@ -575,7 +575,15 @@ std::vector<Tensor> CompiledExecutable::run(const std::vector<Tensor>& inputs, G
     Bindings b;
     if (std::string why = bind_symbols(*sym_->module.graph, shapes, b); !why.empty())
       throw GuardFailure(Location{.pass = "guard"}, why);
-    return sym_->instance(b, stats_).run(inputs, stats);
+    CompiledExecutable* inst = nullptr;
+    try {
+      inst = &sym_->instance(b, stats_);
+    } catch (const Error& e) {  // sizes this binding makes too large, a primitive it cannot have
+      std::string at;
+      for (const auto& [name, v] : b) at += fmt::format("{}{} = {}", at.empty() ? "" : ", ", name, v);
+      throw e.with_context(Location{.pass = "instance for " + at});
+    }
+    return inst->run(inputs, stats);
   }
   // oneDNN's OpenMP runtime follows it; the primitives were built under this count, so none rebuilds.
   ScopedOmpThreads threads(stats_.threads);

@@ -2,6 +2,7 @@
 // (`tessel compile --target cuda`, the NVRTC tests): see cuda_backend.h.
 #include <numeric>
 
+#include "tessel/ir/bind.h"
 #include "tessel/ir/core_ops.h"
 #include "tessel/ir/infer.h"
 #include "tessel/passes/pass.h"
@@ -55,7 +56,14 @@ FuseOptions cuda_fuse_options(FuseOptions base) {
 KernelModule lower_for_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex, const CudaBackendOptions& opts) {
   // Unknown input dims take the example inputs' sizes (the graph backend's binding, without baking
   // values: every input stays an input).
-  if (!ex.empty()) {
+  if (!ex.empty() && !graph_symbols(*g).empty()) {
+    // Size symbols (docs/dynamic-shapes.md): CUDA code is generated for one binding, the examples'.
+    std::vector<Shape> shapes;
+    for (const Tensor& t : ex) shapes.push_back(t.shape());
+    Bindings b;
+    if (std::string why = bind_symbols(*g, shapes, b); !why.empty()) throw Error(Location{.pass = "cuda"}, why);
+    g = instantiate_graph(*g, b);
+  } else if (!ex.empty()) {
     bind_input_shapes(*g, ex);
     infer_graph(*g);
   }

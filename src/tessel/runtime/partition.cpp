@@ -66,12 +66,9 @@ std::string_view break_kind_name(BreakKind k) {
 
 namespace {
 
-bool has_unknown_dim(const Value* v) {
-  if (!v) return false;
-  for (int64_t d : v->type.shape)
-    if (d < 0) return true;
-  return false;
-}
+// A dim only known when the node runs (data-dependent). A symbolic dim (docs/dynamic-shapes.md) is
+// known: an expression of the size symbols.
+bool has_unknown_dim(const Value* v) { return v && !v->type.dims_defined(); }
 
 // Consumers of every value: (node, input index); graph outputs count as a use with node null.
 struct Uses {
