@@ -2,6 +2,7 @@
 import contextlib
 import json
 import operator
+import re
 import time
 import warnings
 from collections import OrderedDict
@@ -115,6 +116,11 @@ class Stats:
         self._instances = None    # () -> the compiled backend's instance count of the cached symbolic compilations
 
     @property
+    def compilations(self):
+        """compiles, by the name the dynamic-shape benches read (bench/dynamic_shapes.py)."""
+        return self.compiles
+
+    @property
     def instances(self):
         """The instances the compiled backend built for the cached symbolic compilations (one per binding
         of their size symbols, the least recently used dropped past 16 each)."""
@@ -123,8 +129,8 @@ class Stats:
     def as_dict(self):
         return dict(compiles=self.compiles, cache_hits=self.cache_hits, compile_seconds=self.compile_seconds,
                     recompiles=list(self.recompiles), eager_calls=self.eager_calls, calls=self.calls,
-                    refreshes=self.refreshes, bindings=self.bindings, instances=self.instances,
-                    dynamic_fallback=self.dynamic_fallback)
+                    refreshes=self.refreshes, compilations=self.compiles, bindings=self.bindings,
+                    instances=self.instances, dynamic_fallback=self.dynamic_fallback)
 
     def __repr__(self):
         return f"Stats({self.as_dict()})"
@@ -596,14 +602,11 @@ class CompiledModule:
         symbolic = captured.symbolic if captured is not None else None
         plan = self._plan.restricted(args) if self._plan is not None and captured is None else None
         refused = None
-        if symbolic is not None or plan is not None:
-            try:
-                entry = _build_dynamic(self.module, args, plan, self.backend, self.threads, self.freeze_inputs, call,
-                                       captured)
-            except _tessel.TesselError as e:       # DynamicUnsupported, a symbolic capture or compile failure
-                if symbolic is not None:
-                    raise
-                refused = _one_line(e)
+        if symbolic is not None:
+            entry = _build_dynamic(self.module, args, None, self.backend, self.threads, self.freeze_inputs, call,
+                                   captured)
+        elif plan is not None:
+            entry, refused = self._build_symbolic(args, plan, call)
         if entry is None:
             entry = _build(self.module, args, self.target, self.backend, self.threads, self.repair,
                            self.freeze_inputs, captured, call, self.precision)
@@ -630,6 +633,32 @@ class CompiledModule:
         self._current[sig] = key
         self._last_key, self._last_sig = key, sig
         return entry
+
+    def _build_symbolic(self, args, plan, call):
+        """(entry, None) of a symbolic compilation of the call, or (None, why none could be made). A
+        refusal that names some of the symbols (a convolution over a symbolic spatial dim) makes those
+        static and tries again with the rest, with a warning; one that names none ends the tries."""
+        static = []
+        while True:
+            try:
+                entry = _build_dynamic(self.module, args, plan, self.backend, self.threads, self.freeze_inputs, call)
+            except _tessel.TesselError as e:       # DynamicUnsupported, a symbolic capture or compile failure
+                why = _one_line(e)
+                # (the symbols it names outside types and shapes: "Conv over f32[s0,3,s2,s3]: dim 2 is symbolic (s2)")
+                prose = re.sub(r"\[[^\]]*\]", "", why)
+                named = {n for n in plan.symbols if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", prose)}
+                plan = plan.without(named) if named else None
+                if plan is None:
+                    return None, why
+                # (in the warning without the node's context: "Conv over f32[s0,3,s2,s3]: dim 2 is symbolic (s2) ...")
+                short = _NODE_CONTEXT.sub("", why)
+                static.append(f"{', '.join(sorted(named))} static ({short})")
+                continue
+            if static:
+                entry.symbolic.specialised.extend(static)
+                warnings.warn(f"tessel: {type(self.module).__name__}: dynamic shapes: {'; '.join(static)}",
+                              stacklevel=_caller_level())
+            return entry, None
 
     @property
     def explanation(self):
@@ -744,6 +773,9 @@ class CompiledModule:
             return f"symbolic {self._cache[key].describe()['inputs']}"
         return [_show(s) for s in key[0]]
 
+
+# "[infer] node 'x/conv:Conv @ f.py:3 `...`' (Conv): " before a C++ error's message
+_NODE_CONTEXT = re.compile(r"\[\w+\] node .*? \(\w+\): ")
 
 # A symbolic compilation remembers this many shapes it admitted (then looked up without a binding check).
 _CURRENT_LIMIT = 4096

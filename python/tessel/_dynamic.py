@@ -83,6 +83,11 @@ class DynamicPlan:
     def __bool__(self):
         return bool(self.dims)
 
+    def without(self, names):
+        """The plan with the dims of these symbols static; None when no dim stays dynamic."""
+        plan = DynamicPlan({k: {d: s for d, s in dd.items() if s.name not in names} for k, dd in self.dims.items()})
+        return plan if plan else None
+
     def restricted(self, tensors):
         """The plan for a compilation whose example call is `tensors` (a recompile): a dim whose size there
         is below 2 or outside its symbol's range is static, and so is every dim of a symbol whose dims
@@ -274,7 +279,55 @@ def _ov(packet, name):
     return getattr(p, name, None) if p is not None else None
 
 
-_COMPOSITES_113 = {_ov("linear", "default"): _linear, _ov("narrow", "default"): _narrow}
+def _native_mha(q, k, v, embed_dim, num_heads, qkv_w, qkv_b, proj_w, proj_b, mask=None, need_weights=True,
+                average_attn_weights=True, mask_type=None):
+    """nn.MultiheadAttention's fast path ([B, T, E], batch first) in ops that trace over symbolic sizes: the
+    aten table's lowering of the op (_native_mha there), written in torch."""
+    import math
+    b, t, s, h = q.shape[0], q.shape[1], k.shape[1], num_heads
+    hd = embed_dim // h
+    wq, wk, wv = qkv_w.split(embed_dim)
+    bq, bk, bv = qkv_b.split(embed_dim) if qkv_b is not None else (None, None, None)
+
+    def project(x, w, bias, n):
+        return torch.nn.functional.linear(x, w, bias).view(b, n, h, hd).transpose(1, 2)
+    scores = (project(q, wq, bq, t) @ project(k, wk, bk, s).transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise NotImplementedError("a float attention mask in the fused multi-head attention")
+        scores = scores.masked_fill(mask.view(b, 1, 1, s) if mask_type == 1 else mask, float("-inf"))
+    attn = scores.softmax(-1)
+    o = (attn @ project(v, wv, bv, s)).transpose(1, 2).reshape(b, t, embed_dim)
+    o = torch.nn.functional.linear(o, proj_w, proj_b)
+    weights = (attn.mean(1) if average_attn_weights else attn) if need_weights else o.new_empty(0)
+    return o, weights
+
+
+def _encoder_layer(x, embed_dim, num_heads, qkv_w, qkv_b, proj_w, proj_b, use_gelu, norm_first, eps, ln1_w, ln1_b,
+                   ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b, mask=None, mask_type=None):
+    """nn.TransformerEncoderLayer's fast path (eval, batch first), as the aten table lowers it."""
+    F = torch.nn.functional
+
+    def attend(v):
+        return _native_mha(v, v, v, embed_dim, num_heads, qkv_w, qkv_b, proj_w, proj_b, mask, False, True, mask_type)[0]
+
+    def mlp(v):
+        hidden = F.linear(v, fc1_w, fc1_b)
+        return F.linear(F.gelu(hidden) if use_gelu else F.relu(hidden), fc2_w, fc2_b)
+
+    def ln(v, w, bias):
+        return F.layer_norm(v, (embed_dim,), w, bias, eps)
+    if norm_first:
+        x = x + attend(ln(x, ln1_w, ln1_b))
+        return x + mlp(ln(x, ln2_w, ln2_b))
+    x = ln(x + attend(x), ln1_w, ln1_b)
+    return ln(x + mlp(x), ln2_w, ln2_b)
+
+
+# (the fused attention ops have no symbolic meta function in 1.13: their Python forms trace instead)
+_COMPOSITES_113 = {_ov("linear", "default"): _linear, _ov("narrow", "default"): _narrow,
+                   _ov("_native_multi_head_attention", "default"): _native_mha,
+                   _ov("_transformer_encoder_layer_fwd", "default"): _encoder_layer}
 
 
 class _Trace113:
@@ -441,7 +494,7 @@ class _Trace2:
         # tracing_mode="real" takes the fake inputs as they are ("fake" and "symbolic" would fakeify them
         # again, with fresh symbols): the ambient fake mode runs the ops, the Python dispatcher lets
         # composite ops decompose over symbolic sizes
-        with mode, enable_python_dispatcher():
+        with mode, enable_python_dispatcher(), _mha_fastpath_off():
             return make_fx(fn)(*fakes)
 
     def _constrain(self, expr, spec):
@@ -471,6 +524,23 @@ class _Trace2:
                 where = str(getattr(g, "sloc", "") or "")
             out.append(ShapeGuard(e, True, where))
         return out
+
+
+@contextlib.contextmanager
+def _mha_fastpath_off():
+    """torch >= 2.1: nn.MultiheadAttention and TransformerEncoderLayer take their composite path (the fused
+    ops have no symbolic meta functions)."""
+    mha = getattr(torch.backends, "mha", None)
+    get, put = getattr(mha, "get_fastpath_enabled", None), getattr(mha, "set_fastpath_enabled", None)
+    if get is None or put is None:
+        yield
+        return
+    was = get()
+    put(False)
+    try:
+        yield
+    finally:
+        put(was)
 
 
 def tracer(plan_by_arg, shapes):

@@ -279,10 +279,15 @@ class AttentionBlock(unittest.TestCase):
         def scaled(x):
             return x / x.shape[0]           # a size used as a tensor value
         with self.assertWarnsRegex(UserWarning, "fall back to a compilation per input shape"):
-            fast = tessel.compile(scaled, (torch.randn(4, 3),), dynamic=True)
+            fast = tessel.compile(scaled, (torch.randn(4, 3),), dynamic_dims={0: [0]})
         check(self, fast, scaled, (torch.randn(5, 3),))
         self.assertEqual(fast.stats.compiles, 2)
-        self.assertIn("symbolic", fast.stats.dynamic_fallback)
+        self.assertIn("symbolic sizes (s0)", fast.stats.dynamic_fallback)
+        # with dynamic=True the refusal names s0: that dim is made static, the other stays a symbol
+        with self.assertWarnsRegex(UserWarning, "dynamic shapes: s0 static"):
+            fast = tessel.compile(scaled, (torch.randn(4, 3),), dynamic=True)
+        check(self, fast, scaled, (torch.randn(4, 7),))
+        self.assertEqual((fast.stats.compiles, fast.dynamic["inputs"]), (1, {0: ["4", "s1"]}))
 
         def reads(x):
             return x * 2 if bool(x.sum() > 0) else x * 3     # a value read: a value guard, on real tensors
@@ -290,6 +295,55 @@ class AttentionBlock(unittest.TestCase):
             fast = tessel.compile(reads, (torch.ones(4, 3),), dynamic=True)
         check(self, fast, reads, (-torch.ones(4, 3),))
         self.assertEqual(len(fast.explanation.guards), 1)
+
+
+class TorchModules(unittest.TestCase):
+    """nn.TransformerEncoder and nn.MultiheadAttention in eval take fused fast paths
+    (_transformer_encoder_layer_fwd, _native_multi_head_attention) that torch 1.13 cannot trace
+    symbolically: their Python forms trace instead."""
+
+    def test_transformer_encoder(self):
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True, norm_first=True)
+        m = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+        fast = tessel.compile(m, (torch.randn(2, 8, 64),), dynamic_dims={0: {0: "batch", 1: "seq"}})
+        for b, t in ((3, 5), (2, 17), (4, 9)):
+            check(self, fast, m, (torch.randn(b, t, 64),))
+        self.assertEqual(fast.stats.compiles, 1, fast.stats.dynamic_fallback)
+
+    def test_multihead_attention_with_a_padding_mask(self):
+        torch.manual_seed(0)
+
+        class Attend(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.mha = nn.MultiheadAttention(64, 4, batch_first=True)
+
+            def forward(self, x, pad):
+                return self.mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+        attend = Attend().eval()
+        x, pad = torch.randn(2, 8, 64), torch.zeros(2, 8, dtype=torch.bool)
+        pad[:, -2:] = True
+        fast = tessel.compile(attend, (x, pad), dynamic_dims={0: {0: "b", 1: "t"}, 1: {0: "b", 1: "t"}})
+        pad = torch.zeros(3, 11, dtype=torch.bool)
+        pad[:, -3:] = True
+        check(self, fast, attend, (torch.randn(3, 11, 64), pad))
+        self.assertEqual(fast.stats.compiles, 1, fast.stats.dynamic_fallback)
+
+
+class Convolutions(unittest.TestCase):
+
+    def test_dynamic_true_makes_spatial_dims_static_and_keeps_the_batch(self):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(8, 4)).eval()
+        with self.assertWarnsRegex(UserWarning, r"s2 static \(.*Conv over f32\[s0,3,s2,s3\]: dim 2 is symbolic"):
+            fast = tessel.compile(m, (torch.randn(2, 3, 16, 16),), dynamic=True)
+        for b in (3, 5):
+            check(self, fast, m, (torch.randn(b, 3, 16, 16),))
+        self.assertEqual(fast.stats.compiles, 1)
+        self.assertEqual(fast.dynamic["inputs"], {0: ["s0", "3", "16", "16"]})
+        self.assertEqual(len(fast.dynamic["specialised"]), 3)     # s1 by the weight, s2 and s3 by Conv
 
 
 @unittest.skipIf(SANITIZED, "torchvision models are slow in the sanitized build")
