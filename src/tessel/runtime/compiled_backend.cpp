@@ -99,10 +99,12 @@ struct CompiledExecutable::Symbolic {
   std::vector<cpu::LibraryEpilogue> library;
   std::shared_ptr<cpu::SharedObject> so;
   CompiledBackendOptions opts;
-  std::list<std::pair<Bindings, std::unique_ptr<CompiledExecutable>>> instances;
+  std::unique_ptr<SymbolBinder> binder;           // the module graph's inputs: a call's values, per symbol
+  // Most recent first, keyed by the symbols' values in `symbols`' order.
+  std::list<std::pair<std::vector<int64_t>, std::unique_ptr<CompiledExecutable>>> instances;
   std::map<std::string, cpu::PackedWeights> packings;  // weights packed once for every instance (Builder)
 
-  CompiledExecutable& instance(const Bindings& b, CompiledCompileStats& st);
+  CompiledExecutable& instance(const std::vector<int64_t>& values, CompiledCompileStats& st);
 };
 
 bool loop_writes_over_input(const Kernel& k, const std::vector<int>& ins, int out) {
@@ -339,6 +341,7 @@ std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::un
   ce->library_ = sym->library;
   ce->so_ = sym->so;
   sym->module = std::move(m);
+  sym->binder = std::make_unique<SymbolBinder>(*sym->module.graph);
   ce->sym_ = std::move(sym);
   st.compile_seconds = seconds_since(t0);
   print_compile_profile(st);
@@ -347,12 +350,13 @@ std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::un
 
 // The static executable of binding `b`, built like a loaded cache entry (no passes, no code
 // generation): the graph and kernels instantiated, the shared object's functions given b's values.
-CompiledExecutable& CompiledExecutable::Symbolic::instance(const Bindings& b, CompiledCompileStats& owner) {
+CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int64_t>& values, CompiledCompileStats& owner) {
   for (auto it = instances.begin(); it != instances.end(); ++it)
-    if (it->first == b) {
-      instances.splice(instances.begin(), instances, it);
+    if (it->first == values) {
+      if (it != instances.begin()) instances.splice(instances.begin(), instances, it);
       return *instances.front().second;
     }
+  const Bindings b = binder->bindings(values);
   const auto t0 = Clock::now();
   std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
   CompiledCompileStats& st = ce->stats_;
@@ -364,7 +368,8 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const Bindings& b, Co
   ce->in_library_ = in_library;
   ce->library_ = library;
   ce->so_ = so;
-  for (const std::string& s : symbols) ce->sym_values_.push_back(static_cast<long>(b.at(s)));
+  for (const int64_t v : values) ce->sym_values_.push_back(static_cast<long>(v));  // binder's order = symbols'
+  if (binder->symbols() != symbols) fail("the generated code's symbols differ from the inputs' binding");
   CompiledExecutable::Builder bld{*ce, {}};
   bld.shared = &packings;
   bld.key_m = false;
@@ -389,7 +394,7 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const Bindings& b, Co
   owner.library_seconds += st.library_seconds;
   owner.bytes_unfused = st.bytes_unfused, owner.bytes_fused = st.bytes_fused;
   owner.library_epilogues = st.library_epilogues;
-  instances.emplace_front(b, std::move(ce));
+  instances.emplace_front(values, std::move(ce));
   while (instances.size() > static_cast<size_t>(std::max(1, opts.instance_limit))) instances.pop_back();
   return *instances.front().second;
 }
@@ -572,15 +577,14 @@ std::vector<Tensor> CompiledExecutable::run(const std::vector<Tensor>& inputs, G
     std::vector<Shape> shapes;
     shapes.reserve(inputs.size());
     for (const Tensor& t : inputs) shapes.push_back(t.shape());
-    Bindings b;
-    if (std::string why = bind_symbols(*sym_->module.graph, shapes, b); !why.empty())
-      throw GuardFailure(Location{.pass = "guard"}, why);
+    std::vector<int64_t> values;
+    if (std::string why = sym_->binder->bind(shapes, values); !why.empty()) throw GuardFailure(Location{.pass = "guard"}, why);
     CompiledExecutable* inst = nullptr;
     try {
-      inst = &sym_->instance(b, stats_);
+      inst = &sym_->instance(values, stats_);
     } catch (const Error& e) {  // sizes this binding makes too large, a primitive it cannot have
       std::string at;
-      for (const auto& [name, v] : b) at += fmt::format("{}{} = {}", at.empty() ? "" : ", ", name, v);
+      for (const auto& [name, v] : sym_->binder->bindings(values)) at += fmt::format("{}{} = {}", at.empty() ? "" : ", ", name, v);
       throw e.with_context(Location{.pass = "instance for " + at});
     }
     return inst->run(inputs, stats);

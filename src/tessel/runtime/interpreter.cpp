@@ -2,6 +2,7 @@
 #include "tessel/runtime/interpreter.h"
 
 #include "tessel/ir/bind.h"
+#include "tessel/runtime/graph_backend.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
@@ -16,7 +17,7 @@ std::vector<Tensor> run_eager(const Graph& g, const std::vector<Tensor>& inputs,
     std::vector<Shape> shapes;
     for (const Tensor& t : inputs) shapes.push_back(t.shape());
     Bindings b;
-    if (std::string why = bind_symbols(g, shapes, b); !why.empty()) fail("{}", why);
+    if (std::string why = bind_symbols(g, shapes, b); !why.empty()) throw GuardFailure(Location{.pass = "guard"}, why);
     return run_eager(*instantiate_graph(g, b), inputs, stats);
   }
   std::vector<Tensor> env(g.values().size());
