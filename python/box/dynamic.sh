@@ -9,13 +9,16 @@ set -u
 OUT=${OUT:-/tmp/dynamic}
 mkdir -p "$OUT"
 . python/box/cuda_env.sh
-for t in test_dynamo_dynamic test_dynamic_shapes; do
-  timeout "${TEST_TIMEOUT:-240}" $PY -m unittest tests/python/$t.py -v > "$OUT/$t.log" 2>&1
-  echo "$t rc=$?"
-  grep -E " \.\.\. |^Ran |^OK|^FAILED|Error" "$OUT/$t.log" | cut -c1-300 | tail -30
-done
-timeout "${BENCH_TIMEOUT:-360}" $PY bench/dynamic_shapes.py --models "${MODELS:-bert,gpt2,encoder,resnet18}" \
-  --threads "${THREADS:-8}" --shapes "${SHAPES:-20}" --dynamo --json "$OUT/dynamic_shapes.json" > "$OUT/bench.out" 2> "$OUT/bench.err"
+run_tests() {
+  timeout "${TEST_TIMEOUT:-150}" $PY -m unittest tests/python/$1.py -v > "$OUT/$1.log" 2>&1
+  echo "$1 rc=$?"
+  grep -E " \.\.\. |^Ran |^OK|^FAILED|Error" "$OUT/$1.log" | cut -c1-300 | tail -30
+}
+run_tests test_dynamo_dynamic
+timeout "${BENCH_TIMEOUT:-300}" $PY bench/dynamic_shapes.py --models "${MODELS:-bert,gpt2,resnet18}" \
+  --threads "${THREADS:-8}" --shapes "${SHAPES:-20}" --rounds "${ROUNDS:-6}" --dynamo --json "$OUT/dynamic_shapes.json" \
+  > "$OUT/bench.out" 2> "$OUT/bench.err"
 echo "bench rc=$?"
 cat "$OUT/bench.out"
 grep -v -i warn "$OUT/bench.err" | cut -c1-300 | tail -15
+run_tests test_dynamic_shapes
