@@ -165,14 +165,9 @@ std::unique_ptr<Graph> instantiate_graph(const Graph& g, const Bindings& b) {
     std::map<std::string, Attr> attrs = n->attrs;
     for (auto& [k, a] : attrs)
       if (const Dims* d = std::get_if<Dims>(&a)) a = dims_attr(substitute_dims(*d, b));
-    std::vector<std::string> names;
-    for (const Value* v : n->outputs) names.push_back(v ? v->name : std::string());
-    Node* c = out->add_node(n->op, n->name, std::move(ins), names, std::move(attrs));
-    for (size_t i = 0; i < n->outputs.size(); ++i) {
-      if (!n->outputs[i]) continue;
-      c->outputs[i]->type = type_of(n->outputs[i]->type, "value '" + display_text(n->outputs[i]->name) + "'");
-      map[n->outputs[i]] = c->outputs[i];
-    }
+    Node* c = out->add_copy(*n, std::move(ins), map, &attrs);
+    for (Value* v : c->outputs)
+      if (v) v->type = type_of(v->type, "value '" + display_text(v->name) + "'");
   }
   for (const Value* v : g.outputs) {
     auto it = map.find(v);

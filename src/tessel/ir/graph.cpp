@@ -121,6 +121,19 @@ Node* Graph::add_node(const OpDef* op, std::string node_name, std::vector<Value*
   return p;
 }
 
+Node* Graph::add_copy(const Node& n, std::vector<Value*> inputs, std::map<const Value*, Value*>& map,
+                      const std::map<std::string, Attr>* attrs) {
+  std::vector<std::string> names;
+  for (const Value* v : n.outputs) names.push_back(v ? v->name : std::string());
+  Node* c = add_node(n.op, n.name, std::move(inputs), names, attrs ? *attrs : n.attrs);
+  for (size_t i = 0; i < n.outputs.size(); ++i)
+    if (n.outputs[i]) {
+      c->outputs[i]->type = n.outputs[i]->type;
+      map[n.outputs[i]] = c->outputs[i];
+    }
+  return c;
+}
+
 Value* Graph::find_value(const std::string& name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : it->second;

@@ -78,6 +78,10 @@ class Graph {
   // Appends a node; outputs are new values with the given names (types filled by inference).
   Node* add_node(const OpDef* op, std::string node_name, std::vector<Value*> inputs,
                  const std::vector<std::string>& output_names, std::map<std::string, Attr> attrs = {});
+  // Appends a copy of `n` (of another graph) that reads `inputs`: its op, name, attributes (or
+  // `attrs` when given), output names and types; `map` gets each of n's outputs' copy.
+  Node* add_copy(const Node& n, std::vector<Value*> inputs, std::map<const Value*, Value*>& map,
+                 const std::map<std::string, Attr>* attrs = nullptr);
 
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
   std::vector<std::unique_ptr<Node>>& mutable_nodes() { return nodes_; }

@@ -199,14 +199,7 @@ BucketedGraph pad_to_bucket(const Graph& core, const std::string& symbol, int64_
       }
       ins.push_back(x);
     }
-    std::vector<std::string> names_out;
-    for (const Value* v : n.outputs) names_out.push_back(v ? v->name : std::string());
-    Node* c = o->add_node(n.op, n.name, std::move(ins), names_out, n.attrs);
-    for (size_t i = 0; i < n.outputs.size(); ++i)
-      if (n.outputs[i]) {
-        c->outputs[i]->type = n.outputs[i]->type;
-        map[n.outputs[i]] = c->outputs[i];
-      }
+    o->add_copy(n, std::move(ins), map);
   }
   for (const Value* v : g->outputs) o->outputs.push_back(map.at(v));
   out.graph = std::move(o);

@@ -383,14 +383,7 @@ PartitionPlan partition_graph(Graph& g) {
         }
         ins.push_back(it->second);
       }
-      std::vector<std::string> outs;
-      for (const Value* v : n->outputs) outs.push_back(v ? v->name : "");
-      Node* c = sub->add_node(n->op, n->name, std::move(ins), outs, n->attrs);
-      for (size_t i = 0; i < n->outputs.size(); ++i)
-        if (n->outputs[i]) {
-          c->outputs[i]->type = n->outputs[i]->type;
-          map[n->outputs[i]] = c->outputs[i];
-        }
+      sub->add_copy(*n, std::move(ins), map);
     }
     for (const Value* v : p.outputs) sub->outputs.push_back(map.at(v));
     p.graph = std::move(sub);
