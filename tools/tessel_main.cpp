@@ -666,8 +666,10 @@ bool check_functional(const std::string& model, const DataflowCompile& dc, const
 // `sim MODEL --hw H --buckets 64,128,256`: one compilation per bucket, each data set on the smallest
 // bucket that holds it, functionally checked and timed, with its padding waste (driver/buckets.h).
 int cmd_sim_buckets(const std::string& model, const std::string& target, const std::string& buckets, const std::string& symbol,
-                    const std::string& inputs, const std::string& json, const std::string& dtype, bool functional, int threads) {
+                    const std::string& inputs, const std::string& json, const std::string& dtype, bool functional, int threads,
+                    bool cpu) {
   BucketOptions o;
+  o.cpu = cpu;
   for (const std::string& b : comma_list(buckets)) {
     int64_t v = 0;
     const auto [p, ec] = std::from_chars(b.data(), b.data() + b.size(), v);
@@ -968,6 +970,8 @@ int main(int argc, char** argv) {
   std::string sim_buckets, sim_bucket_symbol, sim_inputs;
   sim->add_option("--buckets", sim_buckets, "a comma list of sizes: the model's size symbol (its inputs' dims that are not numbers) is padded to the smallest that holds each data set's value, with masks where padding would change a result; one compilation per bucket (docs/dynamic-shapes.md, \"Buckets\")");
   sim->add_option("--bucket-symbol", sim_bucket_symbol, "with --buckets: the symbol to pad when the model has several");
+  bool sim_bucket_cpu = false;
+  sim->add_flag("--cpu", sim_bucket_cpu, "with --buckets: also time the trade-off on the host CPU: one symbolic compilation at each length vs a static compilation of each bucket");
   sim->add_option("--inputs", sim_inputs, "with --buckets: a comma list of data-set folders (input_N.pb, output_N.pb; default: the model's test_data_set_0)");
 
   auto* land = app.add_subcommand("landscape", "One row per target for MODEL: time, utilisation, DRAM traffic, padding waste, scratchpad peak, compile time (the Accelerator Landscape Map)");
@@ -1135,7 +1139,7 @@ int main(int argc, char** argv) {
       if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
         throw Error(Location{}, "sim --buckets takes --hw, --inputs, --bucket-symbol, --json, --dtype and --threads");
       return cmd_sim_buckets(sim_model, sim_hw, sim_buckets, sim_bucket_symbol, sim_inputs, sim_json, sim_dtype, !sim_no_functional,
-                             sim_threads);
+                             sim_threads, sim_bucket_cpu);
     }
     if (*sim) return cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_threads, sim_dump,
                             sim_print_after);

@@ -47,7 +47,8 @@ class OnnxDynamic(unittest.TestCase):
             model, sets = onnx_dynamic.export("encoder_layer_seq", tmp)
             out = os.path.join(tmp, "buckets.json")
             p = subprocess.run([TESSEL_BINARY, "sim", model, "--hw", "spyre", "--buckets", "64,128,256", "--inputs",
-                                ",".join(sets), "--json", out], capture_output=True, text=True, timeout=600)
+                                ",".join(sets), "--cpu", "--threads", "2", "--json", out], capture_output=True, text=True,
+                               timeout=600)
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
             with open(out) as f:
                 r = json.load(f)
@@ -58,6 +59,9 @@ class OnnxDynamic(unittest.TestCase):
                 self.assertAlmostEqual(w["pad_fraction"], (w["bucket"] - w["length"]) / w["bucket"])
                 self.assertGreater(w["flops_padded"], w["flops"])
                 self.assertGreater(w["masks"], 0)
+                # --cpu: the same lengths by one symbolic CPU compilation and by each bucket's (both checked)
+                self.assertGreater(w["cpu_symbolic_ms"], 0)
+                self.assertGreater(w["cpu_bucket_ms"], 0)
 
     def test_a_size_outside_the_compiled_facts_is_refused(self):
         # A data set whose static dim differs from the model's: a one-line guard error, not a run.

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "tessel/ir/bind.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/bucket.h"
+#include "tessel/runtime/compiled_backend.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
@@ -95,6 +97,25 @@ BucketReport run_buckets(const std::string& model, const dataflow::HwSpec& hw, c
     BucketedGraph bucketed;
     DataflowRun run;
     double flops = 0;
+    std::unique_ptr<CompiledExecutable> cpu;  // the padded graph on the host (BucketOptions::cpu)
+  };
+  CompiledBackendOptions co;
+  co.threads = std::max(1, opts.threads);
+  std::unique_ptr<CompiledExecutable> cpu_symbolic;
+  if (opts.cpu) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu_symbolic = compile_cpu(instantiate_graph(*source, {}), {}, co);
+    r.cpu_symbolic_compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // Best of `repeat` calls, in ms.
+  auto best_ms = [&](CompiledExecutable& exe, const std::vector<Tensor>& ins) {
+    double best = 1e300;
+    for (int i = 0; i < std::max(1, opts.cpu_repeat); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      exe.run(ins);
+      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
   };
   std::map<std::pair<int64_t, Bindings>, Compiled> compiled;
   for (size_t k = 0; k < inputs.size(); ++k) {
@@ -120,6 +141,7 @@ BucketReport run_buckets(const std::string& model, const dataflow::HwSpec& hw, c
       std::unique_ptr<Graph> g = instantiate_graph(*c.bucketed.graph, {});
       KernelModule km = Lowering(PassOptions{}).fuse(std::move(g));
       c.run = simulate_dataflow(compile_dataflow(std::move(km), hw, opts.map));
+      if (opts.cpu) c.cpu = compile_cpu(instantiate_graph(*c.bucketed.graph, {}), {}, co);
       it = compiled.emplace(key, std::move(c)).first;
       ++r.compilations;
     }
@@ -129,27 +151,39 @@ BucketReport run_buckets(const std::string& model, const dataflow::HwSpec& hw, c
     row.pad_fraction = static_cast<double>(row.bucket - row.length) / static_cast<double>(row.bucket);
     row.flops_padded = c.flops;
     row.flops = graph_flops(*instantiate_graph(core, b));
+    // Inputs zero-padded to the bucket along the symbol's dims, the mask last.
+    std::vector<Tensor> padded;
+    for (size_t i = 0; i < ins.size(); ++i) padded.push_back(resized(ins[i], c.bucketed.graph->inputs[i]->type.shape));
+    Tensor valid(DType::boolean, {row.bucket});
+    for (int64_t p = 0; p < row.length; ++p) valid.set_i(p, 1);
+    padded.push_back(valid);
+    // Outputs (padded ones cut back to the length) within max_rel of eager's on the unpadded inputs.
+    std::vector<Tensor> want;
+    auto agrees = [&](const std::vector<Tensor>& got, double max_rel, double* worst) {
+      if (want.empty()) want = run_eager(*source, ins);
+      Tolerance tol;
+      tol.max_rel = max_rel;
+      bool ok = want.size() == got.size();
+      for (size_t i = 0; ok && i < want.size(); ++i) {
+        const Comparison cmp = compare_tensors(resized(got[i], want[i].shape()), want[i], tol);
+        ok = cmp.match;
+        if (worst) *worst = std::max(*worst, cmp.rel);
+      }
+      return ok;
+    };
+    if (opts.cpu) {
+      row.cpu_symbolic_ms = best_ms(*cpu_symbolic, ins);
+      row.cpu_bucket_ms = best_ms(*c.cpu, padded);
+      row.ok = agrees(cpu_symbolic->run(ins), 1e-4, nullptr) && agrees(c.cpu->run(padded), 1e-4, nullptr);
+    }
     if (opts.functional) {
-      // Inputs zero-padded to the bucket along the symbol's dims, the mask last.
-      std::vector<Tensor> padded;
-      for (size_t i = 0; i < ins.size(); ++i) padded.push_back(resized(ins[i], c.bucketed.graph->inputs[i]->type.shape));
-      Tensor valid(DType::boolean, {row.bucket});
-      for (int64_t p = 0; p < row.length; ++p) valid.set_i(p, 1);
-      padded.push_back(valid);
       tile::FunctionalOptions fo;
       fo.threads = std::max(1, opts.threads);
       tile::FunctionalResult fr = tile::run_functional(c.run.compile.program, c.run.compile.module, padded, fo);
-      const std::vector<Tensor> want = run_eager(*source, ins);
       const DType st = c.run.compile.program.float_dtype;
-      Tolerance tol;
-      tol.max_rel = row.tolerance = st == DType::bf16 ? 5e-2 : st == DType::f32 ? 1e-4 : 2e-2;
-      row.ok = want.size() == fr.outputs.size();
+      row.tolerance = st == DType::bf16 ? 5e-2 : st == DType::f32 ? 1e-4 : 2e-2;
       row.rel_err = 0;
-      for (size_t i = 0; row.ok && i < want.size(); ++i) {
-        const Comparison cmp = compare_tensors(resized(fr.outputs[i], want[i].shape()), want[i], tol);
-        row.ok = cmp.match;
-        row.rel_err = std::max(row.rel_err, cmp.rel);
-      }
+      row.ok = agrees(fr.outputs, row.tolerance, &row.rel_err) && row.ok;
     }
     r.rows.push_back(row);
   }
@@ -161,12 +195,21 @@ std::string bucket_table(const BucketReport& r) {
                               r.symbol, fmt::join(r.buckets, ","), r.compilations, r.compilations == 1 ? "" : "s");
   t += fmt::format("{:<28} {:<22} {:>7} {:>7} {:>8} {:>10} {:>11} {:>6} {:>10}  {}\n", "data set", "binding", "length", "bucket",
                    "padding", "FLOPs +", "sim us", "masks", "rel err", "check");
+  bool cpu = false;
   for (const BucketRow& w : r.rows)
     t += fmt::format("{:<28} {:<22} {:>7} {:>7} {:>7.1f}% {:>9.1f}% {:>11.2f} {:>6} {:>10} {}\n", display_text(w.data_set),
                      w.binding, w.length, w.bucket, 100 * w.pad_fraction,
                      w.flops > 0 ? 100 * (w.flops_padded / w.flops - 1) : 0.0, w.sim_us, w.masks,
                      w.rel_err < 0 ? std::string("-") : fmt::format("{:.2e}", w.rel_err),
                      w.rel_err < 0 ? "not run" : w.ok ? "PASS" : fmt::format("FAIL (tolerance {:.0e})", w.tolerance));
+  for (const BucketRow& w : r.rows) cpu = cpu || w.cpu_symbolic_ms >= 0;
+  if (!cpu) return t;
+  t += fmt::format("host CPU: one symbolic compilation ({:.2f} s) at each length vs a static compilation of each bucket\n",
+                   r.cpu_symbolic_compile_s);
+  t += fmt::format("{:<28} {:>7} {:>7} {:>13} {:>13} {:>9}\n", "data set", "length", "bucket", "symbolic ms", "bucket ms", "bucket/sym");
+  for (const BucketRow& w : r.rows)
+    t += fmt::format("{:<28} {:>7} {:>7} {:>13.3f} {:>13.3f} {:>9.2f}\n", display_text(w.data_set), w.length, w.bucket,
+                     w.cpu_symbolic_ms, w.cpu_bucket_ms, w.cpu_bucket_ms / w.cpu_symbolic_ms);
   return t;
 }
 
@@ -175,9 +218,10 @@ nlohmann::json bucket_json(const BucketReport& r) {
   for (const BucketRow& w : r.rows)
     rows.push_back({{"data_set", w.data_set}, {"binding", w.binding}, {"length", w.length}, {"bucket", w.bucket},
                     {"pad_fraction", w.pad_fraction}, {"flops", w.flops}, {"flops_padded", w.flops_padded},
-                    {"sim_us", w.sim_us}, {"masks", w.masks}, {"rel_err", w.rel_err}, {"tolerance", w.tolerance}, {"ok", w.ok}});
+                    {"sim_us", w.sim_us}, {"masks", w.masks}, {"rel_err", w.rel_err}, {"tolerance", w.tolerance}, {"ok", w.ok},
+                    {"cpu_symbolic_ms", w.cpu_symbolic_ms}, {"cpu_bucket_ms", w.cpu_bucket_ms}});
   return {{"model", r.model}, {"target", r.target}, {"symbol", r.symbol}, {"buckets", r.buckets},
-          {"compilations", r.compilations}, {"rows", rows}};
+          {"compilations", r.compilations}, {"cpu_symbolic_compile_s", r.cpu_symbolic_compile_s}, {"rows", rows}};
 }
 
 }  // namespace tessel

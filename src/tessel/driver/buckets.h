@@ -17,8 +17,12 @@ struct BucketOptions {
   std::string symbol;              // the symbol padded; empty: the model's only symbol, else an error
   std::vector<int64_t> buckets;    // sizes it is padded to
   tile::MapOptions map;
-  int threads = 1;                 // the functional run's library threads
+  int threads = 1;                 // the functional run's library threads (and the CPU's, with cpu)
   bool functional = true;
+  // The trade-off on the host CPU: each data set also run by one symbolic CPU compilation at its own
+  // size, and by a static CPU compilation of its bucket's padded graph (best of cpu_repeat calls each).
+  bool cpu = false;
+  int cpu_repeat = 20;
 };
 
 struct BucketRow {
@@ -31,12 +35,14 @@ struct BucketRow {
   double rel_err = -1, tolerance = 0;  // functional run vs eager (-1: not run)
   bool ok = true;
   int masks = 0;                   // operands read through a mask in the bucket's graph
+  double cpu_symbolic_ms = -1, cpu_bucket_ms = -1;  // BucketOptions::cpu (-1: not run)
 };
 
 struct BucketReport {
   std::string model, target, symbol;
   std::vector<int64_t> buckets;
   int compilations = 0;            // one per bucket (and binding of the other symbols) used
+  double cpu_symbolic_compile_s = 0;  // BucketOptions::cpu: the one symbolic CPU compilation
   std::vector<BucketRow> rows;
 };
 
