@@ -126,3 +126,33 @@ TEST(DynamicCompiled, SizesThatOverflowAreRefused) {
     }
   }
 }
+
+// A decode step's shape: one query row against a symbolic number of cached keys. The query's
+// projection has the same sizes at every length, so each new length's instance takes that library
+// call from the first and builds only the attention's two (whose N and K follow the length).
+TEST(DynamicCompiled, InstancesShareTheLibraryCallsWhoseSizesAgree) {
+  auto g = parse_graph(R"(graph @decode(%x: f32[1,64], %kv: f32[s0,64], %w: f32[64,64]) symbols(s0 in [1, 512]) {
+  %q: f32[1,64] = dot_general(%x, %w) {lhs_batch = ints[], lhs_contract = [1], rhs_batch = ints[], rhs_contract = [0]} loc("q_proj")
+  %s: f32[1,s0] = dot_general(%q, %kv) {lhs_batch = ints[], lhs_contract = [1], rhs_batch = ints[], rhs_contract = [1]} loc("scores")
+  %e: f32[1,s0] = tanh(%s) loc("tanh")
+  %y: f32[1,64] = dot_general(%e, %kv) {lhs_batch = ints[], lhs_contract = [1], rhs_batch = ints[], rhs_contract = [0]} loc("values")
+  return %y
+}
+)",
+                       "decode.tsl");
+  const auto original = parse_graph(print_graph(*g), "decode.tsl");
+  // the projection's weights as a constant, as a model's are
+  g->inputs.pop_back();
+  Value* w = g->find_value("w");
+  w->is_input = false;
+  w->constant = varied_f32({64, 64}, 5);
+  auto exe = compile_cpu(std::move(g), {}, options());
+  const Tensor x = varied_f32({1, 64}, 1);
+  for (int64_t len : {3, 5, 9}) {
+    const Tensor kv = varied_f32({len, 64}, static_cast<uint32_t>(len));
+    const std::vector<Tensor> got = exe->run({x, kv});
+    expect_close(got[0], run_eager(*original, {x, kv, varied_f32({64, 64}, 5)})[0], 1e-5, fmt::format("length {}", len));
+  }
+  EXPECT_EQ(exe->stats().instances, 3);
+  EXPECT_EQ(exe->stats().library_reused, 2) << "the projection, taken by the second and third instances";
+}

@@ -43,8 +43,8 @@ struct CompiledExecutable::Launch {
   std::vector<int> value_ids;                  // per non-scratch arg: the graph value id
   std::vector<std::vector<uint8_t>> scratch;   // per scratch arg
   std::vector<int> scratch_arg;
-  std::unique_ptr<cpu::Matmul> matmul;
-  std::unique_ptr<cpu::Conv2d> conv;
+  std::shared_ptr<cpu::Matmul> matmul;         // shared between a symbolic executable's instances
+  std::shared_ptr<cpu::Conv2d> conv;
   int threads = 1;
   size_t kernel_index = 0;
   const long* sz = nullptr;                    // the size symbols' values (a symbolic module's instance)
@@ -90,6 +90,54 @@ struct CompiledExecutable::Launch {
   }
 };
 
+// oneDNN primitives by kernel and concrete descriptor (sizes, strides, weights, bias and epilogue),
+// the most recent kLimit of each kind kept; the instances that use one keep it alive.
+class PrimitiveCache {
+ public:
+  static constexpr size_t kLimit = 512;
+  std::shared_ptr<cpu::Matmul> matmul(size_t kid, const cpu::MatmulDesc& d) { return find(matmuls_, key(kid, d)); }
+  std::shared_ptr<cpu::Conv2d> conv(size_t kid, const cpu::ConvDesc& d) { return find(convs_, key(kid, d)); }
+  void keep(size_t kid, const cpu::MatmulDesc& d, std::shared_ptr<cpu::Matmul> p) { put(matmuls_, key(kid, d), std::move(p)); }
+  void keep(size_t kid, const cpu::ConvDesc& d, std::shared_ptr<cpu::Conv2d> p) { put(convs_, key(kid, d), std::move(p)); }
+  int reused = 0;
+
+ private:
+  template <typename T>
+  using Lru = std::list<std::pair<std::string, std::shared_ptr<T>>>;
+  Lru<cpu::Matmul> matmuls_;
+  Lru<cpu::Conv2d> convs_;
+
+  static std::string epilogue_key(const cpu::Epilogue& e) {
+    return fmt::format("{} {} {} {} {} {}", e.alpha, e.accumulate, static_cast<int>(e.act), e.clip_lo, e.clip_hi, e.slope);
+  }
+  static std::string key(size_t kid, const cpu::MatmulDesc& d) {
+    return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", kid, d.batch, d.M, d.N, d.K, d.a_batch, d.a_m, d.a_k,
+                       d.b_batch, d.b_k, d.b_n, d.c_batch, d.c_m, d.c_n, static_cast<const void*>(d.constant_b),
+                       static_cast<const void*>(d.bias), epilogue_key(d.epilogue));
+  }
+  static std::string key(size_t kid, const cpu::ConvDesc& d) {
+    return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", kid, d.N, d.C, d.H, d.W, d.OC, d.KH,
+                       d.KW, d.OH, d.OW, d.stride_h, d.stride_w, d.pad_top, d.pad_left, d.pad_bottom, d.pad_right, d.dil_h,
+                       d.dil_w, d.groups, static_cast<const void*>(d.weights), static_cast<const void*>(d.bias),
+                       d.src_nhwc, d.dst_nhwc, epilogue_key(d.epilogue));
+  }
+  template <typename T>
+  std::shared_ptr<T> find(Lru<T>& l, const std::string& k) {
+    for (auto it = l.begin(); it != l.end(); ++it)
+      if (it->first == k) {
+        l.splice(l.begin(), l, it);
+        ++reused;
+        return l.front().second;
+      }
+    return nullptr;
+  }
+  template <typename T>
+  void put(Lru<T>& l, std::string k, std::shared_ptr<T> p) {
+    l.emplace_front(std::move(k), std::move(p));
+    if (l.size() > kLimit) l.pop_back();
+  }
+};
+
 // A symbolic compilation (docs/dynamic-shapes.md): the kernel module with symbolic sizes, the one
 // shared object its generated code is in, and the instances built for bindings, most recent first.
 struct CompiledExecutable::Symbolic {
@@ -103,6 +151,7 @@ struct CompiledExecutable::Symbolic {
   // Most recent first, keyed by the symbols' values in `symbols`' order.
   std::list<std::pair<std::vector<int64_t>, std::unique_ptr<CompiledExecutable>>> instances;
   std::map<std::string, cpu::PackedWeights> packings;  // weights packed once for every instance (Builder)
+  PrimitiveCache primitives;                           // library calls shared by the instances (Builder)
 
   CompiledExecutable& instance(const std::vector<int64_t>& values, CompiledCompileStats& st);
 };
@@ -154,6 +203,10 @@ struct CompiledExecutable::Builder {
   // layout text is checked), so an M that packs otherwise gets its own.
   std::map<std::string, cpu::PackedWeights>* shared = &own_packing;
   bool key_m = true;
+  // A symbolic executable's library calls by kernel and concrete descriptor, for every instance: a
+  // binding that changes only some calls' sizes (a decode step's attention, not its projections)
+  // builds only those (null: a primitive per launch).
+  PrimitiveCache* primitives = nullptr;
 
   // Which constant bytes a matmul's B or a convolution's weights are, and how the kernel reads them
   // (the same bytes read transposed are other weights): kernels with equal keys pack identically.
@@ -219,9 +272,13 @@ struct CompiledExecutable::Builder {
         const Value* bv = n.inputs[static_cast<size_t>(k.mm.b)];
         if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset, d.prepacked_b = packed;
         if (lib) d.bias = bias, d.epilogue = le.epilogue;
-        L->matmul = std::make_unique<cpu::Matmul>(d);
-        st.prepacked += L->matmul->used_prepacked() && !from_shared;
-        st.shared_packings += L->matmul->used_prepacked() && from_shared;
+        L->matmul = primitives ? primitives->matmul(kid, d) : nullptr;
+        if (!L->matmul) {
+          L->matmul = std::make_shared<cpu::Matmul>(d);
+          st.prepacked += L->matmul->used_prepacked() && !from_shared;
+          st.shared_packings += L->matmul->used_prepacked() && from_shared;
+          if (primitives) primitives->keep(kid, d, L->matmul);
+        }
       } else if (k.kind == KernelKind::conv) {
         const ConvSpec& c = k.conv;
         cpu::ConvDesc d = cpu::conv_desc(c);
@@ -229,9 +286,13 @@ struct CompiledExecutable::Builder {
         d.prepacked = packed;
         d.bias = nullptr;
         if (lib) d.bias = bias, d.epilogue = le.epilogue;
-        L->conv = std::make_unique<cpu::Conv2d>(d);
-        st.prepacked += L->conv->used_prepacked() && !from_shared;
-        st.shared_packings += L->conv->used_prepacked() && from_shared;
+        L->conv = primitives ? primitives->conv(kid, d) : nullptr;
+        if (!L->conv) {
+          L->conv = std::make_shared<cpu::Conv2d>(d);
+          st.prepacked += L->conv->used_prepacked() && !from_shared;
+          st.shared_packings += L->conv->used_prepacked() && from_shared;
+          if (primitives) primitives->keep(kid, d, L->conv);
+        }
       }
     } catch (const Error& e) {
       throw e.with_context(Location{.node = n.name, .op = std::string(kernel_kind_name(k.kind)), .pass = "compile"});
@@ -373,6 +434,7 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int
   CompiledExecutable::Builder bld{*ce, {}};
   bld.shared = &packings;
   bld.key_m = false;
+  bld.primitives = &primitives;
   GraphBackendOptions go;
   go.pipeline = "";  // the module is already the kernel level
   go.custom_kernel = [&](const Node& n) { return bld.launch(n); };
@@ -390,6 +452,7 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int
   st.compile_seconds = seconds_since(t0);
   owner.instances++;
   owner.instance_seconds += st.compile_seconds;
+  owner.library_reused = primitives.reused;
   owner.graph = st.graph;
   owner.library_seconds += st.library_seconds;
   owner.bytes_unfused = st.bytes_unfused, owner.bytes_fused = st.bytes_fused;

@@ -63,6 +63,7 @@ struct CompiledCompileStats {
   std::vector<std::string> symbols;
   int instances = 0;
   double instance_seconds = 0;
+  int library_reused = 0;              // library calls an instance took from an earlier one (same sizes)
 };
 
 // Whether loop kernel `k` may write its output `out` over the buffers of its inputs `ins` (node
