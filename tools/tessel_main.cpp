@@ -401,9 +401,7 @@ int cmd_run_dynamic(const std::string& model, const std::string& inputs_dirs, bo
     for (const Tensor& t : ins) shapes.push_back(t.shape());
     Bindings b;
     if (std::string why = bind_symbols(g, shapes, b); !why.empty()) throw Error(Location{.file = dir, .pass = "guard"}, why);
-    std::string syms;
-    for (const auto& [name, v] : b) syms += fmt::format("{}{} = {}", syms.empty() ? "" : ", ", name, v);
-    fmt::print("{}: {}\n", dir, syms.empty() ? "no symbols" : syms);
+    fmt::print("{}: {}\n", dir, b.empty() ? "no symbols" : binding_str(b));
     std::vector<Tensor> outs;
     if (exe) {
       const double before = exe->stats().instance_seconds;

@@ -15,7 +15,6 @@
 #include "tessel/runtime/compiled_backend.h"
 #include "tessel/runtime/cuda_backend.h"
 #include "tessel/targets/cuda/toolchain.h"
-#include "tessel/ir/bind.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
@@ -375,16 +374,8 @@ class WholeExecutable {
     std::vector<Tensor> outs;
     {
       py::gil_scoped_release nogil;
-      if (compiled_) {
-        outs = compiled_->run(ins);
-      } else {
-        std::vector<Shape> shapes;
-        for (const Tensor& t : ins) shapes.push_back(t.shape());
-        Bindings b;
-        if (std::string why = bind_symbols(*graph_, shapes, b); !why.empty())
-          throw GuardFailure(Location{.pass = "guard"}, why);
-        outs = run_eager(*graph_, ins);
-      }
+      // Either one raises GuardFailure for shapes outside the symbols' facts.
+      outs = compiled_ ? compiled_->run(ins) : run_eager(*graph_, ins);
     }
     return arrays_of(outs);
   }

@@ -61,12 +61,6 @@ double graph_flops(const Graph& g) {
   return f;
 }
 
-std::string binding_text(const Bindings& b) {
-  std::string s;
-  for (const auto& [k, v] : b) s += fmt::format("{}{} = {}", s.empty() ? "" : ", ", k, v);
-  return s;
-}
-
 }  // namespace
 
 BucketReport run_buckets(const std::string& model, const dataflow::HwSpec& hw, const std::vector<std::vector<Tensor>>& inputs,
@@ -127,7 +121,7 @@ BucketReport run_buckets(const std::string& model, const dataflow::HwSpec& hw, c
       throw Error(Location{.file = names[k], .pass = "guard"}, why);
     BucketRow row;
     row.data_set = names[k];
-    row.binding = binding_text(b);
+    row.binding = binding_str(b);
     row.length = b.at(r.symbol);
     row.bucket = choose_bucket(opts.buckets, row.length);
     Bindings others = b;

@@ -22,13 +22,6 @@ std::optional<std::string> bare_symbol(const Dim& d) {
   return t.syms[0];
 }
 
-Dims substitute_dims(const Dims& ds, const Bindings& b) {
-  Dims out;
-  out.reserve(ds.size());
-  for (const Dim& d : ds) out.push_back(d.substitute(b));
-  return out;
-}
-
 }  // namespace
 
 SymbolBinder::SymbolBinder(const Graph& g) : symbols_(graph_symbols(g)) {
@@ -103,10 +96,7 @@ std::string SymbolBinder::bind(const std::vector<Shape>& shapes, std::vector<int
   for (size_t k = 0; k < symbols_.size(); ++k) {
     // Symbols the inputs never name (an attribute's) cannot be bound from a call.
     if (!bound_[k]) return fmt::format("size symbol {} is named by no input dim, so a call cannot give it a value", symbols_[k]);
-    const SymbolInfo& f = facts_[k];
-    const int64_t v = values[k];
-    if (v < f.lo || v > f.hi) return fmt::format("{} = {} is outside the compiled range [{}, {}]", f.name, v, f.lo, f.hi);
-    if (v % f.multiple_of != 0) return fmt::format("{} = {} is not a multiple of {}", f.name, v, f.multiple_of);
+    if (std::string why = facts_[k].violation(values[k]); !why.empty()) return why;
   }
   return {};
 }
@@ -117,6 +107,12 @@ std::string bind_symbols(const Graph& g, const std::vector<Shape>& shapes, Bindi
   std::string why = binder.bind(shapes, values);
   out = why.empty() ? binder.bindings(values) : Bindings{};
   return why;
+}
+
+std::string binding_str(const Bindings& b) {
+  std::string s;
+  for (const auto& [name, v] : b) s += fmt::format("{}{} = {}", s.empty() ? "" : ", ", name, v);
+  return s;
 }
 
 std::vector<std::string> graph_symbols(const Graph& g) {
@@ -153,15 +149,7 @@ std::unique_ptr<Graph> instantiate_graph(const Graph& g, const Bindings& b) {
     if (v->constant && !v->producer && !v->is_input) map[v.get()] = out->add_constant(v->name, *v->constant);
   for (const auto& n : g.nodes()) {
     std::vector<Value*> ins;
-    for (const Value* v : n->inputs) {
-      if (!v) {
-        ins.push_back(nullptr);
-        continue;
-      }
-      auto it = map.find(v);
-      if (it == map.end()) throw Error(Location{.node = n->name, .pass = "instantiate"}, "an operand is defined after its use");
-      ins.push_back(it->second);
-    }
+    for (const Value* v : n->inputs) ins.push_back(v ? map.at(v) : nullptr);  // (nodes are in topological order)
     std::map<std::string, Attr> attrs = n->attrs;
     for (auto& [k, a] : attrs)
       if (const Dims* d = std::get_if<Dims>(&a)) a = dims_attr(substitute_dims(*d, b));

@@ -25,6 +25,9 @@ std::string bind_symbols(const Graph& g, const std::vector<Shape>& input_shapes,
 // evaluates negative or overflows.
 std::unique_ptr<Graph> instantiate_graph(const Graph& g, const Bindings& b);
 
+// "batch = 2, seq = 50": a binding as messages and reports show it.
+std::string binding_str(const Bindings& b);
+
 // Every symbol the graph's types and attributes name, sorted (those declared in g.symbols included).
 std::vector<std::string> graph_symbols(const Graph& g);
 

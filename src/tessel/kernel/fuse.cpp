@@ -32,9 +32,9 @@ namespace {
 
 bool is_core(const Node& n) { return n.op->domain == "tessel.core"; }
 
-// Every size known (static, or symbolic: docs/dynamic-shapes.md) and non-empty: kernels are not
-// generated for values without elements.
-bool static_value(const Value* v) {
+// Every size known (static, or symbolic: docs/dynamic-shapes.md; not a data-dependent `?`) and
+// non-empty: kernels are not generated for values without elements.
+bool sized_value(const Value* v) {
   if (!v || !v->type.dims_defined()) return false;
   return provably_positive(dims_numel(v->type.dims()));
 }
@@ -42,11 +42,11 @@ Dims dims(const Value* v) { return v->type.dims(); }
 // Whether a size is statically at most 1 (a symbolic one is >= 1 and may be more).
 bool at_most_one(const Dim& d) { return d.is_static() && d.constant_term() <= 1; }
 
-bool static_node(const Node& n) {
+bool sized_node(const Node& n) {
   for (const Value* v : n.inputs)
-    if (v && !static_value(v)) return false;
+    if (v && !sized_value(v)) return false;
   for (const Value* v : n.outputs)
-    if (!v || !static_value(v)) return false;
+    if (!v || !sized_value(v)) return false;
   return !n.outputs.empty();
 }
 
@@ -163,7 +163,7 @@ View row_major_view(const Value* v) {
 
 // The view ops between v and the value they view (outermost first, in `chain`); returns that value.
 const Value* view_chain(const Value* v, std::vector<const Node*>* chain) {
-  while (v->producer && is_core(*v->producer) && static_node(*v->producer) && is_view_op(v->producer->op->name) &&
+  while (v->producer && is_core(*v->producer) && sized_node(*v->producer) && is_view_op(v->producer->op->name) &&
          v->producer->inputs[0]) {
     chain->push_back(v->producer);
     v = v->producer->inputs[0];
@@ -188,7 +188,7 @@ std::optional<bool> conv_read_layout(const View& v, const Dims& s) {
 void densify_library_constants(Graph& g) {
   for (const auto& np : g.nodes()) {
     Node& n = *np;
-    if (!is_core(n) || !static_node(n)) continue;
+    if (!is_core(n) || !sized_node(n)) continue;
     std::vector<size_t> operands;
     if (is_core_op(n, CoreOp::dot_general)) {
       operands = {0, 1};
@@ -202,7 +202,7 @@ void densify_library_constants(Graph& g) {
       if (!v || v->constant) continue;
       std::vector<const Node*> chain;
       const Value* root = view_chain(v, &chain);
-      if (chain.empty() || !root->constant || !static_value(root) || v->type.symbolic()) continue;
+      if (chain.empty() || !root->constant || !sized_value(root) || v->type.symbolic()) continue;
       View view = row_major_view(root);
       bool ok = true;
       for (auto it = chain.rbegin(); it != chain.rend() && ok; ++it) {
@@ -281,7 +281,7 @@ void channels_last_copy(Graph& g, Node* conv) {
 void densify_conv_inputs(Graph& g) {
   std::vector<Node*> convs;
   for (const auto& np : g.nodes())
-    if (is_core(*np) && static_node(*np) && is_core_op(*np, CoreOp::convolution) && np->inputs.size() >= 2 &&
+    if (is_core(*np) && sized_node(*np) && is_core_op(*np, CoreOp::convolution) && np->inputs.size() >= 2 &&
         np->inputs[0] && np->inputs[0]->type.dtype == DType::f32 && np->inputs[1] && np->inputs[1]->constant)
       convs.push_back(np.get());
   bool added = false;
@@ -294,7 +294,7 @@ void densify_conv_inputs(Graph& g) {
       added = true;
       continue;
     }
-    if (chain.empty() || root->constant || !static_value(root)) continue;
+    if (chain.empty() || root->constant || !sized_value(root)) continue;
     // A view op that cannot fold (a reshape merging transposed dims) materialises its result, which
     // the rest of the chain then views.
     View view = row_major_view(root);
@@ -434,7 +434,7 @@ struct Fuser {
 
   // A node that may run channels-last outside every kernel (can_run_channels_last), and one that will:
   // its operands and result all chose NHWC.
-  bool layout_step(const Node& n) const { return opts.layout_steps && static_node(n) && can_run_channels_last(n); }
+  bool layout_step(const Node& n) const { return opts.layout_steps && sized_node(n) && can_run_channels_last(n); }
   bool nhwc_step(const Node& n) const {
     if (!layout_step(n) || !nhwc[n.outputs[0]->id]) return false;
     for (const Value* u : n.inputs)
@@ -448,14 +448,14 @@ struct Fuser {
       for (const Value* u : n->inputs)
         if (u) consumers[u].push_back(n.get());
     auto is_conv = [&](const Node& n) {
-      return opts.matmul && is_core(n) && static_node(n) && is_core_op(n, CoreOp::convolution) && conv_spec(n).has_value();
+      return opts.matmul && is_core(n) && sized_node(n) && is_core_op(n, CoreOp::convolution) && conv_spec(n).has_value();
     };
     auto readers_ok = [&](const Value* v) {
       if (std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) return false;
       auto it = consumers.find(v);
       if (it == consumers.end()) return false;
       for (const Node* c : it->second) {
-        if (!is_core(*c) || !static_node(*c)) return false;
+        if (!is_core(*c) || !sized_node(*c)) return false;
         if (is_conv(*c) && c->inputs[0] == v && c->inputs[1] != v) continue;
         if (pointwise_ok(*c) || reduce_ok(*c) || layout_step(*c)) continue;
         return false;
@@ -466,27 +466,27 @@ struct Fuser {
       const Node& n = *up;
       if (n.outputs.size() != 1 || !n.outputs[0]) continue;
       const Value* v = n.outputs[0];
-      if (!static_value(v) || v->type.shape.size() != 4 || v->type.dtype != DType::f32) continue;
+      if (!sized_value(v) || v->type.shape.size() != 4 || v->type.dtype != DType::f32) continue;
       bool source = false;
       if (is_conv(n)) {
         source = true;
       } else if (layout_step(n)) {
         source = true;  // every operand channels-last (layout_violations undoes a step left half-way)
         for (const Value* u : n.inputs) source = source && nhwc[u->id];
-      } else if (is_core(n) && static_node(n) && pointwise_ok(n)) {
+      } else if (is_core(n) && sized_node(n) && pointwise_ok(n)) {
         for (const Value* u : n.inputs) source = source || (nhwc[u->id] && u->type == TensorType::of(u->type.dtype, dims(v)));
       }
       if (source && readers_ok(v) && !row_major_only.count(v->id)) nhwc[v->id] = true;
     }
     for (const auto& up : g.nodes()) {
       const Node& n = *up;
-      if (!opts.matmul || !is_core(n) || !static_node(n) || !is_core_op(n, CoreOp::dot_general)) continue;
+      if (!opts.matmul || !is_core(n) || !sized_node(n) || !is_core_op(n, CoreOp::dot_general)) continue;
       const Value* v = n.outputs[0];
       if (v->type.dtype != DType::f32 || std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end()) continue;
       auto it = consumers.find(v);
       if (it == consumers.end() || it->second.size() != 1) continue;
       const Node& t = *it->second[0];
-      if (!is_core(t) || !is_core_op(t, CoreOp::transpose) || !static_node(t)) continue;
+      if (!is_core(t) || !is_core_op(t, CoreOp::transpose) || !sized_node(t)) continue;
       const Value* tv = t.outputs[0];
       auto jt = consumers.find(tv);
       if (jt == consumers.end() || std::find(g.outputs.begin(), g.outputs.end(), tv) != g.outputs.end()) continue;
@@ -510,7 +510,7 @@ struct Fuser {
     for (const auto& v : g.values()) views[v->id].root = v.get();
     decide_layouts();  // reads roots and offsets only
     for (const auto& v : g.values()) {
-      if (!static_value(v.get())) continue;
+      if (!sized_value(v.get())) continue;
       views[v->id].strides = physical_strides(v.get());
       const Dims s = dims(v.get());
       for (size_t d = 0; d < s.size(); ++d)
@@ -748,7 +748,7 @@ struct Fuser {
     init();
     for (const auto& up : g.nodes()) {
       const Node& n = *up;
-      if (is_core(n) && static_node(n) && is_view_op(n.op->name) && n.inputs[0]) {
+      if (is_core(n) && sized_node(n) && is_view_op(n.op->name) && n.inputs[0]) {
         if (auto v = view_of(n, views[n.inputs[0]->id])) {
           views[n.outputs[0]->id] = *v;
           is_view[n.outputs[0]->id] = true;
@@ -757,7 +757,7 @@ struct Fuser {
           continue;
         }
       }
-      if (!is_core(n) || !static_node(n)) {
+      if (!is_core(n) || !sized_node(n)) {
         propagate_deps(n);
         continue;
       }

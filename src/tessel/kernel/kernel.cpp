@@ -35,18 +35,35 @@ int Kernel::num_outputs() const {
 }
 Dim Kernel::outer_count() const { return dims_numel(outer); }
 Dim Kernel::inner_count() const { return dims_numel(inner); }
+namespace {
+
+// Calls f on every size of kernel k that may be symbolic (loop dims, traffic, access maps, the library
+// call's sizes and strides); a kernel arg's type is f's too, through `on_type`.
+template <typename K, typename F, typename T>
+void each_size(K& k, F f, T on_type) {
+  for (auto& d : k.outer) f(d);
+  for (auto& d : k.inner) f(d);
+  f(k.bytes_unfused);
+  f(k.bytes_fused);
+  for (auto& a : k.accesses) {
+    f(a.offset);
+    for (auto& d : a.strides) f(d);
+  }
+  for (auto& a : k.args) on_type(a.type);
+  auto& m = k.mm;
+  for (auto* d : {&m.batch, &m.m, &m.n, &m.k, &m.a_offset, &m.a_batch, &m.a_m, &m.a_k, &m.b_offset, &m.b_batch, &m.b_k, &m.b_n,
+                  &m.c_batch, &m.c_m, &m.c_n})
+    f(*d);
+  f(k.conv.n);
+}
+
+}  // namespace
+
 bool Kernel::symbolic() const {
-  auto sym = [](const Dims& ds) { return !dims_static(ds); };
-  if (sym(outer) || sym(inner) || bytes_unfused.is_symbolic() || bytes_fused.is_symbolic()) return true;
-  for (const KAccess& a : accesses)
-    if (a.offset.is_symbolic() || sym(a.strides)) return true;
-  for (const KArg& a : args)
-    if (a.type.symbolic()) return true;
-  const MatmulSpec& m = mm;
-  for (const Dim* d : {&m.batch, &m.m, &m.n, &m.k, &m.a_offset, &m.a_batch, &m.a_m, &m.a_k, &m.b_offset, &m.b_batch, &m.b_k,
-                       &m.b_n, &m.c_batch, &m.c_m, &m.c_n})
-    if (d->is_symbolic()) return true;
-  return conv.n.is_symbolic();
+  bool any = false;
+  each_size(*this, [&](const Dim& d) { any = any || d.is_symbolic(); },
+            [&](const TensorType& t) { any = any || t.symbolic(); });
+  return any;
 }
 bool Kernel::splits_inner() const {
   if (!outer.empty() || phases != 1 || inner.size() != 1) return false;
@@ -603,32 +620,10 @@ void verify_kernel(const Kernel& k) {
   }
 }
 
-namespace {
-
-Dims subst(const Dims& ds, const Bindings& b) {
-  Dims out;
-  for (const Dim& d : ds) out.push_back(d.substitute(b));
-  return out;
-}
-
-}  // namespace
-
 Kernel instantiate_kernel(const Kernel& k, const Bindings& b) {
   Kernel c = k;
-  c.outer = subst(k.outer, b);
-  c.inner = subst(k.inner, b);
-  c.bytes_unfused = k.bytes_unfused.substitute(b);
-  c.bytes_fused = k.bytes_fused.substitute(b);
-  for (KAccess& a : c.accesses) {
-    a.offset = a.offset.substitute(b);
-    a.strides = subst(a.strides, b);
-  }
-  for (KArg& a : c.args) a.type = TensorType::of(a.type.dtype, subst(a.type.dims(), b));
-  MatmulSpec& m = c.mm;
-  for (Dim* d : {&m.batch, &m.m, &m.n, &m.k, &m.a_offset, &m.a_batch, &m.a_m, &m.a_k, &m.b_offset, &m.b_batch, &m.b_k, &m.b_n,
-                 &m.c_batch, &m.c_m, &m.c_n})
-    *d = d->substitute(b);
-  c.conv.n = k.conv.n.substitute(b);
+  each_size(c, [&](Dim& d) { d = d.substitute(b); },
+            [&](TensorType& t) { t = TensorType::of(t.dtype, substitute_dims(t.dims(), b)); });
   if (c.symbolic()) throw Error(Location{.node = k.name, .op = "kernel", .pass = "instantiate"}, "a size symbol has no value");
   verify_kernel(c);
   return c;

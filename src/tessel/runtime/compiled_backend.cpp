@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <list>
+#include <type_traits>
 #include <map>
 #include <set>
 #include <thread>
@@ -48,6 +49,9 @@ struct CompiledExecutable::Launch {
   int threads = 1;
   size_t kernel_index = 0;
   const long* sz = nullptr;                    // the size symbols' values (a symbolic module's instance)
+  // The kernel's parallel range and loop points (outer x inner x phases), worked out once: a launch's
+  // kernel has static sizes (an instance's are instantiated).
+  int64_t extent = 0, work = 0;
 
   void operator()(KernelEnv& env) {
     const Kernel& k = *kernel;
@@ -73,8 +77,7 @@ struct CompiledExecutable::Launch {
       fmt::print(stderr, "profile {:>9.3f} ms    library {} ({})\n", seconds_since(tl) * 1e3,
                  matmul ? cpu::matmul_str(matmul->desc()) : cpu::conv_str(conv->desc()), matmul ? matmul->impl() : conv->impl());
     if (!fn) return;
-    const int64_t n = k.parallel_extent();
-    const int64_t work = k.outer_count() * k.inner_count() * k.phases;
+    const int64_t n = extent;
     if (threads <= 1 || n < 2 || work < kParallelMinElements) {
       fn(args, sz, 0, static_cast<long>(n));
       return;
@@ -95,10 +98,26 @@ struct CompiledExecutable::Launch {
 class PrimitiveCache {
  public:
   static constexpr size_t kLimit = 512;
-  std::shared_ptr<cpu::Matmul> matmul(size_t kid, const cpu::MatmulDesc& d) { return find(matmuls_, key(kid, d)); }
-  std::shared_ptr<cpu::Conv2d> conv(size_t kid, const cpu::ConvDesc& d) { return find(convs_, key(kid, d)); }
-  void keep(size_t kid, const cpu::MatmulDesc& d, std::shared_ptr<cpu::Matmul> p) { put(matmuls_, key(kid, d), std::move(p)); }
-  void keep(size_t kid, const cpu::ConvDesc& d, std::shared_ptr<cpu::Conv2d> p) { put(convs_, key(kid, d), std::move(p)); }
+  // The primitive of kernel `kid` for descriptor d (cpu::Matmul for a MatmulDesc, cpu::Conv2d for a
+  // ConvDesc): the kept one, or nullptr.
+  template <typename P, typename D>
+  std::shared_ptr<P> find(size_t kid, const D& d) {
+    Lru<P>& l = lru<P>();
+    const std::string k = key(kid, d);
+    for (auto it = l.begin(); it != l.end(); ++it)
+      if (it->first == k) {
+        l.splice(l.begin(), l, it);
+        ++reused;
+        return l.front().second;
+      }
+    return nullptr;
+  }
+  template <typename P, typename D>
+  void keep(size_t kid, const D& d, std::shared_ptr<P> p) {
+    Lru<P>& l = lru<P>();
+    l.emplace_front(key(kid, d), std::move(p));
+    if (l.size() > kLimit) l.pop_back();
+  }
   int reused = 0;
 
  private:
@@ -106,6 +125,11 @@ class PrimitiveCache {
   using Lru = std::list<std::pair<std::string, std::shared_ptr<T>>>;
   Lru<cpu::Matmul> matmuls_;
   Lru<cpu::Conv2d> convs_;
+  template <typename P>
+  Lru<P>& lru() {
+    if constexpr (std::is_same_v<P, cpu::Matmul>) return matmuls_;
+    else return convs_;
+  }
 
   static std::string epilogue_key(const cpu::Epilogue& e) {
     return fmt::format("{} {} {} {} {} {}", e.alpha, e.accumulate, static_cast<int>(e.act), e.clip_lo, e.clip_hi, e.slope);
@@ -121,40 +145,39 @@ class PrimitiveCache {
                        d.dil_w, d.groups, static_cast<const void*>(d.weights), static_cast<const void*>(d.bias),
                        d.src_nhwc, d.dst_nhwc, epilogue_key(d.epilogue));
   }
-  template <typename T>
-  std::shared_ptr<T> find(Lru<T>& l, const std::string& k) {
-    for (auto it = l.begin(); it != l.end(); ++it)
-      if (it->first == k) {
-        l.splice(l.begin(), l, it);
-        ++reused;
-        return l.front().second;
-      }
-    return nullptr;
-  }
-  template <typename T>
-  void put(Lru<T>& l, std::string k, std::shared_ptr<T> p) {
-    l.emplace_front(std::move(k), std::move(p));
-    if (l.size() > kLimit) l.pop_back();
-  }
 };
 
 // A symbolic compilation (docs/dynamic-shapes.md): the kernel module with symbolic sizes, the one
 // shared object its generated code is in, and the instances built for bindings, most recent first.
+// The epilogue decisions, source and shared object are the owning executable's (in_library_, library_,
+// source_, so_), made once on the symbolic kernels.
 struct CompiledExecutable::Symbolic {
   KernelModule module;
-  std::vector<std::string> symbols;               // the generated code's sz[] order
-  std::vector<bool> in_library;                   // decided once, on the symbolic kernels
-  std::vector<cpu::LibraryEpilogue> library;
-  std::shared_ptr<cpu::SharedObject> so;
   CompiledBackendOptions opts;
-  std::unique_ptr<SymbolBinder> binder;           // the module graph's inputs: a call's values, per symbol
+  // The module graph's inputs: a call's values per symbol, in the order of the generated code's sz[].
+  std::unique_ptr<SymbolBinder> binder;
   // Most recent first, keyed by the symbols' values in `symbols`' order.
   std::list<std::pair<std::vector<int64_t>, std::unique_ptr<CompiledExecutable>>> instances;
   std::map<std::string, cpu::PackedWeights> packings;  // weights packed once for every instance (Builder)
   PrimitiveCache primitives;                           // library calls shared by the instances (Builder)
 
-  CompiledExecutable& instance(const std::vector<int64_t>& values, CompiledCompileStats& st);
+  CompiledExecutable& instance(const std::vector<int64_t>& values, CompiledExecutable& owner);
 };
+
+namespace {
+
+// The kernel counts of the stats, and the core nodes no kernel covers.
+void count_kernels(const std::vector<Kernel>& kernels, const Graph& g, CompiledCompileStats& st) {
+  for (const Kernel& k : kernels) {
+    st.kernels++;
+    st.loop_kernels += k.kind == KernelKind::loop;
+    st.matmul_kernels += k.kind == KernelKind::matmul;
+    st.conv_kernels += k.kind == KernelKind::conv;
+  }
+  for (const auto& n : g.nodes()) st.core_nodes_left += n->op->domain == "tessel.core";
+}
+
+}  // namespace
 
 bool loop_writes_over_input(const Kernel& k, const std::vector<int>& ins, int out) {
   if (k.kind != KernelKind::loop || k.phases != 1 || out < 0 || out >= k.num_outputs()) return false;
@@ -228,6 +251,19 @@ struct CompiledExecutable::Builder {
     return {};
   }
 
+  // The library primitive of kernel `kid` for d: one an earlier instance built for the same descriptor,
+  // else a new one (counted as prepacked or sharing another's packing when it took packed weights).
+  template <typename P, typename D>
+  std::shared_ptr<P> primitive(size_t kid, const D& d, bool from_shared) {
+    if (primitives)
+      if (std::shared_ptr<P> p = primitives->find<P>(kid, d)) return p;
+    auto p = std::make_shared<P>(d);
+    ce.stats_.prepacked += p->used_prepacked() && !from_shared;
+    ce.stats_.shared_packings += p->used_prepacked() && from_shared;
+    if (primitives) primitives->keep(kid, d, p);
+    return p;
+  }
+
   CoreKernel launch(const Node& n) {
     if (!is_kernel_node(n)) return make_channels_last_kernel(n);  // empty (a row-major core step) unless marked
     CompiledCompileStats& st = ce.stats_;
@@ -237,6 +273,8 @@ struct CompiledExecutable::Builder {
     L->kernel = &k;
     L->threads = st.threads;
     L->sz = ce.sym_values_.data();
+    L->extent = k.parallel_extent();
+    L->work = k.outer_count() * k.inner_count() * k.phases;
     size_t in = 0, out = 0;
     for (size_t i = 0; i < k.args.size(); ++i) {
       const KArg& a = k.args[i];
@@ -272,13 +310,7 @@ struct CompiledExecutable::Builder {
         const Value* bv = n.inputs[static_cast<size_t>(k.mm.b)];
         if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset, d.prepacked_b = packed;
         if (lib) d.bias = bias, d.epilogue = le.epilogue;
-        L->matmul = primitives ? primitives->matmul(kid, d) : nullptr;
-        if (!L->matmul) {
-          L->matmul = std::make_shared<cpu::Matmul>(d);
-          st.prepacked += L->matmul->used_prepacked() && !from_shared;
-          st.shared_packings += L->matmul->used_prepacked() && from_shared;
-          if (primitives) primitives->keep(kid, d, L->matmul);
-        }
+        L->matmul = primitive<cpu::Matmul>(kid, d, from_shared);
       } else if (k.kind == KernelKind::conv) {
         const ConvSpec& c = k.conv;
         cpu::ConvDesc d = cpu::conv_desc(c);
@@ -286,13 +318,7 @@ struct CompiledExecutable::Builder {
         d.prepacked = packed;
         d.bias = nullptr;
         if (lib) d.bias = bias, d.epilogue = le.epilogue;
-        L->conv = primitives ? primitives->conv(kid, d) : nullptr;
-        if (!L->conv) {
-          L->conv = std::make_shared<cpu::Conv2d>(d);
-          st.prepacked += L->conv->used_prepacked() && !from_shared;
-          st.shared_packings += L->conv->used_prepacked() && from_shared;
-          if (primitives) primitives->keep(kid, d, L->conv);
-        }
+        L->conv = primitive<cpu::Conv2d>(kid, d, from_shared);
       }
     } catch (const Error& e) {
       throw e.with_context(Location{.node = n.name, .op = std::string(kernel_kind_name(k.kind)), .pass = "compile"});
@@ -311,15 +337,11 @@ struct CompiledExecutable::Builder {
   void finish() {
     CompiledCompileStats& st = ce.stats_;
     st.graph = ce.exe_->stats();
+    count_kernels(ce.kernels_, ce.exe_->graph(), st);
     for (const Kernel& k : ce.kernels_) {
-      st.kernels++;
-      st.loop_kernels += k.kind == KernelKind::loop;
-      st.matmul_kernels += k.kind == KernelKind::matmul;
-      st.conv_kernels += k.kind == KernelKind::conv;
       st.bytes_unfused += k.bytes_unfused;
       st.bytes_fused += k.bytes_fused;
     }
-    for (const auto& n : ce.exe_->graph().nodes()) st.core_nodes_left += n->op->domain == "tessel.core";
   }
 };
 
@@ -385,24 +407,15 @@ std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::un
   KernelModule m = fuse(std::move(g), cpu_fuse_options(opts.fuse));
   verify_kernel_module(m);
   st.fuse_seconds = seconds_since(tf);
+  generate_and_build(m, opts.model_name, opts.toolchain, ce->in_library_, ce->library_, ce->source_, ce->so_, st);
+  count_kernels(m.kernels, *m.graph, st);
   auto sym = std::make_unique<CompiledExecutable::Symbolic>();
-  generate_and_build(m, opts.model_name, opts.toolchain, sym->in_library, sym->library, ce->source_, sym->so, st);
-  sym->symbols = cpu::module_symbols(m);
   sym->opts = opts;
-  st.symbols = sym->symbols;
-  for (const Kernel& k : m.kernels) {
-    st.kernels++;
-    st.loop_kernels += k.kind == KernelKind::loop;
-    st.matmul_kernels += k.kind == KernelKind::matmul;
-    st.conv_kernels += k.kind == KernelKind::conv;
-  }
-  for (const auto& n : m.graph->nodes()) st.core_nodes_left += n->op->domain == "tessel.core";
+  sym->binder = std::make_unique<SymbolBinder>(*m.graph);
+  // The generated code reads sz[] in module_symbols' order, which is the binder's (both graph_symbols).
+  st.symbols = sym->binder->symbols();
   ce->kernels_ = m.kernels;
-  ce->in_library_ = sym->in_library;
-  ce->library_ = sym->library;
-  ce->so_ = sym->so;
   sym->module = std::move(m);
-  sym->binder = std::make_unique<SymbolBinder>(*sym->module.graph);
   ce->sym_ = std::move(sym);
   st.compile_seconds = seconds_since(t0);
   print_compile_profile(st);
@@ -411,13 +424,14 @@ std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::un
 
 // The static executable of binding `b`, built like a loaded cache entry (no passes, no code
 // generation): the graph and kernels instantiated, the shared object's functions given b's values.
-CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int64_t>& values, CompiledCompileStats& owner) {
+CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int64_t>& values, CompiledExecutable& owner_exe) {
   for (auto it = instances.begin(); it != instances.end(); ++it)
     if (it->first == values) {
       if (it != instances.begin()) instances.splice(instances.begin(), instances, it);
       return *instances.front().second;
     }
   const Bindings b = binder->bindings(values);
+  CompiledCompileStats& owner = owner_exe.stats_;
   const auto t0 = Clock::now();
   std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
   CompiledCompileStats& st = ce->stats_;
@@ -426,11 +440,10 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int
   st.cache_hit = true;
   std::unique_ptr<Graph> g = instantiate_graph(*module.graph, b);
   ce->kernels_ = instantiate_kernels(module.kernels, b);  // each verified again with numbers
-  ce->in_library_ = in_library;
-  ce->library_ = library;
-  ce->so_ = so;
-  for (const int64_t v : values) ce->sym_values_.push_back(static_cast<long>(v));  // binder's order = symbols'
-  if (binder->symbols() != symbols) fail("the generated code's symbols differ from the inputs' binding");
+  ce->in_library_ = owner_exe.in_library_;
+  ce->library_ = owner_exe.library_;
+  ce->so_ = owner_exe.so_;
+  ce->sym_values_.assign(values.begin(), values.end());
   CompiledExecutable::Builder bld{*ce, {}};
   bld.shared = &packings;
   bld.key_m = false;
@@ -644,11 +657,9 @@ std::vector<Tensor> CompiledExecutable::run(const std::vector<Tensor>& inputs, G
     if (std::string why = sym_->binder->bind(shapes, values); !why.empty()) throw GuardFailure(Location{.pass = "guard"}, why);
     CompiledExecutable* inst = nullptr;
     try {
-      inst = &sym_->instance(values, stats_);
+      inst = &sym_->instance(values, *this);
     } catch (const Error& e) {  // sizes this binding makes too large, a primitive it cannot have
-      std::string at;
-      for (const auto& [name, v] : sym_->binder->bindings(values)) at += fmt::format("{}{} = {}", at.empty() ? "" : ", ", name, v);
-      throw e.with_context(Location{.pass = "instance for " + at});
+      throw e.with_context(Location{.pass = "instance for " + binding_str(sym_->binder->bindings(values))});
     }
     return inst->run(inputs, stats);
   }

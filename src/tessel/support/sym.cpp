@@ -278,6 +278,13 @@ std::string dims_str(const Dims& d) {
   return out + "]";
 }
 
+Dims substitute_dims(const Dims& d, const Bindings& b) {
+  Dims out;
+  out.reserve(d.size());
+  for (const Dim& x : d) out.push_back(x.substitute(b));
+  return out;
+}
+
 Shape eval_dims(const Dims& d, const Bindings& b) {
   Shape s;
   s.reserve(d.size());
@@ -392,13 +399,17 @@ const SymbolInfo* SymbolTable::find(const std::string& name) const {
   return it == syms_.end() ? nullptr : &it->second;
 }
 
+std::string SymbolInfo::violation(int64_t v) const {
+  if (v < lo || v > hi) return fmt::format("{} = {} is outside the compiled range [{}, {}]", name, v, lo, hi);
+  if (v % multiple_of != 0) return fmt::format("{} = {} is not a multiple of {}", name, v, multiple_of);
+  return {};
+}
+
 std::string SymbolTable::violation(const Bindings& b) const {
   for (const auto& [name, s] : syms_) {
     auto it = b.find(name);
     if (it == b.end()) return fmt::format("size symbol {} has no value", name);
-    const int64_t v = it->second;
-    if (v < s.lo || v > s.hi) return fmt::format("{} = {} is outside the compiled range [{}, {}]", name, v, s.lo, s.hi);
-    if (v % s.multiple_of != 0) return fmt::format("{} = {} is not a multiple of {}", name, v, s.multiple_of);
+    if (std::string why = s.violation(it->second); !why.empty()) return why;
   }
   return {};
 }

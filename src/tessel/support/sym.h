@@ -122,6 +122,7 @@ Dims dims_strides(const Dims& d);   // row-major element strides
 std::string dims_str(const Dims& d);  // "[s0,128]"
 inline std::string shape_str(const Dims& d) { return dims_str(d); }  // for code over either kind of shape
 Shape eval_dims(const Dims& d, const Bindings& b);
+Dims substitute_dims(const Dims& d, const Bindings& b);  // each Dim's substitute(b)
 // numpy broadcasting of two shapes of sizes: equal dims stay, a 1 takes the other; an unknown dim
 // (kUnknownDim) gives an unknown one. A symbolic dim against a different size (that is not 1) cannot be
 // decided for every value of the symbols: an "unsupported" error naming both shapes.
@@ -163,6 +164,8 @@ struct SymbolInfo {
   int64_t multiple_of = 1;
   bool operator==(const SymbolInfo&) const = default;
   std::string str() const;  // "s0 in [1, 512] multiple_of 8"
+  // Why value v breaks these facts (one line), or empty.
+  std::string violation(int64_t v) const;
 };
 
 class SymbolTable {

@@ -116,8 +116,8 @@ std::vector<std::string> c_reduce_step(const std::string& attr, const std::strin
 }
 
 std::string kernel_provenance_comment(const Kernel& k) {
-  std::string s = fmt::format("// fuses {} core nodes; traffic {} bytes unfused -> {} fused\n", k.fused_nodes, k.bytes_unfused,
-                              k.bytes_fused);
+  std::string s = fmt::format("// fuses {} core nodes; traffic {} bytes unfused -> {} fused\n", k.fused_nodes,
+                              cpp_comment_text(k.bytes_unfused.str()), cpp_comment_text(k.bytes_fused.str()));
   std::string src;
   for (size_t i = 0; i < k.sources.size(); ++i) {
     if (i == 8) {
@@ -130,7 +130,7 @@ std::string kernel_provenance_comment(const Kernel& k) {
   for (size_t i = 0; i < k.args.size(); ++i) {
     const KArg& a = k.args[i];
     const char* role = a.role == KArg::Role::in ? "in" : a.role == KArg::Role::out ? "out" : "scratch";
-    s += fmt::format("//   a{} {} %{}: {}\n", i, role, cpp_comment_text(a.name), a.type.str());
+    s += fmt::format("//   a{} {} %{}: {}\n", i, role, cpp_comment_text(a.name), cpp_comment_text(a.type.str()));
   }
   return s;
 }

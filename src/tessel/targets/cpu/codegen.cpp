@@ -272,10 +272,12 @@ struct Emitter {
   }
 
   // Names come from the model (or from a cached kernel-module text): each goes through
-  // cpp_comment_text, so none can end the comment, splice a line or leave plain ASCII.
+  // cpp_comment_text, so none can end the comment, splice a line or leave plain ASCII; so do sizes,
+  // which name size symbols.
   std::string header_comment() const {
     std::string s = fmt::format("// kernel {}: {}, outer {} inner {}, {} phase{}\n", cpp_comment_text(k.name), kernel_kind_name(k.kind),
-                                fmt::format("[{}]", fmt::join(k.outer, ", ")), fmt::format("[{}]", fmt::join(k.inner, ", ")),
+                                cpp_comment_text(fmt::format("[{}]", fmt::join(k.outer, ", "))),
+                                cpp_comment_text(fmt::format("[{}]", fmt::join(k.inner, ", "))),
                                 k.phases, k.phases == 1 ? "" : "s");
     s += kernel_provenance_comment(k);
     if (k.kind == KernelKind::matmul)
@@ -371,7 +373,6 @@ struct Emitter {
     row_instrs(2, k.phases);
     line(1, "}");
     line(0, "}");
-    return;
   }
 };
 
