@@ -34,7 +34,9 @@ def _hf(kind):
     cfg = transformers.GPT2Config(vocab_size=1000, n_embd=128, n_layer=2, n_head=2, n_positions=512, resid_pdrop=0.0,
                                   embd_pdrop=0.0, attn_pdrop=0.0)
     m = transformers.GPT2LMHeadModel(cfg).eval()
-    return lambda ids: m(input_ids=ids, use_cache=False, return_dict=False)[0], m
+    # (an attention mask, as generate() passes one: without it transformers looks for packed sequences in the
+    # position ids, a data-dependent branch a trace cannot take)
+    return lambda ids: m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, return_dict=False)[0], m
 
 
 class Wrap(torch.nn.Module):

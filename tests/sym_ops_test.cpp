@@ -219,6 +219,19 @@ graph @sh(%x: f32[s0,4,6], %v: f32[s0,6], %w: f32[s0,8], %ix: i64[s0,4]) symbols
 })");
 }
 
+// GatherND over symbolic indexed dims (what torch's x[i, j] with two index tensors lowers to): the
+// positions are wrapped and linearised with strides computed at run time. The index values lie in
+// [-7, 7], so every indexed dim is at least 8 here.
+TEST(SymOps, GatherNDOverSymbolicDims) {
+  check_lowering(R"(
+graph @gnd(%x: f32[s0,s0,3], %i2: i64[s0,2], %b: f32[s0,9,3], %i1: i64[s0,1], %m: f32[s0,10], %i3: i64[2,s0,2]) symbols(s0 in [8, 64]) {
+  %g: f32[s0,3] = GatherND(%x, %i2) loc("g")
+  %gb: f32[s0,3] = GatherND(%b, %i1) {batch_dims = 1} loc("gb")
+  %gm: f32[2,s0] = GatherND(%m, %i3) loc("gm")
+  return %g, %gb, %gm
+})", 1e-6, {{{"s0", 8}}, {{"s0", 13}}});
+}
+
 // ONNX exporters' chain for a view(B, 2, 4) with B = x.size(0) (the graph's return to be added).
 constexpr const char* kChain = R"(
 graph @chain(%x: f32[s0,8]) symbols(s0 in [1, 4096]) {

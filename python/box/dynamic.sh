@@ -2,6 +2,7 @@
 # Dynamic shapes on the GPU box in one device call (docs/dynamic-shapes.md, issue 34): builds the extension
 # (python/box/cuda_env.sh over the carried .pybox), runs tests/python/test_dynamo_dynamic.py and
 # test_dynamic_shapes.py on torch 2.11, then bench/dynamic_shapes.py on Hugging Face BERT and GPT-2 configs,
+# bench/llm_generate.py (generate() on GPT-2 and Llama configs through torch.compile),
 # torch's encoder and resnet18 (CPU, THREADS threads; --dynamo adds torch.compile(dynamic=True)). Logs and
 # JSON go to $OUT. From the checkout's root on the box:
 #   bash python/box/dynamic.sh          (carry .pybox, made here by `bash python/box/pack.sh build`)
@@ -22,3 +23,8 @@ echo "bench rc=$?"
 cat "$OUT/bench.out"
 grep -v -i warn "$OUT/bench.err" | cut -c1-300 | tail -15
 run_tests test_dynamic_shapes
+timeout "${LLM_TIMEOUT:-300}" $PY bench/llm_generate.py --models "${LLM_MODELS:-gpt2,llama}" --threads "${THREADS:-8}" \
+  --new-tokens "${NEW_TOKENS:-32}" --json "$OUT/llm_generate.json" > "$OUT/llm.out" 2> "$OUT/llm.err"
+echo "llm_generate rc=$?"
+cat "$OUT/llm.out"
+grep -v -i warn "$OUT/llm.err" | cut -c1-300 | tail -15

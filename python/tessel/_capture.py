@@ -427,7 +427,9 @@ def capture_symbolic(module, example_inputs, plan, freeze_inputs=(), call=None):
         input_dims[k] = dims
         for d, spec in by_arg.get(k, {}).items():
             if not isinstance(dims[d], _dynamic.SymDim) or dims[d].text != spec.name:
-                specialised.append(f"input {k - k0} dim {d} ({spec.name}) is {dims[d]}: the module's sizes tie it")
+                at = trace.tied_at(spec.name) if hasattr(trace, "tied_at") else ""
+                specialised.append(f"input {k - k0} dim {d} ({spec.name}) is {dims[d]}: the module's sizes tie it"
+                                   + (f" (at {at})" if at else ""))
     for dims in input_dims.values():
         for v in dims:
             if isinstance(v, _dynamic.SymDim):

@@ -620,7 +620,11 @@ class CompiledModule:
         self.stats.compiles += 1
         self.stats.compile_seconds += dt
         if entry.symbolic is not None and not entry.symbolic.symbols:
-            entry.symbolic = None          # the module's sizes made every dim static: a static compilation
+            # the module's sizes made every dim static: a static compilation, and the user is told why
+            tied = entry.symbolic.specialised
+            entry.symbolic = None
+            if plan is not None and tied and self.stats.dynamic_fallback is None:
+                self._fall_back("every dynamic dim is tied to its example size: " + "; ".join(tied))
         if entry.symbolic is not None:
             dkey = _dynamic_key(sig)
             key = ("dynamic", dkey, self.stats.compiles)

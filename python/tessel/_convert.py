@@ -228,7 +228,8 @@ class Converted:
         def fold_key(n):
             def part(a):
                 if isinstance(a, torch.fx.Node):
-                    return ("const", id(consts[a]))
+                    # a constant by identity, or a size the trace fixed (a SymInt node that is a number)
+                    return ("const", id(consts[a])) if a in consts else ("size", syms[a])
                 if isinstance(a, (list, tuple)):
                     return (type(a).__name__,) + tuple(part(x) for x in a)
                 if isinstance(a, dict):

@@ -254,15 +254,22 @@ def _py_kernels(table):
     that symbolic tracing enables, and nowhere else. Removed afterwards."""
     key = torch._C.DispatchKey.CompositeImplicitAutograd
     added = []
+
+    def changed(op):
+        cache = getattr(op, "_dispatch_cache", None)      # torch 2 caches each key's kernel per op
+        if cache is not None:
+            cache.clear()
     for op, fn in table.items():
         if op is not None and key not in op.py_kernels:
             op.py_kernels[key] = fn
+            changed(op)
             added.append(op)
     try:
         yield
     finally:
         for op in added:
             op.py_kernels.pop(key, None)
+            changed(op)
 
 
 def _linear(x, w, b=None):
@@ -328,6 +335,24 @@ def _encoder_layer(x, embed_dim, num_heads, qkv_w, qkv_b, proj_w, proj_b, use_ge
 _COMPOSITES_113 = {_ov("linear", "default"): _linear, _ov("narrow", "default"): _narrow,
                    _ov("_native_multi_head_attention", "default"): _native_mha,
                    _ov("_transformer_encoder_layer_fwd", "default"): _encoder_layer}
+
+
+# torch 2: linear's C++ composite flattens a contiguous 3-d input with the static sizes (`_flatten_nd_linear`
+# reads sizes(), which ties every dim of the input to its example size); its Python form keeps them symbolic
+_COMPOSITES_2 = {_ov("linear", "default"): _linear}
+
+
+class _LinearInPython(torch.overrides.TorchFunctionMode if hasattr(torch.overrides, "TorchFunctionMode") else object):
+    """torch 2: F.linear as matmul and add while tracing. Its C++ kernel reads a 3-d input's sizes() (the
+    fused flatten), which under the Python dispatcher is aten.size and ties every dim to its example size;
+    the C++ dispatch comes before any Python kernel, so the call is replaced where Python makes it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.linear or func is getattr(torch._C._nn, "linear", None):
+            return _linear(args[0], kwargs.get("weight", args[1] if len(args) > 1 else None),
+                           args[2] if len(args) > 2 else kwargs.get("bias"))
+        return func(*args, **kwargs)
 
 
 class _Trace113:
@@ -494,7 +519,7 @@ class _Trace2:
         # tracing_mode="real" takes the fake inputs as they are ("fake" and "symbolic" would fakeify them
         # again, with fresh symbols): the ambient fake mode runs the ops, the Python dispatcher lets
         # composite ops decompose over symbolic sizes
-        with mode, enable_python_dispatcher(), _mha_fastpath_off():
+        with mode, enable_python_dispatcher(), _mha_fastpath_off(), _py_kernels(_COMPOSITES_2), _LinearInPython():
             return make_fx(fn)(*fakes)
 
     def _constrain(self, expr, spec):
@@ -504,6 +529,17 @@ class _Trace2:
         except Exception:  # noqa: BLE001 -- older torch 2: the range stays torch's default [2, inf]
             pass
 
+    def tied_at(self, name):
+        """Where the trace tied tessel's symbol `name` to a number (the guard that did), or ''."""
+        torch_names = [t for t, n in self.names.items() if n == name]
+        for g in self.env.guards:
+            if {s.name for s in g.expr.free_symbols} & set(torch_names) and getattr(g.expr, "is_Relational", False):
+                stack = getattr(g, "stack", None)
+                if stack is not None and hasattr(stack, "format"):
+                    return _stack_location("".join(stack.format()))
+                return str(getattr(g, "sloc", "") or "")
+        return ""
+
     def resolve(self, k, d):
         v = self.fakes[k].shape[d]
         return v if isinstance(v, int) else from_sympy(sympy_expr(v), self.names)
@@ -511,12 +547,18 @@ class _Trace2:
     def guards(self):
         import sympy
         out = []
-        rename = {s: sympy.Symbol(self.names.get(s.name, s.name), positive=True, integer=True)
-                  for g in self.env.guards for s in g.expr.free_symbols}
         for g in self.env.guards:
-            e = g.expr.xreplace(rename)
-            if e is sympy.true:
+            # with the trace's replacements: a guard that tied a symbol to a number (`Eq(s1, 64)`, a
+            # Linear's input dim) is then true, and the static dim it left is checked as every static dim is
+            e = g.expr
+            try:
+                e = self.env.simplify(e)
+            except Exception:  # noqa: BLE001 -- an expression simplify cannot take is kept as it is
+                pass
+            if e is sympy.true or e == sympy.true:
                 continue
+            e = e.xreplace({s: sympy.Symbol(self.names.get(s.name, s.name), positive=True, integer=True)
+                            for s in e.free_symbols})
             stack = getattr(g, "stack", None)       # torch 2.0-2.3: a CapturedTraceback; later: sloc (SLoc)
             if stack is not None and hasattr(stack, "format"):
                 where = _stack_location("".join(stack.format()))

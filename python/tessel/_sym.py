@@ -172,6 +172,23 @@ def same(a, b):
     return a == b
 
 
+def broadcast_shapes(*shapes):
+    """numpy's broadcast of shapes whose sizes may be symbolic: a size 1 takes the other's, equal sizes
+    stay; a symbolic size against another size raises Unsupported (the symbol would have to be 1 or
+    that size, a fact the trace did not give)."""
+    r = max((len(s) for s in shapes), default=0)
+    out = [1] * r
+    for s in shapes:
+        for i, d in enumerate(s, r - len(s)):
+            if same(d, 1) or same(d, out[i]):
+                continue
+            if same(out[i], 1):
+                out[i] = d
+                continue
+            raise Unsupported(f"shapes {[list(x) for x in shapes]} broadcast only for some sizes of the symbols")
+    return out
+
+
 def evaluate(v, bindings):
     """The value of a size under `bindings` ({symbol: int})."""
     return v.eval(bindings) if isinstance(v, SymDim) else v

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from ._sym import SymDim, Unsupported, any_sym, from_torch, product, same
+from ._sym import SymDim, Unsupported, any_sym, broadcast_shapes, from_torch, product, same
 
 aten = torch.ops.aten
 LOWERINGS = {}
@@ -1495,15 +1495,12 @@ def _index_tensors(L, node, x, indices):
         return _index(L, node, x, indices)
     if any(L.dtype(indices[i]) == "bool" for i in pos):
         raise Unsupported("boolean mask indexing together with other indices or after a full dim")
-    shape = _static_shape(L, x, "indexing")
-    r = len(shape)
-    idx = [_nonneg_index(L, indices[i], shape[i]) for i in pos]
+    r = L.rank(x)
+    idx = [_nonneg_index(L, indices[i], None) for i in pos]
     if len(pos) == 1:
         return L.op("Gather", [x, idx[0]], {"axis": pos[0]})
-    if any(any_sym(L.shape(i)) for i in idx):
-        raise Unsupported("indexing with index tensors of symbolic shapes")
-    bshape = list(torch.broadcast_shapes(*[tuple(L.shape(i)) for i in idx]))
-    idx = [i if L.shape(i) == bshape else L.op("Expand", [i, L.ints(bshape)]) for i in idx]
+    bshape = broadcast_shapes(*[L.shape(i) for i in idx])
+    idx = [i if same(L.shape(i), bshape) else L.op("Expand", [i, L.ints(bshape)]) for i in idx]
     stacked = L.op("Concat", [L.op("Unsqueeze", [i, L.ints([len(bshape)])]) for i in idx], {"axis": len(bshape)})
     rest = [d for d in range(r) if d not in pos]
     front = x

@@ -46,6 +46,29 @@ class DynamoDynamic(unittest.TestCase):
     def test_mlp(self):
         self.run_shapes(mlp(), [torch.randn(b, 64) for b in (2, 3, 5, 8, 13, 7)])
 
+    def test_padding_mask_indexing(self):
+        """transformers' padding mask: mask[batch_idx, kv_idx] with two arange index tensors over symbolic
+        sizes (GatherND with run-time strides), in tessel.compile's capture and in dynamo's graphs."""
+        def masked(x, mask):
+            b = torch.arange(x.shape[0])
+            k = torch.arange(mask.shape[1])
+            return x * mask[b[:, None], k[None, :]][:, :, None]
+
+        def args(b, t):
+            return torch.randn(b, t, 4), (torch.rand(b, t) > 0.3).float()
+        fast = tessel.compile(masked, args(3, 7), dynamic_dims={0: {0: "b", 1: "t"}, 1: {0: "b", 1: "t"}})
+        for b, t in ((3, 7), (2, 11), (5, 4), (4, 9)):
+            a = args(b, t)
+            self.assertLess(max_rel(fast(*a), masked(*a)), 1e-6)
+        self.assertEqual(fast.stats.compiles, 1, (fast.stats.dynamic_fallback, fast.stats.recompiles))
+        opt = torch.compile(masked, backend="tessel", dynamic=True)
+        for b, t in ((3, 7), (2, 11), (5, 4), (4, 9)):
+            a = args(b, t)
+            self.assertLess(max_rel(opt(*a), masked(*a)), 1e-6)
+        self.assertEqual(tessel.dynamo_fallbacks, [])
+        self.assertLessEqual(sum(g.stats.compiles for g in tessel.dynamo_graphs), 2,
+                             [(g.stats.dynamic_fallback, g.stats.recompiles) for g in tessel.dynamo_graphs])
+
     def test_attention(self):
         shapes = ((2, 16), (3, 5), (2, 7), (4, 33), (5, 2), (3, 64))
         self.run_shapes(attention(), [torch.randn(b, t, 64) for b, t in shapes])

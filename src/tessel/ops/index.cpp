@@ -173,13 +173,56 @@ Value* linear_index(CoreBuilder& b, Value* idx, const Shape& dims) {
   return b.reduce(b.mul(i, along_last(strides_of(dims))), "sum", {last}, false);
 }
 
+// A size as a value of dtype t of shape []: a constant, or for a symbolic size the sum of that many
+// ones (exact in i64), so that index arithmetic can use sizes known only at run time.
+Value* size_value(CoreBuilder& b, const Dim& d, DType t) {
+  if (d.is_static()) return b.scalar(t, static_cast<double>(d.constant_term()));
+  return b.reduce(b.full(t, {d}, 1.0), "sum", {0}, false);
+}
+
+// linear_index over symbolic positions: each tuple component wrapped (negative counts from the end)
+// and weighted by its row-major stride, the sizes computed as values.
+Value* linear_index_sym(CoreBuilder& b, Value* idx, const Dims& dims) {
+  Value* i = b.convert(idx, DType::i64);
+  const Dims s = i->type.dims();
+  const size_t last = s.size() - 1;
+  const Dims lead(s.begin(), s.end() - 1);
+  Dims starts(s.size(), 0), stops = s;
+  Value* lin = nullptr;
+  Dim stride = 1;
+  for (size_t j = dims.size(); j-- > 0;) {
+    starts[last] = static_cast<int64_t>(j);
+    stops[last] = static_cast<int64_t>(j + 1);
+    Value* c = b.reshape(b.slice(i, starts, stops), lead);
+    Value* n = b.broadcast_to(size_value(b, dims[j], DType::i64), lead);
+    c = b.select(b.compare("lt", c, b.full(DType::i64, lead, 0)), b.add(c, n), c);
+    if (!(stride == 1)) c = b.mul(c, b.broadcast_to(size_value(b, stride, DType::i64), lead));
+    lin = lin ? b.add(lin, c) : c;
+    stride *= dims[j];
+  }
+  return lin;
+}
+
 // data flattened to [batch, indexed positions, rest] and gathered along axis 1 with the linear
-// positions broadcast over `rest`.
+// positions broadcast over `rest`. Symbolic sizes take the same form with run-time strides.
 std::vector<Value*> decompose_gathernd(CoreBuilder& b, const Node& n) {
   Value* x = n.inputs[0];
+  const size_t bd = static_cast<size_t>(n.attr_i("batch_dims", 0));
+  if (!dims_static(x->type.dims()) || !dims_static(n.inputs[1]->type.dims())) {
+    const Dims dd = x->type.dims();
+    const size_t k = static_cast<size_t>(n.inputs[1]->type.dims().back().value());
+    const Dims indexed(dd.begin() + bd, dd.begin() + bd + k);
+    const Dim nb = dims_numel(Dims(dd.begin(), dd.begin() + bd));
+    const Dim rest = dims_numel(Dims(dd.begin() + bd + k, dd.end()));
+    Value* lin = linear_index_sym(b, n.inputs[1], indexed);
+    const Dims ls = lin->type.dims();
+    const Dim m = dims_numel(Dims(ls.begin() + bd, ls.end()));
+    Value* data = b.reshape(x, {nb, dims_numel(indexed), rest});
+    Value* idx = broadcast_into(b, b.reshape(lin, {nb, m}), {nb, m, rest}, {0, 1});
+    return {b.reshape(b.emit("gather", {data, idx}, {{"axis", int64_t{1}}}), n.outputs[0]->type.dims())};
+  }
   const Shape& ds = x->type.shape;
   const Shape& out = n.outputs[0]->type.shape;
-  const size_t bd = static_cast<size_t>(n.attr_i("batch_dims", 0));
   const size_t k = static_cast<size_t>(n.inputs[1]->type.shape.back()), r = ds.size();
   const int64_t nb = prod(ds, 0, bd), rest = prod(ds, bd + k, r);
   Value* lin = linear_index(b, n.inputs[1], Shape(ds.begin() + bd, ds.begin() + bd + k));
@@ -207,10 +250,33 @@ Shape gathernd_shape(const Shape& d, const Shape& ix, int64_t b) {
   return s;
 }
 
+// The same rule over symbolic sizes: the tuple length must be static, and a batch dim the same
+// size in both (a symbol against another size would hold only for some of its values).
+Dims gathernd_dims(const Dims& d, const Dims& ix, int64_t b) {
+  const int64_t r = static_cast<int64_t>(d.size()), q = static_cast<int64_t>(ix.size());
+  if (r < 1 || q < 1) fail("GatherND data and indices must have rank >= 1");
+  if (b < 0 || b >= std::min(r, q)) fail("GatherND batch_dims {} must be less than both ranks", b);
+  if (!ix.back().is_static()) unsupported("GatherND needs a static last dimension of indices, not {}", ix.back());
+  const int64_t k = ix.back().value();
+  if (k < 1 || k > r - b) fail("GatherND indices last dim {} must be in [1, {}]", k, r - b);
+  for (int64_t i = 0; i < b; ++i)
+    if (!(d[i] == ix[i])) {
+      if (d[i].is_static() && ix[i].is_static()) fail("GatherND batch dim {} differs: {} vs {}", i, d[i], ix[i]);
+      unsupported("GatherND batch dim {} is {} in data but {} in indices", i, d[i], ix[i]);
+    }
+  Dims s(ix.begin(), ix.end() - 1);
+  s.insert(s.end(), d.begin() + b + k, d.end());
+  return s;
+}
+
 void gathernd_infer(InferCtx& c) {
   check_index_dtype(c.in(1).dtype, "GatherND indices");
-  c.set_out(0, {c.in(0).dtype,
-                gathernd_shape(c.in(0).shape, c.in(1).shape, c.node().attr_i("batch_dims", 0))});
+  const int64_t b = c.node().attr_i("batch_dims", 0);
+  if (!dims_static(c.in(0).dims()) || !dims_static(c.in(1).dims())) {
+    c.set_out(0, TensorType::of(c.in(0).dtype, gathernd_dims(c.in(0).dims(), c.in(1).dims(), b)));
+    return;
+  }
+  c.set_out(0, {c.in(0).dtype, gathernd_shape(c.in(0).shape, c.in(1).shape, b)});
 }
 
 void gathernd_kernel(KernelCtx& c) {
@@ -716,16 +782,16 @@ void unique_kernel(KernelCtx& c) {
 void register_index_ops(OpRegistry& r) {
   // Gather, GatherElements and GatherND only widened their index ranges (negative indices)
   // and dtypes across opsets, which this entry accepts, so the oldest forms import as is.
-  // Gather and GatherElements take symbolic sizes (docs/dynamic-shapes.md).
+  // Gather, GatherElements and GatherND take symbolic sizes (docs/dynamic-shapes.md).
   r.add(symbolic_op(with_decomposition(make_op("Gather", 1, 2, 2, {{"axis", AttrKind::i}}, gather_infer, gather_kernel,
                                                FusionKind::injective),
                                        decompose_gather)));
   r.add(symbolic_op(with_decomposition(make_op("GatherElements", 11, 2, 2, {{"axis", AttrKind::i}},
                                                gather_elements_infer, gather_elements_kernel, FusionKind::injective),
                                        decompose_gather_elements)));
-  r.add(with_decomposition(make_op("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer,
-                                   gathernd_kernel, FusionKind::injective),
-                           decompose_gathernd));
+  r.add(symbolic_op(with_decomposition(make_op("GatherND", 11, 2, 2, {{"batch_dims", AttrKind::i}}, gathernd_infer,
+                                               gathernd_kernel, FusionKind::injective),
+                                       decompose_gathernd)));
   // ScatterElements 11 (no reduction) and 16 (add/mul) are subsets of 18.
   r.add(with_decomposition(make_op("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}},
                                    scatter_elements_infer, scatter_elements_kernel),
