@@ -519,7 +519,8 @@ class _Trace2:
         # tracing_mode="real" takes the fake inputs as they are ("fake" and "symbolic" would fakeify them
         # again, with fresh symbols): the ambient fake mode runs the ops, the Python dispatcher lets
         # composite ops decompose over symbolic sizes
-        with mode, enable_python_dispatcher(), _mha_fastpath_off(), _py_kernels(_COMPOSITES_2), _LinearInPython():
+        with mode, enable_python_dispatcher(), _mha_fastpath_off(), _py_kernels(_COMPOSITES_2), _LinearInPython(), \
+                _compiling():
             return make_fx(fn)(*fakes)
 
     def _constrain(self, expr, spec):
@@ -583,6 +584,24 @@ def _mha_fastpath_off():
         yield
     finally:
         put(was)
+
+
+@contextlib.contextmanager
+def _compiling():
+    """torch >= 2: `torch.compiler.is_compiling()` is True while tessel traces symbolically. Libraries ask it
+    to leave out what a compiler's trace cannot take: transformers' mask code checks the padding mask's
+    values (`padding_mask.all()`, packed sequences in the position ids) only when it is False, a branch on
+    data that would end the symbolic capture."""
+    compiler = getattr(torch, "compiler", None)
+    was = getattr(compiler, "is_compiling", None)
+    if was is None:
+        yield
+        return
+    compiler.is_compiling = lambda: True
+    try:
+        yield
+    finally:
+        compiler.is_compiling = was
 
 
 def tracer(plan_by_arg, shapes):
