@@ -2,6 +2,7 @@
 import contextlib
 import json
 import operator
+import os
 import re
 import time
 import warnings
@@ -473,13 +474,48 @@ def _const_name(slot):
     return slot.name.split("'")[1] if "'" in slot.name else slot.name.replace(" ", "_")
 
 
+def is_dataflow(target):
+    """A simulated dataflow chip: a hardware preset's name or a hardware file (anything but cpu and cuda)."""
+    return target not in ("cpu", "cuda")
+
+
+def _write_file(path, text):
+    """`text` to `path` whole or not at all: written beside it, then renamed over it."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise _tessel.TesselError(f"{path}: cannot write ({e.strerror or e})") from None
+
+
 def _resolve_target(target, tensors, precision):
-    """'cpu' or 'cuda': target=None picks 'cuda' when an example input is a CUDA tensor. A CUDA target
-    needs a build with it and a usable device 0: else one line saying which is missing."""
+    """(target, precision). target: 'cpu', 'cuda' (target=None picks it when an example input is a CUDA
+    tensor; it needs a build with it and a usable device 0: else one line saying which is missing), or a
+    dataflow chip: a hardware preset ('spyre', 'tpu-v5e', ...) or a hardware .json file. precision: f32 or
+    bf16 on 'cuda', f32 on 'cpu' (None: f32); a dataflow chip's storage dtype, f16, bf16 or f32 (None: the
+    chip's own)."""
     if target is None:
         target = "cuda" if any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors) else "cpu"
-    if target not in ("cpu", "cuda"):
-        raise _tessel.TesselError(f"target '{target}' is not one of cpu, cuda")
+    if not isinstance(target, str) or not target:
+        raise _tessel.TesselError(f"target must be a name or a hardware file's path, not {target!r}")
+    if is_dataflow(target):
+        presets = _tessel.hw_presets()
+        if target not in presets and not target.endswith(".json") and not os.path.exists(target):
+            raise _tessel.TesselError(f"target '{target}' is not one of cpu, cuda, {', '.join(presets)}, nor a hardware "
+                                      ".json file")
+        if precision not in (None, "f32", "bf16", "f16"):
+            raise _tessel.TesselError(f"precision '{precision}' is not a dataflow storage dtype (f16, bf16, f32)")
+        if any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
+            raise _tessel.TesselError(f"target '{target}' is a simulated chip: its inputs are CPU tensors")
+        return target, precision
+    precision = "f32" if precision is None else precision
     if precision not in ("f32", "bf16"):
         raise _tessel.TesselError(f"precision '{precision}' is not one of f32, bf16")
     if target == "cpu" and precision != "f32":
@@ -491,13 +527,55 @@ def _resolve_target(target, tensors, precision):
         for i, t in enumerate(tensors):
             if isinstance(t, torch.Tensor) and t.is_cuda and t.device.index not in (None, 0):
                 raise _tessel.TesselError(f"input {i} is on {t.device}; tessel's CUDA target runs on cuda:0")
-    return target
+    return target, precision
+
+
+class _DataflowEntry(_Entry):
+    """One compilation for a dataflow chip: the functional simulator runs each call. Values the chip's
+    storage precision cannot hold (flushed to zero, overflowed to inf) are said once per compilation, in
+    a warning naming the first kernel that stored one: the outputs are what the chip computes, and a
+    deep model can lose its signal to DL16's range."""
+
+    warned = False
+
+    def run(self, args):
+        out = super().run(args)
+        r = self.exe.last_run
+        if not self.warned and (r["flushed"] or r["overflowed"]):
+            self.warned = True
+            said = []
+            if r["flushed"]:
+                said.append(f"{r['flushed']} values fell below {self.exe.storage}'s range and became 0 (first: "
+                            f"{r['first_flush'] or 'on entry'})")
+            if r["overflowed"]:
+                said.append(f"{r['overflowed']} values overflowed {self.exe.storage} to inf (first: "
+                            f"{r['first_overflow'] or 'on entry'})")
+            hint = "; precision='bf16' keeps f32's range" if "DL16" in self.exe.storage or "f16" in self.exe.storage else ""
+            warnings.warn(f"tessel: functional simulation: {'; '.join(said)}{hint}", stacklevel=3)
+        return out
+
+
+def _build_dataflow(module, example_inputs, target, threads, repair, freeze_inputs, captured, call, precision):
+    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
+                                               captured, call)
+    guard = _StateGuard(captured, frozen, module, conv.attr_constants)
+    report = json.loads(conv.builder.explain())
+    if report["breaks"]:
+        b = report["breaks"][0]
+        raise _tessel.TesselError(
+            f"target '{target}' maps whole graphs onto the chip, and {type(module).__name__} has {len(report['breaks'])} "
+            f"graph break(s) (first: {b['op']}: {b['reason']}); try repair=True, or see tessel.explain(...)")
+    with _torch_threads_kept():
+        exe = _tessel.DataflowExecutable(conv.builder, target, precision or "", threads)
+    return _DataflowEntry(captured, conv, exe, repairs, guard, report)
 
 
 def _build(module, example_inputs, target, backend, threads, repair, freeze_inputs=(), captured=None, call=None,
            precision="f32"):
     if target == "cuda":
         return _build_cuda(module, example_inputs, repair, freeze_inputs, captured, call, precision)
+    if is_dataflow(target):
+        return _build_dataflow(module, example_inputs, target, threads, repair, freeze_inputs, captured, call, precision)
     if target != "cpu":
         raise _tessel.TesselError(f"target '{target}' is not one of cpu, cuda")
     if backend not in ("compiled", "graph", "eager"):
@@ -535,14 +613,13 @@ class CompiledModule:
     (docs/python.md, "Dynamic shapes")."""
 
     def __init__(self, module, example_inputs, target=None, backend="compiled", threads=None, repair=False,
-                 cache_limit=8, on_limit="raise", freeze_inputs=(), example_kwargs=None, precision="f32",
+                 cache_limit=8, on_limit="raise", freeze_inputs=(), example_kwargs=None, precision=None,
                  dynamic=None, dynamic_dims=None):
         if on_limit not in ("raise", "eager"):
             raise _tessel.TesselError(f"on_limit must be 'raise' or 'eager', not {on_limit!r}")
         self.module = module
-        self.precision = precision
-        self.target = _resolve_target(target, tuple(example_inputs) + tuple((example_kwargs or {}).values()),
-                                      precision)
+        self.target, self.precision = _resolve_target(target, tuple(example_inputs) + tuple((example_kwargs or {}).values()),
+                                                      precision)
         self.backend = backend
         self.threads = threads if threads is not None else _default_threads()
         self.repair = repair
@@ -663,6 +740,48 @@ class CompiledModule:
                 warnings.warn(f"tessel: {type(self.module).__name__}: dynamic shapes: {'; '.join(static)}",
                               stacklevel=_caller_level())
             return entry, None
+
+    # ---- dataflow targets (docs/python.md, "Dataflow targets") ----
+    def _dataflow_exe(self, what):
+        if not is_dataflow(self.target):
+            raise _tessel.TesselError(f"{what} is the timed simulation of a dataflow target; this callable was compiled "
+                                      f"for target '{self.target}'")
+        return self._cache[self._last_key].exe
+
+    @property
+    def report(self):
+        """The timed simulation of the newest compilation (`tessel sim --json`'s report): per kernel the
+        simulated time, roofline bound and %, split, padding, scratchpad slices, fusion traffic saved."""
+        return json.loads(self._dataflow_exe(".report").report_json())
+
+    def report_table(self):
+        """The report as `tessel sim` prints it."""
+        return self._dataflow_exe("report_table()").table()
+
+    @property
+    def storage(self):
+        """The chip's storage dtype of float tensors (with DL16 where the chip stores so)."""
+        return self._dataflow_exe(".storage").storage
+
+    @property
+    def last_run(self):
+        """The last call's functional simulation: tiles run, host steps, seconds, values flushed to zero or
+        overflowed by the storage precision."""
+        return dict(self._dataflow_exe(".last_run").last_run)
+
+    def trace(self, path):
+        """Writes the timed simulation's trace (open in ui.perfetto.dev or chrome://tracing)."""
+        _write_file(path, self._dataflow_exe("trace()").trace_json())
+        return path
+
+    def html(self, path):
+        """Writes the HTML report page (`tessel report`) of this target."""
+        _write_file(path, self._dataflow_exe("html()").html(type(self.module).__name__))
+        return path
+
+    def ktir(self, folder):
+        """Writes the KTIR export (docs/ktir.md) into `folder`; returns its manifest."""
+        return json.loads(self._dataflow_exe("ktir()").ktir(os.fspath(folder)))
 
     @property
     def explanation(self):
@@ -823,7 +942,7 @@ def _show(s):
 
 
 def compile(module, example_inputs, target=None, backend="compiled", threads=None, repair=False, cache_limit=8,
-            on_limit="raise", example_kwargs=None, train=False, precision="f32", dynamic=None, dynamic_dims=None):
+            on_limit="raise", example_kwargs=None, train=False, precision=None, dynamic=None, dynamic_dims=None):
     """Compile a PyTorch module (or function of tensors) for tessel; returns a guarded callable.
 
     example_inputs: a tuple of the module's positional arguments, example_kwargs: a dict of its keyword
@@ -836,6 +955,11 @@ def compile(module, example_inputs, target=None, backend="compiled", threads=Non
     and run on the caller's current stream without synchronising; precision='bf16' keeps weights and
     matmul and convolution activations as bf16 in device memory, the residual stream f32 as PyTorch's autocast
     (f32 arithmetic, f32 outputs).
+    target: a dataflow chip -- a hardware preset ('spyre', 'tpu-v5e', 'tpu-v4', `tessel hw`) or a hardware .json
+    file -- maps the whole graph onto the simulated chip: each call's outputs come from the functional
+    simulator (real tensors holding what the chip's storage precision holds: precision='bf16', 'f16' or
+    'f32', default the chip's), and .report, .report_table(), .trace(path), .html(path) and .ktir(folder)
+    give the timed simulation (docs/python.md, "Dataflow targets").
     train: the output is differentiable -- loss.backward() runs tessel's compiled backward and fills the
     parameters' .grad (parameters are graph inputs, not frozen; docs/python.md, "Training").
     dynamic=True: every dim of every tensor input that is at least 2 in the example is a size symbol, and
@@ -848,7 +972,7 @@ def compile(module, example_inputs, target=None, backend="compiled", threads=Non
     """
     if train:
         from ._train import TrainModule
-        if target not in (None, "cpu") or repair or precision != "f32":
+        if target not in (None, "cpu") or repair or precision not in (None, "f32"):
             raise _tessel.TesselError("train=True takes target='cpu', precision='f32' and no repair")
         if dynamic or dynamic_dims is not None:
             raise _tessel.TesselError("train=True compiles static shapes (dynamic shapes are for inference)")

@@ -20,9 +20,11 @@ from ._sym import Unsupported, sympy_expr
 from ._train import TrainModule
 
 # Options for the backend, set with tessel.dynamo_options.update(threads=2, backend="graph", ...). target None:
-# 'cuda' for graphs whose inputs are CUDA tensors, else 'cpu'; precision: 'f32' or 'bf16' (CUDA only).
+# 'cuda' for graphs whose inputs are CUDA tensors, else 'cpu'; a dataflow chip ('spyre', 'tpu-v5e', a hardware file)
+# runs each graph on the functional simulator; precision: 'f32' or 'bf16' on CUDA, a chip's storage dtype (None: f32
+# on cpu and cuda, the chip's own on a dataflow target).
 dynamo_options = dict(backend="compiled", threads=None, repair=False, cache_limit=8, on_limit="raise", target=None,
-                      precision="f32")
+                      precision=None)
 
 # The CompiledModules the backend made, oldest first (their .stats and .explanation); clear() it at will.
 dynamo_graphs = []
@@ -57,9 +59,10 @@ class _FirstCall:
     inputs may be fake tensors, and the parameters to freeze are the ones the call passes). `sizes`
     (a _Sizes) when the graph has symbolic sizes."""
 
-    def __init__(self, gm, sizes=None):
+    def __init__(self, gm, sizes=None, options=None):
         self.gm = gm
         self.sizes = sizes
+        self.options = options if options is not None else dict(dynamo_options)
         self.compiled = None
 
     def __call__(self, *args):
@@ -73,14 +76,14 @@ class _FirstCall:
         try:
             if torch.is_grad_enabled() and any(t.requires_grad for t in args):
                 # Training: the inputs that require grad (the parameters) are differentiated, not frozen.
-                o = dynamo_options
+                o = self.options
                 if any(t.is_cuda for t in args):
                     raise _tessel.TesselError("training on CUDA tensors is not supported by tessel (inference only: "
                                               "call the model under torch.no_grad())")
                 compiled = TrainModule(self.gm, args, backend=o["backend"], threads=o["threads"],
                                        cache_limit=o["cache_limit"])
             else:
-                compiled = CompiledModule(self.gm, args, freeze_inputs=_state_inputs(self.gm, args), **dynamo_options)
+                compiled = CompiledModule(self.gm, args, freeze_inputs=_state_inputs(self.gm, args), **self.options)
         except _tessel.TesselError as e:
             return _fallback(self.gm, f"could not compile a graph ({e})")
         dynamo_graphs.append(compiled)
@@ -93,7 +96,7 @@ class _FirstCall:
             return _fallback(self.gm, "a training graph with symbolic sizes (tessel trains static shapes)")
         frozen = set(_state_inputs(self.gm, args))
         module = _TensorsOnly(self.gm, sizes)
-        o = dict(dynamo_options)
+        o = dict(self.options)
         try:
             compiled = CompiledModule(module, tensors, freeze_inputs=[k for k, i in enumerate(sizes.tensors) if i in frozen],
                                       dynamic_dims=sizes.dims_of(frozen), **o)
@@ -249,16 +252,28 @@ def symbolic_sizes(gm, example_inputs):
     return _Sizes(len(placeholders), tensors, dims, ints, where)
 
 
+def _options(kwargs):
+    """tessel.dynamo_options with torch.compile's `options={...}` for this graph over them."""
+    unknown = sorted(set(kwargs) - set(dynamo_options))
+    if unknown:
+        raise _tessel.TesselError(f"torch.compile options {unknown} are not tessel's (it takes "
+                                  f"{', '.join(sorted(dynamo_options))})")
+    return {**dynamo_options, **kwargs}
+
+
 def tessel_backend(gm, example_inputs, **kwargs):
+    """The "tessel" backend of torch.compile. kwargs: torch.compile's `options`, over tessel.dynamo_options
+    (target="spyre" runs the graphs on the simulated chip)."""
+    options = _options(kwargs)
     if all(isinstance(t, torch.Tensor) for t in example_inputs) and not _has_symbolic_dims(gm):
-        return _FirstCall(gm)
+        return _FirstCall(gm, options=options)
     try:
         sizes = symbolic_sizes(gm, example_inputs)
     except Unsupported as e:
         return _fallback(gm, f"the graph takes non-tensor inputs tessel cannot compile symbolically: {e}")
     if sizes is None:
         return _fallback(gm, "the graph takes non-tensor inputs that are not sizes")
-    return _FirstCall(gm, sizes)
+    return _FirstCall(gm, sizes, options)
 
 
 def _has_symbolic_dims(gm):

@@ -34,15 +34,29 @@ DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw
   return dc;
 }
 
+namespace {
+
+// import (timed by the caller) -> core pipeline -> fusion -> map_to_tiles, named `name`.
+DataflowCompile lower_graph(std::unique_ptr<Graph> graph, Clock::time_point t0, const dataflow::HwSpec& hw,
+                            const tile::MapOptions& opts, const PassOptions& passes) {
+  Lowering lowering(passes);
+  lowering.graph_passes(*graph, "core");
+  DataflowCompile dc;
+  dc.module = lowering.fuse(std::move(graph));
+  dc.lower_seconds = since(t0);
+  const auto t1 = Clock::now();
+  dc.program = lowering.map_to_tiles(dc.module, hw, opts);
+  dc.map_seconds = since(t1);
+  dc.stages = lowering.records();
+  return dc;
+}
+
+}  // namespace
+
 DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const dataflow::HwSpec& hw,
                                  const tile::MapOptions& opts, const PassOptions& passes) {
   const auto t0 = Clock::now();
   ImportedModel m = import_model_file(model, inputs);
-  Lowering lowering(passes);
-  lowering.graph_passes(*m.graph, "core");
-  DataflowCompile dc;
-  dc.module = lowering.fuse(std::move(m.graph));
-  dc.lower_seconds = since(t0);
   // the program is named as the user calls the model: its folder (model zoo), else the file's stem
   std::filesystem::path mp(model);
   while (!mp.empty() && !mp.has_filename()) mp = mp.parent_path();
@@ -50,11 +64,14 @@ DataflowCompile compile_dataflow(const std::string& model, const std::vector<Ten
   named.name = std::filesystem::is_directory(mp) ? mp.filename().string()
                : mp.stem() == "model"             ? mp.parent_path().filename().string()
                                                   : mp.stem().string();
-  const auto t1 = Clock::now();
-  dc.program = lowering.map_to_tiles(dc.module, hw, named);
-  dc.map_seconds = since(t1);
-  dc.stages = lowering.records();
-  return dc;
+  return lower_graph(std::move(m.graph), t0, hw, named, passes);
+}
+
+DataflowCompile compile_dataflow(std::unique_ptr<Graph> graph, const dataflow::HwSpec& hw, const tile::MapOptions& opts,
+                                 const PassOptions& passes) {
+  tile::MapOptions named = opts;
+  if (named.name.empty()) named.name = graph->name;
+  return lower_graph(std::move(graph), Clock::now(), hw, named, passes);
 }
 
 DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp) {

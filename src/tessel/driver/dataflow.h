@@ -30,6 +30,10 @@ struct DataflowCompile {
 // print_after.
 DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const dataflow::HwSpec& hw,
                                  const tile::MapOptions& opts = {}, const PassOptions& passes = {});
+// The same from a graph already in hand (tessel.compile's dataflow targets: the PyTorch converter's
+// graph); the program is named `opts.name`, else the graph's name.
+DataflowCompile compile_dataflow(std::unique_ptr<Graph> graph, const dataflow::HwSpec& hw, const tile::MapOptions& opts = {},
+                                 const PassOptions& passes = {});
 // The same from a kernel module already in hand (the tile stages only).
 DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts = {},
                                  const PassOptions& passes = {});

@@ -21,6 +21,19 @@ nlohmann::json landscape_row(const std::string& target, const DataflowCompile& d
           {"dtype", std::string(dtype_name(dc.program.float_dtype))}};
 }
 
+HtmlTargetReport html_target_report(const std::string& target, const DataflowRun& run) {
+  const dataflow::HwSpec& hw = run.compile.program.hw_spec();
+  HtmlTargetReport tr;
+  tr.name = target;
+  tr.report = report_json(run.report);
+  tr.trace = nlohmann::json::parse(dataflow::chrome_trace_json(run.sim.timeline.graph, hw, run.sim.result));
+  tr.peak_matrix_flops = hw.peak_flops(run.compile.program.float_dtype);
+  tr.peak_vector_flops = hw.vector.rate(dataflow::VectorOp::add) * static_cast<double>(hw.cores) * hw.clock_ghz * 1e9;
+  tr.peak_dram_bytes = hw.peak_dram_bytes_per_second();
+  tr.usable_scratchpad = hw.usable_scratchpad_bytes();
+  return tr;
+}
+
 HtmlReportInput gather_report(const std::string& model, const ReportOptions& opts) {
   HtmlReportInput in;
   in.model = model;
@@ -35,18 +48,8 @@ HtmlReportInput gather_report(const std::string& model, const ReportOptions& opt
     dataflow::SimOptions so;
     so.record_dram_samples = true;
     const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, hw, opts.map), so);
-    const DataflowCompile& dc = run.compile;
-    const DataflowReport& r = run.report;
-    HtmlTargetReport tr;
-    tr.name = t;
-    tr.report = report_json(r);
-    tr.trace = nlohmann::json::parse(dataflow::chrome_trace_json(run.sim.timeline.graph, hw, run.sim.result));
-    tr.peak_matrix_flops = hw.peak_flops(dc.program.float_dtype);
-    tr.peak_vector_flops = hw.vector.rate(dataflow::VectorOp::add) * static_cast<double>(hw.cores) * hw.clock_ghz * 1e9;
-    tr.peak_dram_bytes = hw.peak_dram_bytes_per_second();
-    tr.usable_scratchpad = hw.usable_scratchpad_bytes();
-    in.landscape.push_back(landscape_row(t, dc, r));
-    in.targets.push_back(std::move(tr));
+    in.landscape.push_back(landscape_row(t, run.compile, run.report));
+    in.targets.push_back(html_target_report(t, run));
   }
   if (cpu) {
     if (ins.empty()) throw Error(Location{.file = model}, "report's cpu ladder runs the model: it needs test_data_set_0 inputs");

@@ -20,6 +20,9 @@ struct ReportOptions {
 
 HtmlReportInput gather_report(const std::string& model, const ReportOptions& opts);
 
+// One dataflow target's part of the page from its simulated run (recorded with DRAM samples for the trace).
+HtmlTargetReport html_target_report(const std::string& target, const DataflowRun& run);
+
 // The landscape's row of one dataflow target (`tessel landscape --json`, the report's table).
 nlohmann::json landscape_row(const std::string& target, const DataflowCompile& dc, const DataflowReport& r);
 
