@@ -371,7 +371,7 @@ int cmd_run_dynamic(const std::string& model, const std::string& inputs_dirs, bo
                     const std::string& passes, const std::string& backend, int repeat, int threads) {
   std::vector<std::string> dirs = comma_list(inputs_dirs);
   if (dirs.empty()) {
-    ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
+    ModelPaths mp = resolve_model(model);
     if (mp.data_sets.empty()) throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
     dirs.push_back(mp.data_sets[0]);
   }
@@ -428,7 +428,7 @@ int cmd_run_dynamic(const std::string& model, const std::string& inputs_dirs, bo
 int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary,
             const std::string& passes, const std::string& backend, int repeat, int threads) {
   if (inputs_dir.empty()) {
-    ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
+    ModelPaths mp = resolve_model(model);
     if (mp.data_sets.empty())
       throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
     inputs_dir = mp.data_sets[0];
@@ -681,7 +681,7 @@ int cmd_sim_buckets(const std::string& model, const std::string& target, const s
   o.functional = functional;
   std::vector<std::string> dirs = comma_list(inputs);
   if (dirs.empty()) {
-    ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
+    ModelPaths mp = resolve_model(model);
     if (mp.data_sets.empty()) throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
     dirs.push_back(mp.data_sets[0]);
   }

@@ -13,6 +13,7 @@
 #include "tessel/driver/html_report.h"
 #include "tessel/driver/report.h"
 #include "tessel/export/ktir.h"
+#include "tessel/frontend/onnx/importer.h"
 #include "tessel/hw/hw.h"
 #include "tessel/targets/dataflow/functional.h"
 #include "tessel/targets/dataflow/sim_engine.h"
@@ -835,6 +836,10 @@ PYBIND11_MODULE(_tessel, m) {
   });
   m.def("hardware_threads", [] { return resolve_threads(0); });
   m.def("hw_presets", [] { return dataflow::preset_names(); }, "the dataflow hardware presets' names");
+  m.def("write_tensor_pb", [](const py::array& a, const std::string& dtype, const std::string& name, const std::string& path) {
+        write_tensor_pb(from_array(a, dtype), name, path);
+      }, py::arg("array"), py::arg("dtype"), py::arg("name"), py::arg("path"),
+      "an ONNX TensorProto file (a model-zoo data set's input_N.pb / output_N.pb)");
 
   // Size arithmetic for the converter (support/sym.h): sizes are ints or Dim texts ("s0", "64*s0").
   m.def("dim_binary", [](const std::string& op, const py::object& a, const py::object& b) -> py::object {

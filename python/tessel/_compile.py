@@ -4,6 +4,7 @@ import json
 import operator
 import os
 import re
+import shutil
 import time
 import warnings
 from collections import OrderedDict
@@ -981,6 +982,59 @@ def compile(module, example_inputs, target=None, backend="compiled", threads=Non
     return CompiledModule(module, example_inputs, target=target, backend=backend, threads=threads, repair=repair,
                           cache_limit=cache_limit, on_limit=on_limit, example_kwargs=example_kwargs, precision=precision,
                           dynamic=dynamic, dynamic_dims=dynamic_dims)
+
+
+def export(module, example_inputs, folder, example_kwargs=None, repair=False):
+    """Writes `module` as a model folder every `tessel` command takes (run --check, sim, report, landscape,
+    explain, bench): folder/model.tsl -- the graph tessel.compile would compile, its parameters as
+    constants -- and folder/test_data_set_0 with the call's inputs (input_N.pb) and PyTorch eager's outputs
+    (output_N.pb). `folder` must not exist or be empty; it is written beside and renamed into place, so it
+    is whole or absent. Returns the folder. docs/python.md, "Export"."""
+    folder = os.fspath(folder)
+    if os.path.exists(folder) and (not os.path.isdir(folder) or os.listdir(folder)):
+        raise _tessel.TesselError(f"{folder}: exists and is not an empty folder (tessel.export writes a new one)")
+    tensors, sig = _split_call(tuple(example_inputs), example_kwargs or {})
+    call = _call_builder(sig)
+    captured, conv, _, _ = _convert(module, tensors, repair, "tessel.export", call=call)
+    report = json.loads(conv.builder.explain())
+    name = type(module).__name__
+    if report["breaks"]:
+        b = report["breaks"][0]
+        raise _tessel.TesselError(f"tessel.export: {name} has {len(report['breaks'])} graph break(s) (first: {b['op']}: "
+                                  f"{b['reason']}); a model file holds no PyTorch (try repair=True)")
+    if captured.mutated or captured.reads or conv.out_literals:
+        why = ("changes its inputs or buffers" if captured.mutated else
+               "reads tensor values into Python (value guards)" if captured.reads else "returns non-tensor values")
+        raise _tessel.TesselError(f"tessel.export: {name} {why}; a model file holds the tensor graph only")
+    feeds = [captured.sources[p] for p in conv.input_positions]
+    if any(f.__class__ is not int for f in feeds):
+        raise _tessel.TesselError(f"tessel.export: {name} reads a buffer it also changes; a model file holds none")
+    with torch.no_grad():
+        args, kwargs = call(list(tensors))
+        ref = module(*args, **kwargs)
+    outs, _ = pytree.tree_flatten(ref)
+    outs = [o for o in outs if isinstance(o, torch.Tensor)]
+    parent = os.path.dirname(os.path.abspath(folder))
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(folder))}.tmp-{os.getpid()}")
+    try:
+        os.makedirs(os.path.join(tmp, "test_data_set_0"))
+        with open(os.path.join(tmp, "model.tsl"), "w", encoding="utf-8") as f:
+            f.write(conv.builder.text(False))
+        for k, (f_, value) in enumerate(zip(feeds, conv.input_names)):
+            arr, d = to_buffer(tensors[f_])
+            _tessel.write_tensor_pb(arr, d, value, os.path.join(tmp, "test_data_set_0", f"input_{k}.pb"))
+        for k, o in enumerate(outs):
+            arr, d = to_buffer(o.detach().contiguous())
+            _tessel.write_tensor_pb(arr, d, f"output_{k}", os.path.join(tmp, "test_data_set_0", f"output_{k}.pb"))
+        if os.path.isdir(folder):
+            os.rmdir(folder)            # (empty: checked above)
+        os.replace(tmp, folder)
+    except OSError as e:
+        raise _tessel.TesselError(f"{folder}: cannot write ({e.strerror or e})") from None
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
 
 
 def explain(module, example_inputs, repair=False, example_kwargs=None):

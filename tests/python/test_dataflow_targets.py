@@ -193,6 +193,55 @@ class Torchvision(Tmp):
         self.check(m, x, "spyre", "bf16", TOLERANCE["bf16"])
 
 
+TESSEL_BINARY = os.environ.get("TESSEL_BINARY", os.path.join(SOURCE_DIR, "build", "tessel"))
+
+
+class Export(Tmp):
+    """tessel.export writes a model folder (model.tsl + test_data_set_0 with eager's outputs) that the
+    command line takes as it takes an ONNX model-zoo folder."""
+
+    def tessel(self, *args):
+        import subprocess
+        r = subprocess.run([TESSEL_BINARY, "--quiet", *args], capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, f"tessel {' '.join(args)}:\n{r.stdout}\n{r.stderr}")
+        return r.stdout
+
+    @unittest.skipUnless(os.path.exists(TESSEL_BINARY), f"needs the tessel command ({TESSEL_BINARY}; set TESSEL_BINARY)")
+    def test_every_command_takes_the_folder(self):
+        m = mlp()
+        folder = tessel.export(m, (torch.randn(16, 64),), os.path.join(self.tmp, "mlp"))
+        self.assertEqual(sorted(os.listdir(folder)), ["model.tsl", "test_data_set_0"])
+        self.assertEqual(sorted(os.listdir(os.path.join(folder, "test_data_set_0"))), ["input_0.pb", "output_0.pb"])
+        self.assertIn("PASS", self.tessel("run", folder, "--check"))
+        self.assertIn("PASS", self.tessel("run", folder, "--check", "--backend", "compiled"))
+        self.assertIn("PASS", self.tessel("sim", folder, "--hw", "spyre"))
+        self.assertIn("spyre", self.tessel("landscape", folder, "--targets", "spyre,tpu-v5e,cpu"))
+        self.tessel("explain", folder, "--check")
+        page = os.path.join(self.tmp, "r.html")
+        self.tessel("report", folder, "--hw", "spyre", "-o", page)
+        self.assertTrue(os.path.getsize(page) > 1000)
+
+    @unittest.skipUnless(os.path.exists(TESSEL_BINARY), f"needs the tessel command ({TESSEL_BINARY}; set TESSEL_BINARY)")
+    @unittest.skipIf(torchvision is None or SANITIZED, "torchvision (not in the sanitized build)")
+    def test_resnet18_round_trip(self):
+        torch.manual_seed(0)
+        m = torchvision.models.resnet18().eval()
+        folder = tessel.export(m, (torch.randn(1, 3, 32, 32),), os.path.join(self.tmp, "resnet18"))
+        self.assertIn("PASS", self.tessel("run", folder, "--check", "--backend", "compiled"))
+
+    def test_refusals_write_nothing(self):
+        keep = os.path.join(self.tmp, "mine")
+        os.makedirs(keep)
+        with open(os.path.join(keep, "notes.txt"), "w") as f:
+            f.write("mine")
+        with self.assertRaisesRegex(tessel.TesselError, r"exists and is not an empty folder"):
+            tessel.export(mlp(), (torch.randn(4, 64),), keep)
+        self.assertEqual(os.listdir(keep), ["notes.txt"])
+        with self.assertRaisesRegex(tessel.TesselError, r"graph break.*NonZero"):
+            tessel.export(NonZeroBreak().eval(), (torch.randn(32, 64),), os.path.join(self.tmp, "nz"))
+        self.assertEqual(sorted(os.listdir(self.tmp)), ["mine"])
+
+
 class TorchCompileOptions(unittest.TestCase):
 
     def test_unknown_option_names_the_options(self):

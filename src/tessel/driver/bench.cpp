@@ -122,11 +122,9 @@ BenchReport bench_model(const std::string& model, const BenchOptions& requested)
   ModelPaths mp = resolve_model(model);
   if (mp.data_sets.empty()) throw Error(Location{.file = model}, "bench needs a test_data_set_0 next to the model (its inputs)");
   const std::vector<Tensor> ins = read_data_set(mp.data_sets[0], "input");
-  ImportOptions io;
-  for (const auto& t : ins) io.input_shapes.push_back(t.shape());
   auto import = [&](double& seconds) {
     auto t0 = Clock::now();
-    ImportedModel m = import_onnx(mp.model, io);
+    ImportedModel m = import_model_file(model, ins);
     seconds = since(t0);
     return m;
   };

@@ -145,7 +145,8 @@ ImportedModel import_model_file(const std::string& path, const std::vector<Tenso
   ImportedModel m;
   if (is_text_model(path)) {
     // A regular file within the allocation limit: a FIFO or /dev/zero named .tsl is refused, not read forever.
-    m.graph = parse_graph(read_regular_file(path, "model file"), path);
+    const std::string file = resolve_model(path).model;
+    m.graph = parse_graph(read_regular_file(file, "model file"), file);
     m.producer = "tessel text";
   } else {
     ImportOptions io;
@@ -179,7 +180,7 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
   fs::path entry;
   if (opts.executable_cache) {
     const auto tk = Clock::now();
-    const std::string file = is_text_model(path) ? path : resolve_model(path).model;
+    const std::string file = resolve_model(path).model;
     const fs::path exe_dir = fs::path(cpu::cache_directory(bo.toolchain)) / "exe";
     const std::string key = cpu::content_key({kEntryFormat, build_identity(), model_hash(file, exe_dir / "files", opts.trust_file_stat),
                                               inputs_text(ex), options_text(bo, threads), cpu::cpu_features(),

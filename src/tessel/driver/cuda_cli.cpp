@@ -33,7 +33,7 @@ std::string model_name(const std::string& model) { return fs::path(model).filena
 
 std::vector<Tensor> inputs_of(const std::string& model, std::string inputs_dir) {
   if (inputs_dir.empty()) {
-    ModelPaths mp = is_text_model(model) ? ModelPaths{} : resolve_model(model);
+    ModelPaths mp = resolve_model(model);
     if (mp.data_sets.empty()) throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
     inputs_dir = mp.data_sets[0];
   }
@@ -58,7 +58,7 @@ std::unique_ptr<CudaExecutable> compile(const std::string& model, const std::vec
 
 int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool check, double max_rel, int repeat, cuda::Precision precision) {
   std::string dir = inputs_dir;
-  if (dir.empty() && !is_text_model(model)) {
+  if (dir.empty()) {
     ModelPaths mp = resolve_model(model);
     if (!mp.data_sets.empty()) dir = mp.data_sets[0];
   }
@@ -118,7 +118,7 @@ nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o) {
   // The oracle: the data set's outputs where it has them, else the eager interpreter.
   std::vector<Tensor> refs;
   std::string oracle = "test_data_set_0 outputs";
-  if (!is_text_model(model)) {
+  {
     ModelPaths mp = resolve_model(model);
     if (!mp.data_sets.empty()) refs = read_data_set(mp.data_sets[0], "output");
   }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "tessel/driver/compare.h"
+#include "tessel/driver/compile_model.h"
 #include "tessel/driver/model_dir.h"
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/graph.h"
@@ -68,9 +69,7 @@ int cmd_explain(const std::string& model, const ExplainOptions& opts) {
     inputs = read_data_set(paths.data_sets[0], "input");
     refs = read_data_set(paths.data_sets[0], "output");
   }
-  ImportOptions io;
-  for (const auto& t : inputs) io.input_shapes.push_back(t.shape());
-  ImportedModel m = import_onnx(paths.model, io);
+  ImportedModel m = import_model_file(model, inputs);
   std::vector<RepairRecord> repairs;
   if (opts.repair) {
     try {

@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "tessel/driver/compile_model.h"
 #include "tessel/driver/model_dir.h"
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/graph.h"
@@ -109,11 +110,7 @@ FloorResult measure_matmul_floor(const Graph& core_graph, int threads, int iters
 
 FloorResult measure_model_matmul_floor(const std::string& model, int threads, int iters) {
   const ModelPaths mp = resolve_model(model);
-  ImportOptions io;
-  if (!mp.data_sets.empty())
-    for (const Tensor& t : read_data_set(mp.data_sets[0], "input"))
-      io.input_shapes.push_back(t.shape());
-  ImportedModel m = import_onnx(mp.model, io);
+  ImportedModel m = import_model_file(model, mp.data_sets.empty() ? std::vector<Tensor>{} : read_data_set(mp.data_sets[0], "input"));
   run_pipeline(*m.graph, parse_pipeline("core"), PassOptions{.verify = false});
   return measure_matmul_floor(*m.graph, threads, iters);
 }

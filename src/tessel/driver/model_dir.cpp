@@ -10,10 +10,14 @@
 namespace tessel {
 namespace fs = std::filesystem;
 
-bool is_text_model(const std::string& path) { return fs::path(path).extension() == ".tsl"; }
+bool is_text_model(const std::string& path) {
+  if (fs::path(path).extension() == ".tsl") return true;
+  std::error_code ec;
+  return fs::is_directory(path, ec) && !fs::exists(fs::path(path) / "model.onnx", ec) &&
+         fs::exists(fs::path(path) / "model.tsl", ec);
+}
 
 std::vector<Tensor> model_inputs(const std::string& path) {
-  if (is_text_model(path)) return {};
   const ModelPaths mp = resolve_model(path);
   return mp.data_sets.empty() ? std::vector<Tensor>{} : read_data_set(mp.data_sets[0], "input");
 }
@@ -24,7 +28,8 @@ ModelPaths resolve_model(const std::string& path) {
   if (fs::is_directory(path)) {
     dir = path;
     p.model = (dir / "model.onnx").string();
-    if (!fs::exists(p.model)) throw Error(Location{.file = path}, "folder has no model.onnx");
+    if (!fs::exists(p.model)) p.model = (dir / "model.tsl").string();
+    if (!fs::exists(p.model)) throw Error(Location{.file = path}, "folder has no model.onnx or model.tsl");
   } else if (fs::exists(path)) {
     p.model = path;
     dir = fs::path(path).parent_path();

@@ -1,4 +1,5 @@
-// Model locations: a .onnx file or a model-zoo folder (model.onnx + test_data_set_N/).
+// Model locations: a .onnx or .tsl file, or a model-zoo folder (model.onnx or model.tsl, the form
+// tessel.export writes, + test_data_set_N/).
 #pragma once
 
 #include <string>
@@ -9,17 +10,18 @@
 namespace tessel {
 
 struct ModelPaths {
-  std::string model;                   // path of the .onnx file
+  std::string model;                   // path of the .onnx or .tsl file
   std::vector<std::string> data_sets;  // test_data_set_N folders next to it, in order
 };
 
-// Throws naming the path if it is neither an .onnx file nor a folder holding model.onnx.
+// Throws naming the path if it is neither a model file nor a folder holding model.onnx or model.tsl.
 ModelPaths resolve_model(const std::string& path);
 
-// A model given as .tsl text (no data sets next to it) rather than an .onnx file or model-zoo folder.
+// A model given as .tsl text (a .tsl file, or a folder holding model.tsl and no model.onnx) rather than
+// ONNX.
 bool is_text_model(const std::string& path);
 
-// The inputs of the model's test_data_set_0, or none (a .tsl model, or no data set).
+// The inputs of the model's test_data_set_0 (next to the file, or in the folder), or none.
 std::vector<Tensor> model_inputs(const std::string& path);
 
 // input_N.pb (or output_N.pb) files of a data set folder, in order of N.
