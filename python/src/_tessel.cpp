@@ -460,6 +460,7 @@ class DataflowExecutable {
   }
   std::string report_json_text() const { return json_dump(report_json(run_->report)); }
   std::string table() const { return report_table(run_->report); }
+  std::string landscape() const { return json_dump(landscape_row(target_, run_->compile, run_->report)); }
   std::string trace_json() const {
     return dataflow::chrome_trace_json(run_->sim.timeline.graph, run_->compile.program.hw_spec(), run_->sim.result);
   }
@@ -763,6 +764,7 @@ PYBIND11_MODULE(_tessel, m) {
       .def("run", &DataflowExecutable::run, py::arg("inputs"), py::arg("runner") = py::none())
       .def("report_json", &DataflowExecutable::report_json_text, "the timed simulation's report (tessel sim --json)")
       .def("table", &DataflowExecutable::table, "the report as tessel sim prints it")
+      .def("landscape_row", &DataflowExecutable::landscape, "this target's row of tessel landscape --json")
       .def("trace_json", &DataflowExecutable::trace_json, "the Perfetto / chrome://tracing trace of the timed simulation")
       .def("html", &DataflowExecutable::html, py::arg("model"), "the HTML report page (tessel report) of this target")
       .def("ktir", &DataflowExecutable::ktir, py::arg("folder"), "writes the KTIR export; returns its manifest (JSON)")

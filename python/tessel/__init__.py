@@ -15,7 +15,7 @@ from ._tessel import TesselError, GuardFailure, GraphBuilder, Executable, ops  #
 from ._tessel import __version__  # noqa: F401  (the text of `tessel --version`: release + build)
 from ._convert import TesselCaptureError  # noqa: F401
 from ._capture import capture  # noqa: F401
-from ._compile import CompiledModule, Explanation, Stats, TesselRecompileLimit, compile, explain, export  # noqa: F401
+from ._compile import CompiledModule, Explanation, Stats, TesselRecompileLimit, compile, explain, export, landscape  # noqa: F401
 from . import aten_table  # noqa: F401
 from . import optim  # noqa: F401
 from ._dynamo import dynamo_fallbacks, dynamo_graphs, dynamo_options, tessel_backend  # noqa: F401
@@ -23,5 +23,5 @@ from ._dynamo import register as _register_dynamo
 
 dynamo_registered = _register_dynamo()
 
-__all__ = ["compile", "explain", "export", "CompiledModule", "Explanation", "Stats", "TesselError", "TesselCaptureError",
+__all__ = ["compile", "explain", "export", "landscape", "CompiledModule", "Explanation", "Stats", "TesselError", "TesselCaptureError",
            "TesselRecompileLimit", "GuardFailure", "dynamo_options", "dynamo_graphs", "tessel_backend", "dynamo_registered"]

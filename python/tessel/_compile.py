@@ -1037,6 +1037,63 @@ def export(module, example_inputs, folder, example_kwargs=None, repair=False):
     return folder
 
 
+def landscape(module, example_inputs, targets=("spyre", "tpu-v5e", "tpu-v4", "cpu"), threads=None, iters=20,
+              example_kwargs=None):
+    """The Accelerator Landscape Map's rows for `module` (`tessel landscape --json`, without an export): per
+    dataflow target its timed simulation (time_us, utilisation, dram_mb, padding_mb, scratchpad_peak_kb,
+    roofline_us, cores, dtype, compile_ms) and the functional simulator's max_rel_err against eager; 'cpu'
+    measured here (median of `iters` calls after a warm one); 'cuda' where a usable GPU is. Returns a list
+    of dicts, one per target, in order."""
+    tensors, sig = _split_call(tuple(example_inputs), example_kwargs or {})
+    call = _call_builder(sig)
+    with torch.no_grad():
+        a, kw = call(list(tensors))
+        ref = module(*a, **kw)
+    ref_flat = [t for t in pytree.tree_flatten(ref)[0] if isinstance(t, torch.Tensor)]
+
+    def rel_err(out):
+        outs = [t for t in pytree.tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        return max(float((o.cpu().float() - r.float()).abs().max() / max(float(r.float().abs().max()), 1e-30))
+                   for o, r in zip(outs, ref_flat))
+    rows = []
+    for target in targets:
+        t0 = time.perf_counter()
+        if is_dataflow(target):
+            fast = compile(module, tensors, target=target, threads=threads, example_kwargs=example_kwargs)
+            row = json.loads(fast._cache[fast._last_key].exe.landscape_row())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")     # (a flush is in max_rel_err, and fast.last_run)
+                row["max_rel_err"] = rel_err(fast(*tensors))
+            rows.append(row)
+            continue
+        on = tensors
+        if target == "cuda":
+            usable, why = _tessel.cuda_device()
+            if not usable:
+                rows.append(dict(target="cuda", skipped=why))
+                continue
+            on = tuple(t.cuda() for t in tensors)
+        elif target != "cpu":
+            raise _tessel.TesselError(f"landscape: target '{target}' is not cpu, cuda or a dataflow chip")
+        fast = compile(module, on, target=target, threads=threads, example_kwargs=example_kwargs)
+        with torch.no_grad():
+            out = fast(*on)
+        compile_ms = (time.perf_counter() - t0) * 1e3
+        times = []
+        for _ in range(iters):
+            if target == "cuda":
+                torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            fast(*on)
+            if target == "cuda":
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t1) * 1e6)
+        times.sort()
+        rows.append(dict(target=target, time_us=times[len(times) // 2], compile_ms=compile_ms,
+                         threads=fast.threads if target == "cpu" else None, max_rel_err=rel_err(out)))
+    return rows
+
+
 def explain(module, example_inputs, repair=False, example_kwargs=None):
     """The graph-break report of `module` on `example_inputs` (nothing is compiled)."""
     tensors, sig = _split_call(tuple(example_inputs), example_kwargs or {})

@@ -222,6 +222,27 @@ class Export(Tmp):
         self.assertTrue(os.path.getsize(page) > 1000)
 
     @unittest.skipUnless(os.path.exists(TESSEL_BINARY), f"needs the tessel command ({TESSEL_BINARY}; set TESSEL_BINARY)")
+    def test_landscape_rows_are_the_clis(self):
+        """tessel.landscape's dataflow rows are `tessel landscape --json`'s for the exported folder (the same
+        graph, the same timed simulation); its cpu row is measured and within 1e-4 of eager."""
+        m = mlp()
+        x = torch.randn(16, 64)
+        rows = tessel.landscape(m, (x,), targets=("spyre", "tpu-v5e", "cpu"), iters=3)
+        self.assertEqual([r["target"] for r in rows], ["spyre", "tpu-v5e", "cpu"])
+        folder = tessel.export(m, (x,), os.path.join(self.tmp, "mlp"))
+        out = os.path.join(self.tmp, "land.json")
+        self.tessel("landscape", folder, "--targets", "spyre,tpu-v5e", "--json", out)
+        with open(out) as f:
+            cli = json.load(f)
+        for mine, theirs in zip(rows, cli):
+            for k in ("time_us", "utilisation", "dram_mb", "padding_mb", "scratchpad_peak_kb", "roofline_us", "cores",
+                      "dtype"):
+                self.assertEqual(mine[k], theirs[k], f"{mine['target']} {k}")
+            self.assertLess(mine["max_rel_err"], TOLERANCE[mine["dtype"]])
+        self.assertGreater(rows[2]["time_us"], 0)
+        self.assertLess(rows[2]["max_rel_err"], 1e-4)
+
+    @unittest.skipUnless(os.path.exists(TESSEL_BINARY), f"needs the tessel command ({TESSEL_BINARY}; set TESSEL_BINARY)")
     @unittest.skipIf(torchvision is None or SANITIZED, "torchvision (not in the sanitized build)")
     def test_resnet18_round_trip(self):
         torch.manual_seed(0)
