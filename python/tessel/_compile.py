@@ -770,6 +770,12 @@ class CompiledModule:
         overflowed by the storage precision."""
         return dict(self._dataflow_exe(".last_run").last_run)
 
+    def kernels(self):
+        """The kernel level of the newest compilation on a dataflow target (docs/ir/kernel.md): each fused
+        kernel with its loops, accesses, library call and the graph nodes it came from. The report's
+        `kernels` list the same kernels with their tile decisions and times."""
+        return self._dataflow_exe("kernels()").kernel_text()
+
     def trace(self, path):
         """Writes the timed simulation's trace (open in ui.perfetto.dev or chrome://tracing)."""
         _write_file(path, self._dataflow_exe("trace()").trace_json())
