@@ -5,6 +5,7 @@
 #include <regex>
 
 #include "tessel/driver/op_table.h"
+#include "tessel/driver/target_compare.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
@@ -177,4 +178,18 @@ TEST(Docs, FuseWorkedExample) {
   KernelModule m = fuse(parse_graph(before, "docs/passes/fuse.md"));
   verify_kernel_module(m);
   EXPECT_EQ(print_kernel_module(m), after);
+}
+
+// docs/sim.md, "Two targets side by side": the ```tsl compare attention mapped for tpu-v5e and spyre prints as
+// the ```text compare block (the text `tessel compare attention.tsl --hw tpu-v5e,spyre` prints).
+TEST(Docs, CompareWorkedExample) {
+  const std::string md = testenv::read_text(testenv::source_dir() + "/docs/sim.md");
+  const std::string tsl = fenced_block(md, "```tsl compare"), want = fenced_block(md, "```text compare");
+  ASSERT_FALSE(tsl.empty() || want.empty());
+  auto map = [&](const char* target) {
+    tile::MapOptions o;
+    o.name = "attention";
+    return compile_dataflow(parse_graph(tsl, "docs/sim.md"), dataflow::resolve_target(target), o);
+  };
+  EXPECT_EQ(comparison_text(compare_targets(map("tpu-v5e"), map("spyre"))), want);
 }

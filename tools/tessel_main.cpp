@@ -31,6 +31,7 @@
 #include "tessel/driver/model_dir.h"
 #include "tessel/driver/op_table.h"
 #include "tessel/driver/report.h"
+#include "tessel/driver/target_compare.h"
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/bind.h"
 #include "tessel/ir/printer.h"
@@ -748,6 +749,20 @@ int cmd_sim(const std::string& model, const std::string& target, const std::stri
   return 0;
 }
 
+// `tessel compare MODEL --hw A,B` (driver/target_compare.h).
+int cmd_compare(const std::string& model, const std::string& targets, const std::string& json, const std::string& dtype) {
+  const std::vector<std::string> t = comma_list(targets);
+  if (t.size() != 2)
+    throw Error(Location{.pass = "compare"}, fmt::format("--hw takes two targets, comma-separated, not '{}'", display_text(targets)));
+  const std::vector<Tensor> ins = model_inputs(model);
+  const DataflowCompile a = compile_dataflow(model, ins, dataflow::resolve_target(t[0]), map_options(dtype));
+  const DataflowCompile b = compile_dataflow(model, ins, dataflow::resolve_target(t[1]), map_options(dtype));
+  const TargetComparison c = compare_targets(a, b);
+  fmt::print("{}", comparison_text(c));
+  if (!json.empty()) write_text(json, json_dump(comparison_json(c), 1) + "\n");
+  return 0;
+}
+
 // The Accelerator Landscape Map: one row per target for one model.
 int cmd_landscape(const std::string& model, const std::string& targets, int threads, const std::string& json) {
   const std::vector<Tensor> ins = model_inputs(model);
@@ -972,6 +987,13 @@ int main(int argc, char** argv) {
   sim->add_flag("--cpu", sim_bucket_cpu, "with --buckets: also time the trade-off on the host CPU: one symbolic compilation at each length vs a static compilation of each bucket");
   sim->add_option("--inputs", sim_inputs, "with --buckets: a comma list of data-set folders (input_N.pb, output_N.pb; default: the model's test_data_set_0)");
 
+  auto* cmpc = app.add_subcommand("compare", "MODEL on two dataflow targets side by side: per kernel the fusion, layout, work "
+                                             "division, tile sizes and scheduling on each, and the hardware facts behind each difference");
+  std::string cmp_model, cmp_hw = "tpu-v5e,spyre", cmp_json, cmp_dtype;
+  cmpc->add_option("MODEL", cmp_model, "a .onnx file, a model folder or a .tsl file")->required();
+  cmpc->add_option("--hw", cmp_hw, "two targets: presets or hardware files (.json), comma-separated");
+  cmpc->add_option("--json", cmp_json, "write the comparison as JSON here");
+  cmpc->add_option("--dtype", cmp_dtype, "storage of float tensors on both (as tessel sim --dtype; default: each target's own)");
   auto* land = app.add_subcommand("landscape", "One row per target for MODEL: time, utilisation, DRAM traffic, padding waste, scratchpad peak, compile time (the Accelerator Landscape Map)");
   std::string land_model, land_targets = "spyre,tpu-v5e,cpu", land_json;
   int land_threads = 0;
@@ -1153,6 +1175,7 @@ int main(int argc, char** argv) {
     }
     if (*hwc) return cmd_hw(hw_what, hw_matmul);
     if (*land) return cmd_landscape(land_model, land_targets, land_threads, land_json);
+    if (*cmpc) return cmd_compare(cmp_model, cmp_hw, cmp_json, cmp_dtype);
     if (*comp && comp_target == "cuda") {
       write_text(comp_out, emit_cuda(comp_model, comp_emit == "graph" ? "cuda" : comp_emit, cuda::parse_precision(cuda_precision)));
       return 0;
