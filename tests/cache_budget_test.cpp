@@ -99,7 +99,7 @@ TEST_F(CacheBudgetTest, OldestEntriesGoAndTheMostRecentlyHitOneStays) {
   EXPECT_TRUE(again.entry_hit) << again.load_error;
   EXPECT_TRUE(again.load_error.empty()) << again.load_error;
   for (const auto& e : fs::recursive_directory_iterator(cache_))
-    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+    EXPECT_EQ(e.path().filename().string().find(".tessel-tmp."), std::string::npos) << e.path();
 }
 
 TEST_F(CacheBudgetTest, AnEntryOverTheWholeBudgetIsNotStored) {

@@ -349,7 +349,7 @@ TEST(ExecutableCacheIntegrity, AnotherModelsEntryIsRebuilt) {
   fs::remove_all(dir);
 }
 
-// A compile killed while writing leaves `<key>.tmp.<pid>`; the next write into the cache sweeps
+// A compile killed while writing leaves `<key>.tessel-tmp.<pid>`; the next write into the cache sweeps
 // those of dead processes and keeps a live process's.
 TEST(ExecutableCacheIntegrity, StaleTemporaryEntriesAreSwept) {
   const std::string dir = fresh_dir("exe-sweep");
@@ -363,9 +363,9 @@ TEST(ExecutableCacheIntegrity, StaleTemporaryEntriesAreSwept) {
     return p;
   }();
   const auto old = fs::file_time_type::clock::now() - std::chrono::minutes(5);
-  const fs::path dead_entry = exe / fmt::format("0123abcd.tmp.{}", dead);
-  const fs::path dead_index = exe / "files" / fmt::format("0123abcd.txt.tmp.{}", dead);
-  const fs::path live_entry = exe / fmt::format("4567abcd.tmp.{}", getpid());
+  const fs::path dead_entry = exe / fmt::format("0123abcd.tessel-tmp.{}", dead);
+  const fs::path dead_index = exe / "files" / fmt::format("0123abcd.txt.tessel-tmp.{}", dead);
+  const fs::path live_entry = exe / fmt::format("4567abcd.tessel-tmp.{}", getpid());
   fs::create_directories(dead_entry);
   fs::create_directories(live_entry);
   fs::create_directories(dead_index.parent_path());
@@ -400,7 +400,7 @@ TEST(ExecutableCacheIntegrity, ConcurrentColdCompilesBothSucceed) {
   }
   int entries = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir + "/cache")) {
-    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+    EXPECT_EQ(e.path().filename().string().find(".tessel-tmp."), std::string::npos) << e.path();
     entries += e.path().filename() == "manifest.json";
   }
   EXPECT_EQ(entries, 1);

@@ -311,7 +311,7 @@ TEST_F(ToolchainTest, LoadedBytesAreTheCheckedBytes) {
               ::testing::ExitedWithCode(0), "^$");
 }
 
-// Killed compiles leave `*.tmp.<pid>[.<n>]` behind; the next write into the cache sweeps those of
+// Killed compiles leave `*.tessel-tmp.<pid>[.<n>]` behind; the next write into the cache sweeps those of
 // dead processes (after a minute's grace) and any older than a day, and keeps a live one's.
 TEST_F(ToolchainTest, StaleTemporaryFilesAreSwept) {
   BuildResult r = build_shared_object(kAxpy, "axpy", opts_);
@@ -328,10 +328,10 @@ TEST_F(ToolchainTest, StaleTemporaryFilesAreSwept) {
     fs::last_write_time(p, fs::file_time_type::clock::now() - age);
     return p;
   };
-  const fs::path dead_old = make(fmt::format("kernels.so.tmp.{}.0", dead), std::chrono::minutes(5));
-  const fs::path dead_log = make(fmt::format("compile.log.tmp.{}.3", dead), std::chrono::minutes(5));
-  const fs::path live_fresh = make(fmt::format("kernels.so.tmp.{}.7", getpid()), std::chrono::minutes(5));
-  const fs::path live_ancient = make(fmt::format("kernels.cpp.tmp.{}.8", getpid()), std::chrono::hours(25));
+  const fs::path dead_old = make(fmt::format("kernels.so.tessel-tmp.{}.0", dead), std::chrono::minutes(5));
+  const fs::path dead_log = make(fmt::format("compile.log.tessel-tmp.{}.3", dead), std::chrono::minutes(5));
+  const fs::path live_fresh = make(fmt::format("kernels.so.tessel-tmp.{}.7", getpid()), std::chrono::minutes(5));
+  const fs::path live_ancient = make(fmt::format("kernels.cpp.tessel-tmp.{}.8", getpid()), std::chrono::hours(25));
   const fs::path not_tmp = make("notes.tmp.txt", std::chrono::hours(25));
   build_shared_object("extern \"C\" int answer() { return 42; }\n", "other", opts_);  // a miss: writes
   EXPECT_FALSE(fs::exists(dead_old));
@@ -339,6 +339,90 @@ TEST_F(ToolchainTest, StaleTemporaryFilesAreSwept) {
   EXPECT_TRUE(fs::exists(live_fresh));
   EXPECT_FALSE(fs::exists(live_ancient));
   EXPECT_TRUE(fs::exists(not_tmp));
+}
+
+// issue 41: the sweep never touches what is not tessel's -- a user's own `NAME.tmp.PID` files and folders
+// in a cache root that is also their folder, a folder one level down that is not an entry, and what a
+// symbolic link in the cache points at -- however old, whoever's pid.
+TEST_F(ToolchainTest, TheSweepTouchesOnlyTesselsTemporaries) {
+  const pid_t dead = [] {
+    const pid_t p = fork();
+    if (p == 0) std::_Exit(0);
+    waitpid(p, nullptr, 0);
+    return p;
+  }();
+  const fs::path cache(opts_.cache_dir);
+  fs::create_directories(cache);
+  const auto old = fs::file_time_type::clock::now() - std::chrono::hours(48);
+  auto make_file = [&](const fs::path& p) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << "the user's";
+    fs::last_write_time(p, old);
+    return p;
+  };
+  const fs::path user_file = make_file(cache / fmt::format("thesis.tmp.{}", dead));
+  const fs::path user_dir = cache / fmt::format("photos.tmp.{}", dead);
+  make_file(user_dir / "a.jpg");
+  fs::last_write_time(user_dir, old);
+  const fs::path nested = make_file(cache / "projects" / fmt::format("draft.tessel-tmp.{}.0", dead));
+  const fs::path elsewhere = fs::path(root_) / "elsewhere";
+  const fs::path linked = make_file(elsewhere / fmt::format("notes.tessel-tmp.{}.1", dead));
+  fs::create_directory_symlink(elsewhere, cache / "0123456789abcdef");   // a link named like an entry
+  fs::create_symlink(elsewhere, cache / fmt::format("link.tessel-tmp.{}.2", dead));
+  build_shared_object("extern \"C\" int answer() { return 42; }\n", "other", opts_);  // a miss: writes, sweeps
+  EXPECT_TRUE(fs::exists(user_file));
+  EXPECT_TRUE(fs::exists(user_dir / "a.jpg"));
+  EXPECT_TRUE(fs::exists(nested));
+  EXPECT_TRUE(fs::exists(linked));
+  EXPECT_TRUE(fs::is_symlink(cache / fmt::format("link.tessel-tmp.{}.2", dead)));
+}
+
+// issue 41: a cache folder another user can write is refused (tessel would run the code it finds there),
+// as is one owned by someone else; tessel makes its own folders private (0700) whatever the umask.
+TEST_F(ToolchainTest, ACacheOthersCanWriteIsRefused) {
+  fs::create_directories(opts_.cache_dir);
+  ::chmod(opts_.cache_dir.c_str(), 01777);
+  try {
+    build_shared_object(kAxpy, "axpy", opts_);
+    FAIL() << "a world-writable cache was used";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("writable by every user (mode 1777)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(opts_.cache_dir), std::string::npos) << e.what();
+  }
+  ::chmod(opts_.cache_dir.c_str(), 0775);
+  EXPECT_THROW(build_shared_object(kAxpy, "axpy", opts_), Error);
+  if (::geteuid() == 0) {
+    ::chmod(opts_.cache_dir.c_str(), 0755);
+    ASSERT_EQ(::chown(opts_.cache_dir.c_str(), 65534, 65534), 0);
+    try {
+      build_shared_object(kAxpy, "axpy", opts_);
+      FAIL() << "a cache owned by another user was used";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is owned by uid 65534"), std::string::npos) << e.what();
+    }
+    ASSERT_EQ(::chown(opts_.cache_dir.c_str(), 0, 0), 0);
+  }
+  const mode_t was = ::umask(0);
+  opts_.cache_dir = root_ + "/fresh/cache";
+  BuildResult r = build_shared_object(kAxpy, "axpy", opts_);
+  ::umask(was);
+  struct stat st;
+  for (const fs::path& p : {fs::path(root_) / "fresh" / "cache", fs::path(r.so_path).parent_path()}) {
+    ASSERT_EQ(::stat(p.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u) << p;
+  }
+}
+
+// issue 41: an entry someone else could have swapped (group-writable kernels.so) is not loaded, whatever
+// its checksum says: it is compiled again.
+TEST_F(ToolchainTest, AnEntryOthersCanWriteIsNotLoaded) {
+  BuildResult r = build_shared_object(kAxpy, "axpy", opts_);
+  ::chmod(r.so_path.c_str(), 0664);
+  testing::internal::CaptureStderr();
+  BuildResult again = build_shared_object(kAxpy, "axpy", opts_);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(again.cache_hit);
+  EXPECT_NE(err.find("writable by its group"), std::string::npos) << err;
 }
 
 TEST(CpuFeatures, ListsVectorExtensions) {

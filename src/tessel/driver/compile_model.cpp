@@ -88,7 +88,7 @@ std::string model_hash(const std::string& file, const fs::path& index_dir, bool 
   }
   const std::string hash = file_hash(file);
   const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  fs::create_directories(index_dir, ec);
+  cpu::create_private_directories(index_dir.string(), ec);
   const std::string tmp = cpu::temporary_name(idx.string());
   {
     std::ofstream f(tmp);
@@ -224,7 +224,7 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
       const fs::path tmp = cpu::temporary_name(entry.string());
       std::error_code ec;
       fs::remove_all(tmp, ec);
-      fs::create_directories(tmp, ec);
+      cpu::create_private_directories(tmp.string(), ec);
       if (ec) throw Error(Location{.file = tmp.string(), .pass = "executable cache"}, "cannot create: " + ec.message());
       try {
         r.exe->save(tmp.string(), entry.filename().string());

@@ -61,9 +61,13 @@ std::string env(const char* name) {
 }
 
 // A unique suffix for temporary files of this process (other processes differ in the pid).
+// ".tessel-tmp.<pid>.<n>": the marker says tessel wrote it, so the sweep never takes a user's own
+// "<name>.tmp.<pid>" for one of its temporaries (issue 41: the sweep once deleted such user files).
+constexpr std::string_view kTempMarker = ".tessel-tmp.";
+
 std::string temp_suffix() {
   static std::atomic<unsigned> counter{0};
-  return ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+  return std::string(kTempMarker) + std::to_string(getpid()) + "." + std::to_string(counter++);
 }
 
 // The checksum file's text: format, size, hash.
@@ -102,15 +106,16 @@ Checksum read_sum(const std::string& path) {
 // `pid` names no process (ESRCH; EPERM means it exists under another user).
 bool process_gone(long pid) { return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
 
-// The pid of a temporary's name `<anything>.tmp.<pid>[.<n>]` (pid: 1-9 digits, n: digits), or -1.
+// The pid of a temporary's name `<anything>.tessel-tmp.<pid>[.<n>]` (pid: 1-9 digits, n: digits), or -1.
 // Plain string matching: std::regex here once crashed when a program built by another g++ (the
 // torch 2 Python extension on the GPU box) mixed its own instantiations of <regex> with these.
 long temporary_pid(const std::string& name) {
   auto digits = [](std::string_view s) {
     return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
   };
-  for (size_t at = name.rfind(".tmp."); at != std::string::npos; at = at ? name.rfind(".tmp.", at - 1) : std::string::npos) {
-    std::string_view rest = std::string_view(name).substr(at + 5);
+  for (size_t at = name.rfind(kTempMarker); at != std::string::npos;
+       at = at ? name.rfind(kTempMarker, at - 1) : std::string::npos) {
+    std::string_view rest = std::string_view(name).substr(at + kTempMarker.size());
     const size_t dot = rest.find('.');
     const std::string_view pid = rest.substr(0, dot);
     if (pid.size() > 9 || !digits(pid)) continue;
@@ -120,15 +125,22 @@ long temporary_pid(const std::string& name) {
   return -1;
 }
 
+// A folder or file tessel made itself: this user's, and not a symbolic link (never followed).
+bool own_entry(const fs::path& p) {
+  struct stat st;
+  return ::lstat(p.c_str(), &st) == 0 && !S_ISLNK(st.st_mode) && st.st_uid == ::geteuid();
+}
+
 void sweep_dir(const fs::path& dir) {
+  if (!own_entry(dir)) return;
   const auto now = fs::file_time_type::clock::now();
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const long pid = temporary_pid(it->path().filename().string());
-    if (pid < 0) continue;
+    if (pid < 0 || !own_entry(it->path())) continue;
     std::error_code tec;
     const auto mtime = fs::last_write_time(it->path(), tec);
-    if (tec) continue;  // gone meanwhile (another process swept it), or a dangling link
+    if (tec) continue;  // gone meanwhile (another process swept it)
     const auto age = now - mtime;
     const bool stale = age > std::chrono::hours(24) || (age > std::chrono::minutes(1) && process_gone(pid));
     if (stale) fs::remove_all(it->path(), tec);  // another process may sweep it at the same time
@@ -140,13 +152,26 @@ struct CacheDir {
   std::string chosen_by;  // what chose it, for error messages
 };
 
-CacheDir resolve_cache_dir(const ToolchainOptions& o) {
+CacheDir choose_cache_dir(const ToolchainOptions& o) {
   if (!o.cache_dir.empty()) return {o.cache_dir, "ToolchainOptions::cache_dir"};
   if (auto v = env("TESSEL_CACHE_DIR"); !v.empty()) return {v, "$TESSEL_CACHE_DIR"};
   if (auto v = env("XDG_CACHE_HOME"); !v.empty()) return {v + "/tessel", "$XDG_CACHE_HOME"};
   if (auto v = env("HOME"); !v.empty()) return {v + "/.cache/tessel", "$HOME"};
   fail("no cache directory for compiled kernels: set $TESSEL_CACHE_DIR (none of $TESSEL_CACHE_DIR, "
        "$XDG_CACHE_HOME, $HOME is set)");
+}
+
+// The cache folder, refused when someone else could write into it: tessel loads and runs the compiled
+// code it finds there, and a checksum only detects damage (whoever swaps a kernels.so can rewrite its
+// checksum too).
+CacheDir resolve_cache_dir(const ToolchainOptions& o) {
+  CacheDir c = choose_cache_dir(o);
+  if (const std::string why = untrusted_reason(c.path); !why.empty())
+    throw Error(Location{.file = c.path},
+                fmt::format("the compile cache folder (chosen by {}) {}: tessel runs the code it finds there; use a folder "
+                            "only you can write (chmod go-w, or another --cache-dir / $TESSEL_CACHE_DIR)",
+                            c.chosen_by, why));
+  return c;
 }
 
 std::string resolve_cxx(const ToolchainOptions& o) {
@@ -313,6 +338,10 @@ std::shared_ptr<SharedObject> SharedObject::load_bytes(const std::string& bytes,
 }
 
 std::shared_ptr<SharedObject> SharedObject::open_verified(const std::string& path, const Checksum& expected) {
+  // (an entry someone else can write is not trusted, whatever its checksum says)
+  for (const std::string& p : {fs::path(path).parent_path().string(), path})
+    if (const std::string why = untrusted_reason(p); !why.empty())
+      throw Error(Location{.file = p}, "cached code " + why + ": not loaded");
   // Bounded by the size expected: a manifest naming some large file costs no more than the real one.
   const std::string bytes = read_regular_file(path, "cached shared object", std::max<uint64_t>(1, std::min(expected.size, kMaxSharedObjectBytes)));
   const std::string why = checksum_mismatch(checksum_bytes(bytes.data(), bytes.size()), expected);
@@ -358,12 +387,39 @@ void sweep_stale_temporaries(const std::string& cache_root) {
   const fs::path root(cache_root);
   sweep_dir(root);
   std::error_code ec;
+  // the entry folders: named by their content key (hex), never a link (a user's folder that sits in a
+  // cache root, or a link to one, is not tessel's)
+  auto is_key = [](const std::string& n) {
+    return n.size() >= 16 && n.size() <= 64 &&
+           std::all_of(n.begin(), n.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  };
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code tec;
-    if (it->is_directory(tec) && it->path().filename() != "exe") sweep_dir(it->path());
+    if (it->is_directory(tec) && !it->is_symlink(tec) && is_key(it->path().filename().string())) sweep_dir(it->path());
   }
   sweep_dir(root / "exe");
   sweep_dir(root / "exe" / "files");
+}
+
+std::string untrusted_reason(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return {};  // absent: made by tessel, privately, when needed
+  if (st.st_uid != ::geteuid()) return fmt::format("is owned by uid {}, not by this user (uid {})", st.st_uid, ::geteuid());
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return fmt::format("is writable by {} (mode {:o})", (st.st_mode & S_IWOTH) ? "every user" : "its group", st.st_mode & 07777);
+  return {};
+}
+
+void create_private_directories(const std::string& path, std::error_code& ec) {
+  ec.clear();
+  fs::path at;
+  for (const fs::path& part : fs::path(path)) {
+    at /= part;
+    if (::mkdir(at.c_str(), 0700) != 0 && errno != EEXIST) {
+      ec = std::error_code(errno, std::generic_category());
+      return;
+    }
+  }
 }
 
 std::string temporary_name(const std::string& name) { return name + temp_suffix(); }
@@ -463,7 +519,7 @@ BuildResult build_shared_object(const std::string& source, const std::string& na
   std::optional<EntryUse> writing;
   for (int attempt = 0; attempt < 3 && !(writing && writing->held()); ++attempt) {
     if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    fs::create_directories(dir, ec);
+    create_private_directories(dir.string(), ec);
     writing.emplace(dir.string());
   }
   if (ec || access(dir.c_str(), W_OK) != 0) {

@@ -90,14 +90,23 @@ std::string cache_directory(const ToolchainOptions& options);
 // reported again when the compile cache finds it).
 void report_cache_problem(const Error& e, const std::string& action);
 
-// Removes stale temporaries (`NAME.tmp.<pid>` or `NAME.tmp.<pid>.<n>`, files or folders) from the
-// cache root, its entry folders and exe/, exe/files/: those of processes that no longer exist once a
-// minute old (a process of another PID namespace sharing the cache gets that grace), and any older
-// than a day (pids are reused). Best effort: errors are ignored.
+// Removes stale temporaries (`NAME.tessel-tmp.<pid>` or `NAME.tessel-tmp.<pid>.<n>`, files or folders this
+// user owns, never symbolic links) from the cache root, its entry folders (named by their hex key) and
+// exe/, exe/files/: those of processes that no longer exist once a minute old (a process of another PID
+// namespace sharing the cache gets that grace), and any older than a day (pids are reused). Nothing else
+// in the cache root is touched: it may be a folder of the user's. Best effort: errors are ignored.
 void sweep_stale_temporaries(const std::string& cache_root);
 
-// "<name>.tmp.<pid>.<n>": a temporary name unique to this process and call.
+// "<name>.tessel-tmp.<pid>.<n>": a temporary name unique to this process and call.
 std::string temporary_name(const std::string& name);
+
+// Why tessel must not load code from `path` (a cache folder or file), or empty when it may: it must be
+// this user's (owner = effective uid) and writable by no one else (no group or other write bit). An
+// absent path is fine (tessel makes it, private). A symbolic link is followed (a cache may be a link).
+std::string untrusted_reason(const std::string& path);
+
+// mkdir -p with mode 0700 for the folders it makes (umask aside): cache folders only their user writes.
+void create_private_directories(const std::string& path, std::error_code& ec);
 
 // Hex XXH3-128 of the parts (each length-prefixed, so ("ab","c") and ("a","bc") differ).
 std::string content_key(const std::vector<std::string_view>& parts);

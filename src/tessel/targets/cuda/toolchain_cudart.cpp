@@ -31,7 +31,7 @@ constexpr uint64_t kMaxCubinBytes = uint64_t{1} << 30;
 
 std::string temp_suffix() {
   static std::atomic<unsigned> counter{0};
-  return ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+  return ".tessel-tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
 }
 
 void write_atomically(const fs::path& path, const std::string& bytes) {
