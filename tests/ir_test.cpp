@@ -179,3 +179,29 @@ TEST(Interpreter, RejectsWrongInputs) {
     EXPECT_NE(std::string(e.what()).find("input 'x' must be f32[2,3] but got f64[2,3]"), std::string::npos) << e.what();
   }
 }
+
+// unique_name gives the first free `base_N`, as probing from 1 would, though it resumes where the last
+// probe for that base stopped (issue 41: a Scan of 8192 steps took minutes to import); a name freed by
+// compact() or rename_value() is found again.
+TEST(Graph, UniqueNameIsTheFirstFreeSuffix) {
+  Graph g;
+  const TensorType t = TensorType::of(DType::f32, Dims{4});
+  Value* x = g.add_input("x", t);
+  EXPECT_EQ(g.unique_name("y"), "y");
+  EXPECT_EQ(g.unique_name("x"), "x_1");
+  EXPECT_EQ(g.unique_name("x"), "x_1");  // not taken yet: the same answer
+  for (int i = 0; i < 5; ++i) g.add_value("x", t);
+  EXPECT_EQ(g.find_value("x_5")->name, "x_5");
+  EXPECT_EQ(g.unique_name("x"), "x_6");
+  Value* three = g.find_value("x_3");
+  ASSERT_TRUE(g.rename_value(three, "renamed"));
+  EXPECT_EQ(g.unique_name("x"), "x_3");  // freed by the rename
+  g.add_value("x", t);                    // takes x_3
+  g.compact();                            // drops every value nothing defines or uses: all but the input
+  EXPECT_EQ(g.unique_name("x"), "x_1");
+  EXPECT_EQ(x->name, "x");
+  Graph h;
+  h.add_input("a", t);
+  for (int i = 0; i < 20000; ++i) h.add_value("a", t);  // (quadratic before: 2e8 probes)
+  EXPECT_EQ(h.unique_name("a"), "a_20001");
+}

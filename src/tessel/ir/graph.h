@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -109,6 +110,7 @@ class Graph {
   std::vector<std::unique_ptr<Value>> values_;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::map<std::string, Value*> by_name_;
+  mutable std::unordered_map<std::string, int> name_hints_;  // unique_name: where probing for a base resumes
 };
 
 }  // namespace tessel
