@@ -342,3 +342,16 @@ TEST(Cli, KtirFolderWithConstantsAndValues) {
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(bare);
 }
+
+// issue 41: a write the disk refuses is an error naming the file, also when the whole text fits the
+// stream's buffer (checked after close, not before): /dev/full takes nothing.
+TEST(Cli, OutputFilesAreCheckedAfterClose) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  for (const std::string args : {"compile " + kModel + " --emit fusion -o /dev/full",
+                                 "landscape " + kModel + " --targets spyre --json /dev/full",
+                                 "compare " + kModel + " --hw spyre,tpu-v5e --json /dev/full"}) {
+    Result r = run("--quiet " + args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("/dev/full: cannot write output file"), std::string::npos) << args << "\n" << r.out;
+  }
+}

@@ -266,6 +266,9 @@ struct FuzzGraphsArgs {
   std::string out_dir, replay;
 };
 
+// TEXT to PATH ("" or "-": stdout), checked after close (below).
+void write_text(const std::string& path, const std::string& text);
+
 int cmd_fuzz_graphs(const FuzzGraphsArgs& a) {
   randgraph::DiffOptions o;
   o.backends.clear();
@@ -300,7 +303,7 @@ int cmd_fuzz_graphs(const FuzzGraphsArgs& a) {
     if (!a.out_dir.empty()) {
       fs::create_directories(a.out_dir);
       const std::string path = fmt::format("{}/seed{}_{}.tsl", a.out_dir, f.seed, f.backend);
-      std::ofstream(path) << text;
+      write_text(path, text);
       ++written;
     }
   };
@@ -473,9 +476,10 @@ void write_text(const std::string& path, const std::string& text) {
     fmt::print("{}", text);
     return;
   }
-  std::ofstream f(path);
+  std::ofstream f(path, std::ios::binary);
   f << text;
-  if (!f) throw Error(Location{.file = path}, "cannot write output file");
+  f.close();  // checked after close: a full disk shows only when the last buffer is flushed (issue 41)
+  if (!f) throw Error(Location{.file = path}, "cannot write output file (full disk, or not writable)");
 }
 
 int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide,
@@ -546,9 +550,7 @@ int cmd_conformance(const std::string& dir, const std::string& json_path, int jo
   ConformanceReport r = run_conformance(dir, o);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << json_dump(report_json(r), 1) << "\n";
-    if (!f) throw Error(Location{.file = json_path}, "cannot write the JSON report");
+    write_text(json_path, json_dump(report_json(r), 1) + "\n");
   }
   for (const auto& t : r.tests)
     if (t.status == "failed" || t.status == "crashed" || t.status == "timeout")
@@ -622,9 +624,7 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
   else if (emit != "none") throw Error(Location{.pass = "compile"}, fmt::format("--emit {} is not available for --target {} (tile, kernel, ktir)", emit, target));
   if (!report.empty()) {
     const DataflowReport r = simulate_dataflow(std::move(dc)).report;
-    std::ofstream f(report);
-    f << json_dump(report_json(r), 1) << "\n";
-    if (!f) throw Error(Location{.file = report}, "cannot write the report");
+    write_text(report, json_dump(report_json(r), 1) + "\n");
     fmt::print(stderr, "{}", report_table(r));
   }
   return 0;
@@ -1217,9 +1217,7 @@ int main(int argc, char** argv) {
       co.precision = cuda::parse_precision(cuda_precision);
       const nlohmann::json j = bench_cuda(bench_model_path, co);
       if (!bench_json_path.empty()) {
-        std::ofstream f(bench_json_path);
-        f << json_dump(j, 1) << "\n";
-        if (!f) throw Error(Location{.file = bench_json_path}, "cannot write the JSON report");
+        write_text(bench_json_path, json_dump(j, 1) + "\n");
       }
       return j.value("match", false) ? 0 : 1;
     }
@@ -1244,9 +1242,7 @@ int main(int argc, char** argv) {
       BenchReport r = bench_model(bench_model_path, bo);
       fmt::print("{}", bench_table(r));
       if (!bench_json_path.empty()) {
-        std::ofstream f(bench_json_path);
-        f << json_dump(bench_json(r), 1) << "\n";
-        if (!f) throw Error(Location{.file = bench_json_path}, "cannot write the JSON report");
+        write_text(bench_json_path, json_dump(bench_json(r), 1) + "\n");
       }
       return 0;
     }

@@ -19,6 +19,7 @@ namespace {
 void write_file(const std::filesystem::path& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary);
   f << bytes;
+  f.close();  // (a full disk shows at the last flush)
   if (!f) throw Error(Location{.file = path.string(), .pass = "ktir"}, "cannot write the file");
 }
 
