@@ -347,7 +347,7 @@ TEST(Cli, KtirFolderWithConstantsAndValues) {
 // stream's buffer (checked after close, not before): /dev/full takes nothing.
 TEST(Cli, OutputFilesAreCheckedAfterClose) {
   if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
-  for (const std::string args : {"compile " + kModel + " --emit fusion -o /dev/full",
+  for (const std::string& args : {"compile " + kModel + " --emit fusion -o /dev/full",
                                  "landscape " + kModel + " --targets spyre --json /dev/full",
                                  "compare " + kModel + " --hw spyre,tpu-v5e --json /dev/full"}) {
     Result r = run("--quiet " + args);
