@@ -78,6 +78,20 @@ TEST(ParserErrors, TslIntegersBeyondInt64) {
   EXPECT_EQ(g->constants().front()->constant->get_i(1), INT64_MIN);
 }
 
+// issue 41: a literal outside its element type is an error, not a wrapped value (i8 300 read as 44, u8 -1
+// as 255); the type's own bounds still read.
+TEST(ParserErrors, TslLiteralsOutsideTheirType) {
+  expect_located(tsl_error(graph_with("  const %c: i8[2] = [300, 1]")), "bad.tsl:2:", "integer 300 is out of range for i8 ([-128, 127])");
+  expect_located(tsl_error(graph_with("  const %c: u8[1] = [-1]")), "bad.tsl:2:", "integer -1 is out of range for u8 ([0, 255])");
+  expect_located(tsl_error(graph_with("  const %c: i32[1] = [2147483648]")), "bad.tsl:2:", "out of range for i32");
+  expect_located(tsl_error(graph_with("  const %c: u4[1] = [16]")), "bad.tsl:2:", "out of range for u4 ([0, 15])");
+  auto g = parse_graph(graph_with("  const %c: i8[4] = [-128, 127, 0, -1]"));
+  EXPECT_EQ(g->constants().front()->constant->get_i(0), -128);
+  EXPECT_EQ(g->constants().front()->constant->get_i(1), 127);
+  auto h = parse_graph(graph_with("  const %c: u16[2] = [65535, 0]"));
+  EXPECT_EQ(h->constants().front()->constant->get_i(0), 65535);
+}
+
 TEST(ParserErrors, TslMalformedNumbers) {
   expect_located(tsl_error(graph_with("  const %c: f32[1] = [1.5.3]")), "bad.tsl:2:", "bad number '1.5.3'");
   expect_located(tsl_error(graph_with("  const %c: f32[1] = [.]")), "bad.tsl:2:", "bad number");

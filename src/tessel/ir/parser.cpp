@@ -264,6 +264,22 @@ class Parser {
 
   // An integer token (sign and digits) as int64, or a located error when it does not fit; `at` is
   // where the token starts. from_chars never throws (std::stoll's out_of_range was an internal error).
+  // The values an integer dtype holds (i64: all of int64).
+  static std::pair<int64_t, int64_t> integer_range(DType t) {
+    switch (t) {
+      case DType::i32: return {INT32_MIN, INT32_MAX};
+      case DType::i16: return {INT16_MIN, INT16_MAX};
+      case DType::i8: return {INT8_MIN, INT8_MAX};
+      case DType::i4: return {-8, 7};
+      case DType::i2: return {-2, 1};
+      case DType::u32: return {0, UINT32_MAX};
+      case DType::u16: return {0, UINT16_MAX};
+      case DType::u8: return {0, UINT8_MAX};
+      case DType::u4: return {0, 15};
+      case DType::u2: return {0, 3};
+      default: return {INT64_MIN, INT64_MAX};
+    }
+  }
   int64_t to_int64(const std::string& tok, size_t at) { return to_integer<int64_t>(tok, at, "int64", "an integer"); }
   uint64_t to_uint64(const std::string& tok, size_t at) { return to_integer<uint64_t>(tok, at, "u64", "an unsigned integer"); }
   template <typename T>
@@ -371,7 +387,14 @@ class Parser {
           if (is_float(t.dtype)) out.set_f(i, to_double(tok, token_start_));
           else if (isf) error("expected an integer element for " + t.str());
           else if (t.dtype == DType::u64) out.set_i(i, static_cast<int64_t>(to_uint64(tok, token_start_)));
-          else out.set_i(i, to_int64(tok, token_start_));
+          else {
+            const int64_t v = to_int64(tok, token_start_);
+            const auto [lo, hi] = integer_range(t.dtype);
+            // (stored as is, 300 in an i8 would wrap to 44: a different constant, silently)
+            if (v < lo || v > hi)
+              error_at_pos(token_start_, fmt::format("integer {} is out of range for {} ([{}, {}])", tok, dtype_name(t.dtype), lo, hi));
+            out.set_i(i, v);
+          }
         }
         ++i;
       } while (accept(','));
