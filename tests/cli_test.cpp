@@ -355,3 +355,15 @@ TEST(Cli, OutputFilesAreCheckedAfterClose) {
     EXPECT_NE(r.out.find("/dev/full: cannot write output file"), std::string::npos) << args << "\n" << r.out;
   }
 }
+
+// issue 41: --dump-ir at a file or a place no folder can be made is a one-line error (exit 2), not an
+// internal error.
+TEST(Cli, DumpIrWhereNoFolderCanBeIsAnError) {
+  const fs::path file = tmp() / "a-file";
+  std::ofstream(file) << "x";
+  for (const std::string& where : {std::string("/dev/full"), file.string(), (file / "below").string()}) {
+    Result r = run("--quiet compile " + kModel + " --dump-ir " + where);
+    EXPECT_EQ(r.code, 2) << where << "\n" << r.out;
+    EXPECT_NE(r.out.find("cannot make the IR dump folder"), std::string::npos) << r.out;
+  }
+}

@@ -586,3 +586,24 @@ TEST(ExecutableCache, SharedWeightsArePackedAndStoredOnce) {
   testenv::expect_matches_reference(warm.exe->run({x}), ref, "shared weights, from the cache");
   fs::remove_all(dir);
 }
+
+// issue 41: a FIFO (or a link to /dev/zero) in place of a model-hash index file is a miss -- the model is
+// hashed again -- not a run that blocks for a writer or reads gigabytes.
+TEST(ExecutableCacheIntegrity, AnIndexThatIsNoRegularFileIsAMiss) {
+  const std::string dir = fresh_dir("exe-index-fifo");
+  const std::string model = dir + "/m.tsl";
+  std::ofstream(model) << "graph @m(%x: f32[4,8]) {\n  %z: f32[4,8] = Relu(%x) loc(\"relu\")\n  return %z\n}\n";
+  Tensor x(DType::f32, {4, 8});
+  ASSERT_FALSE(compile_model_cpu(model, {x}, options(dir + "/cache")).entry_hit);
+  const fs::path files = fs::path(dir) / "cache" / "exe" / "files";
+  std::vector<fs::path> index;
+  for (const auto& e : fs::directory_iterator(files)) index.push_back(e.path());
+  ASSERT_EQ(index.size(), 1u);
+  fs::remove(index[0]);
+  ASSERT_EQ(mkfifo(index[0].c_str(), 0600), 0);
+  EXPECT_TRUE(compile_model_cpu(model, {x}, options(dir + "/cache")).entry_hit);   // returns: no wait for a writer
+  fs::remove(index[0]);
+  fs::create_symlink("/dev/zero", index[0]);
+  EXPECT_TRUE(compile_model_cpu(model, {x}, options(dir + "/cache")).entry_hit);
+  fs::remove_all(dir);
+}

@@ -301,7 +301,9 @@ int cmd_fuzz_graphs(const FuzzGraphsArgs& a) {
     const std::string text = randgraph::finding_text(*m, f.seed, f.backend + ": " + f.detail);
     fmt::print("minimised ({} nodes):\n{}\n", m->nodes().size(), text);
     if (!a.out_dir.empty()) {
-      fs::create_directories(a.out_dir);
+      std::error_code ec;
+      fs::create_directories(a.out_dir, ec);
+      if (ec) throw Error(Location{.file = a.out_dir}, "cannot make the --out folder: " + ec.message());
       const std::string path = fmt::format("{}/seed{}_{}.tsl", a.out_dir, f.seed, f.backend);
       write_text(path, text);
       ++written;

@@ -79,7 +79,14 @@ std::string model_hash(const std::string& file, const fs::path& index_dir, bool 
   // The last line checks the others: a damaged index is only a miss (the file is hashed again).
   auto seal = [](const std::string& id, const std::string& h, int64_t t) { return cpu::content_key({id, h, std::to_string(t)}); };
   if (trust_stat) {
-    std::ifstream f(idx);
+    // A regular file of at most 1 KiB (a FIFO or a link to /dev/zero in its place is a miss, not a hang
+    // or a 2 GB read: issue 41).
+    std::istringstream f;
+    try {
+      f.str(read_regular_file(idx.string(), "model hash index", 1024));
+    } catch (const Error&) {
+      f.setstate(std::ios::failbit);
+    }
     std::string line_identity, hash, check;
     int64_t recorded = 0;
     if (std::getline(f, line_identity) && std::getline(f, hash) && (f >> recorded >> check) && line_identity == identity &&

@@ -91,10 +91,13 @@ Stage graph_stage(Graph& g, const Pass& p) {
 }
 
 void StageRunner::dump(const std::string& text, const std::string& stage, IrLevel level) {
-  fs::create_directories(opts_.dump_dir);
+  std::error_code ec;
+  fs::create_directories(opts_.dump_dir, ec);
+  if (ec) throw Error(Location{.file = opts_.dump_dir}, "cannot make the IR dump folder: " + ec.message());
   fs::path p = fs::path(opts_.dump_dir) / fmt::format("{:02d}-{}.{}", index_, stage, level_extension(level));
   std::ofstream f(p);
   f << text;
+  f.close();  // (a full disk shows at the last flush)
   if (!f) throw Error(Location{.file = p.string()}, "cannot write IR dump");
 }
 
