@@ -84,3 +84,18 @@ TEST(SpecialValues, ClipWithNaNBoundsAgreesOnEveryBackend) {
           ADD_FAILURE() << "Clip(" << lo << ", " << hi << ") seed " << seed << " on " << f.backend << ": " << f.detail;
     }
 }
+
+// issue 41 (fuzz-graphs --seed 555154): LayerNormalization without B adds nothing, so a -0 result stays -0
+// (eager once added 0.0, and 1 / y gave +inf where every other backend gave -inf). Row [1, 1]: each
+// normalised value is 0; a scale of -1 makes it -0, whose reciprocal is -inf.
+TEST(SpecialValues, LayerNormWithoutBiasKeepsNegativeZero) {
+  const std::vector<double> ones = {1, 1};
+  const std::vector<Tensor> x = {Tensor::from_f64(DType::f32, {1, 2}, ones)};
+  expect_eager(R"(graph @g(%x: f32[1,2]) {
+  const %s: f32[2] = [-1, 1]
+  const %one: f32[] = [1]
+  %y: f32[1,2] = LayerNormalization(%x, %s) {axis = -1} loc("ln")
+  %r: f32[1,2] = Div(%one, %y) loc("recip")
+  return %r
+})", x, {-INFINITY, INFINITY});
+}

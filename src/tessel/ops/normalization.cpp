@@ -189,7 +189,9 @@ OpDef last_axes_norm(std::string name, int since, bool rms) {
       inv[o] = is;
       for (int64_t j = 0; j < inner; ++j) {
         int64_t p = o * inner + j;
-        y[p] = (row[j] - m) * is * sc[sc_row ? j : p] + (bias.empty() ? 0.0 : bias[b_row ? j : p]);
+        // (no B: nothing added -- + 0.0 would turn a -0 into +0, and 1 / y from -inf into +inf)
+        y[p] = (row[j] - m) * is * sc[sc_row ? j : p];
+        if (!bias.empty()) y[p] += bias[b_row ? j : p];
       }
     }
     c.set_out(0, Tensor::from_f64(x.dtype(), x.shape(), y));
