@@ -60,7 +60,9 @@ def to_buffer(t):
 
 def from_buffer(arr, d):
     if d == "bf16":
-        return torch.from_numpy(np.ascontiguousarray(arr).view(np.int16)).view(torch.bfloat16)
+        # (not np.ascontiguousarray: it makes a 0-d array 1-d, and a 0-d bf16 output came back as [1])
+        arr = arr if arr.flags.c_contiguous else arr.copy(order="C")
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(arr)
 
 

@@ -562,5 +562,19 @@ class DocsTest(unittest.TestCase):
             self.assertEqual(out, expected, cmd)
 
 
+class ZeroDimOutputs(unittest.TestCase):
+    def test_a_0d_bf16_output_keeps_its_shape(self):
+        """issue 41: a 0-d bf16 result came back with shape [1] (numpy's ascontiguousarray makes 0-d arrays 1-d)."""
+        def f(x):
+            return (x * 2).sum().to(torch.bfloat16), x.sum()
+        x = torch.randn(4, 8)
+        got = tessel.compile(f, (x,), threads=2)(x)
+        want = f(x)
+        for g, w in zip(got, want):
+            self.assertEqual(g.shape, w.shape)
+            self.assertEqual(g.dtype, w.dtype)
+            self.assertTrue(torch.allclose(g.float(), w.float(), rtol=1e-2))
+
+
 if __name__ == "__main__":
     unittest.main()
