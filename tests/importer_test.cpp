@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -240,4 +242,19 @@ TEST(TensorFiles, TwoBitPackingAndE8M0) {
   EXPECT_EQ(eb.dtype(), DType::f8e8m0);
   EXPECT_EQ(eb.to_f64(), (std::vector<double>{1, 0.125, 256}));
   EXPECT_EQ(eb.bytes()[2], 0x87);
+}
+
+// issue 41: an opset version the ONNX checker refuses (0, negative) or one that does not fit an int (it was
+// truncated: 2^32 + 13 read as opset 13) is an error naming the domain, not a model run at another opset.
+TEST(Importer, OpsetVersionsOutsideTheRangeAreRefused) {
+  for (int64_t v : {int64_t{0}, int64_t{-5}, (int64_t{1} << 32) + 13}) {
+    onnx::ModelProto m = base_model();
+    m.mutable_opset_import(0)->set_version(v);
+    add_node(m, "Relu", "relu", {"x"}, {"y"});
+    add_output(m, "y");
+    std::string e = import_error(save(m, "opset.onnx"));
+    EXPECT_NE(e.find(fmt::format("opset_import of domain 'ai.onnx' has version {}: not an opset version", v)), std::string::npos)
+        << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
 }

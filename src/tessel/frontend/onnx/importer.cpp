@@ -21,6 +21,7 @@
 #include <set>
 
 #include "tessel/frontend/onnx/expand.h"
+#include "tessel/support/escape.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
@@ -737,7 +738,13 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
     ImportedModel out;
     out.producer = model.producer_name() + (model.producer_version().empty() ? "" : " " + model.producer_version());
     std::map<std::string, int> opsets;
-    for (const auto& o : model.opset_import()) opsets[o.domain() == "ai.onnx" ? "" : o.domain()] = static_cast<int>(o.version());
+    for (const auto& o : model.opset_import()) {
+      // (truncated to int, a version of 2^32 + 13 read as 13; the checker refuses versions below 1)
+      if (o.version() < 1 || o.version() > 1000)
+        fail("opset_import of domain '{}' has version {}: not an opset version (1 to 1000)",
+             display_text(o.domain().empty() ? std::string("ai.onnx") : o.domain()), o.version());
+      opsets[o.domain() == "ai.onnx" ? "" : o.domain()] = static_cast<int>(o.version());
+    }
     out.opset = opsets.count("") ? opsets[""] : 1;
 
     // Every unsupported op in one message, the subgraphs of ops expanded at import included.
