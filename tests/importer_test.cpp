@@ -258,3 +258,32 @@ TEST(Importer, OpsetVersionsOutsideTheRangeAreRefused) {
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   }
 }
+
+// issue 41: a tensor of more than kMaxRank (64) dims is an error naming the value or node -- a Reshape to
+// 100 000 ones once made fusion (quadratic in the rank) run for minutes -- and a rank of 64 still imports.
+TEST(Importer, RanksOverTheLimitAreRefused) {
+  auto reshape_to = [](int rank) {
+    onnx::ModelProto m = base_model();
+    auto* s = m.mutable_graph()->add_initializer();
+    s->set_name("shape");
+    s->set_data_type(7);  // int64
+    s->add_dims(rank);
+    for (int i = 0; i < rank; ++i) s->add_int64_data(i == 0 ? 6 : 1);
+    add_node(m, "Reshape", "/big/Reshape", {"x", "shape"}, {"y"});
+    add_output(m, "y");
+    return m;
+  };
+  std::string e = import_error(save(reshape_to(100000), "rank.onnx"));
+  EXPECT_NE(e.find("/big/Reshape"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 100000, over tessel's limit of 64"), std::string::npos) << e;
+  ImportOptions o;
+  o.input_shapes = {Shape{2, 3}};
+  EXPECT_EQ(import_onnx(save(reshape_to(64), "rank64.onnx"), o).graph->outputs[0]->type.shape.size(), 64u);
+  onnx::ModelProto wide = base_model();
+  auto* d = wide.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape();
+  for (int i = 0; i < 70; ++i) d->add_dim()->set_dim_value(1);
+  add_node(wide, "Relu", "relu", {"x"}, {"y"});
+  add_output(wide, "y");
+  e = import_error(save(wide, "wide.onnx"));
+  EXPECT_NE(e.find("value 'x' has 72 dims, over tessel's rank limit of 64"), std::string::npos) << e;
+}

@@ -1,6 +1,8 @@
 // The op registry and the helpers that op families share.
 #include "tessel/ir/op_registry.h"
 
+#include "tessel/support/limits.h"
+
 #include <mutex>
 
 #include "tessel/support/error.h"
@@ -56,6 +58,7 @@ const Tensor* InferCtx::value(int i) const {
 
 void InferCtx::set_out(int i, TensorType t) {
   if (i >= num_outputs()) return;  // optional output not requested
+  if (t.shape.size() > kMaxRank) fail("output {} would have rank {}, over tessel's limit of {}", i, t.shape.size(), kMaxRank);
   outs_[i] = std::move(t);
   set_[i] = true;
 }

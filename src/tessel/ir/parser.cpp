@@ -187,6 +187,7 @@ class Parser {
       do {
         if (accept('?')) dims.push_back(kUnknownDim);
         else dims.push_back(dim());
+        if (dims.size() > kMaxRank) error_at(l, c, fmt::format("a type of more than {} dims (tessel's rank limit)", kMaxRank));
       } while (accept(','));
     }
     expect(']');

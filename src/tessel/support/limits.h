@@ -37,6 +37,11 @@ int64_t checked_tensor_numel(DType dtype, const Shape& shape, std::string_view w
 // `path` and `what` ("model file", "hardware file"). A nonzero `max_bytes` is a tighter bound of the
 // caller's (a cache file whose size is known in advance).
 std::string read_regular_file(const std::string& path, std::string_view what, uint64_t max_bytes = 0);
+// The most dims a tensor may have. Real models stay under 10; without a bound a hostile model of rank
+// 100 000 made fusion (quadratic in the rank) run for minutes (issue 41). Exceeding it is an error
+// naming the value.
+constexpr size_t kMaxRank = 64;
+
 // What a file of st_mode `mode` is, for messages: "a directory", "a FIFO (pipe)", "a character device" ...
 std::string file_kind(unsigned mode);
 // Throws unless `path` is a regular file; returns its size. No size limit: a file of external data

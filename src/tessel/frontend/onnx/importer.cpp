@@ -563,6 +563,9 @@ class InputSymbols {
   TensorType type_of(const onnx::ValueInfoProto& vi, const TensorType& declared, Graph& g) {
     Dims dims;
     int k = 0;
+    if (static_cast<size_t>(vi.type().tensor_type().shape().dim_size()) > kMaxRank)
+      fail("graph input '{}' has {} dims, over tessel's rank limit of {}", display_text(vi.name()),
+           vi.type().tensor_type().shape().dim_size(), kMaxRank);
     for (const auto& d : vi.type().tensor_type().shape().dim()) {
       if (d.has_dim_value()) {
         if (d.dim_value() < 0) fail("graph input '{}' dim {} is negative ({})", vi.name(), k, d.dim_value());
@@ -608,8 +611,11 @@ std::optional<TensorType> declared_type(const onnx::ValueInfoProto& vi, bool* ha
     if (!dt) unsupported("value '{}' has unsupported data type {} ({})", vi.name(), onnx_type_name(tt.elem_type()), tt.elem_type());
     t.dtype = *dt;
   }
-  if (tt.has_shape())
+  if (tt.has_shape()) {
+    if (static_cast<size_t>(tt.shape().dim_size()) > kMaxRank)
+      fail("value '{}' has {} dims, over tessel's rank limit of {}", display_text(vi.name()), tt.shape().dim_size(), kMaxRank);
     for (const auto& d : tt.shape().dim()) t.shape.push_back(d.has_dim_value() ? d.dim_value() : kUnknownDim);
+  }
   return t;
 }
 
