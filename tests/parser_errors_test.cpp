@@ -92,6 +92,16 @@ TEST(ParserErrors, TslLiteralsOutsideTheirType) {
   EXPECT_EQ(h->constants().front()->constant->get_i(0), 65535);
 }
 
+// issue 41: a type of more than 64 dims is a parse error at the type (tessel's rank limit, kMaxRank).
+TEST(ParserErrors, TslTypesOverTheRankLimit) {
+  std::string dims65 = "1";
+  for (int i = 1; i < 65; ++i) dims65 += ",1";
+  expect_located(tsl_error("graph @g(%x: f32[" + dims65 + "]) {\n  return %x\n}\n"), "bad.tsl:1:", "more than 64 dims");
+  std::string dims64 = "1";
+  for (int i = 1; i < 64; ++i) dims64 += ",1";
+  EXPECT_EQ(parse_graph("graph @g(%x: f32[" + dims64 + "]) {\n  return %x\n}\n")->inputs[0]->type.shape.size(), 64u);
+}
+
 TEST(ParserErrors, TslMalformedNumbers) {
   expect_located(tsl_error(graph_with("  const %c: f32[1] = [1.5.3]")), "bad.tsl:2:", "bad number '1.5.3'");
   expect_located(tsl_error(graph_with("  const %c: f32[1] = [.]")), "bad.tsl:2:", "bad number");
