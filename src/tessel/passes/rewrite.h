@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,11 +59,13 @@ class Rewriter {
 
  private:
   bool try_rules(const std::vector<const RewriteRule*>& rules, Node& n);
+  Value* resolved(Value* v) const;  // v after the replacements made so far (a chain followed)
 
   Graph& g_;
   std::map<std::string, int> applied_;
   std::string count_as_;
   size_t visiting_ = 0;  // index of the node being visited in g_.nodes()
+  std::unordered_map<Value*, Value*> replaced_;  // results replaced, whose later uses the walk forwards
 };
 
 }  // namespace tessel
