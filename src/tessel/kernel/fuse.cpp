@@ -984,6 +984,10 @@ std::optional<MatmulSpec> Fuser::matmul_spec(const Node& n) const {
   if (!ab || !am || !ak || !bb || !bk || !bn) return std::nullopt;
   if (ak->first != bk->first) return std::nullopt;
   if (ab->first != bb->first && bb->first != 1) return std::nullopt;
+  // a matrix dim read with stride 0 (a view broadcasting it: Expand of a row into rows) is no matrix the
+  // library takes ("could not create a descriptor": fuzz seed 555345); the view is materialised instead
+  auto broadcast = [](const std::pair<Dim, Dim>& d) { return d.second == 0 && !(d.first == 1); };
+  if (broadcast(*am) || broadcast(*ak) || broadcast(*bk) || broadcast(*bn)) return std::nullopt;
   MatmulSpec m;
   m.batch = ab->first;
   m.m = am->first;
