@@ -62,10 +62,19 @@ class _FirstCall:
     def __init__(self, gm, sizes=None, options=None):
         self.gm = gm
         self.sizes = sizes
-        self.options = options if options is not None else dict(dynamo_options)
+        self.own = dict(options or {})            # torch.compile's options={...} for this graph
+        self.seen = dict(dynamo_options)          # tessel.dynamo_options when compiled
+        self.options = {**self.seen, **self.own}
         self.compiled = None
 
     def __call__(self, *args):
+        if self.seen != dynamo_options:
+            # tessel.dynamo_options changed since this graph compiled (precision, target, ...): dynamo keeps
+            # its graphs, so the next call compiles again with the new options instead of reusing the old
+            # compilation silently (issue 41)
+            self.seen = dict(dynamo_options)
+            self.options = {**self.seen, **self.own}
+            self.compiled = None
         if self.compiled is None:
             self.compiled = self._compile(args)
         return self.compiled(*args)
@@ -264,7 +273,8 @@ def _options(kwargs):
 def tessel_backend(gm, example_inputs, **kwargs):
     """The "tessel" backend of torch.compile. kwargs: torch.compile's `options`, over tessel.dynamo_options
     (target="spyre" runs the graphs on the simulated chip)."""
-    options = _options(kwargs)
+    _options(kwargs)       # (checks the names)
+    options = kwargs
     if all(isinstance(t, torch.Tensor) for t in example_inputs) and not _has_symbolic_dims(gm):
         return _FirstCall(gm, options=options)
     try:

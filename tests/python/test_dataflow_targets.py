@@ -269,6 +269,31 @@ class TorchCompileOptions(unittest.TestCase):
         with self.assertRaisesRegex(tessel.TesselError, r"options \['tagret'\] are not tessel's"):
             tessel.tessel_backend(None, [], tagret="spyre")
 
+    def test_changed_dynamo_options_compile_again(self):
+        """issue 41: a graph the backend compiled is compiled again, with the new options, once
+        tessel.dynamo_options change (dynamo keeps its graphs: the old compilation was reused silently).
+        The backend is called as dynamo calls it, on an FX graph (torch 1.13 has no dynamo)."""
+        m = mlp()
+        x = torch.randn(16, 64)
+        gm = torch.fx.symbolic_trace(m)
+        saved = dict(tessel.dynamo_options)
+        tessel.dynamo_graphs.clear()
+        try:
+            compiled = tessel.tessel_backend(gm, [x])
+            with torch.no_grad():
+                compiled(x)
+                self.assertEqual(tessel.dynamo_graphs[-1].target, "cpu")
+                tessel.dynamo_options.update(target="spyre")
+                out = compiled(x)
+                self.assertEqual(len(tessel.dynamo_graphs), 2)
+                self.assertEqual(tessel.dynamo_graphs[-1].target, "spyre")
+                self.assertLess(max_rel(out, m(x)), TOLERANCE["f16"])
+                compiled(x)                                   # unchanged since: no third compilation
+                self.assertEqual(len(tessel.dynamo_graphs), 2)
+        finally:
+            tessel.dynamo_options.clear()
+            tessel.dynamo_options.update(saved)
+
     @unittest.skipUnless(tessel.dynamo_registered, "torch.compile needs torch >= 2.0 (the GPU box)")
     def test_target_option(self):
         m = mlp()
