@@ -811,15 +811,6 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
   return 0;
 }
 
-// "1.2 GiB": sizes for people.
-std::string bytes_text(uint64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  for (; v >= 1024 && u < 4; ++u) v /= 1024;
-  return u == 0 ? fmt::format("{} B", n) : fmt::format("{:.1f} {}", v, units[u]);
-}
-
 // The model an executable-cache entry was stored for (its manifest's), or "?" for a damaged one.
 std::string entry_model(const std::string& entry) {
   try {

@@ -435,17 +435,25 @@ _TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float1
                  "bool": torch.bool}
 
 
-def _build_cuda(module, example_inputs, repair, freeze_inputs, captured, call, precision):
-    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
-                                               captured, call)
-    guard = _StateGuard(captured, frozen, module, conv.attr_constants)
+def _convert_whole(module, example_inputs, repair, caller, whole, hint, freeze_inputs=(), captured=None, call=None):
+    """_convert for a consumer of whole graphs (the CUDA target, a dataflow chip, a model file): a graph break
+    is a TesselError naming the first break, `whole` saying why none is allowed and `hint` what to do.
+    Returns (captured, conv, repairs, frozen, report)."""
+    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, caller, freeze_inputs, captured, call)
     report = json.loads(conv.builder.explain())
     if report["breaks"]:
         b = report["breaks"][0]
-        raise _tessel.TesselError(
-            f"target 'cuda' compiles whole graphs, and {type(module).__name__} has {len(report['breaks'])} graph "
-            f"break(s) (first: {b['op']}: {b['reason']}); run it on target='cpu', or under torch.compile, where "
-            "dynamo's graphs around the break compile separately")
+        raise _tessel.TesselError(f"{whole}, and {type(module).__name__} has {len(report['breaks'])} graph break(s) "
+                                  f"(first: {b['op']}: {b['reason']}); {hint}")
+    return captured, conv, repairs, frozen, report
+
+
+def _build_cuda(module, example_inputs, repair, freeze_inputs, captured, call, precision):
+    captured, conv, repairs, frozen, report = _convert_whole(
+        module, example_inputs, repair, "tessel.compile", "target 'cuda' compiles whole graphs",
+        "run it on target='cpu', or under torch.compile, where dynamo's graphs around the break compile separately",
+        freeze_inputs, captured, call)
+    guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     exe = _tessel.CudaExecutable(conv.builder, precision)
     return _CudaEntry(captured, conv, exe, repairs, guard, report)
 
@@ -557,15 +565,10 @@ class _DataflowEntry(_Entry):
 
 
 def _build_dataflow(module, example_inputs, target, threads, repair, freeze_inputs, captured, call, precision):
-    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
-                                               captured, call)
+    captured, conv, repairs, frozen, report = _convert_whole(
+        module, example_inputs, repair, "tessel.compile", f"target '{target}' maps whole graphs onto the chip",
+        "try repair=True, or see tessel.explain(...)", freeze_inputs, captured, call)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
-    report = json.loads(conv.builder.explain())
-    if report["breaks"]:
-        b = report["breaks"][0]
-        raise _tessel.TesselError(
-            f"target '{target}' maps whole graphs onto the chip, and {type(module).__name__} has {len(report['breaks'])} "
-            f"graph break(s) (first: {b['op']}: {b['reason']}); try repair=True, or see tessel.explain(...)")
     with _torch_threads_kept():
         exe = _tessel.DataflowExecutable(conv.builder, target, precision or "", threads)
     return _DataflowEntry(captured, conv, exe, repairs, guard, report)
@@ -1001,13 +1004,10 @@ def export(module, example_inputs, folder, example_kwargs=None, repair=False):
         raise _tessel.TesselError(f"{folder}: exists and is not an empty folder (tessel.export writes a new one)")
     tensors, sig = _split_call(tuple(example_inputs), example_kwargs or {})
     call = _call_builder(sig)
-    captured, conv, _, _ = _convert(module, tensors, repair, "tessel.export", call=call)
-    report = json.loads(conv.builder.explain())
     name = type(module).__name__
-    if report["breaks"]:
-        b = report["breaks"][0]
-        raise _tessel.TesselError(f"tessel.export: {name} has {len(report['breaks'])} graph break(s) (first: {b['op']}: "
-                                  f"{b['reason']}); a model file holds no PyTorch (try repair=True)")
+    captured, conv, _, _, _ = _convert_whole(module, tensors, repair, "tessel.export",
+                                             "tessel.export writes whole graphs (a model file holds no PyTorch)",
+                                             "try repair=True", call=call)
     if captured.mutated or captured.reads or conv.out_literals:
         why = ("changes its inputs or buffers" if captured.mutated else
                "reads tensor values into Python (value guards)" if captured.reads else "returns non-tensor values")

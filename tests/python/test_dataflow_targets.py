@@ -21,6 +21,7 @@ from tessel import _tessel
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(SOURCE_DIR, "bench"))
 from test_torch_frontend import NonZeroBreak  # noqa: E402
 
 try:
@@ -43,17 +44,10 @@ def mlp():
 
 
 def f32_hw_file(preset, folder):
-    """The preset with f32 storage and an f32 matrix rate (bench/tv_onnx.py's f32_hw_file)."""
-    with open(os.path.join(SOURCE_DIR, "hw", f"{preset}.json")) as f:
-        hw = json.load(f)
-    if "f32" not in hw["dtypes"]:
-        hw["dtypes"].append("f32")
-    rate = hw["matrix_unit"]["dtype_rate"]
-    rate.setdefault("f32", min(rate.values()) / 4)
-    path = os.path.join(folder, f"{preset}-f32.json")
-    with open(path, "w") as f:
-        json.dump(hw, f)
-    return path
+    """The preset with f32 storage (the mapping's exact check): bench/tv_onnx.py's, imported when used
+    (that module needs torchvision)."""
+    from tv_onnx import f32_hw_file as make
+    return make(preset, folder)
 
 
 class Tmp(unittest.TestCase):

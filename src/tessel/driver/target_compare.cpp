@@ -9,15 +9,10 @@
 
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/strings.h"
 
 namespace tessel {
 namespace {
-
-std::string bytes_text(int64_t b) {
-  if (b >= (int64_t{1} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
-  if (b >= 1024) return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024);
-  return fmt::format("{} B", b);
-}
 
 const char* topology_text(dataflow::Topology t) {
   switch (t) {
@@ -42,7 +37,7 @@ std::map<std::string, std::string> facts_of(const tile::TileProgram& p) {
   std::map<std::string, std::string> f;
   f["cores"] = fmt::format("{}", hw.cores);
   f["matrix unit"] = fmt::format("{} x {}x{} arrays, {:g} MAC/cycle/core", m.count, m.rows, m.cols, m.macs_per_cycle);
-  f["scratchpad"] = fmt::format("{} usable per core", bytes_text(hw.usable_scratchpad_bytes()));
+  f["scratchpad"] = fmt::format("{} usable per core", bytes_text(static_cast<uint64_t>(hw.usable_scratchpad_bytes())));
   f["layout"] = hw.layout.kind == dataflow::LayoutKind::stick
                     ? fmt::format("sticks of {} B", hw.layout.stick_bytes)
                     : fmt::format("tiles of {}x{} ({}-byte words)", hw.layout.tile_rows, hw.layout.tile_lanes, hw.layout.word_bytes);

@@ -1,6 +1,8 @@
 // Small text helpers (strings.h).
 #include "tessel/support/strings.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 namespace tessel {
@@ -13,6 +15,14 @@ std::vector<std::string> comma_list(const std::string& s) {
     b = e + 1;
   }
   return out;
+}
+
+std::string bytes_text(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  for (; v >= 1024 && u < 4; ++u) v /= 1024;
+  return u == 0 ? fmt::format("{} B", n) : fmt::format("{:.1f} {}", v, units[u]);
 }
 
 }  // namespace tessel
