@@ -446,6 +446,7 @@ class DataflowExecutable {
       py::gil_scoped_release nogil;
       tile::FunctionalOptions fo;
       fo.threads = threads_;
+      fo.kernels = kernels_;  // (generated and loaded by the first call only)
       fr = tile::run_functional(run_->compile.program, run_->compile.module, ins, fo);
     }
     last_ = py::dict();
@@ -488,6 +489,7 @@ class DataflowExecutable {
   std::string target_;
   int threads_ = 1;
   std::unique_ptr<DataflowRun> run_;
+  std::shared_ptr<tile::FunctionalKernels> kernels_ = std::make_shared<tile::FunctionalKernels>();
   py::dict last_;
 };
 

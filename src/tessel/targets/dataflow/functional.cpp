@@ -164,10 +164,19 @@ class Simulator {
   // products here, the epilogue runs over them as the target's vector engine would).
   void build_kernels(FunctionalResult&) {
     const auto t0 = Clock::now();
+    if (o_.kernels && o_.kernels->built) {  // built by an earlier run of this program
+      so_ = o_.kernels->so;
+      fns_.clear();
+      for (void* f : o_.kernels->fns) fns_.push_back(reinterpret_cast<GeneratedFn*>(f));
+      return;
+    }
     bool any = false;
     for (const Kernel& k : m_.kernels) any = any || cpu::has_generated_function(k, false);
     fns_.assign(m_.kernels.size(), nullptr);
-    if (!any) return;
+    if (!any) {
+      if (o_.kernels) remember();
+      return;
+    }
     std::vector<bool> in_library(m_.kernels.size(), false);
     const std::string src = cpu::generate_cpp(m_, p_.name.empty() ? "tile-functional" : p_.name, in_library);
     std::vector<std::string> symbols;
@@ -179,6 +188,14 @@ class Simulator {
       if (cpu::has_generated_function(m_.kernels[i], false))
         fns_[i] = so_->function<GeneratedFn>(cpu::kernel_symbol(i));
     compile_seconds_ = seconds_since(t0);
+    if (o_.kernels) remember();
+  }
+
+  void remember() {
+    o_.kernels->so = so_;
+    o_.kernels->fns.clear();
+    for (GeneratedFn* f : fns_) o_.kernels->fns.push_back(reinterpret_cast<void*>(f));
+    o_.kernels->built = true;
   }
 
   // A value as a kernel reads it: produced earlier, an input, or a constant (rounded on first use).

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,10 +23,21 @@
 
 namespace tessel::tile {
 
+// The generated kernels of one (program, module) pair once built: a caller that runs the same program
+// many times (tessel.compile's dataflow targets, every call) keeps one and passes it back, so a call does
+// not generate, hash and load the kernels' C++ again.
+struct FunctionalKernels {
+  std::shared_ptr<cpu::SharedObject> so;
+  std::vector<void*> fns;  // per kernel-level kernel: its generated function, or null
+  bool built = false;
+};
+
 struct FunctionalOptions {
   int threads = 1;                  // OpenMP threads for the library calls (tiles run one by one)
   cpu::ToolchainOptions toolchain;  // how the generated kernels are compiled (cached on disk)
   bool keep_values = false;         // FunctionalResult::values: every value a kernel or host step produced
+  // When set: the kernels built for this same program by an earlier call (filled by the first).
+  std::shared_ptr<FunctionalKernels> kernels;
 };
 
 struct FunctionalResult {
