@@ -337,11 +337,6 @@ _COMPOSITES_113 = {_ov("linear", "default"): _linear, _ov("narrow", "default"): 
                    _ov("_transformer_encoder_layer_fwd", "default"): _encoder_layer}
 
 
-# torch 2: linear's C++ composite flattens a contiguous 3-d input with the static sizes (`_flatten_nd_linear`
-# reads sizes(), which ties every dim of the input to its example size); its Python form keeps them symbolic
-_COMPOSITES_2 = {_ov("linear", "default"): _linear}
-
-
 class _LinearInPython(torch.overrides.TorchFunctionMode if hasattr(torch.overrides, "TorchFunctionMode") else object):
     """torch 2: F.linear as matmul and add while tracing. Its C++ kernel reads a 3-d input's sizes() (the
     fused flatten), which under the Python dispatcher is aten.size and ties every dim to its example size;
@@ -519,8 +514,7 @@ class _Trace2:
         # tracing_mode="real" takes the fake inputs as they are ("fake" and "symbolic" would fakeify them
         # again, with fresh symbols): the ambient fake mode runs the ops, the Python dispatcher lets
         # composite ops decompose over symbolic sizes
-        with mode, enable_python_dispatcher(), _mha_fastpath_off(), _py_kernels(_COMPOSITES_2), _LinearInPython(), \
-                _compiling():
+        with mode, enable_python_dispatcher(), _mha_fastpath_off(), _LinearInPython(), _compiling():
             return make_fx(fn)(*fakes)
 
     def _constrain(self, expr, spec):

@@ -261,19 +261,18 @@ def symbolic_sizes(gm, example_inputs):
     return _Sizes(len(placeholders), tensors, dims, ints, where)
 
 
-def _options(kwargs):
-    """tessel.dynamo_options with torch.compile's `options={...}` for this graph over them."""
+def _check_options(kwargs):
+    """torch.compile's `options={...}`: names tessel.dynamo_options has."""
     unknown = sorted(set(kwargs) - set(dynamo_options))
     if unknown:
         raise _tessel.TesselError(f"torch.compile options {unknown} are not tessel's (it takes "
                                   f"{', '.join(sorted(dynamo_options))})")
-    return {**dynamo_options, **kwargs}
 
 
 def tessel_backend(gm, example_inputs, **kwargs):
     """The "tessel" backend of torch.compile. kwargs: torch.compile's `options`, over tessel.dynamo_options
     (target="spyre" runs the graphs on the simulated chip)."""
-    _options(kwargs)       # (checks the names)
+    _check_options(kwargs)
     options = kwargs
     if all(isinstance(t, torch.Tensor) for t in example_inputs) and not _has_symbolic_dims(gm):
         return _FirstCall(gm, options=options)
