@@ -1,10 +1,12 @@
 #!/bin/bash
 # Dynamic shapes on the GPU box in one device call (docs/dynamic-shapes.md, issue 34): builds the extension
-# (python/box/cuda_env.sh over the carried .pybox), runs tests/python/test_dynamo_dynamic.py and
-# test_dynamic_shapes.py on torch 2.11, then bench/dynamic_shapes.py on Hugging Face BERT and GPT-2 configs,
-# bench/llm_generate.py (generate() on GPT-2 and Llama configs through torch.compile),
-# torch's encoder and resnet18 (CPU, THREADS threads; --dynamo adds torch.compile(dynamic=True)). Logs and
-# JSON go to $OUT. From the checkout's root on the box:
+# (python/box/cuda_env.sh over the carried .pybox) and runs, on torch 2.11 (CPU, THREADS threads):
+#   tests/python/test_dynamo_dynamic.py;
+#   bench/dynamic_shapes.py on MODELS (default Hugging Face BERT and GPT-2 configs and resnet18), with
+#     --dynamo adding torch.compile(dynamic=True);
+#   tests/python/test_dynamic_shapes.py;
+#   bench/llm_generate.py (generate() on LLM_MODELS, default GPT-2 and Llama configs, through torch.compile).
+# Logs and JSON go to $OUT. From the checkout's root on the box:
 #   bash python/box/dynamic.sh          (carry .pybox, made here by `bash python/box/pack.sh build`)
 set -u
 OUT=${OUT:-/tmp/dynamic}
