@@ -1,13 +1,15 @@
 """LLM generation through tessel (issue 34; docs/dynamic-shapes.md): Hugging Face `generate()` (greedy, KV
 cache) with the model's forward under torch.compile(backend="tessel", dynamic=True), against eager (the
-same tokens; each step's logits) and against Inductor (torch.compile(dynamic=True)), in one process.
-Every decoded token has a new KV length: the figure that matters first is how many compilations serve
-the whole generation (dynamo gives tessel graphs with symbolic sizes; tessel compiles each once).
+same tokens; each step's logits) and against Inductor (torch.compile default, and dynamic=True), in one
+process. Every decoded token has a new KV length: the figures that matter first are how many compilations
+serve the whole generation (dynamo gives tessel graphs with symbolic sizes; tessel compiles each once) and
+whether any graph was left to PyTorch; then prefill time and decode tokens/s against the peers.
 
-Models: `gpt2` and `llama` (transformers configs with random weights; torch >= 2, the GPU box). CPU,
---threads threads for tessel and PyTorch alike. JSON out.
+Models: `gpt2`, `llama` and `qwen2` (transformers configs with random weights; torch >= 2, the GPU box).
+CPU, --threads threads for tessel and PyTorch alike. --cache static uses transformers' static KV cache.
+JSON out.
 
-    python bench/llm_generate.py --models gpt2,llama --new-tokens 32 --json out.json
+    python bench/llm_generate.py --models gpt2,llama,qwen2 --new-tokens 128 --prompts 1x32,2x100,1x256 --json out.json
 """
 import argparse
 import json
@@ -24,85 +26,121 @@ def build(name):
     import transformers
     torch.manual_seed(0)
     if name == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=1000, n_embd=128, n_layer=2, n_head=4, n_positions=512,
+        cfg = transformers.GPT2Config(vocab_size=1000, n_embd=128, n_layer=2, n_head=4, n_positions=1024,
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=1)
         m = transformers.GPT2LMHeadModel(cfg)
     elif name == "llama":
         cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                                        bos_token_id=0, eos_token_id=1)
         m = transformers.LlamaForCausalLM(cfg)
+    elif name == "qwen2":
+        cfg = transformers.Qwen2Config(vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                                       bos_token_id=0, eos_token_id=1, use_sliding_window=False)
+        m = transformers.Qwen2ForCausalLM(cfg)
     else:
-        raise SystemExit(f"unknown model {name!r} (gpt2, llama)")
+        raise SystemExit(f"unknown model {name!r} (gpt2, llama, qwen2)")
     return m.eval()
 
 
-def generate(model, ids, new_tokens):
+class StepTimer:
+    """Wraps a forward: the wall time of each call of one generate() (the first is the prefill)."""
+
+    def __init__(self, forward):
+        self.forward = forward
+        self.times = []
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = self.forward(*args, **kwargs)
+        self.times.append(time.perf_counter() - t0)
+        return out
+
+
+def generate(model, ids, new_tokens, cache):
     """Greedy generation of exactly new_tokens tokens: (token ids, per-step logits)."""
+    extra = dict(cache_implementation="static") if cache == "static" else {}
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                          do_sample=False, use_cache=True, return_dict_in_generate=True, output_scores=True,
-                         pad_token_id=0)
+                         pad_token_id=0, **extra)
     return out.sequences, torch.stack(out.scores)
 
 
-def timed(fn, rounds):
-    times = []
+def timed(model, forward, ids, new_tokens, cache, rounds):
+    """Median over rounds of (whole generate s, prefill s, decode s per token)."""
+    whole, prefill, decode = [], [], []
     for _ in range(rounds):
+        timer = StepTimer(forward)
+        model.forward = timer
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        generate(model, ids, new_tokens, cache)
+        whole.append(time.perf_counter() - t0)
+        prefill.append(timer.times[0])
+        decode.append(sum(timer.times[1:]) / max(1, len(timer.times) - 1))
+    model.forward = forward
+    return statistics.median(whole), statistics.median(prefill), statistics.median(decode)
 
 
-def run_model(name, prompts, new_tokens, rounds, inductor):
+def _record(row, key, model, forward, ids, new_tokens, cache, rounds):
+    whole, prefill, decode = timed(model, forward, ids, new_tokens, cache, rounds)
+    row[key] = dict(generate_s=whole, prefill_ms=prefill * 1e3, decode_ms_per_token=decode * 1e3,
+                    decode_tokens_per_s=1.0 / decode if decode > 0 else None)
+
+
+def run_model(name, prompts, new_tokens, rounds, peers, cache):
     model = build(name)
     eager_forward = model.forward
-    row = dict(model=name, new_tokens=new_tokens, prompts=[list(p.shape) for p in prompts])
+    row = dict(model=name, new_tokens=new_tokens, cache=cache, prompts=[list(p.shape) for p in prompts])
     with torch.no_grad():
-        want = [generate(model, p, new_tokens) for p in prompts]
+        want = [generate(model, p, new_tokens, cache) for p in prompts]
 
         tessel.dynamo_graphs.clear()
         tessel.dynamo_fallbacks.clear()
         torch._dynamo.reset()
-        model.forward = torch.compile(eager_forward, backend="tessel", dynamic=True)
+        compiled = torch.compile(eager_forward, backend="tessel", dynamic=True)
+        model.forward = compiled
         t0 = time.perf_counter()
-        got = [generate(model, p, new_tokens) for p in prompts]
+        got = [generate(model, p, new_tokens, cache) for p in prompts]
         row["tessel_first_s"] = time.perf_counter() - t0
         row["tokens_equal"] = all(torch.equal(g[0], w[0]) for g, w in zip(got, want))
         row["max_rel_err_logits"] = max(float((g[1] - w[1]).abs().max() / w[1].abs().max()) for g, w in zip(got, want))
-        row["tessel_graphs"] = len(tessel.dynamo_graphs)
-        row["compilations"] = sum(g.stats.compiles for g in tessel.dynamo_graphs if hasattr(g, "stats"))
-        row["bindings"] = sum(g.stats.bindings for g in tessel.dynamo_graphs if hasattr(g, "stats"))
+        graphs = [g for g in tessel.dynamo_graphs if hasattr(g, "stats")]
+        row["tessel_graphs"] = len(graphs)
+        row["compilations"] = sum(g.stats.compiles for g in graphs)
+        row["bindings"] = sum(g.stats.bindings for g in graphs)
+        row["symbolic_graphs"] = sum(1 for g in graphs if g.dynamic is not None)
         row["fallbacks"] = list(tessel.dynamo_fallbacks)
-        row["recompiles"] = [r for g in tessel.dynamo_graphs if hasattr(g, "stats") for r in g.stats.recompiles]
-        p = prompts[0]
-        row["tessel_s"] = timed(lambda: generate(model, p, new_tokens), rounds)
-
-        model.forward = eager_forward
-        row["eager_s"] = timed(lambda: generate(model, p, new_tokens), rounds)
-        if inductor:
-            torch._dynamo.reset()
-            model.forward = torch.compile(eager_forward, dynamic=True)
-            t0 = time.perf_counter()
-            ind = generate(model, p, new_tokens)
-            row["inductor_first_s"] = time.perf_counter() - t0
-            row["inductor_tokens_equal"] = torch.equal(ind[0], want[0][0])
-            row["inductor_s"] = timed(lambda: generate(model, p, new_tokens), rounds)
-            model.forward = eager_forward
-    row["tessel_tokens_per_s"] = new_tokens / row["tessel_s"]
-    row["eager_tokens_per_s"] = new_tokens / row["eager_s"]
-    if inductor:
-        row["inductor_tokens_per_s"] = new_tokens / row["inductor_s"]
+        row["recompiles"] = [r for g in graphs for r in g.stats.recompiles]
+        row["dynamic_fallbacks"] = [g.stats.dynamic_fallback for g in graphs if g.stats.dynamic_fallback]
+        p = prompts[-1]
+        _record(row, "tessel", model, compiled, p, new_tokens, cache, rounds)
+        _record(row, "eager", model, eager_forward, p, new_tokens, cache, rounds)
+        for key, kwargs in peers:
+            try:
+                torch._dynamo.reset()
+                fwd = torch.compile(eager_forward, **kwargs)
+                model.forward = fwd
+                t0 = time.perf_counter()
+                ind = [generate(model, q, new_tokens, cache) for q in prompts]
+                row[key + "_first_s"] = time.perf_counter() - t0
+                row[key + "_tokens_equal"] = all(torch.equal(g[0], w[0]) for g, w in zip(ind, want))
+                _record(row, key, model, fwd, p, new_tokens, cache, rounds)
+            except Exception as e:  # noqa: BLE001 -- a peer's failure is its entry, tessel's figures stand
+                row[key] = dict(error=f"{type(e).__name__}: {e}"[:1500])
+            finally:
+                model.forward = eager_forward
     return row
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="gpt2,llama")
+    ap.add_argument("--models", default="gpt2,llama,qwen2")
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--prompts", default="2x7,3x12,1x20", help="batch x length of each prompt")
+    ap.add_argument("--prompts", default="2x7,3x12,1x20", help="batch x length of each prompt (the last one is timed)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--cache", choices=("dynamic", "static"), default="dynamic")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -115,28 +153,35 @@ def main():
     for spec in a.prompts.split(","):
         b, t = (int(x) for x in spec.split("x"))
         prompts.append(torch.randint(2, 1000, (b, t), generator=g))
+    peers = [] if a.no_inductor else [("inductor", {}), ("inductor_dynamic", dict(dynamic=True))]
     rows = []
     for name in a.models.split(","):
         try:
-            row = run_model(name, prompts, a.new_tokens, a.rounds, not a.no_inductor)
+            row = run_model(name, prompts, a.new_tokens, a.rounds, peers, a.cache)
         except Exception as e:  # noqa: BLE001 -- one model's failure is a row, the others still run
             row = dict(model=name, error=f"{type(e).__name__}: {e}"[:2000])
         rows.append(row)
+        if a.json:       # (after each model: a run cut short keeps the rows it made)
+            with open(a.json, "w") as f:
+                json.dump(dict(torch=torch.__version__, threads=a.threads, cache=a.cache, rows=rows), f, indent=1)
         if "error" in row:
             print(f"{name}: ERROR {row['error'][:600]}")
             continue
+        rate = {k: row[k].get("decode_tokens_per_s") for k in ["tessel", "eager"] + [p for p, _ in peers] if k in row}
         print(f"{name}: tokens equal {row['tokens_equal']}, logits max rel err {row['max_rel_err_logits']:.2e}, "
-              f"tessel graphs {row['tessel_graphs']}, compilations {row['compilations']} (bindings {row['bindings']}), "
-              f"fallbacks {len(row['fallbacks'])}; tokens/s tessel {row['tessel_tokens_per_s']:.1f}, eager "
-              f"{row['eager_tokens_per_s']:.1f}" + (f", inductor {row['inductor_tokens_per_s']:.1f}" if "inductor_s" in row
-                                                   else ""))
+              f"tessel graphs {row['tessel_graphs']} ({row['symbolic_graphs']} symbolic), compilations "
+              f"{row['compilations']} (bindings {row['bindings']}), fallbacks {len(row['fallbacks'])}; prefill ms "
+              f"tessel {row['tessel']['prefill_ms']:.2f} eager {row['eager']['prefill_ms']:.2f}; decode tokens/s "
+              + ", ".join(f"{k} {v:.1f}" if v else f"{k} -" for k, v in rate.items()))
+        for p, _ in peers:
+            if "error" in row.get(p, {}):
+                print(f"   {p}: ERROR {row[p]['error'][:300]}")
         for f in row["fallbacks"][:6]:
             print("   fallback:", f[:400])
         for r in row["recompiles"][:6]:
             print("   recompile:", r[:300])
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(torch=torch.__version__, threads=a.threads, rows=rows), f, indent=1)
+        for r in row["dynamic_fallbacks"][:3]:
+            print("   dynamic fallback:", r[:400])
     return 0 if all("error" not in r for r in rows) else 1
 
 

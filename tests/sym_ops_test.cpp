@@ -332,8 +332,31 @@ TEST(SymOps, RefusalsNameWhatIsSymbolic) {
   // A bound whose clamp depends on s0.
   refused("  const %b: i64[1] = [0]\n  const %e: i64[1] = [3]\n  %y: f32[?,6] = Slice(%x, %b, %e) loc(\"s\")\n  return %y\n",
           "depends on the symbols");
-  // A size read as data (returned), not as a shape: no core form.
-  refused("  %y: i64[2] = Shape(%x) loc(\"s\")\n  return %y\n", "read as data");
+}
+
+// Sizes read as data, not as a shape: transformers' causal mask, `torch.arange(q) + past_length`
+// (ONNX: a Range and an Add of a Gather of a Shape), a Range starting at a symbolic size, the shape
+// itself returned. Each symbolic size is computed at run time (a sum of ones).
+TEST(SymOps, SizesReadAsData) {
+  check_lowering(R"(
+graph @offsets(%x: f32[8,s0], %k: f32[s1,8]) symbols(s0 in [1, 64], s1 in [1, 64]) {
+  const %i0: i64[] = [0]
+  const %i1: i64[] = [1]
+  const %zero: i64[] = [0]
+  const %one: i64[] = [1]
+  %sx: i64[2] = Shape(%x) loc("sx")
+  %q: i64[] = Gather(%sx, %i1) {axis = 0} loc("q")
+  %sk: i64[2] = Shape(%k) loc("sk")
+  %p: i64[] = Gather(%sk, %i0) {axis = 0} loc("p")
+  %r: i64[s0] = Range(%zero, %q, %one) loc("r")
+  %pos: i64[s0] = Add(%r, %p) loc("pos")
+  %end: i64[] = Add(%p, %q) loc("end")
+  %kv: i64[s0] = Range(%p, %end, %one) loc("kv")
+  %same: bool[s0] = Equal(%pos, %kv) loc("same")
+  %pf: f32[s0] = Cast(%pos) {to = 1} loc("pf")
+  %y: f32[8,s0] = Mul(%x, %pf) loc("y")
+  return %y, %same, %sk
+})", 1e-6, {{{"s0", 3}, {"s1", 5}}, {{"s0", 1}, {"s1", 9}}, {{"s0", 7}, {"s1", 2}}});
 }
 
 TEST(SymOps, MatMulAndGemm) {

@@ -5,8 +5,8 @@
 #   bench/dynamic_shapes.py on MODELS (default Hugging Face BERT and GPT-2 configs and resnet18), with
 #     --dynamo adding torch.compile(dynamic=True);
 #   tests/python/test_dynamic_shapes.py;
-#   bench/llm_generate.py (generate() on LLM_MODELS, default GPT-2 and Llama configs, through torch.compile).
-# Logs and JSON go to $OUT. From the checkout's root on the box:
+#   bench/llm_generate.py (generate() on LLM_MODELS, default GPT-2, Llama and Qwen2 configs, through torch.compile; PROMPTS, NEW_TOKENS, CACHE).
+# STEPS (default dynamo,bench,tests,llm) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
 #   bash python/box/dynamic.sh          (carry .pybox, made here by `bash python/box/pack.sh build`)
 set -u
 OUT=${OUT:-/tmp/dynamic}
@@ -17,16 +17,25 @@ run_tests() {
   echo "$1 rc=$?"
   grep -E " \.\.\. |^Ran |^OK|^FAILED|Error" "$OUT/$1.log" | cut -c1-300 | tail -30
 }
-run_tests test_dynamo_dynamic
+STEPS=${STEPS:-dynamo,bench,tests,llm}     # which of the four run (a comma list)
+step() { [[ ",$STEPS," == *",$1,"* ]]; }
+step dynamo && run_tests test_dynamo_dynamic
+step bench && {
 timeout "${BENCH_TIMEOUT:-300}" $PY bench/dynamic_shapes.py --models "${MODELS:-bert,gpt2,resnet18}" \
   --threads "${THREADS:-8}" --shapes "${SHAPES:-20}" --rounds "${ROUNDS:-6}" --dynamo --json "$OUT/dynamic_shapes.json" \
   > "$OUT/bench.out" 2> "$OUT/bench.err"
 echo "bench rc=$?"
 cat "$OUT/bench.out"
 grep -v -i warn "$OUT/bench.err" | cut -c1-300 | tail -15
-run_tests test_dynamic_shapes
-timeout "${LLM_TIMEOUT:-300}" $PY bench/llm_generate.py --models "${LLM_MODELS:-gpt2,llama}" --threads "${THREADS:-8}" \
-  --new-tokens "${NEW_TOKENS:-32}" --json "$OUT/llm_generate.json" > "$OUT/llm.out" 2> "$OUT/llm.err"
+grep -o "tessel: .*" "$OUT/bench.err" | cut -c1-400 | sort | uniq -c | head -12
+}
+step tests && run_tests test_dynamic_shapes
+step llm && {
+timeout "${LLM_TIMEOUT:-300}" $PY bench/llm_generate.py --models "${LLM_MODELS:-gpt2,llama,qwen2}" --threads "${THREADS:-8}" \
+  --new-tokens "${NEW_TOKENS:-32}" --prompts "${PROMPTS:-2x7,3x12,1x20}" --rounds "${LLM_ROUNDS:-3}" --cache "${CACHE:-dynamic}" \
+  ${LLM_FLAGS:-} --json "$OUT/llm_generate.json" > "$OUT/llm.out" 2> "$OUT/llm.err"
 echo "llm_generate rc=$?"
 cat "$OUT/llm.out"
 grep -v -i warn "$OUT/llm.err" | cut -c1-300 | tail -15
+grep -o "tessel: .*" "$OUT/llm.err" | cut -c1-400 | sort | uniq -c | head -12     # tessel's warnings, once each
+}

@@ -729,6 +729,13 @@ class CompiledModule:
                 entry = _build_dynamic(self.module, args, plan, self.backend, self.threads, self.freeze_inputs, call)
             except _tessel.TesselError as e:       # DynamicUnsupported, a symbolic capture or compile failure
                 why = _one_line(e)
+                same = _needed_equal(why, plan, args)
+                if same is not None:
+                    # two symbols the graph needs equal (dynamo gives each KV cache tensor its own length
+                    # symbol; attention needs them equal): one symbol, when this call's sizes agree
+                    plan = plan.merged(*same)
+                    static.append(f"{same[1]} = {same[0]} ({_NODE_CONTEXT.sub('', why)})")
+                    continue
                 # (the symbols it names outside types and shapes: "Conv over f32[s0,3,s2,s3]: dim 2 is symbolic (s2)")
                 prose = re.sub(r"\[[^\]]*\]", "", why)
                 named = {n for n in plan.symbols if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", prose)}
@@ -912,6 +919,30 @@ _NODE_CONTEXT = re.compile(r"\[\w+\] node .*? \(\w+\): ")
 
 # A symbolic compilation remembers this many shapes it admitted (then looked up without a binding check).
 _CURRENT_LIMIT = 4096
+
+
+_SYM_PLUS = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)([+-]\d+)?")
+_NEEDED_EQUAL = (re.compile(r"(\S+) and (\S+) must be equal, which the symbols do not decide"),
+                 re.compile(r"only if (\S+) equals (\S+) \(or either is 1\), which the symbols do not decide"))
+
+
+def _needed_equal(why, plan, args):
+    """(keep, drop): two size symbols a refusal says the graph needs equal ("s53+1 and s40+1 must be
+    equal", "broadcast only if s1 equals s2"), when both are the plan's, offset alike, and equal in this
+    call; else None."""
+    for pattern in _NEEDED_EQUAL:
+        m = pattern.search(why)
+        if not m:
+            continue
+        a, b = (_SYM_PLUS.fullmatch(x) for x in m.groups())
+        if not a or not b or a.group(2) != b.group(2) or a.group(1) == b.group(1):
+            return None
+        keep, drop = a.group(1), b.group(1)
+        if keep not in plan.symbols or drop not in plan.symbols:
+            return None
+        va, vb = plan.value_of(keep, args), plan.value_of(drop, args)
+        return (keep, drop) if va is not None and va == vb else None
+    return None
 
 
 def _dynamic_key(sig):

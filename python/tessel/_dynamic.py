@@ -83,6 +83,19 @@ class DynamicPlan:
     def __bool__(self):
         return bool(self.dims)
 
+    def merged(self, keep, drop):
+        """The plan with symbol `drop`'s dims named `keep` (the graph needs them equal)."""
+        spec = self.symbols[keep]
+        return DynamicPlan({k: {d: spec if s.name == drop else s for d, s in dd.items()} for k, dd in self.dims.items()})
+
+    def value_of(self, name, tensors):
+        """The size symbol `name` has in a call of these tensors (its first dim), or None."""
+        for k, dd in self.dims.items():
+            for d, s in dd.items():
+                if s.name == name and k < len(tensors) and isinstance(tensors[k], torch.Tensor):
+                    return tensors[k].shape[d]
+        return None
+
     def without(self, names):
         """The plan with the dims of these symbols static; None when no dim stays dynamic."""
         plan = DynamicPlan({k: {d: s for d, s in dd.items() if s.name not in names} for k, dd in self.dims.items()})
@@ -659,7 +672,7 @@ def _sym_ops():
 SYM_QUERIES = _sym_ops()
 SYM_ARITH = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg,
              operator.pos, operator.truediv}
-for _f in ("sym_float", "sym_int", "sym_max", "sym_min"):
+for _f in ("sym_float", "sym_int", "sym_max", "sym_min", "sym_sum"):
     if hasattr(torch, _f):
         SYM_ARITH.add(getattr(torch, _f))
 try:
@@ -708,6 +721,11 @@ def sym_value(n, args, shape_of):
         return float(v)
     if name == "sym_int":
         return args[0] if isinstance(args[0], (int, SymDim)) else int(args[0])
+    if name == "sym_sum":           # (torch >= 2.4: a sum of sizes, `torch.sym_sum([a, b, c])`)
+        total = 0
+        for a in args[0]:
+            total = a + total if isinstance(a, SymDim) else total + a
+        return total
     if name in ("sym_max", "sym_min"):
         a, b = args
         return (max if name == "sym_max" else min)(a, b)

@@ -15,6 +15,7 @@ import warnings
 import torch
 
 from . import _tessel
+from ._capture import node_source
 from ._compile import CompiledModule
 from ._sym import Unsupported, sympy_expr
 from ._train import TrainModule
@@ -92,7 +93,8 @@ class _FirstCall:
                 compiled = TrainModule(self.gm, args, backend=o["backend"], threads=o["threads"],
                                        cache_limit=o["cache_limit"])
             else:
-                compiled = CompiledModule(self.gm, args, freeze_inputs=_state_inputs(self.gm, args), **self.options)
+                compiled = CompiledModule(_Located(self.gm), args, freeze_inputs=_state_inputs(self.gm, args),
+                                          **self.options)
         except _tessel.TesselError as e:
             return _fallback(self.gm, f"could not compile a graph ({e})")
         dynamo_graphs.append(compiled)
@@ -184,7 +186,30 @@ class _TensorsOnly(torch.nn.Module):
         self.sizes = sizes
 
     def forward(self, *tensors):
-        return self.gm(*self.sizes.args(tensors))
+        return run_located(self.gm, self.sizes.args(tensors))
+
+
+class _NodeByNode(torch.fx.Interpreter):
+    def run_node(self, n):
+        with node_source(n.meta.get("stack_trace")):
+            return super().run_node(n)
+
+
+def run_located(gm, args):
+    """Runs a dynamo graph node by node under tessel's capture, so what the capture records (each node's
+    source, value reads, refusals) names the model's line dynamo kept for the node, not this call."""
+    return _NodeByNode(gm).run(*args)
+
+
+class _Located(torch.nn.Module):
+    """A dynamo graph as a module whose forward runs it with run_located (the static path's capture)."""
+
+    def __init__(self, gm):
+        super().__init__()
+        self.gm = gm
+
+    def forward(self, *args):
+        return run_located(self.gm, args)
 
 
 class _SizedCall:
@@ -273,7 +298,13 @@ def tessel_backend(gm, example_inputs, **kwargs):
     """The "tessel" backend of torch.compile. kwargs: torch.compile's `options`, over tessel.dynamo_options
     (target="spyre" runs the graphs on the simulated chip)."""
     _check_options(kwargs)
-    options = kwargs
+    reads = number_inputs(gm, example_inputs)
+    if reads:
+        return _Numbers(gm, example_inputs, reads, kwargs)
+    return _backend(gm, example_inputs, kwargs)
+
+
+def _backend(gm, example_inputs, options):
     if all(isinstance(t, torch.Tensor) for t in example_inputs) and not _has_symbolic_dims(gm):
         return _FirstCall(gm, options=options)
     try:
@@ -283,6 +314,76 @@ def tessel_backend(gm, example_inputs, **kwargs):
     if sizes is None:
         return _fallback(gm, "the graph takes non-tensor inputs that are not sizes")
     return _FirstCall(gm, sizes, options)
+
+
+def _is_number_read(n):
+    return ((n.op == "call_method" and n.target == "item") or
+            (n.op == "call_function" and n.target in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)))
+
+
+def number_inputs(gm, example_inputs):
+    """The positions of the graph's inputs that are 0-d tensors it only reads as numbers (`.item()`): under
+    dynamic=True dynamo passes a module's float attributes and Python globals this way (a LayerNorm's eps,
+    attention's scaling, `math.pi` in transformers' GELU), one 0-d float64 tensor each, read back as a
+    SymFloat. A read is not an op tessel can compile symbolically (it is a value, not a tensor), so each
+    read is folded to the number the call passes (_Numbers)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = []
+    for p, (n, ex) in enumerate(zip(placeholders, example_inputs)):
+        val = n.meta.get("example_value", ex)
+        if (isinstance(val, torch.Tensor) and val.dim() == 0 and n.users
+                and all(_is_number_read(u) for u in n.users)):
+            out.append(p)
+    return out
+
+
+def fold_numbers(gm, positions, values):
+    """A copy of the graph without the inputs at `positions`, each read of one (`.item()`) replaced by its
+    value (a Python number) in the nodes that use it."""
+    graph = torch.fx.Graph()
+    env = {}
+    graph.output(graph.graph_copy(gm.graph, env))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for p, value in zip(positions, values):
+        ph = placeholders[p]
+        for read in list(ph.users):
+            for user in list(read.users):
+                user.args = torch.fx.node.map_arg(user.args, lambda a, r=read, v=value: v if a is r else a)
+                user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, r=read, v=value: v if a is r else a)
+            graph.erase_node(read)
+        graph.erase_node(ph)
+    graph.lint()
+    return torch.fx.GraphModule(gm, graph)
+
+
+class _Numbers:
+    """A dynamo graph with inputs read only as numbers (number_inputs): compiled with each folded to the
+    value of the call (tessel sees constants, so a symbolic compilation is not broken by a read), and the
+    values checked on every call. Other values compile again (one compilation per set of values, as
+    cache_limit bounds); past the limit, the graph runs in PyTorch for values not yet compiled."""
+
+    def __init__(self, gm, example_inputs, positions, options):
+        self.gm, self.positions, self.options = gm, positions, options
+        self.skip = set(positions)
+        self.examples = [x for i, x in enumerate(example_inputs) if i not in self.skip]
+        self.compiled = {}          # repr of the values -> the backend's callable for the folded graph
+        self.refused = False
+
+    def __call__(self, *args):
+        values = [args[p].item() for p in self.positions]
+        key = tuple(repr(v) for v in values)
+        fn = self.compiled.get(key)
+        if fn is None:
+            limit = {**dynamo_options, **self.options}["cache_limit"]
+            if len(self.compiled) >= limit:
+                if not self.refused:
+                    self.refused = True
+                    _fallback(self.gm, f"the numbers the graph reads from its inputs took {len(self.compiled) + 1} "
+                                       f"sets of values (cache_limit={limit}); new ones run in PyTorch")
+                return self.gm(*args)
+            folded = fold_numbers(self.gm, self.positions, values)
+            fn = self.compiled[key] = _backend(folded, self.examples, self.options)
+        return fn(*[a for i, a in enumerate(args) if i not in self.skip])
 
 
 def _has_symbolic_dims(gm):

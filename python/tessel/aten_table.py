@@ -54,12 +54,21 @@ def _is_value(L, a):
 
 
 def _scalar(L, a, like):
-    """A tensor operand: a value name as is, a Python number as a constant of `like`'s dtype."""
+    """A tensor operand: a value name as is, a Python number (or a symbolic size) as a 0-d value of
+    `like`'s dtype."""
     if isinstance(a, str):
         return a
-    if isinstance(a, bool) or isinstance(a, (int, float)):
-        return L.const(a, L.dtype(like))
+    if isinstance(a, (bool, int, float, SymDim)):
+        return _number(L, a, L.dtype(like))
     raise Unsupported(f"operand {a!r} is not a tensor or a number")
+
+
+def _number(L, a, dtype):
+    """A Python number as a 0-d constant of dtype; a symbolic size (a SymInt operand under a symbolic
+    trace: `torch.arange(q) + past_length` in transformers' masks) as a 0-d size value cast to dtype."""
+    if isinstance(a, SymDim):
+        return _cast(L, L.scalar_size(a), dtype)
+    return L.const(a, dtype)
 
 
 def _out_dtype(node):
@@ -84,10 +93,10 @@ def _binary(op):
     def lower(L, node, a, b, alpha=1):
         ref = a if isinstance(a, str) else b
         out = _out_dtype(node) or L.dtype(ref)
-        a = _cast(L, _scalar(L, a, ref), out) if isinstance(a, str) else L.const(a, out)
-        b = _cast(L, _scalar(L, b, ref), out) if isinstance(b, str) else L.const(b, out)
+        a = _cast(L, _scalar(L, a, ref), out) if isinstance(a, str) else _number(L, a, out)
+        b = _cast(L, _scalar(L, b, ref), out) if isinstance(b, str) else _number(L, b, out)
         if alpha != 1:
-            b = L.op("Mul", [b, L.const(alpha, out)])
+            b = L.op("Mul", [b, _number(L, alpha, out)])
         return L.op(op, [a, b])
     return lower
 
@@ -169,14 +178,14 @@ def _clamp(L, node, x, lo=None, hi=None):
 def _where(L, node, c, a, b):
     ref = a if isinstance(a, str) else b
     out = _out_dtype(node) or L.dtype(ref)
-    a = _cast(L, a, out) if isinstance(a, str) else L.const(a, out)
-    b = _cast(L, b, out) if isinstance(b, str) else L.const(b, out)
+    a = _cast(L, a, out) if isinstance(a, str) else _number(L, a, out)
+    b = _cast(L, b, out) if isinstance(b, str) else _number(L, b, out)
     return L.op("Where", [c, a, b])
 
 
 @lowers(_ov("masked_fill", "Scalar"), _ov("masked_fill", "Tensor"))
 def _masked_fill(L, node, x, mask, value):
-    v = _cast(L, value, L.dtype(x)) if isinstance(value, str) else L.const(value, L.dtype(x))
+    v = _cast(L, value, L.dtype(x)) if isinstance(value, str) else _number(L, value, L.dtype(x))
     return L.op("Where", [mask, v, x])
 
 
@@ -545,7 +554,7 @@ def _shape_of(L, x):
 
 def _filled(L, x, v):
     """A tensor of x's shape and dtype filled with v (a number or a 0-d value)."""
-    v = _cast(L, v, L.dtype(x)) if isinstance(v, str) else L.const(v, L.dtype(x))
+    v = _cast(L, v, L.dtype(x)) if isinstance(v, str) else _number(L, v, L.dtype(x))
     return L.op("Expand", [v, _shape_of(L, x)])
 
 
@@ -752,7 +761,7 @@ def _created(L, node, value):
     from ._convert import tessel_dtype
     d = tessel_dtype(dt, "a created tensor")
     if any_sym(shape):
-        return L.op("Expand", [L.const(value, d), L.ints(shape)])
+        return L.op("Expand", [_number(L, value, d), L.ints(shape)])
     return L.const(torch.full(shape, value, dtype=dt), d)
 
 
@@ -998,7 +1007,7 @@ def _pow(L, node, x, e):
         return L.op("Sqrt", [x])
     if e == 1:
         return x
-    return L.op("Pow", [x, _cast(L, e, out) if isinstance(e, str) else L.const(e, out)])
+    return L.op("Pow", [x, _cast(L, e, out) if isinstance(e, str) else _number(L, e, out)])
 
 
 @lowers(_ov("clamp", "Tensor"), _ov("clamp_min", "Tensor"), _ov("clamp_max", "Tensor"))
@@ -1008,9 +1017,9 @@ def _clamp_tensor(L, node, x, lo=None, hi=None):
     d = _out_dtype(node) or L.dtype(x)
     x = _cast(L, x, d)
     if lo is not None:
-        x = L.op("Max", [x, _cast(L, lo, d) if isinstance(lo, str) else L.const(lo, d)])
+        x = L.op("Max", [x, _cast(L, lo, d) if isinstance(lo, str) else _number(L, lo, d)])
     if hi is not None:
-        x = L.op("Min", [x, _cast(L, hi, d) if isinstance(hi, str) else L.const(hi, d)])
+        x = L.op("Min", [x, _cast(L, hi, d) if isinstance(hi, str) else _number(L, hi, d)])
     return x
 
 
@@ -1030,7 +1039,7 @@ def _addc(L, node, x, t1, t2, value=1):
 
 @lowers(_ov("lerp", "Scalar"), _ov("lerp", "Tensor"))
 def _lerp(L, node, a, b, w):
-    w = w if isinstance(w, str) else L.const(w, L.dtype(a))
+    w = w if isinstance(w, str) else _number(L, w, L.dtype(a))
     return L.op("Add", [a, L.op("Mul", [w, L.op("Sub", [b, a])])])
 
 

@@ -276,19 +276,42 @@ class AttentionBlock(unittest.TestCase):
         self.assertEqual(len(fast.stats.recompiles), 1)
         self.assertRegex(fast.stats.recompiles[0], r"shape guard (s1 > 8 was False|s1 <= 8 was True) at capture .*not for s1=12")
 
-    def test_what_the_symbolic_capture_cannot_take_compiles_per_shape(self):
+    def test_sizes_as_tensor_values(self):
+        """A size used as a tensor value (a mean by hand; transformers' `torch.arange(q) + past_length`)
+        is computed at run time: one symbolic compilation."""
         def scaled(x):
-            return x / x.shape[0]           # a size used as a tensor value
+            return x / x.shape[0]
+
+        def offsets(x, kv):
+            q, p = x.shape[1], kv.shape[1]
+            pos = torch.arange(q) + p                     # the queries' positions after p cached keys
+            mask = torch.arange(p + q).unsqueeze(0) <= pos.unsqueeze(1)
+            s = x @ torch.cat([kv, x], 1).transpose(1, 2)
+            return s.masked_fill(~mask, -1e9).softmax(-1) * (p + 1)
+        fast = tessel.compile(scaled, (torch.randn(4, 3),), dynamic_dims={0: [0]})
+        for b in (5, 9, 2):
+            check(self, fast, scaled, (torch.randn(b, 3),))
+        fast2 = tessel.compile(offsets, (torch.randn(2, 3, 8), torch.randn(2, 5, 8)),
+                               dynamic_dims={0: {1: "q"}, 1: {1: "p"}})
+        for q, p in ((3, 5), (2, 6), (4, 9), (2, 2), (7, 3)):
+            check(self, fast2, offsets, (torch.randn(2, q, 8), torch.randn(2, p, 8)))
+        for f in (fast, fast2):
+            self.assertEqual(f.stats.compiles, 1, (f.stats.dynamic_fallback, f.stats.recompiles))
+            self.assertIsNotNone(f.dynamic)
+
+    def test_what_the_symbolic_capture_cannot_take_compiles_per_shape(self):
+        def conv(x):
+            return F.conv1d(x, torch.ones(2, 3, 3))      # a spatial dim: its output size is a floor division
         with self.assertWarnsRegex(UserWarning, "fall back to a compilation per input shape"):
-            fast = tessel.compile(scaled, (torch.randn(4, 3),), dynamic_dims={0: [0]})
-        check(self, fast, scaled, (torch.randn(5, 3),))
+            fast = tessel.compile(conv, (torch.randn(2, 3, 9),), dynamic_dims={0: [2]})
+        check(self, fast, conv, (torch.randn(2, 3, 11),))
         self.assertEqual(fast.stats.compiles, 2)
-        self.assertIn("symbolic sizes (s0)", fast.stats.dynamic_fallback)
-        # with dynamic=True the refusal names s0: that dim is made static, the other stays a symbol
-        with self.assertWarnsRegex(UserWarning, "dynamic shapes: s0 static"):
-            fast = tessel.compile(scaled, (torch.randn(4, 3),), dynamic=True)
-        check(self, fast, scaled, (torch.randn(4, 7),))
-        self.assertEqual((fast.stats.compiles, fast.dynamic["inputs"]), (1, {0: ["4", "s1"]}))
+        self.assertIn("dim 2 is symbolic (s0)", fast.stats.dynamic_fallback)
+        # with dynamic=True the refusal names the spatial symbol: that dim is made static, the batch stays one
+        with self.assertWarnsRegex(UserWarning, "dynamic shapes: s2 static"):
+            fast = tessel.compile(conv, (torch.randn(2, 3, 9),), dynamic=True)
+        check(self, fast, conv, (torch.randn(4, 3, 9),))
+        self.assertEqual((fast.stats.compiles, fast.dynamic["inputs"]), (1, {0: ["s0", "3", "9"]}))
 
         def reads(x):
             return x * 2 if bool(x.sum() > 0) else x * 3     # a value read: a value guard, on real tensors
@@ -370,6 +393,30 @@ class Torchvision(unittest.TestCase):
         self.run_model("mobilenet_v2")
 
 
+class NeededEqual(unittest.TestCase):
+    """Two symbols the graph needs equal (a refusal of tessel's shape rules says so; dynamo gives each KV
+    cache tensor of a transformers model its own length symbol) become one when the call agrees."""
+
+    def test_refusals_that_merge_two_symbols(self):
+        from tessel._compile import _needed_equal
+        from tessel._dynamic import DynamicPlan, SymbolSpec
+        a, b, c = SymbolSpec("s53"), SymbolSpec("s40"), SymbolSpec("s7")
+        plan = DynamicPlan({0: {2: a}, 1: {2: b}, 2: {0: c}})
+        args = [torch.zeros(1, 4, 9, 2), torch.zeros(1, 4, 9, 2), torch.zeros(5)]
+        why = ("[infer] node 'x' (MatMul): MatMul inner dimensions differ: [1,4,1,s53+1] and [1,4,s40+1,32]: "
+               "s53+1 and s40+1 must be equal, which the symbols do not decide")
+        self.assertEqual(_needed_equal(why, plan, args), ("s53", "s40"))
+        merged = plan.merged("s53", "s40")
+        self.assertEqual(sorted(merged.symbols), ["s53", "s7"])
+        self.assertEqual(merged.dims[1][2].name, "s53")
+        self.assertEqual(_needed_equal("shapes [s53,8] and [s40,8] broadcast only if s53 equals s40 (or either is 1), "
+                                       "which the symbols do not decide", plan, args), ("s53", "s40"))
+        # sizes that differ in this call, offsets that differ, a symbol that is not the plan's: no merge
+        self.assertIsNone(_needed_equal("s53 and s7 must be equal, which the symbols do not decide", plan, args))
+        self.assertIsNone(_needed_equal("s53+1 and s40 must be equal, which the symbols do not decide", plan, args))
+        self.assertIsNone(_needed_equal("s53 and u0 must be equal, which the symbols do not decide", plan, args))
+
+
 class DynamoSizes(unittest.TestCase):
     """torch.compile's graphs with symbolic sizes, made by hand on torch 1.13 (placeholders whose
     example values are a SymInt and a fake tensor with symbolic dims, as dynamo gives them)."""
@@ -407,6 +454,43 @@ class DynamoSizes(unittest.TestCase):
         x = torch.randn(4, 8)
         self.assertTrue(torch.equal(compiled(2, x), fn(2, x)))
         self.assertEqual(tessel.dynamo_graphs[0].stats.eager_calls, 1)
+
+    def test_numbers_read_from_inputs_are_folded(self):
+        """dynamo's unspecialised floats (a norm's eps, attention's scaling: 0-d float64 inputs the graph
+        reads with .item()) are folded to the call's values: one symbolic compilation per set of values,
+        the values checked on every call (transformers' GPT-2 and Llama graphs under dynamic=True)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        from tessel._dynamo import number_inputs
+
+        class M(nn.Module):
+            def forward(self, x, eps, scale):
+                return x / (x.pow(2).mean(-1, keepdim=True) + eps.item()).sqrt() * scale.item()
+        gm = torch.fx.symbolic_trace(M())
+        if torch_major() >= 2:
+            fake = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.randn(4, 8))
+        else:
+            fake = FakeTensorMode().from_tensor(torch.randn(4, 8), shape_env=ShapeEnv())
+        x_node, eps_node, scale_node = (p for p in gm.graph.nodes if p.op == "placeholder")
+        x_node.meta["example_value"] = fake
+        eps_node.meta["example_value"] = scale_node.meta["example_value"] = torch.tensor(0.5, dtype=torch.float64)
+        example = [fake, torch.tensor(0.5, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)]
+        self.assertEqual(number_inputs(gm, example), [1, 2])
+        tessel.dynamo_graphs.clear()
+        tessel.dynamo_fallbacks.clear()
+        compiled = tessel.tessel_backend(gm, example)
+
+        def f64(v):
+            return torch.tensor(v, dtype=torch.float64)
+        for b, eps in ((4, 0.5), (6, 0.5), (9, 0.5), (3, 4.0), (5, 4.0)):
+            x = torch.randn(b, 8)
+            got = compiled(x, f64(eps), f64(2.0))
+            self.assertLess(max_rel(got, M()(x, f64(eps), f64(2.0))), 1e-6, (b, eps))
+        self.assertEqual(tessel.dynamo_fallbacks, [])
+        self.assertEqual(len(tessel.dynamo_graphs), 2)            # eps 0.5, then eps 4.0
+        for g in tessel.dynamo_graphs:
+            self.assertEqual(g.stats.compiles, 1, g.stats.recompiles)
+            self.assertIsNotNone(g.dynamic)
 
     def test_sizes_tessel_cannot_take_fall_back_with_the_reason(self):
         import sympy

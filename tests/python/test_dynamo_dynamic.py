@@ -69,6 +69,20 @@ class DynamoDynamic(unittest.TestCase):
         self.assertLessEqual(sum(g.stats.compiles for g in tessel.dynamo_graphs), 2,
                              [(g.stats.dynamic_fallback, g.stats.recompiles) for g in tessel.dynamo_graphs])
 
+    def test_float_attributes(self):
+        """A module's float attributes under dynamic=True are graph inputs dynamo reads back with .item()
+        (unspecialised floats): folded to their values, one symbolic compilation, no fallback."""
+        class Norm(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.eps, self.scale = 1e-2, 0.125
+                self.fc = nn.Linear(16, 16)
+
+            def forward(self, x):
+                x = self.fc(x)
+                return x / (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt() * self.scale
+        self.run_shapes(Norm().eval(), [torch.randn(b, t, 16) for b, t in ((2, 5), (3, 9), (4, 17), (2, 33))])
+
     def test_attention(self):
         shapes = ((2, 16), (3, 5), (2, 7), (4, 33), (5, 2), (3, 64))
         self.run_shapes(attention(), [torch.randn(b, t, 64) for b, t in shapes])

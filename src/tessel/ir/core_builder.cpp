@@ -51,6 +51,13 @@ Value* CoreBuilder::convert(Value* v, DType t) {
 
 Value* CoreBuilder::full(DType t, const DimList& shape, double v) { return broadcast_to(scalar(t, v), shape); }
 
+Value* CoreBuilder::size_value(const Dim& d, DType t) {
+  if (d.is_static())
+    return constant(is_float(t) ? Tensor::scalar_f(t, static_cast<double>(d.constant_term()))
+                                : Tensor::scalar_i(t, d.constant_term()));
+  return reduce(full(t, {d}, 1.0), "sum", {0}, false);
+}
+
 Value* CoreBuilder::binary(const std::string& op, Value* a, Value* b) {
   const Dims s = broadcast_dims(a->type.dims(), b->type.dims());
   return emit(op, {broadcast_to(a, s), broadcast_to(b, s)});

@@ -29,6 +29,9 @@ class CoreBuilder {
   Value* convert(Value* v, DType t);
   // A constant of dtype t and `shape` filled with v (a scalar constant broadcast_in_dim'ed).
   Value* full(DType t, const DimList& shape, double v);
+  // A size as a value of shape [] and dtype t: a constant, or for a symbolic size the sum of that many
+  // ones (exact in integers), so that arithmetic on data can use sizes known only at run time.
+  Value* size_value(const Dim& d, DType t);
 
   // ---- sugar over emit (operands are numpy-broadcast to their common shape first) ----
   Value* unary(const std::string& op, Value* v) { return emit(op, {v}); }

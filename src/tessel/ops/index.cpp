@@ -173,13 +173,6 @@ Value* linear_index(CoreBuilder& b, Value* idx, const Shape& dims) {
   return b.reduce(b.mul(i, along_last(strides_of(dims))), "sum", {last}, false);
 }
 
-// A size as a value of dtype t of shape []: a constant, or for a symbolic size the sum of that many
-// ones (exact in i64), so that index arithmetic can use sizes known only at run time.
-Value* size_value(CoreBuilder& b, const Dim& d, DType t) {
-  if (d.is_static()) return b.scalar(t, static_cast<double>(d.constant_term()));
-  return b.reduce(b.full(t, {d}, 1.0), "sum", {0}, false);
-}
-
 // linear_index over symbolic positions: each tuple component wrapped (negative counts from the end)
 // and weighted by its row-major stride, the sizes computed as values.
 Value* linear_index_sym(CoreBuilder& b, Value* idx, const Dims& dims) {
@@ -194,9 +187,9 @@ Value* linear_index_sym(CoreBuilder& b, Value* idx, const Dims& dims) {
     starts[last] = static_cast<int64_t>(j);
     stops[last] = static_cast<int64_t>(j + 1);
     Value* c = b.reshape(b.slice(i, starts, stops), lead);
-    Value* n = b.broadcast_to(size_value(b, dims[j], DType::i64), lead);
+    Value* n = b.broadcast_to(b.size_value(dims[j], DType::i64), lead);
     c = b.select(b.compare("lt", c, b.full(DType::i64, lead, 0)), b.add(c, n), c);
-    if (!(stride == 1)) c = b.mul(c, b.broadcast_to(size_value(b, stride, DType::i64), lead));
+    if (!(stride == 1)) c = b.mul(c, b.broadcast_to(b.size_value(stride, DType::i64), lead));
     lin = lin ? b.add(lin, c) : c;
     stride *= dims[j];
   }

@@ -1083,8 +1083,9 @@ OpDef shape_op() {
 // symbolic (docs/dynamic-shapes.md). fold-constants puts one in place of shape arithmetic that
 // computes from symbolic sizes (Shape -> Gather -> Concat), so that the ops reading it (Reshape,
 // Expand, ConstantOfShape, Range) see the sizes, and their decompositions read them through
-// CoreBuilder::known_sizes. It has no core form while a size is symbolic: a size read as data (not as
-// a shape) is refused then. Once the symbols are bound (instantiate_graph) it is a plain constant.
+// CoreBuilder::known_sizes. Read as data (not as a shape: `torch.arange(q) + past_length` in a causal
+// mask), a symbolic size becomes a value computed at run time (CoreBuilder::size_value). Once the
+// symbols are bound (instantiate_graph) it is a plain constant.
 OpDef sizes_op() {
   OpDef d = make_op("Sizes", 0, 0, 1, {{"dims", AttrKind::ints}, {"shape", AttrKind::ints}, {"dtype", AttrKind::s}});
   d.domain = "tessel";
@@ -1111,8 +1112,12 @@ OpDef sizes_op() {
   };
   d.decompose = [facts](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
     const SymTensor t = facts(n);
-    if (!t.all_static())
-      unsupported("the sizes {} are read as data, not as a shape: a symbolic size has no core form as a value", t.str());
+    if (!t.all_static()) {
+      if (t.shape.empty()) return {b.size_value(t.elems.at(0), t.dtype)};
+      std::vector<Value*> parts;
+      for (const Dim& e : t.elems) parts.push_back(b.reshape(b.size_value(e, t.dtype), {1}));
+      return {parts.size() == 1 ? parts[0] : b.concat(parts, 0)};
+    }
     Tensor v(t.dtype, t.shape);
     for (size_t k = 0; k < t.elems.size(); ++k) v.set_i(static_cast<int64_t>(k), t.elems[k].constant_term());
     return {b.constant(std::move(v))};
@@ -1269,12 +1274,10 @@ OpDef range_op() {
   return d;
 }
 
-// start + iota * delta (start and delta may be run-time scalars; the length is static or symbolic). A
-// symbolic start is a size read as data: no core form.
+// start + iota * delta (start and delta may be run-time scalars, a symbolic start a size computed at
+// run time by its Sizes node; the length is static or symbolic).
 std::vector<Value*> decompose_range(CoreBuilder& b, const Node& n) {
   const TensorType& t = n.outputs[0]->type;
-  if (auto start = b.known_sizes(0); start && !dims_static(*start))
-    unsupported("Range's start {} is a symbolic size read as data: no core form", ints_str(*start));
   Value* iota = b.iota(t.dtype, t.dims(), 0);
   return {b.add(b.mul(iota, b.reshape(n.inputs[2], {})), b.reshape(n.inputs[0], {}))};
 }

@@ -5,6 +5,7 @@
 // as dynamic; those nodes are the graph break the backends run through the reference kernels.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 #include "tessel/ir/op_registry.h"
@@ -72,11 +73,13 @@ std::string decompose(Graph& g) {
   }
   g.compact();
   // A Sizes node a core op still reads gives it the sizes as data: its hook makes a constant of static
-  // sizes and refuses symbolic ones, naming the node. One nothing reads is left for dce.
+  // sizes and computes symbolic ones at run time (CoreBuilder::size_value). Its new nodes go where it
+  // was, before its readers (a Sizes node has no inputs). One nothing reads is left for dce.
   const std::vector<int> uses = g.use_counts();
   for (size_t k = 0; k < g.nodes().size(); ++k) {
     Node& n = *g.mutable_nodes()[k];
     if (!is_sizes(n) || uses[n.outputs[0]->id] == 0) continue;
+    const size_t before = g.nodes().size();
     CoreBuilder b(g, n);
     std::vector<Value*> results;
     try {
@@ -85,6 +88,11 @@ std::string decompose(Graph& g) {
       throw e.with_context(Location{.node = n.name, .op = n.op->name});
     }
     g.replace_all_uses(n.outputs[0], results.at(0));
+    auto& nodes = g.mutable_nodes();
+    const size_t added = nodes.size() - before;
+    std::rotate(nodes.begin() + static_cast<std::ptrdiff_t>(k), nodes.begin() + static_cast<std::ptrdiff_t>(before),
+                nodes.end());
+    k += added;
     ++done;
   }
   g.compact();
