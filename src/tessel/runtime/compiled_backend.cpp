@@ -160,6 +160,7 @@ struct CompiledExecutable::Symbolic {
   std::list<std::pair<std::vector<int64_t>, std::unique_ptr<CompiledExecutable>>> instances;
   std::map<std::string, cpu::PackedWeights> packings;  // weights packed once for every instance (Builder)
   PrimitiveCache primitives;                           // library calls shared by the instances (Builder)
+  std::shared_ptr<ArenaPool> arenas = std::make_shared<ArenaPool>();  // one arena for every instance
 
   CompiledExecutable& instance(const std::vector<int64_t>& values, CompiledExecutable& owner);
 };
@@ -404,7 +405,9 @@ std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::un
   run_pipeline(*g, parse_pipeline(opts.pipeline), PassOptions{});
   st.graph.pass_seconds = seconds_since(tp);
   auto tf = Clock::now();
-  KernelModule m = fuse(std::move(g), cpu_fuse_options(opts.fuse));
+  FuseOptions fo = cpu_fuse_options(opts.fuse);
+  fo.symbolic_activation_matmuls = false;  // no library primitive per binding for attention's products
+  KernelModule m = fuse(std::move(g), fo);
   verify_kernel_module(m);
   st.fuse_seconds = seconds_since(tf);
   generate_and_build(m, opts.model_name, opts.toolchain, ce->in_library_, ce->library_, ce->source_, ce->so_, st);
@@ -450,6 +453,7 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int
   bld.primitives = &primitives;
   GraphBackendOptions go;
   go.pipeline = "";  // the module is already the kernel level
+  go.arena_pool = arenas;
   go.custom_kernel = [&](const Node& n) { return bld.launch(n); };
   go.output_aliases = opts.output_aliases;
   go.recycled_outputs = opts.recycled_outputs;

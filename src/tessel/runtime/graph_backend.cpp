@@ -173,6 +173,16 @@ int GraphCompileStats::dynamic_count() const {
 // output: a graph output in a buffer of its own, recycled from run to run (recycled_outputs).
 enum class Home { none, input, constant, arena, heap, output };
 
+std::shared_ptr<uint8_t> ArenaPool::take(size_t need) {
+  if (!block || bytes < need) {
+    const size_t n = std::max(need, bytes + bytes / 2);
+    block = std::shared_ptr<uint8_t>(allocate_pages(n));
+    bytes = n;
+    ++grown;
+  }
+  return block;
+}
+
 struct GraphExecutable::Impl {
   std::vector<Step> steps;
   std::vector<Guard> guards;
@@ -182,7 +192,7 @@ struct GraphExecutable::Impl {
   std::vector<Home> home;               // per value id (meaningful for roots)
   std::vector<int> root;                // per value id: the value whose memory it uses
   std::vector<uint8_t*> fixed_ptr;      // per value id: constants and arena values
-  Pages arena;  // zeroed pages, materialised by the first run
+  std::shared_ptr<uint8_t> arena;       // pages, materialised by the first run (or an ArenaPool's)
   KernelEnv env;
   std::vector<Tensor> heap;             // per root id: dynamic-region tensors
   std::vector<const Tensor*> given;     // per value id: the caller's input tensors, during a run
@@ -563,7 +573,8 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   }
   exe->plan_ = plan_arena(exe->requests_, opts.align);
   check_alloc(exe->plan_.size + opts.align, "the graph backend's arena");
-  im.arena = allocate_pages(exe->plan_.size + opts.align);
+  im.arena = opts.arena_pool ? opts.arena_pool->take(exe->plan_.size + opts.align)
+                            : std::shared_ptr<uint8_t>(allocate_pages(exe->plan_.size + opts.align));
   const uintptr_t raw = reinterpret_cast<uintptr_t>(im.arena.get());
   uint8_t* base = im.arena.get() + ((opts.align - raw % opts.align) % opts.align);
   for (size_t b = 0; b < exe->requests_.size(); ++b) im.fixed_ptr[exe->buffer_values_[b]->id] = base + exe->plan_.offsets[b];

@@ -18,6 +18,17 @@
 
 namespace tessel {
 
+// Arena memory the executables of one symbolic compilation share (docs/dynamic-shapes.md): they run
+// one at a time, so each new one takes its arena from here instead of mapping (and faulting in) its
+// own, and the memory grows when a plan needs more (executables planned earlier keep the smaller
+// block they were planned in, until they are dropped).
+struct ArenaPool {
+  std::shared_ptr<uint8_t> block;
+  size_t bytes = 0;
+  int grown = 0;                  // blocks mapped
+  std::shared_ptr<uint8_t> take(size_t need);
+};
+
 struct GraphBackendOptions {
   std::string pipeline = "core";  // the pass pipeline run before planning (by name)
   size_t align = 64;              // arena offsets are multiples of this
@@ -43,6 +54,8 @@ struct GraphBackendOptions {
   // returned without a copy out of the arena; a later run reuses a buffer once the caller has
   // dropped every tensor sharing it (no allocation, no page faults), else allocates a new one.
   bool recycled_outputs = false;
+  // Where the arena comes from when it is shared (ArenaPool); null: an arena of its own.
+  std::shared_ptr<ArenaPool> arena_pool;
 };
 
 // What compiling found and decided.
