@@ -129,7 +129,8 @@ TEST(DynamicCompiled, SizesThatOverflowAreRefused) {
 
 // A decode step's shape: one query row against a symbolic number of cached keys. The query's
 // projection has the same sizes at every length, so each new length's instance takes that library
-// call from the first and builds only the attention's two (whose N and K follow the length).
+// call from the first. The attention's two products (two computed operands, N and K following the
+// length) are loop kernels reading the length at run time: no library call to build per length.
 TEST(DynamicCompiled, InstancesShareTheLibraryCallsWhoseSizesAgree) {
   auto g = parse_graph(R"(graph @decode(%x: f32[1,64], %kv: f32[s0,64], %w: f32[64,64]) symbols(s0 in [1, 512]) {
   %q: f32[1,64] = dot_general(%x, %w) {lhs_batch = ints[], lhs_contract = [1], rhs_batch = ints[], rhs_contract = [0]} loc("q_proj")
@@ -155,4 +156,5 @@ TEST(DynamicCompiled, InstancesShareTheLibraryCallsWhoseSizesAgree) {
   }
   EXPECT_EQ(exe->stats().instances, 3);
   EXPECT_EQ(exe->stats().library_reused, 2) << "the projection, taken by the second and third instances";
+  EXPECT_EQ(exe->stats().matmul_kernels, 1) << "only the projection is a library call";
 }

@@ -172,11 +172,11 @@ struct FuseOptions {
   // row-major.
   bool layout_steps = false;
   // A product of two computed operands with a symbolic dim (attention's Q·Kᵀ and P·V over the KV
-  // length) goes through the library too. compile_cpu's symbolic compilations set it false: a library
-  // primitive is built per binding of the sizes, and the KV length is new at every decoded token,
-  // while a loop kernel's generated code reads the sizes at run time. Products with a constant operand
-  // (a layer's weights, whose rows change only with the batch or prompt) stay library calls.
-  bool symbolic_activation_matmuls = true;
+  // length) goes through the library too. Off by default: a library primitive is built per binding of
+  // the sizes, and the KV length is new at every decoded token, while a loop kernel's generated code
+  // reads the sizes at run time. Products with a constant operand (a layer's weights, whose rows
+  // change only with the batch or prompt) stay library calls; static graphs are not affected.
+  bool symbolic_activation_matmuls = false;
 };
 
 // The options compile_cpu fuses with: `base` with conv1d, conv_input_views and layout_steps on.

@@ -405,9 +405,7 @@ std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::un
   run_pipeline(*g, parse_pipeline(opts.pipeline), PassOptions{});
   st.graph.pass_seconds = seconds_since(tp);
   auto tf = Clock::now();
-  FuseOptions fo = cpu_fuse_options(opts.fuse);
-  fo.symbolic_activation_matmuls = false;  // no library primitive per binding for attention's products
-  KernelModule m = fuse(std::move(g), fo);
+  KernelModule m = fuse(std::move(g), cpu_fuse_options(opts.fuse));
   verify_kernel_module(m);
   st.fuse_seconds = seconds_since(tf);
   generate_and_build(m, opts.model_name, opts.toolchain, ce->in_library_, ce->library_, ce->source_, ce->so_, st);
