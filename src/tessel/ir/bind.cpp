@@ -135,16 +135,18 @@ std::unique_ptr<Graph> instantiate_graph(const Graph& g, const Bindings& b) {
   out->name = g.name;
   for (const auto& [name, info] : g.symbols.all())
     if (!b.count(name)) out->symbols.declare(info);
-  auto type_of = [&](const TensorType& t, const std::string& what) {
+  // (what: "input" or "value", named in the error only: an instance per decoded token runs this)
+  auto type_of = [&](const TensorType& t, const char* what, const std::string& name) {
     if (!t.symbolic()) return t;
     Dims d = substitute_dims(t.sym, b);
     for (const Dim& x : d)
       if (x.is_static() && x.constant_term() < 0)
-        throw Error(Location{.pass = "instantiate"}, fmt::format("{} has size {} < 0 for these sizes", what, x.constant_term()));
+        throw Error(Location{.pass = "instantiate"},
+                    fmt::format("{} '{}' has size {} < 0 for these sizes", what, display_text(name), x.constant_term()));
     return TensorType::of(t.dtype, d);
   };
   std::map<const Value*, Value*> map;
-  for (const Value* v : g.inputs) map[v] = out->add_input(v->name, type_of(v->type, "input '" + display_text(v->name) + "'"));
+  for (const Value* v : g.inputs) map[v] = out->add_input(v->name, type_of(v->type, "input", v->name));
   for (const auto& v : g.values())
     if (v->constant && !v->producer && !v->is_input) map[v.get()] = out->add_constant(v->name, *v->constant);
   for (const auto& n : g.nodes()) {
@@ -155,7 +157,7 @@ std::unique_ptr<Graph> instantiate_graph(const Graph& g, const Bindings& b) {
       if (const Dims* d = std::get_if<Dims>(&a)) a = dims_attr(substitute_dims(*d, b));
     Node* c = out->add_copy(*n, std::move(ins), map, &attrs);
     for (Value* v : c->outputs)
-      if (v) v->type = type_of(v->type, "value '" + display_text(v->name) + "'");
+      if (v) v->type = type_of(v->type, "value", v->name);
   }
   for (const Value* v : g.outputs) {
     auto it = map.find(v);
