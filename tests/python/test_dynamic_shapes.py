@@ -393,6 +393,49 @@ class Torchvision(unittest.TestCase):
         self.run_model("mobilenet_v2")
 
 
+class KVCacheDecode(unittest.TestCase):
+    """Greedy decoding with a KV cache that grows one position a step (the cache passed in and returned,
+    as transformers' dynamic cache does): one symbolic compilation for the prompt and one for the
+    one-token steps serve every length, each step within 1e-5 of eager and the same tokens."""
+
+    def test_every_step_is_a_binding_of_one_compilation(self):
+        torch.manual_seed(0)
+        d, h = 32, 2
+
+        class Decoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb, self.qkv, self.head = nn.Embedding(50, d), nn.Linear(d, 3 * d), nn.Linear(d, 50)
+
+            def forward(self, ids, kc, vc):
+                x = self.emb(ids)
+                b, t, _ = x.shape
+                q, k, v = self.qkv(x).split(d, -1)
+                q = q.reshape(b, t, h, d // h).transpose(1, 2)
+                k = torch.cat([kc, k.reshape(b, t, h, d // h).transpose(1, 2)], 2)
+                v = torch.cat([vc, v.reshape(b, t, h, d // h).transpose(1, 2)], 2)
+                a = (q @ k.transpose(-1, -2) / math.sqrt(d // h)).softmax(-1) @ v
+                return self.head(x + a.transpose(1, 2).reshape(b, t, d)), k, v
+        m = Decoder().eval()
+        fast = tessel.compile(m, (torch.tensor([[1, 2, 3]]), torch.randn(1, h, 4, d // h), torch.randn(1, h, 4, d // h)),
+                              dynamic_dims={0: {1: "t"}, 1: {2: "p"}, 2: {2: "p"}})
+
+        def generate(fn, steps):
+            ids, out = torch.tensor([[4, 9, 1, 7]]), []
+            kc = vc = torch.randn(1, h, 2, d // h, generator=torch.Generator().manual_seed(1))
+            for _ in range(steps):
+                logits, kc, vc = fn(ids, kc, vc)
+                out.append(logits)
+                ids = logits[:, -1:].argmax(-1)
+            return out
+        with torch.no_grad():
+            want, got = generate(m, 12), generate(fast, 12)
+        for k, (g, w) in enumerate(zip(got, want)):
+            self.assertLess(max_rel(g, w), 1e-5, f"step {k}")
+        self.assertEqual(fast.stats.compiles, 2, fast.stats.recompiles)     # the prompt, then t = 1
+        self.assertGreaterEqual(fast.stats.bindings, 12)
+
+
 class NeededEqual(unittest.TestCase):
     """Two symbols the graph needs equal (a refusal of tessel's shape rules says so; dynamo gives each KV
     cache tensor of a transformers model its own length symbol) become one when the call agrees."""
