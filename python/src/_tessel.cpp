@@ -302,6 +302,23 @@ class Builder {
   InferResult inferred_;   // values inference knew while building (shape arithmetic, static or symbolic)
 };
 
+// The BreakRunner of tessel.compile's breaks: runner(node_name, op, inputs) -> list of (array, dtype) or
+// None (PyTorch eager, python/tessel/_compile.py); none when runner is None.
+BreakRunner break_runner(const py::object& runner) {
+  if (runner.is_none()) return {};
+  return [&runner](const Node& n, const std::vector<Tensor>& args) -> std::vector<Tensor> {
+    py::gil_scoped_acquire gil;
+    py::object r = runner(n.name, n.op_name(), arrays_of(args));
+    if (r.is_none()) return {};
+    std::vector<Tensor> outs;
+    for (auto item : r) {
+      auto t = py::cast<py::tuple>(item);
+      outs.push_back(from_array(py::cast<py::array>(t[0]), py::cast<std::string>(t[1])));
+    }
+    return outs;
+  };
+}
+
 class Executable {
  public:
   Executable(Builder& b, const std::string& backend, int threads) {
@@ -317,20 +334,7 @@ class Executable {
   // inputs: (array, dtype) pairs; runner(node_name, op, inputs) -> list of (array, dtype) or None.
   py::list run(const std::vector<std::pair<py::array, std::string>>& inputs, const py::object& runner) {
     std::vector<Tensor> ins = tensors_of(inputs);
-    BreakRunner br;
-    if (!runner.is_none()) {
-      br = [&runner](const Node& n, const std::vector<Tensor>& args) -> std::vector<Tensor> {
-        py::gil_scoped_acquire gil;
-        py::object r = runner(n.name, n.op_name(), arrays_of(args));
-        if (r.is_none()) return {};
-        std::vector<Tensor> outs;
-        for (auto item : r) {
-          auto t = py::cast<py::tuple>(item);
-          outs.push_back(from_array(py::cast<py::array>(t[0]), py::cast<std::string>(t[1])));
-        }
-        return outs;
-      };
-    }
+    const BreakRunner br = break_runner(runner);
     std::vector<Tensor> outs;
     {
       py::gil_scoped_release nogil;
@@ -422,6 +426,9 @@ class WholeExecutable {
 // the device's storage precision holds. The whole graph: a graph break is refused by the caller.
 class DataflowExecutable {
  public:
+  // A graph with breaks (ops the frontend could not lower, run by PyTorch) is partitioned as the CPU
+  // target does: each partition is mapped, simulated and run on the chip; the breaks run between them
+  // as host steps, listed in the report (docs/python.md, "Dataflow targets").
   DataflowExecutable(Builder& b, const std::string& target, const std::string& dtype, int threads)
       : target_(target), threads_(threads) {
     tile::MapOptions mo;
@@ -437,59 +444,164 @@ class DataflowExecutable {
     py::gil_scoped_release nogil;
     dataflow::SimOptions so;
     so.record_dram_samples = true;  // (the trace's DRAM track)
-    run_ = std::make_unique<DataflowRun>(simulate_dataflow(compile_dataflow(std::move(g), hw, mo), so));
+    bool breaks = false;
+    for (const auto& n : g->nodes()) breaks = breaks || break_reason(*n).has_value();
+    if (!breaks) {
+      runs_.push_back(std::make_unique<DataflowRun>(simulate_dataflow(compile_dataflow(std::move(g), hw, mo), so)));
+      kernels_.push_back(std::make_shared<tile::FunctionalKernels>());
+      return;
+    }
+    graph_ = std::move(g);
+    plan_ = partition_graph(*graph_);
+    for (size_t k = 0; k < plan_.partitions.size(); ++k) {
+      Partition& p = plan_.partitions[k];
+      const Location at{.node = p.nodes.front()->name, .op = p.nodes.front()->op_name(),
+                        .pass = fmt::format("map partition {}", k)};
+      for (const Value* v : p.graph->inputs)
+        if (!v->type.dims_defined())
+          throw Error(at, fmt::format("input '{}' of this partition is {}, known only at run time (after a data-dependent "
+                                      "graph break); a dataflow target maps static shapes",
+                                      display_text(v->name), v->type.str()));
+      try {
+        runs_.push_back(std::make_unique<DataflowRun>(simulate_dataflow(compile_dataflow(std::move(p.graph), hw, mo), so)));
+      } catch (const Error& e) {
+        throw e.with_context(at);
+      }
+      kernels_.push_back(std::make_shared<tile::FunctionalKernels>());
+    }
   }
-  py::list run(const std::vector<std::pair<py::array, std::string>>& inputs, const py::object&) {
+  py::list run(const std::vector<std::pair<py::array, std::string>>& inputs, const py::object& runner) {
     std::vector<Tensor> ins = tensors_of(inputs);
-    tile::FunctionalResult fr;
+    tile::FunctionalResult total;
+    std::vector<Tensor> outs;
     {
       py::gil_scoped_release nogil;
-      tile::FunctionalOptions fo;
-      fo.threads = threads_;
-      fo.kernels = kernels_;  // (generated and loaded by the first call only)
-      fr = tile::run_functional(run_->compile.program, run_->compile.module, ins, fo);
+      auto run_part = [&](size_t k, const std::vector<Tensor>& part_ins) {
+        tile::FunctionalOptions fo;
+        fo.threads = threads_;
+        fo.kernels = kernels_[k];  // (generated and loaded by the first call only)
+        tile::FunctionalResult fr = tile::run_functional(runs_[k]->compile.program, runs_[k]->compile.module, part_ins, fo);
+        total.tiles_executed += fr.tiles_executed;
+        total.host_steps += fr.host_steps;
+        total.seconds += fr.seconds;
+        total.flushed += fr.flushed + fr.entry_flushed;
+        total.overflowed += fr.overflowed + fr.entry_overflowed;
+        if (total.first_flush.empty()) total.first_flush = fr.first_flush;
+        if (total.first_overflow.empty()) total.first_overflow = fr.first_overflow;
+        return std::move(fr.outputs);
+      };
+      if (!graph_) outs = run_part(0, ins);
+      else outs = run_partition_plan(*graph_, plan_, ins, run_part, break_runner(runner));
     }
     last_ = py::dict();
-    last_["tiles"] = fr.tiles_executed;
-    last_["host_steps"] = fr.host_steps;
-    last_["seconds"] = fr.seconds;
-    last_["flushed"] = fr.flushed + fr.entry_flushed;
-    last_["overflowed"] = fr.overflowed + fr.entry_overflowed;
-    last_["first_flush"] = fr.first_flush;
-    last_["first_overflow"] = fr.first_overflow;
-    return arrays_of(fr.outputs);
+    last_["tiles"] = total.tiles_executed;
+    last_["host_steps"] = total.host_steps + static_cast<int64_t>(plan_.breaks.size());
+    last_["seconds"] = total.seconds;
+    last_["flushed"] = total.flushed;
+    last_["overflowed"] = total.overflowed;
+    last_["first_flush"] = total.first_flush;
+    last_["first_overflow"] = total.first_overflow;
+    return arrays_of(outs);
   }
-  std::string report_json_text() const { return json_dump(report_json(run_->report)); }
-  std::string table() const { return report_table(run_->report); }
-  std::string landscape() const { return json_dump(landscape_row(target_, run_->compile, run_->report)); }
+  // One partition: its report as `tessel sim --json` gives it. With breaks: the partitions' sums
+  // (times, traffic, FLOPs, padding) at the top, every kernel (with its partition), each partition's
+  // own report, and the breaks as host steps run by PyTorch (untimed).
+  std::string report_json_text() const {
+    if (!graph_) return json_dump(report_json(runs_[0]->report));
+    nlohmann::json j = {{"target", target_}, {"partitions", nlohmann::json::array()}, {"kernels", nlohmann::json::array()},
+                        {"breaks", nlohmann::json::array()}};
+    double sim_us = 0, bound_us = 0, flops = 0, dram = 0;
+    int64_t padded = 0, logical = 0, saved = 0, spad = 0, host = 0;
+    for (size_t k = 0; k < runs_.size(); ++k) {
+      const DataflowReport& r = runs_[k]->report;
+      nlohmann::json pj = report_json(r);
+      for (nlohmann::json kj : pj["kernels"]) {
+        kj["partition"] = k;
+        j["kernels"].push_back(std::move(kj));
+      }
+      j["partitions"].push_back(std::move(pj));
+      sim_us += r.sim_us, bound_us += r.bound_us, flops += r.flops, dram += r.dram_bytes;
+      padded += r.padded_bytes, logical += r.logical_bytes, saved += r.fusion_saved, host += r.host_steps;
+      spad = std::max(spad, r.spad_peak);
+      if (k == 0) j["model"] = r.model, j["cores"] = r.cores;
+    }
+    for (const GraphBreak& b : plan_.breaks)
+      j["breaks"].push_back({{"node", b.location}, {"op", b.op}, {"reason", b.reason}, {"kind", break_kind_name(b.kind)},
+                             {"after_partition", b.after_partition}, {"runs_on", "host (PyTorch)"}});
+    // (report_json's names for what adds up across partitions; the scratchpad peak is the largest)
+    j["simulated_us"] = sim_us, j["roofline_us"] = bound_us, j["pct_of_roofline"] = sim_us > 0 ? 100 * bound_us / sim_us : 0;
+    j["flops"] = flops, j["dram_bytes"] = dram, j["padded_bytes"] = padded, j["logical_bytes"] = logical;
+    j["padding_waste_bytes"] = padded - logical, j["fusion_traffic_saved_bytes"] = saved, j["scratchpad_peak_bytes"] = spad;
+    j["host_steps"] = host + static_cast<int64_t>(plan_.breaks.size());
+    return json_dump(j);
+  }
+  std::string table() const {
+    if (!graph_) return report_table(runs_[0]->report);
+    std::string s;
+    for (const PartitionStep& st : plan_.steps) {
+      if (st.is_break) {
+        const GraphBreak& b = plan_.breaks[static_cast<size_t>(st.index)];
+        s += fmt::format("host step (PyTorch, not timed): {} {} ({})\n\n", display_text(b.location), b.op, display_text(b.reason));
+      } else {
+        s += fmt::format("partition {} of {}, on the chip:\n", st.index, runs_.size());
+        s += report_table(runs_[static_cast<size_t>(st.index)]->report) + "\n";
+      }
+    }
+    return s;
+  }
+  std::string landscape() const {
+    const DataflowRun& r = *whole("the landscape row");
+    return json_dump(landscape_row(target_, r.compile, r.report));
+  }
   std::string trace_json() const {
-    return dataflow::chrome_trace_json(run_->sim.timeline.graph, run_->compile.program.hw_spec(), run_->sim.result);
+    const DataflowRun& r = *whole(".trace()");
+    return dataflow::chrome_trace_json(r.sim.timeline.graph, r.compile.program.hw_spec(), r.sim.result);
   }
   std::string html(const std::string& model) const {
+    const DataflowRun& r = *whole(".html()");
     HtmlReportInput in;
     in.model = model;
     in.generator = "Generated by tessel " + version_text();
-    in.targets.push_back(html_target_report(target_, *run_));
-    in.landscape.push_back(landscape_row(target_, run_->compile, run_->report));
+    in.targets.push_back(html_target_report(target_, r));
+    in.landscape.push_back(landscape_row(target_, r.compile, r.report));
     return render_html_report(in);
   }
   // The KTIR export into `folder` (docs/ktir.md, "The folder"): its manifest as JSON text.
   std::string ktir(const std::string& folder) const {
-    const tile::KtirExport e = tile::export_ktir_kernels(run_->compile.program, run_->compile.module);
-    return json_dump(tile::write_ktir_folder(folder, run_->compile.program, run_->compile.module, e));
+    const DataflowRun& r = *whole(".ktir()");
+    const tile::KtirExport e = tile::export_ktir_kernels(r.compile.program, r.compile.module);
+    return json_dump(tile::write_ktir_folder(folder, r.compile.program, r.compile.module, e));
   }
   std::string storage() const {
-    const tile::TileProgram& p = run_->compile.program;
+    const tile::TileProgram& p = runs_[0]->compile.program;
     return fmt::format("{}{}", dtype_name(p.float_dtype), p.dl16 ? " (DL16)" : "");
   }
-  std::string kernel_text() const { return print_kernel_module(run_->compile.module, true); }
+  std::string kernel_text() const {
+    std::string s;
+    for (size_t k = 0; k < runs_.size(); ++k) {
+      if (graph_) s += fmt::format("# partition {} of {}\n", k, runs_.size());
+      s += print_kernel_module(runs_[k]->compile.module, true);
+    }
+    return s;
+  }
   py::dict last_run() const { return last_; }
 
  private:
+  // The one mapped graph; a model with graph breaks has one per partition, which these views do not combine.
+  const DataflowRun* whole(const char* what) const {
+    if (graph_)
+      throw Error(Location{.pass = "python"},
+                  fmt::format("{} covers one graph mapped whole, and this model has {} graph break(s) run on the host between "
+                              "{} partitions; .report and .report_table() cover them all",
+                              what, plan_.breaks.size(), runs_.size()));
+    return runs_[0].get();
+  }
   std::string target_;
   int threads_ = 1;
-  std::unique_ptr<DataflowRun> run_;
-  std::shared_ptr<tile::FunctionalKernels> kernels_ = std::make_shared<tile::FunctionalKernels>();
+  std::unique_ptr<Graph> graph_;       // with breaks: the graph the plan points into
+  PartitionPlan plan_;
+  std::vector<std::unique_ptr<DataflowRun>> runs_;   // one per partition (one: no break)
+  std::vector<std::shared_ptr<tile::FunctionalKernels>> kernels_;
   py::dict last_;
 };
 

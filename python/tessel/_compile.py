@@ -436,7 +436,7 @@ _TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float1
 
 
 def _convert_whole(module, example_inputs, repair, caller, whole, hint, freeze_inputs=(), captured=None, call=None):
-    """_convert for a consumer of whole graphs (the CUDA target, a dataflow chip, a model file): a graph break
+    """_convert for a consumer of whole graphs (the CUDA target, a model file): a graph break
     is a TesselError naming the first break, `whole` saying why none is allowed and `hint` what to do.
     Returns (captured, conv, repairs, frozen, report)."""
     captured, conv, repairs, frozen = _convert(module, example_inputs, repair, caller, freeze_inputs, captured, call)
@@ -565,9 +565,10 @@ class _DataflowEntry(_Entry):
 
 
 def _build_dataflow(module, example_inputs, target, threads, repair, freeze_inputs, captured, call, precision):
-    captured, conv, repairs, frozen, report = _convert_whole(
-        module, example_inputs, repair, "tessel.compile", f"target '{target}' maps whole graphs onto the chip",
-        "try repair=True, or see tessel.explain(...)", freeze_inputs, captured, call)
+    # (graph breaks run in PyTorch between the partitions the chip runs: host steps in the report)
+    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
+                                               captured, call)
+    report = json.loads(conv.builder.explain())
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     with _torch_threads_kept():
         exe = _tessel.DataflowExecutable(conv.builder, target, precision or "", threads)

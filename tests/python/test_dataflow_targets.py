@@ -3,7 +3,9 @@ graph mapped onto a simulated chip (a hardware preset or file), each call's outp
 simulator against PyTorch eager -- within 1e-4 where the chip stores f32 (a hardware file derived from the
 preset with f32 storage, as bench/tv_onnx.py makes: an exact check of the mapping), within the storage
 precision's tolerance on the presets themselves -- and the timed simulation as .report, .trace(),
-.html() and .ktir(). Bad targets and hardware files are one-line errors; a graph break is refused.
+.html() and .ktir(). Bad targets and hardware files are one-line errors. A graph break runs in PyTorch
+between the partitions the chip runs (host steps in the report); one whose output size is known only
+at run time is refused (the chip maps static shapes).
 """
 import json
 import os
@@ -22,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(SOURCE_DIR, "bench"))
-from test_torch_frontend import NonZeroBreak  # noqa: E402
+from test_torch_frontend import NonZeroBreak, UnloweredOpInTheMiddle  # noqa: E402
 
 try:
     import torchvision
@@ -142,10 +144,39 @@ class Presets(Tmp):
         with self.assertRaisesRegex(tessel.TesselError, r"timed simulation of a dataflow target"):
             tessel.compile(m, (x,)).report
 
-    def test_a_graph_break_is_refused(self):
+    def test_a_data_dependent_break_is_refused(self):
         torch.manual_seed(0)
-        with self.assertRaisesRegex(tessel.TesselError, r"target 'spyre' maps whole graphs .* graph break.*NonZero"):
+        with self.assertRaises(tessel.TesselError) as e:
             tessel.compile(NonZeroBreak().eval(), (torch.randn(32, 64),), target="spyre")
+        self.assertRegex(str(e.exception), r"map partition 1.*NonZero.*known only at run time.*maps static shapes")
+        self.assertNotIn("\n", str(e.exception))
+
+    def test_graph_breaks_run_on_the_host_between_partitions(self):
+        """torch.erfinv has no lowering: the chip runs the Linear before it and the one after it (two
+        partitions, each mapped and simulated), PyTorch runs erfinv between them, and the report lists
+        it as a host step. With f32 storage the outputs are eager's within 1e-4."""
+        torch.manual_seed(0)
+        m, x = UnloweredOpInTheMiddle().eval(), torch.randn(16, 8)
+        hw = f32_hw_file("tpu-v5e", self.tmp)
+        fast = tessel.compile(m, (x,), target=hw, precision="f32")
+        for k in range(3):
+            x = torch.randn(16, 8)
+            with torch.no_grad():
+                self.assertLess(max_rel(fast(x), m(x)), 1e-4, f"call {k}")
+        r = fast.report
+        self.assertEqual(len(r["partitions"]), 2)
+        self.assertEqual([b["op"] for b in r["breaks"]], ["aten.erfinv.default"])
+        self.assertEqual(r["breaks"][0]["runs_on"], "host (PyTorch)")
+        self.assertEqual(r["breaks"][0]["after_partition"], 0)
+        self.assertAlmostEqual(r["simulated_us"], sum(p["simulated_us"] for p in r["partitions"]), places=6)
+        self.assertEqual({k["partition"] for k in r["kernels"]}, {0, 1})    # tanh; the Linear and relu
+        self.assertGreaterEqual(fast.last_run["host_steps"], 1)
+        table = fast.report_table()
+        self.assertIn("host step (PyTorch, not timed)", table)
+        self.assertIn("partition 1 of 2, on the chip", table)
+        self.assertEqual(len(fast.explanation.breaks), 1)
+        with self.assertRaisesRegex(tessel.TesselError, r"\.trace\(\) covers one graph mapped whole.*1 graph break"):
+            fast.trace(os.path.join(self.tmp, "t.json"))
 
 
 @unittest.skipIf(torchvision is None, "torchvision is not installed")

@@ -552,7 +552,14 @@ std::unique_ptr<PartitionedExecutable> PartitionedExecutable::build(std::unique_
 }
 
 std::vector<Tensor> PartitionedExecutable::run(const std::vector<Tensor>& inputs, const BreakRunner& runner) {
-  const Graph& g = *graph_;
+  return run_partition_plan(*graph_, plan_, inputs, [this](size_t k, const std::vector<Tensor>& ins) {
+    Compiled& c = *compiled_[k];
+    return c.compiled ? c.compiled->run(ins) : c.graph ? c.graph->run(ins) : run_eager(*c.eager, ins);
+  }, runner);
+}
+
+std::vector<Tensor> run_partition_plan(const Graph& g, const PartitionPlan& plan_, const std::vector<Tensor>& inputs,
+                                       const PartitionRunner& run_partition, const BreakRunner& runner) {
   if (inputs.size() != g.inputs.size())
     throw Error(Location{.pass = "run"}, fmt::format("the model takes {} inputs but {} were given", g.inputs.size(), inputs.size()));
   std::vector<Tensor> env(g.values().size());
@@ -573,8 +580,10 @@ std::vector<Tensor> PartitionedExecutable::run(const std::vector<Tensor>& inputs
       const Partition& p = plan_.partitions[s.index];
       std::vector<Tensor> ins;
       for (const Value* v : p.inputs) ins.push_back(get(v));
-      Compiled& c = *compiled_[s.index];
-      std::vector<Tensor> outs = c.compiled ? c.compiled->run(ins) : c.graph ? c.graph->run(ins) : run_eager(*c.eager, ins);
+      std::vector<Tensor> outs = run_partition(static_cast<size_t>(s.index), ins);
+      if (outs.size() < p.outputs.size())
+        throw Error(Location{.pass = "run"}, fmt::format("partition {} gave {} results for {} outputs", s.index, outs.size(),
+                                                         p.outputs.size()));
       for (size_t i = 0; i < p.outputs.size(); ++i) put(p.outputs[i], std::move(outs[i]));
       continue;
     }

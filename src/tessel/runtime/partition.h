@@ -91,6 +91,13 @@ std::vector<RepairRecord> repair_breaks(Graph& g);
 // result means "not handled": the reference kernel runs it instead.
 using BreakRunner = std::function<std::vector<Tensor>(const Node&, const std::vector<Tensor>&)>;
 
+// Runs a partition plan over `g` (the graph the plan was made from): partition k by
+// run_partition(k, its inputs) -> its outputs, each break by `runner` (or, when it gives nothing,
+// tessel's reference kernels), the breaks' results checked against the types the graph expects.
+using PartitionRunner = std::function<std::vector<Tensor>(size_t, const std::vector<Tensor>&)>;
+std::vector<Tensor> run_partition_plan(const Graph& g, const PartitionPlan& plan, const std::vector<Tensor>& inputs,
+                                       const PartitionRunner& run_partition, const BreakRunner& runner);
+
 struct PartitionedOptions {
   std::string backend = "compiled";          // eager | graph | compiled
   int threads = 0;                           // compiled backend; 0: the machine's hardware threads
