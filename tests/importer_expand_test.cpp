@@ -305,6 +305,59 @@ TEST(ImportExpand, IfWithRunTimeCondition) {
   EXPECT_NE(e.find("needs both branches' output 0 to have one static type"), std::string::npos) << e;
 }
 
+// ONNX graphs are in SSA form, as the ONNX checker holds them: an If whose output names a graph input,
+// a node listing one output name twice, a Constant redefining a value, a graph output listed twice are
+// one-line errors naming the name, not a silent rebinding (issue 41).
+TEST(ImportExpand, SecondDefinitionsAreRefused) {
+  auto refused = [](Model& md, const std::string& file, const std::string& want) {
+    bool unsup = true;
+    const std::string e = md.error(file, &unsup);
+    EXPECT_FALSE(unsup) << e;
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  };
+  Tensor c(DType::boolean, {});
+  c.set_i(0, 1);
+  {
+    Model md(13);
+    md.input("c", c), md.input("x", Tensor::from_f64(DType::f32, {2}, std::vector<double>{1, -2}));
+    auto* n = md.node("If", {"c"}, {"x"});  // the If's output redefines the graph input x
+    auto* then_g = attr_g(n, "then_branch");
+    Model::node(then_g, "Neg", {"x"}, {"t"});
+    Model::set_type(then_g->add_output(), "t", 1, {2});
+    auto* else_g = attr_g(n, "else_branch");
+    Model::node(else_g, "Abs", {"x"}, {"e"});
+    Model::set_type(else_g->add_output(), "e", 1, {2});
+    md.output("x");
+    refused(md, "if_redefines.onnx", "redefines value 'x'");
+  }
+  {
+    Model md(13);
+    md.input("x", Tensor::from_f64(DType::f32, {4}, std::vector<double>{1, 2, 3, 4}));
+    md.node("Split", {"x"}, {"a", "a"});
+    md.output("a");
+    refused(md, "split_twice.onnx", "redefines value 'a'");
+  }
+  {
+    Model md(13);
+    md.input("x", Tensor::from_f64(DType::f32, {2}, std::vector<double>{1, 2}));
+    auto* k = md.node("Constant", {}, {"x"});
+    auto* a = k->add_attribute();
+    a->set_name("value_float");
+    a->set_type(onnx::AttributeProto::FLOAT);
+    a->set_f(1.0f);
+    md.output("x");
+    refused(md, "constant_redefines.onnx", "redefines value 'x'");
+  }
+  {
+    Model md(13);
+    md.input("x", Tensor::from_f64(DType::f32, {2}, std::vector<double>{1, 2}));
+    md.node("Neg", {"x"}, {"y"});
+    md.output("y"), md.output("y");
+    refused(md, "output_twice.onnx", "graph output 'y' is listed twice");
+  }
+}
+
 // Adam (ai.onnx.preview.training) at T = 0 (no bias correction) and T = 3, against float64.
 TEST(ImportExpand, AdamMatchesFloat64Reference) {
   const double alpha = 0.9, beta = 0.95, eps = 1e-2, norm = 0.1, lr = 0.5;

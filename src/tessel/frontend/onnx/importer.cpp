@@ -841,6 +841,14 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
       return inferred;
     };
     using Env = std::map<std::string, Value*>;
+    // ONNX graphs are in SSA form (its checker refuses a second definition): a node output naming a value
+    // already defined (an input, an initializer, an earlier output, an outer scope's value, the node's
+    // own other output) is an error here, not a silent rebinding of the name.
+    auto check_new_names = [](const std::vector<std::string>& outs, const Env& env) {
+      std::set<std::string> seen;
+      for (const auto& o : outs)
+        if (!o.empty() && (env.count(o) || !seen.insert(o).second)) fail("redefines value '{}'", display_text(o));
+    };
     std::function<void(const onnx::NodeProto&, const std::string&, Env&)> import_node;
     auto import_body = [&](const onnx::GraphProto& body, const std::vector<Value*>& args, const Env& outer,
                            const std::string& prefix) {
@@ -866,6 +874,7 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
       try {
         if (np.op_type() == "Constant" && (np.domain().empty() || np.domain() == "ai.onnx")) {
           if (np.output_size() != 1) fail("Constant must have one output");
+          check_new_names({np.output(0)}, env);
           env[np.output(0)] = g->add_constant(np.output(0), constant_node_value(np, base));
           return;
         }
@@ -885,6 +894,7 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
           }
           std::vector<std::string> outs(np.output().begin(), np.output().end());
           while (!outs.empty() && outs.back().empty()) outs.pop_back();
+          check_new_names(outs, env);
           ctx.num_outputs = static_cast<int>(outs.size());
           ctx.import_body = [&](const onnx::GraphProto& body, const std::vector<Value*>& args) {
             return import_body(body, args, env, nname + "/");
@@ -922,8 +932,7 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
         }
         std::vector<std::string> outs(np.output().begin(), np.output().end());
         while (!outs.empty() && outs.back().empty()) outs.pop_back();
-        for (const auto& o : outs)
-          if (!o.empty() && env.count(o)) fail("redefines value '{}'", o);
+        check_new_names(outs, env);
         Node* n = g->add_node(def, nname, std::move(ins), outs, std::move(attrs));
         int ver = opsets.count(def->domain) ? opsets[def->domain] : 1;
         if (ver < def->since) def->upgrade(*g, *n, ver);
@@ -947,9 +956,11 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
       const auto& np = gp.node(k);
       import_node(np, np.name().empty() ? fmt::format("{}_{}", np.op_type(), k) : np.name(), env);
     }
+    std::set<std::string> listed;
     for (const auto& vi : gp.output()) {
       auto it = env.find(vi.name());
       if (it == env.end()) fail("graph output '{}' is not produced by any node", vi.name());
+      if (!listed.insert(vi.name()).second) fail("graph output '{}' is listed twice", display_text(vi.name()));
       g->outputs.push_back(it->second);
     }
     infer_graph(*g);
