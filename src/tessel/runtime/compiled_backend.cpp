@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <list>
+#include <unordered_map>
 #include <type_traits>
 #include <map>
 #include <set>
@@ -103,26 +104,33 @@ class PrimitiveCache {
   template <typename P, typename D>
   std::shared_ptr<P> find(size_t kid, const D& d) {
     Lru<P>& l = lru<P>();
-    const std::string k = key(kid, d);
-    for (auto it = l.begin(); it != l.end(); ++it)
-      if (it->first == k) {
-        l.splice(l.begin(), l, it);
-        ++reused;
-        return l.front().second;
-      }
-    return nullptr;
+    auto at = l.index.find(key(kid, d));
+    if (at == l.index.end()) return nullptr;
+    l.items.splice(l.items.begin(), l.items, at->second);
+    ++reused;
+    return l.items.front().second;
   }
   template <typename P, typename D>
   void keep(size_t kid, const D& d, std::shared_ptr<P> p) {
     Lru<P>& l = lru<P>();
-    l.emplace_front(key(kid, d), std::move(p));
-    if (l.size() > kLimit) l.pop_back();
+    std::string k = key(kid, d);
+    if (auto at = l.index.find(k); at != l.index.end()) l.items.erase(at->second);
+    l.items.emplace_front(k, std::move(p));
+    l.index[std::move(k)] = l.items.begin();
+    if (l.items.size() > kLimit) {
+      l.index.erase(l.items.back().first);
+      l.items.pop_back();
+    }
   }
   int reused = 0;
 
  private:
+  // Most recent first, and an index by key (an instance per decoded token looks up every library call).
   template <typename T>
-  using Lru = std::list<std::pair<std::string, std::shared_ptr<T>>>;
+  struct Lru {
+    std::list<std::pair<std::string, std::shared_ptr<T>>> items;
+    std::unordered_map<std::string, typename std::list<std::pair<std::string, std::shared_ptr<T>>>::iterator> index;
+  };
   Lru<cpu::Matmul> matmuls_;
   Lru<cpu::Conv2d> convs_;
   template <typename P>
@@ -161,6 +169,7 @@ struct CompiledExecutable::Symbolic {
   std::map<std::string, cpu::PackedWeights> packings;  // weights packed once for every instance (Builder)
   PrimitiveCache primitives;                           // library calls shared by the instances (Builder)
   std::shared_ptr<ArenaPool> arenas = std::make_shared<ArenaPool>();  // one arena for every instance
+  std::map<size_t, GeneratedFn*> functions;            // the shared object's kernels, looked up once (Builder)
 
   CompiledExecutable& instance(const std::vector<int64_t>& values, CompiledExecutable& owner);
 };
@@ -231,6 +240,9 @@ struct CompiledExecutable::Builder {
   // binding that changes only some calls' sizes (a decode step's attention, not its projections)
   // builds only those (null: a primitive per launch).
   PrimitiveCache* primitives = nullptr;
+  // A symbolic executable's generated functions by kernel index, looked up in the shared object once
+  // for every instance (null: looked up per launch).
+  std::map<size_t, GeneratedFn*>* functions = nullptr;
 
   // Which constant bytes a matmul's B or a convolution's weights are, and how the kernel reads them
   // (the same bytes read transposed are other weights): kernels with equal keys pack identically.
@@ -291,7 +303,16 @@ struct CompiledExecutable::Builder {
     }
     const bool lib = ce.in_library_.at(kid);
     const cpu::LibraryEpilogue& le = ce.library_.at(kid);
-    if (cpu::has_generated_function(k, lib)) L->fn = ce.so_->function<GeneratedFn>(cpu::kernel_symbol(kid));
+    if (cpu::has_generated_function(k, lib)) {
+      GeneratedFn** known = functions ? &(*functions)[kid] : nullptr;
+      if (!known || !*known) {
+        GeneratedFn* f = ce.so_->function<GeneratedFn>(cpu::kernel_symbol(kid));
+        if (known) *known = f;
+        L->fn = f;
+      } else {
+        L->fn = *known;
+      }
+    }
     const float* bias = lib && le.bias_arg >= 0 ? n.inputs[static_cast<size_t>(le.bias_arg)]->constant->data<float>() : nullptr;
     if (lib) st.library_epilogues++;
     auto pre = prepacked.find(kid);
@@ -449,6 +470,7 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int
   bld.shared = &packings;
   bld.key_m = false;
   bld.primitives = &primitives;
+  bld.functions = &functions;
   GraphBackendOptions go;
   go.pipeline = "";  // the module is already the kernel level
   go.arena_pool = arenas;
