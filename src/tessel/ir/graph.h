@@ -109,7 +109,7 @@ class Graph {
  private:
   std::vector<std::unique_ptr<Value>> values_;
   std::vector<std::unique_ptr<Node>> nodes_;
-  std::map<std::string, Value*> by_name_;
+  std::unordered_map<std::string, Value*> by_name_;
   mutable std::unordered_map<std::string, int> name_hints_;  // unique_name: where probing for a base resumes
 };
 

@@ -38,15 +38,27 @@ void verify_graph(const Graph& g) {
       throw e.with_context(Location{.pass = "verify"});
     }
   }
-  std::set<const Value*> defined;
+  // Defined values by id (a flag per value of the graph: a set of pointers cost an allocation per value).
+  std::vector<char> defined_at(g.values().size(), 0);
+  auto own = [&](const Value* v) {
+    return v->id >= 0 && static_cast<size_t>(v->id) < g.values().size() && g.values()[static_cast<size_t>(v->id)].get() == v;
+  };
+  auto defined = [&](const Value* v) { return own(v) && defined_at[static_cast<size_t>(v->id)]; };
+  // (false when v was defined before or is not one of this graph's values)
+  auto define = [&](const Value* v) {
+    if (!own(v) || defined_at[static_cast<size_t>(v->id)]) return false;
+    defined_at[static_cast<size_t>(v->id)] = 1;
+    return true;
+  };
   for (const Value* v : g.inputs) {
     if (!v->is_input) throw Error(Location{.pass = "verify"}, fmt::format("graph input '{}' is not marked as input", v->name));
-    defined.insert(v);
+    if (!own(v)) throw Error(Location{.pass = "verify"}, fmt::format("graph input '{}' is not a value of the graph", v->name));
+    define(v);
   }
   for (const Value* c : g.constants()) {
     if (c->constant->dtype() != c->type.dtype || c->constant->shape() != c->type.shape)
       throw Error(Location{.pass = "verify"}, fmt::format("constant '{}' data does not match its type {}", c->name, c->type.str()));
-    defined.insert(c);
+    define(c);
   }
   for (const auto& np : g.nodes()) {
     const Node& n = *np;
@@ -59,7 +71,7 @@ void verify_graph(const Graph& g) {
       if (d.max_inputs >= 0 && nin > d.max_inputs) fail("has {} inputs, takes at most {}", nin, d.max_inputs);
       if (static_cast<int>(n.outputs.size()) > d.max_outputs) fail("has {} outputs, at most {}", n.outputs.size(), d.max_outputs);
       for (int i = 0; i < nin; ++i)
-        if (n.inputs[i] && !defined.count(n.inputs[i]))
+        if (n.inputs[i] && !defined(n.inputs[i]))
           fail("input {} ('{}') is used before it is defined", i, n.inputs[i]->name);
       for (const auto& [name, a] : n.attrs) {
         const AttrSpec* spec = nullptr;
@@ -82,14 +94,15 @@ void verify_graph(const Graph& g) {
         if (!v) continue;
         if (v->producer != &n || v->producer_output != static_cast<int>(i))
           fail("output {} ('{}') does not point back to its node", i, v->name);
-        if (!defined.insert(v).second) fail("output '{}' is defined twice", v->name);
+        if (!own(v)) fail("output {} ('{}') is not a value of the graph", i, v->name);
+        if (!define(v)) fail("output '{}' is defined twice", v->name);
       }
     } catch (const Error& e) {
       throw e.with_context(loc);
     }
   }
   for (const Value* v : g.outputs)
-    if (!defined.count(v)) throw Error(Location{.pass = "verify"}, fmt::format("graph output '{}' is not defined", v->name));
+    if (!defined(v)) throw Error(Location{.pass = "verify"}, fmt::format("graph output '{}' is not defined", v->name));
   // Types: re-run every shape rule and compare.
   infer_graph(const_cast<Graph&>(g), 1 << 16, /*verify_only=*/true);
 }
