@@ -199,6 +199,30 @@ TEST(Cli, InapplicableOptionsAreErrors) {
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
 
+// The command line's own mistakes are one line and exit 2 like every other refusal (CLI11's form was two
+// lines and exit 105-109): an option out of range, an unknown option, an unknown command (with the
+// nearest one when it is close) (issue 38).
+TEST(Cli, ParseErrorsAreOneLine) {
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"run " + kModel + " --repeat 0", "--repeat: Value 0 not in range 1"},
+           {"run " + kModel + " --repeat -1", "--repeat"},
+           {"run " + kModel + " --bogus", "--bogus"},
+           {"bnech " + kModel, "unknown command 'bnech'; did you mean 'bench'?"},
+           {"frobnicate", "unknown command 'frobnicate' (commands: run, compile,"}}) {
+    Result r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind("tessel: error: ", 0), 0u) << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
+  Result help = run("run --help");
+  EXPECT_EQ(help.code, 0) << help.out;
+  EXPECT_NE(help.out.find("--repeat"), std::string::npos) << help.out;
+}
+
 // `tessel conformance` is a gate: exit 1 when a test does not pass (the failures listed by cause),
 // unless --min-pass N is met. A folder of two tests: the bundled model with its reference, and the same
 // model with one reference element changed.

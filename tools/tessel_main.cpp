@@ -918,7 +918,7 @@ int main(int argc, char** argv) {
   int run_repeat = 1;
   run->add_option("--backend", run_backend, "eager (reference kernels), graph (core ops, precompiled kernels, planned arena) or compiled (fused kernels, generated C++, oneDNN)")
       ->check(CLI::IsMember({"eager", "graph", "compiled"}));
-  run->add_option("--repeat", run_repeat, "run this many times and report the best time");
+  run->add_option("--repeat", run_repeat, "run this many times and report the best time")->check(CLI::Range(1, 1000000));
   int run_threads = 0;
   auto* run_threads_opt = run->add_option("--threads", run_threads, "threads for the compiled backend (default: all hardware threads)");
   bool run_dynamic = false;
@@ -1109,7 +1109,48 @@ int main(int argc, char** argv) {
   fuzz->add_flag("--no-special", fz.no_special, "ordinary values only (no NaN/inf/-0/denormals/extremes)");
   fuzz->add_option("--replay", fz.replay, "check one .tsl (a tests/randgraph file) instead of drawing graphs");
 
-  CLI11_PARSE(app, argc, argv);
+  if (argc > 1 && argv[1][0] != '-') {
+    // an unknown command: the commands there are, and the nearest one
+    const std::string cmd = argv[1];
+    std::vector<std::string> names;
+    for (const CLI::App* sc : app.get_subcommands({})) names.push_back(sc->get_name());
+    if (std::find(names.begin(), names.end(), cmd) == names.end()) {
+      auto distance = [](const std::string& a, const std::string& b) {
+        std::vector<size_t> row(b.size() + 1);
+        for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+        for (size_t i = 1; i <= a.size(); ++i) {
+          size_t diag = row[0];
+          row[0] = i;
+          for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            diag = up;
+          }
+        }
+        return row[b.size()];
+      };
+      std::string nearest;
+      size_t best = 3;  // (suggested only when at most 2 edits away)
+      for (const std::string& n : names)
+        if (size_t d = distance(cmd, n); d < best) best = d, nearest = n;
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+      fmt::print(stderr, "tessel: error: unknown command '{}'{} (commands: {})\n", display_text(cmd),
+                 nearest.empty() ? "" : fmt::format("; did you mean '{}'?", nearest), list);
+      return 2;
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version print as CLI11 prints them (exit 0); a parse error is one line and exit 2,
+    // as every other refusal of the command line (CLI11's own form is two lines, exit 105-109)
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    fmt::print(stderr, "tessel: error: {} (see tessel --help, or tessel COMMAND --help)\n", what);
+    return 2;
+  }
   if (quiet) set_progress_mode(ProgressMode::quiet);
   try {
     refuse_inapplicable(run_threads_opt, run_backend == "compiled", "sets the compiled backend's threads, and the backend is not compiled");

@@ -89,7 +89,8 @@ def _is_user_file(filename):
             # The standard library is not the user's code; installed packages are (a transformers model's
             # modeling_gpt2.py is where its value reads and nodes come from), except torch and tessel.
             installed = "/site-packages/" in fn or "/dist-packages/" in fn
-            known = not (fn.startswith(_TORCH_DIR) or fn.startswith(_PKG_DIR) or "/functorch/" in fn
+            # (folders with their separator: torchvision's files start with torch's folder name too)
+            known = not (fn.startswith(_TORCH_DIR + os.sep) or fn.startswith(_PKG_DIR + os.sep) or "/functorch/" in fn
                          or ("/lib/python3" in fn and not installed))
         _USER_FILE[filename] = known
     return known

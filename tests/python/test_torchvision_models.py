@@ -95,5 +95,17 @@ for _name in MODELS:
     setattr(TorchvisionModels, f"test_{_name}", lambda self, n=_name: self.check_model(n))
 
 
+@unittest.skipIf(torchvision is None, "torchvision is not installed")
+class Locations(unittest.TestCase):
+    def test_nodes_point_at_torchvision_source(self):
+        """A node's source line is torchvision's (models/resnet.py), not the caller's: torchvision's files
+        start with torch's folder name, which made them count as torch (issue 38)."""
+        torch.manual_seed(0)
+        model = M.resnet18().eval()
+        text = str(tessel.explain(model, (torch.randn(1, 3, 32, 32),)))
+        self.assertIn("resnet.py:", text)
+        self.assertNotIn("test_torchvision_models.py", text)
+
+
 if __name__ == "__main__":
     unittest.main()
