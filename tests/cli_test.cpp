@@ -218,9 +218,32 @@ TEST(Cli, ParseErrorsAreOneLine) {
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   }
+  // a bad landscape target last in the list: refused before any row is printed
+  Result land = run("landscape " + kModel + " --targets spyre,gpu");
+  EXPECT_EQ(land.code, 2) << land.out;
+  EXPECT_EQ(land.out.rfind("tessel: error: unknown target 'gpu'", 0), 0u) << land.out;
+  EXPECT_EQ(std::count(land.out.begin(), land.out.end(), '\n'), 1) << land.out;
   Result help = run("run --help");
   EXPECT_EQ(help.code, 0) << help.out;
   EXPECT_NE(help.out.find("--repeat"), std::string::npos) << help.out;
+}
+
+// `run` of a file that is not a model, with no data set beside it, says the file is not a model (it said
+// the test data was missing); a model without data sets still says that (issue 38).
+TEST(Cli, RunOfAFileThatIsNotAModelSaysSo) {
+  const fs::path dir = tmp() / "notamodel";
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "text.onnx");
+    f << "hello, this is text\n";
+  }
+  Result r = run("run " + (dir / "text.onnx").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("text.onnx: [import] not a valid ONNX model"), std::string::npos) << r.out;
+  fs::copy_file(kModel + "/model.onnx", dir / "m.onnx", fs::copy_options::overwrite_existing);
+  Result m = run("run " + (dir / "m.onnx").string());
+  EXPECT_EQ(m.code, 2) << m.out;
+  EXPECT_NE(m.out.find("no --inputs given and no test_data_set_0 next to the model"), std::string::npos) << m.out;
 }
 
 // `tessel conformance` is a gate: exit 1 when a test does not pass (the failures listed by cause),

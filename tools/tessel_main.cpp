@@ -376,11 +376,7 @@ bool check_outputs(const std::vector<Tensor>& outs, const std::string& dir, doub
 int cmd_run_dynamic(const std::string& model, const std::string& inputs_dirs, bool check, double max_rel,
                     const std::string& passes, const std::string& backend, int repeat, int threads) {
   std::vector<std::string> dirs = comma_list(inputs_dirs);
-  if (dirs.empty()) {
-    ModelPaths mp = resolve_model(model);
-    if (mp.data_sets.empty()) throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
-    dirs.push_back(mp.data_sets[0]);
-  }
+  if (dirs.empty()) dirs.push_back(default_data_set(model));
   if (backend == "graph")
     throw Error(Location{.file = model}, "--dynamic runs on the compiled backend or the eager interpreter (the graph backend plans static shapes)");
   ImportedModel m = import_model_file(model, {}, true);
@@ -433,12 +429,7 @@ int cmd_run_dynamic(const std::string& model, const std::string& inputs_dirs, bo
 
 int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary,
             const std::string& passes, const std::string& backend, int repeat, int threads) {
-  if (inputs_dir.empty()) {
-    ModelPaths mp = resolve_model(model);
-    if (mp.data_sets.empty())
-      throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
-    inputs_dir = mp.data_sets[0];
-  }
+  if (inputs_dir.empty()) inputs_dir = default_data_set(model);
   if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
   std::vector<Tensor> ins = read_data_set(inputs_dir, "input");
   ImportedModel m = import_model_file(model, ins);
@@ -683,11 +674,7 @@ int cmd_sim_buckets(const std::string& model, const std::string& target, const s
   o.threads = threads;
   o.functional = functional;
   std::vector<std::string> dirs = comma_list(inputs);
-  if (dirs.empty()) {
-    ModelPaths mp = resolve_model(model);
-    if (mp.data_sets.empty()) throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
-    dirs.push_back(mp.data_sets[0]);
-  }
+  if (dirs.empty()) dirs.push_back(default_data_set(model));
   std::vector<std::vector<Tensor>> sets;
   for (const std::string& d : dirs) {
     if (!fs::is_directory(d)) throw Error(Location{.file = d}, "inputs folder does not exist");
@@ -768,12 +755,20 @@ int cmd_compare(const std::string& model, const std::string& targets, const std:
 // The Accelerator Landscape Map: one row per target for one model.
 int cmd_landscape(const std::string& model, const std::string& targets, int threads, const std::string& json) {
   const std::vector<Tensor> ins = model_inputs(model);
+  // Every target is checked before the first row (a bad one last in the list printed rows, then failed).
+  std::map<std::string, dataflow::HwSpec> hw;
+  for (const std::string& t : comma_list(targets)) {
+    if (t == "cpu") {
+      if (ins.empty()) throw Error(Location{.file = model}, "landscape's cpu row runs the model: it needs test_data_set_0 inputs");
+      continue;
+    }
+    hw.emplace(t, dataflow::resolve_target(t));
+  }
   nlohmann::json rows = nlohmann::json::array();
   fmt::print("{:<10} {:>11} {:>8} {:>11} {:>11} {:>11} {:>11} {:>10}\n", "target", "time us", "util %", "DRAM MB",
              "padding MB", "spad KB", "compile ms", "of roof %");
   for (const std::string& t : comma_list(targets)) {
     if (t == "cpu") {
-      if (ins.empty()) throw Error(Location{.file = model}, "landscape's cpu row runs the model: it needs test_data_set_0 inputs");
       ModelCompileOptions o;
       o.backend.threads = threads;
       o.progress = true;
@@ -797,7 +792,7 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
                       {"threads", mc.exe->stats().threads}, {"executable_cache_hit", mc.entry_hit}});
       continue;
     }
-    const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, dataflow::resolve_target(t), tile::MapOptions{}));
+    const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, hw.at(t), tile::MapOptions{}));
     const DataflowCompile& dc = run.compile;
     const DataflowReport& r = run.report;
     const double pad = static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6;

@@ -254,4 +254,11 @@ ModelCompile compile_model_cpu(const std::string& path, const std::vector<Tensor
   return r;
 }
 
+std::string default_data_set(const std::string& model) {
+  ModelPaths mp = resolve_model(model);
+  if (!mp.data_sets.empty()) return mp.data_sets[0];
+  import_model_file(model, {}, true);  // (throws naming the file when it is not a model)
+  throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
+}
+
 }  // namespace tessel

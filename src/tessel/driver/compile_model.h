@@ -20,6 +20,12 @@ namespace tessel {
 // `inputs` are not applied (docs/dynamic-shapes.md).
 ImportedModel import_model_file(const std::string& path, const std::vector<Tensor>& inputs = {}, bool symbolic_inputs = false);
 
+// The first data set next to `model` (its test_data_set_0), for a command run without --inputs. Without
+// one, the model is imported first, so that a file that is not a model is refused as such (naming the
+// file), not as a model missing its data; a model that imports gets "no --inputs given and no
+// test_data_set_0 next to the model".
+std::string default_data_set(const std::string& model);
+
 struct ModelCompileOptions {
   CompiledBackendOptions backend;
   bool executable_cache = true;  // false: always import and compile (the kernel cache still applies)

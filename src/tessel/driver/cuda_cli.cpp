@@ -32,11 +32,7 @@ constexpr double kBf16FlopsPerSecond = 790e12;
 std::string model_name(const std::string& model) { return fs::path(model).filename().string(); }
 
 std::vector<Tensor> inputs_of(const std::string& model, std::string inputs_dir) {
-  if (inputs_dir.empty()) {
-    ModelPaths mp = resolve_model(model);
-    if (mp.data_sets.empty()) throw Error(Location{.file = model}, "no --inputs given and no test_data_set_0 next to the model");
-    inputs_dir = mp.data_sets[0];
-  }
+  if (inputs_dir.empty()) inputs_dir = default_data_set(model);
   if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
   return read_data_set(inputs_dir, "input");
 }
