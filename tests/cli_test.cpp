@@ -210,6 +210,8 @@ TEST(Cli, ParseErrorsAreOneLine) {
            {"run " + kModel + " --repeat 0", "--repeat: Value 0 not in range 1"},
            {"run " + kModel + " --repeat -1", "--repeat"},
            {"run " + kModel + " --bogus", "--bogus"},
+           {"run " + kModel + " --threads -1", "--threads: Value -1 not in range 0 to 4096"},
+           {"sim " + kModel + " --hw spyre --threads -2", "--threads: Value -2 not in range 0 to 4096"},
            {"bnech " + kModel, "unknown command 'bnech'; did you mean 'bench'?"},
            {"frobnicate", "unknown command 'frobnicate' (commands: run, compile,"}}) {
     Result r = run(c.args);

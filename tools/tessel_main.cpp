@@ -29,6 +29,7 @@
 #include "tessel/driver/explain.h"
 #include "tessel/driver/graph_diff.h"
 #include "tessel/driver/model_dir.h"
+#include "tessel/support/threads.h"
 #include "tessel/driver/op_table.h"
 #include "tessel/driver/report.h"
 #include "tessel/driver/target_compare.h"
@@ -627,7 +628,7 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
 // within 2e-2 (f16 storage), 5e-2 (bf16) or 1e-4 (f32) of max|ref| (docs/sim.md). Returns whether it matched.
 bool check_functional(const std::string& model, const DataflowCompile& dc, const std::vector<Tensor>& ins, int threads) {
   tile::FunctionalOptions fo;
-  fo.threads = threads > 0 ? threads : 1;
+  fo.threads = resolve_threads(threads);
   tile::FunctionalResult fr = tile::run_functional(dc.program, dc.module, ins, fo);
   ImportedModel ref = import_model_file(model, ins);
   std::vector<Tensor> want = run_eager(*ref.graph, ins);
@@ -915,7 +916,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"eager", "graph", "compiled"}));
   run->add_option("--repeat", run_repeat, "run this many times and report the best time")->check(CLI::Range(1, 1000000));
   int run_threads = 0;
-  auto* run_threads_opt = run->add_option("--threads", run_threads, "threads for the compiled backend (default: all hardware threads)");
+  auto* run_threads_opt = run->add_option("--threads", run_threads, "threads for the compiled backend (default: all hardware threads)")->check(CLI::Range(0, 4096));
   bool run_dynamic = false;
   auto* run_dynamic_opt = run->add_flag("--dynamic", run_dynamic, "compile once for every input size: the inputs' dims that are not numbers (ONNX dim_param) become size symbols, and the inputs bind them (docs/dynamic-shapes.md)");
   std::string run_target = "cpu";
@@ -959,9 +960,9 @@ int main(int argc, char** argv) {
   sim->add_option("--trace", sim_trace, "write a Chrome/Perfetto trace (JSON) here");
   sim->add_option("--json", sim_json, "write the report as JSON here");
   bool sim_no_functional = false;
-  int sim_threads = 0;
+  int sim_threads = 1;
   sim->add_flag("--no-functional", sim_no_functional, "only the timed simulation (no run with real values)");
-  auto* sim_threads_opt = sim->add_option("--threads", sim_threads, "host threads for the functional simulation's library calls");
+  auto* sim_threads_opt = sim->add_option("--threads", sim_threads, "host threads for the functional simulation's library calls (default 1; 0: all hardware threads)")->check(CLI::Range(0, 4096));
   std::string sim_dump, sim_print_after;
   sim->add_option("--dump-ir", sim_dump, "write every stage (graph passes, fuse, tile-*) as NN-<stage>.tsl/.kernel/.tile into this folder");
   sim->add_option("--print-after", sim_print_after, "print the IR after this stage (see `tessel passes`) and stop");
@@ -987,7 +988,7 @@ int main(int argc, char** argv) {
   int land_threads = 0;
   land->add_option("MODEL", land_model, "a .onnx file or a model-zoo folder (cpu runs its test_data_set_0)")->required();
   land->add_option("--targets", land_targets, "comma list: dataflow presets or hardware files, and cpu (measured on this machine)");
-  auto* land_threads_opt = land->add_option("--threads", land_threads, "threads for the cpu row (default: all hardware threads)");
+  auto* land_threads_opt = land->add_option("--threads", land_threads, "threads for the cpu row (default: all hardware threads)")->check(CLI::Range(0, 4096));
   land->add_option("--json", land_json, "write the rows as JSON here");
 
   auto* rep = app.add_subcommand("report", "Write one self-contained HTML page for MODEL: per dataflow target the timeline, "
@@ -997,7 +998,7 @@ int main(int argc, char** argv) {
   rep->add_option("MODEL", rep_model, "a .onnx file or a model-zoo folder (cpu runs its test_data_set_0)")->required();
   rep->add_option("--hw", rep_hw, "comma list: dataflow presets or hardware files, and cpu (measured on this machine)");
   rep->add_option("-o,--output", rep_out, "the HTML file to write")->required();
-  rep->add_option("--threads", rep_opts.threads, "threads for the cpu ladder's compiled backend (default: all hardware threads)");
+  rep->add_option("--threads", rep_opts.threads, "threads for the cpu ladder's compiled backend (default: all hardware threads)")->check(CLI::Range(0, 4096));
   rep->add_option("--iters", rep_opts.iters, "timed calls per cpu backend")->check(CLI::Range(1, 100000));
   rep->add_option("--dtype", rep_dtype, "dataflow storage of float tensors (as tessel sim --dtype)");
 
@@ -1023,7 +1024,7 @@ int main(int argc, char** argv) {
   std::optional<int> conf_min_pass;
   conf->add_option("--min-pass", conf_min_pass, "exit 0 when at least N tests pass (default: exit 1 unless every test "
                                                 "passes); a crash or hang fails the run either way")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 100000000));
   std::string conf_passes;
   bool conf_require_core = false;
   conf->add_option("--passes", conf_passes, "passes to run on each model before it executes: simplify, core, or a comma list");
@@ -1039,7 +1040,7 @@ int main(int argc, char** argv) {
   bench->add_option("--backends", bench_backends, "comma list of backends: eager, graph, compiled (default: every one "
                                                   "that can run here; the report names any skipped and why)");
   int bench_threads = 0;
-  auto* bench_threads_opt = bench->add_option("--threads", bench_threads, "threads for the compiled backend (default: all hardware threads)");
+  auto* bench_threads_opt = bench->add_option("--threads", bench_threads, "threads for the compiled backend (default: all hardware threads)")->check(CLI::Range(0, 4096));
   auto* bench_iters_opt = bench->add_option("--iters", bench_iters, "timed calls per backend (after one warm-up call)");
   auto* bench_json_opt = bench->add_option("--json", bench_json_path, "also write the figures as JSON to this file");
   bool bench_serve = false;
@@ -1072,7 +1073,7 @@ int main(int argc, char** argv) {
   explain->add_flag("--check", explain_opts.check, "run partitioned on test_data_set_0 and compare with its outputs; exit 1 on FAIL");
   auto* explain_backend_opt = explain->add_option("--backend", explain_opts.backend, "backend of the compiled partitions for --check")
       ->check(CLI::IsMember({"eager", "graph", "compiled"}));
-  auto* explain_threads_opt = explain->add_option("--threads", explain_opts.threads, "threads for the compiled backend of --check (default: all hardware threads)");
+  auto* explain_threads_opt = explain->add_option("--threads", explain_opts.threads, "threads for the compiled backend of --check (default: all hardware threads)")->check(CLI::Range(0, 4096));
   auto* explain_rel_opt = explain->add_option("--max-rel", explain_opts.max_rel, "relative error bound for --check");
 
   auto* load = app.add_subcommand("load", "Load MODEL for the compiled backend through the executable cache: time to a callable and of the first call");
@@ -1080,7 +1081,7 @@ int main(int argc, char** argv) {
   int load_threads = 0;
   bool load_json = false;
   load->add_option("MODEL", load_model_path, "a .onnx file, a model-zoo folder or a .tsl file")->required();
-  load->add_option("--threads", load_threads, "threads (default: all hardware threads)");
+  load->add_option("--threads", load_threads, "threads (default: all hardware threads)")->check(CLI::Range(0, 4096));
   load->add_option("--cache-dir", load_cache, "the compile cache (default: $TESSEL_CACHE_DIR, else ~/.cache/tessel)");
   load->add_flag("--json", load_json, "print one line of JSON");
 

@@ -1,6 +1,8 @@
 // Bucketed runs on a dataflow target (see buckets.h).
 #include "tessel/driver/buckets.h"
 
+#include "tessel/support/threads.h"
+
 #include <fmt/format.h>
 
 #include <chrono>
@@ -172,7 +174,7 @@ BucketReport run_buckets(const std::string& model, const dataflow::HwSpec& hw, c
     }
     if (opts.functional) {
       tile::FunctionalOptions fo;
-      fo.threads = std::max(1, opts.threads);
+      fo.threads = resolve_threads(opts.threads);
       tile::FunctionalResult fr = tile::run_functional(c.run.compile.program, c.run.compile.module, padded, fo);
       const DType st = c.run.compile.program.float_dtype;
       row.tolerance = st == DType::bf16 ? 5e-2 : st == DType::f32 ? 1e-4 : 2e-2;
