@@ -2,10 +2,14 @@
 #include "tessel/driver/report.h"
 
 #include <chrono>
+#include <filesystem>
+#include <optional>
 
 #include "tessel/driver/bench.h"
 #include "tessel/driver/model_dir.h"
 #include "tessel/support/error.h"
+#include "tessel/support/escape.h"
+#include "tessel/support/progress.h"
 #include "tessel/support/strings.h"
 #include "tessel/hw/hw.h"
 #include "tessel/targets/dataflow/sim_engine.h"
@@ -38,21 +42,32 @@ HtmlReportInput gather_report(const std::string& model, const ReportOptions& opt
   HtmlReportInput in;
   in.model = model;
   const std::vector<Tensor> ins = model_inputs(model);
+  // Every target is checked before any work, then each is a step of the progress line on stderr (a
+  // resnet18 report takes seconds per target: it said nothing while it worked).
   bool cpu = false;
+  std::vector<std::pair<std::string, dataflow::HwSpec>> chips;
   for (const std::string& t : comma_list(opts.targets)) {
-    if (t == "cpu") {
-      cpu = true;
-      continue;
-    }
-    const dataflow::HwSpec hw = dataflow::resolve_target(t);
+    if (t == "cpu") cpu = true;
+    else chips.emplace_back(t, dataflow::resolve_target(t));
+  }
+  if (cpu && ins.empty()) throw Error(Location{.file = model}, "report's cpu ladder runs the model: it needs test_data_set_0 inputs");
+  ProgressOptions po;
+  po.eta = false;  // steps of very different lengths
+  Progress progress("report " + display_text(std::filesystem::path(model).filename().string()), chips.size() + (cpu ? 1 : 0),
+                    "targets", po);
+  std::optional<ProgressTicker> ticker;
+  if (progress_mode() != ProgressMode::quiet) ticker.emplace(progress);
+  for (const auto& [t, hw] : chips) {
+    progress.note(t + ": compile, map, simulate");
     dataflow::SimOptions so;
     so.record_dram_samples = true;
     const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, hw, opts.map), so);
     in.landscape.push_back(landscape_row(t, run.compile, run.report));
     in.targets.push_back(html_target_report(t, run));
+    progress.advance(1);
   }
   if (cpu) {
-    if (ins.empty()) throw Error(Location{.file = model}, "report's cpu ladder runs the model: it needs test_data_set_0 inputs");
+    progress.note("cpu: the eager, graph and compiled ladder");
     BenchOptions bo;
     bo.backends = {"eager", "graph", "compiled"};
     bo.iters = opts.iters;
@@ -64,7 +79,10 @@ HtmlReportInput gather_report(const std::string& model, const ReportOptions& opt
       if (x.backend == "compiled")
         in.landscape.push_back({{"target", "cpu"}, {"time_us", x.median_ms * 1e3}, {"compile_ms", x.cold_compile_s * 1e3},
                                 {"threads", x.threads}});
+    progress.advance(1);
   }
+  ticker.reset();
+  progress.finish();
   return in;
 }
 
