@@ -41,6 +41,15 @@ fs::path tmp() {
 
 const std::string kModel = testenv::source_dir() + "/examples/tblock_s";
 
+// A refusal of the command line: exit 2 and one line, "tessel: error: ..." holding `says`.
+void expect_refused(const std::string& args, const std::string& says) {
+  Result r = run(args);
+  EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+  EXPECT_EQ(r.out.rfind("tessel: error: ", 0), 0u) << args << "\n" << r.out;
+  EXPECT_NE(r.out.find(says), std::string::npos) << args << "\n" << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
+}
+
 }  // namespace
 
 TEST(Cli, HelpOnEverySubcommand) {
@@ -188,13 +197,8 @@ TEST(Cli, InapplicableOptionsAreErrors) {
            {"compile " + kModel + " --dtype f16", "--dtype has no effect here"},
            {"compile " + kModel + " --target spyre --passes simplify", "--passes has no effect here"},
            {"compile " + kModel + " --target spyre --elide-constants", "--elide-constants has no effect here"},
-           {"sim " + kModel + " --hw spyre --no-functional --threads 2", "--threads has no effect here: it sets the threads of the functional simulation"}}) {
-    Result r = run(c.args);
-    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
-    EXPECT_EQ(r.out, "tessel: error: " + r.out.substr(std::string("tessel: error: ").size())) << r.out;
-    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
-    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
-  }
+           {"sim " + kModel + " --hw spyre --no-functional --threads 2", "--threads has no effect here: it sets the threads of the functional simulation"}})
+    expect_refused(c.args, c.says);
   Result ok = run("bench " + kModel + " --backends compiled --threads 1 --iters 1");
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
@@ -213,18 +217,10 @@ TEST(Cli, ParseErrorsAreOneLine) {
            {"run " + kModel + " --threads -1", "--threads: Value -1 not in range 0 to 4096"},
            {"sim " + kModel + " --hw spyre --threads -2", "--threads: Value -2 not in range 0 to 4096"},
            {"bnech " + kModel, "unknown command 'bnech'; did you mean 'bench'?"},
-           {"frobnicate", "unknown command 'frobnicate' (commands: run, compile,"}}) {
-    Result r = run(c.args);
-    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
-    EXPECT_EQ(r.out.rfind("tessel: error: ", 0), 0u) << r.out;
-    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << "\n" << r.out;
-    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
-  }
-  // a bad landscape target last in the list: refused before any row is printed
-  Result land = run("landscape " + kModel + " --targets spyre,gpu");
-  EXPECT_EQ(land.code, 2) << land.out;
-  EXPECT_EQ(land.out.rfind("tessel: error: unknown target 'gpu'", 0), 0u) << land.out;
-  EXPECT_EQ(std::count(land.out.begin(), land.out.end(), '\n'), 1) << land.out;
+           {"frobnicate", "unknown command 'frobnicate' (commands: run, compile,"},
+           // a bad landscape target last in the list: refused before any row is printed (one line)
+           {"landscape " + kModel + " --targets spyre,gpu", "unknown target 'gpu'"}})
+    expect_refused(c.args, c.says);
   Result help = run("run --help");
   EXPECT_EQ(help.code, 0) << help.out;
   EXPECT_NE(help.out.find("--repeat"), std::string::npos) << help.out;
@@ -239,13 +235,9 @@ TEST(Cli, RunOfAFileThatIsNotAModelSaysSo) {
     std::ofstream f(dir / "text.onnx");
     f << "hello, this is text\n";
   }
-  Result r = run("run " + (dir / "text.onnx").string());
-  EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("text.onnx: [import] not a valid ONNX model"), std::string::npos) << r.out;
+  expect_refused("run " + (dir / "text.onnx").string(), "text.onnx: [import] not a valid ONNX model");
   fs::copy_file(kModel + "/model.onnx", dir / "m.onnx", fs::copy_options::overwrite_existing);
-  Result m = run("run " + (dir / "m.onnx").string());
-  EXPECT_EQ(m.code, 2) << m.out;
-  EXPECT_NE(m.out.find("no --inputs given and no test_data_set_0 next to the model"), std::string::npos) << m.out;
+  expect_refused("run " + (dir / "m.onnx").string(), "no --inputs given and no test_data_set_0 next to the model");
 }
 
 // `tessel conformance` is a gate: exit 1 when a test does not pass (the failures listed by cause),

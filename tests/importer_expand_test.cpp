@@ -120,6 +120,19 @@ onnx::GraphProto* attr_g(onnx::NodeProto* n, const std::string& name) {
   return a->mutable_g();
 }
 
+// An If on the graph input `c` whose output is `out`: each branch one op over the outer value `x`, its
+// result of the given shape.
+void add_if(Model& md, const std::string& out, const std::string& then_op, const Shape& then_shape,
+            const std::string& else_op, const Shape& else_shape) {
+  auto* n = md.node("If", {"c"}, {out});
+  auto* then_g = attr_g(n, "then_branch");
+  Model::node(then_g, then_op, {"x"}, {"t"});
+  Model::set_type(then_g->add_output(), "t", 1, then_shape);
+  auto* else_g = attr_g(n, "else_branch");
+  Model::node(else_g, else_op, {"x"}, {"e"});
+  Model::set_type(else_g->add_output(), "e", 1, else_shape);
+}
+
 Tensor random_f32(const Shape& s, unsigned seed, double lo = -1, double hi = 1) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<double> d(lo, hi);
@@ -278,26 +291,14 @@ TEST(ImportExpand, IfWithRunTimeCondition) {
     c.set_i(0, cond);
     Model md(13);
     md.input("c", c), md.input("x", Tensor::from_f64(DType::f32, {2}, std::vector<double>{1, -2}));
-    auto* n = md.node("If", {"c"}, {"y"});
-    auto* then_g = attr_g(n, "then_branch");
-    Model::node(then_g, "Neg", {"x"}, {"t"});  // an outer-scope value read by the branch
-    Model::set_type(then_g->add_output(), "t", 1, {2});
-    auto* else_g = attr_g(n, "else_branch");
-    Model::node(else_g, "Abs", {"x"}, {"e"});
-    Model::set_type(else_g->add_output(), "e", 1, {2});
+    add_if(md, "y", "Neg", {2}, "Abs", {2});  // branches reading an outer-scope value
     md.output("y");
     expect_close(md.run("if.onnx")[0], cond ? std::vector<double>{-1, 2} : std::vector<double>{1, 2});
   }
   Tensor c(DType::boolean, {});
   Model md(13);
   md.input("c", c), md.input("x", Tensor::from_f64(DType::f32, {2}, std::vector<double>{1, -2}));
-  auto* n = md.node("If", {"c"}, {"y"});
-  auto* then_g = attr_g(n, "then_branch");
-  Model::node(then_g, "Identity", {"x"}, {"t"});
-  Model::set_type(then_g->add_output(), "t", 1, {2});
-  auto* else_g = attr_g(n, "else_branch");
-  Model::node(else_g, "ReduceSum", {"x"}, {"e"});
-  Model::set_type(else_g->add_output(), "e", 1, {1});
+  add_if(md, "y", "Identity", {2}, "ReduceSum", {1});
   md.output("y");
   bool unsup = false;
   std::string e = md.error("if_shapes.onnx", &unsup);
@@ -321,13 +322,7 @@ TEST(ImportExpand, SecondDefinitionsAreRefused) {
   {
     Model md(13);
     md.input("c", c), md.input("x", Tensor::from_f64(DType::f32, {2}, std::vector<double>{1, -2}));
-    auto* n = md.node("If", {"c"}, {"x"});  // the If's output redefines the graph input x
-    auto* then_g = attr_g(n, "then_branch");
-    Model::node(then_g, "Neg", {"x"}, {"t"});
-    Model::set_type(then_g->add_output(), "t", 1, {2});
-    auto* else_g = attr_g(n, "else_branch");
-    Model::node(else_g, "Abs", {"x"}, {"e"});
-    Model::set_type(else_g->add_output(), "e", 1, {2});
+    add_if(md, "x", "Neg", {2}, "Abs", {2});  // the If's output redefines the graph input x
     md.output("x");
     refused(md, "if_redefines.onnx", "redefines value 'x'");
   }

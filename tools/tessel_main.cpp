@@ -1111,24 +1111,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> names;
     for (const CLI::App* sc : app.get_subcommands({})) names.push_back(sc->get_name());
     if (std::find(names.begin(), names.end(), cmd) == names.end()) {
-      auto distance = [](const std::string& a, const std::string& b) {
-        std::vector<size_t> row(b.size() + 1);
-        for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-        for (size_t i = 1; i <= a.size(); ++i) {
-          size_t diag = row[0];
-          row[0] = i;
-          for (size_t j = 1; j <= b.size(); ++j) {
-            const size_t up = row[j];
-            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-            diag = up;
-          }
-        }
-        return row[b.size()];
-      };
-      std::string nearest;
-      size_t best = 3;  // (suggested only when at most 2 edits away)
-      for (const std::string& n : names)
-        if (size_t d = distance(cmd, n); d < best) best = d, nearest = n;
+      const std::string nearest = nearest_name(cmd, names);
       std::string list;
       for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
       fmt::print(stderr, "tessel: error: unknown command '{}'{} (commands: {})\n", display_text(cmd),
@@ -1144,7 +1127,8 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::string what = e.what();
     std::replace(what.begin(), what.end(), '\n', ' ');
-    fmt::print(stderr, "tessel: error: {} (see tessel --help, or tessel COMMAND --help)\n", what);
+    // (the message quotes the arguments as given: escaped like every other name from the user)
+    fmt::print(stderr, "tessel: error: {} (see tessel --help, or tessel COMMAND --help)\n", display_text(what));
     return 2;
   }
   if (quiet) set_progress_mode(ProgressMode::quiet);

@@ -423,7 +423,7 @@ class WholeExecutable {
 // A dataflow target over a builder's graph (docs/python.md, "Dataflow targets"): the graph lowered, fused
 // and mapped to tiles for a preset or hardware file, simulated in time once (the report, the trace, the
 // HTML page, the KTIR export), and every call run by the functional simulator, so the outputs hold what
-// the device's storage precision holds. The whole graph: a graph break is refused by the caller.
+// the device's storage precision holds. A graph with breaks runs partitioned (below).
 class DataflowExecutable {
  public:
   // A graph with breaks (ops the frontend could not lower, run by PyTorch) is partitioned as the CPU
@@ -541,7 +541,7 @@ class DataflowExecutable {
     for (const PartitionStep& st : plan_.steps) {
       if (st.is_break) {
         const GraphBreak& b = plan_.breaks[static_cast<size_t>(st.index)];
-        s += fmt::format("host step (PyTorch, not timed): {} {} ({})\n\n", display_text(b.location), b.op, display_text(b.reason));
+        s += fmt::format("host step (PyTorch, not timed): {} {} ({})\n\n", display_text(b.location), display_text(b.op), display_text(b.reason));
       } else {
         s += fmt::format("partition {} of {}, on the chip:\n", st.index, runs_.size());
         s += report_table(runs_[static_cast<size_t>(st.index)]->report) + "\n";

@@ -71,6 +71,11 @@ def _number(L, a, dtype):
     return L.const(a, dtype)
 
 
+def _operand(L, a, dtype):
+    """An operand in dtype: a value name cast to it, a number or a symbolic size as a 0-d value of it."""
+    return _cast(L, a, dtype) if isinstance(a, str) else _number(L, a, dtype)
+
+
 def _out_dtype(node):
     tm = node.meta.get("tensor_meta")
     if not hasattr(tm, "dtype"):
@@ -93,8 +98,8 @@ def _binary(op):
     def lower(L, node, a, b, alpha=1):
         ref = a if isinstance(a, str) else b
         out = _out_dtype(node) or L.dtype(ref)
-        a = _cast(L, _scalar(L, a, ref), out) if isinstance(a, str) else _number(L, a, out)
-        b = _cast(L, _scalar(L, b, ref), out) if isinstance(b, str) else _number(L, b, out)
+        a = _operand(L, a, out)
+        b = _operand(L, b, out)
         if alpha != 1:
             b = L.op("Mul", [b, _number(L, alpha, out)])
         return L.op(op, [a, b])
@@ -178,14 +183,14 @@ def _clamp(L, node, x, lo=None, hi=None):
 def _where(L, node, c, a, b):
     ref = a if isinstance(a, str) else b
     out = _out_dtype(node) or L.dtype(ref)
-    a = _cast(L, a, out) if isinstance(a, str) else _number(L, a, out)
-    b = _cast(L, b, out) if isinstance(b, str) else _number(L, b, out)
+    a = _operand(L, a, out)
+    b = _operand(L, b, out)
     return L.op("Where", [c, a, b])
 
 
 @lowers(_ov("masked_fill", "Scalar"), _ov("masked_fill", "Tensor"))
 def _masked_fill(L, node, x, mask, value):
-    v = _cast(L, value, L.dtype(x)) if isinstance(value, str) else _number(L, value, L.dtype(x))
+    v = _operand(L, value, L.dtype(x))
     return L.op("Where", [mask, v, x])
 
 
@@ -523,8 +528,6 @@ def _sdpa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *res
     return L.op("MatMul", [L.op("Softmax", [s], {"axis": -1}), v])
 
 
-
-
 def _causal_mask(L, tq, tk):
     """The [tq, tk] lower-triangular boolean mask of causal attention (the diagonal kept): a constant, or
     for symbolic sizes a Trilu of trues expanded to them."""
@@ -554,7 +557,7 @@ def _shape_of(L, x):
 
 def _filled(L, x, v):
     """A tensor of x's shape and dtype filled with v (a number or a 0-d value)."""
-    v = _cast(L, v, L.dtype(x)) if isinstance(v, str) else _number(L, v, L.dtype(x))
+    v = _operand(L, v, L.dtype(x))
     return L.op("Expand", [v, _shape_of(L, x)])
 
 
@@ -1007,7 +1010,7 @@ def _pow(L, node, x, e):
         return L.op("Sqrt", [x])
     if e == 1:
         return x
-    return L.op("Pow", [x, _cast(L, e, out) if isinstance(e, str) else _number(L, e, out)])
+    return L.op("Pow", [x, _operand(L, e, out)])
 
 
 @lowers(_ov("clamp", "Tensor"), _ov("clamp_min", "Tensor"), _ov("clamp_max", "Tensor"))
@@ -1017,9 +1020,9 @@ def _clamp_tensor(L, node, x, lo=None, hi=None):
     d = _out_dtype(node) or L.dtype(x)
     x = _cast(L, x, d)
     if lo is not None:
-        x = L.op("Max", [x, _cast(L, lo, d) if isinstance(lo, str) else _number(L, lo, d)])
+        x = L.op("Max", [x, _operand(L, lo, d)])
     if hi is not None:
-        x = L.op("Min", [x, _cast(L, hi, d) if isinstance(hi, str) else _number(L, hi, d)])
+        x = L.op("Min", [x, _operand(L, hi, d)])
     return x
 
 
@@ -1039,7 +1042,7 @@ def _addc(L, node, x, t1, t2, value=1):
 
 @lowers(_ov("lerp", "Scalar"), _ov("lerp", "Tensor"))
 def _lerp(L, node, a, b, w):
-    w = w if isinstance(w, str) else _number(L, w, L.dtype(a))
+    w = _operand(L, w, L.dtype(a))
     return L.op("Add", [a, L.op("Mul", [w, L.op("Sub", [b, a])])])
 
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "tessel/support/error.h"
+#include "tessel/support/strings.h"
 #include "tessel/hw/hw.h"
 
 namespace tessel::dataflow {
@@ -14,29 +15,9 @@ namespace {
 
 using json = nlohmann::json;
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// The closest of `options` to `word`, when close enough to be a likely typo.
+// " (did you mean 'x'?)" for a likely typo of one of `options`, else "".
 std::string suggestion(const std::string& word, const std::vector<std::string>& options) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
-  for (const std::string& o : options) {
-    const size_t d = edit_distance(word, o);
-    if (d < best_d) best_d = d, best = o;
-  }
+  const std::string best = nearest_name(word, options);
   return best.empty() ? std::string() : fmt::format(" (did you mean '{}'?)", best);
 }
 

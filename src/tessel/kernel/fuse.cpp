@@ -974,7 +974,7 @@ std::optional<MatmulSpec> Fuser::matmul_spec(const Node& n) const {
   if (av.root->type.dtype != DType::f32 || bv.root->type.dtype != DType::f32) return std::nullopt;
   if (!opts.symbolic_activation_matmuls && !av.root->constant && !bv.root->constant &&
       (!dims_static(as) || !dims_static(bs)))
-    return std::nullopt;  // a loop kernel reading the sizes at run time (FuseOptions)
+    return std::nullopt;  // left a core dot_general (FuseOptions::symbolic_activation_matmuls)
   Dims s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, s6, t6;
   pick(as, av.strides, lb, &s1, &t1);
   pick(as, av.strides, free_dims(as.size(), lb, lc), &s2, &t2);

@@ -173,9 +173,10 @@ struct FuseOptions {
   bool layout_steps = false;
   // A product of two computed operands with a symbolic dim (attention's Q·Kᵀ and P·V over the KV
   // length) goes through the library too. Off by default: a library primitive is built per binding of
-  // the sizes, and the KV length is new at every decoded token, while a loop kernel's generated code
-  // reads the sizes at run time. Products with a constant operand (a layer's weights, whose rows
-  // change only with the batch or prompt) stay library calls; static graphs are not affected.
+  // the sizes, and the KV length is new at every decoded token; the product stays a core dot_general,
+  // which the graph backend's precompiled kernel runs with each binding's sizes. Products with a
+  // constant operand (a layer's weights, whose rows change only with the batch or prompt) stay library
+  // calls; static graphs are not affected.
   bool symbolic_activation_matmuls = false;
 };
 

@@ -304,14 +304,10 @@ struct CompiledExecutable::Builder {
     const bool lib = ce.in_library_.at(kid);
     const cpu::LibraryEpilogue& le = ce.library_.at(kid);
     if (cpu::has_generated_function(k, lib)) {
-      GeneratedFn** known = functions ? &(*functions)[kid] : nullptr;
-      if (!known || !*known) {
-        GeneratedFn* f = ce.so_->function<GeneratedFn>(cpu::kernel_symbol(kid));
-        if (known) *known = f;
-        L->fn = f;
-      } else {
-        L->fn = *known;
-      }
+      GeneratedFn* fn = functions ? (*functions)[kid] : nullptr;
+      if (!fn) fn = ce.so_->function<GeneratedFn>(cpu::kernel_symbol(kid));
+      if (functions) (*functions)[kid] = fn;
+      L->fn = fn;
     }
     const float* bias = lib && le.bias_arg >= 0 ? n.inputs[static_cast<size_t>(le.bias_arg)]->constant->data<float>() : nullptr;
     if (lib) st.library_epilogues++;

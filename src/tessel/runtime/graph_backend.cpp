@@ -178,7 +178,6 @@ std::shared_ptr<uint8_t> ArenaPool::take(size_t need) {
     const size_t n = std::max(need, bytes + bytes / 2);
     block = std::shared_ptr<uint8_t>(allocate_pages(n));
     bytes = n;
-    ++grown;
   }
   return block;
 }

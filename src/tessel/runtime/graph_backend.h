@@ -25,7 +25,6 @@ namespace tessel {
 struct ArenaPool {
   std::shared_ptr<uint8_t> block;
   size_t bytes = 0;
-  int grown = 0;                  // blocks mapped
   std::shared_ptr<uint8_t> take(size_t need);
 };
 

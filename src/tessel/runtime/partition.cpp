@@ -558,7 +558,7 @@ std::vector<Tensor> PartitionedExecutable::run(const std::vector<Tensor>& inputs
   }, runner);
 }
 
-std::vector<Tensor> run_partition_plan(const Graph& g, const PartitionPlan& plan_, const std::vector<Tensor>& inputs,
+std::vector<Tensor> run_partition_plan(const Graph& g, const PartitionPlan& plan, const std::vector<Tensor>& inputs,
                                        const PartitionRunner& run_partition, const BreakRunner& runner) {
   if (inputs.size() != g.inputs.size())
     throw Error(Location{.pass = "run"}, fmt::format("the model takes {} inputs but {} were given", g.inputs.size(), inputs.size()));
@@ -570,14 +570,14 @@ std::vector<Tensor> run_partition_plan(const Graph& g, const PartitionPlan& plan
   };
   for (size_t i = 0; i < inputs.size(); ++i) put(g.inputs[i], inputs[i]);
   for (const Value* v : g.constants()) put(v, *v->constant);
-  for (const auto& [v, t] : plan_.folded) put(v, t);
+  for (const auto& [v, t] : plan.folded) put(v, t);
   auto get = [&](const Value* v) -> const Tensor& {
     if (!have[v->id]) throw Error(Location{.pass = "run"}, fmt::format("value '{}' was not computed", v->name));
     return env[v->id];
   };
-  for (const PartitionStep& s : plan_.steps) {
+  for (const PartitionStep& s : plan.steps) {
     if (!s.is_break) {
-      const Partition& p = plan_.partitions[s.index];
+      const Partition& p = plan.partitions[s.index];
       std::vector<Tensor> ins;
       for (const Value* v : p.inputs) ins.push_back(get(v));
       std::vector<Tensor> outs = run_partition(static_cast<size_t>(s.index), ins);
@@ -587,7 +587,7 @@ std::vector<Tensor> run_partition_plan(const Graph& g, const PartitionPlan& plan
       for (size_t i = 0; i < p.outputs.size(); ++i) put(p.outputs[i], std::move(outs[i]));
       continue;
     }
-    const GraphBreak& b = plan_.breaks[s.index];
+    const GraphBreak& b = plan.breaks[s.index];
     const Node& n = *b.node;
     std::vector<Tensor> ins;
     for (const Value* v : n.inputs) ins.push_back(v ? get(v) : Tensor());

@@ -1,6 +1,7 @@
 // Small text helpers shared by the command line and the drivers.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,5 +13,11 @@ std::vector<std::string> comma_list(const std::string& s);
 
 // "1.2 GiB", "512 B": a byte count for people (powers of 1024).
 std::string bytes_text(uint64_t n);
+
+// Levenshtein distance (insertions, deletions, substitutions).
+size_t edit_distance(const std::string& a, const std::string& b);
+// The closest of `options` to `word` when it is close enough to be a likely typo (at most
+// max(2, |word| / 3) edits), else "": a "did you mean" for a misspelt name.
+std::string nearest_name(const std::string& word, const std::vector<std::string>& options);
 
 }  // namespace tessel
