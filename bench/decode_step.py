@@ -3,15 +3,18 @@
 generation"), on this machine's torch: a GPT-style decoder (pre-norm blocks, causal attention over a KV
 cache that grows by one position a step, the cache passed in and returned, as transformers' dynamic cache
 does) compiled once with tessel.compile(dynamic_dims=...) and run step by step against eager, ABBA-paired
-rounds of --tokens steps each. Every step is a new KV length: a new binding of the compilation, so its
-instance (instantiated kernels, arena plan, library calls) is built on the step's critical path; the JSON
-gives the instances and the seconds they took beside the per-token times.
+rounds of --tokens steps each. Every step is a new KV length: a new binding of the compilation, so the one
+executable is rebound to it (the attention's kernels, arena plan and library calls redone) on the step's
+critical path. The same compilation with an instance per binding instead (TESSEL_REBIND=0: instantiated
+kernels, arena plan and library calls built per step) runs in the same rounds; the JSON gives the rebinds
+and instances and the seconds they took beside the per-token times.
 
     /usr/bin/python3 bench/decode_step.py --layers 2 --dim 128 --tokens 64 --pairs 6 --threads 2 --json out.json
 """
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 
@@ -87,35 +90,51 @@ def main():
         return [torch.randn(1, a.heads, p, dh, generator=g) for _ in range(2 * a.layers)]
     ids = torch.tensor([[7]])
     dims = {0: {1: "t"}, **{1 + i: {2: "p"} for i in range(2 * a.layers)}}
+    example = (torch.tensor([[1, 2, 3]]), *cache(5))
     t0 = time.perf_counter()
-    fast = tessel.compile(model, (torch.tensor([[1, 2, 3]]), *cache(5)), dynamic_dims=dims, threads=a.threads)
+    fast = tessel.compile(model, example, dynamic_dims=dims, threads=a.threads)
     compile_s = time.perf_counter() - t0
+    # the same compilation with an instance per binding (TESSEL_REBIND=0), the way before one executable
+    # was rebound, measured beside it
     with torch.no_grad():
         want, _ = decode(model, ids, cache(a.past), a.tokens)
         got, _ = decode(fast, ids, cache(a.past), a.tokens)     # (warm: a decode step's t = 1 compiles once more)
-        equal = torch.equal(got, want)
-        times = {"eager": [], "tessel": []}
+        os.environ["TESSEL_REBIND"] = "0"                       # (read when a compilation is made)
+        inst = tessel.compile(model, example, dynamic_dims=dims, threads=a.threads)
+        got_inst, _ = decode(inst, ids, cache(a.past), a.tokens)
+        del os.environ["TESSEL_REBIND"]
+        equal = torch.equal(got, want) and torch.equal(got_inst, want)
+        fns = {"eager": model, "tessel": fast, "tessel_instances": inst}
+        times = {name: [] for name in fns}
         for k in range(a.pairs):
-            order = ("eager", "tessel") if k % 2 == 0 else ("tessel", "eager")
+            order = list(fns) if k % 2 == 0 else list(reversed(fns))
             for name in order:
                 # a new past length each round: every step is a binding not seen before
-                _, dt = decode(model if name == "eager" else fast, ids, cache(a.past + (k + 1) * a.tokens), a.tokens)
+                _, dt = decode(fns[name], ids, cache(a.past + (k + 1) * a.tokens), a.tokens)
                 times[name].append(dt)
     exe_stats = [e.exe.stats for e in fast._cache.values() if isinstance(getattr(getattr(e, "exe", None), "stats", None), dict)]
-    instances = sum(s.get("instances", 0) for s in exe_stats)
-    instance_s = sum(s.get("instance_seconds", 0.0) for s in exe_stats)
+    inst_stats = [e.exe.stats for e in inst._cache.values() if isinstance(getattr(getattr(e, "exe", None), "stats", None), dict)]
+    instances = sum(s.get("instances", 0) for s in inst_stats)
+    instance_s = sum(s.get("instance_seconds", 0.0) for s in inst_stats)
+    rebinds = sum(s.get("rebinds", 0) for s in exe_stats)
+    rebind_s = sum(s.get("rebind_seconds", 0.0) for s in exe_stats)
     ratios = [t / e for t, e in zip(times["tessel"], times["eager"])]
     row = dict(layers=a.layers, dim=a.dim, heads=a.heads, past=a.past, tokens=a.tokens, pairs=a.pairs,
                threads=a.threads, torch=torch.__version__, tokens_equal=equal, compile_s=compile_s,
                compilations=fast.stats.compiles, recompiles=fast.stats.recompiles,
                eager_ms_per_token=statistics.median(times["eager"]) * 1e3,
                tessel_ms_per_token=statistics.median(times["tessel"]) * 1e3,
+               tessel_instances_ms_per_token=statistics.median(times["tessel_instances"]) * 1e3,
                tessel_over_eager=statistics.median(ratios), tessel_won=sum(r < 1 for r in ratios) / len(ratios),
-               instances=instances, instance_ms_mean=instance_s / max(1, instances) * 1e3)
+               instances=instances, instance_ms_mean=instance_s / max(1, instances) * 1e3,
+               rebinds=rebinds, rebind_ms_mean=rebind_s / max(1, rebinds) * 1e3,
+               refused=[s.get("rebind_refused") for s in exe_stats if s.get("rebind_refused")])
     print(f"decoder {a.layers}x{a.dim}, {a.tokens} tokens from KV length {a.past}, {a.threads} threads: tokens equal "
           f"{equal}; ms per token eager {row['eager_ms_per_token']:.3f}, tessel {row['tessel_ms_per_token']:.3f} "
-          f"(tessel/eager {row['tessel_over_eager']:.2f}, won {row['tessel_won']:.0%}); compilations "
-          f"{row['compilations']}, instances {instances} at {row['instance_ms_mean']:.3f} ms each")
+          f"(tessel/eager {row['tessel_over_eager']:.2f}, won {row['tessel_won']:.0%}), tessel with an instance per "
+          f"binding {row['tessel_instances_ms_per_token']:.3f}; compilations "
+          f"{row['compilations']}, instances {instances} at {row['instance_ms_mean']:.3f} ms each, rebinds {rebinds} at "
+          f"{row['rebind_ms_mean']:.3f} ms each" + (f"; one executable refused: {row['refused']}" if row["refused"] else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(row, f, indent=1)

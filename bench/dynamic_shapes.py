@@ -116,6 +116,7 @@ def run_model(name, shapes, threads, rounds, static):
         row["stats"] = dyn.stats.as_dict()
     row["compilations"] = row["stats"].get("compiles")
     row["instances"] = row["stats"].get("instances")
+    row["rebinds"] = row["stats"].get("rebinds")
     row["max_rel_err"] = max(s["rel_err"] for s in row["shapes"])
     if static:
         row["median_ratio"] = statistics.median(s["ratio"] for s in row["shapes"])
@@ -162,7 +163,8 @@ def main():
         if "error" in row:
             print(f"{name}: ERROR {row['error']}")
             continue
-        print(f"{name} ({row['varied']}): compilations {row['compilations']} (instances {row['instances']}), "
+        print(f"{name} ({row['varied']}): compilations {row['compilations']} (instances {row['instances']}, "
+              f"rebinds {row['rebinds']}), "
               f"max rel err {row['max_rel_err']:.2e}, "
               f"first call {row['first_call_s']:.2f} s"
               + (f", dynamic/static median {row['median_ratio']:.3f}" if "median_ratio" in row else ""))

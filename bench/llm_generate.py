@@ -130,6 +130,9 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache):
         # (compilations the timed rounds made: 0 when timing saw only what the first pass compiled)
         row["compilations_while_timed"] = sum(g.stats.compiles for g in tessel.dynamo_graphs
                                               if hasattr(g, "stats")) - row["compilations"]
+        # new sizes per decoded token: rebinds of one executable per compilation (instances where refused)
+        row["rebinds"] = sum(getattr(g.stats, "rebinds", 0) for g in graphs)
+        row["instances"] = sum(getattr(g.stats, "instances", 0) for g in graphs)
         _record(row, "eager", model, eager_forward, p, new_tokens, cache, rounds)
         for key, kwargs in peers:
             try:
@@ -192,7 +195,7 @@ def main():
         rate = {k: row[k].get("decode_tokens_per_s") for k in ["tessel", "eager"] + [p for p, _ in peers] if k in row}
         print(f"{name}: tokens equal {row['tokens_equal']}, logits max rel err {row['max_rel_err_logits']:.2e}, "
               f"tessel graphs {row['tessel_graphs']} ({row['symbolic_graphs']} symbolic), compilations "
-              f"{row['compilations']} (bindings {row['bindings']}), fallbacks {len(row['fallbacks'])}; prefill ms "
+              f"{row['compilations']} (bindings {row['bindings']}, rebinds {row['rebinds']}, instances {row['instances']}), fallbacks {len(row['fallbacks'])}; prefill ms "
               f"tessel {row['tessel']['prefill_ms']:.2f} eager {row['eager']['prefill_ms']:.2f}; decode tokens/s "
               + ", ".join(f"{k} {v:.1f}" if v else f"{k} -" for k, v in rate.items()))
         for p, _ in peers:

@@ -43,9 +43,23 @@ void expect_close(const Tensor& got, const Tensor& want, double tol, const std::
 
 }  // namespace
 
-TEST(DynamicCompiled, OneCompilationServesEveryRowCount) {
-  auto exe = compile_cpu(parse_graph(kRowsSoftmax, "sm.tsl"), {}, options());
+// Both ways a symbolic compilation runs a binding: one executable rebound per binding (the default)
+// and an instance per binding.
+class DynamicCompiledBoth : public ::testing::TestWithParam<bool> {
+ protected:
+  CompiledBackendOptions opts() const {
+    CompiledBackendOptions o = options();
+    o.rebind = GetParam();
+    return o;
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Ways, DynamicCompiledBoth, ::testing::Bool(),
+                         [](const auto& i) { return i.param ? std::string("Rebound") : std::string("Instances"); });
+
+TEST_P(DynamicCompiledBoth, OneCompilationServesEveryRowCount) {
+  auto exe = compile_cpu(parse_graph(kRowsSoftmax, "sm.tsl"), {}, opts());
   ASSERT_TRUE(exe->symbolic());
+  EXPECT_EQ(exe->stats().rebinding, GetParam()) << exe->stats().rebind_refused;
   EXPECT_EQ(exe->stats().symbols, std::vector<std::string>{"s0"});
   // the generated code takes the row count at run time (its loops only need it as the parallel range)
   EXPECT_NE(exe->source().find("sz[i] is the value of symbol i: s0."), std::string::npos) << exe->source();
@@ -61,8 +75,46 @@ TEST(DynamicCompiled, OneCompilationServesEveryRowCount) {
     expect_close(got[0], want[0], 1e-5, fmt::format("s0 = {}", rows));
     ++calls;
   }
-  // one instance per distinct binding; the repeated one is reused
-  EXPECT_EQ(exe->stats().instances, 4);
+  if (GetParam()) {  // rebound at every call whose binding differs from the call before
+    EXPECT_EQ(exe->stats().instances, 0);
+    EXPECT_EQ(exe->stats().rebinds, 5);
+  } else {  // one instance per distinct binding; the repeated one is reused
+    EXPECT_EQ(exe->stats().instances, 4);
+  }
+}
+
+// Two symbols changing one at a time, back and forth: what the rebound executable redoes for a changed
+// symbol (types, views, the typed kernels of transposes, concatenations and products of computed
+// operands, the arena plan) and what it keeps must agree with eager at every call.
+TEST_P(DynamicCompiledBoth, SymbolsChangingOneAtATime) {
+  const char* text = R"(graph @two(%x: f32[s0,s1], %c: f32[s0,8], %w: f32[8,8]) symbols(s0 in [1, 64], s1 in [1, 64]) {
+  %m: f32[s0] = reduce(%x) {axes = [1], kind = "max"} loc("max")
+  %mb: f32[s0,s1] = broadcast_in_dim(%m) {dims = [0], shape = dims[s0, s1]} loc("max")
+  %mn: f32[s0,s1] = neg(%mb) loc("sub")
+  %d: f32[s0,s1] = add(%x, %mn) loc("sub")
+  %e: f32[s0,s1] = exp(%d) loc("exp")
+  %t: f32[s1,s0] = transpose(%e) {perm = [1, 0]} loc("t")
+  %p: f32[s1,8] = dot_general(%t, %c) {lhs_batch = ints[], lhs_contract = [1], rhs_batch = ints[], rhs_contract = [0]} loc("pv")
+  %q: f32[s1,8] = dot_general(%p, %w) {lhs_batch = ints[], lhs_contract = [1], rhs_batch = ints[], rhs_contract = [0]} loc("proj")
+  %k: f32[s0+s1,8] = concatenate(%c, %q) {axis = 0} loc("cat")
+  %r: f32[s0+s1,8] = tanh(%k) loc("tanh")
+  return %r, %e
+}
+)";
+  auto exe = compile_cpu(parse_graph(text, "two.tsl"), {}, opts());
+  EXPECT_EQ(exe->stats().rebinding, GetParam()) << exe->stats().rebind_refused;
+  const auto original = parse_graph(text, "two.tsl");
+  const Tensor w = varied_f32({8, 8}, 3);
+  for (auto [r, c] : std::vector<std::pair<int64_t, int64_t>>{{2, 3}, {2, 5}, {4, 5}, {4, 5}, {1, 1}, {2, 3}, {64, 3}, {2, 64}}) {
+    const Tensor x = varied_f32({r, c}, static_cast<uint32_t>(10 * r + c)), kc = varied_f32({r, 8}, static_cast<uint32_t>(r));
+    const std::vector<Tensor> want = run_eager(*original, {x, kc, w});
+    const std::vector<Tensor> got = exe->run({x, kc, w});
+    ASSERT_EQ(got.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) expect_close(got[i], want[i], 1e-5, fmt::format("s0 = {}, s1 = {}, output {}", r, c, i));
+  }
+  if (GetParam()) {
+    EXPECT_EQ(exe->stats().rebinds, 7) << "the repeated binding keeps what it has";
+  }
 }
 
 TEST(DynamicCompiled, BindingOutsideTheFactsIsRefusedWithTheReason) {
@@ -147,7 +199,9 @@ TEST(DynamicCompiled, InstancesShareTheLibraryCallsWhoseSizesAgree) {
   Value* w = g->find_value("w");
   w->is_input = false;
   w->constant = varied_f32({64, 64}, 5);
-  auto exe = compile_cpu(std::move(g), {}, options());
+  CompiledBackendOptions o = options();
+  o.rebind = false;  // (the rebound executable keeps the projection's call: DynamicCompiledBoth)
+  auto exe = compile_cpu(std::move(g), {}, o);
   const Tensor x = varied_f32({1, 64}, 1);
   for (int64_t len : {3, 5, 9}) {
     const Tensor kv = varied_f32({len, 64}, static_cast<uint32_t>(len));

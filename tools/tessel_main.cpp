@@ -407,22 +407,34 @@ int cmd_run_dynamic(const std::string& model, const std::string& inputs_dirs, bo
     fmt::print("{}: {}\n", dir, b.empty() ? "no symbols" : binding_str(b));
     std::vector<Tensor> outs;
     if (exe) {
-      const double before = exe->stats().instance_seconds;
+      const CompiledCompileStats before = exe->stats();
       GraphRunStats rs;
       double best = 0;
       outs = run_repeatedly(*exe, ins, std::max(1, repeat), rs, best);
-      fmt::print("ran compiled in {:.2f} ms{} (instance for this binding: {}; arena {:.2f} MB)\n", best,
-                 repeat > 1 ? " (best of runs)" : "",
-                 exe->stats().instance_seconds > before ? fmt::format("built in {:.1f} ms", (exe->stats().instance_seconds - before) * 1e3)
-                                                        : std::string("reused"),
-                 rs.arena_bytes / 1e6);
+      const CompiledCompileStats& after = exe->stats();
+      std::string how;
+      if (after.rebinding)
+        how = after.rebinds > before.rebinds
+                  ? fmt::format("executable rebound in {:.3f} ms", (after.rebind_seconds - before.rebind_seconds) * 1e3)
+                  : std::string("executable already bound to it");
+      else
+        how = after.instance_seconds > before.instance_seconds
+                  ? fmt::format("instance built in {:.1f} ms", (after.instance_seconds - before.instance_seconds) * 1e3)
+                  : std::string("instance reused");
+      fmt::print("ran compiled in {:.2f} ms{} (this binding: {}; arena {:.2f} MB)\n", best, repeat > 1 ? " (best of runs)" : "",
+                 how, rs.arena_bytes / 1e6);
     } else {
       outs = run_with_eager(g, ins, std::max(1, repeat));
     }
     print_outputs(outs, out_names);
     if (check) ok = check_outputs(outs, dir, max_rel) && ok;
   }
-  if (exe) fmt::print("compilations: 1; instances built: {} ({:.1f} ms in all)\n", exe->stats().instances, exe->stats().instance_seconds * 1e3);
+  if (exe && exe->stats().rebinding)
+    fmt::print("compilations: 1; one executable for every binding, rebound {} times ({:.3f} ms in all)\n", exe->stats().rebinds,
+               exe->stats().rebind_seconds * 1e3);
+  else if (exe)
+    fmt::print("compilations: 1; instances built: {} ({:.1f} ms in all){}\n", exe->stats().instances, exe->stats().instance_seconds * 1e3,
+               exe->stats().rebind_refused.empty() ? "" : "; one executable for every binding was refused: " + exe->stats().rebind_refused);
   if (!check) return 0;
   fmt::print("{}\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;

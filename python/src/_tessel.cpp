@@ -378,6 +378,9 @@ class WholeExecutable {
     CompiledBackendOptions co;
     co.threads = threads;
     co.model_name = g->name;
+    // TESSEL_REBIND=0: an instance per binding instead of one executable rebound (docs/dynamic-shapes.md;
+    // bench/decode_step.py compares the two)
+    if (const char* r = std::getenv("TESSEL_REBIND"); r && std::string(r) == "0") co.rebind = false;
     py::gil_scoped_release nogil;
     compiled_ = compile_cpu(std::move(g), {}, co);
   }
@@ -406,6 +409,10 @@ class WholeExecutable {
       d["symbols"] = s.symbols;
       d["instances"] = s.instances;
       d["instance_seconds"] = s.instance_seconds;
+      d["rebinding"] = s.rebinding;
+      d["rebind_refused"] = s.rebind_refused;
+      d["rebinds"] = s.rebinds;
+      d["rebind_seconds"] = s.rebind_seconds;
       d["kernels"] = s.kernels;
       d["compile_seconds"] = s.compile_seconds;
     }
@@ -891,7 +898,8 @@ PYBIND11_MODULE(_tessel, m) {
       .def("run", &WholeExecutable::run, py::arg("inputs"), py::arg("runner") = py::none())
       .def("explain", &WholeExecutable::explain)
       .def_property_readonly("stats", &WholeExecutable::stats,
-                             "compiled backend: symbols, instances (bindings instantiated), instance_seconds, kernels, "
+                             "compiled backend: symbols, instances (bindings instantiated), instance_seconds, rebinding (one executable "
+                             "rebound per binding), rebind_refused, rebinds, rebind_seconds, kernels, "
                              "compile_seconds")
       .def_property_readonly("symbols", &WholeExecutable::symbols, "the graph's size symbols: (name, lo, hi, multiple_of)");
 

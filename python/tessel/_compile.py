@@ -116,6 +116,7 @@ class Stats:
         self.bindings = 0
         self.dynamic_fallback = None
         self._instances = None    # () -> the compiled backend's instance count of the cached symbolic compilations
+        self._rebinds = None      # () -> the same for rebinds of their one executable
 
     @property
     def compilations(self):
@@ -128,11 +129,18 @@ class Stats:
         of their size symbols, the least recently used dropped past 16 each)."""
         return self._instances() if self._instances is not None else 0
 
+    @property
+    def rebinds(self):
+        """Calls that rebound the one executable of a cached symbolic compilation to new sizes (the compiled
+        backend's default: docs/dynamic-shapes.md, "One executable for every binding"); instances are built
+        instead where that executable was refused."""
+        return self._rebinds() if self._rebinds is not None else 0
+
     def as_dict(self):
         return dict(compiles=self.compiles, cache_hits=self.cache_hits, compile_seconds=self.compile_seconds,
                     recompiles=list(self.recompiles), eager_calls=self.eager_calls, calls=self.calls,
                     refreshes=self.refreshes, compilations=self.compiles, bindings=self.bindings,
-                    instances=self.instances, dynamic_fallback=self.dynamic_fallback)
+                    instances=self.instances, rebinds=self.rebinds, dynamic_fallback=self.dynamic_fallback)
 
     def __repr__(self):
         return f"Stats({self.as_dict()})"
@@ -634,6 +642,8 @@ class CompiledModule:
         self.stats = Stats()
         self.stats._instances = lambda: sum(e.exe.stats.get("instances", 0) for e in self._cache.values()
                                             if e.symbolic is not None)
+        self.stats._rebinds = lambda: sum(e.exe.stats.get("rebinds", 0) for e in self._cache.values()
+                                          if e.symbolic is not None)
         # (signature, values of its value guards) -> _Entry; a module that reads tensor values into
         # Python has one entry per path through its Python for a signature (its specialisations).
         # A symbolic compilation's key is ("dynamic", ranks and dtypes, serial).

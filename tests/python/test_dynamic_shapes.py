@@ -148,7 +148,9 @@ class Mlp(unittest.TestCase):
             check(self, fast, m, (torch.randn(b, 64),))
         self.assertEqual(fast.stats.compiles, 1, (fast.stats.dynamic_fallback, fast.stats.recompiles))
         self.assertEqual(fast.stats.bindings, 7)
-        self.assertGreaterEqual(fast.stats.instances, 6)
+        # one executable rebound to each new batch (none of the 7 calls repeats the call before it)
+        self.assertEqual(fast.stats.instances, 0)
+        self.assertGreaterEqual(fast.stats.rebinds, 6)
         info = fast.dynamic
         self.assertEqual(info["inputs"], {0: ["s0", "64"]})
         self.assertEqual(info["symbols"], {"s0": (2, 1 << 31, 1)})

@@ -110,6 +110,8 @@ struct Kernel {
   Dim parallel_extent() const;
   // Whether a size of the kernel names a size symbol.
   bool symbolic() const;
+  // The size symbols its sizes name, sorted, once each.
+  std::vector<std::string> symbols() const;
   // Whether the parallel range is the innermost dim (a single-phase pointwise kernel without
   // outer dims) rather than the outer points.
   bool splits_inner() const;
@@ -124,7 +126,10 @@ struct KernelModule {
 // The kernels with the symbols bound to `b` (every size static), each verified again with its
 // numbers: the bounds every access keeps are checked for this binding too.
 std::vector<Kernel> instantiate_kernels(const std::vector<Kernel>& ks, const Bindings& b);
-Kernel instantiate_kernel(const Kernel& k, const Bindings& b);
+// verify = false: not verified again, for a kernel the verifier proved for every value of its symbols
+// that satisfies their facts, bound by a binding that was checked against them (an executable
+// rebound per decoded token: docs/dynamic-shapes.md).
+Kernel instantiate_kernel(const Kernel& k, const Bindings& b, bool verify = true);
 
 // The op of kernel nodes: attribute `kernel` = index into KernelModule::kernels.
 const OpDef& kernel_op();

@@ -53,6 +53,15 @@ struct CompiledExecutable::Launch {
   // The kernel's parallel range and loop points (outer x inner x phases), worked out once: a launch's
   // kernel has static sizes (an instance's are instantiated).
   int64_t extent = 0, work = 0;
+  // A symbolic kernel of an executable rebound per binding (CompiledBackendOptions::rebind): `kernel`
+  // is `bound`, its instance for the current binding, and the fields above are redone (Builder::fill)
+  // when one of `symbols` changes.
+  const Kernel* sym_kernel = nullptr;
+  Kernel bound;
+  const Node* node = nullptr;
+  std::vector<std::string> symbols;
+  bool filled = false;                         // for the current binding
+  bool counted = false;                        // in the stats (once per launch)
 
   void operator()(KernelEnv& env) {
     const Kernel& k = *kernel;
@@ -170,8 +179,17 @@ struct CompiledExecutable::Symbolic {
   PrimitiveCache primitives;                           // library calls shared by the instances (Builder)
   std::shared_ptr<ArenaPool> arenas = std::make_shared<ArenaPool>();  // one arena for every instance
   std::map<size_t, GeneratedFn*> functions;            // the shared object's kernels, looked up once (Builder)
+  // CompiledBackendOptions::rebind: the one executable for every binding, the Builder its launches are
+  // (re)filled by, and the binding it has (empty: none yet, or the last rebind failed).
+  std::unique_ptr<CompiledExecutable> rebound;
+  std::unique_ptr<Builder> builder;
+  std::vector<int64_t> rebound_values;
 
   CompiledExecutable& instance(const std::vector<int64_t>& values, CompiledExecutable& owner);
+  // The one executable, made by compile_symbolic (an "unsupported" error when a step cannot serve every binding).
+  void make_rebound(CompiledExecutable& owner);
+  // Gives it `values` (in binder order).
+  void rebind(const std::vector<int64_t>& values);
 };
 
 namespace {
@@ -223,7 +241,6 @@ bool loop_writes_over_input(const Kernel& k, const std::vector<int>& ins, int ou
 }
 
 CompiledExecutable::CompiledExecutable() = default;
-CompiledExecutable::~CompiledExecutable() = default;
 
 // What compile_cpu and load_cpu share: the library objects, function pointers and scratch buffers
 // of each kernel node (GraphBackendOptions::custom_kernel), and the statistics after planning.
@@ -277,17 +294,60 @@ struct CompiledExecutable::Builder {
     return p;
   }
 
+  // Symbolic kernels get a Launch that rebind() fills for each binding (an executable rebound per
+  // binding, CompiledBackendOptions::rebind).
+  bool rebinding = false;
+
   CoreKernel launch(const Node& n) {
     if (!is_kernel_node(n)) return make_channels_last_kernel(n);  // empty (a row-major core step) unless marked
-    CompiledCompileStats& st = ce.stats_;
     const size_t kid = static_cast<size_t>(n.attr_i("kernel"));
     const Kernel& k = ce.kernels_.at(kid);
     auto L = std::make_unique<CompiledExecutable::Launch>();
-    L->kernel = &k;
-    L->threads = st.threads;
+    L->threads = ce.stats_.threads;
     L->sz = ce.sym_values_.data();
+    L->kernel_index = kid;
+    if (rebinding && k.symbolic()) {
+      L->sym_kernel = &k;
+      L->node = &n;
+      L->symbols = k.symbols();
+    } else {
+      fill(*L, n, k);
+    }
+    CompiledExecutable::Launch* raw = L.get();
+    ce.launches_.push_back(std::move(L));
+    return [raw](KernelEnv& env) { (*raw)(env); };
+  }
+
+  // The launches of symbolic kernels for binding `b`: those naming a symbol in `changed` (all when
+  // it is null) get their kernel instantiated (not verified again: the verifier proved its accesses for
+  // every value of the symbols) and their library call, scratch buffers and parallel range redone.
+  void rebind(const Bindings& b, const std::set<std::string>* changed) {
+    for (const auto& L : ce.launches_) {
+      if (!L->sym_kernel) continue;
+      bool stale = !changed || !L->filled;
+      for (size_t i = 0; !stale && i < L->symbols.size(); ++i) stale = changed->count(L->symbols[i]) > 0;
+      if (!stale) continue;
+      L->filled = false;
+      L->bound = instantiate_kernel(*L->sym_kernel, b, false);
+      fill(*L, *L->node, L->bound);
+    }
+  }
+
+  // Everything launch L of kernel k (static sizes) on node n needs.
+  void fill(CompiledExecutable::Launch& Lr, const Node& n, const Kernel& k) {
+    CompiledCompileStats& st = ce.stats_;
+    CompiledExecutable::Launch* L = &Lr;
+    const size_t kid = L->kernel_index;
+    const bool first = !L->sym_kernel || !L->counted;
+    L->kernel = &k;
     L->extent = k.parallel_extent();
     L->work = k.outer_count() * k.inner_count() * k.phases;
+    L->value_ids.clear();
+    L->scratch_arg.clear();
+    L->scratch.clear();
+    L->matmul.reset();
+    L->conv.reset();
+    L->fn = nullptr;
     size_t in = 0, out = 0;
     for (size_t i = 0; i < k.args.size(); ++i) {
       const KArg& a = k.args[i];
@@ -310,7 +370,8 @@ struct CompiledExecutable::Builder {
       L->fn = fn;
     }
     const float* bias = lib && le.bias_arg >= 0 ? n.inputs[static_cast<size_t>(le.bias_arg)]->constant->data<float>() : nullptr;
-    if (lib) st.library_epilogues++;
+    if (lib && first) st.library_epilogues++;
+    L->counted = true;
     auto pre = prepacked.find(kid);
     cpu::PackedWeights packed = pre != prepacked.end() ? pre->second : cpu::PackedWeights{};
     // Kernels reading the same constant weights (ALBERT's shared layers, tied embeddings) share one
@@ -346,22 +407,76 @@ struct CompiledExecutable::Builder {
       cpu::PackedWeights w = L->matmul ? L->matmul->packed_weights() : L->conv ? L->conv->packed_weights() : cpu::PackedWeights{};
       if (w.valid()) shared->emplace(wkey, std::move(w));
     }
-    L->kernel_index = kid;
-    CompiledExecutable::Launch* raw = L.get();
-    ce.launches_.push_back(std::move(L));
-    return [raw](KernelEnv& env) { (*raw)(env); };
+    L->filled = true;
   }
 
   void finish() {
     CompiledCompileStats& st = ce.stats_;
     st.graph = ce.exe_->stats();
     count_kernels(ce.kernels_, ce.exe_->graph(), st);
-    for (const Kernel& k : ce.kernels_) {
-      st.bytes_unfused += k.bytes_unfused;
-      st.bytes_fused += k.bytes_fused;
+    for (const Kernel& k : ce.kernels_) {  // (symbolic kernels of a rebound executable: the static ones only)
+      st.bytes_unfused += k.bytes_unfused.static_value().value_or(0);
+      st.bytes_fused += k.bytes_fused.static_value().value_or(0);
     }
   }
 };
+
+CompiledExecutable::~CompiledExecutable() = default;  // (here: Symbolic holds a Builder)
+
+void CompiledExecutable::Symbolic::make_rebound(CompiledExecutable& owner) {
+  std::unique_ptr<CompiledExecutable> ce(new CompiledExecutable());
+  CompiledCompileStats& st = ce->stats_;
+  st.threads = owner.stats_.threads;
+  st.model = owner.stats_.model;
+  ce->kernels_ = module.kernels;  // symbolic: each launch instantiates its own per binding
+  ce->in_library_ = owner.in_library_;
+  ce->library_ = owner.library_;
+  ce->so_ = owner.so_;
+  ce->sym_values_.assign(binder->symbols().size(), 0);  // the generated code's sz[]: never reallocated
+  auto bld = std::make_unique<Builder>(Builder{*ce, {}});
+  bld->shared = &packings;
+  bld->key_m = false;
+  bld->primitives = &primitives;
+  bld->functions = &functions;
+  bld->rebinding = true;
+  GraphBackendOptions go;
+  go.pipeline = "";  // the module is already the kernel level
+  go.symbolic = true;
+  go.arena_pool = arenas;
+  Builder* b = bld.get();
+  go.custom_kernel = [b](const Node& n) { return b->launch(n); };
+  go.output_aliases = opts.output_aliases;
+  go.recycled_outputs = opts.recycled_outputs;
+  CompiledExecutable* raw = ce.get();
+  go.writes_over_input = [raw](const Node& n, const std::vector<int>& ins, int out) {
+    if (!is_kernel_node(n)) return false;
+    const Kernel& k = raw->kernels_.at(static_cast<size_t>(n.attr_i("kernel")));
+    return !k.symbolic() && loop_writes_over_input(k, ins, out);
+  };
+  {
+    ScopedOmpThreads library_threads(st.threads);
+    ce->exe_ = compile_graph(instantiate_graph(*module.graph, {}), {}, go);
+  }
+  b->finish();
+  rebound = std::move(ce);
+  builder = std::move(bld);
+}
+
+void CompiledExecutable::Symbolic::rebind(const std::vector<int64_t>& values) {
+  CompiledExecutable& ce = *rebound;
+  const Bindings b = binder->bindings(values);
+  std::set<std::string> changed;
+  const std::vector<std::string>& names = binder->symbols();
+  for (size_t i = 0; i < names.size() && !rebound_values.empty(); ++i)
+    if (rebound_values[i] != values[i]) changed.insert(names[i]);
+  const bool all = rebound_values.empty();
+  rebound_values.clear();  // unbound until every piece has the new binding
+  for (size_t i = 0; i < values.size(); ++i) ce.sym_values_[i] = static_cast<long>(values[i]);
+  ScopedOmpThreads library_threads(ce.stats_.threads);  // library primitives for the threads they run with
+  ce.exe_->rebind(b);
+  builder->rebind(b, all ? nullptr : &changed);
+  rebound_values = values;
+}
 
 namespace {
 
@@ -434,6 +549,14 @@ std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::un
   st.symbols = sym->binder->symbols();
   ce->kernels_ = m.kernels;
   sym->module = std::move(m);
+  if (opts.rebind) {
+    try {
+      sym->make_rebound(*ce);
+      st.rebinding = true;
+    } catch (const Error& e) {  // (the instances below run what the one executable cannot)
+      st.rebind_refused = e.what();
+    }
+  }
   ce->sym_ = std::move(sym);
   st.compile_seconds = seconds_since(t0);
   print_compile_profile(st);
@@ -675,6 +798,20 @@ std::vector<Tensor> CompiledExecutable::run(const std::vector<Tensor>& inputs, G
     for (const Tensor& t : inputs) shapes.push_back(t.shape());
     std::vector<int64_t> values;
     if (std::string why = sym_->binder->bind(shapes, values); !why.empty()) throw GuardFailure(Location{.pass = "guard"}, why);
+    if (sym_->rebound) {
+      if (values != sym_->rebound_values) {
+        const auto t0 = Clock::now();
+        try {
+          sym_->rebind(values);
+        } catch (const Error& e) {  // sizes this binding makes too large, a primitive it cannot have
+          throw e.with_context(Location{.pass = "binding " + binding_str(sym_->binder->bindings(values))});
+        }
+        stats_.rebinds++;
+        stats_.rebind_seconds += seconds_since(t0);
+      }
+      ScopedOmpThreads threads(stats_.threads);
+      return sym_->rebound->exe_->run(inputs, stats);
+    }
     CompiledExecutable* inst = nullptr;
     try {
       inst = &sym_->instance(values, *this);

@@ -30,9 +30,13 @@ struct CompiledBackendOptions {
   // written: loop_writes_over_input), outputs handed over without a copy out of the arena.
   std::vector<int> output_aliases;
   bool recycled_outputs = false;
-  // A graph with size symbols (docs/dynamic-shapes.md) compiles once; each binding of the symbols a
-  // call brings gets an instance (the static kernels, arena plan and library primitives of those
-  // sizes, over the one shared object), of which this many are kept, least recently used first out.
+  // A graph with size symbols (docs/dynamic-shapes.md) compiles once. With `rebind` (the default), one
+  // executable serves every binding: a call with new sizes rebinds it (the types, arena plan, library
+  // calls and typed kernels of what the changed symbols size: an LLM's decoded token redoes only its
+  // attention). Where that executable cannot be made (rebind_refused says why), or without `rebind`,
+  // each binding gets an instance (the static kernels, arena plan and library primitives of those
+  // sizes, over the one shared object), of which `instance_limit` are kept, least recently used first out.
+  bool rebind = true;
   int instance_limit = 16;
 };
 
@@ -63,6 +67,10 @@ struct CompiledCompileStats {
   std::vector<std::string> symbols;
   int instances = 0;
   double instance_seconds = 0;
+  bool rebinding = false;              // one executable rebound per binding (CompiledBackendOptions::rebind)
+  std::string rebind_refused;          // why not, when rebind was asked for
+  int rebinds = 0;                     // calls whose binding differed from the one before
+  double rebind_seconds = 0;
   int library_reused = 0;              // library calls an instance took from an earlier one (same sizes)
 };
 

@@ -1448,7 +1448,10 @@ bool can_run_in_place(const Node& n, int input) {
   const std::string& op = n.op->name;
   const Value* in = n.inputs[input];
   const Value* out = n.outputs[0];
-  if (dtype_size(in->type.dtype) != dtype_size(out->type.dtype) || in->type.shape != out->type.shape) return false;
+  // (symbolic types: the same sizes for every binding, not merely both symbolic in the same places)
+  if (dtype_size(in->type.dtype) != dtype_size(out->type.dtype) || in->type.shape != out->type.shape ||
+      in->type.sym != out->type.sym)
+    return false;
   if (is_unary(op) || is_binary(op)) return true;
   if (names_core_op(op, CoreOp::select)) return input > 0;
   if (names_core_op(op, CoreOp::convert)) return in->type.dtype == out->type.dtype;

@@ -202,6 +202,37 @@ struct GraphExecutable::Impl {
   std::vector<int> recycled;            // value ids with Home::output
   std::vector<Tensor> pool;             // per value id: the buffer of a Home::output value
 
+  // GraphBackendOptions::symbolic: what rebind() redoes, each with the symbols (indices into
+  // symbol_names) whose change makes it stale.
+  bool symbolic = false;
+  std::vector<std::string> symbol_names;
+  std::vector<int64_t> bound;           // the current binding in symbol_names' order; empty: none
+  struct SymType {                      // a value whose type names symbols: the symbolic type kept
+    Value* v;
+    TensorType type;
+    std::vector<int> syms;
+  };
+  std::vector<SymType> sym_types;
+  struct SymAttr {                      // a size attribute naming symbols
+    Node* n;
+    std::string key;
+    Dims dims;
+    std::vector<int> syms;
+  };
+  std::vector<SymAttr> sym_attrs;
+  struct SymStep {                      // a core step whose kernel (or view) is built per binding
+    size_t step;
+    std::vector<int> syms;
+    bool view;
+  };
+  std::vector<SymStep> sym_steps;
+  std::vector<Dim> request_bytes;       // per arena request: its bytes for every binding
+  std::vector<int> request_syms_any;    // per arena request: 1 when its bytes name a symbol
+  std::function<CoreKernel(const Node&)> custom_kernel;
+  std::shared_ptr<ArenaPool> arena_pool;
+  size_t arena_capacity = 0;            // bytes of `arena` when it is the executable's own
+  size_t align = 64;
+
   Tensor tensor_of(const Value* v) const;
   void store_result(const Value* v, Tensor t, size_t& live);
   void run_step(const Step& s, size_t& live, size_t& peak);
@@ -316,29 +347,58 @@ std::vector<std::vector<const Node*>> consumers_of(const Graph& g, size_t nv) {
   return c;
 }
 
-bool core_with_static_shapes(const Node& n);
+bool core_with_shapes(const Node& n, bool symbolic);
 
 // A broadcast_in_dim whose result is only read by kernels that take strided operands is not
 // materialised: its consumers read the operand through a view.
-bool can_be_view(const Node& n, const Graph& g, const std::vector<std::vector<const Node*>>& consumers) {
+bool can_be_view(const Node& n, const Graph& g, const std::vector<std::vector<const Node*>>& consumers, bool symbolic) {
   const Value* out = n.outputs[0];
   if (std::find(g.outputs.begin(), g.outputs.end(), out) != g.outputs.end()) return false;
   for (const Node* c : consumers[out->id]) {
-    if (!core_with_static_shapes(*c)) return false;
+    if (!core_with_shapes(*c, symbolic)) return false;
     // an elementwise unary consumer is computed on the view's source and is a view itself
-    const bool ok = reads_views(*c) || (is_elementwise_unary(*c) && can_be_view(*c, g, consumers));
+    const bool ok = reads_views(*c) || (is_elementwise_unary(*c) && can_be_view(*c, g, consumers, symbolic));
     if (!ok) return false;
   }
   return !consumers[out->id].empty();
 }
 
-bool core_with_static_shapes(const Node& n) {
+// A value whose sizes are known when the step runs: static, or (symbolic: the executable is rebound
+// per binding) sizes of the symbols, but never a size only the data decides.
+bool shaped(const Value* v, bool symbolic) { return v && (symbolic ? v->type.dims_defined() : is_static(v)); }
+
+// A core or kernel node whose operands and results all have such sizes.
+bool core_with_shapes(const Node& n, bool symbolic) {
   if (n.op->domain != "tessel.core" && n.op->domain != "tessel.kernel") return false;
   for (const Value* v : n.inputs)
-    if (v && !is_static(v)) return false;
+    if (v && !shaped(v, symbolic)) return false;
   for (const Value* v : n.outputs)
-    if (v && !is_static(v)) return false;
+    if (v && !shaped(v, symbolic)) return false;
   return true;
+}
+
+// Adds the symbols `ds` names, as indices into `names` (sorted, holding every one).
+void add_symbols(std::set<int>& out, const Dims& ds, const std::vector<std::string>& names) {
+  for (const Dim& d : ds)
+    for (const std::string& s : d.symbols())
+      out.insert(static_cast<int>(std::lower_bound(names.begin(), names.end(), s) - names.begin()));
+}
+std::vector<int> symbols_in(const Dims& ds, const std::vector<std::string>& names) {
+  std::set<int> out;
+  add_symbols(out, ds, names);
+  return {out.begin(), out.end()};
+}
+
+// The symbols that the types of n's values and its size attributes name.
+std::vector<int> node_symbols(const Node& n, const std::vector<std::string>& names) {
+  std::set<int> out;
+  for (const Value* v : n.inputs)
+    if (v) add_symbols(out, v->type.sym, names);
+  for (const Value* v : n.outputs)
+    if (v) add_symbols(out, v->type.sym, names);
+  for (const auto& [k, a] : n.attrs)
+    if (const Dims* d = std::get_if<Dims>(&a)) add_symbols(out, *d, names);
+  return {out.begin(), out.end()};
 }
 
 }  // namespace
@@ -423,7 +483,9 @@ void GraphExecutable::Impl::plan_outputs(const Graph& g, const GraphBackendOptio
 std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex,
                                                const GraphBackendOptions& opts) {
   const auto t0 = Clock::now();
-  if (ex.empty() && !graph_symbols(*g).empty())
+  const bool sym = opts.symbolic;
+  if (sym && !ex.empty()) fail("a graph compiled for every binding of its size symbols takes no example inputs");
+  if (ex.empty() && !sym && !graph_symbols(*g).empty())
     throw Error(Location{.pass = "compile"},
                 "the graph backend plans static shapes: a model with size symbols runs on the compiled backend or the eager "
                 "interpreter (docs/dynamic-shapes.md)",
@@ -472,12 +534,39 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   // With a dynamic region, every result lives on the heap (allocated by its step, freed after its
   // last use, like eager) instead of splitting the memory between an arena and the heap.
   bool has_dynamic = false;
-  for (const auto& v : g->values()) has_dynamic = has_dynamic || (v->producer && !is_static(v.get()));
+  for (const auto& v : g->values()) has_dynamic = has_dynamic || (v->producer && !shaped(v.get(), sym));
+  if (sym) {
+    im.symbolic = true;
+    im.symbol_names = graph_symbols(*g);  // sorted
+    im.custom_kernel = opts.custom_kernel;
+    im.arena_pool = opts.arena_pool;
+    im.align = opts.align;
+    for (const auto& v : g->values()) {
+      if (v->producer && !shaped(v.get(), true))
+        throw Error(Location{.node = v->producer->name, .op = v->producer->op->name, .pass = "compile"},
+                    fmt::format("'{}' has a size only known when it runs ({}): one executable for every binding "
+                                "needs sizes of the symbols", display_text(v->name), v->type.str()),
+                    true);
+      if (v->type.symbolic()) im.sym_types.push_back({v.get(), v->type, symbols_in(v->type.sym, im.symbol_names)});
+    }
+    for (const auto& n : nodes)
+      for (const auto& [key, a] : n->attrs)
+        if (const Dims* d = std::get_if<Dims>(&a); d && !dims_static(*d))
+          im.sym_attrs.push_back({n.get(), key, *d, symbols_in(*d, im.symbol_names)});
+  }
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node& n = *nodes[k];
     Step s;
     s.node = &n;
-    if (!core_with_static_shapes(n)) {
+    // symbolic: a core step whose sizes name symbols gets its kernel (or view) per binding
+    const std::vector<int> syms = sym ? node_symbols(n, im.symbol_names) : std::vector<int>{};
+    const bool per_binding = !syms.empty() && n.op->domain == "tessel.core";
+    if (sym && !core_with_shapes(n, true))
+      throw Error(Location{.node = n.name, .op = n.op->name, .pass = "compile"},
+                  "no typed step runs this node for every binding of the size symbols (it runs on the reference "
+                  "kernels with one binding's shapes)",
+                  true);
+    if (!core_with_shapes(n, sym)) {
       s.kind = StepKind::dynamic;
       st.dynamic[n.op->name]++;
       // Results with a static shape still get arena memory, unless the model runs undecomposed
@@ -496,17 +585,23 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
       im.steps.push_back(std::move(s));
       continue;
     }
-    if (is_core_op(n, CoreOp::broadcast_in_dim) && can_be_view(n, *g, consumers)) {
+    if (is_core_op(n, CoreOp::broadcast_in_dim) && can_be_view(n, *g, consumers, sym)) {
       s.kind = StepKind::alias;
       const int r = im.root[n.inputs[0]->id], out = n.outputs[0]->id;
-      im.views[out] = broadcast_view(n);
+      if (per_binding) {
+        im.views[out] = StridedView{n.inputs[0]->id, {}};  // its strides: rebind
+        im.sym_steps.push_back({im.steps.size(), syms, true});
+      } else {
+        im.views[out] = broadcast_view(n);
+      }
       im.root[out] = r;
       group_last[r] = std::max(group_last[r], lv.last[out]);
       st.views++;
       im.steps.push_back(std::move(s));
       continue;
     }
-    if (!has_dynamic && is_elementwise_unary(n) && im.views.count(n.inputs[0]->id) && can_be_view(n, *g, consumers)) {
+    if (!has_dynamic && !per_binding && is_elementwise_unary(n) && im.views.count(n.inputs[0]->id) &&
+        can_be_view(n, *g, consumers, sym)) {
       // op(broadcast(s)) = broadcast(op(s)): computed on the source's elements, read as a view.
       const StridedView src = im.views.at(n.inputs[0]->id);
       const Value* sv = im.value_of[src.src_id];
@@ -523,9 +618,13 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
         continue;
       }
     }
-    if (opts.custom_kernel) s.kernel = opts.custom_kernel(n);
-    if (!s.kernel && n.op->domain == "tessel.core") s.kernel = make_core_kernel(n, im.views);
-    if (s.kernel) {
+    if (per_binding) {
+      im.sym_steps.push_back({im.steps.size(), syms, false});  // typed unless the binding's kernel is not
+    } else {
+      if (opts.custom_kernel) s.kernel = opts.custom_kernel(n);
+      if (!s.kernel && n.op->domain == "tessel.core") s.kernel = make_core_kernel(n, im.views);
+    }
+    if (s.kernel || per_binding) {
       s.kind = StepKind::typed;
       st.typed++;
     } else {
@@ -561,7 +660,14 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     if (im.home[id] == Home::arena) {
       const Value* v = im.value_of[id];
       auto over = bytes_override.find(static_cast<int>(id));
-      const size_t bytes = over != bytes_override.end()
+      if (sym) {
+        const Dim b = over != bytes_override.end() ? Dim(static_cast<int64_t>(over->second))
+                                                   : dims_numel(v->type.dims()) * static_cast<int64_t>(dtype_size(v->type.dtype));
+        im.request_bytes.push_back(b);
+        im.request_syms_any.push_back(b.is_symbolic());
+      }
+      const size_t bytes = sym ? 0
+                           : over != bytes_override.end()
                                ? over->second
                                : static_cast<size_t>(shape_numel(v->type.shape)) * dtype_size(v->type.dtype);
       exe->requests_.push_back(BufferRequest{bytes, lv.def[id], group_last[id]});
@@ -569,6 +675,11 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     } else if (im.home[id] == Home::heap && group_last[id] < static_cast<int>(nodes.size())) {
       im.steps[static_cast<size_t>(std::max(group_last[id], lv.def[id]))].release.push_back(static_cast<int>(id));
     }
+  }
+  if (sym) {  // steps' kernels, views and the arena plan wait for rebind
+    exe->graph_ = std::move(g);
+    st.compile_seconds = seconds_since(t0);
+    return exe;
   }
   exe->plan_ = plan_arena(exe->requests_, opts.align);
   check_alloc(exe->plan_.size + opts.align, "the graph backend's arena");
@@ -586,9 +697,94 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   return exe;
 }
 
+void GraphExecutable::rebind(const Bindings& b) {
+  Impl& im = *impl_;
+  if (!im.symbolic) fail("rebind: the executable was compiled for static sizes");
+  const size_t ns = im.symbol_names.size();
+  std::vector<int64_t> vals(ns);
+  for (size_t i = 0; i < ns; ++i) {
+    auto it = b.find(im.symbol_names[i]);
+    if (it == b.end())
+      throw Error(Location{.pass = "rebind"}, fmt::format("size symbol '{}' has no value", display_text(im.symbol_names[i])));
+    vals[i] = it->second;
+  }
+  std::vector<char> changed(ns, 0);
+  bool any = false;
+  for (size_t i = 0; i < ns; ++i) any |= changed[i] = im.bound.empty() || im.bound[i] != vals[i];
+  if (!any) return;
+  auto stale = [&](const std::vector<int>& syms) {
+    for (int i : syms)
+      if (changed[static_cast<size_t>(i)]) return true;
+    return false;
+  };
+  const std::vector<int64_t> was = std::move(im.bound);
+  im.bound.clear();  // unbound until every piece below has this binding
+  for (Impl::SymType& t : im.sym_types) {
+    if (!was.empty() && !stale(t.syms)) continue;
+    Dims d = substitute_dims(t.type.sym, b);
+    for (const Dim& x : d)
+      if (x.is_symbolic() || x.constant_term() < 0)
+        throw Error(Location{.pass = "rebind"}, fmt::format("value '{}' has size {} for these sizes ({})", display_text(t.v->name),
+                                                            x.str(), binding_str(b)));
+    t.v->type = TensorType::of(t.type.dtype, d);
+  }
+  for (Impl::SymAttr& a : im.sym_attrs)
+    if (was.empty() || stale(a.syms)) a.n->attrs[a.key] = dims_attr(substitute_dims(a.dims, b));
+  for (const Impl::SymStep& ss : im.sym_steps) {
+    if (!was.empty() && !stale(ss.syms)) continue;
+    Step& s = im.steps[ss.step];
+    const Node& n = *s.node;
+    try {
+      if (ss.view) {
+        im.views[n.outputs[0]->id] = broadcast_view(n);
+        continue;
+      }
+      CoreKernel k = im.custom_kernel ? im.custom_kernel(n) : CoreKernel{};
+      if (!k) k = make_core_kernel(n, im.views);
+      s.kind = k ? StepKind::typed : StepKind::fallback;  // (a fallback writes the arena memory planned for it)
+      s.kernel = std::move(k);
+    } catch (const Error& e) {
+      throw e.with_context(Location{.node = n.name, .op = n.op->name, .pass = "rebind"});
+    }
+  }
+  // The arena: every request's bytes for this binding, planned again when one of them changed.
+  bool replan = was.empty();
+  for (size_t r = 0; r < requests_.size(); ++r)
+    if (im.request_syms_any[r]) {
+      const int64_t bytes = im.request_bytes[r].eval(b);
+      if (bytes < 0) fail("value '{}' has {} bytes for these sizes", display_text(buffer_values_[r]->name), bytes);
+      replan = replan || requests_[r].bytes != static_cast<size_t>(bytes);
+      requests_[r].bytes = static_cast<size_t>(bytes);
+    } else if (was.empty()) {
+      requests_[r].bytes = static_cast<size_t>(im.request_bytes[r].constant_term());
+    }
+  if (replan) {
+    plan_ = plan_arena(requests_, im.align);
+    const size_t need = plan_.size + im.align;
+    check_alloc(need, "the graph backend's arena");
+    if (im.arena_pool) {
+      im.arena = im.arena_pool->take(need);
+    } else if (!im.arena || im.arena_capacity < need) {
+      const size_t n = std::max(need, im.arena_capacity + im.arena_capacity / 2);
+      im.arena = std::shared_ptr<uint8_t>(allocate_pages(n));
+      im.arena_capacity = n;
+    }
+    const uintptr_t raw = reinterpret_cast<uintptr_t>(im.arena.get());
+    uint8_t* base = im.arena.get() + ((im.align - raw % im.align) % im.align);
+    for (size_t r = 0; r < requests_.size(); ++r) im.fixed_ptr[buffer_values_[r]->id] = base + plan_.offsets[r];
+    for (size_t id = 0; id < im.fixed_ptr.size(); ++id)
+      if (im.home[im.root[id]] == Home::arena) im.fixed_ptr[id] = im.fixed_ptr[im.root[id]];
+    stats_.arena_bytes = plan_.size;
+    stats_.arena_lower_bound = plan_.lower_bound;
+  }
+  im.bound = std::move(vals);
+}
+
 std::vector<Tensor> GraphExecutable::run(const std::vector<Tensor>& inputs, GraphRunStats* stats) {
   const auto t0 = Clock::now();
   Impl& im = *impl_;
+  if (im.symbolic && im.bound.empty())
+    throw Error(Location{.pass = "run"}, "the executable has no binding of its size symbols (rebind before run)");
   if (inputs.size() != im.num_inputs)
     throw Error(Location{.pass = "run"}, fmt::format("the model takes {} inputs but {} were given", im.num_inputs, inputs.size()));
   for (const Guard& gd : im.guards)
@@ -615,10 +811,9 @@ std::vector<Tensor> GraphExecutable::run(const std::vector<Tensor>& inputs, Grap
   for (const auto& [id, in] : im.over_input) im.env.ptr[static_cast<size_t>(id)] = im.env.ptr[static_cast<size_t>(in)];
   for (int id : im.recycled) {
     Tensor& b = im.pool[static_cast<size_t>(id)];
-    if (!b.valid() || b.storage_use_count() != 1) {  // the caller still holds the last run's buffer
-      const Value* v = im.value_of[static_cast<size_t>(id)];
-      b = Tensor(v->type.dtype, v->type.shape);
-    }
+    const Value* v = im.value_of[static_cast<size_t>(id)];
+    // the caller still holds the last run's buffer, or (rebound) the sizes changed
+    if (!b.valid() || b.storage_use_count() != 1 || b.shape() != v->type.shape) b = Tensor(v->type.dtype, v->type.shape);
     im.env.ptr[static_cast<size_t>(id)] = b.bytes();
   }
   size_t live = 0, peak = 0;

@@ -55,6 +55,14 @@ struct GraphBackendOptions {
   bool recycled_outputs = false;
   // Where the arena comes from when it is shared (ArenaPool); null: an arena of its own.
   std::shared_ptr<ArenaPool> arena_pool;
+  // The graph keeps its size symbols (docs/dynamic-shapes.md, "One executable for every binding"):
+  // steps, homes, aliases, views and in-place choices are decided once, on the symbolic sizes, and
+  // GraphExecutable::rebind gives the executable a binding before run: the types, the views and typed
+  // kernels of the core steps the changed symbols size, and the arena plan. Kernel nodes
+  // (custom_kernel) read the sizes themselves. A graph with a step that can only be chosen on one
+  // binding's shapes (a node the typed kernels do not take, a size known only at run time) is
+  // refused with an "unsupported" error naming it.
+  bool symbolic = false;
 };
 
 // What compiling found and decided.
@@ -106,6 +114,11 @@ class GraphExecutable {
   ~GraphExecutable();
   // Runs the model; one tensor per graph output. Not reentrant (one arena per executable).
   std::vector<Tensor> run(const std::vector<Tensor>& inputs, GraphRunStats* stats = nullptr);
+  // An executable compiled with GraphBackendOptions::symbolic: every size symbol's value for the calls
+  // that follow (what SymbolBinder gives from their input shapes, facts checked). Only what the symbols
+  // that changed since the last binding size is redone. Errors (a size below 0, an arena too large)
+  // leave it unbound: run refuses until a rebind succeeds.
+  void rebind(const Bindings& b);
   const GraphCompileStats& stats() const { return stats_; }
   const Graph& graph() const { return *graph_; }
   // The arena plan: one request per planned buffer, with the value it holds.
