@@ -154,7 +154,8 @@ class Presets(Tmp):
     def test_graph_breaks_run_on_the_host_between_partitions(self):
         """torch.erfinv has no lowering: the chip runs the Linear before it and the one after it (two
         partitions, each mapped and simulated), PyTorch runs erfinv between them, and the report lists
-        it as a host step. With f32 storage the outputs are eager's within 1e-4."""
+        it as a host step. With f32 storage the outputs are eager's within 1e-4. One trace and one HTML
+        page cover both partitions and the break."""
         torch.manual_seed(0)
         m, x = UnloweredOpInTheMiddle().eval(), torch.randn(16, 8)
         hw = f32_hw_file("tpu-v5e", self.tmp)
@@ -175,8 +176,29 @@ class Presets(Tmp):
         self.assertIn("host step (PyTorch, not timed)", table)
         self.assertIn("partition 1 of 2, on the chip", table)
         self.assertEqual(len(fast.explanation.breaks), 1)
-        with self.assertRaisesRegex(tessel.TesselError, r"\.trace\(\) covers one graph mapped whole.*1 graph break"):
-            fast.trace(os.path.join(self.tmp, "t.json"))
+        # one trace: partition 1's events after partition 0's, the break an instant on the host track there
+        fast.trace(os.path.join(self.tmp, "t.json"))
+        with open(os.path.join(self.tmp, "t.json")) as f:
+            t = json.load(f)
+        parts = t["otherData"]["partitions"]
+        self.assertEqual([p["partition"] for p in parts], [0, 1])
+        self.assertAlmostEqual(sum(p["us"] for p in parts), r["simulated_us"], places=3)
+        spans = [e for e in t["traceEvents"] if e.get("ph") == "X"]
+        self.assertEqual({e["args"]["partition"] for e in spans}, {0, 1})
+        end0 = max(e["ts"] + e["dur"] for e in spans if e["args"]["partition"] == 0)
+        self.assertLessEqual(end0, parts[1]["start_us"] + 1e-6)
+        self.assertGreaterEqual(min(e["ts"] for e in spans if e["args"]["partition"] == 1), parts[1]["start_us"] - 1e-6)
+        host = [e for e in t["traceEvents"] if e.get("cat") == "host"]
+        self.assertEqual([e["name"] for e in host], ["host step: aten.erfinv.default"])
+        self.assertAlmostEqual(host[0]["ts"], parts[1]["start_us"], places=6)
+        # one HTML page: the break in the host-steps table
+        fast.html(os.path.join(self.tmp, "r.html"))
+        with open(os.path.join(self.tmp, "r.html")) as f:
+            page = f.read()
+        self.assertIn("aten.erfinv.default", page)
+        self.assertIn("after partition 0; runs in PyTorch", page)
+        with self.assertRaisesRegex(tessel.TesselError, r"\.ktir\(\) covers one graph mapped whole.*1 graph break"):
+            fast.ktir(os.path.join(self.tmp, "k"))
 
 
 @unittest.skipIf(torchvision is None, "torchvision is not installed")

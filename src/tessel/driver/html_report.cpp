@@ -447,6 +447,14 @@ std::string host_section(const std::vector<HtmlTargetReport>& targets) {
         rows += fmt::format("<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td class=\"l\">{}</td></tr>",
                             esc(t.name), esc(str(*k, "name")), esc(str(*k, "node")), us_text(num(*k, "simulated_us")),
                             esc(str(*k, "decision")));
+  // A model partitioned at its graph breaks (tessel.compile onto a chip): each break runs on the host
+  // between two partitions, in PyTorch, untimed.
+  for (const auto& t : targets)
+    if (const auto b = t.report.find("breaks"); b != t.report.end() && b->is_array())
+      for (const json& k : *b)
+        rows += fmt::format("<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>not timed</td>"
+                            "<td class=\"l\">{} (after partition {:.0f}; runs in PyTorch)</td></tr>",
+                            esc(t.name), esc(str(k, "op")), esc(str(k, "node")), esc(str(k, "reason")), num(k, "after_partition"));
   if (rows.empty())
     return "<p>Every kernel runs on the chip: no host steps (nothing leaves the device between kernels).</p>";
   return "<p>Steps the chip cannot run: the graph breaks there, the data goes to the host and back.</p><table><tr><th "
