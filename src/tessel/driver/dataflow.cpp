@@ -12,6 +12,7 @@
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/strings.h"
 #include "tessel/targets/dataflow/cost.h"
 
 namespace tessel {
@@ -139,6 +140,7 @@ DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedP
   const double peak = hw.peak_flops(p.float_dtype);
   r.utilisation = peak > 0 && sp.result.seconds > 0 ? r.flops / (sp.result.seconds * peak) : 0;
   const int lanes = dataflow::lanes_per_core(hw);
+  r.lanes = static_cast<int64_t>(lanes) * hw.cores;
   for (int c = 0; c < hw.cores; ++c) r.core_busy.push_back(sp.result.core_busy_fraction(c));
   for (int c = 0; c < hw.cores; ++c)
     for (int l = 0; l < lanes; ++l) {
@@ -186,7 +188,8 @@ nlohmann::json report_json(const DataflowReport& r) {
                        {{"compute", r.stall_compute},
                         {"dma", r.stall_dma},
                         {"interconnect", r.stall_interconnect},
-                        {"dependency", r.stall_dependency}}}};
+                        {"dependency", r.stall_dependency}}},
+                      {"engine_lanes", r.lanes}};
   j["kernels"] = nlohmann::json::array();
   for (const KernelReport& k : r.kernels) {
     nlohmann::json e = {{"name", k.name},
@@ -217,11 +220,11 @@ nlohmann::json report_json(const DataflowReport& r) {
 }
 
 std::string report_table(const DataflowReport& r) {
-  std::string s = fmt::format("{} on {} ({} cores): {:.1f} us simulated, roofline {:.1f} us ({:.0f} %), utilisation {:.1f} %\n",
-                              display_text(r.model), display_text(r.target), r.cores, r.sim_us, r.bound_us, r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0,
+  std::string s = fmt::format("{} on {} ({}): {:.1f} us simulated, roofline {:.1f} us ({:.0f} %), utilisation {:.1f} %\n",
+                              display_text(r.model), display_text(r.target), count_text(r.cores, "core"), r.sim_us, r.bound_us, r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0,
                               100 * r.utilisation);
   s += fmt::format("{:<5} {:<7} {:<26} {:<14} {:>10} {:>10} {:>6} {:>9} {:>9} {:>6} {:>10} {:>9} {:>9}\n", "kern", "kind",
-                   "node", "split", "MFLOP", "DRAM KB", "FLOP/B", "bound us", "sim us", "% bnd", "fused KB", "pad KB",
+                   "node", "split", "MFLOP", "DRAM KB", "FLOP/B", "bound us", "sim us", "% bnd", "saved KB", "pad KB",
                    "spad KB");
   for (const KernelReport& k : r.kernels) {
     const std::string shown = display_text(k.node);
@@ -238,10 +241,11 @@ std::string report_table(const DataflowReport& r) {
                    static_cast<double>(r.spad_peak) / 1e3, static_cast<double>(r.dram_peak) / 1e6, r.host_steps);
   double busy = 0;
   for (double b : r.core_busy) busy += b;
-  s += fmt::format("cores busy {:.0f} % on average; stalls (summed over engines): compute {:.1f} us, DMA {:.1f} us, "
-                   "interconnect {:.1f} us, dependency {:.1f} us\n",
-                   r.core_busy.empty() ? 0.0 : 100 * busy / static_cast<double>(r.core_busy.size()), r.stall_compute,
-                   r.stall_dma, r.stall_interconnect, r.stall_dependency);
+  const double lanes = static_cast<double>(std::max<int64_t>(1, r.lanes));
+  s += fmt::format("cores busy {:.0f} % on average; waits of the average engine lane ({} in all): compute {:.2f} us, DMA {:.2f} us, "
+                   "interconnect {:.2f} us, dependency {:.2f} us\n",
+                   r.core_busy.empty() ? 0.0 : 100 * busy / static_cast<double>(r.core_busy.size()), count_text(r.lanes, "lane"),
+                   r.stall_compute / lanes, r.stall_dma / lanes, r.stall_interconnect / lanes, r.stall_dependency / lanes);
   return s;
 }
 

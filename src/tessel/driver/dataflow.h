@@ -67,7 +67,10 @@ struct DataflowReport {
   int host_steps = 0;
   double compile_seconds = 0, sim_seconds = 0;
   std::vector<double> core_busy;  // per core, busy fraction
-  double stall_compute = 0, stall_dma = 0, stall_interconnect = 0, stall_dependency = 0;  // summed over lanes, us
+  // Engine-µs waiting, summed over every engine lane of every core (lanes of them): a sum can exceed the
+  // run's length many times; divided by `lanes` it is the wait of the average lane.
+  double stall_compute = 0, stall_dma = 0, stall_interconnect = 0, stall_dependency = 0;
+  int64_t lanes = 0;
   std::vector<KernelReport> kernels;
 };
 

@@ -2,6 +2,7 @@
 #include "tessel/driver/html_report.h"
 
 #include "tessel/support/escape.h"
+#include "tessel/support/strings.h"
 
 #include <fmt/format.h>
 
@@ -401,9 +402,9 @@ std::string narrative(const HtmlTargetReport& t) {
   double total = 0;
   for (const json* k : ks) total += num(*k, "simulated_us");
   const double sim = num(r, "simulated_us"), roof = num(r, "roofline_us");
-  std::string s = fmt::format("<p class=\"lead\">Simulated <b>{}</b> on {} cores against a roofline bound of {} "
+  std::string s = fmt::format("<p class=\"lead\">Simulated <b>{}</b> on {} against a roofline bound of {} "
                               "(<b>{:.0f}%</b> of the roof; matrix utilisation {:.1f}%).",
-                              us_text(sim), num(r, "cores"), us_text(roof), sim > 0 ? 100 * roof / sim : 0, 100 * num(r, "utilisation"));
+                              us_text(sim), count_text(static_cast<int64_t>(num(r, "cores")), "core"), us_text(roof), sim > 0 ? 100 * roof / sim : 0, 100 * num(r, "utilisation"));
   if (!by_time.empty() && total > 0) {
     s += " The largest kernels: ";
     for (size_t i = 0; i < std::min<size_t>(3, by_time.size()); ++i) {
@@ -471,9 +472,9 @@ std::string landscape_section(const json& rows) {
   for (const auto& r : rows) {
     const std::string t = str(r, "target");
     const bool cpu = t == "cpu";
-    std::string notes = cpu ? fmt::format("{:.0f} threads, measured{}", num(r, "threads"),
+    std::string notes = cpu ? fmt::format("{}, measured{}", count_text(static_cast<int64_t>(num(r, "threads")), "thread"),
                                           r.value("executable_cache_hit", false) ? " (compile from the executable cache)" : "")
-                            : fmt::format("{:.0f} cores, {}, simulated", num(r, "cores"), esc(str(r, "dtype")));
+                            : fmt::format("{}, {}, simulated", count_text(static_cast<int64_t>(num(r, "cores")), "core"), esc(str(r, "dtype")));
     s += fmt::format("<tr><td class=\"l\">{}</td><td>{}</td><td>{:.2f}×</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
                      "<td>{:.0f} ms</td><td class=\"l\">{}</td></tr>",
                      esc(t), us_text(num(r, "time_us")), best > 0 ? num(r, "time_us") / best : 0,

@@ -50,4 +50,8 @@ std::string nearest_name(const std::string& word, const std::vector<std::string>
   return best;
 }
 
+
+
+std::string count_text(int64_t n, const std::string& noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
+
 }  // namespace tessel

@@ -20,4 +20,7 @@ size_t edit_distance(const std::string& a, const std::string& b);
 // max(2, |word| / 3) edits), else "": a "did you mean" for a misspelt name.
 std::string nearest_name(const std::string& word, const std::vector<std::string>& options);
 
+// "1 core", "16 cores": a count and its noun, plural unless the count is 1 (nouns taking "s").
+std::string count_text(int64_t n, const std::string& noun);
+
 }  // namespace tessel
