@@ -250,6 +250,9 @@ class Converted:
         def tensor_value(n):
             """The tessel value of an FX argument that is a tensor."""
             if n in env:
+                if env[n] is None:  # (a result a lowering does not give: eval-mode statistics once were)
+                    raise _tessel.TesselError(f"value '{n.name}' ({_source_of(n)}) has no tessel value: the lowering of "
+                                              f"its op gives none for it")
                 return env[n]
             if n in consts:
                 v = consts[n]

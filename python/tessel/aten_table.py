@@ -298,6 +298,8 @@ def _batch_norm(L, node, x, w, b, mean, var, *rest):
             return _batch_norm_batch_stats(L, x, w, b, eps)
     else:
         momentum, eps = rest
+    # Eval mode saves no statistics: eager gives two empty tensors (a graph may return them)
+    empty = (L.const(torch.zeros(0), L.dtype(x)), L.const(torch.zeros(0), L.dtype(x)))
     consts = [L.b.known(v) if isinstance(v, str) else None for v in (w, b, mean, var)]
     if all(c is not None for c in consts) and L.rank(x) >= 2:
         # Eval-mode statistics are constants: one per-channel scale and shift (y = x * scale + shift).
@@ -307,8 +309,8 @@ def _batch_norm(L, node, x, w, b, mean, var, *rest):
         shape = [-1] + [1] * (L.rank(x) - 2)
         d = L.dtype(x)
         y = L.op("Mul", [x, L.const(scale.reshape(shape), d)])
-        return (L.op("Add", [y, L.const(shift.reshape(shape), d)]), None, None)
-    return (L.op("BatchNormalization", [x, w, b, mean, var], {"epsilon": float(eps)}), None, None)
+        return (L.op("Add", [y, L.const(shift.reshape(shape), d)]),) + empty
+    return (L.op("BatchNormalization", [x, w, b, mean, var], {"epsilon": float(eps)}),) + empty
 
 
 # ---- reductions -----------------------------------------------------------------------------------
