@@ -22,6 +22,7 @@
 #include "tessel/driver/model_dir.h"
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/runtime/compiled_backend.h"
+#include "tessel/support/threads.h"
 #include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
@@ -110,6 +111,7 @@ std::string compiled_backend_unavailable() {
 BenchReport bench_model(const std::string& model, const BenchOptions& requested) {
   BenchOptions opts = requested;
   BenchReport rep;
+  rep.load_before = sample_machine_load();
   if (opts.backends.empty()) {  // every backend that applies
     opts.backends = {"eager", "graph"};
     if (const std::string why = compiled_backend_unavailable(); why.empty()) opts.backends.push_back("compiled");
@@ -216,6 +218,9 @@ BenchReport bench_model(const std::string& model, const BenchOptions& requested)
     const double saved_s = (eager->median_ms - b.median_ms) / 1e3;
     if (b.backend != "eager" && saved_s > 0) b.break_even_iters = b.cold_compile_s / saved_s;
   }
+  rep.load_after = sample_machine_load();
+  const MachineLoad& worse = rep.load_after.others > rep.load_before.others ? rep.load_after : rep.load_before;
+  rep.load_warning = load_warning(worse, resolve_threads(opts.threads));
   return rep;
 }
 
@@ -278,6 +283,11 @@ nlohmann::json bench_json(const BenchReport& r) {
   }
   j["skipped"] = nlohmann::json::array();
   for (const auto& [b, why] : r.skipped) j["skipped"].push_back({{"backend", b}, {"reason", why}});
+  auto load = [](const MachineLoad& m) {
+    return nlohmann::json{{"cores", m.cores}, {"other_runnable", m.samples ? nlohmann::json(m.others) : nlohmann::json(nullptr)}};
+  };
+  j["machine"] = {{"before", load(r.load_before)}, {"after", load(r.load_after)},
+                  {"warning", r.load_warning.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.load_warning)}};
   if (r.floor)
     j["matmul_floor"] = {{"matmuls", r.floor->matmuls}, {"flops", r.floor->flops},     {"gflops", r.floor->gflops},
                          {"median_ms", r.floor->median_ms}, {"p10_ms", r.floor->p10_ms}, {"p90_ms", r.floor->p90_ms},
@@ -287,7 +297,9 @@ nlohmann::json bench_json(const BenchReport& r) {
 
 std::string bench_table(const BenchReport& r) {
   std::string s = fmt::format("{} ({} timed calls per backend, after one warm-up)\n", display_text(r.model), r.iters);
+  if (!r.load_warning.empty()) s += "warning: " + r.load_warning + "\n";
   s += "compile s: import -> callable with an empty compile cache; cached s: model file -> callable with a warm cache\n";
+  s += "eager: tessel's reference interpreter (not PyTorch eager); graph, compiled: tessel's backends\n";
   s += fmt::format("{:<9} {:>3} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9} {:>9} {:>11} {:>9}\n", "backend", "thr", "import s",
                    "compile s", "cached s", "median ms", "p10 ms", "p90 ms", "speedup", "break-even", "peak MB");
   for (const auto& b : r.backends)

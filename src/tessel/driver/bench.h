@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "tessel/support/machine_load.h"
+
 namespace tessel {
 
 struct BenchOptions {
@@ -56,6 +58,10 @@ struct BenchReport {
   std::vector<BackendBench> backends;
   std::optional<FloorBench> floor;           // measured with the compiled backend (opts.floor)
   std::vector<std::pair<std::string, std::string>> skipped;  // backend, why (only when none were named)
+  // Other runnable tasks sampled before and after the timings (support/machine_load.h), and the warning
+  // when they left fewer free cores than the compiled backend's threads ("" when not).
+  MachineLoad load_before, load_after;
+  std::string load_warning;
 };
 
 // Why the compiled backend cannot run here (no C++ compiler: $TESSEL_CXX, else c++ on $PATH), or "".
