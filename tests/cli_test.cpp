@@ -67,6 +67,36 @@ TEST(Cli, RunCheckPasses) {
   EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
 }
 
+// `run --json`: the outputs' types and summaries against the reference outputs read independently, and
+// the check's verdict as printed; a file that cannot be written is a one-line error.
+TEST(Cli, RunJsonHoldsTheOutputsAndTheCheck) {
+  const fs::path out = tmp() / "run.json";
+  Result r = run("run " + kModel + " --check --json " + out.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(out);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["backend"], "eager");
+  ASSERT_EQ(j["outputs"].size(), 1u);
+  const Tensor ref = read_tensor_pb(kModel + "/test_data_set_0/output_0.pb");
+  EXPECT_EQ(j["outputs"][0]["shape"].get<Shape>(), ref.shape());
+  double lo = ref.get_f(0), hi = ref.get_f(0);
+  for (int64_t k = 0; k < ref.numel(); ++k) lo = std::min(lo, ref.get_f(k)), hi = std::max(hi, ref.get_f(k));
+  EXPECT_NEAR(j["outputs"][0]["min"].get<double>(), lo, 1e-4 * (std::abs(hi) + std::abs(lo)));
+  EXPECT_NEAR(j["outputs"][0]["max"].get<double>(), hi, 1e-4 * (std::abs(hi) + std::abs(lo)));
+  EXPECT_EQ(j["check"]["pass"], true);
+  EXPECT_EQ(j["check"]["outputs"][0]["match"], true);
+  Result plain = run("run " + kModel + " --json " + out.string());
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  std::ifstream g(out);
+  EXPECT_TRUE(nlohmann::json::parse(g)["check"].is_null());
+  if (fs::exists("/dev/full")) {
+    Result full = run("run " + kModel + " --json /dev/full");
+    EXPECT_EQ(full.code, 2) << full.out;
+    EXPECT_NE(full.out.find("/dev/full: cannot write output file"), std::string::npos) << full.out;
+  }
+  expect_refused("run " + kModel + " --target cuda --json " + out.string(), "--json has no effect here");
+}
+
 TEST(Cli, CheckFailsAgainstAWrongReference) {
   fs::path d = tmp() / "wrong_ref";
   fs::create_directories(d);

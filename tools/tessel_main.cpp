@@ -355,7 +355,7 @@ int cmd_load(const std::string& model, int threads, const std::string& cache_dir
 }
 
 // Compares outs with the data set's output_N.pb, a line per output; whether all match.
-bool check_outputs(const std::vector<Tensor>& outs, const std::string& dir, double max_rel) {
+bool check_outputs(const std::vector<Tensor>& outs, const std::string& dir, double max_rel, nlohmann::json* json = nullptr) {
   std::vector<Tensor> refs = read_data_set(dir, "output");
   if (refs.size() != outs.size())
     throw Error(Location{.file = dir}, fmt::format("{} reference outputs for {} model outputs", refs.size(), outs.size()));
@@ -366,9 +366,40 @@ bool check_outputs(const std::vector<Tensor>& outs, const std::string& dir, doub
     Comparison c = compare_tensors(outs[i], refs[i], tol);
     fmt::print("check output {}: max abs error {:.3g}, relative error {:.3g} -> {}{}\n", i, c.max_abs, c.rel,
                c.match ? "PASS" : "FAIL", c.match ? "" : " (" + c.mismatch + ")");
+    if (json) (*json).push_back({{"output", i}, {"max_abs", c.max_abs}, {"rel", c.rel}, {"match", c.match}, {"mismatch", c.mismatch}});
     ok = ok && c.match;
   }
   return ok;
+}
+
+// `tessel run --json`: what the run printed, for a machine: the model, backend, inputs, each output's
+// type and summary, and the check (null without --check). Times are `tessel bench --json`'s.
+nlohmann::json run_json(const std::string& model, const std::string& backend, const std::string& inputs_dir,
+                        const std::vector<Tensor>& outs, const std::vector<std::string>& names) {
+  nlohmann::json j = {{"model", model}, {"backend", backend}, {"inputs", inputs_dir}, {"outputs", nlohmann::json::array()},
+                      {"check", nullptr}};
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Tensor& t = outs[i];
+    nlohmann::json o = {{"name", i < names.size() ? names[i] : ""}, {"dtype", dtype_name(t.dtype())}, {"shape", t.shape()}};
+    double lo = 0, hi = 0, sum = 0;
+    int64_t nonfinite = 0;
+    for (int64_t k = 0; k < t.numel(); ++k) {
+      const double v = t.get_f(k);
+      if (!std::isfinite(v)) {
+        ++nonfinite;
+        continue;
+      }
+      const bool first = k == nonfinite;  // (the first finite element)
+      lo = first ? v : std::min(lo, v), hi = first ? v : std::max(hi, v), sum += v;
+    }
+    const int64_t finite = t.numel() - nonfinite;
+    o["min"] = finite ? nlohmann::json(lo) : nlohmann::json(nullptr);
+    o["max"] = finite ? nlohmann::json(hi) : nlohmann::json(nullptr);
+    o["mean"] = finite ? nlohmann::json(sum / static_cast<double>(finite)) : nlohmann::json(nullptr);
+    o["nonfinite"] = nonfinite;
+    j["outputs"].push_back(std::move(o));
+  }
+  return j;
 }
 
 // `tessel run --dynamic`: one symbolic compilation (docs/dynamic-shapes.md) run on every data set of
@@ -441,7 +472,7 @@ int cmd_run_dynamic(const std::string& model, const std::string& inputs_dirs, bo
 }
 
 int cmd_run(const std::string& model, std::string inputs_dir, bool check, double max_rel, bool summary,
-            const std::string& passes, const std::string& backend, int repeat, int threads) {
+            const std::string& passes, const std::string& backend, int repeat, int threads, const std::string& json_path) {
   if (inputs_dir.empty()) inputs_dir = default_data_set(model);
   if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
   std::vector<Tensor> ins = read_data_set(inputs_dir, "input");
@@ -454,9 +485,15 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
   else if (backend == "compiled") outs = run_with_compiled(m, !passes.empty(), ins, std::max(1, repeat), threads, model, out_names);
   else outs = run_with_eager(*m.graph, ins, std::max(1, repeat));
   print_outputs(outs, out_names);
-  if (!check) return 0;
-  const bool ok = check_outputs(outs, inputs_dir, max_rel);
-  fmt::print("{}\n", ok ? "PASS" : "FAIL");
+  nlohmann::json j = run_json(model, backend, inputs_dir, outs, out_names);
+  bool ok = true;
+  if (check) {
+    nlohmann::json per = nlohmann::json::array();
+    ok = check_outputs(outs, inputs_dir, max_rel, &per);
+    j["check"] = {{"pass", ok}, {"max_rel", max_rel}, {"outputs", per}};
+    fmt::print("{}\n", ok ? "PASS" : "FAIL");
+  }
+  if (!json_path.empty()) write_text(json_path, json_dump(j, 1) + "\n");
   return ok ? 0 : 1;
 }
 
@@ -931,6 +968,8 @@ int main(int argc, char** argv) {
   auto* run_threads_opt = run->add_option("--threads", run_threads, "threads for the compiled backend (default: all hardware threads)")->check(CLI::Range(0, 4096));
   bool run_dynamic = false;
   auto* run_dynamic_opt = run->add_flag("--dynamic", run_dynamic, "compile once for every input size: the inputs' dims that are not numbers (ONNX dim_param) become size symbols, and the inputs bind them (docs/dynamic-shapes.md)");
+  std::string run_json_path;
+  auto* run_json_opt = run->add_option("--json", run_json_path, "also write the outputs' types and summaries and the check as JSON to this file");
   std::string run_target = "cpu";
   run->add_option("--target", run_target, "cpu (the --backend chosen) or cuda (the GPU: generated CUDA kernels, cuBLASLt)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -1147,6 +1186,7 @@ int main(int argc, char** argv) {
   try {
     refuse_inapplicable(run_threads_opt, run_backend == "compiled", "sets the compiled backend's threads, and the backend is not compiled");
     refuse_inapplicable(run_dynamic_opt, run_target == "cpu", "compiles for every input size on the CPU, and --target is not cpu");
+    refuse_inapplicable(run_json_opt, run_target == "cpu" && !run_dynamic, "writes a CPU run's JSON; --target cuda and --dynamic print theirs");
     refuse_inapplicable(run_rel_opt, run_check, "is the bound of --check, which is not given");
     refuse_inapplicable(run_prec_opt, run_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
     refuse_inapplicable(comp_prec_opt, comp_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
@@ -1175,7 +1215,7 @@ int main(int argc, char** argv) {
     if (*run && run_target == "cuda") return cmd_run_cuda(run_model, run_inputs, run_check, run_rel_opt->count() ? run_rel : 0.0, run_repeat,
                                                                 cuda::parse_precision(cuda_precision));
     if (*run && run_dynamic) return cmd_run_dynamic(run_model, run_inputs, run_check, run_rel, run_passes, run_backend, run_repeat, run_threads);
-    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads);
+    if (*run) return cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads, run_json_path);
     if (*sim && sim_train) {
       if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
         throw Error(Location{}, "sim --train takes --hw, --json and --dtype (not --trace, --dump-ir or --print-after)");
