@@ -409,6 +409,7 @@ class WholeExecutable {
       d["symbols"] = s.symbols;
       d["instances"] = s.instances;
       d["instance_seconds"] = s.instance_seconds;
+      d["dump_dir"] = s.dump_dir;
       d["rebinding"] = s.rebinding;
       d["rebind_refused"] = s.rebind_refused;
       d["rebinds"] = s.rebinds;

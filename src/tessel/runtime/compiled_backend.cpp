@@ -4,9 +4,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <cctype>
 #include <list>
 #include <unordered_map>
 #include <type_traits>
@@ -503,6 +506,41 @@ void generate_and_build(KernelModule& m, const std::string& model, const cpu::To
   st.so_path = br.so_path;
 }
 
+// The folder of this compilation's stage dumps (CompiledBackendOptions::dump_dir, else $TESSEL_DUMP_DIR):
+// a numbered folder per compilation in this process, named after the model (its characters that are
+// not [A-Za-z0-9._-] as '_'), or "" when no dump is asked for.
+std::string dump_folder(const CompiledBackendOptions& opts) {
+  std::string root = opts.dump_dir;
+  if (root.empty())
+    if (const char* e = std::getenv("TESSEL_DUMP_DIR")) root = e;
+  if (root.empty()) return {};
+  static std::atomic<int> serial{0};
+  std::string name;
+  for (char c : opts.model_name.substr(0, 60)) name += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ? c : '_';
+  if (name.empty() || name == "." || name == "..") name = "model";
+  return (std::filesystem::path(root) / fmt::format("{:03d}-{}", ++serial, name)).string();
+}
+
+// Writes one stage dump; a folder or file that cannot be written is an error naming it.
+void write_dump(const std::string& dir, const std::string& file, const std::string& text) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(Location{.file = dir}, "cannot make the IR dump folder: " + ec.message());
+  const std::string path = (std::filesystem::path(dir) / file).string();
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  f.close();
+  if (!f) throw Error(Location{.file = path}, "cannot write IR dump");
+}
+
+// After the graph pipeline's dumps (00-input and one per pass): the kernel level and the generated source.
+void dump_lowered(const std::string& dir, const std::string& pipeline, const KernelModule& m, const std::string& source) {
+  if (dir.empty()) return;
+  const size_t n = pipeline.empty() ? 1 : parse_pipeline(pipeline).size() + 1;
+  write_dump(dir, fmt::format("{:02d}-fuse.kernel", n), print_kernel_module(m, true));
+  write_dump(dir, fmt::format("{:02d}-cpu-codegen.cpp", n + 1), source);
+}
+
 void print_compile_profile(const CompiledCompileStats& st) {
   // Where a slow first call goes (ALBERT-xxlarge: 16 s), next to TESSEL_PROFILE's per-step lines.
   if (!std::getenv("TESSEL_PROFILE")) return;
@@ -534,13 +572,17 @@ std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::un
       throw Error(Location{.pass = "compile"}, "the example inputs do not fit the model's symbolic shapes: " + why);
   }
   auto tp = Clock::now();
-  run_pipeline(*g, parse_pipeline(opts.pipeline), PassOptions{});
+  st.dump_dir = dump_folder(opts);
+  PassOptions po;
+  po.dump_dir = st.dump_dir;
+  run_pipeline(*g, parse_pipeline(opts.pipeline), po);
   st.graph.pass_seconds = seconds_since(tp);
   auto tf = Clock::now();
   KernelModule m = fuse(std::move(g), cpu_fuse_options(opts.fuse));
   verify_kernel_module(m);
   st.fuse_seconds = seconds_since(tf);
   generate_and_build(m, opts.model_name, opts.toolchain, ce->in_library_, ce->library_, ce->source_, ce->so_, st);
+  dump_lowered(st.dump_dir, opts.pipeline, m, ce->source_);
   count_kernels(m.kernels, *m.graph, st);
   auto sym = std::make_unique<CompiledExecutable::Symbolic>();
   sym->opts = opts;
@@ -631,6 +673,8 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
 
   GraphBackendOptions go;
   go.pipeline = opts.pipeline;
+  st.dump_dir = dump_folder(opts);
+  go.dump_dir = st.dump_dir;
   // After the pipeline: fuse, generate, compile, load.
   go.after_pipeline = [&](std::unique_ptr<Graph>& cg) {
     auto tf = Clock::now();
@@ -645,6 +689,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
       for (const Tensor* t : blobs) ce->module_blobs_.push_back(*t);
     }
     generate_and_build(m, model, opts.toolchain, ce->in_library_, ce->library_, ce->source_, ce->so_, st);
+    dump_lowered(st.dump_dir, opts.pipeline, m, ce->source_);
     ce->kernels_ = std::move(m.kernels);
     cg = std::move(m.graph);
   };

@@ -38,6 +38,11 @@ struct CompiledBackendOptions {
   // sizes, over the one shared object), of which `instance_limit` are kept, least recently used first out.
   bool rebind = true;
   int instance_limit = 16;
+  // Every stage of the compilation written into a folder of its own under this one (default: the
+  // TESSEL_DUMP_DIR environment variable; empty: none): NNN-<model>/00-input.tsl, one .tsl per graph
+  // pass, NN-fuse.kernel (the kernel level) and NN-cpu-codegen.cpp (the generated source). The folder
+  // of a compilation is CompiledCompileStats::dump_dir.
+  std::string dump_dir;
 };
 
 struct CompiledCompileStats {
@@ -67,6 +72,7 @@ struct CompiledCompileStats {
   std::vector<std::string> symbols;
   int instances = 0;
   double instance_seconds = 0;
+  std::string dump_dir;                // where this compilation's stages were written ("" when not)
   bool rebinding = false;              // one executable rebound per binding (CompiledBackendOptions::rebind)
   std::string rebind_refused;          // why not, when rebind was asked for
   int rebinds = 0;                     // calls whose binding differed from the one before

@@ -129,11 +129,13 @@ std::unique_ptr<Graph> copy_graph(const Graph& g) {
 // Runs the pipeline. When a pass fails (typically a decomposition that needs a value or a shape only
 // known at run time), the model runs undecomposed instead: every node through the reference kernels
 // (a graph break of the whole model), with the reason kept in the stats and printed by the CLI.
-void run_core_pipeline(std::unique_ptr<Graph>& g, const std::string& pipeline, GraphCompileStats& st) {
+void run_core_pipeline(std::unique_ptr<Graph>& g, const std::string& pipeline, const std::string& dump_dir, GraphCompileStats& st) {
   if (pipeline.empty()) return;
   std::unique_ptr<Graph> backup = copy_graph(*g);
   try {
-    run_pipeline(*g, parse_pipeline(pipeline), PassOptions{});
+    PassOptions po;
+    po.dump_dir = dump_dir;
+    run_pipeline(*g, parse_pipeline(pipeline), po);
   } catch (const Error& e) {
     st.pipeline_error = e.what();
     g = std::move(backup);
@@ -503,7 +505,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   for (const Guard& gd : im.guards) st.baked_inputs.push_back(gd.name);
 
   const auto tp = Clock::now();
-  run_core_pipeline(g, opts.pipeline, st);
+  run_core_pipeline(g, opts.pipeline, opts.dump_dir, st);
   st.pass_seconds = seconds_since(tp);
   if (opts.after_pipeline) opts.after_pipeline(g);
 

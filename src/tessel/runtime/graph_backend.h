@@ -30,6 +30,7 @@ struct ArenaPool {
 
 struct GraphBackendOptions {
   std::string pipeline = "core";  // the pass pipeline run before planning (by name)
+  std::string dump_dir;           // the pipeline's stages written here (NN-<stage>.tsl), when set
   size_t align = 64;              // arena offsets are multiples of this
   int64_t max_baked_elements = 16;  // rank-0/1 inputs up to this size may be specialised (baked)
   // Extension points for backends built on this one (the compiled backend): a rewrite of the graph
