@@ -71,7 +71,20 @@ TEST(HtmlReport, EverySectionRendersWhatTheReportsSay) {
       EXPECT_NE(sec.find("<tr><td class=\"l\">" + k["name"].get<std::string>() + "</td>"), std::string::npos) << k["name"];
     }
     EXPECT_GT(arithmetic, 0u);
-    EXPECT_EQ(count(between(sec, "aria-label=\"roofline\"", "</svg>"), "<circle"), arithmetic);
+    const std::string roofline = between(sec, "aria-label=\"roofline\"", "</svg>");
+    EXPECT_EQ(count(roofline, "<circle"), arithmetic);
+    // The points of the kernels with 5 % or more of the arithmetic kernels' time carry their names.
+    double total = 0;
+    for (const auto& k : t.report["kernels"])
+      if (k["flops"].get<double>() > 0 && k["dram_bytes"].get<double>() > 0) total += k["simulated_us"].get<double>();
+    int named = 0;
+    for (const auto& k : t.report["kernels"])
+      if (k["flops"].get<double>() > 0 && k["dram_bytes"].get<double>() > 0 && k["simulated_us"].get<double>() >= 0.05 * total) {
+        EXPECT_NE(roofline.find(">" + k["name"].get<std::string>() + "</text>"), std::string::npos) << k["name"];
+        ++named;
+      }
+    EXPECT_GT(named, 0);
+    EXPECT_EQ(count(roofline, "class=\"point\""), named);
     EXPECT_EQ(count(between(sec, "<div class=\"scratchpad\">", "</div>"), "<details>"), t.report["kernels"].size());
   }
   // The landscape: one row per target, the simulated times as the reports give them.

@@ -62,7 +62,7 @@ td.l,th.l{text-align:left}td.name{max-width:320px;overflow:hidden;text-overflow:
 .scroll{overflow-x:auto;max-width:100%}
 .tablewrap{max-height:520px;overflow:auto;border:1px solid #eceef2}
 svg{display:block;max-width:100%;height:auto;background:#fff}
-svg text{font:10px system-ui,sans-serif;fill:#3a4152}
+svg text{font:10px system-ui,sans-serif;fill:#3a4152}svg text.band{font-size:9px;fill:#1d2330}svg text.point{font-size:9px;fill:#1d2330}
 .legend span{display:inline-block;margin-right:14px;font-size:12px}
 .legend i{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px;border-radius:2px}
 details{margin:4px 0}summary{cursor:pointer}
@@ -180,12 +180,16 @@ std::string timeline_svg(const HtmlTargetReport& t) {
   std::string s = fmt::format(
       "<svg role=\"img\" aria-label=\"timeline\" viewBox=\"0 0 {0} {1}\" width=\"{0}\" height=\"{1}\">",
       label_w + plot_w + 10, height);
-  // Kernel bands: alternating shades along the top, each kernel's name on hover.
+  // Kernel bands: alternating shades along the top, each kernel's name on hover, and written in the
+  // band where it fits (a printout names the large kernels).
   int parity = 0;
   for (const auto& [k, se] : span) {
     const double x0 = label_w + se.first * scale, w = std::max(0.5, (se.second - se.first) * scale);
     s += fmt::format("<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"12\" fill=\"{}\"><title>{} ({})</title></rect>",
                      x0, 14, w, parity++ % 2 ? "#c9d3e3" : "#9fb2cf", esc(kernel_label(ks, k)), us_text(se.second - se.first));
+    const std::string name = k >= 0 && k < static_cast<int64_t>(ks.size()) ? str(*ks[static_cast<size_t>(k)], "name") : "";
+    if (!name.empty() && w >= 7.0 * static_cast<double>(name.size()) + 4)
+      s += fmt::format("<text class=\"band\" x=\"{:.1f}\" y=\"24\">{}</text>", x0 + 2, esc(name));
   }
   s += fmt::format("<text x=\"4\" y=\"24\">kernels</text>");
   double y = top;
@@ -266,7 +270,8 @@ std::string roofline_svg(const HtmlTargetReport& t) {
   const std::vector<const json*> ks = kernels_of(t.report);
   struct Point {
     double x, y;
-    std::string label, kind;
+    std::string label, kind, name;
+    double us;
   };
   std::vector<Point> pts;
   int no_flops = 0;
@@ -277,7 +282,7 @@ std::string roofline_svg(const HtmlTargetReport& t) {
       ++no_flops;
       continue;
     }
-    pts.push_back({flops / bytes, flops / (us * 1e-6), kernel_label(ks, static_cast<int64_t>(i)), str(k, "kind")});
+    pts.push_back({flops / bytes, flops / (us * 1e-6), kernel_label(ks, static_cast<int64_t>(i)), str(k, "kind"), str(k, "name"), us});
   }
   if (pts.empty()) return "<p class=\"muted\">No kernel does arithmetic (every one moves data).</p>";
   const double peak = t.peak_matrix_flops, vpeak = t.peak_vector_flops, bw = t.peak_dram_bytes;
@@ -325,8 +330,16 @@ std::string roofline_svg(const HtmlTargetReport& t) {
                      "<title>{}: {:.2f} FLOP/B, {:.3g} GFLOP/s</title></circle>",
                      X(p.x), Y(p.y), p.kind == "matmul" ? "#4e79a7" : p.kind == "conv" ? "#76b7b2" : "#59a14f", esc(p.label), p.x,
                      p.y / 1e9);
+  // The kernels with 5 % or more of the time are named beside their points (without hovering).
+  double total_us = 0;
+  for (const Point& p : pts) total_us += p.us;
+  for (const Point& p : pts)
+    if (total_us > 0 && p.us >= 0.05 * total_us && !p.name.empty())
+      s += fmt::format("<text class=\"point\" x=\"{:.1f}\" y=\"{:.1f}\">{}</text>", X(p.x) + 6, Y(p.y) - 5, esc(p.name));
   s += "</svg>";
-  std::string note = fmt::format("<p class=\"muted\">One point per kernel that does arithmetic ({} of {}; {} only move data). "
+  std::string note = fmt::format("<p class=\"muted\">One point per kernel that does arithmetic ({} of {}; {} only move data), at "
+                                 "its FLOPs over the DRAM bytes it moves (the table's FLOP/B is over its minimum bytes: docs/sim.md); "
+                                 "those with 5 % of the time or more are named. "
                                  "Lines: the DRAM roof ({:.0f} GB/s) up to each compute peak. A point far below its roof "
                                  "lost time to something the roofline ignores: the table's decision column says what.</p>",
                                  pts.size(), ks.size(), no_flops, bw / 1e9);
