@@ -144,3 +144,15 @@ TEST(HtmlReport, EmptyReportsRenderPlaceholders) {
   EXPECT_NE(page.find("No kernel does arithmetic"), std::string::npos);
   EXPECT_NE(page.find("No landscape rows."), std::string::npos);
 }
+
+// The CPU ladder shows tessel bench's busy-machine warning, escaped, and nothing when there is none.
+TEST(HtmlReport, CpuLadderShowsTheBusyMachineWarning) {
+  HtmlReportInput in;
+  in.model = "m";
+  in.cpu_bench = {{"iters", 3}, {"backends", json::array({{{"backend", "eager"}, {"threads", 1}, {"median_ms", 1.0}}})},
+                  {"machine", {{"warning", "the machine is busy: <1 other>"}}}};
+  const std::string page = render_html_report(in);
+  EXPECT_NE(page.find("<p class=\"warn\">Warning: the machine is busy: &lt;1 other&gt;</p>"), std::string::npos);
+  in.cpu_bench["machine"]["warning"] = nullptr;
+  EXPECT_EQ(render_html_report(in).find("the machine is busy"), std::string::npos);
+}

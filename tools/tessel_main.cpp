@@ -50,6 +50,7 @@
 #include "tessel/support/escape.h"
 #include "tessel/support/limits.h"
 #include "tessel/support/progress.h"
+#include "tessel/support/machine_load.h"
 #include "tessel/support/strings.h"
 #include "tessel/support/version.h"
 
@@ -826,20 +827,25 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
       ModelCompile mc = compile_model_cpu(model, ins, o);
       const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       std::vector<double> ms;
+      const MachineLoad before = sample_machine_load();
       for (int i = 0; i < 21; ++i) {
         GraphRunStats rs;
         mc.exe->run(ins, &rs);
         if (i > 0) ms.push_back(rs.seconds * 1e3);
       }
+      const MachineLoad after = sample_machine_load();
+      const std::string busy = load_warning(after.others > before.others ? after : before, mc.exe->stats().threads);
       std::sort(ms.begin(), ms.end());
       const double med = ms[ms.size() / 2];
       const double dram = static_cast<double>(mc.exe->stats().bytes_fused) / 1e6;
-      fmt::print("{:<10} {:>11.1f} {:>8} {:>11.2f} {:>11} {:>11} {:>11.1f} {:>10}   ({} threads; DRAM: the fused kernels' "
+      fmt::print("{:<10} {:>11.1f} {:>8} {:>11.2f} {:>11} {:>11} {:>11.1f} {:>10}   ({}; DRAM: the fused kernels' "
                  "buffers; compile {})\n",
-                 "cpu", med * 1e3, "-", dram, "0", "-", compile_ms, "-", mc.exe->stats().threads,
+                 "cpu", med * 1e3, "-", dram, "0", "-", compile_ms, "-", count_text(mc.exe->stats().threads, "thread"),
                  mc.entry_hit ? "from the executable cache" : "cold");
+      if (!busy.empty()) fmt::print(stderr, "tessel: warning: cpu row: {}\n", busy);
       rows.push_back({{"target", "cpu"}, {"time_us", med * 1e3}, {"dram_mb", dram}, {"compile_ms", compile_ms},
-                      {"threads", mc.exe->stats().threads}, {"executable_cache_hit", mc.entry_hit}});
+                      {"threads", mc.exe->stats().threads}, {"executable_cache_hit", mc.entry_hit},
+                      {"load_warning", busy.empty() ? nlohmann::json(nullptr) : nlohmann::json(busy)}});
       continue;
     }
     const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, hw.at(t), tile::MapOptions{}));

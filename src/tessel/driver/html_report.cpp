@@ -504,8 +504,13 @@ std::string cpu_section(const json& b) {
   auto bs = b.find("backends");
   if (bs == b.end() || !bs->is_array()) return "<p class=\"muted\">No backends measured.</p>";
   std::string s = fmt::format("<p>Each backend of the ladder measured in one process ({:.0f} timed calls after a warm-up): "
-                              "what compiling costs and after how many calls it pays off.</p>",
+                              "what compiling costs and after how many calls it pays off. The eager row is tessel's "
+                              "reference interpreter.</p>",
                               num(b, "iters"));
+  // tessel bench's busy-machine warning (support/machine_load.h), where it gave one
+  if (auto m = b.find("machine"); m != b.end() && m->is_object())
+    if (auto w = m->find("warning"); w != m->end() && w->is_string())
+      s += "<p class=\"warn\">Warning: " + esc(w->get<std::string>()) + "</p>";
   s += "<table><tr><th class=\"l\">backend</th><th>threads</th><th>median</th><th>p10</th><th>p90</th><th>× eager</th>"
        "<th>cold compile</th><th>warm start</th><th>break-even calls</th><th>peak intermediates</th></tr>";
   for (const auto& x : *bs) {
