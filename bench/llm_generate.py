@@ -131,8 +131,8 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache):
         row["compilations_while_timed"] = sum(g.stats.compiles for g in tessel.dynamo_graphs
                                               if hasattr(g, "stats")) - row["compilations"]
         # new sizes per decoded token: rebinds of one executable per compilation (instances where refused)
-        row["rebinds"] = sum(getattr(g.stats, "rebinds", 0) for g in graphs)
-        row["instances"] = sum(getattr(g.stats, "instances", 0) for g in graphs)
+        row["rebinds"] = sum(g.stats.rebinds for g in graphs)
+        row["instances"] = sum(g.stats.instances for g in graphs)
         _record(row, "eager", model, eager_forward, p, new_tokens, cache, rounds)
         for key, kwargs in peers:
             try:

@@ -562,7 +562,8 @@ class DataflowExecutable {
     return json_dump(landscape_row(target_, r.compile, r.report));
   }
   // The Perfetto trace. With breaks: the partitions one after the other on one timeline (each one's
-  // events shifted by the simulated time of those before it, tagged with their partition), and each
+  // events shifted by the simulated time of those before it, tagged with their partition, their kernel
+  // numbered as in report_json_text's kernel list: the partitions' kernels in partition order), and each
   // break an instant event on a "host" track where it runs (PyTorch, not timed: it takes no time here).
   std::string trace_json() const {
     if (!graph_) {
@@ -574,6 +575,8 @@ class DataflowExecutable {
     nlohmann::json events = nlohmann::json::array();
     nlohmann::json parts = nlohmann::json::array();
     std::set<std::string> meta;  // track names, once each
+    std::vector<size_t> first_kernel(runs_.size() + 1, 0);  // per partition: its kernel 0 in the report's list
+    for (size_t k = 0; k < runs_.size(); ++k) first_kernel[k + 1] = first_kernel[k] + runs_[k]->report.kernels.size();
     double at_us = 0, cycles = 0;
     for (const PartitionStep& st : plan_.steps) {
       if (st.is_break) {
@@ -590,7 +593,11 @@ class DataflowExecutable {
           if (!meta.insert(e.dump()).second) continue;
         } else {
           if (e.contains("ts")) e["ts"] = e["ts"].get<double>() + at_us;
-          if (e.value("ph", "") == "X") e["args"]["partition"] = st.index;
+          if (e.value("ph", "") == "X") {
+            e["args"]["partition"] = st.index;
+            if (auto k = e["args"].find("kernel"); k != e["args"].end() && k->is_number_integer())
+              *k = first_kernel[static_cast<size_t>(st.index)] + k->get<size_t>();
+          }
         }
         events.push_back(std::move(e));
       }

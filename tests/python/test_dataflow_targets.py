@@ -185,6 +185,10 @@ class Presets(Tmp):
         self.assertAlmostEqual(sum(p["us"] for p in parts), r["simulated_us"], places=3)
         spans = [e for e in t["traceEvents"] if e.get("ph") == "X"]
         self.assertEqual({e["args"]["partition"] for e in spans}, {0, 1})
+        # an event's kernel is the report's kernel of that number, in the event's partition
+        for e in spans:
+            if "kernel" in e["args"]:
+                self.assertEqual(r["kernels"][e["args"]["kernel"]]["partition"], e["args"]["partition"], e)
         end0 = max(e["ts"] + e["dur"] for e in spans if e["args"]["partition"] == 0)
         self.assertLessEqual(end0, parts[1]["start_us"] + 1e-6)
         self.assertGreaterEqual(min(e["ts"] for e in spans if e["args"]["partition"] == 1), parts[1]["start_us"] - 1e-6)

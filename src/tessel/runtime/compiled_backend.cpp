@@ -58,13 +58,11 @@ struct CompiledExecutable::Launch {
   int64_t extent = 0, work = 0;
   // A symbolic kernel of an executable rebound per binding (CompiledBackendOptions::rebind): `kernel`
   // is `bound`, its instance for the current binding, and the fields above are redone (Builder::fill)
-  // when one of `symbols` changes.
+  // when one of `symbols` (indices into the binder's symbols, the generated code's sz[]) changes.
   const Kernel* sym_kernel = nullptr;
   Kernel bound;
   const Node* node = nullptr;
-  std::vector<std::string> symbols;
-  bool filled = false;                         // for the current binding
-  bool counted = false;                        // in the stats (once per launch)
+  std::vector<int> symbols;
 
   void operator()(KernelEnv& env) {
     const Kernel& k = *kernel;
@@ -309,10 +307,13 @@ struct CompiledExecutable::Builder {
     L->threads = ce.stats_.threads;
     L->sz = ce.sym_values_.data();
     L->kernel_index = kid;
+    if (ce.in_library_.at(kid)) ce.stats_.library_epilogues++;
     if (rebinding && k.symbolic()) {
       L->sym_kernel = &k;
       L->node = &n;
-      L->symbols = k.symbols();
+      const std::vector<std::string>& all = ce.stats_.symbols;  // sorted, as Kernel::symbols
+      for (const std::string& s : k.symbols())
+        L->symbols.push_back(static_cast<int>(std::lower_bound(all.begin(), all.end(), s) - all.begin()));
     } else {
       fill(*L, n, k);
     }
@@ -321,16 +322,16 @@ struct CompiledExecutable::Builder {
     return [raw](KernelEnv& env) { (*raw)(env); };
   }
 
-  // The launches of symbolic kernels for binding `b`: those naming a symbol in `changed` (all when
-  // it is null) get their kernel instantiated (not verified again: the verifier proved its accesses for
-  // every value of the symbols) and their library call, scratch buffers and parallel range redone.
-  void rebind(const Bindings& b, const std::set<std::string>* changed) {
+  // The launches of symbolic kernels for binding `b`: those naming a symbol whose `changed` entry is
+  // set (every one when `changed` is empty) get their kernel instantiated (not verified again: the
+  // verifier proved its accesses for every value of the symbols) and their library call, scratch
+  // buffers and parallel range redone.
+  void rebind(const Bindings& b, const std::vector<char>& changed) {
     for (const auto& L : ce.launches_) {
       if (!L->sym_kernel) continue;
-      bool stale = !changed || !L->filled;
-      for (size_t i = 0; !stale && i < L->symbols.size(); ++i) stale = changed->count(L->symbols[i]) > 0;
+      bool stale = changed.empty();
+      for (size_t i = 0; !stale && i < L->symbols.size(); ++i) stale = changed[static_cast<size_t>(L->symbols[i])];
       if (!stale) continue;
-      L->filled = false;
       L->bound = instantiate_kernel(*L->sym_kernel, b, false);
       fill(*L, *L->node, L->bound);
     }
@@ -341,7 +342,6 @@ struct CompiledExecutable::Builder {
     CompiledCompileStats& st = ce.stats_;
     CompiledExecutable::Launch* L = &Lr;
     const size_t kid = L->kernel_index;
-    const bool first = !L->sym_kernel || !L->counted;
     L->kernel = &k;
     L->extent = k.parallel_extent();
     L->work = k.outer_count() * k.inner_count() * k.phases;
@@ -373,8 +373,6 @@ struct CompiledExecutable::Builder {
       L->fn = fn;
     }
     const float* bias = lib && le.bias_arg >= 0 ? n.inputs[static_cast<size_t>(le.bias_arg)]->constant->data<float>() : nullptr;
-    if (lib && first) st.library_epilogues++;
-    L->counted = true;
     auto pre = prepacked.find(kid);
     cpu::PackedWeights packed = pre != prepacked.end() ? pre->second : cpu::PackedWeights{};
     // Kernels reading the same constant weights (ALBERT's shared layers, tied embeddings) share one
@@ -410,7 +408,6 @@ struct CompiledExecutable::Builder {
       cpu::PackedWeights w = L->matmul ? L->matmul->packed_weights() : L->conv ? L->conv->packed_weights() : cpu::PackedWeights{};
       if (w.valid()) shared->emplace(wkey, std::move(w));
     }
-    L->filled = true;
   }
 
   void finish() {
@@ -436,6 +433,7 @@ void CompiledExecutable::Symbolic::make_rebound(CompiledExecutable& owner) {
   ce->library_ = owner.library_;
   ce->so_ = owner.so_;
   ce->sym_values_.assign(binder->symbols().size(), 0);  // the generated code's sz[]: never reallocated
+  st.symbols = binder->symbols();
   auto bld = std::make_unique<Builder>(Builder{*ce, {}});
   bld->shared = &packings;
   bld->key_m = false;
@@ -468,16 +466,14 @@ void CompiledExecutable::Symbolic::make_rebound(CompiledExecutable& owner) {
 void CompiledExecutable::Symbolic::rebind(const std::vector<int64_t>& values) {
   CompiledExecutable& ce = *rebound;
   const Bindings b = binder->bindings(values);
-  std::set<std::string> changed;
-  const std::vector<std::string>& names = binder->symbols();
-  for (size_t i = 0; i < names.size() && !rebound_values.empty(); ++i)
-    if (rebound_values[i] != values[i]) changed.insert(names[i]);
-  const bool all = rebound_values.empty();
+  std::vector<char> changed;  // per symbol; empty: no binding yet (or the last rebind failed), every one
+  if (!rebound_values.empty())
+    for (size_t i = 0; i < values.size(); ++i) changed.push_back(rebound_values[i] != values[i]);
   rebound_values.clear();  // unbound until every piece has the new binding
   for (size_t i = 0; i < values.size(); ++i) ce.sym_values_[i] = static_cast<long>(values[i]);
   ScopedOmpThreads library_threads(ce.stats_.threads);  // library primitives for the threads they run with
   ce.exe_->rebind(b);
-  builder->rebind(b, all ? nullptr : &changed);
+  builder->rebind(b, changed);
   rebound_values = values;
 }
 

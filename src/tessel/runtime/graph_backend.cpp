@@ -228,11 +228,11 @@ struct GraphExecutable::Impl {
     bool view;
   };
   std::vector<SymStep> sym_steps;
-  std::vector<Dim> request_bytes;       // per arena request: its bytes for every binding
-  std::vector<int> request_syms_any;    // per arena request: 1 when its bytes name a symbol
+  std::vector<Dim> request_bytes;       // per arena request: its bytes, an expression of the symbols
   std::function<CoreKernel(const Node&)> custom_kernel;
+  // GraphBackendOptions' arena pool (symbolic: one of its own when none is given, so that a binding
+  // that needs more memory grows it) and alignment.
   std::shared_ptr<ArenaPool> arena_pool;
-  size_t arena_capacity = 0;            // bytes of `arena` when it is the executable's own
   size_t align = 64;
 
   Tensor tensor_of(const Value* v) const;
@@ -537,12 +537,13 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   // last use, like eager) instead of splitting the memory between an arena and the heap.
   bool has_dynamic = false;
   for (const auto& v : g->values()) has_dynamic = has_dynamic || (v->producer && !shaped(v.get(), sym));
+  im.arena_pool = opts.arena_pool;
+  im.align = opts.align;
   if (sym) {
     im.symbolic = true;
     im.symbol_names = graph_symbols(*g);  // sorted
     im.custom_kernel = opts.custom_kernel;
-    im.arena_pool = opts.arena_pool;
-    im.align = opts.align;
+    if (!im.arena_pool) im.arena_pool = std::make_shared<ArenaPool>();
     for (const auto& v : g->values()) {
       if (v->producer && !shaped(v.get(), true))
         throw Error(Location{.node = v->producer->name, .op = v->producer->op->name, .pass = "compile"},
@@ -662,12 +663,10 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     if (im.home[id] == Home::arena) {
       const Value* v = im.value_of[id];
       auto over = bytes_override.find(static_cast<int>(id));
-      if (sym) {
-        const Dim b = over != bytes_override.end() ? Dim(static_cast<int64_t>(over->second))
-                                                   : dims_numel(v->type.dims()) * static_cast<int64_t>(dtype_size(v->type.dtype));
-        im.request_bytes.push_back(b);
-        im.request_syms_any.push_back(b.is_symbolic());
-      }
+      if (sym)
+        im.request_bytes.push_back(over != bytes_override.end()
+                                       ? Dim(static_cast<int64_t>(over->second))
+                                       : dims_numel(v->type.dims()) * static_cast<int64_t>(dtype_size(v->type.dtype)));
       const size_t bytes = sym ? 0
                            : over != bytes_override.end()
                                ? over->second
@@ -683,20 +682,25 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     st.compile_seconds = seconds_since(t0);
     return exe;
   }
-  exe->plan_ = plan_arena(exe->requests_, opts.align);
-  check_alloc(exe->plan_.size + opts.align, "the graph backend's arena");
-  im.arena = opts.arena_pool ? opts.arena_pool->take(exe->plan_.size + opts.align)
-                            : std::shared_ptr<uint8_t>(allocate_pages(exe->plan_.size + opts.align));
-  const uintptr_t raw = reinterpret_cast<uintptr_t>(im.arena.get());
-  uint8_t* base = im.arena.get() + ((opts.align - raw % opts.align) % opts.align);
-  for (size_t b = 0; b < exe->requests_.size(); ++b) im.fixed_ptr[exe->buffer_values_[b]->id] = base + exe->plan_.offsets[b];
-  for (size_t id = 0; id < nv; ++id)
-    if (im.home[im.root[id]] == Home::arena) im.fixed_ptr[id] = im.fixed_ptr[im.root[id]];
-  st.arena_bytes = exe->plan_.size;
-  st.arena_lower_bound = exe->plan_.lower_bound;
+  exe->place_arena();
   exe->graph_ = std::move(g);
   st.compile_seconds = seconds_since(t0);
   return exe;
+}
+
+void GraphExecutable::place_arena() {
+  Impl& im = *impl_;
+  plan_ = plan_arena(requests_, im.align);
+  const size_t need = plan_.size + im.align;
+  check_alloc(need, "the graph backend's arena");
+  im.arena = im.arena_pool ? im.arena_pool->take(need) : std::shared_ptr<uint8_t>(allocate_pages(need));
+  const uintptr_t raw = reinterpret_cast<uintptr_t>(im.arena.get());
+  uint8_t* base = im.arena.get() + ((im.align - raw % im.align) % im.align);
+  for (size_t r = 0; r < requests_.size(); ++r) im.fixed_ptr[buffer_values_[r]->id] = base + plan_.offsets[r];
+  for (size_t id = 0; id < im.fixed_ptr.size(); ++id)
+    if (im.home[im.root[id]] == Home::arena) im.fixed_ptr[id] = im.fixed_ptr[im.root[id]];
+  stats_.arena_bytes = plan_.size;
+  stats_.arena_lower_bound = plan_.lower_bound;
 }
 
 void GraphExecutable::rebind(const Bindings& b) {
@@ -751,34 +755,15 @@ void GraphExecutable::rebind(const Bindings& b) {
   }
   // The arena: every request's bytes for this binding, planned again when one of them changed.
   bool replan = was.empty();
-  for (size_t r = 0; r < requests_.size(); ++r)
-    if (im.request_syms_any[r]) {
-      const int64_t bytes = im.request_bytes[r].eval(b);
-      if (bytes < 0) fail("value '{}' has {} bytes for these sizes", display_text(buffer_values_[r]->name), bytes);
-      replan = replan || requests_[r].bytes != static_cast<size_t>(bytes);
-      requests_[r].bytes = static_cast<size_t>(bytes);
-    } else if (was.empty()) {
-      requests_[r].bytes = static_cast<size_t>(im.request_bytes[r].constant_term());
-    }
-  if (replan) {
-    plan_ = plan_arena(requests_, im.align);
-    const size_t need = plan_.size + im.align;
-    check_alloc(need, "the graph backend's arena");
-    if (im.arena_pool) {
-      im.arena = im.arena_pool->take(need);
-    } else if (!im.arena || im.arena_capacity < need) {
-      const size_t n = std::max(need, im.arena_capacity + im.arena_capacity / 2);
-      im.arena = std::shared_ptr<uint8_t>(allocate_pages(n));
-      im.arena_capacity = n;
-    }
-    const uintptr_t raw = reinterpret_cast<uintptr_t>(im.arena.get());
-    uint8_t* base = im.arena.get() + ((im.align - raw % im.align) % im.align);
-    for (size_t r = 0; r < requests_.size(); ++r) im.fixed_ptr[buffer_values_[r]->id] = base + plan_.offsets[r];
-    for (size_t id = 0; id < im.fixed_ptr.size(); ++id)
-      if (im.home[im.root[id]] == Home::arena) im.fixed_ptr[id] = im.fixed_ptr[im.root[id]];
-    stats_.arena_bytes = plan_.size;
-    stats_.arena_lower_bound = plan_.lower_bound;
+  for (size_t r = 0; r < requests_.size(); ++r) {
+    const Dim& d = im.request_bytes[r];
+    if (!was.empty() && d.is_static()) continue;
+    const int64_t bytes = d.eval(b);
+    if (bytes < 0) fail("value '{}' has {} bytes for these sizes", display_text(buffer_values_[r]->name), bytes);
+    replan = replan || requests_[r].bytes != static_cast<size_t>(bytes);
+    requests_[r].bytes = static_cast<size_t>(bytes);
   }
+  if (replan) place_arena();  // (the pool's block grows when this binding needs more)
   im.bound = std::move(vals);
 }
 

@@ -132,6 +132,9 @@ class GraphExecutable {
                                                         const GraphBackendOptions&);
   struct Impl;
   GraphExecutable();
+  // Plans requests_ into plan_ and points every arena value at its place in the arena (the pool's block
+  // when the executable has one, else pages of its own).
+  void place_arena();
   std::unique_ptr<Graph> graph_;
   GraphCompileStats stats_;
   std::vector<BufferRequest> requests_;
