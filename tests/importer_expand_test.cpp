@@ -513,6 +513,30 @@ TEST(ImportExpand, ScanUnrollIsBounded) {
   }
 }
 
+// Scan-8 over an empty batch (axis 0 of the scan input is 0) is refused with a line, not unrolled
+// zero times and then read at batch 0 (the fuzzer found the read).
+TEST(ImportExpand, Scan8OverEmptyBatchIsRefused) {
+  Model md(8);
+  auto* g = md.m.mutable_graph();
+  Model::set_type(g->add_input(), "init", 1, {0, 1});
+  Model::set_type(g->add_input(), "xs", 1, {0, 3, 1});
+  auto* n = md.node("Scan", {"", "init", "xs"}, {"final"});
+  attr_i(n, "num_scan_inputs", 1);
+  auto* body = attr_g(n, "body");
+  Model::set_type(body->add_input(), "s", 1, {1});
+  Model::set_type(body->add_input(), "e", 1, {1});
+  Model::node(body, "Add", {"s", "e"}, {"s2"});
+  Model::set_type(body->add_output(), "s2", 1, {1});
+  md.output("final");
+  try {
+    import_onnx(md.save("scan8_empty.onnx"));
+    ADD_FAILURE() << "a Scan-8 over an empty batch was imported";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.is_unsupported()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("empty batch"), std::string::npos) << e.what();
+  }
+}
+
 // FlexAttention with grouped heads (4 query heads over 2 key/value heads) and an identity score_mod
 // subgraph: the expansion repeats K and V heads from the inputs' shapes (the fuzzer found it read the
 // shape of a value it had just emitted, before inference) and equals the graph op without subgraphs.

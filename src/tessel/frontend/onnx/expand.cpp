@@ -262,6 +262,7 @@ std::vector<Value*> expand_scan(ExpandCtx& c, const onnx::NodeProto& np, int ops
   if (input(c, 0)) unsupported("Scan-8 with sequence_lens (sequences of different lengths)");
   s.in_dirs = attr_ints(c, "directions");
   const int64_t batch = static_dim(s.scans[0], 0, "a scan input");
+  if (batch == 0) unsupported("Scan-8 over an empty batch (the outputs' shapes come from the body)");
   check_unroll(batch, body.node_size() + 1, "Scan-8's batch");
   std::vector<std::vector<Value*>> per_batch;
   for (int64_t b = 0; b < batch; ++b) {
