@@ -597,5 +597,40 @@ TEST(DnnlMatmul, LargeConstantVectorProductsRunAsGemv) {
   EXPECT_EQ(impl_of(small).find("gemm"), std::string::npos) << impl_of(small);
 }
 
+// Matmuls on the thread team (MatmulDesc::team): split over the batch, N or M into single-threaded
+// parts that the team's threads claim, each against the float64 loop; epilogues, bias, strides,
+// constant B (packed per part over N, shared between parts over M) and a product too small to split.
+TEST(DnnlMatmul, TeamParts) {
+  for (int team : {2, 3}) {
+    auto check = [&](MatmulDesc d, const std::string& what, bool constant_b, bool bias, int min_parts) {
+      d.team = team;
+      check_matmul(d, what + " team " + std::to_string(team), constant_b, bias);
+      MatmulDesc probe = d;
+      std::vector<float> b = random_floats(span(d.batch, d.b_batch, d.K, d.b_k, d.N, d.b_n), 2);
+      if (constant_b) probe.constant_b = b.data();
+      EXPECT_GE(Matmul(probe).parts(), min_parts) << what;
+    };
+    check(contiguous_matmul(1, 64, 256, 64), "over N", false, false, 2);
+    MatmulDesc n = contiguous_matmul(1, 64, 200, 64);
+    n.epilogue.act = Activation::relu;
+    check(n, "over N, constant B + bias + relu (N not a multiple of 16)", true, true, 2);
+    n.epilogue = {};
+    n.epilogue.accumulate = true;
+    check(n, "over N, accumulate", true, true, 2);
+    check(contiguous_matmul(6, 32, 32, 64), "over the batch", false, false, 2);
+    check(contiguous_matmul(4, 48, 40, 64, /*b_shared=*/true), "over the batch, shared constant B", true, true, 2);
+    check(contiguous_matmul(1, 256, 48, 64), "over M", false, false, 2);
+    check(contiguous_matmul(1, 256, 48, 64), "over M, constant B", true, true, 2);
+    check(contiguous_matmul(1, 4, 8, 8), "too small to split", false, true, 1);
+    const int64_t H = 4, T = 64, D = 32, row = 3 * H * D;
+    MatmulDesc qk;
+    qk.batch = H, qk.M = T, qk.N = T, qk.K = D;
+    qk.a_batch = D, qk.a_m = row, qk.a_k = 1;
+    qk.b_batch = D, qk.b_k = 1, qk.b_n = row;
+    qk.epilogue.alpha = 0.25f;
+    check(qk, "Q·K^T through strides", false, false, 2);
+  }
+}
+
 }  // namespace
 }  // namespace tessel::cpu

@@ -22,6 +22,7 @@
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 #include "tessel/support/limits.h"
+#include "tessel/support/thread_team.h"
 #include "tessel/support/threads.h"
 #include "tessel/targets/cpu/codegen.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
@@ -38,6 +39,8 @@ using GeneratedFn = void(void* const*, const long*, long, long);
 
 // Kernels with fewer elements than this run on one thread: waking the others costs more.
 constexpr int64_t kParallelMinElements = 16384;
+// Chunks per thread of a parallel generated loop on the thread team.
+constexpr int kChunksPerThread = 4;
 
 }  // namespace
 
@@ -56,6 +59,8 @@ struct CompiledExecutable::Launch {
   // The kernel's parallel range and loop points (outer x inner x phases), worked out once: a launch's
   // kernel has static sizes (an instance's are instantiated).
   int64_t extent = 0, work = 0;
+  // The parallel loop runs on the thread team (support/thread_team.h), not an OpenMP region.
+  bool team = false;
   // A symbolic kernel of an executable rebound per binding (CompiledBackendOptions::rebind): `kernel`
   // is `bound`, its instance for the current binding, and the fields above are redone (Builder::fill)
   // when one of `symbols` (indices into the binder's symbols, the generated code's sz[]) changes.
@@ -95,6 +100,16 @@ struct CompiledExecutable::Launch {
     }
     GeneratedFn* f = fn;
     const long* sizes = sz;
+    if (team) {
+      // A few chunks per thread, none under half the parallel threshold: the threads that are running
+      // take the chunks of one whose core is busy (support/thread_team.h).
+      const int64_t chunks = std::min<int64_t>({n, int64_t{kChunksPerThread} * threads,
+                                                std::max<int64_t>(threads, 2 * work / kParallelMinElements)});
+      ThreadTeam::shared(threads).run(chunks, [&](int64_t c) {
+        f(args, sizes, static_cast<long>(n * c / chunks), static_cast<long>(n * (c + 1) / chunks));
+      });
+      return;
+    }
 #pragma omp parallel num_threads(threads)
     {
       const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
@@ -153,9 +168,9 @@ class PrimitiveCache {
     return fmt::format("{} {} {} {} {} {}", e.alpha, e.accumulate, static_cast<int>(e.act), e.clip_lo, e.clip_hi, e.slope);
   }
   static std::string key(size_t kid, const cpu::MatmulDesc& d) {
-    return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", kid, d.batch, d.M, d.N, d.K, d.a_batch, d.a_m, d.a_k,
+    return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", kid, d.batch, d.M, d.N, d.K, d.a_batch, d.a_m, d.a_k,
                        d.b_batch, d.b_k, d.b_n, d.c_batch, d.c_m, d.c_n, static_cast<const void*>(d.constant_b),
-                       static_cast<const void*>(d.bias), epilogue_key(d.epilogue));
+                       static_cast<const void*>(d.bias), epilogue_key(d.epilogue), d.team);
   }
   static std::string key(size_t kid, const cpu::ConvDesc& d) {
     return fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", kid, d.N, d.C, d.H, d.W, d.OC, d.KH,
@@ -295,6 +310,19 @@ struct CompiledExecutable::Builder {
     return p;
   }
 
+  // Whether the executable's parallel steps run on the thread team: with more than one thread, unless
+  // TESSEL_TEAM=0 or a kernel is a convolution (oneDNN threads those itself through OpenMP, whose
+  // workers spin after each region: the two runtimes side by side would take each other's cores).
+  int team_mode = -1;
+  bool on_team() {
+    if (team_mode < 0) {
+      team_mode = thread_team_enabled() && ce.stats_.threads > 1;
+      for (const Kernel& k : ce.kernels_)
+        if (k.kind == KernelKind::conv) team_mode = 0;
+    }
+    return team_mode == 1;
+  }
+
   // Symbolic kernels get a Launch that rebind() fills for each binding (an executable rebound per
   // binding, CompiledBackendOptions::rebind).
   bool rebinding = false;
@@ -305,6 +333,7 @@ struct CompiledExecutable::Builder {
     const Kernel& k = ce.kernels_.at(kid);
     auto L = std::make_unique<CompiledExecutable::Launch>();
     L->threads = ce.stats_.threads;
+    L->team = on_team();
     L->sz = ce.sym_values_.data();
     L->kernel_index = kid;
     if (ce.in_library_.at(kid)) ce.stats_.library_epilogues++;
@@ -390,6 +419,7 @@ struct CompiledExecutable::Builder {
         const Value* bv = n.inputs[static_cast<size_t>(k.mm.b)];
         if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset, d.prepacked_b = packed;
         if (lib) d.bias = bias, d.epilogue = le.epilogue;
+        if (L->team) d.team = L->threads;
         L->matmul = primitive<cpu::Matmul>(kid, d, from_shared);
       } else if (k.kind == KernelKind::conv) {
         const ConvSpec& c = k.conv;

@@ -15,6 +15,8 @@
 #include "tessel/ir/graph.h"
 #include "tessel/support/error.h"
 #include "tessel/support/pages.h"
+#include "tessel/support/thread_team.h"
+#include "tessel/support/threads.h"
 
 namespace tessel::cpu {
 namespace {
@@ -35,6 +37,12 @@ Runtime& runtime() {
     return Runtime{eng, dnnl::stream(eng)};
   }();
   return rt;
+}
+
+// The calling thread's stream: parts of a matmul run on the thread team's threads at once.
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream strm(runtime().eng);
+  return strm;
 }
 
 dnnl::algorithm eltwise_alg(Activation a) {
@@ -392,8 +400,21 @@ bool gemv_wins(const MatmulDesc& d, const MatmulPlan& p, bool constant_b) {
   return constant_b && p.folded && p.a.dims()[0] == 1 && d.K * d.N * 4 >= kGemvWeightBytes;
 }
 
+// One part of a matmul run on the thread team: its primitive and where its operands start.
+struct Matmul::Part {
+  Matmul mm;
+  int64_t a = 0, b = 0, c = 0;  // element offsets into the whole product's A, B and C
+};
+
+// A part's least multiply-adds: smaller products run as one part (each part is a primitive call).
+constexpr double kPartMacs = 1 << 17;
+
 struct Matmul::Impl {
   MatmulDesc d;
+  bool part = false;          // a part of a team matmul: its own scratchpad (oneDNN's shared one is per thread)
+  std::vector<Part> parts;    // a team matmul's parts (then no primitive of its own)
+  char split_dim = 0;         // 'b', 'n' or 'm'
+  memory scratch;
   DenseCopy dense_a, dense_b;
   std::string name;
   MatmulPlan plan;
@@ -465,13 +486,71 @@ struct Matmul::Impl {
       bias = memory(gemv ? ip_pd.bias_desc() : plan.bias, eng, bias_data.data());
       args.push_back({DNNL_ARG_BIAS, bias.get()});
     }
+    if (part) {
+      scratch = memory(gemv ? ip_pd.scratchpad_desc() : pd.scratchpad_desc(), eng);
+      args.push_back({DNNL_ARG_SCRATCHPAD, scratch.get()});
+    }
+  }
+
+  // The parts of a team matmul: the batch when it has enough entries, else N (blocks of 16 columns,
+  // each part packing its own columns of a constant B), else M.
+  void split() {
+    MatmulDesc w = d;
+    if (w.c_batch == 0 && w.c_m == 0 && w.c_n == 0) w.c_batch = w.M * w.N, w.c_m = w.N, w.c_n = 1;
+    const int64_t T = d.team;
+    const double macs = static_cast<double>(w.batch) * static_cast<double>(w.M) * static_cast<double>(w.N) *
+                        static_cast<double>(w.K);
+    const int64_t want = std::clamp<int64_t>(static_cast<int64_t>(macs / kPartMacs), 1, 4 * T);
+    int64_t extent = w.M, align = 1;
+    split_dim = 'm';
+    if (want > 1 && w.batch >= std::min<int64_t>(want, 2 * T)) extent = w.batch, split_dim = 'b';
+    else if (want > 1 && w.N >= 64) extent = w.N, align = 16, split_dim = 'n';
+    int64_t block = (extent + want - 1) / want;
+    block = (block + align - 1) / align * align;
+    ScopedOmpThreads one(1);
+    for (int64_t lo = 0; lo < extent; lo += block) {
+      const int64_t n = std::min(block, extent - lo);
+      MatmulDesc q = w;
+      q.team = 0;
+      q.prepacked_b = {};
+      int64_t ao = 0, bo = 0, co = 0;
+      if (split_dim == 'b') q.batch = n, ao = lo * w.a_batch, bo = lo * w.b_batch, co = lo * w.c_batch;
+      if (split_dim == 'n') q.N = n, bo = lo * w.b_n, co = lo * w.c_n, q.bias = w.bias ? w.bias + lo : nullptr;
+      if (split_dim == 'm') q.M = n, ao = lo * w.a_m, co = lo * w.c_m;
+      q.constant_b = w.constant_b ? w.constant_b + bo : nullptr;
+      // Parts over M read the same constant B: the first part's packing serves the others (taken only
+      // where oneDNN wants the same layout).
+      if (split_dim == 'm' && !parts.empty()) q.prepacked_b = parts.front().mm.packed_weights();
+      parts.push_back(Part{Matmul(q, PartTag{}), ao, bo, co});
+    }
   }
 };
 
 Matmul::Matmul(const MatmulDesc& desc) : impl_(std::make_unique<Impl>()) {
+  impl_->d = desc;
+  construct();
+}
+
+Matmul::Matmul(const MatmulDesc& desc, PartTag) : impl_(std::make_unique<Impl>()) {
+  impl_->d = desc;
+  impl_->part = true;
+  construct();
+}
+
+void Matmul::construct() {
   Impl& m = *impl_;
-  m.d = desc;
-  m.name = matmul_str(desc);
+  m.name = matmul_str(m.d);
+  // A team matmul is its parts; B given only prepacked (no plain bytes to slice) keeps one primitive.
+  if (m.d.team > 0 && m.d.batch > 0 && m.d.M > 0 && m.d.N > 0 && m.d.K > 0 &&
+      (m.d.constant_b || !m.d.prepacked_b.valid())) {
+    m.pack = m.d.constant_b != nullptr;
+    m.split();
+    m.d.constant_b = nullptr;
+    m.d.bias = nullptr;
+    m.d.prepacked_b = {};
+    return;
+  }
+  m.d.team = 0;
   try {
     if (m.d.batch > 0 && m.d.M > 0 && m.d.N > 0 && m.d.K > 0) {
       m.dense_a.take(m.d.batch, m.d.M, m.d.K, m.d.a_batch, m.d.a_m, m.d.a_k, !b_foldable(m.d));
@@ -482,6 +561,7 @@ Matmul::Matmul(const MatmulDesc& desc) : impl_(std::make_unique<Impl>()) {
     }
     m.plan = plan_matmul(m.d);
     m.attr = make_attr(m.d.epilogue);
+    if (m.part) m.attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     m.pack = m.d.constant_b != nullptr || m.d.prepacked_b.valid();
     m.gemv = gemv_wins(m.d, m.plan, m.pack);
     m.prepacked = m.d.prepacked_b;
@@ -521,6 +601,13 @@ bool Matmul::supported(const MatmulDesc& desc) {
 void Matmul::run(const float* a, const float* b, float* c) const {
   Impl& m = *impl_;
   if (!a || !c || (!m.pack && !b)) fail("matmul {}: an operand pointer is null", m.name);
+  if (!m.parts.empty()) {
+    ThreadTeam::shared(m.d.team).run(static_cast<int64_t>(m.parts.size()), [&](int64_t i) {
+      const Part& p = m.parts[static_cast<size_t>(i)];
+      p.mm.run(a + p.a, m.pack ? nullptr : b + p.b, c + p.c);
+    });
+    return;
+  }
   a = m.dense_a.copy(a);
   if (!m.pack) b = m.dense_b.copy(b);
   try {
@@ -528,11 +615,11 @@ void Matmul::run(const float* a, const float* b, float* c) const {
     bind(m.a, a);
     if (!m.pack) bind(m.b, b);
     bind(m.c, c);
-    Runtime& rt = runtime();
-    dnnl::error::wrap_c_api(dnnl_primitive_execute(m.prim.get(), rt.strm.get(),
+    dnnl::stream& strm = thread_stream();
+    dnnl::error::wrap_c_api(dnnl_primitive_execute(m.prim.get(), strm.get(),
                                                    static_cast<int>(m.args.size()), m.args.data()),
                             "could not execute");
-    rt.strm.wait();
+    strm.wait();
   } catch (const dnnl::error& e) {
     fail("matmul {}: oneDNN: {}", m.name, e.what());
   }
@@ -545,13 +632,20 @@ bool Matmul::packed_b() const {
   return impl_->pack;
 }
 PackedWeights Matmul::packed_weights() const {
-  return impl_->pack ? packed_view(impl_->b, impl_->packed_owner) : PackedWeights{};
+  return impl_->pack && impl_->parts.empty() ? packed_view(impl_->b, impl_->packed_owner) : PackedWeights{};
+}
+int Matmul::parts() const {
+  return static_cast<int>(impl_->parts.size());
 }
 bool Matmul::used_prepacked() const {
   return impl_->used_prepacked;
 }
 std::string Matmul::impl() const {
-  return impl_->gemv ? impl_->ip_pd.impl_info_str() : impl_->pd.impl_info_str();
+  const Impl& m = *impl_;
+  if (!m.parts.empty())
+    return fmt::format("{} parts over {} on {} threads: {}", m.parts.size(),
+                       m.split_dim == 'b' ? "batch" : m.split_dim == 'n' ? "N" : "M", m.d.team, m.parts.front().mm.impl());
+  return m.gemv ? m.ip_pd.impl_info_str() : m.pd.impl_info_str();
 }
 
 // ---- Conv2d -------------------------------------------------------------------------------------

@@ -61,6 +61,10 @@ struct MatmulDesc {
   PackedWeights prepacked_b;
   const float* bias = nullptr;  // optional [N] bias, copied by the constructor
   Epilogue epilogue;
+  // > 0: run on the thread team of this many threads (support/thread_team.h) as parts, each a
+  // single-threaded primitive over a share of the batch, of N or of M that whichever thread is free
+  // claims (one part when the product is small); 0: one primitive threaded by oneDNN (OpenMP).
+  int team = 0;
 };
 
 // A MatmulDesc with contiguous row-major operands: A [batch, M, K], and B [batch, K, N] or, when
@@ -100,9 +104,14 @@ class Matmul {
   PackedWeights packed_weights() const;
   bool used_prepacked() const;  // the constructor took MatmulDesc::prepacked_b
   std::string impl() const;  // oneDNN's implementation name ("brg:avx512_core", "gemm:jit", ...)
+  int parts() const;         // primitives run on the thread team (MatmulDesc::team), 0 when not
 
  private:
   struct Impl;
+  struct Part;
+  struct PartTag {};
+  Matmul(const MatmulDesc& d, PartTag);  // one part: single-threaded, its own scratchpad
+  void construct();
   std::unique_ptr<Impl> impl_;
 };
 
