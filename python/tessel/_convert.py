@@ -14,27 +14,15 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from . import _tessel
+from ._dtypes import TESSEL_TO_TORCH, TORCH_TO_TESSEL, tessel_dtype  # noqa: F401  (also imported from here)
 from ._dynamic import DynamicUnsupported, is_sym_node, sym_value
 from ._sym import SymDim, size
 from .aten_table import LOWERINGS, DATA_DEPENDENT, Unsupported
 
-TORCH_TO_TESSEL = {
-    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
-    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
-    torch.bool: "bool",
-}
-TESSEL_TO_TORCH = {v: k for k, v in TORCH_TO_TESSEL.items()}
 
 
 class TesselCaptureError(_tessel.TesselError):
     """The module could not be captured into an aten graph (data-dependent control flow, .item(), ...)."""
-
-
-def tessel_dtype(dt, what):
-    if dt not in TORCH_TO_TESSEL:
-        raise _tessel.TesselError(f"{what} has dtype {dt}, which tessel does not support "
-                                  f"(supported: {', '.join(str(d) for d in TORCH_TO_TESSEL)})")
-    return TORCH_TO_TESSEL[dt]
 
 
 _FAST_DTYPES = {k: v for k, v in TORCH_TO_TESSEL.items() if k != torch.bfloat16}   # (bf16 goes through int16)

@@ -14,6 +14,7 @@ import re
 import torch
 
 from . import _tessel
+from ._frames import _PKG_DIR, _is_user_file, _user_frame
 from ._sym import SymDim, Unsupported, from_sympy, sympy_expr
 
 _DEFAULT_HI = 1 << 31
@@ -249,7 +250,6 @@ class Symbolic:
 def _stack_location(stack):
     """Where a guard was decided, from a formatted stack: the innermost user frame ('file.py:LINE
     `code`'), and the torch function that decided it when that is not the user's code."""
-    from ._capture import _PKG_DIR, _is_user_file, _user_frame
     frames = [(f, int(line), fn) for f, line, fn in re.findall(r'File "([^"]+)", line (\d+), in (\S+)', stack or "")
               if not f.startswith(_PKG_DIR)]
     user = _user_frame([(f, line) for f, line, _ in reversed(frames)])

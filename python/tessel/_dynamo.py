@@ -15,7 +15,7 @@ import warnings
 import torch
 
 from . import _tessel
-from ._capture import node_source
+from ._frames import node_source
 from ._compile import CompiledModule
 from ._sym import Unsupported, sympy_expr
 from ._train import TrainModule

@@ -7,7 +7,7 @@ import torch
 
 from . import _tessel
 from ._capture import _READ, Slot, capture
-from ._compile import Stats, _call_builder, _const_name, _split_call, _StateGuard, _torch_threads_kept
+from ._calls import Stats, _call_builder, _const_name, _split_call, _StateGuard, _torch_threads_kept
 from ._convert import Converted, from_buffer, tessel_dtype, to_buffer
 from .aten_table import RandomMask
 

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from ._dtypes import TORCH_TO_TESSEL, tessel_dtype
 from ._sym import SymDim, Unsupported, any_sym, broadcast_shapes, from_torch, product, same
 
 aten = torch.ops.aten
@@ -80,12 +81,10 @@ def _out_dtype(node):
     tm = node.meta.get("tensor_meta")
     if not hasattr(tm, "dtype"):
         return None
-    from ._convert import TORCH_TO_TESSEL
     return TORCH_TO_TESSEL.get(tm.dtype)
 
 
 def _cast(L, v, d):
-    from ._convert import TESSEL_TO_TORCH  # noqa: F401  (dtype names are shared)
     if L.dtype(v) == d:
         return v
     return L.op("Cast", [v], {"to": _ONNX_DTYPE[d]})
@@ -411,7 +410,6 @@ def _to_copy(L, node, x, dtype=None, *args, **kwargs):
     dtype = kwargs.get("dtype", dtype)
     if dtype is None or not isinstance(dtype, torch.dtype):
         return x
-    from ._convert import tessel_dtype
     return _cast(L, x, tessel_dtype(dtype, "a cast"))
 
 
@@ -763,7 +761,6 @@ def _created(L, node, value):
     shape, dt = _meta_shape(node, L), _meta_torch_dtype(node)
     if shape is None or dt is None:
         raise Unsupported("output type unknown")
-    from ._convert import tessel_dtype
     d = tessel_dtype(dt, "a created tensor")
     if any_sym(shape):
         return L.op("Expand", [_number(L, value, d), L.ints(shape)])
@@ -803,7 +800,6 @@ def _arange(L, node, *args, **kwargs):
     integral = all(isinstance(v, (int, SymDim)) for v in (start, end, step))
     # (torch 1.13's symbolic trace types arange of a SymInt as float; eager gives int64 for integers)
     dt = kwargs.get("dtype") or (torch.int64 if integral else _meta_torch_dtype(node))
-    from ._convert import tessel_dtype
     d = tessel_dtype(dt, "arange")
     if not any_sym([start, end, step]):
         return L.const(torch.arange(start, end, step, dtype=dt), d)
@@ -1093,7 +1089,6 @@ def _convolution(L, node, x, w, b, stride, padding, dilation, transposed, output
 def _reduce_typed(op):
     def lower(L, node, x, dims=None, keepdim=False, dtype=None):
         if dtype is not None:
-            from ._convert import tessel_dtype
             x = _cast(L, x, tessel_dtype(dtype, "a reduction's dtype"))
         elif L.dtype(x) in ("bool", "u8", "i8", "i16", "i32") and op in ("ReduceSum", "ReduceProd"):
             x = _cast(L, x, "i64")          # torch sums integers and bools in i64
@@ -1203,7 +1198,6 @@ for _kind in ("var", "std", "var_mean", "std_mean"):
 def _vector_norm(L, node, x, p=2, dims=None, keepdim=False, *rest, dtype=None):
     p = 2 if p is None else p
     if dtype is not None:
-        from ._convert import tessel_dtype
         x = _cast(L, x, tessel_dtype(dtype, "a norm's dtype"))
     if isinstance(dims, (list, tuple)) and not dims:
         dims = None
@@ -1229,7 +1223,6 @@ def _vector_norm(L, node, x, p=2, dims=None, keepdim=False, *rest, dtype=None):
 @lowers(_ov("cumsum", "default"), _ov("cumprod", "default"))
 def _cumsum(L, node, x, dim, dtype=None):
     if dtype is not None:
-        from ._convert import tessel_dtype
         x = _cast(L, x, tessel_dtype(dtype, "cumsum's dtype"))
     elif L.dtype(x) in ("bool", "u8", "i8", "i16", "i32"):
         x = _cast(L, x, "i64")
@@ -1800,7 +1793,6 @@ def _bernoulli_mask(L, node, shape, p, dtype):
     # order) and read again by the backward; elsewhere the draw runs in PyTorch (a graph break).
     if L.masks is None:
         raise Unsupported("a random mask outside tessel.compile(train=True)")
-    from ._convert import tessel_dtype
     name = L.b.input(node.name, tessel_dtype(dtype, f"dropout mask '{node.name}'"), [int(d) for d in shape])
     L.masks.append(RandomMask(name, tuple(int(d) for d in shape), float(p), dtype))
     return name
