@@ -68,6 +68,27 @@ TEST(Graph, PrintedForm) {
   EXPECT_EQ(print_graph(*g), want);
 }
 
+// Graph::clone: the same text (symbols included), the same value ids, and a copy that changes alone.
+TEST(Graph, CloneIsWholeAndIndependent) {
+  auto g = small_graph();
+  auto c = g->clone();
+  EXPECT_EQ(print_graph(*c), print_graph(*g));
+  ASSERT_EQ(c->values().size(), g->values().size());
+  for (size_t i = 0; i < g->values().size(); ++i) EXPECT_EQ(c->values()[i]->id, g->values()[i]->id);
+  c->outputs.clear();
+  c->outputs.push_back(c->inputs[0]);
+  EXPECT_EQ(g->outputs[0]->name, "y");
+  auto s = parse_graph(
+      "graph @f(%x: f32[s0,4]) symbols(s0 in [1, 64]) {\n"
+      "  %y: f32[s0,4] = neg(%x) loc(\"n\")\n"
+      "  return %y\n"
+      "}\n");
+  auto sc = s->clone();
+  EXPECT_EQ(print_graph(*sc), print_graph(*s));
+  EXPECT_EQ(sc->symbols.all().size(), 1u);
+  verify_graph(*sc);
+}
+
 TEST(Graph, RoundTripWithBlobsAttributesAndQuotedNames) {
   auto g = std::make_unique<Graph>();
   Value* x = g->add_input("onnx::input:0", {DType::f16, {2, 8}});

@@ -307,6 +307,9 @@ def tessel_backend(gm, example_inputs, **kwargs):
 def _backend(gm, example_inputs, options):
     if all(isinstance(t, torch.Tensor) for t in example_inputs) and not _has_symbolic_dims(gm):
         return _FirstCall(gm, options=options)
+    free = free_int_inputs(gm, example_inputs)
+    if free:
+        return _FreeInts(gm, example_inputs, free, options)
     try:
         sizes = symbolic_sizes(gm, example_inputs)
     except Unsupported as e:
@@ -383,6 +386,72 @@ class _Numbers:
                 return self.gm(*args)
             folded = fold_numbers(self.gm, self.positions, values)
             fn = self.compiled[key] = _backend(folded, self.examples, self.options)
+        return fn(*[a for i, a in enumerate(args) if i not in self.skip])
+
+
+def free_int_inputs(gm, example_inputs):
+    """The positions of the graph's SymInt inputs whose symbols no tensor input's dim carries: a size the
+    model keeps beside its tensors (transformers' static KV cache passes its max_cache_len so, s72). A
+    symbolic compilation computes every SymInt from the tensors' dims, which these are not; each is
+    folded to the value of the call instead (_FreeInts), as a number read is (_Numbers)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        return []
+    carried, ints = set(), []
+    for p, (n, ex) in enumerate(zip(placeholders, example_inputs)):
+        val = n.meta.get("example_value", n.meta.get("val", ex))
+        if isinstance(val, torch.Tensor) or isinstance(ex, torch.Tensor):
+            for size in (val.shape if isinstance(val, torch.Tensor) else ()):
+                expr = None if isinstance(size, int) else sympy_expr(size)
+                if expr is not None:
+                    carried.update(sym.name for sym in expr.free_symbols)
+        elif not isinstance(val, (bool, int, float)):
+            expr = sympy_expr(val)
+            if expr is not None and not expr.is_Integer and n.users:
+                ints.append((p, {sym.name for sym in expr.free_symbols}))
+    return [p for p, syms in ints if not syms <= carried]
+
+
+def fold_ints(gm, positions, values):
+    """A copy of the graph without the inputs at `positions`, each use of one replaced by its value."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for p, value in zip(positions, values):
+        ph = placeholders[p]
+        for user in list(ph.users):
+            user.args = torch.fx.node.map_arg(user.args, lambda a, r=ph, v=value: v if a is r else a)
+            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a, r=ph, v=value: v if a is r else a)
+        graph.erase_node(ph)
+    graph.lint()
+    return torch.fx.GraphModule(gm, graph)
+
+
+class _FreeInts:
+    """A dynamo graph with SymInt inputs no tensor dim carries (free_int_inputs): compiled with each folded
+    to the value of the call, and the values checked on every call. Other values compile again (one
+    compilation per set of values, as cache_limit bounds); past the limit, new values run in PyTorch."""
+
+    def __init__(self, gm, example_inputs, positions, options):
+        self.gm, self.positions, self.options = gm, positions, options
+        self.skip = set(positions)
+        self.examples = [x for i, x in enumerate(example_inputs) if i not in self.skip]
+        self.compiled = {}          # the values -> the backend's callable for the folded graph
+        self.refused = False
+
+    def __call__(self, *args):
+        values = tuple(int(args[p]) for p in self.positions)
+        fn = self.compiled.get(values)
+        if fn is None:
+            limit = {**dynamo_options, **self.options}["cache_limit"]
+            if len(self.compiled) >= limit:
+                if not self.refused:
+                    self.refused = True
+                    _fallback(self.gm, f"the sizes the graph takes beside its tensors took {len(self.compiled) + 1} "
+                                       f"sets of values (cache_limit={limit}); new ones run in PyTorch")
+                return self.gm(*args)
+            folded = fold_ints(self.gm, self.positions, values)
+            fn = self.compiled[values] = _backend(folded, self.examples, self.options)
         return fn(*[a for i, a in enumerate(args) if i not in self.skip])
 
 

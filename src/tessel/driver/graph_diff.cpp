@@ -110,7 +110,7 @@ bool at_f32_range_edge(const Graph& g, const std::vector<Tensor>& inputs) {
     return up > 120 || down < -120;
   };
   // every intermediate, as eager computes it
-  auto all = clone_graph(g);
+  auto all = g.clone();
   all->outputs.clear();
   // Ops that square their operand inside one node (eager squares in double, the core forms in f32): a
   // magnitude below 2^-60 squares to 0 in f32 (ReduceL2 of 1e-30 is 0, not 1e-30).
@@ -153,7 +153,7 @@ struct SimRun {
 };
 
 SimRun run_sim(const Graph& g, const std::vector<Tensor>& inputs, const std::string& target, const DiffOptions& o) {
-  auto core = clone_graph(g);
+  auto core = g.clone();
   run_pipeline(*core, parse_pipeline("core"), PassOptions{});
   KernelModule km = fuse(std::move(core));
   const dataflow::HwSpec hw = dataflow::load_preset(target);
@@ -176,7 +176,7 @@ std::vector<Tensor> run_symbolic(const Graph& g, const std::vector<Tensor>& inpu
   CompiledBackendOptions co;
   co.threads = 1;
   co.toolchain = o.toolchain;
-  auto exe = compile_cpu(clone_graph(g), {}, co);
+  auto exe = compile_cpu(g.clone(), {}, co);
   std::vector<Tensor> first = exe->run(inputs);
   Bindings other;
   for (const auto& [name, info] : g.symbols.all()) other[name] = info.lo + 3;
@@ -195,12 +195,12 @@ std::vector<Tensor> run_symbolic(const Graph& g, const std::vector<Tensor>& inpu
 
 std::vector<Tensor> run_backend(const Graph& g, const std::vector<Tensor>& inputs, const std::string& backend,
                                 const DiffOptions& o, SimRun* sim = nullptr) {
-  if (backend == "graph") return compile_graph(clone_graph(g), inputs)->run(inputs);
+  if (backend == "graph") return compile_graph(g.clone(), inputs)->run(inputs);
   if (backend == "compiled") {
     CompiledBackendOptions co;
     co.threads = 1;
     co.toolchain = o.toolchain;
-    return compile_cpu(clone_graph(g), inputs, co)->run(inputs);
+    return compile_cpu(g.clone(), inputs, co)->run(inputs);
   }
   if (backend == "symbolic") return run_symbolic(g, inputs, o);
   SimRun r = run_sim(g, inputs, backend, o);
@@ -219,7 +219,7 @@ Tensor round_storage(const Tensor& t, DType storage, bool dl16) {
 
 // The graph with its f32 constants rounded to the storage (what the simulator computes with).
 std::unique_ptr<Graph> rounded_constants(const Graph& g, DType storage, bool dl16) {
-  auto c = clone_graph(g);
+  auto c = g.clone();
   for (Value* v : c->constants()) v->constant = round_storage(*v->constant, storage, dl16);
   return c;
 }
@@ -409,13 +409,6 @@ Policy policy_for(const std::string& backend) {
   return {backend, 0x1p-10 * 16, 0x1p-10 * 16, 0x1p-10};
 }
 
-std::unique_ptr<Graph> clone_graph(const Graph& g) {
-  auto c = std::make_unique<Graph>();
-  c->name = g.name;
-  c->outputs = append_graph(*c, g, "");
-  return c;
-}
-
 std::string finding_text(const Graph& g, uint64_t seed, const std::string& note) {
   std::string n = note;
   for (char& ch : n)
@@ -524,7 +517,7 @@ bool still_fails(const Graph& g, uint64_t seed, const std::string& backend, cons
 
 // Candidate: `g` with output k dropped.
 std::unique_ptr<Graph> drop_output(const Graph& g, size_t k) {
-  auto c = clone_graph(g);
+  auto c = g.clone();
   c->outputs.erase(c->outputs.begin() + static_cast<int64_t>(k));
   prune(*c);
   return c;
@@ -533,7 +526,7 @@ std::unique_ptr<Graph> drop_output(const Graph& g, size_t k) {
 // Candidate: `g` with node k's output 0 replaced by a new input of its type (cutting off what
 // computed it).
 std::unique_ptr<Graph> cut_node(const Graph& g, size_t k) {
-  auto c = clone_graph(g);
+  auto c = g.clone();
   const Node& n = *c->nodes()[k];
   Value* v = n.outputs[0];
   if (!v || v->type.dtype != DType::f32) return nullptr;
@@ -546,7 +539,7 @@ std::unique_ptr<Graph> cut_node(const Graph& g, size_t k) {
 }  // namespace
 
 std::unique_ptr<Graph> minimise(const Graph& g, uint64_t seed, const std::string& backend, const DiffOptions& opts) {
-  auto best = clone_graph(g);
+  auto best = g.clone();
   for (bool progress = true; progress;) {
     progress = false;
     for (size_t k = 0; k < best->outputs.size() && best->outputs.size() > 1; ++k) {

@@ -79,9 +79,6 @@ std::vector<Finding> check_graph(const Graph& g, uint64_t seed, const DiffOption
 // neither step keeps the failure (dims are not shrunk). Returns a copy of `g` when nothing smaller fails.
 std::unique_ptr<Graph> minimise(const Graph& g, uint64_t seed, const std::string& backend, const DiffOptions& opts);
 
-// A deep copy of `g` (names, types, constants, attributes).
-std::unique_ptr<Graph> clone_graph(const Graph& g);
-
 // The .tsl text of a finding's graph with a header naming the seed (what tests/randgraph/*.tsl hold).
 std::string finding_text(const Graph& g, uint64_t seed, const std::string& note);
 // The seed a tests/randgraph file names in its header ("# randgraph seed=N"), or 0.

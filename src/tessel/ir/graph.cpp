@@ -134,6 +134,39 @@ Node* Graph::add_copy(const Node& n, std::vector<Value*> inputs, std::map<const 
   return c;
 }
 
+std::unique_ptr<Graph> Graph::clone() const {
+  auto c = std::make_unique<Graph>();
+  c->name = name;
+  c->symbols = symbols;
+  std::map<const Value*, Value*> map;
+  for (const auto& v : values_) {
+    Value* nv = c->add_value(v->name, v->type);
+    nv->constant = v->constant;
+    nv->is_input = v->is_input;
+    map[v.get()] = nv;
+  }
+  auto mapped = [&](Value* v) { return v ? map.at(v) : nullptr; };
+  for (const auto& n : nodes_) {
+    auto nn = std::make_unique<Node>();
+    nn->op = n->op;
+    nn->name = n->name;
+    nn->attrs = n->attrs;
+    for (Value* v : n->inputs) nn->inputs.push_back(mapped(v));
+    for (size_t i = 0; i < n->outputs.size(); ++i) {
+      Value* v = mapped(n->outputs[i]);
+      nn->outputs.push_back(v);
+      if (v) {
+        v->producer = nn.get();
+        v->producer_output = static_cast<int>(i);
+      }
+    }
+    c->nodes_.push_back(std::move(nn));
+  }
+  for (Value* v : inputs) c->inputs.push_back(mapped(v));
+  for (Value* v : outputs) c->outputs.push_back(mapped(v));
+  return c;
+}
+
 Value* Graph::find_value(const std::string& name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : it->second;

@@ -83,6 +83,9 @@ class Graph {
   // `attrs` when given), output names and types; `map` gets each of n's outputs' copy.
   Node* add_copy(const Node& n, std::vector<Value*> inputs, std::map<const Value*, Value*>& map,
                  const std::map<std::string, Attr>* attrs = nullptr);
+  // A copy of the whole graph: its name, symbols, every value in order (names, types, ids, constants
+  // sharing their storage, input flags), nodes, inputs and outputs. The one graph copy of tessel.
+  std::unique_ptr<Graph> clone() const;
 
   const std::vector<std::unique_ptr<Node>>& nodes() const { return nodes_; }
   std::vector<std::unique_ptr<Node>>& mutable_nodes() { return nodes_; }

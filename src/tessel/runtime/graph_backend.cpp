@@ -36,7 +36,6 @@ struct Guard {
 };
 
 
-std::unique_ptr<Graph> copy_graph(const Graph& g);
 
 int unknown_dims(const Graph& g) {
   int n = 0;
@@ -49,7 +48,7 @@ int unknown_dims(const Graph& g) {
 // their values decide a shape.
 bool decide_shapes(const Graph& g, const std::vector<size_t>& which, const std::vector<Tensor>& ex) {
   if (which.empty()) return false;
-  auto c = copy_graph(g);
+  auto c = g.clone();
   for (size_t i : which) c->inputs[i]->constant = ex[i];
   infer_graph(*c);
   return unknown_dims(*c) < unknown_dims(g);
@@ -93,45 +92,12 @@ std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const Gra
   return guards;
 }
 
-// A copy of `g` (values, nodes, attributes; constants share storage), through the public interface.
-std::unique_ptr<Graph> copy_graph(const Graph& g) {
-  auto c = std::make_unique<Graph>();
-  c->name = g.name;
-  std::map<const Value*, Value*> map;
-  for (const auto& v : g.values()) {
-    Value* nv = c->add_value(v->name, v->type);
-    nv->constant = v->constant;
-    nv->is_input = v->is_input;
-    map[v.get()] = nv;
-  }
-  auto mapped = [&](Value* v) { return v ? map.at(v) : nullptr; };
-  for (const auto& n : g.nodes()) {
-    auto nn = std::make_unique<Node>();
-    nn->op = n->op;
-    nn->name = n->name;
-    nn->attrs = n->attrs;
-    for (Value* v : n->inputs) nn->inputs.push_back(mapped(v));
-    for (size_t i = 0; i < n->outputs.size(); ++i) {
-      Value* v = mapped(n->outputs[i]);
-      nn->outputs.push_back(v);
-      if (v) {
-        v->producer = nn.get();
-        v->producer_output = static_cast<int>(i);
-      }
-    }
-    c->mutable_nodes().push_back(std::move(nn));
-  }
-  for (Value* v : g.inputs) c->inputs.push_back(mapped(v));
-  for (Value* v : g.outputs) c->outputs.push_back(mapped(v));
-  return c;
-}
-
 // Runs the pipeline. When a pass fails (typically a decomposition that needs a value or a shape only
 // known at run time), the model runs undecomposed instead: every node through the reference kernels
 // (a graph break of the whole model), with the reason kept in the stats and printed by the CLI.
 void run_core_pipeline(std::unique_ptr<Graph>& g, const std::string& pipeline, const std::string& dump_dir, GraphCompileStats& st) {
   if (pipeline.empty()) return;
-  std::unique_ptr<Graph> backup = copy_graph(*g);
+  std::unique_ptr<Graph> backup = g->clone();
   try {
     PassOptions po;
     po.dump_dir = dump_dir;

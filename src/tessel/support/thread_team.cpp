@@ -77,7 +77,9 @@ struct ThreadTeam::State {
 
   void worker() {
     omp_set_num_threads(1);  // a oneDNN call inside a chunk stays on this thread
-    uint32_t seen = epoch.load(std::memory_order_acquire);
+    // Epoch 0 is the team's state before its first step: a worker that starts after that step was
+    // published still takes part in it (starting from the epoch it found would skip it).
+    uint32_t seen = 0;
     for (;;) {
       uint32_t e = epoch.load(std::memory_order_acquire);
       if (e == seen) {
