@@ -9,6 +9,8 @@ critical path. The same compilation with an instance per binding instead (TESSEL
 kernels, arena plan and library calls built per step) runs in the same rounds; the JSON gives the rebinds
 and instances and the seconds they took beside the per-token times.
 
+A prefill of --prompt tokens (after one cached position) is timed once per round beside it.
+
     /usr/bin/python3 bench/decode_step.py --layers 2 --dim 128 --tokens 64 --pairs 6 --threads 2 --json out.json
 """
 import argparse
@@ -76,6 +78,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--past", type=int, default=32, help="KV length before the first decoded token")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=256, help="a prefill's prompt length (timed in each round)")
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json")
@@ -106,12 +109,18 @@ def main():
         equal = torch.equal(got, want) and torch.equal(got_inst, want)
         fns = {"eager": model, "tessel": fast, "tessel_instances": inst}
         times = {name: [] for name in fns}
+        prefill = {name: [] for name in fns}
+        prompt = torch.randint(0, a.vocab, (1, a.prompt), generator=torch.Generator().manual_seed(1))
         for k in range(a.pairs):
             order = list(fns) if k % 2 == 0 else list(reversed(fns))
             for name in order:
                 # a new past length each round: every step is a binding not seen before
                 _, dt = decode(fns[name], ids, cache(a.past + (k + 1) * a.tokens), a.tokens)
                 times[name].append(dt)
+                # a prefill (the prompt after one cached position), after decoding: a binding again
+                t0 = time.perf_counter()
+                fns[name](prompt, *cache(1))
+                prefill[name].append(time.perf_counter() - t0)
     exe_stats = [e.exe.stats for e in fast._cache.values() if isinstance(getattr(getattr(e, "exe", None), "stats", None), dict)]
     inst_stats = [e.exe.stats for e in inst._cache.values() if isinstance(getattr(getattr(e, "exe", None), "stats", None), dict)]
     instances = sum(s.get("instances", 0) for s in inst_stats)
@@ -125,6 +134,8 @@ def main():
                eager_ms_per_token=statistics.median(times["eager"]) * 1e3,
                tessel_ms_per_token=statistics.median(times["tessel"]) * 1e3,
                tessel_instances_ms_per_token=statistics.median(times["tessel_instances"]) * 1e3,
+               prompt=a.prompt, eager_prefill_ms=statistics.median(prefill["eager"]) * 1e3,
+               tessel_prefill_ms=statistics.median(prefill["tessel"]) * 1e3,
                tessel_over_eager=statistics.median(ratios), tessel_won=sum(r < 1 for r in ratios) / len(ratios),
                instances=instances, instance_ms_mean=instance_s / max(1, instances) * 1e3,
                rebinds=rebinds, rebind_ms_mean=rebind_s / max(1, rebinds) * 1e3,
@@ -134,7 +145,8 @@ def main():
           f"(tessel/eager {row['tessel_over_eager']:.2f}, won {row['tessel_won']:.0%}), tessel with an instance per "
           f"binding {row['tessel_instances_ms_per_token']:.3f}; compilations "
           f"{row['compilations']}, instances {instances} at {row['instance_ms_mean']:.3f} ms each, rebinds {rebinds} at "
-          f"{row['rebind_ms_mean']:.3f} ms each" + (f"; one executable refused: {row['refused']}" if row["refused"] else ""))
+          f"{row['rebind_ms_mean']:.3f} ms each; prefill of {a.prompt} tokens eager {row['eager_prefill_ms']:.2f} ms, "
+          f"tessel {row['tessel_prefill_ms']:.2f} ms" + (f"; one executable refused: {row['refused']}" if row["refused"] else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(row, f, indent=1)

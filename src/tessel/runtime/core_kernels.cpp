@@ -1146,25 +1146,40 @@ CoreKernel make_reduce_window(const Node& n) {
 
 // ---- matrix products -------------------------------------------------------------------------------
 
-// C[M,N] = A[M,K] * B[K,N] (row-major, C overwritten), blocked over K and N so that a panel of B
-// stays in cache while every row of A passes over it.
+// C[M,N] = A[M,K] * B[K,N] (row-major, C overwritten). Blocks of 4 rows by 32 columns of C are summed
+// over all of K in local accumulators (registers, with the AVX-512 or AVX2 clone): each step of K reads
+// 4 numbers of A and 32 of B for 128 multiply-adds, and the 32 columns of B (K x 32) stay in cache
+// while every block of rows passes over them. Edges (fewer rows or columns) take the plain loop.
 template <class A>
-TESSEL_GEMM_OPTIMIZE void gemm(const A* __restrict a, const A* __restrict b, A* __restrict c, int64_t m,
-                               int64_t k, int64_t n) {
-  constexpr int64_t KB = 128, NB = 512;
-  std::fill(c, c + m * n, A(0));
-  for (int64_t k0 = 0; k0 < k; k0 += KB) {
-    const int64_t k1 = std::min(k, k0 + KB);
-    for (int64_t j0 = 0; j0 < n; j0 += NB) {
-      const int64_t nb = std::min(n, j0 + NB) - j0;
-      for (int64_t i = 0; i < m; ++i) {
-        A* __restrict cr = c + i * n + j0;
-        const A* ar = a + i * k;
-        for (int64_t p = k0; p < k1; ++p) {
-          const A av = ar[p];
+TESSEL_GEMM_OPTIMIZE TESSEL_VECTOR_CLONES void gemm(const A* __restrict a, const A* __restrict b, A* __restrict c,
+                                                    int64_t m, int64_t k, int64_t n) {
+  constexpr int64_t MR = 4, NR = 32;
+  for (int64_t j0 = 0; j0 < n; j0 += NR) {
+    const int64_t nb = std::min(NR, n - j0);
+    int64_t i0 = 0;
+    if (nb == NR) {
+      for (; i0 + MR <= m; i0 += MR) {
+        A acc[MR][NR] = {};
+        const A* a0 = a + i0 * k;
+        for (int64_t p = 0; p < k; ++p) {
           const A* __restrict br = b + p * n + j0;
-          for (int64_t j = 0; j < nb; ++j) cr[j] += av * br[j];
+          for (int64_t r = 0; r < MR; ++r) {
+            const A av = a0[r * k + p];
+            for (int64_t j = 0; j < NR; ++j) acc[r][j] += av * br[j];
+          }
         }
+        for (int64_t r = 0; r < MR; ++r)
+          for (int64_t j = 0; j < NR; ++j) c[(i0 + r) * n + j0 + j] = acc[r][j];
+      }
+    }
+    for (int64_t i = i0; i < m; ++i) {
+      A* __restrict cr = c + i * n + j0;
+      for (int64_t j = 0; j < nb; ++j) cr[j] = A(0);
+      const A* ar = a + i * k;
+      for (int64_t p = 0; p < k; ++p) {
+        const A av = ar[p];
+        const A* __restrict br = b + p * n + j0;
+        for (int64_t j = 0; j < nb; ++j) cr[j] += av * br[j];
       }
     }
   }
@@ -1213,6 +1228,9 @@ template <class T, class A> Operand<T, A> make_operand(const Value* v, const std
   return op;
 }
 
+// Multiply-adds from which a product's blocks of rows are spread over the threads.
+constexpr double kParallelMacs = 1 << 20;
+
 template <class T, class A> CoreKernel dot_typed(const Node& n) {
   const Value* lv = n.inputs[0];
   const Value* rv = n.inputs[1];
@@ -1249,7 +1267,17 @@ template <class T, class A> CoreKernel dot_typed(const Node& n) {
       out_buf.resize(static_cast<size_t>(B * M * N));
       c = out_buf.data();
     }
-    for (int64_t i = 0; i < B; ++i) gemm(a + i * M * K, b + i * K * N, c + i * M * N, M, K, N);
+    // Tasks of one batch entry's block of rows, spread over the threads when the product is large
+    // (attention's Q·Kᵀ and P·V at a prefill's length); a decode step's product runs on one.
+    const int64_t row_block = std::max<int64_t>(4, ((M + 15) / 16 + 3) / 4 * 4);  // ~16 blocks, 4 rows a multiple
+    const int64_t blocks = (M + row_block - 1) / row_block, tasks = B * blocks;
+    const bool parallel = static_cast<double>(B) * static_cast<double>(M) * static_cast<double>(N) *
+                              static_cast<double>(K) >= kParallelMacs && tasks > 1;
+#pragma omp parallel for schedule(dynamic) if (parallel)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t i = t / blocks, r0 = t % blocks * row_block, rows = std::min(row_block, M - r0);
+      gemm(a + i * M * K + r0 * K, b + i * K * N, c + i * M * N + r0 * N, rows, K, N);
+    }
     if constexpr (!std::is_same_v<T, A>) {
       T* yp = out_ptr<T>(e, y);
       for (int64_t i = 0; i < B * M * N; ++i) yp[i] = Elem<T>::store(c[i]);
