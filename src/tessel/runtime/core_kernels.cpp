@@ -1258,7 +1258,9 @@ template <class T, class A> CoreKernel dot_typed(const Node& n) {
   const auto R = make_operand<T, A>(rv, rorder);
   const int y = n.outputs[0]->id;
   return [=](KernelEnv& e) {
-    std::vector<A> ls_buf, rs_buf, out_buf;
+    // The operands' packed copies and the widened result live in buffers each thread keeps (a decode
+    // step's Kᵀ, hundreds of KB, was a fresh allocation per call: its pages faulted in every time).
+    thread_local std::vector<A> ls_buf, rs_buf, out_buf;
     const A* a = L.get(e, ls_buf);
     const A* b = R.get(e, rs_buf);
     A* c = nullptr;
@@ -1282,6 +1284,9 @@ template <class T, class A> CoreKernel dot_typed(const Node& n) {
       T* yp = out_ptr<T>(e, y);
       for (int64_t i = 0; i < B * M * N; ++i) yp[i] = Elem<T>::store(c[i]);
     }
+    // (a buffer grown past 8 MB by a long prefill is given back rather than kept by the thread)
+    for (std::vector<A>* v : {&ls_buf, &rs_buf, &out_buf})
+      if (v->capacity() * sizeof(A) > (size_t{8} << 20)) std::vector<A>().swap(*v);
   };
 }
 
