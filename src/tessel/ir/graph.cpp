@@ -234,21 +234,32 @@ void Graph::compact() {
   std::vector<int> uses = use_counts();
   std::vector<std::unique_ptr<Value>> kept;
   kept.reserve(values_.size());
-  // The name index is rebuilt from the kept values (passes rename values in place, e.g. decompose's
-  // ".replaced"): a hash index reserved once, where a tree insert per value was a third of the core
-  // pipeline on a long chain.
-  by_name_.clear();
-  by_name_.reserve(values_.size());
   name_hints_.clear();
+  // The name index is kept up to date rather than rebuilt (a hash insert per value, with its string
+  // copy, was a third of the core pipeline on a long chain): the dropped values' entries go, each kept
+  // value's current name maps to it. Passes also rename values in place (decompose's ".replaced"): an
+  // entry under an old name makes the index larger than the values, and two values under one name
+  // show when the index answers another value for a name; either way it is rebuilt from the names.
+  bool rebuild = false;
   for (auto& v : values_) {
     // A value still used but no longer defined is kept, so the verifier reports it (not a crash).
     bool keep = v->is_input || v->producer != nullptr || uses[v->id] > 0;
-    if (!keep) continue;
+    if (!keep) {
+      auto it = by_name_.find(v->name);
+      if (it != by_name_.end() && it->second == v.get()) by_name_.erase(it);
+      continue;
+    }
     v->id = static_cast<int>(kept.size());
-    by_name_[v->name] = v.get();
+    auto [it, inserted] = by_name_.try_emplace(v->name, v.get());
+    if (!inserted && it->second != v.get()) rebuild = true;
     kept.push_back(std::move(v));
   }
   values_ = std::move(kept);
+  if (rebuild || by_name_.size() != values_.size()) {
+    by_name_.clear();
+    by_name_.reserve(values_.size());
+    for (const auto& v : values_) by_name_[v->name] = v.get();
+  }
 }
 
 }  // namespace tessel
