@@ -206,7 +206,7 @@ TEST(Ktir, FfnSStructure) {
   DataflowCompile dc = compile_spyre("ffn_s");
   const tile::TileProgram& p = dc.program;
   std::vector<std::string> skipped;
-  const std::string text = tile::export_ktir(p, dc.module, &skipped);
+  const std::string text = ktir::export_ktir(p, dc.module, &skipped);
   EXPECT_TRUE(skipped.empty()) << fmt::format("{}", fmt::join(skipped, "; "));
   EXPECT_TRUE(balanced(text)) << text;
   const auto funcs = functions(text);
@@ -264,7 +264,7 @@ TEST(Ktir, AttentionAndBlockExportWithSkippedNamed) {
     SCOPED_TRACE(model);
     DataflowCompile dc = compile_spyre(model);
     std::vector<std::string> skipped;
-    const std::string text = tile::export_ktir(dc.program, dc.module, &skipped);
+    const std::string text = ktir::export_ktir(dc.program, dc.module, &skipped);
     EXPECT_TRUE(balanced(text));
     const auto funcs = functions(text);
     EXPECT_EQ(funcs.size() + skipped.size(), dc.program.kernels.size());
@@ -297,18 +297,18 @@ TEST(Ktir, OneModulePerKernelWithAManifest) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   DataflowCompile dc = compile_spyre("tblock_s");
   const tile::TileProgram& p = dc.program;
-  const tile::KtirExport e = tile::export_ktir_kernels(p, dc.module);
+  const ktir::KtirExport e = ktir::export_ktir_kernels(p, dc.module);
   std::vector<std::string> skipped;
-  const std::string one_file = tile::export_ktir(p, dc.module, &skipped);
+  const std::string one_file = ktir::export_ktir(p, dc.module, &skipped);
   EXPECT_EQ(e.skipped, skipped);
   EXPECT_EQ(e.kernels.size() + e.skipped.size(), p.kernels.size());
   ASSERT_FALSE(e.kernels.empty());
-  const nlohmann::json m = tile::ktir_manifest(p, e);
+  const nlohmann::json m = ktir::ktir_manifest(p, e);
   ASSERT_EQ(m["kernels"].size(), e.kernels.size());
   EXPECT_EQ(m["skipped"].size(), e.skipped.size());
   EXPECT_EQ(m["inputs"], nlohmann::json::array({"x"}));
   for (size_t i = 0; i < e.kernels.size(); ++i) {
-    const tile::KtirKernel& k = e.kernels[i];
+    const ktir::KtirKernel& k = e.kernels[i];
     SCOPED_TRACE(k.tile_kernel);
     EXPECT_TRUE(balanced(k.module)) << k.module;
     const auto funcs = functions(k.module);
@@ -316,7 +316,7 @@ TEST(Ktir, OneModulePerKernelWithAManifest) {
     EXPECT_EQ(funcs.begin()->first, k.tile_kernel);
     EXPECT_NE(one_file.find(k.func), std::string::npos);  // the same function as in the one-file form
     const nlohmann::json& mk = m["kernels"][i];
-    EXPECT_EQ(mk["file"], tile::ktir_file_name(i, k));
+    EXPECT_EQ(mk["file"], ktir::ktir_file_name(i, k));
     EXPECT_EQ(mk["function"], k.tile_kernel);
     ASSERT_EQ(mk["args"].size(), k.args.size());
     for (size_t a = 0; a < k.args.size(); ++a) {
@@ -342,16 +342,16 @@ TEST(Ktir, DeclarationsMatchTheViews) {
     SCOPED_TRACE(model);
     DataflowCompile dc = compile_spyre(model);
     const tile::TileProgram& p = dc.program;
-    const tile::KtirExport e = tile::export_ktir_kernels(p, dc.module);
+    const ktir::KtirExport e = ktir::export_ktir_kernels(p, dc.module);
     ASSERT_FALSE(e.kernels.empty());
-    for (const tile::KtirKernel& k : e.kernels) {
+    for (const ktir::KtirKernel& k : e.kernels) {
       SCOPED_TRACE(k.tile_kernel);
       const tile::TileKernel* t = nullptr;
       for (const tile::TileKernel& x : p.kernels)
         if (x.name == k.tile_kernel) t = &x;
       ASSERT_NE(t, nullptr);
       const Kernel* kk = t->kernel >= 0 ? &dc.module.kernels.at(static_cast<size_t>(t->kernel)) : nullptr;
-      for (const tile::KtirView& v : k.views) {
+      for (const ktir::KtirView& v : k.views) {
         SCOPED_TRACE(v.what);
         const tile::Global& g = p.globals.at(static_cast<size_t>(v.global));
         // the points: all of them when few, else every line through the two extreme corners
@@ -391,7 +391,7 @@ TEST(Ktir, DeclarationsMatchTheViews) {
           int64_t addr = v.base;
           std::map<std::string, int64_t> at;
           for (size_t d = 0; d < q.size(); ++d) addr += q[d] * v.strides[d], at[v.dims.size() > d ? v.dims[d] : "?"] = q[d];
-          const int64_t l = tile::ktir_logical_at(g, addr);
+          const int64_t l = ktir::ktir_logical_at(g, addr);
           if (l < 0) {
             if (bad++ < 3) ADD_FAILURE() << g.name << ": address " << addr << " is padding or outside the declaration";
             continue;
@@ -420,14 +420,14 @@ TEST(Ktir, DeclarationAddressRoundTrip) {
   for (int64_t h = 0; h < 4; ++h)
     for (int64_t t = 0; t < 5; ++t)
       for (int64_t d = 0; d < 3; ++d) {
-        const int64_t a = tile::ktir_address(g, {0, h, t, d});
+        const int64_t a = ktir::ktir_address(g, {0, h, t, d});
         EXPECT_EQ(a, (t * 4 + h) * 8 + d);  // [T, H, D padded to 8]
-        EXPECT_EQ(tile::ktir_logical_at(g, a), (h * 5 + t) * 3 + d);
+        EXPECT_EQ(ktir::ktir_logical_at(g, a), (h * 5 + t) * 3 + d);
         seen.insert(a);
       }
   EXPECT_EQ(seen.size(), 60u);
-  EXPECT_EQ(tile::ktir_logical_at(g, 3), -1);        // padding of the first stick
-  EXPECT_EQ(tile::ktir_logical_at(g, 4 * 5 * 8), -1);  // past the end
+  EXPECT_EQ(ktir::ktir_logical_at(g, 3), -1);        // padding of the first stick
+  EXPECT_EQ(ktir::ktir_logical_at(g, 4 * 5 * 8), -1);  // past the end
 }
 
 // docs/ktir.md's worked example: every line of its ```mlir block is a line of tblock_s's t5 as exported.
@@ -445,9 +445,9 @@ TEST(Ktir, DocsWorkedExample) {
   }
   ASSERT_EQ(lines.size(), 5u);
   DataflowCompile dc = compile_spyre("tblock_s");
-  const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
-  const tile::KtirKernel* t5 = nullptr;
-  for (const tile::KtirKernel& k : e.kernels)
+  const ktir::KtirExport e = ktir::export_ktir_kernels(dc.program, dc.module);
+  const ktir::KtirKernel* t5 = nullptr;
+  for (const ktir::KtirKernel& k : e.kernels)
     if (k.node == "/MatMul_1") t5 = &k;
   ASSERT_NE(t5, nullptr);
   for (const std::string& l : lines) EXPECT_NE(t5->func.find(l + "\n"), std::string::npos) << l;
@@ -462,9 +462,9 @@ TEST(Ktir, DocsConvolutionExample) {
   ASSERT_FALSE(block.empty()) << "docs/ktir.md has no ```mlir conv block";
   ModelPaths mp = resolve_model(testenv::source_dir() + "/examples/conv_kinds");
   DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
-  const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
-  const tile::KtirKernel* t1 = nullptr;
-  for (const tile::KtirKernel& k : e.kernels)
+  const ktir::KtirExport e = ktir::export_ktir_kernels(dc.program, dc.module);
+  const ktir::KtirKernel* t1 = nullptr;
+  for (const ktir::KtirKernel& k : e.kernels)
     if (k.tile_kernel == "t1") t1 = &k;
   ASSERT_NE(t1, nullptr);
   std::istringstream in(block);
@@ -485,15 +485,15 @@ TEST(Ktir, EveryConvolutionKindExported) {
     SCOPED_TRACE(model);
     ModelPaths mp = resolve_model(model);
     DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
-    const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+    const ktir::KtirExport e = ktir::export_ktir_kernels(dc.program, dc.module);
     EXPECT_TRUE(e.skipped.empty()) << fmt::format("{}", fmt::join(e.skipped, "; "));
-    std::map<std::string, const tile::KtirKernel*> by_name;
-    for (const tile::KtirKernel& k : e.kernels) by_name[k.tile_kernel] = &k;
+    std::map<std::string, const ktir::KtirKernel*> by_name;
+    for (const ktir::KtirKernel& k : e.kernels) by_name[k.tile_kernel] = &k;
     for (const tile::TileKernel& t : dc.program.kernels) {
       if (t.kind != tile::TileKind::conv) continue;
       SCOPED_TRACE(t.name);
       ASSERT_TRUE(by_name.count(t.name));
-      const tile::KtirKernel& k = *by_name[t.name];
+      const ktir::KtirKernel& k = *by_name[t.name];
       const ConvSpec& c = dc.module.kernels.at(static_cast<size_t>(t.kernel)).conv;
       EXPECT_EQ(check_ssa(k.func), "");
       EXPECT_TRUE(balanced(k.module));
@@ -535,11 +535,11 @@ TEST(Ktir, F32CheckStorageKeepsTheSchedule) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   testenv::CorpusCase cc = testenv::load_corpus_model("mobilenet_v2");
   DataflowCompile dc = compile_spyre("mobilenet_v2");
-  const tile::TileProgram wide = tile::ktir_widened_storage(dc.program);
+  const tile::TileProgram wide = ktir::ktir_widened_storage(dc.program);
   EXPECT_EQ(wide.float_dtype, DType::f32);
   EXPECT_FALSE(wide.dl16);
-  const tile::KtirExport e16 = tile::export_ktir_kernels(dc.program, dc.module);
-  const tile::KtirExport e32 = tile::export_ktir_kernels(wide, dc.module);
+  const ktir::KtirExport e16 = ktir::export_ktir_kernels(dc.program, dc.module);
+  const ktir::KtirExport e32 = ktir::export_ktir_kernels(wide, dc.module);
   ASSERT_EQ(e16.kernels.size(), e32.kernels.size());
   // the memory side (views, access tiles, loads) line by line, f16 read as f32; only conversions differ
   auto memory_lines = [](std::string f, bool widen) {
@@ -583,15 +583,15 @@ TEST(Ktir, KSplitSumsAcrossTheGroup) {
   const std::string model = testenv::source_dir() + "/examples/ksplit_linear";
   ModelPaths mp = resolve_model(model);
   DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
-  const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+  const ktir::KtirExport e = ktir::export_ktir_kernels(dc.program, dc.module);
   EXPECT_TRUE(e.skipped.empty()) << fmt::format("{}", fmt::join(e.skipped, "; "));
   const tile::TileKernel* mm = last_matmul(dc.program);
   ASSERT_NE(mm, nullptr);
   int64_t ksplit = 1, others = 1;
   for (const tile::Dim& d : mm->dims) (d.name == "k" ? ksplit : others) *= d.split;
   ASSERT_GT(ksplit, 1) << "the mapper no longer splits K here: pick another shape";
-  const tile::KtirKernel* k = nullptr;
-  for (const tile::KtirKernel& x : e.kernels)
+  const ktir::KtirKernel* k = nullptr;
+  for (const ktir::KtirKernel& x : e.kernels)
     if (x.tile_kernel == mm->name) k = &x;
   ASSERT_NE(k, nullptr);
   EXPECT_EQ(check_ssa(k->func), "");
@@ -611,7 +611,7 @@ TEST(Ktir, KSplitUnevenSlices) {
   const std::string model = testenv::source_dir() + "/examples/ksplit_uneven";
   ModelPaths mp = resolve_model(model);
   DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
-  const tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+  const ktir::KtirExport e = ktir::export_ktir_kernels(dc.program, dc.module);
   EXPECT_TRUE(e.skipped.empty()) << fmt::format("{}", fmt::join(e.skipped, "; "));
   const tile::TileKernel* mm = last_matmul(dc.program);
   ASSERT_NE(mm, nullptr);
@@ -622,8 +622,8 @@ TEST(Ktir, KSplitUnevenSlices) {
   ASSERT_GT(k->split, 1);
   const int64_t rest = k->size - (k->split - 1) * k->slice;
   ASSERT_TRUE(rest > 0 && rest < k->slice && rest % k->tile != 0) << "the mapper no longer splits K unevenly here: pick another shape";
-  const tile::KtirKernel* x = nullptr;
-  for (const tile::KtirKernel& y : e.kernels)
+  const ktir::KtirKernel* x = nullptr;
+  for (const ktir::KtirKernel& y : e.kernels)
     if (y.tile_kernel == mm->name) x = &y;
   ASSERT_NE(x, nullptr);
   EXPECT_EQ(check_ssa(x->func), "");
@@ -643,7 +643,7 @@ TEST(Ktir, VitTilesAcrossAHeadGoRowByRow) {
   ModelPaths mp = resolve_model(model);
   DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
   std::vector<std::string> skipped;
-  const std::string text = tile::export_ktir(dc.program, dc.module, &skipped);
+  const std::string text = ktir::export_ktir(dc.program, dc.module, &skipped);
   for (const std::string& s : skipped) EXPECT_NE(s.find(": host step"), std::string::npos) << s;
   EXPECT_NE(text.find("tap (7, 7)"), std::string::npos);  // the last of the patch embedding's taps
   for (const auto& [name, f] : functions(text)) EXPECT_EQ(check_ssa(f), "") << name;

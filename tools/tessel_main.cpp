@@ -640,16 +640,16 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
   DataflowCompile dc = compile_dataflow(model, model_inputs(model), dataflow::resolve_target(target), map_options(dtype),
                                         stage_options(dump_dir, print_after));
   // --ktir-storage f32: the same schedule with float globals stored as f32 (a check of the kernels' logic)
-  if (ktir_storage == "f32") dc.program = tile::ktir_widened_storage(dc.program);
+  if (ktir_storage == "f32") dc.program = ktir::ktir_widened_storage(dc.program);
   if (time_passes) print_stage_times(dc.stages);
   if (!print_after.empty()) return 0;
   if (emit == "tile") write_text(out, tile::print_tile_program(dc.program));
   else if (emit == "kernel") write_text(out, print_kernel_module(dc.module, true));
   else if (emit == "ktir" && (out.empty() || out == "-" || fs::path(out).extension() == ".mlir"))
-    write_text(out, tile::export_ktir(dc.program, dc.module));
+    write_text(out, ktir::export_ktir(dc.program, dc.module));
   else if (emit == "ktir") {
     // -o names a folder: one module per kernel and manifest.json, what ktir-cpu reads (docs/ktir.md).
-    tile::KtirExport e = tile::export_ktir_kernels(dc.program, dc.module);
+    ktir::KtirExport e = ktir::export_ktir_kernels(dc.program, dc.module);
     if (ktir_storage == "f32") e.storage = "f32";
     // --ktir-values: tessel's own values beside them (the functional simulation on test_data_set_0), the
     // oracle bench/ktir_check.py compares every kernel's results with and takes host steps' results from
@@ -661,7 +661,7 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
       fo.keep_values = true;
       values = tile::run_functional(dc.program, dc.module, ins, fo).values;
     }
-    tile::write_ktir_folder(out, dc.program, dc.module, e, ktir_values ? &values : nullptr);
+    ktir::write_ktir_folder(out, dc.program, dc.module, e, ktir_values ? &values : nullptr);
     fmt::print("ktir: {} of {} tile kernels in {} (one module each, manifest.json){}\n", e.kernels.size(), dc.program.kernels.size(),
                display_text(out), e.skipped.empty() ? "" : fmt::format("; {} skipped (listed in the manifest)", e.skipped.size()));
   }

@@ -632,8 +632,8 @@ class DataflowExecutable {
   // The KTIR export into `folder` (docs/ktir.md, "The folder"): its manifest as JSON text.
   std::string ktir(const std::string& folder) const {
     const DataflowRun& r = *whole(".ktir()");
-    const tile::KtirExport e = tile::export_ktir_kernels(r.compile.program, r.compile.module);
-    return json_dump(tile::write_ktir_folder(folder, r.compile.program, r.compile.module, e));
+    const ktir::KtirExport e = ktir::export_ktir_kernels(r.compile.program, r.compile.module);
+    return json_dump(ktir::write_ktir_folder(folder, r.compile.program, r.compile.module, e));
   }
   std::string storage() const {
     const tile::TileProgram& p = runs_[0]->compile.program;

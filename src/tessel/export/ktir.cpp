@@ -22,8 +22,8 @@
 
 #include "tessel/export/ktir_emit.h"
 
-namespace tessel::tile {
-namespace ktir_impl {
+namespace tessel::ktir {
+namespace detail {
 
 // A memory view of `global` indexed by the tile dims `tdims` (their full extents), where tile point
 // x is logical element logical(x) of the global; its strides are in padded DRAM elements.
@@ -560,11 +560,11 @@ std::string FuncEmitter::value(int id, bool row) {
   return r;
 }
 
-}  // namespace ktir_impl
-}  // namespace tessel::tile
+}  // namespace detail
+}  // namespace tessel::ktir
 
-namespace tessel::tile {
-namespace ktir_impl {
+namespace tessel::ktir {
+namespace detail {
 
 std::string FuncEmitter::zero_accumulator(const std::string& acc_ty, std::string* zero) {
   const std::string z = fresh("zero"), e = fresh("empty"), a0 = fresh("acc");
@@ -1204,9 +1204,9 @@ std::string FuncEmitter::run() {
   return out.str();
 }
 
-}  // namespace ktir_impl
+}  // namespace detail
 
-using namespace ktir_impl;
+using namespace detail;
 
 KtirExport export_ktir_kernels(const TileProgram& p, const KernelModule& m) {
   KtirExport e;
@@ -1358,4 +1358,4 @@ int64_t ktir_logical_at(const Global& g, int64_t address) {
   return logical;
 }
 
-}  // namespace tessel::tile
+}  // namespace tessel::ktir

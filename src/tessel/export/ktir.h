@@ -15,7 +15,12 @@
 #include "tessel/support/tensor.h"
 #include "tessel/tile/tile.h"
 
-namespace tessel::tile {
+namespace tessel::ktir {
+
+// The export reads the tile level (tessel::tile): its programs, globals and kernels by their own names
+// (`Dim` is the tile level's, not the symbolic size of ir/).
+using namespace tessel::tile;
+using tile::Dim;
 
 // The module text. Kernels it cannot express (host steps, convolutions, K-split matmuls, partial
 // tiles, index maps that are not affine over the tile dims, ops without a KTIR form) are listed in a
@@ -74,4 +79,4 @@ TileProgram ktir_widened_storage(const TileProgram& p);
 int64_t ktir_address(const Global& g, const std::vector<int64_t>& index);
 int64_t ktir_logical_at(const Global& g, int64_t address);
 
-}  // namespace tessel::tile
+}  // namespace tessel::ktir

@@ -9,7 +9,7 @@
 #include "tessel/export/ktir_emit.h"
 #include "tessel/support/escape.h"
 
-namespace tessel::tile::ktir_impl {
+namespace tessel::ktir::detail {
 
 namespace {
 // Tiles beyond this many (tiles x reduction tiles x taps) are not spelled out: the function would be huge.
@@ -315,4 +315,4 @@ std::string FuncEmitter::emit_conv_window() {
   return "conv";
 }
 
-}  // namespace tessel::tile::ktir_impl
+}  // namespace tessel::ktir::detail

@@ -17,7 +17,7 @@
 #include "tessel/export/ktir.h"
 #include "tessel/support/error.h"
 
-namespace tessel::tile::ktir_impl {
+namespace tessel::ktir::detail {
 
 // Thrown inside one kernel's export when KTIR (or this exporter) cannot state it: the kernel is skipped.
 struct Unsupported {
@@ -392,4 +392,4 @@ class FuncEmitter {
   std::string header(const std::string& kind);
 };
 
-}  // namespace tessel::tile::ktir_impl
+}  // namespace tessel::ktir::detail

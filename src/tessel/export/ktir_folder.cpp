@@ -13,7 +13,7 @@
 #include "tessel/ir/graph.h"
 #include "tessel/support/error.h"
 
-namespace tessel::tile {
+namespace tessel::ktir {
 namespace {
 
 void write_file(const std::filesystem::path& path, const std::string& bytes) {
@@ -69,4 +69,4 @@ nlohmann::json write_ktir_folder(const std::string& dir, const TileProgram& p, c
   return man;
 }
 
-}  // namespace tessel::tile
+}  // namespace tessel::ktir

@@ -6,7 +6,7 @@
 // never simulated for time.
 #include "tessel/export/ktir.h"
 
-namespace tessel::tile {
+namespace tessel::ktir {
 
 TileProgram ktir_widened_storage(const TileProgram& p) {
   TileProgram w = p;
@@ -17,4 +17,4 @@ TileProgram ktir_widened_storage(const TileProgram& p) {
   return w;
 }
 
-}  // namespace tessel::tile
+}  // namespace tessel::ktir
