@@ -6,8 +6,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(tessel::fuzz::as_text(data, size));
   tessel::fuzz::refusing_is_fine([&] {
-    const tessel::dataflow::HwSpec hw = tessel::dataflow::parse_hw_json(text, "fuzz.json");
-    (void)tessel::dataflow::describe(hw);
+    const tessel::hw::HwSpec hw = tessel::hw::parse_hw_json(text, "fuzz.json");
+    (void)tessel::hw::describe(hw);
   });
   return 0;
 }

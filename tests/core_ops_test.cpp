@@ -123,11 +123,11 @@ TEST(CoreOps, EveryCostClassIsAVectorClassOfTheDataflowModel) {
       continue;
     }
     ASSERT_NE(i.cost, VectorCost::none) << i.name << " sits in loop bodies: it needs a vector cost";
-    // VectorCost mirrors dataflow::VectorOp member for member (targets/dataflow/map.cpp casts one into the other).
-    const auto v = static_cast<dataflow::VectorOp>(static_cast<int>(i.cost));
-    EXPECT_EQ(std::string(dataflow::vector_op_name(v)), std::string(vector_cost_name(i.cost))) << i.name;
+    // VectorCost mirrors hw::VectorOp member for member (targets/dataflow/map.cpp casts one into the other).
+    const auto v = static_cast<hw::VectorOp>(static_cast<int>(i.cost));
+    EXPECT_EQ(std::string(hw::vector_op_name(v)), std::string(vector_cost_name(i.cost))) << i.name;
   }
-  EXPECT_EQ(static_cast<int>(VectorCost::none), dataflow::kNumVectorOps);
+  EXPECT_EQ(static_cast<int>(VectorCost::none), hw::kNumVectorOps);
 }
 
 // The prices the dataflow cost model gave each primitive before the table (targets/dataflow/map.cpp's string

@@ -187,9 +187,9 @@ TEST(Docs, CompareWorkedExample) {
   const std::string tsl = fenced_block(md, "```tsl compare"), want = fenced_block(md, "```text compare");
   ASSERT_FALSE(tsl.empty() || want.empty());
   auto map = [&](const char* target) {
-    tile::MapOptions o;
+    dataflow::MapOptions o;
     o.name = "attention";
-    return compile_dataflow(parse_graph(tsl, "docs/sim.md"), dataflow::resolve_target(target), o);
+    return compile_dataflow(parse_graph(tsl, "docs/sim.md"), hw::resolve_target(target), o);
   };
   EXPECT_EQ(comparison_text(compare_targets(map("tpu-v5e"), map("spyre"))), want);
 }

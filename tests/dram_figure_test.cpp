@@ -20,7 +20,7 @@ struct Moved {
 
 // The engine's own count: the bytes of the kernel's dma_load and dma_store tasks (what the simulation's
 // dram_read_bytes / dram_write_bytes add up).
-std::vector<Moved> engine_bytes(const tile::SimulatedProgram& sp, size_t kernels) {
+std::vector<Moved> engine_bytes(const dataflow::SimulatedProgram& sp, size_t kernels) {
   std::vector<Moved> m(kernels);
   for (size_t id = 0; id < sp.timeline.graph.size(); ++id) {
     const dataflow::Task& task = sp.timeline.graph.task(static_cast<dataflow::TaskId>(id));
@@ -34,15 +34,15 @@ std::vector<Moved> engine_bytes(const tile::SimulatedProgram& sp, size_t kernels
 void check_model(const std::string& model, const std::string& target, int* convs) {
   SCOPED_TRACE(model + " on " + target);
   ModelPaths mp = resolve_model(model);
-  DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset(target));
+  DataflowCompile dc = compile_dataflow(mp.model, {}, hw::load_preset(target));
   const tile::TileProgram& p = dc.program;
-  const tile::SimulatedProgram sp = tile::simulate_program(p);
+  const dataflow::SimulatedProgram sp = dataflow::simulate_program(p);
   const std::vector<Moved> m = engine_bytes(sp, p.kernels.size());
   int64_t read = 0, written = 0;
   for (size_t i = 0; i < p.kernels.size(); ++i) {
     const tile::TileKernel& t = p.kernels[i];
     if (t.kind == tile::TileKind::host) continue;
-    const tile::Traffic tr = tile::kernel_traffic(t);
+    const dataflow::Traffic tr = dataflow::kernel_traffic(t);
     EXPECT_EQ(tr.read, m[i].loaded) << t.name << " (" << t.node << ")";
     EXPECT_EQ(tr.write, m[i].stored) << t.name << " (" << t.node << ")";
     read += tr.read, written += tr.write;
@@ -92,13 +92,13 @@ TEST(DramFigure, HandCountedPlan) {
   //  a: reloaded every step (k innermost): (4+1 rows) x (3+3) k x 2 bytes = 60 per core, 120 in all.
   //  b: k changes every step, so 4 loads of 48 bytes by core 0, broadcast to core 1: 192.
   //  c: one store per m tile: (4+1) x 8 x 2 = 80 per core, 160 in all.
-  const tile::Traffic tr = tile::kernel_traffic(t);
+  const dataflow::Traffic tr = dataflow::kernel_traffic(t);
   EXPECT_EQ(tr.read, 120 + 192);
   EXPECT_EQ(tr.write, 160);
   // k in one tile: b is resident after the first step (one load per core pair), a loads once per m tile
   t.dims[3].tile = 6;
   t.operands[0].tile_bytes = 4 * 6 * 2, t.operands[1].tile_bytes = 6 * 8 * 2;
-  const tile::Traffic one = tile::kernel_traffic(t);
+  const dataflow::Traffic one = dataflow::kernel_traffic(t);
   EXPECT_EQ(one.read, 2 * (4 + 1) * 6 * 2 + 96);
   EXPECT_EQ(one.write, 160);
 }

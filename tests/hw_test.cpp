@@ -15,7 +15,7 @@
 #include "test_util.h"
 
 using namespace tessel;
-using namespace tessel::dataflow;
+using namespace tessel::hw;
 
 namespace {
 

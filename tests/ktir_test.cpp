@@ -28,7 +28,7 @@ namespace {
 DataflowCompile compile_spyre(const std::string& model) {
   testenv::CorpusCase c = testenv::load_corpus_model(model);
   ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + model);
-  return compile_dataflow(mp.model, c.inputs, dataflow::load_preset("spyre"));
+  return compile_dataflow(mp.model, c.inputs, hw::load_preset("spyre"));
 }
 
 std::string join(const std::vector<int64_t>& v, const char* sep) {
@@ -461,7 +461,7 @@ TEST(Ktir, DocsConvolutionExample) {
   const std::string block = testenv::md_block(testenv::read_text(std::string(TESSEL_SOURCE_DIR) + "/docs/ktir.md"), "```mlir conv");
   ASSERT_FALSE(block.empty()) << "docs/ktir.md has no ```mlir conv block";
   ModelPaths mp = resolve_model(testenv::source_dir() + "/examples/conv_kinds");
-  DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
+  DataflowCompile dc = compile_dataflow(mp.model, {}, hw::load_preset("spyre"));
   const ktir::KtirExport e = ktir::export_ktir_kernels(dc.program, dc.module);
   const ktir::KtirKernel* t1 = nullptr;
   for (const ktir::KtirKernel& k : e.kernels)
@@ -484,7 +484,7 @@ TEST(Ktir, EveryConvolutionKindExported) {
   for (const std::string& model : models) {
     SCOPED_TRACE(model);
     ModelPaths mp = resolve_model(model);
-    DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
+    DataflowCompile dc = compile_dataflow(mp.model, {}, hw::load_preset("spyre"));
     const ktir::KtirExport e = ktir::export_ktir_kernels(dc.program, dc.module);
     EXPECT_TRUE(e.skipped.empty()) << fmt::format("{}", fmt::join(e.skipped, "; "));
     std::map<std::string, const ktir::KtirKernel*> by_name;
@@ -560,8 +560,8 @@ TEST(Ktir, F32CheckStorageKeepsTheSchedule) {
     EXPECT_GT(a.size(), 100u);
     EXPECT_EQ(a, b);
   }
-  const tile::FunctionalResult r16 = tile::run_functional(dc.program, dc.module, cc.inputs);
-  const tile::FunctionalResult r32 = tile::run_functional(wide, dc.module, cc.inputs);
+  const dataflow::FunctionalResult r16 = dataflow::run_functional(dc.program, dc.module, cc.inputs);
+  const dataflow::FunctionalResult r32 = dataflow::run_functional(wide, dc.module, cc.inputs);
   ASSERT_EQ(r32.outputs.size(), cc.refs.size());
   auto rel = [&](const Tensor& got, const Tensor& want) {
     double d = 0, s = 0;
@@ -582,7 +582,7 @@ TEST(Ktir, F32CheckStorageKeepsTheSchedule) {
 TEST(Ktir, KSplitSumsAcrossTheGroup) {
   const std::string model = testenv::source_dir() + "/examples/ksplit_linear";
   ModelPaths mp = resolve_model(model);
-  DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
+  DataflowCompile dc = compile_dataflow(mp.model, {}, hw::load_preset("spyre"));
   const ktir::KtirExport e = ktir::export_ktir_kernels(dc.program, dc.module);
   EXPECT_TRUE(e.skipped.empty()) << fmt::format("{}", fmt::join(e.skipped, "; "));
   const tile::TileKernel* mm = last_matmul(dc.program);
@@ -610,7 +610,7 @@ TEST(Ktir, KSplitSumsAcrossTheGroup) {
 TEST(Ktir, KSplitUnevenSlices) {
   const std::string model = testenv::source_dir() + "/examples/ksplit_uneven";
   ModelPaths mp = resolve_model(model);
-  DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
+  DataflowCompile dc = compile_dataflow(mp.model, {}, hw::load_preset("spyre"));
   const ktir::KtirExport e = ktir::export_ktir_kernels(dc.program, dc.module);
   EXPECT_TRUE(e.skipped.empty()) << fmt::format("{}", fmt::join(e.skipped, "; "));
   const tile::TileKernel* mm = last_matmul(dc.program);
@@ -641,7 +641,7 @@ TEST(Ktir, KSplitUnevenSlices) {
 TEST(Ktir, VitTilesAcrossAHeadGoRowByRow) {
   const std::string model = testenv::source_dir() + "/examples/vit_tiny";
   ModelPaths mp = resolve_model(model);
-  DataflowCompile dc = compile_dataflow(mp.model, {}, dataflow::load_preset("spyre"));
+  DataflowCompile dc = compile_dataflow(mp.model, {}, hw::load_preset("spyre"));
   std::vector<std::string> skipped;
   const std::string text = ktir::export_ktir(dc.program, dc.module, &skipped);
   for (const std::string& s : skipped) EXPECT_NE(s.find(": host step"), std::string::npos) << s;

@@ -160,7 +160,7 @@ TEST(ParserErrors, KernelModuleText) {
 
 TEST(ParserErrors, TileText) {
   KernelModule m = small_module();
-  const tile::TileProgram p = tile::map_to_tiles(m, dataflow::load_preset("spyre"));
+  const tile::TileProgram p = dataflow::map_to_tiles(m, hw::load_preset("spyre"));
   const std::string text = tile::print_tile_program(p);
   auto bad = [&](const std::regex& from, const std::string& to) {
     const std::string t = std::regex_replace(text, from, to, std::regex_constants::format_first_only);

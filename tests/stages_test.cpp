@@ -32,7 +32,7 @@ std::string printed_after(const std::string& stage, DataflowCompile* out = nullp
   PassOptions po;
   po.print_after = stage;
   po.print = [&text](const std::string& t) { text += t; };
-  DataflowCompile dc = compile_dataflow(example(), {}, dataflow::load_preset("spyre"), {}, po);
+  DataflowCompile dc = compile_dataflow(example(), {}, hw::load_preset("spyre"), {}, po);
   if (out) *out = std::move(dc);
   return text;
 }
@@ -91,7 +91,7 @@ TEST(StageManager, DumpIrWritesEveryStageAndTheLastTileDumpParsesBack) {
   fs::remove_all(dir);
   PassOptions po;
   po.dump_dir = dir.string();
-  const DataflowCompile dc = compile_dataflow(example(), {}, dataflow::load_preset("spyre"), {}, po);
+  const DataflowCompile dc = compile_dataflow(example(), {}, hw::load_preset("spyre"), {}, po);
   const std::vector<std::string> files = listing(dir);
   ASSERT_EQ(files.size(), dc.stages.size() + 1);
   EXPECT_EQ(files.front(), "00-input.tsl");
@@ -137,7 +137,7 @@ TEST(StageManager, AFailingVerifierNamesItsStage) {
   auto g = parse_graph("graph @g(%x: f32[4,8]) {\n  %y: f32[4,8] = Relu(%x) loc(\"r\")\n  return %y\n}\n");
   lowering.graph_passes(*g, "core");
   KernelModule km = lowering.fuse(std::move(g));
-  tile::TileMapping mapping(km, dataflow::load_preset("spyre"));
+  dataflow::TileMapping mapping(km, hw::load_preset("spyre"));
   mapping.layout();
   tile::TileProgram p = mapping.take();
   p.globals[0].padded = {4, 9};
@@ -174,7 +174,7 @@ TEST(StageManager, DocExampleMatches) {
   fs::remove_all(dir);
   PassOptions po;
   po.dump_dir = dir.string();
-  compile_dataflow(example(), {}, dataflow::load_preset("spyre"), {}, po);
+  compile_dataflow(example(), {}, hw::load_preset("spyre"), {}, po);
   EXPECT_EQ(documented, listing(dir));
   fs::remove_all(dir);
 }

@@ -18,7 +18,7 @@ namespace {
 
 DataflowCompile mapped(const std::string& target) {
   const std::string model = testenv::source_dir() + "/examples/tblock_s";
-  return compile_dataflow(model, model_inputs(model), dataflow::resolve_target(target));
+  return compile_dataflow(model, model_inputs(model), hw::resolve_target(target));
 }
 
 }  // namespace

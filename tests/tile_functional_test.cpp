@@ -147,7 +147,7 @@ double tolerance(DType t) { return t == DType::bf16 ? 5e-2 : 2e-2; }
 // whose outputs f16 cannot hold at all (every |ref| below f16's smallest subnormal, 2^-24: the
 // mobilenet_v2 data set's logits are ~3e-9) cannot match in f16 storage on any device; there the
 // simulator must say why: it reports the values it flushed to zero.
-void check_run(const tile::FunctionalResult& r, const Prepared& pr, DType fdt, const std::string& what) {
+void check_run(const dataflow::FunctionalResult& r, const Prepared& pr, DType fdt, const std::string& what) {
   Errors e = relative_errors(r.outputs, pr.eager, what);
   Errors er = relative_errors(r.outputs, pr.refs, what + " vs reference outputs");
   const bool unrepresentable = fdt == DType::f16 && e.max_ref > 0 && e.max_ref < std::ldexp(1.0, -24);
@@ -180,11 +180,11 @@ TEST(TileFunctional, RoundingMatchesEncoder) {
   for (DType t : {DType::f16, DType::bf16})
     for (float x : xs) {
       if (std::isnan(x)) {
-        EXPECT_TRUE(std::isnan(tile::round_to_dtype(x, t)));
+        EXPECT_TRUE(std::isnan(dataflow::round_to_dtype(x, t)));
         continue;
       }
       const float want = static_cast<float>(decode_float_bits(t, encode_float_bits(t, x)));
-      const float got = tile::round_to_dtype(x, t);
+      const float got = dataflow::round_to_dtype(x, t);
       ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << dtype_name(t) << " of " << x;
     }
 }
@@ -198,7 +198,7 @@ TEST_P(TileFunctionalHand, MatchesEager) {
   Prepared pr = prepare(GetParam());
   for (DType fdt : {DType::f16, DType::bf16}) {
     tile::TileProgram p = hand_map(pr.module, fdt);
-    tile::FunctionalResult r = tile::run_functional(p, pr.module, pr.inputs);
+    dataflow::FunctionalResult r = dataflow::run_functional(p, pr.module, pr.inputs);
     check_run(r, pr, fdt, GetParam() + " hand " + std::string(dtype_name(fdt)));
     EXPECT_GT(r.tiles_executed, 0);
   }
@@ -226,7 +226,7 @@ TEST(TileFunctional, BrokenSplitIsCoverageError) {
     tile::Dim& d = victim->dims[kind == tile::TileKind::matmul ? 1 : 0];
     d.slice -= 1;  // the last core's slice now ends short of the dim
     try {
-      tile::run_functional(p, pr.module, pr.inputs);
+      dataflow::run_functional(p, pr.module, pr.inputs);
       ADD_FAILURE() << "a broken split of " << victim->name << " ran";
     } catch (const Error& e) {
       const std::string msg = e.what();
@@ -236,7 +236,7 @@ TEST(TileFunctional, BrokenSplitIsCoverageError) {
     tile::TileProgram q = good;
     for (auto& k : q.kernels)
       if (k.name == victim->name) k.cores += 1;
-    EXPECT_THROW(tile::run_functional(q, pr.module, pr.inputs), Error);
+    EXPECT_THROW(dataflow::run_functional(q, pr.module, pr.inputs), Error);
   }
   // Slices that overlap cannot come from the split arithmetic, but tiles larger than a slice reach
   // into the next core's slice only if clipped wrongly; tile_ranges clips, so the per-dim partition
@@ -244,11 +244,11 @@ TEST(TileFunctional, BrokenSplitIsCoverageError) {
   tile::TileKernel k;
   k.name = "tx";
   k.dims = {dim("p", 10, 3, 2)};
-  auto r = tile::tile_ranges(k);
+  auto r = dataflow::tile_ranges(k);
   ASSERT_EQ(r[0].size(), 3u);
   EXPECT_EQ(r[0][2].back().hi, 10);
   k.dims[0].split = 2;  // 2 slices of 4 leave 8..9 uncovered
-  EXPECT_THROW(tile::tile_ranges(k), Error);
+  EXPECT_THROW(dataflow::tile_ranges(k), Error);
 }
 
 // Every corpus model through map_to_tiles on the spyre (f16 and bf16 storage) and tpu-v5e (bf16)
@@ -259,17 +259,17 @@ TEST_P(TileFunctionalMapped, MatchesEager) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   const auto& [model, preset] = GetParam();
   Prepared pr = prepare(model);
-  const dataflow::HwSpec hw = dataflow::load_preset(preset);
+  const hw::HwSpec hw = hw::load_preset(preset);
   int runs = 0;
   for (DType fdt : {DType::f16, DType::bf16}) {
     if (std::find(hw.dtypes.begin(), hw.dtypes.end(), fdt) == hw.dtypes.end()) continue;
-    tile::MapOptions mo;
+    dataflow::MapOptions mo;
     mo.float_dtype = fdt;
     const auto t0 = std::chrono::steady_clock::now();
-    tile::TileProgram p = tile::map_to_tiles(pr.module, hw, mo);
+    tile::TileProgram p = dataflow::map_to_tiles(pr.module, hw, mo);
     const double map_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tile::verify_tile_program(p);
-    tile::FunctionalResult r = tile::run_functional(p, pr.module, pr.inputs);
+    dataflow::FunctionalResult r = dataflow::run_functional(p, pr.module, pr.inputs);
     check_run(r, pr, fdt, model + " " + preset + " " + std::string(dtype_name(fdt)));
     std::printf("[functional]   (map_to_tiles %.3f s)\n", map_s);
     ++runs;
@@ -291,9 +291,9 @@ INSTANTIATE_TEST_SUITE_P(TileFunctional, TileFunctionalMapped,
 TEST(TileFunctional, BrokenMappedSplitIsCoverageError) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   Prepared pr = prepare("tblock_s");
-  const dataflow::HwSpec hw = dataflow::load_preset("spyre");
-  const tile::TileProgram good = tile::map_to_tiles(pr.module, hw);
-  EXPECT_NO_THROW(tile::run_functional(good, pr.module, pr.inputs));
+  const hw::HwSpec hw = hw::load_preset("spyre");
+  const tile::TileProgram good = dataflow::map_to_tiles(pr.module, hw);
+  EXPECT_NO_THROW(dataflow::run_functional(good, pr.module, pr.inputs));
   int broken = 0;
   for (size_t i = 0; i < good.kernels.size(); ++i) {
     const tile::TileKernel& k = good.kernels[i];
@@ -309,7 +309,7 @@ TEST(TileFunctional, BrokenMappedSplitIsCoverageError) {
         p.kernels[i].cores /= static_cast<int>(k.dims[d].split / dim.split);
       }
       try {
-        tile::run_functional(p, pr.module, pr.inputs);
+        dataflow::run_functional(p, pr.module, pr.inputs);
         ADD_FAILURE() << "a broken split of " << k.name << " dim " << k.dims[d].name << " ran";
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find(k.name + ": coverage error in dim " + k.dims[d].name), std::string::npos)
@@ -326,22 +326,22 @@ TEST(TileFunctional, BrokenMappedSplitIsCoverageError) {
 // DLFloat16 (Spyre's storage of f16): 9 fraction bits rounded to nearest even, no subnormals, the
 // range 2^-30 .. (2 - 2^-8)·2^32; checked against values worked out by hand.
 TEST(TileFunctional, Dl16Rounding) {
-  EXPECT_EQ(tile::round_to_dl16(1.0f), 1.0f);
-  EXPECT_EQ(tile::round_to_dl16(1.0f + 1.0f / 512), 1.0f + 1.0f / 512);          // 9 fraction bits kept
-  EXPECT_EQ(tile::round_to_dl16(1.0f + 1.0f / 1024), 1.0f);                      // halfway: to even
-  EXPECT_EQ(tile::round_to_dl16(1.0f + 3.0f / 1024), 1.0f + 4.0f / 1024);        // halfway: to even (up)
-  EXPECT_EQ(tile::round_to_dl16(1.0f + 1.0f / 1024 + 1.0f / 65536), 1.0f + 1.0f / 512);  // past halfway
+  EXPECT_EQ(dataflow::round_to_dl16(1.0f), 1.0f);
+  EXPECT_EQ(dataflow::round_to_dl16(1.0f + 1.0f / 512), 1.0f + 1.0f / 512);          // 9 fraction bits kept
+  EXPECT_EQ(dataflow::round_to_dl16(1.0f + 1.0f / 1024), 1.0f);                      // halfway: to even
+  EXPECT_EQ(dataflow::round_to_dl16(1.0f + 3.0f / 1024), 1.0f + 4.0f / 1024);        // halfway: to even (up)
+  EXPECT_EQ(dataflow::round_to_dl16(1.0f + 1.0f / 1024 + 1.0f / 65536), 1.0f + 1.0f / 512);  // past halfway
   // 3e-9 = 2^-29 · 1.61061..., 0.61061·512 = 312.6 -> 313: f16 flushes this, DL16 holds it
-  EXPECT_EQ(tile::round_to_dl16(-3e-9f), -std::ldexp(1.0f + 313.0f / 512, -29));
-  EXPECT_EQ(tile::round_to_dl16(std::ldexp(1.0f, -30)), std::ldexp(1.0f, -30));  // smallest normal
-  EXPECT_EQ(tile::round_to_dl16(std::ldexp(1.0f, -31)), 0.0f);                   // midpoint to 0
-  EXPECT_EQ(tile::round_to_dl16(std::ldexp(1.5f, -31)), std::ldexp(1.0f, -30));  // nearer the smallest normal
-  EXPECT_EQ(tile::round_to_dl16(std::ldexp(1.0f, -32)), 0.0f);
+  EXPECT_EQ(dataflow::round_to_dl16(-3e-9f), -std::ldexp(1.0f + 313.0f / 512, -29));
+  EXPECT_EQ(dataflow::round_to_dl16(std::ldexp(1.0f, -30)), std::ldexp(1.0f, -30));  // smallest normal
+  EXPECT_EQ(dataflow::round_to_dl16(std::ldexp(1.0f, -31)), 0.0f);                   // midpoint to 0
+  EXPECT_EQ(dataflow::round_to_dl16(std::ldexp(1.5f, -31)), std::ldexp(1.0f, -30));  // nearer the smallest normal
+  EXPECT_EQ(dataflow::round_to_dl16(std::ldexp(1.0f, -32)), 0.0f);
   const float top = std::ldexp(2.0f - std::ldexp(1.0f, -8), 32);                   // largest finite
-  EXPECT_EQ(tile::round_to_dl16(top), top);
-  EXPECT_TRUE(std::isinf(tile::round_to_dl16(std::ldexp(2.0f, 32))));
-  EXPECT_TRUE(std::isinf(tile::round_to_dl16(-std::ldexp(1.999f, 32))));
-  EXPECT_TRUE(std::isnan(tile::round_to_dl16(NAN)));
+  EXPECT_EQ(dataflow::round_to_dl16(top), top);
+  EXPECT_TRUE(std::isinf(dataflow::round_to_dl16(std::ldexp(2.0f, 32))));
+  EXPECT_TRUE(std::isinf(dataflow::round_to_dl16(-std::ldexp(1.999f, 32))));
+  EXPECT_TRUE(std::isnan(dataflow::round_to_dl16(NAN)));
   // 70000 = 2^16 · 1.068115, 0.068115·512 = 34.9 -> 35: f16 overflows here
-  EXPECT_EQ(tile::round_to_dl16(70000.0f), std::ldexp(1.0f + 35.0f / 512, 16));
+  EXPECT_EQ(dataflow::round_to_dl16(70000.0f), std::ldexp(1.0f + 35.0f / 512, 16));
 }

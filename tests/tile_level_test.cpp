@@ -41,7 +41,7 @@ std::vector<Case> cases() {
   return v;
 }
 
-DataflowCompile compile_corpus(const std::string& model, const dataflow::HwSpec& hw) {
+DataflowCompile compile_corpus(const std::string& model, const hw::HwSpec& hw) {
   testenv::CorpusCase c = testenv::load_corpus_model(model);
   ModelPaths mp = resolve_model(testenv::shared_dir() + "/models/" + model);
   return compile_dataflow(mp.model, c.inputs, hw);
@@ -54,7 +54,7 @@ class TileCorpus : public ::testing::TestWithParam<Case> {};
 TEST_P(TileCorpus, RoundTripsAndKeepsItsInvariants) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   const Case& c = GetParam();
-  const dataflow::HwSpec hw = dataflow::load_preset(c.target);
+  const hw::HwSpec hw = hw::load_preset(c.target);
   DataflowCompile dc = compile_corpus(c.model, hw);
   const tile::TileProgram& p = dc.program;
   ASSERT_FALSE(p.kernels.empty());
@@ -65,7 +65,7 @@ TEST_P(TileCorpus, RoundTripsAndKeepsItsInvariants) {
   EXPECT_NO_THROW(tile::verify_tile_program(back));
   // parsed without a hardware description it prints, but cannot be verified; with another target's it does not parse
   EXPECT_THROW(tile::verify_tile_program(tile::parse_tile_program(text)), Error);
-  EXPECT_THROW(tile::parse_tile_program(text, "x.tile", std::make_shared<const dataflow::HwSpec>(dataflow::load_preset(
+  EXPECT_THROW(tile::parse_tile_program(text, "x.tile", std::make_shared<const hw::HwSpec>(hw::load_preset(
                                                             c.target == "spyre" ? "tpu-v5e" : "spyre"))),
                Error);
   // every core's scratchpad, every slice in whole units (also checked by the verifier)
@@ -79,12 +79,12 @@ TEST_P(TileCorpus, RoundTripsAndKeepsItsInvariants) {
     }
   }
   // timing
-  tile::SimulatedProgram sp = tile::simulate_program(p);
+  dataflow::SimulatedProgram sp = dataflow::simulate_program(p);
   ASSERT_EQ(sp.kernels.size(), p.kernels.size());
   double bound = 0;
   for (size_t i = 0; i < p.kernels.size(); ++i) {
     const tile::TileKernel& t = p.kernels[i];
-    const tile::KernelTime& kt = sp.kernels[i];
+    const dataflow::KernelTime& kt = sp.kernels[i];
     EXPECT_GE(kt.seconds * (1 + 1e-9), kt.bound_seconds) << c.model << " " << t.name << " (" << t.node << ") is faster than its roofline";
     bound += kt.bound_seconds;
     if (t.kind == tile::TileKind::host) continue;
@@ -96,7 +96,7 @@ TEST_P(TileCorpus, RoundTripsAndKeepsItsInvariants) {
       if (task.kernel == static_cast<int>(i) && task.kind == dataflow::TaskKind::dma_load) loaded += task.bytes;
     }
     // kernel_traffic (the mapper's figure) counts what the engine's tasks move, for every kind of kernel
-    const tile::Traffic tr = tile::kernel_traffic(t);
+    const dataflow::Traffic tr = dataflow::kernel_traffic(t);
     EXPECT_EQ(tr.read, loaded) << c.model << " " << t.name;
     EXPECT_EQ(tr.write, stored) << c.model << " " << t.name;
     for (const tile::Operand& op : t.operands)
@@ -122,7 +122,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TileCorpus, ::testing::ValuesIn(cases()), [](co
 // TESSEL_UPDATE_GOLDEN=1 and review the diff like code.
 TEST(TileGolden, FfnAndAttentionOnSpyre) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
-  const dataflow::HwSpec hw = dataflow::load_preset("spyre");
+  const hw::HwSpec hw = hw::load_preset("spyre");
   for (const char* m : {"ffn_s", "attn_s"}) {
     const std::string got = tile::print_tile_program(compile_corpus(m, hw).program);
     const std::string path = testenv::source_dir() + "/tests/golden_tile/" + m + ".spyre.tile";
@@ -144,7 +144,7 @@ TEST(TileBar, GraniteMlpPrefillOnSpyre) {
       "  return %y\n}\n";
   const std::string path = (fs::temp_directory_path() / fmt::format("granite-{}.tsl", getpid())).string();
   std::ofstream(path) << text;
-  const dataflow::HwSpec hw = dataflow::load_preset("spyre");
+  const hw::HwSpec hw = hw::load_preset("spyre");
   DataflowCompile dc = compile_dataflow(path, {}, hw);
   fs::remove(path);
   ASSERT_EQ(dc.program.kernels.size(), 1u);
@@ -152,7 +152,7 @@ TEST(TileBar, GraniteMlpPrefillOnSpyre) {
   EXPECT_EQ(t.kind, tile::TileKind::matmul);
   EXPECT_EQ(t.cores, 32);
   EXPECT_NE(t.decision.find("best of"), std::string::npos) << t.decision;
-  tile::SimulatedProgram sp = tile::simulate_program(dc.program);
+  dataflow::SimulatedProgram sp = dataflow::simulate_program(dc.program);
   const double flops = 2.0 * 512 * 4096 * 12800;
   const double bytes = 2.0 * (512.0 * 4096 + 4096.0 * 12800 + 512.0 * 12800);
   const dataflow::Roofline roof = dataflow::roofline(hw, flops, bytes, DType::f16);
@@ -191,7 +191,7 @@ TEST(TileConv, BiasIsCountedWhenThePlanIsChosen) {
       "  %y: f32[1,192,27,27] = Relu(%c) loc(\"features.4\")\n"
       "  return %y\n}\n",
       {"w", "b"}, "alexnet-conv2");
-  const dataflow::HwSpec hw = dataflow::load_preset("spyre");
+  const hw::HwSpec hw = hw::load_preset("spyre");
   DataflowCompile dc;
   EXPECT_NO_THROW(dc = compile_dataflow(path, {}, hw));
   fs::remove(path);
@@ -214,8 +214,8 @@ TEST(TileConv, ReductionIsSplitWhenTheWeightsDoNotFit) {
       "  %y: f32[1,64,8,8] = Relu(%c) loc(\"layer4.0.relu\")\n"
       "  return %y\n}\n",
       {"w", "b"}, "wide-conv");
-  const dataflow::HwSpec hw = dataflow::load_hw_file(testenv::source_dir() + "/tests/hw/spyre-128k.json");
-  tile::MapOptions mo;
+  const hw::HwSpec hw = hw::load_hw_file(testenv::source_dir() + "/tests/hw/spyre-128k.json");
+  dataflow::MapOptions mo;
   mo.float_dtype = DType::f32;
   DataflowCompile dc;
   ASSERT_NO_THROW(dc = compile_dataflow(path, {}, hw, mo));
@@ -242,7 +242,7 @@ TEST(TileConv, ReductionIsSplitWhenTheWeightsDoNotFit) {
   auto g = parse_graph(text.str());
   fs::remove(path);
   const std::vector<Tensor> want = run_eager(*g, {x});
-  tile::FunctionalResult fr = tile::run_functional(dc.program, dc.module, {x});
+  dataflow::FunctionalResult fr = dataflow::run_functional(dc.program, dc.module, {x});
   ASSERT_EQ(fr.outputs.size(), 1u);
   double err = 0, scale = 0;
   for (int64_t i = 0; i < want[0].numel(); ++i) {
@@ -254,7 +254,7 @@ TEST(TileConv, ReductionIsSplitWhenTheWeightsDoNotFit) {
 
   // timed: the weights of each core's output channels are read once per pixel tile (a reduction
   // tile's weights cannot stay resident), and each core computes every reduction tile
-  tile::SimulatedProgram sp = tile::simulate_program(dc.program);
+  dataflow::SimulatedProgram sp = dataflow::simulate_program(dc.program);
   const tile::Dim& s = t.dims[2];
   const int64_t w_bytes = 64 * 128 * 9 * 4;
   EXPECT_GE(sp.result.dram_read_bytes, w_bytes * s.split * s.steps()) << t.decision;
@@ -266,7 +266,7 @@ TEST(TileConv, ReductionIsSplitWhenTheWeightsDoNotFit) {
 // A scratchpad too small for any tile: a compile error naming the kernel's node and a tensor.
 TEST(TileErrors, OverCapacityNamesKernelAndTensor) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
-  dataflow::HwSpec hw = dataflow::load_preset("spyre");
+  hw::HwSpec hw = hw::load_preset("spyre");
   hw.scratchpad_bytes = 2048;
   try {
     compile_corpus("ffn_s", hw);
@@ -296,7 +296,7 @@ TEST(TileErrors, BadTextNamesLine) {
   }
   // the verifier catches a slice that is not whole sticks
   if (!testenv::have_shared()) return;
-  const dataflow::HwSpec hw = dataflow::load_preset("spyre");
+  const hw::HwSpec hw = hw::load_preset("spyre");
   tile::TileProgram p = compile_corpus("ffn_s", hw).program;
   for (tile::Dim& d : p.kernels[0].dims)
     if (d.name == "n") d.slice -= 1;
@@ -312,7 +312,7 @@ TEST(TileDocs, WorkedExampleMatches) {
   ASSERT_NE(at, std::string::npos) << "docs/ir/tile.md lost its worked example marker";
   const size_t b = at + marker.size(), e = doc.find("```", b);
   const std::string block = doc.substr(b, e - b);
-  const std::string got = tile::print_tile_program(compile_corpus("ffn_s", dataflow::load_preset("spyre")).program);
+  const std::string got = tile::print_tile_program(compile_corpus("ffn_s", hw::load_preset("spyre")).program);
   EXPECT_EQ(block, got);
 }
 
@@ -320,7 +320,7 @@ TEST(TileDocs, WorkedExampleMatches) {
 TEST(TileDocs, PassExamples) {
   if (!testenv::have_shared()) GTEST_SKIP() << "needs ../shared";
   const std::string doc = testenv::read_text(testenv::source_dir() + "/docs/passes/dataflow.md");
-  const std::string text = tile::print_tile_program(compile_corpus("ffn_s", dataflow::load_preset("spyre")).program);
+  const std::string text = tile::print_tile_program(compile_corpus("ffn_s", hw::load_preset("spyre")).program);
   const std::string marker = "<!-- tile lines: ffn_s spyre -->\n```\n";
   int blocks = 0;
   for (size_t at = doc.find(marker); at != std::string::npos; at = doc.find(marker, at + 1)) {
@@ -344,12 +344,12 @@ TEST(TileBar, NoBandwidthOrClockInRangeHangsTheEngine) {
                          "  return %y\n}\n";
   for (double gbps : {1e-3, 1.0, 1e3, 1e5, 1e7}) {
     for (double ghz : {1e-3, 1.0, 100.0}) {
-      dataflow::HwSpec hw = dataflow::load_preset("tpu-v5e");
+      hw::HwSpec hw = hw::load_preset("tpu-v5e");
       hw.dram.read_gbps = hw.dram.write_gbps = gbps;
       hw.clock_ghz = ghz;
       const auto o = testenv::bounded([&] {
         DataflowCompile dc = compile_dataflow(path, {}, hw);
-        const tile::SimulatedProgram sp = tile::simulate_program(dc.program);
+        const dataflow::SimulatedProgram sp = dataflow::simulate_program(dc.program);
         if (!std::isfinite(sp.result.seconds) || sp.result.seconds <= 0) std::abort();
       });
       EXPECT_FALSE(o.error) << gbps << " GB/s, " << ghz << " GHz: " << o.message;

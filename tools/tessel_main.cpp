@@ -619,8 +619,8 @@ int cmd_conformance(const std::string& dir, const std::string& json_path, int jo
 }
 
 // Models on dataflow targets: `compile --target T` (tile level, report), `sim`, `hw`.
-tile::MapOptions map_options(const std::string& dtype) {
-  tile::MapOptions o;
+dataflow::MapOptions map_options(const std::string& dtype) {
+  dataflow::MapOptions o;
   if (dtype.empty()) return o;  // the target's default
   auto t = dtype_from_name(dtype);
   // f32 storage (where the target has it, e.g. the TPU presets) makes the functional simulation an
@@ -637,7 +637,7 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
                          const std::string& out, const std::string& report, const std::string& dtype,
                          const std::string& dump_dir, const std::string& print_after, bool time_passes,
                          bool ktir_values = false, const std::string& ktir_storage = "") {
-  DataflowCompile dc = compile_dataflow(model, model_inputs(model), dataflow::resolve_target(target), map_options(dtype),
+  DataflowCompile dc = compile_dataflow(model, model_inputs(model), hw::resolve_target(target), map_options(dtype),
                                         stage_options(dump_dir, print_after));
   // --ktir-storage f32: the same schedule with float globals stored as f32 (a check of the kernels' logic)
   if (ktir_storage == "f32") dc.program = ktir::ktir_widened_storage(dc.program);
@@ -657,9 +657,9 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
     if (ktir_values) {
       const std::vector<Tensor> ins = model_inputs(model);
       if (ins.empty()) throw Error(Location{.file = model, .pass = "ktir"}, "--ktir-values needs the model's test_data_set_0 inputs");
-      tile::FunctionalOptions fo;
+      dataflow::FunctionalOptions fo;
       fo.keep_values = true;
-      values = tile::run_functional(dc.program, dc.module, ins, fo).values;
+      values = dataflow::run_functional(dc.program, dc.module, ins, fo).values;
     }
     ktir::write_ktir_folder(out, dc.program, dc.module, e, ktir_values ? &values : nullptr);
     fmt::print("ktir: {} of {} tile kernels in {} (one module each, manifest.json){}\n", e.kernels.size(), dc.program.kernels.size(),
@@ -677,9 +677,9 @@ int cmd_compile_dataflow(const std::string& model, const std::string& target, co
 // Runs the tile program with real values and compares with the eager interpreter on the same inputs:
 // within 2e-2 (f16 storage), 5e-2 (bf16) or 1e-4 (f32) of max|ref| (docs/sim.md). Returns whether it matched.
 bool check_functional(const std::string& model, const DataflowCompile& dc, const std::vector<Tensor>& ins, int threads) {
-  tile::FunctionalOptions fo;
+  dataflow::FunctionalOptions fo;
   fo.threads = resolve_threads(threads);
-  tile::FunctionalResult fr = tile::run_functional(dc.program, dc.module, ins, fo);
+  dataflow::FunctionalResult fr = dataflow::run_functional(dc.program, dc.module, ins, fo);
   ImportedModel ref = import_model_file(model, ins);
   std::vector<Tensor> want = run_eager(*ref.graph, ins);
   Tolerance tol;
@@ -731,7 +731,7 @@ int cmd_sim_buckets(const std::string& model, const std::string& target, const s
     if (!fs::is_directory(d)) throw Error(Location{.file = d}, "inputs folder does not exist");
     sets.push_back(read_data_set(d, "input"));
   }
-  const BucketReport r = run_buckets(model, dataflow::resolve_target(target), sets, dirs, o);
+  const BucketReport r = run_buckets(model, hw::resolve_target(target), sets, dirs, o);
   fmt::print("{}", bucket_table(r));
   if (!json.empty()) write_text(json, json_dump(bucket_json(r), 1) + "\n");
   for (const BucketRow& w : r.rows)
@@ -741,7 +741,7 @@ int cmd_sim_buckets(const std::string& model, const std::string& target, const s
 
 // `sim MODEL --train --hw H`: forward, backward and AdamW simulated in sequence (driver/train_sim.h).
 int cmd_sim_train(const std::string& model, const std::string& target, const std::string& json, const std::string& dtype) {
-  const TrainSimReport r = simulate_training(model, dataflow::resolve_target(target), map_options(dtype));
+  const TrainSimReport r = simulate_training(model, hw::resolve_target(target), map_options(dtype));
   fmt::print("{}", train_sim_text(r));
   if (!json.empty()) write_text(json, json_dump(train_sim_json(r), 1) + "\n");
   return 0;
@@ -761,7 +761,7 @@ int cmd_sim(const std::string& model, const std::string& target, const std::stri
   std::optional<ProgressTicker> ticker;
   if (progress_mode() != ProgressMode::quiet) ticker.emplace(*progress);
   progress->note("compile and map to tiles");
-  DataflowCompile compiled = compile_dataflow(model, ins, dataflow::resolve_target(target), map_options(dtype),
+  DataflowCompile compiled = compile_dataflow(model, ins, hw::resolve_target(target), map_options(dtype),
                                               stage_options(dump_dir, print_after));
   if (!print_after.empty()) return 0;
   progress->advance(1, "timed simulation");
@@ -772,7 +772,7 @@ int cmd_sim(const std::string& model, const std::string& target, const std::stri
   progress->finish();
   progress.reset();
   const DataflowCompile& dc = run.compile;
-  const tile::SimulatedProgram& sp = run.sim;
+  const dataflow::SimulatedProgram& sp = run.sim;
   const DataflowReport& r = run.report;
   fmt::print("{}", report_table(r));
   fmt::print("compiled in {:.1f} ms (import, core pipeline, fusion {:.1f}; tile mapping {:.1f}); timed simulation of {} tasks "
@@ -795,8 +795,8 @@ int cmd_compare(const std::string& model, const std::string& targets, const std:
   if (t.size() != 2)
     throw Error(Location{.pass = "compare"}, fmt::format("--hw takes two targets, comma-separated, not '{}'", display_text(targets)));
   const std::vector<Tensor> ins = model_inputs(model);
-  const DataflowCompile a = compile_dataflow(model, ins, dataflow::resolve_target(t[0]), map_options(dtype));
-  const DataflowCompile b = compile_dataflow(model, ins, dataflow::resolve_target(t[1]), map_options(dtype));
+  const DataflowCompile a = compile_dataflow(model, ins, hw::resolve_target(t[0]), map_options(dtype));
+  const DataflowCompile b = compile_dataflow(model, ins, hw::resolve_target(t[1]), map_options(dtype));
   const TargetComparison c = compare_targets(a, b);
   fmt::print("{}", comparison_text(c));
   if (!json.empty()) write_text(json, json_dump(comparison_json(c), 1) + "\n");
@@ -807,13 +807,13 @@ int cmd_compare(const std::string& model, const std::string& targets, const std:
 int cmd_landscape(const std::string& model, const std::string& targets, int threads, const std::string& json) {
   const std::vector<Tensor> ins = model_inputs(model);
   // Every target is checked before the first row (a bad one last in the list printed rows, then failed).
-  std::map<std::string, dataflow::HwSpec> hw;
+  std::map<std::string, hw::HwSpec> hw;
   for (const std::string& t : comma_list(targets)) {
     if (t == "cpu") {
       if (ins.empty()) throw Error(Location{.file = model}, "landscape's cpu row runs the model: it needs test_data_set_0 inputs");
       continue;
     }
-    hw.emplace(t, dataflow::resolve_target(t));
+    hw.emplace(t, hw::resolve_target(t));
   }
   nlohmann::json rows = nlohmann::json::array();
   fmt::print("{:<10} {:>11} {:>8} {:>11} {:>11} {:>11} {:>11} {:>10}\n", "target", "time us", "util %", "DRAM MB",
@@ -848,7 +848,7 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
                       {"load_warning", busy.empty() ? nlohmann::json(nullptr) : nlohmann::json(busy)}});
       continue;
     }
-    const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, hw.at(t), tile::MapOptions{}));
+    const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, hw.at(t), dataflow::MapOptions{}));
     const DataflowCompile& dc = run.compile;
     const DataflowReport& r = run.report;
     const double pad = static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6;
@@ -919,11 +919,11 @@ int cmd_hw(const std::string& what, const std::string& matmul) {
         throw Error(Location{.pass = "hw"}, fmt::format("--matmul takes M,K,N (positive integers), not '{}'", display_text(matmul)));
       at = end + 1;
     }
-    const dataflow::HwSpec hw = dataflow::resolve_target(what);
+    const hw::HwSpec hw = hw::resolve_target(what);
     const DType t = hw.matrix.dtype_rate.begin()->first;
     const dataflow::MatmulCost c = dataflow::matmul_cost(hw, d[0], d[1], d[2], t, dataflow::Orientation::as_given);
     const nlohmann::json j = {{"M", d[0]}, {"K", d[1]}, {"N", d[2]}, {"rows", hw.matrix.rows}, {"cols", hw.matrix.cols},
-                              {"arrays", hw.matrix.count}, {"dataflow", dataflow::dataflow_name(hw.matrix.dataflow)},
+                              {"arrays", hw.matrix.count}, {"dataflow", hw::dataflow_name(hw.matrix.dataflow)},
                               {"dtype", std::string(dtype_name(t))}, {"fill", hw.matrix.fill_cycles},
                               {"drain", hw.matrix.drain_cycles}, {"folds", c.folds}, {"cycles", c.cycles}};
     fmt::print("{}\n", json_dump(j));
@@ -931,11 +931,11 @@ int cmd_hw(const std::string& what, const std::string& matmul) {
   }
   if (what.empty()) {
     fmt::print("presets:");
-    for (const std::string& n : dataflow::preset_names()) fmt::print(" {}", n);
+    for (const std::string& n : hw::preset_names()) fmt::print(" {}", n);
     fmt::print("\n(tessel hw NAME or tessel hw FILE.json describes one; docs/hw.md has the schema)\n");
     return 0;
   }
-  fmt::print("{}", dataflow::describe(dataflow::resolve_target(what)));
+  fmt::print("{}", hw::describe(hw::resolve_target(what)));
   return 0;
 }
 

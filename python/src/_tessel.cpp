@@ -439,7 +439,7 @@ class DataflowExecutable {
   // as host steps, listed in the report (docs/python.md, "Dataflow targets").
   DataflowExecutable(Builder& b, const std::string& target, const std::string& dtype, int threads)
       : target_(target), threads_(threads) {
-    tile::MapOptions mo;
+    dataflow::MapOptions mo;
     if (!dtype.empty()) {
       auto t = dtype_from_name(dtype);
       if (!t || (*t != DType::f16 && *t != DType::bf16 && *t != DType::f32))
@@ -447,7 +447,7 @@ class DataflowExecutable {
                                                             display_text(dtype)));
       mo.float_dtype = *t;
     }
-    const dataflow::HwSpec hw = dataflow::resolve_target(target);
+    const hw::HwSpec hw = hw::resolve_target(target);
     std::unique_ptr<Graph> g = b.take();
     py::gil_scoped_release nogil;
     dataflow::SimOptions so;
@@ -456,7 +456,7 @@ class DataflowExecutable {
     for (const auto& n : g->nodes()) breaks = breaks || break_reason(*n).has_value();
     if (!breaks) {
       runs_.push_back(std::make_unique<DataflowRun>(simulate_dataflow(compile_dataflow(std::move(g), hw, mo), so)));
-      kernels_.push_back(std::make_shared<tile::FunctionalKernels>());
+      kernels_.push_back(std::make_shared<dataflow::FunctionalKernels>());
       return;
     }
     graph_ = std::move(g);
@@ -475,20 +475,20 @@ class DataflowExecutable {
       } catch (const Error& e) {
         throw e.with_context(at);
       }
-      kernels_.push_back(std::make_shared<tile::FunctionalKernels>());
+      kernels_.push_back(std::make_shared<dataflow::FunctionalKernels>());
     }
   }
   py::list run(const std::vector<std::pair<py::array, std::string>>& inputs, const py::object& runner) {
     std::vector<Tensor> ins = tensors_of(inputs);
-    tile::FunctionalResult total;
+    dataflow::FunctionalResult total;
     std::vector<Tensor> outs;
     {
       py::gil_scoped_release nogil;
       auto run_part = [&](size_t k, const std::vector<Tensor>& part_ins) {
-        tile::FunctionalOptions fo;
+        dataflow::FunctionalOptions fo;
         fo.threads = threads_;
         fo.kernels = kernels_[k];  // (generated and loaded by the first call only)
-        tile::FunctionalResult fr = tile::run_functional(runs_[k]->compile.program, runs_[k]->compile.module, part_ins, fo);
+        dataflow::FunctionalResult fr = dataflow::run_functional(runs_[k]->compile.program, runs_[k]->compile.module, part_ins, fo);
         total.tiles_executed += fr.tiles_executed;
         total.host_steps += fr.host_steps;
         total.seconds += fr.seconds;
@@ -570,7 +570,7 @@ class DataflowExecutable {
       const DataflowRun& r = *runs_[0];
       return dataflow::chrome_trace_json(r.sim.timeline.graph, r.compile.program.hw_spec(), r.sim.result);
     }
-    const dataflow::HwSpec& hw = runs_[0]->compile.program.hw_spec();
+    const hw::HwSpec& hw = runs_[0]->compile.program.hw_spec();
     const int host_pid = static_cast<int>(hw.cores) + 2;  // (after the cores, DRAM and sync tracks)
     nlohmann::json events = nlohmann::json::array();
     nlohmann::json parts = nlohmann::json::array();
@@ -664,7 +664,7 @@ class DataflowExecutable {
   std::unique_ptr<Graph> graph_;       // with breaks: the graph the plan points into
   PartitionPlan plan_;
   std::vector<std::unique_ptr<DataflowRun>> runs_;   // one per partition (one: no break)
-  std::vector<std::shared_ptr<tile::FunctionalKernels>> kernels_;
+  std::vector<std::shared_ptr<dataflow::FunctionalKernels>> kernels_;
   py::dict last_;
 };
 
@@ -1015,7 +1015,7 @@ PYBIND11_MODULE(_tessel, m) {
     return names;
   });
   m.def("hardware_threads", [] { return resolve_threads(0); });
-  m.def("hw_presets", [] { return dataflow::preset_names(); }, "the dataflow hardware presets' names");
+  m.def("hw_presets", [] { return hw::preset_names(); }, "the dataflow hardware presets' names");
   m.def("write_tensor_pb", [](const py::array& a, const std::string& dtype, const std::string& name, const std::string& path) {
         write_tensor_pb(from_array(a, dtype), name, path);
       }, py::arg("array"), py::arg("dtype"), py::arg("name"), py::arg("path"),

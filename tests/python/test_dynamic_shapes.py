@@ -537,18 +537,27 @@ class DynamoSizes(unittest.TestCase):
             self.assertEqual(g.stats.compiles, 1, g.stats.recompiles)
             self.assertIsNotNone(g.dynamic)
 
-    def test_sizes_tessel_cannot_take_fall_back_with_the_reason(self):
+    def test_sizes_no_tensor_carries_are_folded_per_call(self):
+        # A SymInt whose symbol no tensor dim carries cannot be computed from the tensors' sizes: the
+        # symbolic path refuses it, and the backend folds it to each call's value instead of leaving the
+        # graph to PyTorch (the static KV cache's max_cache_len; tests/python/test_dynamo_free_ints.py).
         import sympy
-        from tessel._dynamo import symbolic_sizes
+        from tessel._dynamo import _FreeInts, symbolic_sizes
         gm, example = self.graph(lambda n, x: x * n, (4, 8))
         n = next(p for p in gm.graph.nodes if p.op == "placeholder")
         n.meta["example_value"] = type("S", (), {"expr": sympy.Symbol("u0", positive=True, integer=True)})()
         with self.assertRaisesRegex(Unsupported, "no tensor dim carries"):
             symbolic_sizes(gm, example)
         tessel.dynamo_fallbacks.clear()
-        with self.assertWarns(UserWarning):
-            tessel.tessel_backend(gm, example)
-        self.assertIn("no tensor dim carries", tessel.dynamo_fallbacks[0])
+        fn = tessel.tessel_backend(gm, example)
+        self.assertIsInstance(fn, _FreeInts)
+        x = torch.randn(4, 8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for k in (3, 3, 5):
+                torch.testing.assert_close(fn(k, x)[0] if isinstance(fn(k, x), (tuple, list)) else fn(k, x), x * k)
+        self.assertEqual(sorted(fn.compiled), [(3,), (5,)])
+        self.assertEqual(tessel.dynamo_fallbacks, [])
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ double graph_flops(const Graph& g) {
 
 }  // namespace
 
-BucketReport run_buckets(const std::string& model, const dataflow::HwSpec& hw, const std::vector<std::vector<Tensor>>& inputs,
+BucketReport run_buckets(const std::string& model, const hw::HwSpec& hw, const std::vector<std::vector<Tensor>>& inputs,
                          const std::vector<std::string>& names, const BucketOptions& opts) {
   if (opts.buckets.empty()) throw Error(Location{.file = model, .pass = "bucket"}, "no buckets given");
   ImportedModel imported = import_model_file(model, {}, true);
@@ -173,9 +173,9 @@ BucketReport run_buckets(const std::string& model, const dataflow::HwSpec& hw, c
       row.ok = agrees(cpu_symbolic->run(ins), 1e-4, nullptr) && agrees(c.cpu->run(padded), 1e-4, nullptr);
     }
     if (opts.functional) {
-      tile::FunctionalOptions fo;
+      dataflow::FunctionalOptions fo;
       fo.threads = resolve_threads(opts.threads);
-      tile::FunctionalResult fr = tile::run_functional(c.run.compile.program, c.run.compile.module, padded, fo);
+      dataflow::FunctionalResult fr = dataflow::run_functional(c.run.compile.program, c.run.compile.module, padded, fo);
       const DType st = c.run.compile.program.float_dtype;
       row.tolerance = st == DType::bf16 ? 5e-2 : st == DType::f32 ? 1e-4 : 2e-2;
       row.rel_err = 0;

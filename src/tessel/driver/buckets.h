@@ -16,7 +16,7 @@ namespace tessel {
 struct BucketOptions {
   std::string symbol;              // the symbol padded; empty: the model's only symbol, else an error
   std::vector<int64_t> buckets;    // sizes it is padded to
-  tile::MapOptions map;
+  dataflow::MapOptions map;
   int threads = 1;                 // the functional run's library threads (and the CPU's, with cpu)
   bool functional = true;
   // The trade-off on the host CPU: each data set also run by one symbolic CPU compilation at its own
@@ -48,7 +48,7 @@ struct BucketReport {
 
 // `inputs`: one tensor list per data set (`names`: how each is shown). Throws tessel::Error naming the
 // model, the node that cannot be padded or the data set no bucket holds.
-BucketReport run_buckets(const std::string& model, const dataflow::HwSpec& hw, const std::vector<std::vector<Tensor>>& inputs,
+BucketReport run_buckets(const std::string& model, const hw::HwSpec& hw, const std::vector<std::vector<Tensor>>& inputs,
                          const std::vector<std::string>& names, const BucketOptions& opts);
 
 std::string bucket_table(const BucketReport& r);

@@ -23,7 +23,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 }  // namespace
 
-DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts,
+DataflowCompile compile_dataflow(KernelModule module, const hw::HwSpec& hw, const dataflow::MapOptions& opts,
                                  const PassOptions& passes) {
   DataflowCompile dc;
   dc.module = std::move(module);
@@ -38,8 +38,8 @@ DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw
 namespace {
 
 // import (timed by the caller) -> core pipeline -> fusion -> map_to_tiles, named `name`.
-DataflowCompile lower_graph(std::unique_ptr<Graph> graph, Clock::time_point t0, const dataflow::HwSpec& hw,
-                            const tile::MapOptions& opts, const PassOptions& passes) {
+DataflowCompile lower_graph(std::unique_ptr<Graph> graph, Clock::time_point t0, const hw::HwSpec& hw,
+                            const dataflow::MapOptions& opts, const PassOptions& passes) {
   Lowering lowering(passes);
   lowering.graph_passes(*graph, "core");
   DataflowCompile dc;
@@ -54,30 +54,30 @@ DataflowCompile lower_graph(std::unique_ptr<Graph> graph, Clock::time_point t0, 
 
 }  // namespace
 
-DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const dataflow::HwSpec& hw,
-                                 const tile::MapOptions& opts, const PassOptions& passes) {
+DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const hw::HwSpec& hw,
+                                 const dataflow::MapOptions& opts, const PassOptions& passes) {
   const auto t0 = Clock::now();
   ImportedModel m = import_model_file(model, inputs);
   // the program is named as the user calls the model: its folder (model zoo), else the file's stem
   std::filesystem::path mp(model);
   while (!mp.empty() && !mp.has_filename()) mp = mp.parent_path();
-  tile::MapOptions named = opts;
+  dataflow::MapOptions named = opts;
   named.name = std::filesystem::is_directory(mp) ? mp.filename().string()
                : mp.stem() == "model"             ? mp.parent_path().filename().string()
                                                   : mp.stem().string();
   return lower_graph(std::move(m.graph), t0, hw, named, passes);
 }
 
-DataflowCompile compile_dataflow(std::unique_ptr<Graph> graph, const dataflow::HwSpec& hw, const tile::MapOptions& opts,
+DataflowCompile compile_dataflow(std::unique_ptr<Graph> graph, const hw::HwSpec& hw, const dataflow::MapOptions& opts,
                                  const PassOptions& passes) {
-  tile::MapOptions named = opts;
+  dataflow::MapOptions named = opts;
   if (named.name.empty()) named.name = graph->name;
   return lower_graph(std::move(graph), Clock::now(), hw, named, passes);
 }
 
-DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp) {
+DataflowReport dataflow_report(const DataflowCompile& dc, const dataflow::SimulatedProgram& sp) {
   const tile::TileProgram& p = dc.program;
-  const dataflow::HwSpec& hw = p.hw_spec();
+  const hw::HwSpec& hw = p.hw_spec();
   DataflowReport r;
   r.model = p.name;
   r.target = p.target;
@@ -90,7 +90,7 @@ DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedP
   }
   for (size_t i = 0; i < p.kernels.size(); ++i) {
     const tile::TileKernel& t = p.kernels[i];
-    const tile::KernelTime& kt = sp.kernels[i];
+    const dataflow::KernelTime& kt = sp.kernels[i];
     KernelReport k;
     k.name = t.name;
     k.kind = std::string(tile::tile_kind_name(t.kind));
@@ -158,7 +158,7 @@ DataflowRun simulate_dataflow(DataflowCompile dc, const dataflow::SimOptions& op
   DataflowRun run;
   run.compile = std::move(dc);
   const auto t0 = Clock::now();
-  run.sim = tile::simulate_program(run.compile.program, options);
+  run.sim = dataflow::simulate_program(run.compile.program, options);
   run.report = dataflow_report(run.compile, run.sim);
   run.report.sim_seconds = since(t0);
   return run;

@@ -28,14 +28,14 @@ struct DataflowCompile {
 // MODEL as for `tessel run` (.onnx, model-zoo folder, .tsl); `inputs` bind symbolic dims. The stages
 // run through the pass manager across levels (driver/lowering.h) with `passes`' verify, dump_dir and
 // print_after.
-DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const dataflow::HwSpec& hw,
-                                 const tile::MapOptions& opts = {}, const PassOptions& passes = {});
+DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const hw::HwSpec& hw,
+                                 const dataflow::MapOptions& opts = {}, const PassOptions& passes = {});
 // The same from a graph already in hand (tessel.compile's dataflow targets: the PyTorch converter's
 // graph); the program is named `opts.name`, else the graph's name.
-DataflowCompile compile_dataflow(std::unique_ptr<Graph> graph, const dataflow::HwSpec& hw, const tile::MapOptions& opts = {},
+DataflowCompile compile_dataflow(std::unique_ptr<Graph> graph, const hw::HwSpec& hw, const dataflow::MapOptions& opts = {},
                                  const PassOptions& passes = {});
 // The same from a kernel module already in hand (the tile stages only).
-DataflowCompile compile_dataflow(KernelModule module, const dataflow::HwSpec& hw, const tile::MapOptions& opts = {},
+DataflowCompile compile_dataflow(KernelModule module, const hw::HwSpec& hw, const dataflow::MapOptions& opts = {},
                                  const PassOptions& passes = {});
 
 struct TensorSlice {
@@ -75,13 +75,13 @@ struct DataflowReport {
 };
 
 // For the program's own HwSpec.
-DataflowReport dataflow_report(const DataflowCompile& dc, const tile::SimulatedProgram& sp);
+DataflowReport dataflow_report(const DataflowCompile& dc, const dataflow::SimulatedProgram& sp);
 
 // A compiled model simulated and reported on: the one compile -> simulate -> report sequence the CLI's
 // `compile --report`, `sim` and `landscape` share.
 struct DataflowRun {
   DataflowCompile compile;
-  tile::SimulatedProgram sim;
+  dataflow::SimulatedProgram sim;
   DataflowReport report;  // report.sim_seconds: the timed simulation and the report together
 };
 DataflowRun simulate_dataflow(DataflowCompile dc, const dataflow::SimOptions& options = {});

@@ -156,11 +156,11 @@ SimRun run_sim(const Graph& g, const std::vector<Tensor>& inputs, const std::str
   auto core = g.clone();
   run_pipeline(*core, parse_pipeline("core"), PassOptions{});
   KernelModule km = fuse(std::move(core));
-  const dataflow::HwSpec hw = dataflow::load_preset(target);
-  const tile::TileProgram p = tile::map_to_tiles(km, hw);
-  tile::FunctionalOptions fo;
+  const hw::HwSpec hw = hw::load_preset(target);
+  const tile::TileProgram p = dataflow::map_to_tiles(km, hw);
+  dataflow::FunctionalOptions fo;
   fo.toolchain = o.toolchain;
-  tile::FunctionalResult fr = tile::run_functional(p, km, inputs, fo);
+  dataflow::FunctionalResult fr = dataflow::run_functional(p, km, inputs, fo);
   // overflow on entry too: a constant folded on the host (in f32) may be beyond the storage range
   return {std::move(fr.outputs), fr.flushed + fr.overflowed + fr.entry_overflowed, p.float_dtype, p.dl16};
 }
@@ -213,7 +213,7 @@ Tensor round_storage(const Tensor& t, DType storage, bool dl16) {
   if (t.dtype() != DType::f32) return t;
   Tensor c = t.clone();
   float* d = c.data<float>();
-  for (int64_t i = 0; i < c.numel(); ++i) d[i] = dl16 && storage == DType::f16 ? tile::round_to_dl16(d[i]) : tile::round_to_dtype(d[i], storage);
+  for (int64_t i = 0; i < c.numel(); ++i) d[i] = dl16 && storage == DType::f16 ? dataflow::round_to_dl16(d[i]) : dataflow::round_to_dtype(d[i], storage);
   return c;
 }
 

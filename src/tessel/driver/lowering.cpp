@@ -74,11 +74,11 @@ KernelModule Lowering::fuse(std::unique_ptr<Graph> g, const FuseOptions& fo) {
   return km;
 }
 
-tile::TileProgram Lowering::map_to_tiles(const KernelModule& km, const dataflow::HwSpec& hw, const tile::MapOptions& mo) {
+tile::TileProgram Lowering::map_to_tiles(const KernelModule& km, const hw::HwSpec& hw, const dataflow::MapOptions& mo) {
   runner_.begin(IrLevel::kernel, [&km] { return print_kernel_module(km); });
-  tile::TileMapping mapping(km, hw, mo);
+  dataflow::TileMapping mapping(km, hw, mo);
   // the three stages print and verify the program as far as it is built; offsets exist after allocate
-  auto run = [&](const std::string& name, std::string (tile::TileMapping::*step)(), bool allocated) {
+  auto run = [&](const std::string& name, std::string (dataflow::TileMapping::*step)(), bool allocated) {
     Stage s = stage(name);
     s.run = [&mapping, step] { return (mapping.*step)(); };
     s.verify = [&mapping, allocated] { tile::verify_tile_program(mapping.program(), allocated); };
@@ -86,11 +86,11 @@ tile::TileProgram Lowering::map_to_tiles(const KernelModule& km, const dataflow:
     s.size = [&mapping] { return mapping.program().kernels.size(); };
     runner_.run(s);
   };
-  run("tile-layout", &tile::TileMapping::layout, false);
-  run("tile-plan", &tile::TileMapping::plan, false);
-  run("tile-allocate", &tile::TileMapping::allocate, true);
+  run("tile-layout", &dataflow::TileMapping::layout, false);
+  run("tile-plan", &dataflow::TileMapping::plan, false);
+  run("tile-allocate", &dataflow::TileMapping::allocate, true);
   tile::TileProgram p = mapping.take();
-  // with the stage verifiers off (PassOptions::verify), still the check tile::map_to_tiles always makes
+  // with the stage verifiers off (PassOptions::verify), still the check dataflow::map_to_tiles always makes
   if (!verify_) tile::verify_tile_program(p);
   return p;
 }

@@ -31,8 +31,8 @@ class Lowering {
   // fuse: graph → kernel (verify_kernel_module after it, print_kernel_module its text).
   KernelModule fuse(std::unique_ptr<Graph> g, const FuseOptions& fo = {});
   // tile-layout, tile-plan, tile-allocate: kernel → tile for `hw` (the result equals
-  // tile::map_to_tiles(km, hw, mo)).
-  tile::TileProgram map_to_tiles(const KernelModule& km, const dataflow::HwSpec& hw, const tile::MapOptions& mo = {});
+  // dataflow::map_to_tiles(km, hw, mo)).
+  tile::TileProgram map_to_tiles(const KernelModule& km, const hw::HwSpec& hw, const dataflow::MapOptions& mo = {});
   const std::vector<PassRecord>& records() const { return runner_.records(); }
   bool printed() const { return runner_.printed(); }
 

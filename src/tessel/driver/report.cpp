@@ -26,13 +26,13 @@ nlohmann::json landscape_row(const std::string& target, const DataflowCompile& d
 }
 
 HtmlTargetReport html_target_report(const std::string& target, const DataflowRun& run) {
-  const dataflow::HwSpec& hw = run.compile.program.hw_spec();
+  const hw::HwSpec& hw = run.compile.program.hw_spec();
   HtmlTargetReport tr;
   tr.name = target;
   tr.report = report_json(run.report);
   tr.trace = nlohmann::json::parse(dataflow::chrome_trace_json(run.sim.timeline.graph, hw, run.sim.result));
   tr.peak_matrix_flops = hw.peak_flops(run.compile.program.float_dtype);
-  tr.peak_vector_flops = hw.vector.rate(dataflow::VectorOp::add) * static_cast<double>(hw.cores) * hw.clock_ghz * 1e9;
+  tr.peak_vector_flops = hw.vector.rate(hw::VectorOp::add) * static_cast<double>(hw.cores) * hw.clock_ghz * 1e9;
   tr.peak_dram_bytes = hw.peak_dram_bytes_per_second();
   tr.usable_scratchpad = hw.usable_scratchpad_bytes();
   return tr;
@@ -45,10 +45,10 @@ HtmlReportInput gather_report(const std::string& model, const ReportOptions& opt
   // Every target is checked before any work, then each is a step of the progress line on stderr (a
   // resnet18 report takes seconds per target: it said nothing while it worked).
   bool cpu = false;
-  std::vector<std::pair<std::string, dataflow::HwSpec>> chips;
+  std::vector<std::pair<std::string, hw::HwSpec>> chips;
   for (const std::string& t : comma_list(opts.targets)) {
     if (t == "cpu") cpu = true;
-    else chips.emplace_back(t, dataflow::resolve_target(t));
+    else chips.emplace_back(t, hw::resolve_target(t));
   }
   if (cpu && ins.empty()) throw Error(Location{.file = model}, "report's cpu ladder runs the model: it needs test_data_set_0 inputs");
   ProgressOptions po;

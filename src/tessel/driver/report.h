@@ -15,7 +15,7 @@ struct ReportOptions {
   int threads = 0;          // the CPU ladder's compiled backend (0: all hardware threads)
   int iters = 10;           // timed calls per CPU backend
   std::string tessel_exe;   // for bench's warm start in a fresh process (empty: measured in-process)
-  tile::MapOptions map;     // dataflow storage dtype and the rest (as tessel sim)
+  dataflow::MapOptions map;     // dataflow storage dtype and the rest (as tessel sim)
 };
 
 HtmlReportInput gather_report(const std::string& model, const ReportOptions& opts);

@@ -14,35 +14,35 @@
 namespace tessel {
 namespace {
 
-const char* topology_text(dataflow::Topology t) {
+const char* topology_text(hw::Topology t) {
   switch (t) {
-    case dataflow::Topology::ring: return "ring";
-    case dataflow::Topology::mesh: return "mesh";
+    case hw::Topology::ring: return "ring";
+    case hw::Topology::mesh: return "mesh";
     default: return "none";
   }
 }
 
-const char* reduce_text(dataflow::ReducePath r) {
+const char* reduce_text(hw::ReducePath r) {
   switch (r) {
-    case dataflow::ReducePath::ring: return "partial sums over the ring";
-    case dataflow::ReducePath::separate_reduce_ring: return "partial sums over a separate reduce ring";
+    case hw::ReducePath::ring: return "partial sums over the ring";
+    case hw::ReducePath::separate_reduce_ring: return "partial sums over a separate reduce ring";
     default: return "partial sums through DRAM";
   }
 }
 
 // The facts of one target that the mapping's decisions depend on, by name (the rows of the facts table).
 std::map<std::string, std::string> facts_of(const tile::TileProgram& p) {
-  const dataflow::HwSpec& hw = p.hw_spec();
-  const dataflow::MatrixUnitSpec& m = hw.matrix;
+  const hw::HwSpec& hw = p.hw_spec();
+  const hw::MatrixUnitSpec& m = hw.matrix;
   std::map<std::string, std::string> f;
   f["cores"] = fmt::format("{}", hw.cores);
   f["matrix unit"] = fmt::format("{} x {}x{} arrays, {:g} MAC/cycle/core", m.count, m.rows, m.cols, m.macs_per_cycle);
   f["scratchpad"] = fmt::format("{} usable per core", bytes_text(static_cast<uint64_t>(hw.usable_scratchpad_bytes())));
-  f["layout"] = hw.layout.kind == dataflow::LayoutKind::stick
+  f["layout"] = hw.layout.kind == hw::LayoutKind::stick
                     ? fmt::format("sticks of {} B", hw.layout.stick_bytes)
                     : fmt::format("tiles of {}x{} ({}-byte words)", hw.layout.tile_rows, hw.layout.tile_lanes, hw.layout.word_bytes);
   f["storage"] = fmt::format("{}{}", dtype_name(p.float_dtype), p.dl16 ? " (DL16)" : "");
-  f["interconnect"] = hw.interconnect.topology == dataflow::Topology::none
+  f["interconnect"] = hw.interconnect.topology == hw::Topology::none
                           ? "none"
                           : fmt::format("{}, {}", topology_text(hw.interconnect.topology), reduce_text(hw.interconnect.reduce_path));
   f["DMA engines"] = fmt::format("{} per core", hw.dma_engines);

@@ -18,12 +18,12 @@ namespace {
 
 int64_t bytes_of(const TensorType& t) { return shape_numel(t.shape) * static_cast<int64_t>(dtype_size(t.dtype)); }
 
-DataflowReport simulate_phase(std::unique_ptr<Graph> g, const dataflow::HwSpec& hw, const tile::MapOptions& opts,
+DataflowReport simulate_phase(std::unique_ptr<Graph> g, const hw::HwSpec& hw, const dataflow::MapOptions& opts,
                               const std::string& name) {
   Lowering lowering(PassOptions{});
   lowering.graph_passes(*g, "core");
   KernelModule km = lowering.fuse(std::move(g));
-  tile::MapOptions named = opts;
+  dataflow::MapOptions named = opts;
   named.name = name;
   DataflowRun run = simulate_dataflow(compile_dataflow(std::move(km), hw, named));
   return run.report;
@@ -31,7 +31,7 @@ DataflowReport simulate_phase(std::unique_ptr<Graph> g, const dataflow::HwSpec& 
 
 }  // namespace
 
-TrainSimReport simulate_training(const std::string& model, const dataflow::HwSpec& hw, const tile::MapOptions& opts) {
+TrainSimReport simulate_training(const std::string& model, const hw::HwSpec& hw, const dataflow::MapOptions& opts) {
   TrainSimReport r;
   ImportedModel m = import_model_file(model, {});
   Graph& g = *m.graph;

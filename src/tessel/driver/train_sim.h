@@ -27,7 +27,7 @@ struct TrainSimReport {
 };
 
 // `model` as for `tessel sim`; `opts` for every phase (dtype). Errors are one-line tessel::Errors.
-TrainSimReport simulate_training(const std::string& model, const dataflow::HwSpec& hw, const tile::MapOptions& opts = {});
+TrainSimReport simulate_training(const std::string& model, const hw::HwSpec& hw, const dataflow::MapOptions& opts = {});
 
 // The text `tessel sim --train` prints: the partition's decision, memory, one line per phase and the
 // step's total.

@@ -11,7 +11,7 @@
 #include "tessel/support/escape.h"
 #include "tessel/support/limits.h"
 
-namespace tessel::dataflow {
+namespace tessel::hw {
 
 const char* dataflow_name(Dataflow d) {
   switch (d) {
@@ -184,4 +184,4 @@ std::string describe(const HwSpec& hw) {
   return out;
 }
 
-}  // namespace tessel::dataflow
+}  // namespace tessel::hw

@@ -9,7 +9,7 @@
 
 #include "tessel/support/dtype.h"
 
-namespace tessel::dataflow {
+namespace tessel::hw {
 
 // How tensors are laid out in the scratchpad and moved to and from DRAM.
 //  stick: the innermost device dim is cut into sticks of `stick_bytes` (Spyre: 128 B); per-core work
@@ -157,4 +157,4 @@ HwSpec resolve_target(const std::string& target_or_path);
 // A readable multi-line summary: peaks, bandwidths, scratchpad, ridge points.
 std::string describe(const HwSpec& hw);
 
-}  // namespace tessel::dataflow
+}  // namespace tessel::hw

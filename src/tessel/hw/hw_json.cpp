@@ -9,7 +9,7 @@
 #include "tessel/support/strings.h"
 #include "tessel/hw/hw.h"
 
-namespace tessel::dataflow {
+namespace tessel::hw {
 
 namespace {
 
@@ -413,4 +413,4 @@ HwSpec parse_hw_json(const std::string& text, const std::string& origin) {
   return hw;
 }
 
-}  // namespace tessel::dataflow
+}  // namespace tessel::hw

@@ -14,7 +14,7 @@ class Node;
 // What a primitive is (docs/ir/core.md, "The primitives").
 enum class CoreKind { unary, binary, compare, select, convert, bitcast, reduce, window, contraction, movement, sort };
 
-// The vector-unit class one element of a primitive costs in a loop body (mirrors dataflow::VectorOp,
+// The vector-unit class one element of a primitive costs in a loop body (mirrors hw::VectorOp,
 // which targets/dataflow/map.cpp maps it to); none: the primitive never sits in a loop body.
 enum class VectorCost { add, mul, compare, convert, reduce, divide, transcendental, none };
 

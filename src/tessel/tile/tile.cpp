@@ -29,7 +29,7 @@ int TileProgram::find_global(const std::string& n) const {
   return -1;
 }
 
-const dataflow::HwSpec& TileProgram::hw_spec() const {
+const hw::HwSpec& TileProgram::hw_spec() const {
   if (!hw)
     throw Error(Location{.node = name, .pass = "tile"},
                 fmt::format("tile program for target '{}' carries no hardware description (parse it with one)", target));
@@ -38,13 +38,13 @@ const dataflow::HwSpec& TileProgram::hw_spec() const {
 
 // ---- layout --------------------------------------------------------------------------------------
 
-Shape padded_shape(const Shape& shape, DType t, const dataflow::HwSpec& hw, const std::vector<int64_t>& perm) {
+Shape padded_shape(const Shape& shape, DType t, const hw::HwSpec& hw, const std::vector<int64_t>& perm) {
   Shape s = shape;
   if (s.empty()) return s;
   for (int64_t d : s)
     if (d < 0) return s;  // dynamic: not planned
   const size_t r = s.size();
-  const bool tiled = hw.layout.kind == dataflow::LayoutKind::tiled;
+  const bool tiled = hw.layout.kind == hw::LayoutKind::tiled;
   auto round_up = [](int64_t a, int64_t b) { return (a + b - 1) / b * b; };
   auto phys = [&](size_t i) { return perm.size() == r ? static_cast<size_t>(perm[i]) : i; };
   // the innermost physical dim to whole sticks (or tile lanes), for tiled layouts the one before it to whole tile rows
@@ -512,7 +512,7 @@ class TileParser {
 
 }  // namespace
 
-TileProgram parse_tile_program(const std::string& text, const std::string& file, std::shared_ptr<const dataflow::HwSpec> hw) {
+TileProgram parse_tile_program(const std::string& text, const std::string& file, std::shared_ptr<const hw::HwSpec> hw) {
   TileProgram p = TileParser(text, file).parse();
   if (hw && hw->name != p.target)
     throw Error(Location{.file = file, .pass = "parse"},
@@ -525,7 +525,7 @@ TileProgram parse_tile_program(const std::string& text, const std::string& file,
 // ---- verification ----------------------------------------------------------------------------------
 
 void verify_tile_program(const TileProgram& p, bool allocated) {
-  const dataflow::HwSpec& hw = p.hw_spec();
+  const hw::HwSpec& hw = p.hw_spec();
   for (const Global& g : p.globals) {
     if (!shape_known(g.shape)) continue;
     const Shape want = padded_shape(g.shape, g.dtype, hw, g.perm);

@@ -83,7 +83,7 @@ struct TileKernel {
   int64_t dram_bytes = 0;        // DRAM traffic of the plan (a broadcast tile counted once)
   int64_t bytes_unfused = 0, bytes_fused = 0;  // the kernel level's fusion traffic (logical dtype)
   double estimate_cycles = 0;    // the mapper's analytical estimate
-  // Vector-unit element operations per point by class (dataflow::VectorOp order): per p-point for
+  // Vector-unit element operations per point by class (hw::VectorOp order): per p-point for
   // vector kernels, per output element for matmul and conv epilogues (conv: depthwise MACs too).
   std::vector<double> vector_ops;
   std::string decision;          // why this split: the chosen candidate and the runner-up
@@ -95,7 +95,7 @@ struct TileProgram {
   // The target it is mapped for: verify_tile_program, the simulators and the reports read it from here
   // (shared: copies of a program, and programs mapped for one target, share one description). Not part
   // of the text form, which names the target only: parse_tile_program takes it as an argument.
-  std::shared_ptr<const dataflow::HwSpec> hw;
+  std::shared_ptr<const hw::HwSpec> hw;
   DType float_dtype = DType::f16;  // device storage of float tensors
   bool dl16 = false;             // f16 is the target's DLFloat16 (HwSpec::f16_format), not IEEE binary16
   int64_t cores = 0;
@@ -106,7 +106,7 @@ struct TileProgram {
   int64_t dram_peak = 0;         // DRAM bytes planned (constants + inputs + outputs + temp peak)
   int find_global(const std::string& name) const;  // -1 when absent
   // *hw; throws tessel::Error naming the program when it carries none (parsed without one).
-  const dataflow::HwSpec& hw_spec() const;
+  const hw::HwSpec& hw_spec() const;
 };
 
 // The globals a kernel reads or writes (its operands', then a host step's inputs and outputs), each
@@ -121,7 +121,7 @@ const TileKernel* relayout_writing(const TileProgram& p, int g);
 // target), else the parsed program carries none (printing it works; verifying or simulating it does not).
 std::string print_tile_program(const TileProgram& p);
 TileProgram parse_tile_program(const std::string& text, const std::string& file = "<text>",
-                               std::shared_ptr<const dataflow::HwSpec> hw = nullptr);
+                               std::shared_ptr<const hw::HwSpec> hw = nullptr);
 
 // Checks the invariants every mapping keeps; throws tessel::Error naming the kernel: splits multiply
 // to the cores used and fit the target; slices are whole alignment units and cover their dims;
@@ -134,6 +134,6 @@ void verify_tile_program(const TileProgram& p, bool allocated = true);
 // Padded shape of `shape` stored as `t` in hw's layout, with the physical dim order `perm` (empty:
 // row-major): the innermost physical dim to whole sticks (or lanes), and for tiled layouts the one
 // before it to whole tile rows.
-Shape padded_shape(const Shape& shape, DType t, const dataflow::HwSpec& hw, const std::vector<int64_t>& perm = {});
+Shape padded_shape(const Shape& shape, DType t, const hw::HwSpec& hw, const std::vector<int64_t>& perm = {});
 
 }  // namespace tessel::tile

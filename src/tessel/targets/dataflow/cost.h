@@ -9,6 +9,9 @@
 
 namespace tessel::dataflow {
 
+// The chip description (hw/) by its own names.
+using namespace tessel::hw;
+
 // ---- matrix unit ---------------------------------------------------------------------------------
 
 // SCALE-Sim's closed form for ONE weight-stationary R x C systolic array (1 MAC per PE per cycle,

@@ -17,7 +17,7 @@
 #include "tessel/targets/cpu/dnnl_ops.h"
 #include "tessel/targets/cpu/library_epilogue.h"
 
-namespace tessel::tile {
+namespace tessel::dataflow {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -613,4 +613,4 @@ FunctionalResult run_functional(const TileProgram& p, const KernelModule& m, con
   return sim.run(inputs);
 }
 
-}  // namespace tessel::tile
+}  // namespace tessel::dataflow

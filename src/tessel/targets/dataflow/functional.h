@@ -21,7 +21,12 @@
 #include "tessel/targets/cpu/toolchain.h"
 #include "tessel/tile/tile.h"
 
-namespace tessel::tile {
+namespace tessel::dataflow {
+
+// The chip description (hw/) by its own names, and the tile level (tile/) it maps to (`Dim` is the tile level's).
+using namespace tessel::hw;
+using namespace tessel::tile;
+using tile::Dim;
 
 // The generated kernels of one (program, module) pair once built: a caller that runs the same program
 // many times (tessel.compile's dataflow targets, every call) keeps one and passes it back, so a call does
@@ -87,4 +92,4 @@ struct TileRange {
 };
 std::vector<std::vector<std::vector<TileRange>>> tile_ranges(const TileKernel& k);
 
-}  // namespace tessel::tile
+}  // namespace tessel::dataflow

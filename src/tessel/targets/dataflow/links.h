@@ -9,6 +9,9 @@
 
 namespace tessel::dataflow {
 
+// The chip description (hw/) by its own names.
+using namespace tessel::hw;
+
 // Ring of P cores: links 0..P-1 go clockwise (i -> i+1), P..2P-1 counter-clockwise (i -> i-1); with a
 // separate reduce ring, 2P..4P-1 are the same on that ring. Mesh: 4 links per core (+col, -col, +row,
 // -row). None: no links.

@@ -14,13 +14,13 @@
 #include "tessel/targets/dataflow/map.h"
 #include "tessel/targets/dataflow/tile_traffic.h"
 
-namespace tessel::tile {
+namespace tessel::dataflow {
 namespace {
 
 using dataflow::DmaDir;
-using dataflow::HwSpec;
-using dataflow::LayoutKind;
-using dataflow::VectorOp;
+using hw::HwSpec;
+using hw::LayoutKind;
+using hw::VectorOp;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -66,7 +66,7 @@ VectorOp vector_class(const std::string& op) {
 struct VectorWork {
   double cycles = 0;
   double ops = 0;
-  std::vector<double> per_point = std::vector<double>(dataflow::kNumVectorOps, 0.0);  // element ops per point
+  std::vector<double> per_point = std::vector<double>(hw::kNumVectorOps, 0.0);  // element ops per point
 };
 
 VectorWork vector_work(const HwSpec& hw, const Kernel& k, int64_t points, int64_t e) {
@@ -287,7 +287,7 @@ int relayout(Mapper& mp, const Node& n, const Value* v, const std::string& role,
   o.out = true;
   o.tile_bytes = tile * row_bytes;
   t.operands = {in, o};
-  t.vector_ops.assign(dataflow::kNumVectorOps, 0.0);
+  t.vector_ops.assign(hw::kNumVectorOps, 0.0);
   t.vector_ops[static_cast<size_t>(VectorOp::convert)] = static_cast<double>(cols);  // one move per element
   t.flops = 0;
   t.dram_bytes = ceil_div(P, tile) * read_bytes(tile) + static_cast<int64_t>(P) * row_bytes;
@@ -877,4 +877,4 @@ TileProgram map_to_tiles(const KernelModule& m, const HwSpec& hw, const MapOptio
   return p;
 }
 
-}  // namespace tessel::tile
+}  // namespace tessel::dataflow

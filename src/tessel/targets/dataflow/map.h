@@ -11,7 +11,12 @@
 #include "tessel/kernel/kernel.h"
 #include "tessel/tile/tile.h"
 
-namespace tessel::tile {
+namespace tessel::dataflow {
+
+// The chip description (hw/) by its own names, and the tile level (tile/) it maps to (`Dim` is the tile level's).
+using namespace tessel::hw;
+using namespace tessel::tile;
+using tile::Dim;
 
 struct MapOptions {
   std::optional<DType> float_dtype;  // storage of float tensors on the device (f16 or bf16); default: the target's
@@ -25,7 +30,7 @@ struct MapOptions {
 // over-capacity plan is an Error naming the kernel and tensor), scheduling (loop order, double
 // buffering) and allocation (scratchpad offsets; DRAM offsets by liveness). The program carries a
 // copy of `hw` (TileProgram::hw).
-TileProgram map_to_tiles(const KernelModule& m, const dataflow::HwSpec& hw, const MapOptions& opts = {});
+TileProgram map_to_tiles(const KernelModule& m, const hw::HwSpec& hw, const MapOptions& opts = {});
 
 // The mapping as its stages, for the pass manager across levels (driver/lowering.h registers them as
 // tile-layout, tile-plan, tile-allocate): run layout, plan, allocate once each, in that order;
@@ -42,7 +47,7 @@ TileProgram map_to_tiles(const KernelModule& m, const dataflow::HwSpec& hw, cons
 // Between plan and allocate the program verifies with `allocated` false (no offsets yet).
 class TileMapping {
  public:
-  TileMapping(const KernelModule& m, const dataflow::HwSpec& hw, const MapOptions& opts = {});
+  TileMapping(const KernelModule& m, const hw::HwSpec& hw, const MapOptions& opts = {});
   ~TileMapping();
   TileMapping(const TileMapping&) = delete;
   TileMapping& operator=(const TileMapping&) = delete;
@@ -58,6 +63,6 @@ class TileMapping {
 };
 
 // Default device dtype of float tensors on `hw`: f16 when it stores f16, else bf16.
-DType default_float_dtype(const dataflow::HwSpec& hw);
+DType default_float_dtype(const hw::HwSpec& hw);
 
-}  // namespace tessel::tile
+}  // namespace tessel::dataflow

@@ -16,6 +16,9 @@
 
 namespace tessel::dataflow {
 
+// The chip description (hw/) by its own names.
+using namespace tessel::hw;
+
 enum class TaskKind : uint8_t {
   matmul,     // core's matrix engine, `cycles` long
   vector,     // core's vector engine, `cycles` long

@@ -6,7 +6,7 @@
 #include <map>
 #include <utility>
 
-namespace tessel::tile {
+namespace tessel::dataflow {
 
 std::vector<std::vector<int64_t>> core_coords(const TileKernel& t) {
   const size_t nd = t.dims.size();
@@ -189,4 +189,4 @@ Traffic kernel_traffic(const TileKernel& t) {
   return tr;
 }
 
-}  // namespace tessel::tile
+}  // namespace tessel::dataflow

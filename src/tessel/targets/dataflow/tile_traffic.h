@@ -8,7 +8,12 @@
 
 #include "tessel/tile/tile.h"
 
-namespace tessel::tile {
+namespace tessel::dataflow {
+
+// The chip description (hw/) by its own names, and the tile level (tile/) it maps to (`Dim` is the tile level's).
+using namespace tessel::hw;
+using namespace tessel::tile;
+using tile::Dim;
 
 // One core's view of a kernel: its slice of every dim and its steps through the tiles.
 struct CoreWalk {
@@ -49,4 +54,4 @@ struct Traffic {
 };
 Traffic kernel_traffic(const TileKernel& t);
 
-}  // namespace tessel::tile
+}  // namespace tessel::dataflow

@@ -10,14 +10,14 @@
 #include "tessel/targets/dataflow/cost.h"
 #include "tessel/targets/dataflow/tile_traffic.h"
 
-namespace tessel::tile {
+namespace tessel::dataflow {
 namespace {
 
-using dataflow::HwSpec;
+using hw::HwSpec;
 using dataflow::Task;
 using dataflow::TaskGraph;
 using dataflow::TaskId;
-using dataflow::VectorOp;
+using hw::VectorOp;
 
 double vector_time(const HwSpec& hw, const std::vector<double>& per_point, double points) {
   double c = 0;
@@ -215,7 +215,7 @@ class KernelTasks {
 
   // Where the partial sums of core c go along a split reduction dim (the neighbour one K coordinate
   // lower), or -1 for the core that finishes the tile.
-  int reduce_peer(int c) const { return tile::reduce_peer(t_, coords_, c); }
+  int reduce_peer(int c) const { return dataflow::reduce_peer(t_, coords_, c); }
 
   // After the last reduction step of an output tile: the K-split chain (cores in descending order, so
   // a core forwards after receiving), then on the finishing core the epilogue and a deferred store.
@@ -376,4 +376,4 @@ SimulatedProgram simulate_program(const TileProgram& p, const dataflow::SimOptio
   return sp;
 }
 
-}  // namespace tessel::tile
+}  // namespace tessel::dataflow

@@ -9,7 +9,12 @@
 #include "tessel/targets/dataflow/sim_engine.h"
 #include "tessel/tile/tile.h"
 
-namespace tessel::tile {
+namespace tessel::dataflow {
+
+// The chip description (hw/) by its own names, and the tile level (tile/) it maps to (`Dim` is the tile level's).
+using namespace tessel::hw;
+using namespace tessel::tile;
+using tile::Dim;
 
 // The schedule each core follows (the scheduling decisions the tile level makes):
 //  - steps go through the kernel's tiles in its loop order; an operand tile is loaded when the step
@@ -46,4 +51,4 @@ struct SimulatedProgram {
 
 SimulatedProgram simulate_program(const TileProgram& p, const dataflow::SimOptions& options = {});
 
-}  // namespace tessel::tile
+}  // namespace tessel::dataflow
