@@ -39,9 +39,6 @@ using GeneratedFn = void(void* const*, const long*, long, long);
 
 // Kernels with fewer elements than this run on one thread: waking the others costs more.
 constexpr int64_t kParallelMinElements = 16384;
-// A library product under this many multiply-adds runs on one thread (measured on the 2-layer decoder
-// of bench/decode_step.py: a [1x128]·[128x384] call took ~13 us on 2 threads, most of it the region).
-constexpr double kSingleThreadMacs = 1 << 18;
 // Chunks per thread of a parallel generated loop on the thread team.
 constexpr int kChunksPerThread = 4;
 
@@ -64,9 +61,6 @@ struct CompiledExecutable::Launch {
   int64_t extent = 0, work = 0;
   // The parallel loop runs on the thread team (support/thread_team.h), not an OpenMP region.
   bool team = false;
-  // The library call's threads: 1 for a product too small to gain from more (a decode step's
-  // projections: waking the other threads cost more than the product), else `threads`.
-  int library_threads = 0;
   // A symbolic kernel of an executable rebound per binding (CompiledBackendOptions::rebind): `kernel`
   // is `bound`, its instance for the current binding, and the fields above are redone (Builder::fill)
   // when one of `symbols` (indices into the binder's symbols, the generated code's sz[]) changes.
@@ -91,12 +85,7 @@ struct CompiledExecutable::Launch {
     if (matmul) {
       const float* a = static_cast<const float*>(args[k.mm.a]) + k.mm.a_offset;
       const float* b = static_cast<const float*>(args[k.mm.b]) + k.mm.b_offset;
-      if (library_threads == 1 && threads > 1) {
-        ScopedOmpThreads one(1);
-        matmul->run(a, b, static_cast<float*>(args[k.mm.c]));
-      } else {
-        matmul->run(a, b, static_cast<float*>(args[k.mm.c]));
-      }
+      matmul->run(a, b, static_cast<float*>(args[k.mm.c]));
     }
     if (conv) conv->run(static_cast<const float*>(args[k.conv.x]), static_cast<float*>(args[k.conv.y]));
     // the library call's share of the kernel's step (printed before the step's own line)
@@ -431,10 +420,6 @@ struct CompiledExecutable::Builder {
         if (bv->constant) d.constant_b = bv->constant->data<float>() + k.mm.b_offset, d.prepacked_b = packed;
         if (lib) d.bias = bias, d.epilogue = le.epilogue;
         if (L->team) d.team = L->threads;
-        const double macs = static_cast<double>(d.batch) * static_cast<double>(d.M) * static_cast<double>(d.N) *
-                            static_cast<double>(d.K);
-        L->library_threads = !L->team && macs < kSingleThreadMacs ? 1 : L->threads;
-        ScopedOmpThreads library(L->library_threads);  // (built for the count it runs with)
         L->matmul = primitive<cpu::Matmul>(kid, d, from_shared);
       } else if (k.kind == KernelKind::conv) {
         const ConvSpec& c = k.conv;
