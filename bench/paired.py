@@ -64,11 +64,16 @@ class Server:
             self.proc.kill()
 
 
+def ort_server(model, threads, node_modules, name="ort"):
+    """ONNX Runtime (onnxruntime-node) serving `model` with `threads` intra-op threads."""
+    return Server(name, ["node", os.path.join(HERE, "ort_bench.js"), model, "--serve", "--threads", str(threads),
+                         "--warmup", "5"], env=dict(os.environ, NODE_PATH=node_modules))
+
+
 def compare(model, a, node_modules):
     tessel = Server("tessel", [a.tessel, "bench", model, "--serve", "--threads", str(a.threads)])
     try:
-        ort = Server("ort", ["node", os.path.join(HERE, "ort_bench.js"), model, "--serve", "--threads", str(a.threads),
-                             "--warmup", "5"], env=dict(os.environ, NODE_PATH=node_modules))
+        ort = ort_server(model, a.threads, node_modules)
     except Exception:
         tessel.close()
         raise

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import peers  # noqa: E402
-from paired import Server  # noqa: E402
+from paired import Server, ort_server  # noqa: E402
 
 
 def busy_loop(core):
@@ -40,8 +40,7 @@ def measure(model, a, node_modules):
     try:
         servers.append(Server("tessel", tessel_cmd, env=env_default))
         servers.append(Server("tessel_team", tessel_cmd, env=env_team))
-        servers.append(Server("ort", ["node", os.path.join(HERE, "ort_bench.js"), model, "--serve", "--threads",
-                                      str(a.threads), "--warmup", "5"], env=dict(os.environ, NODE_PATH=node_modules)))
+        servers.append(ort_server(model, a.threads, node_modules))
         times = {s.name: {"idle": [], "busy": []} for s in servers}
         core = (os.cpu_count() or 2) - 1
         for phase in ("idle", "busy", "busy", "idle") * a.rounds:

@@ -490,13 +490,11 @@ TEST(ImportExpand, TfIdfVectorizerCountsSkipGrams) {
   }
 }
 
-// A Scan over a huge sequence axis is refused before it unrolls, not after filling memory.
-TEST(ImportExpand, ScanUnrollIsBounded) {
-  Model md(16);
-  md.input("init", Tensor::from_f64(DType::f32, {1}, std::vector<double>{0}));
-  auto* g = md.m.mutable_graph();
-  Model::set_type(g->add_input(), "xs", 1, {1 << 30, 1});  // declared only: never allocated
-  auto* n = md.node("Scan", {"init", "xs"}, {"final"});
+namespace {
+
+// A Scan node reading `ins` whose body adds its one scan element [1] to its one state [1].
+void add_running_sum_scan(Model& md, const std::vector<std::string>& ins) {
+  auto* n = md.node("Scan", ins, {"final"});
   attr_i(n, "num_scan_inputs", 1);
   auto* body = attr_g(n, "body");
   Model::set_type(body->add_input(), "s", 1, {1});
@@ -504,13 +502,28 @@ TEST(ImportExpand, ScanUnrollIsBounded) {
   Model::node(body, "Add", {"s", "e"}, {"s2"});
   Model::set_type(body->add_output(), "s2", 1, {1});
   md.output("final");
+}
+
+// Importing `file` is refused as unsupported with a message containing `why`.
+void expect_refused(Model& md, const std::string& file, const std::string& why) {
   try {
-    import_onnx(md.save("scan_huge.onnx"));
-    ADD_FAILURE() << "a 2^30-step Scan was unrolled";
+    import_onnx(md.save(file));
+    ADD_FAILURE() << file << " was imported; expected a refusal naming '" << why << "'";
   } catch (const Error& e) {
     EXPECT_TRUE(e.is_unsupported()) << e.what();
-    EXPECT_NE(std::string(e.what()).find("would unroll past"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+
+// A Scan over a huge sequence axis is refused before it unrolls, not after filling memory.
+TEST(ImportExpand, ScanUnrollIsBounded) {
+  Model md(16);
+  md.input("init", Tensor::from_f64(DType::f32, {1}, std::vector<double>{0}));
+  Model::set_type(md.m.mutable_graph()->add_input(), "xs", 1, {1 << 30, 1});  // declared only: never allocated
+  add_running_sum_scan(md, {"init", "xs"});
+  expect_refused(md, "scan_huge.onnx", "would unroll past");
 }
 
 // Scan-8 over an empty batch (axis 0 of the scan input is 0) is refused with a line, not unrolled
@@ -520,21 +533,8 @@ TEST(ImportExpand, Scan8OverEmptyBatchIsRefused) {
   auto* g = md.m.mutable_graph();
   Model::set_type(g->add_input(), "init", 1, {0, 1});
   Model::set_type(g->add_input(), "xs", 1, {0, 3, 1});
-  auto* n = md.node("Scan", {"", "init", "xs"}, {"final"});
-  attr_i(n, "num_scan_inputs", 1);
-  auto* body = attr_g(n, "body");
-  Model::set_type(body->add_input(), "s", 1, {1});
-  Model::set_type(body->add_input(), "e", 1, {1});
-  Model::node(body, "Add", {"s", "e"}, {"s2"});
-  Model::set_type(body->add_output(), "s2", 1, {1});
-  md.output("final");
-  try {
-    import_onnx(md.save("scan8_empty.onnx"));
-    ADD_FAILURE() << "a Scan-8 over an empty batch was imported";
-  } catch (const Error& e) {
-    EXPECT_TRUE(e.is_unsupported()) << e.what();
-    EXPECT_NE(std::string(e.what()).find("empty batch"), std::string::npos) << e.what();
-  }
+  add_running_sum_scan(md, {"", "init", "xs"});
+  expect_refused(md, "scan8_empty.onnx", "empty batch");
 }
 
 // FlexAttention with grouped heads (4 query heads over 2 key/value heads) and an identity score_mod

@@ -75,9 +75,13 @@ TEST(Graph, CloneIsWholeAndIndependent) {
   EXPECT_EQ(print_graph(*c), print_graph(*g));
   ASSERT_EQ(c->values().size(), g->values().size());
   for (size_t i = 0; i < g->values().size(); ++i) EXPECT_EQ(c->values()[i]->id, g->values()[i]->id);
-  c->outputs.clear();
-  c->outputs.push_back(c->inputs[0]);
+  // Changing the copy leaves the original alone: a value renamed, an output replaced.
+  ASSERT_TRUE(c->rename_value(c->outputs[0], "z"));
+  c->outputs[0] = c->inputs[0];
   EXPECT_EQ(g->outputs[0]->name, "y");
+  EXPECT_EQ(g->find_value("z"), nullptr);
+  EXPECT_EQ(g->find_value("y"), g->outputs[0]);
+  EXPECT_NE(c->find_value("z"), nullptr);
   auto s = parse_graph(
       "graph @f(%x: f32[s0,4]) symbols(s0 in [1, 64]) {\n"
       "  %y: f32[s0,4] = neg(%x) loc(\"n\")\n"

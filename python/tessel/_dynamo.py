@@ -359,21 +359,29 @@ def fold_numbers(gm, positions, values):
     return torch.fx.GraphModule(gm, graph)
 
 
-class _Numbers:
-    """A dynamo graph with inputs read only as numbers (number_inputs): compiled with each folded to the
-    value of the call (tessel sees constants, so a symbolic compilation is not broken by a read), and the
-    values checked on every call. Other values compile again (one compilation per set of values, as
-    cache_limit bounds); past the limit, the graph runs in PyTorch for values not yet compiled."""
+class _Folded:
+    """A dynamo graph compiled with some of its inputs folded to the values of the call (subclasses say
+    which inputs and how), the values checked on every call. Other values compile again (one compilation
+    per set of values, as cache_limit bounds); past the limit, the graph runs in PyTorch for values not
+    yet compiled."""
+
+    what = ""                       # the inputs, for the fallback's message
 
     def __init__(self, gm, example_inputs, positions, options):
         self.gm, self.positions, self.options = gm, positions, options
         self.skip = set(positions)
         self.examples = [x for i, x in enumerate(example_inputs) if i not in self.skip]
-        self.compiled = {}          # repr of the values -> the backend's callable for the folded graph
+        self.compiled = {}          # the call's values (as a key) -> the backend's callable for the folded graph
         self.refused = False
 
+    def values(self, args):
+        raise NotImplementedError
+
+    def fold(self, values):
+        raise NotImplementedError
+
     def __call__(self, *args):
-        values = [args[p].item() for p in self.positions]
+        values = self.values(args)
         key = tuple(repr(v) for v in values)
         fn = self.compiled.get(key)
         if fn is None:
@@ -381,12 +389,24 @@ class _Numbers:
             if len(self.compiled) >= limit:
                 if not self.refused:
                     self.refused = True
-                    _fallback(self.gm, f"the numbers the graph reads from its inputs took {len(self.compiled) + 1} "
-                                       f"sets of values (cache_limit={limit}); new ones run in PyTorch")
+                    _fallback(self.gm, f"{self.what} took {len(self.compiled) + 1} sets of values "
+                                       f"(cache_limit={limit}); new ones run in PyTorch")
                 return self.gm(*args)
-            folded = fold_numbers(self.gm, self.positions, values)
-            fn = self.compiled[key] = _backend(folded, self.examples, self.options)
+            fn = self.compiled[key] = _backend(self.fold(values), self.examples, self.options)
         return fn(*[a for i, a in enumerate(args) if i not in self.skip])
+
+
+class _Numbers(_Folded):
+    """Inputs read only as numbers (number_inputs), folded to the call's values: tessel sees constants,
+    so a symbolic compilation is not broken by a read."""
+
+    what = "the numbers the graph reads from its inputs"
+
+    def values(self, args):
+        return [args[p].item() for p in self.positions]
+
+    def fold(self, values):
+        return fold_numbers(self.gm, self.positions, values)
 
 
 def free_int_inputs(gm, example_inputs):
@@ -427,32 +447,16 @@ def fold_ints(gm, positions, values):
     return torch.fx.GraphModule(gm, graph)
 
 
-class _FreeInts:
-    """A dynamo graph with SymInt inputs no tensor dim carries (free_int_inputs): compiled with each folded
-    to the value of the call, and the values checked on every call. Other values compile again (one
-    compilation per set of values, as cache_limit bounds); past the limit, new values run in PyTorch."""
+class _FreeInts(_Folded):
+    """SymInt inputs no tensor dim carries (free_int_inputs), folded to the call's values."""
 
-    def __init__(self, gm, example_inputs, positions, options):
-        self.gm, self.positions, self.options = gm, positions, options
-        self.skip = set(positions)
-        self.examples = [x for i, x in enumerate(example_inputs) if i not in self.skip]
-        self.compiled = {}          # the values -> the backend's callable for the folded graph
-        self.refused = False
+    what = "the sizes the graph takes beside its tensors"
 
-    def __call__(self, *args):
-        values = tuple(int(args[p]) for p in self.positions)
-        fn = self.compiled.get(values)
-        if fn is None:
-            limit = {**dynamo_options, **self.options}["cache_limit"]
-            if len(self.compiled) >= limit:
-                if not self.refused:
-                    self.refused = True
-                    _fallback(self.gm, f"the sizes the graph takes beside its tensors took {len(self.compiled) + 1} "
-                                       f"sets of values (cache_limit={limit}); new ones run in PyTorch")
-                return self.gm(*args)
-            folded = fold_ints(self.gm, self.positions, values)
-            fn = self.compiled[values] = _backend(folded, self.examples, self.options)
-        return fn(*[a for i, a in enumerate(args) if i not in self.skip])
+    def values(self, args):
+        return [int(args[p]) for p in self.positions]
+
+    def fold(self, values):
+        return fold_ints(self.gm, self.positions, values)
 
 
 def _has_symbolic_dims(gm):

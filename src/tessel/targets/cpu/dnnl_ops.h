@@ -14,8 +14,9 @@ class Node;
 
 namespace tessel::cpu {
 
-// All objects share one oneDNN engine and stream: call run() from one thread at a time (each call
-// spreads its work over the OpenMP threads itself).
+// All objects share one oneDNN engine; each thread executes on a stream of its own. One object's run()
+// is not reentrant: call it from one thread at a time (each call spreads its work over the OpenMP
+// threads itself, or, for a matmul with MatmulDesc::team, over the thread team as parts).
 
 // Whether oneDNN can run here (a CPU engine can be created); cheap after the first call.
 bool dnnl_available();
