@@ -6,6 +6,10 @@ f16 DL16 on Spyre, bf16 on the TPUs). Per model and target: the relative error a
 time, the compile and first-call seconds, and values the storage flushed. JSON out.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/dataflow_torch.py --json out.json [--models resnet18,vit]
+
+--hf bert,gpt2,llama adds transformers models (configs with random weights, 32 token ids; torch >= 2 with
+transformers: the GPU box); --models "" runs those alone. --dynamo also runs each model once through
+torch.compile(backend="tessel", options={"target": chip}) with the preset's storage.
 """
 import argparse
 import json
@@ -28,23 +32,95 @@ from tv_onnx import f32_hw_file  # noqa: E402
 TOL = {"f32": 1e-4}
 
 
+class _Logits(torch.nn.Module):
+    """A transformers model as a module of token ids to its first output (logits or the last hidden state)."""
+
+    def __init__(self, m, causal):
+        super().__init__()
+        self.m, self.causal = m, causal
+
+    def forward(self, ids):
+        if self.causal:   # (a mask, as generate() passes one: without it transformers looks for packed sequences)
+            return self.m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, return_dict=False)[0]
+        return self.m(input_ids=ids, return_dict=False)[0]
+
+
+def hf_model(name):
+    """(module, example input) of a small transformers config with random weights: bert, gpt2 or llama."""
+    import transformers
+    torch.manual_seed(0)
+    if name == "bert":
+        cfg = transformers.BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=512, max_position_embeddings=512, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0)
+        m, causal = transformers.BertModel(cfg), False
+    elif name == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=1000, n_embd=128, n_layer=2, n_head=2, n_positions=512,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        m, causal = transformers.GPT2LMHeadModel(cfg), True
+    elif name == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+        m, causal = transformers.LlamaForCausalLM(cfg), True
+    else:
+        raise SystemExit(f"unknown transformers model {name!r} (bert, gpt2, llama)")
+    ids = torch.randint(2, 1000, (1, 32), generator=torch.Generator().manual_seed(0))
+    return _Logits(m.eval(), causal).eval(), ids
+
+
+def dynamo_row(name, model, x, ref, chip):
+    """The model through torch.compile(backend="tessel", options={"target": chip}): its error against eager,
+    the simulated time of its tessel graphs, and dynamo's fallbacks."""
+    row = dict(model=name, target=chip, storage="preset", front="torch.compile")
+    tessel.dynamo_graphs.clear()
+    tessel.dynamo_fallbacks.clear()
+    torch._dynamo.reset()
+    try:
+        fast = torch.compile(model, backend="tessel", options={"target": chip})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.no_grad():
+                out = fast(x)
+        row["rel_err"] = float((out - ref).abs().max() / ref.abs().max())
+        graphs = [g for g in tessel.dynamo_graphs if hasattr(g, "report")]
+        row["graphs"] = len(graphs)
+        row["simulated_us"] = sum(g.report["simulated_us"] for g in graphs)
+        row["fallbacks"] = list(tessel.dynamo_fallbacks)
+    except Exception as e:  # noqa: BLE001 -- one front door's failure is its row
+        row["error"] = f"{type(e).__name__}: {e}"[:500]
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--targets", default="spyre,tpu-v5e")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--hf", default="", help="transformers models too: bert,gpt2,llama (torch >= 2)")
+    ap.add_argument("--dynamo", action="store_true", help="each model also through torch.compile (torch >= 2)")
     ap.add_argument("--json")
     a = ap.parse_args()
     hw_dir = tempfile.mkdtemp(prefix="tessel-hw-")
     rows, failed = [], 0
-    for name in a.models.split(","):
-        torch.manual_seed(0)
-        model, res = MODELS[name]()
-        model = _no_zero_weights(model.eval())
-        x = torch.randn(1, 3, res, res)
+    names = [n for n in a.models.split(",") if n] + ["hf:" + n for n in a.hf.split(",") if n]
+    for name in names:
+        if name.startswith("hf:"):
+            model, x = hf_model(name[3:])
+        else:
+            torch.manual_seed(0)
+            model, res = MODELS[name]()
+            model = _no_zero_weights(model.eval())
+            x = torch.randn(1, 3, res, res)
         with torch.no_grad():
             ref = model(x)
         for chip in a.targets.split(","):
+            if a.dynamo:
+                row = dynamo_row(name, model, x, ref, chip)
+                rows.append(row)
+                failed += "error" in row or bool(row.get("fallbacks"))
+                print(f"{name:20s} {chip:8s} torch.compile " + (f"ERROR {row['error']}" if "error" in row else
+                      f"rel {row['rel_err']:.2e}  sim {row['simulated_us']:8.1f} us  graphs {row['graphs']}"
+                      f"  fallbacks {len(row['fallbacks'])}"), flush=True)
             for storage in ("f32", None):
                 target = f32_hw_file(chip, hw_dir) if storage == "f32" else chip
                 row = dict(model=name, target=chip, storage=storage or "preset")

@@ -100,6 +100,11 @@ def _rel_err(got, want):
     return float(diff.abs().max() / finite.abs().max())
 
 
+# Inductor settings tried in turn where its default code does not compile: vectorization off (cpp.simdlen 1
+# picks no vector ISA), the last resort, so a figure from it says so.
+INDUCTOR_RETRY = [{"cpp.simdlen": 1}]
+
+
 def run_model(name, prompts, new_tokens, rounds, peers, cache):
     model = build(name)
     eager_forward = model.forward
@@ -135,21 +140,31 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache):
         row["instances"] = sum(g.stats.instances for g in graphs)
         _record(row, "eager", model, eager_forward, p, new_tokens, cache, rounds)
         for key, kwargs in peers:
-            try:
-                torch._dynamo.reset()
-                fwd = torch.compile(eager_forward, **kwargs)
-                model.forward = fwd
-                t0 = time.perf_counter()
-                ind = [generate(model, q, new_tokens, cache) for q in prompts]
-                row[key + "_first_s"] = time.perf_counter() - t0
-                row[key + "_tokens_equal"] = all(torch.equal(g[0], w[0]) for g, w in zip(ind, want))
-                _record(row, key, model, fwd, p, new_tokens, cache, rounds)
-            except Exception as e:  # noqa: BLE001 -- a peer's failure is its entry, tessel's figures stand
-                text = f"{type(e).__name__}: {e}"
-                errors = [ln.strip() for ln in text.splitlines() if "error:" in ln][:4]   # (a compiler's own lines)
-                row[key] = dict(error=text[:300] + ("\n" + "\n".join(errors) if errors else ""))
-            finally:
-                model.forward = eager_forward
+            # Inductor as it comes first; where its generated C++ does not compile (torch 2.11's CPU code for
+            # these graphs: "'tmp2' was not declared"), again with each of INDUCTOR_RETRY's settings in turn,
+            # the one that compiled recorded with its figures ("config"), every failure kept ("errors").
+            errors = []
+            for patch in [{}] + INDUCTOR_RETRY:
+                try:
+                    import torch._inductor.config as ic
+                    torch._dynamo.reset()
+                    with ic.patch(patch):
+                        fwd = torch.compile(eager_forward, **kwargs)
+                        model.forward = fwd
+                        t0 = time.perf_counter()
+                        ind = [generate(model, q, new_tokens, cache) for q in prompts]
+                        row[key + "_first_s"] = time.perf_counter() - t0
+                        row[key + "_tokens_equal"] = all(torch.equal(g[0], w[0]) for g, w in zip(ind, want))
+                        _record(row, key, model, fwd, p, new_tokens, cache, rounds)
+                    row[key].update(config=patch, errors=errors)
+                    break
+                except Exception as e:  # noqa: BLE001 -- a peer's failure is its entry, tessel's figures stand
+                    text = f"{type(e).__name__}: {e}"
+                    lines = [ln.strip() for ln in text.splitlines() if "error:" in ln][:4]   # (a compiler's own lines)
+                    errors.append(dict(config=patch, error=text[:300] + ("\n" + "\n".join(lines) if lines else "")))
+                    row[key] = dict(error=errors[-1]["error"], errors=errors)
+                finally:
+                    model.forward = eager_forward
     return row
 
 
@@ -199,8 +214,10 @@ def main():
               f"tessel {row['tessel']['prefill_ms']:.2f} eager {row['eager']['prefill_ms']:.2f}; decode tokens/s "
               + ", ".join(f"{k} {v:.1f}" if v else f"{k} -" for k, v in rate.items()))
         for p, _ in peers:
-            if "error" in row.get(p, {}):
-                print(f"   {p}: ERROR {row[p]['error'][:300]}")
+            for e in row.get(p, {}).get("errors", []):
+                print(f"   {p} {e['config'] or 'default'}: ERROR {e['error'][:300]}")
+            if row.get(p, {}).get("config"):
+                print(f"   {p} compiled with {row[p]['config']}")
         for f in row["fallbacks"][:6]:
             print("   fallback:", f[:400])
         for r in row["recompiles"][:6]:

@@ -5,8 +5,11 @@
 #   bench/dynamic_shapes.py on MODELS (default Hugging Face BERT and GPT-2 configs and resnet18), with
 #     --dynamo adding torch.compile(dynamic=True);
 #   tests/python/test_dynamic_shapes.py;
-#   bench/llm_generate.py (generate() on LLM_MODELS, default GPT-2, Llama and Qwen2 configs, through torch.compile; PROMPTS, NEW_TOKENS, CACHE).
-# STEPS (default dynamo,bench,tests,llm) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
+#   bench/llm_generate.py (generate() on LLM_MODELS, default GPT-2, Llama and Qwen2 configs, through torch.compile; PROMPTS, NEW_TOKENS, CACHE);
+#   static: the same with transformers' static cache, without Inductor (llm_generate_static.json);
+#   dataflow: bench/dataflow_torch.py on DF_MODELS (torchvision) and DF_HF (transformers) for the dataflow
+#     targets, through tessel.compile and torch.compile(options={"target": ...}) (issue 35).
+# STEPS (default dynamo,bench,tests,llm; static and dataflow when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
 #   bash python/box/dynamic.sh          (carry .pybox, made here by `bash python/box/pack.sh build`)
 set -u
 OUT=${OUT:-/tmp/dynamic}
@@ -38,4 +41,19 @@ echo "llm_generate rc=$?"
 cat "$OUT/llm.out"
 grep -v -i warn "$OUT/llm.err" | cut -c1-300 | tail -15
 grep -o "tessel: .*" "$OUT/llm.err" | cut -c1-400 | sort | uniq -c | head -12     # tessel's warnings, once each
+}
+step static && {
+timeout "${STATIC_TIMEOUT:-200}" $PY bench/llm_generate.py --models "${LLM_MODELS:-gpt2,llama,qwen2}" --threads "${THREADS:-8}" \
+  --new-tokens "${NEW_TOKENS:-32}" --prompts "${PROMPTS:-2x7,3x12,1x20}" --rounds "${LLM_ROUNDS:-3}" --cache static \
+  --no-inductor --json "$OUT/llm_generate_static.json" > "$OUT/static.out" 2> "$OUT/static.err"
+echo "llm_generate static rc=$?"
+cat "$OUT/static.out"
+grep -v -i warn "$OUT/static.err" | cut -c1-300 | tail -10
+}
+step dataflow && {
+timeout "${DF_TIMEOUT:-200}" $PY bench/dataflow_torch.py --models "${DF_MODELS:-resnet18}" --hf "${DF_HF:-bert,gpt2,llama}" \
+  --dynamo --threads "${THREADS:-8}" --json "$OUT/dataflow_torch.json" > "$OUT/dataflow.out" 2> "$OUT/dataflow.err"
+echo "dataflow_torch rc=$?"
+cat "$OUT/dataflow.out"
+grep -v -i warn "$OUT/dataflow.err" | cut -c1-300 | tail -10
 }
