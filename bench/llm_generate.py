@@ -105,7 +105,27 @@ def _rel_err(got, want):
 INDUCTOR_RETRY = [{"cpp.simdlen": 1}]
 
 
-def run_model(name, prompts, new_tokens, rounds, peers, cache):
+def _profile(model, forward, ids, new_tokens, cache, path, title):
+    """One generate() under cProfile, its 30 costliest functions by own time and by cumulative time appended
+    to `path`: where a decoded token's time goes in Python (dynamo's guards, generate()'s own loop, the
+    backend's call, the C++ run as one built-in)."""
+    import cProfile
+    import io
+    import pstats
+    model.forward = forward
+    prof = cProfile.Profile()
+    prof.enable()
+    generate(model, ids, new_tokens, cache)
+    prof.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(30)
+    with open(path, "a") as f:
+        f.write(f"==== {title}\n{text.getvalue()}\n")
+
+
+def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None):
     model = build(name)
     eager_forward = model.forward
     row = dict(model=name, new_tokens=new_tokens, cache=cache, prompts=[list(p.shape) for p in prompts])
@@ -139,6 +159,10 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache):
         row["rebinds"] = sum(g.stats.rebinds for g in graphs)
         row["instances"] = sum(g.stats.instances for g in graphs)
         _record(row, "eager", model, eager_forward, p, new_tokens, cache, rounds)
+        if profile:
+            _profile(model, compiled, p, new_tokens, cache, profile, f"{name} tessel")
+            _profile(model, eager_forward, p, new_tokens, cache, profile, f"{name} eager")
+            model.forward = eager_forward
         for key, kwargs in peers:
             # Inductor as it comes first; where its generated C++ does not compile (torch 2.11's CPU code for
             # these graphs: "'tmp2' was not declared"), again with each of INDUCTOR_RETRY's settings in turn,
@@ -179,6 +203,7 @@ def main():
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--inductor-simdlen", type=int, default=0,
                     help="Inductor's cpp.simdlen (256: AVX2 code, where its AVX-512 code does not compile)")
+    ap.add_argument("--profile", help="append a cProfile of one generate(), tessel's and eager's, to this file")
     ap.add_argument("--json")
     a = ap.parse_args()
     if int(torch.__version__.split(".")[0]) < 2:
@@ -197,7 +222,7 @@ def main():
     rows = []
     for name in a.models.split(","):
         try:
-            row = run_model(name, prompts, a.new_tokens, a.rounds, peers, a.cache)
+            row = run_model(name, prompts, a.new_tokens, a.rounds, peers, a.cache, a.profile)
         except Exception as e:  # noqa: BLE001 -- one model's failure is a row, the others still run
             row = dict(model=name, error=f"{type(e).__name__}: {e}"[:2000])
         rows.append(row)

@@ -73,3 +73,22 @@ TEST(StageDumps, EveryStageOfACompilationInAFolderOfItsOwn) {
   EXPECT_EQ(folders, 2u);
   fs::remove_all(root);
 }
+
+// Issue 36: the host CPU's pipeline is assembled in one place, lower::lower_cpu (lower/cpu.h). The
+// compiled backend, the graph backend, the CLI and the Python module call it; none of them calls
+// fusion with the CPU's options or the C++ generator itself, and the graph backend's hook that let the
+// compiled backend run them inside its compile_graph (after_pipeline) is gone.
+TEST(StageDumps, CompiledBackendHasNoPipelineHook) {
+  const fs::path root = testenv::source_dir();
+  std::vector<fs::path> files;
+  for (const char* dir : {"src/tessel/runtime", "src/tessel/driver", "tools", "python/src"})
+    for (const auto& e : fs::recursive_directory_iterator(root / dir))
+      if (e.path().extension() == ".cpp" || e.path().extension() == ".h") files.push_back(e.path());
+  ASSERT_GT(files.size(), 20u);
+  for (const fs::path& f : files) {
+    const std::string text = read(f);
+    for (const char* word : {"after_pipeline", "cpu_fuse_options(", "generate_cpp("})
+      EXPECT_EQ(text.find(word), std::string::npos) << f << " uses " << word << ": the CPU pipeline belongs to lower_cpu";
+  }
+  EXPECT_NE(read(root / "src/tessel/lower/cpu.cpp").find("cpu_fuse_options("), std::string::npos);
+}

@@ -1,4 +1,4 @@
-// The pass manager across levels (passes/stage.h, driver/lowering.h): `tessel passes` lists fusion and
+// The pass manager across levels (passes/stage.h, lower/lowering.h): `tessel passes` lists fusion and
 // the dataflow stages; --print-after prints each level's text; --dump-ir writes one file per stage and
 // the last tile dump parses back to the program; a failing verifier names its stage; and
 // docs/passes/manager.md's worked example is what the manager does.
@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "tessel/driver/dataflow.h"
-#include "tessel/driver/lowering.h"
+#include "tessel/lower/lowering.h"
 #include "tessel/hw/hw.h"
 #include "tessel/ir/printer.h"
 #include "tessel/passes/stage.h"
@@ -49,16 +49,17 @@ std::vector<std::string> listing(const fs::path& dir) {
 
 TEST(StageManager, ListsFusionAndTheDataflowStages) {
   auto arrow = [](const std::string& name) {
-    const StageInfo* s = find_stage(name);
+    const StageInfo* s = lower::find_stage(name);
     return s ? std::string(level_name(s->from)) + "->" + level_name(s->to) : std::string("missing");
   };
   EXPECT_EQ(arrow("fuse"), "graph->kernel");
   EXPECT_EQ(arrow("tile-layout"), "kernel->tile");
   EXPECT_EQ(arrow("tile-plan"), "kernel->tile");
   EXPECT_EQ(arrow("tile-allocate"), "kernel->tile");
+  EXPECT_EQ(arrow("cpu-codegen"), "kernel->source");
   for (const Pass& p : all_passes()) EXPECT_EQ(arrow(p.name), "graph->graph") << p.name;
-  EXPECT_EQ(all_stages().size(), all_passes().size() + 4);
-  EXPECT_EQ(find_stage("frobnicate"), nullptr);
+  EXPECT_EQ(lower::all_stages().size(), all_passes().size() + 5);
+  EXPECT_EQ(lower::find_stage("frobnicate"), nullptr);
 }
 
 TEST(StageManager, PrintAfterPrintsEachLevel) {
@@ -96,7 +97,7 @@ TEST(StageManager, DumpIrWritesEveryStageAndTheLastTileDumpParsesBack) {
   ASSERT_EQ(files.size(), dc.stages.size() + 1);
   EXPECT_EQ(files.front(), "00-input.tsl");
   for (size_t i = 0; i < dc.stages.size(); ++i) {
-    const StageInfo* s = find_stage(dc.stages[i].pass);
+    const StageInfo* s = lower::find_stage(dc.stages[i].pass);
     ASSERT_NE(s, nullptr) << dc.stages[i].pass;
     EXPECT_EQ(files[i + 1], fmt::format("{:02d}-{}.{}", i + 1, s->name, level_extension(s->to)));
   }
@@ -133,7 +134,7 @@ TEST(StageManager, AFailingVerifierNamesItsStage) {
     EXPECT_NE(std::string(e.what()).find("[verify after breaker]"), std::string::npos) << e.what();
   }
   // a real one: the tile verifier after tile-plan, on a program whose padding no target layout gives
-  Lowering lowering(PassOptions{});
+  lower::Lowering lowering(PassOptions{});
   auto g = parse_graph("graph @g(%x: f32[4,8]) {\n  %y: f32[4,8] = Relu(%x) loc(\"r\")\n  return %y\n}\n");
   lowering.graph_passes(*g, "core");
   KernelModule km = lowering.fuse(std::move(g));
@@ -144,7 +145,7 @@ TEST(StageManager, AFailingVerifierNamesItsStage) {
   StageRunner r2(PassOptions{});
   r2.begin(IrLevel::tile, [] { return std::string(); });
   Stage v;
-  v.info = *find_stage("tile-plan");
+  v.info = *lower::find_stage("tile-plan");
   v.run = [] { return std::string(); };
   v.verify = [&p] { tile::verify_tile_program(p, false); };
   v.print = [] { return std::string(); };
@@ -161,7 +162,7 @@ TEST(StageManager, AFailingVerifierNamesItsStage) {
 TEST(StageManager, DocExampleMatches) {
   const std::string doc = testenv::read_text(testenv::source_dir() + "/docs/passes/manager.md");
   ASSERT_FALSE(doc.empty());
-  for (const StageInfo& s : all_stages()) {
+  for (const StageInfo& s : lower::all_stages()) {
     const std::string line = fmt::format("  {:<16} {:<15} {}", s.name, fmt::format("{} → {}", level_name(s.from), level_name(s.to)), s.summary);
     EXPECT_NE(doc.find(line), std::string::npos) << "docs/passes/manager.md lacks: " << line;
   }

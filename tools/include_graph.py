@@ -28,9 +28,11 @@ from pathlib import Path
 # passes: graph->graph; kernel: fusion into kernels; hw: the dataflow hardware description (HwSpec, hw
 # files, presets) the tile IR carries; tile: the tile IR (dataflow level: data structure, text form,
 # verifier); export: exporters of the IR levels (KTIR); targets: cpu codegen/toolchain and dataflow
-# mapping (kernel -> tile), cost model and simulators; runtime: backends that execute;
-# driver: pipeline assembly for the CLI and Python.
-ORDER = ["support", "ir", "ops", "frontend", "passes", "kernel", "hw", "tile", "export", "targets", "runtime", "driver"]
+# mapping (kernel -> tile), cost model and simulators; lower: each target's pipeline of stages, assembled
+# once (the cross-level Lowering, lower_cpu); runtime: backends that execute what lower/ produced;
+# driver: the commands of the CLI and Python.
+ORDER = ["support", "ir", "ops", "frontend", "passes", "kernel", "hw", "tile", "export", "targets", "lower", "runtime",
+         "driver"]
 
 # Known upward includes still present: (including file relative to src/tessel, included path) -> why.
 # Each one is a debt with a reason; a stale entry (include gone) is an error too. None today.

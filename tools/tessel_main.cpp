@@ -21,7 +21,8 @@
 #include "tessel/driver/train_sim.h"
 #include "tessel/driver/dataflow.h"
 #include "tessel/targets/dataflow/cost.h"
-#include "tessel/driver/lowering.h"
+#include "tessel/lower/cpu.h"
+#include "tessel/lower/lowering.h"
 #include "tessel/targets/dataflow/functional.h"
 #include "tessel/export/ktir.h"
 #include "tessel/driver/compare.h"
@@ -115,7 +116,7 @@ PassOptions stage_options(const std::string& dump_dir, const std::string& print_
 // --time-passes: every stage's time, the size of its level after it and its note, to stderr.
 void print_stage_times(const std::vector<PassRecord>& records) {
   for (const auto& r : records) {
-    const StageInfo* s = find_stage(r.pass);
+    const StageInfo* s = lower::find_stage(r.pass);
     fmt::print(stderr, "pass {:<16} {:8.2f} ms  {:5} {} after  {}\n", r.pass, r.seconds * 1e3, r.nodes_after,
                s && s->to != IrLevel::graph ? "kernels" : "nodes", r.note);
   }
@@ -531,26 +532,31 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
                 bool time_passes, bool dynamic) {
   ImportedModel m = import_model_file(model, {}, dynamic);
   const bool lower = emit == "kernel" || emit == "cpp" || emit == "fusion";
-  // One pipeline through the levels this target has: the graph passes, then fusion when the output
-  // (or the stage --print-after names) is at the kernel level.
-  Lowering lowering(stage_options(dump_dir, print_after));
-  const StageInfo* shown = print_after.empty() ? nullptr : find_stage(print_after);
+  const StageInfo* shown = print_after.empty() ? nullptr : lower::find_stage(print_after);
   if (shown && shown->to == IrLevel::tile)
     throw Error(Location{.pass = "compile"}, fmt::format("--print-after {} is a dataflow stage: add --target spyre (or another dataflow target)", print_after));
-  const bool to_kernel = lower || (shown && shown->to == IrLevel::kernel);
-  lowering.graph_passes(*m.graph, to_kernel && passes.empty() ? "core" : passes);
-  std::optional<KernelModule> fused;
-  // The host CPU's fusion (what `--backend compiled` runs), so the printed kernels and C++ are the real ones.
-  if (to_kernel) fused = lowering.fuse(std::move(m.graph), cpu_fuse_options());
-  if (time_passes) print_stage_times(lowering.records());
-  if (!print_after.empty()) return 0;
+  const bool to_kernel = lower || (shown && shown->to != IrLevel::graph);
   std::string text;
-  if (lower) {
-    const KernelModule& km = *fused;
-    if (emit == "kernel") text = print_kernel_module(km, elide);
-    else if (emit == "cpp") text = cpu::generate_cpp(km, fs::path(model).filename().string(), cpu::library_epilogues(km));
-    else text = fusion_report(km);
+  if (to_kernel) {
+    // The host CPU's lowering, the one `--backend compiled` runs (lower/cpu.h), so the printed kernels
+    // and C++ are the real ones: the graph passes (core unless --passes), fusion, and cpu-codegen.
+    lower::CpuOptions lo;
+    lo.pipeline = passes.empty() ? "core" : passes;
+    lo.codegen = emit == "cpp" || (shown && shown->name == "cpu-codegen");
+    lo.model = fs::path(model).filename().string();
+    lo.stages = stage_options(dump_dir, print_after);
+    lo.elide_dumped_constants = false;
+    lower::CpuLowered low = lower::lower_cpu(std::move(m.graph), lo);
+    if (time_passes) print_stage_times(low.records);
+    if (!print_after.empty()) return 0;
+    if (emit == "kernel") text = print_kernel_module(low.module, elide);
+    else if (emit == "cpp") text = low.source;
+    else text = fusion_report(low.module);
   } else {
+    lower::Lowering lowering(stage_options(dump_dir, print_after));
+    lowering.graph_passes(*m.graph, passes);
+    if (time_passes) print_stage_times(lowering.records());
+    if (!print_after.empty()) return 0;
     if (emit != "graph") throw Error(Location{.pass = "compile"}, fmt::format("unknown --emit level '{}'", emit));
     PrintOptions po;
     po.elide_constants = elide;
@@ -1268,7 +1274,7 @@ int main(int argc, char** argv) {
         fmt::print("  {:<8} = {}\n", name, list);
       }
       fmt::print("passes (every stage, in pipeline order, with the levels it reads and writes):\n");
-      for (const StageInfo& p : all_stages())
+      for (const StageInfo& p : lower::all_stages())
         fmt::print("  {:<16} {:<15} {}\n", p.name, fmt::format("{} → {}", level_name(p.from), level_name(p.to)), p.summary);
       return 0;
     }

@@ -9,7 +9,9 @@
 #   static: the same with transformers' static cache, without Inductor (llm_generate_static.json);
 #   dataflow: bench/dataflow_torch.py on DF_MODELS (torchvision) and DF_HF (transformers) for the dataflow
 #     targets, through tessel.compile and torch.compile(options={"target": ...}) (issue 35).
-# STEPS (default dynamo,bench,tests,llm; static and dataflow when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
+#   profile: one generate() of GPT-2 under cProfile, tessel's and eager's (llm_profile.txt), and
+#     bench/decode_step.py at THREADS threads and at 1 (where a decoded token's time goes).
+# STEPS (default dynamo,bench,tests,llm; static, dataflow and profile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
 #   bash python/box/dynamic.sh          (carry .pybox, made here by `bash python/box/pack.sh build`)
 set -u
 OUT=${OUT:-/tmp/dynamic}
@@ -56,4 +58,16 @@ timeout "${DF_TIMEOUT:-200}" $PY bench/dataflow_torch.py --models "${DF_MODELS:-
 echo "dataflow_torch rc=$?"
 cat "$OUT/dataflow.out"
 grep -v -i warn "$OUT/dataflow.err" | cut -c1-300 | tail -10
+}
+step profile && {
+timeout "${PROFILE_TIMEOUT:-150}" $PY bench/llm_generate.py --models gpt2 --threads "${THREADS:-8}" --new-tokens 128 \
+  --prompts 1x32,1x256 --rounds 3 --no-inductor --profile "$OUT/llm_profile.txt" --json "$OUT/llm_profile.json" \
+  > "$OUT/profile.out" 2> "$OUT/profile.err"
+echo "llm_generate profile rc=$?"
+cat "$OUT/profile.out"
+grep -E "tottime|_tessel|tessel/|guard|generate|forward" "$OUT/llm_profile.txt" | head -60
+for t in "${THREADS:-8}" 1; do
+  timeout 120 $PY bench/decode_step.py --threads $t --pairs 3 --json "$OUT/decode_step_t$t.json" > "$OUT/decode_t$t.out" 2>&1
+  echo "decode_step threads $t rc=$?"; tail -6 "$OUT/decode_t$t.out"
+done
 }

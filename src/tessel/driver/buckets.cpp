@@ -12,7 +12,7 @@
 
 #include "tessel/driver/compare.h"
 #include "tessel/driver/compile_model.h"
-#include "tessel/driver/lowering.h"
+#include "tessel/lower/lowering.h"
 #include "tessel/ir/bind.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/bucket.h"
@@ -70,7 +70,7 @@ BucketReport run_buckets(const std::string& model, const hw::HwSpec& hw, const s
   if (opts.buckets.empty()) throw Error(Location{.file = model, .pass = "bucket"}, "no buckets given");
   ImportedModel imported = import_model_file(model, {}, true);
   const std::unique_ptr<Graph> source = instantiate_graph(*imported.graph, {});  // the eager oracle's graph
-  Lowering lowering(PassOptions{});
+  lower::Lowering lowering(PassOptions{});
   lowering.graph_passes(*imported.graph, "core");
   const Graph& core = *imported.graph;
   BucketReport r;
@@ -135,7 +135,7 @@ BucketReport run_buckets(const std::string& model, const hw::HwSpec& hw, const s
       c.bucketed = pad_to_bucket(core, r.symbol, row.bucket, others);
       c.flops = graph_flops(*c.bucketed.graph);
       std::unique_ptr<Graph> g = instantiate_graph(*c.bucketed.graph, {});
-      KernelModule km = Lowering(PassOptions{}).fuse(std::move(g));
+      KernelModule km = lower::Lowering(PassOptions{}).fuse(std::move(g));
       c.run = simulate_dataflow(compile_dataflow(std::move(km), hw, opts.map));
       if (opts.cpu) c.cpu = compile_cpu(instantiate_graph(*c.bucketed.graph, {}), {}, co);
       it = compiled.emplace(key, std::move(c)).first;

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/driver/compile_model.h"
-#include "tessel/driver/lowering.h"
+#include "tessel/lower/lowering.h"
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
@@ -27,7 +27,7 @@ DataflowCompile compile_dataflow(KernelModule module, const hw::HwSpec& hw, cons
                                  const PassOptions& passes) {
   DataflowCompile dc;
   dc.module = std::move(module);
-  Lowering lowering(passes);
+  lower::Lowering lowering(passes);
   const auto t0 = Clock::now();
   dc.program = lowering.map_to_tiles(dc.module, hw, opts);
   dc.map_seconds = since(t0);
@@ -40,7 +40,7 @@ namespace {
 // import (timed by the caller) -> core pipeline -> fusion -> map_to_tiles, named `name`.
 DataflowCompile lower_graph(std::unique_ptr<Graph> graph, Clock::time_point t0, const hw::HwSpec& hw,
                             const dataflow::MapOptions& opts, const PassOptions& passes) {
-  Lowering lowering(passes);
+  lower::Lowering lowering(passes);
   lowering.graph_passes(*graph, "core");
   DataflowCompile dc;
   dc.module = lowering.fuse(std::move(graph));

@@ -26,7 +26,7 @@ struct DataflowCompile {
 };
 
 // MODEL as for `tessel run` (.onnx, model-zoo folder, .tsl); `inputs` bind symbolic dims. The stages
-// run through the pass manager across levels (driver/lowering.h) with `passes`' verify, dump_dir and
+// run through the pass manager across levels (lower/lowering.h) with `passes`' verify, dump_dir and
 // print_after.
 DataflowCompile compile_dataflow(const std::string& model, const std::vector<Tensor>& inputs, const hw::HwSpec& hw,
                                  const dataflow::MapOptions& opts = {}, const PassOptions& passes = {});

@@ -7,7 +7,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "tessel/driver/lowering.h"
+#include "tessel/lower/lowering.h"
 #include "tessel/driver/compile_model.h"
 #include "tessel/driver/optimizer.h"
 #include "tessel/passes/remat_partition.h"
@@ -20,7 +20,7 @@ int64_t bytes_of(const TensorType& t) { return shape_numel(t.shape) * static_cas
 
 DataflowReport simulate_phase(std::unique_ptr<Graph> g, const hw::HwSpec& hw, const dataflow::MapOptions& opts,
                               const std::string& name) {
-  Lowering lowering(PassOptions{});
+  lower::Lowering lowering(PassOptions{});
   lowering.graph_passes(*g, "core");
   KernelModule km = lowering.fuse(std::move(g));
   dataflow::MapOptions named = opts;

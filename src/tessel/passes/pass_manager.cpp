@@ -74,11 +74,14 @@ const char* level_name(IrLevel l) {
     case IrLevel::graph: return "graph";
     case IrLevel::kernel: return "kernel";
     case IrLevel::tile: return "tile";
+    case IrLevel::source: return "source";
   }
   return "?";
 }
 
-const char* level_extension(IrLevel l) { return l == IrLevel::graph ? "tsl" : level_name(l); }
+const char* level_extension(IrLevel l) {
+  return l == IrLevel::graph ? "tsl" : l == IrLevel::source ? "cpp" : level_name(l);
+}
 
 Stage graph_stage(Graph& g, const Pass& p) {
   Stage s;

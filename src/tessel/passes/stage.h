@@ -2,7 +2,7 @@
 // and the StageRunner runs any sequence of them the same way — timing each, running the produced
 // level's verifier after it, dumping NN-<stage>.<ext> and printing the one --print-after names. It
 // sees no IR type: a stage brings closures over the pipeline's IR (run, verify, print), so the
-// concrete cross-level pipeline is assembled where every level is visible (driver/lowering.h).
+// concrete cross-level pipeline is assembled where every level is visible (lower/lowering.h).
 #pragma once
 
 #include <functional>
@@ -13,9 +13,9 @@
 
 namespace tessel {
 
-enum class IrLevel { graph, kernel, tile };
-const char* level_name(IrLevel l);       // "graph", "kernel", "tile"
-const char* level_extension(IrLevel l);  // dump file extension: "tsl", "kernel", "tile"
+enum class IrLevel { graph, kernel, tile, source };  // source: a target's generated code (cpu-codegen)
+const char* level_name(IrLevel l);       // "graph", "kernel", "tile", "source"
+const char* level_extension(IrLevel l);  // dump file extension: "tsl", "kernel", "tile", "cpp"
 
 // What `tessel passes` lists: a stage's name (as --print-after and dump files use it), its one-line
 // summary and its level arrow.

@@ -19,6 +19,7 @@
 
 #include "tessel/ir/bind.h"
 #include "tessel/ir/op_registry.h"
+#include "tessel/lower/cpu.h"
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 #include "tessel/support/limits.h"
@@ -509,27 +510,31 @@ void CompiledExecutable::Symbolic::rebind(const std::vector<int64_t>& values) {
 
 namespace {
 
-// Epilogue decisions, the generated translation unit and its shared object for module `m`.
-void generate_and_build(KernelModule& m, const std::string& model, const cpu::ToolchainOptions& tc, std::vector<bool>& in_library,
-                        std::vector<cpu::LibraryEpilogue>& library, std::string& source, std::shared_ptr<cpu::SharedObject>& so,
-                        CompiledCompileStats& st) {
-  // Epilogues oneDNN applies itself (bias, scale, relu/clip/GELU) get no generated function.
-  in_library = cpu::library_epilogues(m, &library);
-  auto tc0 = Clock::now();
-  source = cpu::generate_cpp(m, model, in_library);
-  st.codegen_seconds = seconds_since(tc0);
-  std::vector<std::string> symbols;
-  for (size_t i = 0; i < m.kernels.size(); ++i)
-    if (cpu::has_generated_function(m.kernels[i], in_library[i])) symbols.push_back(cpu::kernel_symbol(i));
-  if (symbols.empty()) return;
-  cpu::BuildResult br = cpu::build_shared_object(source, model, tc, symbols);
-  so = br.so;
+// The shared object of the generated source (lower_cpu's cpu-codegen), compiled by the toolchain and
+// loaded; none when no kernel has a generated function.
+std::shared_ptr<cpu::SharedObject> build_lowered(const lower::CpuLowered& low, const std::string& model,
+                                                 const cpu::ToolchainOptions& tc, CompiledCompileStats& st) {
+  st.codegen_seconds = low.codegen_seconds;
+  if (low.symbols.empty()) return nullptr;
+  cpu::BuildResult br = cpu::build_shared_object(low.source, model, tc, low.symbols);
   st.cache_hit = br.cache_hit;
   st.cxx_seconds = br.compile_seconds;
   st.load_seconds = br.load_seconds;
   st.cache_key = br.key;
   st.source_path = br.source_path;
   st.so_path = br.so_path;
+  return br.so;
+}
+
+// The host CPU's lowering with this compilation's options: dumps go to `dump_dir`.
+lower::CpuOptions cpu_lowering(const CompiledBackendOptions& opts, const std::string& dump_dir, bool undecomposed_on_pass_error) {
+  lower::CpuOptions lo;
+  lo.pipeline = opts.pipeline;
+  lo.fuse = opts.fuse;
+  lo.model = opts.model_name;
+  lo.stages.dump_dir = dump_dir;
+  lo.undecomposed_on_pass_error = undecomposed_on_pass_error;
+  return lo;
 }
 
 // The folder of this compilation's stage dumps (CompiledBackendOptions::dump_dir, else $TESSEL_DUMP_DIR):
@@ -545,26 +550,6 @@ std::string dump_folder(const CompiledBackendOptions& opts) {
   for (char c : opts.model_name.substr(0, 60)) name += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ? c : '_';
   if (name.empty() || name == "." || name == "..") name = "model";
   return (std::filesystem::path(root) / fmt::format("{:03d}-{}", ++serial, name)).string();
-}
-
-// Writes one stage dump; a folder or file that cannot be written is an error naming it.
-void write_dump(const std::string& dir, const std::string& file, const std::string& text) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw Error(Location{.file = dir}, "cannot make the IR dump folder: " + ec.message());
-  const std::string path = (std::filesystem::path(dir) / file).string();
-  std::ofstream f(path, std::ios::binary);
-  f << text;
-  f.close();
-  if (!f) throw Error(Location{.file = path}, "cannot write IR dump");
-}
-
-// After the graph pipeline's dumps (00-input and one per pass): the kernel level and the generated source.
-void dump_lowered(const std::string& dir, const std::string& pipeline, const KernelModule& m, const std::string& source) {
-  if (dir.empty()) return;
-  const size_t n = pipeline.empty() ? 1 : parse_pipeline(pipeline).size() + 1;
-  write_dump(dir, fmt::format("{:02d}-fuse.kernel", n), print_kernel_module(m, true));
-  write_dump(dir, fmt::format("{:02d}-cpu-codegen.cpp", n + 1), source);
 }
 
 void print_compile_profile(const CompiledCompileStats& st) {
@@ -597,18 +582,15 @@ std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::un
     if (std::string why = bind_symbols(*g, shapes, b); !why.empty())
       throw Error(Location{.pass = "compile"}, "the example inputs do not fit the model's symbolic shapes: " + why);
   }
-  auto tp = Clock::now();
   st.dump_dir = dump_folder(opts);
-  PassOptions po;
-  po.dump_dir = st.dump_dir;
-  run_pipeline(*g, parse_pipeline(opts.pipeline), po);
-  st.graph.pass_seconds = seconds_since(tp);
-  auto tf = Clock::now();
-  KernelModule m = fuse(std::move(g), cpu_fuse_options(opts.fuse));
-  verify_kernel_module(m);
-  st.fuse_seconds = seconds_since(tf);
-  generate_and_build(m, opts.model_name, opts.toolchain, ce->in_library_, ce->library_, ce->source_, ce->so_, st);
-  dump_lowered(st.dump_dir, opts.pipeline, m, ce->source_);
+  lower::CpuLowered low = lower::lower_cpu(std::move(g), cpu_lowering(opts, st.dump_dir, false));
+  st.graph.pass_seconds = low.pass_seconds;
+  st.fuse_seconds = low.fuse_seconds;
+  ce->so_ = build_lowered(low, opts.model_name, opts.toolchain, st);
+  ce->in_library_ = std::move(low.in_library);
+  ce->library_ = std::move(low.library);
+  ce->source_ = std::move(low.source);
+  KernelModule m = std::move(low.module);
   count_kernels(m.kernels, *m.graph, st);
   auto sym = std::make_unique<CompiledExecutable::Symbolic>();
   sym->opts = opts;
@@ -697,28 +679,29 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   const std::string model = opts.model_name;
   CompiledExecutable::Builder b{*ce, {}};
 
+  // Inputs that decide shapes become constants first (their guards go to the executable), then the
+  // host CPU's lowering (lower/cpu.h): passes, fusion, code generation; then the toolchain and the plan.
   GraphBackendOptions go;
-  go.pipeline = opts.pipeline;
+  GraphBackendOptions::Prelowered pre;
+  pre.num_inputs = g->inputs.size();
+  pre.guards = specialise_inputs(*g, ex, go.max_baked_elements);
   st.dump_dir = dump_folder(opts);
-  go.dump_dir = st.dump_dir;
-  // After the pipeline: fuse, generate, compile, load.
-  go.after_pipeline = [&](std::unique_ptr<Graph>& cg) {
-    auto tf = Clock::now();
-    // 1-D convolutions as 2-D ones, NHWC input views, channels-last poolings and concatenations
-    const FuseOptions fo = cpu_fuse_options(opts.fuse);
-    KernelModule m = fuse(std::move(cg), fo);
-    verify_kernel_module(m);
-    st.fuse_seconds = seconds_since(tf);
-    if (opts.keep_module) {
-      std::vector<const Tensor*> blobs;
-      ce->module_text_ = print_kernel_module(m, &blobs);
-      for (const Tensor* t : blobs) ce->module_blobs_.push_back(*t);
-    }
-    generate_and_build(m, model, opts.toolchain, ce->in_library_, ce->library_, ce->source_, ce->so_, st);
-    dump_lowered(st.dump_dir, opts.pipeline, m, ce->source_);
-    ce->kernels_ = std::move(m.kernels);
-    cg = std::move(m.graph);
-  };
+  lower::CpuLowered low = lower::lower_cpu(std::move(g), cpu_lowering(opts, st.dump_dir, true));
+  pre.pipeline_error = low.pipeline_error;
+  pre.pass_seconds = low.pass_seconds;
+  st.fuse_seconds = low.fuse_seconds;
+  if (opts.keep_module) {
+    std::vector<const Tensor*> blobs;
+    ce->module_text_ = print_kernel_module(low.module, &blobs);
+    for (const Tensor* t : blobs) ce->module_blobs_.push_back(*t);
+  }
+  ce->so_ = build_lowered(low, model, opts.toolchain, st);
+  ce->in_library_ = std::move(low.in_library);
+  ce->library_ = std::move(low.library);
+  ce->source_ = std::move(low.source);
+  ce->kernels_ = std::move(low.module.kernels);
+  go.pipeline = "";
+  go.lowered = std::move(pre);
   go.custom_kernel = [&](const Node& n) { return b.launch(n); };
   go.output_aliases = opts.output_aliases;
   go.recycled_outputs = opts.recycled_outputs;
@@ -727,7 +710,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   };
   // Library primitives are created for the threads they will run with (run() applies the same count).
   ScopedOmpThreads library_threads(st.threads);
-  ce->exe_ = compile_graph(std::move(g), ex, go);
+  ce->exe_ = compile_graph(std::move(low.module.graph), ex, go);
   b.finish();
   st.compile_seconds = seconds_since(t0);
   print_compile_profile(st);

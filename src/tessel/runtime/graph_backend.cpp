@@ -28,15 +28,6 @@ bool is_static(const Value* v) { return v && shape_known(v->type.shape); }
 
 // ---- specialisation --------------------------------------------------------------------------------
 
-// A graph input whose value was baked into a constant at compile time.
-struct Guard {
-  size_t input_index;
-  std::string name;
-  Tensor value;
-};
-
-
-
 int unknown_dims(const Graph& g) {
   int n = 0;
   for (const auto& v : g.values())
@@ -54,11 +45,12 @@ bool decide_shapes(const Graph& g, const std::vector<size_t>& which, const std::
   return unknown_dims(*c) < unknown_dims(g);
 }
 
-// Bakes small inputs that determine shapes into constants; returns the guards. Integer inputs of a
-// few elements (axes, pads, k, a shape, a limit) are always baked, since decompositions need them
-// as constants; float and bool inputs (Resize scales, Range bounds, a training flag) only when their
-// value decides a result's shape.
-std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const GraphBackendOptions& opts) {
+}  // namespace
+
+// Integer inputs of a few elements (axes, pads, k, a shape, a limit) are always baked, since
+// decompositions need them as constants; float and bool inputs (Resize scales, Range bounds, a
+// training flag) only when their value decides a result's shape.
+std::vector<Guard> specialise_inputs(Graph& g, const std::vector<Tensor>& ex, int64_t max_baked_elements) {
   if (ex.empty()) return {};
   bind_input_shapes(g, ex);
   infer_graph(g);
@@ -67,7 +59,7 @@ std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const Gra
   std::vector<bool> bake(g.inputs.size(), false);
   std::vector<size_t> rest;
   for (size_t i = 0; i < g.inputs.size(); ++i) {
-    if (ex[i].rank() > 1 || ex[i].numel() > opts.max_baked_elements) continue;
+    if (ex[i].rank() > 1 || ex[i].numel() > max_baked_elements) continue;
     if (is_int(g.inputs[i]->type.dtype) || decide_shapes(g, {i}, ex)) bake[i] = true;
     else rest.push_back(i);
   }
@@ -91,6 +83,8 @@ std::vector<Guard> specialise(Graph& g, const std::vector<Tensor>& ex, const Gra
   }
   return guards;
 }
+
+namespace {
 
 // Runs the pipeline. When a pass fails (typically a decomposition that needs a value or a shape only
 // known at run time), the model runs undecomposed instead: every node through the reference kernels
@@ -461,19 +455,25 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   std::unique_ptr<GraphExecutable> exe(new GraphExecutable());
   GraphExecutable::Impl& im = *exe->impl_;
   GraphCompileStats& st = exe->stats_;
-  im.num_inputs = g->inputs.size();
+  const GraphBackendOptions::Prelowered* low = opts.lowered ? &*opts.lowered : nullptr;
+  if (low && !opts.pipeline.empty()) fail("a graph lowered before compile_graph runs no pipeline in it");
+  im.num_inputs = low ? low->num_inputs : g->inputs.size();
 
-  im.guards = specialise(*g, ex, opts);
+  im.guards = low ? low->guards : specialise_inputs(*g, ex, opts.max_baked_elements);
   for (size_t i = 0, slot = 0; i < im.num_inputs; ++i) {
     const bool baked = std::any_of(im.guards.begin(), im.guards.end(), [&](const Guard& gd) { return gd.input_index == i; });
     im.input_slot.push_back(baked ? -1 : static_cast<int>(slot++));
   }
   for (const Guard& gd : im.guards) st.baked_inputs.push_back(gd.name);
 
-  const auto tp = Clock::now();
-  run_core_pipeline(g, opts.pipeline, opts.dump_dir, st);
-  st.pass_seconds = seconds_since(tp);
-  if (opts.after_pipeline) opts.after_pipeline(g);
+  if (low) {
+    st.pass_seconds = low->pass_seconds;
+    st.pipeline_error = low->pipeline_error;
+  } else {
+    const auto tp = Clock::now();
+    run_core_pipeline(g, opts.pipeline, opts.dump_dir, st);
+    st.pass_seconds = seconds_since(tp);
+  }
 
   // Homes, aliases and in-place decisions, node by node.
   size_t nv = 0;

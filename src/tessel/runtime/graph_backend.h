@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,17 @@
 #include "tessel/support/error.h"
 
 namespace tessel {
+
+// A graph input whose value was baked into a constant at compile time: every call checks it.
+struct Guard {
+  size_t input_index;
+  std::string name;
+  Tensor value;
+};
+
+// Binds the example inputs' shapes and bakes the small inputs that decide shapes into constants
+// (taking them out of g.inputs); returns their guards. Rank-0/1 inputs of up to max_baked_elements.
+std::vector<Guard> specialise_inputs(Graph& g, const std::vector<Tensor>& ex, int64_t max_baked_elements);
 
 // Arena memory the executables of one symbolic compilation share (docs/dynamic-shapes.md): they run
 // one at a time, so each new one takes its arena from here instead of mapping (and faulting in) its
@@ -33,10 +45,8 @@ struct GraphBackendOptions {
   std::string dump_dir;           // the pipeline's stages written here (NN-<stage>.tsl), when set
   size_t align = 64;              // arena offsets are multiples of this
   int64_t max_baked_elements = 16;  // rank-0/1 inputs up to this size may be specialised (baked)
-  // Extension points for backends built on this one (the compiled backend): a rewrite of the graph
-  // after the pipeline (fusion into kernel nodes), and kernels for nodes the typed kernels do not
-  // cover (kernel nodes). custom_kernel returns an empty function for nodes it does not handle.
-  std::function<void(std::unique_ptr<Graph>&)> after_pipeline;
+  // Kernels for nodes the typed kernels do not cover (a backend's kernel nodes); an empty function
+  // for nodes it does not handle.
   std::function<CoreKernel(const Node&)> custom_kernel;
   // In-place outputs (docs/runtime/graph-backend.md, "Outputs in the caller's memory"). Per graph
   // output (empty: none), the index of a graph input whose storage run() writes the output into:
@@ -64,6 +74,16 @@ struct GraphBackendOptions {
   // binding's shapes (a node the typed kernels do not take, a size known only at run time) is
   // refused with an "unsupported" error naming it.
   bool symbolic = false;
+  // The graph was lowered before it came here (lower/: the compiled backend's passes, fusion and code
+  // generation): no specialisation and no pipeline run here (pipeline must be ""); what they decided
+  // comes with it.
+  struct Prelowered {
+    size_t num_inputs = 0;       // the model's inputs, before specialise_inputs took some
+    std::vector<Guard> guards;   // what specialise_inputs returned
+    std::string pipeline_error;  // the passes were undone: the model runs undecomposed
+    double pass_seconds = 0;
+  };
+  std::optional<Prelowered> lowered;
 };
 
 // What compiling found and decided.

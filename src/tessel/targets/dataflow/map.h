@@ -32,7 +32,7 @@ struct MapOptions {
 // copy of `hw` (TileProgram::hw).
 TileProgram map_to_tiles(const KernelModule& m, const hw::HwSpec& hw, const MapOptions& opts = {});
 
-// The mapping as its stages, for the pass manager across levels (driver/lowering.h registers them as
+// The mapping as its stages, for the pass manager across levels (lower/lowering.h registers them as
 // tile-layout, tile-plan, tile-allocate): run layout, plan, allocate once each, in that order;
 // map_to_tiles is exactly that, then verify_tile_program. Each returns a one-line note.
 //  layout:   device dtypes, the program's header (target, cores, usable scratchpad), the physical

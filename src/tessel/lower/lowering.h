@@ -5,6 +5,7 @@
 // docs/passes/manager.md.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,7 +14,7 @@
 #include "tessel/passes/stage.h"
 #include "tessel/targets/dataflow/map.h"
 
-namespace tessel {
+namespace tessel::lower {
 
 // Every stage, in pipeline order: the graph passes (all_passes()), fuse, tile-layout, tile-plan,
 // tile-allocate. `tessel passes` lists them.
@@ -28,12 +29,19 @@ class Lowering {
   explicit Lowering(const PassOptions& opts);
   // The graph passes of `spec` (simplify, core, or a comma list; empty: none, the input still dumped).
   void graph_passes(Graph& g, const std::string& spec);
-  // fuse: graph → kernel (verify_kernel_module after it, print_kernel_module its text).
-  KernelModule fuse(std::unique_ptr<Graph> g, const FuseOptions& fo = {});
+  // fuse: graph → kernel (verify_kernel_module after it, print_kernel_module its text, its constants
+  // elided when elide_constants: a compiled model's dump, where they are the weights).
+  KernelModule fuse(std::unique_ptr<Graph> g, const FuseOptions& fo = {}, bool elide_constants = false);
   // tile-layout, tile-plan, tile-allocate: kernel → tile for `hw` (the result equals
   // dataflow::map_to_tiles(km, hw, mo)).
   tile::TileProgram map_to_tiles(const KernelModule& km, const hw::HwSpec& hw, const dataflow::MapOptions& mo = {});
+  // A target's own stage after fusion (cpu-codegen): `name` must be one of all_stages(); run,
+  // print and size are the stage's.
+  void run(const std::string& name, std::function<std::string()> run, std::function<std::string()> print,
+           std::function<size_t()> size);
   const std::vector<PassRecord>& records() const { return runner_.records(); }
+  // The number the next dump takes (NN-<stage>): a stage run outside the runner dumps with it.
+  int next_dump() const { return static_cast<int>(runner_.records().size()) + 1; }
   bool printed() const { return runner_.printed(); }
 
  private:
@@ -41,4 +49,4 @@ class Lowering {
   bool verify_ = true;
 };
 
-}  // namespace tessel
+}  // namespace tessel::lower

@@ -1,12 +1,12 @@
 // The cross-level stage list and pipeline (see lowering.h).
-#include "tessel/driver/lowering.h"
+#include "tessel/lower/lowering.h"
 
 #include <fmt/format.h>
 
 #include "tessel/ir/printer.h"
 #include "tessel/support/error.h"
 
-namespace tessel {
+namespace tessel::lower {
 
 const std::vector<StageInfo>& all_stages() {
   static const std::vector<StageInfo> stages = [] {
@@ -14,6 +14,8 @@ const std::vector<StageInfo>& all_stages() {
     for (const Pass& p : all_passes()) s.push_back({p.name, p.summary, IrLevel::graph, IrLevel::graph});
     s.push_back({"fuse", "group core nodes into kernels: loop nests over index maps, matmul/conv with fused epilogues",
                  IrLevel::graph, IrLevel::kernel});
+    s.push_back({"cpu-codegen", "host CPU: the epilogues oneDNN applies itself, then one C++ translation unit of the kernels",
+                 IrLevel::kernel, IrLevel::source});
     s.push_back({"tile-layout", "dataflow targets: device dtypes, channels-last around convolutions, inputs padded to sticks/tiles",
                  IrLevel::kernel, IrLevel::tile});
     s.push_back({"tile-plan", "dataflow targets: per kernel, work division over the cores, tiling for the scratchpad, loop order",
@@ -59,7 +61,7 @@ void Lowering::graph_passes(Graph& g, const std::string& spec) {
   for (const Pass* p : pipeline) runner_.run(graph_stage(g, *p));
 }
 
-KernelModule Lowering::fuse(std::unique_ptr<Graph> g, const FuseOptions& fo) {
+KernelModule Lowering::fuse(std::unique_ptr<Graph> g, const FuseOptions& fo, bool elide_constants) {
   runner_.begin(IrLevel::graph, [&g] { return print_graph(*g); });
   KernelModule km;
   Stage s = stage("fuse");
@@ -68,10 +70,19 @@ KernelModule Lowering::fuse(std::unique_ptr<Graph> g, const FuseOptions& fo) {
     return fmt::format("{} kernels", km.kernels.size());
   };
   s.verify = [&km] { verify_kernel_module(km); };
-  s.print = [&km] { return print_kernel_module(km); };
+  s.print = [&km, elide_constants] { return print_kernel_module(km, elide_constants); };
   s.size = [&km] { return km.kernels.size(); };
   runner_.run(s);
   return km;
+}
+
+void Lowering::run(const std::string& name, std::function<std::string()> run, std::function<std::string()> print,
+                   std::function<size_t()> size) {
+  Stage s = stage(name);
+  s.run = std::move(run);
+  s.print = std::move(print);
+  s.size = std::move(size);
+  runner_.run(s);
 }
 
 tile::TileProgram Lowering::map_to_tiles(const KernelModule& km, const hw::HwSpec& hw, const dataflow::MapOptions& mo) {
@@ -95,4 +106,4 @@ tile::TileProgram Lowering::map_to_tiles(const KernelModule& km, const hw::HwSpe
   return p;
 }
 
-}  // namespace tessel
+}  // namespace tessel::lower
