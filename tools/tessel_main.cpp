@@ -543,7 +543,8 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
     lower::CpuOptions lo;
     lo.pipeline = passes.empty() ? "core" : passes;
     lo.codegen = emit == "cpp" || (shown && shown->name == "cpu-codegen");
-    lo.model = fs::path(model).filename().string();
+    lo.model = fs::path(model).lexically_normal().filename().string();  // (a folder given as "dir/" too)
+    if (lo.model.empty()) lo.model = fs::path(model).lexically_normal().parent_path().filename().string();
     lo.stages = stage_options(dump_dir, print_after);
     lo.elide_dumped_constants = false;
     lower::CpuLowered low = lower::lower_cpu(std::move(m.graph), lo);
