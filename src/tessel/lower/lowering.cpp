@@ -16,6 +16,8 @@ const std::vector<StageInfo>& all_stages() {
                  IrLevel::graph, IrLevel::kernel});
     s.push_back({"cpu-codegen", "host CPU: the epilogues oneDNN applies itself, then one C++ translation unit of the kernels",
                  IrLevel::kernel, IrLevel::source});
+    s.push_back({"cuda-orient-transposes", "CUDA: a transpose feeding a device matmul keeps its operand's row order (the matmul reads it transposed)",
+                 IrLevel::kernel, IrLevel::kernel});
     s.push_back({"tile-layout", "dataflow targets: device dtypes, channels-last around convolutions, inputs padded to sticks/tiles",
                  IrLevel::kernel, IrLevel::tile});
     s.push_back({"tile-plan", "dataflow targets: per kernel, work division over the cores, tiling for the scratchpad, loop order",
@@ -77,9 +79,10 @@ KernelModule Lowering::fuse(std::unique_ptr<Graph> g, const FuseOptions& fo, boo
 }
 
 void Lowering::run(const std::string& name, std::function<std::string()> run, std::function<std::string()> print,
-                   std::function<size_t()> size) {
+                   std::function<size_t()> size, std::function<void()> verify) {
   Stage s = stage(name);
   s.run = std::move(run);
+  s.verify = std::move(verify);
   s.print = std::move(print);
   s.size = std::move(size);
   runner_.run(s);

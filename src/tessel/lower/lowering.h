@@ -35,10 +35,10 @@ class Lowering {
   // tile-layout, tile-plan, tile-allocate: kernel → tile for `hw` (the result equals
   // dataflow::map_to_tiles(km, hw, mo)).
   tile::TileProgram map_to_tiles(const KernelModule& km, const hw::HwSpec& hw, const dataflow::MapOptions& mo = {});
-  // A target's own stage after fusion (cpu-codegen): `name` must be one of all_stages(); run,
-  // print and size are the stage's.
+  // A target's own stage after fusion (cpu-codegen, cuda-orient-transposes): `name` must be one of
+  // all_stages(); run, print, size and verify (none: nothing to check) are the stage's.
   void run(const std::string& name, std::function<std::string()> run, std::function<std::string()> print,
-           std::function<size_t()> size);
+           std::function<size_t()> size, std::function<void()> verify = {});
   const std::vector<PassRecord>& records() const { return runner_.records(); }
   // The number the next dump takes (NN-<stage>): a stage run outside the runner dumps with it.
   int next_dump() const { return static_cast<int>(runner_.records().size()) + 1; }

@@ -18,6 +18,7 @@
 
 #include "tessel/ir/graph.h"
 #include "tessel/kernel/kernel.h"
+#include "tessel/lower/cuda.h"
 #include "tessel/targets/cuda/precision.h"
 
 namespace tessel {
@@ -120,12 +121,15 @@ class CudaExecutable {
 std::unique_ptr<CudaExecutable> compile_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>& example_inputs = {},
                                              const CudaBackendOptions& opts = {});
 
-// The kernel module compile_cuda runs (the same pipeline and fusion), without a device: what
-// `tessel compile --target cuda --emit cuda|kernel` prints and what the NVRTC tests compile.
-KernelModule lower_for_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>& example_inputs = {},
-                            const CudaBackendOptions& opts = {});
-
-// The fusion options of the CUDA target: `base` with conv1d and conv_input_views on.
-FuseOptions cuda_fuse_options(FuseOptions base = {});
+// The kernel module compile_cuda runs, without a device: lower::lower_cuda (lower/cuda.h) with the
+// backend's pipeline and fusion options. What `tessel compile --target cuda --emit cuda|kernel` prints
+// and what the NVRTC tests compile.
+inline KernelModule lower_for_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>& example_inputs = {},
+                                   const CudaBackendOptions& opts = {}) {
+  lower::CudaOptions lo;
+  lo.pipeline = opts.pipeline;
+  lo.fuse = opts.fuse;
+  return lower::lower_cuda(std::move(g), example_inputs, lo);
+}
 
 }  // namespace tessel

@@ -1,15 +1,18 @@
-// The CUDA backend's lowering to the kernel level, shared by compile_cuda and the device-less paths
-// (`tessel compile --target cuda`, the NVRTC tests): see cuda_backend.h.
+// The CUDA target's lowering (see cuda.h).
+#include "tessel/lower/cuda.h"
+
 #include <numeric>
+
+#include <fmt/format.h>
 
 #include "tessel/ir/bind.h"
 #include "tessel/ir/core_ops.h"
 #include "tessel/ir/infer.h"
 #include "tessel/passes/pass.h"
-#include "tessel/runtime/cuda_backend.h"
+#include "tessel/lower/lowering.h"
 #include "tessel/support/error.h"
 
-namespace tessel {
+namespace tessel::lower {
 
 namespace {
 
@@ -19,7 +22,9 @@ namespace {
 // operand's rows (coalesced, 16-byte vectors) instead of striding across them. The bar block's K^T
 // ([4,512,12,64] -> [4,12,64,512], 14.6 us, 10% of the copy roof on the H200) becomes a head copy like
 // Q's and V's. The dot_general's output is the same (one free dim per side keeps its place).
-void orient_matmul_transposes(Graph& g) {
+// Returns how many transposes it turned.
+size_t orient_matmul_transposes(Graph& g) {
+  size_t turned = 0;
   const std::vector<int> uses = g.use_counts();
   for (const auto& up : g.mutable_nodes()) {
     Node& n = *up;
@@ -41,8 +46,10 @@ void orient_matmul_transposes(Graph& g) {
       t->attrs["perm"] = perm;
       c[0] = c[0] == r - 1 ? r - 2 : r - 1;
       n.attrs[ck] = c;
+      ++turned;
     }
   }
+  return turned;
 }
 
 }  // namespace
@@ -53,7 +60,7 @@ FuseOptions cuda_fuse_options(FuseOptions base) {
   return base;
 }
 
-KernelModule lower_for_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex, const CudaBackendOptions& opts) {
+KernelModule lower_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>& ex, const CudaOptions& opts) {
   // Unknown input dims take the example inputs' sizes (the graph backend's binding, without baking
   // values: every input stays an input).
   if (!ex.empty() && !graph_symbols(*g).empty()) {
@@ -67,17 +74,18 @@ KernelModule lower_for_cuda(std::unique_ptr<Graph> g, const std::vector<Tensor>&
     bind_input_shapes(*g, ex);
     infer_graph(*g);
   }
-  if (!opts.pipeline.empty()) {
-    try {
-      run_pipeline(*g, parse_pipeline(opts.pipeline), PassOptions{});
-    } catch (const Error& e) {
-      throw e.with_context(Location{.pass = "cuda: the core pipeline (the CUDA target needs the model decomposed)"});
-    }
+  Lowering lw(opts.stages);
+  try {
+    lw.graph_passes(*g, opts.pipeline);
+  } catch (const Error& e) {
+    throw e.with_context(Location{.pass = "cuda: the core pipeline (the CUDA target needs the model decomposed)"});
   }
-  KernelModule m = fuse(std::move(g), cuda_fuse_options(opts.fuse));
-  orient_matmul_transposes(*m.graph);
-  verify_kernel_module(m);
+  KernelModule m = lw.fuse(std::move(g), cuda_fuse_options(opts.fuse), true);
+  lw.run(
+      "cuda-orient-transposes", [&m] { return fmt::format("{} transposes turned", orient_matmul_transposes(*m.graph)); },
+      [&m] { return print_kernel_module(m, true); }, [&m] { return m.kernels.size(); },
+      [&m] { verify_kernel_module(m); });
   return m;
 }
 
-}  // namespace tessel
+}  // namespace tessel::lower
