@@ -147,32 +147,48 @@ class _Sizes:
 
 def _evaluate(expr, env):
     """A sympy size expression over symbols whose values (ints, or torch SymInts while traced) env gives."""
+    return _evaluator(expr)(env)
+
+
+def _evaluator(expr):
+    """`expr` (a sympy size expression) as a function of env ({symbol name: value}): the expression is
+    walked once, so a call (every decoded token checks its SymInt inputs) costs a few closure calls, not
+    sympy's type tests."""
     import sympy
     if expr.is_Integer:
-        return int(expr)
+        value = int(expr)
+        return lambda env: value
     if expr.is_Symbol:
-        return env[expr.name]
-    args = [_evaluate(a, env) for a in expr.args]
+        name = expr.name
+        return lambda env: env[name]
+    parts = [_evaluator(a) for a in expr.args]
+
+    def fold(op):
+        def run(env):
+            out = parts[0](env)
+            for f in parts[1:]:
+                out = op(out, f(env))
+            return out
+        return run
     if isinstance(expr, sympy.Add):
-        out = args[0]
-        for a in args[1:]:
-            out = out + a
-        return out
+        return fold(lambda x, y: x + y)
     if isinstance(expr, sympy.Mul):
-        out = args[0]
-        for a in args[1:]:
-            out = out * a
-        return out
+        return fold(lambda x, y: x * y)
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
-        out = args[0]
-        for _ in range(int(expr.exp) - 1):
-            out = out * args[0]
-        return out
+        base, exp = parts[0], int(expr.exp)
+
+        def power(env):
+            b = base(env)
+            out = b
+            for _ in range(exp - 1):
+                out = out * b
+            return out
+        return power
     name = type(expr).__name__
     if name == "FloorDiv":
-        return args[0] // args[1]
+        return fold(lambda x, y: x // y)
     if name in ("Mod", "PythonMod"):
-        return args[0] % args[1]
+        return fold(lambda x, y: x % y)
     raise Unsupported(f"size {expr} ({name}) has no form tessel computes")
 
 
@@ -220,14 +236,15 @@ class _SizedCall:
     def __init__(self, compiled, gm, sizes):
         self.compiled, self.gm, self.sizes = compiled, gm, sizes
         self.stats = compiled.stats
+        self.ints = [(p, _evaluator(expr)) for p, expr in sizes.ints.items()]
 
     def __call__(self, *args):
         sizes = self.sizes
         tensors = [args[i] for i in sizes.tensors]
-        if sizes.ints:
+        if self.ints:
             env = sizes.values(tensors)
-            for p, expr in sizes.ints.items():
-                if args[p] != _evaluate(expr, env):
+            for p, size in self.ints:
+                if args[p] != size(env):
                     self.stats.eager_calls += 1
                     return self.gm(*args)
         return self.compiled(*tensors)

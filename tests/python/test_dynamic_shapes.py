@@ -482,6 +482,26 @@ class DynamoSizes(unittest.TestCase):
         n.meta["example_value"], x.meta["example_value"] = fake.shape[0], fake
         return gm, [fake.shape[0], fake]
 
+    def test_size_expressions_evaluate_as_sympy_does(self):
+        # _SizedCall checks each SymInt input against its expression on every call, through closures
+        # built once (_evaluator); they give sympy's own value for sums, products, powers, floor
+        # division and remainders, and refuse a form they do not compute.
+        import sympy
+        from tessel._dynamo import _evaluator
+        from tessel._sym import Unsupported
+        try:
+            from torch.utils._sympy.functions import FloorDiv
+        except ImportError:     # (torch 1.13)
+            from torch.fx.experimental.symbolic_shapes import FloorDiv
+        s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+        exprs = [s0 + 1, 2 * s0 * s1 + 3, s0 ** 2 - s1, FloorDiv(s0 * s1, 4), sympy.Mod(s0 + 7, s1), sympy.Integer(5)]
+        for e in exprs:
+            for v0, v1 in ((1, 1), (7, 3), (128, 9)):
+                want = e.subs({s0: v0, s1: v1})
+                self.assertEqual(_evaluator(e)({"s0": v0, "s1": v1}), int(want), str(e))
+        with self.assertRaises(Unsupported):
+            _evaluator(sympy.sqrt(s0))
+
     def test_symint_inputs_come_from_tensor_dims(self):
         def fn(n, x):
             return (x.reshape(n, -1) * 2).relu()
