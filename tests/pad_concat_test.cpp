@@ -78,7 +78,7 @@ TEST(PadSums, SplitGradientIsOneConcatenate) {
     Value* q = b.slice(y, {0, 0}, {4, 4}, {1, 1});
     Value* k = b.slice(y, {0, 4}, {4, 8}, {1, 1});
     Value* v = b.slice(y, {0, 8}, {4, 12}, {1, 1});
-    Value* s = b.add(b.mul(b.unary("tanh", q), k), b.unary("exp", v));
+    Value* s = b.add(b.mul(b.unary(CoreOp::tanh, q), k), b.unary(CoreOp::exp, v));
     g->outputs = {b.reduce(s, "sum", {0, 1}, false)};
     return g;
   };

@@ -63,7 +63,7 @@ TEST(Rewrite, ReplaceForwardsUsesAndTheOutputName) {
   auto g = two_negs();
   // -(-x) → x: the exp now reads x, and the negs are left for dce.
   RewriteRule double_neg{"-(-x)", {"neg"},
-                         [](const Node& n) { return core_producer(n.inputs[0], "neg") != nullptr; },
+                         [](const Node& n) { return core_producer(n.inputs[0], CoreOp::neg) != nullptr; },
                          [](Rewriter& r, Node& n) { return r.replace(n, n.inputs[0]->producer->inputs[0]); }};
   Rewriter r(*g);
   r.apply({double_neg});

@@ -85,9 +85,9 @@ std::unique_ptr<Graph> build_optimizer_graph(const OptimizerSpec& s) {
       Value* v_v = b.mul(st[1], k(s.beta2));
       Value* v = b.add(v_v, v_g);
       Value* eps = k(s.eps);
-      Value* root = b.unary("sqrt", v);
+      Value* root = b.unary(CoreOp::sqrt, v);
       Value* denom = b.add(b.div(root, sc[2]), eps);
-      Value* neg_step = b.emit("neg", {sc[1]});
+      Value* neg_step = b.emit(CoreOp::neg, {sc[1]});
       Value* update = b.div(m, denom);
       Value* np = b.add(p1, b.mul(update, neg_step));
       outs.insert(outs.end(), {np, m, v});
@@ -102,7 +102,7 @@ std::unique_ptr<Graph> build_optimizer_graph(const OptimizerSpec& s) {
         buf = b.add(kept, damped);
         d = s.nesterov ? b.add(d, b.mul(buf, k(s.momentum))) : buf;
       }
-      Value* np = b.add(p, b.mul(d, b.emit("neg", {sc[0]})));
+      Value* np = b.add(p, b.mul(d, b.emit(CoreOp::neg, {sc[0]})));
       outs.push_back(np);
       if (buf) outs.push_back(buf);
     }

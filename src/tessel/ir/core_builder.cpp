@@ -9,10 +9,11 @@
 
 namespace tessel {
 
-std::vector<Value*> CoreBuilder::emit_multi(const std::string& op, std::vector<Value*> inputs, int num_outputs,
+std::vector<Value*> CoreBuilder::emit_multi(CoreOp core, std::vector<Value*> inputs, int num_outputs,
                                             std::map<std::string, Attr> attrs) {
+  const std::string op(core_op_name(core));
   const OpDef* def = OpRegistry::get().find(op);
-  if (!def || def->domain != "tessel.core") fail("decomposition emits '{}', which is not a core op", op);
+  if (!def || def->domain != "tessel.core") fail("decomposition emits '{}', which is not a registered core op", op);
   std::string base = origin_.outputs.empty() || !origin_.outputs[0] ? origin_.name : origin_.outputs[0]->name;
   std::vector<std::string> names;
   for (int i = 0; i < num_outputs; ++i) names.push_back(g_.unique_name(base + "." + op));
@@ -23,7 +24,7 @@ std::vector<Value*> CoreBuilder::emit_multi(const std::string& op, std::vector<V
   return n->outputs;
 }
 
-Value* CoreBuilder::emit(const std::string& op, std::vector<Value*> inputs, std::map<std::string, Attr> attrs) {
+Value* CoreBuilder::emit(CoreOp op, std::vector<Value*> inputs, std::map<std::string, Attr> attrs) {
   return emit_multi(op, std::move(inputs), 1, std::move(attrs))[0];
 }
 
@@ -41,12 +42,12 @@ Value* CoreBuilder::broadcast_to(Value* v, const DimList& to) {
   if (in.size() > shape.size()) fail("cannot broadcast {} to {}", dims_str(in), dims_str(shape));
   std::vector<int64_t> dims;
   for (size_t i = 0; i < in.size(); ++i) dims.push_back(static_cast<int64_t>(shape.size() - in.size() + i));
-  return emit("broadcast_in_dim", {v}, {{"shape", dims_attr(shape)}, {"dims", dims}});
+  return emit(CoreOp::broadcast_in_dim, {v}, {{"shape", dims_attr(shape)}, {"dims", dims}});
 }
 
 Value* CoreBuilder::convert(Value* v, DType t) {
   if (v->type.dtype == t) return v;
-  return emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}});
+  return emit(CoreOp::convert, {v}, {{"dtype", std::string(dtype_name(t))}});
 }
 
 Value* CoreBuilder::full(DType t, const DimList& shape, double v) { return broadcast_to(scalar(t, v), shape); }
@@ -58,36 +59,36 @@ Value* CoreBuilder::size_value(const Dim& d, DType t) {
   return reduce(full(t, {d}, 1.0), "sum", {0}, false);
 }
 
-Value* CoreBuilder::binary(const std::string& op, Value* a, Value* b) {
+Value* CoreBuilder::binary(CoreOp op, Value* a, Value* b) {
   const Dims s = broadcast_dims(a->type.dims(), b->type.dims());
   return emit(op, {broadcast_to(a, s), broadcast_to(b, s)});
 }
 
 Value* CoreBuilder::sub(Value* a, Value* b) {
   const Dims s = broadcast_dims(a->type.dims(), b->type.dims());
-  return emit("add", {broadcast_to(a, s), emit("neg", {broadcast_to(b, s)})});
+  return emit(CoreOp::add, {broadcast_to(a, s), emit(CoreOp::neg, {broadcast_to(b, s)})});
 }
 
 Value* CoreBuilder::compare(const std::string& direction, Value* a, Value* b) {
   const Dims s = broadcast_dims(a->type.dims(), b->type.dims());
-  return emit("compare", {broadcast_to(a, s), broadcast_to(b, s)}, {{"direction", direction}});
+  return emit(CoreOp::compare, {broadcast_to(a, s), broadcast_to(b, s)}, {{"direction", direction}});
 }
 
 Value* CoreBuilder::select(Value* pred, Value* on_true, Value* on_false) {
   const Dims s = broadcast_dims(broadcast_dims(pred->type.dims(), on_true->type.dims()), on_false->type.dims());
-  return emit("select", {broadcast_to(pred, s), broadcast_to(on_true, s), broadcast_to(on_false, s)});
+  return emit(CoreOp::select, {broadcast_to(pred, s), broadcast_to(on_true, s), broadcast_to(on_false, s)});
 }
 
 Value* CoreBuilder::reshape(Value* v, const DimList& shape) {
   if (v->type.dims() == static_cast<const Dims&>(shape)) return v;
-  return emit("reshape", {v}, {{"shape", dims_attr(shape)}});
+  return emit(CoreOp::reshape, {v}, {{"shape", dims_attr(shape)}});
 }
 
 Value* CoreBuilder::transpose(Value* v, const std::vector<int64_t>& perm) {
   bool identity = true;
   for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
   if (identity) return v;
-  return emit("transpose", {v}, {{"perm", perm}});
+  return emit(CoreOp::transpose, {v}, {{"perm", perm}});
 }
 
 Value* CoreBuilder::reduce(Value* v, const std::string& kind, std::vector<int64_t> axes, bool keepdims) {
@@ -95,7 +96,7 @@ Value* CoreBuilder::reduce(Value* v, const std::string& kind, std::vector<int64_
   for (auto& a : axes) a = normalize_axis(a, rank);
   std::sort(axes.begin(), axes.end());
   axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
-  Value* r = emit("reduce", {v}, {{"kind", kind}, {"axes", axes}});
+  Value* r = emit(CoreOp::reduce, {v}, {{"kind", kind}, {"axes", axes}});
   if (!keepdims) return r;
   Dims kept = v->type.dims();
   for (int64_t a : axes) kept[a] = 1;
@@ -111,16 +112,16 @@ Value* CoreBuilder::slice(Value* v, const DimList& starts_in, const DimList& sto
   for (size_t d = 0; whole && d < starts.size(); ++d)
     whole = whole && starts[d] == 0 && d < stops.size() && stops[d] == vd[d] && strides[d] == 1;
   if (whole) return v;
-  return emit("slice", {v}, {{"starts", dims_attr(starts)}, {"stops", dims_attr(stops)}, {"strides", strides}});
+  return emit(CoreOp::slice, {v}, {{"starts", dims_attr(starts)}, {"stops", dims_attr(stops)}, {"strides", strides}});
 }
 
 Value* CoreBuilder::concat(std::vector<Value*> vs, int64_t axis) {
   if (vs.size() == 1) return vs[0];
-  return emit("concatenate", std::move(vs), {{"axis", axis}});
+  return emit(CoreOp::concatenate, std::move(vs), {{"axis", axis}});
 }
 
 Value* CoreBuilder::iota(DType t, const DimList& shape, int64_t axis) {
-  return emit("iota", {}, {{"shape", dims_attr(shape)}, {"axis", axis}, {"dtype", std::string(dtype_name(t))}});
+  return emit(CoreOp::iota, {}, {{"shape", dims_attr(shape)}, {"axis", axis}, {"dtype", std::string(dtype_name(t))}});
 }
 
 std::optional<Tensor> CoreBuilder::known(int i) const {

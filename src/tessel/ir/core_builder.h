@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/graph.h"
 
 namespace tessel {
@@ -15,10 +16,11 @@ class CoreBuilder {
  public:
   CoreBuilder(Graph& g, const Node& origin) : g_(g), origin_(origin) {}
 
-  // Emits core op `op` (a tessel.core registry entry) and returns its first output.
-  Value* emit(const std::string& op, std::vector<Value*> inputs, std::map<std::string, Attr> attrs = {});
+  // Emits primitive `op` (its tessel.core registry entry) and returns its first output. The op is the
+  // enum, not its name: a misspelt primitive does not compile.
+  Value* emit(CoreOp op, std::vector<Value*> inputs, std::map<std::string, Attr> attrs = {});
   // Like emit, for ops with several outputs.
-  std::vector<Value*> emit_multi(const std::string& op, std::vector<Value*> inputs, int num_outputs,
+  std::vector<Value*> emit_multi(CoreOp op, std::vector<Value*> inputs, int num_outputs,
                                  std::map<std::string, Attr> attrs = {});
   Value* constant(Tensor t);
   Value* scalar(DType t, double v);  // a constant of shape [] and dtype t
@@ -34,14 +36,14 @@ class CoreBuilder {
   Value* size_value(const Dim& d, DType t);
 
   // ---- sugar over emit (operands are numpy-broadcast to their common shape first) ----
-  Value* unary(const std::string& op, Value* v) { return emit(op, {v}); }
-  Value* binary(const std::string& op, Value* a, Value* b);
-  Value* add(Value* a, Value* b) { return binary("add", a, b); }
+  Value* unary(CoreOp op, Value* v) { return emit(op, {v}); }
+  Value* binary(CoreOp op, Value* a, Value* b);
+  Value* add(Value* a, Value* b) { return binary(CoreOp::add, a, b); }
   Value* sub(Value* a, Value* b);  // a + (-b)
-  Value* mul(Value* a, Value* b) { return binary("mul", a, b); }
-  Value* div(Value* a, Value* b) { return binary("div", a, b); }
-  Value* max(Value* a, Value* b) { return binary("max", a, b); }
-  Value* min(Value* a, Value* b) { return binary("min", a, b); }
+  Value* mul(Value* a, Value* b) { return binary(CoreOp::mul, a, b); }
+  Value* div(Value* a, Value* b) { return binary(CoreOp::div, a, b); }
+  Value* max(Value* a, Value* b) { return binary(CoreOp::max, a, b); }
+  Value* min(Value* a, Value* b) { return binary(CoreOp::min, a, b); }
   Value* compare(const std::string& direction, Value* a, Value* b);  // eq ne lt le gt ge -> bool
   Value* select(Value* pred, Value* on_true, Value* on_false);
   Value* reshape(Value* v, const DimList& shape);                     // v unchanged if same shape

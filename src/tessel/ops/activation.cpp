@@ -123,14 +123,14 @@ Value* k(CoreBuilder& b, Value* like, double v) { return b.scalar(like->type.dty
 // relative, found by the random-graph tester); tanh(x/2) * (exp(x) + 1) is the same function with no
 // cancellation, and gives -1 at -inf, inf at inf and -0 at -0 as expm1 does.
 Value* expm1_of(CoreBuilder& b, Value* x) {
-  return b.mul(b.unary("tanh", b.mul(x, k(b, x, 0.5))), b.add(b.unary("exp", x), k(b, x, 1)));
+  return b.mul(b.unary(CoreOp::tanh, b.mul(x, k(b, x, 0.5))), b.add(b.unary(CoreOp::exp, x), k(b, x, 1)));
 }
 Value* clamp01(CoreBuilder& b, Value* x) { return b.max(k(b, x, 0), b.min(x, k(b, x, 1))); }
 
 // One division: 1 / (1 + e) for x >= 0, e · that for x < 0 (e = exp(-|x|) <= 1, so no overflow; e · r
 // is within 1.5 ulp of e / (1 + e)). Two divisions were a fifth of a SiLU epilogue's vector work.
 Value* sigmoid_of(CoreBuilder& b, Value* x) {
-  Value* e = b.unary("exp", b.unary("neg", abs_of(b, x)));
+  Value* e = b.unary(CoreOp::exp, b.unary(CoreOp::neg, abs_of(b, x)));
   Value* r = b.div(k(b, x, 1), b.add(k(b, x, 1), e));
   return b.select(b.compare("ge", x, k(b, x, 0)), r, b.mul(e, r));
 }
@@ -142,12 +142,12 @@ Value* sigmoid_of(CoreBuilder& b, Value* x) {
 Value* log1p_of(CoreBuilder& b, Value* u) {
   Value* one = k(b, u, 1);
   Value* w = b.add(one, u);
-  Value* exact = b.div(b.mul(b.unary("log", w), u), b.sub(w, one));  // (w = 1: not selected)
+  Value* exact = b.div(b.mul(b.unary(CoreOp::log, w), u), b.sub(w, one));  // (w = 1: not selected)
   return b.select(b.compare("eq", w, one), u, exact);
 }
 
 Value* softplus_of(CoreBuilder& b, Value* x) {
-  Value* e = b.unary("exp", b.unary("neg", abs_of(b, x)));
+  Value* e = b.unary(CoreOp::exp, b.unary(CoreOp::neg, abs_of(b, x)));
   return b.add(b.max(x, k(b, x, 0)), log1p_of(b, e));
 }
 
@@ -165,9 +165,9 @@ Value* gelu_of(CoreBuilder& b, const Node& n, Value* x) {
   Value* inner;
   if (n.attr_s("approximate", "none") == "tanh") {
     Value* cubic = b.add(x, b.mul(k(b, x, 0.044715), b.mul(x, b.mul(x, x))));
-    inner = b.unary("tanh", b.mul(k(b, x, std::sqrt(2.0 / M_PI)), cubic));
+    inner = b.unary(CoreOp::tanh, b.mul(k(b, x, std::sqrt(2.0 / M_PI)), cubic));
   } else {
-    inner = b.unary("erf", b.div(x, k(b, x, std::sqrt(2.0))));
+    inner = b.unary(CoreOp::erf, b.div(x, k(b, x, std::sqrt(2.0))));
   }
   return b.mul(b.mul(k(b, x, 0.5), x), b.add(k(b, x, 1), inner));
 }
@@ -225,13 +225,13 @@ void register_activation_ops(OpRegistry& r) {
   // Relu as core ops: max(x, 0) with the zero broadcast.
   auto relu_core = [](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
     Value* x = n.inputs[0];
-    return {b.emit("max", {x, b.broadcast_to(b.scalar(x->type.dtype, 0.0), x->type.dims())})};
+    return {b.emit(CoreOp::max, {x, b.broadcast_to(b.scalar(x->type.dtype, 0.0), x->type.dims())})};
   };
   add(r, with_decomposition(plain(
                                 "Relu", 6, [](double x) { return x > 0 ? x : (std::isnan(x) ? x : 0.0); },
                                 [](int64_t x) -> int64_t { return x > 0 ? x : 0; }),
                             relu_core));
-  add(r, with_decomposition(plain("Tanh", 6, [](double x) { return std::tanh(x); }), decompose_as("tanh")));
+  add(r, with_decomposition(plain("Tanh", 6, [](double x) { return std::tanh(x); }), decompose_as(CoreOp::tanh)));
   add(r, with_decomposition(plain("Sigmoid", 6, sigmoid),
                             act_core([](CoreBuilder& b, const Node&, Value* x) { return sigmoid_of(b, x); })));
   add(r, with_decomposition(plain("Softplus", 1, softplus),
@@ -247,7 +247,7 @@ void register_activation_ops(OpRegistry& r) {
                             })));
   add(r, with_decomposition(plain("Mish", 18, [](double x) { return x * std::tanh(softplus(x)); }),
                             act_core([](CoreBuilder& b, const Node&, Value* x) {
-                              return b.mul(x, b.unary("tanh", softplus_of(b, x)));
+                              return b.mul(x, b.unary(CoreOp::tanh, softplus_of(b, x)));
                             })));
   add(r, with_decomposition(activation("LeakyRelu", 6, {A{"alpha", F}}, [](const Node& n) -> UnaryF {
         double a = n.attr_f("alpha", 0.01);

@@ -79,7 +79,7 @@ Value* heads_first(CoreBuilder& b, Value* x, int64_t heads) {
 Value* repeat_kv(CoreBuilder& b, Value* x, int64_t group) {
   if (group == 1) return x;
   const Shape& s = x->type.shape;
-  Value* e = b.emit("broadcast_in_dim", {x},
+  Value* e = b.emit(CoreOp::broadcast_in_dim, {x},
                     {{"shape", std::vector<int64_t>{s[0], s[1], group, s[2], s[3]}},
                      {"dims", std::vector<int64_t>{0, 1, 3, 4}}});
   return b.reshape(e, {s[0], s[1] * group, s[2], s[3]});
@@ -87,7 +87,7 @@ Value* repeat_kv(CoreBuilder& b, Value* x, int64_t group) {
 
 // Batched over dims 0, 1 of two 4-D operands: contract lhs dim 3 with rhs dim `rc`.
 Value* bmm(CoreBuilder& b, Value* lhs, Value* rhs, int64_t rc) {
-  return b.emit("dot_general", {lhs, rhs},
+  return b.emit(CoreOp::dot_general, {lhs, rhs},
                 {{"lhs_batch", std::vector<int64_t>{0, 1}},
                  {"rhs_batch", std::vector<int64_t>{0, 1}},
                  {"lhs_contract", std::vector<int64_t>{3}},
@@ -96,7 +96,7 @@ Value* bmm(CoreBuilder& b, Value* lhs, Value* rhs, int64_t rc) {
 
 // Softmax over the last axis of a 4-D score tensor.
 Value* softmax_last(CoreBuilder& b, Value* x) {
-  Value* e = b.emit("exp", {b.sub(x, b.reduce(x, "max", {3}, true))});
+  Value* e = b.emit(CoreOp::exp, {b.sub(x, b.reduce(x, "max", {3}, true))});
   return b.div(e, b.reduce(e, "sum", {3}, true));
 }
 
@@ -328,7 +328,7 @@ OpDef attention_def() {
     const double softcap = n.attr_f("softcap", 0.0);
     if (softcap > 0) {
       Value* cap = b.scalar(ct, softcap);
-      sc = b.mul(b.emit("tanh", {b.div(sc, cap)}), cap);
+      sc = b.mul(b.emit(CoreOp::tanh, {b.div(sc, cap)}), cap);
     }
     stage[1] = sc;
     // The additive bias: attn_mask (bool: 0 / -inf; a short last dim padded with -inf), causal
@@ -344,13 +344,13 @@ OpDef attention_def() {
       if (ms.back() < a.t) {
         std::vector<int64_t> lo(ms.size(), 0), hi(ms.size(), 0);
         hi.back() = a.t - ms.back();
-        m = b.emit("pad", {m, ninf}, {{"low", lo}, {"high", hi}});
+        m = b.emit(CoreOp::pad, {m, ninf}, {{"low", lo}, {"high", hi}});
       }
       add_bias(m);
     }
     Value* nonpad = n.has_input(6) ? n.inputs[6] : nullptr;
     auto per_batch = [&](Value* t) {  // [B] i64 -> full
-      return b.emit("broadcast_in_dim", {t}, {{"shape", std::vector<int64_t>(full)}, {"dims", std::vector<int64_t>{0}}});
+      return b.emit(CoreOp::broadcast_in_dim, {t}, {{"shape", std::vector<int64_t>(full)}, {"dims", std::vector<int64_t>{0}}});
     };
     Value* col = (n.attr_i("is_causal", 0) != 0 || nonpad) ? b.iota(DType::i64, full, 3) : nullptr;
     if (n.attr_i("is_causal", 0) != 0) {
@@ -486,7 +486,7 @@ OpDef rotary_embedding_def() {
       const Shape& cs = cache->type.shape;
       if (n.has_input(3)) {
         Value* pos = b.broadcast_to(b.reshape(n.inputs[3], {B * S, 1}), {B * S, half});
-        return b.reshape(b.emit("gather", {cache, pos}, {{"axis", int64_t{0}}}), {B, S, half});
+        return b.reshape(b.emit(CoreOp::gather, {cache, pos}, {{"axis", int64_t{0}}}), {B, S, half});
       }
       return b.slice(cache, {0, 0, 0}, {cs[0], cs[1], half});
     };
@@ -494,7 +494,7 @@ OpDef rotary_embedding_def() {
     const Shape hs = three_d ? Shape{B, S, H, half} : Shape{B, H, S, half};
     const std::vector<int64_t> dims = three_d ? std::vector<int64_t>{0, 1, 3} : std::vector<int64_t>{0, 2, 3};
     auto spread = [&](Value* t) {
-      return b.emit("broadcast_in_dim", {t}, {{"shape", std::vector<int64_t>(hs)}, {"dims", dims}});
+      return b.emit(CoreOp::broadcast_in_dim, {t}, {{"shape", std::vector<int64_t>(hs)}, {"dims", dims}});
     };
     Value* cs = spread(table(n.inputs[1]));
     Value* sn = spread(table(n.inputs[2]));
@@ -683,7 +683,7 @@ OpDef linear_attention_def() {
       return b.reshape(b.slice(x, {t, 0, 0}, {t + 1, s[1], s[2]}), per_step);
     };
     auto spread = [&](Value* x, std::vector<int64_t> to) {
-      return b.emit("broadcast_in_dim", {x}, {{"shape", std::vector<int64_t>{B, HKV, DK, DV}}, {"dims", to}});
+      return b.emit(CoreOp::broadcast_in_dim, {x}, {{"shape", std::vector<int64_t>{B, HKV, DK, DV}}, {"dims", to}});
     };
     Value* q = time_major(n.inputs[0]);
     Value* k = time_major(n.inputs[1]);
@@ -696,23 +696,23 @@ OpDef linear_attention_def() {
       Value* kt = step(k, t, {B, HKV, DK});
       if (gated) {
         const int64_t dw = decay->type.shape[2] / HKV;
-        Value* g = b.emit("exp", {step(decay, t, {B, HKV, dw})});
+        Value* g = b.emit(CoreOp::exp, {step(decay, t, {B, HKV, dw})});
         st = b.mul(st, dw == 1 ? spread(b.reshape(g, {B, HKV}), {0, 1}) : spread(g, {0, 1, 2}));
       }
       Value* w = step(v, t, {B, HKV, DV});
       if (delta) {
         // Write beta * (v - S^T k): the delta rule corrects what S recalls for k.
-        Value* recall = b.emit("dot_general", {st, kt},
+        Value* recall = b.emit(CoreOp::dot_general, {st, kt},
                                {{"lhs_batch", std::vector<int64_t>{0, 1}}, {"rhs_batch", std::vector<int64_t>{0, 1}},
                                 {"lhs_contract", std::vector<int64_t>{2}}, {"rhs_contract", std::vector<int64_t>{2}}});
         const int64_t bw = beta->type.shape[2];
-        Value* be = b.emit("broadcast_in_dim", {step(beta, t, {B, bw})},
+        Value* be = b.emit(CoreOp::broadcast_in_dim, {step(beta, t, {B, bw})},
                            {{"shape", std::vector<int64_t>{B, HKV, DV}}, {"dims", std::vector<int64_t>{0, 1}}});
         w = b.mul(be, b.sub(w, recall));
       }
       st = b.add(st, b.mul(spread(kt, {0, 1, 2}), spread(w, {0, 1, 3})));
       Value* qt = step(q, t, {B, HKV, G, DK});
-      Value* o = b.emit("dot_general", {qt, st},
+      Value* o = b.emit(CoreOp::dot_general, {qt, st},
                         {{"lhs_batch", std::vector<int64_t>{0, 1}}, {"rhs_batch", std::vector<int64_t>{0, 1}},
                          {"lhs_contract", std::vector<int64_t>{3}}, {"rhs_contract", std::vector<int64_t>{2}}});
       outs.push_back(b.reshape(b.mul(o, b.scalar(ct, scale)), {B, 1, a.hq * DV}));

@@ -205,7 +205,7 @@ Value* add_channel_bias(CoreBuilder& b, Value* y, Value* bias) {
 
 // Core convolution with a window's geometry (its begin/end pads as padding).
 Value* core_conv(CoreBuilder& b, Value* x, Value* w, const Window& win, int64_t groups) {
-  return b.emit("convolution", {x, w},
+  return b.emit(CoreOp::convolution, {x, w},
                 {{"strides", win.s}, {"dilations", win.d}, {"padding", interleave(win.pb, win.pe)}, {"groups", groups}});
 }
 
@@ -242,8 +242,8 @@ Value* core_conv_transpose(CoreBuilder& b, Value* x, Value* w, int64_t groups, c
     hi.push_back(out[i] - 1 + win.eff(i) - len - lo.back());
   }
   if (strided)
-    x = b.emit("pad", {x, b.scalar(x->type.dtype, 0)}, {{"low", zeros}, {"high", zeros}, {"interior", interior}});
-  return b.emit("convolution", {x, w},
+    x = b.emit(CoreOp::pad, {x, b.scalar(x->type.dtype, 0)}, {{"low", zeros}, {"high", zeros}, {"interior", interior}});
+  return b.emit(CoreOp::convolution, {x, w},
                 {{"dilations", win.d}, {"padding", interleave(lo, hi)}, {"groups", groups}});
 }
 
@@ -673,7 +673,7 @@ std::vector<Value*> decompose_col2im(CoreBuilder& b, const Node& n) {
       interior.push_back(win.s[i] - 1);
     }
     Value* xt = b.reshape(b.slice(x, {0, 0, t, 0}, {nb, ch, t + 1, prod(win.out)}), grid);
-    Value* placed = b.emit("pad", {xt, zero}, {{"low", lo}, {"high", hi}, {"interior", interior}});
+    Value* placed = b.emit(CoreOp::pad, {xt, zero}, {{"low", lo}, {"high", hi}, {"interior", interior}});
     sum = sum ? b.add(sum, placed) : placed;
   }
   return {sum};
@@ -898,7 +898,7 @@ Value* pool_reduce(CoreBuilder& b, Value* x, const std::string& kind, const Wind
     pad.push_back(w.pb[i]);
     pad.push_back(pool_high(w, i));
   }
-  return b.emit("reduce_window", {x},
+  return b.emit(CoreOp::reduce_window, {x},
                 {{"kind", kind}, {"window", win}, {"strides", str}, {"dilations", dil}, {"padding", pad}});
 }
 
@@ -929,7 +929,7 @@ Value* pool_argmax(CoreBuilder& b, Value* x, const Window& w, bool col_major) {
     lo.push_back(w.pb[i]);
     hi.push_back(pool_high(w, i));
   }
-  Value* padded = b.emit("pad", {x, b.scalar(dt, lowest)}, {{"low", lo}, {"high", hi}});
+  Value* padded = b.emit(CoreOp::pad, {x, b.scalar(dt, lowest)}, {{"low", lo}, {"high", hi}});
   Shape plane_out = {1, 1};
   plane_out.insert(plane_out.end(), w.out.begin(), w.out.end());
   const std::vector<int64_t> rm = strides_of(w.in);
@@ -964,8 +964,8 @@ Value* pool_argmax(CoreBuilder& b, Value* x, const Window& w, bool col_major) {
       continue;
     }
     Value* none = b.scalar(DType::i64, -1);
-    Value* take = b.binary("or", b.compare("gt", v, best),
-                           b.binary("and", b.compare("eq", arg, none), b.compare("ne", p, none)));
+    Value* take = b.binary(CoreOp::or_, b.compare("gt", v, best),
+                           b.binary(CoreOp::and_, b.compare("eq", arg, none), b.compare("ne", p, none)));
     best = b.select(take, v, best);
     arg = b.select(take, p, arg);
   }
@@ -996,12 +996,12 @@ DecomposeFn decompose_pool(PoolKind kind) {
     // LpPool: (sum |x|^p)^(1/p); p = 1 and 2 without pow.
     const int64_t p = n.attr_i("p", 2);
     if (p <= 0) fail("LpPool p must be positive, got {}", p);
-    Value* ax = b.max(x, b.emit("neg", {x}));
-    Value* xp = p == 1 ? ax : p == 2 ? b.mul(ax, ax) : b.binary("pow", ax, b.scalar(ct, static_cast<double>(p)));
+    Value* ax = b.max(x, b.emit(CoreOp::neg, {x}));
+    Value* xp = p == 1 ? ax : p == 2 ? b.mul(ax, ax) : b.binary(CoreOp::pow, ax, b.scalar(ct, static_cast<double>(p)));
     Value* sum = pool_reduce(b, xp, "sum", w);
     Value* y = p == 1   ? sum
-               : p == 2 ? b.unary("sqrt", sum)
-                        : b.binary("pow", sum, b.scalar(ct, 1.0 / static_cast<double>(p)));
+               : p == 2 ? b.unary(CoreOp::sqrt, sum)
+                        : b.binary(CoreOp::pow, sum, b.scalar(ct, 1.0 / static_cast<double>(p)));
     return {b.convert(y, dt)};
   };
 }
@@ -1097,7 +1097,7 @@ std::vector<Value*> decompose_max_unpool(CoreBuilder& b, const Node& n) {
     const std::vector<int64_t> ds = strides_of(dflt), os = strides_of(out);
     Value* dst = nullptr;
     for (size_t d = 0; d < dflt.size(); ++d) {
-      Value* coord = b.binary("rem", b.div(idx, b.scalar(DType::i64, static_cast<double>(ds[d]))),
+      Value* coord = b.binary(CoreOp::rem, b.div(idx, b.scalar(DType::i64, static_cast<double>(ds[d]))),
                               b.scalar(DType::i64, static_cast<double>(dflt[d])));
       Value* term = b.mul(coord, b.scalar(DType::i64, static_cast<double>(os[d])));
       dst = dst ? b.add(dst, term) : term;
@@ -1105,7 +1105,7 @@ std::vector<Value*> decompose_max_unpool(CoreBuilder& b, const Node& n) {
     idx = dst;
   }
   Value* zeros = b.full(n.outputs[0]->type.dtype, {shape_numel(out)}, 0);
-  Value* y = b.emit("scatter", {zeros, idx, b.reshape(n.inputs[0], {cnt})}, {{"axis", int64_t{0}}});
+  Value* y = b.emit(CoreOp::scatter, {zeros, idx, b.reshape(n.inputs[0], {cnt})}, {{"axis", int64_t{0}}});
   return {b.reshape(y, out)};
 }
 
@@ -1196,11 +1196,11 @@ std::vector<Value*> decompose_causal_conv_with_state(CoreBuilder& b, const Node&
   const int64_t st = w->type.shape[2] - 1, len = xs[2];
   Value* past = n.has_input(3) ? b.convert(n.inputs[3], ct) : b.full(ct, {xs[0], xs[1], st}, 0);
   Value* full = st > 0 ? b.concat({past, x}, 2) : x;
-  Value* y = b.emit("convolution", {full, w}, {{"groups", xs[1]}});
+  Value* y = b.emit(CoreOp::convolution, {full, w}, {{"groups", xs[1]}});
   if (n.has_input(2)) y = add_channel_bias(b, y, n.inputs[2]);
   const std::string act = n.attr_s("activation", "none");
   if (act == "silu" || act == "swish")
-    y = b.div(y, b.add(b.scalar(ct, 1), b.unary("exp", b.emit("neg", {y}))));
+    y = b.div(y, b.add(b.scalar(ct, 1), b.unary(CoreOp::exp, b.emit(CoreOp::neg, {y}))));
   std::vector<Value*> r = {b.convert(y, dt)};
   if (n.outputs.size() > 1)
     r.push_back(b.convert(b.slice(full, {0, 0, len}, {xs[0], xs[1], len + st}), dt));
@@ -1308,7 +1308,7 @@ std::vector<Value*> decompose_deform_conv(CoreBuilder& b, const Node& n) {
     }
     Value* delta = b.reshape(b.slice(off, {0, 0, 0, i, 0}, {nb, og, kp, i + 1, op}), grid);
     Value* pos = b.add(delta, b.constant(Tensor::from_f64(ct, {1, 1, kp, op}, base)));
-    Value* fl = b.unary("floor", pos);
+    Value* fl = b.unary(CoreOp::floor, pos);
     frac[i] = b.sub(pos, fl);
     lo[i] = b.convert(fl, DType::i64);
   }
@@ -1319,23 +1319,23 @@ std::vector<Value*> decompose_deform_conv(CoreBuilder& b, const Node& n) {
     for (int i = 0; i < nd; ++i) {
       const bool up = (corner >> i) & 1;
       Value* q = up ? b.add(lo[i], b.scalar(DType::i64, 1)) : lo[i];
-      Value* ok = b.binary("and", b.compare("ge", q, i0), b.compare("lt", q, b.scalar(DType::i64, static_cast<double>(win.in[i]))));
+      Value* ok = b.binary(CoreOp::and_, b.compare("ge", q, i0), b.compare("lt", q, b.scalar(DType::i64, static_cast<double>(win.in[i]))));
       Value* wi = up ? frac[i] : b.sub(b.scalar(ct, 1), frac[i]);
       Value* fi = b.mul(q, b.scalar(DType::i64, static_cast<double>(istr[i])));
-      inside = inside ? b.binary("and", inside, ok) : ok;
+      inside = inside ? b.binary(CoreOp::and_, inside, ok) : ok;
       flat = flat ? b.add(flat, fi) : fi;
       wgt = wgt ? b.mul(wgt, wi) : wi;
     }
     auto per_col = [&](Value* v) { return b.broadcast_to(b.reshape(v, {nb, og, 1, kp * op}), cols); };
     Value* idx = per_col(b.select(inside, flat, i0));
-    Value* v = b.emit("gather", {xg, idx}, {{"axis", int64_t{3}}});
+    Value* v = b.emit(CoreOp::gather, {xg, idx}, {{"axis", int64_t{3}}});
     v = b.mul(b.select(per_col(inside), v, b.full(ct, cols, 0)), per_col(wgt));
     col = col ? b.add(col, v) : v;
   }
   if (n.has_input(4)) col = b.mul(col, b.reshape(b.convert(n.inputs[4], ct), {nb, og, 1, kp * op}));
   col = b.reshape(col, {nb, groups, cg, kp, op});
   Value* wr = b.reshape(w, {groups, m / groups, cg, kp});
-  Value* y = b.emit("dot_general", {col, wr},
+  Value* y = b.emit(CoreOp::dot_general, {col, wr},
                     {{"lhs_batch", std::vector<int64_t>{1}},
                      {"rhs_batch", std::vector<int64_t>{0}},
                      {"lhs_contract", std::vector<int64_t>{2, 3}},

@@ -8,7 +8,7 @@ Value* cos_of(CoreBuilder& b, Value* x) {
   const DType t = x->type.dtype;
   const double hi = Tensor::scalar_f(t, static_cast<double>(half_pi)).get_f(0);
   Value* r = b.add(b.sub(b.scalar(t, hi), abs_of(b, x)), b.scalar(t, static_cast<double>(half_pi - hi)));
-  return b.unary("sin", r);
+  return b.unary(CoreOp::sin, r);
 }
 
 Value* element_count(CoreBuilder& b, Value* x, const std::vector<int64_t>& axes, DType t, bool keepdims) {
@@ -22,7 +22,7 @@ Value* element_count(CoreBuilder& b, Value* x, const std::vector<int64_t>& axes,
 // `v` broadcast_in_dim'ed to `shape`, operand dim i going to output dim dims[i]; `v` if unchanged.
 Value* broadcast_into(CoreBuilder& b, Value* v, const DimList& shape, std::vector<int64_t> dims) {
   if (v->type.dims() == shape.d) return v;
-  return b.emit("broadcast_in_dim", {v}, {{"shape", dims_attr(shape)}, {"dims", dims}});
+  return b.emit(CoreOp::broadcast_in_dim, {v}, {{"shape", dims_attr(shape)}, {"dims", dims}});
 }
 
 // x's slices at the compile-time positions `idx` (each in [0, dim)) along `axis`, in order. Runs
@@ -48,7 +48,7 @@ Value* take_along_axis(CoreBuilder& b, Value* x, int axis, const std::vector<int
     Value* pos = b.constant(Tensor::from_i64(DType::i64, {m}, idx));
     Dims is = s;
     is[axis] = m;
-    return b.emit("gather", {x, broadcast_into(b, pos, is, {axis})}, {{"axis", int64_t{axis}}});
+    return b.emit(CoreOp::gather, {x, broadcast_into(b, pos, is, {axis})}, {{"axis", int64_t{axis}}});
   }
   if (runs.empty()) {  // nothing taken: an empty slice
     stops[axis] = 0;

@@ -10,7 +10,7 @@ namespace tessel {
 
 // An elementwise graph op that is one core op once broadcasting is explicit: every input is
 // broadcast to the node's output shape, then `core_op` is emitted.
-inline DecomposeFn decompose_as(std::string core_op) {
+inline DecomposeFn decompose_as(CoreOp core_op) {
   return [core_op](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
     const Dims out = n.outputs[0]->type.dims();
     std::vector<Value*> ins;
@@ -26,12 +26,12 @@ inline DType math_type(DType t) { return is_small_float(t) ? DType::f32 : t; }
 // `v` stored as `t` the way the reference kernels store results (no float8 saturation).
 inline Value* store_as(CoreBuilder& b, Value* v, DType t) {
   if (v->type.dtype == t) return v;
-  return b.emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{0}}});
+  return b.emit(CoreOp::convert, {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{0}}});
 }
 
 // |x| as max(x, -x); unsigned integers are their own absolute value.
 inline Value* abs_of(CoreBuilder& b, Value* x) {
-  return is_unsigned_int(x->type.dtype) ? x : b.max(x, b.emit("neg", {x}));
+  return is_unsigned_int(x->type.dtype) ? x : b.max(x, b.emit(CoreOp::neg, {x}));
 }
 
 // cos x as sin(π/2 − |x|), with π/2 split into the storage type's nearest value plus the remainder,
@@ -59,8 +59,8 @@ inline OpDef with_decomposition(OpDef d, DecomposeFn f) {
 // Sub as core ops: a + (-b), both broadcast to the output shape.
 inline std::vector<Value*> decompose_sub(CoreBuilder& b, const Node& n) {
   const Dims out = n.outputs[0]->type.dims();
-  Value* rhs = b.emit("neg", {b.broadcast_to(n.inputs[1], out)});
-  return {b.emit("add", {b.broadcast_to(n.inputs[0], out), rhs})};
+  Value* rhs = b.emit(CoreOp::neg, {b.broadcast_to(n.inputs[1], out)});
+  return {b.emit(CoreOp::add, {b.broadcast_to(n.inputs[0], out), rhs})};
 }
 
 }  // namespace tessel

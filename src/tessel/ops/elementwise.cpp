@@ -244,7 +244,7 @@ Tensor map_by_class(const Tensor& x, const UnaryF& f, const UnaryI& s,
 
 // A rank-0 constant of `like`'s dtype (the binary sugar broadcasts it).
 Value* k(CoreBuilder& b, Value* like, double v) { return b.scalar(like->type.dtype, v); }
-Value* neg(CoreBuilder& b, Value* x) { return b.unary("neg", x); }
+Value* neg(CoreBuilder& b, Value* x) { return b.unary(CoreOp::neg, x); }
 
 // An op of one input computed by `f` in the input's own dtype (exact or singly rounded math).
 DecomposeFn elementwise(std::function<Value*(CoreBuilder&, Value*)> f) {
@@ -264,8 +264,8 @@ DecomposeFn float_math(std::function<Value*(CoreBuilder&, Value*)> f) {
 Value* one_minus_sq(CoreBuilder& b, Value* x) { return b.mul(b.sub(k(b, x, 1), x), b.add(k(b, x, 1), x)); }
 
 Value* sinh_cosh(CoreBuilder& b, Value* x, bool sinh) {
-  Value* ep = b.unary("exp", x);
-  Value* em = b.unary("exp", neg(b, x));
+  Value* ep = b.unary(CoreOp::exp, x);
+  Value* em = b.unary(CoreOp::exp, neg(b, x));
   return b.mul(sinh ? b.sub(ep, em) : b.add(ep, em), k(b, x, 0.5));
 }
 
@@ -280,7 +280,7 @@ std::vector<Value*> decompose_sign(CoreBuilder& b, const Node& n) {
 // x XOR all-ones: bitwise NOT on ints, logical NOT on bool.
 std::vector<Value*> decompose_not(CoreBuilder& b, const Node& n) {
   Value* x = n.inputs[0];
-  return {b.binary("xor", x, b.constant(Tensor::scalar_i(x->type.dtype, -1)))};
+  return {b.binary(CoreOp::xor_, x, b.constant(Tensor::scalar_i(x->type.dtype, -1)))};
 }
 
 std::vector<Value*> decompose_isinf(CoreBuilder& b, const Node& n) {
@@ -288,7 +288,7 @@ std::vector<Value*> decompose_isinf(CoreBuilder& b, const Node& n) {
   Value* r = b.full(DType::boolean, x->type.dims(), 0);
   for (double inf : {kInf, -kInf})
     if (n.attr_i(inf > 0 ? "detect_positive" : "detect_negative", 1) != 0)
-      r = b.binary("or", r, b.compare("eq", x, k(b, x, inf)));
+      r = b.binary(CoreOp::or_, r, b.compare("eq", x, k(b, x, inf)));
   return {r};
 }
 
@@ -297,11 +297,11 @@ std::vector<Value*> decompose_isinf(CoreBuilder& b, const Node& n) {
 std::vector<Value*> decompose_mod(CoreBuilder& b, const Node& n) {
   const Dims s = n.outputs[0]->type.dims();
   Value* y = b.broadcast_to(n.inputs[1], s);
-  Value* r = b.emit("rem", {b.broadcast_to(n.inputs[0], s), y});
+  Value* r = b.emit(CoreOp::rem, {b.broadcast_to(n.inputs[0], s), y});
   if (n.attr_i("fmod", 0) != 0 || is_unsigned_int(r->type.dtype)) return {r};
   Value* zero = k(b, r, 0);
   Value* sign_differs = b.compare("ne", b.compare("lt", r, zero), b.compare("lt", y, zero));
-  return {b.select(b.binary("and", b.compare("ne", r, zero), sign_differs), b.add(r, y), r)};
+  return {b.select(b.binary(CoreOp::and_, b.compare("ne", r, zero), sign_differs), b.add(r, y), r)};
 }
 
 // Pow as the kernel computes it. Floats: in the wider float of the two, or in f64 when an integer
@@ -314,7 +314,7 @@ std::vector<Value*> decompose_pow(CoreBuilder& b, const Node& n) {
   const DType t = x->type.dtype, te = e->type.dtype;
   if (is_float(t) || is_float(te)) {
     const DType ct = !is_float(t) ? DType::f64 : is_float(te) && dtype_bits(te) > dtype_bits(t) ? te : t;
-    return {store_as(b, b.emit("pow", {b.convert(x, ct), b.convert(e, ct)}), t)};
+    return {store_as(b, b.emit(CoreOp::pow, {b.convert(x, ct), b.convert(e, ct)}), t)};
   }
   e = b.convert(e, t);
   auto known = b.known(1);
@@ -323,11 +323,11 @@ std::vector<Value*> decompose_pow(CoreBuilder& b, const Node& n) {
     std::vector<int64_t> v = known->to_i64();
     maybe_negative = maybe_negative && std::any_of(v.begin(), v.end(), [](int64_t i) { return i < 0; });
   }
-  if (!maybe_negative) return {b.emit("pow", {x, e})};
+  if (!maybe_negative) return {b.emit(CoreOp::pow, {x, e})};
   Value* zero = k(b, e, 0);
-  Value* unit = b.binary("or", b.compare("eq", x, k(b, x, 1)), b.compare("eq", x, k(b, x, -1)));
-  Value* inverse = b.select(unit, b.emit("pow", {x, b.binary("and", e, k(b, e, 1))}), zero);
-  return {b.select(b.compare("lt", e, zero), inverse, b.emit("pow", {x, b.max(e, zero)}))};
+  Value* unit = b.binary(CoreOp::or_, b.compare("eq", x, k(b, x, 1)), b.compare("eq", x, k(b, x, -1)));
+  Value* inverse = b.select(unit, b.emit(CoreOp::pow, {x, b.binary(CoreOp::and_, e, k(b, e, 1))}), zero);
+  return {b.select(b.compare("lt", e, zero), inverse, b.emit(CoreOp::pow, {x, b.max(e, zero)}))};
 }
 
 // BitShift on unsigned ints: LEFT multiplies by 2^n (wrapping to 0 once n reaches the width),
@@ -337,9 +337,9 @@ std::vector<Value*> decompose_bitshift(CoreBuilder& b, const Node& n) {
   Value* x = b.broadcast_to(n.inputs[0], s);
   Value* sh = b.convert(b.broadcast_to(n.inputs[1], s), x->type.dtype);
   Value* two = k(b, x, 2);
-  if (n.attr_s("direction") == "LEFT") return {b.mul(x, b.binary("pow", two, sh))};
+  if (n.attr_s("direction") == "LEFT") return {b.mul(x, b.binary(CoreOp::pow, two, sh))};
   const int w = dtype_bits(x->type.dtype);
-  Value* q = b.div(x, b.binary("pow", two, b.min(sh, k(b, sh, w - 1))));
+  Value* q = b.div(x, b.binary(CoreOp::pow, two, b.min(sh, k(b, sh, w - 1))));
   return {b.select(b.compare("ge", sh, k(b, sh, w)), k(b, x, 0), q)};
 }
 
@@ -351,10 +351,10 @@ DecomposeFn compare_as(std::string direction) {
 
 // Variadic Max/Min/Sum/Mean with numpy broadcasting: a chain of binary core ops. Sums of narrow
 // floats accumulate in f32.
-DecomposeFn fold_as(std::string op, bool mean = false) {
+DecomposeFn fold_as(CoreOp op, bool mean = false) {
   return [op, mean](CoreBuilder& b, const Node& n) -> std::vector<Value*> {
     const DType t = n.outputs[0]->type.dtype;
-    const DType ct = names_core_op(op, CoreOp::add) ? math_type(t) : t;
+    const DType ct = op == CoreOp::add ? math_type(t) : t;
     Value* acc = b.convert(n.inputs[0], ct);
     for (size_t i = 1; i < n.inputs.size(); ++i) acc = b.binary(op, acc, b.convert(n.inputs[i], ct));
     if (mean) acc = b.div(acc, k(b, acc, static_cast<double>(n.inputs.size())));
@@ -368,14 +368,14 @@ std::vector<Value*> decompose_cast(CoreBuilder& b, const Node& n) {
   if (to == DType::f8e8m0 && round_mode_of(n) != E8M0Round::up)
     unsupported("core convert rounds float8e8m0 up only; round_mode '{}' has no core form", n.attr_s("round_mode"));
   if (n.inputs[0]->type.dtype == to) return {n.inputs[0]};
-  return {b.emit("convert", {n.inputs[0]},
+  return {b.emit(CoreOp::convert, {n.inputs[0]},
                  {{"dtype", std::string(dtype_name(to))}, {"saturate", n.attr_i("saturate", 1)}})};
 }
 
 std::vector<Value*> decompose_bitcast(CoreBuilder& b, const Node& n) {
   const DType to = n.outputs[0]->type.dtype;
   if (n.inputs[0]->type.dtype == to) return {n.inputs[0]};
-  return {b.emit("bitcast_convert", {n.inputs[0]}, {{"dtype", std::string(dtype_name(to))}})};
+  return {b.emit(CoreOp::bitcast_convert, {n.inputs[0]}, {{"dtype", std::string(dtype_name(to))}})};
 }
 
 std::vector<Value*> decompose_where(CoreBuilder& b, const Node& n) {
@@ -389,7 +389,7 @@ std::vector<Value*> decompose_where(CoreBuilder& b, const Node& n) {
 std::vector<Value*> decompose_clip(CoreBuilder& b, const Node& n) {
   Value* x = n.inputs[0];
   for (int i = 1; i < 3; ++i)
-    if (n.has_input(i)) x = b.binary(i == 1 ? "max" : "min", x, b.convert(b.reshape(n.inputs[i], {}), x->type.dtype));
+    if (n.has_input(i)) x = b.binary(i == 1 ? CoreOp::max : CoreOp::min, x, b.convert(b.reshape(n.inputs[i], {}), x->type.dtype));
   return {x};
 }
 
@@ -510,7 +510,7 @@ void register_unary(OpRegistry& r) {
       return map_unary(
           x, [](double v) { return -v; }, [](int64_t v) { return wrap_sub(0, v); });
     });
-    d.decompose = decompose_as("neg");
+    d.decompose = decompose_as(CoreOp::neg);
     add(r, std::move(d));
   }
   add(r, with_decomposition(unary("Sign", 9, Types::numeric, [](const Tensor& x) {
@@ -520,29 +520,29 @@ void register_unary(OpRegistry& r) {
       }), decompose_sign));
   add(r, with_decomposition(unary_f("Reciprocal", 6, [](double v) { return 1.0 / v; }),
                             elementwise([](CoreBuilder& b, Value* x) { return b.div(k(b, x, 1), x); })));
-  add(r, with_decomposition(unary_f("Sqrt", 6, [](double v) { return std::sqrt(v); }), decompose_as("sqrt")));
-  add(r, with_decomposition(unary_f("Exp", 6, [](double v) { return std::exp(v); }), decompose_as("exp")));
-  add(r, with_decomposition(unary_f("Log", 6, [](double v) { return std::log(v); }), decompose_as("log")));
+  add(r, with_decomposition(unary_f("Sqrt", 6, [](double v) { return std::sqrt(v); }), decompose_as(CoreOp::sqrt)));
+  add(r, with_decomposition(unary_f("Exp", 6, [](double v) { return std::exp(v); }), decompose_as(CoreOp::exp)));
+  add(r, with_decomposition(unary_f("Log", 6, [](double v) { return std::log(v); }), decompose_as(CoreOp::log)));
   add(r, with_decomposition(unary_f("Ceil", 6, [](double v) { return std::ceil(v); }),
-                            elementwise([](CoreBuilder& b, Value* x) { return neg(b, b.unary("floor", neg(b, x))); })));
-  add(r, with_decomposition(unary_f("Floor", 6, [](double v) { return std::floor(v); }), decompose_as("floor")));
+                            elementwise([](CoreBuilder& b, Value* x) { return neg(b, b.unary(CoreOp::floor, neg(b, x))); })));
+  add(r, with_decomposition(unary_f("Floor", 6, [](double v) { return std::floor(v); }), decompose_as(CoreOp::floor)));
   // nearbyint in the default rounding mode rounds halfway cases to even, as ONNX Round asks.
-  add(r, with_decomposition(unary_f("Round", 11, [](double v) { return std::nearbyint(v); }), decompose_as("round_even")));
-  add(r, with_decomposition(unary_f("Sin", 7, [](double v) { return std::sin(v); }), decompose_as("sin")));
+  add(r, with_decomposition(unary_f("Round", 11, [](double v) { return std::nearbyint(v); }), decompose_as(CoreOp::round_even)));
+  add(r, with_decomposition(unary_f("Sin", 7, [](double v) { return std::sin(v); }), decompose_as(CoreOp::sin)));
   add(r, with_decomposition(unary_f("Cos", 7, [](double v) { return std::cos(v); }), float_math(cos_of)));
   add(r, with_decomposition(unary_f("Tan", 7, [](double v) { return std::tan(v); }),
-                            float_math([](CoreBuilder& b, Value* x) { return b.div(b.unary("sin", x), cos_of(b, x)); })));
+                            float_math([](CoreBuilder& b, Value* x) { return b.div(b.unary(CoreOp::sin, x), cos_of(b, x)); })));
   // asin x = atan(x / sqrt(1 - x²)) (±inf at |x| = 1 gives ±π/2); acos x = 2 atan(sqrt((1 - x) / (1 + x))).
   add(r, with_decomposition(unary_f("Asin", 7, [](double v) { return std::asin(v); }),
                             float_math([](CoreBuilder& b, Value* x) {
-                              return b.unary("atan", b.div(x, b.unary("sqrt", one_minus_sq(b, x))));
+                              return b.unary(CoreOp::atan, b.div(x, b.unary(CoreOp::sqrt, one_minus_sq(b, x))));
                             })));
   add(r, with_decomposition(unary_f("Acos", 7, [](double v) { return std::acos(v); }),
                             float_math([](CoreBuilder& b, Value* x) {
                               Value* q = b.div(b.sub(k(b, x, 1), x), b.add(k(b, x, 1), x));
-                              return b.mul(k(b, x, 2), b.unary("atan", b.unary("sqrt", q)));
+                              return b.mul(k(b, x, 2), b.unary(CoreOp::atan, b.unary(CoreOp::sqrt, q)));
                             })));
-  add(r, with_decomposition(unary_f("Atan", 7, [](double v) { return std::atan(v); }), decompose_as("atan")));
+  add(r, with_decomposition(unary_f("Atan", 7, [](double v) { return std::atan(v); }), decompose_as(CoreOp::atan)));
   add(r, with_decomposition(unary_f("Sinh", 9, [](double v) { return std::sinh(v); }),
                             float_math([](CoreBuilder& b, Value* x) { return sinh_cosh(b, x, true); })));
   add(r, with_decomposition(unary_f("Cosh", 9, [](double v) { return std::cosh(v); }),
@@ -551,21 +551,21 @@ void register_unary(OpRegistry& r) {
   add(r, with_decomposition(unary_f("Asinh", 9, [](double v) { return std::asinh(v); }),
                             float_math([](CoreBuilder& b, Value* x) {
                               Value* a = abs_of(b, x);
-                              Value* r = b.unary("log", b.add(a, b.unary("sqrt", b.add(b.mul(a, a), k(b, x, 1)))));
+                              Value* r = b.unary(CoreOp::log, b.add(a, b.unary(CoreOp::sqrt, b.add(b.mul(a, a), k(b, x, 1)))));
                               return b.select(b.compare("lt", x, k(b, x, 0)), neg(b, r), r);
                             })));
   // acosh x = log(x + sqrt((x - 1)(x + 1))); atanh x = log((1 + x) / (1 - x)) / 2.
   add(r, with_decomposition(unary_f("Acosh", 9, [](double v) { return std::acosh(v); }),
                             float_math([](CoreBuilder& b, Value* x) {
-                              Value* s = b.unary("sqrt", b.mul(b.sub(x, k(b, x, 1)), b.add(x, k(b, x, 1))));
-                              return b.unary("log", b.add(x, s));
+                              Value* s = b.unary(CoreOp::sqrt, b.mul(b.sub(x, k(b, x, 1)), b.add(x, k(b, x, 1))));
+                              return b.unary(CoreOp::log, b.add(x, s));
                             })));
   add(r, with_decomposition(unary_f("Atanh", 9, [](double v) { return std::atanh(v); }),
                             float_math([](CoreBuilder& b, Value* x) {
                               Value* q = b.div(b.add(k(b, x, 1), x), b.sub(k(b, x, 1), x));
-                              return b.mul(k(b, x, 0.5), b.unary("log", q));
+                              return b.mul(k(b, x, 0.5), b.unary(CoreOp::log, q));
                             })));
-  add(r, with_decomposition(unary_f("Erf", 9, [](double v) { return std::erf(v); }), decompose_as("erf")));
+  add(r, with_decomposition(unary_f("Erf", 9, [](double v) { return std::erf(v); }), decompose_as(CoreOp::erf)));
   add(r, with_decomposition(unary("Not", 1, Types::boolean, [](const Tensor& x) {
         Tensor y(DType::boolean, x.shape());
         for (int64_t i = 0; i < x.numel(); ++i) y.bytes()[i] = x.bytes()[i] ? 0 : 1;
@@ -697,7 +697,7 @@ void register_binary(OpRegistry& r) {
   add(r, with_decomposition(binary("Add", 7, Types::numeric,
                 {[](double a, double b) { return a + b; }, wrap_add,
                  [](uint64_t a, uint64_t b) { return a + b; }},
-                [](const Dim& a, const Dim& b) -> std::optional<Dim> { return a + b; }), decompose_as("add")));
+                [](const Dim& a, const Dim& b) -> std::optional<Dim> { return a + b; }), decompose_as(CoreOp::add)));
   add(r, with_decomposition(binary("Sub", 7, Types::numeric,
                                    {[](double a, double b) { return a - b; }, wrap_sub,
                                     [](uint64_t a, uint64_t b) { return a - b; }},
@@ -706,11 +706,11 @@ void register_binary(OpRegistry& r) {
   add(r, with_decomposition(binary("Mul", 7, Types::numeric,
                 {[](double a, double b) { return a * b; }, wrap_mul,
                  [](uint64_t a, uint64_t b) { return a * b; }},
-                [](const Dim& a, const Dim& b) -> std::optional<Dim> { return a * b; }), decompose_as("mul")));
+                [](const Dim& a, const Dim& b) -> std::optional<Dim> { return a * b; }), decompose_as(CoreOp::mul)));
   // Integer Div truncates: a size expression only where the division is exact for every value.
   add(r, with_decomposition(binary("Div", 7, Types::numeric, {[](double a, double b) { return a / b; }, div_s, div_u},
                                    [](const Dim& a, const Dim& b) { return exact_div(a, b); }),
-                            decompose_as("div")));
+                            decompose_as(CoreOp::div)));
   {
     OpDef d = binary("Mod", 10, Types::numeric, {});
     d.attrs = {{"fmod", AttrKind::i}};
@@ -770,21 +770,21 @@ void register_binary(OpRegistry& r) {
         f};
   };
   add(r, with_decomposition(binary("BitwiseAnd", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a & b; })),
-                            decompose_as("and")));
+                            decompose_as(CoreOp::and_)));
   add(r, with_decomposition(binary("BitwiseOr", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a | b; })),
-                            decompose_as("or")));
+                            decompose_as(CoreOp::or_)));
   add(r, with_decomposition(binary("BitwiseXor", 18, Types::ints, bitwise([](uint64_t a, uint64_t b) { return a ^ b; })),
-                            decompose_as("xor")));
+                            decompose_as(CoreOp::xor_)));
   add(r, with_decomposition(binary("And", 7, Types::boolean,
                                    {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a && b; }}),
-                            decompose_as("and")));
+                            decompose_as(CoreOp::and_)));
   add(r, with_decomposition(binary("Or", 7, Types::boolean,
                                    {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t { return a || b; }}),
-                            decompose_as("or")));
+                            decompose_as(CoreOp::or_)));
   add(r, with_decomposition(binary("Xor", 7, Types::boolean, {nullptr, nullptr, [](uint64_t a, uint64_t b) -> uint64_t {
                                                                 return (a != 0) != (b != 0);
                                                               }}),
-                            decompose_as("xor")));
+                            decompose_as(CoreOp::xor_)));
 }
 
 // ---- comparisons -----------------------------------------------------------------------------
@@ -1330,10 +1330,10 @@ void register_elementwise_ops(OpRegistry& r) {
   add(r, with_decomposition(comparison("LessOrEqual", 12, Cmp::le), compare_as("le")));
   add(r, with_decomposition(comparison("Greater", 7, Cmp::gt), compare_as("gt")));
   add(r, with_decomposition(comparison("GreaterOrEqual", 12, Cmp::ge), compare_as("ge")));
-  add(r, with_decomposition(variadic("Max", 6, Fold::max, Types::numeric), fold_as("max")));
-  add(r, with_decomposition(variadic("Min", 6, Fold::min, Types::numeric), fold_as("min")));
-  add(r, with_decomposition(variadic("Sum", 6, Fold::sum, Types::floats), fold_as("add")));
-  add(r, with_decomposition(variadic("Mean", 6, Fold::mean, Types::floats), fold_as("add", true)));
+  add(r, with_decomposition(variadic("Max", 6, Fold::max, Types::numeric), fold_as(CoreOp::max)));
+  add(r, with_decomposition(variadic("Min", 6, Fold::min, Types::numeric), fold_as(CoreOp::min)));
+  add(r, with_decomposition(variadic("Sum", 6, Fold::sum, Types::floats), fold_as(CoreOp::add)));
+  add(r, with_decomposition(variadic("Mean", 6, Fold::mean, Types::floats), fold_as(CoreOp::add, true)));
   register_casts(r);
   register_selection(r);
 }

@@ -111,7 +111,7 @@ std::vector<Value*> decompose_gather(CoreBuilder& b, const Node& n) {
   const Dim m = dims_numel(n.inputs[1]->type.dims());
   Value* idx = b.reshape(n.inputs[1], {m});
   Value* data = b.reshape(x, {outer, ds[axis], inner});
-  Value* y = b.emit("gather", {data, broadcast_into(b, idx, {outer, m, inner}, {1})}, {{"axis", int64_t{1}}});
+  Value* y = b.emit(CoreOp::gather, {data, broadcast_into(b, idx, {outer, m, inner}, {1})}, {{"axis", int64_t{1}}});
   return {b.reshape(y, out)};
 }
 
@@ -157,7 +157,7 @@ void gather_elements_kernel(KernelCtx& c) {
 std::vector<Value*> decompose_gather_elements(CoreBuilder& b, const Node& n) {
   const int r = static_cast<int>(n.inputs[0]->type.shape.size());
   const int64_t axis = normalize_axis(n.attr_i("axis", 0), r);
-  return {b.emit("gather", {n.inputs[0], n.inputs[1]}, {{"axis", axis}})};
+  return {b.emit(CoreOp::gather, {n.inputs[0], n.inputs[1]}, {{"axis", axis}})};
 }
 
 // Index tuples along idx's last axis, each a position in `dims` (negative components count from
@@ -212,7 +212,7 @@ std::vector<Value*> decompose_gathernd(CoreBuilder& b, const Node& n) {
     const Dim m = dims_numel(Dims(ls.begin() + bd, ls.end()));
     Value* data = b.reshape(x, {nb, dims_numel(indexed), rest});
     Value* idx = broadcast_into(b, b.reshape(lin, {nb, m}), {nb, m, rest}, {0, 1});
-    return {b.reshape(b.emit("gather", {data, idx}, {{"axis", int64_t{1}}}), n.outputs[0]->type.dims())};
+    return {b.reshape(b.emit(CoreOp::gather, {data, idx}, {{"axis", int64_t{1}}}), n.outputs[0]->type.dims())};
   }
   const Shape& ds = x->type.shape;
   const Shape& out = n.outputs[0]->type.shape;
@@ -222,7 +222,7 @@ std::vector<Value*> decompose_gathernd(CoreBuilder& b, const Node& n) {
   const int64_t m = nb ? shape_numel(lin->type.shape) / nb : 0;
   Value* data = b.reshape(x, {nb, prod(ds, bd, bd + k), rest});
   Value* idx = broadcast_into(b, b.reshape(lin, {nb, m}), {nb, m, rest}, {0, 1});
-  return {b.reshape(b.emit("gather", {data, idx}, {{"axis", int64_t{1}}}), out)};
+  return {b.reshape(b.emit(CoreOp::gather, {data, idx}, {{"axis", int64_t{1}}}), out)};
 }
 
 // ---- GatherND -------------------------------------------------------------------------------
@@ -378,7 +378,7 @@ void scatter_elements_kernel(KernelCtx& c) {
 std::vector<Value*> decompose_scatter_elements(CoreBuilder& b, const Node& n) {
   const int r = static_cast<int>(n.inputs[0]->type.shape.size());
   const int64_t axis = normalize_axis(n.attr_i("axis", 0), r);
-  return {b.emit("scatter", {n.inputs[0], n.inputs[1], n.inputs[2]},
+  return {b.emit(CoreOp::scatter, {n.inputs[0], n.inputs[1], n.inputs[2]},
                  {{"axis", axis}, {"reduction", n.attr_s("reduction", "none")}})};
 }
 
@@ -442,7 +442,7 @@ std::vector<Value*> decompose_scatternd(CoreBuilder& b, const Node& n) {
   Value* lin = linear_index(b, n.inputs[1], Shape(ds.begin(), ds.begin() + k));
   const int64_t m = shape_numel(lin->type.shape);
   Value* idx = broadcast_into(b, b.reshape(lin, {m}), {m, rest}, {0});
-  Value* y = b.emit("scatter", {b.reshape(x, {prod(ds, 0, k), rest}), idx, b.reshape(n.inputs[2], {m, rest})},
+  Value* y = b.emit(CoreOp::scatter, {b.reshape(x, {prod(ds, 0, k), rest}), idx, b.reshape(n.inputs[2], {m, rest})},
                     {{"axis", int64_t{0}}, {"reduction", n.attr_s("reduction", "none")}});
   return {b.reshape(y, ds)};
 }
@@ -509,9 +509,9 @@ std::vector<Value*> decompose_tensor_scatter(CoreBuilder& b, const Node& n) {
   if (n.has_input(2)) pos = b.add(pos, broadcast_into(b, n.inputs[2], us, {0}));
   if (n.attr_s("mode", "linear") == "circular") {
     Value* len = b.full(DType::i64, us, static_cast<double>(cache->type.shape[axis]));
-    pos = b.binary("rem", b.add(b.binary("rem", pos, len), len), len);
+    pos = b.binary(CoreOp::rem, b.add(b.binary(CoreOp::rem, pos, len), len), len);
   }
-  return {b.emit("scatter", {cache, pos, n.inputs[1]}, {{"axis", axis}})};
+  return {b.emit(CoreOp::scatter, {cache, pos, n.inputs[1]}, {{"axis", axis}})};
 }
 
 // ---- NonZero --------------------------------------------------------------------------------

@@ -145,7 +145,7 @@ Value* core_matmul(CoreBuilder& b, Value* x, Value* y, const DimList& want) {
   y_full.insert(y_full.end(), ys.end() - 2, ys.end());
   std::vector<int64_t> batch_dims(static_cast<size_t>(nb));
   std::iota(batch_dims.begin(), batch_dims.end(), 0);
-  Value* r = b.emit("dot_general", {b.broadcast_to(x, x_full), b.broadcast_to(y, y_full)},
+  Value* r = b.emit(CoreOp::dot_general, {b.broadcast_to(x, x_full), b.broadcast_to(y, y_full)},
                     {{"lhs_batch", batch_dims},
                      {"rhs_batch", batch_dims},
                      {"lhs_contract", std::vector<int64_t>{nb + 1}},
@@ -202,7 +202,7 @@ std::vector<Value*> decompose_gemm(CoreBuilder& b, const Node& n) {
   const DType ct = int_scaled ? DType::f64 : math_type(dt);
   auto operand = [&](int i) { return is_int(dt) ? n.inputs[i] : b.convert(n.inputs[i], ct); };
   const int64_t ka = n.attr_i("transA", 0) != 0 ? 0 : 1, kb = n.attr_i("transB", 0) != 0 ? 1 : 0;
-  Value* y = b.emit("dot_general", {operand(0), operand(1)},
+  Value* y = b.emit(CoreOp::dot_general, {operand(0), operand(1)},
                     {{"lhs_contract", std::vector<int64_t>{ka}}, {"rhs_contract", std::vector<int64_t>{kb}}});
   y = b.convert(y, ct);
   if (alpha != 1.0) y = b.mul(y, b.scalar(ct, alpha));
@@ -591,7 +591,7 @@ std::vector<Value*> decompose_einsum(CoreBuilder& b, const Node& n) {
     }
     for (int l : o.labels)
       if (!has(cur.labels, l)) rfree.push_back(l);
-    cur.v = b.emit("dot_general", {cur.v, o.v},
+    cur.v = b.emit(CoreOp::dot_general, {cur.v, o.v},
                    {{"lhs_batch", lb}, {"rhs_batch", rb}, {"lhs_contract", lc}, {"rhs_contract", rc}});
     cur.labels = batch;
     cur.labels.insert(cur.labels.end(), lfree.begin(), lfree.end());
@@ -720,7 +720,7 @@ std::vector<Value*> decompose_det(CoreBuilder& b, const Node& n) {
     int inversions = 0;
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = i + 1; j < m; ++j) inversions += perm[i] > perm[j];
-    if (inversions % 2) t = b.emit("neg", {t});
+    if (inversions % 2) t = b.emit(CoreOp::neg, {t});
     sum = sum ? b.add(sum, t) : t;
   } while (std::next_permutation(perm.begin(), perm.end()));
   return {b.convert(sum, dt)};

@@ -60,11 +60,11 @@ Value* clamp_c(CoreBuilder& b, Value* v, double lo, double hi) {
   return b.min(b.max(v, b.scalar(v->type.dtype, lo)), b.scalar(v->type.dtype, hi));
 }
 Value* and_of(CoreBuilder& b, Value* p, Value* q) {
-  return p ? b.binary("and", p, q) : q;
+  return p ? b.binary(CoreOp::and_, p, q) : q;
 }
 // lo <= v <= hi as a bool tensor (false for NaN).
 Value* within(CoreBuilder& b, Value* v, double lo, double hi) {
-  return b.binary("and", b.compare("ge", v, b.scalar(v->type.dtype, lo)),
+  return b.binary(CoreOp::and_, b.compare("ge", v, b.scalar(v->type.dtype, lo)),
                   b.compare("le", v, b.scalar(v->type.dtype, hi)));
 }
 // Component `k` of the last dim of `v`, with that dim dropped.
@@ -77,12 +77,12 @@ Value* component(CoreBuilder& b, Value* v, int64_t k) {
   return b.reshape(b.slice(v, starts, stops), s);
 }
 Value* dims_of(CoreBuilder& b, Value* v, const Shape& shape, std::vector<int64_t> dims) {
-  return b.emit("broadcast_in_dim", {v},
+  return b.emit(CoreOp::broadcast_in_dim, {v},
                 {{"shape", std::vector<int64_t>(shape)}, {"dims", std::move(dims)}});
 }
 Value* dot(CoreBuilder& b, Value* lhs, Value* rhs, std::vector<int64_t> lc, std::vector<int64_t> rc,
            std::vector<int64_t> lb = {}, std::vector<int64_t> rb = {}) {
-  return b.emit("dot_general", {lhs, rhs},
+  return b.emit(CoreOp::dot_general, {lhs, rhs},
                 {{"lhs_batch", std::move(lb)},
                  {"rhs_batch", std::move(rb)},
                  {"lhs_contract", std::move(lc)},
@@ -276,9 +276,9 @@ Value* reflect_v(CoreBuilder& b, Value* x, double lo, double hi) {
   const double span = hi - lo;
   if (span <= 0) return b.full(x->type.dtype, x->type.shape, lo);
   Value* d = abs_of(b, add_c(b, x, -lo));
-  Value* flips = b.unary("floor", div_c(b, d, span));
+  Value* flips = b.unary(CoreOp::floor, div_c(b, d, span));
   Value* extra = b.sub(d, mul_c(b, flips, span));
-  Value* even = b.compare("eq", b.binary("rem", flips, b.scalar(x->type.dtype, 2)),
+  Value* even = b.compare("eq", b.binary(CoreOp::rem, flips, b.scalar(x->type.dtype, 2)),
                           b.scalar(x->type.dtype, 0));
   return b.select(even, add_c(b, extra, lo), b.sub(b.scalar(x->type.dtype, hi), extra));
 }
@@ -307,8 +307,8 @@ struct Tap {
 };
 
 std::vector<Tap> grid_taps(CoreBuilder& b, Value* c, int64_t len, const GridSampleCfg& g) {
-  if (g.mode == Interp::nearest) return {{b.unary("round_even", c), nullptr}};
-  Value* base = b.unary("floor", c);
+  if (g.mode == Interp::nearest) return {{b.unary(CoreOp::round_even, c), nullptr}};
+  Value* base = b.unary(CoreOp::floor, c);
   Value* f = b.sub(c, base);
   Value* one = b.scalar(c->type.dtype, 1);
   if (g.mode == Interp::linear) return {{base, b.sub(one, f)}, {add_c(b, base, 1), f}};
@@ -322,7 +322,7 @@ std::vector<Tap> grid_taps(CoreBuilder& b, Value* c, int64_t len, const GridSamp
   for (int a = 0; a < 4; ++a) {
     Value* pos = add_c(b, base, a - 1);
     // tap_index(): border/reflection move each integer tap inside (then truncate, >= 0 here).
-    if (g.pad != Pad::zeros) pos = b.unary("floor", pad_coord_v(b, pos, len, g));
+    if (g.pad != Pad::zeros) pos = b.unary(CoreOp::floor, pad_coord_v(b, pos, len, g));
     taps.push_back({pos, w[a]});
   }
   return taps;
@@ -375,7 +375,7 @@ std::vector<Value*> grid_sample_decompose(CoreBuilder& b, const Node& n) {
       if (t.w) w = w ? b.mul(w, t.w) : t.w;
       stride *= len;
     }
-    Value* v = b.emit("gather", {xf, dims_of(b, flat, ncp, {0, 2})}, {{"axis", int64_t{2}}});
+    Value* v = b.emit(CoreOp::gather, {xf, dims_of(b, flat, ncp, {0, 2})}, {{"axis", int64_t{2}}});
     v = b.select(dims_of(b, inside, ncp, {0, 2}), v, b.scalar(ct, 0));
     if (w) v = b.mul(v, dims_of(b, w, ncp, {0, 2}));
     acc = acc ? b.add(acc, v) : v;
@@ -969,7 +969,7 @@ RoiAxis roi_axis(CoreBuilder& b, Value* start, Value* bin, int64_t out, int64_t 
   Value* v = b.add(b.add(st, b.mul(p, bn)), div_c(b, b.mul(i, bn), static_cast<double>(g)));
   Value* valid = within(b, v, -1, static_cast<double>(len));
   v = b.select(valid, b.max(v, b.scalar(t, 0)), b.scalar(t, 0));
-  Value* lo = b.unary("floor", v);
+  Value* lo = b.unary(CoreOp::floor, v);
   Value* at_end = b.compare("ge", lo, b.scalar(t, static_cast<double>(len - 1)));
   Value* last = b.scalar(t, static_cast<double>(len - 1));
   lo = b.select(at_end, last, lo);
@@ -1015,7 +1015,7 @@ std::vector<Value*> roi_align_decompose(CoreBuilder& b, const Node& n) {
   const int64_t samples = oh * g * ow * g;
   const Shape rcs = {R, C, samples};
   Value* planes = b.emit(
-      "gather",
+      CoreOp::gather,
       {b.convert(b.reshape(x, {N, C, H * W}), ct), dims_of(b, n.inputs[2], {R, C, H * W}, {0})},
       {{"axis", int64_t{0}}});
   Value* acc = nullptr;
@@ -1023,7 +1023,7 @@ std::vector<Value*> roi_align_decompose(CoreBuilder& b, const Node& n) {
     for (Value* xi : {xa.lo, xa.hi}) {
       Value* pos = b.add(mul_c(b, on_y(yi), static_cast<double>(W)), on_x(xi));
       Value* w = b.mul(on_y(yi == ya.lo ? ya.wlo : ya.whi), on_x(xi == xa.lo ? xa.wlo : xa.whi));
-      Value* v = b.emit("gather", {planes, dims_of(b, b.reshape(pos, {R, samples}), rcs, {0, 2})},
+      Value* v = b.emit(CoreOp::gather, {planes, dims_of(b, b.reshape(pos, {R, samples}), rcs, {0, 2})},
                         {{"axis", int64_t{2}}});
       v = b.mul(v, dims_of(b, b.reshape(w, {R, samples}), rcs, {0, 2}));
       acc = !acc ? v : is_max ? b.max(acc, v) : b.add(acc, v);
@@ -1130,7 +1130,7 @@ std::vector<Value*> stft_decompose(CoreBuilder& b, const Node& n) {
   const Shape fs = {B, F, flen, C};
   Value* idx = b.add(mul_c(b, b.iota(DType::i32, fs, 1), static_cast<double>(step)),
                      b.iota(DType::i32, fs, 2));
-  Value* frames = b.emit("gather", {x, b.reshape(idx, {B, F * flen, C})}, {{"axis", int64_t{1}}});
+  Value* frames = b.emit(CoreOp::gather, {x, b.reshape(idx, {B, F * flen, C})}, {{"axis", int64_t{1}}});
   frames = b.convert(b.reshape(frames, fs), ct);
   if (n.has_input(2)) frames = b.mul(frames, dims_of(b, b.convert(n.inputs[2], ct), fs, {2}));
   Value* y = dft_along(b, frames, 2, dft_matrix(ct, flen, C, flen, out[2], 2, false, false));
@@ -1147,13 +1147,13 @@ std::vector<Value*> mel_decompose(CoreBuilder& b, const Node& n) {
   auto scalar_in = [&](int i) { return b.convert(b.reshape(n.inputs[i], {}), t); };
   const double ln10 = std::log(10.0);
   auto to_mel = [&](Value* f) {
-    return mul_c(b, b.unary("log", add_c(b, div_c(b, f, 700), 1)), 2595 / ln10);
+    return mul_c(b, b.unary(CoreOp::log, add_c(b, div_c(b, f, 700), 1)), 2595 / ln10);
   };
   Value* mlo = to_mel(scalar_in(3));
   Value* step = div_c(b, b.sub(to_mel(scalar_in(4)), mlo), static_cast<double>(nmel + 2));
   Value* mel = b.add(b.mul(b.iota(t, {nmel + 2}, 0), step), mlo);
-  Value* hz = mul_c(b, add_c(b, b.unary("exp", mul_c(b, div_c(b, mel, 2595), ln10)), -1), 700);
-  Value* edge = b.unary("floor", b.div(mul_c(b, hz, static_cast<double>(dft + 1)), scalar_in(2)));
+  Value* hz = mul_c(b, add_c(b, b.unary(CoreOp::exp, mul_c(b, div_c(b, mel, 2595), ln10)), -1), 700);
+  Value* edge = b.unary(CoreOp::floor, b.div(mul_c(b, hz, static_cast<double>(dft + 1)), scalar_in(2)));
   edge = b.min(edge, b.scalar(t, static_cast<double>(nspec + 1)));
   auto band = [&](int64_t k) { return dims_of(b, b.slice(edge, {k}, {k + nmel}), out, {1}); };
   Value *lo = band(0), *ctr = band(1), *hi = band(2);
@@ -1161,8 +1161,8 @@ std::vector<Value*> mel_decompose(CoreBuilder& b, const Node& n) {
   Value* rise =
       b.select(b.compare("eq", ctr, lo), b.scalar(t, 1), b.div(b.sub(j, lo), b.sub(ctr, lo)));
   Value* fall = b.div(b.sub(hi, j), b.sub(hi, ctr));
-  Value* in_rise = b.binary("and", b.compare("ge", j, lo), b.compare("le", j, ctr));
-  Value* in_fall = b.binary("and", b.compare("gt", j, ctr), b.compare("lt", j, hi));
+  Value* in_rise = b.binary(CoreOp::and_, b.compare("ge", j, lo), b.compare("le", j, ctr));
+  Value* in_fall = b.binary(CoreOp::and_, b.compare("gt", j, ctr), b.compare("lt", j, hi));
   Value* y = b.select(in_rise, rise, b.select(in_fall, fall, b.scalar(t, 0)));
   return {b.convert(y, n.outputs[0]->type.dtype)};
 }

@@ -107,7 +107,7 @@ Value* inv_std(CoreBuilder& b, Value* var, double eps) {
   const DType t = var->type.dtype;
   // Sequenced, not nested: argument evaluation order is unspecified, and the constants' names (and
   // the documented core form, docs/ir/core.md) must not depend on the compiler.
-  Value* root = b.emit("sqrt", {b.add(var, b.scalar(t, eps))});
+  Value* root = b.emit(CoreOp::sqrt, {b.add(var, b.scalar(t, eps))});
   return b.div(b.scalar(t, 1.0), root);
 }
 
@@ -514,8 +514,8 @@ OpDef lp_norm() {
     const DType ct = compute_dtype(x->type.dtype);
     const int axis = normalize_axis(n.attr_i("axis", -1), static_cast<int>(x->type.shape.size()));
     Value* v = b.convert(x, ct);
-    Value* norm = n.attr_i("p", 2) == 1 ? b.reduce(b.max(v, b.emit("neg", {v})), "sum", {axis}, true)
-                                        : b.emit("sqrt", {b.reduce(b.mul(v, v), "sum", {axis}, true)});
+    Value* norm = n.attr_i("p", 2) == 1 ? b.reduce(b.max(v, b.emit(CoreOp::neg, {v})), "sum", {axis}, true)
+                                        : b.emit(CoreOp::sqrt, {b.reduce(b.mul(v, v), "sum", {axis}, true)});
     Value* zero = b.scalar(ct, 0.0);
     Value* y = b.select(b.compare("eq", norm, zero), zero, b.div(v, norm));
     return {b.convert(y, x->type.dtype)};
@@ -567,7 +567,7 @@ OpDef mvn() {
     for (int64_t a : n.attr_ints("axes", {0, 2, 3})) axes.push_back(normalize_axis(a, r));
     std::sort(axes.begin(), axes.end());
     Moments m = moments(b, b.convert(x, ct), axes);
-    Value* sd = b.add(b.emit("sqrt", {m.var}), b.scalar(ct, 1e-9));
+    Value* sd = b.add(b.emit(CoreOp::sqrt, {m.var}), b.scalar(ct, 1e-9));
     return {b.convert(b.div(m.diff, sd), x->type.dtype)};
   };
   return d;
@@ -622,11 +622,11 @@ OpDef lrn() {
     window[1] = size;
     padding[2] = (size - 1) / 2;
     padding[3] = size - 1 - padding[2];
-    Value* s = b.emit("reduce_window", {b.mul(v, v)},
+    Value* s = b.emit(CoreOp::reduce_window, {b.mul(v, v)},
                       {{"kind", std::string("sum")}, {"window", window}, {"padding", padding}});
     const double alpha = n.attr_f("alpha", 1e-4), beta = n.attr_f("beta", 0.75), bias = n.attr_f("bias", 1.0);
     Value* base = b.add(b.mul(s, b.scalar(ct, alpha / static_cast<double>(size))), b.scalar(ct, bias));
-    Value* y = b.div(v, b.binary("pow", base, b.scalar(ct, beta)));
+    Value* y = b.div(v, b.binary(CoreOp::pow, base, b.scalar(ct, beta)));
     return {b.convert(y, x->type.dtype)};
   };
   return d;

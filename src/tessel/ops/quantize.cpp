@@ -468,7 +468,7 @@ Value* expand_param(CoreBuilder& b, Value* p, const Shape& x, int64_t axis_attr,
     return b.broadcast_to(b.reshape(p, {}), x);
   const int axis = normalize_axis(axis_attr, static_cast<int>(x.size()));
   if (block <= 0)
-    return b.emit("broadcast_in_dim", {p},
+    return b.emit(CoreOp::broadcast_in_dim, {p},
                   {{"shape", std::vector<int64_t>(x)}, {"dims", std::vector<int64_t>{axis}}});
   Shape one = ps, rep = ps;
   one.insert(one.begin() + axis + 1, 1);
@@ -489,7 +489,7 @@ Value* clamp(CoreBuilder& b, Value* v, double lo, double hi) {
 // even (NaN -> 0), plus the zero point `zp` (x-shaped or null), clamped to t's range, converted.
 // The add and clamp run in f32, exact for every target but int32, which needs f64.
 Value* requantize(CoreBuilder& b, Value* v, Value* zp, DType t) {
-  Value* q = b.unary("round_even", v);
+  Value* q = b.unary(CoreOp::round_even, v);
   q = b.select(b.compare("ne", q, q), b.scalar(q->type.dtype, 0), q);
   const DType ct = t == DType::i32 ? DType::f64 : DType::f32;
   q = b.convert(q, ct);
@@ -523,7 +523,7 @@ std::vector<Value*> quantize_decompose(CoreBuilder& b, const Node& n) {
   if (t == DType::f4e2m1) v = b.select(b.compare("ne", v, v), b.scalar(v->type.dtype, 6), v);
   const bool sat = n.attr_i("saturate", 1) != 0 || t == DType::f4e2m1;
   return {
-      b.emit("convert", {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{sat}}})};
+      b.emit(CoreOp::convert, {v}, {{"dtype", std::string(dtype_name(t))}, {"saturate", int64_t{sat}}})};
 }
 
 // (x - zero point) is exact in a wider integer type (or f32 for the float8 inputs) and rounded
@@ -554,9 +554,9 @@ std::vector<Value*> dynamic_quantize_decompose(CoreBuilder& b, const Node& n) {
   Value* hi = b.max(b.reduce(x, "max", all, false), zero);
   Value* scale = b.div(b.sub(hi, lo), b.scalar(DType::f32, 255));
   Value* degenerate = b.compare("eq", scale, zero);
-  Value* zpf = b.unary("round_even", clamp(b, b.unary("neg", b.div(lo, scale)), 0, 255));
+  Value* zpf = b.unary(CoreOp::round_even, clamp(b, b.unary(CoreOp::neg, b.div(lo, scale)), 0, 255));
   zpf = b.select(degenerate, zero, zpf);
-  Value* q = clamp(b, b.add(b.unary("round_even", b.div(x, scale)), zpf), 0, 255);
+  Value* q = clamp(b, b.add(b.unary(CoreOp::round_even, b.div(x, scale)), zpf), 0, 255);
   q = b.select(degenerate, zero, q);
   return {b.convert(q, DType::u8), scale, b.convert(zpf, DType::u8)};
 }
@@ -564,7 +564,7 @@ std::vector<Value*> dynamic_quantize_decompose(CoreBuilder& b, const Node& n) {
 // A per-tensor quantization parameter as a scalar, or a 1-D one laid along dim `dim` of `shape`.
 Value* lay_param(CoreBuilder& b, Value* p, const Shape& shape, int64_t dim) {
   if (shape_numel(p->type.shape) == 1) return b.broadcast_to(b.reshape(p, {}), shape);
-  return b.emit("broadcast_in_dim", {p},
+  return b.emit(CoreOp::broadcast_in_dim, {p},
                 {{"shape", std::vector<int64_t>(shape)}, {"dims", std::vector<int64_t>{dim}}});
 }
 
@@ -594,7 +594,7 @@ Value* int_matmul(CoreBuilder& b, Value* a, Value* w, const Shape& out) {
   std::vector<int64_t> bd(batch.size());
   for (size_t i = 0; i < bd.size(); ++i) bd[i] = static_cast<int64_t>(i);
   const int64_t nb = static_cast<int64_t>(batch.size());
-  Value* y = b.emit("dot_general", {b.broadcast_to(a, af), b.broadcast_to(w, wf)},
+  Value* y = b.emit(CoreOp::dot_general, {b.broadcast_to(a, af), b.broadcast_to(w, wf)},
                     {{"lhs_batch", bd},
                      {"rhs_batch", bd},
                      {"lhs_contract", std::vector<int64_t>{nb + 1}},
@@ -627,7 +627,7 @@ std::vector<Value*> qlinear_conv_decompose(CoreBuilder& b, const Node& n) {
   std::vector<int64_t> padding;
   for (size_t d = 0; d < g.pads_begin.size(); ++d)
     padding.insert(padding.end(), {g.pads_begin[d], g.pads_end[d]});
-  Value* acc = b.emit("convolution", {centred(b, x, n.inputs[2], 0), centred(b, w, n.inputs[5], 0)},
+  Value* acc = b.emit(CoreOp::convolution, {centred(b, x, n.inputs[2], 0), centred(b, w, n.inputs[5], 0)},
                       {{"strides", g.strides},
                        {"dilations", g.dilations},
                        {"padding", padding},

@@ -111,7 +111,7 @@ Value* arg_index(CoreBuilder& b, Value* x, int axis, bool is_max, bool last) {
   const Dims s = x->type.dims();
   Value* m = b.broadcast_to(b.reduce(x, is_max ? "max" : "min", {axis}, true), s);
   Value* hit = b.compare("eq", x, m);
-  if (is_float(x->type.dtype)) hit = b.emit("or", {hit, nan_mask(b, x)});
+  if (is_float(x->type.dtype)) hit = b.emit(CoreOp::or_, {hit, nan_mask(b, x)});
   const double past = s[axis].is_static() ? static_cast<double>(s[axis].constant_term()) : 0x1p62;
   Value* none = b.full(DType::i64, s, last ? -1.0 : past);
   Value* idx = b.select(hit, b.iota(DType::i64, s, axis), none);
@@ -122,9 +122,9 @@ Value* arg_index(CoreBuilder& b, Value* x, int axis, bool is_max, bool last) {
 Value* softmax_core(CoreBuilder& b, Value* x, int axis, bool log) {
   Value* m = b.reduce(x, "max", {axis}, true);
   Value* z = b.sub(x, m);
-  Value* e = b.emit("exp", {z});
+  Value* e = b.emit(CoreOp::exp, {z});
   Value* s = b.reduce(e, "sum", {axis}, true);
-  return log ? b.sub(z, b.emit("log", {s})) : b.div(e, s);
+  return log ? b.sub(z, b.emit(CoreOp::log, {s})) : b.div(e, s);
 }
 
 // ---- Reduce* ---------------------------------------------------------------------------------
@@ -400,8 +400,8 @@ DecomposeFn reduce_decomposition(RK k) {
       case RK::sum: y = b.reduce(v, "sum", axes, keep); break;
       case RK::l1: y = b.reduce(abs_of(b, v), "sum", axes, keep); break;
       case RK::sum_square: y = b.reduce(b.mul(v, v), "sum", axes, keep); break;
-      case RK::l2: y = b.emit("sqrt", {b.reduce(b.mul(v, v), "sum", axes, keep)}); break;
-      case RK::log_sum: y = b.emit("log", {b.reduce(v, "sum", axes, keep)}); break;
+      case RK::l2: y = b.emit(CoreOp::sqrt, {b.reduce(b.mul(v, v), "sum", axes, keep)}); break;
+      case RK::log_sum: y = b.emit(CoreOp::log, {b.reduce(v, "sum", axes, keep)}); break;
       case RK::mean:
         y = b.div(b.reduce(v, "sum", axes, keep), element_count(b, v, axes, ct, keep));
         break;
@@ -410,8 +410,8 @@ DecomposeFn reduce_decomposition(RK k) {
         Value* m = b.reduce(v, "max", axes, true);
         Value* finite = b.compare("lt", abs_of(b, m), b.scalar(ct, kInf));
         m = b.select(finite, m, b.scalar(ct, 0.0));
-        Value* s = b.reduce(b.emit("exp", {b.sub(v, m)}), "sum", axes, true);
-        y = b.add(b.emit("log", {s}), m);
+        Value* s = b.reduce(b.emit(CoreOp::exp, {b.sub(v, m)}), "sum", axes, true);
+        y = b.add(b.emit(CoreOp::log, {s}), m);
         y = b.reshape(y, n.outputs[0]->type.dims());
         break;
       }
@@ -740,12 +740,12 @@ OpDef cum_op(std::string name, int since, bool prod) {
         std::vector<int64_t> lo(r, 0), hi(r, 0);
         (rev ? hi : lo)[axis] = 1;
         (rev ? lo : hi)[axis] = -1;
-        u = b.emit("pad", {u, b.scalar(ct, prod ? 1.0 : 0.0)}, {{"low", lo}, {"high", hi}});
+        u = b.emit(CoreOp::pad, {u, b.scalar(ct, prod ? 1.0 : 0.0)}, {{"low", lo}, {"high", hi}});
       }
       std::vector<int64_t> window(r, 1), padding(2 * r, 0);
       window[axis] = len;
       padding[2 * axis + (rev ? 1 : 0)] = len - 1;
-      return b.emit("reduce_window", {u},
+      return b.emit(CoreOp::reduce_window, {u},
                     {{"kind", std::string(prod ? "prod" : "sum")}, {"window", window}, {"padding", padding}});
     };
     Value* y = nullptr;
@@ -854,7 +854,7 @@ OpDef topk_op() {
     Value* x = n.inputs[0];
     const Shape& s = x->type.shape;
     const int axis = normalize_axis(n.attr_i("axis", -1), static_cast<int>(s.size()));
-    std::vector<Value*> sorted = b.emit_multi("sort", {x}, 2,
+    std::vector<Value*> sorted = b.emit_multi(CoreOp::sort, {x}, 2,
                                               {{"axis", int64_t{axis}},
                                                {"descending", int64_t{n.attr_i("largest", 1) != 0}}});
     std::vector<int64_t> starts(s.size(), 0), stops(s.begin(), s.end());
@@ -950,15 +950,15 @@ Value* nll_core(CoreBuilder& b, const Node& n, Value* lp) {
   }
   Shape ts1 = ts;
   ts1.insert(ts1.begin() + 1, 1);
-  Value* picked = b.reshape(b.emit("gather", {lp, b.reshape(t, ts1)}, {{"axis", int64_t{1}}}), ts);
+  Value* picked = b.reshape(b.emit(CoreOp::gather, {lp, b.reshape(t, ts1)}, {{"axis", int64_t{1}}}), ts);
   Value* w = b.full(ct, ts, 1.0);
   if (n.has_input(2)) {
     const int64_t numel = shape_numel(ts);
-    Value* g = b.emit("gather", {b.convert(n.inputs[2], ct), b.reshape(t, {numel})}, {{"axis", int64_t{0}}});
+    Value* g = b.emit(CoreOp::gather, {b.convert(n.inputs[2], ct), b.reshape(t, {numel})}, {{"axis", int64_t{0}}});
     w = b.reshape(g, ts);
   }
   if (valid) w = b.select(valid, w, b.scalar(ct, 0.0));
-  Value* loss = b.mul(b.emit("neg", {picked}), w);
+  Value* loss = b.mul(b.emit(CoreOp::neg, {picked}), w);
   std::vector<int64_t> all(ts.size());
   std::iota(all.begin(), all.end(), 0);
   const std::string red = n.attr_s("reduction", "mean");

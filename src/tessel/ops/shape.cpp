@@ -953,7 +953,7 @@ std::vector<Value*> decompose_pad(CoreBuilder& b, const Node& n) {
   if (mode == 0) {
     if (std::all_of(full.begin(), full.end(), [](int64_t p) { return p == 0; })) return {x};
     Value* v = n.has_input(2) ? b.reshape(n.inputs[2], {}) : b.scalar(x->type.dtype, 0);
-    return {b.emit("pad", {x, v},
+    return {b.emit(CoreOp::pad, {x, v},
                    {{"low", Ints(full.begin(), full.begin() + r)}, {"high", Ints(full.begin() + r, full.end())}})};
   }
   Value* y = x;
@@ -1505,7 +1505,7 @@ std::vector<Value*> decompose_center_crop_pad(CoreBuilder& b, const Node& n) {
     low.push_back(-shift);
     high.push_back(out[k] - in[k] + shift);
   }
-  return {b.emit("pad", {x, b.scalar(x->type.dtype, 0)}, {{"low", low}, {"high", high}})};
+  return {b.emit(CoreOp::pad, {x, b.scalar(x->type.dtype, 0)}, {{"low", low}, {"high", high}})};
 }
 
 // A gather along the time axis: position t of sequence b reads len[b]-1-t when t < len[b], else t.
@@ -1519,7 +1519,7 @@ std::vector<Value*> decompose_reverse_sequence(CoreBuilder& b, const Node& n) {
   Value* len = broadcast_into(b, b.convert(n.inputs[1], DType::i64), tb, {ba});
   Value* rev = b.sub(b.sub(len, i64_scalar(b, 1)), t);
   Value* idx = b.select(b.compare("lt", t, len), rev, t);
-  return {b.emit("gather", {x, broadcast_into(b, idx, s, {0, 1})}, {{"axis", int64_t{ta}}})};
+  return {b.emit(CoreOp::gather, {x, broadcast_into(b, idx, s, {0, 1})}, {{"axis", int64_t{ta}}})};
 }
 
 OpDef reverse_sequence_op() {

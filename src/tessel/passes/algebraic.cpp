@@ -50,7 +50,7 @@ RewriteRule forward_operand(std::string name, std::string op, std::function<bool
 // ---- transpose, reshape ----
 
 bool compose_transposes(Rewriter& r, Node& n) {
-  const Node* p = core_producer(in(n, 0), "transpose");
+  const Node* p = core_producer(in(n, 0), CoreOp::transpose);
   std::vector<int64_t> perm = n.attr_ints("perm"), inner = p->attr_ints("perm"), composed(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) composed[i] = inner[static_cast<size_t>(perm[i])];
   n.inputs[0] = p->inputs[0];
@@ -61,7 +61,7 @@ bool compose_transposes(Rewriter& r, Node& n) {
 }
 
 bool compose_reshapes(Rewriter& r, Node& n) {
-  n.inputs[0] = core_producer(in(n, 0), "reshape")->inputs[0];
+  n.inputs[0] = core_producer(in(n, 0), CoreOp::reshape)->inputs[0];
   if (same_dims(in(n, 0), out(n))) r.replace(n, in(n, 0));
   return true;
 }
@@ -72,7 +72,7 @@ bool compose_reshapes(Rewriter& r, Node& n) {
 // the last step that ran.
 
 void compose_broadcasts(Node& n) {
-  const Node* p = core_producer(in(n, 0), "broadcast_in_dim");
+  const Node* p = core_producer(in(n, 0), CoreOp::broadcast_in_dim);
   // Operand dim i of the inner broadcast lands at inner_dims[i], which this one maps to dims[...].
   std::vector<int64_t> dims = n.attr_ints("dims"), composed;
   for (int64_t d : p->attr_ints("dims")) composed.push_back(dims[static_cast<size_t>(d)]);
@@ -84,7 +84,7 @@ void compose_broadcasts(Node& n) {
 // the broadcast: each non-unit source dim keeps its place in order. False, and nothing changed, when
 // the operand is not such a reshape.
 bool fold_unit_dim_reshape(Node& n) {
-  const Node* p = core_producer(in(n, 0), "reshape");
+  const Node* p = core_producer(in(n, 0), CoreOp::reshape);
   if (!p) return false;
   const std::vector<int64_t> dims = n.attr_ints("dims");
   const Dims src = p->inputs[0]->type.dims();
@@ -134,7 +134,7 @@ bool simplify_broadcast_of_reshape(Rewriter& r, Node& n) {
 // ---- convert ----
 
 bool converts_exactly_twice(const Node& n) {
-  const Node* p = core_producer(in(n, 0), "convert");
+  const Node* p = core_producer(in(n, 0), CoreOp::convert);
   return p && converts_exactly(p->inputs[0]->type.dtype, in(n, 0)->type.dtype);
 }
 
@@ -183,7 +183,7 @@ struct ZeroPad {
 };
 
 std::optional<ZeroPad> zero_pad(const Value* v) {
-  const Node* p = core_producer(v, "pad");
+  const Node* p = core_producer(v, CoreOp::pad);
   if (!p || p->inputs.size() != 2 || !splat_is(p->inputs[1], 0)) return std::nullopt;
   ZeroPad z{p, p->attr_ints("low"), p->attr_ints("high")};
   const size_t r = v->type.shape.size();
@@ -217,7 +217,7 @@ bool adds_adjacent_zero_pads(const Node& n) {
 }
 
 void append_concat_operands(std::vector<Value*>& to, Value* v, int64_t axis) {
-  const Node* c = core_producer(v, "concatenate");
+  const Node* c = core_producer(v, CoreOp::concatenate);
   if (c && c->attr_i("axis") == axis) {
     to.insert(to.end(), c->inputs.begin(), c->inputs.end());
     return;
@@ -225,11 +225,11 @@ void append_concat_operands(std::vector<Value*>& to, Value* v, int64_t axis) {
   to.push_back(v);
 }
 
-Value* emit(Rewriter& r, const Node& at, const char* op, std::vector<Value*> ins, std::map<std::string, Attr> attrs,
+Value* emit(Rewriter& r, const Node& at, CoreOp op, std::vector<Value*> ins, std::map<std::string, Attr> attrs,
             const std::string& suffix, const TensorType& type) {
   Graph& g = r.graph();
   auto node = std::make_unique<Node>();
-  node->op = OpRegistry::get().find(op);
+  node->op = OpRegistry::get().find(std::string(core_op_name(op)));
   node->name = at.name;
   node->inputs = std::move(ins);
   node->outputs = {g.add_value(g.unique_name(at.outputs[0]->name + suffix), type)};
@@ -257,9 +257,9 @@ std::optional<HoistPlan> hoist_transposes(const std::vector<Value*>& parts, int6
   const auto a = static_cast<size_t>(axis);
   for (size_t i = 0; i < parts.size(); ++i) {
     const Value* v = parts[i];
-    const Node* t = core_producer(v, "transpose");
+    const Node* t = core_producer(v, CoreOp::transpose);
     if (!t)
-      if (const Node* rs = core_producer(v, "reshape")) t = core_producer(rs->inputs[0], "transpose");
+      if (const Node* rs = core_producer(v, CoreOp::reshape)) t = core_producer(rs->inputs[0], CoreOp::transpose);
     if (!t) return std::nullopt;
     const Shape& ts = t->outputs[0]->type.shape;
     const Shape& rs = v->type.shape;
@@ -291,14 +291,14 @@ std::optional<HoistPlan> hoist_transposes(const std::vector<Value*>& parts, int6
 // transpose when it can), and returns the value.
 Value* emit_concatenate(Rewriter& r, const Node& at, std::vector<Value*> parts, int64_t axis, const TensorType& type) {
   auto h = hoist_transposes(parts, axis);
-  if (!h) return emit(r, at, "concatenate", std::move(parts), {{"axis", axis}}, ".concat", type);
+  if (!h) return emit(r, at, CoreOp::concatenate, std::move(parts), {{"axis", axis}}, ".concat", type);
   const DType dt = type.dtype;
-  Value* cx = emit(r, at, "concatenate", h->xs, {{"axis", h->x_axis}}, ".concat", TensorType{dt, h->x_shape});
+  Value* cx = emit(r, at, CoreOp::concatenate, h->xs, {{"axis", h->x_axis}}, ".concat", TensorType{dt, h->x_shape});
   Shape ts;
   for (int64_t p : h->perm) ts.push_back(h->x_shape[static_cast<size_t>(p)]);
-  Value* ct = emit(r, at, "transpose", {cx}, {{"perm", h->perm}}, ".transpose", TensorType{dt, ts});
+  Value* ct = emit(r, at, CoreOp::transpose, {cx}, {{"perm", h->perm}}, ".transpose", TensorType{dt, ts});
   if (ts == type.shape) return ct;
-  return emit(r, at, "reshape", {ct}, {{"shape", std::vector<int64_t>(type.shape)}}, ".reshape", type);
+  return emit(r, at, CoreOp::reshape, {ct}, {{"shape", std::vector<int64_t>(type.shape)}}, ".reshape", type);
 }
 
 bool pads_to_concatenate(Rewriter& r, Node& n) {
@@ -334,7 +334,7 @@ bool pads_to_concatenate(Rewriter& r, Node& n) {
 // splat constant; null otherwise.
 Value* scalar_source(Graph& g, Value* v) {
   if (v->type.shape.empty()) return v;
-  if (const Node* p = core_producer(v, "broadcast_in_dim"); p && p->inputs[0]->type.shape.empty()) return p->inputs[0];
+  if (const Node* p = core_producer(v, CoreOp::broadcast_in_dim); p && p->inputs[0]->type.shape.empty()) return p->inputs[0];
   if (v->constant && v->constant->numel() > 0 && splat_of(v)) {
     Tensor s = Tensor(v->type.dtype, {});
     std::memcpy(s.bytes(), v->constant->bytes(), dtype_size(v->type.dtype));
@@ -378,14 +378,14 @@ bool sink_scalar_broadcasts(Rewriter& r, Node& n) {
 
 // Whether `v` is a scalar broadcast to its shape: a broadcast of a rank-0 value or a splat constant.
 bool is_broadcast_scalar(const Value* v) {
-  if (const Node* p = core_producer(v, "broadcast_in_dim"); p && p->inputs[0]->type.shape.empty()) return true;
+  if (const Node* p = core_producer(v, CoreOp::broadcast_in_dim); p && p->inputs[0]->type.shape.empty()) return true;
   return v->constant && v->constant->numel() > 0 && splat_of(v).has_value();
 }
 
 // A reshape's operand that was computed by a contraction or by elementwise math: a value whose kernel
 // elementwise math can join (a matmul's epilogue, a loop over the same space). Null otherwise.
 const Value* joinable_reshape_source(const Value* v) {
-  const Node* p = core_producer(v, "reshape");
+  const Node* p = core_producer(v, CoreOp::reshape);
   if (!p) return nullptr;
   const Node* xp = p->inputs[0]->producer;
   const bool joinable = xp && (is_core_op(*xp, CoreOp::dot_general) || is_core_op(*xp, CoreOp::convolution) ||
@@ -427,7 +427,7 @@ std::optional<Shape> reshape_source_shape(const Node& n) {
   if (!src || !shape_known(*src)) return std::nullopt;
   for (const Value* v : n.inputs) {
     if (joinable_reshape_source(v) || is_broadcast_scalar(v)) continue;
-    const Node* b = core_producer(v, "broadcast_in_dim");
+    const Node* b = core_producer(v, CoreOp::broadcast_in_dim);
     // Any other operand (a residual) keeps the op where it is: the product's kernel would store the sum
     // instead of the product, and in bf16 storage round the larger sum (BERT-base bf16: max rel error
     // 1.3e-2 → 2.1e-2 with its residual adds moved; docs/decisions.md).
@@ -463,7 +463,7 @@ bool sink_reshape(Rewriter& r, Node& n) {
                            {{"shape", std::vector<int64_t>(*src)}, {"dims", std::vector<int64_t>{}}}));
       continue;
     }
-    if (const Node* b = core_producer(v, "broadcast_in_dim")) {
+    if (const Node* b = core_producer(v, CoreOp::broadcast_in_dim)) {
       ins.push_back(insert("broadcast_in_dim", b->inputs[0], v->name + ".b",
                            {{"shape", std::vector<int64_t>(*src)}, {"dims", *broadcast_dims_in(*b, v->type.shape, *src)}}));
       continue;
@@ -504,20 +504,20 @@ const std::vector<RewriteRule>& algebraic_rules() {
        }},
       {"idempotent", {"max", "min", "and", "or"}, [](const Node& n) { return in(n, 0) == in(n, 1); },
        [](Rewriter& r, Node& n) { return r.replace(n, in(n, 0)); }},
-      {"-(-x)", {"neg"}, [](const Node& n) { return core_producer(in(n, 0), "neg") != nullptr; },
+      {"-(-x)", {"neg"}, [](const Node& n) { return core_producer(in(n, 0), CoreOp::neg) != nullptr; },
        [](Rewriter& r, Node& n) { return r.replace(n, in(n, 0)->producer->inputs[0]); }},
       forward_operand("select(p,x,x)", "select", [](const Node& n) { return in(n, 1) == in(n, 2); }, 1),
       {"select(const)", {"select"}, [](const Node& n) { return splat_of(in(n, 0)).has_value(); },
        [](Rewriter& r, Node& n) { return r.replace(n, *splat_of(in(n, 0)) != 0 ? in(n, 1) : in(n, 2)); }},
-      {"transpose∘transpose", {"transpose"}, [](const Node& n) { return core_producer(in(n, 0), "transpose") != nullptr; },
+      {"transpose∘transpose", {"transpose"}, [](const Node& n) { return core_producer(in(n, 0), CoreOp::transpose) != nullptr; },
        compose_transposes},
       forward_operand("transpose∘transpose", "transpose", [](const Node& n) { return is_identity(n.attr_ints("perm")); }, 0),
-      {"reshape∘reshape", {"reshape"}, [](const Node& n) { return core_producer(in(n, 0), "reshape") != nullptr; },
+      {"reshape∘reshape", {"reshape"}, [](const Node& n) { return core_producer(in(n, 0), CoreOp::reshape) != nullptr; },
        compose_reshapes},
       forward_operand("reshape∘reshape", "reshape",
                       [](const Node& n) { return same_dims(in(n, 0), out(n)); }, 0),
       {"broadcast∘broadcast", {"broadcast_in_dim"},
-       [](const Node& n) { return core_producer(in(n, 0), "broadcast_in_dim") != nullptr; }, simplify_broadcast_chain},
+       [](const Node& n) { return core_producer(in(n, 0), CoreOp::broadcast_in_dim) != nullptr; }, simplify_broadcast_chain},
       {"broadcast∘reshape", {"broadcast_in_dim"}, nullptr, simplify_broadcast_of_reshape},
       forward_operand("broadcast to the same shape", "broadcast_in_dim", broadcast_is_noop, 0),
       forward_operand("convert to the same type", "convert",

@@ -24,7 +24,7 @@ const Shape& shp(const Value* v) { return v->type.shape; }
 int64_t rank(const Value* v) { return static_cast<int64_t>(v->type.shape.size()); }
 
 Value* zeros_like(CoreBuilder& b, const Value* v) { return b.full(dt(v), shp(v), 0.0); }
-Value* neg(CoreBuilder& b, Value* v) { return b.unary("neg", v); }
+Value* neg(CoreBuilder& b, Value* v) { return b.unary(CoreOp::neg, v); }
 Value* sc(CoreBuilder& b, const Value* like, double v) { return b.scalar(dt(like), v); }
 
 // select(pred, v, 0)
@@ -34,12 +34,12 @@ Value* pad(CoreBuilder& b, Value* v, const Ints& low, const Ints& high, const In
   bool id = true;
   for (size_t d = 0; d < low.size(); ++d) id = id && low[d] == 0 && high[d] == 0 && interior[d] == 0;
   if (id) return v;
-  return b.emit("pad", {v, sc(b, v, 0.0)}, {{"low", low}, {"high", high}, {"interior", interior}});
+  return b.emit(CoreOp::pad, {v, sc(b, v, 0.0)}, {{"low", low}, {"high", high}, {"interior", interior}});
 }
 
 Value* reduce_sum(CoreBuilder& b, Value* v, const Ints& axes) {
   if (axes.empty()) return v;
-  return b.emit("reduce", {v}, {{"kind", std::string("sum")}, {"axes", axes}});
+  return b.emit(CoreOp::reduce, {v}, {{"kind", std::string("sum")}, {"axes", axes}});
 }
 
 // Broadcasts `v` (the result of reducing `axes` out of shape `full`) back to `full`.
@@ -48,7 +48,7 @@ Value* unreduce(CoreBuilder& b, Value* v, const Shape& full, const Ints& axes) {
   for (int64_t d = 0; d < static_cast<int64_t>(full.size()); ++d)
     if (std::find(axes.begin(), axes.end(), d) == axes.end()) dims.push_back(d);
   if (dims.size() == full.size()) return v;
-  return b.emit("broadcast_in_dim", {v}, {{"shape", Ints(full)}, {"dims", dims}});
+  return b.emit(CoreOp::broadcast_in_dim, {v}, {{"shape", Ints(full)}, {"dims", dims}});
 }
 
 // transpose(v, perm) where result dim i is v's dim perm[i]: `src[j]` names the operand dim that v's dim
@@ -82,10 +82,10 @@ Value* unary_vjp(CoreBuilder& b, CoreOp op, const Node& n, Value* g) {
     case CoreOp::log: return b.div(g, x);
     case CoreOp::sqrt: return b.div(g, b.mul(y, sc(b, y, 2.0)));
     // cos x = sin(x + pi/2): the core level has no cos.
-    case CoreOp::sin: return b.mul(g, b.unary("sin", b.add(x, sc(b, x, std::numbers::pi / 2))));
+    case CoreOp::sin: return b.mul(g, b.unary(CoreOp::sin, b.add(x, sc(b, x, std::numbers::pi / 2))));
     case CoreOp::atan: return b.div(g, b.add(b.mul(x, x), sc(b, x, 1.0)));
     case CoreOp::erf:  // 2/sqrt(pi) exp(-x^2)
-      return b.mul(g, b.mul(b.unary("exp", neg(b, b.mul(x, x))), sc(b, x, 2.0 / std::sqrt(std::numbers::pi))));
+      return b.mul(g, b.mul(b.unary(CoreOp::exp, neg(b, b.mul(x, x))), sc(b, x, 2.0 / std::sqrt(std::numbers::pi))));
     case CoreOp::tanh: return b.mul(g, b.sub(sc(b, y, 1.0), b.mul(y, y)));
     default: fail("no unary rule for {}", core_op_name(op));
   }
@@ -116,8 +116,8 @@ std::vector<Value*> binary_vjp(CoreBuilder& b, CoreOp op, const Node& n, Value* 
       break;
     case CoreOp::pow:
       // d/da = c a^(c-1) (not c y / a: a may be 0); d/dc = y log a.
-      if (need[0]) ga = b.mul(g, b.mul(c, b.binary("pow", a, b.sub(c, sc(b, c, 1.0)))));
-      if (need[1]) gc = b.mul(g, b.mul(y, b.unary("log", a)));
+      if (need[0]) ga = b.mul(g, b.mul(c, b.binary(CoreOp::pow, a, b.sub(c, sc(b, c, 1.0)))));
+      if (need[1]) gc = b.mul(g, b.mul(y, b.unary(CoreOp::log, a)));
       break;
     case CoreOp::max:
     case CoreOp::min: {
@@ -194,7 +194,7 @@ Value* window_sum_vjp(CoreBuilder& b, const Window& w, Value* g) {
     padding.push_back(w.d[i] * (w.k[i] - 1) - w.lo[i]);
     padding.push_back(w.in[i] - dilated + w.lo[i]);
   }
-  return b.emit("reduce_window", {gd},
+  return b.emit(CoreOp::reduce_window, {gd},
                 {{"kind", std::string("sum")}, {"window", w.k}, {"dilations", w.d}, {"padding", padding}});
 }
 
@@ -211,7 +211,7 @@ Value* window_taps_vjp(CoreBuilder& b, const Node& n, const Window& w, const std
     interior[i] = w.s[i] - 1;
     padded[i] = w.in[i] + w.lo[i] + w.hi[i];
   }
-  Value* xp = b.emit("pad", {x, sc(b, x, ident)}, {{"low", w.lo}, {"high", w.hi}, {"interior", Ints(r, 0)}});
+  Value* xp = b.emit(CoreOp::pad, {x, sc(b, x, ident)}, {{"low", w.lo}, {"high", w.hi}, {"interior", Ints(r, 0)}});
   std::vector<Ints> starts;
   std::vector<Value*> taps;
   Ints t(r, 0);
@@ -331,10 +331,10 @@ std::vector<Value*> dot_vjp(CoreBuilder& b, const Node& n, Value* g, const std::
     if (cost(mine, swapped) < cost(mine, src))
       return to_operand_order(
           b,
-          b.emit("dot_general", {o, g},
+          b.emit(CoreOp::dot_general, {o, g},
                  {{"lhs_batch", ob}, {"rhs_batch", range(0, nb)}, {"lhs_contract", of}, {"rhs_contract", g_free}}),
           swapped);
-    Value* r = b.emit("dot_general", {g, o},
+    Value* r = b.emit(CoreOp::dot_general, {g, o},
                       {{"lhs_batch", range(0, nb)}, {"rhs_batch", ob}, {"lhs_contract", g_free}, {"rhs_contract", of}});
     return to_operand_order(b, r, src);
   };
@@ -383,7 +383,7 @@ std::vector<Value*> conv_vjp(CoreBuilder& b, const Node& n, Value* g, const std:
     for (size_t i = 0; i < sp; ++i) st[i + 2] = ws[i + 2] - 1, so[i + 2] = -1, str[i + 2] = -1;
     bool flip = false;
     for (size_t i = 0; i < sp; ++i) flip = flip || ws[i + 2] > 1;
-    if (flip) wt = b.emit("slice", {wt}, {{"starts", st}, {"stops", so}, {"strides", str}});
+    if (flip) wt = b.emit(CoreOp::slice, {wt}, {{"starts", st}, {"stops", so}, {"strides", str}});
     Ints zero(xs.size(), 0), interior(xs.size(), 0), padding;
     for (size_t i = 0; i < sp; ++i) interior[i + 2] = a.s[i] - 1;
     Value* gd = pad(b, g, zero, zero, interior);
@@ -392,7 +392,7 @@ std::vector<Value*> conv_vjp(CoreBuilder& b, const Node& n, Value* g, const std:
       padding.push_back(a.d[i] * (ws[i + 2] - 1) - a.lo[i]);
       padding.push_back(xs[i + 2] - dilated + a.lo[i]);
     }
-    gx = b.emit("convolution", {gd, wt}, {{"dilations", a.d}, {"padding", padding}, {"groups", G}});
+    gx = b.emit(CoreOp::convolution, {gd, wt}, {{"dilations", a.d}, {"padding", padding}, {"groups", G}});
   }
   if (need[1]) {
     // dw[o, c, k] = sum_{n, p} g[n, o, p] x[n, c', p s + k d - lo]: a convolution of x with the roles
@@ -414,7 +414,7 @@ std::vector<Value*> conv_vjp(CoreBuilder& b, const Node& n, Value* g, const std:
       padding.push_back(a.lo[i]);
       padding.push_back(a.d[i] * (ws[i + 2] - 1) + a.s[i] * (ys[i + 2] - 1) + 1 - xs[i + 2] - a.lo[i]);
     }
-    Value* r = b.emit("convolution", {xt, gt}, {{"strides", a.d}, {"dilations", a.s}, {"padding", padding}, {"groups", G}});
+    Value* r = b.emit(CoreOp::convolution, {xt, gt}, {{"strides", a.d}, {"dilations", a.s}, {"padding", padding}, {"groups", G}});
     gw = b.transpose(r, gperm);
   }
   return {gx, gw};
@@ -453,7 +453,7 @@ Value* slice_vjp(CoreBuilder& b, const Node& n, Value* g) {
     high[i] = in[i] - low[i] - ((out[i] - 1) * step + 1);
     if (strides[i] < 0 && out[i] > 1) rs[i] = out[i] - 1, re[i] = -1, rstep[i] = -1, reverse = true;
   }
-  if (reverse) g = b.emit("slice", {g}, {{"starts", rs}, {"stops", re}, {"strides", rstep}});
+  if (reverse) g = b.emit(CoreOp::slice, {g}, {{"starts", rs}, {"stops", re}, {"strides", rstep}});
   return pad(b, g, low, high, interior);
 }
 
@@ -509,11 +509,11 @@ std::vector<Value*> concat_vjp(CoreBuilder& b, const Node& n, Value* g, const st
 }
 
 Value* scatter_add(CoreBuilder& b, Value* into, Value* idx, Value* upd, int64_t axis) {
-  return b.emit("scatter", {into, idx, upd}, {{"axis", axis}, {"reduction", std::string("add")}});
+  return b.emit(CoreOp::scatter, {into, idx, upd}, {{"axis", axis}, {"reduction", std::string("add")}});
 }
 
 Value* gather(CoreBuilder& b, Value* data, Value* idx, int64_t axis) {
-  return b.emit("gather", {data, idx}, {{"axis", axis}});
+  return b.emit(CoreOp::gather, {data, idx}, {{"axis", axis}});
 }
 
 // y = scatter(data, idx, upd). Duplicate indices: the rules assume each element is written once
@@ -529,13 +529,13 @@ std::vector<Value*> scatter_vjp(CoreBuilder& b, const Node& n, Value* g, const s
   Value* gu = nullptr;
   if (red == "none") {
     if (need[0])
-      gd = b.emit("scatter", {g, idx, zeros_like(b, upd)}, {{"axis", axis}, {"reduction", std::string("none")}});
+      gd = b.emit(CoreOp::scatter, {g, idx, zeros_like(b, upd)}, {{"axis", axis}, {"reduction", std::string("none")}});
     if (need[2]) gu = gather(b, g, idx, axis);
   } else if (red == "add") {
     gd = g;
     if (need[2]) gu = gather(b, g, idx, axis);
   } else if (red == "mul") {
-    if (need[0]) gd = b.emit("scatter", {g, idx, upd}, {{"axis", axis}, {"reduction", std::string("mul")}});
+    if (need[0]) gd = b.emit(CoreOp::scatter, {g, idx, upd}, {{"axis", axis}, {"reduction", std::string("mul")}});
     if (need[2]) gu = b.div(gather(b, b.mul(g, y), idx, axis), upd);  // assumes non-zero updates
   } else if (red == "max" || red == "min") {
     if (need[0]) gd = where(b, b.compare("eq", data, y), g);

@@ -191,8 +191,8 @@ BucketedGraph pad_to_bucket(const Graph& core, const std::string& symbol, int64_
         CoreBuilder cb(*o, n);
         Value* keep = nullptr;
         for (int a : plans[k].axes[i]) {
-          Value* m = cb.emit("broadcast_in_dim", {valid}, {{"dims", std::vector<int64_t>{a}}, {"shape", std::vector<int64_t>(x->type.shape)}});
-          keep = keep ? cb.emit("and", {keep, m}) : m;
+          Value* m = cb.emit(CoreOp::broadcast_in_dim, {valid}, {{"dims", std::vector<int64_t>{a}}, {"shape", std::vector<int64_t>(x->type.shape)}});
+          keep = keep ? cb.emit(CoreOp::and_, {keep, m}) : m;
         }
         x = cb.select(keep, x, cb.full(x->type.dtype, x->type.shape, plans[k].fill));
         ++out.masks;

@@ -7,14 +7,14 @@
 
 namespace tessel {
 
-const Node* core_producer(const Value* v, const char* op) {
+const Node* core_producer(const Value* v, CoreOp op) {
   if (!v || !v->producer) return nullptr;
   const Node* p = v->producer;
-  return p->op->domain == "tessel.core" && p->op->name == op ? p : nullptr;
+  return is_core_op(*p, op) ? p : nullptr;
 }
 
 std::optional<double> splat_of(const Value* v) {
-  if (const Node* p = core_producer(v, "broadcast_in_dim")) return splat_of(p->inputs[0]);
+  if (const Node* p = core_producer(v, CoreOp::broadcast_in_dim)) return splat_of(p->inputs[0]);
   if (!v || !v->constant || v->constant->numel() == 0) return std::nullopt;
   const Tensor& t = *v->constant;
   const size_t es = static_cast<size_t>(dtype_size(t.dtype()));

@@ -5,12 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/graph.h"
 
 namespace tessel {
 
-// The node producing `v` when it is the core op `op`, else null.
-const Node* core_producer(const Value* v, const char* op);
+// The node producing `v` when it is the primitive `op`, else null.
+const Node* core_producer(const Value* v, CoreOp op);
 // The single value of every element of `v` when `v` is a constant whose elements are all equal, or a
 // broadcast_in_dim of one; nullopt otherwise (also for an empty tensor).
 std::optional<double> splat_of(const Value* v);
