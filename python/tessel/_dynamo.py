@@ -311,9 +311,23 @@ def _check_options(kwargs):
                                   f"{', '.join(sorted(dynamo_options))})")
 
 
-def tessel_backend(gm, example_inputs, **kwargs):
-    """The "tessel" backend of torch.compile. kwargs: torch.compile's `options`, over tessel.dynamo_options
-    (target="spyre" runs the graphs on the simulated chip)."""
+def tessel_backend(gm, example_inputs, options=None, mode=None, **kwargs):
+    """The "tessel" backend of torch.compile. torch.compile(backend="tessel", options={...}) calls it with
+    `options` as one dict (torch >= 2: its wrapper passes options= and mode= to a backend that is not
+    Inductor); kwargs are the same names given one by one (a direct call). Either way they are
+    tessel.dynamo_options' names, over tessel.dynamo_options (target="spyre" runs the graphs on the
+    simulated chip). `mode` is Inductor's and has no meaning here: a mode other than None or "default" is
+    an error, not ignored."""
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _tessel.TesselError(f"torch.compile options must be a dict, not {type(options).__name__}")
+        clash = sorted(set(options) & set(kwargs))
+        if clash:
+            raise _tessel.TesselError(f"torch.compile options {clash} given twice")
+        kwargs = {**options, **kwargs}
+    if mode not in (None, "default"):
+        raise _tessel.TesselError(f"torch.compile mode {mode!r} is Inductor's; the tessel backend takes none "
+                                  f"(its options: {', '.join(sorted(dynamo_options))})")
     _check_options(kwargs)
     reads = number_inputs(gm, example_inputs)
     if reads:

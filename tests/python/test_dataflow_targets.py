@@ -319,6 +319,28 @@ class TorchCompileOptions(unittest.TestCase):
     def test_unknown_option_names_the_options(self):
         with self.assertRaisesRegex(tessel.TesselError, r"options \['tagret'\] are not tessel's"):
             tessel.tessel_backend(None, [], tagret="spyre")
+        with self.assertRaisesRegex(tessel.TesselError, r"options \['tagret'\] are not tessel's"):
+            tessel.tessel_backend(None, [], options={"tagret": "spyre"})
+        with self.assertRaisesRegex(tessel.TesselError, r"mode 'max-autotune' is Inductor's"):
+            tessel.tessel_backend(None, [], mode="max-autotune")
+        with self.assertRaisesRegex(tessel.TesselError, r"options \['target'\] given twice"):
+            tessel.tessel_backend(None, [], options={"target": "spyre"}, target="cpu")
+
+    def test_options_come_as_one_dict(self):
+        """torch.compile(backend="tessel", options={"target": "spyre"}) calls the backend with
+        options={...} as one keyword (torch 2's wrapper for backends other than Inductor: the box's
+        first run of it refused 'options' as an unknown name). Called as that wrapper calls it, on an
+        FX graph, the graph runs on the simulated chip."""
+        m = mlp()
+        x = torch.randn(16, 64)
+        gm = torch.fx.symbolic_trace(m)
+        tessel.dynamo_graphs.clear()
+        compiled = tessel.tessel_backend(gm, [x], options={"target": "spyre"}, mode=None)
+        with torch.no_grad():
+            out = compiled(x)
+            self.assertLess(max_rel(out, m(x)), TOLERANCE["f16"])
+        self.assertEqual(tessel.dynamo_graphs[-1].target, "spyre")
+        self.assertGreater(tessel.dynamo_graphs[-1].report["simulated_us"], 0)
 
     def test_changed_dynamo_options_compile_again(self):
         """issue 41: a graph the backend compiled is compiled again, with the new options, once

@@ -94,7 +94,7 @@ TestResult run_conformance_test(const std::string& dir, const ConformanceOptions
     if (opts.require_core) {
       std::set<std::string> left;
       for (const auto& n : m.graph->nodes())
-        if (n->op->domain != "tessel.core") left.insert(n->op->name);
+        if (!n->op->core) left.insert(n->op->name);
       if (!left.empty()) {
         std::string names;
         for (const auto& o : left) names += (names.empty() ? "" : ", ") + o;

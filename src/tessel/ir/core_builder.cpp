@@ -13,7 +13,7 @@ std::vector<Value*> CoreBuilder::emit_multi(CoreOp core, std::vector<Value*> inp
                                             std::map<std::string, Attr> attrs) {
   const std::string op(core_op_name(core));
   const OpDef* def = OpRegistry::get().find(op);
-  if (!def || def->domain != "tessel.core") fail("decomposition emits '{}', which is not a registered core op", op);
+  if (!def || def->core != core) fail("decomposition emits '{}', which is not a registered core op", op);
   std::string base = origin_.outputs.empty() || !origin_.outputs[0] ? origin_.name : origin_.outputs[0]->name;
   std::vector<std::string> names;
   for (int i = 0; i < num_outputs; ++i) names.push_back(g_.unique_name(base + "." + op));

@@ -23,14 +23,9 @@ std::optional<CoreOp> core_op_named(std::string_view name) {
   return std::nullopt;
 }
 
-std::optional<CoreOp> core_op_of(const Node& n) {
-  if (!n.op || n.op->domain != "tessel.core") return std::nullopt;
-  return core_op_named(n.op->name);
-}
+std::optional<CoreOp> core_op_of(const Node& n) { return n.op ? n.op->core : std::nullopt; }
 
-bool is_core_op(const Node& n, CoreOp op) {
-  return n.op && n.op->domain == "tessel.core" && n.op->name == core_op_name(op);
-}
+bool is_core_op(const Node& n, CoreOp op) { return n.op && n.op->core == op; }
 
 std::optional<CoreOp> reduction_combiner(std::string_view kind) {
   if (kind.empty()) return std::nullopt;

@@ -107,6 +107,10 @@ OpRegistry& OpRegistry::get() {
 void OpRegistry::add(OpDef def) {
   if (ops_.count(def.name)) fail("op '{}' is registered twice", def.name);
   if (!def.infer || !def.kernel) fail("op '{}' needs an infer rule and a reference kernel", def.name);
+  if (def.domain == "tessel.core") {
+    def.core = core_op_named(def.name);
+    if (!def.core) fail("core op '{}' is not a row of the core-op table (ir/core_ops.def)", def.name);
+  }
   std::string name = def.name;
   ops_.emplace(std::move(name), std::move(def));
 }

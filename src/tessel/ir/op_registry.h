@@ -4,9 +4,11 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/graph.h"
 
 namespace tessel {
@@ -117,6 +119,9 @@ struct OpDef {
   bool deterministic = true;        // false for random ops: never folded at compile time
   // The shape rule (and the decomposition, when there is one) handles symbolic sizes.
   bool symbolic = false;
+  // The primitive this entry is (domain tessel.core: set by OpRegistry::add from the core-op table),
+  // else none: code asks a node what it is through this enum (is_core_op, core_op_of), not its name.
+  std::optional<CoreOp> core;
 };
 
 class OpRegistry {

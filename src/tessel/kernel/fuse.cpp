@@ -30,7 +30,7 @@
 namespace tessel {
 namespace {
 
-bool is_core(const Node& n) { return n.op->domain == "tessel.core"; }
+bool is_core(const Node& n) { return n.op->core.has_value(); }
 
 // Every size known (static, or symbolic: docs/dynamic-shapes.md; not a data-dependent `?`) and
 // non-empty: kernels are not generated for values without elements.

@@ -110,7 +110,7 @@ const OpDef& kernel_op() {
 bool is_kernel_node(const Node& n) { return n.op->domain == "tessel.kernel"; }
 
 bool can_run_channels_last(const Node& n) {
-  if (n.op->domain != "tessel.core" || n.outputs.size() != 1 || !n.outputs[0] || n.inputs.empty()) return false;
+  if (!n.op->core || n.outputs.size() != 1 || !n.outputs[0] || n.inputs.empty()) return false;
   auto f32_4d = [](const Value* v) {
     return v && v->type.dtype == DType::f32 && v->type.shape.size() == 4 && shape_known(v->type.shape);
   };

@@ -35,7 +35,7 @@ std::string decompose(Graph& g) {
     // A Sizes node (symbolic shape arithmetic, docs/dynamic-shapes.md) waits for the ops that read it
     // as a shape; the ones still read after them are read as data (below).
     if (!n->op->decompose || is_dynamic || is_sizes(*n)) {
-      if (n->op->domain != "tessel.core") (is_dynamic ? dynamic : left)[n->op->name]++;
+      if (!n->op->core) (is_dynamic ? dynamic : left)[n->op->name]++;
       g.mutable_nodes().push_back(std::move(n));
       continue;
     }

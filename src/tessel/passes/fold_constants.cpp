@@ -25,7 +25,7 @@ std::string fold_constants(Graph& g) {
     if (!n->op->deterministic) continue;
     // A broadcast of a known value stays a broadcast: materialising it only costs memory (the
     // canonical form of a splat is a rank-0 constant and a broadcast_in_dim).
-    if (n->op->domain == "tessel.core" && is_core_op(*n, CoreOp::broadcast_in_dim)) continue;
+    if (is_core_op(*n, CoreOp::broadcast_in_dim)) continue;
     bool all = true;
     for (const Value* v : n->outputs)
       if (v && !r.folded.count(v)) all = false;

@@ -66,7 +66,7 @@ void Rewriter::apply(const std::vector<RewriteRule>& rules) {
     if (!replaced_.empty())
       for (Value*& v : n.inputs)
         if (v) v = resolved(v);
-    if (n.op->domain != "tessel.core" || n.outputs.empty() || !n.outputs[0]) continue;
+    if (!n.op->core || n.outputs.empty() || !n.outputs[0]) continue;
     try_rules(rules_for(n.op->name), n);
   }
   for (Value*& v : g_.outputs) v = resolved(v);  // (outputs move at once; kept for safety)

@@ -219,7 +219,7 @@ void count_kernels(const std::vector<Kernel>& kernels, const Graph& g, CompiledC
     st.matmul_kernels += k.kind == KernelKind::matmul;
     st.conv_kernels += k.kind == KernelKind::conv;
   }
-  for (const auto& n : g.nodes()) st.core_nodes_left += n->op->domain == "tessel.core";
+  for (const auto& n : g.nodes()) st.core_nodes_left += n->op->core.has_value();
 }
 
 }  // namespace

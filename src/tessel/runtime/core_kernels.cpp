@@ -1423,7 +1423,7 @@ StridedView broadcast_view(const Node& n) {
   return v;
 }
 
-bool is_elementwise_unary(const Node& n) { return n.op->domain == "tessel.core" && is_unary(n.op->name); }
+bool is_elementwise_unary(const Node& n) { return n.op->core.has_value() && is_unary(n.op->name); }
 
 CoreKernel make_unary_on_source(const Node& n, const StridedView& operand, int64_t count) {
   CoreKernel k;
@@ -1435,7 +1435,7 @@ CoreKernel make_unary_on_source(const Node& n, const StridedView& operand, int64
 }
 
 bool reads_views(const Node& n) {
-  return n.op->domain == "tessel.core" && (is_binary(n.op->name) || is_core_op(n, CoreOp::compare) || is_core_op(n, CoreOp::select));
+  return n.op->core.has_value() && (is_binary(n.op->name) || is_core_op(n, CoreOp::compare) || is_core_op(n, CoreOp::select));
 }
 
 void materialize_view(const StridedView& v, const uint8_t* src, const Shape& shape, int elem_bytes, uint8_t* dst) {
@@ -1451,7 +1451,7 @@ void materialize_view(const StridedView& v, const uint8_t* src, const Shape& sha
 }
 
 CoreKernel make_core_kernel(const Node& n, const ViewMap& views) {
-  if (n.op->domain != "tessel.core") return {};
+  if (!n.op->core) return {};
   const std::string& op = n.op->name;
   if (!reads_views(n) && any_view(n, views)) return {};
   try {
@@ -1477,7 +1477,7 @@ CoreKernel make_core_kernel(const Node& n, const ViewMap& views) {
 }
 
 bool can_run_in_place(const Node& n, int input) {
-  if (n.op->domain != "tessel.core" || n.outputs.size() != 1 || !n.has_input(input)) return false;
+  if (!n.op->core || n.outputs.size() != 1 || !n.has_input(input)) return false;
   const std::string& op = n.op->name;
   const Value* in = n.inputs[input];
   const Value* out = n.outputs[0];

@@ -634,7 +634,7 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
     }
     // A core node no kernel covers: the graph backend's typed kernel (or the reference kernel) on host copies.
     s.kind = Step::Kind::host;
-    if (n.op->domain == "tessel.core") s.host_kernel = make_core_kernel(n);
+    if (n.op->core.has_value()) s.host_kernel = make_core_kernel(n);
     for (const Value* v : n.inputs) s.host_in.emplace_back(v && !v->constant ? mem_bytes(v) : 0);
     for (const Value* v : n.outputs) s.host_out.emplace_back(v ? mem_bytes(v) : 0);
     info.name = display_text(n.name);

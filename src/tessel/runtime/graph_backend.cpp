@@ -331,7 +331,7 @@ bool shaped(const Value* v, bool symbolic) { return v && (symbolic ? v->type.dim
 
 // A core or kernel node whose operands and results all have such sizes.
 bool core_with_shapes(const Node& n, bool symbolic) {
-  if (n.op->domain != "tessel.core" && n.op->domain != "tessel.kernel") return false;
+  if (!n.op->core && n.op->domain != "tessel.kernel") return false;
   for (const Value* v : n.inputs)
     if (v && !shaped(v, symbolic)) return false;
   for (const Value* v : n.outputs)
@@ -414,7 +414,7 @@ void GraphExecutable::Impl::plan_outputs(const Graph& g, const GraphBackendOptio
         const int outpos = out->producer_output;
         if (group_last[in->id] > d) over = false;
         else if (over && !ins.empty()) {
-          if (n.op->domain == "tessel.core") {
+          if (n.op->core.has_value()) {
             for (int p : ins) over = over && can_run_in_place(n, p);
           } else {
             over = opts.writes_over_input && opts.writes_over_input(n, ins, outpos);
@@ -529,7 +529,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     s.node = &n;
     // symbolic: a core step whose sizes name symbols gets its kernel (or view) per binding
     const std::vector<int> syms = sym ? node_symbols(n, im.symbol_names) : std::vector<int>{};
-    const bool per_binding = !syms.empty() && n.op->domain == "tessel.core";
+    const bool per_binding = !syms.empty() && n.op->core.has_value();
     if (sym && !core_with_shapes(n, true))
       throw Error(Location{.node = n.name, .op = n.op->name, .pass = "compile"},
                   "no typed step runs this node for every binding of the size symbols (it runs on the reference "
@@ -591,7 +591,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
       im.sym_steps.push_back({im.steps.size(), syms, false});  // typed unless the binding's kernel is not
     } else {
       if (opts.custom_kernel) s.kernel = opts.custom_kernel(n);
-      if (!s.kernel && n.op->domain == "tessel.core") s.kernel = make_core_kernel(n, im.views);
+      if (!s.kernel && n.op->core.has_value()) s.kernel = make_core_kernel(n, im.views);
     }
     if (s.kernel || per_binding) {
       s.kind = StepKind::typed;

@@ -248,7 +248,7 @@ std::optional<std::pair<BreakKind, std::string>> break_reason(const Node& n) {
   if (op->domain == "tessel.torch")
     return std::pair{BreakKind::torch_fallback,
                      n.attr_s("reason", fmt::format("unsupported aten op {}: no tessel lowering", n.attr_s("target", "?")))};
-  if (op->domain == "tessel.core" || op->domain == "tessel.kernel") return std::nullopt;
+  if (op->core.has_value() || op->domain == "tessel.kernel") return std::nullopt;
   bool inputs_static = true;
   for (const Value* v : n.inputs) inputs_static = inputs_static && !has_unknown_dim(v);
   for (const Value* v : n.outputs)

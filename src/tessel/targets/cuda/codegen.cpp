@@ -718,7 +718,7 @@ std::optional<MatmulSpec> device_matmul_spec(const Node& n) {
 std::string node_matmul_symbol(size_t node_index) { return fmt::format("tsl_n{}_mm", node_index); }
 
 bool device_node_supported(const Node& n) {
-  if (n.op->domain != "tessel.core" || n.outputs.size() != 1 || !static_value(n.outputs[0])) return false;
+  if (!n.op->core || n.outputs.size() != 1 || !static_value(n.outputs[0])) return false;
   for (const Value* v : n.inputs)
     if (!static_value(v)) return false;
   const DType t = n.outputs[0]->type.dtype;
