@@ -124,22 +124,31 @@ def main():
     out = {"threads": a.threads, "pairs": a.pairs, "calls": a.calls, "tessel": a.tessel, "ort": peers.ORT_VERSION,
            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "models": {}}
     print(f"{'model':22} {'tessel ms':>10} {'ORT ms':>10} {'ratio':>7} {'won':>5}  (ratio: median of pair ratios, tessel/ORT)")
-    for m in a.models:
-        name = os.path.basename(os.path.normpath(m))
-        try:
-            r = compare(m, a, node_modules)
-        except Exception as e:  # one model's failure is reported, the rest still run
-            r = {"error": str(e)}
-            print(f"{name:22} error: {e}", flush=True)
-        else:
-            print(f"{name:22} {r['tessel']['median_ms']:10.2f} {r['ort']['median_ms']:10.2f} {r['ratio_median']:7.3f} "
-                  f"{r['tessel_won_share']:5.0%}", flush=True)
-        out["models"][name] = r
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(out, f, indent=1)
+    def row(name, r):
+        print(f"{name:22} {r['tessel']['median_ms']:10.2f} {r['ort']['median_ms']:10.2f} {r['ratio_median']:7.3f} "
+              f"{r['tessel_won_share']:5.0%}", flush=True)
+    each_model(a.models, lambda m: compare(m, a, node_modules), row, out, a.json, 22)
     done = [r for r in out["models"].values() if "ratio_median" in r]
     print(f"tessel faster (median pair ratio < 1) on {sum(r['ratio_median'] < 1 for r in done)} of {len(out['models'])}")
+
+
+def each_model(models, measure, row, out, json_path, width):
+    """measure(model folder) for each model into out["models"][name], printing row(name, result) or the
+    error (one model's failure is reported, the rest still run); out is written to json_path after each
+    model, so a run cut short keeps what it measured."""
+    for m in models:
+        name = os.path.basename(os.path.normpath(m))
+        try:
+            r = measure(m)
+        except Exception as e:  # noqa: BLE001 -- the failure is the model's entry
+            r = {"error": str(e)}
+            print(f"{name:{width}} error: {e}", flush=True)
+        else:
+            row(name, r)
+        out["models"][name] = r
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

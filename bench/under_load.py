@@ -13,7 +13,6 @@ median call over the idle phases and over the busy ones, and busy / idle; tessel
 bar (issue 37): busy / idle <= 1.6 and tessel faster than ORT under the same load.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -24,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import peers  # noqa: E402
-from paired import Server, ort_server  # noqa: E402
+from paired import Server, each_model, ort_server  # noqa: E402
 
 
 def busy_loop(core):
@@ -92,23 +91,12 @@ def main():
     out = {"threads": a.threads, "turns": a.turns, "calls": a.calls, "rounds": a.rounds, "cores": os.cpu_count(), "ort": peers.ORT_VERSION,
            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "models": {}}
     print(f"{'model':16} {'system':12} {'idle ms':>8} {'busy ms':>8} {'busy/idle':>9} {'/ORT busy':>9}")
-    for m in a.models:
-        name = os.path.basename(os.path.normpath(m))
-        try:
-            r = measure(m, a, node_modules)
-        except Exception as e:  # one model's failure is reported, the rest still run
-            r = {"error": str(e)}
-            print(f"{name:16} error: {e}", flush=True)
-        else:
-            for system, v in r.items():
-                ort = f"{v['over_ort_busy']:9.2f}" if "over_ort_busy" in v else f"{'':9}"
-                print(f"{name:16} {system:12} {v['idle_ms']:8.2f} {v['busy_ms']:8.2f} {v['busy_over_idle']:9.2f} {ort}",
-                      flush=True)
-        out["models"][name] = r
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(out, f, indent=1)
-
+    def row(name, r):
+        for system, v in r.items():
+            ort = f"{v['over_ort_busy']:9.2f}" if "over_ort_busy" in v else f"{'':9}"
+            print(f"{name:16} {system:12} {v['idle_ms']:8.2f} {v['busy_ms']:8.2f} {v['busy_over_idle']:9.2f} {ort}",
+                  flush=True)
+    each_model(a.models, lambda m: measure(m, a, node_modules), row, out, a.json, 16)
 
 if __name__ == "__main__":
     main()

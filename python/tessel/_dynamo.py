@@ -125,6 +125,7 @@ class _Sizes:
     def __init__(self, n, tensors, dims, ints, where):
         self.n, self.tensors, self.dims, self.ints, self.where = n, tensors, dims, ints, where
         self.position = {p: k for k, p in enumerate(tensors)}     # placeholder -> index among the tensors
+        self.size_of = [(p, _evaluator(expr)) for p, expr in ints.items()]  # each SymInt input's function of env
 
     def dims_of(self, frozen):
         """dynamic_dims for tessel.compile over the graph's tensors (frozen parameters stay static)."""
@@ -140,18 +141,14 @@ class _Sizes:
         args = [None] * self.n
         for k, p in enumerate(self.tensors):
             args[p] = tensors[k]
-        for p, expr in self.ints.items():
-            args[p] = _evaluate(expr, env)
+        for p, size in self.size_of:
+            args[p] = size(env)
         return args
 
 
-def _evaluate(expr, env):
-    """A sympy size expression over symbols whose values (ints, or torch SymInts while traced) env gives."""
-    return _evaluator(expr)(env)
-
-
 def _evaluator(expr):
-    """`expr` (a sympy size expression) as a function of env ({symbol name: value}): the expression is
+    """`expr` (a sympy size expression) as a function of env ({symbol name: value}: ints, or torch SymInts
+    while traced): the expression is
     walked once, so a call (every decoded token checks its SymInt inputs) costs a few closure calls, not
     sympy's type tests."""
     import sympy
@@ -236,14 +233,13 @@ class _SizedCall:
     def __init__(self, compiled, gm, sizes):
         self.compiled, self.gm, self.sizes = compiled, gm, sizes
         self.stats = compiled.stats
-        self.ints = [(p, _evaluator(expr)) for p, expr in sizes.ints.items()]
 
     def __call__(self, *args):
         sizes = self.sizes
         tensors = [args[i] for i in sizes.tensors]
-        if self.ints:
+        if sizes.size_of:
             env = sizes.values(tensors)
-            for p, size in self.ints:
+            for p, size in sizes.size_of:
                 if args[p] != size(env):
                     self.stats.eager_calls += 1
                     return self.gm(*args)

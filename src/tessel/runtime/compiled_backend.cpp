@@ -700,7 +700,6 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   ce->library_ = std::move(low.library);
   ce->source_ = std::move(low.source);
   ce->kernels_ = std::move(low.module.kernels);
-  go.pipeline = "";
   go.lowered = std::move(pre);
   go.custom_kernel = [&](const Node& n) { return b.launch(n); };
   go.output_aliases = opts.output_aliases;

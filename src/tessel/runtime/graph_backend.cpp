@@ -456,7 +456,6 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   GraphExecutable::Impl& im = *exe->impl_;
   GraphCompileStats& st = exe->stats_;
   const GraphBackendOptions::Prelowered* low = opts.lowered ? &*opts.lowered : nullptr;
-  if (low && !opts.pipeline.empty()) fail("a graph lowered before compile_graph runs no pipeline in it");
   im.num_inputs = low ? low->num_inputs : g->inputs.size();
 
   im.guards = low ? low->guards : specialise_inputs(*g, ex, opts.max_baked_elements);

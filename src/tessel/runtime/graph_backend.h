@@ -75,8 +75,8 @@ struct GraphBackendOptions {
   // refused with an "unsupported" error naming it.
   bool symbolic = false;
   // The graph was lowered before it came here (lower/: the compiled backend's passes, fusion and code
-  // generation): no specialisation and no pipeline run here (pipeline must be ""); what they decided
-  // comes with it.
+  // generation): no specialisation and no pipeline run here (`pipeline` is not read); what they
+  // decided comes with it.
   struct Prelowered {
     size_t num_inputs = 0;       // the model's inputs, before specialise_inputs took some
     std::vector<Guard> guards;   // what specialise_inputs returned
