@@ -1,4 +1,5 @@
 // Graph IR: construction, inference, the text form (print/parse round trip, malformed text), verifier.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "tessel/ir/infer.h"
@@ -229,4 +230,50 @@ TEST(Graph, UniqueNameIsTheFirstFreeSuffix) {
   h.add_input("a", t);
   for (int i = 0; i < 20000; ++i) h.add_value("a", t);  // (quadratic before: 2e8 probes)
   EXPECT_EQ(h.unique_name("a"), "a_20001");
+}
+
+// The verifier's re-inference computes a small constant subgraph's values only when a later rule
+// reads them (issue 41: every broadcast of a constant re-ran after every pass). A Reshape whose shape
+// is the end of a chain of 100 000 constant Adds reads it: the chain is evaluated then, in order and
+// without recursion, and a wrong stored type behind it is still caught.
+TEST(Verifier, ComputesDeferredValuesWhenARuleReadsThem) {
+  const int n = 100000;
+  std::string text = "graph @g(%x: f32[64]) {\n  const %c: i64[2] = [2,16]\n  const %one: i64[2] = [1,1]\n";
+  std::string prev = "%c";
+  for (int i = 0; i < n; ++i) {
+    // [1,1] added and subtracted in turn: the chain ends where it began, at [2,16].
+    const bool add = i % 2 == 0;
+    text += fmt::format("  %a{}: i64[2] = {}({}, %one) loc(\"a{}\")\n", i, add ? "Add" : "Sub", prev, i);
+    prev = fmt::format("%a{}", i);
+  }
+  text += fmt::format("  %b: i64[2] = Add({}, %one) loc(\"b\")\n", prev);  // [3,17]
+  text += "  const %fix: i64[2] = [1,-1]\n  %s: i64[2] = Add(%b, %fix) loc(\"s\")\n";  // [4,16]
+  text += "  %y: f32[4,16] = Reshape(%x, %s) loc(\"y\")\n  return %y\n}\n";
+  auto g = parse_graph(text, "chain.tsl");
+  EXPECT_NO_THROW(verify_graph(*g));
+  g->outputs[0]->type = TensorType::of(DType::f32, Dims{8, 8});
+  try {
+    verify_graph(*g);
+    FAIL() << "verifier accepted a wrong type behind a deferred shape";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f32[4,16]"), std::string::npos) << e.what();
+  }
+}
+
+// Values are renamed only through the graph (add_value, rename_value, hand_name_over), which keeps
+// its name index true; hand_name_over gives the carrier the model's name and frees it nowhere else.
+TEST(Graph, HandNameOverKeepsTheIndex) {
+  Graph g;
+  const TensorType t = TensorType::of(DType::f32, Dims{4});
+  Value* old = g.add_value("y", t);
+  Value* carrier = g.add_value("tmp", t);
+  g.add_value("y.replaced", t);  // taken: the old value gets the next free name
+  g.hand_name_over(old, carrier);
+  EXPECT_EQ(carrier->name, "y");
+  EXPECT_EQ(old->name, "y.replaced_1");
+  EXPECT_EQ(g.find_value("y"), carrier);
+  EXPECT_EQ(g.find_value("tmp"), nullptr);
+  EXPECT_EQ(g.check_name_index(), "");
+  old->name = "behind_its_back";  // what no pass may do
+  EXPECT_NE(g.check_name_index().find("behind_its_back"), std::string::npos);
 }

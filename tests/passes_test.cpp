@@ -35,6 +35,7 @@ TEST_P(Simplify, KeepsResultsAndFoldsShapeArithmetic) {
   po.dump_dir = dump.string();
   auto records = run_pipeline(*m.graph, parse_pipeline("simplify"), po);
   ASSERT_EQ(records.size(), parse_pipeline("simplify").size());
+  EXPECT_EQ(m.graph->check_name_index(), "");  // passes rename only through the graph
   // canonicalize may add broadcasts (splat constants become scalar + broadcast); nothing else grows.
   size_t after = 0;
   for (const auto& n : m.graph->nodes()) after += n->op_name() != "broadcast_in_dim";
@@ -75,6 +76,7 @@ TEST_P(Simplify, CorePipelineKeepsResults) {
   PassOptions po;
   po.dump_dir = dump.string();
   auto records = run_pipeline(*m.graph, parse_pipeline("core"), po);
+  EXPECT_EQ(m.graph->check_name_index(), "");  // decompose hands names over through the graph
   // Only core ops remain, or ops in a dynamic region (an unknown dim: downstream of NonZero).
   for (const auto& n : m.graph->nodes()) {
     bool dynamic = false;

@@ -11,12 +11,17 @@ namespace tessel {
 
 std::vector<Value*> CoreBuilder::emit_multi(CoreOp core, std::vector<Value*> inputs, int num_outputs,
                                             std::map<std::string, Attr> attrs) {
-  const std::string op(core_op_name(core));
-  const OpDef* def = OpRegistry::get().find(op);
-  if (!def || def->core != core) fail("decomposition emits '{}', which is not a registered core op", op);
-  std::string base = origin_.outputs.empty() || !origin_.outputs[0] ? origin_.name : origin_.outputs[0]->name;
-  std::vector<std::string> names;
-  for (int i = 0; i < num_outputs; ++i) names.push_back(g_.unique_name(base + "." + op));
+  const OpDef* def = OpRegistry::get().find(core);
+  if (!def) fail("decomposition emits '{}', which is not a registered core op", core_op_name(core));
+  const std::string& base = origin_.outputs.empty() || !origin_.outputs[0] ? origin_.name : origin_.outputs[0]->name;
+  std::string name = base;
+  name += '.';
+  name += core_op_name(core);
+  // One output: add_node makes its name unique (a unique_name here first was a second lookup per
+  // value). Several: each is made unique before any is added, as the names always were.
+  std::vector<std::string> names(static_cast<size_t>(num_outputs), name);
+  if (num_outputs > 1)
+    for (auto& n : names) n = g_.unique_name(name);
   Node* n = g_.add_node(def, origin_.name, std::move(inputs), names, std::move(attrs));
   std::vector<const Tensor*> known;
   for (const Value* v : n->inputs) known.push_back(v && v->constant ? &*v->constant : nullptr);

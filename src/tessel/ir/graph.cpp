@@ -75,13 +75,17 @@ std::vector<std::string> Node::attr_strings(const std::string& n) const {
 const Tensor& Node::attr_t(const std::string& n) const { return get_attr<Tensor>(*this, n, "a tensor"); }
 
 Value* Graph::add_value(std::string name, TensorType type) {
-  if (name.empty() || by_name_.count(name)) name = unique_name(name.empty() ? "v" : name);
   auto v = std::make_unique<Value>();
+  Value* p = v.get();
+  // One lookup when the name is free (the common case): the entry is made, then its key is the name.
+  const bool fresh = !name.empty() && by_name_.try_emplace(name, p).second;
+  if (!fresh) {
+    name = unique_name(name.empty() ? "v" : name);
+    by_name_.emplace(name, p);
+  }
   v->id = static_cast<int>(values_.size());
   v->name = std::move(name);
   v->type = std::move(type);
-  Value* p = v.get();
-  by_name_[p->name] = p;
   values_.push_back(std::move(v));
   return p;
 }
@@ -204,6 +208,30 @@ bool Graph::rename_value(Value* v, const std::string& name) {
   return true;
 }
 
+void Graph::hand_name_over(Value* from, Value* to) {
+  if (from == to) return;
+  std::string name = from->name;
+  by_name_.erase(name);
+  by_name_.erase(to->name);
+  name_hints_.clear();
+  from->name.clear();
+  to->name = name;
+  by_name_[name] = to;
+  from->name = unique_name(name + ".replaced");
+  by_name_[from->name] = from;
+}
+
+std::string Graph::check_name_index() const {
+  for (const auto& v : values_) {
+    auto it = by_name_.find(v->name);
+    if (it == by_name_.end()) return fmt::format("value '{}' is not in the name index", v->name);
+    if (it->second != v.get()) return fmt::format("the name index gives another value for '{}'", v->name);
+  }
+  if (by_name_.size() != values_.size())
+    return fmt::format("the name index holds {} names for {} values", by_name_.size(), values_.size());
+  return "";
+}
+
 void Graph::replace_all_uses(Value* from, Value* to) {
   for (auto& n : nodes_)
     for (auto& v : n->inputs)
@@ -235,12 +263,9 @@ void Graph::compact() {
   std::vector<std::unique_ptr<Value>> kept;
   kept.reserve(values_.size());
   name_hints_.clear();
-  // The name index is kept up to date rather than rebuilt (a hash insert per value, with its string
-  // copy, was a third of the core pipeline on a long chain): the dropped values' entries go, each kept
-  // value's current name maps to it. Passes also rename values in place (decompose's ".replaced"): an
-  // entry under an old name makes the index larger than the values, and two values under one name
-  // show when the index answers another value for a name; either way it is rebuilt from the names.
-  bool rebuild = false;
+  // The name index is kept true by every naming path (add_value, rename_value, hand_name_over), so
+  // compacting only forgets the dropped values (rebuilding it, a hash insert per value with its string
+  // copy, was a third of the core pipeline on a long chain of issue 41).
   for (auto& v : values_) {
     // A value still used but no longer defined is kept, so the verifier reports it (not a crash).
     bool keep = v->is_input || v->producer != nullptr || uses[v->id] > 0;
@@ -250,16 +275,9 @@ void Graph::compact() {
       continue;
     }
     v->id = static_cast<int>(kept.size());
-    auto [it, inserted] = by_name_.try_emplace(v->name, v.get());
-    if (!inserted && it->second != v.get()) rebuild = true;
     kept.push_back(std::move(v));
   }
   values_ = std::move(kept);
-  if (rebuild || by_name_.size() != values_.size()) {
-    by_name_.clear();
-    by_name_.reserve(values_.size());
-    for (const auto& v : values_) by_name_[v->name] = v.get();
-  }
 }
 
 }  // namespace tessel

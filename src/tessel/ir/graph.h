@@ -99,6 +99,14 @@ class Graph {
   // ---- rewriting (used by passes) ----
   // Gives `v` the name `name`; false (nothing changes) if another value has it.
   bool rename_value(Value* v, const std::string& name);
+  // `to` takes `from`'s name and `from` becomes "<name>.replaced" (made unique): the value that now
+  // carries a result keeps the name the model gave it. Values are renamed only through the graph,
+  // which keeps its name index true (a test scans the sources for in-place renames).
+  void hand_name_over(Value* from, Value* to);
+  // Empty when the name index answers every value for its name and holds nothing else; else the
+  // first disagreement (a value renamed in place, behind the graph's back). For tests: passes keep
+  // the index true without rechecking it.
+  std::string check_name_index() const;
   // Points every use of `from` (node inputs, graph outputs) at `to`.
   void replace_all_uses(Value* from, Value* to);
   // Number of node inputs and graph outputs that use each value, indexed by Value::id.

@@ -1,6 +1,10 @@
 // Whole-graph inference and single-node evaluation.
 #include "tessel/ir/infer.h"
 
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
@@ -36,14 +40,8 @@ void check_symbolic_rule(const Node& n, const std::vector<const SymTensor*>* sym
   if (symbolic) unsupported("{} has no shape rule for symbolic sizes (docs/dynamic-shapes.md lists the ops that have)", n.op->name);
 }
 
-NodeFacts run_rule(const Node& n, const std::vector<const Tensor*>& known, const std::vector<const SymTensor*>* sym = nullptr) {
-  check_symbolic_rule(n, sym);
-  InferCtx ctx(n, known, sym);
-  n.op->infer(ctx);
-  for (size_t i = 0; i < n.outputs.size(); ++i)
-    if (n.outputs[i] && !ctx.out_set(static_cast<int>(i))) fail("shape rule did not set output {}", i);
-  return {ctx.outs(), ctx.out_values(), ctx.out_sym_values()};
-}
+NodeFacts run_rule(const Node& n, const std::vector<const Tensor*>& known, const std::vector<const SymTensor*>* sym = nullptr,
+                   const std::function<const Tensor*(int)>& resolve = {});
 
 void apply(Node& n, const NodeFacts& f, bool verify_only) {
   for (size_t i = 0; i < n.outputs.size(); ++i) {
@@ -51,7 +49,7 @@ void apply(Node& n, const NodeFacts& f, bool verify_only) {
     if (!v) continue;
     // A value whose static type needs more bytes than one allocation may have is refused here,
     // before any backend plans or makes a buffer for it.
-    if (shape_known(f.types[i].shape))
+    if (shape_known(f.types[i].shape) && !tensor_within_limits(f.types[i].dtype, f.types[i].shape))
       checked_tensor_numel(f.types[i].dtype, f.types[i].shape, fmt::format("output '%{}'", v->name));
     if (!verify_only) {
       v->type = f.types[i];
@@ -102,28 +100,98 @@ std::vector<Tensor> run_node(const Node& n, const std::vector<const Tensor*>& in
 
 namespace {
 
-// Types (and, when small and known, values) of one node's outputs, recorded in `r`.
-void infer_one(Node& n, InferResult& r, int64_t fold_limit, bool verify_only) {
-  auto known_of = [&](const Value* v) -> const Tensor* {
-    if (!v) return nullptr;
-    if (v->constant) return &*v->constant;
-    auto it = r.folded.find(v);
-    return it == r.folded.end() ? nullptr : &it->second;
-  };
+// The verifier's re-inference (verify_only) leaves a small constant subgraph's values uncomputed
+// until a later rule reads one: re-running every broadcast of a constant after every pass was a
+// tenth of a long pipeline (issue 41), and the types it checks come from the rules either way.
+struct Deferred {
+  std::unordered_map<const Value*, std::pair<const Node*, size_t>> producer;  // value -> (node, position)
+};
+
+NodeFacts run_rule(const Node& n, const std::vector<const Tensor*>& known, const std::vector<const SymTensor*>* sym,
+                   const std::function<const Tensor*(int)>& resolve) {
+  check_symbolic_rule(n, sym);
+  InferCtx ctx(n, known, sym);
+  if (resolve) ctx.set_resolver(resolve);
+  n.op->infer(ctx);
+  for (size_t i = 0; i < n.outputs.size(); ++i)
+    if (n.outputs[i] && !ctx.out_set(static_cast<int>(i))) fail("shape rule did not set output {}", i);
+  return {ctx.outs(), ctx.out_values(), ctx.out_sym_values()};
+}
+
+const Tensor* known_value(const Value* v, const InferResult& r) {
+  if (!v) return nullptr;
+  if (v->constant) return &*v->constant;
+  auto it = r.folded.find(v);
+  return it == r.folded.end() ? nullptr : &it->second;
+}
+
+// Computes a deferred value and every deferred value it needs, in graph order (no recursion: a
+// chain of deferred nodes may be as long as the graph).
+const Tensor* resolve_deferred(const Value* want, InferResult& r, Deferred& d, int64_t fold_limit) {
+  std::vector<std::pair<size_t, const Node*>> order;
+  std::vector<const Value*> stack{want};
+  std::unordered_set<const Node*> seen;
+  while (!stack.empty()) {
+    const Value* v = stack.back();
+    stack.pop_back();
+    auto it = d.producer.find(v);
+    if (it == d.producer.end() || !seen.insert(it->second.first).second) continue;
+    order.emplace_back(it->second.second, it->second.first);
+    for (const Value* in : it->second.first->inputs)
+      if (in && !known_value(in, r)) stack.push_back(in);
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [pos, n] : order) {
+    std::vector<const Tensor*> known;
+    for (const Value* in : n->inputs) known.push_back(known_value(in, r));
+    auto outs = run_node(*n, known);
+    for (size_t i = 0; i < n->outputs.size(); ++i) {
+      if (!n->outputs[i]) continue;
+      d.producer.erase(n->outputs[i]);
+      if (outs[i].numel() <= fold_limit) r.folded[n->outputs[i]] = std::move(outs[i]);
+    }
+  }
+  return known_value(want, r);
+}
+
+// Types (and, when small and known, values) of one node's outputs, recorded in `r`. `d` is set when
+// verifying: values are then computed only when read.
+void infer_one(Node& n, size_t pos, InferResult& r, int64_t fold_limit, bool verify_only, Deferred* d) {
+  auto deferred = [&](const Value* v) { return d && v && d->producer.count(v) > 0; };
   try {
     std::vector<const Tensor*> known;
     std::vector<const SymTensor*> sym;
-    bool all_known = true, any_sym = false;
+    known.reserve(n.inputs.size());
+    bool all_known = true, any_sym = false, any_deferred = false;
     int64_t elems = 0;
     for (const Value* v : n.inputs) {
-      known.push_back(known_of(v));
-      auto st = v ? r.sym_folded.find(v) : r.sym_folded.end();
-      sym.push_back(st == r.sym_folded.end() ? nullptr : &st->second);
-      any_sym = any_sym || sym.back();
-      if (v && !known.back()) all_known = false;
+      known.push_back(known_value(v, r));
+      const SymTensor* s = nullptr;
+      if (v && !r.sym_folded.empty()) {
+        auto st = r.sym_folded.find(v);
+        if (st != r.sym_folded.end()) s = &st->second;
+      }
+      sym.push_back(s);
+      any_sym = any_sym || s;
+      if (v && !known.back()) {
+        if (deferred(v)) {
+          any_deferred = true;
+          elems += shape_numel(v->type.shape);
+        } else {
+          all_known = false;
+        }
+      }
       if (known.back()) elems += known.back()->numel();
     }
-    NodeFacts f = run_rule(n, known, any_sym ? &sym : nullptr);
+    std::function<const Tensor*(int)> resolve;
+    if (any_deferred)
+      resolve = [&](int i) -> const Tensor* {
+        const Value* v = n.inputs[static_cast<size_t>(i)];
+        if (!deferred(v)) return nullptr;
+        known[static_cast<size_t>(i)] = resolve_deferred(v, r, *d, fold_limit);
+        return known[static_cast<size_t>(i)];
+      };
+    NodeFacts f = run_rule(n, known, any_sym ? &sym : nullptr, resolve);
     bool any_value = false;
     for (const auto& v : f.values) any_value = any_value || v.has_value();
     // A node with a symbolic result (type or value) or attribute has no value the kernel could
@@ -134,9 +202,18 @@ void infer_one(Node& n, InferResult& r, int64_t fold_limit, bool verify_only) {
     // its values (shape arithmetic), and data-dependent output sizes (NonZero, Unique of a
     // constant) become exact.
     if (!any_value && !symbolic && all_known && n.op->deterministic && elems <= fold_limit) {
-      bool small = true;
-      for (const auto& t : f.types) small = small && (!shape_known(t.shape) || shape_numel(t.shape) <= fold_limit);
-      if (small) {
+      bool small = true, exact = true;
+      for (const auto& t : f.types) {
+        small = small && (!shape_known(t.shape) || shape_numel(t.shape) <= fold_limit);
+        exact = exact && shape_known(t.shape);
+      }
+      if (small && d && exact) {
+        // Verifying, and the rule's types are exact: the value waits until a rule reads it.
+        for (const Value* v : n.outputs)
+          if (v) d->producer[v] = {&n, pos};
+      } else if (small) {
+        for (size_t i = 0; i < n.inputs.size(); ++i)
+          if (!known[i] && deferred(n.inputs[i])) known[i] = resolve_deferred(n.inputs[i], r, *d, fold_limit);
         // The kernel's results are checked against the outputs' types, so the rule's types go in
         // first (when verifying, the stored types are what is checked).
         if (!verify_only)
@@ -164,13 +241,15 @@ void infer_one(Node& n, InferResult& r, int64_t fold_limit, bool verify_only) {
 
 InferResult infer_graph(Graph& g, int64_t fold_limit, bool verify_only) {
   InferResult r;
-  for (auto& np : g.mutable_nodes()) infer_one(*np, r, fold_limit, verify_only);
+  Deferred d;
+  auto& nodes = g.mutable_nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) infer_one(*nodes[i], i, r, fold_limit, verify_only, verify_only ? &d : nullptr);
   return r;
 }
 
 void infer_graph_from(Graph& g, size_t first, InferResult& r, int64_t fold_limit) {
   auto& nodes = g.mutable_nodes();
-  for (size_t i = first; i < nodes.size(); ++i) infer_one(*nodes[i], r, fold_limit, false);
+  for (size_t i = first; i < nodes.size(); ++i) infer_one(*nodes[i], i, r, fold_limit, false, nullptr);
 }
 
 void bind_input_shapes(Graph& g, const std::vector<Tensor>& ex) {

@@ -53,6 +53,7 @@ const TensorType& InferCtx::in(int i) const {
 
 const Tensor* InferCtx::value(int i) const {
   if (!has_in(i) || i >= static_cast<int>(known_.size())) return nullptr;
+  if (!known_[i] && resolve_) return resolve_(i);
   return known_[i];
 }
 
@@ -112,7 +113,9 @@ void OpRegistry::add(OpDef def) {
     if (!def.core) fail("core op '{}' is not a row of the core-op table (ir/core_ops.def)", def.name);
   }
   std::string name = def.name;
-  ops_.emplace(std::move(name), std::move(def));
+  const std::optional<CoreOp> core = def.core;
+  auto it = ops_.emplace(std::move(name), std::move(def)).first;
+  if (core) by_core_[static_cast<size_t>(*core)] = &it->second;
 }
 
 const OpDef* OpRegistry::find(const std::string& name) const {

@@ -2,6 +2,7 @@
 // reference kernel, legacy-opset upgrade, decomposition hook, fusion kind and cost.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <map>
 #include <optional>
@@ -61,10 +62,14 @@ class InferCtx {
   const std::vector<std::optional<Tensor>>& out_values() const { return out_values_; }
   const std::vector<std::optional<SymTensor>>& out_sym_values() const { return out_sym_; }
   bool out_set(int i) const { return set_[i]; }
+  // Asked by value(i) for an input whose value is computable but not computed yet (the verifier
+  // evaluates small constant subgraphs only when a later rule reads them); returns it or null.
+  void set_resolver(std::function<const Tensor*(int)> r) { resolve_ = std::move(r); }
 
  private:
   const Node& node_;
   const std::vector<const Tensor*>& known_;
+  std::function<const Tensor*(int)> resolve_;
   const std::vector<const SymTensor*>* sym_;
   std::vector<std::optional<SymTensor>> out_sym_;
   std::vector<TensorType> outs_;
@@ -129,10 +134,13 @@ class OpRegistry {
   static OpRegistry& get();          // the process-wide registry with every op family loaded
   void add(OpDef def);               // throws if the name is already registered
   const OpDef* find(const std::string& name) const;
+  // The entry of a primitive (an index into the core-op table, no name lookup); null if unregistered.
+  const OpDef* find(CoreOp op) const { return by_core_[static_cast<size_t>(op)]; }
   std::vector<const OpDef*> all() const;
 
  private:
-  std::map<std::string, OpDef> ops_;
+  std::map<std::string, OpDef> ops_;  // (std::map: entries never move, so the pointers below stay)
+  std::array<const OpDef*, kNumCoreOps> by_core_{};
 };
 
 Cost op_cost(const Node& node);

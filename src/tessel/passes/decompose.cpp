@@ -63,11 +63,7 @@ std::string decompose(Graph& g) {
         if (out == old) out = results[i];
       old->producer = nullptr;
       // The value that now carries the result keeps the name the model gave it.
-      if (static_cast<size_t>(results[i]->id) >= first_new) {
-        std::string name = old->name;
-        old->name += ".replaced";
-        results[i]->name = name;
-      }
+      if (static_cast<size_t>(results[i]->id) >= first_new) g.hand_name_over(old, results[i]);
     }
     ++done;
   }

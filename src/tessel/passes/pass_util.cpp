@@ -73,9 +73,7 @@ bool forward_uses(Graph& g, Value* from, Value* to) {
   if (from_is_output) {
     const bool to_is_output = std::find(g.outputs.begin(), g.outputs.end(), to) != g.outputs.end();
     if (to->is_input || to->constant || to_is_output) return false;
-    std::string name = from->name;
-    from->name = g.unique_name(name + ".replaced");
-    to->name = name;
+    g.hand_name_over(from, to);
   }
   g.replace_all_uses(from, to);
   return true;

@@ -97,8 +97,15 @@ int64_t checked_tensor_numel(DType dtype, const Shape& shape, std::string_view w
   const auto bytes = tensor_bytes(dtype, shape);
   if (!bytes || *bytes > uint64_t(INT64_MAX))
     fail("{} of shape {} and dtype {} has more bytes than 64-bit arithmetic can count", what, shape_str(shape), dtype_name(dtype));
-  check_alloc(*bytes, fmt::format("{} of shape {} and dtype {}", what, shape_str(shape), dtype_name(dtype)));
+  if (*bytes > max_alloc_bytes())
+    check_alloc(*bytes, fmt::format("{} of shape {} and dtype {}", what, shape_str(shape), dtype_name(dtype)));
   return shape_numel(shape);
+}
+
+bool tensor_within_limits(DType dtype, const Shape& shape) {
+  if (!shape_known(shape)) return false;
+  const auto bytes = tensor_bytes(dtype, shape);
+  return bytes && *bytes <= uint64_t(INT64_MAX) && *bytes <= max_alloc_bytes();
 }
 
 std::string file_kind(unsigned mode) {

@@ -31,6 +31,9 @@ std::optional<uint64_t> tensor_bytes(DType dtype, const Shape& shape);
 // tensor_bytes, checked: an unknown shape, an overflow or a size over the limit is an Error naming
 // the shape, the dtype and `what`. Returns the element count.
 int64_t checked_tensor_numel(DType dtype, const Shape& shape, std::string_view what = "a tensor");
+// Whether checked_tensor_numel would accept the shape: no message is built, for the hot paths that
+// name the tensor only when it fails (shape inference checks every output of every node).
+bool tensor_within_limits(DType dtype, const Shape& shape);
 
 // The whole of a regular file, read with a bound: a directory, FIFO, device (/dev/zero) or socket is
 // refused, and so is a file larger than max_alloc_bytes(), before anything is read. Errors name
