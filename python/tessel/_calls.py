@@ -39,6 +39,10 @@ def _split_call(args, kwargs):
     tensors = []
     for i, a in enumerate(items):
         if isinstance(a, torch.Tensor):
+            if a.layout is not torch.strided:  # (a sparse input reached numpy's conversion: a TypeError)
+                what = f"input {i}" if i < len(args) else f"keyword argument '{names[i - len(args)]}'"
+                raise _tessel.TesselError(f"{what} is a {str(a.layout).replace('torch.', '')} tensor; tessel compiles "
+                                          "dense (strided) tensors -- pass it as .to_dense()")
             sig.append((tuple(a.shape), a.dtype))
             tensors.append(a)
         elif isinstance(a, _LITERALS):

@@ -456,6 +456,28 @@ class BadInputTest(unittest.TestCase):
         with self.assertRaises(tessel.TesselError):
             fast(torch.zeros(2, dtype=torch.complex64))
 
+    def test_sparse_inputs_are_one_line_errors(self):
+        """A sparse input at capture or at a call is a TesselError naming it (issue 41 case 5: a CSR input raised
+        PyTorch's "unsupported memory format option Contiguous", a COO one numpy's TypeError)."""
+        import warnings
+
+        class SampledAddmm(nn.Module):
+            def forward(self, s, x, y):
+                return torch.sparse.sampled_addmm(s, x, y).to_dense()
+
+        x = torch.randn(4, 4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (torch 1.13: "Sparse CSR tensor support is in beta state")
+            csr, coo = torch.eye(4).to_sparse_csr(), x.to_sparse()
+        for s, layout in ((csr, "sparse_csr"), (coo, "sparse_coo")):
+            with self.assertRaisesRegex(tessel.TesselError, f"input 0 is a {layout} tensor"):
+                tessel.compile(SampledAddmm(), (s, x, x))
+        relu = tessel.compile(nn.ReLU(), (x,))
+        for s, layout in ((csr, "sparse_csr"), (coo, "sparse_coo")):
+            with self.assertRaisesRegex(tessel.TesselError, f"input 0 is a {layout} tensor"):
+                relu(s)
+        self.assertTrue(torch.equal(relu(x), torch.relu(x)))
+
     def test_errors_are_one_class(self):
         self.assertTrue(issubclass(tessel.TesselCaptureError, tessel.TesselError))
         self.assertTrue(issubclass(tessel.TesselRecompileLimit, tessel.TesselError))
