@@ -306,6 +306,43 @@ TEST(ImportExpand, IfWithRunTimeCondition) {
   EXPECT_NE(e.find("needs both branches' output 0 to have one static type"), std::string::npos) << e;
 }
 
+// If inside If, `depth` deep: each then-branch holds the next If, each else-branch an Abs of `x`.
+void add_nested_if(Model& md, int depth) {
+  onnx::NodeProto* n = md.node("If", {"c"}, {"y"});
+  for (int level = 0; level < depth; ++level) {
+    const std::string t = fmt::format("t{}", level), e = fmt::format("e{}", level);
+    onnx::NodeProto* cur = n;
+    auto* then_g = attr_g(cur, "then_branch");
+    if (level + 1 < depth) n = Model::node(then_g, "If", {"c"}, {t});
+    else Model::node(then_g, "Neg", {"x"}, {t});
+    Model::set_type(then_g->add_output(), t, 1, {2});
+    auto* else_g = attr_g(cur, "else_branch");
+    Model::node(else_g, "Abs", {"x"}, {e});
+    Model::set_type(else_g->add_output(), e, 1, {2});
+  }
+}
+
+// Subgraphs nested past protobuf's default recursion limit (100 messages: about 33 levels of If) are
+// refused as that, not as a corrupt file; 30 levels import and run (issue 41: nested If).
+TEST(ImportExpand, DeeplyNestedIfIsNamedAsSuch) {
+  for (int depth : {30, 40}) {
+    Tensor c(DType::boolean, {});
+    c.set_i(0, 1);
+    Model md(13);
+    md.input("c", c), md.input("x", Tensor::from_f64(DType::f32, {2}, std::vector<double>{1, -2}));
+    add_nested_if(md, depth);
+    md.output("y");
+    if (depth == 30) {
+      expect_close(md.run("nested_if.onnx")[0], std::vector<double>{-1, 2});
+    } else {
+      bool unsup = false;
+      const std::string e = md.error("nested_if_deep.onnx", &unsup);
+      EXPECT_TRUE(unsup) << e;
+      EXPECT_NE(e.find("nested deeper than protobuf parses by default"), std::string::npos) << e;
+    }
+  }
+}
+
 // ONNX graphs are in SSA form, as the ONNX checker holds them: an If whose output names a graph input,
 // a node listing one output name twice, a Constant redefining a value, a graph output listed twice are
 // one-line errors naming the name, not a silent rebinding (issue 41).

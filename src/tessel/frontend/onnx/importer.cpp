@@ -2,6 +2,7 @@
 #include "tessel/frontend/onnx/importer.h"
 
 #include <fcntl.h>
+#include <google/protobuf/io/coded_stream.h>
 #include <onnx/onnx_pb.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -714,6 +715,24 @@ void write_tensor_pb(const Tensor& t, const std::string& name, const std::string
   if (!f || !tp.SerializeToOstream(&f)) throw Error(Location{.file = path, .pass = "write"}, "cannot write tensor file");
 }
 
+namespace {
+
+// Why protobuf refused a model: subgraphs (If/Loop/Scan bodies, three messages a level) nested past its
+// default recursion limit of 100 messages parse under a larger limit; anything else is damage.
+[[noreturn]] void refuse_model_bytes(const std::string& bytes) {
+  if (!bytes.empty() && bytes.size() <= INT_MAX) {
+    google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()), static_cast<int>(bytes.size()));
+    in.SetRecursionLimit(1000);
+    onnx::ModelProto deep;
+    if (deep.ParseFromCodedStream(&in) && in.ConsumedEntireMessage() && deep.has_graph())
+      unsupported("subgraphs (If/Loop/Scan bodies) are nested deeper than protobuf parses by default (100 "
+                  "messages, about 33 levels)");
+  }
+  fail("not a valid ONNX model (truncated or corrupt protobuf)");
+}
+
+}  // namespace
+
 ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
   Location file_loc{.file = path, .pass = "import"};
   try {
@@ -728,14 +747,13 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
       FileReader r(fd);
       std::string rest;
       split = split_model(r, rest, spans) && rest.size() <= INT_MAX;
-      if (split && (!model.ParseFromString(rest) || !model.has_graph()))
-        fail("not a valid ONNX model (truncated or corrupt protobuf)");
+      if (split && (!model.ParseFromString(rest) || !model.has_graph())) refuse_model_bytes(rest);
     }
     if (!split) {
       spans.clear();
       std::string bytes = fd.read_all();
       if (bytes.empty() || bytes.size() > INT_MAX || !model.ParseFromString(bytes) || !model.has_graph())
-        fail("not a valid ONNX model (truncated or corrupt protobuf)");
+        refuse_model_bytes(bytes);
     }
     const fs::path base = fs::path(path).parent_path();
     const auto& gp = model.graph();
