@@ -33,7 +33,7 @@ const Kernel* kernel_from(const KernelModule& m, const std::string& source_prefi
 
 int count_op(const Kernel& k, const std::string& op) {
   int n = 0;
-  for (const KInstr& in : k.body) n += in.op == op;
+  for (const KInstr& in : k.body) n += in.name() == op;
   return n;
 }
 

@@ -434,16 +434,16 @@ std::string FuncEmitter::value(int id, bool row) {
   const KInstr& in = k_.body[static_cast<size_t>(id)];
   const DType t = in.dtype;
   std::string r;
-  const bool is_reduce = core_op_named(in.op) == CoreOp::reduce;
+  const bool is_reduce = in.is(CoreOp::reduce);
   const bool is_row_value = in.row || is_reduce;
-  if (in.op == "const") {
+  if (in.is(KInstrKind::constant)) {
     r = constant(in.value, t, row);
   } else if (!row && is_row_value) {
     if (compute_.size() < 2) cannot("a row value in a kernel without rows");
     r = broadcast_row(value(id, true), t);
   } else if (row && !is_row_value) {
     cannot(fmt::format("element value %{} used as a row value", id));
-  } else if (in.op == "load") {
+  } else if (in.is(KInstrKind::load)) {
     const KAccess& acc = k_.accesses.at(static_cast<size_t>(in.access));
     if (row) {
       // a row value read from memory (a reduction's result stored by an earlier kernel): the view indexes
@@ -502,9 +502,8 @@ std::string FuncEmitter::value(int id, bool row) {
     auto arg_dtype = [&](size_t i) { return k_.body.at(static_cast<size_t>(in.args.at(i))).dtype; };
     const bool fl = is_fp(t);
     r = fresh("v");
-    const std::string& op = in.op;
-    const auto prim = core_op_named(op);
-    const CoreOpInfo* p = prim ? &core_op_info(*prim) : nullptr;
+    const std::string_view op = in.name();
+    const CoreOpInfo* p = in.is(KInstrKind::core) ? &core_op_info(in.core) : nullptr;
     // The table's spelling for the operand class: float, bool or another integer (core_ops.def).
     auto spelling = [&](DType d) { return std::string(is_fp(d) ? p->ktir_f : d == DType::boolean ? p->ktir_b : p->ktir_i); };
     if (p && p->kind == CoreKind::unary) {
@@ -668,7 +667,7 @@ void FuncEmitter::extent_tiles(const std::vector<int>& dims, size_t i, int64_t e
 void FuncEmitter::emit_body_stores() {
   for (size_t i = 0; i < k_.body.size(); ++i) {
     const KInstr& in = k_.body[i];
-    if (in.op != "store") continue;
+    if (!in.is(KInstrKind::store)) continue;
     const KAccess& acc = k_.accesses.at(static_cast<size_t>(in.access));
     const int g = global_of_arg(acc.arg);
     // a row store (a reduction's result) indexes the target dims but the last compute dim, at its start
@@ -814,7 +813,7 @@ void FuncEmitter::conv_epilogue_map() {
   if (!k_.body.empty()) {
     int ya = -1;
     for (const KInstr& in : k_.body)
-      if (in.op == "store" && k_.accesses.at(static_cast<size_t>(in.access)).arg == c.y) ya = in.access;
+      if (in.is(KInstrKind::store) && k_.accesses.at(static_cast<size_t>(in.access)).arg == c.y) ya = in.access;
     if (ya < 0) cannot("an epilogue that does not store the convolution's result");
     c_access_ = ya;
     const KAccess& acc = k_.accesses[static_cast<size_t>(ya)];
@@ -1107,7 +1106,7 @@ std::string FuncEmitter::emit_matmul() {
       throw Error(Location{.node = t_.node, .pass = "ktir"},
                   fmt::format("kernel {}: the epilogue's loop space is not the product's {}x{}x{}", k_.name, B, M, N));
     for (size_t i = 0; i < k_.body.size(); ++i)
-      if (k_.body[i].op == "store" && k_.accesses.at(static_cast<size_t>(k_.body[i].access)).arg == mm.c) c_access_ = k_.body[i].access;
+      if (k_.body[i].is(KInstrKind::store) && k_.accesses.at(static_cast<size_t>(k_.body[i].access)).arg == mm.c) c_access_ = k_.body[i].access;
     if (c_access_ < 0) cannot("an epilogue that does not store the product's buffer");
   }
   nest(outer, 0, tile_body);

@@ -1143,7 +1143,7 @@ struct Lowering {
     const Value* root = fz.views[u->id].root;
     if (!root->constant || root->constant->numel() != 1) return std::nullopt;
     KInstr in;
-    in.op = "const";
+    in.kind = KInstrKind::constant;
     in.dtype = u->type.dtype;
     const DType t = u->type.dtype;
     in.value = (t == DType::f32 || t == DType::f64) ? root->constant->get_f(0) : static_cast<double>(root->constant->get_i(0));
@@ -1187,12 +1187,13 @@ struct Lowering {
   }
 
   KInstr from_node(const Node& n, std::vector<int> args) {
+    if (!n.op->core) fail("'{}' ({}) is fused but is no core primitive", n.name, n.op->name);
     KInstr in;
-    in.op = n.op->name;
+    in.core = *n.op->core;
     in.dtype = n.outputs[0]->type.dtype;
     in.args = std::move(args);
-    if (names_core_op(in.op, CoreOp::compare)) in.attr = n.attr_s("direction");
-    if (names_core_op(in.op, CoreOp::reduce)) in.attr = n.attr_s("kind");
+    if (in.is(CoreOp::compare)) in.attr = n.attr_s("direction");
+    if (in.is(CoreOp::reduce)) in.attr = n.attr_s("kind");
     return in;
   }
 
@@ -1215,7 +1216,7 @@ struct Lowering {
       id = row(u);
     } else {
       KInstr in;
-      in.op = "load";
+      in.kind = KInstrKind::load;
       in.dtype = u->type.dtype;
       in.access = (is_member(u) && u->producer == gr.anchor) ? acc_access : access_for(u, Level::elem);
       in.phase = p;
@@ -1265,7 +1266,7 @@ struct Lowering {
       return id;
     }
     KInstr in;
-    in.op = "load";
+    in.kind = KInstrKind::load;
     in.dtype = u->type.dtype;
     in.access = access_for(u, Level::row);
     in.row = true;
@@ -1364,7 +1365,7 @@ void Lowering::lower() {
     const Level lv = fz.level[v->id];
     const int p = phase_of.at(v->id);
     KInstr st;
-    st.op = "store";
+    st.kind = KInstrKind::store;
     st.dtype = v->type.dtype;
     if (lv == Level::elem) {
       st.args = {elem(v, p)};
@@ -1502,7 +1503,7 @@ void collapse_loops(Kernel& k) {
   // a pointwise kernel that collapsed to one outer and one inner dim may become one inner dim
   if (k.phases == 1 && k.kind == KernelKind::loop && k.outer.size() == 1 && k.inner.size() == 1) {
     bool reduce = false;
-    for (const KInstr& in : k.body) reduce = reduce || names_core_op(in.op, CoreOp::reduce) || (in.row && in.op != "const");
+    for (const KInstr& in : k.body) reduce = reduce || in.is(CoreOp::reduce) || (in.row && !in.is(KInstrKind::constant));
     bool ok = !reduce;
     for (const KAccess& a : k.accesses) ok = ok && a.strides[0] == a.strides[1] * k.inner[0];
     if (ok) {

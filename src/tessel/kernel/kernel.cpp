@@ -78,9 +78,29 @@ std::vector<std::string> Kernel::symbols() const {
 bool Kernel::splits_inner() const {
   if (!outer.empty() || phases != 1 || inner.size() != 1) return false;
   for (const KInstr& in : body)
-    if ((in.row && in.op != "const") || names_core_op(in.op, CoreOp::reduce)) return false;
+    if ((in.row && !in.is(KInstrKind::constant)) || in.is(CoreOp::reduce)) return false;
   return true;
 }
+std::string_view KInstr::name() const {
+  switch (kind) {
+    case KInstrKind::load: return "load";
+    case KInstrKind::store: return "store";
+    case KInstrKind::constant: return "const";
+    case KInstrKind::core: break;
+  }
+  return core_op_name(core);
+}
+
+std::optional<KInstr> kinstr_named(std::string_view name) {
+  KInstr in;
+  if (name == "load") in.kind = KInstrKind::load;
+  else if (name == "store") in.kind = KInstrKind::store;
+  else if (name == "const") in.kind = KInstrKind::constant;
+  else if (const auto op = core_op_named(name)) in.core = *op;
+  else return std::nullopt;
+  return in;
+}
+
 Dim Kernel::parallel_extent() const { return splits_inner() ? inner[0] : outer_count(); }
 
 void register_kernel_ops(OpRegistry& r) {
@@ -187,9 +207,9 @@ std::string print_kernel(const Kernel& k) {
     const KInstr& in = k.body[i];
     std::string args;
     for (size_t j = 0; j < in.args.size(); ++j) args += (j ? ", %" : "%") + std::to_string(in.args[j]);
-    s += fmt::format("  %{} = {}{} {} ({})", i, in.op, in.attr.empty() ? "" : "." + in.attr, dtype_name(in.dtype), args);
+    s += fmt::format("  %{} = {}{} {} ({})", i, in.name(), in.attr.empty() ? "" : "." + in.attr, dtype_name(in.dtype), args);
     if (in.access >= 0) s += fmt::format(" #{}", in.access);
-    if (in.op == "const") s += fmt::format(" = {:.17g}", in.value);
+    if (in.is(KInstrKind::constant)) s += fmt::format(" = {:.17g}", in.value);
     s += fmt::format(" {}@{}\n", in.row ? "row" : "", in.phase);
   }
   return s + "}\n";
@@ -485,8 +505,10 @@ class KernelParser {
     while (accept("%")) {
       if (integer() != static_cast<int64_t>(k.body.size())) error("instructions must be numbered in order");
       expect("=");
-      KInstr in;
-      in.op = word();
+      const std::string op = word();
+      const std::optional<KInstr> named = kinstr_named(op);
+      if (!named) error(fmt::format("'{}' is no instruction (load, store, const or a core primitive)", op));
+      KInstr in = *named;
       if (accept(".")) in.attr = word();
       in.dtype = dtype();
       expect("(");
@@ -576,42 +598,42 @@ void verify_kernel(const Kernel& k) {
   }
   for (size_t i = 0; i < k.body.size(); ++i) {
     const KInstr& in = k.body[i];
-    auto where = [&](const std::string& msg) { bad(fmt::format("%{} ({}): {}", i, in.op, msg)); };
+    auto where = [&](const std::string& msg) { bad(fmt::format("%{} ({}): {}", i, in.name(), msg)); };
     for (int a : in.args) {
       if (a < 0 || a >= static_cast<int>(i)) where("uses a value that is not defined before it");
       const KInstr& src = k.body[static_cast<size_t>(a)];
-      const bool src_row = src.row || names_core_op(src.op, CoreOp::reduce);
-      const int avail = names_core_op(src.op, CoreOp::reduce) ? src.phase + 1 : src.phase;
+      const bool src_row = src.row || src.is(CoreOp::reduce);
+      const int avail = src.is(CoreOp::reduce) ? src.phase + 1 : src.phase;
       if (src_row && avail > in.phase) where(fmt::format("uses row value %{} before it is available", a));
       if (!src_row && !in.row && src.phase != in.phase) where(fmt::format("uses %{} of another phase", a));
-      if (!src_row && in.row && !names_core_op(in.op, CoreOp::reduce)) where(fmt::format("a row instruction uses element value %{}", a));
+      if (!src_row && in.row && !in.is(CoreOp::reduce)) where(fmt::format("a row instruction uses element value %{}", a));
     }
     if (in.phase < 0 || in.phase > k.phases || (!in.row && in.phase >= k.phases)) where("phase out of range");
-    if (in.op == "load" || in.op == "store") {
+    if (in.is(KInstrKind::load) || in.is(KInstrKind::store)) {
       if (in.access < 0 || in.access >= static_cast<int>(k.accesses.size())) where("needs an access");
       const KArg& a = k.args[static_cast<size_t>(k.accesses[static_cast<size_t>(in.access)].arg)];
       if (a.type.dtype != in.dtype) where(fmt::format("dtype {} but its buffer holds {}", dtype_name(in.dtype), dtype_name(a.type.dtype)));
-      if (in.op == "store" && a.role == KArg::Role::in) where("stores into an input");
-      if (in.op == "store" && in.args.size() != 1) where("store takes one value");
-    } else if (names_core_op(in.op, CoreOp::reduce)) {
+      if (in.is(KInstrKind::store) && a.role == KArg::Role::in) where("stores into an input");
+      if (in.is(KInstrKind::store) && in.args.size() != 1) where("store takes one value");
+    } else if (in.is(CoreOp::reduce)) {
       if (in.row) where("a reduce accumulates inside a loop (not a row instruction)");
       if (in.args.size() != 1 || !is_float_t(in.dtype)) where("reduce takes one float value");
       // The kind is spelled into generated code (an OpenMP reduction clause): only the kinds of the
       // core-op table (sum prod max min).
       if (!reduction_combiner(in.attr))
         where(fmt::format("unknown reduction '{}'", in.attr));
-    } else if (names_core_op(in.op, CoreOp::compare)) {
+    } else if (in.is(CoreOp::compare)) {
       if (in.dtype != DType::boolean || in.args.size() != 2) where("compare takes two values and gives bool");
-    } else if (names_core_op(in.op, CoreOp::select)) {
+    } else if (in.is(CoreOp::select)) {
       if (in.args.size() != 3 || k.body[static_cast<size_t>(in.args[0])].dtype != DType::boolean) where("select takes a bool and two values");
-    } else if (in.op != "const") {
+    } else if (!in.is(KInstrKind::constant)) {
       // Any other instruction is an elementwise primitive with the table's operand count.
-      const auto prim = core_op_named(in.op);
-      if (!prim || !core_op_info(*prim).elementwise()) {
+      const CoreOpInfo& prim = core_op_info(in.core);
+      if (!prim.elementwise()) {
         where("not an elementwise core primitive");
-      } else if (const int arity = core_op_info(*prim).arity; static_cast<int>(in.args.size()) != arity) {
+      } else if (const int arity = prim.arity; static_cast<int>(in.args.size()) != arity) {
         where(fmt::format("takes {} operands, not {}", arity, in.args.size()));
-      } else if (core_op_info(*prim).kind != CoreKind::convert) {
+      } else if (prim.kind != CoreKind::convert) {
         for (int a : in.args)
           if (k.body[static_cast<size_t>(a)].dtype != in.dtype) where("operand dtype differs from the result dtype");
       }

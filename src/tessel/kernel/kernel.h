@@ -15,9 +15,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/graph.h"
 #include "tessel/ir/printer.h"
 
@@ -31,18 +34,23 @@ struct KAccess {
   Dims strides;
 };
 
-// One scalar instruction of a loop body, in SSA form (ids are positions in Kernel::body).
+// One scalar instruction of a loop body, in SSA form (ids are positions in Kernel::body). What it is
+// is an enum, never a name (issue 36): `kind`, and for kind core the primitive `core`.
 //   load     access            -> the element the access map selects
 //   store    access, args[0]   -> writes args[0]
 //   const    value             -> a scalar of `dtype`
-//   reduce   attr = sum|max|min|prod, args[0]: accumulates an element value of phase p; the result is
-//            a row value, available from phase p + 1 on
-//   a core op name (add, mul, exp, compare, select, convert, ...) with its operands; attr holds
-//   compare's direction.
+//   core     CoreOp::reduce: attr = sum|max|min|prod, args[0]: accumulates an element value of phase
+//            p; the result is a row value, available from phase p + 1 on
+//            any other (add, mul, exp, compare, select, convert, ...) with its operands; attr holds
+//            compare's direction.
+// The text form spells each by its name (KInstr::name, kinstr_named).
 // Element instructions run inside the loop of phase `phase`; row instructions (row = true) run
 // once per outer point, before the loop of phase `phase` (phase == Kernel::phases: after the last).
+enum class KInstrKind : uint8_t { load, store, constant, core };
+
 struct KInstr {
-  std::string op;
+  KInstrKind kind = KInstrKind::core;
+  CoreOp core = CoreOp::add;  // the primitive, when kind == core (a reduction is CoreOp::reduce)
   DType dtype = DType::f32;
   std::vector<int> args;
   int access = -1;
@@ -50,7 +58,14 @@ struct KInstr {
   double value = 0;
   int phase = 0;
   bool row = false;
+
+  bool is(KInstrKind k) const { return kind == k; }
+  bool is(CoreOp op) const { return kind == KInstrKind::core && core == op; }
+  // "load", "store", "const" or the primitive's name: the text form's and the messages' spelling.
+  std::string_view name() const;
 };
+// The instruction a text-form name spells; nullopt for a name that is none of them.
+std::optional<KInstr> kinstr_named(std::string_view name);
 
 enum class KernelKind { loop, matmul, conv };
 std::string_view kernel_kind_name(KernelKind k);

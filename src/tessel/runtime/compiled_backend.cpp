@@ -233,7 +233,7 @@ bool loop_writes_over_input(const Kernel& k, const std::vector<int>& ins, int ou
   size_t store_at = 0;
   for (size_t i = 0; i < k.body.size(); ++i) {
     const KInstr& in = k.body[i];
-    if (in.op != "store" || k.accesses.at(static_cast<size_t>(in.access)).arg != oarg) continue;
+    if (!in.is(KInstrKind::store) || k.accesses.at(static_cast<size_t>(in.access)).arg != oarg) continue;
     if (st) return false;  // stored twice
     st = &k.accesses[static_cast<size_t>(in.access)];
     store_at = i;
@@ -247,7 +247,7 @@ bool loop_writes_over_input(const Kernel& k, const std::vector<int>& ins, int ou
   if (stride != shape_numel(k.args.at(static_cast<size_t>(oarg)).type.shape)) return false;
   for (size_t i = 0; i < k.body.size(); ++i) {
     const KInstr& in = k.body[i];
-    if (in.op != "load") continue;
+    if (!in.is(KInstrKind::load)) continue;
     const KAccess& a = k.accesses.at(static_cast<size_t>(in.access));
     if (std::find(ins.begin(), ins.end(), a.arg) == ins.end()) continue;
     if (i > store_at || in.row || a.offset != 0 || a.strides.size() != dims.size()) return false;

@@ -233,7 +233,7 @@ namespace {
 int64_t loop_flops(const Kernel& k) {
   int64_t ops = 0;
   for (const KInstr& in : k.body)
-    if (in.op != "load" && in.op != "store" && in.op != "const") ops += in.row ? 0 : 1;
+    if (!in.is(KInstrKind::load) && !in.is(KInstrKind::store) && !in.is(KInstrKind::constant)) ops += in.row ? 0 : 1;
   return ops * k.outer_count() * k.inner_count();
 }
 

@@ -63,15 +63,14 @@ std::string c_math_fn(const std::string& name, DType t) { return "tsl_" + name +
 
 std::string c_scalar_expr(const KInstr& in, DType operand0, const std::vector<std::string>& ops, CDialect) {
   auto a = [&](size_t j) -> const std::string& {
-    if (j >= ops.size()) fail("'{}' has {} operands, its C form needs {}", in.op, ops.size(), j + 1);
+    if (j >= ops.size()) fail("'{}' has {} operands, its C form needs {}", in.name(), ops.size(), j + 1);
     return ops[j];
   };
   const DType t = in.dtype;
   const bool fl = t == DType::f32 || t == DType::f64;
-  const std::string& op = in.op;
-  const auto prim = core_op_named(op);
-  if (!prim) fail("no C form for '{}'", op);
-  const CoreOpInfo& p = core_op_info(*prim);
+  const std::string_view op = in.name();
+  if (!in.is(KInstrKind::core)) fail("no C form for '{}'", op);
+  const CoreOpInfo& p = core_op_info(in.core);
   switch (p.c_form) {  // the spellings are the table's (core_ops.def)
     case CForm::negate:
       return fl ? std::string(p.c) + a(0) : fmt::format("({})(0 {} ({}){})", c_type(t), p.c, unsigned_of(t), a(0));

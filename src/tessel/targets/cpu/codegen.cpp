@@ -69,7 +69,7 @@ struct Emitter {
   bool flat_form() const {
     if (k.splits_inner() || k.outer.size() != 1 || k.inner.size() != 1 || k.phases != 1) return false;
     for (const KInstr& in : k.body)
-      if (in.row && in.op != "const") return false;
+      if (in.row && !in.is(KInstrKind::constant)) return false;
     for (const KAccess& a : k.accesses)
       if (a.strides.size() != 2 || a.strides[0] != a.strides[1] * k.inner[0]) return false;
     return true;
@@ -88,10 +88,10 @@ struct Emitter {
     bool reduces = false, strided = false;
     for (const KInstr& in : k.body) {
       if (in.row) {
-        if (in.phase == 0 && in.op != "const") return false;
+        if (in.phase == 0 && !in.is(KInstrKind::constant)) return false;
         continue;
       }
-      reduces = reduces || names_core_op(in.op, CoreOp::reduce);
+      reduces = reduces || in.is(CoreOp::reduce);
       if (in.access < 0) continue;
       const KAccess& a = k.accesses[static_cast<size_t>(in.access)];
       if (a.strides[0] != 1) return false;
@@ -126,8 +126,8 @@ struct Emitter {
   }
 
   std::string expr(const KInstr& in) const {
-    if (in.op == "load") return load(in);
-    if (in.op == "const") return literal(in.dtype, in.value);
+    if (in.is(KInstrKind::load)) return load(in);
+    if (in.is(KInstrKind::constant)) return literal(in.dtype, in.value);
     std::vector<std::string> ops;
     for (int j : in.args) ops.push_back(v(j));
     const DType from = in.args.empty() ? in.dtype : k.body[static_cast<size_t>(in.args[0])].dtype;
@@ -137,13 +137,13 @@ struct Emitter {
   // Statement(s) for instruction i inside a loop or at row level.
   void emit(int indent, int i) {
     const KInstr& in = k.body[static_cast<size_t>(i)];
-    if (in.op == "store") {
+    if (in.is(KInstrKind::store)) {
       const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
       const std::string x = v(in.args[0]);
       line(indent, fmt::format("a{}[{}] = {};", acc.arg, index(in.access), in.dtype == DType::boolean ? "(uint8_t)" + x : x));
       return;
     }
-    if (names_core_op(in.op, CoreOp::reduce) && column) {  // accumulators per point of the block (column_loop)
+    if (in.is(CoreOp::reduce) && column) {  // accumulators per point of the block (column_loop)
       const std::string x = v(in.args[0]), acc = v(i) + "_acc[j]";
       if (in.attr == "sum") line(indent, fmt::format("{} += {};", acc, x));
       else if (in.attr == "prod") line(indent, fmt::format("{} *= {};", acc, x));
@@ -153,7 +153,7 @@ struct Emitter {
       }
       return;
     }
-    if (names_core_op(in.op, CoreOp::reduce)) {
+    if (in.is(CoreOp::reduce)) {
       for (const std::string& st : c_reduce_step(in.attr, v(i), v(in.args[0]))) line(indent, st);
       return;
     }
@@ -177,7 +177,7 @@ struct Emitter {
       const KInstr& in = k.body[i];
       if (in.row || in.phase != p) continue;
       body.push_back(static_cast<int>(i));
-      if (names_core_op(in.op, CoreOp::reduce)) reduces.push_back(static_cast<int>(i));
+      if (in.is(CoreOp::reduce)) reduces.push_back(static_cast<int>(i));
     }
     if (body.empty()) return;
     line(indent, fmt::format("// phase {}", p));
@@ -220,7 +220,7 @@ struct Emitter {
     for (size_t i = 0; i < k.body.size(); ++i) {
       if (k.body[i].row) continue;
       body.push_back(static_cast<int>(i));
-      if (names_core_op(k.body[i].op, CoreOp::reduce)) reduces.push_back(static_cast<int>(i));
+      if (k.body[i].is(CoreOp::reduce)) reduces.push_back(static_cast<int>(i));
     }
     row_instrs(1, 0);  // constants
     line(1, fmt::format("for (long ob = lo; ob < hi; ob += {}) {{", kColumnBlock));
@@ -302,8 +302,8 @@ struct Emitter {
     // which args are touched
     std::set<int> loaded, stored;
     for (const KInstr& in : k.body) {
-      if (in.op == "load") loaded.insert(k.accesses[static_cast<size_t>(in.access)].arg);
-      if (in.op == "store") stored.insert(k.accesses[static_cast<size_t>(in.access)].arg);
+      if (in.is(KInstrKind::load)) loaded.insert(k.accesses[static_cast<size_t>(in.access)].arg);
+      if (in.is(KInstrKind::store)) stored.insert(k.accesses[static_cast<size_t>(in.access)].arg);
     }
     for (size_t i = 0; i < k.args.size(); ++i) {
       const int a = static_cast<int>(i);

@@ -14,12 +14,13 @@ struct Matcher {
   std::set<int> used;  // instructions the pattern accounts for
 
   const KInstr& at(int i) const { return k.body[static_cast<size_t>(i)]; }
-  bool is(int i, const char* op) const { return at(i).op == op; }
+  bool is(int i, CoreOp op) const { return at(i).is(op); }
+  bool is(int i, KInstrKind kind) const { return at(i).is(kind); }
   bool is_const(int i, double v, double tol = 0) const {
-    return is(i, "const") && std::fabs(at(i).value - v) <= tol * std::fabs(v);
+    return is(i, KInstrKind::constant) && std::fabs(at(i).value - v) <= tol * std::fabs(v);
   }
   std::optional<double> const_value(int i) const {
-    if (!is(i, "const")) return std::nullopt;
+    if (!is(i, KInstrKind::constant)) return std::nullopt;
     return at(i).value;
   }
   int arg(int i, int j) const { return at(i).args[static_cast<size_t>(j)]; }
@@ -27,14 +28,14 @@ struct Matcher {
 
   // The library result itself.
   bool acc(int i) {
-    if (!is(i, "load") || k.accesses[static_cast<size_t>(at(i).access)].arg != acc_arg) return false;
+    if (!is(i, KInstrKind::load) || k.accesses[static_cast<size_t>(at(i).access)].arg != acc_arg) return false;
     take(i);
     return true;
   }
 
   // A load of a constant [channels] vector indexed by the channel only.
   bool bias(int i, int* bias_arg) {
-    if (!is(i, "load")) return false;
+    if (!is(i, KInstrKind::load)) return false;
     const KAccess& b = k.accesses[static_cast<size_t>(at(i).access)];
     const KArg& a = k.args[static_cast<size_t>(b.arg)];
     if (a.role != KArg::Role::in || !a.type.dims_defined() || !(dims_numel(a.type.dims()) == channels) || !(b.offset == 0))
@@ -63,7 +64,7 @@ struct Matcher {
   // acc, acc + bias, scale · acc, scale · (acc + bias)
   bool linear(int i, LibraryEpilogue& e) {
     if (acc(i)) return true;
-    if (is(i, "add")) {
+    if (is(i, CoreOp::add)) {
       for (int s = 0; s < 2; ++s)
         if (acc(arg(i, s)) && bias(arg(i, 1 - s), &e.bias_arg)) {
           take(i);
@@ -74,11 +75,11 @@ struct Matcher {
     }
     // A scale is oneDNN's output scale, which its f32 convolutions reject ("could not create a
     // primitive descriptor"): for a convolution the generated epilogue applies it.
-    if ((is(i, "mul") || is(i, "div")) && const_value(arg(i, 1)) && k.kind == KernelKind::matmul) {
+    if ((is(i, CoreOp::mul) || is(i, CoreOp::div)) && const_value(arg(i, 1)) && k.kind == KernelKind::matmul) {
       const double c = *const_value(arg(i, 1));
       if (c == 0 || !std::isfinite(c)) return false;
       if (!linear(arg(i, 0), e)) return false;
-      e.epilogue.alpha = static_cast<float>(is(i, "mul") ? c : 1.0 / c);
+      e.epilogue.alpha = static_cast<float>(is(i, CoreOp::mul) ? c : 1.0 / c);
       take(i);
       take(arg(i, 1));
       e.summary += (e.summary.empty() ? "" : " + ") + std::string("scale");
@@ -89,17 +90,17 @@ struct Matcher {
 
   // x · (erf(x / sqrt 2) + 1) · 0.5, in the order the decomposition writes it
   bool gelu(int i, LibraryEpilogue& e) {
-    if (!is(i, "mul") || !is_const(arg(i, 1), 0.5)) return false;
+    if (!is(i, CoreOp::mul) || !is_const(arg(i, 1), 0.5)) return false;
     const int m = arg(i, 0);
-    if (!is(m, "mul")) return false;
+    if (!is(m, CoreOp::mul)) return false;
     for (int s = 0; s < 2; ++s) {
       const int x = arg(m, s), a = arg(m, 1 - s);
-      if (!is(a, "add") || !is_const(arg(a, 1), 1.0)) continue;
+      if (!is(a, CoreOp::add) || !is_const(arg(a, 1), 1.0)) continue;
       const int er = arg(a, 0);
-      if (!is(er, "erf")) continue;
+      if (!is(er, CoreOp::erf)) continue;
       const int t = arg(er, 0);
-      const bool scaled = (is(t, "div") && is_const(arg(t, 1), std::sqrt(2.0), 1e-6)) ||
-                          (is(t, "mul") && is_const(arg(t, 1), 1 / std::sqrt(2.0), 1e-6));
+      const bool scaled = (is(t, CoreOp::div) && is_const(arg(t, 1), std::sqrt(2.0), 1e-6)) ||
+                          (is(t, CoreOp::mul) && is_const(arg(t, 1), 1 / std::sqrt(2.0), 1e-6));
       if (!scaled || arg(t, 0) != x) continue;
       if (!linear(x, e)) return false;
       for (int j : {i, arg(i, 1), m, a, arg(a, 1), er, t, arg(t, 1)}) take(j);
@@ -112,9 +113,9 @@ struct Matcher {
   // select(x < 0, slope · x, x): LeakyRelu's core form, as oneDNN's relu with a slope
   // (x > 0 ? x : slope · x). Only for slope > 0, where the two agree on ±0 too (the sign of slope · ±0).
   bool leaky_relu(int i, LibraryEpilogue& e) {
-    if (!is(i, "select")) return false;
+    if (!is(i, CoreOp::select)) return false;
     const int c = arg(i, 0), t = arg(i, 1), x = arg(i, 2);
-    if (!is(c, "compare") || at(c).attr != "lt" || arg(c, 0) != x || !is_const(arg(c, 1), 0.0) || !is(t, "mul"))
+    if (!is(c, CoreOp::compare) || at(c).attr != "lt" || arg(c, 0) != x || !is_const(arg(c, 1), 0.0) || !is(t, CoreOp::mul))
       return false;
     for (int s = 0; s < 2; ++s) {
       const std::optional<double> slope = const_value(arg(t, 1 - s));
@@ -132,21 +133,21 @@ struct Matcher {
   //   e = exp(-max(x, -x));  s = 1 / (e + 1);  x >= 0 ? s : e · s
   // Returns x, or -1 when i is not that form. The instructions are taken only by the caller's match.
   int sigmoid_of(int i, std::vector<int>* parts) const {
-    if (!is(i, "select")) return -1;
+    if (!is(i, CoreOp::select)) return -1;
     const int c = arg(i, 0), s = arg(i, 1), es = arg(i, 2);
-    if (!is(c, "compare") || at(c).attr != "ge" || !is_const(arg(c, 1), 0.0)) return -1;
+    if (!is(c, CoreOp::compare) || at(c).attr != "ge" || !is_const(arg(c, 1), 0.0)) return -1;
     const int x = arg(c, 0);
-    if (!is(s, "div") || !is_const(arg(s, 0), 1.0)) return -1;
+    if (!is(s, CoreOp::div) || !is_const(arg(s, 0), 1.0)) return -1;
     const int d = arg(s, 1);
-    if (!is(d, "add") || !is_const(arg(d, 1), 1.0)) return -1;
+    if (!is(d, CoreOp::add) || !is_const(arg(d, 1), 1.0)) return -1;
     const int ex = arg(d, 0);
-    if (!is(ex, "exp") || !is(es, "mul") || arg(es, 0) != ex || arg(es, 1) != s) return -1;
+    if (!is(ex, CoreOp::exp) || !is(es, CoreOp::mul) || arg(es, 0) != ex || arg(es, 1) != s) return -1;
     const int n = arg(ex, 0);
-    if (!is(n, "neg")) return -1;
+    if (!is(n, CoreOp::neg)) return -1;
     const int mx = arg(n, 0);
-    if (!is(mx, "max") || arg(mx, 0) != x) return -1;
+    if (!is(mx, CoreOp::max) || arg(mx, 0) != x) return -1;
     const int nx = arg(mx, 1);
-    if (!is(nx, "neg") || arg(nx, 0) != x) return -1;
+    if (!is(nx, CoreOp::neg) || arg(nx, 0) != x) return -1;
     *parts = {i, c, arg(c, 1), s, arg(s, 0), d, arg(d, 1), ex, es, n, mx, nx};
     return x;
   }
@@ -161,7 +162,7 @@ struct Matcher {
       e.epilogue.act = Activation::sigmoid;
       return true;
     }
-    if (!is(i, "mul")) return false;
+    if (!is(i, CoreOp::mul)) return false;
     for (int s = 0; s < 2; ++s) {
       const int x = arg(i, s);
       if (sigmoid_of(arg(i, 1 - s), &parts) != x) continue;
@@ -180,7 +181,7 @@ struct Matcher {
     // NaN to 0 and its clip to a bound, where ONNX keeps it (docs/decisions.md;
     // tests/randgraph/seed4030_compiled_matmul_relu_nan.tsl, seed906_compiled_matmul_clip_nan.tsl). Its
     // NaN-keeping relu, elu(alpha 0) + linear(1, 0), was measured: the exp costs more than the pass.
-    if (is(i, "min") || is(i, "max")) return false;
+    if (is(i, CoreOp::min) || is(i, CoreOp::max)) return false;
     return linear(i, e);
   }
 };
@@ -193,7 +194,7 @@ std::optional<LibraryEpilogue> match_library_epilogue(const Kernel& k) {
   const Dim channels = k.kind == KernelKind::matmul ? k.mm.n : Dim(k.conv.oc);
   int store = -1;
   for (size_t i = 0; i < k.body.size(); ++i) {
-    if (k.body[i].op != "store") continue;
+    if (!k.body[i].is(KInstrKind::store)) continue;
     if (store >= 0) return std::nullopt;  // one result only
     store = static_cast<int>(i);
   }
@@ -207,7 +208,7 @@ std::optional<LibraryEpilogue> match_library_epilogue(const Kernel& k) {
   if (m.used.size() != k.body.size()) return std::nullopt;  // something else is computed
   // the result is written where the library wrote it
   for (int i : m.used)
-    if (k.body[static_cast<size_t>(i)].op == "load" && k.accesses[static_cast<size_t>(k.body[static_cast<size_t>(i)].access)].arg == acc_arg &&
+    if (k.body[static_cast<size_t>(i)].is(KInstrKind::load) && k.accesses[static_cast<size_t>(k.body[static_cast<size_t>(i)].access)].arg == acc_arg &&
         k.body[static_cast<size_t>(i)].access != st.access)
       return std::nullopt;
   if (e.epilogue.act != Activation::none) {

@@ -22,20 +22,20 @@ std::optional<std::vector<double>> eval_row(const Kernel& k, int x_arg, int mask
   std::vector<std::vector<double>> per(n);
   std::vector<double> scal(n, 0);
   std::vector<double> out(T, std::nan(""));
-  auto is_scalar = [&](int j) { const KInstr& in = k.body[static_cast<size_t>(j)]; return in.row || names_core_op(in.op, CoreOp::reduce); };
+  auto is_scalar = [&](int j) { const KInstr& in = k.body[static_cast<size_t>(j)]; return in.row || in.is(CoreOp::reduce); };
   auto val = [&](int j, size_t t) { return is_scalar(j) ? scal[static_cast<size_t>(j)] : per[static_cast<size_t>(j)][t]; };
   for (int p = 0; p <= k.phases; ++p) {
     for (size_t i = 0; i < n; ++i) {
       const KInstr& in = k.body[i];
       if (!in.row || in.phase != p) continue;
-      if (in.op == "const") { scal[i] = in.value; continue; }
-      if (in.op == "load" || in.op == "store") return std::nullopt;
+      if (in.is(KInstrKind::constant)) { scal[i] = in.value; continue; }
+      if (in.is(KInstrKind::load) || in.is(KInstrKind::store)) return std::nullopt;
       std::vector<double> a;
       for (int j : in.args) {
         if (!is_scalar(j)) return std::nullopt;
         a.push_back(scal[static_cast<size_t>(j)]);
       }
-      const std::optional<double> r = eval_scalar_op(in.op, a);
+      const std::optional<double> r = eval_scalar_op(in, a);
       if (!r) return std::nullopt;
       scal[i] = *r;
     }
@@ -44,7 +44,7 @@ std::optional<std::vector<double>> eval_row(const Kernel& k, int x_arg, int mask
     for (size_t i = 0; i < n; ++i) {
       const KInstr& in = k.body[i];
       if (in.row || in.phase != p) continue;
-      if (names_core_op(in.op, CoreOp::reduce)) {
+      if (in.is(CoreOp::reduce)) {
         if (in.attr != "sum" && in.attr != "max") return std::nullopt;
         scal[i] = in.attr == "sum" ? 0.0 : -std::numeric_limits<double>::infinity();
         reduces.push_back(i);
@@ -56,22 +56,22 @@ std::optional<std::vector<double>> eval_row(const Kernel& k, int x_arg, int mask
       for (size_t i = 0; i < n; ++i) {
         const KInstr& in = k.body[i];
         if (in.row || in.phase != p) continue;
-        if (in.op == "load") {
+        if (in.is(KInstrKind::load)) {
           const int arg = k.accesses[static_cast<size_t>(in.access)].arg;
           if (arg == x_arg) per[i][t] = x[t];
           else if (arg == mask_arg && mask_arg >= 0) per[i][t] = mask[t];
           else return std::nullopt;
-        } else if (in.op == "const") {
+        } else if (in.is(KInstrKind::constant)) {
           per[i][t] = in.value;
-        } else if (in.op == "store") {
+        } else if (in.is(KInstrKind::store)) {
           out[t] = val(in.args.at(0), t);
-        } else if (names_core_op(in.op, CoreOp::reduce)) {
+        } else if (in.is(CoreOp::reduce)) {
           const double a = val(in.args.at(0), t);
           scal[i] = in.attr == "sum" ? scal[i] + a : std::max(scal[i], a);
         } else {
           std::vector<double> a;
           for (int j : in.args) a.push_back(val(j, t));
-          const std::optional<double> r = eval_scalar_op(in.op, a);
+          const std::optional<double> r = eval_scalar_op(in, a);
           if (!r) return std::nullopt;
           per[i][t] = *r;
         }

@@ -20,7 +20,7 @@ namespace {
 
 constexpr CDialect kD = CDialect::cuda;
 
-bool is_reduce(const KInstr& in) { return names_core_op(in.op, CoreOp::reduce); }
+bool is_reduce(const KInstr& in) { return in.is(CoreOp::reduce); }
 
 bool is_min_max_reduction(const std::string& kind) {
   const std::optional<CoreOp> c = reduction_combiner(kind);
@@ -98,21 +98,21 @@ int vector_width(const Kernel& k, const std::vector<DType>& st) {
   std::set<int> stored;
   bool unit = false;
   for (const KInstr& in : k.body) {
-    if (in.op != "load" && in.op != "store") continue;
+    if (!in.is(KInstrKind::load) && !in.is(KInstrKind::store)) continue;
     const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
-    if (in.op == "load" && stored.count(acc.arg)) return 1;
-    if (in.op == "store") stored.insert(acc.arg);
+    if (in.is(KInstrKind::load) && stored.count(acc.arg)) return 1;
+    if (in.is(KInstrKind::store)) stored.insert(acc.arg);
     if (acc.strides.size() != dims) return 1;
     const int64_t s = acc.strides.back();
     if (s != 0 && s != 1) return 1;
-    if (in.op == "store" && s != 1) return 1;
+    if (in.is(KInstrKind::store) && s != 1) return 1;
     unit = unit || s == 1;
     widest = std::max<int64_t>(widest, dtype_size(st[static_cast<size_t>(acc.arg)]));
   }
   const int v = vector_elements(widest);
   if (!unit || v < 2 || last % v != 0) return 1;
   for (const KInstr& in : k.body) {
-    if (in.op != "load" && in.op != "store") continue;
+    if (!in.is(KInstrKind::load) && !in.is(KInstrKind::store)) continue;
     const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
     if (acc.strides.back() != 1) continue;
     if (acc.offset % v != 0) return 1;
@@ -161,7 +161,7 @@ struct Emitter {
     const size_t n = k.body.size();
     std::set<int> stored;
     for (const KInstr& in : k.body)
-      if (in.op == "store") stored.insert(k.accesses[static_cast<size_t>(in.access)].arg);
+      if (in.is(KInstrKind::store)) stored.insert(k.accesses[static_cast<size_t>(in.access)].arg);
     const size_t no = k.outer.size();
     std::vector<std::string> key(n);
     std::vector<bool> varies(n, false);
@@ -171,16 +171,16 @@ struct Emitter {
     per_lane = (k.inner_count() + 31) / 32;
     for (size_t i = 0; i < n; ++i) {
       const KInstr& in = k.body[i];
-      if (in.row || in.op == "store" || is_reduce(in)) {
+      if (in.row || in.is(KInstrKind::store) || is_reduce(in)) {
         key[i] = fmt::format("#{}", i);
         continue;  // (varies stays false: a reduction's result is one value per row)
       }
-      if (in.op == "load") {
+      if (in.is(KInstrKind::load)) {
         const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
         key[i] = stored.count(acc.arg) ? fmt::format("#{}", i) : fmt::format("load {} {}", in.access, dtype_name(in.dtype));
         for (size_t d = no; d < acc.strides.size(); ++d) varies[i] = varies[i] || acc.strides[d] != 0;
       } else {
-        key[i] = fmt::format("{} {} {} {} (", in.op, in.attr, dtype_name(in.dtype), in.value);
+        key[i] = fmt::format("{} {} {} {} (", in.name(), in.attr, dtype_name(in.dtype), in.value);
         for (int a : in.args) {
           key[i] += key[static_cast<size_t>(a)] + ", ";
           varies[i] = varies[i] || varies[static_cast<size_t>(a)];
@@ -203,7 +203,7 @@ struct Emitter {
     live.assign(n, false);
     std::vector<size_t> work;
     for (size_t i = 0; i < n; ++i)
-      if (k.body[i].row || k.body[i].op == "store" || is_reduce(k.body[i])) live[i] = true, work.push_back(i);
+      if (k.body[i].row || k.body[i].is(KInstrKind::store) || is_reduce(k.body[i])) live[i] = true, work.push_back(i);
     while (!work.empty()) {
       const size_t i = work.back();
       work.pop_back();
@@ -243,18 +243,18 @@ struct Emitter {
   }
 
   std::string expr(const KInstr& in) const {
-    if (in.op == "load") {
+    if (in.is(KInstrKind::load)) {
       const int arg = k.accesses[static_cast<size_t>(in.access)].arg;
       const std::string at = vec_j && unit_access(in.access) ? fmt::format("L{}.x[j]", in.access) : fmt::format("a{}[{}]", arg, index_of(in.access));
       const std::string e = mem_load(st[static_cast<size_t>(arg)], at);
       return in.dtype == DType::boolean ? "(" + e + " != 0)" : e;
     }
-    if (in.op == "const") return c_literal(in.dtype, in.value, kD);
+    if (in.is(KInstrKind::constant)) return c_literal(in.dtype, in.value, kD);
     // x^2 and x^3 by a constant exponent (GPT-2's tanh GELU cubes its input) are products: powf is a log
     // and an exp, and made that GELU kernel twice as slow as its loads and stores.
-    if (names_core_op(in.op, CoreOp::pow) && in.args.size() == 2 && (in.dtype == DType::f32 || in.dtype == DType::f64)) {
+    if (in.is(CoreOp::pow) && in.args.size() == 2 && (in.dtype == DType::f32 || in.dtype == DType::f64)) {
       const KInstr& e = k.body[static_cast<size_t>(in.args[1])];
-      if (e.op == "const" && (e.value == 2.0 || e.value == 3.0)) {
+      if (e.is(KInstrKind::constant) && (e.value == 2.0 || e.value == 3.0)) {
         const std::string x = v(in.args[0]);
         return e.value == 2.0 ? fmt::format("({0} * {0})", x) : fmt::format("({0} * {0} * {0})", x);
       }
@@ -262,9 +262,9 @@ struct Emitter {
     // x / c by a constant c (a GELU's sqrt 2, attention's scale) is x times c's reciprocal, rounded once
     // (within 1.5 ulp of the quotient, as XLA rewrites it): the IEEE division is a dozen instructions, and
     // made the bar block's compute-bound erf-GELU epilogue 30% slower (bench/cuda_epilogue_probe.cu).
-    if (names_core_op(in.op, CoreOp::div) && in.args.size() == 2 && (in.dtype == DType::f32 || in.dtype == DType::f64)) {
+    if (in.is(CoreOp::div) && in.args.size() == 2 && (in.dtype == DType::f32 || in.dtype == DType::f64)) {
       const KInstr& c = k.body[static_cast<size_t>(in.args[1])];
-      if (c.op == "const" && std::isfinite(c.value) && c.value != 0) {
+      if (c.is(KInstrKind::constant) && std::isfinite(c.value) && c.value != 0) {
         const double r = 1.0 / c.value;
         const bool normal = in.dtype == DType::f32 ? std::fpclassify(static_cast<float>(r)) == FP_NORMAL && std::isfinite(static_cast<float>(c.value))
                                                    : std::fpclassify(r) == FP_NORMAL;
@@ -299,7 +299,7 @@ struct Emitter {
                                k.body[static_cast<size_t>(cached_from[static_cast<size_t>(i)])].phase));
       return;
     }
-    if (in.op == "store") {
+    if (in.is(KInstrKind::store)) {
       const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
       const std::string x = in.dtype == DType::boolean ? "(uint8_t)" + v(in.args[0]) : mem_store(st[static_cast<size_t>(acc.arg)], v(in.args[0]));
       if (vec_j) {
@@ -339,7 +339,7 @@ struct Emitter {
   std::string params() const {
     std::set<int> stored;
     for (const KInstr& in : k.body)
-      if (in.op == "store") stored.insert(k.accesses[static_cast<size_t>(in.access)].arg);
+      if (in.is(KInstrKind::store)) stored.insert(k.accesses[static_cast<size_t>(in.access)].arg);
     std::string p;
     for (size_t i = 0; i < k.args.size(); ++i) {
       const std::string t = mem_type(st[i]);
@@ -395,7 +395,7 @@ struct Emitter {
     for (size_t i = 0; i < k.body.size(); ++i)
       if (k.body[i].row && k.body[i].phase == p) {
         emit(indent, static_cast<int>(i), !serial);
-        store = store || k.body[i].op == "store";
+        store = store || k.body[i].is(KInstrKind::store);
       }
     if (store && warp) line(indent, "__syncwarp();  // row stores seen by the whole warp");
     else if (store && !serial) line(indent, "__syncthreads();  // row stores seen by the whole block");
@@ -454,9 +454,9 @@ struct Emitter {
     std::vector<int> loads, stores;
     for (size_t i = 0; i < k.body.size(); ++i) {
       const KInstr& in = k.body[i];
-      if ((in.op != "load" && in.op != "store") || !unit_access(in.access)) continue;
+      if ((!in.is(KInstrKind::load) && !in.is(KInstrKind::store)) || !unit_access(in.access)) continue;
       args.insert(k.accesses[static_cast<size_t>(in.access)].arg);
-      (in.op == "load" ? loads : stores).push_back(static_cast<int>(i));
+      (in.is(KInstrKind::load) ? loads : stores).push_back(static_cast<int>(i));
     }
     std::string aligned;
     for (int a : args)

@@ -19,33 +19,32 @@ std::optional<double> eval(const Kernel& k, const std::map<int, double>& loaded,
   for (size_t i = 0; i < k.body.size(); ++i) {
     const KInstr& in = k.body[i];
     auto a = [&](size_t j) { return v[static_cast<size_t>(in.args.at(j))]; };
-    const std::string& op = in.op;
-    if (op == "load") {
+    if (in.is(KInstrKind::load)) {
       const auto it = loaded.find(in.access);
       if (it == loaded.end()) return std::nullopt;
       v[i] = it->second;
-    } else if (op == "const") {
+    } else if (in.is(KInstrKind::constant)) {
       v[i] = in.value;
-    } else if (op == "store") {
+    } else if (in.is(KInstrKind::store)) {
       if (out) return std::nullopt;  // one store only
       out = a(0);
       *stored_access = in.access;
     } else {
       std::vector<double> ops;
       for (size_t j = 0; j < in.args.size(); ++j) ops.push_back(a(j));
-      const std::optional<double> r = eval_scalar_op(op, ops);
+      const std::optional<double> r = eval_scalar_op(in, ops);
       if (!r) return std::nullopt;
       v[i] = *r;
     }
-    if (in.dtype != DType::f32 && op != "store") return std::nullopt;
+    if (in.dtype != DType::f32 && !in.is(KInstrKind::store)) return std::nullopt;
   }
   return out;
 }
 
 }  // namespace
 
-std::optional<double> eval_scalar_op(const std::string& op, const std::vector<double>& a) {
-  auto is = [&](CoreOp c) { return names_core_op(op, c); };
+std::optional<double> eval_scalar_op(const KInstr& in, const std::vector<double>& a) {
+  auto is = [&](CoreOp c) { return in.is(c); };
   if (a.size() == 1) {
     if (is(CoreOp::neg)) return -a[0];
     if (is(CoreOp::tanh)) return std::tanh(a[0]);
@@ -143,7 +142,7 @@ LtEpilogue match_lt_epilogue(const Kernel& k) {
   }
   int bias_a = -1, res_a = -1;
   for (const KInstr& in : k.body) {
-    if (in.op != "load") continue;
+    if (!in.is(KInstrKind::load)) continue;
     const char r = role[in.access];
     if (r == 'b') {
       if (bias_a >= 0 && bias_a != in.access) { e.why = "generated epilogue: two bias vectors"; return e; }

@@ -33,6 +33,6 @@ LtEpilogue match_lt_epilogue(const Kernel& k);
 
 // One scalar instruction of the small set the value-based matchers evaluate (add mul div neg max min pow
 // tanh erf exp sqrt, named through the core-op table), in double; nullopt for any other op or arity.
-std::optional<double> eval_scalar_op(const std::string& op, const std::vector<double>& a);
+std::optional<double> eval_scalar_op(const KInstr& in, const std::vector<double>& a);
 
 }  // namespace tessel::cuda

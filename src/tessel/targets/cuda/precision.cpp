@@ -61,7 +61,7 @@ Producer producer_of(const Node& n, const std::vector<Kernel>& kernels) {
   if (ki >= kernels.size()) return Producer::other;
   const Kernel& k = kernels[ki];
   if (k.kind != KernelKind::loop) return Producer::library;
-  const bool reduces = std::any_of(k.body.begin(), k.body.end(), [](const KInstr& in) { return names_core_op(in.op, CoreOp::reduce); });
+  const bool reduces = std::any_of(k.body.begin(), k.body.end(), [](const KInstr& in) { return in.is(CoreOp::reduce); });
   return reduces ? Producer::reduction : Producer::other;
 }
 

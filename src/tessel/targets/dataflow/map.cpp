@@ -43,12 +43,10 @@ int64_t row_unit(const HwSpec& hw, DType t) {
 // ---- vector op classes of a loop body -------------------------------------------------------------
 
 // The vector-unit class of one element of a loop-body instruction: the primitive's cost column in the
-// core-op table (core_ops.def). Only primitives that never sit in a loop body have none; they, and any
-// name that is no primitive, keep the old table's fallback.
-VectorOp vector_class(const std::string& op) {
-  const auto prim = core_op_named(op);
-  if (!prim) return VectorOp::transcendental;
-  switch (core_op_info(*prim).cost) {
+// core-op table (core_ops.def). Only primitives that never sit in a loop body have none; they keep the
+// old table's fallback.
+VectorOp vector_class(CoreOp op) {
+  switch (core_op_info(op).cost) {
     case VectorCost::add: return VectorOp::add;
     case VectorCost::mul: return VectorOp::mul;
     case VectorCost::compare: return VectorOp::compare;
@@ -73,9 +71,9 @@ VectorWork vector_work(const HwSpec& hw, const Kernel& k, int64_t points, int64_
   std::map<VectorOp, int64_t> n;
   double ops = 0;
   for (const KInstr& in : k.body) {
-    if (in.op == "load" || in.op == "store" || in.op == "const") continue;
+    if (in.is(KInstrKind::load) || in.is(KInstrKind::store) || in.is(KInstrKind::constant)) continue;
     const int64_t count = in.row ? points : points * e;
-    n[vector_class(in.op)] += count;
+    n[vector_class(in.core)] += count;
     ops += static_cast<double>(count);
   }
   VectorWork w;
