@@ -193,7 +193,8 @@ TEST(CoreOps, EveryElementwiseRowHasATypedKernel) {
 }
 
 // The table is the only place a primitive is named in a comparison: code asks `is_core_op(n, CoreOp::x)`
-// or `names_core_op(name, CoreOp::x)`, never `n.op->name == "x"` (issue 14's bar). Scans src/ for an
+// or `n.op->core == CoreOp::x`, never `n.op->name == "x"` (issue 14's bar; kernel instructions hold the
+// enum, so their comparisons are typed). Scans src/ for an
 // op name, kernel-instruction op or op variable compared with a primitive's name; the table's own files
 // are the exception. ONNX attribute values that happen to spell a primitive (ScatterElements'
 // reduction "add", RoiAlign's mode "max") are compared as what they are and do not match this form.
@@ -214,5 +215,5 @@ TEST(CoreOps, NoPrimitiveNameIsComparedOutsideTheTable) {
   }
   std::string list;
   for (const std::string& s : found) list += "\n  " + s;
-  EXPECT_TRUE(found.empty()) << "compare through the core-op table (is_core_op / names_core_op):" << list;
+  EXPECT_TRUE(found.empty()) << "compare through the core-op table (is_core_op / OpDef::core):" << list;
 }

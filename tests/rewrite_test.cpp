@@ -23,7 +23,7 @@ std::unique_ptr<Graph> two_negs() {
       "}\n");
 }
 
-RewriteRule counting(std::string name, std::vector<std::string> ops, bool fires, int* tried) {
+RewriteRule counting(std::string name, std::vector<CoreOp> ops, bool fires, int* tried) {
   return {std::move(name), std::move(ops), nullptr, [fires, tried](Rewriter&, Node&) {
             ++*tried;
             return fires;
@@ -36,8 +36,8 @@ TEST(Rewrite, FirstFiringRuleWinsAndDeclinedRulesFallThrough) {
   auto g = two_negs();
   int declined = 0, first = 0, second = 0;
   Rewriter r(*g);
-  r.apply({counting("declines", {"neg"}, false, &declined), counting("first", {"neg"}, true, &first),
-           counting("second", {"neg"}, true, &second)});
+  r.apply({counting("declines", {CoreOp::neg}, false, &declined), counting("first", {CoreOp::neg}, true, &first),
+           counting("second", {CoreOp::neg}, true, &second)});
   EXPECT_EQ(declined, 2);  // tried on both negs, fell through each time
   EXPECT_EQ(first, 2);
   EXPECT_EQ(second, 0);  // never reached: "first" fired
@@ -52,7 +52,7 @@ TEST(Rewrite, RulesSeeOnlyTheirOpsAndMatchGuardsTheRewrite) {
                       return true;
                     }};
   Rewriter r(*g);
-  r.apply({never, counting("exp only", {"exp"}, false, &on_exp), counting("any", {}, false, &on_any)});
+  r.apply({never, counting("exp only", {CoreOp::exp}, false, &on_exp), counting("any", {}, false, &on_any)});
   EXPECT_EQ(guarded, 0);
   EXPECT_EQ(on_exp, 1);
   EXPECT_EQ(on_any, 3);
@@ -62,7 +62,7 @@ TEST(Rewrite, RulesSeeOnlyTheirOpsAndMatchGuardsTheRewrite) {
 TEST(Rewrite, ReplaceForwardsUsesAndTheOutputName) {
   auto g = two_negs();
   // -(-x) → x: the exp now reads x, and the negs are left for dce.
-  RewriteRule double_neg{"-(-x)", {"neg"},
+  RewriteRule double_neg{"-(-x)", {CoreOp::neg},
                          [](const Node& n) { return core_producer(n.inputs[0], CoreOp::neg) != nullptr; },
                          [](Rewriter& r, Node& n) { return r.replace(n, n.inputs[0]->producer->inputs[0]); }};
   Rewriter r(*g);
@@ -77,7 +77,7 @@ TEST(Rewrite, InsertedNodesGoBeforeTheVisitedOneAndAreNotVisited) {
   auto g = two_negs();
   int visits = 0;
   // Every exp gets another exp of its operand in front of it, and reads that instead.
-  RewriteRule wrap{"wrap", {"exp"}, nullptr, [&visits](Rewriter& r, Node& n) {
+  RewriteRule wrap{"wrap", {CoreOp::exp}, nullptr, [&visits](Rewriter& r, Node& n) {
                      ++visits;
                      Graph& gr = r.graph();
                      auto inner = std::make_unique<Node>();
@@ -105,6 +105,6 @@ TEST(Rewrite, CountsOutsideTheWalkJoinTheNote) {
   Rewriter r(*g);
   r.count("by hand", 3);
   int tried = 0;
-  r.apply({counting("neg", {"neg"}, true, &tried)});
+  r.apply({counting("neg", {CoreOp::neg}, true, &tried)});
   EXPECT_EQ(r.note(), "applied 5 rewrites (by hand ×3, neg ×2)");
 }

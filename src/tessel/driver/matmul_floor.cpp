@@ -13,6 +13,7 @@
 #include "tessel/driver/model_dir.h"
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/graph.h"
+#include "tessel/ir/op_registry.h"
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 #include "tessel/support/threads.h"
@@ -28,8 +29,8 @@ bool is_constant_operand(const Value* v) {
   while (v && !v->constant) {
     const Node* p = v->producer;
     if (!p || !p->has_input(0)) return false;
-    const std::string& op = p->op_name();
-    if (!names_core_op(op, CoreOp::reshape) && !names_core_op(op, CoreOp::broadcast_in_dim) && !names_core_op(op, CoreOp::transpose)) return false;
+    const std::optional<CoreOp> op = p->op->core;
+    if (op != CoreOp::reshape && op != CoreOp::broadcast_in_dim && op != CoreOp::transpose) return false;
     v = p->inputs[0];
   }
   return v != nullptr;

@@ -86,8 +86,6 @@ std::optional<CoreOp> core_op_of(const Node& n);
 // Whether `n` runs primitive `op` (its op is `op`'s name in the domain tessel.core): how code asks what a
 // core node is, without spelling the name.
 bool is_core_op(const Node& n, CoreOp op);
-// Whether a name (a kernel instruction's op, a core node's op name) spells primitive `op`.
-constexpr bool names_core_op(std::string_view name, CoreOp op) { return name == core_op_name(op); }
 // The binary primitive that combines a `reduce`/`reduce_window` kind ("sum" -> add); nullopt if unknown.
 std::optional<CoreOp> reduction_combiner(std::string_view kind);
 

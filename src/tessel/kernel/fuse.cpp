@@ -58,8 +58,8 @@ struct View {
   Dims strides;  // per dim of the viewed value
 };
 
-bool is_view_op(const std::string& op) {
-  return names_core_op(op, CoreOp::reshape) || names_core_op(op, CoreOp::transpose) || names_core_op(op, CoreOp::broadcast_in_dim) || names_core_op(op, CoreOp::slice);
+bool is_view_op(std::optional<CoreOp> op) {
+  return op == CoreOp::reshape || op == CoreOp::transpose || op == CoreOp::broadcast_in_dim || op == CoreOp::slice;
 }
 
 // Strides for `to` when a value of shape `from` with strides `st` is reshaped, if the reshape is
@@ -117,22 +117,22 @@ std::optional<Dims> restride(const Dims& from, const Dims& st, const Dims& to) {
 }
 
 std::optional<View> view_of(const Node& n, const View& src) {
-  const std::string& op = n.op->name;
+  const std::optional<CoreOp> op = n.op->core;
   const Dims in = dims(n.inputs[0]);
   const Dims out = dims(n.outputs[0]);
   View v{src.root, src.offset, {}};
-  if (names_core_op(op, CoreOp::reshape)) {
+  if (op == CoreOp::reshape) {
     auto s = restride(in, src.strides, out);
     if (!s) return std::nullopt;
     v.strides = *s;
-  } else if (names_core_op(op, CoreOp::transpose)) {
+  } else if (op == CoreOp::transpose) {
     for (int64_t p : n.attr_ints("perm")) v.strides.push_back(src.strides[static_cast<size_t>(p)]);
-  } else if (names_core_op(op, CoreOp::broadcast_in_dim)) {
+  } else if (op == CoreOp::broadcast_in_dim) {
     v.strides.assign(out.size(), 0);
     auto dims = n.attr_ints("dims");
     for (size_t k = 0; k < dims.size(); ++k)
       if (in[k] == out[static_cast<size_t>(dims[k])]) v.strides[static_cast<size_t>(dims[k])] = src.strides[k];
-  } else if (names_core_op(op, CoreOp::slice)) {
+  } else if (op == CoreOp::slice) {
     auto starts = n.attr_dims("starts");
     auto steps = n.attr_ints("strides", std::vector<int64_t>(in.size(), 1));
     for (size_t d = 0; d < in.size(); ++d) {
@@ -163,7 +163,7 @@ View row_major_view(const Value* v) {
 
 // The view ops between v and the value they view (outermost first, in `chain`); returns that value.
 const Value* view_chain(const Value* v, std::vector<const Node*>* chain) {
-  while (v->producer && is_core(*v->producer) && sized_node(*v->producer) && is_view_op(v->producer->op->name) &&
+  while (v->producer && is_core(*v->producer) && sized_node(*v->producer) && is_view_op(v->producer->op->core) &&
          v->producer->inputs[0]) {
     chain->push_back(v->producer);
     v = v->producer->inputs[0];
@@ -748,7 +748,7 @@ struct Fuser {
     init();
     for (const auto& up : g.nodes()) {
       const Node& n = *up;
-      if (is_core(n) && sized_node(n) && is_view_op(n.op->name) && n.inputs[0]) {
+      if (is_core(n) && sized_node(n) && is_view_op(n.op->core) && n.inputs[0]) {
         if (auto v = view_of(n, views[n.inputs[0]->id])) {
           views[n.outputs[0]->id] = *v;
           is_view[n.outputs[0]->id] = true;
@@ -761,10 +761,10 @@ struct Fuser {
         propagate_deps(n);
         continue;
       }
-      const std::string& op = n.op->name;
-      if (opts.matmul && names_core_op(op, CoreOp::dot_general) && matmul_spec(n)) {
+      const std::optional<CoreOp> op = n.op->core;
+      if (opts.matmul && op == CoreOp::dot_general && matmul_spec(n)) {
         start_group(n, GKind::matmul, dims(n.outputs[0]), {});
-      } else if (opts.matmul && names_core_op(op, CoreOp::convolution) && conv_spec(n)) {
+      } else if (opts.matmul && op == CoreOp::convolution && conv_spec(n)) {
         start_group(n, GKind::conv, dims(n.outputs[0]), {});
       } else if (pointwise_ok(n) || reduce_ok(n)) {
         bool joined = false;
@@ -772,7 +772,7 @@ struct Fuser {
           for (int gi : candidate_groups(n)) {
             Level lv;
             if (can_join(n, gi, &lv)) {
-              if (names_core_op(op, CoreOp::reduce) && !groups[gi].reduces) {
+              if (op == CoreOp::reduce && !groups[gi].reduces) {
                 groups[gi].reduces = true;
                 std::vector<bool> mask(groups[gi].F.size(), false);
                 for (int64_t a : n.attr_ints("axes")) mask[static_cast<size_t>(a)] = true;
@@ -785,7 +785,7 @@ struct Fuser {
           }
         }
         if (!joined) {
-          if (names_core_op(op, CoreOp::reduce)) {
+          if (op == CoreOp::reduce) {
             const Dims x = dims(n.inputs[0]);
             std::vector<bool> mask(x.size(), false);
             for (int64_t a : n.attr_ints("axes")) mask[static_cast<size_t>(a)] = true;

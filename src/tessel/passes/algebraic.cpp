@@ -42,8 +42,8 @@ std::function<bool(const Node&)> static_only(std::function<bool(const Node&)> ma
 bool same_dims(const Value* a, const Value* b) { return a->type.dims() == b->type.dims(); }
 
 // A rule whose rewrite replaces the node's result by one of its operands.
-RewriteRule forward_operand(std::string name, std::string op, std::function<bool(const Node&)> match, int operand) {
-  return {std::move(name), {std::move(op)}, std::move(match),
+RewriteRule forward_operand(std::string name, CoreOp op, std::function<bool(const Node&)> match, int operand) {
+  return {std::move(name), {op}, std::move(match),
           [operand](Rewriter& r, Node& n) { return r.replace(n, in(n, operand)); }};
 }
 
@@ -149,17 +149,17 @@ bool compose_converts(Rewriter& r, Node& n) {
 
 bool is_noop_copy(const Node& n) {
   if (in(n, 0)->type != out(n)->type) return false;
-  const std::string& op = n.op->name;
-  if (names_core_op(op, CoreOp::concatenate)) return n.inputs.size() == 1;
-  if (names_core_op(op, CoreOp::reduce)) return n.attr_ints("axes").empty();
-  if (names_core_op(op, CoreOp::slice)) {
+  const std::optional<CoreOp> op = n.op->core;
+  if (op == CoreOp::concatenate) return n.inputs.size() == 1;
+  if (op == CoreOp::reduce) return n.attr_ints("axes").empty();
+  if (op == CoreOp::slice) {
     const Dims st = n.attr_dims("starts"), sp = n.attr_dims("stops"), dims = in(n, 0)->type.dims();
     auto str = n.attr_ints("strides", std::vector<int64_t>(st.size(), 1));
     for (size_t d = 0; d < st.size(); ++d)
       if (!(st[d] == 0) || str[d] != 1 || !(sp[d] == dims[d])) return false;
     return true;
   }
-  if (names_core_op(op, CoreOp::pad)) {
+  if (op == CoreOp::pad) {
     for (const char* a : {"low", "high", "interior"})
       for (int64_t v : n.attr_ints(a, {}))
         if (v != 0) return false;
@@ -489,42 +489,42 @@ bool sink_reshape(Rewriter& r, Node& n) {
 
 const std::vector<RewriteRule>& algebraic_rules() {
   static const std::vector<RewriteRule> rules = {
-      forward_operand("x+0", "add", [](const Node& n) { return splat_is(in(n, 1), 0); }, 0),
-      forward_operand("x+0", "add", [](const Node& n) { return splat_is(in(n, 0), 0); }, 1),
-      forward_operand("x*1", "mul", [](const Node& n) { return splat_is(in(n, 1), 1); }, 0),
-      forward_operand("x*1", "mul", [](const Node& n) { return splat_is(in(n, 0), 1); }, 1),
-      forward_operand("x/1", "div", [](const Node& n) { return is_float(out(n)->type.dtype) && splat_is(in(n, 1), 1); }, 0),
-      forward_operand("pow(x,1)", "pow", [](const Node& n) { return splat_is(in(n, 1), 1); }, 0),
-      {"pow(x,2)", {"pow"}, [](const Node& n) { return is_float(out(n)->type.dtype) && splat_is(in(n, 1), 2); },
+      forward_operand("x+0", CoreOp::add, [](const Node& n) { return splat_is(in(n, 1), 0); }, 0),
+      forward_operand("x+0", CoreOp::add, [](const Node& n) { return splat_is(in(n, 0), 0); }, 1),
+      forward_operand("x*1", CoreOp::mul, [](const Node& n) { return splat_is(in(n, 1), 1); }, 0),
+      forward_operand("x*1", CoreOp::mul, [](const Node& n) { return splat_is(in(n, 0), 1); }, 1),
+      forward_operand("x/1", CoreOp::div, [](const Node& n) { return is_float(out(n)->type.dtype) && splat_is(in(n, 1), 1); }, 0),
+      forward_operand("pow(x,1)", CoreOp::pow, [](const Node& n) { return splat_is(in(n, 1), 1); }, 0),
+      {"pow(x,2)", {CoreOp::pow}, [](const Node& n) { return is_float(out(n)->type.dtype) && splat_is(in(n, 1), 2); },
        [](Rewriter&, Node& n) {
          // x² is exact as x·x in the wider compute type, and cheaper everywhere.
          n.op = OpRegistry::get().find("mul");
          n.inputs[1] = n.inputs[0];
          return true;
        }},
-      {"idempotent", {"max", "min", "and", "or"}, [](const Node& n) { return in(n, 0) == in(n, 1); },
+      {"idempotent", {CoreOp::max, CoreOp::min, CoreOp::and_, CoreOp::or_}, [](const Node& n) { return in(n, 0) == in(n, 1); },
        [](Rewriter& r, Node& n) { return r.replace(n, in(n, 0)); }},
-      {"-(-x)", {"neg"}, [](const Node& n) { return core_producer(in(n, 0), CoreOp::neg) != nullptr; },
+      {"-(-x)", {CoreOp::neg}, [](const Node& n) { return core_producer(in(n, 0), CoreOp::neg) != nullptr; },
        [](Rewriter& r, Node& n) { return r.replace(n, in(n, 0)->producer->inputs[0]); }},
-      forward_operand("select(p,x,x)", "select", [](const Node& n) { return in(n, 1) == in(n, 2); }, 1),
-      {"select(const)", {"select"}, [](const Node& n) { return splat_of(in(n, 0)).has_value(); },
+      forward_operand("select(p,x,x)", CoreOp::select, [](const Node& n) { return in(n, 1) == in(n, 2); }, 1),
+      {"select(const)", {CoreOp::select}, [](const Node& n) { return splat_of(in(n, 0)).has_value(); },
        [](Rewriter& r, Node& n) { return r.replace(n, *splat_of(in(n, 0)) != 0 ? in(n, 1) : in(n, 2)); }},
-      {"transpose∘transpose", {"transpose"}, [](const Node& n) { return core_producer(in(n, 0), CoreOp::transpose) != nullptr; },
+      {"transpose∘transpose", {CoreOp::transpose}, [](const Node& n) { return core_producer(in(n, 0), CoreOp::transpose) != nullptr; },
        compose_transposes},
-      forward_operand("transpose∘transpose", "transpose", [](const Node& n) { return is_identity(n.attr_ints("perm")); }, 0),
-      {"reshape∘reshape", {"reshape"}, [](const Node& n) { return core_producer(in(n, 0), CoreOp::reshape) != nullptr; },
+      forward_operand("transpose∘transpose", CoreOp::transpose, [](const Node& n) { return is_identity(n.attr_ints("perm")); }, 0),
+      {"reshape∘reshape", {CoreOp::reshape}, [](const Node& n) { return core_producer(in(n, 0), CoreOp::reshape) != nullptr; },
        compose_reshapes},
-      forward_operand("reshape∘reshape", "reshape",
+      forward_operand("reshape∘reshape", CoreOp::reshape,
                       [](const Node& n) { return same_dims(in(n, 0), out(n)); }, 0),
-      {"broadcast∘broadcast", {"broadcast_in_dim"},
+      {"broadcast∘broadcast", {CoreOp::broadcast_in_dim},
        [](const Node& n) { return core_producer(in(n, 0), CoreOp::broadcast_in_dim) != nullptr; }, simplify_broadcast_chain},
-      {"broadcast∘reshape", {"broadcast_in_dim"}, nullptr, simplify_broadcast_of_reshape},
-      forward_operand("broadcast to the same shape", "broadcast_in_dim", broadcast_is_noop, 0),
-      forward_operand("convert to the same type", "convert",
+      {"broadcast∘reshape", {CoreOp::broadcast_in_dim}, nullptr, simplify_broadcast_of_reshape},
+      forward_operand("broadcast to the same shape", CoreOp::broadcast_in_dim, broadcast_is_noop, 0),
+      forward_operand("convert to the same type", CoreOp::convert,
                       [](const Node& n) { return in(n, 0)->type.dtype == out(n)->type.dtype; }, 0),
-      {"convert chain", {"convert"}, converts_exactly_twice, compose_converts},
-      {"sum of adjacent zero-pads", {"add"}, static_only(adds_adjacent_zero_pads), pads_to_concatenate},
-      {"no-op", {"slice", "concatenate", "reduce", "pad"}, is_noop_copy,
+      {"convert chain", {CoreOp::convert}, converts_exactly_twice, compose_converts},
+      {"sum of adjacent zero-pads", {CoreOp::add}, static_only(adds_adjacent_zero_pads), pads_to_concatenate},
+      {"no-op", {CoreOp::slice, CoreOp::concatenate, CoreOp::reduce, CoreOp::pad}, is_noop_copy,
        [](Rewriter& r, Node& n) { return r.replace(n, in(n, 0)); }},
       {"elementwise on broadcast scalars", {}, static_only(may_sink_broadcasts), sink_scalar_broadcasts},
       {"elementwise below a reshape", {}, static_only(nullptr), sink_reshape},

@@ -101,11 +101,11 @@ bool to_reshape(Rewriter&, Node& n) {
 
 const std::vector<RewriteRule>& canonical_forms() {
   static const std::vector<RewriteRule> rules = {
-      {"constant operand second", {"add", "mul", "max", "min", "and", "or", "xor"}, constant_first, swap_operands},
-      {"constant operand second", {"compare"}, constant_first, swap_compare},
-      {"unit-dim movement → reshape", {"transpose"}, transpose_moves_unit_dims, to_reshape},
-      {"unit-dim movement → reshape", {"broadcast_in_dim"}, broadcast_adds_nothing, to_reshape},
-      {"unit-dim movement → reshape", {"reduce"}, reduce_over_unit_dims, to_reshape},
+      {"constant operand second", {CoreOp::add, CoreOp::mul, CoreOp::max, CoreOp::min, CoreOp::and_, CoreOp::or_, CoreOp::xor_}, constant_first, swap_operands},
+      {"constant operand second", {CoreOp::compare}, constant_first, swap_compare},
+      {"unit-dim movement → reshape", {CoreOp::transpose}, transpose_moves_unit_dims, to_reshape},
+      {"unit-dim movement → reshape", {CoreOp::broadcast_in_dim}, broadcast_adds_nothing, to_reshape},
+      {"unit-dim movement → reshape", {CoreOp::reduce}, reduce_over_unit_dims, to_reshape},
   };
   return rules;
 }

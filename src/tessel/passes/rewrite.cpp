@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 
 #include "tessel/ir/op_registry.h"
 #include "tessel/passes/pass_util.h"
@@ -51,15 +52,13 @@ bool Rewriter::try_rules(const std::vector<const RewriteRule*>& rules, Node& n) 
 }
 
 void Rewriter::apply(const std::vector<RewriteRule>& rules) {
-  // The rules tried on each op, in list order (built once per op name met).
-  std::map<std::string, std::vector<const RewriteRule*>> by_op;
-  auto rules_for = [&](const std::string& op) -> const std::vector<const RewriteRule*>& {
-    auto [it, added] = by_op.try_emplace(op);
-    if (added)
-      for (const RewriteRule& r : rules)
-        if (r.ops.empty() || std::find(r.ops.begin(), r.ops.end(), op) != r.ops.end()) it->second.push_back(&r);
-    return it->second;
-  };
+  // The rules tried on each primitive, in list order (built once, indexed by the enum).
+  std::array<std::vector<const RewriteRule*>, kNumCoreOps> by_op;
+  for (size_t c = 0; c < kNumCoreOps; ++c)
+    for (const RewriteRule& r : rules)
+      if (r.ops.empty() || std::find(r.ops.begin(), r.ops.end(), static_cast<CoreOp>(c)) != r.ops.end())
+        by_op[c].push_back(&r);
+  auto rules_for = [&](CoreOp op) -> const std::vector<const RewriteRule*>& { return by_op[static_cast<size_t>(op)]; };
   // Indexing (not iterators): a rule may insert nodes in front of the one visited.
   for (visiting_ = 0; visiting_ < g_.nodes().size(); ++visiting_) {
     Node& n = *g_.mutable_nodes()[visiting_];
@@ -67,7 +66,7 @@ void Rewriter::apply(const std::vector<RewriteRule>& rules) {
       for (Value*& v : n.inputs)
         if (v) v = resolved(v);
     if (!n.op->core || n.outputs.empty() || !n.outputs[0]) continue;
-    try_rules(rules_for(n.op->name), n);
+    try_rules(rules_for(*n.op->core), n);
   }
   for (Value*& v : g_.outputs) v = resolved(v);  // (outputs move at once; kept for safety)
   replaced_.clear();

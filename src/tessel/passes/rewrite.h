@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ir/core_ops.h"
 #include "tessel/ir/graph.h"
 
 namespace tessel {
@@ -24,7 +25,7 @@ class Rewriter;
 // unless the edit is itself harmless (an operand chain already composed).
 struct RewriteRule {
   std::string name;               // what the note counts it as ("x+0")
-  std::vector<std::string> ops;   // the core ops it is tried on; empty = all
+  std::vector<CoreOp> ops;        // the primitives it is tried on; empty = all
   std::function<bool(const Node&)> match;
   std::function<bool(Rewriter&, Node&)> rewrite;
 };

@@ -394,24 +394,24 @@ template <class T, class F> void map2(const T* a, const T* b, T* y, int64_t n, F
   for (int64_t i = 0; i < n; ++i) y[i] = Elem<T>::store(f(Elem<T>::load(a[i]), Elem<T>::load(b[i])));
 }
 
-template <class T> CoreKernel unary_typed(const std::string& op, int x, int y, int64_t n) {
+template <class T> CoreKernel unary_typed(CoreOp op, int x, int y, int64_t n) {
   using E = Elem<T>;
   auto make = [=](auto f) -> CoreKernel {
     return [=](KernelEnv& e) { map1(in_ptr<T>(e, x), out_ptr<T>(e, y), n, f); };
   };
   if constexpr (E::fl) {
-    if (names_core_op(op, CoreOp::neg)) return make([](double v) { return -v; });
-    if (names_core_op(op, CoreOp::exp)) return make([](double v) { return std::exp(v); });
-    if (names_core_op(op, CoreOp::log)) return make([](double v) { return std::log(v); });
-    if (names_core_op(op, CoreOp::sqrt)) return make([](double v) { return std::sqrt(v); });
-    if (names_core_op(op, CoreOp::sin)) return make([](double v) { return std::sin(v); });
-    if (names_core_op(op, CoreOp::atan)) return make([](double v) { return std::atan(v); });
-    if (names_core_op(op, CoreOp::erf)) return make([](double v) { return std::erf(v); });
-    if (names_core_op(op, CoreOp::tanh)) return make([](double v) { return std::tanh(v); });
-    if (names_core_op(op, CoreOp::floor)) return make([](double v) { return std::floor(v); });
-    if (names_core_op(op, CoreOp::round_even)) return make([](double v) { return std::nearbyint(v); });  // ties to even
+    if (op == CoreOp::neg) return make([](double v) { return -v; });
+    if (op == CoreOp::exp) return make([](double v) { return std::exp(v); });
+    if (op == CoreOp::log) return make([](double v) { return std::log(v); });
+    if (op == CoreOp::sqrt) return make([](double v) { return std::sqrt(v); });
+    if (op == CoreOp::sin) return make([](double v) { return std::sin(v); });
+    if (op == CoreOp::atan) return make([](double v) { return std::atan(v); });
+    if (op == CoreOp::erf) return make([](double v) { return std::erf(v); });
+    if (op == CoreOp::tanh) return make([](double v) { return std::tanh(v); });
+    if (op == CoreOp::floor) return make([](double v) { return std::floor(v); });
+    if (op == CoreOp::round_even) return make([](double v) { return std::nearbyint(v); });  // ties to even
   } else if (!std::is_same_v<T, Bool>) {
-    if (names_core_op(op, CoreOp::neg)) return make([](int64_t v) { return static_cast<int64_t>(0 - static_cast<uint64_t>(v)); });
+    if (op == CoreOp::neg) return make([](int64_t v) { return static_cast<int64_t>(0 - static_cast<uint64_t>(v)); });
   }
   return {};
 }
@@ -468,7 +468,7 @@ template <class T, class F> void map2_walk(const Walk<3>& w, const T* a, const T
   });
 }
 
-template <class T> CoreKernel binary_typed(const std::string& op, int a, int b, int y, int64_t n,
+template <class T> CoreKernel binary_typed(CoreOp op, int a, int b, int y, int64_t n,
                                            std::shared_ptr<const Walk<3>> w = nullptr) {
   using E = Elem<T>;
   auto make = [=](auto f) -> CoreKernel {
@@ -476,26 +476,26 @@ template <class T> CoreKernel binary_typed(const std::string& op, int a, int b, 
     return [=](KernelEnv& e) { map2(in_ptr<T>(e, a), in_ptr<T>(e, b), out_ptr<T>(e, y), n, f); };
   };
   if constexpr (E::fl) {
-    if (names_core_op(op, CoreOp::add)) return make([](double u, double v) { return u + v; });
-    if (names_core_op(op, CoreOp::mul)) return make([](double u, double v) { return u * v; });
-    if (names_core_op(op, CoreOp::div)) return make([](double u, double v) { return u / v; });
-    if (names_core_op(op, CoreOp::rem)) return make([](double u, double v) { return std::fmod(u, v); });
-    if (names_core_op(op, CoreOp::pow)) return make([](double u, double v) { return std::pow(u, v); });
-    if (names_core_op(op, CoreOp::max)) return make(nan_max);
-    if (names_core_op(op, CoreOp::min)) return make(nan_min);
+    if (op == CoreOp::add) return make([](double u, double v) { return u + v; });
+    if (op == CoreOp::mul) return make([](double u, double v) { return u * v; });
+    if (op == CoreOp::div) return make([](double u, double v) { return u / v; });
+    if (op == CoreOp::rem) return make([](double u, double v) { return std::fmod(u, v); });
+    if (op == CoreOp::pow) return make([](double u, double v) { return std::pow(u, v); });
+    if (op == CoreOp::max) return make(nan_max);
+    if (op == CoreOp::min) return make(nan_min);
     return {};
   } else {
-    if (names_core_op(op, CoreOp::and_)) return make([](int64_t u, int64_t v) { return u & v; });
-    if (names_core_op(op, CoreOp::or_)) return make([](int64_t u, int64_t v) { return u | v; });
-    if (names_core_op(op, CoreOp::xor_)) return make([](int64_t u, int64_t v) { return u ^ v; });
-    if (names_core_op(op, CoreOp::max)) return make([](int64_t u, int64_t v) { return std::max(u, v); });
-    if (names_core_op(op, CoreOp::min)) return make([](int64_t u, int64_t v) { return std::min(u, v); });
+    if (op == CoreOp::and_) return make([](int64_t u, int64_t v) { return u & v; });
+    if (op == CoreOp::or_) return make([](int64_t u, int64_t v) { return u | v; });
+    if (op == CoreOp::xor_) return make([](int64_t u, int64_t v) { return u ^ v; });
+    if (op == CoreOp::max) return make([](int64_t u, int64_t v) { return std::max(u, v); });
+    if (op == CoreOp::min) return make([](int64_t u, int64_t v) { return std::min(u, v); });
     if (std::is_same_v<T, Bool>) return {};
-    if (names_core_op(op, CoreOp::add)) return make(wrap_add);
-    if (names_core_op(op, CoreOp::mul)) return make(wrap_mul);
-    if (names_core_op(op, CoreOp::div)) return make(int_div);
-    if (names_core_op(op, CoreOp::rem)) return make(int_rem);
-    if (names_core_op(op, CoreOp::pow)) return make(int_pow);
+    if (op == CoreOp::add) return make(wrap_add);
+    if (op == CoreOp::mul) return make(wrap_mul);
+    if (op == CoreOp::div) return make(int_div);
+    if (op == CoreOp::rem) return make(int_rem);
+    if (op == CoreOp::pow) return make(int_pow);
     return {};
   }
 }
@@ -1359,17 +1359,11 @@ CoreKernel make_convolution(const Node& n) {
 }
 
 // The elementwise primitives of one or two operands (the table's kinds, core_ops.def).
-bool is_unary(const std::string& op) {
-  const auto c = core_op_named(op);
-  return c && core_op_info(*c).kind == CoreKind::unary;
-}
-bool is_binary(const std::string& op) {
-  const auto c = core_op_named(op);
-  return c && core_op_info(*c).kind == CoreKind::binary;
-}
+bool is_unary(std::optional<CoreOp> op) { return op && core_op_info(*op).kind == CoreKind::unary; }
+bool is_binary(std::optional<CoreOp> op) { return op && core_op_info(*op).kind == CoreKind::binary; }
 
 CoreKernel make_elementwise(const Node& n, const ViewMap& views) {
-  const std::string& op = n.op->name;
+  const CoreOp op = *n.op->core;  // (is_unary or is_binary: a primitive)
   const int64_t count = numel_of(n.outputs[0]);
   CoreKernel k;
   with_type(n.outputs[0]->type.dtype, [&](auto tag) {
@@ -1423,19 +1417,19 @@ StridedView broadcast_view(const Node& n) {
   return v;
 }
 
-bool is_elementwise_unary(const Node& n) { return n.op->core.has_value() && is_unary(n.op->name); }
+bool is_elementwise_unary(const Node& n) { return is_unary(n.op->core); }
 
 CoreKernel make_unary_on_source(const Node& n, const StridedView& operand, int64_t count) {
   CoreKernel k;
   with_type(n.outputs[0]->type.dtype, [&](auto tag) {
     using T = Tag<decltype(tag)>;
-    k = unary_typed<T>(n.op->name, operand.src_id, n.outputs[0]->id, count);
+    k = unary_typed<T>(*n.op->core, operand.src_id, n.outputs[0]->id, count);
   });
   return k;
 }
 
 bool reads_views(const Node& n) {
-  return n.op->core.has_value() && (is_binary(n.op->name) || is_core_op(n, CoreOp::compare) || is_core_op(n, CoreOp::select));
+  return is_binary(n.op->core) || is_core_op(n, CoreOp::compare) || is_core_op(n, CoreOp::select);
 }
 
 void materialize_view(const StridedView& v, const uint8_t* src, const Shape& shape, int elem_bytes, uint8_t* dst) {
@@ -1452,24 +1446,24 @@ void materialize_view(const StridedView& v, const uint8_t* src, const Shape& sha
 
 CoreKernel make_core_kernel(const Node& n, const ViewMap& views) {
   if (!n.op->core) return {};
-  const std::string& op = n.op->name;
+  const std::optional<CoreOp> op = n.op->core;
   if (!reads_views(n) && any_view(n, views)) return {};
   try {
     if (is_unary(op) || is_binary(op)) return make_elementwise(n, views);
-    if (names_core_op(op, CoreOp::compare)) return make_compare(n, views);
-    if (names_core_op(op, CoreOp::select)) return make_select(n, views);
-    if (names_core_op(op, CoreOp::convert)) return make_convert(n);
-    if (names_core_op(op, CoreOp::broadcast_in_dim)) return make_broadcast(n);
-    if (names_core_op(op, CoreOp::transpose)) return make_transpose(n);
-    if (names_core_op(op, CoreOp::slice)) return make_slice(n);
-    if (names_core_op(op, CoreOp::pad)) return make_pad(n);
-    if (names_core_op(op, CoreOp::concatenate)) return make_concatenate(n);
-    if (names_core_op(op, CoreOp::gather)) return make_gather(n);
-    if (names_core_op(op, CoreOp::iota)) return make_iota(n);
-    if (names_core_op(op, CoreOp::reduce)) return make_reduce(n);
-    if (names_core_op(op, CoreOp::reduce_window)) return make_reduce_window(n);
-    if (names_core_op(op, CoreOp::dot_general)) return make_dot(n);
-    if (names_core_op(op, CoreOp::convolution)) return make_convolution(n);
+    if (op == CoreOp::compare) return make_compare(n, views);
+    if (op == CoreOp::select) return make_select(n, views);
+    if (op == CoreOp::convert) return make_convert(n);
+    if (op == CoreOp::broadcast_in_dim) return make_broadcast(n);
+    if (op == CoreOp::transpose) return make_transpose(n);
+    if (op == CoreOp::slice) return make_slice(n);
+    if (op == CoreOp::pad) return make_pad(n);
+    if (op == CoreOp::concatenate) return make_concatenate(n);
+    if (op == CoreOp::gather) return make_gather(n);
+    if (op == CoreOp::iota) return make_iota(n);
+    if (op == CoreOp::reduce) return make_reduce(n);
+    if (op == CoreOp::reduce_window) return make_reduce_window(n);
+    if (op == CoreOp::dot_general) return make_dot(n);
+    if (op == CoreOp::convolution) return make_convolution(n);
   } catch (const Error&) {
     return {};  // an attribute the typed kernel cannot read: the reference kernel reports it
   }
@@ -1478,7 +1472,7 @@ CoreKernel make_core_kernel(const Node& n, const ViewMap& views) {
 
 bool can_run_in_place(const Node& n, int input) {
   if (!n.op->core || n.outputs.size() != 1 || !n.has_input(input)) return false;
-  const std::string& op = n.op->name;
+  const std::optional<CoreOp> op = n.op->core;
   const Value* in = n.inputs[input];
   const Value* out = n.outputs[0];
   // (symbolic types: the same sizes for every binding, not merely both symbolic in the same places)
@@ -1486,8 +1480,8 @@ bool can_run_in_place(const Node& n, int input) {
       in->type.sym != out->type.sym)
     return false;
   if (is_unary(op) || is_binary(op)) return true;
-  if (names_core_op(op, CoreOp::select)) return input > 0;
-  if (names_core_op(op, CoreOp::convert)) return in->type.dtype == out->type.dtype;
+  if (op == CoreOp::select) return input > 0;
+  if (op == CoreOp::convert) return in->type.dtype == out->type.dtype;
   return false;
 }
 
