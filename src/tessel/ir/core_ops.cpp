@@ -34,6 +34,16 @@ std::optional<CoreOp> reduction_combiner(std::string_view kind) {
   return std::nullopt;
 }
 
+std::optional<ReduceKind> reduce_kind_named(std::string_view kind) {
+  switch (reduction_combiner(kind).value_or(CoreOp::neg)) {
+    case CoreOp::add: return ReduceKind::sum;
+    case CoreOp::max: return ReduceKind::max;
+    case CoreOp::min: return ReduceKind::min;
+    case CoreOp::mul: return ReduceKind::prod;
+    default: return std::nullopt;
+  }
+}
+
 std::string_view core_kind_name(CoreKind k) {
   switch (k) {
     case CoreKind::unary: return "unary";

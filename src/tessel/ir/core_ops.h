@@ -89,6 +89,36 @@ bool is_core_op(const Node& n, CoreOp op);
 // The binary primitive that combines a `reduce`/`reduce_window` kind ("sum" -> add); nullopt if unknown.
 std::optional<CoreOp> reduction_combiner(std::string_view kind);
 
+// A reduction's kind (the `kind` attribute of reduce and reduce_window, a kernel's reduce instruction),
+// named through the table's combiners: sum (add), max, min, prod (mul). nullopt for any other text.
+enum class ReduceKind { sum, max, min, prod };
+std::optional<ReduceKind> reduce_kind_named(std::string_view kind);
+// The one definition of a floating-point reduction step, which every evaluator shares (the reference
+// kernels, the typed core kernels): the identity, and a combine where NaN propagates through max and
+// min (an accumulator that is NaN stays NaN; a NaN operand becomes the accumulator). Integer
+// reductions differ by representation (a dtype's order, wrapping) and stay with their kernels.
+constexpr double reduce_identity(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::sum: return 0;
+    case ReduceKind::prod: return 1;
+    case ReduceKind::max: return -kInfinity;
+    case ReduceKind::min: return kInfinity;
+  }
+  return 0;
+}
+constexpr void reduce_combine(ReduceKind k, double& acc, double v) {
+  switch (k) {
+    case ReduceKind::sum: acc += v; break;
+    case ReduceKind::prod: acc *= v; break;
+    case ReduceKind::max:
+      if (acc == acc && (v != v || v > acc)) acc = v;  // (x != x: NaN, constexpr where std::isnan is not)
+      break;
+    case ReduceKind::min:
+      if (acc == acc && (v != v || v < acc)) acc = v;
+      break;
+  }
+}
+
 std::string_view core_kind_name(CoreKind k);
 std::string_view vector_cost_name(VectorCost c);
 std::string_view vjp_name(Vjp v);

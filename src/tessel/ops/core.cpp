@@ -18,8 +18,6 @@
 namespace tessel {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
 // Core ops live in their own domain: the ONNX importer never resolves a node to one of them, and
 // the op table does not list them as ai.onnx.
 void add_core(OpRegistry& r, OpDef d) {
@@ -477,16 +475,12 @@ void register_casts(OpRegistry& r) {
 
 // ---- reductions ----------------------------------------------------------------------------------
 
-enum class RK { sum, max, min, prod };
+using RK = ReduceKind;
 
 RK kind_of(const Node& n) {
   // The kind names its combining primitive in the core-op table (sum -> add, prod -> mul).
   const std::string k = n.attr_s("kind");
-  const std::optional<CoreOp> c = reduction_combiner(k);
-  if (c == CoreOp::add) return RK::sum;
-  if (c == CoreOp::max) return RK::max;
-  if (c == CoreOp::min) return RK::min;
-  if (c == CoreOp::mul) return RK::prod;
+  if (const std::optional<RK> r = reduce_kind_named(k)) return *r;
   fail("kind '{}' is not one of sum, max, min, prod", k);
 }
 
@@ -499,14 +493,7 @@ struct Acc {
   RK k;
   DType t;
   bool fl;
-  double identity_f() const {
-    switch (k) {
-      case RK::sum: return 0;
-      case RK::prod: return 1;
-      case RK::max: return -kInf;
-      default: return kInf;
-    }
-  }
+  double identity_f() const { return reduce_identity(k); }
   int64_t identity_i() const {
     switch (k) {
       case RK::sum: return 0;
@@ -515,18 +502,7 @@ struct Acc {
       default: return int_limits(t).second;
     }
   }
-  void add_f(double& a, double v) const {
-    switch (k) {
-      case RK::sum: a += v; break;
-      case RK::prod: a *= v; break;
-      case RK::max:
-        if (!std::isnan(a) && (std::isnan(v) || v > a)) a = v;
-        break;
-      case RK::min:
-        if (!std::isnan(a) && (std::isnan(v) || v < a)) a = v;
-        break;
-    }
-  }
+  void add_f(double& a, double v) const { reduce_combine(k, a, v); }
   void add_i(int64_t& a, int64_t v) const {
     switch (k) {
       case RK::sum: a = wrap_add(a, v); break;

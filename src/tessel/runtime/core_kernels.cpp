@@ -671,20 +671,9 @@ CoreKernel make_gather(const Node& n) {
 
 // ---- reductions ------------------------------------------------------------------------------------
 
-enum class RK { sum, max, min, prod };
+using RK = ReduceKind;
 
-std::optional<RK> reduce_kind(const Node& n) {
-  // The kind names its combining primitive in the core-op table (sum -> add, prod -> mul).
-  const std::optional<CoreOp> c = reduction_combiner(n.attr_s("kind"));
-  if (!c) return std::nullopt;
-  switch (*c) {
-    case CoreOp::add: return RK::sum;
-    case CoreOp::max: return RK::max;
-    case CoreOp::min: return RK::min;
-    case CoreOp::mul: return RK::prod;
-    default: return std::nullopt;
-  }
-}
+std::optional<RK> reduce_kind(const Node& n) { return reduce_kind_named(n.attr_s("kind")); }
 
 // The accumulator of one reduction kind in compute type C (double or int64).
 template <class T> struct Reducer {
@@ -693,8 +682,7 @@ template <class T> struct Reducer {
   RK k;
   C identity() const {
     if constexpr (E::fl) {
-      constexpr double inf = std::numeric_limits<double>::infinity();
-      return k == RK::sum ? 0.0 : k == RK::prod ? 1.0 : k == RK::max ? -inf : inf;
+      return reduce_identity(k);
     } else if constexpr (std::is_same_v<T, Bool>) {
       return k == RK::min ? 1 : 0;
     } else {
@@ -705,16 +693,7 @@ template <class T> struct Reducer {
   }
   void add(C& a, C v) const {
     if constexpr (E::fl) {
-      switch (k) {
-        case RK::sum: a += v; break;
-        case RK::prod: a *= v; break;
-        case RK::max:
-          if (!std::isnan(a) && (std::isnan(v) || v > a)) a = v;
-          break;
-        case RK::min:
-          if (!std::isnan(a) && (std::isnan(v) || v < a)) a = v;
-          break;
-      }
+      reduce_combine(k, a, v);
     } else {
       switch (k) {
         case RK::sum: a = wrap_add(a, v); break;
