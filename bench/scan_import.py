@@ -59,8 +59,7 @@ def scan_model(body_nodes, steps):
     graph = field(1, 2, node("Scan", ["init", "xs"], ["final"], "scan", attrs)) + field(2, 2, "g") + \
         field(11, 2, value_info("init", [1])) + field(11, 2, value_info("xs", [steps, 1])) + \
         field(12, 2, value_info("final", [1]))
-    opset = field(1, 2, "") + field(2, 0, 16)
-    return field(1, 0, 8) + field(8, 2, opset) + field(7, 2, graph)
+    return model(graph)
 
 
 def tensor(name, dims, values):

@@ -42,6 +42,17 @@ std::string expect_parse_error(const std::string& text) {
   return "";
 }
 
+// The verifier's message for `g`, or a failure (and "") when it accepts the graph.
+std::string expect_verify_error(const Graph& g, const std::string& why) {
+  try {
+    verify_graph(g);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "the verifier accepted " << why;
+  return "";
+}
+
 }  // namespace
 
 TEST(Graph, InferAndRun) {
@@ -136,12 +147,8 @@ TEST(Graph, AttributesRoundTrip) {
   EXPECT_EQ(print_graph(*g2), p1);
   EXPECT_EQ(std::get<double>(g2->nodes()[0]->attrs.at("f")), 1.0);
   EXPECT_EQ(std::get<std::vector<int64_t>>(g2->nodes()[0]->attrs.at("le")).size(), 0u);
-  try {
-    verify_graph(*g2);
-    FAIL() << "verifier accepted attributes outside the schema";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("node '/block/add' (Add)"), std::string::npos) << e.what();
-  }
+  const std::string msg = expect_verify_error(*g2, "attributes outside the schema");
+  EXPECT_NE(msg.find("node '/block/add' (Add)"), std::string::npos) << msg;
 }
 
 TEST(Parser, ErrorsCarryLineAndColumn) {
@@ -169,24 +176,16 @@ TEST(Verifier, NamesTheNode) {
   auto g = small_graph();
   // Break the type of the Add's output: the verifier re-runs the shape rule and names the node.
   g->mutable_nodes()[0]->outputs[0]->type.shape = {3, 2};
-  try {
-    verify_graph(*g);
-    FAIL() << "verifier accepted a wrong type";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("node '/block/add' (Add)"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("f32[3,2]"), std::string::npos) << e.what();
-  }
+  const std::string msg = expect_verify_error(*g, "a wrong type");
+  EXPECT_NE(msg.find("node '/block/add' (Add)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("f32[3,2]"), std::string::npos) << msg;
 }
 
 TEST(Verifier, UseBeforeDefinition) {
   auto g = small_graph();
   std::swap(g->mutable_nodes()[0], g->mutable_nodes()[1]);
-  try {
-    verify_graph(*g);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("used before it is defined"), std::string::npos) << e.what();
-  }
+  const std::string msg = expect_verify_error(*g, "a use before its definition");
+  EXPECT_NE(msg.find("used before it is defined"), std::string::npos) << msg;
 }
 
 TEST(Interpreter, RejectsWrongInputs) {
@@ -252,12 +251,8 @@ TEST(Verifier, ComputesDeferredValuesWhenARuleReadsThem) {
   auto g = parse_graph(text, "chain.tsl");
   EXPECT_NO_THROW(verify_graph(*g));
   g->outputs[0]->type = TensorType::of(DType::f32, Dims{8, 8});
-  try {
-    verify_graph(*g);
-    FAIL() << "verifier accepted a wrong type behind a deferred shape";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("f32[4,16]"), std::string::npos) << e.what();
-  }
+  const std::string msg = expect_verify_error(*g, "a wrong type behind a deferred shape");
+  EXPECT_NE(msg.find("f32[4,16]"), std::string::npos) << msg;
 }
 
 // Values are renamed only through the graph (add_value, rename_value, hand_name_over), which keeps

@@ -328,7 +328,6 @@ def capture(module, example_inputs, freeze_inputs=(), call=None):
     `call(tensors) -> (args, kwargs)` places them among its other arguments (default: positional)."""
     from torch.fx.experimental.proxy_tensor import make_fx
     state, fn, example = _prepare(module, example_inputs, call)
-    _check_dense(module, example)
     # Tracing runs the module on real tensors: clones, so that its mutations (written back by
     # functionalize at the end of the trace) do not reach the module or the caller's inputs.
     clones = _clones(example)
@@ -402,19 +401,6 @@ def _prepare(module, example_inputs, call):
     state = module_state(module)
     fn = _state_fn(module, state, call)
     return state, fn, [t for _, t, _ in state] + list(example_inputs)
-
-
-def _check_dense(module, example):
-    """A sparse, quantized or other non-strided input is one TesselCaptureError naming it (a sparse CSR input
-    raised PyTorch's "unsupported memory format option Contiguous" from the clone below; issue 41)."""
-    for i, t in enumerate(example):
-        if not isinstance(t, torch.Tensor):
-            continue
-        kind = "quantized" if t.is_quantized else None if t.layout == torch.strided else str(t.layout).replace("torch.", "")
-        if kind:
-            raise TesselCaptureError(f"cannot capture {type(module).__name__}: input {i} is a {kind} tensor; tessel "
-                                     f"compiles dense (strided) tensors -- pass it as .to_dense() (or dequantized), or "
-                                     f"run the module in PyTorch")
 
 
 def _clones(example):

@@ -103,9 +103,7 @@ namespace {
 // The verifier's re-inference (verify_only) leaves a small constant subgraph's values uncomputed
 // until a later rule reads one: re-running every broadcast of a constant after every pass was a
 // tenth of a long pipeline (issue 41), and the types it checks come from the rules either way.
-struct Deferred {
-  std::unordered_map<const Value*, std::pair<const Node*, size_t>> producer;  // value -> (node, position)
-};
+using Deferred = std::unordered_map<const Value*, std::pair<const Node*, size_t>>;  // value -> (node, position)
 
 NodeFacts run_rule(const Node& n, const std::vector<const Tensor*>& known, const std::vector<const SymTensor*>* sym,
                    const std::function<const Tensor*(int)>& resolve) {
@@ -134,8 +132,8 @@ const Tensor* resolve_deferred(const Value* want, InferResult& r, Deferred& d, i
   while (!stack.empty()) {
     const Value* v = stack.back();
     stack.pop_back();
-    auto it = d.producer.find(v);
-    if (it == d.producer.end() || !seen.insert(it->second.first).second) continue;
+    auto it = d.find(v);
+    if (it == d.end() || !seen.insert(it->second.first).second) continue;
     order.emplace_back(it->second.second, it->second.first);
     for (const Value* in : it->second.first->inputs)
       if (in && !known_value(in, r)) stack.push_back(in);
@@ -147,7 +145,7 @@ const Tensor* resolve_deferred(const Value* want, InferResult& r, Deferred& d, i
     auto outs = run_node(*n, known);
     for (size_t i = 0; i < n->outputs.size(); ++i) {
       if (!n->outputs[i]) continue;
-      d.producer.erase(n->outputs[i]);
+      d.erase(n->outputs[i]);
       if (outs[i].numel() <= fold_limit) r.folded[n->outputs[i]] = std::move(outs[i]);
     }
   }
@@ -157,7 +155,7 @@ const Tensor* resolve_deferred(const Value* want, InferResult& r, Deferred& d, i
 // Types (and, when small and known, values) of one node's outputs, recorded in `r`. `d` is set when
 // verifying: values are then computed only when read.
 void infer_one(Node& n, size_t pos, InferResult& r, int64_t fold_limit, bool verify_only, Deferred* d) {
-  auto deferred = [&](const Value* v) { return d && v && d->producer.count(v) > 0; };
+  auto deferred = [&](const Value* v) { return d && v && d->count(v) > 0; };
   try {
     std::vector<const Tensor*> known;
     std::vector<const SymTensor*> sym;
@@ -210,7 +208,7 @@ void infer_one(Node& n, size_t pos, InferResult& r, int64_t fold_limit, bool ver
       if (small && d && exact) {
         // Verifying, and the rule's types are exact: the value waits until a rule reads it.
         for (const Value* v : n.outputs)
-          if (v) d->producer[v] = {&n, pos};
+          if (v) (*d)[v] = {&n, pos};
       } else if (small) {
         for (size_t i = 0; i < n.inputs.size(); ++i)
           if (!known[i] && deferred(n.inputs[i])) known[i] = resolve_deferred(n.inputs[i], r, *d, fold_limit);

@@ -1429,20 +1429,23 @@ CoreKernel make_core_kernel(const Node& n, const ViewMap& views) {
   if (!reads_views(n) && any_view(n, views)) return {};
   try {
     if (is_unary(op) || is_binary(op)) return make_elementwise(n, views);
-    if (op == CoreOp::compare) return make_compare(n, views);
-    if (op == CoreOp::select) return make_select(n, views);
-    if (op == CoreOp::convert) return make_convert(n);
-    if (op == CoreOp::broadcast_in_dim) return make_broadcast(n);
-    if (op == CoreOp::transpose) return make_transpose(n);
-    if (op == CoreOp::slice) return make_slice(n);
-    if (op == CoreOp::pad) return make_pad(n);
-    if (op == CoreOp::concatenate) return make_concatenate(n);
-    if (op == CoreOp::gather) return make_gather(n);
-    if (op == CoreOp::iota) return make_iota(n);
-    if (op == CoreOp::reduce) return make_reduce(n);
-    if (op == CoreOp::reduce_window) return make_reduce_window(n);
-    if (op == CoreOp::dot_general) return make_dot(n);
-    if (op == CoreOp::convolution) return make_convolution(n);
+    switch (*op) {
+      case CoreOp::compare: return make_compare(n, views);
+      case CoreOp::select: return make_select(n, views);
+      case CoreOp::convert: return make_convert(n);
+      case CoreOp::broadcast_in_dim: return make_broadcast(n);
+      case CoreOp::transpose: return make_transpose(n);
+      case CoreOp::slice: return make_slice(n);
+      case CoreOp::pad: return make_pad(n);
+      case CoreOp::concatenate: return make_concatenate(n);
+      case CoreOp::gather: return make_gather(n);
+      case CoreOp::iota: return make_iota(n);
+      case CoreOp::reduce: return make_reduce(n);
+      case CoreOp::reduce_window: return make_reduce_window(n);
+      case CoreOp::dot_general: return make_dot(n);
+      case CoreOp::convolution: return make_convolution(n);
+      default: break;  // no typed kernel: the reference kernel runs it
+    }
   } catch (const Error&) {
     return {};  // an attribute the typed kernel cannot read: the reference kernel reports it
   }
