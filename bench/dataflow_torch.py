@@ -9,11 +9,19 @@ time, the compile and first-call seconds, and values the storage flushed. JSON o
 
 --hf bert,gpt2,llama adds transformers models (configs with random weights, 32 token ids; torch >= 2 with
 transformers: the GPU box); --models "" runs those alone. --dynamo also runs each model once through
-torch.compile(backend="tessel", options={"target": chip}) with the preset's storage.
+torch.compile(backend="tessel", options={"target": chip}) with the preset's storage. --export FOLDER also
+writes each model with tessel.export(model, (x,), FOLDER/name) and runs every command of issue 35's bar on
+the folder with the tessel binary (--tessel, default build/tessel): `run --check` (graph and compiled
+backends), `sim --hw` each target (its own check against the folder's eager outputs), `report --hw`,
+`landscape --targets <targets>,cpu` and `explain --check`; a command's row fails on a non-zero exit or a
+check that does not say PASS (a `sim` check that fails because the model's values leave the storage's range,
+which the command says, is recorded with the same check under bf16 storage).
 """
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -91,6 +99,58 @@ def dynamo_row(name, model, x, ref, chip):
     return row
 
 
+def export_rows(name, model, x, folder, targets, binary, timeout):
+    """tessel.export of the model into folder/name, then each CLI command of issue 35's bar on it: a row per
+    command with its exit status, seconds and the line that says PASS (or the error's last line)."""
+    rows = []
+    path = os.path.join(folder, name.replace(":", "_"))
+    shutil.rmtree(path, ignore_errors=True)
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tessel.export(model, (x,), path)
+    except tessel.TesselError as e:
+        return [dict(model=name, command="export", error=str(e)[:500])]
+    rows.append(dict(model=name, command="export", seconds=time.perf_counter() - t0))
+    page = os.path.join(path + ".html")
+    commands = [("run --check", ["run", path, "--check"], True),
+                ("run --check compiled", ["run", path, "--check", "--backend", "compiled"], True)]
+    commands += [(f"sim {t}", ["sim", path, "--hw", t], True) for t in targets]
+    commands += [(f"report {targets[0]}", ["report", path, "--hw", targets[0], "-o", page], False),
+                 ("landscape", ["landscape", path, "--targets", ",".join(targets + ["cpu"])], False),
+                 ("explain --check", ["explain", path, "--check"], False)]
+    for label, args, wants_pass in commands:
+        row = dict(model=name, command=label)
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run([binary, "--quiet", *args], capture_output=True, text=True, timeout=timeout)
+            row["seconds"] = time.perf_counter() - t0
+            row["rc"] = r.returncode
+            lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+            said = [ln for ln in lines if "PASS" in ln or "FAIL" in ln]
+            row["said"] = (said or lines or [""])[-1][:300]
+            under = [ln.strip() for ln in lines if "fell below" in ln]
+            if label.startswith("sim ") and under and any("FAIL" in ln for ln in said):
+                # The model's values leave the storage's range (random-weight mobilenet_v3 and efficientnet
+                # shrink below DL16's smallest normal, 2^-30): the check fails as the chip would, and says
+                # why. Recorded with the check under bf16 storage, which keeps f32's range.
+                row["underflow"] = under[0][:300]
+                r2 = subprocess.run([binary, "--quiet", *args, "--dtype", "bf16"], capture_output=True, text=True,
+                                    timeout=timeout)
+                said2 = [ln for ln in (r2.stdout + r2.stderr).splitlines() if "PASS" in ln or "FAIL" in ln]
+                row["said_bf16"] = (said2 or [""])[-1][:300]
+                if r2.returncode != 0 or not any("PASS" in ln for ln in said2):
+                    row["error"] = row["said_bf16"] or row["said"]
+            elif r.returncode != 0 or (wants_pass and not any("PASS" in ln for ln in said)) or \
+                    any("FAIL" in ln for ln in said):
+                row["error"] = row["said"]
+        except subprocess.TimeoutExpired:
+            row["error"] = f"timed out after {timeout} s"
+        rows.append(row)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -98,6 +158,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hf", default="", help="transformers models too: bert,gpt2,llama (torch >= 2)")
     ap.add_argument("--dynamo", action="store_true", help="each model also through torch.compile (torch >= 2)")
+    ap.add_argument("--export", metavar="FOLDER", help="tessel.export each model there and run the CLI on it")
+    ap.add_argument("--export-only", action="store_true", help="with --export: skip tessel.compile(target=...)")
+    ap.add_argument("--tessel", default=os.path.join(os.path.dirname(HERE), "build", "tessel"))
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per CLI command")
     ap.add_argument("--json")
     a = ap.parse_args()
     hw_dir = tempfile.mkdtemp(prefix="tessel-hw-")
@@ -113,6 +177,16 @@ def main():
             x = torch.randn(1, 3, res, res)
         with torch.no_grad():
             ref = model(x)
+        if a.export:
+            for row in export_rows(name, model, x, a.export, a.targets.split(","), a.tessel, a.timeout):
+                rows.append(row)
+                failed += "error" in row
+                print(f"{name:20s} {row['command']:22s} " + (f"ERROR {row['error']}" if "error" in row else
+                      f"{row['seconds']:6.2f} s  {row.get('said', '')}" +
+                      (f"\n{'':43s}{row['underflow']}; with --dtype bf16: {row['said_bf16']}" if "underflow" in row
+                       else "")), flush=True)
+            if a.export_only:
+                continue
         for chip in a.targets.split(","):
             if a.dynamo:
                 row = dynamo_row(name, model, x, ref, chip)
@@ -151,7 +225,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(torch=torch.__version__, rows=rows), f, indent=1)
-    print(f"{len(rows) - failed}/{len(rows)} runs pass (f32 storage within {TOL['f32']:.0e}; preset storage reported)")
+    print(f"{len(rows) - failed}/{len(rows)} runs pass (f32 storage within {TOL['f32']:.0e}; preset storage reported"
+          + ("; exported folders through the CLI" if a.export else "") + ")")
     return 1 if failed else 0
 
 

@@ -301,6 +301,28 @@ class Export(Tmp):
         folder = tessel.export(m, (torch.randn(1, 3, 32, 32),), os.path.join(self.tmp, "resnet18"))
         self.assertIn("PASS", self.tessel("run", folder, "--check", "--backend", "compiled"))
 
+    @unittest.skipUnless(os.path.exists(TESSEL_BINARY), f"needs the tessel command ({TESSEL_BINARY}; set TESSEL_BINARY)")
+    @unittest.skipIf(torchvision is None or SANITIZED, "torchvision (not in the sanitized build)")
+    def test_an_underflowing_model_fails_with_its_reason(self):
+        """Random-weight mobilenet_v3_small's activations shrink below DL16's smallest normal (2^-30) by the
+        last blocks (eager's own values, checked here): Spyre's storage flushes them, and `sim` fails its
+        check saying how many values fell out of the range and where the first did; bf16 storage passes."""
+        import subprocess
+        torch.manual_seed(0)
+        m = torchvision.models.mobilenet_v3_small().eval()
+        x = torch.randn(1, 3, 64, 64)
+        with torch.no_grad():
+            feats = m.features(x)
+        self.assertLess(float(feats.abs().max()), 2.0 ** -20)       # the model's own scale, not tessel's
+        folder = tessel.export(m, (x,), os.path.join(self.tmp, "mnv3"))
+        r = subprocess.run([TESSEL_BINARY, "--quiet", "sim", folder, "--hw", "spyre"], capture_output=True,
+                           text=True, timeout=600)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("-> FAIL", r.stdout)
+        self.assertRegex(r.stdout, r"\d+ values fell below f16 \(DL16\)'s range and became 0 \(first: t\d+ .*node .*\); "
+                                   r"bf16 storage keeps f32's range: --dtype bf16")
+        self.assertIn("-> PASS", self.tessel("sim", folder, "--hw", "spyre", "--dtype", "bf16"))
+
     def test_refusals_write_nothing(self):
         keep = os.path.join(self.tmp, "mine")
         os.makedirs(keep)
