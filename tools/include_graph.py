@@ -132,6 +132,15 @@ def main(argv):
     for key in sorted(set(EXCEPTIONS) - used):
         problems.append(f"stale exception: {key[0]} no longer includes {key[1]}; remove it from EXCEPTIONS")
 
+    # The command line is thin (issue 36): tools/*.cpp parse options and call driver/ (driver/commands.h),
+    # so they include tessel headers of the driver layer only.
+    for path in sorted((root / "tools").glob("*.cpp")) if (root / "tools").is_dir() else []:
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            m = INCLUDE.match(line)
+            if m and m.group(1) != "driver":
+                problems.append(f"tools/{path.name}:{n} includes tessel/{m.group(1)}/{m.group(2)}: the command line "
+                                f"includes driver/ only (the commands live in driver/commands.cpp)")
+
     # The order is written in two more places that must agree: the docs and the per-folder libraries.
     arrow = " → ".join(ORDER)
     arch = (root / "docs" / "ARCHITECTURE.md").read_text()
@@ -181,13 +190,20 @@ def self_test():
                 rc = main(["--check", "--root", tmp])
             return rc, err.getvalue()
 
+        (root / "tools").mkdir()
+        (root / "tools" / "main.cpp").write_text('#include "tessel/driver/a.h"\n')
         clean = run()
         (root / "src" / "tessel" / "ir" / "b.cpp").write_text('#include "tessel/runtime/a.h"\n')
         upward = run()
-    ok = clean[0] == 0 and upward[0] == 1 and "src/tessel/ir/b.cpp:1 includes tessel/runtime/a.h" in upward[1]
-    print(f"self-test: clean tree rc={clean[0]}, tree with ir -> runtime rc={upward[0]}: {'ok' if ok else 'FAILED'}")
+        (root / "src" / "tessel" / "ir" / "b.cpp").unlink()
+        (root / "tools" / "main.cpp").write_text('#include "tessel/driver/a.h"\n#include "tessel/runtime/a.h"\n')
+        fat = run()
+    ok = (clean[0] == 0 and upward[0] == 1 and "src/tessel/ir/b.cpp:1 includes tessel/runtime/a.h" in upward[1]
+          and fat[0] == 1 and "tools/main.cpp:2 includes tessel/runtime/a.h" in fat[1])
+    print(f"self-test: clean tree rc={clean[0]}, tree with ir -> runtime rc={upward[0]}, a command line including "
+          f"runtime/ rc={fat[0]}: {'ok' if ok else 'FAILED'}")
     if not ok:
-        print(clean[1] + upward[1], file=sys.stderr)
+        print(clean[1] + upward[1] + fat[1], file=sys.stderr)
     return 0 if ok else 1
 
 
