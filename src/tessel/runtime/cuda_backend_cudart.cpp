@@ -146,6 +146,16 @@ class CudaExecutableImpl final : public CudaExecutable {
   void build(KernelModule m, const std::vector<Tensor>& ex, const CudaBackendOptions& o);
 
  private:
+  // build()'s parts, in the order it runs them
+  void load_kernels(const CudaBackendOptions& o);
+  cudaKernel_t kernel_of(const std::string& sym);  // a kernel of the loaded library by its symbol
+  void place_values();
+  void make_shared_buffers();
+  void attention_step(const Node& n, size_t ni, const cuda::AttentionMatch& a);
+  void kernel_step(const Node& n, const CudaBackendOptions& o);
+  void matmul_node_step(const Node& n, size_t ni, const MatmulSpec& spec);
+  void device_node_step(const Node& n, size_t ni);
+  void host_step(const Node& n);
   // `before_epilogue`: recorded between a library call and the generated epilogue after it (profile)
   void enqueue(Step& s, cudaEvent_t before_epilogue = nullptr);
   void enqueue_all();
@@ -275,8 +285,15 @@ cublasLtMatrixLayout_t make_layout(const MatrixShape& s, int64_t batch, int64_t 
   return l;
 }
 
+// A convolution runs as im2col + a matmul when its im2col matrix (f32: 4 bytes an element) stays within
+// kIm2colMaxBytes; a larger one stays on the direct kernel.
+bool im2col_fits(const ConvSpec& c) { return cuda::conv_as_matmul(c) && cuda::im2col_elements(c) <= kIm2colMaxBytes / int64_t{4}; }
+
 }  // namespace
 
+// The executable in order: the device and its stream, the generated kernels compiled and loaded, every
+// value's device memory, the buffers steps share, then one step per node (a fused attention, a kernel, a
+// matmul or a generated node on the device, else a host step).
 void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, const CudaBackendOptions& o) {
   (void)ex;
   module_ = std::move(m);
@@ -295,8 +312,48 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   ck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
   for (const Value* v : g.inputs) in_types_.push_back(v->type);
   for (const Value* v : g.outputs) out_types_.push_back(v->type);
+  load_kernels(o);
+  place_values();
+  make_shared_buffers();
+  const auto& nodes = module_.graph->nodes();
+  // Fused attention: its QK and softmax steps go, its PV step becomes the fused kernel.
+  std::map<size_t, cuda::AttentionMatch> attention_at;
+  std::vector<bool> fused_away(nodes.size(), false);
+  for (const cuda::AttentionMatch& a : cuda::find_attention(module_, vst_)) {
+    stats_.attention.push_back(a.fused && !o.fuse_attention ? "attention not fused: turned off (CudaBackendOptions::fuse_attention; " + a.why + ")" : a.why);
+    if (!a.fused || !o.fuse_attention) continue;
+    attention_at[a.pv] = a;
+    fused_away[a.qk] = fused_away[a.softmax] = true;
+    stats_.fused_attention++;
+  }
+  for (size_t ni = 0; ni < nodes.size(); ++ni) {
+    const Node& n = *nodes[ni];
+    if (is_core_op(n, CoreOp::reshape) || fused_away[ni]) continue;  // an alias, or inside a fused attention
+    if (const auto at = attention_at.find(ni); at != attention_at.end()) attention_step(n, ni, at->second);
+    else if (is_kernel_node(n)) kernel_step(n, o);
+    else if (const std::optional<MatmulSpec> mm = cuda::device_matmul_spec(n)) matmul_node_step(n, ni, *mm);
+    else if (cuda::device_node_supported(n)) device_node_step(n, ni);
+    else host_step(n);
+  }
+  for (size_t i = 0; i < steps_.size(); ++i)
+    if (steps_[i].lt && !steps_[i].lt->choice.empty()) infos_[i].how += " (" + steps_[i].lt->choice + ")";
+  for (const Kernel& k : module_.kernels) {
+    stats_.kernels++;
+    stats_.loop_kernels += k.kind == KernelKind::loop;
+    stats_.matmul_kernels += k.kind == KernelKind::matmul;
+    stats_.conv_kernels += k.kind == KernelKind::conv;
+  }
+  if (stats_.host_steps) use_graph_ = false;
+}
 
-  // ---- generated source -> NVRTC -> loaded library
+cudaKernel_t CudaExecutableImpl::kernel_of(const std::string& sym) {
+  cudaKernel_t k = nullptr;
+  ck(cudaLibraryGetKernel(&k, lib_, sym.c_str()), "cudaLibraryGetKernel");
+  return k;
+}
+
+// Generated source -> NVRTC (or its cache) -> the loaded library.
+void CudaExecutableImpl::load_kernels(const CudaBackendOptions& o) {
   auto tc = Clock::now();
   source_ = cuda::generate_cuda(module_, o.model_name, o.precision, o.fuse_attention);
   stats_.codegen_seconds = seconds_since(tc);
@@ -312,13 +369,12 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   ck(cudaLibraryLoadData(&lib_, nr.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0), "loading the compiled kernels");
   stats_.load_seconds = seconds_since(tl);
   ck(cudaLibraryGetKernel(&hold_, lib_, "tsl_hold"), "cudaLibraryGetKernel");
-  auto kernel_of = [&](const std::string& sym) {
-    cudaKernel_t k = nullptr;
-    ck(cudaLibraryGetKernel(&k, lib_, sym.c_str()), "cudaLibraryGetKernel");
-    return k;
-  };
+}
 
-  // ---- memory homes: inputs, constants, arena roots (reshapes alias their operand)
+// Memory homes: inputs, constants (stored as the precision says), constant outputs, and the arena
+// roots of every computed value (a reshape aliases its operand).
+void CudaExecutableImpl::place_values() {
+  const Graph& g = *module_.graph;
   size_t nv = 0;
   for (const auto& v : g.values()) nv = std::max(nv, static_cast<size_t>(v->id) + 1);
   ptr_.assign(nv, nullptr);
@@ -386,8 +442,11 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   arena_ = DeviceBuffer(plan.size, "the device arena");
   stats_.arena_bytes = plan.size;
   for (size_t r = 0; r < reqs.size(); ++r) ptr_[static_cast<size_t>(req_value[r])] = static_cast<uint8_t*>(arena_.p) + plan.offsets[r];
+}
 
-  // ---- steps
+// What steps share: cuBLASLt's handle and workspace, the gathers' out-of-range flags, the im2col matrix.
+void CudaExecutableImpl::make_shared_buffers() {
+  const auto& nodes = module_.graph->nodes();
   ck(cuda::cublaslt().cublasLtCreate(&lt_), "cublasLtCreate");
   workspace_ = DeviceBuffer(kWorkspaceBytes, "the cuBLASLt workspace");
   int gathers = 0;
@@ -402,260 +461,253 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   }
   // One im2col buffer for every convolution run as a matmul, as large as the largest (f32: 4 bytes an element);
   // a convolution whose im2col matrix would pass kIm2colMaxBytes stays on the direct kernel.
-  auto im2col_fits = [](const ConvSpec& c) { return cuda::conv_as_matmul(c) && cuda::im2col_elements(c) <= kIm2colMaxBytes / int64_t{4}; };
   int64_t col_elems = 0;
   for (const Kernel& k : module_.kernels)
     if (k.kind == KernelKind::conv && im2col_fits(k.conv)) col_elems = std::max(col_elems, cuda::im2col_elements(k.conv));
   col_ = DeviceBuffer(static_cast<size_t>(col_elems) * sizeof(float), "the im2col buffer");
   stats_.im2col_bytes = static_cast<size_t>(col_elems) * sizeof(float);
-  // Fused attention: its QK and softmax steps go, its PV step becomes the fused kernel.
-  std::map<size_t, cuda::AttentionMatch> attention_at;
-  std::vector<bool> fused_away(nodes.size(), false);
-  for (const cuda::AttentionMatch& a : cuda::find_attention(module_, vst_)) {
-    stats_.attention.push_back(a.fused && !o.fuse_attention ? "attention not fused: turned off (CudaBackendOptions::fuse_attention; " + a.why + ")" : a.why);
-    if (!a.fused || !o.fuse_attention) continue;
-    attention_at[a.pv] = a;
-    fused_away[a.qk] = fused_away[a.softmax] = true;
-    stats_.fused_attention++;
-  }
-  for (size_t ni = 0; ni < nodes.size(); ++ni) {
-    const Node& n = *nodes[ni];
-    if (is_core_op(n, CoreOp::reshape) || fused_away[ni]) continue;  // an alias, or inside a fused attention
-    if (const auto at = attention_at.find(ni); at != attention_at.end()) {
-      const cuda::AttentionMatch& a = at->second;
-      const Node& qk = *nodes[a.qk];
-      const Node& sm = *nodes[a.softmax];
-      Step s;
-      s.node = &n;
-      s.kind = Step::Kind::attention;
-      s.args = {dev(qk.inputs[0]), dev(qk.inputs[1]), dev(n.inputs[1])};
-      if (a.mask_arg >= 0) s.args.push_back(dev(sm.inputs[static_cast<size_t>(a.mask_arg)]));
-      s.args.push_back(dev(n.outputs[0]));
-      s.fn = kernel_of(cuda::attention_symbol(ni));
-      const cuda::AttentionLaunch al = cuda::attention_launch(a);
-      s.grid = dim3(static_cast<unsigned>(al.grid_x), static_cast<unsigned>(al.grid_y));
-      s.shape.threads = al.threads;
-      CudaStepInfo info;
-      info.name = display_text(n.name);
-      info.kind = "attention";
-      info.how = "fused attention (flash, mma.sync bf16)";
-      info.flops = 2 * a.s.batch * a.s.m * a.s.n * a.s.k + 2 * a.o.batch * a.o.m * a.o.n * a.o.k;
-      info.tensor_cores = true;
-      for (const Value* v : {qk.inputs[0], qk.inputs[1], n.inputs[1], n.outputs[0]}) info.bytes += static_cast<int64_t>(mem_bytes(v));
-      if (a.mask_arg >= 0) info.bytes += static_cast<int64_t>(mem_bytes(sm.inputs[static_cast<size_t>(a.mask_arg)]));
-      steps_.push_back(std::move(s));
-      infos_.push_back(std::move(info));
-      continue;
+}
+
+// A fused attention (targets/cuda/attention.h): the PV node becomes the flash kernel reading Q, K, V (and the mask).
+void CudaExecutableImpl::attention_step(const Node& n, size_t ni, const cuda::AttentionMatch& a) {
+  const auto& nodes = module_.graph->nodes();
+  const Node& qk = *nodes[a.qk];
+  const Node& sm = *nodes[a.softmax];
+  Step s;
+  s.node = &n;
+  s.kind = Step::Kind::attention;
+  s.args = {dev(qk.inputs[0]), dev(qk.inputs[1]), dev(n.inputs[1])};
+  if (a.mask_arg >= 0) s.args.push_back(dev(sm.inputs[static_cast<size_t>(a.mask_arg)]));
+  s.args.push_back(dev(n.outputs[0]));
+  s.fn = kernel_of(cuda::attention_symbol(ni));
+  const cuda::AttentionLaunch al = cuda::attention_launch(a);
+  s.grid = dim3(static_cast<unsigned>(al.grid_x), static_cast<unsigned>(al.grid_y));
+  s.shape.threads = al.threads;
+  CudaStepInfo info;
+  info.name = display_text(n.name);
+  info.kind = "attention";
+  info.how = "fused attention (flash, mma.sync bf16)";
+  info.flops = 2 * a.s.batch * a.s.m * a.s.n * a.s.k + 2 * a.o.batch * a.o.m * a.o.n * a.o.k;
+  info.tensor_cores = true;
+  for (const Value* v : {qk.inputs[0], qk.inputs[1], n.inputs[1], n.outputs[0]}) info.bytes += static_cast<int64_t>(mem_bytes(v));
+  if (a.mask_arg >= 0) info.bytes += static_cast<int64_t>(mem_bytes(sm.inputs[static_cast<size_t>(a.mask_arg)]));
+  steps_.push_back(std::move(s));
+  infos_.push_back(std::move(info));
+}
+
+// A kernel of the kernel level: a generated loop kernel, or a matmul or convolution (cuBLASLt, im2col +
+// cuBLASLt, or the generated direct kernel) with its generated epilogue.
+void CudaExecutableImpl::kernel_step(const Node& n, const CudaBackendOptions& o) {
+  Step s;
+  s.node = &n;
+  CudaStepInfo info;
+  s.kid = static_cast<size_t>(n.attr_i("kernel"));
+  const Kernel& k = module_.kernels.at(s.kid);
+  s.kernel = &k;
+  size_t in = 0, out = 0;
+  s.arg_mem = cuda::kernel_arg_storage(n, k, vst_, o.precision);
+  for (size_t ai = 0; ai < k.args.size(); ++ai) {
+    const KArg& a = k.args[ai];
+    info.bytes += shape_numel(a.type.shape) * dtype_size(s.arg_mem[ai]);
+    if (a.role == KArg::Role::scratch) {
+      s.scratch.emplace_back(static_cast<size_t>(shape_numel(a.type.shape)) * dtype_size(s.arg_mem[ai]), "scratch buffer");
+      s.args.push_back(s.scratch.back().p);
+    } else {
+      const Value* v = a.role == KArg::Role::in ? n.inputs.at(in++) : n.outputs.at(out++);
+      s.args.push_back(dev(v));
     }
-    Step s;
-    s.node = &n;
-    CudaStepInfo info;
-    if (is_kernel_node(n)) {
-      s.kid = static_cast<size_t>(n.attr_i("kernel"));
-      const Kernel& k = module_.kernels.at(s.kid);
-      s.kernel = &k;
-      size_t in = 0, out = 0;
-      s.arg_mem = cuda::kernel_arg_storage(n, k, vst_, o.precision);
-      for (size_t ai = 0; ai < k.args.size(); ++ai) {
-        const KArg& a = k.args[ai];
-        info.bytes += shape_numel(a.type.shape) * dtype_size(s.arg_mem[ai]);
-        if (a.role == KArg::Role::scratch) {
-          s.scratch.emplace_back(static_cast<size_t>(shape_numel(a.type.shape)) * dtype_size(s.arg_mem[ai]), "scratch buffer");
-          s.args.push_back(s.scratch.back().p);
-        } else {
-          const Value* v = a.role == KArg::Role::in ? n.inputs.at(in++) : n.outputs.at(out++);
-          s.args.push_back(dev(v));
+  }
+  info.name = display_text(k.name);
+  info.kind = std::string(kernel_kind_name(k.kind));
+  // Bytes: each buffer once at its element size in memory (as Kernel::bytes_fused counts them in f32).
+  if (o.precision == cuda::Precision::f32) info.bytes = k.bytes_fused;
+  if (cuda::has_generated_function(k)) {
+    s.fn = kernel_of(cuda::kernel_symbol(s.kid));
+    s.shape = cuda::launch_shape(k, sms_, s.arg_mem);
+  }
+  const std::string epi = s.fn ? fmt::format(" + generated epilogue") : "";
+  if (k.kind == KernelKind::matmul) {
+    const MatmulSpec& mm = k.mm;
+    if (k.args[static_cast<size_t>(mm.a)].type.dtype != DType::f32 || k.args[static_cast<size_t>(mm.b)].type.dtype != DType::f32)
+      throw Error(Location{.node = n.name, .pass = "cuda"}, "the CUDA target's matmuls take f32 operands");
+    DType ta = s.arg_mem[static_cast<size_t>(mm.a)], tb = s.arg_mem[static_cast<size_t>(mm.b)];
+    const DType tcc = s.arg_mem[static_cast<size_t>(mm.c)];
+    s.mm = kernel_of(cuda::matmul_symbol(s.kid));
+    s.mm_shape = cuda::matmul_launch_shape(k, sms_);
+    info.flops = 2 * mm.batch * mm.m * mm.n * mm.k;
+    s.spec = fold_shared_batch(mm);
+    const cuda::LtEpilogue lte = cuda::match_lt_epilogue(k);
+    info.epilogue = lte.why;
+    auto input_of = [&](int arg) {  // the node input kernel arg `arg` (an input) reads
+      int in = 0;
+      for (int ai = 0; ai < arg; ++ai) in += k.args[static_cast<size_t>(ai)].role == KArg::Role::in;
+      return n.inputs.at(static_cast<size_t>(in));
+    };
+    auto plan = [&]() {
+      // The epilogue folded into the call: D is where the epilogue stored (C's layout), the residual
+      // (cuBLASLt's C) must have D's type; cuBLASLt may still decline (no algorithm): then it is generated.
+      const bool same_types = !lte.residual || s.arg_mem[static_cast<size_t>(lte.residual_arg)] == s.arg_mem[static_cast<size_t>(lte.out_arg)];
+      if (lte.fold && !same_types) info.epilogue = "generated epilogue: the residual is stored as another type than the result (" + lte.why + ")";
+      if (lte.fold && same_types) {
+        MatmulSpec d = s.spec;
+        d.c = lte.out_arg;
+        if (auto lt = make_lt(d, s.args, s.arg_mem, &lte)) {
+          s.lt = std::move(lt);
+          s.spec = d;
         }
       }
-      info.name = display_text(k.name);
-      info.kind = std::string(kernel_kind_name(k.kind));
-      // Bytes: each buffer once at its element size in memory (as Kernel::bytes_fused counts them in f32).
-      if (o.precision == cuda::Precision::f32) info.bytes = k.bytes_fused;
-      if (cuda::has_generated_function(k)) {
-        s.fn = kernel_of(cuda::kernel_symbol(s.kid));
-        s.shape = cuda::launch_shape(k, sms_, s.arg_mem);
+      if (!s.lt) s.lt = make_lt(s.spec, s.args, s.arg_mem);
+      if (s.lt && !s.lt->epilogue && lte.fold) info.epilogue = "generated epilogue: cuBLASLt declined " + lte.why.substr(std::string("cuBLASLt epilogue: ").size());
+      return s.lt != nullptr;
+    };
+    // cuBLASLt's pairs with f32 compute: bf16 x bf16 -> bf16 or f32, f32 x f32 -> f32; one f32 operand
+    // beside a bf16 one is read as its bf16 copy; others run direct.
+    bool copied = false;
+    if (ta != tb && cuda::fits_cublaslt(s.spec)) {
+      const bool a_wide = ta == DType::f32;
+      int& arg = a_wide ? s.spec.a : s.spec.b;
+      if (read_bf16_copy(s, arg, input_of(a_wide ? mm.a : mm.b), plan)) ta = tb = DType::bf16, copied = true;
+    }
+    const bool lt_types = ta == tb && (ta == DType::bf16 || tcc == DType::f32);
+    if (!s.lt && lt_types && cuda::fits_cublaslt(s.spec)) plan();
+    if (s.lt && s.lt->epilogue) s.fn = nullptr;
+    info.tensor_cores = s.lt && ta == DType::bf16;
+    info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) +
+               (ta == DType::bf16 ? " bf16" : "") + (copied ? " (an f32 operand read as its bf16 copy)" : "") + (s.lt && s.lt->epilogue ? " with its epilogue" : epi);
+    (s.lt ? stats_.cublaslt_matmuls : stats_.direct_matmuls)++;
+  } else if (k.kind == KernelKind::conv) {
+    const ConvSpec& c = k.conv;
+    if (k.args[static_cast<size_t>(c.x)].type.dtype != DType::f32)
+      throw Error(Location{.node = n.name, .pass = "cuda"}, "the CUDA target's convolutions take f32 operands");
+    s.conv = kernel_of(cuda::conv_symbol(s.kid));
+    s.conv_shape = cuda::conv_launch_shape(k, sms_);
+    info.flops = 2 * c.n * c.oc * c.oh * c.ow * (c.c / std::max<int64_t>(1, c.groups)) * c.kh * c.kw;
+    // A pointwise (1x1) convolution between channels-last buffers is the matmul
+    // y[N*H*W, OC] = x[N*H*W, C] . w^T[C, OC]: cuBLASLt instead of the direct kernel.
+    if (cuda::conv_is_channels_last_matmul(c)) {
+      MatmulSpec mm;
+      mm.a = c.x, mm.b = c.w, mm.c = c.y;
+      mm.m = c.n * c.h * c.wd, mm.n = c.oc, mm.k = c.c;
+      mm.a_m = c.c, mm.a_k = 1, mm.b_k = 1, mm.b_n = c.c;
+      s.spec = mm;
+      const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
+      if (tx == tw && (tx == DType::bf16 || ty == DType::f32) && cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args, s.arg_mem);
+      info.tensor_cores = s.lt && tx == DType::bf16;
+    } else if (im2col_fits(c) && col_.p) {
+      // im2col then y[N*OH*OW, OC] = col[N*OH*OW, C*KH*KW] . w^T, the OIHW weight's rows being B^T's; col is
+      // an extra arg of the step (after the kernel's own, which the epilogue's launch alone reads).
+      const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
+      MatmulSpec mm;
+      const int col = static_cast<int>(s.args.size());
+      mm.k = c.c * c.kh * c.kw;
+      if (c.y_nhwc) {  // y[N*OH*OW, OC] = col . w^T
+        mm.a = col, mm.b = c.w, mm.c = c.y;
+        mm.m = c.n * c.oh * c.ow, mm.n = c.oc;
+        mm.a_m = mm.k, mm.a_k = 1, mm.b_k = 1, mm.b_n = mm.k;
+      } else {  // per image: y[OC, OH*OW] = w . col^T (the weight shared by the batch)
+        mm.a = c.w, mm.b = col, mm.c = c.y;
+        mm.batch = c.n, mm.m = c.oc, mm.n = c.oh * c.ow;
+        mm.a_m = mm.k, mm.a_k = 1, mm.a_batch = 0;
+        mm.b_k = 1, mm.b_n = mm.k, mm.b_batch = c.oh * c.ow * mm.k;
       }
-      const std::string epi = s.fn ? fmt::format(" + generated epilogue") : "";
-      if (k.kind == KernelKind::matmul) {
-        const MatmulSpec& mm = k.mm;
-        if (k.args[static_cast<size_t>(mm.a)].type.dtype != DType::f32 || k.args[static_cast<size_t>(mm.b)].type.dtype != DType::f32)
-          throw Error(Location{.node = n.name, .pass = "cuda"}, "the CUDA target's matmuls take f32 operands");
-        DType ta = s.arg_mem[static_cast<size_t>(mm.a)], tb = s.arg_mem[static_cast<size_t>(mm.b)];
-        const DType tcc = s.arg_mem[static_cast<size_t>(mm.c)];
-        s.mm = kernel_of(cuda::matmul_symbol(s.kid));
-        s.mm_shape = cuda::matmul_launch_shape(k, sms_);
-        info.flops = 2 * mm.batch * mm.m * mm.n * mm.k;
-        s.spec = fold_shared_batch(mm);
-        const cuda::LtEpilogue lte = cuda::match_lt_epilogue(k);
-        info.epilogue = lte.why;
-        auto input_of = [&](int arg) {  // the node input kernel arg `arg` (an input) reads
-          int in = 0;
-          for (int ai = 0; ai < arg; ++ai) in += k.args[static_cast<size_t>(ai)].role == KArg::Role::in;
-          return n.inputs.at(static_cast<size_t>(in));
-        };
-        auto plan = [&]() {
-          // The epilogue folded into the call: D is where the epilogue stored (C's layout), the residual
-          // (cuBLASLt's C) must have D's type; cuBLASLt may still decline (no algorithm): then it is generated.
-          const bool same_types = !lte.residual || s.arg_mem[static_cast<size_t>(lte.residual_arg)] == s.arg_mem[static_cast<size_t>(lte.out_arg)];
-          if (lte.fold && !same_types) info.epilogue = "generated epilogue: the residual is stored as another type than the result (" + lte.why + ")";
-          if (lte.fold && same_types) {
-            MatmulSpec d = s.spec;
-            d.c = lte.out_arg;
-            if (auto lt = make_lt(d, s.args, s.arg_mem, &lte)) {
-              s.lt = std::move(lt);
-              s.spec = d;
-            }
-          }
-          if (!s.lt) s.lt = make_lt(s.spec, s.args, s.arg_mem);
-          if (s.lt && !s.lt->epilogue && lte.fold) info.epilogue = "generated epilogue: cuBLASLt declined " + lte.why.substr(std::string("cuBLASLt epilogue: ").size());
-          return s.lt != nullptr;
-        };
-        // cuBLASLt's pairs with f32 compute: bf16 x bf16 -> bf16 or f32, f32 x f32 -> f32; one f32 operand
-        // beside a bf16 one is read as its bf16 copy; others run direct.
-        bool copied = false;
-        if (ta != tb && cuda::fits_cublaslt(s.spec)) {
-          const bool a_wide = ta == DType::f32;
-          int& arg = a_wide ? s.spec.a : s.spec.b;
-          if (read_bf16_copy(s, arg, input_of(a_wide ? mm.a : mm.b), plan)) ta = tb = DType::bf16, copied = true;
-        }
-        const bool lt_types = ta == tb && (ta == DType::bf16 || tcc == DType::f32);
-        if (!s.lt && lt_types && cuda::fits_cublaslt(s.spec)) plan();
-        if (s.lt && s.lt->epilogue) s.fn = nullptr;
-        info.tensor_cores = s.lt && ta == DType::bf16;
-        info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) +
-                   (ta == DType::bf16 ? " bf16" : "") + (copied ? " (an f32 operand read as its bf16 copy)" : "") + (s.lt && s.lt->epilogue ? " with its epilogue" : epi);
-        (s.lt ? stats_.cublaslt_matmuls : stats_.direct_matmuls)++;
-      } else if (k.kind == KernelKind::conv) {
-        const ConvSpec& c = k.conv;
-        if (k.args[static_cast<size_t>(c.x)].type.dtype != DType::f32)
-          throw Error(Location{.node = n.name, .pass = "cuda"}, "the CUDA target's convolutions take f32 operands");
-        s.conv = kernel_of(cuda::conv_symbol(s.kid));
-        s.conv_shape = cuda::conv_launch_shape(k, sms_);
-        info.flops = 2 * c.n * c.oc * c.oh * c.ow * (c.c / std::max<int64_t>(1, c.groups)) * c.kh * c.kw;
-        // A pointwise (1x1) convolution between channels-last buffers is the matmul
-        // y[N*H*W, OC] = x[N*H*W, C] . w^T[C, OC]: cuBLASLt instead of the direct kernel.
-        if (cuda::conv_is_channels_last_matmul(c)) {
-          MatmulSpec mm;
-          mm.a = c.x, mm.b = c.w, mm.c = c.y;
-          mm.m = c.n * c.h * c.wd, mm.n = c.oc, mm.k = c.c;
-          mm.a_m = c.c, mm.a_k = 1, mm.b_k = 1, mm.b_n = c.c;
-          s.spec = mm;
-          const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
-          if (tx == tw && (tx == DType::bf16 || ty == DType::f32) && cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args, s.arg_mem);
-          info.tensor_cores = s.lt && tx == DType::bf16;
-        } else if (im2col_fits(c) && col_.p) {
-          // im2col then y[N*OH*OW, OC] = col[N*OH*OW, C*KH*KW] . w^T, the OIHW weight's rows being B^T's; col is
-          // an extra arg of the step (after the kernel's own, which the epilogue's launch alone reads).
-          const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
-          MatmulSpec mm;
-          const int col = static_cast<int>(s.args.size());
-          mm.k = c.c * c.kh * c.kw;
-          if (c.y_nhwc) {  // y[N*OH*OW, OC] = col . w^T
-            mm.a = col, mm.b = c.w, mm.c = c.y;
-            mm.m = c.n * c.oh * c.ow, mm.n = c.oc;
-            mm.a_m = mm.k, mm.a_k = 1, mm.b_k = 1, mm.b_n = mm.k;
-          } else {  // per image: y[OC, OH*OW] = w . col^T (the weight shared by the batch)
-            mm.a = c.w, mm.b = col, mm.c = c.y;
-            mm.batch = c.n, mm.m = c.oc, mm.n = c.oh * c.ow;
-            mm.a_m = mm.k, mm.a_k = 1, mm.a_batch = 0;
-            mm.b_k = 1, mm.b_n = mm.k, mm.b_batch = c.oh * c.ow * mm.k;
-          }
-          s.args.push_back(col_.p);
-          s.arg_mem.push_back(tx);
-          if (tx == tw && (tx == DType::bf16 || ty == DType::f32) && cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args, s.arg_mem);
-          if (s.lt) {
-            s.spec = mm;
-            s.im2col = kernel_of(cuda::im2col_symbol(s.kid));
-            s.im2col_shape = cuda::im2col_launch_shape(k, sms_);
-            info.tensor_cores = tx == DType::bf16;
-            stats_.im2col_convs++;
-          } else {
-            s.args.pop_back();
-            s.arg_mem.pop_back();
-          }
-        }
-        info.how = (s.lt ? (s.im2col ? "im2col + cuBLASLt" : "cuBLASLt (1x1 conv as a matmul)") : "direct conv") + epi;
+      s.args.push_back(col_.p);
+      s.arg_mem.push_back(tx);
+      if (tx == tw && (tx == DType::bf16 || ty == DType::f32) && cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args, s.arg_mem);
+      if (s.lt) {
+        s.spec = mm;
+        s.im2col = kernel_of(cuda::im2col_symbol(s.kid));
+        s.im2col_shape = cuda::im2col_launch_shape(k, sms_);
+        info.tensor_cores = tx == DType::bf16;
+        stats_.im2col_convs++;
       } else {
-        info.flops = loop_flops(k);
-        info.how = fmt::format("generated {} {}x{}", s.shape.form == cuda::LaunchForm::pointwise ? "pointwise" : "rows", s.shape.blocks, s.shape.threads);
+        s.args.pop_back();
+        s.arg_mem.pop_back();
       }
-      steps_.push_back(std::move(s));
-      infos_.push_back(std::move(info));
-      continue;
     }
-    if (const std::optional<MatmulSpec> mm = cuda::device_matmul_spec(n)) {
-      s.kind = Step::Kind::matmul;
-      s.args = {dev(n.inputs[0]), dev(n.inputs[1]), dev(n.outputs[0])};
-      s.arg_mem = {mem(n.inputs[0]), mem(n.inputs[1]), mem(n.outputs[0])};
-      s.spec = *mm;
-      DType ta = s.arg_mem[0], tb = s.arg_mem[1];
-      const DType tcc = s.arg_mem[2];
-      auto plan = [&]() { return (s.lt = make_lt(s.spec, s.args, s.arg_mem)) != nullptr; };
-      bool copied = false;
-      if (ta != tb && cuda::fits_cublaslt(*mm)) {  // as a matmul kernel's: one f32 operand beside a bf16 one
-        const bool a_wide = ta == DType::f32;
-        if (read_bf16_copy(s, a_wide ? s.spec.a : s.spec.b, n.inputs[a_wide ? 0 : 1], plan)) ta = tb = DType::bf16, copied = true;
-      }
-      if (!s.lt && ta == tb && (ta == DType::bf16 || tcc == DType::f32) && cuda::fits_cublaslt(*mm)) plan();
-      s.mm = kernel_of(cuda::node_matmul_symbol(ni));
-      s.mm_shape = cuda::node_launch_shape(n, sms_);
-      info.name = display_text(n.name);
-      info.kind = "matmul";
-      info.flops = 2 * mm->batch * mm->m * mm->n * mm->k;
-      info.tensor_cores = s.lt && ta == DType::bf16;
-      info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) + (ta == DType::bf16 ? " bf16" : "") +
-                 (copied ? " (an f32 operand read as its bf16 copy)" : "") + " (dot_general outside a kernel)";
-      for (const Value* v : n.inputs) info.bytes += static_cast<int64_t>(mem_bytes(v));
-      info.bytes += static_cast<int64_t>(mem_bytes(n.outputs[0]));
-      (s.lt ? stats_.cublaslt_matmuls : stats_.direct_matmuls)++;
-      steps_.push_back(std::move(s));
-      infos_.push_back(std::move(info));
-      continue;
-    }
-    if (cuda::device_node_supported(n)) {
-      s.kind = Step::Kind::node;
-      for (const Value* v : n.inputs) s.args.push_back(dev(v));
-      s.args.push_back(dev(n.outputs[0]));
-      if (is_core_op(n, CoreOp::gather)) {
-        s.gather_flag = static_cast<int>(flag_node_.size());
-        s.args.push_back(static_cast<int*>(flags_.p) + s.gather_flag);
-        flag_node_.push_back(&n);
-      }
-      s.fn = kernel_of(cuda::node_symbol(ni));
-      s.shape = cuda::node_launch_shape(n, sms_, vst_);
-      info.name = display_text(n.name);
-      info.kind = "node";
-      info.how = "generated " + n.op->name;
-      for (const Value* v : n.inputs) info.bytes += static_cast<int64_t>(mem_bytes(v));
-      info.bytes += static_cast<int64_t>(mem_bytes(n.outputs[0]));
-      steps_.push_back(std::move(s));
-      infos_.push_back(std::move(info));
-      continue;
-    }
-    // A core node no kernel covers: the graph backend's typed kernel (or the reference kernel) on host copies.
-    s.kind = Step::Kind::host;
-    if (n.op->core.has_value()) s.host_kernel = make_core_kernel(n);
-    for (const Value* v : n.inputs) s.host_in.emplace_back(v && !v->constant ? mem_bytes(v) : 0);
-    for (const Value* v : n.outputs) s.host_out.emplace_back(v ? mem_bytes(v) : 0);
-    info.name = display_text(n.name);
-    info.kind = "host";
-    info.how = "host: " + n.op->name + (s.host_kernel ? "" : " (reference kernel)");
-    for (const Value* v : n.inputs) info.bytes += v ? static_cast<int64_t>(bytes_of(v->type)) : 0;
-    for (const Value* v : n.outputs) info.bytes += v ? static_cast<int64_t>(bytes_of(v->type)) : 0;
-    stats_.host_steps++;
-    stats_.host_ops.push_back(n.op->name);
-    steps_.push_back(std::move(s));
-    infos_.push_back(std::move(info));
+    info.how = (s.lt ? (s.im2col ? "im2col + cuBLASLt" : "cuBLASLt (1x1 conv as a matmul)") : "direct conv") + epi;
+  } else {
+    info.flops = loop_flops(k);
+    info.how = fmt::format("generated {} {}x{}", s.shape.form == cuda::LaunchForm::pointwise ? "pointwise" : "rows", s.shape.blocks, s.shape.threads);
   }
-  for (size_t i = 0; i < steps_.size(); ++i)
-    if (steps_[i].lt && !steps_[i].lt->choice.empty()) infos_[i].how += " (" + steps_[i].lt->choice + ")";
-  for (const Kernel& k : module_.kernels) {
-    stats_.kernels++;
-    stats_.loop_kernels += k.kind == KernelKind::loop;
-    stats_.matmul_kernels += k.kind == KernelKind::matmul;
-    stats_.conv_kernels += k.kind == KernelKind::conv;
+  steps_.push_back(std::move(s));
+  infos_.push_back(std::move(info));
+}
+
+// A dot_general no kernel covers: cuBLASLt, or the generated direct matmul.
+void CudaExecutableImpl::matmul_node_step(const Node& n, size_t ni, const MatmulSpec& spec) {
+  Step s;
+  s.node = &n;
+  CudaStepInfo info;
+  s.kind = Step::Kind::matmul;
+  s.args = {dev(n.inputs[0]), dev(n.inputs[1]), dev(n.outputs[0])};
+  s.arg_mem = {mem(n.inputs[0]), mem(n.inputs[1]), mem(n.outputs[0])};
+  s.spec = spec;
+  DType ta = s.arg_mem[0], tb = s.arg_mem[1];
+  const DType tcc = s.arg_mem[2];
+  auto plan = [&]() { return (s.lt = make_lt(s.spec, s.args, s.arg_mem)) != nullptr; };
+  bool copied = false;
+  if (ta != tb && cuda::fits_cublaslt(spec)) {  // as a matmul kernel's: one f32 operand beside a bf16 one
+    const bool a_wide = ta == DType::f32;
+    if (read_bf16_copy(s, a_wide ? s.spec.a : s.spec.b, n.inputs[a_wide ? 0 : 1], plan)) ta = tb = DType::bf16, copied = true;
   }
-  if (stats_.host_steps) use_graph_ = false;
+  if (!s.lt && ta == tb && (ta == DType::bf16 || tcc == DType::f32) && cuda::fits_cublaslt(spec)) plan();
+  s.mm = kernel_of(cuda::node_matmul_symbol(ni));
+  s.mm_shape = cuda::node_launch_shape(n, sms_);
+  info.name = display_text(n.name);
+  info.kind = "matmul";
+  info.flops = 2 * spec.batch * spec.m * spec.n * spec.k;
+  info.tensor_cores = s.lt && ta == DType::bf16;
+  info.how = (s.lt ? std::string(s.lt->per_batch ? "cuBLASLt per batch" : "cuBLASLt") : std::string("direct matmul")) + (ta == DType::bf16 ? " bf16" : "") +
+             (copied ? " (an f32 operand read as its bf16 copy)" : "") + " (dot_general outside a kernel)";
+  for (const Value* v : n.inputs) info.bytes += static_cast<int64_t>(mem_bytes(v));
+  info.bytes += static_cast<int64_t>(mem_bytes(n.outputs[0]));
+  (s.lt ? stats_.cublaslt_matmuls : stats_.direct_matmuls)++;
+  steps_.push_back(std::move(s));
+  infos_.push_back(std::move(info));
+}
+
+// A core node as a generated device function (gathers report out-of-range indices through their flag).
+void CudaExecutableImpl::device_node_step(const Node& n, size_t ni) {
+  Step s;
+  s.node = &n;
+  CudaStepInfo info;
+  s.kind = Step::Kind::node;
+  for (const Value* v : n.inputs) s.args.push_back(dev(v));
+  s.args.push_back(dev(n.outputs[0]));
+  if (is_core_op(n, CoreOp::gather)) {
+    s.gather_flag = static_cast<int>(flag_node_.size());
+    s.args.push_back(static_cast<int*>(flags_.p) + s.gather_flag);
+    flag_node_.push_back(&n);
+  }
+  s.fn = kernel_of(cuda::node_symbol(ni));
+  s.shape = cuda::node_launch_shape(n, sms_, vst_);
+  info.name = display_text(n.name);
+  info.kind = "node";
+  info.how = "generated " + n.op->name;
+  for (const Value* v : n.inputs) info.bytes += static_cast<int64_t>(mem_bytes(v));
+  info.bytes += static_cast<int64_t>(mem_bytes(n.outputs[0]));
+  steps_.push_back(std::move(s));
+  infos_.push_back(std::move(info));
+}
+
+void CudaExecutableImpl::host_step(const Node& n) {
+  Step s;
+  s.node = &n;
+  CudaStepInfo info;
+  // A core node no kernel covers: the graph backend's typed kernel (or the reference kernel) on host copies.
+  s.kind = Step::Kind::host;
+  if (n.op->core.has_value()) s.host_kernel = make_core_kernel(n);
+  for (const Value* v : n.inputs) s.host_in.emplace_back(v && !v->constant ? mem_bytes(v) : 0);
+  for (const Value* v : n.outputs) s.host_out.emplace_back(v ? mem_bytes(v) : 0);
+  info.name = display_text(n.name);
+  info.kind = "host";
+  info.how = "host: " + n.op->name + (s.host_kernel ? "" : " (reference kernel)");
+  for (const Value* v : n.inputs) info.bytes += v ? static_cast<int64_t>(bytes_of(v->type)) : 0;
+  for (const Value* v : n.outputs) info.bytes += v ? static_cast<int64_t>(bytes_of(v->type)) : 0;
+  stats_.host_steps++;
+  stats_.host_ops.push_back(n.op->name);
+  steps_.push_back(std::move(s));
+  infos_.push_back(std::move(info));
 }
 
 std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, const std::vector<void*>& args, const std::vector<DType>& st,
