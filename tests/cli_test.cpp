@@ -338,6 +338,30 @@ TEST(Cli, SimWithF32StorageIsCheckedAtF32Tolerance) {
   EXPECT_NE(no.out.find("f32"), std::string::npos) << no.out;
 }
 
+// `sim` reports the analytical mode's time beside the event-driven one (docs/sim.md): the JSON's
+// analytical_us is the printed figure, the printed ratio is simulated/analytical, and the estimate is a
+// time of the same program (within the bounds of queueing: not above twice the event-driven time).
+TEST(Cli, SimPrintsTheAnalyticalEstimateBesideTheEventDrivenTime) {
+  const fs::path json = fs::temp_directory_path() / "tessel_cli_sim_estimate.json";
+  for (const char* hw : {"spyre", "tpu-v5e"}) {
+    Result r = run("sim " + kModel + " --hw " + hw + " --no-functional --json " + json.string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    const size_t at = r.out.find("analytical estimate ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const double printed = std::stod(r.out.substr(at + 20));
+    const size_t ratio_at = r.out.find("the event-driven time is ", at);
+    ASSERT_NE(ratio_at, std::string::npos) << r.out;
+    const double ratio = std::stod(r.out.substr(ratio_at + 25));
+    const nlohmann::json j = nlohmann::json::parse(testenv::read_text(json.string()));
+    const double est = j["analytical_us"].get<double>(), sim = j["simulated_us"].get<double>();
+    EXPECT_GT(est, 0) << hw;
+    EXPECT_NEAR(printed, est, 0.051) << hw;
+    EXPECT_NEAR(ratio, sim / est, 0.0051) << hw;
+    EXPECT_LE(est, 2 * sim) << hw;
+  }
+  fs::remove(json);
+}
+
 // `compile --train` (docs/passes/autodiff.md): the joint graph with one gradient output per parameter and
 // the summary line; a name that is no value is a one-line error.
 TEST(Cli, CompileTrainPrintsTheJointGraphAndItsSummary) {

@@ -14,6 +14,7 @@
 #include "tessel/support/escape.h"
 #include "tessel/support/strings.h"
 #include "tessel/targets/dataflow/cost.h"
+#include "tessel/targets/dataflow/sim_engine.h"
 
 namespace tessel {
 namespace {
@@ -83,6 +84,7 @@ DataflowReport dataflow_report(const DataflowCompile& dc, const dataflow::Simula
   r.target = p.target;
   r.cores = p.cores;
   r.sim_us = sp.result.seconds * 1e6;
+  r.analytical_us = dataflow::estimate(sp.timeline.graph, hw).seconds * 1e6;
   r.dram_peak = p.dram_peak;
   for (const tile::Global& g : p.globals) {
     r.padded_bytes += g.bytes();
@@ -169,6 +171,7 @@ nlohmann::json report_json(const DataflowReport& r) {
                       {"target", r.target},
                       {"cores", r.cores},
                       {"simulated_us", r.sim_us},
+                      {"analytical_us", r.analytical_us},
                       {"roofline_us", r.bound_us},
                       {"pct_of_roofline", r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0},
                       {"flops", r.flops},
@@ -246,6 +249,9 @@ std::string report_table(const DataflowReport& r) {
                    "interconnect {:.2f} us, dependency {:.2f} us\n",
                    r.core_busy.empty() ? 0.0 : 100 * busy / static_cast<double>(r.core_busy.size()), count_text(r.lanes, "lane"),
                    r.stall_compute / lanes, r.stall_dma / lanes, r.stall_interconnect / lanes, r.stall_dependency / lanes);
+  s += fmt::format("analytical estimate {:.1f} us (solo task times, no queueing or sharing: docs/sim.md); the event-driven "
+                   "time is {:.2f}x it\n",
+                   r.analytical_us, r.analytical_us > 0 ? r.sim_us / r.analytical_us : 0.0);
   return s;
 }
 

@@ -61,6 +61,10 @@ struct DataflowReport {
   std::string model, target;
   int64_t cores = 0;
   double sim_us = 0, bound_us = 0, flops = 0, dram_bytes = 0;
+  // The analytical mode's time for the same task graph (dataflow::estimate: solo task durations, no event
+  // queue, no contention; docs/sim.md): how far the schedule's queueing and sharing put the event-driven
+  // time from it.
+  double analytical_us = 0;
   double utilisation = 0;       // flops / (time x peak matrix FLOP/s)
   int64_t padded_bytes = 0, logical_bytes = 0, spad_peak = 0, dram_peak = 0;
   int64_t fusion_saved = 0;
