@@ -14,6 +14,10 @@
 #include <memory>
 #include <type_traits>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "tessel/ir/core_ops.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/kernel/kernel.h"
@@ -122,6 +126,21 @@ std::vector<int64_t> row_strides(const Shape& s) {
 template <class T> const T* in_ptr(KernelEnv& e, int id) { return reinterpret_cast<const T*>(e.ptr[id]); }
 template <class T> T* out_ptr(KernelEnv& e, int id) { return reinterpret_cast<T*>(e.ptr[id]); }
 
+// Loops that must vectorise (the product kernels, pooling, transposing copies) are compiled at O3.
+// The pooling taps are also cloned for AVX-512 and AVX2 machines, picked at load time (the library is
+// built for baseline x86-64: SSE2 only made googlenet's channels-last max pools 3x slower than ORT's).
+#if defined(__clang__)
+#define TESSEL_GEMM_OPTIMIZE  // clang has no per-function optimisation level (the sanitized build)
+#define TESSEL_VECTOR_CLONES  // nor clones of function templates (clang 14)
+#else
+#define TESSEL_GEMM_OPTIMIZE __attribute__((optimize("O3")))
+#if defined(__x86_64__)
+#define TESSEL_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TESSEL_VECTOR_CLONES
+#endif
+#endif
+
 // ---- strided copies --------------------------------------------------------------------------------
 // dst[dst_off + sum i_d*dst[d]] = src[src_off + sum i_d*src[d]] over the index space `shape`.
 
@@ -161,12 +180,97 @@ template <class S, class D> inline D convert_elem(S x) {
   else return static_cast<D>(Elem<S>::load(x));
 }
 
+// d[j * dm + i] = s[j + i * sn] for j < m, i < n: a 2-d transpose (attention's Kᵀ of a decode step,
+// [heads, P, 32] -> [heads, 32, P]). run_copy's element-by-element walk took about 0.55 ns an element for
+// it (21 us for one layer's Kᵀ at P = 300: 45 of a 2-layer decoder's 190 us a token); 4-byte elements go
+// through 8 x 8 blocks transposed in AVX2 registers where the CPU has AVX2 (bit moves only: NaN payloads
+// and -0 kept), the edges and other sizes element by element.
+template <class U> void transpose_scalar(const U* __restrict s, U* __restrict d, int64_t j0, int64_t j1, int64_t i0,
+                                         int64_t i1, int64_t sn, int64_t dm) {
+  for (int64_t j = j0; j < j1; ++j)
+    for (int64_t i = i0; i < i1; ++i) d[j * dm + i] = s[j + i * sn];
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void transpose_8x8_blocks(const uint32_t* s, uint32_t* d, int64_t m, int64_t n, int64_t sn,
+                                                          int64_t dm) {
+  const float* sf = reinterpret_cast<const float*>(s);
+  float* df = reinterpret_cast<float*>(d);
+  for (int64_t i0 = 0; i0 + 8 <= n; i0 += 8)
+    for (int64_t j0 = 0; j0 + 8 <= m; j0 += 8) {
+      // r_k: source row i0 + k, elements j0 .. j0 + 7
+      const float* b = sf + i0 * sn + j0;
+      const __m256 r0 = _mm256_loadu_ps(b), r1 = _mm256_loadu_ps(b + sn), r2 = _mm256_loadu_ps(b + 2 * sn),
+                   r3 = _mm256_loadu_ps(b + 3 * sn), r4 = _mm256_loadu_ps(b + 4 * sn), r5 = _mm256_loadu_ps(b + 5 * sn),
+                   r6 = _mm256_loadu_ps(b + 6 * sn), r7 = _mm256_loadu_ps(b + 7 * sn);
+      const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+                   t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                   t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+                   u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+                   u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+                   u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      // destination row j0 + k, elements i0 .. i0 + 7
+      float* o = df + j0 * dm + i0;
+      _mm256_storeu_ps(o, _mm256_permute2f128_ps(u0, u4, 0x20));
+      _mm256_storeu_ps(o + dm, _mm256_permute2f128_ps(u1, u5, 0x20));
+      _mm256_storeu_ps(o + 2 * dm, _mm256_permute2f128_ps(u2, u6, 0x20));
+      _mm256_storeu_ps(o + 3 * dm, _mm256_permute2f128_ps(u3, u7, 0x20));
+      _mm256_storeu_ps(o + 4 * dm, _mm256_permute2f128_ps(u0, u4, 0x31));
+      _mm256_storeu_ps(o + 5 * dm, _mm256_permute2f128_ps(u1, u5, 0x31));
+      _mm256_storeu_ps(o + 6 * dm, _mm256_permute2f128_ps(u2, u6, 0x31));
+      _mm256_storeu_ps(o + 7 * dm, _mm256_permute2f128_ps(u3, u7, 0x31));
+    }
+}
+#endif
+
+template <class U> void transpose_tiles(const U* __restrict s, U* __restrict d, int64_t m, int64_t n, int64_t sn, int64_t dm) {
+#if defined(__x86_64__)
+  if constexpr (sizeof(U) == 4) {
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    if (avx2) {
+      transpose_8x8_blocks(reinterpret_cast<const uint32_t*>(s), reinterpret_cast<uint32_t*>(d), m, n, sn, dm);
+      const int64_t m8 = m / 8 * 8, n8 = n / 8 * 8;
+      transpose_scalar(s, d, m8, m, 0, n, sn, dm);   // the last rows of the destination
+      transpose_scalar(s, d, 0, m8, n8, n, sn, dm);  // the last columns of the others
+      return;
+    }
+  }
+#endif
+  transpose_scalar(s, d, 0, m, 0, n, sn, dm);
+}
+
 template <class S, class D> void run_copy(const CopyPlan& p, const S* s, D* d) {
   if (p.empty()) return;
   const int r = static_cast<int>(p.shape.size());
   if (r == 0) {
     d[p.dst_off] = convert_elem<S, D>(s[p.src_off]);
     return;
+  }
+  if constexpr (std::is_same_v<S, D> && std::is_unsigned_v<S>) {
+    // the last two dims transposed (contiguous destination rows read down source columns): tiles
+    // (either dim order of the plan: destination rows along the last dim or along the one before)
+    const bool rows_last = r >= 2 && p.dst[r - 1] == 1 && p.src[r - 2] == 1 && p.src[r - 1] > 1;
+    const bool rows_before = r >= 2 && p.src[r - 1] == 1 && p.dst[r - 2] == 1 && p.dst[r - 1] > 1;
+    if ((rows_last || rows_before) && p.shape[r - 1] * p.shape[r - 2] >= 256) {
+      const int64_t m = p.shape[rows_last ? r - 2 : r - 1], n = p.shape[rows_last ? r - 1 : r - 2];
+      const int64_t sn = p.src[rows_last ? r - 1 : r - 2], dm = p.dst[rows_last ? r - 2 : r - 1];
+      std::vector<int64_t> idx(static_cast<size_t>(r - 2), 0);
+      int64_t so = p.src_off, dof = p.dst_off;
+      while (true) {
+        transpose_tiles(s + so, d + dof, m, n, sn, dm);
+        int dd = r - 3;
+        for (; dd >= 0; --dd) {
+          so += p.src[dd];
+          dof += p.dst[dd];
+          if (++idx[static_cast<size_t>(dd)] < p.shape[dd]) break;
+          so -= p.src[dd] * p.shape[dd];
+          dof -= p.dst[dd] * p.shape[dd];
+          idx[static_cast<size_t>(dd)] = 0;
+        }
+        if (dd < 0) return;
+      }
+    }
   }
   const int64_t n = p.shape[r - 1], ss = p.src[r - 1], ds = p.dst[r - 1];
   std::vector<int64_t> idx(r, 0);
@@ -815,20 +919,6 @@ bool is_2d_pooling(const Shape& in, const Shape& out, const std::vector<int64_t>
   return true;
 }
 
-// Loops that must vectorise (the product kernels, pooling) are compiled at O3.
-// The pooling taps are also cloned for AVX-512 and AVX2 machines, picked at load time (the library is
-// built for baseline x86-64: SSE2 only made googlenet's channels-last max pools 3x slower than ORT's).
-#if defined(__clang__)
-#define TESSEL_GEMM_OPTIMIZE  // clang has no per-function optimisation level (the sanitized build)
-#define TESSEL_VECTOR_CLONES  // nor clones of function templates (clang 14)
-#else
-#define TESSEL_GEMM_OPTIMIZE __attribute__((optimize("O3")))
-#if defined(__x86_64__)
-#define TESSEL_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TESSEL_VECTOR_CLONES
-#endif
-#endif
 
 // Reducer::add of one float reduction kind, branch-free (selects), so that the pooling loops below
 // vectorise: the same results, NaN included.
