@@ -226,7 +226,7 @@ graph @siblings(%x: f32[4,16]) {
 
 // A model that is one long elementwise chain: fusion used to make it one kernel whose lowering
 // recursed once per node (a stack overflow at ~20000 nodes, a crash from input). Kernels are
-// bounded (kMaxKernelNodes in fuse.cpp), so the chain becomes several kernels.
+// bounded (kMaxKernelNodes in fuse_groups.cpp), so the chain becomes several kernels.
 TEST(KernelLevel, LongElementwiseChainIsSplitIntoBoundedKernels) {
   const int n = 20000;
   std::string text = "graph @chain(%x: f32[4]) {\n";

@@ -18,7 +18,7 @@ enum class CoreKind { unary, binary, compare, select, convert, bitcast, reduce, 
 // which targets/dataflow/map.cpp maps it to); none: the primitive never sits in a loop body.
 enum class VectorCost { add, mul, compare, convert, reduce, divide, transcendental, none };
 
-// The operand dtypes the fused-loop code generators accept (kernel/fuse.cpp decides with it).
+// The operand dtypes the fused-loop code generators accept (kernel/fuse_groups.cpp, pointwise_ok, decides with it).
 // floats: f32/f64; numeric: not bool; ints_bools: not float; all: any loop dtype; by_target: decided
 // by the result dtype (convert); none: never generated.
 enum class LoopTypes { floats, numeric, ints_bools, all, by_target, none };
