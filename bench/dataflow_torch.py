@@ -15,7 +15,9 @@ the folder with the tessel binary (--tessel, default build/tessel): `run --check
 backends), `sim --hw` each target (its own check against the folder's eager outputs), `report --hw`,
 `landscape --targets <targets>,cpu` and `explain --check`; a command's row fails on a non-zero exit or a
 check that does not say PASS (a `sim` check that fails because the model's values leave the storage's range,
-which the command says, is recorded with the same check under bf16 storage).
+which the command says, is recorded with the same check under bf16 storage). --no-cli writes the folders
+only (the GPU box has transformers but not the binary); --cli-only runs the commands on folders already
+there (written so elsewhere), named as the models are (hf:bert -> FOLDER/hf_bert).
 """
 import argparse
 import json
@@ -101,18 +103,23 @@ def dynamo_row(name, model, x, ref, chip):
 
 def export_rows(name, model, x, folder, targets, binary, timeout):
     """tessel.export of the model into folder/name, then each CLI command of issue 35's bar on it: a row per
-    command with its exit status, seconds and the line that says PASS (or the error's last line)."""
+    command with its exit status, seconds and the line that says PASS (or the error's last line). With
+    model None the folder is already there (--cli-only: written by tessel.export elsewhere, e.g. the GPU box,
+    where transformers is)."""
     rows = []
     path = os.path.join(folder, name.replace(":", "_"))
-    shutil.rmtree(path, ignore_errors=True)
-    t0 = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tessel.export(model, (x,), path)
-    except tessel.TesselError as e:
-        return [dict(model=name, command="export", error=str(e)[:500])]
-    rows.append(dict(model=name, command="export", seconds=time.perf_counter() - t0))
+    if model is not None:
+        shutil.rmtree(path, ignore_errors=True)
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                tessel.export(model, (x,), path)
+        except tessel.TesselError as e:
+            return [dict(model=name, command="export", error=str(e)[:500])]
+        rows.append(dict(model=name, command="export", seconds=time.perf_counter() - t0))
+        if binary is None:
+            return rows
     page = os.path.join(path + ".html")
     commands = [("run --check", ["run", path, "--check"], True),
                 ("run --check compiled", ["run", path, "--check", "--backend", "compiled"], True)]
@@ -160,6 +167,9 @@ def main():
     ap.add_argument("--dynamo", action="store_true", help="each model also through torch.compile (torch >= 2)")
     ap.add_argument("--export", metavar="FOLDER", help="tessel.export each model there and run the CLI on it")
     ap.add_argument("--export-only", action="store_true", help="with --export: skip tessel.compile(target=...)")
+    ap.add_argument("--cli-only", action="store_true",
+                    help="with --export: run the CLI on the folders already in FOLDER (one per model named by --models/--hf)")
+    ap.add_argument("--no-cli", action="store_true", help="with --export: write the folders only (a machine without the binary)")
     ap.add_argument("--tessel", default=os.path.join(os.path.dirname(HERE), "build", "tessel"))
     ap.add_argument("--timeout", type=int, default=600, help="seconds per CLI command")
     ap.add_argument("--json")
@@ -168,6 +178,13 @@ def main():
     rows, failed = [], 0
     names = [n for n in a.models.split(",") if n] + ["hf:" + n for n in a.hf.split(",") if n]
     for name in names:
+        if a.export and a.cli_only:
+            for row in export_rows(name, None, None, a.export, a.targets.split(","), a.tessel, a.timeout):
+                rows.append(row)
+                failed += "error" in row
+                print(f"{name:20s} {row['command']:22s} " + (f"ERROR {row['error']}" if "error" in row else
+                      f"{row['seconds']:6.2f} s  {row.get('said', '')}"), flush=True)
+            continue
         if name.startswith("hf:"):
             model, x = hf_model(name[3:])
         else:
@@ -178,7 +195,8 @@ def main():
         with torch.no_grad():
             ref = model(x)
         if a.export:
-            for row in export_rows(name, model, x, a.export, a.targets.split(","), a.tessel, a.timeout):
+            for row in export_rows(name, model, x, a.export, a.targets.split(","), None if a.no_cli else a.tessel,
+                                   a.timeout):
                 rows.append(row)
                 failed += "error" in row
                 print(f"{name:20s} {row['command']:22s} " + (f"ERROR {row['error']}" if "error" in row else

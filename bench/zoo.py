@@ -13,7 +13,9 @@ timm and transformers (when they import; models are built from configs, nothing 
 --models: comma-separated model names and/or families (`torchvision`, `tv-core` (one per torchvision
 family), `timm`, `transformers`, `all`); default `tv-core`. --modes: `tessel` (tessel.compile: make_fx,
 parameters as constants), `dynamo` (torch.compile(backend="tessel"), torch >= 2), `inductor`
-(torch.compile's default backend, torch >= 2, as the peer); default: those this torch has.
+(torch.compile's default backend, torch >= 2, as the peer), `inductor-frozen` (Inductor as its CPU
+dashboards run inference: options freezing=True and cpp_wrapper=True, recorded per row; not in the
+default); default: those this torch has.
 --small: small inputs where the model allows (64x64 images, 32 tokens) for a quick coverage pass.
 --no-inplace: set `inplace=False` on every module that has the flag (shows the fallbacks that
 remain once in-place ops are functionalized). A model or mode that cannot run here is listed as
@@ -316,20 +318,30 @@ def compile_tessel(model, ins, a, ref):
     return fast, r
 
 
+# Inductor in the form its own CPU dashboards run inference (issue 37): the parameters frozen into the graph
+# as constants (weights prepacked, constant folding) and the C++ wrapper instead of the Python one.
+INDUCTOR_FROZEN = {"freezing": True, "cpp_wrapper": True}
+
+
 def compile_dynamo(model, ins, a, ref, backend):
     import torch._dynamo
     torch._dynamo.reset()
+    options = None
+    if backend == "inductor-frozen":
+        backend, options = "inductor", dict(INDUCTOR_FROZEN)
     if backend == "tessel":
         tessel.dynamo_options.update(dict(backend=a.backend, threads=a.threads, precision=a.precision))
         del tessel.dynamo_graphs[:]
         del tessel.dynamo_fallbacks[:]
     t0 = time.perf_counter()
-    fn = torch.compile(model, backend=backend)
+    fn = torch.compile(model, backend=backend, options=options) if options else torch.compile(model, backend=backend)
     with torch.no_grad():
         out = fn(*ins)
     _sync()
     compile_s = time.perf_counter() - t0
     r = dict(compile_s=round(compile_s, 3), rel_err=rel_err(out, ref))
+    if options:
+        r["settings"] = options
     if backend == "tessel":
         r["tessel_fallbacks"] = len(tessel.dynamo_fallbacks)
         r["fallback_reasons"] = [f[:300] for f in tessel.dynamo_fallbacks[:3]]
@@ -375,7 +387,7 @@ def run_model(family, name, a):
                 rec[mode] = dict(skipped=f"torch.compile needs torch >= 2 (this is {torch.__version__})")
                 continue
             else:
-                fn, rec[mode] = compile_dynamo(model, ins, a, ref, "tessel" if mode == "dynamo" else "inductor")
+                fn, rec[mode] = compile_dynamo(model, ins, a, ref, "tessel" if mode == "dynamo" else mode)
             timed.append((mode, fn))
         except Exception as e:  # noqa: BLE001 -- one model's failure is a row, not the end of the run
             msg = str(e).splitlines()[0][:300] if str(e) else ""
@@ -447,7 +459,7 @@ def summary(recs, modes):
             continue
         zero_fb = [r for r in done if not r[m].get("aten_fallbacks") and not r[m].get("tessel_fallbacks")]
         speed = [r["eager_ms"] / r[m]["ms"] for r in done if "ms" in r[m] and "eager_ms" in r]
-        bar = 2e-2 if a_precision(recs) == "bf16" and m != "inductor" else 1e-4
+        bar = 2e-2 if a_precision(recs) == "bf16" and not m.startswith("inductor") else 1e-4
         ok = [r for r in done if r[m]["rel_err"] <= bar]
         for key, label, _ in YARDSTICKS:
             ys = [r for r in done if isinstance(r.get(key), float)]
@@ -455,7 +467,7 @@ def summary(recs, modes):
                 lines.append(f"{label}: {sum(r[key] <= bar for r in ys)} of {len(ys)} within {bar:g} of f32 eager; "
                              f"{m} no worse than {label} (or within {bar:g}) on {sum(r[m]['rel_err'] <= max(bar, r[key]) for r in ys)}")
         lines.append(f"{m}: {len(done)} ran, {len(ok)} within {bar:g} of eager, {len(zero_fb)} with 0 aten fallbacks "
-                     f"(in-place excluded)" + (" and every graph in tessel" if m != "inductor" else "") + (f", median speed-up vs eager x{statistics.median(speed):.2f}" if speed else ""))
+                     f"(in-place excluded)" + (" and every graph in tessel" if not m.startswith("inductor") else "") + (f", median speed-up vs eager x{statistics.median(speed):.2f}" if speed else ""))
     return lines
 
 
@@ -508,8 +520,8 @@ def main():
         ap.error("--precision bf16 needs --device cuda")
     a.modes = [m.strip() for m in (a.modes or ("tessel,dynamo,inductor" if TORCH2 else "tessel")).split(",") if m.strip()]
     for m in a.modes:
-        if m not in ("tessel", "dynamo", "inductor"):
-            ap.error(f"unknown mode {m!r} (tessel, dynamo, inductor)")
+        if m not in ("tessel", "dynamo", "inductor", "inductor-frozen"):
+            ap.error(f"unknown mode {m!r} (tessel, dynamo, inductor, inductor-frozen)")
     if a.from_json:
         with open(a.from_json) as f:
             saved = json.load(f)
