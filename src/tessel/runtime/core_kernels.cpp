@@ -126,21 +126,6 @@ std::vector<int64_t> row_strides(const Shape& s) {
 template <class T> const T* in_ptr(KernelEnv& e, int id) { return reinterpret_cast<const T*>(e.ptr[id]); }
 template <class T> T* out_ptr(KernelEnv& e, int id) { return reinterpret_cast<T*>(e.ptr[id]); }
 
-// Loops that must vectorise (the product kernels, pooling, transposing copies) are compiled at O3.
-// The pooling taps are also cloned for AVX-512 and AVX2 machines, picked at load time (the library is
-// built for baseline x86-64: SSE2 only made googlenet's channels-last max pools 3x slower than ORT's).
-#if defined(__clang__)
-#define TESSEL_GEMM_OPTIMIZE  // clang has no per-function optimisation level (the sanitized build)
-#define TESSEL_VECTOR_CLONES  // nor clones of function templates (clang 14)
-#else
-#define TESSEL_GEMM_OPTIMIZE __attribute__((optimize("O3")))
-#if defined(__x86_64__)
-#define TESSEL_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TESSEL_VECTOR_CLONES
-#endif
-#endif
-
 // ---- strided copies --------------------------------------------------------------------------------
 // dst[dst_off + sum i_d*dst[d]] = src[src_off + sum i_d*src[d]] over the index space `shape`.
 
@@ -224,7 +209,7 @@ __attribute__((target("avx2"))) void transpose_8x8_blocks(const uint32_t* s, uin
 }
 #endif
 
-template <class U> void transpose_tiles(const U* __restrict s, U* __restrict d, int64_t m, int64_t n, int64_t sn, int64_t dm) {
+template <class U> void transpose_2d(const U* __restrict s, U* __restrict d, int64_t m, int64_t n, int64_t sn, int64_t dm) {
 #if defined(__x86_64__)
   if constexpr (sizeof(U) == 4) {
     static const bool avx2 = __builtin_cpu_supports("avx2");
@@ -240,6 +225,25 @@ template <class U> void transpose_tiles(const U* __restrict s, U* __restrict d, 
   transpose_scalar(s, d, 0, m, 0, n, sn, dm);
 }
 
+// Calls f(source offset, destination offset) at every index of the plan's first `outer` dims.
+template <class F> void walk_outer(const CopyPlan& p, int outer, F&& f) {
+  std::vector<int64_t> idx(static_cast<size_t>(outer), 0);
+  int64_t so = p.src_off, dof = p.dst_off;
+  while (true) {
+    f(so, dof);
+    int dd = outer - 1;
+    for (; dd >= 0; --dd) {
+      so += p.src[dd];
+      dof += p.dst[dd];
+      if (++idx[static_cast<size_t>(dd)] < p.shape[dd]) break;
+      so -= p.src[dd] * p.shape[dd];
+      dof -= p.dst[dd] * p.shape[dd];
+      idx[static_cast<size_t>(dd)] = 0;
+    }
+    if (dd < 0) return;
+  }
+}
+
 template <class S, class D> void run_copy(const CopyPlan& p, const S* s, D* d) {
   if (p.empty()) return;
   const int r = static_cast<int>(p.shape.size());
@@ -248,34 +252,16 @@ template <class S, class D> void run_copy(const CopyPlan& p, const S* s, D* d) {
     return;
   }
   if constexpr (std::is_same_v<S, D> && std::is_unsigned_v<S>) {
-    // the last two dims transposed (contiguous destination rows read down source columns): tiles
-    // (either dim order of the plan: destination rows along the last dim or along the one before)
-    const bool rows_last = r >= 2 && p.dst[r - 1] == 1 && p.src[r - 2] == 1 && p.src[r - 1] > 1;
-    const bool rows_before = r >= 2 && p.src[r - 1] == 1 && p.dst[r - 2] == 1 && p.dst[r - 1] > 1;
-    if ((rows_last || rows_before) && p.shape[r - 1] * p.shape[r - 2] >= 256) {
-      const int64_t m = p.shape[rows_last ? r - 2 : r - 1], n = p.shape[rows_last ? r - 1 : r - 2];
-      const int64_t sn = p.src[rows_last ? r - 1 : r - 2], dm = p.dst[rows_last ? r - 2 : r - 1];
-      std::vector<int64_t> idx(static_cast<size_t>(r - 2), 0);
-      int64_t so = p.src_off, dof = p.dst_off;
-      while (true) {
-        transpose_tiles(s + so, d + dof, m, n, sn, dm);
-        int dd = r - 3;
-        for (; dd >= 0; --dd) {
-          so += p.src[dd];
-          dof += p.dst[dd];
-          if (++idx[static_cast<size_t>(dd)] < p.shape[dd]) break;
-          so -= p.src[dd] * p.shape[dd];
-          dof -= p.dst[dd] * p.shape[dd];
-          idx[static_cast<size_t>(dd)] = 0;
-        }
-        if (dd < 0) return;
-      }
+    // The last two dims transposed: contiguous destination rows read down source columns (the plans
+    // are in destination order, so the destination's last stride is 1).
+    if (r >= 2 && p.dst[r - 1] == 1 && p.src[r - 2] == 1 && p.src[r - 1] > 1 && p.shape[r - 1] * p.shape[r - 2] >= 256) {
+      const int64_t m = p.shape[r - 2], n = p.shape[r - 1], sn = p.src[r - 1], dm = p.dst[r - 2];
+      walk_outer(p, r - 2, [&](int64_t so, int64_t dof) { transpose_2d(s + so, d + dof, m, n, sn, dm); });
+      return;
     }
   }
   const int64_t n = p.shape[r - 1], ss = p.src[r - 1], ds = p.dst[r - 1];
-  std::vector<int64_t> idx(r, 0);
-  int64_t so = p.src_off, dof = p.dst_off;
-  while (true) {
+  walk_outer(p, r - 1, [&](int64_t so, int64_t dof) {
     const S* sp = s + so;
     D* dp = d + dof;
     if constexpr (std::is_same_v<S, D>) {
@@ -285,17 +271,7 @@ template <class S, class D> void run_copy(const CopyPlan& p, const S* s, D* d) {
     } else {
       for (int64_t i = 0; i < n; ++i) dp[i * ds] = convert_elem<S, D>(sp[i * ss]);
     }
-    int dd = r - 2;
-    for (; dd >= 0; --dd) {
-      so += p.src[dd];
-      dof += p.dst[dd];
-      if (++idx[dd] < p.shape[dd]) break;
-      so -= p.src[dd] * p.shape[dd];
-      dof -= p.dst[dd] * p.shape[dd];
-      idx[dd] = 0;
-    }
-    if (dd < 0) return;
-  }
+  });
 }
 
 // ---- strided pointwise walks ------------------------------------------------------------------------
@@ -919,6 +895,20 @@ bool is_2d_pooling(const Shape& in, const Shape& out, const std::vector<int64_t>
   return true;
 }
 
+// Loops that must vectorise (the product kernels, pooling) are compiled at O3.
+// The pooling taps are also cloned for AVX-512 and AVX2 machines, picked at load time (the library is
+// built for baseline x86-64: SSE2 only made googlenet's channels-last max pools 3x slower than ORT's).
+#if defined(__clang__)
+#define TESSEL_GEMM_OPTIMIZE  // clang has no per-function optimisation level (the sanitized build)
+#define TESSEL_VECTOR_CLONES  // nor clones of function templates (clang 14)
+#else
+#define TESSEL_GEMM_OPTIMIZE __attribute__((optimize("O3")))
+#if defined(__x86_64__)
+#define TESSEL_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TESSEL_VECTOR_CLONES
+#endif
+#endif
 
 // Reducer::add of one float reduction kind, branch-free (selects), so that the pooling loops below
 // vectorise: the same results, NaN included.
