@@ -87,21 +87,6 @@ void print_summary(const Graph& g, const ImportedModel& m) {
   fmt::print("\n");
 }
 
-// Runs the passes named by `spec` (if any) on the model, reporting each pass's note and time.
-void apply_passes(Graph& g, const std::string& spec, const std::string& dump_dir, const std::string& print_after,
-                  bool time_passes) {
-  auto pipeline = parse_pipeline(spec);
-  if (pipeline.empty() && dump_dir.empty() && print_after.empty()) return;
-  PassOptions po;
-  po.dump_dir = dump_dir;
-  po.print_after = print_after;
-  po.print = [](const std::string& text) { fmt::print("{}", text); };
-  auto records = run_pipeline(g, pipeline, po);
-  if (time_passes)
-    for (const auto& r : records)
-      fmt::print(stderr, "pass {:<16} {:8.2f} ms  {:5} nodes after  {}\n", r.pass, r.seconds * 1e3, r.nodes_after, r.note);
-}
-
 // The pass manager's options for --dump-ir / --print-after (printing to stdout).
 PassOptions stage_options(const std::string& dump_dir, const std::string& print_after) {
   PassOptions po;
@@ -109,6 +94,12 @@ PassOptions stage_options(const std::string& dump_dir, const std::string& print_
   po.print_after = print_after;
   po.print = [](const std::string& text) { fmt::print("{}", text); };
   return po;
+}
+
+// Runs the passes named by `spec` (`run --passes`; none when empty) on the model.
+void apply_passes(Graph& g, const std::string& spec) {
+  const auto pipeline = parse_pipeline(spec);
+  if (!pipeline.empty()) run_pipeline(g, pipeline, stage_options("", ""));
 }
 
 // --time-passes: every stage's time, the size of its level after it and its note, to stderr.
@@ -405,7 +396,7 @@ int cmd_run_dynamic(const std::string& model, const std::string& inputs_dirs, bo
   if (backend == "graph")
     throw Error(Location{.file = model}, "--dynamic runs on the compiled backend or the eager interpreter (the graph backend plans static shapes)");
   ImportedModel m = import_model_file(model, {}, true);
-  apply_passes(*m.graph, passes, "", "", false);
+  apply_passes(*m.graph, passes);
   print_summary(*m.graph, m);
   std::vector<std::string> out_names = names_of(m.graph->outputs);
   std::unique_ptr<CompiledExecutable> exe;
@@ -470,7 +461,7 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
   if (!fs::is_directory(inputs_dir)) throw Error(Location{.file = inputs_dir}, "inputs folder does not exist");
   std::vector<Tensor> ins = read_data_set(inputs_dir, "input");
   ImportedModel m = import_model_file(model, ins);
-  apply_passes(*m.graph, passes, "", "", false);
+  apply_passes(*m.graph, passes);
   if (summary) print_summary(*m.graph, m);
   std::vector<Tensor> outs;
   std::vector<std::string> out_names = names_of(m.graph->outputs);
