@@ -158,6 +158,13 @@ def export_rows(name, model, x, folder, targets, binary, timeout):
     return rows
 
 
+def print_export_row(name, row):
+    print(f"{name:20s} {row['command']:22s} " + (f"ERROR {row['error']}" if "error" in row else
+          f"{row['seconds']:6.2f} s  {row.get('said', '')}" +
+          (f"\n{'':43s}{row['underflow']}; with --dtype bf16: {row['said_bf16']}" if "underflow" in row else "")),
+          flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -182,8 +189,7 @@ def main():
             for row in export_rows(name, None, None, a.export, a.targets.split(","), a.tessel, a.timeout):
                 rows.append(row)
                 failed += "error" in row
-                print(f"{name:20s} {row['command']:22s} " + (f"ERROR {row['error']}" if "error" in row else
-                      f"{row['seconds']:6.2f} s  {row.get('said', '')}"), flush=True)
+                print_export_row(name, row)
             continue
         if name.startswith("hf:"):
             model, x = hf_model(name[3:])
@@ -199,10 +205,7 @@ def main():
                                    a.timeout):
                 rows.append(row)
                 failed += "error" in row
-                print(f"{name:20s} {row['command']:22s} " + (f"ERROR {row['error']}" if "error" in row else
-                      f"{row['seconds']:6.2f} s  {row.get('said', '')}" +
-                      (f"\n{'':43s}{row['underflow']}; with --dtype bf16: {row['said_bf16']}" if "underflow" in row
-                       else "")), flush=True)
+                print_export_row(name, row)
             if a.export_only:
                 continue
         for chip in a.targets.split(","):
