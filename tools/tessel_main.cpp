@@ -26,7 +26,7 @@ void refuse_inapplicable(const CLI::Option* opt, bool applies, const std::string
 int main(int argc, char** argv) {
   CLI::App app{"tessel: a compiler for dataflow ML accelerators"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "tessel " + cli::tessel_version());
+  app.set_version_flag("--version", "tessel " + version_text());
   // Global options may also follow the subcommand (tessel conformance DIR --quiet).
   app.fallthrough();
   bool quiet = false;
@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> names;
     for (const CLI::App* sc : app.get_subcommands({})) names.push_back(sc->get_name());
     if (std::find(names.begin(), names.end(), cmd) == names.end()) {
-      const std::string nearest = cli::nearest_command(cmd, names);
+      const std::string nearest = nearest_name(cmd, names);
       std::string list;
       for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
       fmt::print(stderr, "tessel: error: unknown command '{}'{} (commands: {})\n", display_text(cmd),

@@ -1020,10 +1020,5 @@ void apply_global_options(bool quiet, const std::string& max_alloc) {
   if (const char* v = std::getenv("TESSEL_CACHE_MAX_BYTES"); v && *v) cpu::cache_budget({}, 0);  // and the cache's budget
 }
 
-std::string nearest_command(const std::string& name, const std::vector<std::string>& commands) {
-  return nearest_name(name, commands);
-}
-
-std::string tessel_version() { return version_text(); }
 
 }  // namespace tessel::cli

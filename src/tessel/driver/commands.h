@@ -11,9 +11,12 @@
 #include "tessel/driver/cuda_cli.h"
 #include "tessel/driver/explain.h"
 #include "tessel/driver/report.h"
+// (and the support pieces the command line itself uses: Error, display_text, comma_list, nearest_name,
+// version_text)
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
 #include "tessel/support/strings.h"
+#include "tessel/support/version.h"
 
 namespace tessel::cli {
 
@@ -111,8 +114,5 @@ int cmd_serve(const std::string& model, int threads);
 
 // The options every command takes (--quiet, --max-alloc), and the environment's limits checked before any work.
 void apply_global_options(bool quiet, const std::string& max_alloc);
-// The command nearest to a misspelt one ("" when none is near).
-std::string nearest_command(const std::string& name, const std::vector<std::string>& commands);
-std::string tessel_version();
 
 }  // namespace tessel::cli
