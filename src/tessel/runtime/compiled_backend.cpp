@@ -260,8 +260,9 @@ bool loop_writes_over_input(const Kernel& k, const std::vector<int>& ins, int ou
 CompiledExecutable::CompiledExecutable() = default;
 
 // What compile_cpu and load_cpu share: the library objects, function pointers and scratch buffers
-// of each kernel node (GraphBackendOptions::custom_kernel), and the statistics after planning.
-struct CompiledExecutable::Builder {
+// of each kernel node (the graph backend's KernelNodeRunner), and the statistics after planning.
+struct CompiledExecutable::Builder final : KernelNodeRunner {
+  explicit Builder(CompiledExecutable& c) : ce(c) {}
   CompiledExecutable& ce;
   std::map<size_t, cpu::PackedWeights> prepacked;  // per kernel index (load_cpu)
   std::map<std::string, cpu::PackedWeights> own_packing;
@@ -328,7 +329,16 @@ struct CompiledExecutable::Builder {
   // binding, CompiledBackendOptions::rebind).
   bool rebinding = false;
 
-  CoreKernel launch(const Node& n) {
+  // The kernel level's nodes for the graph backend (KernelNodeRunner): a kernel node's loop nest
+  // written over an input only where every element is read before the same position is written (and
+  // never a symbolic kernel's: its sizes are not known when the plan is made).
+  bool writes_over_input(const Node& n, const std::vector<int>& ins, int out) const override {
+    if (!is_kernel_node(n)) return false;
+    const Kernel& k = ce.kernels_.at(static_cast<size_t>(n.attr_i("kernel")));
+    return !k.symbolic() && loop_writes_over_input(k, ins, out);
+  }
+
+  CoreKernel kernel(const Node& n) override {
     if (!is_kernel_node(n)) return make_channels_last_kernel(n);  // empty (a row-major core step) unless marked
     const size_t kid = static_cast<size_t>(n.attr_i("kernel"));
     const Kernel& k = ce.kernels_.at(kid);
@@ -465,7 +475,7 @@ void CompiledExecutable::Symbolic::make_rebound(CompiledExecutable& owner) {
   ce->so_ = owner.so_;
   ce->sym_values_.assign(binder->symbols().size(), 0);  // the generated code's sz[]: never reallocated
   st.symbols = binder->symbols();
-  auto bld = std::make_unique<Builder>(Builder{*ce, {}});
+  auto bld = std::make_unique<Builder>(*ce);
   bld->shared = &packings;
   bld->key_m = false;
   bld->primitives = &primitives;
@@ -476,15 +486,9 @@ void CompiledExecutable::Symbolic::make_rebound(CompiledExecutable& owner) {
   go.symbolic = true;
   go.arena_pool = arenas;
   Builder* b = bld.get();
-  go.custom_kernel = [b](const Node& n) { return b->launch(n); };
+  go.kernel_nodes = bld.get();  // kept as `builder` for the rebinds
   go.output_aliases = opts.output_aliases;
   go.recycled_outputs = opts.recycled_outputs;
-  CompiledExecutable* raw = ce.get();
-  go.writes_over_input = [raw](const Node& n, const std::vector<int>& ins, int out) {
-    if (!is_kernel_node(n)) return false;
-    const Kernel& k = raw->kernels_.at(static_cast<size_t>(n.attr_i("kernel")));
-    return !k.symbolic() && loop_writes_over_input(k, ins, out);
-  };
   {
     ScopedOmpThreads library_threads(st.threads);
     ce->exe_ = compile_graph(instantiate_graph(*module.graph, {}), {}, go);
@@ -635,7 +639,7 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int
   ce->library_ = owner_exe.library_;
   ce->so_ = owner_exe.so_;
   ce->sym_values_.assign(values.begin(), values.end());
-  CompiledExecutable::Builder bld{*ce, {}};
+  CompiledExecutable::Builder bld(*ce);
   bld.shared = &packings;
   bld.key_m = false;
   bld.primitives = &primitives;
@@ -643,13 +647,9 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int
   GraphBackendOptions go;
   go.pipeline = "";  // the module is already the kernel level
   go.arena_pool = arenas;
-  go.custom_kernel = [&](const Node& n) { return bld.launch(n); };
+  go.kernel_nodes = &bld;
   go.output_aliases = opts.output_aliases;
   go.recycled_outputs = opts.recycled_outputs;
-  CompiledExecutable* raw = ce.get();
-  go.writes_over_input = [raw](const Node& n, const std::vector<int>& ins, int out) {
-    return is_kernel_node(n) && loop_writes_over_input(raw->kernels_.at(static_cast<size_t>(n.attr_i("kernel"))), ins, out);
-  };
   {
     ScopedOmpThreads library_threads(st.threads);
     ce->exe_ = compile_graph(std::move(g), {}, go);
@@ -677,7 +677,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   st.threads = resolve_threads(opts.threads);
   st.model = opts.model_name;
   const std::string model = opts.model_name;
-  CompiledExecutable::Builder b{*ce, {}};
+  CompiledExecutable::Builder b(*ce);
 
   // Inputs that decide shapes become constants first (their guards go to the executable), then the
   // host CPU's lowering (lower/cpu.h): passes, fusion, code generation; then the toolchain and the plan.
@@ -701,12 +701,9 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   ce->source_ = std::move(low.source);
   ce->kernels_ = std::move(low.module.kernels);
   go.lowered = std::move(pre);
-  go.custom_kernel = [&](const Node& n) { return b.launch(n); };
+  go.kernel_nodes = &b;
   go.output_aliases = opts.output_aliases;
   go.recycled_outputs = opts.recycled_outputs;
-  go.writes_over_input = [&ce](const Node& n, const std::vector<int>& ins, int out) {
-    return is_kernel_node(n) && loop_writes_over_input(ce->kernels_.at(static_cast<size_t>(n.attr_i("kernel"))), ins, out);
-  };
   // Library primitives are created for the threads they will run with (run() applies the same count).
   ScopedOmpThreads library_threads(st.threads);
   ce->exe_ = compile_graph(std::move(low.module.graph), ex, go);
@@ -815,7 +812,7 @@ std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::
   st.loaded = true;
   st.model = e.manifest.model;
   KernelModule m = entry_module(e);
-  CompiledExecutable::Builder b{*ce, {}};
+  CompiledExecutable::Builder b(*ce);
   for (const EntryPacked& p : e.manifest.packed_weights)
     b.prepacked[p.kernel] = cpu::PackedWeights{e.packed.data + p.offset, p.nbytes, p.layout, e.packed.owner};
   ce->in_library_ = cpu::library_epilogues(m, &ce->library_);
@@ -834,7 +831,7 @@ std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::
   ce->kernels_ = std::move(m.kernels);
   GraphBackendOptions go;
   go.pipeline = "";  // the module is already the kernel level
-  go.custom_kernel = [&](const Node& n) { return b.launch(n); };
+  go.kernel_nodes = &b;
   ScopedOmpThreads library_threads(st.threads);  // as in compile_cpu
   ce->exe_ = compile_graph(std::move(m.graph), ex, go);
   b.finish();

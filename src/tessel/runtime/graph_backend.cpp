@@ -189,7 +189,7 @@ struct GraphExecutable::Impl {
   };
   std::vector<SymStep> sym_steps;
   std::vector<Dim> request_bytes;       // per arena request: its bytes, an expression of the symbols
-  std::function<CoreKernel(const Node&)> custom_kernel;
+  KernelNodeRunner* kernel_nodes = nullptr;  // GraphBackendOptions::kernel_nodes
   // GraphBackendOptions' arena pool (symbolic: one of its own when none is given, so that a binding
   // that needs more memory grows it) and alignment.
   std::shared_ptr<ArenaPool> arena_pool;
@@ -417,7 +417,7 @@ void GraphExecutable::Impl::plan_outputs(const Graph& g, const GraphBackendOptio
           if (n.op->core.has_value()) {
             for (int p : ins) over = over && can_run_in_place(n, p);
           } else {
-            over = opts.writes_over_input && opts.writes_over_input(n, ins, outpos);
+            over = opts.kernel_nodes && opts.kernel_nodes->writes_over_input(n, ins, outpos);
           }
         }
       }
@@ -507,7 +507,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
   if (sym) {
     im.symbolic = true;
     im.symbol_names = graph_symbols(*g);  // sorted
-    im.custom_kernel = opts.custom_kernel;
+    im.kernel_nodes = opts.kernel_nodes;
     if (!im.arena_pool) im.arena_pool = std::make_shared<ArenaPool>();
     for (const auto& v : g->values()) {
       if (v->producer && !shaped(v.get(), true))
@@ -589,7 +589,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     if (per_binding) {
       im.sym_steps.push_back({im.steps.size(), syms, false});  // typed unless the binding's kernel is not
     } else {
-      if (opts.custom_kernel) s.kernel = opts.custom_kernel(n);
+      if (opts.kernel_nodes) s.kernel = opts.kernel_nodes->kernel(n);
       if (!s.kernel && n.op->core.has_value()) s.kernel = make_core_kernel(n, im.views);
     }
     if (s.kernel || per_binding) {
@@ -710,7 +710,7 @@ void GraphExecutable::rebind(const Bindings& b) {
         im.views[n.outputs[0]->id] = broadcast_view(n);
         continue;
       }
-      CoreKernel k = im.custom_kernel ? im.custom_kernel(n) : CoreKernel{};
+      CoreKernel k = im.kernel_nodes ? im.kernel_nodes->kernel(n) : CoreKernel{};
       if (!k) k = make_core_kernel(n, im.views);
       s.kind = k ? StepKind::typed : StepKind::fallback;  // (a fallback writes the arena memory planned for it)
       s.kernel = std::move(k);

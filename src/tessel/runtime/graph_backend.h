@@ -40,26 +40,38 @@ struct ArenaPool {
   std::shared_ptr<uint8_t> take(size_t need);
 };
 
+// How a backend's own nodes run (the kernel level's tessel.kernel nodes, what lower/ produced for the
+// host CPU): the backend that lowered the graph gives each such node its kernel and says whether it may
+// write over an input; the graph backend plans and runs every other node with its typed kernels.
+// (docs/runtime/graph-backend.md, "Kernel nodes")
+class KernelNodeRunner {
+ public:
+  virtual ~KernelNodeRunner() = default;
+  // The kernel of node `n`; empty for a node this backend does not run. Called when the step is
+  // chosen and, in a symbolic executable, again for each binding that changes the node's sizes.
+  virtual CoreKernel kernel(const Node& n) = 0;
+  // Whether `n` may write its output `out` over the memory its inputs at positions `ins` read.
+  virtual bool writes_over_input(const Node& n, const std::vector<int>& ins, int out) const = 0;
+};
+
 struct GraphBackendOptions {
   std::string pipeline = "core";  // the pass pipeline run before planning (by name)
   std::string dump_dir;           // the pipeline's stages written here (NN-<stage>.tsl), when set
   size_t align = 64;              // arena offsets are multiples of this
   int64_t max_baked_elements = 16;  // rank-0/1 inputs up to this size may be specialised (baked)
-  // Kernels for nodes the typed kernels do not cover (a backend's kernel nodes); an empty function
-  // for nodes it does not handle.
-  std::function<CoreKernel(const Node&)> custom_kernel;
+  // The runner of the graph's kernel nodes (null: the graph has none); not owned. compile_graph asks
+  // it for each kernel node's step; a symbolic executable asks again at each rebind, so there it must
+  // live as long as the executable.
+  KernelNodeRunner* kernel_nodes = nullptr;
   // In-place outputs (docs/runtime/graph-backend.md, "Outputs in the caller's memory"). Per graph
   // output (empty: none), the index of a graph input whose storage run() writes the output into:
   // the caller's tensor, updated in place (an optimizer step's parameters and state) and returned.
   // The planner lets the output's kernel write straight over the input when that is safe (the input
   // is read by no later step, and the kernel reads each element before writing the same position:
-  // writes_over_input); otherwise the output is computed in the arena and copied over the input
+  // KernelNodeRunner::writes_over_input); otherwise the output is computed in the arena and copied over the input
   // after the last step. Either way no step sees the input change. An input is aliased at most once,
   // must have the output's type and must not itself be a graph output.
   std::vector<int> output_aliases;
-  // Whether node `n` may write its output `out` over the memory its inputs at positions `ins` read
-  // (backends with their own kernel nodes say it for them; core nodes use can_run_in_place).
-  std::function<bool(const Node& n, const std::vector<int>& ins, int out)> writes_over_input;
   // Graph outputs (not aliased) computed by a kernel are written straight into buffers of their own,
   // returned without a copy out of the arena; a later run reuses a buffer once the caller has
   // dropped every tensor sharing it (no allocation, no page faults), else allocates a new one.
@@ -70,7 +82,7 @@ struct GraphBackendOptions {
   // steps, homes, aliases, views and in-place choices are decided once, on the symbolic sizes, and
   // GraphExecutable::rebind gives the executable a binding before run: the types, the views and typed
   // kernels of the core steps the changed symbols size, and the arena plan. Kernel nodes
-  // (custom_kernel) read the sizes themselves. A graph with a step that can only be chosen on one
+  // (kernel_nodes) read the sizes themselves. A graph with a step that can only be chosen on one
   // binding's shapes (a node the typed kernels do not take, a size known only at run time) is
   // refused with an "unsupported" error naming it.
   bool symbolic = false;
