@@ -2,7 +2,8 @@
 """`tessel report`'s page in headless Chromium (Debian's chromium): it loads with no console message at
 all (a CSP violation, a failed load or a script error would each print one), and its layout holds at two
 window widths: no sideways scrolling of the page, sections stacked without overlap, every chart drawn
-with its marks inside it. The layout is checked by measuring the rendered page (a copy with a checking
+with its marks inside it, every table's columns in view (no column behind a scroll bar), and every
+kernel with 5 % or more of a target's time named in its timeline and beside its roofline point. The layout is checked by measuring the rendered page (a copy with a checking
 script; the page itself carries none) rather than by comparing screenshots pixel by pixel, which breaks
 with every Chromium or font update; the screenshot is still taken and kept for people
 (docs/decisions.md).
@@ -52,6 +53,29 @@ CHECK = r"""<script>
     for (const c of pts) {
       const r = c.getBoundingClientRect();
       if (r.left < sr.left || r.right > sr.right || r.top < sr.top || r.bottom > sr.bottom) { fails.push('a roofline point outside its plot'); break; }
+    }
+  }
+  // Every column of every table in view from 1280 px on: no table wider than its box (a column behind a
+  // scroll bar); narrower windows may scroll a table inside its box.
+  if (W >= 1200) for (const t of document.querySelectorAll('table')) {
+    const box = t.closest('.tablewrap, .scroll') || t.parentElement;
+    const br = box.getBoundingClientRect(), tr = t.getBoundingClientRect();
+    if (tr.right > Math.min(br.right, W) + 1) fails.push('a table is ' + Math.round(tr.width) + ' px wide in a box of ' + Math.round(br.width) + ' (first column: ' + (t.querySelector('th') || {}).textContent + ')');
+  }
+  // Every kernel with 5 % or more of a target's time named without hovering: in the timeline's band row
+  // and, where it does arithmetic, beside its roofline point (the kernel table gives names and shares).
+  for (const sec of document.querySelectorAll('section')) {
+    const kt = sec.querySelector('table.kernels');
+    if (!kt) continue;
+    const band = new Set([...sec.querySelectorAll('svg[aria-label=timeline] text.band')].map(e => e.textContent));
+    const point = new Set([...sec.querySelectorAll('svg[aria-label=roofline] text.point')].map(e => e.textContent));
+    for (const row of kt.querySelectorAll('tbody tr')) {
+      const cells = row.querySelectorAll('td');
+      if (cells.length < 16) continue;
+      const name = cells[0].textContent, share = parseFloat(cells[10].textContent), flops = cells[5].textContent.trim();
+      if (!(share >= 5)) continue;
+      if (!band.has(name)) fails.push(sec.id + ': kernel ' + name + ' (' + share + ' %) not named in the timeline');
+      if (flops !== '0' && !point.has(name)) fails.push(sec.id + ': kernel ' + name + ' (' + share + ' %) not named in the roofline');
     }
   }
   for (const h of document.querySelectorAll('h2, h3')) if (h.getBoundingClientRect().height < 10) fails.push('heading ' + h.textContent + ' not shown');

@@ -23,7 +23,7 @@ with torch.no_grad():
 r = fast.report
 print(f"{'kernel':<6} {'kind':<8} {'from':>5} {'saved KB':>9} {'split':<12} {'sim us':>8} {'bound us':>9}")
 for k in r["kernels"]:
-    saved = (k["fusion_bytes_unfused"] - k["fusion_bytes_fused"]) / 1e3
+    saved = k["fusion_traffic_saved_bytes"] / 1e3
     print(f"{k['name']:<6} {k['kind']:<8} {len(k['sources']):>5} {saved:9.1f} {k['split']:<12} {k['simulated_us']:8.2f} "
           f"{k['roofline_us']:9.2f}")
 # ('from': the graph-level nodes a kernel came from; the kernel text says how many core ops it fused)

@@ -518,29 +518,25 @@ class DataflowExecutable {
     if (!graph_) return json_dump(report_json(runs_[0]->report));
     nlohmann::json j = {{"target", target_}, {"partitions", nlohmann::json::array()}, {"kernels", nlohmann::json::array()},
                         {"breaks", nlohmann::json::array()}};
-    double sim_us = 0, bound_us = 0, flops = 0, dram = 0;
-    int64_t padded = 0, logical = 0, saved = 0, spad = 0, host = 0;
+    std::vector<const DataflowReport*> parts;
     for (size_t k = 0; k < runs_.size(); ++k) {
-      const DataflowReport& r = runs_[k]->report;
-      nlohmann::json pj = report_json(r);
+      nlohmann::json pj = report_json(runs_[k]->report);
       for (nlohmann::json kj : pj["kernels"]) {
         kj["partition"] = k;
         j["kernels"].push_back(std::move(kj));
       }
       j["partitions"].push_back(std::move(pj));
-      sim_us += r.sim_us, bound_us += r.bound_us, flops += r.flops, dram += r.dram_bytes;
-      padded += r.padded_bytes, logical += r.logical_bytes, saved += r.fusion_saved, host += r.host_steps;
-      spad = std::max(spad, r.spad_peak);
-      if (k == 0) j["model"] = r.model, j["cores"] = r.cores;
+      parts.push_back(&runs_[k]->report);
     }
     for (const GraphBreak& b : plan_.breaks)
       j["breaks"].push_back({{"node", b.location}, {"op", b.op}, {"reason", b.reason}, {"kind", break_kind_name(b.kind)},
                              {"after_partition", b.after_partition}, {"runs_on", "host (PyTorch)"}});
-    // (report_json's names for what adds up across partitions; the scratchpad peak is the largest)
-    j["simulated_us"] = sim_us, j["roofline_us"] = bound_us, j["pct_of_roofline"] = sim_us > 0 ? 100 * bound_us / sim_us : 0;
-    j["flops"] = flops, j["dram_bytes"] = dram, j["padded_bytes"] = padded, j["logical_bytes"] = logical;
-    j["padding_waste_bytes"] = padded - logical, j["fusion_traffic_saved_bytes"] = saved, j["scratchpad_peak_bytes"] = spad;
-    j["host_steps"] = host + static_cast<int64_t>(plan_.breaks.size());
+    // The whole model's figures, summed by sum_reports (report_json's names; the kernels above carry
+    // their partition).
+    nlohmann::json whole = report_json(sum_reports(parts));
+    whole.erase("kernels"), whole.erase("target");
+    whole["host_steps"] = whole["host_steps"].get<int64_t>() + static_cast<int64_t>(plan_.breaks.size());
+    j.update(whole);
     return json_dump(j);
   }
   std::string table() const {

@@ -107,16 +107,19 @@ DataflowReport dataflow_report(const DataflowCompile& dc, const dataflow::Simula
     k.dram_bytes = static_cast<double>(t.dram_bytes);
     k.min_dram_bytes = kt.min_dram_bytes;
     k.intensity = kt.min_dram_bytes > 0 ? t.flops / kt.min_dram_bytes : 0;
+    k.achieved_intensity = k.dram_bytes > 0 ? t.flops / k.dram_bytes : 0;
     k.bound_us = kt.bound_seconds * 1e6;
     k.sim_us = kt.seconds * 1e6;
     k.pct_of_bound = 100 * kt.fraction_of_bound;
     k.fusion_unfused = t.bytes_unfused;
     k.fusion_fused = t.bytes_fused;
+    k.fusion_saved = t.bytes_unfused - t.bytes_fused;
     k.spad_peak = t.spad_peak;
     for (int gi : tile::kernel_globals(t)) {
       k.logical_bytes += p.globals[static_cast<size_t>(gi)].logical_bytes();
       k.padded_bytes += p.globals[static_cast<size_t>(gi)].bytes();
     }
+    k.padding_waste = k.padded_bytes - k.logical_bytes;
     for (const tile::Operand& op : t.operands) {
       TensorSlice s;
       s.tensor = op.global >= 0 ? p.globals[static_cast<size_t>(op.global)].name : op.role;
@@ -127,6 +130,9 @@ DataflowReport dataflow_report(const DataflowCompile& dc, const dataflow::Simula
       for (int d : op.dims) {
         const tile::Dim& dm = t.dims[static_cast<size_t>(d)];
         slice *= static_cast<double>(dm.slice) / static_cast<double>(dm.tile);
+        s.dims.push_back(dm.name);
+        s.slice_shape.push_back(dm.slice);
+        s.tile_shape.push_back(dm.tile);
       }
       s.slice_bytes = static_cast<int64_t>(slice);
       k.slices.push_back(s);
@@ -135,10 +141,12 @@ DataflowReport dataflow_report(const DataflowCompile& dc, const dataflow::Simula
     r.dram_bytes += k.dram_bytes;
     r.bound_us += k.bound_us;
     r.spad_peak = std::max(r.spad_peak, k.spad_peak);
-    r.fusion_saved += t.bytes_unfused - t.bytes_fused;
+    r.fusion_saved += k.fusion_saved;
     r.host_steps += t.kind == tile::TileKind::host;
     r.kernels.push_back(std::move(k));
   }
+  r.padding_waste = r.padded_bytes - r.logical_bytes;
+  r.pct_of_bound = r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0;
   const double peak = hw.peak_flops(p.float_dtype);
   r.utilisation = peak > 0 && sp.result.seconds > 0 ? r.flops / (sp.result.seconds * peak) : 0;
   const int lanes = dataflow::lanes_per_core(hw);
@@ -166,6 +174,32 @@ DataflowRun simulate_dataflow(DataflowCompile dc, const dataflow::SimOptions& op
   return run;
 }
 
+DataflowReport sum_reports(const std::vector<const DataflowReport*>& parts) {
+  DataflowReport s;
+  if (parts.empty()) return s;
+  s.model = parts[0]->model, s.target = parts[0]->target, s.cores = parts[0]->cores;
+  double peak_flops_seconds = 0;  // (time x peak) summed, for the utilisation of the whole
+  for (const DataflowReport* r : parts) {
+    s.sim_us += r->sim_us, s.bound_us += r->bound_us, s.analytical_us += r->analytical_us;
+    s.flops += r->flops, s.dram_bytes += r->dram_bytes;
+    if (r->utilisation > 0) peak_flops_seconds += r->flops / r->utilisation;
+    s.padded_bytes += r->padded_bytes, s.logical_bytes += r->logical_bytes, s.padding_waste += r->padding_waste;
+    s.spad_peak = std::max(s.spad_peak, r->spad_peak), s.dram_peak = std::max(s.dram_peak, r->dram_peak);
+    s.fusion_saved += r->fusion_saved, s.host_steps += r->host_steps;
+    s.compile_seconds += r->compile_seconds, s.sim_seconds += r->sim_seconds;
+    s.stall_compute += r->stall_compute, s.stall_dma += r->stall_dma;
+    s.stall_interconnect += r->stall_interconnect, s.stall_dependency += r->stall_dependency;
+    s.lanes = std::max(s.lanes, r->lanes);
+    s.core_busy.resize(std::max(s.core_busy.size(), r->core_busy.size()), 0.0);
+    for (size_t c = 0; c < r->core_busy.size(); ++c) s.core_busy[c] += r->core_busy[c] * r->sim_us;  // weighted by time
+    s.kernels.insert(s.kernels.end(), r->kernels.begin(), r->kernels.end());
+  }
+  for (double& b : s.core_busy) b = s.sim_us > 0 ? b / s.sim_us : 0;
+  s.pct_of_bound = s.sim_us > 0 ? 100 * s.bound_us / s.sim_us : 0;
+  s.utilisation = peak_flops_seconds > 0 ? s.flops / peak_flops_seconds : 0;
+  return s;
+}
+
 nlohmann::json report_json(const DataflowReport& r) {
   nlohmann::json j = {{"model", r.model},
                       {"target", r.target},
@@ -173,13 +207,13 @@ nlohmann::json report_json(const DataflowReport& r) {
                       {"simulated_us", r.sim_us},
                       {"analytical_us", r.analytical_us},
                       {"roofline_us", r.bound_us},
-                      {"pct_of_roofline", r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0},
+                      {"pct_of_roofline", r.pct_of_bound},
                       {"flops", r.flops},
                       {"dram_bytes", r.dram_bytes},
                       {"utilisation", r.utilisation},
                       {"padded_bytes", r.padded_bytes},
                       {"logical_bytes", r.logical_bytes},
-                      {"padding_waste_bytes", r.padded_bytes - r.logical_bytes},
+                      {"padding_waste_bytes", r.padding_waste},
                       {"fusion_traffic_saved_bytes", r.fusion_saved},
                       {"scratchpad_peak_bytes", r.spad_peak},
                       {"dram_peak_bytes", r.dram_peak},
@@ -206,17 +240,21 @@ nlohmann::json report_json(const DataflowReport& r) {
                         {"dram_bytes", k.dram_bytes},
                         {"min_dram_bytes", k.min_dram_bytes},
                         {"arithmetic_intensity", k.intensity},
+                        {"achieved_intensity", k.achieved_intensity},
                         {"roofline_us", k.bound_us},
                         {"simulated_us", k.sim_us},
                         {"pct_of_roofline", k.pct_of_bound},
                         {"fusion_bytes_unfused", k.fusion_unfused},
                         {"fusion_bytes_fused", k.fusion_fused},
+                        {"fusion_traffic_saved_bytes", k.fusion_saved},
                         {"logical_bytes", k.logical_bytes},
                         {"padded_bytes", k.padded_bytes},
+                        {"padding_waste_bytes", k.padding_waste},
                         {"scratchpad_peak_bytes", k.spad_peak}};
     e["slices"] = nlohmann::json::array();
     for (const TensorSlice& s : k.slices)
-      e["slices"].push_back({{"tensor", s.tensor}, {"slice_bytes", s.slice_bytes}, {"tile_bytes", s.tile_bytes}, {"copies", s.copies}});
+      e["slices"].push_back({{"tensor", s.tensor}, {"slice_bytes", s.slice_bytes}, {"tile_bytes", s.tile_bytes}, {"copies", s.copies},
+                             {"dims", s.dims}, {"slice_shape", s.slice_shape}, {"tile_shape", s.tile_shape}});
     j["kernels"].push_back(e);
   }
   return j;
@@ -224,7 +262,7 @@ nlohmann::json report_json(const DataflowReport& r) {
 
 std::string report_table(const DataflowReport& r) {
   std::string s = fmt::format("{} on {} ({}): {:.1f} us simulated, roofline {:.1f} us ({:.0f} %), utilisation {:.1f} %\n",
-                              display_text(r.model), display_text(r.target), count_text(r.cores, "core"), r.sim_us, r.bound_us, r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0,
+                              display_text(r.model), display_text(r.target), count_text(r.cores, "core"), r.sim_us, r.bound_us, r.pct_of_bound,
                               100 * r.utilisation);
   s += fmt::format("{:<5} {:<7} {:<26} {:<14} {:>10} {:>10} {:>6} {:>9} {:>9} {:>6} {:>10} {:>9} {:>9}\n", "kern", "kind",
                    "node", "split", "MFLOP", "DRAM KB", "FLOP/B", "bound us", "sim us", "% bnd", "saved KB", "pad KB",
@@ -234,13 +272,13 @@ std::string report_table(const DataflowReport& r) {
     std::string node = shown.size() > 26 ? shown.substr(shown.size() - 26) : shown;
     s += fmt::format("{:<5} {:<7} {:<26} {:<14} {:>10.3f} {:>10.1f} {:>6.1f} {:>9.2f} {:>9.2f} {:>6.0f} {:>10.1f} {:>9.1f} {:>9.1f}\n",
                      display_text(k.name), k.kind, node, display_text(k.split), k.flops / 1e6, k.dram_bytes / 1e3, k.intensity, k.bound_us, k.sim_us,
-                     k.pct_of_bound, static_cast<double>(k.fusion_unfused - k.fusion_fused) / 1e3,
-                     static_cast<double>(k.padded_bytes - k.logical_bytes) / 1e3, static_cast<double>(k.spad_peak) / 1e3);
+                     k.pct_of_bound, static_cast<double>(k.fusion_saved) / 1e3, static_cast<double>(k.padding_waste) / 1e3,
+                     static_cast<double>(k.spad_peak) / 1e3);
   }
   s += fmt::format("totals: {:.3f} GFLOP, {:.2f} MB DRAM traffic, fusion saved {:.2f} MB, padding waste {:.2f} MB of {:.2f} MB, "
                    "scratchpad peak {:.1f} KB per core, DRAM planned {:.2f} MB, {} host steps\n",
                    r.flops / 1e9, r.dram_bytes / 1e6, static_cast<double>(r.fusion_saved) / 1e6,
-                   static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6, static_cast<double>(r.padded_bytes) / 1e6,
+                   static_cast<double>(r.padding_waste) / 1e6, static_cast<double>(r.padded_bytes) / 1e6,
                    static_cast<double>(r.spad_peak) / 1e3, static_cast<double>(r.dram_peak) / 1e6, r.host_steps);
   double busy = 0;
   for (double b : r.core_busy) busy += b;

@@ -43,16 +43,30 @@ struct TensorSlice {
   int64_t slice_bytes = 0;     // one core's slice in DRAM terms (padded)
   int64_t tile_bytes = 0;      // one tile buffer in the scratchpad
   int copies = 1;
+  // The kernel dims that index it, with one core's extent (slice) and one step's (tile) along each:
+  // the shapes of the two sizes above ("m 64 x k 128").
+  std::vector<std::string> dims;
+  std::vector<int64_t> slice_shape, tile_shape;
 };
 
+// Every figure of a kernel and of the model is worked out here, once (dataflow_report); the sim table,
+// the JSON, the HTML report, the landscape row and tessel.compile's .report read these fields and do
+// no arithmetic of their own. The formulas: docs/sim.md, "The report table's columns".
 struct KernelReport {
   std::string name, kind, node, split, decision;
   std::vector<std::string> sources;
   int cores = 0;
-  double flops = 0, dram_bytes = 0, min_dram_bytes = 0, intensity = 0;
-  double bound_us = 0, sim_us = 0, pct_of_bound = 0;
+  double flops = 0;
+  double dram_bytes = 0;          // what its loads and stores move (the plan's traffic)
+  double min_dram_bytes = 0;      // every operand read once, every result written once, unpadded
+  double intensity = 0;           // flops / min_dram_bytes: the kernel's arithmetic intensity
+  double achieved_intensity = 0;  // flops / dram_bytes: where the plan puts it (the roofline plot's x)
+  double bound_us = 0, sim_us = 0;
+  double pct_of_bound = 0;        // 100 x bound_us / sim_us
   int64_t fusion_unfused = 0, fusion_fused = 0;   // logical dtype bytes (kernel level)
-  int64_t logical_bytes = 0, padded_bytes = 0;    // of the tensors it touches
+  int64_t fusion_saved = 0;                       // fusion_unfused - fusion_fused
+  int64_t logical_bytes = 0, padded_bytes = 0;    // of the DRAM buffers it touches
+  int64_t padding_waste = 0;                      // padded_bytes - logical_bytes (a size, not traffic)
   int64_t spad_peak = 0;
   std::vector<TensorSlice> slices;
 };
@@ -66,8 +80,11 @@ struct DataflowReport {
   // time from it.
   double analytical_us = 0;
   double utilisation = 0;       // flops / (time x peak matrix FLOP/s)
-  int64_t padded_bytes = 0, logical_bytes = 0, spad_peak = 0, dram_peak = 0;
-  int64_t fusion_saved = 0;
+  double pct_of_bound = 0;      // 100 x bound_us / sim_us
+  // Each DRAM buffer of the program once (a kernel's row counts the buffers it touches).
+  int64_t padded_bytes = 0, logical_bytes = 0, padding_waste = 0;
+  int64_t spad_peak = 0, dram_peak = 0;
+  int64_t fusion_saved = 0;     // the kernels' fusion_saved summed
   int host_steps = 0;
   double compile_seconds = 0, sim_seconds = 0;
   std::vector<double> core_busy;  // per core, busy fraction
@@ -89,6 +106,10 @@ struct DataflowRun {
   DataflowReport report;  // report.sim_seconds: the timed simulation and the report together
 };
 DataflowRun simulate_dataflow(DataflowCompile dc, const dataflow::SimOptions& options = {});
+// The reports of a model's partitions (graph breaks between them) as one: times, FLOPs, bytes, padding
+// and fusion savings summed, the scratchpad peak the largest, the ratios worked out again from the sums,
+// the kernels of every partition in order. Model, target and cores from the first.
+DataflowReport sum_reports(const std::vector<const DataflowReport*>& parts);
 nlohmann::json report_json(const DataflowReport& r);
 std::string report_table(const DataflowReport& r);
 

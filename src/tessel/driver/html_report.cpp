@@ -59,6 +59,9 @@ table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
 th,td{padding:3px 8px;border-bottom:1px solid #eceef2;text-align:right;white-space:nowrap}
 th{background:#f0f2f5;position:sticky;top:0}
 td.l,th.l{text-align:left}td.name{max-width:320px;overflow:hidden;text-overflow:ellipsis}
+table.kernels{font-size:12px}table.kernels th{white-space:normal;vertical-align:bottom}
+table.kernels td,table.kernels th{padding:3px 5px}
+table.kernels td.name{white-space:normal;overflow-wrap:anywhere;min-width:80px;max-width:190px}
 .scroll{overflow-x:auto;max-width:100%}
 .tablewrap{max-height:520px;overflow:auto;border:1px solid #eceef2}
 svg{display:block;max-width:100%;height:auto;background:#fff}
@@ -277,12 +280,12 @@ std::string roofline_svg(const HtmlTargetReport& t) {
   int no_flops = 0;
   for (size_t i = 0; i < ks.size(); ++i) {
     const json& k = *ks[i];
-    const double flops = num(k, "flops"), us = num(k, "simulated_us"), bytes = num(k, "dram_bytes");
-    if (flops <= 0 || us <= 0 || bytes <= 0) {
+    const double flops = num(k, "flops"), us = num(k, "simulated_us"), x = num(k, "achieved_intensity");
+    if (flops <= 0 || us <= 0 || x <= 0) {
       ++no_flops;
       continue;
     }
-    pts.push_back({flops / bytes, flops / (us * 1e-6), kernel_label(ks, static_cast<int64_t>(i)), str(k, "kind"), str(k, "name"), us});
+    pts.push_back({x, flops / (us * 1e-6), kernel_label(ks, static_cast<int64_t>(i)), str(k, "kind"), str(k, "name"), us});
   }
   if (pts.empty()) return "<p class=\"muted\">No kernel does arithmetic (every one moves data).</p>";
   const double peak = t.peak_matrix_flops, vpeak = t.peak_vector_flops, bw = t.peak_dram_bytes;
@@ -308,7 +311,7 @@ std::string roofline_svg(const HtmlTargetReport& t) {
     s += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#eceef2\"/><text x=\"{3}\" y=\"{4:.1f}\" "
                      "text-anchor=\"end\">1e{5:.0f}</text>",
                      L, W - 10, Y(std::pow(10, e)), L - 4, Y(std::pow(10, e)) + 3, e);
-  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">arithmetic intensity (FLOP per DRAM byte)</text>", (L + W) / 2, H - 8);
+  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">achieved intensity (FLOP per DRAM byte moved)</text>", (L + W) / 2, H - 8);
   s += fmt::format("<text x=\"12\" y=\"{0}\" transform=\"rotate(-90 12 {0})\" text-anchor=\"middle\">achieved FLOP/s</text>", (T + H - B) / 2);
   const double xa = std::pow(10, lx0), xb = std::pow(10, lx1);
   auto roof = [&](double p, const char* color, const char* name) {
@@ -338,7 +341,8 @@ std::string roofline_svg(const HtmlTargetReport& t) {
       s += fmt::format("<text class=\"point\" x=\"{:.1f}\" y=\"{:.1f}\">{}</text>", X(p.x) + 6, Y(p.y) - 5, esc(p.name));
   s += "</svg>";
   std::string note = fmt::format("<p class=\"muted\">One point per kernel that does arithmetic ({} of {}; {} only move data), at "
-                                 "its FLOPs over the DRAM bytes it moves (the table's FLOP/B is over its minimum bytes: docs/sim.md); "
+                                 "its achieved intensity, its FLOPs over the DRAM bytes it moves (the table's FLOP/B, its arithmetic "
+                                 "intensity, is over the minimum bytes: docs/sim.md); "
                                  "those with 5 % of the time or more are named. "
                                  "Lines: the DRAM roof ({:.0f} GB/s) up to each compute peak. A point far below its roof "
                                  "lost time to something the roofline ignores: the table's decision column says what.</p>",
@@ -353,7 +357,7 @@ std::string kernel_table(const HtmlTargetReport& t) {
   double total = 0;
   for (const json* k : ks) total += num(*k, "simulated_us");
   std::string s =
-      "<div class=\"tablewrap\"><table><thead><tr><th class=\"l\">kernel</th><th class=\"l\">from</th><th class=\"l\">kind</th>"
+      "<div class=\"tablewrap\"><table class=\"kernels\"><thead><tr><th class=\"l\">kernel</th><th class=\"l\">from</th><th class=\"l\">kind</th>"
       "<th class=\"l\">split</th><th>cores</th><th>FLOPs</th><th>DRAM</th><th>FLOP/B</th><th>roofline</th><th>simulated</th>"
       "<th>share</th><th>% of roof</th><th>fusion saved</th><th>padding waste</th><th>scratchpad</th><th class=\"l\">decision</th>"
       "</tr></thead><tbody>";
@@ -361,8 +365,8 @@ std::string kernel_table(const HtmlTargetReport& t) {
     const json& k = *kp;
     const double sim = num(k, "simulated_us");
     const double share = total > 0 ? sim / total : 0;
-    const double saved = num(k, "fusion_bytes_unfused") - num(k, "fusion_bytes_fused");
-    const double waste = num(k, "padded_bytes") - num(k, "logical_bytes");
+    const double saved = num(k, "fusion_traffic_saved_bytes");
+    const double waste = num(k, "padding_waste_bytes");
     s += fmt::format(
         "<tr><td class=\"l\">{}</td><td class=\"l name\" title=\"{}\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td>"
         "<td>{}</td><td>{}</td><td>{:.2f}</td><td>{}</td><td>{}</td><td><span class=\"bar\" style=\"width:{:.0f}px\"></span> "
@@ -373,6 +377,19 @@ std::string kernel_table(const HtmlTargetReport& t) {
         bytes_text(num(k, "scratchpad_peak_bytes")), esc(str(k, "decision")), esc(str(k, "decision")));
   }
   return s + "</tbody></table></div>";
+}
+
+// A slice's or tile's extent along the kernel dims that index it, "m 64 × k 128 — " (empty without dims).
+std::string shape_text(const json& slice, const char* key) {
+  auto d = slice.find("dims");
+  auto e = slice.find(key);
+  if (d == slice.end() || e == slice.end() || !d->is_array() || !e->is_array() || d->size() != e->size() || d->empty()) return "";
+  std::string s;
+  for (size_t i = 0; i < d->size(); ++i) {
+    if (!(*d)[i].is_string() || !(*e)[i].is_number()) return "";
+    s += fmt::format("{}{} {}", i ? " × " : "", esc((*d)[i].get<std::string>()), (*e)[i].get<int64_t>());
+  }
+  return s + " — ";
 }
 
 std::string scratchpad_section(const HtmlTargetReport& t) {
@@ -393,8 +410,9 @@ std::string scratchpad_section(const HtmlTargetReport& t) {
     if (sl != k.end() && sl->is_array() && !sl->empty()) {
       s += "<table><tr><th class=\"l\">tensor</th><th>one core's slice</th><th>tile buffer</th><th>copies</th></tr>";
       for (const auto& x : *sl)
-        s += fmt::format("<tr><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(str(x, "tensor")),
-                         bytes_text(num(x, "slice_bytes")), bytes_text(num(x, "tile_bytes")), num(x, "copies"));
+        s += fmt::format("<tr><td class=\"l\">{}</td><td>{}{}</td><td>{}{}</td><td>{}</td></tr>", esc(str(x, "tensor")),
+                         shape_text(x, "slice_shape"), bytes_text(num(x, "slice_bytes")), shape_text(x, "tile_shape"),
+                         bytes_text(num(x, "tile_bytes")), num(x, "copies"));
       s += "</table>";
     } else {
       s += "<p class=\"muted\">No scratchpad slices (a host step or a kernel without tiles).</p>";

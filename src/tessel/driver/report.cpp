@@ -18,7 +18,7 @@
 namespace tessel {
 
 nlohmann::json landscape_row(const std::string& target, const DataflowCompile& dc, const DataflowReport& r) {
-  const double pad = static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6;
+  const double pad = static_cast<double>(r.padding_waste) / 1e6;
   return {{"target", target}, {"time_us", r.sim_us}, {"utilisation", r.utilisation}, {"dram_mb", r.dram_bytes / 1e6},
           {"padding_mb", pad}, {"scratchpad_peak_kb", static_cast<double>(r.spad_peak) / 1e3},
           {"compile_ms", r.compile_seconds * 1e3}, {"roofline_us", r.bound_us}, {"cores", r.cores},
