@@ -156,3 +156,37 @@ TEST(HtmlReport, CpuLadderShowsTheBusyMachineWarning) {
   in.cpu_bench["machine"]["warning"] = nullptr;
   EXPECT_EQ(render_html_report(in).find("the machine is busy"), std::string::npos);
 }
+
+// The landscape as bars (length against the slowest, each labelled with its time and ratio to the
+// fastest) and the CPU ladder as cost-of-n-calls lines with each break-even marked where it is.
+TEST(HtmlReport, LandscapeBarsAndBreakEvenPlot) {
+  HtmlReportInput in;
+  in.model = "m";
+  in.landscape = json::array({{{"target", "spyre"}, {"time_us", 50.0}, {"cores", 32}, {"dtype", "f16"}},
+                              {{"target", "tpu-v5e"}, {"time_us", 25.0}, {"cores", 1}, {"dtype", "bf16"}},
+                              {{"target", "cpu"}, {"time_us", 100.0}, {"threads", 2}}});
+  // compiled: 10 ms to compile, 1 ms a call against eager's 5 ms: pays off after 2.5 calls
+  in.cpu_bench = {{"iters", 3},
+                  {"backends", json::array({{{"backend", "eager"}, {"threads", 1}, {"median_ms", 5.0}, {"cold_compile_s", 0.0}},
+                                            {{"backend", "compiled"}, {"threads", 2}, {"median_ms", 1.0}, {"cold_compile_s", 0.010},
+                                             {"break_even_iters", 2.5}}})}};
+  const std::string page = render_html_report(in);
+  const std::string bars = between(page, "aria-label=\"landscape\"", "</svg>");
+  ASSERT_FALSE(bars.empty());
+  EXPECT_EQ(count(bars, "<rect"), 3u);
+  EXPECT_NE(bars.find("50.0 µs (2.00×, simulated)"), std::string::npos) << bars;
+  EXPECT_NE(bars.find("25.0 µs (1.00×, simulated)"), std::string::npos);
+  EXPECT_NE(bars.find("100.0 µs (4.00×, measured)"), std::string::npos);
+  // the slowest bar is the full length (plot 360 px from x 110), the others in proportion
+  EXPECT_NE(bars.find("width=\"360.0\""), std::string::npos);
+  EXPECT_NE(bars.find("width=\"180.0\""), std::string::npos);
+  EXPECT_NE(bars.find("width=\"90.0\""), std::string::npos);
+  const std::string plot = between(page, "aria-label=\"break-even\"", "</svg>");
+  ASSERT_FALSE(plot.empty());
+  EXPECT_EQ(count(plot, "<circle"), 1u);
+  EXPECT_NE(plot.find("compiled pays off after 2.5 calls"), std::string::npos);
+  EXPECT_NE(plot.find(">2.5 calls<"), std::string::npos);
+  // one backend measured: nothing to compare, no plot
+  in.cpu_bench["backends"].erase(1);
+  EXPECT_EQ(render_html_report(in).find("aria-label=\"break-even\""), std::string::npos);
+}

@@ -494,6 +494,29 @@ std::string host_section(const std::vector<HtmlTargetReport>& targets) {
          rows + "</table>";
 }
 
+// One bar per landscape row: its time, the bar's length against the slowest, labelled with the time and
+// its ratio to the fastest (a printout reads it without the table).
+std::string landscape_svg(const json& rows, double best) {
+  double worst = 0;
+  for (const auto& r : rows) worst = std::max(worst, num(r, "time_us"));
+  if (worst <= 0) return "";
+  const double L = 110, W = 620, bar_h = 18, gap = 8, T = 8;
+  const double plot = W - L - 150, H = T + static_cast<double>(rows.size()) * (bar_h + gap) + 6;
+  std::string s = fmt::format("<svg role=\"img\" aria-label=\"landscape\" viewBox=\"0 0 {0} {1}\" width=\"{0}\" height=\"{1}\">", W, H);
+  double y = T;
+  for (const auto& r : rows) {
+    const double us = num(r, "time_us"), w = std::max(1.0, plot * us / worst);
+    const bool cpu = str(r, "target") == "cpu";
+    s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>", L - 6, y + 12.5, esc(str(r, "target")));
+    s += fmt::format("<rect x=\"{:.0f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\"><title>{}: {}</title></rect>", L, y, w,
+                     bar_h, cpu ? "#f28e2b" : "#4e79a7", esc(str(r, "target")), us_text(us));
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{} ({:.2f}×{})</text>", L + w + 6, y + 12.5, us_text(us), best > 0 ? us / best : 0,
+                     cpu ? ", measured" : ", simulated");
+    y += bar_h + gap;
+  }
+  return "<div class=\"scroll\">" + s + "</svg></div>";
+}
+
 std::string landscape_section(const json& rows) {
   if (!rows.is_array() || rows.empty()) return "<p class=\"muted\">No landscape rows.</p>";
   double best = 1e300;
@@ -514,7 +537,65 @@ std::string landscape_section(const json& rows) {
                      cpu ? "—" : bytes_text(num(r, "padding_mb") * 1e6), cpu ? "—" : bytes_text(num(r, "scratchpad_peak_kb") * 1e3),
                      cpu ? "—" : us_text(num(r, "roofline_us")), num(r, "compile_ms"), notes);
   }
-  return s + "</table>";
+  return landscape_svg(rows, best) + s + "</table>";
+}
+
+// The CPU ladder's cost of n calls, compile included (cold compile + n x median; eager compiles
+// nothing), for n up to a few times the largest break-even: where a line crosses eager's, compiling
+// has paid for itself.
+std::string ladder_svg(const json& backends) {
+  struct Line {
+    std::string name;
+    double compile_ms, call_ms, break_even;
+  };
+  std::vector<Line> lines;
+  double be_max = 0;
+  for (const auto& x : backends) {
+    if (num(x, "median_ms") <= 0) continue;
+    const bool eager = str(x, "backend") == "eager";
+    auto be = x.find("break_even_iters");
+    const double b = be != x.end() && be->is_number() ? be->get<double>() : -1;
+    lines.push_back({str(x, "backend"), eager ? 0 : num(x, "cold_compile_s") * 1e3, num(x, "median_ms"), b});
+    if (b > 0) be_max = std::max(be_max, b);
+  }
+  if (lines.size() < 2) return "";
+  const double n_max = std::max(10.0, std::ceil(3 * be_max));
+  double y_max = 0;
+  for (const Line& l : lines) y_max = std::max(y_max, l.compile_ms + n_max * l.call_ms);
+  if (y_max <= 0) return "";
+  const double W = 620, H = 260, L = 64, R = 110, T = 10, B = 40;
+  auto X = [&](double n) { return L + n / n_max * (W - L - R); };
+  auto Y = [&](double ms) { return T + (1 - ms / y_max) * (H - T - B); };
+  std::string s = fmt::format("<svg role=\"img\" aria-label=\"break-even\" viewBox=\"0 0 {0} {1}\" width=\"{0}\" height=\"{1}\">", W, H);
+  for (int i = 0; i <= 5; ++i) {
+    const double n = n_max * i / 5, ms = y_max * i / 5;
+    s += fmt::format("<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#eceef2\"/><text x=\"{0:.1f}\" y=\"{3}\" "
+                     "text-anchor=\"middle\">{4:.0f}</text>",
+                     X(n), T, H - B, H - B + 14, n);
+    s += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#eceef2\"/><text x=\"{3}\" y=\"{4:.1f}\" "
+                     "text-anchor=\"end\">{5:.3g}</text>",
+                     L, W - R, Y(ms), L - 4, Y(ms) + 3, ms);
+  }
+  s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">calls</text>", (L + W - R) / 2, H - 8);
+  s += fmt::format("<text x=\"12\" y=\"{0}\" transform=\"rotate(-90 12 {0})\" text-anchor=\"middle\">ms in all, compile included</text>",
+                   (T + H - B) / 2);
+  const char* colors[] = {"#9c755f", "#59a14f", "#4e79a7", "#e15759", "#76b7b2"};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const Line& l = lines[i];
+    const char* c = colors[i % 5];
+    const double end = l.compile_ms + n_max * l.call_ms;
+    s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"2\"/>", X(0), Y(l.compile_ms),
+                     X(n_max), Y(end), c);
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"{}\">{}</text>", X(n_max) + 4, Y(end) + 3 + 10.0 * static_cast<double>(i % 2), c,
+                     esc(l.name));
+    if (l.break_even > 0 && l.break_even <= n_max) {
+      const double at = l.compile_ms + l.break_even * l.call_ms;
+      s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"><title>{} pays off after {:.1f} calls</title></circle>",
+                       X(l.break_even), Y(at), c, esc(l.name), l.break_even);
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"{}\">{:.1f} calls</text>", X(l.break_even) + 5, Y(at) - 5, c, l.break_even);
+    }
+  }
+  return "<div class=\"scroll\">" + s + "</svg></div>";
 }
 
 std::string cpu_section(const json& b) {
@@ -541,7 +622,7 @@ std::string cpu_section(const json& b) {
                      cached != x.end() && cached->is_number() ? fmt::format("{:.1f} ms", cached->get<double>() * 1e3) : "—",
                      be != x.end() && be->is_number() ? fmt::format("{:.1f}", be->get<double>()) : "—", bytes_text(num(x, "peak_mem_bytes")));
   }
-  s += "</table>";
+  s += "</table>" + ladder_svg(*bs);
   auto fl = b.find("matmul_floor");
   if (fl != b.end() && fl->is_object())
     s += fmt::format("<p class=\"muted\">The model's {:.0f} matmuls alone through oneDNN take {:.3f} ms ({:.1f} GFLOP/s): what the "
