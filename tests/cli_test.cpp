@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/frontend/onnx/importer.h"
+#include "tessel/ir/op_registry.h"
 #include "test_util.h"
 
 using namespace tessel;
@@ -95,6 +96,39 @@ TEST(Cli, RunJsonHoldsTheOutputsAndTheCheck) {
     EXPECT_NE(full.out.find("/dev/full: cannot write output file"), std::string::npos) << full.out;
   }
   expect_refused("run " + kModel + " --target cuda --json " + out.string(), "--json has no effect here");
+}
+
+// `compile --json`: the graph's ops as the importer gives them, and after lowering the kernels the
+// printed kernel level holds, with the fusion report's totals.
+TEST(Cli, CompileJsonSaysWhatItRanAndMade) {
+  const fs::path out = tmp() / "compile.json", text = tmp() / "compile.txt";
+  Result g = run("compile " + kModel + " -o " + text.string() + " --json " + out.string());
+  ASSERT_EQ(g.code, 0) << g.out;
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(out));
+  ImportedModel m = import_onnx(kModel + "/model.onnx");
+  EXPECT_EQ(j["graph"]["nodes"].get<size_t>(), m.graph->nodes().size());
+  int matmuls = 0;
+  for (const auto& n : m.graph->nodes()) matmuls += n->op->name == "MatMul";
+  EXPECT_EQ(j["graph"]["ops"]["MatMul"].get<int>(), matmuls);
+  EXPECT_EQ(j["output"], text.string());
+  EXPECT_TRUE(j["stages"].empty());  // --emit graph without --passes runs no pass
+  Result k = run("compile " + kModel + " --emit kernel -o " + text.string() + " --json " + out.string());
+  ASSERT_EQ(k.code, 0) << k.out;
+  j = nlohmann::json::parse(std::ifstream(out));
+  const std::string kernels = testenv::read_text(text.string());
+  size_t printed = 0;
+  for (size_t at = kernels.find("\nkernel k"); at != std::string::npos; at = kernels.find("\nkernel k", at + 1)) ++printed;
+  EXPECT_EQ(j["kernels"]["count"].get<size_t>(), printed);
+  int by_kind = 0;
+  for (const auto& [kind, n] : j["kernels"]["by_kind"].items()) by_kind += n.get<int>();
+  EXPECT_EQ(static_cast<size_t>(by_kind), printed);
+  ASSERT_FALSE(j["stages"].empty());
+  EXPECT_EQ(j["stages"].back()["stage"], "fuse");
+  Result fusion = run("compile " + kModel + " --emit fusion");
+  ASSERT_EQ(fusion.code, 0) << fusion.out;
+  EXPECT_NE(fusion.out.find(std::to_string(j["kernels"]["bytes_unfused"].get<int64_t>())), std::string::npos) << fusion.out;
+  EXPECT_NE(fusion.out.find(std::to_string(j["kernels"]["bytes_fused"].get<int64_t>())), std::string::npos) << fusion.out;
+  expect_refused("compile " + kModel + " --target spyre --json " + out.string(), "--json has no effect here");
 }
 
 TEST(Cli, CheckFailsAgainstAWrongReference) {

@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
   std::string comp_target = "cpu", comp_report, comp_dtype;
   comp->add_option("--target", comp_target, "cpu, cuda (--emit cuda: the generated CUDA C++; kernel), a dataflow preset (spyre, tpu-v5e, tpu-v4) or a hardware file (.json); "
                                             "dataflow targets: --emit tile (the tile level) or kernel");
+  std::string comp_json;
+  auto* comp_json_opt = comp->add_option("--json", comp_json, "host CPU target: write what the compilation ran and made here (its stages with their times and node counts; the graph's ops, or the kernels by kind with their fusion traffic)");
   auto* comp_report_opt = comp->add_option("--report", comp_report, "dataflow targets: write the per-kernel report (JSON) here and print its table");
   auto* comp_dtype_opt = comp->add_option("--dtype", comp_dtype, "dataflow targets: storage of float tensors on the device (f16, bf16, f32 where the target has it; default: f16 where the target stores it, else bf16)");
 
@@ -285,6 +287,8 @@ int main(int argc, char** argv) {
                         "sets the compiled backend's threads for --check (with --backend compiled, the default)");
     refuse_inapplicable(land_threads_opt, ("," + land_targets + ",").find(",cpu,") != std::string::npos,
                         "sets the threads of the cpu row, and --targets has no cpu");
+    refuse_inapplicable(comp_json_opt, comp_target == "cpu" && !comp_train && comp_print_after.empty(),
+                        "writes the host CPU compilation's summary (not with --train or --print-after); a dataflow --target writes its report with --report");
     refuse_inapplicable(comp_report_opt, comp_target != "cpu", "is the per-kernel report of a dataflow --target, and the target is cpu");
     refuse_inapplicable(comp_ktir_storage_opt, comp_emit == "ktir", "sets the storage of the KTIR export, and --emit is not ktir");
     refuse_inapplicable(comp_dtype_opt, comp_target != "cpu", "sets the device storage of a dataflow --target, and the target is cpu");
@@ -323,7 +327,7 @@ int main(int argc, char** argv) {
     if (*comp && comp_train) return cli::cmd_compile_train(comp_model, comp_out, comp_elide, comp_wrt, comp_grad_of);
     if (*comp)
       return cli::cmd_compile(comp_model, comp_emit, comp_out, comp_elide, comp_passes, comp_dump, comp_print_after,
-                         comp_time, comp_dynamic);
+                         comp_time, comp_dynamic, comp_json);
     if (*passes) return cli::cmd_passes();
     if (*ops) return cli::cmd_ops();
     if (*fuzz) return cli::cmd_fuzz_graphs(fz);

@@ -39,6 +39,7 @@
 #include "tessel/driver/target_compare.h"
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/bind.h"
+#include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
 #include "tessel/ir/verifier.h"
 #include "tessel/passes/pass.h"
@@ -513,10 +514,30 @@ void write_text(const std::string& path, const std::string& text) {
 
 }  // namespace
 
+namespace {
+
+// `compile --json`: what the compilation ran and made, for scripts (the text goes to -o or stdout).
+nlohmann::json compile_json(const std::string& model, const std::string& emit, const std::string& out,
+                            const std::vector<PassRecord>& records) {
+  nlohmann::json j = {{"model", model}, {"target", "cpu"}, {"emit", emit}, {"output", out.empty() ? nlohmann::json() : nlohmann::json(out)}};
+  j["stages"] = nlohmann::json::array();
+  for (const PassRecord& r : records)
+    j["stages"].push_back({{"stage", r.pass}, {"seconds", r.seconds}, {"nodes_after", r.nodes_after}, {"note", r.note}});
+  return j;
+}
+
+nlohmann::json size_json(const Dim& d) {
+  if (auto v = d.static_value()) return *v;
+  return d.str();
+}
+
+}  // namespace
+
 int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide,
                 const std::string& passes, const std::string& dump_dir, const std::string& print_after,
-                bool time_passes, bool dynamic) {
+                bool time_passes, bool dynamic, const std::string& json_path) {
   ImportedModel m = import_model_file(model, {}, dynamic);
+  nlohmann::json j;
   const bool lower = emit == "kernel" || emit == "cpp" || emit == "fusion";
   const StageInfo* shown = print_after.empty() ? nullptr : lower::find_stage(print_after);
   if (shown && shown->to == IrLevel::tile)
@@ -539,6 +560,18 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
     if (emit == "kernel") text = print_kernel_module(low.module, elide);
     else if (emit == "cpp") text = low.source;
     else text = fusion_report(low.module);
+    if (!json_path.empty()) {
+      j = compile_json(model, emit, out, low.records);
+      std::map<std::string, int> kinds;
+      Dim unfused = 0, fused = 0;
+      for (const Kernel& k : low.module.kernels) {
+        kinds[std::string(kernel_kind_name(k.kind))]++;
+        unfused = unfused + k.bytes_unfused, fused = fused + k.bytes_fused;
+      }
+      j["kernels"] = {{"count", low.module.kernels.size()}, {"by_kind", kinds}, {"bytes_unfused", size_json(unfused)},
+                      {"bytes_fused", size_json(fused)}};
+      j["pipeline_error"] = low.pipeline_error.empty() ? nlohmann::json() : nlohmann::json(low.pipeline_error);
+    }
   } else {
     lower::Lowering lowering(stage_options(dump_dir, print_after));
     lowering.graph_passes(*m.graph, passes);
@@ -548,8 +581,15 @@ int cmd_compile(const std::string& model, const std::string& emit, const std::st
     PrintOptions po;
     po.elide_constants = elide;
     text = print_graph(*m.graph, po);
+    if (!json_path.empty()) {
+      j = compile_json(model, emit, out, lowering.records());
+      std::map<std::string, int> ops;
+      for (const auto& n : m.graph->nodes()) ops[n->op->name]++;
+      j["graph"] = nlohmann::json{{"nodes", m.graph->nodes().size()}, {"ops", ops}, {"symbols", graph_symbols(*m.graph)}};
+    }
   }
   write_text(out, text);
+  if (!json_path.empty()) write_text(json_path, json_dump(j, 1) + "\n");
   return 0;
 }
 

@@ -48,7 +48,7 @@ int cmd_run(const std::string& model, std::string inputs_dir, bool check, double
 
 int cmd_compile(const std::string& model, const std::string& emit, const std::string& out, bool elide,
                 const std::string& passes, const std::string& dump_dir, const std::string& print_after,
-                bool time_passes, bool dynamic);
+                bool time_passes, bool dynamic, const std::string& json_path = {});
 
 // `compile MODEL --train`: the joint forward + backward core graph and its one-line summary.
 int cmd_compile_train(const std::string& model, const std::string& out, bool elide, const std::string& wrt,
