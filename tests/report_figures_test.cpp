@@ -205,6 +205,10 @@ void check_model(const std::string& model, const std::string& target) {
   EXPECT_NE(table.find(fmt::format("scratchpad peak {:.1f} KB per core", spad / 1e3)), std::string::npos);
   EXPECT_DOUBLE_EQ(land["padding_mb"].get<double>(), static_cast<double>(waste) / 1e6);
   EXPECT_DOUBLE_EQ(land["scratchpad_peak_kb"].get<double>(), static_cast<double>(spad) / 1e3);
+  double bound = 0;
+  for (const KernelReport& k : r.kernels) bound += k.bound_us;
+  EXPECT_DOUBLE_EQ(land["pct_of_roofline"].get<double>(), 100 * bound / r.sim_us);
+  EXPECT_DOUBLE_EQ(j["pct_of_roofline"].get<double>(), 100 * bound / r.sim_us);
   if (waste > 0) {
     EXPECT_NE(html.find("adds " + bytes_text(static_cast<double>(waste))), std::string::npos);
   }

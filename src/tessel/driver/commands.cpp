@@ -890,12 +890,13 @@ int cmd_landscape(const std::string& model, const std::string& targets, int thre
     const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, hw.at(t), dataflow::MapOptions{}));
     const DataflowCompile& dc = run.compile;
     const DataflowReport& r = run.report;
-    const double pad = static_cast<double>(r.padded_bytes - r.logical_bytes) / 1e6;
-    fmt::print("{:<10} {:>11.1f} {:>8.1f} {:>11.2f} {:>11.2f} {:>11.1f} {:>11.1f} {:>10.0f}   ({}, {})\n", t, r.sim_us,
-               100 * r.utilisation, r.dram_bytes / 1e6, pad, static_cast<double>(r.spad_peak) / 1e3, r.compile_seconds * 1e3,
-               r.sim_us > 0 ? 100 * r.bound_us / r.sim_us : 0.0, count_text(r.cores, "core"),
+    const nlohmann::json row = landscape_row(t, dc, r);  // the printed row is the JSON's (one definition per figure)
+    fmt::print("{:<10} {:>11.1f} {:>8.1f} {:>11.2f} {:>11.2f} {:>11.1f} {:>11.1f} {:>10.0f}   ({}, {})\n", t,
+               row["time_us"].get<double>(), 100 * row["utilisation"].get<double>(), row["dram_mb"].get<double>(),
+               row["padding_mb"].get<double>(), row["scratchpad_peak_kb"].get<double>(), row["compile_ms"].get<double>(),
+               row["pct_of_roofline"].get<double>(), count_text(r.cores, "core"),
                fmt::format("{}{}", dtype_name(dc.program.float_dtype), dc.program.dl16 ? " DL16" : ""));
-    rows.push_back(landscape_row(t, dc, r));
+    rows.push_back(row);
   }
   if (!json.empty()) write_text(json, json_dump(rows, 1) + "\n");
   return 0;

@@ -21,7 +21,7 @@ nlohmann::json landscape_row(const std::string& target, const DataflowCompile& d
   const double pad = static_cast<double>(r.padding_waste) / 1e6;
   return {{"target", target}, {"time_us", r.sim_us}, {"utilisation", r.utilisation}, {"dram_mb", r.dram_bytes / 1e6},
           {"padding_mb", pad}, {"scratchpad_peak_kb", static_cast<double>(r.spad_peak) / 1e3},
-          {"compile_ms", r.compile_seconds * 1e3}, {"roofline_us", r.bound_us}, {"cores", r.cores},
+          {"compile_ms", r.compile_seconds * 1e3}, {"roofline_us", r.bound_us}, {"pct_of_roofline", r.pct_of_bound}, {"cores", r.cores},
           {"dtype", std::string(dtype_name(dc.program.float_dtype))}};
 }
 
