@@ -278,15 +278,27 @@ bool Fuser::operand_ok(const Value* u, int gi, Level lv, bool* inline_read) cons
   return is_row_shape(gr, s);
 }
 
-bool Fuser::reaches(const std::set<int>& from, int target) const {
-  std::vector<int> stack(from.begin(), from.end());
-  std::set<int> seen(from.begin(), from.end());
+// A depth-first walk of gdeps (whose sets hold most of each group's transitive producers, so a walk
+// usually ends one step from its start: the direct membership test below). The visited marks are a
+// vector, not a set: on a model with hundreds of groups the walks dominated fusion (issue 42).
+bool Fuser::reaches(const std::set<int>& from, int target, int skip) const {
+  const size_t n = std::max(gdeps.size(), groups.size());
+  std::vector<char> seen(n, 0);
+  std::vector<int> stack;
+  for (int f : from)
+    if (f != skip && !seen[static_cast<size_t>(f)]) seen[static_cast<size_t>(f)] = 1, stack.push_back(f);
+  const int target_first = static_cast<size_t>(target) < gfirst.size() ? gfirst[static_cast<size_t>(target)] : -1;
   while (!stack.empty()) {
     const int h = stack.back();
     stack.pop_back();
     if (h == target) return true;
-    for (int d : gdeps[static_cast<size_t>(h)])
-      if (seen.insert(d).second) stack.push_back(d);
+    if (static_cast<size_t>(h) >= gdeps.size()) continue;
+    // nothing of h comes after target's first node: h (and what only h leads to) cannot depend on it
+    if (static_cast<size_t>(h) < glast.size() && glast[static_cast<size_t>(h)] < target_first) continue;
+    const std::set<int>& d = gdeps[static_cast<size_t>(h)];
+    if (d.count(target)) return true;
+    for (int x : d)
+      if (!seen[static_cast<size_t>(x)]) seen[static_cast<size_t>(x)] = 1, stack.push_back(x);
   }
   return false;
 }
@@ -359,8 +371,26 @@ std::vector<int> Fuser::candidate_groups(const Node& n) const {
   return c;
 }
 
+void Fuser::span_group(int gi, const Node& n) {
+  if (gfirst.size() < groups.size()) gfirst.resize(groups.size(), INT32_MAX), glast.resize(groups.size(), -1);
+  auto it = node_pos.find(&n);
+  const int p = it == node_pos.end() ? -1 : it->second;
+  if (p < 0) {  // (not from this graph: keep the walk exact for this group)
+    gfirst[static_cast<size_t>(gi)] = -1, glast[static_cast<size_t>(gi)] = INT32_MAX;
+    return;
+  }
+  gfirst[static_cast<size_t>(gi)] = std::min(gfirst[static_cast<size_t>(gi)], p);
+  glast[static_cast<size_t>(gi)] = std::max(glast[static_cast<size_t>(gi)], p);
+}
+
+void Fuser::span_merge(int into, int from) {
+  gfirst[static_cast<size_t>(into)] = std::min(gfirst[static_cast<size_t>(into)], gfirst[static_cast<size_t>(from)]);
+  glast[static_cast<size_t>(into)] = std::max(glast[static_cast<size_t>(into)], glast[static_cast<size_t>(from)]);
+}
+
 void Fuser::assign(const Node& n, int gi, Level lv) {
   if (gdeps.size() < groups.size()) gdeps.resize(groups.size());
+  span_group(gi, n);
   add_group_deps(n, gi);
   groups[gi].nodes.push_back(&n);
   node_group[&n] = gi;
@@ -408,6 +438,7 @@ std::vector<int> Fuser::layout_violations() const {
 
 void Fuser::run() {
   init();
+  for (size_t i = 0; i < g.nodes().size(); ++i) node_pos[g.nodes()[i].get()] = static_cast<int>(i);
   for (const auto& up : g.nodes()) {
     const Node& n = *up;
     if (is_core(n) && sized_node(n) && is_view_op(n.op->core) && n.inputs[0]) {
@@ -469,11 +500,6 @@ void Fuser::run() {
   if (opts.fuse) merge_siblings();
 }
 
-int Fuser::merged_id(int g) const {
-  for (auto it = merged_into.find(g); it != merged_into.end(); it = merged_into.find(g)) g = it->second;
-  return g;
-}
-
 void Fuser::merge_vertical() {
   auto plain = [&](const Group& gr) {
     if (gr.kind != GKind::loop || gr.nodes.empty() || gr.reduces) return false;
@@ -481,9 +507,17 @@ void Fuser::merge_vertical() {
       if (r) return false;
     return true;
   };
+  // Each merge takes the first mergeable (a, b) in index order. After b joins a, no pair of a lower
+  // group than a can have become mergeable except one whose producer is a (paths only contract, a only
+  // grows, b is empty), so the next scan starts at the lowest such consumer, else at a: the same merges
+  // in the same order as a scan from group 0 after every merge, without rescanning the groups before
+  // (on a model with repeated refinement blocks that rescanning took minutes; issue 42).
+  size_t start = 0;
+  std::vector<std::vector<int>> absorbed(groups.size());  // per group: itself and the groups merged into it
+  for (size_t i = 0; i < groups.size(); ++i) absorbed[i] = {static_cast<int>(i)};
   for (bool changed = true; changed;) {
     changed = false;
-    for (size_t a = 0; a < groups.size() && !changed; ++a) {
+    for (size_t a = start; a < groups.size() && !changed; ++a) {
       if (!plain(groups[a])) continue;
       const std::vector<int> producers(gdeps[a].begin(), gdeps[a].end());
       for (int b : producers) {
@@ -491,19 +525,19 @@ void Fuser::merge_vertical() {
         const Group& gb = groups[static_cast<size_t>(b)];
         if (b == static_cast<int>(a) || !plain(gb) || ga.F != gb.F) continue;
         if (ga.nodes.size() + gb.nodes.size() > kMaxKernelNodes) continue;
-        bool between = false;
-        for (int x : gdeps[a])
-          between = between || (x != b && reaches({x}, b));
+        // a path from b to a through another group: one walk from a's other producers
+        bool between = reaches(gdeps[a], b, b);
         bool direct = true;
         for (const Node* n : ga.nodes)
           for (const Value* u : n->inputs) {
-            if (!u) continue;
+            if (!u || between) continue;
             const Value* root = views[u->id].root;
             const int rg = root ? group_of_value[root->id] : -1;
             if (rg == b && (root != u || is_view[u->id])) direct = false;
-            // a path from b to a through a node in no group (a convolution, a library call)
+            // a path from b to a through a node in no group (a convolution, a library call): u depends
+            // on b or a group merged into it (deps[] keep the ids of before the merges)
             if (rg != b && rg != static_cast<int>(a))
-              for (int d : deps[u->id]) between = between || merged_id(d) == b;
+              for (int x : absorbed[static_cast<size_t>(b)]) between = between || deps[u->id].count(x) > 0;
           }
         if (between || !direct) continue;
         for (const Node* n : gb.nodes) {
@@ -513,13 +547,21 @@ void Fuser::merge_vertical() {
         groups[a].nodes.insert(groups[a].nodes.end(), groups[static_cast<size_t>(b)].nodes.begin(),
                                groups[static_cast<size_t>(b)].nodes.end());
         groups[static_cast<size_t>(b)].nodes.clear();
-        merged_into[b] = static_cast<int>(a);
+        absorbed[a].insert(absorbed[a].end(), absorbed[static_cast<size_t>(b)].begin(), absorbed[static_cast<size_t>(b)].end());
+        absorbed[static_cast<size_t>(b)].clear();
+        span_merge(static_cast<int>(a), b);
         gdeps[a].insert(gdeps[static_cast<size_t>(b)].begin(), gdeps[static_cast<size_t>(b)].end());
         for (auto& d : gdeps)
           if (d.erase(b)) d.insert(static_cast<int>(a));
         gdeps[a].erase(static_cast<int>(a));
         ++vertical_merged;
         changed = true;
+        start = a;
+        for (size_t c = 0; c < a; ++c)
+          if (gdeps[c].count(static_cast<int>(a))) {
+            start = c;
+            break;
+          }
         break;
       }
     }
@@ -555,6 +597,7 @@ void Fuser::merge_siblings() {
         ga.nodes.push_back(n);
       }
       gb.nodes.clear();
+      span_merge(static_cast<int>(a), static_cast<int>(b));
       gdeps[a].insert(gdeps[b].begin(), gdeps[b].end());
       gdeps[a].erase(static_cast<int>(a));
       for (auto& d : gdeps)

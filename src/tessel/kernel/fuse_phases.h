@@ -135,7 +135,16 @@ struct Fuser {
   // as groups grow.
   std::vector<std::set<int>> gdeps;
 
-  bool reaches(const std::set<int>& from, int target) const;
+  // Whether a group of `from` (other than `skip`) is target or depends on it, through gdeps.
+  bool reaches(const std::set<int>& from, int target, int skip = -1) const;
+
+  // Each node's position in the graph, and each group's first and last member's: a group whose last
+  // node comes before target's first cannot depend on target (dependencies follow graph order), so
+  // reaches() does not walk above it.
+  std::map<const Node*, int> node_pos;
+  std::vector<int> gfirst, glast;
+  void span_group(int gi, const Node& n);
+  void span_merge(int into, int from);
 
   void add_group_deps(const Node& n, int gi);
 
@@ -175,8 +184,6 @@ struct Fuser {
   // them and a's nodes read b's values directly (element i reads element i: no view), so the merged
   // loop computes b's values before a's in the same iteration.
   int vertical_merged = 0;
-  std::map<int, int> merged_into;  // a group merged vertically -> the group it joined (deps[] keep old ids)
-  int merged_id(int g) const;
   void merge_vertical();
 
   // Sibling (horizontal) fusion: loop kernels over the same iteration space that read a common
