@@ -434,12 +434,14 @@ namespace {
 // kernel, ~40x ONNX Runtime's time): strides, asymmetric pads, a dilation, groups, a bias, and a depth
 // window that reaches past both ends; the first convolution large enough to split its slices over the
 // threads.
-std::unique_ptr<Graph> conv3d_block() {
+// Constant weights run through oneDNN's 3-d convolution; weights given as an input (second graph
+// input when `weights_input`) through the typed vol2col product.
+std::unique_ptr<Graph> conv3d_block(bool weights_input) {
   auto g = std::make_unique<Graph>();
   Value* x = g->add_input("x", TensorType{DType::f32, {2, 4, 6, 17, 20}});
-  Value* w1 = g->add_constant("w1", varied({6, 4, 3, 3, 3}, 31));
+  Value* w1 = weights_input ? g->add_input("w1", TensorType{DType::f32, {6, 4, 3, 3, 3}}) : g->add_constant("w1", varied({6, 4, 3, 3, 3}, 31));
   Value* b1 = g->add_constant("b1", varied({6}, 32));
-  Value* w2 = g->add_constant("w2", varied({6, 3, 1, 3, 3}, 33));
+  Value* w2 = weights_input ? g->add_input("w2", TensorType{DType::f32, {6, 3, 1, 3, 3}}) : g->add_constant("w2", varied({6, 3, 1, 3, 3}, 33));
   Value* c1 = op_node(*g, "Conv", "conv1", {x, w1, b1},
                       {{"pads", std::vector<int64_t>{1, 0, 2, 1, 1, 0}}, {"strides", std::vector<int64_t>{1, 2, 1}}});
   Value* r = op_node(*g, "Relu", "relu", {c1});
@@ -453,13 +455,17 @@ std::unique_ptr<Graph> conv3d_block() {
 }  // namespace
 
 TEST(ConvPaths, Conv3dMatchesEagerOnGraphAndCompiled) {
-  const std::vector<Tensor> inputs = {varied({2, 4, 6, 17, 20}, 30)};
-  auto ref_graph = conv3d_block();
-  const std::vector<Tensor> ref = run_eager(*ref_graph, inputs);
-  auto graph_exe = compile_graph(conv3d_block(), inputs);
-  expect_close(graph_exe->run(inputs), ref, 1e-5);
-  EXPECT_EQ(graph_exe->stats().fallback_count(), 0) << "a 3-d convolution fell back to the reference kernel";
-  auto exe = compile_cpu(conv3d_block(), inputs, compiled_options());
-  expect_close(exe->run(inputs), ref, 1e-5);
-  EXPECT_EQ(exe->stats().graph.fallback_count(), 0);
+  for (bool weights_input : {false, true}) {
+    SCOPED_TRACE(weights_input ? "weights as inputs (vol2col)" : "constant weights (oneDNN)");
+    std::vector<Tensor> inputs = {varied({2, 4, 6, 17, 20}, 30)};
+    if (weights_input) inputs.push_back(varied({6, 4, 3, 3, 3}, 31)), inputs.push_back(varied({6, 3, 1, 3, 3}, 33));
+    auto ref_graph = conv3d_block(weights_input);
+    const std::vector<Tensor> ref = run_eager(*ref_graph, inputs);
+    auto graph_exe = compile_graph(conv3d_block(weights_input), inputs);
+    expect_close(graph_exe->run(inputs), ref, 1e-5);
+    EXPECT_EQ(graph_exe->stats().fallback_count(), 0) << "a 3-d convolution fell back to the reference kernel";
+    auto exe = compile_cpu(conv3d_block(weights_input), inputs, compiled_options());
+    expect_close(exe->run(inputs), ref, 1e-5);
+    EXPECT_EQ(exe->stats().graph.fallback_count(), 0);
+  }
 }

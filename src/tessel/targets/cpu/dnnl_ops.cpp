@@ -788,6 +788,97 @@ Conv2d::~Conv2d() = default;
 Conv2d::Conv2d(Conv2d&&) noexcept = default;
 Conv2d& Conv2d::operator=(Conv2d&&) noexcept = default;
 
+struct Conv3d::Impl {
+  Conv3dDesc d;
+  std::string name;
+  int threads = 0;
+  memory::desc x_md, y_md, w_md;
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward prim;
+  dnnl::reorder to_src, from_dst;
+  bool reorder_src = false, reorder_dst = false;
+  memory x, y, src, dst, w;
+  std::vector<float> weights;  // the caller's, until the first build reorders them
+
+  void build() {
+    threads = threads_now();
+    const dnnl::engine& eng = runtime().eng;
+    const memory::desc any_x(x_md.dims(), kF32, Tag::any), any_y(y_md.dims(), kF32, Tag::any), any_w(w_md.dims(), kF32, Tag::any);
+    const memory::dims strides{d.stride[0], d.stride[1], d.stride[2]};
+    const memory::dims dil{d.dilation[0] - 1, d.dilation[1] - 1, d.dilation[2] - 1};
+    const memory::dims pl{d.pad_lo[0], d.pad_lo[1], d.pad_lo[2]}, pr{d.pad_hi[0], d.pad_hi[1], d.pad_hi[2]};
+    const dnnl::convolution_forward::desc cd(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, any_x,
+                                             any_w, any_y, strides, dil, pl, pr);
+    pd = dnnl::convolution_forward::primitive_desc(cd, eng);
+    prim = dnnl::convolution_forward(pd);
+    x = memory(x_md, eng, DNNL_MEMORY_NONE);
+    y = memory(y_md, eng, DNNL_MEMORY_NONE);
+    reorder_src = pd.src_desc() != x_md;
+    reorder_dst = pd.dst_desc() != y_md;
+    src = reorder_src ? memory(pd.src_desc(), eng) : x;
+    dst = reorder_dst ? memory(pd.dst_desc(), eng) : y;
+    if (reorder_src) to_src = dnnl::reorder(x, src);
+    if (reorder_dst) from_dst = dnnl::reorder(dst, y);
+    if (!w || w.get_desc() != pd.weights_desc()) {
+      const memory from = w ? w : memory(w_md, eng, weights.data());
+      memory to(pd.weights_desc(), eng);
+      reorder_now(from, to);
+      w = to;
+      weights.clear();
+      weights.shrink_to_fit();
+    }
+  }
+};
+
+Conv3d::Conv3d(const Conv3dDesc& desc) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.d = desc;
+  const Conv3dDesc& d = m.d;
+  m.name = fmt::format("[{}x{}x{}x{}x{}]*[{}x{}x{}x{}x{}] g{}", d.N, d.C, d.D, d.H, d.W, d.OC, d.groups > 0 ? d.C / d.groups : 0, d.KD,
+                       d.KH, d.KW, d.groups);
+  auto out = [](int64_t in, int64_t k, int64_t s, int64_t dl, int64_t lo, int64_t hi) {
+    return s > 0 ? (in + lo + hi - (dl * (k - 1) + 1)) / s + 1 : -1;
+  };
+  const bool ok = d.N > 0 && d.C > 0 && d.OC > 0 && d.groups > 0 && d.C % d.groups == 0 && d.OC % d.groups == 0 && d.weights &&
+                  d.KD > 0 && d.KH > 0 && d.KW > 0 && d.OD > 0 && d.OH > 0 && d.OW > 0 &&
+                  d.OD == out(d.D, d.KD, d.stride[0], d.dilation[0], d.pad_lo[0], d.pad_hi[0]) &&
+                  d.OH == out(d.H, d.KH, d.stride[1], d.dilation[1], d.pad_lo[1], d.pad_hi[1]) &&
+                  d.OW == out(d.W, d.KW, d.stride[2], d.dilation[2], d.pad_lo[2], d.pad_hi[2]);
+  if (!ok) fail("conv3d {}: invalid descriptor (output [{}x{}x{}])", m.name, d.OD, d.OH, d.OW);
+  m.x_md = memory::desc({d.N, d.C, d.D, d.H, d.W}, kF32, Tag::ncdhw);
+  m.y_md = memory::desc({d.N, d.OC, d.OD, d.OH, d.OW}, kF32, Tag::ncdhw);
+  m.w_md = d.groups > 1 ? memory::desc({d.groups, d.OC / d.groups, d.C / d.groups, d.KD, d.KH, d.KW}, kF32, Tag::goidhw)
+                        : memory::desc({d.OC, d.C, d.KD, d.KH, d.KW}, kF32, Tag::oidhw);
+  m.weights.assign(d.weights, d.weights + d.OC * (d.C / d.groups) * d.KD * d.KH * d.KW);
+  m.d.weights = nullptr;
+  try {
+    m.build();
+  } catch (const dnnl::error& e) {
+    fail("conv3d {}: oneDNN: {}", m.name, e.what());
+  }
+}
+
+Conv3d::~Conv3d() = default;
+Conv3d::Conv3d(Conv3d&&) noexcept = default;
+Conv3d& Conv3d::operator=(Conv3d&&) noexcept = default;
+
+void Conv3d::run(const float* x, float* y) const {
+  Impl& m = *impl_;
+  if (!x || !y) fail("conv3d {}: an operand pointer is null", m.name);
+  try {
+    if (m.threads != threads_now()) m.build();
+    Runtime& rt = runtime();
+    bind(m.x, x);
+    bind(m.y, y);
+    if (m.reorder_src) m.to_src.execute(rt.strm, m.x, m.src);
+    m.prim.execute(rt.strm, {{DNNL_ARG_SRC, m.src}, {DNNL_ARG_WEIGHTS, m.w}, {DNNL_ARG_DST, m.dst}});
+    if (m.reorder_dst) m.from_dst.execute(rt.strm, m.dst, m.y);
+    rt.strm.wait();
+  } catch (const dnnl::error& e) {
+    fail("conv3d {}: oneDNN: {}", m.name, e.what());
+  }
+}
+
 void Conv2d::run(const float* x, float* y) const {
   Impl& m = *impl_;
   if (!x || !y) fail("conv2d {}: an operand pointer is null", m.name);

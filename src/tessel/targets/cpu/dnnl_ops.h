@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -157,6 +158,32 @@ class Conv2d {
   PackedWeights packed_weights() const;  // as Matmul::packed_weights
   bool used_prepacked() const;
   std::string impl() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// 3-D convolution, NCDHW fp32 activations in and out (video models' Conv3d): grouped, strides, pads,
+// dilations (1 = dense), no bias or epilogue (the core convolution has none). oneDNN chooses the
+// layouts it computes in; the activations are reordered in and out around the primitive where they
+// differ, the weights once at construction.
+struct Conv3dDesc {
+  int64_t N = 0, C = 0, D = 0, H = 0, W = 0, OC = 0, KD = 0, KH = 0, KW = 0, OD = 0, OH = 0, OW = 0;
+  std::array<int64_t, 3> stride{1, 1, 1}, dilation{1, 1, 1}, pad_lo{0, 0, 0}, pad_hi{0, 0, 0};
+  int64_t groups = 1;
+  const float* weights = nullptr;  // [OC, C/groups, KD, KH, KW], copied (reordered) by the constructor
+};
+
+class Conv3d {
+ public:
+  // Throws tessel::Error naming the shapes on an invalid descriptor or a oneDNN failure.
+  explicit Conv3d(const Conv3dDesc& d);
+  ~Conv3d();
+  Conv3d(Conv3d&&) noexcept;
+  Conv3d& operator=(Conv3d&&) noexcept;
+  // x [N, C, D, H, W] -> y [N, OC, OD, OH, OW]. Not reentrant.
+  void run(const float* x, float* y) const;
 
  private:
   struct Impl;
