@@ -96,6 +96,30 @@ for _name in MODELS:
 
 
 @unittest.skipIf(torchvision is None, "torchvision is not installed")
+@unittest.skipIf(SANITIZED, "the model zoo is slow in the sanitized build and tests no sanitized code of its own")
+class TorchvisionVideoModels(unittest.TestCase):
+    """torchvision's video classifiers (Conv3d: oneDNN's 3-d convolution for constant weights, issue 42) at
+    1x3x4x32x32, on the graph backend and r3d_18 on the compiled backend too."""
+
+    def check(self, name, backend):
+        torch.manual_seed(0)
+        model = getattr(torchvision.models.video, name)().eval()
+        x = torch.randn(1, 3, 4, 32, 32)
+        with torch.no_grad():
+            ref = model(x)
+        fast = tessel.compile(model, (x,), backend=backend, threads=2)
+        err = float((fast(x) - ref).abs().max() / ref.abs().max())
+        self.assertLessEqual(err, 1e-4, f"{name} on {backend}: rel err {err:.2e}")
+
+    def test_video_models_on_the_graph_backend(self):
+        for name in ("r3d_18", "mc3_18", "r2plus1d_18"):
+            self.check(name, "graph")
+
+    def test_r3d_18_compiled(self):
+        self.check("r3d_18", "compiled")
+
+
+@unittest.skipIf(torchvision is None, "torchvision is not installed")
 class Locations(unittest.TestCase):
     def test_nodes_point_at_torchvision_source(self):
         """A node's source line is torchvision's (models/resnet.py), not the caller's: torchvision's files

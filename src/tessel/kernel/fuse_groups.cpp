@@ -373,12 +373,7 @@ std::vector<int> Fuser::candidate_groups(const Node& n) const {
 
 void Fuser::span_group(int gi, const Node& n) {
   if (gfirst.size() < groups.size()) gfirst.resize(groups.size(), INT32_MAX), glast.resize(groups.size(), -1);
-  auto it = node_pos.find(&n);
-  const int p = it == node_pos.end() ? -1 : it->second;
-  if (p < 0) {  // (not from this graph: keep the walk exact for this group)
-    gfirst[static_cast<size_t>(gi)] = -1, glast[static_cast<size_t>(gi)] = INT32_MAX;
-    return;
-  }
+  const int p = node_pos.at(&n);
   gfirst[static_cast<size_t>(gi)] = std::min(gfirst[static_cast<size_t>(gi)], p);
   glast[static_cast<size_t>(gi)] = std::max(glast[static_cast<size_t>(gi)], p);
 }
@@ -607,10 +602,8 @@ void Fuser::merge_siblings() {
     }
   }
   // keep every group's nodes in graph order
-  std::map<const Node*, size_t> pos;
-  for (size_t i = 0; i < g.nodes().size(); ++i) pos[g.nodes()[i].get()] = i;
   for (Group& gr : groups)
-    std::sort(gr.nodes.begin(), gr.nodes.end(), [&](const Node* x, const Node* y) { return pos[x] < pos[y]; });
+    std::sort(gr.nodes.begin(), gr.nodes.end(), [&](const Node* x, const Node* y) { return node_pos.at(x) < node_pos.at(y); });
 }
 
 void Fuser::start_group(const Node& n, GKind kind, Dims F, std::vector<bool> R, Level lv) {

@@ -5,7 +5,6 @@
 // run through the reference kernels on heap tensors (the dynamic region). docs/runtime/graph-backend.md.
 #pragma once
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>

@@ -158,6 +158,14 @@ WeightsMemory weights_memory(const memory::desc& want, const PackedWeights& pre,
   return w;
 }
 
+// A primitive's activation memory beside the caller's plain one (`user`, bound to the caller's buffer per
+// call): `user` itself where the primitive takes that layout, else a buffer in the primitive's layout
+// (`*reordered` set: the caller reorders between the two).
+memory activation_memory(const memory::desc& want, const memory& user, bool* reordered) {
+  *reordered = want != user.get_desc();
+  return *reordered ? memory(want, runtime().eng) : user;
+}
+
 // The packed weights of `m`, with `owner` keeping them alive for whoever holds the view (another
 // primitive sharing the packing, or the cache writer).
 PackedWeights packed_view(const memory& m, std::shared_ptr<const void> owner) {
@@ -731,10 +739,8 @@ struct Conv2d::Impl {
     prim = dnnl::convolution_forward(pd);
     x = memory(x_md, eng, DNNL_MEMORY_NONE);
     y = memory(y_md, eng, DNNL_MEMORY_NONE);
-    reorder_src = pd.src_desc() != x_md;
-    reorder_dst = pd.dst_desc() != y_md;
-    src = reorder_src ? memory(pd.src_desc(), eng) : x;
-    dst = reorder_dst ? memory(pd.dst_desc(), eng) : y;
+    src = activation_memory(pd.src_desc(), x, &reorder_src);
+    dst = activation_memory(pd.dst_desc(), y, &reorder_dst);
     if (reorder_src) to_src = dnnl::reorder(x, src);
     if (reorder_dst) from_dst = dnnl::reorder(dst, y);
     if (reorder_dst && d.epilogue.accumulate) to_dst = dnnl::reorder(y, dst);
@@ -798,7 +804,7 @@ struct Conv3d::Impl {
   dnnl::reorder to_src, from_dst;
   bool reorder_src = false, reorder_dst = false;
   memory x, y, src, dst, w;
-  std::vector<float> weights;  // the caller's, until the first build reorders them
+  std::shared_ptr<const void> packed_owner;  // owns the packed weights
 
   void build() {
     threads = threads_now();
@@ -813,20 +819,18 @@ struct Conv3d::Impl {
     prim = dnnl::convolution_forward(pd);
     x = memory(x_md, eng, DNNL_MEMORY_NONE);
     y = memory(y_md, eng, DNNL_MEMORY_NONE);
-    reorder_src = pd.src_desc() != x_md;
-    reorder_dst = pd.dst_desc() != y_md;
-    src = reorder_src ? memory(pd.src_desc(), eng) : x;
-    dst = reorder_dst ? memory(pd.dst_desc(), eng) : y;
+    src = activation_memory(pd.src_desc(), x, &reorder_src);
+    dst = activation_memory(pd.dst_desc(), y, &reorder_dst);
     if (reorder_src) to_src = dnnl::reorder(x, src);
     if (reorder_dst) from_dst = dnnl::reorder(dst, y);
     if (!w || w.get_desc() != pd.weights_desc()) {
-      const memory from = w ? w : memory(w_md, eng, weights.data());
-      memory to(pd.weights_desc(), eng);
-      reorder_now(from, to);
-      w = to;
-      weights.clear();
-      weights.shrink_to_fit();
+      // the caller's weights at construction, the last packing when the thread count changes
+      const memory from = w ? w : memory(w_md, eng, const_cast<float*>(d.weights));
+      WeightsMemory wm = weights_memory(pd.weights_desc(), PackedWeights{}, from, "conv3d " + name);
+      w = wm.mem;
+      packed_owner = std::move(wm.owner);
     }
+    d.weights = nullptr;  // read only by the first build
   }
 };
 
@@ -849,8 +853,6 @@ Conv3d::Conv3d(const Conv3dDesc& desc) : impl_(std::make_unique<Impl>()) {
   m.y_md = memory::desc({d.N, d.OC, d.OD, d.OH, d.OW}, kF32, Tag::ncdhw);
   m.w_md = d.groups > 1 ? memory::desc({d.groups, d.OC / d.groups, d.C / d.groups, d.KD, d.KH, d.KW}, kF32, Tag::goidhw)
                         : memory::desc({d.OC, d.C, d.KD, d.KH, d.KW}, kF32, Tag::oidhw);
-  m.weights.assign(d.weights, d.weights + d.OC * (d.C / d.groups) * d.KD * d.KH * d.KW);
-  m.d.weights = nullptr;
   try {
     m.build();
   } catch (const dnnl::error& e) {

@@ -172,7 +172,7 @@ struct Conv3dDesc {
   int64_t N = 0, C = 0, D = 0, H = 0, W = 0, OC = 0, KD = 0, KH = 0, KW = 0, OD = 0, OH = 0, OW = 0;
   std::array<int64_t, 3> stride{1, 1, 1}, dilation{1, 1, 1}, pad_lo{0, 0, 0}, pad_hi{0, 0, 0};
   int64_t groups = 1;
-  const float* weights = nullptr;  // [OC, C/groups, KD, KH, KW], copied (reordered) by the constructor
+  const float* weights = nullptr;  // [OC, C/groups, KD, KH, KW], packed (copied) by the constructor
 };
 
 class Conv3d {
