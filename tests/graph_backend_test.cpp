@@ -265,3 +265,61 @@ TEST(GraphBackend, TransposesAreBitExactAtEverySize) {
     }
   }
 }
+
+// A gather whose index is a broadcast (Resize's positions along one axis: decompose_util's
+// take_along_axis) reads the index through its view: the broadcast is never materialised at the
+// output's size. Bit-exact against eager on the row-copy path (index varying along the axis only), the
+// element path (the last axis) and the general strided path (an index varying along two dims), with
+// i32 and negative indices; an index out of range is an error naming the node.
+TEST(GraphBackend, GatherReadsABroadcastIndexThroughItsView) {
+  struct Case {
+    Shape x;
+    int64_t axis;
+    Shape idx;                 // the index operand before the broadcast
+    std::vector<int64_t> dims; // where its dims go in the output
+    const char* it;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 40, 33}, 2, {57}, {2}, "i64"},       // rows of 33 copied
+      {{2, 3, 40, 33}, 3, {70}, {3}, "i64"},       // the last axis: element by element
+      {{40, 5, 6}, 0, {19}, {0}, "i32"},           // nothing outside
+      {{2, 3, 40, 33}, 2, {57, 33}, {2, 3}, "i64"},  // varies along two dims: the strided loop
+  };
+  std::mt19937 rng(11);
+  std::normal_distribution<double> normal;
+  for (const Case& c : cases) {
+    Shape out = c.x;
+    for (size_t i = 0; i < c.dims.size(); ++i) out[static_cast<size_t>(c.dims[i])] = c.idx[i];
+    const std::string text = fmt::format(
+        "graph @g(%x: f32[{0}], %i: {1}[{2}]) {{\n"
+        "  %b: {1}[{3}] = broadcast_in_dim(%i) {{dims = [{4}], shape = [{5}]}} loc(\"b\")\n"
+        "  %y: f32[{3}] = gather(%x, %b) {{axis = {6}}} loc(\"take\")\n"
+        "  return %y\n}}\n",
+        fmt::join(c.x, ","), c.it, fmt::join(c.idx, ","), fmt::join(out, ","), fmt::join(c.dims, ", "),
+        fmt::join(out, ", "), c.axis);
+    const int64_t n = c.x[static_cast<size_t>(c.axis)];
+    std::vector<double> xv(static_cast<size_t>(shape_numel(c.x))), iv(static_cast<size_t>(shape_numel(c.idx)));
+    for (double& e : xv) e = normal(rng);
+    for (size_t k = 0; k < iv.size(); ++k) iv[k] = static_cast<double>(static_cast<int64_t>(rng() % (2 * n)) - n);
+    auto g = parse_graph(text, "gather");
+    verify_graph(*g);
+    const Tensor x = Tensor::from_f64(DType::f32, c.x, xv);
+    const Tensor i = Tensor::from_f64(g->inputs[1]->type.dtype, c.idx, iv);
+    const std::vector<Tensor> want = run_eager(*g, {x, i});
+    auto exe = compile_graph(std::move(g), {x, i});
+    EXPECT_EQ(exe->stats().views, 1) << text;
+    EXPECT_EQ(exe->stats().fallback_count(), 0) << text;
+    const std::vector<Tensor> got = exe->run({x, i});
+    ASSERT_EQ(got[0].nbytes(), want[0].nbytes());
+    EXPECT_EQ(std::memcmp(got[0].bytes(), want[0].bytes(), static_cast<size_t>(want[0].nbytes())), 0) << text;
+    std::vector<double> bad = iv;
+    bad[bad.size() / 2] = static_cast<double>(n);
+    try {
+      exe->run({x, Tensor::from_f64(i.dtype(), c.idx, bad)});
+      ADD_FAILURE() << "an index of " << n << " on a dim of " << n << " ran: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("take"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+    }
+  }
+}

@@ -709,43 +709,89 @@ CoreKernel make_iota(const Node& n) {
   return k;
 }
 
+// out[p] = data[p with p[axis] replaced by idx[p]], over the index's shape; the index and the data are
+// read through strides (a broadcast index is a view: Resize's positions along one axis, never
+// materialised at the output's size).
 template <class U, class I>
 void gather_loop(const U* data, const I* idx, U* out, const Shape& ishape, const std::vector<int64_t>& dstride,
-                 int64_t axis, int64_t axis_dim) {
+                 const std::vector<int64_t>& istride, int64_t axis, int64_t axis_dim) {
   const int r = static_cast<int>(ishape.size());
   const int64_t count = shape_numel(ishape);
   std::vector<int64_t> pos(r, 0);
-  int64_t base = 0;  // offset in data of pos without the axis term
+  int64_t base = 0, ib = 0;  // offsets in data (without the axis term) and in the index
   for (int64_t i = 0; i < count; ++i) {
-    int64_t j = static_cast<int64_t>(idx[i]);
+    int64_t j = static_cast<int64_t>(idx[ib]);
     if (j < 0) j += axis_dim;
-    if (j < 0 || j >= axis_dim) fail("gather index {} is out of range for a dim of {}", static_cast<int64_t>(idx[i]), axis_dim);
+    if (j < 0 || j >= axis_dim) fail("gather index {} is out of range for a dim of {}", static_cast<int64_t>(idx[ib]), axis_dim);
     out[i] = data[base + j * dstride[axis]];
     for (int d = r - 1; d >= 0; --d) {
       if (d != axis) base += dstride[d];
+      ib += istride[d];
       if (++pos[d] < ishape[d]) break;
       if (d != axis) base -= dstride[d] * ishape[d];
+      ib -= istride[d] * ishape[d];
       pos[d] = 0;
     }
   }
 }
 
-CoreKernel make_gather(const Node& n) {
+// The gather of a row-major data value by an index that varies along the axis only and has the data's
+// sizes elsewhere (torch.index_select; Resize's positions): per outer position and index, one copy of
+// the contiguous inner block. The m positions are checked before anything is written.
+template <class U, class I>
+void take_loop(const U* data, const I* idx, int64_t istep, U* out, int64_t outer, int64_t m, int64_t inner,
+               int64_t axis_dim, bool parallel) {
+  std::vector<int64_t> at(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    int64_t j = static_cast<int64_t>(idx[i * istep]);
+    if (j < 0) j += axis_dim;
+    if (j < 0 || j >= axis_dim) fail("gather index {} is out of range for a dim of {}", static_cast<int64_t>(idx[i * istep]), axis_dim);
+    at[static_cast<size_t>(i)] = j * inner;
+  }
+  const int64_t* a = at.data();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t o = 0; o < outer; ++o) {
+    const U* src = data + o * axis_dim * inner;
+    U* dst = out + o * m * inner;
+    if (inner == 1)
+      for (int64_t i = 0; i < m; ++i) dst[i] = src[a[i]];
+    else
+      for (int64_t i = 0; i < m; ++i) std::memcpy(dst + i * inner, src + a[i], static_cast<size_t>(inner) * sizeof(U));
+  }
+}
+
+CoreKernel make_gather(const Node& n, const ViewMap& views) {
   const Shape data = static_shape(n.inputs[0]), ishape = static_shape(n.inputs[1]);
   const int64_t axis = n.attr_i("axis");
   const DType it = n.inputs[1]->type.dtype;
-  if (axis < 0 || axis >= static_cast<int64_t>(data.size()) || (it != DType::i64 && it != DType::i32)) return {};
-  const auto dstride = row_strides(data);
+  const int r = static_cast<int>(data.size());
+  if (axis < 0 || axis >= r || ishape.size() != data.size() || (it != DType::i64 && it != DType::i32)) return {};
+  const PointwiseOperand dop = operand_access(n.inputs[0], views), iop = operand_access(n.inputs[1], views);
+  const std::vector<int64_t> dstride = dop.strides, istride = iop.strides;
   const int64_t axis_dim = data[axis];
-  const int d = n.inputs[0]->id, ix = n.inputs[1]->id, y = n.outputs[0]->id;
+  const int d = dop.id, ix = iop.id, y = n.outputs[0]->id;
+  // the take path: data row-major, the index constant but along the axis, the data's sizes elsewhere
+  bool take = dstride == row_strides(data);
+  int64_t outer = 1, inner = 1;
+  for (int k = 0; k < r; ++k) {
+    if (k == axis) continue;
+    take = take && istride[k] == 0 && ishape[k] == data[k];
+    (k < axis ? outer : inner) *= data[k];
+  }
+  const int64_t m = ishape[axis], istep = istride[axis];
+  const bool parallel = outer > 1 && outer * m * inner >= (int64_t{1} << 15);
   CoreKernel k;
   with_size(dtype_size(n.outputs[0]->type.dtype), [&](auto tag) {
     using U = Tag<decltype(tag)>;
     k = [=](KernelEnv& e) {
-      if (it == DType::i64)
-        gather_loop(in_ptr<U>(e, d), in_ptr<int64_t>(e, ix), out_ptr<U>(e, y), ishape, dstride, axis, axis_dim);
+      if (take && it == DType::i64)
+        take_loop(in_ptr<U>(e, d), in_ptr<int64_t>(e, ix), istep, out_ptr<U>(e, y), outer, m, inner, axis_dim, parallel);
+      else if (take)
+        take_loop(in_ptr<U>(e, d), in_ptr<int32_t>(e, ix), istep, out_ptr<U>(e, y), outer, m, inner, axis_dim, parallel);
+      else if (it == DType::i64)
+        gather_loop(in_ptr<U>(e, d), in_ptr<int64_t>(e, ix), out_ptr<U>(e, y), ishape, dstride, istride, axis, axis_dim);
       else
-        gather_loop(in_ptr<U>(e, d), in_ptr<int32_t>(e, ix), out_ptr<U>(e, y), ishape, dstride, axis, axis_dim);
+        gather_loop(in_ptr<U>(e, d), in_ptr<int32_t>(e, ix), out_ptr<U>(e, y), ishape, dstride, istride, axis, axis_dim);
     };
   });
   return k;
@@ -1583,7 +1629,8 @@ CoreKernel make_unary_on_source(const Node& n, const StridedView& operand, int64
 }
 
 bool reads_views(const Node& n) {
-  return is_binary(n.op->core) || is_core_op(n, CoreOp::compare) || is_core_op(n, CoreOp::select);
+  return is_binary(n.op->core) || is_core_op(n, CoreOp::compare) || is_core_op(n, CoreOp::select) ||
+         is_core_op(n, CoreOp::gather);
 }
 
 void materialize_view(const StridedView& v, const uint8_t* src, const Shape& shape, int elem_bytes, uint8_t* dst) {
@@ -1613,7 +1660,7 @@ CoreKernel make_core_kernel(const Node& n, const ViewMap& views) {
       case CoreOp::slice: return make_slice(n);
       case CoreOp::pad: return make_pad(n);
       case CoreOp::concatenate: return make_concatenate(n);
-      case CoreOp::gather: return make_gather(n);
+      case CoreOp::gather: return make_gather(n, views);
       case CoreOp::iota: return make_iota(n);
       case CoreOp::reduce: return make_reduce(n);
       case CoreOp::reduce_window: return make_reduce_window(n);

@@ -30,7 +30,8 @@ using ViewMap = std::map<int, StridedView>;  // by Value::id of the viewed value
 
 // The view that stands for the result of broadcast_in_dim node `n`.
 StridedView broadcast_view(const Node& n);
-// Whether the typed kernels of `n` read operands through views (elementwise binary, compare, select).
+// Whether the typed kernels of `n` read operands through views (elementwise binary, compare, select,
+// gather).
 bool reads_views(const Node& n);
 // Copies a view of a value of `shape` (elements of `elem_bytes`) into contiguous memory.
 void materialize_view(const StridedView& v, const uint8_t* src, const Shape& shape, int elem_bytes, uint8_t* dst);
