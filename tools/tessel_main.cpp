@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
   sim->add_option("--dump-ir", sim_dump, "write every stage (graph passes, fuse, tile-*) as NN-<stage>.tsl/.kernel/.tile into this folder");
   sim->add_option("--print-after", sim_print_after, "print the IR after this stage (see `tessel passes`) and stop");
   sim->add_option("--dtype", sim_dtype, "storage of float tensors on the device (f16, bf16, f32 where the target has it; default: f16 where the target stores it, else bf16)");
+  double sim_max_rel = 0;
+  auto* sim_rel_opt = sim->add_option("--max-rel", sim_max_rel, "relative error bound of the functional simulation's check against the eager interpreter (max|out-ref|/max|ref|; default: 1e-4 with f32 storage, 2e-2 f16, 5e-2 bf16)")->check(CLI::PositiveNumber);
   bool sim_train = false;
   sim->add_flag("--train", sim_train, "simulate a training step: the forward, the backward (remat partition) and an AdamW step over the parameters");
   std::string sim_buckets, sim_bucket_symbol, sim_inputs;
@@ -295,6 +297,8 @@ int main(int argc, char** argv) {
     refuse_inapplicable(comp_passes_opt, comp_target == "cpu", "chooses the graph passes of --target cpu; a dataflow target runs the core pipeline");
     refuse_inapplicable(comp_elide_opt, comp_target == "cpu", "elides constants of --emit graph/kernel on --target cpu; a dataflow target's texts always elide them");
     refuse_inapplicable(sim_threads_opt, !sim_no_functional, "sets the threads of the functional simulation, and --no-functional skips it");
+    refuse_inapplicable(sim_rel_opt, !sim_no_functional && !sim_train && sim_buckets.empty(),
+                        "bounds the functional simulation's check, which --no-functional skips (--train and --buckets keep their own)");
     cli::apply_global_options(quiet, max_alloc);
     if (*explain) return cli::cmd_explain(explain_model, explain_opts);
     if (*run && run_target == "cuda") return cli::cmd_run_cuda(run_model, run_inputs, run_check, run_rel_opt->count() ? run_rel : 0.0, run_repeat,
@@ -313,7 +317,7 @@ int main(int argc, char** argv) {
                              sim_threads, sim_bucket_cpu);
     }
     if (*sim) return cli::cmd_sim(sim_model, sim_hw, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_threads, sim_dump,
-                            sim_print_after);
+                            sim_print_after, sim_max_rel);
     if (*rep) return cli::cmd_report(rep_model, rep_hw, rep_out, rep_dtype, rep_opts);
     if (*hwc) return cli::cmd_hw(hw_what, hw_matmul);
     if (*land) return cli::cmd_landscape(land_model, land_targets, land_threads, land_json);

@@ -74,9 +74,10 @@ int cmd_sim_buckets(const std::string& model, const std::string& target, const s
 // `sim MODEL --train --hw H`: forward, backward and AdamW simulated in sequence (driver/train_sim.h).
 int cmd_sim_train(const std::string& model, const std::string& target, const std::string& json, const std::string& dtype);
 
+// max_rel: the functional check's bound (0: the storage's, check_functional).
 int cmd_sim(const std::string& model, const std::string& target, const std::string& trace, const std::string& json,
             const std::string& dtype, bool functional, int threads, const std::string& dump_dir,
-            const std::string& print_after);
+            const std::string& print_after, double max_rel = 0);
 
 // `tessel compare MODEL --hw A,B` (driver/target_compare.h).
 int cmd_compare(const std::string& model, const std::string& targets, const std::string& json, const std::string& dtype);

@@ -48,7 +48,25 @@ int64_t dim_or_unknown(int64_t a, int64_t b) {
 // Entries of a list of sizes taken by static indices (shape[0], shape[-1] in exported models).
 void gather_sizes(InferCtx& c) {
   auto ops = symbolic_operands(c, {0, 1});
-  if (!ops || (*ops)[0].shape.size() != 1) return;
+  if (!ops) {
+    // A Gather of dims a Shape lists, known ones only, by constant indices: sizes although the whole shape
+    // is not known.
+    const std::optional<Dims> listed = listed_dims(c.node().inputs[0]);
+    const Tensor* ix = c.value(1);
+    if (!listed || !ix || c.in(0).shape.size() != 1) return;
+    SymTensor r{DType::i64, ix->shape(), {}};
+    const int64_t n = static_cast<int64_t>(listed->size());
+    for (int64_t k = 0; k < ix->numel(); ++k) {
+      const int64_t i = ix->get_i(k);
+      if (i < -n || i >= n) return;  // (the kernel reports it)
+      const Dim& d = (*listed)[static_cast<size_t>(i < 0 ? i + n : i)];
+      if (dim_unknown(d)) return;
+      r.elems.push_back(d);
+    }
+    c.set_out_sym_value(0, std::move(r));
+    return;
+  }
+  if ((*ops)[0].shape.size() != 1) return;
   const SymTensor &data = (*ops)[0], &ix = (*ops)[1];
   SymTensor r{data.dtype, ix.shape, {}};
   for (const Dim& i : ix.elems) {

@@ -573,6 +573,38 @@ void nms_infer(InferCtx& c) {
   c.set_out(0, {DType::i64, {kUnknownDim, 3}});
 }
 
+// Choose (domain tessel): the run-time choice between two values by a one-element condition, as ONNX's
+// If returns its taken branch's outputs. The importer computes both branches (frontend/onnx/expand.cpp)
+// and uses Where when their types agree; Choose is for branches whose shapes differ (torchvision's
+// batched NMS: an empty i64[0] when there are no boxes, else i64[?]). Its result has the dims the two
+// share and unknown dims where they differ; with the condition known, the chosen value's own type.
+void choose_infer(InferCtx& c) {
+  const TensorType& a = c.in(1);
+  const TensorType& b = c.in(2);
+  if (shape_known(c.in(0).shape) && shape_numel(c.in(0).shape) != 1)
+    fail("the condition must have one element, has shape {}", shape_str(c.in(0).shape));
+  if (a.dtype != b.dtype) fail("the two values must have one dtype; they are {} and {}", a.str(), b.str());
+  if (a.shape.size() != b.shape.size()) fail("the two values must have one rank; they are {} and {}", a.str(), b.str());
+  if (const Tensor* k = c.value(0)) {
+    c.set_out(0, k->get_i(0) != 0 ? a : b);
+    return;
+  }
+  if (a == b) {
+    c.set_out(0, a);
+    return;
+  }
+  const Dims da = a.dims(), db = b.dims();
+  Dims d(da.size());
+  for (size_t i = 0; i < d.size(); ++i) d[i] = da[i] == db[i] ? da[i] : Dim(kUnknownDim);
+  c.set_out(0, TensorType::of(a.dtype, d));
+}
+
+void choose_kernel(KernelCtx& c) {
+  const Tensor& cond = c.in(0);
+  if (cond.numel() != 1) fail("the condition must have one element, has shape {}", shape_str(cond.shape()));
+  c.set_out(0, c.in(cond.get_i(0) != 0 ? 1 : 2));
+}
+
 void nms_kernel(KernelCtx& c) {
   const Tensor& boxes = c.in(0);
   const Tensor& scores = c.in(1);
@@ -1200,6 +1232,12 @@ void register_misc_ops(OpRegistry& r) {
   }
   r.add(make_op("NonMaxSuppression", 10, 2, 5, {{"center_point_box", AttrKind::i}}, nms_infer,
              nms_kernel));
+  {
+    OpDef d = make_op("Choose", 0, 3, 3, {}, choose_infer, choose_kernel);
+    d.domain = "tessel";
+    d.cost = [](const Node&) { return Cost{}; };
+    r.add(std::move(d));
+  }
   r.add(window_op("HannWindow", 0.5, 0.5, 0.0));
   r.add(window_op("HammingWindow", 25.0 / 46.0, 21.0 / 46.0, 0.0));
   r.add(window_op("BlackmanWindow", 0.42, 0.5, 0.08));

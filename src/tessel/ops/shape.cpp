@@ -1050,15 +1050,6 @@ OpDef pad_op() {
 
 // ---- Shape / Size ------------------------------------------------------------------------------
 
-std::pair<int64_t, int64_t> shape_range(const Node& n, int64_t r) {
-  int64_t s = n.attr_i("start", 0), e = n.attr_i("end", r);
-  if (s < 0) s += r;
-  if (e < 0) e += r;
-  s = std::clamp<int64_t>(s, 0, r);
-  e = std::clamp<int64_t>(e, 0, r);
-  return {s, std::max(s, e)};
-}
-
 OpDef shape_op() {
   OpDef d = make_op("Shape", 1, 1, 1, {{"start", AttrKind::i}, {"end", AttrKind::i}});
   d.infer = [](InferCtx& c) {

@@ -1,6 +1,8 @@
 // Shared pieces of the graph-level ops' rules for symbolic sizes (docs/dynamic-shapes.md).
 #include "tessel/ops/sym_util.h"
 
+#include <algorithm>
+
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -13,6 +15,23 @@ Dim merge_equal_dims(const Dim& a, const Dim& b, const std::string& what) {
   if (a.is_symbolic() || b.is_symbolic())
     unsupported("{}: {} and {} must be equal, which the symbols do not decide", what, a.str(), b.str());
   fail("{}", what);
+}
+
+std::pair<int64_t, int64_t> shape_range(const Node& n, int64_t r) {
+  int64_t s = n.attr_i("start", 0), e = n.attr_i("end", r);
+  if (s < 0) s += r;
+  if (e < 0) e += r;
+  s = std::clamp<int64_t>(s, 0, r);
+  e = std::clamp<int64_t>(e, 0, r);
+  return {s, std::max(s, e)};
+}
+
+std::optional<Dims> listed_dims(const Value* v) {
+  const Node* p = v ? v->producer : nullptr;
+  if (!p || !p->op || p->op->name != "Shape" || !p->op->domain.empty() || !p->has_input(0)) return std::nullopt;
+  const Dims in = p->inputs[0]->type.dims();
+  const auto [s, e] = shape_range(*p, static_cast<int64_t>(in.size()));
+  return Dims(in.begin() + s, in.begin() + e);
 }
 
 namespace {

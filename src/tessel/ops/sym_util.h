@@ -71,4 +71,11 @@ void forward_sym_value(InferCtx& c);
 enum class SizeCmp { eq, lt, le, gt, ge };
 std::optional<bool> compare_sizes(SizeCmp op, const Dim& a, const Dim& b);
 
+// The [start, end) of a rank-r value's dims that Shape node `n` lists (its start and end attributes).
+std::pair<int64_t, int64_t> shape_range(const Node& n, int64_t r);
+// When `v` is the result of a Shape node: the dims it lists, unknown ones (data-dependent) as
+// kUnknownDim. What a Gather of a Shape can read when the dims it picks are known even though the
+// whole shape is not (torch.onnx's squeeze of a dim whose size it cannot see: If(Shape(x)[1] == 1)).
+std::optional<Dims> listed_dims(const Value* v);
+
 }  // namespace tessel

@@ -154,9 +154,11 @@ void check_unroll(int64_t steps, int64_t nodes_per_step, const char* what) {
 // ---- If ----
 
 // A condition known at import time inlines the branch it selects. Otherwise both branches are
-// imported and their outputs selected with Where, which needs each pair of outputs to have one
-// static shape and dtype (a branch may then compute something the model never asked for; both must
-// be valid on the inputs).
+// imported and each pair of outputs is chosen at run time: with Where when the two have one static
+// type, else with tessel's Choose, whose result's dims are those the two share and unknown where they
+// differ (torchvision's batched NMS gives i64[0] when there are no boxes, else i64[?]); what follows
+// then runs in the graph backend's dynamic region. Both branches are computed, so both must be valid
+// on the inputs (a branch may compute something the model never asked for).
 std::vector<Value*> expand_if(ExpandCtx& c, const onnx::NodeProto& np) {
   Value* cond = need_input(c, 0, "cond");
   const InferResult& r = c.infer();
@@ -178,10 +180,10 @@ std::vector<Value*> expand_if(ExpandCtx& c, const onnx::NodeProto& np) {
     const TensorType& ta = a[i]->type;
     const TensorType& tb = b[i]->type;
     const bool is_static = std::none_of(ta.shape.begin(), ta.shape.end(), [](int64_t d) { return d < 0; });
-    if (ta.dtype != tb.dtype || ta.shape != tb.shape || !is_static)
-      unsupported("If with a condition known only at run time needs both branches' output {} to have one static "
-                  "type; then gives {}, else {}", i, ta.str(), tb.str());
-    out.push_back(e.op("Where", {pred, a[i], b[i]}));
+    if (ta.dtype != tb.dtype || ta.shape.size() != tb.shape.size())
+      unsupported("If with a condition known only at run time needs both branches' output {} to have one dtype "
+                  "and rank; then gives {}, else {}", i, ta.str(), tb.str());
+    out.push_back(e.op(ta.shape == tb.shape && is_static ? "Where" : "Choose", {pred, a[i], b[i]}));
   }
   return out;
 }

@@ -954,6 +954,18 @@ ImportedModel import_onnx(const std::string& path, const ImportOptions& opts) {
         Node* n = g->add_node(def, nname, std::move(ins), outs, std::move(attrs));
         int ver = opsets.count(def->domain) ? opsets[def->domain] : 1;
         if (ver < def->since) def->upgrade(*g, *n, ver);
+        // torchvision's RoiAlign symbolic for the ONNX exporter (opset 11, until it gained one for opset 16
+        // that names the mode) writes RoiAlign-10's form, which behaved as output_half_pixel (torch's
+        // aligned=False), into models of any opset; from RoiAlign-16 a missing mode means half_pixel, which
+        // is not what torch computed (half a pixel apart: Faster R-CNN's box features differ by ~100 %).
+        // In a model PyTorch wrote, a RoiAlign without the attribute is read as the exporter meant it.
+        if (def->name == "RoiAlign" && def->domain.empty() && ver >= 16 && model.producer_name() == "pytorch" &&
+            !n->has_attr("coordinate_transformation_mode")) {
+          n->attrs["coordinate_transformation_mode"] = std::string("output_half_pixel");
+          out.notes.push_back(fmt::format("RoiAlign '{}' has no coordinate_transformation_mode: read as output_half_pixel, "
+                                          "as PyTorch's exporter writes torchvision's roi_align (aligned=False)",
+                                          display_text(nname)));
+        }
         // The upgrade may have replaced the node's op: check against the op it has now.
         const OpDef* cur = n->op;
         if (static_cast<int>(n->inputs.size()) < cur->min_inputs)

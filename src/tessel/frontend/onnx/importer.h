@@ -24,6 +24,9 @@ struct ImportedModel {
   std::unique_ptr<Graph> graph;
   int opset = 0;                 // default-domain opset
   std::string producer;          // producer_name + version
+  // How the importer read something the file leaves open, one line each with the node's name (printed
+  // under the model's summary): e.g. a RoiAlign that torchvision wrote in its opset-10 form.
+  std::vector<std::string> notes;
 };
 
 // Throws tessel::Error naming the file (and node) on any problem: unreadable or corrupt file,
