@@ -284,7 +284,8 @@ TEST(ImportExpand, ReverseScanOverAxisOne) {
 }
 
 // If on a condition known only at run time runs both branches and selects; branches whose outputs
-// differ in shape cannot be selected that way and are refused, not guessed.
+// differ in shape are chosen at run time (tessel's Choose, an unknown dim where they differ: batched NMS
+// of no boxes), and branches that differ in rank or dtype are refused, not guessed.
 TEST(ImportExpand, IfWithRunTimeCondition) {
   for (int cond : {0, 1}) {
     Tensor c(DType::boolean, {});
@@ -294,16 +295,23 @@ TEST(ImportExpand, IfWithRunTimeCondition) {
     add_if(md, "y", "Neg", {2}, "Abs", {2});  // branches reading an outer-scope value
     md.output("y");
     expect_close(md.run("if.onnx")[0], cond ? std::vector<double>{-1, 2} : std::vector<double>{1, 2});
+    Model ms(13);
+    ms.input("c", c), ms.input("x", Tensor::from_f64(DType::f32, {2}, std::vector<double>{1, -2}));
+    add_if(ms, "y", "Identity", {2}, "ReduceSum", {1});
+    ms.output("y");
+    const Tensor y = ms.run("if_shapes.onnx")[0];
+    ASSERT_EQ(y.shape(), cond ? Shape{2} : Shape{1});
+    expect_close(y, cond ? std::vector<double>{1, -2} : std::vector<double>{-1});
   }
   Tensor c(DType::boolean, {});
   Model md(13);
   md.input("c", c), md.input("x", Tensor::from_f64(DType::f32, {2}, std::vector<double>{1, -2}));
-  add_if(md, "y", "Identity", {2}, "ReduceSum", {1});
+  add_if(md, "y", "Identity", {2}, "Flatten", {2, 1});
   md.output("y");
   bool unsup = false;
-  std::string e = md.error("if_shapes.onnx", &unsup);
+  std::string e = md.error("if_ranks.onnx", &unsup);
   EXPECT_TRUE(unsup) << e;
-  EXPECT_NE(e.find("needs both branches' output 0 to have one static type"), std::string::npos) << e;
+  EXPECT_NE(e.find("needs both branches' output 0 to have one dtype and rank"), std::string::npos) << e;
 }
 
 // If inside If, `depth` deep: each then-branch holds the next If, each else-branch an Abs of `x`.

@@ -58,8 +58,9 @@ TEST(StageManager, ListsFusionAndTheDataflowStages) {
   EXPECT_EQ(arrow("tile-allocate"), "kernel->tile");
   EXPECT_EQ(arrow("cpu-codegen"), "kernel->source");
   EXPECT_EQ(arrow("cuda-orient-transposes"), "kernel->kernel");
+  EXPECT_EQ(arrow("cpu-ftz-library-operands"), "kernel->kernel");
   for (const Pass& p : all_passes()) EXPECT_EQ(arrow(p.name), "graph->graph") << p.name;
-  EXPECT_EQ(lower::all_stages().size(), all_passes().size() + 6);
+  EXPECT_EQ(lower::all_stages().size(), all_passes().size() + 7);
   EXPECT_EQ(lower::find_stage("frobnicate"), nullptr);
 }
 

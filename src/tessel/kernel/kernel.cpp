@@ -615,6 +615,9 @@ void verify_kernel(const Kernel& k) {
       if (a.type.dtype != in.dtype) where(fmt::format("dtype {} but its buffer holds {}", dtype_name(in.dtype), dtype_name(a.type.dtype)));
       if (in.is(KInstrKind::store) && a.role == KArg::Role::in) where("stores into an input");
       if (in.is(KInstrKind::store) && in.args.size() != 1) where("store takes one value");
+      if (in.is(KInstrKind::store) && !in.attr.empty() && (in.attr != "ftz" || !is_float_t(in.dtype)))
+        where(fmt::format("a store's attribute is ftz on a float value, not '{}'", in.attr));
+      if (in.is(KInstrKind::load) && !in.attr.empty()) where("a load takes no attribute");
     } else if (in.is(CoreOp::reduce)) {
       if (in.row) where("a reduce accumulates inside a loop (not a row instruction)");
       if (in.args.size() != 1 || !is_float_t(in.dtype)) where("reduce takes one float value");

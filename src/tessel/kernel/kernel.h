@@ -37,7 +37,9 @@ struct KAccess {
 // One scalar instruction of a loop body, in SSA form (ids are positions in Kernel::body). What it is
 // is an enum, never a name (issue 36): `kind`, and for kind core the primitive `core`.
 //   load     access            -> the element the access map selects
-//   store    access, args[0]   -> writes args[0]
+//   store    access, args[0]   -> writes args[0]; attr "ftz" (floats): a result below the smallest
+//                                 normal may be stored as zero of its sign (a permission, which the
+//                                 host CPU's code takes: targets/cpu/ftz.h)
 //   const    value             -> a scalar of `dtype`
 //   core     CoreOp::reduce: attr = sum|max|min|prod, args[0]: accumulates an element value of phase
 //            p; the result is a row value, available from phase p + 1 on

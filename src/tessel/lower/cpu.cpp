@@ -8,6 +8,7 @@
 #include "tessel/lower/lowering.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/cpu/codegen.h"
+#include "tessel/targets/cpu/ftz.h"
 
 namespace tessel::lower {
 
@@ -37,6 +38,11 @@ CpuLowered lower_cpu(std::unique_ptr<Graph> g, const CpuOptions& opts) {
   const auto tf = Clock::now();
   out.module = lw.fuse(std::move(g), cpu_fuse_options(opts.fuse), opts.elide_dumped_constants);
   out.fuse_seconds = since(tf);
+  lw.run(
+      "cpu-ftz-library-operands",
+      [&] { return fmt::format("{} kernels store.ftz", cpu::mark_ftz_stores(out.module)); },
+      [&] { return print_kernel_module(out.module, opts.elide_dumped_constants); }, [&] { return out.module.kernels.size(); },
+      [&] { verify_kernel_module(out.module); });
   if (opts.codegen) {
     const auto tc = Clock::now();
     lw.run(

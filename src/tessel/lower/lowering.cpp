@@ -14,6 +14,8 @@ const std::vector<StageInfo>& all_stages() {
     for (const Pass& p : all_passes()) s.push_back({p.name, p.summary, IrLevel::graph, IrLevel::graph});
     s.push_back({"fuse", "group core nodes into kernels: loop nests over index maps, matmul/conv with fused epilogues",
                  IrLevel::graph, IrLevel::kernel});
+    s.push_back({"cpu-ftz-library-operands", "host CPU: values only oneDNN products read are stored with subnormals as zero (store.ftz)",
+                 IrLevel::kernel, IrLevel::kernel});
     s.push_back({"cpu-codegen", "host CPU: the epilogues oneDNN applies itself, then one C++ translation unit of the kernels",
                  IrLevel::kernel, IrLevel::source});
     s.push_back({"cuda-orient-transposes", "CUDA: a transpose feeding a device matmul keeps its operand's row order (the matmul reads it transposed)",

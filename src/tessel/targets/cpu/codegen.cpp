@@ -140,7 +140,10 @@ struct Emitter {
     if (in.is(KInstrKind::store)) {
       const KAccess& acc = k.accesses[static_cast<size_t>(in.access)];
       const std::string x = v(in.args[0]);
-      line(indent, fmt::format("a{}[{}] = {};", acc.arg, index(in.access), in.dtype == DType::boolean ? "(uint8_t)" + x : x));
+      const std::string stored = in.dtype == DType::boolean ? "(uint8_t)" + x
+                                 : in.attr == "ftz"         ? fmt::format("tsl_ftz{}({})", in.dtype == DType::f64 ? "_f64" : "", x)
+                                                            : x;
+      line(indent, fmt::format("a{}[{}] = {};", acc.arg, index(in.access), stored));
       return;
     }
     if (in.is(CoreOp::reduce) && column) {  // accumulators per point of the block (column_loop)

@@ -1,4 +1,4 @@
-// C++ generation for the CPU target (docs/targets/cpu.md): one readable function per kernel of a
+// C++ generation for the CPU target (docs/runtime/compiled-backend.md): one readable function per kernel of a
 // kernel module, with provenance comments naming the fused source nodes.
 //
 //   extern "C" void tsl_k<index>(void* const* args, const long* sz, long lo, long hi);

@@ -44,6 +44,17 @@ static inline float tsl_min(float a, float b) { return a != a ? a : (b != b ? b 
 static inline double tsl_max_f64(double a, double b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); }
 static inline double tsl_min_f64(double a, double b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); }
 
+/* ---- store.ftz: a subnormal as zero of its sign, by its bits (no floating-point operation on it,
+ * which is what costs: targets/cpu/ftz.h) ---- */
+static inline float tsl_ftz(float x) {
+  uint32_t u = tsl_bits_f32(x);
+  return tsl_from_bits_f32((u & 0x7fffffffu) < 0x00800000u ? (u & 0x80000000u) : u);
+}
+static inline double tsl_ftz_f64(double x) {
+  uint64_t u = tsl_bits_f64(x);
+  return tsl_from_bits_f64((u & 0x7fffffffffffffffull) < 0x0010000000000000ull ? (u & 0x8000000000000000ull) : u);
+}
+
 /* ---- exp: x = n ln2 + r, |r| <= ln2/2; 2^n applied in two steps so that overflow and gradual
  * underflow round once. ---- */
 static inline float tsl_exp_inline(float x) {
