@@ -708,7 +708,7 @@ std::vector<Value*> expand_optional_get_element(ExpandCtx& c) {
 
 const std::vector<ExpandedOp>& expanded_ops() {
   static const std::vector<ExpandedOp> ops = {
-      {"ai.onnx", "If", "the branch a known condition selects; else both branches and Where (outputs of one static type)"},
+      {"ai.onnx", "If", "the branch a known condition selects; else both branches, and Where (one static type) or tessel.Choose (shapes that differ) per output"},
       {"ai.onnx", "Scan", "unrolled over a static sequence length (Scan-8 per batch entry, without sequence_lens)"},
       {"ai.onnx", "RNN", "unrolled cells of MatMul, Add and the activations; sequence_lens as Where masks"},
       {"ai.onnx", "GRU", "as RNN (gates z, r, h; linear_before_reset both ways)"},
