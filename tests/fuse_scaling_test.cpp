@@ -12,6 +12,7 @@
 #include "graph_test_util.h"
 #include "tessel/ir/infer.h"
 #include "tessel/kernel/kernel.h"
+#include "tessel/lower/cpu.h"
 #include "tessel/runtime/interpreter.h"
 
 using namespace tessel;
@@ -68,4 +69,18 @@ TEST(FuseScaling, SixteenRefinementBlocksRunAsEager) {
     for (int64_t k = 0; k < ref[i].numel(); ++k)
       ASSERT_NEAR(out[i].get_f(k), ref[i].get_f(k), 1e-4 * (1 + std::abs(ref[i].get_f(k)))) << "output " << i << " element " << k;
   EXPECT_GT(exe->stats().kernels, 16);
+}
+
+// The same fusion per block at every length: the merge scan that resumes after each merge makes the
+// merges a scan from the first group would, so each block adds as many kernels at 16 blocks as at 3.
+TEST(FuseScaling, EveryBlockFusesAlikeAtEveryLength) {
+  auto kernels = [](int blocks) {
+    lower::CpuOptions o;
+    o.codegen = false;
+    return static_cast<int64_t>(lower::lower_cpu(refinement_chain(blocks), o).module.kernels.size());
+  };
+  const int64_t two = kernels(2), per_block = kernels(3) - two;
+  ASSERT_GT(per_block, 0);
+  EXPECT_EQ(kernels(8), two + 6 * per_block);
+  EXPECT_EQ(kernels(16), two + 14 * per_block);
 }

@@ -1,6 +1,8 @@
 // Graph construction and attribute access.
 #include "tessel/ir/graph.h"
 
+#include <algorithm>
+
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
 
@@ -248,6 +250,18 @@ std::vector<int> Graph::use_counts() const {
   for (const Value* v : outputs) uses[v->id]++;
   return uses;
 }
+
+std::vector<std::vector<const Node*>> Graph::users() const {
+  size_t nv = 0;
+  for (const auto& v : values_) nv = std::max(nv, static_cast<size_t>(v->id) + 1);
+  std::vector<std::vector<const Node*>> u(nv);
+  for (const auto& n : nodes_)
+    for (const Value* v : n->inputs)
+      if (v) u[static_cast<size_t>(v->id)].push_back(n.get());
+  return u;
+}
+
+bool Graph::returns(const Value* v) const { return std::find(outputs.begin(), outputs.end(), v) != outputs.end(); }
 
 void Graph::erase_nodes_if(const std::function<bool(const Node&)>& dead) {
   std::erase_if(nodes_, [&](const std::unique_ptr<Node>& n) {

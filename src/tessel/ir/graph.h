@@ -111,6 +111,11 @@ class Graph {
   void replace_all_uses(Value* from, Value* to);
   // Number of node inputs and graph outputs that use each value, indexed by Value::id.
   std::vector<int> use_counts() const;
+  // The nodes reading each value (a node once per input it reads it at), indexed by Value::id (ids up
+  // to the largest in the graph: compact() need not have run).
+  std::vector<std::vector<const Node*>> users() const;
+  // Whether `v` is one of the graph's outputs.
+  bool returns(const Value* v) const;
   // Removes the nodes for which `dead` is true (their outputs must be unused).
   void erase_nodes_if(const std::function<bool(const Node&)>& dead);
   // Drops values nothing defines or uses any more (unused constants, outputs of erased nodes) and

@@ -485,8 +485,8 @@ void CompiledExecutable::Symbolic::make_rebound(CompiledExecutable& owner) {
   go.pipeline = "";  // the module is already the kernel level
   go.symbolic = true;
   go.arena_pool = arenas;
-  Builder* b = bld.get();
-  go.kernel_nodes = bld.get();  // kept as `builder` for the rebinds
+  Builder* b = bld.get();  // kept as `builder` for the rebinds
+  go.kernel_nodes = b;
   go.output_aliases = opts.output_aliases;
   go.recycled_outputs = opts.recycled_outputs;
   {

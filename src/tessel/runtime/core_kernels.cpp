@@ -709,6 +709,13 @@ CoreKernel make_iota(const Node& n) {
   return k;
 }
 
+// A gather index wrapped once (negative counts from the end), or the error naming it.
+inline int64_t gather_position(int64_t j, int64_t axis_dim) {
+  const int64_t w = j < 0 ? j + axis_dim : j;
+  if (w < 0 || w >= axis_dim) fail("gather index {} is out of range for a dim of {}", j, axis_dim);
+  return w;
+}
+
 // out[p] = data[p with p[axis] replaced by idx[p]], over the index's shape; the index and the data are
 // read through strides (a broadcast index is a view: Resize's positions along one axis, never
 // materialised at the output's size).
@@ -720,10 +727,7 @@ void gather_loop(const U* data, const I* idx, U* out, const Shape& ishape, const
   std::vector<int64_t> pos(r, 0);
   int64_t base = 0, ib = 0;  // offsets in data (without the axis term) and in the index
   for (int64_t i = 0; i < count; ++i) {
-    int64_t j = static_cast<int64_t>(idx[ib]);
-    if (j < 0) j += axis_dim;
-    if (j < 0 || j >= axis_dim) fail("gather index {} is out of range for a dim of {}", static_cast<int64_t>(idx[ib]), axis_dim);
-    out[i] = data[base + j * dstride[axis]];
+    out[i] = data[base + gather_position(static_cast<int64_t>(idx[ib]), axis_dim) * dstride[axis]];
     for (int d = r - 1; d >= 0; --d) {
       if (d != axis) base += dstride[d];
       ib += istride[d];
@@ -742,12 +746,7 @@ template <class U, class I>
 void take_loop(const U* data, const I* idx, int64_t istep, U* out, int64_t outer, int64_t m, int64_t inner,
                int64_t axis_dim, bool parallel) {
   std::vector<int64_t> at(static_cast<size_t>(m));
-  for (int64_t i = 0; i < m; ++i) {
-    int64_t j = static_cast<int64_t>(idx[i * istep]);
-    if (j < 0) j += axis_dim;
-    if (j < 0 || j >= axis_dim) fail("gather index {} is out of range for a dim of {}", static_cast<int64_t>(idx[i * istep]), axis_dim);
-    at[static_cast<size_t>(i)] = j * inner;
-  }
+  for (int64_t i = 0; i < m; ++i) at[static_cast<size_t>(i)] = gather_position(static_cast<int64_t>(idx[i * istep]), axis_dim) * inner;
   const int64_t* a = at.data();
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t o = 0; o < outer; ++o) {

@@ -300,15 +300,6 @@ Liveness liveness(const Graph& g, size_t nv) {
   return l;
 }
 
-// Nodes reading each value, by Value::id.
-std::vector<std::vector<const Node*>> consumers_of(const Graph& g, size_t nv) {
-  std::vector<std::vector<const Node*>> c(nv);
-  for (const auto& n : g.nodes())
-    for (const Value* v : n->inputs)
-      if (v) c[v->id].push_back(n.get());
-  return c;
-}
-
 bool core_with_shapes(const Node& n, bool symbolic);
 
 // A broadcast_in_dim whose result is only read by kernels that take strided operands is not
@@ -493,7 +484,7 @@ std::unique_ptr<GraphExecutable> compile_graph(std::unique_ptr<Graph> g, const s
     }
   }
   const Liveness lv = liveness(*g, nv);
-  const auto consumers = consumers_of(*g, nv);
+  const auto consumers = g->users();  // (sized nv)
   std::map<int, size_t> bytes_override;  // results that hold fewer elements than their type (views)
   std::vector<int> group_last = lv.last;  // per root: last use of any value sharing its memory
   const auto& nodes = g->nodes();

@@ -158,13 +158,42 @@ WeightsMemory weights_memory(const memory::desc& want, const PackedWeights& pre,
   return w;
 }
 
-// A primitive's activation memory beside the caller's plain one (`user`, bound to the caller's buffer per
-// call): `user` itself where the primitive takes that layout, else a buffer in the primitive's layout
-// (`*reordered` set: the caller reorders between the two).
-memory activation_memory(const memory::desc& want, const memory& user, bool* reordered) {
-  *reordered = want != user.get_desc();
-  return *reordered ? memory(want, runtime().eng) : user;
-}
+// A convolution's activations: the caller's (x, y, in the layouts it gives, bound to its buffers per
+// call) and the primitive's (src, dst): the same memory where the primitive takes that layout, else a
+// buffer of its own, reordered into before the primitive and out of after it. The 2-d and 3-d
+// convolutions share it.
+struct ConvActivations {
+  memory x, y, src, dst;
+  dnnl::reorder to_src, from_dst, to_dst;
+  bool reorder_src = false, reorder_dst = false;
+
+  // accumulate: the primitive adds to what y holds (a sum post-op), so y is reordered in as well.
+  void plan(const memory::desc& x_md, const memory::desc& y_md, const memory::desc& src_md, const memory::desc& dst_md,
+            bool accumulate) {
+    const dnnl::engine& eng = runtime().eng;
+    x = memory(x_md, eng, DNNL_MEMORY_NONE);
+    y = memory(y_md, eng, DNNL_MEMORY_NONE);
+    reorder_src = src_md != x_md;
+    reorder_dst = dst_md != y_md;
+    src = reorder_src ? memory(src_md, eng) : x;
+    dst = reorder_dst ? memory(dst_md, eng) : y;
+    if (reorder_src) to_src = dnnl::reorder(x, src);
+    if (reorder_dst) from_dst = dnnl::reorder(dst, y);
+    if (reorder_dst && accumulate) to_dst = dnnl::reorder(y, dst);
+  }
+  // Binds the caller's buffers and reorders what the primitive reads into its layouts.
+  void enter(Runtime& rt, const float* xp, float* yp, bool accumulate) {
+    bind(x, xp);
+    bind(y, yp);
+    if (reorder_src) to_src.execute(rt.strm, x, src);
+    if (reorder_dst && accumulate) to_dst.execute(rt.strm, y, dst);
+  }
+  // Reorders the result into the caller's layout and waits for the stream.
+  void leave(Runtime& rt) {
+    if (reorder_dst) from_dst.execute(rt.strm, dst, y);
+    rt.strm.wait();
+  }
+};
 
 // The packed weights of `m`, with `owner` keeping them alive for whoever holds the view (another
 // primitive sharing the packing, or the cache writer).
@@ -698,10 +727,9 @@ struct Conv2d::Impl {
   memory::desc x_md, y_md, w_md, bias_md;  // NCHW activations, [G,] OIHW weights
   dnnl::convolution_forward::primitive_desc pd;
   dnnl::convolution_forward prim;
-  dnnl::reorder to_src, from_dst, to_dst;  // only where the primitive's layout differs from NCHW
-  bool reorder_src = false, reorder_dst = false;
+  ConvActivations io;
   int threads = 0;
-  memory x, y, src, dst, w, bias;
+  memory w, bias;
   std::vector<float> bias_data;
   std::shared_ptr<const void> packed_owner;  // owns the packed weights (or keeps prepacked bytes alive)
   PackedWeights prepacked;                   // from the descriptor, until the first build
@@ -737,13 +765,7 @@ struct Conv2d::Impl {
             : dnnl::convolution_forward::desc(fwd, alg, act_x, wany, act_y, strides, dil, pl, pr);
     pd = dnnl::convolution_forward::primitive_desc(cd, attr, eng);
     prim = dnnl::convolution_forward(pd);
-    x = memory(x_md, eng, DNNL_MEMORY_NONE);
-    y = memory(y_md, eng, DNNL_MEMORY_NONE);
-    src = activation_memory(pd.src_desc(), x, &reorder_src);
-    dst = activation_memory(pd.dst_desc(), y, &reorder_dst);
-    if (reorder_src) to_src = dnnl::reorder(x, src);
-    if (reorder_dst) from_dst = dnnl::reorder(dst, y);
-    if (reorder_dst && d.epilogue.accumulate) to_dst = dnnl::reorder(y, dst);
+    io.plan(x_md, y_md, pd.src_desc(), pd.dst_desc(), d.epilogue.accumulate);
     if (!w || w.get_desc() != pd.weights_desc()) {
       const memory from = w ? w : d.weights ? memory(w_md, eng, const_cast<float*>(d.weights)) : memory();
       WeightsMemory wm = weights_memory(pd.weights_desc(), w ? PackedWeights{} : prepacked, from, "conv2d " + name);
@@ -751,7 +773,7 @@ struct Conv2d::Impl {
       used_prepacked = used_prepacked || wm.prepacked;
       packed_owner = std::move(wm.owner);
     }
-    args = {{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_WEIGHTS, w.get()}, {DNNL_ARG_DST, dst.get()}};
+    args = {{DNNL_ARG_SRC, io.src.get()}, {DNNL_ARG_WEIGHTS, w.get()}, {DNNL_ARG_DST, io.dst.get()}};
     if (!bias_data.empty()) {
       bias = memory(bias_md, eng, bias_data.data());
       args.push_back({DNNL_ARG_BIAS, bias.get()});
@@ -801,9 +823,8 @@ struct Conv3d::Impl {
   memory::desc x_md, y_md, w_md;
   dnnl::convolution_forward::primitive_desc pd;
   dnnl::convolution_forward prim;
-  dnnl::reorder to_src, from_dst;
-  bool reorder_src = false, reorder_dst = false;
-  memory x, y, src, dst, w;
+  ConvActivations io;
+  memory w;
   std::shared_ptr<const void> packed_owner;  // owns the packed weights
 
   void build() {
@@ -817,12 +838,7 @@ struct Conv3d::Impl {
                                              any_w, any_y, strides, dil, pl, pr);
     pd = dnnl::convolution_forward::primitive_desc(cd, eng);
     prim = dnnl::convolution_forward(pd);
-    x = memory(x_md, eng, DNNL_MEMORY_NONE);
-    y = memory(y_md, eng, DNNL_MEMORY_NONE);
-    src = activation_memory(pd.src_desc(), x, &reorder_src);
-    dst = activation_memory(pd.dst_desc(), y, &reorder_dst);
-    if (reorder_src) to_src = dnnl::reorder(x, src);
-    if (reorder_dst) from_dst = dnnl::reorder(dst, y);
+    io.plan(x_md, y_md, pd.src_desc(), pd.dst_desc(), false);
     if (!w || w.get_desc() != pd.weights_desc()) {
       // the caller's weights at construction, the last packing when the thread count changes
       const memory from = w ? w : memory(w_md, eng, const_cast<float*>(d.weights));
@@ -870,12 +886,9 @@ void Conv3d::run(const float* x, float* y) const {
   try {
     if (m.threads != threads_now()) m.build();
     Runtime& rt = runtime();
-    bind(m.x, x);
-    bind(m.y, y);
-    if (m.reorder_src) m.to_src.execute(rt.strm, m.x, m.src);
-    m.prim.execute(rt.strm, {{DNNL_ARG_SRC, m.src}, {DNNL_ARG_WEIGHTS, m.w}, {DNNL_ARG_DST, m.dst}});
-    if (m.reorder_dst) m.from_dst.execute(rt.strm, m.dst, m.y);
-    rt.strm.wait();
+    m.io.enter(rt, x, y, false);
+    m.prim.execute(rt.strm, {{DNNL_ARG_SRC, m.io.src}, {DNNL_ARG_WEIGHTS, m.w}, {DNNL_ARG_DST, m.io.dst}});
+    m.io.leave(rt);
   } catch (const dnnl::error& e) {
     fail("conv3d {}: oneDNN: {}", m.name, e.what());
   }
@@ -887,15 +900,11 @@ void Conv2d::run(const float* x, float* y) const {
   try {
     if (m.threads != threads_now()) m.build();
     Runtime& rt = runtime();
-    bind(m.x, x);
-    bind(m.y, y);
-    if (m.reorder_src) m.to_src.execute(rt.strm, m.x, m.src);
-    if (m.reorder_dst && m.d.epilogue.accumulate) m.to_dst.execute(rt.strm, m.y, m.dst);
+    m.io.enter(rt, x, y, m.d.epilogue.accumulate);
     dnnl::error::wrap_c_api(dnnl_primitive_execute(m.prim.get(), rt.strm.get(),
                                                    static_cast<int>(m.args.size()), m.args.data()),
                             "could not execute");
-    if (m.reorder_dst) m.from_dst.execute(rt.strm, m.dst, m.y);
-    rt.strm.wait();
+    m.io.leave(rt);
   } catch (const dnnl::error& e) {
     fail("conv2d {}: oneDNN: {}", m.name, e.what());
   }
@@ -911,7 +920,7 @@ bool Conv2d::used_prepacked() const {
   return impl_->used_prepacked;
 }
 bool Conv2d::blocked() const {
-  return impl_->reorder_src || impl_->reorder_dst;
+  return impl_->io.reorder_src || impl_->io.reorder_dst;
 }
 std::string Conv2d::impl() const {
   return impl_->pd.impl_info_str();

@@ -1,7 +1,6 @@
 // Subnormal results flushed where only library products read them (see ftz.h).
 #include "tessel/targets/cpu/ftz.h"
 
-#include <algorithm>
 #include <functional>
 #include <vector>
 
@@ -11,19 +10,11 @@
 namespace tessel::cpu {
 
 int mark_ftz_stores(KernelModule& m) {
-  Graph& g = *m.graph;
-  std::vector<std::vector<const Node*>> readers;
-  for (const auto& n : g.nodes())
-    for (const Value* v : n->inputs)
-      if (v) {
-        if (readers.size() <= static_cast<size_t>(v->id)) readers.resize(static_cast<size_t>(v->id) + 1);
-        readers[static_cast<size_t>(v->id)].push_back(n.get());
-      }
-  auto returned = [&](const Value* v) { return std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end(); };
+  const Graph& g = *m.graph;
+  const std::vector<std::vector<const Node*>> readers = g.users();
   // Whether every reader of v is a library product, looking through reshapes (views of the same bytes).
   std::function<bool(const Value*)> only_products = [&](const Value* v) {
-    if (returned(v) || static_cast<size_t>(v->id) >= readers.size() || readers[static_cast<size_t>(v->id)].empty())
-      return false;
+    if (g.returns(v) || readers[static_cast<size_t>(v->id)].empty()) return false;
     for (const Node* r : readers[static_cast<size_t>(v->id)]) {
       if (is_core_op(*r, CoreOp::reshape)) {
         if (!only_products(r->outputs[0])) return false;

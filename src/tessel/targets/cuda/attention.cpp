@@ -92,22 +92,6 @@ std::vector<double> softmax_of(const std::vector<double>& x, const std::vector<d
   return p;
 }
 
-std::vector<std::vector<const Node*>> users_of(const Graph& g) {
-  size_t nv = 0;
-  for (const auto& v : g.values()) nv = std::max(nv, static_cast<size_t>(v->id) + 1);
-  std::vector<std::vector<const Node*>> u(nv);
-  for (const auto& n : g.nodes())
-    for (const Value* v : n->inputs)
-      if (v) u[static_cast<size_t>(v->id)].push_back(n.get());
-  return u;
-}
-
-bool is_output(const Graph& g, const Value* v) {
-  for (const Value* o : g.outputs)
-    if (o == v) return true;
-  return false;
-}
-
 std::string mem_t(DType t) { return t == DType::bf16 ? "tsl_bf16" : "float"; }
 
 }  // namespace
@@ -142,7 +126,7 @@ std::vector<AttentionMatch> find_attention(const KernelModule& m, const std::vec
   const auto& nodes = g.nodes();
   std::map<const Node*, size_t> index;
   for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i].get()] = i;
-  const auto users = users_of(g);
+  const auto users = g.users();
   auto mem = [&](const Value* v) { return static_cast<size_t>(v->id) < st.size() ? st[static_cast<size_t>(v->id)] : v->type.dtype; };
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& qk = *nodes[i];
@@ -150,7 +134,7 @@ std::vector<AttentionMatch> find_attention(const KernelModule& m, const std::vec
     if (!s) continue;
     const Value* S = qk.outputs[0];
     const auto& su = users[static_cast<size_t>(S->id)];
-    if (su.size() != 1 || is_output(g, S) || !is_kernel_node(*su[0])) continue;
+    if (su.size() != 1 || g.returns(S) || !is_kernel_node(*su[0])) continue;
     const Node& sm = *su[0];
     const Kernel& k = m.kernels.at(static_cast<size_t>(sm.attr_i("kernel")));
     if (k.kind != KernelKind::loop || sm.outputs.size() != 1 || sm.inputs.size() > 2) continue;
@@ -159,7 +143,7 @@ std::vector<AttentionMatch> find_attention(const KernelModule& m, const std::vec
     if (x_arg < 0 || k.args.size() != sm.inputs.size() + 1) continue;
     const Value* P = sm.outputs[0];
     const auto& pu = users[static_cast<size_t>(P->id)];
-    if (pu.size() != 1 || is_output(g, P)) continue;
+    if (pu.size() != 1 || g.returns(P)) continue;
     const Node& pv = *pu[0];
     const std::optional<MatmulSpec> o = device_matmul_spec(pv);
     if (!o || pv.inputs[0] != P) continue;
