@@ -65,7 +65,7 @@ def time_tessel(tessel, model, a, env=None):
     with tempfile.TemporaryDirectory() as td:
         jf = os.path.join(td, "t.json")
         cmd = [tessel, "bench", model, "--backends", "compiled", "--threads", str(a.threads), "--iters",
-               str(a.iters), "--json", jf]
+               str(a.iters), "--json", jf, "--peers", "none"]
         rc, out, err = peers.run(cmd, a.timeout, env=dict(os.environ, **env) if env else None)
         if rc != 0 or not os.path.exists(jf):
             return {"error": peers.tail(err or out)}

@@ -80,7 +80,7 @@ def tessel_caps(tessel):
                 backends.append(w.group(1))
     if not backends:
         backends = ["eager", "graph"]
-    return {"backends": backends, "threads_flag": "--threads" in text, "help": text}, None
+    return {"backends": backends, "threads_flag": "--threads" in text, "peers_flag": "--peers" in text, "help": text}, None
 
 
 def tessel_once(tessel, caps, model, backends, a):
@@ -89,6 +89,8 @@ def tessel_once(tessel, caps, model, backends, a):
         cmd = [tessel, "bench", model, "--backends", ",".join(backends), "--iters", str(a.iters), "--json", jf]
         if caps["threads_flag"] and "compiled" in backends:  # tessel refuses --threads without a backend using it
             cmd += ["--threads", str(a.threads)]
+        if caps.get("peers_flag"):    # this script runs the peers itself
+            cmd += ["--peers", "none"]
         rc, out, err = run(cmd, a.timeout)
         if rc != 0 or not os.path.exists(jf):
             return " ".join(cmd), None, f"exit {rc}: {tail(err or out)}"

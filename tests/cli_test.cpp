@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tessel/driver/bench_peers.h"
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/op_registry.h"
 #include "test_util.h"
@@ -185,9 +186,11 @@ TEST(Cli, BenchWritesEveryFigurePerBackend) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("median ms"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\ncompiled "), std::string::npos) << "the compiled row\n" << r.out;
-  EXPECT_EQ(r.out.find("skipped"), std::string::npos) << r.out;
+  for (const char* b : {"eager", "graph", "compiled"}) EXPECT_EQ(r.out.find(std::string("skipped ") + b), std::string::npos) << r.out;
   auto j = nlohmann::json::parse(testenv::read_text(json.string()));
   ASSERT_EQ(j.at("backends").size(), 3u);
+  // --peers defaults to auto: both peers, each a row or a skipped line with its reason
+  EXPECT_EQ(j.at("peers").size() + j.at("peers_skipped").size(), 2u) << r.out;
   EXPECT_EQ(j["backends"][2]["backend"], "compiled");
   EXPECT_TRUE(j["backends"][2]["cached_compile_s"].is_number());
   EXPECT_TRUE(j.at("skipped").empty());
@@ -206,6 +209,73 @@ TEST(Cli, BenchWritesEveryFigurePerBackend) {
   Result bad = run("bench " + kModel + " --backends eager,warp");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("unknown backend 'warp'"), std::string::npos) << bad.out;
+}
+
+// `tessel bench`'s peers (issue 37): PyTorch eager runs the same model file in its own process after
+// tessel's backends, its row beside them with the compiled/peer ratio; the reference-BLAS warning fires
+// exactly when the peer's process mapped Debian's netlib libblas (what its JSON lists). ONNX Runtime is
+// a row where onnxruntime-node is installed, else a skipped line with the reason -- never a failure.
+TEST(Cli, BenchAddsPeerRowsAndTheirWarnings) {
+  fs::path json = tmp() / "bench_peers.json";
+  Result r = run("bench " + kModel + " --iters 2 --backends compiled --threads 2 --peers torch,ort --json " + json.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(testenv::read_text(json.string()));
+  ASSERT_EQ(j.at("peers").size() + j.at("peers_skipped").size(), 2u) << r.out;
+  bool torch_row = false;
+  for (const auto& p : j.at("peers")) {
+    EXPECT_GT(p.at("median_ms").get<double>(), 0.0) << p.dump();
+    EXPECT_TRUE(p.at("compiled_over_peer").is_number()) << p.dump();
+    ASSERT_TRUE(p.at("max_abs_err").is_number()) << p.dump();
+    EXPECT_LT(p.at("max_abs_err").get<double>(), 1e-3) << "the peer computed the model's outputs\n" << p.dump();
+    EXPECT_NE(r.out.find("\n" + p.at("peer").get<std::string>() + " "), std::string::npos) << r.out;
+    if (p.at("peer") != "pytorch-eager") continue;
+    torch_row = true;
+    EXPECT_EQ(p.at("threads"), 2) << p.dump();
+    bool netlib = false;
+    for (const auto& l : p.at("blas")) {
+      const std::string path = l.get<std::string>();
+      netlib = netlib || (path.find("/blas/libblas.so") != std::string::npos && path.find("openblas") == std::string::npos);
+    }
+    bool warned = false;
+    for (const auto& w : j.at("peer_warnings")) warned = warned || w.get<std::string>().find("reference (netlib) BLAS") != std::string::npos;
+    EXPECT_EQ(warned, netlib) << j.dump(1);
+    EXPECT_EQ(netlib, r.out.find("warning: pytorch-eager uses the reference (netlib) BLAS") != std::string::npos) << r.out;
+  }
+  EXPECT_TRUE(torch_row) << "python3 with torch and onnx is a dev package (./dev)\n" << r.out;
+  for (const auto& s : j.at("peers_skipped")) {
+    EXPECT_EQ(s.at("peer"), "onnxruntime") << s.dump();
+    EXPECT_EQ(s.at("reason").get<std::string>().find('\n'), std::string::npos) << s.dump();
+  }
+  Result none = run("bench " + kModel + " --iters 1 --backends eager --peers none");
+  ASSERT_EQ(none.code, 0) << none.out;
+  EXPECT_EQ(none.out.find("peers"), std::string::npos) << none.out;
+  Result bad = run("bench " + kModel + " --peers torch,tf");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--peers: unknown peer 'tf'"), std::string::npos) << bad.out;
+  Result serve = run("bench " + kModel + " --serve --peers torch < /dev/null");
+  EXPECT_EQ(serve.code, 2) << serve.out;
+  EXPECT_NE(serve.out.find("--peers has no effect here"), std::string::npos) << serve.out;
+}
+
+// The warnings on synthetic rows: the reference BLAS by its Debian path (not OpenBLAS's libblas.so.3, which
+// Debian installs under openblas-pthread/), and fewer peer threads than tessel's.
+TEST(Cli, PeerWarningsNameTheReferenceBlasAndFewerThreads) {
+  PeerBench torch_row;
+  torch_row.peer = "pytorch-eager";
+  torch_row.threads = 2;
+  torch_row.blas = {"/usr/lib/x86_64-linux-gnu/blas/libblas.so.3.11.0", "/usr/lib/x86_64-linux-gnu/lapack/liblapack.so.3.11.0"};
+  std::vector<std::string> w = peer_warnings({torch_row}, 2);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("reference (netlib) BLAS"), std::string::npos) << w[0];
+  torch_row.blas = {"/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"};
+  EXPECT_TRUE(peer_warnings({torch_row}, 2).empty());
+  torch_row.threads = 1;
+  w = peer_warnings({torch_row}, 2);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("pytorch-eager ran on 1 thread, tessel's compiled backend on 2"), std::string::npos) << w[0];
+  EXPECT_EQ(parse_peers("auto"), (std::vector<std::string>{"torch", "ort"}));
+  EXPECT_TRUE(parse_peers("none").empty());
+  EXPECT_EQ(parse_peers("ort,torch,ort"), (std::vector<std::string>{"ort", "torch"}));
 }
 
 // `tessel bench --serve`: one ready line (checked against the data set's outputs), then one JSON line of N

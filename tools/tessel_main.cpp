@@ -189,6 +189,10 @@ int main(int argc, char** argv) {
   bool bench_serve = false;
   auto* bench_serve_opt = bench->add_flag("--serve", bench_serve, "load the compiled backend once, then time N calls for each line N on "
                                                                   "stdin, a JSON line each on stdout (bench/paired.py alternates it with a peer)");
+  std::string bench_peers = "auto";
+  auto* bench_peers_opt = bench->add_option("--peers", bench_peers, "after tessel's backends, the same model in PyTorch eager (torch: "
+                                                                    "bench/onnx_torch.py) and ONNX Runtime (ort: onnxruntime-node), each in its own "
+                                                                    "process: auto (both where they run; default), none, or a comma list");
   std::string bench_target = "cpu";
   bench->add_option("--target", bench_target, "cpu (the --backends) or cuda (the GPU: per-kernel CUDA-event times against their roofline)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -339,6 +343,7 @@ int main(int argc, char** argv) {
     if (*load) return cli::cmd_load(load_model_path, load_threads, load_cache, load_json);
     if (*bench && bench_target == "cuda") {
       refuse_inapplicable(bench_threads_opt, false, "sets the CPU's compiled backend threads, and --target is cuda");
+      refuse_inapplicable(bench_peers_opt, false, "adds CPU peers to the CPU's ladder, and --target is cuda");
       refuse_inapplicable(bench_serve_opt, false, "serves the CPU's compiled backend, and --target is cuda");
       if (!bench_backends.empty())
         throw Error(Location{}, "--backends has no effect here: it picks the CPU backends, and --target is cuda");
@@ -354,11 +359,13 @@ int main(int argc, char** argv) {
                             "serves the compiled backend alone, and --backends names another");
         refuse_inapplicable(bench_iters_opt, false, "sets the calls of a measuring run; --serve takes each count from stdin");
         refuse_inapplicable(bench_json_opt, false, "writes a measuring run's report; --serve answers each line on stdout");
+        refuse_inapplicable(bench_peers_opt, false, "adds peers to a measuring run; --serve times tessel alone");
         return cli::cmd_serve(bench_model_path, bench_threads);
       }
       refuse_inapplicable(bench_threads_opt,
                           bo.backends.empty() || std::find(bo.backends.begin(), bo.backends.end(), "compiled") != bo.backends.end(),
                           "sets the compiled backend's threads, and --backends does not list compiled");
+      bo.peers = parse_peers(bench_peers);
       return cli::cmd_bench(bench_model_path, bo, bench_json_path);
     }
     if (*conf) return cli::cmd_conformance(conf_dir, conf_json, conf_jobs, conf_timeout, conf_filter, conf_verbose,

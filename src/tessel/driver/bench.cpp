@@ -221,6 +221,20 @@ BenchReport bench_model(const std::string& model, const BenchOptions& requested)
   rep.load_after = sample_machine_load();
   const MachineLoad& worse = rep.load_after.others > rep.load_before.others ? rep.load_after : rep.load_before;
   rep.load_warning = load_warning(worse, resolve_threads(opts.threads));
+  if (!opts.peers.empty()) {
+    // PyTorch eager and ONNX Runtime on the same file, inputs and threads, after tessel's backends.
+    int threads = resolve_threads(opts.threads);
+    for (const auto& b : rep.backends)
+      if (b.backend == "compiled") threads = b.threads;
+    PeerOptions po;
+    po.peers = opts.peers;
+    po.threads = threads;
+    po.iters = opts.iters;
+    po.tessel_exe = opts.tessel_exe;
+    po.progress = opts.progress;
+    rep.peers = bench_peers(model, po);
+    rep.peer_warnings = peer_warnings(rep.peers.rows, threads);
+  }
   return rep;
 }
 
@@ -283,6 +297,21 @@ nlohmann::json bench_json(const BenchReport& r) {
   }
   j["skipped"] = nlohmann::json::array();
   for (const auto& [b, why] : r.skipped) j["skipped"].push_back({{"backend", b}, {"reason", why}});
+  const BackendBench* compiled = nullptr;
+  for (const auto& b : r.backends)
+    if (b.backend == "compiled") compiled = &b;
+  j["peers"] = nlohmann::json::array();
+  for (const PeerBench& p : r.peers.rows) {
+    nlohmann::json e = {{"peer", p.peer}, {"version", p.version}, {"threads", p.threads}, {"median_ms", p.median_ms},
+                        {"p10_ms", p.p10_ms}, {"p90_ms", p.p90_ms}, {"blas", p.blas}};
+    e["max_abs_err"] = p.max_abs_err ? nlohmann::json(*p.max_abs_err) : nlohmann::json(nullptr);
+    // tessel's compiled median over the peer's, in this run: below 1 is tessel faster
+    e["compiled_over_peer"] = compiled && p.median_ms > 0 ? nlohmann::json(compiled->median_ms / p.median_ms) : nlohmann::json(nullptr);
+    j["peers"].push_back(e);
+  }
+  j["peers_skipped"] = nlohmann::json::array();
+  for (const auto& [p, why] : r.peers.skipped) j["peers_skipped"].push_back({{"peer", p}, {"reason", why}});
+  j["peer_warnings"] = r.peer_warnings;
   auto load = [](const MachineLoad& m) {
     return nlohmann::json{{"cores", m.cores}, {"other_runnable", m.samples ? nlohmann::json(m.others) : nlohmann::json(nullptr)}};
   };
@@ -314,6 +343,19 @@ std::string bench_table(const BenchReport& r) {
                        b.cached_in_fresh_process ? "a fresh `tessel load` process" : "measured in this process (no tessel executable given)",
                        b.first_call_ms ? fmt::format("; its first call took {:.2f} ms", *b.first_call_ms) : "");
   for (const auto& [b, why] : r.skipped) s += fmt::format("skipped {}: {}\n", b, why);
+  if (!r.peers.rows.empty() || !r.peers.skipped.empty()) {
+    // The peers, measured after tessel's backends in this run, each in its own process.
+    const BackendBench* compiled = nullptr;
+    for (const auto& b : r.backends)
+      if (b.backend == "compiled") compiled = &b;
+    s += "peers (same model file, inputs and threads, each in its own process after tessel's backends):\n";
+    for (const PeerBench& p : r.peers.rows)
+      s += fmt::format("{:<14} {:>3} {:>10.3f} {:>9.3f} {:>9.3f}  {}{}{}\n", p.peer, p.threads, p.median_ms, p.p10_ms, p.p90_ms,
+                       p.version, p.max_abs_err ? fmt::format(", max abs err {:.1e}", *p.max_abs_err) : "",
+                       compiled && p.median_ms > 0 ? fmt::format("; compiled / {} = {:.2f}", p.peer, compiled->median_ms / p.median_ms) : "");
+    for (const auto& [p, why] : r.peers.skipped) s += fmt::format("skipped {}: {}\n", p, why);
+    for (const std::string& w : r.peer_warnings) s += "warning: " + w + "\n";
+  }
   if (r.floor && r.floor->matmuls > 0) {
     s += fmt::format("matmul floor: {} matmuls alone through oneDNN, {} threads: {:.3f} ms median ({:.0f} GFLOP/s)", r.floor->matmuls,
                      r.floor->threads, r.floor->median_ms, r.floor->gflops);

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessel/driver/bench_peers.h"
 #include "tessel/support/machine_load.h"
 
 namespace tessel {
@@ -26,6 +27,8 @@ struct BenchOptions {
   // measuring process oneDNN's primitive cache and the loaded shared object would make it look
   // cheaper than a user's warm start. Empty: measured in this process (and marked so).
   std::string tessel_exe;
+  // Peers measured after tessel's backends, each in its own process (bench_peers.h): "torch", "ort".
+  std::vector<std::string> peers;
 };
 
 struct BackendBench {
@@ -62,6 +65,8 @@ struct BenchReport {
   // when they left fewer free cores than the compiled backend's threads ("" when not).
   MachineLoad load_before, load_after;
   std::string load_warning;
+  PeerResults peers;                          // PyTorch eager and ONNX Runtime rows (opts.peers)
+  std::vector<std::string> peer_warnings;     // a peer's row not like-for-like (its BLAS, its threads)
 };
 
 // Why the compiled backend cannot run here (no C++ compiler: $TESSEL_CXX, else c++ on $PATH), or "".
