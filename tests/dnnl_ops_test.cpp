@@ -395,6 +395,28 @@ TEST(DnnlConv, PointwiseDepthwiseGrouped) {
   check_conv(dil, "dilated", true);
 }
 
+// An NCHW input into a channels-last result (DeepLabV3's ASPP projection reads a concatenation): without
+// AVX-512 oneDNN 2.6 offered only its reference kernel for those layouts (56 ms a call); the convolution
+// now lets oneDNN choose both activation layouts there and reorders, on every ISA the same values.
+TEST(DnnlConv, MixedLayoutsAvoidTheReferenceKernel) {
+  ConvDesc d = conv(1, 64, 14, 14, 32, 1, 1, 0);
+  d.layout = ConvLayout::automatic;
+  d.src_nhwc = false, d.dst_nhwc = true;
+  std::vector<float> x = random_floats(static_cast<size_t>(d.C * d.H * d.W), 31);
+  std::vector<float> w = random_floats(static_cast<size_t>(d.OC * d.C), 32);
+  std::vector<float> y(static_cast<size_t>(d.OC * d.OH * d.OW), 0.0f);
+  const std::vector<Want> want = reference_conv(d, x.data(), w.data(), nullptr, y);
+  d.weights = w.data();
+  Conv2d cv(d);
+  EXPECT_NE(cv.impl().rfind("ref", 0), 0u) << cv.impl();
+  std::vector<float> out(y.size());
+  cv.run(x.data(), out.data());
+  std::vector<float> nchw(out.size());
+  for (int64_t c = 0; c < d.OC; ++c)
+    for (int64_t p = 0; p < d.OH * d.OW; ++p) nchw[static_cast<size_t>(c * d.OH * d.OW + p)] = out[static_cast<size_t>(p * d.OC + c)];
+  expect_close(nchw, want, "nchw -> nhwc 1x1 (" + cv.impl() + ")");
+}
+
 TEST(DnnlConv, Epilogues) {
   ConvDesc d = conv(1, 16, 10, 10, 32, 1, 1, 0);
   d.epilogue.act = Activation::clip;  // relu6
