@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
@@ -130,6 +131,38 @@ TEST(DecomposeConv, ConvGroupsStridesDilationsAutoPadBias) {
   same_after_core("ConvInteger", {{small_ints(DType::u8, {1, 2, 4, 4}, 0, 255)}, {small_ints(DType::u8, {3, 2, 2, 2}, 0, 255, 2)},
                                   {small_ints(DType::u8, {}, 0, 255, 3)}, {small_ints(DType::u8, {3}, 0, 255, 4)}},
                   1, {{"pads", V{1, 0, 0, 1}}});
+}
+
+// The kernel taps that read only padding are dropped from a constant weight (DeepLabV3's ASPP: dilation
+// 24 and 36 over a 14 x 14 map leave the centre tap alone, a 1 x 1 convolution): the core convolution's
+// weight shrinks, the values stay the reference kernel's. Cases: both ends of a dim dead, one end dead
+// with a stride, nothing dead, and an inf weight on a dead tap (kept whole: the taps dropped are finite).
+TEST(DecomposeConv, DropsKernelTapsThatReadOnlyPadding) {
+  auto core_weight = [](const std::string& op, const std::vector<Arg>& args, const Attrs& attrs, bool compare = true) {
+    if (compare) same_after_core(op, args, 1, attrs);
+    std::vector<Tensor> feeds;
+    Graph g = one_node_graph(op, args, 1, attrs, feeds);
+    run_pipeline(g, parse_pipeline("core"), PassOptions{});
+    for (const auto& n : g.nodes())
+      if (is_core_op(*n, CoreOp::convolution)) return n->inputs[1]->type.shape;
+    return Shape{};
+  };
+  Tensor x = noise(DType::f32, {1, 3, 6, 5}, 1), w = noise(DType::f32, {4, 3, 3, 3}, 2), bias = noise(DType::f32, {4}, 3);
+  EXPECT_EQ(core_weight("Conv", {{x}, {w, true}, {bias, true}}, {{"dilations", V{7, 7}}, {"pads", V{7, 7, 7, 7}}}),
+            (Shape{4, 3, 1, 1}));
+  EXPECT_EQ(core_weight("Conv", {{x}, {w, true}}, {{"dilations", V{6, 1}}, {"pads", V{6, 1, 6, 1}}}), (Shape{4, 3, 1, 3}));
+  EXPECT_EQ(core_weight("Conv", {{x}, {w, true}}, {{"dilations", V{4, 1}}, {"pads", V{5, 0, 0, 0}}, {"strides", V{2, 1}}}),
+            (Shape{4, 3, 2, 3}));
+  EXPECT_EQ(core_weight("Conv", {{x}, {w, true}}, {{"dilations", V{2, 2}}, {"pads", V{2, 2, 2, 2}}}), (Shape{4, 3, 3, 3}));
+  std::vector<double> wv = w.to_f64();
+  wv[0] = std::numeric_limits<double>::infinity();  // tap (0, 0) of filter 0: dead at dilation 7
+  Tensor winf = Tensor::from_f64(DType::f32, w.shape(), wv);
+  // (values not compared: the core convolution's kernels skip padded taps, as oneDNN's do, where the
+  // ONNX reference multiplies them)
+  EXPECT_EQ(core_weight("Conv", {{x}, {winf, true}}, {{"dilations", V{7, 7}}, {"pads", V{7, 7, 7, 7}}}, false),
+            (Shape{4, 3, 3, 3}));
+  // A weight that is not a constant (a graph input) is not read, so not cropped.
+  EXPECT_EQ(core_weight("Conv", {{x}, {w}}, {{"dilations", V{7, 7}}, {"pads", V{7, 7, 7, 7}}}), (Shape{4, 3, 3, 3}));
 }
 
 TEST(DecomposeConv, ConvTransposeStridesPadsGroupsOutputShape) {

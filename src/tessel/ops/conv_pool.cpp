@@ -388,15 +388,87 @@ Cost conv_cost(const Node& n) {
   return c;
 }
 
-// Conv: core convolution with auto_pad resolved from the static shapes, then the bias added
-// (in f32 for narrow floats, so the result rounds once).
+// The taps of each spatial dim that read the input for some output position: [lo, hi] (the taps
+// outside read padding only). A dilated convolution over a small input (DeepLabV3's ASPP at dilation
+// 24 and 36 on a 14 x 14 map) has such taps at both ends of its kernel.
+struct LiveTaps {
+  std::vector<int64_t> lo, hi;
+};
+
+LiveTaps live_taps(const Window& w) {
+  LiveTaps t;
+  for (int i = 0; i < w.nd; ++i) {
+    auto live = [&](int64_t k) {  // some output o in [0, out) reads input o*s - pb + k*d in [0, in)
+      const int64_t first = k * w.d[i] - w.pb[i];
+      const int64_t o0 = first < 0 ? (-first + w.s[i] - 1) / w.s[i] : 0;
+      return o0 < w.out[i] && first + o0 * w.s[i] < w.in[i];
+    };
+    int64_t lo = 0, hi = w.k[i] - 1;
+    while (lo <= hi && !live(lo)) ++lo;
+    while (hi > lo && !live(hi)) --hi;
+    t.lo.push_back(lo > hi ? 0 : lo);  // (no live tap at all: the output is the bias; nothing cropped)
+    t.hi.push_back(lo > hi ? w.k[i] - 1 : hi);
+  }
+  return t;
+}
+
+// A float convolution without the kernel taps that read only padding: the weight sliced to the live
+// taps and the padding shifted, the output's extents unchanged. Only for a constant weight whose
+// dropped taps are all finite (the ONNX reference multiplies padding's zeros by them, so an inf or NaN
+// there is a NaN it gives; tessel's convolution kernels skip padded taps, but the crop should not be
+// what decides). `win` and `w` are updated; false when nothing is dropped.
+bool crop_dead_taps(CoreBuilder& b, const Value* weight, Value*& w, Window& win) {
+  if (!weight->constant || win.nd == 0) return false;
+  for (int i = 0; i < win.nd; ++i)
+    if (win.in[i] <= 0 || win.out[i] <= 0 || win.k[i] <= 0) return false;
+  LiveTaps t = live_taps(win);
+  Window cropped = win;
+  bool any = false;
+  for (int i = 0; i < win.nd; ++i) {
+    const int64_t k = t.hi[i] - t.lo[i] + 1, pb = win.pb[i] - t.lo[i] * win.d[i];
+    const int64_t pe = (win.out[i] - 1) * win.s[i] + (k - 1) * win.d[i] + 1 - win.in[i] - pb;
+    if (k == win.k[i] || pb < 0 || pe < 0) {  // (a negative pad would crop the input: left whole)
+      t.lo[i] = 0, t.hi[i] = win.k[i] - 1;
+      continue;
+    }
+    cropped.k[i] = k, cropped.pb[i] = pb, cropped.pe[i] = pe;
+    any = true;
+  }
+  if (!any) return false;
+  const Tensor& c = *weight->constant;
+  if (c.shape().size() != static_cast<size_t>(win.nd) + 2) return false;
+  const std::vector<double> v = c.to_f64();
+  const std::vector<int64_t> taps(c.shape().begin() + 2, c.shape().end());
+  for (size_t e = 0; e < v.size(); ++e) {
+    if (std::isfinite(v[e])) continue;
+    int64_t rest = static_cast<int64_t>(e) % prod(taps);
+    for (int i = win.nd - 1; i >= 0; --i) {
+      const int64_t k = rest % taps[static_cast<size_t>(i)];
+      rest /= taps[static_cast<size_t>(i)];
+      if (k < t.lo[i] || k > t.hi[i]) return false;  // a dropped tap is inf or NaN
+    }
+  }
+  const size_t r = w->type.shape.size();
+  Shape starts(r, 0), stops = w->type.shape;
+  for (int i = 0; i < win.nd; ++i) {
+    starts[static_cast<size_t>(i) + 2] = t.lo[i];
+    stops[static_cast<size_t>(i) + 2] = t.hi[i] + 1;
+  }
+  w = b.slice(w, starts, stops);
+  win = cropped;
+  return true;
+}
+
+// Conv: core convolution with auto_pad resolved from the static shapes (the kernel taps that read
+// only padding dropped), then the bias added (in f32 for narrow floats, so the result rounds once).
 std::vector<Value*> decompose_conv(CoreBuilder& b, const Node& n) {
   const DType dt = n.outputs[0]->type.dtype, ct = n.has_input(2) ? math_type(dt) : dt;
   Value* x = b.convert(n.inputs[0], ct);
   Value* w = b.convert(n.inputs[1], ct);
   const Shape& xs = x->type.shape;
   const int nd = static_cast<int>(xs.size()) - 2;
-  const Window win = forward_window(n, spatial_of(xs), conv_kernel(n, w->type.shape, nd), false);
+  Window win = forward_window(n, spatial_of(xs), conv_kernel(n, w->type.shape, nd), false);
+  crop_dead_taps(b, n.inputs[1], w, win);
   Value* y = core_conv(b, x, w, win, n.attr_i("group", 1));
   if (n.has_input(2)) y = add_channel_bias(b, y, n.inputs[2]);
   return {b.convert(y, dt)};
