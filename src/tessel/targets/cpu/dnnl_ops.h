@@ -105,7 +105,8 @@ class Matmul {
   // is not packed or its layout cannot be described (then it is not worth storing or sharing).
   PackedWeights packed_weights() const;
   bool used_prepacked() const;  // the constructor took MatmulDesc::prepacked_b
-  std::string impl() const;  // oneDNN's implementation name ("brg:avx512_core", "gemm:jit", ...)
+  // oneDNN's implementation name ("brg:avx512_core", "gemm:jit", ...), "inner product gemm:jit" for the gemv path
+  std::string impl() const;
   int parts() const;         // primitives run on the thread team (MatmulDesc::team), 0 when not
 
  private:
