@@ -6,8 +6,10 @@ serve the whole generation (dynamo gives tessel graphs with symbolic sizes; tess
 whether any graph was left to PyTorch; then prefill time and decode tokens/s against the peers.
 
 Models: `gpt2`, `llama` and `qwen2` (transformers configs with random weights; torch >= 2, the GPU box).
-CPU, --threads threads for tessel and PyTorch alike. --cache static uses transformers' static KV cache.
-JSON out.
+CPU (--threads threads for tessel and PyTorch alike) or CUDA (--device cuda; --precision bf16 runs eager and
+Inductor under bf16 autocast and tessel with bf16 storage). --cache static uses transformers' static KV cache.
+Compilations are counted per generate() as well (`compilations_per_generation`: the first prompt's includes
+the graphs dynamo specialises before it marks a size dynamic). JSON out.
 
     python bench/llm_generate.py --models gpt2,llama,qwen2 --new-tokens 128 --prompts 1x32,2x100,1x256 --json out.json
 """
@@ -45,6 +47,11 @@ def build(name):
     return m.eval()
 
 
+def _sync():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 class StepTimer:
     """Wraps a forward: the wall time of each call of one generate() (the first is the prefill). It keeps
     the forward's signature (functools.update_wrapper): generate() reads it to decide which arguments
@@ -58,12 +65,19 @@ class StepTimer:
     def __call__(self, *args, **kwargs):
         t0 = time.perf_counter()
         out = self.forward(*args, **kwargs)
+        _sync()
         self.times.append(time.perf_counter() - t0)
         return out
 
 
-def generate(model, ids, new_tokens, cache):
+AUTOCAST = None      # a bf16 autocast context for eager and Inductor (--precision bf16 on CUDA)
+
+
+def generate(model, ids, new_tokens, cache, autocast=False):
     """Greedy generation of exactly new_tokens tokens: (token ids, per-step logits)."""
+    if autocast and AUTOCAST is not None:
+        with AUTOCAST():
+            return generate(model, ids, new_tokens, cache)
     extra = dict(cache_implementation="static") if cache == "static" else {}
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                          do_sample=False, use_cache=True, return_dict_in_generate=True, output_scores=True,
@@ -71,14 +85,15 @@ def generate(model, ids, new_tokens, cache):
     return out.sequences, torch.stack(out.scores)
 
 
-def timed(model, forward, ids, new_tokens, cache, rounds):
+def timed(model, forward, ids, new_tokens, cache, rounds, autocast=False):
     """Median over rounds of (whole generate s, prefill s, decode s per token)."""
     whole, prefill, decode = [], [], []
     for _ in range(rounds):
         timer = StepTimer(forward)
         model.forward = timer
         t0 = time.perf_counter()
-        generate(model, ids, new_tokens, cache)
+        generate(model, ids, new_tokens, cache, autocast)
+        _sync()
         whole.append(time.perf_counter() - t0)
         prefill.append(timer.times[0])
         decode.append(sum(timer.times[1:]) / max(1, len(timer.times) - 1))
@@ -86,8 +101,8 @@ def timed(model, forward, ids, new_tokens, cache, rounds):
     return statistics.median(whole), statistics.median(prefill), statistics.median(decode)
 
 
-def _record(row, key, model, forward, ids, new_tokens, cache, rounds):
-    whole, prefill, decode = timed(model, forward, ids, new_tokens, cache, rounds)
+def _record(row, key, model, forward, ids, new_tokens, cache, rounds, autocast=False):
+    whole, prefill, decode = timed(model, forward, ids, new_tokens, cache, rounds, autocast)
     row[key] = dict(generate_s=whole, prefill_ms=prefill * 1e3, decode_ms_per_token=decode * 1e3,
                     decode_tokens_per_s=1.0 / decode if decode > 0 else None)
 
@@ -125,12 +140,17 @@ def _profile(model, forward, ids, new_tokens, cache, path, title):
         f.write(f"==== {title}\n{text.getvalue()}\n")
 
 
-def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None):
-    model = build(name)
+def _compilations():
+    return sum(g.stats.compiles for g in tessel.dynamo_graphs if hasattr(g, "stats"))
+
+
+def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, device="cpu"):
+    model = build(name).to(device)
+    prompts = [p.to(device) for p in prompts]
     eager_forward = model.forward
     row = dict(model=name, new_tokens=new_tokens, cache=cache, prompts=[list(p.shape) for p in prompts])
     with torch.no_grad():
-        want = [generate(model, p, new_tokens, cache) for p in prompts]
+        want = [generate(model, p, new_tokens, cache, autocast=True) for p in prompts]
 
         tessel.dynamo_graphs.clear()
         tessel.dynamo_fallbacks.clear()
@@ -138,8 +158,13 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None):
         compiled = torch.compile(eager_forward, backend="tessel", dynamic=True)
         model.forward = compiled
         t0 = time.perf_counter()
-        got = [generate(model, p, new_tokens, cache) for p in prompts]
+        got, per_generation = [], []
+        for p in prompts:
+            before = _compilations()
+            got.append(generate(model, p, new_tokens, cache))
+            per_generation.append(_compilations() - before)
         row["tessel_first_s"] = time.perf_counter() - t0
+        row["compilations_per_generation"] = per_generation
         row["tokens_equal"] = all(torch.equal(g[0], w[0]) for g, w in zip(got, want))
         row["max_rel_err_logits"] = max(_rel_err(g[1], w[1]) for g, w in zip(got, want))
         graphs = [g for g in tessel.dynamo_graphs if hasattr(g, "stats")]
@@ -158,7 +183,7 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None):
         # new sizes per decoded token: rebinds of one executable per compilation (instances where refused)
         row["rebinds"] = sum(g.stats.rebinds for g in graphs)
         row["instances"] = sum(g.stats.instances for g in graphs)
-        _record(row, "eager", model, eager_forward, p, new_tokens, cache, rounds)
+        _record(row, "eager", model, eager_forward, p, new_tokens, cache, rounds, autocast=True)
         if profile:
             _profile(model, compiled, p, new_tokens, cache, profile, f"{name} tessel")
             _profile(model, eager_forward, p, new_tokens, cache, profile, f"{name} eager")
@@ -176,10 +201,10 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None):
                         fwd = torch.compile(eager_forward, **kwargs)
                         model.forward = fwd
                         t0 = time.perf_counter()
-                        ind = [generate(model, q, new_tokens, cache) for q in prompts]
+                        ind = [generate(model, q, new_tokens, cache, autocast=True) for q in prompts]
                         row[key + "_first_s"] = time.perf_counter() - t0
                         row[key + "_tokens_equal"] = all(torch.equal(g[0], w[0]) for g, w in zip(ind, want))
-                        _record(row, key, model, fwd, p, new_tokens, cache, rounds)
+                        _record(row, key, model, fwd, p, new_tokens, cache, rounds, autocast=True)
                     row[key].update(config=patch, errors=errors)
                     break
                 except Exception as e:  # noqa: BLE001 -- a peer's failure is its entry, tessel's figures stand
@@ -200,6 +225,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--cache", choices=("dynamic", "static"), default="dynamic")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                    help="bf16 (CUDA): eager and Inductor under bf16 autocast, tessel with bf16 storage")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--inductor-simdlen", type=int, default=0,
                     help="Inductor's cpp.simdlen (256: AVX2 code, where its AVX-512 code does not compile)")
@@ -210,6 +238,12 @@ def main():
         raise SystemExit("needs torch >= 2 (torch.compile); this is " + torch.__version__)
     torch.set_num_threads(a.threads)
     tessel.dynamo_options.update(threads=a.threads)
+    if a.precision == "bf16":
+        if a.device != "cuda":
+            raise SystemExit("--precision bf16 is a CUDA option (--device cuda)")
+        global AUTOCAST
+        AUTOCAST = functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16)
+        tessel.dynamo_options.update(precision="bf16")
     g = torch.Generator().manual_seed(0)
     prompts = []
     for spec in a.prompts.split(","):
@@ -222,20 +256,21 @@ def main():
     rows = []
     for name in a.models.split(","):
         try:
-            row = run_model(name, prompts, a.new_tokens, a.rounds, peers, a.cache, a.profile)
+            row = run_model(name, prompts, a.new_tokens, a.rounds, peers, a.cache, a.profile, a.device)
         except Exception as e:  # noqa: BLE001 -- one model's failure is a row, the others still run
             row = dict(model=name, error=f"{type(e).__name__}: {e}"[:2000])
         rows.append(row)
         if a.json:       # (after each model: a run cut short keeps the rows it made)
             with open(a.json, "w") as f:
-                json.dump(dict(torch=torch.__version__, threads=a.threads, cache=a.cache, rows=rows), f, indent=1)
+                json.dump(dict(torch=torch.__version__, threads=a.threads, cache=a.cache, device=a.device,
+                               precision=a.precision, rows=rows), f, indent=1)
         if "error" in row:
             print(f"{name}: ERROR {row['error'][:600]}")
             continue
         rate = {k: row[k].get("decode_tokens_per_s") for k in ["tessel", "eager"] + [p for p, _ in peers] if k in row}
         print(f"{name}: tokens equal {row['tokens_equal']}, logits max rel err {row['max_rel_err_logits']:.2e}, "
               f"tessel graphs {row['tessel_graphs']} ({row['symbolic_graphs']} symbolic), compilations "
-              f"{row['compilations']} (bindings {row['bindings']}, rebinds {row['rebinds']}, instances {row['instances']}), fallbacks {len(row['fallbacks'])}; prefill ms "
+              f"{row['compilations']} (per generate() {row['compilations_per_generation']}; bindings {row['bindings']}, rebinds {row['rebinds']}, instances {row['instances']}), fallbacks {len(row['fallbacks'])}; prefill ms "
               f"tessel {row['tessel']['prefill_ms']:.2f} eager {row['eager']['prefill_ms']:.2f}; decode tokens/s "
               + ", ".join(f"{k} {v:.1f}" if v else f"{k} -" for k, v in rate.items()))
         for p, _ in peers:

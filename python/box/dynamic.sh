@@ -9,6 +9,9 @@
 #   static: the same with transformers' static cache, without Inductor (llm_generate_static.json);
 #   dataflow: bench/dataflow_torch.py on DF_MODELS (torchvision) and DF_HF (transformers) for the dataflow
 #     targets, through tessel.compile and torch.compile(options={"target": ...}) (issue 35).
+#   cuda: generate() on CUDA (f32, then bf16) with the static cache (CUDA_CACHES, default static,dynamic:
+#     the dynamic cache's decode graphs compile per shape on CUDA, then run in PyTorch), JSON
+#     llm_generate_cuda_<cache>_<precision>.json;
 #   profile: one generate() of GPT-2 under cProfile, tessel's and eager's (llm_profile.txt), and
 #     bench/decode_step.py at THREADS threads and at 1 (where a decoded token's time goes).
 # STEPS (default dynamo,bench,tests,llm; static, dataflow and profile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
@@ -51,6 +54,20 @@ timeout "${STATIC_TIMEOUT:-200}" $PY bench/llm_generate.py --models "${LLM_MODEL
 echo "llm_generate static rc=$?"
 cat "$OUT/static.out"
 grep -v -i warn "$OUT/static.err" | cut -c1-300 | tail -10
+}
+step cuda && {
+CUDA_CACHES=${CUDA_CACHES:-static,dynamic}
+for cache in ${CUDA_CACHES//,/ }; do
+  for prec in ${CUDA_PRECISIONS:-f32 bf16}; do
+    timeout "${CUDA_TIMEOUT:-200}" $PY bench/llm_generate.py --device cuda --precision $prec --models "${LLM_MODELS:-gpt2,llama,qwen2}" \
+      --new-tokens "${NEW_TOKENS:-32}" --prompts "${PROMPTS:-2x7,3x12,1x20}" --rounds "${LLM_ROUNDS:-3}" --cache $cache \
+      ${CUDA_FLAGS:-} --json "$OUT/llm_generate_cuda_${cache}_$prec.json" > "$OUT/cuda_${cache}_$prec.out" 2> "$OUT/cuda_${cache}_$prec.err"
+    echo "llm_generate cuda $cache $prec rc=$?"
+    cat "$OUT/cuda_${cache}_$prec.out"
+    grep -v -i warn "$OUT/cuda_${cache}_$prec.err" | cut -c1-300 | tail -8
+    grep -o "tessel: .*" "$OUT/cuda_${cache}_$prec.err" | cut -c1-300 | sort | uniq -c | head -6
+  done
+done
 }
 step dataflow && {
 timeout "${DF_TIMEOUT:-200}" $PY bench/dataflow_torch.py --models "${DF_MODELS:-resnet18}" --hf "${DF_HF:-bert,gpt2,llama}" \

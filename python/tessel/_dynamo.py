@@ -16,7 +16,7 @@ import torch
 
 from . import _tessel
 from ._frames import node_source
-from ._compile import CompiledModule
+from ._compile import CompiledModule, TesselRecompileLimit
 from ._sym import Unsupported, sympy_expr
 from ._train import TrainModule
 
@@ -233,6 +233,7 @@ class _SizedCall:
     def __init__(self, compiled, gm, sizes):
         self.compiled, self.gm, self.sizes = compiled, gm, sizes
         self.stats = compiled.stats
+        self.noted = False        # a fallback entry made for the first call PyTorch ran
 
     def __call__(self, *args):
         sizes = self.sizes
@@ -243,7 +244,25 @@ class _SizedCall:
                 if args[p] != size(env):
                     self.stats.eager_calls += 1
                     return self.gm(*args)
-        return self.compiled(*tensors)
+        try:
+            return self.compiled(*tensors)
+        except TesselRecompileLimit:
+            if not self.stats.dynamic_fallback:
+                raise
+            # A target that compiles static shapes (CUDA, a dataflow chip) compiles a symbolic graph once
+            # per shape while cache_limit allows; past it the graph's new shapes run in PyTorch, as dynamo
+            # does at its own recompile limit (with a warning and a fallback entry once), not an exception
+            # in the middle of a generate() whose every token is a new KV length.
+            self.stats.eager_calls += 1
+            self._note(f"a graph with symbolic sizes compiles per shape ({self.stats.dynamic_fallback}) and its "
+                       f"cache_limit={self.compiled.cache_limit} compilations are spent; its new shapes run in PyTorch")
+            return self.gm(*args)
+
+    def _note(self, why):
+        if not self.noted:
+            self.noted = True
+            dynamo_fallbacks.append(why)
+            warnings.warn(f"tessel: {dynamo_fallbacks[-1]}")
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")

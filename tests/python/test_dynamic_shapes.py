@@ -520,6 +520,30 @@ class DynamoSizes(unittest.TestCase):
         self.assertTrue(torch.equal(compiled(2, x), fn(2, x)))
         self.assertEqual(tessel.dynamo_graphs[0].stats.eager_calls, 1)
 
+    def test_a_static_shape_target_runs_new_shapes_in_pytorch_past_its_limit(self):
+        # The Spyre-like chip compiles static shapes: a graph with symbolic sizes compiles once per shape
+        # while cache_limit allows; past it each new shape runs in PyTorch, one fallback entry for the
+        # graph (a generate() on CUDA with the dynamic KV cache meets a new shape every token).
+        def fn(n, x):
+            return (x.reshape(n, -1) * 2).relu()
+        gm, example = self.graph(fn, (4, 8))
+        tessel.dynamo_graphs.clear()
+        tessel.dynamo_fallbacks.clear()
+        compiled = tessel.tessel_backend(gm, example, target="spyre", cache_limit=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for b in (4, 6, 9, 5, 4, 3):
+                x = torch.randn(b, 8)
+                # (the chip's storage is 16-bit: x * 2 rounds once)
+                self.assertTrue(torch.allclose(compiled(b, x), fn(b, x), rtol=2e-3, atol=1e-3), b)
+        self.assertEqual(len(tessel.dynamo_graphs), 1, tessel.dynamo_fallbacks)
+        stats = tessel.dynamo_graphs[0].stats
+        self.assertIn("static shapes", stats.dynamic_fallback)
+        self.assertEqual(stats.compiles, 2)
+        self.assertEqual(stats.eager_calls, 3)          # 9, 5 and 3; the second 4 reuses its compilation
+        self.assertEqual(len(tessel.dynamo_fallbacks), 1, tessel.dynamo_fallbacks)
+        self.assertIn("cache_limit=2 compilations are spent", tessel.dynamo_fallbacks[0])
+
     def test_numbers_read_from_inputs_are_folded(self):
         """dynamo's unspecialised floats (a norm's eps, attention's scaling: 0-d float64 inputs the graph
         reads with .item()) are folded to the call's values: one symbolic compilation per set of values,

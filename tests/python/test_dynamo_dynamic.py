@@ -87,6 +87,30 @@ class DynamoDynamic(unittest.TestCase):
         shapes = ((2, 16), (3, 5), (2, 7), (4, 33), (5, 2), (3, 64))
         self.run_shapes(attention(), [torch.randn(b, t, 64) for b, t in shapes])
 
+    def test_a_static_shape_target_runs_new_shapes_in_pytorch_past_its_limit(self):
+        """A target that compiles static shapes (here the Spyre-like chip's simulator, CUDA alike) takes a
+        graph with symbolic sizes one shape at a time; past cache_limit its new shapes run in PyTorch with
+        one fallback entry naming why, not TesselRecompileLimit from inside the model's call."""
+        model = mlp()
+        saved = dict(tessel.dynamo_options)
+        tessel.dynamo_options.update(target="spyre", precision="f32", cache_limit=2)
+        try:
+            opt = torch.compile(model, backend="tessel", dynamic=True)
+            with torch.no_grad():
+                for b in (2, 3, 5, 8, 13, 7):
+                    x = torch.randn(b, 64)
+                    self.assertLess(max_rel(opt(x), model(x)), 1e-4, f"batch {b}")
+        finally:
+            tessel.dynamo_options.clear()
+            tessel.dynamo_options.update(saved)
+        symbolic = [g for g in tessel.dynamo_graphs if g.stats.dynamic_fallback]
+        self.assertEqual(len(symbolic), 1, [g.stats for g in tessel.dynamo_graphs])
+        self.assertEqual(symbolic[0].stats.compiles, 2)
+        self.assertGreaterEqual(symbolic[0].stats.eager_calls, 3)
+        self.assertEqual(len(tessel.dynamo_fallbacks), 1, tessel.dynamo_fallbacks)
+        self.assertIn("cache_limit=2 compilations are spent", tessel.dynamo_fallbacks[0])
+        self.assertIn("static shapes", tessel.dynamo_fallbacks[0])
+
 
 if __name__ == "__main__":
     unittest.main()
