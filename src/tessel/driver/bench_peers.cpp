@@ -118,7 +118,20 @@ Child run_child(const std::vector<std::string>& argv, const std::vector<std::str
     if (c.out.size() < (16u << 20)) c.out.append(buf, static_cast<size_t>(got));  // (a peer prints one line)
   }
   ::close(out[0]);
-  while (::waitpid(pid, &c.status, 0) < 0 && errno == EINTR) {
+  // (a child that closed its output but does not exit is killed at the same deadline)
+  for (;;) {
+    const pid_t w = ::waitpid(pid, &c.status, WNOHANG);
+    if (w == pid || (w < 0 && errno != EINTR)) break;
+    if (!c.timed_out && std::chrono::steady_clock::now() >= deadline) {
+      c.timed_out = true;
+      ::kill(-pid, SIGKILL);
+    }
+    if (c.timed_out) {
+      while (::waitpid(pid, &c.status, 0) < 0 && errno == EINTR) {
+      }
+      break;
+    }
+    ::usleep(10000);
   }
   const off_t size = ::lseek(err_fd, 0, SEEK_END);
   const off_t from = size > 4096 ? size - 4096 : 0;
