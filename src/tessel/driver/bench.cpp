@@ -2,12 +2,9 @@
 #include "tessel/driver/bench.h"
 
 #include <fmt/format.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <cstdlib>
@@ -27,6 +24,7 @@
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/process.h"
 #include "tessel/support/progress.h"
 
 namespace tessel {
@@ -41,36 +39,14 @@ double quantile(const std::vector<double>& sorted, double q) {
   return sorted[std::min(i, sorted.size() - 1)];
 }
 
-// Runs argv (argv[0] a path) and returns its standard output; throws with its standard error's
-// gist when it fails.
+// Runs argv (argv[0] a path) and returns its standard output; throws with its standard error's gist
+// when it fails.
 std::string run_capture(const std::vector<std::string>& argv) {
-  int out[2];
-  if (::pipe(out) != 0) throw Error(Location{.pass = "bench"}, "cannot create a pipe");
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(out[1]);
-  if (rc != 0) {
-    ::close(out[0]);
-    throw Error(Location{.file = argv[0], .pass = "bench"}, fmt::format("cannot start: {}", std::strerror(rc)));
-  }
-  std::string text;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
-  ::close(out[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    throw Error(Location{.file = argv[0], .pass = "bench"}, fmt::format("`{} {}` failed (status {})", argv[0], argv[1], status));
-  return text;
+  const ProcessResult r = run_process(argv);
+  if (!r.ok())
+    throw Error(Location{.file = argv[0], .pass = "bench"},
+                fmt::format("`{} {}` failed: {}", argv[0], argv.size() > 1 ? argv[1] : "", display_text(r.why(600))));
+  return r.out;
 }
 
 // Times `iters` calls of `call` (after one warm-up) and fills the percentiles.
@@ -96,15 +72,8 @@ std::string compiled_backend_unavailable() {
   const char* env = std::getenv("TESSEL_CXX");
   const std::string cxx = env && *env ? env : "c++";
   const std::string by = env && *env ? "$TESSEL_CXX" : "the default";
-  if (cxx.find('/') != std::string::npos) return ::access(cxx.c_str(), X_OK) == 0 ? "" : fmt::format("no C++ compiler: {} ({}) is not executable", cxx, by);
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "";
-  for (size_t b = 0; b <= dirs.size();) {
-    const size_t e = std::min(dirs.find(':', b), dirs.size());
-    const std::string dir = e > b ? dirs.substr(b, e - b) : ".";
-    if (::access((dir + "/" + cxx).c_str(), X_OK) == 0) return "";
-    b = e + 1;
-  }
+  if (!find_program(cxx).empty()) return "";
+  if (cxx.find('/') != std::string::npos) return fmt::format("no C++ compiler: {} ({}) is not executable", cxx, by);
   return fmt::format("no C++ compiler: '{}' ({}) is not on $PATH (install g++, or set $TESSEL_CXX)", cxx, by);
 }
 

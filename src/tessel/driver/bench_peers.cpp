@@ -1,30 +1,19 @@
 // `tessel bench`'s peer rows: PyTorch eager and ONNX Runtime, each in its own process (bench_peers.h).
 #include "tessel/driver/bench_peers.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "tessel/driver/model_dir.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/process.h"
 #include "tessel/support/progress.h"
-
-extern char** environ;
 
 namespace tessel {
 namespace {
@@ -34,111 +23,6 @@ namespace fs = std::filesystem;
 std::string env_or(const char* name, const std::string& fallback = "") {
   const char* v = std::getenv(name);
   return v && *v ? std::string(v) : fallback;
-}
-
-// The path of `name` on $PATH, or "".
-std::string on_path(const std::string& name) {
-  const std::string dirs = env_or("PATH");
-  for (size_t b = 0; b <= dirs.size();) {
-    const size_t e = std::min(dirs.find(':', b), dirs.size());
-    const std::string p = (e > b ? dirs.substr(b, e - b) : ".") + "/" + name;
-    if (::access(p.c_str(), X_OK) == 0) return p;
-    b = e + 1;
-  }
-  return "";
-}
-
-struct Child {
-  int status = -1;        // waitpid status; -1: not started
-  bool timed_out = false;
-  std::string out, err;   // standard output; the end of standard error
-};
-
-// Runs argv with `env_add` (NAME=value) added to the environment: standard output captured, standard error
-// kept (its last 4 KiB) in a temporary file, the whole process group killed after timeout_s.
-Child run_child(const std::vector<std::string>& argv, const std::vector<std::string>& env_add, double timeout_s) {
-  Child c;
-  char err_path[] = "/tmp/tessel-peer-XXXXXX";
-  const int err_fd = ::mkstemp(err_path);
-  if (err_fd < 0) throw Error(Location{.pass = "bench"}, "cannot create a temporary file for a peer's errors");
-  ::unlink(err_path);
-  int out[2];
-  if (::pipe(out) != 0) {
-    ::close(err_fd);
-    throw Error(Location{.pass = "bench"}, "cannot create a pipe");
-  }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  std::vector<std::string> env_text;
-  for (char** e = environ; *e; ++e) env_text.emplace_back(*e);
-  for (const std::string& kv : env_add) {
-    const std::string key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(env_text, [&](const std::string& e) { return e.starts_with(key); });
-    env_text.push_back(kv);
-  }
-  std::vector<char*> args, envp;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  for (const std::string& e : env_text) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0].c_str(), &fa, &attr, args.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  ::close(out[1]);
-  if (rc != 0) {
-    ::close(out[0]);
-    ::close(err_fd);
-    c.err = fmt::format("cannot start {}: {}", argv[0], std::strerror(rc));
-    return c;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  char buf[4096];
-  for (;;) {
-    const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) {
-      c.timed_out = true;
-      ::kill(-pid, SIGKILL);
-      break;
-    }
-    pollfd p{out[0], POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(std::min(left * 1e3 + 1, 1000.0)));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) continue;
-    const ssize_t got = ::read(out[0], buf, sizeof buf);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;
-    if (c.out.size() < (16u << 20)) c.out.append(buf, static_cast<size_t>(got));  // (a peer prints one line)
-  }
-  ::close(out[0]);
-  // (a child that closed its output but does not exit is killed at the same deadline)
-  for (;;) {
-    const pid_t w = ::waitpid(pid, &c.status, WNOHANG);
-    if (w == pid || (w < 0 && errno != EINTR)) break;
-    if (!c.timed_out && std::chrono::steady_clock::now() >= deadline) {
-      c.timed_out = true;
-      ::kill(-pid, SIGKILL);
-    }
-    if (c.timed_out) {
-      while (::waitpid(pid, &c.status, 0) < 0 && errno == EINTR) {
-      }
-      break;
-    }
-    ::usleep(10000);
-  }
-  const off_t size = ::lseek(err_fd, 0, SEEK_END);
-  const off_t from = size > 4096 ? size - 4096 : 0;
-  ::lseek(err_fd, from, SEEK_SET);
-  for (ssize_t n; (n = ::read(err_fd, buf, sizeof buf)) > 0;) c.err.append(buf, static_cast<size_t>(n));
-  ::close(err_fd);
-  return c;
 }
 
 // The last JSON object line of a peer's standard output, or null.
@@ -151,16 +35,6 @@ nlohmann::json last_json_line(const std::string& out) {
       if (j.is_object()) found = std::move(j);
     }
   return found;
-}
-
-// The last non-empty line of a peer's standard error (its traceback's last line), shortened.
-std::string last_line(const std::string& text) {
-  std::string last;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
-  if (last.size() > 300) last = last.substr(0, 300) + "...";
-  return display_text(last);
 }
 
 std::string scripts_dir(const PeerOptions& o) {
@@ -222,7 +96,8 @@ PeerResults bench_peers(const std::string& model, const PeerOptions& o) {
     std::vector<std::string> argv, env;
     if (p == "torch") {
       std::string py = env_or("TESSEL_PYTHON");
-      if (py.empty()) py = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : on_path("python3");
+      if (py.empty()) py = find_program("/usr/bin/python3");
+      if (py.empty()) py = find_program("python3");
       if (py.empty()) {
         r.skipped.emplace_back(peer, "no Python: python3 is not on $PATH (set $TESSEL_PYTHON to one that has torch)");
         continue;
@@ -230,7 +105,7 @@ PeerResults bench_peers(const std::string& model, const PeerOptions& o) {
       argv = {py, (fs::path(dir) / "onnx_torch.py").string(), model, "--threads", threads, "--iters", iters,
               "--warmup", "3", "--no-native", "--json"};
     } else {
-      const std::string node = on_path("node");
+      const std::string node = find_program("node");
       if (node.empty()) {
         r.skipped.emplace_back(peer, "no node on $PATH (ONNX Runtime runs as onnxruntime-node)");
         continue;
@@ -238,17 +113,12 @@ PeerResults bench_peers(const std::string& model, const PeerOptions& o) {
       argv = {node, (fs::path(dir) / "ort_bench.js").string(), model, "--threads", threads, "--iters", iters, "--warmup", "3"};
       if (std::string ort = env_or("TESSEL_ORT_DIR"); !ort.empty()) env.push_back("NODE_PATH=" + (fs::path(ort) / "node_modules").string());
     }
-    const Child c = run_child(argv, env, o.timeout_s);
-    if (c.timed_out) {
-      r.skipped.emplace_back(peer, fmt::format("did not finish within {:.0f} s", o.timeout_s));
-      continue;
-    }
+    const ProcessResult c = run_process(argv, env, o.timeout_s);
     const nlohmann::json j = last_json_line(c.out);
-    const bool ok = c.status >= 0 && WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
-    if (!ok || !j.is_object() || j.contains("error")) {
+    if (!c.ok() || !j.is_object() || j.contains("error")) {
       std::string why = j.is_object() && j.contains("error") && j["error"].is_string() ? j["error"].get<std::string>()
-                        : !c.err.empty() ? last_line(c.err)
-                                         : fmt::format("exited with status {}", c.status);
+                        : c.ok() ? "printed no JSON result"
+                                 : c.why(o.timeout_s);
       why = display_text(why.substr(0, why.find('\n')));   // (node's require stack follows the first line)
       if (p == "ort" && why.starts_with("onnxruntime-node not found"))
         why = "onnxruntime-node is not installed where node looks (set $TESSEL_ORT_DIR to a folder holding "

@@ -34,6 +34,7 @@
 
 #include "tessel/support/error.h"
 #include "tessel/support/limits.h"
+#include "tessel/support/process.h"
 #include "tessel/targets/cpu/cache_budget.h"
 #include "tessel/targets/cpu/rt_header.h"
 
@@ -178,17 +179,6 @@ std::string resolve_cxx(const ToolchainOptions& o) {
   if (!o.cxx.empty()) return o.cxx;
   if (auto v = env("TESSEL_CXX"); !v.empty()) return v;
   return "c++";
-}
-
-// The file a command name runs: itself when it contains '/', else the first match on $PATH.
-std::string find_program(const std::string& name) {
-  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
-  std::stringstream dirs(env("PATH"));
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    std::string p = (dir.empty() ? "." : dir) + "/" + name;
-    if (access(p.c_str(), X_OK) == 0) return p;
-  }
-  return "";
 }
 
 // Runs argv without a shell, stdin from /dev/null, stdout+stderr to `out_fd`; returns the wait status.
