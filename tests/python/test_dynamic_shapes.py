@@ -502,12 +502,17 @@ class DynamoSizes(unittest.TestCase):
         with self.assertRaises(Unsupported):
             _evaluator(sympy.sqrt(s0))
 
-    def test_symint_inputs_come_from_tensor_dims(self):
-        def fn(n, x):
-            return (x.reshape(n, -1) * 2).relu()
-        gm, example = self.graph(fn, (4, 8))
+    def setUp(self):
         tessel.dynamo_graphs.clear()
         tessel.dynamo_fallbacks.clear()
+
+    @staticmethod
+    def reshape_relu(n, x):
+        return (x.reshape(n, -1) * 2).relu()
+
+    def test_symint_inputs_come_from_tensor_dims(self):
+        fn = self.reshape_relu
+        gm, example = self.graph(fn, (4, 8))
         compiled = tessel.tessel_backend(gm, example)
         for b in (4, 6, 9):
             x = torch.randn(b, 8)
@@ -524,11 +529,8 @@ class DynamoSizes(unittest.TestCase):
         # The Spyre-like chip compiles static shapes: a graph with symbolic sizes compiles once per shape
         # while cache_limit allows; past it each new shape runs in PyTorch, one fallback entry for the
         # graph (a generate() on CUDA with the dynamic KV cache meets a new shape every token).
-        def fn(n, x):
-            return (x.reshape(n, -1) * 2).relu()
+        fn = self.reshape_relu
         gm, example = self.graph(fn, (4, 8))
-        tessel.dynamo_graphs.clear()
-        tessel.dynamo_fallbacks.clear()
         compiled = tessel.tessel_backend(gm, example, target="spyre", cache_limit=2)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -565,8 +567,6 @@ class DynamoSizes(unittest.TestCase):
         eps_node.meta["example_value"] = scale_node.meta["example_value"] = torch.tensor(0.5, dtype=torch.float64)
         example = [fake, torch.tensor(0.5, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)]
         self.assertEqual(number_inputs(gm, example), [1, 2])
-        tessel.dynamo_graphs.clear()
-        tessel.dynamo_fallbacks.clear()
         compiled = tessel.tessel_backend(gm, example)
 
         def f64(v):
@@ -592,7 +592,6 @@ class DynamoSizes(unittest.TestCase):
         n.meta["example_value"] = type("S", (), {"expr": sympy.Symbol("u0", positive=True, integer=True)})()
         with self.assertRaisesRegex(Unsupported, "no tensor dim carries"):
             symbolic_sizes(gm, example)
-        tessel.dynamo_fallbacks.clear()
         fn = tessel.tessel_backend(gm, example)
         self.assertIsInstance(fn, _FreeInts)
         x = torch.randn(4, 8)
