@@ -320,7 +320,7 @@ std::string bench_table(const BenchReport& r) {
     s += "peers (same model file, inputs and threads, each in its own process after tessel's backends):\n";
     for (const PeerBench& p : r.peers.rows)
       s += fmt::format("{:<14} {:>3} {:>10.3f} {:>9.3f} {:>9.3f}  {}{}{}\n", p.peer, p.threads, p.median_ms, p.p10_ms, p.p90_ms,
-                       p.version, p.max_abs_err ? fmt::format(", max abs err {:.1e}", *p.max_abs_err) : "",
+                       display_text(p.version), p.max_abs_err ? fmt::format(", max abs err {:.1e}", *p.max_abs_err) : "",
                        compiled && p.median_ms > 0 ? fmt::format("; compiled / {} = {:.2f}", p.peer, compiled->median_ms / p.median_ms) : "");
     for (const auto& [p, why] : r.peers.skipped) s += fmt::format("skipped {}: {}\n", p, why);
     for (const std::string& w : r.peer_warnings) s += "warning: " + w + "\n";

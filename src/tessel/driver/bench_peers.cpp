@@ -14,6 +14,7 @@
 #include "tessel/support/escape.h"
 #include "tessel/support/process.h"
 #include "tessel/support/progress.h"
+#include "tessel/support/strings.h"
 
 namespace tessel {
 namespace {
@@ -63,13 +64,10 @@ std::vector<std::string> parse_peers(const std::string& spec) {
   if (spec == "auto") return {"torch", "ort"};
   if (spec == "none" || spec.empty()) return {};
   std::vector<std::string> out;
-  for (size_t b = 0; b <= spec.size();) {
-    const size_t e = std::min(spec.find(',', b), spec.size());
-    const std::string p = spec.substr(b, e - b);
+  for (const std::string& p : comma_list(spec)) {
     if (p != "torch" && p != "ort")
       throw Error(Location{.pass = "bench"}, fmt::format("--peers: unknown peer '{}' (known: torch, ort; or auto, none)", display_text(p)));
     if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
-    b = e + 1;
   }
   return out;
 }
