@@ -1484,6 +1484,22 @@ def _scatter(L, node, x, dim, index, src, reduce=None, include_self=True):
     return L.op("ScatterElements", [x, index, _cast(L, src, L.dtype(x))], {"axis": dim, "reduction": red[reduce]})
 
 
+@lowers(_ov("index_copy", "default"))
+def _index_copy(L, node, x, dim, index, source):
+    """x with source's slices along dim written at index's positions (what functionalization leaves of
+    index_copy_: transformers' static KV cache writes each step's keys at cache_position this way): a
+    ScatterElements whose indices are `index` broadcast over source's shape along dim."""
+    r = L.rank(x)
+    if r == 0 or L.rank(index) != 1:
+        raise Unsupported(f"index_copy of a rank-{r} tensor with a rank-{L.rank(index)} index")
+    d = dim % r
+    along = [1] * r
+    along[d] = -1
+    idx = L.op("Reshape", [_cast(L, index, "i64"), L.ints(along)])
+    idx = L.op("Expand", [idx, _shape_of(L, source)])
+    return L.op("ScatterElements", [x, idx, _cast(L, source, L.dtype(x))], {"axis": d})
+
+
 def _nonneg_index(L, idx, n):
     """An index tensor as i64; negative indices count from the end in torch, and Gather and GatherND
     take them so (as ONNX specifies), so nothing else is needed (and the NonZero -> Gather -> reduce

@@ -247,6 +247,11 @@ class Shapes(Case):
         self.check(lambda x, i: torch.scatter(x, 1, i, x * 2), x, perm)
         self.check(lambda x, i: torch.scatter_add(x, 1, i[:, :3], torch.ones(3, 3)), x, idx)
         self.check(lambda x, i: x.scatter(1, i[:, :2], 0.5), x, perm)
+        # index_copy_ (transformers' static KV cache: the step's keys at cache_position along the length)
+        cache, pos = torch.zeros(2, 3, 8, 4), torch.tensor([5, 2])
+        self.check(lambda c, p, k: c.clone().index_copy_(2, p, k), cache, pos, torch.randn(2, 3, 2, 4))
+        self.check(lambda c, p, k: torch.index_copy(c, -2, p, k), cache, pos, torch.randn(2, 3, 2, 4))
+        self.check(lambda c, p, k: torch.index_copy(c, 0, p[1:], k), torch.randn(3, 4), pos, torch.randn(1, 4))
 
     def test_advanced_indexing(self):
         x = torch.randn(4, 5, 6)
