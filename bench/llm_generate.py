@@ -14,6 +14,7 @@ the graphs dynamo specialises before it marks a size dynamic). JSON out.
     python bench/llm_generate.py --models gpt2,llama,qwen2 --new-tokens 128 --prompts 1x32,2x100,1x256 --json out.json
 """
 import argparse
+import copy
 import functools
 import json
 import statistics
@@ -149,8 +150,16 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
     prompts = [p.to(device) for p in prompts]
     eager_forward = model.forward
     row = dict(model=name, new_tokens=new_tokens, cache=cache, prompts=[list(p.shape) for p in prompts])
+    # The peers' model: under bf16 autocast transformers' static cache fails in eager itself (the cache is
+    # f32, autocast's keys bf16: "index_copy_(): self and source expected to have the same dtype"), so
+    # with --cache static eager and Inductor run a bf16 copy of the model, as static-cache users do.
+    ref, ref_autocast = model, True
+    if AUTOCAST is not None and cache == "static":
+        ref, ref_autocast = copy.deepcopy(model).to(torch.bfloat16), False
+        row["peers_model"] = "bf16 weights (autocast fails with the static cache in eager)"
+    ref_forward = ref.forward
     with torch.no_grad():
-        want = [generate(model, p, new_tokens, cache, autocast=True) for p in prompts]
+        want = [generate(ref, p, new_tokens, cache, autocast=ref_autocast) for p in prompts]
 
         tessel.dynamo_graphs.clear()
         tessel.dynamo_fallbacks.clear()
@@ -183,7 +192,7 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
         # new sizes per decoded token: rebinds of one executable per compilation (instances where refused)
         row["rebinds"] = sum(g.stats.rebinds for g in graphs)
         row["instances"] = sum(g.stats.instances for g in graphs)
-        _record(row, "eager", model, eager_forward, p, new_tokens, cache, rounds, autocast=True)
+        _record(row, "eager", ref, ref_forward, p, new_tokens, cache, rounds, autocast=ref_autocast)
         if profile:
             _profile(model, compiled, p, new_tokens, cache, profile, f"{name} tessel")
             _profile(model, eager_forward, p, new_tokens, cache, profile, f"{name} eager")
@@ -198,13 +207,13 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
                     import torch._inductor.config as ic
                     torch._dynamo.reset()
                     with ic.patch(patch):
-                        fwd = torch.compile(eager_forward, **kwargs)
-                        model.forward = fwd
+                        fwd = torch.compile(ref_forward, **kwargs)
+                        ref.forward = fwd
                         t0 = time.perf_counter()
-                        ind = [generate(model, q, new_tokens, cache, autocast=True) for q in prompts]
+                        ind = [generate(ref, q, new_tokens, cache, autocast=ref_autocast) for q in prompts]
                         row[key + "_first_s"] = time.perf_counter() - t0
                         row[key + "_tokens_equal"] = all(torch.equal(g[0], w[0]) for g, w in zip(ind, want))
-                        _record(row, key, model, fwd, p, new_tokens, cache, rounds, autocast=True)
+                        _record(row, key, ref, fwd, p, new_tokens, cache, rounds, autocast=ref_autocast)
                     row[key].update(config=patch, errors=errors)
                     break
                 except Exception as e:  # noqa: BLE001 -- a peer's failure is its entry, tessel's figures stand
@@ -214,6 +223,7 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
                     row[key] = dict(error=errors[-1]["error"], errors=errors)
                 finally:
                     model.forward = eager_forward
+                    ref.forward = ref_forward
     return row
 
 

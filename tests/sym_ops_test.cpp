@@ -232,6 +232,25 @@ graph @gnd(%x: f32[s0,s0,3], %i2: i64[s0,2], %b: f32[s0,9,3], %i1: i64[s0,1], %m
 })", 1e-6, {{{"s0", 8}}, {{"s0", 13}}});
 }
 
+// ScatterElements over symbolic sizes: transformers' static KV cache writes a symbolic number of
+// positions into a preallocated cache (aten index_copy_, lowered to ScatterElements), and a symbolic
+// data tensor takes a scatter along its static axis. Index values lie in [-7, 7].
+TEST(SymOps, ScatterElementsOverSymbolicSizes) {
+  check_lowering(R"(
+graph @sc(%d: f32[16,4], %i: i64[s0,4], %u: f32[s0,4], %e: f32[s0,8], %j: i64[s0,3], %v: f32[s0,3]) symbols(s0 in [1, 12]) {
+  %a: f32[16,4] = ScatterElements(%d, %i, %u) {axis = 0} loc("a")
+  %b: f32[16,4] = ScatterElements(%d, %i, %u) {axis = 0, reduction = "add"} loc("b")
+  %c: f32[s0,8] = ScatterElements(%e, %j, %v) {axis = 1} loc("c")
+  %m: f32[s0,8] = Scatter(%e, %j, %v) {axis = 1} loc("m")
+  return %a, %b, %c, %m
+})");
+  expect_refused(R"(
+graph @sc(%d: f32[16,4], %i: i64[s0,4], %u: f32[s1,4]) symbols(s0 in [1, 12], s1 in [1, 12]) {
+  %a: f32[16,4] = ScatterElements(%d, %i, %u) {axis = 0} loc("a")
+  return %a
+})", "scatter indices dim 0 is s0 but updates' is s1");
+}
+
 // ONNX exporters' chain for a view(B, 2, 4) with B = x.size(0) (the graph's return to be added).
 constexpr const char* kChain = R"(
 graph @chain(%x: f32[s0,8]) symbols(s0 in [1, 4096]) {

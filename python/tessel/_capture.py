@@ -370,7 +370,10 @@ def capture_symbolic(module, example_inputs, plan, freeze_inputs=(), call=None):
         out.args = ((out.args[0], ()),)       # the (module output, (written-back values)) of functionalize
         gm.recompile()
     captured = _captured(gm, module, state, example_inputs, example, structure[0], freeze_inputs, [])
-    if captured.mutated:
+    # torch >= 2 functionalizes the symbolic trace as the static one: a mutated input or buffer (a static
+    # KV cache written with index_copy_) is an extra output written back after each call, whatever the
+    # binding. torch 1.13's symbolic trace is not functionalized, so a mutation there stays a refusal.
+    if captured.mutated and not functional:
         raise _dynamic.DynamicUnsupported("the module changes an input or a buffer in place")
     input_dims, specialised, names = {}, [], {}
     for k, t in shapes.items():

@@ -258,8 +258,14 @@ class _CudaEntry(_Entry):
         for k, f in enumerate(self.feeds):
             t = args[f] if f.__class__ is int else f.get(args)
             if not t.is_cuda or t.device.index != 0:
-                raise _tessel.TesselError(f"input {f if f.__class__ is int else k} is on {t.device}; this callable was "
-                                          "compiled for tessel's CUDA target (cuda:0): pass CUDA tensors")
+                if t.dim() == 0 and t.device.type == "cpu":
+                    # a CPU scalar beside CUDA tensors, which PyTorch's CUDA ops take (dynamo's graphs pass
+                    # such a counter of transformers' caches): one value copied up
+                    t = t.to(self.device)
+                else:
+                    raise _tessel.TesselError(f"input {f if f.__class__ is int else k} ({t.dtype} {list(t.shape)}) is on "
+                                              f"{t.device}; this callable was compiled for tessel's CUDA target (cuda:0): "
+                                              "pass CUDA tensors")
             if t.dtype != self.in_dtypes[k] or tuple(t.shape) != self.in_types[k]:
                 raise _tessel.TesselError(f"input {k} is {t.dtype} {list(t.shape)}, compiled for {self.in_dtypes[k]} "
                                           f"{list(self.in_types[k])}")

@@ -122,10 +122,34 @@ class _Sizes:
     to their symbols' names; `ints[i]` is the sympy expression of SymInt input i, computed from the
     tensor dims `where` names for each symbol."""
 
-    def __init__(self, n, tensors, dims, ints, where):
+    def __init__(self, n, tensors, dims, ints, where, names=None):
         self.n, self.tensors, self.dims, self.ints, self.where = n, tensors, dims, ints, where
+        self.names = names or {}                                  # dynamo's symbol name -> tessel's
         self.position = {p: k for k, p in enumerate(tensors)}     # placeholder -> index among the tensors
         self.size_of = [(p, _evaluator(expr)) for p, expr in ints.items()]  # each SymInt input's function of env
+        self.outputs = []         # (position, function of env) of each SymInt the graph returns (symint_outputs)
+
+    def symint_outputs(self, gm):
+        """The graph's outputs that are SymInts (a length transformers' static cache returns beside its
+        tensors): each is left out of what tessel compiles and computed from the call's sizes, as a SymInt
+        input is. Raises Unsupported for one whose symbols no tensor dim carries."""
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        flat = out.args[0]
+        if not isinstance(flat, (tuple, list)):
+            return
+        for i, a in enumerate(flat):
+            val = a.meta.get("example_value", a.meta.get("val")) if isinstance(a, torch.fx.Node) else None
+            if val is None or isinstance(val, (torch.Tensor, bool, int, float)):
+                continue
+            expr = sympy_expr(val)
+            if expr is None:
+                continue
+            expr = expr.xreplace({sym: sym.func(self.names.get(sym.name, sym.name), **sym.assumptions0)
+                                  for sym in expr.free_symbols})
+            missing = [sym.name for sym in expr.free_symbols if sym.name not in self.where]
+            if missing:
+                raise Unsupported(f"output {i} ('{a.name}') is the size {expr}, and no tensor dim carries {missing}")
+            self.outputs.append((i, _evaluator(expr)))
 
     def dims_of(self, frozen):
         """dynamic_dims for tessel.compile over the graph's tensors (frozen parameters stay static)."""
@@ -199,7 +223,11 @@ class _TensorsOnly(torch.nn.Module):
         self.sizes = sizes
 
     def forward(self, *tensors):
-        return run_located(self.gm, self.sizes.args(tensors))
+        out = run_located(self.gm, self.sizes.args(tensors))
+        if self.sizes.outputs:
+            drop = {i for i, _ in self.sizes.outputs}
+            out = tuple(v for i, v in enumerate(out) if i not in drop)
+        return out
 
 
 class _NodeByNode(torch.fx.Interpreter):
@@ -245,7 +273,10 @@ class _SizedCall:
                     self.stats.eager_calls += 1
                     return self.gm(*args)
         try:
-            return self.compiled(*tensors)
+            out = self.compiled(*tensors)
+            if sizes.outputs:
+                out = self._with_sizes(out, sizes.values(tensors))
+            return out
         except TesselRecompileLimit:
             if not self.stats.dynamic_fallback:
                 raise
@@ -257,6 +288,14 @@ class _SizedCall:
             self._note(f"a graph with symbolic sizes compiles per shape ({self.stats.dynamic_fallback}) and its "
                        f"cache_limit={self.compiled.cache_limit} compilations are spent; its new shapes run in PyTorch")
             return self.gm(*args)
+
+    def _with_sizes(self, out, env):
+        """The graph's outputs: the compiled tensors with each SymInt output computed from the call's sizes
+        at its place."""
+        full = list(out)
+        for i, size in self.sizes.outputs:
+            full.insert(i, size(env))
+        return tuple(full)
 
     def _note(self, why):
         if not self.noted:
@@ -315,7 +354,9 @@ def symbolic_sizes(gm, example_inputs):
         missing = [s.name for s in expr.free_symbols if s.name not in where]
         if missing:
             raise Unsupported(f"SymInt input {p} ('{placeholders[p].name}') is {expr}, and no tensor dim carries {missing}")
-    return _Sizes(len(placeholders), tensors, dims, ints, where)
+    sizes = _Sizes(len(placeholders), tensors, dims, ints, where, names)
+    sizes.symint_outputs(gm)
+    return sizes
 
 
 def _check_options(kwargs):

@@ -134,6 +134,17 @@ class CudaTarget(unittest.TestCase):
             fast(torch.randn(4, 64))
         self.assertIn("pass CUDA tensors", str(c.exception))
 
+    def test_a_cpu_scalar_beside_cuda_tensors(self):
+        # PyTorch's CUDA ops take a 0-d CPU tensor beside CUDA ones (dynamo passes such a counter of
+        # transformers' caches): the callable copies it up, as eager would use it.
+        def f(x, s):
+            return (x * s).relu()
+        x = torch.randn(4, 64, device=self.dev)
+        fast = tessel.compile(f, (x, torch.tensor(2.0, device=self.dev)))
+        for v in (0.5, -3.0):
+            s = torch.tensor(v)
+            self.assertLessEqual(rel(fast(x, s), f(x, s)), 1e-6)
+
     def test_bf16_mlp(self):
         m = _MLP().to(self.dev).eval()
         x = torch.randn(4, 64, device=self.dev)

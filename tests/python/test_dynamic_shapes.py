@@ -525,6 +525,25 @@ class DynamoSizes(unittest.TestCase):
         self.assertTrue(torch.equal(compiled(2, x), fn(2, x)))
         self.assertEqual(tessel.dynamo_graphs[0].stats.eager_calls, 1)
 
+    def test_a_size_the_graph_returns_is_computed_from_the_call(self):
+        # A graph that returns a SymInt beside its tensors (transformers' static cache returns a length):
+        # tessel compiles the tensors symbolically and computes the size from the call's tensor dims.
+        fn = self.reshape_relu
+        gm, example = self.graph(lambda n, x: (fn(n, x), n + 3, x.shape[0] * 2), (4, 8))
+        out = next(p for p in gm.graph.nodes if p.op == "output")
+        _, plus, twice = out.args[0]
+        plus.meta["example_value"] = example[0] + 3
+        twice.meta["example_value"] = example[1].shape[0] * 2
+        compiled = tessel.tessel_backend(gm, example)
+        for b in (4, 6, 9):
+            x = torch.randn(b, 8)
+            y, m, k = compiled(b, x)
+            self.assertTrue(torch.allclose(y, fn(b, x)))
+            self.assertEqual((m, k), (b + 3, 2 * b))
+        self.assertEqual(tessel.dynamo_fallbacks, [])
+        self.assertEqual(len(tessel.dynamo_graphs), 1)
+        self.assertEqual(tessel.dynamo_graphs[0].stats.compiles, 1)
+
     def test_a_static_shape_target_runs_new_shapes_in_pytorch_past_its_limit(self):
         # The Spyre-like chip compiles static shapes: a graph with symbolic sizes compiles once per shape
         # while cache_limit allows; past it each new shape runs in PyTorch, one fallback entry for the

@@ -87,6 +87,39 @@ class DynamoDynamic(unittest.TestCase):
         shapes = ((2, 16), (3, 5), (2, 7), (4, 33), (5, 2), (3, 64))
         self.run_shapes(attention(), [torch.randn(b, t, 64) for b, t in shapes])
 
+    def test_an_input_written_in_place_compiles_symbolically(self):
+        """A static KV cache's write (index_copy_ into a preallocated tensor the caller keeps) in a graph with
+        a symbolic length: one symbolic compilation whose new cache is written back after each call, the
+        outputs and the cache after every call equal to eager's (torch 1.13's symbolic trace cannot take
+        index_copy_, so this is torch 2 only)."""
+        class Step(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 16)
+
+            def forward(self, x, pos, cache):
+                cache.index_copy_(0, pos, self.fc(x))
+                return torch.softmax(x @ cache.t(), -1) @ cache
+
+        model = Step().eval()
+        steps = ((5, 0), (3, 5), (7, 8), (2, 15), (9, 17), (4, 26))
+        fast = tessel.compile(model, (torch.randn(5, 16), torch.arange(5), torch.zeros(64, 16)),
+                              dynamic_dims={0: {0: "t"}, 1: {0: "t"}})
+        opt = torch.compile(model, backend="tessel", dynamic=True)
+        for fn in (fast, opt):
+            mine, ref = torch.zeros(64, 16), torch.zeros(64, 16)
+            with torch.no_grad():
+                for t, start in steps:
+                    x, pos = torch.randn(t, 16), torch.arange(start, start + t)
+                    self.assertLess(max_rel(fn(x, pos, mine), model(x, pos, ref)), 1e-5, f"length {t}")
+                    self.assertLess(max_rel(mine, ref), 1e-6, f"the cache after length {t}")
+        self.assertEqual(fast.stats.compiles, 1, (fast.stats.dynamic_fallback, fast.stats.recompiles))
+        self.assertIsNone(fast.stats.dynamic_fallback)
+        self.assertEqual(tessel.dynamo_fallbacks, [])
+        self.assertEqual([g.stats.dynamic_fallback for g in tessel.dynamo_graphs if g.stats.dynamic_fallback], [])
+        self.assertLessEqual(sum(g.stats.compiles for g in tessel.dynamo_graphs), 2,
+                             [g.stats.recompiles for g in tessel.dynamo_graphs])
+
     def test_a_static_shape_target_runs_new_shapes_in_pytorch_past_its_limit(self):
         """A target that compiles static shapes (here the Spyre-like chip's simulator, CUDA alike) takes a
         graph with symbolic sizes one shape at a time; past cache_limit its new shapes run in PyTorch with

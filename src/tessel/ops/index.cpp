@@ -348,16 +348,23 @@ void scatter_one(Tensor& y, int64_t oi, const Tensor& u, int64_t ui, Reduce red)
   }
 }
 
+// Symbolic sizes (a static KV cache written at a symbolic number of positions): updates must have the
+// shape of indices, dim by dim equal for every value of the symbols; the result has data's type.
 void scatter_elements_infer(InferCtx& c) {
   const auto& d = c.in(0);
   check_index_dtype(c.in(1).dtype, "scatter indices");
   if (c.in(2).dtype != d.dtype)
     fail("updates dtype {} differs from data {}", dtype_name(c.in(2).dtype), dtype_name(d.dtype));
-  const Shape &is = c.in(1).shape, &us = c.in(2).shape;
-  bool ok = is.size() == d.shape.size() && us.size() == is.size();
-  for (size_t i = 0; ok && i < is.size(); ++i) ok = is[i] < 0 || us[i] < 0 || is[i] == us[i];
-  if (!ok)
+  const Dims is = c.in(1).dims(), us = c.in(2).dims();
+  if (is.size() != d.shape.size() || us.size() != is.size())
     fail("data, indices and updates must have the same rank, and updates the shape of indices");
+  for (size_t i = 0; i < is.size(); ++i)
+    if (!(is[i] == us[i])) {
+      if (is[i].is_static() && us[i].is_static())
+        fail("data, indices and updates must have the same rank, and updates the shape of indices");
+      unsupported("scatter indices dim {} is {} but updates' is {}, which the symbols do not decide equal", i, is[i],
+                  us[i]);
+    }
   if (d.shape.empty()) fail("data must have rank >= 1");
   normalize_axis(c.node().attr_i("axis", 0), static_cast<int>(d.shape.size()));
   parse_reduction(c.node());
@@ -804,12 +811,13 @@ void register_index_ops(OpRegistry& r) {
                                                gathernd_kernel, FusionKind::injective),
                                        decompose_gathernd)));
   // ScatterElements 11 (no reduction) and 16 (add/mul) are subsets of 18.
-  r.add(with_decomposition(make_op("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}},
-                                   scatter_elements_infer, scatter_elements_kernel),
-                           decompose_scatter_elements));
-  r.add(with_decomposition(
+  // Both take symbolic sizes (docs/dynamic-shapes.md).
+  r.add(symbolic_op(with_decomposition(make_op("ScatterElements", 11, 3, 3, {{"axis", AttrKind::i}, {"reduction", AttrKind::s}},
+                                               scatter_elements_infer, scatter_elements_kernel),
+                                       decompose_scatter_elements)));
+  r.add(symbolic_op(with_decomposition(
       make_op("Scatter", 9, 3, 3, {{"axis", AttrKind::i}}, scatter_elements_infer, scatter_elements_kernel),
-      decompose_scatter_elements));
+      decompose_scatter_elements)));
   r.add(with_decomposition(
       make_op("ScatterND", 11, 3, 3, {{"reduction", AttrKind::s}}, scatternd_infer, scatternd_kernel),
       decompose_scatternd));
