@@ -360,6 +360,8 @@ void scatter_elements_infer(InferCtx& c) {
     fail("data, indices and updates must have the same rank, and updates the shape of indices");
   for (size_t i = 0; i < is.size(); ++i)
     if (!(is[i] == us[i])) {
+      // a data-dependent dim (kUnknownDim, a NonZero's count) is checked by the kernel
+      if ((is[i].is_static() && is[i].value() < 0) || (us[i].is_static() && us[i].value() < 0)) continue;
       if (is[i].is_static() && us[i].is_static())
         fail("data, indices and updates must have the same rank, and updates the shape of indices");
       unsupported("scatter indices dim {} is {} but updates' is {}, which the symbols do not decide equal", i, is[i],
