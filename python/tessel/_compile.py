@@ -162,7 +162,20 @@ class _Entry:
         with torch.no_grad():
             for w, v in zip(self.writes, new_values):
                 dst = args[w] if isinstance(w, int) else w.get(args)
+                if v is dst:               # the CUDA executable wrote it in place (_CudaEntry.direct)
+                    _bump_version(dst)
+                    continue
                 dst.copy_(v)
+
+
+def _bump_version(t):
+    """The tensor's version counter moved on, as PyTorch's in-place ops do (a write through its address does
+    not): what reads versions (tessel's state guard, autograd) sees the mutation."""
+    inc = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+    if inc is not None:
+        inc(t)
+    else:  # pragma: no cover -- torch < 2.1
+        t.add_(0)
 
 
 class _DynamicEntry(_Entry):
@@ -249,6 +262,15 @@ class _CudaEntry(_Entry):
         self.in_dtypes = [_TORCH_DTYPES[d] for d, _ in exe.input_types]
         self.out_types = [(_TORCH_DTYPES[d], tuple(s)) for d, s in exe.output_types]
         self.device = torch.device("cuda", 0)
+        # The executable's outputs that are new values of mutated inputs (the flat outputs' tail): each is
+        # copied out straight into the tensor it replaces when that tensor can take it (a static KV cache:
+        # no allocation and no second copy per step). The executable reads its inputs only from its own
+        # buffers, filled at the start of the call, so writing the input's memory at the end is safe.
+        lits = conv.out_literals
+        n_flat = len(self.out_types) + len(lits)
+        tail = range(n_flat - len(self.writes), n_flat)
+        self.direct = [] if any(i in lits for i in tail) else [
+            (i - sum(1 for j in lits if j < i), w) for i, w in zip(tail, self.writes)]
         if len(self.feeds) != len(self.in_types):
             raise _tessel.TesselError(f"the CUDA executable takes {len(self.in_types)} inputs but the graph has "
                                       f"{len(self.feeds)}")
@@ -273,7 +295,13 @@ class _CudaEntry(_Entry):
                 t = t.contiguous()
             ins.append(t)
         dev = self.device
-        outs = [torch.empty(s, dtype=d, device=dev) for d, s in self.out_types]
+        into = {}
+        for e, w in self.direct:
+            dst = args[w] if w.__class__ is int else w.get(args)
+            d, s = self.out_types[e]
+            if dst.is_cuda and dst.device.index == 0 and dst.dtype == d and tuple(dst.shape) == s and dst.is_contiguous():
+                into[e] = dst
+        outs = [into.get(e) if e in into else torch.empty(s, dtype=d, device=dev) for e, (d, s) in enumerate(self.out_types)]
         self.exe.run([t.data_ptr() for t in ins], [o.data_ptr() for o in outs],
                      torch.cuda.current_stream(dev).cuda_stream)
         return outs

@@ -134,6 +134,31 @@ class CudaTarget(unittest.TestCase):
             fast(torch.randn(4, 64))
         self.assertIn("pass CUDA tensors", str(c.exception))
 
+    def test_an_input_written_in_place(self):
+        # A static KV cache's write (index_copy_ into a tensor the caller keeps): the executable copies the
+        # new cache straight into the caller's tensor; outputs and the cache equal eager's after every call,
+        # and the cache's version counter moves as an in-place op's would.
+        class Step(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(16, 16)
+
+            def forward(self, x, pos, cache):
+                cache.index_copy_(0, pos, self.fc(x))
+                return torch.softmax(x @ cache.t(), -1) @ cache
+        m = Step().to(self.dev).eval()
+        mine, ref = torch.zeros(32, 16, device=self.dev), torch.zeros(32, 16, device=self.dev)
+        fast = tessel.compile(m, (torch.randn(4, 16, device=self.dev), torch.arange(4, device=self.dev), mine.clone()))
+        with torch.no_grad():
+            for start in (0, 4, 8, 2):
+                x, pos = torch.randn(4, 16, device=self.dev), torch.arange(start, start + 4, device=self.dev)
+                version = mine._version
+                out = fast(x, pos, mine)
+                self.assertLessEqual(rel(out, m(x, pos, ref)), 1e-5, start)
+                self.assertLessEqual(rel(mine, ref), 1e-6, start)
+                self.assertGreater(mine._version, version)
+        self.assertEqual(fast.stats.compiles, 1)
+
     def test_a_cpu_scalar_beside_cuda_tensors(self):
         # PyTorch's CUDA ops take a 0-d CPU tensor beside CUDA ones (dynamo passes such a counter of
         # transformers' caches): the callable copies it up, as eager would use it.
