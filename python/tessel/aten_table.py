@@ -1769,7 +1769,12 @@ def _sdpa_gqa(L, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, 
         rep = L.shape(q)[-3] // L.shape(k)[-3]
 
         def widen(t):
-            s = _static_shape(L, t, "grouped attention")
+            # the sequence and batch dims may be symbolic (a KV length); the head count is static
+            s = L.shape(t)
+            if any(isinstance(d, int) and d < 0 for d in s):
+                raise Unsupported("grouped attention of a tensor with a data-dependent shape")
+            if isinstance(s[-3], SymDim):
+                raise Unsupported(f"grouped attention over a symbolic head count {s[-3]}")
             y = L.op("Unsqueeze", [t, L.ints([len(s) - 2])])
             y = L.op("Expand", [y, L.ints(s[:-2] + [rep] + s[-2:])])
             return L.op("Reshape", [y, L.ints(s[:-3] + [s[-3] * rep] + s[-2:])])

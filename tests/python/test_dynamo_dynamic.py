@@ -87,6 +87,22 @@ class DynamoDynamic(unittest.TestCase):
         shapes = ((2, 16), (3, 5), (2, 7), (4, 33), (5, 2), (3, 64))
         self.run_shapes(attention(), [torch.randn(b, t, 64) for b, t in shapes])
 
+    def test_grouped_query_attention(self):
+        """scaled_dot_product_attention with enable_gqa (Qwen2's and Llama 3's attention: each group of query
+        heads shares a key/value head) over a symbolic length: one symbolic compilation."""
+        class GQA(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.q, self.kv = nn.Linear(32, 32), nn.Linear(32, 16)
+
+            def forward(self, x):
+                b, t, _ = x.shape
+                q = self.q(x).view(b, t, 4, 8).transpose(1, 2)
+                k = self.kv(x).view(b, t, 2, 8).transpose(1, 2)
+                o = torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
+                return o.transpose(1, 2).reshape(b, t, 32)
+        self.run_shapes(GQA().eval(), [torch.randn(b, t, 32) for b, t in ((2, 5), (3, 9), (2, 17), (4, 3), (3, 6))])
+
     def test_an_input_written_in_place_compiles_symbolically(self):
         """A static KV cache's write (index_copy_ into a preallocated tensor the caller keeps) in a graph with
         a symbolic length: one symbolic compilation whose new cache is written back after each call, the
