@@ -125,7 +125,6 @@ class _Sizes:
     def __init__(self, n, tensors, dims, ints, where, names=None):
         self.n, self.tensors, self.dims, self.ints, self.where = n, tensors, dims, ints, where
         self.names = names or {}                                  # dynamo's symbol name -> tessel's
-        self.ranges = {}          # tessel's symbol name -> (lo, hi) from dynamo's ShapeEnv, where hi is finite
         self.position = {p: k for k, p in enumerate(tensors)}     # placeholder -> index among the tensors
         self.size_of = [(p, _evaluator(expr)) for p, expr in ints.items()]  # each SymInt input's function of env
         self.outputs = []         # (position, function of env) of each SymInt the graph returns (symint_outputs)
@@ -153,11 +152,8 @@ class _Sizes:
             self.outputs.append((i, _evaluator(expr)))
 
     def dims_of(self, frozen):
-        """dynamic_dims for tessel.compile over the graph's tensors (frozen parameters stay static): each
-        symbol with the range dynamo's ShapeEnv gives it, where finite (`ranges`)."""
-        def spec(name):
-            return (name,) + self.ranges[name] if name in self.ranges else name
-        return {self.position[p]: {d: spec(n) for d, n in dd.items()} for p, dd in self.dims.items() if p not in frozen}
+        """dynamic_dims for tessel.compile over the graph's tensors (frozen parameters stay static)."""
+        return {self.position[p]: dict(dd) for p, dd in self.dims.items() if p not in frozen}
 
     def values(self, tensors):
         """{symbol: size} from the tensors (their dims that carry each symbol)."""
@@ -319,7 +315,7 @@ def symbolic_sizes(gm, example_inputs):
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
         raise Unsupported(f"the graph has {len(placeholders)} inputs but {len(example_inputs)} example inputs")
-    names, where, dims, ints, tensors, ranges = {}, {}, {}, {}, [], {}
+    names, where, dims, ints, tensors = {}, {}, {}, {}, []
 
     def name_of(sym):
         if sym.name not in names:
@@ -344,9 +340,6 @@ def symbolic_sizes(gm, example_inputs):
                 name = name_of(expr)
                 dims.setdefault(p, {})[d] = name
                 where.setdefault(name, (p, d))
-                r = _dynamo_range(size, expr)
-                if r is not None:
-                    ranges[name] = r
             continue
         expr = sympy_expr(val) if not isinstance(val, (bool, int, float)) else None
         if expr is None:
@@ -362,25 +355,8 @@ def symbolic_sizes(gm, example_inputs):
         if missing:
             raise Unsupported(f"SymInt input {p} ('{placeholders[p].name}') is {expr}, and no tensor dim carries {missing}")
     sizes = _Sizes(len(placeholders), tensors, dims, ints, where, names)
-    sizes.ranges = ranges
     sizes.symint_outputs(gm)
     return sizes
-
-
-def _dynamo_range(size, expr):
-    """(lo, hi) of a size symbol from dynamo's ShapeEnv (its value range: what the graph's guards let
-    through), when the upper bound is finite and below 2^31; None otherwise (torch 1.13 keeps none). A
-    bound lets tessel's shape rules decide what a symbol alone does not (a slice of a 383-long static
-    cache up to the KV length s27 needs s27 <= 383)."""
-    try:
-        r = size.node.shape_env.var_to_range[expr]
-        hi = int(r.upper)
-        lo = max(2, int(r.lower))
-    except Exception:  # noqa: BLE001 -- no ShapeEnv, no range, an infinite bound
-        return None
-    if not lo <= hi < (1 << 31):
-        return None
-    return (lo, hi)
 
 
 def _check_options(kwargs):
