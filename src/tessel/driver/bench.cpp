@@ -169,7 +169,7 @@ BenchReport bench_model(const std::string& model, const BenchOptions& requested)
       b.peak_mem_bytes = st.peak_bytes;
       if (opts.floor) {
         FloorResult fr = measure_model_matmul_floor(model, b.threads, opts.iters);
-        rep.floor = FloorBench{fr.matmuls, fr.flops, fr.gflops(), fr.median_ms, fr.p10_ms, fr.p90_ms, fr.threads};
+        rep.floor = FloorBench{fr.matmuls, fr.convolutions, fr.flops, fr.gflops(), fr.median_ms, fr.p10_ms, fr.p90_ms, fr.threads};
       }
     }
     rep.backends.push_back(b);
@@ -287,7 +287,7 @@ nlohmann::json bench_json(const BenchReport& r) {
   j["machine"] = {{"before", load(r.load_before)}, {"after", load(r.load_after)},
                   {"warning", r.load_warning.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.load_warning)}};
   if (r.floor)
-    j["matmul_floor"] = {{"matmuls", r.floor->matmuls}, {"flops", r.floor->flops},     {"gflops", r.floor->gflops},
+    j["matmul_floor"] = {{"matmuls", r.floor->matmuls}, {"convolutions", r.floor->convolutions}, {"flops", r.floor->flops},     {"gflops", r.floor->gflops},
                          {"median_ms", r.floor->median_ms}, {"p10_ms", r.floor->p10_ms}, {"p90_ms", r.floor->p90_ms},
                          {"threads", r.floor->threads}};
   return j;
@@ -325,9 +325,10 @@ std::string bench_table(const BenchReport& r) {
     for (const auto& [p, why] : r.peers.skipped) s += fmt::format("skipped {}: {}\n", p, why);
     for (const std::string& w : r.peer_warnings) s += "warning: " + w + "\n";
   }
-  if (r.floor && r.floor->matmuls > 0) {
-    s += fmt::format("matmul floor: {} matmuls alone through oneDNN, {} threads: {:.3f} ms median ({:.0f} GFLOP/s)", r.floor->matmuls,
-                     r.floor->threads, r.floor->median_ms, r.floor->gflops);
+  if (r.floor && r.floor->matmuls + r.floor->convolutions > 0) {
+    s += fmt::format("matmul floor: {} matmuls{} alone through oneDNN, {} threads: {:.3f} ms median ({:.0f} GFLOP/s)", r.floor->matmuls,
+                     r.floor->convolutions ? fmt::format(" and {} convolutions", r.floor->convolutions) : "", r.floor->threads,
+                     r.floor->median_ms, r.floor->gflops);
     for (const auto& b : r.backends)
       if (b.backend == "compiled") s += fmt::format("; compiled / floor = {:.2f}", b.median_ms / r.floor->median_ms);
     s += "\n";

@@ -50,6 +50,7 @@ struct BackendBench {
 // what the compiled backend cannot beat without faster matmuls.
 struct FloorBench {
   int matmuls = 0;
+  int convolutions = 0;
   double flops = 0, gflops = 0;
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
   int threads = 0;

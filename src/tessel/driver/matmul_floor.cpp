@@ -51,7 +51,32 @@ double quantile(const std::vector<double>& sorted, double q) {
 struct Job {
   std::vector<float> a, b, c;
   std::unique_ptr<cpu::Matmul> mm;
+  std::unique_ptr<cpu::Conv2d> conv;  // or a convolution: a = its input, c = its result
 };
+
+// A core 2-D fp32 convolution with static dims as the backend runs it (channels-last activations,
+// oneDNN's choice of kernel), or nullopt (another rank or dtype, symbolic or unknown dims, a bad attr).
+std::optional<cpu::ConvDesc> floor_conv(const Node& n) {
+  if (!n.has_input(0) || !n.has_input(1) || n.outputs.empty() || !n.outputs[0]) return std::nullopt;
+  const TensorType &x = n.inputs[0]->type, &w = n.inputs[1]->type, &y = n.outputs[0]->type;
+  if (x.dtype != DType::f32 || w.dtype != DType::f32 || x.shape.size() != 4 || w.shape.size() != 4 || y.shape.size() != 4)
+    return std::nullopt;
+  if (!shape_known(x.shape) || !shape_known(w.shape) || !shape_known(y.shape)) return std::nullopt;
+  const auto st = n.attr_ints("strides", {1, 1}), dl = n.attr_ints("dilations", {1, 1});
+  const auto pd = n.attr_ints("padding", {0, 0, 0, 0});
+  if (st.size() != 2 || dl.size() != 2 || pd.size() != 4) return std::nullopt;
+  cpu::ConvDesc d;
+  d.N = x.shape[0], d.C = x.shape[1], d.H = x.shape[2], d.W = x.shape[3];
+  d.OC = w.shape[0], d.KH = w.shape[2], d.KW = w.shape[3], d.OH = y.shape[2], d.OW = y.shape[3];
+  d.stride_h = st[0], d.stride_w = st[1], d.dil_h = dl[0], d.dil_w = dl[1];
+  d.pad_top = pd[0], d.pad_bottom = pd[1], d.pad_left = pd[2], d.pad_right = pd[3];
+  d.groups = n.attr_i("groups", 1);
+  if (d.groups <= 0 || d.C % d.groups || d.OC % d.groups || w.shape[1] != d.C / d.groups) return std::nullopt;
+  for (int64_t p : pd)
+    if (p < 0) return std::nullopt;
+  d.src_nhwc = d.dst_nhwc = true;
+  return d;
+}
 
 }  // namespace
 
@@ -89,11 +114,39 @@ FloorResult measure_matmul_floor(const Graph& core_graph, int threads, int iters
     jobs.push_back(std::move(j));
   }
   r.matmuls = static_cast<int>(jobs.size());
+  // The convolutions, as oneDNN runs them between channels-last activations (a convnet's floor is
+  // mostly these: issue 37).
+  for (const auto& n : core_graph.nodes()) {
+    if (!is_core_op(*n, CoreOp::convolution)) continue;
+    std::optional<cpu::ConvDesc> d = floor_conv(*n);
+    if (!d) continue;
+    Job j;
+    const std::vector<float> w = random_floats(static_cast<size_t>(d->OC * (d->C / d->groups) * d->KH * d->KW), rng);
+    d->weights = w.data();
+    j.a = random_floats(static_cast<size_t>(d->N * d->C * d->H * d->W), rng);
+    j.c.assign(static_cast<size_t>(d->N * d->OC * d->OH * d->OW), 0.0f);
+    try {
+      j.conv = std::make_unique<cpu::Conv2d>(*d);
+    } catch (const Error& e) {
+      throw e.with_context(Location{.node = n->name, .op = "convolution", .pass = "matmul floor"});
+    }
+    ++impls[j.conv->impl()];
+    r.shapes.push_back(fmt::format("{}  {}", cpu::conv_str(*d), n->name));
+    r.flops += 2.0 * static_cast<double>(d->N * d->OC * d->OH * d->OW) *
+               static_cast<double>((d->C / d->groups) * d->KH * d->KW);
+    jobs.push_back(std::move(j));
+    ++r.convolutions;
+  }
   for (const auto& [name, count] : impls)
     r.impls += fmt::format("{}{} x{}", r.impls.empty() ? "" : ", ", name, count);
   if (jobs.empty()) return r;
   auto pass = [&] {
-    for (Job& j : jobs) j.mm->run(j.a.data(), j.b.data(), j.c.data());
+    for (Job& j : jobs) {
+      if (j.conv)
+        j.conv->run(j.a.data(), j.c.data());
+      else
+        j.mm->run(j.a.data(), j.b.data(), j.c.data());
+    }
   };
   pass();
   std::vector<double> ms;
@@ -117,8 +170,9 @@ FloorResult measure_model_matmul_floor(const std::string& model, int threads, in
 }
 
 std::string floor_summary(const FloorResult& r) {
-  return fmt::format("{} matmuls, {:.3f} GFLOP, median {:.3f} ms (p10 {:.3f}, p90 {:.3f}), ",
-                     r.matmuls, r.flops / 1e9, r.median_ms, r.p10_ms, r.p90_ms) +
+  const std::string convs = r.convolutions ? fmt::format(" and {} convolutions", r.convolutions) : "";
+  return fmt::format("{} matmuls{}, {:.3f} GFLOP, median {:.3f} ms (p10 {:.3f}, p90 {:.3f}), ",
+                     r.matmuls, convs, r.flops / 1e9, r.median_ms, r.p10_ms, r.p90_ms) +
          fmt::format("{:.0f} GFLOP/s, {} threads", r.gflops(), r.threads);
 }
 

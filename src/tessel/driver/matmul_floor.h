@@ -11,7 +11,8 @@ class Graph;
 
 struct FloorResult {
   int matmuls = 0;
-  double flops = 0;  // 2·batch·M·N·K summed over the matmuls
+  int convolutions = 0;  // 2-D fp32 convolutions, timed after the matmuls in the same pass
+  double flops = 0;  // 2·batch·M·N·K summed over the matmuls, 2·N·OC·OH·OW·(C/groups)·KH·KW over the convolutions
   // One sample per pass of all matmuls back to back.
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
   std::vector<std::string> shapes;  // one per matmul: "[128x768]·[768x2304] packed  /qkv/MatMul"
@@ -22,8 +23,9 @@ struct FloorResult {
 
 // Finds every fp32 dot_general node of `core_graph` (a graph after the "core" pipeline), builds one
 // cpu::Matmul per node over contiguous operands of its shapes (dot_general_matmul; a constant rhs,
-// also through reshape/broadcast_in_dim, is pre-packed as the backend packs it), and times running
-// all of them back to back with `threads` OpenMP threads: one warm-up pass, then `iters` passes.
+// also through reshape/broadcast_in_dim, is pre-packed as the backend packs it), and one cpu::Conv2d
+// per static 2-D fp32 convolution (channels-last activations, as the compiled backend keeps them), and
+// times running all of them back to back with `threads` OpenMP threads: one warm-up pass, then `iters` passes.
 // The thread count in effect before the call is restored.
 FloorResult measure_matmul_floor(const Graph& core_graph, int threads, int iters);
 
