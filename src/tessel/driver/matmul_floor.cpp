@@ -14,10 +14,13 @@
 #include "tessel/frontend/onnx/importer.h"
 #include "tessel/ir/graph.h"
 #include "tessel/ir/op_registry.h"
+#include "tessel/kernel/kernel.h"
+#include "tessel/lower/cpu.h"
 #include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 #include "tessel/support/threads.h"
 #include "tessel/targets/cpu/dnnl_ops.h"
+#include "tessel/targets/cpu/library_epilogue.h"
 
 namespace tessel {
 namespace {
@@ -53,30 +56,6 @@ struct Job {
   std::unique_ptr<cpu::Matmul> mm;
   std::unique_ptr<cpu::Conv2d> conv;  // or a convolution: a = its input, c = its result
 };
-
-// A core 2-D fp32 convolution with static dims as the backend runs it (channels-last activations,
-// oneDNN's choice of kernel), or nullopt (another rank or dtype, symbolic or unknown dims, a bad attr).
-std::optional<cpu::ConvDesc> floor_conv(const Node& n) {
-  if (!n.has_input(0) || !n.has_input(1) || n.outputs.empty() || !n.outputs[0]) return std::nullopt;
-  const TensorType &x = n.inputs[0]->type, &w = n.inputs[1]->type, &y = n.outputs[0]->type;
-  if (x.dtype != DType::f32 || w.dtype != DType::f32 || x.shape.size() != 4 || w.shape.size() != 4 || y.shape.size() != 4)
-    return std::nullopt;
-  if (!shape_known(x.shape) || !shape_known(w.shape) || !shape_known(y.shape)) return std::nullopt;
-  const auto st = n.attr_ints("strides", {1, 1}), dl = n.attr_ints("dilations", {1, 1});
-  const auto pd = n.attr_ints("padding", {0, 0, 0, 0});
-  if (st.size() != 2 || dl.size() != 2 || pd.size() != 4) return std::nullopt;
-  cpu::ConvDesc d;
-  d.N = x.shape[0], d.C = x.shape[1], d.H = x.shape[2], d.W = x.shape[3];
-  d.OC = w.shape[0], d.KH = w.shape[2], d.KW = w.shape[3], d.OH = y.shape[2], d.OW = y.shape[3];
-  d.stride_h = st[0], d.stride_w = st[1], d.dil_h = dl[0], d.dil_w = dl[1];
-  d.pad_top = pd[0], d.pad_bottom = pd[1], d.pad_left = pd[2], d.pad_right = pd[3];
-  d.groups = n.attr_i("groups", 1);
-  if (d.groups <= 0 || d.C % d.groups || d.OC % d.groups || w.shape[1] != d.C / d.groups) return std::nullopt;
-  for (int64_t p : pd)
-    if (p < 0) return std::nullopt;
-  d.src_nhwc = d.dst_nhwc = true;
-  return d;
-}
 
 }  // namespace
 
@@ -114,26 +93,31 @@ FloorResult measure_matmul_floor(const Graph& core_graph, int threads, int iters
     jobs.push_back(std::move(j));
   }
   r.matmuls = static_cast<int>(jobs.size());
-  // The convolutions, as oneDNN runs them between channels-last activations (a convnet's floor is
-  // mostly these: issue 37).
-  for (const auto& n : core_graph.nodes()) {
-    if (!is_core_op(*n, CoreOp::convolution)) continue;
-    std::optional<cpu::ConvDesc> d = floor_conv(*n);
-    if (!d) continue;
+  // The convolutions as the compiled backend runs them: the CPU lowering's conv kernels (layouts as
+  // fusion decided them), each a cpu::Conv2d over its constant weights, without the epilogue (a convnet's
+  // floor is mostly these: issue 37).
+  lower::CpuOptions lo;
+  lo.pipeline = "";  // (core_graph is past the graph passes)
+  lo.codegen = false;
+  lo.stages.verify = false;
+  const lower::CpuLowered low = lower::lower_cpu(core_graph.clone(), lo);
+  for (const auto& n : low.module.graph->nodes()) {
+    if (!is_kernel_node(*n)) continue;
+    const Kernel& k = low.module.kernels.at(static_cast<size_t>(n->attr_i("kernel")));
+    if (k.kind != KernelKind::conv || !k.conv.n.is_static()) continue;
+    cpu::ConvDesc d = cpu::conv_desc(k.conv);
+    d.weights = n->inputs[static_cast<size_t>(k.conv.w)]->constant->data<float>();
     Job j;
-    const std::vector<float> w = random_floats(static_cast<size_t>(d->OC * (d->C / d->groups) * d->KH * d->KW), rng);
-    d->weights = w.data();
-    j.a = random_floats(static_cast<size_t>(d->N * d->C * d->H * d->W), rng);
-    j.c.assign(static_cast<size_t>(d->N * d->OC * d->OH * d->OW), 0.0f);
+    j.a = random_floats(static_cast<size_t>(d.N * d.C * d.H * d.W), rng);
+    j.c.assign(static_cast<size_t>(d.N * d.OC * d.OH * d.OW), 0.0f);
     try {
-      j.conv = std::make_unique<cpu::Conv2d>(*d);
+      j.conv = std::make_unique<cpu::Conv2d>(d);
     } catch (const Error& e) {
-      throw e.with_context(Location{.node = n->name, .op = "convolution", .pass = "matmul floor"});
+      throw e.with_context(Location{.node = n->name, .op = "conv", .pass = "matmul floor"});
     }
     ++impls[j.conv->impl()];
-    r.shapes.push_back(fmt::format("{}  {}", cpu::conv_str(*d), n->name));
-    r.flops += 2.0 * static_cast<double>(d->N * d->OC * d->OH * d->OW) *
-               static_cast<double>((d->C / d->groups) * d->KH * d->KW);
+    r.shapes.push_back(fmt::format("{}  {}", cpu::conv_str(d), n->name));
+    r.flops += 2.0 * static_cast<double>(d.N * d.OC * d.OH * d.OW) * static_cast<double>((d.C / d.groups) * d.KH * d.KW);
     jobs.push_back(std::move(j));
     ++r.convolutions;
   }

@@ -24,8 +24,8 @@ struct FloorResult {
 // Finds every fp32 dot_general node of `core_graph` (a graph after the "core" pipeline), builds one
 // cpu::Matmul per node over contiguous operands of its shapes (dot_general_matmul; a constant rhs,
 // also through reshape/broadcast_in_dim, is pre-packed as the backend packs it), and one cpu::Conv2d
-// per static 2-D fp32 convolution (channels-last activations, as the compiled backend keeps them), and
-// times running all of them back to back with `threads` OpenMP threads: one warm-up pass, then `iters` passes.
+// per conv kernel the CPU lowering makes of it (its layouts and weights, no epilogue), and times running
+// all of them back to back with `threads` OpenMP threads: one warm-up pass, then `iters` passes.
 // The thread count in effect before the call is restored.
 FloorResult measure_matmul_floor(const Graph& core_graph, int threads, int iters);
 
