@@ -384,6 +384,10 @@ TEST(DnnlConv, Regular) {
   asym.pad_bottom = asym.pad_right = 1;  // TF "same" padding of a stride 2 layer
   asym.OH = asym.OW = 7;
   check_conv(asym, "asymmetric pads", true);
+  // 3x3, stride 1, >= 64 channels on >= 14x14: oneDNN's Winograd kernel where it has one (AVX-512; the
+  // impl in the message says which ran), the direct kernel elsewhere, the same bound against float64.
+  check_conv(conv(1, 64, 16, 14, 64, 3, 1, 1), "3x3 s1 64 channels", true);
+  check_conv(conv(1, 64, 28, 28, 96, 3, 1, 1), "3x3 s1 64 -> 96 channels at 28x28", false);
 }
 
 TEST(DnnlConv, PointwiseDepthwiseGrouped) {

@@ -437,11 +437,11 @@ bool crop_dead_taps(CoreBuilder& b, const Value* weight, Value*& w, Window& win)
   if (!any) return false;
   const Tensor& c = *weight->constant;
   if (c.shape().size() != static_cast<size_t>(win.nd) + 2) return false;
-  const std::vector<double> v = c.to_f64();
   const std::vector<int64_t> taps(c.shape().begin() + 2, c.shape().end());
-  for (size_t e = 0; e < v.size(); ++e) {
-    if (std::isfinite(v[e])) continue;
-    int64_t rest = static_cast<int64_t>(e) % prod(taps);
+  const int64_t per_filter = prod(taps);
+  for (int64_t e = 0; e < c.numel(); ++e) {
+    if (std::isfinite(c.get_f(e))) continue;
+    int64_t rest = e % per_filter;
     for (int i = win.nd - 1; i >= 0; --i) {
       const int64_t k = rest % taps[static_cast<size_t>(i)];
       rest /= taps[static_cast<size_t>(i)];

@@ -717,10 +717,8 @@ void check_conv(const ConvDesc& d, const std::string& name) {
     fail("conv2d {}: the output is {}x{} but the shapes give {}x{}", name, d.OH, d.OW, oh, ow);
 }
 
-}  // namespace
-
 // Whether a convolution tries oneDNN's Winograd kernel (Conv2d::Impl::build says when it wins).
-static bool winograd_wanted(const ConvDesc& d) {
+bool winograd_wanted(const ConvDesc& d) {
   static const bool off = [] {
     const char* v = std::getenv("TESSEL_CONV_WINOGRAD");
     return v && std::string_view(v) == "0";
@@ -728,6 +726,8 @@ static bool winograd_wanted(const ConvDesc& d) {
   return !off && d.KH == 3 && d.KW == 3 && d.stride_h == 1 && d.stride_w == 1 && d.dil_h == 1 && d.dil_w == 1 &&
          d.groups == 1 && d.C >= 64 && d.OC >= 64 && d.OH >= 14 && d.OW >= 14 && !d.epilogue.accumulate;
 }
+
+}  // namespace
 
 struct Conv2d::Impl {
   ConvDesc d;
@@ -767,14 +767,15 @@ struct Conv2d::Impl {
     const memory::dims strides{d.stride_h, d.stride_w}, dil{d.dil_h - 1, d.dil_w - 1};
     const memory::dims pl{d.pad_top, d.pad_left}, pr{d.pad_bottom, d.pad_right};
     const auto fwd = dnnl::prop_kind::forward_inference;
-    const auto alg = dnnl::algorithm::convolution_direct;
-    auto make_pd = [&](const memory::desc& src, const memory::desc& dst) {
+    auto make_pd = [&](const memory::desc& src, const memory::desc& dst,
+                       dnnl::algorithm alg = dnnl::algorithm::convolution_direct) {
       const dnnl::convolution_forward::desc cd =
           !bias_data.empty()  // d.bias is cleared after construction
               ? dnnl::convolution_forward::desc(fwd, alg, src, wany, bias_md, dst, strides, dil, pl, pr)
               : dnnl::convolution_forward::desc(fwd, alg, src, wany, dst, strides, dil, pl, pr);
       return dnnl::convolution_forward::primitive_desc(cd, attr, eng);
     };
+    const memory::desc any_x(x_md.dims(), kF32, Tag::any), any_y(y_md.dims(), kF32, Tag::any);
     pd = make_pd(act_x, act_y);
     // A 3x3, stride-1, undilated convolution over at least 64 channels in and out on a map of at least
     // 14x14 takes oneDNN's Winograd kernel where it has one (AVX-512 only in oneDNN 2.6): F(4x4, 3x3)
@@ -784,12 +785,7 @@ struct Conv2d::Impl {
     // keeps every convolution direct.
     if (winograd_wanted(d)) {
       try {
-        const memory::desc any_x(x_md.dims(), kF32, Tag::any), any_y(y_md.dims(), kF32, Tag::any);
-        const auto wino = dnnl::algorithm::convolution_winograd;
-        const dnnl::convolution_forward::desc cd =
-            !bias_data.empty() ? dnnl::convolution_forward::desc(fwd, wino, any_x, wany, bias_md, any_y, strides, dil, pl, pr)
-                               : dnnl::convolution_forward::desc(fwd, wino, any_x, wany, any_y, strides, dil, pl, pr);
-        pd = dnnl::convolution_forward::primitive_desc(cd, attr, eng);
+        pd = make_pd(any_x, any_y, dnnl::algorithm::convolution_winograd);
       } catch (const dnnl::error&) {
         // no Winograd kernel for this machine or epilogue: the direct one chosen above stays
       }
@@ -799,7 +795,6 @@ struct Conv2d::Impl {
     // NCHW input into a channels-last result (DeepLabV3's ASPP projection after its concatenation) found
     // only `ref:any`: 278 ms a call on an AVX2 machine, against 1.8 ms through nChw8c and two reorders.
     if (std::string_view(pd.impl_info_str()).starts_with("ref")) {
-      const memory::desc any_x(x_md.dims(), kF32, Tag::any), any_y(y_md.dims(), kF32, Tag::any);
       dnnl::convolution_forward::primitive_desc chosen = make_pd(any_x, any_y);
       if (!std::string_view(chosen.impl_info_str()).starts_with("ref")) pd = chosen;
     }
