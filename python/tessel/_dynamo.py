@@ -122,34 +122,13 @@ class _Sizes:
     to their symbols' names; `ints[i]` is the sympy expression of SymInt input i, computed from the
     tensor dims `where` names for each symbol."""
 
-    def __init__(self, n, tensors, dims, ints, where, names=None):
+    def __init__(self, n, tensors, dims, ints, where, outputs=None):
         self.n, self.tensors, self.dims, self.ints, self.where = n, tensors, dims, ints, where
-        self.names = names or {}                                  # dynamo's symbol name -> tessel's
         self.position = {p: k for k, p in enumerate(tensors)}     # placeholder -> index among the tensors
         self.size_of = [(p, _evaluator(expr)) for p, expr in ints.items()]  # each SymInt input's function of env
-        self.outputs = []         # (position, function of env) of each SymInt the graph returns (symint_outputs)
-
-    def symint_outputs(self, gm):
-        """The graph's outputs that are SymInts (a length transformers' static cache returns beside its
-        tensors): each is left out of what tessel compiles and computed from the call's sizes, as a SymInt
-        input is. Raises Unsupported for one whose symbols no tensor dim carries."""
-        out = next(n for n in gm.graph.nodes if n.op == "output")
-        flat = out.args[0]
-        if not isinstance(flat, (tuple, list)):
-            return
-        for i, a in enumerate(flat):
-            val = a.meta.get("example_value", a.meta.get("val")) if isinstance(a, torch.fx.Node) else None
-            if val is None or isinstance(val, (torch.Tensor, bool, int, float)):
-                continue
-            expr = sympy_expr(val)
-            if expr is None:
-                continue
-            expr = expr.xreplace({sym: sym.func(self.names.get(sym.name, sym.name), **sym.assumptions0)
-                                  for sym in expr.free_symbols})
-            missing = [sym.name for sym in expr.free_symbols if sym.name not in self.where]
-            if missing:
-                raise Unsupported(f"output {i} ('{a.name}') is the size {expr}, and no tensor dim carries {missing}")
-            self.outputs.append((i, _evaluator(expr)))
+        # each SymInt the graph returns (a length transformers' static cache returns beside its tensors), by
+        # output position, ascending: left out of what tessel compiles and computed from the call's sizes
+        self.outputs = [(i, _evaluator(expr)) for i, expr in sorted((outputs or {}).items())]
 
     def dims_of(self, frozen):
         """dynamic_dims for tessel.compile over the graph's tensors (frozen parameters stay static)."""
@@ -274,9 +253,6 @@ class _SizedCall:
                     return self.gm(*args)
         try:
             out = self.compiled(*tensors)
-            if sizes.outputs:
-                out = self._with_sizes(out, sizes.values(tensors))
-            return out
         except TesselRecompileLimit:
             if not self.stats.dynamic_fallback:
                 raise
@@ -288,6 +264,7 @@ class _SizedCall:
             self._note(f"a graph with symbolic sizes compiles per shape ({self.stats.dynamic_fallback}) and its "
                        f"cache_limit={self.compiled.cache_limit} compilations are spent; its new shapes run in PyTorch")
             return self.gm(*args)
+        return self._with_sizes(out, sizes.values(tensors)) if sizes.outputs else out
 
     def _with_sizes(self, out, env):
         """The graph's outputs: the compiled tensors with each SymInt output computed from the call's sizes
@@ -311,7 +288,8 @@ def symbolic_sizes(gm, example_inputs):
     """The _Sizes of a dynamo graph whose inputs carry symbolic sizes (placeholders' example values: fake
     tensors with SymInt dims, SymInts), or None when every size is static. Raises Unsupported (the
     reason) for a graph tessel cannot compile symbolically: a dim that is an expression of symbols
-    (2*s0), a SymInt of a symbol no tensor dim carries, another input that is not a tensor."""
+    (2*s0), a SymInt input or output of a symbol no tensor dim carries, another input that is not a
+    tensor."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
         raise Unsupported(f"the graph has {len(placeholders)} inputs but {len(example_inputs)} example inputs")
@@ -348,15 +326,23 @@ def symbolic_sizes(gm, example_inputs):
         ints[p] = expr
     if not symbolic:
         return None
-    for p, expr in ints.items():
-        renamed = {s: s.func(name_of(s), **s.assumptions0) for s in expr.free_symbols}
-        ints[p] = expr = expr.xreplace(renamed)
+    def carried(expr, what):
+        """expr over tessel's symbol names; Unsupported when a symbol is on no tensor dim."""
+        expr = expr.xreplace({s: s.func(name_of(s), **s.assumptions0) for s in expr.free_symbols})
         missing = [s.name for s in expr.free_symbols if s.name not in where]
         if missing:
-            raise Unsupported(f"SymInt input {p} ('{placeholders[p].name}') is {expr}, and no tensor dim carries {missing}")
-    sizes = _Sizes(len(placeholders), tensors, dims, ints, where, names)
-    sizes.symint_outputs(gm)
-    return sizes
+            raise Unsupported(f"{what} is {expr}, and no tensor dim carries {missing}")
+        return expr
+    for p, expr in ints.items():
+        ints[p] = carried(expr, f"SymInt input {p} ('{placeholders[p].name}')")
+    outputs = {}
+    flat = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    for i, a in enumerate(flat if isinstance(flat, (tuple, list)) else ()):
+        val = a.meta.get("example_value", a.meta.get("val")) if isinstance(a, torch.fx.Node) else None
+        expr = None if val is None or isinstance(val, (torch.Tensor, bool, int, float)) else sympy_expr(val)
+        if expr is not None:
+            outputs[i] = carried(expr, f"output {i} ('{a.name}')")
+    return _Sizes(len(placeholders), tensors, dims, ints, where, outputs)
 
 
 def _check_options(kwargs):
