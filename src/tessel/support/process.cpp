@@ -49,10 +49,11 @@ std::string ProcessResult::why(double timeout_s) const {
 
 ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& env_add, double timeout_s) {
   ProcessResult c;
-  char err_path[] = "/tmp/tessel-peer-XXXXXX";
-  const int err_fd = ::mkstemp(err_path);
-  if (err_fd < 0) throw Error(Location{}, "cannot create a temporary file for a peer's errors");
-  ::unlink(err_path);
+  const char* tmp = std::getenv("TMPDIR");
+  std::string err_path = std::string(tmp && *tmp ? tmp : "/tmp") + "/tessel-process-XXXXXX";
+  const int err_fd = ::mkstemp(err_path.data());
+  if (err_fd < 0) throw Error(Location{.file = err_path}, fmt::format("cannot create a temporary file for {}'s errors", argv[0]));
+  ::unlink(err_path.c_str());
   int out[2];
   if (::pipe(out) != 0) {
     ::close(err_fd);
@@ -60,6 +61,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::vecto
   }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);  // (a child that reads stdin gets EOF)
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
   posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
   posix_spawn_file_actions_addclose(&fa, out[0]);

@@ -22,8 +22,8 @@ struct ProcessResult {
   std::string why(double timeout_s) const;
 };
 
-// Runs argv[0] (a path) without a shell, with `env_add` (NAME=value) over this process's environment, in
-// its own process group, which is killed after timeout_s. Throws only when no pipe or temporary file can
+// Runs argv[0] (a path) without a shell, standard input from /dev/null, with `env_add` (NAME=value) over
+// this process's environment, in its own process group, which is killed after timeout_s. Throws only when no pipe or temporary file can
 // be made; a program that cannot start is a result with status -1.
 ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& env_add = {},
                           double timeout_s = 600);
