@@ -7,7 +7,8 @@ whether any graph was left to PyTorch; then prefill time and decode tokens/s aga
 
 Models: `gpt2`, `llama` and `qwen2` (transformers configs with random weights; torch >= 2, the GPU box).
 CPU (--threads threads for tessel and PyTorch alike) or CUDA (--device cuda; --precision bf16 runs eager and
-Inductor under bf16 autocast and tessel with bf16 storage). --cache static uses transformers' static KV cache.
+Inductor under bf16 autocast -- with --cache static a bf16 copy of the model, since autocast fails with the
+static cache in eager -- and tessel with bf16 storage). --cache static uses transformers' static KV cache.
 Compilations are counted per generate() as well (`compilations_per_generation`: the first prompt's includes
 the graphs dynamo specialises before it marks a size dynamic). JSON out.
 

@@ -781,8 +781,8 @@ struct Conv2d::Impl {
     // 14x14 takes oneDNN's Winograd kernel where it has one (AVX-512 only in oneDNN 2.6): F(4x4, 3x3)
     // does a quarter of the multiplications. FCN's classifier (2048 -> 512 at 28x28) 77.4 -> 35.9 ms a
     // call, ResNet's 64-channel 3x3 at 56x56 1.01 -> 0.66 ms (Zen 4, 2 threads). Its transforms round
-    // differently from the direct kernel (within 1e-5 relative on the models tried); TESSEL_CONV_WINOGRAD=0
-    // keeps every convolution direct.
+    // differently from the direct kernel (resnet18/50, vgg11, googlenet and fcn_resnet50 stayed as close to
+    // torch's outputs; docs/runtime/compiled-backend.md); TESSEL_CONV_WINOGRAD=0 keeps every convolution direct.
     if (winograd_wanted(d)) {
       try {
         pd = make_pd(any_x, any_y, dnnl::algorithm::convolution_winograd);
