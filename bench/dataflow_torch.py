@@ -43,13 +43,20 @@ TOL = {"f32": 1e-4}
 
 
 class _Logits(torch.nn.Module):
-    """A transformers model as a module of token ids to its first output (logits or the last hidden state)."""
+    """A transformers model as a module of token ids to its first output (logits or the last hidden state).
+    With `for_export` a causal model takes its causal mask as a 4-D additive mask built from the ids' length:
+    transformers uses such a mask as given, where from a 2-D mask (or none) it reads the mask's values while
+    tracing (is it all ones? packed sequences?), which tessel.compile keeps as guards but a model file cannot."""
 
     def __init__(self, m, causal):
         super().__init__()
-        self.m, self.causal = m, causal
+        self.m, self.causal, self.for_export = m, causal, False
 
     def forward(self, ids):
+        if self.causal and self.for_export:
+            t = ids.shape[1]
+            mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
+            return self.m(input_ids=ids, attention_mask=mask, use_cache=False, return_dict=False)[0]
         if self.causal:   # (a mask, as generate() passes one: without it transformers looks for packed sequences)
             return self.m(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, return_dict=False)[0]
         return self.m(input_ids=ids, return_dict=False)[0]
@@ -111,12 +118,17 @@ def export_rows(name, model, x, folder, targets, binary, timeout):
     if model is not None:
         shutil.rmtree(path, ignore_errors=True)
         t0 = time.perf_counter()
+        if isinstance(model, _Logits):
+            model.for_export = True
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 tessel.export(model, (x,), path)
         except tessel.TesselError as e:
             return [dict(model=name, command="export", error=str(e)[:500])]
+        finally:
+            if isinstance(model, _Logits):
+                model.for_export = False
         rows.append(dict(model=name, command="export", seconds=time.perf_counter() - t0))
         if binary is None:
             return rows

@@ -10,6 +10,7 @@
 #include "tessel/ir/printer.h"
 #include "tessel/runtime/compiled_backend.h"
 #include "tessel/runtime/graph_backend.h"
+#include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 
 using namespace tessel;
@@ -175,4 +176,74 @@ graph @g(%a: f32[64,300]) {
   // A value returned twice is two buffers: the caller may update one in place (`.grad +=`).
   EXPECT_NE(y2[1].bytes(), y2[0].bytes());
   EXPECT_TRUE(y2[1].same_as(y2[0]));
+}
+
+// A static KV cache's write: a scatter of two positions (one negative) into the cache along its length,
+// the index a broadcast of the positions (a view the typed kernel reads through strides), the new cache
+// read by a later step and returned as the cache's new value. Aliased, the scatter writes its two
+// positions straight into the caller's cache (no copy of the cache); both backends give what the eager
+// interpreter gives. An index out of range is an error that leaves the cache as it was.
+TEST(InPlaceOutputs, AScatterWritesItsPositionsIntoTheCallersCache) {
+  const std::string text = R"(# tessel graph level
+graph @g(%cache: f32[2,6,3], %pos: i64[2], %u: f32[2,2,3]) {
+  %idx: i64[2,2,3] = broadcast_in_dim(%pos) {dims = [1], shape = [2,2,3]} loc("idx")
+  %c2: f32[2,6,3] = scatter(%cache, %idx, %u) {axis = 1} loc("c2")
+  %s: f32[2,3] = reduce(%c2) {axes = [1], kind = "sum"} loc("s")
+  return %s, %c2
+}
+)";
+  const Tensor cache0 = ramp({2, 6, 3}, 0.3, 0.2), u = ramp({2, 2, 3}, 0.9, 1.1);
+  const Tensor pos = Tensor::from_i64(DType::i64, {2}, std::vector<int64_t>{4, -1});
+  const std::vector<Tensor> want = run_eager(*parse_graph(text), {cache0, pos, u});
+  EXPECT_FALSE(want[1].same_as(cache0));
+  for (const std::string backend : {"graph", "compiled"}) {
+    SCOPED_TRACE(backend);
+    std::unique_ptr<GraphExecutable> ge;
+    std::unique_ptr<CompiledExecutable> ce;
+    if (backend == "graph") {
+      GraphBackendOptions o;
+      o.output_aliases = {-1, 0};
+      ge = compile_graph(parse_graph(text), {}, o);
+    } else {
+      CompiledBackendOptions o;
+      o.threads = 1;
+      o.output_aliases = {-1, 0};
+      ce = compile_cpu(parse_graph(text), {}, o);
+    }
+    auto run = [&](const std::vector<Tensor>& ins) { return ge ? ge->run(ins) : ce->run(ins); };
+    const GraphCompileStats& st = ge ? ge->stats() : ce->stats().graph;
+    EXPECT_EQ(st.outputs_in_place, 1);
+    Tensor cache = cache0.clone();
+    const std::vector<Tensor> got = run({cache, pos, u});
+    EXPECT_EQ(got[1].bytes(), cache.bytes());
+    EXPECT_TRUE(cache.same_as(want[1]));
+    for (int64_t i = 0; i < want[0].numel(); ++i)  // (the compiled sum may add in another order)
+      EXPECT_NEAR(got[0].get_f(i), want[0].get_f(i), 1e-5) << i;
+    Tensor untouched = cache0.clone();
+    EXPECT_THROW(run({untouched, Tensor::from_i64(DType::i64, {2}, std::vector<int64_t>{1, 6}), u}), Error);
+    EXPECT_TRUE(untouched.same_as(cache0));
+  }
+}
+
+// With optional_aliases (tessel.compile's mutated inputs) an alias the graph cannot take is dropped,
+// not an error: the output comes back as a tensor of its own and the input is left alone.
+TEST(InPlaceOutputs, OptionalAliasesAreDroppedNotRefused) {
+  const std::string text = R"(# tessel graph level
+graph @g(%a: f32[4], %b: f32[2]) {
+  %y: f32[4] = exp(%a) loc("y")
+  return %y, %a
+}
+)";
+  GraphBackendOptions o;
+  o.output_aliases = {0, -1};   // a is also returned
+  o.optional_aliases = true;
+  auto exe = compile_graph(parse_graph(text), {}, o);
+  EXPECT_EQ(exe->stats().aliases_dropped, 1);
+  EXPECT_EQ(exe->stats().outputs_in_place + exe->stats().outputs_copied_back, 0);
+  Tensor a = ramp({4}, 0.5, 0), b = ramp({2}, 0.5, 0);
+  const Tensor a0 = a.clone();
+  const std::vector<Tensor> got = exe->run({a, b});
+  EXPECT_TRUE(a.same_as(a0));
+  EXPECT_NE(got[0].bytes(), a.bytes());
+  EXPECT_NEAR(got[0].get_f(2), std::exp(a0.get_f(2)), 1e-6);
 }

@@ -13,8 +13,10 @@
 #     the dynamic cache's decode graphs compile per shape on CUDA, then run in PyTorch), JSON
 #     llm_generate_cuda_<cache>_<precision>.json;
 #   profile: one generate() of GPT-2 under cProfile, tessel's and eager's (llm_profile.txt), and
-#     bench/decode_step.py at THREADS threads and at 1 (where a decoded token's time goes).
-# STEPS (default dynamo,bench,tests,llm; static, dataflow and profile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
+#     bench/decode_step.py at THREADS threads and at 1 (where a decoded token's time goes);
+#   export: tessel.export of the transformers models (DF_HF) into export.tgz, for the CLI here;
+#   cudaprofile: the same cProfile of GPT-2 on CUDA with the static cache (llm_cuda_profile.txt).
+# STEPS (default dynamo,bench,tests,llm; static, dataflow, cuda, export, profile and cudaprofile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
 #   bash python/box/dynamic.sh          (carry .pybox, made here by `bash python/box/pack.sh build`)
 set -u
 OUT=${OUT:-/tmp/dynamic}
@@ -76,15 +78,37 @@ echo "dataflow_torch rc=$?"
 cat "$OUT/dataflow.out"
 grep -v -i warn "$OUT/dataflow.err" | cut -c1-300 | tail -10
 }
+step export && {
+rm -rf "$OUT/export"
+timeout "${EXPORT_TIMEOUT:-120}" $PY bench/dataflow_torch.py --models "" --hf "${DF_HF:-bert,gpt2,llama}" --export "$OUT/export" \
+  --export-only --no-cli --json "$OUT/export.json" > "$OUT/export.out" 2> "$OUT/export.err"
+echo "export rc=$?"
+cat "$OUT/export.out"
+grep -v -i warn "$OUT/export.err" | cut -c1-300 | tail -6
+tar czf "$OUT/export.tgz" -C "$OUT" export && rm -rf "$OUT/export"   # one file back (the folders are too deep)
+}
 step profile && {
 timeout "${PROFILE_TIMEOUT:-150}" $PY bench/llm_generate.py --models gpt2 --threads "${THREADS:-8}" --new-tokens 128 \
-  --prompts 1x32,1x256 --rounds 3 --no-inductor --profile "$OUT/llm_profile.txt" --json "$OUT/llm_profile.json" \
-  > "$OUT/profile.out" 2> "$OUT/profile.err"
+  --prompts 1x32,1x256 --rounds 3 --cache "${PROFILE_CACHE:-dynamic}" --no-inductor --profile "$OUT/llm_profile.txt" \
+  --json "$OUT/llm_profile.json" > "$OUT/profile.out" 2> "$OUT/profile.err"
 echo "llm_generate profile rc=$?"
 cat "$OUT/profile.out"
 grep -E "tottime|_tessel|tessel/|guard|generate|forward" "$OUT/llm_profile.txt" | head -60
-for t in "${THREADS:-8}" 1; do
+# the C++ run's steps (TESSEL_PROFILE: each step's time per call), one round of the same generate()
+TESSEL_PROFILE=1 timeout "${PROFILE_TIMEOUT:-150}" $PY bench/llm_generate.py --models gpt2 --threads "${THREADS:-8}" \
+  --new-tokens 128 --prompts 1x256 --rounds 1 --cache "${PROFILE_CACHE:-dynamic}" --no-inductor > /dev/null 2> "$OUT/steps.err"
+echo "TESSEL_PROFILE generate rc=$?"
+$PY bench/profile_table.py --top 40 "$OUT/steps.err" > "$OUT/steps_table.txt" 2>&1; head -50 "$OUT/steps_table.txt"
+[ "${DECODE_STEP:-1}" = 1 ] && for t in "${THREADS:-8}" 1; do
   timeout 120 $PY bench/decode_step.py --threads $t --pairs 3 --json "$OUT/decode_step_t$t.json" > "$OUT/decode_t$t.out" 2>&1
   echo "decode_step threads $t rc=$?"; tail -6 "$OUT/decode_t$t.out"
 done
+}
+step cudaprofile && {
+timeout "${PROFILE_TIMEOUT:-150}" $PY bench/llm_generate.py --device cuda --precision f32 --models gpt2 --new-tokens 128 \
+  --prompts 1x32,1x256 --rounds 3 --cache static --no-inductor --profile "$OUT/llm_cuda_profile.txt" \
+  --json "$OUT/llm_cuda_profile.json" > "$OUT/cudaprofile.out" 2> "$OUT/cudaprofile.err"
+echo "llm_generate cuda profile rc=$?"
+cat "$OUT/cudaprofile.out"
+grep -v -i warn "$OUT/cudaprofile.err" | cut -c1-300 | tail -8
 }

@@ -321,12 +321,15 @@ BreakRunner break_runner(const py::object& runner) {
 
 class Executable {
  public:
-  Executable(Builder& b, const std::string& backend, int threads) {
+  // aliases: per graph output, the graph input it may be written into (-1: none): a mutated input's new
+  // value, written in place where the backend can (alias_counts says how many were).
+  Executable(Builder& b, const std::string& backend, int threads, const std::vector<int>& aliases) {
     // Building and running set OpenMP's thread count only for their own duration (ScopedOmpThreads in
     // support/threads.h), so torch.get_num_threads(), which shares libgomp's count, comes back unchanged.
     PartitionedOptions po;
     po.backend = backend;
     po.threads = threads;
+    po.output_aliases = aliases;
     std::unique_ptr<Graph> g = b.take();
     py::gil_scoped_release nogil;
     exe_ = PartitionedExecutable::build(std::move(g), po);
@@ -344,6 +347,14 @@ class Executable {
   }
   std::string explain() const { return json_dump(explain_json(exe_->plan(), {})); }
   double compile_seconds() const { return exe_->compile_seconds(); }
+  py::dict alias_counts() const {
+    const PartitionedExecutable::AliasCounts a = exe_->alias_counts();
+    py::dict d;
+    d["outputs_in_place"] = a.in_place;
+    d["outputs_copied_back"] = a.copied_back;
+    d["aliases_dropped"] = a.dropped;
+    return d;
+  }
   py::list symbols() const { return Builder::symbol_list(exe_->graph().symbols); }
   std::string text(bool elide) const {
     PrintOptions po;
@@ -361,7 +372,7 @@ class Executable {
 // break the symbols' facts raises GuardFailure with the reason, on either backend.
 class WholeExecutable {
  public:
-  WholeExecutable(Builder& b, const std::string& backend, int threads) {
+  WholeExecutable(Builder& b, const std::string& backend, int threads, const std::vector<int>& aliases) {
     if (backend != "compiled" && backend != "eager")
       throw Error(Location{.pass = "python"},
                   fmt::format("backend '{}' does not take a whole symbolic graph (compiled or eager)", backend));
@@ -381,6 +392,8 @@ class WholeExecutable {
     // TESSEL_REBIND=0: an instance per binding instead of one executable rebound (docs/dynamic-shapes.md;
     // bench/decode_step.py compares the two)
     if (const char* r = std::getenv("TESSEL_REBIND"); r && std::string(r) == "0") co.rebind = false;
+    co.output_aliases = aliases;
+    co.optional_aliases = true;
     py::gil_scoped_release nogil;
     compiled_ = compile_cpu(std::move(g), {}, co);
   }
@@ -416,6 +429,9 @@ class WholeExecutable {
       d["rebind_seconds"] = s.rebind_seconds;
       d["kernels"] = s.kernels;
       d["compile_seconds"] = s.compile_seconds;
+      d["outputs_in_place"] = s.graph.outputs_in_place;
+      d["outputs_copied_back"] = s.graph.outputs_copied_back;
+      d["aliases_dropped"] = s.graph.aliases_dropped;
     }
     return d;
   }
@@ -923,8 +939,10 @@ PYBIND11_MODULE(_tessel, m) {
       .def("explain", &Builder::explain);
 
   py::class_<Executable>(m, "Executable")
-      .def(py::init<Builder&, const std::string&, int>(), py::arg("builder"), py::arg("backend") = "compiled",
-           py::arg("threads") = 0)
+      .def(py::init<Builder&, const std::string&, int, const std::vector<int>&>(), py::arg("builder"),
+           py::arg("backend") = "compiled", py::arg("threads") = 0, py::arg("aliases") = std::vector<int>{})
+      .def_property_readonly("alias_counts", &Executable::alias_counts,
+                             "output aliases written in place, copied back over their input, dropped")
       .def("run", &Executable::run, py::arg("inputs"), py::arg("runner") = py::none())
       .def("explain", &Executable::explain)
       .def("text", &Executable::text, py::arg("elide_constants") = true)
@@ -945,8 +963,8 @@ PYBIND11_MODULE(_tessel, m) {
       .def_property_readonly("storage", &DataflowExecutable::storage)
       .def_property_readonly("last_run", &DataflowExecutable::last_run, "the last call's functional-simulation figures");
   py::class_<WholeExecutable>(m, "WholeExecutable")
-      .def(py::init<Builder&, const std::string&, int>(), py::arg("builder"), py::arg("backend") = "compiled",
-           py::arg("threads") = 0)
+      .def(py::init<Builder&, const std::string&, int, const std::vector<int>&>(), py::arg("builder"),
+           py::arg("backend") = "compiled", py::arg("threads") = 0, py::arg("aliases") = std::vector<int>{})
       .def("run", &WholeExecutable::run, py::arg("inputs"), py::arg("runner") = py::none())
       .def("explain", &WholeExecutable::explain)
       .def_property_readonly("stats", &WholeExecutable::stats,

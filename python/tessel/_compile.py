@@ -117,13 +117,17 @@ class _Entry:
         self.plain = simple and self.structure.kind == "tuple"
         # outputs then guards, nothing to write back: checked and rebuilt without pytree
         self.guarded = not captured.mutated and not conv.out_literals and bool(captured.reads)
+        # the feeds whose memory the executable may write the new value into (output_aliases)
+        self.aliased = [k for k, _ in _output_aliases(captured, conv)[1]]
 
     def run(self, args):
         """One call: inputs adopted without copies, the executable, outputs as tensors over tessel's
         buffers, mutations written back. Kept lean: this is the per-call overhead (bench/torch_overhead.py)."""
         feeds = self.feeds
-        ins = [to_buffer(args[f] if f.__class__ is int else f.get(args)) for f in feeds]
-        outs = self.exe.run(ins, self.runner)     # (keeps OpenMP's thread count: python/src/_tessel.cpp)
+        ts = [args[f] if f.__class__ is int else f.get(args) for f in feeds]
+        if self.aliased:
+            _unshared(ts, self.aliased)
+        outs = self.exe.run([to_buffer(t) for t in ts], self.runner)   # (keeps OpenMP's thread count: python/src/_tessel.cpp)
         return self._rebuild(args, [from_buffer(a, d) for a, d in outs])
 
     def _rebuild(self, args, outs):
@@ -162,10 +166,56 @@ class _Entry:
         with torch.no_grad():
             for w, v in zip(self.writes, new_values):
                 dst = args[w] if isinstance(w, int) else w.get(args)
-                if v is dst:               # the CUDA executable wrote it in place (_CudaEntry.direct)
+                # the executable wrote it in place: over the input (output_aliases; the same address) or,
+                # on CUDA, straight into it (_CudaEntry.direct)
+                if v is dst or (v.data_ptr() == dst.data_ptr() and v.dtype == dst.dtype and v.shape == dst.shape
+                                and dst.is_contiguous()):
                     _bump_version(dst)
                     continue
                 dst.copy_(v)
+
+
+def _output_aliases(captured, conv):
+    """Where the executable may write a mutated input's new value over the input itself (a static KV
+    cache's index_copy_ in place, no copy of the cache per call): (per executable output, the executable
+    input it may be written into or -1; [(feed index, output index)]). None where the compilation reads
+    tensor values (value guards): a guard that misses sends the call to another compilation or to
+    PyTorch, which must see the inputs as they were. TESSEL_OUTPUT_ALIASES=0 (read when a compilation is
+    made) keeps the copies (bench/static_cache_step.py measures both)."""
+    lits = conv.out_literals
+    if not captured.mutated or captured.reads or os.environ.get("TESSEL_OUTPUT_ALIASES") == "0":
+        return [], []
+    positions = {p: k for k, p in enumerate(conv.input_positions)}
+    n_flat = conv.out_spec.num_leaves
+    n_exe = n_flat - len(lits)
+    aliases, pairs = [-1] * n_exe, []
+    first = n_flat - len(captured.mutated)
+    for w, p in enumerate(captured.mutated):
+        i = first + w
+        k = positions.get(p)
+        if i in lits or k is None or k in (q for q, _ in pairs):
+            continue
+        e = i - sum(1 for j in lits if j < i)
+        aliases[e] = k
+        pairs.append((k, e))
+    return (aliases if pairs else []), pairs
+
+
+def _storage_of(t):
+    s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return s.data_ptr()
+
+
+def _unshared(ts, aliased):
+    """The call's tensors with each one the executable may write over replaced by a copy when it shares
+    memory with another of them (written in place it would change what the other reads); the copy's new
+    value is then copied back as without an alias."""
+    bases = [_storage_of(t) for t in ts]
+    if len(set(bases)) == len(bases):
+        return
+    for k in aliased:
+        if bases.count(bases[k]) > 1:
+            ts[k] = ts[k].clone()
 
 
 def _bump_version(t):
@@ -464,7 +514,7 @@ def _build(module, example_inputs, target, backend, threads, repair, freeze_inpu
                                                captured, call)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     with _torch_threads_kept():
-        exe = _tessel.Executable(conv.builder, backend, threads)
+        exe = _tessel.Executable(conv.builder, backend, threads, _output_aliases(captured, conv)[0])
     return _Entry(captured, conv, exe, repairs, guard)
 
 
@@ -476,7 +526,7 @@ def _build_dynamic(module, example_inputs, plan, backend, threads, freeze_inputs
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     with _torch_threads_kept():
         # (the whole graph: a symbolic one has no graph break to partition at)
-        exe = _tessel.WholeExecutable(conv.builder, backend, threads)
+        exe = _tessel.WholeExecutable(conv.builder, backend, threads, _output_aliases(captured, conv)[0])
     return _DynamicEntry(captured, conv, exe, repairs, guard)
 
 

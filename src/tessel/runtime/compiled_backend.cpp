@@ -488,6 +488,7 @@ void CompiledExecutable::Symbolic::make_rebound(CompiledExecutable& owner) {
   Builder* b = bld.get();  // kept as `builder` for the rebinds
   go.kernel_nodes = b;
   go.output_aliases = opts.output_aliases;
+  go.optional_aliases = opts.optional_aliases;
   go.recycled_outputs = opts.recycled_outputs;
   {
     ScopedOmpThreads library_threads(st.threads);
@@ -649,6 +650,7 @@ CompiledExecutable& CompiledExecutable::Symbolic::instance(const std::vector<int
   go.arena_pool = arenas;
   go.kernel_nodes = &bld;
   go.output_aliases = opts.output_aliases;
+  go.optional_aliases = opts.optional_aliases;
   go.recycled_outputs = opts.recycled_outputs;
   {
     ScopedOmpThreads library_threads(st.threads);
@@ -703,6 +705,7 @@ std::unique_ptr<CompiledExecutable> compile_cpu(std::unique_ptr<Graph> g, const 
   go.lowered = std::move(pre);
   go.kernel_nodes = &b;
   go.output_aliases = opts.output_aliases;
+  go.optional_aliases = opts.optional_aliases;
   go.recycled_outputs = opts.recycled_outputs;
   // Library primitives are created for the threads they will run with (run() applies the same count).
   ScopedOmpThreads library_threads(st.threads);

@@ -29,6 +29,7 @@ struct CompiledBackendOptions {
   // inputs (a loop kernel writes over its input when each element is read before its position is
   // written: loop_writes_over_input), outputs handed over without a copy out of the arena.
   std::vector<int> output_aliases;
+  bool optional_aliases = false;
   bool recycled_outputs = false;
   // A graph with size symbols (docs/dynamic-shapes.md) compiles once. With `rebind` (the default), one
   // executable serves every binding: a call with new sizes rebinds it (the types, arena plan, library

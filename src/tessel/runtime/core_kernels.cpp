@@ -796,6 +796,82 @@ CoreKernel make_gather(const Node& n, const ViewMap& views) {
   return k;
 }
 
+// ---- scatter ----------------------------------------------------------------------------------------
+
+// Where each update of a scatter goes: (offset in y, offset of the update) per position p of the index's
+// shape, row-major, y's position being p with p[axis] replaced by idx[p]. The index and the updates are
+// read through strides (a broadcast index is a view: aten index_copy_'s positions). Throws on an index
+// out of range, before anything is written.
+template <class I>
+std::vector<std::pair<int64_t, int64_t>> scatter_positions(const I* idx, const Shape& ishape, const std::vector<int64_t>& ystride,
+                                                           const std::vector<int64_t>& istride,
+                                                           const std::vector<int64_t>& ustride, int64_t axis, int64_t axis_dim) {
+  const int r = static_cast<int>(ishape.size());
+  const int64_t count = shape_numel(ishape);
+  std::vector<std::pair<int64_t, int64_t>> at(static_cast<size_t>(count));
+  std::vector<int64_t> pos(r, 0);
+  int64_t base = 0, ib = 0, ub = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t j = static_cast<int64_t>(idx[ib]);
+    const int64_t w = j < 0 ? j + axis_dim : j;
+    if (w < 0 || w >= axis_dim) fail("scatter index {} is out of range for a dim of {}", j, axis_dim);
+    at[static_cast<size_t>(i)] = {base + w * ystride[axis], ub};
+    for (int d = r - 1; d >= 0; --d) {
+      if (d != axis) base += ystride[d];
+      ib += istride[d];
+      ub += ustride[d];
+      if (++pos[d] < ishape[d]) break;
+      if (d != axis) base -= ystride[d] * ishape[d];
+      ib -= istride[d] * ishape[d];
+      ub -= ustride[d] * ishape[d];
+      pos[d] = 0;
+    }
+  }
+  return at;
+}
+
+// The typed scatter without a reduction (the others combine in the reference kernel's wider type):
+// y = data, then each update written at its position in the index's row-major order (a repeated
+// position keeps the last, as the reference kernel does). When y is the data's own memory (run in
+// place, can_run_in_place: a static KV cache written at a few positions) the copy is skipped and only
+// the updated positions are written.
+CoreKernel make_scatter(const Node& n, const ViewMap& views) {
+  if (n.attr_s("reduction", "none") != "none") return {};
+  const Shape data = static_shape(n.inputs[0]), ishape = static_shape(n.inputs[1]);
+  const int64_t axis = n.attr_i("axis");
+  const DType it = n.inputs[1]->type.dtype;
+  const int r = static_cast<int>(data.size());
+  if (axis < 0 || axis >= r || ishape.size() != data.size() || static_shape(n.inputs[2]) != ishape ||
+      (it != DType::i64 && it != DType::i32))
+    return {};
+  const PointwiseOperand dop = operand_access(n.inputs[0], views), iop = operand_access(n.inputs[1], views),
+                         uop = operand_access(n.inputs[2], views);
+  const std::vector<int64_t> ystride = row_strides(data), istride = iop.strides, ustride = uop.strides;
+  const auto vit = views.find(n.inputs[0]->id);
+  const std::optional<StridedView> dview = vit != views.end() ? std::optional<StridedView>(vit->second) : std::nullopt;
+  const int64_t axis_dim = data[axis];
+  const int es = dtype_size(n.outputs[0]->type.dtype);
+  const size_t bytes = static_cast<size_t>(shape_numel(data)) * static_cast<size_t>(es);
+  const int d = dop.id, ix = iop.id, u = uop.id, y = n.outputs[0]->id;
+  CoreKernel k;
+  with_size(es, [&](auto tag) {
+    using U = Tag<decltype(tag)>;
+    k = [=](KernelEnv& e) {
+      const auto at = it == DType::i64
+                          ? scatter_positions(in_ptr<int64_t>(e, ix), ishape, ystride, istride, ustride, axis, axis_dim)
+                          : scatter_positions(in_ptr<int32_t>(e, ix), ishape, ystride, istride, ustride, axis, axis_dim);
+      uint8_t* out = e.ptr[static_cast<size_t>(y)];
+      const uint8_t* src = e.ptr[static_cast<size_t>(d)];
+      if (dview) materialize_view(*dview, src, data, es, out);    // (never in place: no write over a view)
+      else if (out != src) std::memcpy(out, src, bytes);
+      U* yp = reinterpret_cast<U*>(out);
+      const U* up = in_ptr<U>(e, u);
+      for (const auto& [o, q] : at) yp[o] = up[q];
+    };
+  });
+  return k;
+}
+
 // ---- reductions ------------------------------------------------------------------------------------
 
 using RK = ReduceKind;
@@ -1629,7 +1705,7 @@ CoreKernel make_unary_on_source(const Node& n, const StridedView& operand, int64
 
 bool reads_views(const Node& n) {
   return is_binary(n.op->core) || is_core_op(n, CoreOp::compare) || is_core_op(n, CoreOp::select) ||
-         is_core_op(n, CoreOp::gather);
+         is_core_op(n, CoreOp::gather) || is_core_op(n, CoreOp::scatter);
 }
 
 void materialize_view(const StridedView& v, const uint8_t* src, const Shape& shape, int elem_bytes, uint8_t* dst) {
@@ -1660,6 +1736,7 @@ CoreKernel make_core_kernel(const Node& n, const ViewMap& views) {
       case CoreOp::pad: return make_pad(n);
       case CoreOp::concatenate: return make_concatenate(n);
       case CoreOp::gather: return make_gather(n, views);
+      case CoreOp::scatter: return make_scatter(n, views);
       case CoreOp::iota: return make_iota(n);
       case CoreOp::reduce: return make_reduce(n);
       case CoreOp::reduce_window: return make_reduce_window(n);
@@ -1685,6 +1762,11 @@ bool can_run_in_place(const Node& n, int input) {
   if (is_unary(op) || is_binary(op)) return true;
   if (op == CoreOp::select) return input > 0;
   if (op == CoreOp::convert) return in->type.dtype == out->type.dtype;
+  // a scatter over its data (the typed kernel's case: no reduction, the index i64 or i32): only the
+  // updated positions are written, after every index is checked
+  if (op == CoreOp::scatter)
+    return input == 0 && n.attr_s("reduction", "none") == "none" &&
+           (n.inputs[1]->type.dtype == DType::i64 || n.inputs[1]->type.dtype == DType::i32);
   return false;
 }
 

@@ -378,17 +378,30 @@ void GraphExecutable::Impl::plan_outputs(const Graph& g, const GraphBackendOptio
       const int i = opts.output_aliases[k];
       if (i < 0) continue;
       const Value* out = g.outputs[k];
-      if (static_cast<size_t>(i) >= num_inputs || input_slot[static_cast<size_t>(i)] < 0)
-        fail("output {} ('{}') aliases input {}, which the graph does not take (it has {} inputs{})", k, out->name, i,
-             num_inputs, static_cast<size_t>(i) < num_inputs ? "; that one was specialised into a constant" : "");
+      // why this alias cannot be taken: an error, or with optional_aliases the output returned as its own
+      auto why_not = [&]() -> std::string {
+        if (static_cast<size_t>(i) >= num_inputs || input_slot[static_cast<size_t>(i)] < 0)
+          return fmt::format("output {} ('{}') aliases input {}, which the graph does not take (it has {} inputs{})", k,
+                             out->name, i, num_inputs,
+                             static_cast<size_t>(i) < num_inputs ? "; that one was specialised into a constant" : "");
+        const Value* in = g.inputs[static_cast<size_t>(input_slot[static_cast<size_t>(i)])];
+        if (in->type != out->type)
+          return fmt::format("output {} ('{}', {}) cannot be written into input '{}' ({})", k, out->name, out->type.str(),
+                             in->name, in->type.str());
+        if (taken.count(in->id)) return fmt::format("input '{}' is aliased by two outputs", in->name);
+        for (size_t j = 0; j < nout; ++j)
+          if (root[g.outputs[j]->id] == in->id)
+            return fmt::format("input '{}' is also returned as output {}; it cannot be overwritten by output {}", in->name,
+                               j, k);
+        return {};
+      };
+      if (const std::string why = why_not(); !why.empty()) {
+        if (!opts.optional_aliases) fail("{}", why);
+        st.aliases_dropped++;
+        continue;
+      }
       const Value* in = g.inputs[static_cast<size_t>(input_slot[static_cast<size_t>(i)])];
-      if (in->type != out->type)
-        fail("output {} ('{}', {}) cannot be written into input '{}' ({})", k, out->name, out->type.str(), in->name,
-             in->type.str());
-      if (!taken.insert(in->id).second) fail("input '{}' is aliased by two outputs", in->name);
-      for (size_t j = 0; j < nout; ++j)
-        if (root[g.outputs[j]->id] == in->id)
-          fail("input '{}' is also returned as output {}; it cannot be overwritten by output {}", in->name, j, k);
+      taken.insert(in->id);
       alias_input[k] = in->id;
       // Written straight over the input: nothing after the producing step reads the input, and the
       // producer reads every element of it before writing the same position (or not at all).

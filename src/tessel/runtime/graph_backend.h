@@ -71,6 +71,11 @@ struct GraphBackendOptions {
   // after the last step. Either way no step sees the input change. An input is aliased at most once,
   // must have the output's type and must not itself be a graph output.
   std::vector<int> output_aliases;
+  // With optional_aliases an alias the graph cannot take (its input specialised into a constant or
+  // returned as an output too, another type, an input named twice) is dropped instead of an error: that
+  // output comes back as a tensor of its own (aliases_dropped counts them). tessel.compile's mutated
+  // inputs use it; the caller compares addresses to know which were written in place.
+  bool optional_aliases = false;
   // Graph outputs (not aliased) computed by a kernel are written straight into buffers of their own,
   // returned without a copy out of the arena; a later run reuses a buffer once the caller has
   // dropped every tensor sharing it (no allocation, no page faults), else allocates a new one.
@@ -113,6 +118,7 @@ struct GraphCompileStats {
   std::vector<std::string> baked_inputs;  // inputs specialised into constants (guarded)
   int outputs_in_place = 0;       // output_aliases written straight over their input
   int outputs_copied_back = 0;    // output_aliases computed in the arena and copied over their input
+  int aliases_dropped = 0;        // output_aliases not taken (optional_aliases)
   int outputs_recycled = 0;       // outputs in buffers of their own (recycled_outputs)
   std::string pipeline_error;     // set when the pipeline could not lower the model (it then runs undecomposed)
   int fallback_count() const;

@@ -519,6 +519,29 @@ struct PartitionedExecutable::Compiled {
 PartitionedExecutable::PartitionedExecutable() = default;
 PartitionedExecutable::~PartitionedExecutable() = default;
 
+namespace {
+
+// The graph's output aliases as partition `p`'s (by its own input and output positions), when `p` is
+// the whole graph: one partition and no break. Empty otherwise (nothing aliased).
+std::vector<int> partition_aliases(const Graph& g, const PartitionPlan& plan, const Partition& p,
+                                   const std::vector<int>& aliases) {
+  if (aliases.empty() || plan.partitions.size() != 1 || !plan.breaks.empty()) return {};
+  std::vector<int> out(p.outputs.size(), -1);
+  bool any = false;
+  for (size_t k = 0; k < aliases.size() && k < g.outputs.size(); ++k) {
+    const int i = aliases[k];
+    if (i < 0 || static_cast<size_t>(i) >= g.inputs.size()) continue;
+    const auto o = std::find(p.outputs.begin(), p.outputs.end(), g.outputs[k]);
+    const auto m = std::find(p.inputs.begin(), p.inputs.end(), g.inputs[static_cast<size_t>(i)]);
+    if (o == p.outputs.end() || m == p.inputs.end() || out[static_cast<size_t>(o - p.outputs.begin())] >= 0) continue;
+    out[static_cast<size_t>(o - p.outputs.begin())] = static_cast<int>(m - p.inputs.begin());
+    any = true;
+  }
+  return any ? out : std::vector<int>{};
+}
+
+}  // namespace
+
 std::unique_ptr<PartitionedExecutable> PartitionedExecutable::build(std::unique_ptr<Graph> g,
                                                                      const PartitionedOptions& opts) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -535,6 +558,8 @@ std::unique_ptr<PartitionedExecutable> PartitionedExecutable::build(std::unique_
         CompiledBackendOptions co;
         co.threads = opts.threads;
         co.model_name = p.graph->name;
+        co.output_aliases = partition_aliases(*exe->graph_, exe->plan_, p, opts.output_aliases);
+        co.optional_aliases = true;
         c->compiled = compile_cpu(std::move(p.graph), {}, co);
       } else if (opts.backend == "graph") {
         c->graph = compile_graph(std::move(p.graph), {});
@@ -549,6 +574,18 @@ std::unique_ptr<PartitionedExecutable> PartitionedExecutable::build(std::unique_
   }
   exe->compile_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return exe;
+}
+
+PartitionedExecutable::AliasCounts PartitionedExecutable::alias_counts() const {
+  AliasCounts a;
+  for (const auto& c : compiled_)
+    if (c->compiled) {
+      const GraphCompileStats& s = c->compiled->stats().graph;
+      a.in_place += s.outputs_in_place;
+      a.copied_back += s.outputs_copied_back;
+      a.dropped += s.aliases_dropped;
+    }
+  return a;
 }
 
 std::vector<Tensor> PartitionedExecutable::run(const std::vector<Tensor>& inputs, const BreakRunner& runner) {

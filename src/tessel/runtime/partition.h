@@ -101,6 +101,11 @@ std::vector<Tensor> run_partition_plan(const Graph& g, const PartitionPlan& plan
 struct PartitionedOptions {
   std::string backend = "compiled";          // eager | graph | compiled
   int threads = 0;                           // compiled backend; 0: the machine's hardware threads
+  // Per graph output (empty: none), a graph input whose memory the output may be written into (the
+  // compiled backend's optional_aliases: a mutated input's new value, as tessel.compile's functionalized
+  // graphs return it). Taken only where the whole graph is one compiled partition; otherwise, and where
+  // the backend cannot take one, the output comes back as a tensor of its own.
+  std::vector<int> output_aliases;
 };
 
 class PartitionedExecutable {
@@ -112,6 +117,12 @@ class PartitionedExecutable {
   const Graph& graph() const { return *graph_; }
   const PartitionPlan& plan() const { return plan_; }
   double compile_seconds() const { return compile_seconds_; }
+  // Over the compiled partitions: output aliases written straight over their input, copied over it
+  // after the last step, and dropped (PartitionedOptions::output_aliases).
+  struct AliasCounts {
+    int in_place = 0, copied_back = 0, dropped = 0;
+  };
+  AliasCounts alias_counts() const;
 
  private:
   PartitionedExecutable();
