@@ -458,6 +458,46 @@ TEST(CudaBackend, GatherOnTheDeviceChecksIndices) {
   EXPECT_NO_THROW(exe->run({d, i}));  // the flag was reset
 }
 
+// A static KV cache's write (aten index_copy_ lowered to a scatter along the length, its positions a
+// broadcast index) and a read of the new cache: two launches on the device (copy, then the updates), no
+// host step, so the call is captured in a CUDA graph; the generated source compiles with NVRTC; on a GPU
+// the outputs equal the eager interpreter's over three calls, and an index out of range is the call's error.
+TEST(CudaBackend, ScatterOnTheDevice) {
+  const char* text = R"(graph @cache_write(%cache: f32[2,6,3], %pos: i64[2], %u: f32[2,2,3]) {
+  %idx: i64[2,2,3] = broadcast_in_dim(%pos) {dims = [1], shape = [2,2,3]} loc("idx")
+  %c2: f32[2,6,3] = scatter(%cache, %idx, %u) {axis = 1} loc("/index_copy")
+  %e: f32[2,6,3] = exp(%c2) loc("e")
+  return %e, %c2
+}
+)";
+  KernelModule m = lower_for_cuda(parse_graph(text));
+  const std::string src = cuda::generate_cuda(m, "scatter");
+  EXPECT_NE(src.find("_s(const float* __restrict__ data"), std::string::npos) << src;
+  if (cuda::built_with_cuda()) {
+    cuda::NvrtcOptions o = cuda_test::nvrtc_options();
+    o.use_cache = false;
+    EXPECT_GT(cuda::compile_cuda_source(src, "scatter", o).cubin.size(), 1000u);
+  }
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  const Tensor cache = cuda_test::ramp({2, 6, 3}), u = cuda_test::ramp({2, 2, 3});
+  Tensor pos(DType::i64, {2});
+  pos.data<int64_t>()[0] = 4;
+  pos.data<int64_t>()[1] = -1;
+  auto exe = compile_cuda(parse_graph(text), {cache, pos, u});
+  EXPECT_EQ(exe->stats().host_steps, 0);
+  const std::vector<Tensor> want = run_eager(*parse_graph(text), {cache, pos, u});
+  for (int call = 0; call < 3; ++call)
+    testenv::expect_matches_reference(exe->run({cache, pos, u}), want, "scatter call " + std::to_string(call), 1e-6);
+  EXPECT_TRUE(exe->uses_graph());
+  pos.data<int64_t>()[0] = 6;
+  try {
+    exe->run({cache, pos, u});
+    FAIL() << "a position of 6 into a dim of 6 passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
+}
+
 namespace {
 
 // A matmul, a softmax over its rows, an integer input passed through and an output that is a reshape of

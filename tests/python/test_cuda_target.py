@@ -135,9 +135,10 @@ class CudaTarget(unittest.TestCase):
         self.assertIn("pass CUDA tensors", str(c.exception))
 
     def test_an_input_written_in_place(self):
-        # A static KV cache's write (index_copy_ into a tensor the caller keeps): the executable copies the
-        # new cache straight into the caller's tensor; outputs and the cache equal eager's after every call,
-        # and the cache's version counter moves as an in-place op's would.
+        # A static KV cache's write (index_copy_ into a tensor the caller keeps): the scatter runs on the
+        # device (no host step, so the call is one CUDA graph) and the executable copies the new cache
+        # straight into the caller's tensor; outputs and the cache equal eager's after every call, and the
+        # cache's version counter moves as an in-place op's would.
         class Step(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -158,6 +159,8 @@ class CudaTarget(unittest.TestCase):
                 self.assertLessEqual(rel(mine, ref), 1e-6, start)
                 self.assertGreater(mine._version, version)
         self.assertEqual(fast.stats.compiles, 1)
+        exe = next(iter(fast._cache.values())).exe
+        self.assertEqual(exe.stats["host_steps"], 0, exe.stats["host_ops"])
 
     def test_a_cpu_scalar_beside_cuda_tensors(self):
         # PyTorch's CUDA ops take a 0-d CPU tensor beside CUDA ones (dynamo passes such a counter of

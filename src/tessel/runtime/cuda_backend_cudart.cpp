@@ -126,7 +126,9 @@ class CudaExecutableImpl final : public CudaExecutable {
     std::vector<void*> args;                 // device pointer per kernel arg
     std::vector<DType> arg_mem;              // per kernel arg: its element type in memory
     cudaKernel_t fn = nullptr, conv = nullptr, mm = nullptr, im2col = nullptr;  // im2col: a conv run as a matmul
-    int gather_flag = -1;                    // node steps of gather: their out-of-range flag
+    int gather_flag = -1;                    // node steps of gather and scatter: their out-of-range flag
+    cudaKernel_t update = nullptr;           // a scatter's second launch (its updates), after fn's copy
+    cuda::LaunchShape update_shape;
     cuda::LaunchShape shape, conv_shape, mm_shape, im2col_shape;
     std::unique_ptr<LtMatmul> lt;
     MatmulSpec spec;                         // what lt computes (a matmul kernel's, or a 1x1 convolution's)
@@ -451,7 +453,8 @@ void CudaExecutableImpl::make_shared_buffers() {
   workspace_ = DeviceBuffer(kWorkspaceBytes, "the cuBLASLt workspace");
   int gathers = 0;
   for (const auto& np : nodes)
-    if (!is_kernel_node(*np) && cuda::device_node_supported(*np) && is_core_op(*np, CoreOp::gather)) ++gathers;
+    if (!is_kernel_node(*np) && cuda::device_node_supported(*np) && (is_core_op(*np, CoreOp::gather) || is_core_op(*np, CoreOp::scatter)))
+      ++gathers;
   flags_ = DeviceBuffer(static_cast<size_t>(gathers) * sizeof(int), "gather flags");
   if (gathers) {
     ck(cudaMemset(flags_.p, 0, static_cast<size_t>(gathers) * sizeof(int)), "cudaMemset");
@@ -674,13 +677,18 @@ void CudaExecutableImpl::device_node_step(const Node& n, size_t ni) {
   s.kind = Step::Kind::node;
   for (const Value* v : n.inputs) s.args.push_back(dev(v));
   s.args.push_back(dev(n.outputs[0]));
-  if (is_core_op(n, CoreOp::gather)) {
+  const bool scatter = is_core_op(n, CoreOp::scatter);
+  if (is_core_op(n, CoreOp::gather) || scatter) {
     s.gather_flag = static_cast<int>(flag_node_.size());
     s.args.push_back(static_cast<int*>(flags_.p) + s.gather_flag);
     flag_node_.push_back(&n);
   }
   s.fn = kernel_of(cuda::node_symbol(ni));
   s.shape = cuda::node_launch_shape(n, sms_, vst_);
+  if (scatter) {
+    s.update = kernel_of(cuda::scatter_update_symbol(ni));
+    s.update_shape = cuda::scatter_update_launch_shape(n, sms_);
+  }
   info.name = display_text(n.name);
   info.kind = "node";
   info.how = "generated " + n.op->name;
@@ -939,6 +947,7 @@ void CudaExecutableImpl::enqueue(Step& s, cudaEvent_t before_epilogue) {
   }
   if (s.kind == Step::Kind::node) {
     launch(s.fn, s.shape, s.args);
+    if (s.update) launch(s.update, s.update_shape, s.args);
     return;
   }
   enqueue_converts(s);
@@ -1026,7 +1035,7 @@ std::vector<Tensor> CudaExecutableImpl::copy_outputs() {
   for (size_t i = 0; i < flags.size(); ++i)
     if (flags[i]) {
       ck(cudaMemset(flags_.p, 0, flags.size() * sizeof(int)), "cudaMemset");
-      throw Error(Location{.node = flag_node_[i]->name, .op = "gather", .pass = "cuda run"}, "a gather index is out of range for its axis");
+      throw Error(Location{.node = flag_node_[i]->name, .op = flag_node_[i]->op->name, .pass = "cuda run"}, fmt::format("a {} index is out of range for its axis", flag_node_[i]->op->name));
     }
   return outs;
 }
@@ -1092,8 +1101,10 @@ void CudaExecutableImpl::check_deferred_flags(bool wait) {
     if (flags_host_[i]) {
       std::fill(flags_host_, flags_host_ + flag_node_.size(), 0);
       ck(cudaMemset(flags_.p, 0, flag_node_.size() * sizeof(int)), "cudaMemset");
-      throw Error(Location{.node = flag_node_[i]->name, .op = "gather", .pass = "cuda run"},
-                  "a gather index was out of range for its axis in an earlier call (its outputs read 0 there)");
+      throw Error(Location{.node = flag_node_[i]->name, .op = flag_node_[i]->op->name, .pass = "cuda run"},
+                  is_core_op(*flag_node_[i], CoreOp::scatter)
+                      ? "a scatter index was out of range for its axis in an earlier call (that update was not written)"
+                      : "a gather index was out of range for its axis in an earlier call (its outputs read 0 there)");
     }
 }
 

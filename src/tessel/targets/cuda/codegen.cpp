@@ -752,7 +752,27 @@ bool device_node_supported(const Node& n) {
     return (it == DType::i32 || it == DType::i64) && axis >= 0 && axis < static_cast<int64_t>(data.size()) &&
            n.inputs[1]->type.shape.size() == data.size() && n.inputs[0]->type.dtype == t;
   }
+  if (is_core_op(n, CoreOp::scatter)) return scatter_on_device(n);
   return false;
+}
+
+bool scatter_on_device(const Node& n) {
+  if (!is_core_op(n, CoreOp::scatter) || n.inputs.size() != 3 || n.attr_s("reduction", "none") != "none") return false;
+  for (const Value* v : n.inputs)
+    if (!v || !static_value(v)) return false;
+  const DType t = n.outputs[0]->type.dtype, it = n.inputs[1]->type.dtype;
+  const int64_t axis = n.attr_i("axis");
+  const auto& data = n.inputs[0]->type.shape;
+  return (it == DType::i32 || it == DType::i64) && axis >= 0 && axis < static_cast<int64_t>(data.size()) &&
+         n.inputs[1]->type.shape.size() == data.size() && n.inputs[2]->type.shape == n.inputs[1]->type.shape &&
+         n.inputs[0]->type.dtype == t && n.inputs[2]->type.dtype == t;
+}
+
+std::string scatter_update_symbol(size_t node_index) { return fmt::format("tsl_n{}_s", node_index); }
+
+LaunchShape scatter_update_launch_shape(const Node& n, int sms) {
+  const int64_t count = shape_numel(n.inputs[1]->type.shape);
+  return LaunchShape{LaunchForm::pointwise, cap((count + 255) / 256, 1, std::max(1, sms) * int64_t{8}), 256};
 }
 
 std::string node_symbol(size_t node_index) { return fmt::format("tsl_n{}", node_index); }
@@ -887,6 +907,32 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
         s += ind + "}\n";
       }
     s += fmt::format("    y[e] = {};\n  }}\n}}\n", mem_store(ty, "acc"));
+    return s;
+  }
+  if (is_core_op(n, CoreOp::scatter)) {
+    // Two launches on the stream: y = data (every position), then y[p with idx[p] at axis] = upd[p] over the
+    // index's positions (a repeated position: one of its updates, as PyTorch's CUDA index_copy_). An index
+    // out of range sets the node's flag (the call's error, as a gather's) and writes nothing for it.
+    const std::vector<int64_t>& data = n.inputs[0]->type.shape;
+    const std::vector<int64_t>& ishape = n.inputs[1]->type.shape;
+    const int64_t axis = n.attr_i("axis"), count = shape_numel(ishape);
+    const std::vector<int64_t> dst = row_strides_of(data);
+    const DType tu = node_storage(n.inputs[2], storage);
+    const std::string it = c_storage_type(n.inputs[1]->type.dtype), ut = mem_type(tu);
+    const std::string sig = fmt::format("(const {}* __restrict__ data, const {}* __restrict__ idx, const {}* __restrict__ upd, {}* __restrict__ y, int* err)",
+                                        xt, it, ut, t);
+    s += fmt::format("extern \"C\" __global__ void {}{} {{\n", node_symbol(node_index), sig);
+    s += loop + fmt::format("    y[e] = {};\n  }}\n}}\n", moved("data[e]"));
+    s += fmt::format("extern \"C\" __global__ void {}{} {{\n", scatter_update_symbol(node_index), sig);
+    s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", count);
+    s += split_index(ishape, "    ");
+    s += fmt::format("    long long j = (long long)idx[e];\n    if (j < 0) j += {0}LL;\n", data[static_cast<size_t>(axis)]);
+    s += fmt::format("    if (j < 0 || j >= {}LL) {{ atomicExch(err, 1); continue; }}\n", data[static_cast<size_t>(axis)]);
+    std::string to = fmt::format("j * {}LL", dst[static_cast<size_t>(axis)]);
+    for (size_t d = 0; d < data.size(); ++d)
+      if (static_cast<int64_t>(d) != axis && dst[d]) to += fmt::format(" + i{} * {}LL", d, dst[d]);
+    const std::string val = tu == ty ? "upd[e]" : mem_store(ty, mem_load(tu, "upd[e]"));
+    s += fmt::format("    y[{}] = {};\n  }}\n}}\n", to, val);
     return s;
   }
   // gather: out[i] = data[i with idx[i] at axis]

@@ -67,7 +67,13 @@ bool fits_cublaslt(const MatmulSpec& mm);
 // it after the call, so no read leaves the buffer). Parameters: the operands, the result, then `err`
 // for gather.
 // transpose and slice too: a strided copy of the operand (the views fusion could not fold into a kernel).
+// scatter without a reduction too (scatter_on_device): two launches, tsl_n<i> copying the data into the
+// result and tsl_n<i>_s writing the updates at their positions (an index out of range sets `err` and
+// writes nothing for it); both take (data, idx, upd, y, err).
 bool device_node_supported(const Node& n);
+bool scatter_on_device(const Node& n);
+std::string scatter_update_symbol(size_t node_index);
+LaunchShape scatter_update_launch_shape(const Node& n, int sms);
 // A dot_general no kernel covers (fusion's one batch stride cannot take several batch dims of a view) on
 // dense row-major operands [batch..., M, K] . [batch..., K, N] (either matrix may be stored transposed):
 // its MatmulSpec (args 0, 1, 2 = lhs, rhs, result) for cuBLASLt, with tsl_n<i>_mm as the direct fallback.
