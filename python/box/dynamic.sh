@@ -29,7 +29,7 @@ run_tests() {
 }
 STEPS=${STEPS:-dynamo,bench,tests,llm}     # which of the four run (a comma list)
 step() { [[ ",$STEPS," == *",$1,"* ]]; }
-step dynamo && run_tests test_dynamo_dynamic
+step dynamo && for t in ${DYNAMO_TESTS:-test_dynamo_dynamic}; do run_tests $t; done   # (DYNAMO_TESTS: more test files)
 step bench && {
 timeout "${BENCH_TIMEOUT:-300}" $PY bench/dynamic_shapes.py --models "${MODELS:-bert,gpt2,resnet18}" \
   --threads "${THREADS:-8}" --shapes "${SHAPES:-20}" --rounds "${ROUNDS:-6}" --dynamo --json "$OUT/dynamic_shapes.json" \
