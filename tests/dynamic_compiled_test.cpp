@@ -148,6 +148,44 @@ TEST_P(DynamicCompiledBoth, ScatterIntoAStaticCacheAtSymbolicPositions) {
   }
 }
 
+// The same cache written over the caller's tensor (output_aliases, as tessel.compile asks for a mutated
+// input): every binding's scatter writes its rows straight into the cache passed in (outputs_in_place),
+// the rows read back by the product are the new ones, and the cache after each call is eager's.
+TEST_P(DynamicCompiledBoth, ScatterIntoTheCallersCacheInPlace) {
+  const char* text = R"(graph @kv(%cache: f32[32,8], %pos: i64[s0,8], %k: f32[s0,8], %q: f32[s0,8]) symbols(s0 in [1, 32]) {
+  %c: f32[32,8] = ScatterElements(%cache, %pos, %k) {axis = 0} loc("write")
+  %ct: f32[8,32] = Transpose(%c) {perm = [1, 0]} loc("t")
+  %s: f32[s0,32] = MatMul(%q, %ct) loc("scores")
+  return %s, %c
+}
+)";
+  CompiledBackendOptions o = opts();
+  o.output_aliases = {-1, 0};
+  o.optional_aliases = true;
+  auto exe = compile_cpu(parse_graph(text, "kv.tsl"), {}, o);
+  ASSERT_TRUE(exe->symbolic());
+  const auto original = parse_graph(text, "kv.tsl");
+  Tensor mine = varied_f32({32, 8}, 5), ref = mine.clone();
+  int64_t start = 0;
+  for (int64_t t : {5, 1, 3, 7, 3}) {
+    std::vector<int64_t> idx;
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t c = 0; c < 8; ++c) idx.push_back(start + r);
+    const Tensor pos = Tensor::from_i64(DType::i64, {t, 8}, idx);
+    const Tensor k = varied_f32({t, 8}, static_cast<uint32_t>(t + 1)), q = varied_f32({t, 8}, static_cast<uint32_t>(t + 2));
+    const std::vector<Tensor> want = run_eager(*original, {ref, pos, k, q});
+    const std::vector<Tensor> got = exe->run({mine, pos, k, q});
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[1].bytes(), mine.bytes());
+    expect_close(got[0], want[0], 1e-5, fmt::format("s0 = {} at {}, scores", t, start));
+    expect_close(mine, want[1], 0, fmt::format("s0 = {} at {}, the cache", t, start));
+    ref = want[1];
+    start += t;
+  }
+  // (a symbolic executable's plan figures are those of its last binding)
+  EXPECT_EQ(exe->stats().graph.outputs_in_place, 1) << exe->stats().graph.outputs_copied_back << " copied back";
+}
+
 TEST(DynamicCompiled, BindingOutsideTheFactsIsRefusedWithTheReason) {
   auto exe = compile_cpu(parse_graph(kRowsSoftmax, "sm.tsl"), {}, options());
   const Tensor w = varied_f32({64, 32}, 7);

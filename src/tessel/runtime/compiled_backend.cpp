@@ -608,6 +608,11 @@ std::unique_ptr<CompiledExecutable> CompiledExecutable::compile_symbolic(std::un
     try {
       sym->make_rebound(*ce);
       st.rebinding = true;
+      // the one plan's output aliases (an instance's plan sets st.graph whole when it is made)
+      const GraphCompileStats& rg = sym->rebound->stats_.graph;
+      st.graph.outputs_in_place = rg.outputs_in_place;
+      st.graph.outputs_copied_back = rg.outputs_copied_back;
+      st.graph.aliases_dropped = rg.aliases_dropped;
     } catch (const Error& e) {  // (the instances below run what the one executable cannot)
       st.rebind_refused = e.what();
     }
