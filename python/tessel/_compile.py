@@ -210,6 +210,10 @@ def _unshared(ts, aliased):
     """The call's tensors with each one the executable may write over replaced by a copy when it shares
     memory with another of them (written in place it would change what the other reads); the copy's new
     value is then copied back as without an alias."""
+    # (fast path: tensors none of which is a view, at distinct addresses -- a detach() shares its
+    # tensor's address -- own distinct memory)
+    if all(t._base is None for t in ts) and len({t.data_ptr() for t in ts}) == len(ts):
+        return
     bases = [_storage_of(t) for t in ts]
     if len(set(bases)) == len(bases):
         return

@@ -436,13 +436,15 @@ class InPlaceCacheTest(unittest.TestCase):
         torch.manual_seed(12)
         m = StaticCacheStep().eval()
         fast = tessel.compile(m, (torch.randn(1, 1, 32), torch.tensor([0]), *self.caches()))
-        c = torch.randn(1, 4, 40, 8)
-        sk, sv = c.clone(), c.clone()
+        sk = torch.randn(1, 4, 40, 8)
+        sv = sk.clone()
         x = torch.randn(1, 1, 32)
         with torch.no_grad():
-            shared = fast(x, torch.tensor([3]), c, c)
             separate = fast(x, torch.tensor([3]), sk, sv)
-        self.assertTrue(torch.equal(shared, separate))
+            for other in (lambda t: t, lambda t: t.detach(), lambda t: t[:]):   # itself, a detach, a view
+                c = sk.clone()
+                shared = fast(x, torch.tensor([3]), c, other(c))
+                self.assertTrue(torch.equal(shared, separate))
 
     def test_no_alias_where_the_graph_reads_values(self):
         # A compilation with value guards keeps the copy: a guard that misses must leave the inputs as
