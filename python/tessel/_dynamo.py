@@ -122,9 +122,8 @@ class _Sizes:
     to their symbols' names; `ints[i]` is the sympy expression of SymInt input i, computed from the
     tensor dims `where` names for each symbol."""
 
-    def __init__(self, n, tensors, dims, ints, where, outputs=None, ranges=None):
+    def __init__(self, n, tensors, dims, ints, where, outputs=None):
         self.n, self.tensors, self.dims, self.ints, self.where = n, tensors, dims, ints, where
-        self.ranges = ranges or {}  # tessel's symbol name -> (lo, hi) from dynamo's ShapeEnv, where hi is finite
         self.position = {p: k for k, p in enumerate(tensors)}     # placeholder -> index among the tensors
         self.size_of = [(p, _evaluator(expr)) for p, expr in ints.items()]  # each SymInt input's function of env
         # each SymInt the graph returns (a length transformers' static cache returns beside its tensors), by
@@ -132,11 +131,8 @@ class _Sizes:
         self.outputs = [(i, _evaluator(expr)) for i, expr in sorted((outputs or {}).items())]
 
     def dims_of(self, frozen):
-        """dynamic_dims for tessel.compile over the graph's tensors (frozen parameters stay static): each
-        symbol with the range dynamo's ShapeEnv gives it, where finite (`ranges`)."""
-        def spec(name):
-            return (name,) + self.ranges[name] if name in self.ranges else name
-        return {self.position[p]: {d: spec(n) for d, n in dd.items()} for p, dd in self.dims.items() if p not in frozen}
+        """dynamic_dims for tessel.compile over the graph's tensors (frozen parameters stay static)."""
+        return {self.position[p]: dict(dd) for p, dd in self.dims.items() if p not in frozen}
 
     def values(self, tensors):
         """{symbol: size} from the tensors (their dims that carry each symbol)."""
@@ -297,7 +293,7 @@ def symbolic_sizes(gm, example_inputs):
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
         raise Unsupported(f"the graph has {len(placeholders)} inputs but {len(example_inputs)} example inputs")
-    names, where, dims, ints, tensors, ranges = {}, {}, {}, {}, [], {}
+    names, where, dims, ints, tensors = {}, {}, {}, {}, []
 
     def name_of(sym):
         if sym.name not in names:
@@ -322,9 +318,6 @@ def symbolic_sizes(gm, example_inputs):
                 name = name_of(expr)
                 dims.setdefault(p, {})[d] = name
                 where.setdefault(name, (p, d))
-                r = _dynamo_range(size, expr)
-                if r is not None:
-                    ranges[name] = r
             continue
         expr = sympy_expr(val) if not isinstance(val, (bool, int, float)) else None
         if expr is None:
@@ -349,23 +342,7 @@ def symbolic_sizes(gm, example_inputs):
         expr = None if val is None or isinstance(val, (torch.Tensor, bool, int, float)) else sympy_expr(val)
         if expr is not None:
             outputs[i] = carried(expr, f"output {i} ('{a.name}')")
-    return _Sizes(len(placeholders), tensors, dims, ints, where, outputs, ranges)
-
-
-def _dynamo_range(size, expr):
-    """(lo, hi) of a size symbol from dynamo's ShapeEnv (its value range: what the graph's guards let
-    through), when the upper bound is finite and below 2^31; None otherwise (torch 1.13 keeps none). A
-    bound lets tessel's shape rules decide what a symbol alone does not (a slice of a 383-long static
-    cache up to the KV length needs the length <= 383)."""
-    try:
-        r = size.node.shape_env.var_to_range[expr]
-        hi = int(r.upper)
-        lo = max(2, int(r.lower))
-    except Exception:  # noqa: BLE001 -- no ShapeEnv, no range, an infinite bound
-        return None
-    if not lo <= hi < (1 << 31):
-        return None
-    return (lo, hi)
+    return _Sizes(len(placeholders), tensors, dims, ints, where, outputs)
 
 
 def _check_options(kwargs):
