@@ -14,9 +14,10 @@
 #     llm_generate_cuda_<cache>_<precision>.json;
 #   profile: one generate() of GPT-2 under cProfile, tessel's and eager's (llm_profile.txt), and
 #     bench/decode_step.py at THREADS threads and at 1 (where a decoded token's time goes);
+#   staticstep: bench/static_cache_step.py (a static KV cache's decode step, written in place or copied);
 #   export: tessel.export of the transformers models (DF_HF) into export.tgz, for the CLI here;
 #   cudaprofile: the same cProfile of GPT-2 on CUDA with the static cache (llm_cuda_profile.txt).
-# STEPS (default dynamo,bench,tests,llm; static, dataflow, cuda, export, profile and cudaprofile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
+# STEPS (default dynamo,bench,tests,llm; static, dataflow, cuda, staticstep, export, profile and cudaprofile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
 #   bash python/box/dynamic.sh          (carry .pybox, made here by `bash python/box/pack.sh build`)
 set -u
 OUT=${OUT:-/tmp/dynamic}
@@ -77,6 +78,11 @@ timeout "${DF_TIMEOUT:-200}" $PY bench/dataflow_torch.py --models "${DF_MODELS:-
 echo "dataflow_torch rc=$?"
 cat "$OUT/dataflow.out"
 grep -v -i warn "$OUT/dataflow.err" | cut -c1-300 | tail -10
+}
+step staticstep && {
+timeout "${STEP_TIMEOUT:-150}" $PY bench/static_cache_step.py --cache-len 384 1024 4096 --tokens 64 --pairs 4 \
+  --threads "${THREADS:-8}" --json "$OUT/static_cache_step.json" > "$OUT/staticstep.out" 2>&1
+echo "static_cache_step rc=$?"; tail -5 "$OUT/staticstep.out"
 }
 step export && {
 rm -rf "$OUT/export"
