@@ -178,7 +178,7 @@ class _Entry:
 def _output_aliases(captured, conv):
     """Where the executable may write a mutated input's new value over the input itself (a static KV
     cache's index_copy_ in place, no copy of the cache per call): (per executable output, the executable
-    input it may be written into or -1; [(feed index, output index)]). None where the compilation reads
+    input it may be written into or -1; [(feed index, output index)]). Nothing where the compilation reads
     tensor values (value guards): a guard that misses sends the call to another compilation or to
     PyTorch, which must see the inputs as they were. TESSEL_OUTPUT_ALIASES=0 (read when a compilation is
     made) keeps the copies (bench/static_cache_step.py measures both)."""
