@@ -798,43 +798,24 @@ CoreKernel make_gather(const Node& n, const ViewMap& views) {
 
 // ---- scatter ----------------------------------------------------------------------------------------
 
-// Where each update of a scatter goes: (offset in y, offset of the update) per position p of the index's
-// shape, row-major, y's position being p with p[axis] replaced by idx[p]. The index and the updates are
-// read through strides (a broadcast index is a view: aten index_copy_'s positions). Throws on an index
-// out of range, before anything is written.
-template <class I>
-std::vector<std::pair<int64_t, int64_t>> scatter_positions(const I* idx, const Shape& ishape, const std::vector<int64_t>& ystride,
-                                                           const std::vector<int64_t>& istride,
-                                                           const std::vector<int64_t>& ustride, int64_t axis, int64_t axis_dim) {
-  const int r = static_cast<int>(ishape.size());
-  const int64_t count = shape_numel(ishape);
-  std::vector<std::pair<int64_t, int64_t>> at(static_cast<size_t>(count));
-  std::vector<int64_t> pos(r, 0);
-  int64_t base = 0, ib = 0, ub = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t j = static_cast<int64_t>(idx[ib]);
+// The typed scatter without a reduction (the others combine in the reference kernel's wider type):
+// y = data, then upd[p] written at p with p[axis] replaced by idx[p], for every position p of the
+// index's shape in row-major order (a repeated position keeps the last, as the reference kernel does).
+// The index and the updates are read through strides (a broadcast index is a view: aten index_copy_'s
+// positions). Every index is checked before anything is written. When y is the data's own memory (run
+// in place, can_run_in_place: a static KV cache written at a few positions) the copy is skipped and
+// only the updated positions are written.
+template <class I> struct ScatterIndex {
+  const I* idx;
+  int64_t axis_dim;
+  int64_t operator()(int64_t at) const {
+    const int64_t j = static_cast<int64_t>(idx[at]);
     const int64_t w = j < 0 ? j + axis_dim : j;
     if (w < 0 || w >= axis_dim) fail("scatter index {} is out of range for a dim of {}", j, axis_dim);
-    at[static_cast<size_t>(i)] = {base + w * ystride[axis], ub};
-    for (int d = r - 1; d >= 0; --d) {
-      if (d != axis) base += ystride[d];
-      ib += istride[d];
-      ub += ustride[d];
-      if (++pos[d] < ishape[d]) break;
-      if (d != axis) base -= ystride[d] * ishape[d];
-      ib -= istride[d] * ishape[d];
-      ub -= ustride[d] * ishape[d];
-      pos[d] = 0;
-    }
+    return w;
   }
-  return at;
-}
+};
 
-// The typed scatter without a reduction (the others combine in the reference kernel's wider type):
-// y = data, then each update written at its position in the index's row-major order (a repeated
-// position keeps the last, as the reference kernel does). When y is the data's own memory (run in
-// place, can_run_in_place: a static KV cache written at a few positions) the copy is skipped and only
-// the updated positions are written.
 CoreKernel make_scatter(const Node& n, const ViewMap& views) {
   if (n.attr_s("reduction", "none") != "none") return {};
   const Shape data = static_shape(n.inputs[0]), ishape = static_shape(n.inputs[1]);
@@ -846,28 +827,38 @@ CoreKernel make_scatter(const Node& n, const ViewMap& views) {
     return {};
   const PointwiseOperand dop = operand_access(n.inputs[0], views), iop = operand_access(n.inputs[1], views),
                          uop = operand_access(n.inputs[2], views);
-  const std::vector<int64_t> ystride = row_strides(data), istride = iop.strides, ustride = uop.strides;
+  // over the index's positions: y's offset without the axis term (idx gives it), the index's, the update's
+  Walk<3> w;
+  w.shape = ishape;
+  w.st = {row_strides(data), iop.strides, uop.strides};
+  const int64_t axis_stride = w.st[0][static_cast<size_t>(axis)];
+  w.st[0][static_cast<size_t>(axis)] = 0;
+  w = simplify_walk(w);
   const auto vit = views.find(n.inputs[0]->id);
   const std::optional<StridedView> dview = vit != views.end() ? std::optional<StridedView>(vit->second) : std::nullopt;
-  const int64_t axis_dim = data[axis];
+  const int64_t axis_dim = data[static_cast<size_t>(axis)];
   const int es = dtype_size(n.outputs[0]->type.dtype);
   const size_t bytes = static_cast<size_t>(shape_numel(data)) * static_cast<size_t>(es);
   const int d = dop.id, ix = iop.id, u = uop.id, y = n.outputs[0]->id;
   CoreKernel k;
   with_size(es, [&](auto tag) {
     using U = Tag<decltype(tag)>;
-    k = [=](KernelEnv& e) {
-      const auto at = it == DType::i64
-                          ? scatter_positions(in_ptr<int64_t>(e, ix), ishape, ystride, istride, ustride, axis, axis_dim)
-                          : scatter_positions(in_ptr<int32_t>(e, ix), ishape, ystride, istride, ustride, axis, axis_dim);
+    auto run = [=](KernelEnv& e, auto at) {
+      walk(w, [&](const std::array<int64_t, 3>& off, const std::array<int64_t, 3>& step, int64_t m) {
+        for (int64_t t = 0; t < m; ++t) at(off[1] + t * step[1]);
+      });
       uint8_t* out = e.ptr[static_cast<size_t>(y)];
       const uint8_t* src = e.ptr[static_cast<size_t>(d)];
       if (dview) materialize_view(*dview, src, data, es, out);    // (never in place: no write over a view)
       else if (out != src) std::memcpy(out, src, bytes);
       U* yp = reinterpret_cast<U*>(out);
       const U* up = in_ptr<U>(e, u);
-      for (const auto& [o, q] : at) yp[o] = up[q];
+      walk(w, [&](const std::array<int64_t, 3>& off, const std::array<int64_t, 3>& step, int64_t m) {
+        for (int64_t t = 0; t < m; ++t) yp[off[0] + t * step[0] + at(off[1] + t * step[1]) * axis_stride] = up[off[2] + t * step[2]];
+      });
     };
+    if (it == DType::i64) k = [=](KernelEnv& e) { run(e, ScatterIndex<int64_t>{in_ptr<int64_t>(e, ix), axis_dim}); };
+    else k = [=](KernelEnv& e) { run(e, ScatterIndex<int32_t>{in_ptr<int32_t>(e, ix), axis_dim}); };
   });
   return k;
 }
