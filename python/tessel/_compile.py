@@ -95,7 +95,7 @@ class _Entry:
 
     symbolic = None       # a static compilation (_DynamicEntry: the symbolic capture's _dynamic.Symbolic)
 
-    def __init__(self, captured, conv, exe, repairs, guard, report=None):
+    def __init__(self, captured, conv, exe, repairs, guard, report=None, aliased=()):
         self.captured = captured
         self.conv = conv
         self.exe = exe
@@ -117,8 +117,8 @@ class _Entry:
         self.plain = simple and self.structure.kind == "tuple"
         # outputs then guards, nothing to write back: checked and rebuilt without pytree
         self.guarded = not captured.mutated and not conv.out_literals and bool(captured.reads)
-        # the feeds whose memory the executable may write the new value into (output_aliases)
-        self.aliased = [k for k, _ in _output_aliases(captured, conv)[1]]
+        # the feeds whose memory the executable may write a new value into (_output_aliases)
+        self.aliased = list(aliased)
 
     def run(self, args):
         """One call: inputs adopted without copies, the executable, outputs as tensors over tessel's
@@ -175,30 +175,32 @@ class _Entry:
                 dst.copy_(v)
 
 
+def _new_value_outputs(conv, n_writes):
+    """Per mutated input (the flat outputs' last n_writes), the executable output that is its new value,
+    or None where the value is a literal (no executable output)."""
+    lits = conv.out_literals
+    n_flat = conv.out_spec.num_leaves
+    return [None if i in lits else i - sum(1 for j in lits if j < i) for i in range(n_flat - n_writes, n_flat)]
+
+
 def _output_aliases(captured, conv):
     """Where the executable may write a mutated input's new value over the input itself (a static KV
     cache's index_copy_ in place, no copy of the cache per call): (per executable output, the executable
-    input it may be written into or -1; [(feed index, output index)]). Nothing where the compilation reads
+    input it may be written into or -1; the feed indices so aliased). Nothing where the compilation reads
     tensor values (value guards): a guard that misses sends the call to another compilation or to
     PyTorch, which must see the inputs as they were. TESSEL_OUTPUT_ALIASES=0 (read when a compilation is
     made) keeps the copies (bench/static_cache_step.py measures both)."""
-    lits = conv.out_literals
     if not captured.mutated or captured.reads or os.environ.get("TESSEL_OUTPUT_ALIASES") == "0":
         return [], []
     positions = {p: k for k, p in enumerate(conv.input_positions)}
-    n_flat = conv.out_spec.num_leaves
-    n_exe = n_flat - len(lits)
-    aliases, pairs = [-1] * n_exe, []
-    first = n_flat - len(captured.mutated)
-    for w, p in enumerate(captured.mutated):
-        i = first + w
+    aliases = [-1] * (conv.out_spec.num_leaves - len(conv.out_literals))
+    fed = []
+    for e, p in zip(_new_value_outputs(conv, len(captured.mutated)), captured.mutated):
         k = positions.get(p)
-        if i in lits or k is None or k in (q for q, _ in pairs):
-            continue
-        e = i - sum(1 for j in lits if j < i)
-        aliases[e] = k
-        pairs.append((k, e))
-    return (aliases if pairs else []), pairs
+        if e is not None and k is not None and k not in fed:
+            aliases[e] = k
+            fed.append(k)
+    return (aliases if fed else []), fed
 
 
 def _storage_of(t):
@@ -238,8 +240,8 @@ class _DynamicEntry(_Entry):
     shapes that keep the trace's shape guards. admits() checks that in Python (a recompile's reason
     when it fails); the compiled backend checks the binding again and raises GuardFailure."""
 
-    def __init__(self, captured, conv, exe, repairs, guard):
-        super().__init__(captured, conv, exe, repairs, guard)
+    def __init__(self, captured, conv, exe, repairs, guard, aliased=()):
+        super().__init__(captured, conv, exe, repairs, guard, aliased=aliased)
         sym = captured.symbolic
         self.symbolic = sym
         self.seen = set()         # the signatures (shapes) it ran
@@ -320,11 +322,8 @@ class _CudaEntry(_Entry):
         # copied out straight into the tensor it replaces when that tensor can take it (a static KV cache:
         # no allocation and no second copy per step). The executable reads its inputs only from its own
         # buffers, filled at the start of the call, so writing the input's memory at the end is safe.
-        lits = conv.out_literals
-        n_flat = len(self.out_types) + len(lits)
-        tail = range(n_flat - len(self.writes), n_flat)
-        self.direct = [] if any(i in lits for i in tail) else [
-            (i - sum(1 for j in lits if j < i), w) for i, w in zip(tail, self.writes)]
+        outs = _new_value_outputs(conv, len(self.writes))
+        self.direct = [] if None in outs else list(zip(outs, self.writes))
         if len(self.feeds) != len(self.in_types):
             raise _tessel.TesselError(f"the CUDA executable takes {len(self.in_types)} inputs but the graph has "
                                       f"{len(self.feeds)}")
@@ -517,9 +516,10 @@ def _build(module, example_inputs, target, backend, threads, repair, freeze_inpu
     captured, conv, repairs, frozen = _convert(module, example_inputs, repair, "tessel.compile", freeze_inputs,
                                                captured, call)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
+    aliases, aliased = _output_aliases(captured, conv)
     with _torch_threads_kept():
-        exe = _tessel.Executable(conv.builder, backend, threads, _output_aliases(captured, conv)[0])
-    return _Entry(captured, conv, exe, repairs, guard)
+        exe = _tessel.Executable(conv.builder, backend, threads, aliases)
+    return _Entry(captured, conv, exe, repairs, guard, aliased=aliased)
 
 
 def _build_dynamic(module, example_inputs, plan, backend, threads, freeze_inputs=(), call=None, captured=None):
@@ -528,10 +528,11 @@ def _build_dynamic(module, example_inputs, plan, backend, threads, freeze_inputs
     captured, conv, repairs, frozen = _convert(module, example_inputs, False, "tessel.compile", freeze_inputs,
                                                captured, call, plan)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
+    aliases, aliased = _output_aliases(captured, conv)
     with _torch_threads_kept():
         # (the whole graph: a symbolic one has no graph break to partition at)
-        exe = _tessel.WholeExecutable(conv.builder, backend, threads, _output_aliases(captured, conv)[0])
-    return _DynamicEntry(captured, conv, exe, repairs, guard)
+        exe = _tessel.WholeExecutable(conv.builder, backend, threads, aliases)
+    return _DynamicEntry(captured, conv, exe, repairs, guard, aliased)
 
 
 def _default_threads():
