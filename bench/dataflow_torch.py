@@ -48,9 +48,9 @@ class _Logits(torch.nn.Module):
     transformers uses such a mask as given, where from a 2-D mask (or none) it reads the mask's values while
     tracing (is it all ones? packed sequences?), which tessel.compile keeps as guards but a model file cannot."""
 
-    def __init__(self, m, causal):
+    def __init__(self, m, causal, for_export=False):
         super().__init__()
-        self.m, self.causal, self.for_export = m, causal, False
+        self.m, self.causal, self.for_export = m, causal, for_export
 
     def forward(self, ids):
         if self.causal and self.for_export:
@@ -119,16 +119,13 @@ def export_rows(name, model, x, folder, targets, binary, timeout):
         shutil.rmtree(path, ignore_errors=True)
         t0 = time.perf_counter()
         if isinstance(model, _Logits):
-            model.for_export = True
+            model = _Logits(model.m, model.causal, for_export=True).eval()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 tessel.export(model, (x,), path)
         except tessel.TesselError as e:
             return [dict(model=name, command="export", error=str(e)[:500])]
-        finally:
-            if isinstance(model, _Logits):
-                model.for_export = False
         rows.append(dict(model=name, command="export", seconds=time.perf_counter() - t0))
         if binary is None:
             return rows
