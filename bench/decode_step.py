@@ -46,10 +46,10 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, layers, d, heads, vocab):
+    def __init__(self, layers, d, heads, vocab, block=Block):
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        self.blocks = nn.ModuleList([block(d, heads) for _ in range(layers)])
         self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
 
     def forward(self, ids, *cache):

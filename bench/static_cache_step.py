@@ -21,16 +21,12 @@ import time
 import torch
 import torch.nn as nn
 
+import decode_step
 import tessel
 
 
-class Block(nn.Module):
-    def __init__(self, d, heads):
-        super().__init__()
-        self.h, self.dh = heads, d // heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+class StaticBlock(decode_step.Block):
+    """decode_step's block with the step's keys and values written into preallocated caches at `pos`."""
 
     def forward(self, x, kc, vc, pos, mask):
         b, t, d = x.shape
@@ -43,12 +39,11 @@ class Block(nn.Module):
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
 
 
-class Decoder(nn.Module):
+class Decoder(decode_step.Decoder):
+    """decode_step's decoder over StaticBlocks; the caches (2 per layer) are inputs it writes."""
+
     def __init__(self, layers, d, heads, vocab):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+        super().__init__(layers, d, heads, vocab, block=StaticBlock)
 
     def forward(self, ids, pos, *cache):
         length = cache[0].shape[2]
