@@ -119,7 +119,10 @@ TEST_P(DynamicCompiledBoth, SymbolsChangingOneAtATime) {
 
 // A static KV cache written at a symbolic number of positions (transformers' static cache: aten
 // index_copy_ lowered to ScatterElements), then read whole by the next product: the scatter's loop
-// takes the binding's row count, and the cache keeps its static size.
+// takes the binding's row count, and the cache keeps its static size. Then the same with the new cache
+// written over the caller's tensor (output_aliases, as tessel.compile asks for a mutated input): every
+// binding's scatter writes its rows straight into the cache passed in (outputs_in_place), the product
+// reads the new rows, and the cache after each call is eager's.
 TEST_P(DynamicCompiledBoth, ScatterIntoAStaticCacheAtSymbolicPositions) {
   const char* text = R"(graph @kv(%cache: f32[32,8], %pos: i64[s0,8], %k: f32[s0,8], %q: f32[s0,8]) symbols(s0 in [1, 32]) {
   %c: f32[32,8] = ScatterElements(%cache, %pos, %k) {axis = 0} loc("write")
@@ -128,62 +131,33 @@ TEST_P(DynamicCompiledBoth, ScatterIntoAStaticCacheAtSymbolicPositions) {
   return %s, %c
 }
 )";
-  auto exe = compile_cpu(parse_graph(text, "kv.tsl"), {}, opts());
-  ASSERT_TRUE(exe->symbolic());
   const auto original = parse_graph(text, "kv.tsl");
-  Tensor cache = varied_f32({32, 8}, 5);
-  int64_t start = 0;
-  for (int64_t t : {5, 1, 3, 7, 3}) {
-    std::vector<int64_t> idx;
-    for (int64_t r = 0; r < t; ++r)
-      for (int64_t c = 0; c < 8; ++c) idx.push_back(start + r);
-    const Tensor pos = Tensor::from_i64(DType::i64, {t, 8}, idx);
-    const Tensor k = varied_f32({t, 8}, static_cast<uint32_t>(t + 1)), q = varied_f32({t, 8}, static_cast<uint32_t>(t + 2));
-    const std::vector<Tensor> want = run_eager(*original, {cache, pos, k, q});
-    const std::vector<Tensor> got = exe->run({cache, pos, k, q});
-    ASSERT_EQ(got.size(), 2u);
-    for (size_t i = 0; i < 2; ++i) expect_close(got[i], want[i], 1e-5, fmt::format("s0 = {} at {}, output {}", t, start, i));
-    cache = want[1];
-    start += t;
+  for (const bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "written over the caller's cache" : "returned");
+    CompiledBackendOptions o = opts();
+    if (in_place) o.output_aliases = {-1, 0}, o.optional_aliases = true;
+    auto exe = compile_cpu(parse_graph(text, "kv.tsl"), {}, o);
+    ASSERT_TRUE(exe->symbolic());
+    Tensor cache = varied_f32({32, 8}, 5);
+    int64_t start = 0;
+    for (int64_t t : {5, 1, 3, 7, 3}) {
+      std::vector<int64_t> idx;
+      for (int64_t r = 0; r < t; ++r)
+        for (int64_t c = 0; c < 8; ++c) idx.push_back(start + r);
+      const Tensor pos = Tensor::from_i64(DType::i64, {t, 8}, idx);
+      const Tensor k = varied_f32({t, 8}, static_cast<uint32_t>(t + 1)), q = varied_f32({t, 8}, static_cast<uint32_t>(t + 2));
+      const std::vector<Tensor> want = run_eager(*original, {cache.clone(), pos, k, q});
+      const std::vector<Tensor> got = exe->run({cache, pos, k, q});
+      ASSERT_EQ(got.size(), 2u);
+      EXPECT_EQ(got[1].bytes() == cache.bytes(), in_place);
+      for (size_t i = 0; i < 2; ++i) expect_close(got[i], want[i], 1e-5, fmt::format("s0 = {} at {}, output {}", t, start, i));
+      if (in_place) expect_close(cache, want[1], 0, fmt::format("s0 = {} at {}, the caller's cache", t, start));
+      cache = want[1];
+      start += t;
+    }
+    // (a symbolic executable's plan figures are those of its last binding)
+    EXPECT_EQ(exe->stats().graph.outputs_in_place, in_place ? 1 : 0);
   }
-}
-
-// The same cache written over the caller's tensor (output_aliases, as tessel.compile asks for a mutated
-// input): every binding's scatter writes its rows straight into the cache passed in (outputs_in_place),
-// the rows read back by the product are the new ones, and the cache after each call is eager's.
-TEST_P(DynamicCompiledBoth, ScatterIntoTheCallersCacheInPlace) {
-  const char* text = R"(graph @kv(%cache: f32[32,8], %pos: i64[s0,8], %k: f32[s0,8], %q: f32[s0,8]) symbols(s0 in [1, 32]) {
-  %c: f32[32,8] = ScatterElements(%cache, %pos, %k) {axis = 0} loc("write")
-  %ct: f32[8,32] = Transpose(%c) {perm = [1, 0]} loc("t")
-  %s: f32[s0,32] = MatMul(%q, %ct) loc("scores")
-  return %s, %c
-}
-)";
-  CompiledBackendOptions o = opts();
-  o.output_aliases = {-1, 0};
-  o.optional_aliases = true;
-  auto exe = compile_cpu(parse_graph(text, "kv.tsl"), {}, o);
-  ASSERT_TRUE(exe->symbolic());
-  const auto original = parse_graph(text, "kv.tsl");
-  Tensor mine = varied_f32({32, 8}, 5), ref = mine.clone();
-  int64_t start = 0;
-  for (int64_t t : {5, 1, 3, 7, 3}) {
-    std::vector<int64_t> idx;
-    for (int64_t r = 0; r < t; ++r)
-      for (int64_t c = 0; c < 8; ++c) idx.push_back(start + r);
-    const Tensor pos = Tensor::from_i64(DType::i64, {t, 8}, idx);
-    const Tensor k = varied_f32({t, 8}, static_cast<uint32_t>(t + 1)), q = varied_f32({t, 8}, static_cast<uint32_t>(t + 2));
-    const std::vector<Tensor> want = run_eager(*original, {ref, pos, k, q});
-    const std::vector<Tensor> got = exe->run({mine, pos, k, q});
-    ASSERT_EQ(got.size(), 2u);
-    EXPECT_EQ(got[1].bytes(), mine.bytes());
-    expect_close(got[0], want[0], 1e-5, fmt::format("s0 = {} at {}, scores", t, start));
-    expect_close(mine, want[1], 0, fmt::format("s0 = {} at {}, the cache", t, start));
-    ref = want[1];
-    start += t;
-  }
-  // (a symbolic executable's plan figures are those of its last binding)
-  EXPECT_EQ(exe->stats().graph.outputs_in_place, 1) << exe->stats().graph.outputs_copied_back << " copied back";
 }
 
 TEST(DynamicCompiled, BindingOutsideTheFactsIsRefusedWithTheReason) {
