@@ -29,6 +29,27 @@ std::vector<Tensor> scalars(const OptimizerSpec& spec, int64_t step) {
   return ins;
 }
 
+// A graph compiled by the graph or the compiled backend (one thread) with output aliases: its run and
+// its plan's figures.
+struct Aliased {
+  std::unique_ptr<GraphExecutable> ge;
+  std::unique_ptr<CompiledExecutable> ce;
+  Aliased(const std::string& backend, const std::string& text, std::vector<int> aliases) {
+    if (backend == "graph") {
+      GraphBackendOptions o;
+      o.output_aliases = std::move(aliases);
+      ge = compile_graph(parse_graph(text), {}, o);
+    } else {
+      CompiledBackendOptions o;
+      o.threads = 1;
+      o.output_aliases = std::move(aliases);
+      ce = compile_cpu(parse_graph(text), {}, o);
+    }
+  }
+  std::vector<Tensor> run(const std::vector<Tensor>& ins) { return ge ? ge->run(ins) : ce->run(ins); }
+  const GraphCompileStats& stats() const { return ge ? ge->stats() : ce->stats().graph; }
+};
+
 }  // namespace
 
 // AdamW over a small and a large (multi-threaded) parameter: with the aliases every output is written
@@ -91,25 +112,11 @@ graph @g(%a: f32[3,3], %b: f32[3,3]) {
   for (const std::string backend : {"graph", "compiled"}) {
     SCOPED_TRACE(backend);
     const Tensor a0 = ramp({3, 3}, 0.7, 0.1), b0 = ramp({3, 3}, 0.3, 0.9);
-    std::unique_ptr<GraphExecutable> ge;
-    std::unique_ptr<CompiledExecutable> ce;
-    auto run = [&](std::vector<int> aliases, std::vector<Tensor> ins) {
-      if (backend == "graph") {
-        GraphBackendOptions o;
-        o.output_aliases = std::move(aliases);
-        ge = compile_graph(parse_graph(text), {}, o);
-        return ge->run(ins);
-      }
-      CompiledBackendOptions o;
-      o.threads = 1;
-      o.output_aliases = std::move(aliases);
-      ce = compile_cpu(parse_graph(text), {}, o);
-      return ce->run(ins);
-    };
-    const std::vector<Tensor> want = run({}, {a0, b0});
+    const std::vector<Tensor> want = Aliased(backend, text, {}).run({a0, b0});
     Tensor a = a0.clone(), b = b0.clone();
-    const std::vector<Tensor> got = run({0, 1}, {a, b});
-    const GraphCompileStats& st = backend == "graph" ? ge->stats() : ce->stats().graph;
+    Aliased exe(backend, text, {0, 1});
+    const std::vector<Tensor> got = exe.run({a, b});
+    const GraphCompileStats& st = exe.stats();
     EXPECT_EQ(st.outputs_copied_back + st.outputs_in_place, 2);
     // The compiled backend fuses the transpose into y's loop, which reads a transposed.
     if (backend == "compiled") {
@@ -198,29 +205,16 @@ graph @g(%cache: f32[2,6,3], %pos: i64[2], %u: f32[2,2,3]) {
   EXPECT_FALSE(want[1].same_as(cache0));
   for (const std::string backend : {"graph", "compiled"}) {
     SCOPED_TRACE(backend);
-    std::unique_ptr<GraphExecutable> ge;
-    std::unique_ptr<CompiledExecutable> ce;
-    if (backend == "graph") {
-      GraphBackendOptions o;
-      o.output_aliases = {-1, 0};
-      ge = compile_graph(parse_graph(text), {}, o);
-    } else {
-      CompiledBackendOptions o;
-      o.threads = 1;
-      o.output_aliases = {-1, 0};
-      ce = compile_cpu(parse_graph(text), {}, o);
-    }
-    auto run = [&](const std::vector<Tensor>& ins) { return ge ? ge->run(ins) : ce->run(ins); };
-    const GraphCompileStats& st = ge ? ge->stats() : ce->stats().graph;
-    EXPECT_EQ(st.outputs_in_place, 1);
+    Aliased exe(backend, text, {-1, 0});
+    EXPECT_EQ(exe.stats().outputs_in_place, 1);
     Tensor cache = cache0.clone();
-    const std::vector<Tensor> got = run({cache, pos, u});
+    const std::vector<Tensor> got = exe.run({cache, pos, u});
     EXPECT_EQ(got[1].bytes(), cache.bytes());
     EXPECT_TRUE(cache.same_as(want[1]));
     for (int64_t i = 0; i < want[0].numel(); ++i)  // (the compiled sum may add in another order)
       EXPECT_NEAR(got[0].get_f(i), want[0].get_f(i), 1e-5) << i;
     Tensor untouched = cache0.clone();
-    EXPECT_THROW(run({untouched, Tensor::from_i64(DType::i64, {2}, std::vector<int64_t>{1, 6}), u}), Error);
+    EXPECT_THROW(exe.run({untouched, Tensor::from_i64(DType::i64, {2}, std::vector<int64_t>{1, 6}), u}), Error);
     EXPECT_TRUE(untouched.same_as(cache0));
   }
 }
