@@ -543,6 +543,29 @@ class TorchvisionTest(unittest.TestCase):
             ref = m(x)
         self.assertLess(max_abs(fast(x), ref) / ref.abs().max().item(), 1e-4)
 
+    def test_training_mode_running_statistics_written_in_place(self):
+        # torchvision's resnet18 in training mode mutates 60 buffers (each BatchNorm's running mean,
+        # variance and batch count): on the compiled backend each new value is written over the module's
+        # buffer (output_aliases), and after every step the outputs and all buffers are eager's.
+        try:
+            import torchvision
+        except ImportError:
+            self.skipTest("torchvision is not installed")
+        torch.manual_seed(8)
+        m = torchvision.models.resnet18(num_classes=10).train()
+        twin = copy.deepcopy(m)
+        fast = tessel.compile(m, (torch.randn(2, 3, 64, 64),))   # (at 32x32 the last BatchNorms see 2 values)
+        entry = next(iter(fast._cache.values()))
+        self.assertEqual(len(entry.aliased), 60)
+        self.assertEqual(entry.exe.alias_counts["outputs_in_place"], 60, entry.exe.alias_counts)
+        for step in range(2):
+            x = torch.randn(2, 3, 64, 64)
+            with torch.no_grad():
+                out, ref = fast(x), twin(x)
+            self.assertLess(max_rel(out, ref), 1e-4, step)
+            for (name, a), (_, b) in zip(m.named_buffers(), twin.named_buffers()):
+                self.assertLessEqual(max_abs(a.double(), b.double()), 1e-5 * max(1.0, b.abs().max().item()), (step, name))
+
 
 if __name__ == "__main__":
     unittest.main()
