@@ -22,6 +22,15 @@ const char* dataflow_name(Dataflow d) {
   return "?";
 }
 
+const char* system_topology_name(SystemTopology t) {
+  switch (t) {
+    case SystemTopology::ring: return "ring";
+    case SystemTopology::mesh: return "mesh";
+    case SystemTopology::fully_connected: return "fully_connected";
+  }
+  return "?";
+}
+
 double derived_fill_cycles(int64_t rows, int64_t, Dataflow d) {
   return d == Dataflow::output_stationary ? double(rows - 1) : double(2 * rows - 1);
 }
@@ -181,6 +190,14 @@ std::string describe(const HwSpec& hw) {
   std::string types;
   for (DType t : hw.dtypes) types += (types.empty() ? "" : ", ") + std::string(dtype_name(t));
   line("dtypes", types);
+  if (hw.system.chips > 1) {
+    const SystemSpec& sys = hw.system;
+    const std::string topo = sys.topology == SystemTopology::mesh
+                                 ? fmt::format("mesh {}x{}", sys.mesh_shape.at(0), sys.mesh_shape.at(1))
+                                 : std::string(sys.topology == SystemTopology::ring ? "ring" : "fully connected");
+    line("system", fmt::format("{} chips, {}, {:g} GB/s per link and direction, {:g} ns per hop", sys.chips, topo,
+                               sys.link_gbps, sys.link_latency_ns));
+  }
   return out;
 }
 

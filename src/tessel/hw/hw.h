@@ -97,6 +97,19 @@ struct InterconnectSpec {
   int64_t broadcast_limit = 0;              // cores that can share one broadcast operand; 0: no limit known
 };
 
+// Several chips joined by chip-to-chip links (the optional "system" section of a hardware file; docs/hw.md).
+// Every chip is the one the rest of the file describes. chips == 1 (the default, no section): one chip.
+enum class SystemTopology { ring, mesh, fully_connected };
+const char* system_topology_name(SystemTopology t);
+
+struct SystemSpec {
+  int64_t chips = 1;
+  SystemTopology topology = SystemTopology::ring;
+  std::vector<int64_t> mesh_shape;  // mesh only: {rows, cols}, rows * cols == chips, row-major chip numbers
+  double link_gbps = 0;             // per link and direction, GB/s (1e9 B/s)
+  double link_latency_ns = 0;       // per hop
+};
+
 struct LimitsSpec {
   int64_t max_dram_span_bytes = 0;  // 0: none; contiguous DRAM span one core may address per tensor
   int64_t max_loop_iterations = 0;  // 0: none; trip count limit of a generated loop
@@ -124,6 +137,7 @@ struct HwSpec {
   double kernel_overhead_ns = 0;     // fixed cost per kernel launch
   double overlap_factor = 1;         // T = C + M - overlap_factor * min(C, M); 1 = perfect overlap
   LimitsSpec limits;
+  SystemSpec system;                 // chips = 1 when the file has no "system" section
   std::vector<std::string> notes;    // free text
   std::map<std::string, std::string> sources;  // field path -> where its value comes from
 

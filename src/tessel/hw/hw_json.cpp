@@ -77,6 +77,7 @@ constexpr IntBounds kRows{1, int64_t{1} << 31};           // min_rows_full_effic
 constexpr IntBounds kDmaEngines{1, 64};
 constexpr IntBounds kBroadcast{1, 65536};
 constexpr IntBounds kLimit{1, int64_t{1} << 62};          // limits/*
+constexpr IntBounds kChips{1, 1024};                      // system/chips
 
 // One JSON object being read: hands out its fields by name and remembers which were read, so that
 // finish() can reject the rest as unknown.
@@ -303,6 +304,26 @@ void read_interconnect(Obj o, HwSpec& hw) {
   o.finish();
 }
 
+// The optional "system" section: several copies of this chip joined by chip-to-chip links.
+void read_system(Obj o, HwSpec& hw) {
+  SystemSpec& sys = hw.system;
+  sys.chips = o.integer("chips", kChips);
+  const std::string topo = o.choice("topology", {"ring", "mesh", "fully_connected"});
+  sys.topology = topo == "ring" ? SystemTopology::ring : topo == "mesh" ? SystemTopology::mesh : SystemTopology::fully_connected;
+  sys.link_gbps = o.number("link_gbps", kGbps);
+  sys.link_latency_ns = o.number("link_latency_ns", kNanoseconds);
+  if (sys.topology != SystemTopology::mesh) o.forbid("mesh_shape", "only for topology 'mesh'");
+  if (sys.topology == SystemTopology::mesh) {
+    const json& shape = o.array("mesh_shape");
+    if (shape.size() != 2) o.fail_at("mesh_shape", fmt::format("must be [rows, cols] (got {})", shown(shape)));
+    for (size_t i = 0; i < 2; ++i) sys.mesh_shape.push_back(o.check_integer("mesh_shape/" + std::to_string(i), shape[i], kChips));
+    if (sys.mesh_shape[0] * sys.mesh_shape[1] != sys.chips)
+      o.fail_at("mesh_shape", fmt::format("rows x cols must equal chips ({}) (got {} x {})", sys.chips, sys.mesh_shape[0],
+                                          sys.mesh_shape[1]));
+  }
+  o.finish();
+}
+
 void read_limits(Obj o, HwSpec& hw) {
   hw.limits.max_dram_span_bytes = o.integer_or("max_dram_span_bytes", kLimit, 0);
   hw.limits.max_loop_iterations = o.integer_or("max_loop_iterations", kLimit, 0);
@@ -400,6 +421,7 @@ HwSpec parse_hw_json(const std::string& text, const std::string& origin) {
   hw.kernel_overhead_ns = o.number("kernel_overhead_ns", kNanoseconds);
   hw.overlap_factor = o.number("overlap_factor", kFractionClosed);
   if (o.has("limits")) read_limits(o.object("limits"), hw);
+  if (o.has("system")) read_system(o.object("system"), hw);
   if (o.has("notes")) read_strings(o, "notes", hw.notes);
   if (o.has("sources")) {
     Obj s = o.object("sources");
