@@ -45,7 +45,7 @@ _REGISTRY = ("the process-wide registry (ir/op_registry.cpp, OpRegistry::get) lo
 LINK_EXCEPTIONS = {
     ("ir", "ops", f"tessel::register_{family}_ops(tessel::OpRegistry&)"): _REGISTRY
     for family in ["elementwise", "activation", "reduction", "normalization", "matmul", "conv_pool", "attention",
-                   "shape", "index", "quantize", "misc", "core", "ml"]
+                   "shape", "index", "quantize", "misc", "core", "ml", "collective"]
 }
 LINK_EXCEPTIONS[("ir", "kernel", "tessel::register_kernel_ops(tessel::OpRegistry&)")] = _REGISTRY
 

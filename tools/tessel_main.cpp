@@ -112,6 +112,8 @@ int main(int argc, char** argv) {
   auto* sim_rel_opt = sim->add_option("--max-rel", sim_max_rel, "relative error bound of the functional simulation's check against the eager interpreter (max|out-ref|/max|ref|; default: 1e-4 with f32 storage, 2e-2 f16, 5e-2 bf16)")->check(CLI::PositiveNumber);
   bool sim_train = false;
   sim->add_flag("--train", sim_train, "simulate a training step: the forward, the backward (remat partition) and an AdamW step over the parameters");
+  std::string sim_shard;
+  sim->add_option("--shard", sim_shard, "tp=N: shard the model tensor-parallel over the N chips of --hw's \"system\" section, time its stages and collectives on the chip links, and check every rank against eager (docs/multichip.md)");
   std::string sim_buckets, sim_bucket_symbol, sim_inputs;
   sim->add_option("--buckets", sim_buckets, "a comma list of sizes: the model's size symbol (its inputs' dims that are not numbers) is padded to the smallest that holds each data set's value, with masks where padding would change a result; one compilation per bucket (docs/dynamic-shapes.md, \"Buckets\")");
   sim->add_option("--bucket-symbol", sim_bucket_symbol, "with --buckets: the symbol to pad when the model has several");
@@ -313,6 +315,11 @@ int main(int argc, char** argv) {
       if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
         throw Error(Location{}, "sim --train takes --hw, --json and --dtype (not --trace, --dump-ir or --print-after)");
       return cli::cmd_sim_train(sim_model, sim_hw, sim_json, sim_dtype);
+    }
+    if (*sim && !sim_shard.empty()) {
+      if (sim_train || !sim_buckets.empty() || !sim_dump.empty() || !sim_print_after.empty())
+        throw Error(Location{}, "sim --shard takes --hw, --trace, --json, --dtype, --max-rel and --no-functional");
+      return cli::cmd_sim_sharded(sim_model, sim_hw, sim_shard, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_max_rel);
     }
     if (*sim && !sim_buckets.empty()) {
       if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())

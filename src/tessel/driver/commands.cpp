@@ -23,6 +23,7 @@
 #include "tessel/driver/train.h"
 #include "tessel/driver/train_sim.h"
 #include "tessel/driver/dataflow.h"
+#include "tessel/driver/multichip.h"
 #include "tessel/targets/dataflow/cost.h"
 #include "tessel/lower/cpu.h"
 #include "tessel/lower/lowering.h"
@@ -789,6 +790,28 @@ int cmd_sim_train(const std::string& model, const std::string& target, const std
   const TrainSimReport r = simulate_training(model, hw::resolve_target(target), map_options(dtype));
   fmt::print("{}", train_sim_text(r));
   if (!json.empty()) write_text(json, json_dump(train_sim_json(r), 1) + "\n");
+  return 0;
+}
+
+int cmd_sim_sharded(const std::string& model, const std::string& target, const std::string& shard, const std::string& trace,
+                    const std::string& json, const std::string& dtype, bool functional, double max_rel) {
+  MultiChipOptions o;
+  o.tp = parse_shard(shard);
+  o.float_dtype = map_options(dtype).float_dtype;
+  o.functional = functional;
+  const hw::HwSpec hw = hw::resolve_target(target);
+  const MultiChipRun r = run_multichip(model, model_inputs(model), hw, o);
+  fmt::print("{}", multichip_text(r));
+  if (!trace.empty()) {
+    write_text(trace, r.system.trace_json);
+    fmt::print("trace: {} (the system: one process per chip; open in ui.perfetto.dev)\n", trace);
+  }
+  if (!json.empty()) write_text(json, json_dump(multichip_json(r), 1) + "\n");
+  const double bound = max_rel > 0 ? max_rel : 1e-4;
+  if (r.max_rel > bound) {
+    fmt::print("functional check FAILED: {:.3g} > {:.3g}\n", r.max_rel, bound);
+    return 1;
+  }
   return 0;
 }
 

@@ -74,6 +74,12 @@ int cmd_sim_buckets(const std::string& model, const std::string& target, const s
 // `sim MODEL --train --hw H`: forward, backward and AdamW simulated in sequence (driver/train_sim.h).
 int cmd_sim_train(const std::string& model, const std::string& target, const std::string& json, const std::string& dtype);
 
+// `sim MODEL --hw SYSTEM.json --shard tp=N`: the model sharded over the system's N chips, its stages and
+// collectives timed on the links, the ranks' graphs checked against eager (driver/multichip.h). max_rel:
+// the check's bound (0: 1e-4).
+int cmd_sim_sharded(const std::string& model, const std::string& target, const std::string& shard, const std::string& trace,
+                    const std::string& json, const std::string& dtype, bool functional, double max_rel);
+
 // max_rel: the functional check's bound (0: the storage's, check_functional).
 int cmd_sim(const std::string& model, const std::string& target, const std::string& trace, const std::string& json,
             const std::string& dtype, bool functional, int threads, const std::string& dump_dir,

@@ -100,6 +100,7 @@ OpRegistry& OpRegistry::get() {
     register_core_ops(*r);
     register_kernel_ops(*r);
     register_ml_ops(*r);
+    register_collective_ops(*r);
     return r;
   }();
   return *reg;

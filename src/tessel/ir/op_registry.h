@@ -187,5 +187,6 @@ void register_misc_ops(OpRegistry& r);
 void register_core_ops(OpRegistry& r);
 void register_kernel_ops(OpRegistry& r);  // the kernel level's `kernel` node (src/tessel/kernel)
 void register_ml_ops(OpRegistry& r);      // ai.onnx.ml TreeEnsemble, TfIdfVectorizer
+void register_collective_ops(OpRegistry& r);  // tessel AllReduce, AllGather (sharded programs)
 
 }  // namespace tessel

@@ -1,0 +1,237 @@
+// A model on several dataflow chips (see multichip.h).
+#include "tessel/driver/multichip.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "tessel/driver/compare.h"
+#include "tessel/driver/compile_model.h"
+#include "tessel/driver/dataflow.h"
+#include "tessel/ir/op_registry.h"
+#include "tessel/lower/lowering.h"
+#include "tessel/runtime/interpreter.h"
+#include "tessel/runtime/spmd.h"
+#include "tessel/support/error.h"
+#include "tessel/support/escape.h"
+
+namespace tessel {
+
+namespace {
+
+bool is_collective(const Node& n) {
+  static const OpDef* reduce = OpRegistry::get().find("AllReduce");
+  static const OpDef* gather = OpRegistry::get().find("AllGather");
+  return n.op == reduce || n.op == gather;
+}
+
+// The nodes of one stage as a graph of their own: what they read from outside comes in as inputs (the
+// program's earlier results and the collectives' are in DRAM), what is read after the stage goes out.
+std::unique_ptr<Graph> stage_graph(const Graph& g, const std::vector<const Node*>& nodes, int level,
+                                   const std::vector<int>& node_level, const std::vector<std::vector<const Node*>>& users) {
+  auto sg = std::make_unique<Graph>();
+  sg->name = fmt::format("{}.stage{}", g.name, level);
+  std::map<const Value*, Value*> map;
+  for (const Node* n : nodes) {
+    std::vector<Value*> ins;
+    for (const Value* v : n->inputs) {
+      if (!v) { ins.push_back(nullptr); continue; }
+      auto it = map.find(v);
+      if (it == map.end())
+        it = map.emplace(v, v->constant ? sg->add_constant(v->name, *v->constant) : sg->add_input(v->name, v->type)).first;
+      ins.push_back(it->second);
+    }
+    sg->add_copy(*n, ins, map);
+  }
+  std::map<const Node*, size_t> index;
+  for (size_t k = 0; k < g.nodes().size(); ++k) index[g.nodes()[k].get()] = k;
+  for (const Node* n : nodes)
+    for (const Value* v : n->outputs) {
+      if (!v) continue;
+      bool out = g.returns(v);
+      for (const Node* u : users[size_t(v->id)]) out |= node_level[index.at(u)] != level || is_collective(*u);
+      if (out) sg->outputs.push_back(map.at(v));
+    }
+  return sg;
+}
+
+}  // namespace
+
+int parse_shard(const std::string& spec) {
+  const std::string bad = fmt::format("--shard '{}' is not tp=N (N a number of chips, 1..1024)", display_text(spec));
+  if (spec.rfind("tp=", 0) != 0 || spec.size() < 4 || spec.size() > 7) throw Error(Location{.pass = "shard"}, bad);
+  int n = 0;
+  for (char c : spec.substr(3)) {
+    if (c < '0' || c > '9') throw Error(Location{.pass = "shard"}, bad);
+    n = n * 10 + (c - '0');
+  }
+  if (n < 1 || n > 1024) throw Error(Location{.pass = "shard"}, bad);
+  return n;
+}
+
+MultiChipRun run_multichip(const std::string& model, const std::vector<Tensor>& inputs, const hw::HwSpec& hw,
+                           const MultiChipOptions& o) {
+  if (o.tp != hw.system.chips)
+    throw Error(Location{.file = hw.origin, .pass = "shard"},
+                fmt::format("system.chips: the hardware has {} chip{} but the shard asks for tp={} (they must agree)",
+                            hw.system.chips, hw.system.chips == 1 ? "" : "s", o.tp));
+  MultiChipRun r;
+  r.model = model;
+  r.target = hw.name;
+  r.chips = o.tp;
+  ImportedModel m = import_model_file(model, inputs);
+  lower::Lowering lowering(PassOptions{});
+  lowering.graph_passes(*m.graph, "simplify");
+  const Graph& whole = *m.graph;
+  r.sharded = shard_tensor_parallel(whole, o.tp);
+
+  if (o.functional) {
+    const std::vector<Tensor> ref = run_eager(whole, inputs);
+    std::vector<const Graph*> ranks;
+    for (const auto& g : r.sharded.graphs) ranks.push_back(g.get());
+    const auto outs = run_spmd(ranks, inputs);
+    r.max_rel = 0;
+    Tolerance tol;
+    tol.max_rel = 1;
+    for (const auto& rank_outs : outs)
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const Comparison c = compare_tensors(rank_outs[i], ref[i], tol);
+        r.max_rel = std::max(r.max_rel, std::isfinite(c.rel) ? c.rel : 1e300);
+      }
+  }
+
+  // Stages: a node's level is the number of collectives on its longest path from the inputs; stage L
+  // holds the compute nodes of level L, and the collectives of level L wait for it.
+  dataflow::MapOptions mo;
+  mo.float_dtype = o.float_dtype;
+  const DType device = o.float_dtype ? *o.float_dtype : dataflow::default_float_dtype(hw);
+  const Graph& g = *r.sharded.graphs[0];
+  const auto users = g.users();
+  std::vector<int> value_level(g.values().size() + 1, 0), node_level(g.nodes().size(), 0);
+  int levels = 1;
+  for (size_t k = 0; k < g.nodes().size(); ++k) {
+    const Node& n = *g.nodes()[k];
+    int l = 0;
+    for (const Value* v : n.inputs)
+      if (v) l = std::max(l, value_level[size_t(v->id)]);
+    node_level[k] = l;
+    for (const Value* v : n.outputs)
+      if (v) value_level[size_t(v->id)] = l + (is_collective(n) ? 1 : 0);
+    levels = std::max(levels, l + 2);
+  }
+  std::vector<int> stage_op(size_t(levels), -1);
+  std::map<const Value*, int> collective_op;  // a collective's output -> its system op
+  for (int level = 0; level < levels; ++level) {
+    std::vector<const Node*> nodes;
+    std::vector<int> deps;
+    for (size_t k = 0; k < g.nodes().size(); ++k) {
+      const Node& n = *g.nodes()[k];
+      if (node_level[k] != level || is_collective(n)) continue;
+      nodes.push_back(&n);
+      for (const Value* v : n.inputs)
+        if (auto it = collective_op.find(v); v && it != collective_op.end() && !std::count(deps.begin(), deps.end(), it->second))
+          deps.push_back(it->second);
+    }
+    if (!nodes.empty()) {
+      auto sg = stage_graph(g, nodes, level, node_level, users);
+      if (!sg->outputs.empty()) {
+        MultiChipStage st;
+        st.name = fmt::format("stage {}", level);
+        st.nodes = int(nodes.size());
+        try {
+          DataflowCompile dc = compile_dataflow(std::move(sg), hw, mo);
+          st.kernels = int(dc.program.kernels.size());
+          st.seconds = dataflow::simulate_program(dc.program).result.seconds;
+        } catch (const Error& e) {
+          throw Error(Location{.pass = "shard"}, fmt::format("{} of the sharded program: {}", st.name, e.what()));
+        }
+        stage_op[size_t(level)] = int(r.ops.size());
+        r.ops.push_back({.kind = dataflow::SystemOpKind::compute, .name = st.name, .seconds = st.seconds, .deps = deps});
+        r.stages.push_back(st);
+      }
+    }
+    for (size_t k = 0; k < g.nodes().size(); ++k) {
+      const Node& n = *g.nodes()[k];
+      if (node_level[k] != level || !is_collective(n)) continue;
+      const bool reduce = n.op_name() == "AllReduce";
+      const TensorType& t = (reduce ? n.inputs[0] : n.outputs[0])->type;
+      int64_t elems = 1;
+      for (int64_t d : t.shape) elems *= d;
+      const int eb = is_float(t.dtype) ? dtype_size(device) : dtype_size(t.dtype);
+      dataflow::SystemOp op{.kind = reduce ? dataflow::SystemOpKind::all_reduce : dataflow::SystemOpKind::all_gather,
+                            .name = fmt::format("{} {}", reduce ? "all-reduce" : "all-gather", n.inputs[0]->name),
+                            .bytes = elems * eb, .elem_bytes = eb};
+      if (const Node* p = n.inputs[0]->producer; p && stage_op[size_t(level)] >= 0) op.deps.push_back(stage_op[size_t(level)]);
+      collective_op[n.outputs[0]] = int(r.ops.size());
+      r.ops.push_back(op);
+    }
+  }
+  r.system = dataflow::simulate_system(r.ops, hw);
+  // the same model whole on one chip, for the speedup
+  DataflowCompile one = compile_dataflow(model, inputs, hw, mo);
+  r.one_chip_seconds = dataflow::simulate_program(one.program).result.seconds;
+  return r;
+}
+
+std::string multichip_text(const MultiChipRun& r) {
+  std::string s;
+  const auto& sys = r.system;
+  s += fmt::format("{} on {} chips (tensor parallel, tp={})\n", r.model, r.chips, r.chips);
+  s += fmt::format("sharding: {} all-reduce{}, {} all-gather{}; weights {:.2f} MB whole, {:.2f} MB per chip\n",
+                   r.sharded.all_reduces, r.sharded.all_reduces == 1 ? "" : "s", r.sharded.all_gathers,
+                   r.sharded.all_gathers == 1 ? "" : "s", r.sharded.weight_bytes / 1e6, r.sharded.weight_bytes_per_rank / 1e6);
+  for (const auto& d : r.sharded.decisions) s += fmt::format("  {:<28} {}\n", d.node, d.rule);
+  s += fmt::format("\n{:<10} {:>6} {:>8} {:>14}\n", "stage", "nodes", "kernels", "one chip (us)");
+  for (const auto& st : r.stages) s += fmt::format("{:<10} {:>6} {:>8} {:>14.2f}\n", st.name, st.nodes, st.kernels, st.seconds * 1e6);
+  if (!sys.collectives.empty()) {
+    s += fmt::format("\n{:<40} {:>11} {:>10} {:>12} {:>8}\n", "collective", "bytes", "sim (us)", "ring (us)", "sim/ring");
+    for (const auto& c : sys.collectives)
+      s += fmt::format("{:<40} {:>11} {:>10.2f} {:>12.2f} {:>8.3f}\n", c.name.substr(0, 40), c.bytes, c.sim_seconds * 1e6,
+                       c.formula_seconds * 1e6, c.formula_seconds > 0 ? c.sim_seconds / c.formula_seconds : 0.0);
+  }
+  s += fmt::format("\n{:<6} {:>12} {:>10} {:>13} {:>10}\n", "chip", "compute (us)", "comm (us)", "overlap (us)", "idle (us)");
+  for (size_t i = 0; i < sys.per_chip.size(); ++i) {
+    const auto& c = sys.per_chip[i];
+    s += fmt::format("{:<6} {:>12.2f} {:>10.2f} {:>13.2f} {:>10.2f}\n", i, c.compute_seconds * 1e6, c.comm_seconds * 1e6,
+                     c.overlap_seconds * 1e6, c.idle_seconds * 1e6);
+  }
+  double comm = 0, overlap = 0;
+  for (const auto& c : sys.per_chip) comm = std::max(comm, c.comm_seconds), overlap = std::max(overlap, c.overlap_seconds);
+  s += fmt::format("\ntime: {:.2f} us on {} chips, {:.2f} us on one chip ({:.2f}x); communication {:.0f}% of the time, "
+                   "{:.0f}% of it overlapped with compute\n",
+                   sys.seconds * 1e6, r.chips, r.one_chip_seconds * 1e6, sys.seconds > 0 ? r.one_chip_seconds / sys.seconds : 0.0,
+                   sys.seconds > 0 ? 100 * comm / sys.seconds : 0.0, comm > 0 ? 100 * overlap / comm : 0.0);
+  if (r.max_rel >= 0)
+    s += fmt::format("functional: every rank's outputs within {:.2g} (max|out-ref|/max|ref|) of eager on the whole graph "
+                     "(the ranks' graphs run in lockstep by the reference interpreter)\n",
+                     r.max_rel);
+  return s;
+}
+
+nlohmann::json multichip_json(const MultiChipRun& r) {
+  nlohmann::json j;
+  j["model"] = r.model;
+  j["target"] = r.target;
+  j["chips"] = r.chips;
+  j["sharding"] = {{"all_reduces", r.sharded.all_reduces}, {"all_gathers", r.sharded.all_gathers},
+                   {"weight_bytes", r.sharded.weight_bytes}, {"weight_bytes_per_chip", r.sharded.weight_bytes_per_rank}};
+  for (const auto& d : r.sharded.decisions) j["sharding"]["decisions"].push_back({{"node", d.node}, {"op", d.op}, {"rule", d.rule}});
+  for (const auto& st : r.stages)
+    j["stages"].push_back({{"name", st.name}, {"nodes", st.nodes}, {"kernels", st.kernels}, {"us", st.seconds * 1e6}});
+  for (const auto& c : r.system.collectives)
+    j["collectives"].push_back({{"name", c.name}, {"kind", dataflow::system_op_kind_name(c.kind)}, {"bytes", c.bytes},
+                                {"sim_us", c.sim_seconds * 1e6}, {"ring_formula_us", c.formula_seconds * 1e6}});
+  for (const auto& c : r.system.per_chip)
+    j["chips_time"].push_back({{"compute_us", c.compute_seconds * 1e6}, {"comm_us", c.comm_seconds * 1e6},
+                               {"overlap_us", c.overlap_seconds * 1e6}, {"idle_us", c.idle_seconds * 1e6}});
+  j["sim_us"] = r.system.seconds * 1e6;
+  j["one_chip_us"] = r.one_chip_seconds * 1e6;
+  j["speedup"] = r.system.seconds > 0 ? r.one_chip_seconds / r.system.seconds : 0.0;
+  if (r.max_rel >= 0) j["functional_max_rel"] = r.max_rel;
+  return j;
+}
+
+}  // namespace tessel
