@@ -566,3 +566,38 @@ TEST(Cli, DumpIrWhereNoFolderCanBeIsAnError) {
     EXPECT_NE(r.out.find("cannot make the IR dump folder"), std::string::npos) << r.out;
   }
 }
+
+// `sim --shard tp=N` on a system file (docs/multichip.md): the sharding, the collectives beside the ring
+// formula, per chip time, and the ranks against eager; a JSON of the same figures.
+TEST(Cli, SimShardTimesTheChipsAndChecksTheRanks) {
+  const std::string hw = testenv::source_dir() + "/examples/multichip/spyre_ring4.json";
+  const fs::path j = tmp() / "mc.json";
+  Result r = run("sim " + testenv::shared_dir() + "/models/tblock_bert --hw " + hw + " --shard tp=4 --json " + j.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sharding: 2 all-reduces, 0 all-gathers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("functional: every rank's outputs within"), std::string::npos) << r.out;
+  nlohmann::json js = nlohmann::json::parse(testenv::read_text(j.string()));
+  ASSERT_EQ(js["collectives"].size(), 2u);
+  for (const auto& c : js["collectives"]) {
+    // f16 storage of a 1x128x768 tensor; the ring formula by hand: 2(N-1)/N B/bw + 2(N-1) lat
+    EXPECT_EQ(c["bytes"], 128 * 768 * 2);
+    EXPECT_NEAR(c["ring_formula_us"].get<double>(), 1.5 * 196608 / 100e9 * 1e6 + 6 * 0.5, 1e-9);
+    EXPECT_NEAR(c["sim_us"].get<double>() / c["ring_formula_us"].get<double>(), 1.0, 0.05);
+  }
+  EXPECT_EQ(js["chips_time"].size(), 4u);
+  EXPECT_LT(js["functional_max_rel"].get<double>(), 1e-5);
+  EXPECT_GT(js["speedup"].get<double>(), 1.0);
+}
+
+TEST(Cli, SimShardRefusesAMismatchedSystem) {
+  const std::string hw = testenv::source_dir() + "/examples/multichip/spyre_ring4.json";
+  for (const char* bad : {"tp=2", "tp=0", "dp=4", "tp=x", "tp=99999"}) {
+    Result r = run("sim " + kModel + " --hw " + hw + " --shard " + bad);
+    EXPECT_NE(r.code, 0) << bad << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind("tessel: error: ", 0), 0u) << bad << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << bad << "\n" << r.out;
+  }
+  Result one = run("sim " + kModel + " --hw spyre --shard tp=4");
+  EXPECT_NE(one.out.find("system.chips: the hardware has 1 chip but the shard asks for tp=4"), std::string::npos) << one.out;
+  expect_refused("sim " + kModel + " --hw " + hw + " --shard tp=4 --train", "sim --shard takes");
+}

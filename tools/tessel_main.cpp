@@ -311,15 +311,15 @@ int main(int argc, char** argv) {
                                                                 cuda_precision);
     if (*run && run_dynamic) return cli::cmd_run_dynamic(run_model, run_inputs, run_check, run_rel, run_passes, run_backend, run_repeat, run_threads);
     if (*run) return cli::cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads, run_json_path);
-    if (*sim && sim_train) {
-      if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
-        throw Error(Location{}, "sim --train takes --hw, --json and --dtype (not --trace, --dump-ir or --print-after)");
-      return cli::cmd_sim_train(sim_model, sim_hw, sim_json, sim_dtype);
-    }
     if (*sim && !sim_shard.empty()) {
       if (sim_train || !sim_buckets.empty() || !sim_dump.empty() || !sim_print_after.empty())
         throw Error(Location{}, "sim --shard takes --hw, --trace, --json, --dtype, --max-rel and --no-functional");
       return cli::cmd_sim_sharded(sim_model, sim_hw, sim_shard, sim_trace, sim_json, sim_dtype, !sim_no_functional, sim_max_rel);
+    }
+    if (*sim && sim_train) {
+      if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())
+        throw Error(Location{}, "sim --train takes --hw, --json and --dtype (not --trace, --dump-ir or --print-after)");
+      return cli::cmd_sim_train(sim_model, sim_hw, sim_json, sim_dtype);
     }
     if (*sim && !sim_buckets.empty()) {
       if (!sim_trace.empty() || !sim_dump.empty() || !sim_print_after.empty())

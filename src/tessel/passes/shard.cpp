@@ -7,6 +7,8 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
+#include <algorithm>
 #include <tuple>
 
 #include "tessel/ir/infer.h"
@@ -97,6 +99,7 @@ class Sharder {
  private:
   Graph& graph(int r) { return *out_.graphs[size_t(r)]; }
   const Tensor* known(const Value* v) const {
+    while (v->producer && v->producer->op_name() == "Identity" && v->producer->op->domain.empty()) v = v->producer->inputs[0];
     if (v->constant) return &*v->constant;
     auto it = inf_.folded.find(v);
     return it == inf_.folded.end() ? nullptr : &it->second;
@@ -252,6 +255,7 @@ class Sharder {
     const Value* cur = v;
     for (int hop = 0; hop < 8; ++hop) {
       const auto& us = users_[size_t(cur->id)];
+      if (us.size() > 1 && !src_.returns(cur)) return block_slices(cur, us);
       if (us.size() != 1 || src_.returns(cur)) return 1;
       const Node* u = us[0];
       if (u->op_name() == "Split" && u->op->domain.empty() && u->inputs[0] == cur) {
@@ -274,6 +278,100 @@ class Sharder {
     return 1;
   }
 
+  // A Slice's bounds along one axis of a value of that size: {start, end} when its inputs are known, the
+  // axis is among its axes and its step is 1; nullopt otherwise.
+  std::optional<std::pair<int64_t, int64_t>> slice_bounds(const Node& u, int axis) const {
+    const size_t rank = u.inputs[0]->type.shape.size();
+    const int64_t size = u.inputs[0]->type.shape[size_t(axis)];
+    const Tensor* st = known(u.inputs[1]);
+    const Tensor* en = known(u.inputs[2]);
+    if (!st || !en) return std::nullopt;
+    std::vector<int64_t> axes;
+    if (u.has_input(3)) {
+      const Tensor* ax = known(u.inputs[3]);
+      if (!ax) return std::nullopt;
+      axes = ax->to_i64();
+    } else {
+      for (size_t i = 0; i < size_t(st->numel()); ++i) axes.push_back(int64_t(i));
+    }
+    const Tensor* steps = u.has_input(4) ? known(u.inputs[4]) : nullptr;
+    if (u.has_input(4) && !steps) return std::nullopt;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      if (norm_axis(axes[i], rank) != axis) continue;
+      if (steps && steps->get_i(int64_t(i)) != 1) return std::nullopt;
+      auto clamp = [&](int64_t x) { return std::clamp(x < 0 ? x + size : x, int64_t(0), size); };
+      return std::make_pair(clamp(st->get_i(int64_t(i))), clamp(en->get_i(int64_t(i))));
+    }
+    return std::nullopt;
+  }
+  // Blocks of a fused projection read by Slices of its last dim, each one whole block.
+  int block_slices(const Value* v, const std::vector<const Node*>& us) const {
+    const int last = int(v->type.shape.size()) - 1;
+    if (last < 0) return 1;
+    const int64_t size = v->type.shape.back();
+    int64_t len = -1;
+    for (const Node* u : us) {
+      if (u->op_name() != "Slice" || !u->op->domain.empty() || u->inputs[0] != v) return 1;
+      auto b = slice_bounds(*u, last);
+      if (!b || b->second <= b->first) return 1;
+      const int64_t l = b->second - b->first;
+      if ((len >= 0 && l != len) || b->first % l != 0 || size % l != 0) return 1;
+      len = l;
+    }
+    return len > 0 ? int(size / len) : 1;
+  }
+
+  // A Slice along another axis than the split keeps it; a Slice of one whole block of a blocked split
+  // takes each rank's piece of that block.
+  bool slice(const Node& n) {
+    const Value* x = n.inputs[0];
+    const Layout l = layout(x);
+    for (size_t i = 1; i < n.inputs.size(); ++i)
+      if (n.inputs[i] && layout(n.inputs[i]).kind != Kind::R) return false;
+    std::vector<std::vector<Value*>> per_input;
+    for (const Value* v : n.inputs) per_input.push_back(v ? all(v) : std::vector<Value*>{});
+    if (l.kind != Kind::S) return false;
+    const int64_t size = x->type.shape[size_t(l.dim)];
+    auto b = slice_bounds(n, l.dim);
+    if (!b) {  // the split axis is not sliced (its bounds unknown: gather)
+      bool sliced_here = true;
+      const Tensor* st = known(n.inputs[1]);
+      if (st && (!n.has_input(3) || known(n.inputs[3]))) {
+        sliced_here = false;
+        const size_t rank = x->type.shape.size();
+        std::vector<int64_t> axes;
+        if (n.has_input(3)) axes = known(n.inputs[3])->to_i64();
+        else for (int64_t i = 0; i < st->numel(); ++i) axes.push_back(i);
+        for (int64_t a : axes) sliced_here |= norm_axis(a, rank) == l.dim;
+      }
+      if (sliced_here) return false;
+      copy(n, by_rank(per_input), {l});
+      return true;
+    }
+    const int64_t block = size / l.blocks;
+    if (b->first == 0 && b->second == size) {  // the whole axis
+      copy(n, by_rank(per_input), {l});
+      return true;
+    }
+    if (l.blocks == 1 || b->second - b->first != block || b->first % block != 0) return false;
+    // the axis's entry of starts and ends becomes the rank's piece of that block, in its local size
+    const int64_t piece_len = block / n_;
+    const int64_t first = b->first / block * piece_len;
+    const Tensor* st = known(n.inputs[1]);
+    const size_t rank = x->type.shape.size();
+    std::vector<int64_t> axes;
+    if (n.has_input(3)) axes = known(n.inputs[3])->to_i64();
+    else for (int64_t i = 0; i < st->numel(); ++i) axes.push_back(i);
+    std::vector<int64_t> starts = st->to_i64(), ends = known(n.inputs[2])->to_i64();
+    for (size_t i = 0; i < axes.size(); ++i)
+      if (norm_axis(axes[i], rank) == l.dim) starts[i] = first, ends[i] = first + piece_len;
+    per_input[1] = constants(n.inputs[1]->name + ".shard", [&](int) { return i64_tensor(starts); });
+    per_input[2] = constants(n.inputs[2]->name + ".shard", [&](int) { return i64_tensor(ends); });
+    copy(n, by_rank(per_input), {Layout{Kind::S, l.dim, 1}});
+    note(n, fmt::format("block {} of a column-parallel projection, split across the ranks", b->first / block));
+    return true;
+  }
+
   void node(const Node& n) {
     bool split = false;
     for (const Value* v : n.inputs) split |= v && layout(v).kind != Kind::R;
@@ -286,6 +384,7 @@ class Sharder {
     if (onnx && op == "Reshape" && reshape(n)) return;
     if (onnx && op == "Transpose" && transpose(n)) return;
     if (onnx && op == "Split" && split_op(n)) return;
+    if (onnx && op == "Slice" && slice(n)) return;
     if (onnx && (op == "Softmax" || op == "LogSoftmax" || op == "LayerNormalization") && keeps_other_axes(n)) return;
     replicate(n);
   }
