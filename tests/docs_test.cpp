@@ -4,7 +4,9 @@
 
 #include <regex>
 
+#include "tessel/driver/multichip.h"
 #include "tessel/driver/op_table.h"
+#include "tessel/hw/hw.h"
 #include "tessel/driver/target_compare.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/ir/printer.h"
@@ -192,4 +194,27 @@ TEST(Docs, CompareWorkedExample) {
     return compile_dataflow(parse_graph(tsl, "docs/sim.md"), hw::resolve_target(target), o);
   };
   EXPECT_EQ(comparison_text(compare_targets(map("tpu-v5e"), map("spyre"))), want);
+}
+
+// docs/multichip.md: the worked example's sharding and collective blocks are what the run prints.
+TEST(Docs, MultiChipWorkedExample) {
+  const std::string md = testenv::read_text(testenv::source_dir() + "/docs/multichip.md");
+  const std::string model = testenv::shared_dir() + "/models/tblock_bert";
+  MultiChipOptions o;
+  o.shard = parse_shard("tp=4");
+  o.functional = true;
+  const MultiChipRun r = run_multichip(model, model_inputs(model), hw::load_hw_file(testenv::source_dir() + "/examples/multichip/spyre_ring4.json"), o);
+  const std::string text = multichip_text(r);
+  auto block = [&](const std::string& first, const std::string& last) {
+    const size_t a = text.find(first), b = text.find(last, a);
+    EXPECT_NE(a, std::string::npos) << text;
+    EXPECT_NE(b, std::string::npos) << text;
+    return text.substr(a, b + last.size() - a);
+  };
+  const std::string sharding = block("sharding: ", "'/fc2/MatMul_output_0'\n");
+  EXPECT_NE(md.find(sharding), std::string::npos) << "docs/multichip.md's sharding block is not:\n" << sharding;
+  const std::string coll = block("collective ", "\n\nchip ");  // the header and both all-reduces
+  const std::string rows = coll.substr(0, coll.size() - 6);
+  EXPECT_NE(md.find(rows), std::string::npos) << "docs/multichip.md's collective block is not:\n" << rows;
+  EXPECT_LT(r.max_rel, 1e-7);
 }

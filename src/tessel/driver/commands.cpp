@@ -796,7 +796,7 @@ int cmd_sim_train(const std::string& model, const std::string& target, const std
 int cmd_sim_sharded(const std::string& model, const std::string& target, const std::string& shard, const std::string& trace,
                     const std::string& json, const std::string& dtype, bool functional, double max_rel) {
   MultiChipOptions o;
-  o.tp = parse_shard(shard);
+  o.shard = parse_shard(shard);
   o.float_dtype = map_options(dtype).float_dtype;
   o.functional = functional;
   const hw::HwSpec hw = hw::resolve_target(target);

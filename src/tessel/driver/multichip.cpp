@@ -60,33 +60,35 @@ std::unique_ptr<Graph> stage_graph(const Graph& g, const std::vector<const Node*
 
 }  // namespace
 
-int parse_shard(const std::string& spec) {
-  const std::string bad = fmt::format("--shard '{}' is not tp=N (N a number of chips, 1..1024)", display_text(spec));
-  if (spec.rfind("tp=", 0) != 0 || spec.size() < 4 || spec.size() > 7) throw Error(Location{.pass = "shard"}, bad);
-  int n = 0;
+ShardSpec parse_shard(const std::string& spec) {
+  const std::string bad = fmt::format("--shard '{}' is not tp=N, dp=N (N a number of chips, 1..1024) or auto", display_text(spec));
+  ShardSpec s;
+  if (spec == "auto") {
+    s.automatic = true;
+    return s;
+  }
+  if (spec.size() < 4 || spec.size() > 7 || spec[2] != '=') throw Error(Location{.pass = "shard"}, bad);
+  const std::string kind = spec.substr(0, 2);
+  if (kind == "tp") s.kind = ShardKind::tensor;
+  else if (kind == "dp") s.kind = ShardKind::data;
+  else throw Error(Location{.pass = "shard"}, bad);
   for (char c : spec.substr(3)) {
     if (c < '0' || c > '9') throw Error(Location{.pass = "shard"}, bad);
-    n = n * 10 + (c - '0');
+    s.ranks = s.ranks * 10 + (c - '0');
   }
-  if (n < 1 || n > 1024) throw Error(Location{.pass = "shard"}, bad);
-  return n;
+  if (s.ranks < 1 || s.ranks > 1024) throw Error(Location{.pass = "shard"}, bad);
+  return s;
 }
 
-MultiChipRun run_multichip(const std::string& model, const std::vector<Tensor>& inputs, const hw::HwSpec& hw,
-                           const MultiChipOptions& o) {
-  if (o.tp != hw.system.chips)
-    throw Error(Location{.file = hw.origin, .pass = "shard"},
-                fmt::format("system.chips: the hardware has {} chip{} but the shard asks for tp={} (they must agree)",
-                            hw.system.chips, hw.system.chips == 1 ? "" : "s", o.tp));
+namespace {
+
+// One sharding of `whole` on the system: the ranks' graphs, checked, cut into stages, timed.
+MultiChipRun shard_and_time(const Graph& whole, const std::vector<Tensor>& inputs, const hw::HwSpec& hw, ShardKind kind,
+                            const MultiChipOptions& o) {
   MultiChipRun r;
-  r.model = model;
   r.target = hw.name;
-  r.chips = o.tp;
-  ImportedModel m = import_model_file(model, inputs);
-  lower::Lowering lowering(PassOptions{});
-  lowering.graph_passes(*m.graph, "simplify");
-  const Graph& whole = *m.graph;
-  r.sharded = shard_tensor_parallel(whole, o.tp);
+  r.chips = int(hw.system.chips);
+  r.sharded = shard_graph(whole, kind, r.chips);
 
   if (o.functional) {
     const std::vector<Tensor> ref = run_eager(whole, inputs);
@@ -170,7 +172,48 @@ MultiChipRun run_multichip(const std::string& model, const std::vector<Tensor>& 
     }
   }
   r.system = dataflow::simulate_system(r.ops, hw);
+  return r;
+}
+
+}  // namespace
+
+MultiChipRun run_multichip(const std::string& model, const std::vector<Tensor>& inputs, const hw::HwSpec& hw,
+                           const MultiChipOptions& o) {
+  const ShardSpec& spec = o.shard;
+  if (!spec.automatic && spec.ranks != hw.system.chips)
+    throw Error(Location{.file = hw.origin, .pass = "shard"},
+                fmt::format("system.chips: the hardware has {} chip{} but the shard asks for {}={} (they must agree)",
+                            hw.system.chips, hw.system.chips == 1 ? "" : "s", shard_kind_name(spec.kind), spec.ranks));
+  ImportedModel m = import_model_file(model, inputs);
+  lower::Lowering lowering(PassOptions{});
+  lowering.graph_passes(*m.graph, "simplify");
+  MultiChipRun r;
+  if (!spec.automatic) {
+    r = shard_and_time(*m.graph, inputs, hw, spec.kind, o);
+  } else {  // the cost model's choice: each kind simulated, the faster kept
+    std::vector<std::string> tried;
+    bool have = false;
+    for (ShardKind k : {ShardKind::tensor, ShardKind::data}) {
+      const std::string name = fmt::format("{}={}", shard_kind_name(k), hw.system.chips);
+      try {
+        MultiChipRun c = shard_and_time(*m.graph, inputs, hw, k, o);
+        tried.push_back(fmt::format("{}: {:.2f} us", name, c.system.seconds * 1e6));
+        if (!have || c.system.seconds < r.system.seconds) {
+          r = std::move(c);
+          have = true;
+          std::rotate(tried.begin(), tried.end() - 1, tried.end());  // the kept one first
+        }
+      } catch (const Error& e) {
+        tried.push_back(fmt::format("{}: not possible ({})", name, e.what()));
+      }
+    }
+    if (!have) throw Error(Location{.pass = "shard"}, fmt::format("--shard auto: no sharding fits: {}", tried.back()));
+    r.alternatives = tried;
+  }
+  r.model = model;
   // the same model whole on one chip, for the speedup
+  dataflow::MapOptions mo;
+  mo.float_dtype = o.float_dtype;
   DataflowCompile one = compile_dataflow(model, inputs, hw, mo);
   r.one_chip_seconds = dataflow::simulate_program(one.program).result.seconds;
   return r;
@@ -179,7 +222,13 @@ MultiChipRun run_multichip(const std::string& model, const std::vector<Tensor>& 
 std::string multichip_text(const MultiChipRun& r) {
   std::string s;
   const auto& sys = r.system;
-  s += fmt::format("{} on {} chips (tensor parallel, tp={})\n", r.model, r.chips, r.chips);
+  s += fmt::format("{} on {} chips ({} parallel, {}={})\n", r.model, r.chips,
+                   r.sharded.kind == ShardKind::tensor ? "tensor" : "data", shard_kind_name(r.sharded.kind), r.chips);
+  if (!r.alternatives.empty()) {
+    s += "--shard auto, each simulated:";
+    for (const auto& a : r.alternatives) s += "\n  " + a;
+    s += "\n";
+  }
   s += fmt::format("sharding: {} all-reduce{}, {} all-gather{}; weights {:.2f} MB whole, {:.2f} MB per chip\n",
                    r.sharded.all_reduces, r.sharded.all_reduces == 1 ? "" : "s", r.sharded.all_gathers,
                    r.sharded.all_gathers == 1 ? "" : "s", r.sharded.weight_bytes / 1e6, r.sharded.weight_bytes_per_rank / 1e6);
@@ -216,6 +265,8 @@ nlohmann::json multichip_json(const MultiChipRun& r) {
   j["model"] = r.model;
   j["target"] = r.target;
   j["chips"] = r.chips;
+  j["shard"] = fmt::format("{}={}", shard_kind_name(r.sharded.kind), r.chips);
+  if (!r.alternatives.empty()) j["alternatives"] = r.alternatives;
   j["sharding"] = {{"all_reduces", r.sharded.all_reduces}, {"all_gathers", r.sharded.all_gathers},
                    {"weight_bytes", r.sharded.weight_bytes}, {"weight_bytes_per_chip", r.sharded.weight_bytes_per_rank}};
   for (const auto& d : r.sharded.decisions) j["sharding"]["decisions"].push_back({{"node", d.node}, {"op", d.op}, {"rule", d.rule}});

@@ -17,8 +17,15 @@
 
 namespace tessel {
 
+// What `--shard` asks for: tp=N, dp=N, or auto (each kind at the system's chip count, the faster kept).
+struct ShardSpec {
+  ShardKind kind = ShardKind::tensor;
+  int ranks = 0;
+  bool automatic = false;
+};
+
 struct MultiChipOptions {
-  int tp = 0;                          // ranks of the tensor-parallel split; must equal the system's chips
+  ShardSpec shard;                     // ranks must equal the system's chips
   std::optional<DType> float_dtype;    // device storage (as `sim --dtype`)
   bool functional = true;              // run the ranks' graphs against eager
 };
@@ -34,6 +41,8 @@ struct MultiChipRun {
   std::string model, target;
   int chips = 1;
   ShardedProgram sharded;
+  // With --shard auto: every kind tried, "tp=4: 103.20 us" or "dp=4: not possible (...)", the kept one first.
+  std::vector<std::string> alternatives;
   std::vector<MultiChipStage> stages;
   std::vector<dataflow::SystemOp> ops;   // the system program: stages and collectives, deps by data
   dataflow::SystemSimResult system;
@@ -42,8 +51,8 @@ struct MultiChipRun {
   double max_rel = -1;
 };
 
-// `parse_shard("tp=4")` = 4; anything else is an Error naming the option.
-int parse_shard(const std::string& spec);
+// "tp=4", "dp=2", "auto"; anything else is an Error naming the option.
+ShardSpec parse_shard(const std::string& spec);
 
 MultiChipRun run_multichip(const std::string& model, const std::vector<Tensor>& inputs, const hw::HwSpec& hw,
                            const MultiChipOptions& options);

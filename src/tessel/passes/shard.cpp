@@ -67,7 +67,7 @@ int norm_axis(int64_t axis, size_t rank) { return static_cast<int>(axis < 0 ? ax
 
 class Sharder {
  public:
-  Sharder(Graph& src, const InferResult& inf, int n) : src_(src), inf_(inf), n_(n), map_(size_t(n)) {
+  Sharder(Graph& src, const InferResult& inf, int n, ShardKind kind) : src_(src), inf_(inf), n_(n), kind_(kind), map_(size_t(n)) {
     users_ = src_.users();
   }
 
@@ -78,8 +78,21 @@ class Sharder {
       g->name = src_.name;
       out_.graphs.push_back(std::move(g));
     }
+    out_.kind = kind_;
     for (const Value* v : src_.inputs)
       for (int r = 0; r < n_; ++r) map_[size_t(r)][v] = graph(r).add_input(v->name, v->type);
+    if (kind_ == ShardKind::data) {  // each rank takes its rows of every input the ranks divide
+      int split = 0;
+      for (const Value* v : src_.inputs) {
+        if (v->type.shape.empty() || v->type.shape[0] < n_ || v->type.shape[0] % n_ != 0) continue;
+        std::vector<Value*> p = piece(v, 0, 1);
+        for (int r = 0; r < n_; ++r) map_[size_t(r)][v] = p[size_t(r)];
+        lay_[v] = Layout{Kind::S, 0, 1};
+        ++split;
+      }
+      if (split == 0)
+        throw Error(Location{.pass = "shard"}, fmt::format("dp={}: no input's first dim is a multiple of {} (the batch to split)", n_, n_));
+    }
     for (const auto& n : src_.nodes()) node(*n);
     for (int r = 0; r < n_; ++r) graph(r).outputs.clear();
     for (const Value* v : src_.outputs) {
@@ -397,7 +410,7 @@ class Sharder {
     const size_t ro = n.outputs[0]->type.shape.size();
     const Tensor* w = known(b);
     if (!split) {  // column-parallel: a constant weight split by its columns
-      if (!w || rb != 2) return false;
+      if (!w || rb != 2 || kind_ != ShardKind::tensor) return false;
       const int64_t cols = b->type.shape[1];
       int blocks = blocks_after(n.outputs[0]);
       if (cols % (int64_t(n_) * blocks) != 0) blocks = 1;
@@ -472,6 +485,7 @@ class Sharder {
     const bool tb = n.attr_i("transB", 0) != 0;
     const int64_t cols = b->type.shape[tb ? 0 : 1], rows = b->type.shape[tb ? 1 : 0];
     if (la.kind == Kind::R) {
+      if (kind_ != ShardKind::tensor) return false;
       int blocks = blocks_after(n.outputs[0]);
       if (cols % (int64_t(n_) * blocks) != 0) blocks = 1;
       if (cols % n_ != 0) return false;
@@ -659,6 +673,7 @@ class Sharder {
   Graph& src_;
   const InferResult& inf_;
   const int n_;
+  const ShardKind kind_;
   ShardedProgram out_;
   std::vector<std::map<const Value*, Value*>> map_;
   std::map<const Value*, Layout> lay_;
@@ -669,8 +684,13 @@ class Sharder {
 
 }  // namespace
 
-ShardedProgram shard_tensor_parallel(const Graph& g, int ranks) {
-  if (ranks < 1 || ranks > 1024) throw Error(Location{.pass = "shard"}, fmt::format("tp = {} is not in 1..1024", ranks));
+const char* shard_kind_name(ShardKind k) { return k == ShardKind::tensor ? "tp" : "dp"; }
+
+ShardedProgram shard_tensor_parallel(const Graph& g, int ranks) { return shard_graph(g, ShardKind::tensor, ranks); }
+
+ShardedProgram shard_graph(const Graph& g, ShardKind kind, int ranks) {
+  if (ranks < 1 || ranks > 1024)
+    throw Error(Location{.pass = "shard"}, fmt::format("{} = {} is not in 1..1024", shard_kind_name(kind), ranks));
   for (const auto& v : g.values())
     if (v->type.symbolic())
       throw Error(Location{.pass = "shard"},
@@ -678,13 +698,14 @@ ShardedProgram shard_tensor_parallel(const Graph& g, int ranks) {
   auto src = g.clone();
   if (ranks == 1) {  // nothing to split: the graph itself
     ShardedProgram p;
+    p.kind = kind;
     for (const Value* c : src->constants()) p.weight_bytes += int64_t(c->constant->nbytes());
     p.weight_bytes_per_rank = p.weight_bytes;
     p.graphs.push_back(std::move(src));
     return p;
   }
   InferResult inf = infer_graph(*src);
-  return Sharder(*src, inf, ranks).run();
+  return Sharder(*src, inf, ranks, kind).run();
 }
 
 }  // namespace tessel

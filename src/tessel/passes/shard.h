@@ -1,4 +1,4 @@
-// Tensor parallelism at the graph level: one graph becomes N ranks' graphs (SPMD: the same nodes in the
+// Tensor (and data) parallelism at the graph level: one graph becomes N ranks' graphs (SPMD: the same nodes in the
 // same order, each rank with its own slices of the weights) joined by AllReduce and AllGather nodes.
 // Megatron's split, found by propagation rather than by pattern: a matmul by a constant weight whose
 // input every rank holds whole is split by the weight's columns (each rank computes its columns), one
@@ -22,7 +22,14 @@ struct ShardDecision {
   std::string rule;  // "column-parallel: 'W' [768,2304] split by columns, 576 per rank (3 blocks)"
 };
 
+enum class ShardKind {
+  tensor,  // weights split (column / row parallel), activations whole between the blocks
+  data,    // the inputs split along their first dim (the batch), weights whole on every rank
+};
+const char* shard_kind_name(ShardKind k);  // "tp", "dp"
+
 struct ShardedProgram {
+  ShardKind kind = ShardKind::tensor;
   int ranks = 1;
   // One graph per rank, rank r at index r: the same nodes in the same order (their names and ops equal),
   // inputs and outputs whole (every rank takes the same inputs and returns the same outputs).
@@ -37,5 +44,9 @@ struct ShardedProgram {
 // the pass ("shard") when ranks is not in 1..1024 or the graph has symbolic sizes; a node no rule
 // splits is not an error (its inputs are gathered and every rank computes it whole).
 ShardedProgram shard_tensor_parallel(const Graph& g, int ranks);
+// Data parallel: every input whose first dim the ranks divide is split along it (the others stay
+// whole), and the split follows as above; no weight is split. An Error naming the pass when no input
+// can be split.
+ShardedProgram shard_graph(const Graph& g, ShardKind kind, int ranks);
 
 }  // namespace tessel
