@@ -45,7 +45,7 @@ TEST_P(ShardCorpus, EveryRankMatchesTheModelsReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ShardCorpus,
-                         ::testing::Combine(::testing::Values("tblock_bert", "tblock_s", "attn_s", "ffn_s", "bert_tiny", "gpt2_tiny"),
+                         ::testing::Combine(::testing::Values("tblock_bert", "tblock_s", "attn_s", "ffn_s", "bert_tiny", "gpt2_tiny", "mobilenet_v2"),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) { return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param)); });
 
@@ -67,6 +67,20 @@ TEST(Shard, ATransformerBlockIsSplitAsMegatronSplitsIt) {
   for (const auto& n : g.nodes())
     if (n->op_name() == "Softmax") heads = n->outputs[0]->type.shape == Shape{1, 3, 128, 128};
   EXPECT_TRUE(heads);
+}
+
+// A convnet's channels: 1x1 expansions by output channels, the depthwise convs keep the split (a
+// quarter of the groups each), the 1x1 projections by input channels with one all-reduce per block.
+TEST(Shard, MobileNetsChannelsAreSplitPerBlock) {
+  Sharded s = shard_model("mobilenet_v2", 4);
+  EXPECT_EQ(s.p.all_reduces, 17);
+  int depthwise = 0;
+  for (const auto& n : s.p.graphs[2]->nodes())
+    if (n->op_name() == "Conv" && n->attr_i("group", 1) > 1) {
+      ++depthwise;
+      EXPECT_EQ(n->attr_i("group"), n->outputs[0]->type.shape[1]) << n->name;  // one group per channel it holds
+    }
+  EXPECT_EQ(depthwise, 17);
 }
 
 TEST(Shard, OneRankIsTheGraphItself) {

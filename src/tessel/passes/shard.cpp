@@ -392,9 +392,11 @@ class Sharder {
     const bool onnx = n.op->domain.empty();
     if (onnx && op == "MatMul" && matmul(n, split)) return;
     if (onnx && op == "Gemm" && gemm(n)) return;
+    if (onnx && op == "Conv" && conv(n, split)) return;
     if (!split) return replicate(n);
     if (pointwise(n) && elementwise(n)) return;
-    if (onnx && op == "Reshape" && reshape(n)) return;
+    if (onnx && (op == "Reshape" || op == "Flatten") && reshape(n)) return;
+    if (onnx && (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") && pool(n)) return;
     if (onnx && op == "Transpose" && transpose(n)) return;
     if (onnx && op == "Split" && split_op(n)) return;
     if (onnx && op == "Slice" && slice(n)) return;
@@ -523,6 +525,70 @@ class Sharder {
     return false;
   }
 
+  // Conv by output channels (its input whole), by input channels (its input split by channels: partial
+  // sums, the bias on rank 0), a depthwise conv keeps a channel split (each rank its channels' groups),
+  // and a batch split passes through.
+  bool conv(const Node& n, bool split) {
+    const Value* x = n.inputs[0];
+    const Value* w = n.inputs[1];
+    const Value* b = n.has_input(2) ? n.inputs[2] : nullptr;
+    const Layout l = layout(x);
+    if (layout(w).kind != Kind::R || (b && layout(b).kind != Kind::R) || !known(w)) return false;
+    const int64_t group = n.attr_i("group", 1);
+    const Shape& ws = w->type.shape;
+    const int64_t cout = ws[0], cin = x->type.shape[1];
+    auto with_bias = [&](std::vector<std::vector<Value*>> ins, const std::vector<Value*>& bias) {
+      if (b) ins.push_back(bias);
+      return by_rank(ins);
+    };
+    if (!split) {
+      if (kind_ != ShardKind::tensor || group != 1 || cout % n_ != 0) return false;
+      std::vector<Value*> bp = b ? piece(b, 0, 1) : std::vector<Value*>{};
+      copy(n, with_bias({all(x), piece(w, 0, 1)}, bp), {Layout{Kind::S, 1, 1}});
+      note(n, fmt::format("output channels split: '{}' {}, {} per rank", w->name, shape_str(ws), cout / n_));
+      return true;
+    }
+    if (l.kind == Kind::S && l.dim == 0) {
+      copy(n, with_bias({all(x), all(w)}, b ? all(b) : std::vector<Value*>{}), {l});
+      return true;
+    }
+    if (l.kind == Kind::S && l.dim == 1 && l.blocks == 1) {
+      if (group == 1 && cin % n_ == 0) {
+        std::vector<Value*> bp;
+        if (b) bp = constants(b->name + ".rank0", [&](int r) {
+          const Tensor* t = known(b);
+          return r == 0 && t ? *t : Tensor(b->type.dtype, b->type.shape);
+        });
+        if (b && !known(b)) return false;
+        copy(n, with_bias({all(x), piece(w, 1, 1)}, bp), {Layout{Kind::P}});
+        note(n, fmt::format("input channels split: '{}' {}, {} per rank; partial sums{}", w->name, shape_str(ws), cin / n_,
+                            b ? " (the bias added on rank 0)" : ""));
+        return true;
+      }
+      if (group == cin && cout == cin && ws[1] == 1 && cin % n_ == 0) {  // depthwise
+        std::vector<std::map<std::string, Attr>> attrs(size_t(n_), n.attrs);
+        for (auto& a : attrs) a["group"] = group / n_;
+        copy(n, with_bias({all(x), piece(w, 0, 1)}, b ? piece(b, 0, 1) : std::vector<Value*>{}), {l}, &attrs);
+        return true;
+      }
+      return false;
+    }
+    if (l.kind == Kind::P && !b && group == 1) {
+      copy(n, by_rank({all(x), all(w)}), {Layout{Kind::P}});
+      return true;
+    }
+    return false;
+  }
+
+  // Pooling works per image and channel: a split of either stays; averages keep partial sums.
+  bool pool(const Node& n) {
+    const Layout l = layout(n.inputs[0]);
+    const bool average = n.op_name() == "AveragePool" || n.op_name() == "GlobalAveragePool";
+    if (!(l.kind == Kind::S && l.dim <= 1) && !(l.kind == Kind::P && average)) return false;
+    copy(n, by_rank({all(n.inputs[0])}), same(n, l));
+    return true;
+  }
+
   bool elementwise(const Node& n) {
     const std::string& op = n.op_name();
     std::vector<Layout> ls;
@@ -577,8 +643,10 @@ class Sharder {
   bool reshape(const Node& n) {
     const Value* x = n.inputs[0];
     const Layout l = layout(x);
+    const bool flatten = n.op_name() == "Flatten";
     if (l.kind == Kind::P) {
-      copy(n, by_rank({all(x), all(n.inputs[1])}), {Layout{Kind::P}});
+      copy(n, by_rank(flatten ? std::vector<std::vector<Value*>>{all(x)} : std::vector<std::vector<Value*>>{all(x), all(n.inputs[1])}),
+           {Layout{Kind::P}});
       return true;
     }
     if (l.kind != Kind::S) return false;
@@ -591,6 +659,10 @@ class Sharder {
       // a blocked split stays blocked only where the dim comes out whole (the same size, the same after it)
       if (l.blocks > 1 && (os[e] != is[size_t(l.dim)] || prod(os, e + 1, os.size()) != prod(is, size_t(l.dim) + 1, is.size())))
         continue;
+      if (flatten) {  // its output shape follows the rank's input
+        copy(n, by_rank({all(x)}), {Layout{Kind::S, int(e), l.blocks}});
+        return true;
+      }
       Shape local = os;
       local[e] /= n_;
       auto shape = constants(n.inputs[1]->name + ".shard", [&](int) { return i64_tensor(local); });
