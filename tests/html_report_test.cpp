@@ -190,3 +190,24 @@ TEST(HtmlReport, LandscapeBarsAndBreakEvenPlot) {
   in.cpu_bench["backends"].erase(1);
   EXPECT_EQ(render_html_report(in).find("aria-label=\"break-even\""), std::string::npos);
 }
+
+// A hardware file with several chips: the report adds the sharded run, a row per chip, its figures
+// those of the run's JSON (the same multichip_json the CLI writes).
+TEST(HtmlReport, ASystemTargetGetsItsChipsSection) {
+  ReportOptions o;
+  o.targets = testenv::source_dir() + "/examples/multichip/spyre_ring4.json";
+  const std::string model = testenv::shared_dir() + "/models/tblock_bert";
+  const HtmlReportInput in = gather_report(model, o);
+  ASSERT_EQ(in.multichip.size(), 1u);
+  const nlohmann::json& m = in.multichip[0];
+  EXPECT_EQ(m["shard"], "tp=4");
+  const std::string page = render_html_report(in);
+  EXPECT_NE(page.find("-chips\"><h2>"), std::string::npos);
+  EXPECT_EQ(count(page, "<tr class=\"chip\">"), 4);
+  EXPECT_NE(page.find("column-parallel: &#39;onnx::MatMul_95&#39;"), std::string::npos) << "names escaped, rules shown";
+  for (const char* tag : {"section", "table", "div", "tr"})
+    EXPECT_EQ(count(page, std::string("<") + tag + ">") + count(page, std::string("<") + tag + " "),
+              count(page, std::string("</") + tag + ">"))
+        << tag;
+  EXPECT_NE(page.find(fmt::format("{:.1f} us simulated", m["sim_us"].get<double>())), std::string::npos);
+}

@@ -639,6 +639,60 @@ std::string anchor(const std::string& target) {
 
 }  // namespace
 
+// A system of several chips (docs/multichip.md): the sharding, the collectives beside the ring formula,
+// and where each chip's time went as a bar (compute, communication alone, idle).
+std::string multichip_section(const json& m) {
+  std::string s = fmt::format(
+      "<p>{} on {:.0f} chips: {:.1f} us simulated against {:.1f} us on one chip ({:.2f}x). Every rank's outputs against "
+      "eager on the whole graph: max relative error {}.</p>",
+      esc(str(m, "shard")), num(m, "chips"), num(m, "sim_us"), num(m, "one_chip_us"), num(m, "speedup"),
+      m.contains("functional_max_rel") ? fmt::format("{:.2g}", num(m, "functional_max_rel")) : std::string("not checked"));
+  if (const auto a = m.find("alternatives"); a != m.end() && a->is_array()) {
+    s += "<p class=\"muted\">--shard auto tried:";
+    for (const json& x : *a) s += " " + esc(x.is_string() ? x.get<std::string>() : std::string()) + ";";
+    s += "</p>";
+  }
+  const json sh = m.contains("sharding") ? m["sharding"] : json::object();
+  s += fmt::format("<h3>Sharding</h3><p>{:.0f} all-reduces, {:.0f} all-gathers; weights {:.2f} MB whole, {:.2f} MB per chip.</p>",
+                   num(sh, "all_reduces"), num(sh, "all_gathers"), num(sh, "weight_bytes") / 1e6, num(sh, "weight_bytes_per_chip") / 1e6);
+  if (const auto d = sh.find("decisions"); d != sh.end() && d->is_array() && !d->empty()) {
+    s += "<table><tr><th class=\"l\">node</th><th class=\"l\">op</th><th class=\"l\">rule</th></tr>";
+    for (const json& x : *d)
+      s += fmt::format("<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>", esc(str(x, "node")),
+                       esc(str(x, "op")), esc(str(x, "rule")));
+    s += "</table>";
+  }
+  if (const auto c = m.find("collectives"); c != m.end() && c->is_array() && !c->empty()) {
+    s += "<h3>Collectives on the links</h3><table><tr><th class=\"l\">collective</th><th class=\"l\">kind</th><th>bytes</th>"
+         "<th>simulated</th><th>ring formula</th><th>sim / ring</th></tr>";
+    for (const json& x : *c) {
+      const double f = num(x, "ring_formula_us");
+      s += fmt::format("<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{:.0f}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                       esc(str(x, "name")), esc(str(x, "kind")), num(x, "bytes"), us_text(num(x, "sim_us")), us_text(f),
+                       f > 0 ? fmt::format("{:.3f}", num(x, "sim_us") / f) : std::string("-"));
+    }
+    s += "</table>";
+  }
+  if (const auto c = m.find("chips_time"); c != m.end() && c->is_array()) {
+    const double total = std::max(num(m, "sim_us"), 1e-9);
+    s += "<h3>Per chip</h3><table><tr><th class=\"l\">chip</th><th>compute</th><th>communication</th><th>overlap</th>"
+         "<th>idle</th><th class=\"l\">the run (compute, communication alone, idle)</th></tr>";
+    int i = 0;
+    for (const json& x : *c) {
+      const double cu = num(x, "compute_us"), co = num(x, "comm_us"), ov = num(x, "overlap_us"), id = num(x, "idle_us");
+      auto w = [&](double us) { return fmt::format("{:.2f}", std::clamp(100 * us / total, 0.0, 100.0)); };
+      s += fmt::format(
+          "<tr class=\"chip\"><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l\"><div "
+          "style=\"display:flex;width:24em\"><div style=\"width:{}%;background:#4a78c2;height:0.9em\"></div><div "
+          "style=\"width:{}%;background:#e0a030;height:0.9em\"></div><div style=\"width:{}%;background:#ddd;height:0.9em\"></div>"
+          "</div></td></tr>",
+          i++, us_text(cu), us_text(co), us_text(ov), us_text(id), w(cu), w(std::max(0.0, co - ov)), w(id));
+    }
+    s += "</table>";
+  }
+  return s;
+}
+
 std::string render_html_report(const HtmlReportInput& in) {
   std::string s = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">";
   s += fmt::format("<title>tessel report: {}</title><meta name=\"viewport\" content=\"width=device-width\">", esc(in.model));
@@ -652,6 +706,7 @@ std::string render_html_report(const HtmlReportInput& in) {
   for (size_t i = 0; i < names.size(); ++i) s += (i ? ", " : ": ") + esc(names[i]);
   s += "</p><nav><a href=\"#landscape\">landscape</a>";
   for (const auto& t : in.targets) s += fmt::format("<a href=\"#{}\">{}</a>", anchor(t.name), esc(t.name));
+  for (const auto& m : in.multichip) s += fmt::format("<a href=\"#{}-chips\">{} (chips)</a>", anchor(str(m, "name")), esc(str(m, "name")));
   s += "<a href=\"#host\">host steps</a>";
   if (in.cpu_bench.is_object()) s += "<a href=\"#cpu\">cpu ladder</a>";
   s += "</nav>";
@@ -666,6 +721,9 @@ std::string render_html_report(const HtmlReportInput& in) {
     s += "<h3>Scratchpad</h3><div class=\"scratchpad\">" + scratchpad_section(t) + "</div>";
     s += "</section>";
   }
+  for (const auto& m : in.multichip)
+    s += fmt::format("<section id=\"{}-chips\"><h2>{}: several chips</h2>", anchor(str(m, "name")), esc(str(m, "name"))) +
+         multichip_section(m) + "</section>";
   s += "<section id=\"host\"><h2>Host steps (graph breaks on the chip)</h2>" + host_section(in.targets) + "</section>";
   if (in.cpu_bench.is_object()) s += "<section id=\"cpu\"><h2>Host CPU: eager, graph, compiled</h2>" + cpu_section(in.cpu_bench) + "</section>";
   s += "<footer>" + esc(in.generator) +

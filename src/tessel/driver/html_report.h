@@ -29,6 +29,9 @@ struct HtmlReportInput {
   std::vector<HtmlTargetReport> targets;    // dataflow targets
   nlohmann::json landscape = nlohmann::json::array();  // `tessel landscape --json` rows
   nlohmann::json cpu_bench;                 // bench_json(...) of the CPU ladder, or null
+  // One multichip_json (driver/multichip.h) per system target (a hardware file with several chips),
+  // its "name" the target as given: the sharded run, a section per system with a row per chip.
+  nlohmann::json multichip = nlohmann::json::array();
 };
 
 // Every text from the inputs enters the page through html_text (support/escape.h).

@@ -7,6 +7,7 @@
 
 #include "tessel/driver/bench.h"
 #include "tessel/driver/model_dir.h"
+#include "tessel/driver/multichip.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
 #include "tessel/support/progress.h"
@@ -64,6 +65,15 @@ HtmlReportInput gather_report(const std::string& model, const ReportOptions& opt
     const DataflowRun run = simulate_dataflow(compile_dataflow(model, ins, hw, opts.map), so);
     in.landscape.push_back(landscape_row(t, run.compile, run.report));
     in.targets.push_back(html_target_report(t, run));
+    if (hw.system.chips > 1 && !ins.empty()) {  // a system: the model sharded over its chips as well
+      progress.note(t + ": sharded over " + std::to_string(hw.system.chips) + " chips");
+      MultiChipOptions mo;
+      mo.shard.automatic = true;
+      mo.float_dtype = opts.map.float_dtype;
+      nlohmann::json j = multichip_json(run_multichip(model, ins, hw, mo));
+      j["name"] = t;
+      in.multichip.push_back(std::move(j));
+    }
     progress.advance(1);
   }
   if (cpu) {
