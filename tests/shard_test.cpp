@@ -3,6 +3,8 @@
 // with the model), the collectives each split needs, and bad input.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "corpus_util.h"
 #include "tessel/ir/printer.h"
 #include "tessel/passes/pass.h"
@@ -81,6 +83,40 @@ TEST(Shard, MobileNetsChannelsAreSplitPerBlock) {
       EXPECT_EQ(n->attr_i("group"), n->outputs[0]->type.shape[1]) << n->name;  // one group per channel it holds
     }
   EXPECT_EQ(depthwise, 17);
+}
+
+// A sequence-first layout (nn.MultiheadAttention's export): [S, B, D] split by columns, reshaped to
+// [S, B x heads, hd] — each batch's heads are a block, so the split becomes 2 blocks of the merged dim
+// and goes through the per-head attention and back without a gather.
+TEST(Shard, HeadsMergedWithTheBatchStaySplitInBlocks) {
+  auto weights = [](int seed) {
+    std::string t;
+    for (int i = 0; i < 64; ++i) t += fmt::format("{}{}", i ? ", " : "", ((i * 37 + seed * 11) % 17 - 8) / 8.0);
+    return "[" + t + "]";
+  };
+  const std::string text = "graph @g(%x: f32[4,2,8]) {\n"
+                           "  const %w1: f32[8,8] = " + weights(1) + "\n"
+                           "  const %w2: f32[8,8] = " + weights(2) + "\n"
+                           "  const %heads: i64[3] = [4, 8, 2]\n"
+                           "  const %back: i64[3] = [4, 2, 8]\n"
+                           "  %q: f32[4,2,8] = MatMul(%x, %w1) loc(\"q\")\n"
+                           "  %h: f32[4,8,2] = Reshape(%q, %heads) loc(\"h\")\n"
+                           "  %t: f32[8,4,2] = Transpose(%h) {perm = [1, 0, 2]} loc(\"t\")\n"
+                           "  %s: f32[8,4,2] = Softmax(%t) {axis = -1} loc(\"s\")\n"
+                           "  %u: f32[4,8,2] = Transpose(%s) {perm = [1, 0, 2]} loc(\"u\")\n"
+                           "  %m: f32[4,2,8] = Reshape(%u, %back) loc(\"m\")\n"
+                           "  %y: f32[4,2,8] = MatMul(%m, %w2) loc(\"y\")\n"
+                           "  return %y\n}\n";
+  auto g = parse_graph(text);
+  ShardedProgram p = shard_tensor_parallel(*g, 2);
+  EXPECT_EQ(p.all_reduces, 1);
+  EXPECT_EQ(p.all_gathers, 0);
+  std::vector<double> xs(64);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(double(i));
+  const Tensor x = Tensor::from_f64(DType::f32, {4, 2, 8}, xs);
+  const auto want = run_eager(*g, {x});
+  const auto got = run_spmd(views(p), {x});
+  for (const auto& rank : got) testenv::expect_matches_reference(rank, want, "seq-first heads", 1e-6);
 }
 
 TEST(Shard, OneRankIsTheGraphItself) {

@@ -652,21 +652,28 @@ class Sharder {
     if (l.kind != Kind::S) return false;
     const Shape& is = x->type.shape;
     const Shape& os = n.outputs[0]->type.shape;
-    const int64_t pre = prod(is, 0, size_t(l.dim));
+    // The input is pre x blocks chunks of C elements each (a block of the split dim and everything after
+    // it), rank r holding the r-th piece of every chunk. An output dim e keeps the split when the dims
+    // before it count whole chunks and it cuts each of their chunks into nb blocks of C elements: S(e, nb)
+    // (768 -> 12 heads x 64; [S, B, 768] -> [S, B x 12 heads, 64] splits each batch's heads: 4 blocks).
+    const int64_t chunks = prod(is, 0, size_t(l.dim)) * l.blocks;
+    const int64_t chunk = is[size_t(l.dim)] / l.blocks * prod(is, size_t(l.dim) + 1, is.size());
     for (size_t e = 0; e < os.size(); ++e) {
-      if (prod(os, 0, e) != pre) continue;
-      if (os[e] % n_ != 0 || os[e] < n_) continue;
-      // a blocked split stays blocked only where the dim comes out whole (the same size, the same after it)
-      if (l.blocks > 1 && (os[e] != is[size_t(l.dim)] || prod(os, e + 1, os.size()) != prod(is, size_t(l.dim) + 1, is.size())))
-        continue;
+      const int64_t outer = prod(os, 0, e);
+      if (outer == 0 || chunks % outer != 0) continue;
+      const int64_t nb = chunks / outer;
+      if (os[e] % nb != 0) continue;
+      const int64_t per = os[e] / nb;
+      if (per * prod(os, e + 1, os.size()) != chunk || per % n_ != 0) continue;
+      const int blocks = static_cast<int>(nb);
       if (flatten) {  // its output shape follows the rank's input
-        copy(n, by_rank({all(x)}), {Layout{Kind::S, int(e), l.blocks}});
+        copy(n, by_rank({all(x)}), {Layout{Kind::S, int(e), blocks}});
         return true;
       }
       Shape local = os;
       local[e] /= n_;
       auto shape = constants(n.inputs[1]->name + ".shard", [&](int) { return i64_tensor(local); });
-      copy(n, by_rank({all(x), shape}), {Layout{Kind::S, int(e), l.blocks}});
+      copy(n, by_rank({all(x), shape}), {Layout{Kind::S, int(e), blocks}});
       return true;
     }
     return false;
