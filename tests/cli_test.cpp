@@ -600,4 +600,9 @@ TEST(Cli, SimShardRefusesAMismatchedSystem) {
   Result one = run("sim " + kModel + " --hw spyre --shard tp=4");
   EXPECT_NE(one.out.find("system.chips: the hardware has 1 chip but the shard asks for tp=4"), std::string::npos) << one.out;
   expect_refused("sim " + kModel + " --hw " + hw + " --shard tp=4 --train", "sim --shard takes");
+  // the ranks' check holds every rank's values in one process: bounded by the allocation limit
+  Result big = run("--max-alloc 40M sim " + testenv::shared_dir() + "/models/tblock_bert --hw " + hw + " --shard tp=4");
+  EXPECT_NE(big.code, 0) << big.out;
+  EXPECT_NE(big.out.find("the functional check of 4 ranks"), std::string::npos) << big.out;
+  EXPECT_EQ(std::count(big.out.begin(), big.out.end(), '\n'), 1) << big.out;
 }

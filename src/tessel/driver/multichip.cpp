@@ -17,6 +17,7 @@
 #include "tessel/runtime/spmd.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/limits.h"
 
 namespace tessel {
 
@@ -91,6 +92,13 @@ MultiChipRun shard_and_time(const Graph& whole, const std::vector<Tensor>& input
   r.sharded = shard_graph(whole, kind, r.chips);
 
   if (o.functional) {
+    // every rank's values live in one process: bounded like any single allocation (an over-estimate: it
+    // counts every value, where the run frees each after its last use)
+    uint64_t bytes = 0;
+    for (const auto& g : r.sharded.graphs)
+      for (const auto& v : g->values()) bytes += tensor_bytes(v->type.dtype, v->type.shape).value_or(0);
+    check_alloc(bytes, fmt::format("the functional check of {} ranks (their values in one process; --no-functional skips it)",
+                                   r.sharded.graphs.size()));
     const std::vector<Tensor> ref = run_eager(whole, inputs);
     std::vector<const Graph*> ranks;
     for (const auto& g : r.sharded.graphs) ranks.push_back(g.get());
