@@ -291,31 +291,41 @@ class Sharder {
     return 1;
   }
 
-  // A Slice's bounds along one axis of a value of that size: {start, end} when its inputs are known, the
-  // axis is among its axes and its step is 1; nullopt otherwise.
-  std::optional<std::pair<int64_t, int64_t>> slice_bounds(const Node& u, int axis) const {
+  // A Slice's starts, ends, axes (normalised) and steps, when all of them are known.
+  struct SliceArgs {
+    std::vector<int64_t> starts, ends, steps;
+    std::vector<int> axes;
+    int entry(int axis) const {  // the entry slicing `axis`, -1 when none does
+      for (size_t i = 0; i < axes.size(); ++i)
+        if (axes[i] == axis) return int(i);
+      return -1;
+    }
+  };
+  std::optional<SliceArgs> slice_args(const Node& u) const {
     const size_t rank = u.inputs[0]->type.shape.size();
-    const int64_t size = u.inputs[0]->type.shape[size_t(axis)];
     const Tensor* st = known(u.inputs[1]);
     const Tensor* en = known(u.inputs[2]);
-    if (!st || !en) return std::nullopt;
-    std::vector<int64_t> axes;
-    if (u.has_input(3)) {
-      const Tensor* ax = known(u.inputs[3]);
-      if (!ax) return std::nullopt;
-      axes = ax->to_i64();
+    const Tensor* ax = u.has_input(3) ? known(u.inputs[3]) : nullptr;
+    const Tensor* sp = u.has_input(4) ? known(u.inputs[4]) : nullptr;
+    if (!st || !en || (u.has_input(3) && !ax) || (u.has_input(4) && !sp)) return std::nullopt;
+    SliceArgs s{st->to_i64(), en->to_i64(), {}, {}};
+    if (ax) {
+      for (int64_t a : ax->to_i64()) s.axes.push_back(norm_axis(a, rank));
     } else {
-      for (size_t i = 0; i < size_t(st->numel()); ++i) axes.push_back(int64_t(i));
+      for (size_t i = 0; i < s.starts.size(); ++i) s.axes.push_back(int(i));
     }
-    const Tensor* steps = u.has_input(4) ? known(u.inputs[4]) : nullptr;
-    if (u.has_input(4) && !steps) return std::nullopt;
-    for (size_t i = 0; i < axes.size(); ++i) {
-      if (norm_axis(axes[i], rank) != axis) continue;
-      if (steps && steps->get_i(int64_t(i)) != 1) return std::nullopt;
-      auto clamp = [&](int64_t x) { return std::clamp(x < 0 ? x + size : x, int64_t(0), size); };
-      return std::make_pair(clamp(st->get_i(int64_t(i))), clamp(en->get_i(int64_t(i))));
-    }
-    return std::nullopt;
+    s.steps = sp ? sp->to_i64() : std::vector<int64_t>(s.starts.size(), 1);
+    if (s.ends.size() != s.starts.size() || s.axes.size() != s.starts.size() || s.steps.size() != s.starts.size())
+      return std::nullopt;
+    return s;
+  }
+  // A Slice's bounds along `axis` clamped to its size, when that axis is sliced with step 1.
+  std::optional<std::pair<int64_t, int64_t>> slice_bounds(const Node& u, const SliceArgs& s, int axis) const {
+    const int i = s.entry(axis);
+    if (i < 0 || s.steps[size_t(i)] != 1) return std::nullopt;
+    const int64_t size = u.inputs[0]->type.shape[size_t(axis)];
+    auto clamp = [&](int64_t x) { return std::clamp(x < 0 ? x + size : x, int64_t(0), size); };
+    return std::make_pair(clamp(s.starts[size_t(i)]), clamp(s.ends[size_t(i)]));
   }
   // Blocks of a fused projection read by Slices of its last dim, each one whole block.
   int block_slices(const Value* v, const std::vector<const Node*>& us) const {
@@ -325,7 +335,8 @@ class Sharder {
     int64_t len = -1;
     for (const Node* u : us) {
       if (u->op_name() != "Slice" || !u->op->domain.empty() || u->inputs[0] != v) return 1;
-      auto b = slice_bounds(*u, last);
+      const auto args = slice_args(*u);
+      const auto b = args ? slice_bounds(*u, *args, last) : std::nullopt;
       if (!b || b->second <= b->first) return 1;
       const int64_t l = b->second - b->first;
       if ((len >= 0 && l != len) || b->first % l != 0 || size % l != 0) return 1;
@@ -339,28 +350,20 @@ class Sharder {
   bool slice(const Node& n) {
     const Value* x = n.inputs[0];
     const Layout l = layout(x);
+    if (l.kind != Kind::S) return false;
     for (size_t i = 1; i < n.inputs.size(); ++i)
       if (n.inputs[i] && layout(n.inputs[i]).kind != Kind::R) return false;
+    const auto args = slice_args(n);
+    if (!args) return false;
     std::vector<std::vector<Value*>> per_input;
     for (const Value* v : n.inputs) per_input.push_back(v ? all(v) : std::vector<Value*>{});
-    if (l.kind != Kind::S) return false;
-    const int64_t size = x->type.shape[size_t(l.dim)];
-    auto b = slice_bounds(n, l.dim);
-    if (!b) {  // the split axis is not sliced (its bounds unknown: gather)
-      bool sliced_here = true;
-      const Tensor* st = known(n.inputs[1]);
-      if (st && (!n.has_input(3) || known(n.inputs[3]))) {
-        sliced_here = false;
-        const size_t rank = x->type.shape.size();
-        std::vector<int64_t> axes;
-        if (n.has_input(3)) axes = known(n.inputs[3])->to_i64();
-        else for (int64_t i = 0; i < st->numel(); ++i) axes.push_back(i);
-        for (int64_t a : axes) sliced_here |= norm_axis(a, rank) == l.dim;
-      }
-      if (sliced_here) return false;
+    if (args->entry(l.dim) < 0) {  // another axis is sliced
       copy(n, by_rank(per_input), {l});
       return true;
     }
+    const auto b = slice_bounds(n, *args, l.dim);
+    if (!b) return false;
+    const int64_t size = x->type.shape[size_t(l.dim)];
     const int64_t block = size / l.blocks;
     if (b->first == 0 && b->second == size) {  // the whole axis
       copy(n, by_rank(per_input), {l});
@@ -370,14 +373,10 @@ class Sharder {
     // the axis's entry of starts and ends becomes the rank's piece of that block, in its local size
     const int64_t piece_len = block / n_;
     const int64_t first = b->first / block * piece_len;
-    const Tensor* st = known(n.inputs[1]);
-    const size_t rank = x->type.shape.size();
-    std::vector<int64_t> axes;
-    if (n.has_input(3)) axes = known(n.inputs[3])->to_i64();
-    else for (int64_t i = 0; i < st->numel(); ++i) axes.push_back(i);
-    std::vector<int64_t> starts = st->to_i64(), ends = known(n.inputs[2])->to_i64();
-    for (size_t i = 0; i < axes.size(); ++i)
-      if (norm_axis(axes[i], rank) == l.dim) starts[i] = first, ends[i] = first + piece_len;
+    std::vector<int64_t> starts = args->starts, ends = args->ends;
+    const size_t i = size_t(args->entry(l.dim));
+    starts[i] = first;
+    ends[i] = first + piece_len;
     per_input[1] = constants(n.inputs[1]->name + ".shard", [&](int) { return i64_tensor(starts); });
     per_input[2] = constants(n.inputs[2]->name + ".shard", [&](int) { return i64_tensor(ends); });
     copy(n, by_rank(per_input), {Layout{Kind::S, l.dim, 1}});
@@ -404,6 +403,18 @@ class Sharder {
     replicate(n);
   }
 
+  // A bias added after a split contraction would be added once per rank: rank 0 adds it, the others add
+  // zeros. Empty when the bias is not known.
+  std::vector<Value*> on_rank0(const Value* c) {
+    const Tensor* t = known(c);
+    if (!t) return {};
+    return constants(c->name + ".rank0", [&](int r) { return r == 0 ? *t : Tensor(c->type.dtype, c->type.shape); });
+  }
+  void note_columns(const Node& n, const Value* w, int64_t cols, int blocks) {
+    note(n, fmt::format("column-parallel: '{}' {} split by columns, {} per rank{}", w->name, shape_str(w->type.shape), cols / n_,
+                        blocks > 1 ? fmt::format(" ({} blocks of {})", blocks, cols / n_ / blocks) : ""));
+  }
+
   bool matmul(const Node& n, bool split) {
     const Value* a = n.inputs[0];
     const Value* b = n.inputs[1];
@@ -419,8 +430,7 @@ class Sharder {
       if (cols % n_ != 0) return false;
       auto wp = piece(b, 1, blocks);
       copy(n, by_rank({all(a), wp}), {Layout{Kind::S, int(ro) - 1, blocks}});
-      note(n, fmt::format("column-parallel: '{}' {} split by columns, {} per rank{}", b->name, shape_str(b->type.shape),
-                          cols / n_, blocks > 1 ? fmt::format(" ({} blocks of {})", blocks, cols / n_ / blocks) : ""));
+      note_columns(n, b, cols, blocks);
       return true;
     }
     if (ra < 2 || rb < 2) return false;
@@ -500,17 +510,12 @@ class Sharder {
       }
       auto bp = piece(b, tb ? 0 : 1, blocks);
       copy(n, by_rank({all(a), bp, cp}), {Layout{Kind::S, 1, blocks}});
-      note(n, fmt::format("column-parallel: '{}' {} split by columns, {} per rank{}", b->name, shape_str(b->type.shape),
-                          cols / n_, blocks > 1 ? fmt::format(" ({} blocks of {})", blocks, cols / n_ / blocks) : ""));
+      note_columns(n, b, cols, blocks);
       return true;
     }
     if (la.kind == Kind::S && la.dim == 1 && la.blocks == 1 && rows % n_ == 0) {
-      std::vector<Value*> cp;
-      if (c) cp = constants(c->name + ".rank0", [&](int r) {
-        const Tensor* t = known(c);
-        return r == 0 && t ? *t : Tensor(c->type.dtype, c->type.shape);
-      });
-      if (c && !known(c)) return false;
+      const std::vector<Value*> cp = c ? on_rank0(c) : std::vector<Value*>{};
+      if (c && cp.empty()) return false;
       auto bp = piece(b, tb ? 1 : 0, 1);
       copy(n, by_rank({all(a), bp, cp}), {Layout{Kind::P}});
       note(n, fmt::format("row-parallel: '{}' {} split by rows, {} per rank; partial sums{}", b->name, shape_str(b->type.shape),
@@ -520,6 +525,11 @@ class Sharder {
     if (la.kind == Kind::P && !c) {
       copy(n, by_rank({all(a), all(b)}), {Layout{Kind::P}});
       note(n, "partial sums stay partial (a matmul is linear)");
+      return true;
+    }
+    // rows split (data parallel): B whole, a bias the same for every row
+    if (la.kind == Kind::S && la.dim == 0 && (!c || c->type.shape.size() < 2 || c->type.shape[0] == 1)) {
+      copy(n, by_rank({all(a), all(b), c ? all(c) : std::vector<Value*>{}}), {la});
       return true;
     }
     return false;
@@ -554,12 +564,8 @@ class Sharder {
     }
     if (l.kind == Kind::S && l.dim == 1 && l.blocks == 1) {
       if (group == 1 && cin % n_ == 0) {
-        std::vector<Value*> bp;
-        if (b) bp = constants(b->name + ".rank0", [&](int r) {
-          const Tensor* t = known(b);
-          return r == 0 && t ? *t : Tensor(b->type.dtype, b->type.shape);
-        });
-        if (b && !known(b)) return false;
+        const std::vector<Value*> bp = b ? on_rank0(b) : std::vector<Value*>{};
+        if (b && bp.empty()) return false;
         copy(n, with_bias({all(x), piece(w, 1, 1)}, bp), {Layout{Kind::P}});
         note(n, fmt::format("input channels split: '{}' {}, {} per rank; partial sums{}", w->name, shape_str(ws), cin / n_,
                             b ? " (the bias added on rank 0)" : ""));
