@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <map>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "tessel/driver/compare.h"
@@ -18,6 +20,7 @@
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
 #include "tessel/support/limits.h"
+#include "tessel/support/strings.h"
 
 namespace tessel {
 
@@ -32,7 +35,8 @@ bool is_collective(const Node& n) {
 // The nodes of one stage as a graph of their own: what they read from outside comes in as inputs (the
 // program's earlier results and the collectives' are in DRAM), what is read after the stage goes out.
 std::unique_ptr<Graph> stage_graph(const Graph& g, const std::vector<const Node*>& nodes, int level,
-                                   const std::vector<int>& node_level, const std::vector<std::vector<const Node*>>& users) {
+                                   const std::unordered_map<const Node*, int>& level_of,
+                                   const std::vector<std::vector<const Node*>>& users) {
   auto sg = std::make_unique<Graph>();
   sg->name = fmt::format("{}.stage{}", g.name, level);
   std::map<const Value*, Value*> map;
@@ -47,13 +51,11 @@ std::unique_ptr<Graph> stage_graph(const Graph& g, const std::vector<const Node*
     }
     sg->add_copy(*n, ins, map);
   }
-  std::map<const Node*, size_t> index;
-  for (size_t k = 0; k < g.nodes().size(); ++k) index[g.nodes()[k].get()] = k;
   for (const Node* n : nodes)
     for (const Value* v : n->outputs) {
       if (!v) continue;
       bool out = g.returns(v);
-      for (const Node* u : users[size_t(v->id)]) out |= node_level[index.at(u)] != level || is_collective(*u);
+      for (const Node* u : users[size_t(v->id)]) out |= level_of.at(u) != level || is_collective(*u);
       if (out) sg->outputs.push_back(map.at(v));
     }
   return sg;
@@ -73,84 +75,77 @@ ShardSpec parse_shard(const std::string& spec) {
   if (kind == "tp") s.kind = ShardKind::tensor;
   else if (kind == "dp") s.kind = ShardKind::data;
   else throw Error(Location{.pass = "shard"}, bad);
-  for (char c : spec.substr(3)) {
-    if (c < '0' || c > '9') throw Error(Location{.pass = "shard"}, bad);
-    s.ranks = s.ranks * 10 + (c - '0');
-  }
-  if (s.ranks < 1 || s.ranks > 1024) throw Error(Location{.pass = "shard"}, bad);
+  const char* end = spec.data() + spec.size();
+  const auto [at, ec] = std::from_chars(spec.data() + 3, end, s.ranks);
+  if (ec != std::errc() || at != end || s.ranks < 1 || s.ranks > 1024) throw Error(Location{.pass = "shard"}, bad);
   return s;
 }
 
 namespace {
 
-// One sharding of `whole` on the system: the ranks' graphs, checked, cut into stages, timed.
-MultiChipRun shard_and_time(const Graph& whole, const std::vector<Tensor>& inputs, const hw::HwSpec& hw, ShardKind kind,
-                            const MultiChipOptions& o) {
-  MultiChipRun r;
-  r.target = hw.name;
-  r.chips = int(hw.system.chips);
-  r.sharded = shard_graph(whole, kind, r.chips);
+// Every rank's program run together against `ref` (eager on the whole graph): the largest
+// max|out - ref| / max|ref| over the outputs and the ranks.
+double check_ranks(const ShardedProgram& p, const std::vector<Tensor>& inputs, const std::vector<Tensor>& ref) {
+  // every rank's values live in one process: bounded like any single allocation (an over-estimate: it
+  // counts every value, where the run frees each after its last use)
+  uint64_t bytes = 0;
+  for (const auto& g : p.graphs)
+    for (const auto& v : g->values()) bytes += tensor_bytes(v->type.dtype, v->type.shape).value_or(0);
+  check_alloc(bytes, fmt::format("the functional check of {} ranks (their values in one process; --no-functional skips it)",
+                                 p.graphs.size()));
+  std::vector<const Graph*> ranks;
+  for (const auto& g : p.graphs) ranks.push_back(g.get());
+  Tolerance tol;
+  tol.max_rel = 1;
+  double worst = 0;
+  for (const auto& outs : run_spmd(ranks, inputs))
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const Comparison c = compare_tensors(outs[i], ref[i], tol);
+      worst = std::max(worst, std::isfinite(c.rel) ? c.rel : 1e300);
+    }
+  return worst;
+}
 
-  if (o.functional) {
-    // every rank's values live in one process: bounded like any single allocation (an over-estimate: it
-    // counts every value, where the run frees each after its last use)
-    uint64_t bytes = 0;
-    for (const auto& g : r.sharded.graphs)
-      for (const auto& v : g->values()) bytes += tensor_bytes(v->type.dtype, v->type.shape).value_or(0);
-    check_alloc(bytes, fmt::format("the functional check of {} ranks (their values in one process; --no-functional skips it)",
-                                   r.sharded.graphs.size()));
-    const std::vector<Tensor> ref = run_eager(whole, inputs);
-    std::vector<const Graph*> ranks;
-    for (const auto& g : r.sharded.graphs) ranks.push_back(g.get());
-    const auto outs = run_spmd(ranks, inputs);
-    r.max_rel = 0;
-    Tolerance tol;
-    tol.max_rel = 1;
-    for (const auto& rank_outs : outs)
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const Comparison c = compare_tensors(rank_outs[i], ref[i], tol);
-        r.max_rel = std::max(r.max_rel, std::isfinite(c.rel) ? c.rel : 1e300);
-      }
-  }
-
-  // Stages: a node's level is the number of collectives on its longest path from the inputs; stage L
-  // holds the compute nodes of level L, and the collectives of level L wait for it.
-  dataflow::MapOptions mo;
-  mo.float_dtype = o.float_dtype;
-  const DType device = o.float_dtype ? *o.float_dtype : dataflow::default_float_dtype(hw);
+// Rank 0's program cut into stages and timed with its collectives on the system's links. A node's level
+// is the number of collectives on its longest path from the inputs; stage L holds the compute nodes of
+// level L, and the collectives of level L wait for it.
+void time_stages(MultiChipRun& r, const hw::HwSpec& hw, const dataflow::MapOptions& mo) {
+  const DType device = mo.float_dtype ? *mo.float_dtype : dataflow::default_float_dtype(hw);
   const Graph& g = *r.sharded.graphs[0];
   const auto users = g.users();
-  std::vector<int> value_level(g.values().size() + 1, 0), node_level(g.nodes().size(), 0);
-  int levels = 1;
-  for (size_t k = 0; k < g.nodes().size(); ++k) {
-    const Node& n = *g.nodes()[k];
+  std::vector<int> value_level(g.values().size() + 1, 0);
+  std::unordered_map<const Node*, int> level_of;
+  std::vector<std::vector<const Node*>> compute, collectives;  // by level
+  for (const auto& np : g.nodes()) {
+    const Node& n = *np;
     int l = 0;
     for (const Value* v : n.inputs)
       if (v) l = std::max(l, value_level[size_t(v->id)]);
-    node_level[k] = l;
+    level_of[&n] = l;
+    const bool coll = is_collective(n);
     for (const Value* v : n.outputs)
-      if (v) value_level[size_t(v->id)] = l + (is_collective(n) ? 1 : 0);
-    levels = std::max(levels, l + 2);
+      if (v) value_level[size_t(v->id)] = l + (coll ? 1 : 0);
+    auto& at = coll ? collectives : compute;
+    if (at.size() <= size_t(l)) at.resize(size_t(l) + 1);
+    at[size_t(l)].push_back(&n);
   }
-  std::vector<int> stage_op(size_t(levels), -1);
+  const size_t levels = std::max(compute.size(), collectives.size());
+  compute.resize(levels);
+  collectives.resize(levels);
   std::map<const Value*, int> collective_op;  // a collective's output -> its system op
-  for (int level = 0; level < levels; ++level) {
-    std::vector<const Node*> nodes;
-    std::vector<int> deps;
-    for (size_t k = 0; k < g.nodes().size(); ++k) {
-      const Node& n = *g.nodes()[k];
-      if (node_level[k] != level || is_collective(n)) continue;
-      nodes.push_back(&n);
-      for (const Value* v : n.inputs)
-        if (auto it = collective_op.find(v); v && it != collective_op.end() && !std::count(deps.begin(), deps.end(), it->second))
-          deps.push_back(it->second);
-    }
-    if (!nodes.empty()) {
-      auto sg = stage_graph(g, nodes, level, node_level, users);
+  for (size_t level = 0; level < levels; ++level) {
+    int stage = -1;  // the system op of this level's stage
+    if (!compute[level].empty()) {
+      std::vector<int> deps;
+      for (const Node* n : compute[level])
+        for (const Value* v : n->inputs)
+          if (auto it = collective_op.find(v); v && it != collective_op.end() && !std::count(deps.begin(), deps.end(), it->second))
+            deps.push_back(it->second);
+      auto sg = stage_graph(g, compute[level], int(level), level_of, users);
       if (!sg->outputs.empty()) {
         MultiChipStage st;
         st.name = fmt::format("stage {}", level);
-        st.nodes = int(nodes.size());
+        st.nodes = int(compute[level].size());
         try {
           DataflowCompile dc = compile_dataflow(std::move(sg), hw, mo);
           st.kernels = int(dc.program.kernels.size());
@@ -158,28 +153,37 @@ MultiChipRun shard_and_time(const Graph& whole, const std::vector<Tensor>& input
         } catch (const Error& e) {
           throw Error(Location{.pass = "shard"}, fmt::format("{} of the sharded program: {}", st.name, e.what()));
         }
-        stage_op[size_t(level)] = int(r.ops.size());
+        stage = int(r.ops.size());
         r.ops.push_back({.kind = dataflow::SystemOpKind::compute, .name = st.name, .seconds = st.seconds, .deps = deps});
         r.stages.push_back(st);
       }
     }
-    for (size_t k = 0; k < g.nodes().size(); ++k) {
-      const Node& n = *g.nodes()[k];
-      if (node_level[k] != level || !is_collective(n)) continue;
-      const bool reduce = n.op_name() == "AllReduce";
-      const TensorType& t = (reduce ? n.inputs[0] : n.outputs[0])->type;
+    for (const Node* n : collectives[level]) {
+      const bool reduce = n->op_name() == "AllReduce";
+      const TensorType& t = (reduce ? n->inputs[0] : n->outputs[0])->type;
       int64_t elems = 1;
       for (int64_t d : t.shape) elems *= d;
       const int eb = is_float(t.dtype) ? dtype_size(device) : dtype_size(t.dtype);
       dataflow::SystemOp op{.kind = reduce ? dataflow::SystemOpKind::all_reduce : dataflow::SystemOpKind::all_gather,
-                            .name = fmt::format("{} {}", reduce ? "all-reduce" : "all-gather", n.inputs[0]->name),
+                            .name = fmt::format("{} {}", reduce ? "all-reduce" : "all-gather", n->inputs[0]->name),
                             .bytes = elems * eb, .elem_bytes = eb};
-      if (const Node* p = n.inputs[0]->producer; p && stage_op[size_t(level)] >= 0) op.deps.push_back(stage_op[size_t(level)]);
-      collective_op[n.outputs[0]] = int(r.ops.size());
+      if (n->inputs[0]->producer && stage >= 0) op.deps.push_back(stage);
+      collective_op[n->outputs[0]] = int(r.ops.size());
       r.ops.push_back(op);
     }
   }
   r.system = dataflow::simulate_system(r.ops, hw);
+}
+
+// One sharding of `whole` on the system: the ranks' graphs, checked against `ref` (when given), timed.
+MultiChipRun shard_and_time(const Graph& whole, const std::vector<Tensor>& inputs, const std::vector<Tensor>* ref,
+                            const hw::HwSpec& hw, ShardKind kind, const dataflow::MapOptions& mo) {
+  MultiChipRun r;
+  r.target = hw.name;
+  r.chips = int(hw.system.chips);
+  r.sharded = shard_graph(whole, kind, r.chips);
+  if (ref) r.max_rel = check_ranks(r.sharded, inputs, *ref);
+  time_stages(r, hw, mo);
   return r;
 }
 
@@ -190,21 +194,29 @@ MultiChipRun run_multichip(const std::string& model, const std::vector<Tensor>& 
   const ShardSpec& spec = o.shard;
   if (!spec.automatic && spec.ranks != hw.system.chips)
     throw Error(Location{.file = hw.origin, .pass = "shard"},
-                fmt::format("system.chips: the hardware has {} chip{} but the shard asks for {}={} (they must agree)",
-                            hw.system.chips, hw.system.chips == 1 ? "" : "s", shard_kind_name(spec.kind), spec.ranks));
+                fmt::format("system.chips: the hardware has {} but the shard asks for {}={} (they must agree)",
+                            count_text(hw.system.chips, "chip"), shard_kind_name(spec.kind), spec.ranks));
   ImportedModel m = import_model_file(model, inputs);
   lower::Lowering lowering(PassOptions{});
-  lowering.graph_passes(*m.graph, "simplify");
+  // Constants folded (the shape chains a sharding reads), nothing canonicalised: "simplify" turns a splat
+  // constant into broadcast_in_dim of a scalar, which the core pipeline each stage runs next cannot
+  // decompose where it must be a literal (a Split's sizes).
+  lowering.graph_passes(*m.graph, "fold-constants,cse,dce");
+  dataflow::MapOptions mo;
+  mo.float_dtype = o.float_dtype;
+  std::optional<std::vector<Tensor>> ref;  // eager on the whole graph, once for every kind tried
+  if (o.functional) ref = run_eager(*m.graph, inputs);
+  const std::vector<Tensor>* check = ref ? &*ref : nullptr;
   MultiChipRun r;
   if (!spec.automatic) {
-    r = shard_and_time(*m.graph, inputs, hw, spec.kind, o);
+    r = shard_and_time(*m.graph, inputs, check, hw, spec.kind, mo);
   } else {  // the cost model's choice: each kind simulated, the faster kept
     std::vector<std::string> tried;
     bool have = false;
     for (ShardKind k : {ShardKind::tensor, ShardKind::data}) {
       const std::string name = fmt::format("{}={}", shard_kind_name(k), hw.system.chips);
       try {
-        MultiChipRun c = shard_and_time(*m.graph, inputs, hw, k, o);
+        MultiChipRun c = shard_and_time(*m.graph, inputs, check, hw, k, mo);
         tried.push_back(fmt::format("{}: {:.2f} us", name, c.system.seconds * 1e6));
         if (!have || c.system.seconds < r.system.seconds) {
           r = std::move(c);
@@ -215,38 +227,39 @@ MultiChipRun run_multichip(const std::string& model, const std::vector<Tensor>& 
         tried.push_back(fmt::format("{}: not possible ({})", name, e.what()));
       }
     }
-    if (!have) throw Error(Location{.pass = "shard"}, fmt::format("--shard auto: no sharding fits: {}", tried.back()));
+    if (!have) throw Error(Location{.pass = "shard"}, fmt::format("--shard auto: no sharding fits: {}", fmt::join(tried, "; ")));
     r.alternatives = tried;
   }
   r.model = model;
-  // the same model whole on one chip, for the speedup
-  dataflow::MapOptions mo;
-  mo.float_dtype = o.float_dtype;
-  DataflowCompile one = compile_dataflow(model, inputs, hw, mo);
-  r.one_chip_seconds = dataflow::simulate_program(one.program).result.seconds;
+  // the same model whole on one chip, for the speedup (given by a caller that has simulated it already)
+  if (o.one_chip_seconds) {
+    r.one_chip_seconds = *o.one_chip_seconds;
+  } else {
+    mo.name = m.graph->name;
+    r.one_chip_seconds = dataflow::simulate_program(compile_dataflow(std::move(m.graph), hw, mo).program).result.seconds;
+  }
   return r;
 }
 
 std::string multichip_text(const MultiChipRun& r) {
   std::string s;
   const auto& sys = r.system;
-  s += fmt::format("{} on {} chips ({} parallel, {}={})\n", r.model, r.chips,
+  s += fmt::format("{} on {} chips ({} parallel, {}={})\n", display_text(r.model), r.chips,
                    r.sharded.kind == ShardKind::tensor ? "tensor" : "data", shard_kind_name(r.sharded.kind), r.chips);
   if (!r.alternatives.empty()) {
     s += "--shard auto, each simulated:";
-    for (const auto& a : r.alternatives) s += "\n  " + a;
+    for (const auto& a : r.alternatives) s += "\n  " + display_text(a);
     s += "\n";
   }
-  s += fmt::format("sharding: {} all-reduce{}, {} all-gather{}; weights {:.2f} MB whole, {:.2f} MB per chip\n",
-                   r.sharded.all_reduces, r.sharded.all_reduces == 1 ? "" : "s", r.sharded.all_gathers,
-                   r.sharded.all_gathers == 1 ? "" : "s", r.sharded.weight_bytes / 1e6, r.sharded.weight_bytes_per_rank / 1e6);
-  for (const auto& d : r.sharded.decisions) s += fmt::format("  {:<28} {}\n", d.node, d.rule);
+  s += fmt::format("sharding: {}, {}; weights {:.2f} MB whole, {:.2f} MB per chip\n", count_text(r.sharded.all_reduces, "all-reduce"),
+                   count_text(r.sharded.all_gathers, "all-gather"), r.sharded.weight_bytes / 1e6, r.sharded.weight_bytes_per_rank / 1e6);
+  for (const auto& d : r.sharded.decisions) s += fmt::format("  {:<28} {}\n", display_text(d.node), display_text(d.rule));
   s += fmt::format("\n{:<10} {:>6} {:>8} {:>14}\n", "stage", "nodes", "kernels", "one chip (us)");
   for (const auto& st : r.stages) s += fmt::format("{:<10} {:>6} {:>8} {:>14.2f}\n", st.name, st.nodes, st.kernels, st.seconds * 1e6);
   if (!sys.collectives.empty()) {
     s += fmt::format("\n{:<40} {:>11} {:>10} {:>12} {:>8}\n", "collective", "bytes", "sim (us)", "ring (us)", "sim/ring");
     for (const auto& c : sys.collectives)
-      s += fmt::format("{:<40} {:>11} {:>10.2f} {:>12.2f} {:>8.3f}\n", c.name.substr(0, 40), c.bytes, c.sim_seconds * 1e6,
+      s += fmt::format("{:<40} {:>11} {:>10.2f} {:>12.2f} {:>8.3f}\n", display_text(c.name), c.bytes, c.sim_seconds * 1e6,
                        c.formula_seconds * 1e6, c.formula_seconds > 0 ? c.sim_seconds / c.formula_seconds : 0.0);
   }
   s += fmt::format("\n{:<6} {:>12} {:>10} {:>13} {:>10}\n", "chip", "compute (us)", "comm (us)", "overlap (us)", "idle (us)");

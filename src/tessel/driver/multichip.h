@@ -28,6 +28,9 @@ struct MultiChipOptions {
   ShardSpec shard;                     // ranks must equal the system's chips
   std::optional<DType> float_dtype;    // device storage (as `sim --dtype`)
   bool functional = true;              // run the ranks' graphs against eager
+  // The whole model's time on one chip when the caller has simulated it already (tessel report); else
+  // run_multichip compiles and simulates it.
+  std::optional<double> one_chip_seconds;
 };
 
 struct MultiChipStage {

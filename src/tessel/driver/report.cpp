@@ -70,6 +70,7 @@ HtmlReportInput gather_report(const std::string& model, const ReportOptions& opt
       MultiChipOptions mo;
       mo.shard.automatic = true;
       mo.float_dtype = opts.map.float_dtype;
+      mo.one_chip_seconds = run.report.sim_us * 1e-6;  // the section above simulated it
       nlohmann::json j = multichip_json(run_multichip(model, ins, hw, mo));
       j["name"] = t;
       in.multichip.push_back(std::move(j));

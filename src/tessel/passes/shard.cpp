@@ -13,6 +13,7 @@
 
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
+#include "tessel/passes/pass.h"
 #include "tessel/support/error.h"
 
 namespace tessel {
@@ -101,7 +102,8 @@ class Sharder {
     }
     for (int r = 0; r < n_; ++r) {
       Graph& g = graph(r);
-      g.compact();
+      // what the split left unread goes: a whole weight behind an Identity whose reader took its slices
+      eliminate_dead_code(g);
       infer_graph(g);
     }
     for (const Value* c : src_.constants()) out_.weight_bytes += int64_t(c->constant->nbytes());
@@ -111,8 +113,13 @@ class Sharder {
 
  private:
   Graph& graph(int r) { return *out_.graphs[size_t(r)]; }
-  const Tensor* known(const Value* v) const {
+  // The value `v` copies through Identity nodes (exports repeat a shared weight through them).
+  static const Value* origin(const Value* v) {
     while (v->producer && v->producer->op_name() == "Identity" && v->producer->op->domain.empty()) v = v->producer->inputs[0];
+    return v;
+  }
+  const Tensor* known(const Value* v) const {
+    v = origin(v);
     if (v->constant) return &*v->constant;
     auto it = inf_.folded.find(v);
     return it == inf_.folded.end() ? nullptr : &it->second;
@@ -207,7 +214,7 @@ class Sharder {
   // A value every rank holds whole, cut to each rank's piece along `dim` (a constant: its slices; an
   // activation: a Slice node, blocks == 1 only). Empty when it cannot be cut.
   std::vector<Value*> piece(const Value* v, int dim, int blocks) {
-    const auto key = std::make_tuple(v, dim, blocks);
+    const auto key = std::make_tuple(known(v) ? origin(v) : v, dim, blocks);  // one slice of a weight, however it is reached
     if (auto it = pieces_.find(key); it != pieces_.end()) return it->second;
     const Shape& s = v->type.shape;
     if (s[size_t(dim)] % (int64_t(n_) * blocks) != 0) return {};
