@@ -273,6 +273,17 @@ void read_dram(Obj o, HwSpec& hw) {
   o.finish();
 }
 
+// "mesh_shape": [rows, cols], each within `bound`, rows x cols equal to the `count` of `what` it lays out.
+std::vector<int64_t> read_mesh_shape(Obj& o, const IntBounds& bound, int64_t count, const char* what) {
+  const json& shape = o.array("mesh_shape");
+  if (shape.size() != 2) o.fail_at("mesh_shape", fmt::format("must be [rows, cols] (got {})", shown(shape)));
+  std::vector<int64_t> rc;
+  for (size_t i = 0; i < 2; ++i) rc.push_back(o.check_integer("mesh_shape/" + std::to_string(i), shape[i], bound));
+  if (rc[0] * rc[1] != count)
+    o.fail_at("mesh_shape", fmt::format("rows x cols must equal {} ({}) (got {} x {})", what, count, rc[0], rc[1]));
+  return rc;
+}
+
 void read_interconnect(Obj o, HwSpec& hw) {
   InterconnectSpec& ic = hw.interconnect;
   const std::string topo = o.choice("topology", {"ring", "mesh", "none"});
@@ -293,14 +304,7 @@ void read_interconnect(Obj o, HwSpec& hw) {
       o.fail_at("reduce_path", "'separate_reduce_ring' needs topology 'ring'");
   }
   if (ic.topology != Topology::mesh) o.forbid("mesh_shape", "only for topology 'mesh'");
-  if (ic.topology == Topology::mesh) {
-    const json& shape = o.array("mesh_shape");
-    if (shape.size() != 2) o.fail_at("mesh_shape", fmt::format("must be [rows, cols] (got {})", shown(shape)));
-    for (size_t i = 0; i < 2; ++i) ic.mesh_shape.push_back(o.check_integer("mesh_shape/" + std::to_string(i), shape[i], kCores));
-    if (ic.mesh_shape[0] * ic.mesh_shape[1] != hw.cores)
-      o.fail_at("mesh_shape", fmt::format("rows x cols must equal cores ({}) (got {} x {})", hw.cores,
-                                          ic.mesh_shape[0], ic.mesh_shape[1]));
-  }
+  if (ic.topology == Topology::mesh) ic.mesh_shape = read_mesh_shape(o, kCores, hw.cores, "cores");
   o.finish();
 }
 
@@ -313,14 +317,7 @@ void read_system(Obj o, HwSpec& hw) {
   sys.link_gbps = o.number("link_gbps", kGbps);
   sys.link_latency_ns = o.number("link_latency_ns", kNanoseconds);
   if (sys.topology != SystemTopology::mesh) o.forbid("mesh_shape", "only for topology 'mesh'");
-  if (sys.topology == SystemTopology::mesh) {
-    const json& shape = o.array("mesh_shape");
-    if (shape.size() != 2) o.fail_at("mesh_shape", fmt::format("must be [rows, cols] (got {})", shown(shape)));
-    for (size_t i = 0; i < 2; ++i) sys.mesh_shape.push_back(o.check_integer("mesh_shape/" + std::to_string(i), shape[i], kChips));
-    if (sys.mesh_shape[0] * sys.mesh_shape[1] != sys.chips)
-      o.fail_at("mesh_shape", fmt::format("rows x cols must equal chips ({}) (got {} x {})", sys.chips, sys.mesh_shape[0],
-                                          sys.mesh_shape[1]));
-  }
+  if (sys.topology == SystemTopology::mesh) sys.mesh_shape = read_mesh_shape(o, kChips, sys.chips, "chips");
   o.finish();
 }
 
