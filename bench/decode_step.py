@@ -70,12 +70,17 @@ def decode(fn, ids, cache, tokens):
     return torch.cat(got, 1), (time.perf_counter() - t0) / tokens
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_decoder_args(ap):
+    """The decoder's shape, for this bench and the ones built on its Decoder (static_cache_step.py)."""
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=1000)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_decoder_args(ap)
     ap.add_argument("--past", type=int, default=32, help="KV length before the first decoded token")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=256, help="a prefill's prompt length (timed in each round)")

@@ -82,8 +82,8 @@ def main():
                       f"comm {100 * comm / r['sim_us']:.1f}% of the time; ranks vs eager max rel "
                       f"{r.get('functional_max_rel', -1):.2g}; tried: {'; '.join(r.get('alternatives', []))}")
                 runs.append({"model": f"nn.TransformerEncoder BERT-base config, {a.layers} layers, seq {a.seq}",
-                             "batch": batch, "chips": chips, "command": " ".join(cmd[1:3] + ["--hw", f"spyre_ring{chips}.json"] + cmd[5:7]),
-                             "result": r})
+                             "batch": batch, "chips": chips,
+                             "command": f"tessel sim MODEL --hw spyre_ring{chips}.json --shard auto --json OUT", "result": r})
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"runs": runs}, f, indent=1)

@@ -102,10 +102,7 @@ def one_length(model, a, length):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=1000)
+    decode_step.add_decoder_args(ap)
     ap.add_argument("--cache-len", type=int, nargs="+", default=[384, 1024])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--pairs", type=int, default=4)

@@ -130,13 +130,16 @@ graph @g(%a: f32[3,3], %b: f32[3,3]) {
   }
 }
 
-TEST(InPlaceOutputs, BadAliasesAreOneLineErrors) {
-  const std::string text = R"(# tessel graph level
+// A graph that returns its input a beside a result: an alias of a to output 1 cannot be taken.
+const char* const kReturnsInputA = R"(# tessel graph level
 graph @g(%a: f32[4], %b: f32[2]) {
   %y: f32[4] = exp(%a) loc("y")
   return %y, %a
 }
 )";
+
+TEST(InPlaceOutputs, BadAliasesAreOneLineErrors) {
+  const std::string text = kReturnsInputA;
   auto compile = [&](std::vector<int> aliases) {
     GraphBackendOptions o;
     o.output_aliases = std::move(aliases);
@@ -222,12 +225,7 @@ graph @g(%cache: f32[2,6,3], %pos: i64[2], %u: f32[2,2,3]) {
 // With optional_aliases (tessel.compile's mutated inputs) an alias the graph cannot take is dropped,
 // not an error: the output comes back as a tensor of its own and the input is left alone.
 TEST(InPlaceOutputs, OptionalAliasesAreDroppedNotRefused) {
-  const std::string text = R"(# tessel graph level
-graph @g(%a: f32[4], %b: f32[2]) {
-  %y: f32[4] = exp(%a) loc("y")
-  return %y, %a
-}
-)";
+  const std::string text = kReturnsInputA;
   GraphBackendOptions o;
   o.output_aliases = {0, -1};   // a is also returned
   o.optional_aliases = true;
