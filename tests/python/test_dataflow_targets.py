@@ -303,6 +303,37 @@ class Export(Tmp):
 
     @unittest.skipUnless(os.path.exists(TESSEL_BINARY), f"needs the tessel command ({TESSEL_BINARY}; set TESSEL_BINARY)")
     @unittest.skipIf(torchvision is None or SANITIZED, "torchvision (not in the sanitized build)")
+    def test_resnet18_on_two_chips(self):
+        """torchvision's resnet18 (not written for the test) sharded over a 2-chip ring both ways
+        (docs/multichip.md): tensor parallel splits its convolutions by channels (half the weights a chip,
+        all-reduces after the input-channel splits), data parallel its batch; every rank's outputs equal to
+        the whole graph's, which `run --check` holds to PyTorch's."""
+        torch.manual_seed(0)
+        m = torchvision.models.resnet18().eval()
+        folder = tessel.export(m, (torch.randn(2, 3, 64, 64),), os.path.join(self.tmp, "resnet18"))
+        self.assertIn("PASS", self.tessel("run", folder, "--check"))
+        with open(os.path.join(SOURCE_DIR, "examples", "multichip", "spyre_ring4.json")) as f:
+            hw = json.load(f)
+        hw["system"]["chips"] = 2
+        hw_file = os.path.join(self.tmp, "ring2.json")
+        with open(hw_file, "w") as f:
+            json.dump(hw, f)
+        runs = {}
+        for shard in ("tp=2", "dp=2"):
+            out = os.path.join(self.tmp, shard + ".json")
+            self.tessel("sim", folder, "--hw", hw_file, "--shard", shard, "--json", out)
+            with open(out) as f:
+                runs[shard] = json.load(f)
+            self.assertLess(runs[shard]["functional_max_rel"], 1e-5, shard)
+            self.assertEqual(len(runs[shard]["chips_time"]), 2)
+        tp, dp = runs["tp=2"]["sharding"], runs["dp=2"]["sharding"]
+        self.assertGreater(tp["all_reduces"], 0)
+        self.assertLess(tp["weight_bytes_per_chip"], 0.6 * tp["weight_bytes"])
+        self.assertEqual(dp["all_reduces"], 0)
+        self.assertGreaterEqual(dp["weight_bytes_per_chip"], dp["weight_bytes"])  # every weight whole (and its slice bounds)
+
+    @unittest.skipUnless(os.path.exists(TESSEL_BINARY), f"needs the tessel command ({TESSEL_BINARY}; set TESSEL_BINARY)")
+    @unittest.skipIf(torchvision is None or SANITIZED, "torchvision (not in the sanitized build)")
     def test_an_underflowing_model_fails_with_its_reason(self):
         """Random-weight mobilenet_v3_small's activations shrink below DL16's smallest normal (2^-30) by the
         last blocks (eager's own values, checked here): Spyre's storage flushes them, and `sim` fails its
