@@ -9,6 +9,7 @@
 
 #include "tessel/hw/hw.h"
 #include "tessel/support/error.h"
+#include "tessel/support/limits.h"
 #include "tessel/targets/dataflow/multichip.h"
 #include "test_util.h"
 
@@ -235,4 +236,24 @@ TEST(MultiChip, BadOpsNameTheOp) {
   EXPECT_NE(err({compute("a", -1)}).find("seconds must be finite and >= 0"), std::string::npos);
   SystemOp odd = collective(SystemOpKind::all_reduce, 1001);
   EXPECT_NE(err({odd}).find("bytes 1001 is not a multiple of elem_bytes 4"), std::string::npos);
+}
+
+// The ring's tasks grow as chips squared: a large system's collectives are refused by the allocation limit
+// before any task is made, naming the count, and a system within it runs.
+TEST(MultiChip, TheSystemsTasksAreBoundedBeforeTheyAreMade) {
+  const hw::HwSpec big = system_of(1024);
+  std::vector<SystemOp> ops;
+  for (int i = 0; i < 2; ++i)
+    ops.push_back({.kind = SystemOpKind::all_reduce, .name = "ar", .bytes = int64_t(1) << 30, .elem_bytes = 4});
+  set_max_alloc_bytes(64u << 20);
+  try {
+    simulate_system(ops, big);
+    set_max_alloc_bytes(0);
+    FAIL() << "6 million tasks were made under a 64 MB limit";
+  } catch (const Error& e) {
+    set_max_alloc_bytes(0);
+    // 2 all-reduces x 3 phases' worth of N (N - 1) ring steps
+    EXPECT_NE(std::string(e.what()).find(std::to_string(2 * 3 * 1024 * 1023) + " tasks (1024 chips)"), std::string::npos) << e.what();
+  }
+  EXPECT_GT(simulate_system(ops, system_of(8)).seconds, 0);
 }

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "tessel/support/error.h"
+#include "tessel/support/limits.h"
 #include "tessel/targets/dataflow/cost.h"
 #include "tessel/targets/dataflow/sim_engine.h"
 
@@ -147,6 +149,16 @@ std::vector<int> system_ring_order(const hw::HwSpec& hw) {
 SystemSimResult simulate_system(const std::vector<SystemOp>& ops, const hw::HwSpec& hw) {
   validate(ops);
   const int n = int(hw.system.chips);
+  // The ring makes N (N - 1) sends per phase per collective: bounded before any is made (1024 chips and a
+  // model's collectives would otherwise ask for gigabytes of tasks).
+  uint64_t tasks = 0;
+  for (const SystemOp& op : ops) {
+    const uint64_t ring = n > 1 && op.bytes > 0 ? uint64_t(n) * uint64_t(n - 1) : 0;
+    tasks += op.kind == SystemOpKind::compute ? uint64_t(n) : op.kind == SystemOpKind::all_reduce ? 3 * ring : ring;
+  }
+  if (tasks > uint64_t(std::numeric_limits<TaskId>::max()))
+    throw Error(Location{.pass = "sim"}, fmt::format("the system simulation would need {} tasks ({} chips)", tasks, n));
+  check_alloc(tasks * 128, fmt::format("the system simulation's {} tasks ({} chips)", tasks, n));  // task, deps, timings
   const HwSpec spec = system_engine_spec(hw);
   const std::vector<int> order = system_ring_order(hw);
 
