@@ -27,25 +27,35 @@ import torch
 import tessel
 
 
-def build(name):
+# --size: `tiny` (128 wide, 2 layers: generation is all per-call overhead) or `small` (GPT-2 small's
+# shape, 768 wide, 12 layers, 12 heads; the llama and Qwen2 configs at the same width with 4 key-value heads
+# and a 2048-wide MLP): (width, layers, heads, key-value heads, MLP width, vocabulary) of each model.
+SIZES = {"tiny": dict(gpt2=(128, 2, 4, 4, 512, 1000), llama=(128, 2, 4, 2, 344, 1000), qwen2=(128, 2, 4, 2, 344, 1000)),
+         "small": dict(gpt2=(768, 12, 12, 12, 3072, 50257), llama=(768, 12, 12, 4, 2048, 32000),
+                       qwen2=(768, 12, 12, 4, 2048, 32000))}
+
+
+def build(name, size="tiny"):
     import transformers
     torch.manual_seed(0)
+    if name not in SIZES[size]:
+        raise SystemExit(f"unknown model {name!r} (gpt2, llama, qwen2)")
+    d, layers, heads, kv, mlp, vocab = SIZES[size][name]
     if name == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=1000, n_embd=128, n_layer=2, n_head=4, n_positions=1024,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=1)
+        cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads, n_inner=mlp,
+                                      n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                      bos_token_id=0, eos_token_id=1)
         m = transformers.GPT2LMHeadModel(cfg)
     elif name == "llama":
-        cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=mlp, num_hidden_layers=layers,
+                                       num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=1024,
                                        bos_token_id=0, eos_token_id=1)
         m = transformers.LlamaForCausalLM(cfg)
-    elif name == "qwen2":
-        cfg = transformers.Qwen2Config(vocab_size=1000, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+    else:
+        cfg = transformers.Qwen2Config(vocab_size=vocab, hidden_size=d, intermediate_size=mlp, num_hidden_layers=layers,
+                                       num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=1024,
                                        bos_token_id=0, eos_token_id=1, use_sliding_window=False)
         m = transformers.Qwen2ForCausalLM(cfg)
-    else:
-        raise SystemExit(f"unknown model {name!r} (gpt2, llama, qwen2)")
     return m.eval()
 
 
@@ -75,12 +85,16 @@ class StepTimer:
 AUTOCAST = None      # a bf16 autocast context for eager and Inductor (--precision bf16 on CUDA)
 
 
-def generate(model, ids, new_tokens, cache, autocast=False):
-    """Greedy generation of exactly new_tokens tokens: (token ids, per-step logits)."""
+def generate(model, ids, new_tokens, cache, autocast=False, auto_compile=False):
+    """Greedy generation of exactly new_tokens tokens: (token ids, per-step logits). transformers' generate()
+    compiles the model's call itself with the static cache on CUDA (Inductor, mode reduce-overhead: CUDA
+    graphs), around whatever model.forward is -- eager's, tessel's -- so it is turned off
+    (disable_compile) unless auto_compile asks for it, the peer `hf_compile`."""
     if autocast and AUTOCAST is not None:
         with AUTOCAST():
-            return generate(model, ids, new_tokens, cache)
+            return generate(model, ids, new_tokens, cache, auto_compile=auto_compile)
     extra = dict(cache_implementation="static") if cache == "static" else {}
+    extra["disable_compile"] = not auto_compile
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                          do_sample=False, use_cache=True, return_dict_in_generate=True, output_scores=True,
                          pad_token_id=0, **extra)
@@ -101,6 +115,23 @@ def timed(model, forward, ids, new_tokens, cache, rounds, autocast=False):
         decode.append(sum(timer.times[1:]) / max(1, len(timer.times) - 1))
     model.forward = forward
     return statistics.median(whole), statistics.median(prefill), statistics.median(decode)
+
+
+def _record_whole(row, key, model, ids, new_tokens, cache, rounds, autocast=False):
+    """Prefill and decode of a generate() whose forward cannot be wrapped by StepTimer (transformers' own
+    compile traces the wrapper): medians over rounds of a 1-token generate() (the prefill) and of the whole
+    one; decode per token = (whole - prefill) / (new_tokens - 1)."""
+    one, whole = [], []
+    for _ in range(rounds):
+        for n, into in ((1, one), (new_tokens, whole)):
+            t0 = time.perf_counter()
+            generate(model, ids, n, cache, autocast, auto_compile=True)
+            _sync()
+            into.append(time.perf_counter() - t0)
+    w, o = statistics.median(whole), statistics.median(one)
+    decode = (w - o) / max(1, new_tokens - 1)
+    row[key] = dict(generate_s=w, prefill_ms=o * 1e3, decode_ms_per_token=decode * 1e3,
+                    decode_tokens_per_s=1.0 / decode if decode > 0 else None, timing="whole generate() calls")
 
 
 def _record(row, key, model, forward, ids, new_tokens, cache, rounds, autocast=False):
@@ -142,12 +173,32 @@ def _profile(model, forward, ids, new_tokens, cache, path, title):
         f.write(f"==== {title}\n{text.getvalue()}\n")
 
 
+def _device_profile(model, forward, ids, new_tokens, cache, path, title):
+    """One generate() under torch.profiler with the CPU and, where present, CUDA activities: the operators'
+    and kernels' own time (self CUDA time first: what the device did, where a decoded token's time goes when
+    the host is not the limit), appended to `path`."""
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    model.forward = forward
+    _sync()
+    with tprofile(activities=acts) as prof:
+        generate(model, ids, new_tokens, cache)
+        _sync()
+    ev = prof.key_averages()
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    dev = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in ev)
+    with open(path, "a") as f:
+        f.write(f"==== {title}: device time in all kernels {dev / 1e3:.2f} ms for {new_tokens} tokens\n")
+        f.write(ev.table(sort_by=key, row_limit=40, max_name_column_width=70) + "\n")
+
+
 def _compilations():
     return sum(g.stats.compiles for g in tessel.dynamo_graphs if hasattr(g, "stats"))
 
 
-def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, device="cpu"):
-    model = build(name).to(device)
+def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, device="cpu", size="tiny",
+              device_profile=None, hf_compile=False):
+    model = build(name, size).to(device)
     prompts = [p.to(device) for p in prompts]
     eager_forward = model.forward
     row = dict(model=name, new_tokens=new_tokens, cache=cache, prompts=[list(p.shape) for p in prompts])
@@ -197,7 +248,10 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
         if profile:
             _profile(model, compiled, p, new_tokens, cache, profile, f"{name} tessel")
             _profile(model, eager_forward, p, new_tokens, cache, profile, f"{name} eager")
-            model.forward = eager_forward
+        if device_profile:
+            _device_profile(model, compiled, p, new_tokens, cache, device_profile, f"{name} tessel")
+            _device_profile(model, eager_forward, p, new_tokens, cache, device_profile, f"{name} eager")
+        model.forward = eager_forward
         for key, kwargs in peers:
             # Inductor as it comes first; where its generated C++ does not compile (torch 2.11's CPU code for
             # these graphs: "'tmp2' was not declared"), again with each of INDUCTOR_RETRY's settings in turn,
@@ -225,6 +279,17 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
                 finally:
                     model.forward = eager_forward
                     ref.forward = ref_forward
+        if hf_compile and cache == "static" and device == "cuda":
+            # generate()'s own compile of the model's call (what a transformers user gets by default here)
+            try:
+                torch._dynamo.reset()
+                t0 = time.perf_counter()
+                ind = [generate(ref, q, new_tokens, cache, autocast=ref_autocast, auto_compile=True) for q in prompts]
+                row["hf_compile_first_s"] = time.perf_counter() - t0
+                row["hf_compile_tokens_equal"] = all(torch.equal(g[0], w[0]) for g, w in zip(ind, want))
+                _record_whole(row, "hf_compile", ref, p, new_tokens, cache, rounds, autocast=ref_autocast)
+            except Exception as e:  # noqa: BLE001 -- a peer's failure is its entry
+                row["hf_compile"] = dict(error=f"{type(e).__name__}: {e}"[:300])
     return row
 
 
@@ -239,10 +304,14 @@ def main():
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
                     help="bf16 (CUDA): eager and Inductor under bf16 autocast, tessel with bf16 storage")
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny",
+                    help="tiny: 128 wide, 2 layers (per-call overhead); small: GPT-2 small's shape (768 wide, 12 layers)")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--inductor-simdlen", type=int, default=0,
                     help="Inductor's cpp.simdlen (256: AVX2 code, where its AVX-512 code does not compile)")
     ap.add_argument("--profile", help="append a cProfile of one generate(), tessel's and eager's, to this file")
+    ap.add_argument("--device-profile", help="append torch.profiler's operator and kernel table of one generate(), "
+                    "tessel's and eager's, to this file")
     ap.add_argument("--json")
     a = ap.parse_args()
     if int(torch.__version__.split(".")[0]) < 2:
@@ -267,18 +336,20 @@ def main():
     rows = []
     for name in a.models.split(","):
         try:
-            row = run_model(name, prompts, a.new_tokens, a.rounds, peers, a.cache, a.profile, a.device)
+            row = run_model(name, prompts, a.new_tokens, a.rounds, peers, a.cache, a.profile, a.device, a.size,
+                            a.device_profile, not a.no_inductor)
         except Exception as e:  # noqa: BLE001 -- one model's failure is a row, the others still run
             row = dict(model=name, error=f"{type(e).__name__}: {e}"[:2000])
         rows.append(row)
         if a.json:       # (after each model: a run cut short keeps the rows it made)
             with open(a.json, "w") as f:
-                json.dump(dict(torch=torch.__version__, threads=a.threads, cache=a.cache, device=a.device,
+                json.dump(dict(torch=torch.__version__, size=a.size, command=" ".join(sys.argv), threads=a.threads, cache=a.cache, device=a.device,
                                precision=a.precision, rows=rows), f, indent=1)
         if "error" in row:
             print(f"{name}: ERROR {row['error'][:600]}")
             continue
-        rate = {k: row[k].get("decode_tokens_per_s") for k in ["tessel", "eager"] + [p for p, _ in peers] if k in row}
+        rate = {k: row[k].get("decode_tokens_per_s") for k in ["tessel", "eager"] + [p for p, _ in peers] + ["hf_compile"]
+                if k in row}
         print(f"{name}: tokens equal {row['tokens_equal']}, logits max rel err {row['max_rel_err_logits']:.2e}, "
               f"tessel graphs {row['tessel_graphs']} ({row['symbolic_graphs']} symbolic), compilations "
               f"{row['compilations']} (per generate() {row['compilations_per_generation']}; bindings {row['bindings']}, rebinds {row['rebinds']}, instances {row['instances']}), fallbacks {len(row['fallbacks'])}; prefill ms "

@@ -498,6 +498,50 @@ TEST(CudaBackend, ScatterOnTheDevice) {
   }
 }
 
+// A concatenation runs on the device: RoPE's rotate_half (cat(-x2, x1) along the last dim) and its cos/sin
+// table (cat(f, f)) were a host step each in a llama decode step, which also kept the call out of a CUDA
+// graph; here a three-operand concatenation along a middle dim too. The source compiles with NVRTC; on a
+// GPU there is no host step, the call is captured, and the outputs equal the eager interpreter's.
+TEST(CudaBackend, ConcatenateOnTheDevice) {
+  const char* text = R"(graph @rotate_half(%x: f32[1,4,3,8], %f: f32[3,4]) {
+  %a: f32[1,4,3,4] = slice(%x) {starts = [0, 0, 0, 0], stops = [1, 4, 3, 4], strides = [1, 1, 1, 1]} loc("/x1")
+  %b: f32[1,4,3,4] = slice(%x) {starts = [0, 0, 0, 4], stops = [1, 4, 3, 8], strides = [1, 1, 1, 1]} loc("/x2")
+  %nb: f32[1,4,3,4] = neg(%b) loc("/neg")
+  %r: f32[1,4,3,8] = concatenate(%nb, %a) {axis = 3} loc("/rotate_half")
+  %t: f32[3,8] = concatenate(%f, %f) {axis = 1} loc("/emb")
+  %bt: f32[1,4,3,8] = broadcast_in_dim(%t) {dims = [2, 3], shape = [1, 4, 3, 8]} loc("/bt")
+  %y: f32[1,4,3,8] = mul(%r, %bt) loc("/mul")
+  %z: f32[1,4,3,8] = add(%y, %x) loc("/add")
+  %q: f32[1,4,9,8] = concatenate(%x, %z, %x) {axis = 2} loc("/three")
+  return %q, %r
+}
+)";
+  KernelModule m = lower_for_cuda(parse_graph(text));
+  int concats = 0;
+  for (const auto& n : m.graph->nodes()) concats += is_core_op(*n, CoreOp::concatenate);
+  ASSERT_EQ(concats, 3) << "the test needs its concatenations to reach the kernel level";
+  for (const auto& n : m.graph->nodes())
+    if (is_core_op(*n, CoreOp::concatenate)) {
+      EXPECT_TRUE(cuda::device_node_supported(*n)) << n->name;
+    }
+  const std::string src = cuda::generate_cuda(m, "concatenate");
+  EXPECT_NE(src.find("(i3 < 4LL)"), std::string::npos) << src;   // rotate_half: the first half from -x2
+  EXPECT_NE(src.find("(i2 - 3LL)"), std::string::npos) << src;    // the middle operand of the three
+  if (cuda::built_with_cuda()) {
+    cuda::NvrtcOptions o = cuda_test::nvrtc_options();
+    o.use_cache = false;
+    EXPECT_GT(cuda::compile_cuda_source(src, "concatenate", o).cubin.size(), 1000u);
+  }
+  if (!cuda::device_info().usable) GTEST_SKIP() << "no GPU: " << cuda::device_info().why;
+  const Tensor x = cuda_test::ramp({1, 4, 3, 8}), f = cuda_test::ramp({3, 4});
+  auto exe = compile_cuda(parse_graph(text), {x, f});
+  EXPECT_EQ(exe->stats().host_steps, 0);
+  const std::vector<Tensor> want = run_eager(*parse_graph(text), {x, f});
+  for (int call = 0; call < 3; ++call)
+    testenv::expect_matches_reference(exe->run({x, f}), want, "concatenate call " + std::to_string(call), 0);
+  EXPECT_TRUE(exe->uses_graph());
+}
+
 namespace {
 
 // A matmul, a softmax over its rows, an integer input passed through and an output that is a reshape of

@@ -16,7 +16,9 @@
 #     bench/decode_step.py at THREADS threads and at 1 (where a decoded token's time goes);
 #   staticstep: bench/static_cache_step.py (a static KV cache's decode step, written in place or copied);
 #   export: tessel.export of the transformers models (DF_HF) into export.tgz, for the CLI here;
-#   cudaprofile: the same cProfile of GPT-2 on CUDA with the static cache (llm_cuda_profile.txt).
+#   cudaprofile: the same cProfile of PROFILE_MODEL (default GPT-2) on CUDA with the static cache (llm_cuda_profile.txt), and
+#     torch.profiler's kernel table of one generate(), tessel's and eager's (llm_cuda_kernels.txt).
+# LLM_SIZE (tiny, the default: 128 wide, 2 layers; small: GPT-2 small's shape) for llm, static and cuda.
 # STEPS (default dynamo,bench,tests,llm; static, dataflow, cuda, staticstep, export, profile and cudaprofile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
 #   bash python/box/dynamic.sh          (carry .pybox, made here by `bash python/box/pack.sh build`)
 set -u
@@ -43,7 +45,7 @@ grep -o "tessel: .*" "$OUT/bench.err" | cut -c1-400 | sort | uniq -c | head -12
 step tests && run_tests test_dynamic_shapes
 step llm && {
 timeout "${LLM_TIMEOUT:-300}" $PY bench/llm_generate.py --models "${LLM_MODELS:-gpt2,llama,qwen2}" --threads "${THREADS:-8}" \
-  --new-tokens "${NEW_TOKENS:-32}" --prompts "${PROMPTS:-2x7,3x12,1x20}" --rounds "${LLM_ROUNDS:-3}" --cache "${CACHE:-dynamic}" \
+  --new-tokens "${NEW_TOKENS:-32}" --prompts "${PROMPTS:-2x7,3x12,1x20}" --rounds "${LLM_ROUNDS:-3}" --size "${LLM_SIZE:-tiny}" --cache "${CACHE:-dynamic}" \
   ${LLM_FLAGS:-} --json "$OUT/llm_generate.json" > "$OUT/llm.out" 2> "$OUT/llm.err"
 echo "llm_generate rc=$?"
 cat "$OUT/llm.out"
@@ -52,7 +54,7 @@ grep -o "tessel: .*" "$OUT/llm.err" | cut -c1-400 | sort | uniq -c | head -12   
 }
 step static && {
 timeout "${STATIC_TIMEOUT:-200}" $PY bench/llm_generate.py --models "${LLM_MODELS:-gpt2,llama,qwen2}" --threads "${THREADS:-8}" \
-  --new-tokens "${NEW_TOKENS:-32}" --prompts "${PROMPTS:-2x7,3x12,1x20}" --rounds "${LLM_ROUNDS:-3}" --cache static \
+  --new-tokens "${NEW_TOKENS:-32}" --prompts "${PROMPTS:-2x7,3x12,1x20}" --rounds "${LLM_ROUNDS:-3}" --size "${LLM_SIZE:-tiny}" --cache static \
   --no-inductor --json "$OUT/llm_generate_static.json" > "$OUT/static.out" 2> "$OUT/static.err"
 echo "llm_generate static rc=$?"
 cat "$OUT/static.out"
@@ -63,7 +65,7 @@ CUDA_CACHES=${CUDA_CACHES:-static,dynamic}
 for cache in ${CUDA_CACHES//,/ }; do
   for prec in ${CUDA_PRECISIONS:-f32 bf16}; do
     timeout "${CUDA_TIMEOUT:-200}" $PY bench/llm_generate.py --device cuda --precision $prec --models "${LLM_MODELS:-gpt2,llama,qwen2}" \
-      --new-tokens "${NEW_TOKENS:-32}" --prompts "${PROMPTS:-2x7,3x12,1x20}" --rounds "${LLM_ROUNDS:-3}" --cache $cache \
+      --new-tokens "${NEW_TOKENS:-32}" --prompts "${PROMPTS:-2x7,3x12,1x20}" --rounds "${LLM_ROUNDS:-3}" --size "${LLM_SIZE:-tiny}" --cache $cache \
       ${CUDA_FLAGS:-} --json "$OUT/llm_generate_cuda_${cache}_$prec.json" > "$OUT/cuda_${cache}_$prec.out" 2> "$OUT/cuda_${cache}_$prec.err"
     echo "llm_generate cuda $cache $prec rc=$?"
     cat "$OUT/cuda_${cache}_$prec.out"
@@ -111,10 +113,11 @@ $PY bench/profile_table.py --top 40 "$OUT/steps.err" > "$OUT/steps_table.txt" 2>
 done
 }
 step cudaprofile && {
-timeout "${PROFILE_TIMEOUT:-150}" $PY bench/llm_generate.py --device cuda --precision f32 --models gpt2 --new-tokens 128 \
-  --prompts 1x32,1x256 --rounds 3 --cache static --no-inductor --profile "$OUT/llm_cuda_profile.txt" \
+timeout "${PROFILE_TIMEOUT:-150}" $PY bench/llm_generate.py --device cuda --precision f32 --models "${PROFILE_MODEL:-gpt2}" --new-tokens "${NEW_TOKENS:-128}" \
+  --prompts "${PROMPTS:-1x32,1x256}" --rounds "${LLM_ROUNDS:-3}" --cache static --no-inductor --profile "$OUT/llm_cuda_profile.txt" --device-profile "$OUT/llm_cuda_kernels.txt" --size "${LLM_SIZE:-tiny}" \
   --json "$OUT/llm_cuda_profile.json" > "$OUT/cudaprofile.out" 2> "$OUT/cudaprofile.err"
 echo "llm_generate cuda profile rc=$?"
 cat "$OUT/cudaprofile.out"
 grep -v -i warn "$OUT/cudaprofile.err" | cut -c1-300 | tail -8
+grep -A14 "^====" "$OUT/llm_cuda_kernels.txt" | cut -c1-200
 }

@@ -45,6 +45,9 @@ constexpr int64_t kRowCacheRegs = 96;
 // Index arithmetic is 32-bit when every position and element address stays below this (2^30: room for
 // a grid-stride step past the end without overflow).
 constexpr int64_t kIndex32Limit = int64_t{1} << 30;
+// A concatenation on the device takes each operand as a kernel parameter: at most this many (more stay a
+// host step; CUDA's 4 KB of parameters hold about 500 pointers).
+constexpr size_t kConcatOperands = 64;
 
 bool rows_per_warp(const Kernel& k) { return k.inner_count() > kSerialInner && k.inner_count() <= kWarpInner; }
 
@@ -753,6 +756,21 @@ bool device_node_supported(const Node& n) {
            n.inputs[1]->type.shape.size() == data.size() && n.inputs[0]->type.dtype == t;
   }
   if (is_core_op(n, CoreOp::scatter)) return scatter_on_device(n);
+  if (is_core_op(n, CoreOp::concatenate)) {
+    // every operand of the result's element type and rank, the axis inside it (at most kConcatOperands
+    // operands: each is a kernel parameter)
+    const size_t r = n.outputs[0]->type.shape.size();
+    const int64_t axis = n.attr_i("axis");
+    if (n.inputs.empty() || n.inputs.size() > kConcatOperands || axis < 0 || axis >= static_cast<int64_t>(r)) return false;
+    int64_t along = 0;
+    for (const Value* v : n.inputs) {
+      if (v->type.dtype != t || v->type.shape.size() != r) return false;
+      for (size_t d = 0; d < r; ++d)
+        if (static_cast<int64_t>(d) != axis && v->type.shape[d] != n.outputs[0]->type.shape[d]) return false;
+      along += v->type.shape[static_cast<size_t>(axis)];
+    }
+    return along == n.outputs[0]->type.shape[static_cast<size_t>(axis)];
+  }
   return false;
 }
 
@@ -873,6 +891,40 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
   int64_t off = 0;
   std::vector<int64_t> strides;
   if (copy_strides(n, &off, &strides)) return s + strided_copy(off, strides);
+  if (is_core_op(n, CoreOp::concatenate)) {
+    // y[i] = x_k[i with i_axis - start_k at axis] for the operand k whose range along the axis holds i_axis
+    // (RoPE's rotate_half and its cos/sin table in a llama decode step: a host step each before)
+    const int64_t axis = n.attr_i("axis");
+    const size_t ax = static_cast<size_t>(axis);
+    std::string sig;
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      sig += fmt::format("const {}* __restrict__ x{}, ", mem_type(node_storage(n.inputs[k], storage)), k);
+    s += fmt::format("extern \"C\" __global__ void {}({}{}* __restrict__ y) {{\n", node_symbol(node_index), sig, t);
+    s += loop + split_index(oshape, "    ");
+    int64_t start = 0;
+    bool first = true;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const std::vector<int64_t>& in = n.inputs[k]->type.shape;
+      const int64_t len = in[ax];
+      if (len == 0) continue;
+      const std::vector<int64_t> ist = row_strides_of(in);
+      std::string src;
+      for (size_t d = 0; d < in.size(); ++d) {
+        if (!ist[d] || in[d] == 1) continue;
+        const std::string i = d == ax ? (start ? fmt::format("(i{} - {}LL)", d, start) : fmt::format("i{}", d)) : fmt::format("i{}", d);
+        src += (src.empty() ? "" : " + ") + fmt::format("{} * {}LL", i, ist[d]);
+      }
+      const DType tk = node_storage(n.inputs[k], storage);
+      const std::string read = fmt::format("x{}[{}]", k, src.empty() ? "0" : src);
+      const std::string val = tk == ty ? read : mem_store(ty, mem_load(tk, read));
+      start += len;
+      const bool last = start == oshape[ax];
+      s += fmt::format("    {}{}y[e] = {};\n", first ? "" : "else ", last ? "" : fmt::format("if (i{} < {}LL) ", ax, start), val);
+      first = false;
+      if (last) break;
+    }
+    return s + "  }\n}\n";
+  }
   if (is_core_op(n, CoreOp::reduce_window)) {
     // y[i] = the kind's combination of x[i * strides - pad_low + w * dilations] over the window's in-range w
     // (core_kernels.cpp's make_reduce_window); max/min propagate NaN as the CPU runtime's tsl_max/tsl_min do.

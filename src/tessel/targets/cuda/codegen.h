@@ -70,6 +70,8 @@ bool fits_cublaslt(const MatmulSpec& mm);
 // scatter without a reduction too (scatter_on_device): two launches, tsl_n<i> copying the data into the
 // result and tsl_n<i>_s writing the updates at their positions (an index out of range sets `err` and
 // writes nothing for it); both take (data, idx, upd, y, err).
+// concatenate too: one pass over the result, each position read from the operand whose range along the
+// axis holds it; it takes (x0, ..., x<k>, y).
 bool device_node_supported(const Node& n);
 bool scatter_on_device(const Node& n);
 std::string scatter_update_symbol(size_t node_index);
