@@ -353,6 +353,31 @@ TEST(SymOps, RefusalsNameWhatIsSymbolic) {
           "depends on the symbols");
 }
 
+// A slice of a static axis up to a symbolic bound (transformers' sdpa_attention cutting a 383-long
+// static-cache mask to the keys' length, `mask[..., :key.shape[-2]]`): the clamp to the axis is decided
+// by the symbol's range (s0 <= 24 keeps s0 as is), so the graph stays symbolic and computes what the
+// original does at every binding up to the axis; with a range past the axis the clamp depends on s0 and
+// it is refused, as before ranges were read.
+TEST(SymOps, SliceBoundDecidedByTheSymbolsRange) {
+  const std::string body = R"( {
+  const %i0: i64[] = [0]
+  const %ax: i64[1] = [0]
+  const %b: i64[1] = [0]
+  const %a1: i64[1] = [1]
+  %sk: i64[2] = Shape(%k) loc("sk")
+  %n: i64[] = Gather(%sk, %i0) {axis = 0} loc("n")
+  %e: i64[1] = Unsqueeze(%n, %ax) loc("e")
+  %y: f32[1,s0] = Slice(%m, %b, %e, %a1) loc("y")
+  %z: f32[s0,1] = Transpose(%y) {perm = [1, 0]} loc("t")
+  %w: f32[s0,8] = Add(%k, %z) loc("w")
+  return %w
+}
+)";
+  const std::string head = "graph @mask(%m: f32[1,24], %k: f32[s0,8]) symbols(s0 in [2, ";
+  check_lowering(head + "24])" + body, 1e-6, {{{"s0", 2}}, {{"s0", 17}}, {{"s0", 24}}});
+  expect_refused(head + "64])" + body, "depends on the symbols");
+}
+
 // Sizes read as data, not as a shape: transformers' causal mask, `torch.arange(q) + past_length`
 // (ONNX: a Range and an Add of a Gather of a Shape), a Range starting at a symbolic size, the shape
 // itself returned. Each symbolic size is computed at run time (a sum of ones).

@@ -81,12 +81,28 @@ def _meta_of_items(node):
 class _Lowerer:
     """What a lowering sees: the builder, helpers to add constants and nodes, and value types."""
 
-    def __init__(self, builder, name, masks=None, sym_names=None):
+    def __init__(self, builder, name, masks=None, sym_names=None, symbolic=None):
         self.b = builder
         self.name = name
         self.masks = masks      # train=True: random masks become graph inputs, appended here (else None)
         self.sym_names = sym_names  # a symbolic trace's symbol names -> the graph's (torch 2), or None
+        self.symbolic = symbolic    # the capture's Symbolic (its symbols' facts), or None
         self._k = 0
+
+    def narrow_symbol(self, dim, hi, hint):
+        """Narrows the range of the size symbol `dim` (a SymDim that is one symbol alone) to at most `hi`
+        where the example's value `hint` lies within it: the compilation then covers those values only,
+        its guard (Python's admits, the C++ binder) sending any other to a recompile with the reason, and
+        the shape rules decide with the narrowed range (a slice up to the symbol of an axis of size hi
+        takes the symbol as is). False, changing nothing, where that does not apply."""
+        spec = self.symbolic.symbols.get(dim.text) if self.symbolic is not None and isinstance(dim, SymDim) else None
+        if spec is None or not isinstance(hint, int) or spec.hi <= hi:
+            return spec is not None and spec.hi <= hi
+        if not spec.lo <= hint <= hi or hi // spec.multiple_of * spec.multiple_of < spec.lo:
+            return False
+        spec.hi = hi
+        self.b.declare_symbol(spec.name, *spec.facts())
+        return True
 
     def _n(self, suffix=""):
         # "module/fx_name:Op[#k] @ file:line `code`": the module path and source line reach the reports.
@@ -310,7 +326,8 @@ class Converted:
             reason = None
             if lower is not None:
                 try:
-                    result = lower(_Lowerer(b, name, self.masks, symbolic and symbolic.torch_names), n, *args, **kwargs)
+                    result = lower(_Lowerer(b, name, self.masks, symbolic and symbolic.torch_names, symbolic), n,
+                                   *args, **kwargs)
                 except Unsupported as e:
                     reason = f"aten op {_op_name(n.target)}: {e}"
                 except (_tessel.TesselError, TypeError, ValueError, IndexError) as e:

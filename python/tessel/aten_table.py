@@ -457,7 +457,23 @@ def _slice(L, node, x, dim=0, start=None, end=None, step=1):
     if same(start, 0) and step == 1 and to_end:
         return x
     end = end if isinstance(end, SymDim) else min(end, 1 << 62)
+    if isinstance(end, SymDim) and isinstance(n, int) and same(start, 0) and step == 1:
+        # a static axis cut to a symbolic length (transformers' sdpa_attention: a static cache's mask cut
+        # to the keys' length): the compilation covers lengths up to the axis, where the cut is the length
+        L.narrow_symbol(end, n, _size_hint(node.args[3] if len(node.args) > 3 else node.kwargs.get("end")))
     return L.op("Slice", [x, L.ints([start]), L.ints([end]), L.ints([dim]), L.ints([step])])
+
+
+def _size_hint(arg):
+    """The example's value of a size argument of a captured node: an int, or the hint of the SymInt a
+    symbolic trace recorded for it (None where there is none)."""
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        return arg
+    val = arg.meta.get("val") if hasattr(arg, "meta") else None
+    if isinstance(val, int) and not isinstance(val, bool):
+        return val
+    hint = getattr(getattr(val, "node", None), "hint", None)
+    return hint if isinstance(hint, int) else None
 
 
 @lowers(_ov("embedding", "default"))

@@ -139,6 +139,45 @@ class Builder(unittest.TestCase):
         self.assertEqual(_tessel.dim_eval("2*s0+1", {"s0": 5}), 11)
 
 
+class NarrowedRange(unittest.TestCase):
+    """A static axis cut to a symbolic length (aten.slice up to a size symbol: transformers' sdpa_attention
+    cutting a static cache's mask to the keys' length): the lowering narrows the symbol's range to the
+    axis where the example's length lies within it, and the Slice's shape rule then takes the length as
+    is (the C++ rules read the narrowed range). The end-to-end case is torch 2's (test_dynamo_dynamic);
+    torch 1.13's symbolic trace cannot slice by a SymInt."""
+
+    def lowered_cut(self, hint, hi=None):
+        from types import SimpleNamespace
+        from tessel._convert import _Lowerer
+        from tessel._dynamic import Symbolic, SymbolSpec
+        from tessel.aten_table import _slice
+        spec = SymbolSpec("s0") if hi is None else SymbolSpec("s0", 2, hi)
+        sym = Symbolic({}, {"s0": spec}, [], [])
+        b = _tessel.GraphBuilder("g")
+        sym.declare(b)
+        m = b.input("m", "f32", [1, 1, 1, 24])
+        L = _Lowerer(b, "cut", symbolic=sym)
+        node = SimpleNamespace(args=(None, 3, 0, SimpleNamespace(meta={"val": hint})), kwargs={})
+        return b, spec, L, _slice(L, node, m, 3, 0, SymDim("s0"))
+
+    def test_the_range_narrowed_to_the_axis(self):
+        b, spec, _, y = self.lowered_cut(10)
+        self.assertEqual((spec.lo, spec.hi), (2, 24))
+        self.assertEqual(b.symbols(), [("s0", 2, 24, 1)])
+        self.assertEqual(b.type(y), ("f32", [1, 1, 1, "s0"]))
+        self.assertFalse(spec.holds(25))     # the guard: a longer key recompiles
+
+    def test_an_example_past_the_axis_narrows_nothing(self):
+        with self.assertRaisesRegex(tessel.TesselError, "depends on the symbols"):
+            self.lowered_cut(30)
+
+    def test_a_range_within_the_axis_stays(self):
+        b, spec, L, y = self.lowered_cut(10, hi=16)
+        self.assertEqual(b.symbols(), [("s0", 2, 16, 1)])
+        self.assertEqual(b.type(y), ("f32", [1, 1, 1, "s0"]))
+        self.assertFalse(L.narrow_symbol(SymDim("2*s0"), 24, 4))   # an expression: no narrowing
+
+
 class Mlp(unittest.TestCase):
 
     def test_one_compilation_for_every_batch(self):

@@ -136,6 +136,32 @@ class DynamoDynamic(unittest.TestCase):
         self.assertLessEqual(sum(g.stats.compiles for g in tessel.dynamo_graphs), 2,
                              [g.stats.recompiles for g in tessel.dynamo_graphs])
 
+    def test_a_static_mask_cut_to_a_symbolic_length(self):
+        """transformers' sdpa_attention cuts a static cache's 4-D mask to the keys' length
+        (`mask[:, :, :, :key.shape[-2]]`): the slice's clamp decides nothing for a length with no upper
+        bound, so Qwen2's static-cache graph compiled per shape. The compilation now covers lengths up to
+        the mask (the symbol's range narrowed to it): one symbolic compilation for lengths within it, and a
+        longer key a recompile with the reason, never a wrong answer."""
+        class Cut(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("mask", torch.randn(1, 1, 1, 24))
+
+            def forward(self, q, k):
+                return torch.softmax(q @ k.transpose(-1, -2) + self.mask[:, :, :, :k.shape[-2]], -1) @ k
+
+        model = Cut().eval()
+        opt = torch.compile(model, backend="tessel", dynamic=True)
+        q = torch.randn(1, 2, 3, 8)
+        with torch.no_grad():
+            for t in (5, 9, 17, 24):
+                k = torch.randn(1, 2, t, 8)
+                self.assertLess(max_rel(opt(q, k), model(q, k)), 1e-5, f"length {t}")
+        self.assertEqual(tessel.dynamo_fallbacks, [])
+        self.assertEqual([g.stats.dynamic_fallback for g in tessel.dynamo_graphs if g.stats.dynamic_fallback], [])
+        self.assertLessEqual(sum(g.stats.compiles for g in tessel.dynamo_graphs), 2,
+                             [g.stats.recompiles for g in tessel.dynamo_graphs])
+
     def test_a_static_shape_target_runs_new_shapes_in_pytorch_past_its_limit(self):
         """A target that compiles static shapes (here the Spyre-like chip's simulator, CUDA alike) takes a
         graph with symbolic sizes one shape at a time; past cache_limit its new shapes run in PyTorch with

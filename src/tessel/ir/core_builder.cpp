@@ -25,6 +25,7 @@ std::vector<Value*> CoreBuilder::emit_multi(CoreOp core, std::vector<Value*> inp
   Node* n = g_.add_node(def, origin_.name, std::move(inputs), names, std::move(attrs));
   std::vector<const Tensor*> known;
   for (const Value* v : n->inputs) known.push_back(v && v->constant ? &*v->constant : nullptr);
+  const ScopedSymbolFacts facts(&g_.symbols);
   infer_node(*n, known, nullptr);
   return n->outputs;
 }

@@ -238,6 +238,7 @@ void infer_one(Node& n, size_t pos, InferResult& r, int64_t fold_limit, bool ver
 }  // namespace
 
 InferResult infer_graph(Graph& g, int64_t fold_limit, bool verify_only) {
+  const ScopedSymbolFacts facts(&g.symbols);  // the rules decide within the compilation's ranges
   InferResult r;
   Deferred d;
   auto& nodes = g.mutable_nodes();
@@ -246,6 +247,7 @@ InferResult infer_graph(Graph& g, int64_t fold_limit, bool verify_only) {
 }
 
 void infer_graph_from(Graph& g, size_t first, InferResult& r, int64_t fold_limit) {
+  const ScopedSymbolFacts facts(&g.symbols);
   auto& nodes = g.mutable_nodes();
   for (size_t i = first; i < nodes.size(); ++i) infer_one(*nodes[i], i, r, fold_limit, false, nullptr);
 }

@@ -83,6 +83,7 @@ using fuse_detail::lower_group;
 using fuse_detail::topo_sort;
 
 KernelModule fuse(std::unique_ptr<Graph> core, const FuseOptions& opts) {
+  const ScopedSymbolFacts facts(&core->symbols);  // size decisions within the graph's ranges (the object moves into m)
   KernelModule m;
   // Layouts are this pass's decision alone: a `layout` an input graph carries is dropped.
   for (auto& n : core->mutable_nodes()) n->attrs.erase("layout");

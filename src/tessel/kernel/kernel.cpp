@@ -673,6 +673,7 @@ std::vector<Kernel> instantiate_kernels(const std::vector<Kernel>& ks, const Bin
 
 void verify_kernel_module(const KernelModule& m) {
   if (!m.graph) fail("kernel module without a graph");
+  const ScopedSymbolFacts facts(&m.graph->symbols);  // accesses checked within the graph's ranges
   std::set<int64_t> used;
   for (const auto& n : m.graph->nodes()) {
     if (!is_kernel_node(*n)) continue;

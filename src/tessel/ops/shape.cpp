@@ -645,6 +645,8 @@ Dim clamp_slice_bound(Dim v, const Dim& dim, const Dim& lo, const Dim& hi) {
 // static_slice_axis for a symbolic axis or symbolic bounds, where the symbols decide every clamp.
 SliceAxis symbolic_slice_axis(const Dim& dim, const Dim& start, const Dim& end, int64_t step) {
   if (step == std::numeric_limits<int64_t>::min()) unsupported("Slice step {} over symbolic sizes", step);
+  // (the core slice walks a symbolic dim forward only; the symbols' ranges may decide the clamps, not this)
+  if (step < 0 && dim.is_symbolic()) unsupported("Slice with step {} over the symbolic axis {}", step, dim.str());
   const std::string what = fmt::format("Slice of an axis of size {}", dim.str());
   if (step > 0) {
     const Dim s = clamp_slice_bound(start, dim, 0, dim), e = clamp_slice_bound(end, dim, 0, dim);

@@ -86,7 +86,10 @@ const char* level_extension(IrLevel l) {
 Stage graph_stage(Graph& g, const Pass& p) {
   Stage s;
   s.info = {p.name, p.summary, IrLevel::graph, IrLevel::graph};
-  s.run = [&g, &p] { return p.run(g); };
+  s.run = [&g, &p] {
+    const ScopedSymbolFacts facts(&g.symbols);  // a pass's size decisions within the graph's ranges
+    return p.run(g);
+  };
   s.verify = [&g] { verify_graph(g); };
   s.print = [&g] { return print_graph(g); };
   s.size = [&g] { return g.nodes().size(); };

@@ -211,7 +211,29 @@ std::optional<Dim> exact_div(const Dim& a, const Dim& b) {
   return std::nullopt;
 }
 
+namespace {
+thread_local const SymbolTable* t_active_facts = nullptr;
+
+bool nonneg_for_symbols_from_one(const Dim& a);
+}  // namespace
+
+const SymbolTable* active_symbol_facts() { return t_active_facts; }
+ScopedSymbolFacts::ScopedSymbolFacts(const SymbolTable* t) : saved_(t_active_facts) { t_active_facts = t; }
+ScopedSymbolFacts::~ScopedSymbolFacts() { t_active_facts = saved_; }
+
 bool provably_nonneg(const Dim& a) {
+  if (nonneg_for_symbols_from_one(a)) return true;
+  const SymbolTable* facts = t_active_facts;
+  if (!facts || facts->empty() || a.is_static()) return false;
+  try {
+    return facts->lower_bound(a) >= 0;  // (a symbol the table does not declare: no decision)
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+namespace {
+bool nonneg_for_symbols_from_one(const Dim& a) {
   // With every symbol s = 1 + t (t >= 0), a polynomial whose coefficients in t are all >= 0 is >= 0.
   // Expanding (1 + t)^k term by term: every subset of a term's symbols (as a multiset) contributes.
   std::map<std::vector<std::string>, int64_t> coef;
@@ -234,6 +256,7 @@ bool provably_nonneg(const Dim& a) {
     if (c < 0) return false;
   return true;
 }
+}  // namespace
 
 bool dims_static(const Dims& d) {
   for (const Dim& x : d)

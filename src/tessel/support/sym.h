@@ -106,7 +106,8 @@ std::ostream& operator<<(std::ostream& os, const Dim& d);  // its str()
 // a / b when it is exact for every value of the symbols: b a non-zero constant dividing every
 // coefficient, b a term dividing every term of a, or a == k * b; nullopt otherwise.
 std::optional<Dim> exact_div(const Dim& a, const Dim& b);
-// Whether a >= 0 holds for every assignment of the symbols >= 1 (sound, not complete).
+// Whether a >= 0 holds for every assignment of the symbols >= 1, or, while a table of facts is active
+// (ScopedSymbolFacts), for every assignment within its ranges (interval arithmetic). Sound, not complete.
 bool provably_nonneg(const Dim& a);
 inline bool provably_ge(const Dim& a, const Dim& b) { return provably_nonneg(a - b); }
 inline bool provably_positive(const Dim& a) { return provably_nonneg(a - 1); }
@@ -185,6 +186,23 @@ class SymbolTable {
 
  private:
   std::map<std::string, SymbolInfo> syms_;
+};
+
+// The facts of the graph whose sizes are being decided: shape inference over a graph (infer_graph,
+// CoreBuilder) makes its symbol table active for the walk, so a rule's provably_* decisions use the
+// ranges a compilation covers -- a slice of a 383-long mask up to s27 in [2, 383] takes s27 as is, where
+// s27 >= 1 alone decides nothing. The guard checks every call against the same facts. Per thread;
+// nested scopes restore the outer table.
+const SymbolTable* active_symbol_facts();
+class ScopedSymbolFacts {
+ public:
+  explicit ScopedSymbolFacts(const SymbolTable* t);
+  ~ScopedSymbolFacts();
+  ScopedSymbolFacts(const ScopedSymbolFacts&) = delete;
+  ScopedSymbolFacts& operator=(const ScopedSymbolFacts&) = delete;
+
+ private:
+  const SymbolTable* saved_;
 };
 
 }  // namespace tessel
