@@ -12,6 +12,12 @@ static cache in eager -- and tessel with bf16 storage). --cache static uses tran
 Compilations are counted per generate() as well (`compilations_per_generation`: the first prompt's includes
 the graphs dynamo specialises before it marks a size dynamic). JSON out.
 
+Every generate() passes disable_compile=True: with the static cache on CUDA transformers would otherwise
+compile the model's call itself (Inductor, reduce-overhead) around eager's and tessel's forward alike. That
+auto-compile is the peer `hf_compile` (CUDA, static cache, with the Inductor peers), timed from whole
+generate() calls. --size small builds GPT-2 small's shape (768 wide, 12 layers) instead of the 128-wide,
+2-layer configs; --device-profile appends torch.profiler's operator and kernel table of one generate().
+
     python bench/llm_generate.py --models gpt2,llama,qwen2 --new-tokens 128 --prompts 1x32,2x100,1x256 --json out.json
 """
 import argparse
