@@ -135,15 +135,18 @@ def _record_whole(row, key, model, ids, new_tokens, cache, rounds, autocast=Fals
             _sync()
             into.append(time.perf_counter() - t0)
     w, o = statistics.median(whole), statistics.median(one)
-    decode = (w - o) / max(1, new_tokens - 1)
-    row[key] = dict(generate_s=w, prefill_ms=o * 1e3, decode_ms_per_token=decode * 1e3,
-                    decode_tokens_per_s=1.0 / decode if decode > 0 else None, timing="whole generate() calls")
+    row[key] = _figures(w, o, (w - o) / max(1, new_tokens - 1))
+    row[key]["timing"] = "whole generate() calls"
+
+
+def _figures(whole, prefill, decode):
+    """A column's figures from seconds: the whole generate(), its prefill, a decoded token."""
+    return dict(generate_s=whole, prefill_ms=prefill * 1e3, decode_ms_per_token=decode * 1e3,
+                decode_tokens_per_s=1.0 / decode if decode > 0 else None)
 
 
 def _record(row, key, model, forward, ids, new_tokens, cache, rounds, autocast=False):
-    whole, prefill, decode = timed(model, forward, ids, new_tokens, cache, rounds, autocast)
-    row[key] = dict(generate_s=whole, prefill_ms=prefill * 1e3, decode_ms_per_token=decode * 1e3,
-                    decode_tokens_per_s=1.0 / decode if decode > 0 else None)
+    row[key] = _figures(*timed(model, forward, ids, new_tokens, cache, rounds, autocast))
 
 
 def _rel_err(got, want):

@@ -194,7 +194,7 @@ std::string describe(const HwSpec& hw) {
     const SystemSpec& sys = hw.system;
     const std::string topo = sys.topology == SystemTopology::mesh
                                  ? fmt::format("mesh {}x{}", sys.mesh_shape.at(0), sys.mesh_shape.at(1))
-                                 : std::string(sys.topology == SystemTopology::ring ? "ring" : "fully connected");
+                                 : std::string(system_topology_name(sys.topology));
     line("system", fmt::format("{} chips, {}, {:g} GB/s per link and direction, {:g} ns per hop", sys.chips, topo,
                                sys.link_gbps, sys.link_latency_ns));
   }

@@ -142,6 +142,18 @@ class Sharder {
     for (int r = 0; r < n_; ++r) out.push_back(v ? at(r, v) : nullptr);
     return out;
   }
+  // Every input's rank values as they are held (an absent input stays absent), per input.
+  std::vector<std::vector<Value*>> held_inputs(const Node& n) {
+    std::vector<std::vector<Value*>> per_input;
+    for (const Value* v : n.inputs) per_input.push_back(v ? all(v) : std::vector<Value*>{});
+    return per_input;
+  }
+  // Whether every input after the first is whole on every rank.
+  bool rest_replicated(const Node& n) const {
+    for (size_t i = 1; i < n.inputs.size(); ++i)
+      if (n.inputs[i] && layout(n.inputs[i]).kind != Kind::R) return false;
+    return true;
+  }
 
   const OpDef* op(const char* name) {
     const OpDef* d = OpRegistry::get().find(name);
@@ -357,13 +369,10 @@ class Sharder {
   bool slice(const Node& n) {
     const Value* x = n.inputs[0];
     const Layout l = layout(x);
-    if (l.kind != Kind::S) return false;
-    for (size_t i = 1; i < n.inputs.size(); ++i)
-      if (n.inputs[i] && layout(n.inputs[i]).kind != Kind::R) return false;
+    if (l.kind != Kind::S || !rest_replicated(n)) return false;
     const auto args = slice_args(n);
     if (!args) return false;
-    std::vector<std::vector<Value*>> per_input;
-    for (const Value* v : n.inputs) per_input.push_back(v ? all(v) : std::vector<Value*>{});
+    std::vector<std::vector<Value*>> per_input = held_inputs(n);
     if (args->entry(l.dim) < 0) {  // another axis is sliced
       copy(n, by_rank(per_input), {l});
       return true;
@@ -617,9 +626,7 @@ class Sharder {
                           (op == "Mul" && partial == 1) || (op == "Div" && ls[0].kind == Kind::P && k == 2) ||
                           ((op == "Neg" || op == "Identity") && k == 1);
       if (linear) {
-        std::vector<std::vector<Value*>> per_input;
-        for (const Value* v : n.inputs) per_input.push_back(v ? all(v) : std::vector<Value*>{});
-        copy(n, by_rank(per_input), {Layout{Kind::P}});
+        copy(n, by_rank(held_inputs(n)), {Layout{Kind::P}});
         return true;
       }
     }
@@ -714,8 +721,7 @@ class Sharder {
   bool split_op(const Node& n) {
     const Value* x = n.inputs[0];
     const Layout l = layout(x);
-    std::vector<std::vector<Value*>> per_input;
-    for (const Value* v : n.inputs) per_input.push_back(v ? all(v) : std::vector<Value*>{});
+    std::vector<std::vector<Value*>> per_input = held_inputs(n);
     if (l.kind == Kind::P) {
       copy(n, by_rank(per_input), same(n, Layout{Kind::P}));
       return true;
@@ -749,15 +755,12 @@ class Sharder {
   bool keeps_other_axes(const Node& n) {
     const Value* x = n.inputs[0];
     const Layout l = layout(x);
-    if (l.kind != Kind::S) return false;
-    for (size_t i = 1; i < n.inputs.size(); ++i)
-      if (n.inputs[i] && layout(n.inputs[i]).kind != Kind::R) return false;
+    if (l.kind != Kind::S || !rest_replicated(n)) return false;
     const size_t rank = x->type.shape.size();
     const int axis = norm_axis(n.attr_i("axis", -1), rank);
     const bool layer_norm = n.op_name() == "LayerNormalization";
     if (layer_norm ? l.dim >= axis : l.dim == axis) return false;
-    std::vector<std::vector<Value*>> per_input;
-    for (const Value* v : n.inputs) per_input.push_back(v ? all(v) : std::vector<Value*>{});
+    std::vector<std::vector<Value*>> per_input = held_inputs(n);
     copy(n, by_rank(per_input), same(n, l));
     return true;
   }

@@ -189,7 +189,8 @@ class SymbolTable {
 };
 
 // The facts of the graph whose sizes are being decided: shape inference over a graph (infer_graph,
-// CoreBuilder) makes its symbol table active for the walk, so a rule's provably_* decisions use the
+// CoreBuilder), every graph pass the pass manager runs, fusion and the kernel-level verifier make its
+// symbol table active while they work, so a rule's provably_* decisions use the
 // ranges a compilation covers -- a slice of a 383-long mask up to s27 in [2, 383] takes s27 as is, where
 // s27 >= 1 alone decides nothing. The guard checks every call against the same facts. Per thread;
 // nested scopes restore the outer table.
