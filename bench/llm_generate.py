@@ -182,22 +182,32 @@ def _profile(model, forward, ids, new_tokens, cache, path, title):
         f.write(f"==== {title}\n{text.getvalue()}\n")
 
 
-def _device_profile(model, forward, ids, new_tokens, cache, path, title):
-    """One generate() under torch.profiler with the CPU and, where present, CUDA activities: the operators'
-    and kernels' own time (self CUDA time first: what the device did, where a decoded token's time goes when
-    the host is not the limit), appended to `path`."""
+def _device_profile(model, forward, ids, new_tokens, cache, path, title, device="cuda", autocast=False):
+    """One generate() under torch.profiler, appended to `path`. On CUDA with the CPU and CUDA activities:
+    the operators' and kernels' own time (self CUDA time first: what the device did, where a decoded
+    token's time goes when the host is not the limit). On the CPU with the CPU activity, sorted by self CPU
+    time, with the wall time of the generate() beside it (tessel's executable is one opaque call to the
+    profiler: the wall time less the operators' is tessel's own and the Python around it)."""
     from torch.profiler import ProfilerActivity, profile as tprofile
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    on_cuda = device == "cuda" and torch.cuda.is_available()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     model.forward = forward
     _sync()
+    t0 = time.perf_counter()
     with tprofile(activities=acts) as prof:
-        generate(model, ids, new_tokens, cache)
+        generate(model, ids, new_tokens, cache, autocast=autocast)
         _sync()
+    wall = time.perf_counter() - t0
     ev = prof.key_averages()
-    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    key = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
     dev = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in ev)
+    ops = sum(e.self_cpu_time_total for e in ev)
     with open(path, "a") as f:
-        f.write(f"==== {title}: device time in all kernels {dev / 1e3:.2f} ms for {new_tokens} tokens\n")
+        if on_cuda:
+            f.write(f"==== {title}: device time in all kernels {dev / 1e3:.2f} ms for {new_tokens} tokens\n")
+        else:
+            f.write(f"==== {title}: generate() {wall * 1e3:.2f} ms under the profiler for {new_tokens} tokens, "
+                    f"operators' self CPU time {ops / 1e3:.2f} ms\n")
         f.write(ev.table(sort_by=key, row_limit=40, max_name_column_width=70) + "\n")
 
 
@@ -258,8 +268,9 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
             _profile(model, compiled, p, new_tokens, cache, profile, f"{name} tessel")
             _profile(model, eager_forward, p, new_tokens, cache, profile, f"{name} eager")
         if device_profile:
-            _device_profile(model, compiled, p, new_tokens, cache, device_profile, f"{name} tessel")
-            _device_profile(model, eager_forward, p, new_tokens, cache, device_profile, f"{name} eager")
+            _device_profile(model, compiled, p, new_tokens, cache, device_profile, f"{name} tessel", device)
+            _device_profile(ref, ref_forward, p, new_tokens, cache, device_profile, f"{name} eager", device,
+                            ref_autocast)
         model.forward = eager_forward
         for key, kwargs in peers:
             # Inductor as it comes first; where its generated C++ does not compile (torch 2.11's CPU code for
@@ -278,6 +289,9 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
                         row[key + "_first_s"] = time.perf_counter() - t0
                         row[key + "_tokens_equal"] = all(torch.equal(g[0], w[0]) for g, w in zip(ind, want))
                         _record(row, key, ref, fwd, p, new_tokens, cache, rounds, autocast=ref_autocast)
+                        if device_profile:
+                            _device_profile(ref, fwd, p, new_tokens, cache, device_profile, f"{name} {key}", device,
+                                            ref_autocast)
                     row[key].update(config=patch, errors=errors)
                     break
                 except Exception as e:  # noqa: BLE001 -- a peer's failure is its entry, tessel's figures stand

@@ -16,10 +16,12 @@
 #     bench/decode_step.py at THREADS threads and at 1 (where a decoded token's time goes);
 #   staticstep: bench/static_cache_step.py (a static KV cache's decode step, written in place or copied);
 #   export: tessel.export of the transformers models (DF_HF) into export.tgz, for the CLI here;
+#   cpuprofile: torch.profiler's operator table of one generate() on the CPU (static cache, PROFILE_MODEL), for
+#     tessel, eager and Inductor's two modes (llm_cpu_ops.txt: where Inductor's decoded token goes beside tessel's);
 #   cudaprofile: the same cProfile of PROFILE_MODEL (default GPT-2) on CUDA with the static cache (llm_cuda_profile.txt), and
 #     torch.profiler's kernel table of one generate(), tessel's and eager's (llm_cuda_kernels.txt).
 # LLM_SIZE (tiny, the default: 128 wide, 2 layers; small: GPT-2 small's shape) for llm, static and cuda.
-# STEPS (default dynamo,bench,tests,llm; static, dataflow, cuda, staticstep, export, profile and cudaprofile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
+# STEPS (default dynamo,bench,tests,llm; static, dataflow, cuda, staticstep, export, profile, cpuprofile and cudaprofile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
 #   bash python/box/dynamic.sh          (carry .pybox, made here by `bash python/box/pack.sh build`)
 set -u
 OUT=${OUT:-/tmp/dynamic}
@@ -111,6 +113,15 @@ $PY bench/profile_table.py --top 40 "$OUT/steps.err" > "$OUT/steps_table.txt" 2>
   timeout 120 $PY bench/decode_step.py --threads $t --pairs 3 --json "$OUT/decode_step_t$t.json" > "$OUT/decode_t$t.out" 2>&1
   echo "decode_step threads $t rc=$?"; tail -6 "$OUT/decode_t$t.out"
 done
+}
+step cpuprofile && {
+timeout "${PROFILE_TIMEOUT:-200}" $PY bench/llm_generate.py --models "${PROFILE_MODEL:-gpt2}" --threads "${THREADS:-8}" --new-tokens "${NEW_TOKENS:-64}" \
+  --prompts "${PROMPTS:-1x32}" --rounds "${LLM_ROUNDS:-1}" --cache static --size "${LLM_SIZE:-tiny}" --device-profile "$OUT/llm_cpu_ops.txt" \
+  --json "$OUT/llm_cpu_profile.json" > "$OUT/cpuprofile.out" 2> "$OUT/cpuprofile.err"
+echo "llm_generate cpu profile rc=$?"
+cat "$OUT/cpuprofile.out"
+grep -v -i warn "$OUT/cpuprofile.err" | cut -c1-300 | tail -6
+grep -A22 "^====" "$OUT/llm_cpu_ops.txt" | cut -c1-180
 }
 step cudaprofile && {
 timeout "${PROFILE_TIMEOUT:-150}" $PY bench/llm_generate.py --device cuda --precision f32 --models "${PROFILE_MODEL:-gpt2}" --new-tokens "${NEW_TOKENS:-128}" \

@@ -354,6 +354,35 @@ class Export(Tmp):
                                    r"bf16 storage keeps f32's range: --dtype bf16")
         self.assertIn("-> PASS", self.tessel("sim", folder, "--hw", "spyre", "--dtype", "bf16"))
 
+    @unittest.skipUnless(os.path.exists(TESSEL_BINARY), f"needs the tessel command ({TESSEL_BINARY}; set TESSEL_BINARY)")
+    def test_a_working_set_that_fits_no_split(self):
+        """A chip whose scratchpad is too small for any tile of a kernel: tessel.compile, `sim` and `report`
+        each give one line naming the pass, the node and the bytes needed against the bytes usable, and
+        `report` writes no page (issue 35's bad input)."""
+        import subprocess
+        with open(os.path.join(SOURCE_DIR, "hw", "spyre.json")) as f:
+            hw = json.load(f)
+        hw["scratchpad"].update(bytes_per_core=4096, effective_working_set_bytes=1024)
+        small = os.path.join(self.tmp, "small_spad.json")
+        with open(small, "w") as f:
+            json.dump(hw, f)
+        m, x = mlp(), torch.randn(16, 64)
+        with self.assertRaises(tessel.TesselError) as e:
+            tessel.compile(m, (x,), target=small)
+        said = str(e.exception)
+        self.assertNotIn("\n", said)
+        self.assertRegex(said, r"no (split|tile) fits the scratchpad.*needs \d+ bytes.*\d+ usable")
+        self.assertIn("node '", said)
+        folder = tessel.export(m, (x,), os.path.join(self.tmp, "mlp"))
+        page = os.path.join(self.tmp, "page.html")
+        for args in (["sim", folder, "--hw", small], ["report", folder, "--hw", small, "-o", page]):
+            r = subprocess.run([TESSEL_BINARY, "--quiet", *args], capture_output=True, text=True, timeout=600)
+            self.assertNotEqual(r.returncode, 0, args)
+            lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+            self.assertEqual(len(lines), 1, lines)
+            self.assertRegex(lines[0], r"\[tile\] node '.*': .*no (split|tile) fits the scratchpad")
+        self.assertFalse(os.path.exists(page))
+
     def test_refusals_write_nothing(self):
         keep = os.path.join(self.tmp, "mine")
         os.makedirs(keep)
