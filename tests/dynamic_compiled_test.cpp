@@ -83,6 +83,32 @@ TEST_P(DynamicCompiledBoth, OneCompilationServesEveryRowCount) {
   }
 }
 
+// A length that grows by one a call (a decoded token's KV length): the rebound executable keeps its arena
+// plan while every buffer fits the eighth of room the plan gave it, plans again (bigger) when one
+// outgrows it, and keeps the bigger plan for a shorter length; every call against eager.
+TEST(DynamicCompiled, ArenaPlanKeptWhileEveryBufferFits) {
+  CompiledBackendOptions o = options();
+  o.rebind = true;
+  auto exe = compile_cpu(parse_graph(kRowsSoftmax, "sm.tsl"), {}, o);
+  ASSERT_TRUE(exe->stats().rebinding) << exe->stats().rebind_refused;
+  const auto original = parse_graph(kRowsSoftmax, "sm.tsl");
+  const Tensor w = varied_f32({64, 32}, 7);
+  auto call = [&](int64_t rows) {
+    const Tensor x = varied_f32({rows, 64}, static_cast<uint32_t>(rows));
+    GraphRunStats st;
+    const std::vector<Tensor> got = exe->run({x, w}, &st);
+    expect_close(got.at(0), run_eager(*original, {x, w}).at(0), 1e-5, fmt::format("s0 = {}", rows));
+    return st.arena_bytes;
+  };
+  const size_t first = call(96);
+  ASSERT_GT(first, 0u);
+  for (int64_t rows = 97; rows <= 108; ++rows) EXPECT_EQ(call(rows), first) << rows << " rows fit the plan for 96 and an eighth";
+  const size_t grown = call(120);
+  EXPECT_GT(grown, first) << "120 rows outgrow it";
+  EXPECT_EQ(call(3), grown) << "a shorter length keeps the plan";
+  EXPECT_EQ(call(121), grown);
+}
+
 // Two symbols changing one at a time, back and forth: what the rebound executable redoes for a changed
 // symbol (types, views, the typed kernels of transposes, concatenations and products of computed
 // operands, the arena plan) and what it keeps must agree with eager at every call.
