@@ -200,14 +200,14 @@ def _device_profile(model, forward, ids, new_tokens, cache, path, title, device=
     wall = time.perf_counter() - t0
     ev = prof.key_averages()
     key = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
-    dev = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in ev)
-    ops = sum(e.self_cpu_time_total for e in ev)
+    if on_cuda:
+        dev = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in ev)
+        head = f"device time in all kernels {dev / 1e3:.2f} ms for {new_tokens} tokens"
+    else:
+        head = (f"generate() {wall * 1e3:.2f} ms under the profiler for {new_tokens} tokens, operators' self CPU "
+                f"time {sum(e.self_cpu_time_total for e in ev) / 1e3:.2f} ms")
     with open(path, "a") as f:
-        if on_cuda:
-            f.write(f"==== {title}: device time in all kernels {dev / 1e3:.2f} ms for {new_tokens} tokens\n")
-        else:
-            f.write(f"==== {title}: generate() {wall * 1e3:.2f} ms under the profiler for {new_tokens} tokens, "
-                    f"operators' self CPU time {ops / 1e3:.2f} ms\n")
+        f.write(f"==== {title}: {head}\n")
         f.write(ev.table(sort_by=key, row_limit=40, max_name_column_width=70) + "\n")
 
 

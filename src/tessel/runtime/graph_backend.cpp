@@ -726,24 +726,19 @@ void GraphExecutable::rebind(const Bindings& b) {
   // with (a decoded token's KV length grows by one; a decode after a prefill shrinks). When one outgrows
   // its slot, every symbolic request is planned again with an eighth more than it needs now, so a length
   // that grows step by step replans about once per eighth of its size instead of at every step.
-  std::vector<size_t> need(requests_.size());
-  bool replan = was.empty();
-  for (size_t r = 0; r < requests_.size(); ++r) {
-    const Dim& d = im.request_bytes[r];
-    if (!was.empty() && d.is_static()) {
-      need[r] = requests_[r].bytes;
-      continue;
-    }
-    const int64_t bytes = d.eval(b);
+  auto bytes_for = [&](size_t r) {
+    const int64_t bytes = im.request_bytes[r].eval(b);
     if (bytes < 0) fail("value '{}' has {} bytes for these sizes", display_text(buffer_values_[r]->name), bytes);
-    need[r] = static_cast<size_t>(bytes);
-    replan = replan || need[r] > requests_[r].bytes;
-  }
+    return static_cast<size_t>(bytes);
+  };
+  bool replan = was.empty();
+  for (size_t r = 0; r < requests_.size() && !replan; ++r)
+    replan = !im.request_bytes[r].is_static() && bytes_for(r) > requests_[r].bytes;
   if (replan) {
     for (size_t r = 0; r < requests_.size(); ++r) {
-      const size_t room = im.request_bytes[r].is_static() ? 0 : need[r] / 8;
-      check_alloc(need[r] + room, "the graph backend's arena");
-      requests_[r].bytes = need[r] + room;
+      const size_t need = bytes_for(r), room = im.request_bytes[r].is_static() ? 0 : need / 8;
+      check_alloc(need + room, "the graph backend's arena");
+      requests_[r].bytes = need + room;
     }
     place_arena();  // (the pool's block grows when this binding needs more)
   }

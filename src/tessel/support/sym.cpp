@@ -225,11 +225,9 @@ bool provably_nonneg(const Dim& a) {
   if (nonneg_for_symbols_from_one(a)) return true;
   const SymbolTable* facts = t_active_facts;
   if (!facts || facts->empty() || a.is_static()) return false;
-  try {
-    return facts->lower_bound(a) >= 0;  // (a symbol the table does not declare: no decision)
-  } catch (const Error&) {
-    return false;
-  }
+  for (const std::string& s : a.symbols())
+    if (!facts->find(s)) return false;  // a symbol the table does not declare: no decision
+  return facts->lower_bound(a) >= 0;
 }
 
 namespace {
