@@ -10,7 +10,10 @@ CPU (--threads threads for tessel and PyTorch alike) or CUDA (--device cuda; --p
 Inductor under bf16 autocast -- with --cache static a bf16 copy of the model, since autocast fails with the
 static cache in eager -- and tessel with bf16 storage). --cache static uses transformers' static KV cache.
 Compilations are counted per generate() as well (`compilations_per_generation`: the first prompt's includes
-the graphs dynamo specialises before it marks a size dynamic). JSON out.
+the graphs dynamo specialises before it marks a size dynamic). --tessel-default adds the column
+`tessel_default`: torch.compile(backend="tessel") without dynamic=True, dynamo's automatic dynamic shapes
+as Inductor's default column has them (each mode beside the same mode; its compilations and fallbacks in
+the column). JSON out.
 
 Every generate() passes disable_compile=True: with the static cache on CUDA transformers would otherwise
 compile the model's call itself (Inductor, reduce-overhead) around eager's and tessel's forward alike. That
@@ -215,8 +218,35 @@ def _compilations():
     return sum(g.stats.compiles for g in tessel.dynamo_graphs if hasattr(g, "stats"))
 
 
+def _tessel_default(model, eager_forward, prompts, want, p, new_tokens, cache, rounds):
+    """The tessel_default column: figures, compilations and fallbacks of torch.compile(backend="tessel")."""
+    tessel.dynamo_graphs.clear()
+    tessel.dynamo_fallbacks.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(eager_forward, backend="tessel")
+    model.forward = compiled
+    got, per_generation = [], []
+    t0 = time.perf_counter()
+    for q in prompts:
+        before = _compilations()
+        got.append(generate(model, q, new_tokens, cache))
+        per_generation.append(_compilations() - before)
+    first = time.perf_counter() - t0
+    graphs = [g for g in tessel.dynamo_graphs if hasattr(g, "stats")]
+    col = dict(first_s=first, compilations_per_generation=per_generation,
+               tokens_equal=all(torch.equal(g[0], w[0]) for g, w in zip(got, want)),
+               max_rel_err_logits=max(_rel_err(g[1], w[1]) for g, w in zip(got, want)),
+               tessel_graphs=len(graphs), symbolic_graphs=sum(1 for g in graphs if g.dynamic is not None),
+               compilations=sum(g.stats.compiles for g in graphs), fallbacks=list(tessel.dynamo_fallbacks))
+    holder = {}
+    _record(holder, "t", model, compiled, p, new_tokens, cache, rounds)
+    col.update(holder["t"])
+    col["compilations_while_timed"] = _compilations() - col["compilations"]
+    return col
+
+
 def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, device="cpu", size="tiny",
-              device_profile=None, hf_compile=False):
+              device_profile=None, hf_compile=False, tessel_default=False):
     model = build(name, size).to(device)
     prompts = [p.to(device) for p in prompts]
     eager_forward = model.forward
@@ -272,6 +302,12 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
             _device_profile(ref, ref_forward, p, new_tokens, cache, device_profile, f"{name} eager", device,
                             ref_autocast)
         model.forward = eager_forward
+        if tessel_default:
+            # torch.compile(backend="tessel") as a user writes it, without dynamic=True: dynamo's own automatic
+            # dynamic shapes (a graph static first, symbolic in the dims a later call changed; sizes 0 and 1
+            # specialised), as Inductor's default column is compiled: each mode against the same mode.
+            row["tessel_default"] = _tessel_default(model, eager_forward, prompts, want, p, new_tokens, cache, rounds)
+            model.forward = eager_forward
         for key, kwargs in peers:
             # Inductor as it comes first; where its generated C++ does not compile (torch 2.11's CPU code for
             # these graphs: "'tmp2' was not declared"), again with each of INDUCTOR_RETRY's settings in turn,
@@ -330,6 +366,8 @@ def main():
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny",
                     help="tiny: 128 wide, 2 layers (per-call overhead); small: GPT-2 small's shape (768 wide, 12 layers)")
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--tessel-default", action="store_true",
+                    help="also time torch.compile(backend='tessel') without dynamic=True (column tessel_default)")
     ap.add_argument("--inductor-simdlen", type=int, default=0,
                     help="Inductor's cpp.simdlen (256: AVX2 code, where its AVX-512 code does not compile)")
     ap.add_argument("--profile", help="append a cProfile of one generate(), tessel's and eager's, to this file")
@@ -360,7 +398,7 @@ def main():
     for name in a.models.split(","):
         try:
             row = run_model(name, prompts, a.new_tokens, a.rounds, peers, a.cache, a.profile, a.device, a.size,
-                            a.device_profile, not a.no_inductor)
+                            a.device_profile, not a.no_inductor, a.tessel_default)
         except Exception as e:  # noqa: BLE001 -- one model's failure is a row, the others still run
             row = dict(model=name, error=f"{type(e).__name__}: {e}"[:2000])
         rows.append(row)
@@ -371,7 +409,7 @@ def main():
         if "error" in row:
             print(f"{name}: ERROR {row['error'][:600]}")
             continue
-        rate = {k: row[k].get("decode_tokens_per_s") for k in ["tessel", "eager"] + [p for p, _ in peers] + ["hf_compile"]
+        rate = {k: row[k].get("decode_tokens_per_s") for k in ["tessel", "tessel_default", "eager"] + [p for p, _ in peers] + ["hf_compile"]
                 if k in row}
         print(f"{name}: tokens equal {row['tokens_equal']}, logits max rel err {row['max_rel_err_logits']:.2e}, "
               f"tessel graphs {row['tessel_graphs']} ({row['symbolic_graphs']} symbolic), compilations "
@@ -383,6 +421,11 @@ def main():
                 print(f"   {p} {e['config'] or 'default'}: ERROR {e['error'][:300]}")
             if row.get(p, {}).get("config"):
                 print(f"   {p} compiled with {row[p]['config']}")
+        if "tessel_default" in row:
+            d = row["tessel_default"]
+            print(f"   tessel_default: tokens equal {d['tokens_equal']}, graphs {d['tessel_graphs']} ({d['symbolic_graphs']} "
+                  f"symbolic), compilations {d['compilations']} (per generate() {d['compilations_per_generation']}), "
+                  f"fallbacks {len(d['fallbacks'])}" + "".join(f"\n   fallback: {f[:300]}" for f in d["fallbacks"][:3]))
         for f in row["fallbacks"][:6]:
             print("   fallback:", f[:400])
         for r in row["recompiles"][:6]:

@@ -210,7 +210,7 @@ GraphExecutable::~GraphExecutable() = default;
 Tensor GraphExecutable::Impl::tensor_of(const Value* v) const {
   const int r = root[v->id];
   if (auto it = views.find(v->id); it != views.end()) {
-    Tensor t(v->type.dtype, v->type.shape);
+    Tensor t = Tensor::uninitialized(v->type.dtype, v->type.shape);
     materialize_view(it->second, env.ptr[it->second.src_id], v->type.shape, dtype_size(v->type.dtype), t.bytes());
     return t;
   }
@@ -221,7 +221,7 @@ Tensor GraphExecutable::Impl::tensor_of(const Value* v) const {
     case Home::heap: return view(heap[r]);
     case Home::output: return view(pool[r]);
     case Home::arena: {
-      Tensor t(v->type.dtype, v->type.shape);
+      Tensor t = Tensor::uninitialized(v->type.dtype, v->type.shape);
       if (t.nbytes()) std::memcpy(t.bytes(), env.ptr[v->id], t.nbytes());
       return t;
     }

@@ -1,7 +1,9 @@
 // Tensor storage and element conversions.
 #include "tessel/support/tensor.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <limits>
 
 #include "tessel/support/error.h"
@@ -21,6 +23,17 @@ std::shared_ptr<void> zeroed_storage(size_t n, uint8_t*& data) {
 Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
   numel_ = checked_tensor_numel(dtype_, shape_);
   owner_ = zeroed_storage(static_cast<size_t>(numel_) * dtype_size(dtype_), data_);
+}
+
+Tensor Tensor::uninitialized(DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.numel_ = checked_tensor_numel(dtype, shape);
+  t.shape_ = std::move(shape);
+  std::shared_ptr<uint8_t[]> bytes(new uint8_t[std::max<size_t>(1, t.nbytes())]);
+  t.data_ = bytes.get();
+  t.owner_ = std::move(bytes);
+  return t;
 }
 
 Tensor Tensor::adopt(DType dtype, Shape shape, std::shared_ptr<void> owner, uint8_t* data) {

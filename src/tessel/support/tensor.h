@@ -39,6 +39,10 @@ class Tensor {
   // kept alive by `owner` (shared by every tensor that shares the bytes): e.g. a window of one
   // buffer holding all of a model's weights. `data` must be aligned for the dtype.
   static Tensor adopt(DType dtype, Shape shape, std::shared_ptr<void> owner, uint8_t* data);
+  // Storage whose bytes are not initialised, for a caller that writes every byte before anything reads
+  // them (a result copied out of an arena): no zero-filling pass (nor, above the C library's mmap
+  // threshold, faulting in zeroed pages twice).
+  static Tensor uninitialized(DType dtype, Shape shape);
 
   // Element access converting through double (floats) or int64 (ints, bool). Stores round
   // correctly for f16/bf16/f8 and wrap for integers.
