@@ -388,6 +388,12 @@ def _backend(gm, example_inputs, options):
     except Unsupported as e:
         return _fallback(gm, f"the graph takes non-tensor inputs tessel cannot compile symbolically: {e}")
     if sizes is None:
+        if all(isinstance(t, torch.Tensor) for t in example_inputs):
+            # Every dim is a number after all: dynamo marked a size dynamic and its shape environment has
+            # since fixed the symbol to a value (torch.compile's default mode, a dynamic KV cache's decode
+            # graph). Compiled for those static sizes; dynamo's guards hold them, and tessel's own guard
+            # compiles again on other shapes.
+            return _FirstCall(gm, options=options)
         return _fallback(gm, "the graph takes non-tensor inputs that are not sizes")
     return _FirstCall(gm, sizes, options)
 

@@ -61,6 +61,34 @@ class FreeInts(unittest.TestCase):
         self.assertEqual(_dynamo.free_int_inputs(gm, [fake, sym_int("s0")]), [1])
 
 
+class SizesFixed(unittest.TestCase):
+    def test_a_symbol_fixed_to_a_number_compiles_static(self):
+        # dynamo's automatic dynamic shapes (torch.compile's default mode) can give a dim a symbol that its
+        # shape environment later replaces by a number: the graph has no symbolic size left, so it is
+        # compiled for the static sizes, not left to PyTorch ("non-tensor inputs that are not sizes").
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        x.meta["example_value"] = _WithShape(torch.zeros(2, 3), (types.SimpleNamespace(node=types.SimpleNamespace(
+            expr=sympy.Integer(2))), 3))
+        g.output((g.call_function(torch.ops.aten.tanh.default, (g.call_function(torch.ops.aten.mul.Tensor, (x, x)),)),))
+        gm = torch.fx.GraphModule(torch.nn.Module(), g)
+        self.assertTrue(_dynamo._has_symbolic_dims(gm))
+        tessel.dynamo_fallbacks.clear()
+        tessel.dynamo_graphs.clear()
+        fn = _dynamo.tessel_backend(gm, [torch.zeros(2, 3)])
+        self.assertIsInstance(fn, _dynamo._FirstCall)
+        self.assertIsNone(fn.sizes)
+        a = torch.randn(2, 3)
+        torch.testing.assert_close(fn(a)[0], torch.tanh(a * a))
+        self.assertEqual(tessel.dynamo_fallbacks, [])
+        self.assertEqual(len(tessel.dynamo_graphs), 1)
+        self.assertIsNone(tessel.dynamo_graphs[0].dynamic)
+        b = torch.randn(4, 3)            # another shape: tessel's own guard compiles again, never a wrong size
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(fn(b)[0], torch.tanh(b * b))
+
+
 class _WithShape(torch.Tensor):
     """A tensor whose .shape reports symbolic sizes (what a fake tensor's example value shows dynamo)."""
 

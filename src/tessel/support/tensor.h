@@ -40,8 +40,7 @@ class Tensor {
   // buffer holding all of a model's weights. `data` must be aligned for the dtype.
   static Tensor adopt(DType dtype, Shape shape, std::shared_ptr<void> owner, uint8_t* data);
   // Storage whose bytes are not initialised, for a caller that writes every byte before anything reads
-  // them (a result copied out of an arena): no zero-filling pass (nor, above the C library's mmap
-  // threshold, faulting in zeroed pages twice).
+  // them (a result copied out of an arena): no zero-filling pass over bytes that are overwritten anyway.
   static Tensor uninitialized(DType dtype, Shape shape);
 
   // Element access converting through double (floats) or int64 (ints, bool). Stores round
