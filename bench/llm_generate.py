@@ -218,8 +218,10 @@ def _compilations():
     return sum(g.stats.compiles for g in tessel.dynamo_graphs if hasattr(g, "stats"))
 
 
-def _tessel_default(model, eager_forward, prompts, want, p, new_tokens, cache, rounds):
-    """The tessel_default column: figures, compilations and fallbacks of torch.compile(backend="tessel")."""
+def _tessel_default(model, eager_forward, prompts, want, p, new_tokens, cache, rounds, device_profile=None, title="",
+                    device="cpu"):
+    """The tessel_default column: figures, compilations and fallbacks of torch.compile(backend="tessel");
+    with device_profile, its torch.profiler table too (titled `title`)."""
     tessel.dynamo_graphs.clear()
     tessel.dynamo_fallbacks.clear()
     torch._dynamo.reset()
@@ -242,6 +244,8 @@ def _tessel_default(model, eager_forward, prompts, want, p, new_tokens, cache, r
     _record(holder, "t", model, compiled, p, new_tokens, cache, rounds)
     col.update(holder["t"])
     col["compilations_while_timed"] = _compilations() - col["compilations"]
+    if device_profile:
+        _device_profile(model, compiled, p, new_tokens, cache, device_profile, title, device)
     return col
 
 
@@ -306,7 +310,8 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
             # torch.compile(backend="tessel") as a user writes it, without dynamic=True: dynamo's own automatic
             # dynamic shapes (a graph static first, symbolic in the dims a later call changed; sizes 0 and 1
             # specialised), as Inductor's default column is compiled: each mode against the same mode.
-            row["tessel_default"] = _tessel_default(model, eager_forward, prompts, want, p, new_tokens, cache, rounds)
+            row["tessel_default"] = _tessel_default(model, eager_forward, prompts, want, p, new_tokens, cache, rounds,
+                                                    device_profile, f"{name} tessel_default", device)
             model.forward = eager_forward
         for key, kwargs in peers:
             # Inductor as it comes first; where its generated C++ does not compile (torch 2.11's CPU code for

@@ -17,7 +17,8 @@
 #   staticstep: bench/static_cache_step.py (a static KV cache's decode step, written in place or copied);
 #   export: tessel.export of the transformers models (DF_HF) into export.tgz, for the CLI here;
 #   cpuprofile: torch.profiler's operator table of one generate() on the CPU (static cache, PROFILE_MODEL), for
-#     tessel, eager and Inductor's two modes (llm_cpu_ops.txt: where Inductor's decoded token goes beside tessel's);
+#     tessel, eager and Inductor's two modes (llm_cpu_ops.txt: where Inductor's decoded token goes beside tessel's;
+#     LLM_FLAGS=--tessel-default adds tessel's default mode);
 #   cudaprofile: the same cProfile of PROFILE_MODEL (default GPT-2) on CUDA with the static cache (llm_cuda_profile.txt), and
 #     torch.profiler's kernel table of one generate(), tessel's and eager's (llm_cuda_kernels.txt).
 # LLM_SIZE (tiny, the default: 128 wide, 2 layers; small: GPT-2 small's shape) for llm, static and cuda.
@@ -116,7 +117,7 @@ done
 }
 step cpuprofile && {
 timeout "${PROFILE_TIMEOUT:-200}" $PY bench/llm_generate.py --models "${PROFILE_MODEL:-gpt2}" --threads "${THREADS:-8}" --new-tokens "${NEW_TOKENS:-64}" \
-  --prompts "${PROMPTS:-1x32}" --rounds "${LLM_ROUNDS:-1}" --cache static --size "${LLM_SIZE:-tiny}" --device-profile "$OUT/llm_cpu_ops.txt" \
+  --prompts "${PROMPTS:-1x32}" --rounds "${LLM_ROUNDS:-1}" --cache static --size "${LLM_SIZE:-tiny}" ${LLM_FLAGS:-} --device-profile "$OUT/llm_cpu_ops.txt" \
   --json "$OUT/llm_cpu_profile.json" > "$OUT/cpuprofile.out" 2> "$OUT/cpuprofile.err"
 echo "llm_generate cpu profile rc=$?"
 cat "$OUT/cpuprofile.out"
