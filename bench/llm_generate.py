@@ -218,14 +218,14 @@ def _compilations():
     return sum(g.stats.compiles for g in tessel.dynamo_graphs if hasattr(g, "stats"))
 
 
-def _tessel_default(model, eager_forward, prompts, want, p, new_tokens, cache, rounds, device_profile=None, title="",
-                    device="cpu"):
-    """The tessel_default column: figures, compilations and fallbacks of torch.compile(backend="tessel");
-    with device_profile, its torch.profiler table too (titled `title`)."""
+def _tessel_column(model, eager_forward, prompts, want, new_tokens, cache, **compile_kwargs):
+    """torch.compile(backend="tessel", **compile_kwargs) over the model's forward, each prompt generated once
+    against eager's `want`: (the compiled forward, its figures -- first pass seconds, compilations per
+    generate(), tokens equal, logits' error, graphs, compilations, bindings, fallbacks, recompiles)."""
     tessel.dynamo_graphs.clear()
     tessel.dynamo_fallbacks.clear()
     torch._dynamo.reset()
-    compiled = torch.compile(eager_forward, backend="tessel")
+    compiled = torch.compile(eager_forward, backend="tessel", **compile_kwargs)
     model.forward = compiled
     got, per_generation = [], []
     t0 = time.perf_counter()
@@ -235,18 +235,14 @@ def _tessel_default(model, eager_forward, prompts, want, p, new_tokens, cache, r
         per_generation.append(_compilations() - before)
     first = time.perf_counter() - t0
     graphs = [g for g in tessel.dynamo_graphs if hasattr(g, "stats")]
-    col = dict(first_s=first, compilations_per_generation=per_generation,
-               tokens_equal=all(torch.equal(g[0], w[0]) for g, w in zip(got, want)),
-               max_rel_err_logits=max(_rel_err(g[1], w[1]) for g, w in zip(got, want)),
-               tessel_graphs=len(graphs), symbolic_graphs=sum(1 for g in graphs if g.dynamic is not None),
-               compilations=sum(g.stats.compiles for g in graphs), fallbacks=list(tessel.dynamo_fallbacks))
-    holder = {}
-    _record(holder, "t", model, compiled, p, new_tokens, cache, rounds)
-    col.update(holder["t"])
-    col["compilations_while_timed"] = _compilations() - col["compilations"]
-    if device_profile:
-        _device_profile(model, compiled, p, new_tokens, cache, device_profile, title, device)
-    return col
+    return compiled, dict(
+        first_s=first, compilations_per_generation=per_generation,
+        tokens_equal=all(torch.equal(g[0], w[0]) for g, w in zip(got, want)),
+        max_rel_err_logits=max(_rel_err(g[1], w[1]) for g, w in zip(got, want)),
+        tessel_graphs=len(graphs), compilations=sum(g.stats.compiles for g in graphs),
+        bindings=sum(g.stats.bindings for g in graphs), symbolic_graphs=sum(1 for g in graphs if g.dynamic is not None),
+        fallbacks=list(tessel.dynamo_fallbacks), recompiles=[r for g in graphs for r in g.stats.recompiles],
+        dynamic_fallbacks=[g.stats.dynamic_fallback for g in graphs if g.stats.dynamic_fallback])
 
 
 def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, device="cpu", size="tiny",
@@ -269,32 +265,15 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
         tessel.dynamo_graphs.clear()
         tessel.dynamo_fallbacks.clear()
         torch._dynamo.reset()
-        compiled = torch.compile(eager_forward, backend="tessel", dynamic=True)
-        model.forward = compiled
-        t0 = time.perf_counter()
-        got, per_generation = [], []
-        for p in prompts:
-            before = _compilations()
-            got.append(generate(model, p, new_tokens, cache))
-            per_generation.append(_compilations() - before)
-        row["tessel_first_s"] = time.perf_counter() - t0
-        row["compilations_per_generation"] = per_generation
-        row["tokens_equal"] = all(torch.equal(g[0], w[0]) for g, w in zip(got, want))
-        row["max_rel_err_logits"] = max(_rel_err(g[1], w[1]) for g, w in zip(got, want))
-        graphs = [g for g in tessel.dynamo_graphs if hasattr(g, "stats")]
-        row["tessel_graphs"] = len(graphs)
-        row["compilations"] = sum(g.stats.compiles for g in graphs)
-        row["bindings"] = sum(g.stats.bindings for g in graphs)
-        row["symbolic_graphs"] = sum(1 for g in graphs if g.dynamic is not None)
-        row["fallbacks"] = list(tessel.dynamo_fallbacks)
-        row["recompiles"] = [r for g in graphs for r in g.stats.recompiles]
-        row["dynamic_fallbacks"] = [g.stats.dynamic_fallback for g in graphs if g.stats.dynamic_fallback]
+        compiled, figures = _tessel_column(model, eager_forward, prompts, want, new_tokens, cache, dynamic=True)
+        row["tessel_first_s"] = figures.pop("first_s")
+        row.update(figures)
         p = prompts[-1]
         _record(row, "tessel", model, compiled, p, new_tokens, cache, rounds)
         # (compilations the timed rounds made: 0 when timing saw only what the first pass compiled)
-        row["compilations_while_timed"] = sum(g.stats.compiles for g in tessel.dynamo_graphs
-                                              if hasattr(g, "stats")) - row["compilations"]
+        row["compilations_while_timed"] = _compilations() - row["compilations"]
         # new sizes per decoded token: rebinds of one executable per compilation (instances where refused)
+        graphs = [g for g in tessel.dynamo_graphs if hasattr(g, "stats")]
         row["rebinds"] = sum(g.stats.rebinds for g in graphs)
         row["instances"] = sum(g.stats.instances for g in graphs)
         _record(row, "eager", ref, ref_forward, p, new_tokens, cache, rounds, autocast=ref_autocast)
@@ -310,8 +289,12 @@ def run_model(name, prompts, new_tokens, rounds, peers, cache, profile=None, dev
             # torch.compile(backend="tessel") as a user writes it, without dynamic=True: dynamo's own automatic
             # dynamic shapes (a graph static first, symbolic in the dims a later call changed; sizes 0 and 1
             # specialised), as Inductor's default column is compiled: each mode against the same mode.
-            row["tessel_default"] = _tessel_default(model, eager_forward, prompts, want, p, new_tokens, cache, rounds,
-                                                    device_profile, f"{name} tessel_default", device)
+            compiled, col = _tessel_column(model, eager_forward, prompts, want, new_tokens, cache)
+            col.update(_figures(*timed(model, compiled, p, new_tokens, cache, rounds)))
+            col["compilations_while_timed"] = _compilations() - col["compilations"]
+            if device_profile:
+                _device_profile(model, compiled, p, new_tokens, cache, device_profile, f"{name} tessel_default", device)
+            row["tessel_default"] = col
             model.forward = eager_forward
         for key, kwargs in peers:
             # Inductor as it comes first; where its generated C++ does not compile (torch 2.11's CPU code for

@@ -388,12 +388,6 @@ def _backend(gm, example_inputs, options):
     except Unsupported as e:
         return _fallback(gm, f"the graph takes non-tensor inputs tessel cannot compile symbolically: {e}")
     if sizes is None:
-        if all(isinstance(t, torch.Tensor) for t in example_inputs):
-            # Every dim is a number after all: dynamo marked a size dynamic and its shape environment has
-            # since fixed the symbol to a value (torch.compile's default mode, a dynamic KV cache's decode
-            # graph). Compiled for those static sizes; dynamo's guards hold them, and tessel's own guard
-            # compiles again on other shapes.
-            return _FirstCall(gm, options=options)
         return _fallback(gm, "the graph takes non-tensor inputs that are not sizes")
     return _FirstCall(gm, sizes, options)
 
@@ -539,12 +533,17 @@ class _FreeInts(_Folded):
 
 
 def _has_symbolic_dims(gm):
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            val = n.meta.get("example_value")
-            if isinstance(val, torch.Tensor) and not all(isinstance(s, int) for s in val.shape):
-                return True
-    return False
+    """Whether a placeholder's example value has a dim that is a symbol or an expression of symbols. A SymInt
+    dim whose expression is a number is static: dynamo's default mode can mark a size dynamic and its shape
+    environment then fix the symbol to a value (a dynamic KV cache's decode graph); such a graph compiles for
+    its static sizes -- dynamo's guards hold them, and tessel's own guard compiles again for other shapes."""
+    def symbolic(size):
+        if isinstance(size, int):
+            return False
+        expr = sympy_expr(size)
+        return expr is None or not expr.is_Integer
+    vals = (n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder")
+    return any(symbolic(s) for v in vals if isinstance(v, torch.Tensor) for s in v.shape)
 
 
 def register():

@@ -65,14 +65,15 @@ class SizesFixed(unittest.TestCase):
     def test_a_symbol_fixed_to_a_number_compiles_static(self):
         # dynamo's automatic dynamic shapes (torch.compile's default mode) can give a dim a symbol that its
         # shape environment later replaces by a number: the graph has no symbolic size left, so it is
-        # compiled for the static sizes, not left to PyTorch ("non-tensor inputs that are not sizes").
+        # compiled for the static sizes, not left to PyTorch ("non-tensor inputs that are not sizes"). A dim
+        # that is still a symbol makes the graph symbolic.
         g = torch.fx.Graph()
         x = g.placeholder("x")
         x.meta["example_value"] = _WithShape(torch.zeros(2, 3), (types.SimpleNamespace(node=types.SimpleNamespace(
             expr=sympy.Integer(2))), 3))
         g.output((g.call_function(torch.ops.aten.tanh.default, (g.call_function(torch.ops.aten.mul.Tensor, (x, x)),)),))
         gm = torch.fx.GraphModule(torch.nn.Module(), g)
-        self.assertTrue(_dynamo._has_symbolic_dims(gm))
+        self.assertFalse(_dynamo._has_symbolic_dims(gm))
         tessel.dynamo_fallbacks.clear()
         tessel.dynamo_graphs.clear()
         fn = _dynamo.tessel_backend(gm, [torch.zeros(2, 3)])
@@ -83,6 +84,8 @@ class SizesFixed(unittest.TestCase):
         self.assertEqual(tessel.dynamo_fallbacks, [])
         self.assertEqual(len(tessel.dynamo_graphs), 1)
         self.assertIsNone(tessel.dynamo_graphs[0].dynamic)
+        x.meta["example_value"] = _WithShape(torch.zeros(2, 3), (sym_int("s0"), 3))
+        self.assertTrue(_dynamo._has_symbolic_dims(gm))
         b = torch.randn(4, 3)            # another shape: tessel's own guard compiles again, never a wrong size
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
