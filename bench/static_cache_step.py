@@ -7,7 +7,9 @@ of the positions written. Every decode step has the same shapes, so tessel.compi
 steps: eager, tessel with the new caches written over the caller's caches (output_aliases: the scatter
 writes its one position in place), and tessel with TESSEL_OUTPUT_ALIASES=0 (the executable computes each
 new cache in its own memory and the call copies it back, the way before). Tokens and final caches are
-checked against eager.
+checked against eager. `--arch llama` decodes a Llama-style model instead (LlamaDecoder: RMSNorm, rotary
+embedding from inv_freq @ positions, grouped-query attention through repeat_kv's expand + reshape, SiLU-gated
+MLP, no biases; --kv-heads).
 
     /usr/bin/python3 bench/static_cache_step.py --cache-len 384 1024 --tokens 64 --pairs 4 --threads 2 --json out.json
 """
@@ -54,6 +56,80 @@ class Decoder(decode_step.Decoder):
         return self.head(self.ln(x))
 
 
+class LlamaBlock(nn.Module):
+    """A Llama decoder layer as transformers 5 computes it on the CPU without SDPA: RMSNorm, q/k/v
+    projections without bias, the rotary embedding (rotate_half through torch.cat), the step's keys and
+    values written into the static caches at `pos`, each key/value head repeated for its query heads
+    (repeat_kv: expand, then reshape), scaled softmax attention, a SiLU-gated MLP."""
+
+    def __init__(self, d, heads, kv_heads, mlp):
+        super().__init__()
+        self.h, self.kv, self.dh = heads, kv_heads, d // heads
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, kv_heads * self.dh, bias=False)
+        self.v = nn.Linear(d, kv_heads * self.dh, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.gate = nn.Linear(d, mlp, bias=False)
+        self.up = nn.Linear(d, mlp, bias=False)
+        self.down = nn.Linear(mlp, d, bias=False)
+        self.n1 = nn.Parameter(1 + 0.1 * torch.randn(d))
+        self.n2 = nn.Parameter(1 + 0.1 * torch.randn(d))
+
+    @staticmethod
+    def rms(x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    @staticmethod
+    def rotate_half(x):
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), -1)
+
+    def repeat_kv(self, x):
+        b, kv, length, dh = x.shape
+        n = self.h // kv
+        return x[:, :, None].expand(b, kv, n, length, dh).reshape(b, kv * n, length, dh)
+
+    def forward(self, x, kc, vc, pos, mask, cos, sin):
+        b, t, d = x.shape
+        h = self.rms(x, self.n1)
+        q = self.q(h).view(b, t, self.h, self.dh).transpose(1, 2)
+        k = self.k(h).view(b, t, self.kv, self.dh).transpose(1, 2)
+        v = self.v(h).view(b, t, self.kv, self.dh).transpose(1, 2)
+        q = q * cos + self.rotate_half(q) * sin
+        k = k * cos + self.rotate_half(k) * sin
+        kc.index_copy_(2, pos, k)
+        vc.index_copy_(2, pos, v)
+        a = ((q @ self.repeat_kv(kc).transpose(2, 3)) / math.sqrt(self.dh) + mask).softmax(-1) @ self.repeat_kv(vc)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        h = self.rms(x, self.n2)
+        return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class LlamaDecoder(nn.Module):
+    """LlamaBlocks over static caches (2 per layer, [1, kv_heads, length, d/heads]) written at `pos`; the
+    rotary angles computed as transformers' rotary embedding does (inv_freq @ positions)."""
+
+    def __init__(self, layers, d, heads, vocab, kv_heads=2, mlp=344):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(LlamaBlock(d, heads, kv_heads, mlp) for _ in range(layers))
+        self.norm = nn.Parameter(torch.ones(d))
+        self.head = nn.Linear(d, vocab, bias=False)
+        dh = d // heads
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, dh, 2).float() / dh)))
+
+    def forward(self, ids, pos, *cache):
+        length = cache[0].shape[2]
+        mask = torch.where(torch.arange(length)[None, :] <= pos[:, None], 0.0, float("-inf"))[None, None]
+        x = self.emb(ids)
+        f = (self.inv_freq[None, :, None].expand(1, -1, 1) @ pos[None, None, :].float()).transpose(1, 2)
+        e = torch.cat((f, f), -1)
+        cos, sin = e.cos()[:, None], e.sin()[:, None]
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, cache[2 * i], cache[2 * i + 1], pos, mask, cos, sin)
+        return self.head(LlamaBlock.rms(x, self.norm))
+
+
 def decode(fn, caches, start, tokens):
     """Greedy decoding of `tokens` steps written at positions start, start+1, ...; the tokens and the wall
     time per step."""
@@ -67,7 +143,7 @@ def decode(fn, caches, start, tokens):
 
 
 def one_length(model, a, length):
-    heads, dh = a.heads, a.dim // a.heads
+    heads, dh = (a.kv_heads if a.arch == "llama" else a.heads), a.dim // a.heads
 
     def caches():
         g = torch.Generator().manual_seed(length)
@@ -107,23 +183,28 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--arch", choices=("gpt", "llama"), default="gpt")
+    ap.add_argument("--kv-heads", type=int, default=2, help="--arch llama: key/value heads (grouped-query attention)")
     ap.add_argument("--json")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
-    model = Decoder(a.layers, a.dim, a.heads, a.vocab).eval()
+    if a.arch == "llama":
+        model = LlamaDecoder(a.layers, a.dim, a.heads, a.vocab, a.kv_heads).eval()
+    else:
+        model = Decoder(a.layers, a.dim, a.heads, a.vocab).eval()
     rows = []
     for length in a.cache_len:
         r = one_length(model, a, length)
         rows.append(r)
         m = r["ms_per_token"]
-        print(f"static cache of {length}, decoder {a.layers}x{a.dim}, {a.threads} threads: equal to eager "
+        print(f"static cache of {length}, {a.arch} decoder {a.layers}x{a.dim}, {a.threads} threads: equal to eager "
               f"{r['tokens_and_caches_equal']}; ms per token eager {m['eager']:.3f}, tessel {m['tessel']:.3f} "
               f"(in place: {r['alias_counts']['tessel']['outputs_in_place']} caches), tessel copying the caches "
               f"{m['tessel_copies']:.3f}; tessel/eager {r['tessel_over_eager']:.2f}, copies/eager {r['copies_over_eager']:.2f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(layers=a.layers, dim=a.dim, heads=a.heads, tokens=a.tokens, pairs=a.pairs, threads=a.threads,
+            json.dump(dict(arch=a.arch, kv_heads=a.kv_heads if a.arch == "llama" else a.heads, layers=a.layers, dim=a.dim, heads=a.heads, tokens=a.tokens, pairs=a.pairs, threads=a.threads,
                            torch=torch.__version__, rows=rows), f, indent=1)
 
 

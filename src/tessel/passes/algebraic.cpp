@@ -4,9 +4,12 @@
 // transpose, reshape to the same shape, a whole-tensor slice, select on a constant predicate),
 // elementwise math on broadcast scalars, which moves in front of the broadcast so fold-constants can
 // evaluate it on one element, and elementwise math on a reshaped product, which moves in front of the
-// reshape so fusion can put it in the product's kernel. The rules are a list run by the shared driver
+// reshape so fusion can put it in the product's kernel; products over one element become multiplies,
+// and a product whose operand repeats along its batch (grouped-query attention's repeat_kv) reads the
+// unrepeated operand with the repeated heads as rows. The rules are a list run by the shared driver
 // (rewrite.h): one forward walk, the first rule that fires on a node wins, and a rewrite edits the node
 // in place or replaces its result by an existing value.
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -485,6 +488,254 @@ bool sink_reshape(Rewriter& r, Node& n) {
   return true;
 }
 
+// ---- a product whose operand repeats along its batch (grouped-query attention) ----
+// Grouped-query attention repeats each key/value head for G query heads before the products
+// (transformers' repeat_kv, SDPA's enable_gqa, ONNX Attention with fewer kv heads): a broadcast to
+// [.., KV, G, T, D], reshaped to [.., KV·G, T, D], copied whole on every call (a decoded token copies
+// the whole cache G times). When the product's last batch dim holds G innermost, the G query heads of
+// one group read the same matrix, so they are rows of one product instead:
+//   dot_general(A[.., H, M, K], repeat(B)) = reshape(dot_general(reshape(A, [.., H/G, G·M, K]), B))
+// with B the repeated value taken from the broadcast's operand by the same reshapes and transposes,
+// G left out. Each output element is the same dot product of the same operands.
+
+// Where the repeated axis (size G) sits in a value: its dim, and the product of the sizes inside that
+// dim that vary faster than it.
+struct RepeatAt {
+  size_t dim = 0;
+  int64_t inner = 1;
+};
+
+// The repeat's place after a reshape from `in` to `out`; nullopt when it does not stay whole inside
+// one dim of `out`.
+std::optional<RepeatAt> repeat_after_reshape(const Shape& in, RepeatAt at, int64_t g, const Shape& out) {
+  int64_t stride = at.inner;  // its stride in the row-major order of the elements
+  for (size_t i = at.dim + 1; i < in.size(); ++i) stride *= in[i];
+  int64_t below = 1;  // the stride of out dim d
+  for (size_t d = out.size(); d-- > 0;) {
+    const int64_t above = below * out[d];
+    if (stride >= below && stride * g <= above) {
+      if (stride % below != 0 || above % (stride * g) != 0) return std::nullopt;
+      return RepeatAt{d, stride / below};
+    }
+    below = above;
+  }
+  return std::nullopt;
+}
+
+Shape without_repeat(Shape s, const RepeatAt& at, int64_t g) {
+  s[at.dim] /= g;
+  return s;
+}
+
+// The rhs of a product traced back to a broadcast that repeats it along one new axis: the broadcast's
+// operand, the repeat's size, the reshapes and transposes from the broadcast to the rhs (in order)
+// and where the repeat sits in each of their results.
+struct RepeatedOperand {
+  Value* source = nullptr;
+  Shape source_shape;  // the broadcast's shape with the repeated axis of size 1
+  int64_t g = 1;
+  std::vector<const Node*> chain;
+  std::vector<RepeatAt> at;  // per chain node, in its result
+  RepeatAt last;             // in the rhs
+};
+
+std::optional<RepeatedOperand> repeated_operand(const Value* rhs) {
+  std::vector<const Node*> chain;
+  const Value* v = rhs;
+  const Node* b = nullptr;
+  for (int hops = 0; hops < 8 && v->producer; ++hops) {
+    const Node* p = v->producer;
+    if (!shape_known(v->type.shape) || v->type.symbolic()) return std::nullopt;
+    if (is_core_op(*p, CoreOp::broadcast_in_dim)) {
+      b = p;
+      break;
+    }
+    if (!is_core_op(*p, CoreOp::reshape) && !is_core_op(*p, CoreOp::transpose)) return std::nullopt;
+    chain.push_back(p);
+    v = p->inputs[0];
+  }
+  if (!b || chain.empty()) return std::nullopt;
+  std::reverse(chain.begin(), chain.end());
+  const Shape& to = b->outputs[0]->type.shape;
+  const Shape& from = b->inputs[0]->type.shape;
+  if (!shape_known(to) || !shape_known(from) || b->inputs[0]->type.symbolic()) return std::nullopt;
+  const std::vector<int64_t> dims = b->attr_ints("dims");
+  // One axis repeated (new, or of size 1 in the operand), every other one the operand's own, in order.
+  std::optional<size_t> axis;
+  std::vector<bool> mapped(to.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const auto d = static_cast<size_t>(dims[i]);
+    if (d >= to.size() || (i > 0 && dims[i] <= dims[i - 1])) return std::nullopt;
+    mapped[d] = true;
+    if (from[i] == to[d]) continue;
+    if (from[i] != 1 || axis) return std::nullopt;
+    axis = d;
+  }
+  for (size_t d = 0; d < to.size(); ++d) {
+    if (mapped[d]) continue;
+    if (axis) return std::nullopt;
+    axis = d;
+  }
+  if (!axis || to[*axis] < 2) return std::nullopt;
+  RepeatedOperand r;
+  r.source = b->inputs[0];
+  r.g = to[*axis];
+  r.source_shape = to;
+  r.source_shape[*axis] = 1;
+  RepeatAt at{*axis, 1};
+  const Shape* shape = &to;
+  for (const Node* c : chain) {
+    const Shape& o = c->outputs[0]->type.shape;
+    if (is_core_op(*c, CoreOp::transpose)) {
+      const std::vector<int64_t> perm = c->attr_ints("perm");
+      auto it = std::find(perm.begin(), perm.end(), static_cast<int64_t>(at.dim));
+      if (it == perm.end()) return std::nullopt;
+      at.dim = static_cast<size_t>(it - perm.begin());
+    } else {
+      auto next = repeat_after_reshape(*shape, at, r.g, o);
+      if (!next) return std::nullopt;
+      at = *next;
+    }
+    r.at.push_back(at);
+    shape = &o;
+  }
+  r.chain = std::move(chain);
+  r.last = at;
+  return r;
+}
+
+// The product's batch dims are its operands' leading dims, the lhs is [batch.., M, K], and the rhs
+// repeats along the last batch dim with nothing inside it: the plan, else nullopt.
+std::optional<RepeatedOperand> grouped_product(const Node& n) {
+  const Value* lhs = in(n, 0);
+  const Value* rhs = in(n, 1);
+  const Shape& ls = lhs->type.shape;
+  const Shape& rs = rhs->type.shape;
+  if (!shape_known(ls) || !shape_known(rs) || ls.size() < 3 || rs.size() != ls.size()) return std::nullopt;
+  const size_t nb = ls.size() - 2;
+  std::vector<int64_t> batch(nb);
+  for (size_t i = 0; i < nb; ++i) batch[i] = static_cast<int64_t>(i);
+  const auto nb64 = static_cast<int64_t>(nb);
+  if (n.attr_ints("lhs_batch", {}) != batch || n.attr_ints("rhs_batch", {}) != batch) return std::nullopt;
+  if (n.attr_ints("lhs_contract", {}) != std::vector<int64_t>{nb64 + 1}) return std::nullopt;
+  const std::vector<int64_t> rc = n.attr_ints("rhs_contract", {});
+  if (rc != std::vector<int64_t>{nb64} && rc != std::vector<int64_t>{nb64 + 1}) return std::nullopt;
+  auto r = repeated_operand(rhs);
+  if (!r || r->last.dim != nb - 1 || r->last.inner != 1 || ls[nb - 1] % r->g != 0) return std::nullopt;
+  return r;
+}
+
+bool ungroup_product(Rewriter& r, Node& n) {
+  const auto plan = grouped_product(n);
+  if (!plan) return false;
+  const int64_t g = plan->g;
+  const size_t nb = in(n, 0)->type.shape.size() - 2;
+  // B: the broadcast's operand through the same reshapes and transposes without the repeat; a run of
+  // reshapes becomes one.
+  Value* b = plan->source;
+  Shape pending = plan->source_shape;  // the broadcast's shape, the repeat's axis of size 1
+  auto reshape_to_pending = [&] {
+    if (b->type.shape != pending)
+      b = emit(r, n, CoreOp::reshape, {b}, {{"shape", std::vector<int64_t>(pending)}}, ".ungrouped",
+               TensorType{b->type.dtype, pending});
+  };
+  for (size_t i = 0; i < plan->chain.size(); ++i) {
+    const Node& c = *plan->chain[i];
+    const Shape o = without_repeat(c.outputs[0]->type.shape, plan->at[i], g);
+    if (is_core_op(c, CoreOp::transpose)) {
+      reshape_to_pending();
+      b = emit(r, n, CoreOp::transpose, {b}, {{"perm", c.attr_ints("perm")}}, ".ungrouped", TensorType{b->type.dtype, o});
+    }
+    pending = o;
+  }
+  reshape_to_pending();
+  // A: the G heads of a group as G·M rows.
+  Value* a = in(n, 0);
+  Shape as = a->type.shape;
+  as[nb - 1] /= g;
+  as[nb] *= g;
+  a = emit(r, n, CoreOp::reshape, {a}, {{"shape", std::vector<int64_t>(as)}}, ".grouped", TensorType{a->type.dtype, as});
+  Value* o = out(n);
+  Shape ps = o->type.shape;
+  ps[nb - 1] /= g;
+  ps[nb] *= g;
+  auto prod = std::make_unique<Node>();
+  prod->op = n.op;
+  prod->name = n.name;
+  prod->inputs = {a, b};
+  prod->outputs = {r.graph().add_value(r.graph().unique_name(o->name + ".grouped"), TensorType{o->type.dtype, ps})};
+  prod->attrs = n.attrs;
+  Value* m = r.insert_before_visited(std::move(prod));
+  // The product node becomes the reshape back, so its output value (and name) stays where it is.
+  n.op = OpRegistry::get().find("reshape");
+  n.inputs = {m};
+  n.attrs = {{"shape", std::vector<int64_t>(o->type.shape)}};
+  return true;
+}
+
+// ---- a product over a contraction of size 1 ----
+// A dot_general whose contracted dims all have size 1 sums one product per element: it is the
+// elementwise product of its operands broadcast to the result (an outer product; transformers' rotary
+// embedding computes its angles as inv_freq[.., D/2, 1] @ positions[.., 1, T]), a loop fusion can join
+// instead of a library call. Up to the sign of a zero (0 + -0 is +0), as x+0.
+
+// The broadcast dims of a product's operand (its dims without the contracted ones, in order) into the
+// result [batch.., lhs free.., rhs free..]; nullopt unless they come out increasing (no transpose).
+std::optional<std::vector<int64_t>> operand_dims_in_result(size_t rank, const std::vector<int64_t>& batch,
+                                                           const std::vector<int64_t>& contract, size_t free_at) {
+  std::vector<int64_t> dims;
+  size_t free = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    const auto di = static_cast<int64_t>(d);
+    if (std::find(contract.begin(), contract.end(), di) != contract.end()) continue;
+    auto b = std::find(batch.begin(), batch.end(), di);
+    dims.push_back(b != batch.end() ? b - batch.begin() : static_cast<int64_t>(free_at + free++));
+  }
+  for (size_t i = 1; i < dims.size(); ++i)
+    if (dims[i] <= dims[i - 1]) return std::nullopt;
+  return dims;
+}
+
+bool contracts_size_one(const Node& n) {
+  const Value* l = in(n, 0);
+  const Value* r = in(n, 1);
+  const DType dt = out(n)->type.dtype;
+  if (l->type.dtype != dt || r->type.dtype != dt || !shape_known(l->type.shape) || !shape_known(r->type.shape)) return false;
+  const std::vector<int64_t> lc = n.attr_ints("lhs_contract", {});
+  if (lc.empty()) return false;
+  for (int64_t d : lc)
+    if (l->type.shape[static_cast<size_t>(d)] != 1) return false;
+  const size_t lfree = l->type.shape.size() - n.attr_ints("lhs_batch", {}).size() - lc.size();
+  return operand_dims_in_result(l->type.shape.size(), n.attr_ints("lhs_batch", {}), lc, n.attr_ints("lhs_batch", {}).size()) &&
+         operand_dims_in_result(r->type.shape.size(), n.attr_ints("rhs_batch", {}), n.attr_ints("rhs_contract", {}),
+                                n.attr_ints("rhs_batch", {}).size() + lfree);
+}
+
+bool product_to_multiply(Rewriter& r, Node& n) {
+  const Shape o = out(n)->type.shape;
+  const size_t nb = n.attr_ints("lhs_batch", {}).size();
+  const size_t lfree = in(n, 0)->type.shape.size() - nb - n.attr_ints("lhs_contract", {}).size();
+  std::vector<Value*> ins;
+  for (int side = 0; side < 2; ++side) {
+    Value* v = in(n, side);
+    const std::vector<int64_t> contract = n.attr_ints(side == 0 ? "lhs_contract" : "rhs_contract", {});
+    const std::vector<int64_t> dims = *operand_dims_in_result(v->type.shape.size(), n.attr_ints(side == 0 ? "lhs_batch" : "rhs_batch", {}),
+                                                              contract, side == 0 ? nb : nb + lfree);
+    Shape kept;
+    for (size_t d = 0; d < v->type.shape.size(); ++d)
+      if (std::find(contract.begin(), contract.end(), static_cast<int64_t>(d)) == contract.end()) kept.push_back(v->type.shape[d]);
+    if (kept != v->type.shape)
+      v = emit(r, n, CoreOp::reshape, {v}, {{"shape", std::vector<int64_t>(kept)}}, side == 0 ? ".lhs" : ".rhs",
+               TensorType{v->type.dtype, kept});
+    ins.push_back(emit(r, n, CoreOp::broadcast_in_dim, {v}, {{"shape", std::vector<int64_t>(o)}, {"dims", dims}},
+                       side == 0 ? ".lhs_b" : ".rhs_b", TensorType{v->type.dtype, o}));
+  }
+  n.op = OpRegistry::get().find("mul");
+  n.inputs = ins;
+  n.attrs = {};
+  return true;
+}
+
 // ---- the rule list: for each node the first rule (in this order) that fires ----
 
 const std::vector<RewriteRule>& algebraic_rules() {
@@ -528,6 +779,9 @@ const std::vector<RewriteRule>& algebraic_rules() {
        [](Rewriter& r, Node& n) { return r.replace(n, in(n, 0)); }},
       {"elementwise on broadcast scalars", {}, static_only(may_sink_broadcasts), sink_scalar_broadcasts},
       {"elementwise below a reshape", {}, static_only(nullptr), sink_reshape},
+      {"product over one element", {CoreOp::dot_general}, static_only(contracts_size_one), product_to_multiply},
+      {"product of a repeated operand", {CoreOp::dot_general},
+       static_only([](const Node& n) { return grouped_product(n).has_value(); }), ungroup_product},
   };
   return rules;
 }
