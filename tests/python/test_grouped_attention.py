@@ -3,12 +3,13 @@ operand"): a Llama-style decoder whose key/value heads are repeated for their qu
 repeat_kv: expand, then reshape) decodes the same tokens as eager over a static cache, and its compiled
 products read the unrepeated caches (no copy of the cache per query head); heads repeated the other way
 round (`repeat`, head h reading kv head h % KV), a prefill of several positions and other KV lengths
-stay equal to eager.
+stay equal to eager; through ONNX with symbolic lengths, one compilation serves three sizes.
 
     PYTHONPATH=build/python /usr/bin/python3 -m unittest tests.python.test_grouped_attention -v
 """
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.join(SOURCE_DIR, "bench"))
 from static_cache_step import LlamaDecoder  # noqa: E402
 
 torch.set_num_threads(2)
+TESSEL_BINARY = os.environ.get("TESSEL_BINARY", os.path.join(SOURCE_DIR, "build", "tessel"))
 
 
 def caches(layers, kv, length, dh, seed):
@@ -117,6 +119,37 @@ class GroupedAttentionTest(unittest.TestCase):
             for n in (5, 17, 64, 3, 1):
                 k, v = torch.randn(1, 2, n, 16, generator=g), torch.randn(1, 2, n, 16, generator=g)
                 self.assertLess((fn(q, k, v) - module(q, k, v)).abs().max().item(), 1e-5, f"KV length {n}")
+
+    @unittest.skipUnless(os.path.exists(TESSEL_BINARY), f"needs the tessel command ({TESSEL_BINARY}; set TESSEL_BINARY)")
+    def test_symbolic_lengths_through_onnx(self):
+        # ONNX dim_params for the queries (t) and the KV length (kv): one symbolic compilation, its products
+        # grouped over the unrepeated keys/values, each data set checked against torch's output.
+        from onnx import numpy_helper
+        module = GroupedAttention()
+        g = torch.Generator().manual_seed(7)
+        with tempfile.TemporaryDirectory() as d:
+            ex = (torch.randn(1, 4, 1, 16), torch.randn(1, 2, 7, 16), torch.randn(1, 2, 7, 16))
+            torch.onnx.export(module, ex, os.path.join(d, "model.onnx"), input_names=["q", "k", "v"], output_names=["y"],
+                              dynamic_axes={"q": {2: "t"}, "k": {2: "kv"}, "v": {2: "kv"}}, opset_version=17)
+            sets = []
+            for i, (t, n) in enumerate([(1, 5), (3, 17), (1, 64)]):
+                sets.append(os.path.join(d, f"test_data_set_{i}"))
+                os.makedirs(sets[-1])
+                ins = [torch.randn(1, 4, t, 16, generator=g), torch.randn(1, 2, n, 16, generator=g),
+                       torch.randn(1, 2, n, 16, generator=g)]
+                for j, (name, x) in enumerate(zip("qkv", ins)):
+                    with open(os.path.join(sets[-1], f"input_{j}.pb"), "wb") as f:
+                        f.write(numpy_helper.from_array(x.numpy(), name).SerializeToString())
+                with open(os.path.join(sets[-1], "output_0.pb"), "wb") as f:
+                    f.write(numpy_helper.from_array(module(*ins).numpy(), "y").SerializeToString())
+            run = subprocess.run([TESSEL_BINARY, "run", d, "--dynamic", "--backend", "compiled", "--threads", "2",
+                                  "--inputs", ",".join(sets), "--check"], capture_output=True, text=True, timeout=300)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            self.assertEqual(run.stdout.count("-> PASS"), 3, run.stdout)
+            self.assertIn("compilations: 1", run.stdout)
+            kernel = subprocess.run([TESSEL_BINARY, "compile", os.path.join(d, "model.onnx"), "--dynamic", "--emit", "kernel"],
+                                    capture_output=True, text=True, timeout=300)
+            self.assertIn("= reshape(%q) {shape = dims[1, 2, 2*t, 16]}", kernel.stdout)
 
 
 if __name__ == "__main__":

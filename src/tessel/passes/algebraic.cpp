@@ -499,44 +499,49 @@ bool sink_reshape(Rewriter& r, Node& n) {
 // G left out. Each output element is the same dot product of the same operands.
 
 // Where the repeated axis (size G) sits in a value: its dim, and the product of the sizes inside that
-// dim that vary faster than it.
+// dim that vary faster than it. Sizes may be symbolic (a KV cache's length); the dim holding the repeat
+// is then still a number.
 struct RepeatAt {
   size_t dim = 0;
-  int64_t inner = 1;
+  Dim inner = 1;
 };
 
-// The repeat's place after a reshape from `in` to `out`; nullopt when it does not stay whole inside
-// one dim of `out`.
-std::optional<RepeatAt> repeat_after_reshape(const Shape& in, RepeatAt at, int64_t g, const Shape& out) {
-  int64_t stride = at.inner;  // its stride in the row-major order of the elements
+// The repeat's place after a reshape from `in` to `out`; nullopt when it cannot be shown to stay whole
+// inside one dim of `out` for every value of the symbols.
+std::optional<RepeatAt> repeat_after_reshape(const Dims& in, const RepeatAt& at, int64_t g, const Dims& out) {
+  Dim stride = at.inner;  // its stride in the row-major order of the elements
   for (size_t i = at.dim + 1; i < in.size(); ++i) stride *= in[i];
-  int64_t below = 1;  // the stride of out dim d
+  Dim below = 1;  // the stride of out dim d
   for (size_t d = out.size(); d-- > 0;) {
-    const int64_t above = below * out[d];
-    if (stride >= below && stride * g <= above) {
-      if (stride % below != 0 || above % (stride * g) != 0) return std::nullopt;
-      return RepeatAt{d, stride / below};
+    const Dim above = below * out[d];
+    if (provably_ge(stride, below) && provably_ge(above, stride * g)) {
+      auto inner = exact_div(stride, below);
+      if (!inner || !exact_div(above, stride * g)) return std::nullopt;
+      return RepeatAt{d, *inner};
     }
     below = above;
   }
   return std::nullopt;
 }
 
-Shape without_repeat(Shape s, const RepeatAt& at, int64_t g) {
-  s[at.dim] /= g;
-  return s;
+// The dims without the repeat (its dim divided by G); nullopt when that dim is not a multiple of G.
+std::optional<Dims> without_repeat(Dims d, const RepeatAt& at, int64_t g) {
+  auto q = exact_div(d[at.dim], Dim(g));
+  if (!q) return std::nullopt;
+  d[at.dim] = *q;
+  return d;
 }
 
 // The rhs of a product traced back to a broadcast that repeats it along one new axis: the broadcast's
 // operand, the repeat's size, the reshapes and transposes from the broadcast to the rhs (in order)
-// and where the repeat sits in each of their results.
+// and the dims of each of their results without the repeat.
 struct RepeatedOperand {
   Value* source = nullptr;
-  Shape source_shape;  // the broadcast's shape with the repeated axis of size 1
+  Dims source_dims;  // the broadcast's dims with the repeated axis of size 1
   int64_t g = 1;
   std::vector<const Node*> chain;
-  std::vector<RepeatAt> at;  // per chain node, in its result
-  RepeatAt last;             // in the rhs
+  std::vector<Dims> unrepeated;  // per chain node, its result's dims without the repeat
+  RepeatAt last;                 // in the rhs
 };
 
 std::optional<RepeatedOperand> repeated_operand(const Value* rhs) {
@@ -545,7 +550,7 @@ std::optional<RepeatedOperand> repeated_operand(const Value* rhs) {
   const Node* b = nullptr;
   for (int hops = 0; hops < 8 && v->producer; ++hops) {
     const Node* p = v->producer;
-    if (!shape_known(v->type.shape) || v->type.symbolic()) return std::nullopt;
+    if (!v->type.dims_defined()) return std::nullopt;
     if (is_core_op(*p, CoreOp::broadcast_in_dim)) {
       b = p;
       break;
@@ -554,21 +559,22 @@ std::optional<RepeatedOperand> repeated_operand(const Value* rhs) {
     chain.push_back(p);
     v = p->inputs[0];
   }
-  if (!b || chain.empty()) return std::nullopt;
+  if (!b || chain.empty() || !b->inputs[0]->type.dims_defined()) return std::nullopt;
   std::reverse(chain.begin(), chain.end());
-  const Shape& to = b->outputs[0]->type.shape;
-  const Shape& from = b->inputs[0]->type.shape;
-  if (!shape_known(to) || !shape_known(from) || b->inputs[0]->type.symbolic()) return std::nullopt;
-  const std::vector<int64_t> dims = b->attr_ints("dims");
-  // One axis repeated (new, or of size 1 in the operand), every other one the operand's own, in order.
+  const Dims to = b->outputs[0]->type.dims();
+  const Dims from = b->inputs[0]->type.dims();
+  const std::vector<int64_t> dims = b->attr_ints("dims", {});
+  if (dims.size() != from.size()) return std::nullopt;
+  // One axis repeated (new, or of size 1 in the operand) by a number, every other one the operand's own,
+  // in order.
   std::optional<size_t> axis;
   std::vector<bool> mapped(to.size(), false);
   for (size_t i = 0; i < dims.size(); ++i) {
     const auto d = static_cast<size_t>(dims[i]);
-    if (d >= to.size() || (i > 0 && dims[i] <= dims[i - 1])) return std::nullopt;
+    if (dims[i] < 0 || d >= to.size() || (i > 0 && dims[i] <= dims[i - 1])) return std::nullopt;
     mapped[d] = true;
     if (from[i] == to[d]) continue;
-    if (from[i] != 1 || axis) return std::nullopt;
+    if (!(from[i] == 1) || axis) return std::nullopt;
     axis = d;
   }
   for (size_t d = 0; d < to.size(); ++d) {
@@ -576,28 +582,30 @@ std::optional<RepeatedOperand> repeated_operand(const Value* rhs) {
     if (axis) return std::nullopt;
     axis = d;
   }
-  if (!axis || to[*axis] < 2) return std::nullopt;
+  if (!axis || !to[*axis].is_static() || to[*axis].value() < 2) return std::nullopt;
   RepeatedOperand r;
   r.source = b->inputs[0];
-  r.g = to[*axis];
-  r.source_shape = to;
-  r.source_shape[*axis] = 1;
+  r.g = to[*axis].value();
+  r.source_dims = to;
+  r.source_dims[*axis] = 1;
   RepeatAt at{*axis, 1};
-  const Shape* shape = &to;
+  Dims shape = to;
   for (const Node* c : chain) {
-    const Shape& o = c->outputs[0]->type.shape;
+    const Dims o = c->outputs[0]->type.dims();
     if (is_core_op(*c, CoreOp::transpose)) {
       const std::vector<int64_t> perm = c->attr_ints("perm");
       auto it = std::find(perm.begin(), perm.end(), static_cast<int64_t>(at.dim));
       if (it == perm.end()) return std::nullopt;
       at.dim = static_cast<size_t>(it - perm.begin());
     } else {
-      auto next = repeat_after_reshape(*shape, at, r.g, o);
+      auto next = repeat_after_reshape(shape, at, r.g, o);
       if (!next) return std::nullopt;
       at = *next;
     }
-    r.at.push_back(at);
-    shape = &o;
+    auto u = without_repeat(o, at, r.g);
+    if (!u) return std::nullopt;
+    r.unrepeated.push_back(std::move(*u));
+    shape = o;
   }
   r.chain = std::move(chain);
   r.last = at;
@@ -609,9 +617,9 @@ std::optional<RepeatedOperand> repeated_operand(const Value* rhs) {
 std::optional<RepeatedOperand> grouped_product(const Node& n) {
   const Value* lhs = in(n, 0);
   const Value* rhs = in(n, 1);
-  const Shape& ls = lhs->type.shape;
-  const Shape& rs = rhs->type.shape;
-  if (!shape_known(ls) || !shape_known(rs) || ls.size() < 3 || rs.size() != ls.size()) return std::nullopt;
+  if (!lhs->type.dims_defined() || !rhs->type.dims_defined() || !out(n)->type.dims_defined()) return std::nullopt;
+  const Dims ls = lhs->type.dims();
+  if (ls.size() < 3 || rhs->type.shape.size() != ls.size()) return std::nullopt;
   const size_t nb = ls.size() - 2;
   std::vector<int64_t> batch(nb);
   for (size_t i = 0; i < nb; ++i) batch[i] = static_cast<int64_t>(i);
@@ -621,7 +629,7 @@ std::optional<RepeatedOperand> grouped_product(const Node& n) {
   const std::vector<int64_t> rc = n.attr_ints("rhs_contract", {});
   if (rc != std::vector<int64_t>{nb64} && rc != std::vector<int64_t>{nb64 + 1}) return std::nullopt;
   auto r = repeated_operand(rhs);
-  if (!r || r->last.dim != nb - 1 || r->last.inner != 1 || ls[nb - 1] % r->g != 0) return std::nullopt;
+  if (!r || r->last.dim != nb - 1 || !(r->last.inner == 1) || !exact_div(ls[nb - 1], Dim(r->g))) return std::nullopt;
   return r;
 }
 
@@ -630,46 +638,47 @@ bool ungroup_product(Rewriter& r, Node& n) {
   if (!plan) return false;
   const int64_t g = plan->g;
   const size_t nb = in(n, 0)->type.shape.size() - 2;
+  auto grouped = [&](Dims d) {  // [.., H, M, X] as [.., H/G, G·M, X]
+    d[nb - 1] = *exact_div(d[nb - 1], Dim(g));
+    d[nb] = d[nb] * g;
+    return d;
+  };
+  auto add = [&](CoreOp op, Value* x, std::map<std::string, Attr> attrs, const char* suffix, const Dims& d) {
+    return emit(r, n, op, {x}, std::move(attrs), suffix, TensorType::of(x->type.dtype, d));
+  };
   // B: the broadcast's operand through the same reshapes and transposes without the repeat; a run of
   // reshapes becomes one.
   Value* b = plan->source;
-  Shape pending = plan->source_shape;  // the broadcast's shape, the repeat's axis of size 1
+  Dims pending = plan->source_dims;  // the broadcast's dims, the repeat's axis of size 1
   auto reshape_to_pending = [&] {
-    if (b->type.shape != pending)
-      b = emit(r, n, CoreOp::reshape, {b}, {{"shape", std::vector<int64_t>(pending)}}, ".ungrouped",
-               TensorType{b->type.dtype, pending});
+    if (!(b->type.dims() == pending)) b = add(CoreOp::reshape, b, {{"shape", dims_attr(pending)}}, ".ungrouped", pending);
   };
   for (size_t i = 0; i < plan->chain.size(); ++i) {
     const Node& c = *plan->chain[i];
-    const Shape o = without_repeat(c.outputs[0]->type.shape, plan->at[i], g);
     if (is_core_op(c, CoreOp::transpose)) {
       reshape_to_pending();
-      b = emit(r, n, CoreOp::transpose, {b}, {{"perm", c.attr_ints("perm")}}, ".ungrouped", TensorType{b->type.dtype, o});
+      b = add(CoreOp::transpose, b, {{"perm", c.attr_ints("perm")}}, ".ungrouped", plan->unrepeated[i]);
     }
-    pending = o;
+    pending = plan->unrepeated[i];
   }
   reshape_to_pending();
   // A: the G heads of a group as G·M rows.
   Value* a = in(n, 0);
-  Shape as = a->type.shape;
-  as[nb - 1] /= g;
-  as[nb] *= g;
-  a = emit(r, n, CoreOp::reshape, {a}, {{"shape", std::vector<int64_t>(as)}}, ".grouped", TensorType{a->type.dtype, as});
+  const Dims as = grouped(a->type.dims());
+  a = add(CoreOp::reshape, a, {{"shape", dims_attr(as)}}, ".grouped", as);
   Value* o = out(n);
-  Shape ps = o->type.shape;
-  ps[nb - 1] /= g;
-  ps[nb] *= g;
   auto prod = std::make_unique<Node>();
   prod->op = n.op;
   prod->name = n.name;
   prod->inputs = {a, b};
-  prod->outputs = {r.graph().add_value(r.graph().unique_name(o->name + ".grouped"), TensorType{o->type.dtype, ps})};
+  prod->outputs = {r.graph().add_value(r.graph().unique_name(o->name + ".grouped"),
+                                       TensorType::of(o->type.dtype, grouped(o->type.dims())))};
   prod->attrs = n.attrs;
   Value* m = r.insert_before_visited(std::move(prod));
   // The product node becomes the reshape back, so its output value (and name) stays where it is.
   n.op = OpRegistry::get().find("reshape");
   n.inputs = {m};
-  n.attrs = {{"shape", std::vector<int64_t>(o->type.shape)}};
+  n.attrs = {{"shape", dims_attr(o->type.dims())}};
   return true;
 }
 
@@ -780,8 +789,8 @@ const std::vector<RewriteRule>& algebraic_rules() {
       {"elementwise on broadcast scalars", {}, static_only(may_sink_broadcasts), sink_scalar_broadcasts},
       {"elementwise below a reshape", {}, static_only(nullptr), sink_reshape},
       {"product over one element", {CoreOp::dot_general}, static_only(contracts_size_one), product_to_multiply},
-      {"product of a repeated operand", {CoreOp::dot_general},
-       static_only([](const Node& n) { return grouped_product(n).has_value(); }), ungroup_product},
+      {"product of a repeated operand", {CoreOp::dot_general}, [](const Node& n) { return grouped_product(n).has_value(); },
+       ungroup_product},
   };
   return rules;
 }
