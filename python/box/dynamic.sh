@@ -21,8 +21,10 @@
 #     LLM_FLAGS=--tessel-default adds tessel's default mode);
 #   cudaprofile: the same cProfile of PROFILE_MODEL (default GPT-2) on CUDA with the static cache (llm_cuda_profile.txt), and
 #     torch.profiler's kernel table of one generate(), tessel's and eager's (llm_cuda_kernels.txt).
+#   stepprofile: TESSEL_PROFILE's table of tessel's own steps in generate() of PROFILE_MODEL on the CPU (static cache, both
+#     tessel modes, THREADS threads; llm_steps.txt: per step its median, library calls named with their oneDNN kernel).
 # LLM_SIZE (tiny, the default: 128 wide, 2 layers; small: GPT-2 small's shape) for llm, static and cuda.
-# STEPS (default dynamo,bench,tests,llm; static, dataflow, cuda, staticstep, export, profile, cpuprofile and cudaprofile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
+# STEPS (default dynamo,bench,tests,llm; static, dataflow, cuda, staticstep, export, profile, cpuprofile, cudaprofile and stepprofile when named) picks which run. Logs and JSON go to $OUT. From the checkout's root on the box:
 #   bash python/box/dynamic.sh          (carry .pybox, made here by `bash python/box/pack.sh build`)
 set -u
 OUT=${OUT:-/tmp/dynamic}
@@ -132,4 +134,14 @@ echo "llm_generate cuda profile rc=$?"
 cat "$OUT/cudaprofile.out"
 grep -v -i warn "$OUT/cudaprofile.err" | cut -c1-300 | tail -8
 grep -A14 "^====" "$OUT/llm_cuda_kernels.txt" | cut -c1-200
+}
+step stepprofile && {
+TESSEL_PROFILE=1 timeout "${PROFILE_TIMEOUT:-150}" $PY bench/llm_generate.py --models "${PROFILE_MODEL:-gpt2}" --threads "${THREADS:-8}" \
+  --new-tokens "${NEW_TOKENS:-32}" --prompts "${PROMPTS:-1x32}" --rounds 1 --cache static --size "${LLM_SIZE:-tiny}" --tessel-default \
+  --no-inductor > "$OUT/stepprofile.out" 2> /tmp/llm_steps_raw.txt
+echo "llm_generate step profile rc=$?"
+grep "decode tokens" "$OUT/stepprofile.out"
+$PY bench/profile_table.py --top 40 /tmp/llm_steps_raw.txt | cut -c1-200 > "$OUT/llm_steps.txt"
+head -45 "$OUT/llm_steps.txt"
+rm -f /tmp/llm_steps_raw.txt
 }
