@@ -6,8 +6,7 @@ one busy-loop process pinned to the last core, in one run.
 
 Three long-lived measuring processes per model (bench/paired.py's Server): tessel with its default
 threading (OpenMP regions, oneDNN's own threads), tessel with TESSEL_TEAM=1 (the thread team,
-docs/runtime/threads.md) and ONNX Runtime (onnxruntime-node, its own pool); with --compare-redo a
-fourth, the team with TESSEL_TEAM_REDO=0 (a stalled worker's matmul part waited for, as before). The run alternates phases,
+docs/runtime/threads.md) and ONNX Runtime (onnxruntime-node, its own pool). The run alternates phases,
 idle, busy, busy, idle, --rounds times (the busy loop started before a busy phase and killed after it), and in each
 phase hands the three systems --turns turns of --calls calls, rotating which goes first. Per system: the
 median call over the idle phases and over the busy ones, and busy / idle; tessel / ORT under load. The
@@ -41,9 +40,6 @@ def measure(model, a, node_modules):
         servers.append(Server("tessel", tessel_cmd, env=env_default))
         servers.append(Server("tessel_team", tessel_cmd, env=env_team))
         servers.append(ort_server(model, a.threads, node_modules))
-        if a.compare_redo:
-            # the team as before the redo of stalled matmul parts: a worker's part always waited for
-            servers.append(Server("tessel_team_wait", tessel_cmd, env=dict(env_team, TESSEL_TEAM_REDO="0")))
         times = {s.name: {"idle": [], "busy": []} for s in servers}
         core = (os.cpu_count() or 2) - 1
         for phase in ("idle", "busy", "busy", "idle") * a.rounds:
@@ -63,13 +59,11 @@ def measure(model, a, node_modules):
         for name, ph in times.items():
             idle, busy = statistics.median(ph["idle"]), statistics.median(ph["busy"])
             out[name] = {"idle_ms": idle, "busy_ms": busy, "busy_over_idle": busy / idle}
-        for name in [n for n in out if n.startswith("tessel")]:
+        for name in ("tessel", "tessel_team"):
             out[name]["over_ort_busy"] = out[name]["busy_ms"] / out["ort"]["busy_ms"]
             out[name]["over_ort_idle"] = out[name]["idle_ms"] / out["ort"]["idle_ms"]
         out["tessel"]["max_rel_err"] = servers[0].ready.get("max_rel_err")
         out["tessel_team"]["max_rel_err"] = servers[1].ready.get("max_rel_err")
-        if a.compare_redo:
-            out["tessel_team_wait"]["max_rel_err"] = servers[3].ready.get("max_rel_err")
         return out
     finally:
         for s in servers:
@@ -87,8 +81,6 @@ def main():
     ap.add_argument("--gap", type=float, default=0.2, help="seconds between turns (ORT's pool spins after a run)")
     ap.add_argument("--tessel", default=os.path.join(SOURCE, "build", "tessel"))
     ap.add_argument("--ort-dir", default=os.environ.get("TESSEL_ORT_DIR", "/tmp/ort"))
-    ap.add_argument("--compare-redo", action="store_true",
-                    help="also the team with TESSEL_TEAM_REDO=0 (a stalled worker's matmul part waited for, not redone)")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.turns < 1 or a.calls < 1 or a.rounds < 1:

@@ -7,7 +7,6 @@
 #include <omp.h>
 
 #include <atomic>
-#include <chrono>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -44,103 +43,6 @@ TEST(ThreadTeam, WorkersTakeChunks) {
   });
   EXPECT_EQ(started.load(), 2);
   EXPECT_GT(team.worker_chunks(), before);
-}
-
-// A redoable step (run_redoable): every chunk's result lands exactly once, from the caller's direct run
-// or a worker's commit, never both; a worker stopped in the middle of its chunk (here: sleeping in
-// aside) is taken over and its late result is dropped, and quiesce() returns once it has finished.
-struct RedoProbe {
-  std::vector<int> out;               // each chunk's value lands here
-  std::vector<std::atomic<int>> landed;  // how many times a chunk's value was written in place
-  std::vector<int> held;              // per worker: the value it computed aside
-  std::atomic<int> stall_chunk{-1};   // the chunk whose aside waits for `release` (a worker stopped mid-chunk)
-  std::atomic<bool> release{false}, stalled{false}, timed_out{false};
-  std::atomic<int> asides{0}, commits{0}, directs{0};
-  int work_us = 0;                    // how long each run of a chunk takes (so that workers get some)
-  static void work(int us) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
-    while (std::chrono::steady_clock::now() < until) {
-    }
-  }
-  explicit RedoProbe(int64_t chunks, int workers) : out(static_cast<size_t>(chunks), -1), landed(static_cast<size_t>(chunks)),
-                                                    held(static_cast<size_t>(workers), 0) {}
-  static int value(int64_t i) { return static_cast<int>(i) * 7 + 3; }
-  static void direct(void* ctx, int64_t i) {
-    auto& p = *static_cast<RedoProbe*>(ctx);
-    work(p.work_us);
-    p.out[static_cast<size_t>(i)] = value(i);
-    p.landed[static_cast<size_t>(i)].fetch_add(1);
-    p.directs.fetch_add(1);
-  }
-  static void aside(void* ctx, int64_t i, int w) {
-    auto& p = *static_cast<RedoProbe*>(ctx);
-    p.asides.fetch_add(1);
-    work(p.work_us);
-    if (p.stall_chunk.load() == i) {
-      p.stalled = true;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      while (!p.release.load() && !(p.timed_out = std::chrono::steady_clock::now() > until)) std::this_thread::yield();
-      p.held[static_cast<size_t>(w)] = -1000;  // a result that must never land
-      return;
-    }
-    p.held[static_cast<size_t>(w)] = value(i);
-  }
-  static void commit(void* ctx, int64_t i, int w) {
-    auto& p = *static_cast<RedoProbe*>(ctx);
-    p.out[static_cast<size_t>(i)] = p.held[static_cast<size_t>(w)];
-    p.landed[static_cast<size_t>(i)].fetch_add(1);
-    p.commits.fetch_add(1);
-  }
-};
-
-TEST(ThreadTeam, RedoableStepsLandEveryChunkOnce) {
-  for (int threads : {2, 4}) {
-    ThreadTeam& team = ThreadTeam::shared(threads);
-    std::mt19937 rng(threads);
-    int commits = 0;
-    for (int step = 0; step < 2000; ++step) {
-      const int64_t chunks = static_cast<int64_t>(rng() % 24);
-      RedoProbe p(chunks, threads - 1);
-      p.work_us = static_cast<int>(rng() % 3) * 5;
-      team.run_redoable(chunks, {RedoProbe::direct, RedoProbe::aside, RedoProbe::commit, &p});
-      team.quiesce();
-      for (int64_t i = 0; i < chunks; ++i) {
-        ASSERT_EQ(p.landed[static_cast<size_t>(i)].load(), 1) << threads << " threads, step " << step << ", chunk " << i;
-        ASSERT_EQ(p.out[static_cast<size_t>(i)], RedoProbe::value(i));
-      }
-      ASSERT_EQ(p.directs.load() + p.commits.load(), chunks);
-      commits += p.commits.load();
-    }
-    EXPECT_GT(commits, 0) << threads << " threads: no worker committed a chunk";
-  }
-}
-
-TEST(ThreadTeam, StalledWorkerIsTakenOverAndDropped) {
-  ThreadTeam& team = ThreadTeam::shared(2);
-  int stalled = 0;
-  for (int attempt = 0; attempt < 50 && stalled == 0; ++attempt) {
-    const int64_t chunks = 8;
-    RedoProbe p(chunks, 1);
-    p.work_us = 200;
-    // one chunk, if the worker claims it, waits in aside until released after the step has returned:
-    // a step that waited for it would only return when the wait times out (20 s)
-    const int64_t before = team.taken_over();
-    p.stall_chunk = static_cast<int>(attempt % chunks);
-    team.run_redoable(chunks, {RedoProbe::direct, RedoProbe::aside, RedoProbe::commit, &p});
-    const bool held = p.stalled.load();
-    p.release = true;
-    team.quiesce();
-    EXPECT_FALSE(p.timed_out.load()) << "the step waited for its stalled worker";
-    for (int64_t i = 0; i < chunks; ++i) {
-      ASSERT_EQ(p.landed[static_cast<size_t>(i)].load(), 1) << "chunk " << i;
-      ASSERT_EQ(p.out[static_cast<size_t>(i)], RedoProbe::value(i)) << "chunk " << i;
-    }
-    if (held) {
-      ++stalled;
-      EXPECT_GT(team.taken_over(), before);
-    }
-  }
-  EXPECT_GT(stalled, 0) << "the worker never claimed the stalling chunk in 50 steps";
 }
 
 TEST(ThreadTeam, ExceptionAfterEveryChunk) {

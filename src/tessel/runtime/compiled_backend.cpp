@@ -850,14 +850,6 @@ std::unique_ptr<CompiledExecutable> load_cpu(const std::string& dir, const std::
 const Graph& CompiledExecutable::graph() const { return sym_ ? *sym_->module.graph : exe_->graph(); }
 
 std::vector<Tensor> CompiledExecutable::run(const std::vector<Tensor>& inputs, GraphRunStats* stats) {
-  // A worker that lost a matmul part to the caller (ThreadTeam::run_redoable) may still be reading this
-  // call's operands: the call returns once none is.
-  struct Quiesce {
-    int threads;
-    ~Quiesce() {
-      if (threads > 1 && thread_team_enabled()) ThreadTeam::shared(threads).quiesce();
-    }
-  } quiesce{stats_.threads};
   if (sym_) {
     std::vector<Shape> shapes;
     shapes.reserve(inputs.size());

@@ -33,33 +33,12 @@ class ThreadTeam {
                const_cast<void*>(static_cast<const void*>(&body)));
   }
 
-  // A step whose chunks can be run twice without harm when one run writes aside: a worker runs chunk i
-  // with aside(ctx, i, w) into memory of its own (w: the worker's index, 0 .. size() - 2) and then
-  // commit(ctx, i, w) puts that result in place; the caller runs its chunks with direct(ctx, i). When a
-  // worker has held a chunk for longer than the caller's own chunks take (patience), the caller takes it
-  // over and runs it with direct() itself; the worker's result is then dropped, never committed. So a
-  // worker that the scheduler stopped in the middle of a chunk (a busy machine) does not hold up the
-  // step. `ctx` must stay valid until quiesce() returns: a worker that lost its chunk may still be
-  // running aside() after this returns. More than kMaxRedoChunks chunks run as run() does.
-  struct RedoStep {
-    void (*direct)(void* ctx, int64_t chunk) = nullptr;
-    void (*aside)(void* ctx, int64_t chunk, int worker) = nullptr;
-    void (*commit)(void* ctx, int64_t chunk, int worker) = nullptr;
-    void* ctx = nullptr;
-  };
-  static constexpr int64_t kMaxRedoChunks = 256;
-  void run_redoable(int64_t chunks, const RedoStep& step);
-  // Returns once no worker is running a chunk the caller took over (call before freeing what such a
-  // chunk reads: the end of an executable's call).
-  void quiesce();
-
   // Since the process started: steps where more than one thread took chunks, chunks the workers
   // took, and the seconds callers waited for chunks a worker had claimed (on a loaded machine, a
   // worker descheduled while it holds one).
   int64_t shared_steps() const;
   int64_t worker_chunks() const;
   double waited_seconds() const;
-  int64_t taken_over() const;  // chunks of redoable steps the caller took over from a worker
 
   ThreadTeam(const ThreadTeam&) = delete;
   ThreadTeam& operator=(const ThreadTeam&) = delete;

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
@@ -469,22 +468,6 @@ struct Matmul::Impl {
   PackedWeights prepacked;                   // from the descriptor, until the first build
   bool used_prepacked = false;
   std::vector<dnnl_exec_arg_t> args;
-  // A part's second set of memory objects and scratchpad: a worker runs the part with them into memory
-  // of its own while the caller may be running the same part in place (ThreadTeam::run_redoable).
-  struct Aside {
-    memory a, b, c, scratch;
-    std::vector<dnnl_exec_arg_t> args;
-  };
-  std::unique_ptr<Aside> aside;
-  // A team matmul whose parts can run aside (none copies an operand densely or runs as an inner
-  // product), and the operands of its current call, which the parts read (the step's context lives as
-  // long as the matmul, as run_redoable needs).
-  bool redo = false;
-  struct Call {
-    const float* a = nullptr;
-    const float* b = nullptr;
-    float* c = nullptr;
-  } call;
 
   // The inner product of gemv_wins: src [1, K], weights [N, K] row-major (`oi`), dst [1, N], the
   // matmul's bias and post-ops.
@@ -544,35 +527,6 @@ struct Matmul::Impl {
       scratch = memory(gemv ? ip_pd.scratchpad_desc() : pd.scratchpad_desc(), eng);
       args.push_back({DNNL_ARG_SCRATCHPAD, scratch.get()});
     }
-    aside.reset();
-    if (part && !gemv && !dense_a.on && !dense_b.on) {
-      aside = std::make_unique<Aside>();
-      aside->a = memory(src_md, eng, DNNL_MEMORY_NONE);
-      aside->c = memory(dst_md, eng, DNNL_MEMORY_NONE);
-      aside->b = pack ? b : memory(w_md, eng, DNNL_MEMORY_NONE);  // packed weights are only read: shared
-      aside->scratch = memory(pd.scratchpad_desc(), eng);
-      aside->args = {{DNNL_ARG_SRC, aside->a.get()}, {DNNL_ARG_WEIGHTS, aside->b.get()}, {DNNL_ARG_DST, aside->c.get()},
-                     {DNNL_ARG_SCRATCHPAD, aside->scratch.get()}};
-      if (!bias_data.empty()) aside->args.push_back({DNNL_ARG_BIAS, bias.get()});
-    }
-  }
-
-  // The elements of C a part writes, from its first: its [batch, M, N] block at C's strides (split()
-  // makes them explicit), and how many elements that spans.
-  int64_t c_span() const {
-    return (d.batch - 1) * d.c_batch + (d.M - 1) * d.c_m + (d.N - 1) * d.c_n + 1;
-  }
-  // Copies the part's block of C from `from` to `to` (both addressed as the part's C).
-  void copy_block(const float* from, float* to) const {
-    for (int64_t bb = 0; bb < d.batch; ++bb)
-      for (int64_t m = 0; m < d.M; ++m) {
-        const int64_t o = bb * d.c_batch + m * d.c_m;
-        if (d.c_n == 1) {
-          std::memcpy(to + o, from + o, static_cast<size_t>(d.N) * sizeof(float));
-        } else {
-          for (int64_t n = 0; n < d.N; ++n) to[o + n * d.c_n] = from[o + n * d.c_n];
-        }
-      }
   }
 
   // The parts of a team matmul: the batch when it has enough entries, else N (blocks of 16 columns,
@@ -606,51 +560,6 @@ struct Matmul::Impl {
       if (split_dim == 'm' && !parts.empty()) q.prepacked_b = parts.front().mm.packed_weights();
       parts.push_back(Part{Matmul(q, PartTag{}), ao, bo, co});
     }
-    redo = redo_enabled() && static_cast<int64_t>(parts.size()) <= ThreadTeam::kMaxRedoChunks &&
-           std::all_of(parts.begin(), parts.end(), [](const Part& p) { return p.mm.impl_->aside != nullptr; });
-  }
-
-  // TESSEL_TEAM_REDO=0 keeps a worker's stalled part waited for (the way before; bench/under_load.py
-  // measures both).
-  static bool redo_enabled() {
-    static const bool on = [] {
-      const char* v = std::getenv("TESSEL_TEAM_REDO");
-      return !(v && std::strcmp(v, "0") == 0);
-    }();
-    return on;
-  }
-
-  // ThreadTeam::RedoStep's three functions over the parts of the current call.
-  static void part_direct(void* ctx, int64_t i) {
-    const Impl& m = *static_cast<const Impl*>(ctx);
-    const Part& p = m.parts[static_cast<size_t>(i)];
-    p.mm.run(m.call.a + p.a, m.pack ? nullptr : m.call.b + p.b, m.call.c + p.c);
-  }
-  static std::vector<float>& aside_buffer() {
-    thread_local std::vector<float> buf;  // a worker's: its part's result until it is committed
-    return buf;
-  }
-  static void part_aside(void* ctx, int64_t i, int) {
-    const Impl& m = *static_cast<const Impl*>(ctx);
-    const Part& p = m.parts[static_cast<size_t>(i)];
-    const Impl& q = *p.mm.impl_;
-    std::vector<float>& buf = aside_buffer();
-    const auto span = static_cast<size_t>(q.c_span());
-    if (buf.size() < span) buf.resize(span);
-    if (q.d.epilogue.accumulate) q.copy_block(m.call.c + p.c, buf.data());  // the sum adds to C's values
-    bind(q.aside->a, m.call.a + p.a);
-    if (!q.pack) bind(q.aside->b, m.call.b + p.b);
-    bind(q.aside->c, buf.data());
-    dnnl::stream& strm = thread_stream();
-    dnnl::error::wrap_c_api(dnnl_primitive_execute(q.prim.get(), strm.get(), static_cast<int>(q.aside->args.size()),
-                                                   q.aside->args.data()),
-                            "could not execute");
-    strm.wait();
-  }
-  static void part_commit(void* ctx, int64_t i, int) {
-    const Impl& m = *static_cast<const Impl*>(ctx);
-    const Part& p = m.parts[static_cast<size_t>(i)];
-    p.mm.impl_->copy_block(aside_buffer().data(), m.call.c + p.c);
   }
 };
 
@@ -729,13 +638,6 @@ bool Matmul::supported(const MatmulDesc& desc) {
 void Matmul::run(const float* a, const float* b, float* c) const {
   Impl& m = *impl_;
   if (!a || !c || (!m.pack && !b)) fail("matmul {}: an operand pointer is null", m.name);
-  if (!m.parts.empty() && m.redo) {
-    // A part a worker was stopped in the middle of is run again by the caller (support/thread_team.h).
-    m.call = {a, b, c};
-    ThreadTeam::shared(m.d.team).run_redoable(static_cast<int64_t>(m.parts.size()),
-                                              {Impl::part_direct, Impl::part_aside, Impl::part_commit, &m});
-    return;
-  }
   if (!m.parts.empty()) {
     ThreadTeam::shared(m.d.team).run(static_cast<int64_t>(m.parts.size()), [&](int64_t i) {
       const Part& p = m.parts[static_cast<size_t>(i)];
