@@ -142,8 +142,13 @@ def decode(fn, caches, start, tokens):
     return torch.cat(got, 1), (time.perf_counter() - t0) / tokens
 
 
+def cache_heads(a):
+    """The heads a layer's cache holds: the key/value heads (fewer than the query heads for --arch llama)."""
+    return a.kv_heads if a.arch == "llama" else a.heads
+
+
 def one_length(model, a, length):
-    heads, dh = (a.kv_heads if a.arch == "llama" else a.heads), a.dim // a.heads
+    heads, dh = cache_heads(a), a.dim // a.heads
 
     def caches():
         g = torch.Generator().manual_seed(length)
@@ -204,7 +209,7 @@ def main():
               f"{m['tessel_copies']:.3f}; tessel/eager {r['tessel_over_eager']:.2f}, copies/eager {r['copies_over_eager']:.2f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(arch=a.arch, kv_heads=a.kv_heads if a.arch == "llama" else a.heads, layers=a.layers, dim=a.dim, heads=a.heads, tokens=a.tokens, pairs=a.pairs, threads=a.threads,
+            json.dump(dict(arch=a.arch, kv_heads=cache_heads(a), layers=a.layers, dim=a.dim, heads=a.heads, tokens=a.tokens, pairs=a.pairs, threads=a.threads,
                            torch=torch.__version__, rows=rows), f, indent=1)
 
 

@@ -287,24 +287,3 @@ TEST(Importer, RanksOverTheLimitAreRefused) {
   e = import_error(save(wide, "wide.onnx"));
   EXPECT_NE(e.find("value 'x' has 72 dims, over tessel's rank limit of 64"), std::string::npos) << e;
 }
-
-// Tensor::uninitialized (results copied out of the graph backend's arena): the shape and bytes asked
-// for, every element as written, copies sharing the storage, an empty tensor, and the same size checks
-// as a zero-filled tensor (a negative or overflowing shape is an error, not an allocation).
-TEST(Tensor, UninitializedHoldsWhatIsWritten) {
-  Tensor t = Tensor::uninitialized(DType::f32, {3, 5});
-  EXPECT_EQ(t.shape(), (Shape{3, 5}));
-  EXPECT_EQ(t.nbytes(), 60u);
-  float* p = reinterpret_cast<float*>(t.bytes());
-  for (int i = 0; i < 15; ++i) p[i] = static_cast<float>(i) * 0.5f - 2;
-  const std::vector<double> got = t.to_f64();
-  for (int i = 0; i < 15; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], i * 0.5 - 2);
-  const Tensor shared = t;
-  EXPECT_EQ(t.storage_use_count(), 2);
-  EXPECT_EQ(shared.bytes(), t.bytes());
-  const Tensor empty = Tensor::uninitialized(DType::i64, {0, 4});
-  EXPECT_EQ(empty.numel(), 0);
-  EXPECT_EQ(empty.nbytes(), 0u);
-  EXPECT_THROW(Tensor::uninitialized(DType::f32, {-1, 2}), Error);
-  EXPECT_THROW(Tensor::uninitialized(DType::f32, {int64_t{1} << 40, int64_t{1} << 40}), Error);
-}

@@ -10,6 +10,7 @@
 // (rewrite.h): one forward walk, the first rule that fires on a node wins, and a rewrite edits the node
 // in place or replaces its result by an existing value.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -613,7 +614,8 @@ std::optional<RepeatedOperand> repeated_operand(const Value* rhs) {
 }
 
 // The product's batch dims are its operands' leading dims, the lhs is [batch.., M, K], and the rhs
-// repeats along the last batch dim with nothing inside it: the plan, else nullopt.
+// repeats along the last batch dim with nothing inside it: the plan, else nullopt (the rule then leaves
+// the node as it is).
 std::optional<RepeatedOperand> grouped_product(const Node& n) {
   const Value* lhs = in(n, 0);
   const Value* rhs = in(n, 1);
@@ -705,38 +707,47 @@ std::optional<std::vector<int64_t>> operand_dims_in_result(size_t rank, const st
   return dims;
 }
 
-bool contracts_size_one(const Node& n) {
-  const Value* l = in(n, 0);
-  const Value* r = in(n, 1);
+// Each operand of a product over one element: its broadcast dims into the result and its dims without
+// the contracted ones; nullopt when the product is not one (or an operand's dims would be transposed).
+struct OneElementOperand {
+  std::vector<int64_t> dims;
+  Shape kept;
+};
+std::optional<std::array<OneElementOperand, 2>> one_element_product(const Node& n) {
   const DType dt = out(n)->type.dtype;
-  if (l->type.dtype != dt || r->type.dtype != dt || !shape_known(l->type.shape) || !shape_known(r->type.shape)) return false;
   const std::vector<int64_t> lc = n.attr_ints("lhs_contract", {});
-  if (lc.empty()) return false;
-  for (int64_t d : lc)
-    if (l->type.shape[static_cast<size_t>(d)] != 1) return false;
-  const size_t lfree = l->type.shape.size() - n.attr_ints("lhs_batch", {}).size() - lc.size();
-  return operand_dims_in_result(l->type.shape.size(), n.attr_ints("lhs_batch", {}), lc, n.attr_ints("lhs_batch", {}).size()) &&
-         operand_dims_in_result(r->type.shape.size(), n.attr_ints("rhs_batch", {}), n.attr_ints("rhs_contract", {}),
-                                n.attr_ints("rhs_batch", {}).size() + lfree);
+  if (lc.empty()) return std::nullopt;
+  std::array<OneElementOperand, 2> ops;
+  size_t free_at = n.attr_ints("lhs_batch", {}).size();
+  for (int side = 0; side < 2; ++side) {
+    const Shape& s = in(n, side)->type.shape;
+    if (in(n, side)->type.dtype != dt || !shape_known(s)) return std::nullopt;
+    const std::vector<int64_t> contract = n.attr_ints(side == 0 ? "lhs_contract" : "rhs_contract", {});
+    for (int64_t d : contract)
+      if (d < 0 || static_cast<size_t>(d) >= s.size() || s[static_cast<size_t>(d)] != 1) return std::nullopt;
+    auto dims = operand_dims_in_result(s.size(), n.attr_ints(side == 0 ? "lhs_batch" : "rhs_batch", {}), contract, free_at);
+    if (!dims) return std::nullopt;
+    OneElementOperand& o = ops[static_cast<size_t>(side)];
+    o.dims = std::move(*dims);
+    for (size_t d = 0; d < s.size(); ++d)
+      if (std::find(contract.begin(), contract.end(), static_cast<int64_t>(d)) == contract.end()) o.kept.push_back(s[d]);
+    free_at = o.dims.empty() ? free_at : static_cast<size_t>(o.dims.back()) + 1;  // the rhs's free dims follow the lhs's
+  }
+  return ops;
 }
 
 bool product_to_multiply(Rewriter& r, Node& n) {
+  const auto plan = one_element_product(n);
+  if (!plan) return false;
   const Shape o = out(n)->type.shape;
-  const size_t nb = n.attr_ints("lhs_batch", {}).size();
-  const size_t lfree = in(n, 0)->type.shape.size() - nb - n.attr_ints("lhs_contract", {}).size();
   std::vector<Value*> ins;
   for (int side = 0; side < 2; ++side) {
+    const OneElementOperand& op = (*plan)[static_cast<size_t>(side)];
     Value* v = in(n, side);
-    const std::vector<int64_t> contract = n.attr_ints(side == 0 ? "lhs_contract" : "rhs_contract", {});
-    const std::vector<int64_t> dims = *operand_dims_in_result(v->type.shape.size(), n.attr_ints(side == 0 ? "lhs_batch" : "rhs_batch", {}),
-                                                              contract, side == 0 ? nb : nb + lfree);
-    Shape kept;
-    for (size_t d = 0; d < v->type.shape.size(); ++d)
-      if (std::find(contract.begin(), contract.end(), static_cast<int64_t>(d)) == contract.end()) kept.push_back(v->type.shape[d]);
-    if (kept != v->type.shape)
-      v = emit(r, n, CoreOp::reshape, {v}, {{"shape", std::vector<int64_t>(kept)}}, side == 0 ? ".lhs" : ".rhs",
-               TensorType{v->type.dtype, kept});
-    ins.push_back(emit(r, n, CoreOp::broadcast_in_dim, {v}, {{"shape", std::vector<int64_t>(o)}, {"dims", dims}},
+    if (op.kept != v->type.shape)
+      v = emit(r, n, CoreOp::reshape, {v}, {{"shape", std::vector<int64_t>(op.kept)}}, side == 0 ? ".lhs" : ".rhs",
+               TensorType{v->type.dtype, op.kept});
+    ins.push_back(emit(r, n, CoreOp::broadcast_in_dim, {v}, {{"shape", std::vector<int64_t>(o)}, {"dims", op.dims}},
                        side == 0 ? ".lhs_b" : ".rhs_b", TensorType{v->type.dtype, o}));
   }
   n.op = OpRegistry::get().find("mul");
@@ -788,9 +799,8 @@ const std::vector<RewriteRule>& algebraic_rules() {
        [](Rewriter& r, Node& n) { return r.replace(n, in(n, 0)); }},
       {"elementwise on broadcast scalars", {}, static_only(may_sink_broadcasts), sink_scalar_broadcasts},
       {"elementwise below a reshape", {}, static_only(nullptr), sink_reshape},
-      {"product over one element", {CoreOp::dot_general}, static_only(contracts_size_one), product_to_multiply},
-      {"product of a repeated operand", {CoreOp::dot_general}, [](const Node& n) { return grouped_product(n).has_value(); },
-       ungroup_product},
+      {"product over one element", {CoreOp::dot_general}, static_only(nullptr), product_to_multiply},
+      {"product of a repeated operand", {CoreOp::dot_general}, nullptr, ungroup_product},
   };
   return rules;
 }
