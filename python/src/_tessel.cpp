@@ -714,6 +714,16 @@ class PyCudaExecutable {
   }
   py::list input_types() const { return types(exe_->input_types()); }
   py::list output_types() const { return types(exe_->output_types()); }
+  // A symbolic module (docs/dynamic-shapes.md): binds the next run's input shapes (its steps made for them
+  // when the binding is new) and returns that binding's output types, what the caller allocates.
+  py::list bind(const std::vector<std::vector<int64_t>>& shapes) {
+    {
+      py::gil_scoped_release nogil;
+      exe_->bind(shapes);
+    }
+    return output_types();
+  }
+  bool symbolic() const { return exe_->symbolic(); }
   py::dict stats() const {
     const CudaCompileStats& s = exe_->stats();
     py::dict d;
@@ -735,6 +745,9 @@ class PyCudaExecutable {
     d["arena_bytes"] = s.arena_bytes;
     d["weight_bytes"] = s.weight_bytes;
     d["uses_graph"] = exe_->uses_graph();
+    d["symbols"] = s.symbols;
+    d["rebinds"] = s.rebinds;
+    d["rebind_seconds"] = s.rebind_seconds;
     return d;
   }
   double replay_ms(int iters) {
@@ -983,6 +996,9 @@ PYBIND11_MODULE(_tessel, m) {
       .def("recapture_ms", &PyCudaExecutable::recapture_ms, py::arg("iters") = 5)
       .def_property_readonly("input_types", &PyCudaExecutable::input_types)
       .def_property_readonly("output_types", &PyCudaExecutable::output_types)
+      .def("bind", &PyCudaExecutable::bind, py::arg("shapes"),
+           "a model with size symbols: binds the next run's input shapes and returns that binding's output types")
+      .def_property_readonly("symbolic", &PyCudaExecutable::symbolic)
       .def_property_readonly("stats", &PyCudaExecutable::stats)
       .def_property_readonly("source", &PyCudaExecutable::source)
       .def_property_readonly("steps", &PyCudaExecutable::steps, "per step, as `tessel bench --target cuda` lists them: name, kind, how, bytes, flops, epilogue");

@@ -234,14 +234,10 @@ def _bump_version(t):
         t.add_(0)
 
 
-class _DynamicEntry(_Entry):
-    """One symbolic compilation (docs/python.md, "Dynamic shapes"): it serves every call whose tensors
-    have its ranks and dtypes, its static dims, sizes that bind its symbols within their facts, and
-    shapes that keep the trace's shape guards. admits() checks that in Python (a recompile's reason
-    when it fails); the compiled backend checks the binding again and raises GuardFailure."""
+class _SymbolicChecks:
+    """What a symbolic compilation checks of a call in Python (shared by the CPU and CUDA entries)."""
 
-    def __init__(self, captured, conv, exe, repairs, guard, aliased=()):
-        super().__init__(captured, conv, exe, repairs, guard, aliased=aliased)
+    def _init_symbolic(self, captured):
         sym = captured.symbolic
         self.symbolic = sym
         self.seen = set()         # the signatures (shapes) it ran
@@ -291,19 +287,30 @@ class _DynamicEntry(_Entry):
                 return g.describe(b)
         return None
 
-    def run(self, args):
-        try:
-            return super().run(args)
-        except _tessel.GuardFailure as e:
-            self.miss = _one_line(e)
-            return _MISS
-
     def describe(self):
         sym = self.symbolic
         return dict(symbols={n: s.facts() for n, s in sym.symbols.items()},
                     inputs={k: [str(d) for d in dims] for k, dims in self.checks},
                     guards=[g.as_dict() for g in sym.guards], specialised=list(sym.specialised),
                     shapes=len(self.seen))
+
+
+class _DynamicEntry(_SymbolicChecks, _Entry):
+    """One symbolic compilation (docs/python.md, "Dynamic shapes"): it serves every call whose tensors
+    have its ranks and dtypes, its static dims, sizes that bind its symbols within their facts, and
+    shapes that keep the trace's shape guards. admits() checks that in Python (a recompile's reason
+    when it fails); the compiled backend checks the binding again and raises GuardFailure."""
+
+    def __init__(self, captured, conv, exe, repairs, guard, aliased=()):
+        super().__init__(captured, conv, exe, repairs, guard, aliased=aliased)
+        self._init_symbolic(captured)
+
+    def run(self, args):
+        try:
+            return super().run(args)
+        except _tessel.GuardFailure as e:
+            self.miss = _one_line(e)
+            return _MISS
 
 
 class _CudaEntry(_Entry):
@@ -341,26 +348,58 @@ class _CudaEntry(_Entry):
                     raise _tessel.TesselError(f"input {f if f.__class__ is int else k} ({t.dtype} {list(t.shape)}) is on "
                                               f"{t.device}; this callable was compiled for tessel's CUDA target (cuda:0): "
                                               "pass CUDA tensors")
-            if t.dtype != self.in_dtypes[k] or tuple(t.shape) != self.in_types[k]:
+            if t.dtype != self.in_dtypes[k] or (self.in_types is not None and tuple(t.shape) != self.in_types[k]):
                 raise _tessel.TesselError(f"input {k} is {t.dtype} {list(t.shape)}, compiled for {self.in_dtypes[k]} "
-                                          f"{list(self.in_types[k])}")
+                                          f"{list(self.in_types[k] or ())}")
             if not t.is_contiguous():
                 t = t.contiguous()
             ins.append(t)
         dev = self.device
+        out_types = self._out_types(ins)
         into = {}
         for e, w in self.direct:
             dst = args[w] if w.__class__ is int else w.get(args)
-            d, s = self.out_types[e]
+            d, s = out_types[e]
             if dst.is_cuda and dst.device.index == 0 and dst.dtype == d and tuple(dst.shape) == s and dst.is_contiguous():
                 into[e] = dst
-        outs = [into.get(e) if e in into else torch.empty(s, dtype=d, device=dev) for e, (d, s) in enumerate(self.out_types)]
+        outs = [into.get(e) if e in into else torch.empty(s, dtype=d, device=dev) for e, (d, s) in enumerate(out_types)]
         self.exe.run([t.data_ptr() for t in ins], [o.data_ptr() for o in outs],
                      torch.cuda.current_stream(dev).cuda_stream)
         return outs
 
+    def _out_types(self, ins):
+        return self.out_types
+
     def run(self, args):
         return self._rebuild(args, self._call(args))
+
+
+class _DynamicCudaEntry(_SymbolicChecks, _CudaEntry):
+    """A symbolic compilation for the CUDA target (docs/dynamic-shapes.md): its CUDA code generated and
+    compiled once, every kernel taking the size symbols as parameters; a call whose input shapes are a
+    new binding makes that binding's steps (launch shapes, cuBLASLt plans, the arena) without compiling
+    again, and a binding's second call in a row is captured as its CUDA graph."""
+
+    def __init__(self, captured, conv, exe, repairs, guard, report):
+        super().__init__(captured, conv, exe, repairs, guard, report)
+        self._init_symbolic(captured)
+        self.in_types = None      # (the shapes come from the call; bind() checks them against the symbols' facts)
+        self._bound = None        # the input shapes the executable's steps are for
+
+    def _out_types(self, ins):
+        shapes = tuple(tuple(t.shape) for t in ins)
+        if shapes != self._bound:
+            self._bound = None
+            self.out_types = [(_TORCH_DTYPES[d], tuple(s)) for d, s in self.exe.bind([list(s) for s in shapes])]
+            self._bound = shapes
+        return self.out_types
+
+    def run(self, args):
+        try:
+            return super().run(args)
+        except _tessel.GuardFailure as e:
+            self.miss = _one_line(e)
+            return _MISS
 
 
 _TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
@@ -368,11 +407,13 @@ _TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float1
                  "bool": torch.bool}
 
 
-def _convert_whole(module, example_inputs, repair, caller, whole, hint, freeze_inputs=(), captured=None, call=None):
+def _convert_whole(module, example_inputs, repair, caller, whole, hint, freeze_inputs=(), captured=None, call=None,
+                   plan=None):
     """_convert for a consumer of whole graphs (the CUDA target, a model file): a graph break
     is a TesselError naming the first break, `whole` saying why none is allowed and `hint` what to do.
     Returns (captured, conv, repairs, frozen, report)."""
-    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, caller, freeze_inputs, captured, call)
+    captured, conv, repairs, frozen = _convert(module, example_inputs, repair, caller, freeze_inputs, captured, call,
+                                               plan)
     report = json.loads(conv.builder.explain())
     if report["breaks"]:
         b = report["breaks"][0]
@@ -522,9 +563,20 @@ def _build(module, example_inputs, target, backend, threads, repair, freeze_inpu
     return _Entry(captured, conv, exe, repairs, guard, aliased=aliased)
 
 
-def _build_dynamic(module, example_inputs, plan, backend, threads, freeze_inputs=(), call=None, captured=None):
+def _build_dynamic(module, example_inputs, plan, backend, threads, freeze_inputs=(), call=None, captured=None,
+                   target="cpu", precision="f32"):
     """A symbolic compilation (one for every shape its symbols cover), from a symbolic capture on the
     example call (or `captured`, one made before)."""
+    if target == "cuda":
+        captured, conv, repairs, frozen, report = _convert_whole(
+            module, example_inputs, False, "tessel.compile", "target 'cuda' compiles whole graphs",
+            "run it on target='cpu', or under torch.compile, where dynamo's graphs around the break compile separately",
+            freeze_inputs, captured, call, plan)
+        guard = _StateGuard(captured, frozen, module, conv.attr_constants)
+        exe = _tessel.CudaExecutable(conv.builder, precision)
+        if not exe.symbolic:      # (every symbol tied to a number by the graph: a static compilation)
+            return _CudaEntry(captured, conv, exe, repairs, guard, report)
+        return _DynamicCudaEntry(captured, conv, exe, repairs, guard, report)
     captured, conv, repairs, frozen = _convert(module, example_inputs, False, "tessel.compile", freeze_inputs,
                                                captured, call, plan)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
@@ -584,7 +636,7 @@ class CompiledModule:
         self._compile(sig, tensors)
 
     def _dynamic_refused(self):
-        if self.target != "cpu":
+        if self.target not in ("cpu", "cuda"):
             return f"target '{self.target}' compiles static shapes"
         if self.backend == "graph":
             return "the graph backend plans static shapes (backend 'compiled' or 'eager' take symbolic ones)"
@@ -618,7 +670,7 @@ class CompiledModule:
         refused = None
         if symbolic is not None:
             entry = _build_dynamic(self.module, args, None, self.backend, self.threads, self.freeze_inputs, call,
-                                   captured)
+                                   captured, self.target, self.precision)
         elif plan is not None:
             entry, refused = self._build_symbolic(args, plan, call)
         if entry is None:
@@ -659,7 +711,8 @@ class CompiledModule:
         static = []
         while True:
             try:
-                entry = _build_dynamic(self.module, args, plan, self.backend, self.threads, self.freeze_inputs, call)
+                entry = _build_dynamic(self.module, args, plan, self.backend, self.threads, self.freeze_inputs, call,
+                                       target=self.target, precision=self.precision)
             except _tessel.TesselError as e:       # DynamicUnsupported, a symbolic capture or compile failure
                 why = _one_line(e)
                 same = _needed_equal(why, plan, args)

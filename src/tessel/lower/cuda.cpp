@@ -43,6 +43,7 @@ size_t orient_matmul_transposes(Graph& g) {
       if (static_cast<int64_t>(perm.size()) != r || perm[static_cast<size_t>(r - 2)] < perm[static_cast<size_t>(r - 1)]) continue;
       std::swap(perm[static_cast<size_t>(r - 2)], perm[static_cast<size_t>(r - 1)]);
       std::swap(v->type.shape[static_cast<size_t>(r - 2)], v->type.shape[static_cast<size_t>(r - 1)]);
+      if (v->type.symbolic()) std::swap(v->type.sym[static_cast<size_t>(r - 2)], v->type.sym[static_cast<size_t>(r - 1)]);
       t->attrs["perm"] = perm;
       c[0] = c[0] == r - 1 ? r - 2 : r - 1;
       n.attrs[ck] = c;

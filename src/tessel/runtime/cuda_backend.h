@@ -81,6 +81,9 @@ struct CudaCompileStats {
   std::vector<std::string> host_ops;  // their ops
   uint64_t arena_bytes = 0, weight_bytes = 0;
   std::string pipeline_error;   // the core pipeline failed: the model runs undecomposed (all host steps)
+  std::vector<std::string> symbols;  // a symbolic module's size symbols (the kernel parameters S0, S1, ...)
+  int rebinds = 0;              // bindings its steps were made for
+  double rebind_seconds = 0;    // host time spent making them
 };
 
 class CudaExecutable {
@@ -104,6 +107,15 @@ class CudaExecutable {
   // waits on the device for the previous call (any stream) before it overwrites the buffers. A gather
   // index out of range is reported by the next call that finds the earlier one finished (or by run()).
   virtual void run_device(const std::vector<uint64_t>& inputs, const std::vector<uint64_t>& outputs, uint64_t stream) = 0;
+  // Size symbols (docs/dynamic-shapes.md): a module compiled with symbolic sizes generates its code once,
+  // every function taking the symbols' values as parameters; each new binding of the input shapes
+  // instantiates the module's steps for it (launch shapes, cuBLASLt plans, the arena; the CUDA graph from
+  // that binding's second call) without compiling again. bind() binds the shapes of a run_device call
+  // (run() and profile() bind their tensors' shapes themselves); input_types()/output_types() are then the
+  // binding's. A shape outside the symbols' facts is a one-line guard error. For a static module bind()
+  // checks the shapes are the compiled ones.
+  virtual void bind(const std::vector<Shape>& shapes) = 0;
+  virtual bool symbolic() const = 0;
   virtual const std::vector<TensorType>& input_types() const = 0;   // what run_device's inputs hold
   virtual const std::vector<TensorType>& output_types() const = 0;  // what run_device writes
   // For the decision above (docs/decisions.md): host milliseconds to capture the call again and update the

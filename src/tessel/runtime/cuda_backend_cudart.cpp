@@ -11,11 +11,13 @@
 #include <map>
 #include <numeric>
 
+#include "tessel/ir/bind.h"
 #include "tessel/ir/core_ops.h"
 #include "tessel/ir/infer.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/kernel/arena_plan.h"
 #include "tessel/runtime/core_kernels.h"
+#include "tessel/runtime/graph_backend.h"
 #include "tessel/runtime/cuda_backend.h"
 #include "tessel/support/error.h"
 #include "tessel/targets/cuda/libs.h"
@@ -109,6 +111,8 @@ class CudaExecutableImpl final : public CudaExecutable {
   double replay_ms(int iters) override;
   bool uses_graph() const override { return exec_ != nullptr; }
   void run_device(const std::vector<uint64_t>& inputs, const std::vector<uint64_t>& outputs, uint64_t stream) override;
+  void bind(const std::vector<Shape>& shapes) override;
+  bool symbolic() const override { return symbolic_; }
   const std::vector<TensorType>& input_types() const override { return in_types_; }
   const std::vector<TensorType>& output_types() const override { return out_types_; }
   double recapture_ms(int iters) override;
@@ -149,10 +153,20 @@ class CudaExecutableImpl final : public CudaExecutable {
 
  private:
   // build()'s parts, in the order it runs them
-  void load_kernels(const CudaBackendOptions& o);
+  void load_kernels(const KernelModule& m, const CudaBackendOptions& o);
   cudaKernel_t kernel_of(const std::string& sym);  // a kernel of the loaded library by its symbol
-  void place_values();
   void make_shared_buffers();
+  // One binding's part (the whole of it for a static module): every value's device memory, then one step
+  // per node of module_ (a symbolic module: rebind() instantiates module_ first).
+  void place_values();
+  void make_steps(const CudaBackendOptions& o);
+  void rebind(const std::vector<int64_t>& values);
+  // The node of the module the code was generated from (a symbolic module's) at position `ni`: what
+  // decides how a node runs, so that the decision is the generated source's for every binding.
+  const Node& generated_node(size_t ni) const { return symbolic_ ? *sym_module_.graph->nodes()[ni] : *module_.graph->nodes()[ni]; }
+  const Kernel& generated_kernel(size_t kid) const { return symbolic_ ? sym_module_.kernels.at(kid) : module_.kernels.at(kid); }
+  // The device copy of a constant (uploaded once; a symbolic module's bindings share their constants' storage).
+  void* constant_on_device(const Value* v);
   void attention_step(const Node& n, size_t ni, const cuda::AttentionMatch& a);
   void kernel_step(const Node& n, const CudaBackendOptions& o);
   void matmul_node_step(const Node& n, size_t ni, const MatmulSpec& spec);
@@ -196,7 +210,7 @@ class CudaExecutableImpl final : public CudaExecutable {
   std::vector<DType> vst_;                   // per value id: element type in memory (cuda::value_storage)
   std::vector<std::vector<uint16_t>> input_bf16_;  // per input stored as bf16: its converted copy
   std::vector<int> root_;
-  std::vector<DeviceBuffer> inputs_dev_, consts_dev_;
+  std::vector<DeviceBuffer> inputs_dev_;
   DeviceBuffer arena_, workspace_, flags_;
   DeviceBuffer col_;                         // the im2col matrix, shared by the convolutions run as matmuls (one stream)
   std::vector<const Node*> flag_node_;       // per gather flag: its node
@@ -222,6 +236,20 @@ class CudaExecutableImpl final : public CudaExecutable {
   bool use_graph_ = true;
   int calls_ = 0;
   int sms_ = 1;
+  // Size symbols (docs/dynamic-shapes.md): the module as generated (symbolic), the binder of a call's input
+  // shapes, and the binding the steps are built for, whose values every generated function takes as its
+  // last parameters (sym_values_; empty for a static module).
+  bool symbolic_ = false;
+  bool bound_ = false;
+  KernelModule sym_module_;
+  std::unique_ptr<SymbolBinder> binder_;
+  std::vector<DType> sym_vst_;               // value_storage of the symbolic module, by its value ids
+  std::vector<long long> sym_values_;
+  CudaBackendOptions opts_;
+  std::map<std::pair<const void*, DType>, DeviceBuffer> const_dev_;  // per constant's host bytes and storage type
+  std::vector<size_t> input_cap_;            // per input: the bytes its buffer holds
+  size_t arena_cap_ = 0;
+  size_t col_cap_ = 0;
 };
 
 CudaExecutableImpl::~CudaExecutableImpl() {
@@ -293,18 +321,18 @@ bool im2col_fits(const ConvSpec& c) { return cuda::conv_as_matmul(c) && cuda::im
 
 }  // namespace
 
-// The executable in order: the device and its stream, the generated kernels compiled and loaded, every
-// value's device memory, the buffers steps share, then one step per node (a fused attention, a kernel, a
-// matmul or a generated node on the device, else a host step).
+// The executable in order: the device and its stream, the generated kernels compiled and loaded, the
+// buffers steps share, then (for a static module here, for a symbolic one at each new binding, rebind)
+// every value's device memory and one step per node (a fused attention, a kernel, a matmul or a
+// generated node on the device, else a host step).
 void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, const CudaBackendOptions& o) {
   (void)ex;
-  module_ = std::move(m);
-  const Graph& g = *module_.graph;
+  opts_ = o;
+  symbolic_ = m.graph && !graph_symbols(*m.graph).empty();
   const cuda::DeviceInfo& di = cuda::device_info();
   sms_ = std::max(1, di.sms);
   stats_.device = di.name;
   stats_.precision = cuda::precision_name(o.precision);
-  vst_ = cuda::value_storage(g, module_.kernels, o.precision);
   use_graph_ = o.cuda_graph;
   const char* tm = std::getenv("TESSEL_CUDA_TIME_MATMULS");
   time_matmuls_ = tm && (std::string(tm) == "0" || std::string(tm) == "1") ? std::string(tm) == "1" : o.time_matmuls;
@@ -312,30 +340,73 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   cur_ = stream_;
   ck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+  if (symbolic_) {
+    sym_module_ = std::move(m);
+    const Graph& g = *sym_module_.graph;
+    binder_ = std::make_unique<SymbolBinder>(g);
+    stats_.symbols = binder_->symbols();
+    sym_vst_ = cuda::value_storage(g, sym_module_.kernels, o.precision);
+    for (const Value* v : g.inputs) in_types_.push_back(v->type);
+    for (const Value* v : g.outputs) out_types_.push_back(v->type);
+    load_kernels(sym_module_, o);
+    make_shared_buffers();
+    return;  // the steps are made for each binding (rebind)
+  }
+  module_ = std::move(m);
+  const Graph& g = *module_.graph;
+  vst_ = cuda::value_storage(g, module_.kernels, o.precision);
   for (const Value* v : g.inputs) in_types_.push_back(v->type);
   for (const Value* v : g.outputs) out_types_.push_back(v->type);
-  load_kernels(o);
-  place_values();
+  load_kernels(module_, o);
   make_shared_buffers();
+  place_values();
+  make_steps(o);
+}
+
+// The steps of module_ (one binding of a symbolic module): how each node runs is decided on the module the
+// code was generated from (generated_node), its sizes and pointers are module_'s.
+void CudaExecutableImpl::make_steps(const CudaBackendOptions& o) {
   const auto& nodes = module_.graph->nodes();
-  // Fused attention: its QK and softmax steps go, its PV step becomes the fused kernel.
+  // Fused attention: its QK and softmax steps go, its PV step becomes the fused kernel (not with size symbols:
+  // the source has no fused kernel then).
   std::map<size_t, cuda::AttentionMatch> attention_at;
   std::vector<bool> fused_away(nodes.size(), false);
-  for (const cuda::AttentionMatch& a : cuda::find_attention(module_, vst_)) {
-    stats_.attention.push_back(a.fused && !o.fuse_attention ? "attention not fused: turned off (CudaBackendOptions::fuse_attention; " + a.why + ")" : a.why);
-    if (!a.fused || !o.fuse_attention) continue;
-    attention_at[a.pv] = a;
-    fused_away[a.qk] = fused_away[a.softmax] = true;
-    stats_.fused_attention++;
+  if (!symbolic_) {
+    for (const cuda::AttentionMatch& a : cuda::find_attention(module_, vst_)) {
+      stats_.attention.push_back(a.fused && !o.fuse_attention ? "attention not fused: turned off (CudaBackendOptions::fuse_attention; " + a.why + ")" : a.why);
+      if (!a.fused || !o.fuse_attention) continue;
+      attention_at[a.pv] = a;
+      fused_away[a.qk] = fused_away[a.softmax] = true;
+      stats_.fused_attention++;
+    }
   }
+  // One im2col buffer for every convolution run as a matmul, as large as the largest (f32: 4 bytes an element);
+  // a convolution whose im2col matrix would pass kIm2colMaxBytes stays on the direct kernel.
+  int64_t col_elems = 0;
+  for (const Kernel& k : module_.kernels)
+    if (k.kind == KernelKind::conv && im2col_fits(k.conv)) col_elems = std::max(col_elems, cuda::im2col_elements(k.conv));
+  const size_t col_bytes = static_cast<size_t>(col_elems) * sizeof(float);
+  if (col_bytes > col_cap_) {
+    col_ = DeviceBuffer();
+    col_ = DeviceBuffer(col_bytes, "the im2col buffer");
+    col_cap_ = col_bytes;
+  }
+  stats_.im2col_bytes = col_bytes;
   for (size_t ni = 0; ni < nodes.size(); ++ni) {
     const Node& n = *nodes[ni];
+    const Node& gen = generated_node(ni);
     if (is_core_op(n, CoreOp::reshape) || fused_away[ni]) continue;  // an alias, or inside a fused attention
     if (const auto at = attention_at.find(ni); at != attention_at.end()) attention_step(n, ni, at->second);
     else if (is_kernel_node(n)) kernel_step(n, o);
-    else if (const std::optional<MatmulSpec> mm = cuda::device_matmul_spec(n)) matmul_node_step(n, ni, *mm);
-    else if (cuda::device_node_supported(n)) device_node_step(n, ni);
-    else host_step(n);
+    else if (cuda::device_matmul_spec(gen)) {
+      const std::optional<MatmulSpec> mm = cuda::device_matmul_spec(n);
+      if (!mm) fail("node '{}': the device matmul of its generated code does not take this binding", display_text(n.name));
+      matmul_node_step(n, ni, *mm);
+    } else if (cuda::device_node_supported(gen)) {
+      device_node_step(n, ni);
+    } else {
+      host_step(n);
+    }
   }
   for (size_t i = 0; i < steps_.size(); ++i)
     if (steps_[i].lt && !steps_[i].lt->choice.empty()) infos_[i].how += " (" + steps_[i].lt->choice + ")";
@@ -348,6 +419,82 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   if (stats_.host_steps) use_graph_ = false;
 }
 
+// A new binding of a symbolic module's sizes: module_ is the module instantiated for it, and its values and
+// steps are made again (constants stay on the device; the arena and input buffers grow when they must; the
+// CUDA graph of the previous binding goes, and the binding's second call captures its own).
+void CudaExecutableImpl::rebind(const std::vector<int64_t>& values) {
+  const std::vector<long long> v(values.begin(), values.end());
+  if (bound_ && v == sym_values_) return;
+  const auto t0 = Clock::now();
+  // The previous call may still run on the device with the steps' buffers and descriptors.
+  if (done_recorded_) ck(cudaEventSynchronize(done_), "waiting for the previous call");
+  check_deferred_flags(true);
+  if (exec_) cudaGraphExecDestroy(exec_), exec_ = nullptr;
+  if (graph_) cudaGraphDestroy(graph_), graph_ = nullptr;
+  steps_.clear();
+  infos_.clear();
+  bf16_copy_.clear();
+  flag_node_.clear();
+  out_consts_.clear();
+  input_bf16_.clear();
+  calls_ = 0;
+  bound_ = false;
+  use_graph_ = opts_.cuda_graph;
+  // the counts of one binding's steps (compile-time figures stay)
+  stats_.kernels = stats_.loop_kernels = stats_.matmul_kernels = stats_.conv_kernels = 0;
+  stats_.cublaslt_matmuls = stats_.direct_matmuls = stats_.im2col_convs = stats_.host_steps = 0;
+  stats_.host_ops.clear();
+  const Bindings b = binder_->bindings(values);
+  module_.graph = instantiate_graph(*sym_module_.graph, b);
+  module_.kernels = instantiate_kernels(sym_module_.kernels, b);
+  // value_storage as decided for the generated code: the bound graph's values by their symbolic twins
+  // (the same nodes in the same order; ids are renumbered)
+  const Graph& bg = *module_.graph;
+  const Graph& sg = *sym_module_.graph;
+  size_t nv = 0;
+  for (const auto& x : bg.values()) nv = std::max(nv, static_cast<size_t>(x->id) + 1);
+  vst_.assign(nv, DType::f32);
+  for (const auto& x : bg.values()) vst_[static_cast<size_t>(x->id)] = x->type.dtype;
+  auto twin = [&](const Value* bv, const Value* sv) {
+    if (bv && sv && static_cast<size_t>(sv->id) < sym_vst_.size()) vst_[static_cast<size_t>(bv->id)] = sym_vst_[static_cast<size_t>(sv->id)];
+  };
+  if (bg.nodes().size() != sg.nodes().size() || bg.inputs.size() != sg.inputs.size() || bg.outputs.size() != sg.outputs.size())
+    fail("the instantiated module differs from its symbolic one in its nodes");
+  for (size_t i = 0; i < bg.inputs.size(); ++i) twin(bg.inputs[i], sg.inputs[i]);
+  for (size_t ni = 0; ni < bg.nodes().size(); ++ni) {
+    const Node& bn = *bg.nodes()[ni];
+    const Node& sn = *sg.nodes()[ni];
+    if (bn.inputs.size() != sn.inputs.size() || bn.outputs.size() != sn.outputs.size()) fail("node '{}' differs from its symbolic twin", display_text(bn.name));
+    for (size_t k = 0; k < bn.inputs.size(); ++k) twin(bn.inputs[k], sn.inputs[k]);
+    for (size_t k = 0; k < bn.outputs.size(); ++k) twin(bn.outputs[k], sn.outputs[k]);
+  }
+  in_types_.clear();
+  out_types_.clear();
+  for (const Value* x : bg.inputs) in_types_.push_back(x->type);
+  for (const Value* x : bg.outputs) out_types_.push_back(x->type);
+  sym_values_ = v;
+  place_values();
+  make_steps(opts_);
+  bound_ = true;
+  stats_.rebinds++;
+  stats_.rebind_seconds += seconds_since(t0);
+}
+
+void CudaExecutableImpl::bind(const std::vector<Shape>& shapes) {
+  if (!symbolic_) {
+    if (shapes.size() != in_types_.size())
+      throw Error(Location{.pass = "guard"}, fmt::format("the model takes {} inputs but {} shapes were given", in_types_.size(), shapes.size()));
+    for (size_t i = 0; i < shapes.size(); ++i)
+      if (shapes[i] != in_types_[i].shape)
+        throw GuardFailure(Location{.pass = "guard"}, fmt::format("input '{}' must be {} (compiled for it) but got {}", display_text(module_.graph->inputs[i]->name),
+                                                           in_types_[i].str(), shape_str(shapes[i])));
+    return;
+  }
+  std::vector<int64_t> values;
+  if (std::string why = binder_->bind(shapes, values); !why.empty()) throw GuardFailure(Location{.pass = "guard"}, why);
+  rebind(values);
+}
+
 cudaKernel_t CudaExecutableImpl::kernel_of(const std::string& sym) {
   cudaKernel_t k = nullptr;
   ck(cudaLibraryGetKernel(&k, lib_, sym.c_str()), "cudaLibraryGetKernel");
@@ -355,9 +502,9 @@ cudaKernel_t CudaExecutableImpl::kernel_of(const std::string& sym) {
 }
 
 // Generated source -> NVRTC (or its cache) -> the loaded library.
-void CudaExecutableImpl::load_kernels(const CudaBackendOptions& o) {
+void CudaExecutableImpl::load_kernels(const KernelModule& m, const CudaBackendOptions& o) {
   auto tc = Clock::now();
-  source_ = cuda::generate_cuda(module_, o.model_name, o.precision, o.fuse_attention);
+  source_ = cuda::generate_cuda(m, o.model_name, o.precision, o.fuse_attention);
   stats_.codegen_seconds = seconds_since(tc);
   cuda::NvrtcOptions no;
   no.arch = cuda::device_arch();
@@ -384,32 +531,25 @@ void CudaExecutableImpl::place_values() {
   std::iota(root_.begin(), root_.end(), 0);
   std::vector<const Value*> value_of(nv, nullptr);
   for (const auto& v : g.values()) value_of[static_cast<size_t>(v->id)] = v.get();
-  for (const Value* v : g.inputs) {
+  inputs_dev_.resize(g.inputs.size());
+  input_cap_.resize(g.inputs.size(), 0);
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    const Value* v = g.inputs[i];
     if (!shape_known(v->type.shape)) throw Error(Location{.pass = "cuda"}, fmt::format("input '{}' has a dynamic shape {}", display_text(v->name), v->type.str()));
-    inputs_dev_.emplace_back(mem_bytes(v), "input buffer");
-    input_bf16_.emplace_back(mem(v) == DType::bf16 && v->type.dtype == DType::f32 ? static_cast<size_t>(shape_numel(v->type.shape)) : 0);
-    ptr_[static_cast<size_t>(v->id)] = inputs_dev_.back().p;
-  }
-  for (const auto& v : g.values()) {
-    if (!v->constant) continue;
-    bool used = false;
-    for (const auto& n : g.nodes())
-      for (const Value* in : n->inputs) used = used || in == v.get();
-    if (!used) continue;
-    if (mem(v.get()) == DType::bf16 && v->constant->dtype() == DType::f32) {
-      // weights stored as bf16 are converted once, here
-      std::vector<uint16_t> h(static_cast<size_t>(v->constant->numel()));
-      cuda::f32_to_bf16(v->constant->data<float>(), h.data(), v->constant->numel());
-      consts_dev_.emplace_back(h.size() * 2, "weights");
-      if (!h.empty()) ck(cudaMemcpy(consts_dev_.back().p, h.data(), h.size() * 2, cudaMemcpyHostToDevice), "uploading weights");
-      stats_.weight_bytes += h.size() * 2;
-    } else {
-      consts_dev_.emplace_back(v->constant->nbytes(), "weights");
-      if (v->constant->nbytes()) ck(cudaMemcpy(consts_dev_.back().p, v->constant->bytes(), v->constant->nbytes(), cudaMemcpyHostToDevice), "uploading weights");
-      stats_.weight_bytes += v->constant->nbytes();
+    if (mem_bytes(v) > input_cap_[i] || !inputs_dev_[i].p) {  // (a new binding's larger input: a larger buffer)
+      inputs_dev_[i] = DeviceBuffer();
+      inputs_dev_[i] = DeviceBuffer(mem_bytes(v), "input buffer");
+      input_cap_[i] = mem_bytes(v);
     }
-    ptr_[static_cast<size_t>(v->id)] = consts_dev_.back().p;
+    input_bf16_.emplace_back(mem(v) == DType::bf16 && v->type.dtype == DType::f32 ? static_cast<size_t>(shape_numel(v->type.shape)) : 0);
+    ptr_[static_cast<size_t>(v->id)] = inputs_dev_[i].p;
   }
+  std::vector<bool> used(nv, false);
+  for (const auto& n : g.nodes())
+    for (const Value* in : n->inputs)
+      if (in) used[static_cast<size_t>(in->id)] = true;
+  for (const auto& v : g.values())
+    if (v->constant && used[static_cast<size_t>(v->id)]) ptr_[static_cast<size_t>(v->id)] = constant_on_device(v.get());
   for (const Value* v : g.outputs) {
     out_consts_.emplace_back();
     if (!v->constant || !v->constant->nbytes()) continue;
@@ -441,14 +581,40 @@ void CudaExecutableImpl::place_values() {
     req_value.push_back(static_cast<int>(id));
   }
   const ArenaPlan plan = plan_arena(reqs, kArenaAlign);
-  arena_ = DeviceBuffer(plan.size, "the device arena");
+  if (plan.size > arena_cap_ || !arena_.p) {
+    // a symbolic module's later bindings reuse it while they fit; it grows with an eighth of room
+    const size_t cap = symbolic_ ? plan.size + plan.size / 8 : plan.size;
+    arena_ = DeviceBuffer();
+    arena_ = DeviceBuffer(cap, "the device arena");
+    arena_cap_ = cap;
+  }
   stats_.arena_bytes = plan.size;
   for (size_t r = 0; r < reqs.size(); ++r) ptr_[static_cast<size_t>(req_value[r])] = static_cast<uint8_t*>(arena_.p) + plan.offsets[r];
 }
 
-// What steps share: cuBLASLt's handle and workspace, the gathers' out-of-range flags, the im2col matrix.
+void* CudaExecutableImpl::constant_on_device(const Value* v) {
+  const DType st = mem(v);
+  auto [it, fresh] = const_dev_.try_emplace(std::make_pair(static_cast<const void*>(v->constant->bytes()), st));
+  if (!fresh) return it->second.p;
+  if (st == DType::bf16 && v->constant->dtype() == DType::f32) {
+    // weights stored as bf16 are converted once, here
+    std::vector<uint16_t> h(static_cast<size_t>(v->constant->numel()));
+    cuda::f32_to_bf16(v->constant->data<float>(), h.data(), v->constant->numel());
+    it->second = DeviceBuffer(h.size() * 2, "weights");
+    if (!h.empty()) ck(cudaMemcpy(it->second.p, h.data(), h.size() * 2, cudaMemcpyHostToDevice), "uploading weights");
+    stats_.weight_bytes += h.size() * 2;
+  } else {
+    it->second = DeviceBuffer(v->constant->nbytes(), "weights");
+    if (v->constant->nbytes()) ck(cudaMemcpy(it->second.p, v->constant->bytes(), v->constant->nbytes(), cudaMemcpyHostToDevice), "uploading weights");
+    stats_.weight_bytes += v->constant->nbytes();
+  }
+  return it->second.p;
+}
+
+// What steps share: cuBLASLt's handle and workspace, the gathers' out-of-range flags (decided on the
+// generated module's nodes, the same for every binding).
 void CudaExecutableImpl::make_shared_buffers() {
-  const auto& nodes = module_.graph->nodes();
+  const auto& nodes = (symbolic_ ? sym_module_ : module_).graph->nodes();
   ck(cuda::cublaslt().cublasLtCreate(&lt_), "cublasLtCreate");
   workspace_ = DeviceBuffer(kWorkspaceBytes, "the cuBLASLt workspace");
   int gathers = 0;
@@ -462,13 +628,6 @@ void CudaExecutableImpl::make_shared_buffers() {
     std::fill(flags_host_, flags_host_ + gathers, 0);
     ck(cudaEventCreateWithFlags(&flags_ev_, cudaEventDisableTiming), "cudaEventCreate");
   }
-  // One im2col buffer for every convolution run as a matmul, as large as the largest (f32: 4 bytes an element);
-  // a convolution whose im2col matrix would pass kIm2colMaxBytes stays on the direct kernel.
-  int64_t col_elems = 0;
-  for (const Kernel& k : module_.kernels)
-    if (k.kind == KernelKind::conv && im2col_fits(k.conv)) col_elems = std::max(col_elems, cuda::im2col_elements(k.conv));
-  col_ = DeviceBuffer(static_cast<size_t>(col_elems) * sizeof(float), "the im2col buffer");
-  stats_.im2col_bytes = static_cast<size_t>(col_elems) * sizeof(float);
 }
 
 // A fused attention (targets/cuda/attention.h): the PV node becomes the flash kernel reading Q, K, V (and the mask).
@@ -526,7 +685,7 @@ void CudaExecutableImpl::kernel_step(const Node& n, const CudaBackendOptions& o)
   if (o.precision == cuda::Precision::f32) info.bytes = k.bytes_fused;
   if (cuda::has_generated_function(k)) {
     s.fn = kernel_of(cuda::kernel_symbol(s.kid));
-    s.shape = cuda::launch_shape(k, sms_, s.arg_mem);
+    s.shape = cuda::launch_shape(generated_kernel(s.kid), k, sms_, s.arg_mem);
   }
   const std::string epi = s.fn ? fmt::format(" + generated epilogue") : "";
   if (k.kind == KernelKind::matmul) {
@@ -814,8 +973,10 @@ void CudaExecutableImpl::enqueue_converts(const Step& s) {
 }
 
 void CudaExecutableImpl::launch(cudaKernel_t f, const cuda::LaunchShape& sh, std::vector<void*>& ptrs) {
-  std::vector<void*> params(ptrs.size());
+  // the pointers, then the binding's size symbols (every generated function of a symbolic module takes them last)
+  std::vector<void*> params(ptrs.size() + sym_values_.size());
   for (size_t i = 0; i < ptrs.size(); ++i) params[i] = &ptrs[i];
+  for (size_t j = 0; j < sym_values_.size(); ++j) params[ptrs.size() + j] = &sym_values_[j];
   ck(cudaLaunchKernel(reinterpret_cast<const void*>(f), dim3(static_cast<unsigned>(sh.blocks)), dim3(static_cast<unsigned>(sh.threads)),
                       params.data(), 0, cur_),
      "launching a generated kernel");
@@ -1077,6 +1238,11 @@ void CudaExecutableImpl::capture_graph() {
 }
 
 std::vector<Tensor> CudaExecutableImpl::run(const std::vector<Tensor>& inputs) {
+  if (symbolic_) {
+    std::vector<Shape> shapes;
+    for (const Tensor& t : inputs) shapes.push_back(t.shape());
+    bind(shapes);
+  }
   check_deferred_flags(true);
   if (done_recorded_) ck(cudaStreamWaitEvent(stream_, done_, 0), "waiting for the previous call");
   cur_ = stream_;
@@ -1140,6 +1306,8 @@ void CudaExecutableImpl::load_convert() {
 }
 
 void CudaExecutableImpl::run_device(const std::vector<uint64_t>& inputs, const std::vector<uint64_t>& outputs, uint64_t stream) {
+  if (symbolic_ && !bound_)
+    throw Error(Location{.pass = "run"}, "the model has size symbols: bind() the call's input shapes before run_device (its output_types are then that binding's)");
   const Graph& g = *module_.graph;
   if (inputs.size() != g.inputs.size())
     throw Error(Location{.pass = "run"}, fmt::format("the model takes {} inputs but {} device pointers were given", g.inputs.size(), inputs.size()));
@@ -1213,6 +1381,7 @@ double CudaExecutableImpl::recapture_ms(int iters) {
 }
 
 double CudaExecutableImpl::replay_ms(int iters) {
+  if (symbolic_ && !bound_) throw Error(Location{.pass = "run"}, "the model has size symbols and no call has bound them yet");
   cudaEvent_t a = nullptr, b = nullptr;
   ck(cudaEventCreate(&a), "cudaEventCreate");
   ck(cudaEventCreate(&b), "cudaEventCreate");
@@ -1239,6 +1408,11 @@ double CudaExecutableImpl::replay_ms(int iters) {
 }
 
 std::vector<CudaStepTime> CudaExecutableImpl::profile(const std::vector<Tensor>& inputs, int iters) {
+  if (symbolic_) {
+    std::vector<Shape> shapes;
+    for (const Tensor& t : inputs) shapes.push_back(t.shape());
+    bind(shapes);
+  }
   cur_ = stream_;
   if (done_recorded_) ck(cudaStreamWaitEvent(stream_, done_, 0), "waiting for the previous call");
   copy_inputs(inputs);

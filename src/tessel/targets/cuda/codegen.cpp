@@ -6,6 +6,7 @@
 #include <numeric>
 #include <set>
 
+#include "tessel/ir/bind.h"
 #include "tessel/ir/core_ops.h"
 #include "tessel/ir/op_registry.h"
 #include "tessel/support/error.h"
@@ -49,7 +50,15 @@ constexpr int64_t kIndex32Limit = int64_t{1} << 30;
 // host step; CUDA's 4 KB of parameters hold about 500 pointers).
 constexpr size_t kConcatOperands = 64;
 
-bool rows_per_warp(const Kernel& k) { return k.inner_count() > kSerialInner && k.inner_count() <= kWarpInner; }
+// A rows kernel's rows run one per thread, one per warp or one per block: by the inner loop's length,
+// which must be static for the first two (a symbolic one runs a block per row, right for every length).
+enum class RowMode { block, serial, warp };
+RowMode row_mode(const Kernel& k) {  // (the generated kernel's: symbolic sizes decided as for every binding)
+  const std::optional<int64_t> inner = k.inner_count().static_value();
+  if (!inner) return RowMode::block;
+  if (*inner <= kSerialInner) return RowMode::serial;
+  return *inner <= kWarpInner ? RowMode::warp : RowMode::block;
+}
 
 int64_t cap(int64_t x, int64_t lo, int64_t hi) { return std::max(lo, std::min(x, hi)); }
 
@@ -64,6 +73,26 @@ std::vector<DType> own_storage(const Kernel& k, std::vector<DType> st) {
   st.clear();
   for (const KArg& a : k.args) st.push_back(a.type.dtype);
   return st;
+}
+
+// Sizes in generated code (docs/dynamic-shapes.md): a module with size symbols gives every generated
+// function the trailing parameters `long long S0, ..., S<n-1>` (the symbols in graph_symbols' order, the
+// same for every function, so the runtime appends one list to every launch); a symbolic size is then a
+// 64-bit expression of them, a static one its number.
+std::string symbol_params(const std::vector<std::string>& symbols) {
+  std::string p;
+  for (size_t i = 0; i < symbols.size(); ++i) p += fmt::format(", long long S{}", i);
+  return p;
+}
+// A size as generated code spells it: a static one as `number` + `suffix` ("LL" in 64-bit index code), a
+// symbolic one as its expression over S<i>, parenthesised.
+std::string size_text(const Dim& d, const std::vector<std::string>& symbols, const char* suffix = "LL") {
+  if (d.is_static()) return std::to_string(d.constant_term()) + suffix;
+  const std::string e = c_size_expr(d, symbols, "S");
+  return e.front() == '(' ? e : "(" + e + ")";
+}
+bool dims_symbolic(const Dims& d) {
+  return std::any_of(d.begin(), d.end(), [](const Dim& x) { return x.is_symbolic(); });
 }
 
 // Whether a loop kernel's positions (outer × inner points) and every access's element addresses stay below
@@ -95,7 +124,7 @@ int vector_elements(int64_t widest_bytes) { return static_cast<int>(cap(16 / std
 // once per V elements.
 int vector_width(const Kernel& k, const std::vector<DType>& st) {
   const size_t dims = k.outer.size() + k.inner.size();
-  if (launch_form(k) != LaunchForm::pointwise || dims == 0) return 1;
+  if (launch_form(k) != LaunchForm::pointwise || dims == 0 || k.symbolic()) return 1;
   const int64_t last = k.inner.empty() ? k.outer.back() : k.inner.back();
   int64_t widest = 1;
   std::set<int> stored;
@@ -130,6 +159,7 @@ struct Emitter {
   size_t index;
   LaunchForm form;
   std::vector<DType> st;  // per arg: its element type in memory
+  const std::vector<std::string>& syms;  // the module's size symbols (S<i> parameters); empty: static
   bool serial = false;  // rows computed one per thread
   bool warp = false;    // rows computed one per warp
   std::string out;
@@ -147,10 +177,13 @@ struct Emitter {
   int vw = 1;
   bool vec_j = false;
 
-  Emitter(const Kernel& kk, size_t i, std::vector<DType> storage) : k(kk), index(i), form(launch_form(kk)), st(own_storage(kk, std::move(storage))) {
-    narrow = index_fits_32_bits(kk);
-    serial = form == LaunchForm::rows && k.inner_count() <= kSerialInner;
-    warp = form == LaunchForm::rows && rows_per_warp(k);
+  Emitter(const Kernel& kk, size_t i, std::vector<DType> storage, const std::vector<std::string>& symbols)
+      : k(kk), index(i), form(launch_form(kk)), st(own_storage(kk, std::move(storage))), syms(symbols) {
+    // (a symbolic kernel: 64-bit index arithmetic, a block per row unless the row length is static, the
+    // scalar pointwise form -- each right for every binding)
+    narrow = !kk.symbolic() && index_fits_32_bits(kk);
+    serial = form == LaunchForm::rows && row_mode(k) == RowMode::serial;
+    warp = form == LaunchForm::rows && row_mode(k) == RowMode::warp;
     if (warp && k.phases > 1) plan_row_cache();
     vw = vector_width(k, st);
   }
@@ -226,17 +259,19 @@ struct Emitter {
   // the index type and an index constant of it
   std::string I() const { return narrow ? "int" : "long long"; }
   std::string lit(int64_t x) const { return narrow ? std::to_string(x) : std::to_string(x) + "LL"; }
+  // a size: its number, or its expression over the S<i> parameters
+  std::string sz(const Dim& d) const { return d.is_static() ? lit(d.constant_term()) : size_text(d, syms); }
 
   std::string index_of(int a) const {
     const KAccess& acc = k.accesses[static_cast<size_t>(a)];
     const size_t no = k.outer.size();
     std::string s;
-    auto term = [&](const std::string& var, int64_t st) {
+    auto term = [&](const std::string& var, const Dim& st) {
       if (st == 0) return;
-      s += (s.empty() ? "" : " + ") + (st == 1 ? var : fmt::format("{} * {}", var, lit(st)));
+      s += (s.empty() ? "" : " + ") + (st == 1 ? var : fmt::format("{} * {}", var, sz(st)));
     };
     if (form == LaunchForm::pointwise) {
-      if (acc.offset) s = lit(acc.offset);
+      if (!(acc.offset == 0)) s = sz(acc.offset);
       for (size_t d = 0; d < no; ++d) term(fmt::format("o{}", d), acc.strides[d]);
     } else {
       s = "b" + std::to_string(a);
@@ -332,8 +367,10 @@ struct Emitter {
     if (k.kind == KernelKind::matmul)
       out += fmt::format("// the runtime first computes a{} = a{} . a{} ({} x [{} x {}] . [{} x {}]) through {}; this is the epilogue\n",
                          k.mm.c, k.mm.a, k.mm.b, k.mm.batch, k.mm.m, k.mm.k, k.mm.k, k.mm.n,
-                         fits_cublaslt(k.mm) ? "cuBLASLt" : matmul_symbol(index));
-    if (k.kind == KernelKind::matmul) out += fmt::format("// epilogue decision: {}\n", match_lt_epilogue(k).why);
+                         k.symbolic() ? "cuBLASLt or " + matmul_symbol(index) + " (chosen per binding of the sizes)"
+                                      : fits_cublaslt(k.mm) ? "cuBLASLt" : matmul_symbol(index));
+    if (k.kind == KernelKind::matmul)
+      out += fmt::format("// epilogue decision: {}\n", k.symbolic() ? "per binding of the sizes" : match_lt_epilogue(k).why);
     if (k.kind == KernelKind::conv)
       out += fmt::format("// the runtime first computes a{} = conv(a{}, a{}) through {}; this is the epilogue\n", k.conv.y,
                          k.conv.x, k.conv.w, conv_symbol(index));
@@ -349,7 +386,7 @@ struct Emitter {
       p += (i ? ", " : "") + (stored.count(static_cast<int>(i)) ? fmt::format("{}* __restrict__ a{}", t, i)
                                                                   : fmt::format("const {}* __restrict__ a{}", t, i));
     }
-    return p;
+    return p + symbol_params(syms);
   }
 
   // The inner indices i0.. of flat inner position `t`.
@@ -362,7 +399,7 @@ struct Emitter {
     line(indent, fmt::format("{} r_ = {};", I(), t));
     for (size_t d = n; d-- > 0;) {
       if (d == 0) line(indent, fmt::format("const {} i0 = r_;", I()));
-      else line(indent, fmt::format("const {0} i{1} = r_ % {2}; r_ /= {2};", I(), d, lit(k.inner[d])));
+      else line(indent, fmt::format("const {0} i{1} = r_ % {2}; r_ /= {2};", I(), d, sz(k.inner[d])));
     }
   }
 
@@ -375,7 +412,7 @@ struct Emitter {
     line(indent, fmt::format("{} q_ = {};", I(), o));
     for (size_t d = n; d-- > 0;) {
       if (d == 0) line(indent, fmt::format("const {} o0 = q_;", I()));
-      else line(indent, fmt::format("const {0} o{1} = q_ % {2}; q_ /= {2};", I(), d, lit(k.outer[d])));
+      else line(indent, fmt::format("const {0} o{1} = q_ % {2}; q_ /= {2};", I(), d, sz(k.outer[d])));
     }
   }
 
@@ -386,9 +423,9 @@ struct Emitter {
       for (const KInstr& in : k.body) used = used || in.access == static_cast<int>(a);
       if (!used) continue;
       const KAccess& acc = k.accesses[a];
-      std::string s = acc.offset ? lit(acc.offset) : "";
+      std::string s = acc.offset == 0 ? "" : sz(acc.offset);
       for (size_t d = 0; d < no; ++d)
-        if (acc.strides[d]) s += (s.empty() ? "" : " + ") + (acc.strides[d] == 1 ? fmt::format("o{}", d) : fmt::format("o{} * {}", d, lit(acc.strides[d])));
+        if (!(acc.strides[d] == 0)) s += (s.empty() ? "" : " + ") + (acc.strides[d] == 1 ? fmt::format("o{}", d) : fmt::format("o{} * {}", d, sz(acc.strides[d])));
       line(indent, fmt::format("const {} b{} = {};", I(), a, s.empty() ? "0" : s));
     }
   }
@@ -428,9 +465,9 @@ struct Emitter {
       for (int i : body) emit(indent + 2, i, false);
       line(indent + 1, "}");
     } else {
-      if (serial) line(indent, fmt::format("for ({} t = 0; t < {}; ++t) {{", I(), lit(k.inner_count())));
-      else if (warp) line(indent, fmt::format("for ({} t = lane; t < {}; t += 32) {{", I(), lit(k.inner_count())));
-      else line(indent, fmt::format("for ({} t = threadIdx.x; t < {}; t += blockDim.x) {{", I(), lit(k.inner_count())));
+      if (serial) line(indent, fmt::format("for ({} t = 0; t < {}; ++t) {{", I(), sz(k.inner_count())));
+      else if (warp) line(indent, fmt::format("for ({} t = lane; t < {}; t += 32) {{", I(), sz(k.inner_count())));
+      else line(indent, fmt::format("for ({} t = threadIdx.x; t < {}; t += blockDim.x) {{", I(), sz(k.inner_count())));
       split_inner(indent + 1, "t");
       for (int i : body) emit(indent + 1, i, false);
     }
@@ -500,10 +537,12 @@ struct Emitter {
     header();
     line(0, fmt::format("extern \"C\" __global__ void {}({}) {{", kernel_symbol(index), params()));
     if (form == LaunchForm::pointwise) {
-      const int64_t total = k.outer_count() * k.inner_count();
+      const Dim total = k.outer_count() * k.inner_count();
       if (vw > 1) vector_loop(total);
-      line(1, fmt::format("for ({0} e = ({0})blockIdx.x * blockDim.x + threadIdx.x; e < {1}; e += ({0})gridDim.x * blockDim.x) {{", I(), lit(total)));
-      line(2, fmt::format("const {0} o_ = e / {1}, t_ = e % {1};", I(), lit(std::max<int64_t>(1, k.inner_count()))));
+      // (a symbolic inner count is at least 1: symbols are)
+      const Dim row = k.inner_count().is_static() ? Dim(std::max<int64_t>(1, k.inner_count())) : k.inner_count();
+      line(1, fmt::format("for ({0} e = ({0})blockIdx.x * blockDim.x + threadIdx.x; e < {1}; e += ({0})gridDim.x * blockDim.x) {{", I(), sz(total)));
+      line(2, fmt::format("const {0} o_ = e / {1}, t_ = e % {1};", I(), sz(row)));
       split_outer(2, "o_");
       split_inner(2, "t_");
       for (size_t i = 0; i < k.body.size(); ++i) emit(2, static_cast<int>(i), false);
@@ -513,11 +552,11 @@ struct Emitter {
     }
     if (warp) {
       line(1, "const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;");
-      line(1, fmt::format("for ({0} o = ({0})blockIdx.x * warps + (threadIdx.x >> 5); o < {1}; o += ({0})gridDim.x * warps) {{", I(), lit(k.outer_count())));
+      line(1, fmt::format("for ({0} o = ({0})blockIdx.x * warps + (threadIdx.x >> 5); o < {1}; o += ({0})gridDim.x * warps) {{", I(), sz(k.outer_count())));
     } else if (serial)
-      line(1, fmt::format("for ({0} o = ({0})blockIdx.x * blockDim.x + threadIdx.x; o < {1}; o += ({0})gridDim.x * blockDim.x) {{", I(), lit(k.outer_count())));
+      line(1, fmt::format("for ({0} o = ({0})blockIdx.x * blockDim.x + threadIdx.x; o < {1}; o += ({0})gridDim.x * blockDim.x) {{", I(), sz(k.outer_count())));
     else
-      line(1, fmt::format("for ({0} o = blockIdx.x; o < {1}; o += gridDim.x) {{", I(), lit(k.outer_count())));
+      line(1, fmt::format("for ({0} o = blockIdx.x; o < {1}; o += gridDim.x) {{", I(), sz(k.outer_count())));
     split_outer(2, "o");
     row_bases(2);
     for (size_t i = 0; per_lane && i < k.body.size(); ++i)
@@ -540,20 +579,20 @@ std::string conv_input_at(const ConvSpec& c) {
                   : fmt::format("x[((n * {0}LL + ch) * {1}LL + ih) * {2}LL + iw]", c.c, c.h, c.wd);
 }
 
-std::string conv_function(const Kernel& k, size_t index, const std::vector<DType>& st) {
+std::string conv_function(const Kernel& k, size_t index, const std::vector<DType>& st, const std::vector<std::string>& syms) {
   const ConvSpec& c = k.conv;
   const DType tx = st[static_cast<size_t>(c.x)], tw = st[static_cast<size_t>(c.w)], ty = st[static_cast<size_t>(c.y)];
   const int64_t cg = c.c / std::max<int64_t>(1, c.groups), ocg = c.oc / std::max<int64_t>(1, c.groups);
-  const int64_t total = c.n * c.oc * c.oh * c.ow;
+  const std::string total = size_text(c.n * c.oc * c.oh * c.ow, syms, "LL");
   std::string s;
   s += fmt::format("// direct convolution of kernel {}: x a{} {} [{}, {}, {}, {}], w a{} [{}, {}, {}, {}], y a{} {} [{}, {}, {}, {}]\n",
                    index, c.x, c.x_nhwc ? "NHWC" : "NCHW", c.n, c.c, c.h, c.wd, c.w, c.oc, cg, c.kh, c.kw, c.y,
                    c.y_nhwc ? "NHWC" : "NCHW", c.n, c.oc, c.oh, c.ow);
   s += fmt::format("// stride {}x{}, padding top {} left {}, dilation {}x{}, {} groups; one thread per output element\n",
                    c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w, c.groups);
-  s += fmt::format("extern \"C\" __global__ void {}(const {}* __restrict__ x, const {}* __restrict__ w, {}* __restrict__ y) {{\n", conv_symbol(index),
-                   mem_type(tx), mem_type(tw), mem_type(ty));
-  s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", total);
+  s += fmt::format("extern \"C\" __global__ void {}(const {}* __restrict__ x, const {}* __restrict__ w, {}* __restrict__ y{}) {{\n", conv_symbol(index),
+                   mem_type(tx), mem_type(tw), mem_type(ty), symbol_params(syms));
+  s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (long long)gridDim.x * blockDim.x) {{\n", total);
   if (c.y_nhwc)
     s += fmt::format("    const long long oc = e % {0}LL, ow = e / {0}LL % {1}LL, oh = e / ({0}LL * {1}LL) % {2}LL, n = e / ({0}LL * {1}LL * {2}LL);\n", c.oc, c.ow, c.oh);
   else
@@ -577,10 +616,11 @@ std::string conv_function(const Kernel& k, size_t index, const std::vector<DType
 // im2col of a convolution the runtime runs as one matmul (conv_as_matmul): col[m, k] with m over the
 // output points (n, oh, ow) and k over (ci, kh, kw) -- the order of the OIHW weight, whose rows are then the
 // matmul's B^T as stored -- and 0 where the window reads padding.
-std::string im2col_function(const Kernel& k, size_t index, const std::vector<DType>& st) {
+std::string im2col_function(const Kernel& k, size_t index, const std::vector<DType>& st, const std::vector<std::string>& syms) {
   const ConvSpec& c = k.conv;
   const DType tx = st[static_cast<size_t>(c.x)];
-  const int64_t kk = c.c * c.kh * c.kw, total = c.n * c.oh * c.ow * kk;
+  const int64_t kk = c.c * c.kh * c.kw;
+  const std::string total = size_text(c.n * c.oh * c.ow * kk, syms, "LL");
   std::string s;
   s += fmt::format("// im2col of kernel {}: x a{} {} [{}, {}, {}, {}] -> col [{} x {}] (output points x (channel, kh, kw)); the runtime then\n",
                    index, c.x, c.x_nhwc ? "NHWC" : "NCHW", c.n, c.c, c.h, c.wd, c.n * c.oh * c.ow, kk);
@@ -589,8 +629,9 @@ std::string im2col_function(const Kernel& k, size_t index, const std::vector<DTy
   else
     s += fmt::format("// computes y a{} NCHW, per image [{} x {}] = w a{} . col^T, through cuBLASLt", c.y, c.oc, c.oh * c.ow, c.w);
   s += fmt::format("; stride {}x{}, padding top {} left {}, dilation {}x{}\n", c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w);
-  s += fmt::format("extern \"C\" __global__ void {}(const {}* __restrict__ x, {}* __restrict__ col) {{\n", im2col_symbol(index), mem_type(tx), mem_type(tx));
-  s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", total);
+  s += fmt::format("extern \"C\" __global__ void {}(const {}* __restrict__ x, {}* __restrict__ col{}) {{\n", im2col_symbol(index), mem_type(tx), mem_type(tx),
+                   symbol_params(syms));
+  s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (long long)gridDim.x * blockDim.x) {{\n", total);
   s += fmt::format("    const long long q = e % {0}LL, p = e / {0}LL;\n", kk);
   s += fmt::format("    const long long kw = q % {0}LL, kh = q / {0}LL % {1}LL, ch = q / ({0}LL * {1}LL);\n", c.kw, c.kh);
   s += fmt::format("    const long long ow = p % {0}LL, oh = p / {0}LL % {1}LL, n = p / ({0}LL * {1}LL);\n", c.ow, c.oh);
@@ -602,29 +643,31 @@ std::string im2col_function(const Kernel& k, size_t index, const std::vector<DTy
   return s;
 }
 
-std::string direct_matmul(const MatmulSpec& m, const std::string& symbol, const std::string& what, DType ta, DType tb, DType tc) {
+std::string direct_matmul(const MatmulSpec& m, const std::string& symbol, const std::string& what, DType ta, DType tb, DType tc,
+                          const std::vector<std::string>& syms) {
   const bool dense_c = m.c_batch == 0 && m.c_m == 0 && m.c_n == 0;
-  const int64_t cb = dense_c ? m.m * m.n : m.c_batch, cm = dense_c ? m.n : m.c_m, cn = dense_c ? int64_t{1} : int64_t{m.c_n};
+  const Dim cb = dense_c ? m.m * m.n : m.c_batch, cm = dense_c ? m.n : m.c_m, cn = dense_c ? Dim(1) : m.c_n;
+  auto z = [&](const Dim& d) { return size_text(d, syms); };
   std::string s;
   s += fmt::format("// direct matmul of {} (runs when cuBLASLt cannot: strides no layout takes): one thread per result element\n", what);
-  s += fmt::format("extern \"C\" __global__ void {}(const {}* __restrict__ a, const {}* __restrict__ b, {}* __restrict__ c) {{\n", symbol,
-                   mem_type(ta), mem_type(tb), mem_type(tc));
-  s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", m.batch * m.m * m.n);
-  s += fmt::format("    const long long n = e % {0}LL, mm = e / {0}LL % {1}LL, bt = e / ({0}LL * {1}LL);\n", m.n, m.m);
-  s += fmt::format("    const {}* pa = a + {}LL + bt * {}LL + mm * {}LL;\n", mem_type(ta), m.a_offset, m.a_batch, m.a_m);
-  s += fmt::format("    const {}* pb = b + {}LL + bt * {}LL + n * {}LL;\n", mem_type(tb), m.b_offset, m.b_batch, m.b_n);
+  s += fmt::format("extern \"C\" __global__ void {}(const {}* __restrict__ a, const {}* __restrict__ b, {}* __restrict__ c{}) {{\n", symbol,
+                   mem_type(ta), mem_type(tb), mem_type(tc), symbol_params(syms));
+  s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (long long)gridDim.x * blockDim.x) {{\n", z(m.batch * m.m * m.n));
+  s += fmt::format("    const long long n = e % {0}, mm = e / {0} % {1}, bt = e / ({0} * {1});\n", z(m.n), z(m.m));
+  s += fmt::format("    const {}* pa = a + {} + bt * {} + mm * {};\n", mem_type(ta), z(m.a_offset), z(m.a_batch), z(m.a_m));
+  s += fmt::format("    const {}* pb = b + {} + bt * {} + n * {};\n", mem_type(tb), z(m.b_offset), z(m.b_batch), z(m.b_n));
   s += "    float acc = 0.0f;\n";
-  s += fmt::format("    for (long long kk = 0; kk < {}LL; ++kk) acc += {} * {};\n", m.k, mem_load(ta, fmt::format("pa[kk * {}LL]", m.a_k)),
-                   mem_load(tb, fmt::format("pb[kk * {}LL]", m.b_k)));
-  s += fmt::format("    c[bt * {}LL + mm * {}LL + n * {}LL] = {};\n", cb, cm, cn, mem_store(tc, "acc"));
+  s += fmt::format("    for (long long kk = 0; kk < {}; ++kk) acc += {} * {};\n", z(m.k), mem_load(ta, fmt::format("pa[kk * {}]", z(m.a_k))),
+                   mem_load(tb, fmt::format("pb[kk * {}]", z(m.b_k))));
+  s += fmt::format("    c[bt * {} + mm * {} + n * {}] = {};\n", z(cb), z(cm), z(cn), mem_store(tc, "acc"));
   s += "  }\n}\n";
   return s;
 }
 
-std::string matmul_function(const Kernel& k, size_t index, const std::vector<DType>& st) {
+std::string matmul_function(const Kernel& k, size_t index, const std::vector<DType>& st, const std::vector<std::string>& syms) {
   const MatmulSpec& m = k.mm;
   return direct_matmul(m, matmul_symbol(index), fmt::format("kernel {}", index), st[static_cast<size_t>(m.a)], st[static_cast<size_t>(m.b)],
-                       st[static_cast<size_t>(m.c)]);
+                       st[static_cast<size_t>(m.c)], syms);
 }
 
 std::vector<int64_t> row_strides_of(const std::vector<int64_t>& shape) {
@@ -634,28 +677,31 @@ std::vector<int64_t> row_strides_of(const std::vector<int64_t>& shape) {
 }
 
 bool static_value(const Value* v) { return v && shape_known(v->type.shape); }
+// Static, or symbolic with every dim defined: what a device function generated with the S<i> sizes takes.
+bool defined_value(const Value* v) { return v && v->type.dims_defined(); }
 
 // The out-index decomposition of element e of `shape` into i0.. (row-major), in 64 bits or (`narrow`) 32.
-std::string split_index(const std::vector<int64_t>& shape, const std::string& indent, bool narrow = false) {
+std::string split_index(const Dims& shape, const std::string& indent, bool narrow = false, const std::vector<std::string>& syms = {}) {
   const char* I = narrow ? "int" : "long long";
   const char* L = narrow ? "" : "LL";
   std::string s = indent + fmt::format("{} r_ = e;\n", I);
   for (size_t d = shape.size(); d-- > 0;) {
     if (d == 0) s += indent + fmt::format("const {} i0 = r_;\n", I);
-    else s += indent + fmt::format("const {0} i{1} = r_ % {2}{3}; r_ /= {2}{3};\n", I, d, shape[d], L);
+    else s += indent + fmt::format("const {0} i{1} = r_ % {2}; r_ /= {2};\n", I, d, size_text(shape[d], syms, L));
   }
   if (shape.empty()) s += indent + "(void)r_;\n";
   return s;
 }
 
-// A transpose or slice as a strided read of its operand: out[i] = x[offset + sum_d i_d * st[d]].
-bool view_copy(const Node& n, int64_t* offset, std::vector<int64_t>* st) {
-  const std::vector<int64_t>& in = n.inputs[0]->type.shape;
-  const std::vector<int64_t>& out = n.outputs[0]->type.shape;
+// A transpose or slice as a strided read of its operand: out[i] = x[offset + sum_d i_d * st[d]]. Sizes may be
+// symbolic; a slice must then provably stay inside its operand for every binding.
+bool view_copy(const Node& n, Dim* offset, Dims* st) {
+  const Dims in = n.inputs[0]->type.dims();
+  const Dims out = n.outputs[0]->type.dims();
   if (in.size() != out.size()) return false;
-  const std::vector<int64_t> ist = row_strides_of(in);
+  const Dims ist = dims_strides(in);
   *offset = 0;
-  st->assign(out.size(), 0);
+  st->assign(out.size(), Dim(0));
   if (is_core_op(n, CoreOp::transpose)) {
     const std::vector<int64_t> perm = n.attr_ints("perm", {});
     if (perm.size() != in.size()) return false;
@@ -663,20 +709,28 @@ bool view_copy(const Node& n, int64_t* offset, std::vector<int64_t>* st) {
     for (size_t d = 0; d < perm.size(); ++d) {
       if (perm[d] < 0 || perm[d] >= static_cast<int64_t>(in.size()) || seen[static_cast<size_t>(perm[d])]) return false;
       seen[static_cast<size_t>(perm[d])] = true;
-      if (out[d] != in[static_cast<size_t>(perm[d])]) return false;
+      if (!(out[d] == in[static_cast<size_t>(perm[d])])) return false;
       (*st)[d] = ist[static_cast<size_t>(perm[d])];
     }
     return true;
   }
   if (!is_core_op(n, CoreOp::slice)) return false;
-  const std::vector<int64_t> starts = n.attr_ints("starts", {});
-  const std::vector<int64_t> steps = n.attr_ints("strides", std::vector<int64_t>(in.size(), 1));
+  Dims starts;
+  std::vector<int64_t> steps;
+  try {
+    starts = n.attr_dims("starts", {});
+    steps = n.attr_ints("strides", std::vector<int64_t>(in.size(), 1));
+  } catch (const Error&) {
+    return false;  // a step that is not a number
+  }
   if (starts.size() != in.size() || steps.size() != in.size()) return false;
   for (size_t d = 0; d < in.size(); ++d) {
-    if (steps[d] < 1 || starts[d] < 0 || out[d] < 0) return false;
-    if (out[d] > 0 && starts[d] + (out[d] - 1) * steps[d] >= in[d]) return false;  // every read inside the operand
+    if (steps[d] < 1 || !provably_nonneg(starts[d])) return false;
+    if (out[d].is_static() && out[d] < 0) return false;
+    const bool empty = out[d] == 0;
+    if (!empty && !provably_ge(in[d] - 1, starts[d] + (out[d] - 1) * steps[d])) return false;  // every read inside the operand
     (*st)[d] = steps[d] * ist[d];
-    if (out[d] > 0) *offset += starts[d] * ist[d];
+    if (!empty) *offset += starts[d] * ist[d];
   }
   return true;
 }
@@ -686,10 +740,9 @@ bool view_copy(const Node& n, int64_t* offset, std::vector<int64_t>* st) {
 std::optional<MatmulSpec> device_matmul_spec(const Node& n) {
   if (!is_core_op(n, CoreOp::dot_general) || n.inputs.size() != 2 || n.outputs.size() != 1) return std::nullopt;
   const Value *a = n.inputs[0], *b = n.inputs[1], *c = n.outputs[0];
-  if (!static_value(a) || !static_value(b) || !static_value(c)) return std::nullopt;
+  if (!defined_value(a) || !defined_value(b) || !defined_value(c)) return std::nullopt;
   if (a->type.dtype != DType::f32 || b->type.dtype != DType::f32 || c->type.dtype != DType::f32) return std::nullopt;
-  const std::vector<int64_t>& as = a->type.shape;
-  const std::vector<int64_t>& bs = b->type.shape;
+  const Dims as = a->type.dims(), bs = b->type.dims();
   const size_t r = as.size();
   if (r < 2 || bs.size() != r) return std::nullopt;
   std::vector<int64_t> batch(r - 2);
@@ -703,27 +756,36 @@ std::optional<MatmulSpec> device_matmul_spec(const Node& n) {
   m.a = 0, m.b = 1, m.c = 2;
   m.batch = 1;
   for (size_t d = 0; d + 2 < r; ++d) {
-    if (as[d] != bs[d]) return std::nullopt;  // no broadcast batch here
+    if (!(as[d] == bs[d])) return std::nullopt;  // no broadcast batch here
     m.batch *= as[d];
   }
   const bool a_t = lc[0] == last - 1, b_t = rc[0] == last;  // A stored [K, M]; B stored [N, K]
   m.m = as[r - (a_t ? 1 : 2)], m.k = as[r - (a_t ? 2 : 1)];
   m.n = bs[r - (b_t ? 2 : 1)];
-  if (bs[r - (b_t ? 1 : 2)] != m.k) return std::nullopt;
-  const std::vector<int64_t>& cs = c->type.shape;
-  if (cs.size() != r || cs[r - 2] != m.m || cs[r - 1] != m.n) return std::nullopt;
+  if (!(bs[r - (b_t ? 1 : 2)] == m.k)) return std::nullopt;
+  const Dims cs = c->type.dims();
+  if (cs.size() != r || !(cs[r - 2] == m.m) || !(cs[r - 1] == m.n)) return std::nullopt;
   m.a_batch = m.m * m.k, m.a_m = a_t ? Dim(1) : m.k, m.a_k = a_t ? m.m : Dim(1);
   m.b_batch = m.k * m.n, m.b_k = b_t ? Dim(1) : m.n, m.b_n = b_t ? m.k : Dim(1);
-  if (m.m <= 0 || m.n <= 0 || m.k <= 0 || m.batch <= 0) return std::nullopt;
+  for (const Dim* d : {&m.m, &m.n, &m.k, &m.batch})
+    if (!provably_positive(*d)) return std::nullopt;
   return m;
 }
 
 std::string node_matmul_symbol(size_t node_index) { return fmt::format("tsl_n{}_mm", node_index); }
 
 bool device_node_supported(const Node& n) {
-  if (!n.op->core || n.outputs.size() != 1 || !static_value(n.outputs[0])) return false;
-  for (const Value* v : n.inputs)
-    if (!static_value(v)) return false;
+  if (!n.op->core || n.outputs.size() != 1 || !defined_value(n.outputs[0])) return false;
+  bool symbolic = false;
+  for (const Value* v : n.inputs) {
+    if (!defined_value(v)) return false;
+    symbolic = symbolic || v->type.symbolic();
+  }
+  symbolic = symbolic || n.outputs[0]->type.symbolic();
+  // with symbolic sizes: the copies (broadcast, transpose, slice) and concatenate; the others need static ones
+  if (symbolic && !is_core_op(n, CoreOp::broadcast_in_dim) && !is_core_op(n, CoreOp::transpose) && !is_core_op(n, CoreOp::slice) &&
+      !is_core_op(n, CoreOp::concatenate))
+    return false;
   const DType t = n.outputs[0]->type.dtype;
   if (t != DType::f32 && t != DType::f64 && t != DType::i32 && t != DType::i64 && t != DType::boolean) return false;
   if (is_core_op(n, CoreOp::broadcast_in_dim)) {
@@ -735,8 +797,8 @@ bool device_node_supported(const Node& n) {
     return true;
   }
   if (is_core_op(n, CoreOp::transpose) || is_core_op(n, CoreOp::slice)) {
-    int64_t off = 0;
-    std::vector<int64_t> st;
+    Dim off = 0;
+    Dims st;
     return n.inputs.size() == 1 && n.inputs[0]->type.dtype == t && view_copy(n, &off, &st);
   }
   if (is_core_op(n, CoreOp::reduce_window)) {
@@ -762,14 +824,16 @@ bool device_node_supported(const Node& n) {
     const size_t r = n.outputs[0]->type.shape.size();
     const int64_t axis = n.attr_i("axis");
     if (n.inputs.empty() || n.inputs.size() > kConcatOperands || axis < 0 || axis >= static_cast<int64_t>(r)) return false;
-    int64_t along = 0;
+    const Dims od = n.outputs[0]->type.dims();
+    Dim along = 0;
     for (const Value* v : n.inputs) {
-      if (v->type.dtype != t || v->type.shape.size() != r) return false;
+      const Dims vd = v->type.dims();
+      if (v->type.dtype != t || vd.size() != r) return false;
       for (size_t d = 0; d < r; ++d)
-        if (static_cast<int64_t>(d) != axis && v->type.shape[d] != n.outputs[0]->type.shape[d]) return false;
-      along += v->type.shape[static_cast<size_t>(axis)];
+        if (static_cast<int64_t>(d) != axis && !(vd[d] == od[d])) return false;
+      along += vd[static_cast<size_t>(axis)];
     }
-    return along == n.outputs[0]->type.shape[static_cast<size_t>(axis)];
+    return along == od[static_cast<size_t>(axis)];
   }
   return false;
 }
@@ -801,16 +865,17 @@ DType node_storage(const Value* v, const std::vector<DType>& storage) {
 }
 
 // The copy's source offset and per-output-dim strides (a view copy or a broadcast), false for other nodes.
-bool copy_strides(const Node& n, int64_t* off, std::vector<int64_t>* strides) {
+bool copy_strides(const Node& n, Dim* off, Dims* strides) {
   *off = 0;
   if (is_core_op(n, CoreOp::transpose) || is_core_op(n, CoreOp::slice)) return view_copy(n, off, strides);
   if (!is_core_op(n, CoreOp::broadcast_in_dim)) return false;
-  const std::vector<int64_t>& in = n.inputs[0]->type.shape;
-  const std::vector<int64_t>& out = n.outputs[0]->type.shape;
-  const std::vector<int64_t> dims = n.attr_ints("dims"), ist = row_strides_of(in);
-  strides->assign(out.size(), 0);
+  const Dims in = n.inputs[0]->type.dims();
+  const Dims out = n.outputs[0]->type.dims();
+  const std::vector<int64_t> dims = n.attr_ints("dims");
+  const Dims ist = dims_strides(in);
+  strides->assign(out.size(), Dim(0));
   for (size_t i = 0; i < dims.size() && i < in.size(); ++i)
-    if (!(in[i] == 1 && out[static_cast<size_t>(dims[i])] != 1)) (*strides)[static_cast<size_t>(dims[i])] = ist[i];
+    if (!(in[i] == 1 && !(out[static_cast<size_t>(dims[i])] == 1))) (*strides)[static_cast<size_t>(dims[i])] = ist[i];
   return true;
 }
 
@@ -819,10 +884,11 @@ bool copy_strides(const Node& n, int64_t* off, std::vector<int64_t>* strides) {
 // both sides (the output is dense: its last extent a multiple of V); 1 otherwise. The bar block's
 // head-layout slices and transposes (last dimension 768 or 64, contiguous in their source) move this way.
 int copy_vector_width(const Node& n, const std::vector<DType>& storage) {
-  int64_t off = 0;
-  std::vector<int64_t> strides;
+  Dim off = 0;
+  Dims strides;
   const std::vector<int64_t>& out = n.outputs[0]->type.shape;
-  if (out.empty() || !copy_strides(n, &off, &strides) || strides.size() != out.size() || strides.back() != 1) return 1;
+  if (n.outputs[0]->type.symbolic() || n.inputs[0]->type.symbolic()) return 1;  // (the scalar form serves every binding)
+  if (out.empty() || !copy_strides(n, &off, &strides) || strides.size() != out.size() || !(strides.back() == 1)) return 1;
   const int64_t widest = std::max(dtype_size(node_storage(n.inputs[0], storage)), dtype_size(node_storage(n.outputs[0], storage)));
   const int v = vector_elements(widest);
   if (v < 2 || out.back() % v != 0 || off % v != 0) return 1;
@@ -837,42 +903,46 @@ LaunchShape node_launch_shape(const Node& n, int sms, const std::vector<DType>& 
   return LaunchShape{LaunchForm::pointwise, cap((total + per_block - 1) / per_block, 1, std::max(1, sms) * int64_t{8}), 256};
 }
 
-std::string generate_node(const Node& n, size_t node_index, const std::vector<DType>& storage) {
+std::string generate_node(const Node& n, size_t node_index, const std::vector<DType>& storage, const std::vector<std::string>& syms) {
   if (const std::optional<MatmulSpec> mm = device_matmul_spec(n)) {
     auto st = [&](const Value* v) { return static_cast<size_t>(v->id) < storage.size() ? storage[static_cast<size_t>(v->id)] : v->type.dtype; };
     return fmt::format("// node {} ({}): {}, through cuBLASLt; this direct kernel runs when cuBLASLt cannot\n", node_index, n.op->name, cpp_comment_text(n.name)) +
-           direct_matmul(*mm, node_matmul_symbol(node_index), fmt::format("node {}", node_index), st(n.inputs[0]), st(n.inputs[1]), st(n.outputs[0]));
+           direct_matmul(*mm, node_matmul_symbol(node_index), fmt::format("node {}", node_index), st(n.inputs[0]), st(n.inputs[1]), st(n.outputs[0]), syms);
   }
   if (!device_node_supported(n)) fail("no device function for '{}'", n.op->name);
   const Value* out = n.outputs[0];
-  const std::vector<int64_t>& oshape = out->type.shape;
-  const int64_t total = shape_numel(oshape);
+  const Dims odims = out->type.dims();
+  const bool symbolic = dims_symbolic(odims) || dims_symbolic(n.inputs[0]->type.dims());
+  // (the static shapes of the nodes only static sizes reach: reduce_window, scatter, gather)
+  const std::vector<int64_t> oshape = symbolic ? std::vector<int64_t>{} : out->type.shape;
+  const std::string total = size_text(dims_numel(odims), syms);
+  const std::string sp = symbol_params(syms);
   const DType ty = node_storage(out, storage), tx = node_storage(n.inputs[0], storage);
   const std::string t = mem_type(ty), xt = mem_type(tx);
   // a copy between two element types goes through f32 (only f32 values change storage)
   auto moved = [&](const std::string& e) { return tx == ty ? e : mem_store(ty, mem_load(tx, e)); };
   std::string s = fmt::format("// node {} ({}): {} -> {}, on the device instead of a host step\n", node_index, n.op->name,
                               cpp_comment_text(n.name), out->type.str());
-  const std::string loop = fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", total);
+  const std::string loop = fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (long long)gridDim.x * blockDim.x) {{\n", total);
   // y[e] = x[off + sum_d i_d * strides[d]] over the output's points: a view copy (transpose, slice) or a broadcast
   // (32-bit index arithmetic when the output's positions and the operand's elements fit, as loop kernels)
-  auto strided_copy = [&](int64_t off, const std::vector<int64_t>& strides) {
-    const bool narrow = total < kIndex32Limit && shape_numel(n.inputs[0]->type.shape) < kIndex32Limit;
+  auto strided_copy = [&](const Dim& off, const Dims& strides) {
+    const bool narrow = !symbolic && shape_numel(oshape) < kIndex32Limit && shape_numel(n.inputs[0]->type.shape) < kIndex32Limit;
     const char* L = narrow ? "" : "LL";
-    std::string src = off ? fmt::format("{}{}", off, L) : "";
+    std::string src = off == 0 ? "" : size_text(off, syms, L);
     for (size_t d = 0; d < strides.size(); ++d)
-      if (strides[d]) src += (src.empty() ? "" : " + ") + fmt::format("i{} * {}{}", d, strides[d], L);
-    std::string k = fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {2}* __restrict__ y) {{\n",
-                                node_symbol(node_index), xt, t);
+      if (!(strides[d] == 0)) src += (src.empty() ? "" : " + ") + fmt::format("i{} * {}", d, size_text(strides[d], syms, L));
+    std::string k = fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {2}* __restrict__ y{3}) {{\n",
+                                node_symbol(node_index), xt, t, sp);
     const std::string from = src.empty() ? "0" : src;
     if (const int v = copy_vector_width(n, storage); v > 1) {
       // v adjacent elements per thread, read and written as one vector each when both pointers are aligned
       const char* I = narrow ? "int" : "long long";
       k += fmt::format("  // {} adjacent elements per thread: read and written as vectors\n", v);
       k += fmt::format("  if ((unsigned long long)x % {} == 0 && (unsigned long long)y % {} == 0) {{\n", v * dtype_size(tx), v * dtype_size(ty));
-      k += fmt::format("    for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}{2}; w += ({0})gridDim.x * blockDim.x) {{\n", I, total / v, L);
+      k += fmt::format("    for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}{2}; w += ({0})gridDim.x * blockDim.x) {{\n", I, shape_numel(oshape) / v, L);
       k += fmt::format("      const {} e = w * {};\n", I, v);
-      k += split_index(oshape, "      ", narrow);
+      k += split_index(odims, "      ", narrow);
       k += fmt::format("      const tsl_vec<{0}, {1}> r = *reinterpret_cast<const tsl_vec<{0}, {1}>*>(x + {2});\n", xt, v, from);
       if (tx == ty) {
         k += fmt::format("      *reinterpret_cast<tsl_vec<{0}, {1}>*>(y + e) = r;\n", t, v);
@@ -882,14 +952,14 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
       }
       k += "    }\n    return;\n  }\n";
     }
-    k += narrow ? fmt::format("  for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (int)gridDim.x * blockDim.x) {{\n", total)
+    k += narrow ? fmt::format("  for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (int)gridDim.x * blockDim.x) {{\n", shape_numel(oshape))
                 : loop;
-    k += split_index(oshape, "    ", narrow);
+    k += split_index(odims, "    ", narrow, syms);
     k += fmt::format("    y[e] = {};\n  }}\n}}\n", moved(fmt::format("x[{}]", from)));
     return k;
   };
-  int64_t off = 0;
-  std::vector<int64_t> strides;
+  Dim off = 0;
+  Dims strides;
   if (copy_strides(n, &off, &strides)) return s + strided_copy(off, strides);
   if (is_core_op(n, CoreOp::concatenate)) {
     // y[i] = x_k[i with i_axis - start_k at axis] for the operand k whose range along the axis holds i_axis
@@ -899,27 +969,27 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
     std::string sig;
     for (size_t k = 0; k < n.inputs.size(); ++k)
       sig += fmt::format("const {}* __restrict__ x{}, ", mem_type(node_storage(n.inputs[k], storage)), k);
-    s += fmt::format("extern \"C\" __global__ void {}({}{}* __restrict__ y) {{\n", node_symbol(node_index), sig, t);
-    s += loop + split_index(oshape, "    ");
-    int64_t start = 0;
+    s += fmt::format("extern \"C\" __global__ void {}({}{}* __restrict__ y{}) {{\n", node_symbol(node_index), sig, t, sp);
+    s += loop + split_index(odims, "    ", false, syms);
+    Dim start = 0;
     bool first = true;
     for (size_t k = 0; k < n.inputs.size(); ++k) {
-      const std::vector<int64_t>& in = n.inputs[k]->type.shape;
-      const int64_t len = in[ax];
+      const Dims in = n.inputs[k]->type.dims();
+      const Dim len = in[ax];
       if (len == 0) continue;
-      const std::vector<int64_t> ist = row_strides_of(in);
+      const Dims ist = dims_strides(in);
       std::string src;
       for (size_t d = 0; d < in.size(); ++d) {
-        if (!ist[d] || in[d] == 1) continue;
-        const std::string i = d == ax ? (start ? fmt::format("(i{} - {}LL)", d, start) : fmt::format("i{}", d)) : fmt::format("i{}", d);
-        src += (src.empty() ? "" : " + ") + fmt::format("{} * {}LL", i, ist[d]);
+        if (ist[d] == 0 || in[d] == 1) continue;
+        const std::string i = d == ax ? (start == 0 ? fmt::format("i{}", d) : fmt::format("(i{} - {})", d, size_text(start, syms))) : fmt::format("i{}", d);
+        src += (src.empty() ? "" : " + ") + fmt::format("{} * {}", i, size_text(ist[d], syms));
       }
       const DType tk = node_storage(n.inputs[k], storage);
       const std::string read = fmt::format("x{}[{}]", k, src.empty() ? "0" : src);
       const std::string val = tk == ty ? read : mem_store(ty, mem_load(tk, read));
       start += len;
-      const bool last = start == oshape[ax];
-      s += fmt::format("    {}{}y[e] = {};\n", first ? "" : "else ", last ? "" : fmt::format("if (i{} < {}LL) ", ax, start), val);
+      const bool last = start == odims[ax];
+      s += fmt::format("    {}{}y[e] = {};\n", first ? "" : "else ", last ? "" : fmt::format("if (i{} < {}) ", ax, size_text(start, syms)), val);
       first = false;
       if (last) break;
     }
@@ -934,8 +1004,8 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
                                dil = n.attr_ints("dilations", std::vector<int64_t>(r, 1)), pad = n.attr_ints("padding", std::vector<int64_t>(2 * r, 0));
     const CoreOp comb = *reduction_combiner(n.attr_s("kind"));
     const std::vector<int64_t> ist = row_strides_of(in);
-    s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {2}* __restrict__ y) {{\n", node_symbol(node_index), xt, t);
-    s += loop + split_index(oshape, "    ");
+    s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {2}* __restrict__ y{3}) {{\n", node_symbol(node_index), xt, t, sp);
+    s += loop + split_index(dims_of(oshape), "    ");
     s += fmt::format("    float acc = {};\n", c_literal(DType::f32, core_op_info(comb).identity, kD));
     std::string ind = "    ", off;
     for (size_t d = 0; d < r; ++d) {
@@ -971,13 +1041,13 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
     const std::vector<int64_t> dst = row_strides_of(data);
     const DType tu = node_storage(n.inputs[2], storage);
     const std::string it = c_storage_type(n.inputs[1]->type.dtype), ut = mem_type(tu);
-    const std::string sig = fmt::format("(const {}* __restrict__ data, const {}* __restrict__ idx, const {}* __restrict__ upd, {}* __restrict__ y, int* err)",
-                                        xt, it, ut, t);
+    const std::string sig = fmt::format("(const {}* __restrict__ data, const {}* __restrict__ idx, const {}* __restrict__ upd, {}* __restrict__ y, int* err{})",
+                                        xt, it, ut, t, sp);
     s += fmt::format("extern \"C\" __global__ void {}{} {{\n", node_symbol(node_index), sig);
     s += loop + fmt::format("    y[e] = {};\n  }}\n}}\n", moved("data[e]"));
     s += fmt::format("extern \"C\" __global__ void {}{} {{\n", scatter_update_symbol(node_index), sig);
     s += fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}LL; e += (long long)gridDim.x * blockDim.x) {{\n", count);
-    s += split_index(ishape, "    ");
+    s += split_index(dims_of(ishape), "    ");
     s += fmt::format("    long long j = (long long)idx[e];\n    if (j < 0) j += {0}LL;\n", data[static_cast<size_t>(axis)]);
     s += fmt::format("    if (j < 0 || j >= {}LL) {{ atomicExch(err, 1); continue; }}\n", data[static_cast<size_t>(axis)]);
     std::string to = fmt::format("j * {}LL", dst[static_cast<size_t>(axis)]);
@@ -995,9 +1065,9 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
   for (size_t d = 0; d < data.size(); ++d)
     if (static_cast<int64_t>(d) != axis && dst[d]) src += fmt::format(" + i{} * {}LL", d, dst[d]);
   const std::string it = c_storage_type(n.inputs[1]->type.dtype);
-  s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ data, const {2}* __restrict__ idx, {3}* __restrict__ y, int* err) {{\n",
-                   node_symbol(node_index), xt, it, t);
-  s += loop + split_index(oshape, "    ");
+  s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ data, const {2}* __restrict__ idx, {3}* __restrict__ y, int* err{4}) {{\n",
+                   node_symbol(node_index), xt, it, t, sp);
+  s += loop + split_index(dims_of(oshape), "    ");
   s += fmt::format("    long long j = (long long)idx[e];\n    if (j < 0) j += {0}LL;\n", data[static_cast<size_t>(axis)]);
   s += fmt::format("    if (j < 0 || j >= {}LL) {{ atomicExch(err, 1); y[e] = {}; continue; }}\n", data[static_cast<size_t>(axis)], ty == DType::bf16 ? "tsl_f2bf(0.0f)" : "0");
   s += fmt::format("    y[e] = {};\n  }}\n}}\n", moved(fmt::format("data[{}]", src)));
@@ -1030,18 +1100,21 @@ LaunchForm launch_form(const Kernel& k) {
   return !has_reduction(k) && k.phases == 1 ? LaunchForm::pointwise : LaunchForm::rows;
 }
 
-LaunchShape launch_shape(const Kernel& k, int sms, const std::vector<DType>& storage) {
+LaunchShape launch_shape(const Kernel& k, int sms, const std::vector<DType>& storage) { return launch_shape(k, k, sms, storage); }
+
+LaunchShape launch_shape(const Kernel& generated, const Kernel& k, int sms, const std::vector<DType>& storage) {
   LaunchShape s;
-  s.form = launch_form(k);
+  s.form = launch_form(generated);
   const int64_t waves = std::max(1, sms) * int64_t{8};
+  const RowMode mode = row_mode(generated);
   if (s.form == LaunchForm::pointwise) {
-    const int64_t per_block = 256 * int64_t{vector_width(k, own_storage(k, storage))};
+    const int64_t per_block = 256 * int64_t{vector_width(generated, own_storage(generated, storage))};
     s.threads = 256;
     s.blocks = cap((k.outer_count() * k.inner_count() + per_block - 1) / per_block, 1, waves);
-  } else if (k.inner_count() <= kSerialInner) {
+  } else if (mode == RowMode::serial) {
     s.threads = 128;
     s.blocks = cap((k.outer_count() + 127) / 128, 1, waves);
-  } else if (rows_per_warp(k)) {
+  } else if (mode == RowMode::warp) {
     s.threads = 32 * kWarpsPerBlock;
     s.blocks = cap((k.outer_count() + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, waves * 4);
   } else {
@@ -1178,19 +1251,19 @@ extern "C" __global__ void tsl_hold(unsigned long long ns) {
   return text;
 }
 
-std::string generate_kernel(const Kernel& k, size_t index, const std::vector<DType>& storage) {
+std::string generate_kernel(const Kernel& k, size_t index, const std::vector<DType>& storage, const std::vector<std::string>& symbols) {
   try {
     const std::vector<DType> st = own_storage(k, storage);
     std::string s;
     if (k.kind == KernelKind::conv) {
       if (k.conv.groups <= 0 || k.conv.c % k.conv.groups != 0 || k.conv.oc % k.conv.groups != 0)
         fail("convolution with {} groups of {} input and {} output channels", k.conv.groups, k.conv.c, k.conv.oc);
-      s += conv_function(k, index, st) + "\n";
-      if (conv_as_matmul(k.conv)) s += im2col_function(k, index, st) + "\n";
+      s += conv_function(k, index, st, symbols) + "\n";
+      if (conv_as_matmul(k.conv)) s += im2col_function(k, index, st, symbols) + "\n";
     }
     // Every matmul gets its direct kernel: the runtime falls back to it when cuBLASLt has no algorithm.
-    if (k.kind == KernelKind::matmul) s += matmul_function(k, index, st) + "\n";
-    if (has_generated_function(k)) s += Emitter(k, index, st).generate();
+    if (k.kind == KernelKind::matmul) s += matmul_function(k, index, st, symbols) + "\n";
+    if (has_generated_function(k)) s += Emitter(k, index, st, symbols).generate();
     return s;
   } catch (const Error& e) {
     throw e.with_context(Location{.node = k.name, .op = "kernel", .pass = "codegen-cuda"});
@@ -1202,6 +1275,12 @@ std::string generate_cuda(const KernelModule& m, const std::string& model_name, 
   s += "// One __global__ function per kernel; comments name the source nodes each kernel fuses.\n";
   if (p != Precision::f32) s += fmt::format("// Precision {}: storage in memory only; every kernel computes in f32 registers.\n", precision_name(p));
   s += cuda_prelude();
+  const std::vector<std::string> symbols = m.graph ? graph_symbols(*m.graph) : std::vector<std::string>{};
+  if (!symbols.empty()) {
+    s += "\n// Sizes read at run time (docs/dynamic-shapes.md): every function takes the size symbols as its last parameters,";
+    for (size_t i = 0; i < symbols.size(); ++i) s += fmt::format("{} S{} = {}", i ? "," : "", i, cpp_comment_text(symbols[i]));
+    s += "\n";
+  }
   std::vector<DType> vs;
   std::vector<std::vector<DType>> arg_st(m.kernels.size());
   if (m.graph) {
@@ -1213,18 +1292,23 @@ std::string generate_cuda(const KernelModule& m, const std::string& model_name, 
       }
   }
   for (size_t i = 0; i < m.kernels.size(); ++i) {
-    const std::string f = generate_kernel(m.kernels[i], i, arg_st[i]);
+    const std::string f = generate_kernel(m.kernels[i], i, arg_st[i], symbols);
     if (!f.empty()) s += "\n" + f;
   }
   if (m.graph) {
     const auto& nodes = m.graph->nodes();
     for (size_t i = 0; i < nodes.size(); ++i)
       if (!is_kernel_node(*nodes[i]) && (device_node_supported(*nodes[i]) || device_matmul_spec(*nodes[i])))
-        s += "\n" + generate_node(*nodes[i], i, vs);
+        s += "\n" + generate_node(*nodes[i], i, vs, symbols);
     // Attention patterns: the fused kernel, or the reason there is none (the unfused steps stay above).
-    for (const AttentionMatch& a : find_attention(m, vs)) {
-      if (a.fused && fuse_attention) s += "\n" + generate_attention(m, a, vs);
-      else s += fmt::format("\n// {}\n", a.fused ? "attention not fused: turned off (CudaBackendOptions::fuse_attention; " + a.why + ")" : a.why);
+    // With size symbols none is fused (the flash kernel's tiles are planned for static sizes).
+    if (!symbols.empty()) {
+      s += "\n// attention not fused: the module has size symbols\n";
+    } else {
+      for (const AttentionMatch& a : find_attention(m, vs)) {
+        if (a.fused && fuse_attention) s += "\n" + generate_attention(m, a, vs);
+        else s += fmt::format("\n// {}\n", a.fused ? "attention not fused: turned off (CudaBackendOptions::fuse_attention; " + a.why + ")" : a.why);
+      }
     }
   }
   return s;

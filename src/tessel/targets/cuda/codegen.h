@@ -54,6 +54,9 @@ LaunchForm launch_form(const Kernel& k);
 // few waves of them; the grid-stride loops cover the rest). `storage`: each arg's element type in memory
 // (kernel_arg_storage: the pointwise vector form's width follows the widest); empty: the args' own.
 LaunchShape launch_shape(const Kernel& k, int sms, const std::vector<DType>& storage = {});
+// The same for one binding of a symbolic kernel: the form as the code was generated (`generated`, the
+// symbolic kernel), the counts of `bound` (instantiate_kernel of it).
+LaunchShape launch_shape(const Kernel& generated, const Kernel& bound, int sms, const std::vector<DType>& storage = {});
 LaunchShape conv_launch_shape(const Kernel& k, int sms);
 LaunchShape matmul_launch_shape(const Kernel& k, int sms);
 
@@ -83,7 +86,9 @@ std::optional<MatmulSpec> device_matmul_spec(const Node& n);
 std::string node_matmul_symbol(size_t node_index);
 std::string node_symbol(size_t node_index);
 // `storage`: element types in memory by value id (value_storage); empty: the values' own dtypes.
-std::string generate_node(const Node& n, size_t node_index, const std::vector<DType>& storage = {});
+// `symbols`: the module's size symbols (graph_symbols), every generated function's trailing `long long S<i>`
+// parameters; empty for a static module.
+std::string generate_node(const Node& n, size_t node_index, const std::vector<DType>& storage = {}, const std::vector<std::string>& symbols = {});
 LaunchShape node_launch_shape(const Node& n, int sms, const std::vector<DType>& storage = {});  // storage as generate_node's
 
 // The prelude every translation unit starts with: fixed-width types (NVRTC has no <cstdint>), the
@@ -99,6 +104,7 @@ const std::string& cuda_prelude();
 std::string generate_cuda(const KernelModule& m, const std::string& model_name, Precision p = Precision::f32, bool fuse_attention = false);
 // One kernel's functions (its epilogue or loop function, and the direct conv/matmul where it has one).
 // `storage`: each arg's element type in memory (kernel_arg_storage); empty: the args' own dtypes.
-std::string generate_kernel(const Kernel& k, size_t index, const std::vector<DType>& storage = {});
+// `symbols` as generate_node's.
+std::string generate_kernel(const Kernel& k, size_t index, const std::vector<DType>& storage = {}, const std::vector<std::string>& symbols = {});
 
 }  // namespace tessel::cuda
