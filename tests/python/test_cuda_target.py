@@ -44,6 +44,36 @@ class _MLP(torch.nn.Module):
         return torch.softmax(self.fc2(torch.nn.functional.gelu(self.fc1(x))), dim=-1) + x[..., :32]
 
 
+class _Attention(torch.nn.Module):
+    """Single-head attention over the sequence with a residual: a softmax over the symbolic length."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+        self.out = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(64, dim=-1)
+        p = torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1)
+        return self.out(p @ v) + x
+
+
+class _Decode(torch.nn.Module):
+    """One decode step over a KV cache of 4 heads that grows by the new position (as transformers' dynamic
+    cache): new caches returned beside the attention's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+
+    def forward(self, x, k_cache, v_cache):
+        q, k, v = (t.view(1, 1, 4, 16).transpose(1, 2) for t in self.qkv(x).split(64, dim=-1))
+        k_all = torch.cat([k_cache, k], dim=2)
+        v_all = torch.cat([v_cache, v], dim=2)
+        p = torch.softmax(q @ k_all.transpose(-1, -2) / 4.0, dim=-1)
+        return (p @ v_all).transpose(1, 2).reshape(1, 1, 64), k_all, v_all
+
+
 @unittest.skipIf(GPU, "a usable CUDA device is present: the GPU tests run instead")
 class CudaTargetWithoutDevice(unittest.TestCase):
     def test_one_line_error(self):
@@ -227,6 +257,46 @@ class CudaTarget(unittest.TestCase):
         model, kw = self._hf("gpt2", n_layer=2, n_embd=256, n_head=4, vocab_size=4000)
         kw["use_cache"] = False
         self._check_hf(model, kw, "gpt2")
+
+    def test_dynamic_one_compilation(self):
+        """dynamic=True on CUDA: one compilation, its code generated once with the sizes as kernel
+        parameters, serves every (batch, seq) shape (docs/dynamic-shapes.md, "On CUDA")."""
+        m = _Attention().to(self.dev).eval()
+        shapes = [(2, 7), (1, 33), (3, 12), (2, 7), (4, 100), (1, 1)]
+        fast = tessel.compile(m, (torch.randn(*shapes[0], 64, device=self.dev),), dynamic=True)
+        self.assertEqual(fast.target, "cuda")
+        for b, t in shapes:
+            x = torch.randn(b, t, 64, device=self.dev)
+            with torch.no_grad():
+                self.assertLessEqual(rel(fast(x), m(x)), 1e-4, (b, t))
+        self.assertEqual(fast.stats.compiles, 1, fast.stats.recompiles)
+        self.assertIsNone(fast.stats.dynamic_fallback)
+        self.assertGreaterEqual(fast.stats.rebinds, 5)
+
+    @unittest.skipUnless(hasattr(torch, "compile"), "torch.compile needs torch >= 2")
+    def test_torch_compile_kv_cache_grows(self):
+        """A decode step whose KV cache grows by one position a call, under torch.compile: dynamo marks the
+        length dynamic, tessel compiles the symbolic graph once for CUDA, no call falls back to PyTorch."""
+        import torch._dynamo
+        torch._dynamo.reset()
+        tessel.dynamo_graphs.clear()
+        tessel.dynamo_fallbacks.clear()
+        m = _Decode().to(self.dev).eval()
+        opt = torch.compile(m, backend="tessel")
+        k = torch.randn(1, 4, 3, 16, device=self.dev)
+        v = torch.randn(1, 4, 3, 16, device=self.dev)
+        with torch.no_grad():
+            for step in range(12):
+                x = torch.randn(1, 1, 64, device=self.dev)
+                out, k2, v2 = opt(x, k, v)
+                ref, rk, rv = m(x, k, v)
+                self.assertLessEqual(rel(out, ref), 1e-4, step)
+                self.assertTrue(torch.equal(k2, rk) and torch.equal(v2, rv), step)
+                k, v = k2, v2
+        self.assertEqual(tessel.dynamo_fallbacks, [])
+        compiles = sum(g.stats.compiles for g in tessel.dynamo_graphs)
+        self.assertLessEqual(compiles, 2, [g.stats.recompiles for g in tessel.dynamo_graphs])
+        self.assertTrue(all(g.target == "cuda" for g in tessel.dynamo_graphs))
 
     @unittest.skipUnless(hasattr(torch, "compile"), "torch.compile needs torch >= 2")
     def test_torch_compile(self):

@@ -48,7 +48,8 @@ void ck(cublasStatus_t s, const char* what) {
 
 constexpr size_t kArenaAlign = 256;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-constexpr int kLtCandidates = 8;  // cuBLASLt algorithms timed per distinct matmul (CudaBackendOptions::time_matmuls, off by default)
+constexpr int kLtCandidates = 8;
+constexpr size_t kLtPlans = 1024;  // cuBLASLt plans a symbolic module keeps across bindings  // cuBLASLt algorithms timed per distinct matmul (CudaBackendOptions::time_matmuls, off by default)
 constexpr int64_t kIm2colMaxBytes = int64_t{1} << 30;  // the largest im2col buffer a model gets (1 GiB)
 
 size_t bytes_of(const TensorType& t) { return static_cast<size_t>(shape_numel(t.shape)) * dtype_size(t.dtype); }
@@ -134,7 +135,7 @@ class CudaExecutableImpl final : public CudaExecutable {
     cudaKernel_t update = nullptr;           // a scatter's second launch (its updates), after fn's copy
     cuda::LaunchShape update_shape;
     cuda::LaunchShape shape, conv_shape, mm_shape, im2col_shape;
-    std::unique_ptr<LtMatmul> lt;
+    std::shared_ptr<LtMatmul> lt;            // (shared: a symbolic module's bindings reuse plans, lt_plans_)
     MatmulSpec spec;                         // what lt computes (a matmul kernel's, or a 1x1 convolution's)
     std::vector<DeviceBuffer> scratch;
     // f32 -> bf16 copies made before the step's library call: a matmul operand stored f32 beside a bf16 one
@@ -184,7 +185,7 @@ class CudaExecutableImpl final : public CudaExecutable {
   void choose_lt_algo(LtMatmul& lt, const MatmulSpec& mm, const std::vector<void*>& args, const cublasLtMatmulHeuristicResult_t* res, int found,
                       const std::string& key);
   // A cuBLASLt plan for `mm` over the step's device pointers, or null when the heuristic has no algorithm.
-  std::unique_ptr<LtMatmul> make_lt(const MatmulSpec& mm, const std::vector<void*>& args, const std::vector<DType>& st,
+  std::shared_ptr<LtMatmul> make_lt(const MatmulSpec& mm, const std::vector<void*>& args, const std::vector<DType>& st,
                                     const cuda::LtEpilogue* epi = nullptr);
   void run_host(Step& s);
   // Operand `arg` of matmul step `s` (value `v`) is stored f32 and the other operand bf16: the step reads
@@ -250,6 +251,7 @@ class CudaExecutableImpl final : public CudaExecutable {
   std::vector<size_t> input_cap_;            // per input: the bytes its buffer holds
   size_t arena_cap_ = 0;
   size_t col_cap_ = 0;
+  std::map<std::string, std::shared_ptr<LtMatmul>> lt_plans_;  // a symbolic module's cuBLASLt plans by what they compute
 };
 
 CudaExecutableImpl::~CudaExecutableImpl() {
@@ -261,6 +263,7 @@ CudaExecutableImpl::~CudaExecutableImpl() {
   if (flags_host_) cudaFreeHost(flags_host_);
   if (convert_lib_) cudaLibraryUnload(convert_lib_);
   steps_.clear();  // LtMatmul descriptors before the handle
+  lt_plans_.clear();
   if (lt_) cuda::cublaslt().cublasLtDestroy(lt_);
   if (lib_) cudaLibraryUnload(lib_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -877,10 +880,28 @@ void CudaExecutableImpl::host_step(const Node& n) {
   infos_.push_back(std::move(info));
 }
 
-std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, const std::vector<void*>& args, const std::vector<DType>& st,
+std::shared_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, const std::vector<void*>& args, const std::vector<DType>& st,
                                                       const cuda::LtEpilogue* epi) {
-  auto lt = std::make_unique<LtMatmul>();
   const DType da = st[static_cast<size_t>(mm.a)], db = st[static_cast<size_t>(mm.b)], dc = st[static_cast<size_t>(mm.c)];
+  // A symbolic module makes its steps again at every binding: a plan whose sizes, layouts, types, epilogue
+  // (with its bias pointer: a weight's, the same in every binding) and operand alignments are those of one
+  // made before is that plan (the heuristic's query is most of a step's making).
+  std::string plan_key;
+  if (symbolic_) {
+    const bool dc0 = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
+    const int64_t cb0 = dc0 ? int64_t{mm.m * mm.n} : int64_t{mm.c_batch};
+    const int64_t ea0 = dtype_size(da), eb0 = dtype_size(db), ec0 = dtype_size(dc);
+    const char* A0 = static_cast<const char*>(args[static_cast<size_t>(mm.a)]) + mm.a_offset * ea0;
+    const char* B0 = static_cast<const char*>(args[static_cast<size_t>(mm.b)]) + mm.b_offset * eb0;
+    plan_key = fmt::format("{} {} {} {} | {} {} {} {} {} {} | {} {} {} | {} {} {} | {} {} {} {} | {} {} {}", int64_t{mm.batch}, int64_t{mm.m}, int64_t{mm.n},
+                           int64_t{mm.k}, int64_t{mm.a_m}, int64_t{mm.a_k}, int64_t{mm.a_batch}, int64_t{mm.b_k}, int64_t{mm.b_n}, int64_t{mm.b_batch},
+                           int64_t{mm.c_batch}, int64_t{mm.c_m}, int64_t{mm.c_n}, ea0, eb0, ec0, epi && epi->fold ? static_cast<int>(epi->act) : -1,
+                           epi && epi->fold && epi->bias ? args[static_cast<size_t>(epi->bias_arg)] : nullptr,
+                           epi && epi->fold && epi->bias ? static_cast<int>(st[static_cast<size_t>(epi->bias_arg)]) : -1, epi && epi->fold && epi->residual ? epi->residual_arg : -1,
+                           alignment_of(B0, mm.b_batch * eb0), alignment_of(A0, mm.a_batch * ea0), alignment_of(args[static_cast<size_t>(mm.c)], cb0 * ec0));
+    if (auto it = lt_plans_.find(plan_key); it != lt_plans_.end()) return it->second;
+  }
+  auto lt = std::make_shared<LtMatmul>();
   lt->ea = static_cast<size_t>(dtype_size(da)), lt->eb = static_cast<size_t>(dtype_size(db)), lt->ec = static_cast<size_t>(dtype_size(dc));
   const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
   const int64_t cb = dense_c ? int64_t{mm.m * mm.n} : int64_t{mm.c_batch}, cm = dense_c ? int64_t{mm.n} : int64_t{mm.c_m};
@@ -937,6 +958,10 @@ std::unique_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, cons
                                         epi && epi->fold ? static_cast<int>(epi->act) : -1, epi && epi->fold && epi->bias,
                                         lt->residual_arg >= 0, lt->per_batch, al_a, al_b, al_c, found);
     choose_lt_algo(*lt, mm, args, res, found, key);
+  }
+  if (symbolic_) {
+    if (lt_plans_.size() >= kLtPlans) lt_plans_.clear();  // (bounded: a long generation's every length is new)
+    lt_plans_.emplace(plan_key, lt);
   }
   return lt;
 }
