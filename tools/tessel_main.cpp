@@ -282,12 +282,13 @@ int main(int argc, char** argv) {
   }
   try {
     refuse_inapplicable(run_threads_opt, run_backend == "compiled", "sets the compiled backend's threads, and the backend is not compiled");
-    refuse_inapplicable(run_dynamic_opt, run_target == "cpu", "compiles for every input size on the CPU, and --target is not cpu");
+    refuse_inapplicable(run_dynamic_opt, run_target == "cpu" || run_target == "cuda", "compiles once for every input size on the CPU or CUDA, and --target is neither");
     refuse_inapplicable(run_json_opt, run_target == "cpu" && !run_dynamic, "writes a CPU run's JSON; --target cuda and --dynamic print theirs");
     refuse_inapplicable(run_rel_opt, run_check, "is the bound of --check, which is not given");
     refuse_inapplicable(run_prec_opt, run_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
     refuse_inapplicable(comp_prec_opt, comp_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
-    refuse_inapplicable(comp_dynamic_opt, comp_target == "cpu", "keeps sizes symbolic for the CPU target's levels, and --target is not cpu (dataflow targets run static buckets)");
+    refuse_inapplicable(comp_dynamic_opt, comp_target == "cpu" || comp_target == "cuda",
+                        "keeps sizes symbolic for the CPU and CUDA targets' levels, and --target is neither (dataflow targets run static buckets)");
     refuse_inapplicable(bench_prec_opt, bench_target == "cuda", "chooses the CUDA target's precision, and --target is not cuda");
     refuse_inapplicable(explain_backend_opt, explain_opts.check, "chooses the backend of --check, which is not given");
     refuse_inapplicable(explain_rel_opt, explain_opts.check, "is the bound of --check, which is not given");
@@ -308,7 +309,7 @@ int main(int argc, char** argv) {
     cli::apply_global_options(quiet, max_alloc);
     if (*explain) return cli::cmd_explain(explain_model, explain_opts);
     if (*run && run_target == "cuda") return cli::cmd_run_cuda(run_model, run_inputs, run_check, run_rel_opt->count() ? run_rel : 0.0, run_repeat,
-                                                                cuda_precision);
+                                                                cuda_precision, run_dynamic);
     if (*run && run_dynamic) return cli::cmd_run_dynamic(run_model, run_inputs, run_check, run_rel, run_passes, run_backend, run_repeat, run_threads);
     if (*run) return cli::cmd_run(run_model, run_inputs, run_check, run_rel, true, run_passes, run_backend, run_repeat, run_threads, run_json_path);
     if (*sim && !sim_shard.empty()) {
@@ -334,7 +335,7 @@ int main(int argc, char** argv) {
     if (*land) return cli::cmd_landscape(land_model, land_targets, land_threads, land_json);
     if (*cmpc) return cli::cmd_compare(cmp_model, cmp_hw, cmp_json, cmp_dtype);
     if (*comp && comp_target == "cuda")
-      return cli::cmd_compile_cuda(comp_model, comp_emit == "graph" ? "cuda" : comp_emit, comp_out, cuda_precision);
+      return cli::cmd_compile_cuda(comp_model, comp_emit == "graph" ? "cuda" : comp_emit, comp_out, cuda_precision, comp_dynamic);
     if (*comp && comp_target != "cpu")
       return cli::cmd_compile_dataflow(comp_model, comp_target, comp_emit == "graph" ? "tile" : comp_emit, comp_out, comp_report,
                                   comp_dtype, comp_dump, comp_print_after, comp_time, comp_ktir_values,

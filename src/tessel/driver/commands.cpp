@@ -1027,7 +1027,8 @@ int cmd_report(const std::string& model, const std::string& targets, const std::
 }
 
 int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool check, double max_rel, int repeat,
-                 const std::string& precision) {
+                 const std::string& precision, bool dynamic) {
+  if (dynamic) return tessel::cmd_run_cuda_dynamic(model, inputs_dir, check, max_rel, repeat, cuda::parse_precision(precision));
   return tessel::cmd_run_cuda(model, inputs_dir, check, max_rel, repeat, cuda::parse_precision(precision));
 }
 
@@ -1051,8 +1052,9 @@ int cmd_ops() {
   return 0;
 }
 
-int cmd_compile_cuda(const std::string& model, const std::string& emit, const std::string& out, const std::string& precision) {
-  write_text(out, emit_cuda(model, emit, cuda::parse_precision(precision)));
+int cmd_compile_cuda(const std::string& model, const std::string& emit, const std::string& out, const std::string& precision,
+                     bool dynamic) {
+  write_text(out, emit_cuda(model, emit, cuda::parse_precision(precision), dynamic));
   return 0;
 }
 

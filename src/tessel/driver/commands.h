@@ -102,9 +102,10 @@ int cmd_hw(const std::string& what, const std::string& matmul);
 // `report MODEL --hw T,... -o PAGE`: the HTML report (driver/html_report.h).
 int cmd_report(const std::string& model, const std::string& targets, const std::string& out, const std::string& dtype,
                ReportOptions opts);
-// `run MODEL --target cuda`: the model on the GPU (driver/cuda_cli.h), precision f32 or bf16.
+// `run MODEL --target cuda`: the model on the GPU (driver/cuda_cli.h), precision f32 or bf16; `dynamic`:
+// one symbolic compilation run on every data set of the comma list `inputs_dir`.
 int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool check, double max_rel, int repeat,
-                 const std::string& precision);
+                 const std::string& precision, bool dynamic = false);
 // `explain MODEL`: graph breaks, their reasons and repairs (driver/explain.h).
 int cmd_explain(const std::string& model, const ExplainOptions& opts);
 // `passes`: the pipelines and every stage of every target, with the levels each reads and writes.
@@ -112,7 +113,8 @@ int cmd_passes();
 // `ops`: the registered ops (the text of docs/ops.md).
 int cmd_ops();
 // `compile MODEL --target cuda --emit E`: the generated CUDA C++ (or its kernel level).
-int cmd_compile_cuda(const std::string& model, const std::string& emit, const std::string& out, const std::string& precision);
+int cmd_compile_cuda(const std::string& model, const std::string& emit, const std::string& out, const std::string& precision,
+                     bool dynamic = false);
 // `bench MODEL --target cuda`: per-kernel CUDA-event times against their roofline; exit 1 when outputs differ.
 int cmd_bench_cuda(const std::string& model, int iters, const std::string& precision, const std::string& json_path);
 // `bench MODEL`: each CPU backend timed (driver/bench.h); `bench --serve`: the compiled backend answering stdin.

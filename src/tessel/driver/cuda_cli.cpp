@@ -93,13 +93,77 @@ int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool c
   return ok ? 0 : 1;
 }
 
-std::string emit_cuda(const std::string& model, const std::string& emit, cuda::Precision precision) {
-  const std::vector<Tensor> ins = model_inputs(model);
-  ImportedModel m = import_model_file(model, ins);
+std::string emit_cuda(const std::string& model, const std::string& emit, cuda::Precision precision, bool dynamic) {
+  // --dynamic: the inputs' dim_params stay size symbols (no data set binds them), and the code takes them at run time
+  const std::vector<Tensor> ins = dynamic ? std::vector<Tensor>{} : model_inputs(model);
+  ImportedModel m = import_model_file(model, ins, dynamic);
   KernelModule km = lower_for_cuda(std::move(m.graph), ins);
   if (emit == "kernel") return print_kernel_module(km, true);
   if (emit == "cuda") return cuda::generate_cuda(km, model_name(model), precision);
   throw Error(Location{.pass = "compile"}, fmt::format("--emit {} is not available for --target cuda (cuda, kernel)", emit));
+}
+
+// `tessel run MODEL --target cuda --dynamic`: one compilation with the dim_params as size symbols, each data set
+// of `inputs_dirs` bound, run and (with --check) compared; the line per data set says whether it made a new
+// binding's steps (docs/dynamic-shapes.md, "On CUDA").
+int cmd_run_cuda_dynamic(const std::string& model, const std::string& inputs_dirs, bool check, double max_rel, int repeat,
+                         cuda::Precision precision) {
+  if (!cuda::device_info().usable) throw Error(Location{.pass = "cuda"}, cuda::device_info().why);
+  std::vector<std::string> dirs;
+  for (size_t a = 0; a <= inputs_dirs.size();) {
+    const size_t b = std::min(inputs_dirs.find(',', a), inputs_dirs.size());
+    if (b > a) dirs.push_back(inputs_dirs.substr(a, b - a));
+    a = b + 1;
+  }
+  if (dirs.empty()) dirs.push_back(default_data_set(model));
+  ImportedModel m = import_model_file(model, {}, true);
+  CudaBackendOptions o;
+  o.model_name = model_name(model);
+  o.precision = precision;
+  auto exe = compile_cuda(std::move(m.graph), {}, o);
+  const CudaCompileStats& st = exe->stats();
+  fmt::print("cuda {}: {} ({}), compiled once for every size in {:.1f} ms (NVRTC {:.1f} ms{}), symbols {}\n", st.precision, st.device, st.arch,
+             st.compile_seconds * 1e3, st.nvrtc_seconds * 1e3, st.cache_hit ? ", cache hit" : "",
+             st.symbols.empty() ? std::string("none") : fmt::format("{}", fmt::join(st.symbols, ", ")));
+  Tolerance tol;
+  tol.max_rel = max_rel > 0 ? max_rel : cuda::precision_tolerance(precision);
+  bool ok = true;
+  for (const std::string& dir : dirs) {
+    if (!fs::is_directory(dir)) throw Error(Location{.file = dir}, "inputs folder does not exist");
+    const std::vector<Tensor> ins = read_data_set(dir, "input");
+    const int before = exe->stats().rebinds;
+    const double before_s = exe->stats().rebind_seconds;
+    std::vector<Tensor> outs;
+    double best = 1e300;
+    for (int i = 0; i < std::max(1, repeat); ++i) {
+      auto t0 = Clock::now();
+      try {
+        outs = exe->run(ins);
+      } catch (const Error& e) {
+        throw e.with_context(Location{.file = dir});
+      }
+      best = std::min(best, ms_since(t0));
+    }
+    const bool fresh = exe->stats().rebinds > before;
+    fmt::print("{}: ran cuda in {:.3f} ms{} (this binding: {}; {} host steps)\n", dir, best, repeat > 1 ? " (best of runs)" : "",
+               fresh ? fmt::format("steps made in {:.3f} ms", (exe->stats().rebind_seconds - before_s) * 1e3) : std::string("steps already made"),
+               exe->stats().host_steps);
+    for (size_t i = 0; i < outs.size(); ++i) fmt::print("output {}: {}\n", i, TensorType{outs[i].dtype(), outs[i].shape()}.str());
+    if (!check) continue;
+    const std::vector<Tensor> refs = read_data_set(dir, "output");
+    if (refs.size() != outs.size())
+      throw Error(Location{.file = dir}, fmt::format("{} reference outputs for {} model outputs", refs.size(), outs.size()));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const Comparison c = compare_tensors(outs[i], refs[i], tol);
+      fmt::print("check output {}: max abs error {:.3g}, relative error {:.3g} -> {}{}\n", i, c.max_abs, c.rel, c.match ? "PASS" : "FAIL",
+                 c.match ? "" : " (" + c.mismatch + ")");
+      ok = ok && c.match;
+    }
+  }
+  fmt::print("compilations: 1; bindings made: {} ({:.3f} ms in all)\n", exe->stats().rebinds, exe->stats().rebind_seconds * 1e3);
+  if (!check) return 0;
+  fmt::print("{}\n", ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
 }
 
 nlohmann::json bench_cuda(const std::string& model, const CudaBenchOptions& o) {

@@ -16,7 +16,11 @@ int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool c
 
 // `tessel compile MODEL --target cuda --emit cuda|kernel`: the generated CUDA C++ (or the kernel level it
 // comes from), without a device. Returns the text.
-std::string emit_cuda(const std::string& model, const std::string& emit, cuda::Precision precision = cuda::Precision::f32);
+// `dynamic`: the inputs' dim_params stay size symbols (--dynamic).
+std::string emit_cuda(const std::string& model, const std::string& emit, cuda::Precision precision = cuda::Precision::f32, bool dynamic = false);
+// `tessel run MODEL --target cuda --dynamic --inputs a,b,c`: one symbolic compilation, each data set run on it.
+int cmd_run_cuda_dynamic(const std::string& model, const std::string& inputs_dirs, bool check, double max_rel, int repeat,
+                         cuda::Precision precision = cuda::Precision::f32);
 
 struct CudaBenchOptions {
   int iters = 20;
