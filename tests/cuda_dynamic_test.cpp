@@ -4,9 +4,11 @@
 // interpreter; a length outside the symbol's range or a wrong static dim is a one-line guard error.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <regex>
 #include <string>
 
+#include "tessel/driver/random_graph.h"
 #include "tessel/ir/bind.h"
 #include "tessel/ir/printer.h"
 #include "tessel/runtime/cuda_backend.h"
@@ -131,4 +133,79 @@ TEST(CudaDynamic, ShapesOutsideTheFactsAreGuardErrors) {
   wrong[0] = cuda_test::ramp({1, 4, 2, 16});
   EXPECT_THROW(exe->run(wrong), GuardFailure);
   testenv::expect_matches_reference(exe->run(decode_inputs(8)), run_eager(*parse_graph(kDecode), decode_inputs(8)), "after the errors", 1e-5);
+}
+
+// Random graphs with a size symbol (docs/random-graphs.md, the symbolic mode) through the CUDA target's
+// lowering and generator: every one that lowers gives source NVRTC compiles (no size printed as a number
+// where it is a symbol, no conversion of a symbolic size refused halfway); on a GPU each runs at the
+// symbol's lowest and highest value against the eager interpreter.
+TEST(CudaDynamic, RandomSymbolicGraphsGenerateAndCompile) {
+  int count = 120;
+  if (const char* c = std::getenv("TESSEL_RANDGRAPH_COUNT")) count = std::atoi(c);
+  const bool gpu = cuda::device_info().usable;
+  int symbolic = 0, compiled = 0, ran = 0;
+  std::string source;  // every graph's functions in one translation unit per batch of 20 (NVRTC's time is per call)
+  auto flush = [&](const std::string& what) {
+    if (source.empty() || !cuda::built_with_cuda()) return;
+    cuda::NvrtcOptions o = cuda_test::nvrtc_options();
+    o.use_cache = false;
+    try {
+      cuda::compile_cuda_source(cuda::cuda_prelude() + source, "random", o);
+    } catch (const Error& e) {
+      ADD_FAILURE() << what << ": " << e.what();
+    }
+    source.clear();
+  };
+  for (int seed = 1; seed <= count; ++seed) {
+    auto g = randgraph::random_graph(static_cast<uint64_t>(seed));
+    auto sym = randgraph::symbolize(*g, "s");
+    if (!sym) continue;
+    ++symbolic;
+    const std::string text = print_graph(*sym);
+    KernelModule m;
+    try {
+      m = lower_for_cuda(parse_graph(text));
+    } catch (const Error& e) {
+      continue;  // (the pipeline's refusals are the CPU's too; the symbolic random-graph test covers them)
+    }
+    if (graph_symbols(*m.graph).empty()) continue;
+    std::string src;
+    try {
+      src = cuda::generate_cuda(m, "random");
+    } catch (const Error& e) {
+      ADD_FAILURE() << "seed " << seed << ": " << e.what() << "\n" << text;
+      continue;
+    }
+    ++compiled;
+    // (one unit per batch: the functions' names carry the seed so that they do not collide)
+    const size_t body = src.find("extern \"C\" __global__ void tsl_hold");
+    std::string fns = src.substr(src.find('\n', src.find("\n}\n", body) + 1));
+    fns = std::regex_replace(fns, std::regex(R"(\btsl_([kn][0-9]+))"), "tsl_r" + std::to_string(seed) + "_$1");
+    source += fns;
+    if (compiled % 20 == 0) flush("seeds up to " + std::to_string(seed));
+    if (!gpu) continue;
+    const Graph& sg = *parse_graph(text);
+    for (const int64_t at : {int64_t{0}, int64_t{16}}) {
+      Bindings b;
+      for (const auto& [name, info] : sg.symbols.all()) b[name] = std::min(info.hi, info.lo + at);
+      const auto bound = instantiate_graph(sg, b);
+      const std::vector<Tensor> in = randgraph::random_inputs(*bound, static_cast<uint64_t>(seed));
+      std::vector<Tensor> want;
+      try {
+        want = run_eager(*bound, in);
+      } catch (const Error&) {
+        break;
+      }
+      auto exe = compile_cuda(parse_graph(text));
+      testenv::expect_matches_reference(exe->run(in), want, "seed " + std::to_string(seed), 1e-4);
+      ++ran;
+    }
+  }
+  flush("the last seeds");
+  std::printf("symbolic %d, generated %d, ran %d\n", symbolic, compiled, ran);
+  EXPECT_GT(symbolic, count / 4);
+  EXPECT_GT(compiled, symbolic / 2) << "most symbolic graphs lower for CUDA";
+  if (gpu) {
+    EXPECT_GT(ran, compiled);
+  }
 }
