@@ -539,10 +539,12 @@ void CudaExecutableImpl::place_values() {
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     const Value* v = g.inputs[i];
     if (!shape_known(v->type.shape)) throw Error(Location{.pass = "cuda"}, fmt::format("input '{}' has a dynamic shape {}", display_text(v->name), v->type.str()));
-    if (mem_bytes(v) > input_cap_[i] || !inputs_dev_[i].p) {  // (a new binding's larger input: a larger buffer)
+    if (mem_bytes(v) > input_cap_[i] || !inputs_dev_[i].p) {
+      // a new binding's larger input: a larger buffer, with an eighth of room (a KV cache grows by a row a token)
+      const size_t cap = symbolic_ ? mem_bytes(v) + mem_bytes(v) / 8 : mem_bytes(v);
       inputs_dev_[i] = DeviceBuffer();
-      inputs_dev_[i] = DeviceBuffer(mem_bytes(v), "input buffer");
-      input_cap_[i] = mem_bytes(v);
+      inputs_dev_[i] = DeviceBuffer(cap, "input buffer");
+      input_cap_[i] = cap;
     }
     input_bf16_.emplace_back(mem(v) == DType::bf16 && v->type.dtype == DType::f32 ? static_cast<size_t>(shape_numel(v->type.shape)) : 0);
     ptr_[static_cast<size_t>(v->id)] = inputs_dev_[i].p;
