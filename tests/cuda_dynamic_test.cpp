@@ -28,7 +28,7 @@ namespace {
 // One decode step of 4 heads over a cache of s0 positions: the new key and value concatenated onto the
 // caches (the new caches are outputs), the scores against the cache's keys, a softmax over s0+1
 // positions, the product with the values, and the last position of the new key cache sliced out.
-const char* const kDecode = R"(graph @decode(%q: f32[1,4,1,16], %kc: f32[1,4,s0,16], %kn: f32[1,4,1,16], %vc: f32[1,4,s0,16], %vn: f32[1,4,1,16]) symbols(s0 in [1, 4096]) {
+const char* const kDecode = R"(graph @decode(%q: f32[1,4,1,16], %kc: f32[1,4,s0,16], %kn: f32[1,4,1,16], %vc: f32[1,4,s0,16], %vn: f32[1,4,1,16], %ids: i64[1,4,2,16]) symbols(s0 in [1, 4096]) {
   %k: f32[1,4,s0+1,16] = concatenate(%kc, %kn) {axis = 2} loc("/k_cache")
   %v: f32[1,4,s0+1,16] = concatenate(%vc, %vn) {axis = 2} loc("/v_cache")
   %kt: f32[1,4,16,s0+1] = transpose(%k) {perm = [0, 1, 3, 2]} loc("/kt")
@@ -43,13 +43,17 @@ const char* const kDecode = R"(graph @decode(%q: f32[1,4,1,16], %kc: f32[1,4,s0,
   %p: f32[1,4,1,s0+1] = div(%e, %zb) loc("/softmax")
   %o: f32[1,4,1,16] = dot_general(%p, %v) {lhs_batch = [0, 1], lhs_contract = [3], rhs_batch = [0, 1], rhs_contract = [2]} loc("/attn")
   %last: f32[1,4,1,16] = slice(%k) {starts = dims[0, 0, s0, 0], stops = dims[1, 4, s0+1, 16], strides = [1, 1, 1, 1]} loc("/last")
-  return %o, %k, %v, %last
+  %pos: i64[1,s0+1] = iota() {shape = dims[1, s0+1], axis = 1, dtype = "i64"} loc("/positions")
+  %picked: f32[1,4,2,16] = gather(%v, %ids) {axis = 2} loc("/picked")
+  return %o, %k, %v, %last, %pos, %picked
 }
 )";
 
 std::vector<Tensor> decode_inputs(int64_t len) {
+  Tensor ids(DType::i64, {1, 4, 2, 16});  // positions in the new value cache, some counted from its end
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = i % 3 == 0 ? -1 - i % (len + 1) : (i * 7) % (len + 1);
   return {cuda_test::ramp({1, 4, 1, 16}, 1), cuda_test::ramp({1, 4, len, 16}, 2), cuda_test::ramp({1, 4, 1, 16}, 3),
-          cuda_test::ramp({1, 4, len, 16}, 4), cuda_test::ramp({1, 4, 1, 16}, 5)};
+          cuda_test::ramp({1, 4, len, 16}, 4), cuda_test::ramp({1, 4, 1, 16}, 5), ids};
 }
 
 }  // namespace
@@ -70,7 +74,7 @@ TEST(CudaDynamic, GeneratedOnceWithSizeParameters) {
     (cuda::device_node_supported(*n) || cuda::device_matmul_spec(*n) ? device_nodes : host_nodes)++;
   }
   EXPECT_EQ(host_nodes, 0) << print_kernel_module(m, true);
-  EXPECT_GE(device_nodes, 3) << "the concatenations and the slice run on the device";
+  EXPECT_GE(device_nodes, 5) << "the concatenations, the slice, the iota and the gather run on the device";
   const std::string src = cuda::generate_cuda(m, "decode");
   // every generated function (all but the prelude's tsl_hold) ends its parameters with the symbol
   const std::regex fn(R"(__global__ void (tsl_[kn][0-9]+\w*)\(([^)]*)\))");
@@ -80,6 +84,13 @@ TEST(CudaDynamic, GeneratedOnceWithSizeParameters) {
     EXPECT_NE(params.rfind(", long long S0"), std::string::npos) << (*it)[1] << ": " << params;
   }
   EXPECT_GE(functions, 4);
+  // the oracle the GPU tests compare with runs the graph at any length (and checks the gather's indices)
+  for (int64_t len : {5, 300}) {
+    const std::vector<Tensor> out = run_eager(*parse_graph(kDecode), decode_inputs(len));
+    ASSERT_EQ(out.size(), 6u);
+    EXPECT_EQ(out[4].shape(), (Shape{1, len + 1}));
+    EXPECT_EQ(out[4].data<int64_t>()[len], len);
+  }
   EXPECT_NE(src.find("(S0 + 1L)"), std::string::npos) << "the concatenated length, read at run time";
   if (cuda::built_with_cuda()) {
     cuda::NvrtcOptions o = cuda_test::nvrtc_options();
@@ -130,6 +141,12 @@ TEST(CudaDynamic, ShapesOutsideTheFactsAreGuardErrors) {
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
   }
   std::vector<Tensor> wrong = decode_inputs(8);
+  wrong[0] = cuda_test::ramp({1, 4, 2, 16});
+  EXPECT_THROW(exe->run(wrong), GuardFailure);
+  wrong = decode_inputs(8);
+  wrong[5].data<int64_t>()[3] = 9;  // a gather index past the new cache's 9 positions: the call's error, not a read outside
+  EXPECT_THROW(exe->run(wrong), Error);
+  wrong = decode_inputs(8);
   wrong[0] = cuda_test::ramp({1, 4, 2, 16});
   EXPECT_THROW(exe->run(wrong), GuardFailure);
   testenv::expect_matches_reference(exe->run(decode_inputs(8)), run_eager(*parse_graph(kDecode), decode_inputs(8)), "after the errors", 1e-5);

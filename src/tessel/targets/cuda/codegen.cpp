@@ -782,11 +782,17 @@ bool device_node_supported(const Node& n) {
     symbolic = symbolic || v->type.symbolic();
   }
   symbolic = symbolic || n.outputs[0]->type.symbolic();
-  // with symbolic sizes: the copies (broadcast, transpose, slice) and concatenate; the others need static ones
+  // with symbolic sizes: the copies (broadcast, transpose, slice), concatenate, gather and iota; the others
+  // (scatter, pooling windows) need static ones
   if (symbolic && !is_core_op(n, CoreOp::broadcast_in_dim) && !is_core_op(n, CoreOp::transpose) && !is_core_op(n, CoreOp::slice) &&
-      !is_core_op(n, CoreOp::concatenate))
+      !is_core_op(n, CoreOp::concatenate) && !is_core_op(n, CoreOp::gather) && !is_core_op(n, CoreOp::iota))
     return false;
   const DType t = n.outputs[0]->type.dtype;
+  if (is_core_op(n, CoreOp::iota)) {
+    // y = the position along `axis`, in the result's (numeric) type: arange's cache positions and mask columns
+    const int64_t axis = n.attr_i("axis", -1);
+    return n.inputs.empty() && t != DType::boolean && axis >= 0 && axis < static_cast<int64_t>(n.outputs[0]->type.shape.size());
+  }
   if (t != DType::f32 && t != DType::f64 && t != DType::i32 && t != DType::i64 && t != DType::boolean) return false;
   if (is_core_op(n, CoreOp::broadcast_in_dim)) {
     if (n.inputs.size() != 1 || n.inputs[0]->type.dtype != t) return false;
@@ -887,7 +893,7 @@ int copy_vector_width(const Node& n, const std::vector<DType>& storage) {
   Dim off = 0;
   Dims strides;
   const std::vector<int64_t>& out = n.outputs[0]->type.shape;
-  if (n.outputs[0]->type.symbolic() || n.inputs[0]->type.symbolic()) return 1;  // (the scalar form serves every binding)
+  if (n.inputs.empty() || n.outputs[0]->type.symbolic() || n.inputs[0]->type.symbolic()) return 1;  // (the scalar form serves every binding)
   if (out.empty() || !copy_strides(n, &off, &strides) || strides.size() != out.size() || !(strides.back() == 1)) return 1;
   const int64_t widest = std::max(dtype_size(node_storage(n.inputs[0], storage)), dtype_size(node_storage(n.outputs[0], storage)));
   const int v = vector_elements(widest);
@@ -912,18 +918,29 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
   if (!device_node_supported(n)) fail("no device function for '{}'", n.op->name);
   const Value* out = n.outputs[0];
   const Dims odims = out->type.dims();
+  const std::string total = size_text(dims_numel(odims), syms);
+  const std::string sp = symbol_params(syms);
+  const std::string loop = fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (long long)gridDim.x * blockDim.x) {{\n", total);
+  if (is_core_op(n, CoreOp::iota)) {
+    // y[e] = e's position along the axis: (e / the axis's stride) % its size
+    const size_t axis = static_cast<size_t>(n.attr_i("axis"));
+    const Dim stride = dims_strides(odims)[axis];
+    const DType ty = node_storage(out, storage);
+    std::string s = fmt::format("// node {} (iota): {} -> {}, on the device instead of a host step\n", node_index, cpp_comment_text(n.name), out->type.str());
+    s += fmt::format("extern \"C\" __global__ void {}({}* __restrict__ y{}) {{\n", node_symbol(node_index), mem_type(ty), sp);
+    s += loop + fmt::format("    y[e] = {};\n  }}\n}}\n",
+                            mem_store(ty, fmt::format("({})(e / {} % {})", ty == DType::bf16 ? "float" : c_type(ty), size_text(stride, syms), size_text(odims[axis], syms))));
+    return s;
+  }
   const bool symbolic = dims_symbolic(odims) || dims_symbolic(n.inputs[0]->type.dims());
   // (the static shapes of the nodes only static sizes reach: reduce_window, scatter, gather)
   const std::vector<int64_t> oshape = symbolic ? std::vector<int64_t>{} : out->type.shape;
-  const std::string total = size_text(dims_numel(odims), syms);
-  const std::string sp = symbol_params(syms);
   const DType ty = node_storage(out, storage), tx = node_storage(n.inputs[0], storage);
   const std::string t = mem_type(ty), xt = mem_type(tx);
   // a copy between two element types goes through f32 (only f32 values change storage)
   auto moved = [&](const std::string& e) { return tx == ty ? e : mem_store(ty, mem_load(tx, e)); };
   std::string s = fmt::format("// node {} ({}): {} -> {}, on the device instead of a host step\n", node_index, n.op->name,
                               cpp_comment_text(n.name), out->type.str());
-  const std::string loop = fmt::format("  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (long long)gridDim.x * blockDim.x) {{\n", total);
   // y[e] = x[off + sum_d i_d * strides[d]] over the output's points: a view copy (transpose, slice) or a broadcast
   // (32-bit index arithmetic when the output's positions and the operand's elements fit, as loop kernels)
   auto strided_copy = [&](const Dim& off, const Dims& strides) {
@@ -1057,19 +1074,19 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
     s += fmt::format("    y[{}] = {};\n  }}\n}}\n", to, val);
     return s;
   }
-  // gather: out[i] = data[i with idx[i] at axis]
-  const std::vector<int64_t>& data = n.inputs[0]->type.shape;
-  const int64_t axis = n.attr_i("axis");
-  const std::vector<int64_t> dst = row_strides_of(data);
-  std::string src = fmt::format("j * {}LL", dst[static_cast<size_t>(axis)]);
+  // gather: out[i] = data[i with idx[i] at axis] (sizes static or symbolic)
+  const Dims data = n.inputs[0]->type.dims();
+  const size_t axis = static_cast<size_t>(n.attr_i("axis"));
+  const Dims dst = dims_strides(data);
+  std::string src = fmt::format("j * {}", size_text(dst[axis], syms));
   for (size_t d = 0; d < data.size(); ++d)
-    if (static_cast<int64_t>(d) != axis && dst[d]) src += fmt::format(" + i{} * {}LL", d, dst[d]);
+    if (d != axis && !(dst[d] == 0)) src += fmt::format(" + i{} * {}", d, size_text(dst[d], syms));
   const std::string it = c_storage_type(n.inputs[1]->type.dtype);
   s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ data, const {2}* __restrict__ idx, {3}* __restrict__ y, int* err{4}) {{\n",
                    node_symbol(node_index), xt, it, t, sp);
-  s += loop + split_index(dims_of(oshape), "    ");
-  s += fmt::format("    long long j = (long long)idx[e];\n    if (j < 0) j += {0}LL;\n", data[static_cast<size_t>(axis)]);
-  s += fmt::format("    if (j < 0 || j >= {}LL) {{ atomicExch(err, 1); y[e] = {}; continue; }}\n", data[static_cast<size_t>(axis)], ty == DType::bf16 ? "tsl_f2bf(0.0f)" : "0");
+  s += loop + split_index(odims, "    ", false, syms);
+  s += fmt::format("    long long j = (long long)idx[e];\n    if (j < 0) j += {0};\n", size_text(data[axis], syms));
+  s += fmt::format("    if (j < 0 || j >= {}) {{ atomicExch(err, 1); y[e] = {}; continue; }}\n", size_text(data[axis], syms), ty == DType::bf16 ? "tsl_f2bf(0.0f)" : "0");
   s += fmt::format("    y[e] = {};\n  }}\n}}\n", moved(fmt::format("data[{}]", src)));
   return s;
 }
