@@ -201,7 +201,8 @@ TEST(CudaDynamic, RandomSymbolicGraphsGenerateAndCompile) {
     source += fns;
     if (compiled % 20 == 0) flush("seeds up to " + std::to_string(seed));
     if (!gpu) continue;
-    const Graph& sg = *parse_graph(text);
+    const auto parsed = parse_graph(text);
+    const Graph& sg = *parsed;
     for (const int64_t at : {int64_t{0}, int64_t{16}}) {
       Bindings b;
       for (const auto& [name, info] : sg.symbols.all()) b[name] = std::min(info.hi, info.lo + at);
