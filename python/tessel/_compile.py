@@ -349,8 +349,8 @@ class _CudaEntry(_Entry):
                                               f"{t.device}; this callable was compiled for tessel's CUDA target (cuda:0): "
                                               "pass CUDA tensors")
             if t.dtype != self.in_dtypes[k] or (self.in_types is not None and tuple(t.shape) != self.in_types[k]):
-                raise _tessel.TesselError(f"input {k} is {t.dtype} {list(t.shape)}, compiled for {self.in_dtypes[k]} "
-                                          f"{list(self.in_types[k] or ())}")
+                want = list(self.in_types[k]) if self.in_types is not None else "(its sizes symbolic)"
+                raise _tessel.TesselError(f"input {k} is {t.dtype} {list(t.shape)}, compiled for {self.in_dtypes[k]} {want}")
             if not t.is_contiguous():
                 t = t.contiguous()
             ins.append(t)
