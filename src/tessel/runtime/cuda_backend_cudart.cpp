@@ -48,8 +48,8 @@ void ck(cublasStatus_t s, const char* what) {
 
 constexpr size_t kArenaAlign = 256;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-constexpr int kLtCandidates = 8;
-constexpr size_t kLtPlans = 1024;  // cuBLASLt plans a symbolic module keeps across bindings  // cuBLASLt algorithms timed per distinct matmul (CudaBackendOptions::time_matmuls, off by default)
+constexpr int kLtCandidates = 8;  // cuBLASLt algorithms timed per distinct matmul (CudaBackendOptions::time_matmuls, off by default)
+constexpr size_t kLtPlans = 1024;  // cuBLASLt plans a symbolic module keeps across bindings
 constexpr int64_t kIm2colMaxBytes = int64_t{1} << 30;  // the largest im2col buffer a model gets (1 GiB)
 
 size_t bytes_of(const TensorType& t) { return static_cast<size_t>(shape_numel(t.shape)) * dtype_size(t.dtype); }
