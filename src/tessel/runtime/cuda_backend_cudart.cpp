@@ -252,6 +252,7 @@ class CudaExecutableImpl final : public CudaExecutable {
   size_t arena_cap_ = 0;
   size_t col_cap_ = 0;
   std::map<std::string, std::shared_ptr<LtMatmul>> lt_plans_;  // a symbolic module's cuBLASLt plans by what they compute
+  std::map<std::string, cudaKernel_t> kernels_;  // the loaded library's functions by symbol
 };
 
 CudaExecutableImpl::~CudaExecutableImpl() {
@@ -499,8 +500,11 @@ void CudaExecutableImpl::bind(const std::vector<Shape>& shapes) {
 }
 
 cudaKernel_t CudaExecutableImpl::kernel_of(const std::string& sym) {
+  // (looked up once: a symbolic module's steps are made again at every binding)
+  if (auto it = kernels_.find(sym); it != kernels_.end()) return it->second;
   cudaKernel_t k = nullptr;
   ck(cudaLibraryGetKernel(&k, lib_, sym.c_str()), "cudaLibraryGetKernel");
+  kernels_.emplace(sym, k);
   return k;
 }
 
