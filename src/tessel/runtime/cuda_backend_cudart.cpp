@@ -223,7 +223,11 @@ class CudaExecutableImpl final : public CudaExecutable {
   bool done_recorded_ = false;
   cudaLibrary_t convert_lib_ = nullptr;      // run_device's f32 -> bf16 input conversion (compiled when first needed)
   cudaKernel_t convert_ = nullptr;
-  std::map<int, DeviceBuffer> bf16_copy_;    // per value id: the bf16 copy matmuls read (read_bf16_copy)
+  std::map<int, void*> bf16_copy_;           // per value id: the bf16 copy matmuls read (read_bf16_copy), in bf16_pool_
+  // The copies' memory, per value of the module the code was generated from (a symbolic module's later
+  // bindings reuse it while it fits, and it grows with an eighth of room): its buffer and bytes.
+  std::map<int, std::pair<DeviceBuffer, size_t>> bf16_pool_;
+  std::vector<int> twin_id_;                 // a symbolic module's binding: per bound value id, its symbolic value's id
   int* flags_host_ = nullptr;                // pinned: run_device's gather flags, read by a later call
   cudaEvent_t flags_ev_ = nullptr;
   bool flags_pending_ = false;
@@ -459,8 +463,11 @@ void CudaExecutableImpl::rebind(const std::vector<int64_t>& values) {
   for (const auto& x : bg.values()) nv = std::max(nv, static_cast<size_t>(x->id) + 1);
   vst_.assign(nv, DType::f32);
   for (const auto& x : bg.values()) vst_[static_cast<size_t>(x->id)] = x->type.dtype;
+  twin_id_.assign(nv, -1);
   auto twin = [&](const Value* bv, const Value* sv) {
-    if (bv && sv && static_cast<size_t>(sv->id) < sym_vst_.size()) vst_[static_cast<size_t>(bv->id)] = sym_vst_[static_cast<size_t>(sv->id)];
+    if (!bv || !sv) return;
+    twin_id_[static_cast<size_t>(bv->id)] = sv->id;
+    if (static_cast<size_t>(sv->id) < sym_vst_.size()) vst_[static_cast<size_t>(bv->id)] = sym_vst_[static_cast<size_t>(sv->id)];
   };
   if (bg.nodes().size() != sg.nodes().size() || bg.inputs.size() != sg.inputs.size() || bg.outputs.size() != sg.outputs.size())
     fail("the instantiated module differs from its symbolic one in its nodes");
@@ -976,19 +983,33 @@ bool CudaExecutableImpl::read_bf16_copy(Step& s, int& arg, const Value* v, const
   const int before = arg;
   const long long n = shape_numel(v->type.shape);
   auto [it, fresh] = bf16_copy_.try_emplace(v->id);
-  if (fresh) it->second = DeviceBuffer(static_cast<size_t>(n) * dtype_size(DType::bf16), "a matmul operand's bf16 copy");
+  if (fresh) {
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(DType::bf16);
+    const int key = symbolic_ && static_cast<size_t>(v->id) < twin_id_.size() && twin_id_[static_cast<size_t>(v->id)] >= 0 ? twin_id_[static_cast<size_t>(v->id)] : v->id;
+    auto& [buf, cap] = bf16_pool_[key];
+    if (bytes > cap || !buf.p) {
+      const size_t want = symbolic_ ? bytes + bytes / 8 : bytes;
+      buf = DeviceBuffer();
+      buf = DeviceBuffer(want, "a matmul operand's bf16 copy");
+      cap = want;
+    }
+    it->second = buf.p;
+  }
   arg = static_cast<int>(s.args.size());
-  s.args.push_back(it->second.p);
+  s.args.push_back(it->second);
   s.arg_mem.push_back(DType::bf16);
   if (plan()) {
-    if (fresh) s.converts.push_back(Step::Convert{dev(v), it->second.p, n});
+    if (fresh) s.converts.push_back(Step::Convert{dev(v), it->second, n});
     load_convert();
     return true;
   }
   arg = before;
   s.args.pop_back();
   s.arg_mem.pop_back();
-  if (fresh) bf16_copy_.erase(it);
+  if (fresh) {
+    bf16_copy_.erase(it);
+    if (!symbolic_) bf16_pool_.erase(v->id);  // (a static module's copy no step reads)
+  }
   return false;
 }
 
