@@ -137,7 +137,6 @@ class CudaExecutableImpl final : public CudaExecutable {
     cuda::LaunchShape shape, conv_shape, mm_shape, im2col_shape;
     std::shared_ptr<LtMatmul> lt;            // (shared: a symbolic module's bindings reuse plans, lt_plans_)
     MatmulSpec spec;                         // what lt computes (a matmul kernel's, or a 1x1 convolution's)
-    std::vector<DeviceBuffer> scratch;
     // f32 -> bf16 copies made before the step's library call: a matmul operand stored f32 beside a bf16 one
     struct Convert {
       const void* src = nullptr;
@@ -227,7 +226,8 @@ class CudaExecutableImpl final : public CudaExecutable {
   // The copies' memory, per value of the module the code was generated from (a symbolic module's later
   // bindings reuse it while it fits, and it grows with an eighth of room): its buffer and bytes.
   std::map<int, std::pair<DeviceBuffer, size_t>> bf16_pool_;
-  std::vector<int> twin_id_;                 // a symbolic module's binding: per bound value id, its symbolic value's id
+  std::vector<int> twin_id_;
+  std::map<std::pair<size_t, size_t>, std::pair<DeviceBuffer, size_t>> scratch_;  // per (kernel, arg): a scratch buffer and its bytes                 // a symbolic module's binding: per bound value id, its symbolic value's id
   int* flags_host_ = nullptr;                // pinned: run_device's gather flags, read by a later call
   cudaEvent_t flags_ev_ = nullptr;
   bool flags_pending_ = false;
@@ -688,8 +688,15 @@ void CudaExecutableImpl::kernel_step(const Node& n, const CudaBackendOptions& o)
     const KArg& a = k.args[ai];
     info.bytes += shape_numel(a.type.shape) * dtype_size(s.arg_mem[ai]);
     if (a.role == KArg::Role::scratch) {
-      s.scratch.emplace_back(static_cast<size_t>(shape_numel(a.type.shape)) * dtype_size(s.arg_mem[ai]), "scratch buffer");
-      s.args.push_back(s.scratch.back().p);
+      // (per kernel and arg: a symbolic module's later bindings reuse it while it fits; it grows with an eighth of room)
+      const size_t bytes = static_cast<size_t>(shape_numel(a.type.shape)) * dtype_size(s.arg_mem[ai]);
+      auto& [buf, cap] = scratch_[std::make_pair(s.kid, ai)];
+      if (bytes > cap || !buf.p) {
+        buf = DeviceBuffer();
+        buf = DeviceBuffer(symbolic_ ? bytes + bytes / 8 : bytes, "scratch buffer");
+        cap = symbolic_ ? bytes + bytes / 8 : bytes;
+      }
+      s.args.push_back(buf.p);
     } else {
       const Value* v = a.role == KArg::Role::in ? n.inputs.at(in++) : n.outputs.at(out++);
       s.args.push_back(dev(v));
