@@ -287,6 +287,15 @@ class _SymbolicChecks:
                 return g.describe(b)
         return None
 
+    def run(self, args):
+        """The entry's call; shapes the executable's own binding check refuses are a miss (_MISS, the
+        reason in self.miss), not an error."""
+        try:
+            return super().run(args)
+        except _tessel.GuardFailure as e:
+            self.miss = _one_line(e)
+            return _MISS
+
     def describe(self):
         sym = self.symbolic
         return dict(symbols={n: s.facts() for n, s in sym.symbols.items()},
@@ -304,13 +313,6 @@ class _DynamicEntry(_SymbolicChecks, _Entry):
     def __init__(self, captured, conv, exe, repairs, guard, aliased=()):
         super().__init__(captured, conv, exe, repairs, guard, aliased=aliased)
         self._init_symbolic(captured)
-
-    def run(self, args):
-        try:
-            return super().run(args)
-        except _tessel.GuardFailure as e:
-            self.miss = _one_line(e)
-            return _MISS
 
 
 class _CudaEntry(_Entry):
@@ -394,13 +396,6 @@ class _DynamicCudaEntry(_SymbolicChecks, _CudaEntry):
             self._bound = shapes
         return self.out_types
 
-    def run(self, args):
-        try:
-            return super().run(args)
-        except _tessel.GuardFailure as e:
-            self.miss = _one_line(e)
-            return _MISS
-
 
 _TORCH_DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
                  "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
@@ -422,14 +417,18 @@ def _convert_whole(module, example_inputs, repair, caller, whole, hint, freeze_i
     return captured, conv, repairs, frozen, report
 
 
-def _build_cuda(module, example_inputs, repair, freeze_inputs, captured, call, precision):
+def _build_cuda(module, example_inputs, repair, freeze_inputs, captured, call, precision, plan=None):
+    """The CUDA target's compilation: static, or (a symbolic capture: `plan`, or `captured` made with one)
+    one whose code takes the size symbols at run time (_DynamicCudaEntry)."""
     captured, conv, repairs, frozen, report = _convert_whole(
         module, example_inputs, repair, "tessel.compile", "target 'cuda' compiles whole graphs",
         "run it on target='cpu', or under torch.compile, where dynamo's graphs around the break compile separately",
-        freeze_inputs, captured, call)
+        freeze_inputs, captured, call, plan)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)
     exe = _tessel.CudaExecutable(conv.builder, precision)
-    return _CudaEntry(captured, conv, exe, repairs, guard, report)
+    # (a symbolic capture whose every symbol the graph tied to a number compiles statically)
+    entry = _DynamicCudaEntry if exe.symbolic and captured.symbolic is not None else _CudaEntry
+    return entry(captured, conv, exe, repairs, guard, report)
 
 
 def _convert(module, example_inputs, repair, caller, freeze_inputs=(), captured=None, call=None, plan=None):
@@ -568,15 +567,7 @@ def _build_dynamic(module, example_inputs, plan, backend, threads, freeze_inputs
     """A symbolic compilation (one for every shape its symbols cover), from a symbolic capture on the
     example call (or `captured`, one made before)."""
     if target == "cuda":
-        captured, conv, repairs, frozen, report = _convert_whole(
-            module, example_inputs, False, "tessel.compile", "target 'cuda' compiles whole graphs",
-            "run it on target='cpu', or under torch.compile, where dynamo's graphs around the break compile separately",
-            freeze_inputs, captured, call, plan)
-        guard = _StateGuard(captured, frozen, module, conv.attr_constants)
-        exe = _tessel.CudaExecutable(conv.builder, precision)
-        if not exe.symbolic:      # (every symbol tied to a number by the graph: a static compilation)
-            return _CudaEntry(captured, conv, exe, repairs, guard, report)
-        return _DynamicCudaEntry(captured, conv, exe, repairs, guard, report)
+        return _build_cuda(module, example_inputs, False, freeze_inputs, captured, call, precision, plan)
     captured, conv, repairs, frozen = _convert(module, example_inputs, False, "tessel.compile", freeze_inputs,
                                                captured, call, plan)
     guard = _StateGuard(captured, frozen, module, conv.attr_constants)

@@ -12,6 +12,7 @@
 #include "tessel/runtime/interpreter.h"
 #include "tessel/support/error.h"
 #include "tessel/support/escape.h"
+#include "tessel/support/strings.h"
 #include "tessel/targets/cuda/codegen.h"
 #include "tessel/targets/cuda/toolchain.h"
 
@@ -50,6 +51,27 @@ std::unique_ptr<CudaExecutable> compile(const std::string& model, const std::vec
   return compile_cuda(std::move(m.graph), ins, o);
 }
 
+// The outputs of a run against data set `dir`'s, each compared at `tol` and printed; whether all match.
+bool check_against(const std::vector<Tensor>& outs, const std::string& dir, const Tolerance& tol) {
+  const std::vector<Tensor> refs = read_data_set(dir, "output");
+  if (refs.size() != outs.size())
+    throw Error(Location{.file = dir}, fmt::format("{} reference outputs for {} model outputs", refs.size(), outs.size()));
+  bool ok = true;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Comparison c = compare_tensors(outs[i], refs[i], tol);
+    fmt::print("check output {}: max abs error {:.3g}, relative error {:.3g} -> {}{}\n", i, c.max_abs, c.rel, c.match ? "PASS" : "FAIL",
+               c.match ? "" : " (" + c.mismatch + ")");
+    ok = ok && c.match;
+  }
+  return ok;
+}
+
+Tolerance cuda_tolerance(double max_rel, cuda::Precision precision) {
+  Tolerance tol;
+  tol.max_rel = max_rel > 0 ? max_rel : cuda::precision_tolerance(precision);
+  return tol;
+}
+
 }  // namespace
 
 int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool check, double max_rel, int repeat, cuda::Precision precision) {
@@ -76,19 +98,9 @@ int cmd_run_cuda(const std::string& model, const std::string& inputs_dir, bool c
   for (size_t i = 0; i < outs.size(); ++i) fmt::print("output {}: {}\n", i, TensorType{outs[i].dtype(), outs[i].shape()}.str());
   if (!check) return 0;
   if (dir.empty()) throw Error(Location{.file = model}, "--check needs a data set with outputs");
-  const std::vector<Tensor> refs = read_data_set(dir, "output");
-  if (refs.size() != outs.size())
-    throw Error(Location{.file = dir}, fmt::format("{} reference outputs for {} model outputs", refs.size(), outs.size()));
-  Tolerance tol;
-  tol.max_rel = max_rel > 0 ? max_rel : cuda::precision_tolerance(precision);
+  const Tolerance tol = cuda_tolerance(max_rel, precision);
   fmt::print("check at {} (max rel {:g})\n", cuda::precision_name(precision), tol.max_rel);
-  bool ok = true;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    const Comparison c = compare_tensors(outs[i], refs[i], tol);
-    fmt::print("check output {}: max abs error {:.3g}, relative error {:.3g} -> {}{}\n", i, c.max_abs, c.rel, c.match ? "PASS" : "FAIL",
-               c.match ? "" : " (" + c.mismatch + ")");
-    ok = ok && c.match;
-  }
+  const bool ok = check_against(outs, dir, tol);
   fmt::print("{}\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }
@@ -109,12 +121,7 @@ std::string emit_cuda(const std::string& model, const std::string& emit, cuda::P
 int cmd_run_cuda_dynamic(const std::string& model, const std::string& inputs_dirs, bool check, double max_rel, int repeat,
                          cuda::Precision precision) {
   if (!cuda::device_info().usable) throw Error(Location{.pass = "cuda"}, cuda::device_info().why);
-  std::vector<std::string> dirs;
-  for (size_t a = 0; a <= inputs_dirs.size();) {
-    const size_t b = std::min(inputs_dirs.find(',', a), inputs_dirs.size());
-    if (b > a) dirs.push_back(inputs_dirs.substr(a, b - a));
-    a = b + 1;
-  }
+  std::vector<std::string> dirs = comma_list(inputs_dirs);
   if (dirs.empty()) dirs.push_back(default_data_set(model));
   ImportedModel m = import_model_file(model, {}, true);
   CudaBackendOptions o;
@@ -125,8 +132,7 @@ int cmd_run_cuda_dynamic(const std::string& model, const std::string& inputs_dir
   fmt::print("cuda {}: {} ({}), compiled once for every size in {:.1f} ms (NVRTC {:.1f} ms{}), symbols {}\n", st.precision, st.device, st.arch,
              st.compile_seconds * 1e3, st.nvrtc_seconds * 1e3, st.cache_hit ? ", cache hit" : "",
              st.symbols.empty() ? std::string("none") : fmt::format("{}", fmt::join(st.symbols, ", ")));
-  Tolerance tol;
-  tol.max_rel = max_rel > 0 ? max_rel : cuda::precision_tolerance(precision);
+  const Tolerance tol = cuda_tolerance(max_rel, precision);
   bool ok = true;
   for (const std::string& dir : dirs) {
     if (!fs::is_directory(dir)) throw Error(Location{.file = dir}, "inputs folder does not exist");
@@ -149,16 +155,7 @@ int cmd_run_cuda_dynamic(const std::string& model, const std::string& inputs_dir
                fresh ? fmt::format("steps made in {:.3f} ms", (exe->stats().rebind_seconds - before_s) * 1e3) : std::string("steps already made"),
                exe->stats().host_steps);
     for (size_t i = 0; i < outs.size(); ++i) fmt::print("output {}: {}\n", i, TensorType{outs[i].dtype(), outs[i].shape()}.str());
-    if (!check) continue;
-    const std::vector<Tensor> refs = read_data_set(dir, "output");
-    if (refs.size() != outs.size())
-      throw Error(Location{.file = dir}, fmt::format("{} reference outputs for {} model outputs", refs.size(), outs.size()));
-    for (size_t i = 0; i < outs.size(); ++i) {
-      const Comparison c = compare_tensors(outs[i], refs[i], tol);
-      fmt::print("check output {}: max abs error {:.3g}, relative error {:.3g} -> {}{}\n", i, c.max_abs, c.rel, c.match ? "PASS" : "FAIL",
-                 c.match ? "" : " (" + c.mismatch + ")");
-      ok = ok && c.match;
-    }
+    if (check) ok = check_against(outs, dir, tol) && ok;
   }
   fmt::print("compilations: 1; bindings made: {} ({:.3f} ms in all)\n", exe->stats().rebinds, exe->stats().rebind_seconds * 1e3);
   if (!check) return 0;

@@ -71,6 +71,23 @@ struct DeviceBuffer {
   }
 };
 
+// Device memory a symbolic module's later bindings reuse while it fits (a static module's is made once):
+// made again only when a binding needs more, then with an eighth of room (`room`), so that a length growing
+// by one a call (a KV cache) does not reallocate -- a cudaFree synchronises the device.
+struct GrowingBuffer {
+  DeviceBuffer buf;
+  size_t cap = 0;
+  void* fit(size_t bytes, bool room, const char* what) {
+    if (bytes > cap || !buf.p) {
+      buf = DeviceBuffer();  // (the old memory goes first)
+      const size_t want = room ? bytes + bytes / 8 : bytes;
+      buf = DeviceBuffer(want, what);
+      cap = want;
+    }
+    return buf.p;
+  }
+};
+
 // The largest power of two (up to 256) dividing every address the operand is read at.
 uint64_t alignment_of(const void* p, int64_t batch_stride_bytes) {
   uint64_t a = reinterpret_cast<uintptr_t>(p) | 256;
@@ -161,10 +178,9 @@ class CudaExecutableImpl final : public CudaExecutable {
   void place_values();
   void make_steps(const CudaBackendOptions& o);
   void rebind(const std::vector<int64_t>& values);
-  // The node of the module the code was generated from (a symbolic module's) at position `ni`: what
-  // decides how a node runs, so that the decision is the generated source's for every binding.
-  const Node& generated_node(size_t ni) const { return symbolic_ ? *sym_module_.graph->nodes()[ni] : *module_.graph->nodes()[ni]; }
-  const Kernel& generated_kernel(size_t kid) const { return symbolic_ ? sym_module_.kernels.at(kid) : module_.kernels.at(kid); }
+  // The module the code was generated from (a symbolic module's, else module_): its nodes and kernels decide
+  // how each node runs, so that the decision is the generated source's for every binding.
+  const KernelModule& generated() const { return symbolic_ ? sym_module_ : module_; }
   // The device copy of a constant (uploaded once; a symbolic module's bindings share their constants' storage).
   void* constant_on_device(const Value* v);
   void attention_step(const Node& n, size_t ni, const cuda::AttentionMatch& a);
@@ -210,9 +226,10 @@ class CudaExecutableImpl final : public CudaExecutable {
   std::vector<DType> vst_;                   // per value id: element type in memory (cuda::value_storage)
   std::vector<std::vector<uint16_t>> input_bf16_;  // per input stored as bf16: its converted copy
   std::vector<int> root_;
-  std::vector<DeviceBuffer> inputs_dev_;
-  DeviceBuffer arena_, workspace_, flags_;
-  DeviceBuffer col_;                         // the im2col matrix, shared by the convolutions run as matmuls (one stream)
+  std::vector<GrowingBuffer> inputs_dev_;
+  GrowingBuffer arena_;
+  DeviceBuffer workspace_, flags_;
+  GrowingBuffer col_;                        // the im2col matrix, shared by the convolutions run as matmuls (one stream)
   std::vector<const Node*> flag_node_;       // per gather flag: its node
   cudaStream_t stream_ = nullptr;
   cudaStream_t cur_ = nullptr;               // the stream steps are enqueued on: stream_, or run_device's caller's
@@ -223,11 +240,9 @@ class CudaExecutableImpl final : public CudaExecutable {
   cudaLibrary_t convert_lib_ = nullptr;      // run_device's f32 -> bf16 input conversion (compiled when first needed)
   cudaKernel_t convert_ = nullptr;
   std::map<int, void*> bf16_copy_;           // per value id: the bf16 copy matmuls read (read_bf16_copy), in bf16_pool_
-  // The copies' memory, per value of the module the code was generated from (a symbolic module's later
-  // bindings reuse it while it fits, and it grows with an eighth of room): its buffer and bytes.
-  std::map<int, std::pair<DeviceBuffer, size_t>> bf16_pool_;
-  std::vector<int> twin_id_;
-  std::map<std::pair<size_t, size_t>, std::pair<DeviceBuffer, size_t>> scratch_;  // per (kernel, arg): a scratch buffer and its bytes                 // a symbolic module's binding: per bound value id, its symbolic value's id
+  std::map<int, GrowingBuffer> bf16_pool_;   // the copies' memory, per value of the module the code was generated from
+  std::vector<int> twin_id_;                 // a symbolic module's binding: per bound value id, its symbolic value's id
+  std::map<std::pair<size_t, size_t>, GrowingBuffer> scratch_;  // per (kernel, arg): its scratch buffer
   int* flags_host_ = nullptr;                // pinned: run_device's gather flags, read by a later call
   cudaEvent_t flags_ev_ = nullptr;
   bool flags_pending_ = false;
@@ -252,9 +267,6 @@ class CudaExecutableImpl final : public CudaExecutable {
   std::vector<long long> sym_values_;
   CudaBackendOptions opts_;
   std::map<std::pair<const void*, DType>, DeviceBuffer> const_dev_;  // per constant's host bytes and storage type
-  std::vector<size_t> input_cap_;            // per input: the bytes its buffer holds
-  size_t arena_cap_ = 0;
-  size_t col_cap_ = 0;
   std::map<std::string, std::shared_ptr<LtMatmul>> lt_plans_;  // a symbolic module's cuBLASLt plans by what they compute
   std::map<std::string, cudaKernel_t> kernels_;  // the loaded library's functions by symbol
 };
@@ -348,31 +360,25 @@ void CudaExecutableImpl::build(KernelModule m, const std::vector<Tensor>& ex, co
   ck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   cur_ = stream_;
   ck(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-  if (symbolic_) {
-    sym_module_ = std::move(m);
-    const Graph& g = *sym_module_.graph;
-    binder_ = std::make_unique<SymbolBinder>(g);
-    stats_.symbols = binder_->symbols();
-    sym_vst_ = cuda::value_storage(g, sym_module_.kernels, o.precision);
-    for (const Value* v : g.inputs) in_types_.push_back(v->type);
-    for (const Value* v : g.outputs) out_types_.push_back(v->type);
-    load_kernels(sym_module_, o);
-    make_shared_buffers();
-    return;  // the steps are made for each binding (rebind)
-  }
-  module_ = std::move(m);
-  const Graph& g = *module_.graph;
-  vst_ = cuda::value_storage(g, module_.kernels, o.precision);
+  (symbolic_ ? sym_module_ : module_) = std::move(m);
+  const KernelModule& gen = generated();
+  const Graph& g = *gen.graph;
+  (symbolic_ ? sym_vst_ : vst_) = cuda::value_storage(g, gen.kernels, o.precision);
   for (const Value* v : g.inputs) in_types_.push_back(v->type);
   for (const Value* v : g.outputs) out_types_.push_back(v->type);
-  load_kernels(module_, o);
+  load_kernels(gen, o);
   make_shared_buffers();
+  if (symbolic_) {  // the steps are made for each binding (rebind)
+    binder_ = std::make_unique<SymbolBinder>(g);
+    stats_.symbols = binder_->symbols();
+    return;
+  }
   place_values();
   make_steps(o);
 }
 
 // The steps of module_ (one binding of a symbolic module): how each node runs is decided on the module the
-// code was generated from (generated_node), its sizes and pointers are module_'s.
+// code was generated from (generated()), its sizes and pointers are module_'s.
 void CudaExecutableImpl::make_steps(const CudaBackendOptions& o) {
   const auto& nodes = module_.graph->nodes();
   // Fused attention: its QK and softmax steps go, its PV step becomes the fused kernel (not with size symbols:
@@ -394,15 +400,11 @@ void CudaExecutableImpl::make_steps(const CudaBackendOptions& o) {
   for (const Kernel& k : module_.kernels)
     if (k.kind == KernelKind::conv && im2col_fits(k.conv)) col_elems = std::max(col_elems, cuda::im2col_elements(k.conv));
   const size_t col_bytes = static_cast<size_t>(col_elems) * sizeof(float);
-  if (col_bytes > col_cap_) {
-    col_ = DeviceBuffer();
-    col_ = DeviceBuffer(col_bytes, "the im2col buffer");
-    col_cap_ = col_bytes;
-  }
+  col_.fit(col_bytes, symbolic_, "the im2col buffer");
   stats_.im2col_bytes = col_bytes;
   for (size_t ni = 0; ni < nodes.size(); ++ni) {
     const Node& n = *nodes[ni];
-    const Node& gen = generated_node(ni);
+    const Node& gen = *generated().graph->nodes()[ni];
     if (is_core_op(n, CoreOp::reshape) || fused_away[ni]) continue;  // an alias, or inside a fused attention
     if (const auto at = attention_at.find(ni); at != attention_at.end()) attention_step(n, ni, at->second);
     else if (is_kernel_node(n)) kernel_step(n, o);
@@ -546,19 +548,11 @@ void CudaExecutableImpl::place_values() {
   std::vector<const Value*> value_of(nv, nullptr);
   for (const auto& v : g.values()) value_of[static_cast<size_t>(v->id)] = v.get();
   inputs_dev_.resize(g.inputs.size());
-  input_cap_.resize(g.inputs.size(), 0);
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     const Value* v = g.inputs[i];
     if (!shape_known(v->type.shape)) throw Error(Location{.pass = "cuda"}, fmt::format("input '{}' has a dynamic shape {}", display_text(v->name), v->type.str()));
-    if (mem_bytes(v) > input_cap_[i] || !inputs_dev_[i].p) {
-      // a new binding's larger input: a larger buffer, with an eighth of room (a KV cache grows by a row a token)
-      const size_t cap = symbolic_ ? mem_bytes(v) + mem_bytes(v) / 8 : mem_bytes(v);
-      inputs_dev_[i] = DeviceBuffer();
-      inputs_dev_[i] = DeviceBuffer(cap, "input buffer");
-      input_cap_[i] = cap;
-    }
     input_bf16_.emplace_back(mem(v) == DType::bf16 && v->type.dtype == DType::f32 ? static_cast<size_t>(shape_numel(v->type.shape)) : 0);
-    ptr_[static_cast<size_t>(v->id)] = inputs_dev_[i].p;
+    ptr_[static_cast<size_t>(v->id)] = inputs_dev_[i].fit(mem_bytes(v), symbolic_, "input buffer");
   }
   std::vector<bool> used(nv, false);
   for (const auto& n : g.nodes())
@@ -597,15 +591,9 @@ void CudaExecutableImpl::place_values() {
     req_value.push_back(static_cast<int>(id));
   }
   const ArenaPlan plan = plan_arena(reqs, kArenaAlign);
-  if (plan.size > arena_cap_ || !arena_.p) {
-    // a symbolic module's later bindings reuse it while they fit; it grows with an eighth of room
-    const size_t cap = symbolic_ ? plan.size + plan.size / 8 : plan.size;
-    arena_ = DeviceBuffer();
-    arena_ = DeviceBuffer(cap, "the device arena");
-    arena_cap_ = cap;
-  }
+  uint8_t* arena = static_cast<uint8_t*>(arena_.fit(plan.size, symbolic_, "the device arena"));
   stats_.arena_bytes = plan.size;
-  for (size_t r = 0; r < reqs.size(); ++r) ptr_[static_cast<size_t>(req_value[r])] = static_cast<uint8_t*>(arena_.p) + plan.offsets[r];
+  for (size_t r = 0; r < reqs.size(); ++r) ptr_[static_cast<size_t>(req_value[r])] = arena + plan.offsets[r];
 }
 
 void* CudaExecutableImpl::constant_on_device(const Value* v) {
@@ -630,7 +618,7 @@ void* CudaExecutableImpl::constant_on_device(const Value* v) {
 // What steps share: cuBLASLt's handle and workspace, the gathers' out-of-range flags (decided on the
 // generated module's nodes, the same for every binding).
 void CudaExecutableImpl::make_shared_buffers() {
-  const auto& nodes = (symbolic_ ? sym_module_ : module_).graph->nodes();
+  const auto& nodes = generated().graph->nodes();
   ck(cuda::cublaslt().cublasLtCreate(&lt_), "cublasLtCreate");
   workspace_ = DeviceBuffer(kWorkspaceBytes, "the cuBLASLt workspace");
   int gathers = 0;
@@ -688,15 +676,8 @@ void CudaExecutableImpl::kernel_step(const Node& n, const CudaBackendOptions& o)
     const KArg& a = k.args[ai];
     info.bytes += shape_numel(a.type.shape) * dtype_size(s.arg_mem[ai]);
     if (a.role == KArg::Role::scratch) {
-      // (per kernel and arg: a symbolic module's later bindings reuse it while it fits; it grows with an eighth of room)
       const size_t bytes = static_cast<size_t>(shape_numel(a.type.shape)) * dtype_size(s.arg_mem[ai]);
-      auto& [buf, cap] = scratch_[std::make_pair(s.kid, ai)];
-      if (bytes > cap || !buf.p) {
-        buf = DeviceBuffer();
-        buf = DeviceBuffer(symbolic_ ? bytes + bytes / 8 : bytes, "scratch buffer");
-        cap = symbolic_ ? bytes + bytes / 8 : bytes;
-      }
-      s.args.push_back(buf.p);
+      s.args.push_back(scratch_[std::make_pair(s.kid, ai)].fit(bytes, symbolic_, "scratch buffer"));
     } else {
       const Value* v = a.role == KArg::Role::in ? n.inputs.at(in++) : n.outputs.at(out++);
       s.args.push_back(dev(v));
@@ -708,7 +689,7 @@ void CudaExecutableImpl::kernel_step(const Node& n, const CudaBackendOptions& o)
   if (o.precision == cuda::Precision::f32) info.bytes = k.bytes_fused;
   if (cuda::has_generated_function(k)) {
     s.fn = kernel_of(cuda::kernel_symbol(s.kid));
-    s.shape = cuda::launch_shape(generated_kernel(s.kid), k, sms_, s.arg_mem);
+    s.shape = cuda::launch_shape(generated().kernels.at(s.kid), k, sms_, s.arg_mem);
   }
   const std::string epi = s.fn ? fmt::format(" + generated epilogue") : "";
   if (k.kind == KernelKind::matmul) {
@@ -778,7 +759,7 @@ void CudaExecutableImpl::kernel_step(const Node& n, const CudaBackendOptions& o)
       const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
       if (tx == tw && (tx == DType::bf16 || ty == DType::f32) && cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args, s.arg_mem);
       info.tensor_cores = s.lt && tx == DType::bf16;
-    } else if (im2col_fits(c) && col_.p) {
+    } else if (im2col_fits(c) && col_.buf.p) {
       // im2col then y[N*OH*OW, OC] = col[N*OH*OW, C*KH*KW] . w^T, the OIHW weight's rows being B^T's; col is
       // an extra arg of the step (after the kernel's own, which the epilogue's launch alone reads).
       const DType tx = s.arg_mem[static_cast<size_t>(c.x)], tw = s.arg_mem[static_cast<size_t>(c.w)], ty = s.arg_mem[static_cast<size_t>(c.y)];
@@ -795,7 +776,7 @@ void CudaExecutableImpl::kernel_step(const Node& n, const CudaBackendOptions& o)
         mm.a_m = mm.k, mm.a_k = 1, mm.a_batch = 0;
         mm.b_k = 1, mm.b_n = mm.k, mm.b_batch = c.oh * c.ow * mm.k;
       }
-      s.args.push_back(col_.p);
+      s.args.push_back(col_.buf.p);
       s.arg_mem.push_back(tx);
       if (tx == tw && (tx == DType::bf16 || ty == DType::f32) && cuda::fits_cublaslt(mm)) s.lt = make_lt(mm, s.args, s.arg_mem);
       if (s.lt) {
@@ -903,28 +884,31 @@ void CudaExecutableImpl::host_step(const Node& n) {
 std::shared_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, const std::vector<void*>& args, const std::vector<DType>& st,
                                                       const cuda::LtEpilogue* epi) {
   const DType da = st[static_cast<size_t>(mm.a)], db = st[static_cast<size_t>(mm.b)], dc = st[static_cast<size_t>(mm.c)];
+  const int64_t ea = dtype_size(da), eb = dtype_size(db), ec = dtype_size(dc);
+  const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
+  const int64_t cb = dense_c ? int64_t{mm.m * mm.n} : int64_t{mm.c_batch}, cm = dense_c ? int64_t{mm.n} : int64_t{mm.c_m};
+  const char* A = static_cast<const char*>(args[static_cast<size_t>(mm.a)]) + mm.a_offset * ea;
+  const char* B = static_cast<const char*>(args[static_cast<size_t>(mm.b)]) + mm.b_offset * eb;
+  // cuBLASLt's A is B^T here and its B is A^T (C^T = B^T . A^T)
+  const uint32_t al_a = static_cast<uint32_t>(alignment_of(B, mm.b_batch * eb));
+  const uint32_t al_b = static_cast<uint32_t>(alignment_of(A, mm.a_batch * ea));
+  const uint32_t al_c = static_cast<uint32_t>(alignment_of(args[static_cast<size_t>(mm.c)], cb * ec));
+  const bool fold = epi && epi->fold;
   // A symbolic module makes its steps again at every binding: a plan whose sizes, layouts, types, epilogue
   // (with its bias pointer: a weight's, the same in every binding) and operand alignments are those of one
   // made before is that plan (the heuristic's query is most of a step's making).
   std::string plan_key;
   if (symbolic_) {
-    const bool dc0 = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
-    const int64_t cb0 = dc0 ? int64_t{mm.m * mm.n} : int64_t{mm.c_batch};
-    const int64_t ea0 = dtype_size(da), eb0 = dtype_size(db), ec0 = dtype_size(dc);
-    const char* A0 = static_cast<const char*>(args[static_cast<size_t>(mm.a)]) + mm.a_offset * ea0;
-    const char* B0 = static_cast<const char*>(args[static_cast<size_t>(mm.b)]) + mm.b_offset * eb0;
     plan_key = fmt::format("{} {} {} {} | {} {} {} {} {} {} | {} {} {} | {} {} {} | {} {} {} {} | {} {} {}", int64_t{mm.batch}, int64_t{mm.m}, int64_t{mm.n},
                            int64_t{mm.k}, int64_t{mm.a_m}, int64_t{mm.a_k}, int64_t{mm.a_batch}, int64_t{mm.b_k}, int64_t{mm.b_n}, int64_t{mm.b_batch},
-                           int64_t{mm.c_batch}, int64_t{mm.c_m}, int64_t{mm.c_n}, ea0, eb0, ec0, epi && epi->fold ? static_cast<int>(epi->act) : -1,
-                           epi && epi->fold && epi->bias ? args[static_cast<size_t>(epi->bias_arg)] : nullptr,
-                           epi && epi->fold && epi->bias ? static_cast<int>(st[static_cast<size_t>(epi->bias_arg)]) : -1, epi && epi->fold && epi->residual ? epi->residual_arg : -1,
-                           alignment_of(B0, mm.b_batch * eb0), alignment_of(A0, mm.a_batch * ea0), alignment_of(args[static_cast<size_t>(mm.c)], cb0 * ec0));
+                           int64_t{mm.c_batch}, int64_t{mm.c_m}, int64_t{mm.c_n}, ea, eb, ec, fold ? static_cast<int>(epi->act) : -1,
+                           fold && epi->bias ? args[static_cast<size_t>(epi->bias_arg)] : nullptr,
+                           fold && epi->bias ? static_cast<int>(st[static_cast<size_t>(epi->bias_arg)]) : -1, fold && epi->residual ? epi->residual_arg : -1,
+                           al_a, al_b, al_c);
     if (auto it = lt_plans_.find(plan_key); it != lt_plans_.end()) return it->second;
   }
   auto lt = std::make_shared<LtMatmul>();
-  lt->ea = static_cast<size_t>(dtype_size(da)), lt->eb = static_cast<size_t>(dtype_size(db)), lt->ec = static_cast<size_t>(dtype_size(dc));
-  const bool dense_c = mm.c_batch == 0 && mm.c_m == 0 && mm.c_n == 0;
-  const int64_t cb = dense_c ? int64_t{mm.m * mm.n} : int64_t{mm.c_batch}, cm = dense_c ? int64_t{mm.n} : int64_t{mm.c_m};
+  lt->ea = static_cast<size_t>(ea), lt->eb = static_cast<size_t>(eb), lt->ec = static_cast<size_t>(ec);
   lt->per_batch = mm.batch > 1 && (mm.a_batch == 0 || mm.b_batch == 0 || cb == 0);
   const int64_t lb = lt->per_batch ? int64_t{1} : int64_t{mm.batch};
   const MatrixShape xs = x_shape(mm), ys = y_shape(mm);
@@ -955,12 +939,6 @@ std::shared_ptr<LtMatmul> CudaExecutableImpl::make_lt(const MatmulSpec& mm, cons
   ck(cuda::cublaslt().cublasLtMatmulPreferenceCreate(&pref), "preference");
   const uint64_t ws = kWorkspaceBytes;
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  const char* A = static_cast<const char*>(args[static_cast<size_t>(mm.a)]) + mm.a_offset * static_cast<int64_t>(lt->ea);
-  const char* B = static_cast<const char*>(args[static_cast<size_t>(mm.b)]) + mm.b_offset * static_cast<int64_t>(lt->eb);
-  // cuBLASLt's A is B^T here and its B is A^T (C^T = B^T . A^T)
-  const uint32_t al_a = static_cast<uint32_t>(alignment_of(B, mm.b_batch * static_cast<int64_t>(lt->eb)));
-  const uint32_t al_b = static_cast<uint32_t>(alignment_of(A, mm.a_batch * static_cast<int64_t>(lt->ea)));
-  const uint32_t al_c = static_cast<uint32_t>(alignment_of(args[static_cast<size_t>(mm.c)], cb * static_cast<int64_t>(lt->ec)));
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
   cuda::cublaslt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
@@ -991,16 +969,8 @@ bool CudaExecutableImpl::read_bf16_copy(Step& s, int& arg, const Value* v, const
   const long long n = shape_numel(v->type.shape);
   auto [it, fresh] = bf16_copy_.try_emplace(v->id);
   if (fresh) {
-    const size_t bytes = static_cast<size_t>(n) * dtype_size(DType::bf16);
     const int key = symbolic_ && static_cast<size_t>(v->id) < twin_id_.size() && twin_id_[static_cast<size_t>(v->id)] >= 0 ? twin_id_[static_cast<size_t>(v->id)] : v->id;
-    auto& [buf, cap] = bf16_pool_[key];
-    if (bytes > cap || !buf.p) {
-      const size_t want = symbolic_ ? bytes + bytes / 8 : bytes;
-      buf = DeviceBuffer();
-      buf = DeviceBuffer(want, "a matmul operand's bf16 copy");
-      cap = want;
-    }
-    it->second = buf.p;
+    it->second = bf16_pool_[key].fit(static_cast<size_t>(n) * dtype_size(DType::bf16), symbolic_, "a matmul operand's bf16 copy");
   }
   arg = static_cast<int>(s.args.size());
   s.args.push_back(it->second);
@@ -1193,7 +1163,7 @@ void CudaExecutableImpl::enqueue(Step& s, cudaEvent_t before_epilogue) {
     }
   } else if (k.kind == KernelKind::conv && s.lt) {
     if (s.im2col) {
-      std::vector<void*> p = {s.args[static_cast<size_t>(k.conv.x)], col_.p};
+      std::vector<void*> p = {s.args[static_cast<size_t>(k.conv.x)], col_.buf.p};
       launch(s.im2col, s.im2col_shape, p);
     }
     run_lt(s);
@@ -1230,9 +1200,9 @@ void CudaExecutableImpl::copy_inputs(const std::vector<Tensor>& inputs) {
     if (!h.empty()) {
       // stored as bf16: converted here (a pageable source: the copy has read it when the call returns)
       cuda::f32_to_bf16(t.data<float>(), h.data(), t.numel());
-      ck(cudaMemcpyAsync(inputs_dev_[i].p, h.data(), h.size() * 2, cudaMemcpyHostToDevice, stream_), "copying an input");
+      ck(cudaMemcpyAsync(inputs_dev_[i].buf.p, h.data(), h.size() * 2, cudaMemcpyHostToDevice, stream_), "copying an input");
     } else if (t.nbytes()) {
-      ck(cudaMemcpyAsync(inputs_dev_[i].p, t.bytes(), t.nbytes(), cudaMemcpyHostToDevice, stream_), "copying an input");
+      ck(cudaMemcpyAsync(inputs_dev_[i].buf.p, t.bytes(), t.nbytes(), cudaMemcpyHostToDevice, stream_), "copying an input");
     }
   }
 }
@@ -1386,12 +1356,12 @@ void CudaExecutableImpl::run_device(const std::vector<uint64_t>& inputs, const s
     if (!input_bf16_[i].empty()) {
       load_convert();
       long long n = shape_numel(v->type.shape);
-      void* dst = inputs_dev_[i].p;
+      void* dst = inputs_dev_[i].buf.p;
       void* params[] = {&src, &dst, &n};
       const unsigned blocks = static_cast<unsigned>(std::clamp<long long>((n + 255) / 256, 1, 8LL * sms_));
       ck(cudaLaunchKernel(reinterpret_cast<const void*>(convert_), dim3(blocks), dim3(256), params, 0, s), "converting an input to bf16");
     } else if (const size_t nb = bytes_of(v->type)) {
-      ck(cudaMemcpyAsync(inputs_dev_[i].p, src, nb, cudaMemcpyDeviceToDevice, s), "copying an input");
+      ck(cudaMemcpyAsync(inputs_dev_[i].buf.p, src, nb, cudaMemcpyDeviceToDevice, s), "copying an input");
     }
   }
   enqueue_call(s);
