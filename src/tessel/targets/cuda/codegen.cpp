@@ -91,9 +91,6 @@ std::string size_text(const Dim& d, const std::vector<std::string>& symbols, con
   const std::string e = c_size_expr(d, symbols, "S");
   return e.front() == '(' ? e : "(" + e + ")";
 }
-bool dims_symbolic(const Dims& d) {
-  return std::any_of(d.begin(), d.end(), [](const Dim& x) { return x.is_symbolic(); });
-}
 
 // Whether a loop kernel's positions (outer × inner points) and every access's element addresses stay below
 // 2^30 in magnitude: then its index arithmetic is 32-bit, with room for a grid-stride step past the end.
@@ -259,8 +256,8 @@ struct Emitter {
   // the index type and an index constant of it
   std::string I() const { return narrow ? "int" : "long long"; }
   std::string lit(int64_t x) const { return narrow ? std::to_string(x) : std::to_string(x) + "LL"; }
-  // a size: its number, or its expression over the S<i> parameters
-  std::string sz(const Dim& d) const { return d.is_static() ? lit(d.constant_term()) : size_text(d, syms); }
+  // a size: its number (an index constant), or its expression over the S<i> parameters
+  std::string sz(const Dim& d) const { return size_text(d, syms, narrow ? "" : "LL"); }
 
   std::string index_of(int a) const {
     const KAccess& acc = k.accesses[static_cast<size_t>(a)];
@@ -670,12 +667,6 @@ std::string matmul_function(const Kernel& k, size_t index, const std::vector<DTy
                        st[static_cast<size_t>(m.c)], syms);
 }
 
-std::vector<int64_t> row_strides_of(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> st(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) st[d - 1] = st[d] * shape[d];
-  return st;
-}
-
 bool static_value(const Value* v) { return v && shape_known(v->type.shape); }
 // Static, or symbolic with every dim defined: what a device function generated with the S<i> sizes takes.
 bool defined_value(const Value* v) { return v && v->type.dims_defined(); }
@@ -782,11 +773,8 @@ bool device_node_supported(const Node& n) {
     symbolic = symbolic || v->type.symbolic();
   }
   symbolic = symbolic || n.outputs[0]->type.symbolic();
-  // with symbolic sizes: the copies (broadcast, transpose, slice), concatenate, gather and iota; the others
-  // (scatter, pooling windows) need static ones
-  if (symbolic && !is_core_op(n, CoreOp::broadcast_in_dim) && !is_core_op(n, CoreOp::transpose) && !is_core_op(n, CoreOp::slice) &&
-      !is_core_op(n, CoreOp::concatenate) && !is_core_op(n, CoreOp::gather) && !is_core_op(n, CoreOp::iota))
-    return false;
+  // with symbolic sizes: every device node but scatter (which needs static ones)
+  if (symbolic && is_core_op(n, CoreOp::scatter)) return false;
   const DType t = n.outputs[0]->type.dtype;
   if (is_core_op(n, CoreOp::iota)) {
     // y = the position along `axis`, in the result's (numeric) type: arange's cache positions and mask columns
@@ -932,9 +920,7 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
                             mem_store(ty, fmt::format("({})(e / {} % {})", ty == DType::bf16 ? "float" : c_type(ty), size_text(stride, syms), size_text(odims[axis], syms))));
     return s;
   }
-  const bool symbolic = dims_symbolic(odims) || dims_symbolic(n.inputs[0]->type.dims());
-  // (the static shapes of the nodes only static sizes reach: reduce_window, scatter, gather)
-  const std::vector<int64_t> oshape = symbolic ? std::vector<int64_t>{} : out->type.shape;
+  const bool symbolic = !dims_static(odims) || !dims_static(n.inputs[0]->type.dims());
   const DType ty = node_storage(out, storage), tx = node_storage(n.inputs[0], storage);
   const std::string t = mem_type(ty), xt = mem_type(tx);
   // a copy between two element types goes through f32 (only f32 values change storage)
@@ -944,7 +930,7 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
   // y[e] = x[off + sum_d i_d * strides[d]] over the output's points: a view copy (transpose, slice) or a broadcast
   // (32-bit index arithmetic when the output's positions and the operand's elements fit, as loop kernels)
   auto strided_copy = [&](const Dim& off, const Dims& strides) {
-    const bool narrow = !symbolic && shape_numel(oshape) < kIndex32Limit && shape_numel(n.inputs[0]->type.shape) < kIndex32Limit;
+    const bool narrow = !symbolic && shape_numel(out->type.shape) < kIndex32Limit && shape_numel(n.inputs[0]->type.shape) < kIndex32Limit;
     const char* L = narrow ? "" : "LL";
     std::string src = off == 0 ? "" : size_text(off, syms, L);
     for (size_t d = 0; d < strides.size(); ++d)
@@ -957,7 +943,7 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
       const char* I = narrow ? "int" : "long long";
       k += fmt::format("  // {} adjacent elements per thread: read and written as vectors\n", v);
       k += fmt::format("  if ((unsigned long long)x % {} == 0 && (unsigned long long)y % {} == 0) {{\n", v * dtype_size(tx), v * dtype_size(ty));
-      k += fmt::format("    for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}{2}; w += ({0})gridDim.x * blockDim.x) {{\n", I, shape_numel(oshape) / v, L);
+      k += fmt::format("    for ({0} w = ({0})blockIdx.x * blockDim.x + threadIdx.x; w < {1}{2}; w += ({0})gridDim.x * blockDim.x) {{\n", I, shape_numel(out->type.shape) / v, L);
       k += fmt::format("      const {} e = w * {};\n", I, v);
       k += split_index(odims, "      ", narrow);
       k += fmt::format("      const tsl_vec<{0}, {1}> r = *reinterpret_cast<const tsl_vec<{0}, {1}>*>(x + {2});\n", xt, v, from);
@@ -969,7 +955,7 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
       }
       k += "    }\n    return;\n  }\n";
     }
-    k += narrow ? fmt::format("  for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (int)gridDim.x * blockDim.x) {{\n", shape_numel(oshape))
+    k += narrow ? fmt::format("  for (int e = (int)blockIdx.x * blockDim.x + threadIdx.x; e < {}; e += (int)gridDim.x * blockDim.x) {{\n", shape_numel(out->type.shape))
                 : loop;
     k += split_index(odims, "    ", narrow, syms);
     k += fmt::format("    y[e] = {};\n  }}\n}}\n", moved(fmt::format("x[{}]", from)));
@@ -1015,26 +1001,27 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
   if (is_core_op(n, CoreOp::reduce_window)) {
     // y[i] = the kind's combination of x[i * strides - pad_low + w * dilations] over the window's in-range w
     // (core_kernels.cpp's make_reduce_window); max/min propagate NaN as the CPU runtime's tsl_max/tsl_min do.
-    const std::vector<int64_t>& in = n.inputs[0]->type.shape;
+    // (sizes static or symbolic: a pooling over a symbolic batch)
+    const Dims in = n.inputs[0]->type.dims();
     const size_t r = in.size();
     const std::vector<int64_t> window = n.attr_ints("window"), strides = n.attr_ints("strides", std::vector<int64_t>(r, 1)),
                                dil = n.attr_ints("dilations", std::vector<int64_t>(r, 1)), pad = n.attr_ints("padding", std::vector<int64_t>(2 * r, 0));
     const CoreOp comb = *reduction_combiner(n.attr_s("kind"));
-    const std::vector<int64_t> ist = row_strides_of(in);
+    const Dims ist = dims_strides(in);
     s += fmt::format("extern \"C\" __global__ void {0}(const {1}* __restrict__ x, {2}* __restrict__ y{3}) {{\n", node_symbol(node_index), xt, t, sp);
-    s += loop + split_index(dims_of(oshape), "    ");
+    s += loop + split_index(odims, "    ", false, syms);
     s += fmt::format("    float acc = {};\n", c_literal(DType::f32, core_op_info(comb).identity, kD));
     std::string ind = "    ", off;
     for (size_t d = 0; d < r; ++d) {
       if (window[d] == 1 && strides[d] == 1 && pad[2 * d] == 0) {  // the dim passes through
-        off += fmt::format("{}i{} * {}LL", off.empty() ? "" : " + ", d, ist[d]);
+        off += fmt::format("{}i{} * {}", off.empty() ? "" : " + ", d, size_text(ist[d], syms));
         continue;
       }
       s += fmt::format("{}for (long long w{} = 0; w{} < {}LL; ++w{}) {{\n", ind, d, d, window[d], d);
       ind += "  ";
       s += fmt::format("{}const long long c{} = i{} * {}LL - {}LL + w{} * {}LL;\n", ind, d, d, strides[d], pad[2 * d], d, dil[d]);
-      s += fmt::format("{}if (c{} < 0 || c{} >= {}LL) continue;\n", ind, d, d, in[d]);
-      off += fmt::format("{}c{} * {}LL", off.empty() ? "" : " + ", d, ist[d]);
+      s += fmt::format("{}if (c{} < 0 || c{} >= {}) continue;\n", ind, d, d, size_text(in[d], syms));
+      off += fmt::format("{}c{} * {}", off.empty() ? "" : " + ", d, size_text(ist[d], syms));
     }
     const std::string v = mem_load(tx, fmt::format("x[{}]", off.empty() ? "0" : off));
     const std::string upd = comb == CoreOp::max ? fmt::format("tsl_max(acc, {})", v) : comb == CoreOp::min ? fmt::format("tsl_min(acc, {})", v)
@@ -1055,7 +1042,7 @@ std::string generate_node(const Node& n, size_t node_index, const std::vector<DT
     const std::vector<int64_t>& data = n.inputs[0]->type.shape;
     const std::vector<int64_t>& ishape = n.inputs[1]->type.shape;
     const int64_t axis = n.attr_i("axis"), count = shape_numel(ishape);
-    const std::vector<int64_t> dst = row_strides_of(data);
+    const std::vector<int64_t> dst = strides_of(data);
     const DType tu = node_storage(n.inputs[2], storage);
     const std::string it = c_storage_type(n.inputs[1]->type.dtype), ut = mem_type(tu);
     const std::string sig = fmt::format("(const {}* __restrict__ data, const {}* __restrict__ idx, const {}* __restrict__ upd, {}* __restrict__ y, int* err{})",
